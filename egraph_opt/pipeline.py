@@ -1,0 +1,92 @@
+"""The pipeline: the one place that knows Terms, rules, the e-graph and the extractor.
+
+Program -> e-graph (roots: outputs and opaque operands) -> phases of rules under limits ->
+DAG-aware extraction -> Program with the same interface.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import pattern as pat
+from .egraph import EGraph, Saturation
+from .extractors import CostModel, Objective, extract, program_cost
+from .program import Program
+from .rulesets import Rule, select
+from .term import op_counts
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one phase of saturation; the best program found so far is always extracted."""
+    max_iterations: int = 30
+    max_enodes: int = 50_000
+    max_seconds: float = 10.0
+
+
+@dataclass
+class Optimized:
+    program: Program
+    egraph: EGraph
+    saturation: list[Saturation]
+    applied: list[tuple[Rule, int]]  # rules whose rewrite is in the extracted program, with matches
+    cost_before: dict[str, int]
+    cost_after: dict[str, int]
+    ops_before: dict[str, int]
+    ops_after: dict[str, int]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def optimize(program: Program, *, rules: list[Rule] | None = None,
+             objective: Objective = Objective.BALANCED, limits: Limits = Limits()) -> Optimized:
+    rules = select() if rules is None else rules
+    model = CostModel(objective)
+    roots = program.roots()
+    clock = {"start": time.perf_counter()}
+
+    egraph = EGraph()
+    refs = egraph.add(roots)
+    egraph.add_rules("rewrite", rules)
+    clock["build"] = time.perf_counter()
+    saturation = [egraph.saturate("rewrite", max_iterations=limits.max_iterations,
+                                  max_enodes=limits.max_enodes, max_seconds=limits.max_seconds)]
+    clock["saturate"] = time.perf_counter()
+    snap = egraph.snapshot()
+    best = extract(snap.classes, [snap.class_of_ref[r] for r in refs], model)
+    clock["extract"] = time.perf_counter()
+
+    optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
+    matches = {}
+    for s in saturation:
+        for name, n in s.matches.items():
+            matches[name] = matches.get(name, 0) + n
+    applied = [(r, matches[r.name]) for r in _applied(
+        [r for r in rules if matches.get(r.name)], roots, best)]
+    steps = ["start", "build", "saturate", "extract"]
+    return Optimized(
+        optimized, egraph, saturation, applied,
+        program_cost(roots, model), program_cost(best, model), op_counts(roots), op_counts(best),
+        {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])})
+
+
+def _applied(matched: list[Rule], before, after) -> list[Rule]:
+    """The matched rules the extracted program shows: those whose right side is new in it (or, for
+    a cancelling rule, whose left side is gone), then, transitively, those whose right side is part
+    of a shown rule's left side and whose left side is gone."""
+    def occurs(p, terms):
+        return bool(pat.find(p, terms))
+
+    def gone(r):
+        return occurs(r.lhs_pattern, before) and not occurs(r.lhs_pattern, after)
+
+    shown = [r for r in matched if (occurs(r.rhs_pattern, after) and not occurs(r.rhs_pattern, before)
+                                    if isinstance(r.rhs_pattern, pat.Node) else gone(r))]
+    frontier = list(shown)
+    while frontier:
+        fed = pat.skeleton(frontier.pop().lhs_pattern)[0]
+        for r in matched:
+            if r not in shown and isinstance(r.rhs_pattern, pat.Node) and occurs(r.rhs_pattern, [fed]) \
+                    and gone(r):
+                shown.append(r)
+                frontier.append(r)
+    return [r for r in matched if r in shown]

@@ -1,0 +1,66 @@
+"""A captured program: Terms for what the Term language expresses, opaque calls for the rest.
+
+Opaque calls (an op we do not know, a multi-output call) are carried through untouched: their
+tensor results enter Terms as ``opaque`` leaves, and the Terms they consume are roots of the
+e-graph beside the program outputs, so everything around them is still optimized.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.fx.node import map_aggregate
+
+from .term import Term
+
+
+@dataclass(frozen=True)
+class OpaqueRef:
+    """A non-tensor result of an opaque call (a tuple, an index tensor pair...), by node name.
+    ``parts`` keeps the elements the Term language expresses (``torch.max(x, dim).values``)."""
+    name: str
+    parts: Any = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class OpaqueCall:
+    name: str
+    kind: str  # fx op: call_function, call_method, call_module
+    target: Any
+    args: tuple  # leaves: Term, OpaqueRef or plain Python values
+    kwargs: dict
+
+    def describe(self) -> str:
+        target = self.target if isinstance(self.target, str) else getattr(
+            self.target, "__qualname__", repr(self.target))
+        return f"{self.name} = {self.kind} {target}"
+
+
+def leaves(tree) -> list:
+    found: list = []
+    map_aggregate(tree, lambda leaf: found.append(leaf))
+    return found
+
+
+@dataclass(frozen=True)
+class Program:
+    inputs: tuple[Term, ...]
+    outputs: Any  # the function's return structure, leaves Term / OpaqueRef / Python values
+    opaque: dict[str, OpaqueCall] = field(default_factory=dict)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def roots(self) -> list[Term]:
+        """Terms the rest of the program needs: outputs and operands of opaque calls."""
+        found = [x for x in leaves(self.outputs) if isinstance(x, Term)]
+        for call in self.opaque.values():
+            found += [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
+        unique = {id(t): t for t in found}
+        return list(unique.values())
+
+    def with_roots(self, new: dict[int, Term]) -> Program:
+        """The same program with each root term (by id) replaced by its optimized term."""
+        swap = lambda leaf: new.get(id(leaf), leaf) if isinstance(leaf, Term) else leaf  # noqa: E731
+        opaque = {n: replace(c, args=map_aggregate(c.args, swap), kwargs=map_aggregate(c.kwargs, swap))
+                  for n, c in self.opaque.items()}
+        return replace(self, outputs=map_aggregate(self.outputs, swap), opaque=opaque)

@@ -1,0 +1,78 @@
+"""DAG-aware greedy extraction over the serialized e-graph, in our own code.
+
+egglog's built-in extraction is tree-costed and saturates on deep residual graphs; Python cost
+callbacks into it are slow and panic on errors (../shared/DESIGN.md). Here each e-class keeps the
+cheapest e-node found so far together with the cost of every e-class its choice depends on, so a
+subterm shared by two operands is paid once. Relaxation runs from the leaves up until no class
+improves; costs are integers, so it terminates.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from typing import Callable
+
+from egraph_opt.egraph import ENode
+from egraph_opt.term import Term
+
+
+class ExtractionError(RuntimeError):
+    """No finite, acyclic program could be extracted for a root e-class."""
+
+
+def choose(classes: dict[str, list[ENode]], cost: Callable[[str], int]) -> dict[str, ENode]:
+    """The cheapest e-node of every e-class that has a finite program."""
+    nodes = [(cid, n) for cid in sorted(classes) for n in classes[cid]]
+    users: dict[str, list[int]] = defaultdict(list)
+    for i, (_, n) in enumerate(nodes):
+        for child in set(n.children):
+            users[child].append(i)
+    best: dict[str, tuple[int, dict[str, int], ENode]] = {}
+    queue = deque(i for i, (_, n) in enumerate(nodes) if not n.children)
+    queued = set(queue)
+    while queue:
+        i = queue.popleft()
+        queued.discard(i)
+        cid, n = nodes[i]
+        if any(c not in best for c in n.children):
+            continue
+        parts = sorted((best[c][1] for c in set(n.children)), key=len, reverse=True)
+        deps = dict(parts[0]) if parts else {}
+        for p in parts[1:]:
+            deps.update(p)
+        if cid in deps:  # the choice would make this class depend on itself
+            continue
+        deps[cid] = cost(n.op)
+        total = sum(deps.values())
+        if cid not in best or total < best[cid][0]:
+            best[cid] = (total, deps, n)
+            for j in users[cid]:
+                if j not in queued:
+                    queued.add(j)
+                    queue.append(j)
+    return {cid: entry[2] for cid, entry in best.items()}
+
+
+def extract(classes: dict[str, list[ENode]], roots: list[str], cost: Callable[[str], int]
+            ) -> list[Term]:
+    """Best Term for each root e-class; the Terms share every common e-class."""
+    choice = choose(classes, cost)
+    built: dict[str, Term] = {}
+    for root in roots:
+        if root not in choice:
+            raise ExtractionError(f"e-class {root} has no finite program")
+        stack, on_path = [(root, False)], set()
+        while stack:
+            cid, ready = stack.pop()
+            if cid in built:
+                continue
+            node = choice[cid]
+            if ready:
+                on_path.discard(cid)
+                built[cid] = Term(node.op, tuple(built[c] for c in node.children), node.attrs)
+                continue
+            if cid in on_path:
+                raise ExtractionError(f"extracted choice is cyclic at e-class {cid}")
+            on_path.add(cid)
+            stack.append((cid, True))
+            stack.extend((c, False) for c in node.children if c not in built)
+    return [built[r] for r in roots]

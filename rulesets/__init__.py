@@ -1,0 +1,131 @@
+"""The rule catalogue: every rewrite is one named declaration of a family module.
+
+A rule is data (name, lhs, rhs, family, exactness, condition, why). Tags are closed enums, so a typo
+fails at import instead of silently dropping a rule. egglog rewrites carry our names (``:name``),
+so run reports say which rule matched.
+"""
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from egraph_opt import pattern as pat
+
+
+class Family(enum.Enum):
+    STABILITY = "stability"
+    FUSION = "fusion"
+    ALGEBRA = "algebra"
+    DECOMPOSITION = "decomposition"
+    PRECISION = "precision"
+
+
+class Exactness(enum.Enum):
+    EXACT = "exact"          # an identity over the reals
+    REASSOC = "reassoc"      # exact over the reals, rounds differently in floating point
+    APPROX = "approx"        # close, not equal (tolerance-bounded)
+    UNSAFE = "unsafe"        # wrong for some inputs: quarantined, never run by default
+
+
+class RuleError(ValueError):
+    """A rule declaration that breaks the catalogue's invariants."""
+
+
+_NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    lhs: str
+    rhs: str
+    family: Family
+    exactness: Exactness = Exactness.EXACT
+    when: tuple[str, ...] = ()  # egglog facts that must hold, over lhs variables
+    why: str = ""
+
+    def __post_init__(self):
+        if not _NAME.fullmatch(self.name):
+            raise RuleError(f"rule name {self.name!r} is not kebab-case")
+        lhs, rhs = self.lhs_pattern, self.rhs_pattern
+        if not isinstance(lhs, pat.Node):
+            raise RuleError(f"{self.name}: left side must be an op, not {self.lhs!r}")
+        lhs_vars, rhs_vars = pat.variables(lhs), pat.variables(rhs)
+        missing = set(rhs_vars) - set(lhs_vars)
+        if missing:
+            raise RuleError(f"{self.name}: right side uses unbound {sorted(missing)}")
+        for v, sort in rhs_vars.items():
+            if lhs_vars[v] != sort:
+                raise RuleError(f"{self.name}: ?{v} is {lhs_vars[v]} on the left, {sort} on the right")
+
+    @property
+    def lhs_pattern(self) -> pat.Pattern:
+        return pat.parse(self.lhs)
+
+    @property
+    def rhs_pattern(self) -> pat.Pattern:
+        return pat.parse(self.rhs)
+
+    def egglog(self, ruleset: str) -> str:
+        lhs, rhs = pat.to_egg(self.lhs_pattern), pat.to_egg(self.rhs_pattern)
+        tail = f':ruleset {ruleset} :name "{self.name}"'
+        if not self.when:
+            return f"(rewrite {lhs} {rhs} {tail})"
+        facts = " ".join(self._egg_fact(f) for f in self.when)
+        return f"(rule ((= __lhs {lhs}) {facts}) ((union __lhs {rhs})) {tail})"
+
+    @staticmethod
+    def _egg_fact(fact: str) -> str:
+        """Condition text uses our op names; ops inside it become egglog constructors."""
+        return re.sub(r"\((\w+)", lambda m: "(" + (pat.OPS[m.group(1)].egg_name
+                                                   if m.group(1) in pat.OPS else m.group(1)), fact)
+
+    def describe(self) -> str:
+        return f"{pat.show(self.lhs_pattern)} -> {pat.show(self.rhs_pattern)}"
+
+
+def rules(family: Family, table, exactness: Exactness = Exactness.EXACT) -> list[Rule]:
+    """Rules from rows ``(name, lhs, rhs[, why])``; rows may also be Rule objects."""
+    out = []
+    for row in table:
+        if isinstance(row, Rule):
+            out.append(row)
+        else:
+            name, lhs, rhs, *why = row
+            out.append(Rule(name, lhs, rhs, family, exactness, why=why[0] if why else ""))
+    return out
+
+
+def catalogue() -> dict[str, Rule]:
+    """All rules by name, across families; names are unique."""
+    from . import algebra, fusion, stability
+
+    table: dict[str, Rule] = {}
+    for module in (stability, algebra, fusion):
+        for r in module.RULES:
+            if r.name in table:
+                raise RuleError(f"duplicate rule name {r.name!r}")
+            table[r.name] = r
+    return table
+
+
+def select(spec=None) -> list[Rule]:
+    """Rules for a run: None means every rule that is not unsafe; otherwise a list of family
+    names, rule names or Rule objects."""
+    everything = catalogue()
+    if spec is None:
+        return [r for r in everything.values() if r.exactness is not Exactness.UNSAFE]
+    chosen: list[Rule] = []
+    families = {f.value: f for f in Family}
+    for item in ([spec] if isinstance(spec, (str, Rule)) else spec):
+        if isinstance(item, Rule):
+            chosen.append(item)
+        elif item in families:
+            chosen.extend(r for r in everything.values()
+                          if r.family is families[item] and r.exactness is not Exactness.UNSAFE)
+        elif item in everything:
+            chosen.append(everything[item])
+        else:
+            raise RuleError(f"unknown ruleset or rule {item!r}; families: {sorted(families)}")
+    return list({r.name: r for r in chosen}.values())

@@ -134,7 +134,7 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
                 else:
                     term = OpaqueRef(node.name, term)
             values[node.name] = term
-    return Program(tuple(inputs), output, opaque, params), gm
+    return Program(tuple(inputs), output, opaque, params).pruned(), gm
 
 
 def _parameter_names(fn, n: int) -> list[str]:

@@ -247,14 +247,21 @@ def skeleton(p: Pattern) -> tuple[Term, dict[int, str]]:
         attrs = tuple(a.value if isinstance(a, Lit) else ATTR_SORTS[sort]()
                       for a, (_, sort) in zip(q.attrs, spec.attrs))
         term = Term(q.op, tuple(build(a) for a in q.args), attrs)
-        labels = [a.name if isinstance(a, Var) else to_egg(a) if isinstance(a, Prim) else None
-                  for a in q.attrs]
+        labels = [_attr_text(a) if isinstance(a, (Var, Prim)) else None for a in q.attrs]
         if any(labels):
             shown = [lab if lab else _literal(v) for lab, v in zip(labels, attrs)]
             names[id(term)] = f"{q.op}({', '.join([pretty(a, names) for a in term.args] + shown)})"
         return term
 
     return build(p), names
+
+
+def _attr_text(a) -> str:
+    if isinstance(a, Var):
+        return a.name
+    if isinstance(a, Prim):
+        return f" {a.fn} ".join(_attr_text(x) for x in a.args)
+    return _literal(a.value)
 
 
 def show(p: Pattern) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
-from .term import Term
+from .term import Term, postorder
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,24 @@ class Program:
             found += [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
         unique = {id(t): t for t in found}
         return list(unique.values())
+
+    def pruned(self) -> Program:
+        """The program without opaque calls that no output needs."""
+        needed: set[str] = set()
+        stack = leaves(self.outputs)
+        while stack:
+            item = stack.pop()
+            if isinstance(item, OpaqueRef):
+                item = Term("opaque", (), (item.name,))
+            if not isinstance(item, Term):
+                continue
+            for t in postorder([item]):
+                name = t.attrs[0] if t.op == "opaque" else None
+                if name is not None and name not in needed and name in self.opaque:
+                    needed.add(name)
+                    call = self.opaque[name]
+                    stack.extend(leaves((call.args, call.kwargs)))
+        return replace(self, opaque={n: c for n, c in self.opaque.items() if n in needed})
 
     def with_roots(self, new: dict[int, Term]) -> Program:
         """The same program with each root term (by id) replaced by its optimized term."""

@@ -1,0 +1,125 @@
+import pytest
+import torch
+import torch.nn as nn
+
+import egraph_opt.api as api
+from egraph_opt import CaptureError, saturate_and_extract
+from egraph_opt.egraph import EGraph
+from egraph_opt.rulesets import Exactness, Family, Rule
+
+
+def naive_softmax(x):
+    return torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    calls = []
+    original = api.capture
+
+    def counting(fn, args):
+        calls.append(tuple(a.shape for a in args))
+        return original(fn, args)
+
+    monkeypatch.setattr(api, "capture", counting)
+    return calls
+
+
+def test_first_call_per_signature_optimizes_later_calls_reuse_the_plan(compiles):
+    f = saturate_and_extract(naive_softmax)
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        torch.testing.assert_close(f(x), naive_softmax(x))
+    assert len(compiles) == 1
+    f(torch.randn(2, 8))  # new shape: re-specialized, not reused
+    f(torch.randn(4, 8, dtype=torch.float64))  # new dtype
+    assert compiles == [(torch.Size([4, 8]),), (torch.Size([2, 8]),), (torch.Size([4, 8]),)]
+    assert len(f.plans) == 3
+
+
+def test_report_lists_rewrites_ops_costs_and_validation():
+    f = saturate_and_extract(naive_softmax)
+    assert f.report is None
+    f(torch.randn(4, 8))
+    text = str(f.report)
+    assert "[REWRITE] softmax-fuse: exp(x) / sum(exp(x), a, true) -> softmax(x, a)" in text
+    assert f.report.ops_before == {"div": 1, "exp": 2, "sum": 1}
+    assert f.report.ops_after == {"softmax": 1}
+    assert f.report.cost_after["curvature"] < f.report.cost_before["curvature"]
+    assert f.report.validation.passed and f.report.optimized
+    assert isinstance(f.egraph, EGraph) and "Softmax" in f.egraph.to_dot()
+
+
+def test_a_wrong_rule_is_caught_by_validation_and_the_original_runs():
+    wrong = Rule("exp-is-identity", "(exp ?x)", "?x", Family.ALGEBRA, Exactness.UNSAFE)
+    f = saturate_and_extract(naive_softmax, rulesets=[wrong])
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(f(x), naive_softmax(x))
+    assert not f.report.optimized
+    assert "validation failed" in f.report.fallback
+    assert "[FALLBACK]" in str(f.report)
+    assert f.report.ops_after == {"div": 1, "sum": 1}  # what was extracted, and then refused
+
+
+def test_validation_can_be_turned_off():
+    wrong = Rule("exp-is-identity", "(exp ?x)", "?x", Family.ALGEBRA, Exactness.UNSAFE)
+    f = saturate_and_extract(naive_softmax, rulesets=[wrong], validate=False)
+    x = torch.randn(4, 8)
+    assert not torch.allclose(f(x), naive_softmax(x))
+    assert f.report.validation is None
+
+
+def test_modules_and_keyword_arguments():
+    mlp = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3), nn.LogSoftmax(-1)).eval()
+    f = saturate_and_extract(mlp, objective="stability")
+    x = torch.randn(5, 6)
+    torch.testing.assert_close(f(x), mlp(x))
+    torch.testing.assert_close(f(input=x), mlp(x))
+    assert f.report.validation.passed
+
+
+def test_opaque_calls_are_reported_and_carried_through():
+    def f(x):
+        return torch.log(torch.cumsum(torch.exp(x), -1))
+
+    g = saturate_and_extract(f)
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(g(x), f(x))
+    assert any("cumsum" in line for line in g.report.opaque)
+    assert "[OPAQUE]" in str(g.report)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"input_ranges": {"x": (1.0, -1.0)}}, "empty"),
+    ({"input_ranges": {"x": ("a", "b")}}, "pair of numbers"),
+    ({"input_ranges": {"y": (0, 1)}}, "not parameters"),
+    ({"objective": "fastest"}, "fastest"),
+    ({"rulesets": ["stabilty"]}, "unknown ruleset"),
+])
+def test_bad_options_are_clear_errors(options, message):
+    with pytest.raises(ValueError, match=message):
+        saturate_and_extract(naive_softmax, **options)
+
+
+def test_non_tensor_and_missing_arguments_are_clear_errors():
+    f = saturate_and_extract(lambda x, y: x + y)
+    with pytest.raises(CaptureError, match="argument 'y' is a int"):
+        f(torch.randn(3), 2)
+    with pytest.raises(TypeError, match="missing a required argument: 'y'"):
+        f(torch.randn(3))
+
+
+def test_declared_input_ranges_drive_validation_inputs():
+    f = saturate_and_extract(lambda x: torch.log(1 + x), input_ranges={"x": (0.0, 1e-3)})
+    x = torch.rand(16) * 1e-3
+    torch.testing.assert_close(f(x), torch.log1p(x))
+    assert f.report.validation.passed and f.report.ops_after == {"log1p": 1}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_run_on_the_device():
+    f = saturate_and_extract(naive_softmax)
+    x = torch.randn(4, 8, device="cuda")
+    out = f(x)
+    assert out.device.type == "cuda"
+    torch.testing.assert_close(out, torch.softmax(x, -1))

@@ -1,0 +1,91 @@
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from egraph_opt import CaptureError, capture
+from egraph_opt.program import OpaqueRef, leaves
+from egraph_opt.term import evaluate, op_counts, postorder
+from egraph_opt.torch_backend import build_module
+
+
+def run(program, inputs):
+    env = {t.attrs[0]: x for t, x in zip(program.inputs, inputs)}
+    env.update(program.params)
+    return evaluate([x for x in leaves(program.outputs)], env)
+
+
+def test_function_capture_records_shapes_and_folds_shape_arithmetic():
+    def scaled(q, k):
+        return q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + q.size(-1) / math.sqrt(q.size(-1))
+
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    program, _ = capture(scaled, (q, k))
+    assert [t.attrs for t in program.inputs] == [("q", "2,3,4", "float32"), ("k", "2,5,4", "float32")]
+    assert not program.opaque
+    consts = sorted(t.attrs[0] for t in postorder(program.roots()) if t.op == "const")
+    assert consts == [2.0, 2.0]  # sqrt(4) and 4 / sqrt(4): the shape arithmetic became constants
+    torch.testing.assert_close(run(program, (q, k))[0], scaled(q, k))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 16)
+        self.act = nn.GELU()
+        self.out = nn.Linear(16, 8, bias=False)
+
+    def forward(self, x):
+        return x + self.out(self.act(self.fc(self.norm(x))))
+
+
+def test_module_capture_traces_into_submodules_and_keeps_parameters_live():
+    block = Block().eval()
+    x = torch.randn(2, 5, 8)
+    program, _ = capture(block, (x,))
+    assert not program.opaque
+    assert op_counts(program.roots()) == {"add": 1, "gelu": 1, "layer_norm": 1, "linear": 1,
+                                          "matmul": 1, "transpose": 1}
+    assert program.params["fc.weight"] is block.fc.weight
+    torch.testing.assert_close(run(program, (x,))[0], block(x))
+
+
+def test_unknown_calls_stay_opaque_and_everything_around_them_is_captured():
+    def f(x):
+        y = torch.cumsum(torch.exp(x), -1)  # cumsum is not in the Term language
+        return torch.log(y) + torch.sort(x, -1).values
+
+    x = torch.randn(3, 4)
+    program, _ = capture(f, (x,))
+    assert {c.target for c in program.opaque.values()} == {torch.cumsum, torch.sort, getattr}
+    assert "exp" in op_counts(program.roots()) and "log" in op_counts(program.roots())
+    assert any(isinstance(a, OpaqueRef) for c in program.opaque.values() for a in c.args)
+
+
+def test_data_dependent_control_flow_is_a_clear_error():
+    def branchy(x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+    with pytest.raises(CaptureError, match="cannot trace .*branchy: .*control flow"):
+        capture(branchy, (torch.randn(3),))
+
+
+def test_non_tensor_arguments_are_refused_by_name():
+    with pytest.raises(CaptureError, match="argument 'scale' is a float"):
+        capture(lambda x, scale: x * scale, (torch.randn(3), 2.0))
+
+
+def test_data_dependent_scalars_are_not_folded():
+    def f(x):
+        return x / x.max().item()
+
+    x = torch.rand(4) + 1
+    program, traced = capture(f, (x,))
+    assert program.opaque  # item() depends on data: kept as a call, not baked in as a constant
+    rebuilt = build_module(program, traced)
+    y = torch.rand(4) + 5
+    torch.testing.assert_close(rebuilt(y), f(y))

@@ -1,0 +1,47 @@
+import pytest
+
+from egraph_opt.egraph import ENode
+from egraph_opt.extractors import CostModel, ExtractionError, Objective, extract, program_cost
+from egraph_opt.term import postorder
+
+COST = CostModel(Objective.BALANCED)
+
+
+def n(op, *children, attrs=()):
+    return ENode(op, children, attrs)
+
+
+def test_shared_subterm_is_paid_once():
+    """Tree costs pick add(sin(e), sqrt^3(x)) (68 < 92); as a DAG exp(x) is paid once, so
+    add(sin(e), cos(e)) costs 50 and wins."""
+    classes = {
+        "x": [n("input", attrs=("x", "3", "float32"))],
+        "e": [n("exp", "x")],
+        "a": [n("sin", "e")],
+        "b": [n("cos", "e")],
+        "s1": [n("sqrt", "x")], "s2": [n("sqrt", "s1")], "s3": [n("sqrt", "s2")],
+        "root": [n("add", "a", "s3"), n("add", "a", "b")],
+    }
+    (term,) = extract(classes, ["root"], COST)
+    assert [t.op for t in postorder([term])] == ["input", "exp", "sin", "cos", "add"]
+    assert term.args[0].args[0] is term.args[1].args[0]  # one exp(x), shared
+    assert program_cost([term], COST)["cost"] == 50
+
+
+def test_self_referencing_classes_extract_their_finite_member():
+    classes = {"x": [n("input", attrs=("x", "3", "float32")), n("neg", "y")],
+               "y": [n("neg", "x")]}
+    (term,) = extract(classes, ["y"], COST)
+    assert [t.op for t in postorder([term])] == ["input", "neg"]
+
+
+def test_a_class_without_a_finite_program_is_an_error():
+    with pytest.raises(ExtractionError, match="no finite program"):
+        extract({"d": [n("neg", "d")]}, ["d"], COST)
+
+
+def test_objectives_rank_stable_forms_below_naive_ones():
+    for objective in Objective:
+        model = CostModel(objective)
+        naive = model("exp") + model("sum") + model("div")
+        assert model("softmax") < naive, objective

@@ -1,0 +1,73 @@
+"""The catalogue's invariants, checked at import, and guarded rules that must not fire."""
+import pytest
+
+from egraph_opt.egraph import EGraph
+from egraph_opt.pattern import PatternError
+from egraph_opt.rulesets import Exactness, Family, Rule, RuleError, catalogue, select
+from egraph_opt.term import Term
+
+
+@pytest.mark.parametrize("name,lhs,rhs,message", [
+    ("Bad_Name", "(exp ?x)", "?x", "kebab-case"),
+    ("bare-lhs", "?x", "(exp ?x)", "left side must be an op"),
+    ("unbound", "(exp ?x)", "(add ?x ?y)", "unbound"),
+    ("sort-clash", "(sum ?x ?a true)", "(softmax ?a -1)", "Tensor"),
+])
+def test_malformed_rules_fail_at_declaration(name, lhs, rhs, message):
+    with pytest.raises((RuleError, PatternError), match=message):
+        Rule(name, lhs, rhs, Family.ALGEBRA)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("(exp ?x ?y)", "takes 1 operands"),
+    ("(frobnicate ?x)", "unknown op"),
+    ("(exp ?x", "not one expression"),
+    ("(add ?x 1.0)", "use \\(const"),
+])
+def test_malformed_patterns_say_what_is_wrong(text, message):
+    with pytest.raises(PatternError, match=message):
+        Rule("r", text, "?x", Family.ALGEBRA)
+
+
+def test_names_are_unique_and_families_cover_the_catalogue():
+    rules = catalogue()
+    assert len(rules) >= 15
+    assert {r.family for r in rules.values()} >= {Family.STABILITY, Family.FUSION, Family.ALGEBRA}
+
+
+def test_selection_by_family_rule_or_object_and_unknown_names_fail():
+    assert {r.family for r in select(["fusion"])} == {Family.FUSION}
+    assert [r.name for r in select("softmax-fuse")] == ["softmax-fuse"]
+    custom = Rule("custom", "(exp ?x)", "?x", Family.ALGEBRA, Exactness.UNSAFE)
+    assert select([custom]) == [custom]
+    with pytest.raises(RuleError, match="unknown ruleset or rule 'stabilty'"):
+        select(["stabilty"])
+
+
+def test_unsafe_rules_are_never_selected_by_default():
+    assert all(r.exactness is not Exactness.UNSAFE for r in select())
+
+
+def _classes_after(rules, term):
+    eg = EGraph()
+    (ref,) = eg.add([term])
+    eg.add_rules("r", rules)
+    eg.saturate("r", max_iterations=10, max_enodes=1000, max_seconds=5)
+    snap = eg.snapshot()
+    return {n.op for n in snap.classes[snap.class_of_ref[ref]]}
+
+
+def test_guarded_division_rule_does_not_fire_on_zero():
+    rule = catalogue()["div-const-to-mul"]
+    x = Term.input("x", (3,))
+    assert _classes_after([rule], Term("div", (x, Term.const(4.0)))) == {"div", "mul"}
+    assert _classes_after([rule], Term("div", (x, Term.const(0.0)))) == {"div"}
+
+
+def test_softmax_fusion_needs_keepdim_and_the_same_operand():
+    rules = select(["stability"])
+    x, y = Term.input("x", (2, 3)), Term.input("y", (2, 3))
+    no_keepdim = Term("div", (Term("exp", (x,)), Term("sum", (Term("exp", (x,)),), (-1, False))))
+    other = Term("div", (Term("exp", (x,)), Term("sum", (Term("exp", (y,)),), (-1, True))))
+    assert "softmax" not in _classes_after(rules, no_keepdim)
+    assert "softmax" not in _classes_after(rules, other)

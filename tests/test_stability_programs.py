@@ -1,0 +1,64 @@
+"""Naive programs, traced on moderate inputs, stay accurate at extreme inputs once optimized."""
+import math
+
+import pytest
+import torch
+
+from egraph_opt import saturate_and_extract
+
+
+def naive_softmax(x):
+    return torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)
+
+
+def naive_logsumexp(x):
+    return torch.log(torch.exp(x).sum(-1))
+
+
+def naive_log_softmax(x):
+    return torch.log(torch.exp(x) / torch.exp(x).sum(-1, keepdim=True))
+
+
+def naive_attention(q, k, v):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.exp(scores) / torch.exp(scores).sum(-1, keepdim=True) @ v
+
+
+def naive_log1p(x):
+    return torch.log(1 + x)
+
+
+def truth_attention(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
+
+
+#  naive program       float64 truth                               input shapes     extreme input
+CASES = [
+    (naive_softmax,      lambda x: torch.softmax(x, -1),           [(4, 16)],       lambda x: x * 100),
+    (naive_logsumexp,    lambda x: torch.logsumexp(x, -1),         [(4, 16)],       lambda x: x * 100),
+    (naive_log_softmax,  lambda x: torch.log_softmax(x, -1),       [(4, 16)],       lambda x: x * 100),
+    (naive_attention,    truth_attention,                          [(2, 8, 16)] * 3, lambda x: x * 8),
+    (naive_log1p,        torch.log1p,                              [(64,)],         lambda x: x.abs() * 1e-5),
+]
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
+
+
+def error(out, truth):
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out.double() - truth).abs().max() / truth.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("naive,truth,shapes,extreme", CASES, ids=[c[0].__name__ for c in CASES])
+def test_naive_program_becomes_accurate_at_extreme_inputs(naive, truth, shapes, extreme, dtype):
+    gen = torch.Generator().manual_seed(0)
+    moderate = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    optimized = saturate_and_extract(naive)
+    optimized(*moderate)  # traced and optimized on moderate inputs
+    assert optimized.report.optimized, optimized.report.fallback
+
+    hard = [extreme(x.float()).to(dtype) for x in moderate[:2]] + moderate[2:]
+    reference = truth(*(x.double() for x in hard))
+    assert error(naive(*hard), reference) > TOLERANCE[dtype]  # the case is really hard
+    assert error(optimized(*hard), reference) < TOLERANCE[dtype]

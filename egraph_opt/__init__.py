@@ -1,8 +1,8 @@
 """egraph-opt: an equality-saturation optimizer for ML programs."""
 from .api import OptimizedFunction, saturate_and_extract
 from .capture import CaptureError, capture
-from .pipeline import Limits, optimize
+from .pipeline import Limits, Phase, optimize
 from .term import Term, evaluate, pretty
 
-__all__ = ["saturate_and_extract", "OptimizedFunction", "Limits", "optimize", "capture",
+__all__ = ["saturate_and_extract", "OptimizedFunction", "Limits", "Phase", "optimize", "capture",
            "CaptureError", "Term", "evaluate", "pretty"]

@@ -24,6 +24,18 @@ class Limits:
     max_seconds: float = 10.0
 
 
+@dataclass(frozen=True)
+class Phase:
+    """One named step of the schedule: a set of rules run to saturation or to its limits."""
+    name: str
+    rules: tuple[Rule, ...]
+    limits: Limits = Limits()
+
+    def __post_init__(self):
+        if not self.name.isidentifier():
+            raise ValueError(f"phase name {self.name!r} must be an identifier")
+
+
 @dataclass
 class Optimized:
     program: Program
@@ -38,18 +50,26 @@ class Optimized:
 
 
 def optimize(program: Program, *, rules: list[Rule] | None = None,
-             objective: Objective = Objective.BALANCED, limits: Limits = Limits()) -> Optimized:
-    rules = select() if rules is None else rules
+             objective: Objective = Objective.BALANCED, limits: Limits = Limits(),
+             schedule: list[Phase] | None = None) -> Optimized:
+    """Optimize a program. ``schedule`` runs its phases in order; without one, ``rules`` (default:
+    every rule that is not unsafe) run as a single phase under ``limits``."""
+    if schedule is None:
+        schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
+    rules = [r for phase in schedule for r in phase.rules]
     model = CostModel(objective)
     roots = program.roots()
     clock = {"start": time.perf_counter()}
 
     egraph = EGraph()
     refs = egraph.add(roots)
-    egraph.add_rules("rewrite", rules)
     clock["build"] = time.perf_counter()
-    saturation = [egraph.saturate("rewrite", max_iterations=limits.max_iterations,
-                                  max_enodes=limits.max_enodes, max_seconds=limits.max_seconds)]
+    saturation = []
+    for phase in schedule:
+        egraph.add_rules(phase.name, phase.rules)
+        saturation.append(egraph.saturate(phase.name, max_iterations=phase.limits.max_iterations,
+                                          max_enodes=phase.limits.max_enodes,
+                                          max_seconds=phase.limits.max_seconds))
     clock["saturate"] = time.perf_counter()
     snap = egraph.snapshot()
     best = extract(snap.classes, [snap.class_of_ref[r] for r in refs], model)
@@ -60,8 +80,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     for s in saturation:
         for name, n in s.matches.items():
             matches[name] = matches.get(name, 0) + n
-    applied = [(r, matches[r.name]) for r in _applied(
-        [r for r in rules if matches.get(r.name)], roots, best)]
+    matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
+    applied = [(r, matches[r.name]) for r in _applied(matched, roots, best)]
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,

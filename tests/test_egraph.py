@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from egraph_opt import Limits, capture, optimize
+from egraph_opt import Limits, Phase, capture, optimize
 from egraph_opt.egraph import EGraph
 from egraph_opt.program import Program, leaves
 from egraph_opt.rulesets import Family, Rule, select
@@ -63,3 +63,14 @@ def test_iteration_and_time_limits_say_how_they_stopped():
     timed = optimize(program, rules=[COMMUTE, ASSOCIATE] + select(),
                      limits=Limits(max_seconds=0.0))
     assert timed.saturation[0].stop == "time limit (0 s)"
+
+
+def test_a_schedule_runs_named_phases_in_order():
+    args = tuple(torch.randn(2, 8, 16) for _ in range(3))
+    program, _ = capture(naive_attention, args)
+    schedule = [Phase("stabilize", tuple(select(["stability", "algebra"]))),
+                Phase("fuse", tuple(select(["fusion"])))]
+    result = optimize(program, schedule=schedule)
+    assert [s.phase for s in result.saturation] == ["stabilize", "fuse"]
+    assert result.ops_after == {"sdpa": 1}
+    assert result.saturation[1].matches["attention-fuse"] >= 1

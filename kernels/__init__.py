@@ -1,0 +1,1 @@
+"""Kernels: implementations that plans bind nodes to (torch, and Triton under ``triton/``)."""

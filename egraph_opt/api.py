@@ -96,7 +96,8 @@ class OptimizedFunction:
         signature = ", ".join(f"{n}: {str(d).removeprefix('torch.')}{list(s)}"
                               for n, (s, d, *_) in zip(self._signature.parameters, key))
         program, traced = capture(self.fn, args)
-        result = optimize(program, rules=self.rules, objective=self.objective, limits=self.limits)
+        result = optimize(program, rules=self.rules, objective=self.objective, limits=self.limits,
+                          input_ranges=self.input_ranges)
         module = build_module(result.program, traced)
         report = Report(
             signature=f"{self._name}({signature})",

@@ -127,7 +127,8 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
                                          lambda a: values[a.name] if isinstance(a, fx.Node) else a)
             term = lowering.lower(node, args, kwargs, info_of)
             if not isinstance(term, Term):
-                opaque[node.name] = OpaqueCall(node.name, node.op, node.target, args, kwargs)
+                meta = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None
+                opaque[node.name] = OpaqueCall(node.name, node.op, node.target, args, kwargs, meta)
                 if isinstance(info, TensorInfo):
                     term = Term("opaque", (), (node.name,))
                     info_of[id(term)] = info

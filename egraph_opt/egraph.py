@@ -10,17 +10,25 @@ parsed into plain Python classes for our own extractor.
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
 from dataclasses import dataclass, field
 
 from egglog import bindings
 
+from . import range_rules
 from .ops import OPS, BY_EGG_NAME, ATTR_SORTS
 from .pattern import literal
 from .term import Term, postorder
 
 SORT = "Tensor"
 _CHUNK = 64
+_INFORMATIVE = 1e30  # bounds beyond this say nothing a condition could use: not loaded
+
+
+class InvariantError(RuntimeError):
+    """A tripwire fired: the e-graph merged what no sound rule can merge."""
 
 
 def declarations() -> str:
@@ -41,9 +49,11 @@ class ENode:
 
 @dataclass
 class Snapshot:
-    """The serialized e-graph: e-classes of Tensor e-nodes, and the class of each loaded term."""
+    """The serialized e-graph: e-classes of Tensor e-nodes, the class of each loaded term, and
+    the interval the range analysis proved for each class."""
     classes: dict[str, list[ENode]]
     class_of_ref: dict[int, str]
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def num_enodes(self) -> int:
@@ -64,9 +74,13 @@ class Saturation:
 class EGraph:
     """An egglog e-graph over Terms."""
 
-    def __init__(self):
+    def __init__(self, tripwires: bool | None = None):
+        """``tripwires`` (default: the EGRAPH_OPT_TRIPWIRES environment variable, on in tests)
+        checks after every iteration that no unsound merge happened."""
         self._eg = bindings.EGraph()
-        self._run(declarations())
+        self.tripwires = os.environ.get("EGRAPH_OPT_TRIPWIRES") == "1" if tripwires is None else tripwires
+        self._run(declarations() + range_rules.DECLARATIONS)
+        self._run("\n".join(range_rules.rules() + (range_rules.tripwires() if self.tripwires else [])))
         self._refs: dict[tuple, int] = {}
         self._ref_of_term: dict[int, int] = {}
         self._rulesets: set[str] = set()
@@ -77,10 +91,14 @@ class EGraph:
         except BaseException as e:  # egglog panics surface as BaseException subclasses
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
+            if "tripwire:" in str(e):
+                raise InvariantError(str(e)[str(e).index("tripwire:"):]) from None
             raise RuntimeError(f"egglog rejected: {text[:300]}\n{e}") from None
 
-    def add(self, roots: list[Term]) -> list[int]:
-        """Load terms; return the anchor number of each root. Equal structure shares one anchor."""
+    def add(self, roots: list[Term], intervals: dict[int, tuple[float, float]] | None = None
+            ) -> list[int]:
+        """Load terms (with their intervals, by term id, where known); return the anchor number
+        of each root. Equal structure shares one anchor."""
         lines = []
         for t in postorder(roots):
             if id(t) in self._ref_of_term:
@@ -92,6 +110,11 @@ class EGraph:
                 parts = [OPS[t.op].egg_name] + [f"(Ref {r})" for r in key[1]]
                 parts += [literal(v) for v in t.attrs]
                 lines.append(f"(union (Ref {ref}) ({' '.join(parts)}))")
+                lo, hi = (intervals or {}).get(id(t), (-math.inf, math.inf))
+                if lo > -_INFORMATIVE:
+                    lines.append(f"(set (lo (Ref {ref})) {literal(float(lo))})")
+                if hi < _INFORMATIVE:
+                    lines.append(f"(set (hi (Ref {ref})) {literal(float(hi))})")
             self._ref_of_term[id(t)] = ref
         for i in range(0, len(lines), _CHUNK):
             self._run("\n".join(lines[i:i + _CHUNK]))
@@ -121,12 +144,14 @@ class EGraph:
         """Run one ruleset iteration by iteration until it saturates or a limit is reached."""
         report = Saturation(phase)
         start = time.perf_counter()
+        self._analyze()
         while True:
             if report.iterations >= max_iterations:
                 report.stop = f"iteration limit ({max_iterations})"
                 break
             out = self._run(f"(run {phase} 1)")
             run_report = out[-1].report
+            self._analyze()
             report.iterations += 1
             for name, n in run_report.num_matches_per_rule.items():
                 report.matches[name] = report.matches.get(name, 0) + n
@@ -143,6 +168,12 @@ class EGraph:
         report.enodes = self.size()
         return report
 
+    def _analyze(self) -> None:
+        """Bring ranges and facts up to date (conditions of the next iteration read them)."""
+        self._run(f"(run-schedule (saturate (run {range_rules.RULESET})))")
+        if self.tripwires:
+            self._run(f"(run {range_rules.TRIPWIRES} 1)")
+
     def serialize_json(self) -> str:
         return self._eg.serialize([]).to_json()
 
@@ -155,10 +186,17 @@ class EGraph:
         nodes = data["nodes"]
         classes: dict[str, list[ENode]] = {}
         class_of_ref: dict[int, str] = {}
+        primitive = {n["eclass"]: n["op"] for n in nodes.values() if not n["children"]}
+        bounds: dict[str, list[float]] = {}
         for node in nodes.values():
             op = node["op"]
             if op == "Ref":
                 class_of_ref[int(nodes[node["children"][0]]["op"])] = node["eclass"]
+                continue
+            if op in ("lo", "hi"):
+                tensor_class = nodes[node["children"][0]]["eclass"]
+                pair = bounds.setdefault(tensor_class, [-math.inf, math.inf])
+                pair[op == "hi"] = float(primitive[node["eclass"]])
                 continue
             spec = BY_EGG_NAME.get(op)
             if spec is None or node.get("subsumed"):
@@ -168,7 +206,7 @@ class EGraph:
             attrs = tuple(_primitive(nodes[c]["op"], sort)
                           for c, (_, sort) in zip(kids[spec.arity:], spec.attrs))
             classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
-        return Snapshot(classes, class_of_ref)
+        return Snapshot(classes, class_of_ref, {c: (lo, hi) for c, (lo, hi) in bounds.items()})
 
 
 def _primitive(text: str, sort: str):

@@ -12,6 +12,7 @@ from . import pattern as pat
 from .egraph import EGraph, Saturation
 from .extractors import CostModel, Objective, extract, program_cost
 from .program import Program
+from .ranges import TOP, analyze
 from .rulesets import Rule, select
 from .term import op_counts
 
@@ -51,9 +52,10 @@ class Optimized:
 
 def optimize(program: Program, *, rules: list[Rule] | None = None,
              objective: Objective = Objective.BALANCED, limits: Limits = Limits(),
-             schedule: list[Phase] | None = None) -> Optimized:
+             schedule: list[Phase] | None = None, input_ranges: dict | None = None) -> Optimized:
     """Optimize a program. ``schedule`` runs its phases in order; without one, ``rules`` (default:
-    every rule that is not unsafe) run as a single phase under ``limits``."""
+    every rule that is not unsafe) run as a single phase under ``limits``. ``input_ranges``
+    declares input intervals: the only source, besides facts of the ops, for rule conditions."""
     if schedule is None:
         schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
     rules = [r for phase in schedule for r in phase.rules]
@@ -61,8 +63,10 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     roots = program.roots()
     clock = {"start": time.perf_counter()}
 
+    leaf_meta = program.leaf_meta()
+    intervals = analyze(roots, input_ranges, leaf_meta)
     egraph = EGraph()
-    refs = egraph.add(roots)
+    refs = egraph.add(roots, intervals)
     clock["build"] = time.perf_counter()
     saturation = []
     for phase in schedule:
@@ -72,7 +76,15 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
                                           max_seconds=phase.limits.max_seconds))
     clock["saturate"] = time.perf_counter()
     snap = egraph.snapshot()
-    best = extract(snap.classes, [snap.class_of_ref[r] for r in refs], model)
+
+    def cost(cid, node):
+        return model(node.op, node.attrs, [snap.ranges.get(c, TOP) for c in node.children])
+
+    best = extract(snap.classes, [snap.class_of_ref[r] for r in refs], cost)
+    before = program_cost(roots, model, input_ranges, leaf_meta)
+    after = program_cost(best, model, input_ranges, leaf_meta)
+    if after["cost"] > before["cost"]:  # greedy extraction is not optimal: never return worse
+        best, after = roots, before
     clock["extract"] = time.perf_counter()
 
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
@@ -85,7 +97,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,
-        program_cost(roots, model), program_cost(best, model), op_counts(roots), op_counts(best),
+        before, after, op_counts(roots), op_counts(best),
         {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])})
 
 

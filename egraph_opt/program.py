@@ -30,6 +30,7 @@ class OpaqueCall:
     target: Any
     args: tuple  # leaves: Term, OpaqueRef or plain Python values
     kwargs: dict
+    meta: tuple | None = None  # (shape, torch dtype) when the result is one tensor
 
     def describe(self) -> str:
         target = self.target if isinstance(self.target, str) else getattr(
@@ -57,6 +58,10 @@ class Program:
             found += [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
         unique = {id(t): t for t in found}
         return list(unique.values())
+
+    def leaf_meta(self) -> dict[str, tuple]:
+        """(shape, dtype) of each opaque tensor result, for shape inference over the Terms."""
+        return {n: c.meta for n, c in self.opaque.items() if c.meta is not None}
 
     def pruned(self) -> Program:
         """The program without opaque calls that no output needs."""

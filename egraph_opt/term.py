@@ -119,14 +119,14 @@ def pretty(root: Term, names: dict[int, str] | None = None) -> str:
     return text[id(root)][0]
 
 
-def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool = False
-             ) -> list[torch.Tensor]:
+def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool = False,
+             record: dict[int, object] | None = None) -> list[torch.Tensor]:
     """Run terms with the ops' torch implementations. ``env`` binds input, param and opaque names.
 
     With ``reference=True`` every floating value is computed in float64 and float casts are
     identities: the exact-arithmetic stand-in that rules and optimized programs are checked against.
     """
-    values: dict[int, object] = {}
+    values: dict[int, object] = {} if record is None else record
     for t in postorder(roots):
         spec = OPS[t.op]
         if t.op == "const":
@@ -151,5 +151,21 @@ def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool
     return [values[id(r)] for r in roots]
 
 
-def input_shape(t: Term) -> tuple[int, ...]:
-    return parse_shape(t.attrs[1])
+def shapes(roots: list[Term], leaf_meta: dict[str, tuple] | None = None
+           ) -> dict[int, tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of every term, by running the ops on meta tensors (no data, no compute).
+    Inputs and params carry theirs; ``leaf_meta`` gives opaque leaves' (shape, dtype)."""
+    env: dict[str, torch.Tensor] = {}
+    for t in postorder(roots):
+        if t.op in ("input", "param"):
+            env[t.attrs[0]] = torch.empty(parse_shape(t.attrs[1]), dtype=getattr(torch, t.attrs[2]),
+                                          device="meta")
+        elif t.op == "opaque":
+            if not leaf_meta or t.attrs[0] not in leaf_meta:
+                raise KeyError(f"no shape known for opaque {t.attrs[0]!r}")
+            shape, dtype = leaf_meta[t.attrs[0]]
+            env[t.attrs[0]] = torch.empty(shape, dtype=dtype, device="meta")
+    values: dict[int, object] = {}
+    evaluate(roots, env, record=values)
+    return {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ((), torch.float64)
+            for k, v in values.items()}

@@ -1,23 +1,19 @@
-"""Integer costs per e-node: a curvature term and a latency term weighted by the objective.
+"""Integer costs per node: curvature and latency, weighted by the objective.
 
-Curvature is ranked by growth class, so a stable form stays below its naive form even when value
-ranges are unbounded (an exponential's conditioning dominates a division's, which dominates a
-bounded op's). Latency is counted in kernel launches and passes over memory until profiled timings
-replace it. Integers keep costs exact: no float ties, no overflow.
+Curvature comes from the operand ranges (see ``curvature.py``). Latency is counted in passes over
+memory and kernel launches until profiled timings replace it. Integers keep extraction exact: no
+float ties, no overflow.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
+from egraph_opt.ranges import TOP, analyze
 from egraph_opt.term import Term, postorder
 
-#: growth class of each op's condition number over an unbounded range
-CURVATURE = {
-    "exp": 40, "expm1": 30, "pow": 20, "log": 20, "div": 10, "rsqrt": 10, "log1p": 8,
-    "sqrt": 5, "var": 5, "tanh": 1, "sigmoid": 1, "erf": 1, "gelu": 1, "sin": 1, "cos": 1,
-    "softmax": 1, "log_softmax": 1, "logsumexp": 1, "layer_norm": 2, "sdpa": 2,
-}
+from .curvature import kappa_cost
+
 #: relative latency: one elementwise pass = 2; reductions read and write; matmuls dominate
 LATENCY = {
     "sum": 4, "max": 4, "mean": 4, "var": 6, "softmax": 5, "log_softmax": 5, "logsumexp": 5,
@@ -40,20 +36,28 @@ _WEIGHTS = {Objective.STABILITY: (10, 1), Objective.LATENCY: (0, 1), Objective.B
 class CostModel:
     objective: Objective = Objective.BALANCED
 
-    def curvature(self, op: str) -> int:
-        return CURVATURE.get(op, 0)
+    def curvature(self, op: str, attrs: tuple = (), operands: list | None = None) -> int:
+        if op in LEAVES:
+            return 0
+        return kappa_cost(op, attrs, operands if operands is not None else [TOP] * 3)
 
     def latency(self, op: str) -> int:
         return 0 if op in LEAVES else LATENCY.get(op, 2)
 
-    def __call__(self, op: str) -> int:
+    def __call__(self, op: str, attrs: tuple = (), operands: list | None = None) -> int:
         w_kappa, w_time = _WEIGHTS[self.objective]
-        return w_kappa * self.curvature(op) + w_time * self.latency(op)
+        return w_kappa * self.curvature(op, attrs, operands) + w_time * self.latency(op)
 
 
-def program_cost(roots: list[Term], model: CostModel) -> dict[str, int]:
+def program_cost(roots: list[Term], model: CostModel, declared: dict | None = None,
+                 leaf_meta: dict | None = None) -> dict[str, int]:
     """Total cost of a program as a DAG (each distinct term paid once), with its parts."""
     terms = postorder(roots)
-    return {"cost": sum(model(t.op) for t in terms),
-            "curvature": sum(model.curvature(t.op) for t in terms),
-            "latency": sum(model.latency(t.op) for t in terms)}
+    ranges = analyze(roots, declared, leaf_meta)
+    parts = {"cost": 0, "curvature": 0, "latency": 0}
+    for t in terms:
+        operands = [ranges[id(a)] for a in t.args]
+        parts["cost"] += model(t.op, t.attrs, operands)
+        parts["curvature"] += model.curvature(t.op, t.attrs, operands)
+        parts["latency"] += model.latency(t.op)
+    return parts

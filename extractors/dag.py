@@ -19,8 +19,8 @@ class ExtractionError(RuntimeError):
     """No finite, acyclic program could be extracted for a root e-class."""
 
 
-def choose(classes: dict[str, list[ENode]], cost: Callable[[str], int]) -> dict[str, ENode]:
-    """The cheapest e-node of every e-class that has a finite program."""
+def choose(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -> dict[str, ENode]:
+    """The cheapest e-node of every e-class that has a finite program; ``cost(class, node)``."""
     nodes = [(cid, n) for cid in sorted(classes) for n in classes[cid]]
     users: dict[str, list[int]] = defaultdict(list)
     for i, (_, n) in enumerate(nodes):
@@ -41,7 +41,7 @@ def choose(classes: dict[str, list[ENode]], cost: Callable[[str], int]) -> dict[
             deps.update(p)
         if cid in deps:  # the choice would make this class depend on itself
             continue
-        deps[cid] = cost(n.op)
+        deps[cid] = cost(cid, n)
         total = sum(deps.values())
         if cid not in best or total < best[cid][0]:
             best[cid] = (total, deps, n)
@@ -52,8 +52,8 @@ def choose(classes: dict[str, list[ENode]], cost: Callable[[str], int]) -> dict[
     return {cid: entry[2] for cid, entry in best.items()}
 
 
-def extract(classes: dict[str, list[ENode]], roots: list[str], cost: Callable[[str], int]
-            ) -> list[Term]:
+def extract(classes: dict[str, list[ENode]], roots: list[str],
+            cost: Callable[[str, ENode], int]) -> list[Term]:
     """Best Term for each root e-class; the Terms share every common e-class."""
     choice = choose(classes, cost)
     built: dict[str, Term] = {}

@@ -1,5 +1,9 @@
-import torch
+import os
+
 import pytest
+import torch
+
+os.environ.setdefault("EGRAPH_OPT_TRIPWIRES", "1")  # invariant tripwires on in every test
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,103 @@
+"""Range analysis inside the e-graph, as egglog rules.
+
+Every term loaded from a program gets its interval from the Python analysis (``ranges.py``, which
+knows shapes and has exp/log). These rules derive intervals for the nodes rewrites create, and the
+facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of
+the ops (exp > 0, softmax >= 0, variance >= 0). ``lo`` merges by max and ``hi`` by min: two sound
+intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
+rule: two different constants, two different inputs, an empty interval.
+"""
+from __future__ import annotations
+
+from .ops import OPS
+
+BIG = "1e300"
+RULESET = "ranges"
+TRIPWIRES = "tripwires"
+
+DECLARATIONS = f"""
+(function lo (Tensor) f64 :merge (max old new))
+(function hi (Tensor) f64 :merge (min old new))
+(relation positive (Tensor))
+(relation nonneg (Tensor))
+(relation nonzero (Tensor))
+(ruleset {RULESET})
+(ruleset {TRIPWIRES})
+"""
+
+
+def _c(expr: str) -> str:
+    """Clamp to +-BIG so no bound is ever inf (and no later subtraction NaN)."""
+    return f"(min (max {expr} -{BIG}) {BIG})"
+
+
+def _e(op: str) -> str:
+    return OPS[op].egg_name
+
+
+_SAME_AS_OPERAND = ["mean", "max", "transpose", "permute", "reshape", "expand", "slice", "cast",
+                    "gather", "index_select"]
+_FIXED = {"sigmoid": ("0.0", "1.0"), "tanh": ("-1.0", "1.0"), "softmax": ("0.0", "1.0"),
+          "sin": ("-1.0", "1.0"), "cos": ("-1.0", "1.0")}
+_FACT_OF_OP = {"exp": "positive", "sigmoid": "positive", "softmax": "nonneg", "sqrt": "nonneg",
+               "abs": "nonneg", "relu": "nonneg", "var": "nonneg"}
+
+
+def _operand_pattern(op: str, vars_: str = "abc") -> str:
+    spec = OPS[op]
+    args = " ".join(["?" + v for v in vars_[:spec.arity]] + ["?_" + n for n, _ in spec.attrs])
+    return f"({spec.egg_name} {args})"
+
+
+def rules() -> list[str]:
+    out = [
+        # bounds of constants and of the arithmetic egglog's f64 can compute
+        "(rule ((= e (Const c))) ((set (lo e) c) (set (hi e) c)))",
+        f"(rule ((= e (Add a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) {_c('(+ x y)')})))",
+        f"(rule ((= e (Add a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_c('(+ x y)')})))",
+        f"(rule ((= e (Sub a b)) (= x (lo a)) (= y (hi b))) ((set (lo e) {_c('(- x y)')})))",
+        f"(rule ((= e (Sub a b)) (= x (hi a)) (= y (lo b))) ((set (hi e) {_c('(- x y)')})))",
+        "(rule ((= e (Neg a)) (= x (hi a))) ((set (lo e) (neg x))))",
+        "(rule ((= e (Neg a)) (= x (lo a))) ((set (hi e) (neg x))))",
+        "(rule ((= e (Mul a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b))) ("
+        f"(set (lo e) {_c('(min (min (* p r) (* p s)) (min (* q r) (* q s)))')}) "
+        f"(set (hi e) {_c('(max (max (* p r) (* p s)) (max (* q r) (* q s)))')})))",
+        f"(rule ((= e (Exp a)) (= x (lo a))) ((set (lo e) {_c('(^ 2.718281828459045 x)')})))",
+        f"(rule ((= e (Exp a)) (= x (hi a))) ((set (hi e) {_c('(^ 2.718281828459045 x)')})))",
+        "(rule ((= e (Relu a)) (= x (lo a))) ((set (lo e) (max x 0.0))))",
+        "(rule ((= e (Relu a)) (= x (hi a))) ((set (hi e) (max x 0.0))))",
+        "(rule ((= e (Sqrt a)) (= x (hi a))) ((set (hi e) (^ (max x 0.0) 0.5))))",
+        # facts from bounds
+        "(rule ((= x (lo e)) (> x 0.0)) ((positive e)))",
+        "(rule ((= x (lo e)) (>= x 0.0)) ((nonneg e)))",
+        "(rule ((= x (hi e)) (< x 0.0)) ((nonzero e)))",
+        "(rule ((positive e)) ((nonneg e) (nonzero e)))",
+        # facts of combinations (over the reals)
+        "(rule ((= e (Add a b)) (positive a) (nonneg b)) ((positive e)))",
+        "(rule ((= e (Add a b)) (nonneg a) (positive b)) ((positive e)))",
+        "(rule ((= e (Add a b)) (nonneg a) (nonneg b)) ((nonneg e)))",
+        "(rule ((= e (Mul a b)) (positive a) (positive b)) ((positive e)))",
+        "(rule ((= e (Mul a b)) (nonneg a) (nonneg b)) ((nonneg e)))",
+        "(rule ((= e (Mul a a))) ((nonneg e)))",
+        "(rule ((= e (Mul a b)) (nonzero a) (nonzero b)) ((nonzero e)))",
+        "(rule ((= e (Div a b)) (positive a) (positive b)) ((positive e)))",
+    ]
+    for op in _SAME_AS_OPERAND:
+        pattern = _operand_pattern(op)
+        out.append(f"(rule ((= e {pattern}) (= x (lo ?a))) ((set (lo e) x)))")
+        out.append(f"(rule ((= e {pattern}) (= x (hi ?a))) ((set (hi e) x)))")
+    for op, (lo, hi) in _FIXED.items():
+        out.append(f"(rule ((= e {_operand_pattern(op)})) ((set (lo e) {lo}) (set (hi e) {hi})))")
+    for op, fact in _FACT_OF_OP.items():
+        out.append(f"(rule ((= e {_operand_pattern(op)})) (({fact} e)))")
+    return [r[:-1] + f" :ruleset {RULESET})" for r in out]
+
+
+def tripwires() -> list[str]:
+    return [f"(rule {query} ((panic \"{message}\")) :ruleset {TRIPWIRES})" for query, message in [
+        ("((= (Const a) (Const b)) (!= a b))", "tripwire: two different constants merged"),
+        ("((= (Input n s d) (Input m t f)) (!= n m))", "tripwire: two different inputs merged"),
+        ("((= (Input n s d) (Input m t f)) (!= d f))", "tripwire: two dtypes merged"),
+        ("((= x (lo e)) (= y (hi e)) (> x (+ y (+ 1e-9 (* 1e-9 (abs y))))))",
+         "tripwire: empty range (an unsound merge)"),
+    ]]

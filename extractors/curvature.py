@@ -1,0 +1,115 @@
+"""Curvature: a per-op conditioning estimate driven by value ranges.
+
+Per node: kappa (curvature: how fast the derivative changes over the operand range, by the seeds'
+formulas, e.g. kappa_exp = e^(2 hi), kappa_log = 1/lo^2, kappa_div = 1/|d|^3, linear ops 0),
+L (Lipschitz constant: the largest |derivative| over the range) and Delta (rounding: unit roundoff
+of the dtype times the largest magnitude of the result).
+
+When a range is unbounded kappa is infinite for several ops at once; the integer extraction cost
+then orders them by growth class (exponential > singular > bounded > linear), so a stable form
+still ranks below its naive form.
+"""
+from __future__ import annotations
+
+import math
+
+Interval = tuple[float, float]
+
+#: growth class of kappa over an unbounded range: 0 linear, 1 bounded, 2 singular, 3 exponential
+GROWTH = {
+    "exp": 3, "expm1": 3, "pow": 2, "log": 2, "log1p": 2, "div": 2, "sqrt": 2, "rsqrt": 2,
+    "var": 1, "mul": 1, "matmul": 1, "linear": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "gelu": 1,
+    "sin": 1, "cos": 1, "softmax": 1, "log_softmax": 1, "logsumexp": 1, "layer_norm": 2, "sdpa": 1,
+}
+#: sup |f''| of bounded smooth ops
+BOUNDED = {"tanh": 0.77, "sigmoid": 0.097, "erf": 0.97, "gelu": 0.8, "sin": 1.0, "cos": 1.0,
+           "softmax": 1.0, "log_softmax": 0.5, "logsumexp": 0.5, "sdpa": 1.0}
+UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11,
+                 "bfloat16": 2.0 ** -8}
+
+
+def _exp(v: float) -> float:
+    return math.exp(v) if v < 700 else math.inf
+
+
+def _gap(r: Interval) -> float:
+    """Distance of an interval from zero (0 when it contains zero)."""
+    return 0.0 if r[0] <= 0 <= r[1] else min(abs(r[0]), abs(r[1]))
+
+
+def _mag(r: Interval) -> float:
+    return max(abs(r[0]), abs(r[1]))
+
+
+def kappa(op: str, attrs: tuple, operands: list[Interval]) -> float:
+    """Curvature of one node over its operand ranges (inf when unbounded)."""
+    if op in BOUNDED:
+        return BOUNDED[op]
+    if op in ("exp", "expm1"):
+        return _exp(2 * operands[0][1])
+    if op == "log":
+        return 1 / operands[0][0] ** 2 if operands[0][0] > 0 else math.inf
+    if op == "log1p":
+        return 1 / (1 + operands[0][0]) ** 2 if operands[0][0] > -1 else math.inf
+    if op == "div":
+        d = _gap(operands[1])
+        return 2 * _mag(operands[0]) / d ** 3 if d > 0 else math.inf
+    if op == "sqrt":
+        return 1 / (4 * operands[0][0] ** 1.5) if operands[0][0] > 0 else math.inf
+    if op == "rsqrt":
+        return 3 / (4 * operands[0][0] ** 2.5) if operands[0][0] > 0 else math.inf
+    if op == "pow":
+        p = operands[1][1] if operands[1][0] == operands[1][1] else math.inf
+        if p in (0.0, 1.0):
+            return 0.0
+        if p == 2.0:
+            return 2.0
+        lo = _gap(operands[0]) if p < 2 else _mag(operands[0])
+        try:
+            return abs(p * (p - 1)) * lo ** (p - 2) if lo > 0 else math.inf
+        except OverflowError:
+            return math.inf
+    if op in ("mul", "matmul", "linear"):  # bilinear: constant cross curvature, unless one side
+        return 0.0 if any(lo == hi for lo, hi in operands[:2]) else 1.0  # is a constant
+    if op == "layer_norm":
+        return 1 / (4 * attrs[0] ** 1.5)  # 1/sqrt(var + eps) at var = 0
+    if op == "var":
+        return 2.0
+    return 0.0
+
+
+def lipschitz(op: str, attrs: tuple, operands: list[Interval]) -> float:
+    """Largest |derivative| of one node over its operand ranges."""
+    if op in ("exp", "expm1"):
+        return _exp(operands[0][1])
+    if op in ("log", "log1p"):
+        lo = operands[0][0] + (1 if op == "log1p" else 0)
+        return 1 / lo if lo > 0 else math.inf
+    if op == "div":
+        d = _gap(operands[1])
+        return max(1 / d, _mag(operands[0]) / d ** 2) if d > 0 else math.inf
+    if op in ("sqrt", "rsqrt"):
+        lo = operands[0][0]
+        return (0.5 / math.sqrt(lo) if op == "sqrt" else 0.5 / lo ** 1.5) if lo > 0 else math.inf
+    if op == "mul":
+        return max(_mag(operands[0]), _mag(operands[1]))
+    if op in ("matmul", "linear"):
+        return max(_mag(operands[0]), _mag(operands[1]))
+    if op in ("sigmoid",):
+        return 0.25
+    return 1.0
+
+
+def rounding(dtype: str, result: Interval) -> float:
+    return UNIT_ROUNDOFF.get(dtype, 0.0) * _mag(result)
+
+
+def kappa_cost(op: str, attrs: tuple, operands: list[Interval]) -> int:
+    """Integer extraction cost of curvature: decibels of kappa where it is finite, the growth class
+    (times 1000) where the range leaves it unbounded."""
+    k = kappa(op, attrs, operands)
+    if k == 0:
+        return 0
+    if math.isinf(k):
+        return 1000 * GROWTH.get(op, 1)
+    return min(999, max(1, round(10 * math.log10(1 + k))))

@@ -54,6 +54,7 @@ class Snapshot:
     classes: dict[str, list[ENode]]
     class_of_ref: dict[int, str]
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    dtypes: dict[str, str] = field(default_factory=dict)  # classes that are not float32
 
     @property
     def num_enodes(self) -> int:
@@ -95,10 +96,10 @@ class EGraph:
                 raise InvariantError(str(e)[str(e).index("tripwire:"):]) from None
             raise RuntimeError(f"egglog rejected: {text[:300]}\n{e}") from None
 
-    def add(self, roots: list[Term], intervals: dict[int, tuple[float, float]] | None = None
-            ) -> list[int]:
-        """Load terms (with their intervals, by term id, where known); return the anchor number
-        of each root. Equal structure shares one anchor."""
+    def add(self, roots: list[Term], intervals: dict[int, tuple[float, float]] | None = None,
+            dtypes: dict[int, str] | None = None) -> list[int]:
+        """Load terms (with their intervals and dtypes, by term id, where known); return the
+        anchor number of each root. Equal structure shares one anchor."""
         lines = []
         for t in postorder(roots):
             if id(t) in self._ref_of_term:
@@ -115,6 +116,9 @@ class EGraph:
                     lines.append(f"(set (lo (Ref {ref})) {literal(float(lo))})")
                 if hi < _INFORMATIVE:
                     lines.append(f"(set (hi (Ref {ref})) {literal(float(hi))})")
+                dtype = (dtypes or {}).get(id(t), "float32")
+                if dtype != "float32":
+                    lines.append(f"(set (dtype-of (Ref {ref})) {literal(dtype)})")
             self._ref_of_term[id(t)] = ref
         for i in range(0, len(lines), _CHUNK):
             self._run("\n".join(lines[i:i + _CHUNK]))
@@ -188,10 +192,14 @@ class EGraph:
         class_of_ref: dict[int, str] = {}
         primitive = {n["eclass"]: n["op"] for n in nodes.values() if not n["children"]}
         bounds: dict[str, list[float]] = {}
+        dtypes: dict[str, str] = {}
         for node in nodes.values():
             op = node["op"]
             if op == "Ref":
                 class_of_ref[int(nodes[node["children"][0]]["op"])] = node["eclass"]
+                continue
+            if op == "dtype-of":
+                dtypes[nodes[node["children"][0]]["eclass"]] = json.loads(primitive[node["eclass"]])
                 continue
             if op in ("lo", "hi"):
                 tensor_class = nodes[node["children"][0]]["eclass"]
@@ -206,7 +214,8 @@ class EGraph:
             attrs = tuple(_primitive(nodes[c]["op"], sort)
                           for c, (_, sort) in zip(kids[spec.arity:], spec.attrs))
             classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
-        return Snapshot(classes, class_of_ref, {c: (lo, hi) for c, (lo, hi) in bounds.items()})
+        return Snapshot(classes, class_of_ref, {c: (lo, hi) for c, (lo, hi) in bounds.items()},
+                        dtypes)
 
 
 def _primitive(text: str, sort: str):

@@ -132,6 +132,18 @@ def _silu(c, x, inplace=False):
     return Term("mul", (x, Term("sigmoid", (x,))))
 
 
+@lowers(F.softplus)
+def _softplus(c, x, beta=1.0, threshold=20.0):
+    if beta != 1:
+        raise Unsupported("softplus with beta")
+    return Term("softplus", (c.tensor(x),))  # exact; torch's threshold differs by < 3e-9
+
+
+@lowers(torch.logaddexp, "logaddexp")
+def _logaddexp(c, a, b):
+    return Term("logaddexp", (_operand(c, a, b), _operand(c, b, a)))
+
+
 @lowers(torch.clamp, "clamp", torch.clip, "clip")
 def _clamp(c, x, min=None, max=None):
     out = x

@@ -128,6 +128,15 @@ def layer_norm(x, weight, bias, eps):
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def softplus(x):
+    """log(1 + e^x), exactly: logaddexp(x, 0) has no threshold approximation."""
+    return torch.logaddexp(x, torch.zeros_like(x))
+
+
+def logaddexp(a, b):
+    return torch.logaddexp(_tensor(a, b), _tensor(b, a))
+
+
 def sdpa(q, k, v, scale, causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
@@ -194,6 +203,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("softmax", 1, _AXIS, impl=softmax),
     _op("log_softmax", 1, _AXIS, impl=log_softmax),
     _op("logsumexp", 1, _REDUCE, impl=logsumexp),
+    _op("softplus", 1, impl=softplus),
+    _op("logaddexp", 2, impl=logaddexp),
     _op("layer_norm", 3, "eps:f64", impl=layer_norm),
     _op("sdpa", 3, "scale:f64 causal:bool", impl=sdpa),
     _op("linear", 3, impl=F.linear),

@@ -14,7 +14,7 @@ from .extractors import CostModel, Objective, extract, program_cost
 from .program import Program
 from .ranges import TOP, analyze
 from .rulesets import Rule, select
-from .term import op_counts
+from .term import dtype_name, op_counts, shapes
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,9 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
 
     leaf_meta = program.leaf_meta()
     intervals = analyze(roots, input_ranges, leaf_meta)
+    dtypes = {k: dtype_name(d) for k, (_, d) in shapes(roots, leaf_meta).items()}
     egraph = EGraph()
-    refs = egraph.add(roots, intervals)
+    refs = egraph.add(roots, intervals, dtypes)
     clock["build"] = time.perf_counter()
     saturation = []
     for phase in schedule:
@@ -78,7 +79,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     snap = egraph.snapshot()
 
     def cost(cid, node):
-        return model(node.op, node.attrs, [snap.ranges.get(c, TOP) for c in node.children])
+        return model(node.op, node.attrs, [snap.ranges.get(c, TOP) for c in node.children],
+                     tuple(snap.dtypes.get(c, "float32") for c in node.children))
 
     best = extract(snap.classes, [snap.class_of_ref[r] for r in refs], cost)
     before = program_cost(roots, model, input_ranges, leaf_meta)

@@ -3,7 +3,8 @@
 Every term loaded from a program gets its interval from the Python analysis (``ranges.py``, which
 knows shapes and has exp/log). These rules derive intervals for the nodes rewrites create, and the
 facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of
-the ops (exp > 0, softmax >= 0, variance >= 0). ``lo`` merges by max and ``hi`` by min: two sound
+the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
+float32 (precision rules read it). ``lo`` merges by max and ``hi`` by min: two sound
 intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
 rule: two different constants, two different inputs, an empty interval.
 """
@@ -21,6 +22,7 @@ DECLARATIONS = f"""
 (relation positive (Tensor))
 (relation nonneg (Tensor))
 (relation nonzero (Tensor))
+(function dtype-of (Tensor) String :merge old)
 (ruleset {RULESET})
 (ruleset {TRIPWIRES})
 """
@@ -37,6 +39,7 @@ def _e(op: str) -> str:
 
 _SAME_AS_OPERAND = ["mean", "max", "transpose", "permute", "reshape", "expand", "slice", "cast",
                     "gather", "index_select"]
+_SAME_DTYPE = [name for name, op in OPS.items() if op.arity >= 1 and name not in ("cast", "where")]
 _FIXED = {"sigmoid": ("0.0", "1.0"), "tanh": ("-1.0", "1.0"), "softmax": ("0.0", "1.0"),
           "sin": ("-1.0", "1.0"), "cos": ("-1.0", "1.0")}
 _FACT_OF_OP = {"exp": "positive", "sigmoid": "positive", "softmax": "nonneg", "sqrt": "nonneg",
@@ -82,6 +85,9 @@ def rules() -> list[str]:
         "(rule ((= e (Mul a b)) (nonzero a) (nonzero b)) ((nonzero e)))",
         "(rule ((= e (Div a b)) (positive a) (positive b)) ((positive e)))",
     ]
+    out.append('(rule ((= e (Cast x d))) ((set (dtype-of e) d)))')
+    for op in _SAME_DTYPE:
+        out.append(f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))")
     for op in _SAME_AS_OPERAND:
         pattern = _operand_pattern(op)
         out.append(f"(rule ((= e {pattern}) (= x (lo ?a))) ((set (lo e) x)))")

@@ -161,6 +161,11 @@ def transfer(t: Term, a: list[Interval], n: int, k: int) -> Interval:
         return iv(a[0][0] + math.log(max(n, 1)), a[0][1] + math.log(max(n, 1)))
     if op == "sdpa":
         return a[2]
+    if op == "softplus":
+        return iv(_safe(lambda v: v + math.log1p(math.exp(-v)) if v > 0 else math.log1p(math.exp(v)),
+                        a[0][0], 0.0), max(a[0][1], 0.0) + math.log(2))
+    if op == "logaddexp":
+        return iv(max(a[0][0], a[1][0]), max(a[0][1], a[1][1]) + math.log(2))
     if op == "layer_norm":
         r = math.sqrt(max(n - 1, 1))
         return iv(*(x + y for x, y in zip(_mul((-r, r), a[1]), a[2])))

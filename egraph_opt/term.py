@@ -151,6 +151,10 @@ def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool
     return [values[id(r)] for r in roots]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def shapes(roots: list[Term], leaf_meta: dict[str, tuple] | None = None
            ) -> dict[int, tuple[tuple[int, ...], torch.dtype]]:
     """Shape and dtype of every term, by running the ops on meta tensors (no data, no compute).

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 
 from egraph_opt.ranges import TOP, analyze
-from egraph_opt.term import Term, postorder
+from egraph_opt.term import Term, dtype_name, postorder, shapes
 
 from .curvature import kappa_cost
 
@@ -21,6 +21,11 @@ LATENCY = {
     "transpose": 1, "permute": 1, "reshape": 1, "expand": 1, "slice": 1,
 }
 LEAVES = {"input", "param", "const", "opaque"}
+#: ops that accumulate over many terms: in a half-precision accumulator they lose ~log2(n) bits
+ACCUMULATING = {"sum", "mean", "var", "matmul", "linear", "softmax", "log_softmax", "logsumexp",
+                "layer_norm", "sdpa"}
+HALF = {"float16", "bfloat16"}
+HALF_ACCUMULATION = 20  # curvature-cost units (decibels) charged for a half-precision accumulator
 
 
 class Objective(enum.Enum):
@@ -36,17 +41,21 @@ _WEIGHTS = {Objective.STABILITY: (10, 1), Objective.LATENCY: (0, 1), Objective.B
 class CostModel:
     objective: Objective = Objective.BALANCED
 
-    def curvature(self, op: str, attrs: tuple = (), operands: list | None = None) -> int:
+    def curvature(self, op: str, attrs: tuple = (), operands: list | None = None,
+                  dtypes: tuple = ()) -> int:
         if op in LEAVES:
             return 0
-        return kappa_cost(op, attrs, operands if operands is not None else [TOP] * 3)
+        half = HALF_ACCUMULATION if op in ACCUMULATING and dtypes and dtypes[0] in HALF else 0
+        return half + kappa_cost(op, attrs, operands if operands is not None else [TOP] * 3)
 
     def latency(self, op: str) -> int:
         return 0 if op in LEAVES else LATENCY.get(op, 2)
 
-    def __call__(self, op: str, attrs: tuple = (), operands: list | None = None) -> int:
+    def __call__(self, op: str, attrs: tuple = (), operands: list | None = None,
+                 dtypes: tuple = ()) -> int:
+        """Cost of one node from its op, attributes, operand intervals and operand dtypes."""
         w_kappa, w_time = _WEIGHTS[self.objective]
-        return w_kappa * self.curvature(op, attrs, operands) + w_time * self.latency(op)
+        return w_kappa * self.curvature(op, attrs, operands, dtypes) + w_time * self.latency(op)
 
 
 def program_cost(roots: list[Term], model: CostModel, declared: dict | None = None,
@@ -54,10 +63,12 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
     """Total cost of a program as a DAG (each distinct term paid once), with its parts."""
     terms = postorder(roots)
     ranges = analyze(roots, declared, leaf_meta)
+    meta = shapes(roots, leaf_meta)
     parts = {"cost": 0, "curvature": 0, "latency": 0}
     for t in terms:
         operands = [ranges[id(a)] for a in t.args]
-        parts["cost"] += model(t.op, t.attrs, operands)
-        parts["curvature"] += model.curvature(t.op, t.attrs, operands)
+        dtypes = tuple(dtype_name(meta[id(a)][1]) for a in t.args)
+        parts["cost"] += model(t.op, t.attrs, operands, dtypes)
+        parts["curvature"] += model.curvature(t.op, t.attrs, operands, dtypes)
         parts["latency"] += model.latency(t.op)
     return parts

@@ -20,10 +20,12 @@ GROWTH = {
     "exp": 3, "expm1": 3, "pow": 2, "log": 2, "log1p": 2, "div": 2, "sqrt": 2, "rsqrt": 2,
     "var": 1, "mul": 1, "matmul": 1, "linear": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "gelu": 1,
     "sin": 1, "cos": 1, "softmax": 1, "log_softmax": 1, "logsumexp": 1, "layer_norm": 2, "sdpa": 1,
+    "softplus": 1, "logaddexp": 1,
 }
 #: sup |f''| of bounded smooth ops
 BOUNDED = {"tanh": 0.77, "sigmoid": 0.097, "erf": 0.97, "gelu": 0.8, "sin": 1.0, "cos": 1.0,
-           "softmax": 1.0, "log_softmax": 0.5, "logsumexp": 0.5, "sdpa": 1.0}
+           "softmax": 1.0, "log_softmax": 0.5, "logsumexp": 0.5, "sdpa": 1.0, "softplus": 0.25,
+           "logaddexp": 0.25}
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11,
                  "bfloat16": 2.0 ** -8}
 

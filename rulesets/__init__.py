@@ -99,10 +99,10 @@ def rules(family: Family, table, exactness: Exactness = Exactness.EXACT) -> list
 
 def catalogue() -> dict[str, Rule]:
     """All rules by name, across families; names are unique."""
-    from . import algebra, fusion, stability
+    from . import algebra, fusion, precision, stability
 
     table: dict[str, Rule] = {}
-    for module in (stability, algebra, fusion):
+    for module in (stability, algebra, fusion, precision):
         for r in module.RULES:
             if r.name in table:
                 raise RuleError(f"duplicate rule name {r.name!r}")

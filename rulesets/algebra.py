@@ -1,16 +1,43 @@
-"""Algebra: canonical forms that let the other families match every spelling of a pattern."""
-from . import Family, Rule, rules
+"""Algebra: canonical forms and identities that let the other families match every spelling."""
+from . import Exactness, Family, Rule, rules
 
 SHIFTED = "(sub ?x (max ?x ?a true))"  # x - max(x): the max-shifted operand of exp
+_A = Family.ALGEBRA
 
-RULES = rules(Family.ALGEBRA, [
+RULES = rules(_A, [
     # name                    lhs                                rhs
     ("mul-const-right",       "(mul (const ?c) ?x)",             "(mul ?x (const ?c))",
                               "constants on the right: one spelling for fusions to match"),
     Rule("div-const-to-mul",  "(div ?x (const ?c))",             "(mul ?x (const (/ 1.0 ?c)))",
-         Family.ALGEBRA, when=("(!= ?c 0.0)",), why="x/c = x*(1/c) for c != 0"),
+         _A, when=("(!= ?c 0.0)",), why="x/c = x*(1/c) for c != 0"),
+    ("mul-one",               "(mul ?x (const 1.0))",            "?x"),
+    ("div-one",               "(div ?x (const 1.0))",            "?x"),
+    ("add-zero",              "(add ?x (const 0.0))",            "?x"),
+    ("neg-neg",               "(neg (neg ?x))",                  "?x"),
+    ("sub-to-neg",            "(sub (const 0.0) ?x)",            "(neg ?x)"),
+    ("pow-two",               "(pow ?x (const 2.0))",            "(mul ?x ?x)"),
+    ("pow-half",              "(pow ?x (const 0.5))",            "(sqrt ?x)"),
+    ("rsqrt-fuse",            "(div (const 1.0) (sqrt ?x))",     "(rsqrt ?x)"),
+    ("sqrt-square-abs",       "(sqrt (mul ?x ?x))",              "(abs ?x)"),
+    Rule("exp-log-cancel",    "(exp (log ?x))",                  "?x", _A, when=("(positive ?x)",)),
+    Rule("div-self",          "(div ?x ?x)",                     "(pow ?x (const 0.0))", _A,
+         when=("(nonzero ?x)",), why="x/x = 1 = x^0, shape kept, for x != 0"),
     ("max-shift-idempotent",  f"(sub {SHIFTED} (max {SHIFTED} ?a true))", SHIFTED,
                               "max(x - max x) is exactly 0: shifting twice is shifting once"),
+    ("softmax-shift-invariance", f"(softmax {SHIFTED} ?a)",      "(softmax ?x ?a)"),
+    ("log-gather-commute",    "(log (gather ?p ?i ?a))",         "(gather (log ?p) ?i ?a)",
+                              "gathering commutes with elementwise ops"),
+    # fusions of forms that are already stable into the op that names them
+    ("log-sum-exp-from-shifted", f"(add (max ?x ?a true) (log (sum (exp {SHIFTED}) ?a true)))",
+                              "(logsumexp ?x ?a true)"),
+    ("sigmoid-from-exp",      "(div (const 1.0) (add (const 1.0) (exp (neg ?x))))", "(sigmoid ?x)"),
+    ("variance-fuse",         f"(mean (mul (sub ?x (mean ?x ?a true)) (sub ?x (mean ?x ?a true))) ?a ?k)",
+                              "(var ?x ?a ?k 0)"),
     ("matmul-scale-left-out", "(matmul (mul ?a (const ?c)) ?b)", "(mul (matmul ?a ?b) (const ?c))"),
     ("matmul-scale-right-out", "(matmul ?a (mul ?b (const ?c)))", "(mul (matmul ?a ?b) (const ?c))"),
+    ("div-sqrt-to-rsqrt",     "(div ?x (sqrt ?y))",              "(mul ?x (rsqrt ?y))"),
 ])
+
+RULES += rules(_A, [
+    ("mul-const-fold",        "(mul (mul ?x (const ?a)) (const ?b))", "(mul ?x (const (* ?a ?b)))"),
+], Exactness.REASSOC)

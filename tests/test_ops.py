@@ -57,6 +57,8 @@ CASES = [
     ("softmax",      lambda x: torch.softmax(x, -1) + F.softmax(x, dim=0) + x.softmax(1), (R(3, 3),)),
     ("log_softmax",  lambda x: F.log_softmax(x, dim=-1),                       (R(2, 5),)),
     ("logsumexp",    lambda x: torch.logsumexp(x, -1) + x.logsumexp(0, keepdim=True).sum(), (R(3, 3),)),
+    ("softplus",     lambda x: F.softplus(x) + F.softplus(x * 30),             (R(6),)),
+    ("logaddexp",    lambda a, b: torch.logaddexp(a, b) + a.logaddexp(b * 40),    (R(4), R(4))),
     ("layer_norm",   lambda x, w, b: F.layer_norm(x, (4,), w, b, 1e-6),        (R(2, 3, 4), R(4), R(4))),
     ("sdpa",         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (R(2, 5, 4), R(2, 5, 4), R(2, 5, 3))),
     ("linear",       lambda x, w, b: F.linear(x, w, b) + F.linear(x, w),       (R(2, 4), R(3, 4), R(3))),

@@ -6,6 +6,7 @@
 - purpose: each stability rule, at some extreme input in float32, keeps accuracy where its left side
   loses it.
 """
+import itertools
 import operator
 
 import pytest
@@ -21,6 +22,22 @@ RULES = list(catalogue().values())
 SHAPE = (2, 3, 5, 5)  # every tensor variable: square trailing dims fit matmul and attention
 TOLERANCE = {Exactness.EXACT: 1e-9, Exactness.REASSOC: 1e-9, Exactness.APPROX: 1e-3}
 _COMPARE = {"!=": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
+_SIGNS = {"positive": 1, "nonneg": 1, "nonzero": 0}  # sampled magnitude >= 0.1; 1: positive sign
+
+
+def conditions(rule) -> tuple[dict[str, str], list[str]]:
+    """Sign facts required of tensor variables, and primitive comparisons on attributes. Dtype
+    conditions (``dtype-of``) hold vacuously in the float64 reference, where casts are exact."""
+    signs, compares = {}, []
+    for fact in rule.when:
+        head, *args = fact.strip("()").split()
+        if head in _SIGNS:
+            signs[args[0][1:]] = head
+        elif head in _COMPARE:
+            compares.append(fact)
+        elif not fact.startswith("(= (dtype-of"):
+            raise AssertionError(f"{rule.name}: the proof sampler does not know fact {fact}")
+    return signs, compares
 
 
 def holds(fact: str, bindings: dict) -> bool:
@@ -30,14 +47,36 @@ def holds(fact: str, bindings: dict) -> bool:
     return _COMPARE[head](*values)
 
 
+def index_vars(p) -> set[str]:
+    """Tensor variables used as gather/index_select indices: sampled as integer positions."""
+    found, stack = set(), [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, pat.Node):
+            if q.op in ("gather", "index_select") and isinstance(q.args[1], pat.Var):
+                found.add(q.args[1].name)
+            stack.extend(q.args)
+    return found
+
+
 def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[dict, dict]:
     """Random bindings satisfying the rule's conditions: tensors by name and attribute values."""
     sorts = pat.variables(rule.lhs_pattern)
+    signs, compares = conditions(rule)
+    indices = index_vars(rule.lhs_pattern)
     for _ in range(100):
         values, env = {}, {}
         for name, sort in sorts.items():
             if sort == pat.TENSOR:
-                env[name] = torch.randn(SHAPE, generator=gen, dtype=dtype) * scale
+                if name in indices:
+                    env[name] = torch.randint(0, SHAPE[-1], SHAPE, generator=gen)
+                    values[name] = Term.input(name, SHAPE, "int64")
+                    continue
+                x = torch.randn(SHAPE, generator=gen, dtype=dtype) * scale
+                if name in signs:
+                    x = x.abs() + 0.1
+                    x = x if _SIGNS[signs[name]] else x * torch.randn(SHAPE, generator=gen).sign()
+                env[name] = x
                 values[name] = Term.input(name, SHAPE)
             elif sort == "i64":
                 values[name] = int(torch.randint(-2, 0, (), generator=gen))  # an axis
@@ -47,7 +86,7 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
                 values[name] = float(torch.empty(()).uniform_(-3, 3, generator=gen))
             else:
                 raise AssertionError(f"no sampler for {sort}")
-        if all(holds(f, values) for f in rule.when):
+        if all(holds(f, values) for f in compares):
             return values, env
     raise AssertionError(f"{rule.name}: could not satisfy {rule.when}")
 
@@ -105,10 +144,14 @@ def test_scalar_rules_are_found():
 def test_scalar_rules_are_identities_over_the_reals(rule):
     symbols: dict = {}
     lhs, rhs = to_sympy(rule.lhs_pattern, symbols), to_sympy(rule.rhs_pattern, symbols)
-    assert sympy.simplify(sympy.expand_log(lhs - rhs, force=True)) == 0
+    assert sympy.simplify(sympy.expand_log(lhs - rhs, force=True).rewrite(sympy.exp)) == 0
 
 
-PROBES = {"large": lambda x: x * 300, "offset": lambda x: x + 1e6, "tiny": lambda x: x * 1e-9}
+PROBES = {  # extreme inputs, as f(position of the variable, value)
+    "large": lambda i, x: x * 300, "offset": lambda i, x: x + 1e6, "tiny": lambda i, x: x * 1e-9,
+    "huge": lambda i, x: x * 1e25, "spread": lambda i, x: x * (1e25 if i == 0 else 1e-25),
+    "opposed": lambda i, x: x + (100 if i == 0 else -100),
+}
 STABILITY = [r for r in RULES if r.family is Family.STABILITY]
 
 
@@ -116,11 +159,12 @@ STABILITY = [r for r in RULES if r.family is Family.STABILITY]
 def test_stability_rules_show_their_purpose(rule):
     """At some extreme input in float32 the right side is accurate where the left side is not."""
     gen = torch.Generator().manual_seed(3)
-    values, env = bind(rule, gen, scale=1.0)
-    lhs, rhs = sides(rule, values)
     shown = []
-    for name, probe in PROBES.items():
-        narrow = {k: probe(v).float() for k, v in env.items()}
+    for _, (name, probe) in itertools.product(range(5), PROBES.items()):
+        values, env = bind(rule, gen, scale=1.0)
+        lhs, rhs = sides(rule, values)
+        narrow = {k: probe(i, v).float() if v.is_floating_point() else v
+                  for i, (k, v) in enumerate(env.items())}
         (truth,) = evaluate([rhs], narrow, reference=True)  # exact result on the float32 inputs
         errors = []
         for side in (lhs, rhs):

@@ -24,7 +24,7 @@ from .term import Term, postorder
 
 SORT = "Tensor"
 _CHUNK = 64
-_INFORMATIVE = 1e30  # bounds beyond this say nothing a condition could use: not loaded
+_UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
 
 
 class InvariantError(RuntimeError):
@@ -112,9 +112,9 @@ class EGraph:
                 parts += [literal(v) for v in t.attrs]
                 lines.append(f"(union (Ref {ref}) ({' '.join(parts)}))")
                 lo, hi = (intervals or {}).get(id(t), (-math.inf, math.inf))
-                if lo > -_INFORMATIVE:
+                if lo > -_UNBOUNDED:
                     lines.append(f"(set (lo (Ref {ref})) {literal(float(lo))})")
-                if hi < _INFORMATIVE:
+                if hi < _UNBOUNDED:
                     lines.append(f"(set (hi (Ref {ref})) {literal(float(hi))})")
                 dtype = (dtypes or {}).get(id(t), "float32")
                 if dtype != "float32":

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from . import pattern as pat
 from .egraph import EGraph, Saturation
-from .extractors import CostModel, Objective, extract, program_cost
+from .extractors import CostModel, NodeFacts, Objective, extract, program_cost
+from .extractors.curvature import ROUNDING_FREE
 from .program import Program
 from .ranges import TOP, analyze
 from .rulesets import Rule, select
@@ -78,9 +79,14 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     clock["saturate"] = time.perf_counter()
     snap = egraph.snapshot()
 
+    exact = exact_classes(snap.classes)
+
     def cost(cid, node):
-        return model(node.op, node.attrs, [snap.ranges.get(c, TOP) for c in node.children],
-                     tuple(snap.dtypes.get(c, "float32") for c in node.children))
+        return model(NodeFacts(
+            node.op, node.attrs, tuple(snap.ranges.get(c, TOP) for c in node.children),
+            tuple(snap.dtypes.get(c, "float32") for c in node.children),
+            tuple(c in exact for c in node.children), snap.ranges.get(cid, TOP),
+            snap.dtypes.get(cid, "float32")))
 
     best = extract(snap.classes, [snap.class_of_ref[r] for r in refs], cost)
     before = program_cost(roots, model, input_ranges, leaf_meta)
@@ -101,6 +107,21 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
         optimized, egraph, saturation, applied,
         before, after, op_counts(roots), op_counts(best),
         {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])})
+
+
+def exact_classes(classes: dict) -> set[str]:
+    """E-classes whose value some e-node computes without rounding (a leaf, or rounding-free ops
+    over such classes): cancellation in them is harmless."""
+    exact: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for cid, nodes in classes.items():
+            if cid not in exact and any(n.op in ROUNDING_FREE and all(c in exact for c in n.children)
+                                        for n in nodes):
+                exact.add(cid)
+                changed = True
+    return exact
 
 
 def _applied(matched: list[Rule], before, after) -> list[Rule]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from egraph_opt.ranges import TOP, analyze
 from egraph_opt.term import Term, dtype_name, postorder, shapes
 
-from .curvature import kappa_cost
+from .curvature import ROUNDING_FREE, kappa_cost
 
 #: relative latency: one elementwise pass = 2; reductions read and write; matmuls dominate
 LATENCY = {
@@ -38,24 +38,40 @@ _WEIGHTS = {Objective.STABILITY: (10, 1), Objective.LATENCY: (0, 1), Objective.B
 
 
 @dataclass(frozen=True)
+class NodeFacts:
+    """What a cost model may know of one node: its op and attributes, the intervals, dtypes and
+    exactness (no rounding error) of its operands, and its own interval (None: not known) and
+    dtype."""
+    op: str
+    attrs: tuple = ()
+    operands: tuple = (TOP, TOP, TOP)
+    dtypes: tuple = ()
+    exact: tuple = ()
+    result: tuple | None = None
+    dtype: str = "float32"
+
+    @staticmethod
+    def of_op(op: str) -> NodeFacts:
+        """A node with nothing known beyond its op: every range unbounded."""
+        return NodeFacts(op)
+
+
+@dataclass(frozen=True)
 class CostModel:
     objective: Objective = Objective.BALANCED
 
-    def curvature(self, op: str, attrs: tuple = (), operands: list | None = None,
-                  dtypes: tuple = ()) -> int:
-        if op in LEAVES:
+    def curvature(self, n: NodeFacts) -> int:
+        if n.op in LEAVES:
             return 0
-        half = HALF_ACCUMULATION if op in ACCUMULATING and dtypes and dtypes[0] in HALF else 0
-        return half + kappa_cost(op, attrs, operands if operands is not None else [TOP] * 3)
+        half = HALF_ACCUMULATION if n.op in ACCUMULATING and n.dtypes and n.dtypes[0] in HALF else 0
+        return half + kappa_cost(n.op, n.attrs, list(n.operands), n.result, n.dtype, n.exact)
 
     def latency(self, op: str) -> int:
         return 0 if op in LEAVES else LATENCY.get(op, 2)
 
-    def __call__(self, op: str, attrs: tuple = (), operands: list | None = None,
-                 dtypes: tuple = ()) -> int:
-        """Cost of one node from its op, attributes, operand intervals and operand dtypes."""
+    def __call__(self, n: NodeFacts) -> int:
         w_kappa, w_time = _WEIGHTS[self.objective]
-        return w_kappa * self.curvature(op, attrs, operands, dtypes) + w_time * self.latency(op)
+        return w_kappa * self.curvature(n) + w_time * self.latency(n.op)
 
 
 def program_cost(roots: list[Term], model: CostModel, declared: dict | None = None,
@@ -64,11 +80,15 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
     terms = postorder(roots)
     ranges = analyze(roots, declared, leaf_meta)
     meta = shapes(roots, leaf_meta)
+    exact: dict[int, bool] = {}
     parts = {"cost": 0, "curvature": 0, "latency": 0}
     for t in terms:
-        operands = [ranges[id(a)] for a in t.args]
-        dtypes = tuple(dtype_name(meta[id(a)][1]) for a in t.args)
-        parts["cost"] += model(t.op, t.attrs, operands, dtypes)
-        parts["curvature"] += model.curvature(t.op, t.attrs, operands, dtypes)
+        exact[id(t)] = t.op in ROUNDING_FREE and all(exact[id(a)] for a in t.args)
+        n = NodeFacts(t.op, t.attrs, tuple(ranges[id(a)] for a in t.args),
+                      tuple(dtype_name(meta[id(a)][1]) for a in t.args),
+                      tuple(exact[id(a)] for a in t.args), ranges[id(t)],
+                      dtype_name(meta[id(t)][1]))
+        parts["cost"] += model(n)
+        parts["curvature"] += model.curvature(n)
         parts["latency"] += model.latency(t.op)
     return parts

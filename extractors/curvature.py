@@ -43,6 +43,18 @@ def _mag(r: Interval) -> float:
     return max(abs(r[0]), abs(r[1]))
 
 
+def _unbounded_on_overflow(f):
+    """Tiny ranges make 1/lo^2 overflow: that is an unbounded estimate, not an error."""
+    def guarded(*args):
+        try:
+            return f(*args)
+        except (ZeroDivisionError, OverflowError):
+            return math.inf
+    guarded.__doc__ = f.__doc__
+    return guarded
+
+
+@_unbounded_on_overflow
 def kappa(op: str, attrs: tuple, operands: list[Interval]) -> float:
     """Curvature of one node over its operand ranges (inf when unbounded)."""
     if op in BOUNDED:
@@ -67,10 +79,7 @@ def kappa(op: str, attrs: tuple, operands: list[Interval]) -> float:
         if p == 2.0:
             return 2.0
         lo = _gap(operands[0]) if p < 2 else _mag(operands[0])
-        try:
-            return abs(p * (p - 1)) * lo ** (p - 2) if lo > 0 else math.inf
-        except OverflowError:
-            return math.inf
+        return abs(p * (p - 1)) * lo ** (p - 2) if lo > 0 else math.inf
     if op in ("mul", "matmul", "linear"):  # bilinear: constant cross curvature, unless one side
         return 0.0 if any(lo == hi for lo, hi in operands[:2]) else 1.0  # is a constant
     if op == "layer_norm":
@@ -80,6 +89,7 @@ def kappa(op: str, attrs: tuple, operands: list[Interval]) -> float:
     return 0.0
 
 
+@_unbounded_on_overflow
 def lipschitz(op: str, attrs: tuple, operands: list[Interval]) -> float:
     """Largest |derivative| of one node over its operand ranges."""
     if op in ("exp", "expm1"):
@@ -106,12 +116,43 @@ def rounding(dtype: str, result: Interval) -> float:
     return UNIT_ROUNDOFF.get(dtype, 0.0) * _mag(result)
 
 
-def kappa_cost(op: str, attrs: tuple, operands: list[Interval]) -> int:
-    """Integer extraction cost of curvature: decibels of kappa where it is finite, the growth class
-    (times 1000) where the range leaves it unbounded."""
+#: ops whose result is exactly representable from exact operands: they add no rounding error
+ROUNDING_FREE = {"input", "param", "const", "opaque", "max", "maximum", "minimum", "relu", "abs",
+                 "neg", "transpose", "permute", "reshape", "expand", "slice", "gather",
+                 "index_select", "concat", "where"}
+
+
+def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
+    """A subtraction (or addition of opposite signs) whose operands may be arbitrarily close while
+    one of them carries rounding error: the relative error of the result is unbounded."""
+    if op not in ("add", "sub") or all(exact[:2]):
+        return False
+    a, b = operands[:2]
+    if op == "add":
+        b = (-b[1], -b[0])
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def overflows(result: Interval, dtype: str) -> bool:
+    """The result's range exceeds the largest finite value of its dtype."""
+    limit = FINITE_MAX.get(dtype)
+    return limit is not None and _mag(result) > limit
+
+
+FINITE_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38,
+              "float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+
+
+def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval | None = None,
+               dtype: str = "float32", exact: tuple[bool, ...] = ()) -> int:
+    """Integer extraction cost of conditioning: decibels of kappa where the ranges bound it, the
+    growth class (times 1000) where they leave it unbounded, plus the singular class for a
+    cancellation and the exponential class for a possible overflow."""
     k = kappa(op, attrs, operands)
-    if k == 0:
-        return 0
-    if math.isinf(k):
-        return 1000 * GROWTH.get(op, 1)
-    return min(999, max(1, round(10 * math.log10(1 + k))))
+    cost = 0 if k == 0 else (1000 * GROWTH.get(op, 1) if math.isinf(k)
+                             else min(999, max(1, round(10 * math.log10(1 + k)))))
+    if exact and cancels(op, operands, exact):
+        cost += 2000
+    if result is not None and op not in ROUNDING_FREE and overflows(result, dtype):
+        cost += 3000
+    return cost

@@ -6,10 +6,13 @@ the e-graph's dtype analysis (``dtype-of`` is recorded for every non-float32 val
 """
 from . import Family, Rule
 
+_ATTRS = {"sum": "?a ?k", "mean": "?a ?k", "var": "?a ?k ?c", "logsumexp": "?a ?k",
+          "softmax": "?a", "log_softmax": "?a"}
+
 RULES = [
-    Rule(f"{op}-accumulate-float32-{dtype}", f"({op} ?x ?a ?k)",
-         f'(cast ({op} (cast ?x "float32") ?a ?k) "{dtype}")', Family.PRECISION,
+    Rule(f"{op.replace('_', '-')}-accumulate-float32-{dtype}", f"({op} ?x {attrs})",
+         f'(cast ({op} (cast ?x "float32") {attrs}) "{dtype}")', Family.PRECISION,
          when=(f'(= (dtype-of ?x) "{dtype}")',),
          why=f"accumulate {dtype} {op} in float32")
-    for op in ("sum", "mean") for dtype in ("float16", "bfloat16")
+    for op, attrs in _ATTRS.items() for dtype in ("float16", "bfloat16")
 ]

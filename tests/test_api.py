@@ -4,7 +4,7 @@ import torch.nn as nn
 
 import egraph_opt.api as api
 from egraph_opt import CaptureError, saturate_and_extract
-from egraph_opt.egraph import EGraph
+from egraph_opt.egraph import EGraph, InvariantError
 from egraph_opt.rulesets import Exactness, Family, Rule
 
 
@@ -50,7 +50,8 @@ def test_report_lists_rewrites_ops_costs_and_validation():
     assert isinstance(f.egraph, EGraph) and "Softmax" in f.egraph.to_dot()
 
 
-def test_a_wrong_rule_is_caught_by_validation_and_the_original_runs():
+def test_a_wrong_rule_is_caught_by_validation_and_the_original_runs(monkeypatch):
+    monkeypatch.setenv("EGRAPH_OPT_TRIPWIRES", "0")  # the tripwire would stop it first (below)
     wrong = Rule("exp-is-identity", "(exp ?x)", "?x", Family.ALGEBRA, Exactness.UNSAFE)
     f = saturate_and_extract(naive_softmax, rulesets=[wrong])
     x = torch.randn(4, 8)
@@ -61,12 +62,20 @@ def test_a_wrong_rule_is_caught_by_validation_and_the_original_runs():
     assert f.report.ops_after == {"div": 1, "sum": 1}  # what was extracted, and then refused
 
 
-def test_validation_can_be_turned_off():
+def test_validation_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("EGRAPH_OPT_TRIPWIRES", "0")
     wrong = Rule("exp-is-identity", "(exp ?x)", "?x", Family.ALGEBRA, Exactness.UNSAFE)
     f = saturate_and_extract(naive_softmax, rulesets=[wrong], validate=False)
     x = torch.randn(4, 8)
     assert not torch.allclose(f(x), naive_softmax(x))
     assert f.report.validation is None
+
+
+def test_tripwires_stop_a_wrong_rule_that_merges_contradictory_ranges():
+    wrong = Rule("exp-is-identity", "(exp ?x)", "?x", Family.ALGEBRA, Exactness.UNSAFE)
+    f = saturate_and_extract(naive_softmax, rulesets=[wrong], input_ranges={"x": (-1.0, 1.0)})
+    with pytest.raises(InvariantError, match="tripwire: empty range"):
+        f(torch.rand(4, 8) * 2 - 1)
 
 
 def test_modules_and_keyword_arguments():

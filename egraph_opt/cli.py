@@ -1,9 +1,10 @@
-"""Command line: ``egraph-opt rules`` lists the rule catalogue."""
+"""Command line: ``egraph-opt rules`` (the rule catalogue), ``egraph-opt onnx`` (batch ONNX)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
+from .onnx_batch import add_onnx_command
 from .rulesets import Family, catalogue
 
 
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     rules = sub.add_parser("rules", help="list the rewrite rule catalogue")
     rules.add_argument("--family", choices=[f.value for f in Family])
     rules.set_defaults(run=_rules)
+    add_onnx_command(sub)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -1,0 +1,98 @@
+"""``generate_elementwise``: compile a term to a Triton kernel, once per structure.
+
+``@triton.jit`` reads its function's source from a real file, so the generated text is written
+to the cache directory under its hash (atomically: processes may race) and imported from there.
+Kernels are kept per process by that hash; the file also lets Triton's own on-disk cache skip
+recompiling in the next process.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+
+from egraph_opt.term import Term
+
+from .codegen import Program, lower
+from .layout import row_block
+
+CACHE_ENV = "EGRAPH_OPT_CACHE"
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_kernels: dict[Path, object] = {}  # generated file -> its @triton.jit kernel
+
+
+def cache_dir() -> Path:
+    """``$EGRAPH_OPT_CACHE/triton``, else ``egraph_opt/triton`` under the user's cache dir."""
+    root = os.environ.get(CACHE_ENV)
+    if not root:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "egraph_opt"
+    return Path(root) / "triton"
+
+
+def _load(program: Program) -> object:
+    directory = cache_dir()
+    path = directory / f"k_{program.digest}.py"
+    if path not in _kernels:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
+                f.write(program.source)
+            os.replace(f.name, path)
+        name = f"egraph_opt_generated_{program.digest}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        _kernels[path] = module.kernel
+    return _kernels[path]
+
+
+@dataclass(frozen=True)
+class GeneratedKernel:
+    """A generated kernel bound to one term's inputs and constants; call it with the inputs by
+    name. ``kernel`` is shared by every structurally equal term."""
+
+    program: Program
+    kernel: object
+
+    def __call__(self, **inputs: torch.Tensor) -> torch.Tensor:
+        names = set(self.program.inputs)
+        if set(inputs) != names:
+            raise TypeError(f"expected inputs {sorted(names)}, got {sorted(inputs)}")
+        tensors = [inputs[name].contiguous() for name in self.program.inputs]
+        first = tensors[0]
+        for name, t in zip(self.program.inputs, tensors):
+            if t.shape != first.shape or t.dtype != first.dtype or t.dtype not in DTYPES:
+                raise ValueError(f"input {name!r} is {t.dtype} {tuple(t.shape)}; all inputs must "
+                                 f"share one shape and one dtype of {DTYPES}")
+        args = (*tensors, *self.program.consts)
+        if self.program.reduction is None:
+            out = torch.empty_like(first)
+            n = first.numel()
+            block = row_block(n)
+            if n:
+                self.kernel[(triton.cdiv(n, block),)](out, *args, n, BLOCK=block)
+            return out
+        if first.dim() == 0:
+            raise ValueError(f"{self.program.reduction} over axis -1 needs an input of rank >= 1")
+        n_cols = first.shape[-1]
+        kept = (1,) if self.program.keepdim else ()
+        out = torch.empty(first.shape[:-1] + kept, dtype=first.dtype, device=first.device)
+        if out.numel():
+            self.kernel[(out.numel(),)](out, *args, n_cols, BLOCK=row_block(n_cols))
+        return out
+
+
+def generate_elementwise(term: Term) -> GeneratedKernel:
+    """A Triton kernel computing ``term`` (elementwise ops over same-shape inputs, optionally
+    under one root sum/max/mean over axis -1). Raises ValueError naming any op it cannot
+    generate. Structurally equal terms reuse one compiled kernel."""
+    program = lower(term)
+    return GeneratedKernel(program, _load(program))

@@ -1,0 +1,36 @@
+"""Views that turn "an op over one axis of any tensor" into "an op over the rows of a matrix".
+
+Every row kernel reads contiguous rows of length ``n``: the wrapper moves the axis last, makes
+the tensor contiguous, runs the kernel, then undoes the move on the result.
+"""
+from __future__ import annotations
+
+import torch
+
+MAX_ROW_BLOCK = 1024  # rows longer than this are looped over in blocks of this many elements
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def row_block(n: int, cap: int = MAX_ROW_BLOCK) -> int:
+    """The block a row of ``n`` elements is read in: one block when it fits, ``cap`` otherwise."""
+    return min(next_pow2(n), cap)
+
+
+def dot_tile(n: int, cap: int | None = None) -> int:
+    """A tile dim for ``n``: a power of two, at least 16 (``tl.dot``'s minimum), at most ``cap``."""
+    tile = max(next_pow2(n), 16)
+    return tile if cap is None else min(tile, cap)
+
+
+def as_rows(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``x`` with ``axis`` moved last, as a contiguous (rows, n) matrix, and the moved shape."""
+    moved = x.movedim(axis, -1).contiguous()
+    return moved.reshape(-1, moved.shape[-1]), tuple(moved.shape)
+
+
+def from_rows(y: torch.Tensor, moved_shape: tuple[int, ...], axis: int) -> torch.Tensor:
+    """Inverse of :func:`as_rows` for a result with the same row length."""
+    return y.reshape(moved_shape).movedim(-1, axis)

@@ -1,0 +1,59 @@
+"""``activation(x @ weight.T + bias)``: a tiled matmul whose epilogue adds the bias and applies
+the activation in registers, so the pre-activation never goes to memory.
+
+``weight`` is in ``nn.Linear`` layout (out, in) and is read transposed through its strides.
+Products accumulate in float32; float32 operands multiply exactly ("ieee"), not in TF32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import mathlib
+from .layout import dot_tile
+
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
+BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32
+
+
+@triton.jit
+def _linear_act_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
+                       ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for start_k in tl.range(0, K, BLOCK_K):
+        ks = start_k + offs_k
+        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * K + ks[None, :],
+                    mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
+        w_t = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * K + ks[:, None],
+                      mask=(offs_n[None, :] < N) & (ks[:, None] < K), other=0.0)
+        acc = tl.dot(x, w_t, acc, input_precision="ieee")
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    y = mathlib.activate(acc, ACTIVATION)
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :],
+             y.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               activation: str) -> torch.Tensor:
+    """``act(F.linear(x, weight, bias))`` for ``activation`` in :data:`ACTIVATIONS` ('gelu' is the
+    exact erf form, 'gelu_tanh' the tanh approximation)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"linear_act: unknown activation {activation!r}; expected one of "
+                         f"{ACTIVATIONS}")
+    N, K = weight.shape
+    x2 = x.contiguous().reshape(-1, K)
+    M = x2.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if out.numel():
+        block_m, block_n = dot_tile(M, BLOCK_M), dot_tile(N, BLOCK_N)
+        _linear_act_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+            x2, weight.contiguous(), x2 if bias is None else bias.contiguous(), out, M, N, K,
+            HAS_BIAS=bias is not None, ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=dot_tile(K, BLOCK_K))
+    return out.reshape(*x.shape[:-1], N)

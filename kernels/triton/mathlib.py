@@ -1,0 +1,77 @@
+"""Device functions that ``triton.language`` lacks or gets wrong for us, shared by the kernels.
+
+Triton has no portable log1p, expm1, tanh or pow (they live in CUDA's libdevice, which the CPU
+interpreter cannot run), so they are built from exp and log with Kahan's compensation tricks:
+accurate to a few ulps at every magnitude, on the GPU and in the interpreter alike. ReLU keeps
+NaN, as torch does (``tl.maximum`` would drop it). All take and return float32 blocks.
+"""
+import triton
+import triton.language as tl
+
+@triton.jit
+def log1p(x):
+    u = 1.0 + x
+    r = tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))  # log(u) * x / (u - 1): exact ratio
+    return tl.where(x > 1.0e30, tl.log(x), r)  # x / (u - 1) is inf / inf at x = inf
+
+
+@triton.jit
+def expm1(x):
+    u = tl.exp(x)
+    um1 = u - 1.0
+    r = tl.where(u == 1.0, x, um1 * (x / tl.log(u)))  # (u - 1) * x / log(u): Kahan
+    r = tl.where(um1 == -1.0, -1.0, r)
+    return tl.where(x > 50.0, u, r)  # u - 1 == u there, and u may be inf
+
+
+@triton.jit
+def tanh(x):
+    e = expm1(-2.0 * tl.abs(x))  # in (-1, 0]: no overflow, no cancellation near 0
+    t = -e / (2.0 + e)
+    return tl.where(x < 0.0, -t, t)
+
+
+@triton.jit
+def power(a, b):
+    """a ** b as torch computes it: negative bases allowed for integral exponents, x ** 0 = 1."""
+    integral = b == tl.floor(b)
+    odd = integral & (tl.floor(b * 0.5) * 2.0 != b)
+    # |a| for integral b; otherwise a itself, whose log is NaN when a < 0. Nested wheres, not &:
+    # a and b may be a block and a scalar, which the interpreter cannot combine with &.
+    r = tl.exp(b * tl.log(tl.where(integral, tl.abs(a), a)))
+    r = tl.where(odd, tl.where(a < 0.0, -r, r), r)
+    return tl.where(b == 0.0, 1.0, tl.where(a == 1.0, 1.0, r))
+
+
+@triton.jit
+def relu(x):
+    return tl.where(x < 0.0, 0.0, x)
+
+
+@triton.jit
+def gelu(x, APPROXIMATE: tl.constexpr):
+    """torch.nn.functional.gelu; ``APPROXIMATE`` is its ``approximate`` argument ('none', 'tanh')."""
+    if APPROXIMATE == "tanh":
+        return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))  # sqrt(2/pi)
+    else:
+        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # 1/sqrt(2)
+
+
+@triton.jit
+def activate(x, ACTIVATION: tl.constexpr):
+    """The activations of ``linear_act``: 'none', 'relu', 'gelu' (erf) and 'gelu_tanh'."""
+    if ACTIVATION == "relu":
+        return relu(x)
+    elif ACTIVATION == "gelu":
+        return gelu(x, "none")
+    elif ACTIVATION == "gelu_tanh":
+        return gelu(x, "tanh")
+    else:
+        return x
+
+
+@triton.jit
+def max_keep_nan(acc):
+    """The max of a block, NaN if any lane is NaN (torch.amax's rule; tl.max may drop NaN)."""
+    has_nan = tl.max((acc != acc).to(tl.int32), 0) > 0
+    return tl.where(has_nan, float("nan"), tl.max(acc, 0))

@@ -1,0 +1,44 @@
+"""Whether Triton can run here, and what a wrapper does when it cannot.
+
+Importing the package must never fail on a machine without Triton (CPU CI, macOS): the kernel
+modules are only imported when ``triton`` is, and the names they would export become stubs that
+raise a clear error when called.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+_log = logging.getLogger(__name__)
+
+try:
+    import triton  # noqa: F401  (the import is the test)
+
+    HAVE_TRITON = True
+except ImportError:
+    HAVE_TRITON = False
+
+
+@functools.cache
+def available() -> bool:
+    """Whether Triton kernels can run natively: ``triton`` importable and a CUDA device present.
+
+    >>> isinstance(available(), bool)
+    True
+    """
+    if not HAVE_TRITON:
+        _log.warning("triton is not installed: the Triton kernels are unavailable "
+                     "(pip install 'egraph-opt[triton]')")
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def unavailable(name: str):
+    """A stand-in for kernel ``name`` that explains, when called, why it cannot run."""
+    def stub(*args, **kwargs):
+        raise RuntimeError(f"Triton kernel {name!r} needs the triton package, which is not "
+                           "installed (pip install 'egraph-opt[triton]')")
+    stub.__name__ = name
+    return stub

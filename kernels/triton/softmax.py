@@ -1,0 +1,75 @@
+"""Row-wise softmax, log_softmax and logsumexp: one kernel, an online max/sum over blocks.
+
+Pass 1 walks the row in blocks keeping a running max ``m`` and a running sum ``s`` of
+``exp(x - m)`` (rescaled when ``m`` grows), so rows of any length cost one block of registers
+and never overflow. Pass 2 (skipped for logsumexp) writes ``exp(x - m) / s`` or ``x - m - log s``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .layout import as_rows, from_rows, row_block
+
+SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
+
+
+@triton.jit
+def row_logsumexp(x_ptr, n, BLOCK: tl.constexpr):
+    """(max, sum of exp(x - max)) of the ``n`` values at ``x_ptr``, in float32."""
+    m = float("-inf")
+    s = 0.0
+    for start in tl.range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + cols, mask=cols < n, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+        m = m_new
+    return m, s
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, out_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    """MODE is SOFTMAX (0), LOG_SOFTMAX (1) or LOGSUMEXP (2): one value per row."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * n
+    m, s = row_logsumexp(x_row, n, BLOCK)
+    if MODE == 2:
+        tl.store(out_ptr + row, (m + tl.log(s)).to(out_ptr.dtype.element_ty))
+    else:
+        lse = m + tl.log(s)
+        for start in tl.range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n
+            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            if MODE == 0:
+                y = tl.exp(x - m) / s
+            else:
+                y = x - lse
+            tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x: torch.Tensor, axis: int, mode: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    rows, moved_shape = as_rows(x, axis)
+    n = rows.shape[1]
+    out = torch.empty((rows.shape[0], 1 if mode == LOGSUMEXP else n), dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        _softmax_kernel[(rows.shape[0],)](rows, out, n, MODE=mode, BLOCK=row_block(n))
+    return out, moved_shape
+
+
+def softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
+    out, moved_shape = _launch(x, axis, SOFTMAX)
+    return from_rows(out, moved_shape, axis)
+
+
+def log_softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
+    out, moved_shape = _launch(x, axis, LOG_SOFTMAX)
+    return from_rows(out, moved_shape, axis)
+
+
+def logsumexp(x: torch.Tensor, axis: int, keepdim: bool) -> torch.Tensor:
+    out, moved_shape = _launch(x, axis, LOGSUMEXP)
+    out = from_rows(out, moved_shape[:-1] + (1,), axis)
+    return out if keepdim else out.squeeze(axis)

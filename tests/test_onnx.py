@@ -1,0 +1,243 @@
+"""The ONNX path: import -> optimize -> export must run under onnxruntime like the original.
+
+The zoo is exported once per session with random weights (nothing downloaded): an MLP with a
+dynamic batch dim, a CNN with BatchNorm exported without constant folding, attention written
+naively with exp/sum/div, and tiny GPT-2 and BERT from transformers configs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from egraph_opt.onnx_backend import export
+from egraph_opt.onnx_batch import TOLERANCE, main_onnx, max_error, random_feeds, session
+from egraph_opt.onnx_frontend import OnnxImportError, import_model, read
+from egraph_opt.pipeline import optimize
+
+transformers = pytest.importorskip("transformers")
+
+
+class NaiveAttention(torch.nn.Module):
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5)
+        e = torch.exp(scores)
+        return (e / e.sum(-1, keepdim=True)) @ v
+
+
+class HuggingFace(torch.nn.Module):
+    """input_ids -> last hidden state, with the masks and positions the exporter can trace."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[1]).unsqueeze(0)
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=torch.ones_like(ids),
+                          return_dict=False)[0]
+
+
+def _transformers_models():
+    t = transformers
+    gpt2 = t.GPT2Model(t.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
+                                    bos_token_id=0, eos_token_id=0, attn_implementation="eager"))
+    bert = t.BertModel(t.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                    intermediate_size=64, vocab_size=100, max_position_embeddings=32,
+                                    attn_implementation="eager"))
+    return {"gpt2": gpt2, "bert": bert}
+
+
+def _export(module, args, path, names, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), args, path, dynamo=False, input_names=names,
+                          opset_version=17, **options)
+
+
+def build_zoo(folder) -> dict[str, str]:
+    """Export the zoo into ``folder`` (also used by bench/onnx_zoo.py): name -> model path."""
+    torch.manual_seed(0)
+    paths = {name: str(folder / f"{name}.onnx") for name in ("mlp", "cnn", "attention", "gpt2", "bert")}
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    _export(mlp, (torch.randn(3, 16),), paths["mlp"], ["x"], dynamic_axes={"x": {0: "batch"}})
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(8 * 3 * 3, 10))
+    _export(cnn, (torch.randn(2, 3, 8, 8),), paths["cnn"], ["image"], do_constant_folding=False)
+    qkv = tuple(torch.randn(1, 2, 8, 16) for _ in range(3))
+    _export(NaiveAttention(), qkv, paths["attention"], ["q", "k", "v"])
+    for name, model in _transformers_models().items():
+        _export(HuggingFace(model), (torch.randint(0, 100, (2, 16)),), paths[name], ["input_ids"])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> dict[str, str]:
+    return build_zoo(tmp_path_factory.mktemp("zoo"))
+
+
+def _round_trip(model: onnx.ModelProto):
+    src = import_model(model)
+    result = optimize(src.program)
+    optimized = export(src, result.program)
+    onnx.checker.check_model(optimized, full_check=True)
+    return optimized, result
+
+
+def _assert_same_outputs(original, optimized, feeds):
+    expected = session(original).run(None, feeds)
+    got = session(optimized).run(None, feeds)
+    for info, a, b in zip(optimized.graph.output, expected, got):
+        assert max_error(a, b) <= TOLERANCE.get(info.type.tensor_type.elem_type, 0.0), info.name
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "attention", "gpt2", "bert"])
+def test_round_trip_matches_onnxruntime(zoo, name):
+    original = onnx.load(zoo[name])
+    optimized, result = _round_trip(original)
+    assert len(optimized.graph.node) <= len(original.graph.node)
+    assert [o.name for o in optimized.graph.output] == [o.name for o in original.graph.output]
+    assert optimized.graph.input == original.graph.input
+    _assert_same_outputs(zoo[name], optimized, random_feeds(original, seed=1))
+
+
+def test_naive_attention_becomes_softmax_with_fewer_nodes(zoo):
+    original = onnx.load(zoo["attention"])
+    optimized, result = _round_trip(original)
+    ops = [n.op_type for n in optimized.graph.node]
+    assert "Softmax" in ops and "Exp" not in ops and "ReduceSum" not in ops
+    assert len(ops) < len(original.graph.node)
+    assert {"softmax-fuse", "attention-fuse"} <= {r.name for r, _ in result.applied}
+
+
+def test_attention_operator_at_opset_23(zoo):
+    model = onnx.load(zoo["attention"])
+    model.opset_import[0].version, model.ir_version = 23, 10
+    optimized, _ = _round_trip(model)
+    assert [n.op_type for n in optimized.graph.node] == ["Attention"]
+    _assert_same_outputs(model, optimized, random_feeds(model))
+
+
+def test_dynamic_batch_dim_is_kept(zoo):
+    optimized, _ = _round_trip(onnx.load(zoo["mlp"]))
+    dim = optimized.graph.input[0].type.tensor_type.shape.dim[0]
+    assert dim.dim_param == "batch"
+    x = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+    _assert_same_outputs(zoo["mlp"], optimized, {"x": x})
+
+
+def test_cnn_keeps_conv_and_batchnorm_opaque_and_verbatim(zoo):
+    original = onnx.load(zoo["cnn"])
+    src = import_model(original)
+    kinds = {c.target.op_type for c in src.program.opaque.values()}
+    assert {"Conv", "BatchNormalization", "MaxPool"} <= kinds
+    optimized = export(src)
+    conv = next(n for n in optimized.graph.node if n.op_type == "Conv")
+    assert conv == next(n for n in original.graph.node if n.op_type == "Conv")
+
+
+def _graph_model(nodes, inputs, outputs, opsets=(("", 17),), initializers=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+
+
+def _vec(name, shape=(4,)):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def test_unknown_op_is_carried_opaque():
+    nodes = [helper.make_node("Exp", ["x"], ["e"]),
+             helper.make_node("Frobnicate", ["e"], ["f"], domain="com.example", level=3),
+             helper.make_node("Log", ["f"], ["y"])]
+    model = _graph_model(nodes, [_vec("x")], [_vec("y")], (("", 17), ("com.example", 1)))
+    src = import_model(model)  # Log stays opaque too: the custom op's result has no known shape
+    assert [c.target.op_type for c in src.program.opaque.values()] == ["Frobnicate", "Log"]
+    optimized = export(src, optimize(src.program).program)
+    onnx.checker.check_model(optimized, full_check=True)
+    custom = next(n for n in optimized.graph.node if n.domain == "com.example")
+    assert custom.attribute == nodes[1].attribute
+    assert any(o.domain == "com.example" for o in optimized.opset_import)
+
+
+def _malformed(kind: str, folder) -> str:
+    path = str(folder / f"{kind}.onnx")
+    if kind == "truncated":
+        good = _graph_model([helper.make_node("Exp", ["x"], ["y"])], [_vec("x")], [_vec("y")])
+        data = good.SerializeToString()
+        open(path, "wb").write(data[: len(data) // 2])
+    elif kind == "cycle":
+        nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="first"),
+                 helper.make_node("Exp", ["a"], ["b"], name="second"),
+                 helper.make_node("Identity", ["a"], ["y"])]
+        onnx.save(_graph_model(nodes, [_vec("x")], [_vec("y")]), path)
+    elif kind == "no_shape":
+        x = helper.make_value_info("x", helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+        onnx.save(_graph_model([helper.make_node("Exp", ["x"], ["y"])], [x], [_vec("y")]), path)
+    elif kind == "outside":
+        w = onnx.numpy_helper.from_array(np.ones(4, np.float32), "w")
+        w.data_location = TensorProto.EXTERNAL
+        w.ClearField("raw_data")
+        w.external_data.add(key="location", value="../secret.data")
+        nodes = [helper.make_node("Add", ["x", "w"], ["y"])]
+        onnx.save(_graph_model(nodes, [_vec("x")], [_vec("y")], initializers=[w]), path)
+    return path
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("truncated", "truncated or corrupt"), ("cycle", "cycle through nodes"),
+    ("no_shape", "input 'x' has no tensor shape"), ("outside", "outside the model's directory")])
+def test_malformed_models_fail_with_one_line(tmp_path, kind, message):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    path = _malformed(kind, folder)
+    with pytest.raises(OnnxImportError) as error:
+        read(path)
+    assert message in str(error.value) and path in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_external_data_models_are_read_and_written(zoo, tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    onnx.save_model(onnx.load(zoo["mlp"]), str(source / "mlp.onnx"), save_as_external_data=True,
+                    location="mlp.onnx.data", size_threshold=0)
+    out = tmp_path / "out"
+    assert main_onnx([str(source / "mlp.onnx"), "--out", str(out), "--latency-runs", "0"]) == 0
+    assert sorted(os.listdir(out)) == ["mlp.onnx", "mlp.onnx.data"]
+    model = onnx.load(str(out / "mlp.onnx"))
+    onnx.checker.check_model(str(out / "mlp.onnx"), full_check=True)
+    _assert_same_outputs(zoo["mlp"], model, random_feeds(model))
+
+
+def test_cli_batch_parallel_force_and_report(zoo, tmp_path, capsys):
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("mlp", "attention", "bert"):
+        (models / f"{name}.onnx").write_bytes(open(zoo[name], "rb").read())
+    _malformed("truncated", models)
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    rc = main_onnx([str(models), "--out", str(out), "-j", "2", "--report", str(report),
+                    "--latency-runs", "3"])
+    text = capsys.readouterr().out
+    assert rc == 1
+    assert sorted(os.listdir(out)) == ["attention.onnx", "bert.onnx", "mlp.onnx"]
+    records = {os.path.basename(r["model"]): r for r in json.loads(report.read_text())["models"]}
+    assert records["truncated.onnx"]["status"] == "failed"
+    assert "truncated or corrupt" in records["truncated.onnx"]["reason"]
+    good = records["attention.onnx"]
+    assert good["status"] == "optimized" and good["nodes_after"] < good["nodes_before"]
+    assert good["latency_ms_before"] > 0 and good["curvature_after"] < good["curvature_before"]
+    assert "3 optimized, 1 failed" in text
+
+    before = (out / "mlp.onnx").stat().st_mtime_ns
+    assert main_onnx([str(models / "mlp.onnx"), "--out", str(out), "--latency-runs", "0"]) == 1
+    assert "exists" in capsys.readouterr().out and (out / "mlp.onnx").stat().st_mtime_ns == before
+    assert main_onnx([str(models / "mlp.onnx"), "--out", str(out), "--force",
+                      "--latency-runs", "0"]) == 0
+    assert sorted(os.listdir(out)) == ["attention.onnx", "bert.onnx", "mlp.onnx"]

@@ -1,0 +1,321 @@
+"""Triton kernels against their reference terms, under TRITON_INTERPRET=1 on CPU tensors.
+
+Every kernel is compared with the op's torch implementation (or the float64 reference evaluator)
+on float64 copies of the same inputs, at float32 and float16, on odd sizes: rows of length 1 and
+non-powers of two, masked tails, rows longer than one block. Errors are printed (``-rP``).
+"""
+import os
+import subprocess
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit decorates: before triton imports
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from triton.language import sum as _tl_sum  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from egraph_opt import ops  # noqa: E402
+from egraph_opt.kernels import triton as K  # noqa: E402
+from egraph_opt.kernels.triton import codegen  # noqa: E402
+from egraph_opt.term import Term, evaluate  # noqa: E402
+
+if not isinstance(_tl_sum, InterpretedFunction):  # triton.language itself was decorated natively
+    pytest.fail("triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot "
+                "run on CPU: set the variable in tests/conftest.py or the environment",
+                pytrace=False)
+
+# numpy evaluates both sides of every tl.where in the interpreter: log(0) in a discarded branch
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+
+DTYPES = [torch.float32, torch.float16]
+RTOL = {torch.float32: 1e-5, torch.float16: 1e-2}
+ROWS = [1, 7, 33, 1000, 1025]  # 1025: two blocks, the second masked down to one element
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _private_kernel_cache(tmp_path_factory):
+    """Generated kernels go to a temporary cache, not the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EGRAPH_OPT_CACHE", str(tmp_path_factory.mktemp("egraph_opt_cache")))
+        yield
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "", rtol=None):
+    """``out`` (dtype) within ``rtol`` (RTOL by default) of the float64 ``ref``, relative to each
+    value or, near zero, to the largest reference value."""
+    assert out.dtype == dtype and out.shape == ref.shape
+    rtol = rtol or RTOL[dtype]
+    finite = ref.isfinite()
+    scale = ref[finite].abs().max().item() if finite.any() else 0.0
+    err = (out.double() - ref)[finite].abs()
+    print(f"{what} {dtype}: max abs err {err.max().item() if err.numel() else 0:.3g}, "
+          f"max |ref| {scale:.3g}")
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=rtol * max(scale, 1e-30),
+                               equal_nan=True)
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, dtype=torch.float64) * scale).to(dtype)
+
+
+# ---- softmax, log_softmax, logsumexp ------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", ROWS)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_rows(name, n, dtype):
+    x = randn(3, n, dtype=dtype, scale=4.0)
+    check(getattr(K, name)(x, -1), getattr(ops, name)(x.double(), -1), dtype, f"{name} n={n}")
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_inner_axis(name):
+    x = randn(4, 33, 5)
+    check(getattr(K, name)(x, 1), getattr(ops, name)(x.double(), 1), torch.float32, name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 33, 1025])
+@pytest.mark.parametrize("axis, keepdim", [(-1, False), (0, True)])
+def test_logsumexp(n, dtype, axis, keepdim):
+    x = randn(n, 3, dtype=dtype, scale=4.0) if axis == 0 else randn(3, n, dtype=dtype, scale=4.0)
+    check(K.logsumexp(x, axis, keepdim), ops.logsumexp(x.double(), axis, keepdim), dtype,
+          f"logsumexp n={n}")
+
+
+def test_logsumexp_stays_finite_where_the_naive_form_overflows():
+    x = torch.tensor([[1e4, 1e4 - 1.0, -1e4], [-1e4, -1e4, -1e4]])
+    assert torch.isinf(torch.log(torch.exp(x).sum(-1))).all()
+    check(K.logsumexp(x, -1, False), ops.logsumexp(x.double(), -1, False), torch.float32)
+
+
+# ---- cross entropy ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("classes", [1, 7, 1025])
+def test_cross_entropy(classes, dtype):
+    logits = randn(6, classes, dtype=dtype, scale=3.0)
+    target = torch.randint(0, classes, (6,))
+    target[[1, 4]] = -100
+    ref = F.cross_entropy(logits.double(), target)
+    check(K.cross_entropy(logits, target), ref, dtype, f"cross_entropy C={classes}")
+
+
+def test_cross_entropy_spatial_and_custom_ignore_index():
+    logits, target = randn(2, 5, 3), torch.randint(0, 5, (2, 3))
+    target[0, 1] = 7
+    ref = F.cross_entropy(logits.double(), target, ignore_index=7)
+    check(K.cross_entropy(logits, target, 7), ref, torch.float32, "cross_entropy (N, C, d)")
+
+
+def test_cross_entropy_edge_rows():
+    logits = randn(3, 4)
+    all_ignored = torch.full((3,), -100)
+    assert torch.isnan(K.cross_entropy(logits, all_ignored))  # 0 / 0, as torch
+    assert torch.isnan(K.cross_entropy(logits, torch.tensor([0, 9, 1])))  # class 9 out of range
+
+
+# ---- layer norm ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", ROWS)
+def test_layer_norm(n, dtype):
+    x, w, b = randn(3, n, dtype=dtype), randn(n, dtype=dtype), randn(n, dtype=dtype)
+    ref = ops.layer_norm(x.double(), w.double(), b.double(), 1e-5)
+    check(K.layer_norm(x, w, b, 1e-5), ref, dtype, f"layer_norm n={n}")
+
+
+@pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)])
+def test_layer_norm_optional_affine_and_large_mean(affine):
+    """At mean 1000 the float32 mean itself is off by ~ulp(1000) = 6e-5, hence rtol 1e-3; the
+    one-pass variance E[x^2] - E[x]^2 cancels to an error far beyond it."""
+    x = randn(2, 3, 33) + 1000.0
+    w, b = (randn(33) if on else None for on in affine)
+    ref = ops.layer_norm(x.double(), *(t.double() if t is not None else None for t in (w, b)), 1e-5)
+    check(K.layer_norm(x, w, b, 1e-5), ref, torch.float32, f"layer_norm affine={affine}", 1e-3)
+    one_pass_var = (x * x).mean(-1) - x.mean(-1) ** 2
+    assert ((one_pass_var.double() - x.double().var(-1, correction=0)).abs() > 1e-2).any()
+
+
+# ---- attention ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L, S, E, EV", [(1, 1, 16, 16), (17, 17, 24, 24), (70, 70, 64, 64),
+                                         (17, 70, 128, 128), (70, 17, 16, 40)])
+def test_sdpa(L, S, E, EV, causal, dtype):
+    q, k, v = randn(2, L, E, dtype=dtype), randn(2, S, E, dtype=dtype), randn(2, S, EV, dtype=dtype)
+    scale = E ** -0.5
+    ref = ops.sdpa(q.double(), k.double(), v.double(), scale, causal)
+    check(K.sdpa(q, k, v, scale, causal), ref, dtype, f"sdpa L={L} S={S} E={E} causal={causal}")
+
+
+def test_sdpa_broadcast_batch_and_default_scale():
+    q, k, v = randn(2, 3, 9, 16), randn(1, 3, 11, 16), randn(1, 3, 11, 16)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    check(K.sdpa(q, k, v, None, False), ref, torch.float32, "sdpa broadcast")
+
+
+# ---- linear + activation ------------------------------------------------------------------
+
+ACTIVATIONS = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu,
+               "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+def test_linear_act(activation, dtype):
+    x, w, b = randn(3, 5, 33, dtype=dtype), randn(20, 33, dtype=dtype), randn(20, dtype=dtype)
+    ref = ACTIVATIONS[activation](F.linear(x.double(), w.double(), b.double()))
+    check(K.linear_act(x, w, b, activation), ref, dtype, f"linear_act {activation}")
+
+
+def test_linear_act_long_reduction_without_bias():
+    x, w = randn(7, 1000), randn(70, 1000)
+    check(K.linear_act(x, w, None, "relu"), F.relu(F.linear(x.double(), w.double())),
+          torch.float32, "linear_act K=1000")
+
+
+def test_linear_act_refuses_unknown_activation():
+    with pytest.raises(ValueError, match="silu"):
+        K.linear_act(randn(2, 16), randn(16, 16), None, "silu")
+
+
+# ---- mathlib: the functions Triton lacks, accurate at every magnitude ---------------------
+
+@pytest.mark.parametrize("op", ["expm1", "log1p", "tanh"])
+def test_mathlib_is_accurate_near_zero_and_at_extremes(op):
+    tiny = torch.logspace(-30, 0, 40)
+    x = torch.cat([tiny, -tiny, torch.tensor([0.0, 10.0, 60.0, 100.0, 1e30, float("inf")])])
+    if op == "log1p":
+        x = x[x > -1]
+    out = K.generate_elementwise(Term(op, (Term.input("x", x.shape),)))(x=x)
+    ref = getattr(torch, op)(x.double())
+    assert torch.equal(out.isinf(), getattr(torch, op)(x).isinf())  # overflows where torch does
+    finite = ref.abs() < torch.finfo(torch.float32).max
+    rel = ((out.double() - ref).abs() / ref.abs())[finite].nan_to_num(0.0)  # 0 / 0 at x = 0
+    print(f"{op}: max relative error {rel.max().item():.3g}")
+    assert (rel < 1e-6).all()  # a few float32 ulps
+
+
+# ---- the elementwise generator ------------------------------------------------------------
+
+def _positive(shape):
+    return torch.rand(*shape, dtype=torch.float64) * 3 + 0.1
+
+
+DOMAINS = {"log": _positive, "sqrt": _positive, "rsqrt": _positive,
+           "log1p": lambda shape: torch.rand(*shape, dtype=torch.float64) * 3 - 0.9}
+
+
+def _unary(op):
+    x = Term.input("x", (3, 1025))
+    return Term(op, (x,), ("tanh",) if op == "gelu" else ())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", [op for op in codegen.TEMPLATES if ops.OPS[op].arity == 1])
+def test_generated_unary_op(op, dtype):
+    x = DOMAINS.get(op, lambda shape: torch.randn(*shape, dtype=torch.float64) * 2)((3, 1025))
+    x = x.to(dtype)
+    term = _unary(op)
+    ref, = evaluate([term], {"x": x}, reference=True)
+    check(K.generate_elementwise(term)(x=x), ref, dtype, f"generated {op}")
+
+
+@pytest.mark.parametrize("op, exponent", [("pow", 2.0), ("pow", 3.0), ("pow", 0.5), ("pow", 0.0),
+                                          ("maximum", 0.25), ("minimum", 0.25), ("div", 3.0),
+                                          ("sub", 1.5)])
+def test_generated_binary_op_with_constant(op, exponent):
+    x = torch.randn(2, 33)
+    if exponent == 0.5:
+        x = x.abs()
+    x[0, 0] = float("nan") if op in ("maximum", "minimum") else x[0, 0]  # torch keeps NaN
+    term = Term(op, (Term.input("x", (2, 33)), Term.const(exponent)))
+    ref, = evaluate([term], {"x": x}, reference=True)
+    check(K.generate_elementwise(term)(x=x), ref, torch.float32, f"generated {op} {exponent}")
+
+
+def _mlp_like():
+    """A DAG with shared subterms over two inputs: gelu(x * y + sigmoid(x)) / (1 + exp(-|x|))."""
+    x, y = Term.input("x", (5, 7)), Term.input("y", (5, 7))
+    sig = Term("sigmoid", (x,))
+    inner = Term("gelu", (Term("add", (Term("mul", (x, y)), sig)),), ("none",))
+    denom = Term("add", (Term.const(1.0), Term("exp", (Term("neg", (Term("abs", (x,)),)),))))
+    return Term("div", (Term("add", (inner, sig)), denom))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("root", [None, ("sum", True), ("max", False), ("mean", False)])
+def test_generated_dag_and_root_reductions(root, dtype):
+    term = _mlp_like()
+    if root:
+        term = Term(root[0], (term,), (-1, root[1]))
+    env = {"x": randn(5, 7, dtype=dtype), "y": randn(5, 7, dtype=dtype)}
+    ref, = evaluate([term], env, reference=True)
+    check(K.generate_elementwise(term)(**env), ref, dtype, f"generated dag root={root}")
+
+
+@pytest.mark.parametrize("n", [1, 7, 1025])
+@pytest.mark.parametrize("reduction", ["sum", "max", "mean"])
+def test_generated_reduction_row_lengths(reduction, n):
+    x = torch.randn(3, n)
+    x[1, n - 1] = float("nan")  # in the masked last block when n = 1025
+    term = Term(reduction, (Term("exp", (Term.input("x", (3, n)),)),), (-1, True))
+    ref, = evaluate([term], {"x": x}, reference=True)
+    check(K.generate_elementwise(term)(x=x), ref, torch.float32, f"generated {reduction} n={n}")
+
+
+X = Term.input("x", (2, 3))
+
+
+@pytest.mark.parametrize("term, message", [
+    (Term("matmul", (X, X)), "'matmul'"),
+    (Term("softmax", (X,), (-1,)), "'softmax'"),
+    (Term("exp", (Term("sum", (X,), (-1, True)),)), "'sum'.*only at the root"),
+    (Term("sum", (X,), (0, False)), "'sum'.*last axis"),
+    (Term("gelu", (X,), ("erf",)), "'gelu'.*approximate"),
+    (Term("add", (Term.const(1.0), Term.const(2.0))), "at least one input"),
+])
+def test_generator_refuses_with_a_clear_message(term, message):
+    with pytest.raises(ValueError, match=message):
+        K.generate_elementwise(term)
+
+
+def test_generator_reuses_the_kernel_of_a_structurally_equal_term(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAPH_OPT_CACHE", str(tmp_path))
+
+    def build(name, value):  # fresh Term objects each call: equal structure, not identity
+        a = Term.input(name, (4, 9))
+        return Term("mul", (Term("tanh", (a,)), Term("add", (a, Term.const(value)))))
+
+    first, second = K.generate_elementwise(build("x", 2.0)), K.generate_elementwise(build("y", 3.0))
+    other = K.generate_elementwise(Term("sin", (Term.input("x", (4, 9)),)))
+    assert first.kernel is second.kernel and other.kernel is not first.kernel
+    assert len(list((tmp_path / "triton").glob("*.py"))) == 2
+    x = torch.randn(4, 9)
+    check(second(y=x), torch.tanh(x.double()) * (x.double() + 3.0), torch.float32, "cache")
+    with pytest.raises(TypeError, match="expected inputs"):
+        second(x=x)
+
+
+# ---- the package without Triton -----------------------------------------------------------
+
+def test_available_is_false_without_a_cuda_device():
+    assert K.available() == torch.cuda.is_available()
+
+
+def test_package_imports_without_triton_and_explains():
+    code = ("import sys, logging; logging.basicConfig(); sys.modules['triton'] = None\n"
+            "import egraph_opt.kernels.triton as K\n"
+            "assert not K.available() and not K.available()\n"
+            "try:\n    K.softmax(None, -1)\nexcept RuntimeError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "'softmax' needs the triton package" in done.stdout
+    assert done.stderr.count("triton is not installed") == 1

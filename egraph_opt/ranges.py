@@ -96,7 +96,7 @@ def _log(a: Interval, shift: float = 0.0) -> Interval:
         _safe(math.log, a[1] + shift, BIG) if a[1] + shift > 0 else -BIG)
 
 
-GELU_MIN = -0.17004  # min over x of x * Phi(x), at x ~ -0.75
+GELU_MIN = -0.1701  # min over x of x * Phi(x) (erf and tanh forms), at x ~ -0.75
 
 
 def transfer(t: Term, a: list[Interval], n: int, k: int) -> Interval:
@@ -136,8 +136,10 @@ def transfer(t: Term, a: list[Interval], n: int, k: int) -> Interval:
         return (iv(1 / math.sqrt(a[0][1]), 1 / math.sqrt(a[0][0])) if a[0][0] > 0 else (0.0, BIG))
     if op in ("sin", "cos"):
         return -1.0, 1.0
-    if op == "gelu":
-        return (GELU_MIN, max(a[0][1], 0.0)) if a[0][0] < 0 else a[0]
+    if op == "gelu":  # x * Phi(x): increasing for x >= 0, within [GELU_MIN, 0] for x <= 0
+        g = lambda v: float(torch.nn.functional.gelu(  # noqa: E731
+            torch.tensor(v, dtype=torch.float64), approximate=t.attrs[0]))
+        return (g(a[0][0]) if a[0][0] >= 0 else GELU_MIN), (g(a[0][1]) if a[0][1] >= 0 else 0.0)
     if op == "sum":
         return iv(n * a[0][0], n * a[0][1])
     if op in ("mean", "max", "transpose", "permute", "reshape", "expand", "slice", "gather",

@@ -1,0 +1,101 @@
+"""Range analysis: intervals contain every value the program computes on inputs drawn from the
+declared ranges; conditions are discharged by declared ranges and op facts, never by examples."""
+import math
+
+import torch
+from hypothesis import given, settings, strategies as st
+
+from egraph_opt import analyzer, capture, optimize
+from egraph_opt.ranges import BIG, analyze, dtype_range
+from egraph_opt.term import Term, evaluate, postorder
+
+X = Term.input("x", (5, 5), "float64")
+Y = Term.input("y", (5, 5), "float64")
+UNARY = ["exp", "neg", "tanh", "sigmoid", "abs", "relu", "sqrt", "log", "log1p", "expm1", "erf",
+         "softplus", "sin", "cos", "gelu_none"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "logaddexp"]
+REDUCE = ["sum", "mean", "max", "softmax", "log_softmax", "logsumexp", "var"]
+
+
+def _unary(op, a):
+    return Term("gelu", (a,), ("none",)) if op == "gelu_none" else Term(op, (a,))
+
+
+def _reduce(op, a):
+    if op in ("softmax", "log_softmax"):
+        return Term(op, (a,), (-1,))
+    if op == "var":
+        return Term("var", (a,), (-1, True, 0))
+    return Term(op, (a,), (-1, True))
+
+
+tensors = st.sampled_from([X, Y])
+scores = st.builds(lambda a, b: Term("matmul", (a, Term("transpose", (b,), (-2, -1)))), tensors, tensors)
+leaf = tensors | scores | st.sampled_from([Term.const(0.5), Term.const(-2.0)])
+terms = st.recursive(leaf, lambda c: (
+    st.builds(_unary, st.sampled_from(UNARY), c)
+    | st.builds(lambda op, a, b: Term(op, (a, b)), st.sampled_from(BINARY), c, c)
+    | st.builds(_reduce, st.sampled_from(REDUCE), c)
+), max_leaves=5).filter(lambda t: t.op != "const")
+interval = st.tuples(st.floats(-50, 50), st.floats(0, 50)).map(lambda t: (t[0], t[0] + t[1]))
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(terms, interval, interval, st.integers(0, 2**16))
+def test_every_computed_value_lies_in_its_interval(term, rx, ry, seed):
+    gen = torch.Generator().manual_seed(seed)
+    env = {"x": rx[0] + (rx[1] - rx[0]) * torch.rand(5, 5, generator=gen, dtype=torch.float64),
+           "y": ry[0] + (ry[1] - ry[0]) * torch.rand(5, 5, generator=gen, dtype=torch.float64)}
+    env["x"][0, 0], env["y"][0, 0] = rx[0], ry[1]  # the interval ends themselves
+    ranges = analyze([term], {"x": rx, "y": ry})
+    values: dict = {}
+    evaluate([term], env, record=values)
+    for t in postorder([term]):
+        lo, hi = ranges[id(t)]
+        assert -BIG <= lo <= hi <= BIG and not (math.isnan(lo) or math.isnan(hi))
+        v = torch.as_tensor(values[id(t)], dtype=torch.float64)
+        v = v[torch.isfinite(v)]
+        slack = 1e-9 * max(1.0, abs(lo), abs(hi))
+        assert v.numel() == 0 or (float(v.min()) >= lo - slack and float(v.max()) <= hi + slack), \
+            (t.op, (lo, hi), float(v.min()), float(v.max()))
+
+
+def test_undeclared_inputs_range_over_their_dtype():
+    x = Term.input("x", (3,), "float16")
+    assert analyze([x])[id(x)] == dtype_range("float16") == (-65504.0, 65504.0)
+
+
+def _ops_after(fn, example, ranges=None):
+    program, _ = capture(fn, (example,))
+    return optimize(program, input_ranges=ranges).ops_after
+
+
+def test_positivity_comes_from_declared_ranges_never_from_examples():
+    f = lambda x: torch.exp(torch.log(x))  # noqa: E731  exp(log x) = x needs x > 0
+    positive_example = torch.rand(8) + 1
+    assert _ops_after(f, positive_example) == {"exp": 1, "log": 1}
+    assert _ops_after(f, positive_example, {"x": (0.5, 4.0)}) == {}
+
+
+def test_positivity_comes_from_facts_of_ops():
+    f = lambda x: torch.log(torch.exp(x) * torch.exp(x))  # noqa: E731  exp > 0: log-product fires
+    assert "mul" not in _ops_after(f, torch.randn(8))
+
+
+def test_default_objective_never_raises_curvature():
+    programs = [lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True),
+                lambda x: torch.log(1 + x) * torch.tanh(x), lambda x: x.sum(-1) - x.mean(-1),
+                lambda x: torch.sqrt(x * x) + torch.exp(x) - 1]
+    for f in programs:
+        program, _ = capture(f, (torch.randn(4, 8),))
+        result = optimize(program)
+        assert result.cost_after["curvature"] <= result.cost_before["curvature"]
+
+
+def test_curvature_report_reads_as_a_table():
+    report = analyzer.curvature(lambda x: torch.log(torch.exp(x).sum(-1)), torch.randn(3, 5))
+    text = report.table()
+    assert "exp(x)" in text and "kappa" in text and f"total kappa {report.total:.4g}" in text
+    assert [n.op for n in report.nodes] == ["exp", "sum", "log"]
+    stable = analyzer.curvature(lambda x: torch.logsumexp(x, -1), torch.randn(3, 5))
+    assert stable.total < report.total

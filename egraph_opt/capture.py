@@ -30,7 +30,7 @@ class _TraceAll(fx.Tracer):
     """Trace into torch.nn modules too, so one functional spelling per op needs lowering."""
 
     def is_leaf_module(self, m, qualname):
-        return False
+        return isinstance(m, tuple(lowering.MODULES))
 
 
 def trace(fn) -> fx.GraphModule:
@@ -125,7 +125,7 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         else:
             args, kwargs = map_aggregate((node.args, node.kwargs),
                                          lambda a: values[a.name] if isinstance(a, fx.Node) else a)
-            term = lowering.lower(node, args, kwargs, info_of)
+            term = lowering.lower(node, args, kwargs, info_of, gm, params)
             if not isinstance(term, Term):
                 meta = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None
                 opaque[node.name] = OpaqueCall(node.name, node.op, node.target, args, kwargs, meta)

@@ -97,8 +97,8 @@ class EGraph:
             raise RuntimeError(f"egglog rejected: {text[:300]}\n{e}") from None
 
     def add(self, roots: list[Term], intervals: dict[int, tuple[float, float]] | None = None,
-            dtypes: dict[int, str] | None = None) -> list[int]:
-        """Load terms (with their intervals and dtypes, by term id, where known); return the
+            meta: dict[int, tuple] | None = None) -> list[int]:
+        """Load terms, with their intervals and (shape, dtype) by term id where known; return the
         anchor number of each root. Equal structure shares one anchor."""
         lines = []
         for t in postorder(roots):
@@ -116,9 +116,8 @@ class EGraph:
                     lines.append(f"(set (lo (Ref {ref})) {literal(float(lo))})")
                 if hi < _UNBOUNDED:
                     lines.append(f"(set (hi (Ref {ref})) {literal(float(hi))})")
-                dtype = (dtypes or {}).get(id(t), "float32")
-                if dtype != "float32":
-                    lines.append(f"(set (dtype-of (Ref {ref})) {literal(dtype)})")
+                if meta and id(t) in meta:
+                    lines += _shape_facts(ref, t, *meta[id(t)])
             self._ref_of_term[id(t)] = ref
         for i in range(0, len(lines), _CHUNK):
             self._run("\n".join(lines[i:i + _CHUNK]))
@@ -216,6 +215,18 @@ class EGraph:
             classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
         return Snapshot(classes, class_of_ref, {c: (lo, hi) for c, (lo, hi) in bounds.items()},
                         dtypes)
+
+
+def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:
+    facts = []
+    name = str(dtype).removeprefix("torch.")
+    if name != "float32":
+        facts.append(f"(set (dtype-of (Ref {ref})) {literal(name)})")
+    if shape:
+        facts.append(f"(set (last-dim (Ref {ref})) {shape[-1]})")
+    if not t.args:
+        facts.append(f"(set (rank (Ref {ref})) {len(shape)})")
+    return facts
 
 
 def _primitive(text: str, sort: str):

@@ -33,6 +33,13 @@ class Parts:
 class Ctx:
     info_of: dict[int, Any]  # term id -> TensorInfo
     out: Any  # this node's recorded TensorInfo or value
+    params: dict  # qualified name -> tensor, for parameters that leaf modules read
+
+    def param(self, name: str, tensor: torch.Tensor) -> Term:
+        term = Term("param", (), (name, shape_attr(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
+        self.params[name] = tensor
+        self.info_of[id(term)] = type(self.out)(tuple(tensor.shape), tensor.dtype)
+        return term
 
     def info(self, t):
         if not isinstance(t, Term):
@@ -61,6 +68,7 @@ class Ctx:
 
 
 TABLE: dict[Any, Callable] = {}
+MODULES: dict[type, Callable] = {}  # leaf module types (their forward is not traceable)
 
 
 def lowers(*targets):
@@ -72,14 +80,27 @@ def lowers(*targets):
     return register
 
 
-def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any]):
-    """The Term (or Parts) for one fx node, or None when it stays opaque."""
-    key = node.target if node.op == "call_function" else (
-        node.target if node.op == "call_method" else None)
-    fn = TABLE.get(key) if key is not None else None
+def lowers_module(*types):
+    def register(fn):
+        for t in types:
+            MODULES[t] = fn
+        return fn
+    return register
+
+
+def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
+          root: torch.nn.Module | None = None, params: dict | None = None):
+    """The Term (or Parts) for one fx node, or None when it stays opaque. Leaf modules (``root``'s
+    submodules) lower by their type; the parameters they read are added to ``params``."""
+    ctx = Ctx(info_of, node.meta.get("egraph_opt"), params if params is not None else {})
+    if node.op == "call_module":
+        module = root.get_submodule(node.target)
+        fn = next((f for t, f in MODULES.items() if isinstance(module, t)), None)
+        args = (module, node.target, *args)
+    else:
+        fn = TABLE.get(node.target) if node.op in ("call_function", "call_method") else None
     if fn is None:
         return None
-    ctx = Ctx(info_of, node.meta.get("egraph_opt"))
     try:
         result = fn(ctx, *args, **kwargs)
     except (Unsupported, TypeError, KeyError):
@@ -406,3 +427,34 @@ def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
     if scale is None:
         scale = 1.0 / math.sqrt(c.info(q).shape[-1])
     return Term("sdpa", (q, k, v), (float(scale), bool(is_causal)))
+
+
+def _pair(v) -> str:
+    return shape_attr((v, v) if isinstance(v, int) else tuple(v))
+
+
+@lowers(F.conv2d)
+def _conv2d(c, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if isinstance(padding, str):
+        raise Unsupported("padding by name")
+    b = c.tensor(bias) if bias is not None else Term.const(0.0)
+    return Term("conv2d", (c.tensor(x), c.tensor(weight), b),
+                (_pair(stride), _pair(padding), _pair(dilation), int(groups)))
+
+
+@lowers(F.batch_norm)
+def _batch_norm(c, x, running_mean, running_var, weight=None, bias=None, training=False,
+                momentum=0.1, eps=1e-5):
+    if training or weight is None or bias is None or running_mean is None:
+        raise Unsupported("batch norm in training mode or without affine parameters")
+    return Term("batch_norm", (x, running_mean, running_var, weight, bias), (float(eps),))
+
+
+@lowers_module(torch.nn.modules.batchnorm._BatchNorm)
+def _batch_norm_module(c, module, qualname, x):
+    """BatchNorm's forward checks input.dim() in Python, which symbolic tracing cannot follow."""
+    if module.training or not module.track_running_stats or not module.affine:
+        raise Unsupported("batch norm in training mode or without running statistics")
+    stats = [c.param(f"{qualname}.{name}", getattr(module, name))
+             for name in ("running_mean", "running_var", "weight", "bias")]
+    return Term("batch_norm", (x, *stats), (float(module.eps),))

@@ -125,7 +125,33 @@ def logsumexp(x, axis, keepdim):
 
 
 def layer_norm(x, weight, bias, eps):
-    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    """Over the last axis; an affine-free spelling carries scalar consts as weight and bias."""
+    if isinstance(weight, torch.Tensor) and isinstance(bias, torch.Tensor):
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    return F.layer_norm(x, x.shape[-1:], None, None, eps) * weight + bias
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+
+
+def linear_act(x, weight, bias, activation):
+    return ACTIVATIONS[activation](F.linear(x, weight, bias))
+
+
+def sdpa_masked(q, k, v, bias, scale):
+    """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
+
+
+def conv2d(x, weight, bias, stride, padding, dilation, groups):
+    y = F.conv2d(x, weight, None if isinstance(bias, float) else bias, parse_shape(stride),
+                 parse_shape(padding), parse_shape(dilation), groups)
+    return y + bias if isinstance(bias, float) else y
+
+
+def batch_norm(x, mean, var, weight, bias, eps):
+    """Inference batch norm over channel axis 1, with running statistics."""
+    return F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
 
 
 def softplus(x):
@@ -208,6 +234,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("layer_norm", 3, "eps:f64", impl=layer_norm),
     _op("sdpa", 3, "scale:f64 causal:bool", impl=sdpa),
     _op("linear", 3, impl=F.linear),
+    _op("linear_act", 3, "activation:String", impl=linear_act),
+    _op("sdpa_masked", 4, "scale:f64", impl=sdpa_masked),
+    _op("conv2d", 3, "stride:String padding:String dilation:String groups:i64", impl=conv2d),
+    _op("batch_norm", 5, "eps:f64", impl=batch_norm),
 ]}
 
 BY_EGG_NAME = {op.egg_name: op for op in OPS.values()}

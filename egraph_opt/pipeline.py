@@ -15,7 +15,7 @@ from .extractors.curvature import ROUNDING_FREE
 from .program import Program
 from .ranges import TOP, analyze
 from .rulesets import Rule, select
-from .term import dtype_name, op_counts, shapes
+from .term import op_counts, shapes
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
 
     leaf_meta = program.leaf_meta()
     intervals = analyze(roots, input_ranges, leaf_meta)
-    dtypes = {k: dtype_name(d) for k, (_, d) in shapes(roots, leaf_meta).items()}
     egraph = EGraph()
-    refs = egraph.add(roots, intervals, dtypes)
+    refs = egraph.add(roots, intervals, shapes(roots, leaf_meta))
     clock["build"] = time.perf_counter()
     saturation = []
     for phase in schedule:
@@ -79,14 +78,16 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     clock["saturate"] = time.perf_counter()
     snap = egraph.snapshot()
 
-    exact = exact_classes(snap.classes)
+    exact = closed_classes(snap.classes, ROUNDING_FREE)
+    constant = closed_classes(snap.classes, {"param", "const"}, leaves_only=True)
 
     def cost(cid, node):
         return model(NodeFacts(
             node.op, node.attrs, tuple(snap.ranges.get(c, TOP) for c in node.children),
             tuple(snap.dtypes.get(c, "float32") for c in node.children),
             tuple(c in exact for c in node.children), snap.ranges.get(cid, TOP),
-            snap.dtypes.get(cid, "float32")))
+            snap.dtypes.get(cid, "float32"),
+            bool(node.children) and all(c in constant for c in node.children)))
 
     best = extract(snap.classes, [snap.class_of_ref[r] for r in refs], cost)
     before = program_cost(roots, model, input_ranges, leaf_meta)
@@ -109,19 +110,26 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
         {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])})
 
 
-def exact_classes(classes: dict) -> set[str]:
-    """E-classes whose value some e-node computes without rounding (a leaf, or rounding-free ops
-    over such classes): cancellation in them is harmless."""
-    exact: set[str] = set()
+def closed_classes(classes: dict, ops: set[str], leaves_only: bool = False) -> set[str]:
+    """E-classes some e-node of which is built from ``ops`` alone over such classes (with
+    ``leaves_only``, any op over such classes, from leaves in ``ops``). With rounding-free ops:
+    values computed exactly, where cancellation is harmless; with params and consts: values that
+    do not depend on the data."""
+    closed: set[str] = set()
+
+    def qualifies(n) -> bool:
+        if not all(c in closed for c in n.children):
+            return False
+        return n.op in ops if not (leaves_only and n.children) else True
+
     changed = True
     while changed:
         changed = False
         for cid, nodes in classes.items():
-            if cid not in exact and any(n.op in ROUNDING_FREE and all(c in exact for c in n.children)
-                                        for n in nodes):
-                exact.add(cid)
+            if cid not in closed and any(qualifies(n) for n in nodes):
+                closed.add(cid)
                 changed = True
-    return exact
+    return closed
 
 
 def _applied(matched: list[Rule], before, after) -> list[Rule]:

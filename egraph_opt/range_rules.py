@@ -4,7 +4,8 @@ Every term loaded from a program gets its interval from the Python analysis (``r
 knows shapes and has exp/log). These rules derive intervals for the nodes rewrites create, and the
 facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of
 the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
-float32 (precision rules read it). ``lo`` merges by max and ``hi`` by min: two sound
+float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
+every leaf's rank (fusions into kernels with shape contracts read them). ``lo`` merges by max and ``hi`` by min: two sound
 intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
 rule: two different constants, two different inputs, an empty interval.
 """
@@ -23,6 +24,8 @@ DECLARATIONS = f"""
 (relation nonneg (Tensor))
 (relation nonzero (Tensor))
 (function dtype-of (Tensor) String :merge old)
+(function last-dim (Tensor) i64 :merge old)
+(function rank (Tensor) i64 :merge old)
 (ruleset {RULESET})
 (ruleset {TRIPWIRES})
 """
@@ -39,6 +42,9 @@ def _e(op: str) -> str:
 
 _SAME_AS_OPERAND = ["mean", "max", "transpose", "permute", "reshape", "expand", "slice", "cast",
                     "gather", "index_select"]
+_ELEMENTWISE_UNARY = ["neg", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos",
+                      "tanh", "sigmoid", "relu", "erf", "gelu", "softplus", "cast", "softmax",
+                      "log_softmax"]
 _SAME_DTYPE = [name for name, op in OPS.items() if op.arity >= 1 and name not in ("cast", "where")]
 _FIXED = {"sigmoid": ("0.0", "1.0"), "tanh": ("-1.0", "1.0"), "softmax": ("0.0", "1.0"),
           "sin": ("-1.0", "1.0"), "cos": ("-1.0", "1.0")}
@@ -46,7 +52,7 @@ _FACT_OF_OP = {"exp": "positive", "sigmoid": "positive", "softmax": "nonneg", "s
                "abs": "nonneg", "relu": "nonneg", "var": "nonneg"}
 
 
-def _operand_pattern(op: str, vars_: str = "abc") -> str:
+def _operand_pattern(op: str, vars_: str = "abcdfgh") -> str:
     spec = OPS[op]
     args = " ".join(["?" + v for v in vars_[:spec.arity]] + ["?_" + n for n, _ in spec.attrs])
     return f"({spec.egg_name} {args})"
@@ -104,6 +110,8 @@ def rules() -> list[str]:
         "(rule ((= e (Div a b)) (positive a) (positive b)) ((positive e)))",
     ]
     out.append('(rule ((= e (Cast x d))) ((set (dtype-of e) d)))')
+    for op in _ELEMENTWISE_UNARY:
+        out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))")
     for op in _SAME_DTYPE:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))")
     for op in _SAME_AS_OPERAND:

@@ -44,9 +44,7 @@ def dtype_range(dtype: str) -> Interval:
 def _safe(f: Callable[[float], float], v: float, overflow: float) -> float:
     try:
         return clamp(f(v))
-    except OverflowError:
-        return overflow
-    except ValueError:
+    except (OverflowError, ValueError, ZeroDivisionError):
         return overflow
 
 
@@ -146,15 +144,23 @@ def transfer(t: Term, a: list[Interval], n: int, k: int) -> Interval:
               "index_select", "cast"):
         return a[0]
     if op == "var":
-        return 0.0, clamp((a[0][1] - a[0][0]) ** 2)
+        return 0.0, clamp((a[0][1] - a[0][0]) * (a[0][1] - a[0][0]))
     if op == "concat":
         return _hull(a[0], a[1])
     if op == "matmul":
         p = _mul(a[0], a[1])
         return iv(k * p[0], k * p[1])
-    if op == "linear":
+    if op in ("linear", "linear_act", "conv2d"):
         p = _mul(a[0], a[1])
-        return iv(k * p[0] + a[2][0], k * p[1] + a[2][1])
+        out = iv(k * p[0] + a[2][0], k * p[1] + a[2][1])
+        if op == "linear_act":
+            return (max(out[0], 0.0), max(out[1], 0.0)) if t.attrs[0] == "relu" else (
+                GELU_MIN, max(out[1], 0.0))
+        return out
+    if op == "sdpa_masked":
+        return a[2]
+    if op == "batch_norm":
+        return TOP
     if op == "softmax":
         return 0.0, 1.0
     if op == "log_softmax":
@@ -205,7 +211,10 @@ def analyze(roots: list[Term], declared: dict[str, Interval] | None = None,
             continue
         shape_in = meta[id(t.args[0])][0] if t.args else ()
         n = shape_in[t.attrs[0]] if t.op in REDUCING and shape_in else 1
-        k = shape_in[-1] if t.op in ("matmul", "linear") and shape_in else 1
+        k = shape_in[-1] if t.op in ("matmul", "linear", "linear_act") and shape_in else 1
+        if t.op == "conv2d":
+            w = meta[id(t.args[1])][0]
+            k = w[1] * w[2] * w[3]
         if t.op == "layer_norm":
             n = shape_in[-1]
         out[id(t)] = transfer(t, [out[id(a)] for a in t.args], n, k)

@@ -17,13 +17,15 @@ from .curvature import ROUNDING_FREE, kappa_cost
 #: relative latency: one elementwise pass = 2; reductions read and write; matmuls dominate
 LATENCY = {
     "sum": 4, "max": 4, "mean": 4, "var": 6, "softmax": 5, "log_softmax": 5, "logsumexp": 5,
-    "layer_norm": 6, "matmul": 16, "linear": 17, "sdpa": 20,
+    "layer_norm": 6, "matmul": 16, "linear": 17, "linear_act": 17, "sdpa": 20, "sdpa_masked": 21,
+    "conv2d": 24, "batch_norm": 6,
     "transpose": 1, "permute": 1, "reshape": 1, "expand": 1, "slice": 1,
 }
 LEAVES = {"input", "param", "const", "opaque"}
+CONSTANT_LEAVES = {"param", "const"}
 #: ops that accumulate over many terms: in a half-precision accumulator they lose ~log2(n) bits
-ACCUMULATING = {"sum", "mean", "var", "matmul", "linear", "softmax", "log_softmax", "logsumexp",
-                "layer_norm", "sdpa"}
+ACCUMULATING = {"sum", "mean", "var", "matmul", "linear", "linear_act", "softmax", "log_softmax",
+                "logsumexp", "layer_norm", "sdpa", "sdpa_masked", "conv2d"}
 HALF = {"float16", "bfloat16"}
 HALF_ACCUMULATION = 20  # curvature-cost units (decibels) charged for a half-precision accumulator
 
@@ -49,6 +51,7 @@ class NodeFacts:
     exact: tuple = ()
     result: tuple | None = None
     dtype: str = "float32"
+    constant: bool = False  # every operand derives from parameters and constants only
 
     @staticmethod
     def of_op(op: str) -> NodeFacts:
@@ -70,6 +73,10 @@ class CostModel:
         return 0 if op in LEAVES else LATENCY.get(op, 2)
 
     def __call__(self, n: NodeFacts) -> int:
+        """Cost of one node. Work on parameters alone (folding a batch norm into conv weights)
+        does not depend on the data and is free: it could be computed once."""
+        if n.constant:
+            return 0
         w_kappa, w_time = _WEIGHTS[self.objective]
         return w_kappa * self.curvature(n) + w_time * self.latency(n.op)
 
@@ -81,14 +88,17 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
     ranges = analyze(roots, declared, leaf_meta)
     meta = shapes(roots, leaf_meta)
     exact: dict[int, bool] = {}
+    constant: dict[int, bool] = {}
     parts = {"cost": 0, "curvature": 0, "latency": 0}
     for t in terms:
         exact[id(t)] = t.op in ROUNDING_FREE and all(exact[id(a)] for a in t.args)
+        constant[id(t)] = t.op in CONSTANT_LEAVES or bool(t.args) and all(constant[id(a)] for a in t.args)
         n = NodeFacts(t.op, t.attrs, tuple(ranges[id(a)] for a in t.args),
                       tuple(dtype_name(meta[id(a)][1]) for a in t.args),
                       tuple(exact[id(a)] for a in t.args), ranges[id(t)],
-                      dtype_name(meta[id(t)][1]))
+                      dtype_name(meta[id(t)][1]), bool(t.args) and constant[id(t)])
         parts["cost"] += model(n)
-        parts["curvature"] += model.curvature(n)
-        parts["latency"] += model.latency(t.op)
+        if not n.constant:
+            parts["curvature"] += model.curvature(n)
+            parts["latency"] += model.latency(t.op)
     return parts

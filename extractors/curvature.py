@@ -20,7 +20,7 @@ GROWTH = {
     "exp": 3, "expm1": 3, "pow": 2, "log": 2, "log1p": 2, "div": 2, "sqrt": 2, "rsqrt": 2,
     "var": 1, "mul": 1, "matmul": 1, "linear": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "gelu": 1,
     "sin": 1, "cos": 1, "softmax": 1, "log_softmax": 1, "logsumexp": 1, "layer_norm": 2, "sdpa": 1,
-    "softplus": 1, "logaddexp": 1,
+    "softplus": 1, "logaddexp": 1, "linear_act": 1, "sdpa_masked": 1, "conv2d": 1,
 }
 #: sup |f''| of bounded smooth ops
 BOUNDED = {"tanh": 0.77, "sigmoid": 0.097, "erf": 0.97, "gelu": 0.8, "sin": 1.0, "cos": 1.0,
@@ -80,7 +80,9 @@ def kappa(op: str, attrs: tuple, operands: list[Interval]) -> float:
             return 2.0
         lo = _gap(operands[0]) if p < 2 else _mag(operands[0])
         return abs(p * (p - 1)) * lo ** (p - 2) if lo > 0 else math.inf
-    if op in ("mul", "matmul", "linear"):  # bilinear: constant cross curvature, unless one side
+    if op in ("linear_act", "sdpa_masked"):
+        return 1.0
+    if op in ("mul", "matmul", "linear", "conv2d"):  # bilinear: constant cross curvature, unless one side
         return 0.0 if any(lo == hi for lo, hi in operands[:2]) else 1.0  # is a constant
     if op == "layer_norm":
         return 1 / (4 * attrs[0] ** 1.5)  # 1/sqrt(var + eps) at var = 0
@@ -149,6 +151,7 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     growth class (times 1000) where they leave it unbounded, plus the singular class for a
     cancellation and the exponential class for a possible overflow."""
     k = kappa(op, attrs, operands)
+    k = math.inf if math.isnan(k) else k  # inf * 0 over an unbounded range: no bound known
     cost = 0 if k == 0 else (1000 * GROWTH.get(op, 1) if math.isinf(k)
                              else min(999, max(1, round(10 * math.log10(1 + k)))))
     if exact and cancels(op, operands, exact):

@@ -52,10 +52,78 @@ def choose(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -
     return {cid: entry[2] for cid, entry in best.items()}
 
 
+def refine(choice: dict[str, ENode], roots: list[str], classes: dict[str, list[ENode]],
+           cost: Callable[[str, ENode], int]) -> dict[str, ENode]:
+    """Improve a greedy choice where sharing decides: switch a class to an alternative e-node
+    whose operands the program computes anyway (attention weights that are also returned make the
+    unfused matmul cheaper than a fused kernel). Exact DAG deltas by reference counting."""
+    choice = dict(choice)
+    refs: dict[str, int] = defaultdict(int)
+    for r in roots:
+        refs[r] += 1
+    for cid in _reachable(choice, roots):
+        for c in choice[cid].children:
+            refs[c] += 1
+
+    def freed(old: ENode, new: ENode) -> int:
+        """Cost no longer paid when a class switches from ``old`` to ``new`` (simulated)."""
+        local, total, stack = {}, 0, list(old.children)
+        for c in new.children:
+            local[c] = local.get(c, refs[c]) + 1
+        while stack:
+            c = stack.pop()
+            local[c] = local.get(c, refs[c]) - 1
+            if local[c] == 0:
+                total += cost(c, choice[c])
+                stack.extend(choice[c].children)
+        return total
+
+    for cid in _reachable(choice, roots):
+        if len(classes[cid]) < 2 or refs[cid] == 0:  # no alternative, or no longer used
+            continue
+        for alt in classes[cid]:
+            if alt == choice[cid] or any(c not in choice or refs[c] == 0 for c in alt.children):
+                continue  # only alternatives over classes the program already computes
+            if any(cid in _reachable(choice, [c]) for c in alt.children):
+                continue  # would make the program cyclic
+            delta = cost(cid, alt) - cost(cid, choice[cid]) - freed(choice[cid], alt)
+            if delta < 0:
+                for c in alt.children:
+                    refs[c] += 1
+                _release(choice[cid], choice, refs)
+                choice[cid] = alt
+    return choice
+
+
+def _release(node: ENode, choice: dict[str, ENode], refs: dict[str, int]) -> None:
+    stack = list(node.children)
+    while stack:
+        c = stack.pop()
+        refs[c] -= 1
+        if refs[c] == 0:
+            stack.extend(choice[c].children)
+
+
+def _reachable(choice: dict[str, ENode], roots: list[str]) -> list[str]:
+    seen, order, stack = set(), [], list(roots)
+    while stack:
+        cid = stack.pop()
+        if cid in seen:
+            continue
+        seen.add(cid)
+        order.append(cid)
+        stack.extend(choice[cid].children)
+    return order
+
+
 def extract(classes: dict[str, list[ENode]], roots: list[str],
             cost: Callable[[str, ENode], int]) -> list[Term]:
     """Best Term for each root e-class; the Terms share every common e-class."""
     choice = choose(classes, cost)
+    missing = [r for r in roots if r not in choice]
+    if missing:
+        raise ExtractionError(f"e-class {missing[0]} has no finite program")
+    choice = refine(choice, roots, classes, cost)
     built: dict[str, Term] = {}
     for root in roots:
         if root not in choice:

@@ -44,6 +44,7 @@ class Rule:
     exactness: Exactness = Exactness.EXACT
     when: tuple[str, ...] = ()  # egglog facts that must hold, over lhs variables
     why: str = ""
+    sample: tuple = ()  # (variable, value) pairs the proof sampler must use: shapes, strides
 
     def __post_init__(self):
         if not _NAME.fullmatch(self.name):
@@ -72,37 +73,45 @@ class Rule:
         tail = f':ruleset {ruleset} :name "{self.name}"'
         if not self.when:
             return f"(rewrite {lhs} {rhs} {tail})"
-        facts = " ".join(self._egg_fact(f) for f in self.when)
+        facts = " ".join(self.when)  # egglog facts over the analyses (positive, rank...) and primitives
         return f"(rule ((= __lhs {lhs}) {facts}) ((union __lhs {rhs})) {tail})"
-
-    @staticmethod
-    def _egg_fact(fact: str) -> str:
-        """Condition text uses our op names; ops inside it become egglog constructors."""
-        return re.sub(r"\((\w+)", lambda m: "(" + (pat.OPS[m.group(1)].egg_name
-                                                   if m.group(1) in pat.OPS else m.group(1)), fact)
 
     def describe(self) -> str:
         return f"{pat.show(self.lhs_pattern)} -> {pat.show(self.rhs_pattern)}"
 
 
-def rules(family: Family, table, exactness: Exactness = Exactness.EXACT) -> list[Rule]:
-    """Rules from rows ``(name, lhs, rhs[, why])``; rows may also be Rule objects."""
+def rules(family: Family, table, exactness: Exactness = Exactness.EXACT, **common) -> list[Rule]:
+    """Rules from rows ``(name, lhs, rhs[, why])``; rows may also be Rule objects. ``common``
+    fields (``when``, ``sample``) apply to every row given as a tuple."""
     out = []
     for row in table:
         if isinstance(row, Rule):
             out.append(row)
         else:
             name, lhs, rhs, *why = row
-            out.append(Rule(name, lhs, rhs, family, exactness, why=why[0] if why else ""))
+            out.append(Rule(name, lhs, rhs, family, exactness, why=why[0] if why else "", **common))
     return out
+
+
+def reverse(rule: Rule, family: Family, **fixed) -> Rule:
+    """The ``-rev`` rule: right side back into left side (decompositions of fusions). Variables
+    the right side does not bind (a constant its condition pinned) are ``fixed`` to values."""
+    def pin(text: str) -> str:
+        for name, value in fixed.items():
+            text = re.sub(rf"\?{name}\b", pat.literal(value), text)
+        return text
+
+    return Rule(f"{rule.name}-rev", pin(rule.rhs), pin(rule.lhs), family, rule.exactness,
+                why=f"reverse of {rule.name}",
+                sample=tuple((v, x) for v, x in rule.sample if v not in fixed))
 
 
 def catalogue() -> dict[str, Rule]:
     """All rules by name, across families; names are unique."""
-    from . import algebra, fusion, precision, stability
+    from . import algebra, decomposition, fusion, precision, stability
 
     table: dict[str, Rule] = {}
-    for module in (stability, algebra, fusion, precision):
+    for module in (stability, algebra, fusion, precision, decomposition):
         for r in module.RULES:
             if r.name in table:
                 raise RuleError(f"duplicate rule name {r.name!r}")

@@ -1,10 +1,71 @@
-"""Fusion rewrites: chains of primitive ops into the fused ops kernels implement."""
-from . import Family, rules
+"""Fusion rewrites: chains of primitive ops into the fused ops kernels implement.
 
+Canonical forms (algebra: constants on the right, division by a constant as a product) let one
+rule catch every spelling: scale by multiply or divide, K transposed either way, max shift
+explicit or not, masks as ``masked_fill`` or as an additive bias.
+"""
+import math
+
+from . import Exactness, Family, Rule, rules
+
+_F = Family.FUSION
 _SCORES = "(matmul ?q (transpose ?k -2 -1))"
+_SCALED = f"(mul {_SCORES} (const ?c))"
+_NORMALIZED = {  # (x - mean) / sqrt(var + eps), as divided and as multiplied by rsqrt
+    "div": "(div (sub ?x (mean ?x -1 true)) (sqrt (add (var ?x -1 true 0) (const ?eps))))",
+    "rsqrt": "(mul (sub ?x (mean ?x -1 true)) (rsqrt (add (var ?x -1 true 0) (const ?eps))))",
+}
+_AFFINE = ("(= (rank ?w) 1)", "(= (rank ?b) 1)", "(= (last-dim ?w) (last-dim ?x))",
+           "(= (last-dim ?b) (last-dim ?x))")
+_LN_SAMPLE = (("w", (5,)), ("b", (5,)))
+_LINEAR_SAMPLE = (("w", (5, 5)), ("b", (5,)))
+_GS = "(div (param ?gn ?gs ?gd) (sqrt (add (param ?vn ?vs ?vd) (const ?eps))))"  # BN scale
+_CONV = "?x (param ?wn ?ws ?wd) ?cb ?s ?p ?d ?g"
+_BN_PARAMS = "(param ?mn ?ms ?md) (param ?vn ?vs ?vd) (param ?gn ?gs ?gd) (param ?bn ?bs ?bd)"
 
-RULES = rules(Family.FUSION, [
-    # name                     lhs                                                   rhs
-    ("attention-fuse",         f"(matmul (softmax (mul {_SCORES} (const ?c)) -1) ?v)", "(sdpa ?q ?k ?v ?c false)"),
-    ("attention-fuse-unscaled", f"(matmul (softmax {_SCORES} -1) ?v)",              "(sdpa ?q ?k ?v 1.0 false)"),
-])
+
+def _close_to(value: float) -> tuple[str, ...]:
+    return (f"(< (abs (- ?c {value!r})) 1e-12)",)
+
+
+RULES = rules(_F, [
+    # name                        lhs                                                  rhs
+    ("attention-fuse",            f"(matmul (softmax {_SCALED} -1) ?v)",               "(sdpa ?q ?k ?v ?c false)"),
+    ("attention-fuse-unscaled",   f"(matmul (softmax {_SCORES} -1) ?v)",               "(sdpa ?q ?k ?v 1.0 false)"),
+    ("attention-fuse-masked",     f"(matmul (softmax (add {_SCALED} ?m) -1) ?v)",      "(sdpa_masked ?q ?k ?v ?m ?c)"),
+    ("attention-fuse-masked-unscaled",
+                                  f"(matmul (softmax (add {_SCORES} ?m) -1) ?v)",      "(sdpa_masked ?q ?k ?v ?m 1.0)"),
+    ("mask-fill-as-bias",         "(where ?m (const -inf) ?s)",
+                                  "(add ?s (where ?m (const -inf) (const 0.0)))",
+                                  "masked_fill(mask, -inf) is an additive -inf bias"),
+]) + rules(_F, [
+    ("linear-relu-fuse",          "(relu (linear ?x ?w ?b))",                          '(linear_act ?x ?w ?b "relu")'),
+    ("linear-gelu-fuse",          '(gelu (linear ?x ?w ?b) "none")',                   '(linear_act ?x ?w ?b "gelu")'),
+    ("linear-gelu-tanh-fuse",     '(gelu (linear ?x ?w ?b) "tanh")',                   '(linear_act ?x ?w ?b "gelu_tanh")'),
+], sample=_LINEAR_SAMPLE) + [
+    Rule("linear-fuse", "(add (matmul ?x (transpose ?w -2 -1)) ?b)", "(linear ?x ?w ?b)", _F,
+         when=("(= (rank ?w) 2)", "(= (rank ?b) 1)"), sample=_LINEAR_SAMPLE),
+    Rule("gelu-from-erf", "(mul (mul ?x (const 0.5)) (add (erf (mul ?x (const ?c))) (const 1.0)))",
+         '(gelu ?x "none")', _F, Exactness.APPROX, when=_close_to(1 / math.sqrt(2)),
+         sample=(("c", 1 / math.sqrt(2)),), why="x * Phi(x); 1/sqrt(2) as spelled, within 1e-12"),
+    Rule("gelu-from-tanh",
+         "(mul (mul ?x (const 0.5)) (add (tanh (mul (add ?x (mul (pow ?x (const 3.0)) "
+         "(const 0.044715))) (const ?c))) (const 1.0)))",
+         '(gelu ?x "tanh")', _F, Exactness.APPROX, when=_close_to(math.sqrt(2 / math.pi)),
+         sample=(("c", math.sqrt(2 / math.pi)),), why="GPT-2's gelu; sqrt(2/pi) within 1e-12"),
+    Rule("conv-batch-norm-fold", f"(batch_norm (conv2d {_CONV}) {_BN_PARAMS} ?eps)",
+         f'(conv2d ?x (mul (param ?wn ?ws ?wd) (reshape {_GS} (+ ?ms ",1,1,1"))) '
+         f"(add (mul (sub ?cb (param ?mn ?ms ?md)) {_GS}) (param ?bn ?bs ?bd)) ?s ?p ?d ?g)",
+         _F, sample=(("x", (2, 3, 6, 6)), ("cb", (4,)), ("ws", "4,3,3,3"), ("ms", "4"), ("vs", "4"),
+                     ("gs", "4"), ("bs", "4"), ("s", "1,1"), ("p", "1,1"), ("d", "1,1"), ("g", 1),
+                     ("eps", 1e-5)),
+         why="eval-mode batch norm of a conv with constant parameters is one conv"),
+] + [
+    Rule(f"layer-norm-fuse-{form}{'-weight-first' if first else ''}",
+         f"(add (mul {'?w ' + n if first else n + ' ?w'}) ?b)", "(layer_norm ?x ?w ?b ?eps)", _F,
+         when=_AFFINE, sample=_LN_SAMPLE)
+    for form, n in _NORMALIZED.items() for first in (False, True)
+] + [
+    Rule(f"layer-norm-fuse-plain-{form}", n, "(layer_norm ?x (const 1.0) (const 0.0) ?eps)", _F)
+    for form, n in _NORMALIZED.items()
+]

@@ -40,7 +40,7 @@ def extend(children):
 terms = st.recursive(leaf, extend, max_leaves=6).filter(lambda t: t.op not in ("input", "const"))
 
 
-@settings(max_examples=120, deadline=None, derandomize=True,
+@settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(terms, st.integers(0, 2**16))
 def test_optimized_random_programs_agree_with_the_original(term, seed):

@@ -62,6 +62,10 @@ CASES = [
     ("layer_norm",   lambda x, w, b: F.layer_norm(x, (4,), w, b, 1e-6),        (R(2, 3, 4), R(4), R(4))),
     ("sdpa",         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (R(2, 5, 4), R(2, 5, 4), R(2, 5, 3))),
     ("linear",       lambda x, w, b: F.linear(x, w, b) + F.linear(x, w),       (R(2, 4), R(3, 4), R(3))),
+    ("conv2d",       lambda x, w, b: F.conv2d(x, w, b, 2, 1) + F.conv2d(x, w, None, 2, (1, 1)),
+                                                                               (R(2, 3, 9, 9), R(4, 3, 3, 3), R(4))),
+    ("batch_norm",   lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, False, 0.1, 1e-3),
+                                                                               (R(2, 3, 4, 4), R(3), P(3), R(3), R(3))),
 ]
 
 
@@ -82,7 +86,7 @@ def test_reference_evaluator_matches_torch(op, fn, inputs):
 
 
 def test_every_op_has_a_case():
-    covered = {c[0] for c in CASES}
+    covered = {c[0] for c in CASES} | {c.op for c, _ in DEFINITIONS + FUSED}
     assert {name for name, op in OPS.items() if not op.is_leaf} <= covered
 
 
@@ -95,6 +99,32 @@ DEFINITIONS = [  # composite term, its definition in primitive ops
     (Term("log_softmax", (x,), (-1,)),
      Term("sub", (x, Term("log", (Term("sum", (Term("exp", (x,)),), (-1, True)),)))),),
 ]
+
+
+Q, K, V, B = (Term.input(n, (2, 4, 6), "float64") for n in "qkvb")
+W, BIAS = Term.input("w", (5, 6), "float64"), Term.input("bias", (5,), "float64")
+FUSED = [  # ops only rewrites create, against their definitions
+    (Term("linear_act", (Q, W, BIAS), ("relu",)), Term("relu", (Term("linear", (Q, W, BIAS)),))),
+    (Term("linear_act", (Q, W, BIAS), ("gelu_tanh",)),
+     Term("gelu", (Term("linear", (Q, W, BIAS)),), ("tanh",))),
+    (Term("sdpa_masked", (Q, K, V, Term("matmul", (B, Term("transpose", (B,), (-2, -1))))), (0.4,)),
+     Term("matmul", (Term("softmax", (Term("add", (Term("mul", (Term("matmul", (Q, Term(
+         "transpose", (K,), (-2, -1)))), Term.const(0.4))), Term("matmul", (B, Term(
+             "transpose", (B,), (-2, -1)))))),), (-1,)), V))),
+    (Term("layer_norm", (Q, Term.const(1.0), Term.const(0.0)), (1e-5,)),
+     Term("layer_norm", (Q, Term.input("ones", (6,), "float64"), Term.input("zeros", (6,), "float64")),
+          (1e-5,))),
+]
+
+
+@pytest.mark.parametrize("fused,definition", FUSED, ids=lambda t: getattr(t, "op", ""))
+def test_fused_ops_equal_their_definitions(fused, definition):
+    g = torch.Generator().manual_seed(2)
+    env = {n: torch.randn(2, 4, 6, generator=g, dtype=torch.float64) for n in "qkvb"}
+    env.update(w=torch.randn(5, 6, generator=g, dtype=torch.float64),
+               bias=torch.randn(5, generator=g, dtype=torch.float64),
+               ones=torch.ones(6, dtype=torch.float64), zeros=torch.zeros(6, dtype=torch.float64))
+    torch.testing.assert_close(*evaluate([fused, definition], env), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("composite,definition", DEFINITIONS, ids=lambda t: getattr(t, "op", ""))

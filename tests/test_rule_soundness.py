@@ -16,68 +16,107 @@ import torch
 from egraph_opt import pattern as pat
 from egraph_opt.egraph import EGraph
 from egraph_opt.rulesets import Exactness, Family, catalogue
+from egraph_opt.ops import parse_shape, shape_attr
 from egraph_opt.term import Term, evaluate
 
 RULES = list(catalogue().values())
 SHAPE = (2, 3, 5, 5)  # every tensor variable: square trailing dims fit matmul and attention
 TOLERANCE = {Exactness.EXACT: 1e-9, Exactness.REASSOC: 1e-9, Exactness.APPROX: 1e-3}
-_COMPARE = {"!=": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
 _SIGNS = {"positive": 1, "nonneg": 1, "nonzero": 0}  # sampled magnitude >= 0.1; 1: positive sign
 
 
-def conditions(rule) -> tuple[dict[str, str], list[str]]:
-    """Sign facts required of tensor variables, and primitive comparisons on attributes. Dtype
-    conditions (``dtype-of``) hold vacuously in the float64 reference, where casts are exact."""
-    signs, compares = {}, []
-    for fact in rule.when:
-        head, *args = fact.strip("()").split()
-        if head in _SIGNS:
-            signs[args[0][1:]] = head
-        elif head in _COMPARE:
-            compares.append(fact)
-        elif not fact.startswith("(= (dtype-of"):
-            raise AssertionError(f"{rule.name}: the proof sampler does not know fact {fact}")
-    return signs, compares
+def _sexp(text: str):
+    """A condition as nested lists of tokens."""
+    stack: list[list] = [[]]
+    for tok in text.replace("(", " ( ").replace(")", " ) ").split():
+        if tok == "(":
+            stack.append([])
+        elif tok == ")":
+            done = stack.pop()
+            stack[-1].append(done)
+        else:
+            stack[-1].append(tok)
+    return stack[0][0]
 
 
-def holds(fact: str, bindings: dict) -> bool:
-    """Primitive conditions (``(!= ?c 0.0)``) evaluated on attribute bindings."""
-    head, *args = fact.strip("()").split()
-    values = [bindings[a[1:]] if a.startswith("?") else float(a) for a in args]
-    return _COMPARE[head](*values)
+def _value(e, values: dict, env: dict):
+    """Evaluate a condition over sampled bindings: primitives on attributes, and the e-graph's
+    shape analyses (rank, last-dim) on the sampled tensors."""
+    if isinstance(e, str):
+        if e.startswith("?"):
+            return values[e[1:]]
+        return float(e) if e[0].isdigit() or e[0] in "-." else e.strip('"')
+    head, *args = e
+    if head in ("rank", "last-dim"):
+        shape = tuple(env[args[0][1:]].shape)
+        return len(shape) if head == "rank" else shape[-1]
+    if head == "dtype-of":
+        return None  # casts are exact in the float64 reference: dtype conditions hold vacuously
+    vals = [_value(a, values, env) for a in args]
+    if head == "=":
+        return vals[0] == vals[1] or vals[0] is None or vals[1] is None
+    return {"!=": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le,
+            ">=": operator.ge, "-": operator.sub, "+": operator.add, "*": operator.mul,
+            "abs": abs}[head](*vals)
 
 
-def index_vars(p) -> set[str]:
-    """Tensor variables used as gather/index_select indices: sampled as integer positions."""
+def _uses(p, op: str, position: int) -> set[str]:
+    """Variables in operand ``position`` of ``op`` nodes (indices of gather, where's condition)."""
     found, stack = set(), [p]
     while stack:
         q = stack.pop()
         if isinstance(q, pat.Node):
-            if q.op in ("gather", "index_select") and isinstance(q.args[1], pat.Var):
-                found.add(q.args[1].name)
+            if q.op == op and isinstance(q.args[position], pat.Var):
+                found.add(q.args[position].name)
+            stack.extend(q.args)
+    return found
+
+
+def _params(p) -> list[pat.Node]:
+    found, stack = [], [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, pat.Node):
+            if q.op == "param":
+                found.append(q)
             stack.extend(q.args)
     return found
 
 
 def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[dict, dict]:
-    """Random bindings satisfying the rule's conditions: tensors by name and attribute values."""
-    sorts = pat.variables(rule.lhs_pattern)
-    signs, compares = conditions(rule)
-    indices = index_vars(rule.lhs_pattern)
+    """Random bindings satisfying the rule's conditions: tensors by name and attribute values.
+    ``rule.sample`` pins shapes (tensor variables, param shape strings) and attribute values."""
+    lhs = rule.lhs_pattern
+    sorts, pinned = pat.variables(lhs), dict(rule.sample)
+    signs = {f.strip("()").split()[1][1:]: f.strip("()").split()[0]
+             for f in rule.when if f.strip("()").split()[0] in _SIGNS}
+    indices = _uses(lhs, "gather", 1) | _uses(lhs, "index_select", 1)
+    conditions = _uses(lhs, "where", 0)
+    param_vars = {q.attrs[0].name: q.attrs for q in _params(lhs)}
     for _ in range(100):
         values, env = {}, {}
+        for name, attrs in param_vars.items():
+            shape = parse_shape(pinned.get(attrs[1].name, shape_attr(SHAPE)))
+            values[name], values[attrs[1].name], values[attrs[2].name] = f"p_{name}", shape_attr(shape), "float64"
+            env[f"p_{name}"] = torch.randn(shape, generator=gen, dtype=dtype).abs() + 0.1
         for name, sort in sorts.items():
+            if name in values:
+                continue
             if sort == pat.TENSOR:
+                shape = pinned.get(name, SHAPE)
                 if name in indices:
-                    env[name] = torch.randint(0, SHAPE[-1], SHAPE, generator=gen)
-                    values[name] = Term.input(name, SHAPE, "int64")
-                    continue
-                x = torch.randn(SHAPE, generator=gen, dtype=dtype) * scale
-                if name in signs:
-                    x = x.abs() + 0.1
-                    x = x if _SIGNS[signs[name]] else x * torch.randn(SHAPE, generator=gen).sign()
+                    x = torch.randint(0, shape[-1], shape, generator=gen)
+                elif name in conditions:
+                    x = torch.rand(shape, generator=gen) < 0.3
+                else:
+                    x = torch.randn(shape, generator=gen, dtype=dtype) * scale
+                    if name in signs:
+                        x = x.abs() + 0.1
+                        x = x if _SIGNS[signs[name]] else x * torch.randn(shape, generator=gen).sign()
                 env[name] = x
-                values[name] = Term.input(name, SHAPE)
+                values[name] = Term.input(name, shape, str(x.dtype).removeprefix("torch."))
+            elif name in pinned:
+                values[name] = pinned[name]
             elif sort == "i64":
                 values[name] = int(torch.randint(-2, 0, (), generator=gen))  # an axis
             elif sort == "bool":
@@ -85,8 +124,9 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
             elif sort == "f64":
                 values[name] = float(torch.empty(()).uniform_(-3, 3, generator=gen))
             else:
-                raise AssertionError(f"no sampler for {sort}")
-        if all(holds(f, values) for f in compares):
+                raise AssertionError(f"{rule.name}: no sampler for ?{name} ({sort}); pin it")
+        facts = [f for f in rule.when if f.strip("()").split()[0] not in _SIGNS]
+        if all(_value(_sexp(f), values, env) for f in facts):
             return values, env
     raise AssertionError(f"{rule.name}: could not satisfy {rule.when}")
 

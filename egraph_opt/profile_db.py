@@ -1,0 +1,264 @@
+"""The kernel profiling database: measured latencies, one SQLite file shared by every process.
+
+Latency is measured, not guessed (DESIGN.md, principle 4), so measurements must outlive a run and
+survive two profilers writing at once: the file is in WAL mode and every write is one transaction.
+Records are appended, never updated; a lookup takes the newest record of a shape. A file that is
+not ours (not SQLite, or SQLite without our table) is renamed aside with a warning, never
+overwritten; a file of another schema version is refused with a message that says what to do.
+
+>>> import tempfile, pathlib
+>>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:
+...     db.add(Record("exp", "torch", "cpu: test", "float32", ((4, 4),), {}, 10, 2e-6, 1e-7))
+...     db.lookup("exp", "torch", "cpu: test", "float32", ((4, 4),), {}).median_s
+2e-06
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+SCHEMA_VERSION = 1
+ENV_VAR = "EGRAPH_OPT_PROFILE_DB"
+_TABLE = "measurements"
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_TIMEOUT_S = 60  # how long a process waits for another's write lock
+_CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+_SCHEMA = f"""
+CREATE TABLE {_TABLE} (
+    id INTEGER PRIMARY KEY,
+    kernel TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    device TEXT NOT NULL,
+    dtype TEXT NOT NULL,
+    shape_key TEXT NOT NULL,          -- canonical JSON of input shapes and attributes
+    runs INTEGER NOT NULL CHECK (runs > 0),
+    median_s REAL NOT NULL CHECK (median_s > 0),
+    spread_s REAL NOT NULL CHECK (spread_s >= 0),   -- interquartile range of the runs
+    versions TEXT NOT NULL,           -- JSON: library name -> version
+    recorded_at REAL NOT NULL         -- Unix time
+);
+CREATE INDEX {_TABLE}_group ON {_TABLE} (kernel, backend, device, dtype, shape_key);
+PRAGMA user_version = {SCHEMA_VERSION};
+"""
+_COLUMNS = "kernel, backend, device, dtype, shape_key, runs, median_s, spread_s, versions, recorded_at"
+
+
+class ProfileDBWarning(UserWarning):
+    """A profile database file was set aside because it was not a usable egraph-opt database."""
+
+
+class SchemaVersionError(RuntimeError):
+    """The file is an egraph-opt profile database of a schema version this code does not read."""
+
+
+def default_path() -> Path:
+    """$EGRAPH_OPT_PROFILE_DB, else $XDG_CACHE_HOME (or ~/.cache)/egraph-opt/profile.sqlite."""
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache).expanduser() / "egraph-opt" / "profile.sqlite"
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries a latency depends on (those installed), for the record."""
+    versions = {}
+    for name in ("torch", "egglog", "triton"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def shape_key(shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> str:
+    """Canonical JSON of input shapes and attributes: equal shapes give equal keys.
+
+    >>> shape_key([(2, 3), [3]], {"keepdim": False, "axis": -1})
+    '{"attrs":{"axis":-1,"keepdim":false},"shapes":[[2,3],[3]]}'
+    """
+    rows = []
+    for shape in shapes:
+        dims = list(shape)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise ValueError(f"shape {shape!r}: dimensions must be non-negative ints")
+        rows.append(dims)
+    try:
+        return json.dumps({"attrs": dict(attrs), "shapes": rows}, sort_keys=True, separators=(",", ":"))
+    except TypeError as e:
+        raise ValueError(f"attributes {attrs!r} are not JSON values: {e}") from None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measurement: a kernel at one shape on one device, timed over `runs` runs."""
+    kernel: str
+    backend: str
+    device: str
+    dtype: str
+    shapes: tuple[tuple[int, ...], ...]
+    attrs: Mapping[str, object]
+    runs: int
+    median_s: float
+    spread_s: float
+    versions: Mapping[str, str] = field(default_factory=library_versions)
+    recorded_at: float = field(default_factory=time.time)
+
+    @property
+    def shape_key(self) -> str:
+        return shape_key(self.shapes, self.attrs)
+
+
+def _from_row(row) -> Record:
+    kernel, backend, device, dtype, key, runs, median_s, spread_s, versions, recorded_at = row
+    params = json.loads(key)
+    shapes = tuple(tuple(s) for s in params["shapes"])
+    return Record(kernel, backend, device, dtype, shapes, params["attrs"], runs, median_s, spread_s,
+                  json.loads(versions), recorded_at)
+
+
+def _foreign_reason(path: Path) -> str | None:
+    """Why the file at `path` is not a usable profile database, or None (absent, empty, ours)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb") as f:
+        if f.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
+            return "not an SQLite database"
+    conn = sqlite3.connect(path, timeout=_TIMEOUT_S)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as e:
+        if e.sqlite_errorcode not in _CORRUPT_CODES:
+            raise  # locked, busy, unreadable: a problem of access, not of the file
+        return f"corrupt SQLite file ({e})"
+    finally:
+        conn.close()
+    if tables and _TABLE not in tables:
+        return f"an SQLite database without egraph-opt's tables (has: {', '.join(sorted(tables))})"
+    return None
+
+
+def _set_aside(path: Path, reason: str) -> None:
+    """Rename the file (and its WAL side files) aside: it may be someone's data."""
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    for suffix in ("", "-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            side.rename(aside.with_name(aside.name + suffix))
+    warnings.warn(f"profile database {path} is {reason}; moved it to {aside} and started a fresh one",
+                  ProfileDBWarning, stacklevel=3)
+
+
+class ProfileDB:
+    """Measured kernel latencies in one SQLite file (see module docstring).
+
+    `path` defaults to `default_path()`. Open one per process; it is a context manager.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path).expanduser() if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        reason = _foreign_reason(self.path)
+        if reason:
+            _set_aside(self.path, reason)
+        self._conn = sqlite3.connect(self.path, timeout=_TIMEOUT_S, isolation_level=None)
+        try:
+            self._enable_wal()
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            with self._transaction():
+                self._check_schema()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _enable_wal(self) -> None:
+        """Switch to WAL (persistent: once per file). SQLite reports a switch racing another
+        process's as busy at once, without its busy handler, so wait here instead."""
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if e.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    @contextmanager
+    def _transaction(self):
+        """BEGIN IMMEDIATE takes the write lock up front, so two processes queue (up to the
+        connection timeout) instead of failing when a read lock is upgraded."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _check_schema(self) -> None:
+        conn = self._conn
+        has_table = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
+                                 (_TABLE,)).fetchone()
+        if not has_table:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            return
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            age = "an older" if version < SCHEMA_VERSION else "a newer"
+            raise SchemaVersionError(
+                f"profile database {self.path} has schema version {version}, written by {age} "
+                f"egraph-opt; this one reads version {SCHEMA_VERSION} only. Measurements are cheap "
+                f"to redo: move the file away (or set {ENV_VAR} to another path) and run "
+                f"`egraph-opt profile` again.")
+
+    def add(self, record: Record) -> None:
+        self.add_many([record])
+
+    def add_many(self, records: Iterable[Record]) -> None:
+        """Append records in one transaction: all are kept or, on error, none."""
+        rows = [(r.kernel, r.backend, r.device, r.dtype, r.shape_key, r.runs, r.median_s, r.spread_s,
+                 json.dumps(dict(r.versions), sort_keys=True), r.recorded_at) for r in records]
+        with self._transaction():
+            self._conn.executemany(f"INSERT INTO {_TABLE} ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                                   rows)
+
+    def records(self, kernel: str, backend: str, device: str, dtype: str) -> list[Record]:
+        """The newest record of each shape of one kernel on one device and dtype."""
+        rows = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM {_TABLE} WHERE kernel=? AND backend=? AND device=? AND dtype=? "
+            "ORDER BY id", (kernel, backend, device, dtype))
+        newest = {row[4]: row for row in rows}
+        return [_from_row(row) for row in newest.values()]
+
+    def lookup(self, kernel: str, backend: str, device: str, dtype: str,
+               shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Record | None:
+        """The newest record of exactly this shape, or None."""
+        row = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM {_TABLE} WHERE kernel=? AND backend=? AND device=? AND dtype=? "
+            "AND shape_key=? ORDER BY id DESC LIMIT 1",
+            (kernel, backend, device, dtype, shape_key(shapes, attrs))).fetchone()
+        return _from_row(row) if row else None
+
+    def count(self) -> int:
+        """Number of records, every version of every shape included."""
+        return self._conn.execute(f"SELECT count(*) FROM {_TABLE}").fetchone()[0]
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ProfileDB:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

@@ -1,0 +1,26 @@
+"""Decompositions (seed 004): fused ops expanded into primitives, so the extractor may choose a
+decomposed path when it is cheaper. Stable forms only: softmax expands into its max-shifted form,
+tanh into sigmoid, never into a form that overflows where the op does not. Most are the ``-rev``
+of a fusion; none contains the op it defines (checked in the tests)."""
+import math
+
+from . import Family, Rule, reverse, rules
+from .algebra import RULES as _ALGEBRA, SHIFTED as _SHIFTED
+from .fusion import RULES as _FUSION
+
+_OF = {r.name: r for r in _FUSION + _ALGEBRA}
+_REVERSED = {"gelu-from-erf": {"c": 1 / math.sqrt(2)}, "log-sum-exp-from-shifted": {},
+             "linear-relu-fuse": {}, "linear-gelu-fuse": {}, "linear-gelu-tanh-fuse": {},
+             "attention-fuse": {}, "linear-fuse": {}}
+
+RULES: list[Rule] = [reverse(_OF[name], Family.DECOMPOSITION, **fixed)
+                     for name, fixed in _REVERSED.items()]
+RULES += rules(Family.DECOMPOSITION, [
+    # name                    lhs                          rhs
+    ("softmax-decompose",     "(softmax ?x ?a)",
+                              f"(div (exp {_SHIFTED}) (sum (exp {_SHIFTED}) ?a true))"),
+    ("log-softmax-decompose", "(log_softmax ?x ?a)",
+                              f"(sub {_SHIFTED} (log (sum (exp {_SHIFTED}) ?a true)))"),
+    ("tanh-as-sigmoid",       "(tanh ?x)",
+                              "(sub (mul (sigmoid (mul ?x (const 2.0))) (const 2.0)) (const 1.0))"),
+])

@@ -1,0 +1,145 @@
+"""Fusions found by saturation across spellings, and not taken where they would not pay."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from egraph_opt import capture, optimize, saturate_and_extract
+from egraph_opt.rulesets import Family, catalogue
+
+
+def ops_after(fn, *args, **options):
+    program, _ = capture(fn, args)
+    return optimize(program, **options).ops_after
+
+
+Q, K, V = (torch.randn(2, 4, 8, 16) for _ in range(3))
+SPELLINGS = {  # naive attention as people write it
+    "divide": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(16), -1) @ v,
+    "multiply-left": lambda q, k, v: torch.softmax(0.25 * (q @ k.transpose(-1, -2)), -1) @ v,
+    "scale-q-first": lambda q, k, v: torch.softmax((q * 0.25) @ k.permute(0, 1, 3, 2), -1) @ v,
+    "explicit-shift": lambda q, k, v: _shifted(q @ k.mT * 0.25) @ v,
+    "naive-exp": lambda q, k, v: _naive(q @ k.transpose(-2, -1) / 4.0) @ v,
+}
+
+
+def _shifted(s):
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def _naive(s):
+    return torch.exp(s) / torch.exp(s).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=str)
+def test_every_attention_spelling_becomes_one_fused_op(spelling):
+    fn = SPELLINGS[spelling]
+    f = saturate_and_extract(fn)
+    torch.testing.assert_close(f(Q, K, V), fn(Q, K, V), rtol=1e-5, atol=1e-5)
+    assert f.report.ops_after == {"sdpa": 1}
+
+
+def test_masked_attention_becomes_masked_sdpa():
+    mask = torch.ones(8, 8, dtype=torch.bool).triu(1)
+
+    def causal(q, k, v, m):
+        s = (q @ k.transpose(-2, -1) / 4.0).masked_fill(m, float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+    f = saturate_and_extract(causal)
+    torch.testing.assert_close(f(Q, K, V, mask), causal(Q, K, V, mask), rtol=1e-5, atol=1e-5)
+    assert "sdpa_masked" in f.report.ops_after and "softmax" not in f.report.ops_after
+
+
+def test_attention_is_not_fused_when_its_weights_are_also_used():
+    def weights_too(q, k, v):
+        w = torch.softmax(q @ k.transpose(-2, -1) / 4.0, -1)
+        return w @ v, w
+
+    assert "sdpa" not in ops_after(weights_too, Q, K, V)
+
+
+class NaiveBlock(nn.Module):
+    """GPT-2 style: layer norm from mean/var, causal naive attention, tanh-gelu MLP."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.ln_w, self.ln_b = nn.Parameter(torch.randn(c)), nn.Parameter(torch.randn(c))
+        self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.fc, self.out = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.register_buffer("mask", torch.ones(16, 16, dtype=torch.bool).triu(1))
+
+    def norm(self, x):
+        mean = x.mean(-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(-1, keepdim=True)
+        return (x - mean) / torch.sqrt(var + 1e-5) * self.ln_w + self.ln_b
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).split(32, -1)
+        s = (q @ k.transpose(-2, -1) / math.sqrt(32)).masked_fill(self.mask, float("-inf"))
+        x = x + self.proj(torch.softmax(s, -1) @ v)
+        h = self.fc(self.norm(x))
+        g = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        return x + self.out(g)
+
+
+def test_naive_block_fuses_layer_norm_attention_and_gelu():
+    block = NaiveBlock().eval()
+    f = saturate_and_extract(block)
+    x = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), block(x), rtol=1e-4, atol=1e-4)
+    after = f.report.ops_after
+    assert after.get("layer_norm") == 2 and after.get("sdpa_masked") == 1
+    assert after.get("linear_act") == 1 and "tanh" not in after and "var" not in after
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def test_conv_batch_norm_folds_in_eval_mode():
+    model = ConvBN()
+    model.bn.running_mean.normal_()
+    model.bn.running_var.uniform_(0.5, 2.0)
+    model.eval()
+    f = saturate_and_extract(model)
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-4)
+    assert "batch_norm" not in f.report.ops_after and f.report.ops_after.get("conv2d") == 1
+
+
+def test_batch_norm_with_statistics_from_inputs_is_not_folded():
+    def bn_of_inputs(x, w, mean, var):
+        return F.batch_norm(F.conv2d(x, w), mean, var, torch.ones(8), torch.zeros(8), False)
+
+    args = (torch.randn(2, 3, 6, 6), torch.randn(8, 3, 3, 3), torch.randn(8), torch.rand(8) + 0.5)
+    assert "batch_norm" in ops_after(bn_of_inputs, *args)
+
+
+def test_unbiased_variance_is_not_a_layer_norm():
+    def almost(x):
+        mean = x.mean(-1, keepdim=True)
+        return (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5)  # var is unbiased here
+
+    assert "layer_norm" not in ops_after(almost, torch.randn(4, 8))
+
+
+def test_no_decomposition_contains_the_op_it_defines():
+    from egraph_opt.pattern import find, skeleton
+
+    for rule in catalogue().values():
+        if rule.family is Family.DECOMPOSITION:
+            lhs_op = rule.lhs_pattern.op
+            rhs, _ = skeleton(rule.rhs_pattern)
+            from egraph_opt.term import postorder
+            assert lhs_op not in {t.op for t in postorder([rhs])}, rule.name

@@ -1,0 +1,142 @@
+"""The latency model on synthetic laws, and the profiler feeding it from real timings."""
+import itertools
+import math
+import time
+
+import numpy as np
+import pytest
+
+from egraph_opt.latency_model import DEFAULT_UNCERTAINTY, LatencyModel, roofline_seconds
+from egraph_opt.ops import OPS
+from egraph_opt.profile_db import ProfileDB, Record
+from egraph_opt.profiler import (SPECS, Case, device_name, grid, profile_ops, profile_shapes,
+                                 time_kernel, work)
+
+DEVICE = "cpu: synthetic"
+
+
+def law(shapes):
+    """A known, non-power-law latency: launch overhead plus bandwidth plus compute time."""
+    w = work("matmul", shapes, {})
+    return 3e-6 + w.elements * 4 / 8e9 + w.flops / 4e10
+
+
+def matmul_db(path, dims):
+    db = ProfileDB(path)
+    db.add_many(Record("matmul", "torch", DEVICE, "float32", ((m, k), (k, n)), {}, 5,
+                       law([(m, k), (k, n)]), 0.0) for m, k, n in itertools.product(dims, repeat=3))
+    return db
+
+
+def predict(model, shapes, kernel="matmul", dtype="float32", device=DEVICE, attrs=None):
+    return model.predict(kernel, "torch", device, dtype, shapes, attrs or {})
+
+
+def test_interpolation_follows_a_known_law(tmp_path):
+    model = LatencyModel(matmul_db(tmp_path / "p.sqlite", [16, 32, 64, 128, 256, 512]))
+    rng = np.random.default_rng(0)
+    errors = []
+    for m, k, n in rng.integers(20, 500, size=(40, 3)).tolist():
+        shapes = [(m, k), (k, n)]
+        estimate = predict(model, shapes)
+        assert estimate.source == "interpolated" and not estimate.extrapolated, estimate
+        errors.append(abs(estimate.seconds / law(shapes) - 1))
+    assert np.median(errors) < 0.03 and max(errors) < 0.1
+    assert estimate.uncertainty < 0.05  # leave-one-out error on the measurements themselves
+
+
+def test_exact_shape_is_measured(tmp_path):
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        db.add(Record("exp", "torch", DEVICE, "float32", ((64, 64),), {}, 9, 4e-6, 1e-6))
+        estimate = predict(LatencyModel(db), [(64, 64)], kernel="exp")
+    assert (estimate.seconds, estimate.source, estimate.uncertainty) == (4e-6, "measured", 0.25)
+
+
+def test_far_outside_the_measured_range_is_flagged(tmp_path):
+    model = LatencyModel(matmul_db(tmp_path / "p.sqlite", [16, 32, 64]))
+    big = predict(model, [(4096, 4096), (4096, 4096)])
+    assert big.extrapolated and "above the largest" in big.note and big.source == "interpolated"
+    small = predict(model, [(1, 2), (2, 1)])
+    assert small.extrapolated and "below the smallest" in small.note
+    assert not predict(model, [(48, 48), (48, 48)]).extrapolated
+
+
+def test_no_measurements_give_the_roofline_default(tmp_path):
+    model = LatencyModel(ProfileDB(tmp_path / "p.sqlite"))
+    small, big = (predict(model, [(n, n), (n, n)]) for n in (64, 2048))
+    assert small.source == big.source == "default" and "no measurements" in small.note
+    assert small.uncertainty == DEFAULT_UNCERTAINTY
+    assert small.seconds == roofline_seconds(work("matmul", [(64, 64), (64, 64)], {}), 4, DEVICE)
+    assert big.seconds > 100 * small.seconds
+    cuda = predict(model, [(2048, 2048), (2048, 2048)], device="cuda: some GPU")
+    assert cuda.seconds < big.seconds
+
+
+def test_one_measurement_calibrates_the_default(tmp_path):
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        shapes = ((256, 256),)
+        ratio = 0.5
+        seconds = ratio * roofline_seconds(work("softmax", shapes, {"axis": -1}), 4, DEVICE)
+        db.add(Record("softmax", "torch", DEVICE, "float32", shapes, {"axis": -1}, 5, seconds, 0.0))
+        model = LatencyModel(db)
+        other = predict(model, [(300, 256)], kernel="softmax", attrs={"axis": -1})
+    default = roofline_seconds(work("softmax", [(300, 256)], {"axis": -1}), 4, DEVICE)
+    assert other.source == "interpolated" and other.seconds == pytest.approx(ratio * default, rel=1e-6)
+    assert other.uncertainty == DEFAULT_UNCERTAINTY
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kernel": "fancy_kernel"}, "no work formula for kernel 'fancy_kernel'"),
+    ({"dtype": "float33"}, "unknown dtype 'float33'"),
+    ({"device": "tpu: v5"}, "no roofline constants for device type 'tpu'"),
+])
+def test_bad_queries_say_what_is_wrong(tmp_path, kwargs, message):
+    model = LatencyModel(ProfileDB(tmp_path / "p.sqlite"))
+    with pytest.raises(ValueError, match=message):
+        predict(model, [(4, 4), (4, 4)], **kwargs)
+    with pytest.raises(ValueError, match="inner dimensions 4 != 5"):
+        predict(model, [(4, 4), (5, 4)])
+    with pytest.raises(ValueError, match=r"kernel 'sum' needs attributes \['keepdim'\]"):
+        predict(model, [(4, 4)], kernel="sum", attrs={"axis": -1})
+
+
+def test_every_costed_op_profiles_and_its_work_is_positive(tmp_path):
+    assert all(OPS[op].impl is not None for op in SPECS)
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        records = profile_ops(sorted(SPECS), ["float32"], "cpu", db, [4], repeats=1, progress=False)
+        assert db.count() == len(SPECS)
+    for r in records:
+        w = work(r.kernel, r.shapes, r.attrs)
+        assert r.median_s > 0 and w.flops > 0 and w.elements > 0, r
+
+
+def test_profiled_shapes_are_measured_then_interpolated(tmp_path, capsys):
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        profile_ops(["add", "softmax"], ["float32"], "cpu", db, [8, 16, 32], repeats=3)
+        model = LatencyModel(db)
+        device = device_name("cpu")
+        assert device.startswith("cpu: ") and "thread" in device
+        exact = predict(model, [(16, 16)], kernel="softmax", device=device, attrs={"axis": -1})
+        assert exact.source == "measured"
+        between = predict(model, [(24, 24), (24, 24)], kernel="add", device=device)
+    assert between.source == "interpolated" and 1e-8 < between.seconds < 1e-2
+    assert "profiling on cpu" in capsys.readouterr().err  # a progress bar or lines
+
+
+def test_grid_and_profiler_reject_what_they_cannot_profile(tmp_path):
+    with pytest.raises(ValueError, match=r"no profiling grid for \['transpose'\]"):
+        grid(["add", "transpose"], ["float32"], [8])
+    with pytest.raises(ValueError, match=r"sizes must be positive ints, got \[0\]"):
+        grid(["add"], ["float32"], [8, 0])
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        with pytest.raises(ValueError, match=r"cannot profile \['transpose'\]: no cost spec"):
+            profile_shapes([Case("transpose", "float32", ((4, 4),), {"dim0": 0, "dim1": 1})], "cpu", db)
+        with pytest.raises(ValueError, match="unknown dtype 'float33'"):
+            profile_ops(["add"], ["float33"], "cpu", db, [8])
+        assert db.count() == 0
+
+
+def test_time_kernel_reports_median_and_spread():
+    timing = time_kernel(time.sleep, [2e-3], "cpu", repeats=5, warmup=1)
+    assert 2e-3 <= timing.median_s < 2e-2 and timing.spread_s >= 0 and timing.runs == 5
+    assert math.isfinite(time_kernel(lambda: None, [], "cpu", repeats=3).median_s)

@@ -1,0 +1,132 @@
+"""The profiling database: round trips, two writers at once, foreign files, schema versions."""
+import multiprocessing
+import sqlite3
+
+import pytest
+
+from egraph_opt.profile_db import (ENV_VAR, SCHEMA_VERSION, ProfileDB, ProfileDBWarning, Record,
+                                   SchemaVersionError, default_path, shape_key)
+
+
+def record(n=4, median_s=1e-5, kernel="softmax", **kw):
+    return Record(kernel, "torch", "cpu: test", "float32", ((n, 2 * n),), {"axis": -1}, 7, median_s,
+                  median_s / 10, **kw)
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    original = record(versions={"torch": "2.4.0"}, recorded_at=1234.5)
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        db.add(original)
+    with ProfileDB(tmp_path / "p.sqlite") as db:  # reopened: the data is on disk
+        assert db.lookup("softmax", "torch", "cpu: test", "float32", [[4, 8]], {"axis": -1}) == original
+        assert db.lookup("softmax", "torch", "cpu: test", "float16", [[4, 8]], {"axis": -1}) is None
+        assert db.lookup("softmax", "torch", "cpu: test", "float32", [[4, 8]], {"axis": 0}) is None
+
+
+def test_newest_record_of_a_shape_wins_and_history_is_kept(tmp_path):
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        db.add_many([record(4, 1e-5), record(4, 3e-5), record(8, 2e-5), record(4, 1e-3, kernel="exp")])
+        assert db.count() == 4
+        newest = db.records("softmax", "torch", "cpu: test", "float32")
+        assert sorted(r.median_s for r in newest) == [2e-5, 3e-5]
+
+
+def test_records_carry_library_versions_and_time_by_default(tmp_path):
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        db.add(record())
+        (stored,) = db.records("softmax", "torch", "cpu: test", "float32")
+    assert "torch" in stored.versions and "egglog" in stored.versions
+    assert stored.recorded_at > 1.6e9
+
+
+def test_a_failed_batch_leaves_nothing(tmp_path):
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        with pytest.raises(sqlite3.IntegrityError):
+            db.add_many([record(4), record(8, median_s=-1.0)])  # CHECK (median_s > 0)
+        assert db.count() == 0
+
+
+def test_shape_key_is_canonical_and_rejects_bad_input():
+    assert shape_key([(2, 3)], {"b": 1, "a": True}) == shape_key(((2, 3),), {"a": True, "b": 1})
+    with pytest.raises(ValueError, match=r"shape \(2, -1\)"):
+        shape_key([(2, -1)], {})
+    with pytest.raises(ValueError, match="not JSON"):
+        shape_key([(2,)], {"x": object()})
+
+
+def _write(path, worker, count, start):
+    start.wait()  # both open the (absent) file at the same moment
+    with ProfileDB(path) as db:
+        for i in range(count):
+            db.add(record(1000 * worker + i))
+
+
+def test_two_processes_writing_at_once_lose_nothing(tmp_path):
+    path, count = tmp_path / "shared" / "p.sqlite", 150  # neither process finds the file there
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Barrier(2)
+    workers = [ctx.Process(target=_write, args=(path, w, count, start)) for w in (1, 2)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(60)
+    assert [p.exitcode for p in workers] == [0, 0]
+    with ProfileDB(path) as db:
+        assert db.count() == 2 * count
+        assert len(db.records("softmax", "torch", "cpu: test", "float32")) == 2 * count
+        assert db._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def _sqlite_with_foreign_table(path):
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('keep me')")
+    conn.close()
+
+
+@pytest.mark.parametrize("make_foreign, reason", [
+    (lambda p: p.write_text("these are someone's notes\n"), "not an SQLite database"),
+    (lambda p: p.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 20), "corrupt SQLite file"),
+    (_sqlite_with_foreign_table, "without egraph-opt's tables"),
+])
+def test_a_foreign_file_is_set_aside_never_overwritten(tmp_path, make_foreign, reason):
+    path = tmp_path / "profile.sqlite"
+    make_foreign(path)
+    before = path.read_bytes()
+    with pytest.warns(ProfileDBWarning, match=reason) as caught:
+        db = ProfileDB(path)
+    (aside,) = tmp_path.glob("profile.sqlite.corrupt-*")
+    assert aside.read_bytes() == before and str(aside) in str(caught[0].message)
+    with db:
+        db.add(record())
+        assert db.count() == 1
+
+
+@pytest.mark.parametrize("version, age", [(SCHEMA_VERSION + 1, "newer"), (0, "older")])
+def test_another_schema_version_is_refused_and_left_alone(tmp_path, version, age):
+    path = tmp_path / "p.sqlite"
+    with ProfileDB(path) as db:
+        db.add(record())
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA user_version = {version}")
+    conn.close()
+    with pytest.raises(SchemaVersionError, match=rf"schema version {version}, written by an? {age}"):
+        ProfileDB(path)
+    assert not list(tmp_path.glob("*.corrupt-*"))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM measurements").fetchone()[0] == 1
+    conn.close()
+
+
+def test_path_comes_from_argument_then_env_var_then_xdg_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_path() == tmp_path / "cache" / "egraph-opt" / "profile.sqlite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_path() == tmp_path / "home" / ".cache" / "egraph-opt" / "profile.sqlite"
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "env" / "db.sqlite"))
+    with ProfileDB() as db:
+        assert db.path == tmp_path / "env" / "db.sqlite" and db.path.exists()
+    with ProfileDB(tmp_path / "arg.sqlite") as db:
+        assert db.path == tmp_path / "arg.sqlite"

@@ -16,7 +16,8 @@ import torch
 
 from .capture import CaptureError, capture
 from .egraph import EGraph
-from .extractors import Objective
+from .extractors import CostModel, Objective
+from .latency import MeasuredLatency, sources
 from .pipeline import Limits, optimize
 from .report import Report
 from .rulesets import select
@@ -47,10 +48,15 @@ def _check_ranges(ranges: dict | None) -> dict:
 class OptimizedFunction:
     """A callable equivalent to ``fn`` that runs the optimized program for each input signature."""
 
-    def __init__(self, fn: Callable, *, objective="balanced", input_ranges=None, rulesets=None,
-                 validate: bool = True, limits: Limits = Limits()):
+    def __init__(self, fn: Callable, *, objective="balanced", tolerance: float | None = None,
+                 input_ranges=None, rulesets=None, validate: bool = True,
+                 limits: Limits = Limits(), profile_db=None, profile_misses: bool = False):
         self.fn = fn
         self.objective = Objective(objective)
+        self.tolerance = tolerance
+        CostModel(self.objective, tolerance=tolerance)  # refuses a bad objective/tolerance now
+        self.profile_db = profile_db  # path, None for the default database, False for none
+        self.profile_misses = profile_misses
         self.input_ranges = _check_ranges(input_ranges)
         self.rules = select(rulesets)
         self.validate = validate
@@ -96,9 +102,16 @@ class OptimizedFunction:
         signature = ", ".join(f"{n}: {str(d).removeprefix('torch.')}{list(s)}"
                               for n, (s, d, *_) in zip(self._signature.parameters, key))
         program, traced = capture(self.fn, args)
-        result = optimize(program, rules=self.rules, objective=self.objective, limits=self.limits,
+        device = args[0].device.type if args else "cpu"
+        latency = None if self.profile_db is False else MeasuredLatency.from_database(
+            self.profile_db, device, on_demand=self.profile_misses)
+        model = CostModel(self.objective, latency, self.tolerance)
+        result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)
-        module = build_module(result.program, traced)
+        roots = program.roots()
+        seconds_before, where_before = sources(roots, latency, program.leaf_meta())
+        seconds_after, where_after = sources(result.program.roots(), latency, program.leaf_meta())
+        module = build_module(result.program, traced, device=device)
         report = Report(
             signature=f"{self._name}({signature})",
             rewrites=[(r.name, r.describe(), n) for r, n in result.applied],
@@ -107,7 +120,8 @@ class OptimizedFunction:
             opaque=[c.describe() for c in program.opaque.values()],
             saturation=[f"{s.phase}: {s.iterations} iterations, {s.enodes} e-nodes, stopped: "
                         f"{s.stop}" for s in result.saturation],
-            seconds=result.seconds)
+            seconds=result.seconds, kernels=module.kernels,
+            latency=(seconds_before, seconds_after, where_after))
         run: Callable = module
         if self.validate:
             names = list(self._signature.parameters)
@@ -137,8 +151,10 @@ def saturate_and_extract(fn: Callable | None = None, **options: Any):
     """Optimize ``fn`` (a function of tensors or an nn.Module) by equality saturation.
 
     Use bare (``@saturate_and_extract``) or with options: ``objective`` ("balanced", "stability",
-    "latency"), ``input_ranges`` ({name: (lo, hi)}), ``rulesets`` (family or rule names),
-    ``validate`` (default True), ``limits`` (a ``Limits``).
+    "latency", or "tolerance" with ``tolerance=`` a relative error), ``input_ranges``
+    ({name: (lo, hi)}), ``rulesets`` (family or rule names), ``validate`` (default True),
+    ``limits`` (a ``Limits``), ``profile_db`` (latency database path; None: the default one;
+    False: static latencies), ``profile_misses`` (time unmeasured kernels during optimization).
     """
     if fn is None:
         return lambda f: OptimizedFunction(f, **options)

@@ -1,9 +1,13 @@
 """ONNX backend: an (optimized) Program back into a ModelProto of standard operators.
 
-Fused ops map to the standard operator that exists at the model's opset (LayerNormalization from
-17, Gelu from 20, Attention from 23) and to their decomposition before it; opaque nodes are copied
-verbatim with their operands renamed. Names, dtypes and symbolic dims of the graph's inputs and
-outputs, the opsets and the stored tensors of parameters come from the import's side tables.
+Each op of the op table maps, through ``EMIT``, to the standard operator that exists at the
+model's opset (LayerNormalization from 17, Gelu from 20, Attention from 23) or to its
+decomposition into ops that have one; ``NO_ONNX_FORM`` names the ops that have neither. Spellings
+follow what onnxruntime's fusions match (Gelu as Div by sqrt(2), attention as MatMul, Mul, Add,
+Softmax, MatMul). Subterms of parameters alone are folded into initializers, as onnxruntime would
+at load. Opaque nodes are copied verbatim with their operands renamed. Names, dtypes and symbolic
+dims of the graph's inputs and outputs, the opsets and the stored parameters come from the
+import's side tables.
 """
 from __future__ import annotations
 
@@ -11,12 +15,14 @@ import math
 
 import numpy as np
 import onnx
+import torch
 from onnx import helper, numpy_helper
 
+from .onnx_converters import DTYPES, ELEM_TYPES
+from .onnx_frontend import OnnxProgram
 from .ops import OPS, parse_shape
-from .onnx_frontend import DTYPES, ELEM_TYPES, OnnxProgram
 from .program import Program, leaves
-from .term import Term, evaluate, postorder
+from .term import Term, evaluate, postorder, shapes
 
 
 class OnnxExportError(ValueError):
@@ -26,12 +32,17 @@ class OnnxExportError(ValueError):
 SIMPLE = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "maximum": "Max",
           "minimum": "Min", "where": "Where", "neg": "Neg", "exp": "Exp", "log": "Log",
           "sqrt": "Sqrt", "abs": "Abs", "sin": "Sin", "cos": "Cos", "tanh": "Tanh",
-          "sigmoid": "Sigmoid", "relu": "Relu", "erf": "Erf", "matmul": "MatMul"}
+          "sigmoid": "Sigmoid", "relu": "Relu", "erf": "Erf", "matmul": "MatMul",
+          "softplus": "Softplus"}
 #: reductions: ONNX op, and the opset from which its axes are an input rather than an attribute
 REDUCE = {"sum": ("ReduceSum", 13), "mean": ("ReduceMean", 18), "max": ("ReduceMax", 18),
           "logsumexp": ("ReduceLogSumExp", 18)}
 _SAME_RANK = {"softmax", "log_softmax", "cast", "transpose", "permute", "slice", "concat", "gather",
-              "index_select", "layer_norm", "sdpa", "linear", "gelu"}
+              "index_select", "layer_norm", "sdpa", "sdpa_masked", "linear", "linear_act", "gelu",
+              "conv2d", "batch_norm"}
+#: ops of the Term language that ONNX has no operator or decomposition for: export refuses them
+NO_ONNX_FORM: frozenset[str] = frozenset()
+_NO_NUMPY = {"bfloat16"}  # element types whose parameters cannot be folded through numpy
 
 
 class Emitter:
@@ -48,6 +59,8 @@ class Emitter:
         self._dtype: dict[int, str | None] = {}
         self._rank: dict[int, int | None] = {}
         self._consts: dict[tuple, str] = {}
+        self._shapes: dict[int, tuple] | None = None
+        self._source: dict[int, str] = {}
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
 
     # --- names, constants and analyses ---
@@ -120,6 +133,60 @@ class Emitter:
             self._rank[id(u)] = r
         return self._rank[id(t)]
 
+    def static_shape(self, t: Term) -> tuple[int, ...] | None:
+        """The shape of ``t`` when the model has no symbolic dims (the Term language gives those a
+        stand-in size, so any shape derived from one would be wrong); None otherwise."""
+        if self._shapes is None:
+            meta = self.program.leaf_meta()
+            names = [i.name for i in self.src.model.graph.input] + list(meta)
+            types = [self.src.types.get(n) for n in names]
+            static = all(vt is not None and vt.shape is not None and
+                         all(isinstance(d, int) for d in vt.shape) for vt in types)
+            self._shapes = {k: v[0] for k, v in shapes(self.program.roots(), meta).items()} \
+                if static else {}
+        if not self._shapes:
+            return None
+        if id(t) not in self._shapes:
+            meta = self.program.leaf_meta()
+            self._shapes.update({k: v[0] for k, v in shapes([t], meta).items()})
+        return self._shapes[id(t)]
+
+    def source(self, t: Term) -> str:
+        """What a term's value depends on: "const" (scalars only), "param" (parameters and
+        scalars) or "run" (inputs or opaque values)."""
+        stack = [t]
+        while stack:  # iterative, and stopping at terms already known: models are deep
+            u = stack.pop()
+            if id(u) in self._source:
+                continue
+            pending = [a for a in u.args if id(a) not in self._source]
+            if pending:
+                stack += [u, *pending]
+                continue
+            if OPS[u.op].is_leaf:
+                kind = u.op if u.op in ("const", "param") else "run"
+            else:
+                kinds = {self._source[id(a)] for a in u.args}
+                kind = "run" if "run" in kinds else "param" if "param" in kinds else "const"
+            self._source[id(u)] = kind
+        return self._source[id(t)]
+
+    def fold_params(self, t: Term) -> str | None:
+        """An initializer holding ``t`` when it reads parameters and constants only and is no larger
+        than the parameters it reads; None when it must be computed at run time."""
+        if self.source(t) != "param":
+            return None
+        params = {u.attrs[0]: u for u in postorder([t]) if u.op == "param"}
+        if any(u.attrs[2] in _NO_NUMPY or u.attrs[0] not in self.program.params
+               for u in params.values()):
+            return None
+        env = {n: self.program.params[n] for n in params}
+        value = evaluate([t], env)[0]
+        if not isinstance(value, torch.Tensor) or value.dtype == torch.bfloat16 or \
+                value.numel() > sum(v.numel() for v in env.values()):
+            return None
+        return self.tensor(value.detach().numpy(), "folded")
+
     # --- emission ---
     def value(self, t: Term, like: Term | None = None) -> str:
         """The value name of an emitted term; constants take the element type of ``like``."""
@@ -136,14 +203,14 @@ class Emitter:
             return
         if t.op == "const" or spec.is_leaf:
             return
-        if all(u.op == "const" for u in postorder([t]) if OPS[u.op].is_leaf):
+        if self.source(t) == "const":
             folded = Term.const(evaluate([t], {})[0])
             self.names[id(t)] = self.value(folded, None)
             return
-        emit = EMIT.get(t.op)
+        emit = None if t.op in NO_ONNX_FORM else EMIT.get(t.op)
         if emit is None:
             raise OnnxExportError(f"op {t.op!r} has no ONNX form")
-        name = emit(self, t, *t.attrs)
+        name = self.fold_params(t) or emit(self, t, *t.attrs)
         if out is not None and name != out:  # a graph output: its last node writes it directly
             if self.nodes and self.nodes[-1].output[0] == name:
                 self.nodes[-1].output[0] = out

@@ -9,13 +9,16 @@ import time
 from dataclasses import dataclass, field
 
 from . import pattern as pat
-from .egraph import EGraph, Saturation
+import torch
+
+from .egraph import EGraph, Saturation, Snapshot
+from .ops import OPS, parse_shape
 from .extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from .extractors.curvature import ROUNDING_FREE
 from .program import Program
 from .ranges import TOP, analyze
 from .rulesets import Rule, select
-from .term import op_counts, shapes
+from .term import op_counts, postorder, shapes
 
 
 @dataclass(frozen=True)
@@ -53,21 +56,24 @@ class Optimized:
 
 def optimize(program: Program, *, rules: list[Rule] | None = None,
              objective: Objective = Objective.BALANCED, limits: Limits = Limits(),
-             schedule: list[Phase] | None = None, input_ranges: dict | None = None) -> Optimized:
+             schedule: list[Phase] | None = None, input_ranges: dict | None = None,
+             model: CostModel | None = None) -> Optimized:
     """Optimize a program. ``schedule`` runs its phases in order; without one, ``rules`` (default:
     every rule that is not unsafe) run as a single phase under ``limits``. ``input_ranges``
-    declares input intervals: the only source, besides facts of the ops, for rule conditions."""
+    declares input intervals: the only source, besides facts of the ops, for rule conditions.
+    ``model`` (default: static latencies under ``objective``) prices the nodes."""
     if schedule is None:
         schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
     rules = [r for phase in schedule for r in phase.rules]
-    model = CostModel(objective)
+    model = model or CostModel(objective)
     roots = program.roots()
     clock = {"start": time.perf_counter()}
 
     leaf_meta = program.leaf_meta()
     intervals = analyze(roots, input_ranges, leaf_meta)
     egraph = EGraph()
-    refs = egraph.add(roots, intervals, shapes(roots, leaf_meta))
+    term_meta = shapes(roots, leaf_meta)
+    refs = egraph.add(roots, intervals, term_meta)
     clock["build"] = time.perf_counter()
     saturation = []
     for phase in schedule:
@@ -78,17 +84,9 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     clock["saturate"] = time.perf_counter()
     snap = egraph.snapshot()
 
-    exact = closed_classes(snap.classes, ROUNDING_FREE)
-    constant = closed_classes(snap.classes, {"param", "const"}, leaves_only=True)
-
-    def cost(cid, node):
-        return model(NodeFacts(
-            node.op, node.attrs, tuple(snap.ranges.get(c, TOP) for c in node.children),
-            tuple(snap.dtypes.get(c, "float32") for c in node.children),
-            tuple(c in exact for c in node.children), snap.ranges.get(cid, TOP),
-            snap.dtypes.get(cid, "float32"),
-            bool(node.children) and all(c in constant for c in node.children)))
-
+    loaded = {snap.class_of_ref[egraph.ref(t)]: m for t in postorder(roots)
+              for m in [term_meta[id(t)]]}
+    cost = enode_cost(snap, model, class_meta(snap.classes, loaded))
     best = extract(snap.classes, [snap.class_of_ref[r] for r in refs], cost)
     before = program_cost(roots, model, input_ranges, leaf_meta)
     after = program_cost(best, model, input_ranges, leaf_meta)
@@ -108,6 +106,61 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
         optimized, egraph, saturation, applied,
         before, after, op_counts(roots), op_counts(best),
         {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])})
+
+
+def class_meta(classes: dict, known: dict) -> dict:
+    """(shape, dtype) of every e-class: the loaded ones are ``known``; a class rewrites created
+    takes the shape its first computable e-node has on meta tensors (all its e-nodes agree)."""
+    meta = dict(known)
+    changed = True
+    while changed:
+        changed = False
+        for cid, nodes in classes.items():
+            if cid in meta:
+                continue
+            for n in nodes:
+                if all(c in meta for c in n.children):
+                    found = _meta_of(n, [meta[c] for c in n.children])
+                    if found is not None:
+                        meta[cid] = found
+                        changed = True
+                        break
+    return meta
+
+
+def _meta_of(node, operands: list) -> tuple | None:
+    if node.op == "const":
+        return (), torch.float64
+    if node.op in ("input", "param"):
+        return parse_shape(node.attrs[1]), getattr(torch, node.attrs[2])
+    if not node.children:
+        return None
+    args = [torch.empty(s, dtype=d, device="meta") for s, d in operands]
+    try:
+        out = OPS[node.op].impl(*args, *node.attrs)
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        return None
+    return tuple(out.shape), out.dtype
+
+
+def enode_cost(snap: Snapshot, model: CostModel, meta: dict):
+    """``cost(class id, e-node)`` for the extractor, from the snapshot's analyses: intervals,
+    dtypes, exactness, constness and shapes of each e-node's operand classes."""
+    exact = closed_classes(snap.classes, ROUNDING_FREE)
+    constant = closed_classes(snap.classes, {"param", "const"}, leaves_only=True)
+    consts = {cid for cid, nodes in snap.classes.items() if any(n.op == "const" for n in nodes)}
+
+    def cost(cid: str, node) -> int:
+        tensors = [c for c in node.children if c not in consts]
+        known = all(c in meta for c in tensors)
+        return model(NodeFacts(
+            node.op, node.attrs, tuple(snap.ranges.get(c, TOP) for c in node.children),
+            tuple(snap.dtypes.get(c, "float32") for c in node.children),
+            tuple(c in exact for c in node.children), snap.ranges.get(cid, TOP),
+            snap.dtypes.get(cid, "float32"),
+            bool(node.children) and all(c in constant for c in node.children),
+            tuple(meta[c][0] for c in tensors) if known else None))
+    return cost
 
 
 def closed_classes(classes: dict, ops: set[str], leaves_only: bool = False) -> set[str]:

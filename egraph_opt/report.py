@@ -23,6 +23,8 @@ class Report:
     opaque: list[str] = field(default_factory=list)
     saturation: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    kernels: dict[str, int] = field(default_factory=dict)  # kernels the plan binds, by name
+    latency: tuple | None = None  # (seconds before, seconds after, sources of the estimates after)
     validation: Validation | None = None
     fallback: str = ""  # why the original program is running instead, if it is
 
@@ -40,6 +42,12 @@ class Report:
         for part in ("curvature", "latency"):
             if part in self.cost_before:
                 lines.append(f"[COST] {part}: {self.cost_before[part]} -> {self.cost_after[part]}")
+        if self.latency:
+            before, after, where = self.latency
+            lines.append(f"[LATENCY] estimated {before * 1e6:.1f} us -> {after * 1e6:.1f} us "
+                         f"({', '.join(f'{k} {v}' for k, v in where.items())})")
+        if self.kernels:
+            lines.append(f"[KERNELS] {_counts(self.kernels)}")
         lines += [f"[OPAQUE] {o}" for o in self.opaque]
         lines += [f"[SATURATION] {s}" for s in self.saturation]
         if self.seconds:

@@ -1,7 +1,9 @@
 """Backend: a Program back into an executable torch.fx.GraphModule.
 
-Terms become calls of their ops' torch implementations, opaque calls are copied as they were,
-scalar constants are folded, and every value is emitted once, after what it uses.
+Each Term becomes a call of the kernel it is bound to (see ``kernels.binding``: Triton on CUDA
+where it runs, torch otherwise), with conversion kernels where a value changes backend; opaque
+calls are copied as they were, scalar constants are folded, and every value is emitted once, after
+what it uses.
 """
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ import torch
 from torch import fx
 from torch.fx.node import map_aggregate
 
-from .ops import OPS
+from collections import Counter
+
+from .kernels.binding import Estimate, bind, default_estimate
+from .kernels.registry import CONVERSIONS, Use
 from .program import OpaqueRef, Program, leaves
-from .term import Term, evaluate
+from .term import Term, dtype_name, evaluate, shapes
 
 
 def _schedule(program: Program) -> list:
@@ -45,14 +50,29 @@ def _schedule(program: Program) -> list:
     return order
 
 
-def build_module(program: Program, root: torch.nn.Module | None = None) -> fx.GraphModule:
+def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",
+                 estimate: Estimate = default_estimate) -> fx.GraphModule:
+    """The program as a GraphModule; ``.kernels`` on it counts the kernels it binds by name."""
     graph = fx.Graph()
     value: dict = {}  # ("t", id) / ("o", name) -> fx.Node or Python scalar
+    backend: dict = {}  # key -> backend whose memory holds the value (absent: torch)
+    converted: dict = {}  # (key, backend) -> fx.Node of the converted value
     placeholders = {t.attrs[0]: graph.placeholder(t.attrs[0]) for t in program.inputs}
+    meta = shapes(program.roots(), program.leaf_meta())
+    kernels: Counter = Counter()
+
+    def on(key, target: str):
+        """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
+        source = backend.get(key, "torch")
+        if source == target or not isinstance(value[key], fx.Node):
+            return value[key]
+        if (key, target) not in converted:
+            converted[key, target] = graph.call_function(CONVERSIONS[source, target], (value[key],))
+        return converted[key, target]
 
     def arg(x):
         if isinstance(x, Term):
-            return value[("t", id(x))]
+            return on(("t", id(x)), "torch")
         if isinstance(x, OpaqueRef):
             return value[("o", x.name)]
         return x
@@ -66,7 +86,6 @@ def build_module(program: Program, root: torch.nn.Module | None = None) -> fx.Gr
         key = ("t", id(item))
         if key in value:
             continue
-        spec = OPS[item.op]
         if item.op == "const":
             value[key] = item.attrs[0]
         elif item.op == "param":
@@ -76,11 +95,20 @@ def build_module(program: Program, root: torch.nn.Module | None = None) -> fx.Gr
         elif item.op == "input":
             value[key] = placeholders[item.attrs[0]]
         else:
-            args = [value[("t", id(a))] for a in item.args]
-            if not any(isinstance(a, fx.Node) for a in args):
+            operands = [("t", id(a)) for a in item.args]
+            if not any(isinstance(value[k], fx.Node) for k in operands):
                 value[key] = evaluate([item], {})[0]  # scalar constant folding
-            else:
-                value[key] = graph.call_function(spec.impl, tuple(args) + tuple(item.attrs))
+                continue
+            tensors = [a for a in item.args if a.op != "const"]
+            use = Use(item.op, item.attrs, tuple(meta[id(a)][0] for a in tensors),
+                      tuple(dtype_name(meta[id(a)][1]) for a in tensors), device)
+            kernel = bind(use, tuple(backend.get(k, "torch") for k in operands), estimate)
+            kernels[kernel.name] += 1
+            args = [on(k, kernel.backend) for k in operands]
+            value[key] = graph.call_function(kernel.impl, tuple(args) + tuple(item.attrs))
+            backend[key] = kernel.backend
     graph.output(map_aggregate(program.outputs, arg))
     graph.lint()
-    return fx.GraphModule(root if root is not None else torch.nn.Module(), graph)
+    module = fx.GraphModule(root if root is not None else torch.nn.Module(), graph)
+    module.kernels = dict(sorted(kernels.items()))
+    return module

@@ -1,49 +1,56 @@
-"""Integer costs per node: curvature and latency, weighted by the objective.
+"""Integer costs per node: conditioning and latency, combined by the objective.
 
-Curvature comes from the operand ranges (see ``curvature.py``). Latency is counted in passes over
-memory and kernel launches until profiled timings replace it. Integers keep extraction exact: no
-float ties, no overflow.
+Conditioning comes from the operand ranges (``curvature.py``), in decibels of kappa or, where a
+range leaves it unbounded, by growth class. Latency comes from the profiling database through
+``latency_of`` where it knows the kernel, and otherwise from a static count of passes over memory,
+in the same unit (a tenth of a microsecond). Integers keep extraction exact.
+
+Objectives: ``stability`` minimizes conditioning and breaks ties by latency; ``latency`` the
+reverse; ``balanced`` adds them (a decibel of kappa weighs as much as a microsecond);
+``tolerance`` is the fastest program whose per-node estimated error stays within a bound.
 """
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 from egraph_opt.ranges import TOP, analyze
 from egraph_opt.term import Term, dtype_name, postorder, shapes
 
-from .curvature import ROUNDING_FREE, kappa_cost
+from .curvature import ROUNDING_FREE, UNIT_ROUNDOFF, kappa, kappa_cost
 
-#: relative latency: one elementwise pass = 2; reductions read and write; matmuls dominate
-LATENCY = {
+#: passes over memory, for ops the profiling database cannot estimate: elementwise = 2
+PASSES = {
     "sum": 4, "max": 4, "mean": 4, "var": 6, "softmax": 5, "log_softmax": 5, "logsumexp": 5,
     "layer_norm": 6, "matmul": 16, "linear": 17, "linear_act": 17, "sdpa": 20, "sdpa_masked": 21,
     "conv2d": 24, "batch_norm": 6,
     "transpose": 1, "permute": 1, "reshape": 1, "expand": 1, "slice": 1,
 }
+PASS_UNITS = 10  # one pass ~ 1 us in latency units
 LEAVES = {"input", "param", "const", "opaque"}
 CONSTANT_LEAVES = {"param", "const"}
 #: ops that accumulate over many terms: in a half-precision accumulator they lose ~log2(n) bits
 ACCUMULATING = {"sum", "mean", "var", "matmul", "linear", "linear_act", "softmax", "log_softmax",
                 "logsumexp", "layer_norm", "sdpa", "sdpa_masked", "conv2d"}
 HALF = {"float16", "bfloat16"}
-HALF_ACCUMULATION = 20  # curvature-cost units (decibels) charged for a half-precision accumulator
+HALF_ACCUMULATION = 20  # decibels charged for a half-precision accumulator
+LEXICOGRAPHIC = 10 ** 12  # weight of the first criterion of stability and latency objectives
 
 
 class Objective(enum.Enum):
     STABILITY = "stability"
     LATENCY = "latency"
     BALANCED = "balanced"
-
-
-_WEIGHTS = {Objective.STABILITY: (10, 1), Objective.LATENCY: (0, 1), Objective.BALANCED: (1, 1)}
+    TOLERANCE = "tolerance"
 
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """What a cost model may know of one node: its op and attributes, the intervals, dtypes and
-    exactness (no rounding error) of its operands, and its own interval (None: not known) and
-    dtype."""
+    """What a cost model may know of one node: its op and attributes, the intervals, dtypes,
+    exactness (no rounding error) and shapes of its operands, and its own interval (None: not
+    known) and dtype."""
     op: str
     attrs: tuple = ()
     operands: tuple = (TOP, TOP, TOP)
@@ -52,6 +59,7 @@ class NodeFacts:
     result: tuple | None = None
     dtype: str = "float32"
     constant: bool = False  # every operand derives from parameters and constants only
+    shapes: tuple | None = None  # operand shapes, constants left out
 
     @staticmethod
     def of_op(op: str) -> NodeFacts:
@@ -62,23 +70,45 @@ class NodeFacts:
 @dataclass(frozen=True)
 class CostModel:
     objective: Objective = Objective.BALANCED
+    latency_of: Callable | None = None  # (op, attrs, shapes, dtype) -> (units, source) | None
+    tolerance: float | None = None  # for Objective.TOLERANCE: largest estimated relative error
+
+    def __post_init__(self):
+        if (self.objective is Objective.TOLERANCE) != (self.tolerance is not None):
+            raise ValueError("a tolerance goes with objective 'tolerance', and only with it")
+        if self.tolerance is not None and not self.tolerance > 0:
+            raise ValueError(f"tolerance must be a positive relative error, not {self.tolerance!r}")
 
     def curvature(self, n: NodeFacts) -> int:
-        if n.op in LEAVES:
+        if n.op in LEAVES or n.constant:
             return 0
         half = HALF_ACCUMULATION if n.op in ACCUMULATING and n.dtypes and n.dtypes[0] in HALF else 0
         return half + kappa_cost(n.op, n.attrs, list(n.operands), n.result, n.dtype, n.exact)
 
-    def latency(self, op: str) -> int:
-        return 0 if op in LEAVES else LATENCY.get(op, 2)
+    def latency(self, n: NodeFacts) -> int:
+        if n.op in LEAVES or n.constant:
+            return 0
+        if self.latency_of is not None and n.shapes is not None:
+            found = self.latency_of(n.op, n.attrs, n.shapes, n.dtype)
+            if found:
+                return found[0]
+        return PASSES.get(n.op, 2) * PASS_UNITS
+
+    def error(self, n: NodeFacts) -> float:
+        """Estimated relative error a node adds: unit roundoff amplified by its curvature."""
+        k = kappa(n.op, n.attrs, list(n.operands))
+        return UNIT_ROUNDOFF.get(n.dtype, 0.0) * (1 + k) if not math.isnan(k) else math.inf
 
     def __call__(self, n: NodeFacts) -> int:
-        """Cost of one node. Work on parameters alone (folding a batch norm into conv weights)
-        does not depend on the data and is free: it could be computed once."""
-        if n.constant:
-            return 0
-        w_kappa, w_time = _WEIGHTS[self.objective]
-        return w_kappa * self.curvature(n) + w_time * self.latency(n.op)
+        kappa_part, time_part = self.curvature(n), self.latency(n)
+        if self.objective is Objective.STABILITY:
+            return kappa_part * LEXICOGRAPHIC + time_part
+        if self.objective is Objective.LATENCY:
+            return time_part * LEXICOGRAPHIC + kappa_part
+        if self.objective is Objective.TOLERANCE:
+            over = n.op not in LEAVES and not n.constant and self.error(n) > self.tolerance
+            return time_part + (LEXICOGRAPHIC if over else 0)
+        return 10 * kappa_part + time_part
 
 
 def program_cost(roots: list[Term], model: CostModel, declared: dict | None = None,
@@ -96,9 +126,9 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
         n = NodeFacts(t.op, t.attrs, tuple(ranges[id(a)] for a in t.args),
                       tuple(dtype_name(meta[id(a)][1]) for a in t.args),
                       tuple(exact[id(a)] for a in t.args), ranges[id(t)],
-                      dtype_name(meta[id(t)][1]), bool(t.args) and constant[id(t)])
+                      dtype_name(meta[id(t)][1]), bool(t.args) and constant[id(t)],
+                      tuple(meta[id(a)][0] for a in t.args if a.op != "const"))
         parts["cost"] += model(n)
-        if not n.constant:
-            parts["curvature"] += model.curvature(n)
-            parts["latency"] += model.latency(t.op)
+        parts["curvature"] += model.curvature(n)
+        parts["latency"] += model.latency(n)
     return parts

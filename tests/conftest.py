@@ -1,10 +1,14 @@
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("EGRAPH_OPT_TRIPWIRES", "1")  # invariant tripwires on in every test
 os.environ.setdefault("TRITON_INTERPRET", "1")  # no GPU here: Triton kernels run interpreted
+# never the user's latency database: one per test session, empty (roofline defaults)
+os.environ.setdefault("EGRAPH_OPT_PROFILE_DB",
+                      os.path.join(tempfile.mkdtemp(prefix="egraph-opt-tests-"), "profile.sqlite"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,111 @@
+"""The kernel registry: every kernel says what it computes, where it runs and what it accepts.
+
+A kernel's reference is a pattern of the Term language (``(softmax ?x ?a)``): the tests evaluate
+it in float64 against the kernel on random inputs. Backends: torch (CPU and CUDA: one kernel per
+op, from the op table), numpy (CPU, for elementwise ops), triton (CUDA). Moving a value between
+backends is a kernel too (torch <-> numpy), so a plan pays for its conversions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from egraph_opt.ops import OPS
+
+FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+ALL_DTYPES = FLOATS | frozenset({"int32", "int64", "bool", "uint8", "int8", "int16"})
+
+
+@dataclass(frozen=True)
+class Use:
+    """What one node of a plan asks of a kernel."""
+    op: str
+    attrs: tuple
+    shapes: tuple[tuple[int, ...], ...]  # operand shapes
+    dtypes: tuple[str, ...]  # operand dtypes
+    device: str  # "cpu" or "cuda"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    reference: str  # pattern over the op table: what the kernel computes
+    backend: str
+    devices: frozenset[str]
+    dtypes: frozenset[str]
+    impl: Callable
+    limits: Callable[[Use], str | None] = field(default=lambda use: None)  # reason to refuse
+
+    @property
+    def op(self) -> str:
+        return self.reference.strip("(").split()[0]
+
+    def refuses(self, use: Use) -> str | None:
+        """Why this kernel cannot run ``use`` (None when it can)."""
+        if use.device not in self.devices:
+            return f"{self.name} runs on {sorted(self.devices)}, not {use.device}"
+        bad = [d for d in use.dtypes if d not in self.dtypes]
+        if bad:
+            return f"{self.name} does not take {bad[0]}"
+        return self.limits(use)
+
+
+def _reference(op: str) -> str:
+    spec = OPS[op]
+    names = [f"?x{i}" for i in range(spec.arity)] + [f"?{name}" for name, _ in spec.attrs]
+    return f"({op} {' '.join(names)})"
+
+
+def _torch_kernels() -> list[Kernel]:
+    return [Kernel(f"torch.{op}", _reference(op), "torch", frozenset({"cpu", "cuda"}), ALL_DTYPES,
+                   spec.impl) for op, spec in OPS.items() if not spec.is_leaf]
+
+
+def to_numpy(x: torch.Tensor) -> np.ndarray:
+    """Conversion kernel: a CPU tensor's memory as a numpy array (no copy when contiguous)."""
+    return x.detach().numpy()
+
+
+def from_numpy(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+_NUMPY_UNARY = {"exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
+                "abs": np.abs, "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "neg": np.negative}
+
+
+def _numpy_kernels() -> list[Kernel]:
+    return [Kernel(f"numpy.{op}", _reference(op), "numpy", frozenset({"cpu"}),
+                   frozenset({"float32", "float64"}), fn) for op, fn in _NUMPY_UNARY.items()]
+
+
+def _head_dim(use: Use) -> str | None:
+    e = use.shapes[0][-1]
+    return None if 16 <= e <= 128 else f"head dim {e} outside 16..128"
+
+
+def _tensor_affine(use: Use) -> str | None:
+    return None if len(use.shapes) == 3 and all(use.shapes) else "affine parameters must be tensors"
+
+
+def _triton_kernels() -> list[Kernel]:
+    from . import triton as tk
+
+    cuda, half_single = frozenset({"cuda"}), frozenset({"float16", "bfloat16", "float32"})
+    table = [("softmax", None), ("log_softmax", None), ("logsumexp", None),
+             ("layer_norm", _tensor_affine), ("sdpa", _head_dim), ("linear_act", None)]
+    return [Kernel(f"triton.{op}", _reference(op), "triton", cuda, half_single, getattr(tk, op),
+                   limits or (lambda use: None)) for op, limits in table]
+
+
+REGISTRY: dict[str, Kernel] = {k.name: k for k in
+                               _torch_kernels() + _numpy_kernels() + _triton_kernels()}
+#: conversions between backends' memory, as kernels of their own (identity references)
+CONVERSIONS = {("torch", "numpy"): to_numpy, ("numpy", "torch"): from_numpy}
+
+
+def kernels_for(op: str) -> list[Kernel]:
+    return [k for k in REGISTRY.values() if k.op == op]

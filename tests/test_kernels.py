@@ -1,0 +1,106 @@
+"""The kernel registry: each kernel against its reference term, and binding by device, dtype and
+shape, conversions between backends included."""
+import warnings
+
+import pytest
+import torch
+
+from egraph_opt import capture, optimize
+from egraph_opt.cli import main as cli
+from egraph_opt.kernels import binding, registry
+from egraph_opt.kernels.registry import REGISTRY, Use
+from egraph_opt.pattern import instantiate, parse, variables
+from egraph_opt.term import Term, evaluate
+from egraph_opt.torch_backend import build_module
+
+R = torch.randn
+#: operands and attributes to run each op's kernels on (odd sizes, more than one block of rows)
+EXAMPLES = {
+    "softmax": ([R(3, 37)], {"axis": -1}), "log_softmax": ([R(5, 33)], {"axis": -1}),
+    "logsumexp": ([R(4, 21)], {"axis": -1, "keepdim": True}),
+    "layer_norm": ([R(3, 24), R(24), R(24)], {"eps": 1e-5}),
+    "sdpa": ([R(2, 9, 16), R(2, 7, 16), R(2, 7, 16)], {"scale": 0.25, "causal": False}),
+    "linear_act": ([R(5, 12), R(7, 12), R(7)], {"activation": "gelu"}),
+    **{op: ([R(4, 6).abs() + 0.1], {}) for op in registry._NUMPY_UNARY},
+}
+
+
+def _run(kernel, operands, attrs):
+    spec_attrs = [attrs[name] for name, _ in registry.OPS[kernel.op].attrs]
+    if kernel.backend == "numpy":
+        return registry.from_numpy(kernel.impl(*[registry.to_numpy(x) for x in operands], *spec_attrs))
+    return kernel.impl(*operands, *spec_attrs)
+
+
+TESTED = [k for k in REGISTRY.values() if k.backend != "torch" and k.op in EXAMPLES]
+
+
+@pytest.mark.parametrize("kernel", TESTED, ids=lambda k: k.name)
+def test_kernel_matches_its_reference_term(kernel):
+    pytest.importorskip("triton") if kernel.backend == "triton" else None
+    operands, attrs = EXAMPLES[kernel.op]
+    pattern = parse(kernel.reference)
+    sorts = variables(pattern)
+    bindings = {name: attrs[name] for name in sorts if name in attrs}
+    bindings.update({f"x{i}": Term.input(f"x{i}", tuple(x.shape)) for i, x in enumerate(operands)})
+    (reference,) = evaluate([instantiate(pattern, bindings)],
+                            {f"x{i}": x for i, x in enumerate(operands)}, reference=True)
+    got = _run(kernel, operands, attrs)  # Triton: interpreted on CPU tensors
+    torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_every_fused_op_the_triton_backend_covers_is_in_the_examples():
+    assert {k.op for k in REGISTRY.values() if k.backend == "triton"} <= set(EXAMPLES)
+
+
+def _use(op="softmax", dtype="float16", device="cuda", shapes=((8, 64),), attrs=(-1,)):
+    return Use(op, attrs, shapes, (dtype,) * len(shapes), device)
+
+
+def test_cpu_nodes_bind_to_torch_kernels():
+    assert binding.bind(_use(device="cpu")).name == "torch.softmax"
+
+
+def test_cuda_nodes_bind_to_triton_where_it_runs(monkeypatch):
+    monkeypatch.setattr(binding.triton_kernels, "available", lambda: True)
+    assert binding.bind(_use()).name == "triton.softmax"
+    assert binding.bind(_use(dtype="float64")).name == "torch.softmax"  # dtype it does not take
+    sdpa = _use("sdpa", shapes=((2, 8, 8),) * 3, attrs=(0.3, False))
+    assert binding.bind(sdpa).name == "torch.sdpa"  # head dim 8 is outside its limits
+    monkeypatch.setattr(binding.triton_kernels, "available", lambda: False)
+    assert binding.bind(_use()).name == "torch.softmax"  # no native triton: never selected
+
+
+def test_numpy_kernels_pay_their_conversions_and_run_correctly_when_chosen():
+    x = Term.input("x", (4, 6))
+    program_term = Term("exp", (Term("tanh", (x,)),))
+    from egraph_opt.program import Program
+    program = Program((x,), program_term)
+    assert build_module(program).kernels == {"torch.exp": 1, "torch.tanh": 1}
+    numpy_first = lambda k, use: 0.0 if k.backend == "numpy" else 1.0  # noqa: E731
+    module = build_module(program, estimate=numpy_first)
+    assert module.kernels == {"numpy.exp": 1, "numpy.tanh": 1}
+    assert module.code.count("registry_to_numpy(") == 1 and module.code.count("registry_from_numpy(") == 1
+    value = torch.randn(4, 6)
+    torch.testing.assert_close(module(value), torch.exp(torch.tanh(value)))
+
+
+def test_kernels_command_lists_the_registry(capsys):
+    assert cli(["kernels"]) == 0
+    out = capsys.readouterr().out
+    assert "torch.softmax" in out and "triton.sdpa" in out and f"{len(REGISTRY)} kernels" in out
+
+
+def test_missing_triton_degrades_to_torch_with_one_warning():
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import warnings; warnings.simplefilter('always')\n"
+            "from egraph_opt.kernels import triton as t\n"
+            "from egraph_opt.kernels import binding\n"
+            "from egraph_opt.kernels.registry import Use\n"
+            "print(t.available(), t.available(), binding.bind(Use('softmax', (-1,), ((4, 8),), ('float16',), 'cuda')).name)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "torch.softmax"]
+    assert done.stderr.lower().count("triton") >= 1 and done.stderr.count("Warning") <= 1

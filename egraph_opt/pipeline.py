@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from . import pattern as pat
 import torch
@@ -52,6 +53,9 @@ class Optimized:
     ops_before: dict[str, int]
     ops_after: dict[str, int]
     seconds: dict[str, float] = field(default_factory=dict)
+    model: CostModel | None = None  # what priced the e-nodes
+    cost: Callable | None = None  # cost(class id, e-node) as extraction used it
+    root_classes: list[str] = field(default_factory=list)  # e-class of each root, in roots() order
 
 
 def optimize(program: Program, *, rules: list[Rule] | None = None,
@@ -70,9 +74,9 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     clock = {"start": time.perf_counter()}
 
     leaf_meta = program.leaf_meta()
-    intervals = analyze(roots, input_ranges, leaf_meta)
-    egraph = EGraph()
     term_meta = shapes(roots, leaf_meta)
+    intervals = analyze(roots, input_ranges, leaf_meta, term_meta)
+    egraph = EGraph()
     refs = egraph.add(roots, intervals, term_meta)
     clock["build"] = time.perf_counter()
     saturation = []
@@ -87,8 +91,9 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     loaded = {snap.class_of_ref[egraph.ref(t)]: m for t in postorder(roots)
               for m in [term_meta[id(t)]]}
     cost = enode_cost(snap, model, class_meta(snap.classes, loaded))
-    best = extract(snap.classes, [snap.class_of_ref[r] for r in refs], cost)
-    before = program_cost(roots, model, input_ranges, leaf_meta)
+    root_classes = [snap.class_of_ref[r] for r in refs]
+    best = extract(snap.classes, root_classes, cost)
+    before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, intervals)
     after = program_cost(best, model, input_ranges, leaf_meta)
     if after["cost"] > before["cost"]:  # greedy extraction is not optimal: never return worse
         best, after = roots, before
@@ -105,7 +110,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     return Optimized(
         optimized, egraph, saturation, applied,
         before, after, op_counts(roots), op_counts(best),
-        {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])})
+        {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])}, model, cost, root_classes)
 
 
 def class_meta(classes: dict, known: dict) -> dict:

@@ -195,11 +195,13 @@ def intervals(roots: list[Term], declared: dict[str, Interval] | None = None,
 
 
 def analyze(roots: list[Term], declared: dict[str, Interval] | None = None,
-            leaf_meta: dict[str, tuple] | None = None) -> dict[int, Interval]:
+            leaf_meta: dict[str, tuple] | None = None, meta: dict | None = None
+            ) -> dict[int, Interval]:
     """Interval of every term reachable from ``roots``, keyed by term id. ``declared`` maps input
-    names to ranges; undeclared leaves range over their dtype's finite values."""
+    names to ranges; undeclared leaves range over their dtype's finite values. ``meta``: the
+    terms' shapes, when already known."""
     declared = declared or {}
-    meta = shapes(roots, leaf_meta)
+    meta = meta if meta is not None else shapes(roots, leaf_meta)
     out: dict[int, Interval] = {}
     for t in postorder(roots):
         if t.op in ("input", "param", "opaque"):

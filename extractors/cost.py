@@ -112,11 +112,13 @@ class CostModel:
 
 
 def program_cost(roots: list[Term], model: CostModel, declared: dict | None = None,
-                 leaf_meta: dict | None = None) -> dict[str, int]:
-    """Total cost of a program as a DAG (each distinct term paid once), with its parts."""
+                 leaf_meta: dict | None = None, meta: dict | None = None,
+                 ranges: dict | None = None) -> dict[str, int]:
+    """Total cost of a program as a DAG (each distinct term paid once), with its parts.
+    ``meta`` and ``ranges`` (by term id) save recomputing them when the caller has them."""
     terms = postorder(roots)
-    ranges = analyze(roots, declared, leaf_meta)
-    meta = shapes(roots, leaf_meta)
+    meta = meta if meta is not None else shapes(roots, leaf_meta)
+    ranges = ranges if ranges is not None else analyze(roots, declared, leaf_meta, meta)
     exact: dict[int, bool] = {}
     constant: dict[int, bool] = {}
     parts = {"cost": 0, "curvature": 0, "latency": 0}

@@ -7,9 +7,10 @@ choice (``choose`` then ``refine``) and moves by switches: one class the candida
 another of its e-nodes, classes the switch newly reaches take the extractor's choice, and a switch
 that would make the program cyclic, or reach a class without a finite program, is not taken.
 Candidates wait in a priority queue by exact DAG cost (each e-class paid once) and are expanded
-only when they come out, so k programs cost k expansions; a candidate is queued at most once, so
-the search ends, cyclic e-graphs included. Everything is iterative: programs can be thousands of
-nodes deep.
+only when they come out; a candidate is queued at most once, so the search ends, cyclic e-graphs
+included (the number of programs can be exponential: pass ``limit``). An expansion walks one
+program per switch, O(program size x e-nodes of its classes). Everything is iterative: programs
+can be thousands of nodes deep.
 
 Order guaranteed: each program yielded is the cheapest of the candidates generated so far, with
 its exact DAG cost. When no program of the root computes a class twice (DAG cost is tree cost)
@@ -20,6 +21,7 @@ Every program is reached on an acyclic e-graph; on a cyclic one a program is mis
 sequence of switches towards it passes through a cyclic choice.
 
 >>> from egraph_opt.egraph import ENode
+>>> from egraph_opt.term import pretty
 >>> classes = {"x": [ENode("input", (), ("x", "3", "float32"))], "2": [ENode("const", (), (2.0,))],
 ...            "r": [ENode("mul", ("x", "2"), ()), ENode("add", ("x", "x"), ())]}
 >>> price = {"input": 0, "const": 0, "add": 2, "mul": 3}
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from egraph_opt.egraph import ENode
-from egraph_opt.term import Term, pretty  # noqa: F401 - pretty serves the doctest
+from egraph_opt.term import Term
 
 from .dag import ExtractionError, choose, refine
 

@@ -101,6 +101,8 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         raise CaptureError(f"running the traced program on the example inputs failed: {e}") from e
 
     values: dict[str, Any] = {}  # node name -> Term | OpaqueRef | static Python value
+    scopes: dict[int, str] = {}
+    seen: set[int] = set()
     info_of: dict[int, TensorInfo] = {}  # term id -> shape and dtype
     static: set[str] = set()
     inputs, opaque, params = [], {}, {}
@@ -135,7 +137,34 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
                 else:
                     term = OpaqueRef(node.name, term)
             values[node.name] = term
-    return Program(tuple(inputs), output, opaque, params).pruned(), gm
+            if isinstance(term, Term):
+                scope = _repeated_scope(node)
+                for t in _new_terms(term, seen):  # this node's terms, intermediates included
+                    if scope and t.args:
+                        scopes[id(t)] = scope
+    return Program(tuple(inputs), output, opaque, params, scopes).pruned(), gm
+
+
+def _new_terms(term: Term, seen: set[int]) -> list[Term]:
+    """Terms reachable from ``term`` that no earlier node created; marks them seen."""
+    found, stack = [], [term]
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        found.append(t)
+        stack.extend(t.args)
+    return found
+
+
+def _repeated_scope(node: fx.Node) -> str | None:
+    """The outermost module of the node's stack that is an item of a container (``h.3``,
+    ``encoder.layer.5``): the unit transformer-like models repeat."""
+    for path in (node.meta.get("nn_module_stack") or {}):
+        if path.rsplit(".", 1)[-1].isdigit():
+            return path
+    return None
 
 
 def _parameter_names(fn, n: int) -> list[str]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import pattern as pat
+from . import templates as tmpl
 import torch
 
 from .egraph import EGraph, Saturation, Snapshot
@@ -61,15 +62,19 @@ class Optimized:
 def optimize(program: Program, *, rules: list[Rule] | None = None,
              objective: Objective = Objective.BALANCED, limits: Limits = Limits(),
              schedule: list[Phase] | None = None, input_ranges: dict | None = None,
-             model: CostModel | None = None) -> Optimized:
+             model: CostModel | None = None, templates: bool = True) -> Optimized:
     """Optimize a program. ``schedule`` runs its phases in order; without one, ``rules`` (default:
     every rule that is not unsafe) run as a single phase under ``limits``. ``input_ranges``
     declares input intervals: the only source, besides facts of the ops, for rule conditions.
-    ``model`` (default: static latencies under ``objective``) prices the nodes."""
+    ``model`` (default: static latencies under ``objective``) prices the nodes. With
+    ``templates``, repeated blocks are optimized once each (see ``templates.py``)."""
     if schedule is None:
         schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
-    rules = [r for phase in schedule for r in phase.rules]
     model = model or CostModel(objective)
+    groups = tmpl.find(program) if templates else []
+    if groups:
+        return _optimize_templated(program, groups, schedule, input_ranges, model)
+    rules = [r for phase in schedule for r in phase.rules]
     roots = program.roots()
     clock = {"start": time.perf_counter()}
 
@@ -111,6 +116,43 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
         optimized, egraph, saturation, applied,
         before, after, op_counts(roots), op_counts(best),
         {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])}, model, cost, root_classes)
+
+
+def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
+                        input_ranges: dict | None, model: CostModel) -> Optimized:
+    """One optimization per template (over the hull of its instances' argument intervals), one
+    for the rest of the program, then every instance instantiated into it."""
+    start = time.perf_counter()
+    roots, leaf_meta = program.roots(), program.leaf_meta()
+    meta = shapes(roots, leaf_meta)
+    intervals = analyze(roots, input_ranges, leaf_meta, meta)
+    results, template_roots = [], []
+    for group in groups:
+        body, arg_leaves = tmpl.template_program(group[0], meta)
+        hulls = {leaf.attrs[0]: tmpl.hull([intervals[id(inst.args[i])] for inst in group])
+                 for i, leaf in enumerate(arg_leaves)}
+        result = optimize(body, schedule=schedule, input_ranges=hulls, model=model, templates=False)
+        for s in result.saturation:
+            s.phase = f"{s.phase} [template of {group[0].scope} x{len(group)}]"
+        results.append(result)
+        template_roots.append(list(result.program.outputs))
+    outer, args = tmpl.outer_program(program, groups, meta)
+    main = optimize(outer, schedule=schedule, input_ranges=input_ranges, model=model,
+                    templates=False)
+    final = tmpl.resolve(main.program, groups, template_roots, list(main.program.outputs[1]))
+    best = final.roots()
+    before = program_cost(roots, model, input_ranges, leaf_meta, meta, intervals)
+    after = program_cost(best, model, input_ranges, leaf_meta)
+    if after["cost"] > before["cost"]:
+        final, best, after = program, roots, before
+    applied: dict[str, tuple] = {}
+    for r in results + [main]:
+        for rule, n in r.applied:
+            applied[rule.name] = (rule, applied.get(rule.name, (rule, 0))[1] + n)
+    seconds = {"total": time.perf_counter() - start}
+    return Optimized(final, main.egraph, [s for r in results + [main] for s in r.saturation],
+                     list(applied.values()), before, after, op_counts(roots), op_counts(best),
+                     seconds, model, main.cost, main.root_classes)
 
 
 def class_meta(classes: dict, known: dict) -> dict:

@@ -50,6 +50,10 @@ class Program:
     outputs: Any  # the function's return structure, leaves Term / OpaqueRef / Python values
     opaque: dict[str, OpaqueCall] = field(default_factory=dict)
     params: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: term id -> the repeated submodule instance it was traced in ("h.3"), for templates
+    scopes: dict[int, str] = field(default_factory=dict, compare=False)
+    #: (shape, dtype) of opaque leaves that stand for something other than a call (templates)
+    leaf_shapes: dict[str, tuple] = field(default_factory=dict, compare=False)
 
     def roots(self) -> list[Term]:
         """Terms the rest of the program needs: outputs and operands of opaque calls."""
@@ -61,7 +65,7 @@ class Program:
 
     def leaf_meta(self) -> dict[str, tuple]:
         """(shape, dtype) of each opaque tensor result, for shape inference over the Terms."""
-        return {n: c.meta for n, c in self.opaque.items() if c.meta is not None}
+        return {**self.leaf_shapes, **{n: c.meta for n, c in self.opaque.items() if c.meta is not None}}
 
     def pruned(self) -> Program:
         """The program without opaque calls that no output needs."""

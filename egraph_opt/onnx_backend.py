@@ -1,17 +1,13 @@
 """ONNX backend: an (optimized) Program back into a ModelProto of standard operators.
 
-Each op of the op table maps, through ``EMIT``, to the standard operator that exists at the
-model's opset (LayerNormalization from 17, Gelu from 20, Attention from 23) or to its
-decomposition into ops that have one; ``NO_ONNX_FORM`` names the ops that have neither. Spellings
-follow what onnxruntime's fusions match (Gelu as Div by sqrt(2), attention as MatMul, Mul, Add,
-Softmax, MatMul). Subterms of parameters alone are folded into initializers, as onnxruntime would
-at load. Opaque nodes are copied verbatim with their operands renamed. Names, dtypes and symbolic
-dims of the graph's inputs and outputs, the opsets and the stored parameters come from the
-import's side tables.
+Each op is written by its entry in ``onnx_emitters.EMIT``; this module orders the terms, names
+the values and keeps the analyses emitters ask for (dtype, rank, static shapes). Subterms of
+parameters alone are folded into initializers, as onnxruntime would at load, so that a folding
+rule (conv + batch norm) leaves no run-time arithmetic behind. Opaque nodes are copied verbatim
+with their operands renamed. Names, dtypes and symbolic dims of the graph's inputs and outputs,
+the opsets and the stored parameters come from the import's side tables.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import onnx
@@ -19,29 +15,16 @@ import torch
 from onnx import helper, numpy_helper
 
 from .onnx_converters import DTYPES, ELEM_TYPES
-from .onnx_frontend import OnnxProgram
+from .onnx_emitters import EMIT, NO_ONNX_FORM, REDUCE, OnnxExportError
+from .onnx_frontend import OnnxProgram, subgraph_reads
 from .ops import OPS, parse_shape
 from .program import Program, leaves
 from .term import Term, evaluate, postorder, shapes
 
-
-class OnnxExportError(ValueError):
-    """A term that has no ONNX form at this opset: names the op and why."""
-
-
-SIMPLE = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "maximum": "Max",
-          "minimum": "Min", "where": "Where", "neg": "Neg", "exp": "Exp", "log": "Log",
-          "sqrt": "Sqrt", "abs": "Abs", "sin": "Sin", "cos": "Cos", "tanh": "Tanh",
-          "sigmoid": "Sigmoid", "relu": "Relu", "erf": "Erf", "matmul": "MatMul",
-          "softplus": "Softplus"}
-#: reductions: ONNX op, and the opset from which its axes are an input rather than an attribute
-REDUCE = {"sum": ("ReduceSum", 13), "mean": ("ReduceMean", 18), "max": ("ReduceMax", 18),
-          "logsumexp": ("ReduceLogSumExp", 18)}
+__all__ = ["EMIT", "NO_ONNX_FORM", "Emitter", "OnnxExportError", "export"]
 _SAME_RANK = {"softmax", "log_softmax", "cast", "transpose", "permute", "slice", "concat", "gather",
               "index_select", "layer_norm", "sdpa", "sdpa_masked", "linear", "linear_act", "gelu",
               "conv2d", "batch_norm"}
-#: ops of the Term language that ONNX has no operator or decomposition for: export refuses them
-NO_ONNX_FORM: frozenset[str] = frozenset()
 _NO_NUMPY = {"bfloat16"}  # element types whose parameters cannot be folded through numpy
 
 
@@ -55,12 +38,14 @@ class Emitter:
         self.taken |= {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, onnx.TensorProto] = {}
-        self.names: dict[int, str] = {}
+        self.names: dict[int, str] = {}  # by id: every term named here is kept alive below
+        self.alive: list[Term] = []  # decompositions' terms, so that no id is reused while named
         self._dtype: dict[int, str | None] = {}
         self._rank: dict[int, int | None] = {}
         self._consts: dict[tuple, str] = {}
         self._shapes: dict[int, tuple] | None = None
         self._source: dict[int, str] = {}
+        self._folded: dict[int, str | None] = {}
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
 
     # --- names, constants and analyses ---
@@ -174,8 +159,11 @@ class Emitter:
     def fold_params(self, t: Term) -> str | None:
         """An initializer holding ``t`` when it reads parameters and constants only and is no larger
         than the parameters it reads; None when it must be computed at run time."""
-        if self.source(t) != "param":
-            return None
+        if id(t) not in self._folded:
+            self._folded[id(t)] = self._fold(t) if self.source(t) == "param" else None
+        return self._folded[id(t)]
+
+    def _fold(self, t: Term) -> str | None:
         params = {u.attrs[0]: u for u in postorder([t]) if u.op == "param"}
         if any(u.attrs[2] in _NO_NUMPY or u.attrs[0] not in self.program.params
                for u in params.values()):
@@ -238,141 +226,13 @@ class Emitter:
         self.nodes.append(node)
 
 
-def _args(em: Emitter, t: Term) -> list[str]:
-    """Operand names; a constant operand takes the element type of its tensor sibling."""
-    tensors = [a for a in t.args if a.op != "const"]
-    return [em.value(a, tensors[-1] if tensors else None) for a in t.args]
-
-
-def _simple(em, t, *attrs):
-    return em.node(SIMPLE[t.op], _args(em, t), t.op)
-
-
-def _reduce(em, t, axis, keep):
-    op, since = REDUCE[t.op]
-    x = em.value(t.args[0])
-    if em.opset >= since:
-        return em.node(op, [x, em.ints([axis], "axes")], t.op, keepdims=int(keep))
-    return em.node(op, [x], t.op, axes=[axis], keepdims=int(keep))
-
-
-def _var(em, t, axis, keep, correction):
-    if correction:
-        raise OnnxExportError("var with a correction needs the axis size, which export lacks")
-    x = t.args[0]
-    centered = Term("sub", (x, Term("mean", (x,), (axis, True))))
-    return _emit_tree(em, Term("mean", (Term("mul", (centered, centered)),), (axis, keep)))
-
-
-def _emit_tree(em: Emitter, root: Term) -> str:
-    """Emit a decomposition built from Terms (its leaves are already emitted)."""
-    for u in postorder([root]):
-        if id(u) not in em.names:
-            em.emit(u, None)
-    return em.value(root)
-
-
-def _perm(em, t, rank_of: Term) -> list[int]:
-    rank = em.rank(rank_of)
-    if rank is None:
-        raise OnnxExportError(f"{t.op} of a value of unknown rank")
-    return list(range(rank))
-
-
-def _transpose(em, t, d0, d1):
-    perm = _perm(em, t, t.args[0])
-    perm[d0], perm[d1] = perm[d1], perm[d0]
-    return em.node("Transpose", [em.value(t.args[0])], "transpose", perm=perm)
-
-
-def _layer_norm(em, t, eps):
-    if em.opset >= 17:
-        return em.node("LayerNormalization", _args(em, t), "layer_norm", axis=-1, epsilon=eps)
-    x, w, b = t.args
-    centered = Term("sub", (x, Term("mean", (x,), (-1, True))))
-    var = Term("mean", (Term("mul", (centered, centered)),), (-1, True))
-    norm = Term("div", (centered, Term("sqrt", (Term("add", (var, Term.const(eps))),))))
-    return _emit_tree(em, Term("add", (Term("mul", (norm, w)), b)))
-
-
-def _gelu(em, t, approximate):
-    if em.opset >= 20:
-        return em.node("Gelu", [em.value(t.args[0])], "gelu", approximate=approximate)
-    x, c = t.args[0], Term.const
-    if approximate == "tanh":
-        inner = Term("mul", (c(math.sqrt(2 / math.pi)),
-                             Term("add", (x, Term("mul", (c(0.044715), Term("pow", (x, c(3.0)))))))))
-        gate = Term("tanh", (inner,))
-    else:  # the spelling onnxruntime's Gelu fusion recognizes
-        gate = Term("erf", (Term("div", (x, c(math.sqrt(2)))),))
-    return _emit_tree(em, Term("mul", (Term("mul", (x, Term("add", (gate, c(1.0))))), c(0.5))))
-
-
-def _sdpa(em, t, scale, causal):
-    q, k, v = t.args
-    if em.opset >= 23 and em.rank(q) == 4:
-        return em.node("Attention", _args(em, t), "attention", scale=scale, is_causal=int(causal))
-    if causal:
-        raise OnnxExportError(f"causal attention needs the Attention operator (opset 23), "
-                              f"the model has opset {em.opset}")
-    scores = Term("matmul", (q, Term("transpose", (k,), (-2, -1))))
-    scores = scores if scale == 1.0 else Term("mul", (scores, Term.const(scale)))
-    return _emit_tree(em, Term("matmul", (Term("softmax", (scores,), (-1,)), v)))
-
-
-def _linear(em, t):
-    x, w, b = t.args
-    if em.rank(x) == 2:
-        return em.node("Gemm", _args(em, t), "linear", transB=1)
-    return _emit_tree(em, Term("add", (Term("matmul", (x, Term("transpose", (w,), (-2, -1)))), b)))
-
-
-def _concat(em, t, axis):
-    parts, stack = [], [t]
-    while stack:  # a chain of binary concats on one axis is one Concat
-        u = stack.pop()
-        if u.op == "concat" and u.attrs[0] == axis and (u is t or id(u) not in em.names):
-            stack.extend(reversed(u.args))
-        else:
-            parts.append(em.value(u))
-    return em.node("Concat", parts, "concat", axis=axis)
-
-
-def _composite(build):
-    """An op with no ONNX operator: emitted as its definition in ops that have one."""
-    return lambda em, t, *attrs: _emit_tree(em, build(*t.args))
-
-
-EMIT = {
-    **dict.fromkeys(SIMPLE, _simple), **dict.fromkeys(REDUCE, _reduce), "var": _var,
-    "log1p": _composite(lambda x: Term("log", (Term("add", (x, Term.const(1.0))),))),
-    "expm1": _composite(lambda x: Term("sub", (Term("exp", (x,)), Term.const(1.0)))),
-    "rsqrt": _composite(lambda x: Term("div", (Term.const(1.0), Term("sqrt", (x,))))),
-    "gelu": _gelu, "transpose": _transpose, "layer_norm": _layer_norm, "sdpa": _sdpa,
-    "linear": _linear, "concat": _concat,
-    "permute": lambda em, t, perm: em.node("Transpose", [em.value(t.args[0])], "permute",
-                                           perm=list(parse_shape(perm))),
-    "reshape": lambda em, t, shape: em.node("Reshape", [em.value(t.args[0]), em.ints(parse_shape(shape))],
-                                            "reshape"),
-    "expand": lambda em, t, shape: em.node("Expand", [em.value(t.args[0]), em.ints(parse_shape(shape))],
-                                           "expand"),
-    "gather": lambda em, t, axis: em.node("GatherElements", _args(em, t), "gather", axis=axis),
-    "index_select": lambda em, t, axis: em.node("Gather", _args(em, t), "index_select", axis=axis),
-    "slice": lambda em, t, axis, start, end, step: em.node(
-        "Slice", [em.value(t.args[0]), em.ints([start]), em.ints([end]), em.ints([axis]),
-                  em.ints([step])], "slice"),
-    "cast": lambda em, t, dtype: em.node("Cast", [em.value(t.args[0])], "cast", to=ELEM_TYPES[dtype]),
-    "softmax": lambda em, t, axis: em.node("Softmax", [em.value(t.args[0])], "softmax", axis=axis),
-    "log_softmax": lambda em, t, axis: em.node("LogSoftmax", [em.value(t.args[0])], "log_softmax",
-                                               axis=axis),
-}
-
-
 def _schedule(em: Emitter, roots: list[Term]) -> list:
     """Terms and opaque call keys, each after what it uses (iterative: models are deep)."""
     program, order, done = em.program, [], set()
 
     def deps(item):
+        if isinstance(item, Term) and not OPS[item.op].is_leaf and em.fold_params(item):
+            return []  # a folded initializer reads nothing
         if isinstance(item, Term):
             return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
                 else list(item.args)
@@ -415,8 +275,10 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
             em.nodes.append(helper.make_node("Identity", [value], [name], name=em.fresh("output")))
     graph = src.model.graph
     inputs = [i for i in graph.input if i.name not in {t.name for t in graph.initializer}]
-    new_graph = helper.make_graph(em.nodes, graph.name, inputs, list(graph.output),
-                                  list(em.initializers.values()), doc_string=graph.doc_string)
+    read = {x for n in em.nodes for x in list(n.input) + subgraph_reads(n)} | set(src.output_names)
+    initializers = [t for name, t in em.initializers.items() if name in read]  # folded ones' sources
+    new_graph = helper.make_graph(em.nodes, graph.name, inputs, list(graph.output), initializers,
+                                  doc_string=graph.doc_string)
     model = helper.make_model(new_graph, opset_imports=list(src.model.opset_import),
                               producer_name="egraph-opt", ir_version=src.model.ir_version)
     model.functions.extend(src.model.functions)

@@ -232,7 +232,8 @@ def _line(r: dict) -> str:
 
 
 def summary(records: list[dict]) -> str:
-    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after", "ratio")
+    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after",
+            "after/before")
     rows = [head]
     for r in records:
         ok = r["status"] == "optimized"
@@ -243,7 +244,7 @@ def summary(records: list[dict]) -> str:
             str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
             f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
             f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
-            f"{before / after:.2f}x" if ok and before and after else "-"))
+            f"{after / before:.2f}" if ok and before and after else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     failed = sum(r["status"] != "optimized" for r in records)

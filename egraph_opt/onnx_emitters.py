@@ -47,6 +47,7 @@ def _args(em: Emitter, t: Term) -> list[str]:
 
 def _emit_tree(em: Emitter, root: Term) -> str:
     """Emit a decomposition built from Terms (its leaves are already emitted)."""
+    em.alive.append(root)
     for u in postorder([root]):
         if id(u) not in em.names:
             em.emit(u, None)
@@ -66,7 +67,8 @@ def stored_reciprocal(c: float, dtype: str | None) -> float | None:
     """d when c == 1/d for a d that ``dtype`` stores while c itself it does not: c is what
     canonicalizing ``x / d`` into ``x * (1/d)`` made, not a constant the model held.
 
-    >>> stored_reciprocal(1 / float(np.float32(math.sqrt(2))), "float32") == float(np.float32(math.sqrt(2)))
+    >>> sqrt2 = float(np.float32(math.sqrt(2)))  # as the model stores it
+    >>> stored_reciprocal(1 / sqrt2, "float32") == sqrt2
     True
     >>> stored_reciprocal(0.5, "float32") is None
     True
@@ -128,9 +130,9 @@ def _layer_norm(em, t, eps):
     x, w, b = t.args
     shape = em.static_shape(x)
     if em.opset >= 17 and (shape or all(a.op != "const" for a in (w, b))):
-        def operand(a, value):
+        def operand(a, hint):
             return em.value(a) if a.op != "const" else \
-                em.tensor(np.full(shape[-1:], a.attrs[0], _np_type(em, x)), value)
+                em.tensor(np.full(shape[-1:], a.attrs[0], _np_type(em, x)), hint)
         inputs = [em.value(x), operand(w, "scale")]
         inputs += [] if b.op == "const" and b.attrs[0] == 0.0 else [operand(b, "bias")]
         return em.node("LayerNormalization", inputs, "layer_norm", axis=-1, epsilon=eps)
@@ -152,8 +154,9 @@ def _gelu(em, t, approximate):
         inner = Term("mul", (c(math.sqrt(2 / math.pi)),
                              Term("add", (x, Term("mul", (c(0.044715), Term("pow", (x, c(3.0)))))))))
         gate = Term("tanh", (inner,))
-    else:  # the spelling onnxruntime's Gelu fusion recognizes
+    else:  # torch's own export of gelu: the spelling onnxruntime's Gelu fusion recognizes
         gate = Term("erf", (Term("div", (x, c(math.sqrt(2)))),))
+        return _emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))), Term("add", (c(1.0), gate)))))
     return _emit_tree(em, Term("mul", (Term("mul", (x, Term("add", (gate, c(1.0))))), c(0.5))))
 
 

@@ -48,7 +48,7 @@ class GraphProgram(Program):
     value_meta: dict = field(default_factory=dict)  # opaque value name -> (shape, torch dtype)
 
     def leaf_meta(self) -> dict[str, tuple]:
-        return dict(self.value_meta)
+        return {**super().leaf_meta(), **self.value_meta}
 
 
 @dataclass
@@ -144,14 +144,14 @@ def _value_type(info: onnx.ValueInfoProto) -> ValueType | None:
     return ValueType(tt.elem_type, dims)
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> list[str]:
+def subgraph_reads(node: onnx.NodeProto) -> list[str]:
     """Outer-scope names that a node's subgraphs (If, Loop, Scan bodies) read."""
     reads: list[str] = []
     for attr in node.attribute:
         for g in list(attr.g.node and [attr.g] or []) + list(attr.graphs):
             defined = {v.name for v in g.input} | {t.name for t in g.initializer}
             for n in g.node:
-                reads += [x for x in list(n.input) + _subgraph_reads(n) if x and x not in defined]
+                reads += [x for x in list(n.input) + subgraph_reads(n) if x and x not in defined]
                 defined.update(n.output)
     return list(dict.fromkeys(reads))
 
@@ -232,7 +232,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
         inputs.append(im.terms[info.name])
     for node in nodes:
         im.used.update(node.input)
-        im.used.update(_subgraph_reads(node))
+        im.used.update(subgraph_reads(node))
     im.used.update(o.name for o in graph.output)
 
     opaque: dict[str, OpaqueCall] = {}
@@ -268,7 +268,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
         except Unsupported:
             key = _unique(node.name or f"{node.op_type}_{i}", opaque)
             args = tuple(im.term(x) if x else None for x in node.input)
-            reads = tuple((x, im.term(x)) for x in _subgraph_reads(node) if x in im.terms or x in im.consts)
+            reads = tuple((x, im.term(x)) for x in subgraph_reads(node) if x in im.terms or x in im.consts)
             opaque[key] = OpaqueCall(key, "onnx", node, args, {"captured": reads} if reads else {})
             for out in node.output:
                 if out:
@@ -279,7 +279,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
                         meta[out] = ((), getattr(torch, im.dtype(out) or "float32"))
     outputs = tuple(im.term(o.name) for o in graph.output)
     program = GraphProgram(tuple(inputs), outputs, opaque,
-                           {n: t for n, t in im.params.items() if n in im.terms}, meta)
+                           {n: t for n, t in im.params.items() if n in im.terms}, value_meta=meta)
     tensors = {n: im.protos[n] for n, t in im.terms.items() if t.op == "param"}
     for o in graph.output:
         im.types[o.name] = _value_type(o) or im.types.get(o.name)

@@ -5,9 +5,19 @@ callbacks into it are slow and panic on errors (../shared/DESIGN.md). Here each 
 cheapest e-node found so far together with the cost of every e-class its choice depends on, so a
 subterm shared by two operands is paid once. Relaxation runs from the leaves up until no class
 improves; costs are integers, so it terminates.
+
+On e-graphs larger than ``EXACT_UP_TO`` e-nodes, sharing is tracked within a window of ``WINDOW``
+levels below each class: the dependencies deeper than that (a transformer's residual stream below
+the current block) are mostly common to every alternative a rewrite creates, and tracking them
+all is quadratic (227 s at 50,000 e-nodes; 0.8 s windowed). The window is an approximation (a
+class's height is its shortest derivation, which can hide a long alternative's cost), so smaller
+e-graphs, the usual case once repeated blocks are templates, are extracted exactly. A windowed
+choice that turns out cyclic through a deeper class is extracted again exactly.
 """
 from __future__ import annotations
 
+import gc
+import heapq
 from collections import defaultdict, deque
 from typing import Callable
 
@@ -19,9 +29,43 @@ class ExtractionError(RuntimeError):
     """No finite, acyclic program could be extracted for a root e-class."""
 
 
-def choose(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -> dict[str, ENode]:
-    """The cheapest e-node of every e-class that has a finite program; ``cost(class, node)``."""
-    nodes = [(cid, n) for cid in sorted(classes) for n in classes[cid]]
+WINDOW = 6
+EXACT_UP_TO = 20_000
+
+
+def heights(classes: dict[str, list[ENode]]) -> dict[str, int]:
+    """Each class's least height: 0 for leaves, else the least over its e-nodes of one more than
+    their tallest operand (Knuth's generalization of Dijkstra: cycles never lower a height)."""
+    nodes = [(cid, n) for cid in classes for n in classes[cid]]
+    users: dict[str, list[int]] = defaultdict(list)
+    waiting = []
+    for i, (_, n) in enumerate(nodes):
+        kids = set(n.children)
+        waiting.append(len(kids))
+        for c in kids:
+            users[c].append(i)
+    tallest = [0] * len(nodes)
+    heap = [(0, cid) for cid, n in nodes if not n.children]
+    height: dict[str, int] = {}
+    while heap:
+        h, cid = heapq.heappop(heap)
+        if cid in height:
+            continue
+        height[cid] = h
+        for i in users[cid]:
+            tallest[i] = max(tallest[i], h)
+            waiting[i] -= 1
+            if waiting[i] == 0:
+                heapq.heappush(heap, (tallest[i] + 1, nodes[i][0]))
+    return height
+
+
+def choose(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int],
+           window: int | None = WINDOW) -> dict[str, ENode]:
+    """The cheapest e-node of every e-class that has a finite program; ``cost(class, node)``.
+    ``window`` bounds how many levels of sharing are tracked (None: all, exact but quadratic)."""
+    height = heights(classes) if window is not None else {}
+    nodes = [(cid, n) for cid, ns in classes.items() for n in ns]
     users: dict[str, list[int]] = defaultdict(list)
     for i, (_, n) in enumerate(nodes):
         for child in set(n.children):
@@ -41,6 +85,9 @@ def choose(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -
             deps.update(p)
         if cid in deps:  # the choice would make this class depend on itself
             continue
+        if window is not None:
+            floor = height.get(cid, 0) - window
+            deps = {c: v for c, v in deps.items() if height.get(c, 0) > floor}
         deps[cid] = cost(cid, n)
         total = sum(deps.values())
         if cid not in best or total < best[cid][0]:
@@ -84,10 +131,8 @@ def refine(choice: dict[str, ENode], roots: list[str], classes: dict[str, list[E
         for alt in classes[cid]:
             if alt == choice[cid] or any(c not in choice or refs[c] == 0 for c in alt.children):
                 continue  # only alternatives over classes the program already computes
-            if any(cid in _reachable(choice, [c]) for c in alt.children):
-                continue  # would make the program cyclic
             delta = cost(cid, alt) - cost(cid, choice[cid]) - freed(choice[cid], alt)
-            if delta < 0:
+            if delta < 0 and not any(cid in _reachable(choice, [c]) for c in alt.children):
                 for c in alt.children:
                     refs[c] += 1
                 _release(choice[cid], choice, refs)
@@ -119,11 +164,30 @@ def _reachable(choice: dict[str, ENode], roots: list[str]) -> list[str]:
 def extract(classes: dict[str, list[ENode]], roots: list[str],
             cost: Callable[[str, ENode], int]) -> list[Term]:
     """Best Term for each root e-class; the Terms share every common e-class."""
-    choice = choose(classes, cost)
+    collecting = gc.isenabled()
+    gc.disable()  # extraction allocates millions of small objects and frees none of them
+    try:
+        return _extract(classes, roots, cost)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _extract(classes: dict[str, list[ENode]], roots: list[str],
+             cost: Callable[[str, ENode], int]) -> list[Term]:
+    size = sum(len(nodes) for nodes in classes.values())
+    choice = choose(classes, cost, window=WINDOW if size > EXACT_UP_TO else None)
     missing = [r for r in roots if r not in choice]
     if missing:
         raise ExtractionError(f"e-class {missing[0]} has no finite program")
     choice = refine(choice, roots, classes, cost)
+    try:
+        return _build(choice, roots)
+    except ExtractionError:  # a cycle through classes deeper than the window: extract exactly
+        return _build(refine(choose(classes, cost, window=None), roots, classes, cost), roots)
+
+
+def _build(choice: dict[str, ENode], roots: list[str]) -> list[Term]:
     built: dict[str, Term] = {}
     for root in roots:
         if root not in choice:
@@ -136,7 +200,7 @@ def extract(classes: dict[str, list[ENode]], roots: list[str],
             node = choice[cid]
             if ready:
                 on_path.discard(cid)
-                built[cid] = Term(node.op, tuple(built[c] for c in node.children), node.attrs)
+                built[cid] = Term.trusted(node.op, tuple(built[c] for c in node.children), node.attrs)
                 continue
             if cid in on_path:
                 raise ExtractionError(f"extracted choice is cyclic at e-class {cid}")

@@ -24,8 +24,9 @@ _CONV = "?x (param ?wn ?ws ?wd) ?cb ?s ?p ?d ?g"
 _BN_PARAMS = "(param ?mn ?ms ?md) (param ?vn ?vs ?vd) (param ?gn ?gs ?gd) (param ?bn ?bs ?bd)"
 
 
-def _close_to(value: float) -> tuple[str, ...]:
-    return (f"(< (abs (- ?c {value!r})) 1e-12)",)
+def _close_to(value: float, var: str = "c") -> tuple[str, ...]:
+    """A constant as exported: float32 stores 1/sqrt(2) or 0.044715 only to ~1e-8."""
+    return (f"(< (abs (- ?{var} {value!r})) 1e-7)",)
 
 
 RULES = rules(_F, [
@@ -47,12 +48,14 @@ RULES = rules(_F, [
          when=("(= (rank ?w) 2)", "(= (rank ?b) 1)"), sample=_LINEAR_SAMPLE),
     Rule("gelu-from-erf", "(mul (mul ?x (const 0.5)) (add (erf (mul ?x (const ?c))) (const 1.0)))",
          '(gelu ?x "none")', _F, Exactness.APPROX, when=_close_to(1 / math.sqrt(2)),
-         sample=(("c", 1 / math.sqrt(2)),), why="x * Phi(x); 1/sqrt(2) as spelled, within 1e-12"),
+         sample=(("c", 1 / math.sqrt(2)),), why="x * Phi(x); 1/sqrt(2) as float32 stores it"),
     Rule("gelu-from-tanh",
          "(mul (mul ?x (const 0.5)) (add (tanh (mul (add ?x (mul (pow ?x (const 3.0)) "
-         "(const 0.044715))) (const ?c))) (const 1.0)))",
-         '(gelu ?x "tanh")', _F, Exactness.APPROX, when=_close_to(math.sqrt(2 / math.pi)),
-         sample=(("c", math.sqrt(2 / math.pi)),), why="GPT-2's gelu; sqrt(2/pi) within 1e-12"),
+         "(const ?k))) (const ?c))) (const 1.0)))",
+         '(gelu ?x "tanh")', _F, Exactness.APPROX,
+         when=_close_to(math.sqrt(2 / math.pi)) + _close_to(0.044715, "k"),
+         sample=(("c", math.sqrt(2 / math.pi)), ("k", 0.044715)),
+         why="GPT-2's gelu; sqrt(2/pi) and 0.044715 as float32 stores them"),
     Rule("conv-batch-norm-fold", f"(batch_norm (conv2d {_CONV}) {_BN_PARAMS} ?eps)",
          f'(conv2d ?x (mul (param ?wn ?ws ?wd) (reshape {_GS} (+ ?ms ",1,1,1"))) '
          f"(add (mul (sub ?cb (param ?mn ?ms ?md)) {_GS}) (param ?bn ?bs ?bd)) ?s ?p ?d ?g)",

@@ -1,0 +1,67 @@
+"""ONNX operators into Terms: each case is one node, imported into the op it should become (or
+kept opaque where no Term is exact), then optimized, exported and compared under onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from egraph_opt.onnx_backend import export
+from egraph_opt.onnx_batch import TOLERANCE, max_error, random_feeds, session
+from egraph_opt.onnx_frontend import import_model
+from egraph_opt.pipeline import optimize
+
+_rng = np.random.default_rng(0)
+
+
+def _init(name, *shape, positive=False):
+    a = _rng.standard_normal(shape).astype(np.float32)
+    return numpy_helper.from_array(np.abs(a) + 0.5 if positive else a, name)
+
+
+#: name -> (node, input shape, output shape, initializers, op of the output term or "opaque")
+CASES = {
+    "softplus": (helper.make_node("Softplus", ["x"], ["y"]), (2, 4), (2, 4), [], "softplus"),
+    "gemm_transB_is_linear": (helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1),
+                              (3, 4), (3, 5), [_init("w", 5, 4), _init("b", 5)], "linear"),
+    "gemm_with_matrix_bias": (helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1),
+                              (3, 4), (3, 5), [_init("w", 5, 4), _init("b", 3, 5)], "add"),
+    "gemm_scaled": (helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, alpha=0.5),
+                    (3, 4), (3, 5), [_init("w", 5, 4), _init("b", 5)], "add"),
+    "layer_norm_without_bias": (helper.make_node("LayerNormalization", ["x", "s"], ["y"]),
+                                (2, 3, 4), (2, 3, 4), [_init("s", 4)], "layer_norm"),
+    "conv": (helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 0, 1, 0], strides=[2, 1]),
+             (1, 3, 6, 6), (1, 4, 3, 4), [_init("w", 4, 3, 3, 3), _init("b", 4)], "conv2d"),
+    "conv_without_bias_grouped": (helper.make_node("Conv", ["x", "w"], ["y"], group=3,
+                                                   dilations=[2, 2]), (1, 3, 6, 6), (1, 3, 2, 2), [_init("w", 3, 1, 3, 3)], "conv2d"),
+    "conv_asymmetric_pads": (helper.make_node("Conv", ["x", "w"], ["y"], pads=[0, 0, 1, 1]),
+                             (1, 3, 6, 6), (1, 4, 6, 6), [_init("w", 4, 3, 2, 2)], "opaque"),
+    "conv_same_padding": (helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER"),
+                          (1, 3, 6, 6), (1, 4, 6, 6), [_init("w", 4, 3, 2, 2)], "opaque"),
+    "batch_norm": (helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-3),
+                   (2, 3, 4, 4), (2, 3, 4, 4),
+                   [_init("s", 3), _init("b", 3), _init("m", 3), _init("v", 3, positive=True)],
+                   "batch_norm"),
+}
+
+
+def _model(case: str) -> onnx.ModelProto:
+    node, x_shape, y_shape, inits, _ = CASES[case]
+    graph = helper.make_graph([node], case,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_import_then_export_matches_onnxruntime(case):
+    model = _model(case)
+    src = import_model(model)
+    (out,) = src.program.outputs
+    assert out.op == CASES[case][-1]
+    optimized = export(src, optimize(src.program).program)
+    onnx.checker.check_model(optimized, full_check=True)
+    feeds = random_feeds(model)
+    (expected,), (got,) = session(model).run(None, feeds), session(optimized).run(None, feeds)
+    assert max_error(expected, got) <= TOLERANCE[TensorProto.FLOAT]

@@ -35,7 +35,7 @@ def _profile(args) -> int:
     import torch
 
     from .profile_db import ProfileDB
-    from .profiler import SPECS, profile_ops
+    from .profiler import SPECS, profile_ops, profile_shapes
 
     torch.set_num_threads(args.threads)
     unknown = set(args.ops or ()) - set(SPECS)
@@ -44,10 +44,54 @@ def _profile(args) -> int:
               file=sys.stderr)
         return 2
     with ProfileDB(args.db) as db:
-        records = profile_ops(args.ops or sorted(SPECS), args.dtype, args.device, db, args.sizes,
-                              args.repeats)
+        if args.program:
+            cases = program_cases(args.program, args.shapes, args.dtype[0])
+            records = profile_shapes(cases, args.device, db, repeats=args.repeats)
+        else:
+            records = profile_ops(args.ops or sorted(SPECS), args.dtype, args.device, db,
+                                  args.sizes, args.repeats)
         print(f"{len(records)} timings recorded in {db.path}")
     return 0
+
+
+def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
+    """Every kernel call the saturated e-graph of ``module:function`` could make, at its shapes:
+    one profiling case per distinct (op, operand shapes, attributes) the profiler can time."""
+    import importlib
+
+    import torch
+
+    from .capture import capture
+    from .ops import OPS
+    from .pipeline import class_meta, optimize
+    from .profiler import SPECS, Case
+    from .term import SCALAR, postorder
+    from .term import shapes as term_shapes
+
+    module_name, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise SystemExit(f"egraph-opt profile: cannot load {spec!r} ({e}); use module:function")
+    fn = getattr(fn, "fn", fn)  # a decorated function: profile the original
+    program, _ = capture(fn, tuple(torch.randn(s, dtype=getattr(torch, dtype)) for s in shapes))
+    result = optimize(program, templates=False)  # the whole e-graph: every kernel it could use
+    snap, roots = result.egraph.snapshot(), program.roots()
+    known = term_shapes(roots, program.leaf_meta())
+    meta = class_meta(snap.classes, {snap.class_of_ref[result.egraph.ref(t)]: known[id(t)]
+                                     for t in postorder(roots)})
+    cases = {}
+    for nodes in snap.classes.values():
+        for n in nodes:
+            if n.op in SPECS and all(c in meta for c in n.children):
+                operands = tuple(meta[c][0] for c in n.children if meta[c] != SCALAR)
+                attrs = {k: v for (k, _), v in zip(OPS[n.op].attrs, n.attrs)}
+                cases[n.op, operands, n.attrs] = Case(n.op, dtype, operands, attrs)
+    return list(cases.values())
+
+
+def _shapes(text: str) -> list[tuple[int, ...]]:
+    return [tuple(int(d) for d in item.split("x")) for item in text.split(",") if item]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     profile.add_argument("--threads", type=int, default=1)
     profile.add_argument("--db", help="database file (default: $EGRAPH_OPT_PROFILE_DB or the "
                          "user cache)")
+    profile.add_argument("--for", dest="program", metavar="MODULE:FUNCTION",
+                         help="profile every kernel this program's e-graph could use, at its shapes")
+    profile.add_argument("--shapes", type=_shapes, default=[],
+                         help="example input shapes for --for, e.g. 2x8x16,2x8x16")
     profile.set_defaults(run=_profile)
     add_onnx_command(sub)
     args = parser.parse_args(argv)

@@ -30,3 +30,36 @@ def test_demo_shows_naive_nan_and_optimized_accuracy(capsys):
     out = capsys.readouterr().out
     assert "naive non-finite  99.0%" in out or "naive non-finite 100.0%" in out
     assert "optimized program matches float64 everywhere" in out
+
+
+def test_profile_for_a_program_times_every_kernel_its_egraph_could_use(tmp_path, monkeypatch):
+    (tmp_path / "progmod.py").write_text(
+        "import torch\n"
+        "def naive(x):\n"
+        "    return torch.log(torch.exp(x) / torch.exp(x).sum(-1, keepdim=True))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = tmp_path / "p.sqlite"
+    assert cli.main(["profile", "--for", "progmod:naive", "--shapes", "4x16", "--repeats", "2",
+                     "--db", str(db)]) == 0
+    from egraph_opt.profile_db import ProfileDB
+    with ProfileDB(db) as opened:
+        kernels = {r.kernel for r in opened.records("log_softmax", "torch", _device(), "float32")}
+        assert kernels == {"log_softmax"}  # a rewrite's kernel, not in the original program
+        assert opened.count() >= 5
+
+
+def _device():
+    from egraph_opt.profiler import device_name
+    return device_name("cpu")
+
+
+def test_measured_latency_reaches_the_report(tmp_path):
+    import torch
+    from egraph_opt import saturate_and_extract
+
+    f = saturate_and_extract(lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True),
+                             profile_db=tmp_path / "p.sqlite", profile_misses=True)
+    f(torch.randn(8, 32))
+    before, after, sources = f.report.latency
+    assert sources == {"measured": 1} and 0 < after
+    assert "[LATENCY] estimated" in str(f.report)

@@ -9,7 +9,6 @@ Goal: 12 blocks <= 5 s, 48 blocks <= 1.5x the 12-block time.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
@@ -17,41 +16,13 @@ import torch
 import torch.nn as nn
 
 from egraph_opt import capture, optimize
-
-
-class NaiveBlock(nn.Module):
-    def __init__(self, c: int, t: int, heads: int = 4):
-        super().__init__()
-        self.heads = heads
-        self.ln1_w, self.ln1_b = nn.Parameter(torch.ones(c)), nn.Parameter(torch.zeros(c))
-        self.ln2_w, self.ln2_b = nn.Parameter(torch.ones(c)), nn.Parameter(torch.zeros(c))
-        self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
-        self.fc, self.out = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
-        self.register_buffer("mask", torch.ones(t, t, dtype=torch.bool).triu(1))
-
-    @staticmethod
-    def norm(x, w, b):
-        mean = x.mean(-1, keepdim=True)
-        var = ((x - mean) ** 2).mean(-1, keepdim=True)
-        return (x - mean) / torch.sqrt(var + 1e-5) * w + b
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.norm(x, self.ln1_w, self.ln1_b)).split(c, -1)
-        q, k, v = (y.reshape(b, t, self.heads, c // self.heads).transpose(1, 2) for y in (q, k, v))
-        s = (q @ k.transpose(-2, -1) / math.sqrt(c // self.heads)).masked_fill(self.mask, float("-inf"))
-        w = torch.exp(s - s.amax(-1, keepdim=True))
-        y = (w / w.sum(-1, keepdim=True) @ v).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(y)
-        h = self.fc(self.norm(x, self.ln2_w, self.ln2_b))
-        g = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
-        return x + self.out(g)
+from fusion import NaiveBlock  # the naive GPT-2-style block of bench/fusion.py
 
 
 class GPT2Stack(nn.Module):
     def __init__(self, blocks: int, c: int, t: int):
         super().__init__()
-        self.h = nn.ModuleList([NaiveBlock(c, t) for _ in range(blocks)])
+        self.h = nn.ModuleList([NaiveBlock(c, 4, t) for _ in range(blocks)])
 
     def forward(self, x):
         for block in self.h:

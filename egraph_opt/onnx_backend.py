@@ -18,7 +18,7 @@ from .onnx_converters import DTYPES, ELEM_TYPES
 from .onnx_emitters import EMIT, NO_ONNX_FORM, REDUCE, OnnxExportError
 from .onnx_frontend import OnnxProgram, subgraph_reads
 from .ops import OPS, parse_shape
-from .program import Program, leaves
+from .program import Program, leaves, topological
 from .term import Term, evaluate, postorder, shapes
 
 __all__ = ["EMIT", "NO_ONNX_FORM", "Emitter", "OnnxExportError", "export"]
@@ -228,7 +228,7 @@ class Emitter:
 
 def _schedule(em: Emitter, roots: list[Term]) -> list:
     """Terms and opaque call keys, each after what it uses (iterative: models are deep)."""
-    program, order, done = em.program, [], set()
+    program = em.program
 
     def deps(item):
         if isinstance(item, Term) and not OPS[item.op].is_leaf and em.fold_params(item):
@@ -239,20 +239,7 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
         call = program.opaque[item]
         return [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
 
-    key = lambda item: id(item) if isinstance(item, Term) else item  # noqa: E731
-    for root in roots:
-        stack = [(root, False)]
-        while stack:
-            item, ready = stack.pop()
-            if key(item) in done:
-                continue
-            if ready:
-                done.add(key(item))
-                order.append(item)
-                continue
-            stack.append((item, True))
-            stack.extend((d, False) for d in reversed(deps(item)) if key(d) not in done)
-    return order
+    return topological(roots, deps, lambda item: id(item) if isinstance(item, Term) else item)
 
 
 def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:

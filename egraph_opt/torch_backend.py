@@ -15,14 +15,12 @@ from collections import Counter
 
 from .kernels.binding import Estimate, bind, default_estimate
 from .kernels.registry import CONVERSIONS, Use
-from .program import OpaqueRef, Program, leaves
+from .program import OpaqueRef, Program, leaves, topological
 from .term import Term, dtype_name, evaluate, shapes
 
 
 def _schedule(program: Program) -> list:
     """Terms and opaque call names in an order where each comes after what it uses."""
-    order, done = [], set()
-
     def deps(item):
         if isinstance(item, Term):
             if item.op == "opaque":
@@ -35,19 +33,7 @@ def _schedule(program: Program) -> list:
     key = lambda item: ("t", id(item)) if isinstance(item, Term) else ("o", item)  # noqa: E731
     roots = [x if not isinstance(x, OpaqueRef) else x.name for x in leaves(program.outputs)
              if isinstance(x, (Term, OpaqueRef))]
-    for root in roots:
-        stack = [(root, False)]
-        while stack:
-            item, ready = stack.pop()
-            if key(item) in done:
-                continue
-            if ready:
-                done.add(key(item))
-                order.append(item)
-                continue
-            stack.append((item, True))
-            stack.extend((d, False) for d in reversed(deps(item)) if key(d) not in done)
-    return order
+    return topological(roots, deps, key)
 
 
 def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",

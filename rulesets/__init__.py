@@ -45,6 +45,7 @@ class Rule:
     when: tuple[str, ...] = ()  # egglog facts that must hold, over lhs variables
     why: str = ""
     sample: tuple = ()  # (variable, value) pairs the proof sampler must use: shapes, strides
+    counterexample: tuple = ()  # (variable, value) pairs where an UNSAFE rule is wrong
 
     def __post_init__(self):
         if not _NAME.fullmatch(self.name):
@@ -59,6 +60,9 @@ class Rule:
         for v, sort in rhs_vars.items():
             if lhs_vars[v] != sort:
                 raise RuleError(f"{self.name}: ?{v} is {lhs_vars[v]} on the left, {sort} on the right")
+        if (self.exactness is Exactness.UNSAFE) != bool(self.counterexample):
+            raise RuleError(f"{self.name}: an unsafe rule, and only an unsafe rule, carries the "
+                            "counterexample that shows it wrong")
 
     @property
     def lhs_pattern(self) -> pat.Pattern:

@@ -46,3 +46,13 @@ RULES = rules(_A, [
 RULES += rules(_A, [
     ("mul-const-fold",        "(mul (mul ?x (const ?a)) (const ?b))", "(mul ?x (const (* ?a ?b)))"),
 ], Exactness.REASSOC)
+
+#: quarantined: wrong for some inputs, kept (never run by default) with the input that shows it
+RULES += [
+    Rule("sqrt-square-cancel", "(sqrt (mul ?x ?x))", "?x", _A, Exactness.UNSAFE,
+         counterexample=(("x", -2.0),), why="sqrt(x^2) = |x|, not x: see sqrt-square-abs"),
+    Rule("div-mul-cancel", "(mul (div ?x ?y) ?y)", "?x", _A, Exactness.UNSAFE,
+         counterexample=(("x", 1.0), ("y", 0.0)), why="undefined at y = 0, and rounds otherwise"),
+    Rule("log-power-any-sign", "(log (mul ?x ?x))", "(mul (log ?x) (const 2.0))", _A,
+         Exactness.UNSAFE, counterexample=(("x", -3.0),), why="needs x > 0: see log-product"),
+]

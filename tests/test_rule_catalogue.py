@@ -71,3 +71,29 @@ def test_softmax_fusion_needs_keepdim_and_the_same_operand():
     other = Term("div", (Term("exp", (x,)), Term("sum", (Term("exp", (y,)),), (-1, True))))
     assert "softmax" not in _classes_after(rules, no_keepdim)
     assert "softmax" not in _classes_after(rules, other)
+
+
+UNSAFE = [r for r in catalogue().values() if r.exactness is Exactness.UNSAFE]
+
+
+def test_the_catalogue_quarantines_unsafe_rules():
+    assert UNSAFE
+
+
+@pytest.mark.parametrize("rule", UNSAFE, ids=lambda r: r.name)
+def test_each_unsafe_rule_really_breaks_at_its_counterexample(rule):
+    """Quarantine is data, checked: at the recorded input the left side is finite and the right
+    side is not, or they differ."""
+    import math
+
+    import torch
+
+    from egraph_opt import pattern as pat
+    from egraph_opt.term import evaluate
+
+    values = dict(rule.counterexample)
+    bindings = {v: Term.input(v, ()) for v in pat.variables(rule.lhs_pattern)}
+    env = {v: torch.tensor(values[v], dtype=torch.float64) for v in bindings}
+    lhs, rhs = (float(x) for x in evaluate([pat.instantiate(rule.lhs_pattern, bindings),
+                                             pat.instantiate(rule.rhs_pattern, bindings)], env))
+    assert not math.isclose(lhs, rhs, rel_tol=1e-9) or math.isnan(lhs) != math.isnan(rhs), (lhs, rhs)

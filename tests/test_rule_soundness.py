@@ -19,7 +19,8 @@ from egraph_opt.rulesets import Exactness, Family, catalogue
 from egraph_opt.ops import parse_shape, shape_attr
 from egraph_opt.term import Term, evaluate
 
-RULES = list(catalogue().values())
+RULES = [r for r in catalogue().values() if r.exactness is not Exactness.UNSAFE]  # quarantined
+# rules are checked against their counterexamples instead (test_rule_catalogue.py)
 SHAPE = (2, 3, 5, 5)  # every tensor variable: square trailing dims fit matmul and attention
 TOLERANCE = {Exactness.EXACT: 1e-9, Exactness.REASSOC: 1e-9, Exactness.APPROX: 1e-3}
 _SIGNS = {"positive": 1, "nonneg": 1, "nonzero": 0}  # sampled magnitude >= 0.1; 1: positive sign

@@ -60,9 +60,6 @@ class Rule:
         for v, sort in rhs_vars.items():
             if lhs_vars[v] != sort:
                 raise RuleError(f"{self.name}: ?{v} is {lhs_vars[v]} on the left, {sort} on the right")
-        if (self.exactness is Exactness.UNSAFE) != bool(self.counterexample):
-            raise RuleError(f"{self.name}: an unsafe rule, and only an unsafe rule, carries the "
-                            "counterexample that shows it wrong")
 
     @property
     def lhs_pattern(self) -> pat.Pattern:
@@ -119,6 +116,9 @@ def catalogue() -> dict[str, Rule]:
         for r in module.RULES:
             if r.name in table:
                 raise RuleError(f"duplicate rule name {r.name!r}")
+            if (r.exactness is Exactness.UNSAFE) != bool(r.counterexample):
+                raise RuleError(f"{r.name}: in the catalogue, an unsafe rule (and only one) "
+                                "carries the counterexample that shows it wrong")
             table[r.name] = r
     return table
 

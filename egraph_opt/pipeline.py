@@ -9,14 +9,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import pattern as pat
-from . import templates as tmpl
 import torch
 
+from . import pattern as pat
+from . import templates as tmpl
 from .egraph import EGraph, Saturation, Snapshot
-from .ops import OPS, parse_shape
 from .extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from .extractors.curvature import ROUNDING_FREE
+from .ops import OPS, parse_shape
 from .program import Program
 from .ranges import TOP, analyze
 from .rulesets import Rule, select

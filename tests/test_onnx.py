@@ -273,3 +273,19 @@ def test_cli_batch_parallel_force_and_report(zoo, tmp_path, capsys):
     assert main_onnx([str(models / "mlp.onnx"), "--out", str(out), "--force",
                       "--latency-runs", "0"]) == 0
     assert sorted(os.listdir(out)) == ["attention.onnx", "bert.onnx", "mlp.onnx"]
+
+
+def test_dynamo_exporter_models_round_trip(tmp_path):
+    """torch.onnx.export(dynamo=True) (opset 18+, onnxscript) spells things its own way."""
+    pytest.importorskip("onnxscript")
+    path = tmp_path / "dynamo_attention.onnx"
+    args = tuple(torch.randn(2, 4, 8, 16) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(NaiveAttention().eval(), args, dynamo=True).save(str(path))
+    original = onnx.load(str(path))
+    optimized, result = _round_trip(original)
+    assert "Softmax" in [n.op_type for n in optimized.graph.node] or "Attention" in [
+        n.op_type for n in optimized.graph.node]
+    assert "Exp" not in [n.op_type for n in optimized.graph.node]
+    _assert_same_outputs(str(path), optimized, random_feeds(original, seed=2))

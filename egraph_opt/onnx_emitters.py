@@ -150,14 +150,15 @@ def _gelu(em, t, approximate):
     if em.opset >= 20:
         return em.node("Gelu", [em.value(t.args[0])], "gelu", approximate=approximate)
     x, c = t.args[0], Term.const
-    if approximate == "tanh":
-        inner = Term("mul", (c(math.sqrt(2 / math.pi)),
-                             Term("add", (x, Term("mul", (c(0.044715), Term("pow", (x, c(3.0)))))))))
-        gate = Term("tanh", (inner,))
-    else:  # torch's own export of gelu: the spelling onnxruntime's Gelu fusion recognizes
-        gate = Term("erf", (Term("div", (x, c(math.sqrt(2)))),))
-        return _emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))), Term("add", (c(1.0), gate)))))
-    return _emit_tree(em, Term("mul", (Term("mul", (x, Term("add", (gate, c(1.0))))), c(0.5))))
+    if approximate == "tanh":  # torch's export of GPT-2's gelu: what onnxruntime fuses as FastGelu
+        cube = Term("mul", (Term("pow", (x, c(3.0))), c(0.044715)))
+        inner = Term("mul", (Term("add", (x, cube)), c(math.sqrt(2 / math.pi))))
+        return _emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))),
+                                           Term("add", (Term("tanh", (inner,)), c(1.0))))))
+    # torch's own export of gelu: the spelling onnxruntime's Gelu fusion recognizes
+    gate = Term("erf", (Term("div", (x, c(math.sqrt(2)))),))
+    return _emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))), Term("add", (c(1.0), gate)))))
+
 
 
 def _attention(em, t, q, k, v, bias: Term | str | None, scale, causal=False):

@@ -9,6 +9,7 @@ exact tensor protos, opsets, names) lives in the side tables of ``OnnxProgram``.
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 from dataclasses import dataclass, field
@@ -241,12 +242,10 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     folded = 0
     for i, node in enumerate(nodes):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            try:
+            with contextlib.suppress(Unsupported):  # a Constant we cannot read stays a node
                 _set_constant(im, node.output[0], _constant_node(node))
                 folded += 1
                 continue
-            except Unsupported:
-                pass
         values = _fold(im, node)
         if values is not None:
             for out, value in zip(node.output, values):

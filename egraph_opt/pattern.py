@@ -195,17 +195,21 @@ def match(p: Pattern, term: Term, canon: dict[int, int], bound: dict | None = No
             if q.value != value:
                 return None
         elif isinstance(q, Prim):
-            try:
-                if instantiate(q, bound) != value:
-                    return None
-            except (KeyError, ArithmeticError):  # unbound or undefined: matches as a wildcard
-                pass
+            if _computed(q, bound) not in (value, None):  # unbound or undefined: a wildcard
+                return None
         else:
             if not isinstance(value, Term) or value.op != q.op:
                 return None
             stack.extend(zip(q.args, value.args))
             stack.extend(zip(q.attrs, value.attrs))
     return bound
+
+
+def _computed(q: Prim, bound: dict):
+    try:
+        return instantiate(q, bound)
+    except (KeyError, ArithmeticError):
+        return None
 
 
 def find(p: Pattern, roots) -> list[dict]:

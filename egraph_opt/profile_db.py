@@ -14,6 +14,7 @@ overwritten; a file of another schema version is refused with a message that say
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -71,10 +72,8 @@ def library_versions() -> dict[str, str]:
     """Versions of the libraries a latency depends on (those installed), for the record."""
     versions = {}
     for name in ("torch", "egglog", "triton"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     return versions
 
 

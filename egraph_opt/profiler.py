@@ -7,6 +7,7 @@ agree by construction.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import sys
@@ -158,11 +159,9 @@ def device_name(device: str | torch.device) -> str:
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
     model = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError, StopIteration):  # not Linux: the platform's word
         with open("/proc/cpuinfo") as f:
             model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     threads = torch.get_num_threads()
     return f"{device.type}: {model}, {threads} thread{'s' if threads > 1 else ''}"
 
@@ -216,16 +215,12 @@ class Case(NamedTuple):
 
 def _progress(items: list, desc: str) -> Iterable:
     """tqdm if installed, else rich, else a line per item on stderr."""
-    try:
+    with contextlib.suppress(ImportError):
         from tqdm import tqdm
         return tqdm(items, desc=desc, unit="kernel")
-    except ImportError:
-        pass
-    try:
+    with contextlib.suppress(ImportError):
         from rich.progress import track
         return track(items, description=desc)
-    except ImportError:
-        pass
     return _plain_progress(items, desc)
 
 

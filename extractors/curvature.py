@@ -156,6 +156,9 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
                              else min(999, max(1, round(10 * math.log10(1 + k)))))
     if exact and cancels(op, operands, exact):
         cost += 2000
+    if op in ("exp", "expm1") and exact and not exact[0] and math.isfinite(_mag(operands[0])):
+        cost += round(10 * math.log10(1 + _mag(operands[0])))  # exp's condition number is |x|:
+        # the rounding error its computed argument carries comes out multiplied by it
     if result is not None and op not in ROUNDING_FREE and overflows(result, dtype):
         cost += 3000
     return cost

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 from torch.fx.node import map_aggregate
 
-from . import lowering
+from . import lowering, lowering_nn  # noqa: F401 - lowering_nn registers nn's lowerings
 from .ops import shape_attr
 from .program import OpaqueCall, OpaqueRef, Program
 from .term import Term

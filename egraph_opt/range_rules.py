@@ -77,7 +77,7 @@ def rules() -> list[str]:
         "(rule ((= e (Relu a)) (= x (hi a))) ((set (hi e) (max x 0.0))))",
         "(rule ((= e (Sqrt a)) (= x (hi a))) ((set (hi e) (^ (max x 0.0) 0.5))))",
         # log has no f64 primitive: 1 - 1/x <= log x <= x - 1, and |log x| <= 745 for any f64
-        f"(rule ((= e (Log a)) (= x (lo a)) (> x 0.0)) ((set (lo e) (max (- 1.0 (/ 1.0 x)) -745.0))))",
+        "(rule ((= e (Log a)) (= x (lo a)) (> x 0.0)) ((set (lo e) (max (- 1.0 (/ 1.0 x)) -745.0))))",
         "(rule ((= e (Log a)) (= x (hi a)) (> x 0.0)) ((set (hi e) (min (- x 1.0) 710.0))))",
         "(rule ((= e (Log1p a)) (= x (lo a)) (> x -1.0)) ((set (lo e) (max (- 1.0 (/ 1.0 (+ x 1.0))) -745.0))))",
         "(rule ((= e (Log1p a)) (= x (hi a)) (> x -1.0)) ((set (hi e) (min x 710.0))))",

@@ -9,7 +9,7 @@ recursion limit), printed in infix, and evaluated by the ops' torch implementati
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import torch
 

@@ -36,7 +36,7 @@ RULES = rules(_A, [
     ("log-sum-exp-from-shifted", f"(add (max ?x ?a true) (log (sum (exp {SHIFTED}) ?a true)))",
                               "(logsumexp ?x ?a true)"),
     ("sigmoid-from-exp",      "(div (const 1.0) (add (const 1.0) (exp (neg ?x))))", "(sigmoid ?x)"),
-    ("variance-fuse",         f"(mean (mul (sub ?x (mean ?x ?a true)) (sub ?x (mean ?x ?a true))) ?a ?k)",
+    ("variance-fuse",         "(mean (mul (sub ?x (mean ?x ?a true)) (sub ?x (mean ?x ?a true))) ?a ?k)",
                               "(var ?x ?a ?k 0)"),
     ("matmul-scale-left-out", "(matmul (mul ?a (const ?c)) ?b)", "(mul (matmul ?a ?b) (const ?c))"),
     ("matmul-scale-right-out", "(matmul ?a (mul ?b (const ?c)))", "(mul (matmul ?a ?b) (const ?c))"),

@@ -1,0 +1,76 @@
+"""Lowering of torch.nn.functional's composite ops and of leaf modules: the fused ops of the Term
+language that users reach through nn (embedding, layer norm, linear, attention, conv, batch norm).
+Registered into ``lowering``'s tables when imported."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .lowering import Unsupported, lowers, lowers_module
+from .ops import shape_attr
+from .term import Term
+
+
+@lowers(F.embedding)
+def _embedding(c, ids, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+               scale_grad_by_freq=False, sparse=False):
+    if max_norm is not None:
+        raise Unsupported("embedding with max_norm renormalizes the weight")
+    flat = Term("reshape", (ids,), (shape_attr((math.prod(c.info(ids).shape),)),))
+    return Term("reshape", (Term("index_select", (weight, flat), (-2,)),), (c.out_shape(),))
+
+
+@lowers(F.layer_norm)
+def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if len(normalized_shape) != 1 or weight is None or bias is None:
+        raise Unsupported("layer_norm over several axes or without affine parameters")
+    return Term("layer_norm", (x, weight, bias), (float(eps),))
+
+
+@lowers(F.linear)
+def _linear(c, x, weight, bias=None):
+    if bias is None:
+        return Term("matmul", (x, Term("transpose", (weight,), (-2, -1))))
+    return Term("linear", (x, weight, bias))
+
+
+@lowers(F.scaled_dot_product_attention)
+def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if attn_mask is not None or dropout_p or enable_gqa:
+        raise Unsupported("attention with a mask, dropout or grouped heads")
+    if scale is None:
+        scale = 1.0 / math.sqrt(c.info(q).shape[-1])
+    return Term("sdpa", (q, k, v), (float(scale), bool(is_causal)))
+
+
+def _pair(v) -> str:
+    return shape_attr((v, v) if isinstance(v, int) else tuple(v))
+
+
+@lowers(F.conv2d)
+def _conv2d(c, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if isinstance(padding, str):
+        raise Unsupported("padding by name")
+    b = c.tensor(bias) if bias is not None else Term.const(0.0)
+    return Term("conv2d", (c.tensor(x), c.tensor(weight), b),
+                (_pair(stride), _pair(padding), _pair(dilation), int(groups)))
+
+
+@lowers(F.batch_norm)
+def _batch_norm(c, x, running_mean, running_var, weight=None, bias=None, training=False,
+                momentum=0.1, eps=1e-5):
+    if training or weight is None or bias is None or running_mean is None:
+        raise Unsupported("batch norm in training mode or without affine parameters")
+    return Term("batch_norm", (x, running_mean, running_var, weight, bias), (float(eps),))
+
+
+@lowers_module(torch.nn.modules.batchnorm._BatchNorm)
+def _batch_norm_module(c, module, qualname, x):
+    """BatchNorm's forward checks input.dim() in Python, which symbolic tracing cannot follow."""
+    if module.training or not module.track_running_stats or not module.affine:
+        raise Unsupported("batch norm in training mode or without running statistics")
+    stats = [c.param(f"{qualname}.{name}", getattr(module, name))
+             for name in ("running_mean", "running_var", "weight", "bias")]
+    return Term("batch_norm", (x, *stats), (float(module.eps),))

@@ -16,7 +16,28 @@ from collections import Counter
 from .kernels.binding import Estimate, bind, default_estimate
 from .kernels.registry import CONVERSIONS, Use
 from .program import OpaqueRef, Program, leaves, topological
-from .term import Term, dtype_name, evaluate, shapes
+from .term import Term, dtype_name, evaluate, postorder, shapes
+
+
+class FoldedConstant:
+    """A subterm over parameters alone (batch norm folded into conv weights, QKV weights
+    concatenated): computed once per version of its parameters. Where autograd needs it (grad
+    enabled and a parameter requires grad) it is computed on every call, so training is unchanged."""
+
+    def __init__(self, term: Term, names: list[str], index: int):
+        self.term, self.names = term, names
+        self.__name__ = self.__qualname__ = f"folded_constant_{index}"
+        self._key, self._value = None, None
+
+    def __call__(self, *tensors: torch.Tensor):
+        cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
+        if cacheable and key == self._key:
+            return self._value
+        value = evaluate([self.term], dict(zip(self.names, tensors)))[0]
+        if cacheable:
+            self._key, self._value = key, value
+        return value
 
 
 def _schedule(program: Program) -> list:
@@ -85,6 +106,12 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
             if not any(isinstance(value[k], fx.Node) for k in operands):
                 value[key] = evaluate([item], {})[0]  # scalar constant folding
                 continue
+            params = [t for t in postorder([item]) if t.op == "param"]
+            if all(t.op in ("param", "const") for t in postorder([item]) if not t.args):
+                folded = FoldedConstant(item, [t.attrs[0] for t in params], len(kernels))
+                value[key] = graph.call_function(folded, tuple(value[("t", id(t))] for t in params))
+                kernels["folded"] += 1
+                continue
             tensors = [a for a in item.args if a.op != "const"]
             use = Use(item.op, item.attrs, tuple(meta[id(a)][0] for a in tensors),
                       tuple(dtype_name(meta[id(a)][1]) for a in tensors), device)
@@ -94,6 +121,10 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
             value[key] = graph.call_function(kernel.impl, tuple(args) + tuple(item.attrs))
             backend[key] = kernel.backend
     graph.output(map_aggregate(program.outputs, arg))
+    graph.eliminate_dead_code()  # folded constants inside larger folded constants
+    kernels["folded"] = sum(isinstance(n.target, FoldedConstant) for n in graph.nodes)
+    if not kernels["folded"]:
+        del kernels["folded"]
     graph.lint()
     module = fx.GraphModule(root if root is not None else torch.nn.Module(), graph)
     module.kernels = dict(sorted(kernels.items()))

@@ -137,7 +137,48 @@ def refine(choice: dict[str, ENode], roots: list[str], classes: dict[str, list[E
                     refs[c] += 1
                 _release(choice[cid], choice, refs)
                 choice[cid] = alt
+    _share_new(choice, roots, classes, cost, refs)
     return choice
+
+
+def _share_new(choice, roots, classes, cost, refs) -> None:
+    """Switch several classes at once to alternatives over one class the program does not compute
+    yet, when paying for it once beats what they cost apart: QKV projections sliced out of one
+    matmul lose one at a time and win together."""
+    groups: dict[str, list[tuple[str, ENode]]] = defaultdict(list)
+    for cid in _reachable(choice, roots):
+        for alt in classes[cid] if len(classes[cid]) > 1 else ():
+            new = [c for c in alt.children if refs[c] == 0]
+            if alt != choice[cid] and len(set(new)) == 1 and all(c in choice for c in alt.children):
+                groups[new[0]].append((cid, alt))
+
+    def walk(members, counts: dict) -> int:
+        """Cost change of switching ``members``, applied to ``counts`` (a reference count view)."""
+        delta = 0
+        for cid, alt in members:
+            delta += cost(cid, alt) - cost(cid, choice[cid])
+            for step, start in ((1, alt.children), (-1, choice[cid].children)):
+                stack = list(start)
+                while stack:
+                    c = stack.pop()
+                    counts[c] = counts.get(c, refs[c]) + step
+                    if counts[c] == (1 if step > 0 else 0):  # a class starts or stops being paid
+                        delta += step * cost(c, choice[c])
+                        stack.extend(choice[c].children)
+        return delta
+
+    for shared, members in groups.items():
+        members = [(cid, alt) for cid, alt in members if refs[cid] > 0 and refs[shared] == 0]
+        if not members or walk(members, {}) >= 0:
+            continue
+        below = set(_reachable(choice, [shared]))
+        if any(cid in below for cid, _ in members):
+            continue  # the shared class depends on a class that would use it: a cycle
+        applied: dict = {}
+        walk(members, applied)
+        refs.update(applied)
+        for cid, alt in members:
+            choice[cid] = alt
 
 
 def _release(node: ENode, choice: dict[str, ENode], refs: dict[str, int]) -> None:

@@ -46,20 +46,28 @@ class Rule:
     why: str = ""
     sample: tuple = ()  # (variable, value) pairs the proof sampler must use: shapes, strides
     counterexample: tuple = ()  # (variable, value) pairs where an UNSAFE rule is wrong
+    more: tuple[tuple[str, str], ...] = ()  # further (lhs, rhs) roots rewritten together
+    binds: tuple[str, ...] = ()  # i64 variables the ``when`` facts bind (sizes of ``__lhs2``...)
 
     def __post_init__(self):
         if not _NAME.fullmatch(self.name):
             raise RuleError(f"rule name {self.name!r} is not kebab-case")
-        lhs, rhs = self.lhs_pattern, self.rhs_pattern
-        if not isinstance(lhs, pat.Node):
+        pairs = self.pairs()
+        if not all(isinstance(lhs, pat.Node) for lhs, _ in pairs):
             raise RuleError(f"{self.name}: left side must be an op, not {self.lhs!r}")
-        lhs_vars, rhs_vars = pat.variables(lhs), pat.variables(rhs)
+        lhs_vars = {v: s for lhs, _ in pairs for v, s in pat.variables(lhs).items()}
+        lhs_vars.update({v: "i64" for v in self.binds})
+        rhs_vars = {v: s for _, rhs in pairs for v, s in pat.variables(rhs).items()}
         missing = set(rhs_vars) - set(lhs_vars)
         if missing:
             raise RuleError(f"{self.name}: right side uses unbound {sorted(missing)}")
         for v, sort in rhs_vars.items():
             if lhs_vars[v] != sort:
                 raise RuleError(f"{self.name}: ?{v} is {lhs_vars[v]} on the left, {sort} on the right")
+
+    def pairs(self) -> list[tuple[pat.Pattern, pat.Pattern]]:
+        """Every (left, right) root of the rule: one, or several rewritten together."""
+        return [(pat.parse(lhs), pat.parse(rhs)) for lhs, rhs in ((self.lhs, self.rhs), *self.more)]
 
     @property
     def lhs_pattern(self) -> pat.Pattern:
@@ -70,15 +78,19 @@ class Rule:
         return pat.parse(self.rhs)
 
     def egglog(self, ruleset: str) -> str:
-        lhs, rhs = pat.to_egg(self.lhs_pattern), pat.to_egg(self.rhs_pattern)
+        """A rewrite; a rule with conditions (egglog facts over the analyses and primitives; the
+        roots are ``__lhs``, ``__lhs2``...) or several roots is a rule of queries and unions."""
         tail = f':ruleset {ruleset} :name "{self.name}"'
-        if not self.when:
-            return f"(rewrite {lhs} {rhs} {tail})"
-        facts = " ".join(self.when)  # egglog facts over the analyses (positive, rank...) and primitives
-        return f"(rule ((= __lhs {lhs}) {facts}) ((union __lhs {rhs})) {tail})"
+        pairs = [(pat.to_egg(lhs), pat.to_egg(rhs)) for lhs, rhs in self.pairs()]
+        if not self.when and len(pairs) == 1:
+            return f"(rewrite {pairs[0][0]} {pairs[0][1]} {tail})"
+        names = ["__lhs"] + [f"__lhs{i}" for i in range(2, len(pairs) + 1)]
+        query = " ".join(f"(= {n} {lhs})" for n, (lhs, _) in zip(names, pairs))
+        union = " ".join(f"(union {n} {rhs})" for n, (_, rhs) in zip(names, pairs))
+        return f"(rule ({query} {' '.join(self.when)}) ({union}) {tail})"
 
     def describe(self) -> str:
-        return f"{pat.show(self.lhs_pattern)} -> {pat.show(self.rhs_pattern)}"
+        return "; ".join(f"{pat.show(lhs)} -> {pat.show(rhs)}" for lhs, rhs in self.pairs())
 
 
 def rules(family: Family, table, exactness: Exactness = Exactness.EXACT, **common) -> list[Rule]:

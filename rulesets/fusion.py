@@ -72,3 +72,37 @@ RULES = rules(_F, [
     Rule(f"layer-norm-fuse-plain-{form}", n, "(layer_norm ?x (const 1.0) (const 0.0) ?eps)", _F)
     for form, n in _NORMALIZED.items()
 ]
+
+
+def _projection(i: int) -> tuple[str, str]:
+    return f"(param ?w{i} ?ws{i} ?wd{i})", f"(param ?b{i} ?bs{i} ?bd{i})"
+
+
+def _horizontal(count: int) -> Rule:
+    """``count`` linears of one input with constant weights: one linear of the concatenated
+    weights, sliced (QKV projections). Ordered tuples all fire: each order is one alternative."""
+    ws, bs = zip(*(_projection(i) for i in range(1, count + 1)))
+    weights, biases = ws[0], bs[0]
+    for w, b in zip(ws[1:], bs[1:]):
+        weights, biases = f"(concat {weights} {w} -2)", f"(concat {biases} {b} -1)"
+    fused = f"(linear ?x {weights} {biases})"
+    starts, end = ["0"], "?n1"
+    for i in range(2, count + 1):
+        starts.append(end)
+        end = f"(+ {end} ?n{i})"
+    ends = starts[1:] + [end]
+    roots = [(f"(linear ?x {w} {b})", f"(slice {fused} -1 {start} {stop} 1)")
+             for w, b, start, stop in zip(ws, bs, starts, ends)]
+    names = ["__lhs"] + [f"__lhs{i}" for i in range(2, count + 1)]
+    distinct = tuple(f"(!= ?w{i} ?w{j})" for i in range(1, count + 1) for j in range(i + 1, count + 1))
+    sizes = tuple(f"(= ?n{i} (last-dim {n}))" for i, n in enumerate(names, 1))
+    sample = (("x", (2, 3, 4)), *((f"ws{i}", f"{i + 2},4") for i in range(1, count + 1)),
+              *((f"bs{i}", f"{i + 2}") for i in range(1, count + 1)),
+              *((f"n{i}", i + 2) for i in range(1, count + 1)))
+    return Rule(f"linear-horizontal-fuse-{count}", roots[0][0], roots[0][1], _F,
+                when=distinct + sizes, more=tuple(roots[1:]), sample=sample,
+                binds=tuple(f"n{i}" for i in range(1, count + 1)),
+                why=f"{count} projections of one input: one matmul, then slices")
+
+
+RULES += [_horizontal(2), _horizontal(3)]

@@ -143,3 +143,50 @@ def test_no_decomposition_contains_the_op_it_defines():
             rhs, _ = skeleton(rule.rhs_pattern)
             from egraph_opt.term import postorder
             assert lhs_op not in {t.op for t in postorder([rhs])}, rule.name
+
+
+class Projections(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 16)
+
+    def forward(self, x, y):
+        q, k, v = self.q(x), self.k(x), self.v(y)
+        return torch.softmax(q @ k.transpose(-2, -1) / 32 ** 0.5, -1) @ v
+
+
+class SelfAttentionProjections(Projections):
+    def forward(self, x):
+        return super().forward(x, x)
+
+
+def test_projections_of_one_input_become_one_matmul_sliced():
+    model = SelfAttentionProjections().eval()
+    f = saturate_and_extract(model)
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
+    assert f.report.ops_after.get("linear") == 1 and f.report.ops_after.get("slice") == 3
+    assert any(name.startswith("linear-horizontal-fuse") for name, _, _ in f.report.rewrites)
+
+
+def test_projections_of_different_inputs_stay_apart():
+    model = Projections().eval()
+    f = saturate_and_extract(model)
+    x, y = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x, y), model(x, y), rtol=1e-5, atol=1e-5)
+    assert f.report.ops_after.get("linear") == 2  # q and k fused; v reads another input
+
+
+def test_folded_weights_follow_parameter_updates_and_carry_gradients():
+    model = SelfAttentionProjections().eval()
+    f = saturate_and_extract(model)
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        f(x)
+        model.q.weight.add_(0.5)  # an optimizer step: the concatenated weights must be redone
+        torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
+    assert f.report.kernels.get("folded") == 2  # weights and biases, concatenated once
+    f(x).sum().backward()
+    assert model.q.weight.grad is not None and model.v.bias.grad is not None

@@ -87,8 +87,10 @@ def _params(p) -> list[pat.Node]:
 def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[dict, dict]:
     """Random bindings satisfying the rule's conditions: tensors by name and attribute values.
     ``rule.sample`` pins shapes (tensor variables, param shape strings) and attribute values."""
-    lhs = rule.lhs_pattern
-    sorts, pinned = pat.variables(lhs), dict(rule.sample)
+    lhs = pat.Node("add", tuple(left for left, _ in rule.pairs()), ())  # every root, one walk
+    sorts = {v: s for left, _ in rule.pairs() for v, s in pat.variables(left).items()}
+    sorts.update({v: "i64" for v in rule.binds})
+    pinned = dict(rule.sample)
     signs = {f.strip("()").split()[1][1:]: f.strip("()").split()[0]
              for f in rule.when if f.strip("()").split()[0] in _SIGNS}
     indices = _uses(lhs, "gather", 1) | _uses(lhs, "index_select", 1)
@@ -126,7 +128,8 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
                 values[name] = float(torch.empty(()).uniform_(-3, 3, generator=gen))
             else:
                 raise AssertionError(f"{rule.name}: no sampler for ?{name} ({sort}); pin it")
-        facts = [f for f in rule.when if f.strip("()").split()[0] not in _SIGNS]
+        facts = [f for f in rule.when  # facts about the roots bind sizes, which sample pins
+                 if f.strip("()").split()[0] not in _SIGNS and "__lhs" not in f]
         if all(_value(_sexp(f), values, env) for f in facts):
             return values, env
     raise AssertionError(f"{rule.name}: could not satisfy {rule.when}")
@@ -136,17 +139,23 @@ def sides(rule, values):
     return pat.instantiate(rule.lhs_pattern, values), pat.instantiate(rule.rhs_pattern, values)
 
 
+def all_sides(rule, values) -> list:
+    """Left and right of every root of the rule (several for horizontal fusions)."""
+    return [(pat.instantiate(lhs, values), pat.instantiate(rhs, values)) for lhs, rhs in rule.pairs()]
+
+
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
 def test_both_sides_agree_in_float64(rule):
     gen = torch.Generator().manual_seed(7)
     for _ in range(5):
         values, env = bind(rule, gen)
-        lhs, rhs = evaluate(list(sides(rule, values)), env, reference=True)
-        lhs, rhs = torch.broadcast_tensors(torch.as_tensor(lhs), torch.as_tensor(rhs))
-        defined = torch.isfinite(lhs)
-        assert torch.isfinite(rhs[defined]).all(), f"{rule.name}: right side undefined where left is not"
-        torch.testing.assert_close(rhs[defined], lhs[defined], rtol=TOLERANCE[rule.exactness],
-                                   atol=TOLERANCE[rule.exactness])
+        for left, right in all_sides(rule, values):
+            lhs, rhs = evaluate([left, right], env, reference=True)
+            lhs, rhs = torch.broadcast_tensors(torch.as_tensor(lhs), torch.as_tensor(rhs))
+            defined = torch.isfinite(lhs)
+            assert torch.isfinite(rhs[defined]).all(), f"{rule.name}: right undefined where left is not"
+            torch.testing.assert_close(rhs[defined], lhs[defined], rtol=TOLERANCE[rule.exactness],
+                                       atol=TOLERANCE[rule.exactness])
 
 
 SYMPY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,

@@ -22,7 +22,8 @@ from .term import Term, dtype_name, evaluate, postorder, shapes
 class FoldedConstant:
     """A subterm over parameters alone (batch norm folded into conv weights, QKV weights
     concatenated): computed once per version of its parameters. Where autograd needs it (grad
-    enabled and a parameter requires grad) it is computed on every call, so training is unchanged."""
+    enabled and a parameter requires grad) it is computed on every call, so training is unchanged;
+    so it is for inference tensors, which keep no version counter."""
 
     def __init__(self, term: Term, names: list[str], index: int):
         self.term, self.names = term, names
@@ -30,8 +31,9 @@ class FoldedConstant:
         self._key, self._value = None, None
 
     def __call__(self, *tensors: torch.Tensor):
-        cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-        key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
+        cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
+            not any(t.is_inference() for t in tensors)  # inference tensors keep no version
+        key = tuple((t.data_ptr(), t._version, t.device) for t in tensors) if cacheable else None
         if cacheable and key == self._key:
             return self._value
         value = evaluate([self.term], dict(zip(self.names, tensors)))[0]

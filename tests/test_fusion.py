@@ -190,3 +190,12 @@ def test_folded_weights_follow_parameter_updates_and_carry_gradients():
     assert f.report.kernels.get("folded") == 2  # weights and biases, concatenated once
     f(x).sum().backward()
     assert model.q.weight.grad is not None and model.v.bias.grad is not None
+
+
+def test_folded_weights_work_under_inference_mode():
+    with torch.inference_mode():
+        model = SelfAttentionProjections().eval()  # parameters are inference tensors here
+        f = saturate_and_extract(model)
+        x = torch.randn(2, 8, 32)
+        torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)

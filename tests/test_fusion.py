@@ -10,6 +10,14 @@ from egraph_opt import capture, optimize, saturate_and_extract
 from egraph_opt.rulesets import Family, catalogue
 
 
+def optimized_report(fn, *args, tol=1e-5):
+    """Optimize ``fn``, check it still computes what ``fn`` does on ``args``, return the report."""
+    f = saturate_and_extract(fn)
+    with torch.no_grad():
+        torch.testing.assert_close(f(*args), fn(*args), rtol=tol, atol=tol)
+    return f.report
+
+
 def ops_after(fn, *args, **options):
     program, _ = capture(fn, args)
     return optimize(program, **options).ops_after
@@ -87,12 +95,7 @@ class NaiveBlock(nn.Module):
 
 
 def test_naive_block_fuses_layer_norm_attention_and_gelu():
-    block = NaiveBlock().eval()
-    f = saturate_and_extract(block)
-    x = torch.randn(2, 16, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(f(x), block(x), rtol=1e-4, atol=1e-4)
-    after = f.report.ops_after
+    after = optimized_report(NaiveBlock().eval(), torch.randn(2, 16, 32), tol=1e-4).ops_after
     assert after.get("layer_norm") == 2 and after.get("sdpa_masked") == 1
     assert after.get("linear_act") == 1 and "tanh" not in after and "var" not in after
 
@@ -110,12 +113,8 @@ def test_conv_batch_norm_folds_in_eval_mode():
     model = ConvBN()
     model.bn.running_mean.normal_()
     model.bn.running_var.uniform_(0.5, 2.0)
-    model.eval()
-    f = saturate_and_extract(model)
-    x = torch.randn(2, 3, 10, 10)
-    with torch.no_grad():
-        torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-4)
-    assert "batch_norm" not in f.report.ops_after and f.report.ops_after.get("conv2d") == 1
+    after = optimized_report(model.eval(), torch.randn(2, 3, 10, 10), tol=1e-4).ops_after
+    assert "batch_norm" not in after and after.get("conv2d") == 1
 
 
 def test_batch_norm_with_statistics_from_inputs_is_not_folded():
@@ -161,22 +160,14 @@ class SelfAttentionProjections(Projections):
 
 
 def test_projections_of_one_input_become_one_matmul_sliced():
-    model = SelfAttentionProjections().eval()
-    f = saturate_and_extract(model)
-    x = torch.randn(2, 8, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
-    assert f.report.ops_after.get("linear") == 1 and f.report.ops_after.get("slice") == 3
-    assert any(name.startswith("linear-horizontal-fuse") for name, _, _ in f.report.rewrites)
+    report = optimized_report(SelfAttentionProjections().eval(), torch.randn(2, 8, 32))
+    assert report.ops_after.get("linear") == 1 and report.ops_after.get("slice") == 3
+    assert any(name.startswith("linear-horizontal-fuse") for name, _, _ in report.rewrites)
 
 
 def test_projections_of_different_inputs_stay_apart():
-    model = Projections().eval()
-    f = saturate_and_extract(model)
-    x, y = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(f(x, y), model(x, y), rtol=1e-5, atol=1e-5)
-    assert f.report.ops_after.get("linear") == 2  # q and k fused; v reads another input
+    report = optimized_report(Projections().eval(), torch.randn(2, 8, 32), torch.randn(2, 8, 32))
+    assert report.ops_after.get("linear") == 2  # q and k fused; v reads another input
 
 
 def test_folded_weights_follow_parameter_updates_and_carry_gradients():

@@ -15,8 +15,9 @@ from typing import Any, Callable
 import torch
 from torch import fx
 from torch.fx.node import map_aggregate
+from torch.utils._pytree import tree_unflatten
 
-from . import lowering, lowering_nn  # noqa: F401 - lowering_nn registers nn's lowerings
+from . import lowering, lowering_aten, lowering_nn  # noqa: F401 - these register lowerings
 from .ops import shape_attr
 from .program import OpaqueCall, OpaqueRef, Program
 from .term import Term
@@ -33,7 +34,19 @@ class _TraceAll(fx.Tracer):
         return isinstance(m, tuple(lowering.MODULES))
 
 
-def trace(fn) -> fx.GraphModule:
+class _AsModule(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
+    """Symbolic fx tracing; where Python control flow reads shapes (Hugging Face models do),
+    torch.export on the example inputs, which specializes shapes as we do per signature and
+    still refuses control flow on tensor values."""
     root = fn if isinstance(fn, torch.nn.Module) else None
     where = getattr(fn, "__qualname__", type(fn).__name__)
     errors = []
@@ -43,8 +56,14 @@ def trace(fn) -> fx.GraphModule:
             return fx.GraphModule(tracer.root if root is None else root, graph)
         except Exception as e:  # noqa: BLE001 - fx raises many types; reported together below
             errors.append(f"{type(e).__name__}: {e}")
-    raise CaptureError(f"cannot trace {where}: {errors[-1]} (torch.fx symbolic tracing needs "
-                       "control flow that does not depend on tensor values)")
+    if example_args:
+        module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
+        try:
+            return torch.export.export(module, tuple(example_args), strict=False).module()
+        except Exception as e:  # noqa: BLE001 - export raises many types too
+            errors.append(f"torch.export: {type(e).__name__}: {str(e).splitlines()[0]}")
+    raise CaptureError(f"cannot trace {where}: {'; '.join(errors[-2:])} (tracing needs control "
+                       "flow that does not depend on tensor values)")
 
 
 @dataclass(frozen=True)
@@ -90,7 +109,7 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         if not isinstance(arg, torch.Tensor):
             raise CaptureError(f"argument {name!r} is a {type(arg).__name__}; egraph-opt optimizes "
                                "functions of tensors (close over other values instead)")
-    gm = trace(fn)
+    gm = trace(fn, example_args)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_args):
         raise CaptureError(f"{len(example_args)} arguments given, the traced program takes "
@@ -121,6 +140,8 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
             info_of[id(values[node.name])] = TensorInfo(tuple(tensor.shape), tensor.dtype)
         elif node.op == "output":
             output = map_aggregate(node.args[0], lambda a: values[a.name] if isinstance(a, fx.Node) else a)
+            if getattr(gm, "_out_spec", None) is not None:  # torch.export flattened the outputs
+                output = tree_unflatten(list(output), gm._out_spec)
         elif _is_static(node, static):
             static.add(node.name)
             values[node.name] = info

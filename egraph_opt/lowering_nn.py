@@ -38,11 +38,15 @@ def _linear(c, x, weight, bias=None):
 
 @lowers(F.scaled_dot_product_attention)
 def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    if attn_mask is not None or dropout_p or enable_gqa:
-        raise Unsupported("attention with a mask, dropout or grouped heads")
+    if dropout_p or enable_gqa or (attn_mask is not None and is_causal):
+        raise Unsupported("attention with dropout, grouped heads, or both a mask and causality")
     if scale is None:
         scale = 1.0 / math.sqrt(c.info(q).shape[-1])
-    return Term("sdpa", (q, k, v), (float(scale), bool(is_causal)))
+    if attn_mask is None:
+        return Term("sdpa", (q, k, v), (float(scale), bool(is_causal)))
+    if c.info(attn_mask).dtype == torch.bool:  # True attends: an additive bias of 0 / -inf
+        attn_mask = Term("where", (attn_mask, Term.const(0.0), Term.const(float("-inf"))))
+    return Term("sdpa_masked", (q, k, v, attn_mask), (float(scale),))
 
 
 def _pair(v) -> str:

@@ -89,3 +89,32 @@ def test_data_dependent_scalars_are_not_folded():
     rebuilt = build_module(program, traced)
     y = torch.rand(4) + 5
     torch.testing.assert_close(rebuilt(y), f(y))
+
+
+def test_models_whose_python_reads_shapes_are_captured_through_torch_export():
+    """Hugging Face models branch on shapes in Python: symbolic fx fails, torch.export (which
+    specializes shapes per signature, as plans do) captures them."""
+    transformers = pytest.importorskip("transformers")
+    import warnings
+
+    from egraph_opt import saturate_and_extract
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=16,
+                                     bos_token_id=0, eos_token_id=0)
+
+    class LastHidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt2 = transformers.GPT2Model(config).eval()
+
+        def forward(self, ids):
+            return self.gpt2(input_ids=ids, return_dict=False)[0]
+
+    model = LastHidden().eval()
+    f = saturate_and_extract(model)
+    ids = torch.randint(0, 50, (2, 8))
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(f(ids), model(ids), rtol=1e-4, atol=1e-4)
+    assert f.report.validation.passed
+    assert {"layer_norm", "sdpa_masked", "gelu"} <= set(f.report.ops_after)

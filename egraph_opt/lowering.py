@@ -70,21 +70,22 @@ TABLE: dict[Any, Callable] = {}
 MODULES: dict[type, Callable] = {}  # leaf module types (their forward is not traceable)
 
 
-def lowers(*targets):
-    """Register a lowering for functions (objects) and Tensor methods (names as strings)."""
+def _registrar(table: dict, keys: tuple):
     def register(fn):
-        for target in targets:
-            TABLE[target] = fn
+        for key in keys:
+            table[key] = fn
         return fn
     return register
+
+
+def lowers(*targets):
+    """Register a lowering for functions (objects) and Tensor methods (names as strings)."""
+    return _registrar(TABLE, targets)
 
 
 def lowers_module(*types):
-    def register(fn):
-        for t in types:
-            MODULES[t] = fn
-        return fn
-    return register
+    """Register a lowering for leaf modules of these types."""
+    return _registrar(MODULES, types)
 
 
 def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],

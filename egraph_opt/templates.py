@@ -179,8 +179,3 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
         done = {id(p[0]) for p in ready}
         pending = [p for p in pending if id(p[0]) not in done]
     return _rewrite(replace(outer, outputs=outer.outputs[0]), fill)
-
-
-def instance_count(groups: list[list[Instance]]) -> int:
-    return sum(len(g) for g in groups)
-

@@ -5,6 +5,7 @@ DAG-aware extraction -> Program with the same interface.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -20,7 +21,7 @@ from .ops import OPS, parse_shape
 from .program import Program
 from .ranges import TOP, analyze
 from .rulesets import Rule, select
-from .term import op_counts, postorder, shapes
+from .term import dtype_name, op_counts, postorder, shapes
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
         for name, n in s.matches.items():
             matches[name] = matches.get(name, 0) + n
     matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
-    applied = [(r, matches[r.name]) for r in _applied(matched, roots, best)]
+    applied = [(r, matches[r.name]) for r in _applied(matched, roots, best, leaf_meta)]
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,
@@ -232,18 +233,28 @@ def closed_classes(classes: dict, ops: set[str], leaves_only: bool = False) -> s
     return closed
 
 
-def _applied(matched: list[Rule], before, after) -> list[Rule]:
-    """The matched rules the extracted program shows: those whose right side is new in it (or, for
-    a cancelling rule, whose left side is gone), then, transitively, those whose right side is part
-    of a shown rule's left side and whose left side is gone."""
-    def occurs(p, terms):
-        return bool(pat.find(p, terms))
+_DTYPE_FACT = re.compile(r'\(= \(dtype-of \?(\w+)\) "(\w+)"\)')
+
+
+def _applied(matched: list[Rule], before, after, leaf_meta: dict) -> list[Rule]:
+    """The matched rules the extracted program shows: those whose right side is new in it (or
+    whose left side, with its dtype conditions, is gone: a cancelling rule, or a precision rule
+    whose casts later rules moved), then, transitively, those whose right side is part of a shown
+    rule's left side and whose left side is gone."""
+    dtypes = {}
+    for terms in (before, after):
+        dtypes.update({k: dtype_name(m[1]) for k, m in shapes(terms, leaf_meta).items()})
+
+    def occurs(p, terms, facts=()):  # with ``facts`` (variable, dtype) holding
+        return any(all(dtypes.get(id(b[v])) == d for v, d in facts) for b in pat.find(p, terms))
 
     def gone(r):
-        return occurs(r.lhs_pattern, before) and not occurs(r.lhs_pattern, after)
+        facts = _DTYPE_FACT.findall(" ".join(r.when))
+        return occurs(r.lhs_pattern, before, facts) and not occurs(r.lhs_pattern, after, facts)
 
     shown = [r for r in matched if (occurs(r.rhs_pattern, after) and not occurs(r.rhs_pattern, before)
-                                    if isinstance(r.rhs_pattern, pat.Node) else gone(r))]
+                                    if isinstance(r.rhs_pattern, pat.Node) else gone(r))
+             or _DTYPE_FACT.search(" ".join(r.when)) and gone(r)]
     frontier = list(shown)
     while frontier:
         fed = pat.skeleton(frontier.pop().lhs_pattern)[0]

@@ -42,6 +42,9 @@ def _e(op: str) -> str:
 
 _SAME_AS_OPERAND = ["mean", "max", "transpose", "permute", "reshape", "expand", "slice", "cast",
                     "gather", "index_select"]
+#: ops whose result holds exactly the operand's values: the result's interval is the operand's too
+#: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
+_SAME_VALUES = ["cast", "transpose", "permute", "reshape", "expand"]
 _ELEMENTWISE_UNARY = ["neg", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos",
                       "tanh", "sigmoid", "relu", "erf", "gelu", "softplus", "cast", "softmax",
                       "log_softmax"]
@@ -118,6 +121,10 @@ def rules() -> list[str]:
         pattern = _operand_pattern(op)
         out.append(f"(rule ((= e {pattern}) (= x (lo ?a))) ((set (lo e) x)))")
         out.append(f"(rule ((= e {pattern}) (= x (hi ?a))) ((set (hi e) x)))")
+    for op in _SAME_VALUES:
+        pattern = _operand_pattern(op)
+        out.append(f"(rule ((= e {pattern}) (= x (lo e))) ((set (lo ?a) x)))")
+        out.append(f"(rule ((= e {pattern}) (= x (hi e))) ((set (hi ?a) x)))")
     for op, (lo, hi) in _FIXED.items():
         out.append(f"(rule ((= e {_operand_pattern(op)})) ((set (lo e) {lo}) (set (hi e) {hi})))")
     for op, fact in _FACT_OF_OP.items():

@@ -19,6 +19,9 @@ from .term import Term, postorder
 from torch.fx.node import map_aggregate
 
 PREFIX = "tmpl:"
+#: smaller instances (a lone Linear or ReLU) are saturated in place: a template would save little
+#: and would cut rewrites that cross its boundary (a float32 chain across layers)
+MIN_OPS = 8
 
 
 @dataclass
@@ -58,7 +61,8 @@ def _signature(inst: Instance, parents: dict[int, list[Term]], roots: set[int]) 
 
 
 def find(program: Program) -> list[list[Instance]]:
-    """Groups of two or more instances with equal signatures, in program order."""
+    """Groups of two or more instances of at least ``MIN_OPS`` ops with equal signatures, in
+    program order."""
     roots = program.roots()
     order = postorder(roots)
     parents: dict[int, list[Term]] = defaultdict(list)
@@ -74,7 +78,8 @@ def find(program: Program) -> list[list[Instance]]:
     for inst in instances.values():
         _signature(inst, parents, {id(r) for r in roots})
         groups[inst.signature].append(inst)
-    return [g for g in groups.values() if len(g) > 1 and g[0].outputs]
+    return [g for g in groups.values() if len(g) > 1 and g[0].outputs
+            and sum(bool(t.args) for t in g[0].terms) >= MIN_OPS]
 
 
 def substitute(roots: list[Term], mapping: dict[int, Term]) -> list[Term]:

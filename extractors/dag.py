@@ -12,7 +12,9 @@ the current block) are mostly common to every alternative a rewrite creates, and
 all is quadratic (227 s at 50,000 e-nodes; 0.8 s windowed). The window is an approximation (a
 class's height is its shortest derivation, which can hide a long alternative's cost), so smaller
 e-graphs, the usual case once repeated blocks are templates, are extracted exactly. A windowed
-choice that turns out cyclic through a deeper class is extracted again exactly.
+choice that turns out cyclic through a deeper class is extracted again exactly; relaxation can
+still close a cycle (a class settled on an operand that later improved through it), and then the
+choice is made in Knuth's order, acyclic by construction.
 """
 from __future__ import annotations
 
@@ -217,15 +219,45 @@ def extract(classes: dict[str, list[ENode]], roots: list[str],
 def _extract(classes: dict[str, list[ENode]], roots: list[str],
              cost: Callable[[str, ENode], int]) -> list[Term]:
     size = sum(len(nodes) for nodes in classes.values())
-    choice = choose(classes, cost, window=WINDOW if size > EXACT_UP_TO else None)
-    missing = [r for r in roots if r not in choice]
-    if missing:
-        raise ExtractionError(f"e-class {missing[0]} has no finite program")
-    choice = refine(choice, roots, classes, cost)
-    try:
-        return _build(choice, roots)
-    except ExtractionError:  # a cycle through classes deeper than the window: extract exactly
-        return _build(refine(choose(classes, cost, window=None), roots, classes, cost), roots)
+    for window in ([WINDOW, None] if size > EXACT_UP_TO else [None]):
+        choice = choose(classes, cost, window)
+        missing = [r for r in roots if r not in choice]
+        if missing:
+            raise ExtractionError(f"e-class {missing[0]} has no finite program")
+        try:
+            return _build(refine(choice, roots, classes, cost), roots)
+        except ExtractionError:  # a cycle: through classes deeper than the window, or through a
+            continue             # choice made before a class it depends on improved
+    return _build(settled_in_order(classes, cost), roots)
+
+
+def settled_in_order(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -> dict[str, ENode]:
+    """Each class's e-node of least cost (its operands' costs summed, each class once per e-node),
+    settled in Knuth's order: a class only after every operand of its e-node, so the choice is
+    acyclic by construction. The fallback when relaxation's choice closes a cycle."""
+    nodes = [(cid, n) for cid in classes for n in classes[cid]]
+    users: dict[str, list[int]] = defaultdict(list)
+    waiting, partial = [], [0] * len(nodes)
+    for i, (_, n) in enumerate(nodes):
+        kids = set(n.children)
+        waiting.append(len(kids))
+        for c in kids:
+            users[c].append(i)
+    heap = [(cost(cid, n), i) for i, (cid, n) in enumerate(nodes) if not n.children]
+    heapq.heapify(heap)
+    settled: dict[str, ENode] = {}
+    while heap:
+        total, i = heapq.heappop(heap)
+        cid, n = nodes[i]
+        if cid in settled:
+            continue
+        settled[cid] = n
+        for j in users[cid]:
+            partial[j] += total
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(heap, (partial[j] + cost(*nodes[j]), j))
+    return settled
 
 
 def _build(choice: dict[str, ENode], roots: list[str]) -> list[Term]:

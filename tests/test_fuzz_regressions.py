@@ -42,6 +42,11 @@ CASES = [
      "wrong (log of 1 + tiny, rounded), the naive log(softmax) 0.3% (checked with mpmath); "
      "dividing by it amplifies float64 rounding noise, which the check now measures (the "
      "original's float32 evaluation) and allows"),
+    (58, {"x": (-3.6832323560776157, 3.6832323560776157), "y": (-3.890366065635718, 3.890366065635718)},
+     {"x": (4, 16), "y": (4, 16)}, "(sigmoid (div ?x (mul (cos ?x) (const 1.0))))",
+     "found by bench/curvature_vs_error.py (program 58, seed 0) at commit 72473e2: relaxation "
+     "settled a class on an e-node whose operand later improved through that class; the exact "
+     "extraction's choice was cyclic (ExtractionError)"),
     (1, None, XY,
      "(sub (mul (add ?x (const 1e4)) (add ?x (const 1e4))) (mul (add ?y (const 1e4)) (add ?y (const 1e4))))",
      "hand-built: difference of squares at a large offset, shared operands"),

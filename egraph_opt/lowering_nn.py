@@ -1,6 +1,6 @@
 """Lowering of torch.nn.functional's composite ops and of leaf modules: the fused ops of the Term
-language that users reach through nn (embedding, layer norm, linear, attention, conv, batch norm).
-Registered into ``lowering``'s tables when imported."""
+language that users reach through nn (embedding, layer norm, linear, attention, conv, pooling,
+batch norm). Registered into ``lowering``'s tables when imported."""
 from __future__ import annotations
 
 import math
@@ -50,7 +50,9 @@ def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
 
 
 def _pair(v) -> str:
-    return shape_attr((v, v) if isinstance(v, int) else tuple(v))
+    """Per spatial dim: torch takes an int or a one-element sequence for both."""
+    v = (v,) if isinstance(v, int) else tuple(v)
+    return shape_attr(v * 2 if len(v) == 1 else v)
 
 
 @lowers(F.conv2d)
@@ -60,6 +62,17 @@ def _conv2d(c, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     b = c.tensor(bias) if bias is not None else Term.const(0.0)
     return Term("conv2d", (c.tensor(x), c.tensor(weight), b),
                 (_pair(stride), _pair(padding), _pair(dilation), int(groups)))
+
+
+@lowers(F.max_pool2d, F._max_pool2d, torch.max_pool2d)
+def _max_pool2d(c, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                return_indices=False):
+    """fx records F.max_pool2d's dispatch wrapper itself; the default stride (the kernel) is None
+    there and [] in torch's and ATen's spellings."""
+    if ceil_mode or return_indices:
+        raise Unsupported("max_pool2d with ceil_mode or return_indices")
+    return Term("max_pool2d", (c.tensor(x),), (_pair(kernel_size), _pair(stride or kernel_size),
+                                                _pair(padding), _pair(dilation)))
 
 
 @lowers(F.batch_norm)

@@ -24,7 +24,7 @@ from .term import Term, evaluate, postorder, shapes
 __all__ = ["EMIT", "NO_ONNX_FORM", "Emitter", "OnnxExportError", "export"]
 _SAME_RANK = {"softmax", "log_softmax", "cast", "transpose", "permute", "slice", "concat", "gather",
               "index_select", "layer_norm", "sdpa", "sdpa_masked", "linear", "linear_act", "gelu",
-              "conv2d", "batch_norm"}
+              "conv2d", "batch_norm", "max_pool2d"}
 _NO_NUMPY = {"bfloat16"}  # element types whose parameters cannot be folded through numpy
 
 

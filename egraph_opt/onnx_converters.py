@@ -279,23 +279,40 @@ def _layer_norm(im: Importer, node):
     return Term("layer_norm", (x, w, b), (float(_attr(node, "epsilon", 1e-5)),))
 
 
-def _conv(im: Importer, node):
-    """2-D Conv with explicit symmetric pads; a missing bias is the const 0."""
-    x, w = node.input[0], node.input[1]
-    if im.rank(x) != 4 or not _floating(im, x):
-        raise Unsupported("Conv over other than 2 spatial dims, or on integers")
+def _window_pads(im: Importer, node) -> list[int]:
+    """Pads per spatial dim of a 2-D window op (Conv, MaxPool) on floats: explicit, symmetric."""
+    if im.rank(node.input[0]) != 4 or not _floating(im, node.input[0]):
+        raise Unsupported(f"{node.op_type} over other than 2 spatial dims, or on integers")
     auto_pad = _attr(node, "auto_pad", "NOTSET")
     pads = list(_attr(node, "pads", [0, 0, 0, 0])) if auto_pad == "NOTSET" else \
         [0, 0, 0, 0] if auto_pad == "VALID" else None
     if pads is None or pads[:2] != pads[2:]:
-        raise Unsupported("Conv with SAME padding or asymmetric pads")
+        raise Unsupported(f"{node.op_type} with SAME padding or asymmetric pads")
+    return pads[:2]
+
+
+def _conv(im: Importer, node):
+    """2-D Conv with explicit symmetric pads; a missing bias is the const 0."""
+    x, w = node.input[0], node.input[1]
+    pads = _window_pads(im, node)
     kernel = im.static(w)[2:]
     if list(_attr(node, "kernel_shape", kernel)) != list(kernel):
         raise Unsupported("Conv whose kernel_shape disagrees with its weight")
     b = im.term(node.input[2]) if len(node.input) > 2 and node.input[2] else Term.const(0.0)
     return Term("conv2d", (im.term(x), im.term(w), b), (
-        shape_attr(_attr(node, "strides", [1, 1])), shape_attr(pads[:2]),
+        shape_attr(_attr(node, "strides", [1, 1])), shape_attr(pads),
         shape_attr(_attr(node, "dilations", [1, 1])), int(_attr(node, "group", 1))))
+
+
+def _max_pool(im: Importer, node):
+    """2-D MaxPool with floor rounding, explicit symmetric pads and no Indices output."""
+    pads = _window_pads(im, node)
+    if _attr(node, "ceil_mode", 0) or _attr(node, "storage_order", 0) or \
+            (len(node.output) > 1 and node.output[1]):
+        raise Unsupported("MaxPool with ceil_mode, storage_order or its Indices output")
+    return Term("max_pool2d", (im.term(node.input[0]),), (
+        shape_attr(_attr(node, "kernel_shape")), shape_attr(_attr(node, "strides", [1, 1])),
+        shape_attr(pads), shape_attr(_attr(node, "dilations", [1, 1]))))
 
 
 def _batch_norm(im: Importer, node):
@@ -344,7 +361,7 @@ CONVERTERS = {
     "Expand": _expand, "Gather": _gather, "GatherElements": _gather_elements, "Concat": _concat,
     "Slice": _slice, "Cast": _cast, "Softmax": _softmax("softmax"),
     "LogSoftmax": _softmax("log_softmax"), "LayerNormalization": _layer_norm,
-    "Conv": _conv, "BatchNormalization": _batch_norm,
+    "Conv": _conv, "MaxPool": _max_pool, "BatchNormalization": _batch_norm,
 }
 
 

@@ -221,6 +221,13 @@ def _conv2d(em, t, stride, padding, dilation, groups):
     return out
 
 
+def _max_pool2d(em, t, kernel, stride, padding, dilation):
+    pads = list(parse_shape(padding))
+    return em.node("MaxPool", [em.value(t.args[0])], "max_pool",
+                   kernel_shape=list(parse_shape(kernel)), strides=list(parse_shape(stride)),
+                   pads=pads + pads, dilations=list(parse_shape(dilation)))
+
+
 def _batch_norm(em, t, eps):
     x, mean, var, weight, bias = t.args
     if any(a.op == "const" for a in (mean, var, weight, bias)):
@@ -262,7 +269,7 @@ EMIT = {
     "logaddexp": _composite(_logaddexp),
     "gelu": _gelu, "transpose": _transpose, "layer_norm": _layer_norm, "sdpa": _sdpa,
     "sdpa_masked": _sdpa_masked, "linear": _linear, "linear_act": _linear_act,
-    "conv2d": _conv2d, "batch_norm": _batch_norm, "concat": _concat,
+    "conv2d": _conv2d, "max_pool2d": _max_pool2d, "batch_norm": _batch_norm, "concat": _concat,
     "permute": lambda em, t, perm: em.node("Transpose", [em.value(t.args[0])], "permute",
                                            perm=list(parse_shape(perm))),
     "reshape": lambda em, t, shape: em.node("Reshape", [em.value(t.args[0]),

@@ -149,6 +149,12 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
     return y + bias if isinstance(bias, float) else y
 
 
+def max_pool2d(x, kernel, stride, padding, dilation):
+    """Padding is -inf (never picked): each window's maximum is one of ``x``'s values."""
+    return F.max_pool2d(x, parse_shape(kernel), parse_shape(stride), parse_shape(padding),
+                        parse_shape(dilation))
+
+
 def batch_norm(x, mean, var, weight, bias, eps):
     """Inference batch norm over channel axis 1, with running statistics."""
     return F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
@@ -178,6 +184,7 @@ def _op(name, arity, attrs="", impl=None, infix=None) -> Op:
 
 _AXIS = "axis:i64"
 _REDUCE = "axis:i64 keepdim:bool"
+_WINDOW = "stride:String padding:String dilation:String"  # per spatial dim, as shape_attr strings
 
 OPS: dict[str, Op] = {op.name: op for op in [
     # leaves: program inputs, parameters (by name), scalar constants, opaque calls (by node name)
@@ -236,7 +243,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("linear", 3, impl=F.linear),
     _op("linear_act", 3, "activation:String", impl=linear_act),
     _op("sdpa_masked", 4, "scale:f64", impl=sdpa_masked),
-    _op("conv2d", 3, "stride:String padding:String dilation:String groups:i64", impl=conv2d),
+    _op("conv2d", 3, _WINDOW + " groups:i64", impl=conv2d),
+    _op("max_pool2d", 1, "kernel:String " + _WINDOW, impl=max_pool2d),
     _op("batch_norm", 5, "eps:f64", impl=batch_norm),
 ]}
 

@@ -41,7 +41,7 @@ def _e(op: str) -> str:
 
 
 _SAME_AS_OPERAND = ["mean", "max", "transpose", "permute", "reshape", "expand", "slice", "cast",
-                    "gather", "index_select"]
+                    "gather", "index_select", "max_pool2d"]
 #: ops whose result holds exactly the operand's values: the result's interval is the operand's too
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
 _SAME_VALUES = ["cast", "transpose", "permute", "reshape", "expand"]

@@ -25,7 +25,7 @@ from .curvature import ROUNDING_FREE, UNIT_ROUNDOFF, kappa, kappa_cost
 PASSES = {
     "sum": 4, "max": 4, "mean": 4, "var": 6, "softmax": 5, "log_softmax": 5, "logsumexp": 5,
     "layer_norm": 6, "matmul": 16, "linear": 17, "linear_act": 17, "sdpa": 20, "sdpa_masked": 21,
-    "conv2d": 24, "batch_norm": 6,
+    "conv2d": 24, "batch_norm": 6, "max_pool2d": 2,
     "transpose": 1, "permute": 1, "reshape": 1, "expand": 1, "slice": 1,
 }
 PASS_UNITS = 10  # one pass ~ 1 us in latency units

@@ -121,7 +121,7 @@ def rounding(dtype: str, result: Interval) -> float:
 #: ops whose result is exactly representable from exact operands: they add no rounding error
 ROUNDING_FREE = {"input", "param", "const", "opaque", "max", "maximum", "minimum", "relu", "abs",
                  "neg", "transpose", "permute", "reshape", "expand", "slice", "gather",
-                 "index_select", "concat", "where"}
+                 "index_select", "concat", "where", "max_pool2d"}
 
 
 def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:

@@ -36,7 +36,9 @@ _HOISTED = {name: () for name in ("neg", "exp", "log", "log1p", "expm1", "sqrt",
                                   "transpose")}
 _HOISTED.update({"gelu": (("approximate", "tanh"),), "permute": (("perm", "0,2,3,1"),),
                  "reshape": (("shape", "6,25"),), "expand": (("x", (2, 3, 1, 5)), ("shape", "2,3,4,5")),
-                 "slice": (("axis", -1), ("start", 1), ("end", 4), ("step", 2))})
+                 "slice": (("axis", -1), ("start", 1), ("end", 4), ("step", 2)),
+                 "max_pool2d": (("x", (2, 3, 6, 6)), ("kernel", "2,2"), ("stride", "2,2"),
+                                ("padding", "0,0"), ("dilation", "1,1"))})
 _BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 
 

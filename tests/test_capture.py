@@ -118,3 +118,39 @@ def test_models_whose_python_reads_shapes_are_captured_through_torch_export():
         torch.testing.assert_close(f(ids), model(ids), rtol=1e-4, atol=1e-4)
     assert f.report.validation.passed
     assert {"layer_norm", "sdpa_masked", "gelu"} <= set(f.report.ops_after)
+
+
+def _cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(8 * 4 * 4, 10)).eval()
+
+
+def test_cnn_with_max_pooling_is_captured_whole_and_optimizes_to_eager():
+    from egraph_opt import saturate_and_extract
+
+    model, x = _cnn(), torch.randn(4, 3, 8, 8)
+    program, _ = capture(model, (x,))
+    assert not program.opaque
+    assert op_counts(program.roots())["max_pool2d"] == 1
+    f = saturate_and_extract(model)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
+    assert f.report.validation.passed and "max_pool2d" in f.report.ops_after
+
+
+def test_max_pooling_through_torch_export_and_its_inexpressible_forms_stay_opaque():
+    class ShapeBranch(nn.Module):  # Python control flow on a shape: symbolic fx fails, export works
+        def __init__(self):
+            super().__init__()
+            self.cnn = _cnn()
+
+        def forward(self, x):
+            return self.cnn(x) if x.shape[-1] == 8 else x
+
+    x = torch.randn(2, 3, 8, 8)
+    program, _ = capture(ShapeBranch().eval(), (x,))
+    assert not program.opaque and {"conv2d", "max_pool2d"} <= set(op_counts(program.roots()))
+    torch.testing.assert_close(run(program, (x,))[0], _cnn()(x))
+    for inexpressible in (nn.MaxPool2d(2, ceil_mode=True), nn.MaxPool2d(2, return_indices=True)):
+        assert capture(inexpressible, (torch.randn(1, 2, 5, 5),))[0].opaque

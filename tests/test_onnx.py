@@ -136,7 +136,7 @@ def test_dynamic_batch_dim_is_kept(zoo):
 def test_cnn_batch_norm_folds_into_the_conv(zoo):
     original = onnx.load(zoo["cnn"])
     src = import_model(original)
-    assert {c.target.op_type for c in src.program.opaque.values()} == {"MaxPool"}
+    assert not src.program.opaque  # MaxPool included
     optimized, result = _round_trip(original)
     assert "conv-batch-norm-fold" in {r.name for r, _ in result.applied}
     assert [n.op_type for n in optimized.graph.node] == ["Conv", "Relu", "MaxPool", "Reshape", "Gemm"]

@@ -81,6 +81,7 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     "conv2d": [((img, _leaf("cw"), _leaf("cb")), ("2,1", "1,0", "1,1", 1)),
                ((img, _leaf("cw"), c(0.0)), _CONV), ((img, _leaf("cw"), c(0.5)), _CONV),
                ((img, _leaf("gw"), c(0.0)), ("1,1", "0,0", "2,2", 3))],
+    "max_pool2d": [((img,), ("2,2", "2,2", "0,0", "1,1")), ((img,), ("3,2", "2,1", "1,0", "1,2"))],
     "batch_norm": [((img, *(_leaf(n) for n in ("mean", "var", "gamma", "beta"))), (1e-5,))],
 }
 _CASES = [pytest.param(op, i, opset, id=f"{op}-{i}-opset{opset}")

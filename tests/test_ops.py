@@ -64,6 +64,8 @@ CASES = [
     ("linear",       lambda x, w, b: F.linear(x, w, b) + F.linear(x, w),       (R(2, 4), R(3, 4), R(3))),
     ("conv2d",       lambda x, w, b: F.conv2d(x, w, b, 2, 1) + F.conv2d(x, w, None, 2, (1, 1)),
                                                                                (R(2, 3, 9, 9), R(4, 3, 3, 3), R(4))),
+    ("max_pool2d",   lambda x: F.max_pool2d(x, 2) + F.max_pool2d(x, 3, 2, 1) + torch.max_pool2d(x, (2,)),
+                                                                               (R(2, 3, 8, 8),)),
     ("batch_norm",   lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, False, 0.1, 1e-3),
                                                                                (R(2, 3, 4, 4), R(3), P(3), R(3), R(3))),
 ]

@@ -15,7 +15,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from .onnx_converters import DTYPES, ELEM_TYPES
-from .onnx_emitters import EMIT, NO_ONNX_FORM, REDUCE, OnnxExportError
+from .onnx_emitters import EMIT, NO_ONNX_FORM, REDUCE, OnnxExportError, attention_over_heads, heads_merged
 from .onnx_frontend import OnnxProgram, subgraph_reads
 from .ops import OPS, parse_shape
 from .program import Program, leaves, topological
@@ -47,6 +47,9 @@ class Emitter:
         self._source: dict[int, str] = {}
         self._folded: dict[int, str | None] = {}
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
+        #: attention between a split into heads and a merge, written as one Attention (opset 23)
+        self.heads = heads_merged(program.roots(), shapes(program.roots(), program.leaf_meta())) \
+            if self.opset >= 23 else {}
 
     # --- names, constants and analyses ---
     def fresh(self, hint: str) -> str:
@@ -198,7 +201,10 @@ class Emitter:
         emit = None if t.op in NO_ONNX_FORM else EMIT.get(t.op)
         if emit is None:
             raise OnnxExportError(f"op {t.op!r} has no ONNX form")
-        name = self.fold_params(t) or emit(self, t, *t.attrs)
+        if id(t) in self.heads:
+            name = attention_over_heads(self, *self.heads[id(t)])
+        else:
+            name = self.fold_params(t) or emit(self, t, *t.attrs)
         if out is not None and name != out:  # a graph output: its last node writes it directly
             if self.nodes and self.nodes[-1].output[0] == name:
                 self.nodes[-1].output[0] = out
@@ -233,6 +239,9 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
     def deps(item):
         if isinstance(item, Term) and not OPS[item.op].is_leaf and em.fold_params(item):
             return []  # a folded initializer reads nothing
+        if isinstance(item, Term) and id(item) in em.heads:
+            attention, *xs, _ = em.heads[id(item)]
+            return xs + list(attention.args[3:])
         if isinstance(item, Term):
             return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
                 else list(item.args)

@@ -25,6 +25,7 @@ import onnx
 
 from .extractors import Objective
 from .onnx_backend import OnnxExportError, export
+from .onnx_converters import opset_of
 from .onnx_frontend import OnnxImportError, ValueType, _value_type, import_model, load
 from .pipeline import optimize
 
@@ -145,6 +146,19 @@ def write_atomic(model: onnx.ModelProto, target: str, external: bool):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
+    """The model at ``opset`` when that is newer than its own (newer opsets have fused standard
+    operators: Gelu from 20, Attention from 23); never downgraded."""
+    if opset is None or opset <= opset_of(model):
+        return model
+    from onnx import version_converter
+    try:
+        return version_converter.convert_version(model, opset)
+    except Exception as e:  # noqa: BLE001 - the converter raises several types
+        raise ModelFailure(f"cannot convert opset {opset_of(model)} to {opset}: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
 def _uses_external_data(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
@@ -158,7 +172,7 @@ def process(path: str, target: str, options: dict) -> dict:
             raise ModelFailure(f"{target} exists (use --force to overwrite)")
         original = load(path)
         stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
-        src = import_model(original, path)
+        src = import_model(upgraded(original, options.get("opset")), path)
         try:
             result = optimize(src.program, objective=Objective(options["objective"]))
         except Exception as e:  # noqa: BLE001 - any optimizer failure fails this model only
@@ -274,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             targets[p] = target
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
-               "latency_runs": args.latency_runs}
+               "latency_runs": args.latency_runs, "opset": args.opset}
     bar = _progress(len(targets))
     say = bar.write if bar is not None else print
 
@@ -319,6 +333,8 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--latency-runs", type=int, default=20,
                         help="onnxruntime runs per model for the latency columns (0: skip)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random validation inputs")
+    parser.add_argument("--opset", type=int, help="convert older models to this opset first, so that "
+                        "its fused operators (Attention at 23) can be used; default: keep each model's")
     parser.set_defaults(run=run)
     return parser
 

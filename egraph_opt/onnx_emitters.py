@@ -197,6 +197,59 @@ def _sdpa_masked(em, t, scale):
     return _attention(em, t, *t.args, scale)
 
 
+def _swapped(t: Term) -> Term | None:
+    """The operand of a swap of axes 1 and 2 of a rank-4 value (heads and sequence), else None."""
+    if t.op == "permute" and t.attrs[0] == "0,2,1,3" or \
+            t.op == "transpose" and sorted(t.attrs) in ([1, 2], [-3, -2]):
+        return t.args[0]
+    return None
+
+
+def _heads_of(t: Term, meta: dict) -> tuple[Term, int] | None:
+    """(x, H) when ``t`` is x (batch, seq, H * D) split into H heads: viewed as (batch, seq, H,
+    D), then heads and sequence swapped."""
+    view = _swapped(t)
+    if view is None or view.op != "reshape":
+        return None
+    x, split = view.args[0], parse_shape(view.attrs[0])
+    whole = meta[id(x)][0]
+    if len(split) != 4 or len(whole) != 3 or split[:2] != whole[:2] or split[2] * split[3] != whole[2]:
+        return None
+    return x, split[2]
+
+
+def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
+    """Attention whose operands are split into heads and whose only use merges them back:
+    merged term id -> (attention term, x of q, k and v, H). At opset 23 such attention is one
+    Attention over the unsplit (batch, seq, hidden) values, without the four Reshapes and four
+    Transposes around it. ``meta``: (shape, dtype) of every term, by id."""
+    order = postorder(roots)
+    uses = dict.fromkeys((id(t) for t in order), 0)
+    for t in order:
+        for a in t.args:
+            uses[id(a)] += 1
+    found = {}
+    for t in order:
+        attention = _swapped(t.args[0]) if t.op == "reshape" else None
+        if attention is None or attention.op not in ("sdpa", "sdpa_masked") or \
+                uses[id(attention)] != 1 or uses[id(t.args[0])] != 1:
+            continue
+        heads = [_heads_of(a, meta) for a in attention.args[:3]]
+        if None in heads or len({h for _, h in heads}) != 1:
+            continue
+        (xq, h), (xk, _), (xv, _) = heads
+        if meta[id(t)][0] == meta[id(xq)][0][:2] + meta[id(xv)][0][2:]:
+            found[id(t)] = (attention, xq, xk, xv, h)
+    return found
+
+
+def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, heads: int) -> str:
+    scale, causal = attention.attrs if attention.op == "sdpa" else (attention.attrs[0], False)
+    inputs = [em.value(xq), em.value(xk), em.value(xv)] + [em.value(a) for a in attention.args[3:]]
+    return em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal),
+                   q_num_heads=heads, kv_num_heads=heads)
+
+
 def _linear(em, t):
     x, w, b = t.args
     if em.rank(x) == 2:

@@ -36,6 +36,8 @@ RULES = rules(_F, [
     ("attention-fuse-masked",     f"(matmul (softmax (add {_SCALED} ?m) -1) ?v)",      "(sdpa_masked ?q ?k ?v ?m ?c)"),
     ("attention-fuse-masked-unscaled",
                                   f"(matmul (softmax (add {_SCORES} ?m) -1) ?v)",      "(sdpa_masked ?q ?k ?v ?m 1.0)"),
+    ("permute-as-transposed-heads", '(permute ?k "0,2,3,1")',                       '(transpose (permute ?k "0,2,1,3") -2 -1)',
+                                  "K split into heads and transposed by one permute"),
     ("mask-fill-as-bias",         "(where ?m (const -inf) ?s)",
                                   "(add ?s (where ?m (const -inf) (const 0.0)))",
                                   "masked_fill(mask, -inf) is an additive -inf bias"),

@@ -125,6 +125,27 @@ def test_attention_operator_at_opset_23(zoo):
     _assert_same_outputs(model, optimized, random_feeds(model))
 
 
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_opset_23_attention_takes_unsplit_heads(zoo, name, tmp_path):
+    """``--opset 23`` converts the model first; each attention of a transformer becomes one
+    Attention over the (batch, seq, hidden) projections: no head Transposes are left."""
+    out = tmp_path / "out"
+    assert main_onnx([zoo[name], "--out", str(out), "--opset", "23", "--latency-runs", "0"]) == 0
+    model = onnx.load(str(out / f"{name}.onnx"))
+    ops = [n.op_type for n in model.graph.node]
+    assert model.opset_import[0].version == 23
+    assert ops.count("Attention") == 2 and "Transpose" not in ops and "Softmax" not in ops
+    heads = {a.name: a.i for n in model.graph.node if n.op_type == "Attention" for a in n.attribute}
+    assert heads["q_num_heads"] == heads["kv_num_heads"] == 2
+    _assert_same_outputs(zoo[name], model, random_feeds(model, seed=2))
+
+
+def test_opset_is_never_lowered(zoo, tmp_path):
+    out = tmp_path / "out"
+    assert main_onnx([zoo["mlp"], "--out", str(out), "--opset", "13", "--latency-runs", "0"]) == 0
+    assert onnx.load(str(out / "mlp.onnx")).opset_import[0].version == 17
+
+
 def test_dynamic_batch_dim_is_kept(zoo):
     optimized, _ = _round_trip(onnx.load(zoo["mlp"]))
     dim = optimized.graph.input[0].type.tensor_type.shape.dim[0]

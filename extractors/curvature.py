@@ -159,6 +159,18 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     if op in ("exp", "expm1") and exact and not exact[0] and math.isfinite(_mag(operands[0])):
         cost += round(10 * math.log10(1 + _mag(operands[0])))  # exp's condition number is |x|:
         # the rounding error its computed argument carries comes out multiplied by it
-    if result is not None and op not in ROUNDING_FREE and overflows(result, dtype):
-        cost += 3000
+    if op == "log" and exact and not exact[0] and operands[0][0] > 0:
+        cost += _log_condition_cost(operands[0])
+    if result is not None and any(overflows(o, dtype) for o in operands) and not overflows(result, dtype):
+        cost += 3000  # an infinity is consumed into a finite value (inf / inf, log of inf): NaN or
+        # a wrong number. An overflow that reaches the output unchanged costs nothing here: every
+        # equivalent program overflows there too (the result's range is its e-class's)
     return cost
+
+
+def _log_condition_cost(argument: Interval) -> int:
+    """log's relative condition number is 1 / |log u|: near u = 1 the rounding error its computed
+    argument carries (1 + x rounded) becomes the whole result (log1p's reason to exist). Measured
+    at the range's endpoints; the singular class where one is exactly 1."""
+    worst = max(abs(math.log(u)) and 1 / abs(math.log(u)) or math.inf for u in argument)
+    return 2000 if math.isinf(worst) else round(10 * math.log10(1 + worst))

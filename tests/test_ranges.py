@@ -99,3 +99,27 @@ def test_curvature_report_reads_as_a_table():
     assert [n.op for n in report.nodes] == ["exp", "sum", "log"]
     stable = analyzer.curvature(lambda x: torch.logsumexp(x, -1), torch.randn(3, 5))
     assert stable.total < report.total
+
+
+def test_log_near_one_of_a_rounded_argument_costs_more_than_log1p():
+    """log(1 + x) for tiny x: the rounding of 1 + x becomes the whole result; log1p has no such
+    loss, so the integer cost must prefer it (the reason the stability rule exists)."""
+    from egraph_opt.extractors.curvature import kappa_cost
+    tiny = (-1e-4, 1e-4)
+    near_one = (1 - 1e-4, 1 + 1e-4)
+    naive = kappa_cost("add", (), [(1.0, 1.0), tiny], near_one, exact=(True, True)) + \
+        kappa_cost("log", (), [near_one], tiny, exact=(False,))
+    assert naive >= kappa_cost("log1p", (), [tiny], tiny, exact=(True,)) + 30
+    far = kappa_cost("log", (), [(1e3, 1e7)], (6.9, 16.2), exact=(False,))
+    assert far < kappa_cost("log", (), [near_one], tiny, exact=(False,)) - 30
+
+
+def test_overflow_is_charged_where_an_infinity_turns_finite():
+    """exp(x) / sum(exp(x)) at x up to 100 divides inf by inf: charged at the division. An
+    overflow that reaches the output unchanged is charged nowhere: every equivalent program
+    overflows there too."""
+    from egraph_opt.extractors.curvature import kappa_cost
+    big = (0.0, 1e43)  # exp over [0, 100]: past float32's largest value
+    assert kappa_cost("div", (), [big, big], (0.0, 1.0)) >= 3000
+    assert kappa_cost("mul", (), [big, big], (0.0, 1e86)) < 3000
+    assert kappa_cost("exp", (), [(0.0, 100.0)], big) < 3000

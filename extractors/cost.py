@@ -36,6 +36,9 @@ ACCUMULATING = {"sum", "mean", "var", "matmul", "linear", "linear_act", "softmax
                 "logsumexp", "layer_norm", "sdpa", "sdpa_masked", "conv2d"}
 HALF = {"float16", "bfloat16"}
 HALF_ACCUMULATION = 20  # decibels charged for a half-precision accumulator
+#: decibels charged for rounding a result to a half-precision dtype: its unit roundoff over
+#: float32's (2^13 for float16), so a program that rounds once beats one that rounds at every op
+HALF_ROUNDING = {d: round(10 * math.log10(UNIT_ROUNDOFF[d] / UNIT_ROUNDOFF["float32"])) for d in HALF}
 LEXICOGRAPHIC = 10 ** 12  # weight of the first criterion of stability and latency objectives
 
 
@@ -83,6 +86,7 @@ class CostModel:
         if n.op in LEAVES or n.constant:
             return 0
         half = HALF_ACCUMULATION if n.op in ACCUMULATING and n.dtypes and n.dtypes[0] in HALF else 0
+        half += HALF_ROUNDING.get(n.dtype, 0) if n.op not in ROUNDING_FREE else 0
         return half + kappa_cost(n.op, n.attrs, list(n.operands), n.result, n.dtype, n.exact)
 
     def latency(self, n: NodeFacts) -> int:

@@ -1,4 +1,5 @@
 """Naive programs, traced on moderate inputs, stay accurate at extreme inputs once optimized."""
+import copy
 import math
 
 import pytest
@@ -62,3 +63,19 @@ def test_naive_program_becomes_accurate_at_extreme_inputs(naive, truth, shapes, 
     reference = truth(*(x.double() for x in hard))
     assert error(naive(*hard), reference) > TOLERANCE[dtype]  # the case is really hard
     assert error(optimized(*hard), reference) < TOLERANCE[dtype]
+
+
+def test_half_precision_network_rounds_once():
+    """A float16 conv net computes in float32 from its input to its output (through ReLU, max
+    pooling and flatten) and rounds once: two runtime casts, and less error against float64."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 4 * 4, 10)).eval().half()
+    optimized = saturate_and_extract(net, objective="stability")
+    x = torch.randn(64, 3, 8, 8).half()
+    with torch.no_grad():
+        out, naive = optimized(x), net(x)
+        truth = copy.deepcopy(net).double()(x.double())
+    assert "torch.cast x2" in str(optimized.report) and out.dtype == torch.float16
+    assert (out.double() - truth).abs().mean() < 0.8 * (naive.double() - truth).abs().mean()

@@ -86,9 +86,9 @@ class NaiveBlock(nn.Module):
 
 def programs(stack: bool):
     """(name, naive program, its matrix products alone, inputs)."""
-    b, heads, t, d = 4, 12, 256, 64
-    yield (f"attention B{b} H{heads} T{t} d{d}", naive_attention, attention_matmuls,
-           tuple(torch.randn(b, heads, t, d) for _ in range(3)))
+    for b, heads, t, d in ((4, 12, 256, 64), (1, 12, 1024, 64)):  # GPT-2 small's heads, two lengths
+        yield (f"attention B{b} H{heads} T{t} d{d}", naive_attention, attention_matmuls,
+               tuple(torch.randn(b, heads, t, d) for _ in range(3)))
     c, heads, t, b = 256, 4, 256, 4
     block = NaiveBlock(c, heads, t).eval()
     yield f"block C{c} H{heads} T{t} B{b}", block, block.matmuls, (torch.randn(b, t, c),)

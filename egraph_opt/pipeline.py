@@ -237,10 +237,11 @@ _DTYPE_FACT = re.compile(r'\(= \(dtype-of \?(\w+)\) "(\w+)"\)')
 
 
 def _applied(matched: list[Rule], before, after, leaf_meta: dict) -> list[Rule]:
-    """The matched rules the extracted program shows: those whose right side is new in it (or
-    whose left side, with its dtype conditions, is gone: a cancelling rule, or a precision rule
-    whose casts later rules moved), then, transitively, those whose right side is part of a shown
-    rule's left side and whose left side is gone."""
+    """The matched rules the extracted program shows: those whose right side is new in it (or,
+    for a cancelling rule, whose left side is gone; for a precision rule whose casts later rules
+    moved, whose left side with its dtype conditions is gone while its right side's op is there),
+    then, transitively, those whose right side is part of a shown rule's left side and whose left
+    side is gone."""
     dtypes = {}
     for terms in (before, after):
         dtypes.update({k: dtype_name(m[1]) for k, m in shapes(terms, leaf_meta).items()})
@@ -248,13 +249,20 @@ def _applied(matched: list[Rule], before, after, leaf_meta: dict) -> list[Rule]:
     def occurs(p, terms, facts=()):  # with ``facts`` (variable, dtype) holding
         return any(all(dtypes.get(id(b[v])) == d for v, d in facts) for b in pat.find(p, terms))
 
+    after_ops = {t.op for t in postorder(after)}
+
     def gone(r):
         facts = _DTYPE_FACT.findall(" ".join(r.when))
         return occurs(r.lhs_pattern, before, facts) and not occurs(r.lhs_pattern, after, facts)
 
-    shown = [r for r in matched if (occurs(r.rhs_pattern, after) and not occurs(r.rhs_pattern, before)
-                                    if isinstance(r.rhs_pattern, pat.Node) else gone(r))
-             or _DTYPE_FACT.search(" ".join(r.when)) and gone(r)]
+    def shows(r):
+        rhs = r.rhs_pattern
+        if not isinstance(rhs, pat.Node):
+            return gone(r)
+        new = occurs(rhs, after) and not occurs(rhs, before)
+        return new or bool(_DTYPE_FACT.search(" ".join(r.when))) and rhs.op in after_ops and gone(r)
+
+    shown = [r for r in matched if shows(r)]
     frontier = list(shown)
     while frontier:
         fed = pat.skeleton(frontier.pop().lhs_pattern)[0]

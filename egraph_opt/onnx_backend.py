@@ -240,7 +240,7 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
         if isinstance(item, Term) and not OPS[item.op].is_leaf and em.fold_params(item):
             return []  # a folded initializer reads nothing
         if isinstance(item, Term) and id(item) in em.heads:
-            attention, *xs, _ = em.heads[id(item)]
+            attention, *xs, _, _ = em.heads[id(item)]
             return xs + list(attention.args[3:])
         if isinstance(item, Term):
             return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \

@@ -220,9 +220,11 @@ def _heads_of(t: Term, meta: dict) -> tuple[Term, int] | None:
 
 def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
     """Attention whose operands are split into heads and whose only use merges them back:
-    merged term id -> (attention term, x of q, k and v, H). At opset 23 such attention is one
-    Attention over the unsplit (batch, seq, hidden) values, without the four Reshapes and four
-    Transposes around it. ``meta``: (shape, dtype) of every term, by id."""
+    merged term id -> (attention term, x of q, k and v, H, the shape to reshape Attention's
+    output to, or None). At opset 23 such attention is one
+    Attention over the unsplit (batch, seq, hidden) values, without the Reshapes and Transposes
+    around it (the merge may reshape further, to (batch * seq, hidden): one Reshape stays).
+    ``meta``: (shape, dtype) of every term, by id."""
     order = postorder(roots)
     uses = dict.fromkeys((id(t) for t in order), 0)
     for t in order:
@@ -235,19 +237,21 @@ def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
                 uses[id(attention)] != 1 or uses[id(t.args[0])] != 1:
             continue
         heads = [_heads_of(a, meta) for a in attention.args[:3]]
-        if None in heads or len({h for _, h in heads}) != 1:
-            continue
-        (xq, h), (xk, _), (xv, _) = heads
-        if meta[id(t)][0] == meta[id(xq)][0][:2] + meta[id(xv)][0][2:]:
-            found[id(t)] = (attention, xq, xk, xv, h)
+        if None not in heads and len({h for _, h in heads}) == 1:
+            (xq, h), (xk, _), (xv, _) = heads
+            written = meta[id(xq)][0][:2] + meta[id(xv)][0][2:]  # what Attention writes
+            found[id(t)] = (attention, xq, xk, xv, h, None if meta[id(t)][0] == written else t.attrs[0])
     return found
 
 
-def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, heads: int) -> str:
+def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, heads: int,
+                         reshape_to: str | None) -> str:
     scale, causal = attention.attrs if attention.op == "sdpa" else (attention.attrs[0], False)
     inputs = [em.value(xq), em.value(xk), em.value(xv)] + [em.value(a) for a in attention.args[3:]]
-    return em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal),
-                   q_num_heads=heads, kv_num_heads=heads)
+    out = em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal),
+                  q_num_heads=heads, kv_num_heads=heads)
+    return out if reshape_to is None else em.node("Reshape", [out, em.ints(parse_shape(reshape_to))],
+                                                  "reshape")
 
 
 def _linear(em, t):

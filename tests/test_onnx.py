@@ -140,6 +140,32 @@ def test_opset_23_attention_takes_unsplit_heads(zoo, name, tmp_path):
     _assert_same_outputs(zoo[name], model, random_feeds(model, seed=2))
 
 
+class HeadsAttention(torch.nn.Module):
+    """Heads split from (batch, seq, hidden) and merged back to ``merged`` rows."""
+
+    def __init__(self, rows_only: bool):
+        super().__init__()
+        self.rows_only = rows_only
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (y.view(b, t, 4, c // 4).transpose(1, 2) for y in (x, x + 1, x * 2))
+        y = torch.softmax(q @ k.transpose(-2, -1) / (c // 4) ** 0.5, -1) @ v
+        return y.transpose(1, 2).reshape(b * t, c) if self.rows_only else y.transpose(1, 2).reshape(b, t, c)
+
+
+@pytest.mark.parametrize("rows_only", [False, True], ids=["merged-3d", "merged-to-rows"])
+def test_heads_merge_into_one_attention(tmp_path, rows_only):
+    path, out = tmp_path / "heads.onnx", tmp_path / "out"
+    _export(HeadsAttention(rows_only), (torch.randn(2, 5, 32),), str(path), ["x"])
+    assert main_onnx([str(path), "--out", str(out), "--opset", "23", "--latency-runs", "0"]) == 0
+    model = onnx.load(str(out / "heads.onnx"))
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Attention") == 1 and "Transpose" not in ops
+    assert ops.count("Reshape") == int(rows_only)
+    _assert_same_outputs(str(path), model, random_feeds(model))
+
+
 def test_opset_is_never_lowered(zoo, tmp_path):
     out = tmp_path / "out"
     assert main_onnx([zoo["mlp"], "--out", str(out), "--opset", "13", "--latency-runs", "0"]) == 0

@@ -387,6 +387,27 @@ def _cat(c, tensors, dim=0):
     return out
 
 
+@lowers(torch.split, "split")
+def _split(c, x, split_size_or_sections, dim=0):
+    """Pieces along one axis, as slices: QKV projections split from one matmul stay Terms."""
+    size = c.info(x).shape[dim]
+    sizes = split_size_or_sections
+    if isinstance(sizes, int):
+        if sizes <= 0:
+            raise Unsupported("split size must be positive")
+        sizes = [min(sizes, size - start) for start in range(0, size, sizes)] or [0]
+    if sum(sizes) != size:
+        raise Unsupported(f"split sizes {list(sizes)} do not add up to {size}")
+    axis, starts = c.axis(x, dim), [sum(sizes[:i]) for i in range(len(sizes))]
+    return Parts(tuple(Term("slice", (x,), (axis, a, a + n, 1)) for a, n in zip(starts, sizes)))
+
+
+@lowers(torch.chunk, "chunk")
+def _chunk(c, x, chunks, dim=0):
+    size = c.info(x).shape[dim]
+    return _split(c, x, max(1, -(-size // chunks)), dim)
+
+
 @lowers(torch.gather, "gather")
 def _gather(c, x, dim, index, *, sparse_grad=False):
     return Term("gather", (x, index), (c.axis(x, dim),))

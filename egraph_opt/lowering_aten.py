@@ -31,7 +31,8 @@ SAME = {
     aten.index_select.default: low._index_select,
     aten.scaled_dot_product_attention.default: nn_low._sdpa, aten.linear.default: nn_low._linear,
     aten.gelu.default: low._gelu, aten.conv2d.default: nn_low._conv2d,
-    aten.max_pool2d.default: nn_low._max_pool2d,
+    aten.max_pool2d.default: nn_low._max_pool2d, aten.split.Tensor: low._split,
+    aten.split_with_sizes.default: low._split, aten.chunk.default: low._chunk,
 }
 for _op in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
             "sigmoid", "relu", "erf", "neg"):

@@ -154,3 +154,28 @@ def test_max_pooling_through_torch_export_and_its_inexpressible_forms_stay_opaqu
     torch.testing.assert_close(run(program, (x,))[0], _cnn()(x))
     for inexpressible in (nn.MaxPool2d(2, ceil_mode=True), nn.MaxPool2d(2, return_indices=True)):
         assert capture(inexpressible, (torch.randn(1, 2, 5, 5),))[0].opaque
+
+
+class _Pieces(nn.Module):
+    """split by size, by sections and chunk; ``branch`` makes fx fail so torch.export captures."""
+
+    def __init__(self, branch: bool):
+        super().__init__()
+        self.branch = branch
+
+    def forward(self, x):
+        if self.branch and x.shape[0] != 3:
+            return x
+        a, b, c = x.split(4, -1)
+        d, e = torch.chunk(x, 2, dim=1)
+        p, q = torch.split(x, [5, 7], -1)
+        return a * b + c, d - e, p.sum(-1) + q.sum(-1)
+
+
+@pytest.mark.parametrize("branch", [False, True], ids=["fx", "torch.export"])
+def test_split_and_chunk_become_slices(branch):
+    x = torch.randn(3, 12)
+    program, _ = capture(_Pieces(branch), (x,))
+    assert not program.opaque and op_counts(program.roots())["slice"] == 7
+    for got, want in zip(run(program, (x,)), _Pieces(branch)(x)):
+        torch.testing.assert_close(got, want)

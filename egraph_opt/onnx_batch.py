@@ -320,6 +320,13 @@ def run(args: argparse.Namespace) -> int:
     return int(any(r["status"] != "optimized" for r in records))
 
 
+def _opset(text: str) -> int:
+    newest = onnx.defs.onnx_opset_version()
+    if not text.isdigit() or not 13 <= int(text) <= newest:
+        raise argparse.ArgumentTypeError(f"{text!r}: an opset from 13 to {newest}")
+    return int(text)
+
+
 def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     """Register ``onnx`` on the CLI's subparsers; the parsed namespace's ``run`` executes it."""
     parser = subparsers.add_parser("onnx", help="optimize ONNX models in batch",
@@ -333,7 +340,7 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--latency-runs", type=int, default=20,
                         help="onnxruntime runs per model for the latency columns (0: skip)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random validation inputs")
-    parser.add_argument("--opset", type=int, help="convert older models to this opset first, so that "
+    parser.add_argument("--opset", type=_opset, help="convert older models to this opset first, so that "
                         "its fused operators (Attention at 23) can be used; default: keep each model's")
     parser.set_defaults(run=run)
     return parser

@@ -166,10 +166,13 @@ def test_heads_merge_into_one_attention(tmp_path, rows_only):
     _assert_same_outputs(str(path), model, random_feeds(model))
 
 
-def test_opset_is_never_lowered(zoo, tmp_path):
+def test_opset_is_never_lowered_and_must_exist(zoo, tmp_path, capsys):
     out = tmp_path / "out"
     assert main_onnx([zoo["mlp"], "--out", str(out), "--opset", "13", "--latency-runs", "0"]) == 0
     assert onnx.load(str(out / "mlp.onnx")).opset_import[0].version == 17
+    with pytest.raises(SystemExit):
+        main_onnx([zoo["mlp"], "--out", str(out), "--opset", "99"])
+    assert "an opset from 13 to" in capsys.readouterr().err
 
 
 def test_dynamic_batch_dim_is_kept(zoo):

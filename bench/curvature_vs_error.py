@@ -174,6 +174,24 @@ def measure(name: str, term: Term, ranges: dict, gen: torch.Generator) -> dict |
     }
 
 
+def pattern_table(changed: list[dict]) -> str:
+    """Per pattern: how many changed programs got more accurate and how many kept their error,
+    with the median curvature cost reduction of each group. Where the second median is as large
+    as the first, the cost predicted a gain the measurement does not see: that pattern's ties
+    are what keep r down."""
+    head = (f"{'pattern':<22} {'changed':>7} {'error fell':>10} {'kept':>5} {'rose':>5} "
+            f"{'median cost cut (fell)':>23} {'(kept)':>7}")
+    rows = [f"\nby pattern\n{head}\n{'-' * len(head)}"]
+    for name in sorted({r["name"] for r in changed}):
+        group = [r for r in changed if r["name"] == name]
+        fell = [r["cost_gain"] for r in group if r["error_gain"] > 0]
+        kept = [r["cost_gain"] for r in group if r["error_gain"] == 0]
+        median = lambda v: f"{np.median(v):.0f}" if v else "-"  # noqa: E731
+        rows.append(f"{name:<22} {len(group):>7} {len(fell):>10} {len(kept):>5} "
+                    f"{len(group) - len(fell) - len(kept):>5} {median(fell):>23} {median(kept):>7}")
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=400)
@@ -204,6 +222,7 @@ def main() -> int:
     print(f"Spearman r(log10 total-kappa reduction, log10 error reduction) = "
           f"{spearman([math.log10(r['kappa'][0] / r['kappa'][1]) for r in finite], [r['error_gain'] for r in finite]):.3f}"
           f" over the {len(finite)} changed programs whose total kappa is finite and nonzero before and after")
+    print(pattern_table(changed))
     head = (f"{'pattern':<22} {'curv. cost':>13} {'total kappa':>19} {'f32 err before':>14} "
             f"{'after':>9}  rewrites")
     print(f"\nlargest float32 error reductions\n{head}\n{'-' * len(head)}")

@@ -220,13 +220,14 @@ def _heads_of(t: Term, meta: dict) -> tuple[Term, int] | None:
 
 def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
     """Attention whose operands are split into heads and whose only use merges them back:
-    merged term id -> (attention term, x of q, k and v, H, the shape to reshape Attention's
-    output to, or None). At opset 23 such attention is one
-    Attention over the unsplit (batch, seq, hidden) values, without the Reshapes and Transposes
-    around it (the merge may reshape further, to (batch * seq, hidden): one Reshape stays).
-    ``meta``: (shape, dtype) of every term, by id."""
+    merged term id -> (attention term, x of q, k and v, H, the shape to reshape Attention's output
+    to, or None). At opset 23 such attention is one Attention over the unsplit (batch, seq,
+    hidden) values, without the Reshapes and Transposes around it (a merge into (batch * seq,
+    hidden) rows keeps one Reshape). ``meta``: (shape, dtype) of every term, by id."""
     order = postorder(roots)
     uses = dict.fromkeys((id(t) for t in order), 0)
+    for r in roots:
+        uses[id(r)] += 1
     for t in order:
         for a in t.args:
             uses[id(a)] += 1

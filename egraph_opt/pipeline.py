@@ -111,7 +111,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
         for name, n in s.matches.items():
             matches[name] = matches.get(name, 0) + n
     matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
-    applied = [(r, matches[r.name]) for r in _applied(matched, roots, best, leaf_meta)]
+    applied = [(r, matches[r.name]) for r in _applied(matched, roots, best, term_meta, leaf_meta)]
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,
@@ -236,15 +236,14 @@ def closed_classes(classes: dict, ops: set[str], leaves_only: bool = False) -> s
 _DTYPE_FACT = re.compile(r'\(= \(dtype-of \?(\w+)\) "(\w+)"\)')
 
 
-def _applied(matched: list[Rule], before, after, leaf_meta: dict) -> list[Rule]:
+def _applied(matched: list[Rule], before, after, before_meta: dict, leaf_meta: dict) -> list[Rule]:
     """The matched rules the extracted program shows: those whose right side is new in it (or,
     for a cancelling rule, whose left side is gone; for a precision rule whose casts later rules
     moved, whose left side with its dtype conditions is gone while its right side's op is there),
     then, transitively, those whose right side is part of a shown rule's left side and whose left
     side is gone."""
-    dtypes = {}
-    for terms in (before, after):
-        dtypes.update({k: dtype_name(m[1]) for k, m in shapes(terms, leaf_meta).items()})
+    dtypes = {k: dtype_name(m[1]) for meta in (before_meta, shapes(after, leaf_meta))
+              for k, m in meta.items()}
 
     def occurs(p, terms, facts=()):  # with ``facts`` (variable, dtype) holding
         return any(all(dtypes.get(id(b[v])) == d for v, d in facts) for b in pat.find(p, terms))

@@ -52,6 +52,13 @@ def _ce(x, y):
     return -torch.log_softmax(x, -1).gather(-1, y)
 
 
+def _alternating(x):
+    """+1, -1, +1, ... along the last axis: offsets whose sum cancels exactly."""
+    signs = torch.ones(x.shape[-1])
+    signs[1::2] = -1
+    return signs
+
+
 R = (8, 64)
 LABELS = lambda x: torch.randint(0, 64, (8, 1))  # noqa: E731
 PROBS = lambda x: torch.rand(R)  # noqa: E731
@@ -96,6 +103,8 @@ CASES = [
      lambda x, d, i: x.abs() + BIG[d] / 10, None),
     ("variance_one_pass", lambda x: (x * x).mean(-1) - x.mean(-1) * x.mean(-1),
      lambda x: x.var(-1, unbiased=False), [R], lambda x, d, i: x + BIG[d] / 10, None),
+    ("sum_cancelling", lambda x: x.sum(-1), lambda x: x.sum(-1), [R],
+     lambda x, d, i: x + BIG[d] * _alternating(x), None),
     ("difference_of_squares", lambda a, b: a * a - b * b, lambda a, b: a * a - b * b, [R, R],
      lambda x, d, i: x + BIG[d] / 10, None),
     ("exp_product", lambda a, b: torch.exp(a) * torch.exp(b), lambda a, b: torch.exp(a + b),

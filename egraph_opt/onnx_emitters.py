@@ -115,6 +115,13 @@ def _var(em, t, axis, keep, correction):
     return _emit_tree(em, out)
 
 
+def _compensated_sum(em, t, axis, keep):
+    """ONNX has no compensated sum: a float64 accumulator, at least as accurate."""
+    x = t.args[0]
+    wide = Term("sum", (Term("cast", (x,), ("float64",)),), (axis, keep))
+    return _emit_tree(em, Term("cast", (wide,), (em.dtype(x) or "float32",)))
+
+
 def _transpose(em, t, d0, d1):
     rank = em.rank(t.args[0])
     if rank is None:
@@ -321,6 +328,7 @@ def _logaddexp(a: Term, b: Term) -> Term:
 
 EMIT = {
     **dict.fromkeys(SIMPLE, _simple), "mul": _mul, **dict.fromkeys(REDUCE, _reduce), "var": _var,
+    "compensated_sum": _compensated_sum,
     "log1p": _composite(lambda x: Term("log", (Term("add", (x, Term.const(1.0))),))),
     "expm1": _composite(lambda x: Term("sub", (Term("exp", (x,)), Term.const(1.0)))),
     "rsqrt": _composite(lambda x: Term("div", (Term.const(1.0), Term("sqrt", (x,))))),

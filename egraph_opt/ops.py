@@ -64,6 +64,25 @@ def reduce_sum(x, axis, keepdim):
     return torch.sum(x, dim=axis, keepdim=keepdim)
 
 
+def compensated_sum(x, axis, keepdim):
+    """Sum that carries the rounding error of every addition (Knuth's TwoSum, added pairwise) and
+    adds it back at the end: as accurate as a sum in twice the working precision, so exact values
+    that cancel (1e8 + 1 - 1e8) keep their small terms where a plain float32 sum drops them."""
+    v = x.movedim(axis, -1)
+    if not v.is_floating_point() or v.shape[-1] == 0:
+        return torch.sum(x, dim=axis, keepdim=keepdim)
+    error = torch.zeros_like(v)
+    while v.shape[-1] > 1:
+        if v.shape[-1] % 2:
+            v, error = (torch.cat([t, torch.zeros_like(t[..., :1])], -1) for t in (v, error))
+        a, b = v[..., 0::2], v[..., 1::2]
+        v = a + b
+        b_part = v - a
+        error = error[..., 0::2] + error[..., 1::2] + ((a - (v - b_part)) + (b - b_part))
+    out = v[..., 0] + error[..., 0]
+    return out.unsqueeze(axis) if keepdim else out
+
+
 def reduce_mean(x, axis, keepdim):
     return torch.mean(x, dim=axis, keepdim=keepdim)
 
@@ -218,6 +237,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("gelu", 1, "approximate:String", impl=gelu),
     # reductions over one axis (axes are canonical: negative, counted from the end)
     _op("sum", 1, _REDUCE, impl=reduce_sum),
+    _op("compensated_sum", 1, _REDUCE, impl=compensated_sum),
     _op("max", 1, _REDUCE, impl=reduce_max),
     _op("mean", 1, _REDUCE, impl=reduce_mean),
     _op("var", 1, _REDUCE + " correction:i64", impl=var),

@@ -113,7 +113,7 @@ class OpSpec:
 _ARITHMETIC_1 = "neg abs relu"
 _ARITHMETIC_2 = "add sub mul div maximum minimum"
 _TRANSCENDENTAL_1 = "exp log log1p expm1 sqrt rsqrt sin cos tanh sigmoid erf gelu"
-_REDUCTION_FLOPS = {"sum": 1, "max": 1, "mean": 1, "var": 3, "logsumexp": 12}
+_REDUCTION_FLOPS = {"sum": 1, "compensated_sum": 8, "max": 1, "mean": 1, "var": 3, "logsumexp": 12}
 _SOFTMAX_FLOPS = {"softmax": 12, "log_softmax": 12}
 
 SPECS: dict[str, OpSpec] = {

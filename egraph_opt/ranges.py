@@ -138,7 +138,7 @@ def transfer(t: Term, a: list[Interval], n: int, k: int) -> Interval:
         g = lambda v: float(torch.nn.functional.gelu(  # noqa: E731
             torch.tensor(v, dtype=torch.float64), approximate=t.attrs[0]))
         return (g(a[0][0]) if a[0][0] >= 0 else GELU_MIN), (g(a[0][1]) if a[0][1] >= 0 else 0.0)
-    if op == "sum":
+    if op in ("sum", "compensated_sum"):
         return iv(n * a[0][0], n * a[0][1])
     if op in ("mean", "max", "transpose", "permute", "reshape", "expand", "slice", "gather",
               "index_select", "cast", "max_pool2d"):
@@ -223,4 +223,4 @@ def analyze(roots: list[Term], declared: dict[str, Interval] | None = None,
     return out
 
 
-REDUCING = {"sum", "mean", "max", "var", "log_softmax", "logsumexp", "softmax"}
+REDUCING = {"sum", "compensated_sum", "mean", "max", "var", "log_softmax", "logsumexp", "softmax"}

@@ -165,7 +165,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 _SAME_SHAPE = {"neg", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
                "sigmoid", "relu", "erf", "gelu", "softplus", "softmax", "log_softmax"}
 _BROADCAST = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "logaddexp"}
-_REDUCE = {"sum", "mean", "max", "var", "logsumexp"}
+_REDUCE = {"sum", "compensated_sum", "mean", "max", "var", "logsumexp"}
 SCALAR = ((), torch.float64)  # a const: a Python number, which never promotes a tensor's dtype
 
 

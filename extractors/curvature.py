@@ -126,7 +126,12 @@ ROUNDING_FREE = {"input", "param", "const", "opaque", "max", "maximum", "minimum
 
 def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
     """A subtraction (or addition of opposite signs) whose operands may be arbitrarily close while
-    one of them carries rounding error: the relative error of the result is unbounded."""
+    one of them carries rounding error: the relative error of the result is unbounded. So is a sum
+    of exact values of both signs: its rounded partial sums may cancel (1e8 + 1 - 1e8 = 0), unless
+    it carries their rounding errors along (``compensated_sum``); a sum of rounded values keeps
+    their errors either way."""
+    if op == "sum":
+        return exact[0] and operands[0][0] < 0 < operands[0][1]
     if op not in ("add", "sub") or all(exact[:2]):
         return False
     a, b = operands[:2]

@@ -33,6 +33,8 @@ RULES = rules(_E, [
                               "(gather (log_softmax ?x ?a) ?i ?a)", "-log(softmax(x))[y]: cross-entropy"),
     ("variance-two-pass",     "(sub (mean (mul ?x ?x) ?a ?k) (mul (mean ?x ?a ?k) (mean ?x ?a ?k)))",
                               "(var ?x ?a ?k 0)", "E[x^2] - E[x]^2 cancels catastrophically"),
+    ("sum-compensated",       "(sum ?x ?a ?k)",                                 "(compensated_sum ?x ?a ?k)",
+                              "partial sums of values of both signs cancel: 1e8 + 1 - 1e8 = 0"),
     # -- elementary functions near their cancellation points ----------------------------------
     ("log1p-from-log",        "(log (add (const 1.0) ?x))",                     "(log1p ?x)"),
     ("log1p-from-log-right",  "(log (add ?x (const 1.0)))",                     "(log1p ?x)"),

@@ -58,7 +58,7 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
                                    "relu", "erf", "softplus")},
     **{op: [((p,), ())] for op in ("log", "log1p", "sqrt", "rsqrt")},
     "gelu": [((x,), ("none",)), ((x,), ("tanh",))],
-    **{op: [((x,), (-1, True)), ((x,), (-2, False))] for op in ("sum", "max", "mean", "logsumexp")},
+    **{op: [((x,), (-1, True)), ((x,), (-2, False))] for op in ("sum", "compensated_sum", "max", "mean", "logsumexp")},
     "var": [((x,), (-1, True, 0)), ((x,), (-2, False, 1))],
     "matmul": [((x, _leaf("w")), ())],
     "transpose": [((x,), (-2, -1)), ((x,), (-3, -1))],

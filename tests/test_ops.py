@@ -113,6 +113,8 @@ FUSED = [  # ops only rewrites create, against their definitions
      Term("matmul", (Term("softmax", (Term("add", (Term("mul", (Term("matmul", (Q, Term(
          "transpose", (K,), (-2, -1)))), Term.const(0.4))), Term("matmul", (B, Term(
              "transpose", (B,), (-2, -1)))))),), (-1,)), V))),
+    *((Term("compensated_sum", (Q,), (axis, keep)), Term("sum", (Q,), (axis, keep)))
+      for axis, keep in ((-1, True), (-2, False), (-3, True))),
     (Term("layer_norm", (Q, Term.const(1.0), Term.const(0.0)), (1e-5,)),
      Term("layer_norm", (Q, Term.input("ones", (6,), "float64"), Term.input("zeros", (6,), "float64")),
           (1e-5,))),
@@ -169,3 +171,18 @@ def test_shape_rules_agree_with_meta_evaluation(op, fn, inputs):
     for t in postorder(roots):
         v = values[id(t)]
         assert inferred[id(t)] == ((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else SCALAR), t.op
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 1000])
+def test_compensated_sum_keeps_what_a_float32_sum_cancels(n):
+    """1e8, small values, -1e8: a float32 sum drops the small values (1e8 has an ulp of 8); the
+    compensated sum returns the float64 sum of the same float32 inputs, to float32 rounding."""
+    x = torch.rand(3, n, generator=torch.Generator().manual_seed(n))
+    if n >= 2:
+        x[:, 0], x[:, -1] = 1e8, -1e8
+    exact = x.double().sum(-1)
+    got = OPS["compensated_sum"].impl(x, -1, False)
+    assert got.dtype == torch.float32 and got.shape == (3,)
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -23, atol=0)
+    if n >= 64:  # where the plain sum is far off
+        assert (x.sum(-1).double() - exact).abs().max() > 1.0

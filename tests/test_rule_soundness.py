@@ -201,7 +201,19 @@ PROBES = {  # extreme inputs, as f(position of the variable, value)
     "large": lambda i, x: x * 300, "offset": lambda i, x: x + 1e6, "tiny": lambda i, x: x * 1e-9,
     "huge": lambda i, x: x * 1e25, "spread": lambda i, x: x * (1e25 if i == 0 else 1e-25),
     "opposed": lambda i, x: x + (100 if i == 0 else -100),
+    "cancelling": lambda i, x: x + 1e8 * _alternating(x),
 }
+
+
+def _alternating(x: torch.Tensor) -> torch.Tensor:
+    """+1, -1, +1, ... along the last axis (0 at an odd end): terms whose sum cancels exactly."""
+    if x.dim() == 0:
+        return torch.zeros(())
+    signs = torch.ones(x.shape[-1], dtype=x.dtype)
+    signs[1::2] = -1
+    if x.shape[-1] % 2:
+        signs[-1] = 0
+    return signs
 STABILITY = [r for r in RULES if r.family is Family.STABILITY]
 
 

@@ -79,3 +79,16 @@ def test_half_precision_network_rounds_once():
         truth = copy.deepcopy(net).double()(x.double())
     assert "torch.cast x2" in str(optimized.report) and out.dtype == torch.float16
     assert (out.double() - truth).abs().mean() < 0.8 * (naive.double() - truth).abs().mean()
+
+
+def test_sum_of_values_that_cancel_is_compensated():
+    """A float32 sum of raw inputs of both signs can cancel (1e8, small values, -1e8): the optimized
+    program sums with compensation and keeps the small values the plain sum drops."""
+    optimized = saturate_and_extract(lambda x: x.sum(-1))
+    x = torch.rand(4, 256, generator=torch.Generator().manual_seed(0))
+    optimized(x)  # traced on moderate inputs
+    assert [name for name, _, _ in optimized.report.rewrites] == ["sum-compensated"]
+    x[:, 0], x[:, -1] = 1e8, -1e8
+    truth = x.double().sum(-1)
+    assert error(x.sum(-1), truth) > 1e-2
+    assert error(optimized(x), truth) < 1e-6

@@ -2,11 +2,16 @@
 optimizing removes?
 
 Random programs (seeded) are built around the naive spellings our rules catch, mixed with random
-elementwise ops, each with random declared input ranges and inputs inside them (endpoints
-included). Each is optimized with the default rules for stability. Per program: curvature before and
-after, and the float32 output error (max error over the output's scale, against float64 evaluated
-on the same float32 inputs) before and after. Over the programs that changed, the Spearman rank
-correlation of curvature reduction with log error reduction.
+elementwise ops, each with random declared input ranges. Each is optimized with the default rules
+for stability. Per program: curvature before and after, and the float32 error before and after,
+in Herbie's measure: bits of error per output element, log2(1 + ulps from the correctly rounded
+result), with the truth computed at 400 bits (mpmath) on the same float32 inputs. The inputs
+(8 batches of 4 x 16 per program) are drawn where errors live: uniform over the float32 numbers of
+the range (so values near zero are drawn), uniform by value, coincident pairs (y within a few
+digits of x: a difference of functions of x and y cancels) and near-constant rows (a reduction's
+spread cancels); endpoints included. Over the programs that changed, the Spearman rank
+correlation of the curvature reduction with the reduction of the worst-case bits of error (the
+curvature is a worst case over the declared ranges), and with the mean (Herbie's average).
 
 Curvature is measured two ways, both over the declared ranges:
 - the integer curvature cost (``cost_before/after["curvature"]``): what the extractor minimizes;
@@ -22,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import operator
 import random
 import sys
 import time
 
+import mpmath
 import numpy as np
 import torch
 
@@ -33,12 +40,10 @@ from egraph_opt import optimize, pretty
 from egraph_opt.analyzer import analyze_program
 from egraph_opt.extractors import Objective
 from egraph_opt.program import Program, leaves
-from egraph_opt.term import Term, evaluate
+from egraph_opt.term import Term, evaluate, postorder
 
 SHAPE = (4, 16)
-#: error floor (4 float32 unit roundoffs: differences below it are rounding noise, not a change of
-#: accuracy) and cap (a non-finite output counts as the cap), so log error ratios stay finite
-FLOOR, CAP = 2.0 ** -22, 1e8
+BATCHES = 8  # input batches per program: 8 x 64 points
 RANGES = {
     "moderate": (-3.0, 3.0), "wide": (-100.0, 100.0), "tiny": (-1e-4, 1e-4),
     "small": (-1e-2, 1e-2), "small_pos": (1e-6, 1e-2), "large_pos": (1e3, 1e7),
@@ -124,22 +129,83 @@ def program(rng: random.Random) -> tuple[str, Term, dict]:
     return name, term, ranges
 
 
-def sample(lo: float, hi: float, gen: torch.Generator) -> torch.Tensor:
-    """float32 values in [lo, hi], log-uniform over ranges spanning decades, endpoints included."""
-    u = torch.rand(SHAPE, generator=gen, dtype=torch.float64)
-    value = lo * (hi / lo) ** u if lo > 0 and hi / lo > 10 else lo + (hi - lo) * u
-    value.view(-1)[:2] = torch.tensor([lo, hi], dtype=torch.float64)
-    return value.float()
+def float32_between(lo: float, hi: float, shape, gen: torch.Generator) -> torch.Tensor:
+    """float32 values uniform over the float32 numbers in [lo, hi] (Herbie's sampling): every
+    binade counts alike, so the values near zero where expm1 and log1p matter are drawn."""
+    ends = torch.tensor([lo, hi], dtype=torch.float32).view(torch.int32).long()
+    order = torch.where(ends < 0, -(ends & 0x7FFFFFFF), ends)  # float order as integer order
+    k = order[0] + (torch.rand(shape, generator=gen, dtype=torch.float64) * (order[1] - order[0])).round().long()
+    bits = torch.where(k < 0, (-k) | -2 ** 31, k).to(torch.int32)
+    return bits.view(torch.float32)
 
 
-def float32_error(term: Term, env: dict, truth: torch.Tensor) -> float:
+def inputs(ranges: dict, gen: torch.Generator) -> dict:
+    """One batch of x and y in their declared ranges, a row of each kind: float-uniform, uniform
+    by value, coincident (y a few ulps to a few digits from x, where a difference of functions of x
+    and y cancels) and near-constant rows (where a reduction's spread cancels). Endpoints included."""
+    rows, width = SHAPE
+    lo, hi = zip(*(ranges[v] for v in "xy"))
+    near = lambda v: v * (1 + torch.randn(v.shape, generator=gen, dtype=torch.float64)  # noqa: E731
+                          * 2.0 ** -torch.randint(4, 24, v.shape, generator=gen)).float()
+    env = {}
+    for i, v in enumerate("xy"):
+        u = torch.rand((1, width), generator=gen, dtype=torch.float64)
+        constant = float32_between(lo[i], hi[i], (1, 1), gen).expand(1, width)
+        env[v] = torch.cat([float32_between(lo[i], hi[i], (1, width), gen),
+                            (lo[i] + (hi[i] - lo[i]) * u).float(),
+                            float32_between(lo[i], hi[i], (1, width), gen),
+                            near(constant)])
+        env[v][0, :2] = torch.tensor([lo[i], hi[i]])
+    env["y"][2] = near(env["x"][2])  # coincident pairs
+    return {v: torch.minimum(torch.maximum(env[v], torch.tensor(lo[i])), torch.tensor(hi[i]))
+            for i, v in enumerate("xy")}
+
+
+mpmath.mp.prec = 400  # exact enough for cancellations between float32 values of any exponent
+MP_UNARY = {
+    "exp": mpmath.exp, "expm1": mpmath.expm1, "neg": lambda v: -v, "abs": abs,
+    "tanh": mpmath.tanh, "sigmoid": lambda v: 1 / (1 + mpmath.exp(-v)), "relu": lambda v: max(v, 0),
+    "sin": mpmath.sin, "cos": mpmath.cos, "sqrt": lambda v: mpmath.sqrt(v) if v >= 0 else mpmath.nan,
+    "log": lambda v: mpmath.log(v) if v > 0 else (mpmath.ninf if v == 0 else mpmath.nan),
+    "log1p": lambda v: mpmath.log1p(v) if v > -1 else (mpmath.ninf if v == -1 else mpmath.nan),
+}
+MP_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "maximum": max,
+             "div": lambda a, b: a / b if b else mpmath.nan if not a else mpmath.inf * mpmath.sign(a)}
+
+
+def exact(term: Term, env: dict) -> torch.Tensor:
+    """The term evaluated at 400 bits (mpmath) on the float32 inputs, rounded to float32: the
+    correctly rounded result. float64 is not enough: exp(x) - 1 at x = 1e-20 is 0 in float64 too."""
+    values: dict[int, np.ndarray] = {}
+    for t in postorder([term]):
+        if t.op == "const":
+            values[id(t)] = np.array(mpmath.mpf(t.attrs[0]), dtype=object)
+        elif t.op == "input":
+            values[id(t)] = np.vectorize(mpmath.mpf, otypes=[object])(env[t.attrs[0]].double().numpy())
+        elif t.op in ("sum", "mean"):
+            (a,), (dim, keep) = [values[id(x)] for x in t.args], t.attrs
+            total = np.sum(a, axis=dim, keepdims=keep)
+            values[id(t)] = total / a.shape[dim] if t.op == "mean" else total
+        else:
+            f = MP_UNARY.get(t.op) or MP_BINARY[t.op]
+            values[id(t)] = np.vectorize(f, otypes=[object])(*(values[id(x)] for x in t.args))
+    with np.errstate(invalid="ignore"):  # NaN where the term is undefined: left out of the error
+        return torch.tensor(np.vectorize(float, otypes=[float])(values[id(term)])).float()
+
+
+def ulp_order(v: torch.Tensor) -> torch.Tensor:
+    i = v.view(torch.int32).long()
+    return torch.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
+def bits_of_error(term: Term, env: dict, truth: torch.Tensor) -> torch.Tensor:
+    """Per element, log2(1 + the number of float32 values between the result and the correctly
+    rounded truth) (Herbie's measure): 0 when exact, 32 for NaN; where the truth is NaN, left out."""
     (out,) = evaluate([term], env)
-    out = torch.as_tensor(out).double()
-    finite = torch.isfinite(truth)
-    if not torch.isfinite(out[finite]).all():
-        return CAP
-    scale = float(truth[finite].abs().max()) or 1.0
-    return min(max(float((out[finite] - truth[finite]).abs().max()) / scale, FLOOR), CAP)
+    out = torch.as_tensor(out).float().expand_as(truth)
+    ulps = (ulp_order(out) - ulp_order(truth)).abs().double()
+    ulps = torch.where(torch.isnan(out), 2.0 ** 32, ulps)
+    return torch.log2(1 + ulps)[~torch.isnan(truth)]
 
 
 def spearman(a, b) -> float:
@@ -157,35 +223,36 @@ def spearman(a, b) -> float:
 
 
 def measure(name: str, term: Term, ranges: dict, gen: torch.Generator) -> dict | None:
-    env = {v: sample(*ranges[v], gen) for v in "xy"}
-    (truth,) = evaluate([term], env, reference=True)
-    truth = torch.as_tensor(truth)
-    if not torch.isfinite(truth).any():
+    envs = [inputs(ranges, gen) for _ in range(BATCHES)]
+    truths = [exact(term, env) for env in envs]
+    if all(torch.isnan(t).all() for t in truths):
         return None
     program = Program((Term.input("x", SHAPE), Term.input("y", SHAPE)), term)
     result = optimize(program, objective=Objective.STABILITY, input_ranges=ranges)
     (after,) = leaves(result.program.outputs)
+    bits = [torch.cat([bits_of_error(t, env, truth) for env, truth in zip(envs, truths)])
+            for t in (term, after)]
     return {
         "name": name, "term": term, "after": after, "changed": pretty(after) != pretty(term),
         "cost": (result.cost_before["curvature"], result.cost_after["curvature"]),
         "kappa": (analyze_program(program, ranges).total, analyze_program(result.program, ranges).total),
-        "error": (float32_error(term, env, truth), float32_error(after, env, truth)),
+        "worst": tuple(float(b.max()) for b in bits), "mean": tuple(float(b.mean()) for b in bits),
         "rules": [r.name for r, _ in result.applied],
     }
 
 
 def pattern_table(changed: list[dict]) -> str:
-    """Per pattern: how many changed programs got more accurate and how many kept their error,
-    with the median curvature cost reduction of each group. Where the second median is as large
-    as the first, the cost predicted a gain the measurement does not see: that pattern's ties
-    are what keep r down."""
+    """Per pattern: how many changed programs lost at least a bit of worst-case error, kept it
+    (within a bit), or gained error, with the median curvature cost cut of the first two groups.
+    Where the second median is as large as the first, the cost predicted a gain the measurement
+    does not see."""
     head = (f"{'pattern':<22} {'changed':>7} {'error fell':>10} {'kept':>5} {'rose':>5} "
             f"{'median cost cut (fell)':>23} {'(kept)':>7}")
     rows = [f"\nby pattern\n{head}\n{'-' * len(head)}"]
     for name in sorted({r["name"] for r in changed}):
         group = [r for r in changed if r["name"] == name]
-        fell = [r["cost_gain"] for r in group if r["error_gain"] > 0]
-        kept = [r["cost_gain"] for r in group if r["error_gain"] == 0]
+        fell = [r["cost_gain"] for r in group if r["error_gain"] >= 1]
+        kept = [r["cost_gain"] for r in group if abs(r["error_gain"]) < 1]
         median = lambda v: f"{np.median(v):.0f}" if v else "-"  # noqa: E731
         rows.append(f"{name:<22} {len(group):>7} {len(fell):>10} {len(kept):>5} "
                     f"{len(group) - len(fell) - len(kept):>5} {median(fell):>23} {median(kept):>7}")
@@ -203,34 +270,33 @@ def main() -> int:
     skipped = sum(r is None for r in rows)
     changed = [r for r in rows if r and r["changed"]]
     for r in changed:
-        r["error_gain"] = math.log10(r["error"][0] / r["error"][1])
+        r["error_gain"] = r["worst"][0] - r["worst"][1]
         r["cost_gain"] = r["cost"][0] - r["cost"][1]
     print(f"{args.n} programs in {time.perf_counter() - start:.0f} s: {len(changed)} changed, "
-          f"{args.n - skipped - len(changed)} unchanged, {skipped} skipped (reference nowhere finite)")
-    better = sum(r["error_gain"] > 0 for r in changed)
-    worse = [r for r in changed if r["error_gain"] < 0]
-    print(f"changed programs: float32 error lower in {better}, equal in "
-          f"{len(changed) - better - len(worse)}, higher in {len(worse)}")
-    gains = [r["error_gain"] for r in changed]
-    print(f"Spearman r(curvature cost reduction, log10 error reduction) = "
-          f"{spearman([r['cost_gain'] for r in changed], gains):.3f} over {len(changed)} programs")
-    moved = [r for r in changed if r["error_gain"] != 0]
-    print(f"Spearman r(curvature cost reduction, log10 error reduction) = "
-          f"{spearman([r['cost_gain'] for r in moved], [r['error_gain'] for r in moved]):.3f} over the "
-          f"{len(moved)} changed programs whose error changed")
+          f"{args.n - skipped - len(changed)} unchanged, {skipped} skipped (reference nowhere defined)")
+    better = sum(r["error_gain"] >= 1 for r in changed)
+    worse = [r for r in changed if r["error_gain"] <= -1]
+    print(f"changed programs: worst-case float32 error at least a bit lower in {better}, within a bit "
+          f"in {len(changed) - better - len(worse)}, at least a bit higher in {len(worse)}")
+    cost_gains = [r["cost_gain"] for r in changed]
+    print(f"Spearman r(curvature cost reduction, worst-case bits of error removed) = "
+          f"{spearman(cost_gains, [r['error_gain'] for r in changed]):.3f} over {len(changed)} programs")
+    print(f"Spearman r(curvature cost reduction, mean bits of error removed)       = "
+          f"{spearman(cost_gains, [r['mean'][0] - r['mean'][1] for r in changed]):.3f}")
     finite = [r for r in changed if all(0 < k < math.inf for k in r["kappa"])]
-    print(f"Spearman r(log10 total-kappa reduction, log10 error reduction) = "
+    print(f"Spearman r(log10 total-kappa reduction, worst-case bits removed)        = "
           f"{spearman([math.log10(r['kappa'][0] / r['kappa'][1]) for r in finite], [r['error_gain'] for r in finite]):.3f}"
           f" over the {len(finite)} changed programs whose total kappa is finite and nonzero before and after")
     print(pattern_table(changed))
-    head = (f"{'pattern':<22} {'curv. cost':>13} {'total kappa':>19} {'f32 err before':>14} "
-            f"{'after':>9}  rewrites")
-    print(f"\nlargest float32 error reductions\n{head}\n{'-' * len(head)}")
+    head = (f"{'pattern':<22} {'curv. cost':>13} {'total kappa':>19} {'worst bits':>10} "
+            f"{'after':>5}  rewrites")
+    print(f"\nlargest error reductions\n{head}\n{'-' * len(head)}")
     for r in sorted(changed, key=lambda r: -r["error_gain"])[:10]:
         print(f"{r['name']:<22} {r['cost'][0]:>6}->{r['cost'][1]:<6} {r['kappa'][0]:>9.2g}->"
-              f"{r['kappa'][1]:<9.2g} {r['error'][0]:>14.2e} {r['error'][1]:>9.2e}  {', '.join(r['rules']) or '(none reported)'}")
+              f"{r['kappa'][1]:<9.2g} {r['worst'][0]:>10.1f} {r['worst'][1]:>5.1f}  "
+              f"{', '.join(r['rules']) or '(none reported)'}")
     for r in worse:
-        print(f"\n[WORSE] {r['name']}: error {r['error'][0]:.2e} -> {r['error'][1]:.2e}\n"
+        print(f"\n[WORSE] {r['name']}: worst-case bits of error {r['worst'][0]:.1f} -> {r['worst'][1]:.1f}\n"
               f"  before: {pretty(r['term'])}\n  after:  {pretty(r['after'])}")
     return 0
 

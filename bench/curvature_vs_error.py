@@ -9,7 +9,7 @@ result), with the truth computed at 400 bits (mpmath) on the same float32 inputs
 (8 batches of 4 x 16 per program) are drawn where errors live: uniform over the float32 numbers of
 the range (so values near zero are drawn), uniform by value, coincident pairs (y within a few
 digits of x: a difference of functions of x and y cancels) and near-constant rows (a reduction's
-spread cancels); endpoints included. Over the programs that changed, the Spearman rank
+spread cancels), half of them at an end of the range; endpoints included. Over the programs that changed, the Spearman rank
 correlation of the curvature reduction with the reduction of the worst-case bits of error (the
 curvature is a worst case over the declared ranges), and with the mean (Herbie's average).
 
@@ -142,7 +142,8 @@ def float32_between(lo: float, hi: float, shape, gen: torch.Generator) -> torch.
 def inputs(ranges: dict, gen: torch.Generator) -> dict:
     """One batch of x and y in their declared ranges, a row of each kind: float-uniform, uniform
     by value, coincident (y a few ulps to a few digits from x, where a difference of functions of x
-    and y cancels) and near-constant rows (where a reduction's spread cancels). Endpoints included."""
+    and y cancels) and near-constant rows (where a reduction's spread cancels), half of them at an
+    end of the range (where the bounds the cost reads are met). Endpoints included."""
     rows, width = SHAPE
     lo, hi = zip(*(ranges[v] for v in "xy"))
     near = lambda v: v * (1 + torch.randn(v.shape, generator=gen, dtype=torch.float64)  # noqa: E731
@@ -150,7 +151,10 @@ def inputs(ranges: dict, gen: torch.Generator) -> dict:
     env = {}
     for i, v in enumerate("xy"):
         u = torch.rand((1, width), generator=gen, dtype=torch.float64)
-        constant = float32_between(lo[i], hi[i], (1, 1), gen).expand(1, width)
+        constant = float32_between(lo[i], hi[i], (1, 1), gen)
+        if torch.rand((), generator=gen) < 0.5:  # at an end: where the intervals' bounds are met
+            constant = torch.tensor([[(lo[i], hi[i])[int(torch.randint(2, (), generator=gen))]]])
+        constant = constant.expand(1, width)
         env[v] = torch.cat([float32_between(lo[i], hi[i], (1, width), gen),
                             (lo[i] + (hi[i] - lo[i]) * u).float(),
                             float32_between(lo[i], hi[i], (1, width), gen),

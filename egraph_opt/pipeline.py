@@ -99,8 +99,10 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     cost = enode_cost(snap, model, class_meta(snap.classes, loaded))
     root_classes = [snap.class_of_ref[r] for r in refs]
     best = extract(snap.classes, root_classes, cost)
-    before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, intervals)
-    after = program_cost(best, model, input_ranges, leaf_meta)
+    proved = proved_ranges(snap, {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)},
+                           best, analyze(best, input_ranges, leaf_meta))
+    before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, proved)
+    after = program_cost(best, model, input_ranges, leaf_meta, ranges=proved)
     if after["cost"] > before["cost"]:  # greedy extraction is not optimal: never return worse
         best, after = roots, before
     clock["extract"] = time.perf_counter()
@@ -154,6 +156,23 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     return Optimized(final, main.egraph, [s for r in results + [main] for s in r.saturation],
                      list(applied.values()), before, after, op_counts(roots), op_counts(best),
                      seconds, model, main.cost, main.root_classes)
+
+
+def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best_ranges: dict) -> dict:
+    """Interval of every term of the input (``loaded``: term id -> e-class) and of the extracted
+    program: its e-class's, which the saturated e-graph proved from every equivalent form (a
+    quotient known to be a sigmoid is in [0, 1]), met with the extracted term's own. Both programs
+    are then priced with what the extractor saw."""
+    ranges = {i: snap.ranges.get(cid, TOP) for i, cid in loaded.items()}
+    of_node = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}
+    classes = dict(loaded)
+    for t in postorder(best):
+        cid = classes.get(id(t)) or of_node.get((t.op, tuple(classes.get(id(a)) for a in t.args), t.attrs))
+        classes[id(t)] = cid
+        own = best_ranges[id(t)]
+        lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
+        ranges[id(t)] = (max(lo, own[0]), min(hi, own[1])) if max(lo, own[0]) <= min(hi, own[1]) else own
+    return ranges
 
 
 def class_meta(classes: dict, known: dict) -> dict:

@@ -5,9 +5,13 @@ formulas, e.g. kappa_exp = e^(2 hi), kappa_log = 1/lo^2, kappa_div = 1/|d|^3, li
 L (Lipschitz constant: the largest |derivative| over the range) and Delta (rounding: unit roundoff
 of the dtype times the largest magnitude of the result).
 
-When a range is unbounded kappa is infinite for several ops at once; the integer extraction cost
-then orders them by growth class (exponential > singular > bounded > linear), so a stable form
-still ranks below its naive form.
+The integer extraction cost (``kappa_cost``) is led by what float32 error follows: decibels of
+the relative condition numbers that amplify an operand's rounding error (exp: |x|, log: 1/|log u|),
+and, where no digit can survive, the all-digits class: cancellation, amplification past 1 / unit
+roundoff, an infinity consumed into a finite value. Bounded kappa only breaks ties (a few
+decibels): bench/curvature_vs_error found it predicts no error by itself. Where a range is
+unbounded kappa is infinite for several ops at once; the cost then orders them by growth class
+(exponential > singular > bounded > linear), so a stable form still ranks below its naive form.
 """
 from __future__ import annotations
 
@@ -150,32 +154,54 @@ FINITE_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e3
               "float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 
 
+#: bounded kappa enters the cost in decibels up to this much: it breaks ties between forms of equal
+#: error terms and never outweighs one. Curvature is a second-order effect: bench/curvature_vs_error
+#: measured no float32 error where it grows and nothing else does (exp over [-50, 50]).
+KAPPA_TIE_BREAK = 3
+#: cost of losing every digit: a cancellation, or an amplification of rounding error past
+#: 1 / unit roundoff
+ALL_DIGITS = 2000
+#: composites that compute exp(x - max(x)) inside, and those that take the log of its sum (>= 1,
+#: and near 1 wherever one term dominates): logaddexp is not one, it adds log1p(exp(-|a - b|))
+SHIFTED_EXP = {"softmax", "log_softmax", "logsumexp"}
+LOG_OF_SUM = {"log_softmax", "logsumexp"}
+
+
+def _amplified(factor: float, dtype: str) -> int:
+    """Decibels of an amplification of the rounding error an operand carries; past 1 / unit
+    roundoff no digit is left, which costs what a cancellation does."""
+    if factor * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) >= 1:
+        return ALL_DIGITS
+    return round(10 * math.log10(1 + factor))
+
+
 def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval | None = None,
                dtype: str = "float32", exact: tuple[bool, ...] = ()) -> int:
-    """Integer extraction cost of conditioning: decibels of kappa where the ranges bound it, the
-    growth class (times 1000) where they leave it unbounded, plus the singular class for a
-    cancellation and the exponential class for a possible overflow."""
+    """Integer extraction cost of conditioning: a tie-breaking few decibels of kappa where the
+    ranges bound it, the growth class (times 1000) where they leave it unbounded, plus decibels
+    of error amplification, the all-digits class for a cancellation and the exponential class
+    for an overflow consumed."""
     k = kappa(op, attrs, operands)
     k = math.inf if math.isnan(k) else k  # inf * 0 over an unbounded range: no bound known
     cost = 0 if k == 0 else (1000 * GROWTH.get(op, 1) if math.isinf(k)
-                             else min(999, max(1, round(10 * math.log10(1 + k)))))
+                             else min(KAPPA_TIE_BREAK, max(1, round(10 * math.log10(1 + k)))))
     if exact and cancels(op, operands, exact):
-        cost += 2000
+        cost += ALL_DIGITS
     if op in ("exp", "expm1") and exact and not exact[0] and math.isfinite(_mag(operands[0])):
-        cost += round(10 * math.log10(1 + _mag(operands[0])))  # exp's condition number is |x|:
-        # the rounding error its computed argument carries comes out multiplied by it
+        cost += _amplified(_mag(operands[0]), dtype)  # exp's condition number is |x|: the
+        # rounding error its computed argument carries comes out multiplied by it
+    if op in SHIFTED_EXP and math.isfinite(operands[0][1] - operands[0][0]):
+        cost += _amplified(operands[0][1] - operands[0][0], dtype)  # exp(x - max(x)): its
+        # argument is rounded, and exp multiplies that error by |x - max(x)| <= hi - lo
     if op == "log" and exact and not exact[0] and operands[0][0] > 0:
-        cost += _log_condition_cost(operands[0])
+        lo, hi = operands[0]  # log's condition number is 1 / |log u|: near u = 1 the rounding
+        # error of a computed argument (1 + x rounded) becomes the whole result (why log1p exists)
+        cost += _amplified(math.inf if lo <= 1 <= hi else max(1 / abs(math.log(u)) for u in (lo, hi)), dtype)
+    if op in LOG_OF_SUM and result is not None and result[0] <= 0 <= result[1]:
+        cost += ALL_DIGITS  # the log inside (of sum(exp(x - max(x))) >= 1) near 1, as a bare log's:
+        # log_softmax(x) at the dominant x is -log(1 + tiny) = 0 in float32, not -tiny
     if result is not None and any(overflows(o, dtype) for o in operands) and not overflows(result, dtype):
         cost += 3000  # an infinity is consumed into a finite value (inf / inf, log of inf): NaN or
         # a wrong number. An overflow that reaches the output unchanged costs nothing here: every
         # equivalent program overflows there too (the result's range is its e-class's)
     return cost
-
-
-def _log_condition_cost(argument: Interval) -> int:
-    """log's relative condition number is 1 / |log u|: near u = 1 the rounding error its computed
-    argument carries (1 + x rounded) becomes the whole result (log1p's reason to exist). Measured
-    at the range's endpoints; the singular class where one is exactly 1."""
-    worst = max(abs(math.log(u)) and 1 / abs(math.log(u)) or math.inf for u in argument)
-    return 2000 if math.isinf(worst) else round(10 * math.log10(1 + worst))

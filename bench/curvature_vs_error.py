@@ -14,9 +14,10 @@ correlation of the curvature reduction with the reduction of the worst-case bits
 curvature is a worst case over the declared ranges), and with the mean (Herbie's average).
 
 Curvature is measured two ways, both over the declared ranges:
-- the integer curvature cost (``cost_before/after["curvature"]``): what the extractor minimizes;
-  decibels of kappa per node plus penalties for unbounded growth, cancellation and overflow, so a
-  difference of costs is already a log-kappa reduction, defined for every program;
+- the integer curvature cost (``cost_before/after["curvature"]``): what the extractor minimizes,
+  priced with the saturated e-graph's intervals; decibels of error amplification per node,
+  classes for unbounded growth, cancellation and overflow, and kappa as a tie-break, so a
+  difference of costs is already a log reduction, defined for every program;
 - the analyzer's total kappa (``analyze_program(...).total``): the textbook sum of per-node kappa;
   infinite wherever a range reaches a singularity, and blind to cancellation (kappa of a
   subtraction is 0), so it is reported over the programs where it is finite before and after.

@@ -2,10 +2,13 @@
 declared ranges; conditions are discharged by declared ranges and op facts, never by examples."""
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from egraph_opt import analyzer, capture, optimize
+from egraph_opt.extractors import Objective
+from egraph_opt.program import Program
 from egraph_opt.ranges import BIG, analyze, dtype_range
 from egraph_opt.term import Term, evaluate, postorder
 
@@ -123,3 +126,39 @@ def test_overflow_is_charged_where_an_infinity_turns_finite():
     assert kappa_cost("div", (), [big, big], (0.0, 1.0)) >= 3000
     assert kappa_cost("mul", (), [big, big], (0.0, 1e86)) < 3000
     assert kappa_cost("exp", (), [(0.0, 100.0)], big) < 3000
+
+
+@pytest.mark.parametrize("hi, fused", [(40.0, False), (100.0, True)])
+def test_naive_softmax_is_kept_where_it_cannot_overflow(hi, fused):
+    """exp(x) / sum(exp(x)) is more accurate than the max-shifted softmax, whose rounded argument
+    x - max(x) exp amplifies by up to hi - lo: the stability objective keeps it where exp cannot
+    overflow (16 e^40 < 3.4e38), and fuses where it can."""
+    x = Term.input("x", (4, 16))
+    e = Term("exp", (x,))
+    naive = Program((x,), Term("div", (e, Term("sum", (e,), (-1, True)))))
+    result = optimize(naive, objective=Objective.STABILITY, input_ranges={"x": (-hi, hi)})
+    assert ("softmax" in result.ops_after) is fused
+    assert result.cost_after["curvature"] <= result.cost_before["curvature"]
+
+
+def test_report_prices_the_input_with_what_the_egraph_proved():
+    """exp(x) / (1 + exp(x)) is inf / inf at large x; only the e-graph knows the quotient is a
+    sigmoid, in [0, 1]. Both programs are priced with that interval, so the consumed overflow
+    shows in the cost before."""
+    x = Term.input("x", (8,))
+    e = Term("exp", (x,))
+    program = Program((x,), Term("div", (e, Term("add", (Term.const(1.0), e)))))
+    result = optimize(program, objective=Objective.STABILITY, input_ranges={"x": (-200.0, 200.0)})
+    assert result.ops_after == {"sigmoid": 1}
+    assert result.cost_before["curvature"] - result.cost_after["curvature"] >= 3000
+
+
+def test_log_whose_rounded_argument_reaches_one_loses_every_digit():
+    """log(u) of a computed u whose range holds 1: the all-digits class, as a cancellation; so do
+    logsumexp and log_softmax where their result reaches 0 (the log inside is near 1). A log of
+    an exact input near 1 costs nothing extra."""
+    from egraph_opt.extractors.curvature import ALL_DIGITS, kappa_cost
+    assert kappa_cost("log", (), [(0.5, 2.0)], (-0.7, 0.7), exact=(False,)) >= ALL_DIGITS
+    assert kappa_cost("log", (), [(0.5, 2.0)], (-0.7, 0.7), exact=(True,)) < ALL_DIGITS
+    assert kappa_cost("logsumexp", (-1, False), [(-5.0, 5.0)], (-2.2, 7.8)) >= ALL_DIGITS
+    assert kappa_cost("logsumexp", (-1, False), [(1.0, 5.0)], (1.0, 7.8)) < ALL_DIGITS

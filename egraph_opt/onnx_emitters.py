@@ -115,6 +115,34 @@ def _var(em, t, axis, keep, correction):
     return _emit_tree(em, out)
 
 
+def _log1p(em, t):
+    """ONNX has no log1p, and log(1 + x) loses every digit of a tiny x, which is what the rewrite
+    to log1p was for. Kahan's form is exact to a few ulps: log(u) * x / (u - 1), u = 1 + x rounded
+    (the ratio x / (u - 1) corrects the rounding), x itself where u rounds to 1."""
+    x = em.value(t.args[0])
+    one = em.scalar(1.0, em.dtype(t.args[0]))
+    u = em.node("Add", [x, one], "log1p")
+    u_minus_1 = em.node("Sub", [u, one], "log1p")
+    ratio = em.node("Mul", [em.node("Log", [u], "log1p"), em.node("Div", [x, u_minus_1], "log1p")], "log1p")
+    tiny = em.node("Equal", [u, one], "log1p")
+    return em.node("Where", [tiny, x, ratio], "log1p")
+
+
+def _expm1(em, t):
+    """ONNX has no expm1, and exp(x) - 1 loses every digit of a tiny x. Kahan's form:
+    (u - 1) * x / log(u), u = exp(x) rounded; x where u rounds to 1, -1 where u - 1 does, u where
+    u - 1 == u (large x, where x / log(u) may be inf / inf)."""
+    x = em.value(t.args[0])
+    dtype = em.dtype(t.args[0])
+    one, minus_one = em.scalar(1.0, dtype), em.scalar(-1.0, dtype)
+    u = em.node("Exp", [x], "expm1")
+    u_minus_1 = em.node("Sub", [u, one], "expm1")
+    r = em.node("Mul", [u_minus_1, em.node("Div", [x, em.node("Log", [u], "expm1")], "expm1")], "expm1")
+    r = em.node("Where", [em.node("Equal", [u, one], "expm1"), x, r], "expm1")
+    r = em.node("Where", [em.node("Equal", [u_minus_1, minus_one], "expm1"), minus_one, r], "expm1")
+    return em.node("Where", [em.node("Equal", [u_minus_1, u], "expm1"), u, r], "expm1")
+
+
 def _compensated_sum(em, t, axis, keep):
     """ONNX has no compensated sum: a float64 accumulator, at least as accurate."""
     x = t.args[0]
@@ -329,8 +357,7 @@ def _logaddexp(a: Term, b: Term) -> Term:
 EMIT = {
     **dict.fromkeys(SIMPLE, _simple), "mul": _mul, **dict.fromkeys(REDUCE, _reduce), "var": _var,
     "compensated_sum": _compensated_sum,
-    "log1p": _composite(lambda x: Term("log", (Term("add", (x, Term.const(1.0))),))),
-    "expm1": _composite(lambda x: Term("sub", (Term("exp", (x,)), Term.const(1.0)))),
+    "log1p": _log1p, "expm1": _expm1,
     "rsqrt": _composite(lambda x: Term("div", (Term.const(1.0), Term("sqrt", (x,))))),
     "logaddexp": _composite(_logaddexp),
     "gelu": _gelu, "transpose": _transpose, "layer_norm": _layer_norm, "sdpa": _sdpa,

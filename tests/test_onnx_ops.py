@@ -152,3 +152,16 @@ def test_product_by_a_canonicalized_reciprocal_goes_back_to_the_division():
     assert divisor == np.float32(sqrt2)
     model = export(single_term_model(Term("mul", (x, c(0.5))), 17))  # a constant the model stores
     assert [n.op_type for n in model.graph.node] == ["Mul"]
+
+
+@pytest.mark.parametrize("op", ["log1p", "expm1"])
+def test_log1p_and_expm1_stay_accurate_under_onnxruntime(op):
+    """ONNX has neither op; their emitted forms must keep what the rewrite to them gained: every
+    digit of a tiny x (log(1 + x) and exp(x) - 1 lose them all), and no inf / inf at large x."""
+    values = np.array([1e-30, -3e-12, 1e-7, -2e-4, 0.3, -0.9, 5.0, 60.0, 88.0, -100.0, 0.0],
+                      dtype=np.float32).reshape(1, 11)
+    leaf = Term.input("x", values.shape, "float32")
+    model = export(single_term_model(Term(op, (leaf,)), 17))
+    (got,) = session(model).run(None, {"x": values})
+    truth = getattr(torch, op)(torch.from_numpy(values).double()).numpy()
+    np.testing.assert_allclose(got, truth, rtol=4e-7, atol=0)

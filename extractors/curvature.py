@@ -141,7 +141,9 @@ def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
     a, b = operands[:2]
     if op == "add":
         b = (-b[1], -b[0])
-    return a[0] <= b[1] and b[0] <= a[1]
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return lo <= hi and (lo, hi) != (0, 0)  # meeting only at 0, they have opposite signs
+    # (exp(x) + exp(y), both in [0, inf)): their magnitudes add, nothing cancels
 
 
 def overflows(result: Interval, dtype: str) -> bool:

@@ -162,3 +162,15 @@ def test_log_whose_rounded_argument_reaches_one_loses_every_digit():
     assert kappa_cost("log", (), [(0.5, 2.0)], (-0.7, 0.7), exact=(True,)) < ALL_DIGITS
     assert kappa_cost("logsumexp", (-1, False), [(-5.0, 5.0)], (-2.2, 7.8)) >= ALL_DIGITS
     assert kappa_cost("logsumexp", (-1, False), [(1.0, 5.0)], (1.0, 7.8)) < ALL_DIGITS
+
+
+def test_values_of_one_sign_added_never_cancel():
+    """exp(x) + exp(y), both in [0, inf): the ranges of a and -b meet only at 0, where the signs
+    are opposite; a difference of ranges that share a nonzero value may cancel."""
+    from egraph_opt.extractors.curvature import cancels
+    rounded = (False, False)
+    assert not cancels("add", [(0.0, 5.0), (0.0, 3.0)], rounded)
+    assert not cancels("sub", [(0.0, 5.0), (-3.0, 0.0)], rounded)
+    assert cancels("sub", [(0.0, 5.0), (0.0, 3.0)], rounded)
+    assert cancels("add", [(1.0, 2.0), (-3.0, -2.0)], rounded)
+    assert not cancels("sub", [(0.0, 5.0), (0.0, 3.0)], (True, True))  # exact: one rounding

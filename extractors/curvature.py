@@ -160,6 +160,9 @@ FINITE_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e3
 #: error terms and never outweighs one. Curvature is a second-order effect: bench/curvature_vs_error
 #: measured no float32 error where it grows and nothing else does (exp over [-50, 50]).
 KAPPA_TIE_BREAK = 3
+#: |x| past which exp(x) is 0 or inf in the dtype (log of the smallest subnormal): there no digit
+#: of exp(x) depends on the error x carries, so exp's condition number |x| stops there
+EXP_LIMIT = {"float64": 744.4, "float32": 103.3, "float16": 16.6, "bfloat16": 92.2}
 #: cost of losing every digit: a cancellation, or an amplification of rounding error past
 #: 1 / unit roundoff
 ALL_DIGITS = 2000
@@ -189,12 +192,13 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
                              else min(KAPPA_TIE_BREAK, max(1, round(10 * math.log10(1 + k)))))
     if exact and cancels(op, operands, exact):
         cost += ALL_DIGITS
-    if op in ("exp", "expm1") and exact and not exact[0] and math.isfinite(_mag(operands[0])):
-        cost += _amplified(_mag(operands[0]), dtype)  # exp's condition number is |x|: the
-        # rounding error its computed argument carries comes out multiplied by it
-    if op in SHIFTED_EXP and math.isfinite(operands[0][1] - operands[0][0]):
-        cost += _amplified(operands[0][1] - operands[0][0], dtype)  # exp(x - max(x)): its
-        # argument is rounded, and exp multiplies that error by |x - max(x)| <= hi - lo
+    limit = EXP_LIMIT.get(dtype, EXP_LIMIT["float32"])
+    if op in ("exp", "expm1") and exact and not exact[0]:
+        cost += _amplified(min(_mag(operands[0]), limit), dtype)  # exp's condition number is
+        # |x|: the rounding error its computed argument carries comes out multiplied by it
+    if op in SHIFTED_EXP:
+        cost += _amplified(min(operands[0][1] - operands[0][0], limit), dtype)  # exp(x - max(x)):
+        # its argument is rounded, and exp multiplies that error by |x - max(x)| <= hi - lo
     if op == "log" and exact and not exact[0] and operands[0][0] > 0:
         lo, hi = operands[0]  # log's condition number is 1 / |log u|: near u = 1 the rounding
         # error of a computed argument (1 + x rounded) becomes the whole result (why log1p exists)

@@ -174,3 +174,16 @@ def test_values_of_one_sign_added_never_cancel():
     assert cancels("sub", [(0.0, 5.0), (0.0, 3.0)], rounded)
     assert cancels("add", [(1.0, 2.0), (-3.0, -2.0)], rounded)
     assert not cancels("sub", [(0.0, 5.0), (0.0, 3.0)], (True, True))  # exact: one rounding
+
+
+def test_exp_amplifies_its_arguments_error_only_where_it_is_representable():
+    """exp's condition number is |x|, but past log(smallest subnormal) exp(x) is 0 (or inf) and
+    carries no digit of x's error: softmax over any float32 is charged a bounded amplification,
+    not the all-digits class."""
+    from egraph_opt.extractors.curvature import kappa_cost
+    anything = (-3.4e38, 3.4e38)
+    assert kappa_cost("softmax", (-1,), [anything], (0.0, 1.0)) < 100
+    rounded, exact = (kappa_cost("exp", (), [anything], (0.0, 3.4e38), exact=(e,)) for e in (False, True))
+    assert 0 < rounded - exact < 100
+    assert kappa_cost("exp", (), [(-50.0, 50.0)], (0.0, 6e21), exact=(False,)) > \
+        kappa_cost("exp", (), [(-1.0, 1.0)], (0.3, 2.8), exact=(False,))

@@ -20,7 +20,7 @@ from .extractors.curvature import ROUNDING_FREE
 from .ops import OPS, parse_shape
 from .program import Program
 from .ranges import TOP, analyze
-from .rulesets import Rule, select
+from .rulesets import Family, Rule, select
 from .term import dtype_name, op_counts, postorder, shapes
 
 
@@ -143,6 +143,10 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     main = optimize(outer, schedule=schedule, input_ranges=input_ranges, model=model,
                     templates=False)
     final = tmpl.resolve(main.program, groups, template_roots, list(main.program.outputs[1]))
+    joined = _join_precision(final, schedule, input_ranges, model)
+    if joined is not None:
+        final = joined.program
+        results.append(joined)
     best = final.roots()
     before = program_cost(roots, model, input_ranges, leaf_meta, meta, intervals)
     after = program_cost(best, model, input_ranges, leaf_meta)
@@ -156,6 +160,19 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     return Optimized(final, main.egraph, [s for r in results + [main] for s in r.saturation],
                      list(applied.values()), before, after, op_counts(roots), op_counts(best),
                      seconds, model, main.cost, main.root_classes)
+
+
+def _join_precision(program: Program, schedule: list[Phase], input_ranges: dict | None,
+                    model: CostModel) -> Optimized | None:
+    """Each template computed in float32 rounds its output to the half dtype, and the next one
+    widens it again: only a pass over the joined program can drop those round trips and carry
+    one float32 chain through. Precision rules alone, and only where a cast is left."""
+    rules = tuple(r for phase in schedule for r in phase.rules if r.family is Family.PRECISION)
+    if not rules or not any(t.op == "cast" for t in postorder(program.roots())):
+        return None
+    limits = schedule[-1].limits
+    return optimize(program, schedule=[Phase("join_precision", rules, limits)],
+                    input_ranges=input_ranges, model=model, templates=False)
 
 
 def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best_ranges: dict) -> dict:

@@ -92,3 +92,27 @@ def test_sum_of_values_that_cancel_is_compensated():
     truth = x.double().sum(-1)
     assert error(x.sum(-1), truth) > 1e-2
     assert error(optimized(x), truth) < 1e-6
+
+
+class _NaiveLayerNorm(torch.nn.Module):
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        return (x - mu) / torch.sqrt((x * x).mean(-1, keepdim=True) - mu * mu + 1e-5)
+
+
+def test_half_precision_chain_crosses_repeated_blocks():
+    """Repeated blocks are optimized once each as templates; each would round its output to
+    float16 and the next widen it again. The joined program rounds once: two runtime casts."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), _NaiveLayerNorm(), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 32), _NaiveLayerNorm(), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 4)).eval().half()
+    optimized = saturate_and_extract(net, objective="stability")
+    x = torch.randn(64, 16).half()
+    with torch.no_grad():
+        out, naive = optimized(x), net(x)
+        truth = copy.deepcopy(net).double()(x.double())
+    assert "template of" in str(optimized.report)
+    assert "torch.cast x2" in str(optimized.report) and out.dtype == torch.float16
+    assert (out.double() - truth).abs().max() <= (truth.half().double() - truth).abs().max()
+    assert (out.double() - truth).abs().mean() < 0.8 * (naive.double() - truth).abs().mean()

@@ -16,7 +16,7 @@ from . import pattern as pat
 from . import templates as tmpl
 from .egraph import EGraph, Saturation, Snapshot
 from .extractors import CostModel, NodeFacts, Objective, extract, program_cost
-from .extractors.curvature import ROUNDING_FREE
+from .extractors.curvature import rounding_free
 from .ops import OPS, parse_shape
 from .program import Program
 from .ranges import TOP, analyze
@@ -230,8 +230,9 @@ def _meta_of(node, operands: list) -> tuple | None:
 def enode_cost(snap: Snapshot, model: CostModel, meta: dict):
     """``cost(class id, e-node)`` for the extractor, from the snapshot's analyses: intervals,
     dtypes, exactness, constness and shapes of each e-node's operand classes."""
-    exact = closed_classes(snap.classes, ROUNDING_FREE)
-    constant = closed_classes(snap.classes, {"param", "const"}, leaves_only=True)
+    exact = closed_classes(snap.classes, lambda n: rounding_free(
+        n.op, n.attrs, tuple(snap.dtypes.get(c, "float32") for c in n.children)))
+    constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
     consts = {cid for cid, nodes in snap.classes.items() if any(n.op == "const" for n in nodes)}
 
     def cost(cid: str, node) -> int:
@@ -247,9 +248,9 @@ def enode_cost(snap: Snapshot, model: CostModel, meta: dict):
     return cost
 
 
-def closed_classes(classes: dict, ops: set[str], leaves_only: bool = False) -> set[str]:
-    """E-classes some e-node of which is built from ``ops`` alone over such classes (with
-    ``leaves_only``, any op over such classes, from leaves in ``ops``). With rounding-free ops:
+def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) -> set[str]:
+    """E-classes some e-node of which is ``allowed`` over such classes (with ``leaves_only``, any
+    op over such classes, from ``allowed`` leaves). With rounding-free ops:
     values computed exactly, where cancellation is harmless; with params and consts: values that
     do not depend on the data."""
     closed: set[str] = set()
@@ -257,7 +258,7 @@ def closed_classes(classes: dict, ops: set[str], leaves_only: bool = False) -> s
     def qualifies(n) -> bool:
         if not all(c in closed for c in n.children):
             return False
-        return n.op in ops if not (leaves_only and n.children) else True
+        return allowed(n) if not (leaves_only and n.children) else True
 
     changed = True
     while changed:

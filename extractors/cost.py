@@ -20,7 +20,7 @@ from typing import Callable
 from egraph_opt.ranges import TOP, analyze
 from egraph_opt.term import Term, dtype_name, postorder, shapes
 
-from .curvature import ROUNDING_FREE, UNIT_ROUNDOFF, kappa, kappa_cost
+from .curvature import UNIT_ROUNDOFF, kappa, kappa_cost, rounding_free
 
 #: passes over memory, for ops the profiling database cannot estimate: elementwise = 2
 PASSES = {
@@ -87,7 +87,7 @@ class CostModel:
         if n.op in LEAVES or n.constant:
             return 0
         half = HALF_ACCUMULATION if n.op in ACCUMULATING and n.dtypes and n.dtypes[0] in HALF else 0
-        half += HALF_ROUNDING.get(n.dtype, 0) if n.op not in ROUNDING_FREE else 0
+        half += HALF_ROUNDING.get(n.dtype, 0) if not rounding_free(n.op, n.attrs, n.dtypes) else 0
         return half + kappa_cost(n.op, n.attrs, list(n.operands), n.result, n.dtype, n.exact)
 
     def latency(self, n: NodeFacts) -> int:
@@ -128,10 +128,10 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
     constant: dict[int, bool] = {}
     parts = {"cost": 0, "curvature": 0, "latency": 0}
     for t in terms:
-        exact[id(t)] = t.op in ROUNDING_FREE and all(exact[id(a)] for a in t.args)
+        dtypes = tuple(dtype_name(meta[id(a)][1]) for a in t.args)
+        exact[id(t)] = rounding_free(t.op, t.attrs, dtypes) and all(exact[id(a)] for a in t.args)
         constant[id(t)] = t.op in CONSTANT_LEAVES or bool(t.args) and all(constant[id(a)] for a in t.args)
-        n = NodeFacts(t.op, t.attrs, tuple(ranges[id(a)] for a in t.args),
-                      tuple(dtype_name(meta[id(a)][1]) for a in t.args),
+        n = NodeFacts(t.op, t.attrs, tuple(ranges[id(a)] for a in t.args), dtypes,
                       tuple(exact[id(a)] for a in t.args), ranges[id(t)],
                       dtype_name(meta[id(t)][1]), bool(t.args) and constant[id(t)],
                       tuple(meta[id(a)][0] for a in t.args if a.op != "const"))

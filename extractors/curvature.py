@@ -126,6 +126,17 @@ def rounding(dtype: str, result: Interval) -> float:
 ROUNDING_FREE = {"input", "param", "const", "opaque", "max", "maximum", "minimum", "relu", "abs",
                  "neg", "transpose", "permute", "reshape", "expand", "slice", "gather",
                  "index_select", "concat", "where", "max_pool2d"}
+#: casts that hold every value of their source dtype
+WIDENING = {("float16", "float32"), ("bfloat16", "float32"), ("float16", "float64"),
+            ("bfloat16", "float64"), ("float32", "float64")}
+
+
+def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
+    """Exact operands give an exact result: a rounding-free op, or a cast that widens (or keeps)
+    its operand's dtype."""
+    if op == "cast":
+        return bool(operand_dtypes) and (operand_dtypes[0] == attrs[0] or (operand_dtypes[0], attrs[0]) in WIDENING)
+    return op in ROUNDING_FREE
 
 
 def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
@@ -206,8 +217,10 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     if op in LOG_OF_SUM and result is not None and result[0] <= 0 <= result[1]:
         cost += ALL_DIGITS  # the log inside (of sum(exp(x - max(x))) >= 1) near 1, as a bare log's:
         # log_softmax(x) at the dominant x is -log(1 + tiny) = 0 in float32, not -tiny
-    if result is not None and any(overflows(o, dtype) for o in operands) and not overflows(result, dtype):
-        cost += 3000  # an infinity is consumed into a finite value (inf / inf, log of inf): NaN or
-        # a wrong number. An overflow that reaches the output unchanged costs nothing here: every
-        # equivalent program overflows there too (the result's range is its e-class's)
+    rounded = [o for i, o in enumerate(operands) if not (i < len(exact) and exact[i])]
+    if result is not None and any(overflows(o, dtype) for o in rounded) and not overflows(result, dtype):
+        cost += 3000  # an infinity from rounding is consumed into a finite value (inf / inf, log of
+        # inf): NaN or a wrong number. An exact one (a -inf attention mask) is meant. An overflow
+        # that reaches the output unchanged costs nothing here: every equivalent program
+        # overflows there too (the result's range is its e-class's)
     return cost

@@ -25,6 +25,10 @@ _ACCUMULATING = {name: () for name in ("sum", "mean", "var", "logsumexp", "softm
 _ACCUMULATING.update({
     "matmul": (("x0", (3, 5)), ("x1", (5, 4))),
     "linear": (("x0", (3, 5)), ("x1", (4, 5)), ("x2", (4,))),
+    "linear_act": (("x0", (3, 5)), ("x1", (4, 5)), ("x2", (4,)), ("activation", "gelu_tanh")),
+    "sdpa": (("x0", (2, 4, 3)), ("x1", (2, 5, 3)), ("x2", (2, 5, 3)), ("scale", 0.5), ("causal", False)),
+    "sdpa_masked": (("x0", (2, 4, 3)), ("x1", (2, 5, 3)), ("x2", (2, 5, 3)), ("x3", (4, 5)),
+                    ("scale", 0.5)),
     "layer_norm": (("x0", (3, 5)), ("x1", (5,)), ("x2", (5,)), ("eps", 1e-5)),
     "conv2d": (("x0", (2, 3, 6, 6)), ("x1", (4, 3, 3, 3)), ("x2", (4,)), ("stride", "1,1"),
                ("padding", "1,1"), ("dilation", "1,1"), ("groups", 1)),

@@ -116,3 +116,23 @@ def test_half_precision_chain_crosses_repeated_blocks():
     assert "torch.cast x2" in str(optimized.report) and out.dtype == torch.float16
     assert (out.double() - truth).abs().max() <= (truth.half().double() - truth).abs().max()
     assert (out.double() - truth).abs().mean() < 0.8 * (naive.double() - truth).abs().mean()
+
+
+def test_half_precision_masked_attention_rounds_once():
+    """A float16 causal attention (a -inf mask: exact infinities, meant, not overflow) computes
+    in float32 and rounds once, at its output."""
+    from egraph_opt import capture, optimize
+    from egraph_opt.extractors import Objective
+    from egraph_opt.term import postorder
+
+    def attention(q, k, v):
+        scores = (q @ k.transpose(-2, -1) * 0.25).masked_fill(
+            torch.triu(torch.ones(8, 8, dtype=torch.bool), 1), float("-inf"))
+        return torch.softmax(scores, -1) @ v
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 16, generator=gen).half() for _ in "qkv")
+    program, _ = capture(attention, (q, k, v))
+    result = optimize(program, objective=Objective.STABILITY)
+    narrowing = [t for t in postorder(result.program.roots()) if t.op == "cast" and t.attrs[0] == "float16"]
+    assert len(narrowing) == 1

@@ -79,6 +79,14 @@ def rules() -> list[str]:
         "(rule ((= e (Relu a)) (= x (lo a))) ((set (lo e) (max x 0.0))))",
         "(rule ((= e (Relu a)) (= x (hi a))) ((set (hi e) (max x 0.0))))",
         "(rule ((= e (Sqrt a)) (= x (hi a))) ((set (hi e) (^ (max x 0.0) 0.5))))",
+        "(rule ((= e (Sqrt a)) (= x (lo a))) ((set (lo e) (^ (max x 0.0) 0.5))))",
+        "(rule ((= e (Rsqrt a)) (= x (lo a)) (= y (hi a)) (> x 0.0)) "
+        "((set (lo e) (^ y -0.5)) (set (hi e) (^ x -0.5))))",
+        # a quotient by a divisor of one sign (egglog's f64 division panics at 0: guarded)
+        *(f"(rule ((= e (Div a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b)) {sign}) ("
+          f"(set (lo e) {_c('(min (min (/ p r) (/ p s)) (min (/ q r) (/ q s)))')}) "
+          f"(set (hi e) {_c('(max (max (/ p r) (/ p s)) (max (/ q r) (/ q s)))')})))"
+          for sign in ("(> r 0.0)", "(< s 0.0)")),
         # log has no f64 primitive: 1 - 1/x <= log x <= x - 1, and |log x| <= 745 for any f64
         "(rule ((= e (Log a)) (= x (lo a)) (> x 0.0)) ((set (lo e) (max (- 1.0 (/ 1.0 x)) -745.0))))",
         "(rule ((= e (Log a)) (= x (hi a)) (> x 0.0)) ((set (hi e) (min (- x 1.0) 710.0))))",

@@ -191,6 +191,16 @@ def _amplified(factor: float, dtype: str) -> int:
     return round(10 * math.log10(1 + factor))
 
 
+def _cancellation(op: str, operands: list[Interval], result: Interval | None, dtype: str) -> int:
+    """a +- b amplifies its operands' rounding errors by (|a| + |b|) / |a +- b|: past 1 / unit
+    roundoff where the result can be 0, else bounded by the result's distance from 0, which its
+    e-class's interval proves from every equivalent form (1/x - 1/(x + 1) is 1/(x (x + 1)))."""
+    gap = _gap(result) if op in ("add", "sub") and result is not None else 0.0
+    if gap == 0:
+        return ALL_DIGITS
+    return _amplified((_mag(operands[0]) + _mag(operands[1])) / gap, dtype)
+
+
 def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval | None = None,
                dtype: str = "float32", exact: tuple[bool, ...] = ()) -> int:
     """Integer extraction cost of conditioning: a tie-breaking few decibels of kappa where the
@@ -202,7 +212,7 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     cost = 0 if k == 0 else (1000 * GROWTH.get(op, 1) if math.isinf(k)
                              else min(KAPPA_TIE_BREAK, max(1, round(10 * math.log10(1 + k)))))
     if exact and cancels(op, operands, exact):
-        cost += ALL_DIGITS
+        cost += _cancellation(op, operands, result, dtype)
     limit = EXP_LIMIT.get(dtype, EXP_LIMIT["float32"])
     if op in ("exp", "expm1") and exact and not exact[0]:
         cost += _amplified(min(_mag(operands[0]), limit), dtype)  # exp's condition number is

@@ -187,3 +187,15 @@ def test_exp_amplifies_its_arguments_error_only_where_it_is_representable():
     assert 0 < rounded - exact < 100
     assert kappa_cost("exp", (), [(-50.0, 50.0)], (0.0, 6e21), exact=(False,)) > \
         kappa_cost("exp", (), [(-1.0, 1.0)], (0.3, 2.8), exact=(False,))
+
+
+def test_cancellation_is_graded_by_the_proved_distance_from_zero():
+    """1/x - 1/(x + 1) over x in [1e3, 1.01e3]: the e-graph proves the difference is 1/(x (x+1)) > 0
+    (a guarded division rule), so the subtraction costs its amplification, not every digit."""
+    from egraph_opt.extractors.curvature import ALL_DIGITS
+    x = Term.input("x", (8,))
+    one = Term.const(1.0)
+    naive = Term("sub", (Term("div", (one, x)), Term("div", (one, Term("add", (x, one))))))
+    result = optimize(Program((x,), naive), objective=Objective.STABILITY, input_ranges={"x": (1e3, 1.01e3)})
+    assert 10 < result.cost_before["curvature"] < ALL_DIGITS
+    assert result.cost_after["curvature"] < result.cost_before["curvature"]

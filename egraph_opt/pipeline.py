@@ -184,11 +184,12 @@ def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best
     of_node = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}
     classes = dict(loaded)
     for t in postorder(best):
-        cid = classes.get(id(t)) or of_node.get((t.op, tuple(classes.get(id(a)) for a in t.args), t.attrs))
-        classes[id(t)] = cid
+        key = (t.op, tuple(classes.get(id(a)) for a in t.args), t.attrs)
+        cid = classes[id(t)] = classes.get(id(t)) or of_node.get(key)
         own = best_ranges[id(t)]
         lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
-        ranges[id(t)] = (max(lo, own[0]), min(hi, own[1])) if max(lo, own[0]) <= min(hi, own[1]) else own
+        lo, hi = max(lo, own[0]), min(hi, own[1])
+        ranges[id(t)] = (lo, hi) if lo <= hi else own
     return ranges
 
 

@@ -24,7 +24,8 @@ from .curvature import UNIT_ROUNDOFF, kappa, kappa_cost, rounding_free
 
 #: passes over memory, for ops the profiling database cannot estimate: elementwise = 2
 PASSES = {
-    "sum": 4, "compensated_sum": 12, "max": 4, "mean": 4, "var": 6, "softmax": 5, "log_softmax": 5, "logsumexp": 5,
+    "sum": 4, "compensated_sum": 12, "max": 4, "mean": 4, "var": 6, "softmax": 5, "log_softmax": 5,
+    "logsumexp": 5,
     "layer_norm": 6, "matmul": 16, "linear": 17, "linear_act": 17, "sdpa": 20, "sdpa_masked": 21,
     "conv2d": 24, "batch_norm": 6, "max_pool2d": 2,
     "transpose": 1, "permute": 1, "reshape": 1, "expand": 1, "slice": 1,
@@ -33,8 +34,8 @@ PASS_UNITS = 10  # one pass ~ 1 us in latency units
 LEAVES = {"input", "param", "const", "opaque"}
 CONSTANT_LEAVES = {"param", "const"}
 #: ops that accumulate over many terms: in a half-precision accumulator they lose ~log2(n) bits
-ACCUMULATING = {"sum", "compensated_sum", "mean", "var", "matmul", "linear", "linear_act", "softmax", "log_softmax",
-                "logsumexp", "layer_norm", "sdpa", "sdpa_masked", "conv2d"}
+ACCUMULATING = {"sum", "compensated_sum", "mean", "var", "matmul", "linear", "linear_act", "softmax",
+                "log_softmax", "logsumexp", "layer_norm", "sdpa", "sdpa_masked", "conv2d"}
 HALF = {"float16", "bfloat16"}
 HALF_ACCUMULATION = 20  # decibels charged for a half-precision accumulator
 #: decibels charged for rounding a result to a half-precision dtype: its unit roundoff over

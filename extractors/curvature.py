@@ -135,7 +135,8 @@ def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
     """Exact operands give an exact result: a rounding-free op, or a cast that widens (or keeps)
     its operand's dtype."""
     if op == "cast":
-        return bool(operand_dtypes) and (operand_dtypes[0] == attrs[0] or (operand_dtypes[0], attrs[0]) in WIDENING)
+        source = operand_dtypes[0] if operand_dtypes else None
+        return source == attrs[0] or (source, attrs[0]) in WIDENING
     return op in ROUNDING_FREE
 
 
@@ -223,7 +224,8 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     if op == "log" and exact and not exact[0] and operands[0][0] > 0:
         lo, hi = operands[0]  # log's condition number is 1 / |log u|: near u = 1 the rounding
         # error of a computed argument (1 + x rounded) becomes the whole result (why log1p exists)
-        cost += _amplified(math.inf if lo <= 1 <= hi else max(1 / abs(math.log(u)) for u in (lo, hi)), dtype)
+        worst = math.inf if lo <= 1 <= hi else max(1 / abs(math.log(u)) for u in (lo, hi))
+        cost += _amplified(worst, dtype)
     if op in LOG_OF_SUM and result is not None and result[0] <= 0 <= result[1]:
         cost += ALL_DIGITS  # the log inside (of sum(exp(x - max(x))) >= 1) near 1, as a bare log's:
         # log_softmax(x) at the dominant x is -log(1 + tiny) = 0 in float32, not -tiny

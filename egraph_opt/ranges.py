@@ -37,6 +37,8 @@ def dtype_range(dtype: str) -> Interval:
     t = getattr(torch, dtype)
     if t == torch.bool:
         return 0.0, 1.0
+    if t.is_complex:  # not ordered: no interval bounds it (an opaque fft's result)
+        return TOP
     info = torch.finfo(t) if t.is_floating_point else torch.iinfo(t)
     return float(info.min), float(info.max)
 

@@ -98,6 +98,16 @@ def test_opaque_calls_are_reported_and_carried_through():
     assert "[OPAQUE]" in str(g.report)
 
 
+def test_an_opaque_call_with_a_complex_result_is_carried_through():
+    """No interval bounds a complex value: the analysis leaves it unbounded instead of failing."""
+    def f(x):
+        return torch.exp(torch.fft.fft(x).real)
+
+    g = saturate_and_extract(f)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(g(x), f(x))
+
+
 @pytest.mark.parametrize("options,message", [
     ({"input_ranges": {"x": (1.0, -1.0)}}, "empty"),
     ({"input_ranges": {"x": ("a", "b")}}, "pair of numbers"),

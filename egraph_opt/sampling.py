@@ -1,0 +1,77 @@
+"""Points of the declared input ranges where rounding errors live, for estimating error over a range.
+
+Uniform sampling by value almost never draws the values near zero where expm1 and log1p matter,
+nor two inputs close enough for a difference of their functions to cancel. So, as Herbie samples,
+values are drawn uniformly over the *floating-point numbers* of a range (every binade alike), and
+rows of other kinds are mixed in: uniform by value, coincident with the same row of the first
+input of the same shape (y within a few ulps to a few digits of x), and near-constant (where a
+reduction's spread cancels), half of them at an end of the range. Both ends are always drawn.
+
+Ranges are the declared ones, or every finite value of the dtype: the points estimate a cost over
+the ranges that soundness uses too, never over values seen in example inputs.
+
+>>> gen = torch.Generator().manual_seed(0)
+>>> x = float32_between(1e-6, 1e3, (10000,), gen)
+>>> bool(((x >= 1e-6) & (x <= 1e3)).all()), bool((x < 1e-3).float().mean() > 0.3)
+(True, True)
+"""
+from __future__ import annotations
+
+import torch
+
+from .ranges import Interval, dtype_range
+
+#: row kinds, in the order rows take them: float-uniform, value-uniform, coincident, near-constant
+ROW_KINDS = ("float", "value", "coincident", "constant")
+
+
+def float32_between(lo: float, hi: float, shape, gen: torch.Generator) -> torch.Tensor:
+    """float32 values uniform over the float32 numbers in [lo, hi]: float order as integer order."""
+    ends = torch.tensor([lo, hi], dtype=torch.float32).view(torch.int32).long()
+    order = torch.where(ends < 0, -(ends & 0x7FFFFFFF), ends)
+    k = order[0] + (torch.rand(shape, generator=gen, dtype=torch.float64) * (order[1] - order[0])).round().long()
+    bits = torch.where(k < 0, (-k) | -2 ** 31, k).to(torch.int32)
+    return bits.view(torch.float32)
+
+
+def _near(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """v moved by a relative 2^-4 .. 2^-23: a few digits to a few ulps."""
+    scale = 2.0 ** -torch.randint(4, 24, v.shape, generator=gen).double()
+    return (v.double() * (1 + torch.randn(v.shape, generator=gen, dtype=torch.float64) * scale)).float()
+
+
+def _rows(lo: float, hi: float, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
+    out = []
+    for r in range(rows):
+        kind = ROW_KINDS[r % len(ROW_KINDS)]
+        if kind == "value":
+            u = torch.rand(width, generator=gen, dtype=torch.float64)
+            out.append((lo + (hi - lo) * u).float())
+        elif kind == "constant":
+            c = float32_between(lo, hi, (1,), gen)
+            if torch.rand((), generator=gen) < 0.5:  # at an end: where the intervals' bounds are met
+                c = torch.tensor([(lo, hi)[int(torch.randint(2, (), generator=gen))]])
+            out.append(_near(c.expand(width), gen))
+        else:
+            out.append(float32_between(lo, hi, (width,), gen))
+    return torch.stack(out)
+
+
+def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[str, Interval],
+                  gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One point per input, of its shape and float dtype, inside its range (``ranges``, else its
+    dtype's finite values): rows of each kind in turn over the last axis, both ends at the start."""
+    env: dict[str, torch.Tensor] = {}
+    first_of_shape: dict[tuple, torch.Tensor] = {}
+    for name, (shape, dtype) in inputs.items():
+        lo, hi = ranges.get(name, dtype_range(dtype))
+        width = shape[-1] if shape else 1
+        rows = max(1, int(torch.tensor(shape[:-1]).prod()) if len(shape) > 1 else 1)
+        v = _rows(lo, hi, rows, width, gen)
+        partner = first_of_shape.setdefault(tuple(shape), v)
+        if partner is not v:  # coincident rows follow the first input of this shape
+            for r in range(2, rows, len(ROW_KINDS)):
+                v[r] = _near(partner[r], gen)
+        v.view(-1)[:2] = torch.tensor([lo, hi]).float()[: v.numel()]
+        env[name] = v.clamp(lo, hi).reshape(shape).to(getattr(torch, dtype))
+    return env

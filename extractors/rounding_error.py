@@ -1,0 +1,161 @@
+"""First-order rounding error of a whole program: the condition number of the algorithm.
+
+Per-node costs price each op over its operand intervals, one node at a time. What they cannot see
+is how a node's error travels: a cancellation that happens only where two operands coincide, an
+error that a later op attenuates (tanh) or multiplies (exp). The first-order model of floating
+point (Higham, *Accuracy and Stability*, 2.2 and 3.1) sees that: each node, given operands exact
+in its dtype, commits a local error Delta (Herbie's local error: the op run in the dtype against
+the same op in float64; a result that overflows commits an infinite one), and the output moves by
+|d out / d v| Delta. Summed over nodes and elements this is the output's error to first order:
+the chain rule multiplies the per-op condition numbers along every path from a node to the output,
+weighted by that node's rounding. Derivatives are taken in float64 by reverse-mode
+differentiation, as ADAPT (Menon et al., SC 2018) does, at points the caller samples from the
+declared ranges (``sampling.py``).
+
+Error is counted in bits, as Herbie counts it: log2(1 + the number of floats between the result
+and the result moved by its error) per output element; 0 where no rounding reaches the output,
+every bit of the word (32 for float32) where an infinity or NaN replaces a finite result.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from egraph_opt.ops import OPS, parse_shape
+from egraph_opt.program import Program
+from egraph_opt.sampling import sample_inputs
+from egraph_opt.term import Term, postorder
+
+from .curvature import FINITE_MAX
+
+LOW = (torch.float32, torch.float16, torch.bfloat16)  # the dtypes whose error is counted
+OUTPUTS_PER_POINT = 64  # rows of the Jacobian taken per point: a random subset of larger outputs
+
+
+@dataclass
+class RoundingError:
+    """Bits of error per output element (NaN where the result is undefined), and each rounding
+    node's share: the most bits its local error alone causes in an output element."""
+    bits: torch.Tensor
+    by_node: dict[int, float]
+
+
+def _low(value, dtype: torch.dtype | None):
+    """An exact value as the program holds it: rounded to the dtype it has there."""
+    return value.detach().to(dtype) if isinstance(value, torch.Tensor) and dtype else value
+
+
+def ordinal(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Each float64 value rounded to ``dtype``, as its position among that dtype's numbers: the
+    difference of two positions counts the numbers between them (Herbie's ulps)."""
+    word = {16: torch.int16, 32: torch.int32}[torch.finfo(dtype).bits]
+    i = value.to(dtype).view(word).long()
+    return torch.where(i < 0, -(i & (2 ** (torch.finfo(dtype).bits - 1) - 1)), i)
+
+
+def rounding_error(root: Term, env: dict[str, torch.Tensor],
+                   gen: torch.Generator | None = None) -> RoundingError:
+    """First-order error of ``root`` at the point ``env`` (inputs in the dtypes the program runs
+    them in), in bits per output element of its (low-precision) dtype."""
+    exact: dict[int, object] = {}   # float64 values, differentiable from the inputs
+    dtype: dict[int, torch.dtype | None] = {}  # the dtype the program computes each node in
+    local: dict[int, torch.Tensor] = {}
+    with torch.enable_grad():
+        for t in postorder([root]):
+            if t.op == "const":
+                exact[id(t)], dtype[id(t)] = t.attrs[0], None
+                continue
+            if not t.args:
+                v = env[t.attrs[0]]
+                dtype[id(t)] = v.dtype if v.is_floating_point() else None
+                exact[id(t)] = v.double().requires_grad_() if v.is_floating_point() else v
+                continue
+            args = [exact[id(a)] for a in t.args]
+            if not any(isinstance(a, torch.Tensor) for a in args):  # folded: a Python number
+                value = OPS[t.op].impl(*(torch.tensor(a, dtype=torch.float64) for a in args), *t.attrs)
+                exact[id(t)], dtype[id(t)] = value.item(), None
+                continue
+            low = [_low(a, dtype[id(x)]) for a, x in zip(args, t.args)]
+            if t.op == "cast":  # exact arithmetic keeps every value; the program rounds it
+                exact[id(t)] = args[0]
+                rounded = OPS["cast"].impl(low[0], *t.attrs)
+                reference = low[0].double() if low[0].is_floating_point() else low[0]
+            else:
+                exact[id(t)] = OPS[t.op].impl(*args, *t.attrs)
+                rounded = OPS[t.op].impl(*low, *t.attrs)
+                reference = OPS[t.op].impl(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                                             else a for a in low), *t.attrs)
+            dtype[id(t)] = rounded.dtype if rounded.is_floating_point() else None
+            if dtype[id(t)] in LOW and exact[id(t)].requires_grad:
+                error = (rounded.double() - reference).abs()
+                local[id(t)] = torch.where(error.isnan() & ~reference.isnan(), math.inf, error)
+    out, out_dtype = exact[id(root)], dtype[id(root)]
+    if out_dtype not in LOW or not isinstance(out, torch.Tensor):
+        raise ValueError(f"rounding error is defined for half and single precision outputs, not {out_dtype}")
+    flat = out.detach().reshape(-1)
+    pick = torch.arange(flat.numel())
+    if flat.numel() > OUTPUTS_PER_POINT:
+        pick = torch.randperm(flat.numel(), generator=gen)[:OUTPUTS_PER_POINT]
+    total = torch.zeros(len(pick), dtype=torch.float64)
+    shares: dict[int, torch.Tensor] = {}
+    if local:
+        cotangents = torch.zeros(len(pick), flat.numel(), dtype=torch.float64)
+        cotangents[torch.arange(len(pick)), pick] = 1
+        grads = torch.autograd.grad(out, [exact[i] for i in local], cotangents.view(len(pick), *out.shape),
+                                    is_grads_batched=True, allow_unused=True)
+        for i, g in zip(local, grads):
+            if g is not None:
+                g = g.reshape(len(pick), -1)
+                share = torch.where(g == 0, 0.0, (g.abs() * local[i].reshape(-1)).nan_to_num(math.inf)).sum(1)
+                shares[i] = share
+                total += share
+    value = flat[pick]
+    word = torch.finfo(out_dtype).bits  # every bit of the word: NaN or inf for a finite value
+    here = ordinal(value, out_dtype)
+
+    def to_bits(error: torch.Tensor) -> torch.Tensor:
+        """An error as the numbers between the result and the result moved by it, either way."""
+        apart = torch.maximum((ordinal(value - error, out_dtype) - here).abs(),
+                              (ordinal(value + error, out_dtype) - here).abs()).double()
+        return torch.where(error.isfinite(), torch.log2(1 + apart), math.inf).clamp(max=word)
+    bits = torch.where(value.abs() > FINITE_MAX[str(out_dtype).removeprefix("torch.")], 0.0, to_bits(total))
+    bits = torch.where(value.isnan(), math.nan, bits)  # undefined here: no error to count
+    return RoundingError(bits, {i: float(to_bits(s).nan_to_num(0).max()) for i, s in shares.items()})
+
+
+@dataclass
+class ProgramError:
+    """First-order error of a program over its ranges, in bits: the worst and the mean over the
+    points and output elements, and each node's worst share (by term id)."""
+    worst: float
+    mean: float
+    by_node: dict[int, float]
+
+
+def program_error(program: Program, ranges: dict | None = None, *, points: int = 8,
+                  seed: int = 0) -> ProgramError | None:
+    """The program's first-order error at ``points`` drawn from ``ranges`` (declared; otherwise
+    every finite value of an input's dtype) by ``sampling.sample_inputs``. None where it cannot be
+    evaluated: opaque calls, or no output in half or single precision."""
+    roots = program.roots()
+    if program.opaque or any(t.op == "opaque" for t in postorder(roots)):
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    inputs = {t.attrs[0]: (parse_shape(t.attrs[1]), t.attrs[2]) for t in program.inputs}
+    bits, by_node = [], {}
+    for _ in range(points):
+        env = {**program.params, **sample_inputs(inputs, ranges or {}, gen)}
+        for root in roots:
+            try:
+                found = rounding_error(root, env, gen)
+            except ValueError:
+                continue
+            bits.append(found.bits[~found.bits.isnan()])
+            for i, b in found.by_node.items():
+                by_node[i] = max(b, by_node.get(i, 0.0))
+    bits = torch.cat(bits) if bits else torch.zeros(0)
+    if not bits.numel():
+        return None
+    return ProgramError(float(bits.max()), float(bits.mean()), by_node)

@@ -1,0 +1,120 @@
+"""The first-order rounding error model: it agrees with float32 errors measured against float64,
+ranks every naive form above its stable form, and sees overflow, underflow and exact ops."""
+import pytest
+import torch
+
+from egraph_opt import analyzer, capture
+from egraph_opt.extractors.rounding_error import ordinal, program_error, rounding_error
+from egraph_opt.program import Program
+from egraph_opt.sampling import sample_inputs
+from egraph_opt.term import Term, evaluate
+
+X, Y = Term.input("x", (4, 16)), Term.input("y", (4, 16))
+
+
+def op(name, *args, attrs=()):
+    return Term(name, args, attrs)
+
+
+ONE = Term.const(1.0)
+MEAN = (-1, True)
+#: (name, naive, stable, declared ranges): the stable form must be estimated at least 8 bits better
+PAIRS = [
+    ("log1p", op("log", op("add", ONE, X)), op("log1p", X), {"x": (1e-7, 1e-3)}),
+    ("expm1", op("sub", op("exp", X), ONE), op("expm1", X), {"x": (-1e-3, 1e-3)}),
+    ("softmax", op("div", op("exp", X), op("sum", op("exp", X), attrs=MEAN)),
+     op("softmax", X, attrs=(-1,)), {"x": (-200.0, 200.0)}),
+    ("variance", op("sub", op("mean", op("mul", X, X), attrs=MEAN),
+                    op("mul", op("mean", X, attrs=MEAN), op("mean", X, attrs=MEAN))),
+     op("var", X, attrs=(-1, True, 0)), {"x": (1e4, 1.0001e4)}),
+    ("sqrt_difference", op("sub", op("sqrt", op("add", X, ONE)), op("sqrt", X)),
+     op("div", ONE, op("add", op("sqrt", op("add", X, ONE)), op("sqrt", X))), {"x": (1e3, 1e7)}),
+    ("exp_difference", op("sub", op("exp", X), op("exp", Y)),
+     op("mul", op("exp", Y), op("expm1", op("sub", X, Y))), {"x": (-1e-2, 1e-2), "y": (-1e-2, 1e-2)}),
+]
+
+
+def estimate(term, ranges):
+    return program_error(Program((X, Y), term), ranges)
+
+
+@pytest.mark.parametrize("name,naive,stable,ranges", PAIRS, ids=[p[0] for p in PAIRS])
+def test_every_naive_form_is_estimated_worse_than_its_stable_form(name, naive, stable, ranges):
+    before, after = estimate(naive, ranges), estimate(stable, ranges)
+    assert before.worst >= 16 and after.worst <= before.worst - 8, (name, before.worst, after.worst)
+
+
+def measured_bits(term, env):
+    """float32 error against float64, in the same units: float32 numbers between them."""
+    (low,) = evaluate([term], env)
+    (truth,) = evaluate([term], env, reference=True)
+    apart = (ordinal(low.double(), torch.float32) - ordinal(truth, torch.float32)).abs()
+    return torch.log2(1 + apart.double()).reshape(-1)
+
+
+@pytest.mark.parametrize("name,naive,stable,ranges", PAIRS, ids=[p[0] for p in PAIRS])
+def test_the_estimate_bounds_the_error_float32_makes(name, naive, stable, ranges):
+    """First order, summed in absolute value, is an upper estimate: the measured error of almost
+    every element is within a bit of it (higher-order terms and float64's own rounding aside)."""
+    gen = torch.Generator().manual_seed(1)
+    inputs = {"x": ((4, 16), "float32"), "y": ((4, 16), "float32")}
+    for _ in range(4):
+        env = sample_inputs(inputs, ranges, gen)
+        for term in (naive, stable):
+            predicted = rounding_error(term, env).bits
+            actual = measured_bits(term, env)
+            defined = ~predicted.isnan()
+            assert (actual[defined] <= predicted[defined] + 1).float().mean() >= 0.95, name
+
+
+def test_an_infinity_consumed_into_a_finite_result_loses_every_bit():
+    naive = PAIRS[2][1]
+    env = {"x": torch.full((4, 16), 100.0), "y": torch.zeros(4, 16)}
+    assert rounding_error(naive, env).bits.min() == 32
+    assert rounding_error(op("softmax", X, attrs=(-1,)), env).bits.max() <= 1
+
+
+def test_a_result_that_overflows_in_truth_too_has_no_error_to_count():
+    product = op("mul", op("exp", X), op("exp", Y))
+    env = {"x": torch.full((4, 16), 60.0), "y": torch.full((4, 16), 60.0)}
+    assert rounding_error(product, env).bits.max() == 0
+
+
+def test_exact_ops_add_no_error():
+    exact = op("neg", op("abs", op("mul", X, Term.const(2.0))))
+    assert estimate(exact, {"x": (-1e30, 1e30)}).worst == 0
+
+
+def test_undefined_results_are_left_out_and_non_float_outputs_refused():
+    env = {"x": -torch.rand(4, 16) - 1, "y": torch.zeros(4, 16)}
+    assert rounding_error(op("log", X), env).bits.isnan().all()
+    x64 = Term.input("x", (3,), "float64")
+    with pytest.raises(ValueError, match="half and single precision"):
+        rounding_error(op("exp", x64), {"x": torch.ones(3, dtype=torch.float64)})
+
+
+def test_samples_stay_in_range_draw_both_ends_and_coincide():
+    gen = torch.Generator().manual_seed(0)
+    env = sample_inputs({"x": ((8, 16), "float32"), "y": ((8, 16), "float32"),
+                         "h": ((5,), "float16")}, {"x": (-1.0, 3.0), "y": (-1.0, 3.0)}, gen)
+    for v, (lo, hi) in [(env["x"], (-1, 3)), (env["y"], (-1, 3))]:
+        assert v.dtype == torch.float32 and v.min() == lo and v.max() == hi
+    assert env["h"].dtype == torch.float16 and env["h"].isfinite().all()  # undeclared: its dtype
+    close = ((env["x"][2] - env["y"][2]).abs() <= 2 ** -4 * env["x"][2].abs() * 4)
+    assert close.all()  # coincident rows: y within a few digits of x
+
+
+def test_analyzer_shows_which_node_loses_the_digits():
+    report = analyzer.curvature(lambda x: torch.log(1 + x), torch.rand(3, 5) * 1e-5)
+    add, log = report.nodes
+    assert add.op == "add" and add.error_bits > 15 and log.error_bits <= 2
+    assert report.error.worst == pytest.approx(max(add.error_bits, log.error_bits), abs=1)
+    assert "err bits" in report.table() and "estimated error: worst" in report.table()
+
+
+def test_no_estimate_through_an_opaque_call():
+    def f(x):
+        return torch.fft.fft(x).real.exp()
+    program, _ = capture(f, (torch.randn(4, 8),))
+    assert program.opaque and program_error(program) is None
+    assert analyzer.analyze_program(program).error is None

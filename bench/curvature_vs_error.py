@@ -1,23 +1,27 @@
-"""Seed experiment (a): does the curvature the extractor minimizes predict the float32 error that
-optimizing removes?
+"""Seed experiment (a): does curvature predict the float32 error that optimizing removes?
 
 Random programs (seeded) are built around the naive spellings our rules catch, mixed with random
 elementwise ops, each with random declared input ranges. Each is optimized with the default rules
 for stability. Per program: curvature before and after, and the float32 error before and after,
 in Herbie's measure: bits of error per output element, log2(1 + ulps from the correctly rounded
 result), with the truth computed at 400 bits (mpmath) on the same float32 inputs. The inputs
-(8 batches of 4 x 16 per program) are drawn where errors live: uniform over the float32 numbers of
-the range (so values near zero are drawn), uniform by value, coincident pairs (y within a few
-digits of x: a difference of functions of x and y cancels) and near-constant rows (a reduction's
-spread cancels), half of them at an end of the range; endpoints included. Over the programs that changed, the Spearman rank
-correlation of the curvature reduction with the reduction of the worst-case bits of error (the
-curvature is a worst case over the declared ranges), and with the mean (Herbie's average).
+(8 batches of 4 x 16 per program) come from ``egraph_opt.sampling``: uniform over the float32
+numbers of the range (so values near zero are drawn), uniform by value, coincident pairs (y within
+a few digits of x: a difference of functions of x and y cancels) and near-constant rows (a
+reduction's spread cancels), half of them at an end of the range; endpoints included. Over the
+programs that changed, the Spearman rank correlation of the curvature reduction with the reduction
+of the worst-case bits of error, and with the mean (Herbie's average).
 
-Curvature is measured two ways, both over the declared ranges:
+Curvature is measured three ways, all over the declared ranges:
+- the program's first-order rounding error (``extractors/rounding_error.py``): each node's local
+  error carried to the output by its derivative, the per-op condition numbers multiplied along
+  every path; in bits, at 8 points of its own drawn by the same sampler (a seed of its own: never
+  the points the error is measured at). It sees what the per-node costs cannot: coincidences,
+  attenuation, saturation, underflow;
 - the integer curvature cost (``cost_before/after["curvature"]``): what the extractor minimizes,
-  priced with the saturated e-graph's intervals; decibels of error amplification per node,
-  classes for unbounded growth, cancellation and overflow, and kappa as a tie-break, so a
-  difference of costs is already a log reduction, defined for every program;
+  priced with the saturated e-graph's intervals, one node at a time; decibels of error
+  amplification per node, classes for unbounded growth, cancellation and overflow, and kappa as a
+  tie-break;
 - the analyzer's total kappa (``analyze_program(...).total``): the textbook sum of per-node kappa;
   infinite wherever a range reaches a singularity, and blind to cancellation (kappa of a
   subtraction is 0), so it is reported over the programs where it is finite before and after.
@@ -40,7 +44,9 @@ import torch
 from egraph_opt import optimize, pretty
 from egraph_opt.analyzer import analyze_program
 from egraph_opt.extractors import Objective
+from egraph_opt.extractors.rounding_error import program_error
 from egraph_opt.program import Program, leaves
+from egraph_opt.sampling import sample_inputs
 from egraph_opt.term import Term, evaluate, postorder
 
 SHAPE = (4, 16)
@@ -130,42 +136,6 @@ def program(rng: random.Random) -> tuple[str, Term, dict]:
     return name, term, ranges
 
 
-def float32_between(lo: float, hi: float, shape, gen: torch.Generator) -> torch.Tensor:
-    """float32 values uniform over the float32 numbers in [lo, hi] (Herbie's sampling): every
-    binade counts alike, so the values near zero where expm1 and log1p matter are drawn."""
-    ends = torch.tensor([lo, hi], dtype=torch.float32).view(torch.int32).long()
-    order = torch.where(ends < 0, -(ends & 0x7FFFFFFF), ends)  # float order as integer order
-    k = order[0] + (torch.rand(shape, generator=gen, dtype=torch.float64) * (order[1] - order[0])).round().long()
-    bits = torch.where(k < 0, (-k) | -2 ** 31, k).to(torch.int32)
-    return bits.view(torch.float32)
-
-
-def inputs(ranges: dict, gen: torch.Generator) -> dict:
-    """One batch of x and y in their declared ranges, a row of each kind: float-uniform, uniform
-    by value, coincident (y a few ulps to a few digits from x, where a difference of functions of x
-    and y cancels) and near-constant rows (where a reduction's spread cancels), half of them at an
-    end of the range (where the bounds the cost reads are met). Endpoints included."""
-    rows, width = SHAPE
-    lo, hi = zip(*(ranges[v] for v in "xy"))
-    near = lambda v: v * (1 + torch.randn(v.shape, generator=gen, dtype=torch.float64)  # noqa: E731
-                          * 2.0 ** -torch.randint(4, 24, v.shape, generator=gen)).float()
-    env = {}
-    for i, v in enumerate("xy"):
-        u = torch.rand((1, width), generator=gen, dtype=torch.float64)
-        constant = float32_between(lo[i], hi[i], (1, 1), gen)
-        if torch.rand((), generator=gen) < 0.5:  # at an end: where the intervals' bounds are met
-            constant = torch.tensor([[(lo[i], hi[i])[int(torch.randint(2, (), generator=gen))]]])
-        constant = constant.expand(1, width)
-        env[v] = torch.cat([float32_between(lo[i], hi[i], (1, width), gen),
-                            (lo[i] + (hi[i] - lo[i]) * u).float(),
-                            float32_between(lo[i], hi[i], (1, width), gen),
-                            near(constant)])
-        env[v][0, :2] = torch.tensor([lo[i], hi[i]])
-    env["y"][2] = near(env["x"][2])  # coincident pairs
-    return {v: torch.minimum(torch.maximum(env[v], torch.tensor(lo[i])), torch.tensor(hi[i]))
-            for i, v in enumerate("xy")}
-
-
 mpmath.mp.prec = 400  # exact enough for cancellations between float32 values of any exponent
 MP_UNARY = {
     "exp": mpmath.exp, "expm1": mpmath.expm1, "neg": lambda v: -v, "abs": abs,
@@ -228,19 +198,23 @@ def spearman(a, b) -> float:
 
 
 def measure(name: str, term: Term, ranges: dict, gen: torch.Generator) -> dict | None:
-    envs = [inputs(ranges, gen) for _ in range(BATCHES)]
+    envs = [sample_inputs({v: (SHAPE, "float32") for v in "xy"}, ranges, gen) for _ in range(BATCHES)]
     truths = [exact(term, env) for env in envs]
     if all(torch.isnan(t).all() for t in truths):
         return None
     program = Program((Term.input("x", SHAPE), Term.input("y", SHAPE)), term)
     result = optimize(program, objective=Objective.STABILITY, input_ranges=ranges)
     (after,) = leaves(result.program.outputs)
+    seed = int(torch.randint(2 ** 31, (), generator=gen))  # points of its own, the same for both
+    estimates = [program_error(p, ranges, points=BATCHES, seed=seed) for p in (program, result.program)]
     bits = [torch.cat([bits_of_error(t, env, truth) for env, truth in zip(envs, truths)])
             for t in (term, after)]
     return {
         "name": name, "term": term, "after": after, "changed": pretty(after) != pretty(term),
         "cost": (result.cost_before["curvature"], result.cost_after["curvature"]),
         "kappa": (analyze_program(program, ranges).total, analyze_program(result.program, ranges).total),
+        "estimate": tuple(e.worst if e else math.nan for e in estimates),  # None: undefined at
+        "estimate_mean": tuple(e.mean if e else math.nan for e in estimates),  # every point drawn
         "worst": tuple(float(b.max()) for b in bits), "mean": tuple(float(b.mean()) for b in bits),
         "rules": [r.name for r, _ in result.applied],
     }
@@ -283,6 +257,12 @@ def main() -> int:
     worse = [r for r in changed if r["error_gain"] <= -1]
     print(f"changed programs: worst-case float32 error at least a bit lower in {better}, within a bit "
           f"in {len(changed) - better - len(worse)}, at least a bit higher in {len(worse)}")
+    estimated = [r for r in changed if not any(map(math.isnan, r["estimate"]))]
+    print(f"Spearman r(first-order error estimate reduction, worst-case bits removed) = "
+          f"{spearman([r['estimate'][0] - r['estimate'][1] for r in estimated], [r['error_gain'] for r in estimated]):.3f}"
+          f" over the {len(estimated)} changed programs defined somewhere at the estimate's points")
+    print(f"Spearman r(first-order mean estimate reduction, mean bits removed)       = "
+          f"{spearman([r['estimate_mean'][0] - r['estimate_mean'][1] for r in estimated], [r['mean'][0] - r['mean'][1] for r in estimated]):.3f}")
     cost_gains = [r["cost_gain"] for r in changed]
     print(f"Spearman r(curvature cost reduction, worst-case bits of error removed) = "
           f"{spearman(cost_gains, [r['error_gain'] for r in changed]):.3f} over {len(changed)} programs")

@@ -20,6 +20,7 @@ import torch
 
 from egraph_opt import Limits, optimize, pretty
 from egraph_opt import pattern as pat
+from egraph_opt.extractors import Objective
 from egraph_opt.program import Program, leaves
 from egraph_opt.rulesets import select
 from egraph_opt.ops import parse_shape
@@ -141,7 +142,12 @@ def checkable(term: Term, env: dict) -> bool:
     return all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values.values())
 
 
-def disagreement(term: Term, ranges: dict | None, env: dict) -> str:
+#: objectives taken in turn: stability extracts through its own path (re-ranking by estimated error)
+OBJECTIVES = (Objective.BALANCED, Objective.STABILITY)
+
+
+def disagreement(term: Term, ranges: dict | None, env: dict,
+                 objective: Objective = Objective.BALANCED) -> str:
     """Why the optimized program disagrees with ``term`` on ``env``; empty when it agrees.
 
     Agreement is within TOLERANCE of the output's scale plus the original's own float64 rounding
@@ -149,7 +155,7 @@ def disagreement(term: Term, ranges: dict | None, env: dict) -> str:
     (dividing by a value that is itself rounding noise) may differ by that much and no more."""
     program_inputs = tuple(t for t in postorder([term]) if t.op == "input")
     result = optimize(Program(program_inputs, term), rules=select(), input_ranges=ranges,
-                      limits=LIMITS)
+                      limits=LIMITS, objective=objective)
     (optimized,) = leaves(result.program.outputs)
     before, after = (torch.as_tensor(v) for v in evaluate([term, optimized], env))
     if after.shape != before.shape:
@@ -183,7 +189,7 @@ def main() -> int:
             unchecked += 1
             continue
         try:
-            why = disagreement(term, ranges, env)
+            why = disagreement(term, ranges, env, OBJECTIVES[seed % len(OBJECTIVES)])
         except Exception as e:  # noqa: BLE001 - a crash of the optimizer is a finding too
             crashed.append((seed, term, ranges, f"{type(e).__name__}: {e}"))
             continue

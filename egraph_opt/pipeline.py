@@ -17,11 +17,13 @@ from . import templates as tmpl
 from .egraph import EGraph, Saturation, Snapshot
 from .extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from .extractors.curvature import rounding_free
+from .extractors.enumerate import alternatives
+from .extractors.rounding_error import least_error
 from .ops import OPS, parse_shape
 from .program import Program
 from .ranges import TOP, analyze
 from .rulesets import Family, Rule, select
-from .term import dtype_name, op_counts, postorder, shapes
+from .term import Term, dtype_name, op_counts, postorder, shapes
 
 
 @dataclass(frozen=True)
@@ -99,12 +101,15 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     cost = enode_cost(snap, model, class_meta(snap.classes, loaded))
     root_classes = [snap.class_of_ref[r] for r in refs]
     best = extract(snap.classes, root_classes, cost)
+    reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges) \
+        if model.objective is Objective.STABILITY else None
+    best = reranked or best
     proved = proved_ranges(snap, {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)},
                            best, analyze(best, input_ranges, leaf_meta))
     before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, proved)
     after = program_cost(best, model, input_ranges, leaf_meta, ranges=proved)
-    if after["cost"] > before["cost"]:  # greedy extraction is not optimal: never return worse
-        best, after = roots, before
+    if after["cost"] > before["cost"] and not reranked:  # greedy extraction is not optimal: never
+        best, after = roots, before  # return worse (the estimate weighed the input program too)
     clock["extract"] = time.perf_counter()
 
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
@@ -119,6 +124,26 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
         optimized, egraph, saturation, applied,
         before, after, op_counts(roots), op_counts(best),
         {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])}, model, cost, root_classes)
+
+
+#: the stability objective re-ranks this many of the cheapest programs of a root, for programs of
+#: at most RERANK_NODES terms (the estimate runs each program in float64 with derivatives)
+RERANK, RERANK_NODES = 8, 64
+
+
+def _least_error(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
+                 root_classes: list[str], cost: Callable, input_ranges: dict | None
+                 ) -> list[Term] | None:
+    """Stability: of the cheapest programs by the per-node cost, and the input program, the one of
+    least first-order error over the declared ranges (``extractors/rounding_error.py``). Per-node
+    costs cannot see a cancellation that needs coinciding operands, or an error a later op
+    attenuates; the program-level estimate does. The cost order breaks ties. None: not estimable."""
+    if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
+        return None
+    found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
+    candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]
+    chosen = least_error([program.with_roots({id(roots[0]): c[0]}) for c in candidates], input_ranges)
+    return None if chosen is None else candidates[chosen]
 
 
 def _optimize_templated(program: Program, groups: list, schedule: list[Phase],

@@ -21,6 +21,7 @@ import torch
 
 from .ranges import Interval, dtype_range
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 #: row kinds, in the order rows take them: float-uniform, value-uniform, coincident, near-constant
 ROW_KINDS = ("float", "value", "coincident", "constant")
 
@@ -64,7 +65,9 @@ def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[s
     env: dict[str, torch.Tensor] = {}
     first_of_shape: dict[tuple, torch.Tensor] = {}
     for name, (shape, dtype) in inputs.items():
-        lo, hi = ranges.get(name, dtype_range(dtype))
+        own = dtype_range(dtype)  # the points are float32 numbers: within both ranges
+        lo, hi = ranges.get(name, own)
+        lo, hi = max(lo, own[0], -FLOAT32_MAX), min(hi, own[1], FLOAT32_MAX)
         width = shape[-1] if shape else 1
         rows = max(1, int(torch.tensor(shape[:-1]).prod()) if len(shape) > 1 else 1)
         v = _rows(lo, hi, rows, width, gen)

@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 from egraph_opt.egraph import ENode
 from egraph_opt.term import Term
 
-from .dag import ExtractionError, choose, refine
+from .dag import ExtractionError, choose, refine, settled_in_order
 
 Cost = Callable[[str, ENode], int]
 
@@ -63,6 +63,9 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
         raise ExtractionError(f"e-class {root} has no finite program")
     default = refine(default, [root], classes, price)
     start = _program(root, {}, default)
+    if start is None:  # relaxation closed a cycle (see dag.py): Knuth's order cannot
+        default = settled_in_order(classes, price)
+        start = _program(root, {}, default)
     if start is None:
         raise ExtractionError(f"extracted choice is cyclic at e-class {root}")
     queue = [(_total(start, price), 0, {})]

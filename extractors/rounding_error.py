@@ -138,9 +138,11 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
                   seed: int = 0) -> ProgramError | None:
     """The program's first-order error at ``points`` drawn from ``ranges`` (declared; otherwise
     every finite value of an input's dtype) by ``sampling.sample_inputs``. None where it cannot be
-    evaluated: opaque calls, or no output in half or single precision."""
+    evaluated: opaque calls, inputs that are not floats (indices), or no output in half or single
+    precision."""
     roots = program.roots()
-    if program.opaque or any(t.op == "opaque" for t in postorder(roots)):
+    if program.opaque or any(t.op == "opaque" for t in postorder(roots)) or any(
+            not getattr(torch, t.attrs[2]).is_floating_point for t in program.inputs):
         return None
     gen = torch.Generator().manual_seed(seed)
     inputs = {t.attrs[0]: (parse_shape(t.attrs[1]), t.attrs[2]) for t in program.inputs}
@@ -159,3 +161,18 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
     if not bits.numel():
         return None
     return ProgramError(float(bits.max()), float(bits.mean()), by_node)
+
+
+def least_error(candidates: list[Program], ranges: dict | None = None, *, points: int = 4
+                ) -> int | None:
+    """Index of the candidate of least first-order error over ``ranges`` (worst, then mean, in
+    whole bits: finer differences are sampling noise), the first of equals in the order given
+    (cheapest first); None when one cannot be estimated. Every candidate is priced at the same
+    points."""
+    scores = []
+    for i, candidate in enumerate(candidates):
+        found = program_error(candidate, ranges, points=points)
+        if found is None:
+            return None
+        scores.append((round(found.worst), round(found.mean), i))
+    return min(scores)[2]

@@ -17,12 +17,18 @@ import torch
 from .capture import CaptureError, capture
 from .egraph import EGraph
 from .extractors import CostModel, Objective
+from .extractors.rounding_error import program_error
 from .latency import MeasuredLatency, sources
 from .pipeline import Limits, optimize
 from .report import Report
 from .rulesets import select
+from .term import postorder
 from .torch_backend import build_module
 from .validate import compare, random_inputs
+
+#: programs of at most this many terms get a first-order error estimate in their report (it runs
+#: them in float64 with derivatives at 8 points)
+ESTIMATED_UP_TO = 256
 
 
 @dataclass
@@ -112,6 +118,8 @@ class OptimizedFunction:
         seconds_before, where_before = sources(roots, latency, program.leaf_meta())
         seconds_after, where_after = sources(result.program.roots(), latency, program.leaf_meta())
         module = build_module(result.program, traced, device=device)
+        errors = [program_error(p, self.input_ranges) for p in (program, result.program)] \
+            if len(postorder(roots)) <= ESTIMATED_UP_TO else []
         report = Report(
             signature=f"{self._name}({signature})",
             rewrites=[(r.name, r.describe(), n) for r, n in result.applied],
@@ -121,7 +129,8 @@ class OptimizedFunction:
             saturation=[f"{s.phase}: {s.iterations} iterations, {s.enodes} e-nodes, stopped: "
                         f"{s.stop}" for s in result.saturation],
             seconds=result.seconds, kernels=module.kernels,
-            latency=(seconds_before, seconds_after, where_after))
+            latency=(seconds_before, seconds_after, where_after),
+            error=tuple(errors) if errors and all(errors) else None)
         run: Callable = module
         if self.validate:
             names = list(self._signature.parameters)

@@ -25,6 +25,7 @@ class Report:
     seconds: dict[str, float] = field(default_factory=dict)
     kernels: dict[str, int] = field(default_factory=dict)  # kernels the plan binds, by name
     latency: tuple | None = None  # (seconds before, seconds after, sources of the estimates after)
+    error: tuple | None = None  # first-order rounding error (ProgramError) before and after
     validation: Validation | None = None
     fallback: str = ""  # why the original program is running instead, if it is
 
@@ -46,6 +47,10 @@ class Report:
             before, after, where = self.latency
             lines.append(f"[LATENCY] estimated {before * 1e6:.1f} us -> {after * 1e6:.1f} us "
                          f"({', '.join(f'{k} {v}' for k, v in where.items())})")
+        if self.error:
+            before, after = self.error
+            lines.append(f"[ERROR] first-order estimate over the input ranges: worst {before.worst:.1f} -> "
+                         f"{after.worst:.1f} bits, mean {before.mean:.2f} -> {after.mean:.2f} bits")
         if self.kernels:
             lines.append(f"[KERNELS] {_counts(self.kernels)}")
         lines += [f"[OPAQUE] {o}" for o in self.opaque]

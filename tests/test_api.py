@@ -50,6 +50,14 @@ def test_report_lists_rewrites_ops_costs_and_validation():
     assert isinstance(f.egraph, EGraph) and "Softmax" in f.egraph.to_dot()
 
 
+def test_report_estimates_the_error_removed_over_the_declared_ranges():
+    f = saturate_and_extract(lambda x: torch.log(1 + x), input_ranges={"x": (1e-8, 1e-2)})
+    f(torch.rand(4, 8) * 1e-3)
+    before, after = f.report.error
+    assert before.worst > 20 and after.worst <= 2 and after.mean < before.mean
+    assert f"[ERROR] first-order estimate over the input ranges: worst {before.worst:.1f}" in str(f.report)
+
+
 def test_a_wrong_rule_is_caught_by_validation_and_the_original_runs(monkeypatch):
     monkeypatch.setenv("EGRAPH_OPT_TRIPWIRES", "0")  # the tripwire would stop it first (below)
     wrong = Rule("exp-is-identity", "(exp ?x)", "?x", Family.ALGEBRA, Exactness.UNSAFE)

@@ -32,6 +32,7 @@ from .curvature import FINITE_MAX
 
 LOW = (torch.float32, torch.float16, torch.bfloat16)  # the dtypes whose error is counted
 OUTPUTS_PER_POINT = 64  # rows of the Jacobian taken per point: a random subset of larger outputs
+JACOBIAN_ELEMENTS = 2 ** 23  # fewer rows where the rows taken would hold more numbers (64 MB)
 
 
 @dataclass
@@ -55,62 +56,78 @@ def ordinal(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(i < 0, -(i & (2 ** (torch.finfo(dtype).bits - 1) - 1)), i)
 
 
+def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:
+    """Every node's exact value (float64, differentiable from the inputs), the dtype the program
+    computes it in, and the local error it commits there: the op run in that dtype on operands
+    exact in theirs, against the same op in float64."""
+    exact: dict[int, object] = {}
+    dtype: dict[int, torch.dtype | None] = {}
+    local: dict[int, torch.Tensor] = {}
+    for t in postorder([root]):
+        if t.op == "const":
+            exact[id(t)], dtype[id(t)] = t.attrs[0], None
+            continue
+        if not t.args:
+            v = env[t.attrs[0]]
+            dtype[id(t)] = v.dtype if v.is_floating_point() else None
+            exact[id(t)] = v.double().requires_grad_() if v.is_floating_point() else v
+            continue
+        args = [exact[id(a)] for a in t.args]
+        if not any(isinstance(a, torch.Tensor) for a in args):  # folded: a Python number
+            value = OPS[t.op].impl(*(torch.tensor(a, dtype=torch.float64) for a in args), *t.attrs)
+            exact[id(t)], dtype[id(t)] = value.item(), None
+            continue
+        low = [_low(a, dtype[id(x)]) for a, x in zip(args, t.args)]
+        wide = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in low]
+        try:
+            if t.op == "cast":  # exact arithmetic keeps every value; the program rounds it
+                exact[id(t)], rounded, reference = args[0], OPS["cast"].impl(low[0], *t.attrs), wide[0]
+            else:
+                exact[id(t)] = OPS[t.op].impl(*args, *t.attrs)
+                rounded, reference = OPS[t.op].impl(*low, *t.attrs), OPS[t.op].impl(*wide, *t.attrs)
+        except RuntimeError as e:  # an op without a kernel for the dtype here (or no derivative)
+            raise ValueError(f"{t.op} cannot be evaluated for its rounding error: {e}") from None
+        dtype[id(t)] = rounded.dtype if rounded.is_floating_point() else None
+        if dtype[id(t)] in LOW and exact[id(t)].requires_grad:
+            error = (rounded.double() - reference).abs()
+            local[id(t)] = torch.where(error.isnan() & ~reference.isnan(), math.inf, error)
+    return exact, dtype, local
+
+
+def _jacobian_rows(out: torch.Tensor, nodes: list[torch.Tensor], pick: torch.Tensor) -> list:
+    """d out[pick[k]] / d node for every k, one row per picked element (None: unused node)."""
+    cotangents = torch.zeros(len(pick), out.numel(), dtype=out.dtype)
+    cotangents[torch.arange(len(pick)), pick] = 1
+    cotangents = cotangents.view(len(pick), *out.shape)
+    try:
+        return list(torch.autograd.grad(out, nodes, cotangents, is_grads_batched=True,
+                                        allow_unused=True, retain_graph=True))
+    except RuntimeError:  # an op without a batching rule: one row at a time
+        rows = [torch.autograd.grad(out, nodes, c, allow_unused=True, retain_graph=True) for c in cotangents]
+        return [None if r[0] is None else torch.stack(r) for r in zip(*rows)]
+
+
 def rounding_error(root: Term, env: dict[str, torch.Tensor],
                    gen: torch.Generator | None = None) -> RoundingError:
     """First-order error of ``root`` at the point ``env`` (inputs in the dtypes the program runs
     them in), in bits per output element of its (low-precision) dtype."""
-    exact: dict[int, object] = {}   # float64 values, differentiable from the inputs
-    dtype: dict[int, torch.dtype | None] = {}  # the dtype the program computes each node in
-    local: dict[int, torch.Tensor] = {}
     with torch.enable_grad():
-        for t in postorder([root]):
-            if t.op == "const":
-                exact[id(t)], dtype[id(t)] = t.attrs[0], None
-                continue
-            if not t.args:
-                v = env[t.attrs[0]]
-                dtype[id(t)] = v.dtype if v.is_floating_point() else None
-                exact[id(t)] = v.double().requires_grad_() if v.is_floating_point() else v
-                continue
-            args = [exact[id(a)] for a in t.args]
-            if not any(isinstance(a, torch.Tensor) for a in args):  # folded: a Python number
-                value = OPS[t.op].impl(*(torch.tensor(a, dtype=torch.float64) for a in args), *t.attrs)
-                exact[id(t)], dtype[id(t)] = value.item(), None
-                continue
-            low = [_low(a, dtype[id(x)]) for a, x in zip(args, t.args)]
-            if t.op == "cast":  # exact arithmetic keeps every value; the program rounds it
-                exact[id(t)] = args[0]
-                rounded = OPS["cast"].impl(low[0], *t.attrs)
-                reference = low[0].double() if low[0].is_floating_point() else low[0]
-            else:
-                exact[id(t)] = OPS[t.op].impl(*args, *t.attrs)
-                rounded = OPS[t.op].impl(*low, *t.attrs)
-                reference = OPS[t.op].impl(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                                             else a for a in low), *t.attrs)
-            dtype[id(t)] = rounded.dtype if rounded.is_floating_point() else None
-            if dtype[id(t)] in LOW and exact[id(t)].requires_grad:
-                error = (rounded.double() - reference).abs()
-                local[id(t)] = torch.where(error.isnan() & ~reference.isnan(), math.inf, error)
+        exact, dtype, local = _local_errors(root, env)
     out, out_dtype = exact[id(root)], dtype[id(root)]
     if out_dtype not in LOW or not isinstance(out, torch.Tensor):
         raise ValueError(f"rounding error is defined for half and single precision outputs, not {out_dtype}")
     flat = out.detach().reshape(-1)
-    pick = torch.arange(flat.numel())
-    if flat.numel() > OUTPUTS_PER_POINT:
-        pick = torch.randperm(flat.numel(), generator=gen)[:OUTPUTS_PER_POINT]
-    total = torch.zeros(len(pick), dtype=torch.float64)
+    size = flat.numel() + sum(e.numel() for e in local.values())  # of one row of the Jacobian
+    rows = max(1, min(OUTPUTS_PER_POINT, JACOBIAN_ELEMENTS // size, flat.numel()))
+    pick = torch.randperm(flat.numel(), generator=gen)[:rows] if rows < flat.numel() else torch.arange(rows)
+    total = torch.zeros(rows, dtype=torch.float64)
     shares: dict[int, torch.Tensor] = {}
     if local:
-        cotangents = torch.zeros(len(pick), flat.numel(), dtype=torch.float64)
-        cotangents[torch.arange(len(pick)), pick] = 1
-        grads = torch.autograd.grad(out, [exact[i] for i in local], cotangents.view(len(pick), *out.shape),
-                                    is_grads_batched=True, allow_unused=True)
-        for i, g in zip(local, grads):
+        for i, g in zip(local, _jacobian_rows(out, [exact[i] for i in local], pick)):
             if g is not None:
-                g = g.reshape(len(pick), -1)
-                share = torch.where(g == 0, 0.0, (g.abs() * local[i].reshape(-1)).nan_to_num(math.inf)).sum(1)
-                shares[i] = share
-                total += share
+                g = g.reshape(rows, -1)
+                shares[i] = torch.where(g == 0, 0.0, (g.abs() * local[i].reshape(-1)).nan_to_num(math.inf)).sum(1)
+                total += shares[i]
     value = flat[pick]
     word = torch.finfo(out_dtype).bits  # every bit of the word: NaN or inf for a finite value
     here = ordinal(value, out_dtype)

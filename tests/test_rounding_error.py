@@ -130,3 +130,12 @@ def test_the_stability_objective_returns_a_program_of_least_estimated_error(name
     chosen = program_error(Program((X, Y), after), ranges, seed=7)
     assert chosen.worst <= program_error(Program((X, Y), stable), ranges, seed=7).worst + 1, pretty(after)
     assert chosen.worst <= program_error(Program((X, Y), naive), ranges, seed=7).worst - 8, pretty(after)
+
+
+def test_large_and_half_precision_networks_are_estimated_within_bounds():
+    """A float16 conv net with a large activation: fewer Jacobian rows, and an estimate."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 4, 3, padding=1)).half()
+    program, _ = capture(net, (torch.randn(2, 3, 64, 64, dtype=torch.float16),))
+    found = program_error(program, {program.inputs[0].attrs[0]: (-1.0, 1.0)}, points=1)
+    assert found is not None and 0 <= found.mean <= found.worst <= 16

@@ -70,7 +70,9 @@ def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict,
         if not t.args:
             v = env[t.attrs[0]]
             dtype[id(t)] = v.dtype if v.is_floating_point() else None
-            exact[id(t)] = v.double().requires_grad_() if v.is_floating_point() else v
+            exact[id(t)] = v.double() if v.is_floating_point() else v
+            if t.op == "input" and v.is_floating_point():  # parameters are exact: no derivative
+                exact[id(t)].requires_grad_()  # is taken through them (batch norm refuses one)
             continue
         args = [exact[id(a)] for a in t.args]
         if not any(isinstance(a, torch.Tensor) for a in args):  # folded: a Python number

@@ -139,3 +139,11 @@ def test_large_and_half_precision_networks_are_estimated_within_bounds():
     program, _ = capture(net, (torch.randn(2, 3, 64, 64, dtype=torch.float16),))
     found = program_error(program, {program.inputs[0].attrs[0]: (-1.0, 1.0)}, points=1)
     assert found is not None and 0 <= found.mean <= found.worst <= 16
+
+
+def test_parameters_are_exact_and_take_no_derivative():
+    """Batch norm refuses a derivative through its running statistics; weights do not round."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).eval()
+    program, _ = capture(net, (torch.randn(2, 3, 8, 8),))
+    found = program_error(program, {program.inputs[0].attrs[0]: (-1.0, 1.0)}, points=2)
+    assert found is not None and 0 < found.worst < 16

@@ -17,6 +17,8 @@ the ranges that soundness uses too, never over values seen in example inputs.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .ranges import Interval, dtype_range
@@ -42,20 +44,17 @@ def _near(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 def _rows(lo: float, hi: float, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
-    out = []
-    for r in range(rows):
-        kind = ROW_KINDS[r % len(ROW_KINDS)]
-        if kind == "value":
-            u = torch.rand(width, generator=gen, dtype=torch.float64)
-            out.append((lo + (hi - lo) * u).float())
-        elif kind == "constant":
-            c = float32_between(lo, hi, (1,), gen)
-            if torch.rand((), generator=gen) < 0.5:  # at an end: where the intervals' bounds are met
-                c = torch.tensor([(lo, hi)[int(torch.randint(2, (), generator=gen))]])
-            out.append(_near(c.expand(width), gen))
-        else:
-            out.append(float32_between(lo, hi, (width,), gen))
-    return torch.stack(out)
+    """``rows`` x ``width`` values, row r of kind ROW_KINDS[r % 4] (coincident rows are drawn
+    float-uniform here; ``sample_inputs`` moves them next to their partner's)."""
+    kind = torch.arange(rows) % len(ROW_KINDS)
+    by_float = float32_between(lo, hi, (rows, width), gen)
+    by_value = (lo + (hi - lo) * torch.rand(rows, width, generator=gen, dtype=torch.float64)).float()
+    constant = float32_between(lo, hi, (rows, 1), gen)
+    at_end = torch.tensor([lo, hi], dtype=torch.float32)[torch.randint(2, (rows, 1), generator=gen)]
+    constant = torch.where(torch.rand(rows, 1, generator=gen) < 0.5, at_end, constant)  # half at an
+    # end of the range: where the intervals' bounds are met
+    near_constant = _near(constant.expand(rows, width), gen)
+    return torch.where((kind == 1)[:, None], by_value, torch.where((kind == 3)[:, None], near_constant, by_float))
 
 
 def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[str, Interval],
@@ -69,12 +68,11 @@ def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[s
         lo, hi = ranges.get(name, own)
         lo, hi = max(lo, own[0], -FLOAT32_MAX), min(hi, own[1], FLOAT32_MAX)
         width = shape[-1] if shape else 1
-        rows = max(1, int(torch.tensor(shape[:-1]).prod()) if len(shape) > 1 else 1)
+        rows = max(1, math.prod(shape[:-1]))
         v = _rows(lo, hi, rows, width, gen)
         partner = first_of_shape.setdefault(tuple(shape), v)
         if partner is not v:  # coincident rows follow the first input of this shape
-            for r in range(2, rows, len(ROW_KINDS)):
-                v[r] = _near(partner[r], gen)
+            v[2::len(ROW_KINDS)] = _near(partner[2::len(ROW_KINDS)], gen)
         v.view(-1)[:2] = torch.tensor([lo, hi]).float()[: v.numel()]
         env[name] = v.clamp(lo, hi).reshape(shape).to(getattr(torch, dtype))
     return env

@@ -5,6 +5,7 @@ DAG-aware extraction -> Program with the same interface.
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -127,8 +128,9 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
 
 
 #: the stability objective re-ranks this many of the cheapest programs of a root, for programs of
-#: at most RERANK_NODES terms (the estimate runs each program in float64 with derivatives)
-RERANK, RERANK_NODES = 8, 64
+#: at most RERANK_NODES terms holding at most RERANK_ELEMENTS numbers in all (the estimate runs each
+#: candidate in float64 with derivatives: a 64-image CNN took 25 s to re-rank)
+RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 
 
 def _least_error(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
@@ -139,6 +141,8 @@ def _least_error(program: Program, roots: list[Term], best: list[Term], snap: Sn
     costs cannot see a cancellation that needs coinciding operands, or an error a later op
     attenuates; the program-level estimate does. The cost order breaks ties. None: not estimable."""
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
+        return None
+    if sum(math.prod(shape) for shape, _ in shapes(best, program.leaf_meta()).values()) > RERANK_ELEMENTS:
         return None
     found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
     candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]

@@ -147,10 +147,12 @@ def rounding_error(root: Term, env: dict[str, torch.Tensor],
 @dataclass
 class ProgramError:
     """First-order error of a program over its ranges, in bits: the worst and the mean over the
-    points and output elements, and each node's worst share (by term id)."""
+    points and output elements, and each node's worst share (by term id); ``bits``: every element
+    at every point, NaN where the float64 evaluation is undefined (or itself overflows)."""
     worst: float
     mean: float
     by_node: dict[int, float]
+    bits: torch.Tensor
 
 
 def program_error(program: Program, ranges: dict | None = None, *, points: int = 8,
@@ -173,13 +175,14 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
                 found = rounding_error(root, env, gen)
             except ValueError:
                 continue
-            bits.append(found.bits[~found.bits.isnan()])
+            bits.append(found.bits)
             for i, b in found.by_node.items():
                 by_node[i] = max(b, by_node.get(i, 0.0))
     bits = torch.cat(bits) if bits else torch.zeros(0)
-    if not bits.numel():
+    defined = bits[~bits.isnan()]
+    if not defined.numel():
         return None
-    return ProgramError(float(bits.max()), float(bits.mean()), by_node)
+    return ProgramError(float(defined.max()), float(defined.mean()), by_node, bits)
 
 
 def least_error(candidates: list[Program], ranges: dict | None = None, *, points: int = 4
@@ -187,11 +190,13 @@ def least_error(candidates: list[Program], ranges: dict | None = None, *, points
     """Index of the candidate of least first-order error over ``ranges`` (worst, then mean, in
     whole bits: finer differences are sampling noise), the first of equals in the order given
     (cheapest first); None when one cannot be estimated. Every candidate is priced at the same
-    points."""
-    scores = []
-    for i, candidate in enumerate(candidates):
-        found = program_error(candidate, ranges, points=points)
-        if found is None:
-            return None
-        scores.append((round(found.worst), round(found.mean), i))
+    points; an element where float64 fails for one candidate (exp(x) / sum(exp(x)) past exp's
+    float64 overflow) but not for an equivalent one counts as no digit left, not as no error."""
+    found = [program_error(candidate, ranges, points=points) for candidate in candidates]
+    if any(f is None for f in found) or len({f.bits.shape for f in found}) != 1:
+        return None
+    bits = torch.stack([f.bits for f in found])
+    bits = torch.where(bits.isnan() & (~bits.isnan()).any(0), 64.0, bits)  # past any word's bits
+    scores = [(round(float(b[~b.isnan()].max())), round(float(b[~b.isnan()].mean())), i)
+              for i, b in enumerate(bits)]
     return min(scores)[2]

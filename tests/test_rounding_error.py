@@ -1,5 +1,7 @@
 """The first-order rounding error model: it agrees with float32 errors measured against float64,
 ranks every naive form above its stable form, and sees overflow, underflow and exact ops."""
+import math
+
 import pytest
 import torch
 
@@ -147,3 +149,18 @@ def test_parameters_are_exact_and_take_no_derivative():
     program, _ = capture(net, (torch.randn(2, 3, 8, 8),))
     found = program_error(program, {program.inputs[0].attrs[0]: (-1.0, 1.0)}, points=2)
     assert found is not None and 0 < found.worst < 16
+
+
+def test_where_float64_fails_for_one_candidate_it_is_not_taken_as_exact(monkeypatch):
+    """exp(x) / sum(exp(x)) past x = 709 is NaN in float64 too, while softmax(x) is not: the
+    elements one candidate cannot evaluate count as every digit lost, not as no error (a float16
+    CNN's naive head once won its re-ranking that way)."""
+    from egraph_opt.extractors import rounding_error as module
+    nan = math.nan
+    bits = {"naive": [nan, nan, 0.0], "stable": [1.0, 1.0, 1.0]}
+    monkeypatch.setattr(module, "program_error", lambda p, r, points: module.ProgramError(
+        0, 0, {}, torch.tensor(bits[p])))
+    assert module.least_error(["naive", "stable"]) == 1
+    bits["stable"] = [nan, 1.0, 1.0]  # where neither is defined, neither is charged
+    bits["naive"] = [nan, 0.0, 0.0]
+    assert module.least_error(["naive", "stable"]) == 0

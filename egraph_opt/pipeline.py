@@ -102,7 +102,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     cost = enode_cost(snap, model, class_meta(snap.classes, loaded))
     root_classes = [snap.class_of_ref[r] for r in refs]
     best = extract(snap.classes, root_classes, cost)
-    reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges) \
+    reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges, term_meta) \
         if model.objective is Objective.STABILITY else None
     best = reranked or best
     proved = proved_ranges(snap, {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)},
@@ -134,15 +134,15 @@ RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 
 
 def _least_error(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
-                 root_classes: list[str], cost: Callable, input_ranges: dict | None
-                 ) -> list[Term] | None:
+                 root_classes: list[str], cost: Callable, input_ranges: dict | None,
+                 term_meta: dict) -> list[Term] | None:
     """Stability: of the cheapest programs by the per-node cost, and the input program, the one of
     least first-order error over the declared ranges (``extractors/rounding_error.py``). Per-node
     costs cannot see a cancellation that needs coinciding operands, or an error a later op
     attenuates; the program-level estimate does. The cost order breaks ties. None: not estimable."""
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
         return None
-    if sum(math.prod(shape) for shape, _ in shapes(best, program.leaf_meta()).values()) > RERANK_ELEMENTS:
+    if sum(math.prod(shape) for shape, _ in term_meta.values()) > RERANK_ELEMENTS:  # the input's
         return None
     found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
     candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]

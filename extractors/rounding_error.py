@@ -75,19 +75,20 @@ def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict,
                 exact[id(t)].requires_grad_()  # is taken through them (batch norm refuses one)
             continue
         args = [exact[id(a)] for a in t.args]
-        if not any(isinstance(a, torch.Tensor) for a in args):  # folded: a Python number
-            value = OPS[t.op].impl(*(torch.tensor(a, dtype=torch.float64) for a in args), *t.attrs)
-            exact[id(t)], dtype[id(t)] = value.item(), None
-            continue
         low = [_low(a, dtype[id(x)]) for a, x in zip(args, t.args)]
         wide = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in low]
         try:
+            if not any(isinstance(a, torch.Tensor) for a in args):  # folded: a Python number
+                value = OPS[t.op].impl(*(torch.tensor(a, dtype=torch.float64) for a in args), *t.attrs)
+                exact[id(t)], dtype[id(t)] = value.item(), None
+                continue
             if t.op == "cast":  # exact arithmetic keeps every value; the program rounds it
                 exact[id(t)], rounded, reference = args[0], OPS["cast"].impl(low[0], *t.attrs), wide[0]
             else:
                 exact[id(t)] = OPS[t.op].impl(*args, *t.attrs)
                 rounded, reference = OPS[t.op].impl(*low, *t.attrs), OPS[t.op].impl(*wide, *t.attrs)
-        except RuntimeError as e:  # an op without a kernel for the dtype here (or no derivative)
+        except (RuntimeError, IndexError) as e:  # an op without a kernel for the dtype here, no
+            # derivative, or a reduction of a folded scalar (sum(exp(1.0)), which rules can spell)
             raise ValueError(f"{t.op} cannot be evaluated for its rounding error: {e}") from None
         dtype[id(t)] = rounded.dtype if rounded.is_floating_point() else None
         if dtype[id(t)] in LOW and exact[id(t)].requires_grad:

@@ -59,6 +59,11 @@ CASES = [
      "(sub (div (mul (exp ?x) (exp ?y)) (exp (add ?x ?y))) (log (mul ?x (div ?y ?y))))",
      "hand-built: exp-product meets its own right side (cancels to 1), guarded log-product and "
      "div-self under declared positive ranges"),
+    (9, None, {}, "(neg (expm1 (softmax (const 3.0) -1)))",
+     "found by bench/fuzz.py --n 1000 at 1170601 under the stability objective: its re-ranking "
+     "folded a reduction of a scalar constant in float64 and raised IndexError"),
+    (25, {"x": (-0.001, 0.001), "y": (-3.0, 3.0)}, {}, "(div (exp (const 1.0)) (sum (exp (const 1.0)) -1 true))",
+     "found with seed 9, same cause: a constant-only naive softmax"),
 ]
 
 

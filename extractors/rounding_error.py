@@ -141,19 +141,20 @@ def rounding_error(root: Term, env: dict[str, torch.Tensor],
                               (ordinal(value + error, out_dtype) - here).abs()).double()
         return torch.where(error.isfinite(), torch.log2(1 + apart), math.inf).clamp(max=word)
     bits = torch.where(value.abs() > FINITE_MAX[str(out_dtype).removeprefix("torch.")], 0.0, to_bits(total))
-    bits = torch.where(value.isnan(), math.nan, bits)  # undefined here: no error to count
+    overflowed = any(isinstance(v, torch.Tensor) and bool(v.detach().isinf().any()) for v in exact.values())
+    # NaN where float64 itself overflowed inside (inf / inf): the dtype, narrower, overflows there
+    # too and no digit survives; NaN otherwise: undefined (sqrt of a negative), no error to count
+    bits = torch.where(value.isnan(), float(word) if overflowed else math.nan, bits)
     return RoundingError(bits, {i: float(to_bits(s).nan_to_num(0).max()) for i, s in shares.items()})
 
 
 @dataclass
 class ProgramError:
     """First-order error of a program over its ranges, in bits: the worst and the mean over the
-    points and output elements, and each node's worst share (by term id); ``bits``: every element
-    at every point, NaN where the float64 evaluation is undefined (or itself overflows)."""
+    points and output elements, and each node's worst share (by term id)."""
     worst: float
     mean: float
     by_node: dict[int, float]
-    bits: torch.Tensor
 
 
 def program_error(program: Program, ranges: dict | None = None, *, points: int = 8,
@@ -183,7 +184,7 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
     defined = bits[~bits.isnan()]
     if not defined.numel():
         return None
-    return ProgramError(float(defined.max()), float(defined.mean()), by_node, bits)
+    return ProgramError(float(defined.max()), float(defined.mean()), by_node)
 
 
 def least_error(candidates: list[Program], ranges: dict | None = None, *, points: int = 4
@@ -191,13 +192,11 @@ def least_error(candidates: list[Program], ranges: dict | None = None, *, points
     """Index of the candidate of least first-order error over ``ranges`` (worst, then mean, in
     whole bits: finer differences are sampling noise), the first of equals in the order given
     (cheapest first); None when one cannot be estimated. Every candidate is priced at the same
-    points; an element where float64 fails for one candidate (exp(x) / sum(exp(x)) past exp's
-    float64 overflow) but not for an equivalent one counts as no digit left, not as no error."""
-    found = [program_error(candidate, ranges, points=points) for candidate in candidates]
-    if any(f is None for f in found) or len({f.bits.shape for f in found}) != 1:
-        return None
-    bits = torch.stack([f.bits for f in found])
-    bits = torch.where(bits.isnan() & (~bits.isnan()).any(0), 64.0, bits)  # past any word's bits
-    scores = [(round(float(b[~b.isnan()].max())), round(float(b[~b.isnan()].mean())), i)
-              for i, b in enumerate(bits)]
+    points."""
+    scores = []
+    for i, candidate in enumerate(candidates):
+        found = program_error(candidate, ranges, points=points)
+        if found is None:
+            return None
+        scores.append((round(found.worst), round(found.mean), i))
     return min(scores)[2]

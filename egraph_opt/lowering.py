@@ -5,6 +5,7 @@ raises ``Unsupported`` and the node stays an opaque call, which is always sound.
 """
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -12,6 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import fx
+from torch.fx.node import map_aggregate
 
 from .ops import shape_attr
 from .program import OpaqueRef
@@ -99,7 +101,7 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         args = (module, node.target, *args)
     else:
         fn = TABLE.get(node.target) if node.op in ("call_function", "call_method") else None
-    if fn is None:
+    if fn is None or _empty(node, args, kwargs, ctx):
         return None
     try:
         result = fn(ctx, *args, **kwargs)
@@ -110,12 +112,24 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
     return result if isinstance(result, (Term, Parts)) else None
 
 
+def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
+    """A size-0 axis in an operand or the result: nothing to optimize, and the ranges of the
+    rules, proved over values, say nothing of a reduction over no values (logsumexp of none is
+    -inf): such calls stay opaque."""
+    found: list = []
+    map_aggregate((args, kwargs), lambda a: found.append(c.info_of.get(id(a))) if isinstance(a, Term) else None)
+    map_aggregate(c.out, found.append)
+    return any(0 in getattr(info, "shape", (1,)) for info in found)
+
+
 def _operand(c: Ctx, x, other) -> Term:
     """A tensor operand, or a Python number beside a floating tensor as a const."""
     if isinstance(x, Term):
         return x
     if isinstance(x, (int, float)) and not isinstance(x, bool) and isinstance(other, Term) \
             and c.floating(other):
+        if math.isnan(x):  # legal, but the rules are identities of numbers: the call stays opaque
+            raise Unsupported("a NaN constant")
         return Term.const(float(x))
     raise Unsupported(f"operand {x!r}")
 

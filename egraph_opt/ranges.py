@@ -103,8 +103,8 @@ def transfer(t: Term, a: list[Interval], n: int, k: int) -> Interval:
     """The interval of ``t`` from its operands' intervals; ``n`` = reduced axis size, ``k`` =
     matmul inner size."""
     op = t.op
-    if op == "const":
-        return iv(t.attrs[0], t.attrs[0])
+    if op == "const":  # a NaN constant (x + math.nan) is legal: no value to bound, so unbounded
+        return TOP if math.isnan(t.attrs[0]) else iv(t.attrs[0], t.attrs[0])
     if op in ("add", "sub"):
         y = a[1] if op == "add" else (-a[1][1], -a[1][0])
         return iv(a[0][0] + y[0], a[0][1] + y[1])

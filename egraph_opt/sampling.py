@@ -64,11 +64,14 @@ def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[s
     env: dict[str, torch.Tensor] = {}
     first_of_shape: dict[tuple, torch.Tensor] = {}
     for name, (shape, dtype) in inputs.items():
+        if not math.prod(shape):  # a size-0 axis: an empty tensor, nothing to draw
+            env[name] = torch.empty(shape, dtype=getattr(torch, dtype))
+            continue
         own = dtype_range(dtype)  # the points are float32 numbers: within both ranges
         lo, hi = ranges.get(name, own)
         lo, hi = max(lo, own[0], -FLOAT32_MAX), min(hi, own[1], FLOAT32_MAX)
         width = shape[-1] if shape else 1
-        rows = max(1, math.prod(shape[:-1]))
+        rows = math.prod(shape[:-1])
         v = _rows(lo, hi, rows, width, gen)
         partner = first_of_shape.setdefault(tuple(shape), v)
         if partner is not v:  # coincident rows follow the first input of this shape

@@ -62,7 +62,12 @@ def _schedule(program: Program) -> list:
 def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",
                  estimate: Estimate = default_estimate) -> fx.GraphModule:
     """The program as a GraphModule; ``.kernels`` on it counts the kernels it binds by name."""
-    graph = fx.Graph()
+    if device == "meta":
+        raise ValueError("meta tensors hold no values: no kernel runs on them and nothing can be "
+                         "validated, so the original runs")
+    owner = root if root is not None else torch.nn.Module()
+    graph = fx.Graph(owning_module=owner)  # dead-code elimination asks the owner whether its
+    # submodules are pure (a train-mode batch norm kept opaque, which updates running statistics)
     value: dict = {}  # ("t", id) / ("o", name) -> fx.Node or Python scalar
     backend: dict = {}  # key -> backend whose memory holds the value (absent: torch)
     converted: dict = {}  # (key, backend) -> fx.Node of the converted value
@@ -128,6 +133,6 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     if not kernels["folded"]:
         del kernels["folded"]
     graph.lint()
-    module = fx.GraphModule(root if root is not None else torch.nn.Module(), graph)
+    module = fx.GraphModule(owner, graph)
     module.kernels = dict(sorted(kernels.items()))
     return module

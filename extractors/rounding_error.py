@@ -120,6 +120,8 @@ def rounding_error(root: Term, env: dict[str, torch.Tensor],
     if out_dtype not in LOW or not isinstance(out, torch.Tensor):
         raise ValueError(f"rounding error is defined for half and single precision outputs, not {out_dtype}")
     flat = out.detach().reshape(-1)
+    if not flat.numel():
+        raise ValueError("an empty output has no rounding error")
     size = flat.numel() + sum(e.numel() for e in local.values())  # of one row of the Jacobian
     rows = max(1, min(OUTPUTS_PER_POINT, JACOBIAN_ELEMENTS // size, flat.numel()))
     pick = torch.randperm(flat.numel(), generator=gen)[:rows] if rows < flat.numel() else torch.arange(rows)

@@ -18,6 +18,7 @@ from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_unflatten
 
 from . import lowering, lowering_aten, lowering_nn  # noqa: F401 - these register lowerings
+from .effects import mutations
 from .ops import shape_attr
 from .program import OpaqueCall, OpaqueRef, Program
 from .term import Term
@@ -25,6 +26,11 @@ from .term import Term
 
 class CaptureError(TypeError):
     """The program cannot be captured: says what and where."""
+
+
+class SideEffect(CaptureError):
+    """The program mutates what its caller sees (an argument, a parameter or buffer): it runs
+    untouched, since the Term language holds values only."""
 
 
 class _TraceAll(fx.Tracer):
@@ -114,8 +120,12 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
     if len(placeholders) != len(example_args):
         raise CaptureError(f"{len(example_args)} arguments given, the traced program takes "
                            f"{len(placeholders)}")
-    try:
-        _Recorder(gm).run(*example_args)
+    effects, in_place = mutations(gm)
+    if effects:
+        raise SideEffect(f"{getattr(fn, '__qualname__', type(fn).__name__)} mutates "
+                         f"{', '.join(effects)}")
+    try:  # on clones: a graph fx cannot see into (an opaque call) must not touch the caller's
+        _Recorder(gm).run(*(a.clone() if a.device.type != "meta" else a for a in example_args))
     except Exception as e:
         raise CaptureError(f"running the traced program on the example inputs failed: {e}") from e
 
@@ -151,6 +161,9 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
             term = lowering.lower(node, args, kwargs, info_of, gm, params)
             if not isinstance(term, Term):
                 meta = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None
+                if node.name in in_place:
+                    raise SideEffect(f"{node.name} runs in place ({node.target}) and has no pure "
+                                     "form in the Term language")
                 opaque[node.name] = OpaqueCall(node.name, node.op, node.target, args, kwargs, meta)
                 if isinstance(info, TensorInfo):
                     term = Term("opaque", (), (node.name,))

@@ -158,8 +158,11 @@ def linear_act(x, weight, bias, activation):
 
 
 def sdpa_masked(q, k, v, bias, scale):
-    """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
+    """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked). A row whose
+    every key is masked is NaN, as that softmax is (torch's kernel returns 0 there)."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
+    dead = torch.isneginf(bias).all(-1, keepdim=True)
+    return out.masked_fill(dead, float("nan"))
 
 
 def conv2d(x, weight, bias, stride, padding, dilation, groups):

@@ -35,6 +35,8 @@ class Report:
 
     def __str__(self) -> str:
         lines = [f"egraph-opt report for {self.signature}"]
+        if self.fallback and not self.ops_before:  # nothing was captured: the why is all there is
+            return "\n".join(lines + [f"[FALLBACK] running the original program: {self.fallback}"])
         lines += [f"[REWRITE] {name}: {what}  ({n} matches)" for name, what, n in self.rewrites]
         if not self.rewrites:
             lines.append("[REWRITE] none: no rule improved the program")

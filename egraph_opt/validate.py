@@ -1,9 +1,10 @@
 """Validation: the optimized program must agree with the original before it is returned.
 
-Both run on fresh random inputs of the call's signature; the yardstick is the original evaluated in
-float64. The candidate passes when its error is within the dtype's tolerance or within 4x the
-original's own error: rounding differs between equivalent programs, a wrong rule's error does not
-stay within either.
+Both run on fresh random inputs of the call's signature, each on its own clones; the yardstick is
+the original evaluated in float64. The candidate passes when, elementwise, it is finite where the
+original is, its error is within the dtype's tolerance or within 4x the original's own error
+(rounding differs between equivalent programs, a wrong rule's error does not stay within either),
+and where the original is not finite it matches the original or the float64 reference.
 """
 from __future__ import annotations
 
@@ -25,15 +26,18 @@ def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0
     gen = torch.Generator().manual_seed(seed)
     out = []
     for name, x in zip(names, examples):
-        if x.is_floating_point():
+        if x.is_complex():
+            out.append(torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device))
+        elif x.is_floating_point():
             if name in ranges:
                 lo, hi = (max(min(v, 1e4), -1e4) for v in ranges[name])
                 sample = lo + (hi - lo) * torch.rand(x.shape, generator=gen, dtype=torch.float64)
             else:
                 ref = x.detach().double()
+                ref = ref[ref.isfinite()]
                 scale = float(ref.std()) if ref.numel() > 1 and math.isfinite(float(ref.std())) else 1.0
                 sample = torch.randn(x.shape, generator=gen, dtype=torch.float64) * max(scale, 1e-3)
-                sample = sample + (float(ref.mean()) if torch.isfinite(ref).all() else 0.0)
+                sample = sample + (float(ref.mean()) if ref.numel() else 0.0)
             out.append(sample.to(dtype=x.dtype, device=x.device))
         elif x.dtype == torch.bool:
             out.append(torch.rand(x.shape, generator=gen).lt(0.5).to(x.device))
@@ -45,33 +49,56 @@ def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0
 
 def _reference(fn: Callable, args: tuple):
     """The original in float64 where it can run so; otherwise in its own precision."""
-    wide = tuple(a.double() if a.is_floating_point() else a for a in args)
+    wide = tuple(a.double() if a.is_floating_point() else a.clone() for a in args)
     try:
         target = copy.deepcopy(fn).double() if isinstance(fn, torch.nn.Module) else fn
         return target(*wide)
     except Exception:  # noqa: BLE001 - a function pinned to one dtype: use its own precision
-        return fn(*args)
+        return fn(*_clones(args))
 
 
-def _error(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, str]:
-    """Scale-relative max error where the reference is finite; inf if ``out`` is not finite there."""
-    if not out.is_floating_point():
-        return (0.0, "") if torch.equal(out, ref.to(out.dtype)) else (math.inf, "integer outputs differ")
-    ref = ref.to(torch.float64)
-    finite = torch.isfinite(ref)
-    if not finite.any():
-        return 0.0, ""
-    out, ref = out.to(torch.float64)[finite], ref[finite]
-    if not torch.isfinite(out).all():
-        return math.inf, "non-finite values where the float64 reference is finite"
-    scale = float(ref.abs().max()) or 1.0
-    return float((out - ref).abs().max()) / scale, ""
+def _clones(args: tuple) -> tuple:
+    """Each run gets its own inputs: a program that writes into them must not feed the next."""
+    return tuple(a.clone() for a in args)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: equal values, both NaN, or the same infinity (signs kept)."""
+    return (a == b) | (a.isnan() & b.isnan())
+
+
+def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, str]:
+    """(candidate's error, original's error, why the candidate is refused or ""), against the
+    float64 reference, elementwise. Where the original is finite, the candidate must be finite;
+    errors are relative to the reference's largest finite magnitude, over elements where both the
+    original and the reference are finite (so an infinite error of the original never excuses
+    one). Where the original is not finite, the candidate must match it or the reference."""
+    if cand.is_complex():
+        cand, orig, ref = (torch.view_as_real(t.resolve_conj()) for t in (cand, orig, ref.to(cand.dtype)))
+    if not cand.is_floating_point():
+        return (0.0, 0.0, "") if torch.equal(cand, orig) else (math.inf, 0.0, "integer outputs differ")
+    cand, orig, ref = (t.to(torch.float64) for t in (cand, orig, ref))
+    orig_finite = orig.isfinite()
+    if (orig_finite & ~cand.isfinite()).any():
+        return math.inf, 0.0, "non-finite values where the original is finite"
+    measured = orig_finite & ref.isfinite()
+    scale = float(ref[measured].abs().max()) if measured.any() else 1.0
+    scale = scale or 1.0
+    err = float((cand - ref)[measured].abs().max()) / scale if measured.any() else 0.0
+    err_orig = float((orig - ref)[measured].abs().max()) / scale if measured.any() else 0.0
+    odd = ~orig_finite & ~_same(cand, orig) & ~_same(cand, ref)
+    if odd.any():
+        return err, err_orig, (f"{int(odd.sum())} element(s) where the original is not finite "
+                               "differ from both it and the float64 reference")
+    return err, err_orig, ""
 
 
 def compare(original: Callable, candidate: Callable, args: tuple) -> Validation:
-    with torch.no_grad():
+    """Run both on their own clones of ``args`` (random draws inside them do not advance the
+    caller's generator) and apply the acceptance rule of ``_error``."""
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
         ref_tree = _reference(original, args)
-        orig_tree, cand_tree = original(*args), candidate(*args)
+        orig_tree, cand_tree = original(*_clones(args)), candidate(*_clones(args))
     refs, spec = tree_flatten(ref_tree)
     origs, spec_o = tree_flatten(orig_tree)
     cands, spec_c = tree_flatten(cand_tree)
@@ -86,10 +113,9 @@ def compare(original: Callable, candidate: Callable, args: tuple) -> Validation:
         if cand.shape != orig.shape or cand.dtype != orig.dtype:
             return Validation(False, math.inf, 0.0, f"output {i}: {tuple(cand.shape)} {cand.dtype} "
                                                     f"vs {tuple(orig.shape)} {orig.dtype}")
-        err, why = _error(cand, ref)
-        err_orig, _ = _error(orig, ref)
-        allowed = max(TOLERANCE.get(cand.dtype, 0.0), 4 * err_orig)
-        if err > allowed and not detail:
-            detail = f"output {i}: error {err:.3g} exceeds {allowed:.3g}" + (f" ({why})" if why else "")
+        err, err_orig, why = _error(cand, orig, ref)
+        allowed = max(TOLERANCE.get(cand.dtype, TOLERANCE.get(cand.real.dtype, 0.0)), 4 * err_orig)
+        if (why or err > allowed) and not detail:
+            detail = f"output {i}: " + (why or f"error {err:.3g} exceeds {allowed:.3g}")
         worst, worst_orig = max(worst, err), max(worst_orig, err_orig)
     return Validation(not detail, worst, worst_orig, detail)

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 
 import egraph_opt.api as api
-from egraph_opt import CaptureError, saturate_and_extract
+from egraph_opt import saturate_and_extract
 from egraph_opt.egraph import EGraph, InvariantError
 from egraph_opt.rulesets import Exactness, Family, Rule
 
@@ -128,12 +128,14 @@ def test_bad_options_are_clear_errors(options, message):
         saturate_and_extract(naive_softmax, **options)
 
 
-def test_non_tensor_and_missing_arguments_are_clear_errors():
+def test_non_tensor_arguments_are_constants_of_the_plan_and_missing_ones_clear_errors():
     f = saturate_and_extract(lambda x, y: x + y)
-    with pytest.raises(CaptureError, match="argument 'y' is a int"):
-        f(torch.randn(3), 2)
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x, 2), x + 2)
+    torch.testing.assert_close(f(x, 3), x + 3)  # another value: another plan, not the first one
+    assert len(f.plans) == 2 and f.report.optimized
     with pytest.raises(TypeError, match="missing a required argument: 'y'"):
-        f(torch.randn(3))
+        f(x)
 
 
 def test_declared_input_ranges_drive_validation_inputs():

@@ -1,0 +1,121 @@
+"""A call's arguments: the tensors a plan takes, and the other values it is specialized to.
+
+Tensors are the program's inputs. Every other argument (``None`` left at its default, a flag, a
+size) is a constant of the trace, part of the plan's key, as torch.compile specializes on them.
+Keyword-only parameters, builtins (``torch.exp``) and ``functools.partial`` objects are traced
+through a generated function of the tensors alone, whose parameters carry the user's names.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+_SIMPLE = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
+
+
+def _constant_key(value: Any):
+    """A hashable key for a value the program is specialized to, or None if it cannot be one."""
+    if isinstance(value, _SIMPLE):
+        return type(value).__name__, repr(value)  # repr: NaN keys equal themselves
+    if isinstance(value, (tuple, dict)):  # also *args and **kwargs
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        parts = tuple((k, _constant_key(v)) for k, v in items)
+        return None if any(p is None for _, p in parts) else (type(value).__name__, parts)
+    return None
+
+
+@dataclass
+class BoundCall:
+    tensors: tuple
+    names: list[str]
+    key: tuple
+    arguments: dict = field(default_factory=dict)  # every argument by parameter name
+    refused: str = ""  # why the call cannot be optimized (it then runs untouched)
+    signature: inspect.Signature | None = None
+    direct: bool = True  # the function takes exactly the tensors, positionally
+
+    def traceable(self, fn: Callable) -> Callable:
+        """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
+        if self.direct:
+            return fn
+        return specialize(fn, self.names, self.rebuild)
+
+    def rebuild(self, fn: Callable, tensors: tuple):
+        """Call ``fn`` with ``tensors`` in place of this call's tensors, other arguments as bound."""
+        if self.signature is None:
+            return fn(*tensors)
+        arguments = dict(self.arguments)
+        arguments.update(zip(self.names, tensors))
+        bound = inspect.BoundArguments(self.signature, arguments)
+        return fn(*bound.args, **bound.kwargs)
+
+
+def specialize(fn: Callable, names: list[str], rebuild: Callable) -> Callable:
+    """A function (a module, when ``fn`` is one, so its parameters stay attributes) whose
+    parameters are ``names``: fx names its inputs after them and calls ``rebuild(fn, tensors)``."""
+    params = ", ".join(names)
+    scope: dict = {"rebuild": rebuild}
+    if isinstance(fn, torch.nn.Module):
+        exec(f"def forward(self, {params}):\n    return rebuild(self.inner, ({params},))", scope)
+        module = type("Specialized", (torch.nn.Module,), {"forward": scope["forward"]})()
+        module.inner = fn
+        return module
+    scope["fn"] = fn
+    exec(f"def specialized({params}):\n    return rebuild(fn, ({params},))", scope)
+    scope["specialized"].__qualname__ = getattr(fn, "__qualname__", None) or getattr(
+        fn, "__name__", type(fn).__name__)
+    return scope["specialized"]
+
+
+class Binder:
+    """Binds calls of one function: the fast path (tensors alone, positionally, as declared)
+    costs a few attribute reads; everything else goes through ``inspect``."""
+
+    def __init__(self, signature: inspect.Signature | None, name: str):
+        self.signature, self.name = signature, name
+        params = list(signature.parameters.values()) if signature else []
+        self._plain = bool(signature) and all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty
+                                              for p in params)
+        self._names = [p.name for p in params]
+
+    def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
+        if self._plain and not kwargs and len(args) == len(self._names) and \
+                all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
+            return BoundCall(args, self._names, _tensor_key(args))
+        if self.signature is None:
+            if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
+                return BoundCall((), [], ("refused", len(args), tuple(kwargs)),
+                                 refused=f"{self.name} has no signature to bind keyword or "
+                                         "non-tensor arguments to")
+            names = [f"arg{i}" for i in range(len(args))]
+            return BoundCall(args, names, _tensor_key(args), direct=False)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.name}: {e}") from None
+        bound.apply_defaults()
+        tensors, names, constants, refused = [], [], [], ""
+        for name, value in bound.arguments.items():
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+                names.append(name)
+                continue
+            key = _constant_key(value)
+            if key is None and not refused:
+                refused = (f"argument {name!r} is a {type(value).__name__}: egraph-opt specializes "
+                           "on tensors and plain constants")
+            constants.append((name, key if key is not None else id(value)))
+        kinds = {p.kind for p in self.signature.parameters.values()}
+        direct = not constants and kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                             inspect.Parameter.POSITIONAL_ONLY}
+        return BoundCall(tuple(tensors), names, (_tensor_key(tensors), tuple(constants)),
+                         dict(bound.arguments), refused, self.signature, direct)
+
+
+def _tensor_key(tensors) -> tuple:
+    """Shape, dtype, device, grad and layout of each tensor: what a plan is specialized to."""
+    return tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad, t.is_contiguous())
+                 for t in tensors)

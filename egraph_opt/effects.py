@@ -1,0 +1,92 @@
+"""Side effects in a traced program, which the Term language (pure values) cannot express.
+
+An in-place op on an argument, a parameter or a buffer (``x.add_(1)``, ``x[0] = 0``, train-mode
+batch norm updating its running statistics) is a result the caller sees besides the outputs. So is
+an in-place op on an intermediate that is read again afterwards (fx names the value before the
+mutation). Such programs run untouched. An in-place op whose operand is never read again
+(``nn.ReLU(inplace=True)`` after a conv) is pure, and is optimized like its functional twin.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+_AUGMENTED = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+              operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+              operator.ilshift, operator.irshift, operator.imatmul, operator.setitem}
+_AUGMENTED_METHODS = {f"__{op.__name__}__" for op in _AUGMENTED}  # x.__iadd__(y), x.__setitem__(i, v)
+_VIEWS = {"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t", "T", "mT",
+          "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "expand_as", "select", "narrow",
+          "getitem", "__getitem__", "as_strided", "split", "chunk", "unbind", "detach", "movedim",
+          "swapaxes", "diagonal", "real", "imag", "view_as_real", "view_as_complex", "alias"}
+_VALUE_PRESERVING = {"detach_", "requires_grad_", "retain_grad"}  # in place, but on autograd state
+_BATCH_NORMS = (torch.nn.modules.batchnorm._BatchNorm,)
+
+
+def _name(node: fx.Node) -> str:
+    target = node.target
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.split(".")[0] if isinstance(target, torch._ops.OpOverload) else name
+
+
+def _written(node: fx.Node, gm: fx.GraphModule) -> list:
+    """The operands ``node`` writes to (fx nodes), or a description of module state it writes."""
+    name, args, kwargs = _name(node), node.args, node.kwargs
+    if name in _VALUE_PRESERVING:
+        return []
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        if isinstance(module, _BATCH_NORMS) and module.training and module.track_running_stats:
+            return [f"{node.target}.running_mean"]
+        return [args[0]] if getattr(module, "inplace", False) and args else []
+    if node.op not in ("call_function", "call_method"):
+        return []
+    if isinstance(node.target, torch._ops.OpOverload):
+        schema = node.target._schema
+        return [a for a, s in zip(args, schema.arguments) if s.alias_info and s.alias_info.is_write]
+    written = [kwargs["out"]] if kwargs.get("out") is not None else []
+    if node.target in _AUGMENTED or name in _AUGMENTED_METHODS \
+            or (name.endswith("_") and not name.startswith("_")) \
+            or kwargs.get("inplace") is True:
+        written.append(args[0])
+    if node.target is torch.nn.functional.batch_norm:
+        training = kwargs.get("training", args[5] if len(args) > 5 else False)
+        if training:
+            written += [a for a in (kwargs.get("running_mean", args[1] if len(args) > 1 else None),)
+                        if a is not None]
+    return written
+
+
+def _base(node) -> tuple[object, bool]:
+    """The value a written operand aliases (through views), and whether a view was crossed."""
+    crossed = False
+    while isinstance(node, fx.Node) and node.op in ("call_function", "call_method") \
+            and _name(node) in _VIEWS:
+        node, crossed = node.args[0], True
+    return node, crossed
+
+
+def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
+    """What the program mutates, as the user would name it (empty: the program is pure), and the
+    in-place nodes that are pure only if lowered to a Term: run as an opaque call they would write
+    into a value the e-graph may share with an equal one."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    found, in_place = [], set()
+    for node in gm.graph.nodes:
+        for target in _written(node, gm):
+            in_place.add(node.name)
+            if isinstance(target, str):
+                found.append(f"{target} (train-mode batch norm)")
+                continue
+            base, crossed = _base(target)
+            if not isinstance(base, fx.Node):
+                continue
+            if base.op == "placeholder":
+                found.append(f"argument {base.name!r} ({_name(node) or node.target})")
+            elif base.op == "get_attr":
+                found.append(f"{base.target!r} ({_name(node) or node.target})")
+            elif crossed or any(order[u] > order[node] for u in base.users if u is not node):
+                found.append(f"{base.name!r}, read again after {_name(node) or node.target}")
+    return found, in_place

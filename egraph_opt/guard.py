@@ -1,0 +1,79 @@
+"""What besides the inputs' signature changes the meaning of a traced program: the key of a plan.
+
+A plan bakes in the modules' ``training`` flags (batch norm, dropout), which tensor objects are
+the parameters and buffers (a rebinding such as ``m.weight = nn.Parameter(...)`` or
+``load_state_dict(..., assign=True)`` leaves the traced graph holding the old ones), grad mode and
+``requires_grad``. Values do not enter it: parameters range over their dtype in every analysis,
+and folded constants are recomputed when a tensor's version changes (``torch_backend``).
+
+Checking identities on every call would cost microseconds per parameter, so torch's global
+registration hooks count rebindings and identities are re-read only after one.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch.nn.modules import module as _module
+
+_rebindings = [0]  # bumped whenever any module anywhere registers a parameter, buffer or submodule
+
+
+def _bump(*_: Any) -> None:
+    _rebindings[0] += 1
+
+
+for _register in (_module.register_module_parameter_registration_hook,
+                  _module.register_module_buffer_registration_hook,
+                  _module.register_module_module_registration_hook):
+    _register(_bump)
+
+
+def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any]]:
+    """The modules, and the lists/dicts/tuples of tensors, that ``fn`` reads state from: itself,
+    the object of a bound method, and what its closure and globals name."""
+    found: list = [fn, getattr(fn, "__self__", None), getattr(fn, "func", None)]
+    code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
+    if code is not None:
+        cells = getattr(inspect.unwrap(fn), "__closure__", None) or ()
+        found += [c.cell_contents for c in cells if _filled(c)]
+        scope = getattr(inspect.unwrap(fn), "__globals__", {})
+        found += [scope[n] for n in code.co_names if n in scope]
+    modules = [m for m in found if isinstance(m, torch.nn.Module)]
+    containers = [c for c in found if isinstance(c, (list, tuple, dict)) and
+                  any(isinstance(v, torch.Tensor) for v in (c.values() if isinstance(c, dict) else c))]
+    return list({id(m): m for m in modules}.values()), containers
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not assigned yet
+        return False
+    return True
+
+
+class StateKey:
+    """``key()``: the part of a plan's key that the program's modules and closures determine."""
+
+    def __init__(self, fn: Callable):
+        self.modules, self.containers = holders(fn)
+        self._seen = -1
+        self._identities: tuple = ()
+        self._flags: list[torch.nn.Module] = []
+
+    def _read_identities(self) -> None:
+        subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
+        self._flags = subs
+        self._identities = tuple(id(t) for m in subs for t in (*m._parameters.values(),
+                                                               *m._buffers.values()))
+        self._seen = _rebindings[0]
+
+    def key(self) -> tuple:
+        if self._seen != _rebindings[0]:
+            self._read_identities()
+        return (self._identities, tuple([m.training for m in self._flags]),
+                tuple([id(v) for c in self.containers
+                       for v in (c.values() if isinstance(c, dict) else c)]),
+                torch.is_grad_enabled())

@@ -1,0 +1,219 @@
+"""Ordinary programs that once came back wrong: each result must be the original's, or the
+program runs untouched and the report says why."""
+import functools
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import egraph_opt.api as api
+from egraph_opt import saturate_and_extract
+from egraph_opt.validate import compare
+
+pytestmark = pytest.mark.filterwarnings("ignore:egraph-opt")
+
+
+def _twins(build):
+    """Two equal modules: one decorated, one the yardstick."""
+    torch.manual_seed(0)
+    a = build()
+    b = build()
+    b.load_state_dict(a.state_dict())
+    return saturate_and_extract(a), a, b
+
+
+def _conv_bn():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda x: x.add_(1),
+    lambda x: x.__setitem__(0, 5.0),
+    lambda x: torch.exp(x, out=x),
+    lambda x: x[1:].mul_(3),  # through a view
+])
+def test_a_program_that_mutates_its_argument_runs_untouched(mutate):
+    def f(x):
+        mutate(x)
+        return x * 2
+
+    g = saturate_and_extract(f)
+    for _ in range(2):  # the second call once returned 2x and left x alone
+        x, y = torch.ones(3), torch.ones(3)
+        torch.testing.assert_close(g(x), f(y))
+        torch.testing.assert_close(x, y)
+    assert "mutates argument 'x'" in g.report.fallback
+
+
+def test_an_intermediate_written_in_place_and_read_again_runs_untouched():
+    def f(x):
+        y = x * 2
+        z = y + 1
+        y.add_(10)
+        return y + z
+
+    g = saturate_and_extract(f)
+    x = torch.randn(5)
+    torch.testing.assert_close(g(x), f(x))
+    assert "read again" in g.report.fallback
+
+
+def test_an_in_place_activation_nobody_reads_again_is_still_optimized():
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 2)).eval()
+    g = saturate_and_extract(m)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(g(x), m(x))
+    assert g.report.optimized
+
+
+def test_switching_eval_to_train_gets_a_plan_of_its_own():
+    g, mine, twin = _twins(_conv_bn)
+    x = torch.randn(2, 3, 8, 8)
+    mine.eval(), twin.eval()
+    torch.testing.assert_close(g(x), twin(x))
+    mine.train(), twin.train()
+    for _ in range(2):  # batch statistics, and running statistics updated once per call
+        torch.testing.assert_close(g(x), twin(x))
+        torch.testing.assert_close(mine[1].running_mean, twin[1].running_mean)
+    assert "train-mode batch norm" in g.report.fallback
+    mine.eval(), twin.eval()
+    torch.testing.assert_close(g(x), twin(x))  # the eval plan again, with the updated statistics
+
+
+@pytest.mark.parametrize("rebind", [
+    lambda m: setattr(m[0], "weight", nn.Parameter(torch.randn(4, 3, 3, 3))),
+    lambda m: setattr(m[1], "running_mean", torch.randn(4)),
+    lambda m: m.load_state_dict(_conv_bn().state_dict(), assign=True),
+    lambda m: m[0].weight.data.mul_(-1),  # in place: the same tensor, a new version
+])
+def test_rebound_or_reloaded_weights_are_used(rebind):
+    g, mine, twin = _twins(_conv_bn)
+    mine.eval(), twin.eval()
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(g(x), twin(x))
+    rebind(mine)
+    twin.load_state_dict(mine.state_dict())
+    torch.testing.assert_close(g(x), twin(x))
+
+
+def test_a_closure_over_a_list_of_weights_sees_an_item_rebound():
+    weights = [torch.randn(4, 4)]
+    g = saturate_and_extract(lambda x: torch.softmax(x @ weights[0], -1))
+    x = torch.randn(2, 4)
+    g(x)
+    weights[0] = torch.randn(4, 4)
+    torch.testing.assert_close(g(x), torch.softmax(x @ weights[0], -1))
+
+
+def test_grad_mode_and_requires_grad_are_part_of_the_key():
+    g = saturate_and_extract(lambda x: torch.log(1 + torch.exp(x)))
+    x = torch.randn(4)
+    g(x)
+    with torch.no_grad():
+        g(x)
+    g(x.requires_grad_())
+    assert len(g.plans) == 3
+
+
+@pytest.mark.parametrize("fn,args,kwargs", [
+    (torch.exp, (torch.randn(3),), {}),
+    (functools.partial(torch.add, alpha=2.0), (torch.randn(3), torch.randn(3)), {}),
+])
+def test_builtins_and_partials_are_optimized(fn, args, kwargs):
+    g = saturate_and_extract(fn)
+    torch.testing.assert_close(g(*args, **kwargs), fn(*args, **kwargs))
+    assert g.report.optimized
+
+
+def test_keyword_only_parameters_and_none_defaults():
+    def f(x, mask=None, *, scale):
+        y = torch.log(1 + x) * scale
+        return y if mask is None else y.masked_fill(mask, 0.0)
+
+    g = saturate_and_extract(f)
+    x = torch.rand(4)
+    torch.testing.assert_close(g(x, scale=torch.tensor(2.0)), f(x, scale=torch.tensor(2.0)))
+    assert g.report.optimized and "log1p" in g.report.ops_after
+    mask = torch.tensor([True, False, True, False])
+    torch.testing.assert_close(g(x, mask, scale=torch.tensor(2.0)), f(x, mask, scale=torch.tensor(2.0)))
+
+
+def test_a_hugging_face_model_decorated_directly_returns_its_model_output():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50, n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    g = saturate_and_extract(model)
+    ids = torch.randint(0, 50, (2, 8))
+    with torch.no_grad():
+        out, ref = g(ids, use_cache=False), model(ids, use_cache=False)
+        assert type(out) is type(ref) and g.report.optimized
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+        cached, ref = g(ids), model(ids)  # a cache object in the output: runs untouched
+        torch.testing.assert_close(cached.logits, ref.logits)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.zeros(0, 3),
+    lambda: torch.randn(3, dtype=torch.complex64),
+    lambda: torch.randn(3, device="meta"),
+])
+def test_empty_complex_and_meta_tensors_never_raise(make):
+    f = lambda x: torch.exp(x) * 2  # noqa: E731
+    g = saturate_and_extract(f)
+    x = make()
+    out = g(x)
+    if x.device.type != "meta":
+        torch.testing.assert_close(out, f(x))
+
+
+def test_an_unexpected_failure_inside_the_optimizer_runs_the_original(monkeypatch):
+    def broken(*args, **kwargs):
+        raise IndexError("deep inside")
+
+    monkeypatch.setattr(api, "optimize", broken)
+    g = saturate_and_extract(lambda x: torch.exp(x) / torch.exp(x).sum())
+    x = torch.randn(4)
+    with pytest.warns(UserWarning, match="runs untouched: IndexError: deep inside"):
+        torch.testing.assert_close(g(x), torch.exp(x) / torch.exp(x).sum())
+    assert not g.report.optimized and "[FALLBACK]" in str(g.report)
+
+
+def test_validation_leaves_the_callers_random_stream_alone():
+    g = saturate_and_extract(lambda x: torch.log(1 + x))
+    torch.manual_seed(1)
+    g(torch.rand(4))
+    after = torch.rand(3)
+    torch.manual_seed(1)
+    torch.rand(4)
+    torch.testing.assert_close(after, torch.rand(3))
+
+
+# -- the acceptance rule, on candidates that once passed ------------------------------------------
+def _folded(x):
+    return x * 1e60  # x * 1e30 * 1e30 with its constants folded: inf in float32, 0 * inf = NaN
+
+
+def _naive_softmax(x):
+    return torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("original,candidate,x", [
+    (lambda x: x * 1e30 * 1e30, lambda x: x * torch.tensor(1e60, dtype=torch.float32),
+     torch.tensor([0.0, 1.0, -2.0])),
+    (lambda x: x / 1e-39, lambda x: x * float(torch.tensor(1 / 1e-39, dtype=torch.float32)),
+     torch.tensor([0.0, 1e-3])),
+    (lambda x: 1 / (x + 0.0), lambda x: 1 / x, torch.tensor([-0.0, 1.0])),
+    (_naive_softmax, lambda x: torch.softmax(x, -1), torch.tensor([math.inf, 1.0, 2.0])),
+])
+def test_validation_refuses_a_candidate_wrong_where_the_original_is_right(original, candidate, x):
+    verdict = compare(original, candidate, (x,))
+    assert not verdict.passed, verdict
+
+
+def test_validation_accepts_a_candidate_closer_to_the_truth_where_the_original_overflows():
+    original = lambda x: torch.log(torch.exp(x))  # noqa: E731 - inf at 100 in float32
+    verdict = compare(original, lambda x: x.clone(), (torch.tensor([1.0, 100.0]),))
+    assert verdict.passed, verdict

@@ -1,12 +1,43 @@
 """Command line: ``rules`` (the catalogue), ``kernels`` (the registry), ``profile`` (timings into
-the latency database), ``onnx`` (batch-optimize ONNX exports)."""
+the latency database), ``onnx`` (batch-optimize ONNX exports).
+
+Every error is one line on stderr: exit status 2 for a bad argument, 1 for a failure, 130 for
+Ctrl-C; ``--debug`` shows the traceback instead.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
-from .onnx_batch import add_onnx_command
+from .profile_db import ProfileDBError
 from .rulesets import Family, catalogue
+
+
+class Failure(Exception):
+    """A failure the user can act on: its message is the whole error line (exit status 1)."""
+
+
+_SELF_EXPLAINING = (Failure, ProfileDBError, OSError)  # their message needs no exception name
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """One line, not the usage block: the usage is one --help away."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum}")
+        return value
+    return parse
 
 
 def _rules(args) -> int:
@@ -72,7 +103,7 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     try:
         fn = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as e:
-        raise SystemExit(f"egraph-opt profile: cannot load {spec!r} ({e}); use module:function")
+        raise Failure(f"cannot load {spec!r} ({e}); use module:function") from None
     fn = getattr(fn, "fn", fn)  # a decorated function: profile the original
     program, _ = capture(fn, tuple(torch.randn(s, dtype=getattr(torch, dtype)) for s in shapes))
     result = optimize(program, templates=False)  # the whole e-graph: every kernel it could use
@@ -90,12 +121,38 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     return list(cases.values())
 
 
+def _ints(parse, text: str, sep: str) -> list[int]:
+    try:
+        return [parse(item) for item in text.split(sep) if item]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+
+
 def _shapes(text: str) -> list[tuple[int, ...]]:
-    return [tuple(int(d) for d in item.split("x")) for item in text.split(",") if item]
+    return [tuple(_ints(at_least(1), item, "x")) for item in text.split(",") if item]
+
+
+def _dtype(text: str) -> str:
+    import torch
+    if not isinstance(getattr(torch, text, None), torch.dtype):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch dtype such as float32")
+    return text
+
+
+def _device(text: str) -> str:
+    import torch
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device such as cpu or cuda:0")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="egraph-opt", description=__doc__)
+    from .onnx_batch import add_onnx_command
+
+    parser = _Parser(prog="egraph-opt", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     rules = sub.add_parser("rules", help="list the rewrite rule catalogue")
     rules.add_argument("--family", choices=[f.value for f in Family])
@@ -105,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     kernels.set_defaults(run=_kernels)
     profile = sub.add_parser("profile", help="time kernels over a shape grid into the database")
     profile.add_argument("--ops", type=lambda s: s.split(","), help="comma-separated ops")
-    profile.add_argument("--dtype", nargs="+", default=["float32"])
-    profile.add_argument("--device", default="cpu")
-    profile.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")],
+    profile.add_argument("--dtype", nargs="+", type=_dtype, default=["float32"])
+    profile.add_argument("--device", type=_device, default="cpu")
+    profile.add_argument("--sizes", type=lambda s: _ints(at_least(1), s, ","),
                          default=[16, 64, 256, 1024])
-    profile.add_argument("--repeats", type=int, default=15)
-    profile.add_argument("--threads", type=int, default=1)
+    profile.add_argument("--repeats", type=at_least(1), default=15)
+    profile.add_argument("--threads", type=at_least(1), default=1)
     profile.add_argument("--db", help="database file (default: $EGRAPH_OPT_PROFILE_DB or the "
                          "user cache)")
     profile.add_argument("--for", dest="program", metavar="MODULE:FUNCTION",
@@ -119,8 +176,32 @@ def main(argv: list[str] | None = None) -> int:
                          help="example input shapes for --for, e.g. 2x8x16,2x8x16")
     profile.set_defaults(run=_profile)
     add_onnx_command(sub)
+    for command in sub.choices.values():  # also after the command; SUPPRESS keeps a --debug before
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    return args.run(args)
+    if args.command == "profile" and args.program and not args.shapes:
+        profile.error("--for needs --shapes, the example input shapes")
+    return _run(args, f"egraph-opt {args.command}")
+
+
+def _run(args: argparse.Namespace, prog: str) -> int:
+    """Run the command; any error becomes one line, and warnings (a profile database set aside)
+    one line each."""
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}",
+                                                         file=sys.stderr)
+        try:
+            return args.run(args)
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
+        except Exception as e:  # noqa: BLE001 - one line, the traceback only on request
+            if args.debug:
+                raise
+            message = str(e).splitlines()[0] if str(e) else ""
+            kind = "" if isinstance(e, _SELF_EXPLAINING) else f"{type(e).__name__}: "
+            print(f"{prog}: {kind}{message}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

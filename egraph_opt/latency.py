@@ -3,15 +3,19 @@ from the op's static pass count where it does not.
 
 Predictions are cached per (op, shapes, dtype, attributes): an e-graph asks for the same shapes
 many times. Costs are integers in tenths of a microsecond, so extraction stays exact.
+
+The database is a cache: one that cannot be opened, read or written costs one warning and the
+static estimates, never a failed compile.
 """
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 from .latency_model import Estimate, LatencyModel
 from .ops import OPS
-from .profile_db import ProfileDB
+from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning
 from .profiler import SPECS, Case, device_name, profile_shapes
 from .term import dtype_name, postorder, shapes
 
@@ -22,7 +26,7 @@ UNIT_S = 1e-7  # one cost unit of latency
 class MeasuredLatency:
     """Callable ``(op, attrs, shapes, dtype) -> (units, source)`` for ops the profiler knows.
     With ``on_demand``, a shape the database has not measured is timed now and recorded."""
-    db: ProfileDB
+    db: ProfileDB | None  # None once it failed: static estimates from then on
     device: str = "cpu"
     on_demand: bool = False
     _cache: dict = field(default_factory=dict)
@@ -32,11 +36,17 @@ class MeasuredLatency:
         self.where = device_name(self.device)
 
     @staticmethod
-    def from_database(path=None, device: str = "cpu", on_demand: bool = False) -> MeasuredLatency:
-        return MeasuredLatency(ProfileDB(path), device, on_demand)
+    def from_database(path=None, device: str = "cpu", on_demand: bool = False
+                      ) -> MeasuredLatency | None:
+        """None (static estimates) when the database cannot be used."""
+        try:
+            return MeasuredLatency(ProfileDB(path), device, on_demand)
+        except UNUSABLE as e:
+            _without_database(e)
+            return None
 
     def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str) -> tuple[int, str] | None:
-        if op not in SPECS:
+        if op not in SPECS or self.db is None:
             return None
         key = (op, attrs, shapes, dtype)
         if key not in self._cache:
@@ -48,9 +58,19 @@ class MeasuredLatency:
                                                self.db, repeats=5, progress=False)
                     est = Estimate(record.median_s, "measured", 0.0)
                 self._cache[key] = (max(1, round(est.seconds / UNIT_S)), est.source)
+            except UNUSABLE as e:  # broke after opening (a bad page, a failed write): stop asking
+                _without_database(e)
+                self.db = None
+                return None
             except (KeyError, ValueError, IndexError, RuntimeError):  # shapes it cannot read
                 self._cache[key] = None
         return self._cache[key]
+
+
+def _without_database(error: Exception) -> None:
+    message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    warnings.warn(f"profile database unusable, using static latency estimates: {message}",
+                  ProfileDBWarning, stacklevel=3)
 
 
 def sources(roots, latency: MeasuredLatency | None, leaf_meta: dict | None = None

@@ -3,16 +3,19 @@
 Every model is read, optimized, exported, checked (onnx.checker, full) and compared with the
 original under onnxruntime on random inputs; only a model that passes is written, atomically, into
 ``--out``. A failing model is reported with its reason while the others go on; the exit status
-says whether any failed.
+says whether any failed. ``--out`` and ``--report`` are checked before any work; Ctrl-C stops
+with one line and the report of the models done.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -23,6 +26,7 @@ from multiprocessing import get_context
 import numpy as np
 import onnx
 
+from .cli import Failure, at_least
 from .extractors import Objective
 from .onnx_backend import OnnxExportError, export
 from .onnx_converters import opset_of
@@ -129,20 +133,36 @@ def latencies(sessions: list, feeds: dict, runs: int) -> list[float]:
 
 # --- one model ---
 
-def write_atomic(model: onnx.ModelProto, target: str, external: bool):
-    """Write into a temporary folder inside the output directory, then move into place."""
-    folder = tempfile.mkdtemp(prefix=".egraph-opt-", dir=os.path.dirname(target))
+def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite: bool = False):
+    """Write into a temporary folder beside the target, then claim the final names by hard links,
+    external data first and the model last. A link fails where the name exists, so of two runs
+    writing one output one fails, and a model never appears without all of its data. With
+    ``overwrite`` the old model and its data are removed first, so no model meets another's data.
+    """
+    directory, base = os.path.split(target)
+    folder = tempfile.mkdtemp(prefix=".egraph-opt-", dir=directory or ".")
+    names = [base + ".data", base] if external else [base]
+    claimed: list[str] = []
     try:
-        base = os.path.basename(target)
         staged = os.path.join(folder, base)
         if external:
             onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=base + ".data", size_threshold=1024)
-            os.replace(os.path.join(folder, base + ".data"), target + ".data")
         else:
             onnx.save_model(model, staged)
-        os.replace(staged, target)
+        if overwrite:
+            for old in (target, target + ".data"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old)
+        for name in names:
+            os.link(os.path.join(folder, name), os.path.join(directory, name))
+            claimed.append(os.path.join(directory, name))
+        claimed = []  # all in place: keep them
+    except FileExistsError as e:
+        raise ModelFailure(f"{e.filename2} exists (use --force to overwrite)") from None
     finally:
+        for path in claimed:  # a unit only half in place: take it back
+            os.unlink(path)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -206,7 +226,7 @@ def process(path: str, target: str, options: dict) -> dict:
                 sessions, feeds, options["latency_runs"])
         external = _uses_external_data(stored) or \
             optimized.ByteSize() > _EXTERNAL_ABOVE
-        write_atomic(optimized, target, external)
+        write_atomic(optimized, target, external, options["force"])
         record.update(status="optimized")
     except (ModelFailure, OnnxImportError, OnnxExportError, OSError) as e:
         record["reason"] = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -273,12 +293,53 @@ def _progress(total: int):
     return tqdm(total=total, unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
 
 
+def _writable_dir(path: str, what: str) -> None:
+    """Create the directory and make a file in it now, not after every model is optimized."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except FileExistsError:
+        raise Failure(f"{what} {path}: is a file, not a directory") from None
+    except OSError as e:
+        raise Failure(f"{what} {path}: cannot write there ({e.strerror or e})") from None
+
+
+def _write_report(path: str, records: list[dict], interrupted: bool) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
+        json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
+    os.replace(f.name, path)
+
+
+def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> None:
+    """Workers ignore SIGINT (a terminal sends it to all): the parent stops them on Ctrl-C."""
+    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=signal.signal,
+                               initargs=(signal.SIGINT, signal.SIG_IGN))
+    try:
+        futures = {pool.submit(process, p, t, options): p for p, t in targets.items()}
+        for future in as_completed(futures):
+            try:
+                done(future.result())
+            except Exception as e:  # noqa: BLE001 - a worker that died fails its model only
+                done({"model": futures[future], "status": "failed",
+                      "reason": f"worker died: {type(e).__name__}: {e}"})
+    except KeyboardInterrupt:
+        for worker in pool._processes.values():  # Python 3.14: pool.terminate_workers()
+            worker.terminate()
+        raise
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    os.makedirs(args.out, exist_ok=True)
+    _writable_dir(args.out, "--out")
+    if args.report:
+        if os.path.isdir(args.report):
+            raise Failure(f"--report {args.report}: is a directory")
+        _writable_dir(os.path.dirname(os.path.abspath(args.report)), "--report")
     paths = collect(args.inputs, args.out)
     if not paths:
-        print(f"egraph-opt onnx: no models found in {' '.join(args.inputs)}", file=sys.stderr)
-        return 1
+        raise Failure(f"no models found in {' '.join(args.inputs)}")
     targets, records = {}, []
     for p in paths:
         target = os.path.join(args.out, os.path.basename(p))
@@ -291,32 +352,37 @@ def run(args: argparse.Namespace) -> int:
                "latency_runs": args.latency_runs, "opset": args.opset}
     bar = _progress(len(targets))
     say = bar.write if bar is not None else print
+    finished: set[str] = set()
 
     def done(record):
         records.append(record)
+        finished.add(record["model"])
         say(_line(record))
         if bar is not None:
             bar.update()
 
-    if args.jobs <= 1:
-        for p, target in targets.items():
-            done(process(p, target, options))
-    else:
-        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(process, p, t, options): p for p, t in targets.items()}
-            for future in as_completed(futures):
-                try:
-                    done(future.result())
-                except Exception as e:  # noqa: BLE001 - a worker that died fails its model only
-                    done({"model": futures[future], "status": "failed",
-                          "reason": f"worker died: {type(e).__name__}: {e}"})
+    interrupted = False
+    try:
+        if args.jobs <= 1:
+            for p, target in targets.items():
+                done(process(p, target, options))
+        else:
+            _in_parallel(args.jobs, targets, options, done)
+    except KeyboardInterrupt:
+        interrupted = True
+        records += [{"model": p, "output": t, "status": "interrupted", "reason": "Ctrl-C"}
+                    for p, t in targets.items() if p not in finished]
     if bar is not None:
         bar.close()
     records.sort(key=lambda r: r["model"])
-    print(summary(records))
     if args.report:
-        with open(args.report, "w") as f:
-            json.dump({"models": records}, f, indent=2)
+        _write_report(args.report, records, interrupted)
+    if interrupted:
+        report = f"; report in {args.report}" if args.report else ""
+        print(f"egraph-opt onnx: interrupted after {len(finished)} of {len(targets)} models"
+              f"{report}", file=sys.stderr)
+        return 130
+    print(summary(records))
     return int(any(r["status"] != "optimized" for r in records))
 
 
@@ -333,13 +399,14 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="+", metavar="IN", help="model files, directories, globs")
     parser.add_argument("--out", required=True, help="directory for the optimized models")
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
+    parser.add_argument("-j", "--jobs", type=at_least(1), default=1, help="parallel worker processes")
     parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
     parser.add_argument("--report", help="write a JSON report of every model here")
     parser.add_argument("--objective", default="balanced", choices=[o.value for o in Objective])
-    parser.add_argument("--latency-runs", type=int, default=20,
+    parser.add_argument("--latency-runs", type=at_least(0), default=20,
                         help="onnxruntime runs per model for the latency columns (0: skip)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random validation inputs")
+    parser.add_argument("--seed", type=at_least(0), default=0,
+                        help="seed of the random validation inputs")
     parser.add_argument("--opset", type=_opset, help="convert older models to this opset first, so that "
                         "its fused operators (Attention at 23) can be used; default: keep each model's")
     parser.set_defaults(run=run)
@@ -347,10 +414,9 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
 
 
 def main_onnx(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="egraph-opt")
-    add_onnx_command(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["onnx", *(sys.argv[1:] if argv is None else argv)])
-    return args.run(args)
+    """``egraph-opt onnx ARGV``, with the CLI's one-line errors."""
+    from .cli import main
+    return main(["onnx", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

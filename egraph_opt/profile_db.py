@@ -4,7 +4,9 @@ Latency is measured, not guessed (DESIGN.md, principle 4), so measurements must 
 survive two profilers writing at once: the file is in WAL mode and every write is one transaction.
 Records are appended, never updated; a lookup takes the newest record of a shape. A file that is
 not ours (not SQLite, or SQLite without our table) is renamed aside with a warning, never
-overwritten; a file of another schema version is refused with a message that says what to do.
+overwritten (a corrupted page counts: `PRAGMA quick_check` runs on open); a file of another
+schema version, or one that cannot be opened, is refused with a `ProfileDBError` that says which
+file and why. Callers that only cache latencies catch `UNUSABLE` and fall back to estimates.
 
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:
@@ -53,11 +55,19 @@ _COLUMNS = "kernel, backend, device, dtype, shape_key, runs, median_s, spread_s,
 
 
 class ProfileDBWarning(UserWarning):
-    """A profile database file was set aside because it was not a usable egraph-opt database."""
+    """A profile database file was set aside, or could not be used and was done without."""
 
 
-class SchemaVersionError(RuntimeError):
+class ProfileDBError(RuntimeError):
+    """The profile database cannot be opened or used; the message names the file and the cause."""
+
+
+class SchemaVersionError(ProfileDBError):
     """The file is an egraph-opt profile database of a schema version this code does not read."""
+
+
+#: what a database that cannot be used raises (opened, read or written), as opposed to a bug
+UNUSABLE = (ProfileDBError, sqlite3.Error, OSError)
 
 
 def default_path() -> Path:
@@ -133,12 +143,15 @@ def _foreign_reason(path: Path) -> str | None:
     conn = sqlite3.connect(path, timeout=_TIMEOUT_S)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        check = conn.execute("PRAGMA quick_check(1)").fetchone()[0]  # a bad page fails later reads
     except sqlite3.DatabaseError as e:
         if e.sqlite_errorcode not in _CORRUPT_CODES:
             raise  # locked, busy, unreadable: a problem of access, not of the file
         return f"corrupt SQLite file ({e})"
     finally:
         conn.close()
+    if check != "ok":
+        return f"corrupt SQLite file ({' '.join(check.split())})"
     if tables and _TABLE not in tables:
         return f"an SQLite database without egraph-opt's tables (has: {', '.join(sorted(tables))})"
     return None
@@ -152,7 +165,7 @@ def _set_aside(path: Path, reason: str) -> None:
         if side.exists():
             side.rename(aside.with_name(aside.name + suffix))
     warnings.warn(f"profile database {path} is {reason}; moved it to {aside} and started a fresh one",
-                  ProfileDBWarning, stacklevel=3)
+                  ProfileDBWarning, stacklevel=4)
 
 
 class ProfileDB:
@@ -163,6 +176,14 @@ class ProfileDB:
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path).expanduser() if path is not None else default_path()
+        try:
+            self._open()
+        except (OSError, sqlite3.Error) as e:
+            raise ProfileDBError(f"cannot use profile database {self.path}: {e}") from e
+
+    def _open(self) -> None:
+        if self.path.is_dir():
+            raise ProfileDBError(f"profile database {self.path} is a directory")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         reason = _foreign_reason(self.path)
         if reason:

@@ -4,8 +4,9 @@ import sqlite3
 
 import pytest
 
-from egraph_opt.profile_db import (ENV_VAR, SCHEMA_VERSION, ProfileDB, ProfileDBWarning, Record,
-                                   SchemaVersionError, default_path, shape_key)
+from egraph_opt.profile_db import (ENV_VAR, SCHEMA_VERSION, ProfileDB, ProfileDBError,
+                                   ProfileDBWarning, Record, SchemaVersionError, default_path,
+                                   shape_key)
 
 
 def record(n=4, median_s=1e-5, kernel="softmax", **kw):
@@ -130,3 +131,35 @@ def test_path_comes_from_argument_then_env_var_then_xdg_cache(tmp_path, monkeypa
         assert db.path == tmp_path / "env" / "db.sqlite" and db.path.exists()
     with ProfileDB(tmp_path / "arg.sqlite") as db:
         assert db.path == tmp_path / "arg.sqlite"
+
+
+def corrupt_a_page(path):
+    """A database of ours whose table's root page is garbage: the header and schema still read,
+    so only a check of every page (or a later query) finds it."""
+    with ProfileDB(path) as db:
+        db.add_many([record(n) for n in range(1, 300)])
+        db._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    data[4096:8192] = b"\xff" * 4096  # page 2, the measurements table's root
+    path.write_bytes(data)
+
+
+def test_a_database_with_a_corrupted_page_is_set_aside_on_open(tmp_path):
+    path = tmp_path / "p.sqlite"
+    corrupt_a_page(path)
+    with pytest.warns(ProfileDBWarning, match="corrupt SQLite file"):
+        db = ProfileDB(path)
+    with db:
+        assert db.count() == 0 and db.records("softmax", "torch", "cpu: test", "float32") == []
+    assert len(list(tmp_path.glob("p.sqlite.corrupt-*"))) == 1
+
+
+@pytest.mark.parametrize("where, message", [
+    (lambda t: t, "is a directory"),
+    (lambda t: t / "file" / "p.sqlite", "File exists"),  # a path under a regular file
+])
+def test_a_database_that_cannot_be_opened_is_one_clear_error(tmp_path, where, message):
+    (tmp_path / "file").write_text("a regular file")
+    with pytest.raises(ProfileDBError, match=message) as error:
+        ProfileDB(where(tmp_path))
+    assert str(where(tmp_path)) in str(error.value) and "\n" not in str(error.value)

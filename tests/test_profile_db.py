@@ -1,8 +1,13 @@
 """The profiling database: round trips, two writers at once, foreign files, schema versions."""
 import multiprocessing
+import os
 import sqlite3
+import warnings
 
 import pytest
+import torch
+
+from egraph_opt import saturate_and_extract
 
 from egraph_opt.profile_db import (ENV_VAR, SCHEMA_VERSION, ProfileDB, ProfileDBError,
                                    ProfileDBWarning, Record, SchemaVersionError, default_path,
@@ -163,3 +168,44 @@ def test_a_database_that_cannot_be_opened_is_one_clear_error(tmp_path, where, me
     with pytest.raises(ProfileDBError, match=message) as error:
         ProfileDB(where(tmp_path))
     assert str(where(tmp_path)) in str(error.value) and "\n" not in str(error.value)
+
+
+def _refusing_writes(path):
+    """Ours, readable, but every insert fails, as on a full or read-only disk (which chmod cannot
+    make for root): a trigger aborts it."""
+    with ProfileDB(path) as db:
+        db._conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON measurements "
+                         "BEGIN SELECT RAISE(ABORT, 'disk is read-only'); END")
+    return path
+
+
+def _of_schema(version):
+    def make(path):
+        with ProfileDB(path):
+            pass
+        with sqlite3.connect(path) as conn:
+            conn.execute(f"PRAGMA user_version = {version}")
+        conn.close()
+        return path
+    return make
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.parent, "is a directory"),
+    (lambda p: p.parent / "file" / "p.sqlite", "cannot use profile database"),
+    (_of_schema(SCHEMA_VERSION + 1), "schema version"),
+    (lambda p: corrupt_a_page(p) or p, "corrupt SQLite file"),  # set aside: a fresh one is used
+    (_refusing_writes, "disk is read-only"),
+    pytest.param(lambda p: "/sys/kernel/p.sqlite", "unable to open",
+                 marks=pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="no sysfs")),
+])
+def test_the_decorator_never_fails_because_of_its_database(tmp_path, make, message):
+    (tmp_path / "file").write_text("a regular file")
+    f = saturate_and_extract(lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True),
+                             profile_db=make(tmp_path / "p.sqlite"), profile_misses=True)
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    (warning,) = [w for w in caught if issubclass(w.category, ProfileDBWarning)]
+    assert message in str(warning.message) and "\n" not in str(warning.message)

@@ -3,12 +3,15 @@
 ``@triton.jit`` reads its function's source from a real file, so the generated text is written
 to the cache directory under its hash (atomically: processes may race) and imported from there.
 Kernels are kept per process by that hash; the file also lets Triton's own on-disk cache skip
-recompiling in the next process.
+recompiling in the next process. Importing a file runs it, so a cached file is imported only
+from a directory that is the user's and not world-writable, and only when its content is the
+text its name is the hash of; any other content is rewritten.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -36,13 +39,35 @@ def cache_dir() -> Path:
     return Path(root) / "triton"
 
 
+def _private(directory: Path) -> None:
+    """Create the directory for this user only; refuse one where another user could plant code."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = directory.stat()
+    why = ("owned by another user" if info.st_uid != os.getuid() else
+           "world-writable" if info.st_mode & stat.S_IWOTH else None)
+    if why:
+        raise PermissionError(f"kernel cache {directory} is {why}, so generated kernels are not "
+                              f"loaded from it: set {CACHE_ENV} to a directory of your own")
+
+
+def _holds(path: Path, source: str) -> bool:
+    """Whether the file holds exactly ``source`` (the text its name is the hash of)."""
+    expected = source.encode()
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(expected) + 1) == expected
+    except OSError:
+        return False
+
+
 def _load(program: Program) -> object:
     directory = cache_dir()
     path = directory / f"k_{program.digest}.py"
     if path not in _kernels:
-        directory.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
+        _private(directory)
+        if not _holds(path, program.source):
+            with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp",
+                                             delete=False) as f:
                 f.write(program.source)
             os.replace(f.name, path)
         name = f"egraph_opt_generated_{program.digest}"

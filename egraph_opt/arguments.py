@@ -8,7 +8,6 @@ through a generated function of the tensors alone, whose parameters carry the us
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -27,15 +26,15 @@ def _constant_key(value: Any):
     return None
 
 
-@dataclass
 class BoundCall:
-    tensors: tuple
-    names: list[str]
-    key: tuple
-    arguments: dict = field(default_factory=dict)  # every argument by parameter name
-    refused: str = ""  # why the call cannot be optimized (it then runs untouched)
-    signature: inspect.Signature | None = None
-    direct: bool = True  # the function takes exactly the tensors, positionally
+    """The tensors of one call, the plan key they and the other arguments make, and how to call
+    the function again with other tensors. ``refused``: why the call runs untouched."""
+    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct")
+
+    def __init__(self, tensors: tuple, names: list[str], key: tuple, arguments: dict | None = None,
+                 refused: str = "", signature: inspect.Signature | None = None, direct: bool = True):
+        self.tensors, self.names, self.key, self.arguments = tensors, names, key, arguments or {}
+        self.refused, self.signature, self.direct = refused, signature, direct
 
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
@@ -83,7 +82,7 @@ class Binder:
 
     def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
         if self._plain and not kwargs and len(args) == len(self._names) and \
-                all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
+                all([isinstance(a, torch.Tensor) for a in args]):
             return BoundCall(args, self._names, _tensor_key(args))
         if self.signature is None:
             if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
@@ -117,5 +116,4 @@ class Binder:
 
 def _tensor_key(tensors) -> tuple:
     """Shape, dtype, device, grad and layout of each tensor: what a plan is specialized to."""
-    return tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad, t.is_contiguous())
-                 for t in tensors)
+    return tuple([(t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous()) for t in tensors])

@@ -54,26 +54,29 @@ def _filled(cell) -> bool:
     return True
 
 
+_TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ever seen
+
+
 class StateKey:
     """``key()``: the part of a plan's key that the program's modules and closures determine."""
 
     def __init__(self, fn: Callable):
         self.modules, self.containers = holders(fn)
         self._seen = -1
-        self._identities: tuple = ()
-        self._flags: list[torch.nn.Module] = []
+        self._identities = -1
+        self._flags: list[dict] = []  # the modules' __dict__s: reading them skips Module.__getattr__
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
-        self._flags = subs
-        self._identities = tuple(id(t) for m in subs for t in (*m._parameters.values(),
-                                                               *m._buffers.values()))
+        self._flags = [m.__dict__ for m in subs]
+        identities = tuple(id(t) for m in subs for t in (*m._parameters.values(), *m._buffers.values()))
+        self._identities = _TOKENS.setdefault(identities, len(_TOKENS))  # hashed once, not per call
         self._seen = _rebindings[0]
 
     def key(self) -> tuple:
         if self._seen != _rebindings[0]:
             self._read_identities()
-        return (self._identities, tuple([m.training for m in self._flags]),
+        return (self._identities, tuple([m["training"] for m in self._flags]),
                 tuple([id(v) for c in self.containers
                        for v in (c.values() if isinstance(c, dict) else c)]),
                 torch.is_grad_enabled())

@@ -200,7 +200,9 @@ def saturate_and_extract(fn: Callable | None = None, **options: Any):
     "latency", or "tolerance" with ``tolerance=`` a relative error), ``input_ranges``
     ({name: (lo, hi)}), ``rulesets`` (family or rule names), ``validate`` (default True),
     ``limits`` (a ``Limits``), ``profile_db`` (latency database path; None: the default one;
-    False: static latencies), ``profile_misses`` (time unmeasured kernels during optimization).
+    False: static latencies), ``profile_misses`` (time unmeasured kernels during optimization),
+    ``keep_egraph`` (keep every plan's saturated e-graph, for notebooks; by default only the
+    latest optimization's is kept).
     """
     if fn is None:
         return lambda f: OptimizedFunction(f, **options)

@@ -399,7 +399,8 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="+", metavar="IN", help="model files, directories, globs")
     parser.add_argument("--out", required=True, help="directory for the optimized models")
-    parser.add_argument("-j", "--jobs", type=at_least(1), default=1, help="parallel worker processes")
+    parser.add_argument("-j", "--jobs", type=at_least(1), default=1,
+                        help="parallel worker processes")
     parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
     parser.add_argument("--report", help="write a JSON report of every model here")
     parser.add_argument("--objective", default="balanced", choices=[o.value for o in Objective])

@@ -44,7 +44,7 @@ def test_a_tampered_cached_kernel_is_rewritten_not_run(cache, tmp_path):
 @pytest.mark.parametrize("unsafe, why", [
     (lambda d: os.chmod(d, 0o777), "world-writable"),
     pytest.param(lambda d: os.chown(d, os.getuid() + 1, -1), "owned by another user",
-                 marks=pytest.mark.skipif(os.getuid() != 0, reason="only root can give a file away")),
+                 marks=pytest.mark.skipif(os.getuid() != 0, reason="root gives files away")),
 ])
 def test_a_cache_directory_others_can_write_is_refused(cache, tmp_path, unsafe, why):
     cache.mkdir()

@@ -12,6 +12,7 @@ import copy
 import math
 from typing import Callable
 
+import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
@@ -67,6 +68,25 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a == b) | (a.isnan() & b.isnan())
 
 
+def judge(cand, orig, ref=None) -> tuple[bool, float, float, str]:
+    """The acceptance rule, for torch and ONNX outputs alike (numpy arrays are taken as tensors):
+    (accepted, candidate's error, original's error, why refused). Without a float64 ``ref`` (an
+    ONNX model runs in its own precision), the original is the reference."""
+    if isinstance(cand, np.ndarray) and cand.dtype.kind not in "biufc":  # strings, objects
+        same = cand.shape == orig.shape and np.array_equal(cand, orig)
+        return same, 0.0 if same else math.inf, 0.0, "" if same else "outputs differ"
+    cand, orig = (torch.from_numpy(t) if not isinstance(t, torch.Tensor) else t for t in (cand, orig))
+    ref = orig if ref is None else torch.from_numpy(ref) if not isinstance(ref, torch.Tensor) else ref
+    if cand.shape != orig.shape or cand.dtype != orig.dtype:
+        return False, math.inf, 0.0, (f"{tuple(cand.shape)} {cand.dtype} vs "
+                                      f"{tuple(orig.shape)} {orig.dtype}")
+    err, err_orig, why = _error(cand, orig, ref)
+    allowed = max(TOLERANCE.get(cand.dtype, TOLERANCE.get(cand.real.dtype, 0.0)), 4 * err_orig)
+    if not why and err > allowed:
+        why = f"error {err:.3g} exceeds {allowed:.3g}"
+    return not why, err, err_orig, why
+
+
 def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, str]:
     """(candidate's error, original's error, why the candidate is refused or ""), against the
     float64 reference, elementwise. Where the original is finite, the candidate must be finite;
@@ -95,7 +115,7 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
 
 def compare(original: Callable, candidate: Callable, args: tuple) -> Validation:
     """Run both on their own clones of ``args`` (random draws inside them do not advance the
-    caller's generator) and apply the acceptance rule of ``_error``."""
+    caller's generator) and apply the acceptance rule, ``judge``."""
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         ref_tree = _reference(original, args)
         orig_tree, cand_tree = original(*_clones(args)), candidate(*_clones(args))
@@ -110,12 +130,8 @@ def compare(original: Callable, candidate: Callable, args: tuple) -> Validation:
             if cand != orig:
                 return Validation(False, math.inf, 0.0, f"output {i}: {cand!r} != {orig!r}")
             continue
-        if cand.shape != orig.shape or cand.dtype != orig.dtype:
-            return Validation(False, math.inf, 0.0, f"output {i}: {tuple(cand.shape)} {cand.dtype} "
-                                                    f"vs {tuple(orig.shape)} {orig.dtype}")
-        err, err_orig, why = _error(cand, orig, ref)
-        allowed = max(TOLERANCE.get(cand.dtype, TOLERANCE.get(cand.real.dtype, 0.0)), 4 * err_orig)
-        if (why or err > allowed) and not detail:
-            detail = f"output {i}: " + (why or f"error {err:.3g} exceeds {allowed:.3g}")
+        ok, err, err_orig, why = judge(cand, orig, ref)
+        if not ok and not detail:
+            detail = f"output {i}: {why}"
         worst, worst_orig = max(worst, err), max(worst_orig, err_orig)
     return Validation(not detail, worst, worst_orig, detail)

@@ -1,24 +1,42 @@
-"""Fuzzer: random programs, optimized with every rule that is not unsafe, must agree with the
-original in float64 wherever the original is finite (same shape, finite there, within 1e-9 of the
-output's scale).
+"""Fuzzer: random programs, optimized with every rule that is not unsafe, must never be made wrong.
 
-Every program comes from its own seed, so a disagreement is reproduced by ``program(seed)`` and kept
-verbatim (its s-expression and seed) in tests/test_fuzz_regressions.py. Half the programs declare
-input ranges and draw their inputs inside them, so guarded rules and the range analysis are tried
-too; y's shape varies so broadcasting and reductions over size-1 axes are tried as well.
+Two checks. Term programs in float64 on ordinary inputs must agree with the original wherever the
+original is finite (same shape, within 1e-9 of the output's scale): rules are identities. And
+every program, run in float32, is judged against its float64 truth: it is *made wrong* where the
+original's element was right (within RIGHT of the truth, or the truth's own NaN or infinity) and
+the optimized one's is not (beyond WRONG, or another non-finite value). Inputs come in classes:
+ordinary, extreme (+-inf, +-0, NaN, the dtype's max, subnormals mixed in) and empty (a size-0
+axis). One seed in five draws a stateful torch program instead, run through
+``saturate_and_extract`` several times: in-place ops on its arguments, or a conv/linear module with
+batch norm and dropout switched between train and eval; its outputs, its arguments after the call
+and the module's state must not be made wrong either.
 
-    python bench/fuzz.py --n 1000 [--seed S]
+Every program comes from its own seed, so a finding is reproduced by ``program(seed)`` (or
+``stateful(seed)``) and kept verbatim (its s-expression and seed) in tests/test_fuzz_regressions.py.
+Half the Term programs declare input ranges and draw their inputs inside them, so guarded rules
+and the range analysis are tried too; y's shape varies so broadcasting and reductions over size-1
+axes are tried as well. Tripwires are on: an unsound merge is a crash.
+
+    python bench/fuzz.py --n 2000 [--seed S]
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import math
+import multiprocessing
+import os
 import random
 import sys
 import time
+import warnings
 
 import torch
+import torch.nn.functional as F
 
-from egraph_opt import Limits, optimize, pretty
+os.environ.setdefault("EGRAPH_OPT_TRIPWIRES", "1")  # before egglog is loaded: unsound merges raise
+
+from egraph_opt import Limits, optimize, pretty, saturate_and_extract
 from egraph_opt import pattern as pat
 from egraph_opt.extractors import Objective
 from egraph_opt.program import Program, leaves
@@ -72,11 +90,11 @@ PAIRED = {
 }
 
 
-def program(seed: int, depth: int = 3) -> tuple[Term, dict]:
+def program(seed: int, depth: int = 3, shapes: tuple = (X_SHAPE, Y_SHAPES)) -> tuple[Term, dict]:
     """The random program of ``seed``: a term over x and y and its declared input ranges."""
     rng = random.Random(seed)
-    x = Term.input("x", X_SHAPE, "float64")
-    y = Term.input("y", rng.choice(Y_SHAPES), "float64")
+    x = Term.input("x", shapes[0], "float64")
+    y = Term.input("y", rng.choice(shapes[1]), "float64")
 
     def grow(level: int) -> Term:
         if level == 0 or rng.random() < 0.25:
@@ -97,20 +115,52 @@ def program(seed: int, depth: int = 3) -> tuple[Term, dict]:
     return term, ranges
 
 
-def inputs(term: Term, ranges: dict | None, seed: int) -> dict[str, torch.Tensor]:
+#: input classes: ordinary values; extremes mixed in; a size-0 axis (x's shape, then y's choices)
+CLASSES = ("normal", "extreme", "empty")
+EMPTY_SHAPES = [((0, 4), [(0, 4), (1, 4)]), ((3, 0), [(3, 0), (3, 1)])]
+_F32 = torch.finfo(torch.float32)
+SPECIALS = [math.inf, -math.inf, math.nan, 0.0, -0.0, _F32.max, -_F32.max, _F32.smallest_normal,
+            _F32.smallest_normal * 2 ** -10, -_F32.smallest_normal * 2 ** -20, 88.7, -103.0, 1.0]
+EXTREME_SHARE = 0.3  # of an extreme input's elements
+
+
+def input_class(seed: int) -> str:
+    return random.Random(f"class-{seed}").choices(CLASSES, weights=(5, 4, 1))[0]
+
+
+def drawn(seed: int) -> tuple[Term, dict | None, str]:
+    """The program of ``seed``, its declared ranges and its input class."""
+    kind = input_class(seed)
+    shapes = random.Random(f"empty-{seed}").choice(EMPTY_SHAPES) if kind == "empty" else (X_SHAPE, Y_SHAPES)
+    return (*program(seed, shapes=shapes), kind)
+
+
+def inputs(term: Term, ranges: dict | None, seed: int, kind: str = "normal") -> dict[str, torch.Tensor]:
     """float64 values for the term's inputs: inside declared ranges (endpoints included), else
-    standard normal."""
+    standard normal; ``extreme``: a share of the elements replaced by SPECIALS (those inside the
+    declared range, if any)."""
     gen = torch.Generator().manual_seed(seed)
     env = {}
     for name, shape in input_shapes(term).items():
+        lo, hi = ranges[name] if ranges and name in ranges else (-math.inf, math.inf)
         if ranges and name in ranges:
-            lo, hi = ranges[name]
             value = lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=torch.float64)
-            value.view(-1)[:2] = torch.tensor([lo, hi], dtype=torch.float64)
+            value.view(-1)[:2] = torch.tensor([lo, hi], dtype=torch.float64)[:value.numel()]
         else:
             value = torch.randn(shape, generator=gen, dtype=torch.float64)
+        if kind == "extreme":
+            value = with_specials(value, lo, hi, gen)
         env[name] = value
     return env
+
+
+def with_specials(value: torch.Tensor, lo: float, hi: float, gen: torch.Generator) -> torch.Tensor:
+    allowed = torch.tensor([v for v in SPECIALS if lo <= v <= hi or (math.isnan(v) and lo == -math.inf)],
+                           dtype=torch.float64)
+    if not allowed.numel():
+        return value
+    pick = allowed[torch.randint(len(allowed), value.shape, generator=gen)]
+    return torch.where(torch.rand(value.shape, generator=gen) < EXTREME_SHARE, pick.to(value.dtype), value)
 
 
 def input_shapes(term: Term) -> dict[str, tuple[int, ...]]:
@@ -129,8 +179,8 @@ def sexpr(term: Term) -> str:
     return text[id(term)]
 
 
-def from_sexpr(text: str, shapes: dict[str, tuple[int, ...]]) -> Term:
-    bindings = {name: Term.input(name, shape, "float64") for name, shape in shapes.items()}
+def from_sexpr(text: str, shapes: dict[str, tuple[int, ...]], dtype: str = "float64") -> Term:
+    bindings = {name: Term.input(name, shape, dtype) for name, shape in shapes.items()}
     return pat.instantiate(pat.parse(text), bindings)
 
 
@@ -140,6 +190,14 @@ def checkable(term: Term, env: dict) -> bool:
     values: dict = {}
     evaluate([term], env, record=values)
     return all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values.values())
+
+
+def optimized_term(term: Term, ranges: dict | None, objective: Objective) -> Term:
+    program_inputs = tuple(t for t in postorder([term]) if t.op == "input")
+    result = optimize(Program(program_inputs, term), rules=select(), input_ranges=ranges,
+                      limits=LIMITS, objective=objective)
+    (optimized,) = leaves(result.program.outputs)
+    return optimized
 
 
 #: objectives taken in turn: stability extracts through its own path (re-ranking by estimated error)
@@ -153,10 +211,7 @@ def disagreement(term: Term, ranges: dict | None, env: dict,
     Agreement is within TOLERANCE of the output's scale plus the original's own float64 rounding
     noise, estimated from its float32 evaluation (scaled by 2^-29): an ill-conditioned program
     (dividing by a value that is itself rounding noise) may differ by that much and no more."""
-    program_inputs = tuple(t for t in postorder([term]) if t.op == "input")
-    result = optimize(Program(program_inputs, term), rules=select(), input_ranges=ranges,
-                      limits=LIMITS, objective=objective)
-    (optimized,) = leaves(result.program.outputs)
+    optimized = optimized_term(term, ranges, objective)
     before, after = (torch.as_tensor(v) for v in evaluate([term, optimized], env))
     if after.shape != before.shape:
         return f"shape {tuple(after.shape)} != {tuple(before.shape)}; optimized: {pretty(optimized)}"
@@ -175,35 +230,243 @@ def disagreement(term: Term, ranges: dict | None, env: dict,
     return f"error {error:.3g}; optimized: {pretty(optimized)}" if error > TOLERANCE else ""
 
 
+RIGHT, WRONG = 1e-5, 1e-3  # relative error of a float32 element: right within, wrong beyond
+
+
+def within(value, truth: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """Elementwise: ``value`` is the truth's own NaN or infinity, or both are finite and within
+    ``tolerance`` of |truth| + 2^-20 of the output's scale. Integers (counters) must be equal."""
+    value = torch.as_tensor(value).expand_as(truth)
+    if not truth.is_floating_point():
+        return value == truth
+    truth, value = truth.double(), value.double()
+    finite = truth.isfinite()
+    scale = float(truth[finite].abs().max()) if finite.any() else 0.0
+    floor = 2.0 ** -20 * scale + _F32.smallest_normal
+    close = finite & value.isfinite() & ((value - truth).abs() <= tolerance * (truth.abs() + floor))
+    return close | (value.isnan() & truth.isnan()) | (~finite & (value == truth))
+
+
+def overflowed(term: Term, env: dict) -> bool:
+    """Whether the float64 truth itself overflowed: an op made an infinity of finite operands
+    (exp(800), 1 / 0). Its NaNs and infinities are then float64's, no truth to hold others to
+    (log_softmax of 3.4e38 + 3 is 0 where float64's log(exp(v) / sum) is NaN)."""
+    values: dict = {}
+    evaluate([term], env, reference=True, record=values)
+    infinite = lambda v: isinstance(v, torch.Tensor) and bool(v.isinf().any()) or \
+        isinstance(v, float) and math.isinf(v)  # noqa: E731
+    return any(infinite(values[id(t)]) and not any(infinite(values[id(a)]) for a in t.args)
+               for t in postorder([term]) if t.args)
+
+
+#: a finding whose every element was NaN in the original and its truth and is a number now
+#: (sigmoid(inf) = 1 where exp(y) / (1 + exp(y)) is inf / inf): made wrong by the letter (NaN where
+#: NaN), the limit in fact; counted apart where no input holds a NaN
+LIMIT = "an indeterminate form's NaN became a number: "
+
+
+def wrong_where_right(original, optimized, truth, ignore=None) -> str:
+    """Why ``optimized`` is made wrong where ``original`` was right; empty when it is not."""
+    truth, original, optimized = (torch.as_tensor(v).detach() for v in (truth, original, optimized))
+    if optimized.shape != original.shape:
+        return f"shape {tuple(optimized.shape)} != {tuple(original.shape)}"
+    truth = truth.expand(original.shape)
+    bad = within(original, truth, RIGHT) & ~within(optimized, truth, WRONG)
+    if ignore is not None:
+        bad &= ~ignore.expand(original.shape)
+    if not bad.any():
+        return ""
+    limit = bool((original.isnan() & truth.isnan() & optimized.isfinite())[bad].all())
+    i = int(bad.reshape(-1).nonzero()[0])
+    flat = lambda v: torch.as_tensor(v).expand(original.shape).reshape(-1)[i].item()  # noqa: E731
+    return (LIMIT * limit + f"{int(bad.sum())} of {bad.numel()} elements made wrong, e.g. truth {flat(truth):.6g}, "
+            f"original {flat(original):.6g}, optimized {flat(optimized):.6g}")
+
+
+def made_wrong(term: Term, ranges: dict | None, env: dict, objective: Objective = Objective.BALANCED) -> str:
+    """The term run in float32, optimized and not, against its float64 truth: why the optimized
+    program is wrong where the original was right; empty when it is not."""
+    low = from_sexpr(sexpr(term), input_shapes(term), "float32")
+    optimized = optimized_term(low, ranges, objective)
+    env32 = {k: v.float() for k, v in env.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # var() of none and the like warn as the original does
+        before, after = evaluate([low, optimized], env32)
+        (truth,) = evaluate([low], env32, reference=True)
+    ignore = ~torch.as_tensor(truth).isfinite() if overflowed(low, env32) else None
+    why = wrong_where_right(before, after, truth, ignore)
+    return f"{why}; optimized: {pretty(optimized)}" if why else ""
+
+
+# Stateful programs: torch functions that write into their arguments, modules with state.
+BODIES = {  # a pure body f of the in-place templates
+    "exp": torch.exp, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "square": lambda v: v * v,
+    "log1p-abs": lambda v: torch.log(1 + v.abs()),
+    "naive-softmax": lambda v: torch.exp(v) / torch.exp(v).sum(-1, keepdim=True),
+}
+
+
+def in_place(template: str, f, c: float):
+    """The function ``template`` names, over the body f and a constant c."""
+    def add_then_use(x, y):
+        x.add_(c)
+        return f(x) + y
+
+    def use_then_mul(x, y):
+        h = f(x) * y
+        x.mul_(c)
+        return h + x
+
+    def set_row(x, y):
+        x[0] = c
+        return f(x) * y
+
+    def through_a_view(x, y):
+        x.view(-1).add_(c)
+        return f(x) - y
+
+    def clamp_other(x, y):
+        y.clamp_(min=c)
+        return f(x) + y
+
+    def fresh_relu_in_place(x, y):  # pure: the intermediate is read once
+        return F.relu(f(x) - c, inplace=True) * y
+
+    def augmented(x, y):
+        x += y
+        return f(x)
+    return locals()[template.replace("-", "_")]
+
+
+TEMPLATES = ["add-then-use", "use-then-mul", "set-row", "through-a-view", "clamp-other",
+             "fresh-relu-in-place", "augmented"]
+
+
+def module(spec: dict) -> torch.nn.Module:
+    torch.manual_seed(spec["init"])
+    linear = spec["layer"] == "linear"
+    layers = [torch.nn.Linear(4, 6) if linear else torch.nn.Conv2d(2, 3, 3)]
+    if spec["norm"]:
+        layers.append(torch.nn.BatchNorm1d(6) if linear else torch.nn.BatchNorm2d(3))
+    layers.append({"relu": torch.nn.ReLU(inplace=True), "gelu": torch.nn.GELU(), "tanh": torch.nn.Tanh()}[spec["act"]])
+    if spec["dropout"]:
+        layers.append(torch.nn.Dropout(spec["dropout"]))
+    return torch.nn.Sequential(*layers)
+
+
+def stateful(seed: int) -> dict:
+    """The stateful program of ``seed``, as data: an in-place template or a module spec, the
+    training flag of each call, the input class."""
+    rng = random.Random(f"stateful-{seed}")
+    kind = rng.choice(["normal", "extreme"])
+    if rng.random() < 0.5:
+        return {"template": rng.choice(TEMPLATES), "body": rng.choice(list(BODIES)),
+                "c": rng.choice(CONSTS), "calls": [False] * 2, "class": kind}
+    return {"layer": rng.choice(["linear", "conv"]), "norm": rng.random() < 0.7,
+            "act": rng.choice(["relu", "gelu", "tanh"]), "dropout": rng.choice([0.0, 0.0, 0.5]),
+            "init": seed, "calls": [rng.random() < 0.5 for _ in range(3)], "class": kind}
+
+
+def stateful_wrong(seed: int, objective: Objective = Objective.BALANCED) -> str:
+    """Calls of the stateful program of ``seed`` optimized and not, on the same inputs: why an
+    output, an argument after the call, or the module's state is made wrong; empty if none is."""
+    spec = stateful(seed)
+    gen = torch.Generator().manual_seed(seed)
+    if "template" in spec:
+        fn = reference = in_place(spec["template"], BODIES[spec["body"]], spec["c"])
+        shapes = [(3, 4), (3, 4)]
+    else:
+        fn, reference = module(spec), module(spec)
+        shapes = [(5, 4) if spec["layer"] == "linear" else (2, 2, 5, 5)]
+    optimized = saturate_and_extract(fn, objective=objective, limits=LIMITS, profile_db=False)
+    for call, training in enumerate(spec["calls"]):
+        args = [torch.randn(s, generator=gen) for s in shapes]
+        if spec["class"] == "extreme":
+            args = [with_specials(a, -math.inf, math.inf, gen) for a in args]
+        truth_fn = reference
+        if isinstance(fn, torch.nn.Module):
+            fn.train(training), reference.train(training)
+            truth_fn = copy.deepcopy(reference).double()
+        runs = {}
+        for name, target, dtype in (("truth", truth_fn, torch.float64), ("original", reference, None),
+                                    ("optimized", optimized, None)):
+            given = [a.to(dtype) if dtype else a.clone() for a in args]
+            torch.manual_seed(call)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a plan that falls back warns
+                out = target(*given)
+            state = list(target.state_dict().values()) if name != "optimized" and isinstance(fn, torch.nn.Module) \
+                else list(fn.state_dict().values()) if isinstance(fn, torch.nn.Module) else []
+            runs[name] = [out, *given, *state]
+        masked = None
+        if spec.get("dropout") and training:  # masks differ between runs: zeros are not compared
+            masked = (runs["original"][0] == 0) | (runs["optimized"][0] == 0)
+        for i, (t, o, p) in enumerate(zip(runs["truth"], runs["original"], runs["optimized"])):
+            why = wrong_where_right(o, p, t, masked if i == 0 else None)
+            if why:
+                what = "output" if i == 0 else f"argument {i - 1}" if i <= len(args) else f"state {i - 1 - len(args)}"
+                return (f"call {call} (training={training}): {what}: {why}; "
+                        f"fallback: {optimized.report.fallback or 'none (optimized)'}")
+    return ""
+
+
+def check(seed: int) -> tuple[str, str, str] | None:
+    """The finding of ``seed`` as (kind, description, why): kind is "wrong", "limit", "disagreed",
+    "crashed" or "unchecked" (its float64 agreement not checkable); None when nothing is found."""
+    objective = OBJECTIVES[seed % len(OBJECTIVES)]
+    if seed % 5 == 4:
+        title = f"stateful {stateful(seed)}"
+        try:
+            why = stateful_wrong(seed, objective)
+        except Exception as e:  # noqa: BLE001 - a crash of the optimizer is a finding too
+            return "crashed", title, f"{type(e).__name__}: {e}"
+        return ("wrong", title, why) if why else None
+    term, ranges, kind = drawn(seed)
+    env = inputs(term, ranges, seed, kind)
+    title = (f"{kind} inputs, ranges {ranges}, shapes {input_shapes(term)}\n  term:  {pretty(term)}\n"
+             f"  sexpr: {sexpr(term)}")
+    try:
+        why = made_wrong(term, ranges, env, objective)
+        if why:
+            nan_free = not any(v.isnan().any() for v in env.values())
+            return ("limit" if why.startswith(LIMIT) and nan_free else "wrong"), title, why
+        if kind != "normal":
+            return None
+        if not checkable(term, env):
+            return "unchecked", title, ""
+        why = disagreement(term, ranges, env, objective)
+    except Exception as e:  # noqa: BLE001 - a crash of the optimizer is a finding too
+        return "crashed", title, f"{type(e).__name__}: {e}"
+    return ("disagreed", title, why) if why else None
+
+
+HEADINGS = {"wrong": "MADE WRONG", "limit": "LIMIT", "disagreed": "DISAGREEMENT", "crashed": "CRASH"}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     args = parser.parse_args()
     start = time.perf_counter()
-    found, crashed, unchecked = [], [], 0
-    for seed in range(args.seed * 1_000_000, args.seed * 1_000_000 + args.n):
-        term, ranges = program(seed)
-        env = inputs(term, ranges, seed)
-        if not checkable(term, env):
-            unchecked += 1
-            continue
-        try:
-            why = disagreement(term, ranges, env, OBJECTIVES[seed % len(OBJECTIVES)])
-        except Exception as e:  # noqa: BLE001 - a crash of the optimizer is a finding too
-            crashed.append((seed, term, ranges, f"{type(e).__name__}: {e}"))
-            continue
-        if why:
-            found.append((seed, term, ranges, why))
+    seeds = range(args.seed * 1_000_000, args.seed * 1_000_000 + args.n)
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:  # no e-graph exists yet
+        results = [(seed, r) for seed, r in zip(seeds, pool.imap(check, seeds, chunksize=4)) if r]
+    rows = {kind: [(seed, title, why) for seed, (k, title, why) in results if k == kind]
+            for kind in (*HEADINGS, "unchecked")}
     seconds = time.perf_counter() - start
-    checked = args.n - unchecked - len(crashed)
-    print(f"{args.n} programs in {seconds:.0f} s: {checked} checked, {len(found)} disagreed, "
-          f"{len(crashed)} crashed the optimizer, {unchecked} skipped (an intermediate of the original not finite)")
-    for title, rows in (("DISAGREEMENT", found), ("CRASH", crashed)):
-        for seed, term, ranges, why in rows:
-            print(f"\n[{title}] seed {seed}, ranges {ranges}, shapes {input_shapes(term)}\n"
-                  f"  term:  {pretty(term)}\n  sexpr: {sexpr(term)}\n  {why}")
-    return 1 if found or crashed else 0
+    print(f"{args.n} programs in {seconds:.0f} s ({args.jobs} processes): "
+          f"{len(rows['wrong']) + len(rows['limit'])} made wrong where the original was right "
+          f"(float32 against a float64 truth; {args.n // 5} of them stateful), {len(rows['limit'])} of "
+          f"them only where an indeterminate form of infinite inputs became its limit; "
+          f"{len(rows['crashed'])} crashed the optimizer; float64 agreement of ordinary ones: "
+          f"{len(rows['disagreed'])} disagreed, {len(rows['unchecked'])} not checked (an intermediate "
+          "of the original not finite)")
+    for kind, heading in HEADINGS.items():
+        for seed, title, why in rows[kind]:
+            print(f"\n[{heading}] seed {seed}, {title}\n  {why}")
+    return 1 if any(rows[kind] for kind in HEADINGS) else 0
 
 
 if __name__ == "__main__":

@@ -134,6 +134,7 @@ def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool
     identities: the exact-arithmetic stand-in that rules and optimized programs are checked against.
     """
     values: dict[int, object] = {} if record is None else record
+    folding = _folding_dtype(env, reference)
     for t in postorder(roots):
         spec = OPS[t.op]
         if t.op == "const":
@@ -151,11 +152,26 @@ def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool
         else:
             args = [values[id(a)] for a in t.args]
             if not any(isinstance(a, torch.Tensor) for a in args):  # constant folding of scalars
-                args = [torch.tensor(a, dtype=torch.float64) for a in args]
+                args = [torch.tensor(a, dtype=folding) for a in args]
                 values[id(t)] = spec.impl(*args, *t.attrs).item()
             else:
                 values[id(t)] = spec.impl(*args, *t.attrs)
     return [values[id(r)] for r in roots]
+
+
+def _folding_dtype(env: dict, reference: bool) -> torch.dtype:
+    """Scalars fold in the program's dtype, as its kernels compute them: float32 for a float32 or
+    half-precision program (torch's scalar arithmetic type for both), so 1e30 * 1e30 overflows
+    here as it does there; float64 in the reference and for float64 or scalar-only programs.
+
+    >>> x = Term.input("x", ())
+    >>> evaluate([Term("mul", (Term.const(1e30), Term.const(1e30)))], {"x": torch.ones(())})
+    [inf]
+    """
+    floating = [v.dtype for v in env.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if reference or not floating or torch.float64 in floating:
+        return torch.float64
+    return torch.float32
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -3,13 +3,25 @@ from . import Exactness, Family, Rule, rules
 
 SHIFTED = "(sub ?x (max ?x ?a true))"  # x - max(x): the max-shifted operand of exp
 _A = Family.ALGEBRA
+#: float32's largest finite and smallest normal magnitudes. A folded constant is a Python float that
+#: torch rounds to float32 (a half-precision kernel's scalars are float32 too): a fold is refused
+#: where that rounding overflows or underflows, since the unfolded order may not
+F32_MAX, F32_TINY = "3.4028234663852886e38", "1.1754943508222875e-38"
+NEVER_POSITIVE_INF = (f"(<= (hi ?x) {F32_MAX})",)  # ?x's range is float32's: it does not overflow
+
+
+def in_float32(expr: str) -> tuple[str, ...]:
+    """Facts: the constant ``expr`` is a normal float32 (no overflow, no underflow)."""
+    return f"(< (abs {expr}) {F32_MAX})", f"(>= (abs {expr}) {F32_TINY})"
+
 
 RULES = rules(_A, [
     # name                    lhs                                rhs
     ("mul-const-right",       "(mul (const ?c) ?x)",             "(mul ?x (const ?c))",
                               "constants on the right: one spelling for fusions to match"),
     Rule("div-const-to-mul",  "(div ?x (const ?c))",             "(mul ?x (const (/ 1.0 ?c)))",
-         _A, when=("(!= ?c 0.0)",), why="x/c = x*(1/c) for c != 0"),
+         _A, when=("(!= ?c 0.0)", *in_float32("(/ 1.0 ?c)")),
+         why="x/c = x*(1/c) for c != 0 and 1/c a normal float32 (x / 1e-39 is not x * inf)"),
     ("add-const-right",       "(add (const ?c) ?x)",             "(add ?x (const ?c))"),
     ("mul-const-inward",      "(mul (mul ?a ?b) (const ?c))",    "(mul (mul ?a (const ?c)) ?b)",
                               "constants next to the first factor: x*y*0.5 matches 0.5*x*y"),
@@ -17,9 +29,11 @@ RULES = rules(_A, [
     ("transpose-scale-out",   "(transpose (mul ?x (const ?c)) ?i ?j)", "(mul (transpose ?x ?i ?j) (const ?c))"),
     ("mul-one",               "(mul ?x (const 1.0))",            "?x"),
     ("div-one",               "(div ?x (const 1.0))",            "?x"),
-    ("add-zero",              "(add ?x (const 0.0))",            "?x"),
+    Rule("add-zero",          "(add ?x (const 0.0))",            "?x", _A, when=("(positive ?x)",),
+         why="-0 + 0 is +0: only for an x that is never -0 (x - 0 and x * 1 are exact for all x)"),
     ("neg-neg",               "(neg (neg ?x))",                  "?x"),
-    ("sub-to-neg",            "(sub (const 0.0) ?x)",            "(neg ?x)"),
+    Rule("sub-to-neg",        "(sub (const 0.0) ?x)",            "(neg ?x)", _A, when=("(nonzero ?x)",),
+         why="0 - (+0) is +0 but -(+0) is -0: only for an x that is never 0"),
     ("pow-two",               "(pow ?x (const 2.0))",            "(mul ?x ?x)"),
     ("pow-half",              "(pow ?x (const 0.5))",            "(sqrt ?x)"),
     ("rsqrt-fuse",            "(div (const 1.0) (sqrt ?x))",     "(rsqrt ?x)"),
@@ -44,8 +58,9 @@ RULES = rules(_A, [
 ])
 
 RULES += rules(_A, [
-    ("mul-const-fold",        "(mul (mul ?x (const ?a)) (const ?b))", "(mul ?x (const (* ?a ?b)))"),
-], Exactness.REASSOC)
+    ("mul-const-fold",        "(mul (mul ?x (const ?a)) (const ?b))", "(mul ?x (const (* ?a ?b)))",
+                              "x * 1e30 * 1e30 is not x * inf (0, not NaN, at x = 0)"),
+], Exactness.REASSOC, when=in_float32("(* ?a ?b)"))
 
 #: quarantined: wrong for some inputs, kept (never run by default) with the input that shows it
 RULES += [

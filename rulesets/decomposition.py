@@ -5,7 +5,7 @@ of a fusion; none contains the op it defines (checked in the tests)."""
 import math
 
 from . import Family, Rule, reverse, rules
-from .algebra import RULES as _ALGEBRA, SHIFTED as _SHIFTED
+from .algebra import NEVER_POSITIVE_INF, RULES as _ALGEBRA, SHIFTED as _SHIFTED
 from .fusion import RULES as _FUSION
 
 _OF = {r.name: r for r in _FUSION + _ALGEBRA}
@@ -15,12 +15,13 @@ _REVERSED = {"gelu-from-erf": {"c": 1 / math.sqrt(2)}, "log-sum-exp-from-shifted
 
 RULES: list[Rule] = [reverse(_OF[name], Family.DECOMPOSITION, **fixed)
                      for name, fixed in _REVERSED.items()]
-RULES += rules(Family.DECOMPOSITION, [
+RULES += rules(Family.DECOMPOSITION, [  # the shifted forms are NaN across a row holding +inf
     # name                    lhs                          rhs
     ("softmax-decompose",     "(softmax ?x ?a)",
                               f"(div (exp {_SHIFTED}) (sum (exp {_SHIFTED}) ?a true))"),
     ("log-softmax-decompose", "(log_softmax ?x ?a)",
                               f"(sub {_SHIFTED} (log (sum (exp {_SHIFTED}) ?a true)))"),
+], when=NEVER_POSITIVE_INF) + rules(Family.DECOMPOSITION, [
     ("tanh-as-sigmoid",       "(tanh ?x)",
                               "(sub (mul (sigmoid (mul ?x (const 2.0))) (const 2.0)) (const 1.0))"),
 ])

@@ -51,6 +51,9 @@ def _value(e, values: dict, env: dict):
     if head in ("rank", "last-dim"):
         shape = tuple(env[args[0][1:]].shape)
         return len(shape) if head == "rank" else shape[-1]
+    if head in ("lo", "hi"):  # the range analysis' bounds: the sampled tensor's own
+        x = env[args[0][1:]]
+        return float(x.min() if head == "lo" else x.max())
     if head == "dtype-of":
         return None  # casts are exact in the float64 reference: dtype conditions hold vacuously
     vals = [_value(a, values, env) for a in args]
@@ -58,7 +61,7 @@ def _value(e, values: dict, env: dict):
         return vals[0] == vals[1] or vals[0] is None or vals[1] is None
     return {"!=": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le,
             ">=": operator.ge, "-": operator.sub, "+": operator.add, "*": operator.mul,
-            "abs": abs}[head](*vals)
+            "/": operator.truediv, "abs": abs}[head](*vals)
 
 
 def _uses(p, op: str, position: int) -> set[str]:
@@ -96,7 +99,7 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
     indices = _uses(lhs, "gather", 1) | _uses(lhs, "index_select", 1)
     conditions = _uses(lhs, "where", 0)
     param_vars = {q.attrs[0].name: q.attrs for q in _params(lhs)}
-    for _ in range(100):
+    for attempt in range(100):
         values, env = {}, {}
         for name, attrs in param_vars.items():
             shape = parse_shape(pinned.get(attrs[1].name, shape_attr(SHAPE)))
@@ -112,7 +115,7 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
                 elif name in conditions:
                     x = torch.rand(shape, generator=gen) < 0.3
                 else:
-                    x = torch.randn(shape, generator=gen, dtype=dtype) * scale
+                    x = torch.randn(shape, generator=gen, dtype=dtype) * scale * 0.97 ** attempt
                     if name in signs:
                         x = x.abs() + 0.1
                         x = x if _SIGNS[signs[name]] else x * torch.randn(shape, generator=gen).sign()

@@ -43,8 +43,9 @@ def _softmax_kernel(x_ptr, out_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
             cols = start + tl.arange(0, BLOCK)
             mask = cols < n
             x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-            if MODE == 0:
-                y = tl.exp(x - m) / s
+            if MODE == 0:  # a row whose max is +inf: NaN at +inf, 0 elsewhere (ops.softmax)
+                y = tl.where(m == float("inf"), tl.where(x == float("inf"), float("nan"), 0.0),
+                             tl.exp(x - m) / s)
             else:
                 y = x - lse
             tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)

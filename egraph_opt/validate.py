@@ -92,21 +92,23 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
     float64 reference, elementwise. Where the original is finite, the candidate must be finite;
     errors are relative to the reference's largest finite magnitude, over elements where both the
     original and the reference are finite (so an infinite error of the original never excuses
-    one). Where the original is not finite, the candidate must match it or the reference."""
+    one). Where the original is not finite, the candidate must match it, or the reference (finite
+    and within tolerance of it, where the reference is finite)."""
     if cand.is_complex():
         cand, orig, ref = (torch.view_as_real(t.resolve_conj()) for t in (cand, orig, ref.to(cand.dtype)))
     if not cand.is_floating_point():
         return (0.0, 0.0, "") if torch.equal(cand, orig) else (math.inf, 0.0, "integer outputs differ")
     cand, orig, ref = (t.to(torch.float64) for t in (cand, orig, ref))
-    orig_finite = orig.isfinite()
-    if (orig_finite & ~cand.isfinite()).any():
+    orig_finite, ref_finite, cand_finite = orig.isfinite(), ref.isfinite(), cand.isfinite()
+    if (orig_finite & ~cand_finite).any():
         return math.inf, 0.0, "non-finite values where the original is finite"
-    measured = orig_finite & ref.isfinite()
-    scale = float(ref[measured].abs().max()) if measured.any() else 1.0
+    both = orig_finite & ref_finite
+    rescued = ~orig_finite & ref_finite & cand_finite  # finite where only the original overflowed
+    scale = float(ref[both | rescued].abs().max()) if (both | rescued).any() else 1.0
     scale = scale or 1.0
-    err = float((cand - ref)[measured].abs().max()) / scale if measured.any() else 0.0
-    err_orig = float((orig - ref)[measured].abs().max()) / scale if measured.any() else 0.0
-    odd = ~orig_finite & ~_same(cand, orig) & ~_same(cand, ref)
+    err = float((cand - ref)[both | rescued].abs().max()) / scale if (both | rescued).any() else 0.0
+    err_orig = float((orig - ref)[both].abs().max()) / scale if both.any() else 0.0
+    odd = ~orig_finite & ~rescued & ~_same(cand, orig) & ~_same(cand, ref)
     if odd.any():
         return err, err_orig, (f"{int(odd.sum())} element(s) where the original is not finite "
                                "differ from both it and the float64 reference")

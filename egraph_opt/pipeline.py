@@ -6,7 +6,6 @@ DAG-aware extraction -> Program with the same interface.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -300,9 +299,6 @@ def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) 
     return closed
 
 
-_DTYPE_FACT = re.compile(r'\(= \(dtype-of \?(\w+)\) "(\w+)"\)')
-
-
 def _applied(matched: list[Rule], before, after, before_meta: dict, leaf_meta: dict) -> list[Rule]:
     """The matched rules the extracted program shows: those whose right side is new in it (or,
     for a cancelling rule, whose left side is gone; for a precision rule whose casts later rules
@@ -318,7 +314,7 @@ def _applied(matched: list[Rule], before, after, before_meta: dict, leaf_meta: d
     after_ops = {t.op for t in postorder(after)}
 
     def gone(r):
-        facts = _DTYPE_FACT.findall(" ".join(r.when))
+        facts = r.dtype_facts()
         return occurs(r.lhs_pattern, before, facts) and not occurs(r.lhs_pattern, after, facts)
 
     def shows(r):
@@ -326,7 +322,7 @@ def _applied(matched: list[Rule], before, after, before_meta: dict, leaf_meta: d
         if not isinstance(rhs, pat.Node):
             return gone(r)
         new = occurs(rhs, after) and not occurs(rhs, before)
-        return new or bool(_DTYPE_FACT.search(" ".join(r.when))) and rhs.op in after_ops and gone(r)
+        return new or bool(r.dtype_facts()) and rhs.op in after_ops and gone(r)
 
     shown = [r for r in matched if shows(r)]
     frontier = list(shown)

@@ -11,6 +11,8 @@ rule: two different constants, two different inputs, an empty interval.
 """
 from __future__ import annotations
 
+import re
+
 from .ops import OPS
 
 BIG = "1e300"
@@ -29,6 +31,8 @@ DECLARATIONS = f"""
 (ruleset {RULESET})
 (ruleset {TRIPWIRES})
 """
+#: what rule guards may ask of an e-class: the analyses declared above
+ANALYSES = frozenset(re.findall(r"\((?:function|relation) ([\w-]+)", DECLARATIONS))
 
 
 def _c(expr: str) -> str:

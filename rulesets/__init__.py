@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from egraph_opt import pattern as pat
+from egraph_opt.range_rules import ANALYSES
 
 
 class Family(enum.Enum):
@@ -33,6 +34,48 @@ class RuleError(ValueError):
 
 
 _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+#: egglog primitives a guard may compute with, beside the analyses
+PRIMITIVES = frozenset({"=", "!=", "<", ">", "<=", ">=", "+", "-", "*", "/", "abs", "min", "max"})
+
+
+def sexp(text: str):
+    """A guard as nested lists of tokens: ``(positive ?a)`` -> ``['positive', '?a']``."""
+    stack: list[list] = [[]]
+    for tok in re.findall(r'\(|\)|"[^"]*"|[^\s()]+', text):
+        if tok == "(":
+            stack.append([])
+        elif tok == ")":
+            if len(stack) == 1:
+                raise RuleError(f"unbalanced ')' in {text!r}")
+            done = stack.pop()
+            stack[-1].append(done)
+        else:
+            stack[-1].append(tok)
+    if len(stack) != 1 or len(stack[0]) != 1 or not isinstance(stack[0][0], list):
+        raise RuleError(f"a guard is one parenthesized fact, not {text!r}")
+    return stack[0][0]
+
+
+def _check_guard(rule: str, fact: str, bound: set[str]) -> None:
+    """A guard may only ask the analyses about, and compute with, what the left side binds: a
+    variable it does not bind (``?y``) would match any e-class at all, so a typo is an error."""
+    try:
+        stack = [sexp(fact)]
+    except RuleError as e:
+        raise RuleError(f"{rule}: guard {fact!r}: {e}") from None
+    while stack:
+        e = stack.pop()
+        if not e or not isinstance(e[0], str):
+            raise RuleError(f"{rule}: guard {fact!r} has an empty or headless fact")
+        head, *args = e
+        if head not in ANALYSES | PRIMITIVES:
+            raise RuleError(f"{rule}: guard {fact!r} asks {head!r}, which no analysis defines "
+                            f"(known: {', '.join(sorted(ANALYSES | PRIMITIVES))})")
+        for a in args:
+            if isinstance(a, list):
+                stack.append(a)
+            elif a.startswith("?") and a[1:] not in bound:
+                raise RuleError(f"{rule}: guard {fact!r} uses {a}, which the left side does not bind")
 
 
 @dataclass(frozen=True)
@@ -58,6 +101,8 @@ class Rule:
         lhs_vars = {v: s for lhs, _ in pairs for v, s in pat.variables(lhs).items()}
         lhs_vars.update({v: "i64" for v in self.binds})
         rhs_vars = {v: s for _, rhs in pairs for v, s in pat.variables(rhs).items()}
+        for fact in self.when:
+            _check_guard(self.name, fact, set(lhs_vars))
         missing = set(rhs_vars) - set(lhs_vars)
         if missing:
             raise RuleError(f"{self.name}: right side uses unbound {sorted(missing)}")
@@ -88,6 +133,12 @@ class Rule:
         query = " ".join(f"(= {n} {lhs})" for n, (lhs, _) in zip(names, pairs))
         union = " ".join(f"(union {n} {rhs})" for n, (_, rhs) in zip(names, pairs))
         return f"(rule ({query} {' '.join(self.when)}) ({union}) {tail})"
+
+    def dtype_facts(self) -> list[tuple[str, str]]:
+        """(variable, dtype) of each ``(= (dtype-of ?v) "dtype")`` guard: what a precision rule
+        needs of its operands, read from the guards as data."""
+        return [(e[1][1][1:], e[2].strip('"')) for e in map(sexp, self.when)
+                if e[0] == "=" and isinstance(e[1], list) and e[1][0] == "dtype-of"]
 
     def describe(self) -> str:
         return "; ".join(f"{pat.show(lhs)} -> {pat.show(rhs)}" for lhs, rhs in self.pairs())

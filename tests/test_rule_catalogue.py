@@ -18,6 +18,22 @@ def test_malformed_rules_fail_at_declaration(name, lhs, rhs, message):
         Rule(name, lhs, rhs, Family.ALGEBRA)
 
 
+@pytest.mark.parametrize("when,message", [
+    (("(positive ?y)",), r"uses \?y, which the left side does not bind"),  # would match any class
+    (("(postive ?x)",), "asks 'postive', which no analysis defines"),
+    (("(< (hi ?x) 1.0",), "one parenthesized fact"),
+    (("positive ?x",), "one parenthesized fact"),
+])
+def test_guards_are_checked_when_a_rule_is_made(when, message):
+    with pytest.raises(RuleError, match=f"exp-log: guard .*{message}"):
+        Rule("exp-log", "(exp (log ?x))", "?x", Family.STABILITY, when=when)
+
+
+def test_precision_guards_are_read_as_data():
+    rule = catalogue()["sum-accumulate-float32-float16"]
+    assert rule.dtype_facts() == [("x0", "float16")]
+
+
 @pytest.mark.parametrize("text,message", [
     ("(exp ?x ?y)", "takes 1 operands"),
     ("(frobnicate ?x)", "unknown op"),

@@ -15,7 +15,7 @@ import torch
 
 from egraph_opt import pattern as pat
 from egraph_opt.egraph import EGraph
-from egraph_opt.rulesets import Exactness, Family, catalogue
+from egraph_opt.rulesets import Exactness, Family, catalogue, sexp as _sexp
 from egraph_opt.ops import parse_shape, shape_attr
 from egraph_opt.term import Term, evaluate
 
@@ -24,20 +24,6 @@ RULES = [r for r in catalogue().values() if r.exactness is not Exactness.UNSAFE]
 SHAPE = (2, 3, 5, 5)  # every tensor variable: square trailing dims fit matmul and attention
 TOLERANCE = {Exactness.EXACT: 1e-9, Exactness.REASSOC: 1e-9, Exactness.APPROX: 1e-3}
 _SIGNS = {"positive": 1, "nonneg": 1, "nonzero": 0}  # sampled magnitude >= 0.1; 1: positive sign
-
-
-def _sexp(text: str):
-    """A condition as nested lists of tokens."""
-    stack: list[list] = [[]]
-    for tok in text.replace("(", " ( ").replace(")", " ) ").split():
-        if tok == "(":
-            stack.append([])
-        elif tok == ")":
-            done = stack.pop()
-            stack[-1].append(done)
-        else:
-            stack[-1].append(tok)
-    return stack[0][0]
 
 
 def _value(e, values: dict, env: dict):

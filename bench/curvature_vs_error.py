@@ -5,7 +5,7 @@ elementwise ops, each with random declared input ranges. Each is optimized with 
 for stability. Per program: curvature before and after, and the float32 error before and after,
 in Herbie's measure: bits of error per output element, log2(1 + ulps from the correctly rounded
 result), with the truth computed at 400 bits (mpmath) on the same float32 inputs. The inputs
-(8 batches of 4 x 16 per program) come from ``egraph_opt.sampling``: uniform over the float32
+(8 batches of 4 x 16 per program) come from ``egraph_opt.analysis.sampling``: uniform over the float32
 numbers of the range (so values near zero are drawn), uniform by value, coincident pairs (y within
 a few digits of x: a difference of functions of x and y cancels) and near-constant rows (a
 reduction's spread cancels), half of them at an end of the range; endpoints included. Over the
@@ -42,12 +42,12 @@ import numpy as np
 import torch
 
 from egraph_opt import optimize, pretty
-from egraph_opt.analyzer import analyze_program
+from egraph_opt.drivers.analyzer import analyze_program
 from egraph_opt.extractors import Objective
 from egraph_opt.extractors.rounding_error import program_error
-from egraph_opt.program import Program, leaves
-from egraph_opt.sampling import sample_inputs
-from egraph_opt.term import Term, evaluate, postorder
+from egraph_opt.lang.program import Program, leaves
+from egraph_opt.analysis.sampling import sample_inputs
+from egraph_opt.lang.term import Term, evaluate, postorder
 
 SHAPE = (4, 16)
 BATCHES = 8  # input batches per program: 8 x 64 points

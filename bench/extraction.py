@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from egraph_opt.egraph import ENode
+from egraph_opt.egraph.engine import ENode
 from egraph_opt.extractors import extract
 
 COSTS = {"exp": 40, "tanh": 3, "add": 2, "mul": 2, "neg": 1, "sub": 2, "relu": 1, "input": 0}

@@ -37,12 +37,12 @@ import torch.nn.functional as F
 os.environ.setdefault("EGRAPH_OPT_TRIPWIRES", "1")  # before egglog is loaded: unsound merges raise
 
 from egraph_opt import Limits, optimize, pretty, saturate_and_extract
-from egraph_opt import pattern as pat
+from egraph_opt.lang import pattern as pat
 from egraph_opt.extractors import Objective
-from egraph_opt.program import Program, leaves
+from egraph_opt.lang.program import Program, leaves
 from egraph_opt.rulesets import select
-from egraph_opt.ops import parse_shape
-from egraph_opt.term import Term, evaluate, postorder
+from egraph_opt.lang.ops import parse_shape
+from egraph_opt.lang.term import Term, evaluate, postorder
 
 TOLERANCE = 1e-9
 LIMITS = Limits(max_iterations=15, max_enodes=5_000, max_seconds=2.0)  # keeps one program < ~1 s

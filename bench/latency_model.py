@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from egraph_opt.latency_model import LatencyModel
-from egraph_opt.profile_db import ProfileDB
-from egraph_opt.profiler import profile_ops
+from egraph_opt.profiling.latency_model import LatencyModel
+from egraph_opt.profiling.profile_db import ProfileDB
+from egraph_opt.profiling.profiler import profile_ops
 
 OPS = ["add", "mul", "exp", "gelu", "sum", "logsumexp", "softmax", "log_softmax", "layer_norm",
        "matmul", "linear", "sdpa"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from egraph_opt.onnx_batch import process  # noqa: E402
+from egraph_opt.drivers.onnx_batch import process  # noqa: E402
 from tests.test_onnx import build_zoo  # noqa: E402
 
 

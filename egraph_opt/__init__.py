@@ -1,9 +1,28 @@
-"""egraph-opt: an equality-saturation optimizer for ML programs."""
-from .analyzer import CurvatureReport, curvature
-from .api import OptimizedFunction, saturate_and_extract
-from .capture import CaptureError, capture
-from .pipeline import Limits, Phase, optimize
-from .term import Term, evaluate, pretty
+"""egraph-opt: an equality-saturation optimizer for ML programs.
 
-__all__ = ["saturate_and_extract", "curvature", "CurvatureReport", "OptimizedFunction", "Limits", "Phase", "optimize", "capture",
-           "CaptureError", "Term", "evaluate", "pretty"]
+The public API is imported lazily: ``import egraph_opt.lang.term`` loads neither egglog nor the
+torch.fx capture, and ``egraph_opt.saturate_and_extract`` loads what it needs on first use.
+"""
+import importlib
+
+_PUBLIC = {
+    "saturate_and_extract": "drivers.api", "OptimizedFunction": "drivers.api",
+    "curvature": "drivers.analyzer", "CurvatureReport": "drivers.analyzer",
+    "capture": "frontends.capture", "CaptureError": "frontends.capture",
+    "optimize": "optimization.pipeline", "Limits": "optimization.pipeline",
+    "Phase": "optimization.pipeline",
+    "Term": "lang.term", "evaluate": "lang.term", "pretty": "lang.term",
+}
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'egraph_opt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

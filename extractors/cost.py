@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from egraph_opt.ranges import TOP, analyze
-from egraph_opt.term import Term, dtype_name, postorder, shapes
+from egraph_opt.analysis.ranges import TOP, analyze
+from egraph_opt.lang.term import Term, dtype_name, postorder, shapes
 
 from .curvature import UNIT_ROUNDOFF, kappa, kappa_cost, rounding_free
 

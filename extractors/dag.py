@@ -23,8 +23,8 @@ import heapq
 from collections import defaultdict, deque
 from typing import Callable
 
-from egraph_opt.egraph import ENode
-from egraph_opt.term import Term
+from egraph_opt.egraph.engine import ENode
+from egraph_opt.lang.term import Term
 
 
 class ExtractionError(RuntimeError):

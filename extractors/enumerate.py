@@ -20,8 +20,8 @@ came from; such a program is yielded as soon as it is found, so the cost can ste
 Every program is reached on an acyclic e-graph; on a cyclic one a program is missed only if every
 sequence of switches towards it passes through a cyclic choice.
 
->>> from egraph_opt.egraph import ENode
->>> from egraph_opt.term import pretty
+>>> from egraph_opt.egraph.engine import ENode
+>>> from egraph_opt.lang.term import pretty
 >>> classes = {"x": [ENode("input", (), ("x", "3", "float32"))], "2": [ENode("const", (), (2.0,))],
 ...            "r": [ENode("mul", ("x", "2"), ()), ENode("add", ("x", "x"), ())]}
 >>> price = {"input": 0, "const": 0, "add": 2, "mul": 3}
@@ -34,8 +34,8 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from egraph_opt.egraph import ENode
-from egraph_opt.term import Term
+from egraph_opt.egraph.engine import ENode
+from egraph_opt.lang.term import Term
 
 from .dag import ExtractionError, choose, refine, settled_in_order
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from egraph_opt.ops import OPS, parse_shape
-from egraph_opt.program import Program
-from egraph_opt.sampling import sample_inputs
-from egraph_opt.term import Term, postorder
+from egraph_opt.lang.ops import OPS, parse_shape
+from egraph_opt.lang.program import Program
+from egraph_opt.analysis.sampling import sample_inputs
+from egraph_opt.lang.term import Term, postorder
 
 from .curvature import FINITE_MAX
 

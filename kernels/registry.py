@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from egraph_opt.ops import OPS
+from egraph_opt.lang.ops import OPS
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 ALL_DTYPES = FLOATS | frozenset({"int32", "int64", "bool", "uint8", "int8", "int16"})

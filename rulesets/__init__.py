@@ -10,8 +10,8 @@ import enum
 import re
 from dataclasses import dataclass
 
-from egraph_opt import pattern as pat
-from egraph_opt.range_rules import ANALYSES
+from egraph_opt.lang import pattern as pat
+from egraph_opt.egraph.range_rules import ANALYSES
 
 
 class Family(enum.Enum):

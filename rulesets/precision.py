@@ -13,7 +13,7 @@ Together they carry a float32 chain across layers (linear -> relu -> linear ...)
 rounds once at its output instead of after every op. Conditions read the e-graph's ``dtype-of``
 analysis, recorded for every value whose dtype is set by a cast or a non-float32 leaf.
 """
-from egraph_opt.ops import OPS
+from egraph_opt.lang.ops import OPS
 
 from . import Family, Rule
 

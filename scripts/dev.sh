@@ -19,7 +19,7 @@ if [ ! -f "$stamp" ]; then
 fi
 cmd="${1:-test}"; shift || true
 case "$cmd" in
-    demo) exec "$py" -m egraph_opt.demo "$@" ;;
+    demo) exec "$py" -m egraph_opt.drivers.demo "$@" ;;
     test) exec "$py" -m pytest "$@" ;;
     *) echo "usage: bash scripts/dev.sh demo|test [args]" >&2; exit 2 ;;
 esac

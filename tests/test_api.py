@@ -2,9 +2,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-import egraph_opt.api as api
+import egraph_opt.drivers.api as api
 from egraph_opt import saturate_and_extract
-from egraph_opt.egraph import EGraph, InvariantError
+from egraph_opt.egraph.engine import EGraph, InvariantError
 from egraph_opt.rulesets import Exactness, Family, Rule
 
 

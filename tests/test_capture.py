@@ -5,9 +5,9 @@ import torch
 import torch.nn as nn
 
 from egraph_opt import CaptureError, capture
-from egraph_opt.program import OpaqueRef, leaves
-from egraph_opt.term import evaluate, op_counts, postorder
-from egraph_opt.torch_backend import build_module
+from egraph_opt.lang.program import OpaqueRef, leaves
+from egraph_opt.lang.term import evaluate, op_counts, postorder
+from egraph_opt.backends.torch_backend import build_module
 
 
 def run(program, inputs):

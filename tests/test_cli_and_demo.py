@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from egraph_opt import cli, demo
+from egraph_opt.drivers import cli, demo
 from egraph_opt.rulesets import catalogue
 
 
@@ -20,7 +20,7 @@ def test_rules_command_filters_by_family(capsys):
 
 
 def test_console_script_entry_point_runs():
-    done = subprocess.run([sys.executable, "-m", "egraph_opt.cli", "rules"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "egraph_opt.drivers.cli", "rules"], capture_output=True,
                           text=True, check=True)
     assert "softmax-fuse" in done.stdout
 
@@ -41,7 +41,7 @@ def test_profile_for_a_program_times_every_kernel_its_egraph_could_use(tmp_path,
     db = tmp_path / "p.sqlite"
     assert cli.main(["profile", "--for", "progmod:naive", "--shapes", "4x16", "--repeats", "2",
                      "--db", str(db)]) == 0
-    from egraph_opt.profile_db import ProfileDB
+    from egraph_opt.profiling.profile_db import ProfileDB
     with ProfileDB(db) as opened:
         kernels = {r.kernel for r in opened.records("log_softmax", "torch", _device(), "float32")}
         assert kernels == {"log_softmax"}  # a rewrite's kernel, not in the original program
@@ -49,7 +49,7 @@ def test_profile_for_a_program_times_every_kernel_its_egraph_could_use(tmp_path,
 
 
 def _device():
-    from egraph_opt.profiler import device_name
+    from egraph_opt.profiling.profiler import device_name
     return device_name("cpu")
 
 

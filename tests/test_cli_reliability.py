@@ -16,8 +16,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from egraph_opt import cli
-from egraph_opt.onnx_batch import ModelFailure, main_onnx, random_feeds, session, write_atomic
+from egraph_opt.drivers import cli
+from egraph_opt.drivers.cli import main_onnx
+from egraph_opt.drivers.onnx_batch import ModelFailure, random_feeds, session, write_atomic
 from test_profile_db import corrupt_a_page
 
 SYSFS = "/sys/kernel"  # an existing directory in which even root cannot create a file
@@ -161,7 +162,7 @@ def test_ctrl_c_stops_with_one_line_and_writes_the_partial_report(model, tmp_pat
         os.link(model, os.path.join(os.path.dirname(model), f"tiny{i}.onnx"))
     report = tmp_path / "report.json"
     run = subprocess.Popen(
-        [sys.executable, "-u", "-m", "egraph_opt.cli", "onnx", os.path.dirname(model),
+        [sys.executable, "-u", "-m", "egraph_opt.drivers.cli", "onnx", os.path.dirname(model),
          "--out", str(tmp_path / "out"), "--report", str(report), "--latency-runs", "30000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored, as in `&`

@@ -3,10 +3,10 @@ import math
 import torch
 
 from egraph_opt import Limits, Phase, capture, optimize
-from egraph_opt.egraph import EGraph
-from egraph_opt.program import Program, leaves
+from egraph_opt.egraph.engine import EGraph
+from egraph_opt.lang.program import Program, leaves
 from egraph_opt.rulesets import Family, Rule, select
-from egraph_opt.term import Term, evaluate
+from egraph_opt.lang.term import Term, evaluate
 
 
 def test_equal_structure_shares_one_anchor_and_large_programs_load():

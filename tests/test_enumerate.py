@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from egraph_opt import capture, evaluate, optimize, pretty
-from egraph_opt.egraph import ENode
-from egraph_opt.enumerate_programs import alternatives_of
+from egraph_opt.egraph.engine import ENode
+from egraph_opt.optimization.enumerate_programs import alternatives_of
 from egraph_opt.extractors import ExtractionError
 from egraph_opt.extractors.enumerate import alternatives
-from egraph_opt.term import postorder
+from egraph_opt.lang.term import postorder
 
 
 def n(op, *children, attrs=()):

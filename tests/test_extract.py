@@ -1,8 +1,8 @@
 import pytest
 
-from egraph_opt.egraph import ENode
+from egraph_opt.egraph.engine import ENode
 from egraph_opt.extractors import CostModel, ExtractionError, NodeFacts, Objective, extract
-from egraph_opt.term import postorder
+from egraph_opt.lang.term import postorder
 
 
 

@@ -134,13 +134,13 @@ def test_unbiased_variance_is_not_a_layer_norm():
 
 
 def test_no_decomposition_contains_the_op_it_defines():
-    from egraph_opt.pattern import find, skeleton
+    from egraph_opt.lang.pattern import find, skeleton
 
     for rule in catalogue().values():
         if rule.family is Family.DECOMPOSITION:
             lhs_op = rule.lhs_pattern.op
             rhs, _ = skeleton(rule.rhs_pattern)
-            from egraph_opt.term import postorder
+            from egraph_opt.lang.term import postorder
             assert lhs_op not in {t.op for t in postorder([rhs])}, rule.name
 
 

@@ -4,8 +4,8 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from egraph_opt import optimize
-from egraph_opt.program import Program, leaves
-from egraph_opt.term import Term, evaluate
+from egraph_opt.lang.program import Program, leaves
+from egraph_opt.lang.term import Term, evaluate
 
 X, Y = Term.input("x", (3, 4), "float64"), Term.input("y", (3, 4), "float64")
 UNARY = ["exp", "log", "neg", "tanh", "sigmoid", "abs", "sqrt", "log1p", "expm1", "relu"]

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 from egraph_opt.kernels.triton import codegen, generate_elementwise  # noqa: E402
-from egraph_opt.term import Term  # noqa: E402
+from egraph_opt.lang.term import Term  # noqa: E402
 
 
 def _term(value: float) -> Term:

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from egraph_opt import capture, optimize
-from egraph_opt.cli import main as cli
+from egraph_opt.drivers.cli import main as cli
 from egraph_opt.kernels import binding, registry
 from egraph_opt.kernels.registry import REGISTRY, Use
-from egraph_opt.pattern import instantiate, parse, variables
-from egraph_opt.term import Term, evaluate
-from egraph_opt.torch_backend import build_module
+from egraph_opt.lang.pattern import instantiate, parse, variables
+from egraph_opt.lang.term import Term, evaluate
+from egraph_opt.backends.torch_backend import build_module
 
 R = torch.randn
 #: operands and attributes to run each op's kernels on (odd sizes, more than one block of rows)
@@ -74,7 +74,7 @@ def test_cuda_nodes_bind_to_triton_where_it_runs(monkeypatch):
 def test_numpy_kernels_pay_their_conversions_and_run_correctly_when_chosen():
     x = Term.input("x", (4, 6))
     program_term = Term("exp", (Term("tanh", (x,)),))
-    from egraph_opt.program import Program
+    from egraph_opt.lang.program import Program
     program = Program((x,), program_term)
     assert build_module(program).kernels == {"torch.exp": 1, "torch.tanh": 1}
     numpy_first = lambda k, use: 0.0 if k.backend == "numpy" else 1.0  # noqa: E731

@@ -17,11 +17,12 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from egraph_opt.onnx_backend import export
-from egraph_opt.onnx_batch import main_onnx, random_feeds, session
+from egraph_opt.backends.onnx_backend import export
+from egraph_opt.drivers.cli import main_onnx
+from egraph_opt.drivers.onnx_batch import random_feeds, session
 from egraph_opt.validate import judge
-from egraph_opt.onnx_frontend import OnnxImportError, import_model, read
-from egraph_opt.pipeline import optimize
+from egraph_opt.frontends.onnx_frontend import OnnxImportError, import_model, read
+from egraph_opt.optimization.pipeline import optimize
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,11 +7,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from egraph_opt.onnx_backend import export
-from egraph_opt.onnx_batch import random_feeds, session
+from egraph_opt.backends.onnx_backend import export
+from egraph_opt.drivers.onnx_batch import random_feeds, session
 from egraph_opt.validate import judge
-from egraph_opt.onnx_frontend import import_model
-from egraph_opt.pipeline import optimize
+from egraph_opt.frontends.onnx_frontend import import_model
+from egraph_opt.optimization.pipeline import optimize
 
 _rng = np.random.default_rng(0)
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 from onnx import helper
 
-from egraph_opt import onnx_backend
-from egraph_opt.onnx_backend import EMIT, NO_ONNX_FORM, OnnxExportError, export
-from egraph_opt.onnx_batch import session
+from egraph_opt.backends import onnx_backend
+from egraph_opt.backends.onnx_backend import EMIT, NO_ONNX_FORM, OnnxExportError, export
+from egraph_opt.drivers.onnx_batch import session
 from egraph_opt.validate import judge
-from egraph_opt.onnx_converters import ELEM_TYPES, ValueType
-from egraph_opt.onnx_frontend import GraphProgram, OnnxProgram
-from egraph_opt.ops import OPS, parse_shape
-from egraph_opt.term import Term, evaluate, postorder, shapes
+from egraph_opt.frontends.onnx_converters import ELEM_TYPES, ValueType
+from egraph_opt.frontends.onnx_frontend import GraphProgram, OnnxProgram
+from egraph_opt.lang.ops import OPS, parse_shape
+from egraph_opt.lang.term import Term, evaluate, postorder, shapes
 
 _rng = np.random.default_rng(0)
 FEEDS = {

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from egraph_opt.capture import capture
-from egraph_opt.ops import OPS
-from egraph_opt.program import leaves
-from egraph_opt.term import Term, evaluate, postorder
+from egraph_opt.frontends.capture import capture
+from egraph_opt.lang.ops import OPS
+from egraph_opt.lang.program import leaves
+from egraph_opt.lang.term import Term, evaluate, postorder
 
 R = lambda *s: torch.randn(*s)  # noqa: E731
 P = lambda *s: torch.rand(*s) + 0.5  # noqa: E731  positive
@@ -158,8 +158,8 @@ def test_layer_norm_attention_linear_definitions():
 def test_shape_rules_agree_with_meta_evaluation(op, fn, inputs):
     """Shape inference takes rules for the common ops (100x faster): they must say what the ops'
     own meta kernels say."""
-    from egraph_opt.ops import parse_shape
-    from egraph_opt.term import SCALAR, shapes
+    from egraph_opt.lang.ops import parse_shape
+    from egraph_opt.lang.term import SCALAR, shapes
 
     program, _ = capture(fn, inputs)
     roots = program.roots()

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from egraph_opt import saturate_and_extract
 from egraph_opt.extractors.rounding_error import program_error
-from egraph_opt.program import Program
-from egraph_opt.ranges import TOP, intervals
-from egraph_opt.sampling import sample_inputs
-from egraph_opt.term import Term
+from egraph_opt.lang.program import Program
+from egraph_opt.analysis.ranges import TOP, intervals
+from egraph_opt.analysis.sampling import sample_inputs
+from egraph_opt.lang.term import Term
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor):

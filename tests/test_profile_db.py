@@ -9,7 +9,7 @@ import torch
 
 from egraph_opt import saturate_and_extract
 
-from egraph_opt.profile_db import (ENV_VAR, SCHEMA_VERSION, ProfileDB, ProfileDBError,
+from egraph_opt.profiling.profile_db import (ENV_VAR, SCHEMA_VERSION, ProfileDB, ProfileDBError,
                                    ProfileDBWarning, Record, SchemaVersionError, default_path,
                                    shape_key)
 

@@ -6,11 +6,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from egraph_opt import analyzer, capture, optimize
+from egraph_opt import capture, optimize
+
+from egraph_opt.drivers import analyzer
 from egraph_opt.extractors import Objective
-from egraph_opt.program import Program
-from egraph_opt.ranges import BIG, analyze, dtype_range
-from egraph_opt.term import Term, evaluate, postorder
+from egraph_opt.lang.program import Program
+from egraph_opt.analysis.ranges import BIG, analyze, dtype_range
+from egraph_opt.lang.term import Term, evaluate, postorder
 
 X = Term.input("x", (5, 5), "float64")
 Y = Term.input("y", (5, 5), "float64")

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-import egraph_opt.api as api
+import egraph_opt.drivers.api as api
 from egraph_opt import saturate_and_extract
 from egraph_opt.validate import compare
 

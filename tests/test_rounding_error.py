@@ -3,12 +3,14 @@ ranks every naive form above its stable form, and sees overflow, underflow and e
 import pytest
 import torch
 
-from egraph_opt import analyzer, capture, optimize, pretty
+from egraph_opt import capture, optimize, pretty
+
+from egraph_opt.drivers import analyzer
 from egraph_opt.extractors import Objective
 from egraph_opt.extractors.rounding_error import ordinal, program_error, rounding_error
-from egraph_opt.program import Program, leaves
-from egraph_opt.sampling import sample_inputs
-from egraph_opt.term import Term, evaluate
+from egraph_opt.lang.program import Program, leaves
+from egraph_opt.analysis.sampling import sample_inputs
+from egraph_opt.lang.term import Term, evaluate
 
 X, Y = Term.input("x", (4, 16)), Term.input("y", (4, 16))
 

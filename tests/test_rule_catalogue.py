@@ -1,10 +1,10 @@
 """The catalogue's invariants, checked at import, and guarded rules that must not fire."""
 import pytest
 
-from egraph_opt.egraph import EGraph
-from egraph_opt.pattern import PatternError
+from egraph_opt.egraph.engine import EGraph
+from egraph_opt.lang.pattern import PatternError
 from egraph_opt.rulesets import Exactness, Family, Rule, RuleError, catalogue, select
-from egraph_opt.term import Term
+from egraph_opt.lang.term import Term
 
 
 @pytest.mark.parametrize("name,lhs,rhs,message", [
@@ -104,8 +104,8 @@ def test_each_unsafe_rule_really_breaks_at_its_counterexample(rule):
 
     import torch
 
-    from egraph_opt import pattern as pat
-    from egraph_opt.term import evaluate
+    from egraph_opt.lang import pattern as pat
+    from egraph_opt.lang.term import evaluate
 
     values = dict(rule.counterexample)
     bindings = {v: Term.input(v, ()) for v in pat.variables(rule.lhs_pattern)}

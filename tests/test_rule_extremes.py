@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from egraph_opt import pattern as pat
+from egraph_opt.lang import pattern as pat
 from egraph_opt.rulesets import Exactness
-from egraph_opt.term import Term, evaluate
+from egraph_opt.lang.term import Term, evaluate
 
 from test_rule_soundness import RULES, SCALAR_RULES, _SIGNS, _sexp, _uses, all_sides, bind
 

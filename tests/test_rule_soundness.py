@@ -13,11 +13,11 @@ import pytest
 import sympy
 import torch
 
-from egraph_opt import pattern as pat
-from egraph_opt.egraph import EGraph
+from egraph_opt.lang import pattern as pat
+from egraph_opt.egraph.engine import EGraph
 from egraph_opt.rulesets import Exactness, Family, catalogue, sexp as _sexp
-from egraph_opt.ops import parse_shape, shape_attr
-from egraph_opt.term import Term, evaluate
+from egraph_opt.lang.ops import parse_shape, shape_attr
+from egraph_opt.lang.term import Term, evaluate
 
 RULES = [r for r in catalogue().values() if r.exactness is not Exactness.UNSAFE]  # quarantined
 # rules are checked against their counterexamples instead (test_rule_catalogue.py)

@@ -123,7 +123,7 @@ def test_half_precision_masked_attention_rounds_once():
     in float32 and rounds once, at its output."""
     from egraph_opt import capture, optimize
     from egraph_opt.extractors import Objective
-    from egraph_opt.term import postorder
+    from egraph_opt.lang.term import postorder
 
     def attention(q, k, v):
         scores = (q @ k.transpose(-2, -1) * 0.25).masked_fill(

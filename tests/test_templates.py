@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 
 from egraph_opt import capture, optimize, saturate_and_extract
-from egraph_opt import templates
+from egraph_opt.optimization import templates
 from test_fusion import NaiveBlock
 
 

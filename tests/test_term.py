@@ -1,6 +1,6 @@
 import pytest
 
-from egraph_opt.term import Term, TermError, evaluate, postorder, pretty, op_counts
+from egraph_opt.lang.term import Term, TermError, evaluate, postorder, pretty, op_counts
 
 
 def test_deep_chains_walk_without_recursion():

@@ -19,10 +19,10 @@ pytest.importorskip("triton")
 from triton.language import sum as _tl_sum  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from egraph_opt import ops  # noqa: E402
+from egraph_opt.lang import ops  # noqa: E402
 from egraph_opt.kernels import triton as K  # noqa: E402
 from egraph_opt.kernels.triton import codegen  # noqa: E402
-from egraph_opt.term import Term, evaluate  # noqa: E402
+from egraph_opt.lang.term import Term, evaluate  # noqa: E402
 
 if not isinstance(_tl_sum, InterpretedFunction):  # triton.language itself was decorated natively
     pytest.fail("triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot "

@@ -1,7 +1,7 @@
 """Triton kernels for the fused ops; each is checked against its reference term.
 
 Each wrapper takes torch tensors with the signature of the matching op's implementation in
-``egraph_opt.ops`` (``cross_entropy`` and ``linear_act`` have none yet: see their docstrings), so
+``egraph_opt.lang.ops`` (``cross_entropy`` and ``linear_act`` have none yet: see their docstrings), so
 a plan can bind a node to it. Without Triton installed the package still imports: the names are
 then stubs raising RuntimeError, and :func:`available` is False.
 """

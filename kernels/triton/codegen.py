@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from egraph_opt.ops import OPS
-from egraph_opt.term import Term, postorder
+from egraph_opt.lang.ops import OPS
+from egraph_opt.lang.term import Term, postorder
 
 # op -> Triton expression; {0}, {1} are the operands, {name} an attribute. ``m`` is mathlib.
 TEMPLATES: dict[str, str] = {

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import triton
 
-from egraph_opt.term import Term
+from egraph_opt.lang.term import Term
 
 from .codegen import Program, lower
 from .layout import row_block

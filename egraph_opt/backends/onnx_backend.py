@@ -1,0 +1,283 @@
+"""ONNX backend: an (optimized) Program back into a ModelProto of standard operators.
+
+Each op is written by its entry in ``onnx_emitters.EMIT``; this module orders the terms, names
+the values and keeps the analyses emitters ask for (dtype, rank, static shapes). Subterms of
+parameters alone are folded into initializers, as onnxruntime would at load, so that a folding
+rule (conv + batch norm) leaves no run-time arithmetic behind. Opaque nodes are copied verbatim
+with their operands renamed. Names, dtypes and symbolic dims of the graph's inputs and outputs,
+the opsets and the stored parameters come from the import's side tables.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
+from .onnx_emitters import EMIT, NO_ONNX_FORM, REDUCE, OnnxExportError, attention_over_heads, heads_merged
+from ..frontends.onnx_frontend import OnnxProgram, subgraph_reads
+from ..lang.ops import OPS, parse_shape
+from ..lang.program import Program, leaves, topological
+from ..lang.term import Term, evaluate, postorder, shapes
+
+__all__ = ["EMIT", "NO_ONNX_FORM", "Emitter", "OnnxExportError", "export"]
+_SAME_RANK = {"softmax", "log_softmax", "cast", "transpose", "permute", "slice", "concat", "gather",
+              "index_select", "layer_norm", "sdpa", "sdpa_masked", "linear", "linear_act", "gelu",
+              "conv2d", "batch_norm", "max_pool2d"}
+_NO_NUMPY = {"bfloat16"}  # element types whose parameters cannot be folded through numpy
+
+
+class Emitter:
+    """Builds one graph: Terms to value names, each value emitted once, after what it uses."""
+
+    def __init__(self, src: OnnxProgram, program: Program):
+        self.src, self.program, self.opset = src, program, src.opset
+        graph = src.model.graph
+        self.taken = {v.name for v in list(graph.input) + list(graph.output)}
+        self.taken |= {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: dict[str, onnx.TensorProto] = {}
+        self.names: dict[int, str] = {}  # by id: every term named here is kept alive below
+        self.alive: list[Term] = []  # decompositions' terms, so that no id is reused while named
+        self._dtype: dict[int, str | None] = {}
+        self._rank: dict[int, int | None] = {}
+        self._consts: dict[tuple, str] = {}
+        self._shapes: dict[int, tuple] | None = None
+        self._source: dict[int, str] = {}
+        self._folded: dict[int, str | None] = {}
+        self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
+        #: attention between a split into heads and a merge, written as one Attention (opset 23)
+        self.heads = heads_merged(program.roots(), shapes(program.roots(), program.leaf_meta())) \
+            if self.opset >= 23 else {}
+
+    # --- names, constants and analyses ---
+    def fresh(self, hint: str) -> str:
+        name, k = f"eo_{hint}", 0
+        while name in self.taken:
+            k += 1
+            name = f"eo_{hint}_{k}"
+        self.taken.add(name)
+        return name
+
+    def tensor(self, array: np.ndarray, hint: str) -> str:
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._consts:
+            name = self.fresh(hint)
+            self.initializers[name] = numpy_helper.from_array(array, name)
+            self._consts[key] = name
+        return self._consts[key]
+
+    def ints(self, values, hint: str = "shape") -> str:
+        return self.tensor(np.asarray(values, dtype=np.int64).reshape(-1), hint)
+
+    def scalar(self, value: float, dtype: str | None) -> str:
+        np_type = helper.tensor_dtype_to_np_dtype(ELEM_TYPES.get(dtype or "float32", 1))
+        return self.tensor(np.asarray(value, dtype=np_type), "const")
+
+    def node(self, op_type: str, inputs: list[str], hint: str, **attrs) -> str:
+        out = self.fresh(hint)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
+        return out
+
+    def dtype(self, t: Term) -> str | None:
+        """Element type of a term: from its leaves, casts and the import's value types."""
+        for u in postorder([t]):
+            if id(u) in self._dtype:
+                continue
+            if u.op in ("input", "param"):
+                found = u.attrs[2]
+            elif u.op == "opaque":
+                vt = self.src.types.get(u.attrs[0])
+                found = DTYPES.get(vt.elem_type) if vt else None
+            elif u.op == "cast":
+                found = u.attrs[0]
+            else:
+                args = u.args[1:] if u.op == "where" else u.args
+                found = next((self._dtype[id(a)] for a in args if self._dtype[id(a)]), None)
+            self._dtype[id(u)] = found
+        return self._dtype[id(t)]
+
+    def rank(self, t: Term) -> int | None:
+        for u in postorder([t]):
+            if id(u) in self._rank:
+                continue
+            ranks = [self._rank[id(a)] for a in u.args]
+            if u.op in ("input", "param"):
+                r = len(parse_shape(u.attrs[1]))
+            elif u.op == "opaque":
+                vt = self.src.types.get(u.attrs[0])
+                r = len(vt.shape) if vt and vt.shape is not None else None
+            elif u.op == "const":
+                r = 0
+            elif u.op in REDUCE or u.op in ("var",):
+                r = None if ranks[0] is None else ranks[0] - (0 if u.attrs[1] else 1)
+            elif u.op in ("reshape", "expand"):
+                r = len(parse_shape(u.attrs[0]))
+            elif u.op in _SAME_RANK:
+                r = ranks[0]
+            else:  # broadcasting elementwise ops and matmul
+                r = None if None in ranks else max(ranks)
+            self._rank[id(u)] = r
+        return self._rank[id(t)]
+
+    def static_shape(self, t: Term) -> tuple[int, ...] | None:
+        """The shape of ``t`` when the model has no symbolic dims (the Term language gives those a
+        stand-in size, so any shape derived from one would be wrong); None otherwise."""
+        if self._shapes is None:
+            meta = self.program.leaf_meta()
+            names = [i.name for i in self.src.model.graph.input] + list(meta)
+            types = [self.src.types.get(n) for n in names]
+            static = all(vt is not None and vt.shape is not None and
+                         all(isinstance(d, int) for d in vt.shape) for vt in types)
+            self._shapes = {k: v[0] for k, v in shapes(self.program.roots(), meta).items()} \
+                if static else {}
+        if not self._shapes:
+            return None
+        if id(t) not in self._shapes:
+            meta = self.program.leaf_meta()
+            self._shapes.update({k: v[0] for k, v in shapes([t], meta).items()})
+        return self._shapes[id(t)]
+
+    def source(self, t: Term) -> str:
+        """What a term's value depends on: "const" (scalars only), "param" (parameters and
+        scalars) or "run" (inputs or opaque values)."""
+        stack = [t]
+        while stack:  # iterative, and stopping at terms already known: models are deep
+            u = stack.pop()
+            if id(u) in self._source:
+                continue
+            pending = [a for a in u.args if id(a) not in self._source]
+            if pending:
+                stack += [u, *pending]
+                continue
+            if OPS[u.op].is_leaf:
+                kind = u.op if u.op in ("const", "param") else "run"
+            else:
+                kinds = {self._source[id(a)] for a in u.args}
+                kind = "run" if "run" in kinds else "param" if "param" in kinds else "const"
+            self._source[id(u)] = kind
+        return self._source[id(t)]
+
+    def fold_params(self, t: Term) -> str | None:
+        """An initializer holding ``t`` when it reads parameters and constants only and is no larger
+        than the parameters it reads; None when it must be computed at run time."""
+        if id(t) not in self._folded:
+            self._folded[id(t)] = self._fold(t) if self.source(t) == "param" else None
+        return self._folded[id(t)]
+
+    def _fold(self, t: Term) -> str | None:
+        params = {u.attrs[0]: u for u in postorder([t]) if u.op == "param"}
+        if any(u.attrs[2] in _NO_NUMPY or u.attrs[0] not in self.program.params
+               for u in params.values()):
+            return None
+        env = {n: self.program.params[n] for n in params}
+        value = evaluate([t], env)[0]
+        if not isinstance(value, torch.Tensor) or value.dtype == torch.bfloat16 or \
+                value.numel() > sum(v.numel() for v in env.values()):
+            return None
+        return self.tensor(value.detach().numpy(), "folded")
+
+    # --- emission ---
+    def value(self, t: Term, like: Term | None = None) -> str:
+        """The value name of an emitted term; constants take the element type of ``like``."""
+        if t.op == "const":
+            return self.scalar(t.attrs[0], self.dtype(like) if like is not None else None)
+        return self.names[id(t)]
+
+    def emit(self, t: Term, out: str | None):
+        spec = OPS[t.op]
+        if t.op in ("input", "param", "opaque"):
+            self.names[id(t)] = t.attrs[0]
+            if t.op == "param":
+                self.initializers[t.attrs[0]] = self._param(t.attrs[0])
+            return
+        if t.op == "const" or spec.is_leaf:
+            return
+        if self.source(t) == "const":
+            folded = Term.const(evaluate([t], {})[0])
+            self.names[id(t)] = self.value(folded, None)
+            return
+        emit = None if t.op in NO_ONNX_FORM else EMIT.get(t.op)
+        if emit is None:
+            raise OnnxExportError(f"op {t.op!r} has no ONNX form")
+        if id(t) in self.heads:
+            name = attention_over_heads(self, *self.heads[id(t)])
+        else:
+            name = self.fold_params(t) or emit(self, t, *t.attrs)
+        if out is not None and name != out:  # a graph output: its last node writes it directly
+            if self.nodes and self.nodes[-1].output[0] == name:
+                self.nodes[-1].output[0] = out
+            else:
+                self.nodes.append(helper.make_node("Identity", [name], [out], name=self.fresh("id")))
+            name = out
+        self.names[id(t)] = name
+
+    def _param(self, name: str) -> onnx.TensorProto:
+        if name in self.src.tensors:
+            return self.src.tensors[name]
+        return numpy_helper.from_array(self.program.params[name].numpy(), name)
+
+    def copy_opaque(self, key: str):
+        call = self.program.opaque[key]
+        node = onnx.NodeProto()
+        node.CopyFrom(call.target)
+        for i, arg in enumerate(call.args):
+            if arg is not None:
+                node.input[i] = self.value(arg)
+        for name, term in call.kwargs.get("captured", ()):
+            if self.value(term) != name:  # a subgraph reads this outer name: keep it defined
+                self.nodes.append(helper.make_node("Identity", [self.value(term)], [name],
+                                                   name=self.fresh("captured")))
+        self.nodes.append(node)
+
+
+def _schedule(em: Emitter, roots: list[Term]) -> list:
+    """Terms and opaque call keys, each after what it uses (iterative: models are deep)."""
+    program = em.program
+
+    def deps(item):
+        if isinstance(item, Term) and not OPS[item.op].is_leaf and em.fold_params(item):
+            return []  # a folded initializer reads nothing
+        if isinstance(item, Term) and id(item) in em.heads:
+            attention, *xs, _, _ = em.heads[id(item)]
+            return xs + list(attention.args[3:])
+        if isinstance(item, Term):
+            return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
+                else list(item.args)
+        call = program.opaque[item]
+        return [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
+
+    return topological(roots, deps, lambda item: id(item) if isinstance(item, Term) else item)
+
+
+def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
+    """The ModelProto of ``program`` (default: the imported one) with ``src``'s interface."""
+    program = program or src.program
+    em = Emitter(src, program)
+    outputs = list(leaves(program.outputs))
+    claimed: dict[int, str] = {}
+    for term, name in zip(outputs, src.output_names):  # results are computed into output names
+        if not OPS[term.op].is_leaf and id(term) not in claimed:
+            claimed[id(term)] = name
+    for item in _schedule(em, outputs):
+        if isinstance(item, Term):
+            em.emit(item, claimed.get(id(item)))
+        else:
+            em.copy_opaque(item)
+    for term, name in zip(outputs, src.output_names):
+        value = em.value(term, None)
+        if value != name:
+            em.nodes.append(helper.make_node("Identity", [value], [name], name=em.fresh("output")))
+    graph = src.model.graph
+    inputs = [i for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+    read = {x for n in em.nodes for x in list(n.input) + subgraph_reads(n)} | set(src.output_names)
+    initializers = [t for name, t in em.initializers.items() if name in read]  # folded ones' sources
+    new_graph = helper.make_graph(em.nodes, graph.name, inputs, list(graph.output), initializers,
+                                  doc_string=graph.doc_string)
+    model = helper.make_model(new_graph, opset_imports=list(src.model.opset_import),
+                              producer_name="egraph-opt", ir_version=src.model.ir_version)
+    model.functions.extend(src.model.functions)
+    model.metadata_props.extend(src.model.metadata_props)
+    model.domain, model.model_version = src.model.domain, src.model.model_version
+    return model

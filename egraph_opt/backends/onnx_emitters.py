@@ -1,0 +1,376 @@
+"""The ONNX form of each op of the Term language: ``EMIT`` maps an op to the function that writes it.
+
+An emitter gets the backend's ``Emitter`` (value names, constants, analyses), the term and its
+attributes, and returns the name of the value it wrote. Fused ops become the standard operator the
+model's opset has (LayerNormalization from 17, Gelu from 20, Attention from 23) or, before it,
+their definition in ops that exist, spelled as onnxruntime's own fusions expect it (Gelu as a Div
+by sqrt(2), attention as MatMul, Mul, Add, Softmax, MatMul), so that a fused op costs nothing at
+an older opset. ``NO_ONNX_FORM`` lists the ops that have no form at all.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..frontends.onnx_converters import ELEM_TYPES
+from ..lang.ops import parse_shape
+from ..lang.term import Term, postorder
+
+
+class OnnxExportError(ValueError):
+    """A term that has no ONNX form at this opset: names the op and why."""
+
+
+SIMPLE = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "maximum": "Max",
+          "minimum": "Min", "where": "Where", "neg": "Neg", "exp": "Exp", "log": "Log",
+          "sqrt": "Sqrt", "abs": "Abs", "sin": "Sin", "cos": "Cos", "tanh": "Tanh",
+          "sigmoid": "Sigmoid", "relu": "Relu", "erf": "Erf", "matmul": "MatMul",
+          "softplus": "Softplus"}
+#: reductions: ONNX op, and the opset from which its axes are an input rather than an attribute
+REDUCE = {"sum": ("ReduceSum", 13), "mean": ("ReduceMean", 18), "max": ("ReduceMax", 18),
+          "logsumexp": ("ReduceLogSumExp", 18)}
+#: ops of the Term language that ONNX has no operator or decomposition for: export refuses them
+NO_ONNX_FORM: frozenset[str] = frozenset()
+_ACTIVATIONS = {"relu": ("relu", ()), "gelu": ("gelu", ("none",)), "gelu_tanh": ("gelu", ("tanh",))}
+
+
+def _args(em, t: Term) -> list[str]:
+    """Operand names; a constant operand takes the element type of its tensor sibling."""
+    tensors = [a for a in t.args if a.op != "const"]
+    return [em.value(a, tensors[-1] if tensors else None) for a in t.args]
+
+
+def _emit_tree(em, root: Term) -> str:
+    """Emit a decomposition built from Terms (its leaves are already emitted)."""
+    em.alive.append(root)
+    for u in postorder([root]):
+        if id(u) not in em.names:
+            em.emit(u, None)
+    return em.value(root)
+
+
+def _composite(build):
+    """An op with no ONNX operator: emitted as its definition in ops that have one."""
+    return lambda em, t, *attrs: _emit_tree(em, build(*t.args, *attrs))
+
+
+def _simple(em, t, *attrs):
+    return em.node(SIMPLE[t.op], _args(em, t), t.op)
+
+
+def stored_reciprocal(c: float, dtype: str | None) -> float | None:
+    """d when c == 1/d for a d that ``dtype`` stores while c itself it does not: c is what
+    canonicalizing ``x / d`` into ``x * (1/d)`` made, not a constant the model held.
+
+    >>> sqrt2 = float(np.float32(math.sqrt(2)))  # as the model stores it
+    >>> stored_reciprocal(1 / sqrt2, "float32") == sqrt2
+    True
+    >>> stored_reciprocal(0.5, "float32") is None
+    True
+    """
+    if dtype not in ("float32", "float16") or c == 0 or not math.isfinite(c):
+        return None
+    kind = np.dtype(dtype).type
+    d = float(kind(1 / c))
+    if float(kind(c)) == c or d == 0 or not math.isfinite(d) or 1 / d != c:
+        return None
+    return d
+
+
+def _mul(em, t):
+    """A product by such a reciprocal goes back to the division: exact as the model computed it,
+    and the spelling onnxruntime's Gelu and MatMul-scale fusions match."""
+    x, c = t.args if t.args[1].op == "const" else t.args[::-1]
+    d = stored_reciprocal(c.attrs[0], em.dtype(x)) if c.op == "const" and x.op != "const" else None
+    if d is None:
+        return _simple(em, t)
+    return em.node("Div", [em.value(x), em.scalar(d, em.dtype(x))], "div")
+
+
+def _reduce(em, t, axis, keep):
+    op, since = REDUCE[t.op]
+    x = em.value(t.args[0])
+    if em.opset >= since:
+        return em.node(op, [x, em.ints([axis], "axes")], t.op, keepdims=int(keep))
+    return em.node(op, [x], t.op, axes=[axis], keepdims=int(keep))
+
+
+def _var(em, t, axis, keep, correction):
+    """Mean of squared deviations, times n / (n - correction) with n the static axis size."""
+    x = t.args[0]
+    centered = Term("sub", (x, Term("mean", (x,), (axis, True))))
+    out = Term("mean", (Term("mul", (centered, centered)),), (axis, keep))
+    if correction:
+        shape = em.static_shape(x)
+        if shape is None:
+            raise OnnxExportError("var with a correction over a dynamic shape: its axis size is "
+                                  "unknown at export")
+        n = shape[axis]
+        out = Term("mul", (out, Term.const(n / (n - correction) if n > correction else math.nan)))
+    return _emit_tree(em, out)
+
+
+def _log1p(em, t):
+    """ONNX has no log1p, and log(1 + x) loses every digit of a tiny x, which is what the rewrite
+    to log1p was for. Kahan's form is exact to a few ulps: log(u) * x / (u - 1), u = 1 + x rounded
+    (the ratio x / (u - 1) corrects the rounding), x itself where u rounds to 1."""
+    x = em.value(t.args[0])
+    one = em.scalar(1.0, em.dtype(t.args[0]))
+    u = em.node("Add", [x, one], "log1p")
+    u_minus_1 = em.node("Sub", [u, one], "log1p")
+    ratio = em.node("Mul", [em.node("Log", [u], "log1p"), em.node("Div", [x, u_minus_1], "log1p")], "log1p")
+    tiny = em.node("Equal", [u, one], "log1p")
+    return em.node("Where", [tiny, x, ratio], "log1p")
+
+
+def _expm1(em, t):
+    """ONNX has no expm1, and exp(x) - 1 loses every digit of a tiny x. Kahan's form:
+    (u - 1) * x / log(u), u = exp(x) rounded; x where u rounds to 1, -1 where u - 1 does, u where
+    u - 1 == u (large x, where x / log(u) may be inf / inf)."""
+    x = em.value(t.args[0])
+    dtype = em.dtype(t.args[0])
+    one, minus_one = em.scalar(1.0, dtype), em.scalar(-1.0, dtype)
+    u = em.node("Exp", [x], "expm1")
+    u_minus_1 = em.node("Sub", [u, one], "expm1")
+    r = em.node("Mul", [u_minus_1, em.node("Div", [x, em.node("Log", [u], "expm1")], "expm1")], "expm1")
+    r = em.node("Where", [em.node("Equal", [u, one], "expm1"), x, r], "expm1")
+    r = em.node("Where", [em.node("Equal", [u_minus_1, minus_one], "expm1"), minus_one, r], "expm1")
+    return em.node("Where", [em.node("Equal", [u_minus_1, u], "expm1"), u, r], "expm1")
+
+
+def _compensated_sum(em, t, axis, keep):
+    """ONNX has no compensated sum: a float64 accumulator, at least as accurate."""
+    x = t.args[0]
+    wide = Term("sum", (Term("cast", (x,), ("float64",)),), (axis, keep))
+    return _emit_tree(em, Term("cast", (wide,), (em.dtype(x) or "float32",)))
+
+
+def _transpose(em, t, d0, d1):
+    rank = em.rank(t.args[0])
+    if rank is None:
+        raise OnnxExportError("transpose of a value of unknown rank")
+    perm = list(range(rank))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return em.node("Transpose", [em.value(t.args[0])], "transpose", perm=perm)
+
+
+def _layer_norm(em, t, eps):
+    """LayerNormalization, a scalar weight or bias filled to the normalized size when that size is
+    static; else (or before opset 17) the mean / var definition."""
+    x, w, b = t.args
+    shape = em.static_shape(x)
+    if em.opset >= 17 and (shape or all(a.op != "const" for a in (w, b))):
+        def operand(a, hint):
+            return em.value(a) if a.op != "const" else \
+                em.tensor(np.full(shape[-1:], a.attrs[0], _np_type(em, x)), hint)
+        inputs = [em.value(x), operand(w, "scale")]
+        inputs += [] if b.op == "const" and b.attrs[0] == 0.0 else [operand(b, "bias")]
+        return em.node("LayerNormalization", inputs, "layer_norm", axis=-1, epsilon=eps)
+    centered = Term("sub", (x, Term("mean", (x,), (-1, True))))
+    var = Term("mean", (Term("mul", (centered, centered)),), (-1, True))
+    norm = Term("div", (centered, Term("sqrt", (Term("add", (var, Term.const(eps))),))))
+    return _emit_tree(em, Term("add", (Term("mul", (norm, w)), b)))
+
+
+def _np_type(em, t: Term):
+    return np.dtype(em.dtype(t) or "float32")
+
+
+def _gelu(em, t, approximate):
+    if em.opset >= 20:
+        return em.node("Gelu", [em.value(t.args[0])], "gelu", approximate=approximate)
+    x, c = t.args[0], Term.const
+    if approximate == "tanh":  # torch's export of GPT-2's gelu: what onnxruntime fuses as FastGelu
+        cube = Term("mul", (Term("pow", (x, c(3.0))), c(0.044715)))
+        inner = Term("mul", (Term("add", (x, cube)), c(math.sqrt(2 / math.pi))))
+        return _emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))),
+                                           Term("add", (Term("tanh", (inner,)), c(1.0))))))
+    # torch's own export of gelu: the spelling onnxruntime's Gelu fusion recognizes
+    gate = Term("erf", (Term("div", (x, c(math.sqrt(2)))),))
+    return _emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))), Term("add", (c(1.0), gate)))))
+
+
+
+def _attention(em, t, q, k, v, bias: Term | str | None, scale, causal=False):
+    """Attention at opset 23 (rank-4 operands), else softmax(q k^T * scale + bias) v."""
+    if em.opset >= 23 and em.rank(q) == 4:
+        inputs = [em.value(q), em.value(k), em.value(v)]
+        inputs += [] if bias is None else [bias if isinstance(bias, str) else em.value(bias)]
+        return em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal))
+    if causal:
+        bias = _causal_bias(em, q, k)
+    scores = Term("matmul", (q, Term("transpose", (k,), (-2, -1))))
+    scores = scores if scale == 1.0 else Term("mul", (scores, Term.const(scale)))
+    scores = _emit_tree(em, scores)
+    if bias is not None:
+        bias_name = bias if isinstance(bias, str) else em.value(bias)
+        scores = em.node("Add", [scores, bias_name], "masked")
+    return em.node("MatMul", [em.node("Softmax", [scores], "softmax", axis=-1), em.value(v)],
+                   "attention")
+
+
+def _causal_bias(em, q, k) -> str:
+    """The additive mask of causal attention (-inf above the diagonal): needs static lengths."""
+    qs, ks = em.static_shape(q), em.static_shape(k)
+    if qs is None or ks is None:
+        raise OnnxExportError(f"causal attention over dynamic lengths needs the Attention operator "
+                              f"(opset 23), the model has opset {em.opset}")
+    mask = np.triu(np.full((qs[-2], ks[-2]), -np.inf, _np_type(em, q)), 1)
+    return em.tensor(mask, "causal_mask")
+
+
+def _sdpa(em, t, scale, causal):
+    return _attention(em, t, *t.args, None, scale, causal)
+
+
+def _sdpa_masked(em, t, scale):
+    return _attention(em, t, *t.args, scale)
+
+
+def _swapped(t: Term) -> Term | None:
+    """The operand of a swap of axes 1 and 2 of a rank-4 value (heads and sequence), else None."""
+    if t.op == "permute" and t.attrs[0] == "0,2,1,3" or \
+            t.op == "transpose" and sorted(t.attrs) in ([1, 2], [-3, -2]):
+        return t.args[0]
+    return None
+
+
+def _heads_of(t: Term, meta: dict) -> tuple[Term, int] | None:
+    """(x, H) when ``t`` is x (batch, seq, H * D) split into H heads: viewed as (batch, seq, H,
+    D), then heads and sequence swapped."""
+    view = _swapped(t)
+    if view is None or view.op != "reshape":
+        return None
+    x, split = view.args[0], parse_shape(view.attrs[0])
+    whole = meta[id(x)][0]
+    if len(split) != 4 or len(whole) != 3 or split[:2] != whole[:2] or split[2] * split[3] != whole[2]:
+        return None
+    return x, split[2]
+
+
+def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
+    """Attention whose operands are split into heads and whose only use merges them back:
+    merged term id -> (attention term, x of q, k and v, H, the shape to reshape Attention's output
+    to, or None). At opset 23 such attention is one Attention over the unsplit (batch, seq,
+    hidden) values, without the Reshapes and Transposes around it (a merge into (batch * seq,
+    hidden) rows keeps one Reshape). ``meta``: (shape, dtype) of every term, by id."""
+    order = postorder(roots)
+    uses = dict.fromkeys((id(t) for t in order), 0)
+    for r in roots:
+        uses[id(r)] += 1
+    for t in order:
+        for a in t.args:
+            uses[id(a)] += 1
+    found = {}
+    for t in order:
+        attention = _swapped(t.args[0]) if t.op == "reshape" else None
+        if attention is None or attention.op not in ("sdpa", "sdpa_masked") or \
+                uses[id(attention)] != 1 or uses[id(t.args[0])] != 1:
+            continue
+        heads = [_heads_of(a, meta) for a in attention.args[:3]]
+        if None not in heads and len({h for _, h in heads}) == 1:
+            (xq, h), (xk, _), (xv, _) = heads
+            written = meta[id(xq)][0][:2] + meta[id(xv)][0][2:]  # what Attention writes
+            found[id(t)] = (attention, xq, xk, xv, h, None if meta[id(t)][0] == written else t.attrs[0])
+    return found
+
+
+def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, heads: int,
+                         reshape_to: str | None) -> str:
+    scale, causal = attention.attrs if attention.op == "sdpa" else (attention.attrs[0], False)
+    inputs = [em.value(xq), em.value(xk), em.value(xv)] + [em.value(a) for a in attention.args[3:]]
+    out = em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal),
+                  q_num_heads=heads, kv_num_heads=heads)
+    return out if reshape_to is None else em.node("Reshape", [out, em.ints(parse_shape(reshape_to))],
+                                                  "reshape")
+
+
+def _linear(em, t):
+    x, w, b = t.args
+    if em.rank(x) == 2:
+        return em.node("Gemm", _args(em, t), "linear", transB=1)
+    return _emit_tree(em, Term("add", (Term("matmul", (x, Term("transpose", (w,), (-2, -1)))), b)))
+
+
+def _linear_act(em, t, activation):
+    op, attrs = _ACTIVATIONS[activation]
+    return _emit_tree(em, Term(op, (Term("linear", t.args),), attrs))
+
+
+def _conv2d(em, t, stride, padding, dilation, groups):
+    """Conv; a scalar bias is added after it (none when it is 0)."""
+    x, w, b = t.args
+    pads = list(parse_shape(padding))
+    inputs = [em.value(x), em.value(w)] + ([] if b.op == "const" else [em.value(b)])
+    out = em.node("Conv", inputs, "conv", strides=list(parse_shape(stride)), pads=pads + pads,
+                  dilations=list(parse_shape(dilation)), group=groups)
+    if b.op == "const" and b.attrs[0] != 0.0:
+        out = em.node("Add", [out, em.value(b, x)], "conv_bias")
+    return out
+
+
+def _max_pool2d(em, t, kernel, stride, padding, dilation):
+    pads = list(parse_shape(padding))
+    return em.node("MaxPool", [em.value(t.args[0])], "max_pool",
+                   kernel_shape=list(parse_shape(kernel)), strides=list(parse_shape(stride)),
+                   pads=pads + pads, dilations=list(parse_shape(dilation)))
+
+
+def _batch_norm(em, t, eps):
+    x, mean, var, weight, bias = t.args
+    if any(a.op == "const" for a in (mean, var, weight, bias)):
+        raise OnnxExportError("batch_norm with scalar statistics has no BatchNormalization form")
+    return em.node("BatchNormalization", [em.value(a) for a in (x, weight, bias, mean, var)],
+                   "batch_norm", epsilon=eps)
+
+
+def _concat(em, t, axis):
+    parts, stack = [], [t]
+    while stack:  # a chain of binary concats on one axis is one Concat
+        u = stack.pop()
+        if u.op == "concat" and u.attrs[0] == axis and (u is t or id(u) not in em.names):
+            stack.extend(reversed(u.args))
+        else:
+            parts.append(em.value(u))
+    return em.node("Concat", parts, "concat", axis=axis)
+
+
+def _one(op_type: str, hint: str, **fixed):
+    """An op that is one ONNX node over its first operand, its attributes passed by name."""
+    def emit(em, t, *attrs):
+        names = dict(zip(fixed, attrs))
+        return em.node(op_type, [em.value(t.args[0])], hint, **names)
+    return emit
+
+
+def _logaddexp(a: Term, b: Term) -> Term:
+    """max(a, b) + softplus(-|a - b|): no exp overflows, and softplus is exact for small terms."""
+    gap = Term("neg", (Term("abs", (Term("sub", (a, b)),)),))
+    return Term("add", (Term("maximum", (a, b)), Term("softplus", (gap,))))
+
+
+EMIT = {
+    **dict.fromkeys(SIMPLE, _simple), "mul": _mul, **dict.fromkeys(REDUCE, _reduce), "var": _var,
+    "compensated_sum": _compensated_sum,
+    "log1p": _log1p, "expm1": _expm1,
+    "rsqrt": _composite(lambda x: Term("div", (Term.const(1.0), Term("sqrt", (x,))))),
+    "logaddexp": _composite(_logaddexp),
+    "gelu": _gelu, "transpose": _transpose, "layer_norm": _layer_norm, "sdpa": _sdpa,
+    "sdpa_masked": _sdpa_masked, "linear": _linear, "linear_act": _linear_act,
+    "conv2d": _conv2d, "max_pool2d": _max_pool2d, "batch_norm": _batch_norm, "concat": _concat,
+    "permute": lambda em, t, perm: em.node("Transpose", [em.value(t.args[0])], "permute",
+                                           perm=list(parse_shape(perm))),
+    "reshape": lambda em, t, shape: em.node("Reshape", [em.value(t.args[0]),
+                                                        em.ints(parse_shape(shape))], "reshape"),
+    "expand": lambda em, t, shape: em.node("Expand", [em.value(t.args[0]),
+                                                      em.ints(parse_shape(shape))], "expand"),
+    "gather": lambda em, t, axis: em.node("GatherElements", _args(em, t), "gather", axis=axis),
+    "index_select": lambda em, t, axis: em.node("Gather", _args(em, t), "index_select", axis=axis),
+    "slice": lambda em, t, axis, start, end, step: em.node(
+        "Slice", [em.value(t.args[0]), em.ints([start]), em.ints([end]), em.ints([axis]),
+                  em.ints([step])], "slice"),
+    "cast": lambda em, t, dtype: em.node("Cast", [em.value(t.args[0])], "cast", to=ELEM_TYPES[dtype]),
+    "softmax": _one("Softmax", "softmax", axis=None),
+    "log_softmax": _one("LogSoftmax", "log_softmax", axis=None),
+}

@@ -1,0 +1,138 @@
+"""Backend: a Program back into an executable torch.fx.GraphModule.
+
+Each Term becomes a call of the kernel it is bound to (see ``kernels.binding``: Triton on CUDA
+where it runs, torch otherwise), with conversion kernels where a value changes backend; opaque
+calls are copied as they were, scalar constants are folded, and every value is emitted once, after
+what it uses.
+"""
+from __future__ import annotations
+
+import torch
+from torch import fx
+from torch.fx.node import map_aggregate
+
+from collections import Counter
+
+from ..kernels.binding import Estimate, bind, default_estimate
+from ..kernels.registry import CONVERSIONS, Use
+from ..lang.program import OpaqueRef, Program, leaves, topological
+from ..lang.term import Term, dtype_name, evaluate, postorder, shapes
+
+
+class FoldedConstant:
+    """A subterm over parameters alone (batch norm folded into conv weights, QKV weights
+    concatenated): computed once per version of its parameters. Where autograd needs it (grad
+    enabled and a parameter requires grad) it is computed on every call, so training is unchanged;
+    so it is for inference tensors, which keep no version counter."""
+
+    def __init__(self, term: Term, names: list[str], index: int):
+        self.term, self.names = term, names
+        self.__name__ = self.__qualname__ = f"folded_constant_{index}"
+        self._key, self._value = None, None
+
+    def __call__(self, *tensors: torch.Tensor):
+        cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
+            not any(t.is_inference() for t in tensors)  # inference tensors keep no version
+        key = tuple((t.data_ptr(), t._version, t.device) for t in tensors) if cacheable else None
+        if cacheable and key == self._key:
+            return self._value
+        value = evaluate([self.term], dict(zip(self.names, tensors)))[0]
+        if cacheable:
+            self._key, self._value = key, value
+        return value
+
+
+def _schedule(program: Program) -> list:
+    """Terms and opaque call names in an order where each comes after what it uses."""
+    def deps(item):
+        if isinstance(item, Term):
+            if item.op == "opaque":
+                return [item.attrs[0]]
+            return list(item.args)
+        call = program.opaque[item]
+        return [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)] + [
+            x.name for x in leaves((call.args, call.kwargs)) if isinstance(x, OpaqueRef)]
+
+    key = lambda item: ("t", id(item)) if isinstance(item, Term) else ("o", item)  # noqa: E731
+    roots = [x if not isinstance(x, OpaqueRef) else x.name for x in leaves(program.outputs)
+             if isinstance(x, (Term, OpaqueRef))]
+    return topological(roots, deps, key)
+
+
+def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",
+                 estimate: Estimate = default_estimate) -> fx.GraphModule:
+    """The program as a GraphModule; ``.kernels`` on it counts the kernels it binds by name."""
+    if device == "meta":
+        raise ValueError("meta tensors hold no values: no kernel runs on them and nothing can be "
+                         "validated, so the original runs")
+    owner = root if root is not None else torch.nn.Module()
+    graph = fx.Graph(owning_module=owner)  # dead-code elimination asks the owner whether its
+    # submodules are pure (a train-mode batch norm kept opaque, which updates running statistics)
+    value: dict = {}  # ("t", id) / ("o", name) -> fx.Node or Python scalar
+    backend: dict = {}  # key -> backend whose memory holds the value (absent: torch)
+    converted: dict = {}  # (key, backend) -> fx.Node of the converted value
+    placeholders = {t.attrs[0]: graph.placeholder(t.attrs[0]) for t in program.inputs}
+    meta = shapes(program.roots(), program.leaf_meta())
+    kernels: Counter = Counter()
+
+    def on(key, target: str):
+        """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
+        source = backend.get(key, "torch")
+        if source == target or not isinstance(value[key], fx.Node):
+            return value[key]
+        if (key, target) not in converted:
+            converted[key, target] = graph.call_function(CONVERSIONS[source, target], (value[key],))
+        return converted[key, target]
+
+    def arg(x):
+        if isinstance(x, Term):
+            return on(("t", id(x)), "torch")
+        if isinstance(x, OpaqueRef):
+            return value[("o", x.name)]
+        return x
+
+    for item in _schedule(program):
+        if not isinstance(item, Term):
+            call = program.opaque[item]
+            args, kwargs = map_aggregate((call.args, call.kwargs), arg)
+            value[("o", item)] = graph.create_node(call.kind, call.target, args, kwargs, name=item)
+            continue
+        key = ("t", id(item))
+        if key in value:
+            continue
+        if item.op == "const":
+            value[key] = item.attrs[0]
+        elif item.op == "param":
+            value[key] = graph.get_attr(item.attrs[0])
+        elif item.op == "opaque":
+            value[key] = value[("o", item.attrs[0])]
+        elif item.op == "input":
+            value[key] = placeholders[item.attrs[0]]
+        else:
+            operands = [("t", id(a)) for a in item.args]
+            if not any(isinstance(value[k], fx.Node) for k in operands):
+                value[key] = evaluate([item], {})[0]  # scalar constant folding
+                continue
+            params = [t for t in postorder([item]) if t.op == "param"]
+            if all(t.op in ("param", "const") for t in postorder([item]) if not t.args):
+                folded = FoldedConstant(item, [t.attrs[0] for t in params], len(kernels))
+                value[key] = graph.call_function(folded, tuple(value[("t", id(t))] for t in params))
+                kernels["folded"] += 1
+                continue
+            tensors = [a for a in item.args if a.op != "const"]
+            use = Use(item.op, item.attrs, tuple(meta[id(a)][0] for a in tensors),
+                      tuple(dtype_name(meta[id(a)][1]) for a in tensors), device)
+            kernel = bind(use, tuple(backend.get(k, "torch") for k in operands), estimate)
+            kernels[kernel.name] += 1
+            args = [on(k, kernel.backend) for k in operands]
+            value[key] = graph.call_function(kernel.impl, tuple(args) + tuple(item.attrs))
+            backend[key] = kernel.backend
+    graph.output(map_aggregate(program.outputs, arg))
+    graph.eliminate_dead_code()  # folded constants inside larger folded constants
+    kernels["folded"] = sum(isinstance(n.target, FoldedConstant) for n in graph.nodes)
+    if not kernels["folded"]:
+        del kernels["folded"]
+    graph.lint()
+    module = fx.GraphModule(owner, graph)
+    module.kernels = dict(sorted(kernels.items()))
+    return module

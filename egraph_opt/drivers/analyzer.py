@@ -1,0 +1,102 @@
+"""The curvature analyzer: every node of a program with its range, kappa, L and Delta, and the
+bits of output error its rounding causes (``extractors/rounding_error.py``), with the program's
+total: the first-order error over the ranges, worst and mean.
+
+``curvature(fn, *example_args)`` traces ``fn`` and annotates it. Ranges come from declared
+``input_ranges`` where given and otherwise from the example inputs' own minimum and maximum: an
+estimate for cost and for people, never a soundness argument (rule conditions use declared ranges
+only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..frontends.capture import capture
+from ..extractors.curvature import kappa, kappa_cost, lipschitz, rounding
+from ..extractors.rounding_error import ProgramError, program_error
+from ..lang.program import Program
+from ..analysis.ranges import Interval, analyze
+from ..lang.term import dtype_name, postorder, pretty, shapes
+
+
+@dataclass(frozen=True)
+class NodeCurvature:
+    text: str
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    range: Interval
+    kappa: float
+    lipschitz: float
+    rounding: float
+    cost: int  # the integer curvature cost the extractor minimizes
+    error_bits: float  # the most bits of output error this node's rounding alone causes
+
+
+@dataclass
+class CurvatureReport:
+    nodes: list[NodeCurvature]
+    error: ProgramError | None  # None: not evaluable (opaque calls)
+
+    @property
+    def total(self) -> float:
+        """Total kappa of the program (inf when any node's range leaves it unbounded)."""
+        return sum(n.kappa for n in self.nodes)
+
+    @property
+    def cost(self) -> int:
+        return sum(n.cost for n in self.nodes)
+
+    def table(self, width: int = 44) -> str:
+        head = f"{'node':<{width}} {'range':>23} {'kappa':>9} {'L':>9} {'Delta':>9} {'err bits':>8}"
+        rows = [head, "-" * len(head)]
+        for n in self.nodes:
+            text = n.text if len(n.text) <= width else n.text[:width - 3] + "..."
+            rng = f"[{n.range[0]:.3g}, {n.range[1]:.3g}]"
+            rows.append(f"{text:<{width}} {rng:>23} {n.kappa:9.3g} {n.lipschitz:9.3g} "
+                        f"{n.rounding:9.3g} {n.error_bits:8.1f}")
+        rows.append(f"total kappa {self.total:.4g}")
+        if self.error is not None:
+            rows.append(f"estimated error: worst {self.error.worst:.1f} bits, mean {self.error.mean:.2f} "
+                        "bits (first order, at points sampled from the ranges)")
+        return "\n".join(rows)
+
+    __str__ = table
+
+
+def analyze_program(program: Program, ranges: dict[str, Interval] | None = None
+                    ) -> CurvatureReport:
+    roots = program.roots()
+    leaf_meta = program.leaf_meta()
+    intervals = analyze(roots, ranges, leaf_meta)
+    meta = shapes(roots, leaf_meta)
+    error = program_error(program, ranges)
+    nodes = []
+    for t in postorder(roots):
+        if not t.args:
+            continue
+        operands = [intervals[id(a)] for a in t.args]
+        shape, dtype = meta[id(t)]
+        nodes.append(NodeCurvature(
+            pretty(t), t.op, shape, dtype_name(dtype), intervals[id(t)],
+            kappa(t.op, t.attrs, operands), lipschitz(t.op, t.attrs, operands),
+            rounding(dtype_name(dtype), intervals[id(t)]),
+            kappa_cost(t.op, t.attrs, operands, intervals[id(t)], dtype_name(dtype)),
+            error.by_node.get(id(t), 0.0) if error else 0.0))
+    return CurvatureReport(nodes, error)
+
+
+def curvature(fn, *example_args, input_ranges: dict[str, Interval] | None = None
+              ) -> CurvatureReport:
+    """Annotate ``fn`` traced on ``example_args`` with range, kappa, L and Delta per node."""
+    program, _ = capture(fn, example_args)
+    ranges = dict(input_ranges or {})
+    for term, value in zip(program.inputs, example_args):
+        name = term.attrs[0]
+        if name not in ranges and value.is_floating_point() and value.numel():
+            finite = value[torch.isfinite(value)].double()
+            if finite.numel():
+                ranges[name] = (float(finite.min()), float(finite.max()))
+    return analyze_program(program, ranges)

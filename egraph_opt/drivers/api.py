@@ -1,0 +1,209 @@
+"""``saturate_and_extract``: the decorator users meet first.
+
+The first call per input signature (shapes, dtypes, devices) traces, optimizes, validates and
+caches a plan; later calls with that signature run the plan. A plan that fails validation is
+replaced by the original program, and the report says why.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_structure, tree_unflatten
+
+from .arguments import Binder, BoundCall
+from ..frontends.capture import capture
+from ..egraph.engine import EGraph, InvariantError
+from .guard import StateKey
+from ..extractors import CostModel, Objective
+from ..extractors.rounding_error import program_error
+from ..profiling.latency import MeasuredLatency, sources
+from ..optimization.pipeline import Limits, optimize
+from .report import Report
+from ..rulesets import select
+from ..lang.term import postorder
+from ..backends.torch_backend import build_module
+from ..validate import compare, random_inputs
+
+#: programs of at most this many terms get a first-order error estimate in their report (it runs
+#: them in float64 with derivatives at 8 points)
+ESTIMATED_UP_TO = 256
+
+
+@dataclass
+class Plan:
+    run: Callable | None  # None: the original runs untouched (``report.fallback`` says why)
+    report: Report
+    egraph: EGraph | None
+
+
+def _check_ranges(ranges: dict | None) -> dict:
+    checked = {}
+    for name, value in (ranges or {}).items():
+        try:
+            lo, hi = (float(v) for v in value)
+        except (TypeError, ValueError):
+            raise ValueError(f"input_ranges[{name!r}] must be a (lo, hi) pair of numbers, got {value!r}") from None
+        if math.isnan(lo) or math.isnan(hi) or lo > hi:
+            raise ValueError(f"input_ranges[{name!r}] = {value!r} is empty or not numbers")
+        checked[name] = (lo, hi)
+    return checked
+
+
+def _run_unflattened(module, returns, *args):
+    """The built module returns its outputs flat; the caller gets them as the original returned
+    them (a Hugging Face ``ModelOutput`` stays one)."""
+    return tree_unflatten(module(*args), returns)
+
+
+class OptimizedFunction:
+    """A callable equivalent to ``fn`` that runs the optimized program for each input signature.
+
+    A program that cannot be optimized soundly (it mutates its arguments or its module's state,
+    cannot be traced, or takes values the Term language does not hold) runs untouched, and its
+    report says why; so does one whose optimized form fails validation."""
+
+    def __init__(self, fn: Callable, *, objective="balanced", tolerance: float | None = None,
+                 input_ranges=None, rulesets=None, validate: bool = True,
+                 limits: Limits = Limits(), profile_db=None, profile_misses: bool = False,
+                 keep_egraph: bool = False):
+        self.fn = fn
+        self.objective = Objective(objective)
+        self.tolerance = tolerance
+        CostModel(self.objective, tolerance=tolerance)  # refuses a bad objective/tolerance now
+        self.profile_db = profile_db  # path, None for the default database, False for none
+        self.profile_misses = profile_misses
+        self.input_ranges = _check_ranges(input_ranges)
+        self.rules = select(rulesets)
+        self.validate = validate
+        self.limits = limits
+        self.keep_egraph = keep_egraph  # every plan keeps its e-graph (notebooks); else the last one
+        self._plans: dict[tuple, Plan] = {}
+        self._last: Plan | None = None
+        self._last_egraph: EGraph | None = None
+        self._state = StateKey(fn)
+        target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+        try:
+            self._signature: inspect.Signature | None = inspect.signature(target)
+        except (TypeError, ValueError):  # a builtin such as torch.exp: positional tensors only
+            self._signature = None
+        unknown = set(self.input_ranges) - set(self._signature.parameters if self._signature else ())
+        if unknown:
+            raise ValueError(f"input_ranges names {sorted(unknown)}, which are not parameters of "
+                             f"{getattr(target, '__qualname__', target)}")
+        if not isinstance(fn, torch.nn.Module):
+            functools.update_wrapper(self, fn)
+        self._bind = Binder(self._signature, self._name)
+
+    @property
+    def _name(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or getattr(self.fn, "__name__", None) or \
+            type(self.fn).__name__
+
+    def __call__(self, *args, **kwargs):
+        call = self._bind(args, kwargs)
+        key = (call.key, self._state.key())
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._compile(call)
+        self._last = plan
+        if plan.run is None:
+            return self.fn(*args, **kwargs)
+        return plan.run(*call.tensors)
+
+    def _compile(self, call: BoundCall) -> Plan:
+        signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+                              for n, t in zip(call.names, call.tensors))
+        report = Report(signature=f"{self._name}({signature})")
+        if call.refused:
+            return self._untouched(report, call.refused)
+        try:
+            return self._optimize(call, report)
+        except InvariantError:  # a tripwire: a bug of ours that tests must see
+            raise
+        except Exception as e:  # noqa: BLE001 - never a wrong answer: the original runs instead
+            return self._untouched(report, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+    def _untouched(self, report: Report, why: str) -> Plan:
+        report.fallback = why
+        warnings.warn(f"egraph-opt: {report.signature} runs untouched: {why}", stacklevel=3)
+        return Plan(None, report, None)
+
+    def _optimize(self, call: BoundCall, report: Report) -> Plan:
+        target = call.traceable(self.fn)
+        args = call.tensors
+        program, traced = capture(target, args)
+        returns = tree_structure(program.outputs)  # ModelOutput and other registered containers
+        device = args[0].device.type if args else "cpu"
+        latency = None if self.profile_db is False else MeasuredLatency.from_database(
+            self.profile_db, device, on_demand=self.profile_misses)
+        model = CostModel(self.objective, latency, self.tolerance)
+        result = optimize(program, rules=self.rules, model=model, limits=self.limits,
+                          input_ranges=self.input_ranges)
+        roots = program.roots()
+        seconds_before, where_before = sources(roots, latency, program.leaf_meta())
+        seconds_after, where_after = sources(result.program.roots(), latency, program.leaf_meta())
+        flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
+        module = build_module(flat, traced, device=device)
+        run = functools.partial(_run_unflattened, module, returns)
+        errors = [program_error(p, self.input_ranges) for p in (program, result.program)] \
+            if len(postorder(roots)) <= ESTIMATED_UP_TO else []
+        report.rewrites = [(r.name, r.describe(), n) for r, n in result.applied]
+        report.ops_before, report.ops_after = result.ops_before, result.ops_after
+        report.cost_before, report.cost_after = result.cost_before, result.cost_after
+        report.opaque = [c.describe() for c in program.opaque.values()]
+        report.saturation = [f"{s.phase}: {s.iterations} iterations, {s.enodes} e-nodes, stopped: "
+                             f"{s.stop}" for s in result.saturation]
+        report.seconds, report.kernels = result.seconds, module.kernels
+        report.latency = (seconds_before, seconds_after, where_after)
+        report.error = tuple(errors) if errors and all(errors) else None
+        self._last_egraph = result.egraph
+        plan = Plan(run, report, result.egraph if self.keep_egraph else None)
+        if self.validate:
+            fresh = random_inputs(args, call.names, self.input_ranges)
+            report.validation = compare(target, run, fresh)
+            if not report.validation.passed:
+                return self._untouched(report, f"validation failed: {report.validation.detail}")
+        return plan
+
+    @property
+    def report(self) -> Report | None:
+        """The report of the plan that ran last (None before the first call)."""
+        return self._last.report if self._last else None
+
+    @property
+    def egraph(self) -> EGraph | None:
+        """The saturated e-graph behind the plan that ran last (with ``keep_egraph=False``, only
+        the e-graph of the latest optimization is kept, so this is None after a re-run of an
+        older plan)."""
+        if self._last is None:
+            return None
+        return self._last.egraph or (self._last_egraph if self._last is self._latest() else None)
+
+    def _latest(self) -> Plan | None:
+        return next(reversed(self._plans.values()), None)
+
+    @property
+    def plans(self) -> dict[tuple, Plan]:
+        return dict(self._plans)
+
+
+def saturate_and_extract(fn: Callable | None = None, **options: Any):
+    """Optimize ``fn`` (a function of tensors or an nn.Module) by equality saturation.
+
+    Use bare (``@saturate_and_extract``) or with options: ``objective`` ("balanced", "stability",
+    "latency", or "tolerance" with ``tolerance=`` a relative error), ``input_ranges``
+    ({name: (lo, hi)}), ``rulesets`` (family or rule names), ``validate`` (default True),
+    ``limits`` (a ``Limits``), ``profile_db`` (latency database path; None: the default one;
+    False: static latencies), ``profile_misses`` (time unmeasured kernels during optimization),
+    ``keep_egraph`` (keep every plan's saturated e-graph, for notebooks; by default only the
+    latest optimization's is kept).
+    """
+    if fn is None:
+        return lambda f: OptimizedFunction(f, **options)
+    return OptimizedFunction(fn, **options)

@@ -1,0 +1,198 @@
+"""Command line: ``rules`` (the catalogue), ``kernels`` (the registry), ``profile`` (timings into
+the latency database), ``onnx`` (batch-optimize ONNX exports).
+
+Every error is one line on stderr: exit status 2 for a bad argument, 1 for a failure, 130 for
+Ctrl-C; ``--debug`` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from ..profiling.profile_db import ProfileDBError
+from ..rulesets import Family, catalogue
+from .usage import Failure, at_least
+
+
+_SELF_EXPLAINING = (Failure, ProfileDBError, OSError)  # their message needs no exception name
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """One line, not the usage block: the usage is one --help away."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _rules(args) -> int:
+    rows = [r for r in catalogue().values() if args.family is None or r.family.value == args.family]
+    width = max(len(r.name) for r in rows)
+    for r in rows:
+        when = f"  when {' '.join(r.when)}" if r.when else ""
+        print(f"{r.name:<{width}}  {r.family.value:<13} {r.exactness.value:<8} {r.describe()}{when}")
+    print(f"{len(rows)} rules")
+    return 0
+
+
+def _kernels(args) -> int:
+    from ..kernels.registry import REGISTRY
+
+    rows = [k for k in REGISTRY.values() if args.backend is None or k.backend == args.backend]
+    width = max(len(k.name) for k in rows)
+    for k in rows:
+        print(f"{k.name:<{width}}  {k.backend:<7} {','.join(sorted(k.devices)):<9} "
+              f"{','.join(sorted(k.dtypes)) if len(k.dtypes) < 5 else 'any':<32} {k.reference}")
+    print(f"{len(rows)} kernels")
+    return 0
+
+
+def _profile(args) -> int:
+    import torch
+
+    from ..profiling.profile_db import ProfileDB
+    from ..profiling.profiler import SPECS, profile_ops, profile_shapes
+
+    torch.set_num_threads(args.threads)
+    unknown = set(args.ops or ()) - set(SPECS)
+    if unknown:
+        print(f"egraph-opt profile: no shape grid for {sorted(unknown)}; known: {sorted(SPECS)}",
+              file=sys.stderr)
+        return 2
+    with ProfileDB(args.db) as db:
+        if args.program:
+            cases = program_cases(args.program, args.shapes, args.dtype[0])
+            records = profile_shapes(cases, args.device, db, repeats=args.repeats)
+        else:
+            records = profile_ops(args.ops or sorted(SPECS), args.dtype, args.device, db,
+                                  args.sizes, args.repeats)
+        print(f"{len(records)} timings recorded in {db.path}")
+    return 0
+
+
+def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
+    """Every kernel call the saturated e-graph of ``module:function`` could make, at its shapes:
+    one profiling case per distinct (op, operand shapes, attributes) the profiler can time."""
+    import importlib
+
+    import torch
+
+    from ..frontends.capture import capture
+    from ..lang.ops import OPS
+    from ..optimization.pipeline import class_meta, optimize
+    from ..profiling.profiler import SPECS, Case
+    from ..lang.term import SCALAR, postorder
+    from ..lang.term import shapes as term_shapes
+
+    module_name, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise Failure(f"cannot load {spec!r} ({e}); use module:function") from None
+    fn = getattr(fn, "fn", fn)  # a decorated function: profile the original
+    program, _ = capture(fn, tuple(torch.randn(s, dtype=getattr(torch, dtype)) for s in shapes))
+    result = optimize(program, templates=False)  # the whole e-graph: every kernel it could use
+    snap, roots = result.egraph.snapshot(), program.roots()
+    known = term_shapes(roots, program.leaf_meta())
+    meta = class_meta(snap.classes, {snap.class_of_ref[result.egraph.ref(t)]: known[id(t)]
+                                     for t in postorder(roots)})
+    cases = {}
+    for nodes in snap.classes.values():
+        for n in nodes:
+            if n.op in SPECS and all(c in meta for c in n.children):
+                operands = tuple(meta[c][0] for c in n.children if meta[c] != SCALAR)
+                attrs = {k: v for (k, _), v in zip(OPS[n.op].attrs, n.attrs)}
+                cases[n.op, operands, n.attrs] = Case(n.op, dtype, operands, attrs)
+    return list(cases.values())
+
+
+def _ints(parse, text: str, sep: str) -> list[int]:
+    try:
+        return [parse(item) for item in text.split(sep) if item]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+
+
+def _shapes(text: str) -> list[tuple[int, ...]]:
+    return [tuple(_ints(at_least(1), item, "x")) for item in text.split(",") if item]
+
+
+def _dtype(text: str) -> str:
+    import torch
+    if not isinstance(getattr(torch, text, None), torch.dtype):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch dtype such as float32")
+    return text
+
+
+def _device(text: str) -> str:
+    import torch
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device such as cpu or cuda:0")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .onnx_batch import add_onnx_command
+
+    parser = _Parser(prog="egraph-opt", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rules = sub.add_parser("rules", help="list the rewrite rule catalogue")
+    rules.add_argument("--family", choices=[f.value for f in Family])
+    rules.set_defaults(run=_rules)
+    kernels = sub.add_parser("kernels", help="list the kernel registry")
+    kernels.add_argument("--backend", choices=["torch", "numpy", "triton"])
+    kernels.set_defaults(run=_kernels)
+    profile = sub.add_parser("profile", help="time kernels over a shape grid into the database")
+    profile.add_argument("--ops", type=lambda s: s.split(","), help="comma-separated ops")
+    profile.add_argument("--dtype", nargs="+", type=_dtype, default=["float32"])
+    profile.add_argument("--device", type=_device, default="cpu")
+    profile.add_argument("--sizes", type=lambda s: _ints(at_least(1), s, ","),
+                         default=[16, 64, 256, 1024])
+    profile.add_argument("--repeats", type=at_least(1), default=15)
+    profile.add_argument("--threads", type=at_least(1), default=1)
+    profile.add_argument("--db", help="database file (default: $EGRAPH_OPT_PROFILE_DB or the "
+                         "user cache)")
+    profile.add_argument("--for", dest="program", metavar="MODULE:FUNCTION",
+                         help="profile every kernel this program's e-graph could use, at its shapes")
+    profile.add_argument("--shapes", type=_shapes, default=[],
+                         help="example input shapes for --for, e.g. 2x8x16,2x8x16")
+    profile.set_defaults(run=_profile)
+    add_onnx_command(sub)
+    for command in sub.choices.values():  # also after the command; SUPPRESS keeps a --debug before
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.command == "profile" and args.program and not args.shapes:
+        profile.error("--for needs --shapes, the example input shapes")
+    return _run(args, f"egraph-opt {args.command}")
+
+
+def _run(args: argparse.Namespace, prog: str) -> int:
+    """Run the command; any error becomes one line, and warnings (a profile database set aside)
+    one line each."""
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}",
+                                                         file=sys.stderr)
+        try:
+            return args.run(args)
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
+        except Exception as e:  # noqa: BLE001 - one line, the traceback only on request
+            if args.debug:
+                raise
+            message = str(e).splitlines()[0] if str(e) else ""
+            kind = "" if isinstance(e, _SELF_EXPLAINING) else f"{type(e).__name__}: "
+            print(f"{prog}: {kind}{message}", file=sys.stderr)
+            return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def main_onnx(argv: list[str] | None = None) -> int:
+    """``egraph-opt onnx ARGV``, with the CLI's one-line errors."""
+    return main(["onnx", *(sys.argv[1:] if argv is None else argv)])
+

@@ -1,0 +1,393 @@
+"""``egraph-opt onnx IN... --out DIR``: optimize ONNX models in batch, each validated before written.
+
+Every model is read, optimized, exported, checked (onnx.checker, full) and compared with the
+original under onnxruntime on random inputs; only a model that passes is written, atomically, into
+``--out``. A failing model is reported with its reason while the others go on; the exit status
+says whether any failed. ``--out`` and ``--report`` are checked before any work; Ctrl-C stops
+with one line and the report of the models done.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+
+import numpy as np
+import onnx
+
+from .usage import Failure, at_least
+from ..extractors import Objective
+from ..backends.onnx_backend import OnnxExportError, export
+from ..frontends.onnx_converters import opset_of
+from ..frontends.onnx_frontend import OnnxImportError, ValueType, _value_type, import_model, load
+from ..optimization.pipeline import optimize
+from ..validate import judge
+
+_PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
+_SYMBOLIC_DIM = 3  # size given to symbolic dims of random inputs
+_EXTERNAL_ABOVE = 1 << 30  # bytes: larger models are written with their tensors beside them
+
+
+class ModelFailure(Exception):
+    """One model could not be optimized: the reason goes into its report line."""
+
+
+# --- inputs and validation ---
+
+def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
+    """Exclusive upper bound of each integer input that (maybe through casts and reshapes) indexes
+    a constant table with Gather: ids stay within the embedding's vocabulary."""
+    tables = {t.name: list(t.dims) for t in model.graph.initializer}
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            users.setdefault(name, []).append(node)
+    bounds = {}
+    for inp in model.graph.input:
+        frontier, seen = [inp.name], set()
+        while frontier:
+            name = frontier.pop()
+            seen.add(name)
+            for node in users.get(name, []):
+                if node.op_type == "Gather" and node.input[1] == name and node.input[0] in tables:
+                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                    size = tables[node.input[0]][axis]
+                    bounds[inp.name] = min(bounds.get(inp.name, size), size)
+                elif node.op_type in _PASS_THROUGH and node.input[0] == name:
+                    frontier += [o for o in node.output if o not in seen]
+    return bounds
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs respecting dtypes: floats normal, ids within vocabularies, other ints 0/1."""
+    rng = np.random.default_rng(seed)
+    initializers = {t.name for t in model.graph.initializer}
+    vocab = vocabularies(model)
+    feeds = {}
+    for info in model.graph.input:
+        if info.name in initializers:
+            continue
+        vt: ValueType | None = _value_type(info)
+        if vt is None or vt.shape is None:
+            raise ModelFailure(f"input {info.name!r} has no tensor shape to draw inputs for")
+        shape = [d if isinstance(d, int) else _SYMBOLIC_DIM for d in vt.shape]
+        np_type = onnx.helper.tensor_dtype_to_np_dtype(vt.elem_type)
+        if np_type.kind == "f":
+            feeds[info.name] = rng.standard_normal(shape).astype(np_type)
+        elif np_type.kind == "b":
+            feeds[info.name] = rng.random(shape) < 0.5
+        else:
+            feeds[info.name] = rng.integers(0, vocab.get(info.name, 2), shape).astype(np_type)
+    return feeds
+
+
+def session(model: onnx.ModelProto | str):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def latencies(sessions: list, feeds: dict, runs: int) -> list[float]:
+    """Median milliseconds per session, runs interleaved so that both see the same machine."""
+    times: list[list[float]] = [[] for _ in sessions]
+    for _ in range(runs):
+        for s, bucket in zip(sessions, times):
+            start = time.perf_counter()
+            s.run(None, feeds)
+            bucket.append((time.perf_counter() - start) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
+# --- one model ---
+
+def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite: bool = False):
+    """Write into a temporary folder beside the target, then claim the final names by hard links,
+    external data first and the model last. A link fails where the name exists, so of two runs
+    writing one output one fails, and a model never appears without all of its data. With
+    ``overwrite`` the old model and its data are removed first, so no model meets another's data.
+    """
+    directory, base = os.path.split(target)
+    folder = tempfile.mkdtemp(prefix=".egraph-opt-", dir=directory or ".")
+    names = [base + ".data", base] if external else [base]
+    claimed: list[str] = []
+    try:
+        staged = os.path.join(folder, base)
+        if external:
+            onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=base + ".data", size_threshold=1024)
+        else:
+            onnx.save_model(model, staged)
+        if overwrite:
+            for old in (target, target + ".data"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old)
+        for name in names:
+            os.link(os.path.join(folder, name), os.path.join(directory, name))
+            claimed.append(os.path.join(directory, name))
+        claimed = []  # all in place: keep them
+    except FileExistsError as e:
+        raise ModelFailure(f"{e.filename2} exists (use --force to overwrite)") from None
+    finally:
+        for path in claimed:  # a unit only half in place: take it back
+            os.unlink(path)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
+    """The model at ``opset`` when that is newer than its own (newer opsets have fused standard
+    operators: Gelu from 20, Attention from 23); never downgraded."""
+    if opset is None or opset <= opset_of(model):
+        return model
+    from onnx import version_converter
+    try:
+        return version_converter.convert_version(model, opset)
+    except Exception as e:  # noqa: BLE001 - the converter raises several types
+        raise ModelFailure(f"cannot convert opset {opset_of(model)} to {opset}: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def process(path: str, target: str, options: dict) -> dict:
+    """Optimize one model; returns its report record (status, reason, numbers)."""
+    record = {"model": path, "output": target, "status": "failed", "reason": ""}
+    start = time.perf_counter()
+    try:
+        if os.path.exists(target) and not options["force"]:
+            raise ModelFailure(f"{target} exists (use --force to overwrite)")
+        original = load(path)
+        stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
+        src = import_model(upgraded(original, options.get("opset")), path)
+        try:
+            result = optimize(src.program, objective=Objective(options["objective"]))
+        except Exception as e:  # noqa: BLE001 - any optimizer failure fails this model only
+            raise ModelFailure(f"optimizer: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        optimized = export(src, result.program)
+        record.update(
+            nodes_before=len(original.graph.node), nodes_after=len(optimized.graph.node),
+            rewrites={r.name: n for r, n in result.applied},
+            curvature_before=result.cost_before.get("curvature"),
+            curvature_after=result.cost_after.get("curvature"), folded=src.folded,
+            opaque=len(src.program.opaque))
+        try:
+            onnx.checker.check_model(optimized, full_check=True)
+        except Exception as e:  # noqa: BLE001 - checker errors come in several types
+            raise ModelFailure(f"onnx.checker: {str(e).splitlines()[0]}") from None
+        feeds = random_feeds(original, options["seed"])
+        try:
+            sessions = [session(path), session(optimized)]
+            expected, got = (s.run(None, feeds) for s in sessions)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
+            raise ModelFailure(f"onnxruntime: {str(e).splitlines()[0]}") from None
+        verdicts = [judge(b, a) for a, b in zip(expected, got)]  # the decorator's rule
+        record["max_error"] = max((err for _, err, _, _ in verdicts), default=0.0)
+        for name, (ok, _, _, why) in zip(src.output_names, verdicts):
+            if not ok:
+                raise ModelFailure(f"validation: output {name!r}: {why}")
+        if options["latency_runs"]:
+            record["latency_ms_before"], record["latency_ms_after"] = latencies(
+                sessions, feeds, options["latency_runs"])
+        external = _uses_external_data(stored) or \
+            optimized.ByteSize() > _EXTERNAL_ABOVE
+        write_atomic(optimized, target, external, options["force"])
+        record.update(status="optimized")
+    except (ModelFailure, OnnxImportError, OnnxExportError, OSError) as e:
+        record["reason"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except Exception as e:  # noqa: BLE001 - a bug on one model must not stop the batch
+        record["reason"] = f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    record["seconds"] = round(time.perf_counter() - start, 3)
+    return record
+
+
+# --- the batch ---
+
+def collect(patterns: list[str], out_dir: str) -> list[str]:
+    """Model paths from files, directories (their .onnx files, recursively) and glob patterns."""
+    found: list[str] = []
+    out_real = os.path.realpath(out_dir)
+    for pattern in patterns:
+        if os.path.isdir(pattern):
+            matches = sorted(glob.glob(os.path.join(glob.escape(pattern), "**", "*.onnx"),
+                                       recursive=True))
+        elif glob.has_magic(pattern):
+            matches = sorted(glob.glob(pattern, recursive=True))
+        else:
+            matches = [pattern]
+        found += [m for m in matches
+                  if not os.path.realpath(m).startswith(out_real + os.sep)]
+    return list(dict.fromkeys(found))
+
+
+def _line(r: dict) -> str:
+    if r["status"] != "optimized":
+        return f"FAILED {r['model']}: {r['reason']}"
+    lat = ""
+    if "latency_ms_before" in r:
+        lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms"
+    return (f"ok     {r['model']}: nodes {r['nodes_before']} -> {r['nodes_after']}, "
+            f"{sum(r['rewrites'].values())} rewrites{lat}")
+
+
+def summary(records: list[dict]) -> str:
+    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after",
+            "after/before")
+    rows = [head]
+    for r in records:
+        ok = r["status"] == "optimized"
+        before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
+        rows.append((
+            os.path.basename(r["model"]), r["status"],
+            f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
+            str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
+            f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
+            f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
+            f"{after / before:.2f}" if ok and before and after else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    failed = sum(r["status"] != "optimized" for r in records)
+    return "\n".join(lines + [f"{len(records) - failed} optimized, {failed} failed"])
+
+
+def _progress(total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
+
+
+def _writable_dir(path: str, what: str) -> None:
+    """Create the directory and make a file in it now, not after every model is optimized."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except FileExistsError:
+        raise Failure(f"{what} {path}: is a file, not a directory") from None
+    except OSError as e:
+        raise Failure(f"{what} {path}: cannot write there ({e.strerror or e})") from None
+
+
+def _write_report(path: str, records: list[dict], interrupted: bool) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
+        json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
+    os.replace(f.name, path)
+
+
+def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> None:
+    """Workers ignore SIGINT (a terminal sends it to all): the parent stops them on Ctrl-C."""
+    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=signal.signal,
+                               initargs=(signal.SIGINT, signal.SIG_IGN))
+    try:
+        futures = {pool.submit(process, p, t, options): p for p, t in targets.items()}
+        for future in as_completed(futures):
+            try:
+                done(future.result())
+            except Exception as e:  # noqa: BLE001 - a worker that died fails its model only
+                done({"model": futures[future], "status": "failed",
+                      "reason": f"worker died: {type(e).__name__}: {e}"})
+    except KeyboardInterrupt:
+        for worker in pool._processes.values():  # Python 3.14: pool.terminate_workers()
+            worker.terminate()
+        raise
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    _writable_dir(args.out, "--out")
+    if args.report:
+        if os.path.isdir(args.report):
+            raise Failure(f"--report {args.report}: is a directory")
+        _writable_dir(os.path.dirname(os.path.abspath(args.report)), "--report")
+    paths = collect(args.inputs, args.out)
+    if not paths:
+        raise Failure(f"no models found in {' '.join(args.inputs)}")
+    targets, records = {}, []
+    for p in paths:
+        target = os.path.join(args.out, os.path.basename(p))
+        if target in targets.values():
+            records.append({"model": p, "status": "failed",
+                            "reason": f"another input is also written to {target}"})
+        else:
+            targets[p] = target
+    options = {"force": args.force, "objective": args.objective, "seed": args.seed,
+               "latency_runs": args.latency_runs, "opset": args.opset}
+    bar = _progress(len(targets))
+    say = bar.write if bar is not None else print
+    finished: set[str] = set()
+
+    def done(record):
+        records.append(record)
+        finished.add(record["model"])
+        say(_line(record))
+        if bar is not None:
+            bar.update()
+
+    interrupted = False
+    try:
+        if args.jobs <= 1:
+            for p, target in targets.items():
+                done(process(p, target, options))
+        else:
+            _in_parallel(args.jobs, targets, options, done)
+    except KeyboardInterrupt:
+        interrupted = True
+        records += [{"model": p, "output": t, "status": "interrupted", "reason": "Ctrl-C"}
+                    for p, t in targets.items() if p not in finished]
+    if bar is not None:
+        bar.close()
+    records.sort(key=lambda r: r["model"])
+    if args.report:
+        _write_report(args.report, records, interrupted)
+    if interrupted:
+        report = f"; report in {args.report}" if args.report else ""
+        print(f"egraph-opt onnx: interrupted after {len(finished)} of {len(targets)} models"
+              f"{report}", file=sys.stderr)
+        return 130
+    print(summary(records))
+    return int(any(r["status"] != "optimized" for r in records))
+
+
+def _opset(text: str) -> int:
+    newest = onnx.defs.onnx_opset_version()
+    if not text.isdigit() or not 13 <= int(text) <= newest:
+        raise argparse.ArgumentTypeError(f"{text!r}: an opset from 13 to {newest}")
+    return int(text)
+
+
+def add_onnx_command(subparsers) -> argparse.ArgumentParser:
+    """Register ``onnx`` on the CLI's subparsers; the parsed namespace's ``run`` executes it."""
+    parser = subparsers.add_parser("onnx", help="optimize ONNX models in batch",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("inputs", nargs="+", metavar="IN", help="model files, directories, globs")
+    parser.add_argument("--out", required=True, help="directory for the optimized models")
+    parser.add_argument("-j", "--jobs", type=at_least(1), default=1,
+                        help="parallel worker processes")
+    parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
+    parser.add_argument("--report", help="write a JSON report of every model here")
+    parser.add_argument("--objective", default="balanced", choices=[o.value for o in Objective])
+    parser.add_argument("--latency-runs", type=at_least(0), default=20,
+                        help="onnxruntime runs per model for the latency columns (0: skip)")
+    parser.add_argument("--seed", type=at_least(0), default=0,
+                        help="seed of the random validation inputs")
+    parser.add_argument("--opset", type=_opset, help="convert older models to this opset first, so that "
+                        "its fused operators (Attention at 23) can be used; default: keep each model's")
+    parser.set_defaults(run=run)
+    return parser

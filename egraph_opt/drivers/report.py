@@ -1,0 +1,69 @@
+"""What an optimization changed, as the user reads it: rewrites, ops, costs, validation."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..validate import Validation
+
+
+@dataclass
+class Report:
+    signature: str
+    rewrites: list[tuple[str, str, int]] = field(default_factory=list)  # name, lhs -> rhs, matches
+    ops_before: dict[str, int] = field(default_factory=dict)
+    ops_after: dict[str, int] = field(default_factory=dict)
+    cost_before: dict[str, int] = field(default_factory=dict)
+    cost_after: dict[str, int] = field(default_factory=dict)
+    opaque: list[str] = field(default_factory=list)
+    saturation: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    kernels: dict[str, int] = field(default_factory=dict)  # kernels the plan binds, by name
+    latency: tuple | None = None  # (seconds before, seconds after, sources of the estimates after)
+    error: tuple | None = None  # first-order rounding error (ProgramError) before and after
+    validation: Validation | None = None
+    fallback: str = ""  # why the original program is running instead, if it is
+
+    @property
+    def optimized(self) -> bool:
+        return not self.fallback
+
+    def __str__(self) -> str:
+        lines = [f"egraph-opt report for {self.signature}"]
+        if self.fallback and not self.ops_before:  # nothing was captured: the why is all there is
+            return "\n".join(lines + [f"[FALLBACK] running the original program: {self.fallback}"])
+        lines += [f"[REWRITE] {name}: {what}  ({n} matches)" for name, what, n in self.rewrites]
+        if not self.rewrites:
+            lines.append("[REWRITE] none: no rule improved the program")
+        lines.append(f"[OPS] before: {_counts(self.ops_before)}")
+        lines.append(f"[OPS] after:  {_counts(self.ops_after)}")
+        for part in ("curvature", "latency"):
+            if part in self.cost_before:
+                lines.append(f"[COST] {part}: {self.cost_before[part]} -> {self.cost_after[part]}")
+        if self.latency:
+            before, after, where = self.latency
+            lines.append(f"[LATENCY] estimated {before * 1e6:.1f} us -> {after * 1e6:.1f} us "
+                         f"({', '.join(f'{k} {v}' for k, v in where.items())})")
+        if self.error:
+            before, after = self.error
+            lines.append(f"[ERROR] first-order estimate over the input ranges: worst {before.worst:.1f} -> "
+                         f"{after.worst:.1f} bits, mean {before.mean:.2f} -> {after.mean:.2f} bits")
+        if self.kernels:
+            lines.append(f"[KERNELS] {_counts(self.kernels)}")
+        lines += [f"[OPAQUE] {o}" for o in self.opaque]
+        lines += [f"[SATURATION] {s}" for s in self.saturation]
+        if self.seconds:
+            lines.append("[TIME] " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items()))
+        v = self.validation
+        if v is not None:
+            verdict = "passed" if v.passed else "FAILED"
+            lines.append(f"[VALIDATION] {verdict}: max error {v.max_error:.3g} "
+                         f"(original {v.original_error:.3g}){' - ' + v.detail if v.detail else ''}")
+        if self.fallback:
+            lines.append(f"[FALLBACK] running the original program: {self.fallback}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{op} x{n}" for op, n in counts.items()) or "(none)"

@@ -1,0 +1,22 @@
+"""What the command line tells its user: a failure they can act on, and argument types whose
+refusal is one line (argparse then exits with status 2)."""
+from __future__ import annotations
+
+import argparse
+
+
+class Failure(Exception):
+    """A failure the user can act on: its message is the whole error line (exit status 1)."""
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum}")
+        return value
+    return parse

@@ -1,0 +1,237 @@
+"""The one module that talks to egglog.
+
+We drive egglog's low-level bindings with program text generated from the op table, because the
+measured costs decide it (../shared/DESIGN.md): terms are loaded as small chunks of
+``(union (Ref k) (Op (Ref i) ...))`` commands (one large program parses in quadratic memory), each
+term node once, so shared subexpressions stay shared and every node keeps an anchor ``Ref k`` that
+names its e-class after saturation. The serialized e-graph (private API, wrapped here only) is
+parsed into plain Python classes for our own extractor.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+from egglog import bindings
+
+from . import range_rules
+from ..lang.ops import OPS, BY_EGG_NAME, ATTR_SORTS
+from ..lang.pattern import literal
+from ..lang.term import Term, postorder
+
+SORT = "Tensor"
+_CHUNK = 64
+_UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
+
+
+class InvariantError(RuntimeError):
+    """A tripwire fired: the e-graph merged what no sound rule can merge."""
+
+
+def declarations() -> str:
+    """egglog text declaring the Tensor datatype, one constructor per op of the table."""
+    ctors = []
+    for op in OPS.values():
+        sorts = [SORT] * op.arity + [sort for _, sort in op.attrs]
+        ctors.append(f"({op.egg_name} {' '.join(sorts)})".replace(" )", ")"))
+    return f"(datatype {SORT}\n  " + "\n  ".join(ctors) + f")\n(constructor Ref (i64) {SORT})\n"
+
+
+@dataclass(frozen=True)
+class ENode:
+    op: str
+    children: tuple[str, ...]  # e-class ids of tensor operands
+    attrs: tuple
+
+
+@dataclass
+class Snapshot:
+    """The serialized e-graph: e-classes of Tensor e-nodes, the class of each loaded term, and
+    the interval the range analysis proved for each class."""
+    classes: dict[str, list[ENode]]
+    class_of_ref: dict[int, str]
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    dtypes: dict[str, str] = field(default_factory=dict)  # classes that are not float32
+
+    @property
+    def num_enodes(self) -> int:
+        return sum(len(v) for v in self.classes.values())
+
+
+@dataclass
+class Saturation:
+    """How a phase of rules ran: iterations, why it stopped, matches per rule."""
+    phase: str
+    iterations: int = 0
+    stop: str = "saturated"
+    seconds: float = 0.0
+    matches: dict[str, int] = field(default_factory=dict)
+    enodes: int = 0
+
+
+class EGraph:
+    """An egglog e-graph over Terms."""
+
+    def __init__(self, tripwires: bool | None = None):
+        """``tripwires`` (default: the EGRAPH_OPT_TRIPWIRES environment variable, on in tests)
+        checks after every iteration that no unsound merge happened."""
+        self._eg = bindings.EGraph()
+        self.tripwires = os.environ.get("EGRAPH_OPT_TRIPWIRES") == "1" if tripwires is None else tripwires
+        self._run(declarations() + range_rules.DECLARATIONS)
+        self._run("\n".join(range_rules.rules() + (range_rules.tripwires() if self.tripwires else [])))
+        self._refs: dict[tuple, int] = {}
+        self._ref_of_term: dict[int, int] = {}
+        self._rulesets: set[str] = set()
+
+    def _run(self, text: str):
+        try:
+            return self._eg.run_program(*self._eg.parse_program(text))
+        except BaseException as e:  # egglog panics surface as BaseException subclasses
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            if "tripwire:" in str(e):
+                raise InvariantError(str(e)[str(e).index("tripwire:"):]) from None
+            raise RuntimeError(f"egglog rejected: {text[:300]}\n{e}") from None
+
+    def add(self, roots: list[Term], intervals: dict[int, tuple[float, float]] | None = None,
+            meta: dict[int, tuple] | None = None) -> list[int]:
+        """Load terms, with their intervals and (shape, dtype) by term id where known; return the
+        anchor number of each root. Equal structure shares one anchor."""
+        lines = []
+        for t in postorder(roots):
+            if id(t) in self._ref_of_term:
+                continue
+            key = (t.op, tuple(self._ref_of_term[id(a)] for a in t.args), t.attrs)
+            ref = self._refs.get(key)
+            if ref is None:
+                ref = self._refs[key] = len(self._refs)
+                parts = [OPS[t.op].egg_name] + [f"(Ref {r})" for r in key[1]]
+                parts += [literal(v) for v in t.attrs]
+                lines.append(f"(union (Ref {ref}) ({' '.join(parts)}))")
+                lo, hi = (intervals or {}).get(id(t), (-math.inf, math.inf))
+                if lo > -_UNBOUNDED:
+                    lines.append(f"(set (lo (Ref {ref})) {literal(float(lo))})")
+                if hi < _UNBOUNDED:
+                    lines.append(f"(set (hi (Ref {ref})) {literal(float(hi))})")
+                if meta and id(t) in meta:
+                    lines += _shape_facts(ref, t, *meta[id(t)])
+            self._ref_of_term[id(t)] = ref
+        for i in range(0, len(lines), _CHUNK):
+            self._run("\n".join(lines[i:i + _CHUNK]))
+        return [self._ref_of_term[id(r)] for r in roots]
+
+    def ref(self, term: Term) -> int:
+        return self._ref_of_term[id(term)]
+
+    def add_rules(self, phase: str, rules) -> None:
+        if phase not in self._rulesets:
+            self._run(f"(ruleset {phase})")
+            self._rulesets.add(phase)
+        if rules:
+            self._run("\n".join(r.egglog(phase) for r in rules))
+
+    def size(self) -> int:
+        """Number of Tensor e-nodes (anchors included)."""
+        return int(sum(n for name, n in self._function_sizes() if name in BY_EGG_NAME or name == "Ref"))
+
+    def _function_sizes(self):
+        out = self._run("(print-size)")
+        sizes = out[-1].sizes if out and hasattr(out[-1], "sizes") else []
+        return list(sizes)
+
+    def saturate(self, phase: str, *, max_iterations: int, max_enodes: int, max_seconds: float
+                 ) -> Saturation:
+        """Run one ruleset iteration by iteration until it saturates or a limit is reached."""
+        report = Saturation(phase)
+        start = time.perf_counter()
+        self._analyze()
+        while True:
+            if report.iterations >= max_iterations:
+                report.stop = f"iteration limit ({max_iterations})"
+                break
+            out = self._run(f"(run {phase} 1)")
+            run_report = out[-1].report
+            self._analyze()
+            report.iterations += 1
+            for name, n in run_report.num_matches_per_rule.items():
+                report.matches[name] = report.matches.get(name, 0) + n
+            if not run_report.updated:
+                break
+            report.enodes = self.size()
+            if report.enodes > max_enodes:
+                report.stop = f"e-node limit ({max_enodes})"
+                break
+            if time.perf_counter() - start > max_seconds:
+                report.stop = f"time limit ({max_seconds:g} s)"
+                break
+        report.seconds = time.perf_counter() - start
+        report.enodes = self.size()
+        return report
+
+    def _analyze(self) -> None:
+        """Bring ranges and facts up to date (conditions of the next iteration read them)."""
+        self._run(f"(run-schedule (saturate (run {range_rules.RULESET})))")
+        if self.tripwires:
+            self._run(f"(run {range_rules.TRIPWIRES} 1)")
+
+    def serialize_json(self) -> str:
+        return self._eg.serialize([]).to_json()
+
+    def to_dot(self) -> str:
+        return self._eg.serialize([]).to_dot()
+
+    def snapshot(self) -> Snapshot:
+        """Parse the serialized e-graph into e-classes of ENodes (anchors set apart)."""
+        data = json.loads(self.serialize_json())
+        nodes = data["nodes"]
+        classes: dict[str, list[ENode]] = {}
+        class_of_ref: dict[int, str] = {}
+        primitive = {n["eclass"]: n["op"] for n in nodes.values() if not n["children"]}
+        bounds: dict[str, list[float]] = {}
+        dtypes: dict[str, str] = {}
+        for node in nodes.values():
+            op = node["op"]
+            if op == "Ref":
+                class_of_ref[int(nodes[node["children"][0]]["op"])] = node["eclass"]
+                continue
+            if op == "dtype-of":
+                dtypes[nodes[node["children"][0]]["eclass"]] = json.loads(primitive[node["eclass"]])
+                continue
+            if op in ("lo", "hi"):
+                tensor_class = nodes[node["children"][0]]["eclass"]
+                pair = bounds.setdefault(tensor_class, [-math.inf, math.inf])
+                pair[op == "hi"] = float(primitive[node["eclass"]])
+                continue
+            spec = BY_EGG_NAME.get(op)
+            if spec is None or node.get("subsumed"):
+                continue
+            kids = node["children"]
+            children = tuple(nodes[c]["eclass"] for c in kids[:spec.arity])
+            attrs = tuple(_primitive(nodes[c]["op"], sort)
+                          for c, (_, sort) in zip(kids[spec.arity:], spec.attrs))
+            classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
+        return Snapshot(classes, class_of_ref, {c: (lo, hi) for c, (lo, hi) in bounds.items()},
+                        dtypes)
+
+
+def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:
+    facts = []
+    name = str(dtype).removeprefix("torch.")
+    if name != "float32":
+        facts.append(f"(set (dtype-of (Ref {ref})) {literal(name)})")
+    if shape:
+        facts.append(f"(set (last-dim (Ref {ref})) {shape[-1]})")
+    if not t.args:
+        facts.append(f"(set (rank (Ref {ref})) {len(shape)})")
+    return facts
+
+
+def _primitive(text: str, sort: str):
+    if sort == "String":
+        return json.loads(text)
+    if sort == "bool":
+        return text == "true"
+    return ATTR_SORTS[sort](float(text) if sort == "f64" else int(text))

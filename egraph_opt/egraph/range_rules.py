@@ -1,0 +1,154 @@
+"""Range analysis inside the e-graph, as egglog rules.
+
+Every term loaded from a program gets its interval from the Python analysis (``ranges.py``, which
+knows shapes and has exp/log). These rules derive intervals for the nodes rewrites create, and the
+facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of
+the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
+float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
+every leaf's rank (fusions into kernels with shape contracts read them). ``lo`` merges by max and ``hi`` by min: two sound
+intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
+rule: two different constants, two different inputs, an empty interval.
+"""
+from __future__ import annotations
+
+import re
+
+from ..lang.ops import OPS
+
+BIG = "1e300"
+RULESET = "ranges"
+TRIPWIRES = "tripwires"
+
+DECLARATIONS = f"""
+(function lo (Tensor) f64 :merge (max old new))
+(function hi (Tensor) f64 :merge (min old new))
+(relation positive (Tensor))
+(relation nonneg (Tensor))
+(relation nonzero (Tensor))
+(function dtype-of (Tensor) String :merge old)
+(function last-dim (Tensor) i64 :merge old)
+(function rank (Tensor) i64 :merge old)
+(ruleset {RULESET})
+(ruleset {TRIPWIRES})
+"""
+#: what rule guards may ask of an e-class: the analyses declared above
+ANALYSES = frozenset(re.findall(r"\((?:function|relation) ([\w-]+)", DECLARATIONS))
+
+
+def _c(expr: str) -> str:
+    """Clamp to +-BIG so no bound is ever inf (and no later subtraction NaN)."""
+    return f"(min (max {expr} -{BIG}) {BIG})"
+
+
+def _e(op: str) -> str:
+    return OPS[op].egg_name
+
+
+_SAME_AS_OPERAND = ["mean", "max", "transpose", "permute", "reshape", "expand", "slice", "cast",
+                    "gather", "index_select", "max_pool2d"]
+#: ops whose result holds exactly the operand's values: the result's interval is the operand's too
+#: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
+_SAME_VALUES = ["cast", "transpose", "permute", "reshape", "expand"]
+_ELEMENTWISE_UNARY = ["neg", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos",
+                      "tanh", "sigmoid", "relu", "erf", "gelu", "softplus", "cast", "softmax",
+                      "log_softmax"]
+_SAME_DTYPE = [name for name, op in OPS.items() if op.arity >= 1 and name not in ("cast", "where")]
+_FIXED = {"sigmoid": ("0.0", "1.0"), "tanh": ("-1.0", "1.0"), "softmax": ("0.0", "1.0"),
+          "sin": ("-1.0", "1.0"), "cos": ("-1.0", "1.0")}
+_FACT_OF_OP = {"exp": "positive", "sigmoid": "positive", "softmax": "nonneg", "sqrt": "nonneg",
+               "abs": "nonneg", "relu": "nonneg", "var": "nonneg"}
+
+
+def _operand_pattern(op: str, vars_: str = "abcdfgh") -> str:
+    spec = OPS[op]
+    args = " ".join(["?" + v for v in vars_[:spec.arity]] + ["?_" + n for n, _ in spec.attrs])
+    return f"({spec.egg_name} {args})"
+
+
+def rules() -> list[str]:
+    out = [
+        # bounds of constants and of the arithmetic egglog's f64 can compute
+        "(rule ((= e (Const c))) ((set (lo e) c) (set (hi e) c)))",
+        f"(rule ((= e (Add a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) {_c('(+ x y)')})))",
+        f"(rule ((= e (Add a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_c('(+ x y)')})))",
+        f"(rule ((= e (Sub a b)) (= x (lo a)) (= y (hi b))) ((set (lo e) {_c('(- x y)')})))",
+        f"(rule ((= e (Sub a b)) (= x (hi a)) (= y (lo b))) ((set (hi e) {_c('(- x y)')})))",
+        "(rule ((= e (Neg a)) (= x (hi a))) ((set (lo e) (neg x))))",
+        "(rule ((= e (Neg a)) (= x (lo a))) ((set (hi e) (neg x))))",
+        "(rule ((= e (Mul a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b))) ("
+        f"(set (lo e) {_c('(min (min (* p r) (* p s)) (min (* q r) (* q s)))')}) "
+        f"(set (hi e) {_c('(max (max (* p r) (* p s)) (max (* q r) (* q s)))')})))",
+        f"(rule ((= e (Exp a)) (= x (lo a))) ((set (lo e) {_c('(^ 2.718281828459045 x)')})))",
+        f"(rule ((= e (Exp a)) (= x (hi a))) ((set (hi e) {_c('(^ 2.718281828459045 x)')})))",
+        "(rule ((= e (Relu a)) (= x (lo a))) ((set (lo e) (max x 0.0))))",
+        "(rule ((= e (Relu a)) (= x (hi a))) ((set (hi e) (max x 0.0))))",
+        "(rule ((= e (Sqrt a)) (= x (hi a))) ((set (hi e) (^ (max x 0.0) 0.5))))",
+        "(rule ((= e (Sqrt a)) (= x (lo a))) ((set (lo e) (^ (max x 0.0) 0.5))))",
+        "(rule ((= e (Rsqrt a)) (= x (lo a)) (= y (hi a)) (> x 0.0)) "
+        "((set (lo e) (^ y -0.5)) (set (hi e) (^ x -0.5))))",
+        # a quotient by a divisor of one sign (egglog's f64 division panics at 0: guarded)
+        *(f"(rule ((= e (Div a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b)) {sign}) ("
+          f"(set (lo e) {_c('(min (min (/ p r) (/ p s)) (min (/ q r) (/ q s)))')}) "
+          f"(set (hi e) {_c('(max (max (/ p r) (/ p s)) (max (/ q r) (/ q s)))')})))"
+          for sign in ("(> r 0.0)", "(< s 0.0)")),
+        # log has no f64 primitive: 1 - 1/x <= log x <= x - 1, and |log x| <= 745 for any f64
+        "(rule ((= e (Log a)) (= x (lo a)) (> x 0.0)) ((set (lo e) (max (- 1.0 (/ 1.0 x)) -745.0))))",
+        "(rule ((= e (Log a)) (= x (hi a)) (> x 0.0)) ((set (hi e) (min (- x 1.0) 710.0))))",
+        "(rule ((= e (Log1p a)) (= x (lo a)) (> x -1.0)) ((set (lo e) (max (- 1.0 (/ 1.0 (+ x 1.0))) -745.0))))",
+        "(rule ((= e (Log1p a)) (= x (hi a)) (> x -1.0)) ((set (hi e) (min x 710.0))))",
+        f"(rule ((= e (Expm1 a)) (= x (hi a))) ((set (lo e) -1.0) (set (hi e) {_c('(^ 2.718281828459045 x)')})))",
+        f"(rule ((= e (Softplus a)) (= x (hi a))) ((set (lo e) 0.0) (set (hi e) {_c('(+ (max x 0.0) 0.7)')})))",
+        "(rule ((= e (Softplus a))) ((set (lo e) 0.0)))",
+        f"(rule ((= e (Logaddexp a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_c('(+ (max x y) 0.7)')})))",
+        "(rule ((= e (Logaddexp a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
+        "(rule ((= e (LogSoftmax a ?_axis))) ((set (hi e) 0.0)))",
+        "(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (lo a))) ((set (lo e) x)))",
+        f"(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (hi a))) ((set (hi e) {_c('(+ x 44.0)')})))",
+        "(rule ((= e (Abs a)) (= x (lo a)) (= y (hi a))) ((set (lo e) 0.0) (set (hi e) (max (abs x) (abs y)))))",
+        "(rule ((= e (Maximum a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
+        "(rule ((= e (Maximum a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) (max x y))))",
+        "(rule ((= e (Minimum a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (min x y))))",
+        "(rule ((= e (Minimum a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) (min x y))))",
+        # facts from bounds
+        "(rule ((= x (lo e)) (> x 0.0)) ((positive e)))",
+        "(rule ((= x (lo e)) (>= x 0.0)) ((nonneg e)))",
+        "(rule ((= x (hi e)) (< x 0.0)) ((nonzero e)))",
+        "(rule ((positive e)) ((nonneg e) (nonzero e)))",
+        # facts of combinations (over the reals)
+        "(rule ((= e (Add a b)) (positive a) (nonneg b)) ((positive e)))",
+        "(rule ((= e (Add a b)) (nonneg a) (positive b)) ((positive e)))",
+        "(rule ((= e (Add a b)) (nonneg a) (nonneg b)) ((nonneg e)))",
+        "(rule ((= e (Mul a b)) (positive a) (positive b)) ((positive e)))",
+        "(rule ((= e (Mul a b)) (nonneg a) (nonneg b)) ((nonneg e)))",
+        "(rule ((= e (Mul a a))) ((nonneg e)))",
+        "(rule ((= e (Mul a b)) (nonzero a) (nonzero b)) ((nonzero e)))",
+        "(rule ((= e (Div a b)) (positive a) (positive b)) ((positive e)))",
+    ]
+    out.append('(rule ((= e (Cast x d))) ((set (dtype-of e) d)))')
+    for op in _ELEMENTWISE_UNARY:
+        out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))")
+    for op in _SAME_DTYPE:
+        out.append(f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))")
+    for op in _SAME_AS_OPERAND:
+        pattern = _operand_pattern(op)
+        out.append(f"(rule ((= e {pattern}) (= x (lo ?a))) ((set (lo e) x)))")
+        out.append(f"(rule ((= e {pattern}) (= x (hi ?a))) ((set (hi e) x)))")
+    for op in _SAME_VALUES:
+        pattern = _operand_pattern(op)
+        out.append(f"(rule ((= e {pattern}) (= x (lo e))) ((set (lo ?a) x)))")
+        out.append(f"(rule ((= e {pattern}) (= x (hi e))) ((set (hi ?a) x)))")
+    for op, (lo, hi) in _FIXED.items():
+        out.append(f"(rule ((= e {_operand_pattern(op)})) ((set (lo e) {lo}) (set (hi e) {hi})))")
+    for op, fact in _FACT_OF_OP.items():
+        out.append(f"(rule ((= e {_operand_pattern(op)})) (({fact} e)))")
+    return [r[:-1] + f" :ruleset {RULESET})" for r in out]
+
+
+def tripwires() -> list[str]:
+    return [f"(rule {query} ((panic \"{message}\")) :ruleset {TRIPWIRES})" for query, message in [
+        ("((= (Const a) (Const b)) (!= a b))", "tripwire: two different constants merged"),
+        ("((= (Input n s d) (Input m t f)) (!= n m))", "tripwire: two different inputs merged"),
+        ("((= (Input n s d) (Input m t f)) (!= d f))", "tripwire: two dtypes merged"),
+        ("((= x (lo e)) (= y (hi e)) (> x (+ y (+ 1e-9 (* 1e-9 (abs y))))))",
+         "tripwire: empty range (an unsound merge)"),
+    ]]

@@ -1,0 +1,221 @@
+"""Capture: torch functions and modules into Programs of Terms, via torch.fx.
+
+Tracing is symbolic (so data-dependent Python control flow is refused, never baked in) and then
+specialized to the example inputs' shapes: shape queries (``x.shape[-1] ** 0.5``) fold into
+constants, axes become canonical negative indices, views become reshapes to the recorded shape.
+Calls the Term language does not express become opaque calls, carried through untouched.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import fx
+from torch.fx.node import map_aggregate
+from torch.utils._pytree import tree_unflatten
+
+from . import lowering, lowering_aten, lowering_nn  # noqa: F401 - these register lowerings
+from .effects import mutations
+from ..lang.ops import shape_attr
+from ..lang.program import OpaqueCall, OpaqueRef, Program
+from ..lang.term import Term
+
+
+class CaptureError(TypeError):
+    """The program cannot be captured: says what and where."""
+
+
+class SideEffect(CaptureError):
+    """The program mutates what its caller sees (an argument, a parameter or buffer): it runs
+    untouched, since the Term language holds values only."""
+
+
+class _TraceAll(fx.Tracer):
+    """Trace into torch.nn modules too, so one functional spelling per op needs lowering."""
+
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, tuple(lowering.MODULES))
+
+
+class _AsModule(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
+    """Symbolic fx tracing; where Python control flow reads shapes (Hugging Face models do),
+    torch.export on the example inputs, which specializes shapes as we do per signature and
+    still refuses control flow on tensor values."""
+    root = fn if isinstance(fn, torch.nn.Module) else None
+    where = getattr(fn, "__qualname__", type(fn).__name__)
+    errors = []
+    for tracer in (_TraceAll(), fx.Tracer()):
+        try:
+            graph = tracer.trace(fn)
+            return fx.GraphModule(tracer.root if root is None else root, graph)
+        except Exception as e:  # noqa: BLE001 - fx raises many types; reported together below
+            errors.append(f"{type(e).__name__}: {e}")
+    if example_args:
+        module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
+        try:
+            return torch.export.export(module, tuple(example_args), strict=False).module()
+        except Exception as e:  # noqa: BLE001 - export raises many types too
+            errors.append(f"torch.export: {type(e).__name__}: {str(e).splitlines()[0]}")
+    raise CaptureError(f"cannot trace {where}: {'; '.join(errors[-2:])} (tracing needs control "
+                       "flow that does not depend on tensor values)")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the traced graph on the example inputs, keeping each node's shape or value."""
+
+    def run_node(self, n):
+        result = super().run_node(n)
+        n.meta["egraph_opt"] = map_aggregate(
+            result, lambda v: TensorInfo(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v)
+        return result
+
+
+_SHAPE_QUERIES = {("call_method", "size"), ("call_method", "dim"), ("call_method", "numel"),
+                  ("call_function", getattr)}
+
+
+def _is_static(node: fx.Node, static: set[str]) -> bool:
+    """True when a non-tensor node's value follows from shapes alone (safe to fold per signature)."""
+    info = node.meta.get("egraph_opt")
+    if any(isinstance(v, TensorInfo) for v in _flat(info)):
+        return False
+    if (node.op, node.target) in _SHAPE_QUERIES:
+        return True
+    inputs = node.all_input_nodes
+    return node.op == "call_function" and bool(inputs) and all(i.name in static for i in inputs)
+
+
+def _flat(tree) -> list:
+    out: list = []
+    map_aggregate(tree, out.append)
+    return out
+
+
+def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]:
+    """Trace ``fn`` and lower it on ``example_args``: one Program per input signature."""
+    for name, arg in zip(_parameter_names(fn, len(example_args)), example_args):
+        if not isinstance(arg, torch.Tensor):
+            raise CaptureError(f"argument {name!r} is a {type(arg).__name__}; egraph-opt optimizes "
+                               "functions of tensors (close over other values instead)")
+    gm = trace(fn, example_args)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_args):
+        raise CaptureError(f"{len(example_args)} arguments given, the traced program takes "
+                           f"{len(placeholders)}")
+    effects, in_place = mutations(gm)
+    if effects:
+        raise SideEffect(f"{getattr(fn, '__qualname__', type(fn).__name__)} mutates "
+                         f"{', '.join(effects)}")
+    try:  # on clones: a graph fx cannot see into (an opaque call) must not touch the caller's
+        _Recorder(gm).run(*(a.clone() if a.device.type != "meta" else a for a in example_args))
+    except Exception as e:
+        raise CaptureError(f"running the traced program on the example inputs failed: {e}") from e
+
+    values: dict[str, Any] = {}  # node name -> Term | OpaqueRef | static Python value
+    scopes: dict[int, str] = {}
+    seen: set[int] = set()
+    info_of: dict[int, TensorInfo] = {}  # term id -> shape and dtype
+    static: set[str] = set()
+    inputs, opaque, params = [], {}, {}
+    output = None
+    for node in gm.graph.nodes:
+        info = node.meta.get("egraph_opt")
+        if node.op == "placeholder":
+            values[node.name] = Term.input(node.name, info.shape, _dtype_name(info.dtype))
+            info_of[id(values[node.name])] = info
+            inputs.append(values[node.name])
+        elif node.op == "get_attr":
+            tensor = _get_attr(gm, node.target)
+            params[node.target] = tensor
+            values[node.name] = Term("param", (), (node.target, shape_attr(tensor.shape),
+                                                   _dtype_name(tensor.dtype)))
+            info_of[id(values[node.name])] = TensorInfo(tuple(tensor.shape), tensor.dtype)
+        elif node.op == "output":
+            output = map_aggregate(node.args[0], lambda a: values[a.name] if isinstance(a, fx.Node) else a)
+            if getattr(gm, "_out_spec", None) is not None:  # torch.export flattened the outputs
+                output = tree_unflatten(list(output), gm._out_spec)
+        elif _is_static(node, static):
+            static.add(node.name)
+            values[node.name] = info
+        else:
+            args, kwargs = map_aggregate((node.args, node.kwargs),
+                                         lambda a: values[a.name] if isinstance(a, fx.Node) else a)
+            term = lowering.lower(node, args, kwargs, info_of, gm, params)
+            if not isinstance(term, Term):
+                meta = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None
+                if node.name in in_place:
+                    raise SideEffect(f"{node.name} runs in place ({node.target}) and has no pure "
+                                     "form in the Term language")
+                opaque[node.name] = OpaqueCall(node.name, node.op, node.target, args, kwargs, meta)
+                if isinstance(info, TensorInfo):
+                    term = Term("opaque", (), (node.name,))
+                    info_of[id(term)] = info
+                else:
+                    term = OpaqueRef(node.name, term)
+            values[node.name] = term
+            if isinstance(term, Term):
+                scope = _repeated_scope(node)
+                for t in _new_terms(term, seen):  # this node's terms, intermediates included
+                    if scope and t.args:
+                        scopes[id(t)] = scope
+    return Program(tuple(inputs), output, opaque, params, scopes).pruned(), gm
+
+
+def _new_terms(term: Term, seen: set[int]) -> list[Term]:
+    """Terms reachable from ``term`` that no earlier node created; marks them seen."""
+    found, stack = [], [term]
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        found.append(t)
+        stack.extend(t.args)
+    return found
+
+
+def _repeated_scope(node: fx.Node) -> str | None:
+    """The outermost module of the node's stack that is an item of a container (``h.3``,
+    ``encoder.layer.5``): the unit transformer-like models repeat."""
+    for path in (node.meta.get("nn_module_stack") or {}):
+        if path.rsplit(".", 1)[-1].isdigit():
+            return path
+    return None
+
+
+def _parameter_names(fn, n: int) -> list[str]:
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        names = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        names = []
+    return (names + [f"arg{i}" for i in range(len(names), n)])[:n]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _get_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    value = operator.attrgetter(target)(gm)
+    if not isinstance(value, torch.Tensor):
+        raise CaptureError(f"attribute {target!r} is a {type(value).__name__}, not a tensor")
+    return value

@@ -1,0 +1,432 @@
+"""Lowering: one table from torch's spellings (functions, Tensor methods) to Terms.
+
+Each entry is a function with the torch signature it lowers; anything it cannot express exactly
+raises ``Unsupported`` and the node stays an opaque call, which is always sound.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+from torch.fx.node import map_aggregate
+
+from ..lang.ops import shape_attr
+from ..lang.program import OpaqueRef
+from ..lang.term import Term
+
+
+class Unsupported(Exception):
+    """This call, with these arguments, has no exact Term: it stays opaque."""
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A tuple-valued call whose elements are Terms where expressible (``torch.max(x, dim)``)."""
+    items: tuple
+
+
+@dataclass
+class Ctx:
+    info_of: dict[int, Any]  # term id -> TensorInfo
+    out: Any  # this node's recorded TensorInfo or value
+    params: dict  # qualified name -> tensor, for parameters that leaf modules read
+
+    def param(self, name: str, tensor: torch.Tensor) -> Term:
+        term = Term("param", (), (name, shape_attr(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
+        self.params[name] = tensor
+        self.info_of[id(term)] = type(self.out)(tuple(tensor.shape), tensor.dtype)
+        return term
+
+    def info(self, t):
+        if not isinstance(t, Term):
+            raise Unsupported(f"{t!r} is not a tensor of the Term language")
+        return self.info_of[id(t)]
+
+    def tensor(self, t) -> Term:
+        self.info(t)
+        return t
+
+    def rank(self, t) -> int:
+        return len(self.info(t).shape)
+
+    def axis(self, t, dim: int) -> int:
+        """Canonical axis: negative, counted from the end, so patterns are rank-independent."""
+        r = self.rank(t)
+        if not -r <= dim < max(r, 1):
+            raise Unsupported(f"axis {dim} out of range for rank {r}")
+        return dim - r if dim >= 0 else dim
+
+    def out_shape(self) -> str:
+        return shape_attr(self.out.shape)
+
+    def floating(self, t) -> bool:
+        return self.info(t).dtype.is_floating_point
+
+
+TABLE: dict[Any, Callable] = {}
+MODULES: dict[type, Callable] = {}  # leaf module types (their forward is not traceable)
+
+
+def _registrar(table: dict, keys: tuple):
+    def register(fn):
+        for key in keys:
+            table[key] = fn
+        return fn
+    return register
+
+
+def lowers(*targets):
+    """Register a lowering for functions (objects) and Tensor methods (names as strings)."""
+    return _registrar(TABLE, targets)
+
+
+def lowers_module(*types):
+    """Register a lowering for leaf modules of these types."""
+    return _registrar(MODULES, types)
+
+
+def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
+          root: torch.nn.Module | None = None, params: dict | None = None):
+    """The Term (or Parts) for one fx node, or None when it stays opaque. Leaf modules (``root``'s
+    submodules) lower by their type; the parameters they read are added to ``params``."""
+    ctx = Ctx(info_of, node.meta.get("egraph_opt"), params if params is not None else {})
+    if node.op == "call_module":
+        module = root.get_submodule(node.target)
+        fn = next((f for t, f in MODULES.items() if isinstance(module, t)), None)
+        args = (module, node.target, *args)
+    else:
+        fn = TABLE.get(node.target) if node.op in ("call_function", "call_method") else None
+    if fn is None or _empty(node, args, kwargs, ctx):
+        return None
+    try:
+        result = fn(ctx, *args, **kwargs)
+    except (Unsupported, TypeError, KeyError):
+        return None
+    if isinstance(result, Term):
+        info_of.setdefault(id(result), ctx.out)
+    return result if isinstance(result, (Term, Parts)) else None
+
+
+def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
+    """A size-0 axis in an operand or the result: nothing to optimize, and the ranges of the
+    rules, proved over values, say nothing of a reduction over no values (logsumexp of none is
+    -inf): such calls stay opaque."""
+    found: list = []
+    map_aggregate((args, kwargs), lambda a: found.append(c.info_of.get(id(a))) if isinstance(a, Term) else None)
+    map_aggregate(c.out, found.append)
+    return any(0 in getattr(info, "shape", (1,)) for info in found)
+
+
+def _operand(c: Ctx, x, other) -> Term:
+    """A tensor operand, or a Python number beside a floating tensor as a const."""
+    if isinstance(x, Term):
+        return x
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and isinstance(other, Term) \
+            and c.floating(other):
+        if math.isnan(x):  # legal, but the rules are identities of numbers: the call stays opaque
+            raise Unsupported("a NaN constant")
+        return Term.const(float(x))
+    raise Unsupported(f"operand {x!r}")
+
+
+def _binary(op: str):
+    def lower_binary(c, a, b, *, alpha=1, rounding_mode=None):
+        if alpha != 1 or rounding_mode is not None:
+            raise Unsupported("alpha / rounding_mode")
+        return Term(op, (_operand(c, a, b), _operand(c, b, a)))
+    return lower_binary
+
+
+for _name, _targets in {
+    "add": (operator.add, torch.add, "add"), "sub": (operator.sub, torch.sub, "sub"),
+    "mul": (operator.mul, torch.mul, "mul"), "div": (operator.truediv, torch.div, "div"),
+    "pow": (operator.pow, torch.pow, "pow"), "maximum": (torch.maximum, "maximum"),
+    "minimum": (torch.minimum, "minimum"),
+}.items():
+    lowers(*_targets)(_binary(_name))
+
+for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
+              "sigmoid", "relu", "erf", "neg"):
+    lowers(*(t for t in (getattr(torch, _name, None), getattr(F, _name, None), _name,
+                         getattr(operator, _name, None)) if t is not None))(
+        lambda c, x, *, _op=_name, inplace=False: Term(_op, (c.tensor(x),)))
+
+
+@lowers(F.gelu)
+def _gelu(c, x, approximate="none"):
+    return Term("gelu", (c.tensor(x),), (approximate,))
+
+
+@lowers(F.silu)
+def _silu(c, x, inplace=False):
+    return Term("mul", (x, Term("sigmoid", (x,))))
+
+
+@lowers(F.softplus)
+def _softplus(c, x, beta=1.0, threshold=20.0):
+    if beta != 1:
+        raise Unsupported("softplus with beta")
+    return Term("softplus", (c.tensor(x),))  # exact; torch's threshold differs by < 3e-9
+
+
+@lowers(torch.logaddexp, "logaddexp")
+def _logaddexp(c, a, b):
+    return Term("logaddexp", (_operand(c, a, b), _operand(c, b, a)))
+
+
+@lowers(torch.clamp, "clamp", torch.clip, "clip")
+def _clamp(c, x, min=None, max=None):
+    out = x
+    if min is not None:
+        out = Term("maximum", (out, _operand(c, min, x)))
+    if max is not None:
+        out = Term("minimum", (out, _operand(c, max, x)))
+    return out
+
+
+@lowers(torch.where)
+def _where(c, cond, a, b):
+    return Term("where", (cond, _operand(c, a, b), _operand(c, b, a)))
+
+
+@lowers("masked_fill")
+def _masked_fill(c, x, mask, value):
+    return Term("where", (mask, _operand(c, value, x), x))
+
+
+@lowers(torch.square, "square")
+def _square(c, x):
+    return Term("mul", (x, x))
+
+
+def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
+    if dtype is not None:
+        x = _cast(c, x, dtype)
+    rank = c.rank(x)
+    if dim is None:
+        dims = list(range(rank))
+    else:
+        dims = [dim] if isinstance(dim, int) else list(dim)
+    positive = sorted({d % rank if rank else 0 for d in dims}, reverse=True)
+    if op == "var" and len(positive) > 1:
+        raise Unsupported("variance over several axes")
+    out, current = x, rank
+    if rank == 0:
+        return x
+    for p in positive:
+        out = Term(op, (out,), (p - current, keepdim))
+        current -= 0 if keepdim else 1
+    return out
+
+
+@lowers(torch.sum, "sum")
+def _sum(c, x, dim=None, keepdim=False, *, dtype=None):
+    return _reduce("sum", c, x, dim, keepdim, dtype)
+
+
+@lowers(torch.mean, "mean")
+def _mean(c, x, dim=None, keepdim=False, *, dtype=None):
+    return _reduce("mean", c, x, dim, keepdim, dtype)
+
+
+@lowers(torch.amax, "amax")
+def _amax(c, x, dim=(), keepdim=False):
+    return _reduce("max", c, x, dim if dim != () else None, keepdim)
+
+
+@lowers(torch.max, "max")
+def _max(c, x, dim=None, keepdim=False):
+    if isinstance(dim, Term):
+        return Term("maximum", (x, dim))
+    if dim is None:
+        return _reduce("max", c, x, None, False)
+    return Parts((_reduce("max", c, x, dim, keepdim), None))
+
+
+@lowers(torch.var, "var")
+def _var(c, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    if unbiased is not None and correction is not None:
+        raise Unsupported("both unbiased and correction")
+    corr = int(correction if correction is not None else (1 if unbiased in (None, True) else 0))
+    dims = dim if dim is not None else list(range(c.rank(x)))
+    if isinstance(dims, (list, tuple)) and len(dims) != 1:
+        raise Unsupported("variance over several axes")
+    d = dims[0] if isinstance(dims, (list, tuple)) else dims
+    return Term("var", (x,), (c.axis(x, d), keepdim, corr))
+
+
+@lowers(operator.getitem)
+def _getitem(c, x, index):
+    if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts):
+        part = x.parts.items[index]
+        if part is None:
+            raise Unsupported("element without a Term")
+        return part
+    if not isinstance(x, Term):
+        raise Unsupported("indexing a non-tensor")
+    index = index if isinstance(index, tuple) else (index,)
+    if Ellipsis in index or any(not isinstance(i, slice) for i in index):
+        raise Unsupported("only slices along leading axes")
+    rank = c.rank(x)
+    cut = [(axis, s) for axis, s in enumerate(index) if s != slice(None)]
+    out = x
+    for axis, s in cut:
+        size = c.info(x).shape[axis]
+        start, end, step = s.indices(size)
+        out = Term("slice", (out,), (axis - rank, start, end, step))
+    return out
+
+
+@lowers(getattr)
+def _getattr(c, x, name):
+    if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts) and name == "values":
+        return _getitem(c, x, 0)
+    if name in ("T", "mT") and isinstance(x, Term):
+        return _transpose(c, x, -2, -1) if name == "mT" or c.rank(x) == 2 else None
+    raise Unsupported(f"attribute {name}")
+
+
+def _softmax_like(op):
+    def lower_softmax(c, x, dim=None, _stacklevel=3, dtype=None):
+        if dim is None:
+            raise Unsupported("implicit softmax dim")
+        if dtype is not None:
+            x = _cast(c, x, dtype)
+        return Term(op, (x,), (c.axis(x, dim),))
+    return lower_softmax
+
+
+lowers(torch.softmax, F.softmax, "softmax")(_softmax_like("softmax"))
+lowers(torch.log_softmax, F.log_softmax, "log_softmax")(_softmax_like("log_softmax"))
+
+
+@lowers(torch.logsumexp, "logsumexp")
+def _logsumexp(c, x, dim, keepdim=False):
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if len(dims) != 1:
+        raise Unsupported("logsumexp over several axes")
+    return Term("logsumexp", (x,), (c.axis(x, dims[0]), keepdim))
+
+
+@lowers(operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm")
+def _matmul(c, a, b):
+    return Term("matmul", (c.tensor(a), c.tensor(b)))
+
+
+@lowers(torch.transpose, "transpose")
+def _transpose(c, x, dim0, dim1):
+    a, b = sorted((c.axis(x, dim0), c.axis(x, dim1)))
+    return x if a == b else Term("transpose", (x,), (a, b))
+
+
+@lowers(torch.t, "t")
+def _t(c, x):
+    return _transpose(c, x, 0, 1) if c.rank(x) == 2 else x
+
+
+@lowers(torch.permute, "permute")
+def _permute(c, x, *dims):
+    perm = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims
+    rank = c.rank(x)
+    perm = tuple(d % rank for d in perm)
+    if perm == tuple(range(rank)):
+        return x
+    swapped = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+    if rank >= 2 and perm == swapped:
+        return Term("transpose", (x,), (-2, -1))
+    return Term("permute", (x,), (shape_attr(perm),))
+
+
+@lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
+        torch.squeeze, "squeeze", "view_as", "reshape_as")
+def _reshape(c, x, *args, **kwargs):
+    if tuple(c.info(x).shape) == tuple(c.out.shape):
+        return x
+    return Term("reshape", (x,), (c.out_shape(),))
+
+
+@lowers("expand", "expand_as")
+def _expand(c, x, *args):
+    if tuple(c.info(x).shape) == tuple(c.out.shape):
+        return x
+    return Term("expand", (x,), (c.out_shape(),))
+
+
+@lowers("contiguous", "clone", torch.clone)
+def _identity(c, x, *args, memory_format=None):
+    return c.tensor(x)
+
+
+@lowers(F.dropout)
+def _dropout(c, x, p=0.5, training=True, inplace=False):
+    if training and p > 0:
+        raise Unsupported("dropout in training mode")
+    return x
+
+
+def _cast(c, x, dtype) -> Term:
+    if not isinstance(dtype, torch.dtype):
+        raise Unsupported(f"cast to {dtype!r}")
+    if c.info(x).dtype == dtype:
+        return x
+    return Term("cast", (x,), (str(dtype).removeprefix("torch."),))
+
+
+@lowers("to", "type")
+def _to(c, x, *args, **kwargs):
+    if set(kwargs) - {"dtype"} or len(args) > 1:
+        raise Unsupported("to() with device or options")
+    dtype = kwargs.get("dtype", args[0] if args else None)
+    return _cast(c, x, dtype)
+
+
+for _method, _dtype in {"float": torch.float32, "half": torch.float16, "double": torch.float64,
+                        "bfloat16": torch.bfloat16}.items():
+    lowers(_method)(lambda c, x, _d=_dtype: _cast(c, x, _d))
+
+
+@lowers(torch.cat, torch.concat, torch.concatenate)
+def _cat(c, tensors, dim=0):
+    if not tensors or not all(isinstance(t, Term) for t in tensors):
+        raise Unsupported("cat of non-tensors")
+    axis = c.axis(tensors[0], dim)
+    out = tensors[0]
+    for t in tensors[1:]:
+        out = Term("concat", (out, t), (axis,))
+    return out
+
+
+@lowers(torch.split, "split")
+def _split(c, x, split_size_or_sections, dim=0):
+    """Pieces along one axis, as slices: QKV projections split from one matmul stay Terms."""
+    size = c.info(x).shape[dim]
+    sizes = split_size_or_sections
+    if isinstance(sizes, int):
+        if sizes <= 0:
+            raise Unsupported("split size must be positive")
+        sizes = [min(sizes, size - start) for start in range(0, size, sizes)] or [0]
+    if sum(sizes) != size:
+        raise Unsupported(f"split sizes {list(sizes)} do not add up to {size}")
+    axis, starts = c.axis(x, dim), [sum(sizes[:i]) for i in range(len(sizes))]
+    return Parts(tuple(Term("slice", (x,), (axis, a, a + n, 1)) for a, n in zip(starts, sizes)))
+
+
+@lowers(torch.chunk, "chunk")
+def _chunk(c, x, chunks, dim=0):
+    size = c.info(x).shape[dim]
+    return _split(c, x, max(1, -(-size // chunks)), dim)
+
+
+@lowers(torch.gather, "gather")
+def _gather(c, x, dim, index, *, sparse_grad=False):
+    return Term("gather", (x, index), (c.axis(x, dim),))
+
+
+@lowers(torch.index_select, "index_select")
+def _index_select(c, x, dim, index):
+    return Term("index_select", (x, index), (c.axis(x, dim),))

@@ -1,0 +1,93 @@
+"""Lowering of torch.nn.functional's composite ops and of leaf modules: the fused ops of the Term
+language that users reach through nn (embedding, layer norm, linear, attention, conv, pooling,
+batch norm). Registered into ``lowering``'s tables when imported."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .lowering import Unsupported, lowers, lowers_module
+from ..lang.ops import shape_attr
+from ..lang.term import Term
+
+
+@lowers(F.embedding)
+def _embedding(c, ids, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+               scale_grad_by_freq=False, sparse=False):
+    if max_norm is not None:
+        raise Unsupported("embedding with max_norm renormalizes the weight")
+    flat = Term("reshape", (ids,), (shape_attr((math.prod(c.info(ids).shape),)),))
+    return Term("reshape", (Term("index_select", (weight, flat), (-2,)),), (c.out_shape(),))
+
+
+@lowers(F.layer_norm)
+def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if len(normalized_shape) != 1 or weight is None or bias is None:
+        raise Unsupported("layer_norm over several axes or without affine parameters")
+    return Term("layer_norm", (x, weight, bias), (float(eps),))
+
+
+@lowers(F.linear)
+def _linear(c, x, weight, bias=None):
+    if bias is None:
+        return Term("matmul", (x, Term("transpose", (weight,), (-2, -1))))
+    return Term("linear", (x, weight, bias))
+
+
+@lowers(F.scaled_dot_product_attention)
+def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if dropout_p or enable_gqa or (attn_mask is not None and is_causal):
+        raise Unsupported("attention with dropout, grouped heads, or both a mask and causality")
+    if scale is None:
+        scale = 1.0 / math.sqrt(c.info(q).shape[-1])
+    if attn_mask is None:
+        return Term("sdpa", (q, k, v), (float(scale), bool(is_causal)))
+    if c.info(attn_mask).dtype == torch.bool:  # True attends: an additive bias of 0 / -inf
+        attn_mask = Term("where", (attn_mask, Term.const(0.0), Term.const(float("-inf"))))
+    return Term("sdpa_masked", (q, k, v, attn_mask), (float(scale),))
+
+
+def _pair(v) -> str:
+    """Per spatial dim: torch takes an int or a one-element sequence for both."""
+    v = (v,) if isinstance(v, int) else tuple(v)
+    return shape_attr(v * 2 if len(v) == 1 else v)
+
+
+@lowers(F.conv2d)
+def _conv2d(c, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if isinstance(padding, str):
+        raise Unsupported("padding by name")
+    b = c.tensor(bias) if bias is not None else Term.const(0.0)
+    return Term("conv2d", (c.tensor(x), c.tensor(weight), b),
+                (_pair(stride), _pair(padding), _pair(dilation), int(groups)))
+
+
+@lowers(F.max_pool2d, F._max_pool2d, torch.max_pool2d)
+def _max_pool2d(c, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                return_indices=False):
+    """fx records F.max_pool2d's dispatch wrapper itself; the default stride (the kernel) is None
+    there and [] in torch's and ATen's spellings."""
+    if ceil_mode or return_indices:
+        raise Unsupported("max_pool2d with ceil_mode or return_indices")
+    return Term("max_pool2d", (c.tensor(x),), (_pair(kernel_size), _pair(stride or kernel_size),
+                                                _pair(padding), _pair(dilation)))
+
+
+@lowers(F.batch_norm)
+def _batch_norm(c, x, running_mean, running_var, weight=None, bias=None, training=False,
+                momentum=0.1, eps=1e-5):
+    if training or weight is None or bias is None or running_mean is None:
+        raise Unsupported("batch norm in training mode or without affine parameters")
+    return Term("batch_norm", (x, running_mean, running_var, weight, bias), (float(eps),))
+
+
+@lowers_module(torch.nn.modules.batchnorm._BatchNorm)
+def _batch_norm_module(c, module, qualname, x):
+    """BatchNorm's forward checks input.dim() in Python, which symbolic tracing cannot follow."""
+    if module.training or not module.track_running_stats or not module.affine:
+        raise Unsupported("batch norm in training mode or without running statistics")
+    stats = [c.param(f"{qualname}.{name}", getattr(module, name))
+             for name in ("running_mean", "running_var", "weight", "bias")]
+    return Term("batch_norm", (x, *stats), (float(module.eps),))

@@ -1,0 +1,367 @@
+"""ONNX operators into Terms: one converter per op type, and the import state they read through.
+
+A converter returns the Term (or tuple of Terms) of a node's outputs, or raises ``Unsupported``
+when the Term language cannot express that node exactly; the frontend then keeps it opaque.
+Initializers read by ``Importer.term`` become ``param`` terms, so rules that need constant
+parameters (conv and batch-norm folding) can fire on models exported without constant folding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from ..lang.ops import shape_attr
+from ..lang.term import Term
+
+#: ONNX element types the Term language names, as torch dtype names
+DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
+          onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16",
+          onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
+          onnx.TensorProto.INT16: "int16", onnx.TensorProto.INT8: "int8",
+          onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool"}
+ELEM_TYPES = {name: code for code, name in DTYPES.items()}
+
+
+class Unsupported(Exception):
+    """This node, with these operands, has no exact Term: it stays opaque."""
+
+
+@dataclass(frozen=True)
+class ValueType:
+    elem_type: int
+    shape: tuple | None  # per dim: int, dim_param name, or None; None when the rank is unknown
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+@dataclass
+class Importer:
+    """State of one import; converters read values through it."""
+    model: onnx.ModelProto
+    where: str
+    types: dict[str, ValueType] = field(default_factory=dict)
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
+    protos: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    terms: dict[str, Term] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def opset(self) -> int:
+        return opset_of(self.model)
+
+    # --- what converters ask ---
+    def term(self, name: str) -> Term:
+        """The tensor value ``name`` as a Term (constants become ``param`` terms on first use)."""
+        if name in self.terms:
+            return self.terms[name]
+        if name not in self.consts:
+            raise Unsupported(f"{name!r} is not a tensor of the Term language")
+        array = self.consts[name]
+        proto = self.protos.get(name) or numpy_helper.from_array(array, name)
+        self.protos[name] = proto
+        dtype = DTYPES.get(proto.data_type)
+        if dtype is None:
+            raise Unsupported(f"constant {name!r} has an element type the Term language lacks")
+        if array.dtype.kind in "fiub":
+            self.params[name] = torch.from_numpy(np.ascontiguousarray(array).copy())
+        self.terms[name] = Term("param", (), (name, shape_attr(array.shape), dtype))
+        return self.terms[name]
+
+    def operand(self, name: str, other: str) -> Term:
+        """An elementwise operand: a numeric size-one constant that broadcasts away is a const."""
+        array = self.consts.get(name)
+        if array is not None and array.size == 1 and array.dtype.kind in "fiu" \
+                and array.ndim <= self.rank(other):
+            return Term.const(float(array.reshape(())))
+        return self.term(name)
+
+    def const(self, name: str) -> np.ndarray:
+        if name not in self.consts:
+            raise Unsupported(f"{name!r} is not a constant")
+        return self.consts[name]
+
+    def shape(self, name: str) -> tuple:
+        if name in self.consts:
+            return tuple(self.consts[name].shape)
+        t = self.types.get(name)
+        if t is None or t.shape is None:
+            raise Unsupported(f"rank of {name!r} unknown")
+        return t.shape
+
+    def rank(self, name: str) -> int:
+        return len(self.shape(name))
+
+    def static(self, name: str) -> tuple[int, ...]:
+        dims = self.shape(name)
+        if not all(isinstance(d, int) for d in dims):
+            raise Unsupported(f"shape of {name!r} is not static")
+        return dims
+
+    def dtype(self, name: str) -> str:
+        if name in self.consts:
+            return DTYPES.get(onnx.helper.np_dtype_to_tensor_dtype(self.consts[name].dtype), "")
+        t = self.types.get(name)
+        return DTYPES.get(t.elem_type, "") if t else ""
+
+    def axis(self, name: str, axis: int) -> int:
+        """Canonical axis: negative, counted from the end, as the torch lowering writes it."""
+        r = self.rank(name)
+        if not -r <= axis < max(r, 1):
+            raise Unsupported(f"axis {axis} out of range for rank {r}")
+        return axis - r if axis >= 0 else axis
+
+
+# --- converters: one entry per ONNX op type; anything inexact raises Unsupported (opaque) ---
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    a = next((a for a in node.attribute if a.name == name), None)
+    value = default if a is None else onnx.helper.get_attribute_value(a)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _floating(im: Importer, name: str) -> bool:
+    return im.dtype(name).startswith(("float", "bfloat"))
+
+
+def _binary(op: str, floating_only: bool = False):
+    def convert(im: Importer, node):
+        if floating_only and not _floating(im, node.output[0] if node.output[0] in im.types
+                                           else node.input[0]):
+            raise Unsupported(f"{node.op_type} on integers")
+        names = list(node.input)
+        out = im.operand(names[0], names[1] if len(names) > 1 else names[0])
+        for name in names[1:]:
+            out = Term(op, (out, im.operand(name, names[0])))
+        return out
+    return convert
+
+
+def _unary(op: str):
+    return lambda im, node: Term(op, (im.term(node.input[0]),))
+
+
+def _reduce(op: str, axes_input_since: int):
+    def convert(im: Importer, node):
+        x = node.input[0]
+        keep = bool(_attr(node, "keepdims", 1))
+        if im.opset >= axes_input_since:
+            axes = list(im.const(node.input[1])) if len(node.input) > 1 and node.input[1] else []
+        else:
+            axes = list(_attr(node, "axes", []))
+        rank = im.rank(x)
+        if not axes:
+            if _attr(node, "noop_with_empty_axes", 0):
+                return im.term(x)
+            axes = list(range(rank))
+        out, current = im.term(x), rank
+        for p in sorted({int(a) % rank for a in axes}, reverse=True):
+            out = Term(op, (out,), (p - current, keep))
+            current -= 0 if keep else 1
+        return out
+    return convert
+
+
+def _gemm(im: Importer, node):
+    """Gemm with transB, unit scales and a bias of shape (N,) is ``linear``, as torch lowers it."""
+    a, b = im.term(node.input[0]), im.term(node.input[1])
+    alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
+    has_c = len(node.input) > 2 and node.input[2]
+    trans_b = _attr(node, "transB", 0)
+    if _attr(node, "transA", 0):
+        a = Term("transpose", (a,), (-2, -1))
+    if trans_b and alpha == 1.0 and beta == 1.0 and has_c and \
+            im.shape(node.input[2]) == im.shape(node.input[1])[:1]:
+        return Term("linear", (a, b, im.term(node.input[2])))
+    if trans_b:
+        b = Term("transpose", (b,), (-2, -1))
+    out = Term("matmul", (a, b))
+    out = out if alpha == 1.0 else Term("mul", (out, Term.const(alpha)))
+    if not has_c:
+        return out
+    c = im.operand(node.input[2], node.output[0])
+    return Term("add", (out, c if beta == 1.0 else Term("mul", (c, Term.const(beta)))))
+
+
+def _transpose(im: Importer, node):
+    rank = im.rank(node.input[0])
+    perm = tuple(_attr(node, "perm", list(range(rank))[::-1]))
+    x = im.term(node.input[0])
+    if perm == tuple(range(rank)):
+        return x
+    if rank >= 2 and perm == tuple(range(rank - 2)) + (rank - 1, rank - 2):
+        return Term("transpose", (x,), (-2, -1))
+    return Term("permute", (x,), (shape_attr(perm),))
+
+
+def _reshape(im: Importer, node):
+    """Reshape, Flatten, Squeeze, Unsqueeze: a reshape to the inferred shape, when it is static."""
+    out = im.static(node.output[0])
+    x = im.term(node.input[0])
+    return x if im.shape(node.input[0]) == out else Term("reshape", (x,), (shape_attr(out),))
+
+
+def _expand(im: Importer, node):
+    out = im.static(node.output[0])
+    x = im.term(node.input[0])
+    return x if im.shape(node.input[0]) == out else Term("expand", (x,), (shape_attr(out),))
+
+
+def _gather(im: Importer, node):
+    if im.rank(node.input[1]) != 1:
+        raise Unsupported("Gather with indices of rank other than 1")
+    data = node.input[0]
+    return Term("index_select", (im.term(data), im.term(node.input[1])),
+                (im.axis(data, _attr(node, "axis", 0)),))
+
+
+def _gather_elements(im: Importer, node):
+    data = node.input[0]
+    return Term("gather", (im.term(data), im.term(node.input[1])),
+                (im.axis(data, _attr(node, "axis", 0)),))
+
+
+def _concat(im: Importer, node):
+    names = [x for x in node.input if x]
+    axis = im.axis(names[0], _attr(node, "axis"))
+    out = im.term(names[0])
+    for name in names[1:]:
+        out = Term("concat", (out, im.term(name)), (axis,))
+    return out
+
+
+def _slice(im: Importer, node):
+    x = node.input[0]
+    starts, ends = im.const(node.input[1]), im.const(node.input[2])
+    rank, dims = im.rank(x), im.shape(x)
+    axes = im.const(node.input[3]) if len(node.input) > 3 and node.input[3] else range(len(starts))
+    steps = im.const(node.input[4]) if len(node.input) > 4 and node.input[4] else [1] * len(starts)
+    out = im.term(x)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        size = dims[int(axis) % rank]
+        if step <= 0 or not isinstance(size, int):
+            raise Unsupported("Slice with a non-positive step or a dynamic axis")
+        bounds = slice(int(start), int(end), int(step)).indices(size)
+        if bounds != (0, size, 1):
+            out = Term("slice", (out,), (int(axis) % rank - rank, *bounds))
+    return out
+
+
+def _cast(im: Importer, node):
+    dtype = DTYPES.get(_attr(node, "to"))
+    if dtype is None:
+        raise Unsupported("Cast to a type the Term language lacks")
+    x = im.term(node.input[0])
+    return x if im.dtype(node.input[0]) == dtype else Term("cast", (x,), (dtype,))
+
+
+def _softmax(op: str):
+    return lambda im, node: Term(op, (im.term(node.input[0]),),
+                                 (im.axis(node.input[0], _attr(node, "axis", -1)),))
+
+
+def _layer_norm(im: Importer, node):
+    """Over the last axis; a missing bias is the scalar const 0 of an affine-free layer_norm."""
+    if im.axis(node.input[0], _attr(node, "axis", -1)) != -1:
+        raise Unsupported("LayerNormalization over several axes")
+    if len(node.output) > 1 and any(node.output[1:]):
+        raise Unsupported("LayerNormalization with its mean or inverse std as outputs")
+    if any(im.rank(n) != 1 for n in node.input[1:] if n):
+        raise Unsupported("LayerNormalization with a scale or bias of rank other than 1")
+    x, w = im.term(node.input[0]), im.term(node.input[1])
+    b = im.term(node.input[2]) if len(node.input) > 2 and node.input[2] else Term.const(0.0)
+    return Term("layer_norm", (x, w, b), (float(_attr(node, "epsilon", 1e-5)),))
+
+
+def _window_pads(im: Importer, node) -> list[int]:
+    """Pads per spatial dim of a 2-D window op (Conv, MaxPool) on floats: explicit, symmetric."""
+    if im.rank(node.input[0]) != 4 or not _floating(im, node.input[0]):
+        raise Unsupported(f"{node.op_type} over other than 2 spatial dims, or on integers")
+    auto_pad = _attr(node, "auto_pad", "NOTSET")
+    pads = list(_attr(node, "pads", [0, 0, 0, 0])) if auto_pad == "NOTSET" else \
+        [0, 0, 0, 0] if auto_pad == "VALID" else None
+    if pads is None or pads[:2] != pads[2:]:
+        raise Unsupported(f"{node.op_type} with SAME padding or asymmetric pads")
+    return pads[:2]
+
+
+def _conv(im: Importer, node):
+    """2-D Conv with explicit symmetric pads; a missing bias is the const 0."""
+    x, w = node.input[0], node.input[1]
+    pads = _window_pads(im, node)
+    kernel = im.static(w)[2:]
+    if list(_attr(node, "kernel_shape", kernel)) != list(kernel):
+        raise Unsupported("Conv whose kernel_shape disagrees with its weight")
+    b = im.term(node.input[2]) if len(node.input) > 2 and node.input[2] else Term.const(0.0)
+    return Term("conv2d", (im.term(x), im.term(w), b), (
+        shape_attr(_attr(node, "strides", [1, 1])), shape_attr(pads),
+        shape_attr(_attr(node, "dilations", [1, 1])), int(_attr(node, "group", 1))))
+
+
+def _max_pool(im: Importer, node):
+    """2-D MaxPool with floor rounding, explicit symmetric pads and no Indices output."""
+    pads = _window_pads(im, node)
+    if _attr(node, "ceil_mode", 0) or _attr(node, "storage_order", 0) or \
+            (len(node.output) > 1 and node.output[1]):
+        raise Unsupported("MaxPool with ceil_mode, storage_order or its Indices output")
+    return Term("max_pool2d", (im.term(node.input[0]),), (
+        shape_attr(_attr(node, "kernel_shape")), shape_attr(_attr(node, "strides", [1, 1])),
+        shape_attr(pads), shape_attr(_attr(node, "dilations", [1, 1]))))
+
+
+def _batch_norm(im: Importer, node):
+    """Inference BatchNormalization (running statistics); its training outputs must be unused."""
+    if _attr(node, "training_mode", 0):
+        raise Unsupported("BatchNormalization in training mode")
+    x, scale, bias, mean, var = (im.term(n) for n in node.input[:5])
+    return Term("batch_norm", (x, mean, var, scale, bias), (float(_attr(node, "epsilon", 1e-5)),))
+
+
+def _dropout(im: Importer, node):
+    """Inference dropout is the identity (its mask output must stay unused)."""
+    if len(node.input) > 2 and node.input[2] and bool(im.const(node.input[2])):
+        raise Unsupported("Dropout in training mode")
+    return im.term(node.input[0])
+
+
+def _log_sum_exp(im: Importer, node):
+    axes = list(im.const(node.input[1]) if im.opset >= 18 and len(node.input) > 1
+                else _attr(node, "axes", []))
+    if len(axes) != 1:
+        raise Unsupported("ReduceLogSumExp over several axes")
+    return Term("logsumexp", (im.term(node.input[0]),),
+                (im.axis(node.input[0], int(axes[0])), bool(_attr(node, "keepdims", 1))))
+
+
+CONVERTERS = {
+    "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"),
+    "Div": _binary("div", floating_only=True), "Pow": _binary("pow", floating_only=True),
+    "Max": _binary("maximum"), "Min": _binary("minimum"),
+    "Where": lambda im, n: Term("where", (im.term(n.input[0]), im.operand(n.input[1], n.input[2]),
+                                          im.operand(n.input[2], n.input[1]))),
+    **{onnx_op: _unary(op) for onnx_op, op in [
+        ("Neg", "neg"), ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"), ("Abs", "abs"),
+        ("Sin", "sin"), ("Cos", "cos"), ("Tanh", "tanh"), ("Sigmoid", "sigmoid"),
+        ("Relu", "relu"), ("Erf", "erf"), ("Softplus", "softplus")]},
+    "Reciprocal": lambda im, n: Term("div", (Term.const(1.0), im.term(n.input[0]))),
+    "Gelu": lambda im, n: Term("gelu", (im.term(n.input[0]),), (_attr(n, "approximate", "none"),)),
+    "Identity": lambda im, n: im.term(n.input[0]),
+    "Dropout": _dropout,
+    "ReduceSum": _reduce("sum", 13), "ReduceMean": _reduce("mean", 18),
+    "ReduceMax": _reduce("max", 18), "ReduceLogSumExp": _log_sum_exp,
+    "MatMul": lambda im, n: Term("matmul", (im.term(n.input[0]), im.term(n.input[1]))),
+    "Gemm": _gemm, "Transpose": _transpose,
+    **dict.fromkeys(("Reshape", "Flatten", "Squeeze", "Unsqueeze"), _reshape),
+    "Expand": _expand, "Gather": _gather, "GatherElements": _gather_elements, "Concat": _concat,
+    "Slice": _slice, "Cast": _cast, "Softmax": _softmax("softmax"),
+    "LogSoftmax": _softmax("log_softmax"), "LayerNormalization": _layer_norm,
+    "Conv": _conv, "MaxPool": _max_pool, "BatchNormalization": _batch_norm,
+}
+
+

@@ -1,0 +1,306 @@
+"""ONNX frontend: a ModelProto into a Program of Terms, the same language the torch path lowers to.
+
+Graph inputs become ``input`` terms, initializers and tensor constants ``param`` terms, size-one
+numeric constants beside a tensor ``const`` terms. Subgraphs of constants (shape arithmetic,
+masks) are folded when every input is known, which needs static input shapes. Nodes the Term
+language cannot express exactly (an unknown op, a Reshape whose result is not static) stay opaque
+and are copied verbatim by the backend. What the Term language does not keep (symbolic dims,
+exact tensor protos, opsets, names) lives in the side tables of ``OnnxProgram``.
+"""
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import torch
+from google.protobuf.message import DecodeError
+from onnx import external_data_helper, numpy_helper, shape_inference
+
+from .onnx_converters import (CONVERTERS, DTYPES, ELEM_TYPES, Importer, Unsupported, ValueType,
+                              opset_of)
+from ..lang.program import OpaqueCall, Program
+from ..lang.term import Term
+
+__all__ = ["DTYPES", "ELEM_TYPES", "GraphProgram", "OnnxImportError", "OnnxProgram", "ValueType",
+           "import_model", "load", "opset_of", "read"]
+
+MIN_OPSET = 13
+_NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                     "Multinomial", "Bernoulli", "Dropout"}
+_FOLD_LIMIT = 1 << 16  # elements: larger constant results stay computed at run time
+
+
+class OnnxImportError(ValueError):
+    """A model that cannot be read: the message names what is wrong and where, on one line."""
+
+
+#: the size a symbolic dim takes inside the Term language (shape analysis, costs); never 1, so no
+#: broadcasting or size-one rule can specialize on it; export restores the symbolic dims
+SYMBOLIC_SIZE = 2
+
+
+@dataclass(frozen=True)
+class GraphProgram(Program):
+    """A Program whose opaque leaves are ONNX values (a node may have several outputs)."""
+    value_meta: dict = field(default_factory=dict)  # opaque value name -> (shape, torch dtype)
+
+    def leaf_meta(self) -> dict[str, tuple]:
+        return {**super().leaf_meta(), **self.value_meta}
+
+
+@dataclass
+class OnnxProgram:
+    """A Program plus what ONNX needs back: value types (symbolic dims), tensors, names, opsets."""
+    program: Program
+    model: onnx.ModelProto  # the original: opsets, metadata, functions, opaque nodes' context
+    types: dict[str, ValueType]
+    tensors: dict[str, onnx.TensorProto]  # param name -> tensor as stored (exact dtype)
+    output_names: tuple[str, ...]
+    source: str = "<model>"
+    folded: int = 0  # nodes folded into constants
+
+    @property
+    def opset(self) -> int:
+        return opset_of(self.model)
+
+
+def load(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read a model and its external data, refusing data files outside the model's directory."""
+    path = os.fspath(path)
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError) as e:
+        raise OnnxImportError(f"{path}: not a readable ONNX model (truncated or corrupt): "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    except OSError as e:
+        raise OnnxImportError(f"{path}: cannot read: {e.strerror or e}") from None
+    if not model.HasField("graph") or model.ir_version == 0:
+        raise OnnxImportError(f"{path}: not an ONNX model (no graph or IR version)")
+    base = os.path.dirname(os.path.abspath(path))
+    for tensor in external_data_helper._get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        target = os.path.realpath(os.path.join(base, location))
+        if os.path.commonpath([target, os.path.realpath(base)]) != os.path.realpath(base):
+            raise OnnxImportError(f"{path}: tensor {tensor.name!r} points to external data "
+                                  f"{location!r} outside the model's directory")
+        if not os.path.isfile(target):
+            raise OnnxImportError(f"{path}: tensor {tensor.name!r}: external data file "
+                                  f"{location!r} not found")
+    try:
+        external_data_helper.load_external_data_for_model(model, base)
+    except (OSError, ValueError) as e:
+        raise OnnxImportError(f"{path}: cannot read external data: {e}") from None
+    return model
+
+
+def topological(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
+    """Nodes with producers first; a cycle or an undefined input is an error naming the node."""
+    known = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
+    deps = []
+    for i, node in enumerate(graph.node):
+        mine = set()
+        for name in node.input:
+            if name and name not in known and name not in producer:
+                raise OnnxImportError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}) "
+                                      f"reads {name!r}, which no node, initializer or input defines")
+            if name in producer and name not in known:
+                mine.add(producer[name])
+        deps.append(mine)
+    users: dict[int, list[int]] = {}
+    for i, mine in enumerate(deps):
+        for d in mine:
+            users.setdefault(d, []).append(i)
+    waiting = [len(d) for d in deps]
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:  # smallest index first: a sorted graph keeps its order
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, []):
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, u)
+    if len(order) != len(graph.node):
+        stuck = [graph.node[i].name or graph.node[i].op_type for i, w in enumerate(waiting) if w][:4]
+        raise OnnxImportError(f"{where}: graph has a cycle through nodes {', '.join(stuck)}")
+    return [graph.node[i] for i in order]
+
+
+def _value_type(info: onnx.ValueInfoProto) -> ValueType | None:
+    if not info.type.HasField("tensor_type"):
+        return None
+    tt = info.type.tensor_type
+    if not tt.HasField("shape"):
+        return ValueType(tt.elem_type, None)
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                 for d in tt.shape.dim)
+    return ValueType(tt.elem_type, dims)
+
+
+def subgraph_reads(node: onnx.NodeProto) -> list[str]:
+    """Outer-scope names that a node's subgraphs (If, Loop, Scan bodies) read."""
+    reads: list[str] = []
+    for attr in node.attribute:
+        for g in list(attr.g.node and [attr.g] or []) + list(attr.graphs):
+            defined = {v.name for v in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                reads += [x for x in list(n.input) + subgraph_reads(n) if x and x not in defined]
+                defined.update(n.output)
+    return list(dict.fromkeys(reads))
+
+
+def _set_constant(im: Importer, name: str, array: np.ndarray, proto=None):
+    im.consts[name] = array
+    if proto is not None:
+        im.protos[name] = proto
+
+
+def _constant_node(node: onnx.NodeProto) -> np.ndarray:
+    attr = node.attribute[0]
+    if attr.name == "value":
+        return numpy_helper.to_array(attr.t)
+    kind = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+            "value_ints": np.int64}.get(attr.name)
+    if kind is None:
+        raise Unsupported(f"Constant with {attr.name}")
+    return np.array(onnx.helper.get_attribute_value(attr), dtype=kind)
+
+
+def _fold(im: Importer, node: onnx.NodeProto) -> list[np.ndarray] | None:
+    """Outputs of a node whose inputs are all constants, or None when it must run at run time."""
+    if node.op_type == "Shape" and node.input[0] in im.types:
+        try:
+            dims = np.array(im.static(node.input[0]), dtype=np.int64)
+        except Unsupported:
+            return None
+        start = next((a.i for a in node.attribute if a.name == "start"), 0)
+        end = next((a.i for a in node.attribute if a.name == "end"), len(dims))
+        return [dims[start:end]]
+    if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC or \
+            any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return None
+    inputs = [x for x in node.input if x]
+    if not inputs or not all(x in im.consts for x in inputs):
+        return None
+    if sum(im.consts[x].size for x in inputs) > _FOLD_LIMIT:
+        return None
+    from onnx.reference import ReferenceEvaluator
+    try:
+        results = ReferenceEvaluator(node).run(None, {x: im.consts[x] for x in inputs})
+    except Exception:  # noqa: BLE001 - a node the reference cannot fold simply runs at run time
+        return None
+    if any(np.asarray(r).size > _FOLD_LIMIT for r in results):
+        return None
+    return [np.asarray(r) for r in results]
+
+
+def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
+    """The Program of a model, with the side tables its export needs."""
+    if opset_of(model) < MIN_OPSET:
+        raise OnnxImportError(f"{where}: opset {opset_of(model)} is older than {MIN_OPSET}; "
+                              "convert it with onnx.version_converter first")
+    graph = model.graph
+    nodes = topological(graph, where)
+    try:
+        inferred = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - inference is a help; without it more nodes stay opaque
+        inferred = graph
+    im = Importer(model, where)
+    for info in list(inferred.value_info) + list(inferred.output) + list(graph.input):
+        vt = _value_type(info)
+        if vt is not None:
+            im.types[info.name] = vt
+    for tensor in graph.initializer:
+        _set_constant(im, tensor.name, numpy_helper.to_array(tensor), tensor)
+    inputs = []
+    for info in graph.input:
+        if info.name in im.consts:
+            continue
+        vt = _value_type(info)
+        if vt is None or vt.shape is None:
+            raise OnnxImportError(f"{where}: graph input {info.name!r} has no tensor shape "
+                                  "(its rank is needed)")
+        dims = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape)
+        im.terms[info.name] = Term.input(info.name, dims, DTYPES.get(vt.elem_type, "float32"))
+        inputs.append(im.terms[info.name])
+    for node in nodes:
+        im.used.update(node.input)
+        im.used.update(subgraph_reads(node))
+    im.used.update(o.name for o in graph.output)
+
+    opaque: dict[str, OpaqueCall] = {}
+    meta: dict[str, tuple] = {}
+    shapeless: set[str] = set()  # opaque values of unknown shape: only opaque nodes may use them
+    folded = 0
+    for i, node in enumerate(nodes):
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            with contextlib.suppress(Unsupported):  # a Constant we cannot read stays a node
+                _set_constant(im, node.output[0], _constant_node(node))
+                folded += 1
+                continue
+        values = _fold(im, node)
+        if values is not None:
+            for out, value in zip(node.output, values):
+                _set_constant(im, out, value)
+            folded += 1
+            continue
+        converter = CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        try:
+            if converter is None:
+                raise Unsupported(node.op_type)
+            if any(x in shapeless for x in node.input):
+                raise Unsupported("an operand's shape is unknown: the Term language needs it")
+            results = converter(im, node)
+            results = results if isinstance(results, tuple) else (results,)
+            if any(out in im.used for out in node.output[len(results):]):
+                raise Unsupported("an extra output is used")
+            for out, term in zip(node.output, results):
+                im.terms[out] = term
+        except Unsupported:
+            key = _unique(node.name or f"{node.op_type}_{i}", opaque)
+            args = tuple(im.term(x) if x else None for x in node.input)
+            reads = tuple((x, im.term(x)) for x in subgraph_reads(node) if x in im.terms or x in im.consts)
+            opaque[key] = OpaqueCall(key, "onnx", node, args, {"captured": reads} if reads else {})
+            for out in node.output:
+                if out:
+                    im.terms[out] = Term("opaque", (), (out,))
+                    meta[out] = _meta(im, out)
+                    if meta[out] is None:  # analyses see a scalar; no Term ever reads it
+                        shapeless.add(out)
+                        meta[out] = ((), getattr(torch, im.dtype(out) or "float32"))
+    outputs = tuple(im.term(o.name) for o in graph.output)
+    program = GraphProgram(tuple(inputs), outputs, opaque,
+                           {n: t for n, t in im.params.items() if n in im.terms}, value_meta=meta)
+    tensors = {n: im.protos[n] for n, t in im.terms.items() if t.op == "param"}
+    for o in graph.output:
+        im.types[o.name] = _value_type(o) or im.types.get(o.name)
+    return OnnxProgram(program, model, im.types, tensors, tuple(o.name for o in graph.output),
+                       where, folded)
+
+
+def _meta(im: Importer, name: str) -> tuple | None:
+    """(shape, torch dtype) of an opaque value, or None where its type is unknown."""
+    vt, dtype = im.types.get(name), im.dtype(name)
+    if vt is None or vt.shape is None or not dtype:
+        return None
+    return tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape), getattr(torch, dtype)
+
+
+def _unique(name: str, taken) -> str:
+    out, k = name, 1
+    while out in taken:
+        out, k = f"{name}_{k}", k + 1
+    return out
+
+
+def read(path: str | os.PathLike) -> OnnxProgram:
+    """Load and import a model file: every problem with it is an ``OnnxImportError``."""
+    return import_model(load(path), os.fspath(path))

@@ -1,0 +1,336 @@
+"""The pipeline: the one place that knows Terms, rules, the e-graph and the extractor.
+
+Program -> e-graph (roots: outputs and opaque operands) -> phases of rules under limits ->
+DAG-aware extraction -> Program with the same interface.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..lang import pattern as pat
+from . import templates as tmpl
+from ..egraph.engine import EGraph, Saturation, Snapshot
+from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
+from ..extractors.curvature import rounding_free
+from ..extractors.enumerate import alternatives
+from ..extractors.rounding_error import least_error
+from ..lang.ops import OPS, parse_shape
+from ..lang.program import Program
+from ..analysis.ranges import TOP, analyze
+from ..rulesets import Family, Rule, select
+from ..lang.term import Term, dtype_name, op_counts, postorder, shapes
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one phase of saturation; the best program found so far is always extracted."""
+    max_iterations: int = 30
+    max_enodes: int = 50_000
+    max_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One named step of the schedule: a set of rules run to saturation or to its limits."""
+    name: str
+    rules: tuple[Rule, ...]
+    limits: Limits = Limits()
+
+    def __post_init__(self):
+        if not self.name.isidentifier():
+            raise ValueError(f"phase name {self.name!r} must be an identifier")
+
+
+@dataclass
+class Optimized:
+    program: Program
+    egraph: EGraph
+    saturation: list[Saturation]
+    applied: list[tuple[Rule, int]]  # rules whose rewrite is in the extracted program, with matches
+    cost_before: dict[str, int]
+    cost_after: dict[str, int]
+    ops_before: dict[str, int]
+    ops_after: dict[str, int]
+    seconds: dict[str, float] = field(default_factory=dict)
+    model: CostModel | None = None  # what priced the e-nodes
+    cost: Callable | None = None  # cost(class id, e-node) as extraction used it
+    root_classes: list[str] = field(default_factory=list)  # e-class of each root, in roots() order
+
+
+def optimize(program: Program, *, rules: list[Rule] | None = None,
+             objective: Objective = Objective.BALANCED, limits: Limits = Limits(),
+             schedule: list[Phase] | None = None, input_ranges: dict | None = None,
+             model: CostModel | None = None, templates: bool = True) -> Optimized:
+    """Optimize a program. ``schedule`` runs its phases in order; without one, ``rules`` (default:
+    every rule that is not unsafe) run as a single phase under ``limits``. ``input_ranges``
+    declares input intervals: the only source, besides facts of the ops, for rule conditions.
+    ``model`` (default: static latencies under ``objective``) prices the nodes. With
+    ``templates``, repeated blocks are optimized once each (see ``templates.py``)."""
+    if schedule is None:
+        schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
+    model = model or CostModel(objective)
+    groups = tmpl.find(program) if templates else []
+    if groups:
+        return _optimize_templated(program, groups, schedule, input_ranges, model)
+    rules = [r for phase in schedule for r in phase.rules]
+    roots = program.roots()
+    clock = {"start": time.perf_counter()}
+
+    leaf_meta = program.leaf_meta()
+    term_meta = shapes(roots, leaf_meta)
+    intervals = analyze(roots, input_ranges, leaf_meta, term_meta)
+    egraph = EGraph()
+    refs = egraph.add(roots, intervals, term_meta)
+    clock["build"] = time.perf_counter()
+    saturation = []
+    for phase in schedule:
+        egraph.add_rules(phase.name, phase.rules)
+        saturation.append(egraph.saturate(phase.name, max_iterations=phase.limits.max_iterations,
+                                          max_enodes=phase.limits.max_enodes,
+                                          max_seconds=phase.limits.max_seconds))
+    clock["saturate"] = time.perf_counter()
+    snap = egraph.snapshot()
+
+    loaded = {snap.class_of_ref[egraph.ref(t)]: m for t in postorder(roots)
+              for m in [term_meta[id(t)]]}
+    cost = enode_cost(snap, model, class_meta(snap.classes, loaded))
+    root_classes = [snap.class_of_ref[r] for r in refs]
+    best = extract(snap.classes, root_classes, cost)
+    reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges, term_meta) \
+        if model.objective is Objective.STABILITY else None
+    best = reranked or best
+    proved = proved_ranges(snap, {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)},
+                           best, analyze(best, input_ranges, leaf_meta))
+    before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, proved)
+    after = program_cost(best, model, input_ranges, leaf_meta, ranges=proved)
+    if after["cost"] > before["cost"] and not reranked:  # greedy extraction is not optimal: never
+        best, after = roots, before  # return worse (the estimate weighed the input program too)
+    clock["extract"] = time.perf_counter()
+
+    optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
+    matches = {}
+    for s in saturation:
+        for name, n in s.matches.items():
+            matches[name] = matches.get(name, 0) + n
+    matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
+    applied = [(r, matches[r.name]) for r in _applied(matched, roots, best, term_meta, leaf_meta)]
+    steps = ["start", "build", "saturate", "extract"]
+    return Optimized(
+        optimized, egraph, saturation, applied,
+        before, after, op_counts(roots), op_counts(best),
+        {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])}, model, cost, root_classes)
+
+
+#: the stability objective re-ranks this many of the cheapest programs of a root, for programs of
+#: at most RERANK_NODES terms holding at most RERANK_ELEMENTS numbers in all (the estimate runs each
+#: candidate in float64 with derivatives: a 64-image CNN took 25 s to re-rank)
+RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
+
+
+def _least_error(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
+                 root_classes: list[str], cost: Callable, input_ranges: dict | None,
+                 term_meta: dict) -> list[Term] | None:
+    """Stability: of the cheapest programs by the per-node cost, and the input program, the one of
+    least first-order error over the declared ranges (``extractors/rounding_error.py``). Per-node
+    costs cannot see a cancellation that needs coinciding operands, or an error a later op
+    attenuates; the program-level estimate does. The cost order breaks ties. None: not estimable."""
+    if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
+        return None
+    if sum(math.prod(shape) for shape, _ in term_meta.values()) > RERANK_ELEMENTS:  # the input's
+        return None
+    found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
+    candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]
+    chosen = least_error([program.with_roots({id(roots[0]): c[0]}) for c in candidates], input_ranges)
+    return None if chosen is None else candidates[chosen]
+
+
+def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
+                        input_ranges: dict | None, model: CostModel) -> Optimized:
+    """One optimization per template (over the hull of its instances' argument intervals), one
+    for the rest of the program, then every instance instantiated into it."""
+    start = time.perf_counter()
+    roots, leaf_meta = program.roots(), program.leaf_meta()
+    meta = shapes(roots, leaf_meta)
+    intervals = analyze(roots, input_ranges, leaf_meta, meta)
+    results, template_roots = [], []
+    for group in groups:
+        body, arg_leaves = tmpl.template_program(group[0], meta)
+        hulls = {leaf.attrs[0]: tmpl.hull([intervals[id(inst.args[i])] for inst in group])
+                 for i, leaf in enumerate(arg_leaves)}
+        result = optimize(body, schedule=schedule, input_ranges=hulls, model=model, templates=False)
+        for s in result.saturation:
+            s.phase = f"{s.phase} [template of {group[0].scope} x{len(group)}]"
+        results.append(result)
+        template_roots.append(list(result.program.outputs))
+    outer, args = tmpl.outer_program(program, groups, meta)
+    main = optimize(outer, schedule=schedule, input_ranges=input_ranges, model=model,
+                    templates=False)
+    final = tmpl.resolve(main.program, groups, template_roots, list(main.program.outputs[1]))
+    joined = _join_precision(final, schedule, input_ranges, model)
+    if joined is not None:
+        final = joined.program
+        results.append(joined)
+    best = final.roots()
+    before = program_cost(roots, model, input_ranges, leaf_meta, meta, intervals)
+    after = program_cost(best, model, input_ranges, leaf_meta)
+    if after["cost"] > before["cost"]:
+        final, best, after = program, roots, before
+    applied: dict[str, tuple] = {}
+    for r in results + [main]:
+        for rule, n in r.applied:
+            applied[rule.name] = (rule, applied.get(rule.name, (rule, 0))[1] + n)
+    seconds = {"total": time.perf_counter() - start}
+    return Optimized(final, main.egraph, [s for r in results + [main] for s in r.saturation],
+                     list(applied.values()), before, after, op_counts(roots), op_counts(best),
+                     seconds, model, main.cost, main.root_classes)
+
+
+def _join_precision(program: Program, schedule: list[Phase], input_ranges: dict | None,
+                    model: CostModel) -> Optimized | None:
+    """Each template computed in float32 rounds its output to the half dtype, and the next one
+    widens it again: only a pass over the joined program can drop those round trips and carry
+    one float32 chain through. Precision rules alone, and only where a cast is left."""
+    rules = tuple(r for phase in schedule for r in phase.rules if r.family is Family.PRECISION)
+    if not rules or not any(t.op == "cast" for t in postorder(program.roots())):
+        return None
+    limits = schedule[-1].limits
+    return optimize(program, schedule=[Phase("join_precision", rules, limits)],
+                    input_ranges=input_ranges, model=model, templates=False)
+
+
+def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best_ranges: dict) -> dict:
+    """Interval of every term of the input (``loaded``: term id -> e-class) and of the extracted
+    program: its e-class's, which the saturated e-graph proved from every equivalent form (a
+    quotient known to be a sigmoid is in [0, 1]), met with the extracted term's own. Both programs
+    are then priced with what the extractor saw."""
+    ranges = {i: snap.ranges.get(cid, TOP) for i, cid in loaded.items()}
+    of_node = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}
+    classes = dict(loaded)
+    for t in postorder(best):
+        key = (t.op, tuple(classes.get(id(a)) for a in t.args), t.attrs)
+        cid = classes[id(t)] = classes.get(id(t)) or of_node.get(key)
+        own = best_ranges[id(t)]
+        lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
+        lo, hi = max(lo, own[0]), min(hi, own[1])
+        ranges[id(t)] = (lo, hi) if lo <= hi else own
+    return ranges
+
+
+def class_meta(classes: dict, known: dict) -> dict:
+    """(shape, dtype) of every e-class: the loaded ones are ``known``; a class rewrites created
+    takes the shape its first computable e-node has on meta tensors (all its e-nodes agree)."""
+    meta = dict(known)
+    changed = True
+    while changed:
+        changed = False
+        for cid, nodes in classes.items():
+            if cid in meta:
+                continue
+            for n in nodes:
+                if all(c in meta for c in n.children):
+                    found = _meta_of(n, [meta[c] for c in n.children])
+                    if found is not None:
+                        meta[cid] = found
+                        changed = True
+                        break
+    return meta
+
+
+def _meta_of(node, operands: list) -> tuple | None:
+    if node.op == "const":
+        return (), torch.float64
+    if node.op in ("input", "param"):
+        return parse_shape(node.attrs[1]), getattr(torch, node.attrs[2])
+    if not node.children:
+        return None
+    args = [torch.empty(s, dtype=d, device="meta") for s, d in operands]
+    try:
+        out = OPS[node.op].impl(*args, *node.attrs)
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        return None
+    return tuple(out.shape), out.dtype
+
+
+def enode_cost(snap: Snapshot, model: CostModel, meta: dict):
+    """``cost(class id, e-node)`` for the extractor, from the snapshot's analyses: intervals,
+    dtypes, exactness, constness and shapes of each e-node's operand classes."""
+    exact = closed_classes(snap.classes, lambda n: rounding_free(
+        n.op, n.attrs, tuple(snap.dtypes.get(c, "float32") for c in n.children)))
+    constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
+    consts = {cid for cid, nodes in snap.classes.items() if any(n.op == "const" for n in nodes)}
+
+    def cost(cid: str, node) -> int:
+        tensors = [c for c in node.children if c not in consts]
+        known = all(c in meta for c in tensors)
+        return model(NodeFacts(
+            node.op, node.attrs, tuple(snap.ranges.get(c, TOP) for c in node.children),
+            tuple(snap.dtypes.get(c, "float32") for c in node.children),
+            tuple(c in exact for c in node.children), snap.ranges.get(cid, TOP),
+            snap.dtypes.get(cid, "float32"),
+            bool(node.children) and all(c in constant for c in node.children),
+            tuple(meta[c][0] for c in tensors) if known else None))
+    return cost
+
+
+def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) -> set[str]:
+    """E-classes some e-node of which is ``allowed`` over such classes (with ``leaves_only``, any
+    op over such classes, from ``allowed`` leaves). With rounding-free ops:
+    values computed exactly, where cancellation is harmless; with params and consts: values that
+    do not depend on the data."""
+    closed: set[str] = set()
+
+    def qualifies(n) -> bool:
+        if not all(c in closed for c in n.children):
+            return False
+        return allowed(n) if not (leaves_only and n.children) else True
+
+    changed = True
+    while changed:
+        changed = False
+        for cid, nodes in classes.items():
+            if cid not in closed and any(qualifies(n) for n in nodes):
+                closed.add(cid)
+                changed = True
+    return closed
+
+
+def _applied(matched: list[Rule], before, after, before_meta: dict, leaf_meta: dict) -> list[Rule]:
+    """The matched rules the extracted program shows: those whose right side is new in it (or,
+    for a cancelling rule, whose left side is gone; for a precision rule whose casts later rules
+    moved, whose left side with its dtype conditions is gone while its right side's op is there),
+    then, transitively, those whose right side is part of a shown rule's left side and whose left
+    side is gone."""
+    dtypes = {k: dtype_name(m[1]) for meta in (before_meta, shapes(after, leaf_meta))
+              for k, m in meta.items()}
+
+    def occurs(p, terms, facts=()):  # with ``facts`` (variable, dtype) holding
+        return any(all(dtypes.get(id(b[v])) == d for v, d in facts) for b in pat.find(p, terms))
+
+    after_ops = {t.op for t in postorder(after)}
+
+    def gone(r):
+        facts = r.dtype_facts()
+        return occurs(r.lhs_pattern, before, facts) and not occurs(r.lhs_pattern, after, facts)
+
+    def shows(r):
+        rhs = r.rhs_pattern
+        if not isinstance(rhs, pat.Node):
+            return gone(r)
+        new = occurs(rhs, after) and not occurs(rhs, before)
+        return new or bool(r.dtype_facts()) and rhs.op in after_ops and gone(r)
+
+    shown = [r for r in matched if shows(r)]
+    frontier = list(shown)
+    while frontier:
+        fed = pat.skeleton(frontier.pop().lhs_pattern)[0]
+        for r in matched:
+            if r not in shown and isinstance(r.rhs_pattern, pat.Node) and occurs(r.rhs_pattern, [fed]) \
+                    and gone(r):
+                shown.append(r)
+                frontier.append(r)
+    return [r for r in matched if r in shown]

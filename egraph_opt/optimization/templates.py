@@ -1,0 +1,186 @@
+"""Repeated blocks (seed 004): the N identical blocks of a transformer are optimized once.
+
+Hash-consing does not merge chained blocks (each block's input differs), so we find them
+ourselves: the terms traced inside each instance of a repeated submodule (``h.0``, ``h.1``...)
+get a structural signature in which the values flowing in are numbered arguments and the block's
+own parameters are named relative to it. Instances with equal signatures share one template,
+optimized once with its arguments ranging over the hull of every instance's intervals (so each
+condition it relies on holds for all of them), and instantiated per instance. The rest of the
+program is optimized with each instance's outputs standing in as leaves.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from ..lang.program import Program, leaves
+from ..analysis.ranges import Interval
+from ..lang.term import Term, postorder
+from torch.fx.node import map_aggregate
+
+PREFIX = "tmpl:"
+#: smaller instances (a lone Linear or ReLU) are saturated in place: a template would save little
+#: and would cut rewrites that cross its boundary (a float32 chain across layers)
+MIN_OPS = 8
+
+
+@dataclass
+class Instance:
+    scope: str
+    terms: list[Term]  # in postorder
+    args: list[Term] = field(default_factory=list)  # values from outside, by first use
+    params: dict[str, Term] = field(default_factory=dict)  # relative name -> param term
+    outputs: list[Term] = field(default_factory=list)  # its terms read outside it
+    signature: tuple = ()
+
+
+def _signature(inst: Instance, parents: dict[int, list[Term]], roots: set[int]) -> None:
+    inside = {id(t): i for i, t in enumerate(inst.terms)}
+    args: dict[int, int] = {}
+    keys = []
+    for t in inst.terms:
+        operands = []
+        for a in t.args:
+            if id(a) in inside:
+                operands.append(("term", inside[id(a)]))
+            elif a.op == "const":
+                operands.append(("const", a.attrs[0]))
+            elif a.op == "param" and a.attrs[0].startswith(inst.scope + "."):
+                rel = a.attrs[0][len(inst.scope) + 1:]
+                inst.params[rel] = a
+                operands.append(("param", rel, a.attrs[1], a.attrs[2]))
+            else:
+                if id(a) not in args:
+                    args[id(a)] = len(inst.args)
+                    inst.args.append(a)
+                operands.append(("arg", args[id(a)]))
+        keys.append((t.op, t.attrs, tuple(operands)))
+    inst.outputs = [t for t in inst.terms
+                    if id(t) in roots or any(id(p) not in inside for p in parents[id(t)])]
+    inst.signature = (tuple(keys), tuple(inside[id(t)] for t in inst.outputs))
+
+
+def find(program: Program) -> list[list[Instance]]:
+    """Groups of two or more instances of at least ``MIN_OPS`` ops with equal signatures, in
+    program order."""
+    roots = program.roots()
+    order = postorder(roots)
+    parents: dict[int, list[Term]] = defaultdict(list)
+    for t in order:
+        for a in t.args:
+            parents[id(a)].append(t)
+    instances: dict[str, Instance] = {}
+    for t in order:
+        scope = program.scopes.get(id(t))
+        if scope:
+            instances.setdefault(scope, Instance(scope, [])).terms.append(t)
+    groups: dict[tuple, list[Instance]] = defaultdict(list)
+    for inst in instances.values():
+        _signature(inst, parents, {id(r) for r in roots})
+        groups[inst.signature].append(inst)
+    return [g for g in groups.values() if len(g) > 1 and g[0].outputs
+            and sum(bool(t.args) for t in g[0].terms) >= MIN_OPS]
+
+
+def substitute(roots: list[Term], mapping: dict[int, Term]) -> list[Term]:
+    """The terms with each term whose id is in ``mapping`` replaced, sharing preserved."""
+    new: dict[int, Term] = {}
+    for t in postorder(roots):
+        if id(t) in mapping:
+            new[id(t)] = mapping[id(t)]
+        elif not t.args:
+            new[id(t)] = t
+        else:
+            args = tuple(new[id(a)] for a in t.args)
+            same = all(x is y for x, y in zip(args, t.args))
+            new[id(t)] = t if same else Term(t.op, args, t.attrs)
+    return [new[id(r)] for r in roots]
+
+
+def template_program(first: Instance, meta: dict) -> tuple[Program, list[Term]]:
+    """The first instance over abstract leaves: ``arg{i}`` inputs and relative-name params."""
+    arg_leaves = [Term.input(f"arg{i}", meta[id(a)][0], str(meta[id(a)][1]).removeprefix("torch."))
+                  for i, a in enumerate(first.args)]
+    mapping = {id(a): leaf for a, leaf in zip(first.args, arg_leaves)}
+    mapping.update({id(p): Term("param", (), (rel, *p.attrs[1:])) for rel, p in first.params.items()})
+    outputs = substitute(first.outputs, mapping)
+    return Program(tuple(arg_leaves), tuple(outputs)), arg_leaves
+
+
+def instantiate(template_roots: list[Term], inst: Instance, args: list[Term]) -> list[Term]:
+    """A template's optimized outputs over one instance's actual arguments and parameters."""
+    by_name = {f"arg{i}": a for i, a in enumerate(args)}
+    new: dict[int, Term] = {}
+    for t in postorder(template_roots):
+        if t.op == "input" and t.attrs[0] in by_name:
+            new[id(t)] = by_name[t.attrs[0]]
+        elif t.op == "param" and t.attrs[0] in inst.params:
+            new[id(t)] = inst.params[t.attrs[0]]
+        elif not t.args:
+            new[id(t)] = t
+        else:
+            new[id(t)] = Term(t.op, tuple(new[id(a)] for a in t.args), t.attrs)
+    return [new[id(r)] for r in template_roots]
+
+
+def hull(intervals: list[Interval]) -> Interval:
+    return min(i[0] for i in intervals), max(i[1] for i in intervals)
+
+
+def outer_program(program: Program, groups: list[list[Instance]], meta: dict
+                  ) -> tuple[Program, list[Term]]:
+    """The program with every instance's outputs as leaves, and every instance's arguments as
+    extra outputs (they must still be computed)."""
+    mapping, leaf_meta = {}, {}
+    for group in groups:
+        for inst in group:
+            for k, out in enumerate(inst.outputs):
+                name = f"{PREFIX}{inst.scope}:{k}"
+                mapping[id(out)] = Term("opaque", (), (name,))
+                leaf_meta[name] = meta[id(out)]
+    args = [a for group in groups for inst in group for a in inst.args]
+    swapped = _rewrite(program, lambda terms: substitute(terms, mapping))
+    new_args = substitute(args, mapping)
+    outer = replace(swapped, outputs=(swapped.outputs, tuple(new_args)), scopes={},
+                    leaf_shapes={**program.leaf_shapes, **leaf_meta})
+    return outer, new_args
+
+
+def _rewrite(program: Program, rewrite) -> Program:
+    """The program with all its terms (outputs, opaque operands) rewritten in one pass."""
+    found = [x for x in leaves((program.outputs, [(c.args, c.kwargs) for c in program.opaque.values()]))
+             if isinstance(x, Term)]
+    new = {id(old): t for old, t in zip(found, rewrite(found))}
+    swap = lambda x: new[id(x)] if isinstance(x, Term) else x  # noqa: E731
+    opaque = {n: replace(c, args=map_aggregate(c.args, swap), kwargs=map_aggregate(c.kwargs, swap))
+              for n, c in program.opaque.items()}
+    return replace(program, outputs=map_aggregate(program.outputs, swap), opaque=opaque)
+
+
+def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[Term]],
+            optimized_args: list[Term]) -> Program:
+    """Instantiate every instance into the optimized outer program, earlier instances first (a
+    later instance's arguments may be an earlier one's outputs)."""
+    env: dict[str, Term] = {}
+
+    def fill(terms: list[Term]) -> list[Term]:
+        pending = {id(t): env[t.attrs[0]] for t in postorder(terms)
+                   if t.op == "opaque" and t.attrs[0] in env}
+        return substitute(terms, pending)
+
+    arg_iter = iter(optimized_args)
+    pending = [(inst, tmpl, [next(arg_iter) for _ in inst.args])
+               for group, tmpl in zip(groups, templates) for inst in group]
+    while pending:  # an instance is ready when the instances its arguments read are done
+        ready = [p for p in pending if all(
+            t.attrs[0] in env for t in postorder(p[2])
+            if t.op == "opaque" and t.attrs[0].startswith(PREFIX))]
+        if not ready:
+            raise RuntimeError("templates depend on each other in a cycle")
+        for inst, tmpl, args in ready:
+            outputs = instantiate(tmpl, inst, fill(args))
+            for k, out in enumerate(outputs):
+                env[f"{PREFIX}{inst.scope}:{k}"] = out
+        done = {id(p[0]) for p in ready}
+        pending = [p for p in pending if id(p[0]) not in done]
+    return _rewrite(replace(outer, outputs=outer.outputs[0]), fill)

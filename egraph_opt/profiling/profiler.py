@@ -1,0 +1,276 @@
+"""The profiler: times kernels and records the medians in the profiling database.
+
+`SPECS` is the one table of what each costed op does to shapes: example input shapes for a size
+parameter (the profiling grid) and its work (FLOPs and elements moved) as a function of input
+shapes. The latency model reads the same table, so what is profiled and what is predicted from
+agree by construction.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from ..lang.ops import OPS
+from .profile_db import ProfileDB, Record
+
+Shapes = tuple[tuple[int, ...], ...]
+
+
+class Work(NamedTuple):
+    """What a kernel must do: floating-point operations and tensor elements read plus written."""
+    flops: float
+    elements: float
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _pointwise(flops_per_element: float):
+    def work(shapes, attrs):
+        out = _numel(torch.broadcast_shapes(*shapes))
+        return Work(flops_per_element * out, sum(map(_numel, shapes)) + out)
+    return work
+
+
+def _along_axis(flops_per_element: float, reduces: bool):
+    """Reads every element once; writes one per reduced row (a reduction) or all (softmax)."""
+    def work(shapes, attrs):
+        (shape,) = shapes
+        n = _numel(shape)
+        return Work(flops_per_element * n, n + (n // max(shape[attrs["axis"]], 1) if reduces else n))
+    return work
+
+
+def _batch_matmul(a, b) -> tuple[int, int, int, int]:
+    """(batch, m, k, n) of `a @ b`, with matmul's 1-D promotion and batch broadcasting."""
+    a = (1, *a) if len(a) == 1 else tuple(a)
+    b = (*b, 1) if len(b) == 1 else tuple(b)
+    if a[-1] != b[-2]:
+        raise ValueError(f"matmul of shapes {a} and {b}: inner dimensions {a[-1]} != {b[-2]}")
+    batch = _numel(torch.broadcast_shapes(a[:-2], b[:-2]))
+    return batch, a[-2], a[-1], b[-1]
+
+
+def _matmul(shapes, attrs):
+    batch, m, k, n = _batch_matmul(*shapes)
+    return Work(2.0 * batch * m * k * n, sum(map(_numel, shapes)) + batch * m * n)
+
+
+def _linear(shapes, attrs):
+    x, w, b = shapes
+    batch, m, k, n = _batch_matmul(x, tuple(reversed(w)))
+    return Work(2.0 * batch * m * k * n + batch * m * n, sum(map(_numel, shapes)) + batch * m * n)
+
+
+def _layer_norm(shapes, attrs):
+    x, w, b = shapes
+    n = _numel(x)
+    return Work(8.0 * n, 2 * n + _numel(w) + _numel(b))
+
+
+def _sdpa(shapes, attrs):
+    """Flash-style attention: scores are never written; a causal mask halves the work."""
+    q, k, v = shapes
+    batch = _numel(torch.broadcast_shapes(q[:-2], k[:-2], v[:-2]))
+    (length, e), (s, ev) = q[-2:], v[-2:]
+    pairs = batch * length * s * (0.5 if attrs["causal"] else 1.0)
+    return Work(pairs * (2 * e + 2 * ev + 12), sum(map(_numel, shapes)) + batch * length * ev)
+
+
+def _square(count: int):
+    return lambda n: ((n, n),) * count
+
+
+def _positive(shapes, dtype, device):
+    """Inputs in [0.5, 1.5): in the domain of every op (log, sqrt, pow), so no NaN slows a run."""
+    return [torch.rand(s, dtype=dtype, device=device) + 0.5 for s in shapes]
+
+
+def _where_inputs(shapes, dtype, device):
+    cond, *values = shapes
+    return [torch.rand(cond, device=device) < 0.5, *_positive(values, dtype, device)]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How to profile one op (example shapes for a size n, inputs) and what it costs (work)."""
+    shapes: Callable[[int], Shapes]
+    work: Callable[[Shapes, Mapping[str, object]], Work]
+    inputs: Callable = _positive
+
+
+# FLOPs per element: 1 for arithmetic, 10 for a transcendental (a polynomial of ~10 terms),
+# 12 for softmax-like ops (max, subtract, exp, sum, divide).
+_ARITHMETIC_1 = "neg abs relu"
+_ARITHMETIC_2 = "add sub mul div maximum minimum"
+_TRANSCENDENTAL_1 = "exp log log1p expm1 sqrt rsqrt sin cos tanh sigmoid erf gelu"
+_REDUCTION_FLOPS = {"sum": 1, "compensated_sum": 8, "max": 1, "mean": 1, "var": 3, "logsumexp": 12}
+_SOFTMAX_FLOPS = {"softmax": 12, "log_softmax": 12}
+
+SPECS: dict[str, OpSpec] = {
+    **{op: OpSpec(_square(1), _pointwise(1)) for op in _ARITHMETIC_1.split()},
+    **{op: OpSpec(_square(2), _pointwise(1)) for op in _ARITHMETIC_2.split()},
+    **{op: OpSpec(_square(1), _pointwise(10)) for op in _TRANSCENDENTAL_1.split()},
+    "pow": OpSpec(_square(2), _pointwise(10)),
+    "where": OpSpec(_square(3), _pointwise(1), _where_inputs),
+    **{op: OpSpec(_square(1), _along_axis(f, reduces=True)) for op, f in _REDUCTION_FLOPS.items()},
+    **{op: OpSpec(_square(1), _along_axis(f, reduces=False)) for op, f in _SOFTMAX_FLOPS.items()},
+    "matmul": OpSpec(_square(2), _matmul),
+    "linear": OpSpec(lambda n: ((n, n), (n, n), (n,)), _linear),
+    "layer_norm": OpSpec(lambda n: ((n, n), (n,), (n,)), _layer_norm),
+    "sdpa": OpSpec(lambda n: ((1, 8, n, 64),) * 3, _sdpa),
+}
+
+# Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
+EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none",
+                 "eps": 1e-5, "scale": 0.125, "causal": False}
+
+
+def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:
+    """The work of `kernel` (an op name of SPECS) on inputs of these shapes."""
+    if kernel not in SPECS:
+        raise ValueError(f"no work formula for kernel {kernel!r}; known: {', '.join(sorted(SPECS))}")
+    missing = [name for name, _ in OPS[kernel].attrs if name not in attrs]
+    if missing:
+        raise ValueError(f"kernel {kernel!r} needs attributes {missing}, got {dict(attrs)}")
+    return SPECS[kernel].work(tuple(tuple(s) for s in shapes), attrs)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}: expected a torch dtype name such as 'float32'")
+    return dtype
+
+
+def device_name(device: str | torch.device) -> str:
+    """'<type>: <model>', the key under which measurements of this device are kept; on a CPU
+    with the intra-op thread count, which changes latencies as much as the model does."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError, StopIteration):  # not Linux: the platform's word
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    threads = torch.get_num_threads()
+    return f"{device.type}: {model}, {threads} thread{'s' if threads > 1 else ''}"
+
+
+class Timing(NamedTuple):
+    median_s: float
+    spread_s: float  # interquartile range
+    runs: int
+
+
+def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, repeats: int = 15,
+                warmup: int = 3, min_sample_s: float = 1e-3) -> Timing:
+    """Seconds per call of fn(*args): median and interquartile range over `repeats` samples.
+
+    A sample times enough back-to-back calls to last `min_sample_s`, so that the clock's
+    resolution and Python's overhead do not dominate microsecond kernels; on CUDA each sample
+    ends with a synchronize, so it measures the kernels, not their launch.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    def sample(number: int) -> float:
+        start = time.perf_counter()
+        for _ in range(number):
+            fn(*args)
+        sync()
+        return time.perf_counter() - start
+
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn(*args)
+        sync()
+        number, elapsed = 1, sample(1)
+        while elapsed < min_sample_s:
+            wanted = math.ceil(number * 1.2 * min_sample_s / max(elapsed, 1e-9))
+            number = min(number * 10, max(2 * number, wanted))
+            elapsed = sample(number)
+        times = [sample(number) / number for _ in range(repeats)]
+    q1, median, q3 = np.percentile(times, [25, 50, 75])
+    return Timing(float(median), float(q3 - q1), repeats)
+
+
+class Case(NamedTuple):
+    """One kernel call to profile: an op of ops.py at given input shapes, attributes and dtype."""
+    op: str
+    dtype: str
+    shapes: Shapes
+    attrs: Mapping[str, object]
+
+
+def _progress(items: list, desc: str) -> Iterable:
+    """tqdm if installed, else rich, else a line per item on stderr."""
+    with contextlib.suppress(ImportError):
+        from tqdm import tqdm
+        return tqdm(items, desc=desc, unit="kernel")
+    with contextlib.suppress(ImportError):
+        from rich.progress import track
+        return track(items, description=desc)
+    return _plain_progress(items, desc)
+
+
+def _plain_progress(items: list, desc: str):
+    for i, item in enumerate(items, 1):
+        print(f"{desc}: {i}/{len(items)} {item.op} {item.dtype} {list(item.shapes)}", file=sys.stderr)
+        yield item
+
+
+def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
+                   repeats: int = 15, progress: bool = True) -> list[Record]:
+    """Time the torch implementation of each case and record it (backend "torch").
+
+    Only ops of SPECS: the latency model cannot use a measurement it has no work formula for.
+    """
+    cases = list(cases)
+    unknown = sorted({c.op for c in cases if c.op not in SPECS})
+    if unknown:
+        raise ValueError(f"cannot profile {unknown}: no cost spec; "
+                         f"costed ops: {', '.join(sorted(SPECS))}")
+    for name in {c.dtype for c in cases}:
+        torch_dtype(name)  # a typo fails now, not after an hour of profiling
+    device, where = torch.device(device), device_name(device)
+    records = []
+    for case in _progress(cases, f"profiling on {where}") if progress else cases:
+        dtype = torch_dtype(case.dtype)
+        tensors = SPECS[case.op].inputs(case.shapes, dtype, device)
+        attrs = [case.attrs[name] for name, _ in OPS[case.op].attrs]
+        timing = time_kernel(OPS[case.op].impl, [*tensors, *attrs], device, repeats=repeats)
+        records.append(Record(case.op, "torch", where, case.dtype, case.shapes, dict(case.attrs),
+                              timing.runs, timing.median_s, timing.spread_s))
+        db.add(records[-1])
+    return records
+
+
+def grid(ops: Iterable[str], dtypes: Iterable[str], sizes: Iterable[int]) -> list[Case]:
+    """The profiling grid: every op of `ops` at the example shapes of every size, in every dtype."""
+    ops, dtypes, sizes = list(ops), list(dtypes), list(sizes)
+    unknown = [op for op in ops if op not in SPECS]
+    if unknown:
+        raise ValueError(f"no profiling grid for {unknown}; profilable ops: {', '.join(sorted(SPECS))}")
+    bad = [n for n in sizes if not isinstance(n, int) or n < 1]
+    if bad:
+        raise ValueError(f"sizes must be positive ints, got {bad}")
+    return [Case(op, dtype, SPECS[op].shapes(n), {a: EXAMPLE_ATTRS[a] for a, _ in OPS[op].attrs})
+            for op in ops for dtype in dtypes for n in sizes]
+
+
+def profile_ops(ops: Iterable[str], dtypes: Iterable[str], device: str | torch.device,
+                db: ProfileDB, sizes: Iterable[int], repeats: int = 15,
+                progress: bool = True) -> list[Record]:
+    """Profile the grid of `ops` x `dtypes` x `sizes` on `device` into `db` (the CLI's entry)."""
+    return profile_shapes(grid(ops, dtypes, sizes), device, db, repeats=repeats, progress=progress)

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import glob
 import json
-import math
 import os
 import shutil
 import signal

@@ -40,10 +40,6 @@ def _c(expr: str) -> str:
     return f"(min (max {expr} -{BIG}) {BIG})"
 
 
-def _e(op: str) -> str:
-    return OPS[op].egg_name
-
-
 _SAME_AS_OPERAND = ["mean", "max", "transpose", "permute", "reshape", "expand", "slice", "cast",
                     "gather", "index_select", "max_pool2d"]
 #: ops whose result holds exactly the operand's values: the result's interval is the operand's too

@@ -8,7 +8,7 @@ recursion limit), printed in infix, and evaluated by the ops' torch implementati
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -28,7 +28,6 @@ class Term:
     op: str
     args: tuple[Term, ...] = ()
     attrs: tuple = ()
-    _key: tuple = field(init=False, repr=False)
 
     def __post_init__(self):
         spec = OPS.get(self.op)
@@ -42,13 +41,12 @@ class Term:
                 raise TermError(f"{self.op}.{name} must be {sort}, got {value!r}")
         attrs = tuple(float(v) if s == "f64" else v for v, (_, s) in zip(self.attrs, spec.attrs))
         object.__setattr__(self, "attrs", attrs)
-        object.__setattr__(self, "_key", (self.op, tuple(id(a) for a in self.args), attrs))
 
     @staticmethod
     def trusted(op: str, args: tuple, attrs: tuple) -> Term:
         """A term from parts already checked (an extracted e-node): no validation, 10x faster."""
         t = object.__new__(Term)
-        t.__dict__.update(op=op, args=args, attrs=attrs, _key=(op, tuple(map(id, args)), attrs))
+        t.__dict__.update(op=op, args=args, attrs=attrs)
         return t
 
     @staticmethod

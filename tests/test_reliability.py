@@ -217,3 +217,25 @@ def test_validation_accepts_a_candidate_closer_to_the_truth_where_the_original_o
     original = lambda x: torch.log(torch.exp(x))  # noqa: E731 - inf at 100 in float32
     verdict = compare(original, lambda x: x.clone(), (torch.tensor([1.0, 100.0]),))
     assert verdict.passed, verdict
+
+
+def test_shapes_are_inferred_once_per_program(monkeypatch):
+    """The input program and the optimized one: each infers its shapes once, and the analyses,
+    costs, latency estimate and backend all read that."""
+    import egraph_opt.analysis.ranges as ranges_module
+    import egraph_opt.backends.onnx_backend as onnx_backend
+    import egraph_opt.extractors.cost as cost_module
+    import egraph_opt.lang.program as program_module
+    from egraph_opt.lang.term import shapes
+
+    calls = []
+
+    def counted(roots, leaf_meta=None):
+        calls.append(len(roots))
+        return shapes(roots, leaf_meta)
+
+    for module in (program_module, ranges_module, cost_module, onnx_backend):
+        monkeypatch.setattr(module, "shapes", counted)
+    g = saturate_and_extract(lambda x: torch.log(torch.exp(x).sum(-1)), validate=False)
+    g(torch.randn(3, 4))
+    assert g.report.optimized and len(calls) == 2, calls

@@ -48,7 +48,7 @@ class Emitter:
         self._folded: dict[int, str | None] = {}
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
         #: attention between a split into heads and a merge, written as one Attention (opset 23)
-        self.heads = heads_merged(program.roots(), shapes(program.roots(), program.leaf_meta())) \
+        self.heads = heads_merged(program.roots(), program.meta()) \
             if self.opset >= 23 else {}
 
     # --- names, constants and analyses ---
@@ -130,8 +130,7 @@ class Emitter:
             types = [self.src.types.get(n) for n in names]
             static = all(vt is not None and vt.shape is not None and
                          all(isinstance(d, int) for d in vt.shape) for vt in types)
-            self._shapes = {k: v[0] for k, v in shapes(self.program.roots(), meta).items()} \
-                if static else {}
+            self._shapes = {k: v[0] for k, v in self.program.meta().items()} if static else {}
         if not self._shapes:
             return None
         if id(t) not in self._shapes:

@@ -16,7 +16,7 @@ from collections import Counter
 from ..kernels.binding import Estimate, bind, default_estimate
 from ..kernels.registry import CONVERSIONS, Use
 from ..lang.program import OpaqueRef, Program, leaves, topological
-from ..lang.term import Term, dtype_name, evaluate, postorder, shapes
+from ..lang.term import Term, dtype_name, evaluate, postorder
 
 
 class FoldedConstant:
@@ -60,8 +60,9 @@ def _schedule(program: Program) -> list:
 
 
 def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",
-                 estimate: Estimate = default_estimate) -> fx.GraphModule:
-    """The program as a GraphModule; ``.kernels`` on it counts the kernels it binds by name."""
+                 estimate: Estimate = default_estimate, meta: dict | None = None) -> fx.GraphModule:
+    """The program as a GraphModule; ``.kernels`` on it counts the kernels it binds by name.
+    ``meta``: the terms' shapes, where a program with the same terms already inferred them."""
     if device == "meta":
         raise ValueError("meta tensors hold no values: no kernel runs on them and nothing can be "
                          "validated, so the original runs")
@@ -72,7 +73,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     backend: dict = {}  # key -> backend whose memory holds the value (absent: torch)
     converted: dict = {}  # (key, backend) -> fx.Node of the converted value
     placeholders = {t.attrs[0]: graph.placeholder(t.attrs[0]) for t in program.inputs}
-    meta = shapes(program.roots(), program.leaf_meta())
+    meta = meta if meta is not None else program.meta()
     kernels: Counter = Counter()
 
     def on(key, target: str):

@@ -18,7 +18,7 @@ from ..extractors.curvature import kappa, kappa_cost, lipschitz, rounding
 from ..extractors.rounding_error import ProgramError, program_error
 from ..lang.program import Program
 from ..analysis.ranges import Interval, analyze
-from ..lang.term import dtype_name, postorder, pretty, shapes
+from ..lang.term import dtype_name, postorder, pretty
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ def analyze_program(program: Program, ranges: dict[str, Interval] | None = None
                     ) -> CurvatureReport:
     roots = program.roots()
     leaf_meta = program.leaf_meta()
-    intervals = analyze(roots, ranges, leaf_meta)
-    meta = shapes(roots, leaf_meta)
+    meta = program.meta()
+    intervals = analyze(roots, ranges, leaf_meta, meta)
     error = program_error(program, ranges)
     nodes = []
     for t in postorder(roots):

@@ -146,10 +146,10 @@ class OptimizedFunction:
         result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)
         roots = program.roots()
-        seconds_before, where_before = sources(roots, latency, program.leaf_meta())
-        seconds_after, where_after = sources(result.program.roots(), latency, program.leaf_meta())
+        seconds_before, _ = sources(program, latency)
+        seconds_after, where_after = sources(result.program, latency)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
-        module = build_module(flat, traced, device=device)
+        module = build_module(flat, traced, device=device, meta=result.program.meta())
         run = functools.partial(_run_unflattened, module, returns)
         errors = [program_error(p, self.input_ranges) for p in (program, result.program)] \
             if len(postorder(roots)) <= ESTIMATED_UP_TO else []

@@ -7,6 +7,7 @@ definitions in primitive ops. The egglog datatype is generated from this table.
 """
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Callable
@@ -17,13 +18,38 @@ import torch.nn.functional as F
 ATTR_SORTS = {"i64": int, "f64": float, "String": str, "bool": bool}
 
 
+UNBOUNDED = (-math.inf, math.inf)
+#: curvature of an op that is linear (or piecewise linear) in each operand: (sup |f''|, sup |f'|)
+LINEAR = (0.0, 1.0)
+
+
 @dataclass(frozen=True)
 class Op:
+    """One op and every fact the stages derive from; a fact left None is undeclared (a test
+    fails on a non-leaf op with one). Kinds are dispatched on by the stage named."""
     name: str
     arity: int
     attrs: tuple[tuple[str, str], ...]  # (name, egglog sort)
     impl: Callable | None  # torch implementation impl(*operands, *attrs); None for leaves
     infix: str | None = None
+    shape: str | None = None  # shape inference kind (lang/term.py); "meta" runs impl on meta tensors
+    range: str | Callable | None = None  # range transfer kind (analysis/ranges.py), or an increasing
+    # float function: the interval's image
+    bounds: tuple[float, float] | None = None  # every value it can take (UNBOUNDED: no such bound)
+    sign: str | None = None  # "positive", "nonneg" or "any": an e-graph fact (egraph/range_rules.py)
+    curvature: tuple[float, float] | str | None = None  # (sup |f''|, sup |f'|), or a formula kind
+    # over operand ranges (extractors/curvature.py)
+    growth: int | None = None  # class of kappa over unbounded ranges: 0 linear .. 3 exponential
+    error: str | None = None  # how it amplifies its operands' rounding error (curvature.py)
+    rounding: str | None = None  # "exact" from exact operands, "rounds", or "widening" (a cast)
+    passes: int | None = None  # passes over memory, when the profiling database has no estimate
+    precision: str | None = None  # in half precision: "accumulate" (many terms: do it in float32),
+    # "hoist" (compute before rounding), "keep" (rulesets/precision.py)
+    sample: tuple = ()  # operand shapes ("x0", ...) and attributes the precision rules' proofs sample
+    work: str | None = None  # profiling kind (profiling/profiler.py); "static": priced by passes
+    flops: float | None = None  # FLOPs per element, for the per-element work kinds
+    onnx: str | None = None  # ONNX form: an operator type, or a decomposition (backends/onnx_emitters.py)
+    numpy: str | None = None  # the numpy function of a numpy kernel (kernels/registry.py), if any
 
     @property
     def egg_name(self) -> str:
@@ -209,77 +235,169 @@ def rsqrt(x):
     return torch.rsqrt(x)
 
 
-def _op(name, arity, attrs="", impl=None, infix=None) -> Op:
+def sigmoid(v: float) -> float:
+    """The logistic function on a float (the increasing function sigmoid's range is the image of)."""
+    return 1 / (1 + math.exp(-v)) if v > -700 else 0.0
+
+
+def relu(v: float) -> float:
+    return max(v, 0.0)
+
+
+#: facts the stages need of every non-leaf op (``flops`` too, for the per-element work kinds)
+FACTS = ("shape", "range", "bounds", "sign", "curvature", "growth", "error", "rounding", "passes",
+         "precision", "work", "onnx")
+PER_ELEMENT_WORK = ("pointwise", "select", "reduce", "along")
+
+
+def _op(name, arity, attrs, impl, family: dict, **facts) -> Op:
+    """An op from its family's facts, overridden or completed by its own."""
     pairs = tuple(tuple(a.split(":")) for a in attrs.split()) if attrs else ()
-    return Op(name, arity, pairs, impl, infix)
+    return Op(name, arity, pairs, impl, **{**family, **facts})
 
 
 _AXIS = "axis:i64"
 _REDUCE = "axis:i64 keepdim:bool"
 _WINDOW = "stride:String padding:String dilation:String"  # per spatial dim, as shape_attr strings
 
+# facts shared by a family of ops; a row completes them and may override them
+_ANY = dict(bounds=UNBOUNDED, sign="any", error="none")
+_LEAF = dict(_ANY, curvature=LINEAR, growth=0, rounding="exact", passes=0, precision="keep")
+_BINARY = dict(_ANY, shape="broadcast", rounding="rounds", passes=2, precision="hoist",
+               work="pointwise", flops=1)
+_UNARY = dict(_ANY, shape="same", rounding="rounds", passes=2, precision="hoist", work="pointwise",
+              flops=10)
+_REDUCTION = dict(_ANY, shape="reduce", curvature=LINEAR, growth=0, rounding="rounds", passes=4,
+                  precision="accumulate", work="reduce", flops=1)
+_LAYOUT = dict(_ANY, shape="meta", range="values", curvature=LINEAR, growth=0, rounding="exact",
+               passes=1, precision="hoist", work="static")
+_FUSED = dict(_ANY, rounding="rounds", precision="accumulate", work="static")
+_SMOOTH = dict(growth=1)  # bounded curvature
+_EXACT = dict(curvature=LINEAR, growth=0, rounding="exact")  # piecewise linear, no rounding
+_MATMUL_SAMPLE = (("x0", (3, 5)), ("x1", (4, 5)), ("x2", (4,)))  # linear's (x, weight, bias)
+_ATTENTION_SAMPLE = (("x0", (2, 4, 3)), ("x1", (2, 5, 3)), ("x2", (2, 5, 3)))
+
 OPS: dict[str, Op] = {op.name: op for op in [
     # leaves: program inputs, parameters (by name), scalar constants, opaque calls (by node name)
-    _op("input", 0, "name:String shape:String dtype:String"),
-    _op("param", 0, "name:String shape:String dtype:String"),
-    _op("const", 0, "value:f64"),
-    _op("opaque", 0, "name:String"),
+    _op("input", 0, "name:String shape:String dtype:String", None, _LEAF),
+    _op("param", 0, "name:String shape:String dtype:String", None, _LEAF),
+    _op("const", 0, "value:f64", None, _LEAF),
+    _op("opaque", 0, "name:String", None, _LEAF),
     # elementwise, broadcasting
-    _op("add", 2, impl=operator.add, infix="+"),
-    _op("sub", 2, impl=operator.sub, infix="-"),
-    _op("mul", 2, impl=operator.mul, infix="*"),
-    _op("div", 2, impl=operator.truediv, infix="/"),
-    _op("pow", 2, impl=operator.pow, infix="**"),
-    _op("maximum", 2, impl=maximum),
-    _op("minimum", 2, impl=minimum),
-    _op("where", 3, impl=where),
-    _op("neg", 1, impl=operator.neg),
-    _op("exp", 1, impl=torch.exp),
-    _op("log", 1, impl=torch.log),
-    _op("log1p", 1, impl=torch.log1p),
-    _op("expm1", 1, impl=torch.expm1),
-    _op("sqrt", 1, impl=torch.sqrt),
-    _op("rsqrt", 1, impl=rsqrt),
-    _op("abs", 1, impl=torch.abs),
-    _op("sin", 1, impl=torch.sin),
-    _op("cos", 1, impl=torch.cos),
-    _op("tanh", 1, impl=torch.tanh),
-    _op("sigmoid", 1, impl=torch.sigmoid),
-    _op("relu", 1, impl=torch.relu),
-    _op("erf", 1, impl=torch.erf),
-    _op("gelu", 1, "approximate:String", impl=gelu),
+    _op("add", 2, "", operator.add, _BINARY, infix="+", range="add", curvature=LINEAR, growth=0,
+        error="cancels", onnx="Add"),
+    _op("sub", 2, "", operator.sub, _BINARY, infix="-", range="sub", curvature=LINEAR, growth=0,
+        error="cancels", onnx="Sub"),
+    _op("mul", 2, "", operator.mul, _BINARY, infix="*", range="mul", curvature="bilinear", growth=1,
+        onnx="Mul"),
+    _op("div", 2, "", operator.truediv, _BINARY, infix="/", range="div", curvature="div", growth=2,
+        onnx="Div"),
+    _op("pow", 2, "", operator.pow, _BINARY, infix="**", range="pow", curvature="pow", growth=2,
+        precision="keep", flops=10, onnx="Pow"),
+    _op("maximum", 2, "", maximum, _BINARY, range="maximum", **_EXACT, onnx="Max"),
+    _op("minimum", 2, "", minimum, _BINARY, range="minimum", **_EXACT, onnx="Min"),
+    _op("where", 3, "", where, _BINARY, shape="where", range="select", **_EXACT, precision="keep",
+        work="select", onnx="Where"),
+    _op("neg",     1, "", operator.neg, _UNARY, range="neg",     **_EXACT, flops=1, onnx="Neg",
+        numpy="negative"),
+    _op("exp",     1, "", torch.exp,    _UNARY, range=math.exp,  curvature="exp",   growth=3,
+        sign="positive", error="exp", onnx="Exp", numpy="exp"),
+    _op("log",     1, "", torch.log,    _UNARY, range="log",     curvature="log",   growth=2,
+        error="log", onnx="Log", numpy="log"),
+    _op("log1p",   1, "", torch.log1p,  _UNARY, range="log1p",   curvature="log1p", growth=2,
+        onnx="kahan-log1p", numpy="log1p"),
+    _op("expm1",   1, "", torch.expm1,  _UNARY, range=math.expm1, curvature="exp",  growth=3,
+        error="exp", onnx="kahan-expm1", numpy="expm1"),
+    _op("sqrt",    1, "", torch.sqrt,   _UNARY, range="sqrt",    curvature="sqrt",  growth=2,
+        sign="nonneg", onnx="Sqrt", numpy="sqrt"),
+    _op("rsqrt",   1, "", rsqrt,        _UNARY, range="rsqrt",   curvature="rsqrt", growth=2,
+        onnx="reciprocal-sqrt"),
+    _op("abs",     1, "", torch.abs,    _UNARY, range="abs",     **_EXACT, sign="nonneg", flops=1,
+        onnx="Abs", numpy="abs"),
+    _op("sin",     1, "", torch.sin,    _UNARY, range="bounds",  curvature=(1.0, 1.0), **_SMOOTH,
+        bounds=(-1.0, 1.0), onnx="Sin", numpy="sin"),
+    _op("cos",     1, "", torch.cos,    _UNARY, range="bounds",  curvature=(1.0, 1.0), **_SMOOTH,
+        bounds=(-1.0, 1.0), onnx="Cos", numpy="cos"),
+    _op("tanh",    1, "", torch.tanh,   _UNARY, range=math.tanh, curvature=(0.77, 1.0), **_SMOOTH,
+        bounds=(-1.0, 1.0), onnx="Tanh", numpy="tanh"),
+    _op("sigmoid", 1, "", torch.sigmoid, _UNARY, range=sigmoid,  curvature=(0.097, 0.25), **_SMOOTH,
+        bounds=(0.0, 1.0), sign="positive", onnx="Sigmoid"),
+    _op("relu",    1, "", torch.relu,   _UNARY, range=relu,      **_EXACT, sign="nonneg", flops=1,
+        onnx="Relu"),
+    _op("erf",     1, "", torch.erf,    _UNARY, range=math.erf,  curvature=(0.97, 1.0), **_SMOOTH,
+        onnx="Erf"),
+    _op("gelu",    1, "approximate:String", gelu, _UNARY, range="gelu", curvature=(0.8, 1.0),
+        **_SMOOTH, sample=(("approximate", "tanh"),), onnx="Gelu"),
     # reductions over one axis (axes are canonical: negative, counted from the end)
-    _op("sum", 1, _REDUCE, impl=reduce_sum),
-    _op("compensated_sum", 1, _REDUCE, impl=compensated_sum),
-    _op("max", 1, _REDUCE, impl=reduce_max),
-    _op("mean", 1, _REDUCE, impl=reduce_mean),
-    _op("var", 1, _REDUCE + " correction:i64", impl=var),
+    _op("sum", 1, _REDUCE, reduce_sum, _REDUCTION, range="sum", error="sum", onnx="ReduceSum"),
+    _op("compensated_sum", 1, _REDUCE, compensated_sum, _REDUCTION, range="sum", passes=12, flops=8,
+        onnx="float64-sum"),
+    _op("max", 1, _REDUCE, reduce_max, _REDUCTION, range="operand", rounding="exact",
+        precision="keep", onnx="ReduceMax"),
+    _op("mean", 1, _REDUCE, reduce_mean, _REDUCTION, range="operand", onnx="ReduceMean"),
+    _op("var", 1, _REDUCE + " correction:i64", var, _REDUCTION, range="var", sign="nonneg",
+        curvature=(2.0, 1.0), growth=1, passes=6, flops=3, onnx="mean-of-squares"),
     # linear algebra and layout
-    _op("matmul", 2, impl=operator.matmul, infix="@"),
-    _op("transpose", 1, "dim0:i64 dim1:i64", impl=torch.transpose),
-    _op("permute", 1, "perm:String", impl=permute),
-    _op("reshape", 1, "shape:String", impl=reshape),
-    _op("expand", 1, "shape:String", impl=expand),
-    _op("gather", 2, _AXIS, impl=gather),
-    _op("index_select", 2, _AXIS, impl=index_select),
-    _op("slice", 1, "axis:i64 start:i64 end:i64 step:i64", impl=slice_),
-    _op("concat", 2, _AXIS, impl=concat),
-    _op("cast", 1, "dtype:String", impl=cast),
+    _op("matmul", 2, "", operator.matmul, _FUSED, infix="@", shape="matmul", range="matmul",
+        curvature="bilinear", growth=1, passes=16, sample=(("x0", (3, 5)), ("x1", (5, 4))),
+        work="matmul", onnx="MatMul"),
+    _op("transpose", 1, "dim0:i64 dim1:i64", torch.transpose, _LAYOUT, shape="transpose",
+        onnx="Transpose"),
+    _op("permute", 1, "perm:String", permute, _LAYOUT, sample=(("perm", "0,2,3,1"),),
+        onnx="Transpose"),
+    _op("reshape", 1, "shape:String", reshape, _LAYOUT, shape="reshape",
+        sample=(("shape", "6,25"),), onnx="Reshape"),
+    _op("expand", 1, "shape:String", expand, _LAYOUT, shape="reshape",
+        sample=(("x0", (2, 3, 1, 5)), ("shape", "2,3,4,5")), onnx="Expand"),
+    _op("gather", 2, _AXIS, gather, _LAYOUT, range="operand", passes=2, precision="keep",
+        onnx="GatherElements"),
+    _op("index_select", 2, _AXIS, index_select, _LAYOUT, range="operand", passes=2,
+        precision="keep", onnx="Gather"),
+    _op("slice", 1, "axis:i64 start:i64 end:i64 step:i64", slice_, _LAYOUT, range="operand",
+        sample=(("axis", -1), ("start", 1), ("end", 4), ("step", 2)), onnx="Slice"),
+    _op("concat", 2, _AXIS, concat, _LAYOUT, range="hull", passes=2, precision="keep",
+        onnx="Concat"),
+    _op("cast", 1, "dtype:String", cast, _LAYOUT, shape="cast", rounding="widening", passes=2,
+        precision="keep", onnx="Cast"),
     # composites: each has a definition in primitives (checked in tests) and stable kernels
-    _op("softmax", 1, _AXIS, impl=softmax),
-    _op("log_softmax", 1, _AXIS, impl=log_softmax),
-    _op("logsumexp", 1, _REDUCE, impl=logsumexp),
-    _op("softplus", 1, impl=softplus),
-    _op("logaddexp", 2, impl=logaddexp),
-    _op("layer_norm", 3, "eps:f64", impl=layer_norm),
-    _op("sdpa", 3, "scale:f64 causal:bool", impl=sdpa),
-    _op("linear", 3, impl=F.linear),
-    _op("linear_act", 3, "activation:String", impl=linear_act),
-    _op("sdpa_masked", 4, "scale:f64", impl=sdpa_masked),
-    _op("conv2d", 3, _WINDOW + " groups:i64", impl=conv2d),
-    _op("max_pool2d", 1, "kernel:String " + _WINDOW, impl=max_pool2d),
-    _op("batch_norm", 5, "eps:f64", impl=batch_norm),
+    _op("softmax", 1, _AXIS, softmax, _FUSED, shape="same", range="bounds", bounds=(0.0, 1.0),
+        sign="nonneg", curvature=(1.0, 1.0), **_SMOOTH, error="shifted-exp", passes=5,
+        work="along", flops=12, onnx="Softmax"),
+    _op("log_softmax", 1, _AXIS, log_softmax, _FUSED, shape="same", range="log_softmax",
+        curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="along", flops=12,
+        onnx="LogSoftmax"),
+    _op("logsumexp", 1, _REDUCE, logsumexp, _FUSED, shape="reduce", range="logsumexp",
+        curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="reduce", flops=12,
+        onnx="ReduceLogSumExp"),
+    _op("softplus", 1, "", softplus, _UNARY, range="softplus", curvature=(0.25, 1.0), **_SMOOTH,
+        work="static", onnx="Softplus"),
+    _op("logaddexp", 2, "", logaddexp, _BINARY, range="logaddexp", curvature=(0.25, 1.0),
+        **_SMOOTH, precision="keep", work="static", onnx="stable-logaddexp"),
+    _op("layer_norm", 3, "eps:f64", layer_norm, _FUSED, shape="first", range="layer_norm",
+        curvature="layer_norm", growth=2, passes=6,
+        sample=(("x0", (3, 5)), ("x1", (5,)), ("x2", (5,)), ("eps", 1e-5)), work="layer_norm",
+        onnx="LayerNormalization"),
+    _op("sdpa", 3, "scale:f64 causal:bool", sdpa, _FUSED, shape="sdpa", range="values-of-v",
+        curvature=(1.0, 1.0), **_SMOOTH, passes=20,
+        sample=(*_ATTENTION_SAMPLE, ("scale", 0.5), ("causal", False)), work="sdpa",
+        onnx="Attention"),
+    _op("linear", 3, "", F.linear, _FUSED, shape="linear", range="linear", curvature="bilinear",
+        growth=1, passes=17, sample=_MATMUL_SAMPLE, work="linear", onnx="Gemm"),
+    _op("linear_act", 3, "activation:String", linear_act, _FUSED, shape="linear",
+        range="linear_act", curvature=(1.0, 1.0), **_SMOOTH, passes=17,
+        sample=(*_MATMUL_SAMPLE, ("activation", "gelu_tanh")), onnx="linear-activation"),
+    _op("sdpa_masked", 4, "scale:f64", sdpa_masked, _FUSED, shape="sdpa", range="values-of-v",
+        curvature=(1.0, 1.0), **_SMOOTH, passes=21,
+        sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention"),
+    _op("conv2d", 3, _WINDOW + " groups:i64", conv2d, _FUSED, shape="meta", range="linear",
+        curvature="bilinear", growth=1, passes=24,
+        sample=(("x0", (2, 3, 6, 6)), ("x1", (4, 3, 3, 3)), ("x2", (4,)), ("stride", "1,1"),
+                ("padding", "1,1"), ("dilation", "1,1"), ("groups", 1)), onnx="Conv"),
+    _op("max_pool2d", 1, "kernel:String " + _WINDOW, max_pool2d, _LAYOUT, range="operand",
+        passes=2, sample=(("x0", (2, 3, 6, 6)), ("kernel", "2,2"), ("stride", "2,2"),
+                          ("padding", "0,0"), ("dilation", "1,1")), onnx="MaxPool"),
+    _op("batch_norm", 5, "eps:f64", batch_norm, _FUSED, shape="first", range="top", curvature=LINEAR,
+        growth=0, passes=6, precision="keep", onnx="BatchNormalization"),
 ]}
 
 BY_EGG_NAME = {op.egg_name: op for op in OPS.values()}
-

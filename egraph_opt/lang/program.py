@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch.fx.node import map_aggregate
 
-from .term import Term, postorder
+from .term import Term, postorder, shapes
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,9 @@ class Program:
     scopes: dict[int, str] = field(default_factory=dict, compare=False)
     #: (shape, dtype) of opaque leaves that stand for something other than a call (templates)
     leaf_shapes: dict[str, tuple] = field(default_factory=dict, compare=False)
+    #: shape and dtype of every term, by id, filled once by ``meta()``; a derived program
+    #: (``replace``, ``with_roots``) starts empty
+    _meta: dict[int, tuple] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def roots(self) -> list[Term]:
         """Terms the rest of the program needs: outputs and operands of opaque calls."""
@@ -81,6 +84,13 @@ class Program:
             found += [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
         unique = {id(t): t for t in found}
         return list(unique.values())
+
+    def meta(self) -> dict[int, tuple]:
+        """Shape and dtype of every term: inferred once per program, then read by the analyses,
+        the costs and the backends."""
+        if not self._meta:
+            self._meta.update(shapes(self.roots(), self.leaf_meta()))
+        return self._meta
 
     def leaf_meta(self) -> dict[str, tuple]:
         """(shape, dtype) of each opaque tensor result, for shape inference over the Terms."""

@@ -176,18 +176,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-_SAME_SHAPE = {"neg", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
-               "sigmoid", "relu", "erf", "gelu", "softplus", "softmax", "log_softmax"}
-_BROADCAST = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "logaddexp"}
-_REDUCE = {"sum", "compensated_sum", "mean", "max", "var", "logsumexp"}
 SCALAR = ((), torch.float64)  # a const: a Python number, which never promotes a tensor's dtype
 
 
 def _infer(t: Term, operands: list[tuple]) -> tuple | None:
     """Shape and dtype by rule for the common ops (meta tensors are ~100x slower); None: unknown."""
-    if t.op in _SAME_SHAPE:
+    kind = OPS[t.op].shape
+    if kind in ("same", "first"):  # first: the shape and dtype of the first operand
         return operands[0]
-    if t.op in _BROADCAST:
+    if kind == "broadcast":
         tensors = [m for m, a in zip(operands, t.args) if a.op != "const"]
         if not tensors:
             return None
@@ -197,23 +194,21 @@ def _infer(t: Term, operands: list[tuple]) -> tuple | None:
         if t.op == "div" and not dtype.is_floating_point:
             return None
         return tuple(torch.broadcast_shapes(*(m[0] for m in tensors))), dtype
-    if t.op in _REDUCE:
+    if kind == "reduce":
         shape, dtype = operands[0]
         axis, keepdim = t.attrs[0], t.attrs[1]
         if not shape or not -len(shape) <= axis < 0:
             return None
         kept = shape[:axis] + ((1,) + shape[len(shape) + axis + 1:] if keepdim else shape[len(shape) + axis + 1:])
         return kept, dtype
-    if t.op == "cast":
+    if kind == "cast":
         return operands[0][0], getattr(torch, t.attrs[0])
-    if t.op == "transpose" and len(operands[0][0]) >= 2 and t.attrs == (-2, -1):
+    if kind == "transpose" and len(operands[0][0]) >= 2 and t.attrs == (-2, -1):
         shape = operands[0][0]
         return shape[:-2] + (shape[-1], shape[-2]), operands[0][1]
-    if t.op in ("reshape", "expand"):
+    if kind == "reshape":  # to the shape its attribute names
         return parse_shape(t.attrs[0]), operands[0][1]
-    if t.op in ("layer_norm", "batch_norm"):
-        return operands[0]
-    if t.op == "where":
+    if kind == "where":
         values = [m for m, a in zip(operands[1:], t.args[1:]) if a.op != "const"]
         if not values:
             return None
@@ -221,11 +216,11 @@ def _infer(t: Term, operands: list[tuple]) -> tuple | None:
         tensors = [m[0] for m, a in zip(operands, t.args) if a.op != "const"]
         return tuple(torch.broadcast_shapes(*tensors)), dtype
     (a, dtype), b = operands[0], operands[1][0] if len(operands) > 1 else ()
-    if t.op == "matmul" and len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2]:
+    if kind == "matmul" and len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2]:
         return tuple(torch.broadcast_shapes(a[:-2], b[:-2])) + (a[-2], b[-1]), dtype
-    if t.op in ("linear", "linear_act") and len(b) == 2 and a and a[-1] == b[1]:
+    if kind == "linear" and len(b) == 2 and a and a[-1] == b[1]:
         return a[:-1] + (b[0],), dtype
-    if t.op in ("sdpa", "sdpa_masked") and len(a) >= 2:
+    if kind == "sdpa" and len(a) >= 2:
         return a[:-1] + (operands[2][0][-1],), dtype
     return None
 

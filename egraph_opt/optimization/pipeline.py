@@ -23,7 +23,7 @@ from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program
 from ..analysis.ranges import TOP, analyze
 from ..rulesets import Family, Rule, select
-from ..lang.term import Term, dtype_name, op_counts, postorder, shapes
+from ..lang.term import Term, dtype_name, op_counts, postorder
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     clock = {"start": time.perf_counter()}
 
     leaf_meta = program.leaf_meta()
-    term_meta = shapes(roots, leaf_meta)
+    term_meta = program.meta()
     intervals = analyze(roots, input_ranges, leaf_meta, term_meta)
     egraph = EGraph()
     refs = egraph.add(roots, intervals, term_meta)
@@ -104,21 +104,21 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges, term_meta) \
         if model.objective is Objective.STABILITY else None
     best = reranked or best
-    proved = proved_ranges(snap, {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)},
-                           best, analyze(best, input_ranges, leaf_meta))
-    before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, proved)
-    after = program_cost(best, model, input_ranges, leaf_meta, ranges=proved)
-    if after["cost"] > before["cost"] and not reranked:  # greedy extraction is not optimal: never
-        best, after = roots, before  # return worse (the estimate weighed the input program too)
-    clock["extract"] = time.perf_counter()
-
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
+    proved = proved_ranges(snap, {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)},
+                           best, analyze(best, input_ranges, leaf_meta, optimized.meta()))
+    before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, proved)
+    after = program_cost(best, model, input_ranges, leaf_meta, optimized.meta(), proved)
+    if after["cost"] > before["cost"] and not reranked:  # greedy extraction is not optimal: never
+        best, after, optimized = roots, before, program  # return worse (the estimate weighed the
+    clock["extract"] = time.perf_counter()  # input program too)
+
     matches = {}
     for s in saturation:
         for name, n in s.matches.items():
             matches[name] = matches.get(name, 0) + n
     matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
-    applied = [(r, matches[r.name]) for r in _applied(matched, roots, best, term_meta, leaf_meta)]
+    applied = [(r, matches[r.name]) for r in _applied(matched, roots, best, term_meta, optimized.meta())]
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,
@@ -154,8 +154,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     """One optimization per template (over the hull of its instances' argument intervals), one
     for the rest of the program, then every instance instantiated into it."""
     start = time.perf_counter()
-    roots, leaf_meta = program.roots(), program.leaf_meta()
-    meta = shapes(roots, leaf_meta)
+    roots, leaf_meta, meta = program.roots(), program.leaf_meta(), program.meta()
     intervals = analyze(roots, input_ranges, leaf_meta, meta)
     results, template_roots = [], []
     for group in groups:
@@ -177,7 +176,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
         results.append(joined)
     best = final.roots()
     before = program_cost(roots, model, input_ranges, leaf_meta, meta, intervals)
-    after = program_cost(best, model, input_ranges, leaf_meta)
+    after = program_cost(best, model, input_ranges, leaf_meta, final.meta())
     if after["cost"] > before["cost"]:
         final, best, after = program, roots, before
     applied: dict[str, tuple] = {}
@@ -299,13 +298,13 @@ def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) 
     return closed
 
 
-def _applied(matched: list[Rule], before, after, before_meta: dict, leaf_meta: dict) -> list[Rule]:
+def _applied(matched: list[Rule], before, after, before_meta: dict, after_meta: dict) -> list[Rule]:
     """The matched rules the extracted program shows: those whose right side is new in it (or,
     for a cancelling rule, whose left side is gone; for a precision rule whose casts later rules
     moved, whose left side with its dtype conditions is gone while its right side's op is there),
     then, transitively, those whose right side is part of a shown rule's left side and whose left
     side is gone."""
-    dtypes = {k: dtype_name(m[1]) for meta in (before_meta, shapes(after, leaf_meta))
+    dtypes = {k: dtype_name(m[1]) for meta in (before_meta, after_meta)
               for k, m in meta.items()}
 
     def occurs(p, terms, facts=()):  # with ``facts`` (variable, dtype) holding

@@ -17,7 +17,7 @@ from .latency_model import Estimate, LatencyModel
 from ..lang.ops import OPS
 from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning
 from .profiler import SPECS, Case, device_name, profile_shapes
-from ..lang.term import dtype_name, postorder, shapes
+from ..lang.term import dtype_name, postorder
 
 UNIT_S = 1e-7  # one cost unit of latency
 
@@ -73,13 +73,12 @@ def _without_database(error: Exception) -> None:
                   ProfileDBWarning, stacklevel=3)
 
 
-def sources(roots, latency: MeasuredLatency | None, leaf_meta: dict | None = None
-            ) -> tuple[float, dict[str, int]]:
+def sources(program, latency: MeasuredLatency | None) -> tuple[float, dict[str, int]]:
     """Estimated seconds of a program (ops the database knows) and where the estimates come from:
     measured, interpolated, default (roofline), or static (no work formula for the op)."""
-    meta = shapes(roots, leaf_meta)
+    meta = program.meta()
     total, where = 0.0, Counter()
-    for t in postorder(roots):
+    for t in postorder(program.roots()):
         if not t.args:
             continue
         operands = tuple(meta[id(a)][0] for a in t.args if a.op != "const")

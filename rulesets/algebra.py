@@ -23,8 +23,6 @@ RULES = rules(_A, [
          _A, when=("(!= ?c 0.0)", *in_float32("(/ 1.0 ?c)")),
          why="x/c = x*(1/c) for c != 0 and 1/c a normal float32 (x / 1e-39 is not x * inf)"),
     ("add-const-right",       "(add (const ?c) ?x)",             "(add ?x (const ?c))"),
-    ("mul-const-inward",      "(mul (mul ?a ?b) (const ?c))",    "(mul (mul ?a (const ?c)) ?b)",
-                              "constants next to the first factor: x*y*0.5 matches 0.5*x*y"),
     ("cube",                  "(mul (mul ?x ?x) ?x)",            "(pow ?x (const 3.0))"),
     ("transpose-scale-out",   "(transpose (mul ?x (const ?c)) ?i ?j)", "(mul (transpose ?x ?i ?j) (const ?c))"),
     ("mul-one",               "(mul ?x (const 1.0))",            "?x"),
@@ -52,10 +50,13 @@ RULES = rules(_A, [
     ("sigmoid-from-exp",      "(div (const 1.0) (add (const 1.0) (exp (neg ?x))))", "(sigmoid ?x)"),
     ("variance-fuse",         "(mean (mul (sub ?x (mean ?x ?a true)) (sub ?x (mean ?x ?a true))) ?a ?k)",
                               "(var ?x ?a ?k 0)"),
-    ("matmul-scale-left-out", "(matmul (mul ?a (const ?c)) ?b)", "(mul (matmul ?a ?b) (const ?c))"),
-    ("matmul-scale-right-out", "(matmul ?a (mul ?b (const ?c)))", "(mul (matmul ?a ?b) (const ?c))"),
     ("div-sqrt-to-rsqrt",     "(div ?x (sqrt ?y))",              "(mul ?x (rsqrt ?y))"),
 ])
+
+RULES += rules(_A, [  # (q * c) @ k^T is attention scaled first; c > 0 keeps zeros' signs
+    ("matmul-scale-left-out", "(matmul (mul ?a (const ?c)) ?b)", "(mul (matmul ?a ?b) (const ?c))"),
+    ("matmul-scale-right-out", "(matmul ?a (mul ?b (const ?c)))", "(mul (matmul ?a ?b) (const ?c))"),
+], when=("(> ?c 0.0)",))
 
 RULES += rules(_A, [
     ("mul-const-fold",        "(mul (mul ?x (const ?a)) (const ?b))", "(mul ?x (const (* ?a ?b)))",
@@ -68,6 +69,9 @@ RULES += [
          counterexample=(("x", -2.0),), why="sqrt(x^2) = |x|, not x: see sqrt-square-abs"),
     Rule("div-mul-cancel", "(mul (div ?x ?y) ?y)", "?x", _A, Exactness.UNSAFE,
          counterexample=(("x", 1.0), ("y", 0.0)), why="undefined at y = 0, and rounds otherwise"),
+    Rule("mul-const-inward", "(mul (mul ?a ?b) (const ?c))", "(mul (mul ?a (const ?c)) ?b)", _A,
+         Exactness.UNSAFE, counterexample=(("a", 5e-324), ("b", 1e300), ("c", 0.5)),
+         why="a * c underflows where a * b does not (a subnormal, b huge): 0, not 2.5e-24"),
     Rule("log-power-any-sign", "(log (mul ?x ?x))", "(mul (log ?x) (const 2.0))", _A,
          Exactness.UNSAFE, counterexample=(("x", -3.0),), why="needs x > 0: see log-product"),
 ]

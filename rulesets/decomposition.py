@@ -23,5 +23,6 @@ RULES += rules(Family.DECOMPOSITION, [  # the shifted forms are NaN across a row
                               f"(sub {_SHIFTED} (log (sum (exp {_SHIFTED}) ?a true)))"),
 ], when=NEVER_POSITIVE_INF) + rules(Family.DECOMPOSITION, [
     ("tanh-as-sigmoid",       "(tanh ?x)",
-                              "(sub (mul (sigmoid (mul ?x (const 2.0))) (const 2.0)) (const 1.0))"),
-])
+                              "(sub (mul (sigmoid (mul ?x (const 2.0))) (const 2.0)) (const 1.0))",
+                              "a difference is +0 at x = -0 where tanh is -0: only for x never 0"),
+], when=("(nonzero ?x)",))

@@ -39,8 +39,8 @@ RULES = rules(_F, [
     ("permute-as-transposed-heads", '(permute ?k "0,2,3,1")',                       '(transpose (permute ?k "0,2,1,3") -2 -1)',
                                   "K split into heads and transposed by one permute"),
     ("mask-fill-as-bias",         "(where ?m (const -inf) ?s)",
-                                  "(add ?s (where ?m (const -inf) (const 0.0)))",
-                                  "masked_fill(mask, -inf) is an additive -inf bias"),
+                                  "(add ?s (neg (where ?m (const inf) (const 0.0))))",
+                                  "masked_fill(mask, -inf) is an additive bias, -0 unmasked (s + -0 is s at s = -0)"),
 ]) + rules(_F, [
     ("linear-relu-fuse",          "(relu (linear ?x ?w ?b))",                          '(linear_act ?x ?w ?b "relu")'),
     ("linear-gelu-fuse",          '(gelu (linear ?x ?w ?b) "none")',                   '(linear_act ?x ?w ?b "gelu")'),

@@ -80,6 +80,24 @@ def test_guarded_division_rule_does_not_fire_on_zero():
     assert _classes_after([rule], Term("div", (x, Term.const(0.0)))) == {"div"}
 
 
+def test_guarded_scale_out_of_matmul_needs_a_positive_scale():
+    """(a * c) @ b = (a @ b) * c keeps zeros' signs only for c > 0 (a @ b = +0, times -1 is -0)."""
+    a, b = Term.input("a", (3, 3)), Term.input("b", (3, 3))
+    for name, scaled in (("matmul-scale-left-out", lambda c: Term("matmul", (Term("mul", (a, c)), b))),
+                         ("matmul-scale-right-out", lambda c: Term("matmul", (a, Term("mul", (b, c)))))):
+        rule = catalogue()[name]
+        assert _classes_after([rule], scaled(Term.const(0.25))) == {"matmul", "mul"}
+        assert _classes_after([rule], scaled(Term.const(-0.25))) == {"matmul"}
+
+
+def test_tanh_is_not_decomposed_where_its_operand_may_be_zero():
+    """2 sigmoid(2x) - 1 is +0 at x = -0, where tanh is -0: an undeclared x may be zero."""
+    rule = catalogue()["tanh-as-sigmoid"]
+    x = Term.input("x", (3,))
+    assert _classes_after([rule], Term("tanh", (x,))) == {"tanh"}
+    assert _classes_after([rule], Term("tanh", (Term("exp", (x,)),))) == {"tanh", "sub"}
+
+
 def test_softmax_fusion_needs_keepdim_and_the_same_operand():
     rules = select(["stability"])
     x, y = Term.input("x", (2, 3)), Term.input("y", (2, 3))
@@ -108,8 +126,9 @@ def test_each_unsafe_rule_really_breaks_at_its_counterexample(rule):
     from egraph_opt.lang.term import evaluate
 
     values = dict(rule.counterexample)
-    bindings = {v: Term.input(v, ()) for v in pat.variables(rule.lhs_pattern)}
-    env = {v: torch.tensor(values[v], dtype=torch.float64) for v in bindings}
+    sorts = pat.variables(rule.lhs_pattern)  # tensors are inputs; attributes (a const's ?c) values
+    bindings = {v: Term.input(v, ()) if s == pat.TENSOR else values[v] for v, s in sorts.items()}
+    env = {v: torch.tensor(values[v], dtype=torch.float64) for v, s in sorts.items() if s == pat.TENSOR}
     lhs, rhs = (float(x) for x in evaluate([pat.instantiate(rule.lhs_pattern, bindings),
                                              pat.instantiate(rule.rhs_pattern, bindings)], env))
     assert not math.isclose(lhs, rhs, rel_tol=1e-9) or math.isnan(lhs) != math.isnan(rhs), (lhs, rhs)

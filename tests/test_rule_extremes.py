@@ -12,12 +12,13 @@ as a limit: two orders of huge finite values, NaN where they disagree):
 import itertools
 import math
 
+import mpmath
 import pytest
 import torch
 
 from egraph_opt.lang import pattern as pat
 from egraph_opt.rulesets import Exactness
-from egraph_opt.lang.term import Term, evaluate
+from egraph_opt.lang.term import Term, evaluate, postorder
 
 from test_rule_soundness import RULES, SCALAR_RULES, _SIGNS, _sexp, _uses, all_sides, bind
 
@@ -96,7 +97,104 @@ def truth(lhs: Term, env: dict) -> torch.Tensor:
     return torch.where((a == b) | (a.isnan() & b.isnan()), a, torch.full_like(a, NAN))
 
 
-def violations(lhs, rhs, true, tol: float, finite_inputs: torch.Tensor) -> torch.Tensor:
+def _mp_sigmoid(x):
+    return 1 / (1 + mpmath.exp(-x))
+
+
+def _mp_gelu(x, approximate):
+    if approximate == "tanh":
+        return x * (1 + mpmath.tanh(mpmath.sqrt(2 / mpmath.pi) * (x + 0.044715 * x ** 3))) / 2
+    return x * (1 + mpmath.erf(x / mpmath.sqrt(2))) / 2
+
+
+#: elementwise ops over the reals, for exact_truth (a cast is exact there, as in the reference)
+MP = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+      "div": lambda a, b: a / b, "pow": lambda a, b: a ** b, "neg": lambda a: -a,
+      "exp": mpmath.exp, "log": mpmath.log, "log1p": mpmath.log1p, "expm1": mpmath.expm1,
+      "sqrt": mpmath.sqrt, "rsqrt": lambda a: 1 / mpmath.sqrt(a), "abs": abs, "sin": mpmath.sin,
+      "cos": mpmath.cos, "tanh": mpmath.tanh, "sigmoid": _mp_sigmoid, "erf": mpmath.erf,
+      "relu": lambda a: max(a, 0), "softplus": lambda a: mpmath.log1p(mpmath.exp(a)),
+      "gelu": _mp_gelu, "maximum": max, "minimum": min, "cast": lambda a, _: a,
+      "logaddexp": lambda a, b: mpmath.log(mpmath.exp(a) + mpmath.exp(b))}
+MP_DIGITS = 80  # beyond float32's range of exponents: 1 + 1e-45 is not 1
+
+
+def _mp_value(term: Term, point: dict):
+    """The term's real value at a point (mpf), NaN outside its domain, None where undefined."""
+    values = {}
+    for t in postorder([term]):
+        if t.op == "const":
+            values[id(t)] = mpmath.mpf(t.attrs[0])
+        elif t.op == "input":
+            values[id(t)] = point[t.attrs[0]]
+            continue
+        else:
+            args = [values[id(a)] for a in t.args]
+            if any(mpmath.isnan(a) for a in args):
+                values[id(t)] = mpmath.nan
+                continue
+            try:
+                out = MP[t.op](*args, *t.attrs)
+            except ZeroDivisionError:
+                return None
+            values[id(t)] = out if isinstance(out, mpmath.mpf) else mpmath.nan  # complex: no real value
+    return values[id(term)]
+
+
+def exact_truth(lhs: Term, env: dict, true: torch.Tensor, where: torch.Tensor) -> torch.Tensor | None:
+    """``true`` with the elements at ``where`` computed exactly (80 digits, no overflow) when the
+    left side is elementwise: float64 overflows inside exp(a) * exp(b) at a = float32 max and
+    cancels in sqrt(x + 1) - sqrt(x) there, where the real value is finite (an infinite input is
+    a limit, in two orders, as in truth(); an input of 0 is the real 0). None for other ops."""
+    if any(t.op not in MP and t.op not in ("const", "input") for t in postorder([lhs])):
+        return None
+    names = sorted(k for k, v in env.items() if v.is_floating_point())
+    shape = where.shape
+    flat = {k: torch.broadcast_to(env[k].double(), shape).flatten().tolist() for k in names}
+    out = torch.broadcast_to(true, shape).flatten().clone()
+    with mpmath.workdps(MP_DIGITS):
+        for i in where.flatten().nonzero().flatten().tolist():
+            results = []
+            for order in (names, names[::-1]):
+                point = {}
+                for j, name in enumerate(order):
+                    x = flat[name][i]
+                    point[name] = (mpmath.mpf(10) ** (300 - 20 * j) * (1 if x > 0 else -1)
+                                   if math.isinf(x) else mpmath.mpf(x))
+                results.append(_mp_value(lhs, point))
+            if None in results:
+                continue
+            if all(r == 0 for r in results):
+                continue  # a real 0 has no sign: float64's zero keeps the left side's
+            a, b = (float(r) for r in results)
+            out[i] = a if a == b or (math.isnan(a) and math.isnan(b)) else NAN
+    return out.reshape(shape)
+
+
+def limit_sign(lhs: Term, env: dict) -> torch.Tensor:
+    """The sign of the left side's real function just off its zero inputs, each moved toward its own
+    sign: -1 or +1, or 0 where it has none. float64 loses such signs (log(1 + x) at x = -0 is
+    log(1) = +0, where log(1 + x) < 0 for every x < 0: log1p's -0 is the right zero), so a right
+    side may keep the real sign instead of the left side's. Zeros of several variables move by
+    1e-9, 1e-12, ... in two orders; where the orders disagree (a*a - b*b at a = -0, b = +0) the
+    function has no sign there and the left side's zero must be kept. Infinities as in truth()."""
+    names = sorted(k for k, v in env.items() if v.is_floating_point())
+    signs = []
+    for order in (names, names[::-1]):
+        probe = dict(env)
+        for i, name in enumerate(order):
+            x = env[name].double()
+            delta = 10.0 ** (-9 - 3 * i)
+            x = torch.where(x == 0, torch.where(x.signbit(), -delta, delta), x)
+            probe[name] = torch.where(x.isinf(), x.sign() * 10.0 ** (300 - 20 * i), x)
+        (out,) = evaluate([lhs], probe, reference=True)
+        signs.append(torch.as_tensor(out, dtype=torch.float64).sign().nan_to_num(0.0))
+    a, b = signs
+    return torch.where(a == b, a, torch.zeros_like(a))
+
+
+def violations(lhs, rhs, true, tol: float, finite_inputs: torch.Tensor,
+               sign: torch.Tensor | None = None) -> torch.Tensor:
     """Where the right side breaks the rule's contract with the left side (see the module doc).
     Where float64 itself overflowed on finite inputs, its value is no truth: the right side may
     then equal the left side or be finite (softmax of a row of float32 max: 1/n, not NaN)."""
@@ -118,6 +216,9 @@ def violations(lhs, rhs, true, tol: float, finite_inputs: torch.Tensor) -> torch
     ok = torch.where(left.isfinite(), finite_ok, same | toward | unknown)
     zeros = (left == 0) & (right == 0) & (true == 0)  # an exact zero: its sign is meaningful
     sign_kept = (left.signbit() == right.signbit()) | (held.signbit() == right.signbit())
+    if sign is not None:  # or the sign the real function has there (see ZERO_PROXIES)
+        sign = torch.broadcast_to(sign, left.shape)
+        sign_kept |= (sign != 0) & ((sign < 0) == right.signbit())
     return ~(ok & (~zeros | sign_kept))
 
 
@@ -134,7 +235,20 @@ def check(rule, values: dict, env: dict, dtype, mask=None) -> list[str]:
         for v in (v for v in env.values() if v.is_floating_point()):
             finite = v.isfinite()  # per element where the point is an element (elementwise rules)
             finite_inputs = finite_inputs & (finite if finite.shape == lhs.shape else finite.all())
-        bad = violations(lhs, rhs, truth(left, env), _tolerance(rule, dtype), finite_inputs)
+        true, sign = truth(left, env), limit_sign(left, env)
+        bad = violations(lhs, rhs, true, _tolerance(rule, dtype), finite_inputs, sign)
+        if bad.any():  # where float64 is no truth itself, and the left side has an exact one
+            exact = exact_truth(left, env, true, bad)
+            if exact is not None:
+                true = exact
+                bad = violations(lhs, rhs, true, _tolerance(rule, dtype), finite_inputs, sign)
+                # undefined over the reals (sqrt of a negative that rounds to -0 on the left)
+                bad &= ~(true.isnan() & torch.as_tensor(rhs).isnan())
+            else:  # where float64 cancels in one side (x - logsumexp(x) at x = float32 max is
+                # 0 there, -log(n) exactly), it cannot tell which is right: the other side's
+                # float64 value is as much a truth
+                other = truth(right, env)
+                bad &= violations(lhs, rhs, other, _tolerance(rule, dtype), finite_inputs, sign)
         if mask is not None:
             bad = bad & mask
         if bad.any():
@@ -144,7 +258,7 @@ def check(rule, values: dict, env: dict, dtype, mask=None) -> list[str]:
             attrs = {k: v for k, v in values.items() if not isinstance(v, Term)}
             lv, rv = torch.broadcast_tensors(lhs, rhs)
             failures.append(f"{rule.name} [{dtype}] at {at} {attrs}: left {lv.flatten()[i].item()}, "
-                            f"right {rv.flatten()[i].item()}, truth {truth(left, env).flatten()[i].item()}")
+                            f"right {rv.flatten()[i].item()}, truth {true.flatten()[i].item()}")
     return failures
 
 
@@ -197,13 +311,17 @@ def tensor_failures(rule, dtype) -> list[str]:
     signs, dtypes, rest = _facts(rule)
     lhs = pat.Node("add", tuple(left for left, _ in rule.pairs()), ())
     special = _uses(lhs, "gather", 1) | _uses(lhs, "index_select", 1) | _uses(lhs, "where", 0)
-    env = {k: v.to(dtypes.get(k, dtype)) if v.is_floating_point() else v for k, v in env.items()}
+    # operands the guards do not type share the type they pin (a float16 matmul's both operands)
+    pinned = set(dtypes.values())
+    common = pinned.pop() if len(pinned) == 1 else dtype
+    env = {k: v.to(dtypes.get(k, common)) if v.is_floating_point() else v for k, v in env.items()}
     for k, v in env.items():
         if isinstance(values.get(k), Term) and values[k].op == "input":
             values[k] = Term.input(k, tuple(v.shape), str(v.dtype).removeprefix("torch."))
     failures = []
     floating = [k for k, v in env.items() if v.is_floating_point() and k not in special]
-    for name, x, whole in itertools.product(floating, extremes(dtype), (False, True)):
+    edges = [(name, x) for name in floating for x in extremes(env[name].dtype)]  # each its own type's
+    for (name, x), whole in itertools.product(edges, (False, True)):
         if name in signs and not SIGN_FACTS[signs[name]](x):
             continue
         point = dict(env)
@@ -215,79 +333,41 @@ def tensor_failures(rule, dtype) -> list[str]:
     return failures
 
 
-SIGNED_ZERO = "a zero of the other sign at a +-0 input or an underflow"
-EDGES = "overflow, NaN or a lost value at float32 max, inf or NaN where the left side keeps one"
-CANCELS = "the right side cancels in float16 where the left side does not"
-#: rules this test still finds wrong (issue 13): each must be rewritten, guarded or quarantined;
-#: strict, so a rule that is fixed fails here until its row is deleted
+LOG_SOFTMAX_INF = ("lang/ops.py's log_softmax is NaN across a row holding +inf, where log of the naive "
+                   "softmax is -inf off the inf: it needs softmax's +inf handling (reported)")
+SDPA = ("torch's sdpa returns 0 (or loses ~0.2%) where the scores overflow or reach ~1e2, where the "
+        "naive form is NaN and the float64 truth finite: the kernel in lang/ops.py (reported)")
+LAYER_NORM = "F.layer_norm is NaN at x = float32 max, where the naive form is finite (reported)"
+OVERFLOW_ORDER = ("intermediate overflow moves with the order of operations at float32 max; no "
+                  "range guard holds on undeclared inputs (reported: keep, guard or quarantine?)")
+#: rules this test still finds wrong (issue 13), each waiting on a change outside rulesets/ or on a
+#: decision; strict, so a rule that is fixed fails here until its row is deleted
 OPEN = {
-    ("log-softmax-fuse", "float32"): EDGES,
-    ("log-softmax-from-lse", "float32"): EDGES,
-    ("sigmoid-from-exp-ratio", "float32"): EDGES,
-    ("log-sigmoid-stable", "float32"): SIGNED_ZERO,
-    ("log-one-minus-sigmoid", "float32"): SIGNED_ZERO,
-    ("tanh-from-exp", "float32"): SIGNED_ZERO,
-    ("nll-log-softmax", "float32"): EDGES,
-    ("sum-compensated", "float32"): EDGES,
-    ("log1p-from-log", "float32"): SIGNED_ZERO,
-    ("log1p-from-log-right", "float32"): SIGNED_ZERO,
-    ("expm1-from-exp", "float32"): SIGNED_ZERO,
-    ("one-minus-exp", "float32"): SIGNED_ZERO,
-    ("exp-difference", "float32"): SIGNED_ZERO,
-    ("sqrt-difference", "float32"): EDGES,
-    ("difference-of-squares", "float32"): SIGNED_ZERO,
-    ("log-exp-cancel", "float32"): SIGNED_ZERO,
-    ("exp-product", "float32"): EDGES,
-    ("exp-quotient", "float32"): EDGES,
-    ("mul-const-inward", "float32"): EDGES,
-    ("matmul-scale-left-out", "float32"): SIGNED_ZERO,
-    ("matmul-scale-right-out", "float32"): SIGNED_ZERO,
-    ("attention-fuse", "float32"): EDGES,
-    ("attention-fuse-unscaled", "float32"): EDGES,
-    ("attention-fuse-masked", "float32"): EDGES,
-    ("attention-fuse-masked-unscaled", "float32"): EDGES,
-    ("mask-fill-as-bias", "float32"): SIGNED_ZERO,
-    ("gelu-from-erf", "float32"): SIGNED_ZERO,
-    ("conv-batch-norm-fold", "float32"): EDGES,
-    ("layer-norm-fuse-div", "float32"): EDGES,
-    ("layer-norm-fuse-div-weight-first", "float32"): EDGES,
-    ("layer-norm-fuse-rsqrt", "float32"): EDGES,
-    ("layer-norm-fuse-rsqrt-weight-first", "float32"): EDGES,
-    ("layer-norm-fuse-plain-div", "float32"): EDGES,
-    ("layer-norm-fuse-plain-rsqrt", "float32"): EDGES,
-    ("linear-horizontal-fuse-2", "float32"): EDGES,
-    ("linear-horizontal-fuse-3", "float32"): EDGES,
-    ("matmul-accumulate-float32-float16", "float32"): EDGES,
-    ("matmul-accumulate-float32-bfloat16", "float32"): EDGES,
-    ("linear-accumulate-float32-float16", "float32"): EDGES,
-    ("linear-accumulate-float32-bfloat16", "float32"): EDGES,
-    ("linear-act-accumulate-float32-float16", "float32"): EDGES,
-    ("linear-act-accumulate-float32-bfloat16", "float32"): EDGES,
-    ("sdpa-accumulate-float32-float16", "float32"): EDGES,
-    ("sdpa-accumulate-float32-bfloat16", "float32"): EDGES,
-    ("sdpa-masked-accumulate-float32-float16", "float32"): EDGES,
-    ("sdpa-masked-accumulate-float32-bfloat16", "float32"): EDGES,
-    ("conv2d-accumulate-float32-float16", "float32"): EDGES,
-    ("conv2d-accumulate-float32-bfloat16", "float32"): EDGES,
-    ("sqrt-before-rounding-float16", "float32"): EDGES,
-    ("sqrt-before-rounding-bfloat16", "float32"): EDGES,
-    ("log-sum-exp-from-shifted-rev", "float32"): EDGES,
-    ("attention-fuse-rev", "float32"): EDGES,
-    ("tanh-as-sigmoid", "float32"): SIGNED_ZERO,
-    ("sigmoid-from-exp-ratio", "float16"): EDGES,
-    ("tanh-from-exp", "float16"): SIGNED_ZERO,
-    ("log1p-from-log", "float16"): SIGNED_ZERO,
-    ("log1p-from-log-right", "float16"): SIGNED_ZERO,
-    ("expm1-from-exp", "float16"): SIGNED_ZERO,
-    ("one-minus-exp", "float16"): SIGNED_ZERO,
-    ("exp-difference", "float16"): SIGNED_ZERO,
-    ("difference-of-squares", "float16"): SIGNED_ZERO,
-    ("log-exp-cancel", "float16"): SIGNED_ZERO,
-    ("exp-product", "float16"): EDGES,
-    ("exp-quotient", "float16"): EDGES,
-    ("log-quotient", "float16"): CANCELS,
-    ("mul-const-inward", "float16"): EDGES,
-    ("tanh-as-sigmoid", "float16"): SIGNED_ZERO,
+    ("log-softmax-fuse", "float32"): LOG_SOFTMAX_INF,
+    ("log-softmax-from-lse", "float32"): LOG_SOFTMAX_INF,
+    ("nll-log-softmax", "float32"): LOG_SOFTMAX_INF,
+    ("gelu-from-erf", "float32"): "torch's vectorized gelu is +0 at x = -0 and x <= -88 (reported)",
+    ("attention-fuse", "float32"): SDPA,
+    ("attention-fuse-unscaled", "float32"): SDPA,
+    ("attention-fuse-masked", "float32"): SDPA,
+    ("attention-fuse-masked-unscaled", "float32"): SDPA,
+    ("attention-fuse-rev", "float32"): SDPA,
+    ("mask-fill-as-bias", "float32"): "a masked score of +inf or NaN: s + -inf is NaN, masked_fill -inf",
+    ("layer-norm-fuse-div", "float32"): LAYER_NORM,
+    ("layer-norm-fuse-div-weight-first", "float32"): LAYER_NORM,
+    ("layer-norm-fuse-rsqrt", "float32"): LAYER_NORM,
+    ("layer-norm-fuse-rsqrt-weight-first", "float32"): LAYER_NORM,
+    ("layer-norm-fuse-plain-div", "float32"): LAYER_NORM,
+    ("layer-norm-fuse-plain-rsqrt", "float32"): LAYER_NORM,
+    ("log-sum-exp-from-shifted-rev", "float32"): "max-shifted lse is NaN at a row of +-inf, logsumexp +-inf",
+    ("matmul-scale-left-out", "float32"): OVERFLOW_ORDER,
+    ("matmul-scale-right-out", "float32"): OVERFLOW_ORDER,
+    ("conv-batch-norm-fold", "float32"): OVERFLOW_ORDER,
+    ("linear-horizontal-fuse-2", "float32"): OVERFLOW_ORDER,
+    ("linear-horizontal-fuse-3", "float32"): OVERFLOW_ORDER,
+    ("conv2d-accumulate-float32-float16", "float32"): "float32 conv skips padding: NaN weight * pad 0",
+    ("conv2d-accumulate-float32-bfloat16", "float32"): OVERFLOW_ORDER,
+    ("log-quotient", "float16"): "log a - log b cancels in float16 where a ~ b (1.7% at a = 10.6, b = 11.6)",
 }
 CASES = [pytest.param(r, d, marks=[pytest.mark.xfail(strict=True, reason=OPEN[r.name, str(d)[6:]])]
                       if (r.name, str(d)[6:]) in OPEN else [])

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from egraph_opt.profiling.latency_model import LatencyModel
+from egraph_opt.profiling.latency import LatencyModel
 from egraph_opt.profiling.profile_db import ProfileDB
 from egraph_opt.profiling.profiler import profile_ops
 

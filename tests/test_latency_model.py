@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from egraph_opt.profiling.latency_model import DEFAULT_UNCERTAINTY, LatencyModel, roofline_seconds
+from egraph_opt.profiling.latency import DEFAULT_UNCERTAINTY, LatencyModel, roofline_seconds
 from egraph_opt.lang.ops import OPS
 from egraph_opt.profiling.profile_db import ProfileDB, Record
 from egraph_opt.profiling.profiler import (SPECS, Case, device_name, grid, profile_ops, profile_shapes,

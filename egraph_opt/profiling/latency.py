@@ -1,5 +1,23 @@
-"""Latency of one node for the cost model: from the profiling database where it knows the kernel,
-from the op's static pass count where it does not.
+"""Latency: of a kernel at any shape (measured where the database has it, else interpolated), and
+of one node for the cost model.
+
+Per (kernel, backend, device, dtype), a shape is described by two features on log scales, bytes
+moved and FLOPs (from the work table `profiler.SPECS`). The model is the law
+``log t = a + b*log(bytes) + c*log(flops)``, fitted *locally* around each query by weighted least
+squares over the nearest measured shapes: one global line cannot follow a kernel through its
+regimes (launch overhead, then cache, then DRAM or compute bound), a local one can. It is fitted
+to the residual over a roofline default, so one measurement already calibrates the default, and
+slopes are pulled gently (ridge) toward the roofline's where data is thin. The uncertainty of an
+interpolation is the leave-one-out error of the same fit on the kernel's own measurements.
+
+>>> import tempfile, pathlib
+>>> from egraph_opt.profiling.profile_db import ProfileDB
+>>> model = LatencyModel(ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite"))
+>>> model.predict("exp", "torch", "cpu: any", "float32", [(1024, 1024)], {}).source
+'default'
+
+The cost model asks ``MeasuredLatency`` for one node: this model where the profiler knows the
+kernel, the op's static pass count where it does not.
 
 Predictions are cached per (op, shapes, dtype, attributes): an e-graph asks for the same shapes
 many times. Costs are integers in tenths of a microsecond, so extraction stays exact.
@@ -9,15 +27,152 @@ static estimates, never a failed compile.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Mapping, NamedTuple, Sequence
 
-from .latency_model import Estimate, LatencyModel
+import numpy as np
+
 from ..lang.ops import OPS
-from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning
-from .profiler import SPECS, Case, device_name, profile_shapes
 from ..lang.term import dtype_name, postorder
+from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning, Record, shape_key
+from .profiler import SPECS, Case, Work, device_name, profile_shapes, torch_dtype, work
+
+
+class Roofline(NamedTuple):
+    """t = overhead + max(bytes / bandwidth, flops / throughput)."""
+    overhead_s: float
+    bytes_per_s: float
+    flops_per_s: float
+
+
+# Order-of-magnitude constants by device type (the part of the device name before ':'):
+# cpu: a few microseconds of dispatch, ~20 GB/s of memory bandwidth and ~100 GFLOP/s for a few
+# cores; cuda: ~5 us launch, ~1 TB/s of HBM and ~30 TFLOP/s (fp32/tf32 on a datacenter GPU).
+ROOFLINES = {
+    "cpu": Roofline(5e-6, 2e10, 1e11),
+    "cuda": Roofline(5e-6, 1e12, 3e13),
+}
+DEFAULT_UNCERTAINTY = 3.0  # a roofline guess can be several times off: relative error up to ~300%
+EXTRAPOLATION_FACTOR = 2.0  # flag a query whose bytes or FLOPs lie this far beyond the measured range
+NEIGHBOURS = 4  # the local fit's bandwidth is the distance to the NEIGHBOURS-th nearest measurement
+RIDGE = 1e-2  # pull of the local slopes toward the roofline's, relative to the total weight
+_FEATURES = ("bytes", "FLOPs")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted seconds per call, where it comes from, and how far to trust it.
+
+    `source` is "measured" (this exact shape is in the database), "interpolated" (fitted on the
+    kernel's other shapes) or "default" (no measurements: roofline). `uncertainty` is a relative
+    error (0.1: about +-10%); `note` says why when a prediction deserves caution.
+    """
+    seconds: float
+    source: str
+    uncertainty: float
+    note: str = ""
+    extrapolated: bool = False
+
+
+def roofline_seconds(w: Work, itemsize: int, device: str) -> float:
+    """The default latency of work `w` on `device` (a device name such as 'cpu: <model>')."""
+    kind = device.split(":", 1)[0].strip()
+    if kind not in ROOFLINES:
+        raise ValueError(f"device {device!r}: no roofline constants for device type {kind!r}; "
+                         f"known: {', '.join(ROOFLINES)}")
+    roof = ROOFLINES[kind]
+    return roof.overhead_s + max(w.elements * itemsize / roof.bytes_per_s, w.flops / roof.flops_per_s)
+
+
+def _features(w: Work, itemsize: int) -> np.ndarray:
+    return np.log([max(w.elements * itemsize, 1.0), max(w.flops, 1.0)])
+
+
+def _local_fit(z: np.ndarray, y: np.ndarray, query: np.ndarray) -> float:
+    """Weighted least squares of y on [1, z - query] around `query`; returns the intercept."""
+    d = np.linalg.norm(z - query, axis=1)
+    h = max(np.sort(d)[min(NEIGHBOURS, len(d)) - 1], 1e-3)
+    w = np.exp(-0.5 * (d / h) ** 2)
+    x = np.hstack([np.ones((len(d), 1)), z - query])
+    gram = (x.T * w) @ x + RIDGE * w.sum() * np.diag([0.0] + [1.0] * z.shape[1])
+    return float(np.linalg.solve(gram, (x.T * w) @ y)[0])
+
+
+class _Group:
+    """The measurements of one (kernel, backend, device, dtype), as features and residuals."""
+
+    def __init__(self, kernel: str, device: str, itemsize: int, records: list[Record]):
+        self.exact = {r.shape_key: r for r in records}
+        works = [work(kernel, r.shapes, r.attrs) for r in records]
+        self.z = np.array([_features(w, itemsize) for w in works])
+        self.y = np.log([r.median_s / roofline_seconds(w, itemsize, device)
+                         for r, w in zip(records, works)])
+        self.lo, self.hi = self.z.min(axis=0), self.z.max(axis=0)
+        self.uncertainty = self._leave_one_out()
+
+    def _leave_one_out(self) -> float:
+        """exp(RMS log error) - 1 of predicting each measurement from the others."""
+        n = len(self.y)
+        if n < 2:
+            return DEFAULT_UNCERTAINTY
+        keep = ~np.eye(n, dtype=bool)
+        errors = [self.y[i] - _local_fit(self.z[keep[i]], self.y[keep[i]], self.z[i]) for i in range(n)]
+        return float(math.expm1(math.sqrt(np.mean(np.square(errors)))))
+
+    def extrapolation(self, query: np.ndarray) -> str:
+        """A note when `query` lies far outside the measured range of a feature, else ''."""
+        below, above = self.lo - query, query - self.hi
+        i = int(np.argmax(np.maximum(below, above)))
+        excess = max(below[i], above[i])
+        if excess <= math.log(EXTRAPOLATION_FACTOR):
+            return ""
+        side = "below the smallest" if below[i] > above[i] else "above the largest"
+        return (f"extrapolated: {_FEATURES[i]} {math.exp(excess):.1f}x {side} measured "
+                f"(over {len(self.y)} measured shapes)")
+
+
+class LatencyModel:
+    """Predicts kernel latencies from a profiling database.
+
+    Reads each (kernel, backend, device, dtype) once, on its first prediction: make a new model
+    to see records added since.
+    """
+
+    def __init__(self, db: ProfileDB):
+        self.db = db
+        self._groups: dict[tuple[str, str, str, str], _Group | None] = {}
+
+    def _group(self, kernel: str, backend: str, device: str, dtype: str,
+               itemsize: int) -> _Group | None:
+        key = (kernel, backend, device, dtype)
+        if key not in self._groups:
+            records = self.db.records(*key)
+            self._groups[key] = _Group(kernel, device, itemsize, records) if records else None
+        return self._groups[key]
+
+    def predict(self, kernel: str, backend: str, device: str, dtype: str,
+                input_shapes: Sequence[Sequence[int]],
+                attrs: Mapping[str, object] | None = None) -> Estimate:
+        """Seconds per call of `kernel` on inputs of these shapes, attributes and dtype."""
+        attrs = dict(attrs or {})
+        itemsize = torch_dtype(dtype).itemsize
+        w = work(kernel, input_shapes, attrs)
+        default = roofline_seconds(w, itemsize, device)
+        group = self._group(kernel, backend, device, dtype, itemsize)
+        if group is None:
+            note = f"no measurements of {kernel} ({backend}, {dtype}) on {device}: roofline default"
+            return Estimate(default, "default", DEFAULT_UNCERTAINTY, note)
+        measured = group.exact.get(shape_key(input_shapes, attrs))
+        if measured is not None:
+            return Estimate(measured.median_s, "measured", measured.spread_s / measured.median_s)
+        query = _features(w, itemsize)
+        note = group.extrapolation(query)
+        seconds = default * math.exp(_local_fit(group.z, group.y, query))
+        return Estimate(seconds, "interpolated", group.uncertainty, note, extrapolated=bool(note))
+
 
 UNIT_S = 1e-7  # one cost unit of latency
 

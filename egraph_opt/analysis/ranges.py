@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from ..lang.ops import OPS
 from ..lang.term import Term, postorder, shapes
 
 BIG = 1e300
@@ -86,10 +87,6 @@ def _hull(*ivs: Interval) -> Interval:
     return min(i[0] for i in ivs), max(i[1] for i in ivs)
 
 
-def _sigmoid(v: float) -> float:
-    return 1 / (1 + math.exp(-v)) if v > -700 else 0.0
-
-
 def _log(a: Interval, shift: float = 0.0) -> Interval:
     lo = a[0] + shift
     return (_safe(math.log, lo, -BIG) if lo > 0 else -BIG), (
@@ -99,94 +96,102 @@ def _log(a: Interval, shift: float = 0.0) -> Interval:
 GELU_MIN = -0.1701  # min over x of x * Phi(x) (erf and tanh forms), at x ~ -0.75
 
 
-def transfer(t: Term, a: list[Interval], n: int, k: int) -> Interval:
-    """The interval of ``t`` from its operands' intervals; ``n`` = reduced axis size, ``k`` =
-    matmul inner size."""
-    op = t.op
-    if op == "const":  # a NaN constant (x + math.nan) is legal: no value to bound, so unbounded
-        return TOP if math.isnan(t.attrs[0]) else iv(t.attrs[0], t.attrs[0])
-    if op in ("add", "sub"):
-        y = a[1] if op == "add" else (-a[1][1], -a[1][0])
-        return iv(a[0][0] + y[0], a[0][1] + y[1])
-    if op == "mul":
-        return _mul(a[0], a[1]) if t.args[0] is not t.args[1] else _pow(a[0], (2.0, 2.0))
-    if op == "div":
-        return _div(a[0], a[1])
-    if op == "pow":
-        return _pow(a[0], a[1])
-    if op == "neg":
-        return -a[0][1], -a[0][0]
-    if op in ("maximum", "minimum"):
-        f = max if op == "maximum" else min
-        return f(a[0][0], a[1][0]), f(a[0][1], a[1][1])
-    if op == "where":
-        return _hull(a[1], a[2])
-    if op == "abs":
-        lo, hi = a[0]
-        return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
-    if op in MONOTONE:
-        return MONOTONE[op](a[0])
-    if op == "log":
-        return _log(a[0])
-    if op == "log1p":
-        return _log(a[0], 1.0)
-    if op == "sqrt":
-        return iv(math.sqrt(max(a[0][0], 0.0)), math.sqrt(max(a[0][1], 0.0)))
-    if op == "rsqrt":
-        return (iv(1 / math.sqrt(a[0][1]), 1 / math.sqrt(a[0][0])) if a[0][0] > 0 else (0.0, BIG))
-    if op in ("sin", "cos"):
-        return -1.0, 1.0
-    if op == "gelu":  # x * Phi(x): increasing for x >= 0, within [GELU_MIN, 0] for x <= 0
-        g = lambda v: float(torch.nn.functional.gelu(  # noqa: E731
-            torch.tensor(v, dtype=torch.float64), approximate=t.attrs[0]))
-        return (g(a[0][0]) if a[0][0] >= 0 else GELU_MIN), (g(a[0][1]) if a[0][1] >= 0 else 0.0)
-    if op in ("sum", "compensated_sum"):
-        return iv(n * a[0][0], n * a[0][1])
-    if op in ("mean", "max", "transpose", "permute", "reshape", "expand", "slice", "gather",
-              "index_select", "cast", "max_pool2d"):
-        return a[0]
-    if op == "var":
-        return 0.0, clamp((a[0][1] - a[0][0]) * (a[0][1] - a[0][0]))
-    if op == "concat":
-        return _hull(a[0], a[1])
-    if op == "matmul":
-        p = _mul(a[0], a[1])
-        return iv(k * p[0], k * p[1])
-    if op in ("linear", "linear_act", "conv2d"):
-        p = _mul(a[0], a[1])
-        out = iv(k * p[0] + a[2][0], k * p[1] + a[2][1])
-        if op == "linear_act":
-            return (max(out[0], 0.0), max(out[1], 0.0)) if t.attrs[0] == "relu" else (
-                GELU_MIN, max(out[1], 0.0))
-        return out
-    if op == "sdpa_masked":
-        return a[2]
-    if op == "batch_norm":
-        return TOP
-    if op == "softmax":
-        return 0.0, 1.0
-    if op == "log_softmax":
-        return iv(a[0][0] - a[0][1] - math.log(max(n, 1)), 0.0)
-    if op == "logsumexp":
-        return iv(a[0][0] + math.log(max(n, 1)), a[0][1] + math.log(max(n, 1)))
-    if op == "sdpa":
-        return a[2]
-    if op == "softplus":
-        return iv(_safe(lambda v: v + math.log1p(math.exp(-v)) if v > 0 else math.log1p(math.exp(v)),
-                        a[0][0], 0.0), max(a[0][1], 0.0) + math.log(2))
-    if op == "logaddexp":
-        return iv(max(a[0][0], a[1][0]), max(a[0][1], a[1][1]) + math.log(2))
-    if op == "layer_norm":
-        r = math.sqrt(max(n - 1, 1))
-        return iv(*(x + y for x, y in zip(_mul((-r, r), a[1]), a[2])))
-    raise KeyError(f"no range transfer for op {op!r}")
+def _sum(t, a, s):
+    n = _axis_size(t, s)
+    return iv(n * a[0][0], n * a[0][1])
 
 
-MONOTONE = {
-    "exp": _monotone(math.exp), "expm1": _monotone(math.expm1), "tanh": _monotone(math.tanh),
-    "sigmoid": _monotone(_sigmoid), "erf": _monotone(math.erf),
-    "relu": lambda a: (max(a[0], 0.0), max(a[1], 0.0)),
+def _axis_size(t: Term, s: list) -> int:
+    """Size of the axis an op reduces or normalizes over (its ``axis`` attribute)."""
+    return s[0][t.attrs[0]] if s[0] else 1
+
+
+def _gelu(t, a, s):  # x * Phi(x): increasing for x >= 0, within [GELU_MIN, 0] for x <= 0
+    g = lambda v: float(torch.nn.functional.gelu(  # noqa: E731
+        torch.tensor(v, dtype=torch.float64), approximate=t.attrs[0]))
+    return (g(a[0][0]) if a[0][0] >= 0 else GELU_MIN), (g(a[0][1]) if a[0][1] >= 0 else 0.0)
+
+
+def _linear(t, a, s):
+    """x w^T + b, or a convolution: k terms (a weight's row or filter) summed per output."""
+    k = math.prod(s[1][1:]) if len(s[1]) > 1 else (s[0][-1] if s[0] else 1)
+    p = _mul(a[0], a[1])
+    return iv(k * p[0] + a[2][0], k * p[1] + a[2][1])
+
+
+def _matmul(t, a, s):
+    k = s[0][-1] if s[0] else 1
+    p = _mul(a[0], a[1])
+    return iv(k * p[0], k * p[1])
+
+
+def _layer_norm(t, a, s):
+    """A normalized value lies within +-sqrt(n - 1); then the affine weight and bias."""
+    r = math.sqrt(max(s[0][-1] - 1, 1))
+    return iv(*(x + y for x, y in zip(_mul((-r, r), a[1]), a[2])))
+
+
+def _linear_act(t, a, s):
+    out = _linear(t, a, s)
+    return (max(out[0], 0.0), max(out[1], 0.0)) if t.attrs[0] == "relu" else (GELU_MIN, max(out[1], 0.0))
+
+
+def _log_n(t, s) -> float:
+    return math.log(max(_axis_size(t, s), 1))
+
+
+#: range transfer of each kind an op declares (``Op.range``): (term, operand intervals, operand
+#: shapes) -> interval
+TRANSFER: dict[str, Callable] = {
+    "add": lambda t, a, s: iv(a[0][0] + a[1][0], a[0][1] + a[1][1]),
+    "sub": lambda t, a, s: iv(a[0][0] - a[1][1], a[0][1] - a[1][0]),
+    "mul": lambda t, a, s: _mul(a[0], a[1]) if t.args[0] is not t.args[1] else _pow(a[0], (2.0, 2.0)),
+    "div": lambda t, a, s: _div(a[0], a[1]),
+    "pow": lambda t, a, s: _pow(a[0], a[1]),
+    "neg": lambda t, a, s: (-a[0][1], -a[0][0]),
+    "maximum": lambda t, a, s: (max(a[0][0], a[1][0]), max(a[0][1], a[1][1])),
+    "minimum": lambda t, a, s: (min(a[0][0], a[1][0]), min(a[0][1], a[1][1])),
+    "select": lambda t, a, s: _hull(a[1], a[2]),
+    "hull": lambda t, a, s: _hull(a[0], a[1]),
+    "abs": lambda t, a, s: ((0.0 if a[0][0] <= 0 <= a[0][1] else min(abs(a[0][0]), abs(a[0][1]))),
+                            max(abs(a[0][0]), abs(a[0][1]))),
+    "log": lambda t, a, s: _log(a[0]),
+    "log1p": lambda t, a, s: _log(a[0], 1.0),
+    "sqrt": lambda t, a, s: iv(math.sqrt(max(a[0][0], 0.0)), math.sqrt(max(a[0][1], 0.0))),
+    "rsqrt": lambda t, a, s: (iv(1 / math.sqrt(a[0][1]), 1 / math.sqrt(a[0][0])) if a[0][0] > 0
+                              else (0.0, BIG)),
+    "bounds": lambda t, a, s: OPS[t.op].bounds,
+    "gelu": _gelu,
+    "sum": _sum,
+    "operand": lambda t, a, s: a[0],  # values among (or between) the operand's
+    "values": lambda t, a, s: a[0],  # exactly the operand's values
+    "values-of-v": lambda t, a, s: a[2],  # attention: averages of the values
+    "var": lambda t, a, s: (0.0, clamp((a[0][1] - a[0][0]) * (a[0][1] - a[0][0]))),
+    "matmul": _matmul,
+    "linear": _linear,
+    "linear_act": _linear_act,
+    "top": lambda t, a, s: TOP,
+    "log_softmax": lambda t, a, s: iv(a[0][0] - a[0][1] - _log_n(t, s), 0.0),
+    "logsumexp": lambda t, a, s: iv(a[0][0] + _log_n(t, s), a[0][1] + _log_n(t, s)),
+    "softplus": lambda t, a, s: iv(_safe(lambda v: v + math.log1p(math.exp(-v)) if v > 0
+                                         else math.log1p(math.exp(v)), a[0][0], 0.0),
+                                   max(a[0][1], 0.0) + math.log(2)),
+    "logaddexp": lambda t, a, s: iv(max(a[0][0], a[1][0]), max(a[0][1], a[1][1]) + math.log(2)),
+    "layer_norm": _layer_norm,
 }
+
+
+def transfer(t: Term, a: list[Interval], s: list[tuple[int, ...]]) -> Interval:
+    """The interval of ``t`` from its operands' intervals ``a`` and shapes ``s``, by the range
+    kind its op declares (an increasing float function: the interval's image)."""
+    if t.op == "const":  # a NaN constant (x + math.nan) is legal: no value to bound, so unbounded
+        return TOP if math.isnan(t.attrs[0]) else iv(t.attrs[0], t.attrs[0])
+    kind = OPS[t.op].range
+    if callable(kind):
+        return iv(_safe(kind, a[0][0], -BIG), _safe(kind, a[0][1], BIG))
+    if kind not in TRANSFER:
+        raise KeyError(f"no range transfer for op {t.op!r} (kind {kind!r})")
+    return TRANSFER[kind](t, a, s)
 
 
 def intervals(roots: list[Term], declared: dict[str, Interval] | None = None,
@@ -213,16 +218,6 @@ def analyze(roots: list[Term], declared: dict[str, Interval] | None = None,
                 rng = (max(lo, rng[0]), min(hi, rng[1]))
             out[id(t)] = iv(*rng)
             continue
-        shape_in = meta[id(t.args[0])][0] if t.args else ()
-        n = shape_in[t.attrs[0]] if t.op in REDUCING and shape_in else 1
-        k = shape_in[-1] if t.op in ("matmul", "linear", "linear_act") and shape_in else 1
-        if t.op == "conv2d":
-            w = meta[id(t.args[1])][0]
-            k = w[1] * w[2] * w[3]
-        if t.op == "layer_norm":
-            n = shape_in[-1]
-        out[id(t)] = transfer(t, [out[id(a)] for a in t.args], n, k)
+        out[id(t)] = transfer(t, [out[id(a)] for a in t.args], [meta[id(a)][0] for a in t.args])
     return out
 
-
-REDUCING = {"sum", "compensated_sum", "mean", "max", "var", "log_softmax", "logsumexp", "softmax"}

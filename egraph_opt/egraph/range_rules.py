@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from ..lang.ops import OPS
+from ..lang.ops import OPS, UNBOUNDED
 
 BIG = "1e300"
 RULESET = "ranges"
@@ -40,19 +40,17 @@ def _c(expr: str) -> str:
     return f"(min (max {expr} -{BIG}) {BIG})"
 
 
-_SAME_AS_OPERAND = ["mean", "max", "transpose", "permute", "reshape", "expand", "slice", "cast",
-                    "gather", "index_select", "max_pool2d"]
+def _ops(fact) -> list[str]:
+    return [name for name, op in OPS.items() if not op.is_leaf and fact(op)]
+
+
+#: ops whose values lie within the operand's interval (kinds "operand" and "values" of Op.range)
+_SAME_AS_OPERAND = _ops(lambda op: op.range in ("operand", "values"))
 #: ops whose result holds exactly the operand's values: the result's interval is the operand's too
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
-_SAME_VALUES = ["cast", "transpose", "permute", "reshape", "expand"]
-_ELEMENTWISE_UNARY = ["neg", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos",
-                      "tanh", "sigmoid", "relu", "erf", "gelu", "softplus", "cast", "softmax",
-                      "log_softmax"]
-_SAME_DTYPE = [name for name, op in OPS.items() if op.arity >= 1 and name not in ("cast", "where")]
-_FIXED = {"sigmoid": ("0.0", "1.0"), "tanh": ("-1.0", "1.0"), "softmax": ("0.0", "1.0"),
-          "sin": ("-1.0", "1.0"), "cos": ("-1.0", "1.0")}
-_FACT_OF_OP = {"exp": "positive", "sigmoid": "positive", "softmax": "nonneg", "sqrt": "nonneg",
-               "abs": "nonneg", "relu": "nonneg", "var": "nonneg"}
+_SAME_VALUES = _ops(lambda op: op.range == "values")
+_KEEPS_LAST_DIM = _ops(lambda op: op.shape in ("same", "cast"))
+_SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where"))  # where: a bool first operand
 
 
 def _operand_pattern(op: str, vars_: str = "abcdfgh") -> str:
@@ -121,7 +119,7 @@ def rules() -> list[str]:
         "(rule ((= e (Div a b)) (positive a) (positive b)) ((positive e)))",
     ]
     out.append('(rule ((= e (Cast x d))) ((set (dtype-of e) d)))')
-    for op in _ELEMENTWISE_UNARY:
+    for op in _KEEPS_LAST_DIM:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))")
     for op in _SAME_DTYPE:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))")
@@ -133,10 +131,11 @@ def rules() -> list[str]:
         pattern = _operand_pattern(op)
         out.append(f"(rule ((= e {pattern}) (= x (lo e))) ((set (lo ?a) x)))")
         out.append(f"(rule ((= e {pattern}) (= x (hi e))) ((set (hi ?a) x)))")
-    for op, (lo, hi) in _FIXED.items():
+    for op in _ops(lambda op: op.bounds != UNBOUNDED):
+        lo, hi = OPS[op].bounds
         out.append(f"(rule ((= e {_operand_pattern(op)})) ((set (lo e) {lo}) (set (hi e) {hi})))")
-    for op, fact in _FACT_OF_OP.items():
-        out.append(f"(rule ((= e {_operand_pattern(op)})) (({fact} e)))")
+    for op in _ops(lambda op: op.sign != "any"):
+        out.append(f"(rule ((= e {_operand_pattern(op)})) (({OPS[op].sign} e)))")
     return [r[:-1] + f" :ruleset {RULESET})" for r in out]
 
 

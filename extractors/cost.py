@@ -18,24 +18,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from egraph_opt.analysis.ranges import TOP, analyze
+from egraph_opt.lang.ops import OPS
 from egraph_opt.lang.term import Term, dtype_name, postorder, shapes
 
 from .curvature import UNIT_ROUNDOFF, kappa, kappa_cost, rounding_free
 
-#: passes over memory, for ops the profiling database cannot estimate: elementwise = 2
-PASSES = {
-    "sum": 4, "compensated_sum": 12, "max": 4, "mean": 4, "var": 6, "softmax": 5, "log_softmax": 5,
-    "logsumexp": 5,
-    "layer_norm": 6, "matmul": 16, "linear": 17, "linear_act": 17, "sdpa": 20, "sdpa_masked": 21,
-    "conv2d": 24, "batch_norm": 6, "max_pool2d": 2,
-    "transpose": 1, "permute": 1, "reshape": 1, "expand": 1, "slice": 1,
-}
 PASS_UNITS = 10  # one pass ~ 1 us in latency units
 LEAVES = {"input", "param", "const", "opaque"}
 CONSTANT_LEAVES = {"param", "const"}
-#: ops that accumulate over many terms: in a half-precision accumulator they lose ~log2(n) bits
-ACCUMULATING = {"sum", "compensated_sum", "mean", "var", "matmul", "linear", "linear_act", "softmax",
-                "log_softmax", "logsumexp", "layer_norm", "sdpa", "sdpa_masked", "conv2d"}
 HALF = {"float16", "bfloat16"}
 HALF_ACCUMULATION = 20  # decibels charged for a half-precision accumulator
 #: decibels charged for rounding a result to a half-precision dtype: its unit roundoff over
@@ -87,7 +77,8 @@ class CostModel:
     def curvature(self, n: NodeFacts) -> int:
         if n.op in LEAVES or n.constant:
             return 0
-        half = HALF_ACCUMULATION if n.op in ACCUMULATING and n.dtypes and n.dtypes[0] in HALF else 0
+        accumulates = OPS[n.op].precision == "accumulate"  # many terms: ~log2(n) bits lost in half
+        half = HALF_ACCUMULATION if accumulates and n.dtypes and n.dtypes[0] in HALF else 0
         half += HALF_ROUNDING.get(n.dtype, 0) if not rounding_free(n.op, n.attrs, n.dtypes) else 0
         return half + kappa_cost(n.op, n.attrs, list(n.operands), n.result, n.dtype, n.exact)
 
@@ -98,7 +89,7 @@ class CostModel:
             found = self.latency_of(n.op, n.attrs, n.shapes, n.dtype)
             if found:
                 return found[0]
-        return PASSES.get(n.op, 2) * PASS_UNITS
+        return OPS[n.op].passes * PASS_UNITS  # passes over memory the op declares
 
     def error(self, n: NodeFacts) -> float:
         """Estimated relative error a node adds: unit roundoff amplified by its curvature."""

@@ -17,19 +17,10 @@ from __future__ import annotations
 
 import math
 
+from egraph_opt.lang.ops import OPS
+
 Interval = tuple[float, float]
 
-#: growth class of kappa over an unbounded range: 0 linear, 1 bounded, 2 singular, 3 exponential
-GROWTH = {
-    "exp": 3, "expm1": 3, "pow": 2, "log": 2, "log1p": 2, "div": 2, "sqrt": 2, "rsqrt": 2,
-    "var": 1, "mul": 1, "matmul": 1, "linear": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "gelu": 1,
-    "sin": 1, "cos": 1, "softmax": 1, "log_softmax": 1, "logsumexp": 1, "layer_norm": 2, "sdpa": 1,
-    "softplus": 1, "logaddexp": 1, "linear_act": 1, "sdpa_masked": 1, "conv2d": 1,
-}
-#: sup |f''| of bounded smooth ops
-BOUNDED = {"tanh": 0.77, "sigmoid": 0.097, "erf": 0.97, "gelu": 0.8, "sin": 1.0, "cos": 1.0,
-           "softmax": 1.0, "log_softmax": 0.5, "logsumexp": 0.5, "sdpa": 1.0, "softplus": 0.25,
-           "logaddexp": 0.25}
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11,
                  "bfloat16": 2.0 ** -8}
 
@@ -58,86 +49,90 @@ def _unbounded_on_overflow(f):
     return guarded
 
 
+def _pow(attrs: tuple, operands: list[Interval]) -> float:
+    p = operands[1][1] if operands[1][0] == operands[1][1] else math.inf
+    if p in (0.0, 1.0):
+        return 0.0
+    if p == 2.0:
+        return 2.0
+    lo = _gap(operands[0]) if p < 2 else _mag(operands[0])
+    return abs(p * (p - 1)) * lo ** (p - 2) if lo > 0 else math.inf
+
+
+def _div_kappa(attrs: tuple, o: list[Interval]) -> float:
+    d = _gap(o[1])
+    return 2 * _mag(o[0]) / d ** 3 if d > 0 else math.inf
+
+
+def _div_lipschitz(attrs: tuple, o: list[Interval]) -> float:
+    d = _gap(o[1])
+    return max(1 / d, _mag(o[0]) / d ** 2) if d > 0 else math.inf
+
+
+def _over(lo: float, f) -> float:
+    """f(lo) where the operand's range starts above 0 (log, sqrt, rsqrt), else unbounded."""
+    return f(lo) if lo > 0 else math.inf
+
+
+def _one(attrs: tuple, o: list[Interval]) -> float:
+    return 1.0
+
+
+#: (kappa, Lipschitz constant) of each curvature formula an op declares (``Op.curvature``), over
+#: its operand ranges; an op that declares a pair of numbers has those bounds over any range
+FORMULAS = {
+    "exp": (lambda attrs, o: _exp(2 * o[0][1]), lambda attrs, o: _exp(o[0][1])),
+    "log": (lambda attrs, o: _over(o[0][0], lambda lo: 1 / lo ** 2),
+            lambda attrs, o: _over(o[0][0], lambda lo: 1 / lo)),
+    "log1p": (lambda attrs, o: _over(o[0][0] + 1, lambda lo: 1 / lo ** 2),
+              lambda attrs, o: _over(o[0][0] + 1, lambda lo: 1 / lo)),
+    "div": (_div_kappa, _div_lipschitz),
+    "sqrt": (lambda attrs, o: _over(o[0][0], lambda lo: 1 / (4 * lo ** 1.5)),
+             lambda attrs, o: _over(o[0][0], lambda lo: 0.5 / math.sqrt(lo))),
+    "rsqrt": (lambda attrs, o: _over(o[0][0], lambda lo: 3 / (4 * lo ** 2.5)),
+              lambda attrs, o: _over(o[0][0], lambda lo: 0.5 / lo ** 1.5)),
+    "pow": (_pow, _one),
+    # bilinear: constant cross curvature, unless one side is a constant
+    "bilinear": (lambda attrs, o: 0.0 if any(lo == hi for lo, hi in o[:2]) else 1.0,
+                 lambda attrs, o: max(_mag(o[0]), _mag(o[1]))),
+    "layer_norm": (lambda attrs, o: 1 / (4 * attrs[0] ** 1.5), _one),  # 1/sqrt(var + eps), var = 0
+}
+
+
+def _curvature(op: str, attrs: tuple, operands: list[Interval], which: int) -> float:
+    declared = OPS[op].curvature
+    return declared[which] if isinstance(declared, tuple) else FORMULAS[declared][which](attrs, operands)
+
+
 @_unbounded_on_overflow
 def kappa(op: str, attrs: tuple, operands: list[Interval]) -> float:
     """Curvature of one node over its operand ranges (inf when unbounded)."""
-    if op in BOUNDED:
-        return BOUNDED[op]
-    if op in ("exp", "expm1"):
-        return _exp(2 * operands[0][1])
-    if op == "log":
-        return 1 / operands[0][0] ** 2 if operands[0][0] > 0 else math.inf
-    if op == "log1p":
-        return 1 / (1 + operands[0][0]) ** 2 if operands[0][0] > -1 else math.inf
-    if op == "div":
-        d = _gap(operands[1])
-        return 2 * _mag(operands[0]) / d ** 3 if d > 0 else math.inf
-    if op == "sqrt":
-        return 1 / (4 * operands[0][0] ** 1.5) if operands[0][0] > 0 else math.inf
-    if op == "rsqrt":
-        return 3 / (4 * operands[0][0] ** 2.5) if operands[0][0] > 0 else math.inf
-    if op == "pow":
-        p = operands[1][1] if operands[1][0] == operands[1][1] else math.inf
-        if p in (0.0, 1.0):
-            return 0.0
-        if p == 2.0:
-            return 2.0
-        lo = _gap(operands[0]) if p < 2 else _mag(operands[0])
-        return abs(p * (p - 1)) * lo ** (p - 2) if lo > 0 else math.inf
-    if op in ("linear_act", "sdpa_masked"):
-        return 1.0
-    if op in ("mul", "matmul", "linear", "conv2d"):  # bilinear: constant cross curvature, unless one side
-        return 0.0 if any(lo == hi for lo, hi in operands[:2]) else 1.0  # is a constant
-    if op == "layer_norm":
-        return 1 / (4 * attrs[0] ** 1.5)  # 1/sqrt(var + eps) at var = 0
-    if op == "var":
-        return 2.0
-    return 0.0
+    return _curvature(op, attrs, operands, 0)
 
 
 @_unbounded_on_overflow
 def lipschitz(op: str, attrs: tuple, operands: list[Interval]) -> float:
     """Largest |derivative| of one node over its operand ranges."""
-    if op in ("exp", "expm1"):
-        return _exp(operands[0][1])
-    if op in ("log", "log1p"):
-        lo = operands[0][0] + (1 if op == "log1p" else 0)
-        return 1 / lo if lo > 0 else math.inf
-    if op == "div":
-        d = _gap(operands[1])
-        return max(1 / d, _mag(operands[0]) / d ** 2) if d > 0 else math.inf
-    if op in ("sqrt", "rsqrt"):
-        lo = operands[0][0]
-        return (0.5 / math.sqrt(lo) if op == "sqrt" else 0.5 / lo ** 1.5) if lo > 0 else math.inf
-    if op == "mul":
-        return max(_mag(operands[0]), _mag(operands[1]))
-    if op in ("matmul", "linear"):
-        return max(_mag(operands[0]), _mag(operands[1]))
-    if op in ("sigmoid",):
-        return 0.25
-    return 1.0
+    return _curvature(op, attrs, operands, 1)
 
 
 def rounding(dtype: str, result: Interval) -> float:
     return UNIT_ROUNDOFF.get(dtype, 0.0) * _mag(result)
 
 
-#: ops whose result is exactly representable from exact operands: they add no rounding error
-ROUNDING_FREE = {"input", "param", "const", "opaque", "max", "maximum", "minimum", "relu", "abs",
-                 "neg", "transpose", "permute", "reshape", "expand", "slice", "gather",
-                 "index_select", "concat", "where", "max_pool2d"}
 #: casts that hold every value of their source dtype
 WIDENING = {("float16", "float32"), ("bfloat16", "float32"), ("float16", "float64"),
             ("bfloat16", "float64"), ("float32", "float64")}
 
 
 def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
-    """Exact operands give an exact result: a rounding-free op, or a cast that widens (or keeps)
-    its operand's dtype."""
-    if op == "cast":
+    """Exact operands give an exact result: an op that declares it never rounds, or a cast that
+    widens (or keeps) its operand's dtype."""
+    kind = OPS[op].rounding
+    if kind == "widening":
         source = operand_dtypes[0] if operand_dtypes else None
         return source == attrs[0] or (source, attrs[0]) in WIDENING
-    return op in ROUNDING_FREE
+    return kind == "exact"
 
 
 def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
@@ -146,9 +141,10 @@ def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
     of exact values of both signs: its rounded partial sums may cancel (1e8 + 1 - 1e8 = 0), unless
     it carries their rounding errors along (``compensated_sum``); a sum of rounded values keeps
     their errors either way."""
-    if op == "sum":
+    error = OPS[op].error
+    if error == "sum":
         return exact[0] and operands[0][0] < 0 < operands[0][1]
-    if op not in ("add", "sub") or all(exact[:2]):
+    if error != "cancels" or all(exact[:2]):
         return False
     a, b = operands[:2]
     if op == "add":
@@ -178,12 +174,6 @@ EXP_LIMIT = {"float64": 744.4, "float32": 103.3, "float16": 16.6, "bfloat16": 92
 #: cost of losing every digit: a cancellation, or an amplification of rounding error past
 #: 1 / unit roundoff
 ALL_DIGITS = 2000
-#: composites that compute exp(x - max(x)) inside, and those that take the log of its sum (>= 1,
-#: and near 1 wherever one term dominates): logaddexp is not one, it adds log1p(exp(-|a - b|))
-SHIFTED_EXP = {"softmax", "log_softmax", "logsumexp"}
-LOG_OF_SUM = {"log_softmax", "logsumexp"}
-
-
 def _amplified(factor: float, dtype: str) -> int:
     """Decibels of an amplification of the rounding error an operand carries; past 1 / unit
     roundoff no digit is left, which costs what a cancellation does."""
@@ -210,23 +200,24 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     for an overflow consumed."""
     k = kappa(op, attrs, operands)
     k = math.inf if math.isnan(k) else k  # inf * 0 over an unbounded range: no bound known
-    cost = 0 if k == 0 else (1000 * GROWTH.get(op, 1) if math.isinf(k)
+    cost = 0 if k == 0 else (1000 * OPS[op].growth if math.isinf(k)
                              else min(KAPPA_TIE_BREAK, max(1, round(10 * math.log10(1 + k)))))
     if exact and cancels(op, operands, exact):
         cost += _cancellation(op, operands, result, dtype)
     limit = EXP_LIMIT.get(dtype, EXP_LIMIT["float32"])
-    if op in ("exp", "expm1") and exact and not exact[0]:
+    error = OPS[op].error
+    if error == "exp" and exact and not exact[0]:
         cost += _amplified(min(_mag(operands[0]), limit), dtype)  # exp's condition number is
         # |x|: the rounding error its computed argument carries comes out multiplied by it
-    if op in SHIFTED_EXP:
+    if error in ("shifted-exp", "log-sum-exp"):  # softmax and kin: exp(x - max(x)) inside
         cost += _amplified(min(operands[0][1] - operands[0][0], limit), dtype)  # exp(x - max(x)):
         # its argument is rounded, and exp multiplies that error by |x - max(x)| <= hi - lo
-    if op == "log" and exact and not exact[0] and operands[0][0] > 0:
+    if error == "log" and exact and not exact[0] and operands[0][0] > 0:
         lo, hi = operands[0]  # log's condition number is 1 / |log u|: near u = 1 the rounding
         # error of a computed argument (1 + x rounded) becomes the whole result (why log1p exists)
         worst = math.inf if lo <= 1 <= hi else max(1 / abs(math.log(u)) for u in (lo, hi))
         cost += _amplified(worst, dtype)
-    if op in LOG_OF_SUM and result is not None and result[0] <= 0 <= result[1]:
+    if error == "log-sum-exp" and result is not None and result[0] <= 0 <= result[1]:
         cost += ALL_DIGITS  # the log inside (of sum(exp(x - max(x))) >= 1) near 1, as a bare log's:
         # log_softmax(x) at the dominant x is -log(1 + tiny) = 0 in float32, not -tiny
     rounded = [o for i, o in enumerate(operands) if not (i < len(exact) and exact[i])]

@@ -40,7 +40,10 @@ class Op:
     curvature: tuple[float, float] | str | None = None  # (sup |f''|, sup |f'|), or a formula kind
     # over operand ranges (extractors/curvature.py)
     growth: int | None = None  # class of kappa over unbounded ranges: 0 linear .. 3 exponential
-    error: str | None = None  # how it amplifies its operands' rounding error (curvature.py)
+    error: str | None = None  # how it amplifies its operands' rounding error (curvature.py):
+    # "exp" by |x|, "log" by 1/|log u|, "cancels" (a +- b), "sum" (of both signs), "shifted-exp"
+    # (exp(x - max(x)) inside), "log-sum-exp" (and the log of its sum, near 1 where one term
+    # dominates: logaddexp is not one, it adds log1p(exp(-|a - b|))), "none"
     rounding: str | None = None  # "exact" from exact operands, "rounds", or "widening" (a cast)
     passes: int | None = None  # passes over memory, when the profiling database has no estimate
     precision: str | None = None  # in half precision: "accumulate" (many terms: do it in float32),
@@ -123,7 +126,9 @@ def var(x, axis, keepdim, correction):
 
 
 def gelu(x, approximate):
-    return F.gelu(x, approximate=approximate)
+    """x * Phi(x) has the sign of x, zeros included: torch's vectorized kernel returns +0 at -0
+    and where Phi(x) underflows (x <= -88), so the sign is put back."""
+    return F.gelu(x, approximate=approximate).copysign(x)
 
 
 def permute(x, perm):
@@ -154,21 +159,25 @@ def index_select(x, index, axis):
     return torch.index_select(x, axis, index)
 
 
-def softmax(x, axis):
-    """exp(x) / sum(exp(x)), max-shifted. A row holding +inf (and no NaN) gives what the naive
-    quotient gives, NaN at each +inf and 0 elsewhere ([inf, 1, 2] -> [nan, 0, 0]), where the
-    shifted form alone is NaN across the row: so fusing the naive quotient into this op is exact
-    at +inf, and a fused program agrees with the one it replaced (one ``where``, no extra pass)."""
-    out = torch.softmax(x, axis)
+def _naive_at_posinf(x, axis, out, elsewhere: float):
+    """Where a row holds +inf (and no NaN), what the naive quotient gives: NaN at each +inf and
+    ``elsewhere`` (0 for softmax, -inf for its log) off it, where the max-shifted form alone is NaN
+    across the row. So fusing the naive form is exact at +inf too (one ``where``, no extra pass)."""
     if not x.is_floating_point():
         return out
     top = torch.amax(x, dim=axis, keepdim=True)  # NaN in a row with a NaN: the row stays NaN
-    naive = torch.where(x == torch.inf, torch.nan, 0.0).to(out.dtype)
+    naive = torch.where(x == torch.inf, torch.nan, elsewhere).to(out.dtype)
     return torch.where(top == torch.inf, naive, out)
 
 
+def softmax(x, axis):
+    """exp(x) / sum(exp(x)), max-shifted ([inf, 1, 2] -> [nan, 0, 0], as the naive quotient)."""
+    return _naive_at_posinf(x, axis, torch.softmax(x, axis), 0.0)
+
+
 def log_softmax(x, axis):
-    return torch.log_softmax(x, axis)
+    """log(softmax(x)), max-shifted ([inf, 1, 2] -> [nan, -inf, -inf], as the naive form)."""
+    return _naive_at_posinf(x, axis, torch.log_softmax(x, axis), -torch.inf)
 
 
 def cast(x, dtype):
@@ -186,7 +195,7 @@ def layer_norm(x, weight, bias, eps):
     return F.layer_norm(x, x.shape[-1:], None, None, eps) * weight + bias
 
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+ACTIVATIONS = {"relu": F.relu, "gelu": lambda y: gelu(y, "none"), "gelu_tanh": lambda y: gelu(y, "tanh")}
 
 
 def linear_act(x, weight, bias, activation):

@@ -157,16 +157,17 @@ def rules(family: Family, table, exactness: Exactness = Exactness.EXACT, **commo
     return out
 
 
-def reverse(rule: Rule, family: Family, **fixed) -> Rule:
-    """The ``-rev`` rule: right side back into left side (decompositions of fusions). Variables
-    the right side does not bind (a constant its condition pinned) are ``fixed`` to values."""
+def reverse(rule: Rule, family: Family, when: tuple[str, ...] = (), **fixed) -> Rule:
+    """The ``-rev`` rule: right side back into left side (decompositions of fusions), under the
+    guards ``when``. Variables the right side does not bind (a constant its condition pinned) are
+    ``fixed`` to values."""
     def pin(text: str) -> str:
         for name, value in fixed.items():
             text = re.sub(rf"\?{name}\b", pat.literal(value), text)
         return text
 
     return Rule(f"{rule.name}-rev", pin(rule.rhs), pin(rule.lhs), family, rule.exactness,
-                why=f"reverse of {rule.name}",
+                when=when, why=f"reverse of {rule.name}",
                 sample=tuple((v, x) for v, x in rule.sample if v not in fixed))
 
 

@@ -8,6 +8,7 @@ _A = Family.ALGEBRA
 #: where that rounding overflows or underflows, since the unfolded order may not
 F32_MAX, F32_TINY = "3.4028234663852886e38", "1.1754943508222875e-38"
 NEVER_POSITIVE_INF = (f"(<= (hi ?x) {F32_MAX})",)  # ?x's range is float32's: it does not overflow
+NEVER_INF = NEVER_POSITIVE_INF + (f"(>= (lo ?x) -{F32_MAX})",)
 
 
 def in_float32(expr: str) -> tuple[str, ...]:

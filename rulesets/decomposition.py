@@ -5,16 +5,17 @@ of a fusion; none contains the op it defines (checked in the tests)."""
 import math
 
 from . import Family, Rule, reverse, rules
-from .algebra import NEVER_POSITIVE_INF, RULES as _ALGEBRA, SHIFTED as _SHIFTED
+from .algebra import NEVER_INF, NEVER_POSITIVE_INF, RULES as _ALGEBRA, SHIFTED as _SHIFTED
 from .fusion import RULES as _FUSION
 
 _OF = {r.name: r for r in _FUSION + _ALGEBRA}
-_REVERSED = {"gelu-from-erf": {"c": 1 / math.sqrt(2)}, "log-sum-exp-from-shifted": {},
-             "linear-relu-fuse": {}, "linear-gelu-fuse": {}, "linear-gelu-tanh-fuse": {},
-             "attention-fuse": {}, "linear-fuse": {}}
+_REVERSED = {"gelu-from-erf": {"c": 1 / math.sqrt(2)}, "linear-relu-fuse": {}, "linear-gelu-fuse": {},
+             "linear-gelu-tanh-fuse": {}, "attention-fuse": {}, "linear-fuse": {}}
 
 RULES: list[Rule] = [reverse(_OF[name], Family.DECOMPOSITION, **fixed)
                      for name, fixed in _REVERSED.items()]
+RULES.append(reverse(_OF["log-sum-exp-from-shifted"], Family.DECOMPOSITION,
+                     when=NEVER_INF))  # the shifted form is NaN on a row of +-inf
 RULES += rules(Family.DECOMPOSITION, [  # the shifted forms are NaN across a row holding +inf
     # name                    lhs                          rhs
     ("softmax-decompose",     "(softmax ?x ?a)",

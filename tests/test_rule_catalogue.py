@@ -4,6 +4,7 @@ import pytest
 from egraph_opt.egraph.engine import EGraph
 from egraph_opt.lang.pattern import PatternError
 from egraph_opt.rulesets import Exactness, Family, Rule, RuleError, catalogue, select
+from egraph_opt.analysis.ranges import analyze
 from egraph_opt.lang.term import Term
 
 
@@ -64,9 +65,11 @@ def test_unsafe_rules_are_never_selected_by_default():
     assert all(r.exactness is not Exactness.UNSAFE for r in select())
 
 
-def _classes_after(rules, term):
+def _classes_after(rules, term, ranged: bool = False):
+    """The ops of ``term``'s e-class after ``rules`` ran; ``ranged``: every term carries the
+    interval the range analysis gives it (undeclared inputs: their dtype's finite values)."""
     eg = EGraph()
-    (ref,) = eg.add([term])
+    (ref,) = eg.add([term], analyze([term]) if ranged else None)
     eg.add_rules("r", rules)
     eg.saturate("r", max_iterations=10, max_enodes=1000, max_seconds=5)
     snap = eg.snapshot()
@@ -132,3 +135,13 @@ def test_each_unsafe_rule_really_breaks_at_its_counterexample(rule):
     lhs, rhs = (float(x) for x in evaluate([pat.instantiate(rule.lhs_pattern, bindings),
                                              pat.instantiate(rule.rhs_pattern, bindings)], env))
     assert not math.isclose(lhs, rhs, rel_tol=1e-9) or math.isnan(lhs) != math.isnan(rhs), (lhs, rhs)
+
+
+def test_logsumexp_expands_into_its_shifted_form_only_where_no_inf_can_reach_it():
+    """max + log(sum(exp(x - max))) is NaN on a row of +-inf, where logsumexp is +-inf: an input
+    (finite by definition) may expand, exp(x) (which overflows) may not."""
+    rule = catalogue()["log-sum-exp-from-shifted-rev"]
+    x = Term.input("x", (3, 4))
+    assert _classes_after([rule], Term("logsumexp", (x,), (-1, True)), True) == {"logsumexp", "add"}
+    wide = Term("exp", (x,))
+    assert _classes_after([rule], Term("logsumexp", (wide,), (-1, True)), True) == {"logsumexp"}

@@ -333,8 +333,6 @@ def tensor_failures(rule, dtype) -> list[str]:
     return failures
 
 
-LOG_SOFTMAX_INF = ("lang/ops.py's log_softmax is NaN across a row holding +inf, where log of the naive "
-                   "softmax is -inf off the inf: it needs softmax's +inf handling (reported)")
 SDPA = ("torch's sdpa returns 0 (or loses ~0.2%) where the scores overflow or reach ~1e2, where the "
         "naive form is NaN and the float64 truth finite: the kernel in lang/ops.py (reported)")
 LAYER_NORM = "F.layer_norm is NaN at x = float32 max, where the naive form is finite (reported)"
@@ -343,10 +341,6 @@ OVERFLOW_ORDER = ("intermediate overflow moves with the order of operations at f
 #: rules this test still finds wrong (issue 13), each waiting on a change outside rulesets/ or on a
 #: decision; strict, so a rule that is fixed fails here until its row is deleted
 OPEN = {
-    ("log-softmax-fuse", "float32"): LOG_SOFTMAX_INF,
-    ("log-softmax-from-lse", "float32"): LOG_SOFTMAX_INF,
-    ("nll-log-softmax", "float32"): LOG_SOFTMAX_INF,
-    ("gelu-from-erf", "float32"): "torch's vectorized gelu is +0 at x = -0 and x <= -88 (reported)",
     ("attention-fuse", "float32"): SDPA,
     ("attention-fuse-unscaled", "float32"): SDPA,
     ("attention-fuse-masked", "float32"): SDPA,
@@ -359,7 +353,6 @@ OPEN = {
     ("layer-norm-fuse-rsqrt-weight-first", "float32"): LAYER_NORM,
     ("layer-norm-fuse-plain-div", "float32"): LAYER_NORM,
     ("layer-norm-fuse-plain-rsqrt", "float32"): LAYER_NORM,
-    ("log-sum-exp-from-shifted-rev", "float32"): "max-shifted lse is NaN at a row of +-inf, logsumexp +-inf",
     ("matmul-scale-left-out", "float32"): OVERFLOW_ORDER,
     ("matmul-scale-right-out", "float32"): OVERFLOW_ORDER,
     ("conv-batch-norm-fold", "float32"): OVERFLOW_ORDER,

@@ -1,8 +1,8 @@
 """The profiler: times kernels and records the medians in the profiling database.
 
-`SPECS` is the one table of what each costed op does to shapes: example input shapes for a size
-parameter (the profiling grid) and its work (FLOPs and elements moved) as a function of input
-shapes. The latency model reads the same table, so what is profiled and what is predicted from
+`SPECS`, derived from the work kind each op declares, says what each costed op does to shapes:
+example input shapes for a size parameter (the profiling grid) and its work (FLOPs and elements
+moved) as a function of input shapes. The latency model reads the same table, so what is profiled and what is predicted from
 agree by construction.
 """
 from __future__ import annotations
@@ -108,27 +108,22 @@ class OpSpec:
     inputs: Callable = _positive
 
 
-# FLOPs per element: 1 for arithmetic, 10 for a transcendental (a polynomial of ~10 terms),
-# 12 for softmax-like ops (max, subtract, exp, sum, divide).
-_ARITHMETIC_1 = "neg abs relu"
-_ARITHMETIC_2 = "add sub mul div maximum minimum"
-_TRANSCENDENTAL_1 = "exp log log1p expm1 sqrt rsqrt sin cos tanh sigmoid erf gelu"
-_REDUCTION_FLOPS = {"sum": 1, "compensated_sum": 8, "max": 1, "mean": 1, "var": 3, "logsumexp": 12}
-_SOFTMAX_FLOPS = {"softmax": 12, "log_softmax": 12}
-
-SPECS: dict[str, OpSpec] = {
-    **{op: OpSpec(_square(1), _pointwise(1)) for op in _ARITHMETIC_1.split()},
-    **{op: OpSpec(_square(2), _pointwise(1)) for op in _ARITHMETIC_2.split()},
-    **{op: OpSpec(_square(1), _pointwise(10)) for op in _TRANSCENDENTAL_1.split()},
-    "pow": OpSpec(_square(2), _pointwise(10)),
-    "where": OpSpec(_square(3), _pointwise(1), _where_inputs),
-    **{op: OpSpec(_square(1), _along_axis(f, reduces=True)) for op, f in _REDUCTION_FLOPS.items()},
-    **{op: OpSpec(_square(1), _along_axis(f, reduces=False)) for op, f in _SOFTMAX_FLOPS.items()},
-    "matmul": OpSpec(_square(2), _matmul),
-    "linear": OpSpec(lambda n: ((n, n), (n, n), (n,)), _linear),
-    "layer_norm": OpSpec(lambda n: ((n, n), (n,), (n,)), _layer_norm),
-    "sdpa": OpSpec(lambda n: ((1, 8, n, 64),) * 3, _sdpa),
+#: how to profile and price each work kind an op declares (``Op.work``); the per-element kinds
+#: take its FLOPs per element (``Op.flops``): 1 for arithmetic, 10 for a transcendental (a
+#: polynomial of ~10 terms), 12 for softmax-like ops (max, subtract, exp, sum, divide). Ops of kind
+#: "static" are not profiled: costs count their passes over memory.
+WORK_KINDS: dict[str, Callable] = {
+    "pointwise": lambda op: OpSpec(_square(op.arity), _pointwise(op.flops)),
+    "select": lambda op: OpSpec(_square(op.arity), _pointwise(op.flops), _where_inputs),
+    "reduce": lambda op: OpSpec(_square(1), _along_axis(op.flops, reduces=True)),
+    "along": lambda op: OpSpec(_square(1), _along_axis(op.flops, reduces=False)),
+    "matmul": lambda op: OpSpec(_square(2), _matmul),
+    "linear": lambda op: OpSpec(lambda n: ((n, n), (n, n), (n,)), _linear),
+    "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _layer_norm),
+    "sdpa": lambda op: OpSpec(lambda n: ((1, 8, n, 64),) * 3, _sdpa),
 }
+SPECS: dict[str, OpSpec] = {name: WORK_KINDS[op.work](op) for name, op in OPS.items()
+                            if not op.is_leaf and op.work != "static"}
 
 # Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
 EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none",

@@ -383,20 +383,20 @@ def stateful_wrong(seed: int, objective: Objective = Objective.BALANCED) -> str:
         args = [torch.randn(s, generator=gen) for s in shapes]
         if spec["class"] == "extreme":
             args = [with_specials(a, -math.inf, math.inf, gen) for a in args]
-        truth_fn = reference
+        truth = reference
         if isinstance(fn, torch.nn.Module):
             fn.train(training), reference.train(training)
-            truth_fn = copy.deepcopy(reference).double()
-        runs = {}
-        for name, target, dtype in (("truth", truth_fn, torch.float64), ("original", reference, None),
-                                    ("optimized", optimized, None)):
+            truth = copy.deepcopy(reference).double()
+        runs = {}  # name: output, arguments after the call, module state after the call
+        for name, run, holder, dtype in (("truth", truth, truth, torch.float64),
+                                         ("original", reference, reference, None),
+                                         ("optimized", optimized, fn, None)):
             given = [a.to(dtype) if dtype else a.clone() for a in args]
             torch.manual_seed(call)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a plan that falls back warns
-                out = target(*given)
-            state = list(target.state_dict().values()) if name != "optimized" and isinstance(fn, torch.nn.Module) \
-                else list(fn.state_dict().values()) if isinstance(fn, torch.nn.Module) else []
+                out = run(*given)
+            state = list(holder.state_dict().values()) if isinstance(holder, torch.nn.Module) else []
             runs[name] = [out, *given, *state]
         masked = None
         if spec.get("dropout") and training:  # masks differ between runs: zeros are not compared
@@ -451,7 +451,7 @@ def main() -> int:
     args = parser.parse_args()
     start = time.perf_counter()
     seeds = range(args.seed * 1_000_000, args.seed * 1_000_000 + args.n)
-    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:  # no e-graph exists yet
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:  # fork hangs (egglog threads)
         results = [(seed, r) for seed, r in zip(seeds, pool.imap(check, seeds, chunksize=4)) if r]
     rows = {kind: [(seed, title, why) for seed, (k, title, why) in results if k == kind]
             for kind in (*HEADINGS, "unchecked")}

@@ -15,16 +15,13 @@ import torch
 from onnx import helper, numpy_helper
 
 from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
-from .onnx_emitters import EMIT, NO_ONNX_FORM, REDUCE, OnnxExportError, attention_over_heads, heads_merged
+from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, attention_over_heads, heads_merged
 from ..frontends.onnx_frontend import OnnxProgram, subgraph_reads
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves, topological
 from ..lang.term import Term, evaluate, postorder, shapes
 
 __all__ = ["EMIT", "NO_ONNX_FORM", "Emitter", "OnnxExportError", "export"]
-_SAME_RANK = {"softmax", "log_softmax", "cast", "transpose", "permute", "slice", "concat", "gather",
-              "index_select", "layer_norm", "sdpa", "sdpa_masked", "linear", "linear_act", "gelu",
-              "conv2d", "batch_norm", "max_pool2d"}
 _NO_NUMPY = {"bfloat16"}  # element types whose parameters cannot be folded through numpy
 
 
@@ -110,14 +107,14 @@ class Emitter:
                 r = len(vt.shape) if vt and vt.shape is not None else None
             elif u.op == "const":
                 r = 0
-            elif u.op in REDUCE or u.op in ("var",):
+            elif OPS[u.op].shape == "reduce":
                 r = None if ranks[0] is None else ranks[0] - (0 if u.attrs[1] else 1)
-            elif u.op in ("reshape", "expand"):
+            elif OPS[u.op].shape == "reshape":
                 r = len(parse_shape(u.attrs[0]))
-            elif u.op in _SAME_RANK:
-                r = ranks[0]
-            else:  # broadcasting elementwise ops and matmul
+            elif OPS[u.op].shape in ("broadcast", "where", "matmul"):
                 r = None if None in ranks else max(ranks)
+            else:  # the rank of the first operand
+                r = ranks[0]
             self._rank[id(u)] = r
         return self._rank[id(t)]
 
@@ -197,7 +194,7 @@ class Emitter:
             folded = Term.const(evaluate([t], {})[0])
             self.names[id(t)] = self.value(folded, None)
             return
-        emit = None if t.op in NO_ONNX_FORM else EMIT.get(t.op)
+        emit = None if t.op in NO_ONNX_FORM else EMIT.get(spec.onnx)
         if emit is None:
             raise OnnxExportError(f"op {t.op!r} has no ONNX form")
         if id(t) in self.heads:

@@ -1,4 +1,5 @@
-"""The ONNX form of each op of the Term language: ``EMIT`` maps an op to the function that writes it.
+"""The ONNX form of each op of the Term language: ``EMIT`` maps the form an op declares
+(``Op.onnx``) to the function that writes it.
 
 An emitter gets the backend's ``Emitter`` (value names, constants, analyses), the term and its
 attributes, and returns the name of the value it wrote. Fused ops become the standard operator the
@@ -14,7 +15,7 @@ import math
 import numpy as np
 
 from ..frontends.onnx_converters import ELEM_TYPES
-from ..lang.ops import parse_shape
+from ..lang.ops import OPS, parse_shape
 from ..lang.term import Term, postorder
 
 
@@ -22,14 +23,11 @@ class OnnxExportError(ValueError):
     """A term that has no ONNX form at this opset: names the op and why."""
 
 
-SIMPLE = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "maximum": "Max",
-          "minimum": "Min", "where": "Where", "neg": "Neg", "exp": "Exp", "log": "Log",
-          "sqrt": "Sqrt", "abs": "Abs", "sin": "Sin", "cos": "Cos", "tanh": "Tanh",
-          "sigmoid": "Sigmoid", "relu": "Relu", "erf": "Erf", "matmul": "MatMul",
-          "softplus": "Softplus"}
-#: reductions: ONNX op, and the opset from which its axes are an input rather than an attribute
-REDUCE = {"sum": ("ReduceSum", 13), "mean": ("ReduceMean", 18), "max": ("ReduceMax", 18),
-          "logsumexp": ("ReduceLogSumExp", 18)}
+#: ONNX operators that are one node over the op's operands, as ops declare them (``Op.onnx``)
+SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Neg", "Exp", "Log", "Sqrt", "Abs",
+          "Sin", "Cos", "Tanh", "Sigmoid", "Relu", "Erf", "MatMul", "Softplus")
+#: reductions: the opset from which their axes are an input rather than an attribute
+AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 #: ops of the Term language that ONNX has no operator or decomposition for: export refuses them
 NO_ONNX_FORM: frozenset[str] = frozenset()
 _ACTIVATIONS = {"relu": ("relu", ()), "gelu": ("gelu", ("none",)), "gelu_tanh": ("gelu", ("tanh",))}
@@ -56,7 +54,7 @@ def _composite(build):
 
 
 def _simple(em, t, *attrs):
-    return em.node(SIMPLE[t.op], _args(em, t), t.op)
+    return em.node(OPS[t.op].onnx, _args(em, t), t.op)
 
 
 def stored_reciprocal(c: float, dtype: str | None) -> float | None:
@@ -89,9 +87,9 @@ def _mul(em, t):
 
 
 def _reduce(em, t, axis, keep):
-    op, since = REDUCE[t.op]
+    op = OPS[t.op].onnx
     x = em.value(t.args[0])
-    if em.opset >= since:
+    if em.opset >= AXES_INPUT_SINCE[op]:
         return em.node(op, [x, em.ints([axis], "axes")], t.op, keepdims=int(keep))
     return em.node(op, [x], t.op, axes=[axis], keepdims=int(keep))
 
@@ -146,12 +144,15 @@ def _compensated_sum(em, t, axis, keep):
     return _emit_tree(em, Term("cast", (wide,), (em.dtype(x) or "float32",)))
 
 
-def _transpose(em, t, d0, d1):
+def _transpose(em, t, *attrs):
+    """A swap of two axes (dim0, dim1), or a permutation (one shape_attr string)."""
+    if len(attrs) == 1:
+        return em.node("Transpose", [em.value(t.args[0])], t.op, perm=list(parse_shape(attrs[0])))
     rank = em.rank(t.args[0])
     if rank is None:
         raise OnnxExportError("transpose of a value of unknown rank")
     perm = list(range(rank))
-    perm[d0], perm[d1] = perm[d1], perm[d0]
+    perm[attrs[0]], perm[attrs[1]] = perm[attrs[1]], perm[attrs[0]]
     return em.node("Transpose", [em.value(t.args[0])], "transpose", perm=perm)
 
 
@@ -220,12 +221,10 @@ def _causal_bias(em, q, k) -> str:
     return em.tensor(mask, "causal_mask")
 
 
-def _sdpa(em, t, scale, causal):
-    return _attention(em, t, *t.args, None, scale, causal)
-
-
-def _sdpa_masked(em, t, scale):
-    return _attention(em, t, *t.args, scale)
+def _sdpa(em, t, scale, causal=False):
+    """sdpa (q, k, v; scale, causal) and sdpa_masked (q, k, v, bias; scale)."""
+    q, k, v, *bias = t.args
+    return _attention(em, t, q, k, v, bias[0] if bias else None, scale, causal)
 
 
 def _swapped(t: Term) -> Term | None:
@@ -265,7 +264,7 @@ def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
     found = {}
     for t in order:
         attention = _swapped(t.args[0]) if t.op == "reshape" else None
-        if attention is None or attention.op not in ("sdpa", "sdpa_masked") or \
+        if attention is None or OPS[attention.op].onnx != "Attention" or \
                 uses[id(attention)] != 1 or uses[id(t.args[0])] != 1:
             continue
         heads = [_heads_of(a, meta) for a in attention.args[:3]]
@@ -336,12 +335,9 @@ def _concat(em, t, axis):
     return em.node("Concat", parts, "concat", axis=axis)
 
 
-def _one(op_type: str, hint: str, **fixed):
-    """An op that is one ONNX node over its first operand, its attributes passed by name."""
-    def emit(em, t, *attrs):
-        names = dict(zip(fixed, attrs))
-        return em.node(op_type, [em.value(t.args[0])], hint, **names)
-    return emit
+def _along_axis(em, t, axis):
+    """Softmax and LogSoftmax: one node over the operand, along ``axis``."""
+    return em.node(OPS[t.op].onnx, [em.value(t.args[0])], t.op, axis=axis)
 
 
 def _logaddexp(a: Term, b: Term) -> Term:
@@ -350,27 +346,26 @@ def _logaddexp(a: Term, b: Term) -> Term:
     return Term("add", (Term("maximum", (a, b)), Term("softplus", (gap,))))
 
 
+#: each ONNX form an op declares (``Op.onnx``) -> the function that writes it: an operator (one
+#: node, or more around it at an older opset) or a decomposition into operators
 EMIT = {
-    **dict.fromkeys(SIMPLE, _simple), "mul": _mul, **dict.fromkeys(REDUCE, _reduce), "var": _var,
-    "compensated_sum": _compensated_sum,
-    "log1p": _log1p, "expm1": _expm1,
-    "rsqrt": _composite(lambda x: Term("div", (Term.const(1.0), Term("sqrt", (x,))))),
-    "logaddexp": _composite(_logaddexp),
-    "gelu": _gelu, "transpose": _transpose, "layer_norm": _layer_norm, "sdpa": _sdpa,
-    "sdpa_masked": _sdpa_masked, "linear": _linear, "linear_act": _linear_act,
-    "conv2d": _conv2d, "max_pool2d": _max_pool2d, "batch_norm": _batch_norm, "concat": _concat,
-    "permute": lambda em, t, perm: em.node("Transpose", [em.value(t.args[0])], "permute",
-                                           perm=list(parse_shape(perm))),
-    "reshape": lambda em, t, shape: em.node("Reshape", [em.value(t.args[0]),
+    **dict.fromkeys(SIMPLE, _simple), "Mul": _mul, **dict.fromkeys(AXES_INPUT_SINCE, _reduce),
+    "Softmax": _along_axis, "LogSoftmax": _along_axis, "Gelu": _gelu, "Transpose": _transpose,
+    "LayerNormalization": _layer_norm, "Attention": _sdpa, "Gemm": _linear, "Conv": _conv2d,
+    "MaxPool": _max_pool2d, "BatchNormalization": _batch_norm, "Concat": _concat,
+    "Reshape": lambda em, t, shape: em.node("Reshape", [em.value(t.args[0]),
                                                         em.ints(parse_shape(shape))], "reshape"),
-    "expand": lambda em, t, shape: em.node("Expand", [em.value(t.args[0]),
+    "Expand": lambda em, t, shape: em.node("Expand", [em.value(t.args[0]),
                                                       em.ints(parse_shape(shape))], "expand"),
-    "gather": lambda em, t, axis: em.node("GatherElements", _args(em, t), "gather", axis=axis),
-    "index_select": lambda em, t, axis: em.node("Gather", _args(em, t), "index_select", axis=axis),
-    "slice": lambda em, t, axis, start, end, step: em.node(
+    "GatherElements": lambda em, t, axis: em.node("GatherElements", _args(em, t), "gather", axis=axis),
+    "Gather": lambda em, t, axis: em.node("Gather", _args(em, t), "index_select", axis=axis),
+    "Slice": lambda em, t, axis, start, end, step: em.node(
         "Slice", [em.value(t.args[0]), em.ints([start]), em.ints([end]), em.ints([axis]),
                   em.ints([step])], "slice"),
-    "cast": lambda em, t, dtype: em.node("Cast", [em.value(t.args[0])], "cast", to=ELEM_TYPES[dtype]),
-    "softmax": _one("Softmax", "softmax", axis=None),
-    "log_softmax": _one("LogSoftmax", "log_softmax", axis=None),
+    "Cast": lambda em, t, dtype: em.node("Cast", [em.value(t.args[0])], "cast", to=ELEM_TYPES[dtype]),
+    # decompositions: ONNX has no operator for these
+    "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p,
+    "kahan-expm1": _expm1, "linear-activation": _linear_act,
+    "reciprocal-sqrt": _composite(lambda x: Term("div", (Term.const(1.0), Term("sqrt", (x,))))),
+    "stable-logaddexp": _composite(_logaddexp),
 }

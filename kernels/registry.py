@@ -73,8 +73,8 @@ def from_numpy(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
-_NUMPY_UNARY = {"exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
-                "abs": np.abs, "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "neg": np.negative}
+#: ops that declare a numpy function (``Op.numpy``)
+_NUMPY_UNARY = {name: getattr(np, op.numpy) for name, op in OPS.items() if op.numpy}
 
 
 def _numpy_kernels() -> list[Kernel]:

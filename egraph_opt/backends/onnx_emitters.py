@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ..frontends.onnx_converters import ELEM_TYPES
+from ..lang import pattern
 from ..lang.ops import OPS, parse_shape
 from ..lang.term import Term, postorder
 
@@ -51,6 +52,14 @@ def _emit_tree(em, root: Term) -> str:
 def _composite(build):
     """An op with no ONNX operator: emitted as its definition in ops that have one."""
     return lambda em, t, *attrs: _emit_tree(em, build(*t.args, *attrs))
+
+
+def _definition(em, t, *attrs):
+    """An op with no ONNX operator, written as the definition in primitive ops it declares."""
+    spec = OPS[t.op]
+    bindings = {f"x{i}": a for i, a in enumerate(t.args)}
+    bindings.update((name, value) for (name, _), value in zip(spec.attrs, attrs))
+    return _emit_tree(em, pattern.instantiate(pattern.parse(spec.definition), bindings))
 
 
 def _simple(em, t, *attrs):
@@ -366,6 +375,6 @@ EMIT = {
     # decompositions: ONNX has no operator for these
     "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p,
     "kahan-expm1": _expm1, "linear-activation": _linear_act,
-    "reciprocal-sqrt": _composite(lambda x: Term("div", (Term.const(1.0), Term("sqrt", (x,))))),
+    "definition": _definition,
     "stable-logaddexp": _composite(_logaddexp),
 }

@@ -53,6 +53,8 @@ class Op:
     flops: float | None = None  # FLOPs per element, for the per-element work kinds
     onnx: str | None = None  # ONNX form: an operator type, or a decomposition (backends/onnx_emitters.py)
     numpy: str | None = None  # the numpy function of a numpy kernel (kernels/registry.py), if any
+    definition: str | None = None  # in primitive ops, a pattern over ?x0.. and its attributes: the
+    # ONNX form "definition" writes it
 
     @property
     def egg_name(self) -> str:
@@ -320,7 +322,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("sqrt",    1, "", torch.sqrt,   _UNARY, range="sqrt",    curvature="sqrt",  growth=2,
         sign="nonneg", onnx="Sqrt", numpy="sqrt"),
     _op("rsqrt",   1, "", rsqrt,        _UNARY, range="rsqrt",   curvature="rsqrt", growth=2,
-        onnx="reciprocal-sqrt"),
+        onnx="definition", definition="(div (const 1.0) (sqrt ?x0))"),
     _op("abs",     1, "", torch.abs,    _UNARY, range="abs",     **_EXACT, sign="nonneg", flops=1,
         onnx="Abs", numpy="abs"),
     _op("sin",     1, "", torch.sin,    _UNARY, range="bounds",  curvature=(1.0, 1.0), **_SMOOTH,

@@ -333,19 +333,15 @@ def tensor_failures(rule, dtype) -> list[str]:
     return failures
 
 
-SDPA = ("torch's sdpa returns 0 (or loses ~0.2%) where the scores overflow or reach ~1e2, where the "
-        "naive form is NaN and the float64 truth finite: the kernel in lang/ops.py (reported)")
+SDPA = ("torch's masked sdpa loses ~0.2% where the masked scores reach ~1e2 (its exp is not "
+        "correctly rounded there)")
 LAYER_NORM = "F.layer_norm is NaN at x = float32 max, where the naive form is finite (reported)"
 OVERFLOW_ORDER = ("intermediate overflow moves with the order of operations at float32 max; no "
                   "range guard holds on undeclared inputs (reported: keep, guard or quarantine?)")
 #: rules this test still finds wrong (issue 13), each waiting on a change outside rulesets/ or on a
 #: decision; strict, so a rule that is fixed fails here until its row is deleted
 OPEN = {
-    ("attention-fuse", "float32"): SDPA,
-    ("attention-fuse-unscaled", "float32"): SDPA,
     ("attention-fuse-masked", "float32"): SDPA,
-    ("attention-fuse-masked-unscaled", "float32"): SDPA,
-    ("attention-fuse-rev", "float32"): SDPA,
     ("mask-fill-as-bias", "float32"): "a masked score of +inf or NaN: s + -inf is NaN, masked_fill -inf",
     ("layer-norm-fuse-div", "float32"): LAYER_NORM,
     ("layer-norm-fuse-div-weight-first", "float32"): LAYER_NORM,

@@ -204,9 +204,28 @@ def linear_act(x, weight, bias, activation):
     return ACTIVATIONS[activation](F.linear(x, weight, bias))
 
 
+def _scores_overflow(q, k, scale: float) -> bool:
+    """Whether q k^T * scale can overflow (in float32 at least: torch's kernel computes half
+    precision scores in it). The fused kernel then returns 0 where the softmax of its definition
+    is NaN (and the float64 truth finite), so the definition runs instead. One bound from two
+    maxima: O(T D) beside attention's O(T^2 D)."""
+    if q.device.type == "meta" or not q.is_floating_point() or not q.numel() or not k.numel():
+        return False
+    bound = float(q.abs().amax()) * float(k.abs().amax()) * q.shape[-1] * abs(scale)
+    return not bound < torch.finfo(torch.promote_types(q.dtype, torch.float32)).max
+
+
+def _attention(q, k, v, scale: float, bias):
+    """The definition: softmax(q k^T * scale + bias) v, with softmax's own +inf semantics."""
+    scores = q @ k.transpose(-2, -1) * scale
+    return softmax(scores if bias is None else scores + bias, -1) @ v
+
+
 def sdpa_masked(q, k, v, bias, scale):
     """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked). A row whose
     every key is masked is NaN, as that softmax is (torch's kernel returns 0 there)."""
+    if _scores_overflow(q, k, scale):
+        return _attention(q, k, v, scale, bias.to(q.dtype))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
     dead = torch.isneginf(bias).all(-1, keepdim=True)
     return out.masked_fill(dead, float("nan"))
@@ -239,6 +258,10 @@ def logaddexp(a, b):
 
 
 def sdpa(q, k, v, scale, causal):
+    if _scores_overflow(q, k, scale):
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(mask, -torch.inf)
+        return _attention(q, k, v, scale, bias if causal else None)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 

@@ -253,13 +253,21 @@ def overflowed(term: Term, env: dict) -> bool:
     (log_softmax of 3.4e38 + 3 is 0 where float64's log(exp(v) / sum) is NaN)."""
     values: dict = {}
     evaluate([term], env, reference=True, record=values)
-    infinite = lambda v: isinstance(v, torch.Tensor) and bool(v.isinf().any()) or \
-        isinstance(v, float) and math.isinf(v)  # noqa: E731
-    return any(infinite(values[id(t)]) and not any(infinite(values[id(a)]) for a in t.args)
-               for t in postorder([term]) if t.args)
+
+    def new_infinities(t: Term) -> bool:
+        value = torch.as_tensor(values[id(t)])
+        fresh = value.isinf()
+        for a in t.args:
+            known = torch.as_tensor(values[id(a)]).isinf()
+            try:  # elementwise: where the operand was already infinite
+                fresh = fresh & ~torch.broadcast_to(known, value.shape)
+            except RuntimeError:  # a reduction or matmul: any infinite operand element
+                fresh = fresh & ~known.any()
+        return bool(fresh.any())
+    return any(new_infinities(t) for t in postorder([term]) if t.args)
 
 
-#: a finding whose every element was NaN in the original and its truth and is a number now
+#: a finding whose every element was NaN in the original and its truth and is not now
 #: (sigmoid(inf) = 1 where exp(y) / (1 + exp(y)) is inf / inf): made wrong by the letter (NaN where
 #: NaN), the limit in fact; counted apart where no input holds a NaN
 LIMIT = "an indeterminate form's NaN became a number: "
@@ -276,7 +284,7 @@ def wrong_where_right(original, optimized, truth, ignore=None) -> str:
         bad &= ~ignore.expand(original.shape)
     if not bad.any():
         return ""
-    limit = bool((original.isnan() & truth.isnan() & optimized.isfinite())[bad].all())
+    limit = bool((original.isnan() & truth.isnan() & ~optimized.isnan())[bad].all())
     i = int(bad.reshape(-1).nonzero()[0])
     flat = lambda v: torch.as_tensor(v).expand(original.shape).reshape(-1)[i].item()  # noqa: E731
     return (LIMIT * limit + f"{int(bad.sum())} of {bad.numel()} elements made wrong, e.g. truth {flat(truth):.6g}, "
@@ -399,8 +407,9 @@ def stateful_wrong(seed: int, objective: Objective = Objective.BALANCED) -> str:
             state = list(holder.state_dict().values()) if isinstance(holder, torch.nn.Module) else []
             runs[name] = [out, *given, *state]
         masked = None
-        if spec.get("dropout") and training:  # masks differ between runs: zeros are not compared
-            masked = (runs["original"][0] == 0) | (runs["optimized"][0] == 0)
+        if spec.get("dropout") and training:  # masks differ between runs (and inf * 0 is NaN):
+            outs = torch.stack([runs[k][0].detach() for k in ("original", "optimized")])
+            masked = ~(outs.isfinite() & (outs != 0)).all(0)  # only elements both kept are compared
         for i, (t, o, p) in enumerate(zip(runs["truth"], runs["original"], runs["optimized"])):
             why = wrong_where_right(o, p, t, masked if i == 0 else None)
             if why:

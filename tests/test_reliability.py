@@ -239,3 +239,17 @@ def test_shapes_are_inferred_once_per_program(monkeypatch):
     g = saturate_and_extract(lambda x: torch.log(torch.exp(x).sum(-1)), validate=False)
     g(torch.randn(3, 4))
     assert g.report.optimized and len(calls) == 2, calls
+
+
+def test_an_augmented_assignment_fx_cannot_see_is_found_by_running_the_original():
+    """fx traces ``x += y`` as ``x + y``: the caller's x would be left unchanged."""
+    def f(x, y):
+        x += y
+        return torch.log(1 + x.abs())
+
+    g = saturate_and_extract(f)
+    x, y, x2 = torch.randn(4), torch.randn(4), None
+    x2 = x.clone()
+    torch.testing.assert_close(g(x, y), f(x2, y))
+    torch.testing.assert_close(x, x2)
+    assert "mutates argument 'x'" in g.report.fallback

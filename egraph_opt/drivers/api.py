@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_structure, tree_unflatten
 
 from .arguments import Binder, BoundCall
-from ..frontends.capture import capture
+from ..frontends.capture import SideEffect, capture
 from ..egraph.engine import EGraph, InvariantError
 from .guard import StateKey
 from ..extractors import CostModel, Objective
@@ -53,6 +53,17 @@ def _check_ranges(ranges: dict | None) -> dict:
             raise ValueError(f"input_ranges[{name!r}] = {value!r} is empty or not numbers")
         checked[name] = (lo, hi)
     return checked
+
+
+def writes_in_place(fn: Callable, args: tuple, names: list[str]) -> list[str]:
+    """The arguments ``fn`` writes into, as running it once on clones shows (each tensor counts
+    its in-place writes in ``_version``); random draws inside do not advance the caller's
+    generator."""
+    clones = tuple(a.clone() for a in args)
+    before = [c._version for c in clones]
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        fn(*clones)
+    return [f"argument {n!r}" for n, c, v in zip(names, clones, before) if c._version != v]
 
 
 def _run_unflattened(module, returns, *args):
@@ -138,6 +149,9 @@ class OptimizedFunction:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
+        written = writes_in_place(target, args, call.names)
+        if written:  # fx traces ``x += y`` as ``x + y``: only running the original shows it
+            raise SideEffect(f"{self._name} mutates {', '.join(written)}")
         returns = tree_structure(program.outputs)  # ModelOutput and other registered containers
         device = args[0].device.type if args else "cpu"
         latency = None if self.profile_db is False else MeasuredLatency.from_database(

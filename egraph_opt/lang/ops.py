@@ -165,7 +165,7 @@ def _naive_at_posinf(x, axis, out, elsewhere: float):
     """Where a row holds +inf (and no NaN), what the naive quotient gives: NaN at each +inf and
     ``elsewhere`` (0 for softmax, -inf for its log) off it, where the max-shifted form alone is NaN
     across the row. So fusing the naive form is exact at +inf too (one ``where``, no extra pass)."""
-    if not x.is_floating_point():
+    if not x.is_floating_point() or not x.numel():
         return out
     top = torch.amax(x, dim=axis, keepdim=True)  # NaN in a row with a NaN: the row stays NaN
     naive = torch.where(x == torch.inf, torch.nan, elsewhere).to(out.dtype)

@@ -146,6 +146,8 @@ def _literal(value) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, float):
+        if value != value:
+            return "NaN"  # egglog's spelling
         text = repr(value)
         return text if any(c in text for c in ".en") else text + ".0"
     return str(value)

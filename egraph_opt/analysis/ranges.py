@@ -88,7 +88,11 @@ def _hull(*ivs: Interval) -> Interval:
 
 
 def _log(a: Interval, shift: float = 0.0) -> Interval:
+    """log(a + shift). Of an argument that is negative throughout, NaN: no interval bounds it
+    (claiming -BIG once clashed with the bounds another form of the same e-class proved)."""
     lo = a[0] + shift
+    if a[1] + shift < 0:
+        return TOP
     return (_safe(math.log, lo, -BIG) if lo > 0 else -BIG), (
         _safe(math.log, a[1] + shift, BIG) if a[1] + shift > 0 else -BIG)
 

@@ -103,9 +103,9 @@ MADE_WRONG = [
                  "(sub (exp (div (exp ?y) (add (const 1.0) (exp ?y)))) (const 1.0))"),
     pytest.param(78, "normal", {"x": (1.0, 50.0), "y": (-0.001, 0.001)}, {},
                  "(div (exp (sub (exp (log1p (const 2.0))) (exp (const 0.5)))) (sum (exp (sub (exp "
-                 "(log1p (const 2.0))) (exp (const 0.5)))) -1 true))",
-                 marks=_open("range rules", "a constant-only naive softmax: tripwire 'empty range "
-                             "(an unsound merge)'")),
+                 "(log1p (const 2.0))) (exp (const 0.5)))) -1 true))"),  # a constant-only naive
+    # softmax: two forms' bounds, each rounded to nearest, met 1 ulp apart (tripwire 'empty range');
+    # bounds are rounded outward since
     # found by ``python bench/fuzz.py --n 2000`` at b87d738 (1348 s, 2 processes)
     pytest.param(1257, "extreme", {"x": (-0.001, 0.001), "y": (0.0, 1.0)}, {"x": (3, 4), "y": (3, 1)},
                  "(div (mul (pow ?x ?y) (pow ?x ?y)) (tanh ?x))"),  # tanh as 2 sigmoid(2x) - 1 was 0 at a
@@ -133,9 +133,7 @@ MADE_WRONG = [
     pytest.param(1447, "normal", {"x": (-50.0, -1.0), "y": (-0.001, 0.001)}, {"x": (3, 4)},
                  "(log (div (exp (div ?x (log (add (const 1.0) ?x)))) (sum (exp (div ?x (log (add "
                  "(const 1.0) ?x)))) -1 true)))",
-                 marks=_open("range rules", "log1p of x <= -1 is NaN; its Python interval is now "
-                             "unbounded, but an e-graph range rule still derives an empty one: "
-                             "tripwire 'empty range' once rewritten")),
+ ),  # log of a range negative throughout: NaN, once bounded (-BIG, -BIG) (tripwire)
 ]
 
 

@@ -40,6 +40,19 @@ def _c(expr: str) -> str:
     return f"(min (max {expr} -{BIG}) {BIG})"
 
 
+#: relative outward rounding of a bound egglog computes in f64 (rounded to nearest, and exp as a
+#: power of a rounded e): two forms of one value, bounded both ways, never meet in an empty interval
+_OUTWARD = "9.094947017729282e-13"  # 2^-40
+
+
+def _lo(expr: str) -> str:
+    return _c(f"(- {expr} (* (abs {expr}) {_OUTWARD}))")
+
+
+def _hi(expr: str) -> str:
+    return _c(f"(+ {expr} (* (abs {expr}) {_OUTWARD}))")
+
+
 def _ops(fact) -> list[str]:
     return [name for name, op in OPS.items() if not op.is_leaf and fact(op)]
 
@@ -63,17 +76,17 @@ def rules() -> list[str]:
     out = [
         # bounds of constants and of the arithmetic egglog's f64 can compute
         "(rule ((= e (Const c))) ((set (lo e) c) (set (hi e) c)))",
-        f"(rule ((= e (Add a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) {_c('(+ x y)')})))",
-        f"(rule ((= e (Add a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_c('(+ x y)')})))",
-        f"(rule ((= e (Sub a b)) (= x (lo a)) (= y (hi b))) ((set (lo e) {_c('(- x y)')})))",
-        f"(rule ((= e (Sub a b)) (= x (hi a)) (= y (lo b))) ((set (hi e) {_c('(- x y)')})))",
+        f"(rule ((= e (Add a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) {_lo('(+ x y)')})))",
+        f"(rule ((= e (Add a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_hi('(+ x y)')})))",
+        f"(rule ((= e (Sub a b)) (= x (lo a)) (= y (hi b))) ((set (lo e) {_lo('(- x y)')})))",
+        f"(rule ((= e (Sub a b)) (= x (hi a)) (= y (lo b))) ((set (hi e) {_hi('(- x y)')})))",
         "(rule ((= e (Neg a)) (= x (hi a))) ((set (lo e) (neg x))))",
         "(rule ((= e (Neg a)) (= x (lo a))) ((set (hi e) (neg x))))",
         "(rule ((= e (Mul a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b))) ("
-        f"(set (lo e) {_c('(min (min (* p r) (* p s)) (min (* q r) (* q s)))')}) "
-        f"(set (hi e) {_c('(max (max (* p r) (* p s)) (max (* q r) (* q s)))')})))",
-        f"(rule ((= e (Exp a)) (= x (lo a))) ((set (lo e) {_c('(^ 2.718281828459045 x)')})))",
-        f"(rule ((= e (Exp a)) (= x (hi a))) ((set (hi e) {_c('(^ 2.718281828459045 x)')})))",
+        f"(set (lo e) {_lo('(min (min (* p r) (* p s)) (min (* q r) (* q s)))')}) "
+        f"(set (hi e) {_hi('(max (max (* p r) (* p s)) (max (* q r) (* q s)))')})))",
+        f"(rule ((= e (Exp a)) (= x (lo a))) ((set (lo e) {_lo('(^ 2.718281828459045 x)')})))",
+        f"(rule ((= e (Exp a)) (= x (hi a))) ((set (hi e) {_hi('(^ 2.718281828459045 x)')})))",
         "(rule ((= e (Relu a)) (= x (lo a))) ((set (lo e) (max x 0.0))))",
         "(rule ((= e (Relu a)) (= x (hi a))) ((set (hi e) (max x 0.0))))",
         "(rule ((= e (Sqrt a)) (= x (hi a))) ((set (hi e) (^ (max x 0.0) 0.5))))",
@@ -82,22 +95,22 @@ def rules() -> list[str]:
         "((set (lo e) (^ y -0.5)) (set (hi e) (^ x -0.5))))",
         # a quotient by a divisor of one sign (egglog's f64 division panics at 0: guarded)
         *(f"(rule ((= e (Div a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b)) {sign}) ("
-          f"(set (lo e) {_c('(min (min (/ p r) (/ p s)) (min (/ q r) (/ q s)))')}) "
-          f"(set (hi e) {_c('(max (max (/ p r) (/ p s)) (max (/ q r) (/ q s)))')})))"
+          f"(set (lo e) {_lo('(min (min (/ p r) (/ p s)) (min (/ q r) (/ q s)))')}) "
+          f"(set (hi e) {_hi('(max (max (/ p r) (/ p s)) (max (/ q r) (/ q s)))')})))"
           for sign in ("(> r 0.0)", "(< s 0.0)")),
         # log has no f64 primitive: 1 - 1/x <= log x <= x - 1, and |log x| <= 745 for any f64
         "(rule ((= e (Log a)) (= x (lo a)) (> x 0.0)) ((set (lo e) (max (- 1.0 (/ 1.0 x)) -745.0))))",
         "(rule ((= e (Log a)) (= x (hi a)) (> x 0.0)) ((set (hi e) (min (- x 1.0) 710.0))))",
         "(rule ((= e (Log1p a)) (= x (lo a)) (> x -1.0)) ((set (lo e) (max (- 1.0 (/ 1.0 (+ x 1.0))) -745.0))))",
         "(rule ((= e (Log1p a)) (= x (hi a)) (> x -1.0)) ((set (hi e) (min x 710.0))))",
-        f"(rule ((= e (Expm1 a)) (= x (hi a))) ((set (lo e) -1.0) (set (hi e) {_c('(^ 2.718281828459045 x)')})))",
-        f"(rule ((= e (Softplus a)) (= x (hi a))) ((set (lo e) 0.0) (set (hi e) {_c('(+ (max x 0.0) 0.7)')})))",
+        f"(rule ((= e (Expm1 a)) (= x (hi a))) ((set (lo e) -1.0) (set (hi e) {_hi('(^ 2.718281828459045 x)')})))",
+        f"(rule ((= e (Softplus a)) (= x (hi a))) ((set (lo e) 0.0) (set (hi e) {_hi('(+ (max x 0.0) 0.7)')})))",
         "(rule ((= e (Softplus a))) ((set (lo e) 0.0)))",
-        f"(rule ((= e (Logaddexp a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_c('(+ (max x y) 0.7)')})))",
+        f"(rule ((= e (Logaddexp a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_hi('(+ (max x y) 0.7)')})))",
         "(rule ((= e (Logaddexp a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
         "(rule ((= e (LogSoftmax a ?_axis))) ((set (hi e) 0.0)))",
         "(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (lo a))) ((set (lo e) x)))",
-        f"(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (hi a))) ((set (hi e) {_c('(+ x 44.0)')})))",
+        f"(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (hi a))) ((set (hi e) {_hi('(+ x 44.0)')})))",
         "(rule ((= e (Abs a)) (= x (lo a)) (= y (hi a))) ((set (lo e) 0.0) (set (hi e) (max (abs x) (abs y)))))",
         "(rule ((= e (Maximum a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
         "(rule ((= e (Maximum a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) (max x y))))",

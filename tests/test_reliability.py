@@ -253,3 +253,16 @@ def test_an_augmented_assignment_fx_cannot_see_is_found_by_running_the_original(
     torch.testing.assert_close(g(x, y), f(x2, y))
     torch.testing.assert_close(x, x2)
     assert "mutates argument 'x'" in g.report.fallback
+
+
+def test_a_custom_module_that_reads_its_training_flag_gets_a_plan_per_mode():
+    class Noisy(nn.Module):
+        def forward(self, x):
+            return torch.exp(x) * (2.0 if self.training else 3.0)
+
+    outer = nn.Sequential(nn.Identity(), Noisy())  # the flag that matters is a submodule's
+    g = saturate_and_extract(outer)
+    x = torch.randn(4)
+    for mode in (False, True, False):
+        outer.train(mode)
+        torch.testing.assert_close(g(x), outer(x))

@@ -11,6 +11,7 @@ registration hooks count rebindings and identities are re-read only after one.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable
 
@@ -57,6 +58,16 @@ def _filled(cell) -> bool:
 _TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ever seen
 
 
+@functools.lru_cache(maxsize=None)
+def reads_training(cls: type) -> bool:
+    """Whether a module class's own code reads ``self.training`` (dropout, batch norm, a custom
+    block): only those modules' flags can change what a traced program means. torch's Module
+    base (whose train() and eval() set the flag) does not count."""
+    return any("training" in getattr(getattr(f, "__code__", None), "co_names", ())
+               for klass in cls.__mro__ if klass not in (torch.nn.Module, object)
+               for f in vars(klass).values())
+
+
 class StateKey:
     """``key()``: the part of a plan's key that the program's modules and closures determine."""
 
@@ -68,7 +79,7 @@ class StateKey:
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
-        self._flags = [m.__dict__ for m in subs]
+        self._flags = [m.__dict__ for m in subs if reads_training(type(m))]
         identities = tuple(id(t) for m in subs for t in (*m._parameters.values(), *m._buffers.values()))
         self._identities = _TOKENS.setdefault(identities, len(_TOKENS))  # hashed once, not per call
         self._seen = _rebindings[0]

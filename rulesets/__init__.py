@@ -38,22 +38,15 @@ _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 PRIMITIVES = frozenset({"=", "!=", "<", ">", "<=", ">=", "+", "-", "*", "/", "abs", "min", "max"})
 
 
-def sexp(text: str):
+def sexp(text: str) -> list:
     """A guard as nested lists of tokens: ``(positive ?a)`` -> ``['positive', '?a']``."""
-    stack: list[list] = [[]]
-    for tok in re.findall(r'\(|\)|"[^"]*"|[^\s()]+', text):
-        if tok == "(":
-            stack.append([])
-        elif tok == ")":
-            if len(stack) == 1:
-                raise RuleError(f"unbalanced ')' in {text!r}")
-            done = stack.pop()
-            stack[-1].append(done)
-        else:
-            stack[-1].append(tok)
-    if len(stack) != 1 or len(stack[0]) != 1 or not isinstance(stack[0][0], list):
+    try:
+        tree = pat.sexp(text)
+    except pat.PatternError:
+        tree = None
+    if not isinstance(tree, list):
         raise RuleError(f"a guard is one parenthesized fact, not {text!r}")
-    return stack[0][0]
+    return tree
 
 
 def _check_guard(rule: str, fact: str, bound: set[str]) -> None:

@@ -181,8 +181,7 @@ def _refusing_writes(path):
 
 def _of_schema(version):
     def make(path):
-        with ProfileDB(path):
-            pass
+        ProfileDB(path).close()  # created at the current schema, then marked as another
         with sqlite3.connect(path) as conn:
             conn.execute(f"PRAGMA user_version = {version}")
         conn.close()

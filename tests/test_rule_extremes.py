@@ -20,7 +20,7 @@ from egraph_opt.lang import pattern as pat
 from egraph_opt.rulesets import Exactness
 from egraph_opt.lang.term import Term, evaluate, postorder
 
-from test_rule_soundness import RULES, SCALAR_RULES, _SIGNS, _sexp, _uses, all_sides, bind
+from test_rule_soundness import RULES, SCALAR_RULES, _SIGNS, _sexp, _uses, _value, all_sides, bind
 
 INF, NAN = math.inf, math.nan
 #: relative tolerance by exactness class and dtype: rounding of extreme operands, not error
@@ -56,44 +56,35 @@ def _facts(rule):
     return signs, dtypes, rest
 
 
-_OPS = {"!=": lambda a, b: a != b, "<": lambda a, b: a < b, ">": lambda a, b: a > b,
-        "<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b, "=": lambda a, b: a == b,
-        "-": lambda a, b: a - b, "+": lambda a, b: a + b, "*": lambda a, b: a * b,
-        "/": lambda a, b: a / b, "abs": abs}
-
-
 def holds(e, values: dict, env: dict):
     """A guard fact at every element: ``lo``/``hi`` of a variable are its value there (each point
     is a program whose ranges are that point); attributes are Python numbers."""
-    if isinstance(e, str):
-        if e.startswith("?"):
-            return values[e[1:]]
-        return float(e) if e[0].isdigit() or e[0] in "-." else e.strip('"')
-    head, *args = e
-    if head in ("lo", "hi"):
-        return env[args[0][1:]].double()
-    if head in ("rank", "last-dim"):
-        shape = tuple(env[args[0][1:]].shape)
-        return len(shape) if head == "rank" else shape[-1]
-    vals = [holds(a, values, env) for a in args]
-    if head == "abs" and isinstance(vals[0], torch.Tensor):
-        return vals[0].abs()
-    return _OPS[head](*vals)
+    return _value(e, values, env, bound=lambda x, head: x.double())
+
+
+def _two_orders(lhs: Term, env: dict, nudge_zeros: bool = False) -> list[torch.Tensor]:
+    """The left side in float64 with each infinite input replaced by a huge finite one of its sign
+    (and, with ``nudge_zeros``, each zero moved toward its sign by 1e-9, 1e-12, ...), the
+    magnitudes assigned across variables in two orders."""
+    names = sorted(k for k, v in env.items() if v.is_floating_point())
+    outs = []
+    for order in (names, names[::-1]):
+        probe = dict(env)
+        for i, name in enumerate(order):
+            x = env[name].double()
+            if nudge_zeros:
+                delta = 10.0 ** (-9 - 3 * i)
+                x = torch.where(x == 0, torch.where(x.signbit(), -delta, delta), x)
+            probe[name] = torch.where(x.isinf(), x.sign() * 10.0 ** (300 - 20 * i), x)
+        (out,) = evaluate([lhs], probe, reference=True)
+        outs.append(torch.as_tensor(out, dtype=torch.float64))
+    return outs
 
 
 def truth(lhs: Term, env: dict) -> torch.Tensor:
     """The left side in float64, each infinite input replaced by a huge finite one of its sign, in
     two orders of magnitude across variables; NaN where the two orders disagree (no limit)."""
-    names = sorted(k for k, v in env.items() if v.is_floating_point())
-    probes = []
-    for order in (names, names[::-1]):
-        probe = dict(env)
-        for i, name in enumerate(order):
-            x = env[name].double()
-            probe[name] = torch.where(x.isinf(), x.sign() * 10.0 ** (300 - 20 * i), x)
-        (out,) = evaluate([lhs], probe, reference=True)
-        probes.append(torch.as_tensor(out, dtype=torch.float64))
-    a, b = probes
+    a, b = _two_orders(lhs, env)
     return torch.where((a == b) | (a.isnan() & b.isnan()), a, torch.full_like(a, NAN))
 
 
@@ -178,18 +169,7 @@ def limit_sign(lhs: Term, env: dict) -> torch.Tensor:
     side may keep the real sign instead of the left side's. Zeros of several variables move by
     1e-9, 1e-12, ... in two orders; where the orders disagree (a*a - b*b at a = -0, b = +0) the
     function has no sign there and the left side's zero must be kept. Infinities as in truth()."""
-    names = sorted(k for k, v in env.items() if v.is_floating_point())
-    signs = []
-    for order in (names, names[::-1]):
-        probe = dict(env)
-        for i, name in enumerate(order):
-            x = env[name].double()
-            delta = 10.0 ** (-9 - 3 * i)
-            x = torch.where(x == 0, torch.where(x.signbit(), -delta, delta), x)
-            probe[name] = torch.where(x.isinf(), x.sign() * 10.0 ** (300 - 20 * i), x)
-        (out,) = evaluate([lhs], probe, reference=True)
-        signs.append(torch.as_tensor(out, dtype=torch.float64).sign().nan_to_num(0.0))
-    a, b = signs
+    a, b = (out.sign().nan_to_num(0.0) for out in _two_orders(lhs, env, nudge_zeros=True))
     return torch.where(a == b, a, torch.zeros_like(a))
 
 

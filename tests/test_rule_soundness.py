@@ -26,9 +26,15 @@ TOLERANCE = {Exactness.EXACT: 1e-9, Exactness.REASSOC: 1e-9, Exactness.APPROX: 1
 _SIGNS = {"positive": 1, "nonneg": 1, "nonzero": 0}  # sampled magnitude >= 0.1; 1: positive sign
 
 
-def _value(e, values: dict, env: dict):
+def _sampled_bound(x: torch.Tensor, head: str) -> float:
+    """``lo``/``hi`` of a sampled tensor: its own least and greatest element."""
+    return float(x.min() if head == "lo" else x.max())
+
+
+def _value(e, values: dict, env: dict, bound=_sampled_bound):
     """Evaluate a condition over sampled bindings: primitives on attributes, and the e-graph's
-    shape analyses (rank, last-dim) on the sampled tensors."""
+    analyses on the sampled tensors (``bound`` gives ``lo``/``hi``; elementwise for the extremes
+    test, so a fact may hold at some elements only)."""
     if isinstance(e, str):
         if e.startswith("?"):
             return values[e[1:]]
@@ -37,17 +43,16 @@ def _value(e, values: dict, env: dict):
     if head in ("rank", "last-dim"):
         shape = tuple(env[args[0][1:]].shape)
         return len(shape) if head == "rank" else shape[-1]
-    if head in ("lo", "hi"):  # the range analysis' bounds: the sampled tensor's own
-        x = env[args[0][1:]]
-        return float(x.min() if head == "lo" else x.max())
+    if head in ("lo", "hi"):  # the range analysis' bounds
+        return bound(env[args[0][1:]], head)
     if head == "dtype-of":
         return None  # casts are exact in the float64 reference: dtype conditions hold vacuously
-    vals = [_value(a, values, env) for a in args]
-    if head == "=":
-        return vals[0] == vals[1] or vals[0] is None or vals[1] is None
-    return {"!=": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le,
-            ">=": operator.ge, "-": operator.sub, "+": operator.add, "*": operator.mul,
-            "/": operator.truediv, "abs": abs}[head](*vals)
+    vals = [_value(a, values, env, bound) for a in args]
+    if head == "=" and None in vals:
+        return True
+    return {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
+            "<=": operator.le, ">=": operator.ge, "-": operator.sub, "+": operator.add,
+            "*": operator.mul, "/": operator.truediv, "abs": abs}[head](*vals)
 
 
 def _uses(p, op: str, position: int) -> set[str]:

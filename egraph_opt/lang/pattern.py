@@ -82,24 +82,36 @@ def _atom(tok: str) -> Pattern:
         raise PatternError(f"unknown atom {tok!r}") from None
 
 
-def parse(text: str) -> Pattern:
-    tokens = _tokens(text)
+def sexp(text: str) -> list | str:
+    """One s-expression as nested lists of tokens: ``(exp ?x)`` -> ``['exp', '?x']``. Patterns and
+    rule guards are read by it."""
     stack: list[list] = [[]]
-    for tok in tokens:
+    for tok in _tokens(text):
         if tok == "(":
             stack.append([])
         elif tok == ")":
             if len(stack) == 1:
                 raise PatternError(f"unbalanced ')' in {text!r}")
-            items = stack.pop()
-            stack[-1].append(_build(items, text))
+            done = stack.pop()
+            stack[-1].append(done)
         else:
-            stack[-1].append(tok if not stack[-1] and len(stack) > 1 else _atom(tok))
+            stack[-1].append(tok)
     if len(stack) != 1 or len(stack[0]) != 1:
         raise PatternError(f"pattern {text!r} is not one expression")
-    pattern = stack[0][0]
+    return stack[0][0]
+
+
+def parse(text: str) -> Pattern:
+    pattern = _pattern(sexp(text), text)
     variables(pattern)  # sort check
     return pattern
+
+
+def _pattern(tree: list | str, text: str) -> Pattern:
+    if isinstance(tree, str):
+        return _atom(tree)
+    head = tree[:1] if tree and isinstance(tree[0], str) else []
+    return _build(head + [_pattern(t, text) for t in tree[len(head):]], text)
 
 
 def _build(items: list, text: str) -> Pattern:

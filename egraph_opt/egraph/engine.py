@@ -25,7 +25,6 @@ from ..lang.term import Term, postorder
 SORT = "Tensor"
 _CHUNK = 64
 _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
-_ROUNDING = 2.0 ** -40  # relative outward widening of a loaded interval: ~8000 float64 ulps
 
 
 class InvariantError(RuntimeError):
@@ -113,9 +112,8 @@ class EGraph:
                 parts += [literal(v) for v in t.attrs]
                 lines.append(f"(union (Ref {ref}) ({' '.join(parts)}))")
                 lo, hi = (intervals or {}).get(id(t), (-math.inf, math.inf))
-                if t.args:  # computed in float64, rounded to nearest: widened outward, so a bound
-                    lo, hi = lo - abs(lo) * _ROUNDING, hi + abs(hi) * _ROUNDING  # a rule rounds
-                    # differently (exp(0.5) both ways) never meets it in an empty interval
+                if t.args:  # computed in float64, rounded to nearest: widened outward, as the rules'
+                    lo, hi = lo - abs(lo) * range_rules.OUTWARD, hi + abs(hi) * range_rules.OUTWARD
                 if lo > -_UNBOUNDED:
                     lines.append(f"(set (lo (Ref {ref})) {literal(float(lo))})")
                 if hi < _UNBOUNDED:

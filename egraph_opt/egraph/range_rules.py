@@ -42,15 +42,15 @@ def _c(expr: str) -> str:
 
 #: relative outward rounding of a bound egglog computes in f64 (rounded to nearest, and exp as a
 #: power of a rounded e): two forms of one value, bounded both ways, never meet in an empty interval
-_OUTWARD = "9.094947017729282e-13"  # 2^-40
+OUTWARD = 2.0 ** -40  # ~8000 float64 ulps; also applied to the intervals the Python analysis loads
 
 
 def _lo(expr: str) -> str:
-    return _c(f"(- {expr} (* (abs {expr}) {_OUTWARD}))")
+    return _c(f"(- {expr} (* (abs {expr}) {OUTWARD!r}))")
 
 
 def _hi(expr: str) -> str:
-    return _c(f"(+ {expr} (* (abs {expr}) {_OUTWARD}))")
+    return _c(f"(+ {expr} (* (abs {expr}) {OUTWARD!r}))")
 
 
 def _ops(fact) -> list[str]:

@@ -96,7 +96,6 @@ class OptimizedFunction:
         self.keep_egraph = keep_egraph  # every plan keeps its e-graph (notebooks); else the last one
         self._plans: dict[tuple, Plan] = {}
         self._last: Plan | None = None
-        self._last_egraph: EGraph | None = None
         self._state = StateKey(fn)
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         try:
@@ -176,8 +175,10 @@ class OptimizedFunction:
         report.seconds, report.kernels = result.seconds, module.kernels
         report.latency = (seconds_before, seconds_after, where_after)
         report.error = tuple(errors) if errors and all(errors) else None
-        self._last_egraph = result.egraph
-        plan = Plan(run, report, result.egraph if self.keep_egraph else None)
+        if not self.keep_egraph:  # only the latest optimization's e-graph is kept (135 MB each)
+            for older in self._plans.values():
+                older.egraph = None
+        plan = Plan(run, report, result.egraph)
         if self.validate:
             fresh = random_inputs(args, call.names, self.input_ranges)
             report.validation = compare(target, run, fresh)
@@ -195,12 +196,7 @@ class OptimizedFunction:
         """The saturated e-graph behind the plan that ran last (with ``keep_egraph=False``, only
         the e-graph of the latest optimization is kept, so this is None after a re-run of an
         older plan)."""
-        if self._last is None:
-            return None
-        return self._last.egraph or (self._last_egraph if self._last is self._latest() else None)
-
-    def _latest(self) -> Plan | None:
-        return next(reversed(self._plans.values()), None)
+        return self._last.egraph if self._last else None
 
     @property
     def plans(self) -> dict[tuple, Plan]:

@@ -266,3 +266,18 @@ def test_a_custom_module_that_reads_its_training_flag_gets_a_plan_per_mode():
     for mode in (False, True, False):
         outer.train(mode)
         torch.testing.assert_close(g(x), outer(x))
+
+
+def test_a_bert_decorated_directly_whose_forward_fills_its_own_defaults():
+    """BertModel's decorated forward sets use_cache itself: defaults are never passed again."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=4, intermediate_size=64)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    g = saturate_and_extract(model)
+    ids = torch.randint(0, 50, (2, 8))
+    with torch.no_grad():
+        out, ref = g(ids), model(ids)
+    assert type(out) is type(ref) and g.report.optimized, g.report.fallback
+    torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)

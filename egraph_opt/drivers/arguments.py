@@ -95,7 +95,8 @@ class Binder:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
             raise TypeError(f"{self.name}: {e}") from None
-        bound.apply_defaults()
+        # the arguments as given: defaults stay the function's own (a decorated forward, as Hugging
+        # Face models have, may fill one itself and refuse it passed twice)
         tensors, names, constants, refused = [], [], [], ""
         for name, value in bound.arguments.items():
             if isinstance(value, torch.Tensor):
@@ -108,8 +109,8 @@ class Binder:
                            "on tensors and plain constants")
             constants.append((name, key if key is not None else id(value)))
         kinds = {p.kind for p in self.signature.parameters.values()}
-        direct = not constants and kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                             inspect.Parameter.POSITIONAL_ONLY}
+        direct = not constants and len(tensors) == len(self.signature.parameters) and \
+            kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY}
         return BoundCall(tuple(tensors), names, (_tensor_key(tensors), tuple(constants)),
                          dict(bound.arguments), refused, self.signature, direct)
 

@@ -299,8 +299,11 @@ def made_wrong(term: Term, ranges: dict | None, env: dict, objective: Objective 
     env32 = {k: v.float() for k, v in env.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # var() of none and the like warn as the original does
+        try:
+            (truth,) = evaluate([low], env32, reference=True)
+        except IndexError:  # torch refuses the program itself (amax over a size-0 axis): no truth
+            return ""
         before, after = evaluate([low, optimized], env32)
-        (truth,) = evaluate([low], env32, reference=True)
     ignore = ~torch.as_tensor(truth).isfinite() if overflowed(low, env32) else None
     why = wrong_where_right(before, after, truth, ignore)
     return f"{why}; optimized: {pretty(optimized)}" if why else ""

@@ -2,7 +2,8 @@
 
 Inputs range over their declared interval, otherwise over every finite value of their dtype.
 Bounds are clamped to +-BIG so that no analysis ever sees inf or NaN (inf - inf would poison every
-class downstream). Reductions and matmuls use the sizes from shape inference.
+class downstream). Reductions and matmuls use the sizes from shape inference: over a size-0 axis a
+reduction is its identity (sum 0, logsumexp -inf) or NaN (mean, var: unbounded).
 
 >>> x = Term.input("x", (4,))
 >>> iv = intervals([Term("exp", (x,))], {"x": (0.0, 1.0)})
@@ -167,16 +168,19 @@ TRANSFER: dict[str, Callable] = {
     "bounds": lambda t, a, s: OPS[t.op].bounds,
     "gelu": _gelu,
     "sum": _sum,
-    "operand": lambda t, a, s: a[0],  # values among (or between) the operand's
+    "operand": lambda t, a, s: TOP if OPS[t.op].shape == "reduce" and not _axis_size(t, s) else a[0],
+    # among (or between) the operand's values; over a size-0 axis a max raises, a mean is NaN
     "values": lambda t, a, s: a[0],  # exactly the operand's values
     "values-of-v": lambda t, a, s: a[2],  # attention: averages of the values
-    "var": lambda t, a, s: (0.0, clamp((a[0][1] - a[0][0]) * (a[0][1] - a[0][0]))),
+    "var": lambda t, a, s: TOP if _axis_size(t, s) <= t.attrs[2] else  # 0 / 0 past the correction
+    (0.0, clamp((a[0][1] - a[0][0]) * (a[0][1] - a[0][0]))),
     "matmul": _matmul,
     "linear": _linear,
     "linear_act": _linear_act,
     "top": lambda t, a, s: TOP,
     "log_softmax": lambda t, a, s: iv(a[0][0] - a[0][1] - _log_n(t, s), 0.0),
-    "logsumexp": lambda t, a, s: iv(a[0][0] + _log_n(t, s), a[0][1] + _log_n(t, s)),
+    "logsumexp": lambda t, a, s: (-BIG, -BIG) if not _axis_size(t, s) else  # log(0)
+    iv(a[0][0] + _log_n(t, s), a[0][1] + _log_n(t, s)),
     "softplus": lambda t, a, s: iv(_safe(lambda v: v + math.log1p(math.exp(-v)) if v > 0
                                          else math.log1p(math.exp(v)), a[0][0], 0.0),
                                    max(a[0][1], 0.0) + math.log(2)),

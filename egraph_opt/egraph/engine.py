@@ -228,6 +228,8 @@ def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:
         facts.append(f"(set (last-dim (Ref {ref})) {shape[-1]})")
     if not t.args:
         facts.append(f"(set (rank (Ref {ref})) {len(shape)})")
+    if 0 not in shape:
+        facts.append(f"(nonempty (Ref {ref}))")
     return facts
 
 

@@ -5,7 +5,9 @@ knows shapes and has exp/log). These rules derive intervals for the nodes rewrit
 facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of
 the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
 float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
-every leaf's rank (fusions into kernels with shape contracts read them). ``lo`` merges by max and ``hi`` by min: two sound
+every leaf's rank (fusions into kernels with shape contracts read them); ``nonempty`` every loaded
+value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
+empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
 intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
 rule: two different constants, two different inputs, an empty interval.
 """
@@ -28,6 +30,7 @@ DECLARATIONS = f"""
 (function dtype-of (Tensor) String :merge old)
 (function last-dim (Tensor) i64 :merge old)
 (function rank (Tensor) i64 :merge old)
+(relation nonempty (Tensor))
 (ruleset {RULESET})
 (ruleset {TRIPWIRES})
 """
@@ -109,7 +112,7 @@ def rules() -> list[str]:
         f"(rule ((= e (Logaddexp a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_hi('(+ (max x y) 0.7)')})))",
         "(rule ((= e (Logaddexp a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
         "(rule ((= e (LogSoftmax a ?_axis))) ((set (hi e) 0.0)))",
-        "(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (lo a))) ((set (lo e) x)))",
+        "(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (lo a)) (nonempty a)) ((set (lo e) x)))",
         f"(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (hi a))) ((set (hi e) {_hi('(+ x 44.0)')})))",
         "(rule ((= e (Abs a)) (= x (lo a)) (= y (hi a))) ((set (lo e) 0.0) (set (hi e) (max (abs x) (abs y)))))",
         "(rule ((= e (Maximum a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
@@ -137,9 +140,9 @@ def rules() -> list[str]:
     for op in _SAME_DTYPE:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))")
     for op in _SAME_AS_OPERAND:
-        pattern = _operand_pattern(op)
-        out.append(f"(rule ((= e {pattern}) (= x (lo ?a))) ((set (lo e) x)))")
-        out.append(f"(rule ((= e {pattern}) (= x (hi ?a))) ((set (hi e) x)))")
+        query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (OPS[op].shape == "reduce")
+        out.append(f"(rule ({query} (= x (lo ?a))) ((set (lo e) x)))")
+        out.append(f"(rule ({query} (= x (hi ?a))) ((set (hi e) x)))")
     for op in _SAME_VALUES:
         pattern = _operand_pattern(op)
         out.append(f"(rule ((= e {pattern}) (= x (lo e))) ((set (lo ?a) x)))")

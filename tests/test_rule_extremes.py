@@ -315,7 +315,6 @@ def tensor_failures(rule, dtype) -> list[str]:
 
 SDPA = ("torch's masked sdpa loses ~0.2% where the masked scores reach ~1e2 (its exp is not "
         "correctly rounded there)")
-LAYER_NORM = "F.layer_norm is NaN at x = float32 max, where the naive form is finite (reported)"
 OVERFLOW_ORDER = ("intermediate overflow moves with the order of operations at float32 max; no "
                   "range guard holds on undeclared inputs (reported: keep, guard or quarantine?)")
 #: rules this test still finds wrong (issue 13), each waiting on a change outside rulesets/ or on a
@@ -323,18 +322,11 @@ OVERFLOW_ORDER = ("intermediate overflow moves with the order of operations at f
 OPEN = {
     ("attention-fuse-masked", "float32"): SDPA,
     ("mask-fill-as-bias", "float32"): "a masked score of +inf or NaN: s + -inf is NaN, masked_fill -inf",
-    ("layer-norm-fuse-div", "float32"): LAYER_NORM,
-    ("layer-norm-fuse-div-weight-first", "float32"): LAYER_NORM,
-    ("layer-norm-fuse-rsqrt", "float32"): LAYER_NORM,
-    ("layer-norm-fuse-rsqrt-weight-first", "float32"): LAYER_NORM,
-    ("layer-norm-fuse-plain-div", "float32"): LAYER_NORM,
-    ("layer-norm-fuse-plain-rsqrt", "float32"): LAYER_NORM,
     ("matmul-scale-left-out", "float32"): OVERFLOW_ORDER,
     ("matmul-scale-right-out", "float32"): OVERFLOW_ORDER,
     ("conv-batch-norm-fold", "float32"): OVERFLOW_ORDER,
     ("linear-horizontal-fuse-2", "float32"): OVERFLOW_ORDER,
     ("linear-horizontal-fuse-3", "float32"): OVERFLOW_ORDER,
-    ("conv2d-accumulate-float32-float16", "float32"): "float32 conv skips padding: NaN weight * pad 0",
     ("conv2d-accumulate-float32-bfloat16", "float32"): OVERFLOW_ORDER,
     ("log-quotient", "float16"): "log a - log b cancels in float16 where a ~ b (1.7% at a = 10.6, b = 11.6)",
 }

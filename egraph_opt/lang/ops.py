@@ -190,11 +190,26 @@ def logsumexp(x, axis, keepdim):
     return torch.logsumexp(x, dim=axis, keepdim=keepdim)
 
 
+def _normalized(x, weight, bias, eps):
+    """F.layer_norm over the last axis; rows whose variance overflows the accumulating dtype (|x|
+    beyond ~sqrt(max / n): float32 max gives NaN, where the normalized row is finite) in float64."""
+    out = F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    if x.device.type == "meta" or x.dtype == torch.float64 or not x.numel():
+        return out
+    top = x.detach().abs().amax(-1, keepdim=True)
+    limit = math.sqrt(torch.finfo(torch.promote_types(x.dtype, torch.float32)).max / x.shape[-1])
+    big = (top > limit / 4) & top.isfinite()
+    if not bool(big.any()):
+        return out
+    wide = [None if t is None else t.double() for t in (weight, bias)]
+    return torch.where(big, F.layer_norm(x.double(), x.shape[-1:], *wide, eps).to(out.dtype), out)
+
+
 def layer_norm(x, weight, bias, eps):
     """Over the last axis; an affine-free spelling carries scalar consts as weight and bias."""
     if not isinstance(weight, float) and not isinstance(bias, float):  # tensors (or None)
-        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    return F.layer_norm(x, x.shape[-1:], None, None, eps) * weight + bias
+        return _normalized(x, weight, bias, eps)
+    return _normalized(x, None, None, eps) * weight + bias
 
 
 ACTIVATIONS = {"relu": F.relu, "gelu": lambda y: gelu(y, "none"), "gelu_tanh": lambda y: gelu(y, "tanh")}
@@ -232,8 +247,14 @@ def sdpa_masked(q, k, v, bias, scale):
 
 
 def conv2d(x, weight, bias, stride, padding, dilation, groups):
+    """A non-finite weight meets the zero padding (NaN * 0 is NaN): oneDNN's float32 kernel skips
+    padded positions, where the half-precision and float64 kernels multiply them, so such a weight
+    gets explicit padding (a weight is small: the check is cheap)."""
+    pad = parse_shape(padding)
+    if any(pad) and weight.device.type != "meta" and not bool(weight.isfinite().all()):
+        x, pad = F.pad(x, tuple(p for p in reversed(pad) for _ in range(2))), (0,) * len(pad)
     y = F.conv2d(x, weight, None if isinstance(bias, float) else bias, parse_shape(stride),
-                 parse_shape(padding), parse_shape(dilation), groups)
+                 pad, parse_shape(dilation), groups)
     return y + bias if isinstance(bias, float) else y
 
 

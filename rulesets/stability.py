@@ -65,7 +65,10 @@ RULES = rules(_E, [
     Rule("log-product",       "(log (mul ?a ?b))",                              "(add (log ?a) (log ?b))",
          _E, when=_POS, why="a*b overflows where log a + log b does not"),
     Rule("log-quotient",      "(log (div ?a ?b))",                              "(sub (log ?a) (log ?b))",
-         _E, when=_POS),
+         _E, when=_POS + ("(> (max (- (hi ?a) (* 16.0 (lo ?b))) (- (hi ?b) (* 16.0 (lo ?a)))) 0.0)",),
+         why="a/b overflows where log a - log b does not; near a = b that cancels (1.7% in float16 "
+             "at a = 10.6, b = 11.6): only where a/b may pass 16 or 1/16, where |log(a/b)| >= 2.77 "
+             "is within 32x of |log a| <= 88.7 (4x in float16)"),
     Rule("log-power",         "(log (pow ?a (const ?p)))",                      "(mul (log ?a) (const ?p))",
          _E, when=("(positive ?a)", "(> ?p 0.0)"), why="p <= 0: log(1) * -2 is -0, log(inf^0) NaN"),
 ])

@@ -52,7 +52,9 @@ def _value(e, values: dict, env: dict, bound=_sampled_bound):
         return True
     return {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
             "<=": operator.le, ">=": operator.ge, "-": operator.sub, "+": operator.add,
-            "*": operator.mul, "/": operator.truediv, "abs": abs}[head](*vals)
+            "*": operator.mul, "/": operator.truediv, "abs": abs,
+            "min": lambda a, b: torch.minimum(torch.as_tensor(a), torch.as_tensor(b)),
+            "max": lambda a, b: torch.maximum(torch.as_tensor(a), torch.as_tensor(b))}[head](*vals)
 
 
 def _uses(p, op: str, position: int) -> set[str]:

@@ -1,0 +1,428 @@
+"""FPBench accuracy benchmark: public FPCore problems, naive float32 vs optimized, in Herbie's bits.
+
+The problems are FPCore text transcribed verbatim from FPBench (FPBench/FPBench, benchmarks/) and
+Herbie (herbie-fp/herbie, bench/) into ``bench/fpcore/<owner>/<repo>/<path>``; Hamming's NMSE
+problems (FPBench's hamming-ch3, Herbie's bench/hamming and anything named Hamming or NMSE) are
+refused when read: they stay a check nobody has tuned to. Each problem is translated, by one
+s-expression translator, into a torch function (run in float32) and an mpmath function (the truth).
+
+Method, as Herbie's: the box is the precondition's bounds (rounded inward to float32), or all
+finite float32 where it gives none ("default box" in the table); points are uniform over the
+float32 bit patterns in the box, and kept where the whole precondition holds and the exact result
+is a finite float32 (computed at 256, then 512, ... bits until its float32 rounding settles).
+Error is log2(1 + the number of float32 values between result and truth): 0 when equal, 1 when
+adjacent, 32 for a NaN. The optimized program is ``saturate_and_extract(fn, objective="stability",
+input_ranges=box)`` as a user would call it.
+
+    python bench/fpbench.py [--only NAME] [--points 512] [--seed 0]
+"""
+from __future__ import annotations
+
+import argparse
+import keyword
+import math
+import re
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import mpmath
+import numpy as np
+import torch
+
+SUITE = Path(__file__).parent / "fpcore"
+F32_MAX = float(np.finfo(np.float32).max)
+DEFAULT_BOX = (-F32_MAX, F32_MAX)
+EXCLUDED = re.compile(r"hamming|nmse", re.IGNORECASE)  # kept out of the suite, by source or name
+NAN_BITS = 32.0
+PRECISIONS = (256, 512, 1024, 2048)  # bits for the truth, raised until its float32 rounding settles
+
+# ---- reading FPCore ------------------------------------------------------------------------------
+_TOKEN = re.compile(r';[^\n]*|"(?:[^"\\]|\\.)*"|[()\[\]]|[^\s()\[\];"]+')
+
+
+def read_sexps(text: str) -> list:
+    """Every top-level s-expression of ``text`` as nested lists of atoms (strings keep their
+    quotes); ``[ ]`` reads as ``( )`` and ``;`` starts a comment."""
+    stack: list[list] = [[]]
+    for tok in _TOKEN.findall(text):
+        if tok.startswith(";"):
+            continue
+        if tok in "([":
+            stack.append([])
+        elif tok in ")]":
+            done = stack.pop()
+            stack[-1].append(done)
+        else:
+            stack[-1].append(tok)
+    if len(stack) != 1:
+        raise ValueError("unbalanced parentheses")
+    return stack[0]
+
+
+@dataclass
+class Problem:
+    name: str
+    source: str          # owner/repo:path it was transcribed from
+    params: list[str]    # FPCore names
+    pre: object          # s-expression or None
+    body: object
+    props: dict = field(default_factory=dict)
+
+
+def parse_fpcore(form: list, source: str) -> Problem:
+    if not form or form[0] != "FPCore":
+        raise ValueError(f"not an FPCore form: {form!r:.60}")
+    rest = form[2:] if isinstance(form[1], str) else form[1:]  # (FPCore name (args) ...) or (FPCore (args) ...)
+    params, rest = rest[0], rest[1:]
+    props = {}
+    while len(rest) > 1 and isinstance(rest[0], str) and rest[0].startswith(":"):
+        props[rest[0][1:]], rest = rest[1], rest[2:]
+    if len(rest) != 1 or not all(isinstance(p, str) for p in params):
+        raise ValueError(f"{source}: cannot read {form!r:.80}")
+    name = props.get("name", '"?"').strip('"')
+    if EXCLUDED.search(source) or EXCLUDED.search(name):
+        raise ValueError(f"{source}: {name!r} is a Hamming/NMSE problem, kept out of this suite")
+    return Problem(name, source, params, props.get("pre"), rest[0], props)
+
+
+def problems(root: Path = SUITE) -> list[Problem]:
+    out = []
+    for path in sorted(root.rglob("*.fpcore")):
+        owner, repo, *inner = path.relative_to(root).parts
+        source = f"{owner}/{repo}:{'/'.join(inner)}"
+        out += [parse_fpcore(form, source) for form in read_sexps(path.read_text())]
+    return out
+
+
+# ---- translating FPCore to torch / float / mpmath ------------------------------------------------
+TORCH, FLOAT, MP = range(3)  # backends: float32 tensors, constant subterms (math), the truth
+_UNARY = "sqrt exp log sin cos tan atan asin acos sinh cosh tanh expm1 log1p".split()
+#: FPCore operator -> (torch, float, mpmath) template; {0}, {1}, ... are the operands
+TEMPLATES = {f: (f"T.{f}({{0}})", f"M.{f}({{0}})", f"mp.{f}({{0}})") for f in _UNARY}
+TEMPLATES.update({
+    "fabs": ("T.abs({0})", "abs({0})", "mp.fabs({0})"),
+    "pow": ("T.pow({0}, {1})", "M.pow({0}, {1})", "mp.power({0}, {1})"),
+    "atan2": ("T.atan2({0}, {1})", "M.atan2({0}, {1})", "mp.atan2({0}, {1})"),
+    "hypot": ("T.hypot({0}, {1})", "M.hypot({0}, {1})", "mp.hypot({0}, {1})"),
+    "fmax": ("T.maximum({0}, {1})", "max({0}, {1})", "max({0}, {1})"),
+    "fmin": ("T.minimum({0}, {1})", "min({0}, {1})", "min({0}, {1})"),
+    "copysign": ("T.copysign({0}, {1})", "M.copysign({0}, {1})", "(mp.fabs({0}) * (1 if {1} >= 0 else -1))"),
+    "if": ("T.where({0}, {1}, {2})", "({1} if {0} else {2})", "({1} if {0} else {2})"),
+    "not": ("(~{0})", "(not {0})", "(not {0})"),
+    "and": ("({0} & {1})", "({0} and {1})", "({0} and {1})"),
+    "or": ("({0} | {1})", "({0} or {1})", "({0} or {1})"),
+})
+_INFIX = {"+", "-", "*", "/"}  # n-ary, associating left as in Python
+_COMPARE = {"<", ">", "<=", ">=", "==", "!="}  # chained: (< a b c) is a < b and b < c
+_CONSTANTS = {"PI": ("M.pi", "mp.pi"), "E": ("M.e", "mp.e"), "TRUE": ("True", "True"),
+              "FALSE": ("False", "False")}
+
+
+def number(atom) -> Fraction | None:
+    """An FPCore number (``3``, ``-0.1``, ``1e-5``, ``3969/625``) exactly, else None."""
+    try:
+        return Fraction(atom) if isinstance(atom, str) else None
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def identifier(name: str) -> str:
+    out = re.sub(r"\W", "_", name.replace("*", "_star"))
+    return f"v_{out}" if keyword.iskeyword(out) or not out.isidentifier() else out
+
+
+class _Translator:
+    """FPCore expression -> Python expression text for one backend; ``let`` binds with ``:=``, so
+    the whole body is one expression and an untaken ``if`` branch is never evaluated by mpmath."""
+
+    def __init__(self, backend: int):
+        self.backend, self.fresh = backend, 0
+
+    def __call__(self, e, env: dict) -> tuple[str, bool]:  # (code, constant: no variables)
+        if isinstance(e, str):
+            if e in env:
+                return env[e], False
+            q = number(e)
+            if q is not None:
+                if self.backend == MP:
+                    return f"(mp.mpf({q.numerator}) / {q.denominator})", True
+                return repr(float(q)), True
+            if e in _CONSTANTS:
+                return _CONSTANTS[e][self.backend == MP], True
+            raise ValueError(f"unknown symbol {e!r}")
+        head, args = e[0], e[1:]
+        if head in ("let", "let*"):
+            return self._let(head, args[0], args[1], env)
+        parts = [self(a, env) for a in args]
+        codes, const = [c for c, _ in parts], all(k for _, k in parts)
+        if head == "-" and len(codes) == 1:
+            return f"(-{codes[0]})", const
+        if head in _INFIX:
+            return "(" + f" {head} ".join(codes) + ")", const
+        column = FLOAT if self.backend == TORCH and const else self.backend
+        if head in _COMPARE:
+            pairs = [f"({a} {head} {b})" for a, b in zip(codes, codes[1:])]
+            return self._fold("and", pairs, column), const
+        if head in ("and", "or"):
+            return self._fold(head, codes, column), const
+        if head not in TEMPLATES:
+            raise ValueError(f"operator {head!r} has no torch form")
+        return TEMPLATES[head][column].format(*codes), const
+
+    @staticmethod
+    def _fold(op: str, codes: list[str], column: int) -> str:
+        out = codes[0]
+        for c in codes[1:]:
+            out = TEMPLATES[op][column].format(out, c)
+        return out
+
+    def _let(self, head: str, bindings: list, body, env: dict) -> tuple[str, bool]:
+        inner, steps = dict(env), []
+        for name, value in bindings:
+            code, _ = self(value, inner if head == "let*" else env)
+            self.fresh += 1
+            inner[name] = f"_{identifier(name)}_{self.fresh}"
+            steps.append(f"({inner[name]} := {code})")
+        code, const = self(body, inner)
+        return f"({', '.join(steps + [code])})[-1]", const
+
+
+def translate(problem: Problem, backend: int, expr=None):
+    """A Python function of the problem's parameters computing ``expr`` (default: the body) with
+    torch ops (``TORCH``) or mpmath (``MP``); its source text is ``fn.source``."""
+    params = [identifier(p) for p in problem.params]
+    code, _ = _Translator(backend)(problem.body if expr is None else expr, dict(zip(problem.params, params)))
+    fname = identifier(problem.name)
+    src = f"def {fname}({', '.join(params)}):\n    return {code}\n"
+    namespace = {"T": torch, "M": math, "mp": mpmath.mp}
+    exec(compile(src, f"<fpcore {problem.name}>", "exec"), namespace)
+    fn = namespace[fname]
+    fn.source = src
+    return fn
+
+
+# ---- float32 bits: ordinals, rounding, the error metric, sampling --------------------------------
+def ordinals(x: np.ndarray) -> np.ndarray:
+    """float32 -> int64 in order of value, adjacent floats one apart (-0 and +0 both 0)."""
+    bits = np.asarray(x, np.float32).view(np.int32).astype(np.int64)
+    return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+def from_ordinals(o: np.ndarray) -> np.ndarray:
+    o = np.asarray(o, np.int64)
+    return np.where(o < 0, (-o) | 0x80000000, o).astype(np.uint32).view(np.float32)
+
+
+def bits_error(result, truth) -> np.ndarray:
+    """Herbie's bits of error: log2(1 + |ordinal(result) - ordinal(truth)|); NaN results get 32."""
+    result, truth = np.asarray(result, np.float32), np.asarray(truth, np.float32)
+    bits = np.log2(1.0 + np.abs(ordinals(result) - ordinals(truth)).astype(np.float64))
+    return np.where(np.isnan(result), NAN_BITS, bits)
+
+
+def round_f32(v) -> float:
+    """An mpmath real rounded once, to nearest-even, to float32 (subnormals and overflow too)."""
+    if v == 0:
+        return 0.0
+    _, e = mpmath.frexp(v)
+    if e > 129:
+        return math.copysign(math.inf, v)
+    q = max(int(e) - 24, -149)
+    r = math.ldexp(int(mpmath.nint(mpmath.ldexp(v, -q))), q)
+    return r if abs(r) <= F32_MAX else math.copysign(math.inf, r)
+
+
+def f32_inward(q: Fraction, up: bool) -> float:
+    """The float32 nearest ``q`` on its inner side (up for a lower bound, down for an upper)."""
+    f = np.float32(float(q))
+    if up and Fraction(float(f)) < q:
+        f = np.nextafter(f, np.float32(np.inf))
+    if not up and Fraction(float(f)) > q:
+        f = np.nextafter(f, np.float32(-np.inf))
+    return float(f)
+
+
+def box_of(problem: Problem) -> tuple[dict, str]:
+    """{param: (lo, hi)} from the precondition's number bounds (all finite float32 where it gives
+    none), and which: "pre" (both bounds of every parameter), "default" (none), else "partial"."""
+    lo = {p: Fraction(DEFAULT_BOX[0]) for p in problem.params}
+    hi = {p: Fraction(DEFAULT_BOX[1]) for p in problem.params}
+    bounded: list[tuple[str, bool]] = []  # (parameter, upper)
+    clauses = [problem.pre] if problem.pre is not None else []
+    while clauses:
+        c = clauses.pop()
+        if not isinstance(c, list) or c[0] not in ("and", "<", "<=", ">", ">="):
+            continue  # (or ...), (== ...): points are still filtered by the whole precondition
+        if c[0] == "and":
+            clauses += c[1:]
+            continue
+        chain = c[1:] if c[0] in ("<", "<=") else c[:0:-1]
+        for a, b in zip(chain, chain[1:]):  # a <= b
+            if number(a) is not None and isinstance(b, str) and b in lo:
+                lo[b] = max(lo[b], number(a))
+                bounded.append((b, False))
+            if isinstance(a, str) and a in hi and number(b) is not None:
+                hi[a] = min(hi[a], number(b))
+                bounded.append((a, True))
+    box = {p: (f32_inward(lo[p], True), f32_inward(hi[p], False)) for p in problem.params}
+    full = {(p, u) for p in problem.params for u in (False, True)}
+    return box, "pre" if set(bounded) == full else "partial" if bounded else "default"
+
+
+def sample_box(box: dict, n: int, rng: np.random.Generator) -> dict:
+    """n points uniform over the float32 bit patterns inside the box, one array per parameter."""
+    out = {}
+    for p, (lo, hi) in box.items():
+        olo, ohi = ordinals(np.float32(lo))[()], ordinals(np.float32(hi))[()]
+        out[p] = from_ordinals(rng.integers(olo, ohi, size=n, endpoint=True))
+    return out
+
+
+def exact(fn, point: tuple):
+    """fn at the exact inputs, rounded to float32 once its rounding settles across PRECISIONS;
+    None where it is undefined, complex, not a finite float32, or does not settle."""
+    previous = None
+    for prec in PRECISIONS:
+        with mpmath.workprec(prec):
+            try:
+                v = fn(*(mpmath.mpf(float(x)) for x in point))
+            except (ZeroDivisionError, ValueError, OverflowError):
+                return None
+            if not isinstance(v, mpmath.mpf) or not mpmath.isfinite(v):
+                return None
+            r = round_f32(v)
+        if r == previous:
+            return r if math.isfinite(r) else None
+        previous = r
+    return None
+
+
+def points(problem: Problem, box: dict, n: int, rng: np.random.Generator, rounds: int = 20):
+    """(inputs {param: float32 array}, truth float32 array): up to n sampled points where the
+    precondition holds and the truth is a finite float32."""
+    truth_fn = translate(problem, MP)
+    pre_fn = translate(problem, MP, problem.pre) if problem.pre is not None else None
+    kept: list[tuple] = []
+    for _ in range(rounds):
+        batch = sample_box(box, n, rng)
+        for point in zip(*batch.values()):
+            if pre_fn is not None and not _holds(pre_fn, point):
+                continue
+            t = exact(truth_fn, point)
+            if t is not None:
+                kept.append((point, t))
+            if len(kept) == n:
+                break
+        if len(kept) == n:
+            break
+    inputs = {p: np.array([k[0][i] for k in kept], np.float32) for i, p in enumerate(box)}
+    return inputs, np.array([k[1] for k in kept], np.float32)
+
+
+def _holds(pre_fn, point) -> bool:
+    with mpmath.workprec(PRECISIONS[0]):
+        try:
+            return bool(pre_fn(*(mpmath.mpf(float(x)) for x in point)))
+        except (ZeroDivisionError, ValueError):
+            return False
+
+
+# ---- running the benchmark -----------------------------------------------------------------------
+@dataclass
+class Result:
+    problem: Problem
+    box: str  # "pre", "partial" or "default": where the sampled box came from
+    n: int       # points kept, of ``wanted``
+    wanted: int
+    naive: np.ndarray
+    optimized: np.ndarray
+    seconds: float
+    note: str = ""
+
+    @property
+    def scored(self) -> bool:
+        """Enough points kept (a quarter of those wanted) for the totals to count it."""
+        return self.n >= max(self.wanted // 4, 1)
+
+
+def run_problem(problem: Problem, n: int, seed: int) -> Result:
+    from egraph_opt import saturate_and_extract
+
+    box, tag = box_of(problem)
+    inputs, truth = points(problem, box, n, np.random.default_rng(seed))
+    fn = translate(problem, TORCH)
+    args = [torch.from_numpy(inputs[p]) for p in problem.params]
+    ranges = {identifier(p): box[p] for p in problem.params}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        naive = fn(*args).numpy()
+        opt = saturate_and_extract(fn, objective="stability", input_ranges=ranges)
+        start = time.perf_counter()
+        optimized = opt(*args).numpy()
+        seconds = time.perf_counter() - start
+    report = opt.report
+    note = f"ran untouched: {report.fallback}" if report and report.fallback else ""
+    return Result(problem, tag, len(truth), n, bits_error(naive, truth),
+                  bits_error(optimized, truth), seconds, note)
+
+
+def _row(r: Result) -> str:
+    naive, opt = (e.mean() if r.n else math.nan for e in (r.naive, r.optimized))
+    note = r.note if r.scored else f"unscored: only {r.n} points kept. {r.note}"
+    return (f"{r.problem.name[:44]:44} {r.box:7} {r.n:5} {naive:6.2f} {r.naive.max(initial=0):5.1f} "
+            f"{opt:6.2f} {r.optimized.max(initial=0):5.1f} {naive - opt:+6.2f} {r.seconds:6.2f}s  {note}")
+
+
+def summary(results: list[Result]) -> list[str]:
+    scored = [r for r in results if r.scored]
+    gain = [r.naive.mean() - r.optimized.mean() for r in scored]
+    k = len(scored)
+    sources: dict[str, int] = {}
+    for r in results:
+        repo = r.problem.source.split(":")[0]
+        sources[repo] = sources.get(repo, 0) + 1
+    improved, worse = sum(g >= 1 for g in gain), sum(g < 0 for g in gain)
+    naive_mean = statistics.fmean(r.naive.mean() for r in scored) if k else math.nan
+    opt_mean = statistics.fmean(r.optimized.mean() for r in scored) if k else math.nan
+    seconds = [r.seconds for r in results]
+    met = k and improved >= 0.75 * k and not worse and opt_mean <= 3
+    return [
+        f"problems: {len(results)} ({', '.join(f'{s} {c}' for s, c in sorted(sources.items()))}); "
+        f"scored (a quarter of the points kept or more): {k}; box from the precondition: "
+        f"{sum(r.box == 'pre' for r in results)}, partly: {sum(r.box == 'partial' for r in results)}, "
+        f"default (all finite float32): {sum(r.box == 'default' for r in results)}",
+        f"improved by >= 1 bit (mean): {improved}/{k} ({100 * improved / max(k, 1):.0f}%)",
+        f"worse (mean bits up at all): {worse}/{k}; by >= 1 bit: {sum(g <= -1 for g in gain)}",
+        f"mean bits over problems: naive {naive_mean:.2f} -> optimized {opt_mean:.2f}",
+        f"ran untouched (fallback): {sum(bool(r.note) for r in results)}",
+        f"optimize time per problem: median {statistics.median(seconds) if seconds else math.nan:.2f} s, "
+        f"max {max(seconds, default=math.nan):.2f} s",
+        f"issue 16 goal (>= 75% improved, none worse, mean <= 3 bits): {'met' if met else 'not met'}",
+    ]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="problems whose name contains this (case-insensitive)")
+    ap.add_argument("--points", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    suite = [p for p in problems() if not args.only or args.only.lower() in p.name.lower()]
+    print(f"{'problem':44} {'box':7} {'n':>5} {'naive':>6} {'max':>5} {'opt':>6} {'max':>5} "
+          f"{'gain':>6} {'time':>7}  (mean/max bits of error, float32)")
+    results = []
+    for problem in suite:
+        results.append(run_problem(problem, args.points, args.seed))
+        print(_row(results[-1]), flush=True)
+    print()
+    print("\n".join(summary(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

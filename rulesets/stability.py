@@ -21,8 +21,10 @@ RULES = rules(_E, [
     ("log-softmax-fuse",      "(log (softmax ?x ?a))",                          "(log_softmax ?x ?a)"),
     ("log-softmax-from-lse",  "(sub ?x (logsumexp ?x ?a true))",                "(log_softmax ?x ?a)",
                               "x - lse(x) cancels at large offsets; log_softmax shifts by max"),
-    ("sigmoid-from-exp-ratio", "(div (exp ?x) (add (const 1.0) (exp ?x)))",    "(sigmoid ?x)",
-                              "e^x / (1 + e^x) is inf/inf for large x"),
+    ("sigmoid-from-exp-ratio", "(div (exp ?x) (add (const 1.0) (exp ?x)))",
+                              "(add (sigmoid ?x) (mul (relu ?x) (const 0.0)))",
+                              "e^x / (1 + e^x) is inf/inf for large x; + relu(x) * 0 keeps its NaN "
+                              "at x = +inf (inf * 0), 0 elsewhere"),
     ("softplus-fuse",         "(log1p (exp ?x))",                               "(softplus ?x)"),
     ("log-sigmoid-stable",    "(log (sigmoid ?x))",                             "(sub (const 0.0) (softplus (neg ?x)))",
                               "0 - s, not -s: +0 where softplus underflows, as log(1) is"),

@@ -210,8 +210,29 @@ def order_free(lhs: Term, env: dict, dtype) -> torch.Tensor:
     return torch.as_tensor(out) >= torch.finfo(dtype).max
 
 
+#: torch's fused attention kernels' measured error, relative to sum_j p_j |v_j| (the weights times
+#: the values' magnitudes): <= 1.3e-5 over 200 draws with scores up to ~1e2, whose rounding exp
+#: amplifies. Where the weighted average cancels (0.002 of values ~1) that is 0.2% of the output,
+#: so a right side running such a kernel is held to this bound on that scale as well (8x margin)
+ATTENTION_ERROR = 1e-4
+
+
+def attention_slack(rule, left: Term, env: dict) -> torch.Tensor | float:
+    """ATTENTION_ERROR times the left side evaluated on the values' magnitudes (softmax(...) @ |v|)
+    where the rule's right side runs torch's attention kernel (sdpa, sdpa_masked); else 0."""
+    values = set()
+    for _, right in rule.pairs():
+        values |= _uses(right, "sdpa", 2) | _uses(right, "sdpa_masked", 2)
+    if not values:
+        return 0.0
+    size = {k: v.abs() if k in values else v for k, v in env.items()}
+    (out,) = evaluate([left], size, reference=True)
+    return ATTENTION_ERROR * torch.as_tensor(out).abs().nan_to_num(0.0, 0.0, 0.0)
+
+
 def violations(lhs, rhs, true, tol: float, finite_inputs: torch.Tensor,
-               sign: torch.Tensor | None = None, spill: torch.Tensor | None = None) -> torch.Tensor:
+               sign: torch.Tensor | None = None, spill: torch.Tensor | None = None,
+               slack: torch.Tensor | float = 0.0) -> torch.Tensor:
     """Where the right side breaks the rule's contract with the left side (see the module doc).
     Where float64 itself overflowed on finite inputs, its value is no truth: the right side may
     then equal the left side or be finite (softmax of a row of float32 max: 1/n, not NaN). Where
@@ -224,7 +245,7 @@ def violations(lhs, rhs, true, tol: float, finite_inputs: torch.Tensor,
     tol = max(tol, 4 * fi.eps)  # a half-precision output rounds at ~1e-3 (float16), ~8e-3 (bfloat16)
     scale = torch.maximum(left.abs(), right.abs())
     gap, err_left, err_right = (right - left).abs(), (left - true).abs(), (right - true).abs()
-    close = (gap <= tol * scale + fi.tiny) | (err_right <= err_left + tol * true.abs() + fi.tiny)
+    close = (gap <= tol * scale + fi.tiny + slack) | (err_right <= err_left + tol * true.abs() + fi.tiny)
     at_overflow = right.isinf() & (right.sign() == true.sign()) & (true.abs() >= fi.max * (1 - tol))
     finite_ok = (right.isfinite() & close) | at_overflow  # rounding across the largest finite value
     same = (right == left) | (right.isnan() & left.isnan())
@@ -256,19 +277,22 @@ def check(rule, values: dict, env: dict, dtype, mask=None) -> list[str]:
             finite = v.isfinite()  # per element where the point is an element (elementwise rules)
             finite_inputs = finite_inputs & (finite if finite.shape == lhs.shape else finite.all())
         true, sign, spill = truth(left, env), limit_sign(left, env), order_free(left, env, lhs.dtype)
-        bad = violations(lhs, rhs, true, _tolerance(rule, dtype), finite_inputs, sign, spill)
+        slack = attention_slack(rule, left, env)
+        bad = violations(lhs, rhs, true, _tolerance(rule, dtype), finite_inputs, sign, spill, slack)
         if bad.any():  # where float64 is no truth itself, and the left side has an exact one
             exact = exact_truth(left, env, true, bad)
             if exact is not None:
                 true = exact
-                bad = violations(lhs, rhs, true, _tolerance(rule, dtype), finite_inputs, sign, spill)
+                bad = violations(lhs, rhs, true, _tolerance(rule, dtype), finite_inputs, sign, spill,
+                                 slack)
                 # undefined over the reals (sqrt of a negative that rounds to -0 on the left)
                 bad &= ~(true.isnan() & torch.as_tensor(rhs).isnan())
             else:  # where float64 cancels in one side (x - logsumexp(x) at x = float32 max is
                 # 0 there, -log(n) exactly), it cannot tell which is right: the other side's
                 # float64 value is as much a truth
                 other = truth(right, env)
-                bad &= violations(lhs, rhs, other, _tolerance(rule, dtype), finite_inputs, sign, spill)
+                bad &= violations(lhs, rhs, other, _tolerance(rule, dtype), finite_inputs, sign, spill,
+                                  slack)
         if mask is not None:
             bad = bad & mask
         if bad.any():
@@ -353,12 +377,9 @@ def tensor_failures(rule, dtype) -> list[str]:
     return failures
 
 
-SDPA = ("torch's masked sdpa loses ~0.2% where the masked scores reach ~1e2 (its exp is not "
-        "correctly rounded there)")
 #: rules this test still finds wrong (issue 13), each waiting on a change outside rulesets/ or on a
 #: decision; strict, so a rule that is fixed fails here until its row is deleted
 OPEN = {
-    ("attention-fuse-masked", "float32"): SDPA,
     ("mask-fill-as-bias", "float32"): "a masked score of +inf or NaN: s + -inf is NaN, masked_fill -inf",
 }
 CASES = [pytest.param(r, d, marks=[pytest.mark.xfail(strict=True, reason=OPEN[r.name, str(d)[6:]])]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,7 +22,7 @@ from ..extractors.enumerate import alternatives
 from ..extractors.rounding_error import least_error
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program
-from ..analysis.ranges import TOP, analyze
+from ..analysis.ranges import TOP, Interval, analyze, transfer
 from ..rulesets import Family, Rule, select
 from ..lang.term import Term, dtype_name, op_counts, postorder
 
@@ -65,25 +66,26 @@ class Optimized:
 def optimize(program: Program, *, rules: list[Rule] | None = None,
              objective: Objective = Objective.BALANCED, limits: Limits = Limits(),
              schedule: list[Phase] | None = None, input_ranges: dict | None = None,
-             model: CostModel | None = None, templates: bool = True) -> Optimized:
+             model: CostModel | None = None, templates: bool = True,
+             ranges: RangeMemo | None = None) -> Optimized:
     """Optimize a program. ``schedule`` runs its phases in order; without one, ``rules`` (default:
-    every rule that is not unsafe) run as a single phase under ``limits``. ``input_ranges``
-    declares input intervals: the only source, besides facts of the ops, for rule conditions.
-    ``model`` (default: static latencies under ``objective``) prices the nodes. With
-    ``templates``, repeated blocks are optimized once each (see ``templates.py``)."""
+    every rule not unsafe) run as one phase under ``limits``. ``input_ranges``: besides facts of the
+    ops, the only source for rule conditions. ``model`` (default: static latencies) prices nodes.
+    ``templates``: optimize repeated blocks once each. ``ranges``: an enclosing call's analysis."""
     if schedule is None:
         schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
     model = model or CostModel(objective)
+    ranges = ranges or RangeMemo(input_ranges)
     groups = tmpl.find(program) if templates else []
     if groups:
-        return _optimize_templated(program, groups, schedule, input_ranges, model)
+        return _optimize_templated(program, groups, schedule, input_ranges, model, ranges)
     rules = [r for phase in schedule for r in phase.rules]
     roots = program.roots()
     clock = {"start": time.perf_counter()}
 
     leaf_meta = program.leaf_meta()
     term_meta = program.meta()
-    intervals = analyze(roots, input_ranges, leaf_meta, term_meta)
+    intervals = ranges(roots, term_meta)
     egraph = EGraph()
     refs = egraph.add(roots, intervals, term_meta)
     clock["build"] = time.perf_counter()
@@ -96,27 +98,22 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     clock["saturate"] = time.perf_counter()
     snap = egraph.snapshot()
 
-    loaded = {snap.class_of_ref[egraph.ref(t)]: m for t in postorder(roots)
-              for m in [term_meta[id(t)]]}
-    cost = enode_cost(snap, model, class_meta(snap.classes, loaded))
+    class_of = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
+    cost = enode_cost(snap, model, class_meta(snap.classes, {c: term_meta[i] for i, c in class_of.items()}))
     root_classes = [snap.class_of_ref[r] for r in refs]
     best = extract(snap.classes, root_classes, cost)
     reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges, term_meta) \
         if model.objective is Objective.STABILITY else None
     best = reranked or best
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
-    proved = proved_ranges(snap, {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)},
-                           best, analyze(best, input_ranges, leaf_meta, optimized.meta()))
+    proved = proved_ranges(snap, class_of, best, ranges(best, optimized.meta()))
     before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, proved)
     after = program_cost(best, model, input_ranges, leaf_meta, optimized.meta(), proved)
     if after["cost"] > before["cost"] and not reranked:  # greedy extraction is not optimal: never
         best, after, optimized = roots, before, program  # return worse (the estimate weighed the
     clock["extract"] = time.perf_counter()  # input program too)
 
-    matches = {}
-    for s in saturation:
-        for name, n in s.matches.items():
-            matches[name] = matches.get(name, 0) + n
+    matches = sum((Counter(s.matches) for s in saturation), Counter())
     matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
     applied = [(r, matches[r.name]) for r in _applied(matched, roots, best, term_meta, optimized.meta())]
     steps = ["start", "build", "saturate", "extract"]
@@ -135,10 +132,9 @@ RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 def _least_error(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
                  root_classes: list[str], cost: Callable, input_ranges: dict | None,
                  term_meta: dict) -> list[Term] | None:
-    """Stability: of the cheapest programs by the per-node cost, and the input program, the one of
-    least first-order error over the declared ranges (``extractors/rounding_error.py``). Per-node
-    costs cannot see a cancellation that needs coinciding operands, or an error a later op
-    attenuates; the program-level estimate does. The cost order breaks ties. None: not estimable."""
+    """Stability: of the cheapest programs and the input, the one of least first-order error over
+    the declared ranges, which sees what per-node costs cannot (a cancellation of coinciding
+    operands, an error a later op attenuates); cost order breaks ties. None: not estimable."""
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
         return None
     if sum(math.prod(shape) for shape, _ in term_meta.values()) > RERANK_ELEMENTS:  # the input's
@@ -150,12 +146,12 @@ def _least_error(program: Program, roots: list[Term], best: list[Term], snap: Sn
 
 
 def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
-                        input_ranges: dict | None, model: CostModel) -> Optimized:
+                        input_ranges: dict | None, model: CostModel, ranges: RangeMemo) -> Optimized:
     """One optimization per template (over the hull of its instances' argument intervals), one
     for the rest of the program, then every instance instantiated into it."""
     start = time.perf_counter()
     roots, leaf_meta, meta = program.roots(), program.leaf_meta(), program.meta()
-    intervals = analyze(roots, input_ranges, leaf_meta, meta)
+    intervals = ranges(roots, meta)
     results, template_roots = [], []
     for group in groups:
         body, arg_leaves = tmpl.template_program(group[0], meta)
@@ -168,15 +164,16 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
         template_roots.append(list(result.program.outputs))
     outer, args = tmpl.outer_program(program, groups, meta)
     main = optimize(outer, schedule=schedule, input_ranges=input_ranges, model=model,
-                    templates=False)
+                    templates=False, ranges=ranges)
     final = tmpl.resolve(main.program, groups, template_roots, list(main.program.outputs[1]))
-    joined = _join_precision(final, schedule, input_ranges, model)
+    joined = _join_precision(final, schedule, input_ranges, model, ranges)
     if joined is not None:
         final = joined.program
         results.append(joined)
     best = final.roots()
     before = program_cost(roots, model, input_ranges, leaf_meta, meta, intervals)
-    after = program_cost(best, model, input_ranges, leaf_meta, final.meta())
+    after = program_cost(best, model, input_ranges, leaf_meta, final.meta(),
+                         ranges(best, final.meta()))
     if after["cost"] > before["cost"]:
         final, best, after = program, roots, before
     applied: dict[str, tuple] = {}
@@ -190,7 +187,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
 
 
 def _join_precision(program: Program, schedule: list[Phase], input_ranges: dict | None,
-                    model: CostModel) -> Optimized | None:
+                    model: CostModel, ranges: RangeMemo) -> Optimized | None:
     """Each template computed in float32 rounds its output to the half dtype, and the next one
     widens it again: only a pass over the joined program can drop those round trips and carry
     one float32 chain through. Precision rules alone, and only where a cast is left."""
@@ -199,7 +196,36 @@ def _join_precision(program: Program, schedule: list[Phase], input_ranges: dict 
         return None
     limits = schedule[-1].limits
     return optimize(program, schedule=[Phase("join_precision", rules, limits)],
-                    input_ranges=input_ranges, model=model, templates=False)
+                    input_ranges=input_ranges, model=model, templates=False, ranges=ranges)
+
+
+class RangeMemo:
+    """The range analysis of one optimize call: every distinct term structure met (input, outer,
+    extracted and joined programs) gets its interval once, by one transfer step from its operands'
+    (``analyze``'s leaf rule for leaves), and later programs reuse it. Sound: a structure's
+    interval depends only on the declared ranges (fixed per call) and the shapes (in the key). The
+    number of distinct operand objects is too: ``x * x`` is bounded tighter than ``x * y``."""
+
+    def __init__(self, declared: dict | None):
+        self.declared = declared
+        self._ids: dict[tuple, int] = {}
+        self._intervals: list[Interval] = []
+
+    def __call__(self, roots: list[Term], meta: dict) -> dict[int, Interval]:
+        """Interval of every term of ``roots`` by term id; ``meta``: their shapes and dtypes."""
+        ids: dict[int, int] = {}
+        out: dict[int, Interval] = {}
+        for t in postorder(roots):
+            key = (t.op, tuple(ids[id(a)] for a in t.args), t.attrs, len({id(a) for a in t.args}),
+                   meta[id(t)])
+            if key not in self._ids:
+                self._ids[key] = len(self._intervals)
+                self._intervals.append(
+                    transfer(t, [out[id(a)] for a in t.args], [meta[id(a)][0] for a in t.args])
+                    if t.args or t.op == "const" else analyze([t], self.declared, None, meta)[id(t)])
+            ids[id(t)] = self._ids[key]
+            out[id(t)] = self._intervals[ids[id(t)]]
+        return out
 
 
 def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best_ranges: dict) -> dict:
@@ -228,15 +254,11 @@ def class_meta(classes: dict, known: dict) -> dict:
     while changed:
         changed = False
         for cid, nodes in classes.items():
-            if cid in meta:
-                continue
-            for n in nodes:
-                if all(c in meta for c in n.children):
-                    found = _meta_of(n, [meta[c] for c in n.children])
-                    if found is not None:
-                        meta[cid] = found
-                        changed = True
-                        break
+            found = None if cid in meta else next(
+                (m for n in nodes if all(c in meta for c in n.children)
+                 for m in [_meta_of(n, [meta[c] for c in n.children])] if m is not None), None)
+            if found is not None:
+                meta[cid], changed = found, True
     return meta
 
 
@@ -277,10 +299,8 @@ def enode_cost(snap: Snapshot, model: CostModel, meta: dict):
 
 
 def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) -> set[str]:
-    """E-classes some e-node of which is ``allowed`` over such classes (with ``leaves_only``, any
-    op over such classes, from ``allowed`` leaves). With rounding-free ops:
-    values computed exactly, where cancellation is harmless; with params and consts: values that
-    do not depend on the data."""
+    """E-classes some e-node of which is ``allowed`` over such classes (``leaves_only``: any op over
+    them, from ``allowed`` leaves): exactly computed values, or values independent of the data."""
     closed: set[str] = set()
 
     def qualifies(n) -> bool:

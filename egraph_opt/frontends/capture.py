@@ -1,9 +1,8 @@
 """Capture: torch functions and modules into Programs of Terms, via torch.fx.
 
-Tracing is symbolic (so data-dependent Python control flow is refused, never baked in) and then
-specialized to the example inputs' shapes: shape queries (``x.shape[-1] ** 0.5``) fold into
-constants, axes become canonical negative indices, views become reshapes to the recorded shape.
-Calls the Term language does not express become opaque calls, carried through untouched.
+Tracing is symbolic (data-dependent control flow is refused, never baked in), then specialized to
+the example inputs' shapes: shape queries (``x.shape[-1] ** 0.5``) fold into constants. Calls the
+Term language does not express become opaque calls, carried through untouched.
 """
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ from torch.utils._pytree import tree_unflatten
 from . import lowering, lowering_aten, lowering_nn  # noqa: F401 - these register lowerings
 from .effects import mutations
 from ..lang.ops import shape_attr
-from ..lang.program import OpaqueCall, OpaqueRef, Program
-from ..lang.term import Term
+from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
+from ..lang.term import Term, dtype_name
 
 
 class CaptureError(TypeError):
@@ -95,18 +94,12 @@ _SHAPE_QUERIES = {("call_method", "size"), ("call_method", "dim"), ("call_method
 def _is_static(node: fx.Node, static: set[str]) -> bool:
     """True when a non-tensor node's value follows from shapes alone (safe to fold per signature)."""
     info = node.meta.get("egraph_opt")
-    if any(isinstance(v, TensorInfo) for v in _flat(info)):
+    if any(isinstance(v, TensorInfo) for v in leaves(info)):
         return False
     if (node.op, node.target) in _SHAPE_QUERIES:
         return True
     inputs = node.all_input_nodes
     return node.op == "call_function" and bool(inputs) and all(i.name in static for i in inputs)
-
-
-def _flat(tree) -> list:
-    out: list = []
-    map_aggregate(tree, out.append)
-    return out
 
 
 def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]:
@@ -139,14 +132,14 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
     for node in gm.graph.nodes:
         info = node.meta.get("egraph_opt")
         if node.op == "placeholder":
-            values[node.name] = Term.input(node.name, info.shape, _dtype_name(info.dtype))
+            values[node.name] = Term.input(node.name, info.shape, dtype_name(info.dtype))
             info_of[id(values[node.name])] = info
             inputs.append(values[node.name])
         elif node.op == "get_attr":
             tensor = _get_attr(gm, node.target)
             params[node.target] = tensor
             values[node.name] = Term("param", (), (node.target, shape_attr(tensor.shape),
-                                                   _dtype_name(tensor.dtype)))
+                                                   dtype_name(tensor.dtype)))
             info_of[id(values[node.name])] = TensorInfo(tuple(tensor.shape), tensor.dtype)
         elif node.op == "output":
             output = map_aggregate(node.args[0], lambda a: values[a.name] if isinstance(a, fx.Node) else a)
@@ -208,10 +201,6 @@ def _parameter_names(fn, n: int) -> list[str]:
     except (TypeError, ValueError):
         names = []
     return (names + [f"arg{i}" for i in range(len(names), n)])[:n]
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _get_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:

@@ -1,10 +1,8 @@
-"""Side effects in a traced program, which the Term language (pure values) cannot express.
-
-An in-place op on an argument, a parameter or a buffer (``x.add_(1)``, ``x[0] = 0``, train-mode
-batch norm updating its running statistics) is a result the caller sees besides the outputs. So is
-an in-place op on an intermediate that is read again afterwards (fx names the value before the
-mutation). Such programs run untouched. An in-place op whose operand is never read again
-(``nn.ReLU(inplace=True)`` after a conv) is pure, and is optimized like its functional twin.
+"""Side effects in a traced program, which the Term language (pure values) cannot express: an
+in-place op on an argument, parameter or buffer (``x[0] = 0``, train-mode batch norm's running
+statistics), or on an intermediate read again afterwards (fx names the value before the mutation).
+Such programs run untouched; an in-place op whose operand is never read again
+(``nn.ReLU(inplace=True)`` after a conv) is pure, optimized like its functional twin.
 """
 from __future__ import annotations
 

@@ -15,14 +15,11 @@ import torch.nn.functional as F
 from torch import fx
 from torch.fx.node import map_aggregate
 
+from . import forms
+from .forms import Unsupported
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueRef
 from ..lang.term import Term
-
-
-class Unsupported(Exception):
-    """This call, with these arguments, has no exact Term: it stays opaque."""
-
 
 @dataclass(frozen=True)
 class Parts:
@@ -55,11 +52,7 @@ class Ctx:
         return len(self.info(t).shape)
 
     def axis(self, t, dim: int) -> int:
-        """Canonical axis: negative, counted from the end, so patterns are rank-independent."""
-        r = self.rank(t)
-        if not -r <= dim < max(r, 1):
-            raise Unsupported(f"axis {dim} out of range for rank {r}")
-        return dim - r if dim >= 0 else dim
+        return forms.axis(dim, self.rank(t))
 
     def out_shape(self) -> str:
         return shape_attr(self.out.shape)
@@ -72,22 +65,17 @@ TABLE: dict[Any, Callable] = {}
 MODULES: dict[type, Callable] = {}  # leaf module types (their forward is not traceable)
 
 
-def _registrar(table: dict, keys: tuple):
+def lowers(*targets, table: dict = TABLE):
+    """Register a lowering for functions (objects) and Tensor methods (names as strings)."""
     def register(fn):
-        for key in keys:
-            table[key] = fn
+        table.update(dict.fromkeys(targets, fn))
         return fn
     return register
 
 
-def lowers(*targets):
-    """Register a lowering for functions (objects) and Tensor methods (names as strings)."""
-    return _registrar(TABLE, targets)
-
-
 def lowers_module(*types):
     """Register a lowering for leaf modules of these types."""
-    return _registrar(MODULES, types)
+    return lowers(*types, table=MODULES)
 
 
 def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
@@ -146,7 +134,7 @@ for _name, _targets in {
     "add": (operator.add, torch.add, "add"), "sub": (operator.sub, torch.sub, "sub"),
     "mul": (operator.mul, torch.mul, "mul"), "div": (operator.truediv, torch.div, "div"),
     "pow": (operator.pow, torch.pow, "pow"), "maximum": (torch.maximum, "maximum"),
-    "minimum": (torch.minimum, "minimum"),
+    "minimum": (torch.minimum, "minimum"), "logaddexp": (torch.logaddexp, "logaddexp"),
 }.items():
     lowers(*_targets)(_binary(_name))
 
@@ -172,11 +160,6 @@ def _softplus(c, x, beta=1.0, threshold=20.0):
     if beta != 1:
         raise Unsupported("softplus with beta")
     return Term("softplus", (c.tensor(x),))  # exact; torch's threshold differs by < 3e-9
-
-
-@lowers(torch.logaddexp, "logaddexp")
-def _logaddexp(c, a, b):
-    return Term("logaddexp", (_operand(c, a, b), _operand(c, b, a)))
 
 
 @lowers(torch.clamp, "clamp", torch.clip, "clip")
@@ -208,30 +191,13 @@ def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
     if dtype is not None:
         x = _cast(c, x, dtype)
     rank = c.rank(x)
-    if dim is None:
-        dims = list(range(rank))
-    else:
-        dims = [dim] if isinstance(dim, int) else list(dim)
-    positive = sorted({d % rank if rank else 0 for d in dims}, reverse=True)
-    if op == "var" and len(positive) > 1:
-        raise Unsupported("variance over several axes")
-    out, current = x, rank
-    if rank == 0:
-        return x
-    for p in positive:
-        out = Term(op, (out,), (p - current, keepdim))
-        current -= 0 if keepdim else 1
-    return out
+    dims = range(rank) if dim is None else [dim] if isinstance(dim, int) else dim
+    return forms.reduce(op, x, dims, rank, keepdim)
 
 
-@lowers(torch.sum, "sum")
-def _sum(c, x, dim=None, keepdim=False, *, dtype=None):
-    return _reduce("sum", c, x, dim, keepdim, dtype)
-
-
-@lowers(torch.mean, "mean")
-def _mean(c, x, dim=None, keepdim=False, *, dtype=None):
-    return _reduce("mean", c, x, dim, keepdim, dtype)
+for _name in ("sum", "mean"):
+    lowers(getattr(torch, _name), _name)(lambda c, x, dim=None, keepdim=False, *, dtype=None, _op=_name:
+                                         _reduce(_op, c, x, dim, keepdim, dtype))
 
 
 @lowers(torch.amax, "amax")
@@ -331,30 +297,19 @@ def _t(c, x):
 
 @lowers(torch.permute, "permute")
 def _permute(c, x, *dims):
-    perm = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims
-    rank = c.rank(x)
-    perm = tuple(d % rank for d in perm)
-    if perm == tuple(range(rank)):
-        return x
-    swapped = tuple(range(rank - 2)) + (rank - 1, rank - 2)
-    if rank >= 2 and perm == swapped:
-        return Term("transpose", (x,), (-2, -1))
-    return Term("permute", (x,), (shape_attr(perm),))
+    perm = dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims
+    return forms.permute(x, perm, c.rank(x))
 
 
-@lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
-        torch.squeeze, "squeeze", "view_as", "reshape_as")
-def _reshape(c, x, *args, **kwargs):
-    if tuple(c.info(x).shape) == tuple(c.out.shape):
-        return x
-    return Term("reshape", (x,), (c.out_shape(),))
+def _to_out_shape(op: str):
+    """Views and expansions: to the shape the trace recorded (the operand itself where equal)."""
+    return lambda c, x, *args, **kwargs: x if tuple(c.info(x).shape) == tuple(c.out.shape) else \
+        Term(op, (x,), (c.out_shape(),))
 
 
-@lowers("expand", "expand_as")
-def _expand(c, x, *args):
-    if tuple(c.info(x).shape) == tuple(c.out.shape):
-        return x
-    return Term("expand", (x,), (c.out_shape(),))
+lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
+       torch.squeeze, "squeeze", "view_as", "reshape_as")(_to_out_shape("reshape"))
+lowers("expand", "expand_as")(_to_out_shape("expand"))
 
 
 @lowers("contiguous", "clone", torch.clone)
@@ -422,11 +377,6 @@ def _chunk(c, x, chunks, dim=0):
     return _split(c, x, max(1, -(-size // chunks)), dim)
 
 
-@lowers(torch.gather, "gather")
-def _gather(c, x, dim, index, *, sparse_grad=False):
-    return Term("gather", (x, index), (c.axis(x, dim),))
-
-
-@lowers(torch.index_select, "index_select")
-def _index_select(c, x, dim, index):
-    return Term("index_select", (x, index), (c.axis(x, dim),))
+for _name in ("gather", "index_select"):
+    lowers(getattr(torch, _name), _name)(
+        lambda c, x, dim, index, *, sparse_grad=False, _op=_name: Term(_op, (x, index), (c.axis(x, dim),)))

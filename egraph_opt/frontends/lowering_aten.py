@@ -18,21 +18,21 @@ SAME = {
     aten.mul.Tensor: low._binary("mul"), aten.div.Tensor: low._binary("div"),
     aten.pow.Tensor_Scalar: low._binary("pow"), aten.pow.Tensor_Tensor: low._binary("pow"),
     aten.maximum.default: low._binary("maximum"), aten.minimum.default: low._binary("minimum"),
-    aten.view.default: low._reshape, aten.reshape.default: low._reshape,
-    aten._unsafe_view.default: low._reshape, aten.unsqueeze.default: low._reshape,
-    aten.squeeze.dim: low._reshape, aten.flatten.using_ints: low._reshape,
-    aten.expand.default: low._expand, aten.transpose.int: low._transpose,
+    **dict.fromkeys((aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+                     aten.unsqueeze.default, aten.squeeze.dim, aten.flatten.using_ints), low.TABLE["view"]),
+    aten.expand.default: low.TABLE["expand"], aten.transpose.int: low._transpose,
     aten.permute.default: low._permute, aten.t.default: low._t,
     aten.matmul.default: low._matmul, aten.bmm.default: low._matmul, aten.mm.default: low._matmul,
     aten.cat.default: low._cat, aten.where.self: low._where, aten.clone.default: low._identity,
-    aten.contiguous.default: low._identity, aten.sum.dim_IntList: low._sum,
-    aten.mean.dim: low._mean, aten.amax.default: low._amax,
-    aten.logsumexp.default: low._logsumexp, aten.gather.default: low._gather,
-    aten.index_select.default: low._index_select,
+    aten.contiguous.default: low._identity, aten.sum.dim_IntList: low.TABLE["sum"],
+    aten.mean.dim: low.TABLE["mean"], aten.amax.default: low._amax,
+    aten.logsumexp.default: low._logsumexp, aten.gather.default: low.TABLE["gather"],
+    aten.index_select.default: low.TABLE["index_select"],
     aten.scaled_dot_product_attention.default: nn_low._sdpa, aten.linear.default: nn_low._linear,
     aten.gelu.default: low._gelu, aten.conv2d.default: nn_low._conv2d,
     aten.max_pool2d.default: nn_low._max_pool2d, aten.split.Tensor: low._split,
     aten.split_with_sizes.default: low._split, aten.chunk.default: low._chunk,
+    aten.dropout.default: low._dropout,
 }
 for _op in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
             "sigmoid", "relu", "erf", "neg"):
@@ -41,16 +41,14 @@ for _overload, _fn in SAME.items():
     lowers(_overload)(_fn)
 
 
-@lowers(aten.softmax.int, aten._softmax.default)
-def _softmax(c, x, dim, dtype_or_half=None):
-    return low._softmax_like("softmax")(c, x, dim, dtype=dtype_or_half if isinstance(
-        dtype_or_half, torch.dtype) else None)
+def _softmax(op: str):
+    """softmax.int's third argument is a dtype, _softmax.default's a half-to-float flag."""
+    return lambda c, x, dim, dtype_or_half=None: low._softmax_like(op)(
+        c, x, dim, dtype=dtype_or_half if isinstance(dtype_or_half, torch.dtype) else None)
 
 
-@lowers(aten.log_softmax.int, aten._log_softmax.default)
-def _log_softmax(c, x, dim, dtype_or_half=None):
-    return low._softmax_like("log_softmax")(c, x, dim, dtype=dtype_or_half if isinstance(
-        dtype_or_half, torch.dtype) else None)
+lowers(aten.softmax.int, aten._softmax.default)(_softmax("softmax"))
+lowers(aten.log_softmax.int, aten._log_softmax.default)(_softmax("log_softmax"))
 
 
 @lowers(aten.addmm.default)
@@ -58,13 +56,6 @@ def _addmm(c, bias, m1, m2, *, beta=1, alpha=1):
     if beta != 1 or alpha != 1:
         raise Unsupported("addmm with beta or alpha")
     return Term("add", (Term("matmul", (c.tensor(m1), c.tensor(m2))), c.tensor(bias)))
-
-
-@lowers(aten.dropout.default)
-def _dropout(c, x, p, train):
-    if train and p > 0:
-        raise Unsupported("dropout in training mode")
-    return c.tensor(x)
 
 
 @lowers(aten.layer_norm.default)

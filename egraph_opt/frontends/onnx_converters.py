@@ -1,9 +1,7 @@
-"""ONNX operators into Terms: one converter per op type, and the import state they read through.
+"""ONNX operators into Terms: one converter per op type (``Unsupported``: the node stays opaque).
 
-A converter returns the Term (or tuple of Terms) of a node's outputs, or raises ``Unsupported``
-when the Term language cannot express that node exactly; the frontend then keeps it opaque.
-Initializers read by ``Importer.term`` become ``param`` terms, so rules that need constant
-parameters (conv and batch-norm folding) can fire on models exported without constant folding.
+Initializers become ``param`` terms, so rules that need constant parameters (conv and batch-norm
+folding) fire on models exported without constant folding.
 """
 from __future__ import annotations
 
@@ -14,6 +12,8 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from . import forms
+from .forms import Unsupported
 from ..lang.ops import shape_attr
 from ..lang.term import Term
 
@@ -24,10 +24,6 @@ DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
           onnx.TensorProto.INT16: "int16", onnx.TensorProto.INT8: "int8",
           onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool"}
 ELEM_TYPES = {name: code for code, name in DTYPES.items()}
-
-
-class Unsupported(Exception):
-    """This node, with these operands, has no exact Term: it stays opaque."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,6 @@ class Importer:
     def opset(self) -> int:
         return opset_of(self.model)
 
-    # --- what converters ask ---
     def term(self, name: str) -> Term:
         """The tensor value ``name`` as a Term (constants become ``param`` terms on first use)."""
         if name in self.terms:
@@ -110,15 +105,9 @@ class Importer:
         t = self.types.get(name)
         return DTYPES.get(t.elem_type, "") if t else ""
 
-    def axis(self, name: str, axis: int) -> int:
-        """Canonical axis: negative, counted from the end, as the torch lowering writes it."""
-        r = self.rank(name)
-        if not -r <= axis < max(r, 1):
-            raise Unsupported(f"axis {axis} out of range for rank {r}")
-        return axis - r if axis >= 0 else axis
+    def axis(self, name: str, dim: int) -> int:
+        return forms.axis(dim, self.rank(name))
 
-
-# --- converters: one entry per ONNX op type; anything inexact raises Unsupported (opaque) ---
 
 def _attr(node: onnx.NodeProto, name: str, default=None):
     a = next((a for a in node.attribute if a.name == name), None)
@@ -155,16 +144,10 @@ def _reduce(op: str, axes_input_since: int):
             axes = list(im.const(node.input[1])) if len(node.input) > 1 and node.input[1] else []
         else:
             axes = list(_attr(node, "axes", []))
+        if not axes and _attr(node, "noop_with_empty_axes", 0):
+            return im.term(x)
         rank = im.rank(x)
-        if not axes:
-            if _attr(node, "noop_with_empty_axes", 0):
-                return im.term(x)
-            axes = list(range(rank))
-        out, current = im.term(x), rank
-        for p in sorted({int(a) % rank for a in axes}, reverse=True):
-            out = Term(op, (out,), (p - current, keep))
-            current -= 0 if keep else 1
-        return out
+        return forms.reduce(op, im.term(x), axes or range(rank), rank, keep)
     return convert
 
 
@@ -191,40 +174,25 @@ def _gemm(im: Importer, node):
 
 def _transpose(im: Importer, node):
     rank = im.rank(node.input[0])
-    perm = tuple(_attr(node, "perm", list(range(rank))[::-1]))
-    x = im.term(node.input[0])
-    if perm == tuple(range(rank)):
-        return x
-    if rank >= 2 and perm == tuple(range(rank - 2)) + (rank - 1, rank - 2):
-        return Term("transpose", (x,), (-2, -1))
-    return Term("permute", (x,), (shape_attr(perm),))
+    return forms.permute(im.term(node.input[0]), _attr(node, "perm", range(rank)[::-1]), rank)
 
 
-def _reshape(im: Importer, node):
-    """Reshape, Flatten, Squeeze, Unsqueeze: a reshape to the inferred shape, when it is static."""
-    out = im.static(node.output[0])
-    x = im.term(node.input[0])
-    return x if im.shape(node.input[0]) == out else Term("reshape", (x,), (shape_attr(out),))
+def _to_shape(op: str):
+    """Reshape (also Flatten, Squeeze, Unsqueeze) and Expand to the inferred shape, when static."""
+    def convert(im: Importer, node):
+        out, x = im.static(node.output[0]), im.term(node.input[0])
+        return x if im.shape(node.input[0]) == out else Term(op, (x,), (shape_attr(out),))
+    return convert
 
 
-def _expand(im: Importer, node):
-    out = im.static(node.output[0])
-    x = im.term(node.input[0])
-    return x if im.shape(node.input[0]) == out else Term("expand", (x,), (shape_attr(out),))
-
-
-def _gather(im: Importer, node):
-    if im.rank(node.input[1]) != 1:
-        raise Unsupported("Gather with indices of rank other than 1")
-    data = node.input[0]
-    return Term("index_select", (im.term(data), im.term(node.input[1])),
-                (im.axis(data, _attr(node, "axis", 0)),))
-
-
-def _gather_elements(im: Importer, node):
-    data = node.input[0]
-    return Term("gather", (im.term(data), im.term(node.input[1])),
-                (im.axis(data, _attr(node, "axis", 0)),))
+def _gather(op: str):
+    """Gather (indices of rank 1: ``index_select``) and GatherElements (``gather``)."""
+    def convert(im: Importer, node):
+        if op == "index_select" and im.rank(node.input[1]) != 1:
+            raise Unsupported("Gather with indices of rank other than 1")
+        return Term(op, (im.term(node.input[0]), im.term(node.input[1])),
+                    (im.axis(node.input[0], _attr(node, "axis", 0)),))
+    return convert
 
 
 def _concat(im: Importer, node):
@@ -357,11 +325,10 @@ CONVERTERS = {
     "ReduceMax": _reduce("max", 18), "ReduceLogSumExp": _log_sum_exp,
     "MatMul": lambda im, n: Term("matmul", (im.term(n.input[0]), im.term(n.input[1]))),
     "Gemm": _gemm, "Transpose": _transpose,
-    **dict.fromkeys(("Reshape", "Flatten", "Squeeze", "Unsqueeze"), _reshape),
-    "Expand": _expand, "Gather": _gather, "GatherElements": _gather_elements, "Concat": _concat,
+    **dict.fromkeys(("Reshape", "Flatten", "Squeeze", "Unsqueeze"), _to_shape("reshape")),
+    "Expand": _to_shape("expand"), "Gather": _gather("index_select"),
+    "GatherElements": _gather("gather"), "Concat": _concat,
     "Slice": _slice, "Cast": _cast, "Softmax": _softmax("softmax"),
     "LogSoftmax": _softmax("log_softmax"), "LayerNormalization": _layer_norm,
     "Conv": _conv, "MaxPool": _max_pool, "BatchNormalization": _batch_norm,
 }
-
-

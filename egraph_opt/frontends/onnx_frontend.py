@@ -1,11 +1,9 @@
-"""ONNX frontend: a ModelProto into a Program of Terms, the same language the torch path lowers to.
+"""ONNX frontend: a ModelProto into a Program of Terms, the language the torch path lowers to.
 
-Graph inputs become ``input`` terms, initializers and tensor constants ``param`` terms, size-one
-numeric constants beside a tensor ``const`` terms. Subgraphs of constants (shape arithmetic,
-masks) are folded when every input is known, which needs static input shapes. Nodes the Term
-language cannot express exactly (an unknown op, a Reshape whose result is not static) stay opaque
-and are copied verbatim by the backend. What the Term language does not keep (symbolic dims,
-exact tensor protos, opsets, names) lives in the side tables of ``OnnxProgram``.
+Subgraphs of constants (shape arithmetic, masks) are folded when every input is known (static
+input shapes). Nodes the Term language cannot express exactly stay opaque and are copied verbatim
+by the backend; what Terms do not keep (symbolic dims, tensor protos, opsets, names) lives in the
+side tables of ``OnnxProgram``.
 """
 from __future__ import annotations
 
@@ -103,21 +101,17 @@ def topological(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
     """Nodes with producers first; a cycle or an undefined input is an error naming the node."""
     known = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    deps = []
+    users: dict[int, list[int]] = {}
+    waiting = []
     for i, node in enumerate(graph.node):
-        mine = set()
         for name in node.input:
             if name and name not in known and name not in producer:
                 raise OnnxImportError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}) "
                                       f"reads {name!r}, which no node, initializer or input defines")
-            if name in producer and name not in known:
-                mine.add(producer[name])
-        deps.append(mine)
-    users: dict[int, list[int]] = {}
-    for i, mine in enumerate(deps):
+        mine = {producer[x] for x in node.input if x in producer and x not in known}
         for d in mine:
             users.setdefault(d, []).append(i)
-    waiting = [len(d) for d in deps]
+        waiting.append(len(mine))
     ready = [i for i, w in enumerate(waiting) if w == 0]
     heapq.heapify(ready)
     order = []
@@ -155,12 +149,6 @@ def subgraph_reads(node: onnx.NodeProto) -> list[str]:
                 reads += [x for x in list(n.input) + subgraph_reads(n) if x and x not in defined]
                 defined.update(n.output)
     return list(dict.fromkeys(reads))
-
-
-def _set_constant(im: Importer, name: str, array: np.ndarray, proto=None):
-    im.consts[name] = array
-    if proto is not None:
-        im.protos[name] = proto
 
 
 def _constant_node(node: onnx.NodeProto) -> np.ndarray:
@@ -219,7 +207,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
         if vt is not None:
             im.types[info.name] = vt
     for tensor in graph.initializer:
-        _set_constant(im, tensor.name, numpy_helper.to_array(tensor), tensor)
+        im.consts[tensor.name], im.protos[tensor.name] = numpy_helper.to_array(tensor), tensor
     inputs = []
     for info in graph.input:
         if info.name in im.consts:
@@ -243,13 +231,12 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     for i, node in enumerate(nodes):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             with contextlib.suppress(Unsupported):  # a Constant we cannot read stays a node
-                _set_constant(im, node.output[0], _constant_node(node))
+                im.consts[node.output[0]] = _constant_node(node)
                 folded += 1
                 continue
         values = _fold(im, node)
         if values is not None:
-            for out, value in zip(node.output, values):
-                _set_constant(im, out, value)
+            im.consts.update(zip(node.output, values))
             folded += 1
             continue
         converter = CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None

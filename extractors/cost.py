@@ -1,14 +1,8 @@
-"""Integer costs per node: conditioning and latency, combined by the objective.
-
-Conditioning comes from the operand ranges (``curvature.py``): decibels of the error amplification
-that follows (the all-digits class for a cancellation), kappa as a tie-break and, where a range
-leaves it unbounded, by growth class. Latency comes from the profiling database through
-``latency_of`` where it knows the kernel, and otherwise from a static count of passes over memory,
-in the same unit (a tenth of a microsecond). Integers keep extraction exact.
-
-Objectives: ``stability`` minimizes conditioning and breaks ties by latency; ``latency`` the
-reverse; ``balanced`` adds them (a decibel of conditioning weighs as much as a microsecond);
-``tolerance`` is the fastest program whose per-node estimated error stays within a bound.
+"""Integer costs per node (integers keep extraction exact): conditioning from the operand ranges
+(``curvature.py``) and latency from the profiling database (``latency_of``) or else a static count
+of passes over memory, both in tenths of a microsecond. ``stability`` minimizes conditioning, ties
+broken by latency; ``latency`` the reverse; ``balanced`` adds them (a decibel weighs a
+microsecond); ``tolerance``: the fastest program whose per-node estimated error stays in a bound.
 """
 from __future__ import annotations
 

@@ -1,17 +1,13 @@
-"""Curvature: a per-op conditioning estimate driven by value ranges.
+"""Curvature: per-op conditioning over value ranges: kappa (kappa_exp = e^(2 hi), kappa_log =
+1/lo^2, kappa_div = 1/|d|^3, linear ops 0), L (largest |derivative|), Delta (unit roundoff times
+the result's largest magnitude).
 
-Per node: kappa (curvature: how fast the derivative changes over the operand range, by the seeds'
-formulas, e.g. kappa_exp = e^(2 hi), kappa_log = 1/lo^2, kappa_div = 1/|d|^3, linear ops 0),
-L (Lipschitz constant: the largest |derivative| over the range) and Delta (rounding: unit roundoff
-of the dtype times the largest magnitude of the result).
-
-The integer extraction cost (``kappa_cost``) is led by what float32 error follows: decibels of
-the relative condition numbers that amplify an operand's rounding error (exp: |x|, log: 1/|log u|),
-and, where no digit can survive, the all-digits class: cancellation, amplification past 1 / unit
-roundoff, an infinity consumed into a finite value. Bounded kappa only breaks ties (a few
-decibels): bench/curvature_vs_error found it predicts no error by itself. Where a range is
-unbounded kappa is infinite for several ops at once; the cost then orders them by growth class
-(exponential > singular > bounded > linear), so a stable form still ranks below its naive form.
+``kappa_cost`` is led by the float32 error that follows: decibels of the condition numbers that
+amplify an operand's rounding error (exp: |x|, log: 1/|log u|), and the all-digits class where no
+digit survives (cancellation, amplification past 1 / unit roundoff, an infinity consumed). Bounded
+kappa only breaks ties (bench/curvature_vs_error: it predicts no error by itself); unbounded, it
+is ordered by growth class (exponential > singular > bounded > linear), so a stable form still
+ranks below its naive form.
 """
 from __future__ import annotations
 
@@ -59,18 +55,9 @@ def _pow(attrs: tuple, operands: list[Interval]) -> float:
     return abs(p * (p - 1)) * lo ** (p - 2) if lo > 0 else math.inf
 
 
-def _div_kappa(attrs: tuple, o: list[Interval]) -> float:
-    d = _gap(o[1])
-    return 2 * _mag(o[0]) / d ** 3 if d > 0 else math.inf
-
-
-def _div_lipschitz(attrs: tuple, o: list[Interval]) -> float:
-    d = _gap(o[1])
-    return max(1 / d, _mag(o[0]) / d ** 2) if d > 0 else math.inf
-
-
 def _over(lo: float, f) -> float:
-    """f(lo) where the operand's range starts above 0 (log, sqrt, rsqrt), else unbounded."""
+    """f(lo) where the operand's range starts above 0 (log, sqrt, rsqrt; a divisor's distance from
+    0), else unbounded."""
     return f(lo) if lo > 0 else math.inf
 
 
@@ -86,7 +73,8 @@ FORMULAS = {
             lambda attrs, o: _over(o[0][0], lambda lo: 1 / lo)),
     "log1p": (lambda attrs, o: _over(o[0][0] + 1, lambda lo: 1 / lo ** 2),
               lambda attrs, o: _over(o[0][0] + 1, lambda lo: 1 / lo)),
-    "div": (_div_kappa, _div_lipschitz),
+    "div": (lambda attrs, o: _over(_gap(o[1]), lambda d: 2 * _mag(o[0]) / d ** 3),
+            lambda attrs, o: _over(_gap(o[1]), lambda d: max(1 / d, _mag(o[0]) / d ** 2))),
     "sqrt": (lambda attrs, o: _over(o[0][0], lambda lo: 1 / (4 * lo ** 1.5)),
              lambda attrs, o: _over(o[0][0], lambda lo: 0.5 / math.sqrt(lo))),
     "rsqrt": (lambda attrs, o: _over(o[0][0], lambda lo: 3 / (4 * lo ** 2.5)),

@@ -1,20 +1,12 @@
-"""DAG-aware greedy extraction over the serialized e-graph, in our own code.
+"""DAG-aware greedy extraction over the serialized e-graph (egglog's own is tree-costed and
+saturates on deep residual graphs; ../shared/DESIGN.md).
 
-egglog's built-in extraction is tree-costed and saturates on deep residual graphs; Python cost
-callbacks into it are slow and panic on errors (../shared/DESIGN.md). Here each e-class keeps the
-cheapest e-node found so far together with the cost of every e-class its choice depends on, so a
-subterm shared by two operands is paid once. Relaxation runs from the leaves up until no class
-improves; costs are integers, so it terminates.
-
-On e-graphs larger than ``EXACT_UP_TO`` e-nodes, sharing is tracked within a window of ``WINDOW``
-levels below each class: the dependencies deeper than that (a transformer's residual stream below
-the current block) are mostly common to every alternative a rewrite creates, and tracking them
-all is quadratic (227 s at 50,000 e-nodes; 0.8 s windowed). The window is an approximation (a
-class's height is its shortest derivation, which can hide a long alternative's cost), so smaller
-e-graphs, the usual case once repeated blocks are templates, are extracted exactly. A windowed
-choice that turns out cyclic through a deeper class is extracted again exactly; relaxation can
-still close a cycle (a class settled on an operand that later improved through it), and then the
-choice is made in Knuth's order, acyclic by construction.
+Each e-class keeps its cheapest e-node with the cost of every e-class the choice depends on, so a
+shared subterm is paid once; relaxation from the leaves up ends, costs being integers. Above
+``EXACT_UP_TO`` e-nodes, sharing is tracked only ``WINDOW`` levels down (deeper dependencies, a
+residual stream, are common to most alternatives; tracking all is quadratic: 227 s at 50,000
+e-nodes, 0.8 s windowed). A windowed choice found cyclic is extracted again exactly; where
+relaxation itself closes a cycle, the choice is made in Knuth's order, acyclic by construction.
 """
 from __future__ import annotations
 
@@ -35,9 +27,8 @@ WINDOW = 6
 EXACT_UP_TO = 20_000
 
 
-def heights(classes: dict[str, list[ENode]]) -> dict[str, int]:
-    """Each class's least height: 0 for leaves, else the least over its e-nodes of one more than
-    their tallest operand (Knuth's generalization of Dijkstra: cycles never lower a height)."""
+def _users(classes: dict[str, list[ENode]]) -> tuple[list, dict[str, list[int]], list[int]]:
+    """Every (class, e-node); the e-nodes (by index) using each class; their distinct operands."""
     nodes = [(cid, n) for cid in classes for n in classes[cid]]
     users: dict[str, list[int]] = defaultdict(list)
     waiting = []
@@ -46,6 +37,13 @@ def heights(classes: dict[str, list[ENode]]) -> dict[str, int]:
         waiting.append(len(kids))
         for c in kids:
             users[c].append(i)
+    return nodes, users, waiting
+
+
+def heights(classes: dict[str, list[ENode]]) -> dict[str, int]:
+    """Each class's least height: 0 for leaves, else the least over its e-nodes of one more than
+    their tallest operand (Knuth's generalization of Dijkstra: cycles never lower a height)."""
+    nodes, users, waiting = _users(classes)
     tallest = [0] * len(nodes)
     heap = [(0, cid) for cid, n in nodes if not n.children]
     height: dict[str, int] = {}
@@ -67,11 +65,7 @@ def choose(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int],
     """The cheapest e-node of every e-class that has a finite program; ``cost(class, node)``.
     ``window`` bounds how many levels of sharing are tracked (None: all, exact but quadratic)."""
     height = heights(classes) if window is not None else {}
-    nodes = [(cid, n) for cid, ns in classes.items() for n in ns]
-    users: dict[str, list[int]] = defaultdict(list)
-    for i, (_, n) in enumerate(nodes):
-        for child in set(n.children):
-            users[child].append(i)
+    nodes, users, _ = _users(classes)
     best: dict[str, tuple[int, dict[str, int], ENode]] = {}
     queue = deque(i for i, (_, n) in enumerate(nodes) if not n.children)
     queued = set(queue)
@@ -235,14 +229,8 @@ def settled_in_order(classes: dict[str, list[ENode]], cost: Callable[[str, ENode
     """Each class's e-node of least cost (its operands' costs summed, each class once per e-node),
     settled in Knuth's order: a class only after every operand of its e-node, so the choice is
     acyclic by construction. The fallback when relaxation's choice closes a cycle."""
-    nodes = [(cid, n) for cid in classes for n in classes[cid]]
-    users: dict[str, list[int]] = defaultdict(list)
-    waiting, partial = [], [0] * len(nodes)
-    for i, (_, n) in enumerate(nodes):
-        kids = set(n.children)
-        waiting.append(len(kids))
-        for c in kids:
-            users[c].append(i)
+    nodes, users, waiting = _users(classes)
+    partial = [0] * len(nodes)
     heap = [(cost(cid, n), i) for i, (cid, n) in enumerate(nodes) if not n.children]
     heapq.heapify(heap)
     settled: dict[str, ENode] = {}
@@ -262,9 +250,7 @@ def settled_in_order(classes: dict[str, list[ENode]], cost: Callable[[str, ENode
 
 def _build(choice: dict[str, ENode], roots: list[str]) -> list[Term]:
     built: dict[str, Term] = {}
-    for root in roots:
-        if root not in choice:
-            raise ExtractionError(f"e-class {root} has no finite program")
+    for root in roots:  # each has a program: ``choose`` found one for it
         stack, on_path = [(root, False)], set()
         while stack:
             cid, ready = stack.pop()

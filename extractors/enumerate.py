@@ -1,24 +1,14 @@
-"""Every path, enumerable: the programs of an e-class one by one, cheapest first
-(../shared/DESIGN.md, principle 6), for profiling each alternative and for notebooks.
+"""Every path, enumerable: the programs of an e-class one by one, cheapest first (DESIGN.md,
+principle 6). Exact k-best under DAG costs is hard: this is a lazy best-first search from the
+extractor's choice, moving by switches (one reached class takes another e-node; classes newly
+reached take the extractor's choice; a switch to a cyclic or unfinished program is not taken).
+Candidates are queued once each by exact DAG cost, so the search ends on cyclic e-graphs too
+(there can be exponentially many programs: pass ``limit``).
 
-Exact k-best extraction under DAG costs is hard, so this is a lazy best-first search. A candidate
-is a program: one e-node for each e-class it reaches. The search starts from the extractor's
-choice (``choose`` then ``refine``) and moves by switches: one class the candidate reaches takes
-another of its e-nodes, classes the switch newly reaches take the extractor's choice, and a switch
-that would make the program cyclic, or reach a class without a finite program, is not taken.
-Candidates wait in a priority queue by exact DAG cost (each e-class paid once) and are expanded
-only when they come out; a candidate is queued at most once, so the search ends, cyclic e-graphs
-included (the number of programs can be exponential: pass ``limit``). An expansion walks one
-program per switch, O(program size x e-nodes of its classes). Everything is iterative: programs
-can be thousands of nodes deep.
-
-Order guaranteed: each program yielded is the cheapest of the candidates generated so far, with
-its exact DAG cost. When no program of the root computes a class twice (DAG cost is tree cost)
-and the e-graph is acyclic, this is the exact k-best order: the k-th program yielded is a k-th
-cheapest. With sharing, a switch can free a shared operand and cost less than the program it
-came from; such a program is yielded as soon as it is found, so the cost can step down there.
-Every program is reached on an acyclic e-graph; on a cyclic one a program is missed only if every
-sequence of switches towards it passes through a cyclic choice.
+Order: each program yielded is the cheapest candidate generated so far. Where no program computes
+a class twice and the e-graph is acyclic, that is the exact k-best order; with sharing, a switch
+that frees a shared operand can cost less than its origin and is yielded at once (the cost steps
+down). On a cyclic e-graph a program is missed only if every way to it passes a cyclic choice.
 
 >>> from egraph_opt.egraph.engine import ENode
 >>> from egraph_opt.lang.term import pretty
@@ -30,7 +20,9 @@ sequence of switches towards it passes through a cyclic choice.
 """
 from __future__ import annotations
 
+import functools
 import heapq
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -57,7 +49,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
                  limit: int | None = None) -> Iterator[Alternative]:
     """Distinct programs of e-class ``root``, by increasing DAG cost as the module docstring
     states, at most ``limit`` of them; ``cost(class, node)`` as for ``extract``."""
-    price = _memo(cost)
+    price = functools.cache(cost)  # the search prices the same e-nodes for every candidate
     default = choose(classes, price)
     if root not in default:
         raise ExtractionError(f"e-class {root} has no finite program")
@@ -66,8 +58,6 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
     if start is None:  # relaxation closed a cycle (see dag.py): Knuth's order cannot
         default = settled_in_order(classes, price)
         start = _program(root, {}, default)
-    if start is None:
-        raise ExtractionError(f"extracted choice is cyclic at e-class {root}")
     queue = [(_total(start, price), 0, {})]
     seen = {frozenset()}
     terms: dict[tuple, Term] = {}  # one Term per structure, across alternatives
@@ -96,9 +86,9 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
 
 def cost_parts(choice: dict[str, ENode], cost: Cost) -> dict[str, int]:
     """A program's DAG cost summed by op, largest first: where the cost of a path goes."""
-    parts: dict[str, int] = {}
+    parts: Counter = Counter()
     for cid, node in choice.items():
-        parts[node.op] = parts.get(node.op, 0) + cost(cid, node)
+        parts[node.op] += cost(cid, node)
     return dict(sorted(parts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -141,14 +131,3 @@ def _build(choice: dict[str, ENode], terms: dict[tuple, Term]) -> dict[str, Term
 
 def _total(choice: dict[str, ENode], cost: Cost) -> int:
     return sum(cost(cid, node) for cid, node in choice.items())
-
-
-def _memo(cost: Cost) -> Cost:
-    """Each e-node is priced once: the search prices the same nodes for every candidate."""
-    known: dict[tuple[str, ENode], int] = {}
-
-    def price(cid: str, node: ENode) -> int:
-        if (cid, node) not in known:
-            known[(cid, node)] = cost(cid, node)
-        return known[(cid, node)]
-    return price

@@ -1,20 +1,12 @@
-"""First-order rounding error of a whole program: the condition number of the algorithm.
+"""First-order rounding error of a whole program: what per-node costs cannot see, how an error
+travels (a cancellation only where two operands coincide, an error tanh attenuates or exp
+multiplies). Each node, given operands exact in its dtype, commits a local error Delta (Herbie's:
+the op in the dtype against float64; an overflow commits an infinite one), and the output moves by
+|d out / d v| Delta (Higham, *Accuracy and Stability*, 2.2, 3.1). Derivatives are reverse-mode in
+float64, as ADAPT (SC 2018) takes them, at points sampled from the declared ranges.
 
-Per-node costs price each op over its operand intervals, one node at a time. What they cannot see
-is how a node's error travels: a cancellation that happens only where two operands coincide, an
-error that a later op attenuates (tanh) or multiplies (exp). The first-order model of floating
-point (Higham, *Accuracy and Stability*, 2.2 and 3.1) sees that: each node, given operands exact
-in its dtype, commits a local error Delta (Herbie's local error: the op run in the dtype against
-the same op in float64; a result that overflows commits an infinite one), and the output moves by
-|d out / d v| Delta. Summed over nodes and elements this is the output's error to first order:
-the chain rule multiplies the per-op condition numbers along every path from a node to the output,
-weighted by that node's rounding. Derivatives are taken in float64 by reverse-mode
-differentiation, as ADAPT (Menon et al., SC 2018) does, at points the caller samples from the
-declared ranges (``sampling.py``).
-
-Error is counted in bits, as Herbie counts it: log2(1 + the number of floats between the result
-and the result moved by its error) per output element; 0 where no rounding reaches the output,
-every bit of the word (32 for float32) where an infinity or NaN replaces a finite result.
+Error is in bits, as Herbie counts it: log2(1 + the floats between the result and the result moved
+by its error) per output element; every bit of the word where inf or NaN replaces a finite value.
 """
 from __future__ import annotations
 
@@ -161,10 +153,8 @@ class ProgramError:
 
 def program_error(program: Program, ranges: dict | None = None, *, points: int = 8,
                   seed: int = 0) -> ProgramError | None:
-    """The program's first-order error at ``points`` drawn from ``ranges`` (declared; otherwise
-    every finite value of an input's dtype) by ``sampling.sample_inputs``. None where it cannot be
-    evaluated: opaque calls, inputs that are not floats (indices), or no output in half or single
-    precision."""
+    """The program's first-order error at ``points`` drawn from ``ranges`` (else every finite value
+    of an input's dtype). None with opaque calls, non-float inputs, or no half or single output."""
     roots = program.roots()
     if program.opaque or any(t.op == "opaque" for t in postorder(roots)) or any(
             not getattr(torch, t.attrs[2]).is_floating_point for t in program.inputs):
@@ -191,10 +181,8 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
 
 def least_error(candidates: list[Program], ranges: dict | None = None, *, points: int = 4
                 ) -> int | None:
-    """Index of the candidate of least first-order error over ``ranges`` (worst, then mean, in
-    whole bits: finer differences are sampling noise), the first of equals in the order given
-    (cheapest first); None when one cannot be estimated. Every candidate is priced at the same
-    points."""
+    """Index of the candidate of least first-order error at the same points (worst, then mean, in
+    whole bits: finer is sampling noise), the first of equals; None when one is not estimable."""
     scores = []
     for i, candidate in enumerate(candidates):
         found = program_error(candidate, ranges, points=points)

@@ -1,9 +1,6 @@
-"""The kernel registry: every kernel says what it computes, where it runs and what it accepts.
-
-A kernel's reference is a pattern of the Term language (``(softmax ?x ?a)``): the tests evaluate
-it in float64 against the kernel on random inputs. Backends: torch (CPU and CUDA: one kernel per
-op, from the op table), numpy (CPU, for elementwise ops), triton (CUDA). Moving a value between
-backends is a kernel too (torch <-> numpy), so a plan pays for its conversions.
+"""The kernel registry: every kernel says what it computes (a reference pattern, ``(softmax ?x ?a)``,
+which the tests evaluate in float64 against it), where it runs and what it accepts. Moving a value
+between backends (torch <-> numpy) is a kernel too, so a plan pays for its conversions.
 """
 from __future__ import annotations
 

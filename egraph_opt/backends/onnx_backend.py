@@ -1,11 +1,8 @@
-"""ONNX backend: an (optimized) Program back into a ModelProto of standard operators.
+"""ONNX backend: a Program back into a ModelProto; each op is written by ``onnx_emitters.EMIT``.
 
-Each op is written by its entry in ``onnx_emitters.EMIT``; this module orders the terms, names
-the values and keeps the analyses emitters ask for (dtype, rank, static shapes). Subterms of
-parameters alone are folded into initializers, as onnxruntime would at load, so that a folding
-rule (conv + batch norm) leaves no run-time arithmetic behind. Opaque nodes are copied verbatim
-with their operands renamed. Names, dtypes and symbolic dims of the graph's inputs and outputs,
-the opsets and the stored parameters come from the import's side tables.
+Subterms of parameters alone are folded into initializers, as onnxruntime would at load, so a
+folding rule (conv + batch norm) leaves no run-time arithmetic. Opaque nodes are copied with their
+operands renamed; the interface, opsets and stored parameters come from the import's side tables.
 """
 from __future__ import annotations
 
@@ -45,10 +42,8 @@ class Emitter:
         self._folded: dict[int, str | None] = {}
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
         #: attention between a split into heads and a merge, written as one Attention (opset 23)
-        self.heads = heads_merged(program.roots(), program.meta()) \
-            if self.opset >= 23 else {}
+        self.heads = heads_merged(program.roots(), program.meta()) if self.opset >= 23 else {}
 
-    # --- names, constants and analyses ---
     def fresh(self, hint: str) -> str:
         name, k = f"eo_{hint}", 0
         while name in self.taken:
@@ -158,23 +153,21 @@ class Emitter:
     def fold_params(self, t: Term) -> str | None:
         """An initializer holding ``t`` when it reads parameters and constants only and is no larger
         than the parameters it reads; None when it must be computed at run time."""
-        if id(t) not in self._folded:
-            self._folded[id(t)] = self._fold(t) if self.source(t) == "param" else None
-        return self._folded[id(t)]
-
-    def _fold(self, t: Term) -> str | None:
+        if id(t) in self._folded:
+            return self._folded[id(t)]
+        self._folded[id(t)] = None
+        if self.source(t) != "param":
+            return None
         params = {u.attrs[0]: u for u in postorder([t]) if u.op == "param"}
-        if any(u.attrs[2] in _NO_NUMPY or u.attrs[0] not in self.program.params
-               for u in params.values()):
+        if any(u.attrs[2] in _NO_NUMPY or u.attrs[0] not in self.program.params for u in params.values()):
             return None
         env = {n: self.program.params[n] for n in params}
         value = evaluate([t], env)[0]
-        if not isinstance(value, torch.Tensor) or value.dtype == torch.bfloat16 or \
-                value.numel() > sum(v.numel() for v in env.values()):
-            return None
-        return self.tensor(value.detach().numpy(), "folded")
+        if isinstance(value, torch.Tensor) and value.dtype != torch.bfloat16 and \
+                value.numel() <= sum(v.numel() for v in env.values()):
+            self._folded[id(t)] = self.tensor(value.detach().numpy(), "folded")
+        return self._folded[id(t)]
 
-    # --- emission ---
     def value(self, t: Term, like: Term | None = None) -> str:
         """The value name of an emitted term; constants take the element type of ``like``."""
         if t.op == "const":

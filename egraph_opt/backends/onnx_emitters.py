@@ -1,12 +1,9 @@
-"""The ONNX form of each op of the Term language: ``EMIT`` maps the form an op declares
-(``Op.onnx``) to the function that writes it.
+"""``EMIT``: the form an op declares (``Op.onnx``) -> the function that writes it, given the
+backend's ``Emitter``, the term and its attributes; it returns the name of the value it wrote.
 
-An emitter gets the backend's ``Emitter`` (value names, constants, analyses), the term and its
-attributes, and returns the name of the value it wrote. Fused ops become the standard operator the
-model's opset has (LayerNormalization from 17, Gelu from 20, Attention from 23) or, before it,
-their definition in ops that exist, spelled as onnxruntime's own fusions expect it (Gelu as a Div
-by sqrt(2), attention as MatMul, Mul, Add, Softmax, MatMul), so that a fused op costs nothing at
-an older opset. ``NO_ONNX_FORM`` lists the ops that have no form at all.
+Fused ops become the standard operator of the model's opset (LayerNormalization from 17, Gelu from
+20, Attention from 23) or, before it, their definition spelled as onnxruntime's own fusions expect
+it (Gelu as a Div by sqrt(2); MatMul, Mul, Add, Softmax, MatMul), so they cost nothing there.
 """
 from __future__ import annotations
 
@@ -47,11 +44,6 @@ def _emit_tree(em, root: Term) -> str:
         if id(u) not in em.names:
             em.emit(u, None)
     return em.value(root)
-
-
-def _composite(build):
-    """An op with no ONNX operator: emitted as its definition in ops that have one."""
-    return lambda em, t, *attrs: _emit_tree(em, build(*t.args, *attrs))
 
 
 def _definition(em, t, *attrs):
@@ -173,7 +165,7 @@ def _layer_norm(em, t, eps):
     if em.opset >= 17 and (shape or all(a.op != "const" for a in (w, b))):
         def operand(a, hint):
             return em.value(a) if a.op != "const" else \
-                em.tensor(np.full(shape[-1:], a.attrs[0], _np_type(em, x)), hint)
+                em.tensor(np.full(shape[-1:], a.attrs[0], np.dtype(em.dtype(x) or "float32")), hint)
         inputs = [em.value(x), operand(w, "scale")]
         inputs += [] if b.op == "const" and b.attrs[0] == 0.0 else [operand(b, "bias")]
         return em.node("LayerNormalization", inputs, "layer_norm", axis=-1, epsilon=eps)
@@ -181,10 +173,6 @@ def _layer_norm(em, t, eps):
     var = Term("mean", (Term("mul", (centered, centered)),), (-1, True))
     norm = Term("div", (centered, Term("sqrt", (Term("add", (var, Term.const(eps))),))))
     return _emit_tree(em, Term("add", (Term("mul", (norm, w)), b)))
-
-
-def _np_type(em, t: Term):
-    return np.dtype(em.dtype(t) or "float32")
 
 
 def _gelu(em, t, approximate):
@@ -201,21 +189,18 @@ def _gelu(em, t, approximate):
     return _emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))), Term("add", (c(1.0), gate)))))
 
 
-
-def _attention(em, t, q, k, v, bias: Term | str | None, scale, causal=False):
-    """Attention at opset 23 (rank-4 operands), else softmax(q k^T * scale + bias) v."""
+def _sdpa(em, t, scale, causal=False):
+    """sdpa (q, k, v; scale, causal), sdpa_masked (q, k, v, bias; scale): Attention at opset 23
+    (rank-4 operands), else softmax(q k^T * scale + bias) v."""
+    q, k, v, *bias = t.args
+    bias = [em.value(b) for b in bias]
     if em.opset >= 23 and em.rank(q) == 4:
-        inputs = [em.value(q), em.value(k), em.value(v)]
-        inputs += [] if bias is None else [bias if isinstance(bias, str) else em.value(bias)]
-        return em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal))
-    if causal:
-        bias = _causal_bias(em, q, k)
+        return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention",
+                       scale=scale, is_causal=int(causal))
+    bias += [_causal_bias(em, q, k)] if causal else []
     scores = Term("matmul", (q, Term("transpose", (k,), (-2, -1))))
-    scores = scores if scale == 1.0 else Term("mul", (scores, Term.const(scale)))
-    scores = _emit_tree(em, scores)
-    if bias is not None:
-        bias_name = bias if isinstance(bias, str) else em.value(bias)
-        scores = em.node("Add", [scores, bias_name], "masked")
+    scores = _emit_tree(em, scores if scale == 1.0 else Term("mul", (scores, Term.const(scale))))
+    scores = em.node("Add", [scores, bias[0]], "masked") if bias else scores
     return em.node("MatMul", [em.node("Softmax", [scores], "softmax", axis=-1), em.value(v)],
                    "attention")
 
@@ -226,14 +211,8 @@ def _causal_bias(em, q, k) -> str:
     if qs is None or ks is None:
         raise OnnxExportError(f"causal attention over dynamic lengths needs the Attention operator "
                               f"(opset 23), the model has opset {em.opset}")
-    mask = np.triu(np.full((qs[-2], ks[-2]), -np.inf, _np_type(em, q)), 1)
+    mask = np.triu(np.full((qs[-2], ks[-2]), -np.inf, np.dtype(em.dtype(q) or "float32")), 1)
     return em.tensor(mask, "causal_mask")
-
-
-def _sdpa(em, t, scale, causal=False):
-    """sdpa (q, k, v; scale, causal) and sdpa_masked (q, k, v, bias; scale)."""
-    q, k, v, *bias = t.args
-    return _attention(em, t, q, k, v, bias[0] if bias else None, scale, causal)
 
 
 def _swapped(t: Term) -> Term | None:
@@ -258,11 +237,9 @@ def _heads_of(t: Term, meta: dict) -> tuple[Term, int] | None:
 
 
 def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
-    """Attention whose operands are split into heads and whose only use merges them back:
-    merged term id -> (attention term, x of q, k and v, H, the shape to reshape Attention's output
-    to, or None). At opset 23 such attention is one Attention over the unsplit (batch, seq,
-    hidden) values, without the Reshapes and Transposes around it (a merge into (batch * seq,
-    hidden) rows keeps one Reshape). ``meta``: (shape, dtype) of every term, by id."""
+    """Attention whose operands are split into heads and whose only use merges them back, written at
+    opset 23 as one Attention over the unsplit (batch, seq, hidden) values: merged term id ->
+    (attention, x of q, k and v, H, the shape to reshape its output to, or None)."""
     order = postorder(roots)
     uses = dict.fromkeys((id(t) for t in order), 0)
     for r in roots:
@@ -344,15 +321,15 @@ def _concat(em, t, axis):
     return em.node("Concat", parts, "concat", axis=axis)
 
 
-def _along_axis(em, t, axis):
-    """Softmax and LogSoftmax: one node over the operand, along ``axis``."""
+def _along_axis(em, t, axis):  # Softmax, LogSoftmax
     return em.node(OPS[t.op].onnx, [em.value(t.args[0])], t.op, axis=axis)
 
 
-def _logaddexp(a: Term, b: Term) -> Term:
+def _logaddexp(em, t):
     """max(a, b) + softplus(-|a - b|): no exp overflows, and softplus is exact for small terms."""
+    a, b = t.args
     gap = Term("neg", (Term("abs", (Term("sub", (a, b)),)),))
-    return Term("add", (Term("maximum", (a, b)), Term("softplus", (gap,))))
+    return _emit_tree(em, Term("add", (Term("maximum", (a, b)), Term("softplus", (gap,)))))
 
 
 #: each ONNX form an op declares (``Op.onnx``) -> the function that writes it: an operator (one
@@ -374,7 +351,6 @@ EMIT = {
     "Cast": lambda em, t, dtype: em.node("Cast", [em.value(t.args[0])], "cast", to=ELEM_TYPES[dtype]),
     # decompositions: ONNX has no operator for these
     "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p,
-    "kahan-expm1": _expm1, "linear-activation": _linear_act,
-    "definition": _definition,
-    "stable-logaddexp": _composite(_logaddexp),
+    "kahan-expm1": _expm1, "linear-activation": _linear_act, "definition": _definition,
+    "stable-logaddexp": _logaddexp,
 }

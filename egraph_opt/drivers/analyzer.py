@@ -1,11 +1,6 @@
-"""The curvature analyzer: every node of a program with its range, kappa, L and Delta, and the
-bits of output error its rounding causes (``extractors/rounding_error.py``), with the program's
-total: the first-order error over the ranges, worst and mean.
-
-``curvature(fn, *example_args)`` traces ``fn`` and annotates it. Ranges come from declared
-``input_ranges`` where given and otherwise from the example inputs' own minimum and maximum: an
-estimate for cost and for people, never a soundness argument (rule conditions use declared ranges
-only).
+"""The curvature analyzer: every node with its range, kappa, L, Delta and the bits of output error
+its rounding causes; the program's first-order error, worst and mean. Ranges not declared come
+from the example inputs' minimum and maximum: an estimate for people, never a soundness argument.
 """
 from __future__ import annotations
 
@@ -68,22 +63,19 @@ class CurvatureReport:
 
 def analyze_program(program: Program, ranges: dict[str, Interval] | None = None
                     ) -> CurvatureReport:
-    roots = program.roots()
-    leaf_meta = program.leaf_meta()
-    meta = program.meta()
-    intervals = analyze(roots, ranges, leaf_meta, meta)
+    roots, meta = program.roots(), program.meta()
+    intervals = analyze(roots, ranges, program.leaf_meta(), meta)
     error = program_error(program, ranges)
     nodes = []
     for t in postorder(roots):
         if not t.args:
             continue
         operands = [intervals[id(a)] for a in t.args]
-        shape, dtype = meta[id(t)]
+        shape, dtype = meta[id(t)][0], dtype_name(meta[id(t)][1])
         nodes.append(NodeCurvature(
-            pretty(t), t.op, shape, dtype_name(dtype), intervals[id(t)],
+            pretty(t), t.op, shape, dtype, intervals[id(t)],
             kappa(t.op, t.attrs, operands), lipschitz(t.op, t.attrs, operands),
-            rounding(dtype_name(dtype), intervals[id(t)]),
-            kappa_cost(t.op, t.attrs, operands, intervals[id(t)], dtype_name(dtype)),
+            rounding(dtype, intervals[id(t)]), kappa_cost(t.op, t.attrs, operands, intervals[id(t)], dtype),
             error.by_node.get(id(t), 0.0) if error else 0.0))
     return CurvatureReport(nodes, error)
 

@@ -1,7 +1,5 @@
-"""``saturate_and_extract``: the decorator users meet first.
-
-The first call per input signature (shapes, dtypes, devices) traces, optimizes, validates and
-caches a plan; later calls with that signature run the plan. A plan that fails validation is
+"""``saturate_and_extract``: the first call per input signature (shapes, dtypes, devices) traces,
+optimizes, validates and caches a plan; later calls run it. A plan that fails validation is
 replaced by the original program, and the report says why.
 """
 from __future__ import annotations
@@ -73,11 +71,9 @@ def _run_unflattened(module, returns, *args):
 
 
 class OptimizedFunction:
-    """A callable equivalent to ``fn`` that runs the optimized program for each input signature.
-
-    A program that cannot be optimized soundly (it mutates its arguments or its module's state,
-    cannot be traced, or takes values the Term language does not hold) runs untouched, and its
-    report says why; so does one whose optimized form fails validation."""
+    """``fn``, run as its optimized program per input signature; untouched (the report says why)
+    where that cannot be sound (it mutates its arguments or module state, cannot be traced, takes
+    values the Term language does not hold) or where the optimized form fails validation."""
 
     def __init__(self, fn: Callable, *, objective="balanced", tolerance: float | None = None,
                  input_ranges=None, rulesets=None, validate: bool = True,
@@ -193,9 +189,8 @@ class OptimizedFunction:
 
     @property
     def egraph(self) -> EGraph | None:
-        """The saturated e-graph behind the plan that ran last (with ``keep_egraph=False``, only
-        the e-graph of the latest optimization is kept, so this is None after a re-run of an
-        older plan)."""
+        """The saturated e-graph behind the plan that ran last (without ``keep_egraph``, None after
+        a re-run of an older plan: only the latest optimization's is kept)."""
         return self._last.egraph if self._last else None
 
     @property
@@ -204,16 +199,11 @@ class OptimizedFunction:
 
 
 def saturate_and_extract(fn: Callable | None = None, **options: Any):
-    """Optimize ``fn`` (a function of tensors or an nn.Module) by equality saturation.
-
-    Use bare (``@saturate_and_extract``) or with options: ``objective`` ("balanced", "stability",
-    "latency", or "tolerance" with ``tolerance=`` a relative error), ``input_ranges``
-    ({name: (lo, hi)}), ``rulesets`` (family or rule names), ``validate`` (default True),
-    ``limits`` (a ``Limits``), ``profile_db`` (latency database path; None: the default one;
-    False: static latencies), ``profile_misses`` (time unmeasured kernels during optimization),
-    ``keep_egraph`` (keep every plan's saturated e-graph, for notebooks; by default only the
-    latest optimization's is kept).
-    """
+    """Optimize ``fn`` (a function of tensors or an nn.Module) by equality saturation; bare or with
+    options: ``objective`` ("balanced", "stability", "latency", or "tolerance" with ``tolerance=`` a
+    relative error), ``input_ranges`` ({name: (lo, hi)}), ``rulesets`` (family or rule names),
+    ``validate`` (default True), ``limits``, ``profile_db`` (a path; None: the default; False: static
+    latencies), ``profile_misses`` (time unmeasured kernels now), ``keep_egraph`` (every plan's)."""
     if fn is None:
         return lambda f: OptimizedFunction(f, **options)
     return OptimizedFunction(fn, **options)

@@ -1,9 +1,7 @@
-"""A call's arguments: the tensors a plan takes, and the other values it is specialized to.
-
-Tensors are the program's inputs. Every other argument (``None`` left at its default, a flag, a
-size) is a constant of the trace, part of the plan's key, as torch.compile specializes on them.
-Keyword-only parameters, builtins (``torch.exp``) and ``functools.partial`` objects are traced
-through a generated function of the tensors alone, whose parameters carry the user's names.
+"""A call's arguments: tensors are the program's inputs; every other argument (a flag, a size) is
+a constant of the trace and part of the plan's key, as torch.compile specializes on them.
+Keyword-only parameters, builtins and ``functools.partial`` objects are traced through a
+generated function of the tensors alone, whose parameters carry the user's names.
 """
 from __future__ import annotations
 

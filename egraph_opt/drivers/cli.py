@@ -1,8 +1,6 @@
 """Command line: ``rules`` (the catalogue), ``kernels`` (the registry), ``profile`` (timings into
-the latency database), ``onnx`` (batch-optimize ONNX exports).
-
-Every error is one line on stderr: exit status 2 for a bad argument, 1 for a failure, 130 for
-Ctrl-C; ``--debug`` shows the traceback instead.
+the latency database), ``onnx`` (batch-optimize ONNX exports). Every error is one line on stderr
+(exit status 2: a bad argument, 1: a failure, 130: Ctrl-C); ``--debug`` shows the traceback.
 """
 from __future__ import annotations
 
@@ -169,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, prog: str) -> int:
-    """Run the command; any error becomes one line, and warnings (a profile database set aside)
-    one line each."""
+    """Run the command; an error, and each warning (a profile database set aside), is one line."""
     with warnings.catch_warnings():
         warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}",
                                                          file=sys.stderr)

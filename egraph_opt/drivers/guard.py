@@ -1,13 +1,9 @@
-"""What besides the inputs' signature changes the meaning of a traced program: the key of a plan.
-
-A plan bakes in the modules' ``training`` flags (batch norm, dropout), which tensor objects are
-the parameters and buffers (a rebinding such as ``m.weight = nn.Parameter(...)`` or
-``load_state_dict(..., assign=True)`` leaves the traced graph holding the old ones), grad mode and
-``requires_grad``. Values do not enter it: parameters range over their dtype in every analysis,
-and folded constants are recomputed when a tensor's version changes (``torch_backend``).
-
-Checking identities on every call would cost microseconds per parameter, so torch's global
-registration hooks count rebindings and identities are re-read only after one.
+"""The key of a plan besides the inputs' signature: the modules' ``training`` flags, which tensor
+objects are the parameters and buffers (``m.weight = nn.Parameter(...)`` leaves the traced graph
+holding the old one), grad mode. Values do not enter it: parameters range over their dtype in every
+analysis, and folded constants are recomputed when a tensor's version changes (``torch_backend``).
+Identities are re-read only after torch's registration hooks count a rebinding (microseconds per
+parameter otherwise, on every call).
 """
 from __future__ import annotations
 

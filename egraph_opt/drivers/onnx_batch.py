@@ -1,10 +1,7 @@
 """``egraph-opt onnx IN... --out DIR``: optimize ONNX models in batch, each validated before written.
 
-Every model is read, optimized, exported, checked (onnx.checker, full) and compared with the
-original under onnxruntime on random inputs; only a model that passes is written, atomically, into
-``--out``. A failing model is reported with its reason while the others go on; the exit status
-says whether any failed. ``--out`` and ``--report`` are checked before any work; Ctrl-C stops
-with one line and the report of the models done.
+A model is written (atomically) only once onnx.checker and onnxruntime on random inputs pass; a
+failing one is reported with its reason while the others go on, and sets the exit status.
 """
 from __future__ import annotations
 
@@ -41,8 +38,6 @@ _EXTERNAL_ABOVE = 1 << 30  # bytes: larger models are written with their tensors
 class ModelFailure(Exception):
     """One model could not be optimized: the reason goes into its report line."""
 
-
-# --- inputs and validation ---
 
 def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
     """Exclusive upper bound of each integer input that (maybe through casts and reshapes) indexes
@@ -111,14 +106,10 @@ def latencies(sessions: list, feeds: dict, runs: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-# --- one model ---
-
 def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite: bool = False):
-    """Write into a temporary folder beside the target, then claim the final names by hard links,
-    external data first and the model last. A link fails where the name exists, so of two runs
-    writing one output one fails, and a model never appears without all of its data. With
-    ``overwrite`` the old model and its data are removed first, so no model meets another's data.
-    """
+    """Write beside the target, then claim the names by hard links, data first: a link fails where
+    the name exists, so of two runs one fails and no model appears without its data (``overwrite``
+    removes the old model and data first, so none meets another's)."""
     directory, base = os.path.split(target)
     folder = tempfile.mkdtemp(prefix=".egraph-opt-", dir=directory or ".")
     names = [base + ".data", base] if external else [base]
@@ -157,10 +148,6 @@ def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
     except Exception as e:  # noqa: BLE001 - the converter raises several types
         raise ModelFailure(f"cannot convert opset {opset_of(model)} to {opset}: "
                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-
-
-def _uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def process(path: str, target: str, options: dict) -> dict:
@@ -202,8 +189,8 @@ def process(path: str, target: str, options: dict) -> dict:
         if options["latency_runs"]:
             record["latency_ms_before"], record["latency_ms_after"] = latencies(
                 sessions, feeds, options["latency_runs"])
-        external = _uses_external_data(stored) or \
-            optimized.ByteSize() > _EXTERNAL_ABOVE
+        external = optimized.ByteSize() > _EXTERNAL_ABOVE or any(
+            t.data_location == onnx.TensorProto.EXTERNAL for t in stored.graph.initializer)
         write_atomic(optimized, target, external, options["force"])
         record.update(status="optimized")
     except (ModelFailure, OnnxImportError, OnnxExportError, OSError) as e:
@@ -213,8 +200,6 @@ def process(path: str, target: str, options: dict) -> dict:
     record["seconds"] = round(time.perf_counter() - start, 3)
     return record
 
-
-# --- the batch ---
 
 def collect(patterns: list[str], out_dir: str) -> list[str]:
     """Model paths from files, directories (their .onnx files, recursively) and glob patterns."""
@@ -276,7 +261,7 @@ def _writable_dir(path: str, what: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
         tempfile.TemporaryFile(dir=path).close()
-    except FileExistsError:
+    except FileExistsError:  # a file, not a directory
         raise Failure(f"{what} {path}: is a file, not a directory") from None
     except OSError as e:
         raise Failure(f"{what} {path}: cannot write there ({e.strerror or e})") from None

@@ -1,9 +1,8 @@
 """Patterns: the s-expression language rules are written in, Herbie and egg style.
 
-``(div (exp ?x) (sum (exp ?x) ?a true))`` names ops of the op table with operands first and
-attributes after; ``?x`` is a variable; an attribute may be a primitive expression such as
-``(/ 1.0 ?c)``. One pattern is emitted as egglog text, matched against Terms and instantiated
-into Terms (for proofs and reports).
+``(div (exp ?x) (sum (exp ?x) ?a true))``: ops with operands first and attributes after; ``?x`` is
+a variable; an attribute may be a primitive expression such as ``(/ 1.0 ?c)``. One pattern is
+emitted as egglog text, matched against Terms and instantiated into Terms.
 
 >>> p = parse("(log (sum (exp ?x) ?a ?k))")
 >>> sorted(variables(p).items())
@@ -57,18 +56,6 @@ PRIMITIVES = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": oper
 _TOKEN = re.compile(r'\s*(\(|\)|"(?:[^"\\]|\\.)*"|[^\s()]+)')
 
 
-def _tokens(text: str) -> list[str]:
-    pos, out = 0, []
-    text = text.strip()
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if not m:
-            raise PatternError(f"cannot read pattern {text!r} at {pos}")
-        out.append(m.group(1))
-        pos = m.end()
-    return out
-
-
 def _atom(tok: str) -> Pattern:
     if tok.startswith("?"):
         return Var(tok[1:])
@@ -86,7 +73,7 @@ def sexp(text: str) -> list | str:
     """One s-expression as nested lists of tokens: ``(exp ?x)`` -> ``['exp', '?x']``. Patterns and
     rule guards are read by it."""
     stack: list[list] = [[]]
-    for tok in _tokens(text):
+    for tok in _TOKEN.findall(text):  # every character is a token or space: nothing is skipped
         if tok == "(":
             stack.append([])
         elif tok == ")":
@@ -152,7 +139,7 @@ def variables(p: Pattern) -> dict[str, str]:
     return sorts
 
 
-def _literal(value) -> str:
+def literal(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -170,15 +157,11 @@ def to_egg(p: Pattern) -> str:
     if isinstance(p, Var):
         return "?" + p.name
     if isinstance(p, Lit):
-        return _literal(p.value)
+        return literal(p.value)
     if isinstance(p, Prim):
         return f"({p.fn} {' '.join(to_egg(a) for a in p.args)})"
     parts = [OPS[p.op].egg_name, *(to_egg(a) for a in p.args + p.attrs)]
     return f"({' '.join(parts)})"
-
-
-def literal(value) -> str:
-    return _literal(value)
 
 
 def structural_ids(roots) -> dict[int, int]:
@@ -229,12 +212,7 @@ def _computed(q: Prim, bound: dict):
 def find(p: Pattern, roots) -> list[dict]:
     """All bindings of ``p`` over the terms reachable from ``roots``."""
     canon = structural_ids(roots)
-    found = []
-    for t in postorder(roots):
-        b = match(p, t, canon)
-        if b is not None:
-            found.append(b)
-    return found
+    return [b for t in postorder(roots) if (b := match(p, t, canon)) is not None]
 
 
 def instantiate(p: Pattern, bindings: dict):
@@ -267,7 +245,7 @@ def skeleton(p: Pattern) -> tuple[Term, dict[int, str]]:
         term = Term(q.op, tuple(build(a) for a in q.args), attrs)
         labels = [_attr_text(a) if isinstance(a, (Var, Prim)) else None for a in q.attrs]
         if any(labels):
-            shown = [lab if lab else _literal(v) for lab, v in zip(labels, attrs)]
+            shown = [lab if lab else literal(v) for lab, v in zip(labels, attrs)]
             names[id(term)] = f"{q.op}({', '.join([pretty(a, names) for a in term.args] + shown)})"
         return term
 
@@ -279,7 +257,7 @@ def _attr_text(a) -> str:
         return a.name
     if isinstance(a, Prim):
         return f" {a.fn} ".join(_attr_text(x) for x in a.args)
-    return _literal(a.value)
+    return literal(a.value)
 
 
 def show(p: Pattern) -> str:

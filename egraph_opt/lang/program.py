@@ -7,12 +7,12 @@ e-graph beside the program outputs, so everything around them is still optimized
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.fx.node import map_aggregate
 
-from .term import Term, postorder, shapes
+from .term import Term, postorder, shapes, topological  # noqa: F401 - topological: backends' import
 
 
 @dataclass(frozen=True)
@@ -36,25 +36,6 @@ class OpaqueCall:
         target = self.target if isinstance(self.target, str) else getattr(
             self.target, "__qualname__", repr(self.target))
         return f"{self.name} = {self.kind} {target}"
-
-
-def topological(roots: list, deps: Callable[[Any], list], key: Callable[[Any], Any]) -> list:
-    """Items reachable from ``roots``, each after the items ``deps`` says it uses; iterative
-    (programs are deeper than Python's recursion limit)."""
-    order, done = [], set()
-    for root in roots:
-        stack = [(root, False)]
-        while stack:
-            item, ready = stack.pop()
-            if key(item) in done:
-                continue
-            if ready:
-                done.add(key(item))
-                order.append(item)
-                continue
-            stack.append((item, True))
-            stack.extend((d, False) for d in reversed(deps(item)) if key(d) not in done)
-    return order
 
 
 def leaves(tree) -> list:

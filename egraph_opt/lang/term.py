@@ -8,8 +8,10 @@ recursion limit), printed in infix, and evaluated by the ops' torch implementati
 """
 from __future__ import annotations
 
+import functools
+from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -61,37 +63,32 @@ class Term:
         return f"Term({pretty(self)})"
 
 
-def postorder(roots: Iterable[Term]) -> list[Term]:
-    """Every distinct term reachable from ``roots``, operands before users, without recursion."""
-    seen: set[int] = set()
-    order: list[Term] = []
+def topological(roots: Iterable, deps: Callable[[Any], Sequence], key: Callable[[Any], Any]) -> list:
+    """Items reachable from ``roots``, each after the items ``deps`` says it uses; iterative
+    (programs are deeper than Python's recursion limit)."""
+    order, done = [], set()
     for root in roots:
-        stack: list[tuple[Term, bool]] = [(root, False)]
+        stack = [(root, False)]
         while stack:
-            term, expanded = stack.pop()
-            if expanded:
-                order.append(term)
+            item, ready = stack.pop()
+            if key(item) in done:
                 continue
-            if id(term) in seen:
+            if ready:
+                done.add(key(item))
+                order.append(item)
                 continue
-            seen.add(id(term))
-            stack.append((term, True))
-            stack.extend((a, False) for a in reversed(term.args) if id(a) not in seen)
+            stack.append((item, True))
+            stack.extend((d, False) for d in reversed(deps(item)) if key(d) not in done)
     return order
 
 
+def postorder(roots: Iterable[Term]) -> list[Term]:
+    """Every distinct term reachable from ``roots``, operands before users."""
+    return topological(roots, lambda t: t.args, id)
+
+
 def op_counts(roots: Iterable[Term]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for t in postorder(roots):
-        if not OPS[t.op].is_leaf:
-            counts[t.op] = counts.get(t.op, 0) + 1
-    return dict(sorted(counts.items()))
-
-
-def _leaf_text(t: Term) -> str:
-    if t.op == "const":
-        return repr(t.attrs[0])
-    return t.attrs[0]  # input, param and opaque are known by name
+    return dict(sorted(Counter(t.op for t in postorder(roots) if not OPS[t.op].is_leaf).items()))
 
 
 _INFIX_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 3, "**": 4}
@@ -107,7 +104,7 @@ def pretty(root: Term, names: dict[int, str] | None = None) -> str:
             continue
         spec = OPS[t.op]
         if spec.is_leaf:
-            text[id(t)] = (_leaf_text(t), 9)
+            text[id(t)] = (repr(t.attrs[0]) if t.op == "const" else t.attrs[0], 9)  # others by name
         elif spec.infix:
             prec = _INFIX_PRECEDENCE[spec.infix]
             left, right = (text[id(a)] for a in t.args)
@@ -126,11 +123,9 @@ def pretty(root: Term, names: dict[int, str] | None = None) -> str:
 
 def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool = False,
              record: dict[int, object] | None = None) -> list[torch.Tensor]:
-    """Run terms with the ops' torch implementations. ``env`` binds input, param and opaque names.
-
-    With ``reference=True`` every floating value is computed in float64 and float casts are
-    identities: the exact-arithmetic stand-in that rules and optimized programs are checked against.
-    """
+    """Run terms with the ops' torch implementations; ``env`` binds input, param and opaque names.
+    ``reference``: every floating value in float64 and float casts identities, the exact-arithmetic
+    stand-in that rules and optimized programs are checked against."""
     values: dict[int, object] = {} if record is None else record
     folding = _folding_dtype(env, reference)
     for t in postorder(roots):
@@ -184,13 +179,13 @@ def _infer(t: Term, operands: list[tuple]) -> tuple | None:
     kind = OPS[t.op].shape
     if kind in ("same", "first"):  # first: the shape and dtype of the first operand
         return operands[0]
-    if kind == "broadcast":
+    if kind in ("broadcast", "where"):
         tensors = [m for m, a in zip(operands, t.args) if a.op != "const"]
-        if not tensors:
+        first = 1 if kind == "where" else 0  # where: the dtype of its values, not its condition's
+        values = [m[1] for m, a in zip(operands[first:], t.args[first:]) if a.op != "const"]
+        if not values:
             return None
-        dtype = tensors[0][1]
-        for other in tensors[1:]:
-            dtype = torch.promote_types(dtype, other[1])
+        dtype = functools.reduce(torch.promote_types, values)
         if t.op == "div" and not dtype.is_floating_point:
             return None
         return tuple(torch.broadcast_shapes(*(m[0] for m in tensors))), dtype
@@ -208,13 +203,6 @@ def _infer(t: Term, operands: list[tuple]) -> tuple | None:
         return shape[:-2] + (shape[-1], shape[-2]), operands[0][1]
     if kind == "reshape":  # to the shape its attribute names
         return parse_shape(t.attrs[0]), operands[0][1]
-    if kind == "where":
-        values = [m for m, a in zip(operands[1:], t.args[1:]) if a.op != "const"]
-        if not values:
-            return None
-        dtype = values[0][1] if len(values) == 1 else torch.promote_types(values[0][1], values[1][1])
-        tensors = [m[0] for m, a in zip(operands, t.args) if a.op != "const"]
-        return tuple(torch.broadcast_shapes(*tensors)), dtype
     (a, dtype), b = operands[0], operands[1][0] if len(operands) > 1 else ()
     if kind == "matmul" and len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2]:
         return tuple(torch.broadcast_shapes(a[:-2], b[:-2])) + (a[-2], b[-1]), dtype

@@ -1,12 +1,9 @@
 """Repeated blocks (seed 004): the N identical blocks of a transformer are optimized once.
 
-Hash-consing does not merge chained blocks (each block's input differs), so we find them
-ourselves: the terms traced inside each instance of a repeated submodule (``h.0``, ``h.1``...)
-get a structural signature in which the values flowing in are numbered arguments and the block's
-own parameters are named relative to it. Instances with equal signatures share one template,
-optimized once with its arguments ranging over the hull of every instance's intervals (so each
-condition it relies on holds for all of them), and instantiated per instance. The rest of the
-program is optimized with each instance's outputs standing in as leaves.
+Hash-consing does not merge chained blocks (their inputs differ): the terms of each instance of a
+repeated submodule (``h.0``, ``h.1``...) get a signature with incoming values as numbered arguments
+and parameters named relative to the block. Equal signatures share one template, optimized once
+over the hull of every instance's argument intervals (its conditions hold for all of them).
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""Latency: of a kernel at any shape (measured where the database has it, else interpolated), and
-of one node for the cost model.
+"""Latency of a kernel at any shape: measured where the database has it, else interpolated.
 
-Per (kernel, backend, device, dtype), a shape is described by two features on log scales, bytes
-moved and FLOPs (from the work table `profiler.SPECS`). The model is the law
-``log t = a + b*log(bytes) + c*log(flops)``, fitted *locally* around each query by weighted least
-squares over the nearest measured shapes: one global line cannot follow a kernel through its
-regimes (launch overhead, then cache, then DRAM or compute bound), a local one can. It is fitted
-to the residual over a roofline default, so one measurement already calibrates the default, and
-slopes are pulled gently (ridge) toward the roofline's where data is thin. The uncertainty of an
-interpolation is the leave-one-out error of the same fit on the kernel's own measurements.
+Per (kernel, backend, device, dtype), ``log t = a + b*log(bytes) + c*log(flops)`` is fitted
+*locally* around each query (weighted least squares over the nearest measured shapes: one global
+line cannot follow a kernel from launch-bound through cache to DRAM- or compute-bound), to the
+residual over a roofline default, so one measurement calibrates the default; a ridge pulls slopes
+toward the roofline's where data is thin. Uncertainty: the fit's leave-one-out error.
 
 >>> import tempfile, pathlib
 >>> from egraph_opt.profiling.profile_db import ProfileDB
@@ -16,14 +12,9 @@ interpolation is the leave-one-out error of the same fit on the kernel's own mea
 >>> model.predict("exp", "torch", "cpu: any", "float32", [(1024, 1024)], {}).source
 'default'
 
-The cost model asks ``MeasuredLatency`` for one node: this model where the profiler knows the
-kernel, the op's static pass count where it does not.
-
-Predictions are cached per (op, shapes, dtype, attributes): an e-graph asks for the same shapes
-many times. Costs are integers in tenths of a microsecond, so extraction stays exact.
-
-The database is a cache: one that cannot be opened, read or written costs one warning and the
-static estimates, never a failed compile.
+``MeasuredLatency`` prices one node for the cost model, in integer tenths of a microsecond
+(extraction stays exact). The database is a cache: one that cannot be used costs one warning and
+the static estimates, never a failed compile.
 """
 from __future__ import annotations
 
@@ -51,10 +42,7 @@ class Roofline(NamedTuple):
 # Order-of-magnitude constants by device type (the part of the device name before ':'):
 # cpu: a few microseconds of dispatch, ~20 GB/s of memory bandwidth and ~100 GFLOP/s for a few
 # cores; cuda: ~5 us launch, ~1 TB/s of HBM and ~30 TFLOP/s (fp32/tf32 on a datacenter GPU).
-ROOFLINES = {
-    "cpu": Roofline(5e-6, 2e10, 1e11),
-    "cuda": Roofline(5e-6, 1e12, 3e13),
-}
+ROOFLINES = {"cpu": Roofline(5e-6, 2e10, 1e11), "cuda": Roofline(5e-6, 1e12, 3e13)}
 DEFAULT_UNCERTAINTY = 3.0  # a roofline guess can be several times off: relative error up to ~300%
 EXTRAPOLATION_FACTOR = 2.0  # flag a query whose bytes or FLOPs lie this far beyond the measured range
 NEIGHBOURS = 4  # the local fit's bandwidth is the distance to the NEIGHBOURS-th nearest measurement
@@ -64,12 +52,8 @@ _FEATURES = ("bytes", "FLOPs")
 
 @dataclass(frozen=True)
 class Estimate:
-    """Predicted seconds per call, where it comes from, and how far to trust it.
-
-    `source` is "measured" (this exact shape is in the database), "interpolated" (fitted on the
-    kernel's other shapes) or "default" (no measurements: roofline). `uncertainty` is a relative
-    error (0.1: about +-10%); `note` says why when a prediction deserves caution.
-    """
+    """Seconds per call; `source`: "measured" (this shape), "interpolated" (from the kernel's other
+    shapes) or "default" (roofline); `uncertainty`: relative (0.1: +-10%); `note`: why to beware."""
     seconds: float
     source: str
     uncertainty: float
@@ -135,11 +119,8 @@ class _Group:
 
 
 class LatencyModel:
-    """Predicts kernel latencies from a profiling database.
-
-    Reads each (kernel, backend, device, dtype) once, on its first prediction: make a new model
-    to see records added since.
-    """
+    """Reads each (kernel, backend, device, dtype) once, on its first prediction: make a new model
+    to see records added since."""
 
     def __init__(self, db: ProfileDB):
         self.db = db

@@ -1,12 +1,8 @@
-"""The kernel profiling database: measured latencies, one SQLite file shared by every process.
-
-Latency is measured, not guessed (DESIGN.md, principle 4), so measurements must outlive a run and
-survive two profilers writing at once: the file is in WAL mode and every write is one transaction.
-Records are appended, never updated; a lookup takes the newest record of a shape. A file that is
-not ours (not SQLite, or SQLite without our table) is renamed aside with a warning, never
-overwritten (a corrupted page counts: `PRAGMA quick_check` runs on open); a file of another
-schema version, or one that cannot be opened, is refused with a `ProfileDBError` that says which
-file and why. Callers that only cache latencies catch `UNUSABLE` and fall back to estimates.
+"""Measured kernel latencies, one SQLite file shared by every process (WAL mode, one transaction
+per write, so two profilers can write at once). Records are appended; a lookup takes the newest.
+A file not ours (not SQLite, no table of ours, a page `PRAGMA quick_check` finds corrupt) is renamed
+aside with a warning, never overwritten; another schema version, or a file that cannot be opened,
+is a `ProfileDBError` naming the file. Callers that only cache latencies catch `UNUSABLE`.
 
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:
@@ -93,12 +89,10 @@ def shape_key(shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> s
     >>> shape_key([(2, 3), [3]], {"keepdim": False, "axis": -1})
     '{"attrs":{"axis":-1,"keepdim":false},"shapes":[[2,3],[3]]}'
     """
-    rows = []
-    for shape in shapes:
-        dims = list(shape)
+    rows = [list(shape) for shape in shapes]
+    for dims in rows:
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
-            raise ValueError(f"shape {shape!r}: dimensions must be non-negative ints")
-        rows.append(dims)
+            raise ValueError(f"shape {shapes[rows.index(dims)]!r}: dimensions must be non-negative ints")
     try:
         return json.dumps({"attrs": dict(attrs), "shapes": rows}, sort_keys=True, separators=(",", ":"))
     except TypeError as e:
@@ -128,8 +122,8 @@ class Record:
 def _from_row(row) -> Record:
     kernel, backend, device, dtype, key, runs, median_s, spread_s, versions, recorded_at = row
     params = json.loads(key)
-    shapes = tuple(tuple(s) for s in params["shapes"])
-    return Record(kernel, backend, device, dtype, shapes, params["attrs"], runs, median_s, spread_s,
+    return Record(kernel, backend, device, dtype, tuple(tuple(s) for s in params["shapes"]),
+                  params["attrs"], runs, median_s, spread_s,
                   json.loads(versions), recorded_at)
 
 
@@ -169,10 +163,7 @@ def _set_aside(path: Path, reason: str) -> None:
 
 
 class ProfileDB:
-    """Measured kernel latencies in one SQLite file (see module docstring).
-
-    `path` defaults to `default_path()`. Open one per process; it is a context manager.
-    """
+    """The database at `path` (default: `default_path()`); one per process, a context manager."""
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path).expanduser() if path is not None else default_path()

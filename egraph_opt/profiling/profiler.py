@@ -1,9 +1,7 @@
 """The profiler: times kernels and records the medians in the profiling database.
 
-`SPECS`, derived from the work kind each op declares, says what each costed op does to shapes:
-example input shapes for a size parameter (the profiling grid) and its work (FLOPs and elements
-moved) as a function of input shapes. The latency model reads the same table, so what is profiled and what is predicted from
-agree by construction.
+`SPECS` (from the work kind each op declares) gives each costed op's example shapes for a size and
+its work (FLOPs, elements moved); the latency model reads the same table, so they agree.
 """
 from __future__ import annotations
 
@@ -30,14 +28,10 @@ class Work(NamedTuple):
     elements: float
 
 
-def _numel(shape) -> int:
-    return math.prod(shape)
-
-
 def _pointwise(flops_per_element: float):
     def work(shapes, attrs):
-        out = _numel(torch.broadcast_shapes(*shapes))
-        return Work(flops_per_element * out, sum(map(_numel, shapes)) + out)
+        out = math.prod(torch.broadcast_shapes(*shapes))
+        return Work(flops_per_element * out, sum(map(math.prod, shapes)) + out)
     return work
 
 
@@ -45,7 +39,7 @@ def _along_axis(flops_per_element: float, reduces: bool):
     """Reads every element once; writes one per reduced row (a reduction) or all (softmax)."""
     def work(shapes, attrs):
         (shape,) = shapes
-        n = _numel(shape)
+        n = math.prod(shape)
         return Work(flops_per_element * n, n + (n // max(shape[attrs["axis"]], 1) if reduces else n))
     return work
 
@@ -56,34 +50,34 @@ def _batch_matmul(a, b) -> tuple[int, int, int, int]:
     b = (*b, 1) if len(b) == 1 else tuple(b)
     if a[-1] != b[-2]:
         raise ValueError(f"matmul of shapes {a} and {b}: inner dimensions {a[-1]} != {b[-2]}")
-    batch = _numel(torch.broadcast_shapes(a[:-2], b[:-2]))
+    batch = math.prod(torch.broadcast_shapes(a[:-2], b[:-2]))
     return batch, a[-2], a[-1], b[-1]
 
 
 def _matmul(shapes, attrs):
     batch, m, k, n = _batch_matmul(*shapes)
-    return Work(2.0 * batch * m * k * n, sum(map(_numel, shapes)) + batch * m * n)
+    return Work(2.0 * batch * m * k * n, sum(map(math.prod, shapes)) + batch * m * n)
 
 
 def _linear(shapes, attrs):
     x, w, b = shapes
     batch, m, k, n = _batch_matmul(x, tuple(reversed(w)))
-    return Work(2.0 * batch * m * k * n + batch * m * n, sum(map(_numel, shapes)) + batch * m * n)
+    return Work(2.0 * batch * m * k * n + batch * m * n, sum(map(math.prod, shapes)) + batch * m * n)
 
 
 def _layer_norm(shapes, attrs):
     x, w, b = shapes
-    n = _numel(x)
-    return Work(8.0 * n, 2 * n + _numel(w) + _numel(b))
+    n = math.prod(x)
+    return Work(8.0 * n, 2 * n + math.prod(w) + math.prod(b))
 
 
 def _sdpa(shapes, attrs):
     """Flash-style attention: scores are never written; a causal mask halves the work."""
     q, k, v = shapes
-    batch = _numel(torch.broadcast_shapes(q[:-2], k[:-2], v[:-2]))
+    batch = math.prod(torch.broadcast_shapes(q[:-2], k[:-2], v[:-2]))
     (length, e), (s, ev) = q[-2:], v[-2:]
     pairs = batch * length * s * (0.5 if attrs["causal"] else 1.0)
-    return Work(pairs * (2 * e + 2 * ev + 12), sum(map(_numel, shapes)) + batch * length * ev)
+    return Work(pairs * (2 * e + 2 * ev + 12), sum(map(math.prod, shapes)) + batch * length * ev)
 
 
 def _square(count: int):
@@ -169,12 +163,9 @@ class Timing(NamedTuple):
 
 def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, repeats: int = 15,
                 warmup: int = 3, min_sample_s: float = 1e-3) -> Timing:
-    """Seconds per call of fn(*args): median and interquartile range over `repeats` samples.
-
-    A sample times enough back-to-back calls to last `min_sample_s`, so that the clock's
-    resolution and Python's overhead do not dominate microsecond kernels; on CUDA each sample
-    ends with a synchronize, so it measures the kernels, not their launch.
-    """
+    """Seconds per call of fn(*args): median and interquartile range over `repeats` samples, each
+    of enough calls to last `min_sample_s` (the clock and Python's overhead must not dominate) and
+    ending, on CUDA, with a synchronize (kernels are timed, not their launch)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
@@ -209,13 +200,10 @@ class Case(NamedTuple):
 
 
 def _progress(items: list, desc: str) -> Iterable:
-    """tqdm if installed, else rich, else a line per item on stderr."""
+    """tqdm if installed (the onnx extra), else a line per item on stderr."""
     with contextlib.suppress(ImportError):
         from tqdm import tqdm
         return tqdm(items, desc=desc, unit="kernel")
-    with contextlib.suppress(ImportError):
-        from rich.progress import track
-        return track(items, description=desc)
     return _plain_progress(items, desc)
 
 
@@ -227,10 +215,8 @@ def _plain_progress(items: list, desc: str):
 
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
                    repeats: int = 15, progress: bool = True) -> list[Record]:
-    """Time the torch implementation of each case and record it (backend "torch").
-
-    Only ops of SPECS: the latency model cannot use a measurement it has no work formula for.
-    """
+    """Time the torch implementation of each case and record it (backend "torch"). Only ops of
+    SPECS: the latency model cannot use a measurement it has no work formula for."""
     cases = list(cases)
     unknown = sorted({c.op for c in cases if c.op not in SPECS})
     if unknown:

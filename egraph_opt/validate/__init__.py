@@ -18,7 +18,6 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 
-
 @dataclass
 class Validation:
     passed: bool
@@ -97,12 +96,10 @@ def judge(cand, orig, ref=None) -> tuple[bool, float, float, str]:
 
 
 def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, str]:
-    """(candidate's error, original's error, why the candidate is refused or ""), against the
-    float64 reference, elementwise. Where the original is finite, the candidate must be finite;
-    errors are relative to the reference's largest finite magnitude, over elements where both the
-    original and the reference are finite (so an infinite error of the original never excuses
-    one). Where the original is not finite, the candidate must match it, or the reference (finite
-    and within tolerance of it, where the reference is finite)."""
+    """(candidate's error, original's error, why refused or ""), relative to the float64 reference's
+    largest finite magnitude, over elements where the original and the reference are finite (an
+    infinite error of the original never excuses one). Where the original is finite the candidate
+    must be; where it is not, the candidate must match it or the (finite) reference."""
     if cand.is_complex():
         cand, orig, ref = (torch.view_as_real(t.resolve_conj()) for t in (cand, orig, ref.to(cand.dtype)))
     if not cand.is_floating_point():
@@ -130,9 +127,7 @@ def compare(original: Callable, candidate: Callable, args: tuple) -> Validation:
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         ref_tree = _reference(original, args)
         orig_tree, cand_tree = original(*_clones(args)), candidate(*_clones(args))
-    refs, spec = tree_flatten(ref_tree)
-    origs, spec_o = tree_flatten(orig_tree)
-    cands, spec_c = tree_flatten(cand_tree)
+    (refs, _), (origs, spec_o), (cands, spec_c) = map(tree_flatten, (ref_tree, orig_tree, cand_tree))
     if spec_c != spec_o:
         return Validation(False, math.inf, 0.0, f"output structure differs: {spec_c} vs {spec_o}")
     worst, worst_orig, detail = 0.0, 0.0, ""

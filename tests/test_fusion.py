@@ -190,3 +190,4 @@ def test_folded_weights_work_under_inference_mode():
         x = torch.randn(2, 8, 32)
         torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
+        assert f.report.optimized, f.report.fallback  # not the original run untouched

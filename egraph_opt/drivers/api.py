@@ -57,10 +57,11 @@ def writes_in_place(fn: Callable, args: tuple, names: list[str]) -> list[str]:
     """The arguments ``fn`` writes into, as running it once on clones shows (each tensor counts
     its in-place writes in ``_version``); random draws inside do not advance the caller's
     generator."""
-    clones = tuple(a.clone() for a in args)
-    before = [c._version for c in clones]
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        fn(*clones)
+    with torch.inference_mode(False):  # clones that count their versions (inference tensors do not)
+        clones = tuple(a.clone() for a in args)
+        before = [c._version for c in clones]
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            fn(*clones)
     return [f"argument {n!r}" for n, c, v in zip(names, clones, before) if c._version != v]
 
 

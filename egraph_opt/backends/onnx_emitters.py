@@ -339,10 +339,8 @@ EMIT = {
     "Softmax": _along_axis, "LogSoftmax": _along_axis, "Gelu": _gelu, "Transpose": _transpose,
     "LayerNormalization": _layer_norm, "Attention": _sdpa, "Gemm": _linear, "Conv": _conv2d,
     "MaxPool": _max_pool2d, "BatchNormalization": _batch_norm, "Concat": _concat,
-    "Reshape": lambda em, t, shape: em.node("Reshape", [em.value(t.args[0]),
-                                                        em.ints(parse_shape(shape))], "reshape"),
-    "Expand": lambda em, t, shape: em.node("Expand", [em.value(t.args[0]),
-                                                      em.ints(parse_shape(shape))], "expand"),
+    **{op: lambda em, t, shape, _op=op: em.node(_op, [em.value(t.args[0]), em.ints(parse_shape(shape))],
+                                                  _op.lower()) for op in ("Reshape", "Expand")},
     "GatherElements": lambda em, t, axis: em.node("GatherElements", _args(em, t), "gather", axis=axis),
     "Gather": lambda em, t, axis: em.node("Gather", _args(em, t), "index_select", axis=axis),
     "Slice": lambda em, t, axis, start, end, step: em.node(

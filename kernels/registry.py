@@ -79,23 +79,12 @@ def _numpy_kernels() -> list[Kernel]:
                    frozenset({"float32", "float64"}), fn) for op, fn in _NUMPY_UNARY.items()]
 
 
-def _head_dim(use: Use) -> str | None:
-    e = use.shapes[0][-1]
-    return None if 16 <= e <= 128 else f"head dim {e} outside 16..128"
-
-
-def _tensor_affine(use: Use) -> str | None:
-    return None if len(use.shapes) == 3 and all(use.shapes) else "affine parameters must be tensors"
-
-
 def _triton_kernels() -> list[Kernel]:
-    from . import triton as tk
+    from .triton import KERNELS
 
     cuda, half_single = frozenset({"cuda"}), frozenset({"float16", "bfloat16", "float32"})
-    table = [("softmax", None), ("log_softmax", None), ("logsumexp", None),
-             ("layer_norm", _tensor_affine), ("sdpa", _head_dim), ("linear_act", None)]
-    return [Kernel(f"triton.{op}", _reference(op), "triton", cuda, half_single, getattr(tk, op),
-                   limits or (lambda use: None)) for op, limits in table]
+    return [Kernel(f"triton.{op}", _reference(op), "triton", cuda, half_single, impl,
+                   limits or (lambda use: None)) for op, (impl, limits) in KERNELS.items()]
 
 
 REGISTRY: dict[str, Kernel] = {k.name: k for k in

@@ -1,23 +1,26 @@
 """Triton kernels for the fused ops; each is checked against its reference term.
 
-Each wrapper takes torch tensors with the signature of the matching op's implementation in
-``egraph_opt.lang.ops`` (``cross_entropy`` and ``linear_act`` have none yet: see their docstrings), so
-a plan can bind a node to it. Without Triton installed the package still imports: the names are
-then stubs raising RuntimeError, and :func:`available` is False.
+A kernel module declares the op it implements, and its limits, with :func:`runtime.implements`;
+importing the package imports every module, so the registry finds them in :data:`KERNELS` and a
+new kernel is one file. Each wrapper takes torch tensors with the signature of the op's
+implementation in ``egraph_opt.lang.ops``, so a plan can bind a node to it (``cross_entropy`` has
+no op yet: see its docstring). Without Triton installed the package still imports: it declares no
+kernels, its names are stubs raising RuntimeError, and :func:`available` is False.
 """
-from .runtime import HAVE_TRITON, available, unavailable
+import importlib
+import pkgutil
 
-NEEDS_TRITON = ("softmax", "log_softmax", "logsumexp", "cross_entropy", "layer_norm", "sdpa",
-                "linear_act", "generate_elementwise")
+from .runtime import HAVE_TRITON, KERNELS, available, unavailable
 
 if HAVE_TRITON:
-    from .attention import sdpa
-    from .cross_entropy import cross_entropy
-    from .generated import generate_elementwise
-    from .layer_norm import layer_norm
-    from .linear import linear_act
-    from .softmax import log_softmax, logsumexp, softmax
-else:
-    globals().update({name: unavailable(name) for name in NEEDS_TRITON})
+    for _module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{_module.name}")
+    from .cross_entropy import cross_entropy  # noqa: F401
+    from .generated import generate_elementwise  # noqa: F401
 
-__all__ = [*NEEDS_TRITON, "available"]
+    globals().update({wrapper.__name__: wrapper for wrapper, _ in KERNELS.values()})
+else:
+    def __getattr__(name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return unavailable(name)

@@ -16,10 +16,16 @@ import triton
 import triton.language as tl
 
 from .layout import dot_tile
+from .runtime import implements
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 64
 BLOCK_N = 64
+
+
+def _head_dim(use) -> str | None:
+    e = use.shapes[0][-1]
+    return None if 16 <= e <= 128 else f"head dim {e} outside 16..128"
 
 
 @triton.jit
@@ -63,6 +69,7 @@ def _sdpa_kernel(q_ptr, k_ptr, v_ptr, out_ptr, L, S, E, EV, qk_scale, CAUSAL: tl
              mask=(offs_m[:, None] < L) & (offs_ev[None, :] < EV))
 
 
+@implements("sdpa", limits=_head_dim)
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
          causal: bool) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`` for q (..., L, E),

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from . import mathlib
 from .layout import dot_tile
+from .runtime import implements
 
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
 BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32
@@ -39,6 +40,7 @@ def _linear_act_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.const
              y.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+@implements("linear_act")
 def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                activation: str) -> torch.Tensor:
     """``act(F.linear(x, weight, bias))`` for ``activation`` in :data:`ACTIVATIONS` ('gelu' is the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Callable
 
 _log = logging.getLogger(__name__)
 
@@ -42,3 +43,17 @@ def unavailable(name: str):
                            "installed (pip install 'egraph-opt[triton]')")
     stub.__name__ = name
     return stub
+
+
+#: op -> (wrapper, limits): the Triton kernels the modules of this package declare, which the
+#: registry discovers. ``limits(use)`` is a reason to refuse a use (a ``registry.Use``), or None.
+KERNELS: dict[str, tuple[Callable, Callable | None]] = {}
+
+
+def implements(op: str, limits: Callable | None = None):
+    """Declares the decorated wrapper as the Triton kernel for ``op`` (same signature as the op's
+    implementation in ``egraph_opt.lang.ops``), within ``limits``."""
+    def declare(wrapper):
+        KERNELS[op] = (wrapper, limits)
+        return wrapper
+    return declare

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .layout import as_rows, from_rows, row_block
+from .runtime import implements
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
@@ -60,16 +61,19 @@ def _launch(x: torch.Tensor, axis: int, mode: int) -> tuple[torch.Tensor, tuple[
     return out, moved_shape
 
 
+@implements("softmax")
 def softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
     out, moved_shape = _launch(x, axis, SOFTMAX)
     return from_rows(out, moved_shape, axis)
 
 
+@implements("log_softmax")
 def log_softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
     out, moved_shape = _launch(x, axis, LOG_SOFTMAX)
     return from_rows(out, moved_shape, axis)
 
 
+@implements("logsumexp")
 def logsumexp(x: torch.Tensor, axis: int, keepdim: bool) -> torch.Tensor:
     out, moved_shape = _launch(x, axis, LOGSUMEXP)
     out = from_rows(out, moved_shape[:-1] + (1,), axis)

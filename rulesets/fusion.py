@@ -11,6 +11,7 @@ from . import Exactness, Family, Rule, rules
 _F = Family.FUSION
 _SCORES = "(matmul ?q (transpose ?k -2 -1))"
 _SCALED = f"(mul {_SCORES} (const ?c))"
+_MASK_BIAS = "(where ?m (const -inf) (const 0.0))"  # masked_fill(m, -inf) as the bias that masks
 _NORMALIZED = {  # (x - mean) / sqrt(var + eps), as divided and as multiplied by rsqrt
     "div": "(div (sub ?x (mean ?x -1 true)) (sqrt (add (var ?x -1 true 0) (const ?eps))))",
     "rsqrt": "(mul (sub ?x (mean ?x -1 true)) (rsqrt (add (var ?x -1 true 0) (const ?eps))))",
@@ -36,11 +37,13 @@ RULES = rules(_F, [
     ("attention-fuse-masked",     f"(matmul (softmax (add {_SCALED} ?m) -1) ?v)",      "(sdpa_masked ?q ?k ?v ?m ?c)"),
     ("attention-fuse-masked-unscaled",
                                   f"(matmul (softmax (add {_SCORES} ?m) -1) ?v)",      "(sdpa_masked ?q ?k ?v ?m 1.0)"),
+    ("attention-fuse-mask-filled", f"(matmul (softmax (where ?m (const -inf) {_SCALED}) -1) ?v)",
+                                  f"(sdpa_masked ?q ?k ?v {_MASK_BIAS} ?c)"),
+    ("attention-fuse-mask-filled-unscaled",
+                                  f"(matmul (softmax (where ?m (const -inf) {_SCORES}) -1) ?v)",
+                                  f"(sdpa_masked ?q ?k ?v {_MASK_BIAS} 1.0)"),
     ("permute-as-transposed-heads", '(permute ?k "0,2,3,1")',                       '(transpose (permute ?k "0,2,1,3") -2 -1)',
                                   "K split into heads and transposed by one permute"),
-    ("mask-fill-as-bias",         "(where ?m (const -inf) ?s)",
-                                  "(add ?s (neg (where ?m (const inf) (const 0.0))))",
-                                  "masked_fill(mask, -inf) is an additive bias, -0 unmasked (s + -0 is s at s = -0)"),
 ]) + rules(_F, [
     ("linear-relu-fuse",          "(relu (linear ?x ?w ?b))",                          '(linear_act ?x ?w ?b "relu")'),
     ("linear-gelu-fuse",          '(gelu (linear ?x ?w ?b) "none")',                   '(linear_act ?x ?w ?b "gelu")'),

@@ -25,6 +25,8 @@ RULES = rules(_E, [
                               "(add (sigmoid ?x) (mul (relu ?x) (const 0.0)))",
                               "e^x / (1 + e^x) is inf/inf for large x; + relu(x) * 0 keeps its NaN "
                               "at x = +inf (inf * 0), 0 elsewhere"),
+    Rule("sigmoid-from-exp-ratio-finite", "(div (exp ?x) (add (const 1.0) (exp ?x)))", "(sigmoid ?x)", _E,
+         when=NEVER_POSITIVE_INF, why="x proved below +inf: no NaN to keep"),
     ("softplus-fuse",         "(log1p (exp ?x))",                               "(softplus ?x)"),
     ("log-sigmoid-stable",    "(log (sigmoid ?x))",                             "(sub (const 0.0) (softplus (neg ?x)))",
                               "0 - s, not -s: +0 where softplus underflows, as log(1) is"),

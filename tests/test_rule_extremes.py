@@ -377,14 +377,7 @@ def tensor_failures(rule, dtype) -> list[str]:
     return failures
 
 
-#: rules this test still finds wrong (issue 13), each waiting on a change outside rulesets/ or on a
-#: decision; strict, so a rule that is fixed fails here until its row is deleted
-OPEN = {
-    ("mask-fill-as-bias", "float32"): "a masked score of +inf or NaN: s + -inf is NaN, masked_fill -inf",
-}
-CASES = [pytest.param(r, d, marks=[pytest.mark.xfail(strict=True, reason=OPEN[r.name, str(d)[6:]])]
-                      if (r.name, str(d)[6:]) in OPEN else [])
-         for r, d in [(r, torch.float32) for r in RULES] + [(r, torch.float16) for r in SCALAR_RULES]]
+CASES = [(r, torch.float32) for r in RULES] + [(r, torch.float16) for r in SCALAR_RULES]
 
 
 @pytest.mark.parametrize("rule,dtype", CASES, ids=lambda c: getattr(c, "name", str(c)[6:]))

@@ -231,14 +231,18 @@ def _scores_overflow(q, k, scale: float) -> bool:
 
 
 def _attention(q, k, v, scale: float, bias):
-    """The definition: softmax(q k^T * scale + bias) v, with softmax's own +inf semantics."""
+    """The definition: softmax(q k^T * scale + bias) v, with softmax's own +inf semantics; a -inf
+    bias masks its score outright, as masked_fill does (an overflowed score stays masked)."""
     scores = q @ k.transpose(-2, -1) * scale
-    return softmax(scores if bias is None else scores + bias, -1) @ v
+    if bias is not None:
+        scores = (scores + bias).masked_fill(torch.isneginf(bias), -math.inf)
+    return softmax(scores, -1) @ v
 
 
 def sdpa_masked(q, k, v, bias, scale):
     """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked). A row whose
-    every key is masked is NaN, as that softmax is (torch's kernel returns 0 there)."""
+    every key is masked is NaN, as that softmax is (torch's kernel returns 0 there). Only an
+    overflowed or NaN score can tell a -inf bias from masked_fill, and those take the definition."""
     if _scores_overflow(q, k, scale):
         return _attention(q, k, v, scale, bias.to(q.dtype))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)

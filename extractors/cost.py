@@ -50,11 +50,6 @@ class NodeFacts:
     constant: bool = False  # every operand derives from parameters and constants only
     shapes: tuple | None = None  # operand shapes, constants left out
 
-    @staticmethod
-    def of_op(op: str) -> NodeFacts:
-        """A node with nothing known beyond its op: every range unbounded."""
-        return NodeFacts(op)
-
 
 @dataclass(frozen=True)
 class CostModel:

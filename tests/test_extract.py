@@ -49,7 +49,7 @@ def test_a_class_without_a_finite_program_is_an_error():
 def test_objectives_rank_stable_forms_below_naive_ones_on_unbounded_ranges():
     for objective in Objective:
         model = CostModel(objective, tolerance=1e-3 if objective is Objective.TOLERANCE else None)
-        cost = lambda op: model(NodeFacts.of_op(op))  # noqa: E731 - every range unbounded
+        cost = lambda op: model(NodeFacts(op))  # noqa: E731 - every range unbounded
         naive = cost("exp") + cost("sum") + cost("div")
         assert cost("softmax") < naive, objective
         assert cost("log_softmax") < cost("log") + naive, objective

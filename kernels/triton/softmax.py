@@ -52,29 +52,26 @@ def _softmax_kernel(x_ptr, out_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
             tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x: torch.Tensor, axis: int, mode: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+def _launch(x: torch.Tensor, axis: int, mode: int) -> torch.Tensor:
     rows, moved_shape = as_rows(x, axis)
     n = rows.shape[1]
     out = torch.empty((rows.shape[0], 1 if mode == LOGSUMEXP else n), dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         _softmax_kernel[(rows.shape[0],)](rows, out, n, MODE=mode, BLOCK=row_block(n))
-    return out, moved_shape
+    return from_rows(out, moved_shape[:-1] + (1,) if mode == LOGSUMEXP else moved_shape, axis)
 
 
 @implements("softmax")
 def softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
-    out, moved_shape = _launch(x, axis, SOFTMAX)
-    return from_rows(out, moved_shape, axis)
+    return _launch(x, axis, SOFTMAX)
 
 
 @implements("log_softmax")
 def log_softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
-    out, moved_shape = _launch(x, axis, LOG_SOFTMAX)
-    return from_rows(out, moved_shape, axis)
+    return _launch(x, axis, LOG_SOFTMAX)
 
 
 @implements("logsumexp")
 def logsumexp(x: torch.Tensor, axis: int, keepdim: bool) -> torch.Tensor:
-    out, moved_shape = _launch(x, axis, LOGSUMEXP)
-    out = from_rows(out, moved_shape[:-1] + (1,), axis)
+    out = _launch(x, axis, LOGSUMEXP)
     return out if keepdim else out.squeeze(axis)

@@ -15,8 +15,8 @@ from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
 from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, attention_over_heads, heads_merged
 from ..frontends.onnx_frontend import OnnxProgram, subgraph_reads
 from ..lang.ops import OPS, parse_shape
-from ..lang.program import Program, leaves, topological
-from ..lang.term import Term, evaluate, postorder, shapes
+from ..lang.program import Program, leaves
+from ..lang.term import Term, evaluate, postorder, shapes, topological
 
 __all__ = ["EMIT", "NO_ONNX_FORM", "Emitter", "OnnxExportError", "export"]
 _NO_NUMPY = {"bfloat16"}  # element types whose parameters cannot be folded through numpy

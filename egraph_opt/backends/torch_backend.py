@@ -15,8 +15,8 @@ from collections import Counter
 
 from ..kernels.binding import Estimate, bind, default_estimate
 from ..kernels.registry import CONVERSIONS, Use
-from ..lang.program import OpaqueRef, Program, leaves, topological
-from ..lang.term import Term, dtype_name, evaluate, postorder
+from ..lang.program import OpaqueRef, Program, leaves
+from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
 
 class FoldedConstant:

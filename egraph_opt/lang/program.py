@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
-from .term import Term, postorder, shapes, topological  # noqa: F401 - topological: backends' import
+from .term import Term, postorder, shapes
 
 
 @dataclass(frozen=True)

@@ -40,24 +40,36 @@ def _users(classes: dict[str, list[ENode]]) -> tuple[list, dict[str, list[int]],
     return nodes, users, waiting
 
 
-def heights(classes: dict[str, list[ENode]]) -> dict[str, int]:
-    """Each class's least height: 0 for leaves, else the least over its e-nodes of one more than
-    their tallest operand (Knuth's generalization of Dijkstra: cycles never lower a height)."""
+def _knuth(classes: dict[str, list[ENode]], price: Callable, join: Callable
+           ) -> dict[str, tuple[int, ENode]]:
+    """Each class's least value and the e-node giving it, settled in Knuth's order (a
+    generalization of Dijkstra's): a class only after every operand of its e-node, so the choice
+    is acyclic by construction. An e-node's value is ``price(class, node, j)``, ``j`` its
+    operands' values folded by ``join`` from 0."""
     nodes, users, waiting = _users(classes)
-    tallest = [0] * len(nodes)
-    heap = [(0, cid) for cid, n in nodes if not n.children]
-    height: dict[str, int] = {}
+    joined = [0] * len(nodes)
+    heap = [(price(cid, n, 0), i) for i, (cid, n) in enumerate(nodes) if not n.children]
+    heapq.heapify(heap)
+    settled: dict[str, tuple[int, ENode]] = {}
     while heap:
-        h, cid = heapq.heappop(heap)
-        if cid in height:
+        value, i = heapq.heappop(heap)
+        cid, n = nodes[i]
+        if cid in settled:
             continue
-        height[cid] = h
-        for i in users[cid]:
-            tallest[i] = max(tallest[i], h)
-            waiting[i] -= 1
-            if waiting[i] == 0:
-                heapq.heappush(heap, (tallest[i] + 1, nodes[i][0]))
-    return height
+        settled[cid] = (value, n)
+        for j in users[cid]:
+            joined[j] = join(joined[j], value)
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(heap, (price(*nodes[j], joined[j]), j))
+    return settled
+
+
+def heights(classes: dict[str, list[ENode]]) -> dict[str, int]:
+    """Each class's least height: 0 for leaves, else one more than its e-node's tallest operand
+    (cycles never lower a height)."""
+    settled = _knuth(classes, lambda cid, n, tallest: tallest + 1 if n.children else 0, max)
+    return {cid: h for cid, (h, _) in settled.items()}
 
 
 def choose(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int],
@@ -226,26 +238,10 @@ def _extract(classes: dict[str, list[ENode]], roots: list[str],
 
 
 def settled_in_order(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -> dict[str, ENode]:
-    """Each class's e-node of least cost (its operands' costs summed, each class once per e-node),
-    settled in Knuth's order: a class only after every operand of its e-node, so the choice is
-    acyclic by construction. The fallback when relaxation's choice closes a cycle."""
-    nodes, users, waiting = _users(classes)
-    partial = [0] * len(nodes)
-    heap = [(cost(cid, n), i) for i, (cid, n) in enumerate(nodes) if not n.children]
-    heapq.heapify(heap)
-    settled: dict[str, ENode] = {}
-    while heap:
-        total, i = heapq.heappop(heap)
-        cid, n = nodes[i]
-        if cid in settled:
-            continue
-        settled[cid] = n
-        for j in users[cid]:
-            partial[j] += total
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                heapq.heappush(heap, (partial[j] + cost(*nodes[j]), j))
-    return settled
+    """Each class's e-node of least cost (its operands' costs summed, each class once per e-node)
+    in Knuth's order: the fallback when relaxation's choice closes a cycle."""
+    settled = _knuth(classes, lambda cid, n, operands: operands + cost(cid, n), lambda a, b: a + b)
+    return {cid: n for cid, (_, n) in settled.items()}
 
 
 def _build(choice: dict[str, ENode], roots: list[str]) -> list[Term]:

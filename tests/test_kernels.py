@@ -104,3 +104,15 @@ def test_missing_triton_degrades_to_torch_with_one_warning():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False", "torch.softmax"]
     assert done.stderr.lower().count("triton") >= 1 and done.stderr.count("Warning") <= 1
+
+
+def test_a_triton_kernel_declared_beside_its_wrapper_is_registered(monkeypatch):
+    from egraph_opt.kernels.triton import runtime
+    monkeypatch.setattr(runtime, "KERNELS", {})  # what a new kernel module's import fills
+    monkeypatch.setattr("egraph_opt.kernels.triton.KERNELS", runtime.KERNELS)
+    wide = runtime.implements("exp", limits=lambda use: "too wide" if use.shapes[0][-1] > 8 else None)
+    fn = wide(lambda x: x.exp())
+    (kernel,) = registry._triton_kernels()
+    assert (kernel.name, kernel.reference, kernel.impl) == ("triton.exp", "(exp ?x0)", fn)
+    assert kernel.refuses(_use("exp", shapes=((4, 16),), attrs=())) == "too wide"
+    assert kernel.refuses(_use("exp", shapes=((4, 8),), attrs=())) is None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..optimization.derivation import Derivation
 from ..validate import Validation
 
 
@@ -22,6 +23,12 @@ class Report:
     error: tuple | None = None  # first-order rounding error (ProgramError) before and after
     validation: Validation | None = None
     fallback: str = ""  # why the original program is running instead, if it is
+    derivation: Derivation | None = None  # the steps the [REWRITE] lines are read from
+
+    def to_html(self, path) -> str:
+        """Write this report as one self-contained HTML page; returns the path."""
+        from .html_report import write_report
+        return write_report(self, path)
 
     @property
     def optimized(self) -> bool:
@@ -34,6 +41,8 @@ class Report:
         lines += [f"[REWRITE] {name}: {what}  ({n} matches)" for name, what, n in self.rewrites]
         if not self.rewrites:
             lines.append("[REWRITE] none: no rule improved the program")
+        if self.derivation and not self.derivation.complete:
+            lines.append(f"[REWRITE] not derived further: {self.derivation.unexplained}")
         lines.append(f"[OPS] before: {_counts(self.ops_before)}")
         lines.append(f"[OPS] after:  {_counts(self.ops_after)}")
         for part in ("curvature", "latency"):

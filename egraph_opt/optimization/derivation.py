@@ -65,6 +65,8 @@ class Derivation:
     steps: list[Step] = field(default_factory=list)
     complete: bool = True  # False: the replay stopped before reaching the output
     unexplained: str = ""  # where it stopped
+    start: list[Term] = field(default_factory=list)  # the input's roots
+    end: list[Term] = field(default_factory=list)  # the extracted program's roots
 
     def rules(self) -> list[Rule]:
         """Rules of the steps applied forwards, each once, in the order they first apply."""
@@ -206,7 +208,7 @@ def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snaps
     """The steps from ``before`` to ``after`` (roots in the same order), over the snapshot of the
     saturated e-graph; ``loaded`` maps each input term's id to its e-class."""
     replay = _Replay(snap, loaded, rules)
-    derivation = Derivation()
+    derivation = Derivation(start=list(before), end=list(after))
     for i, (b, a) in enumerate(zip(before, after)):
         steps = replay.solve(b, a, (i,))
         if steps is None:

@@ -114,6 +114,7 @@ class Explorer:
         self.meta = class_meta(self.snap.classes, {c: meta[i] for i, c in self.loaded.items()})
         self.facts = enode_facts(self.snap, self.meta)
         self.root_classes = result.root_classes
+        self._priced: dict[tuple, Candidate] = {}
 
     # --- what the extractor chose ---
 
@@ -214,6 +215,13 @@ class Explorer:
         return "analysis (no single rule)"
 
     def _candidate(self, rank: int, term: Term) -> Candidate:
+        """Priced once per structure: the derivation, impact and why-not tables share them."""
+        key = (rank, pretty(term))
+        if key not in self._priced:
+            self._priced[key] = self._price(rank, term)
+        return self._priced[key]
+
+    def _price(self, rank: int, term: Term) -> Candidate:
         program = self.source.with_roots({id(self.source.roots()[0]): term})
         roots = program.roots()
         parts = program_cost(roots, self.result.model, self.ranges, program.leaf_meta())

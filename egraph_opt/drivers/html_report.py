@@ -23,10 +23,10 @@ def page(title: str, body: str) -> str:
 
 def picture(item) -> str:
     """A picture inline: an SVG as markup, a matplotlib figure as a base64 PNG, text as <pre>."""
-    if isinstance(item, SVG):
-        return item.text[item.text.find("<svg"):]
     if isinstance(item, (TextPicture, Table)):
         return item._repr_html_()
+    if isinstance(item, SVG):
+        return item.text[item.text.find("<svg"):]
     buffer = io.BytesIO()
     item.savefig(buffer, format="png", dpi=90)
     return f"<img alt='figure' src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'>"

@@ -43,14 +43,11 @@ class SVG:
         return f"SVG picture ({len(self.text)} characters; .save(path) writes it)"
 
 
-@dataclass
-class TextPicture:
+class TextPicture(SVG):
     """What a drawing falls back to: a message, then the graph or its summary as text."""
-    text: str
 
-    def save(self, path) -> str:
-        Path(path).write_text(self.text)
-        return str(path)
+    def _repr_svg_(self):
+        return None
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(self.text)}</pre>"

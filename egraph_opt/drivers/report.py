@@ -39,10 +39,11 @@ class Report:
         if self.fallback and not self.ops_before:  # nothing was captured: the why is all there is
             return "\n".join(lines + [f"[FALLBACK] running the original program: {self.fallback}"])
         lines += [f"[REWRITE] {name}: {what}  ({n} matches)" for name, what, n in self.rewrites]
-        if not self.rewrites:
+        unexplained = self.derivation is not None and not self.derivation.complete
+        if not self.rewrites and not unexplained:
             lines.append("[REWRITE] none: no rule improved the program")
-        if self.derivation and not self.derivation.complete:
-            lines.append(f"[REWRITE] not derived further: {self.derivation.unexplained}")
+        if unexplained:  # the e-graph proved the output equal; the replay did not find every step
+            lines.append(f"[REWRITE] steps not replayed up to: {self.derivation.unexplained}")
         lines.append(f"[OPS] before: {_counts(self.ops_before)}")
         lines.append(f"[OPS] after:  {_counts(self.ops_after)}")
         for part in ("curvature", "latency"):

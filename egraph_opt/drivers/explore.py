@@ -204,14 +204,9 @@ class Explorer:
         this e-node with its left side in the same e-class."""
         if (node.op, node.children, node.attrs) in self._input_nodes:
             return "input"
-        alone = {**self.snap.classes, cid: [node]}
-        for rule in self.rules:
-            for lhs, rhs in rule.pairs():
-                if not isinstance(rhs, pat.Node) or rhs.op != node.op:
-                    continue
-                for b in ematch.ematch(rhs, alone, cid):
-                    if next(ematch.ematch(lhs, self.snap.classes, cid, b), None) is not None:
-                        return rule.name
+        rule = ematch.producer(self.rules, self.snap.classes, cid, node)
+        if rule is not None:
+            return rule.name
         return "analysis (no single rule)"
 
     def _candidate(self, rank: int, term: Term) -> Candidate:

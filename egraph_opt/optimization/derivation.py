@@ -22,8 +22,9 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from ..egraph.engine import Snapshot
+from ..egraph.engine import ENode, Snapshot
 from ..lang import pattern as pat
+from .ematch import producer
 from ..lang.term import Term, postorder, pretty
 from ..rulesets import Rule
 
@@ -64,17 +65,21 @@ class Derivation:
     steps: list[Step] = field(default_factory=list)
     complete: bool = True  # False: the replay stopped before reaching the output
     unexplained: str = ""  # where it stopped
+    #: where the replay stopped: the rules whose right sides are the output's new e-nodes there
+    unreplayed: list[Rule] = field(default_factory=list)
     start: list[Term] = field(default_factory=list)  # the input's roots
     end: list[Term] = field(default_factory=list)  # the extracted program's roots
 
     def rules(self) -> list[Rule]:
-        """Rules of the steps applied forwards, each once, in the order they first apply."""
-        return list({s.rule.name: s.rule for s in self.steps if not s.reversed}.values())
+        """Rules of the steps applied forwards, then those of the part not replayed, each once."""
+        found = [s.rule for s in self.steps if not s.reversed] + self.unreplayed
+        return list({r.name: r for r in found}.values())
 
     def __str__(self) -> str:
         lines = [f"{i + 1}. {s}" for i, s in enumerate(self.steps)] or ["(no rewrite: the output is the input)"]
         if not self.complete:
-            lines.append(f"(not derived further: {self.unexplained})")
+            lines.append(f"(not replayed step by step: {self.unexplained}; its new e-nodes come from "
+                         f"{', '.join(r.name for r in self.unreplayed) or 'no single rule'})")
         return "\n".join(lines)
 
 
@@ -89,6 +94,7 @@ class _Replay:
         self.node_class = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items()
                            for n in nodes}
         self.loaded = loaded
+        self.all_rules = list(rules)
         self.rules: dict[str, list] = {}  # (rule, from, to, reversed) by the op at the top of from
         for r in rules:
             if len(r.pairs()) != 1:  # a rule of several roots rewrites them together: not replayed
@@ -212,10 +218,22 @@ def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snaps
         steps = replay.solve(b, a, (i,))
         if steps is None:
             derivation.complete = False
-            derivation.unexplained = f"output {i}: {_short(pretty(a))}"
-            break
+            derivation.unexplained += f"{'; ' if derivation.unexplained else ''}output {i}: {_short(pretty(a))}"
+            derivation.unreplayed += _producers(replay, snap, before, a)
+            continue
         derivation.steps += steps
     return derivation
+
+
+def _producers(replay: _Replay, snap: Snapshot, before: list[Term], after: Term) -> list[Rule]:
+    """Rules that produced the e-nodes of ``after`` the input does not have (``ematch.producer``)."""
+
+    def node(t: Term) -> ENode:
+        return ENode(t.op, tuple(replay.eclass(a) for a in t.args), t.attrs)
+    old = {node(t) for t in postorder(before)}
+    found = [producer(replay.all_rules, snap.classes, replay.eclass(t), node(t))
+             for t in postorder([after]) if t.args and node(t) not in old]
+    return [r for r in found if r is not None]
 
 
 def term_classes(snap: Snapshot, loaded: dict[int, str], roots: list[Term]) -> dict[int, str | None]:

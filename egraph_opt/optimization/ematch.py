@@ -71,6 +71,20 @@ def matches(p, classes: dict) -> list[tuple[str, dict]]:
     return [(cid, b) for cid in classes for b in ematch(p, classes, cid)]
 
 
+def producer(rules, classes: dict, cid: str, node):
+    """The first rule whose right side is ``node`` (an e-node of ``cid``) with its left side in
+    the same e-class: the e-graph holds that rewrite there. None: no single rule."""
+    alone = {**classes, cid: [node]}
+    for rule in rules:
+        for lhs, rhs in rule.pairs():
+            if not isinstance(rhs, pat.Node) or rhs.op != node.op:
+                continue
+            for b in ematch(rhs, alone, cid):
+                if next(ematch(lhs, classes, cid, b), None) is not None:
+                    return rule
+    return None
+
+
 class Guards:
     """Rule guards evaluated over the snapshot's analyses: ``lo``/``hi`` (intervals), the
     relations ``positive``/``nonneg``/``nonzero``, ``dtype-of``, ``last-dim`` and ``rank``."""

@@ -138,3 +138,44 @@ def test_figures_and_pages_are_written(rationalized, tmp_path):
         assert (tmp_path / "fig.png").stat().st_size > 1000
     page = open(f.report.to_html(tmp_path / "r.html")).read()
     assert "sqrt-difference" in page and "<svg" in page and "<table>" in page
+
+
+def test_a_dropped_e_graph_says_to_keep_it():
+    f = saturate_and_extract(lambda x: torch.log(1 + x), input_ranges={"x": (0.0, 1.0)})
+    f(torch.rand(4))
+    f(torch.rand(5))  # a second optimization: the first plan's e-graph is dropped
+    f(torch.rand(4))
+    with pytest.raises(ExploreError, match="keep_egraph=True"):
+        explore(f)
+    kept = saturate_and_extract(lambda x: torch.log(1 + x), input_ranges={"x": (0.0, 1.0)},
+                                keep_egraph=True)
+    for n in (4, 5, 4):
+        kept(torch.rand(n))
+    assert "log1p-from-log" in str(explore(kept).derivation())
+
+
+class LogSumExp(torch.nn.Module):
+    def forward(self, x):
+        return torch.log(torch.exp(x).sum(-1))
+
+
+def test_onnx_batch_writes_one_page_and_a_model_is_explored(tmp_path):
+    pytest.importorskip("onnx")
+    import json
+
+    from egraph_opt.drivers.cli import main
+    path = tmp_path / "models" / "lse.onnx"
+    path.parent.mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(LogSumExp().eval(), (torch.randn(3, 8),), str(path), dynamo=False,
+                          input_names=["x"])
+    assert main(["onnx", str(path.parent), "--out", str(tmp_path / "out"), "--report",
+                 str(tmp_path / "batch.html")]) == 0
+    page = (tmp_path / "batch.html").read_text()
+    assert page.count("<section>") == 1 and "log-sum-exp-fuse" in page and "data:image/png" in page
+    assert main(["onnx", str(path.parent), "--out", str(tmp_path / "out"), "--force", "--report",
+                 str(tmp_path / "batch.json")]) == 0
+    record = json.loads((tmp_path / "batch.json").read_text())["models"][0]
+    assert record["rewrites"] == {"log-sum-exp-fuse": 1}
+    assert [r[1] for r in explore(str(path)).derivation().rows] == ["log-sum-exp-fuse"]

@@ -15,6 +15,7 @@ import torch
 
 from ..extractors import program_cost
 from ..extractors.cost import LEAVES
+from ..egraph.engine import ENode
 from ..extractors.enumerate import alternatives
 from ..extractors.rounding_error import program_error
 from ..lang import pattern as pat
@@ -123,17 +124,17 @@ class Explorer:
         """The e-node the extracted program takes in each e-class it computes."""
         roots = self.result.program.roots()
         where = term_classes(self.snap, self.loaded, roots)
-        by_key = {(n.op, n.children, n.attrs): n for nodes in self.snap.classes.values() for n in nodes}
+        nodes = {n for members in self.snap.classes.values() for n in members}
         chosen = {}
         for t in postorder(roots):
-            key = (t.op, tuple(where[id(a)] for a in t.args), t.attrs)
-            if where[id(t)] is not None and key in by_key:
-                chosen[where[id(t)]] = by_key[key]
+            node = ENode(t.op, tuple(where[id(a)] for a in t.args), t.attrs)
+            if node in nodes:
+                chosen[where[id(t)]] = node
         return chosen
 
     @cached_property
     def _input_nodes(self) -> set:
-        return {(t.op, tuple(self.loaded[id(a)] for a in t.args), t.attrs)
+        return {ENode(t.op, tuple(self.loaded[id(a)] for a in t.args), t.attrs)
                 for t in postorder(self.source.roots())}
 
     @cached_property
@@ -145,6 +146,10 @@ class Explorer:
             if n["op"] in found:
                 found[n["op"]].add(nodes[n["children"][0]]["eclass"])
         return found
+
+    def widget(self):
+        """egglog's interactive visualizer of the e-graph, for a live notebook with a browser."""
+        return self.result.egraph.widget()
 
     def cost_of(self, cid: str, node) -> dict:
         """The extractor's price of one e-node, and its parts."""
@@ -202,7 +207,7 @@ class Explorer:
     def produced_by(self, cid: str, node) -> str:
         """``input`` for an e-node of the input program, else the first rule whose right side is
         this e-node with its left side in the same e-class."""
-        if (node.op, node.children, node.attrs) in self._input_nodes:
+        if node in self._input_nodes:
             return "input"
         rule = ematch.producer(self.rules, self.snap.classes, cid, node)
         if rule is not None:

@@ -103,21 +103,23 @@ class _Replay:
             self.rules.setdefault(lhs.op, []).append((r, lhs, rhs, False))
             if isinstance(rhs, pat.Node) and set(pat.variables(lhs)) <= set(pat.variables(rhs)):
                 self.rules.setdefault(rhs.op, []).append((r, rhs, lhs, True))  # an equality, read back
-        self.keys: dict[int, tuple] = {}
-        self.classes: dict[tuple, str | None] = {}
+        self.keys: dict[int, int] = {}  # term id -> number of its structure
+        self.numbers: dict[tuple, int] = {}  # (op, operand numbers, attrs) -> number
+        self.classes: list[str | None] = []  # e-class by number
         self.alive: list[Term] = []  # interned terms stay alive so their ids stay theirs
         self.budget = BUDGET
 
-    def key(self, t: Term) -> tuple:
+    def key(self, t: Term) -> int:
         for u in postorder([t]):
             if id(u) not in self.keys:
                 self.alive.append(u)
                 k = (u.op, tuple(self.keys[id(a)] for a in u.args), u.attrs)
-                self.keys[id(u)] = k
-                if k not in self.classes:
-                    kids = tuple(self.classes[self.keys[id(a)]] for a in u.args)
-                    self.classes[k] = self.loaded.get(id(u)) or (
-                        None if None in kids else self.node_class.get((u.op, kids, u.attrs)))
+                if k not in self.numbers:
+                    kids = tuple(self.classes[n] for n in k[1])
+                    self.numbers[k] = len(self.classes)
+                    self.classes.append(self.loaded.get(id(u)) or (
+                        None if None in kids else self.node_class.get((u.op, kids, u.attrs))))
+                self.keys[id(u)] = self.numbers[k]
         return self.keys[id(t)]
 
     def eclass(self, t: Term) -> str | None:

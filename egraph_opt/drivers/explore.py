@@ -301,6 +301,12 @@ class Explorer:
         """The steps from the input program to the output, each a rule at a location, with the
         estimated error and latency of the whole program before and after it."""
         d = self.result.derivation
+        if not d.start:  # repeated blocks were optimized as templates, each with its own steps
+            rows = [[i + 1, s.name, s.location, _short(pretty(s.rewritten), 40), _short(pretty(s.result), 40)]
+                    for i, s in enumerate(d.steps)]
+            return Table(f"derivation of {self.name} (per template, unpriced)",
+                         ["step", "rule", "at", "rewrites", "into"], rows,
+                         "repeated blocks were optimized once each as templates: steps are within them")
         roots = self.source.roots()
         states = [self._candidate(0, roots[0])]
         current = list(roots)
@@ -319,6 +325,8 @@ class Explorer:
     def impact(self) -> Table:
         """Per rule of the derivation: steps, and error (bits) and latency (us) each one gained."""
         gained: dict[str, list] = {}
+        if not self.result.derivation.start:
+            return Table(f"rewrite impact on {self.name}", ["rule"], [], "not priced for templates")
         for step, a, b in self.derivation():
             g = gained.setdefault(step.name, [0, 0.0, 0.0])
             g[0] += 1

@@ -7,6 +7,7 @@ import importlib
 
 _PUBLIC = {
     "saturate_and_extract": "drivers.api", "OptimizedFunction": "drivers.api",
+    "explore": "drivers.explore", "Explorer": "drivers.explore",
     "curvature": "drivers.analyzer", "CurvatureReport": "drivers.analyzer",
     "capture": "frontends.capture", "CaptureError": "frontends.capture",
     "optimize": "optimization.pipeline", "Limits": "optimization.pipeline",

@@ -21,7 +21,7 @@ from .guard import StateKey
 from ..extractors import CostModel, Objective
 from ..extractors.rounding_error import program_error
 from ..profiling.latency import MeasuredLatency, sources
-from ..optimization.pipeline import Limits, optimize
+from ..optimization.pipeline import Limits, Optimized, optimize
 from .report import Report
 from ..rulesets import select
 from ..lang.term import postorder
@@ -38,6 +38,7 @@ class Plan:
     run: Callable | None  # None: the original runs untouched (``report.fallback`` says why)
     report: Report
     egraph: EGraph | None
+    optimized: Optimized | None = None  # what ``explore`` reads; dropped with the e-graph
 
 
 def _check_ranges(ranges: dict | None) -> dict:
@@ -164,6 +165,7 @@ class OptimizedFunction:
         errors = [program_error(p, self.input_ranges) for p in (program, result.program)] \
             if len(postorder(roots)) <= ESTIMATED_UP_TO else []
         report.rewrites = [(r.name, r.describe(), n) for r, n in result.applied]
+        report.derivation = result.derivation
         report.ops_before, report.ops_after = result.ops_before, result.ops_after
         report.cost_before, report.cost_after = result.cost_before, result.cost_after
         report.opaque = [c.describe() for c in program.opaque.values()]
@@ -174,8 +176,8 @@ class OptimizedFunction:
         report.error = tuple(errors) if errors and all(errors) else None
         if not self.keep_egraph:  # only the latest optimization's e-graph is kept (135 MB each)
             for older in self._plans.values():
-                older.egraph = None
-        plan = Plan(run, report, result.egraph)
+                older.egraph = older.optimized = None
+        plan = Plan(run, report, result.egraph, result)
         if self.validate:
             fresh = random_inputs(args, call.names, self.input_ranges)
             report.validation = compare(target, run, fresh)

@@ -168,6 +168,8 @@ def process(path: str, target: str, options: dict) -> dict:
         record.update(
             nodes_before=len(original.graph.node), nodes_after=len(optimized.graph.node),
             rewrites={r.name: n for r, n in result.applied},
+            derivation=[str(step) for step in result.derivation.steps],
+            ops_before=result.ops_before, ops_after=result.ops_after,
             curvature_before=result.cost_before.get("curvature"),
             curvature_after=result.cost_after.get("curvature"), folded=src.folded,
             opaque=len(src.program.opaque))
@@ -268,9 +270,14 @@ def _writable_dir(path: str, what: str) -> None:
 
 
 def _write_report(path: str, records: list[dict], interrupted: bool) -> None:
+    """JSON, or one HTML page with a section per model for a path ending in .html."""
     folder = os.path.dirname(os.path.abspath(path))
     with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-        json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
+        if path.endswith((".html", ".htm")):
+            from .html_report import batch_page
+            f.write(batch_page(records, summary(records), interrupted))
+        else:
+            json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
     os.replace(f.name, path)
 
 
@@ -365,7 +372,7 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("-j", "--jobs", type=at_least(1), default=1,
                         help="parallel worker processes")
     parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
-    parser.add_argument("--report", help="write a JSON report of every model here")
+    parser.add_argument("--report", help="write a report of every model here: one HTML page for .html, else JSON")
     parser.add_argument("--objective", default="balanced", choices=[o.value for o in Objective])
     parser.add_argument("--latency-runs", type=at_least(0), default=20,
                         help="onnxruntime runs per model for the latency columns (0: skip)")

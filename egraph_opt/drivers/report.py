@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..optimization.derivation import Derivation
 from ..validate import Validation
 
 
@@ -22,6 +23,12 @@ class Report:
     error: tuple | None = None  # first-order rounding error (ProgramError) before and after
     validation: Validation | None = None
     fallback: str = ""  # why the original program is running instead, if it is
+    derivation: Derivation | None = None  # the steps the [REWRITE] lines are read from
+
+    def to_html(self, path) -> str:
+        """Write this report as one self-contained HTML page; returns the path."""
+        from .html_report import write_report
+        return write_report(self, path)
 
     @property
     def optimized(self) -> bool:
@@ -32,8 +39,11 @@ class Report:
         if self.fallback and not self.ops_before:  # nothing was captured: the why is all there is
             return "\n".join(lines + [f"[FALLBACK] running the original program: {self.fallback}"])
         lines += [f"[REWRITE] {name}: {what}  ({n} matches)" for name, what, n in self.rewrites]
-        if not self.rewrites:
+        unexplained = self.derivation is not None and not self.derivation.complete
+        if not self.rewrites and not unexplained:
             lines.append("[REWRITE] none: no rule improved the program")
+        if unexplained:  # the e-graph proved the output equal; the replay did not find every step
+            lines.append(f"[REWRITE] steps not replayed up to: {self.derivation.unexplained}")
         lines.append(f"[OPS] before: {_counts(self.ops_before)}")
         lines.append(f"[OPS] after:  {_counts(self.ops_after)}")
         for part in ("curvature", "latency"):

@@ -185,6 +185,12 @@ class EGraph:
     def to_dot(self) -> str:
         return self._eg.serialize([]).to_dot()
 
+    def widget(self):
+        """egglog's own interactive visualizer of this e-graph: it draws in a live notebook
+        with a browser (headless, nothing shows)."""
+        from egglog.visualizer_widget import VisualizerWidget
+        return VisualizerWidget(egraphs=[self.serialize_json()])
+
     def snapshot(self) -> Snapshot:
         """Parse the serialized e-graph into e-classes of ENodes (anchors set apart)."""
         data = json.loads(self.serialize_json())

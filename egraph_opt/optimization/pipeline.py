@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from ..lang import pattern as pat
 from . import templates as tmpl
+from .derivation import Derivation, derive
 from ..egraph.engine import EGraph, Saturation, Snapshot
 from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from ..extractors.curvature import rounding_free
@@ -24,7 +24,7 @@ from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program
 from ..analysis.ranges import TOP, Interval, analyze, transfer
 from ..rulesets import Family, Rule, select
-from ..lang.term import Term, dtype_name, op_counts, postorder
+from ..lang.term import Term, op_counts, postorder
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class Optimized:
     model: CostModel | None = None  # what priced the e-nodes
     cost: Callable | None = None  # cost(class id, e-node) as extraction used it
     root_classes: list[str] = field(default_factory=list)  # e-class of each root, in roots() order
+    derivation: Derivation = field(default_factory=Derivation)  # the steps ``applied`` is read from
+    source: Program | None = None  # the input program (its terms are the e-graph's anchors)
 
 
 def optimize(program: Program, *, rules: list[Rule] | None = None,
@@ -115,12 +117,15 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
 
     matches = sum((Counter(s.matches) for s in saturation), Counter())
     matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
-    applied = [(r, matches[r.name]) for r in _applied(matched, roots, best, term_meta, optimized.meta())]
+    derivation = derive(roots, best, matched, snap,
+                        {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)})
+    applied = [(r, matches[r.name]) for r in derivation.rules()]
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,
         before, after, op_counts(roots), op_counts(best),
-        {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])}, model, cost, root_classes)
+        {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])}, model, cost, root_classes,
+        derivation, program)
 
 
 #: the stability objective re-ranks this many of the cheapest programs of a root, for programs of
@@ -181,9 +186,13 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
         for rule, n in r.applied:
             applied[rule.name] = (rule, applied.get(rule.name, (rule, 0))[1] + n)
     seconds = {"total": time.perf_counter() - start}
-    return Optimized(final, main.egraph, [s for r in results + [main] for s in r.saturation],
+    parts = results + [main]
+    derivation = Derivation([s for r in parts for s in r.derivation.steps],
+                            all(r.derivation.complete for r in parts),
+                            "; ".join(r.derivation.unexplained for r in parts if r.derivation.unexplained))
+    return Optimized(final, main.egraph, [s for r in parts for s in r.saturation],
                      list(applied.values()), before, after, op_counts(roots), op_counts(best),
-                     seconds, model, main.cost, main.root_classes)
+                     seconds, model, main.cost, main.root_classes, derivation, main.source)
 
 
 def _join_precision(program: Program, schedule: list[Phase], input_ranges: dict | None,
@@ -277,25 +286,31 @@ def _meta_of(node, operands: list) -> tuple | None:
     return tuple(out.shape), out.dtype
 
 
-def enode_cost(snap: Snapshot, model: CostModel, meta: dict):
-    """``cost(class id, e-node)`` for the extractor, from the snapshot's analyses: intervals,
-    dtypes, exactness, constness and shapes of each e-node's operand classes."""
+def enode_facts(snap: Snapshot, meta: dict) -> Callable[[str, object], NodeFacts]:
+    """``facts(class id, e-node)``: what the cost model knows of an e-node, from the snapshot's
+    analyses: intervals, dtypes, exactness, constness and shapes of its operand classes."""
     exact = closed_classes(snap.classes, lambda n: rounding_free(
         n.op, n.attrs, tuple(snap.dtypes.get(c, "float32") for c in n.children)))
     constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
     consts = {cid for cid, nodes in snap.classes.items() if any(n.op == "const" for n in nodes)}
 
-    def cost(cid: str, node) -> int:
+    def facts(cid: str, node) -> NodeFacts:
         tensors = [c for c in node.children if c not in consts]
         known = all(c in meta for c in tensors)
-        return model(NodeFacts(
+        return NodeFacts(
             node.op, node.attrs, tuple(snap.ranges.get(c, TOP) for c in node.children),
             tuple(snap.dtypes.get(c, "float32") for c in node.children),
             tuple(c in exact for c in node.children), snap.ranges.get(cid, TOP),
             snap.dtypes.get(cid, "float32"),
             bool(node.children) and all(c in constant for c in node.children),
-            tuple(meta[c][0] for c in tensors) if known else None))
-    return cost
+            tuple(meta[c][0] for c in tensors) if known else None)
+    return facts
+
+
+def enode_cost(snap: Snapshot, model: CostModel, meta: dict):
+    """``cost(class id, e-node)`` for the extractor: the model's price of the e-node's facts."""
+    facts = enode_facts(snap, meta)
+    return lambda cid, node: model(facts(cid, node))
 
 
 def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) -> set[str]:
@@ -316,40 +331,3 @@ def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) 
                 closed.add(cid)
                 changed = True
     return closed
-
-
-def _applied(matched: list[Rule], before, after, before_meta: dict, after_meta: dict) -> list[Rule]:
-    """The matched rules the extracted program shows: those whose right side is new in it (or,
-    for a cancelling rule, whose left side is gone; for a precision rule whose casts later rules
-    moved, whose left side with its dtype conditions is gone while its right side's op is there),
-    then, transitively, those whose right side is part of a shown rule's left side and whose left
-    side is gone."""
-    dtypes = {k: dtype_name(m[1]) for meta in (before_meta, after_meta)
-              for k, m in meta.items()}
-
-    def occurs(p, terms, facts=()):  # with ``facts`` (variable, dtype) holding
-        return any(all(dtypes.get(id(b[v])) == d for v, d in facts) for b in pat.find(p, terms))
-
-    after_ops = {t.op for t in postorder(after)}
-
-    def gone(r):
-        facts = r.dtype_facts()
-        return occurs(r.lhs_pattern, before, facts) and not occurs(r.lhs_pattern, after, facts)
-
-    def shows(r):
-        rhs = r.rhs_pattern
-        if not isinstance(rhs, pat.Node):
-            return gone(r)
-        new = occurs(rhs, after) and not occurs(rhs, before)
-        return new or bool(r.dtype_facts()) and rhs.op in after_ops and gone(r)
-
-    shown = [r for r in matched if shows(r)]
-    frontier = list(shown)
-    while frontier:
-        fed = pat.skeleton(frontier.pop().lhs_pattern)[0]
-        for r in matched:
-            if r not in shown and isinstance(r.rhs_pattern, pat.Node) and occurs(r.rhs_pattern, [fed]) \
-                    and gone(r):
-                shown.append(r)
-                frontier.append(r)
-    return [r for r in matched if r in shown]

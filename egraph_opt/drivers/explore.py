@@ -1,0 +1,355 @@
+"""``explore(obj)``: why the optimizer chose a program, what else it could have chosen, and how
+much better the choice is, read from the saturated e-graph in Jupyter or a terminal.
+
+Every method returns a ``Table`` (HTML in Jupyter, aligned text in a terminal). Costs are the
+extractor's own (``pipeline.enode_facts`` priced by the run's ``CostModel``), so what is shown is
+what was compared; errors are the first-order estimate of ``extractors/rounding_error.py``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from ..extractors import program_cost
+from ..extractors.cost import LEAVES
+from ..egraph.engine import ENode
+from ..extractors.enumerate import alternatives
+from ..extractors.rounding_error import program_error
+from ..lang import pattern as pat
+from ..lang.program import Program
+from ..lang.term import Term, evaluate, op_counts, postorder, pretty
+from ..optimization import ematch
+from ..optimization.derivation import term_classes
+from ..optimization.pipeline import Optimized, class_meta, enode_facts, optimize
+from ..profiling.latency import UNIT_S
+from ..rulesets import catalogue, select
+from .tables import Table
+
+#: programs of at most this many terms get a first-order error estimate (8 float64 runs each)
+ESTIMATED_UP_TO = 256
+
+
+class ExploreError(ValueError):
+    """What was passed to ``explore`` has nothing to explore; the message says why, in one line."""
+
+
+def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
+    """An Explorer of an optimized function (after a call), an ``optimize`` result, or an ONNX
+    model path (optimized here)."""
+    from .api import OptimizedFunction
+    if isinstance(obj, OptimizedFunction):
+        return _of_function(obj)
+    if isinstance(obj, Optimized):
+        return Explorer(obj, input_ranges or {})
+    if isinstance(obj, str) and obj.endswith(".onnx"):
+        from ..frontends.onnx_frontend import import_model, load
+        program = import_model(load(obj), obj).program
+        _refuse_opaque(program, obj)
+        return Explorer(optimize(program), {}, name=obj)
+    raise ExploreError(f"explore takes an optimized function, an optimize() result or an .onnx "
+                       f"path, not {type(obj).__name__}")
+
+
+def _of_function(fn) -> Explorer:
+    name = fn._name
+    if fn._last is None:
+        raise ExploreError(f"{name} has never been called: call it once on example inputs, then "
+                           "explore it")
+    plan = fn._last
+    if plan.run is None:
+        raise ExploreError(f"{name} fell back to the original program, so there is nothing "
+                           f"optimized to explore: {plan.report.fallback}")
+    if plan.optimized is None:
+        raise ExploreError(f"the e-graph of {name}'s last plan was dropped by a later optimization: "
+                           "decorate with keep_egraph=True to explore every plan")
+    _refuse_opaque(plan.optimized.source, name)
+    return Explorer(plan.optimized, fn.input_ranges, fn.rules, name)
+
+
+def _refuse_opaque(program: Program, name: str) -> None:
+    if not op_counts(program.roots()):
+        calls = ", ".join(c.describe() for c in program.opaque.values()) or "no op at all"
+        raise ExploreError(f"{name} is entirely opaque to the Term language ({calls}): there is no "
+                           "e-graph to explore")
+
+
+@dataclass
+class Candidate:
+    """One whole program: its cost as the extractor priced it, its estimated error, predicted
+    latency, and a callable running it on torch tensors (the op table's torch implementations)."""
+    rank: int
+    term: Term  # the first root
+    program: Program
+    cost: int
+    curvature: int
+    latency_us: float
+    error_bits: float | None  # worst first-order error over the input ranges (None: not estimable)
+
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
+        if self.program.opaque:
+            raise ValueError("this program calls code the Term language does not hold: run the "
+                             "optimized function itself")
+        env = {t.attrs[0]: x for t, x in zip(self.program.inputs, tensors)}
+        return evaluate([self.term], {**env, **self.program.params})[0]
+
+    def __str__(self) -> str:
+        return pretty(self.term)
+
+
+class Explorer:
+    """The saturated e-graph of one optimization, with the costs the extractor saw."""
+
+    def __init__(self, result: Optimized, input_ranges: dict, rules=None, name: str = "program"):
+        if result.source is None or result.cost is None:
+            raise ExploreError("this optimize() result carries no e-graph to explore")
+        self.result, self.ranges, self.name = result, dict(input_ranges), name
+        self.rules = rules or select()
+        self.source = result.source
+        self.snap = result.egraph.snapshot()
+        roots = self.source.roots()
+        self.loaded = {id(t): self.snap.class_of_ref[result.egraph.ref(t)] for t in postorder(roots)}
+        meta = self.source.meta()
+        self.meta = class_meta(self.snap.classes, {c: meta[i] for i, c in self.loaded.items()})
+        self.facts = enode_facts(self.snap, self.meta)
+        self.root_classes = result.root_classes
+        self._priced: dict[tuple, Candidate] = {}
+
+    # --- what the extractor chose ---
+
+    @cached_property
+    def chosen(self) -> dict:
+        """The e-node the extracted program takes in each e-class it computes."""
+        roots = self.result.program.roots()
+        where = term_classes(self.snap, self.loaded, roots)
+        nodes = {n for members in self.snap.classes.values() for n in members}
+        chosen = {}
+        for t in postorder(roots):
+            node = ENode(t.op, tuple(where[id(a)] for a in t.args), t.attrs)
+            if node in nodes:
+                chosen[where[id(t)]] = node
+        return chosen
+
+    @cached_property
+    def _input_nodes(self) -> set:
+        return {ENode(t.op, tuple(self.loaded[id(a)] for a in t.args), t.attrs)
+                for t in postorder(self.source.roots())}
+
+    @cached_property
+    def relations(self) -> dict[str, set[str]]:
+        """E-classes the analyses proved ``positive``, ``nonneg`` or ``nonzero``."""
+        nodes = json.loads(self.result.egraph.serialize_json())["nodes"]
+        found = {r: set() for r in ("positive", "nonneg", "nonzero")}
+        for n in nodes.values():
+            if n["op"] in found:
+                found[n["op"]].add(nodes[n["children"][0]]["eclass"])
+        return found
+
+    def widget(self):
+        """egglog's interactive visualizer of the e-graph, for a live notebook with a browser."""
+        return self.result.egraph.widget()
+
+    def cost_of(self, cid: str, node) -> dict:
+        """The extractor's price of one e-node, and its parts."""
+        f = self.facts(cid, node)
+        model = self.result.model
+        found = model.latency_of(f.op, f.attrs, f.shapes, f.dtype) \
+            if model.latency_of and f.shapes is not None and f.op not in LEAVES else None
+        source = "-" if not node.children else (found[1] if found else "static")
+        return {"cost": model(f), "curvature": model.curvature(f),
+                "latency_us": model.latency(f) * UNIT_S * 1e6, "source": source,
+                "error": model.error(f) if node.children else 0.0}
+
+    def _id(self, cid) -> str:
+        cid = f"Tensor-{cid}" if isinstance(cid, int) else str(cid)
+        if cid not in self.snap.classes:
+            raise KeyError(f"no e-class {cid!r}; classes() lists them")
+        return cid
+
+    # --- the tables ---
+
+    def classes(self, changed: bool = False) -> Table:
+        """One row per e-class; ``changed``: only classes rewrites added to or created."""
+        rows, items = [], []
+        for cid in sorted(self.snap.classes, key=_number):
+            nodes = self.snap.classes[cid]
+            if changed and len(nodes) == 1 and cid in self.loaded.values():
+                continue
+            shape, dtype = self.meta.get(cid, ("?", "?"))
+            lo, hi = self.snap.ranges.get(cid, (-float("inf"), float("inf")))
+            pick = self.chosen.get(cid)
+            rows.append([cid, ", ".join(n.op for n in nodes), list(shape) if shape != "?" else "?",
+                         str(dtype).removeprefix("torch."), f"[{lo:.3g}, {hi:.3g}]",
+                         _node_text(pick) if pick else "-",
+                         self.cost_of(cid, pick)["cost"] if pick else "-"])
+            items.append(cid)
+        return Table(f"e-classes of {self.name}" + (" (changed by rewrites)" if changed else ""),
+                     ["id", "members", "shape", "dtype", "range", "chosen", "cost"], rows,
+                     f"{len(rows)} of {len(self.snap.classes)} e-classes, "
+                     f"{self.snap.num_enodes} e-nodes", items)
+
+    def eclass(self, cid) -> Table:
+        """The members of one e-class, each with its cost parts and the rule that produced it."""
+        cid = self._id(cid)
+        rows = []
+        for node in self.snap.classes[cid]:
+            c = self.cost_of(cid, node)
+            rows.append(["*" if self.chosen.get(cid) == node else "", _node_text(node), c["cost"],
+                         c["curvature"], f"{c['error']:.3g}", round(c["latency_us"], 2), c["source"],
+                         self.produced_by(cid, node)])
+        return Table(f"e-class {cid} ({', '.join(n.op for n in self.snap.classes[cid])})",
+                     ["chosen", "member", "cost", "curvature dB", "est. rel. error", "latency us",
+                      "latency from", "produced by"], rows,
+                     "* marks the member the extracted program takes", list(self.snap.classes[cid]))
+
+    def produced_by(self, cid: str, node) -> str:
+        """``input`` for an e-node of the input program, else the first rule whose right side is
+        this e-node with its left side in the same e-class."""
+        if node in self._input_nodes:
+            return "input"
+        rule = ematch.producer(self.rules, self.snap.classes, cid, node)
+        if rule is not None:
+            return rule.name
+        return "analysis (no single rule)"
+
+    def _candidate(self, rank: int, term: Term) -> Candidate:
+        """Priced once per structure: the derivation, impact and why-not tables share them."""
+        key = (rank, pretty(term))
+        if key not in self._priced:
+            self._priced[key] = self._price(rank, term)
+        return self._priced[key]
+
+    def _price(self, rank: int, term: Term) -> Candidate:
+        program = self.source.with_roots({id(self.source.roots()[0]): term})
+        roots = program.roots()
+        parts = program_cost(roots, self.result.model, self.ranges, program.leaf_meta())
+        error = program_error(program, self.ranges) if len(postorder(roots)) <= ESTIMATED_UP_TO else None
+        return Candidate(rank, term, program, parts["cost"], parts["curvature"],
+                         parts["latency"] * UNIT_S * 1e6, error.worst if error else None)
+
+    @cached_property
+    def extracted(self) -> Candidate:
+        return self._candidate(0, self.result.program.roots()[0])
+
+    def alternatives(self, k: int = 5) -> Table:
+        """The ``k`` cheapest programs of the first output, by the extractor's DAG cost; each row's
+        object (``table[i]``) is a callable Candidate."""
+        found = [self._candidate(i + 1, a.term) for i, a in enumerate(
+            alternatives(self.snap.classes, self.root_classes[0], self.result.cost, limit=k))]
+        rows = [[c.rank, _short(str(c)), c.cost, c.curvature, round(c.latency_us, 2),
+                 _bits(c.error_bits), "*" if str(c) == str(self.extracted) else ""] for c in found]
+        return Table(f"the {len(found)} cheapest programs of {self.name}",
+                     ["rank", "program", "cost", "curvature dB", "latency us", "error bits",
+                      "extracted"], rows, "call table[i](*tensors) to run one", found)
+
+    def why_not(self, x) -> Table:
+        """``x`` a Candidate or a Term: its costs beside the extracted program's. ``x`` a rule
+        name: why that rule is not in the result (pattern never matched, guard not proved...)."""
+        if isinstance(x, str):
+            return self._why_not_rule(x)
+        other = x if isinstance(x, Candidate) else self._candidate(-1, x)
+        mine = self.extracted
+        rows = [[what, getattr(mine, attr), getattr(other, attr)] for what, attr in
+                [("cost", "cost"), ("curvature dB", "curvature"), ("latency us", "latency_us"),
+                 ("error bits", "error_bits")]]
+        rows.append(["program", _short(str(mine)), _short(str(other))])
+        held = term_classes(self.snap, self.loaded, [other.term])[id(other.term)] == self.root_classes[0]
+        verdict = (f"the extracted program costs {other.cost - mine.cost} less" if other.cost > mine.cost
+                   else "it costs the same: the extractor keeps the first of equals" if other.cost == mine.cost
+                   else "it costs less: the extractor's DAG choice is greedy, not optimal")
+        note = verdict + ("" if held else "; it is not in the e-graph: no rule derives it")
+        return Table(f"why not this program of {self.name}", ["", "extracted", "candidate"], rows, note)
+
+    def _why_not_rule(self, name: str) -> Table:
+        rule = catalogue().get(name)
+        if rule is None:
+            raise KeyError(f"no rule {name!r}; `egraph-opt rules` lists them")
+        rows = []
+        used = any(r.name == name for r in self.rules)
+        if not used:
+            rows.append(["ruleset", f"{name} was not among the rules of this run"])
+        found = ematch.matches(rule.pairs()[0][0], self.snap.classes)
+        lhs = rule.pairs()[0][0]
+        if not found:
+            present = any(n.op == lhs.op for nodes in self.snap.classes.values() for n in nodes)
+            rows.append(["pattern", f"{pat.show(lhs)} matches nowhere in the e-graph" +
+                         ("" if present else f" (no {lhs.op} node at all)")])
+        guards = ematch.Guards(self.snap, self.relations, self.meta)
+        fired = None
+        for cid, bound in found:
+            failed = [guards.check(f, bound) for f in rule.when]
+            failed = [why for ok, why in failed if not ok]
+            if failed:
+                free = sorted(n for c in bound.values() if isinstance(c, str) and c in self.snap.classes
+                              for n in ematch.inputs_under(self.snap.classes, c) if n not in self.ranges)
+                rows.append(["guard", f"at e-class {cid}: " + "; ".join(failed) +
+                             (f" (no declared range for {', '.join(dict.fromkeys(free))}: pass "
+                              "input_ranges)" if free else "")])
+            else:
+                fired = fired or cid
+        if fired:
+            pick = self.chosen.get(fired)
+            rows.append(["fired", f"the pattern matches e-class {fired} with its guard holding; the "
+                         f"extractor chose {_node_text(pick) if pick else 'no member of it'} "
+                         "as cheaper (eclass() shows each member's cost)"])
+        return Table(f"why not {name}: {rule.describe()}", ["part", "finding"], rows,
+                     f"guard: {' '.join(rule.when) or 'none'}")
+
+    def derivation(self) -> Table:
+        """The steps from the input program to the output, each a rule at a location, with the
+        estimated error and latency of the whole program before and after it."""
+        d = self.result.derivation
+        if not d.start:  # repeated blocks were optimized as templates, each with its own steps
+            rows = [[i + 1, s.name, s.location, _short(pretty(s.rewritten), 40), _short(pretty(s.result), 40)]
+                    for i, s in enumerate(d.steps)]
+            return Table(f"derivation of {self.name} (per template, unpriced)",
+                         ["step", "rule", "at", "rewrites", "into"], rows,
+                         "repeated blocks were optimized once each as templates: steps are within them")
+        roots = self.source.roots()
+        states = [self._candidate(0, roots[0])]
+        current = list(roots)
+        for step in d.steps:
+            current[step.path[0]] = step.after
+            states.append(self._candidate(0, current[0]))
+        rows = [[i + 1, s.name, s.location, _short(pretty(s.rewritten), 40), _short(pretty(s.result), 40),
+                 _bits(a.error_bits), _bits(b.error_bits), round(a.latency_us, 2), round(b.latency_us, 2)]
+                for i, (s, a, b) in enumerate(zip(d.steps, states, states[1:]))]
+        note = "complete: the last step's program is the extracted one" if d.complete else \
+            f"not derived further: {d.unexplained}"
+        return Table(f"derivation of {self.name}", ["step", "rule", "at", "rewrites", "into",
+                                                    "error bits before", "after", "latency us before",
+                                                    "after"], rows, note, list(zip(d.steps, states, states[1:])))
+
+    def impact(self) -> Table:
+        """Per rule of the derivation: steps, and error (bits) and latency (us) each one gained."""
+        gained: dict[str, list] = {}
+        if not self.result.derivation.start:
+            return Table(f"rewrite impact on {self.name}", ["rule"], [], "not priced for templates")
+        for step, a, b in self.derivation():
+            g = gained.setdefault(step.name, [0, 0.0, 0.0])
+            g[0] += 1
+            g[1] += (a.error_bits or 0) - (b.error_bits or 0)
+            g[2] += a.latency_us - b.latency_us
+        rows = [[name, n, round(e, 2), round(t, 2)] for name, (n, e, t) in gained.items()]
+        return Table(f"rewrite impact on {self.name}", ["rule", "steps", "error bits gained",
+                                                        "latency us gained"], rows, items=rows)
+
+
+def _number(cid: str) -> tuple:
+    head, _, tail = cid.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (cid, 0)
+
+
+def _node_text(node) -> str:
+    parts = list(node.children) + [repr(a) if isinstance(a, str) else str(a) for a in node.attrs]
+    return f"{node.op}({', '.join(parts)})"
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _bits(value) -> str:
+    return "-" if value is None else f"{value:.1f}"

@@ -1,0 +1,282 @@
+"""Pictures of an optimization: the e-graph and program graphs through Graphviz (SVG), and
+matplotlib figures of precision, per-node error, rewrite impact and the latency model.
+
+Graphviz's ``dot`` comes from the pip package ``graphviz-pure`` (in the test extra: the README's
+set-up installs it), a ``dot`` on PATH, or ``$EGRAPH_OPT_DOT``. Without one, a drawing is a
+``TextPicture`` whose first line says so. A graph over ``max_nodes`` is never laid out: it gets a
+summary of its largest e-classes, and ``dot`` runs under a timeout.
+"""
+from __future__ import annotations
+
+import html
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..lang import pattern as pat
+from ..lang.ops import OPS
+from ..lang.term import Term, postorder, pretty
+from .tables import Table
+
+DOT_SECONDS = 20  # a layout that takes longer is abandoned for the summary
+MAX_NODES = 300
+CHOSEN, CHANGED, REMOVED = "#ffd54f", "#ef9a9a", "#e0e0e0"
+
+
+@dataclass
+class SVG:
+    text: str
+
+    def save(self, path) -> str:
+        Path(path).write_text(self.text)
+        return str(path)
+
+    def _repr_svg_(self) -> str:
+        return self.text
+
+    def __str__(self) -> str:
+        return f"SVG picture ({len(self.text)} characters; .save(path) writes it)"
+
+
+class TextPicture(SVG):
+    """What a drawing falls back to: a message, then the graph or its summary as text."""
+
+    def _repr_svg_(self):
+        return None
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(self.text)}</pre>"
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+
+def find_dot() -> str | None:
+    """``$EGRAPH_OPT_DOT`` if set (None if it is not a program), else ``dot``, else
+    ``graphviz-pure`` on PATH or beside this Python."""
+    chosen = os.environ.get("EGRAPH_OPT_DOT")
+    if chosen is not None:
+        return chosen if shutil.which(chosen) else None
+    beside = Path(sys.executable).parent / "graphviz-pure"
+    return shutil.which("dot") or shutil.which("graphviz-pure") or (str(beside) if beside.exists() else None)
+
+
+def render(source: str, fallback: str) -> SVG | TextPicture:
+    """``source`` (DOT) laid out as SVG; ``fallback`` text when no ``dot`` runs in time."""
+    dot = find_dot()
+    if dot is None:
+        return TextPicture("Graphviz dot not found (pip install graphviz-pure, or set "
+                           f"EGRAPH_OPT_DOT): a text rendering instead\n{fallback}")
+    try:
+        done = subprocess.run([dot, "-Tsvg"], input=source, capture_output=True, text=True,
+                              timeout=DOT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return TextPicture(f"dot took over {DOT_SECONDS} s: a text rendering instead\n{fallback}")
+    if done.returncode != 0:
+        return TextPicture(f"dot failed ({done.stderr.strip()[:200]}): a text rendering instead\n{fallback}")
+    return SVG(done.stdout)
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _label(node) -> str:
+    if node.op in ("input", "param", "opaque"):
+        return node.attrs[0]
+    if node.op == "const":
+        return f"{node.attrs[0]:g}"
+    return node.op
+
+
+# --- the e-graph ---
+
+def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES) -> SVG | TextPicture:
+    """The e-graph of an Explorer, or the e-classes within ``radius`` edges of ``around``:
+    e-classes as clusters, the extracted program's e-nodes filled."""
+    classes = ex.snap.classes
+    keep = set(classes) if around is None else _neighbourhood(classes, ex._id(around), radius)
+    nodes = sum(len(classes[c]) for c in keep)
+    text = str(ex.classes())
+    if nodes > max_nodes:
+        biggest = sorted(keep, key=lambda c: -len(classes[c]))[:10]
+        rows = [[c, len(classes[c]), ", ".join(sorted({n.op for n in classes[c]}))] for c in biggest]
+        summary = Table(f"{len(keep)} e-classes, {nodes} e-nodes: too many to draw (max_nodes="
+                        f"{max_nodes}); egraph_picture(ex, around=<id>) draws one neighbourhood",
+                        ["e-class", "e-nodes", "ops"], rows, "the largest e-classes")
+        return TextPicture(str(summary))
+    lines = ["digraph egraph {", "compound=true; rankdir=TB; node [shape=box, style=rounded, fontsize=10];"]
+    first = {c: f"{c}_0" for c in keep}
+    for cid in sorted(keep):
+        lo, hi = ex.snap.ranges.get(cid, (-float("inf"), float("inf")))
+        root = cid in ex.root_classes
+        lines.append(f"subgraph {_q('cluster_' + cid)} {{ label={_q(f'{cid} [{lo:.3g}, {hi:.3g}]')}; "
+                     f"style={'bold' if root else 'dashed'}; fontsize=9;")
+        for i, node in enumerate(classes[cid]):
+            fill = f', style="rounded,filled", fillcolor="{CHOSEN}"' if ex.chosen.get(cid) == node else ""
+            lines.append(f"{_q(f'{cid}_{i}')} [label={_q(_label(node))}{fill}];")
+        lines.append("}")
+    for cid in sorted(keep):
+        for i, node in enumerate(classes[cid]):
+            for child in node.children:
+                if child in keep:
+                    lines.append(f"{_q(f'{cid}_{i}')} -> {_q(first[child])} [lhead={_q('cluster_' + child)}];")
+    return render("\n".join(lines + ["}"]), text)
+
+
+def _neighbourhood(classes: dict, start: str, radius: int) -> set[str]:
+    parents: dict[str, set[str]] = {}
+    for cid, nodes in classes.items():
+        for n in nodes:
+            for c in n.children:
+                parents.setdefault(c, set()).add(cid)
+    seen, frontier = {start}, {start}
+    for _ in range(radius):
+        frontier = {x for c in frontier for x in parents.get(c, set()) |
+                    {k for n in classes[c] for k in n.children}} - seen
+        seen |= frontier
+    return seen
+
+
+# --- programs before and after ---
+
+def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_NODES
+                    ) -> SVG | TextPicture:
+    """The input and the output program side by side; nodes only one side has are filled (red:
+    new in the output, grey: gone from the input)."""
+    numbers = pat.structural_ids(before + after)
+    sides = {"before": before, "after": after}
+    keys = {side: {numbers[id(t)] for t in postorder(roots)} for side, roots in sides.items()}
+    fallback = "\n".join(f"{side}: " + "; ".join(pretty(r) for r in roots) for side, roots in sides.items())
+    if sum(len(k) for k in keys.values()) > max_nodes:
+        return TextPicture(f"programs too large to draw (max_nodes={max_nodes})\n{fallback}")
+    lines = ["digraph programs {", "rankdir=BT; node [shape=box, style=rounded, fontsize=10];"]
+    for side, roots in sides.items():
+        other = keys["after" if side == "before" else "before"]
+        color = CHANGED if side == "after" else REMOVED
+        lines.append(f"subgraph cluster_{side} {{ label={_q(side)};")
+        for k in sorted(keys[side]):
+            term = next(t for t in postorder(roots) if numbers[id(t)] == k)
+            fill = f', style="rounded,filled", fillcolor="{color}"' if k not in other else ""
+            label = _label(term) if OPS[term.op].is_leaf else term.op
+            lines.append(f"{side}_{k} [label={_q(label)}{fill}];")
+            lines += [f"{side}_{numbers[id(a)]} -> {side}_{k};" for a in term.args]
+        lines.append("}")
+    return render("\n".join(lines + ["}"]), fallback)
+
+
+# --- matplotlib figures ---
+
+def _figure(width: float = 6.4, height: float = 3.6):
+    from matplotlib.figure import Figure
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def relative_error(value: torch.Tensor, truth: torch.Tensor) -> float:
+    """||value - truth|| / ||truth|| in float64; inf where the value is not finite."""
+    value = value.double()
+    if not torch.isfinite(value).all():
+        return float("inf")
+    return float(torch.linalg.vector_norm(value - truth) / torch.linalg.vector_norm(truth).clamp_min(1e-300))
+
+
+def precision_errors(fn, args, dtypes=("float32", "bfloat16", "float16")) -> Table:
+    """Error against the float64 truth of the original and the optimized program (``fn`` an
+    optimized function) with the inputs cast to each dtype."""
+    truth = fn.fn(*[a.double() for a in args]).double()
+    rows = []
+    for name in dtypes:
+        cast = [a.to(getattr(torch, name)) for a in args]
+        rows.append([name, relative_error(fn.fn(*cast), truth), relative_error(fn(*cast), truth)])
+    return Table("relative error against float64", ["dtype", "original", "optimized"], rows)
+
+
+def precision_figure(fn, args, dtypes=("float32", "bfloat16", "float16")):
+    """Bars of ``precision_errors``: how each precision degrades, original vs optimized."""
+    table = precision_errors(fn, args, dtypes)
+    fig = _figure()
+    ax = fig.add_subplot()
+    finite = [v for row in table.rows for v in row[1:] if v != float("inf") and v > 0]
+    top = max(finite, default=1.0) * 10
+    for j, (label, color) in enumerate([("original", "#90a4ae"), ("optimized", "#1e88e5")]):
+        values = [row[1 + j] for row in table.rows]
+        xs = [i + (j - 0.5) * 0.38 for i in range(len(values))]
+        ax.bar(xs, [min(v, top) if v > 0 else 1e-18 for v in values], 0.38, label=label, color=color)
+        for x, v in zip(xs, values):
+            if v == float("inf"):
+                ax.annotate("not finite", (x, top), ha="center", va="bottom", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(table.rows)), [row[0] for row in table.rows])
+    ax.set_ylabel("relative error vs float64")
+    ax.set_title(f"precision degradation: {getattr(fn, '__name__', 'program')}")
+    ax.legend()
+    return fig
+
+
+def waterfall_figure(report):
+    """Bits of output error each node's rounding causes (the analyzer's table), in program order,
+    with the running worst."""
+    nodes = report.nodes
+    fig = _figure(6.4, 0.35 * len(nodes) + 1.2)
+    ax = fig.add_subplot()
+    labels = [n.text if len(n.text) <= 40 else n.text[:37] + "..." for n in nodes]
+    ax.barh(range(len(nodes)), [n.error_bits for n in nodes], color="#ef6c00")
+    ax.set_yticks(range(len(nodes)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("bits of output error from this node's rounding")
+    total = f"worst {report.error.worst:.1f} bits" if report.error else "not estimable"
+    ax.set_title(f"per-node error ({total})")
+    return fig
+
+
+def impact_figure(ex):
+    """Per rule of the derivation: error (bits) and latency (us) it gained."""
+    rows = ex.impact().rows
+    fig = _figure(8, 0.4 * max(len(rows), 2) + 1.2)
+    names = [r[0] for r in rows]
+    for i, (column, title) in enumerate([(2, "error bits gained"), (3, "latency us gained")]):
+        ax = fig.add_subplot(1, 2, i + 1)
+        values = [r[column] for r in rows]
+        ax.barh(range(len(rows)), values, color=["#43a047" if v >= 0 else "#e53935" for v in values])
+        ax.set_yticks(range(len(rows)), names if i == 0 else [""] * len(rows), fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(0, color="black", linewidth=0.5)
+        ax.set_title(title)
+    return fig
+
+
+def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", sizes=None):
+    """Measured latencies of ``op``'s kernel in the profiling database ``db`` and the model's
+    interpolation across its example shapes (``profiler.SPECS[op].shapes(n)``)."""
+    from ..profiling.latency import LatencyModel
+    from ..profiling.profiler import EXAMPLE_ATTRS, SPECS, device_name, work
+
+    where = device_name(device)
+    attrs = {a: EXAMPLE_ATTRS[a] for a, _ in OPS[op].attrs}
+    records = db.records(op, "torch", where, dtype)
+    model = LatencyModel(db)
+    sizes = sizes or [round(2 ** (k / 2)) for k in range(6, 25)]
+    curve = [(work(op, SPECS[op].shapes(n), attrs).elements,
+              model.predict(op, "torch", where, dtype, SPECS[op].shapes(n), attrs)) for n in sizes]
+    fig = _figure()
+    ax = fig.add_subplot()
+    ax.plot([x for x, _ in curve], [e.seconds * 1e6 for _, e in curve], "-", color="#1e88e5",
+            label="model (interpolated)" if records else "model (roofline default)")
+    if records:
+        ax.plot([work(op, r.shapes, r.attrs).elements for r in records],
+                [r.median_s * 1e6 for r in records], "o", color="#e53935", label="measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("elements read and written")
+    ax.set_ylabel("microseconds")
+    ax.set_title(f"latency of {op} ({dtype}, {where}): {len(records)} measurements")
+    ax.legend()
+    ax.set_xlim(left=max(1, min(x for x, _ in curve) / 2))
+    return fig

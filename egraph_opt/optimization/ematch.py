@@ -1,0 +1,160 @@
+"""Patterns matched against a saturated e-graph's snapshot, and rule guards evaluated there: to
+say which rule produced an e-node, and why a rule never fired (its pattern matched nowhere, or its
+guard failed, and on what).
+
+>>> from egraph_opt.egraph.engine import ENode
+>>> classes = {"x": [ENode("input", (), ("x", "3", "float32"))], "e": [ENode("exp", ("x",), ())],
+...            "l": [ENode("log", ("e",), ())]}
+>>> list(ematch(pat.parse("(log (exp ?a))"), classes, "l"))
+[{'a': 'x'}]
+"""
+from __future__ import annotations
+
+import operator
+from typing import Iterator
+
+from ..lang import pattern as pat
+from ..rulesets import sexp
+
+_COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
+            "<=": operator.le, ">=": operator.ge}
+_ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+               "abs": abs, "min": min, "max": max}
+
+
+def ematch(p, classes: dict, cid: str, bound: dict | None = None) -> Iterator[dict]:
+    """Every binding under which pattern ``p`` matches some e-node of e-class ``cid``: tensor
+    variables bind e-class ids, attribute variables values."""
+    bound = bound or {}
+    if isinstance(p, pat.Var):
+        if p.name not in bound:
+            yield {**bound, p.name: cid}
+        elif bound[p.name] == cid:
+            yield bound
+        return
+    for node in classes.get(cid, ()):
+        if node.op != p.op:
+            continue
+        attrs = _attrs(p.attrs, node.attrs, bound)
+        if attrs is not None:
+            yield from _operands(list(zip(p.args, node.children)), classes, attrs)
+
+
+def _operands(pairs: list, classes: dict, bound: dict) -> Iterator[dict]:
+    if not pairs:
+        yield bound
+        return
+    (q, child), rest = pairs[0], pairs[1:]
+    for b in ematch(q, classes, child, bound):
+        yield from _operands(rest, classes, b)
+
+
+def _attrs(patterns, values, bound: dict) -> dict | None:
+    bound = dict(bound)
+    for q, v in zip(patterns, values):
+        if isinstance(q, pat.Var):
+            if bound.setdefault(q.name, v) != v:
+                return None
+        elif isinstance(q, pat.Lit) and q.value != v:
+            return None
+        elif isinstance(q, pat.Prim):
+            try:
+                if pat.instantiate(q, bound) != v:
+                    return None
+            except (KeyError, ArithmeticError):
+                pass  # not computable yet: a wildcard, as pattern.match treats it
+    return bound
+
+
+def matches(p, classes: dict) -> list[tuple[str, dict]]:
+    """(e-class, binding) of every match of ``p`` anywhere in the e-graph."""
+    return [(cid, b) for cid in classes for b in ematch(p, classes, cid)]
+
+
+def producer(rules, classes: dict, cid: str, node):
+    """The first rule whose right side is ``node`` (an e-node of ``cid``) with its left side in
+    the same e-class: the e-graph holds that rewrite there. None: no single rule."""
+    alone = {**classes, cid: [node]}
+    for rule in rules:
+        for lhs, rhs in rule.pairs():
+            if not isinstance(rhs, pat.Node) or rhs.op != node.op:
+                continue
+            for b in ematch(rhs, alone, cid):
+                if next(ematch(lhs, classes, cid, b), None) is not None:
+                    return rule
+    return None
+
+
+class Guards:
+    """Rule guards evaluated over the snapshot's analyses: ``lo``/``hi`` (intervals), the
+    relations ``positive``/``nonneg``/``nonzero``, ``dtype-of``, ``last-dim`` and ``rank``."""
+
+    def __init__(self, snap, relations: dict[str, set[str]], meta: dict):
+        self.snap, self.relations, self.meta = snap, relations, meta
+
+    def check(self, fact: str, bound: dict) -> tuple[bool, str]:
+        """Whether ``fact`` holds under ``bound``, and a sentence saying what was (not) known."""
+        tree = sexp(fact)
+        try:
+            value = self._value(tree, bound)
+        except LookupError as e:
+            return False, f"{fact}: {e.args[0]}"
+        if value:
+            return True, f"{fact} holds"
+        return False, f"{fact} is not proved{self._why(tree, bound)}"
+
+    def _value(self, e, bound: dict):
+        if isinstance(e, str):
+            if e.startswith("?"):
+                return bound[e[1:]]
+            return e.strip('"') if e.startswith('"') else float(e)
+        head, *args = e
+        values = [self._value(a, bound) for a in args]
+        if head in self.relations:
+            return values[0] in self.relations[head]
+        if head in ("lo", "hi"):
+            lo, hi = self.snap.ranges.get(values[0], (-float("inf"), float("inf")))
+            return lo if head == "lo" else hi
+        if head == "dtype-of":
+            return self.snap.dtypes.get(values[0], "float32")
+        if head in ("last-dim", "rank"):
+            if values[0] not in self.meta:
+                raise LookupError(f"the shape of e-class {values[0]} is not known")
+            shape = self.meta[values[0]][0]
+            return float(len(shape) if head == "rank" else shape[-1])
+        if head in _COMPARE:
+            return _COMPARE[head](*values)
+        return _ARITHMETIC[head](*values)
+
+    def _why(self, tree, bound: dict) -> str:
+        classes = [bound[a[1:]] for a in _atoms(tree) if a.startswith("?") and isinstance(bound.get(a[1:]), str)]
+        shown = [f"e-class {c} has range [{lo:.4g}, {hi:.4g}]"
+                 for c in dict.fromkeys(classes) if c in self.snap.classes
+                 for lo, hi in [self.snap.ranges.get(c, (-float("inf"), float("inf")))]]
+        return ": " + "; ".join(shown) if shown else ""
+
+
+def _atoms(tree) -> list[str]:
+    out, stack = [], [tree]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, list):
+            stack.extend(e)
+        else:
+            out.append(e)
+    return out
+
+
+def inputs_under(classes: dict, cid: str) -> set[str]:
+    """Names of the inputs some e-node of ``cid`` reaches (the first e-node of every class)."""
+    names, seen, stack = set(), set(), [cid]
+    while stack:
+        c = stack.pop()
+        if c in seen or c not in classes:
+            continue
+        seen.add(c)
+        node = classes[c][0]
+        if node.op == "input":
+            names.add(node.attrs[0])
+        stack.extend(node.children)
+    return names

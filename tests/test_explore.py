@@ -1,0 +1,181 @@
+"""explore(): tables with values the extractor used, runnable alternatives, why-not findings, a
+derivation that ends at the output (and feeds the report), pictures and pages that are written."""
+import warnings
+
+import pytest
+import torch
+
+from egraph_opt import explore, saturate_and_extract
+from egraph_opt.drivers import pictures
+from egraph_opt.drivers.explore import ExploreError
+from egraph_opt.lang.term import pretty
+
+RANGES = {"x": (1.0, 1e6)}
+
+
+@pytest.fixture(scope="module")
+def rationalized():
+    @saturate_and_extract(input_ranges=RANGES)
+    def f(x):
+        return torch.sqrt(1 + x) - torch.sqrt(x)
+    f(torch.rand(8) * 100 + 1)
+    return f, explore(f)
+
+
+def test_report_rewrites_come_from_a_derivation_that_reaches_the_output(rationalized):
+    f, ex = rationalized
+    assert "[REWRITE] sqrt-difference" in str(f.report)
+    assert "no rule improved" not in str(f.report)
+    steps = f.report.derivation.steps
+    assert f.report.derivation.complete
+    assert pretty(steps[0].before) == "sqrt(1.0 + x) - sqrt(x)"
+    assert pretty(steps[-1].after) == pretty(ex.result.program.roots()[0])
+    for a, b in zip(steps, steps[1:]):  # each step starts where the last one ended
+        assert pretty(a.after) == pretty(b.before)
+
+
+def test_classes_and_members_carry_the_extractors_costs(rationalized):
+    _, ex = rationalized
+    root = ex.root_classes[0]
+    row = next(r for r in ex.classes().rows if r[0] == root)
+    assert row[1] == "sub, div" and row[5].startswith("div(")
+    assert [r[0] for r in ex.classes(changed=True).rows] == [c for c in ex.classes(changed=True)]
+    members = ex.eclass(root)
+    by_op = {n.op: r for n, r in zip(members, members.rows)}
+    assert by_op["sub"][7] == "input" and by_op["div"][7] == "sqrt-difference"
+    assert by_op["div"][0] == "*" and by_op["div"][2] < by_op["sub"][2]
+    assert by_op["sub"][3] > by_op["div"][3]  # the cancellation is what costs
+    assert "<table>" in members._repr_html_()
+
+
+def test_alternatives_are_cheapest_first_and_run(rationalized):
+    f, ex = rationalized
+    alts = ex.alternatives(4)
+    costs = [a.cost for a in alts]
+    assert costs == sorted(costs) and len(alts) == 4
+    assert alts[0].cost == ex.extracted.cost
+    x = torch.rand(8) * 1e5 + 1
+    truth = torch.sqrt(1 + x.double()) - torch.sqrt(x.double())
+    for a in alts:
+        assert torch.allclose(a(x).double(), truth, rtol=1e-2)
+    naive = next(a for a in alts if "-" in str(a))
+    assert naive.error_bits > alts[0].error_bits + 10
+
+
+def test_why_not_a_program_and_a_rule(rationalized):
+    _, ex = rationalized
+    naive = next(a for a in ex.alternatives(4) if "-" in str(a))
+    table = ex.why_not(naive)
+    assert table.rows[0][1] < table.rows[0][2] and "costs" in table.note
+    assert "matches nowhere" in str(ex.why_not("log-product"))
+    with pytest.raises(KeyError, match="no rule"):
+        ex.why_not("no-such-rule")
+
+
+def test_why_not_names_the_unproved_guard_and_the_undeclared_range():
+    @saturate_and_extract
+    def g(a, b):
+        return torch.log(a * b)
+    g(torch.rand(4) + 0.5, torch.rand(4) + 0.5)
+    text = str(explore(g).why_not("log-product"))
+    assert "(positive ?a) is not proved" in text and "no declared range for a, b" in text
+
+
+def test_derivation_table_prices_each_step(rationalized):
+    _, ex = rationalized
+    table = ex.derivation()
+    rule = next(r for r in table.rows if r[1] == "sqrt-difference")
+    assert float(rule[5]) > float(rule[6]) + 10  # error bits before and after the step
+    assert "complete" in table.note
+    impact = {r[0]: r for r in ex.impact().rows}
+    assert impact["sqrt-difference"][2] > 10
+
+
+def test_clear_messages_for_nothing_to_explore():
+    f = saturate_and_extract(lambda x: torch.exp(x))
+    with pytest.raises(ExploreError, match="never been called"):
+        explore(f)
+
+    def mutates(x):
+        x.add_(1)
+        return x * 2
+    m = saturate_and_extract(mutates)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m(torch.rand(3))
+    with pytest.raises(ExploreError, match="fell back to the original"):
+        explore(m)
+    opaque = saturate_and_extract(lambda x: torch.fft.fft(x).real)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opaque(torch.rand(4))
+    with pytest.raises(ExploreError, match="(entirely opaque|fell back)"):
+        explore(opaque)
+    with pytest.raises(ExploreError, match="not int"):
+        explore(3)
+
+
+def test_pictures_draw_or_say_why(rationalized, tmp_path, monkeypatch):
+    _, ex = rationalized
+    svg = pictures.egraph_picture(ex)
+    assert isinstance(svg, pictures.SVG) and "<svg" in svg.text and svg.text.count(pictures.CHOSEN) >= 4
+    assert "<svg" in open(svg.save(tmp_path / "g.svg")).read()
+    assert "too many to draw" in str(pictures.egraph_picture(ex, max_nodes=3))
+    around = pictures.egraph_picture(ex, around=ex.root_classes[0], radius=1)
+    assert around.text.count("<title>cluster_") < svg.text.count("<title>cluster_")
+    monkeypatch.setenv("EGRAPH_OPT_DOT", str(tmp_path / "missing"))
+    text = pictures.egraph_picture(ex)
+    assert str(text).startswith("Graphviz dot not found") and ex.root_classes[0] in str(text)
+
+
+def test_figures_and_pages_are_written(rationalized, tmp_path):
+    f, ex = rationalized
+    errors = pictures.precision_errors(f, [torch.rand(8) * 1e5 + 1])
+    float32 = errors.rows[0]
+    assert float32[0] == "float32" and float32[2] < float32[1]
+    for fig in (pictures.impact_figure(ex), pictures.precision_figure(f, [torch.rand(8) * 1e5 + 1])):
+        fig.savefig(tmp_path / "fig.png")
+        assert (tmp_path / "fig.png").stat().st_size > 1000
+    page = open(f.report.to_html(tmp_path / "r.html")).read()
+    assert "sqrt-difference" in page and "<svg" in page and "<table>" in page
+
+
+def test_a_dropped_e_graph_says_to_keep_it():
+    f = saturate_and_extract(lambda x: torch.log(1 + x), input_ranges={"x": (0.0, 1.0)})
+    f(torch.rand(4))
+    f(torch.rand(5))  # a second optimization: the first plan's e-graph is dropped
+    f(torch.rand(4))
+    with pytest.raises(ExploreError, match="keep_egraph=True"):
+        explore(f)
+    kept = saturate_and_extract(lambda x: torch.log(1 + x), input_ranges={"x": (0.0, 1.0)},
+                                keep_egraph=True)
+    for n in (4, 5, 4):
+        kept(torch.rand(n))
+    assert "log1p-from-log" in str(explore(kept).derivation())
+
+
+class LogSumExp(torch.nn.Module):
+    def forward(self, x):
+        return torch.log(torch.exp(x).sum(-1))
+
+
+def test_onnx_batch_writes_one_page_and_a_model_is_explored(tmp_path):
+    pytest.importorskip("onnx")
+    import json
+
+    from egraph_opt.drivers.cli import main
+    path = tmp_path / "models" / "lse.onnx"
+    path.parent.mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(LogSumExp().eval(), (torch.randn(3, 8),), str(path), dynamo=False,
+                          input_names=["x"])
+    assert main(["onnx", str(path.parent), "--out", str(tmp_path / "out"), "--report",
+                 str(tmp_path / "batch.html")]) == 0
+    page = (tmp_path / "batch.html").read_text()
+    assert page.count("<section>") == 1 and "log-sum-exp-fuse" in page and "data:image/png" in page
+    assert main(["onnx", str(path.parent), "--out", str(tmp_path / "out"), "--force", "--report",
+                 str(tmp_path / "batch.json")]) == 0
+    record = json.loads((tmp_path / "batch.json").read_text())["models"][0]
+    assert record["rewrites"] == {"log-sum-exp-fuse": 1}
+    assert [r[1] for r in explore(str(path)).derivation().rows] == ["log-sum-exp-fuse"]

@@ -4,7 +4,7 @@ Each rule's purpose is checked in the tests: at an extreme input in float32 its 
 accurate where its left side overflows, underflows or cancels.
 """
 from . import Family, Rule, rules
-from .algebra import NEVER_POSITIVE_INF, SHIFTED as _SHIFTED
+from .algebra import F32_MAX, NEVER_POSITIVE_INF, SHIFTED as _SHIFTED
 
 _E = Family.STABILITY
 _POS = "(positive ?a)", "(positive ?b)"
@@ -26,7 +26,8 @@ RULES = rules(_E, [
                               "e^x / (1 + e^x) is inf/inf for large x; + relu(x) * 0 keeps its NaN "
                               "at x = +inf (inf * 0), 0 elsewhere"),
     Rule("sigmoid-from-exp-ratio-finite", "(div (exp ?x) (add (const 1.0) (exp ?x)))", "(sigmoid ?x)", _E,
-         when=NEVER_POSITIVE_INF, why="x proved below +inf: no NaN to keep"),
+         when=(f"(< (hi ?x) {F32_MAX})",), why="x declared below float32's max (an undeclared input "
+                                              "ranges up to it and may be +inf): no NaN to keep"),
     ("softplus-fuse",         "(log1p (exp ?x))",                               "(softplus ?x)"),
     ("log-sigmoid-stable",    "(log (sigmoid ?x))",                             "(sub (const 0.0) (softplus (neg ?x)))",
                               "0 - s, not -s: +0 where softplus underflows, as log(1) is"),

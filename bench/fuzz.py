@@ -22,6 +22,7 @@ axes are tried as well. Tripwires are on: an unsound merge is a crash.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
 import multiprocessing
@@ -247,24 +248,42 @@ def within(value, truth: torch.Tensor, tolerance: float) -> torch.Tensor:
     return close | (value.isnan() & truth.isnan()) | (~finite & (value == truth))
 
 
+def new_infinities(value, operands) -> bool:
+    """Whether an op made an infinity of finite operands (elementwise where shapes allow; a
+    reduction or matmul: where no operand element was infinite)."""
+    value = torch.as_tensor(value)
+    fresh = value.isinf()
+    for a in operands:
+        known = torch.as_tensor(a).isinf()
+        try:
+            fresh = fresh & ~torch.broadcast_to(known, value.shape)
+        except RuntimeError:
+            fresh = fresh & ~known.any()
+    return bool(fresh.any())
+
+
 def overflowed(term: Term, env: dict) -> bool:
     """Whether the float64 truth itself overflowed: an op made an infinity of finite operands
     (exp(800), 1 / 0). Its NaNs and infinities are then float64's, no truth to hold others to
     (log_softmax of 3.4e38 + 3 is 0 where float64's log(exp(v) / sum) is NaN)."""
     values: dict = {}
     evaluate([term], env, reference=True, record=values)
+    return any(new_infinities(values[id(t)], [values[id(a)] for a in t.args])
+               for t in postorder([term]) if t.args)
 
-    def new_infinities(t: Term) -> bool:
-        value = torch.as_tensor(values[id(t)])
-        fresh = value.isinf()
-        for a in t.args:
-            known = torch.as_tensor(values[id(a)]).isinf()
-            try:  # elementwise: where the operand was already infinite
-                fresh = fresh & ~torch.broadcast_to(known, value.shape)
-            except RuntimeError:  # a reduction or matmul: any infinite operand element
-                fresh = fresh & ~known.any()
-        return bool(fresh.any())
-    return any(new_infinities(t) for t in postorder([term]) if t.args)
+
+class Overflows(torch.overrides.TorchFunctionMode):
+    """``overflowed`` for a torch function: records whether any op it runs made an infinity of
+    finite operands."""
+    seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            operands = [a for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                        if isinstance(a, torch.Tensor)]
+            self.seen = self.seen or new_infinities(out.detach(), [a.detach() for a in operands])
+        return out
 
 
 #: a finding whose every element was NaN in the original and its truth and is not now
@@ -398,13 +417,14 @@ def stateful_wrong(seed: int, objective: Objective = Objective.BALANCED) -> str:
         if isinstance(fn, torch.nn.Module):
             fn.train(training), reference.train(training)
             truth = copy.deepcopy(reference).double()
+        overflow = Overflows()  # watches the truth's run
         runs = {}  # name: output, arguments after the call, module state after the call
         for name, run, holder, dtype in (("truth", truth, truth, torch.float64),
                                          ("original", reference, reference, None),
                                          ("optimized", optimized, fn, None)):
             given = [a.to(dtype) if dtype else a.clone() for a in args]
             torch.manual_seed(call)
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), overflow if name == "truth" else contextlib.nullcontext():
                 warnings.simplefilter("ignore")  # a plan that falls back warns
                 out = run(*given)
             state = list(holder.state_dict().values()) if isinstance(holder, torch.nn.Module) else []
@@ -413,6 +433,9 @@ def stateful_wrong(seed: int, objective: Objective = Objective.BALANCED) -> str:
         if spec.get("dropout") and training:  # masks differ between runs (and inf * 0 is NaN):
             outs = torch.stack([runs[k][0].detach() for k in ("original", "optimized")])
             masked = ~(outs.isfinite() & (outs != 0)).all(0)  # only elements both kept are compared
+        if overflow.seen:  # float64's own infinities are no truth (as in made_wrong)
+            unknown = ~runs["truth"][0].isfinite()
+            masked = unknown if masked is None else masked | unknown
         for i, (t, o, p) in enumerate(zip(runs["truth"], runs["original"], runs["optimized"])):
             why = wrong_where_right(o, p, t, masked if i == 0 else None)
             if why:

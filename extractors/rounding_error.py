@@ -123,7 +123,10 @@ def rounding_error(root: Term, env: dict[str, torch.Tensor],
         for i, g in zip(local, _jacobian_rows(out, [exact[i] for i in local], pick)):
             if g is not None:
                 g = g.reshape(rows, -1)
-                shares[i] = torch.where(g == 0, 0.0, (g.abs() * local[i].reshape(-1)).nan_to_num(math.inf)).sum(1)
+                # a NaN derivative is 0 times an infinite or undefined one (through another
+                # element's sqrt(-1), or a branch where() did not take): no path, no error carried
+                shares[i] = torch.where((g == 0) | g.isnan(), 0.0,
+                                        (g.abs() * local[i].reshape(-1)).nan_to_num(math.inf)).sum(1)
                 total += shares[i]
     value = flat[pick]
     word = torch.finfo(out_dtype).bits  # every bit of the word: NaN or inf for a finite value

@@ -7,8 +7,10 @@ rows of other kinds are mixed in: uniform by value, coincident with the same row
 input of the same shape (y within a few ulps to a few digits of x), and near-constant (where a
 reduction's spread cancels), half of them at an end of the range. Both ends are always drawn.
 
-Ranges are the declared ones, or every finite value of the dtype: the points estimate a cost over
-the ranges that soundness uses too, never over values seen in example inputs.
+Ranges are the declared ones: the points estimate a cost over the ranges that soundness uses too,
+never over values seen in example inputs. An undeclared input is drawn as Herbie draws every input:
+uniformly over the bit patterns of its dtype's finite numbers, and nothing else (no ends, no rows
+of other kinds), so a form accurate on more of the dtype's numbers is estimated better.
 
 >>> gen = torch.Generator().manual_seed(0)
 >>> x = float32_between(1e-6, 1e3, (10000,), gen)
@@ -28,13 +30,30 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 ROW_KINDS = ("float", "value", "coincident", "constant")
 
 
-def float32_between(lo: float, hi: float, shape, gen: torch.Generator) -> torch.Tensor:
-    """float32 values uniform over the float32 numbers in [lo, hi]: float order as integer order."""
-    ends = torch.tensor([lo, hi], dtype=torch.float32).view(torch.int32).long()
-    order = torch.where(ends < 0, -(ends & 0x7FFFFFFF), ends)
+def float32_between(lo: float, hi: float, shape, gen: torch.Generator,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values uniform over the numbers of ``dtype`` (float32 unless told) in [lo, hi]: float order
+    as integer order."""
+    bits = torch.finfo(dtype).bits
+    word, sign = {16: torch.int16, 32: torch.int32}[bits], 2 ** (bits - 1)
+    ends = torch.tensor([lo, hi], dtype=dtype).view(word).long()
+    order = torch.where(ends < 0, -(ends & (sign - 1)), ends)
     k = order[0] + (torch.rand(shape, generator=gen, dtype=torch.float64) * (order[1] - order[0])).round().long()
-    bits = torch.where(k < 0, (-k) | -2 ** 31, k).to(torch.int32)
-    return bits.view(torch.float32)
+    pattern = torch.where(k < 0, (-k) | -sign, k).to(word)
+    return pattern.view(dtype)
+
+
+def bit_patterns(dtype: str, shape, gen: torch.Generator) -> torch.Tensor:
+    """An undeclared input of ``dtype``: uniform over the bit patterns of its finite numbers
+    (Herbie's sampling: as many points in [1, 2) as in [2^-100, 2^-99]).
+
+    >>> v = bit_patterns("float16", (4000,), torch.Generator().manual_seed(0))
+    >>> bool(v.isfinite().all()), bool(((v.abs() > 1) & (v.abs() < 2)).float().mean() < 0.1)
+    (True, True)
+    """
+    kind = getattr(torch, dtype)
+    top = float(torch.finfo(kind).max)
+    return float32_between(-top, top, shape, gen, kind)
 
 
 def _near(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -59,13 +78,17 @@ def _rows(lo: float, hi: float, rows: int, width: int, gen: torch.Generator) -> 
 
 def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[str, Interval],
                   gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """One point per input, of its shape and float dtype, inside its range (``ranges``, else its
-    dtype's finite values): rows of each kind in turn over the last axis, both ends at the start."""
+    """One point per input, of its shape and float dtype, inside its declared range (rows of each
+    kind in turn over the last axis, both ends at the start); an input without a declared range is
+    drawn uniformly over the bit patterns of its dtype's finite numbers."""
     env: dict[str, torch.Tensor] = {}
     first_of_shape: dict[tuple, torch.Tensor] = {}
     for name, (shape, dtype) in inputs.items():
         if not math.prod(shape):  # a size-0 axis: an empty tensor, nothing to draw
             env[name] = torch.empty(shape, dtype=getattr(torch, dtype))
+            continue
+        if name not in ranges and dtype in ("float32", "float16", "bfloat16"):
+            env[name] = bit_patterns(dtype, shape, gen)
             continue
         own = dtype_range(dtype)  # the points are float32 numbers: within both ranges
         lo, hi = ranges.get(name, own)

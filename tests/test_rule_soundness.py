@@ -82,7 +82,8 @@ def _params(p) -> list[pat.Node]:
 
 def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[dict, dict]:
     """Random bindings satisfying the rule's conditions: tensors by name and attribute values.
-    ``rule.sample`` pins shapes (tensor variables, param shape strings) and attribute values."""
+    ``rule.sample`` pins shapes (tensor variables, param shape strings), attribute values and a
+    tensor variable's magnitude (a float: a guard that asks for a/b past a dtype's max needs it)."""
     lhs = pat.Node("add", tuple(left for left, _ in rule.pairs()), ())  # every root, one walk
     sorts = {v: s for left, _ in rule.pairs() for v, s in pat.variables(left).items()}
     sorts.update({v: "i64" for v in rule.binds})
@@ -102,15 +103,16 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
             if name in values:
                 continue
             if sort == pat.TENSOR:
-                shape = pinned.get(name, SHAPE)
+                pin = pinned.get(name, SHAPE)
+                shape, magnitude = (SHAPE, pin) if isinstance(pin, float) else (pin, scale)
                 if name in indices:
                     x = torch.randint(0, shape[-1], shape, generator=gen)
                 elif name in conditions:
                     x = torch.rand(shape, generator=gen) < 0.3
                 else:
-                    x = torch.randn(shape, generator=gen, dtype=dtype) * scale * 0.97 ** attempt
+                    x = torch.randn(shape, generator=gen, dtype=dtype) * magnitude * 0.97 ** attempt
                     if name in signs:
-                        x = x.abs() + 0.1
+                        x = x.abs() + 0.05 * magnitude
                         x = x if _SIGNS[signs[name]] else x * torch.randn(shape, generator=gen).sign()
                 env[name] = x
                 values[name] = Term.input(name, shape, str(x.dtype).removeprefix("torch."))

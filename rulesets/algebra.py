@@ -11,6 +11,10 @@ NEVER_POSITIVE_INF = (f"(<= (hi ?x) {F32_MAX})",)  # ?x's range is float32's: it
 NEVER_INF = NEVER_POSITIVE_INF + (f"(>= (lo ?x) -{F32_MAX})",)
 
 
+#: ?c is +-2^k: (1 + 2^-52) |c| - |c| is exactly 2^-52 |c| only where |c|'s significand is 1
+POWER_OF_TWO = "(= (- (* (abs ?c) 1.0000000000000002) (abs ?c)) (* (abs ?c) 2.220446049250313e-16))"
+
+
 def in_float32(expr: str) -> tuple[str, ...]:
     """Facts: the constant ``expr`` is a normal float32 (no overflow, no underflow)."""
     return f"(< (abs {expr}) {F32_MAX})", f"(>= (abs {expr}) {F32_TINY})"
@@ -21,9 +25,14 @@ RULES = rules(_A, [
     ("mul-const-right",       "(mul (const ?c) ?x)",             "(mul ?x (const ?c))",
                               "constants on the right: one spelling for fusions to match"),
     Rule("div-const-to-mul",  "(div ?x (const ?c))",             "(mul ?x (const (/ 1.0 ?c)))",
-         _A, when=("(!= ?c 0.0)", *in_float32("(/ 1.0 ?c)")),
-         why="x/c = x*(1/c) for c != 0 and 1/c a normal float32 (x / 1e-39 is not x * inf)"),
+         _A, when=("(!= ?c 0.0)", POWER_OF_TWO, *in_float32("(/ 1.0 ?c)")), sample=(("c", 0.25),),
+         why="x/c = x*(1/c) rounded once, for c a power of two (1/c exact) whose 1/c is a normal "
+             "float32 (x / 1e-39 is not x * inf); x / 3 is not x * 0.33333334"),
     ("add-const-right",       "(add (const ?c) ?x)",             "(add ?x (const ?c))"),
+    Rule("add-negative-const", "(add ?x (const ?c))",             "(sub ?x (const (- 0.0 ?c)))", _A,
+         when=("(< ?c 0.0)",), why="the capture's form: a constant added or subtracted is positive"),
+    Rule("sub-negative-const", "(sub ?x (const ?c))",             "(add ?x (const (- 0.0 ?c)))", _A,
+         when=("(< ?c 0.0)",)),
     ("cube",                  "(mul (mul ?x ?x) ?x)",            "(pow ?x (const 3.0))"),
     ("transpose-scale-out",   "(transpose (mul ?x (const ?c)) ?i ?j)", "(mul (transpose ?x ?i ?j) (const ?c))"),
     ("mul-one",               "(mul ?x (const 1.0))",            "?x"),
@@ -58,6 +67,13 @@ RULES += rules(_A, [  # (q * c) @ k^T is attention scaled first; c > 0 keeps zer
     ("matmul-scale-left-out", "(matmul (mul ?a (const ?c)) ?b)", "(mul (matmul ?a ?b) (const ?c))"),
     ("matmul-scale-right-out", "(matmul ?a (mul ?b (const ?c)))", "(mul (matmul ?a ?b) (const ?c))"),
 ], when=("(> ?c 0.0)",))
+
+RULES += [  # attention's q k^T / sqrt(d) as the scale sdpa takes (it multiplies by a float32 1/c too)
+    Rule("matmul-div-const-to-mul", "(div (matmul ?a ?b) (const ?c))", "(mul (matmul ?a ?b) (const (/ 1.0 ?c)))",
+         _A, Exactness.REASSOC, when=("(!= ?c 0.0)", *in_float32("(/ 1.0 ?c)")),
+         why="x/c as x*(1/c) with 1/c rounded: only for products of matrices (scores), where fused "
+             "attention scales so; div-const-to-mul is exact, for powers of two"),
+]
 
 RULES += rules(_A, [
     ("mul-const-fold",        "(mul (mul ?x (const ?a)) (const ?b))", "(mul ?x (const (* ?a ?b)))",

@@ -25,7 +25,8 @@ def test_function_capture_records_shapes_and_folds_shape_arithmetic():
     assert [t.attrs for t in program.inputs] == [("q", "2,3,4", "float32"), ("k", "2,5,4", "float32")]
     assert not program.opaque
     consts = sorted(t.attrs[0] for t in postorder(program.roots()) if t.op == "const")
-    assert consts == [2.0, 2.0]  # sqrt(4) and 4 / sqrt(4): the shape arithmetic became constants
+    assert consts == [0.5, 2.0]  # / sqrt(4) (a power of two: * 0.5, its canonical form) and
+    # 4 / sqrt(4): the shape arithmetic became constants
     torch.testing.assert_close(run(program, (q, k))[0], scaled(q, k))
 
 

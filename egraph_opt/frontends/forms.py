@@ -1,8 +1,12 @@
 """The normal forms both frontends write (torch lowering, ONNX import): rules meet one spelling."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ..lang.ops import shape_attr
-from ..lang.term import Term
+from ..lang.term import Term, pretty
 
 
 class Unsupported(Exception):
@@ -33,3 +37,54 @@ def permute(x: Term, perm, rank: int) -> Term:
     if rank >= 2 and perm == tuple(range(rank - 2)) + (rank - 1, rank - 2):
         return Term("transpose", (x,), (-2, -1))
     return Term("permute", (x,), (shape_attr(perm),))
+
+
+#: dtypes whose kernels take a Python scalar operand in float32 (half precision's opmath included)
+_SCALAR_IN_FLOAT32 = ("float32", "float16", "bfloat16")
+
+
+def constant(value: float, dtype: str) -> Term:
+    """A scalar operand of a ``dtype`` tensor as the kernel computes with it: a Python int, a
+    float64 or float32 number, or a 0-d tensor of any of them all give one const. torch rounds a
+    scalar beside a float32 or half tensor to float32 (kept where that overflows: no new inf).
+
+    >>> constant(0.1, "float32").attrs == constant(np.float32(0.1), "float32").attrs
+    True
+    """
+    value = float(value)
+    if dtype in _SCALAR_IN_FLOAT32:
+        rounded = float(np.float32(value))
+        value = rounded if math.isfinite(rounded) or not math.isfinite(value) else value
+    return Term.const(value)
+
+
+def _power_of_two(c: float) -> bool:
+    m, _ = math.frexp(c)
+    return abs(m) == 0.5
+
+
+def binary(op: str, a: Term, b: Term) -> Term:
+    """``a op b`` with constants in one place and one sign (each an exact identity in IEEE
+    arithmetic, signed zeros and NaN included): a constant on the right of ``+`` and ``*``; a
+    constant added or subtracted is never negative (``x + (-2)`` is ``x - 2``, ``x - (-0.0)`` is
+    ``x + 0.0``); division by a power of two is multiplication by its exact reciprocal
+    (``x / 4`` is ``x * 0.25``). Division by any other constant stays a division: ``x * (1/c)``
+    rounds twice and is another program.
+
+    >>> x = Term.input("x", (3,))
+    >>> [pretty(binary(*e)) for e in (("sub", x, Term.const(-2.0)), ("div", x, Term.const(4.0)))]
+    ['x + 2.0', 'x * 0.25']
+    """
+    if op in ("add", "mul") and a.op == "const" and b.op != "const":
+        a, b = b, a
+    if b.op == "const" and a.op != "const":
+        c = b.attrs[0]
+        if op in ("add", "sub") and math.copysign(1.0, c) < 0 and not math.isnan(c):
+            return Term("sub" if op == "add" else "add", (a, Term.const(-c)))
+        if op == "div" and c and math.isfinite(c) and _power_of_two(c) \
+                and F32_TINY <= abs(1.0 / c) <= F32_MAX:
+            return Term("mul", (a, Term.const(1.0 / c)))
+    return Term(op, (a, b))
+
+
+F32_MAX, F32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)

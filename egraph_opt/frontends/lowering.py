@@ -111,14 +111,23 @@ def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
 
 
 def _operand(c: Ctx, x, other) -> Term:
-    """A tensor operand, or a Python number beside a floating tensor as a const."""
+    """A tensor operand, or a number beside a floating tensor as a const: a Python number, or a
+    0-d tensor the trace captured (``torch.tensor(2.0)``, closed over) that acts as one (the result
+    keeps the other operand's dtype), in one form whatever its spelling (``forms.constant``)."""
+    if isinstance(x, Term) and x.op == "param" and x.attrs[0].startswith("_tensor_constant") \
+            and isinstance(other, Term) and other.op != "const":
+        value = c.params.get(x.attrs[0])
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad \
+                and not value.is_complex() and value.dtype != torch.bool \
+                and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype:
+            x = value.item()
     if isinstance(x, Term):
         return x
     if isinstance(x, (int, float)) and not isinstance(x, bool) and isinstance(other, Term) \
             and c.floating(other):
         if math.isnan(x):  # legal, but the rules are identities of numbers: the call stays opaque
             raise Unsupported("a NaN constant")
-        return Term.const(float(x))
+        return forms.constant(x, str(c.info(other).dtype).removeprefix("torch."))
     raise Unsupported(f"operand {x!r}")
 
 
@@ -126,7 +135,7 @@ def _binary(op: str):
     def lower_binary(c, a, b, *, alpha=1, rounding_mode=None):
         if alpha != 1 or rounding_mode is not None:
             raise Unsupported("alpha / rounding_mode")
-        return Term(op, (_operand(c, a, b), _operand(c, b, a)))
+        return forms.binary(op, _operand(c, a, b), _operand(c, b, a))
     return lower_binary
 
 

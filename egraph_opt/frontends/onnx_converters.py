@@ -74,7 +74,7 @@ class Importer:
         array = self.consts.get(name)
         if array is not None and array.size == 1 and array.dtype.kind in "fiu" \
                 and array.ndim <= self.rank(other):
-            return Term.const(float(array.reshape(())))
+            return forms.constant(array.reshape(()), self.dtype(other))
         return self.term(name)
 
     def const(self, name: str) -> np.ndarray:
@@ -127,7 +127,7 @@ def _binary(op: str, floating_only: bool = False):
         names = list(node.input)
         out = im.operand(names[0], names[1] if len(names) > 1 else names[0])
         for name in names[1:]:
-            out = Term(op, (out, im.operand(name, names[0])))
+            out = forms.binary(op, out, im.operand(name, names[0]))
         return out
     return convert
 

@@ -1,0 +1,96 @@
+"""The cancellation family (issue 16 item 2): start => goal on programs, a must-not-fire test for
+every guard, and a growth bound for the phase with every rule in play."""
+import pytest
+import torch
+
+from egraph_opt import optimize, pretty
+from egraph_opt.extractors import Objective
+from egraph_opt.extractors.rounding_error import program_error
+from egraph_opt.lang.program import Program
+from egraph_opt.lang.term import Term, postorder
+from egraph_opt.rulesets import catalogue, select
+
+X, Y = Term.input("x", (4, 16)), Term.input("y", (4, 16))
+
+
+def op(name, *args):
+    return Term(name, args)
+
+
+def c(v):
+    return Term.const(v)
+
+
+def fired(rule: str, term: Term, ranges: dict | None) -> bool:
+    """Whether ``rule`` alone, under ``ranges``, puts its right side into the e-graph."""
+    result = optimize(Program((X, Y), term), rules=[catalogue()[rule]], input_ranges=ranges)
+    return bool(sum(s.matches.get(rule, 0) for s in result.saturation))
+
+
+SQRT_SHIFT = op("sub", op("sqrt", op("add", X, c(2.0))), op("sqrt", X))
+SIN, COS = op("sub", op("sin", X), op("sin", Y)), op("sub", op("cos", X), op("cos", Y))
+SQRTS = op("sub", op("sqrt", X), op("sqrt", Y))
+SMALL = {"x": (-10.0, 10.0), "y": (-10.0, 10.0)}
+
+
+def reciprocals(shift):
+    return op("sub", op("div", c(1.0), X), op("div", c(1.0), op("add", X, c(shift))))
+
+
+#: (rule, term and ranges where it fires, term and ranges where its guard fails: must not fire)
+GUARDED = [
+    ("sqrt-shift-difference", (SQRT_SHIFT, None),
+     (op("sub", op("sqrt", op("add", X, c(0.0))), op("sqrt", X)), None)),
+    ("sqrt-difference-general", (SQRTS, {"x": (1.0, 1e6), "y": (1.0, 1e6)}),
+     (SQRTS, {"x": (1.0, 1e6), "y": (0.0, 1e6)})),
+    ("sqrt-minus-one", (op("sub", op("sqrt", op("add", X, c(1.0))), c(1.0)), {"x": (-1.0, 1.0)}),
+     (op("sub", op("sqrt", op("add", op("exp", X), c(1.0))), c(1.0)), None)),
+    ("reciprocal-shift-difference", (reciprocals(3.0), {"x": (1.0, 1e6)}),
+     (reciprocals(-3.0), {"x": (4.0, 1e6)})),
+    ("sin-difference", (SIN, SMALL), (SIN, {"x": (-1e5, 10.0), "y": (-10.0, 10.0)})),
+    ("cos-difference", (COS, SMALL), (COS, {"x": (-10.0, 10.0), "y": (0.0, 3e4)})),
+    ("expm1-log1p-cancel", (op("expm1", op("log1p", X)), {"x": (-1.0, 5.0)}),
+     (op("expm1", op("log1p", X)), {"x": (-2.0, 5.0)})),
+]
+
+
+def test_every_guarded_rule_of_the_family_has_a_must_not_fire_case():
+    from egraph_opt.rulesets import cancellation
+    assert {r.name for r in cancellation.RULES if r.when} <= {g[0] for g in GUARDED}
+
+
+@pytest.mark.parametrize("rule,good,bad", GUARDED, ids=[g[0] for g in GUARDED])
+def test_fires_where_its_guard_holds_and_not_where_it_fails(rule, good, bad):
+    assert fired(rule, *good)
+    assert not fired(rule, *bad)
+
+
+def test_shifted_square_roots_meet_and_cancel():
+    """sqrt(x + 2) - sqrt(x) comes back as 2 / (sqrt(x + 2) + sqrt(x)): the general conjugate
+    or the shifted one, whose numerator (x + 2) - x has cancelled to 2."""
+    ranges = {"x": (1.0, 1e7)}
+    result = optimize(Program((X, Y), SQRT_SHIFT), objective=Objective.STABILITY, input_ranges=ranges)
+    out = result.program.roots()[0]
+    assert out.op == "div" and not any(t.op == "sub" for t in postorder([out])), pretty(out)
+    before, after = program_error(Program((X, Y), SQRT_SHIFT), ranges), program_error(result.program, ranges)
+    assert after.worst <= before.worst - 8
+
+
+def test_a_difference_of_square_roots_cancels_in_its_numerator():
+    """(x + y) - x is y: the general conjugate's numerator meets y exactly."""
+    term = op("sub", op("sqrt", op("add", X, Y)), op("sqrt", X))
+    ranges = {"x": (1e3, 1e7), "y": (1.0, 2.0)}
+    result = optimize(Program((X, Y), term), objective=Objective.STABILITY, input_ranges=ranges)
+    before, after = program_error(Program((X, Y), term), ranges), program_error(result.program, ranges)
+    assert after.worst <= before.worst - 8, pretty(result.program.roots()[0])
+
+
+def test_the_phase_with_every_rule_stays_bounded():
+    """One scalar expression with several cancellations, every rule of the catalogue in play:
+    saturation stops (saturated or at its limits) under a bounded number of e-nodes."""
+    term = op("add", op("sub", op("sqrt", op("add", X, c(1.0))), op("sqrt", X)),
+              op("sub", op("sin", op("add", X, Y)), op("sin", X)))
+    result = optimize(Program((X, Y), term), objective=Objective.STABILITY,
+                      input_ranges={"x": (1.0, 100.0), "y": (1e-6, 1e-3)}, rules=select())
+    (phase,) = result.saturation
+    assert phase.enodes < 5000 and phase.stop in ("saturated", "node limit", "iteration limit", "time limit")

@@ -307,12 +307,7 @@ class Explorer:
             return Table(f"derivation of {self.name} (per template, unpriced)",
                          ["step", "rule", "at", "rewrites", "into"], rows,
                          "repeated blocks were optimized once each as templates: steps are within them")
-        roots = self.source.roots()
-        states = [self._candidate(0, roots[0])]
-        current = list(roots)
-        for step in d.steps:
-            current[step.path[0]] = step.after
-            states.append(self._candidate(0, current[0]))
+        states = [self._candidate(0, roots[0]) for roots in d.states()]
         rows = [[i + 1, s.name, s.location, _short(pretty(s.rewritten), 40), _short(pretty(s.result), 40),
                  _bits(a.error_bits), _bits(b.error_bits), round(a.latency_us, 2), round(b.latency_us, 2)]
                 for i, (s, a, b) in enumerate(zip(d.steps, states, states[1:]))]

@@ -173,6 +173,9 @@ def process(path: str, target: str, options: dict) -> dict:
             curvature_before=result.cost_before.get("curvature"),
             curvature_after=result.cost_after.get("curvature"), folded=src.folded,
             opaque=len(src.program.opaque))
+        if options.get("pictures"):  # an HTML report draws them: made here, where the e-graph is
+            from .html_report import model_pictures
+            record["pictures"] = model_pictures(result)
         try:
             onnx.checker.check_model(optimized, full_check=True)
         except Exception as e:  # noqa: BLE001 - checker errors come in several types
@@ -269,11 +272,15 @@ def _writable_dir(path: str, what: str) -> None:
         raise Failure(f"{what} {path}: cannot write there ({e.strerror or e})") from None
 
 
+def _html(path: str) -> bool:
+    return path.endswith((".html", ".htm"))
+
+
 def _write_report(path: str, records: list[dict], interrupted: bool) -> None:
     """JSON, or one HTML page with a section per model for a path ending in .html."""
     folder = os.path.dirname(os.path.abspath(path))
     with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-        if path.endswith((".html", ".htm")):
+        if _html(path):
             from .html_report import batch_page
             f.write(batch_page(records, summary(records), interrupted))
         else:
@@ -319,7 +326,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             targets[p] = target
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
-               "latency_runs": args.latency_runs, "opset": args.opset}
+               "latency_runs": args.latency_runs, "opset": args.opset,
+               "pictures": bool(args.report) and _html(args.report)}
     bar = _progress(len(targets))
     say = bar.write if bar is not None else print
     finished: set[str] = set()

@@ -1,12 +1,14 @@
 """How the input program became the extracted one, Herbie-style: a list of steps, each one rule
-applied at one location, replayed on Terms and checked against the saturated e-graph.
+applied at one location (or, for a rule of several roots, at each of its roots at once), replayed on
+Terms and checked against the saturated e-graph.
 
 egglog 13.2 keeps no proofs, so the steps are found again: where the two programs differ, rules
-are applied to the input side (best first, towards the output's subterms) and a step is kept only
-if the e-graph holds its result in the same e-class as what it rewrote. Every step is therefore an
-equality the e-graph proved, and the replay ends exactly at the extracted program or says where it
-stopped. The report's ``[REWRITE]`` lines are read from these steps, so a rule shows there if and
-only if the output uses what it rewrote.
+are applied forwards to the input side and backwards to the output side until the two meet, and a
+step is kept only if the e-graph holds its result in the same e-class as what it rewrote and the
+rule's dtype guards hold of the term's dtypes. Every step is therefore an equality the e-graph
+proved, and the replay ends exactly at the extracted program or says where it stopped. The report's
+``[REWRITE]`` lines are read from these steps, so a rule shows there if and only if the output uses
+what it rewrote.
 
 >>> from egraph_opt.optimization.pipeline import optimize
 >>> from egraph_opt.lang.program import Program
@@ -18,8 +20,7 @@ only if the output uses what it rewrote.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..egraph.engine import ENode, Snapshot
@@ -32,14 +33,15 @@ from ..rulesets import Rule
 BUDGET = 5_000
 #: how deep under a differing subterm a rewrite may apply (the deepest fusion pattern is ~6 ops)
 REACH = 6
-#: rewrites in a row at one differing subterm before its top must agree with the output's
+#: rewrites in a row from each side of one differing subterm before the two sides must meet
 DEPTH = 6
 
 
 @dataclass(frozen=True)
 class Step:
     """One rule at one location: ``path`` is the root's index then operand indices down to the
-    rewritten subterm; ``before`` and ``after`` are the whole root before and after the step."""
+    rewritten subterm; ``before`` and ``after`` are the whole root before and after the step. A
+    rule of several roots is one step: ``together`` holds its parts at the other roots."""
     rule: Rule
     path: tuple[int, ...]
     rewritten: Term
@@ -47,17 +49,24 @@ class Step:
     before: Term
     after: Term
     reversed: bool = False  # the rule's right side rewritten into its left side
+    together: tuple[Step, ...] = ()
+    #: a part of a rule of several roots: (root of the rule, its bindings' structures)
+    part: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def location(self) -> str:
-        return "root" if len(self.path) == 1 else "/".join(map(str, self.path[1:]))
+        if self.together:
+            return ", ".join(f"{_where(s.path)} of output {s.path[0]}" for s in (self, *self.together))
+        return _where(self.path)
 
     @property
     def name(self) -> str:
         return self.rule.name + (" (reversed)" if self.reversed else "")
 
     def __str__(self) -> str:
-        return f"{self.name} at {self.location}: {_short(pretty(self.rewritten))} -> {_short(pretty(self.result))}"
+        more = f" (and {len(self.together)} more roots)" if self.together else ""
+        return (f"{self.name} at {self.location}: {_short(pretty(self.rewritten))} -> "
+                f"{_short(pretty(self.result))}{more}")
 
 
 @dataclass
@@ -75,6 +84,15 @@ class Derivation:
         found = [s.rule for s in self.steps if not s.reversed] + self.unreplayed
         return list({r.name: r for r in found}.values())
 
+    def states(self) -> list[list[Term]]:
+        """The program's roots at the start and after each step: the last is ``end`` when complete."""
+        current, states = list(self.start), [list(self.start)]
+        for step in self.steps:
+            for s in (step, *step.together):
+                current[s.path[0]] = s.after
+            states.append(list(current))
+        return states
+
     def __str__(self) -> str:
         lines = [f"{i + 1}. {s}" for i, s in enumerate(self.steps)] or ["(no rewrite: the output is the input)"]
         if not self.complete:
@@ -83,30 +101,52 @@ class Derivation:
         return "\n".join(lines)
 
 
+def _where(path: tuple) -> str:
+    return "root" if len(path) == 1 else "/".join(map(str, path[1:]))
+
+
 def _short(text: str, width: int = 70) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+@dataclass(frozen=True)
+class _Move:
+    """One side of a rule into the other (``back``: right into left), with its dtype guards."""
+    rule: Rule
+    lhs: pat.Pattern
+    rhs: pat.Pattern
+    back: bool
+    root: int | None  # which root of a rule of several roots
+    dtypes: tuple
+
+
 class _Replay:
-    """Terms interned by structure, each mapped to its e-class of the snapshot."""
+    """Terms interned by structure, each mapped to its e-class of the snapshot; the rules as moves,
+    applied forwards to the input's side and backwards to the output's."""
 
     def __init__(self, snap: Snapshot, loaded: dict[int, str], rules: list[Rule]):
         self.node_class = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items()
                            for n in nodes}
-        self.loaded = loaded
+        self.loaded, self.dtypes = loaded, snap.dtypes
         self.all_rules = list(rules)
-        self.rules: dict[str, list] = {}  # (rule, from, to, reversed) by the op at the top of from
+        moves = []
         for r in rules:
-            if len(r.pairs()) != 1:  # a rule of several roots rewrites them together: not replayed
-                continue
-            lhs, rhs = r.pairs()[0]
-            self.rules.setdefault(lhs.op, []).append((r, lhs, rhs, False))
-            if isinstance(rhs, pat.Node) and set(pat.variables(lhs)) <= set(pat.variables(rhs)):
-                self.rules.setdefault(rhs.op, []).append((r, rhs, lhs, True))  # an equality, read back
+            facts, several = tuple(r.dtype_facts()), len(r.pairs()) > 1
+            for i, (lhs, rhs) in enumerate(r.pairs()):
+                moves.append(_Move(r, lhs, rhs, False, i if several else None, facts))
+                if isinstance(rhs, pat.Node) and set(pat.variables(lhs)) <= set(pat.variables(rhs)):
+                    moves.append(_Move(r, rhs, lhs, True, i if several else None, facts))  # an equality
+        moves.sort(key=lambda m: m.back)  # a rule read backwards only where no forward one does
+        self.moves: tuple[dict, dict] = ({}, {})  # forwards by the lhs's top op, backwards by the rhs's
+        for m in moves:
+            self.moves[0].setdefault(m.lhs.op, []).append(m)
+            if isinstance(m.rhs, pat.Node):  # a bare variable would match every term
+                self.moves[1].setdefault(m.rhs.op, []).append(m)
         self.keys: dict[int, int] = {}  # term id -> number of its structure
         self.numbers: dict[tuple, int] = {}  # (op, operand numbers, attrs) -> number
         self.classes: list[str | None] = []  # e-class by number
         self.alive: list[Term] = []  # interned terms stay alive so their ids stay theirs
+        self.failed: set[tuple[int, int]] = set()  # (have, want) numbers the replay did not join
         self.budget = BUDGET
 
     def key(self, t: Term) -> int:
@@ -127,13 +167,16 @@ class _Replay:
 
     def solve(self, have: Term, want: Term, path: tuple) -> list[Step] | None:
         """Steps turning ``have`` into ``want`` (the subterms at ``path``), or None."""
-        if self.key(have) == self.key(want):
+        pair = (self.key(have), self.key(want))
+        if pair[0] == pair[1]:
             return []
-        if (have.op, have.attrs) == (want.op, want.attrs):
-            found = self._operands(have, want, path)
-            if found is not None:
-                return found
-        return self._search(have, want, path)
+        if pair in self.failed or self.eclass(have) != self.eclass(want):
+            return None
+        found = self._operands(have, want, path) if (have.op, have.attrs) == (want.op, want.attrs) else None
+        found = self._search(have, want, path) if found is None else found
+        if found is None:
+            self.failed.add(pair)
+        return found
 
     def _operands(self, have: Term, want: Term, path: tuple) -> list[Step] | None:
         steps: list[Step] = []
@@ -146,54 +189,83 @@ class _Replay:
         return steps
 
     def _search(self, have: Term, want: Term, path: tuple) -> list[Step] | None:
-        """Best first over rewrites of ``have`` that the e-graph holds, preferring terms that share
-        more subterms with ``want``, until one has ``want``'s top op and its operands solve."""
-        goal = {self.key(u) for u in postorder([want])}
-        tie = itertools.count()
-        queue = [(0, next(tie), have, [])]
-        seen = {self.key(have)}
-        while queue and self.budget > 0:
-            _, _, term, steps = heapq.heappop(queue)
-            if (term.op, term.attrs) == (want.op, want.attrs) and steps:
-                rest = self._operands(term, want, path)
-                if rest is not None:
-                    return steps + rest
-            if len(steps) >= DEPTH:
-                continue
-            for where, rule, back, old, new in self._rewrites(term):
-                after = _replace(term, where, new)
-                k = self.key(after)
-                if k in seen:
-                    continue
-                seen.add(k)
-                shared = sum(self.key(u) in goal for u in postorder([after]))
-                step = Step(rule, path + where, old, new, term, after, back)
-                cost = len(steps) + 1 + back  # a rule read backwards only where no forward one does
-                heapq.heappush(queue, (cost - shared, next(tie), after, steps + [step]))
+        """Breadth first from both ends: ``have`` rewritten forwards, ``want`` backwards, every
+        term held by the e-graph in their e-class, until one term is on both sides, or a term of
+        each has the same top op and their operands solve."""
+        sides: tuple[dict, dict] = ({self.key(have): (have, [])}, {self.key(want): (want, [])})
+        frontiers, depths = [[have], [want]], [0, 0]
+        while open_ := [(len(f), s) for s, (d, f) in enumerate(zip(depths, frontiers)) if f and d < DEPTH]:
+            side = min(open_)[1]  # the smaller frontier grows
+            depths[side] += 1
+            grown = []
+            for term in frontiers[side]:
+                steps = sides[side][self.key(term)][1]
+                for where, move, old, new, part in self._rewrites(term, side):
+                    after = _replace(term, where, new)
+                    k = self.key(after)
+                    if k in sides[side]:
+                        continue
+                    step = Step(move.rule, path + where, *((old, new, term, after) if side == 0 else
+                                                           (new, old, after, term)), move.back, part=part)
+                    sides[side][k] = after, (steps + [step] if side == 0 else [step] + steps)
+                    grown.append(after)
+                    found = self._meet(sides, side, k, path)
+                    if found is not None:
+                        return found
+                if self.budget <= 0:
+                    return None
+            frontiers[side] = grown
         return None
 
-    def _rewrites(self, term: Term):
-        """(location, rule, subterm, result) of every rule whose result the e-graph holds in the
-        subterm's e-class, at most REACH operands deep."""
+    def _meet(self, sides: tuple[dict, dict], side: int, k: int, path: tuple) -> list[Step] | None:
+        """Steps through the new term ``k`` of ``side`` to a term of the other side, if any."""
+        term, steps = sides[side][k]
+        if k in sides[1 - side]:
+            pairs = [(k, k)]
+        else:
+            pairs = [(k, o) if side == 0 else (o, k) for o, (other, _) in sides[1 - side].items()
+                     if (other.op, other.attrs) == (term.op, term.attrs)]
+        for f, b in pairs:
+            (fterm, fsteps), (bterm, bsteps) = sides[0][f], sides[1][b]
+            middle = [] if f == b else self._operands(fterm, bterm, path)
+            if middle is not None:
+                return fsteps + middle + bsteps
+        return None
+
+    def _rewrites(self, term: Term, side: int):
+        """(location, move, subterm, rewritten, part) of every move whose result the e-graph holds in
+        the subterm's e-class, at most REACH operands deep; side 1 rewrites moves' right sides
+        into their left sides."""
         canon = pat.structural_ids([term])
         frontier = [((), term)]
         for _ in range(REACH):
             below = []
             for where, sub in frontier:
                 cid = self.eclass(sub)
-                for rule, lhs, rhs, back in self.rules.get(sub.op, ()):
+                for move in self.moves[side].get(sub.op, ()) if cid is not None else ():
                     self.budget -= 1
-                    bound = pat.match(lhs, sub, canon)
-                    if bound is None or cid is None:
+                    bound = pat.match(move.rhs if side else move.lhs, sub, canon)
+                    if bound is None or not self._typed(move, bound):
                         continue
                     try:
-                        new = pat.instantiate(rhs, bound)
+                        new = pat.instantiate(move.lhs if side else move.rhs, bound)
                     except (KeyError, ArithmeticError, ValueError):
                         continue
                     if isinstance(new, Term) and self.eclass(new) == cid:
-                        yield where, rule, back, sub, new
+                        yield where, move, sub, new, self._part(move, bound)
                 below += [(where + (i,), a) for i, a in enumerate(sub.args)]
             frontier = below
+
+    def _typed(self, move: _Move, bound: dict) -> bool:
+        """The rule's dtype guards hold of the dtypes the e-graph records for the bound terms."""
+        return all(self.dtypes.get(self.eclass(bound[v]), "float32") == dtype
+                   for v, dtype in move.dtypes if isinstance(bound.get(v), Term))
+
+    def _part(self, move: _Move, bound: dict) -> tuple:
+        """What a part of a rule of several roots is joined with its other parts by."""
+        if move.root is None:
+            return ()
+        return (move.root, tuple(sorted((v, self.key(t)) for v, t in bound.items() if isinstance(t, Term))))
 
 
 def _replace(term: Term, where: tuple, new: Term) -> Term:
@@ -206,8 +278,25 @@ def _replace(term: Term, where: tuple, new: Term) -> Term:
 
 def _lift(step: Step, parent: Term, i: int) -> Step:
     """A step found on operand ``i`` of ``parent``, seen on ``parent`` itself."""
-    return Step(step.rule, step.path, step.rewritten, step.result,
-                _replace(parent, (i,), step.before), _replace(parent, (i,), step.after), step.reversed)
+    return dataclasses.replace(step, before=_replace(parent, (i,), step.before),
+                               after=_replace(parent, (i,), step.after))
+
+
+def _joined(per_root: list[list[Step]]) -> list[Step]:
+    """The roots' steps in one sequence, each root's in its order; the parts of one rule of several
+    roots (the same bindings) become one step, taken once every root's earlier steps are."""
+    queues, steps = [list(s) for s in per_root], []
+    while any(queues):
+        for q in queues:
+            while q and not q[0].part:
+                steps.append(q.pop(0))
+        heads = [q for q in queues if q]
+        if heads:
+            first = heads[0][0]
+            parts = [q.pop(0) for q in heads if (q[0].rule.name, q[0].reversed, q[0].part[1]) ==
+                     (first.rule.name, first.reversed, first.part[1])]
+            steps.append(dataclasses.replace(parts[0], together=tuple(parts[1:])))
+    return steps
 
 
 def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snapshot,
@@ -216,6 +305,7 @@ def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snaps
     saturated e-graph; ``loaded`` maps each input term's id to its e-class."""
     replay = _Replay(snap, loaded, rules)
     derivation = Derivation(start=list(before), end=list(after))
+    per_root = []
     for i, (b, a) in enumerate(zip(before, after)):
         steps = replay.solve(b, a, (i,))
         if steps is None:
@@ -223,7 +313,8 @@ def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snaps
             derivation.unexplained += f"{'; ' if derivation.unexplained else ''}output {i}: {_short(pretty(a))}"
             derivation.unreplayed += _producers(replay, snap, before, a)
             continue
-        derivation.steps += steps
+        per_root.append(steps)
+    derivation.steps = _joined(per_root)
     return derivation
 
 

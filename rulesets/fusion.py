@@ -30,6 +30,16 @@ def _close_to(value: float, var: str = "c") -> tuple[str, ...]:
     return (f"(< (abs (- ?{var} {value!r})) 1e-7)",)
 
 
+def _gelu_tanh(name: str, inner: str, why: str) -> Rule:
+    """x/2 (1 + tanh(``inner``)), ``inner`` a spelling of sqrt(2/pi) (x + 0.044715 x^3)."""
+    return Rule(name, f"(mul (mul ?x (const 0.5)) (add (tanh {inner}) (const 1.0)))", '(gelu ?x "tanh")',
+                _F, Exactness.APPROX, when=_close_to(math.sqrt(2 / math.pi)) + _close_to(0.044715, "k"),
+                sample=(("c", math.sqrt(2 / math.pi)), ("k", 0.044715)), why=why)
+
+
+_KX2 = "(mul (mul ?x (const ?k)) ?x)"  # 0.044715 * x * x as traced
+
+
 RULES = rules(_F, [
     # name                        lhs                                                  rhs
     ("attention-fuse",            f"(matmul (softmax {_SCALED} -1) ?v)",               "(sdpa ?q ?k ?v ?c false)"),
@@ -61,6 +71,9 @@ RULES = rules(_F, [
          when=_close_to(math.sqrt(2 / math.pi)) + _close_to(0.044715, "k"),
          sample=(("c", math.sqrt(2 / math.pi)), ("k", 0.044715)),
          why="GPT-2's gelu; sqrt(2/pi) and 0.044715 as float32 stores them"),
+    Rule("gelu-from-erf-divided", "(mul (mul ?x (const 0.5)) (add (erf (div ?x (const ?c))) (const 1.0)))",
+         '(gelu ?x "none")', _F, Exactness.APPROX, when=_close_to(math.sqrt(2)),
+         sample=(("c", math.sqrt(2)),), why="x * Phi(x) as BERT writes it: erf(x / sqrt(2))"),
     Rule("conv-batch-norm-fold", f"(batch_norm (conv2d {_CONV}) {_BN_PARAMS} ?eps)",
          f'(conv2d ?x (mul (param ?wn ?ws ?wd) (reshape {_GS} (+ ?ms ",1,1,1"))) '
          f"(add (mul (sub ?cb (param ?mn ?ms ?md)) {_GS}) (param ?bn ?bs ?bd)) ?s ?p ?d ?g)",
@@ -111,3 +124,9 @@ def _horizontal(count: int) -> Rule:
 
 
 RULES += [_horizontal(2), _horizontal(3)]
+RULES += [  # GPT-2's tanh gelu as others write it
+    _gelu_tanh("gelu-from-tanh-products", f"(mul (add ?x (mul {_KX2} ?x)) (const ?c))",
+               "the cube as k * x * x * x"),
+    _gelu_tanh("gelu-from-tanh-factored", f"(mul (mul ?x (const ?c)) (add {_KX2} (const 1.0)))",
+               "FastGELU, Megatron's bias_gelu: tanh(c x (1 + k x^2))"),
+]

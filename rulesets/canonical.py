@@ -1,0 +1,17 @@
+"""Canonical forms before fusion (issue 17 item 1): a scale moved to the one place fusion rules
+match it.
+
+Not here, because the extremes test shows them wrong: ``(q / c) @ k^T -> (q @ k^T) / c`` (c > 1:
+the product overflows where q / c did not; float32 at |q k| ~ 2e38) and softmax between casts to
+float32 and back as sdpa (at k = float16's max the left side is NaN, and in bfloat16 sdpa's
+scores round worse than the left side's). Both need ranges proved on q and k.
+"""
+from . import Family, rules
+
+_C = Family.ALGEBRA  # canonical forms are algebra's business: one family enum, no new tag
+
+RULES = rules(_C, [
+    # name                    lhs                                      rhs
+    ("transpose-div-out",     "(transpose (div ?x (const ?c)) ?i ?j)", "(div (transpose ?x ?i ?j) (const ?c))",
+                              "layout commutes with elementwise scaling"),
+])

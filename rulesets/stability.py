@@ -21,11 +21,11 @@ RULES = rules(_E, [
     ("log-softmax-fuse",      "(log (softmax ?x ?a))",                          "(log_softmax ?x ?a)"),
     ("log-softmax-from-lse",  "(sub ?x (logsumexp ?x ?a true))",                "(log_softmax ?x ?a)",
                               "x - lse(x) cancels at large offsets; log_softmax shifts by max"),
-    ("sigmoid-from-exp-ratio", "(div (exp ?x) (add (const 1.0) (exp ?x)))",
+    ("sigmoid-from-exp-ratio", "(div (exp ?x) (add (exp ?x) (const 1.0)))",
                               "(add (sigmoid ?x) (mul (relu ?x) (const 0.0)))",
                               "e^x / (1 + e^x) is inf/inf for large x; + relu(x) * 0 keeps its NaN "
                               "at x = +inf (inf * 0), 0 elsewhere"),
-    Rule("sigmoid-from-exp-ratio-finite", "(div (exp ?x) (add (const 1.0) (exp ?x)))", "(sigmoid ?x)", _E,
+    Rule("sigmoid-from-exp-ratio-finite", "(div (exp ?x) (add (exp ?x) (const 1.0)))", "(sigmoid ?x)", _E,
          when=(f"(< (hi ?x) {F32_MAX})",), why="x declared below float32's max (an undeclared input "
                                               "ranges up to it and may be +inf): no NaN to keep"),
     ("softplus-fuse",         "(log1p (exp ?x))",                               "(softplus ?x)"),
@@ -43,7 +43,7 @@ RULES = rules(_E, [
     ("sum-compensated",       "(sum ?x ?a ?k)",                                 "(compensated_sum ?x ?a ?k)",
                               "partial sums of values of both signs cancel: 1e8 + 1 - 1e8 = 0"),
     # -- elementary functions near their cancellation points ----------------------------------
-    ("log1p-from-log",        "(log (add (const 1.0) ?x))",                     "(log1p ?x)"),
+    ("log1p-from-log",        "(log (add ?x (const 1.0)))",                     "(log1p ?x)"),
     ("log1p-from-log-right",  "(log (add ?x (const 1.0)))",                     "(log1p ?x)"),
     ("expm1-from-exp",        "(sub (exp ?x) (const 1.0))",                     "(expm1 ?x)"),
     ("one-minus-exp",         "(sub (const 1.0) (exp ?x))",                     "(neg (expm1 ?x))"),

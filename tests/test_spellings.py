@@ -18,18 +18,11 @@ from spellings import FAMILIES, SUITE  # noqa: E402
 T = 8
 #: spelling -> the piece that would make it fuse (a frontend lowering or a canonicalization)
 NOT_YET = {
-    "nanogpt-masked-fill": "frontend: the torch.export path leaves aten.eq/alias of the mask buffer "
-                           "and aten.masked_fill opaque",
-    "mingpt": "frontend: the torch.export path leaves aten.eq/alias and aten.masked_fill opaque",
-    "gpt2-eager": "frontend: 0-d torch.full constants opaque; canonical: where(causal, w, "
-                  "finfo.min) as a mask kind (equal to -inf masking only where a row keeps a key)",
-    "gpt2-where-float": "frontend: aten.where.ScalarOther opaque; canonical: where(m, w, finfo.min) "
-                        "as a mask kind",
-    "softmax-type-as": "frontend: type_as stays opaque (it is a cast to the other's dtype)",
-    "causal-triu-inside": "frontend: ones/triu of constant sizes opaque; canonical: a causal mask "
-                          "kind, fused as sdpa(is_causal=True)",
-    "causal-tril-eq0": "frontend: ones/tril/eq of constant sizes opaque; canonical: causal mask kind",
-    "einsum": "frontend: einsum stays opaque (lower 'bhid,bhjd->bhij' to matmul + transpose)",
+    "gpt2-eager": "canonical: where(causal, w, finfo.min) as a mask kind (equal to -inf masking "
+                  "only where a row keeps a key)",
+    "gpt2-where-float": "canonical: where(m, w, finfo.min) as a mask kind",
+    "softmax-type-as": "canonical: softmax between casts to float32 and back as sdpa's own float32 "
+                       "accumulation (as softmax-float32-in-float16)",
     "f-rms-norm": "frontend: F.rms_norm stays opaque (lower it to rms_norm)",
     "softmax-float32-in-float16": "canonical: softmax between casts to float32 and back as sdpa's "
                                   "own float32 accumulation (unsound where float16 scores overflow: "

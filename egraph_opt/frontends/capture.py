@@ -16,7 +16,7 @@ from torch import fx
 from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_unflatten
 
-from . import lowering, lowering_aten, lowering_nn  # noqa: F401 - these register lowerings
+from . import lowering, lowering_aten, lowering_einsum, lowering_nn  # noqa: F401 - these register lowerings
 from .effects import mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves

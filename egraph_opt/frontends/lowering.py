@@ -186,6 +186,20 @@ def _where(c, cond, a, b):
     return Term("where", (cond, _operand(c, a, b), _operand(c, b, a)))
 
 
+def is_zero(x: Term) -> Term:
+    """``x == 0`` as a bool tensor, without a comparison op: cast(x, bool) is ``x != 0`` (NaN and
+    -0.0 included), and a where on it negates it."""
+    nonzero = Term("cast", (x,), ("bool",))
+    return Term("cast", (Term("where", (nonzero, Term.const(0.0), Term.const(1.0))),), ("bool",))
+
+
+@lowers(operator.eq, torch.eq, "eq")
+def _eq(c, x, other):
+    if not isinstance(other, (int, float)) or isinstance(other, bool) or other != 0:
+        raise Unsupported("== against anything but the number 0")  # x - c == 0 is not x == c at inf
+    return is_zero(c.tensor(x))
+
+
 @lowers("masked_fill")
 def _masked_fill(c, x, mask, value):
     return Term("where", (mask, _operand(c, value, x), x))
@@ -270,9 +284,8 @@ def _softmax_like(op):
     def lower_softmax(c, x, dim=None, _stacklevel=3, dtype=None):
         if dim is None:
             raise Unsupported("implicit softmax dim")
-        if dtype is not None:
-            x = _cast(c, x, dtype)
-        return Term(op, (x,), (c.axis(x, dim),))
+        axis = c.axis(x, dim)  # before the cast, whose Term has no recorded shape
+        return Term(op, (_cast(c, x, dtype) if dtype is not None else x,), (axis,))
     return lower_softmax
 
 
@@ -321,7 +334,7 @@ lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsquee
 lowers("expand", "expand_as")(_to_out_shape("expand"))
 
 
-@lowers("contiguous", "clone", torch.clone)
+@lowers("contiguous", "clone", torch.clone, "detach", torch.detach)
 def _identity(c, x, *args, memory_format=None):
     return c.tensor(x)
 
@@ -347,6 +360,11 @@ def _to(c, x, *args, **kwargs):
         raise Unsupported("to() with device or options")
     dtype = kwargs.get("dtype", args[0] if args else None)
     return _cast(c, x, dtype)
+
+
+@lowers("type_as")
+def _type_as(c, x, other):
+    return _cast(c, x, c.info(other).dtype)
 
 
 for _method, _dtype in {"float": torch.float32, "half": torch.float16, "double": torch.float64,

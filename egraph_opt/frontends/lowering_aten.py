@@ -24,7 +24,10 @@ SAME = {
     aten.permute.default: low._permute, aten.t.default: low._t,
     aten.matmul.default: low._matmul, aten.bmm.default: low._matmul, aten.mm.default: low._matmul,
     aten.cat.default: low._cat, aten.where.self: low._where, aten.clone.default: low._identity,
-    aten.contiguous.default: low._identity, aten.sum.dim_IntList: low.TABLE["sum"],
+    aten.contiguous.default: low._identity, aten.alias.default: low._identity,
+    aten.detach.default: low._identity, aten.eq.Scalar: low._eq,
+    aten.masked_fill.Scalar: low._masked_fill, aten.where.ScalarOther: low._where,
+    aten.where.ScalarSelf: low._where, aten.to.dtype: low._to, aten.sum.dim_IntList: low.TABLE["sum"],
     aten.mean.dim: low.TABLE["mean"], aten.amax.default: low._amax,
     aten.logsumexp.default: low._logsumexp, aten.gather.default: low.TABLE["gather"],
     aten.index_select.default: low.TABLE["index_select"],
@@ -66,3 +69,30 @@ def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_
 @lowers(aten.embedding.default)
 def _embedding(c, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return nn_low._embedding(c, indices, weight)
+
+
+@lowers(aten.full.default)
+def _full(c, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """A 0-d full of a number (GPT-2's scale and mask value) is that number as a const: as the
+    other operand of a kernel, a 0-d tensor's value is read in the kernel's float32 or wider, so
+    it acts as the number itself where the tensor's dtype holds it exactly and float32 does too."""
+    if list(size) or not isinstance(fill_value, (int, float)) or isinstance(fill_value, bool) \
+            or dtype is None or not dtype.is_floating_point:
+        raise Unsupported("full of a shape, of a non-number, or of an implicit or integer dtype")
+    value = torch.full((), fill_value, dtype=dtype).item()
+    if value != fill_value or float(torch.tensor(value, dtype=torch.float32)) != value:
+        raise Unsupported(f"{fill_value!r} is not exact in {dtype} and float32")
+    return Term.const(float(value))
+
+
+@lowers(aten._safe_softmax.default)
+def _safe_softmax(c, x, dim, dtype=None):
+    """softmax, but 0 across a row that is all -inf (torch.export's spelling inside attention). With
+    m the row max, min(m, 0) - min(m, 0) is NaN (cast to True) exactly where m is -inf or NaN, and
+    there exp(m) is 0 or NaN, the row's value either way; elsewhere it is 0 and softmax stands."""
+    axis = c.axis(x, dim)
+    x = low._cast(c, x, dtype) if dtype is not None else x
+    m = Term("max", (x,), (axis, True))
+    low_m = Term("minimum", (m, Term.const(0.0)))
+    masked = Term("cast", (Term("sub", (low_m, low_m)),), ("bool",))
+    return Term("where", (masked, Term("exp", (m,)), Term("softmax", (x,), (axis,))))

@@ -1,0 +1,128 @@
+"""Frontend lowerings the spelling suite needs (issue 17 item 1): each captured with no opaque
+call left, and the captured program equals torch on inputs that reach its edge cases (0, -0.0,
+NaN, fully masked rows); spellings the Term language cannot express stay opaque."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from egraph_opt import capture
+from egraph_opt.lang.program import leaves
+from egraph_opt.lang.term import evaluate
+
+
+def run(program, inputs):
+    env = {t.attrs[0]: x for t, x in zip(program.inputs, inputs)}
+    env.update(program.params)
+    return evaluate(list(leaves(program.outputs)), env)[0]
+
+
+def exported(fn):
+    """fx cannot unpack a shape: the function is captured through torch.export, as ATen."""
+    def through_export(x, *rest):
+        _, *_ = x.size()
+        return fn(x, *rest)
+    return through_export
+
+
+def captured_equals_torch(fn, *args, exact=True):
+    program, _ = capture(fn, args)
+    assert not program.opaque, sorted(str(c.target) for c in program.opaque.values())
+    out, ref = run(program, args), fn(*args)
+    tol = dict(rtol=0, atol=0) if exact else {}
+    torch.testing.assert_close(out, ref, equal_nan=True, **tol)
+    return program
+
+
+S = torch.tensor([[0.5, -0.0, 0.0, float("nan")], [1.0, 2.0, 3.0, 0.0]])
+M = torch.tensor([[1.0, 0.0, -0.0, float("nan")], [0.0, 1.0, 1.0, 1.0]])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda s, m: s.masked_fill(m == 0, float("-inf")),  # nanoGPT, minGPT: aten.eq.Scalar
+    exported(lambda s, m: s.masked_fill(m == 0, float("-inf"))),
+    exported(lambda s, m: s.masked_fill(m.bool(), 2.5)),  # aten.masked_fill.Scalar
+    exported(lambda s, m: torch.where(m == 0, s, -3.0e38)),  # aten.where.ScalarOther
+    exported(lambda s, m: torch.where(m == 0, 1.5, s)),  # aten.where.ScalarSelf
+    exported(lambda s, m: torch.ops.aten.alias(s) * m),
+    exported(lambda s, m: s.detach() + m),
+], ids=["eq0-fx", "eq0-masked-fill", "masked-fill", "where-scalar-other", "where-scalar-self",
+        "alias", "detach"])
+def test_mask_lowerings_equal_torch(fn):
+    captured_equals_torch(fn, S, M)
+
+
+def test_eq_of_another_number_stays_opaque():
+    program, _ = capture(exported(lambda s, m: s.masked_fill(m == 1, 0.0)), (S, M))
+    assert [str(c.target) for c in program.opaque.values()] == ["aten.eq.Scalar"]
+
+
+def test_zero_dim_full_is_a_const():
+    def gpt2_scale(w, m):  # transformers GPT-2: torch.full([], ...) for the scale and mask value
+        w = w / torch.full([], m.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+        return torch.where(m.bool(), w, torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype))
+    program = captured_equals_torch(exported(gpt2_scale), S, M)
+    assert not program.params
+
+
+def test_full_not_exact_in_float32_stays_opaque():
+    program, _ = capture(exported(lambda s, m: s * torch.full([], 0.1, dtype=torch.float64)), (S, M))
+    assert [str(c.target) for c in program.opaque.values()] == ["aten.full.default"]
+
+
+@pytest.mark.parametrize("fn", [
+    lambda s: F.softmax(s.float(), dim=-1).type_as(s),
+    lambda s: F.softmax(s, dim=-1, dtype=torch.float32),
+    lambda s: s.type_as(s) * 2,
+], ids=["type-as", "softmax-dtype", "type-as-same"])
+def test_casts_equal_torch(fn):
+    captured_equals_torch(fn, torch.randn(2, 3, 5, dtype=torch.float16))
+
+
+QKV = [torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("bhid,bhjd->bhij", ((2, 3, 4, 5), (2, 3, 6, 5))),  # q @ k^T
+    ("bhij,bhjd->bhid", ((2, 3, 4, 6), (2, 3, 6, 5))),  # w @ v
+    ("bid,bjd->bij", ((2, 4, 5), (2, 6, 5))),
+    ("bhqd,bkhd->bhqk", ((2, 3, 4, 5), (2, 6, 3, 5))),  # keys laid out (b, t, h, d)
+    ("bhqk,bkhd->bqhd", ((2, 3, 4, 6), (2, 6, 3, 5))),
+    ("ij,jk->ik", ((4, 5), (5, 6))),
+])
+def test_einsum_is_a_matmul(equation, shapes):
+    gen = torch.Generator().manual_seed(0)
+    args = tuple(torch.randn(*s, generator=gen) for s in shapes)
+    program = captured_equals_torch(lambda a, b: torch.einsum(equation, a, b), *args, exact=False)
+    ops = {t.op for t in _terms(program)}
+    assert "matmul" in ops
+
+
+@pytest.mark.parametrize("equation", ["bhid,bhjd->bh", "ii,ij->ij", "bhid,bhjd->bhijd", "...d,...d->..."])
+def test_einsum_not_one_matmul_stays_opaque(equation):
+    a, b = QKV[0], QKV[1]
+    try:
+        torch.einsum(equation, a, b)
+    except RuntimeError:
+        pytest.skip("torch refuses it too")
+    program, _ = capture(lambda x, y: torch.einsum(equation, x, y), (a, b))
+    assert len(program.opaque) == 1
+
+
+def _terms(program):
+    seen, stack = set(), list(leaves(program.outputs))
+    while stack:
+        t = stack.pop()
+        if id(t) not in seen:
+            seen.add(id(t))
+            stack.extend(t.args)
+            yield t
+
+
+def test_safe_softmax_zero_on_fully_masked_rows():
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[-inf, -inf, -inf], [0.5, -inf, 2.0], [1.0, nan, 0.0], [-200.0, -300.0, -inf]])
+    fn = exported(lambda s: torch.ops.aten._safe_softmax(s, -1))
+    captured_equals_torch(fn, x)
+    assert fn(x)[0].eq(0).all()  # the row that is all -inf: 0, not softmax's NaN

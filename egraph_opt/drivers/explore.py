@@ -7,6 +7,7 @@ what was compared; errors are the first-order estimate of ``extractors/rounding_
 """
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass
 from functools import cached_property
@@ -51,6 +52,24 @@ def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
         return Explorer(optimize(program), {}, name=obj)
     raise ExploreError(f"explore takes an optimized function, an optimize() result or an .onnx "
                        f"path, not {type(obj).__name__}")
+
+
+#: a batch page draws a model's e-graph up to this many e-nodes, and summarizes a larger one
+BATCH_EGRAPH_NODES = 150
+
+
+def model_pictures(result) -> dict[str, str]:
+    """A batch model's pictures as inline markup, made where it was optimized (a worker) and kept
+    in its record: the programs before and after, and the e-graph when small."""
+    from .html_report import picture
+    from .pictures import egraph_picture, program_picture
+    pictures = {"programs before and after": picture(program_picture(result.source.roots(),
+                                                                     result.program.roots()))}
+    try:
+        pictures["the e-graph"] = picture(egraph_picture(explore(result), max_nodes=BATCH_EGRAPH_NODES))
+    except ExploreError as e:
+        pictures["the e-graph"] = f"<p>not drawn: {html.escape(str(e))}</p>"
+    return pictures
 
 
 def _of_function(fn) -> Explorer:

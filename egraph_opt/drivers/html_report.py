@@ -69,24 +69,6 @@ def write_explorer(ex, path, alternatives: int = 5) -> str:
     return _write(path, page(f"egraph-opt explorer: {ex.name}", body))
 
 
-#: a batch page draws a model's e-graph up to this many e-nodes, and summarizes a larger one
-BATCH_EGRAPH_NODES = 150
-
-
-def model_pictures(result) -> dict[str, str]:
-    """A batch model's pictures as inline markup, made where it was optimized (a worker) and kept
-    in its record: the programs before and after, and the e-graph when small."""
-    from .explore import ExploreError, explore
-    from .pictures import egraph_picture
-    pictures = {"programs before and after": picture(program_picture(result.source.roots(),
-                                                                     result.program.roots()))}
-    try:
-        pictures["the e-graph"] = picture(egraph_picture(explore(result), max_nodes=BATCH_EGRAPH_NODES))
-    except ExploreError as e:
-        pictures["the e-graph"] = f"<p>not drawn: {html.escape(str(e))}</p>"
-    return pictures
-
-
 def batch_page(records: list[dict], summary: str, interrupted: bool) -> str:
     """One page for an ONNX batch: the summary, then a section per model."""
     body = f"<pre>{html.escape(summary)}</pre>" + ("<p><b>interrupted (Ctrl-C)</b></p>" if interrupted else "")

@@ -174,7 +174,7 @@ def process(path: str, target: str, options: dict) -> dict:
             curvature_after=result.cost_after.get("curvature"), folded=src.folded,
             opaque=len(src.program.opaque))
         if options.get("pictures"):  # an HTML report draws them: made here, where the e-graph is
-            from .html_report import model_pictures
+            from .explore import model_pictures
             record["pictures"] = model_pictures(result)
         try:
             onnx.checker.check_model(optimized, full_check=True)

@@ -18,8 +18,7 @@ from ..rulesets import sexp
 
 _COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
             "<=": operator.le, ">=": operator.ge}
-_ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
-               "abs": abs, "min": min, "max": max}
+_ARITHMETIC = {**pat.PRIMITIVES, "abs": abs, "min": min, "max": max}
 
 
 def ematch(p, classes: dict, cid: str, bound: dict | None = None) -> Iterator[dict]:

@@ -1,4 +1,7 @@
 """Repeated blocks are optimized once, as a template, and instantiated per block."""
+import math
+
+import pytest
 import torch
 import torch.nn as nn
 
@@ -46,3 +49,79 @@ def test_blocks_of_different_shapes_are_not_one_template():
     mixed.h = nn.ModuleList([NaiveBlock(32), nn.Sequential(nn.Linear(32, 32))])
     program, _ = capture(mixed.eval(), (torch.randn(1, 16, 32),))
     assert templates.find(program) == []
+
+
+def plain_stack(n: int, hidden=None):
+    """The stack as a plain function closing over a list of parameter dicts (no module items);
+    ``hidden``: each block's MLP width (NaiveBlock's is 128)."""
+    weights = []
+    for width in hidden or [128] * n:
+        p = dict(NaiveBlock().named_parameters())
+        p.update({"fc.weight": torch.randn(width, 32), "fc.bias": torch.randn(width),
+                  "out.weight": torch.randn(32, width) / width})
+        weights.append(p)
+    mask = torch.ones(16, 16, dtype=torch.bool).triu(1)
+
+    def norm(x, w, b):
+        mean = x.mean(-1, keepdim=True)
+        return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + 1e-5) * w + b
+
+    def forward(x):
+        for p in weights:
+            q, k, v = (norm(x, p["ln_w"], p["ln_b"]) @ p["qkv.weight"].T + p["qkv.bias"]).split(32, -1)
+            s = (q @ k.transpose(-2, -1) / math.sqrt(32)).masked_fill(mask, float("-inf"))
+            x = x + torch.softmax(s, -1) @ v @ p["proj.weight"].T + p["proj.bias"]
+            h = norm(x, p["ln_w"], p["ln_b"]) @ p["fc.weight"].T + p["fc.bias"]
+            x = x + torch.relu(h) @ p["out.weight"].T + p["out.bias"]
+        return x
+    return forward
+
+
+def unrolled_stack(x, w1, w2, w3):
+    """Three copies of one block written out by hand, weights as arguments."""
+    for w in (w1, w2, w3):
+        h = torch.softmax(x @ w, -1)
+        x = x + torch.exp(h - h.amax(-1, keepdim=True)).sum(-1, keepdim=True) * torch.tanh(x) / 3
+    return x
+
+
+@pytest.mark.parametrize("build, args", [
+    (lambda: plain_stack(3), (torch.randn(2, 16, 32),)),
+    (lambda: unrolled_stack, (torch.randn(4, 8),) + tuple(torch.randn(8, 8) for _ in range(3))),
+], ids=["closure-over-dicts", "unrolled-loop"])
+def test_repeated_blocks_are_found_by_structure_and_match_the_original(build, args):
+    fn = build()
+    program, _ = capture(fn, args)
+    (group,) = templates.find(program)
+    assert len(group) >= 2 and all(inst.scope.startswith("repeat") for inst in group)
+    assert optimize(program).ops_after == optimize(program, templates=False).ops_after
+    f = saturate_and_extract(fn)
+    torch.testing.assert_close(f(*args), fn(*args), rtol=1e-4, atol=1e-4)
+    assert f.report.validation.passed
+
+
+def test_blocks_of_different_shapes_are_not_one_template_when_found_by_structure():
+    program, _ = capture(plain_stack(2, hidden=[128, 64]), (torch.randn(1, 16, 32),))
+    assert templates.find(program) == []
+    program, _ = capture(plain_stack(2, hidden=[64, 64]), (torch.randn(1, 16, 32),))
+    assert len(templates.find(program)) == 1
+
+
+def test_a_weight_shared_by_every_block_stays_an_argument_of_the_template():
+    """The causal mask is read by every block: not one block's own parameter."""
+    program, _ = capture(plain_stack(3), (torch.randn(1, 16, 32),))
+    (group,) = templates.find(program)
+    shared = [a for a in group[0].args if a.op == "param"]
+    assert [a.attrs[1:] for a in shared] == [("16,16", "bool")]
+    assert all(set(inst.params.values()).isdisjoint(other.params.values())
+               for inst in group for other in group if other is not inst)
+
+
+def test_hugging_face_export_graph_blocks_share_one_template():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=50, n_positions=16,
+                                     use_cache=False)
+    model = transformers.GPT2Model(config).eval()
+    program, _ = capture(model, (torch.randint(0, 50, (1, 8)),))
+    (group,) = templates.find(program)
+    assert len(group) == 3

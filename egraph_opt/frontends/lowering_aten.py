@@ -96,3 +96,9 @@ def _safe_softmax(c, x, dim, dtype=None):
     low_m = Term("minimum", (m, Term.const(0.0)))
     masked = Term("cast", (Term("sub", (low_m, low_m)),), ("bool",))
     return Term("where", (masked, Term("exp", (m,)), Term("softmax", (x,), (axis,))))
+
+
+@lowers(aten.numpy_T.default)
+def _numpy_t(c, x):
+    """``x.T`` as torch.export records it: every axis reversed."""
+    return low._permute(c, x, list(range(c.rank(x)))[::-1])

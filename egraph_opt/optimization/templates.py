@@ -1,13 +1,18 @@
 """Repeated blocks (seed 004): the N identical blocks of a transformer are optimized once.
 
 Hash-consing does not merge chained blocks (their inputs differ): the terms of each instance of a
-repeated submodule (``h.0``, ``h.1``...) get a signature with incoming values as numbered arguments
-and parameters named relative to the block. Equal signatures share one template, optimized once
-over the hull of every instance's argument intervals (its conditions hold for all of them).
+repeated block get a signature with incoming values as numbered arguments and parameters named
+relative to the block. Equal signatures share one template, optimized once over the hull of every
+instance's argument intervals (its conditions hold for all of them).
+
+Instances are the items of a module container (``h.0``, ``h.1``...) where the capture recorded
+them, and otherwise are found by structure: a plain function looping over lists of weights, an
+unrolled loop or an exported graph repeats a run of ops whose operands sit at the same distances
+back (parameters abstracted to their shapes), so the program order is periodic there.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 
 from ..lang.program import Program, leaves
@@ -19,6 +24,8 @@ PREFIX = "tmpl:"
 #: smaller instances (a lone Linear or ReLU) are saturated in place: a template would save little
 #: and would cut rewrites that cross its boundary (a float32 chain across layers)
 MIN_OPS = 8
+#: repeated regions found by structure per program (an encoder and a decoder stack: two)
+MAX_REGIONS = 4
 
 
 @dataclass
@@ -34,6 +41,7 @@ class Instance:
 def _signature(inst: Instance, parents: dict[int, list[Term]], roots: set[int]) -> None:
     inside = {id(t): i for i, t in enumerate(inst.terms)}
     args: dict[int, int] = {}
+    own: dict[int, str] = {}  # param id -> its name relative to the instance
     keys = []
     for t in inst.terms:
         operands = []
@@ -42,8 +50,11 @@ def _signature(inst: Instance, parents: dict[int, list[Term]], roots: set[int]) 
                 operands.append(("term", inside[id(a)]))
             elif a.op == "const":
                 operands.append(("const", a.attrs[0]))
-            elif a.op == "param" and a.attrs[0].startswith(inst.scope + "."):
-                rel = a.attrs[0][len(inst.scope) + 1:]
+            elif a.op == "param" and (a.attrs[0].startswith(inst.scope + ".")
+                                      or all(id(p) in inside for p in parents[id(a)])):
+                # its own: named in its scope, or (a plain function's weights) read only by it
+                rel = own.setdefault(id(a), a.attrs[0][len(inst.scope) + 1:]
+                                     if a.attrs[0].startswith(inst.scope + ".") else f"param{len(own)}")
                 inst.params[rel] = a
                 operands.append(("param", rel, a.attrs[1], a.attrs[2]))
             else:
@@ -59,24 +70,100 @@ def _signature(inst: Instance, parents: dict[int, list[Term]], roots: set[int]) 
 
 def find(program: Program) -> list[list[Instance]]:
     """Groups of two or more instances of at least ``MIN_OPS`` ops with equal signatures, in
-    program order."""
+    program order: module items first, then runs found by structure among the other terms."""
     roots = program.roots()
     order = postorder(roots)
     parents: dict[int, list[Term]] = defaultdict(list)
     for t in order:
         for a in t.args:
             parents[id(a)].append(t)
-    instances: dict[str, Instance] = {}
-    for t in order:
-        scope = program.scopes.get(id(t))
-        if scope:
-            instances.setdefault(scope, Instance(scope, [])).terms.append(t)
-    groups: dict[tuple, list[Instance]] = defaultdict(list)
-    for inst in instances.values():
-        _signature(inst, parents, {id(r) for r in roots})
-        groups[inst.signature].append(inst)
-    return [g for g in groups.values() if len(g) > 1 and g[0].outputs
-            and sum(bool(t.args) for t in g[0].terms) >= MIN_OPS]
+    root_ids = {id(r) for r in roots}
+
+    def grouped(scopes: dict[int, str]) -> list[list[Instance]]:
+        instances: dict[str, Instance] = {}
+        for t in order:
+            if id(t) in scopes:
+                instances.setdefault(scopes[id(t)], Instance(scopes[id(t)], [])).terms.append(t)
+        groups: dict[tuple, list[Instance]] = defaultdict(list)
+        for inst in instances.values():
+            _signature(inst, parents, root_ids)
+            groups[inst.signature].append(inst)
+        return [g for g in groups.values() if len(g) > 1 and g[0].outputs
+                and sum(bool(t.args) for t in g[0].terms) >= MIN_OPS]
+
+    found = grouped(program.scopes)
+    taken = {id(t) for g in found for inst in g for t in inst.terms}
+    return found + grouped(_periodic_scopes([t for t in order if t.args and id(t) not in taken]))
+
+
+def _periodic_scopes(ops: list[Term]) -> dict[int, str]:
+    """Blocks of the longest periodic runs of ``ops`` (in program order): op k of a run of period
+    P is in block k // P. Two ops match when they have the same op and attributes and their
+    operands are the same constants, leaves of the same shape, or ops the same distance back."""
+    at = {id(t): i for i, t in enumerate(ops)}
+    keys: list = []
+    for i, t in enumerate(ops):
+        operands = tuple(("op", i - at[id(a)]) if id(a) in at
+                         else ("const", a.attrs) if a.op == "const"
+                         else (a.op, a.attrs[1:]) if a.op in ("param", "input") else ("outside",)
+                         for a in t.args)
+        keys.append((t.op, t.attrs, operands))
+    scopes: dict[int, str] = {}
+    for region in range(MAX_REGIONS):
+        best = _longest_periodic_run(keys)
+        if best is None:
+            break
+        start, period, blocks = _with_first_block(ops, at, keys, *best)
+        if blocks < 2:
+            break
+        for i in range(start, start + period * blocks):
+            scopes[id(ops[i])] = f"repeat{region}.{(i - start) // period}"
+            keys[i] = ("taken", i)  # matches nothing: the next region is found elsewhere
+    return scopes
+
+
+def _with_first_block(ops: list[Term], at: dict, keys: list, start: int, period: int,
+                      blocks: int) -> tuple[int, int, int]:
+    """The run moved back to take one more block, where one fits: the first block reads the
+    program's input where the others read the previous block, so its first ops break the match.
+    Seen from inside a block (what it reads from outside is alike), the blocks must be equal."""
+    def seen_from(first: int, i: int) -> tuple:
+        t = ops[i]
+        operands = tuple(("outside",) if (id(a) in at and at[id(a)] < first) or a.op == "input"
+                         else ("op", i - at[id(a)]) if id(a) in at else keys[i][2][n]
+                         for n, a in enumerate(t.args))
+        return t.op, t.attrs, operands
+
+    end = start + period * blocks
+    for first in range(start - 1, max(start - period - 1, -1), -1):
+        fits = first + period * (blocks + 1) <= len(ops) and all(
+            seen_from(first + k * period, first + k * period + i) == seen_from(first, first + i)
+            for k in range(1, blocks + 1) for i in range(period))
+        if fits and all(isinstance(keys[i], tuple) and keys[i][0] != "taken"
+                        for i in range(first, max(end, first + period * (blocks + 1)))):
+            return first, period, blocks + 1
+    return start, period, blocks
+
+
+def _longest_periodic_run(keys: list) -> tuple[int, int, int] | None:
+    """(start, period, blocks) of the periodic run matching most ops (the shorter period on a
+    tie): ops that equal the op ``period`` later, at least ``MIN_OPS`` in a row. A run shorter
+    than its period is one block short of two: the first block's reads from outside may take it
+    there. Candidate periods are the commonest gaps between repeats of one key."""
+    last: dict = {}
+    gaps: Counter = Counter()
+    for i, key in enumerate(keys):
+        if key in last and i - last[key] >= MIN_OPS:
+            gaps[i - last[key]] += 1
+        last[key] = i
+    best, most = None, (0, 0)
+    for period, _ in gaps.most_common(8):
+        run = 0
+        for i in range(len(keys) - period - 1, -1, -1):  # run: matches from i on
+            run = run + 1 if keys[i] == keys[i + period] else 0
+            if run >= MIN_OPS and (run, -period) > most:
+                best, most = (i, period, run // period + 1), (run, -period)
+    return best
 
 
 def substitute(roots: list[Term], mapping: dict[int, Term]) -> list[Term]:
@@ -104,8 +191,12 @@ def template_program(first: Instance, meta: dict) -> tuple[Program, list[Term]]:
     return Program(tuple(arg_leaves), tuple(outputs)), arg_leaves
 
 
-def instantiate(template_roots: list[Term], inst: Instance, args: list[Term]) -> list[Term]:
-    """A template's optimized outputs over one instance's actual arguments and parameters."""
+def instantiate(template_roots: list[Term], inst: Instance, args: list[Term],
+                made: dict | None = None) -> list[Term]:
+    """A template's optimized outputs over one instance's actual arguments and parameters.
+    ``made``: terms built by earlier instances, by op, attributes and operand identities, so what
+    depends only on values every instance shares (a mask from one buffer) is computed once."""
+    made = {} if made is None else made
     by_name = {f"arg{i}": a for i, a in enumerate(args)}
     new: dict[int, Term] = {}
     for t in postorder(template_roots):
@@ -116,7 +207,11 @@ def instantiate(template_roots: list[Term], inst: Instance, args: list[Term]) ->
         elif not t.args:
             new[id(t)] = t
         else:
-            new[id(t)] = Term(t.op, tuple(new[id(a)] for a in t.args), t.attrs)
+            operands = tuple(new[id(a)] for a in t.args)
+            key = (t.op, t.attrs, tuple(map(id, operands)))
+            if key not in made:
+                made[key] = Term(t.op, operands, t.attrs)
+            new[id(t)] = made[key]
     return [new[id(r)] for r in template_roots]
 
 
@@ -165,6 +260,7 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
                    if t.op == "opaque" and t.attrs[0] in env}
         return substitute(terms, pending)
 
+    made: dict = {}
     arg_iter = iter(optimized_args)
     pending = [(inst, tmpl, [next(arg_iter) for _ in inst.args])
                for group, tmpl in zip(groups, templates) for inst in group]
@@ -175,7 +271,7 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
         if not ready:
             raise RuntimeError("templates depend on each other in a cycle")
         for inst, tmpl, args in ready:
-            outputs = instantiate(tmpl, inst, fill(args))
+            outputs = instantiate(tmpl, inst, fill(args), made)
             for k, out in enumerate(outputs):
                 env[f"{PREFIX}{inst.scope}:{k}"] = out
         done = {id(p[0]) for p in ready}

@@ -201,10 +201,33 @@ def _of_schema(version):
 def test_the_decorator_never_fails_because_of_its_database(tmp_path, make, message):
     (tmp_path / "file").write_text("a regular file")
     f = saturate_and_extract(lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True),
-                             profile_db=make(tmp_path / "p.sqlite"), profile_misses=True)
+                             profile_db=make(tmp_path / "p.sqlite"), profile_budget=60)
     x = torch.randn(4, 8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.testing.assert_close(f(x), torch.softmax(x, -1))
     (warning,) = [w for w in caught if issubclass(w.category, ProfileDBWarning)]
     assert message in str(warning.message) and "\n" not in str(warning.message)
+
+
+def test_misses_are_profiled_by_default_within_the_budget_and_only_once(tmp_path, monkeypatch):
+    naive = lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)  # noqa: E731
+    first = saturate_and_extract(naive, profile_db=tmp_path / "p.sqlite", profile_budget=60)
+    first(torch.randn(8, 32))
+    *_, (timed, seconds) = first.report.latency
+    assert timed >= 1 and seconds > 0 and "profiled now" in str(first.report)
+    again = saturate_and_extract(naive, profile_db=tmp_path / "p.sqlite", profile_budget=60)
+    again(torch.randn(8, 32))  # the same shapes: all in the database now
+    assert set(again.report.latency[2]) == {"measured"} and again.report.latency[3] == (0, 0.0)
+    two_kernels = saturate_and_extract(lambda x: torch.exp(x).sum(-1), profile_db=tmp_path / "q.sqlite",
+                                       profile_budget=1e-9)  # spent after the first kernel
+    two_kernels(torch.randn(8, 32))
+    assert two_kernels.report.latency[3][0] == 1
+    off = saturate_and_extract(naive, profile_db=tmp_path / "r.sqlite", profile_budget=0)
+    off(torch.randn(8, 32))
+    assert off.report.latency[3] == (0, 0.0) and "measured" not in off.report.latency[2]
+    monkeypatch.delenv("EGRAPH_OPT_PROFILE_BUDGET")
+    assert saturate_and_extract(naive).profile_budget == 2.0
+    monkeypatch.setenv("EGRAPH_OPT_PROFILE_BUDGET", "soon")
+    with pytest.raises(ValueError, match="EGRAPH_OPT_PROFILE_BUDGET must be a number of seconds"):
+        saturate_and_extract(naive)

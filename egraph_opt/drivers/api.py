@@ -20,7 +20,7 @@ from ..egraph.engine import EGraph, InvariantError
 from .guard import StateKey
 from ..extractors import CostModel, Objective
 from ..extractors.rounding_error import program_error
-from ..profiling.latency import MeasuredLatency, sources
+from ..profiling.latency import MeasuredLatency, default_budget, sources
 from ..optimization.pipeline import Limits, Optimized, optimize
 from .report import Report
 from ..rulesets import select
@@ -79,14 +79,17 @@ class OptimizedFunction:
 
     def __init__(self, fn: Callable, *, objective="balanced", tolerance: float | None = None,
                  input_ranges=None, rulesets=None, validate: bool = True,
-                 limits: Limits = Limits(), profile_db=None, profile_misses: bool = False,
+                 limits: Limits = Limits(), profile_db=None, profile_budget: float | None = None,
                  keep_egraph: bool = False):
         self.fn = fn
         self.objective = Objective(objective)
         self.tolerance = tolerance
         CostModel(self.objective, tolerance=tolerance)  # refuses a bad objective/tolerance now
         self.profile_db = profile_db  # path, None for the default database, False for none
-        self.profile_misses = profile_misses
+        # seconds per optimize to time kernels the database lacks (None: the default, 0: none)
+        self.profile_budget = default_budget() if profile_budget is None else float(profile_budget)
+        if not self.profile_budget >= 0:
+            raise ValueError(f"profile_budget must be seconds >= 0, not {profile_budget!r}")
         self.input_ranges = _check_ranges(input_ranges)
         self.rules = select(rulesets)
         self.validate = validate
@@ -152,7 +155,7 @@ class OptimizedFunction:
         returns = tree_structure(program.outputs)  # ModelOutput and other registered containers
         device = args[0].device.type if args else "cpu"
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
-            self.profile_db, device, on_demand=self.profile_misses)
+            self.profile_db, device, budget_s=self.profile_budget)
         model = CostModel(self.objective, latency, self.tolerance)
         result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)
@@ -172,7 +175,8 @@ class OptimizedFunction:
         report.saturation = [f"{s.phase}: {s.iterations} iterations, {s.enodes} e-nodes, stopped: "
                              f"{s.stop}" for s in result.saturation]
         report.seconds, report.kernels = result.seconds, module.kernels
-        report.latency = (seconds_before, seconds_after, where_after)
+        report.latency = (seconds_before, seconds_after, where_after,
+                          (latency.profiled, latency.spent_s) if latency else (0, 0.0))
         report.error = tuple(errors) if errors and all(errors) else None
         if not self.keep_egraph:  # only the latest optimization's e-graph is kept (135 MB each)
             for older in self._plans.values():
@@ -206,7 +210,8 @@ def saturate_and_extract(fn: Callable | None = None, **options: Any):
     options: ``objective`` ("balanced", "stability", "latency", or "tolerance" with ``tolerance=`` a
     relative error), ``input_ranges`` ({name: (lo, hi)}), ``rulesets`` (family or rule names),
     ``validate`` (default True), ``limits``, ``profile_db`` (a path; None: the default; False: static
-    latencies), ``profile_misses`` (time unmeasured kernels now), ``keep_egraph`` (every plan's)."""
+    latencies), ``profile_budget`` (seconds per optimize to time kernels the database lacks: default 2, or
+    $EGRAPH_OPT_PROFILE_BUDGET; 0: none), ``keep_egraph`` (every plan's)."""
     if fn is None:
         return lambda f: OptimizedFunction(f, **options)
     return OptimizedFunction(fn, **options)

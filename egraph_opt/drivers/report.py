@@ -19,7 +19,8 @@ class Report:
     saturation: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     kernels: dict[str, int] = field(default_factory=dict)  # kernels the plan binds, by name
-    latency: tuple | None = None  # (seconds before, seconds after, sources of the estimates after)
+    latency: tuple | None = None  # (seconds before, seconds after, sources of the estimates after,
+    # (kernels timed during this optimize, seconds it took))
     error: tuple | None = None  # first-order rounding error (ProgramError) before and after
     validation: Validation | None = None
     fallback: str = ""  # why the original program is running instead, if it is
@@ -50,9 +51,10 @@ class Report:
             if part in self.cost_before:
                 lines.append(f"[COST] {part}: {self.cost_before[part]} -> {self.cost_after[part]}")
         if self.latency:
-            before, after, where = self.latency
+            before, after, where, (timed, seconds) = self.latency
             lines.append(f"[LATENCY] estimated {before * 1e6:.1f} us -> {after * 1e6:.1f} us "
-                         f"({', '.join(f'{k} {v}' for k, v in where.items())})")
+                         f"({', '.join(f'{k} {v}' for k, v in where.items())}; "
+                         f"{timed} kernels profiled now in {seconds:.2f} s)")
         if self.error:
             before, after = self.error
             lines.append(f"[ERROR] first-order estimate over the input ranges: worst {before.worst:.1f} -> "

@@ -19,6 +19,8 @@ the static estimates, never a failed compile.
 from __future__ import annotations
 
 import math
+import os
+import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -158,13 +160,33 @@ class LatencyModel:
 UNIT_S = 1e-7  # one cost unit of latency
 
 
+#: seconds one optimize call may spend timing kernels the database has not measured
+DEFAULT_BUDGET_S = 2.0
+BUDGET_VAR = "EGRAPH_OPT_PROFILE_BUDGET"
+
+
+def default_budget() -> float:
+    """$EGRAPH_OPT_PROFILE_BUDGET seconds if set (0: never time), else ``DEFAULT_BUDGET_S``."""
+    text = os.environ.get(BUDGET_VAR)
+    try:
+        budget = DEFAULT_BUDGET_S if text is None else float(text)
+    except ValueError:
+        budget = math.nan
+    if not budget >= 0:
+        raise ValueError(f"${BUDGET_VAR} must be a number of seconds >= 0, not {text!r}")
+    return budget
+
+
 @dataclass
 class MeasuredLatency:
-    """Callable ``(op, attrs, shapes, dtype) -> (units, source)`` for ops the profiler knows.
-    With ``on_demand``, a shape the database has not measured is timed now and recorded."""
+    """Callable ``(op, attrs, shapes, dtype) -> (units, source)`` for ops the profiler knows. A
+    shape the database has not measured is timed now and recorded while ``budget_s`` lasts (the
+    database's rule: what is not there is profiled and added), so a second call measures nothing."""
     db: ProfileDB | None  # None once it failed: static estimates from then on
     device: str = "cpu"
-    on_demand: bool = False
+    budget_s: float = 0.0
+    spent_s: float = 0.0
+    profiled: int = 0  # kernels timed by this object
     _cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -172,11 +194,11 @@ class MeasuredLatency:
         self.where = device_name(self.device)
 
     @staticmethod
-    def from_database(path=None, device: str = "cpu", on_demand: bool = False
+    def from_database(path=None, device: str = "cpu", budget_s: float = 0.0
                       ) -> MeasuredLatency | None:
         """None (static estimates) when the database cannot be used."""
         try:
-            return MeasuredLatency(ProfileDB(path), device, on_demand)
+            return MeasuredLatency(ProfileDB(path), device, budget_s)
         except UNUSABLE as e:
             _without_database(e)
             return None
@@ -189,9 +211,12 @@ class MeasuredLatency:
             named = {name: value for (name, _), value in zip(OPS[op].attrs, attrs)}
             try:
                 est = self.model.predict(op, "torch", self.where, dtype, shapes, named)
-                if self.on_demand and est.source != "measured":
+                if est.source != "measured" and self.spent_s < self.budget_s:
+                    start = time.perf_counter()
                     (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,
                                                self.db, repeats=5, progress=False)
+                    self.spent_s += time.perf_counter() - start
+                    self.profiled += 1
                     est = Estimate(record.median_s, "measured", 0.0)
                 self._cache[key] = (max(1, round(est.seconds / UNIT_S)), est.source)
             except UNUSABLE as e:  # broke after opening (a bad page, a failed write): stop asking

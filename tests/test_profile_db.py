@@ -231,3 +231,18 @@ def test_misses_are_profiled_by_default_within_the_budget_and_only_once(tmp_path
     monkeypatch.setenv("EGRAPH_OPT_PROFILE_BUDGET", "soon")
     with pytest.raises(ValueError, match="EGRAPH_OPT_PROFILE_BUDGET must be a number of seconds"):
         saturate_and_extract(naive)
+
+
+def test_rows_of_another_machine_are_not_read_as_measurements(tmp_path):
+    from egraph_opt.profiling.latency import MeasuredLatency
+    from egraph_opt.profiling.profiler import device_name
+
+    here = device_name("cpu")
+    assert f"torch {torch.__version__}" in here and "thread" in here
+    elsewhere = here.replace(f"torch {torch.__version__}", "torch 1.0.0")
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        db.add(Record("exp", "torch", elsewhere, "float32", ((64, 64),), {}, 10, 3e-6, 1e-7))
+        latency = MeasuredLatency(db, "cpu", budget_s=0)
+        assert latency("exp", (), ((64, 64),), "float32")[1] != "measured"
+        db.add(Record("exp", "torch", here, "float32", ((64, 64),), {}, 10, 3e-6, 1e-7))
+        assert MeasuredLatency(db, "cpu", budget_s=0)("exp", (), ((64, 64),), "float32")[1] == "measured"

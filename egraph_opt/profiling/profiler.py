@@ -142,17 +142,18 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def device_name(device: str | torch.device) -> str:
-    """'<type>: <model>', the key under which measurements of this device are kept; on a CPU
-    with the intra-op thread count, which changes latencies as much as the model does."""
+    """'<type>: <model>, ..., torch <version>', the machine key of measurements: rows under another
+    key (another CPU, thread count, GPU or torch build) are never read as this machine's. On a
+    CPU the intra-op thread count is part of it: it changes latencies as much as the model does."""
     device = torch.device(device)
     if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
+        return f"cuda: {torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     model = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):  # not Linux: the platform's word
         with open("/proc/cpuinfo") as f:
             model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     threads = torch.get_num_threads()
-    return f"{device.type}: {model}, {threads} thread{'s' if threads > 1 else ''}"
+    return f"{device.type}: {model}, {threads} thread{'s' if threads > 1 else ''}, torch {torch.__version__}"
 
 
 class Timing(NamedTuple):

@@ -2,25 +2,63 @@
 
 Candidates are the registry's kernels for the node's op that accept its shapes, dtypes and device
 (Triton only where it runs natively: CUDA tensors and an importable triton). A candidate's cost is
-its latency estimate plus the conversions its operands need from the backends that produced them.
-No candidate (never the case for the torch backend, which covers every op) is an error.
+its latency in the profiling database, measured or interpolated from rows of its own backend, plus
+the conversions its operands need from the backends that produced them. The torch kernel covers
+every op and is always a candidate (a static estimate where nothing is measured); another backend
+is chosen only by its measurements, never by a preference. Extraction prices a node the same way
+(``pricing``), so the cost sees what will run. No candidate is an error.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from . import triton as triton_kernels
 from .registry import Kernel, Use, kernels_for
+from egraph_opt.profiling.latency import UNIT_S
 
-#: estimate(kernel, use) -> seconds; the default ranks backends for a device and nothing more
+#: estimate(kernel, use) -> seconds (inf: not a candidate)
 Estimate = Callable[[Kernel, Use], float]
-_PREFERENCE = {"triton": 0.8, "torch": 1.0, "numpy": 1.0}
 
 
 def default_estimate(kernel: Kernel, use: Use) -> float:
+    """Nothing measured: the torch kernel, by the memory it touches; no other backend."""
+    if kernel.backend != "torch":
+        return math.inf
     elements = sum(math.prod(s) for s in use.shapes) or 1
-    return _PREFERENCE[kernel.backend] * (5e-6 + 4 * elements / 2e10)
+    return 5e-6 + 4 * elements / 2e10
+
+
+def measured_estimate(latency) -> Estimate:
+    """Seconds of a kernel from ``latency`` (a MeasuredLatency): the rows of the kernel's backend,
+    measured or interpolated; the torch kernel falls back to its default where the op has no
+    latency model, other backends are then no candidates."""
+    def estimate(kernel: Kernel, use: Use) -> float:
+        found = _measured(latency, kernel, use.op, use.attrs, use.shapes,
+                          use.dtypes[0] if use.dtypes else "float32")
+        return found[0] * UNIT_S if found else default_estimate(kernel, use)
+    return estimate
+
+
+def pricing(latency, device: str) -> Callable:
+    """``latency_of(op, attrs, shapes, dtype) -> (units, source)`` of the kernel binding will
+    choose for such a node on ``device`` (the cheapest usable candidate), for the cost model."""
+    def latency_of(op: str, attrs: tuple, shapes: tuple, dtype: str):
+        use = Use(op, attrs, shapes, (dtype,) * len(shapes), device)
+        found = [_measured(latency, k, op, attrs, shapes, dtype) for k in kernels_for(op)
+                 if usable(k) and not k.refuses(use)]
+        found = [f for f in found if f]
+        return min(found) if found else None
+    return latency_of
+
+
+def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dtype: str):
+    """(units, source) of ``kernel`` from the database, or None: not known there (and, off the
+    torch backend, only rows of the kernel's own backend count)."""
+    found = latency(op, attrs, shapes, dtype, kernel) if latency is not None else None
+    if found and kernel.backend != "torch" and found[1] not in ("measured", "interpolated"):
+        return None
+    return found
 
 
 def conversion_seconds(use: Use, source: str, target: str) -> float:
@@ -34,19 +72,33 @@ def usable(kernel: Kernel) -> bool:
     return kernel.backend != "triton" or triton_kernels.available()
 
 
-def bind(use: Use, operand_backends: tuple[str, ...] = (),
-         estimate: Estimate = default_estimate) -> Kernel:
-    """The cheapest kernel that accepts ``use``, conversions from ``operand_backends`` included."""
-    best, best_cost, reasons = None, math.inf, []
+class Path(NamedTuple):
+    """One way to run a node: a kernel and its seconds, conversions from its operands' backends
+    included (inf, with the reason, where it cannot run the node or is not measured)."""
+    seconds: float
+    kernel: Kernel
+    refused: str | None = None
+
+
+def paths(use: Use, operand_backends: tuple[str, ...] = (),
+          estimate: Estimate = default_estimate) -> list[Path]:
+    """Every kernel of the registry for ``use``'s op, the cheapest first."""
+    found = []
     for kernel in kernels_for(use.op):
         reason = kernel.refuses(use) or (None if usable(kernel) else f"{kernel.name}: no native triton")
-        if reason:
-            reasons.append(reason)
-            continue
-        cost = estimate(kernel, use) + sum(
+        seconds = math.inf if reason else estimate(kernel, use) + sum(
             conversion_seconds(use, b, kernel.backend) for b in set(operand_backends))
-        if cost < best_cost:
-            best, best_cost = kernel, cost
-    if best is None:
-        raise LookupError(f"no kernel accepts {use.op} on {use.device} {use.dtypes}: {reasons}")
-    return best
+        found.append(Path(seconds, kernel, reason or (None if seconds < math.inf else
+                                                      f"{kernel.name}: not measured here")))
+    return sorted(found, key=lambda p: p.seconds)
+
+
+def bind(use: Use, operand_backends: tuple[str, ...] = (),
+         estimate: Estimate = default_estimate) -> Kernel:
+    """The cheapest kernel that accepts ``use``, conversions from ``operand_backends`` included
+    (the registry's order breaks ties: torch first)."""
+    found = paths(use, operand_backends, estimate)
+    if not found or found[0].seconds == math.inf:
+        raise LookupError(f"no kernel accepts {use.op} on {use.device} {use.dtypes}: "
+                          f"{[p.refused for p in found]}")
+    return found[0].kernel

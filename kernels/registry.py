@@ -35,6 +35,7 @@ class Kernel:
     dtypes: frozenset[str]
     impl: Callable
     limits: Callable[[Use], str | None] = field(default=lambda use: None)  # reason to refuse
+    takes: Callable | None = None  # a torch operand into this backend's memory (None: as it is)
 
     @property
     def op(self) -> str:
@@ -76,7 +77,8 @@ _NUMPY_UNARY = {name: getattr(np, op.numpy) for name, op in OPS.items() if op.nu
 
 def _numpy_kernels() -> list[Kernel]:
     return [Kernel(f"numpy.{op}", _reference(op), "numpy", frozenset({"cpu"}),
-                   frozenset({"float32", "float64"}), fn) for op, fn in _NUMPY_UNARY.items()]
+                   frozenset({"float32", "float64"}), fn, takes=to_numpy)
+            for op, fn in _NUMPY_UNARY.items()]
 
 
 def _triton_kernels() -> list[Kernel]:

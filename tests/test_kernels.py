@@ -61,14 +61,43 @@ def test_cpu_nodes_bind_to_torch_kernels():
     assert binding.bind(_use(device="cpu")).name == "torch.softmax"
 
 
-def test_cuda_nodes_bind_to_triton_where_it_runs(monkeypatch):
+def _triton_measured_faster(kernel, use):
+    return 1e-6 if kernel.backend == "triton" else 2e-6
+
+
+def test_cuda_nodes_bind_to_triton_where_it_runs_and_is_measured_faster(monkeypatch):
     monkeypatch.setattr(binding.triton_kernels, "available", lambda: True)
-    assert binding.bind(_use()).name == "triton.softmax"
-    assert binding.bind(_use(dtype="float64")).name == "torch.softmax"  # dtype it does not take
+    assert binding.bind(_use()).name == "torch.softmax"  # nothing measured: no preference
+    assert binding.bind(_use(), estimate=_triton_measured_faster).name == "triton.softmax"
+    assert binding.bind(_use(dtype="float64"), estimate=_triton_measured_faster).name == "torch.softmax"
     sdpa = _use("sdpa", shapes=((2, 8, 8),) * 3, attrs=(0.3, False))
-    assert binding.bind(sdpa).name == "torch.sdpa"  # head dim 8 is outside its limits
+    assert binding.bind(sdpa, estimate=_triton_measured_faster).name == "torch.sdpa"  # head dim 8
     monkeypatch.setattr(binding.triton_kernels, "available", lambda: False)
-    assert binding.bind(_use()).name == "torch.softmax"  # no native triton: never selected
+    assert binding.bind(_use(), estimate=_triton_measured_faster).name == "torch.softmax"  # not native
+
+
+def test_each_kernel_has_its_own_rows_and_extraction_prices_the_kernel_binding_chooses(tmp_path):
+    """numpy's exp measured (its own rows, backend "numpy") beside torch's: binding takes the
+    faster, and the cost model's price is that kernel's."""
+    from egraph_opt.profiling.latency import MeasuredLatency, UNIT_S
+    from egraph_opt.profiling.profile_db import ProfileDB, Record
+    from egraph_opt.profiling.profiler import device_name
+
+    use = Use("exp", (), ((64, 64),), ("float32",), "cpu")
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        latency = MeasuredLatency(db, "cpu", budget_s=0)
+        assert binding.pricing(latency, "cpu")("exp", (), ((64, 64),), "float32")[1] == "default"
+        for backend, seconds in (("torch", 8e-6), ("numpy", 1e-6)):
+            db.add(Record("exp", backend, device_name("cpu"), "float32", ((64, 64),), {}, 5, seconds, 0.0))
+        latency = MeasuredLatency(db, "cpu", budget_s=0)
+        ways = binding.paths(use, ("torch",), binding.measured_estimate(latency))
+        assert [p.kernel.name for p in ways] == ["numpy.exp", "torch.exp"]  # with its conversions
+        assert ways[0].seconds > 1e-6 and ways[1].seconds == 8e-6
+        assert binding.bind(use, estimate=binding.measured_estimate(latency)).name == "numpy.exp"
+        assert binding.pricing(latency, "cpu")("exp", (), ((64, 64),), "float32") == (round(1e-6 / UNIT_S), "measured")
+        timed = MeasuredLatency(db, "cpu", budget_s=60)  # tanh unmeasured: both backends timed now
+        binding.pricing(timed, "cpu")("tanh", (), ((64, 64),), "float32")
+        assert all(db.records("tanh", b, device_name("cpu"), "float32") for b in ("torch", "numpy"))
 
 
 def test_numpy_kernels_pay_their_conversions_and_run_correctly_when_chosen():

@@ -26,6 +26,7 @@ from .report import Report
 from ..rulesets import select
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
+from ..kernels.binding import measured_estimate, pricing
 from ..validate import compare, random_inputs
 
 #: programs of at most this many terms get a first-order error estimate in their report (it runs
@@ -156,14 +157,16 @@ class OptimizedFunction:
         device = args[0].device.type if args else "cpu"
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
             self.profile_db, device, budget_s=self.profile_budget)
-        model = CostModel(self.objective, latency, self.tolerance)
+        priced = pricing(latency, device) if latency else None  # by the kernel that will run
+        model = CostModel(self.objective, priced, self.tolerance)
         result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)
         roots = program.roots()
-        seconds_before, _ = sources(program, latency)
-        seconds_after, where_after = sources(result.program, latency)
+        seconds_before, _ = sources(program, priced)
+        seconds_after, where_after = sources(result.program, priced)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
-        module = build_module(flat, traced, device=device, meta=result.program.meta())
+        module = build_module(flat, traced, device=device, meta=result.program.meta(),
+                              estimate=measured_estimate(latency))
         run = functools.partial(_run_unflattened, module, returns)
         errors = [program_error(p, self.input_ranges) for p in (program, result.program)] \
             if len(postorder(roots)) <= ESTIMATED_UP_TO else []

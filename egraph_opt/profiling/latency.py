@@ -203,18 +203,22 @@ class MeasuredLatency:
             _without_database(e)
             return None
 
-    def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str) -> tuple[int, str] | None:
+    def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str,
+                 kernel=None) -> tuple[int, str] | None:
+        """Units and source of the op's torch implementation, or of ``kernel`` (a registry
+        kernel: rows of its backend)."""
         if op not in SPECS or self.db is None:
             return None
-        key = (op, attrs, shapes, dtype)
+        backend = "torch" if kernel is None else kernel.backend
+        key = (op, attrs, shapes, dtype, backend)
         if key not in self._cache:
             named = {name: value for (name, _), value in zip(OPS[op].attrs, attrs)}
             try:
-                est = self.model.predict(op, "torch", self.where, dtype, shapes, named)
+                est = self.model.predict(op, backend, self.where, dtype, shapes, named)
                 if est.source != "measured" and self.spent_s < self.budget_s:
                     start = time.perf_counter()
                     (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,
-                                               self.db, repeats=5, progress=False)
+                                               self.db, repeats=5, progress=False, kernel=kernel)
                     self.spent_s += time.perf_counter() - start
                     self.profiled += 1
                     est = Estimate(record.median_s, "measured", 0.0)

@@ -215,9 +215,11 @@ def _plain_progress(items: list, desc: str):
 
 
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
-                   repeats: int = 15, progress: bool = True) -> list[Record]:
-    """Time the torch implementation of each case and record it (backend "torch"). Only ops of
-    SPECS: the latency model cannot use a measurement it has no work formula for."""
+                   repeats: int = 15, progress: bool = True, kernel=None) -> list[Record]:
+    """Time each case and record it: the op's torch implementation (backend "torch"), or
+    ``kernel`` (a registry kernel: its backend, implementation, and the conversion of its inputs
+    into its memory, done before timing). Only ops of SPECS: the latency model cannot use a
+    measurement it has no work formula for."""
     cases = list(cases)
     unknown = sorted({c.op for c in cases if c.op not in SPECS})
     if unknown:
@@ -231,8 +233,11 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         dtype = torch_dtype(case.dtype)
         tensors = SPECS[case.op].inputs(case.shapes, dtype, device)
         attrs = [case.attrs[name] for name, _ in OPS[case.op].attrs]
-        timing = time_kernel(OPS[case.op].impl, [*tensors, *attrs], device, repeats=repeats)
-        records.append(Record(case.op, "torch", where, case.dtype, case.shapes, dict(case.attrs),
+        impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.backend)
+        if kernel is not None and kernel.takes is not None:
+            tensors = [kernel.takes(t) for t in tensors]
+        timing = time_kernel(impl, [*tensors, *attrs], device, repeats=repeats)
+        records.append(Record(case.op, backend, where, case.dtype, case.shapes, dict(case.attrs),
                               timing.runs, timing.median_s, timing.spread_s))
         db.add(records[-1])
     return records

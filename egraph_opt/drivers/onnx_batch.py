@@ -138,7 +138,7 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
     start = time.perf_counter()
     latency = None
     try:
-        if os.path.exists(target) and not options["force"]:
+        if os.path.exists(target) and not (options["force"] or options.get("same_is_ours")):
             raise ModelFailure(f"{target} exists (use --force to overwrite)")
         original = load(path)
         stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
@@ -182,7 +182,8 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
             t.data_location == onnx.TensorProto.EXTERNAL for t in stored.graph.initializer)
         if stopped is not None and stopped():
             raise ModelFailure("interrupted")
-        write_atomic(optimized, target, external, options["force"], options.get("run", ""))
+        write_atomic(optimized, target, external, options["force"], options.get("run", ""),
+                     options.get("same_is_ours", False))
         record.update(status="optimized")
     except (ModelFailure, OnnxImportError, OnnxExportError, OSError) as e:
         record["reason"] = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -10,10 +10,12 @@ database at the end, each with the device key its worker measured it under.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import logging
 import os
 import tempfile
+import threading
 import time
 from typing import Callable
 
@@ -32,8 +34,7 @@ except ImportError:  # the cluster extra is not installed: on_cluster says so
 
 RETRIES = 2  # tries after the first, for a model whose worker died (local:N)
 PER_WORKER = 2  # models in flight per worker thread: each busy, not every model's bytes read at once
-_PLUGIN = "egraph-opt-profile-file"
-_STOP_EVERY_S = 0.5  # how often a running model asks whether the run was interrupted
+_STOP_EVERY_S = 0.1  # how often a running model asks whether the run was interrupted
 
 
 class ProfileFile(WorkerPlugin):
@@ -49,10 +50,19 @@ class ProfileFile(WorkerPlugin):
             db.add_many(self.records)
             self.seeded = db.since()[1]
 
+    def teardown(self, worker):
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.path + suffix)
 
-def _new_rows(dask_worker) -> list:
+
+def _plugin(options: dict) -> str:
+    return f"egraph-opt-profile-{options['run']}"  # one per run: runs may share a cluster
+
+
+def _new_rows(name: str, dask_worker=None) -> list:
     """The rows a worker measured itself (run on each worker at the end)."""
-    plugin = dask_worker.plugins.get(_PLUGIN)
+    plugin = dask_worker.plugins.get(name)
     if plugin is None or not plugin.path:
         return []
     with ProfileDB(plugin.path) as db:
@@ -84,10 +94,36 @@ def _work(path: str, target: str, options: dict, files: dict[str, bytes] | None)
     from distributed import get_worker
 
     worker = get_worker()
-    plugin = worker.plugins.get(_PLUGIN)
+    plugin = worker.plugins.get(_plugin(options))
     if plugin is not None:
         options = dict(options, profile_db=plugin.path)
-    stopped = _Stopped(_stop_event(options))
+    with _collected_here():
+        return _process(worker, path, target, options, files, _Stopped(_stop_event(options)))
+
+
+_running = [0]
+_running_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _collected_here():
+    """No cyclic garbage collection while a model runs, then one here: egglog's e-graphs must be
+    freed in the thread that made them, not in the worker's event loop (pyo3 leaks them there)."""
+    with _running_lock:
+        _running[0] += 1
+        gc.disable()
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _running[0] -= 1
+            if not _running[0]:
+                gc.enable()
+        gc.collect(1)  # what the model allocated: young, as no collection ran meanwhile
+
+
+def _process(worker, path: str, target: str, options: dict, files: dict[str, bytes] | None,
+             stopped: _Stopped):
     if files is None:
         return process(path, target, options, stopped), None
     with tempfile.TemporaryDirectory(prefix="egraph-opt-", dir=worker.local_directory) as folder:
@@ -179,13 +215,14 @@ def on_cluster(address: str, targets: dict[str, str], options: dict, done: Calla
         client = _connect(address, stack)
         if options.get("profile_db"):
             with ProfileDB(options["profile_db"]) as db:
-                client.register_plugin(ProfileFile(db.since()[0]), name=_PLUGIN)
+                client.register_plugin(ProfileFile(db.since()[0]), name=_plugin(options))
         waiting, running, count = iter(targets.items()), {}, itertools.count()
+        options = dict(options, same_is_ours=True)  # each target is checked absent before submitting
         finished = as_completed()
 
         def submit() -> None:
             for path, target in waiting:
-                if not shared_fs and os.path.exists(target) and not options["force"]:
+                if os.path.exists(target) and not options["force"]:
                     done({"model": path, "output": target, "status": "failed", "seconds": 0.0,
                           "reason": f"{target} exists (use --force to overwrite)"})
                     continue
@@ -209,16 +246,21 @@ def on_cluster(address: str, targets: dict[str, str], options: dict, done: Calla
                 submit()
         except KeyboardInterrupt:
             Event(_stop_event(options), client=client).set()
-            client.cancel(list(running), force=True)
+            client.cancel([f for f in running if f.status != "finished"], force=True)
+            for future, path in running.items():
+                if future.status == "finished":  # its output is written: so is its record
+                    done(_outcome(future, path, targets[path], options))
             raise
         finally:
             if options.get("profile_db"):
-                _merge(client, options["profile_db"])
+                _merge(client, options)
 
 
-def _merge(client, path: str) -> None:
-    """The rows each worker measured, into the user's database in one transaction."""
-    rows = [r for found in client.run(_new_rows, on_error="ignore").values()
+def _merge(client, options: dict) -> None:
+    """The rows each worker measured, into the user's database in one transaction; then the
+    workers drop their files."""
+    rows = [r for found in client.run(_new_rows, _plugin(options), on_error="ignore").values()
             if isinstance(found, list) for r in found]
-    with ProfileDB(path) as db:
+    with ProfileDB(options["profile_db"]) as db:
         db.add_many(rows)
+    client.unregister_worker_plugin(_plugin(options))

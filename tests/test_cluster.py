@@ -21,7 +21,6 @@ import cloudpickle  # noqa: E402 - a dependency of distributed
 
 from egraph_opt.drivers.cli import main_onnx  # noqa: E402
 from egraph_opt.drivers.onnx_batch import random_feeds, session  # noqa: E402
-from egraph_opt.drivers.onnx_cluster import RETRIES  # noqa: E402
 from egraph_opt.profiling.profile_db import ProfileDB, Record  # noqa: E402
 from egraph_opt.profiling.profiler import device_name  # noqa: E402
 from test_cli_reliability import tiny_model  # noqa: E402
@@ -43,10 +42,13 @@ def softmax_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
+ALLOWED_FAILURES = 1  # this scheduler's (as of any existing cluster): fewer restarts than RETRIES
+
+
 @pytest.fixture(scope="module")
 def client():
     import dask
-    with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES}):
+    with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                            dashboard_address=None, silence_logs=50)
     with cluster, distributed.Client(cluster) as c:
@@ -181,7 +183,7 @@ def test_a_model_whose_every_worker_dies_fails_with_the_reason(client, tmp_path)
                               client.scheduler.address], tmp_path / "report.json")
     assert rc == 1 and records["fine.onnx"]["status"] == "optimized"
     assert records["doomed.onnx"]["status"] == "failed"
-    assert f"each of the {RETRIES + 1} workers that tried it died" in records["doomed.onnx"]["reason"]
+    assert f"each of the {ALLOWED_FAILURES + 1} workers that tried it died" in records["doomed.onnx"]["reason"]
     assert os.listdir(tmp_path / "out") == ["fine.onnx"]
 
 
@@ -253,6 +255,9 @@ def test_ctrl_c_cancels_the_run_and_writes_a_partial_report(client, tmp_path, ca
     (["--no-shared-fs"], "--no-shared-fs goes with --cluster"),
 ])
 def test_cluster_arguments_fail_in_one_line(tmp_path, args, message, capsys):
-    rc = main_onnx([_models(tmp_path / "m", ["t"]), "--out", str(tmp_path / "out"), *args])
+    try:
+        rc = main_onnx([_models(tmp_path / "m", ["t"]), "--out", str(tmp_path / "out"), *args])
+    except SystemExit as usage:  # argparse's refusal
+        rc = usage.code
     err = capsys.readouterr().err
     assert rc in (1, 2) and message in err and err.count("\n") == 1, err

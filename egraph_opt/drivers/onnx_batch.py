@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import signal
 import statistics
@@ -22,6 +21,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from .batch_report import html, line, summary, write_report
 from .staging import remove_staging, write_atomic
 from .usage import Failure, ModelFailure, at_least
 from ..extractors import CostModel, Objective
@@ -213,36 +213,6 @@ def collect(patterns: list[str], out_dir: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _line(r: dict) -> str:
-    if r["status"] != "optimized":
-        return f"FAILED {r['model']}: {r['reason']}"
-    lat = ""
-    if "latency_ms_before" in r:
-        lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms"
-    return (f"ok     {r['model']}: nodes {r['nodes_before']} -> {r['nodes_after']}, "
-            f"{sum(r['rewrites'].values())} rewrites{lat}")
-
-
-def summary(records: list[dict]) -> str:
-    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after",
-            "after/before")
-    rows = [head]
-    for r in records:
-        ok = r["status"] == "optimized"
-        before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
-        rows.append((
-            os.path.basename(r["model"]), r["status"],
-            f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
-            str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
-            f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
-            f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
-            f"{after / before:.2f}" if ok and before and after else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    failed = sum(r["status"] != "optimized" for r in records)
-    return "\n".join(lines + [f"{len(records) - failed} optimized, {failed} failed"])
-
-
 def _progress(total: int):
     try:
         from tqdm import tqdm
@@ -260,22 +230,6 @@ def _writable_dir(path: str, what: str) -> None:
         raise Failure(f"{what} {path}: is a file, not a directory") from None
     except OSError as e:
         raise Failure(f"{what} {path}: cannot write there ({e.strerror or e})") from None
-
-
-def _html(path: str) -> bool:
-    return path.endswith((".html", ".htm"))
-
-
-def _write_report(path: str, records: list[dict], interrupted: bool) -> None:
-    """JSON, or one HTML page with a section per model for a path ending in .html."""
-    folder = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-        if _html(path):
-            from .html_report import batch_page
-            f.write(batch_page(records, summary(records), interrupted))
-        else:
-            json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
-    os.replace(f.name, path)
 
 
 def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> None:
@@ -321,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
             targets[p] = target
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
                "latency_runs": args.latency_runs, "opset": args.opset,
-               "pictures": bool(args.report) and _html(args.report), "run": uuid.uuid4().hex[:12],
+               "pictures": bool(args.report) and html(args.report), "run": uuid.uuid4().hex[:12],
                "profile_db": args.profile_db or (str(default_path()) if args.profile_misses else None),
                "profile_misses": args.profile_misses}
     bar = _progress(len(targets))
@@ -331,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     def done(record):
         records.append(record)
         finished.add(record["model"])
-        say(_line(record))
+        say(line(record))
         if bar is not None:
             bar.update()
 
@@ -355,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     records.sort(key=lambda r: r["model"])
     if args.report:
-        _write_report(args.report, records, interrupted)
+        write_report(args.report, records, interrupted)
     if interrupted:
         report = f"; report in {args.report}" if args.report else ""
         print(f"egraph-opt onnx: interrupted after {len(finished)} of {len(targets)} models"

@@ -93,7 +93,7 @@ def main() -> None:
         clients = {}
         for workers in (1, 2):
             cluster = stack.enter_context(LocalCluster(
-                n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                 silence_logs=logging.ERROR))
             clients[workers] = stack.enter_context(Client(cluster))
             clients[workers].run(_warm)

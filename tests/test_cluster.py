@@ -50,7 +50,7 @@ def client():
     import dask
     with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                           dashboard_address=None, silence_logs=50)
+                                           dashboard_address=":0", silence_logs=50)
     with cluster, distributed.Client(cluster) as c:
         yield c
 
@@ -250,7 +250,7 @@ def test_ctrl_c_cancels_the_run_and_writes_a_partial_report(client, tmp_path, ca
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--cluster", "local:0"], "--cluster: '0' is not an integer >= 1"),
+    (["--cluster", "local:0"], "--cluster: 'local:0': local:N needs N, the worker count, >= 1"),
     (["--cluster", "local:2", "-j", "2"], "-j and --cluster exclude each other"),
     (["--no-shared-fs"], "--no-shared-fs goes with --cluster"),
 ])

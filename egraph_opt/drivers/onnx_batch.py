@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.cluster:
             from .onnx_cluster import on_cluster
-            on_cluster(args.cluster, targets, options, done, shared_fs=not args.no_shared_fs)
+            on_cluster(process, args.cluster, targets, options, done, shared_fs=not args.no_shared_fs)
         elif args.jobs <= 1:
             for p, target in targets.items():
                 done(process(p, target, options))
@@ -360,7 +360,8 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
 def _cluster_address(text: str) -> str:
     """``local:N`` (N >= 1) or a scheduler address; a scheduler is reached only when the run starts."""
     if text.startswith("local:"):
-        at_least(1)(text.removeprefix("local:"))
+        if not text.removeprefix("local:").isdigit() or int(text.removeprefix("local:")) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: local:N needs N, the worker count, >= 1")
     elif not text or any(c.isspace() for c in text):
         raise argparse.ArgumentTypeError(f"{text!r}: a scheduler address (tcp://host:8786) or local:N")
     return text

@@ -23,7 +23,6 @@ import onnx
 
 from ..frontends.onnx_frontend import external_files
 from ..profiling.profile_db import ProfileDB
-from .onnx_batch import process
 from .staging import write_files
 from .usage import Failure, ModelFailure
 
@@ -88,9 +87,10 @@ def _stop_event(options: dict) -> str:
     return f"egraph-opt-stop-{options['run']}"
 
 
-def _work(path: str, target: str, options: dict, files: dict[str, bytes] | None):
-    """On a worker: ``process`` one model, through the shared file system, or (``files``: the
-    bytes of the model and its data files) in a folder of its own, returning the output's bytes."""
+def _work(process: Callable, path: str, target: str, options: dict, files: dict[str, bytes] | None):
+    """On a worker: ``process`` one model (``onnx_batch.process``), through the shared file
+    system, or (``files``: the bytes of the model and its data files) in a folder of its own,
+    returning the output's bytes."""
     from distributed import get_worker
 
     worker = get_worker()
@@ -98,7 +98,8 @@ def _work(path: str, target: str, options: dict, files: dict[str, bytes] | None)
     if plugin is not None:
         options = dict(options, profile_db=plugin.path)
     with _collected_here():
-        return _process(worker, path, target, options, files, _Stopped(_stop_event(options)))
+        return _process(process, worker, path, target, options, files,
+                        _Stopped(_stop_event(options)))
 
 
 _running = [0]
@@ -122,8 +123,8 @@ def _collected_here():
         gc.collect(1)  # what the model allocated: young, as no collection ran meanwhile
 
 
-def _process(worker, path: str, target: str, options: dict, files: dict[str, bytes] | None,
-             stopped: _Stopped):
+def _process(process: Callable, worker, path: str, target: str, options: dict,
+             files: dict[str, bytes] | None, stopped: _Stopped):
     if files is None:
         return process(path, target, options, stopped), None
     with tempfile.TemporaryDirectory(prefix="egraph-opt-", dir=worker.local_directory) as folder:
@@ -194,7 +195,7 @@ def _connect(address: str, stack: contextlib.ExitStack):
         with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES}):
             cluster = stack.enter_context(LocalCluster(
                 n_workers=int(address.removeprefix("local:")), threads_per_worker=1, processes=True,
-                dashboard_address=None, silence_logs=logging.ERROR))
+                dashboard_address=":0", silence_logs=logging.ERROR))
         return stack.enter_context(Client(cluster))
     try:
         return stack.enter_context(Client(address, timeout="30s"))
@@ -202,9 +203,9 @@ def _connect(address: str, stack: contextlib.ExitStack):
         raise Failure(f"--cluster {address}: cannot reach the scheduler ({e})") from None
 
 
-def on_cluster(address: str, targets: dict[str, str], options: dict, done: Callable[[dict], None],
-               shared_fs: bool = True) -> None:
-    """Process every model of ``targets`` on the cluster at ``address``, calling ``done`` with
+def on_cluster(process: Callable, address: str, targets: dict[str, str], options: dict,
+               done: Callable[[dict], None], shared_fs: bool = True) -> None:
+    """``process`` every model of ``targets`` on the cluster at ``address``, calling ``done`` with
     each record as it comes. Ctrl-C stops the run's models (queued and running) and merges the
     latencies measured so far before it propagates."""
     try:
@@ -230,7 +231,7 @@ def on_cluster(address: str, targets: dict[str, str], options: dict, done: Calla
                     where, files = (os.path.abspath(path), os.path.abspath(target)), None
                 else:
                     where, files = (path, target), _files(path)
-                future = client.submit(_work, *where, options, files, pure=False,
+                future = client.submit(_work, process, *where, options, files, pure=False,
                                        key=f"egraph-opt-{options['run']}-{next(count)}-"
                                            f"{os.path.basename(path)}")
                 running[future] = path

@@ -6,24 +6,27 @@ failing one is reported with its reason while the others go on, and sets the exi
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
-import json
 import os
-import shutil
 import signal
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
+from typing import Callable
 
 import numpy as np
 import onnx
 
-from .usage import Failure, at_least
-from ..extractors import Objective
+from .batch_report import html, line, summary, write_report
+from .staging import remove_staging, write_atomic
+from .usage import Failure, ModelFailure, at_least
+from ..extractors import CostModel, Objective
+from ..profiling.latency import MeasuredLatency
+from ..profiling.profile_db import default_path
 from ..backends.onnx_backend import OnnxExportError, export
 from ..frontends.onnx_converters import opset_of
 from ..frontends.onnx_frontend import OnnxImportError, ValueType, _value_type, import_model, load
@@ -33,10 +36,6 @@ from ..validate import judge
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
 _SYMBOLIC_DIM = 3  # size given to symbolic dims of random inputs
 _EXTERNAL_ABOVE = 1 << 30  # bytes: larger models are written with their tensors beside them
-
-
-class ModelFailure(Exception):
-    """One model could not be optimized: the reason goes into its report line."""
 
 
 def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
@@ -95,46 +94,18 @@ def session(model: onnx.ModelProto | str):
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def latencies(sessions: list, feeds: dict, runs: int) -> list[float]:
+def latencies(sessions: list, feeds: dict, runs: int, stopped: Callable[[], bool] | None = None
+              ) -> list[float]:
     """Median milliseconds per session, runs interleaved so that both see the same machine."""
     times: list[list[float]] = [[] for _ in sessions]
     for _ in range(runs):
+        if stopped is not None and stopped():
+            raise ModelFailure("interrupted")
         for s, bucket in zip(sessions, times):
             start = time.perf_counter()
             s.run(None, feeds)
             bucket.append((time.perf_counter() - start) * 1e3)
     return [statistics.median(t) for t in times]
-
-
-def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite: bool = False):
-    """Write beside the target, then claim the names by hard links, data first: a link fails where
-    the name exists, so of two runs one fails and no model appears without its data (``overwrite``
-    removes the old model and data first, so none meets another's)."""
-    directory, base = os.path.split(target)
-    folder = tempfile.mkdtemp(prefix=".egraph-opt-", dir=directory or ".")
-    names = [base + ".data", base] if external else [base]
-    claimed: list[str] = []
-    try:
-        staged = os.path.join(folder, base)
-        if external:
-            onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=base + ".data", size_threshold=1024)
-        else:
-            onnx.save_model(model, staged)
-        if overwrite:
-            for old in (target, target + ".data"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(old)
-        for name in names:
-            os.link(os.path.join(folder, name), os.path.join(directory, name))
-            claimed.append(os.path.join(directory, name))
-        claimed = []  # all in place: keep them
-    except FileExistsError as e:
-        raise ModelFailure(f"{e.filename2} exists (use --force to overwrite)") from None
-    finally:
-        for path in claimed:  # a unit only half in place: take it back
-            os.unlink(path)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
@@ -150,18 +121,31 @@ def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def process(path: str, target: str, options: dict) -> dict:
-    """Optimize one model; returns its report record (status, reason, numbers)."""
+def _latency(options: dict):
+    """Measured latencies when the run names a database (misses timed into it on request)."""
+    if not options.get("profile_db"):
+        return None
+    return MeasuredLatency.from_database(options["profile_db"],
+                                         on_demand=options.get("profile_misses", False))
+
+
+def process(path: str, target: str, options: dict, stopped: Callable[[], bool] | None = None
+            ) -> dict:
+    """Optimize one model; returns its report record (status, reason, numbers). The same work
+    in-process, in a -j worker and on a cluster; ``stopped`` (a cluster's) says the run is over,
+    between steps: nothing is written after it."""
     record = {"model": path, "output": target, "status": "failed", "reason": ""}
     start = time.perf_counter()
+    latency = None
     try:
-        if os.path.exists(target) and not options["force"]:
+        if os.path.exists(target) and not (options["force"] or options.get("same_is_ours")):
             raise ModelFailure(f"{target} exists (use --force to overwrite)")
         original = load(path)
         stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
         src = import_model(upgraded(original, options.get("opset")), path)
+        latency = _latency(options)
         try:
-            result = optimize(src.program, objective=Objective(options["objective"]))
+            result = optimize(src.program, model=CostModel(Objective(options["objective"]), latency))
         except Exception as e:  # noqa: BLE001 - any optimizer failure fails this model only
             raise ModelFailure(f"optimizer: {type(e).__name__}: {str(e).splitlines()[0]}") from None
         optimized = export(src, result.program)
@@ -193,15 +177,21 @@ def process(path: str, target: str, options: dict) -> dict:
                 raise ModelFailure(f"validation: output {name!r}: {why}")
         if options["latency_runs"]:
             record["latency_ms_before"], record["latency_ms_after"] = latencies(
-                sessions, feeds, options["latency_runs"])
+                sessions, feeds, options["latency_runs"], stopped)
         external = optimized.ByteSize() > _EXTERNAL_ABOVE or any(
             t.data_location == onnx.TensorProto.EXTERNAL for t in stored.graph.initializer)
-        write_atomic(optimized, target, external, options["force"])
+        if stopped is not None and stopped():
+            raise ModelFailure("interrupted")
+        write_atomic(optimized, target, external, options["force"], options.get("run", ""),
+                     options.get("same_is_ours", False))
         record.update(status="optimized")
     except (ModelFailure, OnnxImportError, OnnxExportError, OSError) as e:
         record["reason"] = str(e).splitlines()[0] if str(e) else type(e).__name__
     except Exception as e:  # noqa: BLE001 - a bug on one model must not stop the batch
         record["reason"] = f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        if latency is not None and latency.db is not None:
+            latency.db.close()
     record["seconds"] = round(time.perf_counter() - start, 3)
     return record
 
@@ -223,36 +213,6 @@ def collect(patterns: list[str], out_dir: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _line(r: dict) -> str:
-    if r["status"] != "optimized":
-        return f"FAILED {r['model']}: {r['reason']}"
-    lat = ""
-    if "latency_ms_before" in r:
-        lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms"
-    return (f"ok     {r['model']}: nodes {r['nodes_before']} -> {r['nodes_after']}, "
-            f"{sum(r['rewrites'].values())} rewrites{lat}")
-
-
-def summary(records: list[dict]) -> str:
-    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after",
-            "after/before")
-    rows = [head]
-    for r in records:
-        ok = r["status"] == "optimized"
-        before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
-        rows.append((
-            os.path.basename(r["model"]), r["status"],
-            f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
-            str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
-            f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
-            f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
-            f"{after / before:.2f}" if ok and before and after else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    failed = sum(r["status"] != "optimized" for r in records)
-    return "\n".join(lines + [f"{len(records) - failed} optimized, {failed} failed"])
-
-
 def _progress(total: int):
     try:
         from tqdm import tqdm
@@ -270,22 +230,6 @@ def _writable_dir(path: str, what: str) -> None:
         raise Failure(f"{what} {path}: is a file, not a directory") from None
     except OSError as e:
         raise Failure(f"{what} {path}: cannot write there ({e.strerror or e})") from None
-
-
-def _html(path: str) -> bool:
-    return path.endswith((".html", ".htm"))
-
-
-def _write_report(path: str, records: list[dict], interrupted: bool) -> None:
-    """JSON, or one HTML page with a section per model for a path ending in .html."""
-    folder = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-        if _html(path):
-            from .html_report import batch_page
-            f.write(batch_page(records, summary(records), interrupted))
-        else:
-            json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
-    os.replace(f.name, path)
 
 
 def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> None:
@@ -309,6 +253,10 @@ def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> Non
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cluster and args.jobs > 1:
+        raise Failure("-j and --cluster exclude each other: a cluster's size is its workers'")
+    if args.no_shared_fs and not args.cluster:
+        raise Failure("--no-shared-fs goes with --cluster")
     _writable_dir(args.out, "--out")
     if args.report:
         if os.path.isdir(args.report):
@@ -327,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
             targets[p] = target
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
                "latency_runs": args.latency_runs, "opset": args.opset,
-               "pictures": bool(args.report) and _html(args.report)}
+               "pictures": bool(args.report) and html(args.report), "run": uuid.uuid4().hex[:12],
+               "profile_db": args.profile_db or (str(default_path()) if args.profile_misses else None),
+               "profile_misses": args.profile_misses}
     bar = _progress(len(targets))
     say = bar.write if bar is not None else print
     finished: set[str] = set()
@@ -335,13 +285,16 @@ def run(args: argparse.Namespace) -> int:
     def done(record):
         records.append(record)
         finished.add(record["model"])
-        say(_line(record))
+        say(line(record))
         if bar is not None:
             bar.update()
 
     interrupted = False
     try:
-        if args.jobs <= 1:
+        if args.cluster:
+            from .onnx_cluster import on_cluster
+            on_cluster(process, args.cluster, targets, options, done, shared_fs=not args.no_shared_fs)
+        elif args.jobs <= 1:
             for p, target in targets.items():
                 done(process(p, target, options))
         else:
@@ -350,11 +303,13 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
         records += [{"model": p, "output": t, "status": "interrupted", "reason": "Ctrl-C"}
                     for p, t in targets.items() if p not in finished]
+    finally:
+        remove_staging(args.out, options["run"])  # left by a worker killed while writing
     if bar is not None:
         bar.close()
     records.sort(key=lambda r: r["model"])
     if args.report:
-        _write_report(args.report, records, interrupted)
+        write_report(args.report, records, interrupted)
     if interrupted:
         report = f"; report in {args.report}" if args.report else ""
         print(f"egraph-opt onnx: interrupted after {len(finished)} of {len(targets)} models"
@@ -388,5 +343,25 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
                         help="seed of the random validation inputs")
     parser.add_argument("--opset", type=_opset, help="convert older models to this opset first, so that "
                         "its fused operators (Attention at 23) can be used; default: keep each model's")
+    parser.add_argument("--profile-db", help="price kernels by the latencies measured in this "
+                        "database (default: static estimates; with --profile-misses: the user's)")
+    parser.add_argument("--profile-misses", action="store_true",
+                        help="time the kernels the database has not measured, and record them there")
+    parser.add_argument("--cluster", metavar="ADDRESS", type=_cluster_address,
+                        help="run on Dask distributed: a scheduler address (tcp://host:8786), or "
+                        "local:N for a cluster of N worker processes started for this run")
+    parser.add_argument("--no-shared-fs", action="store_true", help="with --cluster: send each "
+                        "model's bytes to the workers and write their results here (workers do not "
+                        "see this machine's files)")
     parser.set_defaults(run=run)
     return parser
+
+
+def _cluster_address(text: str) -> str:
+    """``local:N`` (N >= 1) or a scheduler address; a scheduler is reached only when the run starts."""
+    if text.startswith("local:"):
+        if not text.removeprefix("local:").isdigit() or int(text.removeprefix("local:")) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: local:N needs N, the worker count, >= 1")
+    elif not text or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r}: a scheduler address (tcp://host:8786) or local:N")
+    return text

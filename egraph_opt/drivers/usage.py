@@ -9,6 +9,10 @@ class Failure(Exception):
     """A failure the user can act on: its message is the whole error line (exit status 1)."""
 
 
+class ModelFailure(Exception):
+    """One model of a batch could not be optimized: the reason goes into its report line."""
+
+
 def at_least(minimum: int):
     """An argparse type: an integer of at least ``minimum``."""
     def parse(text: str) -> int:

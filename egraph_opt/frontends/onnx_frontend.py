@@ -66,6 +66,26 @@ class OnnxProgram:
         return opset_of(self.model)
 
 
+def external_files(path: str, model: onnx.ModelProto) -> list[str]:
+    """The external data files of ``model`` (read from ``path``), relative to its directory;
+    a file outside that directory, or missing, is refused."""
+    base = os.path.dirname(os.path.abspath(path))
+    files = []
+    for tensor in external_data_helper._get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        target = os.path.realpath(os.path.join(base, location))
+        if os.path.commonpath([target, os.path.realpath(base)]) != os.path.realpath(base):
+            raise OnnxImportError(f"{path}: tensor {tensor.name!r} points to external data "
+                                  f"{location!r} outside the model's directory")
+        if not os.path.isfile(target):
+            raise OnnxImportError(f"{path}: tensor {tensor.name!r}: external data file "
+                                  f"{location!r} not found")
+        files.append(location)
+    return list(dict.fromkeys(files))
+
+
 def load(path: str | os.PathLike) -> onnx.ModelProto:
     """Read a model and its external data, refusing data files outside the model's directory."""
     path = os.fspath(path)
@@ -79,17 +99,7 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
     if not model.HasField("graph") or model.ir_version == 0:
         raise OnnxImportError(f"{path}: not an ONNX model (no graph or IR version)")
     base = os.path.dirname(os.path.abspath(path))
-    for tensor in external_data_helper._get_all_tensors(model):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        target = os.path.realpath(os.path.join(base, location))
-        if os.path.commonpath([target, os.path.realpath(base)]) != os.path.realpath(base):
-            raise OnnxImportError(f"{path}: tensor {tensor.name!r} points to external data "
-                                  f"{location!r} outside the model's directory")
-        if not os.path.isfile(target):
-            raise OnnxImportError(f"{path}: tensor {tensor.name!r}: external data file "
-                                  f"{location!r} not found")
+    external_files(path, model)
     try:
         external_data_helper.load_external_data_for_model(model, base)
     except (OSError, ValueError) as e:

@@ -260,6 +260,13 @@ class ProfileDB:
             (kernel, backend, device, dtype, shape_key(shapes, attrs))).fetchone()
         return _from_row(row) if row else None
 
+    def since(self, row_id: int = 0) -> tuple[list[Record], int]:
+        """The records added after row ``row_id``, oldest first, and the last row's id: to copy
+        records between databases, each with its device, versions and time as recorded."""
+        rows = self._conn.execute(f"SELECT id, {_COLUMNS} FROM {_TABLE} WHERE id > ? ORDER BY id",
+                                  (row_id,)).fetchall()
+        return [_from_row(row[1:]) for row in rows], rows[-1][0] if rows else row_id
+
     def count(self) -> int:
         """Number of records, every version of every shape included."""
         return self._conn.execute(f"SELECT count(*) FROM {_TABLE}").fetchone()[0]

@@ -1,0 +1,53 @@
+"""What a batch says: a line per model as it finishes, the summary table, and the report file
+(JSON, or one HTML page with a section per model)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+
+def line(r: dict) -> str:
+    if r["status"] != "optimized":
+        return f"FAILED {r['model']}: {r['reason']}"
+    lat = ""
+    if "latency_ms_before" in r:
+        lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms"
+    return (f"ok     {r['model']}: nodes {r['nodes_before']} -> {r['nodes_after']}, "
+            f"{sum(r['rewrites'].values())} rewrites{lat}")
+
+
+def summary(records: list[dict]) -> str:
+    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after",
+            "after/before")
+    rows = [head]
+    for r in records:
+        ok = r["status"] == "optimized"
+        before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
+        rows.append((
+            os.path.basename(r["model"]), r["status"],
+            f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
+            str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
+            f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
+            f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
+            f"{after / before:.2f}" if ok and before and after else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    failed = sum(r["status"] != "optimized" for r in records)
+    return "\n".join(lines + [f"{len(records) - failed} optimized, {failed} failed"])
+
+
+def html(path: str) -> bool:
+    return path.endswith((".html", ".htm"))
+
+
+def write_report(path: str, records: list[dict], interrupted: bool) -> None:
+    """JSON, or one HTML page with a section per model for a path ending in .html."""
+    folder = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
+        if html(path):
+            from .html_report import batch_page
+            f.write(batch_page(records, summary(records), interrupted))
+        else:
+            json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
+    os.replace(f.name, path)

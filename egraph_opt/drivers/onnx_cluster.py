@@ -1,0 +1,267 @@
+"""``egraph-opt onnx IN... --out DIR --cluster ADDRESS``: the batch on Dask distributed workers.
+
+The work per model is ``onnx_batch.process``, as in-process and with ``-j``: the cluster only
+carries it, so records, report and exit status are the same. A worker that dies mid-model costs
+the model a try on another worker; after ``RETRIES`` more (the scheduler's ``allowed-failures``,
+which ``local:N`` sets) it fails with that reason. Workers price kernels from a latency database
+of their own (seeded with the user's rows); the driver merges their new rows into the user's
+database at the end, each with the device key its worker measured it under.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import logging
+import os
+import tempfile
+import threading
+import time
+from typing import Callable
+
+import onnx
+
+from ..frontends.onnx_frontend import external_files
+from ..profiling.profile_db import ProfileDB
+from .staging import write_files
+from .usage import Failure, ModelFailure
+
+try:
+    from distributed import WorkerPlugin
+except ImportError:  # the cluster extra is not installed: on_cluster says so
+    WorkerPlugin = object
+
+RETRIES = 2  # tries after the first, for a model whose worker died (local:N)
+PER_WORKER = 2  # models in flight per worker thread: each busy, not every model's bytes read at once
+_STOP_EVERY_S = 0.1  # how often a running model asks whether the run was interrupted
+
+
+class ProfileFile(WorkerPlugin):
+    """A worker's own latency database, in its local directory, seeded with ``records``: no two
+    processes of a cluster share an SQLite file (a network file system would not lock it)."""
+
+    def __init__(self, records: list):
+        self.records, self.path, self.seeded = records, "", 0
+
+    def setup(self, worker):
+        self.path = os.path.join(worker.local_directory, "egraph-opt-profile.sqlite")
+        with ProfileDB(self.path) as db:
+            db.add_many(self.records)
+            self.seeded = db.since()[1]
+
+    def teardown(self, worker):
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.path + suffix)
+
+
+def _plugin(options: dict) -> str:
+    return f"egraph-opt-profile-{options['run']}"  # one per run: runs may share a cluster
+
+
+def _new_rows(name: str, dask_worker=None) -> list:
+    """The rows a worker measured itself (run on each worker at the end)."""
+    plugin = dask_worker.plugins.get(name)
+    if plugin is None or not plugin.path:
+        return []
+    with ProfileDB(plugin.path) as db:
+        return db.since(plugin.seeded)[0]
+
+
+class _Stopped:
+    """True once the driver set the run's stop event (on Ctrl-C): a model already running then
+    stops between steps and writes nothing."""
+
+    def __init__(self, name: str):
+        self.name, self.stop, self.next = name, False, 0.0
+
+    def __call__(self) -> bool:
+        if not self.stop and time.monotonic() >= self.next:
+            from distributed import Event
+            self.next = time.monotonic() + _STOP_EVERY_S
+            self.stop = Event(self.name).is_set()
+        return self.stop
+
+
+def _stop_event(options: dict) -> str:
+    return f"egraph-opt-stop-{options['run']}"
+
+
+def _work(process: Callable, path: str, target: str, options: dict, files: dict[str, bytes] | None):
+    """On a worker: ``process`` one model (``onnx_batch.process``), through the shared file
+    system, or (``files``: the bytes of the model and its data files) in a folder of its own,
+    returning the output's bytes."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    plugin = worker.plugins.get(_plugin(options))
+    if plugin is not None:
+        options = dict(options, profile_db=plugin.path)
+    with _collected_here():
+        return _process(process, worker, path, target, options, files,
+                        _Stopped(_stop_event(options)))
+
+
+_running = [0]
+_running_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _collected_here():
+    """No cyclic garbage collection while a model runs, then one here: egglog's e-graphs must be
+    freed in the thread that made them, not in the worker's event loop (pyo3 leaks them there)."""
+    with _running_lock:
+        _running[0] += 1
+        gc.disable()
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _running[0] -= 1
+            if not _running[0]:
+                gc.enable()
+        gc.collect(1)  # what the model allocated: young, as no collection ran meanwhile
+
+
+def _process(process: Callable, worker, path: str, target: str, options: dict,
+             files: dict[str, bytes] | None, stopped: _Stopped):
+    if files is None:
+        return process(path, target, options, stopped), None
+    with tempfile.TemporaryDirectory(prefix="egraph-opt-", dir=worker.local_directory) as folder:
+        for name, data in files.items():
+            os.makedirs(os.path.dirname(os.path.join(folder, "in", name)), exist_ok=True)
+            with open(os.path.join(folder, "in", name), "wb") as f:
+                f.write(data)
+        os.mkdir(os.path.join(folder, "out"))
+        local = os.path.join(folder, "out", os.path.basename(target))
+        record = process(os.path.join(folder, "in", os.path.basename(path)), local,
+                         dict(options, force=True, run=""), stopped)
+        outputs = {name: open(os.path.join(folder, "out", name), "rb").read()
+                   for name in os.listdir(os.path.join(folder, "out"))}
+    return record, outputs if record["status"] == "optimized" else None
+
+
+def _files(path: str) -> dict[str, bytes]:
+    """The model's bytes and its external data files', by name relative to its folder; a model
+    that cannot be read goes alone, for its worker to report what is wrong with it."""
+    names = [os.path.basename(path)]
+    try:
+        names += map(os.path.normpath, external_files(path, onnx.load(path, load_external_data=False)))
+    except Exception:  # noqa: BLE001 - unreadable: the worker's reason is the one in-process gives
+        pass
+    files = {}
+    for name in names:
+        with contextlib.suppress(OSError):  # a missing model too: the worker says so
+            with open(os.path.join(os.path.dirname(path), name), "rb") as f:
+                files[name] = f.read()
+    return files
+
+
+def _as_given(record: dict, path: str, target: str) -> dict:
+    """The record with the paths as the user gave them, not as the worker saw them."""
+    reason = record["reason"]
+    for seen, given in ((record["model"], path), (record["output"], target)):
+        reason = reason.replace(seen, given)
+    return {**record, "model": path, "output": target, "reason": reason}
+
+
+def _died(error: Exception) -> str:
+    from distributed import KilledWorker
+    if isinstance(error, KilledWorker):
+        return (f"worker died: each of the {error.allowed_failures + 1} workers that tried it died "
+                f"(the last: {error.last_worker.address})")
+    return f"worker failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def _outcome(future, path: str, target: str, options: dict) -> dict:
+    try:
+        record, files = future.result()
+    except Exception as e:  # noqa: BLE001 - a model whose workers died, or that none could run
+        return {"model": path, "output": target, "status": "failed", "reason": _died(e)}
+    record = _as_given(record, path, target)
+    if files is not None:  # --no-shared-fs: the output is written here, by the same claim
+        try:
+            write_files(files, target, options["force"], options["run"])
+        except (ModelFailure, OSError) as e:
+            record.update(status="failed", reason=str(e).splitlines()[0])
+    return record
+
+
+def _connect(address: str, stack: contextlib.ExitStack):
+    import dask
+    from distributed import Client, LocalCluster
+
+    if address.startswith("local:"):
+        with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES}):
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=int(address.removeprefix("local:")), threads_per_worker=1, processes=True,
+                dashboard_address=":0", silence_logs=logging.ERROR))
+        return stack.enter_context(Client(cluster))
+    try:
+        return stack.enter_context(Client(address, timeout="30s"))
+    except (OSError, TimeoutError, ValueError) as e:
+        raise Failure(f"--cluster {address}: cannot reach the scheduler ({e})") from None
+
+
+def on_cluster(process: Callable, address: str, targets: dict[str, str], options: dict,
+               done: Callable[[dict], None], shared_fs: bool = True) -> None:
+    """``process`` every model of ``targets`` on the cluster at ``address``, calling ``done`` with
+    each record as it comes. Ctrl-C stops the run's models (queued and running) and merges the
+    latencies measured so far before it propagates."""
+    try:
+        from distributed import Event, as_completed
+    except ImportError:
+        raise Failure("--cluster needs Dask distributed: pip install 'egraph-opt[cluster]'") from None
+    with contextlib.ExitStack() as stack:
+        client = _connect(address, stack)
+        if options.get("profile_db"):
+            with ProfileDB(options["profile_db"]) as db:
+                client.register_plugin(ProfileFile(db.since()[0]), name=_plugin(options))
+        waiting, running, count = iter(targets.items()), {}, itertools.count()
+        options = dict(options, same_is_ours=True)  # each target is checked absent before submitting
+        finished = as_completed()
+
+        def submit() -> None:
+            for path, target in waiting:
+                if os.path.exists(target) and not options["force"]:
+                    done({"model": path, "output": target, "status": "failed", "seconds": 0.0,
+                          "reason": f"{target} exists (use --force to overwrite)"})
+                    continue
+                if shared_fs:  # the workers' working directory need not be this one
+                    where, files = (os.path.abspath(path), os.path.abspath(target)), None
+                else:
+                    where, files = (path, target), _files(path)
+                future = client.submit(_work, process, *where, options, files, pure=False,
+                                       key=f"egraph-opt-{options['run']}-{next(count)}-"
+                                           f"{os.path.basename(path)}")
+                running[future] = path
+                finished.add(future)
+                return
+
+        try:
+            for _ in range(max(2, PER_WORKER * sum(client.nthreads().values()))):
+                submit()
+            for future in finished:
+                path = running.pop(future)
+                done(_outcome(future, path, targets[path], options))
+                submit()
+        except KeyboardInterrupt:
+            Event(_stop_event(options), client=client).set()
+            client.cancel([f for f in running if f.status != "finished"], force=True)
+            for future, path in running.items():
+                if future.status == "finished":  # its output is written: so is its record
+                    done(_outcome(future, path, targets[path], options))
+            raise
+        finally:
+            if options.get("profile_db"):
+                _merge(client, options)
+
+
+def _merge(client, options: dict) -> None:
+    """The rows each worker measured, into the user's database in one transaction; then the
+    workers drop their files."""
+    rows = [r for found in client.run(_new_rows, _plugin(options), on_error="ignore").values()
+            if isinstance(found, list) for r in found]
+    with ProfileDB(options["profile_db"]) as db:
+        db.add_many(rows)
+    client.unregister_worker_plugin(_plugin(options))

@@ -1,0 +1,84 @@
+"""Outputs appear whole or not at all: a model (and its data file) is staged in a folder beside
+its target, then claimed by hard links, which fail where the name exists. A staging folder is
+named after its run, so the driver can remove those a killed worker left behind.
+"""
+from __future__ import annotations
+
+import contextlib
+import filecmp
+import glob
+import os
+import shutil
+import tempfile
+from typing import Callable
+
+import onnx
+
+from .usage import ModelFailure
+
+_PREFIX = ".egraph-opt-"
+
+
+def claim(stage: Callable[[str], None], target: str, names: list[str], overwrite: bool = False,
+          run: str = "", same_is_ours: bool = False) -> None:
+    """``stage(folder)`` writes the files ``names`` (data first, the model last) into a folder
+    beside ``target``; each is then linked to its name beside ``target``: of two runs one fails,
+    and no model appears without its data (``overwrite`` removes the old model and data first).
+    ``same_is_ours``: files already there with the same bytes count as claimed (a cluster runs a
+    model again when the worker holding its result dies; its driver saw no target before)."""
+    directory = os.path.dirname(target)
+    folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{run}-" if run else _PREFIX, dir=directory or ".")
+    claimed: list[str] = []
+    try:
+        stage(folder)
+        if overwrite:
+            for old in (target, target + ".data"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old)
+        for name in names:
+            staged, final = os.path.join(folder, name), os.path.join(directory, name)
+            try:
+                os.link(staged, final)
+            except FileExistsError:
+                if same_is_ours and filecmp.cmp(staged, final, shallow=False):
+                    continue
+                raise
+            claimed.append(final)
+        claimed = []  # all in place: keep them
+    except FileExistsError as e:
+        raise ModelFailure(f"{e.filename2} exists (use --force to overwrite)") from None
+    finally:
+        for path in claimed:  # a unit only half in place: take it back
+            os.unlink(path)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite: bool = False,
+                 run: str = "", same_is_ours: bool = False) -> None:
+    """Write ``model`` to ``target`` (its tensors to ``target.data`` when ``external``) by ``claim``."""
+    base = os.path.basename(target)
+
+    def save(folder: str) -> None:
+        if external:
+            onnx.save_model(model, os.path.join(folder, base), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=base + ".data", size_threshold=1024)
+        else:
+            onnx.save_model(model, os.path.join(folder, base))
+    claim(save, target, [base + ".data", base] if external else [base], overwrite, run, same_is_ours)
+
+
+def write_files(files: dict[str, bytes], target: str, overwrite: bool = False, run: str = "",
+                same_is_ours: bool = False) -> None:
+    """Claim ``target`` from the bytes of its files (the model's base name and its data files)."""
+    def save(folder: str) -> None:
+        for name, data in files.items():
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+    base = os.path.basename(target)
+    claim(save, target, sorted(files, key=lambda name: name == base), overwrite, run, same_is_ours)
+
+
+def remove_staging(directory: str, run: str) -> None:
+    """Remove the staging folders of ``run`` that a killed process left in ``directory``."""
+    for folder in glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}{run}-*")):
+        shutil.rmtree(folder, ignore_errors=True)

@@ -196,7 +196,7 @@ def test_worker_databases_merge_into_the_users_keeping_their_device_keys(client,
     models = _models(tmp_path / "models", ["t1", "t2", "t3", "t4"])
     _models(tmp_path / "models", ["s1", "s2"], softmax_model)
     rc, _ = _batch([models, "--out", str(tmp_path / "out"), "--cluster", client.scheduler.address,
-                    "--profile-db", str(db), "--profile-misses"], tmp_path / "report.json")
+                    "--profile-db", str(db), "--profile-budget", "60"], tmp_path / "report.json")
     assert rc == 0
     workers = set(client.run(device_name, "cpu").values())
     with ProfileDB(db) as user:

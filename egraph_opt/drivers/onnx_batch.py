@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 import signal
 import statistics
@@ -25,7 +26,7 @@ from .batch_report import html, line, summary, write_report
 from .staging import remove_staging, write_atomic
 from .usage import Failure, ModelFailure, at_least
 from ..extractors import CostModel, Objective
-from ..profiling.latency import MeasuredLatency
+from ..profiling.latency import MeasuredLatency, default_budget
 from ..profiling.profile_db import default_path
 from ..backends.onnx_backend import OnnxExportError, export
 from ..frontends.onnx_converters import opset_of
@@ -122,11 +123,9 @@ def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
 
 
 def _latency(options: dict):
-    """Measured latencies when the run names a database (misses timed into it on request)."""
-    if not options.get("profile_db"):
-        return None
+    """The latencies of the run's database; misses timed into it while the model's budget lasts."""
     return MeasuredLatency.from_database(options["profile_db"],
-                                         on_demand=options.get("profile_misses", False))
+                                         budget_s=options.get("profile_budget", 0.0))
 
 
 def process(path: str, target: str, options: dict, stopped: Callable[[], bool] | None = None
@@ -276,8 +275,8 @@ def run(args: argparse.Namespace) -> int:
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
                "latency_runs": args.latency_runs, "opset": args.opset,
                "pictures": bool(args.report) and html(args.report), "run": uuid.uuid4().hex[:12],
-               "profile_db": args.profile_db or (str(default_path()) if args.profile_misses else None),
-               "profile_misses": args.profile_misses}
+               "profile_db": args.profile_db or str(default_path()),
+               "profile_budget": default_budget() if args.profile_budget is None else args.profile_budget}
     bar = _progress(len(targets))
     say = bar.write if bar is not None else print
     finished: set[str] = set()
@@ -326,6 +325,16 @@ def _opset(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0 or value == math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds >= 0")
+    return value
+
+
 def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     """Register ``onnx`` on the CLI's subparsers; the parsed namespace's ``run`` executes it."""
     parser = subparsers.add_parser("onnx", help="optimize ONNX models in batch",
@@ -344,9 +353,10 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--opset", type=_opset, help="convert older models to this opset first, so that "
                         "its fused operators (Attention at 23) can be used; default: keep each model's")
     parser.add_argument("--profile-db", help="price kernels by the latencies measured in this "
-                        "database (default: static estimates; with --profile-misses: the user's)")
-    parser.add_argument("--profile-misses", action="store_true",
-                        help="time the kernels the database has not measured, and record them there")
+                        "database (default: the user's, $EGRAPH_OPT_PROFILE_DB or the cache folder's)")
+    parser.add_argument("--profile-budget", metavar="SECONDS", type=_seconds,
+                        help="per model, time the kernels the database has not measured for up to "
+                        "this long and record them (default: $EGRAPH_OPT_PROFILE_BUDGET or 2; 0: none)")
     parser.add_argument("--cluster", metavar="ADDRESS", type=_cluster_address,
                         help="run on Dask distributed: a scheduler address (tcp://host:8786), or "
                         "local:N for a cluster of N worker processes started for this run")

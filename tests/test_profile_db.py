@@ -246,3 +246,32 @@ def test_rows_of_another_machine_are_not_read_as_measurements(tmp_path):
         assert latency("exp", (), ((64, 64),), "float32")[1] != "measured"
         db.add(Record("exp", "torch", here, "float32", ((64, 64),), {}, 10, 3e-6, 1e-7))
         assert MeasuredLatency(db, "cpu", budget_s=0)("exp", (), ((64, 64),), "float32")[1] == "measured"
+
+
+def test_profile_export_and_import_move_a_database_between_machines(tmp_path, capsys):
+    from egraph_opt.drivers.cli import main as cli
+
+    here, there = "cpu: this machine, 2 threads, torch 9", "cpu: that machine, 8 threads, torch 9"
+    with ProfileDB(tmp_path / "theirs.sqlite") as db:
+        db.add_many([Record("exp", "torch", there, "float32", ((4, 4),), {}, 5, 2e-6, 1e-7),
+                     Record("exp", "numpy", there, "float32", ((4, 4),), {}, 5, 1e-6, 1e-7)])
+    moved = tmp_path / "moved.sqlite"
+    assert cli(["profile", "--db", str(tmp_path / "theirs.sqlite"), "--export", str(moved)]) == 0
+    assert "2 timings exported" in capsys.readouterr().out
+    assert cli(["profile", "--db", str(tmp_path / "theirs.sqlite"), "--export", str(moved)]) == 1
+    assert "exists" in capsys.readouterr().err  # never overwritten
+    assert not [p for p in os.listdir(tmp_path) if "partial" in p]
+    with ProfileDB(tmp_path / "ours.sqlite") as db:
+        db.add(Record("exp", "torch", here, "float32", ((4, 4),), {}, 5, 3e-6, 1e-7))
+    for added in ("2 timings imported", "0 timings imported"):  # again: nothing twice
+        assert cli(["profile", "--db", str(tmp_path / "ours.sqlite"), "--import", str(moved)]) == 0
+        assert added in capsys.readouterr().out
+    with ProfileDB(tmp_path / "ours.sqlite") as db:
+        assert db.count() == 3
+        assert db.lookup("exp", "numpy", there, "float32", ((4, 4),), {}).median_s == 1e-6
+        assert db.lookup("exp", "torch", here, "float32", ((4, 4),), {}).median_s == 3e-6
+    (tmp_path / "notes.txt").write_text("not a database")
+    assert cli(["profile", "--db", str(tmp_path / "ours.sqlite"), "--import", str(tmp_path / "notes.txt")]) == 1
+    err = capsys.readouterr().err
+    assert "not an egraph-opt profile database" in err and err.count("\n") == 1
+    assert (tmp_path / "notes.txt").read_text() == "not a database"  # left where it was

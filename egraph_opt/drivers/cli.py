@@ -57,6 +57,14 @@ def _profile(args) -> int:
               file=sys.stderr)
         return 2
     with ProfileDB(args.db) as db:
+        if args.export_to:
+            print(f"{db.export(args.export_to)} timings exported from {db.path} to {args.export_to}")
+            return 0
+        if args.import_from:
+            added, skipped = db.import_file(args.import_from)
+            print(f"{added} timings imported into {db.path} ({skipped} already there); rows keep the "
+                  "machine they were measured on and count as measurements only there")
+            return 0
         if args.program:
             cases = program_cases(args.program, args.shapes, args.dtype[0])
             records = profile_shapes(cases, args.device, db, repeats=args.repeats)
@@ -156,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
                          help="profile every kernel this program's e-graph could use, at its shapes")
     profile.add_argument("--shapes", type=_shapes, default=[],
                          help="example input shapes for --for, e.g. 2x8x16,2x8x16")
+    moves = profile.add_mutually_exclusive_group()
+    moves.add_argument("--export", dest="export_to", metavar="FILE",
+                       help="write every timing of the database to a new file, to move it")
+    moves.add_argument("--import", dest="import_from", metavar="FILE",
+                       help="add the timings of another machine's export to the database")
     profile.set_defaults(run=_profile)
     add_onnx_command(sub)
     for command in sub.choices.values():  # also after the command; SUPPRESS keeps a --debug before

@@ -127,6 +127,10 @@ def _from_row(row) -> Record:
                   json.loads(versions), recorded_at)
 
 
+def _identity(r: Record) -> tuple:
+    return (r.kernel, r.backend, r.device, r.dtype, r.shape_key, r.median_s, r.recorded_at)
+
+
 def _foreign_reason(path: Path) -> str | None:
     """Why the file at `path` is not a usable profile database, or None (absent, empty, ours)."""
     if not path.exists() or path.stat().st_size == 0:
@@ -266,6 +270,43 @@ class ProfileDB:
         rows = self._conn.execute(f"SELECT id, {_COLUMNS} FROM {_TABLE} WHERE id > ? ORDER BY id",
                                   (row_id,)).fetchall()
         return [_from_row(row[1:]) for row in rows], rows[-1][0] if rows else row_id
+
+    def export(self, path: str | os.PathLike) -> int:
+        """Every record into a new database file at ``path`` (written aside, then linked in: a
+        file already there is never overwritten, and none is left half-written); how many."""
+        path = Path(path).expanduser()
+        if path.exists():
+            raise ProfileDBError(f"{path} exists: export writes a new file")
+        records = self.since()[0]
+        staging = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            with ProfileDB(staging) as out:
+                out.add_many(records)
+                out._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                out._conn.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+            os.link(staging, path)
+        except FileExistsError:
+            raise ProfileDBError(f"{path} exists: export writes a new file") from None
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{staging}{suffix}")
+        return len(records)
+
+    def import_file(self, path: str | os.PathLike) -> tuple[int, int]:
+        """The records of another machine's export, each under the machine key it was measured
+        with (read as measurements only on that machine); records already here are skipped.
+        (added, skipped)."""
+        path = Path(path).expanduser()
+        reason = "missing" if not path.is_file() else _foreign_reason(path)
+        if reason:
+            raise ProfileDBError(f"cannot import {path}: {reason}, not an egraph-opt profile database")
+        with ProfileDB(path) as other:
+            records = other.since()[0]
+        have = {_identity(r) for r in self.since()[0]}
+        new = [r for r in records if _identity(r) not in have]
+        self.add_many(new)
+        return len(new), len(records) - len(new)
 
     def count(self) -> int:
         """Number of records, every version of every shape included."""

@@ -342,3 +342,19 @@ def test_dynamo_exporter_models_round_trip(tmp_path):
         n.op_type for n in optimized.graph.node]
     assert "Exp" not in [n.op_type for n in optimized.graph.node]
     _assert_same_outputs(str(path), optimized, random_feeds(original, seed=2))
+
+
+def test_single_head_3d_attention_from_the_dynamo_exporter_is_one_attention_at_opset_23(tmp_path):
+    """(batch, seq, dim) attention with no heads: Attention reads rank 3 as one head."""
+    pytest.importorskip("onnxscript")
+    path, out = tmp_path / "one_head.onnx", tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(NaiveAttention().eval(), tuple(torch.randn(2, 16, 8) for _ in range(3)),
+                          dynamo=True).save(str(path))
+    assert main_onnx([str(path), "--out", str(out), "--opset", "23", "--latency-runs", "0"]) == 0
+    model = onnx.load(str(out / "one_head.onnx"))
+    assert [n.op_type for n in model.graph.node] == ["Attention"]
+    heads = {a.name: a.i for a in model.graph.node[0].attribute}
+    assert heads["q_num_heads"] == heads["kv_num_heads"] == 1
+    _assert_same_outputs(str(path), model, random_feeds(model, seed=3))

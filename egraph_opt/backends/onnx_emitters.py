@@ -191,12 +191,13 @@ def _gelu(em, t, approximate):
 
 def _sdpa(em, t, scale, causal=False):
     """sdpa (q, k, v; scale, causal), sdpa_masked (q, k, v, bias; scale): Attention at opset 23
-    (rank-4 operands), else softmax(q k^T * scale + bias) v."""
+    (rank-4 operands, or rank 3 as one head), else softmax(q k^T * scale + bias) v."""
     q, k, v, *bias = t.args
     bias = [em.value(b) for b in bias]
-    if em.opset >= 23 and em.rank(q) == 4:
+    if em.opset >= 23 and em.rank(q) in (3, 4):
+        heads = {"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}
         return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention",
-                       scale=scale, is_causal=int(causal))
+                       scale=scale, is_causal=int(causal), **heads)
     bias += [_causal_bias(em, q, k)] if causal else []
     scores = Term("matmul", (q, Term("transpose", (k,), (-2, -1))))
     scores = _emit_tree(em, scores if scale == 1.0 else Term("mul", (scores, Term.const(scale))))

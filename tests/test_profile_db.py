@@ -275,3 +275,25 @@ def test_profile_export_and_import_move_a_database_between_machines(tmp_path, ca
     err = capsys.readouterr().err
     assert "not an egraph-opt profile database" in err and err.count("\n") == 1
     assert (tmp_path / "notes.txt").read_text() == "not a database"  # left where it was
+
+
+def test_a_program_measured_slower_than_the_original_runs_only_for_stability(tmp_path):
+    """Never slower: the plan is timed against the original on the actual inputs; slower beyond
+    noise, it runs only where it is steadier and the objective weighs that (balanced) or asks for
+    nothing else (stability)."""
+    naive = lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)  # noqa: E731
+    f = saturate_and_extract(naive, profile_db=tmp_path / "p.sqlite", profile_budget=30)
+    x = torch.randn(64, 256)
+    torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    before, after = f.report.measured
+    assert before > 0 and after > 0 and "[MEASURED] original" in str(f.report)
+    result = f.plans[next(iter(f.plans))].optimized
+    steadier = result.cost_after["curvature"] < result.cost_before["curvature"]
+    assert steadier  # softmax is the stable form of the naive quotient
+    slower, faster = (1.0, 2.0), (1.0, 0.9)
+    cases = {"balanced": (False, False), "latency": (True, False), "stability": (False, False)}
+    for objective, expected in cases.items():
+        judge = saturate_and_extract(naive, objective=objective, profile_budget=0)
+        assert (judge._slower_for_nothing(result, *slower), judge._slower_for_nothing(result, *faster)) == expected
+    same = type(result)(**{**result.__dict__, "cost_after": result.cost_before})  # no steadier
+    assert saturate_and_extract(naive, profile_budget=0)._slower_for_nothing(same, *slower)

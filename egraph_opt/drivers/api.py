@@ -21,6 +21,7 @@ from .guard import StateKey
 from ..extractors import CostModel, Objective
 from ..extractors.rounding_error import program_error
 from ..profiling.latency import MeasuredLatency, default_budget, sources
+from ..profiling.profiler import time_side_by_side
 from ..optimization.pipeline import Limits, Optimized, optimize
 from .report import Report
 from ..rulesets import select
@@ -32,6 +33,10 @@ from ..validate import compare, random_inputs
 #: programs of at most this many terms get a first-order error estimate in their report (it runs
 #: them in float64 with derivatives at 8 points)
 ESTIMATED_UP_TO = 256
+
+
+#: a program measured this much slower than the original is slower beyond noise
+SLOWER_BY = 1.05
 
 
 @dataclass
@@ -190,7 +195,24 @@ class OptimizedFunction:
             report.validation = compare(target, run, fresh)
             if not report.validation.passed:
                 return self._untouched(report, f"validation failed: {report.validation.detail}")
+        left = self.profile_budget - (latency.spent_s if latency else 0.0)
+        if left > 0 and result.ops_after != result.ops_before:
+            report.measured = time_side_by_side([target, run], args, device, left)
+            if report.measured and self._slower_for_nothing(result, *report.measured):
+                before, after = report.measured
+                return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "
+                                               f"{before * 1e6:.1f} us) and is no more stable")
         return plan
+
+    def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float) -> bool:
+        """Never slower than the original: measured on the actual inputs (layouts included), a
+        program slower by more than noise runs only where it buys stability the objective asked
+        for (balanced: a lower conditioning cost; stability and tolerance: always)."""
+        if optimized_s <= original_s * SLOWER_BY or self.objective in (Objective.STABILITY,
+                                                                      Objective.TOLERANCE):
+            return False
+        steadier = result.cost_after.get("curvature", 0) < result.cost_before.get("curvature", 0)
+        return self.objective is Objective.LATENCY or not steadier
 
     @property
     def report(self) -> Report | None:

@@ -23,6 +23,7 @@ class Report:
     # (kernels timed during this optimize, seconds it took))
     error: tuple | None = None  # first-order rounding error (ProgramError) before and after
     validation: Validation | None = None
+    measured: list | None = None  # seconds of the original and the optimized, timed side by side
     fallback: str = ""  # why the original program is running instead, if it is
     derivation: Derivation | None = None  # the steps the [REWRITE] lines are read from
 
@@ -65,6 +66,10 @@ class Report:
         lines += [f"[SATURATION] {s}" for s in self.saturation]
         if self.seconds:
             lines.append("[TIME] " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items()))
+        if self.measured:
+            before, after = self.measured
+            lines.append(f"[MEASURED] original {before * 1e6:.1f} us, optimized {after * 1e6:.1f} us "
+                         f"({before / after:.2f}x), interleaved on the example inputs")
         v = self.validation
         if v is not None:
             verdict = "passed" if v.passed else "FAILED"

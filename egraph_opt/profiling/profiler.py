@@ -192,6 +192,31 @@ def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, rep
     return Timing(float(median), float(q3 - q1), repeats)
 
 
+def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | torch.device,
+                      budget_s: float, rounds: int = 15) -> list[float] | None:
+    """Median seconds per call of each of ``fns`` on ``args``, the calls interleaved (the order
+    rotating each round) so that load and clock drift fall on all alike; as many rounds as fit in
+    ``budget_s`` (at most ``rounds``), None when three do not (the figures would be noise)."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    times: list[list[float]] = [[] for _ in fns]
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for fn in fns:  # warm caches and lazy initialization, and time one round
+            fn(*args)
+        sync()
+        per_round = time.perf_counter() - start
+        if 4 * per_round > budget_s:
+            return None
+        for r in range(min(rounds, int(budget_s / per_round) - 1)):
+            for i in (r + k for k in range(len(fns))):
+                i %= len(fns)
+                t = time.perf_counter()
+                fns[i](*args)
+                sync()
+                times[i].append(time.perf_counter() - t)
+    return [float(np.median(t)) for t in times]
+
+
 class Case(NamedTuple):
     """One kernel call to profile: an op of ops.py at given input shapes, attributes and dtype."""
     op: str

@@ -36,7 +36,7 @@ MAX_REGIMES = 3
 SPLIT_BITS = 0.25  # a regime more must save this many bits per point on average
 MIN_GAIN = 0.5  # mean bits the piecewise program must save over the single best one
 BUCKETS = 64  # thresholds are sought between these equal-count runs of sorted points, then refined
-DRAWS = 4  # draws of the program's inputs (each as many points as the input has elements)
+POINTS = 1024  # points drawn per input (Herbie's regimes sample 256)
 WORD = 32.0
 
 
@@ -92,37 +92,31 @@ class Piecewise:
 def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
           seed: int = 0) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
-    without regimes), when it beats that one by ``MIN_GAIN`` mean bits; else None."""
+    without regimes), when it beats that one by ``MIN_GAIN`` mean bits; else None. The program's
+    inputs must share one shape (elementwise, they are then drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
-    (root,) = program.roots()
+    shapes = {t.attrs[1] for t in program.inputs}
     splits = [t for t in program.inputs if t.attrs[2] in ("float32", "float16", "bfloat16")]
-    if not splits or len(candidates) < 2:
+    if not splits or len(candidates) < 2 or len(shapes) != 1 or program.params:
         return None
     gen = torch.Generator().manual_seed(seed)
-    inputs = {t.attrs[0]: (parse_shape(t.attrs[1]), t.attrs[2]) for t in program.inputs}
-    columns: list[list[torch.Tensor]] = [[] for _ in candidates]
-    values: dict[str, list[torch.Tensor]] = {t.attrs[0]: [] for t in splits}
-    for _ in range(DRAWS):
-        env = {**program.params, **sample_inputs(inputs, ranges, gen)}
-        for i, c in enumerate(candidates):
-            found = _bits(c, env)
-            if found is None:
-                return None if i == best else None
-            columns[i].append(found.reshape(-1))
-        for t in splits:
-            v = env[t.attrs[0]]
-            values[t.attrs[0]].append(v.reshape(-1) if v.shape == found.shape else torch.empty(0))
-    bits = torch.stack([torch.cat(c) for c in columns]).double()
+    env = sample_inputs({t.attrs[0]: ((POINTS,), t.attrs[2]) for t in program.inputs}, ranges, gen)
+    first = _bits(candidates[best], env)
+    if first is None or not float(first.nan_to_num(WORD).mean()) >= MIN_GAIN:  # nothing to gain
+        return None
+    columns = [first if i == best else _bits(c, env) for i, c in enumerate(candidates)]
+    kept = [i for i, c in enumerate(columns) if c is not None]
+    bits = torch.stack([columns[i] for i in kept]).double()
     undefined = bits.isnan().all(0)  # undefined in every form: no error to count there
     bits = bits[:, ~undefined].nan_to_num(WORD).clamp(max=WORD).numpy()
-    single = float(bits[best].mean()) if bits.shape[1] else 0.0
+    if not bits.shape[1]:
+        return None
+    single = float(bits[kept.index(best)].mean())
     chosen = None
+    series = [candidates[i].truncation is not None for i in kept]
     for t in splits:
-        x = torch.cat(values[t.attrs[0]])
-        if x.numel() != undefined.numel():
-            continue
-        x = x[~undefined].double().numpy()
-        found = _segments(x, bits)
+        x = env[t.attrs[0]][~undefined].double().numpy()
+        found = _segments(x, bits, series)
         if found and (chosen is None or found[0] < chosen[0]):
             chosen = (*found, t)
     if chosen is None or len(chosen[1]) < 2 or chosen[0] / bits.shape[1] > single - MIN_GAIN:
@@ -133,10 +127,11 @@ def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *,
     for k, (c, t) in enumerate(segments):
         start = lo if k == 0 else segments[k - 1][1]
         end = hi if k == len(segments) - 1 else t
-        bound = _interval_bound(candidates[c], program, ranges, variable, start, end)
+        candidate = candidates[kept[c]]
+        bound = _interval_bound(candidate, program, ranges, variable, start, end)
         if not bound < 1e-3:  # a series outside the interval it holds on: no piecewise program
             return None
-        regimes.append(Regime(start, end, candidates[c], bound))
+        regimes.append(Regime(start, end, candidate, bound))
     return Piecewise(variable, tuple(regimes), total / bits.shape[1], single)
 
 
@@ -162,9 +157,11 @@ def _interval_bound(c: Candidate, program: Program, ranges: dict, variable: Term
     return float(c.truncation(torch.tensor(max(abs(a), abs(b)), dtype=torch.float64)))
 
 
-def _segments(x: np.ndarray, bits: np.ndarray) -> tuple[float, list[tuple[int, float]]] | None:
+def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
+              ) -> tuple[float, list[tuple[int, float]]] | None:
     """(total bits, [(candidate, threshold after it)...]) of the best segmentation of the points
-    sorted by ``x``; the last segment's threshold is +inf."""
+    sorted by ``x``; the last segment's threshold is +inf. A threshold lies midway between the two
+    sample points, or next to the one of a ``series`` candidate (it holds only where sampled)."""
     order = np.argsort(x, kind="stable")
     x, bits = x[order], bits[:, order]
     n = len(x)
@@ -190,14 +187,18 @@ def _segments(x: np.ndarray, bits: np.ndarray) -> tuple[float, list[tuple[int, f
         bounds.append(j)
     bounds = [0] + bounds[::-1]
     picks = [int(arg[a, b]) for a, b in zip(bounds, bounds[1:])]
-    segments = []
+    segments, cuts = [], [0]
     for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
         if k == len(picks) - 1:
             segments.append((picks[k], math.inf))
+            cuts.append(n)
             continue
         cut = _refine(x, cum, picks[k], picks[k + 1], edges[a], edges[b], edges[bounds[k + 2]])
-        segments.append((picks[k], _between(x[cut - 1], x[cut])))
-    return float(totals[s] - SPLIT_BITS * n * s), segments
+        t = x[cut] if series[picks[k + 1]] else _between(x[cut - 1], x[cut], series[picks[k]])
+        segments.append((picks[k], t))
+        cuts.append(cut)
+    total = sum(cum[c, b] - cum[c, a] for c, a, b in zip(picks, cuts, cuts[1:]))
+    return float(total), segments
 
 
 def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> int:
@@ -212,9 +213,9 @@ def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> 
     return int(ks[np.argmin(cost)])
 
 
-def _between(a: float, b: float) -> float:
-    """A float32 t with a < t <= b: the middle of the floats between them."""
+def _between(a: float, b: float, next_to_a: bool = False) -> float:
+    """A float32 t with a < t <= b: the middle of the floats between them, or the next above a."""
     lo, hi = (ordinal(torch.tensor([v], dtype=torch.float64), torch.float32).item() for v in (a, b))
-    mid = (lo + hi + 1) // 2
+    mid = lo + 1 if next_to_a else (lo + hi + 1) // 2
     word = torch.tensor([abs(mid)], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
     return -word if mid < 0 else word

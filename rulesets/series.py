@@ -84,7 +84,7 @@ ROWS = [
     Series("series-expm1-minus-x-over-square", "(div (sub (expm1 ?x) ?x) (mul ?x ?x))",
            False, 0, lambda k: 1 / _factorial(k + 2), 0.5,
            "(e^x - 1 - x) / x^2 = sum x^k / (k+2)!: cancels near 0"),
-    Series("series-x-minus-sin-over-cube", "(div (sub ?x (sin ?x)) (mul ?x (mul ?x ?x)))",
+    Series("series-x-minus-sin-over-cube", "(div (sub ?x (sin ?x)) (mul (mul ?x ?x) ?x))",
            True, 0, lambda k: (-1) ** k / _factorial(2 * k + 3), 1.0,
            "(x - sin x) / x^3 = sum (-1)^k x^2k / (2k+3)!: cancels near 0"),
     Series("series-sinh-difference", "(sub (exp ?x) (exp (neg ?x)))",

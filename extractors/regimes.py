@@ -92,7 +92,8 @@ class Piecewise:
 def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
           seed: int = 0) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
-    without regimes), when it beats that one by ``MIN_GAIN`` mean bits; else None. The program's
+    without regimes), when it beats that one by ``MIN_GAIN`` mean bits; else None (one regime: a
+    series over the whole range). The program's
     inputs must share one shape (elementwise, they are then drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
     shapes = {t.attrs[1] for t in program.inputs}
@@ -119,7 +120,9 @@ def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *,
         found = _segments(x, bits, series)
         if found and (chosen is None or found[0] < chosen[0]):
             chosen = (*found, t)
-    if chosen is None or len(chosen[1]) < 2 or chosen[0] / bits.shape[1] > single - MIN_GAIN:
+    if chosen is None or chosen[0] / bits.shape[1] > single - MIN_GAIN:
+        return None
+    if len(chosen[1]) == 1 and not series[chosen[1][0][0]]:  # one exact program: the re-ranking's
         return None
     total, segments, variable = chosen
     lo, hi = ranges.get(variable.attrs[0], (-math.inf, math.inf))
@@ -129,15 +132,19 @@ def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *,
         end = hi if k == len(segments) - 1 else t
         candidate = candidates[kept[c]]
         bound = _interval_bound(candidate, program, ranges, variable, start, end)
-        if not bound < 1e-3:  # a series outside the interval it holds on: no piecewise program
+        if not math.isfinite(bound):  # a series past the radius it holds on: no piecewise program
             return None
         regimes.append(Regime(start, end, candidate, bound))
     return Piecewise(variable, tuple(regimes), total / bits.shape[1], single)
 
 
 def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
-    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added."""
-    found = elementwise_bits(c.term, env)
+    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added;
+    None where they cannot be estimated (an op without a float64 kernel or a derivative)."""
+    try:
+        found = elementwise_bits(c.term, env)
+    except (ValueError, RuntimeError):
+        return None
     if found is None or c.truncation is None:
         return found
     (u,) = evaluate([c.within], env, reference=True)

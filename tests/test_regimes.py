@@ -110,3 +110,16 @@ def test_a_threshold_next_to_a_series_keeps_the_series_within_its_samples():
     _, [(_, t), _] = _segments(x, bits, [True, False])  # the series on the left
     assert t == _between(x[x < 0.3].max(), x[x >= 0.3].min(), next_to_a=True)
     assert t == np.nextafter(np.float32(x[x < 0.3].max()), np.float32(1))
+
+
+def test_a_series_over_the_whole_declared_range_is_one_regime():
+    """(1 - cos x)/x^2 on [-0.5, 0.5]: the series alone, no branch; accurate down to subnormals."""
+    opt = saturate_and_extract(_one_minus_cos, objective="stability", input_ranges={"x": (-0.5, 0.5)})
+    x = torch.tensor([-0.5, -1e-3, 1e-38, 1e-20, 0.25])
+    out = opt(x)
+    (label, _), = opt.report.derivation.branches
+    assert label.startswith("x in [-0.5, 0.5)") and "series-one-minus-cos-over-square" in label
+    assert "less" not in opt.report.ops_after and "cos" not in opt.report.ops_after
+    with mpmath.workdps(200):
+        exact = [float((1 - mpmath.cos(mpmath.mpf(float(v)))) / mpmath.mpf(float(v)) ** 2) for v in x]
+    torch.testing.assert_close(out, torch.tensor(exact), rtol=2 ** -21, atol=0)

@@ -66,6 +66,12 @@ def test_derivation_shows_each_regime_and_the_series_step(cos_piecewise):
     assert any(r.family is Family.SERIES for r in derivation.rules())
 
 
+def test_html_report_lists_each_regimes_steps(cos_piecewise, tmp_path):
+    page = open(cos_piecewise.report.to_html(tmp_path / "r.html")).read()
+    assert "[REGIME] x in [" in page
+    assert any(f"regime {k}, 1" in page for k in (1, 2, 3))
+
+
 def test_exp_minus_one_minus_x_has_a_series_between_two_exact_regimes():
     opt = saturate_and_extract(_exp_minus_one_minus_x, objective="stability",
                                input_ranges={"x": (-20.0, 20.0)})

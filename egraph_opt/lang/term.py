@@ -91,7 +91,7 @@ def op_counts(roots: Iterable[Term]) -> dict[str, int]:
     return dict(sorted(Counter(t.op for t in postorder(roots) if not OPS[t.op].is_leaf).items()))
 
 
-_INFIX_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 3, "**": 4}
+_INFIX_PRECEDENCE = {"<": 0, "+": 1, "-": 1, "*": 2, "/": 2, "@": 3, "**": 4}
 
 
 def pretty(root: Term, names: dict[int, str] | None = None) -> str:

@@ -125,7 +125,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     loaded = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
     derivation = derive_piecewise(*regimes, roots, matched, snap, loaded) if regimes else \
         derive(roots, best, matched, snap, loaded)
-    applied = [(r, matches[r.name]) for r in derivation.rules()]
+    # a series matched once, as a regime (never in saturation)
+    applied = [(r, matches[r.name] or int(r.family is Family.SERIES)) for r in derivation.rules()]
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,

@@ -25,6 +25,9 @@ from .curvature import FINITE_MAX
 LOW = (torch.float32, torch.float16, torch.bfloat16)  # the dtypes whose error is counted
 OUTPUTS_PER_POINT = 64  # rows of the Jacobian taken per point: a random subset of larger outputs
 JACOBIAN_ELEMENTS = 2 ** 23  # fewer rows where the rows taken would hold more numbers (64 MB)
+#: ops that map element to element: per-element work, or a same-shaped op not working along an axis
+ELEMENTWISE = frozenset(n for n, op in OPS.items() if op.work in ("pointwise", "select") or
+                        op.shape == "same" and op.work == "static")
 
 
 @dataclass
@@ -129,20 +132,50 @@ def rounding_error(root: Term, env: dict[str, torch.Tensor],
                                         (g.abs() * local[i].reshape(-1)).nan_to_num(math.inf)).sum(1)
                 total += shares[i]
     value = flat[pick]
-    word = torch.finfo(out_dtype).bits  # every bit of the word: NaN or inf for a finite value
-    here = ordinal(value, out_dtype)
+    bits = _result_bits(value, total, out_dtype, exact)
+    return RoundingError(bits, {i: float(_to_bits(value, s, out_dtype).nan_to_num(0).max())
+                                for i, s in shares.items()})
 
-    def to_bits(error: torch.Tensor) -> torch.Tensor:
-        """An error as the numbers between the result and the result moved by it, either way."""
-        apart = torch.maximum((ordinal(value - error, out_dtype) - here).abs(),
-                              (ordinal(value + error, out_dtype) - here).abs()).double()
-        return torch.where(error.isfinite(), torch.log2(1 + apart), math.inf).clamp(max=word)
-    bits = torch.where(value.abs() > FINITE_MAX[str(out_dtype).removeprefix("torch.")], 0.0, to_bits(total))
+
+def _to_bits(value: torch.Tensor, error: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An error as the numbers between the result and the result moved by it, either way."""
+    here = ordinal(value, dtype)
+    apart = torch.maximum((ordinal(value - error, dtype) - here).abs(),
+                          (ordinal(value + error, dtype) - here).abs()).double()
+    word = torch.finfo(dtype).bits  # every bit of the word: NaN or inf for a finite value
+    return torch.where(error.isfinite(), torch.log2(1 + apart), math.inf).clamp(max=word)
+
+
+def _result_bits(value: torch.Tensor, total: torch.Tensor, dtype: torch.dtype, exact: dict) -> torch.Tensor:
+    """Bits of each output element from its first-order error ``total``."""
+    bits = torch.where(value.abs() > FINITE_MAX[str(dtype).removeprefix("torch.")], 0.0,
+                       _to_bits(value, total, dtype))
     overflowed = any(isinstance(v, torch.Tensor) and bool(v.detach().isinf().any()) for v in exact.values())
     # NaN where float64 itself overflowed inside (inf / inf): the dtype, narrower, overflows there
     # too and no digit survives; NaN otherwise: undefined (sqrt of a negative), no error to count
-    bits = torch.where(value.isnan(), float(word) if overflowed else math.nan, bits)
-    return RoundingError(bits, {i: float(to_bits(s).nan_to_num(0).max()) for i, s in shares.items()})
+    return torch.where(value.isnan(), float(torch.finfo(dtype).bits) if overflowed else math.nan, bits)
+
+
+def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """Bits of error of every output element of an elementwise program, at once: where every
+    value it computes from the inputs has the output's shape, d out[i] / d v[j] vanishes off
+    i == j, so one backward pass gives each element's derivatives. None for any other program."""
+    if any(t.op not in ELEMENTWISE for t in postorder([root]) if t.args):
+        return None
+    with torch.enable_grad():
+        exact, dtype, local = _local_errors(root, env)
+    out, out_dtype = exact[id(root)], dtype[id(root)]
+    if out_dtype not in LOW or not isinstance(out, torch.Tensor) or not out.numel() or any(
+            isinstance(v, torch.Tensor) and v.requires_grad and v.shape != out.shape for v in exact.values()):
+        return None
+    total = torch.zeros(out.shape, dtype=torch.float64)
+    if local and out.requires_grad:
+        grads = torch.autograd.grad(out, [exact[i] for i in local], torch.ones_like(out), allow_unused=True)
+        for i, g in zip(local, grads):
+            if g is not None:  # NaN derivative: a branch where() did not take (see rounding_error)
+                total += torch.where((g == 0) | g.isnan(), 0.0, (g.abs() * local[i]).nan_to_num(math.inf))
+    value = out.detach()
+    return _result_bits(value.reshape(-1), total.reshape(-1), out_dtype, exact).reshape(out.shape)
 
 
 @dataclass

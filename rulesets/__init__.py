@@ -20,6 +20,7 @@ class Family(enum.Enum):
     ALGEBRA = "algebra"
     DECOMPOSITION = "decomposition"
     PRECISION = "precision"
+    SERIES = "series"  # close only near a point: taken on a regime, never in saturation (series.py)
 
 
 class Exactness(enum.Enum):
@@ -166,10 +167,11 @@ def reverse(rule: Rule, family: Family, when: tuple[str, ...] = (), **fixed) -> 
 
 def catalogue() -> dict[str, Rule]:
     """All rules by name, across families; names are unique."""
-    from . import algebra, cancellation, canonical, decomposition, fusion, precision, stability
+    from . import algebra, cancellation, canonical, decomposition, fusion, precision, series, stability
 
     table: dict[str, Rule] = {}
-    for module in (stability, cancellation, algebra, canonical, fusion, precision, decomposition):
+    for module in (stability, cancellation, algebra, canonical, fusion, precision, decomposition,
+                   series):
         for r in module.RULES:
             if r.name in table:
                 raise RuleError(f"duplicate rule name {r.name!r}")

@@ -55,6 +55,7 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     **{op: [((x, p), ())] for op in ("add", "sub", "mul", "div", "maximum", "minimum", "logaddexp")},
     "pow": [((p, x), ()), ((x, c(3.0)), ())],
     "where": [((m, x, p), ())],
+    "less": [((x, p), ()), ((x, c(0.5)), ())],
     **{op: [((x,), ())] for op in ("neg", "exp", "expm1", "abs", "sin", "cos", "tanh", "sigmoid",
                                    "relu", "erf", "softplus")},
     **{op: [((p,), ())] for op in ("log", "log1p", "sqrt", "rsqrt")},

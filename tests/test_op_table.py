@@ -14,7 +14,7 @@ from egraph_opt.profiling.profiler import WORK_KINDS
 
 #: what each stage accepts for a fact, beside what the stage's own dispatch table holds
 KNOWN = {
-    "shape": {"same", "first", "broadcast", "reduce", "cast", "transpose", "reshape", "where",
+    "shape": {"same", "first", "broadcast", "compare", "reduce", "cast", "transpose", "reshape", "where",
               "matmul", "linear", "sdpa", "meta"},
     "sign": {"positive", "nonneg", "any"},
     "error": {"none", "exp", "log", "cancels", "sum", "shifted-exp", "log-sum-exp"},

@@ -25,6 +25,7 @@ CASES = [
     ("maximum",      lambda x, y: torch.maximum(x, y) + x.clamp(min=0.125),    (R(4), R(4))),  # exact in float32, as constants are captured
     ("minimum",      lambda x, y: torch.minimum(x, y) + torch.clamp(x, max=0), (R(4), R(4))),
     ("where",        lambda m, x, y: torch.where(m, x, y) + x.masked_fill(m, -1.0), (R(5) > 0, R(5), R(5))),
+    ("less",         lambda x, y: torch.where(x < y, x, y) + torch.where(x > 0.5, 1.0, y), (R(4), R(4))),
     ("neg",          lambda x: -x,                                             (R(3),)),
     ("exp",          lambda x: torch.exp(x) + x.exp(),                         (R(3),)),
     ("log",          lambda x: torch.log(x),                                   (P(3),)),

@@ -84,6 +84,8 @@ class Emitter:
                 found = DTYPES.get(vt.elem_type) if vt else None
             elif u.op == "cast":
                 found = u.attrs[0]
+            elif OPS[u.op].shape == "compare":
+                found = "bool"
             else:
                 args = u.args[1:] if u.op == "where" else u.args
                 found = next((self._dtype[id(a)] for a in args if self._dtype[id(a)]), None)
@@ -106,7 +108,7 @@ class Emitter:
                 r = None if ranks[0] is None else ranks[0] - (0 if u.attrs[1] else 1)
             elif OPS[u.op].shape == "reshape":
                 r = len(parse_shape(u.attrs[0]))
-            elif OPS[u.op].shape in ("broadcast", "where", "matmul"):
+            elif OPS[u.op].shape in ("broadcast", "compare", "where", "matmul"):
                 r = None if None in ranks else max(ranks)
             else:  # the rank of the first operand
                 r = ranks[0]

@@ -22,7 +22,7 @@ class OnnxExportError(ValueError):
 
 
 #: ONNX operators that are one node over the op's operands, as ops declare them (``Op.onnx``)
-SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Neg", "Exp", "Log", "Sqrt", "Abs",
+SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Less", "Neg", "Exp", "Log", "Sqrt", "Abs",
           "Sin", "Cos", "Tanh", "Sigmoid", "Relu", "Erf", "MatMul", "Softplus")
 #: reductions: the opset from which their axes are an input rather than an attribute
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}

@@ -46,6 +46,8 @@ class Report:
             lines.append("[REWRITE] none: no rule improved the program")
         if unexplained:  # the e-graph proved the output equal; the replay did not find every step
             lines.append(f"[REWRITE] steps not replayed up to: {self.derivation.unexplained}")
+        if self.derivation is not None:  # a piecewise program: each regime and its form
+            lines += [f"[REGIME] {label}" for label, _ in self.derivation.branches]
         lines.append(f"[OPS] before: {_counts(self.ops_before)}")
         lines.append(f"[OPS] after:  {_counts(self.ops_after)}")
         for part in ("curvature", "latency"):

@@ -66,7 +66,8 @@ _SAME_AS_OPERAND = _ops(lambda op: op.range in ("operand", "values"))
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
 _SAME_VALUES = _ops(lambda op: op.range == "values")
 _KEEPS_LAST_DIM = _ops(lambda op: op.shape in ("same", "cast"))
-_SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where"))  # where: a bool first operand
+_SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where", "compare"))  # where: a bool first
+# operand; compare: a bool result
 
 
 def _operand_pattern(op: str, vars_: str = "abcdfgh") -> str:

@@ -181,6 +181,14 @@ def _clamp(c, x, min=None, max=None):
     return out
 
 
+lowers(operator.lt, torch.lt, "lt", torch.less, "less")(_binary("less"))
+
+
+@lowers(operator.gt, torch.gt, "gt", torch.greater, "greater")
+def _greater(c, a, b):
+    return Term("less", (_operand(c, b, a), _operand(c, a, b)))  # a > b is b < a, NaN too
+
+
 @lowers(torch.where)
 def _where(c, cond, a, b):
     return Term("where", (cond, _operand(c, a, b), _operand(c, b, a)))

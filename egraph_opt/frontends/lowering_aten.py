@@ -18,6 +18,8 @@ SAME = {
     aten.mul.Tensor: low._binary("mul"), aten.div.Tensor: low._binary("div"),
     aten.pow.Tensor_Scalar: low._binary("pow"), aten.pow.Tensor_Tensor: low._binary("pow"),
     aten.maximum.default: low._binary("maximum"), aten.minimum.default: low._binary("minimum"),
+    **dict.fromkeys((aten.lt.Tensor, aten.lt.Scalar), low._binary("less")),
+    **dict.fromkeys((aten.gt.Tensor, aten.gt.Scalar), low._greater),
     **dict.fromkeys((aten.view.default, aten.reshape.default, aten._unsafe_view.default,
                      aten.unsqueeze.default, aten.squeeze.dim, aten.flatten.using_ints), low.TABLE["view"]),
     aten.expand.default: low.TABLE["expand"], aten.transpose.int: low._transpose,

@@ -357,6 +357,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("minimum", 2, "", minimum, _BINARY, range="minimum", **_EXACT, onnx="Min"),
     _op("where", 3, "", where, _BINARY, shape="where", range="select", **_EXACT, precision="keep",
         work="select", onnx="Where"),
+    _op("less", 2, "", operator.lt, _BINARY, infix="<", shape="compare", range="bounds",
+        bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", onnx="Less"),  # a bool
+    # mask: the condition of a piecewise program (extractors/regimes.py)
     _op("neg",     1, "", operator.neg, _UNARY, range="neg",     **_EXACT, flops=1, onnx="Neg",
         numpy="negative"),
     _op("exp",     1, "", torch.exp,    _UNARY, range=math.exp,  curvature="exp",   growth=3,

@@ -91,7 +91,7 @@ def op_counts(roots: Iterable[Term]) -> dict[str, int]:
     return dict(sorted(Counter(t.op for t in postorder(roots) if not OPS[t.op].is_leaf).items()))
 
 
-_INFIX_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 3, "**": 4}
+_INFIX_PRECEDENCE = {"<": 0, "+": 1, "-": 1, "*": 2, "/": 2, "@": 3, "**": 4}
 
 
 def pretty(root: Term, names: dict[int, str] | None = None) -> str:
@@ -179,6 +179,9 @@ def _infer(t: Term, operands: list[tuple]) -> tuple | None:
     kind = OPS[t.op].shape
     if kind in ("same", "first"):  # first: the shape and dtype of the first operand
         return operands[0]
+    if kind == "compare":  # a bool mask of the broadcast operands
+        return tuple(torch.broadcast_shapes(*(m[0] for m, a in zip(operands, t.args)
+                                              if a.op != "const"))), torch.bool
     if kind in ("broadcast", "where"):
         tensors = [m for m, a in zip(operands, t.args) if a.op != "const"]
         first = 1 if kind == "where" else 0  # where: the dtype of its values, not its condition's

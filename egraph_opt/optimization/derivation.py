@@ -78,10 +78,13 @@ class Derivation:
     unreplayed: list[Rule] = field(default_factory=list)
     start: list[Term] = field(default_factory=list)  # the input's roots
     end: list[Term] = field(default_factory=list)  # the extracted program's roots
+    #: a piecewise output (optimization/piecewise.py): each regime's label and its own derivation
+    branches: list[tuple[str, Derivation]] = field(default_factory=list)
 
     def rules(self) -> list[Rule]:
         """Rules of the steps applied forwards, then those of the part not replayed, each once."""
         found = [s.rule for s in self.steps if not s.reversed] + self.unreplayed
+        found += [r for _, b in self.branches for r in b.rules()]
         return list({r.name: r for r in found}.values())
 
     def states(self) -> list[list[Term]]:
@@ -94,6 +97,9 @@ class Derivation:
         return states
 
     def __str__(self) -> str:
+        if self.branches:
+            return "\n".join(f"regime {label}\n" + "\n".join("   " + line for line in str(b).splitlines())
+                             for label, b in self.branches)
         lines = [f"{i + 1}. {s}" for i, s in enumerate(self.steps)] or ["(no rewrite: the output is the input)"]
         if not self.complete:
             lines.append(f"(not replayed step by step: {self.unexplained}; its new e-nodes come from "

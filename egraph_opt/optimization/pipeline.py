@@ -15,6 +15,7 @@ import torch
 
 from . import templates as tmpl
 from .derivation import Derivation, derive
+from .piecewise import derive_piecewise, piecewise
 from ..egraph.engine import EGraph, Saturation, Snapshot
 from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from ..extractors.curvature import rounding_free
@@ -92,8 +93,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     refs = egraph.add(roots, intervals, term_meta)
     clock["build"] = time.perf_counter()
     saturation = []
-    for phase in schedule:
-        egraph.add_rules(phase.name, phase.rules)
+    for phase in schedule:  # a series holds near a point only: it enters as a regime (piecewise.py)
+        egraph.add_rules(phase.name, [r for r in phase.rules if r.family is not Family.SERIES])
         saturation.append(egraph.saturate(phase.name, max_iterations=phase.limits.max_iterations,
                                           max_enodes=phase.limits.max_enodes,
                                           max_seconds=phase.limits.max_seconds))
@@ -107,19 +108,25 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges, term_meta) \
         if model.objective is Objective.STABILITY else None
     best = reranked or best
+    regimes = piecewise(program, roots, best, snap, root_classes, cost, input_ranges,
+                        [r for r in rules if r.family is Family.SERIES]) \
+        if model.objective is Objective.STABILITY else None
+    best = [regimes[0].term] if regimes else best
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
     proved = proved_ranges(snap, class_of, best, ranges(best, optimized.meta()))
     before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, proved)
     after = program_cost(best, model, input_ranges, leaf_meta, optimized.meta(), proved)
-    if after["cost"] > before["cost"] and not reranked:  # greedy extraction is not optimal: never
+    if after["cost"] > before["cost"] and not reranked and not regimes:  # greedy extraction is not optimal: never
         best, after, optimized = roots, before, program  # return worse (the estimate weighed the
     clock["extract"] = time.perf_counter()  # input program too)
 
     matches = sum((Counter(s.matches) for s in saturation), Counter())
     matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
-    derivation = derive(roots, best, matched, snap,
-                        {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)})
-    applied = [(r, matches[r.name]) for r in derivation.rules()]
+    loaded = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
+    derivation = derive_piecewise(*regimes, roots, matched, snap, loaded) if regimes else \
+        derive(roots, best, matched, snap, loaded)
+    # a series matched once, as a regime (never in saturation)
+    applied = [(r, matches[r.name] or int(r.family is Family.SERIES)) for r in derivation.rules()]
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,

@@ -1,0 +1,228 @@
+"""Regime inference, as Herbie's (``src/core/regimes.rkt``): where no single program of the root
+e-class is accurate over the whole declared range, a piecewise one ``where(x < t, f1, f2)`` is.
+
+Every candidate's first-order error (``rounding_error.elementwise_bits``) is taken at the same
+points, drawn over the floats of the declared ranges. For each input that can split (its shape is
+the output's), the points are sorted by its value and a dynamic program finds the segmentation
+into at most ``MAX_REGIMES`` runs, each given its most accurate candidate, of least total error
+plus ``SPLIT_BITS`` per extra regime and point; a threshold goes between the two sample points
+where the chosen candidate changes. The branches are members of one e-class (proven equal), so the
+join is exact, and ``where`` only selects: a branch that overflows outside its regime is never
+taken there.
+
+A candidate may hold only on an interval (a truncated series): it brings its relative truncation
+bound as a function of the magnitude of one term (``within``); that bound is added to its error at
+each point, and once the regimes are chosen it is taken again over the regime's interval (range
+analysis of ``within`` with the split input narrowed to the regime), which must be finite.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from egraph_opt.analysis.ranges import analyze
+from egraph_opt.analysis.sampling import sample_inputs
+from egraph_opt.lang.ops import parse_shape
+from egraph_opt.lang.program import Program
+from egraph_opt.lang.term import Term, evaluate
+
+from .rounding_error import elementwise_bits, ordinal
+
+MAX_REGIMES = 3
+SPLIT_BITS = 0.25  # a regime more must save this many bits per point on average
+MIN_GAIN = 0.5  # mean bits the piecewise program must save over the single best one
+BUCKETS = 64  # thresholds are sought between these equal-count runs of sorted points, then refined
+POINTS = 1024  # points drawn per input (Herbie's regimes sample 256)
+WORD = 32.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A program of the root e-class; a series also its truncation bound: ``truncation(r)`` is
+    its relative error where |within| <= r (inf past the radius it holds on)."""
+    term: Term
+    rule: object = None  # the series rule it came from, if any
+    within: Term | None = None
+    truncation: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class Regime:
+    """``term`` computes the result where ``lo <= x < hi`` (x: the split input)."""
+    lo: float
+    hi: float
+    candidate: Candidate
+    truncation: float = 0.0  # the series' bound over the regime's interval
+
+    @property
+    def term(self) -> Term:
+        return self.candidate.term
+
+
+@dataclass(frozen=True)
+class Piecewise:
+    variable: Term  # the input leaf the regimes split
+    regimes: tuple[Regime, ...]
+    bits: float  # mean estimated bits of error at the sampled points
+    single_bits: float  # the same for the single program it replaces
+    term: Term = field(init=False)
+
+    def __post_init__(self):
+        out = self.regimes[-1].term
+        for r in reversed(self.regimes[:-1]):
+            out = Term("where", (Term("less", (self.variable, Term.const(r.hi))), r.term, out))
+        object.__setattr__(self, "term", out)
+
+    def describe(self) -> list[str]:
+        """One line per regime: its interval of the split input, the form taken there."""
+        from egraph_opt.lang.term import pretty
+        name = self.variable.attrs[0]
+        lines = []
+        for r in self.regimes:
+            series = (f"  [series {r.candidate.rule.name}, truncation <= {r.truncation:.2g}]"
+                      if r.candidate.rule is not None else "")
+            lines.append(f"{name} in [{r.lo:.6g}, {r.hi:.6g}): {pretty(r.term)}{series}")
+        return lines
+
+
+def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
+          seed: int = 0) -> Piecewise | None:
+    """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
+    without regimes), when it beats that one by ``MIN_GAIN`` mean bits; else None (one regime: a
+    series over the whole range). The program's
+    inputs must share one shape (elementwise, they are then drawn as ``POINTS`` values each)."""
+    ranges = ranges or {}
+    shapes = {t.attrs[1] for t in program.inputs}
+    splits = [t for t in program.inputs if t.attrs[2] in ("float32", "float16", "bfloat16")]
+    if not splits or len(candidates) < 2 or len(shapes) != 1 or program.params:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    env = sample_inputs({t.attrs[0]: ((POINTS,), t.attrs[2]) for t in program.inputs}, ranges, gen)
+    first = _bits(candidates[best], env)
+    if first is None or not float(first.nan_to_num(WORD).mean()) >= MIN_GAIN:  # nothing to gain
+        return None
+    columns = [first if i == best else _bits(c, env) for i, c in enumerate(candidates)]
+    kept = [i for i, c in enumerate(columns) if c is not None]
+    bits = torch.stack([columns[i] for i in kept]).double()
+    undefined = bits.isnan().all(0)  # undefined in every form: no error to count there
+    bits = bits[:, ~undefined].nan_to_num(WORD).clamp(max=WORD).numpy()
+    if not bits.shape[1]:
+        return None
+    single = float(bits[kept.index(best)].mean())
+    chosen = None
+    series = [candidates[i].truncation is not None for i in kept]
+    for t in splits:
+        x = env[t.attrs[0]][~undefined].double().numpy()
+        found = _segments(x, bits, series)
+        if found and (chosen is None or found[0] < chosen[0]):
+            chosen = (*found, t)
+    if chosen is None or chosen[0] / bits.shape[1] > single - MIN_GAIN:
+        return None
+    if len(chosen[1]) == 1 and not series[chosen[1][0][0]]:  # one exact program: the re-ranking's
+        return None
+    total, segments, variable = chosen
+    lo, hi = ranges.get(variable.attrs[0], (-math.inf, math.inf))
+    regimes = []
+    for k, (c, t) in enumerate(segments):
+        start = lo if k == 0 else segments[k - 1][1]
+        end = hi if k == len(segments) - 1 else t
+        candidate = candidates[kept[c]]
+        bound = _interval_bound(candidate, program, ranges, variable, start, end)
+        if not math.isfinite(bound):  # a series past the radius it holds on: no piecewise program
+            return None
+        regimes.append(Regime(start, end, candidate, bound))
+    return Piecewise(variable, tuple(regimes), total / bits.shape[1], single)
+
+
+def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
+    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added;
+    None where they cannot be estimated (an op without a float64 kernel or a derivative)."""
+    try:
+        found = elementwise_bits(c.term, env)
+    except (ValueError, RuntimeError):
+        return None
+    if found is None or c.truncation is None:
+        return found
+    (u,) = evaluate([c.within], env, reference=True)
+    u = torch.as_tensor(u, dtype=torch.float64).expand(found.shape)
+    ulps = c.truncation(u.abs()) * 2.0 ** 24  # relative error over float32's smallest ulp
+    return torch.log2(2 ** found + ulps).clamp(max=WORD)
+
+
+def _interval_bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo: float,
+                    hi: float) -> float:
+    """A series' truncation bound over the regime: |within| bounded by range analysis with the
+    split input in [lo, hi]; 0 for an exact candidate."""
+    if c.truncation is None:
+        return 0.0
+    narrowed = {**ranges, variable.attrs[0]: (lo, hi)}
+    a, b = analyze([c.within], narrowed, program.leaf_meta())[id(c.within)]
+    return float(c.truncation(torch.tensor(max(abs(a), abs(b)), dtype=torch.float64)))
+
+
+def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
+              ) -> tuple[float, list[tuple[int, float]]] | None:
+    """(total bits, [(candidate, threshold after it)...]) of the best segmentation of the points
+    sorted by ``x``; the last segment's threshold is +inf. A threshold lies midway between the two
+    sample points, or next to the one of a ``series`` candidate (it holds only where sampled)."""
+    order = np.argsort(x, kind="stable")
+    x, bits = x[order], bits[:, order]
+    n = len(x)
+    cum = np.concatenate([np.zeros((bits.shape[0], 1)), np.cumsum(bits, 1)], 1)
+    cuts = np.unique(np.searchsorted(x, x[np.linspace(0, n - 1, BUCKETS + 1).astype(int)[1:-1]]))
+    edges = np.concatenate([[0], cuts[(cuts > 0) & (cuts < n)], [n]])  # between distinct values
+    m = len(edges)
+    span = cum[:, edges][:, None, :] - cum[:, edges][:, :, None]  # (candidate, from, to)
+    seg, arg = span.min(0), span.argmin(0)
+    upper = np.triu(np.ones((m, m), bool), 1)
+    seg = np.where(upper, seg, np.inf)
+    cost = [seg[0]]  # cost[s][j]: best total over points before edges[j] in s + 1 regimes
+    back = [np.zeros(m, int)]
+    for _ in range(1, MAX_REGIMES):
+        step = cost[-1][:, None] + seg
+        back.append(step.argmin(0))
+        cost.append(step.min(0))
+    totals = [c[-1] + SPLIT_BITS * n * s for s, c in enumerate(cost)]
+    s = int(np.argmin(totals))
+    bounds, j = [m - 1], m - 1
+    for level in range(s, 0, -1):
+        j = back[level][j]
+        bounds.append(j)
+    bounds = [0] + bounds[::-1]
+    picks = [int(arg[a, b]) for a, b in zip(bounds, bounds[1:])]
+    segments, cuts = [], [0]
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        if k == len(picks) - 1:
+            segments.append((picks[k], math.inf))
+            cuts.append(n)
+            continue
+        cut = _refine(x, cum, picks[k], picks[k + 1], edges[a], edges[b], edges[bounds[k + 2]])
+        t = x[cut] if series[picks[k + 1]] else _between(x[cut - 1], x[cut], series[picks[k]])
+        segments.append((picks[k], t))
+        cuts.append(cut)
+    total = sum(cum[c, b] - cum[c, a] for c, a, b in zip(picks, cuts, cuts[1:]))
+    return float(total), segments
+
+
+def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> int:
+    """The point index, near ``edge`` and between distinct values, where ``left`` giving way to
+    ``right`` costs least."""
+    lo, hi = max(start + 1, edge - (edge - start) // 2), min(stop - 1, edge + (stop - edge) // 2)
+    ks = np.arange(lo, hi + 1)
+    ks = ks[x[ks - 1] < x[ks]] if len(ks) else ks
+    if not len(ks):
+        return edge
+    cost = cum[left, ks] + cum[right, stop] - cum[right, ks]
+    return int(ks[np.argmin(cost)])
+
+
+def _between(a: float, b: float, next_to_a: bool = False) -> float:
+    """A float32 t with a < t <= b: the middle of the floats between them, or the next above a."""
+    lo, hi = (ordinal(torch.tensor([v], dtype=torch.float64), torch.float32).item() for v in (a, b))
+    mid = lo + 1 if next_to_a else (lo + hi + 1) // 2
+    word = torch.tensor([abs(mid)], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
+    return -word if mid < 0 else word

@@ -1,0 +1,131 @@
+"""Regimes (extractors/regimes.py, optimization/piecewise.py): where no single program of the root
+e-class is accurate over the declared range, the stability objective returns where(x < t, f1, f2),
+accurate on every side; a series only on an interval within its radius, only under stability."""
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+from egraph_opt import saturate_and_extract
+from egraph_opt.extractors.regimes import _between, _segments
+from egraph_opt.rulesets import Family
+
+POINTS = [-9.0, -3.0, -0.9, -0.2, -1e-3, -1e-25, 1e-38, 1e-30, 1e-20, 1e-9, 1e-4, 0.3, 0.7, 0.99, 2.0, 7.5]
+
+
+def _one_minus_cos(x):
+    return (1 - torch.cos(x)) / x ** 2
+
+
+def _exp_minus_one_minus_x(x):
+    return (torch.exp(x) - 1 - x) / (x * x)
+
+
+TRUTH = {_one_minus_cos: lambda x: (1 - mpmath.cos(x)) / x ** 2,
+         _exp_minus_one_minus_x: lambda x: (mpmath.exp(x) - 1 - x) / x ** 2}
+
+
+def _ulps(out: torch.Tensor, truth) -> np.ndarray:
+    """Relative error of each float32 result against the exact value, in float32 ulps (2^-23)."""
+    with mpmath.workdps(200):  # 1 - cos x at x = 1e-38 needs ~90 digits
+        exact = [truth(mpmath.mpf(float(x))) for x in POINTS]
+        return np.array([float(abs((mpmath.mpf(float(o)) - e) / e)) if math.isfinite(float(o)) else math.inf
+                         for o, e in zip(out, exact)]) * 2 ** 23
+
+
+@pytest.fixture(scope="module")
+def cos_piecewise():
+    opt = saturate_and_extract(_one_minus_cos, objective="stability", input_ranges={"x": (-10.0, 10.0)})
+    opt(torch.linspace(-10, 10, 64))
+    return opt
+
+
+def test_one_minus_cos_over_square_takes_a_series_near_zero_and_is_accurate_on_every_side(cos_piecewise):
+    report = cos_piecewise.report
+    assert report.optimized and report.validation.passed
+    regimes = report.derivation.branches
+    assert len(regimes) >= 2 and "[REGIME] x in [-10, " in str(report)
+    series = [label for label, _ in regimes if "series-one-minus-cos-over-square" in label]
+    assert len(series) == 1
+    lo, hi = (float(v) for v in series[0].split("[", 1)[1].split(")")[0].split(", "))
+    assert -1.0 <= lo < 0 < hi <= 1.0  # within the series' radius
+    x = torch.tensor(POINTS)
+    out = cos_piecewise(x)
+    assert _ulps(out, TRUTH[_one_minus_cos]).max() <= 4
+    assert not np.all(_ulps(_one_minus_cos(x), TRUTH[_one_minus_cos]) <= 4)  # the naive form is not
+
+
+def test_derivation_shows_each_regime_and_the_series_step(cos_piecewise):
+    derivation = cos_piecewise.report.derivation
+    text = str(derivation)
+    assert text.count("regime x in [") == len(derivation.branches)
+    assert "series-one-minus-cos-over-square at root" in text
+    assert derivation.complete and all(b.complete for _, b in derivation.branches)
+    assert any(r.family is Family.SERIES for r in derivation.rules())
+
+
+def test_html_report_lists_each_regimes_steps(cos_piecewise, tmp_path):
+    page = open(cos_piecewise.report.to_html(tmp_path / "r.html")).read()
+    assert "[REGIME] x in [" in page
+    assert any(f"regime {k}, 1" in page for k in (1, 2, 3))
+
+
+def test_exp_minus_one_minus_x_has_a_series_between_two_exact_regimes():
+    opt = saturate_and_extract(_exp_minus_one_minus_x, objective="stability",
+                               input_ranges={"x": (-20.0, 20.0)})
+    x = torch.tensor(POINTS)
+    out = opt(x)
+    labels = [label for label, _ in opt.report.derivation.branches]
+    assert len(labels) == 3 and "series-expm1-minus-x-over-square" in labels[1]
+    assert "series" not in labels[0] + labels[2]
+    assert _ulps(out, TRUTH[_exp_minus_one_minus_x]).max() <= 4
+
+
+@pytest.mark.parametrize("objective", ["balanced", "latency"])
+def test_series_and_regimes_only_under_the_stability_objective(objective):
+    opt = saturate_and_extract(_one_minus_cos, objective=objective, input_ranges={"x": (-10.0, 10.0)})
+    opt(torch.linspace(-10, 10, 64))
+    assert not opt.report.derivation.branches and "less" not in opt.report.ops_after
+    assert all(r.family is not Family.SERIES for r in opt.report.derivation.rules())
+
+
+def test_no_series_on_a_range_outside_its_radius():
+    """(1 - cos x)/x^2 on [2, 10]: its series holds for |x| <= 1 only, so none is taken."""
+    opt = saturate_and_extract(_one_minus_cos, objective="stability", input_ranges={"x": (2.0, 10.0)})
+    opt(torch.linspace(2, 10, 64))
+    assert all(r.family is not Family.SERIES for r in opt.report.derivation.rules())
+    assert "less" not in opt.report.ops_after
+
+
+def test_segmentation_splits_where_the_best_candidate_changes():
+    x = np.linspace(-1.0, 1.0, 1001)
+    bits = np.stack([np.where(x < 0.3, 0.0, 20.0), np.where(x < 0.3, 20.0, 0.0)])
+    total, segments = _segments(x, bits, [False, False])
+    (first, t), (second, end) = segments
+    assert (first, second, end) == (0, 1, math.inf) and total == 0.0
+    assert x[x < 0.3].max() < t <= x[x >= 0.3].min()
+    total, segments = _segments(x, np.stack([bits[0], bits[0] + 1]), [False, False])
+    assert segments == [(0, math.inf)]  # one candidate better everywhere: one regime
+
+
+def test_a_threshold_next_to_a_series_keeps_the_series_within_its_samples():
+    x = np.linspace(-1.0, 1.0, 1001)
+    bits = np.stack([np.where(x < 0.3, 0.0, 20.0), np.where(x < 0.3, 20.0, 0.0)])
+    _, [(_, t), _] = _segments(x, bits, [True, False])  # the series on the left
+    assert t == _between(x[x < 0.3].max(), x[x >= 0.3].min(), next_to_a=True)
+    assert t == np.nextafter(np.float32(x[x < 0.3].max()), np.float32(1))
+
+
+def test_a_series_over_the_whole_declared_range_is_one_regime():
+    """(1 - cos x)/x^2 on [-0.5, 0.5]: the series alone, no branch; accurate down to subnormals."""
+    opt = saturate_and_extract(_one_minus_cos, objective="stability", input_ranges={"x": (-0.5, 0.5)})
+    x = torch.tensor([-0.5, -1e-3, 1e-38, 1e-20, 0.25])
+    out = opt(x)
+    (label, _), = opt.report.derivation.branches
+    assert label.startswith("x in [-0.5, 0.5)") and "series-one-minus-cos-over-square" in label
+    assert "less" not in opt.report.ops_after and "cos" not in opt.report.ops_after
+    with mpmath.workdps(200):
+        exact = [float((1 - mpmath.cos(mpmath.mpf(float(v)))) / mpmath.mpf(float(v)) ** 2) for v in x]
+    torch.testing.assert_close(out, torch.tensor(exact), rtol=2 ** -21, atol=0)

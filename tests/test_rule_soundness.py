@@ -161,7 +161,9 @@ SYMPY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": o
          "log1p": lambda x: sympy.log(1 + x), "expm1": lambda x: sympy.exp(x) - 1,
          "sqrt": sympy.sqrt, "rsqrt": lambda x: 1 / sympy.sqrt(x), "abs": sympy.Abs,
          "sin": sympy.sin, "cos": sympy.cos, "tanh": sympy.tanh,
-         "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)), "erf": sympy.erf}
+         "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)), "erf": sympy.erf, "tan": sympy.tan,
+         "atan": sympy.atan, "hypot": lambda x, y: sympy.sqrt(x * x + y * y), "asinh": sympy.asinh,
+         "acosh": sympy.acosh, "atanh": sympy.atanh}
 
 
 def to_sympy(p, symbols):

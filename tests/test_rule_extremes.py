@@ -108,7 +108,7 @@ MP = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: 
       "gelu": _mp_gelu, "maximum": max, "minimum": min, "cast": lambda a, _: a,
       "logaddexp": lambda a, b: mpmath.log(mpmath.exp(a) + mpmath.exp(b)), "tan": mpmath.tan,
       "atan": mpmath.atan, "atan2": mpmath.atan2, "hypot": mpmath.hypot, "asinh": mpmath.asinh,
-      "acosh": mpmath.acosh, "atanh": mpmath.atanh, "cbrt": mpmath.cbrt}
+      "acosh": mpmath.acosh, "atanh": mpmath.atanh, "cbrt": lambda a: mpmath.sign(a) * mpmath.cbrt(abs(a))}
 MP_DIGITS = 80  # beyond float32's range of exponents: 1 + 1e-45 is not 1
 
 

@@ -41,6 +41,24 @@ RULES = rules(_E, [
          _E, when=("(positive ?x)",) + _FINITE, why="x^y - 1 = expm1(y log x) for x > 0"),
 ])
 
+#: the quadratic formula's two roots, each in the form whose numerator adds magnitudes: with q = 4ac,
+#: (-b +- sqrt(b^2 - q)) / 2a = q / (-b -+ sqrt(b^2 - q)) / 2a (q over it first: at most sqrt|q|). |b| <= 255 and |q| <= 6e4: b^2 and
+#: b^2 - q stay finite in float16 (where b^2 overflows, sqrt(inf) / inf gives 0, not -c/b); a != 0:
+#: the left side is defined; q != 0: at q = +0 the left side's zero has a's sign, the right side's not
+_DISC = "(sqrt (sub (mul ?b ?b) ?q))"
+_QUAD = ("(nonzero ?a)", "(nonzero ?q)", "(<= (hi ?q) 60000.0)", "(>= (lo ?q) -60000.0)")
+RULES += [
+    Rule("quadratic-plus", f"(div (add (neg ?b) {_DISC}) (mul ?a (const 2.0)))",
+         f"(div (div ?q (sub (neg ?b) {_DISC})) (mul ?a (const 2.0)))", _E,
+         when=("(positive ?b)", "(<= (hi ?b) 255.0)") + _QUAD,
+         why="-b + sqrt(b^2 - 4ac) cancels for b > 0 where 4ac is small"),
+    Rule("quadratic-minus", f"(div (sub (neg ?b) {_DISC}) (mul ?a (const 2.0)))",
+         f"(div (div ?q (add (neg ?b) {_DISC})) (mul ?a (const 2.0)))", Family.ALGEBRA,
+         when=("(negative ?b)", "(>= (lo ?b) -255.0)") + _QUAD,
+         why="-b - sqrt(b^2 - 4ac) cancels for b < 0 where 4ac is small (algebra: no purpose "
+             "probe draws b < 0 beside a small 4ac)"),
+]
+
 #: forms to meet: no cancellation the purpose probes can show (acosh's overflow is at x >> 1,
 #: where the probes draw both signs; a half angle's other direction cancels only near pi)
 RULES += rules(Family.ALGEBRA, [

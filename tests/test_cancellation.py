@@ -99,6 +99,21 @@ GUARDED += [
 ]
 
 
+
+def quadratic(sign: str) -> Term:
+    """(-b +- sqrt(b^2 - 4ac)) / 2a as captured, with a = c = x and b = y."""
+    disc = op("sqrt", op("sub", op("mul", Y, Y), op("mul", op("mul", X, c(4.0)), X)))
+    return quotient(op(sign, op("neg", Y), disc), op("mul", X, c(2.0)))
+
+
+GUARDED += [
+    ("quadratic-plus", (quadratic("add"), {"x": (0.01, 2.0), "y": (1.0, 100.0)}),
+     (quadratic("add"), {"x": (0.01, 2.0), "y": (-1.0, 100.0)})),
+    ("quadratic-minus", (quadratic("sub"), {"x": (0.01, 2.0), "y": (-100.0, -1.0)}),
+     (quadratic("sub"), {"x": (0.01, 2.0), "y": (-1000.0, -1.0)})),  # b^2 may overflow float16
+]
+
+
 def test_every_guarded_rule_of_the_family_has_a_must_not_fire_case():
     from egraph_opt.rulesets import cancellation, functions
     assert {r.name for r in cancellation.RULES + functions.RULES if r.when} <= {g[0] for g in GUARDED}

@@ -28,7 +28,7 @@ TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2}
 APPROX_FACTOR = 10
 #: attribute values a scalar rule's constants take (folds that overflow, underflow, divide by 0)
 ATTRIBUTES = (0.0, 2.0, -0.5, 1e30, -1e-30, 1e-39, 3e38)
-SIGN_FACTS = {"positive": lambda v: v > 0, "nonneg": lambda v: v >= 0,
+SIGN_FACTS = {"positive": lambda v: v > 0, "nonneg": lambda v: v >= 0, "negative": lambda v: v < 0,
               "nonzero": lambda v: v != 0 and v == v}  # NaN satisfies none: no declared range holds it
 
 

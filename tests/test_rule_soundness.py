@@ -23,7 +23,8 @@ RULES = [r for r in catalogue().values() if r.exactness is not Exactness.UNSAFE]
 # rules are checked against their counterexamples instead (test_rule_catalogue.py)
 SHAPE = (2, 3, 5, 5)  # every tensor variable: square trailing dims fit matmul and attention
 TOLERANCE = {Exactness.EXACT: 1e-9, Exactness.REASSOC: 1e-9, Exactness.APPROX: 1e-3}
-_SIGNS = {"positive": 1, "nonneg": 1, "nonzero": 0}  # sampled magnitude >= 0.1; 1: positive sign
+_SIGNS = {"positive": 1, "nonneg": 1, "nonzero": 0, "negative": -1}  # sampled magnitude >= 0.1;
+# the sign drawn: 1 positive, -1 negative, 0 either
 
 
 def _sampled_bound(x: torch.Tensor, head: str) -> float:
@@ -113,7 +114,8 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
                     x = torch.randn(shape, generator=gen, dtype=dtype) * magnitude * 0.97 ** attempt
                     if name in signs:
                         x = x.abs() + 0.05 * magnitude
-                        x = x if _SIGNS[signs[name]] else x * torch.randn(shape, generator=gen).sign()
+                        sign = _SIGNS[signs[name]]
+                        x = x * sign if sign else x * torch.randn(shape, generator=gen).sign()
                 env[name] = x
                 values[name] = Term.input(name, shape, str(x.dtype).removeprefix("torch."))
             elif name in pinned:

@@ -9,6 +9,7 @@ parsed into plain Python classes for our own extractor.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -19,12 +20,34 @@ from egglog import bindings
 
 from . import range_rules
 from ..lang.ops import OPS, BY_EGG_NAME, ATTR_SORTS
-from ..lang.pattern import literal
+from ..lang.pattern import Node, literal
 from ..lang.term import Term, postorder
 
 SORT = "Tensor"
 _CHUNK = 64
 _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
+
+
+@functools.lru_cache(maxsize=None)
+def _egglog_text(rule, phase: str) -> str:
+    return rule.egglog(phase)
+
+
+@functools.lru_cache(maxsize=None)
+def _ops_of(rule) -> tuple[frozenset, frozenset]:
+    """(ops a rule's left sides name, ops its right sides make)."""
+    def ops(p) -> set[str]:
+        found, stack = set(), [p]
+        while stack:
+            q = stack.pop()
+            if isinstance(q, Node):
+                found.add(q.op)
+                stack.extend(q.args)
+        return found
+
+    pairs = rule.pairs()
+    return (frozenset().union(*(ops(lhs) for lhs, _ in pairs)),
+            frozenset().union(*(ops(rhs) for _, rhs in pairs)))
 
 
 class InvariantError(RuntimeError):
@@ -85,6 +108,8 @@ class EGraph:
         self._refs: dict[tuple, int] = {}
         self._ref_of_term: dict[int, int] = {}
         self._rulesets: set[str] = set()
+        self._ops: set[str] = set()  # ops the e-graph can hold: loaded, or made by a loaded rule
+        self._waiting: dict[str, list] = {}  # by ruleset: rules whose left side names an op it cannot
 
     def _run(self, text: str):
         try:
@@ -121,19 +146,36 @@ class EGraph:
                 if meta and id(t) in meta:
                     lines += _shape_facts(ref, t, *meta[id(t)])
             self._ref_of_term[id(t)] = ref
+            self._ops.add(t.op)
         for i in range(0, len(lines), _CHUNK):
             self._run("\n".join(lines[i:i + _CHUNK]))
+        for phase in self._waiting:
+            self.add_rules(phase, [])
         return [self._ref_of_term[id(r)] for r in roots]
 
     def ref(self, term: Term) -> int:
         return self._ref_of_term[id(term)]
 
     def add_rules(self, phase: str, rules) -> None:
+        """Declare rules into ruleset ``phase``. A rule whose left side names an op that neither
+        the loaded terms nor a declared rule's right side can make never matches: it waits (and
+        is declared once an op it needs arrives), since declaring ~250 rules costs egglog most of
+        a small program's optimization."""
         if phase not in self._rulesets:
             self._run(f"(ruleset {phase})")
             self._rulesets.add(phase)
-        if rules:
-            self._run("\n".join(r.egglog(phase) for r in rules))
+        waiting, ready = self._waiting.get(phase, []) + list(rules), []
+        while True:
+            now = [r for r in waiting if _ops_of(r)[0] <= self._ops]
+            if not now:
+                break
+            ready += now
+            waiting = [r for r in waiting if r not in now]
+            for r in now:
+                self._ops |= _ops_of(r)[1]
+        self._waiting[phase] = waiting
+        if ready:
+            self._run("\n".join(_egglog_text(r, phase) for r in ready))
 
     def size(self) -> int:
         """Number of Tensor e-nodes (anchors included)."""

@@ -6,8 +6,8 @@ import torch
 from egraph_opt import optimize, pretty
 from egraph_opt.extractors import Objective
 from egraph_opt.extractors.rounding_error import program_error
-from egraph_opt.lang.program import Program
-from egraph_opt.lang.term import Term, postorder
+from egraph_opt.lang.program import Program, leaves
+from egraph_opt.lang.term import Term, evaluate, postorder
 from egraph_opt.rulesets import catalogue, select
 
 X, Y = Term.input("x", (4, 16)), Term.input("y", (4, 16))
@@ -154,3 +154,26 @@ def test_the_phase_with_every_rule_stays_bounded():
                       input_ranges={"x": (1.0, 100.0), "y": (1e-6, 1e-3)}, rules=select())
     (phase,) = result.saturation
     assert phase.enodes < 5000 and phase.stop in ("saturated", "node limit", "iteration limit", "time limit")
+
+
+def test_the_phase_with_the_function_rules_stays_bounded():
+    """Every rule in play on one expression holding each new family at once (roots of sums of
+    squares, inverse functions, tan/atan/log differences, powers minus one, a quadratic root):
+    saturation stops under a bounded number of e-nodes, and the result still agrees."""
+    square_sum = op("sqrt", op("add", op("mul", X, X), op("mul", Y, Y)))
+    parts = [square_sum, two("atan"), two("tan"), two("log"),
+             op("sub", op("log", op("add", X, c(2.0))), op("log", X)),
+             op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), quadratic("add"),
+             op("log", op("add", X, op("sqrt", op("add", op("mul", X, X), c(1.0)))))]
+    term = parts[0]
+    for p in parts[1:]:
+        term = op("add", term, p)
+    ranges = {"x": (1.0, 2.0), "y": (10.0, 20.0)}  # b^2 > 4ac: real roots
+    result = optimize(Program((X, Y), term), objective=Objective.STABILITY, input_ranges=ranges,
+                      rules=select())
+    (phase,) = result.saturation
+    assert phase.enodes < 5000 and phase.stop in ("saturated", "node limit", "iteration limit", "time limit")
+    env = {"x": 1 + torch.rand(4, 16, dtype=torch.float64), "y": 10 + 10 * torch.rand(4, 16, dtype=torch.float64)}
+    (want,) = evaluate([term], env)
+    (got,) = evaluate(leaves(result.program.outputs), env)
+    torch.testing.assert_close(got, want)

@@ -46,3 +46,15 @@ def test_blocks_of_different_shapes_are_not_one_template():
     mixed.h = nn.ModuleList([NaiveBlock(32), nn.Sequential(nn.Linear(32, 32))])
     program, _ = capture(mixed.eval(), (torch.randn(1, 16, 32),))
     assert templates.find(program) == []
+
+
+def test_the_join_precision_phase_stays_bounded():
+    """Half-precision blocks as templates leave casts between them: the phase that joins them
+    (precision rules alone) saturates in a few iterations, in a small e-graph, and the joined
+    program still computes the model."""
+    model = Stack(2).eval().half()
+    x = torch.randn(1, 16, 32).half()
+    program, _ = capture(model, (x,))
+    result = optimize(program)
+    (join,) = [s for s in result.saturation if s.phase == "join_precision"]
+    assert join.stop == "saturated" and join.iterations <= 10 and join.enodes < 2000

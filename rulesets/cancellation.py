@@ -70,6 +70,8 @@ RULES = rules(_E, [
     ("exp-neg-difference",    "(sub (exp ?x) (exp (neg ?x)))",
                               "(add (sub (expm1 ?x) (expm1 (neg ?x))) (const 0.0))",
                               "e^x - e^-x = expm1(x) - expm1(-x) (2 sinh x); + 0: +0 at x = -0"),
+    ("exp-neg-difference-mirror", "(sub (exp (neg ?x)) (exp ?x))",
+                              "(add (sub (expm1 (neg ?x)) (expm1 ?x)) (const 0.0))", "-2 sinh x"),
     Rule("expm1-log1p-cancel", "(expm1 (log1p ?x))",                            "?x", _E,
          when=("(>= (lo ?x) -1.0)",), why="x >= -1: log1p is defined"),
 ])

@@ -62,6 +62,8 @@ RULES += [
 #: forms to meet: no cancellation the purpose probes can show (acosh's overflow is at x >> 1,
 #: where the probes draw both signs; a half angle's other direction cancels only near pi)
 RULES += rules(Family.ALGEBRA, [
+    ("exp-zero-minus",        "(exp (sub (const 0.0) ?x))",                     "(exp (neg ?x))",
+                              "exp(0 - x) = exp(-x): a zero's sign does not reach exp's value"),
     ("acosh-fuse",            "(log (add ?x (sqrt (sub (mul ?x ?x) (const 1.0)))))", "(acosh ?x)",
                               "x^2 - 1 overflows for large x (in float32 near 1 it is nearly exact: "
                               "x^2 of 1 + k 2^-23 rounds off only k^2 2^-46)"),

@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -48,6 +49,14 @@ def _ops_of(rule) -> tuple[frozenset, frozenset]:
     pairs = rule.pairs()
     return (frozenset().union(*(ops(lhs) for lhs, _ in pairs)),
             frozenset().union(*(ops(rhs) for _, rhs in pairs)))
+
+
+@functools.lru_cache(maxsize=None)
+def _range_rules() -> tuple[tuple[frozenset, str], ...]:
+    """Each range rule with the ops it names (egglog constructors: only its query has any, as
+    its actions set bounds and facts): it waits for them as rules do."""
+    return tuple((frozenset(BY_EGG_NAME[n].name for n in re.findall(r"\((\w+)", text) if n in BY_EGG_NAME),
+                  text) for text in range_rules.rules())
 
 
 class InvariantError(RuntimeError):
@@ -104,12 +113,20 @@ class EGraph:
         self._eg = bindings.EGraph()
         self.tripwires = os.environ.get("EGRAPH_OPT_TRIPWIRES") == "1" if tripwires is None else tripwires
         self._run(declarations() + range_rules.DECLARATIONS)
-        self._run("\n".join(range_rules.rules() + (range_rules.tripwires() if self.tripwires else [])))
+        self._run("\n".join(range_rules.tripwires() if self.tripwires else []))
         self._refs: dict[tuple, int] = {}
         self._ref_of_term: dict[int, int] = {}
         self._rulesets: set[str] = set()
         self._ops: set[str] = set()  # ops the e-graph can hold: loaded, or made by a loaded rule
         self._waiting: dict[str, list] = {}  # by ruleset: rules whose left side names an op it cannot
+        self._ranges_waiting = list(_range_rules())  # (ops it names, text), declared as for rules
+        self._declare_ranges()
+
+    def _declare_ranges(self) -> None:
+        ready = [text for ops, text in self._ranges_waiting if ops <= self._ops]
+        if ready:
+            self._ranges_waiting = [(ops, text) for ops, text in self._ranges_waiting if not ops <= self._ops]
+            self._run("\n".join(ready))
 
     def _run(self, text: str):
         try:
@@ -151,6 +168,7 @@ class EGraph:
             self._run("\n".join(lines[i:i + _CHUNK]))
         for phase in self._waiting:
             self.add_rules(phase, [])
+        self._declare_ranges()
         return [self._ref_of_term[id(r)] for r in roots]
 
     def ref(self, term: Term) -> int:
@@ -166,16 +184,17 @@ class EGraph:
             self._rulesets.add(phase)
         waiting, ready = self._waiting.get(phase, []) + list(rules), []
         while True:
-            now = [r for r in waiting if _ops_of(r)[0] <= self._ops]
-            if not now:
+            now = [_ops_of(r)[0] <= self._ops for r in waiting]
+            if not any(now):
                 break
-            ready += now
-            waiting = [r for r in waiting if r not in now]
-            for r in now:
-                self._ops |= _ops_of(r)[1]
+            ready += [r for r, ok in zip(waiting, now) if ok]
+            for r, ok in zip(waiting, now):
+                self._ops |= _ops_of(r)[1] if ok else frozenset()
+            waiting = [r for r, ok in zip(waiting, now) if not ok]
         self._waiting[phase] = waiting
         if ready:
             self._run("\n".join(_egglog_text(r, phase) for r in ready))
+        self._declare_ranges()
 
     def size(self) -> int:
         """Number of Tensor e-nodes (anchors included)."""

@@ -29,6 +29,12 @@ _CHUNK = 64
 _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
 
 
+def _ruleset(phase: str) -> str:
+    """egglog's name of a phase's ruleset: apart from every variable name (a rule declared after
+    a ruleset ``r`` may not bind ``r``, and range rules wait to be declared)."""
+    return f"phase-{phase}"
+
+
 @functools.lru_cache(maxsize=None)
 def _egglog_text(rule, phase: str) -> str:
     return rule.egglog(phase)
@@ -174,15 +180,19 @@ class EGraph:
     def ref(self, term: Term) -> int:
         return self._ref_of_term[id(term)]
 
-    def add_rules(self, phase: str, rules) -> None:
+    def add_rules(self, phase: str, rules, wait: bool = True) -> None:
         """Declare rules into ruleset ``phase``. A rule whose left side names an op that neither
         the loaded terms nor a declared rule's right side can make never matches: it waits (and
         is declared once an op it needs arrives), since declaring ~250 rules costs egglog most of
-        a small program's optimization."""
+        a small program's optimization. ``wait=False`` declares every rule now."""
         if phase not in self._rulesets:
-            self._run(f"(ruleset {phase})")
+            self._run(f"(ruleset {_ruleset(phase)})")
             self._rulesets.add(phase)
         waiting, ready = self._waiting.get(phase, []) + list(rules), []
+        if not wait:
+            waiting, ready = [], waiting
+            for r in ready:
+                self._ops |= _ops_of(r)[1]
         while True:
             now = [_ops_of(r)[0] <= self._ops for r in waiting]
             if not any(now):
@@ -193,7 +203,7 @@ class EGraph:
             waiting = [r for r, ok in zip(waiting, now) if not ok]
         self._waiting[phase] = waiting
         if ready:
-            self._run("\n".join(_egglog_text(r, phase) for r in ready))
+            self._run("\n".join(_egglog_text(r, _ruleset(phase)) for r in ready))
         self._declare_ranges()
 
     def size(self) -> int:
@@ -215,7 +225,7 @@ class EGraph:
             if report.iterations >= max_iterations:
                 report.stop = f"iteration limit ({max_iterations})"
                 break
-            out = self._run(f"(run {phase} 1)")
+            out = self._run(f"(run {_ruleset(phase)} 1)")
             run_report = out[-1].report
             self._analyze()
             report.iterations += 1

@@ -167,11 +167,12 @@ def reverse(rule: Rule, family: Family, when: tuple[str, ...] = (), **fixed) -> 
 
 def catalogue() -> dict[str, Rule]:
     """All rules by name, across families; names are unique."""
-    from . import algebra, cancellation, canonical, decomposition, fusion, precision, series, stability
+    from . import (algebra, cancellation, canonical, decomposition, functions, fusion, precision,
+                   series, stability)
 
     table: dict[str, Rule] = {}
-    for module in (stability, cancellation, algebra, canonical, fusion, precision, decomposition,
-                   series):
+    for module in (stability, cancellation, functions, algebra, canonical, fusion, precision,
+                   decomposition, series):
         for r in module.RULES:
             if r.name in table:
                 raise RuleError(f"duplicate rule name {r.name!r}")

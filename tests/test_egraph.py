@@ -74,3 +74,22 @@ def test_a_schedule_runs_named_phases_in_order():
     assert [s.phase for s in result.saturation] == ["stabilize", "fuse"]
     assert result.ops_after == {"sdpa": 1}
     assert result.saturation[1].matches["attention-fuse"] >= 1
+
+
+def test_a_rule_waits_for_the_ops_it_matches_and_fires_once_they_arrive():
+    """Rules are declared only once the e-graph can hold their left side's ops (loaded, or made
+    by a declared rule's right side): a rule named by a missing op costs nothing, and still
+    fires when a later load brings the op."""
+    from egraph_opt.rulesets import catalogue
+
+    x = Term.input("x", (3,))
+    eg = EGraph()
+    eg.add([Term("exp", (x,))])
+    eg.add_rules("phase", [catalogue()["log-exp-cancel"], catalogue()["log1p-expm1-cancel"]])
+    assert {r.name for r in eg._waiting["phase"]} == {"log-exp-cancel", "log1p-expm1-cancel"}
+    t = Term("log", (Term("exp", (x,)),))
+    eg.add([t])  # brings log: log(exp x) -> x is declared now, log1p(expm1 x) still waits
+    assert [r.name for r in eg._waiting["phase"]] == ["log1p-expm1-cancel"]
+    eg.saturate("phase", max_iterations=5, max_enodes=1000, max_seconds=5.0)
+    snap = eg.snapshot()
+    assert snap.class_of_ref[eg.ref(t)] == snap.class_of_ref[eg.ref(x)]

@@ -41,6 +41,13 @@ CASES = [
     ("relu",         lambda x: F.relu(x) + torch.relu(x),                      (R(3),)),
     ("erf",          lambda x: torch.erf(x),                                   (R(3),)),
     ("gelu",         lambda x: F.gelu(x) + F.gelu(x, approximate="tanh"),      (R(3),)),
+    ("tan",          lambda x: torch.tan(x) + x.tan(),                         (R(3),)),
+    ("atan",         lambda x: torch.atan(x) + x.atan(),                       (R(3),)),
+    ("atan2",        lambda y, x: torch.atan2(y, x) + y.atan2(x * 2),          (R(5), R(5))),
+    ("hypot",        lambda x, y: torch.hypot(x, y) + x.hypot(y * 3),          (R(5), R(5))),
+    ("asinh",        lambda x: torch.asinh(x),                                 (R(3),)),
+    ("acosh",        lambda x: torch.acosh(x),                                 (P(3) + 1,)),
+    ("atanh",        lambda x: torch.atanh(x),                                 (torch.rand(3) - 0.5,)),
     ("sum",          lambda x: x.sum(-1, keepdim=True) + x.sum((0, 2)).sum(),  (R(2, 3, 4),)),
     ("max",          lambda x: x.amax(1) + torch.max(x, -1).values + x.max(-1, keepdim=True)[0].sum(), (R(3, 3),)),
     ("mean",         lambda x: x.mean(0) + torch.mean(x),                      (R(3, 2),)),
@@ -116,6 +123,8 @@ FUSED = [  # ops only rewrites create, against their definitions
              "transpose", (B,), (-2, -1)))))),), (-1,)), V))),
     *((Term("compensated_sum", (Q,), (axis, keep)), Term("sum", (Q,), (axis, keep)))
       for axis, keep in ((-1, True), (-2, False), (-3, True))),
+    (Term("cbrt", (Q,)), Term("mul", (Term("div", (Q, Term("abs", (Q,)))),
+                                       Term("pow", (Term("abs", (Q,)), Term.const(1 / 3)))))),
     (Term("layer_norm", (Q, Term.const(1.0), Term.const(0.0)), (1e-5,)),
      Term("layer_norm", (Q, Term.input("ones", (6,), "float64"), Term.input("zeros", (6,), "float64")),
           (1e-5,))),
@@ -187,3 +196,15 @@ def test_compensated_sum_keeps_what_a_float32_sum_cancels(n):
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -23, atol=0)
     if n >= 64:  # where the plain sum is far off
         assert (x.sum(-1).double() - exact).abs().max() > 1.0
+
+
+def test_cube_root_is_real_signed_and_correctly_rounded():
+    """cbrt of a negative is negative (x ** (1/3) is NaN there), -0 and the infinities keep their
+    signs, NaN stays NaN, and float32 results are the float64 root rounded once."""
+    special = torch.tensor([-8.0, -0.0, 0.0, 27.0, math.inf, -math.inf, math.nan, 1e-45, -3e38])
+    got = OPS["cbrt"].impl(special)
+    want = torch.tensor([-2.0, -0.0, 0.0, 3.0, math.inf, -math.inf, math.nan, 1.119e-15, -6.69e12])
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=0, equal_nan=True)
+    assert got[:3].signbit().tolist() == [True, True, False]
+    x = (torch.randn(1000, dtype=torch.float64) * 1e3).float().double()
+    torch.testing.assert_close(OPS["cbrt"].impl(x.float()), OPS["cbrt"].impl(x).float(), rtol=0, atol=0)

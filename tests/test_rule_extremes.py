@@ -28,7 +28,7 @@ TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2}
 APPROX_FACTOR = 10
 #: attribute values a scalar rule's constants take (folds that overflow, underflow, divide by 0)
 ATTRIBUTES = (0.0, 2.0, -0.5, 1e30, -1e-30, 1e-39, 3e38)
-SIGN_FACTS = {"positive": lambda v: v > 0, "nonneg": lambda v: v >= 0,
+SIGN_FACTS = {"positive": lambda v: v > 0, "nonneg": lambda v: v >= 0, "negative": lambda v: v < 0,
               "nonzero": lambda v: v != 0 and v == v}  # NaN satisfies none: no declared range holds it
 
 
@@ -106,7 +106,9 @@ MP = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: 
       "cos": mpmath.cos, "tanh": mpmath.tanh, "sigmoid": _mp_sigmoid, "erf": mpmath.erf,
       "relu": lambda a: max(a, 0), "softplus": lambda a: mpmath.log1p(mpmath.exp(a)),
       "gelu": _mp_gelu, "maximum": max, "minimum": min, "cast": lambda a, _: a,
-      "logaddexp": lambda a, b: mpmath.log(mpmath.exp(a) + mpmath.exp(b))}
+      "logaddexp": lambda a, b: mpmath.log(mpmath.exp(a) + mpmath.exp(b)), "tan": mpmath.tan,
+      "atan": mpmath.atan, "atan2": mpmath.atan2, "hypot": mpmath.hypot, "asinh": mpmath.asinh,
+      "acosh": mpmath.acosh, "atanh": mpmath.atanh, "cbrt": lambda a: mpmath.sign(a) * mpmath.cbrt(abs(a))}
 MP_DIGITS = 120  # digits of the exact truth: 1 - cos x at the least float32 subnormal needs ~100
 
 

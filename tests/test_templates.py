@@ -125,3 +125,14 @@ def test_hugging_face_export_graph_blocks_share_one_template():
     program, _ = capture(model, (torch.randint(0, 50, (1, 8)),))
     (group,) = templates.find(program)
     assert len(group) == 3
+
+
+def test_the_join_precision_phase_stays_bounded():
+    """Half-precision blocks as templates leave casts between them: the phase that joins them
+    (precision rules alone) saturates in a few iterations, in a small e-graph."""
+    model = Stack(2).eval().half()
+    x = torch.randn(1, 16, 32).half()
+    program, _ = capture(model, (x,))
+    result = optimize(program)
+    (join,) = [s for s in result.saturation if s.phase == "join_precision"]
+    assert join.stop == "saturated" and join.iterations <= 10 and join.enodes < 2000

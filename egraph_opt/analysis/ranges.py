@@ -98,6 +98,22 @@ def _log(a: Interval, shift: float = 0.0) -> Interval:
         _safe(math.log, a[1] + shift, BIG) if a[1] + shift > 0 else -BIG)
 
 
+def _tan(a: Interval) -> Interval:
+    """Increasing on (-pi/2, pi/2); an interval reaching a pole (or beyond) is unbounded."""
+    if -math.pi / 2 < a[0] and a[1] < math.pi / 2:
+        return iv(math.tan(a[0]), math.tan(a[1]))
+    return TOP
+
+
+def _gap(a: Interval) -> float:
+    """Distance of an interval from 0."""
+    return 0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1]))
+
+
+def _mag(a: Interval) -> float:
+    return max(abs(a[0]), abs(a[1]))
+
+
 GELU_MIN = -0.1701  # min over x of x * Phi(x) (erf and tanh forms), at x ~ -0.75
 
 
@@ -186,6 +202,8 @@ TRANSFER: dict[str, Callable] = {
                                    max(a[0][1], 0.0) + math.log(2)),
     "logaddexp": lambda t, a, s: iv(max(a[0][0], a[1][0]), max(a[0][1], a[1][1]) + math.log(2)),
     "layer_norm": _layer_norm,
+    "tan": lambda t, a, s: _tan(a[0]),
+    "hypot": lambda t, a, s: iv(math.hypot(_gap(a[0]), _gap(a[1])), math.hypot(_mag(a[0]), _mag(a[1]))),
 }
 
 

@@ -23,7 +23,8 @@ class OnnxExportError(ValueError):
 
 #: ONNX operators that are one node over the op's operands, as ops declare them (``Op.onnx``)
 SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Less", "Neg", "Exp", "Log", "Sqrt", "Abs",
-          "Sin", "Cos", "Tanh", "Sigmoid", "Relu", "Erf", "MatMul", "Softplus")
+          "Sin", "Cos", "Tanh", "Sigmoid", "Relu", "Erf", "MatMul", "Softplus",
+          "Tan", "Atan", "Asinh", "Acosh", "Atanh")
 #: reductions: the opset from which their axes are an input rather than an attribute
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 #: ops of the Term language that ONNX has no operator or decomposition for: export refuses them
@@ -333,6 +334,36 @@ def _logaddexp(em, t):
     return _emit_tree(em, Term("add", (Term("maximum", (a, b)), Term("softplus", (gap,)))))
 
 
+def _atan2(em, t):
+    """ONNX has no atan2: atan(y / x), moved by +-pi to the left half-plane (x < 0, or x = -0
+    with y = 0), with +-pi/2 on the y axis and the sign of y's zero kept."""
+    y, x = t.args
+    dtype = em.dtype(y) if y.op != "const" else em.dtype(x)
+    yv, xv = em.value(y, x), em.value(x, y)
+    zero, pi = em.scalar(0.0, dtype), em.scalar(math.pi, dtype)
+    base = em.node("Atan", [em.node("Div", [yv, xv], "atan2")], "atan2")
+    left = em.node("Or", [em.node("Less", [xv, zero], "atan2"), em.node("And", [
+        em.node("Equal", [xv, zero], "atan2"),
+        em.node("Equal", [em.node("Div", [em.scalar(1.0, dtype), xv], "atan2"),
+                          em.scalar(-math.inf, dtype)], "atan2")], "atan2")], "atan2")
+    y_neg = em.node("Or", [em.node("Less", [yv, zero], "atan2"), em.node("Equal", [
+        em.node("Div", [em.scalar(1.0, dtype), yv], "atan2"), em.scalar(-math.inf, dtype)], "atan2")], "atan2")
+    shift = em.node("Where", [y_neg, em.node("Neg", [pi], "atan2"), pi], "atan2")
+    both_zero = em.node("And", [em.node("Equal", [xv, zero], "atan2"),
+                                em.node("Equal", [yv, zero], "atan2")], "atan2")
+    at_zero = em.node("Where", [left, shift, em.node("Mul", [yv, zero], "atan2")], "atan2")
+    out = em.node("Where", [left, em.node("Add", [base, shift], "atan2"), base], "atan2")
+    return em.node("Where", [both_zero, at_zero, out], "atan2")
+
+
+def _cbrt(em, t):
+    """ONNX has no cube root, and Pow of a negative base is NaN: sign(x) |x|^(1/3)."""
+    x = em.value(t.args[0])
+    third = em.scalar(1 / 3, em.dtype(t.args[0]))
+    root = em.node("Pow", [em.node("Abs", [x], "cbrt"), third], "cbrt")
+    return em.node("Mul", [em.node("Sign", [x], "cbrt"), root], "cbrt")
+
+
 #: each ONNX form an op declares (``Op.onnx``) -> the function that writes it: an operator (one
 #: node, or more around it at an older opset) or a decomposition into operators
 EMIT = {
@@ -351,5 +382,5 @@ EMIT = {
     # decompositions: ONNX has no operator for these
     "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p,
     "kahan-expm1": _expm1, "linear-activation": _linear_act, "definition": _definition,
-    "stable-logaddexp": _logaddexp,
+    "stable-logaddexp": _logaddexp, "quadrant-atan": _atan2, "signed-cube-root": _cbrt,
 }

@@ -9,9 +9,11 @@ parsed into plain Python classes for our own extractor.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -19,12 +21,48 @@ from egglog import bindings
 
 from . import range_rules
 from ..lang.ops import OPS, BY_EGG_NAME, ATTR_SORTS
-from ..lang.pattern import literal
+from ..lang.pattern import Node, literal
 from ..lang.term import Term, postorder
 
 SORT = "Tensor"
 _CHUNK = 64
 _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
+
+
+def _ruleset(phase: str) -> str:
+    """egglog's name of a phase's ruleset: apart from every variable name (a rule declared after
+    a ruleset ``r`` may not bind ``r``, and range rules wait to be declared)."""
+    return f"phase-{phase}"
+
+
+@functools.lru_cache(maxsize=None)
+def _egglog_text(rule, phase: str) -> str:
+    return rule.egglog(phase)
+
+
+@functools.lru_cache(maxsize=None)
+def _ops_of(rule) -> tuple[frozenset, frozenset]:
+    """(ops a rule's left sides name, ops its right sides make)."""
+    def ops(p) -> set[str]:
+        found, stack = set(), [p]
+        while stack:
+            q = stack.pop()
+            if isinstance(q, Node):
+                found.add(q.op)
+                stack.extend(q.args)
+        return found
+
+    pairs = rule.pairs()
+    return (frozenset().union(*(ops(lhs) for lhs, _ in pairs)),
+            frozenset().union(*(ops(rhs) for _, rhs in pairs)))
+
+
+@functools.lru_cache(maxsize=None)
+def _range_rules() -> tuple[tuple[frozenset, str], ...]:
+    """Each range rule with the ops it names (egglog constructors: only its query has any, as
+    its actions set bounds and facts): it waits for them as rules do."""
+    return tuple((frozenset(BY_EGG_NAME[n].name for n in re.findall(r"\((\w+)", text) if n in BY_EGG_NAME),
+                  text) for text in range_rules.rules())
 
 
 class InvariantError(RuntimeError):
@@ -81,10 +119,21 @@ class EGraph:
         self._eg = bindings.EGraph()
         self.tripwires = os.environ.get("EGRAPH_OPT_TRIPWIRES") == "1" if tripwires is None else tripwires
         self._run(declarations() + range_rules.DECLARATIONS)
-        self._run("\n".join(range_rules.rules() + (range_rules.tripwires() if self.tripwires else [])))
+        self._run("\n".join(range_rules.tripwires() if self.tripwires else []))
         self._refs: dict[tuple, int] = {}
         self._ref_of_term: dict[int, int] = {}
+        self._loaded: list[Term] = []  # the terms keyed by id above, kept alive: no id is reused
         self._rulesets: set[str] = set()
+        self._ops: set[str] = set()  # ops the e-graph can hold: loaded, or made by a loaded rule
+        self._waiting: dict[str, list] = {}  # by ruleset: rules whose left side names an op it cannot
+        self._ranges_waiting = list(_range_rules())  # (ops it names, text), declared as for rules
+        self._declare_ranges()
+
+    def _declare_ranges(self) -> None:
+        ready = [text for ops, text in self._ranges_waiting if ops <= self._ops]
+        if ready:
+            self._ranges_waiting = [(ops, text) for ops, text in self._ranges_waiting if not ops <= self._ops]
+            self._run("\n".join(ready))
 
     def _run(self, text: str):
         try:
@@ -121,19 +170,43 @@ class EGraph:
                 if meta and id(t) in meta:
                     lines += _shape_facts(ref, t, *meta[id(t)])
             self._ref_of_term[id(t)] = ref
+            self._loaded.append(t)
+            self._ops.add(t.op)
         for i in range(0, len(lines), _CHUNK):
             self._run("\n".join(lines[i:i + _CHUNK]))
+        for phase in self._waiting:
+            self.add_rules(phase, [])
+        self._declare_ranges()
         return [self._ref_of_term[id(r)] for r in roots]
 
     def ref(self, term: Term) -> int:
         return self._ref_of_term[id(term)]
 
-    def add_rules(self, phase: str, rules) -> None:
+    def add_rules(self, phase: str, rules, wait: bool = True) -> None:
+        """Declare rules into ruleset ``phase``. A rule whose left side names an op that neither
+        the loaded terms nor a declared rule's right side can make never matches: it waits (and
+        is declared once an op it needs arrives), since declaring ~250 rules costs egglog most of
+        a small program's optimization. ``wait=False`` declares every rule now."""
         if phase not in self._rulesets:
-            self._run(f"(ruleset {phase})")
+            self._run(f"(ruleset {_ruleset(phase)})")
             self._rulesets.add(phase)
-        if rules:
-            self._run("\n".join(r.egglog(phase) for r in rules))
+        waiting, ready = self._waiting.get(phase, []) + list(rules), []
+        if not wait:
+            waiting, ready = [], waiting
+            for r in ready:
+                self._ops |= _ops_of(r)[1]
+        while True:
+            now = [_ops_of(r)[0] <= self._ops for r in waiting]
+            if not any(now):
+                break
+            ready += [r for r, ok in zip(waiting, now) if ok]
+            for r, ok in zip(waiting, now):
+                self._ops |= _ops_of(r)[1] if ok else frozenset()
+            waiting = [r for r, ok in zip(waiting, now) if not ok]
+        self._waiting[phase] = waiting
+        if ready:
+            self._run("\n".join(_egglog_text(r, _ruleset(phase)) for r in ready))
+        self._declare_ranges()
 
     def size(self) -> int:
         """Number of Tensor e-nodes (anchors included)."""
@@ -154,7 +227,7 @@ class EGraph:
             if report.iterations >= max_iterations:
                 report.stop = f"iteration limit ({max_iterations})"
                 break
-            out = self._run(f"(run {phase} 1)")
+            out = self._run(f"(run {_ruleset(phase)} 1)")
             run_report = out[-1].report
             self._analyze()
             report.iterations += 1

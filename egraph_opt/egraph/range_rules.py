@@ -27,6 +27,7 @@ DECLARATIONS = f"""
 (relation positive (Tensor))
 (relation nonneg (Tensor))
 (relation nonzero (Tensor))
+(relation negative (Tensor))
 (function dtype-of (Tensor) String :merge old)
 (function last-dim (Tensor) i64 :merge old)
 (function rank (Tensor) i64 :merge old)
@@ -123,7 +124,7 @@ def rules() -> list[str]:
         # facts from bounds
         "(rule ((= x (lo e)) (> x 0.0)) ((positive e)))",
         "(rule ((= x (lo e)) (>= x 0.0)) ((nonneg e)))",
-        "(rule ((= x (hi e)) (< x 0.0)) ((nonzero e)))",
+        "(rule ((= x (hi e)) (< x 0.0)) ((negative e) (nonzero e)))",
         "(rule ((positive e)) ((nonneg e) (nonzero e)))",
         # facts of combinations (over the reals)
         "(rule ((= e (Add a b)) (positive a) (nonneg b)) ((positive e)))",

@@ -144,11 +144,12 @@ for _name, _targets in {
     "mul": (operator.mul, torch.mul, "mul"), "div": (operator.truediv, torch.div, "div"),
     "pow": (operator.pow, torch.pow, "pow"), "maximum": (torch.maximum, "maximum"),
     "minimum": (torch.minimum, "minimum"), "logaddexp": (torch.logaddexp, "logaddexp"),
+    "atan2": (torch.atan2, torch.arctan2, "atan2", "arctan2"), "hypot": (torch.hypot, "hypot"),
 }.items():
     lowers(*_targets)(_binary(_name))
 
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
-              "sigmoid", "relu", "erf", "neg"):
+              "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh"):
     lowers(*(t for t in (getattr(torch, _name, None), getattr(F, _name, None), _name,
                          getattr(operator, _name, None)) if t is not None))(
         lambda c, x, *, _op=_name, inplace=False: Term(_op, (c.tensor(x),)))

@@ -20,6 +20,7 @@ SAME = {
     aten.maximum.default: low._binary("maximum"), aten.minimum.default: low._binary("minimum"),
     **dict.fromkeys((aten.lt.Tensor, aten.lt.Scalar), low._binary("less")),
     **dict.fromkeys((aten.gt.Tensor, aten.gt.Scalar), low._greater),
+    aten.atan2.default: low._binary("atan2"), aten.hypot.default: low._binary("hypot"),
     **dict.fromkeys((aten.view.default, aten.reshape.default, aten._unsafe_view.default,
                      aten.unsqueeze.default, aten.squeeze.dim, aten.flatten.using_ints), low.TABLE["view"]),
     aten.expand.default: low.TABLE["expand"], aten.transpose.int: low._transpose,
@@ -40,7 +41,7 @@ SAME = {
     aten.dropout.default: low._dropout,
 }
 for _op in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
-            "sigmoid", "relu", "erf", "neg"):
+            "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh"):
     SAME[getattr(aten, _op).default] = low.TABLE[getattr(torch, _op)]
 for _overload, _fn in SAME.items():
     lowers(_overload)(_fn)

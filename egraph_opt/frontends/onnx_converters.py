@@ -316,7 +316,8 @@ CONVERTERS = {
     **{onnx_op: _unary(op) for onnx_op, op in [
         ("Neg", "neg"), ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"), ("Abs", "abs"),
         ("Sin", "sin"), ("Cos", "cos"), ("Tanh", "tanh"), ("Sigmoid", "sigmoid"),
-        ("Relu", "relu"), ("Erf", "erf"), ("Softplus", "softplus")]},
+        ("Relu", "relu"), ("Erf", "erf"), ("Softplus", "softplus"), ("Tan", "tan"), ("Atan", "atan"),
+        ("Asinh", "asinh"), ("Acosh", "acosh"), ("Atanh", "atanh")]},
     "Reciprocal": lambda im, n: Term("div", (Term.const(1.0), im.term(n.input[0]))),
     "Gelu": lambda im, n: Term("gelu", (im.term(n.input[0]),), (_attr(n, "approximate", "none"),)),
     "Identity": lambda im, n: im.term(n.input[0]),

@@ -133,6 +133,32 @@ def gelu(x, approximate):
     return F.gelu(x, approximate=approximate).copysign(x)
 
 
+def atan2(y, x):
+    return torch.atan2(_tensor(y, x), _tensor(x, y))
+
+
+def hypot(a, b):
+    """sqrt(a^2 + b^2) without overflow or underflow; NaN where an operand is NaN, as the
+    definition is (IEEE's hypot(inf, NaN) is inf)."""
+    a, b = _tensor(a, b), _tensor(b, a)
+    return torch.where(a.isnan() | b.isnan(), a + b, torch.hypot(a, b))
+
+
+def cbrt(x):
+    """The real cube root (torch has none: x ** (1/3) is NaN for x < 0), computed in float64 and
+    rounded; a float64 operand gets one Newton step (x / y^2 cannot overflow where y^3 would)."""
+    wide = x.double()
+    y = wide.abs().pow(1 / 3).copysign(wide)
+    if x.dtype == torch.float64:
+        y = torch.where((y != 0) & y.isfinite(), y - (y - wide / (y * y)) / 3, y)
+    return y.to(x.dtype)
+
+
+def cube_root(v: float) -> float:
+    """cbrt on a float (the increasing function cbrt's range is the image of)."""
+    return math.copysign(abs(v) ** (1 / 3), v)
+
+
 def permute(x, perm):
     return x.permute(*parse_shape(perm))
 
@@ -390,6 +416,25 @@ OPS: dict[str, Op] = {op.name: op for op in [
         onnx="Erf"),
     _op("gelu",    1, "approximate:String", gelu, _UNARY, range="gelu", curvature=(0.8, 1.0),
         **_SMOOTH, sample=(("approximate", "tanh"),), onnx="Gelu"),
+    # trigonometric, hyperbolic and root functions (issue 16): the forms cancellation rules reach.
+    # Bounds are float32's roundings of pi/2 and pi, outward (atan(inf) is 1.5707964 > pi/2)
+    _op("tan",     1, "", torch.tan,    _UNARY, range="tan",     curvature=(math.inf, math.inf),
+        growth=2, onnx="Tan"),
+    _op("atan",    1, "", torch.atan,   _UNARY, range=math.atan, curvature=(0.65, 1.0), **_SMOOTH,
+        bounds=(-1.5708, 1.5708), onnx="Atan"),
+    _op("atan2",   2, "", atan2,        _BINARY, range="bounds", curvature="div", growth=2,
+        bounds=(-3.1416, 3.1416), flops=20, precision="keep", onnx="quadrant-atan"),
+    _op("hypot",   2, "", hypot,        _BINARY, range="hypot",  curvature=(1.0, 1.0), **_SMOOTH,
+        sign="nonneg", flops=10, precision="keep", onnx="definition",
+        definition="(sqrt (add (mul ?x0 ?x0) (mul ?x1 ?x1)))"),
+    _op("cbrt",    1, "", cbrt,         _UNARY, range=cube_root, curvature="sqrt", growth=2,
+        onnx="signed-cube-root"),
+    _op("asinh",   1, "", torch.asinh,  _UNARY, range=math.asinh, curvature=(0.39, 1.0), **_SMOOTH,
+        onnx="Asinh"),
+    _op("acosh",   1, "", torch.acosh,  _UNARY, range=math.acosh, curvature=(math.inf, math.inf),
+        growth=2, onnx="Acosh"),
+    _op("atanh",   1, "", torch.atanh,  _UNARY, range=math.atanh, curvature=(math.inf, math.inf),
+        growth=2, onnx="Atanh"),
     # reductions over one axis (axes are canonical: negative, counted from the end)
     _op("sum", 1, _REDUCE, reduce_sum, _REDUCTION, range="sum", error="sum", onnx="ReduceSum"),
     _op("compensated_sum", 1, _REDUCE, compensated_sum, _REDUCTION, range="sum", passes=12, flops=8,

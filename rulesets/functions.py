@@ -1,0 +1,72 @@
+"""Elementary functions by their definitions: a naive spelling that overflows or cancels into the
+op (or the expm1 / log1p composition) that computes the same value without doing so.
+
+Each stability rule's purpose is checked in the tests: at a huge, tiny or nearly-equal input in
+float32 its right side is accurate where its left side is not.
+"""
+from . import Family, Rule, rules
+from .algebra import NEVER_INF
+
+_E = Family.STABILITY
+_FINITE = NEVER_INF + tuple(f.replace("?x", "?y") for f in NEVER_INF)  # ?x, ?y declared finite
+
+RULES = rules(_E, [
+    # name                    lhs                                               rhs
+    # -- roots of sums of squares -----------------------------------------------------------------
+    ("hypot-fuse",            "(sqrt (add (mul ?x ?x) (mul ?y ?y)))",           "(hypot ?x ?y)",
+                              "x^2 + y^2 overflows (x = 1e20) or underflows (1e-25) where hypot does not"),
+    Rule("hypot-const",       "(sqrt (add (mul ?x ?x) (const ?c)))",            "(hypot ?x (sqrt (const ?c)))",
+         _E, when=("(>= ?c 0.0)",), why="sqrt(x^2 + c) for c >= 0, sqrt(c) rounded once"),
+    Rule("quotient-by-square-plus", "(div ?x (add (mul ?x ?x) (const ?c)))",
+         "(div (const 1.0) (add ?x (div (const ?c) ?x)))", _E, when=("(> ?c 0.0)",),
+         why="x / (x^2 + c) = 1 / (x + c/x): x^2 overflows (x/inf = 0) from |x| = 2e19"),
+    # -- inverse hyperbolic functions by their logarithms ---------------------------------------
+    Rule("asinh-fuse",        "(log (add ?x (sqrt (add (mul ?x ?x) (const 1.0)))))", "(asinh ?x)", _E,
+         when=NEVER_INF, why="x + sqrt(x^2 + 1) cancels for x << 0 and overflows for x >> 0; "
+                            "finite: log(-inf + inf) is NaN where asinh(-inf) is -inf"),
+    ("atanh-fuse",            "(log (div (add ?x (const 1.0)) (sub (const 1.0) ?x)))",
+                              "(mul (atanh ?x) (const 2.0))",
+                              "(1 + x)/(1 - x) rounds to 1 for tiny x: log gives 0, not 2x"),
+    ("tanh-from-logistic",    "(sub (div (const 2.0) (add (exp (mul ?x (const -2.0))) (const 1.0))) (const 1.0))",
+                              "(tanh ?x)", "2 sigmoid(2x) - 1 cancels for small x"),
+    # -- half angles -------------------------------------------------------------------------------
+    ("tan-half-angle",        "(div (sub (const 1.0) (cos ?x)) (sin ?x))",      "(tan (mul ?x (const 0.5)))",
+                              "(1 - cos x)/sin x = tan(x/2): 1 - cos x is 0 for |x| < 2^-12"),
+    # -- powers minus one through expm1 and log1p ---------------------------------------------
+    Rule("pow-shift-minus-one", "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
+         "(add (expm1 (mul ?y (log1p ?x))) (const 0.0))", _E, when=("(> (lo ?x) -1.0)",) + _FINITE,
+         why="(1 + x)^y - 1 = expm1(y log1p x) for x > -1; finite: 1^inf is 1, expm1(inf * 0) "
+             "NaN; + 0: +0 at y = 0, as 1 - 1 is"),
+    Rule("pow-minus-one",     "(sub (pow ?x ?y) (const 1.0))",                  "(add (expm1 (mul ?y (log ?x))) (const 0.0))",
+         _E, when=("(positive ?x)",) + _FINITE, why="x^y - 1 = expm1(y log x) for x > 0"),
+])
+
+#: the quadratic formula's two roots, each in the form whose numerator adds magnitudes: with q = 4ac,
+#: (-b +- sqrt(b^2 - q)) / 2a = q / (-b -+ sqrt(b^2 - q)) / 2a (q over it first: at most sqrt|q|). |b| <= 255 and |q| <= 6e4: b^2 and
+#: b^2 - q stay finite in float16 (where b^2 overflows, sqrt(inf) / inf gives 0, not -c/b); a != 0:
+#: the left side is defined; q != 0: at q = +0 the left side's zero has a's sign, the right side's not
+_DISC = "(sqrt (sub (mul ?b ?b) ?q))"
+_QUAD = ("(nonzero ?a)", "(nonzero ?q)", "(<= (hi ?q) 60000.0)", "(>= (lo ?q) -60000.0)")
+RULES += [
+    Rule("quadratic-plus", f"(div (add (neg ?b) {_DISC}) (mul ?a (const 2.0)))",
+         f"(div (div ?q (sub (neg ?b) {_DISC})) (mul ?a (const 2.0)))", _E,
+         when=("(positive ?b)", "(<= (hi ?b) 255.0)") + _QUAD,
+         why="-b + sqrt(b^2 - 4ac) cancels for b > 0 where 4ac is small"),
+    Rule("quadratic-minus", f"(div (sub (neg ?b) {_DISC}) (mul ?a (const 2.0)))",
+         f"(div (div ?q (add (neg ?b) {_DISC})) (mul ?a (const 2.0)))", Family.ALGEBRA,
+         when=("(negative ?b)", "(>= (lo ?b) -255.0)") + _QUAD,
+         why="-b - sqrt(b^2 - 4ac) cancels for b < 0 where 4ac is small (algebra: no purpose "
+             "probe draws b < 0 beside a small 4ac)"),
+]
+
+#: forms to meet: no cancellation the purpose probes can show (acosh's overflow is at x >> 1,
+#: where the probes draw both signs; a half angle's other direction cancels only near pi)
+RULES += rules(Family.ALGEBRA, [
+    ("exp-zero-minus",        "(exp (sub (const 0.0) ?x))",                     "(exp (neg ?x))",
+                              "exp(0 - x) = exp(-x): a zero's sign does not reach exp's value"),
+    ("acosh-fuse",            "(log (add ?x (sqrt (sub (mul ?x ?x) (const 1.0)))))", "(acosh ?x)",
+                              "x^2 - 1 overflows for large x (in float32 near 1 it is nearly exact: "
+                              "x^2 of 1 + k 2^-23 rounds off only k^2 2^-46)"),
+    ("tan-half-angle-sin",    "(div (sin ?x) (add (cos ?x) (const 1.0)))",      "(tan (mul ?x (const 0.5)))",
+                              "sin x / (1 + cos x) = tan(x/2): 1 + cos x cancels near pi"),
+])

@@ -20,6 +20,7 @@ class Family(enum.Enum):
     ALGEBRA = "algebra"
     DECOMPOSITION = "decomposition"
     PRECISION = "precision"
+    SHARDING = "sharding"  # a stage of its own (egraph_opt/sharding/): only when asked for
 
 
 class Exactness(enum.Enum):
@@ -166,10 +167,11 @@ def reverse(rule: Rule, family: Family, when: tuple[str, ...] = (), **fixed) -> 
 
 def catalogue() -> dict[str, Rule]:
     """All rules by name, across families; names are unique."""
-    from . import algebra, cancellation, canonical, decomposition, fusion, precision, stability
+    from . import algebra, cancellation, canonical, decomposition, fusion, precision, sharding, stability
 
     table: dict[str, Rule] = {}
-    for module in (stability, cancellation, algebra, canonical, fusion, precision, decomposition):
+    for module in (stability, cancellation, algebra, canonical, fusion, precision, decomposition,
+                   sharding):
         for r in module.RULES:
             if r.name in table:
                 raise RuleError(f"duplicate rule name {r.name!r}")
@@ -181,11 +183,12 @@ def catalogue() -> dict[str, Rule]:
 
 
 def select(spec=None) -> list[Rule]:
-    """Rules for a run: None means every rule that is not unsafe; otherwise a list of family
-    names, rule names or Rule objects."""
+    """Rules for a run: None means every rule that is not unsafe, sharding left to its own stage;
+    otherwise a list of family names, rule names or Rule objects."""
     everything = catalogue()
     if spec is None:
-        return [r for r in everything.values() if r.exactness is not Exactness.UNSAFE]
+        return [r for r in everything.values()
+                if r.exactness is not Exactness.UNSAFE and r.family is not Family.SHARDING]
     chosen: list[Rule] = []
     families = {f.value: f for f in Family}
     for item in ([spec] if isinstance(spec, (str, Rule)) else spec):

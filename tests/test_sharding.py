@@ -1,5 +1,8 @@
 """The sharding stage: mesh ops on one process, the rules' guards, the textbook choices under the
 cost model, and sharded programs on 2 real gloo processes equal to the originals."""
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -217,3 +220,30 @@ def test_transformer_block_runs_on_two_gloo_processes(empty_db):
     assert plan.collectives()
     with torch.no_grad():
         torch.testing.assert_close(plan.run(x), block(x), rtol=1e-5, atol=1e-5)
+
+
+TORCHRUN_SCRIPT = """
+import sys, torch, torch.nn as nn, egraph_opt
+from egraph_opt.sharding.cost import Link
+torch.manual_seed(0)
+mlp = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256))
+x = torch.randn(4, 256)
+fast = {name: Link(10e-6, 0.1e-9) for name in ("all_gather", "all_reduce", "reduce_scatter")}
+plan = egraph_opt.shard(mlp, x, mesh=2, links=fast, profile_db=sys.argv[1])
+y = plan.run_local(x)
+torch.testing.assert_close(y, mlp(x), rtol=1e-5, atol=1e-5)
+print("rank", torch.distributed.get_rank(), "equal", sorted(plan.collectives()))
+"""
+
+
+def test_run_local_runs_this_rank_under_torchrun(tmp_path, empty_db):
+    from egraph_opt.sharding.run import free_port
+    script = tmp_path / "part.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={free_port()}", str(script), empty_db], capture_output=True,
+                         text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(line for line in out.stdout.splitlines() if "equal" in line) == [
+        "rank 0 equal ['all_reduce']", "rank 1 equal ['all_reduce']"]

@@ -2,10 +2,12 @@
 
 For each model, ``egraph_opt.shard`` chooses a sharding over 2 devices (compute priced from the
 latency database, timing the shapes one device sees where it has none; communication by the link
-``egraph-opt profile --collectives`` fitted). Measured: the median of ``--repeats`` runs of the
-unsharded program on 1 process (all cores) and of the sharded one on 2 gloo processes (half the
-cores each), each step timed on every device, the slowest counted; the two are measured in turns,
-``--rounds`` times, and the quickest round of each is printed.
+``egraph-opt profile --collectives`` fitted). A device is one core: every process, and the
+latency database's timings, run one thread (this machine's 2 cores are shared with other jobs,
+where a 2-thread process stalls at each barrier). Measured: the median of ``--repeats`` runs of
+the unsharded program on 1 process and of the sharded one on 2 gloo processes, each step timed
+on every device, the slowest counted; the two are measured in turns, ``--rounds`` times, and the
+quickest round of each is printed.
 
     python bench/sharding.py [--rounds 2] [--repeats 10] [--quick]
 """
@@ -22,6 +24,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import egraph_opt  # noqa: E402
+from egraph_opt.profiling.profile_db import default_path  # noqa: E402
 from egraph_opt.sharding.cost import measured_links  # noqa: E402
 from test_sharding import Block  # noqa: E402
 
@@ -43,8 +46,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="smaller models")
+    parser.add_argument("--db", default=str(default_path().with_name("sharding-bench.sqlite")),
+                        help="latency database (its own by default: timings of one thread)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(1)
     links = measured_links()
     print("link: " + ", ".join(f"{k} {v.alpha_s * 1e6:.0f} us + {v.beta_s * 1e9:.2f} ns/B"
                                for k, v in links.items()))
@@ -54,12 +60,13 @@ def main() -> None:
     for name, model, x in models(args.quick):
         start = time.perf_counter()
         with torch.no_grad():
-            plan = egraph_opt.shard(model, x, mesh=2, links=links, profile_misses=True)
+            plan = egraph_opt.shard(model, x, mesh=2, links=links, profile_db=args.db,
+                                    profile_misses=True)
             planned = time.perf_counter() - start
             one, two = [], []
             for _ in range(args.rounds):
-                one.append(plan.measure(x, repeats=args.repeats, sharded=False))
-                two.append(plan.measure(x, repeats=args.repeats))
+                one.append(plan.measure(x, repeats=args.repeats, sharded=False, threads=1))
+                two.append(plan.measure(x, repeats=args.repeats, threads=1))
             torch.testing.assert_close(plan.run(x), model(x), rtol=1e-4, atol=1e-4)
         chosen = ", ".join(f"{n} {op}" for op, n in sorted(plan.collectives().items())) or "unsharded"
         print(f"{name:<18} {chosen:<28} {plan.unsharded_s * 1e3:>10.2f} {min(one) * 1e3:>10.2f} "

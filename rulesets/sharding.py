@@ -84,8 +84,8 @@ def _along_other_axes() -> list[Rule]:
             _rule(f"shard-into-{name}-after", f"(shard ({op} ?x ?r false{rest}) ?a ?n)",
                   f"({op} (shard ?x ?a ?n) ?r false{rest})", when=("(> ?a ?r)",)),
             _rule(f"shard-into-{name}-before", f"(shard ({op} ?x ?r false{rest}) ?a ?n)",
-                  f"({op} (shard ?x (- ?a 1) ?n) ?r false{rest})", when=("(< ?a ?r)",),
-                  why="axes before the reduced one count one further from the end in ?x"),
+                  f"({op} (shard ?x (- ?a 1) ?n) ?r false{rest})", when=("(<= ?a ?r)",),
+                  why="axes from the reduced one's place leftward count one further from the end in ?x"),
         ]
     for op in ("softmax", "log_softmax"):
         out.append(_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x ?r) ?a ?n)",

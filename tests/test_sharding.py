@@ -91,6 +91,15 @@ def test_softmax_is_split_only_along_another_axis():
     assert "softmax" not in _class_ops(mesh_op("shard", Term("softmax", (X,), (-1,)), -1, 2), ["shard-into-softmax"])
 
 
+@pytest.mark.parametrize("axis,keep,fires", [(-2, True, True), (-1, True, False), (-1, False, True)])
+def test_a_sum_is_split_only_along_an_axis_it_keeps(axis, keep, fires):
+    """sum over -1 of a (5, 4) value, split along ``axis``: not along the summed axis (the
+    partial-sums rule's all-reduce sums parts); without keepdim, axis -1 is x's rows."""
+    summed = mesh_op("shard", Term("sum", (X,), (-1, keep)), axis, 2)
+    names = ["shard-into-sum-kept", "shard-into-sum-after", "shard-into-sum-before"]
+    assert ("sum" in _class_ops(summed, names)) == fires
+
+
 def test_sharding_starts_only_from_values_every_device_holds_whole():
     """A product of parts (partial sums) is not gathered as if it were whole."""
     parts = Term("matmul", (mesh_op("shard", X, -1, 2), mesh_op("shard", Term.input("w", (4, 6), "float64"), -2, 2)))

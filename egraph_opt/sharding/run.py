@@ -55,9 +55,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, n: int, port: int, roots, env, repeats: int, path: str) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(max(1, torch.get_num_threads() // n))
+def _worker(rank: int, n: int, port: int, roots, env, repeats: int, path: str, threads: int) -> None:
+    torch.set_num_threads(threads)
     dist.init_process_group(backend_for(env), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=n)
     try:
@@ -79,13 +78,16 @@ def _worker(rank: int, n: int, port: int, roots, env, repeats: int, path: str) -
         dist.destroy_process_group()
 
 
-def spawn(roots: list[Term], env: dict, n: int, repeats: int = 0) -> tuple[list, float | None]:
-    """Run on ``n`` new processes; the outputs device 0 holds (the program ends whole), and with
-    ``repeats`` the median seconds of one run, timed on every device, the slowest counted."""
+def spawn(roots: list[Term], env: dict, n: int, repeats: int = 0, threads: int | None = None
+          ) -> tuple[list, float | None]:
+    """Run on ``n`` new processes of ``threads`` threads each (default: the cores shared out);
+    the outputs device 0 holds (the program ends whole), and with ``repeats`` the median seconds
+    of one run, timed on every device, the slowest counted."""
+    threads = threads or max(1, (os.cpu_count() or 1) // n)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "outputs.pt")
-        mp.start_processes(_worker, args=(n, free_port(), roots, env, repeats, path), nprocs=n,
-                           join=True, start_method="spawn")
+        mp.start_processes(_worker, args=(n, free_port(), roots, env, repeats, path, threads),
+                           nprocs=n, join=True, start_method="spawn")
         outputs, times = torch.load(path)
     return outputs, statistics.median(times) if times else None
 

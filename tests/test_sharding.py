@@ -37,8 +37,9 @@ def test_a_shard_holds_each_device_part_and_a_gather_puts_them_back():
 
 def test_all_reduce_sums_parts_and_a_whole_value_once_per_device():
     x = torch.randn(5, 4, dtype=torch.float64)
-    partial = Term("matmul", (mesh_op("shard", X, -1, 2), mesh_op("shard", Term.input("w", (4, 3), "float64"), -2, 2)))
     w = torch.randn(4, 3, dtype=torch.float64)
+    partial = Term("matmul", (mesh_op("shard", X, -1, 2),
+                              mesh_op("shard", Term.input("w", (4, 3), "float64"), -2, 2)))
     total, twice, scattered = evaluate([mesh_op("all_reduce", partial, 2), mesh_op("all_reduce", X, 2),
                                         mesh_op("reduce_scatter", partial, -1, 2)], {"x": x, "w": w})
     torch.testing.assert_close(total, x @ w)
@@ -87,8 +88,9 @@ def test_a_bias_is_added_whole_only_where_the_split_axis_misses_it():
 
 
 def test_softmax_is_split_only_along_another_axis():
-    assert "softmax" in _class_ops(mesh_op("shard", Term("softmax", (X,), (-1,)), -2, 2), ["shard-into-softmax"])
-    assert "softmax" not in _class_ops(mesh_op("shard", Term("softmax", (X,), (-1,)), -1, 2), ["shard-into-softmax"])
+    softmax = Term("softmax", (X,), (-1,))
+    assert "softmax" in _class_ops(mesh_op("shard", softmax, -2, 2), ["shard-into-softmax"])
+    assert "softmax" not in _class_ops(mesh_op("shard", softmax, -1, 2), ["shard-into-softmax"])
 
 
 @pytest.mark.parametrize("axis,keep,fires", [(-2, True, True), (-1, True, False), (-1, False, True)])
@@ -102,10 +104,10 @@ def test_a_sum_is_split_only_along_an_axis_it_keeps(axis, keep, fires):
 
 def test_sharding_starts_only_from_values_every_device_holds_whole():
     """A product of parts (partial sums) is not gathered as if it were whole."""
-    parts = Term("matmul", (mesh_op("shard", X, -1, 2), mesh_op("shard", Term.input("w", (4, 6), "float64"), -2, 2)))
+    w = Term.input("w", (4, 6), "float64")
+    parts = Term("matmul", (mesh_op("shard", X, -1, 2), mesh_op("shard", w, -2, 2)))
     assert "all_gather" not in _class_ops(parts, ["matmul-rows-gathered", "matmul-columns-gathered"])
-    assert "all_gather" in _class_ops(Term("matmul", (X, Term.input("w", (4, 6), "float64"))),
-                                      ["matmul-rows-gathered"])
+    assert "all_gather" in _class_ops(Term("matmul", (X, w)), ["matmul-rows-gathered"])
 
 
 def test_the_default_ruleset_leaves_sharding_to_its_stage():

@@ -14,7 +14,7 @@ from torch.fx.node import map_aggregate
 
 from ..egraph.engine import ENode
 from ..frontends.capture import capture
-from ..lang.ops import OPS
+from ..lang.ops import OPS, parse_shape
 from ..lang.term import Term, postorder, pretty, shapes
 from ..optimization.pipeline import Limits
 from ..profiling.latency import MeasuredLatency
@@ -115,7 +115,7 @@ class ShardedPlan:
         if len(args) != len(self.program.inputs):
             raise TypeError(f"{self.name} takes {len(self.program.inputs)} tensors, got {len(args)}")
         for t, a in zip(self.program.inputs, args):
-            if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(int(d) for d in t.attrs[1].split(",") if d):
+            if not isinstance(a, torch.Tensor) or tuple(a.shape) != parse_shape(t.attrs[1]):
                 raise TypeError(f"{self.name}: argument {t.attrs[0]} must be a tensor of shape "
                                 f"{t.attrs[1]}, as planned, not {getattr(a, 'shape', type(a).__name__)}")
         return {**{k: v.detach() for k, v in self.program.params.items()},

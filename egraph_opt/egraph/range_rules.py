@@ -6,7 +6,7 @@ facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds a
 the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
 float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
 every leaf's rank (fusions into kernels with shape contracts read them); ``whole`` every value
-that each device of a mesh holds whole (sharding rules start only from those); ``nonempty`` every loaded
+each device of a mesh holds whole (sharding rules split only those); ``nonempty`` every loaded
 value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
 empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
 intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound

@@ -239,6 +239,7 @@ def shapes(roots: list[Term], leaf_meta: dict[str, tuple] | None = None
                         for a, m in zip(t.args, operands)]
                 value = OPS[t.op].impl(*args, *t.attrs) if any(
                     isinstance(x, torch.Tensor) for x in args) else 0.0
-                found = (tuple(value.shape), value.dtype) if isinstance(value, (torch.Tensor, Local)) else SCALAR
+                found = (tuple(value.shape), value.dtype) if isinstance(
+                    value, (torch.Tensor, Local)) else SCALAR  # Local: one device's part
             out[id(t)] = found
     return out

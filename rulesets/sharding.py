@@ -74,22 +74,23 @@ def _elementwise() -> list[Rule]:
 
 
 def _along_other_axes() -> list[Rule]:
-    """Reductions and softmax along an axis the split leaves whole."""
+    """Reductions and softmax along an axis the split leaves whole (axes compared as counted from
+    the end, as the capture writes them: a positive one is another spelling, never matched)."""
     out = []
     for op in [n for n, o in OPS.items() if o.shape == "reduce" and o.arity == 1]:
         name, rest = op.replace("_", "-"), _attrs(op).replace(" ?axis ?keepdim", "")
         out += [
             _rule(f"shard-into-{name}-kept", f"(shard ({op} ?x ?r true{rest}) ?a ?n)",
-                  f"({op} (shard ?x ?a ?n) ?r true{rest})", when=("(!= ?a ?r)",)),
+                  f"({op} (shard ?x ?a ?n) ?r true{rest})", when=("(!= ?a ?r)", "(< ?r 0)")),
             _rule(f"shard-into-{name}-after", f"(shard ({op} ?x ?r false{rest}) ?a ?n)",
-                  f"({op} (shard ?x ?a ?n) ?r false{rest})", when=("(> ?a ?r)",)),
+                  f"({op} (shard ?x ?a ?n) ?r false{rest})", when=("(> ?a ?r)", "(< ?r 0)")),
             _rule(f"shard-into-{name}-before", f"(shard ({op} ?x ?r false{rest}) ?a ?n)",
-                  f"({op} (shard ?x (- ?a 1) ?n) ?r false{rest})", when=("(<= ?a ?r)",),
+                  f"({op} (shard ?x (- ?a 1) ?n) ?r false{rest})", when=("(<= ?a ?r)", "(< ?r 0)"),
                   why="axes from the reduced one's place leftward count one further from the end in ?x"),
         ]
     for op in ("softmax", "log_softmax"):
         out.append(_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x ?r) ?a ?n)",
-                         f"({op} (shard ?x ?a ?n) ?r)", when=("(!= ?a ?r)",)))
+                         f"({op} (shard ?x ?a ?n) ?r)", when=("(!= ?a ?r)", "(< ?r 0)")))
     return out
 
 
@@ -100,7 +101,8 @@ RULES = _elementwise() + _along_other_axes() + [
     _rule("shard-into-linear-columns", "(shard (linear ?x ?w ?b) -1 ?n)",
           "(linear ?x (shard ?w -2 ?n) (shard ?b -1 ?n))", when=("(= (rank ?b) 1)",), sample=_LINEAR,
           why="column parallel: each device computes its output features"),
-    _rule("shard-into-matmul-rows", "(shard (matmul ?x ?y) -2 ?n)", "(matmul (shard ?x -2 ?n) ?y)"),
+    _rule("shard-into-matmul-rows", "(shard (matmul ?x ?y) -2 ?n)", "(matmul (shard ?x -2 ?n) ?y)",
+          when=("(> (rank ?y) 1)",), why="x @ a vector has no column axis: its axis -2 is x's -3"),
     _rule("shard-into-matmul-columns", "(shard (matmul ?x ?y) -1 ?n)", "(matmul ?x (shard ?y -1 ?n))"),
     _rule("shard-into-sdpa-queries", "(shard (sdpa ?q ?k ?v ?s false) -2 ?n)",
           "(sdpa (shard ?q -2 ?n) ?k ?v ?s false)", why="queries split, every key seen (no mask)"),
@@ -108,16 +110,16 @@ RULES = _elementwise() + _along_other_axes() + [
           "(layer_norm (shard ?x ?a ?n) ?w ?b ?e)", when=("(< ?a -1)",),
           sample=(("x", (4, 6)), ("w", (6,)), ("b", (6,))), why="normalized over the last axis only"),
     _rule("shard-into-transpose", "(shard (transpose ?x ?i ?j) ?a ?n)",
-          "(transpose (shard ?x ?a ?n) ?i ?j)", when=("(!= ?a ?i)", "(!= ?a ?j)"),
+          "(transpose (shard ?x ?a ?n) ?i ?j)", when=("(!= ?a ?i)", "(!= ?a ?j)", "(< ?i 0)", "(< ?j 0)"),
           sample=(("i", -3), ("j", -2))),
     _rule("shard-into-transpose-first", "(shard (transpose ?x ?a ?j) ?a ?n)",
-          "(transpose (shard ?x ?j ?n) ?a ?j)", sample=(("j", -1),)),
+          "(transpose (shard ?x ?j ?n) ?a ?j)", when=("(< ?j 0)",), sample=(("j", -1),)),
     _rule("shard-into-transpose-second", "(shard (transpose ?x ?i ?a) ?a ?n)",
-          "(transpose (shard ?x ?i ?n) ?i ?a)", sample=(("i", -3),)),
+          "(transpose (shard ?x ?i ?n) ?i ?a)", when=("(< ?i 0)",), sample=(("i", -3),)),
     _rule("shard-into-slice", "(shard (slice ?x ?c ?s ?e ?t) ?a ?n)", "(slice (shard ?x ?a ?n) ?c ?s ?e ?t)",
-          when=("(!= ?a ?c)",), sample=(("s", 1), ("e", 4), ("t", 1))),
+          when=("(!= ?a ?c)", "(< ?c 0)"), sample=(("s", 1), ("e", 4), ("t", 1))),
     _rule("shard-into-concat", "(shard (concat ?x ?y ?c) ?a ?n)",
-          "(concat (shard ?x ?a ?n) (shard ?y ?a ?n) ?c)", when=("(!= ?a ?c)",)),
+          "(concat (shard ?x ?a ?n) (shard ?y ?a ?n) ?c)", when=("(!= ?a ?c)", "(< ?c 0)")),
     # resharding
     _rule("gather-of-shard", "(all_gather (shard ?x ?a ?n) ?a ?n)", "?x"),
     _rule("shard-of-gather", "(shard (all_gather ?s ?a ?n) ?a ?n)", "?s",

@@ -102,6 +102,22 @@ def test_a_sum_is_split_only_along_an_axis_it_keeps(axis, keep, fires):
     assert ("sum" in _class_ops(summed, names)) == fires
 
 
+def test_rows_of_a_product_with_a_vector_are_not_rows_of_x():
+    x3, v = Term.input("x", (4, 5, 3), "float64"), Term.input("v", (3,), "float64")
+    rows = ["shard-into-matmul-rows"]
+    assert "matmul" not in _class_ops(mesh_op("shard", Term("matmul", (x3, v)), -2, 2), rows)
+    assert "matmul" in _class_ops(mesh_op("shard", Term("matmul", (x3, Term.input("w", (3, 2), "float64"))),
+                                          -2, 2), rows)
+
+
+def test_axes_are_compared_only_as_counted_from_the_end():
+    """transpose(x, 0, 1) split along -2 is x split along -1: a positive axis is not taken for
+    another one."""
+    names = ["shard-into-transpose", "shard-into-transpose-first", "shard-into-transpose-second"]
+    assert "transpose" not in _class_ops(mesh_op("shard", Term("transpose", (X,), (0, 1)), -2, 2), names)
+    assert "transpose" in _class_ops(mesh_op("shard", Term("transpose", (X,), (-2, -1)), -2, 2), names)
+
+
 def test_sharding_starts_only_from_values_every_device_holds_whole():
     """A product of parts (partial sums) is not gathered as if it were whole."""
     w = Term.input("w", (4, 6), "float64")

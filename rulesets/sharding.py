@@ -154,7 +154,7 @@ def introductions(n: int) -> list[Rule]:
              f"(all_reduce (matmul (shard ?x -1 {n}) (shard ?y -2 {n})) {n})", _S, Exactness.REASSOC,
              when=whole("(matmul ?x ?y)") + ("(> (rank ?y) 1)",)),
         Rule("sum-partial-sums", "(sum ?x ?r ?k)", f"(all_reduce (sum (shard ?x ?r {n}) ?r ?k) {n})",
-             _S, Exactness.REASSOC, when=whole("(sum ?x ?r ?k)")),
+             _S, Exactness.REASSOC, when=whole("(sum ?x ?r ?k)") + ("(< ?r 0)",)),
     ]
 
 

@@ -12,6 +12,7 @@ _PUBLIC = {
     "capture": "frontends.capture", "CaptureError": "frontends.capture",
     "optimize": "optimization.pipeline", "Limits": "optimization.pipeline",
     "Phase": "optimization.pipeline",
+    "shard": "drivers.sharded", "ShardedPlan": "drivers.sharded", "ShardingError": "drivers.sharded",
     "Term": "lang.term", "evaluate": "lang.term", "pretty": "lang.term",
 }
 __all__ = list(_PUBLIC)

@@ -21,6 +21,7 @@ class Family(enum.Enum):
     DECOMPOSITION = "decomposition"
     PRECISION = "precision"
     SERIES = "series"  # close only near a point: taken on a regime, never in saturation (series.py)
+    SHARDING = "sharding"  # a stage of its own (egraph_opt/sharding/): only when asked for
 
 
 class Exactness(enum.Enum):
@@ -168,11 +169,11 @@ def reverse(rule: Rule, family: Family, when: tuple[str, ...] = (), **fixed) -> 
 def catalogue() -> dict[str, Rule]:
     """All rules by name, across families; names are unique."""
     from . import (algebra, cancellation, canonical, decomposition, functions, fusion, precision,
-                   series, stability)
+                   series, sharding, stability)
 
     table: dict[str, Rule] = {}
     for module in (stability, cancellation, functions, algebra, canonical, fusion, precision,
-                   decomposition, series):
+                   decomposition, series, sharding):
         for r in module.RULES:
             if r.name in table:
                 raise RuleError(f"duplicate rule name {r.name!r}")
@@ -184,11 +185,12 @@ def catalogue() -> dict[str, Rule]:
 
 
 def select(spec=None) -> list[Rule]:
-    """Rules for a run: None means every rule that is not unsafe; otherwise a list of family
-    names, rule names or Rule objects."""
+    """Rules for a run: None means every rule that is not unsafe, sharding left to its own stage;
+    otherwise a list of family names, rule names or Rule objects."""
     everything = catalogue()
     if spec is None:
-        return [r for r in everything.values() if r.exactness is not Exactness.UNSAFE]
+        return [r for r in everything.values()
+                if r.exactness is not Exactness.UNSAFE and r.family is not Family.SHARDING]
     chosen: list[Rule] = []
     families = {f.value: f for f in Family}
     for item in ([spec] if isinstance(spec, (str, Rule)) else spec):

@@ -9,7 +9,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: stages in the order data flows through them; a module may import its own stage and earlier ones
 STAGES = ["lang", "frontends", "analysis", "egraph", "rulesets", "profiling", "extractors",
-          "kernels", "optimization", "backends", "validate", "drivers"]
+          "kernels", "optimization", "sharding", "backends", "validate", "drivers"]
 FOLDERS = {"rulesets": ROOT / "rulesets", "extractors": ROOT / "extractors",
            "kernels": ROOT / "kernels"}
 

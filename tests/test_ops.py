@@ -97,6 +97,7 @@ def test_reference_evaluator_matches_torch(op, fn, inputs):
 
 def test_every_op_has_a_case():
     covered = {c[0] for c in CASES} | {c.op for c, _ in DEFINITIONS + FUSED}
+    covered |= {name for name, op in OPS.items() if op.mesh}  # tests/test_sharding.py: each device
     assert {name for name, op in OPS.items() if not op.is_leaf} <= covered
 
 

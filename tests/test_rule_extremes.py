@@ -18,9 +18,16 @@ import torch
 
 from egraph_opt.lang import pattern as pat
 from egraph_opt.rulesets import Exactness
-from egraph_opt.lang.term import Term, evaluate, postorder
+from egraph_opt.lang import term
+from egraph_opt.lang.term import Term, postorder
 
-from test_rule_soundness import RULES, SCALAR_RULES, _SIGNS, _sexp, _uses, _value, all_sides, bind
+from test_rule_soundness import (RULES, SCALAR_RULES, _SIGNS, _sexp, _uses, _value, all_sides, bind,
+                                 on_devices)
+
+
+def evaluate(roots, env, **options):
+    """Values of the roots; one spread over a mesh (a sharding rule's) as every device's parts."""
+    return on_devices(*term.evaluate(roots, env, **options))
 
 INF, NAN = math.inf, math.nan
 #: relative tolerance by exactness class and dtype: rounding of extreme operands, not error
@@ -178,8 +185,10 @@ def limit_sign(lhs: Term, env: dict) -> torch.Tensor:
 #: ops that sum products in an order torch leaves to the library (BLAS and oneDNN blocking,
 #: threads, FMA): where the terms' magnitudes add up past the dtype's max, some order overflows
 SUMMING = frozenset({"matmul", "linear", "conv2d"})
-#: ops whose value on magnitudes bounds every partial sum (sub and neg as add and identity below)
-MAJORANT = SUMMING | {"add", "mul", "transpose", "reshape", "slice", "concat", "cast", "batch_norm"}
+#: ops whose value on magnitudes bounds every partial sum (sub and neg as add and identity below;
+#: the mesh ops move values or sum them)
+MAJORANT = SUMMING | {"add", "mul", "transpose", "reshape", "slice", "concat", "cast", "batch_norm",
+                      "shard", "all_gather", "all_reduce", "reduce_scatter"}
 
 
 def _majorant(t: Term) -> Term:

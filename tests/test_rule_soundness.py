@@ -16,6 +16,7 @@ import torch
 from egraph_opt.lang import pattern as pat
 from egraph_opt.egraph.engine import EGraph
 from egraph_opt.rulesets import Exactness, Family, catalogue, sexp as _sexp
+from egraph_opt.lang.mesh import Local
 from egraph_opt.lang.ops import parse_shape, shape_attr
 from egraph_opt.lang.term import Term, evaluate
 
@@ -44,6 +45,8 @@ def _value(e, values: dict, env: dict, bound=_sampled_bound):
     if head in ("rank", "last-dim"):
         shape = tuple(env[args[0][1:]].shape)
         return len(shape) if head == "rank" else shape[-1]
+    if head == "whole":  # every device holds it whole: a sampled tensor is the same on each
+        return not isinstance(env.get(args[0][1:]), Local)
     if head in ("lo", "hi"):  # the range analysis' bounds
         return bound(env[args[0][1:]], head)
     if head == "dtype-of":
@@ -135,6 +138,15 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
     raise AssertionError(f"{rule.name}: could not satisfy {rule.when}")
 
 
+def on_devices(*values):
+    """Values where one is spread over a mesh (``lang/mesh.py``): every device's shape and part
+    in a row, a value every device holds whole repeated for each."""
+    n = {len(v.parts) for v in values if isinstance(v, Local)}
+    if not n:
+        return values
+    return [(v if isinstance(v, Local) else Local((v,) * max(n))).flat() for v in values]
+
+
 def sides(rule, values):
     return pat.instantiate(rule.lhs_pattern, values), pat.instantiate(rule.rhs_pattern, values)
 
@@ -150,7 +162,7 @@ def test_both_sides_agree_in_float64(rule):
     for _ in range(5):
         values, env = bind(rule, gen)
         for left, right in all_sides(rule, values):
-            lhs, rhs = evaluate([left, right], env, reference=True)
+            lhs, rhs = on_devices(*evaluate([left, right], env, reference=True))
             lhs, rhs = torch.broadcast_tensors(torch.as_tensor(lhs), torch.as_tensor(rhs))
             defined = torch.isfinite(lhs)
             assert torch.isfinite(rhs[defined]).all(), f"{rule.name}: right undefined where left is not"

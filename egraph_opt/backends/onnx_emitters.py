@@ -27,8 +27,9 @@ SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Less", "Neg", "Exp
           "Tan", "Atan", "Asinh", "Acosh", "Atanh")
 #: reductions: the opset from which their axes are an input rather than an attribute
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
-#: ops of the Term language that ONNX has no operator or decomposition for: export refuses them
-NO_ONNX_FORM: frozenset[str] = frozenset()
+#: ops of the Term language that ONNX has no operator or decomposition for (they declare
+#: ``onnx="none"``: the mesh ops, which a single ONNX model cannot express): export refuses them
+NO_ONNX_FORM: frozenset[str] = frozenset(name for name, op in OPS.items() if op.onnx == "none")
 _ACTIVATIONS = {"relu": ("relu", ()), "gelu": ("gelu", ("none",)), "gelu_tanh": ("gelu", ("tanh",))}
 
 

@@ -47,6 +47,8 @@ def _kernels(args) -> int:
 def _profile(args) -> int:
     import torch
 
+    if args.collectives:
+        return _profile_collectives(args)
     from ..profiling.profile_db import ProfileDB
     from ..profiling.profiler import SPECS, profile_ops, profile_shapes
 
@@ -72,6 +74,23 @@ def _profile(args) -> int:
             records = profile_ops(args.ops or sorted(SPECS), args.dtype, args.device, db,
                                   args.sizes, args.repeats)
         print(f"{len(records)} timings recorded in {db.path}")
+    return 0
+
+
+def _profile_collectives(args) -> int:
+    """Time gloo's collectives over 2 processes and keep the alpha-beta fit the sharding cost
+    reads (collectives.json beside the latency database)."""
+    from ..sharding.cost import fit_links, save_links
+    from ..sharding.run import profile_collectives
+
+    timings = profile_collectives(2, repeats=args.repeats)
+    for name, nbytes, seconds in timings:
+        print(f"{name:<15} {nbytes:>9} bytes  {seconds * 1e6:9.1f} us")
+    links = fit_links(timings)
+    for name, link in links.items():
+        print(f"{name:<15} alpha {link.alpha_s * 1e6:.1f} us  beta {link.beta_s * 1e9:.3f} ns/byte "
+              f"({1 / link.beta_s / 1e9 if link.beta_s else float('inf'):.2f} GB/s)")
+    print(f"links recorded in {save_links(links)}")
     return 0
 
 
@@ -162,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                          "user cache)")
     profile.add_argument("--for", dest="program", metavar="MODULE:FUNCTION",
                          help="profile every kernel this program's e-graph could use, at its shapes")
+    profile.add_argument("--collectives", action="store_true",
+                         help="time gloo's all-gather, all-reduce and reduce-scatter over 2 "
+                         "processes: the sharding cost's link model")
     profile.add_argument("--shapes", type=_shapes, default=[],
                          help="example input shapes for --for, e.g. 2x8x16,2x8x16")
     moves = profile.add_mutually_exclusive_group()

@@ -39,8 +39,12 @@ class ExploreError(ValueError):
 
 def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
     """An Explorer of an optimized function (after a call), an ``optimize`` result, or an ONNX
-    model path (optimized here)."""
+    model path (optimized here); for a sharded plan (``egraph_opt.shard``), the table of its
+    alternative shardings with their predicted costs."""
     from .api import OptimizedFunction
+    from .sharded import ShardedPlan
+    if isinstance(obj, ShardedPlan):
+        return obj.alternatives()
     if isinstance(obj, OptimizedFunction):
         return _of_function(obj)
     if isinstance(obj, Optimized):
@@ -50,8 +54,8 @@ def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
         program = import_model(load(obj), obj).program
         _refuse_opaque(program, obj)
         return Explorer(optimize(program), {}, name=obj)
-    raise ExploreError(f"explore takes an optimized function, an optimize() result or an .onnx "
-                       f"path, not {type(obj).__name__}")
+    raise ExploreError(f"explore takes an optimized function, an optimize() result, a sharded plan "
+                       f"or an .onnx path, not {type(obj).__name__}")
 
 
 #: a batch page draws a model's e-graph up to this many e-nodes, and summarizes a larger one

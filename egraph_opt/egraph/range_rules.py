@@ -5,7 +5,8 @@ knows shapes and has exp/log). These rules derive intervals for the nodes rewrit
 facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of
 the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
 float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
-every leaf's rank (fusions into kernels with shape contracts read them); ``nonempty`` every loaded
+every leaf's rank (fusions into kernels with shape contracts read them); ``whole`` every value
+each device of a mesh holds whole (sharding rules split only those); ``nonempty`` every loaded
 value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
 empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
 intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
@@ -32,6 +33,7 @@ DECLARATIONS = f"""
 (function last-dim (Tensor) i64 :merge old)
 (function rank (Tensor) i64 :merge old)
 (relation nonempty (Tensor))
+(relation whole (Tensor))
 (ruleset {RULESET})
 (ruleset {TRIPWIRES})
 """
@@ -154,6 +156,12 @@ def rules() -> list[str]:
         out.append(f"(rule ((= e {_operand_pattern(op)})) ((set (lo e) {lo}) (set (hi e) {hi})))")
     for op in _ops(lambda op: op.sign != "any"):
         out.append(f"(rule ((= e {_operand_pattern(op)})) (({OPS[op].sign} e)))")
+    # ``whole``: every device of a mesh holds the same value (lang/mesh.py); a shard's and a
+    # reduce-scatter's results are parts, and an op over parts is too
+    for name, op in OPS.items():
+        if op.mesh != "parts":
+            operands = "" if op.mesh else "".join(f" (whole ?{v})" for v in "abcdfgh"[:op.arity])
+            out.append(f"(rule ((= e {_operand_pattern(name)}){operands}) ((whole e)))")
     return [r[:-1] + f" :ruleset {RULESET})" for r in out]
 
 

@@ -15,6 +15,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from . import mesh
+
 ATTR_SORTS = {"i64": int, "f64": float, "String": str, "bool": bool}
 
 
@@ -55,6 +57,9 @@ class Op:
     numpy: str | None = None  # the numpy function of a numpy kernel (kernels/registry.py), if any
     definition: str | None = None  # in primitive ops, a pattern over ?x0.. and its attributes: the
     # ONNX form "definition" writes it
+    mesh: str | None = None  # an op over a mesh (lang/mesh.py) that sees every device's part:
+    # "parts" (each device then holds its own part) or "whole" (each holds the same whole value);
+    # None: an op that runs once per device on its own part
 
     @property
     def egg_name(self) -> str:
@@ -357,6 +362,9 @@ _REDUCTION = dict(_ANY, shape="reduce", curvature=LINEAR, growth=0, rounding="ro
 _LAYOUT = dict(_ANY, shape="meta", range="values", curvature=LINEAR, growth=0, rounding="exact",
                passes=1, precision="hoist", work="static")
 _FUSED = dict(_ANY, rounding="rounds", precision="accumulate", work="static")
+#: mesh ops: shapes on one device by running them on meta tensors; priced by sharding/cost.py
+_MESH = dict(_ANY, shape="meta", curvature=LINEAR, growth=0, precision="keep", work="static",
+             onnx="none", mesh="parts")
 _SMOOTH = dict(growth=1)  # bounded curvature
 _EXACT = dict(curvature=LINEAR, growth=0, rounding="exact")  # piecewise linear, no rounding
 _MATMUL_SAMPLE = (("x0", (3, 5)), ("x1", (4, 5)), ("x2", (4,)))  # linear's (x, weight, bias)
@@ -505,6 +513,14 @@ OPS: dict[str, Op] = {op.name: op for op in [
                           ("padding", "0,0"), ("dilation", "1,1")), onnx="MaxPool"),
     _op("batch_norm", 5, "eps:f64", batch_norm, _FUSED, shape="first", range="top", curvature=LINEAR,
         growth=0, passes=6, precision="keep", onnx="BatchNormalization"),
+    # ---- sharding: place and move values over a mesh of n devices (lang/mesh.py; rulesets/sharding.py)
+    _op("shard", 1, "axis:i64 n:i64", mesh.shard, _MESH, range="operand", rounding="exact", passes=1),
+    _op("all_gather", 1, "axis:i64 n:i64", mesh.all_gather, _MESH, range="values", rounding="exact",
+        passes=2, mesh="whole"),
+    _op("all_reduce", 1, "n:i64", mesh.all_reduce, _MESH, range="top", rounding="rounds", error="sum",
+        passes=2, mesh="whole"),
+    _op("reduce_scatter", 1, "axis:i64 n:i64", mesh.reduce_scatter, _MESH, range="top",
+        rounding="rounds", error="sum", passes=2),
 ]}
 
 BY_EGG_NAME = {op.egg_name: op for op in OPS.values()}

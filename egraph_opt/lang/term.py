@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from .mesh import Local, each
 from .ops import OPS, ATTR_SORTS, parse_shape, shape_attr
 
 
@@ -144,7 +145,9 @@ def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool
             values[id(t)] = values[id(t.args[0])]
         else:
             args = [values[id(a)] for a in t.args]
-            if not any(isinstance(a, torch.Tensor) for a in args):  # constant folding of scalars
+            if not spec.mesh and any(isinstance(a, Local) for a in args):  # once per device
+                values[id(t)] = each(spec.impl, args, t.attrs)
+            elif not any(isinstance(a, (torch.Tensor, Local)) for a in args):  # folding of scalars
                 args = [torch.tensor(a, dtype=folding) for a in args]
                 values[id(t)] = spec.impl(*args, *t.attrs).item()
             else:
@@ -239,6 +242,7 @@ def shapes(roots: list[Term], leaf_meta: dict[str, tuple] | None = None
                         for a, m in zip(t.args, operands)]
                 value = OPS[t.op].impl(*args, *t.attrs) if any(
                     isinstance(x, torch.Tensor) for x in args) else 0.0
-                found = (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else SCALAR
+                found = (tuple(value.shape), value.dtype) if isinstance(
+                    value, (torch.Tensor, Local)) else SCALAR  # Local: one device's part
             out[id(t)] = found
     return out

@@ -1,0 +1,174 @@
+"""``egraph_opt.shard(fn, *example_args, mesh=N)``: a plan that splits a program over N devices.
+
+>>> import torch
+>>> plan = shard(torch.nn.Linear(8, 4), torch.randn(16, 8), mesh=2, profile_db=False)
+>>> plan.mesh, sorted(plan.collectives())
+(2, ['all_gather'])
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx.node import map_aggregate
+
+from ..egraph.engine import ENode
+from ..frontends.capture import capture
+from ..lang.ops import OPS, parse_shape
+from ..lang.term import Term, postorder, pretty, shapes
+from ..optimization.pipeline import Limits
+from ..profiling.latency import MeasuredLatency, default_budget
+from ..sharding import run as runner
+from ..sharding.cost import measured_links
+from ..sharding.plan import Candidate, Search, ShardingError, search
+from .tables import Table
+
+__all__ = ["shard", "ShardedPlan", "ShardingError"]
+
+
+def shard(fn, *example_args, mesh: int = 2, memory: int | None = None, links: dict | None = None,
+          profile_db=None, profile_budget: float | None = None, limits: Limits = Limits()) -> ShardedPlan:
+    """Capture ``fn`` at ``example_args`` and choose how to split it over ``mesh`` devices.
+
+    ``memory``: bytes each device holds at most (a constraint); ``links``: the alpha-beta model
+    per collective (default: what ``egraph-opt profile --collectives`` measured); ``profile_db``:
+    the latency database (``False``: static estimates); ``profile_budget``: seconds to time
+    unmeasured ops at the shapes one device sees before pricing them (default 2; 0: none)."""
+    if not isinstance(mesh, int) or mesh < 1:
+        raise ShardingError(f"mesh is a number of devices (1 or more), not {mesh!r}")
+    program, _ = capture(fn, example_args)
+    budget = default_budget() if profile_budget is None else profile_budget
+    latency = None if profile_db is False else MeasuredLatency.from_database(profile_db, budget_s=budget)
+    found = search(program, mesh, limits=limits, latency=latency, links=links or measured_links(),
+                   memory_limit=memory)
+    return ShardedPlan(found, getattr(fn, "__name__", type(fn).__name__))
+
+
+class ShardedPlan:
+    """The chosen sharding of one program: what runs where, its predicted time, and runners."""
+
+    def __init__(self, found: Search, name: str):
+        self.search, self.name, self.mesh = found, name, found.n
+        self.program = found.program
+        self.terms = found.best.roots
+
+    # ---- what was chosen
+    def collectives(self) -> dict[str, int]:
+        return self.search.best.collectives()
+
+    @property
+    def predicted_s(self) -> float:
+        return self.search.best.seconds
+
+    @property
+    def unsharded_s(self) -> float:
+        return self.search.original.seconds
+
+    def placements(self) -> Table:
+        """Every op of the sharded program: the shape one device computes, where its value lives,
+        and its predicted time on one device."""
+        best, cost = self.search.best, self.search.cost
+        meta = shapes(best.roots)
+        labels = _placements(best, self.search.classes)
+        rows, items = [], []
+        for t in postorder(best.roots):
+            if not t.args:
+                continue
+            cid = best.class_of[id(t)]
+            node = ENode(t.op, tuple(best.class_of[id(a)] for a in t.args), t.attrs)
+            rows.append([t.op, "x".join(map(str, meta[id(t)][0])) or "()", labels[id(t)],
+                         round(cost.seconds(cid, node) * 1e6, 1)])
+            items.append(t)
+        return Table(f"placements over {self.mesh} devices", ["op", "shape per device", "placement",
+                                                                "predicted us"], rows, items=items)
+
+    @property
+    def report(self) -> str:
+        best, s = self.search.best, self.search
+        lines = [f"[SHARDING] {self.name} over {self.mesh} devices: {s.saturation.enodes} e-nodes, "
+                 f"{s.saturation.iterations} iterations ({s.saturation.stop})",
+                 str(self.placements()),
+                 f"[PREDICTED] 1 device {s.original.seconds * 1e6:.1f} us; {self.mesh} devices "
+                 f"{best.seconds * 1e6:.1f} us per device, of which communication "
+                 f"{best.comm_seconds * 1e6:.1f} us ({_counts(best.collectives())})",
+                 f"[MEMORY] per device {best.memory / 2**20:.2f} MiB (unsharded "
+                 f"{s.original.memory / 2**20:.2f} MiB"
+                 + (f", limit {s.memory_limit / 2**20:.2f} MiB)" if s.memory_limit else ")")]
+        return "\n".join(lines)
+
+    def alternatives(self, k: int = 8) -> Table:
+        """The ``k`` cheapest shardings the search compares, with their predicted costs."""
+        rows, items = [], []
+        for c in self.search.candidates(k):
+            fits = self.search.memory_limit is None or c.memory <= self.search.memory_limit
+            rows.append([len(rows), round(c.seconds * 1e6, 1), round(c.comm_seconds * 1e6, 1),
+                         round(c.memory / 2**20, 2), "yes" if fits else "no",
+                         _counts(c.collectives()), _short(pretty(c.roots[0]))])
+            items.append(c)
+        return Table(f"shardings of {self.name} over {self.mesh} devices",
+                     ["#", "predicted us", "communication us", "MiB per device", "fits",
+                      "collectives", "program"], rows, note=f"chosen: {pretty(self.terms[0])}",
+                     items=items)
+
+    # ---- running it
+    def _env(self, args: tuple) -> dict[str, Any]:
+        if len(args) != len(self.program.inputs):
+            raise TypeError(f"{self.name} takes {len(self.program.inputs)} tensors, got {len(args)}")
+        for t, a in zip(self.program.inputs, args):
+            if not isinstance(a, torch.Tensor) or tuple(a.shape) != parse_shape(t.attrs[1]):
+                raise TypeError(f"{self.name}: argument {t.attrs[0]} must be a tensor of shape "
+                                f"{t.attrs[1]}, as planned, not {getattr(a, 'shape', type(a).__name__)}")
+        return {**{k: v.detach() for k, v in self.program.params.items()},
+                **{t.attrs[0]: a.detach() for t, a in zip(self.program.inputs, args)}}
+
+    def _outputs(self, values: list) -> Any:
+        sharded = self.program.with_roots(dict(zip(map(id, self.program.roots()), self.terms)))
+        by_id = dict(zip(map(id, self.terms), values))
+        return map_aggregate(sharded.outputs, lambda x: by_id[id(x)] if isinstance(x, Term) else x)
+
+    def run(self, *args) -> Any:
+        """Start ``mesh`` processes on torch.distributed (gloo on CPU, NCCL on CUDA), run the
+        sharded program, and return the result device 0 holds: equal to the original's."""
+        values, _ = runner.spawn(self.terms, self._env(args), self.mesh)
+        return self._outputs(values)
+
+    def run_local(self, *args) -> Any:
+        """Under torchrun: this process's device runs its part; returns the (whole) result."""
+        return self._outputs(runner.run_local(self.terms, self._env(args), self.mesh))
+
+    def measure(self, *args, repeats: int = 10, sharded: bool = True, threads: int | None = None
+                ) -> float:
+        """Median seconds of one run on ``mesh`` processes (``sharded=False``: the unsharded
+        program on one process) of ``threads`` threads each, the slowest device counted."""
+        terms = self.terms if sharded else self.search.original.roots
+        return runner.spawn(terms, self._env(args), self.mesh if sharded else 1, repeats, threads)[1]
+
+    def __repr__(self) -> str:
+        return f"ShardedPlan({self.name}, mesh={self.mesh}, {pretty(self.terms[0])[:120]})"
+
+
+def _placements(best: Candidate, classes: dict) -> dict[int, str]:
+    """Where each value lives: ``whole`` on every device, ``split a`` along axis a (its e-class
+    holds a shard along a), ``partial sums`` (an all-reduce adds them), or ``per device``."""
+    split = {cid: f"split {n.attrs[0]}" for cid, nodes in classes.items() for n in nodes if n.op == "shard"}
+    summed = {id(t.args[0]) for t in postorder(best.roots) if t.op in ("all_reduce", "reduce_scatter")}
+    out: dict[int, str] = {}
+    for t in postorder(best.roots):
+        spec = OPS[t.op]
+        if t.op == "shard" or t.op == "reduce_scatter":
+            out[id(t)] = f"split {t.attrs[0]}"
+        elif spec.is_leaf or spec.mesh == "whole" or all(out[id(a)] == "whole" for a in t.args):
+            out[id(t)] = "whole"
+        elif id(t) in summed:
+            out[id(t)] = "partial sums"
+        else:
+            out[id(t)] = split.get(best.class_of[id(t)], "per device")
+    return out
+
+
+def _counts(found: dict[str, int]) -> str:
+    return ", ".join(f"{n} {op}" for op, n in sorted(found.items())) or "none"
+
+
+def _short(text: str, width: int = 110) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."

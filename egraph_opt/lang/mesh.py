@@ -1,0 +1,135 @@
+"""A value spread over a mesh of n devices, and the four ops that place or move it.
+
+A sharded program is one program that every device runs on its own part of each value (SPMD).
+In one process the mesh is simulated: a value that differs between devices is a ``Local`` holding
+every device's part, and an op over Locals runs once per device (``lang/term.py`` ``evaluate``).
+So the float64 reference of a sharded program is the program itself, evaluated with every device's
+data; a rewrite into sharded form is proven by the same generated tests as every other rule.
+On a real device (``sharding/run.py`` sets ``current``) the same ops split and communicate through
+torch.distributed instead.
+
+- ``shard(x, axis, n)``: device r holds ``x.tensor_split(n, axis)[r]`` (x is the same on all);
+- ``all_gather(x, axis, n)``: every device holds the parts concatenated along ``axis``;
+- ``all_reduce(x, n)``: every device holds the sum of the parts (partial sums become the total);
+- ``reduce_scatter(x, axis, n)``: device r holds part r of that sum.
+
+A replicated value (a plain tensor) is the same on every device: gathering it concatenates n
+copies, all-reducing it multiplies it by n, exactly as the collectives do on real devices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+class MeshError(ValueError):
+    """A sharded value used where the program's placements do not allow it."""
+
+
+@dataclass(frozen=True)
+class Local:
+    """Every device's part of one value, in one process (device r's part is ``parts[r]``)."""
+    parts: tuple
+
+    @property
+    def shape(self) -> torch.Size:  # a device's shape (the first: tensor_split puts the larger first)
+        return self.parts[0].shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    def flat(self) -> torch.Tensor:
+        """Every device's shape then its part's elements, in one vector: two Locals are equal iff
+        these are (parts may differ in size: a split of 5 rows over 2 devices is 3 and 2)."""
+        parts = [torch.as_tensor(p) for p in self.parts]
+        dtype = parts[0].dtype if parts[0].is_floating_point() else torch.float64
+        return torch.cat([torch.cat([torch.tensor(p.shape, dtype=dtype), p.flatten().to(dtype)])
+                          for p in parts])
+
+
+@dataclass(frozen=True)
+class Device:
+    """This process's place in a real mesh: the collectives call ``comm`` (torch.distributed)."""
+    rank: int
+    size: int
+    all_gather: Callable[[torch.Tensor], list]
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]
+
+
+_current: list[Device] = []
+
+
+def current() -> Device | None:
+    return _current[-1] if _current else None
+
+
+class on_device:
+    """``with on_device(d):`` the mesh ops act as device ``d`` of a real mesh."""
+
+    def __init__(self, device: Device):
+        self.device = device
+
+    def __enter__(self):
+        _current.append(self.device)
+        return self.device
+
+    def __exit__(self, *exc):
+        _current.pop()
+
+
+def each(impl: Callable, args: list, attrs: tuple) -> Local:
+    """An ordinary op over sharded operands: once per device, on that device's parts."""
+    n = {len(a.parts) for a in args if isinstance(a, Local)}
+    if len(n) != 1:
+        raise MeshError(f"operands spread over meshes of different sizes {sorted(n)}")
+    return Local(tuple(impl(*[a.parts[r] if isinstance(a, Local) else a for a in args], *attrs)
+                       for r in range(n.pop())))
+
+
+def _parts(x, n: int) -> tuple:
+    if isinstance(x, Local):
+        if len(x.parts) != n:
+            raise MeshError(f"a value over {len(x.parts)} devices meets a collective over {n}")
+        return x.parts
+    return (x,) * n
+
+
+def _device(n: int) -> Device | None:
+    d = current()
+    if d is not None and d.size != n:
+        raise MeshError(f"the program is sharded over {n} devices, this mesh has {d.size}")
+    return d
+
+
+def shard(x, axis: int, n: int):
+    d = _device(n)
+    if isinstance(x, Local):
+        raise MeshError("shard takes a value every device holds whole, not a sharded one")
+    if not -x.dim() <= axis < 0:
+        raise MeshError(f"cannot shard a {x.dim()}-d value along axis {axis}")
+    return x.tensor_split(n, axis)[d.rank] if d else Local(tuple(x.tensor_split(n, axis)))
+
+
+def all_gather(x, axis: int, n: int):
+    d = _device(n)
+    return torch.cat(d.all_gather(x) if d else list(_parts(x, n)), axis)
+
+
+def all_reduce(x, n: int):
+    d = _device(n)
+    if d:
+        return d.all_reduce(x)
+    parts = _parts(x, n)
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def reduce_scatter(x, axis: int, n: int):
+    total = all_reduce(x, n)
+    d = current()
+    return total.tensor_split(n, axis)[d.rank] if d else Local(tuple(total.tensor_split(n, axis)))

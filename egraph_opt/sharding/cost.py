@@ -1,0 +1,177 @@
+"""What a sharded program costs on one device of the mesh, in the latency database's units.
+
+Every device runs the same program on its own parts at the same time, so a program's time is the
+sum over its ops of one device's time for each:
+- compute: the latency database's time for the op at the shapes one device sees (measured, or
+  predicted from neighbouring shapes, or the roofline where the kernel was never timed);
+- communication: an alpha-beta model of the link per collective, ``alpha + bytes * beta``, fitted
+  by ``egraph-opt profile --collectives`` (defaults: gloo on this machine, 2 processes);
+- placing: a device reads its part of an input or a weight where it is (free); splitting a value
+  computed on every device copies a part.
+Memory per device (weights and inputs each device holds, plus the largest value it computes) is
+a constraint, not a price: ``plan.py`` takes the cheapest program that fits.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..extractors.cost import CostModel, NodeFacts, Objective
+from ..lang.ops import OPS, parse_shape
+from ..lang.term import postorder
+from ..profiling.latency import UNIT_S, MeasuredLatency
+from ..profiling.profile_db import default_path
+
+COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter")
+COPY_S_PER_BYTE = 1e-10  # a local copy at ~10 GB/s: splitting a value every device computed
+INFEASIBLE = 10 ** 15  # an uneven split, or an op whose shapes are unknown: never chosen
+
+
+@dataclass(frozen=True)
+class Link:
+    """Seconds of one collective moving ``bytes`` (a device's result) over 2 devices:
+    ``alpha_s + bytes * beta_s``; over n devices a ring takes n - 1 steps of 1/n of the bytes,
+    twice for an all-reduce, so the fit at 2 scales by (n - 1) steps and 2 (n - 1) / n bytes."""
+    alpha_s: float
+    beta_s: float  # seconds per byte
+
+    def seconds(self, nbytes: int, n: int) -> float:
+        return self.alpha_s * (n - 1) + self.beta_s * nbytes * 2 * (n - 1) / n
+
+
+#: gloo over loopback on this machine (2 CPU cores shared with other jobs), 2 processes, float32,
+#: 4 KB - 8 MB, the quickest of 30 runs: ``egraph-opt profile --collectives --repeats 30`` fitted
+#: these on 2026-11-25 (reduce_scatter runs as an all-reduce kept in part: gloo has none on CPU)
+DEFAULT_LINKS = {
+    "all_gather": Link(alpha_s=394e-6, beta_s=0.93e-9),
+    "all_reduce": Link(alpha_s=418e-6, beta_s=1.14e-9),
+    "reduce_scatter": Link(alpha_s=441e-6, beta_s=1.79e-9),
+}
+
+
+def links_path() -> Path:
+    """Beside the latency database: collectives.json."""
+    return default_path().with_name("collectives.json")
+
+
+def measured_links(path: Path | None = None) -> dict[str, Link]:
+    """The links ``egraph-opt profile --collectives`` wrote, else the defaults."""
+    path = Path(path) if path else links_path()
+    if not path.exists():
+        return dict(DEFAULT_LINKS)
+    try:
+        found = json.loads(path.read_text())
+        return {**DEFAULT_LINKS, **{k: Link(**v) for k, v in found.items() if k in COLLECTIVES}}
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: not a collectives file written by egraph-opt profile ({e})") from None
+
+
+def save_links(links: dict[str, Link], path: Path | None = None) -> Path:
+    path = Path(path) if path else links_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({k: asdict(v) for k, v in links.items()}, indent=1))
+    return path
+
+
+def nbytes(meta: tuple) -> int:
+    shape, dtype = meta
+    count = 1
+    for d in shape:
+        count *= d
+    return count * dtype.itemsize
+
+
+@dataclass
+class MeshCost:
+    """``cost(class, e-node)`` for extraction: one device's time for the e-node, in UNIT_S."""
+    n: int
+    meta: dict  # e-class -> (a device's shape, dtype)
+    classes: dict  # e-class -> e-nodes
+    latency: MeasuredLatency | None = None
+    links: dict | None = None
+
+    def __post_init__(self):
+        self.links = self.links or measured_links()
+        self.model = CostModel(Objective.LATENCY, latency_of=self.latency)
+        self.placed = {c for c, nodes in self.classes.items()
+                       if any(n.op in ("input", "param") for n in nodes)}
+
+    def seconds(self, cid: str, node) -> float:
+        return self(cid, node) * UNIT_S
+
+    def __call__(self, cid: str, node) -> int:
+        spec = OPS[node.op]
+        if spec.is_leaf:
+            return 0
+        if cid not in self.meta or any(c not in self.meta for c in node.children):
+            return INFEASIBLE
+        if node.op == "shard":
+            full = self.meta[node.children[0]][0]
+            axis = node.attrs[0]
+            if len(full) < -axis or full[axis] % self.n:
+                return INFEASIBLE  # parts of unequal size: gloo's collectives need equal ones
+            return 0 if node.children[0] in self.placed else self._units(
+                nbytes(self.meta[cid]) * COPY_S_PER_BYTE)
+        if node.op in COLLECTIVES:
+            moved = self.meta[cid] if node.op == "all_gather" else self.meta[node.children[0]]
+            return self._units(self.links[node.op].seconds(nbytes(moved), self.n))
+        shapes = tuple(self.meta[c][0] for c in node.children if self._tensor(c))
+        dtype = str(self.meta[cid][1]).removeprefix("torch.")
+        return max(1, self.model.latency(NodeFacts(node.op, node.attrs, dtype=dtype, shapes=shapes)))
+
+    def _tensor(self, cid: str) -> bool:
+        return not any(n.op == "const" for n in self.classes[cid])
+
+    @staticmethod
+    def _units(seconds: float) -> int:
+        return max(1, round(seconds / UNIT_S))
+
+
+def memory(terms, meta_of) -> int:
+    """Bytes one device holds: the inputs and weights it reads (only its part where it reads only
+    a part) and the largest value it computes. ``meta_of(term)``: (a device's shape, dtype)."""
+    order = postorder(terms)
+    leaves = ("input", "param")
+    whole = {a.attrs[0] for t in order if t.op != "shard" for a in t.args if a.op in leaves}
+    held: dict[str, int] = {}
+    largest = 0
+    for t in order:
+        if t.op in leaves and t.attrs[0] in whole:
+            held[t.attrs[0]] = nbytes((parse_shape(t.attrs[1]), meta_of(t)[1]))
+        elif t.op == "shard" and t.args[0].op in leaves:
+            if t.args[0].attrs[0] not in whole:
+                held[t.args[0].attrs[0]] = held.get(t.args[0].attrs[0], 0) + nbytes(meta_of(t))
+        elif t.args:
+            largest = max(largest, nbytes(meta_of(t)))
+    return sum(held.values()) + largest
+
+
+def env_links() -> dict[str, Link]:
+    """Links for this process: $EGRAPH_OPT_COLLECTIVES names a collectives file, else the cache."""
+    path = os.environ.get("EGRAPH_OPT_COLLECTIVES")
+    return measured_links(Path(path) if path else None)
+
+
+def fit_links(timings: list[tuple], n: int = 2) -> dict[str, Link]:
+    """alpha and beta per collective from (collective, bytes, seconds) timings on ``n`` devices,
+    fitted in relative error (a small message's time matters as much as a large one's), scaled
+    back to the 2-device form ``Link`` keeps."""
+    out = {}
+    for name in COLLECTIVES:
+        rows = [(b, s) for c, b, s in timings if c == name and s > 0]
+        if len(rows) < 2:
+            continue
+        # minimize sum ((alpha + beta b) / s - 1)^2: normal equations of a 2-variable fit
+        p = sum(1 / s ** 2 for _, s in rows)
+        q = sum(b / s ** 2 for b, s in rows)
+        r = sum(b * b / s ** 2 for b, s in rows)
+        u = sum(1 / s for _, s in rows)
+        v = sum(b / s for b, s in rows)
+        det = p * r - q * q
+        alpha, beta = (u * r - q * v) / det, (p * v - q * u) / det
+        if alpha < 0 or beta < 0:  # one term explains it: the other is 0
+            alpha, beta = (0.0, v / r) if alpha < 0 else (u / p, 0.0)
+        out[name] = Link(alpha / (n - 1), beta * n / (2 * (n - 1)))
+    return out

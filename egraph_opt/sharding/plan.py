@@ -1,0 +1,128 @@
+"""The sharding search: a program's e-graph saturated with the sharding rules for a mesh of n
+devices, and the cheapest program in it under the mesh cost (``cost.py``), extracted globally
+(DAG-aware, every e-class at once: not op by op), within the memory each device has.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..egraph.engine import EGraph, ENode, Saturation
+from ..extractors.enumerate import alternatives
+from ..lang.program import Program
+from ..lang.term import Term, postorder, shapes
+from ..optimization.pipeline import Limits, class_meta
+from ..profiling.latency import UNIT_S, MeasuredLatency
+from ..rulesets import sharding as rules
+from .cost import COLLECTIVES, MeshCost, memory
+
+#: whole programs compared, from the DAG extractor's choice outward by increasing cost (its
+#: relaxation settles each e-class once, so a cheaper program a few switches away can be missed)
+SEARCH = 300
+
+
+class ShardingError(ValueError):
+    """A program or request the sharding stage cannot serve (named: what and why)."""
+
+
+@dataclass
+class Candidate:
+    """One sharded program: its root terms, the e-class of each term, one device's predicted time
+    (total and communication) and memory."""
+    roots: list[Term]
+    class_of: dict[int, str]
+    seconds: float
+    comm_seconds: float
+    memory: int
+
+    def collectives(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for t in postorder(self.roots):
+            if t.op in COLLECTIVES:
+                found[t.op] = found.get(t.op, 0) + 1
+        return found
+
+
+@dataclass
+class Search:
+    """The saturated e-graph of a program for a mesh, its cost, and what extraction chose."""
+    program: Program
+    n: int
+    classes: dict
+    root_class: str
+    cost: MeshCost
+    saturation: Saturation
+    memory_limit: int | None
+    best: Candidate
+    original: Candidate
+    _meta: dict = field(default_factory=dict, repr=False)
+
+    def candidates(self, limit: int):
+        """Sharded programs of the root e-class by increasing predicted time."""
+        for alt in alternatives(self.classes, self.root_class, self.cost, limit=limit):
+            yield _candidate(alt.choice, self.root_class, self.cost)
+
+
+def search(program: Program, n: int, *, limits: Limits, latency: MeasuredLatency | None = None,
+           links: dict | None = None, memory_limit: int | None = None) -> Search:
+    if n < 1:
+        raise ShardingError(f"a mesh has at least one device, not {n}")
+    if program.opaque:
+        calls = ", ".join(c.describe() for c in program.opaque.values())
+        raise ShardingError(f"cannot shard calls the Term language does not express: {calls}")
+    roots = program.roots()
+    if len(roots) != 1:
+        raise ShardingError(f"sharding takes a program of one output tensor, this one has {len(roots)}")
+    meta = program.meta()
+    egraph = EGraph()
+    (ref,) = egraph.add(roots, None, meta)
+    egraph.add_rules("sharding", rules.for_mesh(n) if n > 1 else [])
+    saturation = egraph.saturate("sharding", max_iterations=limits.max_iterations,
+                                 max_enodes=limits.max_enodes, max_seconds=limits.max_seconds)
+    snap = egraph.snapshot()
+    class_of = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
+    known = {class_of[i]: m for i, m in meta.items() if i in class_of}
+    cost = MeshCost(n, class_meta(snap.classes, known), snap.classes, latency, links)
+    root = snap.class_of_ref[ref]
+    choice = {class_of[id(t)]: ENode(t.op, tuple(class_of[id(a)] for a in t.args), t.attrs)
+              for t in postorder(roots)}
+    original = _candidate(choice, root, cost)
+    found = Search(program, n, snap.classes, root, cost, saturation, memory_limit, original, original)
+    fitting = [c for c in [original, *found.candidates(SEARCH)]
+               if memory_limit is None or c.memory <= memory_limit]
+    if not fitting:
+        raise ShardingError(f"no sharding over {n} devices fits {memory_limit} bytes per device among "
+                            f"the {SEARCH} fastest; unsharded it needs {original.memory}")
+    found.best = min(fitting, key=lambda c: c.seconds)
+    return found
+
+
+def _candidate(choice: dict[str, ENode], root: str, cost: MeshCost) -> Candidate:
+    """The program a choice of e-nodes spells, priced node by node (each e-class once)."""
+    built: dict[str, Term] = {}
+    order = [root]
+    seen = {root}
+    i = 0
+    while i < len(order):  # every class the root needs, then built operands first
+        for c in choice[order[i]].children:
+            if c not in seen:
+                seen.add(c)
+                order.append(c)
+        i += 1
+    pending = list(reversed(order))
+    while pending:
+        deferred = []
+        for cid in pending:
+            node = choice[cid]
+            if all(c in built for c in node.children):
+                built[cid] = Term.trusted(node.op, tuple(built[c] for c in node.children), node.attrs)
+            else:
+                deferred.append(cid)
+        if len(deferred) == len(pending):
+            raise ShardingError(f"the chosen program is cyclic at e-class {deferred[0]}")
+        pending = deferred
+    class_of = {id(t): cid for cid, t in built.items()}
+    units = {cid: cost(cid, choice[cid]) for cid in built}
+    comm = sum(u for cid, u in units.items() if choice[cid].op in COLLECTIVES)
+    term_meta = shapes([built[root]])
+    return Candidate([built[root]], class_of, sum(units.values()) * UNIT_S, comm * UNIT_S,
+                     memory([built[root]], lambda t: term_meta[id(t)]))

@@ -1,0 +1,143 @@
+"""Running a sharded program on real devices: one process per device over torch.distributed
+(gloo on CPU, NCCL on CUDA). Each process evaluates the same Terms with ``lang/mesh.py`` acting as
+its device: a shard keeps its own part, a collective calls torch.distributed.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..lang import mesh
+from ..lang.term import Term, evaluate
+
+
+def device_of_this_process(n: int) -> mesh.Device:
+    """This process's place in the initialized default process group."""
+    if dist.get_world_size() != n:
+        raise mesh.MeshError(f"the plan is sharded over {n} devices; this process group has "
+                             f"{dist.get_world_size()}")
+
+    def all_gather(x: torch.Tensor) -> list[torch.Tensor]:
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(parts, x)
+        return parts
+
+    def all_reduce(x: torch.Tensor) -> torch.Tensor:
+        total = x.contiguous().clone()
+        dist.all_reduce(total)
+        return total
+
+    return mesh.Device(dist.get_rank(), n, all_gather, all_reduce)
+
+
+def run_here(roots: list[Term], env: dict, n: int) -> list:
+    """Evaluate the program as this process's device (the process group is initialized)."""
+    with mesh.on_device(device_of_this_process(n)):
+        return evaluate(roots, env)
+
+
+def backend_for(env: dict) -> str:
+    cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in env.values())
+    return "nccl" if cuda else "gloo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, n: int, port: int, roots, env, repeats: int, path: str, threads: int) -> None:
+    torch.set_num_threads(threads)
+    dist.init_process_group(backend_for(env), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n)
+    try:
+        if torch.cuda.is_available() and backend_for(env) == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            env = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in env.items()}
+        outputs = run_here(roots, env, n)
+        times = []
+        for _ in range(repeats):  # every device starts together; a step ends when the last does
+            dist.barrier()
+            start = time.perf_counter()
+            run_here(roots, env, n)
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            times.append(float(elapsed))
+        if rank == 0:  # a file: a pipe would block this process until the caller reads it
+            torch.save(([o.cpu() if isinstance(o, torch.Tensor) else o for o in outputs], times), path)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(roots: list[Term], env: dict, n: int, repeats: int = 0, threads: int | None = None
+          ) -> tuple[list, float | None]:
+    """Run on ``n`` new processes of ``threads`` threads each (default: the cores shared out);
+    the outputs device 0 holds (the program ends whole), and with ``repeats`` the median seconds
+    of one run, timed on every device, the slowest counted."""
+    threads = threads or max(1, (os.cpu_count() or 1) // n)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "outputs.pt")
+        mp.start_processes(_worker, args=(n, free_port(), roots, env, repeats, path, threads),
+                           nprocs=n, join=True, start_method="spawn")
+        outputs, times = torch.load(path)
+    return outputs, statistics.median(times) if times else None
+
+
+def run_local(roots: list[Term], env: dict, n: int) -> list:
+    """This process's part, under torchrun (or any launcher that sets the env:// variables)."""
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            raise mesh.MeshError("run_local runs under torchrun (RANK, WORLD_SIZE, MASTER_ADDR "
+                                 "unset); plan.run starts the processes itself")
+        dist.init_process_group(backend_for(env))
+    return run_here(roots, env, n)
+
+
+#: bytes per collective that ``profile_collectives`` times: 4 KB to 4 MB of float32
+COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576)
+
+
+def _time_collectives(rank: int, n: int, port: int, sizes, repeats: int, path: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    try:
+        device = device_of_this_process(n)
+        calls = {"all_gather": lambda x: torch.cat(device.all_gather(x)),
+                 "all_reduce": device.all_reduce,
+                 "reduce_scatter": lambda x: mesh.reduce_scatter(x, 0, n)}
+        found = []
+        with mesh.on_device(device):
+            for (name, call), size in ((c, s) for c in calls.items() for s in sizes):
+                x = torch.randn(size)
+                times = []
+                for _ in range(repeats + 2):  # two warm-ups
+                    dist.barrier()
+                    start = time.perf_counter()
+                    call(x)
+                    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                    times.append(float(elapsed))
+                moved = size * 4 * (n if name == "all_gather" else 1)  # the cost model's bytes
+                found.append((name, moved, min(times[2:])))  # the machine is shared: the
+                # quickest run is the link's own time, the rest other processes' interference
+        if rank == 0:
+            torch.save(found, path)
+    finally:
+        dist.destroy_process_group()
+
+
+def profile_collectives(n: int = 2, sizes=COLLECTIVE_SIZES, repeats: int = 20) -> list[tuple]:
+    """(collective, bytes, least seconds of ``repeats``) over ``n`` gloo processes here."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "timings.pt")
+        mp.start_processes(_time_collectives, args=(n, free_port(), sizes, repeats, path), nprocs=n,
+                           join=True, start_method="spawn")
+        return torch.load(path)

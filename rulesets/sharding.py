@@ -1,0 +1,169 @@
+"""Sharding: where each value of a program lives on a mesh of n devices (Tapestry's rewrites).
+
+Placements are explicit terms (``lang/mesh.py``): ``(shard x a n)`` is x split along axis a, one
+part per device; ``(all_gather s a n)``, ``(all_reduce p n)`` and ``(reduce_scatter p a n)`` are
+the communication. Every other op in a sharded program runs on each device's parts.
+
+- introductions (for one mesh size): an op equals its sharded result gathered back, or the sum of
+  its partial products (a matmul split along its reduction axis, with one all-reduce);
+- propagation, rooted at ``shard``: a shard of an op's result is the op over shards of its
+  operands (rows of a matmul, its columns, heads of attention, rows of a layer norm, elementwise
+  ops, reductions and softmax along another axis); a replicated operand that the split axis does
+  not reach (a bias) stays whole;
+- resharding: a gather then a shard along the same axis cancel; a shard of an all-reduce is a
+  reduce-scatter.
+
+The search over them is global: the sharding stage extracts the cheapest program under its cost
+(``egraph_opt/sharding/cost.py``). Proofs are the catalogue's generated tests: both sides, evaluated
+in one process with every device's part (``lang/mesh.py``), agree.
+"""
+from __future__ import annotations
+
+import re
+
+from egraph_opt.lang import pattern as pat
+from egraph_opt.lang.ops import OPS
+
+from . import Exactness, Family, Rule
+
+_S = Family.SHARDING
+MESH = 2  # the mesh size the catalogue's introductions are declared (and proven) for
+#: shapes the proofs sample: a linear's (x, weight, bias), and a bias-like operand (rank 1)
+_LINEAR = (("x", (4, 6)), ("w", (8, 6)), ("b", (8,)))
+_N = (("n", MESH),)
+
+
+def _attrs(op: str) -> str:
+    return "".join(f" ?{a}" for a, _ in OPS[op].attrs)
+
+
+def _whole(*texts: str) -> tuple[str, ...]:
+    """A value is split only where every device holds it whole: ``(whole ?v)`` for each ``?v``
+    a shard takes (splitting a part again, or gathering it, would mix devices' parts)."""
+    found = dict.fromkeys(v for t in texts for v in re.findall(r"\(shard \?(\w+)", t))
+    return tuple(f"(whole ?{v})" for v in found)
+
+
+def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why="") -> Rule:
+    return Rule(name, lhs, rhs, _S, exactness, when=_whole(lhs, rhs) + tuple(when),
+                sample=_N + tuple(sample), why=why)
+
+
+def _elementwise() -> list[Rule]:
+    """Elementwise ops follow the placement of their operands."""
+    unary = [n for n, op in OPS.items() if op.shape == "same" and op.arity == 1
+             and not op.mesh and "axis" not in dict(op.attrs)]
+    binary = [n for n, op in OPS.items() if op.shape == "broadcast" and op.arity == 2]
+    out = [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x{_attrs(op)}) ?a ?n)",
+                 f"({op} (shard ?x ?a ?n){_attrs(op)})",
+                 sample=[(k, v) for k, v in OPS[op].sample if k in dict(OPS[op].attrs)]) for op in unary]
+    for op in binary:  # one operand sharded, the other whole: a constant, or one the axis misses
+        name = op.replace("_", "-")
+        out += [
+            _rule(f"shard-into-{name}-left", f"(shard ({op} ?x ?y) ?a ?n)", f"({op} (shard ?x ?a ?n) ?y)",
+                  when=("(< (rank ?y) (- 0 ?a))",), sample=(("y", (5,)),),
+                  why="?y has fewer axes than the split reaches: every device adds it whole"),
+            _rule(f"shard-into-{name}-right", f"(shard ({op} ?y ?x) ?a ?n)", f"({op} ?y (shard ?x ?a ?n))",
+                  when=("(< (rank ?y) (- 0 ?a))",), sample=(("y", (5,)),)),
+            _rule(f"shard-into-{name}-const", f"(shard ({op} ?x (const ?c)) ?a ?n)",
+                  f"({op} (shard ?x ?a ?n) (const ?c))"),
+            _rule(f"shard-into-const-{name}", f"(shard ({op} (const ?c) ?x) ?a ?n)",
+                  f"({op} (const ?c) (shard ?x ?a ?n))"),
+        ]
+    return out
+
+
+def _along_other_axes() -> list[Rule]:
+    """Reductions and softmax along an axis the split leaves whole (axes compared as counted from
+    the end, as the capture writes them: a positive one is another spelling, never matched)."""
+    out = []
+    for op in [n for n, o in OPS.items() if o.shape == "reduce" and o.arity == 1]:
+        name, rest = op.replace("_", "-"), _attrs(op).replace(" ?axis ?keepdim", "")
+        out += [
+            _rule(f"shard-into-{name}-kept", f"(shard ({op} ?x ?r true{rest}) ?a ?n)",
+                  f"({op} (shard ?x ?a ?n) ?r true{rest})", when=("(!= ?a ?r)", "(< ?r 0)")),
+            _rule(f"shard-into-{name}-after", f"(shard ({op} ?x ?r false{rest}) ?a ?n)",
+                  f"({op} (shard ?x ?a ?n) ?r false{rest})", when=("(> ?a ?r)", "(< ?r 0)")),
+            _rule(f"shard-into-{name}-before", f"(shard ({op} ?x ?r false{rest}) ?a ?n)",
+                  f"({op} (shard ?x (- ?a 1) ?n) ?r false{rest})", when=("(<= ?a ?r)", "(< ?r 0)"),
+                  why="axes from the reduced one's place leftward count one further from the end in ?x"),
+        ]
+    for op in ("softmax", "log_softmax"):
+        out.append(_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x ?r) ?a ?n)",
+                         f"({op} (shard ?x ?a ?n) ?r)", when=("(!= ?a ?r)", "(< ?r 0)")))
+    return out
+
+
+RULES = _elementwise() + _along_other_axes() + [
+    # name                      lhs                                       rhs
+    _rule("shard-into-linear-rows", "(shard (linear ?x ?w ?b) ?a ?n)", "(linear (shard ?x ?a ?n) ?w ?b)",
+          when=("(< ?a -1)",), sample=_LINEAR, why="data parallel: rows of x, weights whole"),
+    _rule("shard-into-linear-columns", "(shard (linear ?x ?w ?b) -1 ?n)",
+          "(linear ?x (shard ?w -2 ?n) (shard ?b -1 ?n))", when=("(= (rank ?b) 1)",), sample=_LINEAR,
+          why="column parallel: each device computes its output features"),
+    _rule("shard-into-matmul-rows", "(shard (matmul ?x ?y) -2 ?n)", "(matmul (shard ?x -2 ?n) ?y)",
+          when=("(> (rank ?y) 1)",), why="x @ a vector has no column axis: its axis -2 is x's -3"),
+    _rule("shard-into-matmul-columns", "(shard (matmul ?x ?y) -1 ?n)", "(matmul ?x (shard ?y -1 ?n))"),
+    _rule("shard-into-sdpa-queries", "(shard (sdpa ?q ?k ?v ?s false) -2 ?n)",
+          "(sdpa (shard ?q -2 ?n) ?k ?v ?s false)", why="queries split, every key seen (no mask)"),
+    _rule("shard-into-layer-norm-rows", "(shard (layer_norm ?x ?w ?b ?e) ?a ?n)",
+          "(layer_norm (shard ?x ?a ?n) ?w ?b ?e)", when=("(< ?a -1)",),
+          sample=(("x", (4, 6)), ("w", (6,)), ("b", (6,))), why="normalized over the last axis only"),
+    _rule("shard-into-transpose", "(shard (transpose ?x ?i ?j) ?a ?n)",
+          "(transpose (shard ?x ?a ?n) ?i ?j)", when=("(!= ?a ?i)", "(!= ?a ?j)", "(< ?i 0)", "(< ?j 0)"),
+          sample=(("i", -3), ("j", -2))),
+    _rule("shard-into-transpose-first", "(shard (transpose ?x ?a ?j) ?a ?n)",
+          "(transpose (shard ?x ?j ?n) ?a ?j)", when=("(< ?j 0)",), sample=(("j", -1),)),
+    _rule("shard-into-transpose-second", "(shard (transpose ?x ?i ?a) ?a ?n)",
+          "(transpose (shard ?x ?i ?n) ?i ?a)", when=("(< ?i 0)",), sample=(("i", -3),)),
+    _rule("shard-into-slice", "(shard (slice ?x ?c ?s ?e ?t) ?a ?n)", "(slice (shard ?x ?a ?n) ?c ?s ?e ?t)",
+          when=("(!= ?a ?c)", "(< ?c 0)"), sample=(("s", 1), ("e", 4), ("t", 1))),
+    _rule("shard-into-concat", "(shard (concat ?x ?y ?c) ?a ?n)",
+          "(concat (shard ?x ?a ?n) (shard ?y ?a ?n) ?c)", when=("(!= ?a ?c)", "(< ?c 0)")),
+    # resharding
+    _rule("gather-of-shard", "(all_gather (shard ?x ?a ?n) ?a ?n)", "?x"),
+    _rule("shard-of-gather", "(shard (all_gather ?s ?a ?n) ?a ?n)", "?s",
+          why="the parts gathered are the parts a split gives back"),
+    _rule("reduce-scatter", "(shard (all_reduce ?p ?n) ?a ?n)", "(reduce_scatter ?p ?a ?n)"),
+]
+
+
+def introductions(n: int) -> list[Rule]:
+    """Where sharding starts, for a mesh of ``n`` devices: an op is its sharded result gathered
+    back (rows, columns, heads), or the all-reduced sum of its partial products."""
+    def whole(lhs: str) -> tuple[str, ...]:  # the op's result is whole: so are its operands
+        tensors = [v for v, sort in pat.variables(pat.parse(lhs)).items() if sort == pat.TENSOR]
+        return tuple(f"(whole ?{v})" for v in tensors)
+
+    def gathered(name, op, axis, when=(), sample=()):
+        return Rule(f"{name}-gathered", op, f"(all_gather (shard {op} {axis} {n}) {axis} {n})", _S,
+                    when=whole(op) + when, sample=sample)
+
+    return [
+        gathered("linear-rows", "(linear ?x ?w ?b)", -2, sample=_LINEAR),
+        gathered("linear-columns", "(linear ?x ?w ?b)", -1, sample=_LINEAR),
+        gathered("matmul-rows", "(matmul ?x ?y)", -2),
+        gathered("matmul-columns", "(matmul ?x ?y)", -1),
+        gathered("layer-norm-rows", "(layer_norm ?x ?w ?b ?e)", -2,
+                 sample=(("x", (4, 6)), ("w", (6,)), ("b", (6,)))),
+        Rule("linear-partial-sums", "(linear ?x ?w ?b)",
+             f"(add (all_reduce (matmul (shard ?x -1 {n}) (transpose (shard ?w -1 {n}) -2 -1)) {n}) ?b)",
+             _S, Exactness.REASSOC, when=whole("(linear ?x ?w ?b)"), sample=_LINEAR,
+             why="row parallel: each device multiplies its slice of the reduction axis; one all-reduce"),
+        Rule("matmul-partial-sums", "(matmul ?x ?y)",
+             f"(all_reduce (matmul (shard ?x -1 {n}) (shard ?y -2 {n})) {n})", _S, Exactness.REASSOC,
+             when=whole("(matmul ?x ?y)") + ("(> (rank ?y) 1)",)),
+        Rule("sum-partial-sums", "(sum ?x ?r ?k)", f"(all_reduce (sum (shard ?x ?r {n}) ?r ?k) {n})",
+             _S, Exactness.REASSOC, when=whole("(sum ?x ?r ?k)") + ("(< ?r 0)",)),
+    ]
+
+
+RULES += introductions(MESH)
+
+
+def for_mesh(n: int) -> list[Rule]:
+    """The ruleset for a mesh of ``n`` devices: the catalogue's, introductions declared for ``n``."""
+    if n == MESH:
+        return list(RULES)
+    intro = {r.name for r in introductions(MESH)}
+    return [r for r in RULES if r.name not in intro] + introductions(n)

@@ -17,12 +17,13 @@ import os
 import tempfile
 import threading
 import time
+import warnings
 from typing import Callable
 
 import onnx
 
 from ..frontends.onnx_frontend import external_files
-from ..profiling.profile_db import ProfileDB
+from ..profiling.profile_db import UNUSABLE, ProfileDB, ProfileDBWarning
 from .staging import write_files
 from .usage import Failure, ModelFailure
 
@@ -94,9 +95,8 @@ def _work(process: Callable, path: str, target: str, options: dict, files: dict[
     from distributed import get_worker
 
     worker = get_worker()
-    plugin = worker.plugins.get(_plugin(options))
-    if plugin is not None:
-        options = dict(options, profile_db=plugin.path)
+    plugin = worker.plugins.get(_plugin(options))  # never the driver's path: not this machine's
+    options = dict(options, profile_db=plugin.path if plugin is not None else None)
     with _collected_here():
         return _process(process, worker, path, target, options, files,
                         _Stopped(_stop_event(options)))
@@ -215,8 +215,15 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
     with contextlib.ExitStack() as stack:
         client = _connect(address, stack)
         if options.get("profile_db"):
-            with ProfileDB(options["profile_db"]) as db:
-                client.register_plugin(ProfileFile(db.since()[0]), name=_plugin(options))
+            try:
+                with ProfileDB(options["profile_db"]) as db:
+                    seed = db.since()[0]
+            except UNUSABLE as e:  # as in-process: static estimates, and one warning
+                warnings.warn(f"profile database unusable, using static latency estimates: {e}",
+                              ProfileDBWarning, stacklevel=2)
+                options = dict(options, profile_db=None)
+            else:
+                client.register_plugin(ProfileFile(seed), name=_plugin(options))
         waiting, running, count = iter(targets.items()), {}, itertools.count()
         options = dict(options, same_is_ours=True)  # each target is checked absent before submitting
         finished = as_completed()
@@ -262,6 +269,10 @@ def _merge(client, options: dict) -> None:
     workers drop their files."""
     rows = [r for found in client.run(_new_rows, _plugin(options), on_error="ignore").values()
             if isinstance(found, list) for r in found]
-    with ProfileDB(options["profile_db"]) as db:
-        db.add_many(rows)
+    try:
+        with ProfileDB(options["profile_db"]) as db:
+            db.add_many(rows)
+    except UNUSABLE as e:  # the batch's outputs and report matter more than these timings
+        warnings.warn(f"{len(rows)} latencies measured by the workers not merged: {e}",
+                      ProfileDBWarning, stacklevel=2)
     client.unregister_worker_plugin(_plugin(options))

@@ -1,7 +1,13 @@
 """``egraph_opt.shard(fn, *example_args, mesh=N)``: a plan that splits a program over N devices.
 
->>> import torch
->>> plan = shard(torch.nn.Linear(8, 4), torch.randn(16, 8), mesh=2, profile_db=False)
+A large batch through a small layer, over a fast link, priced by roofline defaults (an empty
+database): data parallel, the rows split and gathered once.
+
+>>> import tempfile, torch
+>>> from egraph_opt.sharding.cost import Link
+>>> fast = {c: Link(1e-6, 1e-12) for c in ("all_gather", "all_reduce", "reduce_scatter")}
+>>> plan = shard(torch.nn.Linear(64, 64), torch.randn(4096, 64), mesh=2, links=fast,
+...              profile_db=tempfile.mkdtemp() + "/p.sqlite", profile_budget=0)
 >>> plan.mesh, sorted(plan.collectives())
 (2, ['all_gather'])
 """

@@ -1,0 +1,11 @@
+"""Environment of every test, doctests in the packages included."""
+import os
+import tempfile
+
+os.environ.setdefault("EGRAPH_OPT_TRIPWIRES", "1")  # invariant tripwires on in every test
+os.environ.setdefault("TRITON_INTERPRET", "1")  # no GPU here: Triton kernels run interpreted
+# static estimates unless a test asks for timing: the same plans on every machine and run
+os.environ.setdefault("EGRAPH_OPT_PROFILE_BUDGET", "0")
+# never the user's latency database: one per test session, empty (roofline defaults)
+os.environ.setdefault("EGRAPH_OPT_PROFILE_DB",
+                      os.path.join(tempfile.mkdtemp(prefix="egraph-opt-tests-"), "profile.sqlite"))

@@ -297,3 +297,12 @@ def test_a_program_measured_slower_than_the_original_runs_only_for_stability(tmp
         assert (judge._slower_for_nothing(result, *slower), judge._slower_for_nothing(result, *faster)) == expected
     same = type(result)(**{**result.__dict__, "cost_after": result.cost_before})  # no steadier
     assert saturate_and_extract(naive, profile_budget=0)._slower_for_nothing(same, *slower)
+
+
+def test_a_node_with_a_constant_operand_is_priced_without_being_timed(tmp_path):
+    """x + 1.0: the profiler times tensor operands only, so such a node keeps its estimate."""
+    f = saturate_and_extract(lambda x: torch.exp(x) / (torch.exp(x) + 1.0),
+                             profile_db=tmp_path / "p.sqlite", profile_budget=60)
+    x = torch.randn(8, 32)
+    torch.testing.assert_close(f(x), torch.exp(x) / (torch.exp(x) + 1.0))
+    assert not f.report.fallback

@@ -215,7 +215,8 @@ class MeasuredLatency:
             named = {name: value for (name, _), value in zip(OPS[op].attrs, attrs)}
             try:
                 est = self.model.predict(op, backend, self.where, dtype, shapes, named)
-                if est.source != "measured" and self.spent_s < self.budget_s:
+                timeable = len(shapes) == OPS[op].arity  # a constant operand: not as profiled
+                if est.source != "measured" and timeable and self.spent_s < self.budget_s:
                     start = time.perf_counter()
                     (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,
                                                self.db, repeats=5, progress=False, kernel=kernel)

@@ -5,7 +5,7 @@ knows shapes and has exp/log). These rules derive intervals for the nodes rewrit
 facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of
 the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
 float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
-every leaf's rank (fusions into kernels with shape contracts read them); ``nonempty`` every loaded
+every leaf's rank (and of elementwise ops over ranked operands) (fusions into kernels with shape contracts read them); ``nonempty`` every loaded
 value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
 empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
 intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
@@ -66,7 +66,8 @@ _SAME_AS_OPERAND = _ops(lambda op: op.range in ("operand", "values"))
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
 _SAME_VALUES = _ops(lambda op: op.range == "values")
 _KEEPS_LAST_DIM = _ops(lambda op: op.shape in ("same", "cast"))
-_SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where"))  # where: a bool first operand
+_SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where", "broadcast"))  # where: a bool first
+# operand; broadcast: promotes (below)
 
 
 def _operand_pattern(op: str, vars_: str = "abcdfgh") -> str:
@@ -137,8 +138,19 @@ def rules() -> list[str]:
     out.append('(rule ((= e (Cast x d))) ((set (dtype-of e) d)))')
     for op in _KEEPS_LAST_DIM:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))")
+    for op in _KEEPS_LAST_DIM:  # and rank: (1 + w) is a weight of rank 1 as w is
+        out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))")
+    for op in _ops(lambda op: op.shape == "broadcast"):
+        out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
+                   "((set (rank e) (max n m))))")
     for op in _SAME_DTYPE:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))")
+    for op in _ops(lambda op: op.shape == "broadcast"):  # promotes: both operands' dtype, or
+        # a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
+        name, attrs = OPS[op].egg_name, " ".join("?_" + n for n, _ in OPS[op].attrs)
+        for args, known in (("?a ?b", "(= d (dtype-of ?a)) (= d (dtype-of ?b))"),
+                            ("?a (Const ?c)", "(= d (dtype-of ?a))"), ("(Const ?c) ?b", "(= d (dtype-of ?b))")):
+            out.append(f"(rule ((= e ({name} {args} {attrs})) {known}) ((set (dtype-of e) d)))")
     for op in _SAME_AS_OPERAND:
         query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (OPS[op].shape == "reduce")
         out.append(f"(rule ({query} (= x (lo ?a))) ((set (lo e) x)))")

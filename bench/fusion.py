@@ -223,7 +223,8 @@ def main():
     parser.add_argument("--no-torch-compile", action="store_true")
     parser.add_argument("--threads", type=int, help="default: the cores other processes leave idle")
     parser.add_argument("--suite", action="store_true", help="time bench/spellings.py's spellings")
-    parser.add_argument("--family", choices=("attention", "norm", "gelu", "mlp", "loss", "rotary"), help="with --suite: one family")
+    parser.add_argument("--family", choices=("attention", "norm", "gelu", "mlp", "loss", "rotary"),
+                        help="with --suite: one family")
     parser.add_argument("--only", nargs="+", help="with --suite: these spellings")
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024], help="with --suite")
     options = parser.parse_args()

@@ -313,7 +313,7 @@ def _additive_causal(t):
     return torch.zeros(1, 1, t, t).masked_fill(_causal_bool(t), torch.finfo(torch.float32).min)
 
 
-_SDPA, _MASKED = ("sdpa",), ("sdpa", "sdpa_masked")
+_SDPA, _MASKED = ("sdpa",), ("sdpa", "sdpa_masked", "sdpa_filled")
 _ATTENTION = [
     Spelling("nanogpt-masked-fill", "attention", "karpathy/nanoGPT CausalSelfAttention (slow path)",
              lambda t: (_module(NanoGPTAttention, t), (_randn(B, t, C),)), _MASKED),

@@ -11,7 +11,12 @@ output is compared with eager naive first, so a fast wrong program cannot win. A
 them as library kernels, so "eager / floor" bounds what fusing the rest can gain.
 Goal: optimized >= 2x faster than eager naive and no slower than torch.compile.
 
+``--suite`` times instead the public suite of spellings (bench/spellings.py, issue 17 item 5):
+each spelling as written against its optimized program, at T=256 and T=1024, interleaved medians,
+with whether it fused and validated (goal: no spelling slower than its original).
+
     python bench/fusion.py [--repeats N] [--threads N] [--no-stack] [--no-torch-compile]
+    python bench/fusion.py --suite [--family attention|norm|gelu] [--only NAME ...] [--repeats N]
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 
@@ -108,6 +114,52 @@ def first_call(fn, args):
     return out, time.perf_counter() - start
 
 
+def interleaved(fns: dict, args, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each call per variant, after 3 warm-up calls each; the order rotates every repeat."""
+    labels = list(fns)
+    for label in labels:
+        for _ in range(3):
+            fns[label](*args)
+    times = {label: [] for label in labels}
+    for r in range(repeats):
+        for i in range(len(labels)):
+            label = labels[(r + i) % len(labels)]
+            start = time.perf_counter()
+            fns[label](*args)
+            times[label].append(time.perf_counter() - start)
+    return times
+
+
+def suite(family, only, lengths, repeats) -> list[tuple[str, int, float]]:
+    """Each spelling (``only`` these, or those of ``family``, or all) as written vs its optimized
+    program: (name, T, speedup) rows, printed."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from spellings import SUITE
+
+    names = only or [n for n, sp in SUITE.items() if family in (None, sp.family)]
+    print(f"{'spelling':<32} {'T':>5} {'fused':>5} {'valid':>5} {'orig ms':>9} {'opt ms':>9} {'speedup':>8}")
+    rows = []
+    for name in names:
+        spelling = SUITE[name]
+        for t in lengths:
+            fn, args = spelling.make(t)
+            optimized = saturate_and_extract(fn)
+            ref, out = fn(*args), optimized(*args)  # the first call optimizes
+            report = optimized.report
+            fused = report is not None and any(op in report.ops_after for op in spelling.fuses)
+            tol = 1e-2 if ref.dtype in (torch.float16, torch.bfloat16) else 2e-4
+            valid = report is not None and not report.fallback and torch.allclose(out, ref, rtol=tol, atol=tol)
+            times = interleaved({"orig": fn, "opt": optimized}, args, repeats)
+            orig, opt = (statistics.median(times[k]) * 1e3 for k in ("orig", "opt"))
+            rows.append((name, t, orig / opt))
+            print(f"{name:<32} {t:>5} {'yes' if fused else 'NO':>5} {'yes' if valid else 'NO':>5} "
+                  f"{orig:9.3f} {opt:9.3f} {orig / opt:7.2f}x", flush=True)
+    slower = [(n, t, x) for n, t, x in rows if x < 0.95]
+    print(f"\n{len(rows)} timings; slower than the original by more than 5%: "
+          + (", ".join(f"{n}@T{t} {x:.2f}x" for n, t, x in slower) or "none"))
+    return rows
+
+
 def bench(name, naive, matmuls, args, repeats, use_compile):
     print(f"\n== {name}")
     variants = {"eager naive": (naive, 0.0)}
@@ -136,16 +188,7 @@ def bench(name, naive, matmuls, args, repeats, use_compile):
 
     variants[FLOOR] = (matmuls, 0.0)
     labels = list(variants)
-    for label in labels:  # warm-up
-        for _ in range(3):
-            variants[label][0](*args)
-    times = {label: [] for label in labels}
-    for r in range(repeats):
-        for i in range(len(labels)):
-            label = labels[(r + i) % len(labels)]
-            start = time.perf_counter()
-            variants[label][0](*args)
-            times[label].append(time.perf_counter() - start)
+    times = interleaved({label: fn for label, (fn, _) in variants.items()}, args, repeats)
     median = {label: statistics.median(ts) * 1e3 for label, ts in times.items()}
 
     print(f"  {'variant':<16} {'compile s':>9} {'median ms':>10} {'min ms':>7} {'vs eager':>9} "
@@ -179,6 +222,11 @@ def main():
     parser.add_argument("--no-stack", action="store_true", help="skip the 2-block stack")
     parser.add_argument("--no-torch-compile", action="store_true")
     parser.add_argument("--threads", type=int, help="default: the cores other processes leave idle")
+    parser.add_argument("--suite", action="store_true", help="time bench/spellings.py's spellings")
+    parser.add_argument("--family", choices=("attention", "norm", "gelu", "mlp", "loss", "rotary"),
+                        help="with --suite: one family")
+    parser.add_argument("--only", nargs="+", help="with --suite: these spellings")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024], help="with --suite")
     options = parser.parse_args()
     cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
     # Threads beyond the idle cores wait on each other at every op (each op is a parallel region
@@ -190,6 +238,11 @@ def main():
     print(f"'{FLOOR}' is not a variant: the program's matrix products alone, the floor for "
           "programs that keep them as library kernels")
     start = time.perf_counter()
+    if options.suite:  # no_grad: optimizing a half-precision program fails under inference_mode
+        with torch.no_grad():
+            suite(options.family, options.only, options.lengths, options.repeats)
+        print(f"total {time.perf_counter() - start:.0f} s; load average {os.getloadavg()[0]:.2f} after the run")
+        return
     verdicts = []
     with torch.inference_mode():
         for name, fn, matmuls, args in programs(not options.no_stack):

@@ -4,7 +4,8 @@ popular repositories write them, each a plain torch function or module with an i
 Cores are transcribed from karpathy/nanoGPT and minGPT (model.py), huggingface/transformers
 (models/gpt2, bert, llama, t5, gemma; activations.py), huggingface/pytorch-image-models
 (timm/layers/attention.py) and NVIDIA Megatron-LM (fused_bias_gelu), cut to the attention, norm or
-gelu itself. Weights are random, built in code. ``SUITE[name].make(t)`` gives ``(fn, args)`` at
+gelu itself, and the gated MLPs, cross-entropy and rotary embedding LLaMA-style models carry.
+Weights are random, built in code. ``SUITE[name].make(t)`` gives ``(fn, args)`` at
 sequence length ``t``; ``fuses`` names the fused op the optimized program must contain.
 ``tests/test_spellings.py`` checks every entry, ``bench/fusion.py --suite`` times them.
 """
@@ -25,7 +26,7 @@ C = H * D
 @dataclass(frozen=True)
 class Spelling:
     name: str
-    family: str  # "attention", "norm" or "gelu"
+    family: str  # one of FAMILIES
     source: str  # where it is written this way
     make: Callable[[int], tuple]  # t -> (fn, args)
     fuses: tuple[str, ...]  # one of these ops must be in the optimized program
@@ -294,6 +295,12 @@ def _odd_qkv(t):
     return tuple(_randn(B, H, t, 24, seed=s) for s in (1, 2, 3))
 
 
+def _gqa_repeat_interleave(q, k, v):
+    """GQA as many write it: k, v heads by repeat_interleave (Mistral-style reference code)."""
+    k, v = (x.repeat_interleave(q.size(1) // x.size(1), dim=1) for x in (k, v))
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ v
+
+
 def _sdpa_causal(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -306,7 +313,7 @@ def _additive_causal(t):
     return torch.zeros(1, 1, t, t).masked_fill(_causal_bool(t), torch.finfo(torch.float32).min)
 
 
-_SDPA, _MASKED = ("sdpa",), ("sdpa", "sdpa_masked")
+_SDPA, _MASKED = ("sdpa",), ("sdpa", "sdpa_masked", "sdpa_filled")
 _ATTENTION = [
     Spelling("nanogpt-masked-fill", "attention", "karpathy/nanoGPT CausalSelfAttention (slow path)",
              lambda t: (_module(NanoGPTAttention, t), (_randn(B, t, C),)), _MASKED),
@@ -362,6 +369,11 @@ _ATTENTION = [
              lambda t: (_div_both_odd, _odd_qkv(t)), _SDPA),
     Spelling("sdpa-causal", "attention", "F.scaled_dot_product_attention(is_causal=True)",
              lambda t: (_sdpa_causal, _qkv(t)), _SDPA),
+    Spelling("gqa-repeat-interleave", "attention", "GQA: k, v repeat_interleave'd to q's heads",
+             lambda t: (_gqa_repeat_interleave, _qkv(t, kv_heads=H // 2)), _SDPA),
+    Spelling("llama-eager-float16", "attention", "transformers llama eager attention in float16: "
+             "softmax(dtype=float32).to(query.dtype), GQA",
+             lambda t: (llama_no_mask, _qkv(t, torch.float16, kv_heads=H // 2)), _SDPA),
 ]
 
 
@@ -442,6 +454,24 @@ class GemmaRMSNorm(nn.Module):
         return output.type_as(x)
 
 
+class MetaLlamaRMSNorm(nn.Module):
+    """meta-llama/llama model.py RMSNorm: _norm(x.float()).type_as(x) * weight."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim) + 0.1 * torch.randn(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        return self._norm(x.float()).type_as(x) * self.weight
+
+
+def _half(module):
+    return module.half()
+
+
 def _wb(n=C):
     return 1 + 0.1 * _randn(n, seed=4), 0.1 * _randn(n, seed=5)
 
@@ -472,6 +502,16 @@ def _rms_functional(x, w):
     return F.rms_norm(x, (x.size(-1),), w, 1e-6)
 
 
+def _rms_plain(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+
+def _rms_weight_float(x, w):
+    """x.float(), normed, times weight.float(), back to the input dtype (small-LM tutorials)."""
+    x_f = x.float()
+    return (x_f * torch.rsqrt(x_f.pow(2).mean(dim=-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype)
+
+
 _LN, _RMS = ("layer_norm",), ("rms_norm",)
 _NORM = [
     Spelling("f-layer-norm", "norm", "F.layer_norm",
@@ -498,6 +538,23 @@ _NORM = [
              lambda t: (_rms_div_sqrt, (_randn(B, t, C), _wb()[0])), _RMS),
     Spelling("f-rms-norm", "norm", "F.rms_norm",
              lambda t: (_rms_functional, (_randn(B, t, C), _wb()[0])), _RMS),
+    Spelling("nn-rms-norm", "norm", "nn.RMSNorm",
+             lambda t: (_module(nn.RMSNorm, C), (_randn(B, t, C),)), _RMS),
+    Spelling("rms-no-weight", "norm", "x * rsqrt(x.pow(2).mean + eps), no weight",
+             lambda t: (_rms_plain, (_randn(B, t, C),)), _RMS),
+    Spelling("llama-rms-norm-float16", "norm", "transformers LlamaRMSNorm in float16: .to(float32) "
+             "inside, .to(input_dtype) before the weight",
+             lambda t: (_half(_module(LlamaRMSNorm, C)), (_randn(B, t, C, dtype=torch.float16),)), _RMS),
+    Spelling("t5-layer-norm-float16", "norm", "transformers T5LayerNorm in float16: the mean of "
+             "squares in float32, x itself half",
+             lambda t: (_half(_module(T5LayerNorm, C)), (_randn(B, t, C, dtype=torch.float16),)), _RMS),
+    Spelling("gemma-rms-norm-float16", "norm", "GemmaRMSNorm in float16: x.float(), (1 + w.float()), type_as",
+             lambda t: (_half(_module(GemmaRMSNorm, C)), (_randn(B, t, C, dtype=torch.float16),)), _RMS),
+    Spelling("meta-llama-rms-norm-float16", "norm", "meta-llama/llama RMSNorm: _norm(x.float()).type_as(x) * w",
+             lambda t: (_half(_module(MetaLlamaRMSNorm, C)), (_randn(B, t, C, dtype=torch.float16),)), _RMS),
+    Spelling("rms-weight-float-bfloat16", "norm", "(x.float() normed * w.float()).to(x.dtype), bfloat16",
+             lambda t: (_rms_weight_float, (_randn(B, t, C, dtype=torch.bfloat16),
+                                            _wb()[0].to(torch.bfloat16))), _RMS),
 ]
 
 
@@ -569,5 +626,84 @@ _GELUS = [
              _GELU),
 ]
 
-SUITE: dict[str, Spelling] = {s.name: s for s in _ATTENTION + _NORM + _GELUS}
-FAMILIES = ("attention", "norm", "gelu")
+# ---- gated MLPs, cross-entropy, rotary embedding -------------------------------------------------
+class LlamaMLP(nn.Module):
+    """transformers models/llama LlamaMLP: down(silu(gate(x)) * up(x)), SwiGLU."""
+
+    def __init__(self, act=F.silu):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(C, 2 * C, bias=False), nn.Linear(C, 2 * C, bias=False)
+        self.down_proj, self.act_fn = nn.Linear(2 * C, C, bias=False), act
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _swiglu_chunk(x, w):
+    """SwiGLU on one fused projection, halves by chunk (x-transformers, FLAN-T5 style GLU)."""
+    a, b = (x @ w).chunk(2, dim=-1)
+    return a * torch.sigmoid(a) * b
+
+
+def _geglu(x, w):
+    """GeGLU (Shazeer 2020; x-transformers GEGLU): gelu(a) * b."""
+    a, b = (x @ w).chunk(2, dim=-1)
+    return F.gelu(a) * b
+
+
+def _ce_functional(logits, targets):
+    return F.cross_entropy(logits, targets)
+
+
+def _ce_nll(logits, targets):
+    """nll_loss of log_softmax (minGPT-era classifiers, torchvision references)."""
+    return F.nll_loss(F.log_softmax(logits, dim=-1), targets)
+
+
+def _ce_gather(logits, targets):
+    """-log(softmax).gather: the unstable spelling, whose stable core is log_softmax."""
+    p = torch.softmax(logits, dim=-1)
+    return -torch.log(p).gather(-1, targets[:, None]).mean()
+
+
+def _rotate_half(x):
+    """transformers models/llama rotate_half."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rotary(q, cos, sin):
+    """transformers apply_rotary_pos_emb (one of q, k): q * cos + rotate_half(q) * sin."""
+    return (q * cos) + (_rotate_half(q) * sin)
+
+
+def _rope_tables(t):
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    freqs = torch.outer(torch.arange(t).float(), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _logits(t):
+    return _randn(B * t, 2 * C, seed=9, scale=3.0), torch.randint(0, 2 * C, (B * t,), generator=_gen(10))
+
+
+_OTHERS = [
+    Spelling("llama-mlp-swiglu", "mlp", "transformers LlamaMLP: silu(gate(x)) * up(x)",
+             lambda t: (_module(LlamaMLP), (_randn(B, t, C),)), ("silu",)),
+    Spelling("swiglu-chunk", "mlp", "SwiGLU on one projection, a * sigmoid(a) * b",
+             lambda t: (_swiglu_chunk, (_randn(B, t, C), 0.1 * _randn(C, 4 * C, seed=11))), ("silu",)),
+    Spelling("geglu-chunk", "mlp", "GeGLU: gelu(a) * b", lambda t: (_geglu, (_randn(B, t, C),
+             0.1 * _randn(C, 4 * C, seed=11))), ("geglu",)),
+    Spelling("cross-entropy-functional", "loss", "F.cross_entropy",
+             lambda t: (_ce_functional, _logits(t)), ("cross_entropy",)),
+    Spelling("cross-entropy-nll", "loss", "F.nll_loss(F.log_softmax(x))",
+             lambda t: (_ce_nll, _logits(t)), ("cross_entropy",)),
+    Spelling("cross-entropy-gather", "loss", "-log(softmax(x)).gather(target).mean()",
+             lambda t: (_ce_gather, _logits(t)), ("cross_entropy",)),
+    Spelling("rotary-rotate-half", "rotary", "transformers llama apply_rotary_pos_emb (rotate_half)",
+             lambda t: (_rotary, (_randn(B, H, t, D), *_rope_tables(t))), ("rotary",)),
+]
+
+SUITE: dict[str, Spelling] = {s.name: s for s in _ATTENTION + _NORM + _GELUS + _OTHERS}
+FAMILIES = ("attention", "norm", "gelu", "mlp", "loss", "rotary")

@@ -62,6 +62,20 @@ def test_masked_attention_becomes_masked_sdpa():
     assert "sdpa_masked" in f.report.ops_after and "softmax" not in f.report.ops_after
 
 
+def test_gpt2_where_mask_fuses_and_keeps_its_fully_masked_rows():
+    """GPT-2's where(causal, w, finfo.min): a row that keeps no key averages v (not NaN)."""
+    keep = torch.ones(8, 8, dtype=torch.bool).tril()
+    keep[3] = False
+
+    def gpt2(q, k, v, keep):
+        w = torch.where(keep, q @ k.transpose(-1, -2) / 4.0, torch.finfo(torch.float32).min)
+        return torch.softmax(w, -1) @ v
+
+    f = saturate_and_extract(gpt2)
+    torch.testing.assert_close(f(Q, K, V, keep), gpt2(Q, K, V, keep), rtol=1e-5, atol=1e-5)
+    assert f.report.ops_after == {"sdpa_filled": 1}
+
+
 def test_attention_is_not_fused_when_its_weights_are_also_used():
     def weights_too(q, k, v):
         w = torch.softmax(q @ k.transpose(-2, -1) / 4.0, -1)
@@ -191,3 +205,37 @@ def test_folded_weights_work_under_inference_mode():
         torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
         assert f.report.optimized, f.report.fallback  # not the original run untouched
+
+
+def _rms(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+@pytest.mark.parametrize("spelling", [
+    lambda x, w: _rms(x) * w,                                     # Llama4RMSNorm
+    lambda x, w: w * _rms(x),                                     # LlamaRMSNorm (float32)
+    lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w,
+    lambda x, w: _rms(x) * (1.0 + w),                             # GemmaRMSNorm
+    lambda x, w: F.rms_norm(x, (8,), w, 1e-6),
+], ids=["times-weight", "weight-first", "divide-sqrt", "one-plus-weight", "functional"])
+def test_rms_norm_spellings_become_one_op(spelling):
+    x, w = torch.randn(4, 8), torch.randn(8)
+    after = optimized_report(spelling, x, w).ops_after
+    assert after.get("rms_norm") == 1 and "rsqrt" not in after and after.get("mul", 0) == 0, after
+
+
+def test_rms_norm_takes_in_no_weight_of_rank_two():
+    """rms-norm-weight's guard: a (T, C) weight is no per-channel scale; the product stays."""
+    after = optimized_report(lambda x, w: _rms(x) * w, torch.randn(4, 8), torch.randn(4, 8)).ops_after
+    assert after.get("rms_norm") == 1 and after.get("mul") == 1, after
+
+
+def test_widened_rms_norm_fires_only_for_half_precision():
+    """rms-norm-fuse-widened-*: x * rsqrt(mean(x.float()^2)) is rms_norm(x.float()) for a half x
+    only; for a float64 x the product is float64 and the rule must not fire."""
+    def widened(x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    assert "rms_norm" not in ops_after(widened, torch.randn(4, 8, dtype=torch.float64))
+    half = optimized_report(widened, torch.randn(4, 8).half(), tol=1e-3).ops_after
+    assert half.get("rms_norm") == 1, half

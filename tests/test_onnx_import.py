@@ -32,6 +32,8 @@ CASES = {
                     (3, 4), (3, 5), [_init("w", 5, 4), _init("b", 5)], "add"),
     "layer_norm_without_bias": (helper.make_node("LayerNormalization", ["x", "s"], ["y"]),
                                 (2, 3, 4), (2, 3, 4), [_init("s", 4)], "layer_norm"),
+    "rms_norm": (helper.make_node("RMSNormalization", ["x", "s"], ["y"], epsilon=1e-6),
+                 (2, 3, 4), (2, 3, 4), [_init("s", 4)], "rms_norm"),
     "conv": (helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 0, 1, 0], strides=[2, 1]),
              (1, 3, 6, 6), (1, 4, 3, 4), [_init("w", 4, 3, 3, 3), _init("b", 4)], "conv2d"),
     "conv_without_bias_grouped": (helper.make_node("Conv", ["x", "w"], ["y"], group=3,
@@ -50,6 +52,8 @@ CASES = {
                    [_init("s", 3), _init("b", 3), _init("m", 3), _init("v", 3, positive=True)],
                    "batch_norm"),
 }
+#: cases whose operator is newer than opset 17
+OPSET = {"rms_norm": 23}
 
 
 def _model(case: str) -> onnx.ModelProto:
@@ -57,7 +61,8 @@ def _model(case: str) -> onnx.ModelProto:
     graph = helper.make_graph([node], case,
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET.get(case, 17))],
+                             ir_version=10)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -28,6 +28,7 @@ FEEDS = {
     "m": _rng.random((2, 3, 4)) < 0.5,
     **{n: _rng.standard_normal((1, 2, 4, 8)).astype(np.float32) for n in "qkv"},
     "img": _rng.standard_normal((2, 3, 6, 6)).astype(np.float32),
+    "keep": np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=bool),
 }
 PARAMS = {
     "w": torch.randn(4, 5), "lin_w": torch.randn(5, 4), "lin_b": torch.randn(5),
@@ -57,7 +58,7 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     "where": [((m, x, p), ())],
     "less": [((x, p), ()), ((x, c(0.5)), ())],
     **{op: [((x,), ())] for op in ("neg", "exp", "expm1", "abs", "sin", "cos", "tanh", "sigmoid",
-                                   "relu", "erf", "softplus", "tan", "atan", "asinh", "cbrt")},
+                                   "relu", "erf", "softplus", "tan", "atan", "asinh", "cbrt", "silu")},
     **{op: [((x, p), ()), ((p, x), ())] for op in ("atan2", "hypot")},
     "acosh": [((Term("add", (p, c(1.0))),), ())], "atanh": [((Term("mul", (x, c(0.01))),), ())],
     **{op: [((p,), ())] for op in ("log", "log1p", "sqrt", "rsqrt")},
@@ -78,8 +79,10 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     "log_softmax": [((x,), (-2,))],
     "layer_norm": [((x, _leaf("ln_w"), _leaf("ln_b")), (1e-5,)), ((x, c(1.0), c(0.0)), (1e-5,)),
                    ((x, c(2.0), c(0.5)), (1e-3,)), ((x, _leaf("ln_w"), c(0.0)), (1e-5,))],
+    "rms_norm": [((x, _leaf("ln_w")), (1e-5,)), ((x, c(1.0)), (1e-6,)), ((x, c(2.0)), (1e-3,))],
     "sdpa": [((q, k, v), (0.35, False)), ((q, k, v), (1.0, True))],
     "sdpa_masked": [((q, k, v, _leaf("mask")), (0.35,))],
+    "sdpa_filled": [((q, k, v, _leaf("keep")), (0.35, -3.4028234663852886e38))],
     "linear": [((x, _leaf("lin_w"), _leaf("lin_b")), ())],
     "linear_act": [((x, _leaf("lin_w"), _leaf("lin_b")), (a,)) for a in ("relu", "gelu", "gelu_tanh")],
     "conv2d": [((img, _leaf("cw"), _leaf("cb")), ("2,1", "1,0", "1,1", 1)),

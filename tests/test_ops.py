@@ -40,6 +40,7 @@ CASES = [
     ("sigmoid",      lambda x: torch.sigmoid(x) + F.silu(x),                   (R(3),)),
     ("relu",         lambda x: F.relu(x) + torch.relu(x),                      (R(3),)),
     ("erf",          lambda x: torch.erf(x),                                   (R(3),)),
+    ("silu",         lambda x: F.silu(x) * 2.0,                                (R(3),)),
     ("gelu",         lambda x: F.gelu(x) + F.gelu(x, approximate="tanh"),      (R(3),)),
     ("tan",          lambda x: torch.tan(x) + x.tan(),                         (R(3),)),
     ("atan",         lambda x: torch.atan(x) + x.atan(),                       (R(3),)),
@@ -68,6 +69,7 @@ CASES = [
     ("softplus",     lambda x: F.softplus(x) + F.softplus(x * 30),             (R(6),)),
     ("logaddexp",    lambda a, b: torch.logaddexp(a, b) + a.logaddexp(b * 40),    (R(4), R(4))),
     ("layer_norm",   lambda x, w, b: F.layer_norm(x, (4,), w, b, 1e-6),        (R(2, 3, 4), R(4), R(4))),
+    ("rms_norm",     lambda x, w: F.rms_norm(x, (4,), w, 1e-6) + F.rms_norm(x, [4], None, 1e-5), (R(2, 3, 4), R(4))),
     ("sdpa",         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (R(2, 5, 4), R(2, 5, 4), R(2, 5, 3))),
     ("linear",       lambda x, w, b: F.linear(x, w, b) + F.linear(x, w),       (R(2, 4), R(3, 4), R(3))),
     ("conv2d",       lambda x, w, b: F.conv2d(x, w, b, 2, 1) + F.conv2d(x, w, None, 2, (1, 1)),
@@ -126,6 +128,13 @@ FUSED = [  # ops only rewrites create, against their definitions
       for axis, keep in ((-1, True), (-2, False), (-3, True))),
     (Term("cbrt", (Q,)), Term("mul", (Term("div", (Q, Term("abs", (Q,)))),
                                        Term("pow", (Term("abs", (Q,)), Term.const(1 / 3)))))),
+    *((Term("sdpa_filled", (Q, K, V, Term.input("keep")), (0.4, fill)),  # a dead row: mean of v
+       Term("matmul", (Term("softmax", (Term("where", (Term.input("keep"), Term("mul", (Term("matmul", (
+           Q, Term("transpose", (K,), (-2, -1)))), Term.const(0.4))), Term.const(fill))),), (-1,)), V)))
+      for fill in (-3.4028234663852886e38, -1e4, 2.0)),
+    (Term("rms_norm", (Q, Term.input("w6"),), (1e-6,)),  # x * rsqrt(mean(x * x) + eps) * w
+     Term("mul", (Term("mul", (Q, Term("rsqrt", (Term("add", (Term("mean", (Term("mul", (Q, Q)),), (-1, True)),
+                                                            Term.const(1e-6))),)))), Term.input("w6")))),
     (Term("layer_norm", (Q, Term.const(1.0), Term.const(0.0)), (1e-5,)),
      Term("layer_norm", (Q, Term.input("ones", (6,), "float64"), Term.input("zeros", (6,), "float64")),
           (1e-5,))),
@@ -138,6 +147,8 @@ def test_fused_ops_equal_their_definitions(fused, definition):
     env = {n: torch.randn(2, 4, 6, generator=g, dtype=torch.float64) for n in "qkvb"}
     env.update(w=torch.randn(5, 6, generator=g, dtype=torch.float64),
                bias=torch.randn(5, generator=g, dtype=torch.float64),
+               w6=torch.randn(6, generator=g, dtype=torch.float64),
+               keep=torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool),
                ones=torch.ones(6, dtype=torch.float64), zeros=torch.zeros(6, dtype=torch.float64))
     torch.testing.assert_close(*evaluate([fused, definition], env), rtol=1e-12, atol=1e-12)
 

@@ -230,10 +230,11 @@ ATTENTION_ERROR = 1e-4
 
 def attention_slack(rule, left: Term, env: dict) -> torch.Tensor | float:
     """ATTENTION_ERROR times the left side evaluated on the values' magnitudes (softmax(...) @ |v|)
-    where the rule's right side runs torch's attention kernel (sdpa, sdpa_masked); else 0."""
+    where the rule's right side runs torch's attention kernel (sdpa, sdpa_masked, sdpa_filled);
+    else 0."""
     values = set()
     for _, right in rule.pairs():
-        values |= _uses(right, "sdpa", 2) | _uses(right, "sdpa_masked", 2)
+        values |= set().union(*(_uses(right, op, 2) for op in ("sdpa", "sdpa_masked", "sdpa_filled")))
     if not values:
         return 0.0
     size = {k: v.abs() if k in values else v for k, v in env.items()}

@@ -133,6 +133,17 @@ def _gelu(t, a, s):  # x * Phi(x): increasing for x >= 0, within [GELU_MIN, 0] f
     return (g(a[0][0]) if a[0][0] >= 0 else GELU_MIN), (g(a[0][1]) if a[0][1] >= 0 else 0.0)
 
 
+SILU_MIN = -0.2785  # min over x of x * sigmoid(x) (-0.27846 at x ~ -1.2785), rounded down
+SILU_ARGMIN = -1.2785
+
+
+def _silu(t, a, s):
+    """x * sigmoid(x): decreasing below SILU_ARGMIN, increasing above."""
+    f = lambda v: v * OPS["sigmoid"].range(v)  # noqa: E731
+    ends = (f(a[0][0]), f(a[0][1]))
+    return iv(SILU_MIN if a[0][0] < SILU_ARGMIN < a[0][1] else min(ends), max(ends))
+
+
 def _linear(t, a, s):
     """x w^T + b, or a convolution: k terms (a weight's row or filter) summed per output."""
     k = math.prod(s[1][1:]) if len(s[1]) > 1 else (s[0][-1] if s[0] else 1)
@@ -150,6 +161,15 @@ def _layer_norm(t, a, s):
     """A normalized value lies within +-sqrt(n - 1); then the affine weight and bias."""
     r = math.sqrt(max(s[0][-1] - 1, 1))
     return iv(*(x + y for x, y in zip(_mul((-r, r), a[1]), a[2])))
+
+
+def _rms_norm(t, a, s):
+    """|x_i| / sqrt(mean(x^2) + eps) <= sqrt(n) for eps >= 0 (rounding's 1e-6 allowed), then the
+    weight; a negative eps may divide by ~0."""
+    if t.attrs[0] < 0:
+        return TOP
+    r = math.sqrt(max(s[0][-1], 1)) * (1 + 1e-6) if s[0] else 1 + 1e-6
+    return iv(*_mul((-r, r), a[1]))
 
 
 def _linear_act(t, a, s):
@@ -183,6 +203,7 @@ TRANSFER: dict[str, Callable] = {
                               else (0.0, BIG)),
     "bounds": lambda t, a, s: OPS[t.op].bounds,
     "gelu": _gelu,
+    "silu": _silu,
     "sum": _sum,
     "operand": lambda t, a, s: TOP if OPS[t.op].shape == "reduce" and not _axis_size(t, s) else a[0],
     # among (or between) the operand's values; over a size-0 axis a max raises, a mean is NaN
@@ -204,6 +225,7 @@ TRANSFER: dict[str, Callable] = {
     "layer_norm": _layer_norm,
     "tan": lambda t, a, s: _tan(a[0]),
     "hypot": lambda t, a, s: iv(math.hypot(_gap(a[0]), _gap(a[1])), math.hypot(_mag(a[0]), _mag(a[1]))),
+    "rms_norm": _rms_norm,
 }
 
 

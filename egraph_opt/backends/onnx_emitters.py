@@ -2,7 +2,7 @@
 backend's ``Emitter``, the term and its attributes; it returns the name of the value it wrote.
 
 Fused ops become the standard operator of the model's opset (LayerNormalization from 17, Gelu from
-20, Attention from 23) or, before it, their definition spelled as onnxruntime's own fusions expect
+20, Attention and RMSNormalization from 23) or, before it, their definition spelled as onnxruntime's own fusions expect
 it (Gelu as a Div by sqrt(2); MatMul, Mul, Add, Softmax, MatMul), so they cost nothing there.
 """
 from __future__ import annotations
@@ -175,6 +175,20 @@ def _layer_norm(em, t, eps):
     var = Term("mean", (Term("mul", (centered, centered)),), (-1, True))
     norm = Term("div", (centered, Term("sqrt", (Term("add", (var, Term.const(eps))),))))
     return _emit_tree(em, Term("add", (Term("mul", (norm, w)), b)))
+
+
+def _rms_norm(em, t, eps):
+    """RMSNormalization from opset 23 (a scalar weight filled to the normalized size when that
+    size is static); else the definition x * rsqrt(mean(x * x) + eps) * w."""
+    x, w = t.args
+    shape = em.static_shape(x)
+    if em.opset >= 23 and (shape or w.op != "const"):
+        scale = em.value(w) if w.op != "const" else \
+            em.tensor(np.full(shape[-1:], w.attrs[0], np.dtype(em.dtype(x) or "float32")), "scale")
+        return em.node("RMSNormalization", [em.value(x), scale], "rms_norm", axis=-1, epsilon=eps)
+    square = Term("mean", (Term("mul", (x, x)),), (-1, True))
+    norm = Term("mul", (x, Term("rsqrt", (Term("add", (square, Term.const(eps))),))))
+    return _emit_tree(em, norm if w.op == "const" and w.attrs[0] == 1.0 else Term("mul", (norm, w)))
 
 
 def _gelu(em, t, approximate):
@@ -370,7 +384,7 @@ def _cbrt(em, t):
 EMIT = {
     **dict.fromkeys(SIMPLE, _simple), "Mul": _mul, **dict.fromkeys(AXES_INPUT_SINCE, _reduce),
     "Softmax": _along_axis, "LogSoftmax": _along_axis, "Gelu": _gelu, "Transpose": _transpose,
-    "LayerNormalization": _layer_norm, "Attention": _sdpa, "Gemm": _linear, "Conv": _conv2d,
+    "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm, "Attention": _sdpa, "Gemm": _linear, "Conv": _conv2d,
     "MaxPool": _max_pool2d, "BatchNormalization": _batch_norm, "Concat": _concat,
     **{op: lambda em, t, shape, _op=op: em.node(_op, [em.value(t.args[0]), em.ints(parse_shape(shape))],
                                                   _op.lower()) for op in ("Reshape", "Expand")},

@@ -5,8 +5,9 @@ knows shapes and has exp/log). These rules derive intervals for the nodes rewrit
 facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of
 the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
 float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
-every leaf's rank (fusions into kernels with shape contracts read them); ``whole`` every value
-each device of a mesh holds whole (sharding rules split only those); ``nonempty`` every loaded
+every leaf's rank, and of elementwise ops over ranked operands (fusions into kernels with shape
+contracts read them); ``whole`` every value each device of a mesh holds whole (sharding rules
+split only those); ``nonempty`` every loaded
 value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
 empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
 intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
@@ -69,8 +70,8 @@ _SAME_AS_OPERAND = _ops(lambda op: op.range in ("operand", "values"))
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
 _SAME_VALUES = _ops(lambda op: op.range == "values")
 _KEEPS_LAST_DIM = _ops(lambda op: op.shape in ("same", "cast"))
-_SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where", "compare"))  # where: a bool first
-# operand; compare: a bool result
+_SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where", "compare", "broadcast"))  # where: a
+# bool first operand; compare: a bool result; broadcast: promotes (below)
 
 
 def _operand_pattern(op: str, vars_: str = "abcdfgh") -> str:
@@ -141,8 +142,19 @@ def rules() -> list[str]:
     out.append('(rule ((= e (Cast x d))) ((set (dtype-of e) d)))')
     for op in _KEEPS_LAST_DIM:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))")
+    for op in _KEEPS_LAST_DIM:  # and rank: (1 + w) is a weight of rank 1 as w is
+        out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))")
+    for op in _ops(lambda op: op.shape == "broadcast"):
+        out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
+                   "((set (rank e) (max n m))))")
     for op in _SAME_DTYPE:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))")
+    for op in _ops(lambda op: op.shape == "broadcast"):  # promotes: both operands' dtype, or
+        # a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
+        name, attrs = OPS[op].egg_name, " ".join("?_" + n for n, _ in OPS[op].attrs)
+        for args, known in (("?a ?b", "(= d (dtype-of ?a)) (= d (dtype-of ?b))"),
+                            ("?a (Const ?c)", "(= d (dtype-of ?a))"), ("(Const ?c) ?b", "(= d (dtype-of ?b))")):
+            out.append(f"(rule ((= e ({name} {args} {attrs})) {known}) ((set (dtype-of e) d)))")
     for op in _SAME_AS_OPERAND:
         query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (OPS[op].shape == "reduce")
         out.append(f"(rule ({query} (= x (lo ?a))) ((set (lo e) x)))")

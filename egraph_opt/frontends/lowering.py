@@ -162,7 +162,7 @@ def _gelu(c, x, approximate="none"):
 
 @lowers(F.silu)
 def _silu(c, x, inplace=False):
-    return Term("mul", (x, Term("sigmoid", (x,))))
+    return Term("silu", (c.tensor(x),))
 
 
 @lowers(F.softplus)
@@ -341,6 +341,19 @@ def _to_out_shape(op: str):
 lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
        torch.squeeze, "squeeze", "view_as", "reshape_as")(_to_out_shape("reshape"))
 lowers("expand", "expand_as")(_to_out_shape("expand"))
+
+
+@lowers(torch.repeat_interleave, "repeat_interleave")
+def _repeat_interleave(c, x, repeats, dim=None, *, output_size=None):
+    """Each slice along ``dim`` repeated in place (GQA's keys and values, as transformers'
+    repeat_kv spells it): a new axis after ``dim``, expanded, merged back."""
+    if not isinstance(repeats, int) or dim is None:
+        raise Unsupported("repeat_interleave by a tensor of counts or without dim")
+    shape = tuple(c.info(x).shape)
+    i = len(shape) + c.axis(x, dim) + 1
+    one = Term("reshape", (x,), (shape_attr(shape[:i] + (1,) + shape[i:]),))
+    wide = Term("expand", (one,), (shape_attr(shape[:i] + (repeats,) + shape[i:]),))
+    return Term("reshape", (wide,), (c.out_shape(),))
 
 
 @lowers("contiguous", "clone", torch.clone, "detach", torch.detach)

@@ -24,6 +24,7 @@ SAME = {
     **dict.fromkeys((aten.view.default, aten.reshape.default, aten._unsafe_view.default,
                      aten.unsqueeze.default, aten.squeeze.dim, aten.flatten.using_ints), low.TABLE["view"]),
     aten.expand.default: low.TABLE["expand"], aten.transpose.int: low._transpose,
+    aten.repeat_interleave.self_int: low._repeat_interleave,
     aten.permute.default: low._permute, aten.t.default: low._t,
     aten.matmul.default: low._matmul, aten.bmm.default: low._matmul, aten.mm.default: low._matmul,
     aten.cat.default: low._cat, aten.where.self: low._where, aten.clone.default: low._identity,
@@ -67,6 +68,11 @@ def _addmm(c, bias, m1, m2, *, beta=1, alpha=1):
 @lowers(aten.layer_norm.default)
 def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
     return nn_low._layer_norm(c, x, normalized_shape, weight, bias, eps)
+
+
+@lowers(aten.rms_norm.default)
+def _rms_norm(c, x, normalized_shape, weight=None, eps=None):
+    return nn_low._rms_norm(c, x, normalized_shape, weight, eps)
 
 
 @lowers(aten.embedding.default)

@@ -29,6 +29,15 @@ def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return Term("layer_norm", (x, weight, bias), (float(eps),))
 
 
+@lowers(F.rms_norm)
+def _rms_norm(c, x, normalized_shape, weight=None, eps=None):
+    """eps None is the dtype's machine epsilon, as torch defines it."""
+    if len(normalized_shape) != 1:
+        raise Unsupported("rms_norm over several axes")
+    eps = torch.finfo(c.info(x).dtype).eps if eps is None else eps
+    return Term("rms_norm", (x, weight if weight is not None else Term.const(1.0)), (float(eps),))
+
+
 @lowers(F.linear)
 def _linear(c, x, weight, bias=None):
     if bias is None:

@@ -247,6 +247,16 @@ def _layer_norm(im: Importer, node):
     return Term("layer_norm", (x, w, b), (float(_attr(node, "epsilon", 1e-5)),))
 
 
+def _rms_norm(im: Importer, node):
+    """Over the last axis, with a rank-1 scale."""
+    if im.axis(node.input[0], _attr(node, "axis", -1)) != -1:
+        raise Unsupported("RMSNormalization over several axes")
+    if im.rank(node.input[1]) != 1:
+        raise Unsupported("RMSNormalization with a scale of rank other than 1")
+    return Term("rms_norm", (im.term(node.input[0]), im.term(node.input[1])),
+                (float(_attr(node, "epsilon", 1e-5)),))
+
+
 def _window_pads(im: Importer, node) -> list[int]:
     """Pads per spatial dim of a 2-D window op (Conv, MaxPool) on floats: explicit, symmetric."""
     if im.rank(node.input[0]) != 4 or not _floating(im, node.input[0]):
@@ -331,5 +341,6 @@ CONVERTERS = {
     "GatherElements": _gather("gather"), "Concat": _concat,
     "Slice": _slice, "Cast": _cast, "Softmax": _softmax("softmax"),
     "LogSoftmax": _softmax("log_softmax"), "LayerNormalization": _layer_norm,
+    "RMSNormalization": _rms_norm,
     "Conv": _conv, "MaxPool": _max_pool, "BatchNormalization": _batch_norm,
 }

@@ -71,6 +71,12 @@ def _layer_norm(shapes, attrs):
     return Work(8.0 * n, 2 * n + math.prod(w) + math.prod(b))
 
 
+def _rms_norm(shapes, attrs):
+    x, w = shapes
+    n = math.prod(x)
+    return Work(4.0 * n, 2 * n + math.prod(w))
+
+
 def _sdpa(shapes, attrs):
     """Flash-style attention: scores are never written; a causal mask halves the work."""
     q, k, v = shapes
@@ -114,6 +120,7 @@ WORK_KINDS: dict[str, Callable] = {
     "matmul": lambda op: OpSpec(_square(2), _matmul),
     "linear": lambda op: OpSpec(lambda n: ((n, n), (n, n), (n,)), _linear),
     "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _layer_norm),
+    "rms_norm": lambda op: OpSpec(lambda n: ((n, n), (n,)), _rms_norm),
     "sdpa": lambda op: OpSpec(lambda n: ((1, 8, n, 64),) * 3, _sdpa),
 }
 SPECS: dict[str, OpSpec] = {name: WORK_KINDS[op.work](op) for name, op in OPS.items()

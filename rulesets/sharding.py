@@ -53,7 +53,8 @@ def _elementwise() -> list[Rule]:
     """Elementwise ops follow the placement of their operands."""
     unary = [n for n, op in OPS.items() if op.shape == "same" and op.arity == 1
              and not op.mesh and "axis" not in dict(op.attrs)]
-    binary = [n for n, op in OPS.items() if op.shape == "broadcast" and op.arity == 2]
+    binary = [n for n, op in OPS.items() if op.shape == "broadcast" and op.arity == 2
+              and not op.attrs]  # rms_norm broadcasts its weight but reduces along its last axis
     out = [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x{_attrs(op)}) ?a ?n)",
                  f"({op} (shard ?x ?a ?n){_attrs(op)})",
                  sample=[(k, v) for k, v in OPS[op].sample if k in dict(OPS[op].attrs)]) for op in unary]

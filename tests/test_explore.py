@@ -53,7 +53,7 @@ HALF = torch.float16
 
 
 @pytest.mark.parametrize("make, shapes, dtype, rule, roots", [
-    (lambda: half_attention, [(2, 4, 8, 16)] * 3, HALF, "sdpa-accumulate-float32-float16", 1),
+    (lambda: half_attention, [(2, 4, 8, 16)] * 3, HALF, "attention-fuse-softmax-float32-float16", 1),
     (lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).half(),
      [(4, 16)], HALF, "linear-accumulate-float32-float16", 1),
     (lambda: QKV().eval(), [(2, 8, 32)], torch.float32, "linear-horizontal-fuse-3", 3),

@@ -9,7 +9,8 @@ order rotates every repeat) and the median of time.perf_counter is reported. Eve
 output is compared with eager naive first, so a fast wrong program cannot win. A reference row,
 "(matmuls only)", times the program's matrix products alone: the floor for any variant that keeps
 them as library kernels, so "eager / floor" bounds what fusing the rest can gain.
-Goal: optimized >= 2x faster than eager naive and no slower than torch.compile.
+Goals (GOALS): attention >= 2x eager and no slower than torch.compile; the naive blocks >= 1.4x eager
+and >= 5% faster than torch.compile (issue 18).
 
 ``--suite`` times instead the public suite of spellings (bench/spellings.py, issue 17 item 5):
 each spelling as written against its optimized program, at T=256 and T=1024, interleaved medians,
@@ -199,20 +200,26 @@ def bench(name, naive, matmuls, args, repeats, use_compile):
         err = f"{errors[label]:9.1e}" if label in errors else f"{'-':>9}"
         print(f"  {label:<16} {variants[label][1]:9.1f} {median[label]:10.2f} {min(times[label]) * 1e3:7.2f} "
               f"{median['eager naive'] / median[label]:8.2f}x {vs_tc} {err}")
-    return goal(median)
+    return goal(name, median)
 
 
-def goal(median: dict) -> tuple[bool, str]:
-    """Optimized >= 2x faster than eager naive and no slower than torch.compile (medians)."""
+#: (x eager, x torch.compile) each program must reach: attention the first wave's goal, the naive
+#: blocks issue 18's (at least 5% faster than torch.compile, 1.4x eager)
+GOALS = {"attention": (2.0, 1.0), "block": (1.4, 1.05)}
+
+
+def goal(name: str, median: dict) -> tuple[bool, str]:
+    """Medians against the program kind's goal (``GOALS``)."""
     if "egraph-opt" not in median:
         return False, "egraph-opt produced no valid program"
+    need_eager, need_compile = GOALS["attention" if name.startswith("attention") else "block"]
     speedup = median["eager naive"] / median["egraph-opt"]
-    met = speedup >= 2
-    verdict = f"{speedup:.2f}x vs eager (need >= 2x)"
+    met = speedup >= need_eager
+    verdict = f"{speedup:.2f}x vs eager (need >= {need_eager}x)"
     if "torch.compile" in median:
         ratio = median["torch.compile"] / median["egraph-opt"]
-        met = met and ratio >= 1
-        verdict += f", {ratio:.2f}x vs torch.compile (need >= 1x)"
+        met = met and ratio >= need_compile
+        verdict += f", {ratio:.2f}x vs torch.compile (need >= {need_compile}x)"
     return met, verdict
 
 
@@ -248,7 +255,8 @@ def main():
         for name, fn, matmuls, args in programs(not options.no_stack):
             verdicts.append((name, *bench(name, fn, matmuls, args, options.repeats,
                                           not options.no_torch_compile)))
-    print(f"\ngoal: optimized >= 2x faster than eager naive and no slower than torch.compile")
+    print("\ngoal (x eager, x torch.compile): attention " + "x, ".join(map(str, GOALS["attention"]))
+          + "x; blocks " + "x, ".join(map(str, GOALS["block"])) + "x")
     for name, met, verdict in verdicts:
         print(f"  {name:<26} {'MET    ' if met else 'NOT MET'}  {verdict}")
     print(f"total {time.perf_counter() - start:.0f} s; load average {os.getloadavg()[0]:.2f} after the run")

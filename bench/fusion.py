@@ -245,7 +245,7 @@ def main():
     print(f"'{FLOOR}' is not a variant: the program's matrix products alone, the floor for "
           "programs that keep them as library kernels")
     start = time.perf_counter()
-    if options.suite:  # no_grad: optimizing a half-precision program fails under inference_mode
+    if options.suite:
         with torch.no_grad():
             suite(options.family, options.only, options.lengths, options.repeats)
         print(f"total {time.perf_counter() - start:.0f} s; load average {os.getloadavg()[0]:.2f} after the run")

@@ -89,6 +89,7 @@ class Piecewise:
         return lines
 
 
+@torch.inference_mode(False)  # its error estimates take derivatives
 def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
           seed: int = 0) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen

@@ -187,6 +187,7 @@ class ProgramError:
     by_node: dict[int, float]
 
 
+@torch.inference_mode(False)  # derivatives: a caller's inference mode would record no graph
 def program_error(program: Program, ranges: dict | None = None, *, points: int = 8,
                   seed: int = 0) -> ProgramError | None:
     """The program's first-order error at ``points`` drawn from ``ranges`` (else every finite value

@@ -207,6 +207,18 @@ def test_folded_weights_work_under_inference_mode():
         assert f.report.optimized, f.report.fallback  # not the original run untouched
 
 
+def test_half_precision_attention_is_optimized_under_inference_mode():
+    """Its report's error estimate takes derivatives, which inference mode would not record."""
+    f = saturate_and_extract(lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / 8.0, -1) @ v)
+    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.float16) for _ in range(3))
+    with torch.inference_mode():
+        out = f(q, k, v)
+    assert f.report.optimized, f.report.fallback
+    assert f.report.ops_after.get("sdpa") == 1 and f.report.error is not None
+    torch.testing.assert_close(out, torch.softmax(q @ k.transpose(-2, -1) / 8.0, -1) @ v,
+                               rtol=1e-2, atol=1e-2)
+
+
 def _rms(x):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 

@@ -102,6 +102,26 @@ def test_a_sum_is_split_only_along_an_axis_it_keeps(axis, keep, fires):
     assert ("sum" in _class_ops(summed, names)) == fires
 
 
+def test_attention_is_split_by_heads_only_along_a_leading_axis_all_three_share():
+    q, kv = (Term.input(n, (2, 4, 6, 3), "float64") for n in ("q", "kv"))
+    attention = Term("sdpa", (q, kv, kv), (0.5, True))
+    heads = ["shard-into-sdpa-heads"]
+    assert "sdpa" in _class_ops(mesh_op("shard", attention, -3, 2), heads)
+    assert "sdpa" not in _class_ops(mesh_op("shard", attention, -2, 2), heads)  # queries see all keys
+    shared = Term("sdpa", (q, Term.input("k", (6, 3), "float64"), Term.input("v", (6, 3), "float64")),
+                  (0.5, False))  # one key set broadcast over the heads: nothing to split
+    assert "sdpa" not in _class_ops(mesh_op("shard", shared, -3, 2), heads)
+
+
+def test_an_overflowing_head_takes_the_definition_alone():
+    """sdpa decides per attention: a head whose scores overflow does not change the others'."""
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    calm = OPS["sdpa"].impl(q, k, v, 0.35, False)
+    q[0, 1] *= 1e38
+    mixed = OPS["sdpa"].impl(q, k, v, 0.35, False)
+    assert torch.equal(mixed[0, 0], calm[0, 0])
+
+
 def test_rows_of_a_product_with_a_vector_are_not_rows_of_x():
     x3, v = Term.input("x", (4, 5, 3), "float64"), Term.input("v", (3,), "float64")
     rows = ["shard-into-matmul-rows"]

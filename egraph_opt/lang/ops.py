@@ -349,11 +349,18 @@ def logaddexp(a, b):
 
 
 def sdpa(q, k, v, scale, causal):
-    if _scores_overflow(q, k, scale):
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(mask, -torch.inf)
-        return _attention(q, k, v, scale, bias if causal else None)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    """Torch's kernel, and the definition for each attention (each leading index: batch, head)
+    whose scores can overflow; decided per attention, so one head's result never depends on
+    another's values (attention split by heads computes each head alone)."""
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    if not _scores_overflow(q, k, scale):
+        return out
+    limit = torch.finfo(torch.promote_types(q.dtype, torch.float32)).max
+    bound = (q.abs().amax((-2, -1)).double() * k.abs().amax((-2, -1)).double() * q.shape[-1] * abs(scale))
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+    bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(mask, -torch.inf)
+    definition = _attention(q, k, v, scale, bias if causal else None)
+    return torch.where(~(bound < limit)[..., None, None], definition, out)
 
 
 def rsqrt(x):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 from ..profiling.profile_db import ProfileDBError
 from ..rulesets import Family, catalogue
@@ -90,7 +91,8 @@ def _profile_collectives(args) -> int:
     for name, link in links.items():
         print(f"{name:<15} alpha {link.alpha_s * 1e6:.1f} us  beta {link.beta_s * 1e9:.3f} ns/byte "
               f"({1 / link.beta_s / 1e9 if link.beta_s else float('inf'):.2f} GB/s)")
-    print(f"links recorded in {save_links(links)}")
+    beside = Path(args.db).expanduser().with_name("collectives.json") if args.db else None
+    print(f"links recorded in {save_links(links, beside)}")
     return 0
 
 

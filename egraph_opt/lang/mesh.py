@@ -55,7 +55,7 @@ class Device:
     """This process's place in a real mesh: the collectives call ``comm`` (torch.distributed)."""
     rank: int
     size: int
-    all_gather: Callable[[torch.Tensor], list]
+    all_gather: Callable[[torch.Tensor, int], torch.Tensor]  # (this device's part, axis) -> whole
     all_reduce: Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -115,7 +115,7 @@ def shard(x, axis: int, n: int):
 
 def all_gather(x, axis: int, n: int):
     d = _device(n)
-    return torch.cat(d.all_gather(x) if d else list(_parts(x, n)), axis)
+    return d.all_gather(x, axis) if d else torch.cat(list(_parts(x, n)), axis)
 
 
 def all_reduce(x, n: int):

@@ -71,7 +71,9 @@ def measured_links(path: Path | None = None) -> dict[str, Link]:
 def save_links(links: dict[str, Link], path: Path | None = None) -> Path:
     path = Path(path) if path else links_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({k: asdict(v) for k, v in links.items()}, indent=1))
+    staging = path.with_name(f".{path.name}.{os.getpid()}")  # whole or not at all
+    staging.write_text(json.dumps({k: asdict(v) for k, v in links.items()}, indent=1))
+    os.replace(staging, path)
     return path
 
 

@@ -19,21 +19,22 @@ from ..lang.term import Term, evaluate
 
 
 def device_of_this_process(n: int) -> mesh.Device:
-    """This process's place in the initialized default process group."""
+    """This process's place in the initialized default process group. The collectives are
+    DTensor redistributions: a part placed as ``Shard(axis)`` (or a partial sum as ``Partial``)
+    made whole (``Replicate``) on a one-dimensional device mesh over the group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Shard
+
     if dist.get_world_size() != n:
         raise mesh.MeshError(f"the plan is sharded over {n} devices; this process group has "
                              f"{dist.get_world_size()}")
+    grid = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (n,))
 
-    def all_gather(x: torch.Tensor) -> list[torch.Tensor]:
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(n)]
-        dist.all_gather(parts, x)
-        return parts
+    def all_gather(x: torch.Tensor, axis: int) -> torch.Tensor:
+        return DTensor.from_local(x.contiguous(), grid, [Shard(axis % x.dim())], run_check=False).full_tensor()
 
     def all_reduce(x: torch.Tensor) -> torch.Tensor:
-        total = x.contiguous().clone()
-        dist.all_reduce(total)
-        return total
+        return DTensor.from_local(x.contiguous(), grid, [Partial()], run_check=False).full_tensor()
 
     return mesh.Device(dist.get_rank(), n, all_gather, all_reduce)
 
@@ -110,7 +111,7 @@ def _time_collectives(rank: int, n: int, port: int, sizes, repeats: int, path: s
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     try:
         device = device_of_this_process(n)
-        calls = {"all_gather": lambda x: torch.cat(device.all_gather(x)),
+        calls = {"all_gather": lambda x: device.all_gather(x, 0),
                  "all_reduce": device.all_reduce,
                  "reduce_scatter": lambda x: mesh.reduce_scatter(x, 0, n)}
         found = []

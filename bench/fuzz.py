@@ -50,8 +50,9 @@ LIMITS = Limits(max_iterations=15, max_enodes=5_000, max_seconds=2.0)  # keeps o
 X_SHAPE, Y_SHAPES = (3, 4), [(3, 4), (1, 4), (3, 1)]
 CONSTS = [0.0, 0.5, 1.0, 2.0, 3.0, -1.0]  # 0 and 1 make the identity rules (add-zero, mul-one) fire
 RANGES = [(-3.0, 3.0), (0.1, 10.0), (-1e-3, 1e-3), (1.0, 50.0), (-50.0, -1.0), (0.0, 1.0)]
-UNARY = ["exp", "log", "neg", "tanh", "sigmoid", "abs", "sqrt", "log1p", "expm1", "relu"]
-BINARY = ["add", "sub", "mul", "div", "maximum", "pow"]
+UNARY = ["exp", "log", "neg", "tanh", "sigmoid", "abs", "sqrt", "log1p", "expm1", "relu", "sin", "cos",
+         "tan", "atan", "asinh", "acosh", "atanh", "cbrt", "silu"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "pow", "atan2", "hypot"]
 
 
 def op(name: str, *args: Term, attrs: tuple = ()) -> Term:
@@ -88,6 +89,12 @@ PAIRED = {
     "logaddexp_naive": lambda a, b: op("log", op("add", op("exp", a), op("exp", b))),
     "log_product": lambda a, b: op("log", op("mul", a, b)),
     "log_quotient": lambda a, b: op("log", op("div", a, b)),
+    "log_difference": lambda a, b: op("sub", op("log", a), op("log", b)),
+    "reciprocal_difference": lambda a, b: op("sub", op("div", ONE, a), op("div", ONE, b)),
+    "sqrt_difference": lambda a, b: op("sub", op("sqrt", a), op("sqrt", b)),
+    "tan_difference": lambda a, b: op("sub", op("tan", a), op("tan", b)),
+    "atan_difference": lambda a, b: op("sub", op("atan", a), op("atan", b)),
+    "hypot_naive": lambda a, b: op("sqrt", op("add", op("mul", a, a), op("mul", b, b))),
 }
 
 

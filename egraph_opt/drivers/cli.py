@@ -5,13 +5,14 @@ the latency database), ``onnx`` (batch-optimize ONNX exports). Every error is on
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
 
 from ..profiling.profile_db import ProfileDBError
 from ..rulesets import Family, catalogue
-from .usage import Failure, at_least
+from .usage import Failure, ModelFailure, at_least
 
 
 _SELF_EXPLAINING = (Failure, ProfileDBError, OSError)  # their message needs no exception name
@@ -61,7 +62,15 @@ def _profile(args) -> int:
         return 2
     with ProfileDB(args.db) as db:
         if args.export_to:
-            print(f"{db.export(args.export_to)} timings exported from {db.path} to {args.export_to}")
+            from .staging import claim  # loads onnx: only here
+
+            target, exported = os.path.expanduser(args.export_to), []
+            base = os.path.basename(target)
+            try:  # written aside and linked in: never over a file, never half-written
+                claim(lambda folder: exported.append(db.export(os.path.join(folder, base))), target, [base])
+            except ModelFailure:
+                raise Failure(f"{target} exists: export writes a new file") from None
+            print(f"{exported[0]} timings exported from {db.path} to {target}")
             return 0
         if args.import_from:
             added, skipped = db.import_file(args.import_from)

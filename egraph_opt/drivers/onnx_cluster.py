@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import onnx
@@ -136,7 +137,7 @@ def _process(process: Callable, worker, path: str, target: str, options: dict,
         local = os.path.join(folder, "out", os.path.basename(target))
         record = process(os.path.join(folder, "in", os.path.basename(path)), local,
                          dict(options, force=True, run=""), stopped)
-        outputs = {name: open(os.path.join(folder, "out", name), "rb").read()
+        outputs = {name: Path(folder, "out", name).read_bytes()
                    for name in os.listdir(os.path.join(folder, "out"))}
     return record, outputs if record["status"] == "optimized" else None
 
@@ -145,10 +146,8 @@ def _files(path: str) -> dict[str, bytes]:
     """The model's bytes and its external data files', by name relative to its folder; a model
     that cannot be read goes alone, for its worker to report what is wrong with it."""
     names = [os.path.basename(path)]
-    try:
+    with contextlib.suppress(Exception):  # unreadable: the worker's reason is the one in-process gives
         names += map(os.path.normpath, external_files(path, onnx.load(path, load_external_data=False)))
-    except Exception:  # noqa: BLE001 - unreadable: the worker's reason is the one in-process gives
-        pass
     files = {}
     for name in names:
         with contextlib.suppress(OSError):  # a missing model too: the worker says so

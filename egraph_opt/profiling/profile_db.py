@@ -272,25 +272,16 @@ class ProfileDB:
         return [_from_row(row[1:]) for row in rows], rows[-1][0] if rows else row_id
 
     def export(self, path: str | os.PathLike) -> int:
-        """Every record into a new database file at ``path`` (written aside, then linked in: a
-        file already there is never overwritten, and none is left half-written); how many."""
+        """Every record into a new, self-contained database file at ``path``; how many. (The CLI
+        writes it aside and links it in, so no file is overwritten or left half-written.)"""
         path = Path(path).expanduser()
         if path.exists():
             raise ProfileDBError(f"{path} exists: export writes a new file")
         records = self.since()[0]
-        staging = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        try:
-            with ProfileDB(staging) as out:
-                out.add_many(records)
-                out._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                out._conn.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
-            os.link(staging, path)
-        except FileExistsError:
-            raise ProfileDBError(f"{path} exists: export writes a new file") from None
-        finally:
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{staging}{suffix}")
+        with ProfileDB(path) as out:
+            out.add_many(records)
+            out._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            out._conn.execute("PRAGMA journal_mode=DELETE")  # one file, no -wal beside it
         return len(records)
 
     def import_file(self, path: str | os.PathLike) -> tuple[int, int]:

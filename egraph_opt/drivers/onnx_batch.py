@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import math
 import os
 import signal
 import statistics
@@ -26,7 +25,7 @@ from .batch_report import html, line, summary, write_report
 from .staging import remove_staging, write_atomic
 from .usage import Failure, ModelFailure, at_least
 from ..extractors import CostModel, Objective
-from ..profiling.latency import MeasuredLatency, default_budget
+from ..profiling.latency import MeasuredLatency, budget_seconds, default_budget
 from ..profiling.profile_db import default_path
 from ..backends.onnx_backend import OnnxExportError, export
 from ..frontends.onnx_converters import opset_of
@@ -326,11 +325,8 @@ def _opset(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0 or value == math.inf:
+    value = budget_seconds(text)
+    if value is None:
         raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds >= 0")
     return value
 

@@ -165,14 +165,20 @@ DEFAULT_BUDGET_S = 2.0
 BUDGET_VAR = "EGRAPH_OPT_PROFILE_BUDGET"
 
 
+def budget_seconds(text: str) -> float | None:
+    """A profiling budget written as text: finite seconds >= 0, else None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 <= value < math.inf else None
+
+
 def default_budget() -> float:
     """$EGRAPH_OPT_PROFILE_BUDGET seconds if set (0: never time), else ``DEFAULT_BUDGET_S``."""
     text = os.environ.get(BUDGET_VAR)
-    try:
-        budget = DEFAULT_BUDGET_S if text is None else float(text)
-    except ValueError:
-        budget = math.nan
-    if not budget >= 0:
+    budget = DEFAULT_BUDGET_S if text is None else budget_seconds(text)
+    if budget is None:
         raise ValueError(f"${BUDGET_VAR} must be a number of seconds >= 0, not {text!r}")
     return budget
 

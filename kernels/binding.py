@@ -3,9 +3,9 @@
 Candidates are the registry's kernels for the node's op that accept its shapes, dtypes and device
 (Triton only where it runs natively: CUDA tensors and an importable triton). A candidate's cost is
 its latency in the profiling database, measured or interpolated from rows of its own backend, plus
-the conversions its operands need from the backends that produced them. The torch kernel covers
-every op and is always a candidate (a static estimate where nothing is measured); another backend
-is chosen only by its measurements, never by a preference. Extraction prices a node the same way
+the moves its operands need from the backends that produced them (move kernels, measured too). The
+torch kernel covers every op and is always a candidate (a static estimate where nothing is
+measured); another backend is chosen only by its measurements, never by a preference. Extraction prices a node the same way
 (``pricing``), so the cost sees what will run. No candidate is an error.
 """
 from __future__ import annotations
@@ -14,25 +14,29 @@ import math
 from typing import Callable, NamedTuple
 
 from . import triton as triton_kernels
-from .registry import Kernel, Use, kernels_for
+from .registry import MOVES, Kernel, Use, kernels_for
 from egraph_opt.profiling.latency import UNIT_S
+from egraph_opt.profiling.profiler import MOVE
 
 #: estimate(kernel, use) -> seconds (inf: not a candidate)
 Estimate = Callable[[Kernel, Use], float]
 
 
 def default_estimate(kernel: Kernel, use: Use) -> float:
-    """Nothing measured: the torch kernel, by the memory it touches; no other backend."""
+    """Nothing measured: the torch kernel, by the memory it touches, and a move (an overhead and
+    a pass over the value); no other backend."""
+    elements = sum(math.prod(s) for s in use.shapes) or 1
+    if kernel.op == MOVE:
+        return 2e-6 + 4 * elements / 1e10
     if kernel.backend != "torch":
         return math.inf
-    elements = sum(math.prod(s) for s in use.shapes) or 1
     return 5e-6 + 4 * elements / 2e10
 
 
 def measured_estimate(latency) -> Estimate:
     """Seconds of a kernel from ``latency`` (a MeasuredLatency): the rows of the kernel's backend,
-    measured or interpolated; the torch kernel falls back to its default where the op has no
-    latency model, other backends are then no candidates."""
+    measured or interpolated; the torch kernel and moves fall back to their defaults where nothing
+    is known, other backends are then no candidates."""
     def estimate(kernel: Kernel, use: Use) -> float:
         found = _measured(latency, kernel, use.op, use.attrs, use.shapes,
                           use.dtypes[0] if use.dtypes else "float32")
@@ -42,12 +46,19 @@ def measured_estimate(latency) -> Estimate:
 
 def pricing(latency, device: str) -> Callable:
     """``latency_of(op, attrs, shapes, dtype) -> (units, source)`` of the kernel binding will
-    choose for such a node on ``device`` (the cheapest usable candidate), for the cost model."""
+    choose for such a node on ``device``, its operands in torch memory (the cheapest usable
+    candidate, the moves into its backend included), for the cost model."""
+    estimate = measured_estimate(latency)
+
     def latency_of(op: str, attrs: tuple, shapes: tuple, dtype: str):
         use = Use(op, attrs, shapes, (dtype,) * len(shapes), device)
-        found = [_measured(latency, k, op, attrs, shapes, dtype) for k in kernels_for(op)
-                 if usable(k) and not k.refuses(use)]
-        found = [f for f in found if f]
+        found = []
+        for kernel in kernels_for(op):
+            own = _measured(latency, kernel, op, attrs, shapes, dtype) \
+                if usable(kernel) and not kernel.refuses(use) else None
+            if own:
+                moves = conversion_seconds(use, "torch", kernel.backend, estimate)
+                found.append((own[0] + round(moves / UNIT_S), own[1]))
         return min(found) if found else None
     return latency_of
 
@@ -61,11 +72,15 @@ def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dty
     return found
 
 
-def conversion_seconds(use: Use, source: str, target: str) -> float:
-    """Moving operands between backends: an overhead per operand plus a pass over its memory."""
+def conversion_seconds(use: Use, source: str, target: str,
+                       estimate: Estimate = default_estimate) -> float:
+    """Moving ``use``'s operands from ``source``'s memory into ``target``'s: the move kernel's
+    seconds (``estimate``: measured where the database has them) for each operand."""
     if source == target:
         return 0.0
-    return sum(2e-6 + 4 * math.prod(s) / 1e10 for s in use.shapes)
+    move = MOVES[source, target]
+    return sum(estimate(move, Use(MOVE, (), (shape,), (dtype,), use.device))
+               for shape, dtype in zip(use.shapes, use.dtypes))
 
 
 def usable(kernel: Kernel) -> bool:
@@ -87,7 +102,7 @@ def paths(use: Use, operand_backends: tuple[str, ...] = (),
     for kernel in kernels_for(use.op):
         reason = kernel.refuses(use) or (None if usable(kernel) else f"{kernel.name}: no native triton")
         seconds = math.inf if reason else estimate(kernel, use) + sum(
-            conversion_seconds(use, b, kernel.backend) for b in set(operand_backends))
+            conversion_seconds(use, b, kernel.backend, estimate) for b in set(operand_backends))
         found.append(Path(seconds, kernel, reason or (None if seconds < math.inf else
                                                       f"{kernel.name}: not measured here")))
     return sorted(found, key=lambda p: p.seconds)

@@ -1,6 +1,7 @@
 """The kernel registry: every kernel says what it computes (a reference pattern, ``(softmax ?x ?a)``,
 which the tests evaluate in float64 against it), where it runs and what it accepts. Moving a value
-between backends (torch <-> numpy) is a kernel too, so a plan pays for its conversions.
+between backends (torch <-> numpy) is a kernel too (``MOVES``, reference ``(move ?x0)``: the value
+unchanged), measured like the others, so a plan pays what its conversions take.
 """
 from __future__ import annotations
 
@@ -91,8 +92,12 @@ def _triton_kernels() -> list[Kernel]:
 
 REGISTRY: dict[str, Kernel] = {k.name: k for k in
                                _torch_kernels() + _numpy_kernels() + _triton_kernels()}
-#: conversions between backends' memory, as kernels of their own (identity references)
-CONVERSIONS = {("torch", "numpy"): to_numpy, ("numpy", "torch"): from_numpy}
+#: (source, target) backend -> the kernel moving a value between their memories; its backend is
+#: "source->target", so its rows in the database are its own
+MOVES = {(source, target): Kernel(f"move.{source}->{target}", "(move ?x0)", f"{source}->{target}",
+                                  frozenset({"cpu"}), ALL_DTYPES - {"bfloat16"}, fn,
+                                  takes=to_numpy if source == "numpy" else None)
+         for (source, target), fn in {("torch", "numpy"): to_numpy, ("numpy", "torch"): from_numpy}.items()}
 
 
 def kernels_for(op: str) -> list[Kernel]:

@@ -48,6 +48,19 @@ def test_profile_for_a_program_times_every_kernel_its_egraph_could_use(tmp_path,
         assert opened.count() >= 5
 
 
+def test_profile_grid_times_each_backends_kernels_and_the_moves_between_them(tmp_path, capsys):
+    db = tmp_path / "p.sqlite"
+    assert cli.main(["profile", "--ops", "exp,softmax", "--sizes", "8,16", "--repeats", "2",
+                     "--db", str(db)]) == 0
+    from egraph_opt.profiling.profile_db import ProfileDB
+    with ProfileDB(db) as opened:
+        rows = {(backend, kernel): len(opened.records(kernel, backend, _device(), "float32"))
+                for backend, kernel in [("torch", "exp"), ("numpy", "exp"), ("torch", "softmax"),
+                                        ("torch->numpy", "move"), ("numpy->torch", "move")]}
+    assert rows == dict.fromkeys(rows, 2)  # two sizes each: numpy has no softmax
+    assert "10 timings recorded" in capsys.readouterr().out
+
+
 def _device():
     from egraph_opt.profiling.profiler import device_name
     return device_name("cpu")

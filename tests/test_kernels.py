@@ -94,10 +94,38 @@ def test_each_kernel_has_its_own_rows_and_extraction_prices_the_kernel_binding_c
         assert [p.kernel.name for p in ways] == ["numpy.exp", "torch.exp"]  # with its conversions
         assert ways[0].seconds > 1e-6 and ways[1].seconds == 8e-6
         assert binding.bind(use, estimate=binding.measured_estimate(latency)).name == "numpy.exp"
-        assert binding.pricing(latency, "cpu")("exp", (), ((64, 64),), "float32") == (round(1e-6 / UNIT_S), "measured")
+        moves = binding.conversion_seconds(use, "torch", "numpy")  # not measured: static
+        assert binding.pricing(latency, "cpu")("exp", (), ((64, 64),), "float32") == (
+            round(1e-6 / UNIT_S) + round(moves / UNIT_S), "measured")
         timed = MeasuredLatency(db, "cpu", budget_s=60)  # tanh unmeasured: both backends timed now
         binding.pricing(timed, "cpu")("tanh", (), ((64, 64),), "float32")
         assert all(db.records("tanh", b, device_name("cpu"), "float32") for b in ("torch", "numpy"))
+        assert db.records("move", "torch->numpy", device_name("cpu"), "float32")  # its move too
+
+
+def test_moves_are_measured_kernels_and_binding_pays_what_they_take(tmp_path):
+    """A move into numpy memory measured slow makes numpy's (faster) exp lose; measured fast, win."""
+    from egraph_opt.profiling.latency import MeasuredLatency
+    from egraph_opt.profiling.profile_db import ProfileDB, Record
+    from egraph_opt.profiling.profiler import device_name
+
+    use, where = Use("exp", (), ((64, 64),), ("float32",), "cpu"), device_name("cpu")
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        for kernel, backend, seconds in (("exp", "torch", 8e-6), ("exp", "numpy", 1e-6),
+                                         ("move", "torch->numpy", 9e-6)):
+            db.add(Record(kernel, backend, where, "float32", ((64, 64),), {}, 5, seconds, 0.0))
+        slow = binding.measured_estimate(MeasuredLatency(db, "cpu", budget_s=0))
+        assert binding.conversion_seconds(use, "torch", "numpy", slow) == 9e-6
+        assert binding.bind(use, ("torch",), slow).name == "torch.exp"
+        assert binding.bind(use, ("numpy",), slow).name == "numpy.exp"  # already in numpy memory
+        db.add(Record("move", "torch->numpy", where, "float32", ((64, 64),), {}, 5, 1e-7, 0.0))
+        fast = binding.measured_estimate(MeasuredLatency(db, "cpu", budget_s=0))
+        assert binding.bind(use, ("torch",), fast).name == "numpy.exp"
+        timed = MeasuredLatency(db, "cpu", budget_s=60)  # an unmeasured shape is timed now
+        x = registry.MOVES["numpy", "torch"]
+        seconds = binding.measured_estimate(timed)(x, Use("move", (), ((32, 8),), ("float32",), "cpu"))
+        (row,) = db.records("move", "numpy->torch", where, "float32")
+        assert row.shapes == ((32, 8),) and seconds == pytest.approx(row.median_s, abs=1e-7)  # in units of 0.1 us
 
 
 def test_numpy_kernels_pay_their_conversions_and_run_correctly_when_chosen():
@@ -106,7 +134,7 @@ def test_numpy_kernels_pay_their_conversions_and_run_correctly_when_chosen():
     from egraph_opt.lang.program import Program
     program = Program((x,), program_term)
     assert build_module(program).kernels == {"torch.exp": 1, "torch.tanh": 1}
-    numpy_first = lambda k, use: 0.0 if k.backend == "numpy" else 1.0  # noqa: E731
+    numpy_first = lambda k, use: 1.0 if k.backend == "torch" else 0.0  # noqa: E731
     module = build_module(program, estimate=numpy_first)
     assert module.kernels == {"numpy.exp": 1, "numpy.tanh": 1}
     assert module.code.count("registry_to_numpy(") == 1 and module.code.count("registry_from_numpy(") == 1
@@ -117,7 +145,8 @@ def test_numpy_kernels_pay_their_conversions_and_run_correctly_when_chosen():
 def test_kernels_command_lists_the_registry(capsys):
     assert cli(["kernels"]) == 0
     out = capsys.readouterr().out
-    assert "torch.softmax" in out and "triton.sdpa" in out and f"{len(REGISTRY)} kernels" in out
+    assert "torch.softmax" in out and "triton.sdpa" in out and "move.torch->numpy" in out
+    assert f"{len(REGISTRY) + len(registry.MOVES)} kernels" in out
 
 
 def test_missing_triton_degrades_to_torch_with_one_warning():

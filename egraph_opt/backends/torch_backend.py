@@ -14,7 +14,7 @@ from torch.fx.node import map_aggregate
 from collections import Counter
 
 from ..kernels.binding import Estimate, bind, default_estimate
-from ..kernels.registry import CONVERSIONS, Use
+from ..kernels.registry import MOVES, Use
 from ..lang.program import OpaqueRef, Program, leaves
 from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
@@ -82,7 +82,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
         if source == target or not isinstance(value[key], fx.Node):
             return value[key]
         if (key, target) not in converted:
-            converted[key, target] = graph.call_function(CONVERSIONS[source, target], (value[key],))
+            converted[key, target] = graph.call_function(MOVES[source, target].impl, (value[key],))
         return converted[key, target]
 
     def arg(x):

@@ -35,12 +35,13 @@ def _rules(args) -> int:
 
 
 def _kernels(args) -> int:
-    from ..kernels.registry import REGISTRY
+    from ..kernels.registry import MOVES, REGISTRY
 
-    rows = [k for k in REGISTRY.values() if args.backend is None or k.backend == args.backend]
+    rows = [k for k in [*REGISTRY.values(), *MOVES.values()]
+            if args.backend is None or args.backend in k.backend.split("->")]
     width = max(len(k.name) for k in rows)
     for k in rows:
-        print(f"{k.name:<{width}}  {k.backend:<7} {','.join(sorted(k.devices)):<9} "
+        print(f"{k.name:<{width}}  {k.backend:<12} {','.join(sorted(k.devices)):<9} "
               f"{','.join(sorted(k.dtypes)) if len(k.dtypes) < 5 else 'any':<32} {k.reference}")
     print(f"{len(rows)} kernels")
     return 0
@@ -81,10 +82,33 @@ def _profile(args) -> int:
             cases = program_cases(args.program, args.shapes, args.dtype[0])
             records = profile_shapes(cases, args.device, db, repeats=args.repeats)
         else:
-            records = profile_ops(args.ops or sorted(SPECS), args.dtype, args.device, db,
-                                  args.sizes, args.repeats)
+            ops = args.ops or sorted(SPECS)
+            records = profile_ops(ops, args.dtype, args.device, db, args.sizes, args.repeats)
+            records += _profile_other_backends(ops, args, db)
         print(f"{len(records)} timings recorded in {db.path}")
     return 0
+
+
+def _profile_other_backends(ops: list[str], args, db) -> list:
+    """The grid again for every other usable kernel of ``ops`` on the device (its own rows), and
+    for the moves into and out of each such backend: binding pays them."""
+    from ..kernels.binding import usable
+    from ..kernels.registry import MOVES, kernels_for
+    from ..profiling.profiler import MOVE, Case, grid, profile_shapes
+
+    records, backends = [], set()
+    for kernel in (k for op in ops for k in kernels_for(op)):
+        if kernel.backend == "torch" or not usable(kernel) or args.device not in kernel.devices:
+            continue
+        cases = [c for c in grid([kernel.op], args.dtype, args.sizes) if c.dtype in kernel.dtypes]
+        records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=kernel)
+        backends.add(kernel.backend)
+    for (source, target), move in MOVES.items():
+        if backends & {source, target}:
+            cases = [Case(MOVE, dtype, ((n, n),), {}) for dtype in args.dtype for n in args.sizes
+                     if dtype in move.dtypes]
+            records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=move)
+    return records
 
 
 def _profile_collectives(args) -> int:

@@ -28,10 +28,9 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from ..lang.ops import OPS
 from ..lang.term import dtype_name, postorder
 from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning, Record, shape_key
-from .profiler import SPECS, Case, Work, device_name, profile_shapes, torch_dtype, work
+from .profiler import PRICED, Case, Work, attr_names, device_name, profile_shapes, torch_dtype, work
 
 
 class Roofline(NamedTuple):
@@ -213,15 +212,15 @@ class MeasuredLatency:
                  kernel=None) -> tuple[int, str] | None:
         """Units and source of the op's torch implementation, or of ``kernel`` (a registry
         kernel: rows of its backend)."""
-        if op not in SPECS or self.db is None:
+        if op not in PRICED or self.db is None:
             return None
         backend = "torch" if kernel is None else kernel.backend
         key = (op, attrs, shapes, dtype, backend)
         if key not in self._cache:
-            named = {name: value for (name, _), value in zip(OPS[op].attrs, attrs)}
+            named = dict(zip(attr_names(op), attrs))
             try:
                 est = self.model.predict(op, backend, self.where, dtype, shapes, named)
-                timeable = len(shapes) == OPS[op].arity  # a constant operand: not as profiled
+                timeable = len(shapes) == len(PRICED[op].shapes(1))  # a constant operand: not as profiled
                 if est.source != "measured" and timeable and self.spent_s < self.budget_s:
                     start = time.perf_counter()
                     (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,

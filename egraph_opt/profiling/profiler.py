@@ -125,6 +125,16 @@ WORK_KINDS: dict[str, Callable] = {
 }
 SPECS: dict[str, OpSpec] = {name: WORK_KINDS[op.work](op) for name, op in OPS.items()
                             if not op.is_leaf and op.work != "static"}
+#: moving a value between backends' memory (the kernels of ``kernels.registry.MOVES``): no op of
+#: the program, a kernel all the same, priced by the elements it touches
+MOVE = "move"
+#: every kind of kernel the latency model prices: the ops of SPECS and the moves
+PRICED: dict[str, OpSpec] = {**SPECS, MOVE: OpSpec(_square(1), _pointwise(0.0))}
+
+
+def attr_names(kernel: str) -> list[str]:
+    """The attributes a kernel of PRICED takes, in order (a move takes none)."""
+    return [name for name, _ in OPS[kernel].attrs] if kernel in OPS else []
 
 # Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
 EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none",
@@ -132,13 +142,13 @@ EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:
-    """The work of `kernel` (an op name of SPECS) on inputs of these shapes."""
-    if kernel not in SPECS:
-        raise ValueError(f"no work formula for kernel {kernel!r}; known: {', '.join(sorted(SPECS))}")
-    missing = [name for name, _ in OPS[kernel].attrs if name not in attrs]
+    """The work of `kernel` (an op name of SPECS, or a move) on inputs of these shapes."""
+    if kernel not in PRICED:
+        raise ValueError(f"no work formula for kernel {kernel!r}; known: {', '.join(sorted(PRICED))}")
+    missing = [name for name in attr_names(kernel) if name not in attrs]
     if missing:
         raise ValueError(f"kernel {kernel!r} needs attributes {missing}, got {dict(attrs)}")
-    return SPECS[kernel].work(tuple(tuple(s) for s in shapes), attrs)
+    return PRICED[kernel].work(tuple(tuple(s) for s in shapes), attrs)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -250,10 +260,10 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
                    repeats: int = 15, progress: bool = True, kernel=None) -> list[Record]:
     """Time each case and record it: the op's torch implementation (backend "torch"), or
     ``kernel`` (a registry kernel: its backend, implementation, and the conversion of its inputs
-    into its memory, done before timing). Only ops of SPECS: the latency model cannot use a
-    measurement it has no work formula for."""
+    into its memory, done before timing; a move needs its kernel). Only ops of SPECS: the latency
+    model cannot use a measurement it has no work formula for."""
     cases = list(cases)
-    unknown = sorted({c.op for c in cases if c.op not in SPECS})
+    unknown = sorted({c.op for c in cases if c.op not in (SPECS if kernel is None else PRICED)})
     if unknown:
         raise ValueError(f"cannot profile {unknown}: no cost spec; "
                          f"costed ops: {', '.join(sorted(SPECS))}")
@@ -263,8 +273,8 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
     records = []
     for case in _progress(cases, f"profiling on {where}") if progress else cases:
         dtype = torch_dtype(case.dtype)
-        tensors = SPECS[case.op].inputs(case.shapes, dtype, device)
-        attrs = [case.attrs[name] for name, _ in OPS[case.op].attrs]
+        tensors = PRICED[case.op].inputs(case.shapes, dtype, device)
+        attrs = [case.attrs[name] for name in attr_names(case.op)]
         impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.backend)
         if kernel is not None and kernel.takes is not None:
             tensors = [kernel.takes(t) for t in tensors]
@@ -284,7 +294,7 @@ def grid(ops: Iterable[str], dtypes: Iterable[str], sizes: Iterable[int]) -> lis
     bad = [n for n in sizes if not isinstance(n, int) or n < 1]
     if bad:
         raise ValueError(f"sizes must be positive ints, got {bad}")
-    return [Case(op, dtype, SPECS[op].shapes(n), {a: EXAMPLE_ATTRS[a] for a, _ in OPS[op].attrs})
+    return [Case(op, dtype, SPECS[op].shapes(n), {a: EXAMPLE_ATTRS[a] for a in attr_names(op)})
             for op in ops for dtype in dtypes for n in sizes]
 
 

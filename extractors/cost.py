@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from egraph_opt.analysis.layouts import operand_layouts, term_strides
 from egraph_opt.analysis.ranges import TOP, analyze
 from egraph_opt.lang.ops import OPS
 from egraph_opt.lang.term import Term, dtype_name, postorder, shapes
@@ -49,12 +50,13 @@ class NodeFacts:
     dtype: str = "float32"
     constant: bool = False  # every operand derives from parameters and constants only
     shapes: tuple | None = None  # operand shapes, constants left out
+    layouts: tuple = ()  # operand memory layouts, constants left out (): all contiguous
 
 
 @dataclass(frozen=True)
 class CostModel:
     objective: Objective = Objective.BALANCED
-    latency_of: Callable | None = None  # (op, attrs, shapes, dtype) -> (units, source) | None
+    latency_of: Callable | None = None  # (op, attrs, shapes, dtype, layouts) -> (units, source) | None
     tolerance: float | None = None  # for Objective.TOLERANCE: largest estimated relative error
 
     def __post_init__(self):
@@ -75,7 +77,7 @@ class CostModel:
         if n.op in LEAVES or n.constant:
             return 0
         if self.latency_of is not None and n.shapes is not None:
-            found = self.latency_of(n.op, n.attrs, n.shapes, n.dtype)
+            found = self.latency_of(n.op, n.attrs, n.shapes, n.dtype, n.layouts)
             if found:
                 return found[0]
         return OPS[n.op].passes * PASS_UNITS  # passes over memory the op declares
@@ -105,6 +107,7 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
     terms = postorder(roots)
     meta = meta if meta is not None else shapes(roots, leaf_meta)
     ranges = ranges if ranges is not None else analyze(roots, declared, leaf_meta, meta)
+    strides = term_strides(roots, meta) if model.latency_of is not None else {}
     exact: dict[int, bool] = {}
     constant: dict[int, bool] = {}
     parts = {"cost": 0, "curvature": 0, "latency": 0}
@@ -115,7 +118,9 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
         n = NodeFacts(t.op, t.attrs, tuple(ranges[id(a)] for a in t.args), dtypes,
                       tuple(exact[id(a)] for a in t.args), ranges[id(t)],
                       dtype_name(meta[id(t)][1]), bool(t.args) and constant[id(t)],
-                      tuple(meta[id(a)][0] for a in t.args if a.op != "const"))
+                      tuple(meta[id(a)][0] for a in t.args if a.op != "const"),
+                      operand_layouts([meta[id(a)][0] for a in t.args if a.op != "const"],
+                                      [strides.get(id(a)) for a in t.args if a.op != "const"]))
         parts["cost"] += model(n)
         parts["curvature"] += model.curvature(n)
         parts["latency"] += model.latency(n)

@@ -39,22 +39,22 @@ def measured_estimate(latency) -> Estimate:
     is known, other backends are then no candidates."""
     def estimate(kernel: Kernel, use: Use) -> float:
         found = _measured(latency, kernel, use.op, use.attrs, use.shapes,
-                          use.dtypes[0] if use.dtypes else "float32")
+                          use.dtypes[0] if use.dtypes else "float32", use.layouts)
         return found[0] * UNIT_S if found else default_estimate(kernel, use)
     return estimate
 
 
 def pricing(latency, device: str) -> Callable:
-    """``latency_of(op, attrs, shapes, dtype) -> (units, source)`` of the kernel binding will
-    choose for such a node on ``device``, its operands in torch memory (the cheapest usable
+    """``latency_of(op, attrs, shapes, dtype, layouts) -> (units, source)`` of the kernel binding
+    will choose for such a node on ``device``, its operands in torch memory (the cheapest usable
     candidate, the moves into its backend included), for the cost model."""
     estimate = measured_estimate(latency)
 
-    def latency_of(op: str, attrs: tuple, shapes: tuple, dtype: str):
-        use = Use(op, attrs, shapes, (dtype,) * len(shapes), device)
+    def latency_of(op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = ()):
+        use = Use(op, attrs, shapes, (dtype,) * len(shapes), device, layouts)
         found = []
         for kernel in kernels_for(op):
-            own = _measured(latency, kernel, op, attrs, shapes, dtype) \
+            own = _measured(latency, kernel, op, attrs, shapes, dtype, layouts) \
                 if usable(kernel) and not kernel.refuses(use) else None
             if own:
                 moves = conversion_seconds(use, "torch", kernel.backend, estimate)
@@ -63,10 +63,11 @@ def pricing(latency, device: str) -> Callable:
     return latency_of
 
 
-def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dtype: str):
+def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dtype: str,
+              layouts: tuple = ()):
     """(units, source) of ``kernel`` from the database, or None: not known there (and, off the
     torch backend, only rows of the kernel's own backend count)."""
-    found = latency(op, attrs, shapes, dtype, kernel) if latency is not None else None
+    found = latency(op, attrs, shapes, dtype, layouts, kernel) if latency is not None else None
     if found and kernel.backend != "torch" and found[1] not in ("measured", "interpolated"):
         return None
     return found
@@ -79,8 +80,9 @@ def conversion_seconds(use: Use, source: str, target: str,
     if source == target:
         return 0.0
     move = MOVES[source, target]
-    return sum(estimate(move, Use(MOVE, (), (shape,), (dtype,), use.device))
-               for shape, dtype in zip(use.shapes, use.dtypes))
+    layouts = use.layouts or (None,) * len(use.shapes)
+    return sum(estimate(move, Use(MOVE, (), (shape,), (dtype,), use.device, (key,) if key else ()))
+               for shape, dtype, key in zip(use.shapes, use.dtypes, layouts))
 
 
 def usable(kernel: Kernel) -> bool:

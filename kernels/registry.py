@@ -25,6 +25,7 @@ class Use:
     shapes: tuple[tuple[int, ...], ...]  # operand shapes
     dtypes: tuple[str, ...]  # operand dtypes
     device: str  # "cpu" or "cuda"
+    layouts: tuple = ()  # operand memory layouts (analysis/layouts.py); (): all contiguous
 
 
 @dataclass(frozen=True)

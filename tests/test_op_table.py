@@ -21,6 +21,7 @@ KNOWN = {
     "rounding": {"exact", "rounds", "widening"},
     "precision": {"accumulate", "hoist", "keep"},
     "growth": {0, 1, 2, 3},
+    "layout": {"fresh", "view", "runs"},
 }
 
 

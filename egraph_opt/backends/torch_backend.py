@@ -13,6 +13,7 @@ from torch.fx.node import map_aggregate
 
 from collections import Counter
 
+from ..analysis.layouts import operand_layouts, term_strides
 from ..kernels.binding import Estimate, bind, default_estimate
 from ..kernels.registry import MOVES, Use
 from ..lang.program import OpaqueRef, Program, leaves
@@ -74,6 +75,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     converted: dict = {}  # (key, backend) -> fx.Node of the converted value
     placeholders = {t.attrs[0]: graph.placeholder(t.attrs[0]) for t in program.inputs}
     meta = meta if meta is not None else program.meta()
+    strides = term_strides(program.roots(), meta)
     kernels: Counter = Counter()
 
     def on(key, target: str):
@@ -121,8 +123,9 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
                 kernels["folded"] += 1
                 continue
             tensors = [a for a in item.args if a.op != "const"]
-            use = Use(item.op, item.attrs, tuple(meta[id(a)][0] for a in tensors),
-                      tuple(dtype_name(meta[id(a)][1]) for a in tensors), device)
+            shapes = tuple(meta[id(a)][0] for a in tensors)
+            use = Use(item.op, item.attrs, shapes, tuple(dtype_name(meta[id(a)][1]) for a in tensors),
+                      device, operand_layouts(shapes, [strides[id(a)] for a in tensors]))
             kernel = bind(use, tuple(backend.get(k, "torch") for k in operands), estimate)
             kernels[kernel.name] += 1
             args = [on(k, kernel.backend) for k in operands]

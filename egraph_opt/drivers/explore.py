@@ -24,7 +24,7 @@ from ..lang.program import Program
 from ..lang.term import Term, evaluate, op_counts, postorder, pretty
 from ..optimization import ematch
 from ..optimization.derivation import term_classes
-from ..optimization.pipeline import Optimized, class_meta, enode_facts, optimize
+from ..optimization.pipeline import Optimized, class_shapes, enode_facts, optimize
 from ..profiling.latency import UNIT_S
 from ..rulesets import catalogue, select
 from .tables import Table
@@ -134,9 +134,9 @@ class Explorer:
         self.snap = result.egraph.snapshot()
         roots = self.source.roots()
         self.loaded = {id(t): self.snap.class_of_ref[result.egraph.ref(t)] for t in postorder(roots)}
-        meta = self.source.meta()
-        self.meta = class_meta(self.snap.classes, {c: meta[i] for i, c in self.loaded.items()})
-        self.facts = enode_facts(self.snap, self.meta)
+        self.meta, strides = class_shapes(self.snap, roots, self.source.meta(), self.loaded,
+                                          result.model.latency_of is not None)
+        self.facts = enode_facts(self.snap, self.meta, strides)
         self.root_classes = result.root_classes
         self._priced: dict[tuple, Candidate] = {}
 
@@ -178,7 +178,7 @@ class Explorer:
         """The extractor's price of one e-node, and its parts."""
         f = self.facts(cid, node)
         model = self.result.model
-        found = model.latency_of(f.op, f.attrs, f.shapes, f.dtype) \
+        found = model.latency_of(f.op, f.attrs, f.shapes, f.dtype, f.layouts) \
             if model.latency_of and f.shapes is not None and f.op not in LEAVES else None
         source = "-" if not node.children else (found[1] if found else "static")
         return {"cost": model(f), "curvature": model.curvature(f),

@@ -57,6 +57,9 @@ class Op:
     numpy: str | None = None  # the numpy function of a numpy kernel (kernels/registry.py), if any
     definition: str | None = None  # in primitive ops, a pattern over ?x0.. and its attributes: the
     # ONNX form "definition" writes it
+    layout: str | None = None  # the memory layout of its result (analysis/layouts.py): "fresh"
+    # (always contiguous), "view" (strides follow from the operand's), "runs" (contiguous from
+    # contiguous operands, else as its kernel chooses: found by running it)
     mesh: str | None = None  # an op over a mesh (lang/mesh.py) that sees every device's part:
     # "parts" (each device then holds its own part) or "whole" (each holds the same whole value);
     # None: an op that runs once per device on its own part
@@ -378,7 +381,7 @@ def relu(v: float) -> float:
 
 #: facts the stages need of every non-leaf op (``flops`` too, for the per-element work kinds)
 FACTS = ("shape", "range", "bounds", "sign", "curvature", "growth", "error", "rounding", "passes",
-         "precision", "work", "onnx")
+         "precision", "work", "onnx", "layout")
 PER_ELEMENT_WORK = ("pointwise", "select", "reduce", "along")
 
 
@@ -393,17 +396,17 @@ _REDUCE = "axis:i64 keepdim:bool"
 _WINDOW = "stride:String padding:String dilation:String"  # per spatial dim, as shape_attr strings
 
 # facts shared by a family of ops; a row completes them and may override them
-_ANY = dict(bounds=UNBOUNDED, sign="any", error="none")
+_ANY = dict(bounds=UNBOUNDED, sign="any", error="none", layout="fresh")
 _LEAF = dict(_ANY, curvature=LINEAR, growth=0, rounding="exact", passes=0, precision="keep")
 _BINARY = dict(_ANY, shape="broadcast", rounding="rounds", passes=2, precision="hoist",
-               work="pointwise", flops=1)
+               work="pointwise", flops=1, layout="runs")
 _UNARY = dict(_ANY, shape="same", rounding="rounds", passes=2, precision="hoist", work="pointwise",
-              flops=10)
+              flops=10, layout="runs")
 _REDUCTION = dict(_ANY, shape="reduce", curvature=LINEAR, growth=0, rounding="rounds", passes=4,
                   precision="accumulate", work="reduce", flops=1)
 _LAYOUT = dict(_ANY, shape="meta", range="values", curvature=LINEAR, growth=0, rounding="exact",
-               passes=1, precision="hoist", work="static")
-_FUSED = dict(_ANY, rounding="rounds", precision="accumulate", work="static")
+               passes=1, precision="hoist", work="static", layout="view")
+_FUSED = dict(_ANY, rounding="rounds", precision="accumulate", work="static", layout="runs")
 #: mesh ops: shapes on one device by running them on meta tensors; priced by sharding/cost.py
 _MESH = dict(_ANY, shape="meta", curvature=LINEAR, growth=0, precision="keep", work="static",
              onnx="none", mesh="parts")
@@ -499,7 +502,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     # linear algebra and layout
     _op("matmul", 2, "", operator.matmul, _FUSED, infix="@", shape="matmul", range="matmul",
         curvature="bilinear", growth=1, passes=16, sample=(("x0", (3, 5)), ("x1", (5, 4))),
-        work="matmul", onnx="MatMul"),
+        work="matmul", onnx="MatMul", layout="fresh"),
     _op("transpose", 1, "dim0:i64 dim1:i64", torch.transpose, _LAYOUT, shape="transpose",
         onnx="Transpose"),
     _op("permute", 1, "perm:String", permute, _LAYOUT, sample=(("perm", "0,2,3,1"),),
@@ -509,15 +512,15 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("expand", 1, "shape:String", expand, _LAYOUT, shape="reshape",
         sample=(("x0", (2, 3, 1, 5)), ("shape", "2,3,4,5")), onnx="Expand"),
     _op("gather", 2, _AXIS, gather, _LAYOUT, range="operand", passes=2, precision="keep",
-        onnx="GatherElements"),
+        onnx="GatherElements", layout="fresh"),
     _op("index_select", 2, _AXIS, index_select, _LAYOUT, range="operand", passes=2,
-        precision="keep", onnx="Gather"),
+        precision="keep", onnx="Gather", layout="fresh"),
     _op("slice", 1, "axis:i64 start:i64 end:i64 step:i64", slice_, _LAYOUT, range="operand",
         sample=(("axis", -1), ("start", 1), ("end", 4), ("step", 2)), onnx="Slice"),
     _op("concat", 2, _AXIS, concat, _LAYOUT, range="hull", passes=2, precision="keep",
-        onnx="Concat"),
+        onnx="Concat", layout="fresh"),
     _op("cast", 1, "dtype:String", cast, _LAYOUT, shape="cast", rounding="widening", passes=2,
-        precision="keep", onnx="Cast"),
+        precision="keep", onnx="Cast", layout="runs"),
     # composites: each has a definition in primitives (checked in tests) and stable kernels
     _op("softmax", 1, _AXIS, softmax, _FUSED, shape="same", range="bounds", bounds=(0.0, 1.0),
         sign="nonneg", curvature=(1.0, 1.0), **_SMOOTH, error="shifted-exp", passes=5,
@@ -527,7 +530,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
         onnx="LogSoftmax"),
     _op("logsumexp", 1, _REDUCE, logsumexp, _FUSED, shape="reduce", range="logsumexp",
         curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="reduce", flops=12,
-        onnx="ReduceLogSumExp"),
+        onnx="ReduceLogSumExp", layout="fresh"),
     _op("softplus", 1, "", softplus, _UNARY, range="softplus", curvature=(0.25, 1.0), **_SMOOTH,
         work="static", onnx="Softplus"),
     _op("logaddexp", 2, "", logaddexp, _BINARY, range="logaddexp", curvature=(0.25, 1.0),
@@ -545,10 +548,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
         sample=(*_ATTENTION_SAMPLE, ("scale", 0.5), ("causal", False)), work="sdpa",
         onnx="Attention"),
     _op("linear", 3, "", F.linear, _FUSED, shape="linear", range="linear", curvature="bilinear",
-        growth=1, passes=17, sample=_MATMUL_SAMPLE, work="linear", onnx="Gemm"),
+        growth=1, passes=17, sample=_MATMUL_SAMPLE, work="linear", onnx="Gemm", layout="fresh"),
     _op("linear_act", 3, "activation:String", linear_act, _FUSED, shape="linear",
         range="linear_act", curvature=(1.0, 1.0), **_SMOOTH, passes=17,
-        sample=(*_MATMUL_SAMPLE, ("activation", "gelu_tanh")), onnx="linear-activation"),
+        sample=(*_MATMUL_SAMPLE, ("activation", "gelu_tanh")), onnx="linear-activation", layout="fresh"),
     _op("sdpa_masked", 4, "scale:f64", sdpa_masked, _FUSED, shape="sdpa", range="values-of-v",
         curvature=(1.0, 1.0), **_SMOOTH, passes=21,
         sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention"),
@@ -560,10 +563,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("conv2d", 3, _WINDOW + " groups:i64", conv2d, _FUSED, shape="meta", range="linear",
         curvature="bilinear", growth=1, passes=24,
         sample=(("x0", (2, 3, 6, 6)), ("x1", (4, 3, 3, 3)), ("x2", (4,)), ("stride", "1,1"),
-                ("padding", "1,1"), ("dilation", "1,1"), ("groups", 1)), onnx="Conv"),
+                ("padding", "1,1"), ("dilation", "1,1"), ("groups", 1)), onnx="Conv", layout="fresh"),
     _op("max_pool2d", 1, "kernel:String " + _WINDOW, max_pool2d, _LAYOUT, range="operand",
         passes=2, sample=(("x0", (2, 3, 6, 6)), ("kernel", "2,2"), ("stride", "2,2"),
-                          ("padding", "0,0"), ("dilation", "1,1")), onnx="MaxPool"),
+                          ("padding", "0,0"), ("dilation", "1,1")), onnx="MaxPool", layout="fresh"),
     _op("batch_norm", 5, "eps:f64", batch_norm, _FUSED, shape="first", range="top", curvature=LINEAR,
         growth=0, passes=6, precision="keep", onnx="BatchNormalization"),
     # ---- sharding: place and move values over a mesh of n devices (lang/mesh.py; rulesets/sharding.py)

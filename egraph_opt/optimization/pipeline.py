@@ -23,6 +23,7 @@ from ..extractors.enumerate import alternatives
 from ..extractors.rounding_error import least_error
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program
+from ..analysis.layouts import class_strides, operand_layouts, term_strides
 from ..analysis.ranges import TOP, Interval, analyze, transfer
 from ..rulesets import Family, Rule, select
 from ..lang.term import Term, op_counts, postorder
@@ -102,7 +103,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     snap = egraph.snapshot()
 
     class_of = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
-    cost = enode_cost(snap, model, class_meta(snap.classes, {c: term_meta[i] for i, c in class_of.items()}))
+    meta, strides = class_shapes(snap, roots, term_meta, class_of, model.latency_of is not None)
+    cost = enode_cost(snap, model, meta, strides)
     root_classes = [snap.class_of_ref[r] for r in refs]
     best = extract(snap.classes, root_classes, cost)
     reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges, term_meta) \
@@ -278,6 +280,18 @@ def class_meta(classes: dict, known: dict) -> dict:
     return meta
 
 
+def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: dict,
+                 layouts: bool) -> tuple[dict, dict | None]:
+    """(shape, dtype) of every e-class, from the loaded terms' (``class_of``: term id -> class),
+    and, where ``layouts`` (costs measured on the kernels' operands as they lie in memory), their
+    strides."""
+    meta = class_meta(snap.classes, {c: term_meta[i] for i, c in class_of.items()})
+    if not layouts:
+        return meta, None
+    known = term_strides(roots, term_meta)
+    return meta, class_strides(snap.classes, meta, {c: known[i] for i, c in class_of.items()})
+
+
 def _meta_of(node, operands: list) -> tuple | None:
     if node.op == "const":
         return (), torch.float64
@@ -293,9 +307,12 @@ def _meta_of(node, operands: list) -> tuple | None:
     return tuple(out.shape), out.dtype
 
 
-def enode_facts(snap: Snapshot, meta: dict) -> Callable[[str, object], NodeFacts]:
+def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None
+                ) -> Callable[[str, object], NodeFacts]:
     """``facts(class id, e-node)``: what the cost model knows of an e-node, from the snapshot's
-    analyses: intervals, dtypes, exactness, constness and shapes of its operand classes."""
+    analyses: intervals, dtypes, exactness, constness, shapes and layouts (``strides`` by class)
+    of its operand classes."""
+    strides = strides or {}
     exact = closed_classes(snap.classes, lambda n: rounding_free(
         n.op, n.attrs, tuple(snap.dtypes.get(c, "float32") for c in n.children)))
     constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
@@ -310,13 +327,15 @@ def enode_facts(snap: Snapshot, meta: dict) -> Callable[[str, object], NodeFacts
             tuple(c in exact for c in node.children), snap.ranges.get(cid, TOP),
             snap.dtypes.get(cid, "float32"),
             bool(node.children) and all(c in constant for c in node.children),
-            tuple(meta[c][0] for c in tensors) if known else None)
+            tuple(meta[c][0] for c in tensors) if known else None,
+            operand_layouts([meta[c][0] for c in tensors], [strides.get(c) for c in tensors])
+            if known else ())
     return facts
 
 
-def enode_cost(snap: Snapshot, model: CostModel, meta: dict):
+def enode_cost(snap: Snapshot, model: CostModel, meta: dict, strides: dict | None = None):
     """``cost(class id, e-node)`` for the extractor: the model's price of the e-node's facts."""
-    facts = enode_facts(snap, meta)
+    facts = enode_facts(snap, meta, strides)
     return lambda cid, node: model(facts(cid, node))
 
 

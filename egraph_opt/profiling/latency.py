@@ -29,6 +29,7 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..lang.term import dtype_name, postorder
+from ..analysis.layouts import layout_attr, operand_layouts, term_strides
 from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning, Record, shape_key
 from .profiler import PRICED, Case, Work, attr_names, device_name, profile_shapes, torch_dtype, work
 
@@ -127,11 +128,13 @@ class LatencyModel:
         self.db = db
         self._groups: dict[tuple[str, str, str, str], _Group | None] = {}
 
-    def _group(self, kernel: str, backend: str, device: str, dtype: str,
-               itemsize: int) -> _Group | None:
-        key = (kernel, backend, device, dtype)
+    def _group(self, kernel: str, backend: str, device: str, dtype: str, itemsize: int,
+               layout) -> _Group | None:
+        """The rows of one kernel whose operands had ``layout``: a fit across layouts would
+        average kernels that run differently."""
+        key = (kernel, backend, device, dtype, str(layout))
         if key not in self._groups:
-            records = self.db.records(*key)
+            records = [r for r in self.db.records(*key[:4]) if r.attrs.get("layout") == layout]
             self._groups[key] = _Group(kernel, device, itemsize, records) if records else None
         return self._groups[key]
 
@@ -143,7 +146,7 @@ class LatencyModel:
         itemsize = torch_dtype(dtype).itemsize
         w = work(kernel, input_shapes, attrs)
         default = roofline_seconds(w, itemsize, device)
-        group = self._group(kernel, backend, device, dtype, itemsize)
+        group = self._group(kernel, backend, device, dtype, itemsize, attrs.get("layout"))
         if group is None:
             note = f"no measurements of {kernel} ({backend}, {dtype}) on {device}: roofline default"
             return Estimate(default, "default", DEFAULT_UNCERTAINTY, note)
@@ -208,16 +211,17 @@ class MeasuredLatency:
             _without_database(e)
             return None
 
-    def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str,
+    def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = (),
                  kernel=None) -> tuple[int, str] | None:
         """Units and source of the op's torch implementation, or of ``kernel`` (a registry
-        kernel: rows of its backend)."""
+        kernel: rows of its backend), on operands of these shapes and ``layouts`` (per operand,
+        analysis/layouts.py; () when all are contiguous)."""
         if op not in PRICED or self.db is None:
             return None
         backend = "torch" if kernel is None else kernel.backend
-        key = (op, attrs, shapes, dtype, backend)
+        key = (op, attrs, shapes, dtype, layouts, backend)
         if key not in self._cache:
-            named = dict(zip(attr_names(op), attrs))
+            named = {**dict(zip(attr_names(op), attrs)), **layout_attr(layouts)}
             try:
                 est = self.model.predict(op, backend, self.where, dtype, shapes, named)
                 timeable = len(shapes) == len(PRICED[op].shapes(1))  # a constant operand: not as profiled
@@ -248,12 +252,16 @@ def sources(program, latency: MeasuredLatency | None) -> tuple[float, dict[str, 
     """Estimated seconds of a program (ops the database knows) and where the estimates come from:
     measured, interpolated, default (roofline), or static (no work formula for the op)."""
     meta = program.meta()
+    strides = term_strides(program.roots(), meta)
     total, where = 0.0, Counter()
     for t in postorder(program.roots()):
         if not t.args:
             continue
-        operands = tuple(meta[id(a)][0] for a in t.args if a.op != "const")
-        found = latency(t.op, t.attrs, operands, dtype_name(meta[id(t)][1])) if latency else None
+        tensors = [a for a in t.args if a.op != "const"]
+        operands = tuple(meta[id(a)][0] for a in tensors)
+        layouts = operand_layouts(operands, [strides[id(a)] for a in tensors])
+        found = latency(t.op, t.attrs, operands, dtype_name(meta[id(t)][1]), layouts) \
+            if latency else None
         if found:
             total += found[0] * UNIT_S
             where[found[1]] += 1

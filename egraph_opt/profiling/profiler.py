@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from ..analysis.layouts import with_layout
 from ..lang.ops import OPS
 from .profile_db import ProfileDB, Record
 
@@ -235,7 +236,8 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
 
 
 class Case(NamedTuple):
-    """One kernel call to profile: an op of ops.py at given input shapes, attributes and dtype."""
+    """One kernel call to profile: an op of ops.py at given input shapes, attributes and dtype;
+    ``attrs["layout"]``, where present, the operands' memory layouts (analysis/layouts.py)."""
     op: str
     dtype: str
     shapes: Shapes
@@ -274,6 +276,8 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
     for case in _progress(cases, f"profiling on {where}") if progress else cases:
         dtype = torch_dtype(case.dtype)
         tensors = PRICED[case.op].inputs(case.shapes, dtype, device)
+        layouts = case.attrs.get("layout") or [None] * len(tensors)  # as the kernel will see them
+        tensors = [with_layout(t, key) for t, key in zip(tensors, layouts)]
         attrs = [case.attrs[name] for name in attr_names(case.op)]
         impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.backend)
         if kernel is not None and kernel.takes is not None:

@@ -30,9 +30,11 @@ from ..backends.torch_backend import build_module
 from ..kernels.binding import measured_estimate, pricing
 from ..validate import compare, random_inputs
 
-#: programs of at most this many terms get a first-order error estimate in their report (it runs
-#: them in float64 with derivatives at 8 points)
+#: programs of at most this many terms, and this many elements over all their values, get a
+#: first-order error estimate in their report (it runs them in float64 with derivatives at 8
+#: points: a transformer block at batch 2 and length 128 would take tens of seconds)
 ESTIMATED_UP_TO = 256
+ESTIMATED_ELEMENTS = 1 << 22
 
 
 #: a program measured this much slower than the original is slower beyond noise
@@ -173,8 +175,11 @@ class OptimizedFunction:
         module = build_module(flat, traced, device=device, meta=result.program.meta(),
                               estimate=measured_estimate(latency))
         run = functools.partial(_run_unflattened, module, returns)
+        terms, meta = postorder(roots), program.meta()
+        small = len(terms) <= ESTIMATED_UP_TO and \
+            sum(math.prod(meta[id(t)][0]) for t in terms) <= ESTIMATED_ELEMENTS
         errors = [program_error(p, self.input_ranges) for p in (program, result.program)] \
-            if len(postorder(roots)) <= ESTIMATED_UP_TO else []
+            if small else []
         report.rewrites = [(r.name, r.describe(), n) for r, n in result.applied]
         report.derivation = result.derivation
         report.ops_before, report.ops_after = result.ops_before, result.ops_after

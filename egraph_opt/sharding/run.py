@@ -75,6 +75,7 @@ def _worker(rank: int, n: int, port: int, roots, env, repeats: int, path: str, t
             times.append(float(elapsed))
         if rank == 0:  # a file: a pipe would block this process until the caller reads it
             torch.save(([o.cpu() if isinstance(o, torch.Tensor) else o for o in outputs], times), path)
+        dist.barrier()  # as in _time_collectives: nobody leaves while a peer still talks
     finally:
         dist.destroy_process_group()
 
@@ -131,6 +132,8 @@ def _time_collectives(rank: int, n: int, port: int, sizes, repeats: int, path: s
                 # quickest run is the link's own time, the rest other processes' interference
         if rank == 0:
             torch.save(found, path)
+        dist.barrier()  # no process tears its connections down while another still uses them:
+        # gloo aborts (SIGABRT) a peer whose pair closes under it
     finally:
         dist.destroy_process_group()
 

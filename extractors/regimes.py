@@ -91,9 +91,10 @@ class Piecewise:
 
 @torch.inference_mode(False)  # its error estimates take derivatives
 def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
-          seed: int = 0) -> Piecewise | None:
+          seed: int = 0, limit: float = math.inf) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
-    without regimes), when it beats that one by ``MIN_GAIN`` mean bits; else None (one regime: a
+    without regimes), when it beats that one by ``MIN_GAIN`` mean bits and each series in it keeps
+    its truncation over its regime within ``limit`` (a tolerance); else None (one regime: a
     series over the whole range). The program's
     inputs must share one shape (elementwise, they are then drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
@@ -133,7 +134,7 @@ def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *,
         end = hi if k == len(segments) - 1 else t
         candidate = candidates[kept[c]]
         bound = _interval_bound(candidate, program, ranges, variable, start, end)
-        if not math.isfinite(bound):  # a series past the radius it holds on: no piecewise program
+        if not (math.isfinite(bound) and bound <= limit):  # past its radius or the tolerance: none
             return None
         regimes.append(Regime(start, end, candidate, bound))
     return Piecewise(variable, tuple(regimes), total / bits.shape[1], single)

@@ -1,6 +1,7 @@
 """Regimes (extractors/regimes.py, optimization/piecewise.py): where no single program of the root
 e-class is accurate over the declared range, the stability objective returns where(x < t, f1, f2),
-accurate on every side; a series only on an interval within its radius, only under stability."""
+accurate on every side; a series only on an interval within its radius, only under stability or
+within a tolerance."""
 import math
 
 import mpmath
@@ -89,6 +90,20 @@ def test_series_and_regimes_only_under_the_stability_objective(objective):
     opt(torch.linspace(-10, 10, 64))
     assert not opt.report.derivation.branches and "less" not in opt.report.ops_after
     assert all(r.family is not Family.SERIES for r in opt.report.derivation.rules())
+
+
+@pytest.mark.parametrize("tolerance,series", [(1e-6, True), (1e-12, False)])
+def test_a_tolerance_takes_a_series_only_within_it(tolerance, series):
+    """The naive form breaks a tolerance near 0; the series (truncation <= 2^-26 ~ 1.5e-8 over its
+    regime) is taken under 1e-6, never under 1e-12."""
+    opt = saturate_and_extract(_one_minus_cos, objective="tolerance", tolerance=tolerance,
+                               input_ranges={"x": (-10.0, 10.0)})
+    x = torch.tensor(POINTS)
+    out = opt(x)
+    labels = [label for label, _ in opt.report.derivation.branches]
+    assert any("series-one-minus-cos-over-square" in label for label in labels) is series
+    if series:
+        assert opt.report.validation.passed and _ulps(out, TRUTH[_one_minus_cos]).max() <= 4
 
 
 def test_no_series_on_a_range_outside_its_radius():

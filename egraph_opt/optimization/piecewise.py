@@ -8,6 +8,7 @@ says so.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from .derivation import Derivation, Step, derive
@@ -28,9 +29,11 @@ ALTERNATIVES, MAX_NODES = 8, 64
 
 def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
               root_classes: list[str], cost: Callable, input_ranges: dict | None,
-              series: list[Rule]) -> tuple[Piecewise, list[tuple[Term, Term]]] | None:
+              series: list[Rule], limit: float = math.inf
+              ) -> tuple[Piecewise, list[tuple[Term, Term]]] | None:
     """The piecewise program regime inference finds over the best program, the root e-class's
-    cheapest others, the input and the series that match; None where one program is as good.
+    cheapest others, the input and the series that match (each within ``limit``, a relative
+    truncation bound, on its regime); None where one program is as good.
     Also, per series candidate, (the member its rule matched, its series)."""
     if len(roots) != 1 or len(root_classes) != 1 or program.opaque:
         return None
@@ -51,7 +54,8 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
             row = BY_NAME[rule.name]
             candidates.append(Candidate(rhs, rule, binding["x"], row.truncation))
             matched.append((lhs, rhs))
-    found = infer(program.with_roots({id(roots[0]): candidates[0].term}), candidates, input_ranges)
+    found = infer(program.with_roots({id(roots[0]): candidates[0].term}), candidates, input_ranges,
+                  limit=limit)
     return None if found is None else (found, matched)
 
 

@@ -111,7 +111,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     best = reranked or best
     regimes = piecewise(program, roots, best, snap, root_classes, cost, input_ranges,
                         [r for r in rules if r.family is Family.SERIES],
-                        limit=math.inf if model.tolerance is None else model.tolerance) \
+                        limit=math.inf if model.tolerance is None else model.tolerance,
+                        guarded=[r for r in rules if r.when and r.family is not Family.SERIES]) \
         if _wants_regimes(model, best, input_ranges, leaf_meta) else None
     best = [regimes[0].term] if regimes else best
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
@@ -127,8 +128,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     loaded = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
     derivation = derive_piecewise(*regimes, roots, matched, snap, loaded) if regimes else \
         derive(roots, best, matched, snap, loaded)
-    # a series matched once, as a regime (never in saturation)
-    applied = [(r, matches[r.name] or int(r.family is Family.SERIES)) for r in derivation.rules()]
+    # a series or a guarded rule matched once, as a regime (never in saturation)
+    applied = [(r, matches[r.name] or 1) for r in derivation.rules()]
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,

@@ -87,10 +87,11 @@ def wide_reference(program: Program, args: tuple) -> list | None:
     float64 overflows only in between. None where it cannot be had: no wider type, an opaque
     call, a parameter, or an op with no numpy form (``Op.numpy``, or an arithmetic operator)."""
     outputs = leaves(program.outputs)
-    if WIDE is None or program.opaque or not all(isinstance(o, Term) for o in outputs):
+    if WIDE is None or program.opaque or not all(isinstance(o, Term) for o in outputs) or \
+            not all(a.is_floating_point() for a in args):
         return None
-    values: dict[int, object] = {id(t): np.asarray(a.detach().cpu().numpy(), dtype=WIDE)
-                                 for t, a in zip(program.inputs, args) if a.is_floating_point()}
+    values: dict[int, object] = {id(t): a.detach().double().cpu().numpy().astype(WIDE)
+                                 for t, a in zip(program.inputs, args)}
     for t in postorder(outputs):
         spec = OPS[t.op]
         if id(t) in values:

@@ -387,6 +387,8 @@ def summary(results: list[Result]) -> list[str]:
         repo = r.problem.source.split(":")[0]
         sources[repo] = sources.get(repo, 0) + 1
     improved, worse = sum(g >= 1 for g in gain), sum(g < 0 for g in gain)
+    improvable = [g for r, g in zip(scored, gain) if r.naive.mean() >= 1]  # below 1 bit: no room
+    improvable_won = sum(g >= 1 for g in improvable)
     naive_mean = statistics.fmean(r.naive.mean() for r in scored) if k else math.nan
     opt_mean = statistics.fmean(r.optimized.mean() for r in scored) if k else math.nan
     seconds = [r.seconds for r in results]
@@ -397,6 +399,8 @@ def summary(results: list[Result]) -> list[str]:
         f"{sum(r.box == 'pre' for r in results)}, partly: {sum(r.box == 'partial' for r in results)}, "
         f"default (all finite float32): {sum(r.box == 'default' for r in results)}",
         f"improved by >= 1 bit (mean): {improved}/{k} ({100 * improved / max(k, 1):.0f}%)",
+        f"improved among those that can (naive mean >= 1 bit): {improvable_won}/{len(improvable)} "
+        f"({100 * improvable_won / max(len(improvable), 1):.0f}%)",
         f"worse (mean bits up at all): {worse}/{k}; by >= 1 bit: {sum(g <= -1 for g in gain)}",
         f"mean bits over problems: naive {naive_mean:.2f} -> optimized {opt_mean:.2f}",
         f"ran untouched (fallback): {sum(bool(r.note) for r in results)}",

@@ -14,6 +14,11 @@ A candidate may hold only on an interval (a truncated series): it brings its rel
 bound as a function of the magnitude of one term (``within``); that bound is added to its error at
 each point, and once the regimes are chosen it is taken again over the regime's interval (range
 analysis of ``within`` with the split input narrowed to the regime), which must be finite.
+
+Likewise a guarded rule's right side whose guard the declared ranges do not prove (the conjugate
+of the quadratic formula holds for b > 0 only): it counts as wrong (``WORD`` bits) at each point
+where its guard fails there, and is taken on a regime only where range analysis, with the split
+input narrowed to the regime, proves its guard.
 """
 from __future__ import annotations
 
@@ -21,15 +26,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import operator
+
 import numpy as np
 import torch
 
 from egraph_opt.analysis.ranges import analyze
 from egraph_opt.analysis.sampling import sample_inputs
 from egraph_opt.lang.ops import parse_shape
+from egraph_opt.lang.pattern import PRIMITIVES
 from egraph_opt.lang.program import Program
 from egraph_opt.lang.term import Term, evaluate
 
+from ..rulesets import sexp
 from .rounding_error import elementwise_bits, ordinal
 
 MAX_REGIMES = 3
@@ -45,9 +54,16 @@ class Candidate:
     """A program of the root e-class; a series also its truncation bound: ``truncation(r)`` is
     its relative error where |within| <= r (inf past the radius it holds on)."""
     term: Term
-    rule: object = None  # the series rule it came from, if any
+    rule: object = None  # the series or guarded rule it came from, if any
     within: Term | None = None
     truncation: Callable[[torch.Tensor], torch.Tensor] | None = None
+    guard: tuple[str, ...] = ()  # a guarded rule's facts, over ``binding``
+    binding: dict = field(default_factory=dict)  # its variables: Terms (operands) or numbers
+
+    @property
+    def bounded(self) -> bool:
+        """Holds only on part of the range: a series or a guarded rule's right side."""
+        return self.truncation is not None or bool(self.guard)
 
 
 @dataclass(frozen=True)
@@ -83,17 +99,20 @@ class Piecewise:
         name = self.variable.attrs[0]
         lines = []
         for r in self.regimes:
-            series = (f"  [series {r.candidate.rule.name}, truncation <= {r.truncation:.2g}]"
-                      if r.candidate.rule is not None else "")
+            c = r.candidate
+            series = (f"  [series {c.rule.name}, truncation <= {r.truncation:.2g}]"
+                      if c.truncation is not None else
+                      f"  [{c.rule.name}, its guard proved here]" if c.guard else "")
             lines.append(f"{name} in [{r.lo:.6g}, {r.hi:.6g}): {pretty(r.term)}{series}")
         return lines
 
 
 @torch.inference_mode(False)  # its error estimates take derivatives
 def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
-          seed: int = 0) -> Piecewise | None:
+          seed: int = 0, limit: float = math.inf) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
-    without regimes), when it beats that one by ``MIN_GAIN`` mean bits; else None (one regime: a
+    without regimes), when it beats that one by ``MIN_GAIN`` mean bits and each series in it keeps
+    its truncation over its regime within ``limit`` (a tolerance); else None (one regime: a
     series over the whole range). The program's
     inputs must share one shape (elementwise, they are then drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
@@ -115,7 +134,7 @@ def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *,
         return None
     single = float(bits[kept.index(best)].mean())
     chosen = None
-    series = [candidates[i].truncation is not None for i in kept]
+    series = [candidates[i].bounded for i in kept]
     for t in splits:
         x = env[t.attrs[0]][~undefined].double().numpy()
         found = _segments(x, bits, series)
@@ -133,7 +152,7 @@ def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *,
         end = hi if k == len(segments) - 1 else t
         candidate = candidates[kept[c]]
         bound = _interval_bound(candidate, program, ranges, variable, start, end)
-        if not math.isfinite(bound):  # a series past the radius it holds on: no piecewise program
+        if not (math.isfinite(bound) and bound <= limit):  # past its radius or the tolerance: none
             return None
         regimes.append(Regime(start, end, candidate, bound))
     return Piecewise(variable, tuple(regimes), total / bits.shape[1], single)
@@ -141,11 +160,19 @@ def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *,
 
 def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
     """Bits of error of a candidate at every element, its truncation (as ulps of float32) added;
-    None where they cannot be estimated (an op without a float64 kernel or a derivative)."""
+    None where they cannot be estimated (an op without a float64 kernel or a derivative). A
+    guarded rule's form counts ``WORD`` bits where its guard fails at the point."""
     try:
         found = elementwise_bits(c.term, env)
     except (ValueError, RuntimeError):
         return None
+    if found is not None and c.guard:
+        def at_point(t: Term):
+            (v,) = evaluate([t], env, reference=True)
+            v = torch.as_tensor(v, dtype=torch.float64)
+            return v, v
+        ok = torch.as_tensor(guard_holds(c.guard, c.binding, at_point)).expand(found.shape)
+        found = torch.where(ok | found.isnan(), found, torch.full_like(found, WORD))  # undefined stays so
     if found is None or c.truncation is None:
         return found
     (u,) = evaluate([c.within], env, reference=True)
@@ -157,10 +184,15 @@ def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
 def _interval_bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo: float,
                     hi: float) -> float:
     """A series' truncation bound over the regime: |within| bounded by range analysis with the
-    split input in [lo, hi]; 0 for an exact candidate."""
+    split input in [lo, hi]; for a guarded rule's form 0 where that analysis proves its guard,
+    else inf; 0 for an exact candidate."""
+    narrowed = {**ranges, variable.attrs[0]: (lo, hi)}
+    if c.guard:
+        terms = [t for t in c.binding.values() if isinstance(t, Term)]
+        found = analyze(terms, narrowed, program.leaf_meta())
+        return 0.0 if guard_holds(c.guard, c.binding, lambda t: found[id(t)]) else math.inf
     if c.truncation is None:
         return 0.0
-    narrowed = {**ranges, variable.attrs[0]: (lo, hi)}
     a, b = analyze([c.within], narrowed, program.leaf_meta())[id(c.within)]
     return float(c.truncation(torch.tensor(max(abs(a), abs(b)), dtype=torch.float64)))
 
@@ -227,3 +259,36 @@ def _between(a: float, b: float, next_to_a: bool = False) -> float:
     mid = lo + 1 if next_to_a else (lo + hi + 1) // 2
     word = torch.tensor([abs(mid)], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
     return -word if mid < 0 else word
+
+
+_SIGN = {"positive": lambda lo, hi: lo > 0, "nonneg": lambda lo, hi: lo >= 0,
+         "negative": lambda lo, hi: hi < 0, "nonzero": lambda lo, hi: (lo > 0) | (hi < 0)}
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+#: the heads of a guard this module can decide over intervals (rulesets/__init__.py's guards)
+DECIDABLE = {*_SIGN, *_COMPARE, *PRIMITIVES, "lo", "hi"}
+
+
+def decidable(when: tuple[str, ...]) -> bool:
+    """Whether every fact of a guard is about signs and bounds (no dtype, shape or rank)."""
+    def heads(e):
+        return [e[0], *(h for a in e[1:] if isinstance(a, list) for h in heads(a))]
+    return bool(when) and all(set(heads(sexp(f))) <= DECIDABLE for f in when)
+
+
+def guard_holds(when: tuple[str, ...], binding: dict, interval: Callable):
+    """Whether every fact holds, with ``interval(term)`` the (lo, hi) of a bound operand: floats
+    (range analysis over a regime) or tensors (a value at each sampled point)."""
+    def value(e):
+        if isinstance(e, str):
+            return binding[e[1:]] if e.startswith("?") else float(e)
+        head, *args = e
+        if head in _SIGN:
+            return _SIGN[head](*interval(binding[args[0][1:]]))
+        if head in ("lo", "hi"):
+            return interval(binding[args[0][1:]])[head == "hi"]
+        operands = [value(a) for a in args]
+        return (_COMPARE | PRIMITIVES)[head](*operands)
+    ok = True
+    for fact in when:
+        ok = ok & value(sexp(fact))
+    return ok

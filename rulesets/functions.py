@@ -15,6 +15,9 @@ RULES = rules(_E, [
     # -- roots of sums of squares -----------------------------------------------------------------
     ("hypot-fuse",            "(sqrt (add (mul ?x ?x) (mul ?y ?y)))",           "(hypot ?x ?y)",
                               "x^2 + y^2 overflows (x = 1e20) or underflows (1e-25) where hypot does not"),
+    ("div-by-sum-of-squares", "(div ?x (add (mul ?y ?y) (mul ?z ?z)))",        "(div (div ?x (hypot ?y ?z)) (hypot ?y ?z))",
+                              "x / (y^2 + z^2) = x / h / h, h = hypot(y, z): the sum overflows (1e20) or "
+                              "underflows (1e-25) where h does not"),
     Rule("hypot-const",       "(sqrt (add (mul ?x ?x) (const ?c)))",            "(hypot ?x (sqrt (const ?c)))",
          _E, when=("(>= ?c 0.0)",), why="sqrt(x^2 + c) for c >= 0, sqrt(c) rounded once"),
     Rule("quotient-by-square-plus", "(div ?x (add (mul ?x ?x) (const ?c)))",

@@ -1,6 +1,7 @@
 """Regimes (extractors/regimes.py, optimization/piecewise.py): where no single program of the root
 e-class is accurate over the declared range, the stability objective returns where(x < t, f1, f2),
-accurate on every side; a series only on an interval within its radius, only under stability."""
+accurate on every side; a series only on an interval within its radius, only under stability or
+within a tolerance."""
 import math
 
 import mpmath
@@ -10,6 +11,7 @@ import torch
 
 from egraph_opt import saturate_and_extract
 from egraph_opt.extractors.regimes import _between, _segments
+from egraph_opt.lang.term import Term
 from egraph_opt.rulesets import Family
 
 POINTS = [-9.0, -3.0, -0.9, -0.2, -1e-3, -1e-25, 1e-38, 1e-30, 1e-20, 1e-9, 1e-4, 0.3, 0.7, 0.99, 2.0, 7.5]
@@ -91,6 +93,20 @@ def test_series_and_regimes_only_under_the_stability_objective(objective):
     assert all(r.family is not Family.SERIES for r in opt.report.derivation.rules())
 
 
+@pytest.mark.parametrize("tolerance,series", [(1e-6, True), (1e-12, False)])
+def test_a_tolerance_takes_a_series_only_within_it(tolerance, series):
+    """The naive form breaks a tolerance near 0; the series (truncation <= 2^-26 ~ 1.5e-8 over its
+    regime) is taken under 1e-6, never under 1e-12."""
+    opt = saturate_and_extract(_one_minus_cos, objective="tolerance", tolerance=tolerance,
+                               input_ranges={"x": (-10.0, 10.0)})
+    x = torch.tensor(POINTS)
+    out = opt(x)
+    labels = [label for label, _ in opt.report.derivation.branches]
+    assert any("series-one-minus-cos-over-square" in label for label in labels) is series
+    if series:
+        assert opt.report.validation.passed and _ulps(out, TRUTH[_one_minus_cos]).max() <= 4
+
+
 def test_no_series_on_a_range_outside_its_radius():
     """(1 - cos x)/x^2 on [2, 10]: its series holds for |x| <= 1 only, so none is taken."""
     opt = saturate_and_extract(_one_minus_cos, objective="stability", input_ranges={"x": (2.0, 10.0)})
@@ -129,3 +145,47 @@ def test_a_series_over_the_whole_declared_range_is_one_regime():
     with mpmath.workdps(200):
         exact = [float((1 - mpmath.cos(mpmath.mpf(float(v)))) / mpmath.mpf(float(v)) ** 2) for v in x]
     torch.testing.assert_close(out, torch.tensor(exact), rtol=2 ** -21, atol=0)
+
+
+def _quadratic_root(a, b, c):
+    return (-b + torch.sqrt(b * b - 4 * a * c)) / (2 * a)
+
+
+def test_a_guarded_rule_is_taken_on_the_regime_where_its_guard_is_proved():
+    """The conjugate of the quadratic formula (quadratic-plus) holds for 0 < b <= 255 only: over
+    b in [-1e6, 1e6] it is a regime inside that interval, the naive form the others, and the root
+    is accurate where -b + sqrt(b^2 - 4ac) cancels."""
+    opt = saturate_and_extract(_quadratic_root, objective="stability",
+                               input_ranges={"a": (0.5, 2.0), "b": (-1e6, 1e6), "c": (0.5, 2.0)})
+    a, c = torch.full((4,), 0.75), torch.full((4,), 1.25)
+    b = torch.tensor([-200.0, 30.0, 120.0, 250.0])
+    out = opt(a, b, c)
+    labels = [label for label, _ in opt.report.derivation.branches]
+    guarded = [label for label in labels if "quadratic-plus" in label]
+    assert len(guarded) == 1 and opt.report.validation.passed
+    lo, hi = (float(v) for v in guarded[0].split("[", 1)[1].split(")")[0].split(", "))
+    assert 0 < lo < hi <= 255  # the guard: b positive, at most 255
+    with mpmath.workdps(50):
+        exact = [float((-mpmath.mpf(float(bi)) + mpmath.sqrt(mpmath.mpf(float(bi)) ** 2 - 3.75)) / 1.5)
+                 for bi in b]
+    rel = lambda y: max(abs(float(v) - e) / abs(e) for v, e in zip(y, exact))  # noqa: E731
+    assert rel(out) <= 4 * 2 ** -23 < rel(_quadratic_root(a, b, c))
+
+
+def test_a_guarded_rule_is_never_taken_where_its_guard_fails():
+    """Over b in [-1e6, -1] quadratic-plus (b > 0) has no regime to hold on: it is never taken."""
+    opt = saturate_and_extract(_quadratic_root, objective="stability",
+                               input_ranges={"a": (0.5, 2.0), "b": (-1e6, -1.0), "c": (0.5, 2.0)})
+    opt(torch.full((4,), 0.75), -torch.logspace(0, 6, 4), torch.full((4,), 1.25))
+    assert "quadratic-plus" not in str(opt.report)
+
+
+def test_guards_are_decided_over_intervals_and_at_points():
+    from egraph_opt.extractors.regimes import decidable, guard_holds
+    b = Term.input("b", (3,))
+    when = ("(positive ?b)", "(<= (hi ?b) 255.0)")
+    assert decidable(when) and not decidable(('(= (dtype-of ?b) "float16")',))
+    assert guard_holds(when, {"b": b}, lambda t: (2.0, 200.0))
+    assert not guard_holds(when, {"b": b}, lambda t: (-1.0, 200.0))
+    v = torch.tensor([-1.0, 3.0, 300.0])
+    assert guard_holds(when, {"b": b}, lambda t: (v, v)).tolist() == [False, True, False]

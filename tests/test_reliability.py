@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import egraph_opt.drivers.api as api
 from egraph_opt import saturate_and_extract
-from egraph_opt.validate import compare
+from egraph_opt.validate import WIDE, compare, wide_reference
 
 pytestmark = pytest.mark.filterwarnings("ignore:egraph-opt")
 
@@ -217,6 +217,26 @@ def test_validation_accepts_a_candidate_closer_to_the_truth_where_the_original_o
     original = lambda x: torch.log(torch.exp(x))  # noqa: E731 - inf at 100 in float32
     verdict = compare(original, lambda x: x.clone(), (torch.tensor([1.0, 100.0]),))
     assert verdict.passed, verdict
+
+
+def _naive_tanh(x):
+    return (torch.exp(x) - torch.exp(-x)) / (torch.exp(x) + torch.exp(-x))  # NaN past 710 in float64
+
+
+@pytest.mark.skipif(WIDE is None, reason="long double is float64 here")
+@pytest.mark.parametrize("candidate,passes", [
+    (torch.tanh, True),                                  # the truth, where float64 overflows too
+    (lambda x: torch.tanh(x) * 0.5, False),              # wrong everywhere
+    (lambda x: torch.where(x.abs() > 700, -torch.sign(x), torch.tanh(x)), False),  # wrong only there
+])
+def test_validation_checks_where_float64_overflows_against_the_long_double_reference(candidate, passes):
+    from egraph_opt.frontends.capture import capture
+    x = torch.tensor([0.5, -3.0, 800.0, -2000.0, 1e4])
+    program, _ = capture(_naive_tanh, (x,))
+    wide = wide_reference(program, (x,))
+    assert wide is not None and wide[0][2:].tolist() == [1.0, -1.0, 1.0]
+    assert compare(_naive_tanh, candidate, (x,), wide).passed is passes
+    assert not compare(_naive_tanh, torch.tanh, (x,)).passed  # without it: nothing to check against
 
 
 def test_shapes_are_inferred_once_per_program(monkeypatch):

@@ -90,9 +90,14 @@ def _two_orders(lhs: Term, env: dict, nudge_zeros: bool = False) -> list[torch.T
 
 def truth(lhs: Term, env: dict) -> torch.Tensor:
     """The left side in float64, each infinite input replaced by a huge finite one of its sign, in
-    two orders of magnitude across variables; NaN where the two orders disagree (no limit)."""
+    two orders of magnitude across variables; NaN where the two orders disagree (no limit), unless
+    both overflow the inputs' dtype to the same infinity (inf / 3e38^2: 1e223 or 1e183, inf either way)."""
     a, b = _two_orders(lhs, env)
-    return torch.where((a == b) | (a.isnan() & b.isnan()), a, torch.full_like(a, NAN))
+    dtype = next((v.dtype for v in env.values() if v.is_floating_point()), torch.float64)
+    top = torch.finfo(dtype).max
+    overflow = (a.abs() > top) & (b.abs() > top) & (a.sign() == b.sign())
+    agree = (a == b) | (a.isnan() & b.isnan()) | overflow
+    return torch.where(agree, a, torch.full_like(a, NAN))
 
 
 def _mp_sigmoid(x):

@@ -28,7 +28,7 @@ from ..rulesets import select
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
 from ..kernels.binding import measured_estimate, pricing
-from ..validate import compare, random_inputs
+from ..validate import compare, random_inputs, wide_reference
 
 #: programs of at most this many terms, and this many elements over all their values, get a
 #: first-order error estimate in their report (it runs them in float64 with derivatives at 8
@@ -197,7 +197,7 @@ class OptimizedFunction:
         plan = Plan(run, report, result.egraph, result)
         if self.validate:
             fresh = random_inputs(args, call.names, self.input_ranges)
-            report.validation = compare(target, run, fresh)
+            report.validation = compare(target, run, fresh, wide_reference(program, fresh))
             if not report.validation.passed:
                 return self._untouched(report, f"validation failed: {report.validation.detail}")
         left = self.profile_budget - (latency.spent_s if latency else 0.0)

@@ -4,10 +4,12 @@ derivation of each regime's form, as the report shows it.
 
 The exact candidates are e-class members, proven equal; a series candidate is its rule's right
 side over a member its left side matches, close to it only where its truncation bound (counted)
-says so.
+says so; a guarded rule's candidate likewise, equal to it where its guard holds (proved over the
+regime it is taken on).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from .derivation import Derivation, Step, derive
@@ -15,7 +17,7 @@ from .ematch import ematch
 from ..egraph.engine import Snapshot
 from ..extractors import extract
 from ..extractors.enumerate import alternatives
-from ..extractors.regimes import Candidate, Piecewise, infer
+from ..extractors.regimes import Candidate, Piecewise, decidable, infer
 from ..lang import pattern as pat
 from ..lang.program import Program
 from ..lang.term import Term, postorder
@@ -28,10 +30,13 @@ ALTERNATIVES, MAX_NODES = 8, 64
 
 def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
               root_classes: list[str], cost: Callable, input_ranges: dict | None,
-              series: list[Rule]) -> tuple[Piecewise, list[tuple[Term, Term]]] | None:
+              series: list[Rule], limit: float = math.inf, guarded: list[Rule] = ()
+              ) -> tuple[Piecewise, list[tuple[Term, Term]]] | None:
     """The piecewise program regime inference finds over the best program, the root e-class's
-    cheapest others, the input and the series that match; None where one program is as good.
-    Also, per series candidate, (the member its rule matched, its series)."""
+    cheapest others, the input, the series that match (each within ``limit``, a relative
+    truncation bound, on its regime) and the ``guarded`` rules that match but whose guard the
+    declared ranges do not prove (each on a regime where it is proved); None where one program is
+    as good. Also, per series or guarded candidate, (the member its rule matched, its form)."""
     if len(roots) != 1 or len(root_classes) != 1 or program.opaque:
         return None
     if len(postorder(best)) > MAX_NODES:
@@ -51,7 +56,15 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
             row = BY_NAME[rule.name]
             candidates.append(Candidate(rhs, rule, binding["x"], row.truncation))
             matched.append((lhs, rhs))
-    found = infer(program.with_roots({id(roots[0]): candidates[0].term}), candidates, input_ranges)
+    for rule in (r for r in guarded if decidable(r.when)):
+        for binding in _matches(rule, snap, root_classes[0], cost):
+            lhs, rhs = (pat.instantiate(p, binding) for p in (rule.lhs_pattern, rule.rhs_pattern))
+            if _structure(rhs) not in seen and len(postorder([rhs])) <= MAX_NODES:
+                seen.add(_structure(rhs))
+                candidates.append(Candidate(rhs, rule, guard=rule.when, binding=binding))
+                matched.append((lhs, rhs))
+    found = infer(program.with_roots({id(roots[0]): candidates[0].term}), candidates, input_ranges,
+                  limit=limit)
     return None if found is None else (found, matched)
 
 
@@ -84,7 +97,7 @@ def derive_piecewise(found: Piecewise, matched: list[tuple[Term, Term]], roots: 
     lhs_of = {id(rhs): lhs for lhs, rhs in matched}
     branches = []
     for label, regime in zip(found.describe(), found.regimes):
-        term, series = regime.term, regime.candidate.rule
+        term, series = regime.term, regime.candidate.rule  # a series or a guarded rule
         target = lhs_of[id(term)] if series is not None else term
         part = derive(roots, [target], rules, snap, loaded)
         if series is not None:

@@ -18,6 +18,7 @@ from .derivation import Derivation, derive
 from .piecewise import derive_piecewise, piecewise
 from ..egraph.engine import EGraph, Saturation, Snapshot
 from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
+from ..extractors.cost import LEXICOGRAPHIC
 from ..extractors.curvature import rounding_free
 from ..extractors.enumerate import alternatives
 from ..extractors.rounding_error import least_error
@@ -111,8 +112,10 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
         if model.objective is Objective.STABILITY else None
     best = reranked or best
     regimes = piecewise(program, roots, best, snap, root_classes, cost, input_ranges,
-                        [r for r in rules if r.family is Family.SERIES]) \
-        if model.objective is Objective.STABILITY else None
+                        [r for r in rules if r.family is Family.SERIES],
+                        limit=math.inf if model.tolerance is None else model.tolerance,
+                        guarded=[r for r in rules if r.when and r.family is not Family.SERIES]) \
+        if _wants_regimes(model, best, input_ranges, leaf_meta) else None
     best = [regimes[0].term] if regimes else best
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
     proved = proved_ranges(snap, class_of, best, ranges(best, optimized.meta()))
@@ -127,14 +130,22 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     loaded = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
     derivation = derive_piecewise(*regimes, roots, matched, snap, loaded) if regimes else \
         derive(roots, best, matched, snap, loaded)
-    # a series matched once, as a regime (never in saturation)
-    applied = [(r, matches[r.name] or int(r.family is Family.SERIES)) for r in derivation.rules()]
+    # a series or a guarded rule matched once, as a regime (never in saturation)
+    applied = [(r, matches[r.name] or 1) for r in derivation.rules()]
     steps = ["start", "build", "saturate", "extract"]
     return Optimized(
         optimized, egraph, saturation, applied,
         before, after, op_counts(roots), op_counts(best),
         {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])}, model, cost, root_classes,
         derivation, program)
+
+
+def _wants_regimes(model: CostModel, best: list[Term], input_ranges, leaf_meta) -> bool:
+    """Regimes (and series, approximate) under the stability objective, and under a tolerance
+    where the best single program breaks it (its series must then keep within it)."""
+    if model.objective is Objective.TOLERANCE:
+        return program_cost(best, model, input_ranges, leaf_meta)["cost"] >= LEXICOGRAPHIC
+    return model.objective is Objective.STABILITY
 
 
 #: the stability objective re-ranks this many of the cheapest programs of a root, for programs of

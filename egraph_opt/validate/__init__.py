@@ -5,6 +5,11 @@ the original evaluated in float64. The candidate passes when, elementwise, it is
 original is, its error is within the dtype's tolerance or within 4x the original's own error
 (rounding differs between equivalent programs, a wrong rule's error does not stay within either),
 and where the original is not finite it matches the original or the float64 reference.
+
+Where float64 itself overflows (exp(800) / exp(800) is NaN there, 1 in truth), the reference is
+the original's captured terms evaluated in numpy's long double (``wide_reference``: a 15-bit
+exponent on x86, so exp(1e4) stays finite), when every op of it has a numpy form; else nothing
+there can be checked, and a finite candidate is refused.
 """
 from __future__ import annotations
 
@@ -13,9 +18,15 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import operator
+
 import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
+
+from ..lang.ops import OPS
+from ..lang.program import Program, leaves
+from ..lang.term import Term, postorder
 
 
 @dataclass
@@ -66,9 +77,47 @@ def _reference(fn: Callable, args: tuple):
         return fn(*_clones(args))
 
 
+#: numpy's long double, where it has a wider exponent than float64 (not on Windows or macOS arm)
+WIDE = np.longdouble if np.finfo(np.longdouble).maxexp > np.finfo(np.float64).maxexp else None
+_OPERATORS = {operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow}
+
+
+def wide_reference(program: Program, args: tuple) -> list | None:
+    """The original program's outputs (flattened) in long double, as float64 arrays: finite where
+    float64 overflows only in between. None where it cannot be had: no wider type, an opaque
+    call, a parameter, or an op with no numpy form (``Op.numpy``, or an arithmetic operator)."""
+    outputs = leaves(program.outputs)
+    if WIDE is None or program.opaque or not all(isinstance(o, Term) for o in outputs) or \
+            not all(a.is_floating_point() for a in args):
+        return None
+    values: dict[int, object] = {id(t): a.detach().double().cpu().numpy().astype(WIDE)
+                                 for t, a in zip(program.inputs, args)}
+    for t in postorder(outputs):
+        spec = OPS[t.op]
+        if id(t) in values:
+            continue
+        if t.op == "const":
+            values[id(t)] = WIDE(t.attrs[0])
+        elif spec.numpy or spec.impl in _OPERATORS:
+            fn = getattr(np, spec.numpy) if spec.numpy else spec.impl
+            with np.errstate(all="ignore"):
+                values[id(t)] = fn(*(values[id(a)] for a in t.args))
+        else:
+            return None
+    return [np.asarray(values[id(o)]).astype(np.float64) for o in outputs]
+
+
 def _clones(args: tuple) -> tuple:
     """Each run gets its own inputs: a program that writes into them must not feed the next."""
     return tuple(a.clone() for a in args)
+
+
+def _widened(ref, wide: np.ndarray):
+    """The float64 reference, with the long double one where float64 is not finite."""
+    if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or ref.is_complex():
+        return ref
+    fill = torch.as_tensor(np.broadcast_to(wide, tuple(ref.shape)).copy()).to(ref.dtype)
+    return torch.where(ref.isfinite(), ref, fill.to(ref.device))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -121,13 +170,16 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
     return err, err_orig, ""
 
 
-def compare(original: Callable, candidate: Callable, args: tuple) -> Validation:
+def compare(original: Callable, candidate: Callable, args: tuple, wide: list | None = None) -> Validation:
     """Run both on their own clones of ``args`` (random draws inside them do not advance the
-    caller's generator) and apply the acceptance rule, ``judge``."""
+    caller's generator) and apply the acceptance rule, ``judge``; ``wide`` (``wide_reference``)
+    stands in for the float64 reference where that is not finite."""
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         ref_tree = _reference(original, args)
         orig_tree, cand_tree = original(*_clones(args)), candidate(*_clones(args))
     (refs, _), (origs, spec_o), (cands, spec_c) = map(tree_flatten, (ref_tree, orig_tree, cand_tree))
+    if wide is not None and len(wide) == len(refs):
+        refs = [_widened(r, w) for r, w in zip(refs, wide)]
     if spec_c != spec_o:
         return Validation(False, math.inf, 0.0, f"output structure differs: {spec_c} vs {spec_o}")
     worst, worst_orig, detail = 0.0, 0.0, ""

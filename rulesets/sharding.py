@@ -9,7 +9,8 @@ the communication. Every other op in a sharded program runs on each device's par
 - propagation, rooted at ``shard``: a shard of an op's result is the op over shards of its
   operands (rows of a matmul, its columns, heads of attention, rows of a layer norm, elementwise
   ops, reductions and softmax along another axis); a replicated operand that the split axis does
-  not reach (a bias) stays whole;
+  not reach (a bias) stays whole; two operands that both span the split axis at one size (a
+  residual add) are split together;
 - resharding: a gather then a shard along the same axis cancel; a shard of an all-reduce is a
   reduce-scatter.
 
@@ -49,6 +50,11 @@ def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why=
                 sample=_N + tuple(sample), why=why)
 
 
+#: two operands both hold the split axis, at one static size (a size-1 or missing axis would
+#: broadcast: each device would need the whole of that operand, not its part)
+_SAME_SPAN = "(= (axis-size ?x ?a) (axis-size ?y ?a))"
+
+
 def _elementwise() -> list[Rule]:
     """Elementwise ops follow the placement of their operands."""
     unary = [n for n, op in OPS.items() if op.shape == "same" and op.arity == 1
@@ -58,7 +64,7 @@ def _elementwise() -> list[Rule]:
     out = [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x{_attrs(op)}) ?a ?n)",
                  f"({op} (shard ?x ?a ?n){_attrs(op)})",
                  sample=[(k, v) for k, v in OPS[op].sample if k in dict(OPS[op].attrs)]) for op in unary]
-    for op in binary:  # one operand sharded, the other whole: a constant, or one the axis misses
+    for op in binary:  # one operand sharded, the other whole (a constant, or one the axis misses), or both
         name = op.replace("_", "-")
         out += [
             _rule(f"shard-into-{name}-left", f"(shard ({op} ?x ?y) ?a ?n)", f"({op} (shard ?x ?a ?n) ?y)",
@@ -70,6 +76,10 @@ def _elementwise() -> list[Rule]:
                   f"({op} (shard ?x ?a ?n) (const ?c))"),
             _rule(f"shard-into-const-{name}", f"(shard ({op} (const ?c) ?x) ?a ?n)",
                   f"({op} (const ?c) (shard ?x ?a ?n))"),
+            _rule(f"shard-into-{name}-both", f"(shard ({op} ?x ?y) ?a ?n)",
+                  f"({op} (shard ?x ?a ?n) (shard ?y ?a ?n))", when=(_SAME_SPAN,),
+                  sample=(("y", (1, 5)),), why="a residual add: both span the split axis alike (neither "
+                  "is broadcast along it), so part r of one meets part r of the other"),
         ]
     return out
 

@@ -45,6 +45,9 @@ def _value(e, values: dict, env: dict, bound=_sampled_bound):
     if head in ("rank", "last-dim"):
         shape = tuple(env[args[0][1:]].shape)
         return len(shape) if head == "rank" else shape[-1]
+    if head == "axis-size":  # no such axis: no fact, so the guard cannot hold (NaN equals nothing)
+        shape, axis = tuple(env[args[0][1:]].shape), _value(args[1], values, env, bound)
+        return shape[axis] if -len(shape) <= axis < 0 else float("nan")
     if head == "whole":  # every device holds it whole: a sampled tensor is the same on each
         return not isinstance(env.get(args[0][1:]), Local)
     if head in ("lo", "hi"):  # the range analysis' bounds

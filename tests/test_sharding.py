@@ -87,6 +87,19 @@ def test_a_bias_is_added_whole_only_where_the_split_axis_misses_it():
     assert "add" not in _class_ops(mesh_op("shard", Term("add", (X, bias)), -1, 2), ["shard-into-add-left"])
 
 
+@pytest.mark.parametrize("op,other,axis,fires", [
+    ("add", (5, 4), -2, True), ("mul", (5, 4), -1, True),  # a residual add, a gate: split together
+    ("add", (1, 4), -2, False),  # size 1 along the split axis: broadcast, each device needs it whole
+    ("mul", (1, 4), -1, True),  # broadcast along another axis only
+    ("add", (4,), -2, False),  # lower rank: the split axis misses it (shard-into-add-left's case)
+    ("sub", (3, 5, 4), -3, False),  # x has no axis -3: x is what broadcasts there
+])
+def test_two_operands_are_split_together_only_where_both_span_the_axis_alike(op, other, axis, fires):
+    y = Term.input("y", other, "float64")
+    split = mesh_op("shard", Term(op, (X, y)), axis, 2)
+    assert (op in _class_ops(split, [f"shard-into-{op}-both"])) == fires
+
+
 def test_softmax_is_split_only_along_another_axis():
     softmax = Term("softmax", (X,), (-1,))
     assert "softmax" in _class_ops(mesh_op("shard", softmax, -2, 2), ["shard-into-softmax"])

@@ -305,6 +305,7 @@ def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:
         facts.append(f"(set (dtype-of (Ref {ref})) {literal(name)})")
     if shape:
         facts.append(f"(set (last-dim (Ref {ref})) {shape[-1]})")
+    facts += [f"(set (axis-size (Ref {ref}) {i - len(shape)}) {d})" for i, d in enumerate(shape)]
     if not t.args:
         facts.append(f"(set (rank (Ref {ref})) {len(shape)})")
     if 0 not in shape:

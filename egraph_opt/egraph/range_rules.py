@@ -6,7 +6,9 @@ facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds a
 the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
 float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
 every leaf's rank, and of elementwise ops over ranked operands (fusions into kernels with shape
-contracts read them); ``whole`` every value each device of a mesh holds whole (sharding rules
+contracts read them); ``axis-size`` every loaded value's size along each axis, counted from the end
+(from the program's static shapes: sharding rules split two operands together only where both
+span the split axis alike, never one broadcast along it); ``whole`` every value each device of a mesh holds whole (sharding rules
 split only those); ``nonempty`` every loaded
 value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
 empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
@@ -33,6 +35,7 @@ DECLARATIONS = f"""
 (function dtype-of (Tensor) String :merge old)
 (function last-dim (Tensor) i64 :merge old)
 (function rank (Tensor) i64 :merge old)
+(function axis-size (Tensor i64) i64 :merge old)
 (relation nonempty (Tensor))
 (relation whole (Tensor))
 (ruleset {RULESET})

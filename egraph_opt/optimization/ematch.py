@@ -86,7 +86,8 @@ def producer(rules, classes: dict, cid: str, node):
 
 class Guards:
     """Rule guards evaluated over the snapshot's analyses: ``lo``/``hi`` (intervals), the
-    relations ``positive``/``nonneg``/``nonzero``, ``dtype-of``, ``last-dim`` and ``rank``."""
+    relations ``positive``/``nonneg``/``nonzero``, ``dtype-of``, ``last-dim``, ``rank`` and
+    ``axis-size``."""
 
     def __init__(self, snap, relations: dict[str, set[str]], meta: dict):
         self.snap, self.relations, self.meta = snap, relations, meta
@@ -116,10 +117,14 @@ class Guards:
             return lo if head == "lo" else hi
         if head == "dtype-of":
             return self.snap.dtypes.get(values[0], "float32")
-        if head in ("last-dim", "rank"):
+        if head in ("last-dim", "rank", "axis-size"):
             if values[0] not in self.meta:
                 raise LookupError(f"the shape of e-class {values[0]} is not known")
             shape = self.meta[values[0]][0]
+            if head == "axis-size":
+                if not -len(shape) <= values[1] < 0:
+                    raise LookupError(f"e-class {values[0]} of shape {shape} has no axis {values[1]:g}")
+                return float(shape[int(values[1])])
             return float(len(shape) if head == "rank" else shape[-1])
         if head in _COMPARE:
             return _COMPARE[head](*values)

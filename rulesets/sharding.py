@@ -55,12 +55,16 @@ def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why=
 _SAME_SPAN = "(= (axis-size ?x ?a) (axis-size ?y ?a))"
 
 
+def _binary() -> list[str]:
+    """Binary elementwise ops (rms_norm broadcasts its weight but reduces along its last axis)."""
+    return [n for n, op in OPS.items() if op.shape == "broadcast" and op.arity == 2 and not op.attrs]
+
+
 def _elementwise() -> list[Rule]:
     """Elementwise ops follow the placement of their operands."""
     unary = [n for n, op in OPS.items() if op.shape == "same" and op.arity == 1
              and not op.mesh and "axis" not in dict(op.attrs)]
-    binary = [n for n, op in OPS.items() if op.shape == "broadcast" and op.arity == 2
-              and not op.attrs]  # rms_norm broadcasts its weight but reduces along its last axis
+    binary = _binary()
     out = [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x{_attrs(op)}) ?a ?n)",
                  f"({op} (shard ?x ?a ?n){_attrs(op)})",
                  sample=[(k, v) for k, v in OPS[op].sample if k in dict(OPS[op].attrs)]) for op in unary]
@@ -145,7 +149,8 @@ RULES = _elementwise() + _along_other_axes() + [
 
 def introductions(n: int) -> list[Rule]:
     """Where sharding starts, for a mesh of ``n`` devices: an op is its sharded result gathered
-    back (rows, columns, heads), or the all-reduced sum of its partial products."""
+    back (rows, columns, heads; an elementwise op along any axis both operands span alike), or
+    the all-reduced sum of its partial products."""
     def whole(lhs: str) -> tuple[str, ...]:  # the op's result is whole: so are its operands
         tensors = [v for v, sort in pat.variables(pat.parse(lhs)).items() if sort == pat.TENSOR]
         return tuple(f"(whole ?{v})" for v in tensors)
@@ -154,7 +159,12 @@ def introductions(n: int) -> list[Rule]:
         return Rule(f"{name}-gathered", op, f"(all_gather (shard {op} {axis} {n}) {axis} {n})", _S,
                     when=whole(op) + when, sample=sample)
 
-    return [
+    spans = [Rule(f"{op.replace('_', '-')}-gathered", f"({op} ?x ?y)",
+                  f"(all_gather (shard ({op} ?x ?y) ?a {n}) ?a {n})", _S, when=whole(f"({op} ?x ?y)")
+                  + (_SAME_SPAN,), binds=("a",), sample=(("y", (1, 5)),),
+                  why="along any axis both operands span alike: a residual add split where its "
+                  "operands already are") for op in _binary()]
+    return spans + [
         gathered("linear-rows", "(linear ?x ?w ?b)", -2, sample=_LINEAR),
         gathered("linear-columns", "(linear ?x ?w ?b)", -1, sample=_LINEAR),
         gathered("matmul-rows", "(matmul ?x ?y)", -2),

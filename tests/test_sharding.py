@@ -70,14 +70,19 @@ def test_a_wrong_sharding_rule_fails_its_generated_proof():
         proofs.test_both_sides_agree_in_float64(wrong)
 
 
-def _class_ops(term: Term, names: list[str]) -> set[str]:
-    """The ops of ``term``'s e-class after the named rules ran (shapes loaded: rank facts)."""
+def _class_nodes(term: Term, names: list[str]) -> list:
+    """The e-nodes of ``term``'s e-class after the named rules ran (shapes loaded: rank and
+    axis-size facts)."""
     eg = EGraph()
     (ref,) = eg.add([term], None, shapes([term]))
     eg.add_rules("r", [catalogue()[n] for n in names])
     eg.saturate("r", max_iterations=10, max_enodes=2000, max_seconds=10)
     snap = eg.snapshot()
-    return {n.op for n in snap.classes[snap.class_of_ref[ref]]}
+    return snap.classes[snap.class_of_ref[ref]]
+
+
+def _class_ops(term: Term, names: list[str]) -> set[str]:
+    return {n.op for n in _class_nodes(term, names)}
 
 
 def test_a_bias_is_added_whole_only_where_the_split_axis_misses_it():
@@ -98,6 +103,14 @@ def test_two_operands_are_split_together_only_where_both_span_the_axis_alike(op,
     y = Term.input("y", other, "float64")
     split = mesh_op("shard", Term(op, (X, y)), axis, 2)
     assert (op in _class_ops(split, [f"shard-into-{op}-both"])) == fires
+
+
+@pytest.mark.parametrize("other,axes", [((5, 4), [-2, -1]), ((1, 4), [-1]), ((4,), [-1]), ((5, 1), [-2])])
+def test_an_elementwise_op_starts_a_split_only_along_axes_both_operands_span(other, axes):
+    """add(x, y) is gathered from its split along an axis only where x and y both hold it at
+    one size: never along an axis where one operand broadcasts."""
+    nodes = _class_nodes(Term("add", (X, Term.input("y", other, "float64"))), ["add-gathered"])
+    assert sorted(n.attrs[0] for n in nodes if n.op == "all_gather") == axes
 
 
 def test_softmax_is_split_only_along_another_axis():
@@ -274,10 +287,16 @@ def test_mlp_runs_megatron_on_two_gloo_processes(empty_db):
 
 
 def test_transformer_block_runs_on_two_gloo_processes(empty_db):
+    """Both residual adds stay split: the residual and the branch meet part to part, and only
+    the block's output is gathered (roofline prices: no timing, the same choice everywhere)."""
     torch.manual_seed(1)
     block, x = Block().eval(), torch.randn(2, 8, 32)
-    plan = egraph_opt.shard(block, x, mesh=2, links=CHEAP, profile_db=empty_db)
-    assert plan.collectives()
+    plan = egraph_opt.shard(block, x, mesh=2, links=CHEAP, profile_db=empty_db, profile_budget=0)
+    table = plan.placements()
+    adds = [(row[2], t) for row, t in zip(table.rows, table.items) if t.op == "add"]
+    assert len(adds) == 2 and all(place.startswith("split") for place, _ in adds)
+    assert not [a for _, t in adds for a in t.args if a.op == "all_gather"]  # no gather before an add
+    assert plan.terms[0].op == "all_gather"
     with torch.no_grad():
         torch.testing.assert_close(plan.run(x), block(x), rtol=1e-5, atol=1e-5)
 

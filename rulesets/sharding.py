@@ -45,9 +45,9 @@ def _whole(*texts: str) -> tuple[str, ...]:
     return tuple(f"(whole ?{v})" for v in found)
 
 
-def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why="") -> Rule:
+def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why="", binds=()) -> Rule:
     return Rule(name, lhs, rhs, _S, exactness, when=_whole(lhs, rhs) + tuple(when),
-                sample=_N + tuple(sample), why=why)
+                sample=_N + tuple(sample), why=why, binds=binds)
 
 
 #: two operands both hold the split axis, at one static size (a size-1 or missing axis would
@@ -123,7 +123,7 @@ RULES = _elementwise() + _along_other_axes() + [
           "(sdpa (shard ?q -2 ?n) ?k ?v ?s false)", why="queries split, every key seen (no mask)"),
     _rule("shard-into-sdpa-heads", "(shard (sdpa ?q ?k ?v ?s ?c) ?a ?n)",
           "(sdpa (shard ?q ?a ?n) (shard ?k ?a ?n) (shard ?v ?a ?n) ?s ?c)",
-          when=("(< ?a -2)", "(= (rank ?q) (rank ?k))", "(= (rank ?k) (rank ?v))"),
+          when=("(< ?a -2)", "(= (axis-size ?q ?a) (axis-size ?k ?a))", "(= (axis-size ?k ?a) (axis-size ?v ?a))"),
           sample=(("a", -3), ("s", 0.5), ("c", False)), why="each head (or batch item) attends alone"),
     _rule("shard-into-layer-norm-rows", "(shard (layer_norm ?x ?w ?b ?e) ?a ?n)",
           "(layer_norm (shard ?x ?a ?n) ?w ?b ?e)", when=("(< ?a -1)",),
@@ -135,6 +135,10 @@ RULES = _elementwise() + _along_other_axes() + [
           "(transpose (shard ?x ?j ?n) ?a ?j)", when=("(< ?j 0)",), sample=(("j", -1),)),
     _rule("shard-into-transpose-second", "(shard (transpose ?x ?i ?a) ?a ?n)",
           "(transpose (shard ?x ?i ?n) ?i ?a)", when=("(< ?i 0)",), sample=(("i", -3),)),
+    _rule("shard-into-reshape", "(shard (reshape ?x ?s) ?a ?n)", "(reshape (shard ?x ?b ?n) ?t)",
+          when=("(= ?b (reshape-axis ?x ?s ?a))", "(= ?t (reshape-part ?x ?s ?a))"), binds=("b", "t:String"),
+          sample=(("x", (4, 6, 10)), ("s", "4,6,2,5"), ("a", -3), ("b", -2), ("t", "4,-1,2,5")),
+          why="heads split off (or merged into) C, the split axis kept whole: the same rows either way"),
     _rule("shard-into-slice", "(shard (slice ?x ?c ?s ?e ?t) ?a ?n)", "(slice (shard ?x ?a ?n) ?c ?s ?e ?t)",
           when=("(!= ?a ?c)", "(< ?c 0)"), sample=(("s", 1), ("e", 4), ("t", 1))),
     _rule("shard-into-concat", "(shard (concat ?x ?y ?c) ?a ?n)",

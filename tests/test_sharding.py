@@ -113,6 +113,25 @@ def test_an_elementwise_op_starts_a_split_only_along_axes_both_operands_span(oth
     assert sorted(n.attrs[0] for n in nodes if n.op == "all_gather") == axes
 
 
+def test_a_reshape_infers_its_minus_one_from_a_device_part():
+    t = Term("reshape", (mesh_op("shard", Term.input("x", (3, 8, 32), "float64"), -3, 2),), ("-1,8,2,16",))
+    assert shapes([t])[id(t)][0] == (2, 8, 2, 16)  # device 0's part: 2 of the 3 rows
+    (parts,) = evaluate([t], {"x": torch.randn(3, 8, 32, dtype=torch.float64)})
+    assert [p.shape for p in parts.parts] == [(2, 8, 2, 16), (1, 8, 2, 16)]
+
+
+@pytest.mark.parametrize("before,after,axis,fires", [
+    ((2, 8, 32), (2, 8, 2, 16), -4, True), ((2, 8, 32), (2, 8, 2, 16), -3, True),  # heads split off
+    ((2, 8, 2, 16), (2, 8, 32), -2, True),  # and merged back, split along T
+    ((2, 8, 32), (2, 8, 2, 16), -2, False),  # along the heads: C is not split alike in general
+    ((2, 8, 32), (16, 32), -2, False),  # batch and T merged: the split axis is not kept
+    ((5, 4), (20,), -1, False), ((6, 4), (4, 6), -2, False),
+])
+def test_a_reshape_is_split_only_along_an_axis_it_keeps(before, after, axis, fires):
+    reshape = Term("reshape", (Term.input("x", before, "float64"),), (",".join(map(str, after)),))
+    assert ("reshape" in _class_ops(mesh_op("shard", reshape, axis, 2), ["shard-into-reshape"])) == fires
+
+
 def test_softmax_is_split_only_along_another_axis():
     softmax = Term("softmax", (X,), (-1,))
     assert "softmax" in _class_ops(mesh_op("shard", softmax, -2, 2), ["shard-into-softmax"])
@@ -137,6 +156,12 @@ def test_attention_is_split_by_heads_only_along_a_leading_axis_all_three_share()
     shared = Term("sdpa", (q, Term.input("k", (6, 3), "float64"), Term.input("v", (6, 3), "float64")),
                   (0.5, False))  # one key set broadcast over the heads: nothing to split
     assert "sdpa" not in _class_ops(mesh_op("shard", shared, -3, 2), heads)
+    one = Term.input("one", (1, 4, 6, 3), "float64")  # one key set of rank 4, broadcast over the batch
+    assert "sdpa" not in _class_ops(mesh_op("shard", Term("sdpa", (q, one, one), (0.5, True)), -4, 2), heads)
+    assert "sdpa" in _class_ops(mesh_op("shard", Term("sdpa", (q, one, one), (0.5, True)), -3, 2), heads)
+    derived = Term("transpose", (Term.input("t", (2, 6, 4, 3), "float64"),), (-3, -2))  # heads split off
+    attention = Term("sdpa", (derived, derived, derived), (0.5, True))  # by a layout op, as captured
+    assert "sdpa" in _class_ops(mesh_op("shard", attention, -4, 2), heads)
 
 
 def test_an_overflowing_head_takes_the_definition_alone():
@@ -287,16 +312,17 @@ def test_mlp_runs_megatron_on_two_gloo_processes(empty_db):
 
 
 def test_transformer_block_runs_on_two_gloo_processes(empty_db):
-    """Both residual adds stay split: the residual and the branch meet part to part, and only
-    the block's output is gathered (roofline prices: no timing, the same choice everywhere)."""
+    """Data parallel through the whole block: the heads split off the batch-split activations
+    and merged back (reshapes that keep the batch axis), attention per batch item, both residual
+    adds part to part, and one gather of the output (roofline prices: the same choice everywhere)."""
     torch.manual_seed(1)
-    block, x = Block().eval(), torch.randn(2, 8, 32)
+    block, x = Block(64).eval(), torch.randn(4, 32, 64)
     plan = egraph_opt.shard(block, x, mesh=2, links=CHEAP, profile_db=empty_db, profile_budget=0)
+    assert plan.collectives() == {"all_gather": 1} and plan.terms[0].op == "all_gather"
     table = plan.placements()
-    adds = [(row[2], t) for row, t in zip(table.rows, table.items) if t.op == "add"]
-    assert len(adds) == 2 and all(place.startswith("split") for place, _ in adds)
-    assert not [a for _, t in adds for a in t.args if a.op == "all_gather"]  # no gather before an add
-    assert plan.terms[0].op == "all_gather"
+    places = {(t.op, row[2]) for row, t in zip(table.rows, table.items) if t is not plan.terms[0]}
+    assert {p for op, p in places} <= {"split -3", "split -4"} and ("add", "split -3") in places
+    assert ("sdpa", "split -4") in places and ("reshape", "split -4") in places
     with torch.no_grad():
         torch.testing.assert_close(plan.run(x), block(x), rtol=1e-5, atol=1e-5)
 

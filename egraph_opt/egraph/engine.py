@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from egglog import bindings
 
 from . import range_rules
+from ..lang.mesh import through_reshape
 from ..lang.ops import OPS, BY_EGG_NAME, ATTR_SORTS
 from ..lang.pattern import Node, literal
 from ..lang.term import Term, postorder
@@ -169,6 +170,11 @@ class EGraph:
                     lines.append(f"(set (hi (Ref {ref})) {literal(float(hi))})")
                 if meta and id(t) in meta:
                     lines += _shape_facts(ref, t, *meta[id(t)])
+                if meta and t.op == "reshape" and id(t) in meta and id(t.args[0]) in meta:
+                    of = f"(Ref {key[1][0]}) {literal(t.attrs[0])}"  # the operand, the target
+                    for a, (b, part) in through_reshape(meta[id(t.args[0])][0], meta[id(t)][0]).items():
+                        lines += [f"(set (reshape-axis {of} {a}) {b})",
+                                  f"(set (reshape-part {of} {a}) {literal(part)})"]
             self._ref_of_term[id(t)] = ref
             self._loaded.append(t)
             self._ops.add(t.op)

@@ -8,7 +8,10 @@ float32 (precision rules read it); ``last-dim`` every loaded value's last axis s
 every leaf's rank, and of elementwise ops over ranked operands (fusions into kernels with shape
 contracts read them); ``axis-size`` every loaded value's size along each axis, counted from the end
 (from the program's static shapes: sharding rules split two operands together only where both
-span the split axis alike, never one broadcast along it); ``whole`` every value each device of a mesh holds whole (sharding rules
+span the split axis alike, never one broadcast along it); ``reshape-axis`` and ``reshape-part``,
+of each loaded reshape's operand, its target shape and an axis of the result the reshape keeps
+whole: the operand's axis it is, and the target a device's part takes (``lang/mesh.py``
+``through_reshape``); ``whole`` every value each device of a mesh holds whole (sharding rules
 split only those); ``nonempty`` every loaded
 value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
 empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
@@ -36,6 +39,8 @@ DECLARATIONS = f"""
 (function last-dim (Tensor) i64 :merge old)
 (function rank (Tensor) i64 :merge old)
 (function axis-size (Tensor i64) i64 :merge old)
+(function reshape-axis (Tensor String i64) i64 :merge old)
+(function reshape-part (Tensor String i64) String :merge old)
 (relation nonempty (Tensor))
 (relation whole (Tensor))
 (ruleset {RULESET})

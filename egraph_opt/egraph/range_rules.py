@@ -46,6 +46,8 @@ DECLARATIONS = f"""
 (ruleset {RULESET})
 (ruleset {TRIPWIRES})
 """
+#: analyses loaded per axis (``engine.py`` loads them once a rule asks)
+AXIS_FACTS = frozenset({"axis-size", "reshape-axis", "reshape-part"})
 #: what rule guards may ask of an e-class: the analyses declared above
 ANALYSES = frozenset(re.findall(r"\((?:function|relation) ([\w-]+)", DECLARATIONS))
 

@@ -85,7 +85,8 @@ class Rule:
     sample: tuple = ()  # (variable, value) pairs the proof sampler must use: shapes, strides
     counterexample: tuple = ()  # (variable, value) pairs where an UNSAFE rule is wrong
     more: tuple[tuple[str, str], ...] = ()  # further (lhs, rhs) roots rewritten together
-    binds: tuple[str, ...] = ()  # i64 variables the ``when`` facts bind (sizes of ``__lhs2``...)
+    binds: tuple[str, ...] = ()  # variables the ``when`` facts bind: i64 (sizes of ``__lhs2``...),
+    # or ``name:Sort`` (a reshape's shape for a device's part: ``t:String``)
 
     def __post_init__(self):
         if not _NAME.fullmatch(self.name):
@@ -94,7 +95,7 @@ class Rule:
         if not all(isinstance(lhs, pat.Node) for lhs, _ in pairs):
             raise RuleError(f"{self.name}: left side must be an op, not {self.lhs!r}")
         lhs_vars = {v: s for lhs, _ in pairs for v, s in pat.variables(lhs).items()}
-        lhs_vars.update({v: "i64" for v in self.binds})
+        lhs_vars.update(self.bound())
         rhs_vars = {v: s for _, rhs in pairs for v, s in pat.variables(rhs).items()}
         for fact in self.when:
             _check_guard(self.name, fact, set(lhs_vars))
@@ -104,6 +105,10 @@ class Rule:
         for v, sort in rhs_vars.items():
             if lhs_vars[v] != sort:
                 raise RuleError(f"{self.name}: ?{v} is {lhs_vars[v]} on the left, {sort} on the right")
+
+    def bound(self) -> dict[str, str]:
+        """The sort of each variable the guards bind."""
+        return dict((b.split(":") + ["i64"])[:2] for b in self.binds)
 
     def pairs(self) -> list[tuple[pat.Pattern, pat.Pattern]]:
         """Every (left, right) root of the rule: one, or several rewritten together."""

@@ -9,7 +9,8 @@ the communication. Every other op in a sharded program runs on each device's par
 - propagation, rooted at ``shard``: a shard of an op's result is the op over shards of its
   operands (rows of a matmul, its columns, heads of attention, rows of a layer norm, elementwise
   ops, reductions and softmax along another axis); a replicated operand that the split axis does
-  not reach (a bias) stays whole;
+  not reach (a bias) stays whole; two operands that both span the split axis at one size (a
+  residual add) are split together;
 - resharding: a gather then a shard along the same axis cancel; a shard of an all-reduce is a
   reduce-scatter.
 
@@ -44,21 +45,30 @@ def _whole(*texts: str) -> tuple[str, ...]:
     return tuple(f"(whole ?{v})" for v in found)
 
 
-def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why="") -> Rule:
+def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why="", binds=()) -> Rule:
     return Rule(name, lhs, rhs, _S, exactness, when=_whole(lhs, rhs) + tuple(when),
-                sample=_N + tuple(sample), why=why)
+                sample=_N + tuple(sample), why=why, binds=binds)
+
+
+#: two operands both hold the split axis, at one static size (a size-1 or missing axis would
+#: broadcast: each device would need the whole of that operand, not its part)
+_SAME_SPAN = "(= (axis-size ?x ?a) (axis-size ?y ?a))"
+
+
+def _binary() -> list[str]:
+    """Binary elementwise ops (rms_norm broadcasts its weight but reduces along its last axis)."""
+    return [n for n, op in OPS.items() if op.shape == "broadcast" and op.arity == 2 and not op.attrs]
 
 
 def _elementwise() -> list[Rule]:
     """Elementwise ops follow the placement of their operands."""
     unary = [n for n, op in OPS.items() if op.shape == "same" and op.arity == 1
              and not op.mesh and "axis" not in dict(op.attrs)]
-    binary = [n for n, op in OPS.items() if op.shape == "broadcast" and op.arity == 2
-              and not op.attrs]  # rms_norm broadcasts its weight but reduces along its last axis
+    binary = _binary()
     out = [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x{_attrs(op)}) ?a ?n)",
                  f"({op} (shard ?x ?a ?n){_attrs(op)})",
                  sample=[(k, v) for k, v in OPS[op].sample if k in dict(OPS[op].attrs)]) for op in unary]
-    for op in binary:  # one operand sharded, the other whole: a constant, or one the axis misses
+    for op in binary:  # one operand sharded, the other whole (a constant, or one the axis misses), or both
         name = op.replace("_", "-")
         out += [
             _rule(f"shard-into-{name}-left", f"(shard ({op} ?x ?y) ?a ?n)", f"({op} (shard ?x ?a ?n) ?y)",
@@ -70,6 +80,10 @@ def _elementwise() -> list[Rule]:
                   f"({op} (shard ?x ?a ?n) (const ?c))"),
             _rule(f"shard-into-const-{name}", f"(shard ({op} (const ?c) ?x) ?a ?n)",
                   f"({op} (const ?c) (shard ?x ?a ?n))"),
+            _rule(f"shard-into-{name}-both", f"(shard ({op} ?x ?y) ?a ?n)",
+                  f"({op} (shard ?x ?a ?n) (shard ?y ?a ?n))", when=(_SAME_SPAN,),
+                  sample=(("y", (1, 5)),), why="a residual add: both span the split axis alike (neither "
+                  "is broadcast along it), so part r of one meets part r of the other"),
         ]
     return out
 
@@ -109,7 +123,7 @@ RULES = _elementwise() + _along_other_axes() + [
           "(sdpa (shard ?q -2 ?n) ?k ?v ?s false)", why="queries split, every key seen (no mask)"),
     _rule("shard-into-sdpa-heads", "(shard (sdpa ?q ?k ?v ?s ?c) ?a ?n)",
           "(sdpa (shard ?q ?a ?n) (shard ?k ?a ?n) (shard ?v ?a ?n) ?s ?c)",
-          when=("(< ?a -2)", "(= (rank ?q) (rank ?k))", "(= (rank ?k) (rank ?v))"),
+          when=("(< ?a -2)", "(= (axis-size ?q ?a) (axis-size ?k ?a))", "(= (axis-size ?k ?a) (axis-size ?v ?a))"),
           sample=(("a", -3), ("s", 0.5), ("c", False)), why="each head (or batch item) attends alone"),
     _rule("shard-into-layer-norm-rows", "(shard (layer_norm ?x ?w ?b ?e) ?a ?n)",
           "(layer_norm (shard ?x ?a ?n) ?w ?b ?e)", when=("(< ?a -1)",),
@@ -121,6 +135,10 @@ RULES = _elementwise() + _along_other_axes() + [
           "(transpose (shard ?x ?j ?n) ?a ?j)", when=("(< ?j 0)",), sample=(("j", -1),)),
     _rule("shard-into-transpose-second", "(shard (transpose ?x ?i ?a) ?a ?n)",
           "(transpose (shard ?x ?i ?n) ?i ?a)", when=("(< ?i 0)",), sample=(("i", -3),)),
+    _rule("shard-into-reshape", "(shard (reshape ?x ?s) ?a ?n)", "(reshape (shard ?x ?b ?n) ?t)",
+          when=("(= ?b (reshape-axis ?x ?s ?a))", "(= ?t (reshape-part ?x ?s ?a))"), binds=("b", "t:String"),
+          sample=(("x", (4, 6, 10)), ("s", "4,6,2,5"), ("a", -3), ("b", -2), ("t", "4,-1,2,5")),
+          why="heads split off (or merged into) C, the split axis kept whole: the same rows either way"),
     _rule("shard-into-slice", "(shard (slice ?x ?c ?s ?e ?t) ?a ?n)", "(slice (shard ?x ?a ?n) ?c ?s ?e ?t)",
           when=("(!= ?a ?c)", "(< ?c 0)"), sample=(("s", 1), ("e", 4), ("t", 1))),
     _rule("shard-into-concat", "(shard (concat ?x ?y ?c) ?a ?n)",
@@ -135,7 +153,8 @@ RULES = _elementwise() + _along_other_axes() + [
 
 def introductions(n: int) -> list[Rule]:
     """Where sharding starts, for a mesh of ``n`` devices: an op is its sharded result gathered
-    back (rows, columns, heads), or the all-reduced sum of its partial products."""
+    back (rows, columns, heads; an elementwise op along any axis both operands span alike), or
+    the all-reduced sum of its partial products."""
     def whole(lhs: str) -> tuple[str, ...]:  # the op's result is whole: so are its operands
         tensors = [v for v, sort in pat.variables(pat.parse(lhs)).items() if sort == pat.TENSOR]
         return tuple(f"(whole ?{v})" for v in tensors)
@@ -144,7 +163,12 @@ def introductions(n: int) -> list[Rule]:
         return Rule(f"{name}-gathered", op, f"(all_gather (shard {op} {axis} {n}) {axis} {n})", _S,
                     when=whole(op) + when, sample=sample)
 
-    return [
+    spans = [Rule(f"{op.replace('_', '-')}-gathered", f"({op} ?x ?y)",
+                  f"(all_gather (shard ({op} ?x ?y) ?a {n}) ?a {n})", _S, when=whole(f"({op} ?x ?y)")
+                  + (_SAME_SPAN,), binds=("a",), sample=(("y", (1, 5)),),
+                  why="along any axis both operands span alike: a residual add split where its "
+                  "operands already are") for op in _binary()]
+    return spans + [
         gathered("linear-rows", "(linear ?x ?w ?b)", -2, sample=_LINEAR),
         gathered("linear-columns", "(linear ?x ?w ?b)", -1, sample=_LINEAR),
         gathered("matmul-rows", "(matmul ?x ?y)", -2),

@@ -16,7 +16,7 @@ import torch
 from egraph_opt.lang import pattern as pat
 from egraph_opt.egraph.engine import EGraph
 from egraph_opt.rulesets import Exactness, Family, catalogue, sexp as _sexp
-from egraph_opt.lang.mesh import Local
+from egraph_opt.lang.mesh import Local, through_reshape
 from egraph_opt.lang.ops import parse_shape, shape_attr
 from egraph_opt.lang.term import Term, evaluate
 
@@ -45,6 +45,13 @@ def _value(e, values: dict, env: dict, bound=_sampled_bound):
     if head in ("rank", "last-dim"):
         shape = tuple(env[args[0][1:]].shape)
         return len(shape) if head == "rank" else shape[-1]
+    if head == "axis-size":  # no such axis: no fact, so the guard cannot hold (NaN equals nothing)
+        shape, axis = tuple(env[args[0][1:]].shape), _value(args[1], values, env, bound)
+        return shape[axis] if -len(shape) <= axis < 0 else float("nan")
+    if head in ("reshape-axis", "reshape-part"):  # what the loaded program's shapes give
+        shape, target, axis = (tuple(env[args[0][1:]].shape), *(_value(a, values, env, bound) for a in args[1:]))
+        kept = through_reshape(shape, parse_shape(target)).get(axis)
+        return float("nan") if kept is None else kept[head == "reshape-part"]
     if head == "whole":  # every device holds it whole: a sampled tensor is the same on each
         return not isinstance(env.get(args[0][1:]), Local)
     if head in ("lo", "hi"):  # the range analysis' bounds
@@ -90,7 +97,7 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
     tensor variable's magnitude (a float: a guard that asks for a/b past a dtype's max needs it)."""
     lhs = pat.Node("add", tuple(left for left, _ in rule.pairs()), ())  # every root, one walk
     sorts = {v: s for left, _ in rule.pairs() for v, s in pat.variables(left).items()}
-    sorts.update({v: "i64" for v in rule.binds})
+    sorts.update(rule.bound())
     pinned = dict(rule.sample)
     signs = {f.strip("()").split()[1][1:]: f.strip("()").split()[0]
              for f in rule.when if f.strip("()").split()[0] in _SIGNS}

@@ -70,14 +70,19 @@ def test_a_wrong_sharding_rule_fails_its_generated_proof():
         proofs.test_both_sides_agree_in_float64(wrong)
 
 
-def _class_ops(term: Term, names: list[str]) -> set[str]:
-    """The ops of ``term``'s e-class after the named rules ran (shapes loaded: rank facts)."""
+def _class_nodes(term: Term, names: list[str]) -> list:
+    """The e-nodes of ``term``'s e-class after the named rules ran (shapes loaded: rank and
+    axis-size facts)."""
     eg = EGraph()
     (ref,) = eg.add([term], None, shapes([term]))
     eg.add_rules("r", [catalogue()[n] for n in names])
     eg.saturate("r", max_iterations=10, max_enodes=2000, max_seconds=10)
     snap = eg.snapshot()
-    return {n.op for n in snap.classes[snap.class_of_ref[ref]]}
+    return snap.classes[snap.class_of_ref[ref]]
+
+
+def _class_ops(term: Term, names: list[str]) -> set[str]:
+    return {n.op for n in _class_nodes(term, names)}
 
 
 def test_a_bias_is_added_whole_only_where_the_split_axis_misses_it():
@@ -85,6 +90,46 @@ def test_a_bias_is_added_whole_only_where_the_split_axis_misses_it():
     assert "add" in _class_ops(mesh_op("shard", Term("add", (X, bias)), -2, 2), ["shard-into-add-left"])
     assert "add" not in _class_ops(mesh_op("shard", Term("add", (X, full)), -2, 2), ["shard-into-add-left"])
     assert "add" not in _class_ops(mesh_op("shard", Term("add", (X, bias)), -1, 2), ["shard-into-add-left"])
+
+
+@pytest.mark.parametrize("op,other,axis,fires", [
+    ("add", (5, 4), -2, True), ("mul", (5, 4), -1, True),  # a residual add, a gate: split together
+    ("add", (1, 4), -2, False),  # size 1 along the split axis: broadcast, each device needs it whole
+    ("mul", (1, 4), -1, True),  # broadcast along another axis only
+    ("add", (4,), -2, False),  # lower rank: the split axis misses it (shard-into-add-left's case)
+    ("sub", (3, 5, 4), -3, False),  # x has no axis -3: x is what broadcasts there
+])
+def test_two_operands_are_split_together_only_where_both_span_the_axis_alike(op, other, axis, fires):
+    y = Term.input("y", other, "float64")
+    split = mesh_op("shard", Term(op, (X, y)), axis, 2)
+    assert (op in _class_ops(split, [f"shard-into-{op}-both"])) == fires
+
+
+@pytest.mark.parametrize("other,axes", [((5, 4), [-2, -1]), ((1, 4), [-1]), ((4,), [-1]), ((5, 1), [-2])])
+def test_an_elementwise_op_starts_a_split_only_along_axes_both_operands_span(other, axes):
+    """add(x, y) is gathered from its split along an axis only where x and y both hold it at
+    one size: never along an axis where one operand broadcasts."""
+    nodes = _class_nodes(Term("add", (X, Term.input("y", other, "float64"))), ["add-gathered"])
+    assert sorted(n.attrs[0] for n in nodes if n.op == "all_gather") == axes
+
+
+def test_a_reshape_infers_its_minus_one_from_a_device_part():
+    t = Term("reshape", (mesh_op("shard", Term.input("x", (3, 8, 32), "float64"), -3, 2),), ("-1,8,2,16",))
+    assert shapes([t])[id(t)][0] == (2, 8, 2, 16)  # device 0's part: 2 of the 3 rows
+    (parts,) = evaluate([t], {"x": torch.randn(3, 8, 32, dtype=torch.float64)})
+    assert [p.shape for p in parts.parts] == [(2, 8, 2, 16), (1, 8, 2, 16)]
+
+
+@pytest.mark.parametrize("before,after,axis,fires", [
+    ((2, 8, 32), (2, 8, 2, 16), -4, True), ((2, 8, 32), (2, 8, 2, 16), -3, True),  # heads split off
+    ((2, 8, 2, 16), (2, 8, 32), -2, True),  # and merged back, split along T
+    ((2, 8, 32), (2, 8, 2, 16), -2, False),  # along the heads: C is not split alike in general
+    ((2, 8, 32), (16, 32), -2, False),  # batch and T merged: the split axis is not kept
+    ((5, 4), (20,), -1, False), ((6, 4), (4, 6), -2, False),
+])
+def test_a_reshape_is_split_only_along_an_axis_it_keeps(before, after, axis, fires):
+    reshape = Term("reshape", (Term.input("x", before, "float64"),), (",".join(map(str, after)),))
+    assert ("reshape" in _class_ops(mesh_op("shard", reshape, axis, 2), ["shard-into-reshape"])) == fires
 
 
 def test_softmax_is_split_only_along_another_axis():
@@ -111,6 +156,12 @@ def test_attention_is_split_by_heads_only_along_a_leading_axis_all_three_share()
     shared = Term("sdpa", (q, Term.input("k", (6, 3), "float64"), Term.input("v", (6, 3), "float64")),
                   (0.5, False))  # one key set broadcast over the heads: nothing to split
     assert "sdpa" not in _class_ops(mesh_op("shard", shared, -3, 2), heads)
+    one = Term.input("one", (1, 4, 6, 3), "float64")  # one key set of rank 4, broadcast over the batch
+    assert "sdpa" not in _class_ops(mesh_op("shard", Term("sdpa", (q, one, one), (0.5, True)), -4, 2), heads)
+    assert "sdpa" in _class_ops(mesh_op("shard", Term("sdpa", (q, one, one), (0.5, True)), -3, 2), heads)
+    derived = Term("transpose", (Term.input("t", (2, 6, 4, 3), "float64"),), (-3, -2))  # heads split off
+    attention = Term("sdpa", (derived, derived, derived), (0.5, True))  # by a layout op, as captured
+    assert "sdpa" in _class_ops(mesh_op("shard", attention, -4, 2), heads)
 
 
 def test_an_overflowing_head_takes_the_definition_alone():
@@ -261,10 +312,17 @@ def test_mlp_runs_megatron_on_two_gloo_processes(empty_db):
 
 
 def test_transformer_block_runs_on_two_gloo_processes(empty_db):
+    """Data parallel through the whole block: the heads split off the batch-split activations
+    and merged back (reshapes that keep the batch axis), attention per batch item, both residual
+    adds part to part, and one gather of the output (roofline prices: the same choice everywhere)."""
     torch.manual_seed(1)
-    block, x = Block().eval(), torch.randn(2, 8, 32)
-    plan = egraph_opt.shard(block, x, mesh=2, links=CHEAP, profile_db=empty_db)
-    assert plan.collectives()
+    block, x = Block(64).eval(), torch.randn(4, 32, 64)
+    plan = egraph_opt.shard(block, x, mesh=2, links=CHEAP, profile_db=empty_db, profile_budget=0)
+    assert plan.collectives() == {"all_gather": 1} and plan.terms[0].op == "all_gather"
+    table = plan.placements()
+    places = {(t.op, row[2]) for row, t in zip(table.rows, table.items) if t is not plan.terms[0]}
+    assert {p for op, p in places} <= {"split -3", "split -4"} and ("add", "split -3") in places
+    assert ("sdpa", "split -4") in places and ("reshape", "split -4") in places
     with torch.no_grad():
         torch.testing.assert_close(plan.run(x), block(x), rtol=1e-5, atol=1e-5)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from egglog import bindings
 
 from . import range_rules
+from ..lang.mesh import through_reshape
 from ..lang.ops import OPS, BY_EGG_NAME, ATTR_SORTS
 from ..lang.pattern import Node, literal
 from ..lang.term import Term, postorder
@@ -127,6 +128,8 @@ class EGraph:
         self._ops: set[str] = set()  # ops the e-graph can hold: loaded, or made by a loaded rule
         self._waiting: dict[str, list] = {}  # by ruleset: rules whose left side names an op it cannot
         self._ranges_waiting = list(_range_rules())  # (ops it names, text), declared as for rules
+        self._axis_facts: list[str] = []  # range_rules.AXIS_FACTS of loaded terms, until a rule asks
+        self._axes_asked = False
         self._declare_ranges()
 
     def _declare_ranges(self) -> None:
@@ -169,15 +172,27 @@ class EGraph:
                     lines.append(f"(set (hi (Ref {ref})) {literal(float(hi))})")
                 if meta and id(t) in meta:
                     lines += _shape_facts(ref, t, *meta[id(t)])
+                    self._axis_facts += _axis_facts(ref, key, t, meta)
             self._ref_of_term[id(t)] = ref
             self._loaded.append(t)
             self._ops.add(t.op)
-        for i in range(0, len(lines), _CHUNK):
-            self._run("\n".join(lines[i:i + _CHUNK]))
+        self._load(lines)
+        if self._axes_asked:
+            self._load_axis_facts()
         for phase in self._waiting:
             self.add_rules(phase, [])
         self._declare_ranges()
         return [self._ref_of_term[id(r)] for r in roots]
+
+    def _load(self, lines: list[str]) -> None:
+        for i in range(0, len(lines), _CHUNK):
+            self._run("\n".join(lines[i:i + _CHUNK]))
+
+    def _load_axis_facts(self) -> None:
+        """Per-axis facts cost a third of loading a program: loaded once a rule asks for them."""
+        self._axes_asked = True
+        self._load(self._axis_facts)
+        self._axis_facts = []
 
     def ref(self, term: Term) -> int:
         return self._ref_of_term[id(term)]
@@ -204,6 +219,8 @@ class EGraph:
                 self._ops |= _ops_of(r)[1] if ok else frozenset()
             waiting = [r for r, ok in zip(waiting, now) if not ok]
         self._waiting[phase] = waiting
+        if not self._axes_asked and any(range_rules.AXIS_FACTS & _asks(r) for r in ready):
+            self._load_axis_facts()
         if ready:
             self._run("\n".join(_egglog_text(r, _ruleset(phase)) for r in ready))
         self._declare_ranges()
@@ -296,6 +313,23 @@ class EGraph:
             classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
         return Snapshot(classes, class_of_ref, {c: (lo, hi) for c, (lo, hi) in bounds.items()},
                         dtypes)
+
+
+def _axis_facts(ref: int, key: tuple, t: Term, meta: dict) -> list[str]:
+    """Each axis's size, and for a reshape the axes it keeps whole (``lang/mesh.py``)."""
+    shape = meta[id(t)][0]
+    facts = [f"(set (axis-size (Ref {ref}) {i - len(shape)}) {d})" for i, d in enumerate(shape)]
+    if t.op == "reshape" and id(t.args[0]) in meta:
+        of = f"(Ref {key[1][0]}) {literal(t.attrs[0])}"  # the operand, the target
+        for a, (b, part) in through_reshape(meta[id(t.args[0])][0], shape).items():
+            facts += [f"(set (reshape-axis {of} {a}) {b})", f"(set (reshape-part {of} {a}) {literal(part)})"]
+    return facts
+
+
+@functools.lru_cache(maxsize=None)
+def _asks(rule) -> frozenset:
+    """The analyses a rule's guards name."""
+    return frozenset(re.findall(r"\(([\w-]+)", " ".join(rule.when)))
 
 
 def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:

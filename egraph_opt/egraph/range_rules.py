@@ -6,7 +6,12 @@ facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds a
 the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
 float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
 every leaf's rank, and of elementwise ops over ranked operands (fusions into kernels with shape
-contracts read them); ``whole`` every value each device of a mesh holds whole (sharding rules
+contracts read them); ``axis-size`` every loaded value's size along each axis, counted from the end
+(from the program's static shapes: sharding rules split two operands together only where both
+span the split axis alike, never one broadcast along it); ``reshape-axis`` and ``reshape-part``,
+of each loaded reshape's operand, its target shape and an axis of the result the reshape keeps
+whole: the operand's axis it is, and the target a device's part takes (``lang/mesh.py``
+``through_reshape``); ``whole`` every value each device of a mesh holds whole (sharding rules
 split only those); ``nonempty`` every loaded
 value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
 empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
@@ -33,11 +38,16 @@ DECLARATIONS = f"""
 (function dtype-of (Tensor) String :merge old)
 (function last-dim (Tensor) i64 :merge old)
 (function rank (Tensor) i64 :merge old)
+(function axis-size (Tensor i64) i64 :merge old)
+(function reshape-axis (Tensor String i64) i64 :merge old)
+(function reshape-part (Tensor String i64) String :merge old)
 (relation nonempty (Tensor))
 (relation whole (Tensor))
 (ruleset {RULESET})
 (ruleset {TRIPWIRES})
 """
+#: analyses loaded per axis (``engine.py`` loads them once a rule asks)
+AXIS_FACTS = frozenset({"axis-size", "reshape-axis", "reshape-part"})
 #: what rule guards may ask of an e-class: the analyses declared above
 ANALYSES = frozenset(re.findall(r"\((?:function|relation) ([\w-]+)", DECLARATIONS))
 

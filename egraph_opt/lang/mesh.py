@@ -18,6 +18,7 @@ copies, all-reducing it multiplies it by n, exactly as the collectives do on rea
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -133,3 +134,22 @@ def reduce_scatter(x, axis: int, n: int):
     total = all_reduce(x, n)
     d = current()
     return total.tensor_split(n, axis)[d.rank] if d else Local(tuple(total.tensor_split(n, axis)))
+
+
+def through_reshape(before: tuple, after: tuple) -> dict[int, tuple[int, str]]:
+    """The axes a reshape from ``before`` to ``after`` keeps whole: for each axis ``a`` of the
+    result (counted from the end), the operand's axis ``b`` it is and the reshape a device's part
+    takes (``after`` with ``a`` left to the part's size: -1), so that a split of the result along
+    ``a`` is the reshape of the operand split along ``b``. Row-major: both read as (P, d, S) with
+    the same P before the axis and the same d on it (then the same S after), which a split along
+    d leaves alone. Nothing for an empty shape elsewhere (-1 would be ambiguous)."""
+    if math.prod(before) != math.prod(after):
+        return {}
+    prefix, kept = {}, {}
+    for j, d in enumerate(before):
+        prefix.setdefault((math.prod(before[:j]), d), j - len(before))
+    for i, d in enumerate(after):
+        b = prefix.get((math.prod(after[:i]), d))
+        if b is not None and math.prod(after[:i] + after[i + 1:]) > 0:
+            kept[i - len(after)] = b, ",".join("-1" if k == i else str(e) for k, e in enumerate(after))
+    return kept

@@ -9,6 +9,7 @@ recursion limit), printed in infix, and evaluated by the ops' torch implementati
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -207,8 +208,13 @@ def _infer(t: Term, operands: list[tuple]) -> tuple | None:
     if kind == "transpose" and len(operands[0][0]) >= 2 and t.attrs == (-2, -1):
         shape = operands[0][0]
         return shape[:-2] + (shape[-1], shape[-2]), operands[0][1]
-    if kind == "reshape":  # to the shape its attribute names
-        return parse_shape(t.attrs[0]), operands[0][1]
+    if kind == "reshape":  # to the shape its attribute names (a reshape's -1: what is left, as torch)
+        shape, known = parse_shape(t.attrs[0]), math.prod(d for d in parse_shape(t.attrs[0]) if d != -1)
+        if t.op == "reshape" and -1 in shape:
+            if not known:
+                return None
+            shape = tuple(math.prod(operands[0][0]) // known if d == -1 else d for d in shape)
+        return shape, operands[0][1]
     (a, dtype), b = operands[0], operands[1][0] if len(operands) > 1 else ()
     if kind == "matmul" and len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2]:
         return tuple(torch.broadcast_shapes(a[:-2], b[:-2])) + (a[-2], b[-1]), dtype

@@ -14,6 +14,8 @@ import operator
 from typing import Iterator
 
 from ..lang import pattern as pat
+from ..lang.mesh import through_reshape
+from ..lang.ops import parse_shape
 from ..rulesets import sexp
 
 _COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
@@ -86,7 +88,8 @@ def producer(rules, classes: dict, cid: str, node):
 
 class Guards:
     """Rule guards evaluated over the snapshot's analyses: ``lo``/``hi`` (intervals), the
-    relations ``positive``/``nonneg``/``nonzero``, ``dtype-of``, ``last-dim`` and ``rank``."""
+    relations ``positive``/``nonneg``/``nonzero``, ``dtype-of``, ``last-dim``, ``rank``,
+    ``axis-size`` and a reshape's ``reshape-axis``/``reshape-part``."""
 
     def __init__(self, snap, relations: dict[str, set[str]], meta: dict):
         self.snap, self.relations, self.meta = snap, relations, meta
@@ -116,11 +119,22 @@ class Guards:
             return lo if head == "lo" else hi
         if head == "dtype-of":
             return self.snap.dtypes.get(values[0], "float32")
-        if head in ("last-dim", "rank"):
+        if head in ("last-dim", "rank", "axis-size"):
             if values[0] not in self.meta:
                 raise LookupError(f"the shape of e-class {values[0]} is not known")
             shape = self.meta[values[0]][0]
+            if head == "axis-size":
+                if not -len(shape) <= values[1] < 0:
+                    raise LookupError(f"e-class {values[0]} of shape {shape} has no axis {values[1]:g}")
+                return float(shape[int(values[1])])
             return float(len(shape) if head == "rank" else shape[-1])
+        if head in ("reshape-axis", "reshape-part"):
+            if values[0] not in self.meta:
+                raise LookupError(f"the shape of e-class {values[0]} is not known")
+            kept = through_reshape(self.meta[values[0]][0], parse_shape(values[1])).get(int(values[2]))
+            if kept is None:
+                raise LookupError(f"a reshape to {values[1]} does not keep axis {values[2]:g} whole")
+            return float(kept[0]) if head == "reshape-axis" else kept[1]
         if head in _COMPARE:
             return _COMPARE[head](*values)
         return _ARITHMETIC[head](*values)

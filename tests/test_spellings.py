@@ -45,7 +45,7 @@ def test_suite_is_as_large_as_the_issue_asks():
 def test_spelling_validates(name):
     out, ref, report = optimized(name)
     assert not report.fallback, report.fallback
-    tol = _tolerance(ref)
+    tol = _tolerance(ref[0] if isinstance(ref, tuple) else ref)  # rotary: (q, k)
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
 
 

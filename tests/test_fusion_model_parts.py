@@ -165,3 +165,28 @@ def test_gated_gelu_becomes_geglu_either_side():
     a, b = torch.randn(4, 16, generator=gen), torch.randn(4, 16, generator=gen)
     for fn in (lambda a, b: F.gelu(a) * b, lambda a, b: b * F.gelu(a, approximate="tanh")):
         assert ops_after(fn, a, b, tol=0) == {"geglu": 1}
+
+
+def test_onnx_log_softmax_then_nll_loss_becomes_one_softmax_cross_entropy():
+    """The same fusion on an imported model: LogSoftmax, NegativeLogLikelihoodLoss ->
+    SoftmaxCrossEntropyLoss, equal under onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from egraph_opt.backends.onnx_backend import export
+    from egraph_opt.drivers.onnx_batch import random_feeds, session
+    from egraph_opt.frontends.onnx_frontend import import_model
+    from egraph_opt.optimization.pipeline import optimize
+
+    nodes = [helper.make_node("LogSoftmax", ["x"], ["lp"], axis=1),
+             helper.make_node("NegativeLogLikelihoodLoss", ["lp", "t"], ["y"], ignore_index=1)]
+    targets = numpy_helper.from_array(np.array([0, 2, 1, 2], dtype=np.int64), "t")
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 3))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ())], [targets])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    src = import_model(model)
+    optimized = export(src, optimize(src.program).program)
+    assert [n.op_type for n in optimized.graph.node] == ["SoftmaxCrossEntropyLoss"]
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(session(optimized).run(None, feeds)[0], session(model).run(None, feeds)[0],
+                               rtol=1e-6)

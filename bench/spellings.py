@@ -619,8 +619,8 @@ _GELUS = [
              lambda t: (_gelu_fast, _x(t)), _GELU),
     Spelling("megatron-bias-gelu", "gelu", "Megatron-LM bias_gelu",
              lambda t: (_bias_gelu, (0.1 * _randn(C, seed=6), *_x(t))), _GELU),
-    Spelling("quick-gelu-sigmoid", "gelu", "transformers QuickGELUActivation (CLIP)",
-             lambda t: (_quick_gelu, _x(t)), _GELU),
+    Spelling("quick-gelu-sigmoid", "gelu", "transformers QuickGELUActivation (CLIP): no gelu, a swish",
+             lambda t: (_quick_gelu, _x(t)), ("swish",)),
     Spelling("linear-then-gelu", "gelu", "F.gelu(F.linear(x, w, b))",
              lambda t: (_linear_gelu, (*_x(t), 0.1 * _randn(C, C, seed=7), 0.1 * _randn(C, seed=8))),
              _GELU),
@@ -677,15 +677,52 @@ def _rotary(q, cos, sin):
     return (q * cos) + (_rotate_half(q) * sin)
 
 
-def _rope_tables(t):
-    inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers models/llama apply_rotary_pos_emb: (B, T, D) tables unsqueezed to the heads."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (_rotate_half(q) * sin)
+    k_embed = (k * cos) + (_rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def _neox_partial_rotary(query, key, cos, sin):
+    """transformers models/gpt_neox GPTNeoXAttention: rotary over the first rotary_ndims of each
+    head (rotary_pct), the rest passed through, then concatenated back."""
+    rotary_ndims = cos.shape[-1]
+    query_rot, query_pass = query[..., :rotary_ndims], query[..., rotary_ndims:]
+    key_rot, key_pass = key[..., :rotary_ndims], key[..., rotary_ndims:]
+    query, key = apply_rotary_pos_emb(query_rot, key_rot, cos, sin)
+    return torch.cat((query, query_pass), dim=-1), torch.cat((key, key_pass), dim=-1)
+
+
+def _rope_tables(t, dim=D, batch=None):
+    """cos, sin of LLaMA's rotary embedding (duplicated halves); (B, T, dim) as transformers'
+    rotary modules return them when ``batch`` is given."""
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
     freqs = torch.outer(torch.arange(t).float(), inv)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    tables = emb.cos(), emb.sin()
+    return tables if batch is None else tuple(x.expand(batch, t, dim).contiguous() for x in tables)
 
 
 def _logits(t):
     return _randn(B * t, 2 * C, seed=9, scale=3.0), torch.randint(0, 2 * C, (B * t,), generator=_gen(10))
+
+
+def _ce_nanogpt(logits, targets):
+    """karpathy/nanoGPT GPT.forward: (B, T, V) logits flattened, -1 targets ignored."""
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+def _ce_log_softmax_gather_sum(logits, targets):
+    """The summed negative log-likelihood from log_softmax, targets by unsqueeze."""
+    return -F.log_softmax(logits, dim=-1).gather(1, targets.unsqueeze(1)).sum()
+
+
+def _sequence_logits(t):
+    targets = torch.randint(0, 2 * C, (B, t), generator=_gen(10))
+    targets[:, -1] = -1  # nanoGPT: positions without a target
+    return _randn(B, t, 2 * C, seed=9, scale=3.0), targets
 
 
 _OTHERS = [
@@ -701,8 +738,22 @@ _OTHERS = [
              lambda t: (_ce_nll, _logits(t)), ("cross_entropy",)),
     Spelling("cross-entropy-gather", "loss", "-log(softmax(x)).gather(target).mean()",
              lambda t: (_ce_gather, _logits(t)), ("cross_entropy",)),
+    Spelling("cross-entropy-nanogpt", "loss", "nanoGPT: F.cross_entropy(logits.view(-1, V), "
+             "targets.view(-1), ignore_index=-1)", lambda t: (_ce_nanogpt, _sequence_logits(t)),
+             ("cross_entropy",)),
+    Spelling("cross-entropy-log-softmax-gather-sum", "loss", "-log_softmax(x).gather(1, t.unsqueeze(1)).sum()",
+             lambda t: (_ce_log_softmax_gather_sum, _logits(t)), ("cross_entropy",)),
+    Spelling("gemma-mlp-geglu", "mlp", "transformers GemmaMLP: gelu_pytorch_tanh(gate(x)) * up(x)",
+             lambda t: (_module(LlamaMLP, lambda x: F.gelu(x, approximate="tanh")), (_randn(B, t, C),)),
+             ("geglu",)),
     Spelling("rotary-rotate-half", "rotary", "transformers llama apply_rotary_pos_emb (rotate_half)",
              lambda t: (_rotary, (_randn(B, H, t, D), *_rope_tables(t))), ("rotary",)),
+    Spelling("llama-apply-rotary-pos-emb", "rotary", "transformers llama apply_rotary_pos_emb(q, k, "
+             "cos, sin): (B, T, D) tables unsqueezed", lambda t: (apply_rotary_pos_emb, (
+                 *_qkv(t)[:2], *_rope_tables(t, batch=B))), ("rotary",)),
+    Spelling("neox-partial-rotary", "rotary", "transformers GPT-NeoX: rotary over rotary_pct = 0.5 "
+             "of each head, the rest passed", lambda t: (_neox_partial_rotary, (
+                 *_qkv(t)[:2], *_rope_tables(t, D // 2, batch=B))), ("rotary",)),
 ]
 
 SUITE: dict[str, Spelling] = {s.name: s for s in _ATTENTION + _NORM + _GELUS + _OTHERS}

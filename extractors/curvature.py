@@ -84,6 +84,7 @@ FORMULAS = {
     "bilinear": (lambda attrs, o: 0.0 if any(lo == hi for lo, hi in o[:2]) else 1.0,
                  lambda attrs, o: max(_mag(o[0]), _mag(o[1]))),
     "layer_norm": (lambda attrs, o: 1 / (4 * attrs[0] ** 1.5), _one),  # 1/sqrt(var + eps), var = 0
+    "swish": (lambda attrs, o: 0.5 * abs(attrs[0]), lambda attrs, o: 1.1),  # silu's, at b x
 }
 
 

@@ -37,7 +37,8 @@ class RuleError(ValueError):
 
 _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 #: egglog primitives a guard may compute with, beside the analyses
-PRIMITIVES = frozenset({"=", "!=", "<", ">", "<=", ">=", "+", "-", "*", "/", "abs", "min", "max"})
+PRIMITIVES = frozenset({"=", "!=", "<", ">", "<=", ">=", "+", "-", "*", "/", "abs", "min", "max",
+                        "to-string"})  # + joins Strings: a shape attribute built from sizes
 
 
 def sexp(text: str) -> list:

@@ -169,3 +169,45 @@ RULES += [  # GPT-2's tanh gelu as others write it
     _gelu_tanh("gelu-from-tanh-factored", f"(mul (mul ?x (const ?c)) (add {_KX2} (const 1.0)))",
                "FastGELU, Megatron's bias_gelu: tanh(c x (1 + k x^2))"),
 ]
+
+
+def _rotary(x_first: bool, rotated_first: bool) -> Rule:
+    """x cos + rotate_half(x) sin (transformers' Llama and GPT-NeoX), either factor first in each
+    product; rotate_half(x) = cat(-x2, x1) over the two halves of an even last axis."""
+    rotated = "(concat (neg (slice ?x -1 ?h ?d 1)) (slice ?x -1 0 ?h 1) -1)"
+    cos = "(mul ?x ?c)" if x_first else "(mul ?c ?x)"
+    sin = f"(mul {rotated} ?s)" if rotated_first else f"(mul ?s {rotated})"
+    order = "-".join(("x-cos" if x_first else "cos-x", "rotated-sin" if rotated_first else "sin-rotated"))
+    return Rule(f"rotary-fuse-{order}", f"(add {cos} {sin})", "(rotary ?x ?c ?s)", _F,
+                when=("(= ?d (last-dim ?x))", "(= ?d (* 2 ?h))"),
+                sample=(("x", (2, 3, 4, 6)), ("c", (4, 6)), ("s", (4, 6)), ("h", 3), ("d", 6)))
+
+
+#: -log(softmax(x)).gather(-1, t[:, None]) of (N, C) logits and N class indices t: per sample, the
+#: cross-entropy of the first len(t) rows (gather reads no further), never an ignored target (a
+#: negative index fails); then reduced, or not
+_GATHERED = "(gather (log_softmax ?x -1) (reshape ?t ?s) -1)"
+_LOSS = '(cross_entropy (slice ?x -2 0 ?n 1) ?t "{}" -100)'
+_PICKED_FORMS = {  # reduction -> (its spelling, the right side around the loss)
+    "none": (f"(neg {_GATHERED})", "(reshape {} ?s)"),
+    "mean": (f"(neg (mean (mean {_GATHERED} -1 false) -1 false))", "{}"),
+    "sum": (f"(neg (sum (sum {_GATHERED} -1 false) -1 false))", "{}"),
+}
+_T_COLUMN = ("(= (rank ?t) 1)", "(= ?n (last-dim ?t))", '(= ?s (+ (to-string ?n) ",1"))')
+
+RULES += [
+    Rule("swish-fuse", "(mul ?x (sigmoid (mul ?x (const ?b))))", "(swish ?x ?b)", _F,
+         why="x sigmoid(b x): CLIP's quick gelu (b = 1.702), which is no gelu"),
+    *(Rule(f"geglu-fuse{suffix}", lhs, "(geglu ?a ?b ?p)", _F, sample=(("p", "tanh"),),
+           why="GeGLU: gelu(a) * b")
+      for suffix, lhs in (("", "(mul (gelu ?a ?p) ?b)"), ("-gate-last", "(mul ?b (gelu ?a ?p))"))),
+    *(_rotary(x_first, rotated_first) for x_first in (True, False) for rotated_first in (True, False)),
+    Rule("cross-entropy-fuse", "(nll_loss (log_softmax ?x -1) ?t ?r ?i)", "(cross_entropy ?x ?t ?r ?i)",
+         _F, when=("(= (rank ?t) 1)",), sample=(("x", (5, 6)), ("t", (5,)), ("r", "mean"), ("i", 2)),
+         why="nll_loss of log_softmax over the classes of (N, C) logits"),
+    *(Rule(f"cross-entropy-from-gather-{reduction}", lhs, rhs.format(_LOSS.format(reduction)), _F,
+           when=_T_COLUMN, binds=("n",),
+           sample=(("x", (5, 6)), ("t", (4,)), ("n", 4), ("s", "4,1")),
+           why="the picked log-probabilities of t[:, None]: cross-entropy, no target ignored")
+      for reduction, (lhs, rhs) in _PICKED_FORMS.items()),
+]

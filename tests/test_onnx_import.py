@@ -21,6 +21,7 @@ def _init(name, *shape, positive=False):
     return numpy_helper.from_array(np.abs(a) + 0.5 if positive else a, name)
 
 
+_TARGETS = numpy_helper.from_array(np.array([0, 2, 1, 2], dtype=np.int64), "t")  # class indices
 #: name -> (node, input shape, output shape, initializers, op of the output term or "opaque")
 CASES = {
     "softplus": (helper.make_node("Softplus", ["x"], ["y"]), (2, 4), (2, 4), [], "softplus"),
@@ -51,6 +52,12 @@ CASES = {
                    (2, 3, 4, 4), (2, 3, 4, 4),
                    [_init("s", 3), _init("b", 3), _init("m", 3), _init("v", 3, positive=True)],
                    "batch_norm"),
+    "softmax_cross_entropy": (helper.make_node("SoftmaxCrossEntropyLoss", ["x", "t"], ["y"], ignore_index=1),
+                              (4, 3), (), [_TARGETS], "cross_entropy"),
+    "nll_loss_per_sample": (helper.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["y"], reduction="none"),
+                            (4, 3), (4,), [_TARGETS], "nll_loss"),
+    "nll_loss_weighted": (helper.make_node("NegativeLogLikelihoodLoss", ["x", "t", "w"], ["y"]),
+                          (4, 3), (), [_TARGETS, _init("w", 3, positive=True)], "opaque"),
 }
 #: cases whose operator is newer than opset 17
 OPSET = {"rms_norm": 23}

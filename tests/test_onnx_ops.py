@@ -37,6 +37,9 @@ PARAMS = {
     "mask": torch.triu(torch.full((4, 4), -torch.inf), 1),
     "cw": torch.randn(4, 3, 3, 3), "cb": torch.randn(4), "gw": torch.randn(3, 1, 3, 3),
     "mean": torch.randn(3), "var": torch.rand(3) + 0.5, "gamma": torch.randn(3), "beta": torch.randn(3),
+    "cos": torch.randn(4, 8), "sin": torch.randn(4, 8),  # rotary tables of q's (T, D)
+    "classes": torch.tensor([[0, 2, -100, 1], [1, 1, 0, 2]]),  # of x's 3 classes (axis 1), one ignored
+    "classes-2": torch.tensor([[0, 2, 2, 1], [1, 1, 0, 0]]),  # the same, class 2 ignored
 }
 
 
@@ -63,6 +66,12 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     "acosh": [((Term("add", (p, c(1.0))),), ())], "atanh": [((Term("mul", (x, c(0.01))),), ())],
     **{op: [((p,), ())] for op in ("log", "log1p", "sqrt", "rsqrt")},
     "gelu": [((x,), ("none",)), ((x,), ("tanh",))],
+    "swish": [((x,), (1.702,)), ((x,), (-0.5,))],
+    "geglu": [((x, p), ("none",)), ((x, p), ("tanh",))],
+    "rotary": [((q, _leaf("cos"), _leaf("sin")), ())],
+    **{op: [((x, _leaf(t)), (r, i)) for r in ("mean", "sum", "none") for t, i in (("classes", -100),
+                                                                                   ("classes-2", 2))]
+       for op in ("nll_loss", "cross_entropy")},
     **{op: [((x,), (-1, True)), ((x,), (-2, False))] for op in ("sum", "compensated_sum", "max", "mean", "logsumexp")},
     "var": [((x,), (-1, True, 0)), ((x,), (-2, False, 1))],
     "matmul": [((x, _leaf("w")), ())],

@@ -14,6 +14,7 @@ from egraph_opt.lang.term import Term, evaluate, postorder
 R = lambda *s: torch.randn(*s)  # noqa: E731
 P = lambda *s: torch.rand(*s) + 0.5  # noqa: E731  positive
 IDX = torch.tensor([[0, 2, 1], [1, 1, 0]])
+TGT = torch.tensor([0, 4, -100, 1])  # class indices of 5 classes, one ignored
 
 #  op checked       torch spelling                                           example inputs
 CASES = [
@@ -76,6 +77,10 @@ CASES = [
                                                                                (R(2, 3, 9, 9), R(4, 3, 3, 3), R(4))),
     ("max_pool2d",   lambda x: F.max_pool2d(x, 2) + F.max_pool2d(x, 3, 2, 1) + torch.max_pool2d(x, (2,)),
                                                                                (R(2, 3, 8, 8),)),
+    ("nll_loss",     lambda x, t: F.nll_loss(F.log_softmax(x, -1), t) + F.nll_loss(x, t, reduction="sum"),
+                                                                               (R(4, 5), TGT)),
+    ("cross_entropy", lambda x, t: F.cross_entropy(x, t) + F.cross_entropy(x, t, reduction="none")[:2],
+                                                                               (R(4, 5), TGT)),
     ("batch_norm",   lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, False, 0.1, 1e-3),
                                                                                (R(2, 3, 4, 4), R(3), P(3), R(3), R(3))),
 ]
@@ -135,6 +140,11 @@ FUSED = [  # ops only rewrites create, against their definitions
     (Term("rms_norm", (Q, Term.input("w6"),), (1e-6,)),  # x * rsqrt(mean(x * x) + eps) * w
      Term("mul", (Term("mul", (Q, Term("rsqrt", (Term("add", (Term("mean", (Term("mul", (Q, Q)),), (-1, True)),
                                                             Term.const(1e-6))),)))), Term.input("w6")))),
+    (Term("swish", (Q,), (1.702,)), Term("mul", (Q, Term("sigmoid", (Term("mul", (Q, Term.const(1.702))),))))),
+    (Term("geglu", (Q, K), ("tanh",)), Term("mul", (Term("gelu", (Q,), ("tanh",)), K))),
+    *((Term("rotary", (Q, K, sin)), Term("add", (Term("mul", (Q, K)), Term("mul", (Term("concat", (
+        Term("neg", (Term("slice", (Q,), (-1, 3, 6, 1)),)), Term("slice", (Q,), (-1, 0, 3, 1))), (-1,)), sin)))))
+      for sin in (V, Term.input("w6"))),  # a sin table smaller than x takes the sign itself
     (Term("layer_norm", (Q, Term.const(1.0), Term.const(0.0)), (1e-5,)),
      Term("layer_norm", (Q, Term.input("ones", (6,), "float64"), Term.input("zeros", (6,), "float64")),
           (1e-5,))),

@@ -21,8 +21,8 @@ from egraph_opt.rulesets import Exactness
 from egraph_opt.lang import term
 from egraph_opt.lang.term import Term, postorder
 
-from test_rule_soundness import (RULES, SCALAR_RULES, _SIGNS, _sexp, _uses, _value, all_sides, bind,
-                                 on_devices)
+from test_rule_soundness import (RULES, SCALAR_RULES, _SIGNS, _index_vars, _sexp, _uses, _value, all_sides,
+                                 bind, on_devices)
 
 
 def evaluate(roots, env, **options):
@@ -371,7 +371,7 @@ def tensor_failures(rule, dtype) -> list[str]:
     values, env = bind(rule, gen, scale=1.0)
     signs, dtypes, rest = _facts(rule)
     lhs = pat.Node("add", tuple(left for left, _ in rule.pairs()), ())
-    special = _uses(lhs, "gather", 1) | _uses(lhs, "index_select", 1) | _uses(lhs, "where", 0)
+    special = _index_vars(lhs) | _uses(lhs, "where", 0)
     # operands the guards do not type share the type they pin (a float16 matmul's both operands)
     pinned = set(dtypes.values())
     common = pinned.pop() if len(pinned) == 1 else dtype

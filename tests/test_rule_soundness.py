@@ -63,7 +63,7 @@ def _value(e, values: dict, env: dict, bound=_sampled_bound):
         return True
     return {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
             "<=": operator.le, ">=": operator.ge, "-": operator.sub, "+": operator.add,
-            "*": operator.mul, "/": operator.truediv, "abs": abs,
+            "*": operator.mul, "/": operator.truediv, "abs": abs, "to-string": str,
             "min": lambda a, b: torch.minimum(torch.as_tensor(a), torch.as_tensor(b)),
             "max": lambda a, b: torch.maximum(torch.as_tensor(a), torch.as_tensor(b))}[head](*vals)
 
@@ -77,6 +77,23 @@ def _uses(p, op: str, position: int) -> set[str]:
             if q.op == op and isinstance(q.args[position], pat.Var):
                 found.add(q.args[position].name)
             stack.extend(q.args)
+    return found
+
+
+#: operands that hold integer indices: gathered positions, class targets (with what builds them)
+INDEX_OPERANDS = (("gather", 1), ("index_select", 1), ("nll_loss", 1), ("cross_entropy", 1))
+
+
+def _index_vars(p) -> set[str]:
+    """Tensor variables an op reads as indices, anywhere inside such an operand (t[:, None])."""
+    found, stack = set(), [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, pat.Node):
+            stack.extend(q.args)
+            for op, i in INDEX_OPERANDS:
+                if q.op == op:
+                    found |= {v for v, s in pat.variables(q.args[i]).items() if s == pat.TENSOR}
     return found
 
 
@@ -101,7 +118,7 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
     pinned = dict(rule.sample)
     signs = {f.strip("()").split()[1][1:]: f.strip("()").split()[0]
              for f in rule.when if f.strip("()").split()[0] in _SIGNS}
-    indices = _uses(lhs, "gather", 1) | _uses(lhs, "index_select", 1)
+    indices = _index_vars(lhs)
     conditions = _uses(lhs, "where", 0)
     param_vars = {q.attrs[0].name: q.attrs for q in _params(lhs)}
     for attempt in range(100):

@@ -144,6 +144,21 @@ def _silu(t, a, s):
     return iv(SILU_MIN if a[0][0] < SILU_ARGMIN < a[0][1] else min(ends), max(ends))
 
 
+def _swish(t, a, s):
+    """x * sigmoid(b x) = silu(b x) / b (x / 2 at b = 0)."""
+    b = t.attrs[0]
+    if b == 0:
+        return iv(a[0][0] / 2, a[0][1] / 2)
+    return _div(_silu(t, [_mul(a[0], (b, b))], s), (b, b))
+
+
+def _rotary(t, a, s):
+    """x cos + (+-x) sin: both products bounded by |x|'s magnitude."""
+    m = _mag(a[0])
+    c, d = _mul((-m, m), a[1]), _mul((-m, m), a[2])
+    return iv(c[0] + d[0], c[1] + d[1])
+
+
 def _linear(t, a, s):
     """x w^T + b, or a convolution: k terms (a weight's row or filter) summed per output."""
     k = math.prod(s[1][1:]) if len(s[1]) > 1 else (s[0][-1] if s[0] else 1)
@@ -204,6 +219,9 @@ TRANSFER: dict[str, Callable] = {
     "bounds": lambda t, a, s: OPS[t.op].bounds,
     "gelu": _gelu,
     "silu": _silu,
+    "swish": _swish,
+    "geglu": lambda t, a, s: _mul(_gelu(t, a, s), a[1]),
+    "rotary": _rotary,
     "sum": _sum,
     "operand": lambda t, a, s: TOP if OPS[t.op].shape == "reduce" and not _axis_size(t, s) else a[0],
     # among (or between) the operand's values; over a size-0 axis a max raises, a mean is NaN

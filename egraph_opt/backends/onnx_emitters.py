@@ -379,6 +379,25 @@ def _cbrt(em, t):
     return em.node("Mul", [em.node("Sign", [x], "cbrt"), root], "cbrt")
 
 
+def _rotary(em, t):
+    """x cos + rotate_half(x) sin, the halves cut at Shape(x)[-1] // 2 (any opset, any size)."""
+    x, cos, sin = (em.value(a) for a in t.args)
+    last = em.ints([-1], "axes")
+    size = em.node("Slice", [em.node("Shape", [x], "rotary"), last, em.ints([2 ** 62]), em.ints([0])],
+                   "rotary")
+    half = em.node("Div", [size, em.ints([2], "two")], "rotary")
+    first = em.node("Slice", [x, em.ints([0], "zero"), half, last], "rotary")
+    second = em.node("Slice", [x, half, em.ints([2 ** 62]), last], "rotary")
+    rotated = em.node("Concat", [em.node("Neg", [second], "rotary"), first], "rotary", axis=-1)
+    return em.node("Add", [em.node("Mul", [x, cos], "rotary"), em.node("Mul", [rotated, sin], "rotary")],
+                   "rotary")
+
+
+def _loss(em, t, reduction, ignore_index):
+    """NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss (opset 12): torch's semantics, class axis 1."""
+    return em.node(OPS[t.op].onnx, _args(em, t), t.op, reduction=reduction, ignore_index=ignore_index)
+
+
 #: each ONNX form an op declares (``Op.onnx``) -> the function that writes it: an operator (one
 #: node, or more around it at an older opset) or a decomposition into operators
 EMIT = {
@@ -398,4 +417,5 @@ EMIT = {
     "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p,
     "kahan-expm1": _expm1, "linear-activation": _linear_act, "definition": _definition,
     "stable-logaddexp": _logaddexp, "quadrant-atan": _atan2, "signed-cube-root": _cbrt,
+    "rotate-half": _rotary, "NegativeLogLikelihoodLoss": _loss, "SoftmaxCrossEntropyLoss": _loss,
 }

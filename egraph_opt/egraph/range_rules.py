@@ -154,12 +154,14 @@ def rules() -> list[str]:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))")
     for op in _KEEPS_LAST_DIM:  # and rank: (1 + w) is a weight of rank 1 as w is
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))")
-    for op in _ops(lambda op: op.shape == "broadcast"):
+    binary = _ops(lambda op: op.shape == "broadcast" and op.arity == 2)  # (rotary's three operands
+    # leave its rank and dtype unrecorded: a guard or precision rule then does not fire on it)
+    for op in binary:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
                    "((set (rank e) (max n m))))")
     for op in _SAME_DTYPE:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))")
-    for op in _ops(lambda op: op.shape == "broadcast"):  # promotes: both operands' dtype, or
+    for op in binary:  # promotes: both operands' dtype, or
         # a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
         name, attrs = OPS[op].egg_name, " ".join("?_" + n for n, _ in OPS[op].attrs)
         for args, known in (("?a ?b", "(= d (dtype-of ?a)) (= d (dtype-of ?b))"),

@@ -268,16 +268,21 @@ def _getitem(c, x, index):
     if not isinstance(x, Term):
         raise Unsupported("indexing a non-tensor")
     index = index if isinstance(index, tuple) else (index,)
-    if Ellipsis in index or any(not isinstance(i, slice) for i in index):
-        raise Unsupported("only slices along leading axes")
+    if any(not (isinstance(i, slice) or i is None or i is Ellipsis) for i in index) \
+            or index.count(Ellipsis) > 1:
+        raise Unsupported("only slices, None and one Ellipsis")
     rank = c.rank(x)
-    cut = [(axis, s) for axis, s in enumerate(index) if s != slice(None)]
+    slices = [i for i in index if i is not None]
+    if Ellipsis in slices:  # x[..., :h]: the Ellipsis stands for every axis not named
+        at = slices.index(Ellipsis)
+        slices[at:at + 1] = [slice(None)] * (rank - len(slices) + 1)
     out = x
-    for axis, s in cut:
-        size = c.info(x).shape[axis]
-        start, end, step = s.indices(size)
-        out = Term("slice", (out,), (axis - rank, start, end, step))
-    return out
+    for axis, s in enumerate(slices):
+        if s != slice(None):
+            start, end, step = s.indices(c.info(x).shape[axis])
+            out = Term("slice", (out,), (axis - rank, start, end, step))
+    # None adds an axis of size 1 (t[:, None]): the recorded result's shape
+    return Term("reshape", (out,), (c.out_shape(),)) if None in index else out
 
 
 @lowers(getattr)

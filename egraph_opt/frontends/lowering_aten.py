@@ -58,6 +58,23 @@ lowers(aten.softmax.int, aten._softmax.default)(_softmax("softmax"))
 lowers(aten.log_softmax.int, aten._log_softmax.default)(_softmax("log_softmax"))
 
 
+@lowers(aten.cross_entropy_loss.default)
+def _cross_entropy(c, x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    return nn_low._class_loss("cross_entropy")(c, x, target, weight, reduction=reduction,
+                                               ignore_index=ignore_index, label_smoothing=label_smoothing)
+
+
+@lowers(aten.nll_loss.default, aten.nll_loss_nd.default)
+def _nll_loss(c, x, target, weight=None, reduction=1, ignore_index=-100):
+    return nn_low._class_loss("nll_loss")(c, x, target, weight, reduction=reduction, ignore_index=ignore_index)
+
+
+@lowers(aten.nll_loss_forward.default)
+def _nll_loss_forward(c, x, target, weight, reduction, ignore_index):
+    """(loss, total weight): the loss is a Term, the weight stays with the opaque call."""
+    return low.Parts((_nll_loss(c, x, target, weight, reduction, ignore_index), None))
+
+
 @lowers(aten.addmm.default)
 def _addmm(c, bias, m1, m2, *, beta=1, alpha=1):
     if beta != 1 or alpha != 1:

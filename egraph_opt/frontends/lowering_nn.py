@@ -58,6 +58,27 @@ def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
     return Term("sdpa_masked", (q, k, v, attn_mask), (float(scale),))
 
 
+#: torch's reduction names; ATen's overloads number them
+REDUCTIONS = ("none", "mean", "sum")
+
+
+def _class_loss(op: str):
+    """F.nll_loss and F.cross_entropy over class indices, unweighted: anything else (class weights,
+    label smoothing, probability targets, legacy size_average/reduce) stays an opaque call."""
+    def lower(c, x, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+              reduction="mean", label_smoothing=0.0):
+        reduction = REDUCTIONS[reduction] if isinstance(reduction, int) else reduction
+        if weight is not None or size_average is not None or reduce is not None or label_smoothing \
+                or reduction not in REDUCTIONS or c.floating(target) or c.rank(x) < 2:
+            raise Unsupported(f"{op} with weights, smoothing, probabilities or one sample")
+        return Term(op, (c.tensor(x), target), (reduction, int(ignore_index)))
+    return lower
+
+
+lowers(F.nll_loss)(_class_loss("nll_loss"))
+lowers(F.cross_entropy)(_class_loss("cross_entropy"))
+
+
 def _pair(v) -> str:
     """Per spatial dim: torch takes an int or a one-element sequence for both."""
     v = (v,) if isinstance(v, int) else tuple(v)

@@ -317,6 +317,17 @@ def _log_sum_exp(im: Importer, node):
                 (im.axis(node.input[0], int(axes[0])), bool(_attr(node, "keepdims", 1))))
 
 
+def _class_loss(op: str):
+    """NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss (class axis 1, as torch's): unweighted,
+    the loss alone. With no ignore_index, int64's least value (no valid target) ignores none."""
+    def convert(im: Importer, node):
+        if len(node.input) > 2 and node.input[2] or any(node.output[1:]):
+            raise Unsupported(f"{node.op_type} with class weights or its log-probabilities as an output")
+        return Term(op, (im.term(node.input[0]), im.term(node.input[1])),
+                    (_attr(node, "reduction", "mean"), int(_attr(node, "ignore_index", -2 ** 63))))
+    return convert
+
+
 CONVERTERS = {
     "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"),
     "Div": _binary("div", floating_only=True), "Pow": _binary("pow", floating_only=True),
@@ -343,4 +354,6 @@ CONVERTERS = {
     "LogSoftmax": _softmax("log_softmax"), "LayerNormalization": _layer_norm,
     "RMSNormalization": _rms_norm,
     "Conv": _conv, "MaxPool": _max_pool, "BatchNormalization": _batch_norm,
+    "NegativeLogLikelihoodLoss": _class_loss("nll_loss"),
+    "SoftmaxCrossEntropyLoss": _class_loss("cross_entropy"),
 }

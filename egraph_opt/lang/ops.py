@@ -366,6 +366,46 @@ def sdpa(q, k, v, scale, causal):
     return torch.where(~(bound < limit)[..., None, None], definition, out)
 
 
+def swish(x, beta):
+    """x * sigmoid(beta x) (Swish; CLIP's quick gelu is beta = 1.702, silu beta = 1), as spelled."""
+    return x * torch.sigmoid(x * beta)
+
+
+def geglu(a, b, approximate):
+    """gelu(a) * b: GeGLU's gate (Shazeer 2020), gelu's signed zeros kept."""
+    return gelu(a, approximate) * b
+
+
+def rotary(x, cos, sin):
+    """x cos + rotate_half(x) sin, rotate_half(x) = cat(-x2, x1) over the halves of the last axis
+    (transformers' Llama and GPT-NeoX). A table ``sin`` smaller than ``x`` takes the sign instead:
+    cat(x2, x1) * cat(-sin1, sin2) is the same products, exactly, with no negated half of x."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    if isinstance(sin, torch.Tensor) and sin.shape[-1:] == x.shape[-1:] and sin.numel() < x.numel() \
+            and x.shape[-1] == 2 * half:
+        rotated = torch.cat((second, first), -1) * torch.cat((-sin[..., :half], sin[..., half:]), -1)
+    else:
+        rotated = torch.cat((-second, first), -1) * sin
+    return x * cos + rotated
+
+
+def nll_loss(x, target, reduction, ignore_index):
+    """F.nll_loss with class indices (class axis 1): -x[target], 0 where target is ignore_index;
+    "mean" divides by the count of targets not ignored (NaN when every one is)."""
+    return F.nll_loss(x, target, reduction=reduction, ignore_index=ignore_index)
+
+
+def cross_entropy(x, target, reduction, ignore_index):
+    """nll_loss(log_softmax(x, 1)) by torch's own kernel (F.cross_entropy); where that is NaN (a
+    row holding NaN or +inf, or no target kept), by the composition itself, whose log_softmax
+    keeps the naive quotient's value at +inf (+inf off the +inf logit, where torch's is NaN)."""
+    out = F.cross_entropy(x, target, reduction=reduction, ignore_index=ignore_index)
+    if x.device.type == "meta" or not bool(out.isnan().any()):
+        return out
+    return nll_loss(log_softmax(x, 1 if x.dim() > 1 else 0), target, reduction, ignore_index)
+
+
 def rsqrt(x):
     return torch.rsqrt(x)
 
@@ -471,6 +511,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
         onnx="definition", definition="(mul ?x0 (sigmoid ?x0))"),  # x * sigmoid(x), one pass
     _op("gelu",    1, "approximate:String", gelu, _UNARY, range="gelu", curvature=(0.8, 1.0),
         **_SMOOTH, sample=(("approximate", "tanh"),), onnx="Gelu"),
+    _op("swish",   1, "beta:f64", swish, _UNARY, range="swish", curvature="swish", **_SMOOTH,
+        flops=12, sample=(("beta", 1.702),), onnx="definition",
+        definition="(mul ?x0 (sigmoid (mul ?x0 (const ?beta))))"),  # quick gelu, one op
     # trigonometric, hyperbolic and root functions (issue 16): the forms cancellation rules reach.
     # Bounds are float32's roundings of pi/2 and pi, outward (atan(inf) is 1.5707964 > pi/2)
     _op("tan",     1, "", torch.tan,    _UNARY, range="tan",     curvature=(math.inf, math.inf),
@@ -547,6 +590,18 @@ OPS: dict[str, Op] = {op.name: op for op in [
         curvature=(1.0, 1.0), **_SMOOTH, passes=20,
         sample=(*_ATTENTION_SAMPLE, ("scale", 0.5), ("causal", False)), work="sdpa",
         onnx="Attention"),
+    _op("geglu", 2, "approximate:String", geglu, _FUSED, shape="broadcast", range="geglu",
+        curvature="bilinear", growth=1, passes=3, precision="keep", onnx="definition",
+        definition="(mul (gelu ?x0 ?approximate) ?x1)"),
+    _op("rotary", 3, "", rotary, _FUSED, shape="broadcast", range="rotary", curvature="bilinear",
+        growth=1, passes=5, precision="keep", onnx="rotate-half"),
+    # losses over class indices (class axis 1); targets equal to ignore_index count for nothing
+    _op("nll_loss", 2, "reduction:String ignore_index:i64", nll_loss, _FUSED, shape="meta",
+        range="top", curvature=LINEAR, growth=0, error="sum", passes=1, precision="keep",
+        onnx="NegativeLogLikelihoodLoss"),
+    _op("cross_entropy", 2, "reduction:String ignore_index:i64", cross_entropy, _FUSED,
+        shape="meta", range="top", sign="nonneg", curvature=(0.5, 1.0), **_SMOOTH,
+        error="log-sum-exp", passes=3, precision="keep", onnx="SoftmaxCrossEntropyLoss"),
     _op("linear", 3, "", F.linear, _FUSED, shape="linear", range="linear", curvature="bilinear",
         growth=1, passes=17, sample=_MATMUL_SAMPLE, work="linear", onnx="Gemm", layout="fresh"),
     _op("linear_act", 3, "activation:String", linear_act, _FUSED, shape="linear",

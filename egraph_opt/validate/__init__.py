@@ -42,7 +42,7 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torc
 
 def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0) -> tuple:
     """Inputs like ``examples`` (shape, dtype, device), drawn from declared ranges when given and
-    otherwise around the examples' own scale; integer inputs stay within the examples' values."""
+    otherwise around the examples' own scale; integer inputs are drawn among the examples' values."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for name, x in zip(names, examples):
@@ -61,9 +61,12 @@ def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0
             out.append(sample.to(dtype=x.dtype, device=x.device))
         elif x.dtype == torch.bool:
             out.append(torch.rand(x.shape, generator=gen).lt(0.5).to(x.device))
+        elif x.numel():  # among the examples' own values: class targets stay classes, and an
+            # ignore_index (-100) stays itself rather than an index between it and the classes
+            seen = x.flatten()
+            out.append(seen[torch.randint(0, seen.numel(), x.shape, generator=gen).to(seen.device)])
         else:
-            lo, hi = (int(x.min()), int(x.max())) if x.numel() else (0, 0)
-            out.append(torch.randint(lo, hi + 1, x.shape, generator=gen, dtype=x.dtype).to(x.device))
+            out.append(x.clone())
     return tuple(out)
 
 

@@ -6,7 +6,10 @@ Two passes: the models as exported (opset 17, where attention has no operator an
 own fusions already catch most of what ours find), and with ``--opset 23`` (converted first, so
 that attention becomes one Attention over the unsplit heads). The original is the same exported
 model in both.
-Run: ``.venv/bin/python bench/onnx_zoo.py [--runs N]``.
+A third pass: GPT-2, BERT and a single-head attention exported by the dynamo exporter
+(``torch.onnx.export(dynamo=True)``, opset 20, softmax guarded by IsNaN/Where) at ``--width`` and
+``--length``, optimized with ``--opset 23``.
+Run: ``.venv/bin/python bench/onnx_zoo.py [--runs N] [--width C --length T --layers L] [--dynamo-only]``.
 """
 from __future__ import annotations
 
@@ -19,34 +22,50 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from egraph_opt.drivers.onnx_batch import process  # noqa: E402
-from tests.test_onnx import build_zoo  # noqa: E402
+from egraph_opt.profiling.latency import default_budget  # noqa: E402
+from egraph_opt.profiling.profile_db import default_path  # noqa: E402
+from tests.test_onnx import build_dynamo_zoo, build_zoo  # noqa: E402
+
+HEADER = f"{'model':<12} {'nodes':>11} {'ORT ms original':>16} {'optimized':>10} {'ratio':>7}  rewrites"
+
+
+def report(name: str, path: str, target: str, options: dict) -> None:
+    """Optimize one model and print its line: latencies are the batch's (interleaved, median)."""
+    r = process(path, target, options)
+    if r["status"] != "optimized":
+        print(f"{name:<12} failed: {r['reason']}")
+        return
+    before, after = r["latency_ms_before"], r["latency_ms_after"]
+    nodes = f"{r['nodes_before']} -> {r['nodes_after']}"
+    rewrites = ", ".join(f"{k} x{n}" for k, n in sorted(r["rewrites"].items()))
+    print(f"{name:<12} {nodes:>11} {before:>16.4f} {after:>10.4f} {after / before:>7.2f}  {rewrites}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200, help="timed runs per model and variant")
+    parser.add_argument("--width", type=int, default=256, help="dynamo exports: hidden size C")
+    parser.add_argument("--length", type=int, default=128, help="dynamo exports: sequence length T")
+    parser.add_argument("--layers", type=int, default=2, help="dynamo exports: transformer blocks")
+    parser.add_argument("--dynamo-only", action="store_true", help="only the dynamo exports")
     args = parser.parse_args()
+    options = {"force": True, "objective": "balanced", "seed": 0, "latency_runs": args.runs,
+               "profile_db": str(default_path()), "profile_budget": default_budget()}  # as the CLI
     with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "zoo").mkdir()
-        zoo = build_zoo(Path(folder) / "zoo")
-        for opset in (None, 23):
-            out = Path(folder) / f"out{opset}"
-            out.mkdir()
-            options = {"force": False, "objective": "balanced", "seed": 0, "latency_runs": args.runs,
-                       "opset": opset}
-            print(f"\n{'as exported (opset 17)' if opset is None else f'--opset {opset}'}\n"
-                  f"{'model':<10} {'nodes':>11} {'ORT ms original':>16} {'optimized':>10} {'ratio':>7}"
-                  "  rewrites")
-            for name, path in zoo.items():
-                r = process(path, str(out / f"{name}.onnx"), options)
-                if r["status"] != "optimized":
-                    print(f"{name:<10} failed: {r['reason']}")
-                    continue
-                before, after = r["latency_ms_before"], r["latency_ms_after"]
-                nodes = f"{r['nodes_before']} -> {r['nodes_after']}"
-                rewrites = ", ".join(f"{k} x{n}" for k, n in sorted(r["rewrites"].items()))
-                print(f"{name:<10} {nodes:>11} {before:>16.4f} {after:>10.4f} {after / before:>7.2f}"
-                      f"  {rewrites}")
+        out = Path(folder) / "out"
+        out.mkdir()
+        if not args.dynamo_only:
+            (Path(folder) / "zoo").mkdir()
+            zoo = build_zoo(Path(folder) / "zoo")
+            for opset in (None, 23):
+                print(f"\n{'as exported (opset 17)' if opset is None else f'--opset {opset}'}\n{HEADER}")
+                for name, path in zoo.items():
+                    report(name, path, str(out / f"{name}.onnx"), {**options, "opset": opset})
+        zoo = build_dynamo_zoo(Path(folder), args.width, args.length, args.layers)
+        print(f"\ndynamo exports (opset 20), C={args.width} T={args.length} {args.layers} layers, "
+              f"--opset 23\n{HEADER}")
+        for name, path in zoo.items():
+            report(name, path, str(out / f"dynamo_{name}.onnx"), {**options, "opset": 23})
     return 0
 
 

@@ -411,3 +411,39 @@ def test_dynamo_exports_become_attention_at_opset_23(dynamo_zoo, tmp_path, name)
                                       sum(n.op_type == "Softmax" for n in original.graph.node))
     assert not {"Softmax", "IsNaN", "Where"} & set(ops)
     _assert_same_outputs(dynamo_zoo[name], model, random_feeds(original, seed=4))
+
+
+def _guarded_attention(mask: np.ndarray, opset: int) -> onnx.ModelProto:
+    """softmax(q k^T / 8 + mask) v with the dynamo exporter's guard: Where(IsNaN(w), 0, w)."""
+    shape = [1, 2, mask.shape[0], 16]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "scale"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "mask"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["w"], axis=-1),
+             helper.make_node("IsNaN", ["w"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "w"], ["guarded"]),
+             helper.make_node("MatMul", ["guarded", "v"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "guarded", [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [onnx.numpy_helper.from_array(mask, "mask"),
+         onnx.numpy_helper.from_array(np.array(0.125, np.float32), "scale"),
+         onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [20, 23])
+def test_guarded_softmax_keeps_a_fully_masked_row_zero(opset):
+    """A row every key masks is 0 in the original (the guard) and in the fused model, as
+    Attention (opset 23) and as its definition (before)."""
+    mask = np.triu(np.full((6, 6), -np.inf, np.float32), 1)
+    mask[2] = -np.inf
+    original = _guarded_attention(mask, opset)
+    optimized, result = _round_trip(original)
+    assert {r.name for r, _ in result.applied} & {"attention-fuse-guarded", "attention-fuse-guarded-unscaled"}
+    assert ("Attention" in [n.op_type for n in optimized.graph.node]) == (opset >= 23)
+    feeds = random_feeds(original, seed=5)
+    (expected,), (got,) = session(original).run(None, feeds), session(optimized).run(None, feeds)
+    assert (expected[0, :, 2] == 0).all() and (got[0, :, 2] == 0).all()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -56,7 +56,7 @@ _CONV = ("1,1", "1,1", "1,1", 1)
 SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     **{op: [((x, p), ())] for op in ("add", "sub", "mul", "div", "maximum", "minimum", "logaddexp")},
     "pow": [((p, x), ()), ((x, c(3.0)), ())],
-    "where": [((m, x, p), ())],
+    "where": [((m, x, p), ()), ((m, c(0.0), c(-2.0)), ())],
     "less": [((x, p), ()), ((x, c(0.5)), ())],
     "isnan": [((Term("log", (x,)),), ())],
     **{op: [((x,), ())] for op in ("neg", "exp", "expm1", "abs", "sin", "cos", "tanh", "sigmoid",

@@ -34,8 +34,9 @@ _ACTIVATIONS = {"relu": ("relu", ()), "gelu": ("gelu", ("none",)), "gelu_tanh": 
 
 
 def _args(em, t: Term) -> list[str]:
-    """Operand names; a constant operand takes the element type of its tensor sibling."""
-    tensors = [a for a in t.args if a.op != "const"]
+    """Operand names; a constant operand takes the element type of its tensor sibling (of a where,
+    a value operand: never its bool condition; float32 where both values are constants)."""
+    tensors = [a for a in (t.args[1:] if t.op == "where" else t.args) if a.op != "const"]
     return [em.value(a, tensors[-1] if tensors else None) for a in t.args]
 
 

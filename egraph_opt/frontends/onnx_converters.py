@@ -190,12 +190,16 @@ def _to_shape(op: str):
     return convert
 
 
+def _standard(node, op_type: str) -> bool:
+    return isinstance(node, onnx.NodeProto) and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
 def _swapped_in_bulk(im: Importer, name: str, out: tuple) -> Term | None:
     """x (..., T, D) with its leading dims merged, its last two swapped, then split back to (...,
     D, T): that is x with its last two swapped (the dynamo exporter's K^T over heads)."""
     swap = im.producers.get(name)
-    merge = swap is not None and swap.op_type == "Transpose" and im.producers.get(swap.input[0])
-    if not merge or merge.op_type != "Reshape" or list(_attr(swap, "perm", [])) != [0, 2, 1]:
+    merge = _standard(swap, "Transpose") and im.producers.get(swap.input[0])
+    if not _standard(merge, "Reshape") or list(_attr(swap, "perm", [])) != [0, 2, 1]:
         return None
     with contextlib.suppress(Unsupported):
         dims, merged = im.static(merge.input[0]), im.static(merge.output[0])

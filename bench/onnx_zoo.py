@@ -28,7 +28,6 @@ import onnx  # noqa: E402
 
 from egraph_opt.drivers.onnx_batch import latencies, process, random_feeds, session  # noqa: E402
 from egraph_opt.profiling.latency import default_budget  # noqa: E402
-from egraph_opt.profiling.profile_db import default_path  # noqa: E402
 from tests.test_onnx import build_dynamo_zoo, build_zoo  # noqa: E402
 
 HEADER = (f"{'model':<12} {'nodes':>11} {'wall ms original':>17} {'optimized':>10} {'ratio':>6} "
@@ -60,9 +59,10 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=2, help="dynamo exports: transformer blocks")
     parser.add_argument("--dynamo-only", action="store_true", help="only the dynamo exports")
     args = parser.parse_args()
-    options = {"force": True, "objective": "balanced", "seed": 0, "latency_runs": args.runs,
-               "profile_db": str(default_path()), "profile_budget": default_budget()}  # as the CLI
     with tempfile.TemporaryDirectory() as folder:
+        # the CLI's profiling budget, into a database of this run's own (not the user's cache)
+        options = {"force": True, "objective": "balanced", "seed": 0, "latency_runs": args.runs,
+                   "profile_db": str(Path(folder) / "profile.sqlite"), "profile_budget": default_budget()}
         out = Path(folder) / "out"
         out.mkdir()
         if not args.dynamo_only:

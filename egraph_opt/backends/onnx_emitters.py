@@ -208,9 +208,10 @@ def _gelu(em, t, approximate):
 
 def _sdpa(em, t, scale, causal=False):
     """sdpa (q, k, v; scale, causal), sdpa_masked and sdpa_guarded (q, k, v, bias; scale):
-    Attention at opset 23 (rank-4 operands, or rank 3 as one head; a row every key masks is 0
-    there, as the guard makes it), else softmax(q k^T * scale + bias) v, or the definition an op
-    declares (the guard)."""
+    Attention at opset 23 (rank-4 operands, or rank 3 as one head; onnxruntime gives 0 for a row
+    every key masks, as sdpa_guarded does, but NaN for a row whose scores overflow, where the guard
+    gives 0: only there does Attention differ from it), else softmax(q k^T * scale + bias) v, or
+    the definition an op declares (the guard)."""
     q, k, v, *bias = t.args
     standard = em.opset >= 23 and em.rank(q) in (3, 4)
     if not standard and OPS[t.op].definition:

@@ -11,7 +11,8 @@ model in both.
 A third pass: GPT-2, BERT and a single-head attention exported by the dynamo exporter
 (``torch.onnx.export(dynamo=True)``, opset 20, softmax guarded by IsNaN/Where) at ``--width`` and
 ``--length``, optimized with ``--opset 23``.
-Run: ``.venv/bin/python bench/onnx_zoo.py [--runs N] [--width C --length T --layers L] [--dynamo-only]``.
+Run: ``.venv/bin/python bench/onnx_zoo.py [--runs N] [--width C --length T --layers L] [--dynamo-only]
+[--profile-budget S]`` (0: priced by static estimates, the same choice on every machine).
 """
 from __future__ import annotations
 
@@ -58,11 +59,13 @@ def main() -> int:
     parser.add_argument("--length", type=int, default=128, help="dynamo exports: sequence length T")
     parser.add_argument("--layers", type=int, default=2, help="dynamo exports: transformer blocks")
     parser.add_argument("--dynamo-only", action="store_true", help="only the dynamo exports")
+    parser.add_argument("--profile-budget", type=float, default=default_budget(),
+                        help="seconds per model of kernel profiling, as the CLI's (0: static estimates)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        # the CLI's profiling budget, into a database of this run's own (not the user's cache)
+        # profiled into a database of this run's own (not the user's cache)
         options = {"force": True, "objective": "balanced", "seed": 0, "latency_runs": args.runs,
-                   "profile_db": str(Path(folder) / "profile.sqlite"), "profile_budget": default_budget()}
+                   "profile_db": str(Path(folder) / "profile.sqlite"), "profile_budget": args.profile_budget}
         out = Path(folder) / "out"
         out.mkdir()
         if not args.dynamo_only:

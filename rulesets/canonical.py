@@ -16,4 +16,6 @@ RULES = rules(_C, [
     # name                    lhs                                      rhs
     ("transpose-div-out",     "(transpose (div ?x (const ?c)) ?i ?j)", "(div (transpose ?x ?i ?j) (const ?c))",
                               "layout commutes with elementwise scaling"),
+    ("transpose-mul-in",      "(mul (transpose ?x ?i ?j) (const ?c))", "(transpose (mul ?x (const ?c)) ?i ?j)",
+                              "k^T scaled after its transpose (the dynamo exporter's sqrt(scale) on k)"),
 ])

@@ -12,6 +12,8 @@ _F = Family.FUSION
 _SCORES = "(matmul ?q (transpose ?k -2 -1))"
 _SCALED = f"(mul {_SCORES} (const ?c))"
 _MASK_BIAS = "(where ?m (const -inf) (const 0.0))"  # masked_fill(m, -inf) as the bias that masks
+#: the dynamo exporter's softmax guard (torch's _safe_softmax in ONNX): each NaN weight is 0
+_GUARD = "(where (isnan (softmax {s} -1)) (const 0.0) (softmax {s} -1))"
 _NORMALIZED = {  # (x - mean) / sqrt(var + eps), as divided and as multiplied by rsqrt
     "div": "(div (sub ?x (mean ?x -1 true)) (sqrt (add (var ?x -1 true 0) (const ?eps))))",
     "rsqrt": "(mul (sub ?x (mean ?x -1 true)) (rsqrt (add (var ?x -1 true 0) (const ?eps))))",
@@ -74,6 +76,10 @@ RULES = rules(_F, [
     ("attention-fuse-where-filled-unscaled",
                                   f"(matmul (softmax (where ?m {_SCORES} (const ?f)) -1) ?v)",
                                   "(sdpa_filled ?q ?k ?v ?m 1.0 ?f)"),
+    ("attention-fuse-guarded",    f"(matmul {_GUARD.format(s=f'(add {_SCALED} ?m)')} ?v)",
+                                  "(sdpa_guarded ?q ?k ?v ?m ?c)", "GPT-2, BERT as the dynamo exporter writes them"),
+    ("attention-fuse-guarded-unscaled", f"(matmul {_GUARD.format(s=f'(add {_SCORES} ?m)')} ?v)",
+                                  "(sdpa_guarded ?q ?k ?v ?m 1.0)", "the scale on q and k (sqrt of it on each)"),
     ("permute-as-transposed-heads", '(permute ?k "0,2,3,1")',                       '(transpose (permute ?k "0,2,1,3") -2 -1)',
                                   "K split into heads and transposed by one permute"),
 ]) + rules(_F, [

@@ -7,6 +7,8 @@ transformers configs.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import warnings
@@ -77,6 +79,35 @@ def build_zoo(folder) -> dict[str, str]:
     _export(NaiveAttention(), qkv, paths["attention"], ["q", "k", "v"])
     for name, model in _transformers_models().items():
         _export(HuggingFace(model), (torch.randint(0, 100, (2, 16)),), paths[name], ["input_ids"])
+    return paths
+
+
+class SingleHead(torch.nn.Module):
+    """Attention over (batch, seq, dim) with no heads, softmax spelled as users write it."""
+
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1) @ v
+
+
+def build_dynamo_zoo(folder, width: int = 256, length: int = 128, layers: int = 1) -> dict[str, str]:
+    """GPT-2, BERT (transformers' default attention, sdpa) and a single-head attention exported by
+    torch.onnx.export(dynamo=True) at its default opset, random weights (also used by
+    bench/onnx_zoo.py): name -> model path."""
+    t = transformers
+    torch.manual_seed(0)
+    gpt2 = t.GPT2Model(t.GPT2Config(n_layer=layers, n_embd=width, n_head=4, vocab_size=1000,
+                                    n_positions=length, bos_token_id=0, eos_token_id=0))
+    bert = t.BertModel(t.BertConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=4,
+                                    intermediate_size=4 * width, vocab_size=1000,
+                                    max_position_embeddings=length))
+    ids = (torch.randint(0, 1000, (1, length)),)
+    models = {"gpt2": (HuggingFace(gpt2), ids), "bert": (HuggingFace(bert), ids),
+              "attention3d": (SingleHead(), tuple(torch.randn(1, length, width // 4) for _ in range(3)))}
+    paths = {name: str(folder / f"dynamo_{name}.onnx") for name in models}
+    for name, (module, args) in models.items():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module.eval(), args, dynamo=True).save(paths[name])
     return paths
 
 
@@ -358,3 +389,62 @@ def test_single_head_3d_attention_from_the_dynamo_exporter_is_one_attention_at_o
     heads = {a.name: a.i for a in model.graph.node[0].attribute}
     assert heads["q_num_heads"] == heads["kv_num_heads"] == 1
     _assert_same_outputs(str(path), model, random_feeds(model, seed=3))
+
+
+@pytest.fixture(scope="module")
+def dynamo_zoo(tmp_path_factory) -> dict[str, str]:
+    pytest.importorskip("onnxscript")
+    return build_dynamo_zoo(tmp_path_factory.mktemp("dynamo"))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "attention3d"])
+def test_dynamo_exports_become_attention_at_opset_23(dynamo_zoo, tmp_path, name):
+    """The dynamo exporter's softmax guard (IsNaN, Where) fuses: every attention is one Attention,
+    and the optimized model computes what the original does under onnxruntime. Priced by static
+    estimates (an empty database, no profiling): what a busy machine measures does not decide."""
+    original = onnx.load(dynamo_zoo[name])
+    assert name == "attention3d" or "IsNaN" in {n.op_type for n in original.graph.node}
+    assert main_onnx([dynamo_zoo[name], "--out", str(tmp_path), "--opset", "23", "--latency-runs", "0",
+                      "--profile-db", str(tmp_path / "p.sqlite"), "--profile-budget", "0"]) == 0
+    model = onnx.load(str(tmp_path / os.path.basename(dynamo_zoo[name])))
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Attention") == (1 if name == "attention3d" else
+                                      sum(n.op_type == "Softmax" for n in original.graph.node))
+    assert not {"Softmax", "IsNaN", "Where"} & set(ops)
+    _assert_same_outputs(dynamo_zoo[name], model, random_feeds(original, seed=4))
+
+
+def _guarded_attention(mask: np.ndarray, opset: int) -> onnx.ModelProto:
+    """softmax(q k^T / 8 + mask) v with the dynamo exporter's guard: Where(IsNaN(w), 0, w)."""
+    shape = [1, 2, mask.shape[0], 16]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "scale"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "mask"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["w"], axis=-1),
+             helper.make_node("IsNaN", ["w"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "w"], ["guarded"]),
+             helper.make_node("MatMul", ["guarded", "v"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "guarded", [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [onnx.numpy_helper.from_array(mask, "mask"),
+         onnx.numpy_helper.from_array(np.array(0.125, np.float32), "scale"),
+         onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [20, 23])
+def test_guarded_softmax_keeps_a_fully_masked_row_zero(opset):
+    """A row every key masks is 0 in the original (the guard) and in the fused model, as
+    Attention (opset 23) and as its definition (before)."""
+    mask = np.triu(np.full((6, 6), -np.inf, np.float32), 1)
+    mask[2] = -np.inf
+    original = _guarded_attention(mask, opset)
+    optimized, result = _round_trip(original)
+    assert {r.name for r, _ in result.applied} & {"attention-fuse-guarded", "attention-fuse-guarded-unscaled"}
+    assert ("Attention" in [n.op_type for n in optimized.graph.node]) == (opset >= 23)
+    feeds = random_feeds(original, seed=5)
+    (expected,), (got,) = session(original).run(None, feeds), session(optimized).run(None, feeds)
+    assert (expected[0, :, 2] == 0).all() and (got[0, :, 2] == 0).all()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -83,3 +83,29 @@ def test_import_then_export_matches_onnxruntime(case):
     feeds = random_feeds(model)
     (expected,), (got,) = session(model).run(None, feeds), session(optimized).run(None, feeds)
     assert judge(got, expected)[0], judge(got, expected)
+
+
+def _merged_swap(split_to: list[int]) -> onnx.ModelProto:
+    """x (2, 3, 4, 5): leading dims merged (6, 4, 5), last two swapped, reshaped to ``split_to``."""
+    shapes = {"merged": np.array([6, 4, 5], np.int64), "split": np.array(split_to, np.int64)}
+    nodes = [helper.make_node("Reshape", ["x", "merged"], ["m"]),
+             helper.make_node("Transpose", ["m"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["t", "split"], ["y"])]
+    graph = helper.make_graph(nodes, "swap", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, split_to)],
+                              [numpy_helper.from_array(a, n) for n, a in shapes.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+
+
+@pytest.mark.parametrize("split_to,op", [([2, 3, 5, 4], "transpose"), ([3, 2, 5, 4], "reshape"),
+                                         ([6, 20], "reshape")])
+def test_leading_dims_merged_swapped_and_split_back_import_as_one_transpose(split_to, op):
+    """The dynamo exporter's K^T over heads is x.transpose(-2, -1) only where the split restores
+    x's leading dims (3, 2 splits them the other way)."""
+    model = _merged_swap(split_to)
+    src = import_model(model)
+    (out,) = src.program.outputs
+    assert out.op == op and (op != "transpose" or out.args[0].op == "input")
+    feeds = random_feeds(model)
+    (expected,), (got,) = session(model).run(None, feeds), session(export(src, src.program)).run(None, feeds)
+    np.testing.assert_array_equal(got, expected)

@@ -35,6 +35,7 @@ PARAMS = {
     "ln_w": torch.randn(4), "ln_b": torch.randn(4),
     "idx": torch.randint(0, 4, (2, 3, 4)), "sel": torch.tensor([3, 0]),
     "mask": torch.triu(torch.full((4, 4), -torch.inf), 1),
+    "dead": torch.tensor([[0.0, -torch.inf, 0.0, 0.0], [-torch.inf] * 4, [0.0] * 4, [0.0] * 4]),
     "cw": torch.randn(4, 3, 3, 3), "cb": torch.randn(4), "gw": torch.randn(3, 1, 3, 3),
     "mean": torch.randn(3), "var": torch.rand(3) + 0.5, "gamma": torch.randn(3), "beta": torch.randn(3),
     "cos": torch.randn(4, 8), "sin": torch.randn(4, 8),  # rotary tables of q's (T, D)
@@ -58,8 +59,9 @@ _CONV = ("1,1", "1,1", "1,1", 1)
 SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     **{op: [((x, p), ())] for op in ("add", "sub", "mul", "div", "maximum", "minimum", "logaddexp")},
     "pow": [((p, x), ()), ((x, c(3.0)), ())],
-    "where": [((m, x, p), ())],
+    "where": [((m, x, p), ()), ((m, c(0.0), c(-2.0)), ())],
     "less": [((x, p), ()), ((x, c(0.5)), ())],
+    "isnan": [((Term("log", (x,)),), ())],
     **{op: [((x,), ())] for op in ("neg", "exp", "expm1", "abs", "sin", "cos", "tanh", "sigmoid",
                                    "relu", "erf", "softplus", "tan", "atan", "asinh", "cbrt", "silu")},
     **{op: [((x, p), ()), ((p, x), ())] for op in ("atan2", "hypot")},
@@ -91,6 +93,7 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     "rms_norm": [((x, _leaf("ln_w")), (1e-5,)), ((x, c(1.0)), (1e-6,)), ((x, c(2.0)), (1e-3,))],
     "sdpa": [((q, k, v), (0.35, False)), ((q, k, v), (1.0, True))],
     "sdpa_masked": [((q, k, v, _leaf("mask")), (0.35,))],
+    "sdpa_guarded": [((q, k, v, _leaf("mask")), (0.35,)), ((q, k, v, _leaf("dead")), (0.35,))],
     "sdpa_filled": [((q, k, v, _leaf("keep")), (0.35, -3.4028234663852886e38))],
     "linear": [((x, _leaf("lin_w"), _leaf("lin_b")), ())],
     "linear_act": [((x, _leaf("lin_w"), _leaf("lin_b")), (a,)) for a in ("relu", "gelu", "gelu_tanh")],

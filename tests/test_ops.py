@@ -27,6 +27,7 @@ CASES = [
     ("minimum",      lambda x, y: torch.minimum(x, y) + torch.clamp(x, max=0), (R(4), R(4))),
     ("where",        lambda m, x, y: torch.where(m, x, y) + x.masked_fill(m, -1.0), (R(5) > 0, R(5), R(5))),
     ("less",         lambda x, y: torch.where(x < y, x, y) + torch.where(x > 0.5, 1.0, y), (R(4), R(4))),
+    ("isnan",        lambda x: torch.where(torch.isnan(x.log()), 0.0, x) + x.isnan(), (R(5),)),
     ("neg",          lambda x: -x,                                             (R(3),)),
     ("exp",          lambda x: torch.exp(x) + x.exp(),                         (R(3),)),
     ("log",          lambda x: torch.log(x),                                   (P(3),)),
@@ -137,6 +138,11 @@ FUSED = [  # ops only rewrites create, against their definitions
        Term("matmul", (Term("softmax", (Term("where", (Term.input("keep"), Term("mul", (Term("matmul", (
            Q, Term("transpose", (K,), (-2, -1)))), Term.const(0.4))), Term.const(fill))),), (-1,)), V)))
       for fill in (-3.4028234663852886e38, -1e4, 2.0)),
+    *((Term("sdpa_guarded", (Q, K, V, bias), (0.4,)),  # a row every key masks: 0
+       Term("matmul", (Term("where", (Term("isnan", (w,)), Term.const(0.0), w)), V)))
+      for bias in (Term.input("mask"), Term("matmul", (B, Term("transpose", (B,), (-2, -1)))))
+      for w in [Term("softmax", (Term("add", (Term("mul", (Term("matmul", (Q, Term("transpose", (K,), (-2, -1)))),
+                                                        Term.const(0.4))), bias)),), (-1,))]),
     (Term("rms_norm", (Q, Term.input("w6"),), (1e-6,)),  # x * rsqrt(mean(x * x) + eps) * w
      Term("mul", (Term("mul", (Q, Term("rsqrt", (Term("add", (Term("mean", (Term("mul", (Q, Q)),), (-1, True)),
                                                             Term.const(1e-6))),)))), Term.input("w6")))),
@@ -159,6 +165,8 @@ def test_fused_ops_equal_their_definitions(fused, definition):
                bias=torch.randn(5, generator=g, dtype=torch.float64),
                w6=torch.randn(6, generator=g, dtype=torch.float64),
                keep=torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool),
+               mask=torch.tensor([[0, -math.inf] * 2, [-math.inf] * 4, [0.0] * 4, [-math.inf, 0] * 2],
+                                 dtype=torch.float64),
                ones=torch.ones(6, dtype=torch.float64), zeros=torch.zeros(6, dtype=torch.float64))
     torch.testing.assert_close(*evaluate([fused, definition], env), rtol=1e-12, atol=1e-12)
 

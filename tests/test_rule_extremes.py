@@ -19,6 +19,7 @@ import torch
 from egraph_opt.lang import pattern as pat
 from egraph_opt.rulesets import Exactness
 from egraph_opt.lang import term
+from egraph_opt.lang.ops import OPS
 from egraph_opt.lang.term import Term, postorder
 
 from test_rule_soundness import (RULES, SCALAR_RULES, _SIGNS, _index_vars, _sexp, _uses, _value, all_sides,
@@ -235,11 +236,12 @@ ATTENTION_ERROR = 1e-4
 
 def attention_slack(rule, left: Term, env: dict) -> torch.Tensor | float:
     """ATTENTION_ERROR times the left side evaluated on the values' magnitudes (softmax(...) @ |v|)
-    where the rule's right side runs torch's attention kernel (sdpa, sdpa_masked, sdpa_filled);
-    else 0."""
+    where the rule's right side runs torch's attention kernel (an op of attention's shape: sdpa,
+    sdpa_masked, sdpa_filled, sdpa_guarded); else 0."""
     values = set()
+    attention = [name for name, op in OPS.items() if op.shape == "sdpa"]
     for _, right in rule.pairs():
-        values |= set().union(*(_uses(right, op, 2) for op in ("sdpa", "sdpa_masked", "sdpa_filled")))
+        values |= set().union(*(_uses(right, op, 2) for op in attention))
     if not values:
         return 0.0
     size = {k: v.abs() if k in values else v for k, v in env.items()}

@@ -24,7 +24,7 @@ class OnnxExportError(ValueError):
 #: ONNX operators that are one node over the op's operands, as ops declare them (``Op.onnx``)
 SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Less", "Neg", "Exp", "Log", "Sqrt", "Abs",
           "Sin", "Cos", "Tanh", "Sigmoid", "Relu", "Erf", "MatMul", "Softplus",
-          "Tan", "Atan", "Asinh", "Acosh", "Atanh")
+          "Tan", "Atan", "Asinh", "Acosh", "Atanh", "IsNaN")
 #: reductions: the opset from which their axes are an input rather than an attribute
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare
@@ -34,8 +34,9 @@ _ACTIVATIONS = {"relu": ("relu", ()), "gelu": ("gelu", ("none",)), "gelu_tanh": 
 
 
 def _args(em, t: Term) -> list[str]:
-    """Operand names; a constant operand takes the element type of its tensor sibling."""
-    tensors = [a for a in t.args if a.op != "const"]
+    """Operand names; a constant operand takes the element type of its tensor sibling (of a where,
+    a value operand: never its bool condition; float32 where both values are constants)."""
+    tensors = [a for a in (t.args[1:] if t.op == "where" else t.args) if a.op != "const"]
     return [em.value(a, tensors[-1] if tensors else None) for a in t.args]
 
 
@@ -206,11 +207,17 @@ def _gelu(em, t, approximate):
 
 
 def _sdpa(em, t, scale, causal=False):
-    """sdpa (q, k, v; scale, causal), sdpa_masked (q, k, v, bias; scale): Attention at opset 23
-    (rank-4 operands, or rank 3 as one head), else softmax(q k^T * scale + bias) v."""
+    """sdpa (q, k, v; scale, causal), sdpa_masked and sdpa_guarded (q, k, v, bias; scale):
+    Attention at opset 23 (rank-4 operands, or rank 3 as one head; onnxruntime gives 0 for a row
+    every key masks, as sdpa_guarded does, but NaN for a row whose scores overflow, where the guard
+    gives 0: only there does Attention differ from it), else softmax(q k^T * scale + bias) v, or
+    the definition an op declares (the guard)."""
     q, k, v, *bias = t.args
+    standard = em.opset >= 23 and em.rank(q) in (3, 4)
+    if not standard and OPS[t.op].definition:
+        return _definition(em, t, scale)
     bias = [em.value(b) for b in bias]
-    if em.opset >= 23 and em.rank(q) in (3, 4):
+    if standard:
         heads = {"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}
         return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention",
                        scale=scale, is_causal=int(causal), **heads)

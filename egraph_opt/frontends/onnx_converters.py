@@ -5,6 +5,7 @@ folding) fire on models exported without constant folding.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +48,7 @@ class Importer:
     terms: dict[str, Term] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)
     params: dict[str, torch.Tensor] = field(default_factory=dict)
+    producers: dict[str, onnx.NodeProto] = field(default_factory=dict)  # value name -> its node
 
     @property
     def opset(self) -> int:
@@ -181,8 +183,29 @@ def _to_shape(op: str):
     """Reshape (also Flatten, Squeeze, Unsqueeze) and Expand to the inferred shape, when static."""
     def convert(im: Importer, node):
         out, x = im.static(node.output[0]), im.term(node.input[0])
-        return x if im.shape(node.input[0]) == out else Term(op, (x,), (shape_attr(out),))
+        if im.shape(node.input[0]) == out:
+            return x
+        return (op == "reshape" and _swapped_in_bulk(im, node.input[0], out)) or \
+            Term(op, (x,), (shape_attr(out),))
     return convert
+
+
+def _standard(node, op_type: str) -> bool:
+    return isinstance(node, onnx.NodeProto) and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _swapped_in_bulk(im: Importer, name: str, out: tuple) -> Term | None:
+    """x (..., T, D) with its leading dims merged, its last two swapped, then split back to (...,
+    D, T): that is x with its last two swapped (the dynamo exporter's K^T over heads)."""
+    swap = im.producers.get(name)
+    merge = _standard(swap, "Transpose") and im.producers.get(swap.input[0])
+    if not _standard(merge, "Reshape") or list(_attr(swap, "perm", [])) != [0, 2, 1]:
+        return None
+    with contextlib.suppress(Unsupported):
+        dims, merged = im.static(merge.input[0]), im.static(merge.output[0])
+        if len(dims) >= 3 and merged[1:] == dims[-2:] and out == dims[:-2] + dims[-2:][::-1]:
+            return Term("transpose", (im.term(merge.input[0]),), (-2, -1))
+    return None
 
 
 def _gather(op: str):
@@ -338,7 +361,7 @@ CONVERTERS = {
         ("Neg", "neg"), ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"), ("Abs", "abs"),
         ("Sin", "sin"), ("Cos", "cos"), ("Tanh", "tanh"), ("Sigmoid", "sigmoid"),
         ("Relu", "relu"), ("Erf", "erf"), ("Softplus", "softplus"), ("Tan", "tan"), ("Atan", "atan"),
-        ("Asinh", "asinh"), ("Acosh", "acosh"), ("Atanh", "atanh")]},
+        ("Asinh", "asinh"), ("Acosh", "acosh"), ("Atanh", "atanh"), ("IsNaN", "isnan")]},
     "Reciprocal": lambda im, n: Term("div", (Term.const(1.0), im.term(n.input[0]))),
     "Gelu": lambda im, n: Term("gelu", (im.term(n.input[0]),), (_attr(n, "approximate", "none"),)),
     "Identity": lambda im, n: im.term(n.input[0]),

@@ -211,7 +211,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
         inferred = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is a help; without it more nodes stay opaque
         inferred = graph
-    im = Importer(model, where)
+    im = Importer(model, where, producers={o: n for n in nodes for o in n.output})
     for info in list(inferred.value_info) + list(inferred.output) + list(graph.input):
         vt = _value_type(info)
         if vt is not None:

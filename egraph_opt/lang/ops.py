@@ -319,6 +319,20 @@ def sdpa_filled(q, k, v, keep, scale, fill):
     return torch.where(~keep.any(-1, keepdim=True), v.mean(-2, keepdim=True), out)
 
 
+def sdpa_guarded(q, k, v, bias, scale):
+    """softmax(q k^T * scale + bias) v with the dynamo exporter's guard on the weights: each NaN
+    weight is 0. A row whose largest score is not finite (every key masked by -inf, an overflow to
+    +inf, a NaN) has weights 0 and gives 0 v; elsewhere the guard leaves softmax as it is. Where
+    no score can overflow and v is finite, torch's kernel (which gives 0 for a row every -inf
+    masks) is that; elsewhere the definition runs."""
+    bias = bias.to(q.dtype)
+    if not _scores_overflow(q, k, scale) and q.device.type != "meta" and bool(v.isfinite().all()) \
+            and not bool(bias.isnan().any() | (bias == math.inf).any()):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    w = softmax(q @ k.transpose(-2, -1) * scale + bias, -1)
+    return torch.where(w.isnan(), 0.0, w) @ v
+
+
 def conv2d(x, weight, bias, stride, padding, dilation, groups):
     """A non-finite weight meets the zero padding (NaN * 0 is NaN): oneDNN's float32 kernel skips
     padded positions, where the half-precision and float64 kernels multiply them, so such a weight
@@ -454,6 +468,7 @@ _SMOOTH = dict(growth=1)  # bounded curvature
 _EXACT = dict(curvature=LINEAR, growth=0, rounding="exact")  # piecewise linear, no rounding
 _MATMUL_SAMPLE = (("x0", (3, 5)), ("x1", (4, 5)), ("x2", (4,)))  # linear's (x, weight, bias)
 _ATTENTION_SAMPLE = (("x0", (2, 4, 3)), ("x1", (2, 5, 3)), ("x2", (2, 5, 3)))
+_GUARDED = "(softmax (add (mul (matmul ?x0 (transpose ?x1 -2 -1)) (const ?scale)) ?x3) -1)"
 
 OPS: dict[str, Op] = {op.name: op for op in [
     # leaves: program inputs, parameters (by name), scalar constants, opaque calls (by node name)
@@ -479,6 +494,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("less", 2, "", operator.lt, _BINARY, infix="<", shape="compare", range="bounds",
         bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", onnx="Less"),  # a bool
     # mask: the condition of a piecewise program (extractors/regimes.py)
+    _op("isnan", 1, "", torch.isnan, _UNARY, shape="compare", range="bounds", bounds=(0.0, 1.0),
+        sign="nonneg", **_EXACT, precision="keep", flops=1, onnx="IsNaN"),  # a bool; the dynamo
+    # exporter's softmax guard (sdpa_guarded)
     _op("neg",     1, "", operator.neg, _UNARY, range="neg",     **_EXACT, flops=1, onnx="Neg",
         numpy="negative"),
     _op("exp",     1, "", torch.exp,    _UNARY, range=math.exp,  curvature="exp",   growth=3,
@@ -615,6 +633,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
         # boolean operand: no float32 copy of it; torch's kernel accumulates in float32 itself
         onnx="definition", definition="(matmul (softmax (where ?x3 (mul (matmul ?x0 (transpose ?x1 "
         "-2 -1)) (const ?scale)) (const ?fill)) -1) ?x2)"),
+    _op("sdpa_guarded", 4, "scale:f64", sdpa_guarded, _FUSED, shape="sdpa", range="values-of-v",
+        curvature=(1.0, 1.0), **_SMOOTH, passes=21,
+        sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention",
+        definition=f"(matmul (where (isnan {_GUARDED}) (const 0.0) {_GUARDED}) ?x2)"),
     _op("conv2d", 3, _WINDOW + " groups:i64", conv2d, _FUSED, shape="meta", range="linear",
         curvature="bilinear", growth=1, passes=24,
         sample=(("x0", (2, 3, 6, 6)), ("x1", (4, 3, 3, 3)), ("x2", (4,)), ("stride", "1,1"),

@@ -52,6 +52,16 @@ def test_exact_shape_is_measured(tmp_path):
     assert (estimate.seconds, estimate.source, estimate.uncertainty) == (4e-6, "measured", 0.25)
 
 
+def test_a_row_no_work_formula_reads_is_passed_over(tmp_path):
+    """A matmul row of one shape (written by another version, or by hand) is no measurement: the
+    others still are, and with none left the roofline default stands."""
+    with matmul_db(tmp_path / "p.sqlite", [8, 16]) as db:
+        db.add(Record("matmul", "torch", DEVICE, "float32", ((8, 8),), {"axis": -1}, 5, 1e-3, 0.0))
+        assert predict(LatencyModel(db), [(8, 8), (8, 8)]).source == "measured"
+        db.add(Record("exp", "torch", DEVICE, "float64", ((8, 8), (3, 5)), {}, 5, 1e-3, 0.0))
+        assert predict(LatencyModel(db), [(8, 8)], kernel="exp", dtype="float64").source == "default"
+
+
 def test_far_outside_the_measured_range_is_flagged(tmp_path):
     model = LatencyModel(matmul_db(tmp_path / "p.sqlite", [16, 32, 64]))
     big = predict(model, [(4096, 4096), (4096, 4096)])

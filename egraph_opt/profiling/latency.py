@@ -87,12 +87,21 @@ def _local_fit(z: np.ndarray, y: np.ndarray, query: np.ndarray) -> float:
     return float(np.linalg.solve(gram, (x.T * w) @ y)[0])
 
 
+def _work_of(kernel: str, record: Record) -> Work | None:
+    """The work of a recorded call, or None for a row that no work formula reads (written by
+    another version, or by hand): a row of the cache is never a reason to fail."""
+    try:
+        return work(kernel, record.shapes, record.attrs)
+    except (TypeError, ValueError, KeyError, IndexError, RuntimeError):
+        return None
+
+
 class _Group:
     """The measurements of one (kernel, backend, device, dtype), as features and residuals."""
 
-    def __init__(self, kernel: str, device: str, itemsize: int, records: list[Record]):
+    def __init__(self, device: str, itemsize: int, rows: list[tuple[Record, Work]]):
+        records, works = [r for r, _ in rows], [w for _, w in rows]
         self.exact = {r.shape_key: r for r in records}
-        works = [work(kernel, r.shapes, r.attrs) for r in records]
         self.z = np.array([_features(w, itemsize) for w in works])
         self.y = np.log([r.median_s / roofline_seconds(w, itemsize, device)
                          for r, w in zip(records, works)])
@@ -134,8 +143,10 @@ class LatencyModel:
         average kernels that run differently."""
         key = (kernel, backend, device, dtype, str(layout))
         if key not in self._groups:
-            records = [r for r in self.db.records(*key[:4]) if r.attrs.get("layout") == layout]
-            self._groups[key] = _Group(kernel, device, itemsize, records) if records else None
+            rows = [(r, _work_of(kernel, r)) for r in self.db.records(*key[:4])
+                    if r.attrs.get("layout") == layout]
+            rows = [(r, w) for r, w in rows if w is not None]
+            self._groups[key] = _Group(device, itemsize, rows) if rows else None
         return self._groups[key]
 
     def predict(self, kernel: str, backend: str, device: str, dtype: str,

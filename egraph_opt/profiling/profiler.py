@@ -139,7 +139,7 @@ def attr_names(kernel: str) -> list[str]:
 
 # Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
 EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none",
-                 "eps": 1e-5, "scale": 0.125, "causal": False}
+                 "eps": 1e-5, "scale": 0.125, "causal": False, "beta": 1.702}
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:

@@ -37,8 +37,8 @@ from egraph_opt.lang.ops import parse_shape
 from egraph_opt.lang.pattern import PRIMITIVES
 from egraph_opt.lang.program import Program
 from egraph_opt.lang.term import Term, evaluate
+from egraph_opt.rulesets import sexp
 
-from ..rulesets import sexp
 from .rounding_error import elementwise_bits, ordinal
 
 MAX_REGIMES = 3

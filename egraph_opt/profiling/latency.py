@@ -248,7 +248,7 @@ class MeasuredLatency:
                 _without_database(e)
                 self.db = None
                 return None
-            except (KeyError, ValueError, IndexError, RuntimeError):  # shapes it cannot read
+            except (KeyError, ValueError, IndexError, RuntimeError, TypeError):  # shapes it cannot read
                 self._cache[key] = None
         return self._cache[key]
 

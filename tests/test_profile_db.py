@@ -214,18 +214,18 @@ def test_misses_are_profiled_by_default_within_the_budget_and_only_once(tmp_path
     naive = lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)  # noqa: E731
     first = saturate_and_extract(naive, profile_db=tmp_path / "p.sqlite", profile_budget=60)
     first(torch.randn(8, 32))
-    *_, (timed, seconds) = first.report.latency
+    *_, (timed, seconds, _) = first.report.latency
     assert timed >= 1 and seconds > 0 and "profiled now" in str(first.report)
     again = saturate_and_extract(naive, profile_db=tmp_path / "p.sqlite", profile_budget=60)
     again(torch.randn(8, 32))  # the same shapes: all in the database now
-    assert set(again.report.latency[2]) == {"measured"} and again.report.latency[3] == (0, 0.0)
+    assert set(again.report.latency[2]) == {"measured"} and again.report.latency[3] == (0, 0.0, None)
     two_kernels = saturate_and_extract(lambda x: torch.exp(x).sum(-1), profile_db=tmp_path / "q.sqlite",
                                        profile_budget=1e-9)  # spent after the first kernel
     two_kernels(torch.randn(8, 32))
     assert two_kernels.report.latency[3][0] == 1
     off = saturate_and_extract(naive, profile_db=tmp_path / "r.sqlite", profile_budget=0)
     off(torch.randn(8, 32))
-    assert off.report.latency[3] == (0, 0.0) and "measured" not in off.report.latency[2]
+    assert off.report.latency[3] == (0, 0.0, None) and "measured" not in off.report.latency[2]
     monkeypatch.delenv("EGRAPH_OPT_PROFILE_BUDGET")
     assert saturate_and_extract(naive).profile_budget == 2.0
     monkeypatch.setenv("EGRAPH_OPT_PROFILE_BUDGET", "soon")
@@ -306,3 +306,20 @@ def test_a_node_with_a_constant_operand_is_priced_without_being_timed(tmp_path):
     x = torch.randn(8, 32)
     torch.testing.assert_close(f(x), torch.exp(x) / (torch.exp(x) + 1.0))
     assert not f.report.fallback
+
+
+def test_a_busy_machine_times_nothing_and_the_report_says_why(tmp_path, monkeypatch):
+    """Timings taken while other processes hold the cores would be kept as this machine's."""
+    from egraph_opt.profiling import latency, profiler
+
+    monkeypatch.setattr(profiler.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    monkeypatch.setattr(latency, "machine_busy", profiler.machine_busy)
+    f = saturate_and_extract(lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True),
+                             profile_db=tmp_path / "p.sqlite", profile_budget=60)
+    f(torch.randn(4, 8))
+    assert f.report.latency[3] == (0, 0.0, f"load average 64.0 on {os.cpu_count()} cores")
+    assert "no more: load average 64.0" in str(f.report)
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        assert db.count() == 0
+    monkeypatch.setattr(profiler.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert profiler.machine_busy() is None

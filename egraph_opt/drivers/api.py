@@ -189,7 +189,7 @@ class OptimizedFunction:
                              f"{s.stop}" for s in result.saturation]
         report.seconds, report.kernels = result.seconds, module.kernels
         report.latency = (seconds_before, seconds_after, where_after,
-                          (latency.profiled, latency.spent_s) if latency else (0, 0.0))
+                          (latency.profiled, latency.spent_s, latency.busy) if latency else (0, 0.0, None))
         report.error = tuple(errors) if errors and all(errors) else None
         if not self.keep_egraph:  # only the latest optimization's e-graph is kept (135 MB each)
             for older in self._plans.values():

@@ -53,7 +53,7 @@ def _profile(args) -> int:
     if args.collectives:
         return _profile_collectives(args)
     from ..profiling.profile_db import ProfileDB
-    from ..profiling.profiler import SPECS, profile_ops, profile_shapes
+    from ..profiling.profiler import SPECS, machine_busy, profile_ops, profile_shapes
 
     torch.set_num_threads(args.threads)
     unknown = set(args.ops or ()) - set(SPECS)
@@ -78,6 +78,10 @@ def _profile(args) -> int:
             print(f"{added} timings imported into {db.path} ({skipped} already there); rows keep the "
                   "machine they were measured on and count as measurements only there")
             return 0
+        busy = machine_busy()
+        if busy:  # asked for: timed all the same, with a word on what the rows will hold
+            print(f"egraph-opt profile: warning: {busy}; the timings recorded now may be other "
+                  "processes' interference, not this machine's speed", file=sys.stderr)
         if args.program:
             cases = program_cases(args.program, args.shapes, args.dtype[0])
             records = profile_shapes(cases, args.device, db, repeats=args.repeats)

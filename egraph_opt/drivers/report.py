@@ -54,10 +54,11 @@ class Report:
             if part in self.cost_before:
                 lines.append(f"[COST] {part}: {self.cost_before[part]} -> {self.cost_after[part]}")
         if self.latency:
-            before, after, where, (timed, seconds) = self.latency
+            before, after, where, (timed, seconds, busy) = self.latency
             lines.append(f"[LATENCY] estimated {before * 1e6:.1f} us -> {after * 1e6:.1f} us "
                          f"({', '.join(f'{k} {v}' for k, v in where.items())}; "
-                         f"{timed} kernels profiled now in {seconds:.2f} s)")
+                         f"{timed} kernels profiled now in {seconds:.2f} s"
+                         f"{f'; no more: {busy}' if busy else ''})")
         if self.error:
             before, after = self.error
             lines.append(f"[ERROR] first-order estimate over the input ranges: worst {before.worst:.1f} -> "

@@ -31,7 +31,8 @@ import numpy as np
 from ..lang.term import dtype_name, postorder
 from ..analysis.layouts import layout_attr, operand_layouts, term_strides
 from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning, Record, shape_key
-from .profiler import PRICED, Case, Work, attr_names, device_name, profile_shapes, torch_dtype, work
+from .profiler import (PRICED, Case, Work, attr_names, device_name, machine_busy, profile_shapes,
+                       torch_dtype, work)
 
 
 class Roofline(NamedTuple):
@@ -206,11 +207,17 @@ class MeasuredLatency:
     budget_s: float = 0.0
     spent_s: float = 0.0
     profiled: int = 0  # kernels timed by this object
+    busy: str | None = None  # why nothing more was timed: the machine was busy (machine_busy)
     _cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.model = LatencyModel(self.db)
         self.where = device_name(self.device)
+
+    def _busy(self) -> bool:
+        """A busy machine's timings would be kept as this machine's: time nothing more."""
+        self.busy = self.busy or machine_busy()
+        return self.busy is not None
 
     @staticmethod
     def from_database(path=None, device: str = "cpu", budget_s: float = 0.0
@@ -236,7 +243,8 @@ class MeasuredLatency:
             try:
                 est = self.model.predict(op, backend, self.where, dtype, shapes, named)
                 timeable = len(shapes) == len(PRICED[op].shapes(1))  # a constant operand: not as profiled
-                if est.source != "measured" and timeable and self.spent_s < self.budget_s:
+                if est.source != "measured" and timeable and self.spent_s < self.budget_s \
+                        and not self._busy():
                     start = time.perf_counter()
                     (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,
                                                self.db, repeats=5, progress=False, kernel=kernel)

@@ -22,8 +22,8 @@ Estimate = Callable[[Kernel, Use], float]
 
 
 def default_estimate(kernel: Kernel, use: Use) -> float:
-    """Nothing measured: the torch kernel, by the memory it touches; no other backend."""
-    if kernel.backend != "torch":
+    """Nothing measured: the op's torch kernel, by the memory it touches; no other kernel."""
+    if kernel.rows != "torch":
         return math.inf
     elements = sum(math.prod(s) for s in use.shapes) or 1
     return 5e-6 + 4 * elements / 2e10
@@ -53,10 +53,10 @@ def pricing(latency, device: str) -> Callable:
 
 
 def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dtype: str):
-    """(units, source) of ``kernel`` from the database, or None: not known there (and, off the
-    torch backend, only rows of the kernel's own backend count)."""
+    """(units, source) of ``kernel`` from the database, or None: not known there (and, but for
+    the op's own torch kernel, only the kernel's own measured or interpolated rows count)."""
     found = latency(op, attrs, shapes, dtype, kernel) if latency is not None else None
-    if found and kernel.backend != "torch" and found[1] not in ("measured", "interpolated"):
+    if found and kernel.rows != "torch" and found[1] not in ("measured", "interpolated"):
         return None
     return found
 

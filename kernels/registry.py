@@ -41,6 +41,12 @@ class Kernel:
     def op(self) -> str:
         return self.reference.strip("(").split()[0]
 
+    @property
+    def rows(self) -> str:
+        """What the latency database keys this kernel's rows by: its backend for the op's own
+        kernel there (``torch.softmax``), else its name, so each kernel is measured on its own."""
+        return self.backend if self.name == f"{self.backend}.{self.op}" else self.name
+
     def refuses(self, use: Use) -> str | None:
         """Why this kernel cannot run ``use`` (None when it can)."""
         if use.device not in self.devices:
@@ -89,8 +95,15 @@ def _triton_kernels() -> list[Kernel]:
                    limits or (lambda use: None)) for op, (impl, limits) in KERNELS.items()]
 
 
-REGISTRY: dict[str, Kernel] = {k.name: k for k in
-                               _torch_kernels() + _numpy_kernels() + _triton_kernels()}
+def _rewritten_kernels() -> list[Kernel]:
+    from .rewritten import KERNELS
+
+    return [Kernel(k.name, k.reference, "torch", frozenset({"cpu", "cuda"}), k.dtypes, k.impl, k.limits)
+            for k in KERNELS]
+
+
+REGISTRY: dict[str, Kernel] = {k.name: k for k in _torch_kernels() + _rewritten_kernels()
+                               + _numpy_kernels() + _triton_kernels()}
 #: conversions between backends' memory, as kernels of their own (identity references)
 CONVERSIONS = {("torch", "numpy"): to_numpy, ("numpy", "torch"): from_numpy}
 

@@ -212,10 +212,10 @@ class MeasuredLatency:
     def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str,
                  kernel=None) -> tuple[int, str] | None:
         """Units and source of the op's torch implementation, or of ``kernel`` (a registry
-        kernel: rows of its backend)."""
+        kernel: its own rows, ``Kernel.rows``)."""
         if op not in SPECS or self.db is None:
             return None
-        backend = "torch" if kernel is None else kernel.backend
+        backend = "torch" if kernel is None else kernel.rows
         key = (op, attrs, shapes, dtype, backend)
         if key not in self._cache:
             named = {name: value for (name, _), value in zip(OPS[op].attrs, attrs)}

@@ -128,7 +128,7 @@ SPECS: dict[str, OpSpec] = {name: WORK_KINDS[op.work](op) for name, op in OPS.it
 
 # Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
 EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none",
-                 "eps": 1e-5, "scale": 0.125, "causal": False}
+                 "eps": 1e-5, "scale": 0.125, "causal": False, "activation": "gelu_tanh"}
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:
@@ -249,7 +249,7 @@ def _plain_progress(items: list, desc: str):
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
                    repeats: int = 15, progress: bool = True, kernel=None) -> list[Record]:
     """Time each case and record it: the op's torch implementation (backend "torch"), or
-    ``kernel`` (a registry kernel: its backend, implementation, and the conversion of its inputs
+    ``kernel`` (a registry kernel: its own rows, implementation, and the conversion of its inputs
     into its memory, done before timing). Only ops of SPECS: the latency model cannot use a
     measurement it has no work formula for."""
     cases = list(cases)
@@ -265,7 +265,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         dtype = torch_dtype(case.dtype)
         tensors = SPECS[case.op].inputs(case.shapes, dtype, device)
         attrs = [case.attrs[name] for name, _ in OPS[case.op].attrs]
-        impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.backend)
+        impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.rows)
         if kernel is not None and kernel.takes is not None:
             tensors = [kernel.takes(t) for t in tensors]
         timing = time_kernel(impl, [*tensors, *attrs], device, repeats=repeats)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Callable, NamedTuple
 
+import torch
 import torch.nn.functional as F
 
 #: tanh-gelu's constants: 0.5 x (1 + tanh(c (x + k x^3))) = x sigmoid(2c x (1 + k x^2))
@@ -17,13 +18,16 @@ _K = 0.044715
 
 
 def _gelu_tanh_into(y):
-    """tanh-gelu of ``y`` as y * sigmoid(2c y (1 + k y^2)), in one fresh buffer and four in-place
-    passes: sigmoid costs a third of tanh on CPU, and 1 + tanh(z) = 2 sigmoid(2z) has no
-    cancellation where tanh(z) nears -1. The sign of y survives (-0, underflow: y * +0); an
-    infinite u meets y only as y * 0 at y = -inf, NaN as the definition is there."""
-    u = y * y
-    u.mul_(_TWO_C * _K).add_(_TWO_C).mul_(y)
-    return u.sigmoid_().mul_(y)
+    """tanh-gelu of ``y`` as y * sigmoid(y (2c + 2ck y^2)), in one fresh buffer and three passes
+    besides the sigmoid: sigmoid costs a third of tanh on CPU, and 1 + tanh(z) = 2 sigmoid(2z)
+    has no cancellation where tanh(z) nears -1. The sign of y survives (-0, and y * +0 where the
+    sigmoid underflows); y = -inf gives -inf * 0 = NaN, as the definition does. Where autograd
+    records, the passes are out of place (it keeps the sigmoid's output for the backward)."""
+    two_c = torch.full((), _TWO_C, dtype=y.dtype, device=y.device)
+    u = torch.addcmul(two_c, y, y, value=_TWO_C * _K)
+    if torch.is_grad_enabled() and y.requires_grad:
+        return y * torch.sigmoid(u * y)
+    return u.mul_(y).sigmoid_().mul_(y)
 
 
 def gelu_tanh_sigmoid(x, approximate):

@@ -178,6 +178,16 @@ def test_rewritten_kernels_match_their_reference_term_at_the_edges_too(kernel, d
     assert (error / truth.abs())[bulk].max() <= (1e-5 if dtype == torch.float32 else 1e-12)
 
 
+def test_rewritten_gelu_differentiates_as_the_definition():
+    x = R(64, 32, dtype=torch.float64, requires_grad=True)
+    w, b = R(16, 32, dtype=torch.float64, requires_grad=True), R(16, dtype=torch.float64)
+    for kernel, args, wrt in (("gelu", (x, "tanh"), [x]), ("linear_act", (x, w, b, "gelu_tanh"), [x, w])):
+        own, rewritten = REGISTRY[f"torch.{kernel}"].impl, next(k.impl for k in REWRITTEN if k.op == kernel)
+        grads = [torch.autograd.grad(f(*args).square().sum(), wrt) for f in (own, rewritten)]
+        for got, expected in zip(grads[1], grads[0]):
+            torch.testing.assert_close(got, expected)
+
+
 def test_rewritten_kernels_refuse_what_they_do_not_compute():
     gelu = REGISTRY["torch.gelu_tanh_sigmoid"]
     assert gelu.refuses(_use("gelu", "float32", "cpu", ((4, 8),), ("none",))) == "only approximate='tanh', not 'none'"

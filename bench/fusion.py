@@ -96,7 +96,7 @@ def programs(stack: bool):
     for b, heads, t, d in ((4, 12, 256, 64), (1, 12, 1024, 64)):  # GPT-2 small's heads, two lengths
         yield (f"attention B{b} H{heads} T{t} d{d}", naive_attention, attention_matmuls,
                tuple(torch.randn(b, heads, t, d) for _ in range(3)))
-    c, heads, t, b = 256, 4, 256, 4
+    c, heads, t, b = 256, 4, 256, 2  # issue 18's block: C=256, T=256, B=2
     block = NaiveBlock(c, heads, t).eval()
     yield f"block C{c} H{heads} T{t} B{b}", block, block.matmuls, (torch.randn(b, t, c),)
     if stack:

@@ -23,12 +23,12 @@ Estimate = Callable[[Kernel, Use], float]
 
 
 def default_estimate(kernel: Kernel, use: Use) -> float:
-    """Nothing measured: the torch kernel, by the memory it touches, and a move (an overhead and
-    a pass over the value); no other backend."""
+    """Nothing measured: the op's torch kernel, by the memory it touches, and a move (an overhead
+    and a pass over the value); no other kernel."""
     elements = sum(math.prod(s) for s in use.shapes) or 1
     if kernel.op == MOVE:
         return 2e-6 + 4 * elements / 1e10
-    if kernel.backend != "torch":
+    if kernel.rows != "torch":
         return math.inf
     return 5e-6 + 4 * elements / 2e10
 
@@ -65,10 +65,10 @@ def pricing(latency, device: str) -> Callable:
 
 def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dtype: str,
               layouts: tuple = ()):
-    """(units, source) of ``kernel`` from the database, or None: not known there (and, off the
-    torch backend, only rows of the kernel's own backend count)."""
+    """(units, source) of ``kernel`` from the database, or None: not known there (and, but for
+    the op's own torch kernel, only the kernel's own measured or interpolated rows count)."""
     found = latency(op, attrs, shapes, dtype, layouts, kernel) if latency is not None else None
-    if found and kernel.backend != "torch" and found[1] not in ("measured", "interpolated"):
+    if found and kernel.rows != "torch" and found[1] not in ("measured", "interpolated"):
         return None
     return found
 

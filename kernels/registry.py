@@ -43,6 +43,12 @@ class Kernel:
     def op(self) -> str:
         return self.reference.strip("(").split()[0]
 
+    @property
+    def rows(self) -> str:
+        """What the latency database keys this kernel's rows by: its backend for the op's own
+        kernel there (``torch.softmax``), else its name, so each kernel is measured on its own."""
+        return self.backend if self.name == f"{self.backend}.{self.op}" else self.name
+
     def refuses(self, use: Use) -> str | None:
         """Why this kernel cannot run ``use`` (None when it can)."""
         if use.device not in self.devices:
@@ -91,10 +97,16 @@ def _triton_kernels() -> list[Kernel]:
                    limits or (lambda use: None)) for op, (impl, limits) in KERNELS.items()]
 
 
-REGISTRY: dict[str, Kernel] = {k.name: k for k in
-                               _torch_kernels() + _numpy_kernels() + _triton_kernels()}
-#: (source, target) backend -> the kernel moving a value between their memories; its backend is
-#: "source->target", so its rows in the database are its own
+def _rewritten_kernels() -> list[Kernel]:
+    from .rewritten import KERNELS
+
+    return [Kernel(k.name, k.reference, "torch", frozenset({"cpu", "cuda"}), k.dtypes, k.impl, k.limits)
+            for k in KERNELS]
+
+
+REGISTRY: dict[str, Kernel] = {k.name: k for k in _torch_kernels() + _rewritten_kernels()
+                               + _numpy_kernels() + _triton_kernels()}
+#: (source, target) backend -> the kernel moving a value between their memories (rows of its own)
 MOVES = {(source, target): Kernel(f"move.{source}->{target}", "(move ?x0)", f"{source}->{target}",
                                   frozenset({"cpu"}), ALL_DTYPES - {"bfloat16"}, fn,
                                   takes=to_numpy if source == "numpy" else None)

@@ -56,7 +56,7 @@ def test_profile_grid_times_each_backends_kernels_and_the_moves_between_them(tmp
     with ProfileDB(db) as opened:
         rows = {(backend, kernel): len(opened.records(kernel, backend, _device(), "float32"))
                 for backend, kernel in [("torch", "exp"), ("numpy", "exp"), ("torch", "softmax"),
-                                        ("torch->numpy", "move"), ("numpy->torch", "move")]}
+                                        ("move.torch->numpy", "move"), ("move.numpy->torch", "move")]}
     assert rows == dict.fromkeys(rows, 2)  # two sizes each: numpy has no softmax
     assert "10 timings recorded" in capsys.readouterr().out
 

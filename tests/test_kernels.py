@@ -1,5 +1,6 @@
 """The kernel registry: each kernel against its reference term, and binding by device, dtype and
 shape, conversions between backends included."""
+import math
 import warnings
 
 import pytest
@@ -100,7 +101,7 @@ def test_each_kernel_has_its_own_rows_and_extraction_prices_the_kernel_binding_c
         timed = MeasuredLatency(db, "cpu", budget_s=60)  # tanh unmeasured: both backends timed now
         binding.pricing(timed, "cpu")("tanh", (), ((64, 64),), "float32")
         assert all(db.records("tanh", b, device_name("cpu"), "float32") for b in ("torch", "numpy"))
-        assert db.records("move", "torch->numpy", device_name("cpu"), "float32")  # its move too
+        assert db.records("move", "move.torch->numpy", device_name("cpu"), "float32")  # its move too
 
 
 def test_moves_are_measured_kernels_and_binding_pays_what_they_take(tmp_path):
@@ -112,19 +113,19 @@ def test_moves_are_measured_kernels_and_binding_pays_what_they_take(tmp_path):
     use, where = Use("exp", (), ((64, 64),), ("float32",), "cpu"), device_name("cpu")
     with ProfileDB(tmp_path / "p.sqlite") as db:
         for kernel, backend, seconds in (("exp", "torch", 8e-6), ("exp", "numpy", 1e-6),
-                                         ("move", "torch->numpy", 9e-6)):
+                                         ("move", "move.torch->numpy", 9e-6)):
             db.add(Record(kernel, backend, where, "float32", ((64, 64),), {}, 5, seconds, 0.0))
         slow = binding.measured_estimate(MeasuredLatency(db, "cpu", budget_s=0))
         assert binding.conversion_seconds(use, "torch", "numpy", slow) == 9e-6
         assert binding.bind(use, ("torch",), slow).name == "torch.exp"
         assert binding.bind(use, ("numpy",), slow).name == "numpy.exp"  # already in numpy memory
-        db.add(Record("move", "torch->numpy", where, "float32", ((64, 64),), {}, 5, 1e-7, 0.0))
+        db.add(Record("move", "move.torch->numpy", where, "float32", ((64, 64),), {}, 5, 1e-7, 0.0))
         fast = binding.measured_estimate(MeasuredLatency(db, "cpu", budget_s=0))
         assert binding.bind(use, ("torch",), fast).name == "numpy.exp"
         timed = MeasuredLatency(db, "cpu", budget_s=60)  # an unmeasured shape is timed now
         x = registry.MOVES["numpy", "torch"]
         seconds = binding.measured_estimate(timed)(x, Use("move", (), ((32, 8),), ("float32",), "cpu"))
-        (row,) = db.records("move", "numpy->torch", where, "float32")
+        (row,) = db.records("move", "move.numpy->torch", where, "float32")
         assert row.shapes == ((32, 8),) and seconds == pytest.approx(row.median_s, abs=1e-7)  # in units of 0.1 us
 
 
@@ -174,3 +175,78 @@ def test_a_triton_kernel_declared_beside_its_wrapper_is_registered(monkeypatch):
     assert (kernel.name, kernel.reference, kernel.impl) == ("triton.exp", "(exp ?x0)", fn)
     assert kernel.refuses(_use("exp", shapes=((4, 16),), attrs=())) == "too wide"
     assert kernel.refuses(_use("exp", shapes=((4, 8),), attrs=())) is None
+
+
+REWRITTEN = [k for k in REGISTRY.values() if k.backend == "torch" and k.rows != "torch"]
+#: where floating point ends: both infinities, NaN, signed zeros, gelu's underflow and x^3's overflow
+EDGES = [-math.inf, math.inf, math.nan, -0.0, 0.0, -1e-30, -9.0, -30.0, -100.0, -1e20, 1e20, 7e12]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kernel", REWRITTEN, ids=lambda k: k.name)
+def test_rewritten_kernels_match_their_reference_term_at_the_edges_too(kernel, dtype):
+    """A torch kernel computing an op by another formula equals the op's definition (float64
+    truth) within rounding, with the definition's NaNs and the signs of its zeros. (Where tanh(z)
+    nears -1, 1 + tanh(z) cancels even in float64: the truth is -0 at x = -9, the kernel's
+    x sigmoid(2z) -1e-28, so relative errors are asserted only away from zero.)"""
+    pattern = parse(kernel.reference)
+    attrs = {name: next(a for a in ("tanh", "gelu_tanh") if kernel.refuses(
+        Use(kernel.op, (a,), (), (), "cpu")) is None) for name in variables(pattern) if not name.startswith("x")}
+    x = torch.cat([torch.tensor(EDGES), 4 * R(500, dtype=torch.float64)]).to(dtype)
+    operands = [x.reshape(-1, 8)] if kernel.op == "gelu" else [x.reshape(-1, 8), R(5, 8, dtype=dtype), R(5, dtype=dtype)]
+    bindings = {**attrs, **{f"x{i}": Term.input(f"x{i}", tuple(t.shape)) for i, t in enumerate(operands)}}
+    (truth,) = evaluate([instantiate(pattern, bindings)], {f"x{i}": t for i, t in enumerate(operands)},
+                        reference=True)
+    got = kernel.impl(*operands, *attrs.values())
+    own = REGISTRY[f"torch.{kernel.op}"].impl(*operands, *attrs.values())  # what it stands in for
+    assert got.dtype == dtype
+    assert torch.equal(got.isnan(), truth.isnan()) and torch.equal(got.signbit(), truth.signbit())
+    error, own_error = ((y.double() - truth).nan_to_num().abs() for y in (got, own))
+    bulk = truth.abs() > 1e-2  # as close to the truth as the op's own kernel, and within rounding
+    assert error.max() <= 1.5 * own_error.max() + 1e-12
+    assert (error / truth.abs())[bulk].max() <= (1e-5 if dtype == torch.float32 else 1e-12)
+
+
+def test_rewritten_gelu_differentiates_as_the_definition():
+    x = R(64, 32, dtype=torch.float64, requires_grad=True)
+    w, b = R(16, 32, dtype=torch.float64, requires_grad=True), R(16, dtype=torch.float64)
+    for kernel, args, wrt in (("gelu", (x, "tanh"), [x]), ("linear_act", (x, w, b, "gelu_tanh"), [x, w])):
+        own, rewritten = REGISTRY[f"torch.{kernel}"].impl, next(k.impl for k in REWRITTEN if k.op == kernel)
+        grads = [torch.autograd.grad(f(*args).square().sum(), wrt) for f in (own, rewritten)]
+        for got, expected in zip(grads[1], grads[0]):
+            torch.testing.assert_close(got, expected)
+
+
+def test_rewritten_kernels_refuse_what_they_do_not_compute():
+    gelu = REGISTRY["torch.gelu_tanh_sigmoid"]
+    assert gelu.refuses(_use("gelu", "float32", "cpu", ((4, 8),), ("none",))) == "only approximate='tanh', not 'none'"
+    assert "float16" in gelu.refuses(_use("gelu", "float16", "cpu", ((4, 8),), ("tanh",)))
+    linear = REGISTRY["torch.linear_gelu_tanh_sigmoid"]
+    assert linear.refuses(_use("linear_act", "float32", "cpu", ((4, 8), (3, 8), (3,)), ("relu",)))
+
+
+def test_a_rewritten_kernel_is_chosen_only_where_measured_faster(tmp_path):
+    """Unmeasured, the op's own kernel runs (no preference); each kernel has its own rows, and
+    the faster measured one is bound and priced; timing a miss times both."""
+    from egraph_opt.profiling.latency import MeasuredLatency, UNIT_S
+    from egraph_opt.profiling.profile_db import ProfileDB, Record
+    from egraph_opt.profiling.profiler import device_name
+
+    shapes, where = ((64, 64),), device_name("cpu")
+    use = Use("gelu", ("tanh",), shapes, ("float32",), "cpu")
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        latency = MeasuredLatency(db, "cpu", budget_s=0)
+        assert binding.bind(use, estimate=binding.measured_estimate(latency)).name == "torch.gelu"
+        for rows, seconds in (("torch", 8e-6), ("torch.gelu_tanh_sigmoid", 3e-6)):
+            db.add(Record("gelu", rows, where, "float32", shapes, {"approximate": "tanh"}, 5, seconds, 0.0))
+        latency = MeasuredLatency(db, "cpu", budget_s=0)
+        assert binding.bind(use, estimate=binding.measured_estimate(latency)).name == "torch.gelu_tanh_sigmoid"
+        assert binding.pricing(latency, "cpu")("gelu", ("tanh",), shapes, "float32") == (round(3e-6 / UNIT_S), "measured")
+        slower = Use("gelu", ("tanh",), ((32, 64),), ("float32",), "cpu")
+        db.add(Record("gelu", "torch.gelu_tanh_sigmoid", where, "float32", ((32, 64),), {"approximate": "tanh"}, 5, 9e-6, 0.0))
+        db.add(Record("gelu", "torch", where, "float32", ((32, 64),), {"approximate": "tanh"}, 5, 2e-6, 0.0))
+        assert binding.bind(slower, estimate=binding.measured_estimate(MeasuredLatency(db, "cpu"))).name == "torch.gelu"
+        timed = MeasuredLatency(db, "cpu", budget_s=60)
+        binding.pricing(timed, "cpu")("linear_act", ("gelu_tanh",), ((16, 8), (4, 8), (4,)), "float32")
+        assert all(db.records("linear_act", rows, where, "float32")
+                   for rows in ("torch", "torch.linear_gelu_tanh_sigmoid"))

@@ -102,11 +102,11 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
 
     records, backends = [], set()
     for kernel in (k for op in ops for k in kernels_for(op)):
-        if kernel.backend == "torch" or not usable(kernel) or args.device not in kernel.devices:
+        if kernel.rows == "torch" or not usable(kernel) or args.device not in kernel.devices:
             continue
         cases = [c for c in grid([kernel.op], args.dtype, args.sizes) if c.dtype in kernel.dtypes]
         records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=kernel)
-        backends.add(kernel.backend)
+        backends.add(kernel.backend)  # its memory: the moves into it and out
     for (source, target), move in MOVES.items():
         if backends & {source, target}:
             cases = [Case(MOVE, dtype, ((n, n),), {}) for dtype in args.dtype for n in args.sizes

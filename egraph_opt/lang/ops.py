@@ -230,8 +230,10 @@ def _normalized(x, weight, bias, eps):
     out = F.layer_norm(x, x.shape[-1:], weight, bias, eps)
     if x.device.type == "meta" or x.dtype == torch.float64 or not x.numel():
         return out
-    top = x.detach().abs().amax(-1, keepdim=True)
     limit = math.sqrt(torch.finfo(torch.promote_types(x.dtype, torch.float32)).max / x.shape[-1])
+    if _abs_max(x) <= limit / 4:  # one pass, no copy: no row can be big (NaN reads each row)
+        return out
+    top = x.detach().abs().amax(-1, keepdim=True)
     big = (top > limit / 4) & top.isfinite()
     if not bool(big.any()):
         return out
@@ -266,12 +268,18 @@ def linear_act(x, weight, bias, activation):
     return ACTIVATIONS[activation](F.linear(x, weight, bias))
 
 
+def _abs_max(x) -> float:
+    """max |x| (NaN where x holds one) from one min-max pass: no |x| copy."""
+    low, high = (float(m) for m in torch.aminmax(x.detach()))
+    return math.nan if math.isnan(low) or math.isnan(high) else max(-low, high)
+
+
 def _score_bound(q, k, scale: float) -> float:
     """A bound on |q k^T * scale| from two maxima: O(T D) beside attention's O(T^2 D); NaN or inf
     where q or k holds one."""
     if q.device.type == "meta" or not q.is_floating_point() or not q.numel() or not k.numel():
         return 0.0
-    return float(q.abs().amax()) * float(k.abs().amax()) * q.shape[-1] * abs(scale)
+    return _abs_max(q) * _abs_max(k) * q.shape[-1] * abs(scale)
 
 
 def _scores_overflow(q, k, scale: float) -> bool:
@@ -298,7 +306,7 @@ def sdpa_masked(q, k, v, bias, scale):
         return _attention(q, k, v, scale, bias.to(q.dtype))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
     dead = torch.isneginf(bias).all(-1, keepdim=True)
-    return out.masked_fill(dead, float("nan"))
+    return out.masked_fill(dead, float("nan")) if bool(dead.any()) else out
 
 
 #: exp(x) is 0 in float32 (and every narrower dtype) below this: a key whose score lies this far
@@ -624,7 +632,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
         growth=1, passes=17, sample=_MATMUL_SAMPLE, work="linear", onnx="Gemm", layout="fresh"),
     _op("linear_act", 3, "activation:String", linear_act, _FUSED, shape="linear",
         range="linear_act", curvature=(1.0, 1.0), **_SMOOTH, passes=17,
-        sample=(*_MATMUL_SAMPLE, ("activation", "gelu_tanh")), onnx="linear-activation", layout="fresh"),
+        sample=(*_MATMUL_SAMPLE, ("activation", "gelu_tanh")), work="linear",
+        onnx="linear-activation", layout="fresh"),
     _op("sdpa_masked", 4, "scale:f64", sdpa_masked, _FUSED, shape="sdpa", range="values-of-v",
         curvature=(1.0, 1.0), **_SMOOTH, passes=21,
         sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention"),

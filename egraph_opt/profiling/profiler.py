@@ -140,7 +140,8 @@ def attr_names(kernel: str) -> list[str]:
 
 # Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
 EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none",
-                 "eps": 1e-5, "scale": 0.125, "causal": False, "beta": 1.702}
+                 "eps": 1e-5, "scale": 0.125, "causal": False, "beta": 1.702,
+                 "activation": "gelu_tanh"}
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:
@@ -274,7 +275,7 @@ def _plain_progress(items: list, desc: str):
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
                    repeats: int = 15, progress: bool = True, kernel=None) -> list[Record]:
     """Time each case and record it: the op's torch implementation (backend "torch"), or
-    ``kernel`` (a registry kernel: its backend, implementation, and the conversion of its inputs
+    ``kernel`` (a registry kernel: its own rows, implementation, and the conversion of its inputs
     into its memory, done before timing; a move needs its kernel). Only ops of SPECS: the latency
     model cannot use a measurement it has no work formula for."""
     cases = list(cases)
@@ -292,7 +293,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         layouts = case.attrs.get("layout") or [None] * len(tensors)  # as the kernel will see them
         tensors = [with_layout(t, key) for t, key in zip(tensors, layouts)]
         attrs = [case.attrs[name] for name in attr_names(case.op)]
-        impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.backend)
+        impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.rows)
         if kernel is not None and kernel.takes is not None:
             tensors = [kernel.takes(t) for t in tensors]
         timing = time_kernel(impl, [*tensors, *attrs], device, repeats=repeats)

@@ -297,6 +297,10 @@ def test_a_program_measured_slower_than_the_original_runs_only_for_stability(tmp
         assert (judge._slower_for_nothing(result, *slower), judge._slower_for_nothing(result, *faster)) == expected
     same = type(result)(**{**result.__dict__, "cost_after": result.cost_before})  # no steadier
     assert saturate_and_extract(naive, profile_budget=0)._slower_for_nothing(same, *slower)
+    balanced = saturate_and_extract(naive, profile_budget=0)
+    (before_error, after_error) = f.report.error  # sampled: 32 bits at overflow -> about 0
+    assert not balanced._slower_for_nothing(result, *slower, (before_error, after_error))
+    assert balanced._slower_for_nothing(result, *slower, (before_error, before_error))  # no bit won
 
 
 def test_a_node_with_a_constant_operand_is_priced_without_being_timed(tmp_path):

@@ -203,20 +203,27 @@ class OptimizedFunction:
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and result.ops_after != result.ops_before:
             report.measured = time_side_by_side([target, run], args, device, left)
-            if report.measured and self._slower_for_nothing(result, *report.measured):
+            if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "
                                                f"{before * 1e6:.1f} us) and is no more stable")
         return plan
 
-    def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float) -> bool:
+    def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
+                            error: tuple | None = None) -> bool:
         """Never slower than the original: measured on the actual inputs (layouts included), a
         program slower by more than noise runs only where it buys stability the objective asked
-        for (balanced: a lower conditioning cost; stability and tolerance: always)."""
+        for (stability and tolerance: always; balanced: where it is steadier, by a bit or more of
+        the sampled first-order ``error`` (before, after) where the report has one, else by a lower
+        conditioning cost: a cost a shared subterm lowers buys no accuracy)."""
         if optimized_s <= original_s * SLOWER_BY or self.objective in (Objective.STABILITY,
                                                                       Objective.TOLERANCE):
             return False
-        steadier = result.cost_after.get("curvature", 0) < result.cost_before.get("curvature", 0)
+        if error:
+            before, after = error
+            steadier = after.worst <= before.worst - 1 or after.mean <= before.mean - 1
+        else:
+            steadier = result.cost_after.get("curvature", 0) < result.cost_before.get("curvature", 0)
         return self.objective is Objective.LATENCY or not steadier
 
     @property

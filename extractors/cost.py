@@ -110,7 +110,7 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
     strides = term_strides(roots, meta) if model.latency_of is not None else {}
     exact: dict[int, bool] = {}
     constant: dict[int, bool] = {}
-    parts = {"cost": 0, "curvature": 0, "latency": 0}
+    parts = {"cost": 0, "curvature": 0, "latency": 0, "worst": 0}  # worst: one node's curvature
     for t in terms:
         dtypes = tuple(dtype_name(meta[id(a)][1]) for a in t.args)
         exact[id(t)] = rounding_free(t.op, t.attrs, dtypes) and all(exact[id(a)] for a in t.args)
@@ -123,5 +123,6 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
                                       [strides.get(id(a)) for a in t.args if a.op != "const"]))
         parts["cost"] += model(n)
         parts["curvature"] += model.curvature(n)
+        parts["worst"] = max(parts["worst"], model.curvature(n))
         parts["latency"] += model.latency(n)
     return parts

@@ -206,6 +206,9 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
         # error of a computed argument (1 + x rounded) becomes the whole result (why log1p exists)
         worst = math.inf if lo <= 1 <= hi else max(1 / abs(math.log(u)) for u in (lo, hi))
         cost += _amplified(worst, dtype)
+    if error == "log" and exact and not exact[0] and operands[0][0] <= 0 < operands[0][1]:
+        cost += 3000  # a computed value that may have underflowed to 0 (a softmax, a sigmoid, a
+        # sum of exps): log makes -inf of it, where log_softmax, logsumexp or softplus stay finite
     if error == "log-sum-exp" and result is not None and result[0] <= 0 <= result[1]:
         cost += ALL_DIGITS  # the log inside (of sum(exp(x - max(x))) >= 1) near 1, as a bare log's:
         # log_softmax(x) at the dominant x is -log(1 + tiny) = 0 in float32, not -tiny

@@ -213,17 +213,21 @@ class OptimizedFunction:
                             error: tuple | None = None) -> bool:
         """Never slower than the original: measured on the actual inputs (layouts included), a
         program slower by more than noise runs only where it buys stability the objective asked
-        for (stability and tolerance: always; balanced: where it is steadier, by a bit or more of
-        the sampled first-order ``error`` (before, after) where the report has one, else by a lower
-        conditioning cost: a cost a shared subterm lowers buys no accuracy)."""
+        for (stability and tolerance: always; balanced: where it is steadier: its worst-conditioned
+        node is better conditioned (an overflow or cancellation gone, which sampling rarely meets),
+        its conditioning cost is lower by other ops (not by a subterm computed once instead of
+        twice, which buys nothing), or its sampled first-order ``error`` (before, after) is down a
+        bit)."""
         if optimized_s <= original_s * SLOWER_BY or self.objective in (Objective.STABILITY,
                                                                       Objective.TOLERANCE):
             return False
+        before, after = result.cost_before, result.cost_after
+        steadier = after.get("worst", 0) < before.get("worst", 0) or \
+            after.get("curvature", 0) < before.get("curvature", 0) and \
+            set(result.ops_after) != set(result.ops_before)
         if error:
-            before, after = error
-            steadier = after.worst <= before.worst - 1 or after.mean <= before.mean - 1
-        else:
-            steadier = result.cost_after.get("curvature", 0) < result.cost_before.get("curvature", 0)
+            then, now = error
+            steadier = steadier or now.worst <= then.worst - 1 or now.mean <= then.mean - 1
         return self.objective is Objective.LATENCY or not steadier
 
     @property

@@ -178,14 +178,14 @@ def device_name(device: str | torch.device) -> str:
 
 def machine_busy() -> str | None:
     """Why a kernel timed now would not show this machine's speed, or None: other processes hold
-    its cores (a 1-minute load average above the core count, plus one), and a multithreaded kernel then
+    its cores (a 1-minute load average above the core count), and a multithreaded kernel then
     waits for the scheduler at each of its barriers (softmax at 8x64 measured 8 ms, not 30 us)."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average on this platform: nothing to tell
         return None
     cores = os.cpu_count() or 1
-    return f"load average {load:.1f} on {cores} cores" if load > cores + 1 else None
+    return f"load average {load:.1f} on {cores} cores" if load > cores else None
 
 
 class Timing(NamedTuple):

@@ -61,7 +61,7 @@ def with_layout(x: torch.Tensor, key: str | None) -> torch.Tensor:
     return x
 
 
-def _result(op: str, attrs: tuple, operands: list, shape) -> Strides:
+def result_strides(op: str, attrs: tuple, operands: list, shape) -> Strides:
     """Strides of an ``op`` result of ``shape`` from its operands' (shape, strides, dtype) (None:
     a constant)."""
     kind = OPS[op].layout
@@ -92,37 +92,13 @@ def _run(op: str, attrs: tuple, operands: tuple) -> Strides | None:
 
 def term_strides(roots: Iterable[Term], meta: dict) -> dict[int, Strides]:
     """Strides of every term (by id) of a program whose shapes are ``meta``; inputs, parameters
-    and opaque results are taken as contiguous."""
+    and opaque results are taken as contiguous. (An e-class's: ``pipeline.class_shapes``.)"""
     out: dict[int, Strides] = {}
     for t in postorder(list(roots)):
         shape = meta[id(t)][0]
-        out[id(t)] = _result(t.op, t.attrs, [(*meta[id(a)][:1], out[id(a)], meta[id(a)][1])
+        out[id(t)] = result_strides(t.op, t.attrs, [(*meta[id(a)][:1], out[id(a)], meta[id(a)][1])
                                              if a.op != "const" else None for a in t.args],
-                             shape) if t.args else contiguous(shape)
-    return out
-
-
-def class_strides(classes: dict, meta: dict, known: dict) -> dict[str, Strides]:
-    """Strides of every e-class with a shape: the loaded ones are ``known``; a class rewrites made
-    takes those of its first e-node whose operands have theirs."""
-    out = dict(known)
-    consts = {c for c, nodes in classes.items() if any(n.op == "const" for n in nodes)}
-    changed = True
-    while changed:
-        changed = False
-        for cid, nodes in classes.items():
-            if cid in out or cid not in meta:
-                continue
-            for n in nodes:
-                if all(c in out or c in consts for c in n.children) and n.children:
-                    out[cid] = _result(n.op, n.attrs, [None if c in consts else
-                                                       (meta[c][0], out[c], meta[c][1])
-                                                       for c in n.children], meta[cid][0])
-                    changed = True
-                    break
-            else:
-                if any(not n.children for n in nodes):
-                    out[cid], changed = contiguous(meta[cid][0]), True
+                                    shape) if t.args else contiguous(shape)
     return out
 
 

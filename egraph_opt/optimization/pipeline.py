@@ -24,7 +24,7 @@ from ..extractors.enumerate import alternatives
 from ..extractors.rounding_error import least_error
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program
-from ..analysis.layouts import class_strides, operand_layouts, term_strides
+from ..analysis.layouts import contiguous, operand_layouts, result_strides, term_strides
 from ..analysis.ranges import TOP, Interval, analyze, transfer
 from ..rulesets import Family, Rule, select
 from ..lang.term import Term, op_counts, postorder
@@ -275,20 +275,26 @@ def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best
     return ranges
 
 
-def class_meta(classes: dict, known: dict) -> dict:
-    """(shape, dtype) of every e-class: the loaded ones are ``known``; a class rewrites created
-    takes the shape its first computable e-node has on meta tensors (all its e-nodes agree)."""
-    meta = dict(known)
+def _fill(classes: dict, known: dict, value_of: Callable) -> dict:
+    """A value for every e-class it can give one: the loaded classes' are ``known``; a class
+    rewrites made takes ``value_of(class, e-node, operand values)`` of its first e-node whose
+    operands have theirs (None: not computable; all its e-nodes agree where they are)."""
+    out = dict(known)
     changed = True
     while changed:
         changed = False
         for cid, nodes in classes.items():
-            found = None if cid in meta else next(
-                (m for n in nodes if all(c in meta for c in n.children)
-                 for m in [_meta_of(n, [meta[c] for c in n.children])] if m is not None), None)
+            found = None if cid in out else next(
+                (v for n in nodes if all(c in out for c in n.children)
+                 for v in [value_of(cid, n, [out[c] for c in n.children])] if v is not None), None)
             if found is not None:
-                meta[cid], changed = found, True
-    return meta
+                out[cid], changed = found, True
+    return out
+
+
+def class_meta(classes: dict, known: dict) -> dict:
+    """(shape, dtype) of every e-class: by the first computable e-node, on meta tensors."""
+    return _fill(classes, known, lambda cid, node, operands: _meta_of(node, operands))
 
 
 def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: dict,
@@ -300,7 +306,17 @@ def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: d
     if not layouts:
         return meta, None
     known = term_strides(roots, term_meta)
-    return meta, class_strides(snap.classes, meta, {c: known[i] for i, c in class_of.items()})
+    consts = {c for c, nodes in snap.classes.items() if any(n.op == "const" for n in nodes)}
+
+    def strides_of(cid, node, operands):
+        if cid not in meta:
+            return None
+        if not node.children:
+            return contiguous(meta[cid][0])
+        return result_strides(node.op, node.attrs, [
+            None if c in consts else (meta[c][0], s, meta[c][1])
+            for c, s in zip(node.children, operands)], meta[cid][0])
+    return meta, _fill(snap.classes, {c: known[i] for i, c in class_of.items()}, strides_of)
 
 
 def _meta_of(node, operands: list) -> tuple | None:

@@ -207,6 +207,32 @@ def test_folded_weights_work_under_inference_mode():
         assert f.report.optimized, f.report.fallback  # not the original run untouched
 
 
+class BufferMaskedAttention(nn.Module):
+    def __init__(self, t: int):
+        super().__init__()
+        self.register_buffer("mask", torch.ones(t, t, dtype=torch.bool).triu(1))
+
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-2, -1) / 4.0).masked_fill(self.mask, float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_a_mask_buffer_written_in_place_is_seen(mode):
+    """The bias folded from a mask buffer, and what the kernel reads from it (causal, dead rows),
+    are redone when the buffer is written: a reloaded state dict, a fill_."""
+    model = BufferMaskedAttention(6).eval()
+    f = saturate_and_extract(model)
+    q, k, v = (torch.randn(2, 3, 6, 4) for _ in range(3))
+    with mode():
+        for write in (None, lambda m: m.load_state_dict({"mask": torch.zeros(6, 6, dtype=torch.bool)}),
+                      lambda m: m.mask[2].fill_(True)):  # the last leaves row 2 fully masked: NaN
+            if write:
+                write(model)
+            torch.testing.assert_close(f(q, k, v), model(q, k, v), rtol=1e-5, atol=1e-5, equal_nan=True)
+            assert f.report.ops_after.get("sdpa_masked") == 1 and f.report.kernels.get("folded") == 1
+
+
 def test_half_precision_attention_is_optimized_under_inference_mode():
     """Its report's error estimate takes derivatives, which inference mode would not record."""
     f = saturate_and_extract(lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / 8.0, -1) @ v)

@@ -238,3 +238,30 @@ def test_cube_root_is_real_signed_and_correctly_rounded():
     assert got[:3].signbit().tolist() == [True, True, False]
     x = (torch.randn(1000, dtype=torch.float64) * 1e3).float().double()
     torch.testing.assert_close(OPS["cbrt"].impl(x.float()), OPS["cbrt"].impl(x).float(), rtol=0, atol=0)
+
+
+def _attention_definition(q, k, v, bias, scale):
+    return torch.softmax((q @ k.transpose(-2, -1) * scale + bias).masked_fill(torch.isneginf(bias), -math.inf),
+                         -1) @ v
+
+
+@pytest.mark.parametrize("queries,keys", [(6, 6), (4, 6), (6, 4)])
+def test_sdpa_masked_reads_its_mask_once_per_version(queries, keys):
+    """A causal bias runs as is_causal, a dead row is NaN; both are read once per version of the
+    bias (a mask buffer is the same tensor every call), and an in-place write is seen."""
+    from egraph_opt.lang.ops import _MASK_FACTS, sdpa_masked
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64) for n in (queries, keys, keys))
+    bias = torch.zeros(queries, keys, dtype=torch.float64).masked_fill(
+        torch.ones(queries, keys, dtype=torch.bool).triu(1), -math.inf)
+    for write in (None, (0, 1, 0.0), (1, slice(None), -math.inf), (1, slice(None), 2.0)):
+        if write:
+            bias[write[0], write[1]] = write[2]
+        torch.testing.assert_close(sdpa_masked(q, k, v, bias, 0.3), _attention_definition(q, k, v, bias, 0.3),
+                                   rtol=1e-12, atol=1e-12, equal_nan=True)
+        assert _MASK_FACTS[id(bias)][2][0] is (write is None)  # causal until the first write
+    with torch.inference_mode():  # no version counter: read on every call, never cached
+        frozen = bias.clone()
+        torch.testing.assert_close(sdpa_masked(q, k, v, frozen, 0.3), _attention_definition(q, k, v, frozen, 0.3),
+                                   rtol=1e-12, atol=1e-12)
+        assert id(frozen) not in _MASK_FACTS

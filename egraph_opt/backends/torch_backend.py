@@ -34,12 +34,16 @@ class FoldedConstant:
     def __call__(self, *tensors: torch.Tensor):
         cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
             not any(t.is_inference() for t in tensors)  # inference tensors keep no version
-        key = tuple((t.data_ptr(), t._version, t.device) for t in tensors) if cacheable else None
-        if cacheable and key == self._key:
+        if not cacheable:
+            return evaluate([self.term], dict(zip(self.names, tensors)))[0]
+        key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
+        if key == self._key and self._value._version == self._written:  # nobody wrote the value
             return self._value
-        value = evaluate([self.term], dict(zip(self.names, tensors)))[0]
-        if cacheable:
-            self._key, self._value = key, value
+        # a normal tensor even in inference mode: its version shows writes, and kernels may
+        # cache facts about it by its version (sdpa_masked's mask)
+        with torch.inference_mode(False):
+            value = evaluate([self.term], dict(zip(self.names, tensors)))[0]
+        self._key, self._value, self._written = key, value, value._version
         return value
 
 

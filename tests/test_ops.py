@@ -245,6 +245,26 @@ def _attention_definition(q, k, v, bias, scale):
                          -1) @ v
 
 
+def _filled_definition(q, k, v, keep, scale, fill):
+    return torch.softmax(torch.where(keep, q @ k.transpose(-2, -1) * scale, fill), -1) @ v
+
+
+@pytest.mark.parametrize("queries,keys", [(6, 6), (4, 6), (6, 4)])
+def test_sdpa_filled_reads_its_keep_mask_once_per_version(queries, keys):
+    """A causal keep-mask runs as is_causal; a row that keeps no key is the mean of v."""
+    from egraph_opt.lang.ops import _MASK_FACTS, sdpa_filled
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64) for n in (queries, keys, keys))
+    keep = torch.ones(queries, keys, dtype=torch.bool).tril()
+    fill = torch.finfo(torch.float64).min
+    for write in (None, (0, 1, True), (1, slice(None), False), (1, slice(None), True)):
+        if write:
+            keep[write[0], write[1]] = write[2]
+        torch.testing.assert_close(sdpa_filled(q, k, v, keep, 0.3, fill),
+                                   _filled_definition(q, k, v, keep, 0.3, fill), rtol=1e-12, atol=1e-12)
+        assert _MASK_FACTS[id(keep)][2][0] is (write is None)
+
+
 @pytest.mark.parametrize("queries,keys", [(6, 6), (4, 6), (6, 4)])
 def test_sdpa_masked_reads_its_mask_once_per_version(queries, keys):
     """A causal bias runs as is_causal, a dead row is NaN; both are read once per version of the
@@ -254,7 +274,7 @@ def test_sdpa_masked_reads_its_mask_once_per_version(queries, keys):
     q, k, v = (torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64) for n in (queries, keys, keys))
     bias = torch.zeros(queries, keys, dtype=torch.float64).masked_fill(
         torch.ones(queries, keys, dtype=torch.bool).triu(1), -math.inf)
-    for write in (None, (0, 1, 0.0), (1, slice(None), -math.inf), (1, slice(None), 2.0)):
+    for write in (None, (0, 1, 0.0), (1, slice(None), -math.inf), (1, slice(None), 2.0)):  # 2.0: not 0
         if write:
             bias[write[0], write[1]] = write[2]
         torch.testing.assert_close(sdpa_masked(q, k, v, bias, 0.3), _attention_definition(q, k, v, bias, 0.3),
@@ -264,4 +284,13 @@ def test_sdpa_masked_reads_its_mask_once_per_version(queries, keys):
         frozen = bias.clone()
         torch.testing.assert_close(sdpa_masked(q, k, v, frozen, 0.3), _attention_definition(q, k, v, frozen, 0.3),
                                    rtol=1e-12, atol=1e-12)
-        assert id(frozen) not in _MASK_FACTS
+        assert _MASK_FACTS.get(id(frozen), (lambda: None,))[0]() is not frozen  # ids are reused
+    shifted = torch.zeros(queries, keys, dtype=torch.float64).masked_fill(  # causal, and adds 0.5
+        torch.ones(queries, keys, dtype=torch.bool).triu(1), -math.inf)
+    shifted[-1, 0] = 0.5
+    torch.testing.assert_close(sdpa_masked(q, k, v, shifted, 0.3), _attention_definition(q, k, v, shifted, 0.3),
+                               rtol=1e-12, atol=1e-12)
+    assert _MASK_FACTS[id(shifted)][2][0] is False
+    ones = torch.ones(queries, keys, dtype=torch.bool).tril()  # a boolean bias adds 1.0: no mask
+    torch.testing.assert_close(sdpa_masked(q, k, v, ones, 0.3), _attention_definition(q, k, v, ones.double(), 0.3),
+                               rtol=1e-12, atol=1e-12)

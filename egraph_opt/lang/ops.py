@@ -309,6 +309,8 @@ def sdpa_masked(q, k, v, bias, scale):
     masked blocks (15% faster at T=256)."""
     if _scores_overflow(q, k, scale):
         return _attention(q, k, v, scale, bias.to(q.dtype))
+    if bias.dtype == torch.bool:  # added: True is 1.0, not "keep"
+        bias = bias.to(q.dtype)
     causal, dead = _mask_facts(bias, q.shape[-2], k.shape[-2])
     if causal:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
@@ -320,26 +322,28 @@ def sdpa_masked(q, k, v, bias, scale):
 _MASK_FACTS: dict[int, tuple] = {}
 
 
-def _mask_facts(bias, queries: int, keys: int) -> tuple[bool, torch.Tensor | None]:
-    """(is the bias causal: 0 where key <= query, -inf above, for every batch and head; the rows
-    whose every key is masked, None where none is), read once per version of the bias: a mask
-    buffer, or the bias folded from it, is the same tensor on every call. An inference tensor
-    keeps no version counter, so it is read on every call."""
-    key = None if bias.is_inference() else \
-        (bias.data_ptr(), bias._version, bias.shape, bias.stride(), bias.dtype, bias.device, queries, keys)
-    seen = _MASK_FACTS.get(id(bias))
-    if key is not None and seen is not None and seen[0]() is bias and seen[1] == key:
+def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | None]:
+    """(is the mask causal: a key above its query masked, every other kept, for every batch and
+    head; the rows whose every key is masked, None where none is). ``mask`` is an additive bias
+    (-inf masks, and a causal one is 0 elsewhere) or a boolean keep-mask. Read once per version
+    of the mask: a mask buffer, or the bias folded from it, is the same tensor on every call. An
+    inference tensor keeps no version counter, so it is read on every call."""
+    key = None if mask.is_inference() else \
+        (mask.data_ptr(), mask._version, mask.shape, mask.stride(), mask.dtype, mask.device, queries, keys)
+    seen = _MASK_FACTS.get(id(mask))
+    if key is not None and seen is not None and seen[0]() is mask and seen[1] == key:
         return seen[2]
-    square = bias.shape[-2:] == (queries, keys) and all(n == 1 for n in bias.shape[:-2])
-    causal = square and bias.is_floating_point() and torch.equal(
-        bias.reshape(queries, keys), torch.zeros(queries, keys, dtype=bias.dtype, device=bias.device)
-        .masked_fill(torch.ones(queries, keys, dtype=torch.bool, device=bias.device).triu(1), -math.inf))
-    dead = None if causal else torch.isneginf(bias).all(-1, keepdim=True)
+    keep = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+    square = mask.shape[-2:] == (queries, keys) and all(n == 1 for n in mask.shape[:-2])
+    causal = square and torch.equal(keep.reshape(queries, keys), torch.ones(
+        queries, keys, dtype=torch.bool, device=mask.device).tril()) and \
+        (mask.dtype == torch.bool or not bool(mask.reshape(queries, keys).tril().any()))
+    dead = None if causal else ~keep.any(-1, keepdim=True)
     facts = causal, (dead if dead is not None and bool(dead.any()) else None)
     if key is not None:
         if len(_MASK_FACTS) >= 64:
             _MASK_FACTS.clear()
-        _MASK_FACTS[id(bias)] = (weakref.ref(bias), key, facts)
+        _MASK_FACTS[id(mask)] = (weakref.ref(mask), key, facts)
     return facts
 
 
@@ -357,8 +361,11 @@ def sdpa_filled(q, k, v, keep, scale, fill):
     if not math.isfinite(fill) or _scores_overflow(q, k, scale) or \
             not _score_bound(q, k, scale) < -fill + EXP_UNDERFLOW:
         return softmax(torch.where(keep, q @ k.transpose(-2, -1) * scale, fill), -1) @ v
+    causal, dead = _mask_facts(keep, q.shape[-2], k.shape[-2])
+    if causal:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
-    return torch.where(~keep.any(-1, keepdim=True), v.mean(-2, keepdim=True), out)
+    return out if dead is None else torch.where(dead, v.mean(-2, keepdim=True), out)
 
 
 def sdpa_guarded(q, k, v, bias, scale):

@@ -138,8 +138,10 @@ def var(x, axis, keepdim, correction):
 
 def gelu(x, approximate):
     """x * Phi(x) has the sign of x, zeros included: torch's vectorized kernel returns +0 at -0
-    and where Phi(x) underflows (x <= -88), so the sign is put back."""
-    return F.gelu(x, approximate=approximate).copysign(x)
+    and where Phi(x) underflows (x <= -88), so the sign is put back (in place, where autograd
+    does not record: no second buffer)."""
+    out = F.gelu(x, approximate=approximate)
+    return out.copysign(x) if torch.is_grad_enabled() and x.requires_grad else out.copysign_(x)
 
 
 def atan2(y, x):

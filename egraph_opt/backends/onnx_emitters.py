@@ -8,6 +8,7 @@ it (Gelu as a Div by sqrt(2); MatMul, Mul, Add, Softmax, MatMul), so they cost n
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -293,6 +294,35 @@ def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, head
                   q_num_heads=heads, kv_num_heads=heads)
     return out if reshape_to is None else em.node("Reshape", [out, em.ints(parse_shape(reshape_to))],
                                                   "reshape")
+
+
+def matmuls_unflattened(roots: list[Term], meta: dict, heads: dict) -> dict[int, tuple[Term, Term]]:
+    """reshape(matmul(reshape(x, (M, K)), w), L + (N,)), w of shape (K, N) and M the product of
+    L, x of shape L + (K,): the flattening exporters write around a 2-D Gemm, which MatMul does not
+    need (it broadcasts over the leading axes: the same products in the same order), written as
+    MatMul(x, w): outer reshape id -> (x, w). The flattening may also be the merge of an attention's
+    heads (``heads``) whose Attention writes L + (K,) and that nothing else reads: its reshape
+    goes (the entry in ``heads`` is changed so)."""
+    order = postorder(roots)
+    uses = Counter(id(a) for t in order for a in t.args) + Counter(id(r) for r in roots)
+    found = {}
+    for t in order:
+        flat = t.args[0].args[0] if t.op == "reshape" and t.args[0].op == "matmul" else None
+        if flat is None or flat.op != "reshape" or uses[id(t.args[0])] != 1:
+            continue
+        w, lead = t.args[0].args[1], meta[id(t)][0][:-1]
+        ws = meta[id(w)][0]
+        if len(lead) < 2 or len(ws) != 2 or meta[id(flat)][0] != (math.prod(lead), ws[0]):
+            continue
+        x = flat.args[0]
+        if meta[id(x)][0] == lead + ws[:1]:
+            found[id(t)] = (x, w)
+        elif id(flat) in heads and uses[id(flat)] == 1:
+            attention, xq, xk, xv, h, _ = heads[id(flat)]
+            if meta[id(xq)][0][:2] + meta[id(xv)][0][2:] == lead + ws[:1]:  # what Attention writes
+                heads[id(flat)] = (attention, xq, xk, xv, h, None)
+                found[id(t)] = (flat, w)
+    return found
 
 
 def _linear(em, t):

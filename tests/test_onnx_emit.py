@@ -1,0 +1,78 @@
+"""What the ONNX backend writes for onnxruntime to run fast: no flattening around a MatMul, and
+residual adds before a LayerNormalization that onnxruntime does not fuse into its (slower)
+SkipLayerNormalization. Each case also computes what the original does."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from egraph_opt.backends.onnx_backend import export
+from egraph_opt.drivers.onnx_batch import random_feeds, session
+from egraph_opt.frontends.onnx_frontend import import_model
+from egraph_opt.optimization.pipeline import optimize
+from egraph_opt.validate import judge
+
+
+def _model(nodes, inputs, output, initializers, opset=17):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                           for n, s in inputs],
+                              [helper.make_tensor_value_info(output[0], TensorProto.FLOAT, output[1])],
+                              [numpy_helper.from_array(a, n) for n, a in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _optimized(model):
+    src = import_model(model)
+    out = export(src, optimize(src.program).program)
+    onnx.checker.check_model(out, full_check=True)
+    feeds = random_feeds(model, seed=2)
+    (expected,), (got,) = session(model).run(None, feeds), session(out).run(None, feeds)
+    assert judge(got, expected)[0]
+    return [n.op_type for n in out.graph.node]
+
+
+def _flattened_matmul(unflat):
+    """x (2, 3, 4) viewed as (6, 4), times w (4, 5), viewed as ``unflat``."""
+    w = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["f"]),
+             helper.make_node("MatMul", ["f", "w"], ["m"]),
+             helper.make_node("Reshape", ["m", "unflat"], ["y"])]
+    return _model(nodes, [("x", [2, 3, 4])], ("y", list(unflat)),
+                  {"w": w, "flat": np.array([6, 4]), "unflat": np.array(unflat)})
+
+
+def test_matmul_between_a_flattening_and_its_undoing_is_one_matmul():
+    assert _optimized(_flattened_matmul((2, 3, 5))) == ["MatMul"]
+
+
+@pytest.mark.parametrize("unflat", [(3, 2, 5), (6, 5, 1), (30,)])
+def test_other_views_of_the_product_keep_their_reshapes(unflat):
+    """Rows regrouped otherwise than x's leading axes (or the last axis not w's): not MatMul(x, w)."""
+    assert "Reshape" in _optimized(_flattened_matmul(unflat))
+
+
+def _residual_norm(also_read: bool):
+    """LayerNormalization(x + r), the sum also read by an Exp when ``also_read``."""
+    c = 8
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["n"], axis=-1, epsilon=1e-5)]
+    if also_read:
+        nodes += [helper.make_node("Exp", ["s"], ["e"]), helper.make_node("Add", ["n", "e"], ["y"])]
+    else:
+        nodes[-1].output[0] = "y"
+    rng = np.random.default_rng(1)
+    return _model(nodes, [("x", [2, 4, c]), ("r", [2, 4, c])], ("y", [2, 4, c]),
+                  {"g": rng.standard_normal(c).astype(np.float32),
+                   "b": rng.standard_normal(c).astype(np.float32)})
+
+
+def test_add_read_only_by_layer_norm_is_written_as_sum():
+    ops = _optimized(_residual_norm(also_read=False))
+    assert ops == ["Sum", "LayerNormalization"]
+
+
+def test_add_read_elsewhere_too_stays_add():
+    ops = _optimized(_residual_norm(also_read=True))
+    assert "Sum" not in ops and ops.count("Add") == 2

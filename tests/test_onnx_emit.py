@@ -71,6 +71,9 @@ def _residual_norm(also_read: bool):
 def test_add_read_only_by_layer_norm_is_written_as_sum():
     ops = _optimized(_residual_norm(also_read=False))
     assert ops == ["Sum", "LayerNormalization"]
+    written = export(import_model(_residual_norm(also_read=False)))
+    assert "Sum" in [n.op_type for n in written.graph.node]
+    assert not import_model(written).program.opaque  # it imports again: Sum is an addition
 
 
 def test_add_read_elsewhere_too_stays_add():

@@ -33,24 +33,32 @@ def _optimized(model):
     return [n.op_type for n in out.graph.node]
 
 
-def _flattened_matmul(unflat):
-    """x (2, 3, 4) viewed as (6, 4), times w (4, 5), viewed as ``unflat``."""
-    w = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
-    nodes = [helper.make_node("Reshape", ["x", "flat"], ["f"]),
-             helper.make_node("MatMul", ["f", "w"], ["m"]),
-             helper.make_node("Reshape", ["m", "unflat"], ["y"])]
-    return _model(nodes, [("x", [2, 3, 4])], ("y", list(unflat)),
-                  {"w": w, "flat": np.array([6, 4]), "unflat": np.array(unflat)})
+def _flattened_matmul(unflat, bias=None):
+    """x (2, 3, 4) viewed as (6, 4), times w (4, 5) (plus ``bias``'s shape of random values),
+    viewed as ``unflat``."""
+    rng = np.random.default_rng(0)
+    values = {"w": rng.standard_normal((4, 5)).astype(np.float32), "flat": np.array([6, 4]),
+              "unflat": np.array(unflat)}
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["f"]), helper.make_node("MatMul", ["f", "w"], ["m"])]
+    if bias is not None:
+        values["b"] = rng.standard_normal(bias).astype(np.float32)
+        nodes.append(helper.make_node("Add", ["m", "b"], ["mb"]))
+    nodes.append(helper.make_node("Reshape", [nodes[-1].output[0], "unflat"], ["y"]))
+    return _model(nodes, [("x", [2, 3, 4])], ("y", list(unflat)), values)
 
 
-def test_matmul_between_a_flattening_and_its_undoing_is_one_matmul():
-    assert _optimized(_flattened_matmul((2, 3, 5))) == ["MatMul"]
+@pytest.mark.parametrize("bias", [None, (5,), (1,)])
+def test_matmul_between_a_flattening_and_its_undoing_is_one_matmul(bias):
+    ops = _optimized(_flattened_matmul((2, 3, 5), bias))
+    assert ops[0] == "MatMul" and len(ops) == (2 if bias else 1)  # the bias: an Add or a Sub
 
 
-@pytest.mark.parametrize("unflat", [(3, 2, 5), (6, 5, 1), (30,)])
-def test_other_views_of_the_product_keep_their_reshapes(unflat):
-    """Rows regrouped otherwise than x's leading axes (or the last axis not w's): not MatMul(x, w)."""
-    assert "Reshape" in _optimized(_flattened_matmul(unflat))
+@pytest.mark.parametrize("unflat,bias", [((3, 2, 5), None), ((6, 5, 1), None), ((30,), None),
+                                         ((2, 3, 5), (6, 5))])
+def test_other_views_of_the_product_keep_their_reshapes(unflat, bias):
+    """Rows regrouped otherwise than x's leading axes, the last axis not w's, or a bias per row
+    (which would broadcast otherwise over x's axes): not MatMul(x, w)."""
+    assert "Reshape" in _optimized(_flattened_matmul(unflat, bias))
 
 
 def _residual_norm(also_read: bool):

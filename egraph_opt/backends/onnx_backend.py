@@ -12,8 +12,8 @@ import torch
 from onnx import helper, numpy_helper
 
 from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
-from .onnx_emitters import (EMIT, NO_ONNX_FORM, OnnxExportError, attention_over_heads, heads_merged,
-                            matmuls_unflattened)
+from .onnx_emitters import (EMIT, NO_ONNX_FORM, OnnxExportError, _emit_tree, attention_over_heads,
+                            heads_merged, matmuls_unflattened)
 from ..frontends.onnx_frontend import OnnxProgram, subgraph_reads
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves
@@ -201,7 +201,7 @@ class Emitter:
         if id(t) in self.heads:
             name = attention_over_heads(self, *self.heads[id(t)])
         elif id(t) in self.unflattened:
-            name = self.node("MatMul", [self.value(u) for u in self.unflattened[id(t)]], "matmul")
+            name = _emit_tree(self, self.unflattened[id(t)][0])
         else:
             name = self.fold_params(t) or emit(self, t, *t.attrs)
         if out is not None and name != out:  # a graph output: its last node writes it directly
@@ -242,7 +242,7 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
             attention, *xs, _, _ = em.heads[id(item)]
             return xs + list(attention.args[3:])
         if isinstance(item, Term) and id(item) in em.unflattened:
-            return list(em.unflattened[id(item)])
+            return em.unflattened[id(item)][1]
         if isinstance(item, Term):
             return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
                 else list(item.args)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Callable
 
 import numpy as np
 
 from ..frontends.onnx_converters import ELEM_TYPES
 from ..lang import pattern
 from ..lang.ops import OPS, parse_shape
-from ..lang.term import Term, postorder
+from ..lang.term import Term, postorder, topological
 
 
 class OnnxExportError(ValueError):
@@ -42,9 +43,10 @@ def _args(em, t: Term) -> list[str]:
 
 
 def _emit_tree(em, root: Term) -> str:
-    """Emit a decomposition built from Terms (its leaves are already emitted)."""
+    """Emit a decomposition built from Terms (its leaves are already emitted), down to the values
+    already written only (below one may lie what a fused form skipped: split heads)."""
     em.alive.append(root)
-    for u in postorder([root]):
+    for u in topological([root], lambda u: () if id(u) in em.names else u.args, id):
         if id(u) not in em.names:
             em.emit(u, None)
     return em.value(root)
@@ -296,32 +298,58 @@ def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, head
                                                   "reshape")
 
 
-def matmuls_unflattened(roots: list[Term], meta: dict, heads: dict) -> dict[int, tuple[Term, Term]]:
-    """reshape(matmul(reshape(x, (M, K)), w), L + (N,)), w of shape (K, N) and M the product of
-    L, x of shape L + (K,): the flattening exporters write around a 2-D Gemm, which MatMul does not
-    need (it broadcasts over the leading axes: the same products in the same order), written as
-    MatMul(x, w): outer reshape id -> (x, w). The flattening may also be the merge of an attention's
-    heads (``heads``) whose Attention writes L + (K,) and that nothing else reads: its reshape
-    goes (the entry in ``heads`` is changed so)."""
+def _product(t: Term, meta: dict) -> tuple[Term, Callable[[Term], Term]] | None:
+    """(a, rebuild) when ``t`` is matmul(a, w), matmul(a, w) +- b (either order) or linear(a, w, b)
+    with a bias b of at most one axis (it broadcasts along the last axis only): rebuild(x) is the
+    same product of x."""
+    if t.op == "linear" and len(meta[id(t.args[2])][0]) <= 1:
+        return t.args[0], lambda x: Term("linear", (x, *t.args[1:]))
+    if t.op in ("add", "sub"):
+        for i, (m, b) in enumerate((t.args, t.args[::-1])):
+            found = _product(m, meta) if m.op == "matmul" and len(meta[id(b)][0]) <= 1 else None
+            if found is not None:
+                return found[0], lambda x, i=i, b=b, again=found[1]: Term(
+                    t.op, (again(x), b) if i == 0 else (b, again(x)))
+    if t.op == "matmul" and len(meta[id(t.args[1])][0]) == 2:
+        return t.args[0], lambda x: Term("matmul", (x, t.args[1]))
+    return None
+
+
+def matmuls_unflattened(roots: list[Term], meta: dict, heads: dict) -> dict[int, tuple[Term, list[Term]]]:
+    """reshape(p(reshape(x, (M, K))), L + (N,)), p a product by a matrix (plus a bias, ``_product``),
+    M the product of L and x of shape L + (K,): the flattening exporters write around a 2-D Gemm,
+    which MatMul does not need (it broadcasts over the leading axes: the same products in the same
+    order), written as p(x): outer reshape id -> (p(x), the program's terms it reads). The
+    flattening may also be the merge of an
+    attention's heads (``heads``) whose Attention writes L + (K,) and that nothing else reads: its
+    reshape goes (the entry in ``heads`` is changed so)."""
     order = postorder(roots)
     uses = Counter(id(a) for t in order for a in t.args) + Counter(id(r) for r in roots)
     found = {}
     for t in order:
-        flat = t.args[0].args[0] if t.op == "reshape" and t.args[0].op == "matmul" else None
-        if flat is None or flat.op != "reshape" or uses[id(t.args[0])] != 1:
+        product = _product(t.args[0], meta) if t.op == "reshape" and uses[id(t.args[0])] == 1 else None
+        flat = product[0] if product else None
+        if flat is None or flat.op != "reshape" or len(meta[id(flat)][0]) != 2:
             continue
-        w, lead = t.args[0].args[1], meta[id(t)][0][:-1]
-        ws = meta[id(w)][0]
-        if len(lead) < 2 or len(ws) != 2 or meta[id(flat)][0] != (math.prod(lead), ws[0]):
+        lead, (m, k), (rows, _) = meta[id(t)][0][:-1], meta[id(flat)][0], meta[id(t.args[0])][0]
+        if len(lead) < 2 or m != math.prod(lead) or rows != m:
             continue
         x = flat.args[0]
-        if meta[id(x)][0] == lead + ws[:1]:
-            found[id(t)] = (x, w)
-        elif id(flat) in heads and uses[id(flat)] == 1:
-            attention, xq, xk, xv, h, _ = heads[id(flat)]
-            if meta[id(xq)][0][:2] + meta[id(xv)][0][2:] == lead + ws[:1]:  # what Attention writes
-                heads[id(flat)] = (attention, xq, xk, xv, h, None)
-                found[id(t)] = (flat, w)
+        if meta[id(x)][0] != lead + (k,):
+            x = flat if id(flat) in heads and uses[id(flat)] == 1 and t.args[0].op != "linear" else None
+            attention, xq, xk, xv, h, _ = heads[id(flat)] if x is not None else (None,) * 6
+            if x is None or meta[id(xq)][0][:2] + meta[id(xv)][0][2:] != lead + (k,):  # Attention's
+                continue
+            heads[id(flat)] = (attention, xq, xk, xv, h, None)
+        new = product[1](x)
+        reads, stack = [], [new]
+        while stack:  # the program's terms it reads: x, the weight, the bias
+            u = stack.pop()
+            if id(u) in uses or u is x:
+                reads.append(u)
+            else:
+                stack += u.args
+        found[id(t)] = (new, reads)
     return found
 
 

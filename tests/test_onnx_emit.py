@@ -110,3 +110,34 @@ def test_a_model_measured_slower_is_written_as_it_was(tmp_path, objective, kept)
     assert ("kept_original" in r) == kept
     written = [n.op_type for n in onnx.load(target).graph.node]
     assert (written == ["Add", "Log"]) == kept
+
+
+def _split_product(axis=-1, sizes=None, bias=False, also_read=False):
+    """x (2, 3, 4) @ w (4, 6) (+ b), split in two along ``axis`` and put back swapped (plus the
+    product itself when ``also_read``)."""
+    rng = np.random.default_rng(3)
+    values = {"w": rng.standard_normal((4, 6)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"])]
+    if bias:
+        values["b"] = rng.standard_normal(6).astype(np.float32)
+        nodes.append(helper.make_node("Add", ["p", "b"], ["pb"]))
+    inputs = [nodes[-1].output[0]] + (["sizes"] if sizes else [])
+    if sizes:
+        values["sizes"] = np.array(sizes)
+    nodes += [helper.make_node("Split", inputs, ["s0", "s1"], axis=axis, **({} if sizes else {"num_outputs": 2})),
+              helper.make_node("Concat", ["s1", "s0"], ["y"], axis=axis)]
+    if also_read:
+        nodes[-1].output[0] = "c"
+        nodes.append(helper.make_node("Add", ["c", "p"], ["y"]))
+    return _model(nodes, [("x", [2, 3, 4])], ("y", [2, 3, 6]), values, opset=18)
+
+
+@pytest.mark.parametrize("sizes,bias", [(None, False), ((2, 4), False), (None, True)])
+def test_split_of_a_product_by_stored_weights_is_a_product_per_part(sizes, bias):
+    ops = _optimized(_split_product(sizes=sizes, bias=bias))
+    assert "Split" not in ops and ops.count("MatMul") == 2
+
+
+@pytest.mark.parametrize("axis,also_read", [(0, False), (1, False), (-1, True)])
+def test_a_split_along_another_axis_or_of_a_product_read_elsewhere_stays(axis, also_read):
+    assert "Split" in _optimized(_split_product(axis=axis, also_read=also_read))

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 
 from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
 from .onnx_emitters import (EMIT, NO_ONNX_FORM, OnnxExportError, _emit_tree, attention_over_heads,
-                            heads_merged, matmuls_unflattened)
+                            heads_merged, matmuls_unflattened, products_split, split_product)
 from ..frontends.onnx_frontend import OnnxProgram, subgraph_reads
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves
@@ -48,6 +48,8 @@ class Emitter:
         roots = program.roots()
         self.unflattened = matmuls_unflattened(roots, program.meta(), self.heads) \
             if roots and self.static_shape(roots[0]) is not None else {}
+        #: a Split of a product by stored weights, written as a product per part
+        self.split = products_split(program, program.meta(), self.unflattened) if roots else {}
 
     def fresh(self, hint: str) -> str:
         name, k = f"eo_{hint}", 0
@@ -218,6 +220,8 @@ class Emitter:
         return numpy_helper.from_array(self.program.params[name].numpy(), name)
 
     def copy_opaque(self, key: str):
+        if key in self.split:
+            return split_product(self, key, *self.split[key])
         call = self.program.opaque[key]
         node = onnx.NodeProto()
         node.CopyFrom(call.target)
@@ -246,6 +250,8 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
         if isinstance(item, Term):
             return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
                 else list(item.args)
+        if item in em.split:
+            return [em.split[item][0]]  # x: the weights are written as their blocks
         call = program.opaque[item]
         return [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
 

@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Callable
 
 import numpy as np
+import onnx
 
 from ..frontends.onnx_converters import ELEM_TYPES
 from ..lang import pattern
@@ -351,6 +352,58 @@ def matmuls_unflattened(roots: list[Term], meta: dict, heads: dict) -> dict[int,
                 stack += u.args
         found[id(t)] = (new, reads)
     return found
+
+
+def products_split(program, meta: dict, unflattened: dict) -> dict[str, tuple[Term, Term, Term | None, list[int]]]:
+    """Split (ONNX, opaque) along the last axis of x @ w (+ b), w a stored matrix and b a stored
+    vector (maybe unflattened, ``matmuls_unflattened``), that nothing else reads: one product per
+    part, by w's (and b's) column block, makes the same numbers without the copy Split makes
+    (onnxruntime, GPT-2's q, k, v at 128 x 256: 0.59 against 0.62 ms): opaque key -> (x, w, b or
+    None, the parts' sizes)."""
+    roots = program.roots()
+    uses = Counter(id(a) for t in postorder(roots) for a in t.args) + Counter(id(r) for r in roots)
+    found = {}
+    for key, call in program.opaque.items():
+        node, outer = call.target, call.args[0] if call.args else None
+        if not isinstance(node, onnx.NodeProto) or node.op_type != "Split" or \
+                node.domain not in ("", "ai.onnx") or not isinstance(outer, Term) or uses[id(outer)] != 1:
+            continue
+        fresh = id(outer) in unflattened  # made for this export: read once, by the Split
+        t, bias = unflattened[id(outer)][0] if fresh else outer, None
+        if t.op == "add":
+            t, bias = next(((m, b) for m, b in (t.args, t.args[::-1]) if m.op == "matmul"), (t, None))
+            if bias is None or bias.op != "param" or len(meta[id(bias)][0]) != 1:
+                continue
+        if t.op != "matmul" or not (fresh or uses[id(t)] == 1) or t.args[1].op != "param":
+            continue
+        x, w = t.args
+        rank, n = len(meta[id(x)][0]), meta[id(w)][0]
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if len(n) != 2 or axis not in (-1, rank - 1):
+            continue
+        sizes = call.args[1] if len(call.args) > 1 and call.args[1] is not None else None
+        if sizes is not None:
+            sizes = [int(v) for v in program.params[sizes.attrs[0]].tolist()] if sizes.op == "param" else None
+        elif n[1] % len(node.output) == 0:
+            sizes = [n[1] // len(node.output)] * len(node.output)
+        if sizes and sum(sizes) == n[1] and len(sizes) == len(node.output) and all(node.output):
+            found[key] = (x, w, bias, sizes)
+    return found
+
+
+def split_product(em, key: str, x: Term, w: Term, bias: Term | None, sizes: list[int]) -> None:
+    """Each output of the Split as x @ w[:, block] (+ b[block]), under its own name."""
+    weight, b = em.program.params[w.attrs[0]].numpy(), None if bias is None else \
+        em.program.params[bias.attrs[0]].numpy()
+    start = 0
+    for out, size in zip(em.program.opaque[key].target.output, sizes):
+        block = slice(start, start + size)
+        product = em.node("MatMul", [em.value(x), em.tensor(np.ascontiguousarray(weight[:, block]), "weight")],
+                          "matmul")
+        if b is not None:
+            product = em.node("Add", [product, em.tensor(np.ascontiguousarray(b[block]), "bias")], "add")
+        em.nodes[-1].output[0] = out
+        start += size
 
 
 def _linear(em, t):

@@ -12,8 +12,9 @@ import torch
 from onnx import helper, numpy_helper
 
 from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
-from .onnx_emitters import (EMIT, NO_ONNX_FORM, OnnxExportError, _emit_tree, attention_over_heads,
-                            heads_merged, matmuls_unflattened, products_split, split_product)
+from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree
+from .onnx_patterns import (attention_over_heads, heads_merged, matmuls_unflattened, products_split,
+                            split_product)
 from ..frontends.onnx_frontend import OnnxProgram, subgraph_reads
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves
@@ -203,7 +204,7 @@ class Emitter:
         if id(t) in self.heads:
             name = attention_over_heads(self, *self.heads[id(t)])
         elif id(t) in self.unflattened:
-            name = _emit_tree(self, self.unflattened[id(t)][0])
+            name = emit_tree(self, self.unflattened[id(t)][0])
         else:
             name = self.fold_params(t) or emit(self, t, *t.attrs)
         if out is not None and name != out:  # a graph output: its last node writes it directly

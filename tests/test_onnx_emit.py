@@ -112,14 +112,14 @@ def test_a_model_measured_slower_is_written_as_it_was(tmp_path, objective, kept)
     assert (written == ["Add", "Log"]) == kept
 
 
-def _split_product(axis=-1, sizes=None, bias=False, also_read=False):
-    """x (2, 3, 4) @ w (4, 6) (+ b), split in two along ``axis`` and put back swapped (plus the
+def _split_product(axis=-1, sizes=None, bias=None, also_read=False):
+    """x (2, 3, 4) @ w (4, 6) (+ b of shape ``bias``), split in two along ``axis`` and put back swapped (plus the
     product itself when ``also_read``)."""
     rng = np.random.default_rng(3)
     values = {"w": rng.standard_normal((4, 6)).astype(np.float32)}
     nodes = [helper.make_node("MatMul", ["x", "w"], ["p"])]
     if bias:
-        values["b"] = rng.standard_normal(6).astype(np.float32)
+        values["b"] = rng.standard_normal(bias).astype(np.float32)
         nodes.append(helper.make_node("Add", ["p", "b"], ["pb"]))
     inputs = [nodes[-1].output[0]] + (["sizes"] if sizes else [])
     if sizes:
@@ -132,12 +132,15 @@ def _split_product(axis=-1, sizes=None, bias=False, also_read=False):
     return _model(nodes, [("x", [2, 3, 4])], ("y", [2, 3, 6]), values, opset=18)
 
 
-@pytest.mark.parametrize("sizes,bias", [(None, False), ((2, 4), False), (None, True)])
+@pytest.mark.parametrize("sizes,bias", [(None, None), ((2, 4), None), (None, (6,))])
 def test_split_of_a_product_by_stored_weights_is_a_product_per_part(sizes, bias):
     ops = _optimized(_split_product(sizes=sizes, bias=bias))
     assert "Split" not in ops and ops.count("MatMul") == 2
 
 
-@pytest.mark.parametrize("axis,also_read", [(0, False), (1, False), (-1, True)])
-def test_a_split_along_another_axis_or_of_a_product_read_elsewhere_stays(axis, also_read):
-    assert "Split" in _optimized(_split_product(axis=axis, also_read=also_read))
+@pytest.mark.parametrize("axis,also_read,bias", [(0, False, None), (1, False, None), (-1, True, None),
+                                              (-1, False, (1, 6))])
+def test_a_split_along_another_axis_of_a_product_read_elsewhere_or_biased_by_rows_stays(axis, also_read,
+                                                                                         bias):
+    """Not along w's columns, the product needed whole, or a bias not one value per column."""
+    assert "Split" in _optimized(_split_product(axis=axis, also_read=also_read, bias=bias))

@@ -146,15 +146,15 @@ def products_split(program, meta: dict, unflattened: dict) -> dict[str, tuple[Te
         t, bias = unflattened[id(outer)][0] if fresh else outer, None
         if t.op == "add":
             t, bias = next(((m, b) for m, b in (t.args, t.args[::-1]) if m.op == "matmul"), (t, None))
-            if bias is None or bias.op != "param" or len(meta[id(bias)][0]) != 1:
+            if bias is None or bias.op != "param":
                 continue
         if t.op != "matmul" or not (fresh or uses[id(t)] == 1) or t.args[1].op != "param":
             continue
         x, w = t.args
         rank, n = len(meta[id(x)][0]), meta[id(w)][0]
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if len(n) != 2 or axis not in (-1, rank - 1):
-            continue
+        if len(n) != 2 or axis not in (-1, rank - 1) or bias is not None and meta[id(bias)][0] != n[1:]:
+            continue  # a bias sliced with w's columns holds one value per column
         sizes = call.args[1] if len(call.args) > 1 and call.args[1] is not None else None
         if sizes is not None:
             sizes = [int(v) for v in program.params[sizes.attrs[0]].tolist()] if sizes.op == "param" else None

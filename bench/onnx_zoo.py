@@ -8,9 +8,11 @@ Two passes: the models as exported (opset 17, where attention has no operator an
 own fusions already catch most of what ours find), and with ``--opset 23`` (converted first, so
 that attention becomes one Attention over the unsplit heads). The original is the same exported
 model in both.
-A third pass: GPT-2, BERT and a single-head attention exported by the dynamo exporter
-(``torch.onnx.export(dynamo=True)``, opset 20, softmax guarded by IsNaN/Where) at ``--width`` and
-``--length``, optimized with ``--opset 23``.
+Then GPT-2, BERT and a single-head attention at ``--width`` and ``--length``, exported both ways:
+by TorchScript (opset 17; optimized as exported and with ``--opset 23``) and by the dynamo exporter
+(``torch.onnx.export(dynamo=True)``, opset 20, softmax guarded by IsNaN/Where; ``--opset 23``).
+Last, why residual adds are written as Sum: onnxruntime's SkipLayerNormalization (its fusion of
+Add + LayerNormalization) against Sum + LayerNormalization, which it leaves unfused.
 Run: ``.venv/bin/python bench/onnx_zoo.py [--runs N] [--width C --length T --layers L] [--dynamo-only]
 [--profile-budget S]`` (0: priced by static estimates, the same choice on every machine).
 """
@@ -41,6 +43,9 @@ def report(name: str, path: str, target: str, options: dict) -> None:
     r = process(path, target, options)
     if r["status"] != "optimized":
         print(f"{name:<12} failed: {r['reason']}")
+        return
+    if "kept_original" in r:
+        print(f"{name:<12} kept as it was: {r['kept_original']}")
         return
     before, after = r["latency_ms_before"], r["latency_ms_after"]
     feeds = random_feeds(onnx.load(path), options["seed"])
@@ -75,12 +80,39 @@ def main() -> int:
                 print(f"\n{'as exported (opset 17)' if opset is None else f'--opset {opset}'}\n{HEADER}")
                 for name, path in zoo.items():
                     report(name, path, str(out / f"{name}.onnx"), {**options, "opset": opset})
-        zoo = build_dynamo_zoo(Path(folder), args.width, args.length, args.layers)
-        print(f"\ndynamo exports (opset 20), C={args.width} T={args.length} {args.layers} layers, "
-              f"--opset 23\n{HEADER}")
-        for name, path in zoo.items():
-            report(name, path, str(out / f"dynamo_{name}.onnx"), {**options, "opset": 23})
+        sizes = f"C={args.width} T={args.length} {args.layers} layers"
+        passes = [] if args.dynamo_only else [(False, None), (False, 23)]
+        for dynamo, opset in passes + [(True, 23)]:
+            zoo = build_dynamo_zoo(Path(folder), args.width, args.length, args.layers, dynamo)
+            kind = "dynamo exports (opset 20)" if dynamo else "TorchScript exports (opset 17)"
+            print(f"\n{kind}, {sizes}, {'as exported' if opset is None else f'--opset {opset}'}\n{HEADER}")
+            for name, path in zoo.items():
+                report(name, path, str(out / os.path.basename(path)), {**options, "opset": opset})
+        skip_layer_norm(args.width, args.length, args.runs)
     return 0
+
+
+def skip_layer_norm(width: int, length: int, runs: int) -> None:
+    """LayerNormalization(x + r) as Add (which onnxruntime fuses into SkipLayerNormalization) and
+    as Sum (left as two nodes), thread CPU time, interleaved medians."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    shape = [1, length, width]
+
+    def model(op):
+        nodes = [helper.make_node(op, ["x", "r"], ["s"]),
+                 helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], epsilon=1e-5)]
+        params = [numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), n) for n in "gb"]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)
+                                               for n in "xr"],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], params)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in "xr"}
+    fused, two = latencies([session(model("Add")), session(model("Sum"))], feeds, runs, clock=time.thread_time)
+    print(f"\nLayerNormalization(x + r) at {length} x {width}, CPU ms: Add (SkipLayerNormalization) "
+          f"{fused:.4f}, Sum + LayerNormalization {two:.4f}, ratio {two / fused:.2f}")
 
 
 if __name__ == "__main__":

@@ -89,10 +89,11 @@ class SingleHead(torch.nn.Module):
         return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1) @ v
 
 
-def build_dynamo_zoo(folder, width: int = 256, length: int = 128, layers: int = 1) -> dict[str, str]:
+def build_dynamo_zoo(folder, width: int = 256, length: int = 128, layers: int = 1,
+                     dynamo: bool = True) -> dict[str, str]:
     """GPT-2, BERT (transformers' default attention, sdpa) and a single-head attention exported by
-    torch.onnx.export(dynamo=True) at its default opset, random weights (also used by
-    bench/onnx_zoo.py): name -> model path."""
+    torch.onnx.export(dynamo=True) at its default opset, or by TorchScript (``dynamo=False``, opset
+    17), random weights (also used by bench/onnx_zoo.py): name -> model path."""
     t = transformers
     torch.manual_seed(0)
     gpt2 = t.GPT2Model(t.GPT2Config(n_layer=layers, n_embd=width, n_head=4, vocab_size=1000,
@@ -101,10 +102,15 @@ def build_dynamo_zoo(folder, width: int = 256, length: int = 128, layers: int = 
                                     intermediate_size=4 * width, vocab_size=1000,
                                     max_position_embeddings=length))
     ids = (torch.randint(0, 1000, (1, length)),)
-    models = {"gpt2": (HuggingFace(gpt2), ids), "bert": (HuggingFace(bert), ids),
-              "attention3d": (SingleHead(), tuple(torch.randn(1, length, width // 4) for _ in range(3)))}
-    paths = {name: str(folder / f"dynamo_{name}.onnx") for name in models}
-    for name, (module, args) in models.items():
+    models = {"gpt2": (HuggingFace(gpt2), ids, ["input_ids"]), "bert": (HuggingFace(bert), ids, ["input_ids"]),
+              "attention3d": (SingleHead(), tuple(torch.randn(1, length, width // 4) for _ in range(3)),
+                              ["q", "k", "v"])}
+    kind = "dynamo" if dynamo else "torchscript"
+    paths = {name: str(folder / f"{kind}_{name}.onnx") for name in models}
+    for name, (module, args, names) in models.items():
+        if not dynamo:
+            _export(module, args, paths[name], names)
+            continue
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             torch.onnx.export(module.eval(), args, dynamo=True).save(paths[name])
@@ -410,7 +416,8 @@ def test_dynamo_exports_become_attention_at_opset_23(dynamo_zoo, tmp_path, name)
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("Attention") == (1 if name == "attention3d" else
                                       sum(n.op_type == "Softmax" for n in original.graph.node))
-    assert not {"Softmax", "IsNaN", "Where"} & set(ops)
+    assert not {"Softmax", "IsNaN", "Where", "Reshape", "Split"} & set(ops)  # no flattening, no copy
+    assert "SkipLayerNormalization" not in _after_onnxruntime(model, tmp_path)  # its slow fusion
     _assert_same_outputs(dynamo_zoo[name], model, random_feeds(original, seed=4))
 
 
@@ -448,3 +455,16 @@ def test_guarded_softmax_keeps_a_fully_masked_row_zero(opset):
     (expected,), (got,) = session(original).run(None, feeds), session(optimized).run(None, feeds)
     assert (expected[0, :, 2] == 0).all() and (got[0, :, 2] == 0).all()
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_torchscript_exports_of_one_sequence_import_their_exact_shapes(tmp_path):
+    """TorchScript's BERT computes its token-type ids' shape at run time, where ONNX shape
+    inference loses the batch size; the import folds that shape and infers the node again, so no
+    stand-in size (2, which a batch of 2 hid) reaches a MatMul."""
+    paths = build_dynamo_zoo(tmp_path, width=64, length=16, layers=1, dynamo=False)
+    for path in paths.values():
+        assert main_onnx([path, "--out", str(tmp_path / "out"), "--opset", "23", "--latency-runs", "0",
+                          "--profile-db", str(tmp_path / "p.sqlite"), "--profile-budget", "0"]) == 0
+        out = onnx.load(str(tmp_path / "out" / os.path.basename(path)))
+        assert "Attention" in {n.op_type for n in out.graph.node}
+        _assert_same_outputs(path, out, random_feeds(onnx.load(path), seed=6))

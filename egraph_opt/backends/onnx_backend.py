@@ -12,7 +12,9 @@ import torch
 from onnx import helper, numpy_helper
 
 from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
-from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, attention_over_heads, heads_merged
+from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree
+from .onnx_patterns import (attention_over_heads, heads_merged, matmuls_unflattened, products_split,
+                            split_product)
 from ..frontends.onnx_frontend import OnnxProgram, subgraph_reads
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves
@@ -43,6 +45,12 @@ class Emitter:
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
         #: attention between a split into heads and a merge, written as one Attention (opset 23)
         self.heads = heads_merged(program.roots(), program.meta()) if self.opset >= 23 else {}
+        #: a MatMul between a flattening and its undoing, written over the unflattened operand
+        roots = program.roots()
+        self.unflattened = matmuls_unflattened(roots, program.meta(), self.heads) \
+            if roots and self.static_shape(roots[0]) is not None else {}
+        #: a Split of a product by stored weights, written as a product per part
+        self.split = products_split(program, program.meta(), self.unflattened) if roots else {}
 
     def fresh(self, hint: str) -> str:
         name, k = f"eo_{hint}", 0
@@ -119,8 +127,9 @@ class Emitter:
         """The shape of ``t`` when the model has no symbolic dims (the Term language gives those a
         stand-in size, so any shape derived from one would be wrong); None otherwise."""
         if self._shapes is None:
-            meta = self.program.leaf_meta()
-            names = [i.name for i in self.src.model.graph.input] + list(meta)
+            used = {u.attrs[0] for u in postorder(self.program.roots()) if u.op == "opaque"}
+            names = [i.name for i in self.src.model.graph.input] + \
+                [n for n in self.program.leaf_meta() if n in used]  # not a template's stale leaves
             types = [self.src.types.get(n) for n in names]
             static = all(vt is not None and vt.shape is not None and
                          all(isinstance(d, int) for d in vt.shape) for vt in types)
@@ -194,6 +203,8 @@ class Emitter:
             raise OnnxExportError(f"op {t.op!r} has no ONNX form")
         if id(t) in self.heads:
             name = attention_over_heads(self, *self.heads[id(t)])
+        elif id(t) in self.unflattened:
+            name = emit_tree(self, self.unflattened[id(t)][0])
         else:
             name = self.fold_params(t) or emit(self, t, *t.attrs)
         if out is not None and name != out:  # a graph output: its last node writes it directly
@@ -210,6 +221,8 @@ class Emitter:
         return numpy_helper.from_array(self.program.params[name].numpy(), name)
 
     def copy_opaque(self, key: str):
+        if key in self.split:
+            return split_product(self, key, *self.split[key])
         call = self.program.opaque[key]
         node = onnx.NodeProto()
         node.CopyFrom(call.target)
@@ -233,13 +246,34 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
         if isinstance(item, Term) and id(item) in em.heads:
             attention, *xs, _, _ = em.heads[id(item)]
             return xs + list(attention.args[3:])
+        if isinstance(item, Term) and id(item) in em.unflattened:
+            return em.unflattened[id(item)][1]
         if isinstance(item, Term):
             return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
                 else list(item.args)
+        if item in em.split:
+            return [em.split[item][0]]  # x: the weights are written as their blocks
         call = program.opaque[item]
         return [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
 
     return topological(roots, deps, lambda item: id(item) if isinstance(item, Term) else item)
+
+
+def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
+    """An Add that only LayerNormalization reads is written as Sum, the same single addition:
+    onnxruntime (1.32, CPU) fuses Add + LayerNormalization into its SkipLayerNormalization, which
+    runs 3-4x slower than the two nodes it replaces (bench/onnx_skip_layer_norm.py: 0.23 against
+    0.07 ms at 128 x 256), and it matches Add only."""
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for n in nodes:
+        for i, x in enumerate(n.input):
+            readers.setdefault(x, []).append((n, i))
+        for x in subgraph_reads(n):
+            readers.setdefault(x, []).append((n, -1))
+    for n in nodes:
+        users = readers.get(n.output[0], []) if n.op_type == "Add" and not n.domain else []
+        if users and all(u.op_type == "LayerNormalization" and i == 0 for u, i in users):
+            n.op_type = "Sum"
 
 
 def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
@@ -260,6 +294,7 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
         value = em.value(term, None)
         if value != name:
             em.nodes.append(helper.make_node("Identity", [value], [name], name=em.fresh("output")))
+    _unfused_residuals(em.nodes)
     graph = src.model.graph
     inputs = [i for i in graph.input if i.name not in {t.name for t in graph.initializer}]
     read = {x for n in em.nodes for x in list(n.input) + subgraph_reads(n)} | set(src.output_names)

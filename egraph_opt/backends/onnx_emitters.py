@@ -14,7 +14,7 @@ import numpy as np
 from ..frontends.onnx_converters import ELEM_TYPES
 from ..lang import pattern
 from ..lang.ops import OPS, parse_shape
-from ..lang.term import Term, postorder
+from ..lang.term import Term, topological
 
 
 class OnnxExportError(ValueError):
@@ -40,10 +40,11 @@ def _args(em, t: Term) -> list[str]:
     return [em.value(a, tensors[-1] if tensors else None) for a in t.args]
 
 
-def _emit_tree(em, root: Term) -> str:
-    """Emit a decomposition built from Terms (its leaves are already emitted)."""
+def emit_tree(em, root: Term) -> str:
+    """Emit a decomposition built from Terms (its leaves are already emitted), down to the values
+    already written only (below one may lie what a fused form skipped: split heads)."""
     em.alive.append(root)
-    for u in postorder([root]):
+    for u in topological([root], lambda u: () if id(u) in em.names else u.args, id):
         if id(u) not in em.names:
             em.emit(u, None)
     return em.value(root)
@@ -54,7 +55,7 @@ def _definition(em, t, *attrs):
     spec = OPS[t.op]
     bindings = {f"x{i}": a for i, a in enumerate(t.args)}
     bindings.update((name, value) for (name, _), value in zip(spec.attrs, attrs))
-    return _emit_tree(em, pattern.instantiate(pattern.parse(spec.definition), bindings))
+    return emit_tree(em, pattern.instantiate(pattern.parse(spec.definition), bindings))
 
 
 def _simple(em, t, *attrs):
@@ -110,7 +111,7 @@ def _var(em, t, axis, keep, correction):
                                   "unknown at export")
         n = shape[axis]
         out = Term("mul", (out, Term.const(n / (n - correction) if n > correction else math.nan)))
-    return _emit_tree(em, out)
+    return emit_tree(em, out)
 
 
 def _log1p(em, t):
@@ -145,7 +146,7 @@ def _compensated_sum(em, t, axis, keep):
     """ONNX has no compensated sum: a float64 accumulator, at least as accurate."""
     x = t.args[0]
     wide = Term("sum", (Term("cast", (x,), ("float64",)),), (axis, keep))
-    return _emit_tree(em, Term("cast", (wide,), (em.dtype(x) or "float32",)))
+    return emit_tree(em, Term("cast", (wide,), (em.dtype(x) or "float32",)))
 
 
 def _transpose(em, t, *attrs):
@@ -175,7 +176,7 @@ def _layer_norm(em, t, eps):
     centered = Term("sub", (x, Term("mean", (x,), (-1, True))))
     var = Term("mean", (Term("mul", (centered, centered)),), (-1, True))
     norm = Term("div", (centered, Term("sqrt", (Term("add", (var, Term.const(eps))),))))
-    return _emit_tree(em, Term("add", (Term("mul", (norm, w)), b)))
+    return emit_tree(em, Term("add", (Term("mul", (norm, w)), b)))
 
 
 def _rms_norm(em, t, eps):
@@ -189,7 +190,7 @@ def _rms_norm(em, t, eps):
         return em.node("RMSNormalization", [em.value(x), scale], "rms_norm", axis=-1, epsilon=eps)
     square = Term("mean", (Term("mul", (x, x)),), (-1, True))
     norm = Term("mul", (x, Term("rsqrt", (Term("add", (square, Term.const(eps))),))))
-    return _emit_tree(em, norm if w.op == "const" and w.attrs[0] == 1.0 else Term("mul", (norm, w)))
+    return emit_tree(em, norm if w.op == "const" and w.attrs[0] == 1.0 else Term("mul", (norm, w)))
 
 
 def _gelu(em, t, approximate):
@@ -199,11 +200,11 @@ def _gelu(em, t, approximate):
     if approximate == "tanh":  # torch's export of GPT-2's gelu: what onnxruntime fuses as FastGelu
         cube = Term("mul", (Term("pow", (x, c(3.0))), c(0.044715)))
         inner = Term("mul", (Term("add", (x, cube)), c(math.sqrt(2 / math.pi))))
-        return _emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))),
+        return emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))),
                                            Term("add", (Term("tanh", (inner,)), c(1.0))))))
     # torch's own export of gelu: the spelling onnxruntime's Gelu fusion recognizes
     gate = Term("erf", (Term("div", (x, c(math.sqrt(2)))),))
-    return _emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))), Term("add", (c(1.0), gate)))))
+    return emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))), Term("add", (c(1.0), gate)))))
 
 
 def _sdpa(em, t, scale, causal=False):
@@ -223,7 +224,7 @@ def _sdpa(em, t, scale, causal=False):
                        scale=scale, is_causal=int(causal), **heads)
     bias += [_causal_bias(em, q, k)] if causal else []
     scores = Term("matmul", (q, Term("transpose", (k,), (-2, -1))))
-    scores = _emit_tree(em, scores if scale == 1.0 else Term("mul", (scores, Term.const(scale))))
+    scores = emit_tree(em, scores if scale == 1.0 else Term("mul", (scores, Term.const(scale))))
     scores = em.node("Add", [scores, bias[0]], "masked") if bias else scores
     return em.node("MatMul", [em.node("Softmax", [scores], "softmax", axis=-1), em.value(v)],
                    "attention")
@@ -239,72 +240,16 @@ def _causal_bias(em, q, k) -> str:
     return em.tensor(mask, "causal_mask")
 
 
-def _swapped(t: Term) -> Term | None:
-    """The operand of a swap of axes 1 and 2 of a rank-4 value (heads and sequence), else None."""
-    if t.op == "permute" and t.attrs[0] == "0,2,1,3" or \
-            t.op == "transpose" and sorted(t.attrs) in ([1, 2], [-3, -2]):
-        return t.args[0]
-    return None
-
-
-def _heads_of(t: Term, meta: dict) -> tuple[Term, int] | None:
-    """(x, H) when ``t`` is x (batch, seq, H * D) split into H heads: viewed as (batch, seq, H,
-    D), then heads and sequence swapped."""
-    view = _swapped(t)
-    if view is None or view.op != "reshape":
-        return None
-    x, split = view.args[0], parse_shape(view.attrs[0])
-    whole = meta[id(x)][0]
-    if len(split) != 4 or len(whole) != 3 or split[:2] != whole[:2] or split[2] * split[3] != whole[2]:
-        return None
-    return x, split[2]
-
-
-def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
-    """Attention whose operands are split into heads and whose only use merges them back, written at
-    opset 23 as one Attention over the unsplit (batch, seq, hidden) values: merged term id ->
-    (attention, x of q, k and v, H, the shape to reshape its output to, or None)."""
-    order = postorder(roots)
-    uses = dict.fromkeys((id(t) for t in order), 0)
-    for r in roots:
-        uses[id(r)] += 1
-    for t in order:
-        for a in t.args:
-            uses[id(a)] += 1
-    found = {}
-    for t in order:
-        attention = _swapped(t.args[0]) if t.op == "reshape" else None
-        if attention is None or OPS[attention.op].onnx != "Attention" or \
-                uses[id(attention)] != 1 or uses[id(t.args[0])] != 1:
-            continue
-        heads = [_heads_of(a, meta) for a in attention.args[:3]]
-        if None not in heads and len({h for _, h in heads}) == 1:
-            (xq, h), (xk, _), (xv, _) = heads
-            written = meta[id(xq)][0][:2] + meta[id(xv)][0][2:]  # what Attention writes
-            found[id(t)] = (attention, xq, xk, xv, h, None if meta[id(t)][0] == written else t.attrs[0])
-    return found
-
-
-def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, heads: int,
-                         reshape_to: str | None) -> str:
-    scale, causal = attention.attrs if attention.op == "sdpa" else (attention.attrs[0], False)
-    inputs = [em.value(xq), em.value(xk), em.value(xv)] + [em.value(a) for a in attention.args[3:]]
-    out = em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal),
-                  q_num_heads=heads, kv_num_heads=heads)
-    return out if reshape_to is None else em.node("Reshape", [out, em.ints(parse_shape(reshape_to))],
-                                                  "reshape")
-
-
 def _linear(em, t):
     x, w, b = t.args
     if em.rank(x) == 2:
         return em.node("Gemm", _args(em, t), "linear", transB=1)
-    return _emit_tree(em, Term("add", (Term("matmul", (x, Term("transpose", (w,), (-2, -1)))), b)))
+    return emit_tree(em, Term("add", (Term("matmul", (x, Term("transpose", (w,), (-2, -1)))), b)))
 
 
 def _linear_act(em, t, activation):
     op, attrs = _ACTIVATIONS[activation]
-    return _emit_tree(em, Term(op, (Term("linear", t.args),), attrs))
+    return emit_tree(em, Term(op, (Term("linear", t.args),), attrs))
 
 
 def _conv2d(em, t, stride, padding, dilation, groups):
@@ -353,7 +298,7 @@ def _logaddexp(em, t):
     """max(a, b) + softplus(-|a - b|): no exp overflows, and softplus is exact for small terms."""
     a, b = t.args
     gap = Term("neg", (Term("abs", (Term("sub", (a, b)),)),))
-    return _emit_tree(em, Term("add", (Term("maximum", (a, b)), Term("softplus", (gap,)))))
+    return emit_tree(em, Term("add", (Term("maximum", (a, b)), Term("softplus", (gap,)))))
 
 
 def _atan2(em, t):

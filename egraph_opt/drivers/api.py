@@ -41,6 +41,27 @@ ESTIMATED_ELEMENTS = 1 << 22
 SLOWER_BY = 1.05
 
 
+def slower_for_nothing(objective: Objective, result: Optimized, original_s: float, optimized_s: float,
+                       error: tuple | None = None, slower_by: float = SLOWER_BY) -> bool:
+    """Never slower than the original: measured on the actual inputs (layouts included), a
+    program slower by more than noise (``slower_by``) runs only where it buys stability the
+    objective asked for (stability and tolerance: always; balanced: where it is steadier: its
+    worst-conditioned node is better conditioned (an overflow or cancellation gone, which sampling
+    rarely meets), its conditioning cost is lower by other ops (not by a subterm computed once
+    instead of twice, which buys nothing), or its sampled first-order ``error`` (before, after) is
+    down a bit)."""
+    if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
+        return False
+    before, after = result.cost_before, result.cost_after
+    steadier = after.get("worst", 0) < before.get("worst", 0) or \
+        after.get("curvature", 0) < before.get("curvature", 0) and \
+        set(result.ops_after) != set(result.ops_before)
+    if error:
+        then, now = error
+        steadier = steadier or now.worst <= then.worst - 1 or now.mean <= then.mean - 1
+    return objective is Objective.LATENCY or not steadier
+
+
 @dataclass
 class Plan:
     run: Callable | None  # None: the original runs untouched (``report.fallback`` says why)
@@ -211,24 +232,7 @@ class OptimizedFunction:
 
     def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
                             error: tuple | None = None) -> bool:
-        """Never slower than the original: measured on the actual inputs (layouts included), a
-        program slower by more than noise runs only where it buys stability the objective asked
-        for (stability and tolerance: always; balanced: where it is steadier: its worst-conditioned
-        node is better conditioned (an overflow or cancellation gone, which sampling rarely meets),
-        its conditioning cost is lower by other ops (not by a subterm computed once instead of
-        twice, which buys nothing), or its sampled first-order ``error`` (before, after) is down a
-        bit)."""
-        if optimized_s <= original_s * SLOWER_BY or self.objective in (Objective.STABILITY,
-                                                                      Objective.TOLERANCE):
-            return False
-        before, after = result.cost_before, result.cost_after
-        steadier = after.get("worst", 0) < before.get("worst", 0) or \
-            after.get("curvature", 0) < before.get("curvature", 0) and \
-            set(result.ops_after) != set(result.ops_before)
-        if error:
-            then, now = error
-            steadier = steadier or now.worst <= then.worst - 1 or now.mean <= then.mean - 1
-        return self.objective is Objective.LATENCY or not steadier
+        return slower_for_nothing(self.objective, result, original_s, optimized_s, error)
 
     @property
     def report(self) -> Report | None:

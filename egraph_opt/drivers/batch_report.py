@@ -13,6 +13,8 @@ def line(r: dict) -> str:
     lat = ""
     if "latency_ms_before" in r:
         lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms"
+    if "kept_original" in r:
+        return f"ok     {r['model']}: kept as it was ({r['kept_original']}){lat}"
     return (f"ok     {r['model']}: nodes {r['nodes_before']} -> {r['nodes_after']}, "
             f"{sum(r['rewrites'].values())} rewrites{lat}")
 

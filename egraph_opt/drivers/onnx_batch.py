@@ -1,7 +1,9 @@
 """``egraph-opt onnx IN... --out DIR``: optimize ONNX models in batch, each validated before written.
 
 A model is written (atomically) only once onnx.checker and onnxruntime on random inputs pass; a
-failing one is reported with its reason while the others go on, and sets the exit status.
+failing one is reported with its reason while the others go on, and sets the exit status. One that
+onnxruntime runs slower than the original (median of interleaved runs) is written as it was, unless
+it buys stability the objective asks for (the decorator's rule, ``api.slower_for_nothing``).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from .api import slower_for_nothing
 from .batch_report import html, line, summary, write_report
 from .staging import remove_staging, write_atomic
 from .usage import Failure, ModelFailure, at_least
@@ -176,8 +179,12 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
             if not ok:
                 raise ModelFailure(f"validation: output {name!r}: {why}")
         if options["latency_runs"]:
-            record["latency_ms_before"], record["latency_ms_after"] = latencies(
-                sessions, feeds, options["latency_runs"], stopped)
+            before, after = latencies(sessions, feeds, options["latency_runs"], stopped)
+            record["latency_ms_before"], record["latency_ms_after"] = before, after
+            if slower_for_nothing(Objective(options["objective"]), result, before, after, slower_by=1.0):
+                optimized = original
+                record.update(kept_original=f"optimized measured {after:.3f} ms against {before:.3f}",
+                              latency_ms_after=before, nodes_after=record["nodes_before"])
         external = optimized.ByteSize() > _EXTERNAL_ABOVE or any(
             t.data_location == onnx.TensorProto.EXTERNAL for t in stored.graph.initializer)
         if stopped is not None and stopped():
@@ -345,7 +352,8 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--report", help="write a report of every model here: one HTML page for .html, else JSON")
     parser.add_argument("--objective", default="balanced", choices=[o.value for o in Objective])
     parser.add_argument("--latency-runs", type=at_least(0), default=20,
-                        help="onnxruntime runs per model for the latency columns (0: skip)")
+                        help="onnxruntime runs per model for the latency columns; a model measured "
+                        "slower is written as it was (0: no runs, no such check)")
     parser.add_argument("--seed", type=at_least(0), default=0,
                         help="seed of the random validation inputs")
     parser.add_argument("--opset", type=_opset, help="convert older models to this opset first, so that "

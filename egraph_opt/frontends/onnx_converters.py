@@ -352,7 +352,7 @@ def _class_loss(op: str):
 
 
 CONVERTERS = {
-    "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"),
+    "Add": _binary("add"), "Sum": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"),
     "Div": _binary("div", floating_only=True), "Pow": _binary("pow", floating_only=True),
     "Max": _binary("maximum"), "Min": _binary("minimum"),
     "Where": lambda im, n: Term("where", (im.term(n.input[0]), im.operand(n.input[1], n.input[2]),

@@ -236,6 +236,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
 
     opaque: dict[str, OpaqueCall] = {}
     meta: dict[str, tuple] = {}
+    static = all(_static(_value_type(i)) for i in graph.input if i.name not in im.consts)
     shapeless: set[str] = set()  # opaque values of unknown shape: only opaque nodes may use them
     folded = 0
     for i, node in enumerate(nodes):
@@ -249,6 +250,8 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
             im.consts.update(zip(node.output, values))
             folded += 1
             continue
+        if static:
+            _exact_types(im, node)
         converter = CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         try:
             if converter is None:
@@ -281,6 +284,37 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
         im.types[o.name] = _value_type(o) or im.types.get(o.name)
     return OnnxProgram(program, model, im.types, tensors, tuple(o.name for o in graph.output),
                        where, folded)
+
+
+def _static(vt: ValueType | None) -> bool:
+    return vt is not None and vt.shape is not None and all(isinstance(d, int) for d in vt.shape)
+
+
+def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
+    """Output types that shape inference over the whole graph left with unknown sizes (past a
+    shape computed at run time, which the import has folded since), inferred again over this node
+    alone from its operands' static types and constant values: converters that need a static
+    shape (Reshape, Expand) then convert it, and an opaque node's users see its true shape."""
+    if all(_static(im.types.get(o)) for o in node.output if o):
+        return
+    inputs, values = [], []
+    for x in dict.fromkeys(x for x in node.input if x):
+        if x in im.consts:
+            values.append(im.protos.get(x) or numpy_helper.from_array(im.consts[x], x))
+        elif _static(im.types.get(x)):
+            inputs.append(onnx.helper.make_tensor_value_info(x, im.types[x].elem_type, im.types[x].shape))
+        else:
+            return
+    one = onnx.helper.make_model(onnx.helper.make_graph([node], "one", inputs, [], values),
+                                 opset_imports=im.model.opset_import, ir_version=im.model.ir_version)
+    try:
+        inferred = shape_inference.infer_shapes(one, strict_mode=False, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - inference is a help, as over the whole graph
+        return
+    for info in inferred.value_info:
+        vt = _value_type(info)
+        if info.name in node.output and _static(vt):
+            im.types[info.name] = vt
 
 
 def _meta(im: Importer, name: str) -> tuple | None:

@@ -1,0 +1,146 @@
+"""What the ONNX backend writes for onnxruntime to run fast: no flattening around a MatMul, and
+residual adds before a LayerNormalization that onnxruntime does not fuse into its (slower)
+SkipLayerNormalization. Each case also computes what the original does."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from egraph_opt.backends.onnx_backend import export
+from egraph_opt.drivers.onnx_batch import random_feeds, session
+from egraph_opt.frontends.onnx_frontend import import_model
+from egraph_opt.optimization.pipeline import optimize
+from egraph_opt.validate import judge
+
+
+def _model(nodes, inputs, output, initializers, opset=17):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                           for n, s in inputs],
+                              [helper.make_tensor_value_info(output[0], TensorProto.FLOAT, output[1])],
+                              [numpy_helper.from_array(a, n) for n, a in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _optimized(model):
+    src = import_model(model)
+    out = export(src, optimize(src.program).program)
+    onnx.checker.check_model(out, full_check=True)
+    feeds = random_feeds(model, seed=2)
+    (expected,), (got,) = session(model).run(None, feeds), session(out).run(None, feeds)
+    assert judge(got, expected)[0]
+    return [n.op_type for n in out.graph.node]
+
+
+def _flattened_matmul(unflat, bias=None):
+    """x (2, 3, 4) viewed as (6, 4), times w (4, 5) (plus ``bias``'s shape of random values),
+    viewed as ``unflat``."""
+    rng = np.random.default_rng(0)
+    values = {"w": rng.standard_normal((4, 5)).astype(np.float32), "flat": np.array([6, 4]),
+              "unflat": np.array(unflat)}
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["f"]), helper.make_node("MatMul", ["f", "w"], ["m"])]
+    if bias is not None:
+        values["b"] = rng.standard_normal(bias).astype(np.float32)
+        nodes.append(helper.make_node("Add", ["m", "b"], ["mb"]))
+    nodes.append(helper.make_node("Reshape", [nodes[-1].output[0], "unflat"], ["y"]))
+    return _model(nodes, [("x", [2, 3, 4])], ("y", list(unflat)), values)
+
+
+@pytest.mark.parametrize("bias", [None, (5,), (1,)])
+def test_matmul_between_a_flattening_and_its_undoing_is_one_matmul(bias):
+    ops = _optimized(_flattened_matmul((2, 3, 5), bias))
+    assert ops[0] == "MatMul" and len(ops) == (2 if bias else 1)  # the bias: an Add or a Sub
+
+
+@pytest.mark.parametrize("unflat,bias", [((3, 2, 5), None), ((6, 5, 1), None), ((30,), None),
+                                         ((2, 3, 5), (6, 5))])
+def test_other_views_of_the_product_keep_their_reshapes(unflat, bias):
+    """Rows regrouped otherwise than x's leading axes, the last axis not w's, or a bias per row
+    (which would broadcast otherwise over x's axes): not MatMul(x, w)."""
+    assert "Reshape" in _optimized(_flattened_matmul(unflat, bias))
+
+
+def _residual_norm(also_read: bool):
+    """LayerNormalization(x + r), the sum also read by an Exp when ``also_read``."""
+    c = 8
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["n"], axis=-1, epsilon=1e-5)]
+    if also_read:
+        nodes += [helper.make_node("Exp", ["s"], ["e"]), helper.make_node("Add", ["n", "e"], ["y"])]
+    else:
+        nodes[-1].output[0] = "y"
+    rng = np.random.default_rng(1)
+    return _model(nodes, [("x", [2, 4, c]), ("r", [2, 4, c])], ("y", [2, 4, c]),
+                  {"g": rng.standard_normal(c).astype(np.float32),
+                   "b": rng.standard_normal(c).astype(np.float32)})
+
+
+def test_add_read_only_by_layer_norm_is_written_as_sum():
+    ops = _optimized(_residual_norm(also_read=False))
+    assert ops == ["Sum", "LayerNormalization"]
+    written = export(import_model(_residual_norm(also_read=False)))
+    assert "Sum" in [n.op_type for n in written.graph.node]
+    assert not import_model(written).program.opaque  # it imports again: Sum is an addition
+
+
+def test_add_read_elsewhere_too_stays_add():
+    ops = _optimized(_residual_norm(also_read=True))
+    assert "Sum" not in ops and ops.count("Add") == 2
+
+
+def _log_of_one_plus(folder) -> str:
+    """log(1 + x) over 512 x 512: the rewrite to log1p writes Kahan's form, seven ONNX nodes
+    (onnxruntime runs it 2-3x slower than Add and Log), and buys accuracy for tiny x."""
+    nodes = [helper.make_node("Add", ["x", "one"], ["u"]), helper.make_node("Log", ["u"], ["y"])]
+    path = str(folder / "log1p.onnx")
+    onnx.save(_model(nodes, [("x", [512, 512])], ("y", [512, 512]), {"one": np.array(1, np.float32)}),
+              path)
+    return path
+
+
+@pytest.mark.parametrize("objective,kept", [("latency", True), ("stability", False)])
+def test_a_model_measured_slower_is_written_as_it_was(tmp_path, objective, kept):
+    """Unless the objective asks for the stability it buys (the decorator's rule)."""
+    from egraph_opt.drivers.onnx_batch import process
+    path, target = _log_of_one_plus(tmp_path), str(tmp_path / "out.onnx")
+    r = process(path, target, {"force": True, "objective": objective, "seed": 0, "latency_runs": 9,
+                               "profile_db": str(tmp_path / "p.sqlite"), "profile_budget": 0})
+    assert r["status"] == "optimized" and r["rewrites"] == {"log1p-from-log": 1}
+    assert ("kept_original" in r) == kept
+    written = [n.op_type for n in onnx.load(target).graph.node]
+    assert (written == ["Add", "Log"]) == kept
+
+
+def _split_product(axis=-1, sizes=None, bias=None, also_read=False):
+    """x (2, 3, 4) @ w (4, 6) (+ b of shape ``bias``), split in two along ``axis`` and put back swapped (plus the
+    product itself when ``also_read``)."""
+    rng = np.random.default_rng(3)
+    values = {"w": rng.standard_normal((4, 6)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"])]
+    if bias:
+        values["b"] = rng.standard_normal(bias).astype(np.float32)
+        nodes.append(helper.make_node("Add", ["p", "b"], ["pb"]))
+    inputs = [nodes[-1].output[0]] + (["sizes"] if sizes else [])
+    if sizes:
+        values["sizes"] = np.array(sizes)
+    nodes += [helper.make_node("Split", inputs, ["s0", "s1"], axis=axis, **({} if sizes else {"num_outputs": 2})),
+              helper.make_node("Concat", ["s1", "s0"], ["y"], axis=axis)]
+    if also_read:
+        nodes[-1].output[0] = "c"
+        nodes.append(helper.make_node("Add", ["c", "p"], ["y"]))
+    return _model(nodes, [("x", [2, 3, 4])], ("y", [2, 3, 6]), values, opset=18)
+
+
+@pytest.mark.parametrize("sizes,bias", [(None, None), ((2, 4), None), (None, (6,))])
+def test_split_of_a_product_by_stored_weights_is_a_product_per_part(sizes, bias):
+    ops = _optimized(_split_product(sizes=sizes, bias=bias))
+    assert "Split" not in ops and ops.count("MatMul") == 2
+
+
+@pytest.mark.parametrize("axis,also_read,bias", [(0, False, None), (1, False, None), (-1, True, None),
+                                              (-1, False, (1, 6))])
+def test_a_split_along_another_axis_of_a_product_read_elsewhere_or_biased_by_rows_stays(axis, also_read,
+                                                                                         bias):
+    """Not along w's columns, the product needed whole, or a bias not one value per column."""
+    assert "Split" in _optimized(_split_product(axis=axis, also_read=also_read, bias=bias))

@@ -62,6 +62,26 @@ RULES += [
              "probe draws b < 0 beside a small 4ac)"),
 ]
 
+#: the numerators -b +- sqrt(b^2 - q) of the two roots, for any b and q: where the two terms
+#: cancel (b and the root of one sign, q > -b^2), the conjugate q / (-b -+ sqrt(b^2 - q)) as (q/b) /
+#: (-1 -+ sqrt(b^2 - q)/b), which adds magnitudes and stays finite (q/b <= b there); elsewhere the
+#: sum as it was. The root scaled by m = max(|b|, 1): m sqrt((b/m)^2 - (q/m)/m) neither overflows
+#: (b = 1e20) nor underflows. Both branches are the numerator over the reals, so where() only
+#: selects; q = -inf (no real q > -b^2) keeps the sum, whose root is then inf as the left side's
+_M = "(maximum (abs ?b) (const 1.0))"
+_ROOT = f"(mul {_M} (sqrt (sub (mul (div ?b {_M}) (div ?b {_M})) (div (div ?q {_M}) {_M}))))"
+RULES += rules(_E, [
+    ("quadratic-numerator-plus", f"(add (neg ?b) {_DISC})",
+                              f"(where (less (const 0.0) (minimum ?b (add ?q (mul ?b ?b)))) "
+                              f"(div (div ?q ?b) (sub (const -1.0) (div {_ROOT} ?b))) (add (neg ?b) {_ROOT}))",
+                              "-b + sqrt(b^2 - q) cancels for b > 0 where |q| << b^2, and b^2 overflows "
+                              "from |b| = 2e19"),
+    ("quadratic-numerator-minus", f"(sub (neg ?b) {_DISC})",
+                              f"(where (less (maximum ?b (neg (add ?q (mul ?b ?b)))) (const 0.0)) "
+                              f"(div (div ?q ?b) (sub (div {_ROOT} ?b) (const 1.0))) (sub (neg ?b) {_ROOT}))",
+                              "-b - sqrt(b^2 - q) cancels for b < 0 where |q| << b^2"),
+])
+
 #: forms to meet: no cancellation the purpose probes can show (acosh's overflow is at x >> 1,
 #: where the probes draw both signs; a half angle's other direction cancels only near pi)
 RULES += rules(Family.ALGEBRA, [

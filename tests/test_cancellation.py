@@ -1,5 +1,6 @@
 """The cancellation family (issue 16 item 2): start => goal on programs, a must-not-fire test for
 every guard, and a growth bound for the phase with every rule in play."""
+import mpmath
 import pytest
 import torch
 
@@ -177,3 +178,28 @@ def test_the_phase_with_the_function_rules_stays_bounded():
     (want,) = evaluate([term], env)
     (got,) = evaluate(leaves(result.program.outputs), env)
     torch.testing.assert_close(got, want)
+
+
+def _roots(a, b, c):
+    return (-b + torch.sqrt(b * b - 4 * a * c)) / (2 * a), (-b - torch.sqrt(b * b - 4 * a * c)) / (2 * a)
+
+
+def test_quadratic_roots_are_accurate_over_every_float():
+    """With no ranges declared, both roots come back through the numerators' where(): accurate
+    where -b +- sqrt(b^2 - 4ac) cancels (b = +-3e3, small 4ac), where b^2 overflows (b = +-1e20),
+    and where neither happens; the naive roots lose every digit at the first two."""
+    from egraph_opt import saturate_and_extract
+    a = torch.tensor([0.5, 0.5, 2.0, 2.0, 1.5, -1.5])
+    b = torch.tensor([3e3, -3e3, 1e20, -1e20, 7.0, -2.0])
+    c = torch.tensor([1e-3, 1e-3, -3.0, 5.0, 1.0, 0.25])
+    with mpmath.workdps(80):
+        exact = [[float((-bi + sign * mpmath.sqrt(bi * bi - 4 * ai * ci)) / (2 * ai))
+                  for ai, bi, ci in ((mpmath.mpf(float(u)) for u in t) for t in zip(a, b, c))]
+                 for sign in (1, -1)]
+    for i, root in enumerate((lambda a, b, c: _roots(a, b, c)[0], lambda a, b, c: _roots(a, b, c)[1])):
+        opt = saturate_and_extract(root, objective="stability")
+        out, naive = opt(a, b, c), root(a, b, c)
+        assert any(name.startswith("quadratic-numerator") for name, _, _ in opt.report.rewrites), opt.report
+        want = torch.tensor(exact[i])
+        torch.testing.assert_close(out, want, rtol=4 * 2 ** -23, atol=0)
+        assert not torch.allclose(naive, want, rtol=1e-3, atol=0)

@@ -5,10 +5,19 @@ Each stability rule's purpose is checked in the tests: at a huge, tiny or nearly
 float32 its right side is accurate where its left side is not.
 """
 from . import Family, Rule, rules
-from .algebra import NEVER_INF
+from .algebra import F32_MAX, NEVER_INF
 
 _E = Family.STABILITY
-_FINITE = NEVER_INF + tuple(f.replace("?x", "?y") for f in NEVER_INF)  # ?x, ?y declared finite
+NEVER_INF_Y = tuple(f.replace("?x", "?y") for f in NEVER_INF)
+_FINITE = NEVER_INF + NEVER_INF_Y  # ?x, ?y declared finite
+
+#: -1 < x < float32's max, at each element (NaN: false): 1 + x > 0 and finite, log1p(x) defined
+_BASE_POSITIVE = f"(less (const -1.0) (minimum ?x (sub (const {F32_MAX}) ?x)))"
+
+_H = "(hypot ?y ?z)"
+#: max(|u|, |v|) 2^-60 < h < float32's max, at each element (NaN: false)
+_QUOTIENTS_BOUNDED = (f"(less (maximum (sub (mul (maximum (abs ?u) (abs ?v)) (const 8.673617379884035e-19)) {_H}) "
+                      f"(sub {_H} (const {F32_MAX}))) (const 0.0))")
 
 RULES = rules(_E, [
     # name                    lhs                                               rhs
@@ -18,6 +27,14 @@ RULES = rules(_E, [
     ("div-by-sum-of-squares", "(div ?x (add (mul ?y ?y) (mul ?z ?z)))",        "(div (div ?x (hypot ?y ?z)) (hypot ?y ?z))",
                               "x / (y^2 + z^2) = x / h / h, h = hypot(y, z): the sum overflows (1e20) or "
                               "underflows (1e-25) where h does not"),
+    ("product-by-sum-of-squares", "(div (mul ?u ?v) (add (mul ?y ?y) (mul ?z ?z)))",
+                              f"(where {_QUOTIENTS_BOUNDED} (mul (div ?u {_H}) (div ?v {_H})) "
+                              f"(div (mul ?u ?v) (where {_QUOTIENTS_BOUNDED} (const 1.0) (add (mul ?y ?y) (mul ?z ?z)))))",
+                              "uv / (y^2 + z^2) = (u/h)(v/h), h = hypot(y, z), where |u|, |v| < 2^60 h "
+                              "and h is finite (neither quotient overflows, nor is their product inf * 0): "
+                              "the product and the sum overflow (1e20) or underflow (1e-25) where the "
+                              "quotients do not; elsewhere the quotient as it was (its sum pinned to 1 "
+                              "where not taken: a term the left side does not match again)"),
     Rule("hypot-const",       "(sqrt (add (mul ?x ?x) (const ?c)))",            "(hypot ?x (sqrt (const ?c)))",
          _E, when=("(>= ?c 0.0)",), why="sqrt(x^2 + c) for c >= 0, sqrt(c) rounded once"),
     Rule("quotient-by-square-plus", "(div ?x (add (mul ?x ?x) (const ?c)))",
@@ -42,6 +59,14 @@ RULES = rules(_E, [
              "NaN; + 0: +0 at y = 0, as 1 - 1 is"),
     Rule("pow-minus-one",     "(sub (pow ?x ?y) (const 1.0))",                  "(add (expm1 (mul ?y (log ?x))) (const 0.0))",
          _E, when=("(positive ?x)",) + _FINITE, why="x^y - 1 = expm1(y log x) for x > 0"),
+    Rule("pow-shift-minus-one-where", "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
+         f"(where {_BASE_POSITIVE} (add (expm1 (mul ?y (log1p ?x))) (const 0.0)) "
+         f"(sub (pow (where {_BASE_POSITIVE} (const 1.0) (add ?x (const 1.0))) ?y) (const 1.0)))",
+         _E, when=NEVER_INF_Y, why="pow-shift-minus-one where the ranges do not prove x > -1 "
+         "(x = i/n): where() takes it at the elements where -1 < x < float32's max, the power "
+         "elsewhere (its base pinned to 1 where not taken: a term of its own, which the left side "
+         "does not match again); "
+         "y finite: expm1(inf * 0)"),
 ])
 
 #: the quadratic formula's two roots, each in the form whose numerator adds magnitudes: with q = 4ac,

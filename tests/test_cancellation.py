@@ -97,6 +97,9 @@ GUARDED += [
      (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-1.0, 1.0)})),
     ("pow-minus-one", (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.5, 2.0)}),
      (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.0, 2.0)})),
+    ("pow-shift-minus-one-where", (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-4.0, 1.0)}),
+     (op("sub", op("pow", op("add", X, c(1.0)), op("mul", Y, c(1e30))), c(1.0)),
+      {"x": (-4.0, 1.0), "y": (-1e10, 1e10)})),  # y * 1e30 may overflow: expm1(inf * log1p(0))
 ]
 
 
@@ -203,3 +206,44 @@ def test_quadratic_roots_are_accurate_over_every_float():
         want = torch.tensor(exact[i])
         torch.testing.assert_close(out, want, rtol=4 * 2 ** -23, atol=0)
         assert not torch.allclose(naive, want, rtol=1e-3, atol=0)
+
+
+def test_compound_interest_is_accurate_where_one_plus_i_over_n_rounds():
+    """100 ((1 + i/n)^n - 1) / (i/n) over every float: pow-shift-minus-one-where takes
+    expm1(n log1p(i/n)) where -1 < i/n, which the ranges cannot prove, and the power elsewhere
+    (i/n = -3, n = 4: a negative base, an integer power)."""
+    from egraph_opt import saturate_and_extract
+
+    def interest(i, n):
+        return 100.0 * (torch.pow(1.0 + i / n, n) - 1.0) / (i / n)
+
+    i = torch.tensor([1e-6, 0.05, -1e-7, 3.0, -12.0])
+    n = torch.tensor([12.0, 1e7, 3e5, 2.0, 4.0])
+    opt = saturate_and_extract(interest, objective="stability")
+    out = opt(i, n)
+    assert any(name == "pow-shift-minus-one-where" for name, _, _ in opt.report.rewrites), opt.report
+    with mpmath.workdps(60):
+        want = torch.tensor([float(100 * ((1 + mpmath.mpf(float(a)) / float(b)) ** float(b) - 1)
+                                   / (mpmath.mpf(float(a)) / float(b))) for a, b in zip(i, n)])
+    torch.testing.assert_close(out, want, rtol=2e-5, atol=0)
+    assert not torch.allclose(interest(i, n), want, rtol=1e-2, atol=0)
+
+
+def test_a_product_over_a_sum_of_squares_neither_overflows_nor_underflows():
+    """Kahan's (x - y)(x + y) / (x^2 + y^2) at y = -1e30 (the squares overflow) and at x, y
+    ~ 1e-30 (they underflow): product-by-sum-of-squares divides by hypot(x, y) first."""
+    from egraph_opt import saturate_and_extract
+
+    def kahan(x, y):
+        return (x - y) * (x + y) / (x * x + y * y)
+
+    x = torch.tensor([0.5, 3e-30, 0.25, 1e-38])
+    y = torch.tensor([-1e30, -1e-30, 0.75, 2e-38])
+    opt = saturate_and_extract(kahan, objective="stability")
+    out = opt(x, y)
+    with mpmath.workdps(60):
+        want = torch.tensor([float((mpmath.mpf(float(a)) ** 2 - mpmath.mpf(float(b)) ** 2)
+                                   / (mpmath.mpf(float(a)) ** 2 + mpmath.mpf(float(b)) ** 2))
+                             for a, b in zip(x, y)])
+    torch.testing.assert_close(out, want, rtol=4 * 2 ** -23, atol=0)
+    assert kahan(x, y).isnan().any()

@@ -247,3 +247,24 @@ def test_a_product_over_a_sum_of_squares_neither_overflows_nor_underflows():
                              for a, b in zip(x, y)])
     torch.testing.assert_close(out, want, rtol=4 * 2 ** -23, atol=0)
     assert kahan(x, y).isnan().any()
+
+
+def test_a_scaled_difference_of_squares_neither_cancels_nor_overflows():
+    """The real part of a complex cube, (re^2 - im^2) re - (re im + im re) im: at im = 2e31, re =
+    5e-36 im^2 overflows (the naive result is inf), at re ~ im it cancels; both come back
+    accurate through difference-of-squares-times."""
+    from egraph_opt import saturate_and_extract
+
+    def cube_re(re, im):
+        return (re * re - im * im) * re - (re * im + im * re) * im
+
+    re = torch.tensor([5e-36, 1.0000001, 3.0, -2e-30])
+    im = torch.tensor([2e31, 1.0, 0.5, 7e20])
+    opt = saturate_and_extract(cube_re, objective="stability")
+    out = opt(re, im)
+    assert any(name == "difference-of-squares-times" for name, _, _ in opt.report.rewrites), opt.report
+    with mpmath.workdps(80):
+        want = torch.tensor([float(mpmath.mpf(float(a)) ** 3 - 3 * mpmath.mpf(float(a)) * mpmath.mpf(float(b)) ** 2)
+                             for a, b in zip(re, im)])
+    torch.testing.assert_close(out, want, rtol=8 * 2 ** -23, atol=0)
+    assert cube_re(re, im).isinf().any()

@@ -14,10 +14,14 @@ _FINITE = NEVER_INF + NEVER_INF_Y  # ?x, ?y declared finite
 #: -1 < x < float32's max, at each element (NaN: false): 1 + x > 0 and finite, log1p(x) defined
 _BASE_POSITIVE = f"(less (const -1.0) (minimum ?x (sub (const {F32_MAX}) ?x)))"
 
-_H = "(hypot ?y ?z)"
-#: max(|u|, |v|) 2^-60 < h < float32's max, at each element (NaN: false)
-_QUOTIENTS_BOUNDED = (f"(less (maximum (sub (mul (maximum (abs ?u) (abs ?v)) (const 8.673617379884035e-19)) {_H}) "
-                      f"(sub {_H} (const {F32_MAX}))) (const 0.0))")
+_YZ = "(maximum (abs ?y) (abs ?z))"
+_UM, _VM = f"(div ?u {_YZ})", f"(div ?v {_YZ})"
+_SQUARES_M = f"(add (mul (div ?y {_YZ}) (div ?y {_YZ})) (mul (div ?z {_YZ}) (div ?z {_YZ})))"
+#: |u|, |v| < 64m and m finite at the element (m * 0 - 1 is -1 for finite m, NaN otherwise): the
+#: quotients lie in (-64, 64), so none overflows even in float16, and one underflows only where the
+#: result is below 64 times the dtype's least normal number (an absolute error below that number)
+_QUOTIENTS_BOUNDED = (f"(less (maximum (sub (maximum (abs ?u) (abs ?v)) (mul {_YZ} (const 64.0))) "
+                      f"(sub (mul {_YZ} (const 0.0)) (const 1.0))) (const 0.0))")
 
 RULES = rules(_E, [
     # name                    lhs                                               rhs
@@ -28,13 +32,13 @@ RULES = rules(_E, [
                               "x / (y^2 + z^2) = x / h / h, h = hypot(y, z): the sum overflows (1e20) or "
                               "underflows (1e-25) where h does not"),
     ("product-by-sum-of-squares", "(div (mul ?u ?v) (add (mul ?y ?y) (mul ?z ?z)))",
-                              f"(where {_QUOTIENTS_BOUNDED} (mul (div ?u {_H}) (div ?v {_H})) "
+                              f"(where {_QUOTIENTS_BOUNDED} (mul {_UM} (div {_VM} {_SQUARES_M})) "
                               f"(div (mul ?u ?v) (where {_QUOTIENTS_BOUNDED} (const 1.0) (add (mul ?y ?y) (mul ?z ?z)))))",
-                              "uv / (y^2 + z^2) = (u/h)(v/h), h = hypot(y, z), where |u|, |v| < 2^60 h "
-                              "and h is finite (neither quotient overflows, nor is their product inf * 0): "
-                              "the product and the sum overflow (1e20) or underflow (1e-25) where the "
-                              "quotients do not; elsewhere the quotient as it was (its sum pinned to 1 "
-                              "where not taken: a term the left side does not match again)"),
+                              "uv / (y^2 + z^2) = (u/m)((v/m) / s), m = max(|y|, |z|), s = (y/m)^2 + "
+                              "(z/m)^2 in [1, 2], where |u|, |v| < 64m (Kahan's (x - y)(x + y) / (x^2 + "
+                              "y^2)): the product and the sum overflow (1e20) or underflow (1e-25) where "
+                              "the quotients do not; elsewhere the quotient as it was (its sum pinned to "
+                              "1 where not taken: a term the left side does not match again)"),
     Rule("hypot-const",       "(sqrt (add (mul ?x ?x) (const ?c)))",            "(hypot ?x (sqrt (const ?c)))",
          _E, when=("(>= ?c 0.0)",), why="sqrt(x^2 + c) for c >= 0, sqrt(c) rounded once"),
     Rule("quotient-by-square-plus", "(div ?x (add (mul ?x ?x) (const ?c)))",
@@ -92,18 +96,19 @@ RULES += [
 #: (-1 -+ sqrt(b^2 - q)/b), which adds magnitudes and stays finite (q/b <= b there); elsewhere the
 #: sum as it was. The root scaled by m = max(|b|, 1): m sqrt((b/m)^2 - (q/m)/m) neither overflows
 #: (b = 1e20) nor underflows. Both branches are the numerator over the reals, so where() only
-#: selects; q = -inf (no real q > -b^2) keeps the sum, whose root is then inf as the left side's
+#: selects; q = -inf (no real q > -b^2) keeps the sum, whose root is then inf as the left side's.
+#: The conjugate + 0: +0 where q = 0, as the sum's b - b is
 _M = "(maximum (abs ?b) (const 1.0))"
 _ROOT = f"(mul {_M} (sqrt (sub (mul (div ?b {_M}) (div ?b {_M})) (div (div ?q {_M}) {_M}))))"
 RULES += rules(_E, [
     ("quadratic-numerator-plus", f"(add (neg ?b) {_DISC})",
                               f"(where (less (const 0.0) (minimum ?b (add ?q (mul ?b ?b)))) "
-                              f"(div (div ?q ?b) (sub (const -1.0) (div {_ROOT} ?b))) (add (neg ?b) {_ROOT}))",
+                              f"(add (div (div ?q ?b) (sub (const -1.0) (div {_ROOT} ?b))) (const 0.0)) (add (neg ?b) {_ROOT}))",
                               "-b + sqrt(b^2 - q) cancels for b > 0 where |q| << b^2, and b^2 overflows "
                               "from |b| = 2e19"),
     ("quadratic-numerator-minus", f"(sub (neg ?b) {_DISC})",
                               f"(where (less (maximum ?b (neg (add ?q (mul ?b ?b)))) (const 0.0)) "
-                              f"(div (div ?q ?b) (sub (div {_ROOT} ?b) (const 1.0))) (sub (neg ?b) {_ROOT}))",
+                              f"(add (div (div ?q ?b) (sub (div {_ROOT} ?b) (const 1.0))) (const 0.0)) (sub (neg ?b) {_ROOT}))",
                               "-b - sqrt(b^2 - q) cancels for b < 0 where |q| << b^2"),
 ])
 

@@ -401,13 +401,7 @@ CASES = [(r, torch.float32) for r in RULES] + [(r, torch.float16) for r in SCALA
 
 
 def _ops(p) -> set[str]:
-    found, stack = set(), [p]
-    while stack:
-        q = stack.pop()
-        if isinstance(q, pat.Node):
-            found.add(q.op)
-            stack.extend(q.args)
-    return found
+    return {t.op for t in postorder([pat.skeleton(p)[0]]) if t.op != "opaque"}
 
 
 #: elementwise rules sympy cannot read (where, less, maximum, hypot...): tensor_failures tries one

@@ -39,6 +39,13 @@ RULES = rules(_E, [
          why="1/x - 1/y = (y - x)/(x y), divided by the larger first: the quotient is within [-1, "
              "1], so only a result past the dtype's max overflows; x, y > 0: y - x cannot "
              "overflow (max - -max); finite: (y - inf)/inf is no 0 - 1/y"),
+    # -- a difference of squares, scaled -------------------------------------------------------
+    ("difference-of-squares-times", "(mul (sub (mul ?x ?x) (mul ?y ?y)) ?z)",
+                              "(mul (mul (sub (abs ?x) (abs ?y)) ?z) (add (abs ?x) (abs ?y)))",
+                              "(x^2 - y^2) z = ((|x| - |y|) z)(|x| + |y|): no rounded squares to cancel "
+                              "(x ~ y), and the difference meets z before a square overflows (x = 1e25, "
+                              "z = 1e-25); it overflows only where the result does (its magnitude is "
+                              "at most |x| + |y|); |x|, |y|: +0 times z's sign where x = +-y, as the left side's"),
     # -- ratios and roots near 1 ------------------------------------------------------------------
     Rule("ratio-minus-one",   "(sub (div ?x ?y) (const 1.0))",                  "(div (sub ?x ?y) ?y)", _E,
          when=_POS + _BELOW_INF[1:], why="x/y - 1 = (x - y)/y; x, y > 0: x - y cannot overflow"),

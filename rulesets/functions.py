@@ -5,10 +5,23 @@ Each stability rule's purpose is checked in the tests: at a huge, tiny or nearly
 float32 its right side is accurate where its left side is not.
 """
 from . import Family, Rule, rules
-from .algebra import NEVER_INF
+from .algebra import F32_MAX, NEVER_INF
 
 _E = Family.STABILITY
-_FINITE = NEVER_INF + tuple(f.replace("?x", "?y") for f in NEVER_INF)  # ?x, ?y declared finite
+NEVER_INF_Y = tuple(f.replace("?x", "?y") for f in NEVER_INF)
+_FINITE = NEVER_INF + NEVER_INF_Y  # ?x, ?y declared finite
+
+#: -1 < x < float32's max, at each element (NaN: false): 1 + x > 0 and finite, log1p(x) defined
+_BASE_POSITIVE = f"(less (const -1.0) (minimum ?x (sub (const {F32_MAX}) ?x)))"
+
+_YZ = "(maximum (abs ?y) (abs ?z))"
+_UM, _VM = f"(div ?u {_YZ})", f"(div ?v {_YZ})"
+_SQUARES_M = f"(add (mul (div ?y {_YZ}) (div ?y {_YZ})) (mul (div ?z {_YZ}) (div ?z {_YZ})))"
+#: |u|, |v| < 64m and m finite at the element (m * 0 - 1 is -1 for finite m, NaN otherwise): the
+#: quotients lie in (-64, 64), so none overflows even in float16, and one underflows only where the
+#: result is below 64 times the dtype's least normal number (an absolute error below that number)
+_QUOTIENTS_BOUNDED = (f"(less (maximum (sub (maximum (abs ?u) (abs ?v)) (mul {_YZ} (const 64.0))) "
+                      f"(sub (mul {_YZ} (const 0.0)) (const 1.0))) (const 0.0))")
 
 RULES = rules(_E, [
     # name                    lhs                                               rhs
@@ -18,6 +31,14 @@ RULES = rules(_E, [
     ("div-by-sum-of-squares", "(div ?x (add (mul ?y ?y) (mul ?z ?z)))",        "(div (div ?x (hypot ?y ?z)) (hypot ?y ?z))",
                               "x / (y^2 + z^2) = x / h / h, h = hypot(y, z): the sum overflows (1e20) or "
                               "underflows (1e-25) where h does not"),
+    ("product-by-sum-of-squares", "(div (mul ?u ?v) (add (mul ?y ?y) (mul ?z ?z)))",
+                              f"(where {_QUOTIENTS_BOUNDED} (mul {_UM} (div {_VM} {_SQUARES_M})) "
+                              f"(div (mul ?u ?v) (where {_QUOTIENTS_BOUNDED} (const 1.0) (add (mul ?y ?y) (mul ?z ?z)))))",
+                              "uv / (y^2 + z^2) = (u/m)((v/m) / s), m = max(|y|, |z|), s = (y/m)^2 + "
+                              "(z/m)^2 in [1, 2], where |u|, |v| < 64m (Kahan's (x - y)(x + y) / (x^2 + "
+                              "y^2)): the product and the sum overflow (1e20) or underflow (1e-25) where "
+                              "the quotients do not; elsewhere the quotient as it was (its sum pinned to "
+                              "1 where not taken: a term the left side does not match again)"),
     Rule("hypot-const",       "(sqrt (add (mul ?x ?x) (const ?c)))",            "(hypot ?x (sqrt (const ?c)))",
          _E, when=("(>= ?c 0.0)",), why="sqrt(x^2 + c) for c >= 0, sqrt(c) rounded once"),
     Rule("quotient-by-square-plus", "(div ?x (add (mul ?x ?x) (const ?c)))",
@@ -42,6 +63,14 @@ RULES = rules(_E, [
              "NaN; + 0: +0 at y = 0, as 1 - 1 is"),
     Rule("pow-minus-one",     "(sub (pow ?x ?y) (const 1.0))",                  "(add (expm1 (mul ?y (log ?x))) (const 0.0))",
          _E, when=("(positive ?x)",) + _FINITE, why="x^y - 1 = expm1(y log x) for x > 0"),
+    Rule("pow-shift-minus-one-where", "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
+         f"(where {_BASE_POSITIVE} (add (expm1 (mul ?y (log1p ?x))) (const 0.0)) "
+         f"(sub (pow (where {_BASE_POSITIVE} (const 1.0) (add ?x (const 1.0))) ?y) (const 1.0)))",
+         _E, when=NEVER_INF_Y, why="pow-shift-minus-one where the ranges do not prove x > -1 "
+         "(x = i/n): where() takes it at the elements where -1 < x < float32's max, the power "
+         "elsewhere (its base pinned to 1 where not taken: a term of its own, which the left side "
+         "does not match again); "
+         "y finite: expm1(inf * 0)"),
 ])
 
 #: the quadratic formula's two roots, each in the form whose numerator adds magnitudes: with q = 4ac,
@@ -61,6 +90,27 @@ RULES += [
          why="-b - sqrt(b^2 - 4ac) cancels for b < 0 where 4ac is small (algebra: no purpose "
              "probe draws b < 0 beside a small 4ac)"),
 ]
+
+#: the numerators -b +- sqrt(b^2 - q) of the two roots, for any b and q: where the two terms
+#: cancel (b and the root of one sign, q > -b^2), the conjugate q / (-b -+ sqrt(b^2 - q)) as (q/b) /
+#: (-1 -+ sqrt(b^2 - q)/b), which adds magnitudes and stays finite (q/b <= b there); elsewhere the
+#: sum as it was. The root scaled by m = max(|b|, 1): m sqrt((b/m)^2 - (q/m)/m) neither overflows
+#: (b = 1e20) nor underflows. Both branches are the numerator over the reals, so where() only
+#: selects; q = -inf (no real q > -b^2) keeps the sum, whose root is then inf as the left side's.
+#: The conjugate + 0: +0 where q = 0, as the sum's b - b is
+_M = "(maximum (abs ?b) (const 1.0))"
+_ROOT = f"(mul {_M} (sqrt (sub (mul (div ?b {_M}) (div ?b {_M})) (div (div ?q {_M}) {_M}))))"
+RULES += rules(_E, [
+    ("quadratic-numerator-plus", f"(add (neg ?b) {_DISC})",
+                              f"(where (less (const 0.0) (minimum ?b (add ?q (mul ?b ?b)))) "
+                              f"(add (div (div ?q ?b) (sub (const -1.0) (div {_ROOT} ?b))) (const 0.0)) (add (neg ?b) {_ROOT}))",
+                              "-b + sqrt(b^2 - q) cancels for b > 0 where |q| << b^2, and b^2 overflows "
+                              "from |b| = 2e19"),
+    ("quadratic-numerator-minus", f"(sub (neg ?b) {_DISC})",
+                              f"(where (less (maximum ?b (neg (add ?q (mul ?b ?b)))) (const 0.0)) "
+                              f"(add (div (div ?q ?b) (sub (div {_ROOT} ?b) (const 1.0))) (const 0.0)) (sub (neg ?b) {_ROOT}))",
+                              "-b - sqrt(b^2 - q) cancels for b < 0 where |q| << b^2"),
+])
 
 #: forms to meet: no cancellation the purpose probes can show (acosh's overflow is at x >> 1,
 #: where the probes draw both signs; a half angle's other direction cancels only near pi)

@@ -1,5 +1,6 @@
 """The cancellation family (issue 16 item 2): start => goal on programs, a must-not-fire test for
 every guard, and a growth bound for the phase with every rule in play."""
+import mpmath
 import pytest
 import torch
 
@@ -96,6 +97,9 @@ GUARDED += [
      (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-1.0, 1.0)})),
     ("pow-minus-one", (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.5, 2.0)}),
      (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.0, 2.0)})),
+    ("pow-shift-minus-one-where", (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-4.0, 1.0)}),
+     (op("sub", op("pow", op("add", X, c(1.0)), op("mul", Y, c(1e30))), c(1.0)),
+      {"x": (-4.0, 1.0), "y": (-1e10, 1e10)})),  # y * 1e30 may overflow: expm1(inf * log1p(0))
 ]
 
 
@@ -177,3 +181,90 @@ def test_the_phase_with_the_function_rules_stays_bounded():
     (want,) = evaluate([term], env)
     (got,) = evaluate(leaves(result.program.outputs), env)
     torch.testing.assert_close(got, want)
+
+
+def _roots(a, b, c):
+    return (-b + torch.sqrt(b * b - 4 * a * c)) / (2 * a), (-b - torch.sqrt(b * b - 4 * a * c)) / (2 * a)
+
+
+def test_quadratic_roots_are_accurate_over_every_float():
+    """With no ranges declared, both roots come back through the numerators' where(): accurate
+    where -b +- sqrt(b^2 - 4ac) cancels (b = +-3e3, small 4ac), where b^2 overflows (b = +-1e20),
+    and where neither happens; the naive roots lose every digit at the first two."""
+    from egraph_opt import saturate_and_extract
+    a = torch.tensor([0.5, 0.5, 2.0, 2.0, 1.5, -1.5])
+    b = torch.tensor([3e3, -3e3, 1e20, -1e20, 7.0, -2.0])
+    c = torch.tensor([1e-3, 1e-3, -3.0, 5.0, 1.0, 0.25])
+    with mpmath.workdps(80):
+        exact = [[float((-bi + sign * mpmath.sqrt(bi * bi - 4 * ai * ci)) / (2 * ai))
+                  for ai, bi, ci in ((mpmath.mpf(float(u)) for u in t) for t in zip(a, b, c))]
+                 for sign in (1, -1)]
+    for i, root in enumerate((lambda a, b, c: _roots(a, b, c)[0], lambda a, b, c: _roots(a, b, c)[1])):
+        opt = saturate_and_extract(root, objective="stability")
+        out, naive = opt(a, b, c), root(a, b, c)
+        assert any(name.startswith("quadratic-numerator") for name, _, _ in opt.report.rewrites), opt.report
+        want = torch.tensor(exact[i])
+        torch.testing.assert_close(out, want, rtol=4 * 2 ** -23, atol=0)
+        assert not torch.allclose(naive, want, rtol=1e-3, atol=0)
+
+
+def test_compound_interest_is_accurate_where_one_plus_i_over_n_rounds():
+    """100 ((1 + i/n)^n - 1) / (i/n) over every float: pow-shift-minus-one-where takes
+    expm1(n log1p(i/n)) where -1 < i/n, which the ranges cannot prove, and the power elsewhere
+    (i/n = -3, n = 4: a negative base, an integer power)."""
+    from egraph_opt import saturate_and_extract
+
+    def interest(i, n):
+        return 100.0 * (torch.pow(1.0 + i / n, n) - 1.0) / (i / n)
+
+    i = torch.tensor([1e-6, 0.05, -1e-7, 3.0, -12.0])
+    n = torch.tensor([12.0, 1e7, 3e5, 2.0, 4.0])
+    opt = saturate_and_extract(interest, objective="stability")
+    out = opt(i, n)
+    assert any(name == "pow-shift-minus-one-where" for name, _, _ in opt.report.rewrites), opt.report
+    with mpmath.workdps(60):
+        want = torch.tensor([float(100 * ((1 + mpmath.mpf(float(a)) / float(b)) ** float(b) - 1)
+                                   / (mpmath.mpf(float(a)) / float(b))) for a, b in zip(i, n)])
+    torch.testing.assert_close(out, want, rtol=2e-5, atol=0)
+    assert not torch.allclose(interest(i, n), want, rtol=1e-2, atol=0)
+
+
+def test_a_product_over_a_sum_of_squares_neither_overflows_nor_underflows():
+    """Kahan's (x - y)(x + y) / (x^2 + y^2) at y = -1e30 (the squares overflow) and at x, y
+    ~ 1e-30 (they underflow): product-by-sum-of-squares divides by hypot(x, y) first."""
+    from egraph_opt import saturate_and_extract
+
+    def kahan(x, y):
+        return (x - y) * (x + y) / (x * x + y * y)
+
+    x = torch.tensor([0.5, 3e-30, 0.25, 1e-38])
+    y = torch.tensor([-1e30, -1e-30, 0.75, 2e-38])
+    opt = saturate_and_extract(kahan, objective="stability")
+    out = opt(x, y)
+    with mpmath.workdps(60):
+        want = torch.tensor([float((mpmath.mpf(float(a)) ** 2 - mpmath.mpf(float(b)) ** 2)
+                                   / (mpmath.mpf(float(a)) ** 2 + mpmath.mpf(float(b)) ** 2))
+                             for a, b in zip(x, y)])
+    torch.testing.assert_close(out, want, rtol=4 * 2 ** -23, atol=0)
+    assert kahan(x, y).isnan().any()
+
+
+def test_a_scaled_difference_of_squares_neither_cancels_nor_overflows():
+    """The real part of a complex cube, (re^2 - im^2) re - (re im + im re) im: at im = 2e31, re =
+    5e-36 im^2 overflows (the naive result is inf), at re ~ im it cancels; both come back
+    accurate through difference-of-squares-times."""
+    from egraph_opt import saturate_and_extract
+
+    def cube_re(re, im):
+        return (re * re - im * im) * re - (re * im + im * re) * im
+
+    re = torch.tensor([5e-36, 1.0000001, 3.0, -2e-30])
+    im = torch.tensor([2e31, 1.0, 0.5, 7e20])
+    opt = saturate_and_extract(cube_re, objective="stability")
+    out = opt(re, im)
+    assert any(name == "difference-of-squares-times" for name, _, _ in opt.report.rewrites), opt.report
+    with mpmath.workdps(80):
+        want = torch.tensor([float(mpmath.mpf(float(a)) ** 3 - 3 * mpmath.mpf(float(a)) * mpmath.mpf(float(b)) ** 2)
+                             for a, b in zip(re, im)])
+    torch.testing.assert_close(out, want, rtol=8 * 2 ** -23, atol=0)
+    assert cube_re(re, im).isinf().any()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_structure, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
 from .arguments import Binder, BoundCall
 from ..frontends.capture import SideEffect, capture
@@ -47,6 +47,7 @@ class Plan:
     report: Report
     egraph: EGraph | None
     optimized: Optimized | None = None  # what ``explore`` reads; dropped with the e-graph
+    call: Callable | None = None  # what a call of the tensors alone runs: ``run``, or the original
 
 
 def _check_ranges(ranges: dict | None) -> dict:
@@ -74,10 +75,14 @@ def writes_in_place(fn: Callable, args: tuple, names: list[str]) -> list[str]:
     return [f"argument {n!r}" for n, c, v in zip(names, clones, before) if c._version != v]
 
 
-def _run_unflattened(module, returns, *args):
-    """The built module returns its outputs flat; the caller gets them as the original returned
-    them (a Hugging Face ``ModelOutput`` stays one)."""
-    return tree_unflatten(module(*args), returns)
+def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
+    """The built module's generated code, called directly (Module.__call__ and fx's wrapper cost
+    microseconds, and no hook can be on a module only this plan holds), its flat outputs as the
+    original returned them (a Hugging Face ``ModelOutput`` stays one; one tensor: no unflatten)."""
+    forward = module.forward
+    if returns.is_leaf():
+        return lambda *args: forward(*args)[0]
+    return lambda *args: tree_unflatten(forward(*args), returns)
 
 
 class OptimizedFunction:
@@ -125,11 +130,18 @@ class OptimizedFunction:
             type(self.fn).__name__
 
     def __call__(self, *args, **kwargs):
+        key = None if kwargs else self._bind.plain_key(args)
+        if key is not None:  # tensors alone, as declared: the key, one lookup, the plan's call
+            plan = self._plans.get(key + self._state.key())
+            if plan is not None:
+                self._last = plan
+                return plan.call(*args)
         call = self._bind(args, kwargs)
-        key = (call.key, self._state.key())
+        key = call.key + self._state.key()
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._compile(call)
+            plan.call = plan.run or self.fn
         self._last = plan
         if plan.run is None:
             return self.fn(*args, **kwargs)
@@ -174,7 +186,7 @@ class OptimizedFunction:
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
         module = build_module(flat, traced, device=device, meta=result.program.meta(),
                               estimate=measured_estimate(latency))
-        run = functools.partial(_run_unflattened, module, returns)
+        run = runner(module, returns)
         terms, meta = postorder(roots), program.meta()
         small = len(terms) <= ESTIMATED_UP_TO and \
             sum(math.prod(meta[id(t)][0]) for t in terms) <= ESTIMATED_ELEMENTS

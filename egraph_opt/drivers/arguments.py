@@ -78,10 +78,14 @@ class Binder:
                                               for p in params)
         self._names = [p.name for p in params]
 
+    def plain_key(self, args: tuple) -> tuple | None:
+        """The key of a call of tensors alone, positionally, as declared; None for any other."""
+        return _tensor_key(args) if self._plain and len(args) == len(self._names) else None
+
     def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
-        if self._plain and not kwargs and len(args) == len(self._names) and \
-                all([isinstance(a, torch.Tensor) for a in args]):
-            return BoundCall(args, self._names, _tensor_key(args))
+        key = None if kwargs else self.plain_key(args)
+        if key is not None:
+            return BoundCall(args, self._names, key)
         if self.signature is None:
             if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
                 return BoundCall((), [], ("refused", len(args), tuple(kwargs)),
@@ -113,6 +117,12 @@ class Binder:
                          dict(bound.arguments), refused, self.signature, direct)
 
 
-def _tensor_key(tensors) -> tuple:
-    """Shape, dtype, device, grad and layout of each tensor: what a plan is specialized to."""
-    return tuple([(t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous()) for t in tensors])
+def _tensor_key(tensors) -> tuple | None:
+    """Shape, dtype, device, grad and layout of each tensor: what a plan is specialized to (one
+    flat tuple: fewer objects to build and hash per call); None if one is not a tensor."""
+    key: list = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            return None
+        key += (t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous())
+    return tuple(key)

@@ -37,6 +37,13 @@ ESTIMATED_UP_TO = 256
 ESTIMATED_ELEMENTS = 1 << 22
 
 
+try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype, device, grad,
+    # sizes and strides: one C++ call, a fifth of the Python key's cost after a kernel has run
+    # (which evicts the interpreter's data from the caches); stricter than the key
+    from torch._C._dynamo.guards import TensorGuards as _Exact
+except ImportError:  # pragma: no cover - a torch without it: every call builds the key
+    _Exact = None
+
 #: a program measured this much slower than the original is slower beyond noise
 SLOWER_BY = 1.05
 
@@ -48,6 +55,8 @@ class Plan:
     egraph: EGraph | None
     optimized: Optimized | None = None  # what ``explore`` reads; dropped with the e-graph
     call: Callable | None = None  # what a call of the tensors alone runs: ``run``, or the original
+    exact: Any = None  # checks a call's tensors are the ones it was made for (sizes, strides...)
+    state: tuple = ()  # the StateKey it was made under
 
 
 def _check_ranges(ranges: dict | None) -> dict:
@@ -123,6 +132,7 @@ class OptimizedFunction:
         if not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn)
         self._bind = Binder(self._signature, self._name)
+        self._arity = len(self._signature.parameters) if self._signature else -1
 
     @property
     def _name(self) -> str:
@@ -130,18 +140,20 @@ class OptimizedFunction:
             type(self.fn).__name__
 
     def __call__(self, *args, **kwargs):
-        key = None if kwargs else self._bind.plain_key(args)
-        if key is not None:  # tensors alone, as declared: the key, one lookup, the plan's call
-            plan = self._plans.get(key + self._state.key())
-            if plan is not None:
-                self._last = plan
-                return plan.call(*args)
+        last = self._last  # called again as it was last: one C++ check of the tensors, the state
+        if last is not None and last.exact is not None and not kwargs and len(args) == self._arity \
+                and last.exact.check(*args) and last.state == self._state.key():
+            return last.call(*args)
         call = self._bind(args, kwargs)
-        key = call.key + self._state.key()
+        state = self._state.key()
+        key = call.key + state
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._compile(call)
             plan.call = plan.run or self.fn
+            if call.plain and _Exact is not None:
+                plan.exact, plan.state = _Exact(*args, dynamic_dims_sizes=None,
+                                                dynamic_dims_strides=None), state
         self._last = plan
         if plan.run is None:
             return self.fn(*args, **kwargs)

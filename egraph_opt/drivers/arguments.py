@@ -27,12 +27,14 @@ def _constant_key(value: Any):
 class BoundCall:
     """The tensors of one call, the plan key they and the other arguments make, and how to call
     the function again with other tensors. ``refused``: why the call runs untouched."""
-    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct")
+    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct", "plain")
 
     def __init__(self, tensors: tuple, names: list[str], key: tuple, arguments: dict | None = None,
-                 refused: str = "", signature: inspect.Signature | None = None, direct: bool = True):
+                 refused: str = "", signature: inspect.Signature | None = None, direct: bool = True,
+                 plain: bool = False):
         self.tensors, self.names, self.key, self.arguments = tensors, names, key, arguments or {}
         self.refused, self.signature, self.direct = refused, signature, direct
+        self.plain = plain  # tensors alone, positionally, as declared: ``Binder.plain_key``'s calls
 
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
@@ -85,7 +87,7 @@ class Binder:
     def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
         key = None if kwargs else self.plain_key(args)
         if key is not None:
-            return BoundCall(args, self._names, key)
+            return BoundCall(args, self._names, key, plain=True)
         if self.signature is None:
             if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
                 return BoundCall((), [], ("refused", len(args), tuple(kwargs)),

@@ -54,6 +54,18 @@ def test_a_call_unlike_the_last_one_never_runs_the_last_plan(compiles):
     assert len(compiles) == 3 and len(f.plans) == 3
 
 
+def test_a_parameter_left_to_its_default_and_one_given_get_plans_of_their_own(compiles):
+    def f(x, y=None):
+        return torch.exp(x) if y is None else torch.exp(x) * y
+
+    g = saturate_and_extract(f)
+    x, y = torch.randn(4), torch.randn(4)
+    for _ in range(2):  # in turn: neither call runs the other's plan
+        torch.testing.assert_close(g(x), f(x))
+        torch.testing.assert_close(g(x, y), f(x, y))
+    assert len(compiles) == 2
+
+
 def test_two_lists_of_weights_whose_items_move_between_them_get_plans_of_their_own():
     first, second = [torch.randn(4)], [torch.randn(4), torch.randn(4)]
     g = saturate_and_extract(lambda x: x * first[-1] + second[0])

@@ -57,6 +57,7 @@ class Plan:
     call: Callable | None = None  # what a call of the tensors alone runs: ``run``, or the original
     exact: Any = None  # checks a call's tensors are the ones it was made for (sizes, strides...)
     state: tuple = ()  # the StateKey it was made under
+    arity: int = -1  # how many tensors ``exact`` checks
 
 
 def _check_ranges(ranges: dict | None) -> dict:
@@ -132,7 +133,6 @@ class OptimizedFunction:
         if not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn)
         self._bind = Binder(self._signature, self._name)
-        self._arity = len(self._signature.parameters) if self._signature else -1
 
     @property
     def _name(self) -> str:
@@ -141,7 +141,7 @@ class OptimizedFunction:
 
     def __call__(self, *args, **kwargs):
         last = self._last  # called again as it was last: one C++ check of the tensors, the state
-        if last is not None and last.exact is not None and not kwargs and len(args) == self._arity \
+        if last is not None and last.exact is not None and not kwargs and len(args) == last.arity \
                 and last.exact.check(*args) and last.state == self._state.key():
             return last.call(*args)
         call = self._bind(args, kwargs)
@@ -152,8 +152,8 @@ class OptimizedFunction:
             plan = self._plans[key] = self._compile(call)
             plan.call = plan.run or self.fn
             if call.plain and _Exact is not None:
-                plan.exact, plan.state = _Exact(*args, dynamic_dims_sizes=None,
-                                                dynamic_dims_strides=None), state
+                plan.exact, plan.state, plan.arity = _Exact(
+                    *args, dynamic_dims_sizes=None, dynamic_dims_strides=None), state, len(args)
         self._last = plan
         if plan.run is None:
             return self.fn(*args, **kwargs)

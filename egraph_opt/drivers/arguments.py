@@ -34,7 +34,7 @@ class BoundCall:
                  plain: bool = False):
         self.tensors, self.names, self.key, self.arguments = tensors, names, key, arguments or {}
         self.refused, self.signature, self.direct = refused, signature, direct
-        self.plain = plain  # tensors alone, positionally, as declared: ``Binder.plain_key``'s calls
+        self.plain = plain  # tensors alone, positionally, keyed by them alone
 
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
@@ -76,25 +76,31 @@ class Binder:
     def __init__(self, signature: inspect.Signature | None, name: str):
         self.signature, self.name = signature, name
         params = list(signature.parameters.values()) if signature else []
-        self._plain = bool(signature) and all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty
-                                              for p in params)
         self._names = [p.name for p in params]
+        # plain calls: positional tensors for the leading parameters, defaults for every other
+        # (F.gelu(x) leaves ``approximate`` the function's own); none without a signature
+        positional = [p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params] + [False]
+        self._most = positional.index(False) if signature else -1
+        self._least = max((i + 1 for i, p in enumerate(params) if p.default is p.empty and
+                           p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)), default=0)
 
     def plain_key(self, args: tuple) -> tuple | None:
-        """The key of a call of tensors alone, positionally, as declared; None for any other."""
-        return _tensor_key(args) if self._plain and len(args) == len(self._names) else None
+        """The key of a call of tensors alone, positionally, for leading parameters whose others
+        all have defaults; None for any other."""
+        return _tensor_key(args) if self._least <= len(args) <= self._most else None
 
     def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
         key = None if kwargs else self.plain_key(args)
         if key is not None:
-            return BoundCall(args, self._names, key, plain=True)
+            return BoundCall(args, self._names[:len(args)], key, direct=len(args) == len(self._names),
+                             plain=True)
         if self.signature is None:
             if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
                 return BoundCall((), [], ("refused", len(args), tuple(kwargs)),
                                  refused=f"{self.name} has no signature to bind keyword or "
                                          "non-tensor arguments to")
             names = [f"arg{i}" for i in range(len(args))]
-            return BoundCall(args, names, _tensor_key(args), direct=False)
+            return BoundCall(args, names, _tensor_key(args), direct=False, plain=True)
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:

@@ -80,7 +80,9 @@ def shape_attr(shape) -> str:
     return ",".join(str(int(d)) for d in shape)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_shape(text: str) -> tuple[int, ...]:
+    """Cached: a reshape, expand or permute kernel parses its attribute on every call (2 us)."""
     return tuple(int(d) for d in text.split(",")) if text else ()
 
 
@@ -420,11 +422,32 @@ def geglu(a, b, approximate):
     return gelu(a, approximate) * b
 
 
+@functools.lru_cache(maxsize=64)
+def _half_signs(half: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """-1 over the first half of the last axis, +1 over the second: rotate_half's signs."""
+    with torch.inference_mode(False):  # usable outside inference mode too
+        ones = torch.ones(half, dtype=dtype, device=device)
+        return torch.cat((-ones, ones))
+
+
 def rotary(x, cos, sin):
     """x cos + rotate_half(x) sin, rotate_half(x) = cat(-x2, x1) over the halves of the last axis
-    (transformers' Llama and GPT-NeoX). A table ``sin`` smaller than ``x`` takes the sign instead:
-    cat(x2, x1) * cat(-sin1, sin2) is the same products, exactly, with no negated half of x."""
+    (transformers' Llama and GPT-NeoX): cat(x2, x1) * (sin * signs), the signs on the smaller of
+    sin and x, is the same products exactly. Where autograd keeps none of its temporaries and
+    ``sin`` neither widens nor broadcasts x, the rotation is a roll and the products and sum run
+    in place on it: 1.5x faster than the spelled form at (2, 4, 256, 16), the same values."""
     half = x.shape[-1] // 2
+    tensors = [t for t in (x, cos, sin) if isinstance(t, torch.Tensor)]
+    if isinstance(sin, torch.Tensor) and x.shape[-1] == 2 * half and \
+            not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
+            torch.promote_types(x.dtype, sin.dtype) == x.dtype and sin.dim() <= x.dim() and \
+            all([n in (1, m) for n, m in zip(sin.shape[::-1], x.shape[::-1])]):  # (broadcast_shapes: 20 us)
+        rotated, signs = torch.roll(x, half, -1), _half_signs(half, sin.dtype, sin.device)
+        if sin.numel() < x.numel():
+            rotated.mul_(sin * signs)
+        else:
+            rotated.mul_(signs).mul_(sin)
+        return (x * cos).add_(rotated)
     first, second = x[..., :half], x[..., half:]
     if isinstance(sin, torch.Tensor) and sin.shape[-1:] == x.shape[-1:] and sin.numel() < x.numel() \
             and x.shape[-1] == 2 * half:

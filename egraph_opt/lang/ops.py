@@ -277,7 +277,8 @@ def rms_norm(x, weight, eps):
     else:
         norm.square_().div_(_scalar(max(x.shape[-1], 1), wide)).add_(_scalar(eps, wide)).rsqrt_()
         out = x * norm
-        if not scalar and (weight.dim() > 1 or torch.promote_types(out.dtype, weight.dtype) != out.dtype):
+        if not scalar and (weight.dim() > 1 or weight.numel() not in (1, out.shape[-1]) or
+                           torch.promote_types(out.dtype, weight.dtype) != out.dtype):
             out = out * weight  # a weight that widens or broadcasts out: out of place
         elif not scalar or weight != 1.0:
             out.mul_(weight)
@@ -455,7 +456,7 @@ def rotary(x, cos, sin):
     if isinstance(sin, torch.Tensor) and x.shape[-1] == 2 * half and \
             not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
             torch.promote_types(x.dtype, sin.dtype) == x.dtype and sin.dim() <= x.dim() and \
-            all([n in (1, m) for n, m in zip(sin.shape[::-1], x.shape[::-1])]):  # (broadcast_shapes: 20 us)
+            all([n in (1, m) for n, m in zip(sin.shape[::-1], x.shape[::-1])]):  # broadcast_shapes: 20 us
         rotated, signs = torch.roll(x, half, -1), _half_signs(half, sin.dtype, sin.device)
         if sin.numel() < x.numel():
             rotated.mul_(sin * signs)

@@ -141,7 +141,7 @@ def var(x, axis, keepdim, correction):
 def gelu(x, approximate):
     """x * Phi(x) has the sign of x, zeros included: torch's vectorized kernel returns +0 at -0
     and where Phi(x) underflows (x <= -88), so the sign is put back."""
-    return F.gelu(x, approximate=approximate).copysign(x)
+    return F.gelu(x, approximate=approximate).copysign_(x)  # in place: its own output
 
 
 def atan2(y, x):
@@ -433,8 +433,13 @@ def swish(x, beta):
 
 
 def geglu(a, b, approximate):
-    """gelu(a) * b: GeGLU's gate (Shazeer 2020), gelu's signed zeros kept."""
-    return gelu(a, approximate) * b
+    """gelu(a) * b: GeGLU's gate (Shazeer 2020), gelu's signed zeros kept; the product in place
+    on gelu's output where autograd keeps it not and b is its like (the chunk's other half)."""
+    out = gelu(a, approximate)
+    if isinstance(b, torch.Tensor) and b.shape == out.shape and b.dtype == out.dtype and \
+            not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return out.mul_(b)
+    return out * b
 
 
 @functools.lru_cache(maxsize=64)

@@ -37,6 +37,44 @@ def test_first_call_per_signature_optimizes_later_calls_reuse_the_plan(compiles)
     assert len(f.plans) == 3
 
 
+def test_a_call_unlike_the_last_one_never_runs_the_last_plan(compiles):
+    """The last plan runs after one exact check of the tensors; anything else (another shape in
+    turn, a tensor resized or transposed in place since) finds its own plan."""
+    f = saturate_and_extract(naive_softmax)
+    a, b = torch.randn(4, 8), torch.randn(2, 8)
+    for x in (a, b, a, b):
+        torch.testing.assert_close(f(x), naive_softmax(x))
+    assert len(compiles) == 2
+    a.resize_(2, 8)  # the same tensor object, now of b's shape
+    torch.testing.assert_close(f(a), naive_softmax(a))
+    c = torch.randn(8, 2)
+    f(c.t())  # the transpose: (2, 8), not contiguous
+    c.t_()  # now that transpose in place: one layout apart from b's, by its strides alone
+    torch.testing.assert_close(f(c), naive_softmax(c))
+    assert len(compiles) == 3 and len(f.plans) == 3
+
+
+def test_a_parameter_left_to_its_default_and_one_given_get_plans_of_their_own(compiles):
+    def f(x, y=None):
+        return torch.exp(x) if y is None else torch.exp(x) * y
+
+    g = saturate_and_extract(f)
+    x, y = torch.randn(4), torch.randn(4)
+    for _ in range(2):  # in turn: neither call runs the other's plan
+        torch.testing.assert_close(g(x), f(x))
+        torch.testing.assert_close(g(x, y), f(x, y))
+    assert len(compiles) == 2
+
+
+def test_two_lists_of_weights_whose_items_move_between_them_get_plans_of_their_own():
+    first, second = [torch.randn(4)], [torch.randn(4), torch.randn(4)]
+    g = saturate_and_extract(lambda x: x * first[-1] + second[0])
+    x = torch.randn(4)
+    g(x)
+    first.append(second.pop(0))  # the same three tensors, split between the lists differently
+    torch.testing.assert_close(g(x), x * first[-1] + second[0])
+
+
 def test_report_lists_rewrites_ops_costs_and_validation():
     f = saturate_and_extract(naive_softmax)
     assert f.report is None

@@ -27,12 +27,14 @@ def _constant_key(value: Any):
 class BoundCall:
     """The tensors of one call, the plan key they and the other arguments make, and how to call
     the function again with other tensors. ``refused``: why the call runs untouched."""
-    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct")
+    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct", "plain")
 
     def __init__(self, tensors: tuple, names: list[str], key: tuple, arguments: dict | None = None,
-                 refused: str = "", signature: inspect.Signature | None = None, direct: bool = True):
+                 refused: str = "", signature: inspect.Signature | None = None, direct: bool = True,
+                 plain: bool = False):
         self.tensors, self.names, self.key, self.arguments = tensors, names, key, arguments or {}
         self.refused, self.signature, self.direct = refused, signature, direct
+        self.plain = plain  # tensors alone, positionally, keyed by them alone
 
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
@@ -74,21 +76,31 @@ class Binder:
     def __init__(self, signature: inspect.Signature | None, name: str):
         self.signature, self.name = signature, name
         params = list(signature.parameters.values()) if signature else []
-        self._plain = bool(signature) and all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty
-                                              for p in params)
         self._names = [p.name for p in params]
+        # plain calls: positional tensors for the leading parameters, defaults for every other
+        # (F.gelu(x) leaves ``approximate`` the function's own); none without a signature
+        positional = [p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params] + [False]
+        self._most = positional.index(False) if signature else -1
+        self._least = max((i + 1 for i, p in enumerate(params) if p.default is p.empty and
+                           p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)), default=0)
+
+    def plain_key(self, args: tuple) -> tuple | None:
+        """The key of a call of tensors alone, positionally, for leading parameters whose others
+        all have defaults; None for any other."""
+        return _tensor_key(args) if self._least <= len(args) <= self._most else None
 
     def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
-        if self._plain and not kwargs and len(args) == len(self._names) and \
-                all([isinstance(a, torch.Tensor) for a in args]):
-            return BoundCall(args, self._names, _tensor_key(args))
+        key = None if kwargs else self.plain_key(args)
+        if key is not None:
+            return BoundCall(args, self._names[:len(args)], key, direct=len(args) == len(self._names),
+                             plain=True)
         if self.signature is None:
             if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
                 return BoundCall((), [], ("refused", len(args), tuple(kwargs)),
                                  refused=f"{self.name} has no signature to bind keyword or "
                                          "non-tensor arguments to")
             names = [f"arg{i}" for i in range(len(args))]
-            return BoundCall(args, names, _tensor_key(args), direct=False)
+            return BoundCall(args, names, _tensor_key(args), direct=False, plain=True)
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -113,6 +125,12 @@ class Binder:
                          dict(bound.arguments), refused, self.signature, direct)
 
 
-def _tensor_key(tensors) -> tuple:
-    """Shape, dtype, device, grad and layout of each tensor: what a plan is specialized to."""
-    return tuple([(t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous()) for t in tensors])
+def _tensor_key(tensors) -> tuple | None:
+    """Shape, dtype, device, grad and layout of each tensor: what a plan is specialized to (one
+    flat tuple: fewer objects to build and hash per call); None if one is not a tensor."""
+    key: list = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            return None
+        key += (t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous())
+    return tuple(key)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch.nn.modules import module as _module
 
+_grad_enabled = torch.is_grad_enabled  # read once: the attribute lookup is a third of the call
 _rebindings = [0]  # bumped whenever any module anywhere registers a parameter, buffer or submodule
 
 
@@ -81,9 +82,13 @@ class StateKey:
         self._seen = _rebindings[0]
 
     def key(self) -> tuple:
+        """Flat (a fixed number of flags per identities token; each container's identities a
+        tuple of their own, so no two fillings of the containers share a key)."""
         if self._seen != _rebindings[0]:
             self._read_identities()
-        return (self._identities, tuple([m["training"] for m in self._flags]),
-                tuple([id(v) for c in self.containers
-                       for v in (c.values() if isinstance(c, dict) else c)]),
-                torch.is_grad_enabled())
+        key = [self._identities, _grad_enabled()]
+        for flags in self._flags:
+            key.append(flags["training"])
+        for c in self.containers:
+            key.append(tuple([id(v) for v in (c.values() if isinstance(c, dict) else c)]))
+        return tuple(key)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from egraph_opt import saturate_and_extract
-
+from egraph_opt.extractors.curvature import KAPPA_TIE_BREAK
 from egraph_opt.profiling.profile_db import (ENV_VAR, SCHEMA_VERSION, ProfileDB, ProfileDBError,
                                    ProfileDBWarning, Record, SchemaVersionError, default_path,
                                    shape_key)
@@ -304,6 +304,14 @@ def test_a_program_measured_slower_than_the_original_runs_only_for_stability(tmp
     shared = type(result)(**{**result.__dict__, "ops_after": result.ops_before, "cost_after": {
         **result.cost_before, "curvature": result.cost_before["curvature"] - 3000}})  # one exp
     assert balanced._slower_for_nothing(shared, *slower, (before_error, before_error))  # not two
+    fused = {**{op: n for op, n in result.ops_before.items() if op not in ("exp", "sum", "div")}, "fused_op": 1}
+    allowance = KAPPA_TIE_BREAK * (sum(result.ops_before.values()) - sum(fused.values()))
+    assert allowance > 0
+    for drop, steadier in ((allowance, False), (allowance + 1, True)):
+        # a fused op in place of exp, sum and div: their tie-breaking kappa alone is no steadier
+        folded = type(result)(**{**result.__dict__, "ops_after": fused, "cost_after": {
+            **result.cost_before, "curvature": result.cost_before["curvature"] - drop}})
+        assert balanced._slower_for_nothing(folded, *slower, (before_error, before_error)) is not steadier
 
 
 def test_a_node_with_a_constant_operand_is_priced_without_being_timed(tmp_path):

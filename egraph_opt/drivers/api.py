@@ -19,6 +19,7 @@ from ..frontends.capture import SideEffect, capture
 from ..egraph.engine import EGraph, InvariantError
 from .guard import StateKey
 from ..extractors import CostModel, Objective
+from ..extractors.curvature import KAPPA_TIE_BREAK
 from ..extractors.rounding_error import program_error
 from ..profiling.latency import MeasuredLatency, default_budget, sources
 from ..profiling.profiler import time_side_by_side
@@ -55,13 +56,15 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
     objective asked for (stability and tolerance: always; balanced: where it is steadier: its
     worst-conditioned node is better conditioned (an overflow or cancellation gone, which sampling
     rarely meets), its conditioning cost is lower by other ops (not by a subterm computed once
-    instead of twice, which buys nothing), or its sampled first-order ``error`` (before, after) is
-    down a bit)."""
+    instead of twice, which buys nothing) and by more than the tie-breaking cost of the nodes it
+    has fewer (geglu for gelu(a) * b is one node fewer, not a steadier program), or its sampled
+    first-order ``error`` (before, after) is down a bit)."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     before, after = result.cost_before, result.cost_after
+    fewer = sum(result.ops_before.values()) - sum(result.ops_after.values())
     steadier = after.get("worst", 0) < before.get("worst", 0) or \
-        after.get("curvature", 0) < before.get("curvature", 0) and \
+        before.get("curvature", 0) - after.get("curvature", 0) > KAPPA_TIE_BREAK * max(fewer, 0) and \
         set(result.ops_after) != set(result.ops_before)
     if error:
         then, now = error

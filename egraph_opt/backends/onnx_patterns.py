@@ -17,6 +17,12 @@ from ..lang.ops import OPS, parse_shape
 from ..lang.term import Term, postorder
 
 
+def _uses(roots: list[Term], order: list[Term]) -> Counter:
+    """How many terms read each term, plus one for a root (an output or an opaque call's operand):
+    a pattern may drop a term that only it reads."""
+    return Counter(id(a) for t in order for a in t.args) + Counter(id(r) for r in roots)
+
+
 def _swapped(t: Term) -> Term | None:
     """The operand of a swap of axes 1 and 2 of a rank-4 value (heads and sequence), else None."""
     if t.op == "permute" and t.attrs[0] == "0,2,1,3" or \
@@ -43,12 +49,7 @@ def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
     opset 23 as one Attention over the unsplit (batch, seq, hidden) values: merged term id ->
     (attention, x of q, k and v, H, the shape to reshape its output to, or None)."""
     order = postorder(roots)
-    uses = dict.fromkeys((id(t) for t in order), 0)
-    for r in roots:
-        uses[id(r)] += 1
-    for t in order:
-        for a in t.args:
-            uses[id(a)] += 1
+    uses = _uses(roots, order)
     found = {}
     for t in order:
         attention = _swapped(t.args[0]) if t.op == "reshape" else None
@@ -99,7 +100,7 @@ def matmuls_unflattened(roots: list[Term], meta: dict, heads: dict) -> dict[int,
     attention's heads (``heads``) whose Attention writes L + (K,) and that nothing else reads: its
     reshape goes (the entry in ``heads`` is changed so)."""
     order = postorder(roots)
-    uses = Counter(id(a) for t in order for a in t.args) + Counter(id(r) for r in roots)
+    uses = _uses(roots, order)
     found = {}
     for t in order:
         product = _product(t.args[0], meta) if t.op == "reshape" and uses[id(t.args[0])] == 1 else None
@@ -135,7 +136,7 @@ def products_split(program, meta: dict, unflattened: dict) -> dict[str, tuple[Te
     (onnxruntime, GPT-2's q, k, v at 128 x 256: 0.59 against 0.62 ms): opaque key -> (x, w, b or
     None, the parts' sizes)."""
     roots = program.roots()
-    uses = Counter(id(a) for t in postorder(roots) for a in t.args) + Counter(id(r) for r in roots)
+    uses = _uses(roots, postorder(roots))
     found = {}
     for key, call in program.opaque.items():
         node, outer = call.target, call.args[0] if call.args else None

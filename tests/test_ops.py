@@ -294,3 +294,23 @@ def test_sdpa_masked_reads_its_mask_once_per_version(queries, keys):
     ones = torch.ones(queries, keys, dtype=torch.bool).tril()  # a boolean bias adds 1.0: no mask
     torch.testing.assert_close(sdpa_masked(q, k, v, ones, 0.3), _attention_definition(q, k, v, ones.double(), 0.3),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e19, 1e30, 3e37])
+def test_layer_norm_rows_whose_float32_variance_overflows_are_normalized(scale):
+    """float32 layer norm gives NaN or the bias on rows beyond ~sqrt(max / n); the kernel finds
+    them by their 1/std and recomputes them in float64: every finite row matches float64, a row
+    holding inf or NaN is NaN, and a half-precision row (accumulated in float32) is as torch's."""
+    from egraph_opt.lang import ops
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(4, 64, generator=g), torch.randn(64, generator=g), torch.randn(64, generator=g)
+    x[0] *= scale
+    x[2] *= scale / 2
+    x[3, 5] = math.inf
+    got = ops.layer_norm(x, w, b, 1e-5)
+    ref = F.layer_norm(x.double(), (64,), w.double(), b.double(), 1e-5)
+    torch.testing.assert_close(got[:3].double(), ref[:3], rtol=1e-5, atol=1e-5)
+    assert got[3].isnan().all()
+    half = torch.randn(3, 64, generator=g).half() * 1e3
+    w, b = w.half(), b.half()
+    torch.testing.assert_close(ops.layer_norm(half, w, b, 1e-5), F.layer_norm(half, (64,), w, b))

@@ -231,20 +231,20 @@ def logsumexp(x, axis, keepdim):
 
 
 def _normalized(x, weight, bias, eps):
-    """F.layer_norm over the last axis; rows whose variance overflows the accumulating dtype (|x|
-    beyond ~sqrt(max / n): float32 max gives NaN, where the normalized row is finite) in float64."""
-    out = F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    if x.device.type == "meta" or x.dtype == torch.float64 or not x.numel():
+    """F.layer_norm over the last axis. In float32 a row whose variance overflows (|x| beyond
+    ~sqrt(max / n)) gives 0 or NaN where the normalized row is finite: torch's kernel returns each
+    row's 1/std with it, 0 or NaN exactly there, so one pass over the rows (not over x) finds them,
+    and they are recomputed in float64. Narrower dtypes accumulate in float32, which cannot
+    overflow on their values."""
+    out, _, rstd = torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)
+    if x.device.type == "meta" or x.dtype != torch.float32 or not x.numel():
         return out
-    limit = math.sqrt(torch.finfo(torch.promote_types(x.dtype, torch.float32)).max / x.shape[-1])
-    if _abs_max(x) <= limit / 4:  # one pass, no copy: no row can be big (NaN reads each row)
+    low, high = (float(r) for r in torch.aminmax(rstd))
+    if 0 < low and high < math.inf:  # False where one is NaN
         return out
-    top = x.detach().abs().amax(-1, keepdim=True)
-    big = (top > limit / 4) & top.isfinite()
-    if not bool(big.any()):
-        return out
+    wrong = ~((rstd > 0) & rstd.isfinite())  # a row holding inf or NaN too: float64 gives NaN there
     wide = [None if t is None else t.double() for t in (weight, bias)]
-    return torch.where(big, F.layer_norm(x.double(), x.shape[-1:], *wide, eps).to(out.dtype), out)
+    return torch.where(wrong, F.layer_norm(x.double(), x.shape[-1:], *wide, eps).to(out.dtype), out)
 
 
 def layer_norm(x, weight, bias, eps):

@@ -195,17 +195,22 @@ def test_worker_databases_merge_into_the_users_keeping_their_device_keys(client,
         user.add(theirs)
     models = _models(tmp_path / "models", ["t1", "t2", "t3", "t4"])
     _models(tmp_path / "models", ["s1", "s2"], softmax_model)
-    rc, _ = _batch([models, "--out", str(tmp_path / "out"), "--cluster", client.scheduler.address,
-                    "--profile-db", str(db), "--profile-budget", "60"], tmp_path / "report.json")
+    rc, records = _batch([models, "--out", str(tmp_path / "out"), "--cluster", client.scheduler.address,
+                          "--profile-db", str(db), "--profile-budget", "60"], tmp_path / "report.json")
     assert rc == 0
+    # a worker times nothing while the machine is busy (its timings would be other processes'),
+    # and the model's record says so
+    busy = [r["profiling_stopped"] for r in records.values() if "profiling_stopped" in r]
+    assert all(why.startswith("load average") for why in busy)
     workers = set(client.run(device_name, "cpu").values())
     with ProfileDB(db) as user:
         assert user._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         rows = user.since()[0]
     assert [r for r in rows if r.device == theirs.device] == [theirs]  # kept, not copied back
     measured = [r for r in rows if r != theirs]
-    assert measured and {r.device for r in measured} <= workers
-    assert {r.kernel for r in measured} >= {"exp", "log", "add"}
+    assert {r.device for r in measured} <= workers
+    if not busy:
+        assert {r.kernel for r in measured} >= {"exp", "log", "add"}
     assert client.run(lambda dask_worker: [n for n in dask_worker.plugins
                                            if n.startswith("egraph-opt-profile")]) == \
         {w: [] for w in client.nthreads()}  # the workers dropped their files

@@ -36,7 +36,10 @@ def summary(records: list[dict]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     failed = sum(r["status"] != "optimized" for r in records)
-    return "\n".join(lines + [f"{len(records) - failed} optimized, {failed} failed"])
+    stopped = sorted({r["profiling_stopped"] for r in records if r.get("profiling_stopped")})
+    notes = [f"kernel timing stopped early on {sum('profiling_stopped' in r for r in records)} "
+             f"models ({'; '.join(stopped)}): their costs are estimates"] if stopped else []
+    return "\n".join(lines + [f"{len(records) - failed} optimized, {failed} failed"] + notes)
 
 
 def html(path: str) -> bool:

@@ -160,6 +160,10 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
             curvature_before=result.cost_before.get("curvature"),
             curvature_after=result.cost_after.get("curvature"), folded=src.folded,
             opaque=len(src.program.opaque))
+        if latency is not None:  # what the cost saw: kernels timed now, and why timing stopped early
+            record["kernels_profiled"] = latency.profiled
+            if latency.busy:
+                record["profiling_stopped"] = latency.busy
         if options.get("pictures"):  # an HTML report draws them: made here, where the e-graph is
             from .explore import model_pictures
             record["pictures"] = model_pictures(result)

@@ -78,4 +78,4 @@ def test_measured_latency_reaches_the_report(tmp_path):
     if busy:  # other processes hold the cores: nothing is timed, and the report says why
         assert busy.startswith("load average") and timed == 0 and f"no more: {busy}" in str(f.report)
         return
-    assert sources == {"measured": 1} and 0 < after and timed >= 1 and seconds > 0
+    assert set(sources) == {"measured"} and 0 < after and timed >= 1 and seconds > 0

@@ -73,9 +73,6 @@ def test_measured_latency_reaches_the_report(tmp_path):
     f = saturate_and_extract(lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True),
                              profile_db=tmp_path / "p.sqlite", profile_budget=60)
     f(torch.randn(8, 32))
-    before, after, sources, (timed, seconds, busy) = f.report.latency
+    before, after, sources, (timed, seconds, _) = f.report.latency
     assert "[LATENCY] estimated" in str(f.report)
-    if busy:  # other processes hold the cores: nothing is timed, and the report says why
-        assert busy.startswith("load average") and timed == 0 and f"no more: {busy}" in str(f.report)
-        return
     assert set(sources) == {"measured"} and 0 < after and timed >= 1 and seconds > 0

@@ -190,3 +190,13 @@ VERDICTS = [
 def test_the_yardstick(truth, original, optimized, verdict):
     found = fuzz.wrong_where_right(*(torch.tensor([v]) for v in (original, optimized, truth)))
     assert (verdict in found) if verdict else found == ""
+
+
+def test_a_signed_zeros_limit_is_counted_apart():
+    """log(1 + x) -> log1p(x) at x = -0 gives -0, the sign log(1 + x) has at every x < 0, where
+    float64's log(1 + -0) is +0; atan2 shows the sign (pi against -pi). The fuzzer counts that
+    apart from a wrong result, as the rules' extremes test admits that sign (seed 10000008)."""
+    term = fuzz.from_sexpr("(atan2 (log (add (const 1.0) ?x)) ?y)", {"x": (3,), "y": (3,)})
+    env = {"x": torch.tensor([-0.0, 0.5, -0.5], dtype=torch.float64),
+           "y": torch.full((3,), -1.0, dtype=torch.float64)}
+    assert fuzz.made_wrong(term, None, env).startswith(fuzz.ZERO_LIMIT)

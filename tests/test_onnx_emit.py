@@ -147,16 +147,11 @@ def test_a_split_along_another_axis_of_a_product_read_elsewhere_or_biased_by_row
 
 
 def test_a_models_misses_are_timed_once_and_its_record_counts_them(tmp_path):
-    """Misses are profiled within the budget and kept: the same model again times nothing. Where
-    the machine is busy nothing is timed, and the record says why."""
+    """Misses are profiled within the budget and kept: the same model again times nothing."""
     from egraph_opt.drivers.onnx_batch import process
     path = _log_of_one_plus(tmp_path)
     options = {"force": True, "objective": "balanced", "seed": 0, "latency_runs": 0,
                "profile_db": str(tmp_path / "p.sqlite"), "profile_budget": 30}
     first, again = (process(path, str(tmp_path / f"out{i}.onnx"), options) for i in range(2))
     assert first["status"] == again["status"] == "optimized"
-    if "profiling_stopped" in first:
-        assert first["profiling_stopped"].startswith("load average") and first["kernels_profiled"] == 0
-    else:
-        assert first["kernels_profiled"] > 0
-    assert again["kernels_profiled"] == 0 or "profiling_stopped" in first
+    assert first["kernels_profiled"] > 0 and again["kernels_profiled"] == 0

@@ -47,6 +47,10 @@ except ImportError:  # pragma: no cover - a torch without it: every call builds 
 
 #: a program measured this much slower than the original is slower beyond noise
 SLOWER_BY = 1.05
+#: a sampled error this much of the original's (or more) is no steadier: one node for two (a
+#: fused linear + gelu) moves a first-order estimate by a bit or two where overflow dominates it
+#: (worst 32 -> 31, mean 17.7 -> 16.2 bits), as no real fix does (log1p: 24 -> 0)
+ERROR_KEPT = 0.75
 
 
 def slower_for_nothing(objective: Objective, result: Optimized, original_s: float, optimized_s: float,
@@ -58,7 +62,7 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
     rarely meets), its conditioning cost is lower by other ops (not by a subterm computed once
     instead of twice, which buys nothing) and by more than the tie-breaking cost of the nodes it
     has fewer (geglu for gelu(a) * b is one node fewer, not a steadier program), or its sampled
-    first-order ``error`` (before, after) is down a bit)."""
+    first-order ``error`` (before, after) is down by a bit and by a quarter or more)."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     before, after = result.cost_before, result.cost_after
@@ -68,7 +72,8 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
         set(result.ops_after) != set(result.ops_before)
     if error:
         then, now = error
-        steadier = steadier or now.worst <= then.worst - 1 or now.mean <= then.mean - 1
+        steadier = steadier or any(b <= a - 1 and b <= ERROR_KEPT * a for a, b in
+                                   ((then.worst, now.worst), (then.mean, now.mean)))
     return objective is Objective.LATENCY or not steadier
 
 

@@ -159,6 +159,27 @@ def test_a_database_with_a_corrupted_page_is_set_aside_on_open(tmp_path):
     assert len(list(tmp_path.glob("p.sqlite.corrupt-*"))) == 1
 
 
+def test_a_corrupt_database_held_open_elsewhere_is_emptied_in_place(tmp_path):
+    """Another process holds the corrupt file open: it is copied aside and emptied in place, so
+    that connection goes on over a sound (empty) database and the fresh one's writes survive its
+    close (renamed, the file's old connection would delete the fresh database's WAL file)."""
+    path = tmp_path / "p.sqlite"
+    corrupt_a_page(path)
+    corrupted = path.read_bytes()
+    held = sqlite3.connect(path)
+    with pytest.warns(ProfileDBWarning, match="corrupt SQLite file.*copied it to"):
+        db = ProfileDB(path)
+    with db:
+        db.add(record(1))
+        assert held.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        held.close()
+        assert db.count() == 1
+    (aside,) = tmp_path.glob("p.sqlite.corrupt-*[0-9]")
+    assert aside.read_bytes() == corrupted
+    with ProfileDB(path) as again:
+        assert again.count() == 1
+
+
 @pytest.mark.parametrize("where, message", [
     (lambda t: t, "is a directory"),
     (lambda t: t / "file" / "p.sqlite", "File exists"),  # a path under a regular file

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import time
 import warnings
@@ -156,14 +157,30 @@ def _foreign_reason(path: Path) -> str | None:
 
 
 def _set_aside(path: Path, reason: str) -> None:
-    """Rename the file (and its WAL side files) aside: it may be someone's data."""
+    """Keep the file (and its WAL side files) aside: it may be someone's data. A corrupt database
+    of ours is copied aside and emptied in place, through SQLite (the backup of an empty database
+    over it, under its locks): another process may hold it open, and renamed, the file would go
+    on under its old name in that process, whose closing would delete the WAL file of the fresh
+    database beside it (SQLite's "how to corrupt": a file renamed while in use), corrupting that
+    one in turn. A file SQLite cannot write through is renamed."""
     aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    for suffix in ("", "-wal", "-shm"):
-        side = path.with_name(path.name + suffix)
-        if side.exists():
-            side.rename(aside.with_name(aside.name + suffix))
-    warnings.warn(f"profile database {path} is {reason}; moved it to {aside} and started a fresh one",
-                  ProfileDBWarning, stacklevel=4)
+    sides = [(path.with_name(path.name + suffix), aside.with_name(aside.name + suffix))
+             for suffix in ("", "-wal", "-shm")]
+    emptied = False
+    if reason.startswith("corrupt SQLite file"):
+        for side, kept in sides[:2]:
+            if side.exists():
+                shutil.copyfile(side, kept)
+        with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(":memory:")) as empty, \
+                contextlib.closing(sqlite3.connect(path, timeout=_TIMEOUT_S)) as target:
+            empty.backup(target)
+            emptied = True
+    if not emptied:
+        for side, kept in sides:
+            if side.exists():
+                side.replace(kept)
+    warnings.warn(f"profile database {path} is {reason}; {'copied' if emptied else 'moved'} it to {aside} "
+                  "and started a fresh one", ProfileDBWarning, stacklevel=4)
 
 
 class ProfileDB:

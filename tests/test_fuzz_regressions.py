@@ -135,6 +135,11 @@ MADE_WRONG = [
                  "(log (div (exp (div ?x (log (add (const 1.0) ?x)))) (sum (exp (div ?x (log (add "
                  "(const 1.0) ?x)))) -1 true)))",
  ),  # log of a range negative throughout: NaN, once bounded (-BIG, -BIG) (tripwire)
+    pytest.param(11000262, "normal", None, {},
+                 "(div (exp (sub (const 1.0) (cos (sub (mean (mul (const 0.0) (const 0.0)) -1 true) (mul (mean "
+                 "(const 0.0) -1 true) (mean (const 0.0) -1 true)))))) (sum (exp (sub (const 1.0) (cos (sub (mean "
+                 "(mul (const 0.0) (const 0.0)) -1 true) (mul (mean (const 0.0) -1 true) (mean (const 0.0) -1 true)))"
+                 "))) -1 true))"),  # constants only: compensated_sum over axis -1 of a 0-d value (crashed)
 ]
 
 

@@ -112,7 +112,7 @@ def compensated_sum(x, axis, keepdim):
     adds it back at the end: as accurate as a sum in twice the working precision, so exact values
     that cancel (1e8 + 1 - 1e8) keep their small terms where a plain float32 sum drops them."""
     v = x.movedim(axis, -1)
-    if not v.is_floating_point() or v.shape[-1] == 0:
+    if not v.is_floating_point() or v.dim() == 0 or v.shape[-1] == 0:  # a 0-d x: itself
         return torch.sum(x, dim=axis, keepdim=keepdim)
     error = torch.zeros_like(v)
     while v.shape[-1] > 1:

@@ -107,6 +107,69 @@ def test_a_closure_over_a_list_of_weights_sees_an_item_rebound():
     torch.testing.assert_close(g(x), torch.softmax(x @ weights[0], -1))
 
 
+TEMPERATURE = 2.0  # a global the next test's programs read, and change
+
+
+def _tempered_softmax(x, t):
+    return torch.exp(x / t) / torch.exp(x / t).sum(-1, keepdim=True)
+
+
+def _at_global_temperature(x):
+    return _tempered_softmax(x, TEMPERATURE)
+
+
+def _through_a_helper(x):
+    return _at_global_temperature(x) * 2.0
+
+
+class _Tempered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.temperature = 2.0
+
+    def forward(self, x):
+        return _tempered_softmax(x, self.temperature)
+
+
+def _closure():
+    temperature = 2.0
+
+    def fn(x):
+        return _tempered_softmax(x, temperature)
+
+    def cool():
+        nonlocal temperature
+        temperature = 0.5
+    return fn, cool
+
+
+def _set_global(value):
+    global TEMPERATURE
+    TEMPERATURE = value
+
+
+@pytest.mark.parametrize("where", ["global", "helper's global", "module attribute", "closure cell"])
+def test_a_python_scalar_the_trace_baked_in_is_part_of_the_key(where):
+    """A trace bakes the Python numbers it reads into the program as constants: a global, a
+    helper's global, a module's attribute, a closure's cell. Changed after the first call, the
+    original computes with the new value, so the plan must too (it ran with the old one)."""
+    module = _Tempered()
+    closure, cool = _closure()
+    fn, change = {"global": (_at_global_temperature, lambda: _set_global(0.5)),
+                  "helper's global": (_through_a_helper, lambda: _set_global(0.5)),
+                  "module attribute": (module, lambda: setattr(module, "temperature", 0.5)),
+                  "closure cell": (closure, cool)}[where]
+    g = saturate_and_extract(fn, objective="stability")
+    x = torch.randn(4, 8)
+    try:
+        torch.testing.assert_close(g(x), fn(x))
+        change()
+        torch.testing.assert_close(g(x), fn(x))
+        assert len(g.plans) == 2
+    finally:
+        _set_global(2.0)
+
+
 def test_grad_mode_and_requires_grad_are_part_of_the_key():
     g = saturate_and_extract(lambda x: torch.log(1 + torch.exp(x)))
     x = torch.randn(4)

@@ -176,7 +176,10 @@ class OptimizedFunction:
         call = self._bind(args, kwargs)
         state = self._state.key()
         key = call.key + state
-        plan = self._plans.get(key)
+        try:
+            plan = self._plans.get(key)
+        except TypeError:  # a number the trace read now holds an unhashable value: no plan is keyed by it
+            return self.fn(*args, **kwargs)
         if plan is None:
             plan = self._plans[key] = self._compile(call)
             plan.call = plan.run or self.fn

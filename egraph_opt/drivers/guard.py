@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 from typing import Any, Callable
 
 import torch
@@ -28,20 +29,38 @@ for _register in (_module.register_module_parameter_registration_hook,
     _register(_bump)
 
 
-def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any]]:
-    """The modules, and the lists/dicts/tuples of tensors, that ``fn`` reads state from: itself,
-    the object of a bound method, and what its closure and globals name."""
+#: values a trace bakes into the program as constants (a tuple of them too)
+_SCALARS = (bool, int, float, complex, str, type(None))
+
+
+def _scalar(value: Any) -> bool:
+    return type(value) in _SCALARS or type(value) is tuple and all(type(v) in _SCALARS for v in value)
+
+
+def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[tuple[Any, str | None]]]:
+    """The modules, the lists/dicts/tuples of tensors, and the Python scalars (a global's scope
+    and name; a closure cell and None) that ``fn`` reads state from: itself, the object of a bound
+    method, what its closure and globals name, and so on through the Python functions those are
+    (a helper's own globals: a trace reads them all, and bakes scalars in as constants)."""
     found: list = [fn, getattr(fn, "__self__", None), getattr(fn, "func", None)]
-    code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
-    if code is not None:
-        cells = getattr(inspect.unwrap(fn), "__closure__", None) or ()
-        found += [c.cell_contents for c in cells if _filled(c)]
-        scope = getattr(inspect.unwrap(fn), "__globals__", {})
-        found += [scope[n] for n in code.co_names if n in scope]
+    scalars: list[tuple[Any, str | None]] = []
+    seen: set[int] = set()
+    for f in found:
+        code = getattr(inspect.unwrap(f), "__code__", None) if callable(f) and id(f) not in seen else None
+        if code is None or (getattr(f, "__module__", None) or "").startswith("torch"):
+            continue
+        seen.add(id(f))
+        cells = getattr(inspect.unwrap(f), "__closure__", None) or ()
+        for cell in filter(_filled, cells):
+            (scalars.append((cell, None)) if _scalar(cell.cell_contents) else found.append(cell.cell_contents))
+        scope = getattr(inspect.unwrap(f), "__globals__", {})
+        for name in code.co_names:
+            if name in scope:
+                (scalars.append((scope, name)) if _scalar(scope[name]) else found.append(scope[name]))
     modules = [m for m in found if isinstance(m, torch.nn.Module)]
     containers = [c for c in found if isinstance(c, (list, tuple, dict)) and
                   any(isinstance(v, torch.Tensor) for v in (c.values() if isinstance(c, dict) else c))]
-    return list({id(m): m for m in modules}.values()), containers
+    return list({id(m): m for m in modules}.values()), containers, scalars
 
 
 def _filled(cell) -> bool:
@@ -56,39 +75,51 @@ _TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ev
 
 
 @functools.lru_cache(maxsize=None)
-def reads_training(cls: type) -> bool:
-    """Whether a module class's own code reads ``self.training`` (dropout, batch norm, a custom
-    block): only those modules' flags can change what a traced program means. torch's Module
-    base (whose train() and eval() set the flag) does not count."""
-    return any("training" in getattr(getattr(f, "__code__", None), "co_names", ())
-               for klass in cls.__mro__ if klass not in (torch.nn.Module, object)
-               for f in vars(klass).values())
+def names_read(cls: type) -> frozenset[str]:
+    """The attribute and global names a module class's own code reads (``self.training`` in
+    dropout or batch norm, ``self.eps``, ``self.scale`` of a custom block): only those attributes'
+    values can change what a traced program means. torch's Module base (whose train() and eval()
+    set the flag) does not count."""
+    return frozenset(name for klass in cls.__mro__ if klass not in (torch.nn.Module, object)
+                     for f in vars(klass).values() for name in getattr(getattr(f, "__code__", None), "co_names", ()))
 
 
 class StateKey:
     """``key()``: the part of a plan's key that the program's modules and closures determine."""
 
     def __init__(self, fn: Callable):
-        self.modules, self.containers = holders(fn)
+        self.modules, self.containers, self.scalars = holders(fn)
         self._seen = -1
         self._identities = -1
-        self._flags: list[dict] = []  # the modules' __dict__s: reading them skips Module.__getattr__
+        self._getters: list[Callable] = []  # the scalars modules' code reads (training...)
+        self._dicts: list[dict] = []  # of the modules whose scalars they read
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
-        self._flags = [m.__dict__ for m in subs if reads_training(type(m))]
+        self._getters, self._dicts = [], []  # per module: one C call reads its scalars' values
+        for m in subs:
+            names = [n for n in sorted(names_read(type(m))) if n in m.__dict__ and _scalar(m.__dict__[n])]
+            if names:  # from __dict__: no Module.__getattr__
+                self._getters.append(operator.itemgetter(*names))
+                self._dicts.append(m.__dict__)
         identities = tuple(id(t) for m in subs for t in (*m._parameters.values(), *m._buffers.values()))
         self._identities = _TOKENS.setdefault(identities, len(_TOKENS))  # hashed once, not per call
         self._seen = _rebindings[0]
 
     def key(self) -> tuple:
-        """Flat (a fixed number of flags per identities token; each container's identities a
-        tuple of their own, so no two fillings of the containers share a key)."""
+        """Flat (a fixed number of values per identities token; each container's identities a
+        tuple of their own, so no two fillings of the containers share a key). A scalar set to
+        something else enters as that value (a caller's plan lookup refuses an unhashable one)."""
         if self._seen != _rebindings[0]:
             self._read_identities()
         key = [self._identities, _grad_enabled()]
-        for flags in self._flags:
-            key.append(flags["training"])
+        try:
+            key.extend(map(operator.call, self._getters, self._dicts))  # the loop in C
+        except KeyError:  # an attribute deleted since: read them again
+            self._seen = -1
+            return self.key()
+        for where, name in self.scalars:
+            key.append(where.cell_contents if name is None else where.get(name))
         for c in self.containers:
             key.append(tuple([id(v) for v in (c.values() if isinstance(c, dict) else c)]))
         return tuple(key)

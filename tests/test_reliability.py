@@ -2,6 +2,7 @@
 program runs untouched and the report says why."""
 import functools
 import math
+import types
 import warnings
 
 import pytest
@@ -110,12 +111,19 @@ def test_a_closure_over_a_list_of_weights_sees_an_item_rebound():
 TEMPERATURE = 2.0  # a global the next test's programs read, and change
 
 
-def _tempered_softmax(x, t):
-    return torch.exp(x / t) / torch.exp(x / t).sum(-1, keepdim=True)
+def _tempered_softplus(x, t):  # softplus(x / t), spelled as a rule rewrites it
+    return torch.log(1 + torch.exp(x / t))
 
 
 def _at_global_temperature(x):
-    return _tempered_softmax(x, TEMPERATURE)
+    return _tempered_softplus(x, TEMPERATURE)
+
+
+CONFIG = types.SimpleNamespace(temperature=2.0)  # a config object a program reads a number of
+
+
+def _at_config_temperature(x):
+    return _tempered_softplus(x, CONFIG.temperature)
 
 
 def _through_a_helper(x):
@@ -128,14 +136,14 @@ class _Tempered(nn.Module):
         self.temperature = 2.0
 
     def forward(self, x):
-        return _tempered_softmax(x, self.temperature)
+        return _tempered_softplus(x, self.temperature)
 
 
 def _closure():
     temperature = 2.0
 
     def fn(x):
-        return _tempered_softmax(x, temperature)
+        return _tempered_softplus(x, temperature)
 
     def cool():
         nonlocal temperature
@@ -148,7 +156,8 @@ def _set_global(value):
     TEMPERATURE = value
 
 
-@pytest.mark.parametrize("where", ["global", "helper's global", "module attribute", "closure cell"])
+@pytest.mark.parametrize("where", ["global", "helper's global", "module attribute", "closure cell",
+                                   "config object"])
 def test_a_python_scalar_the_trace_baked_in_is_part_of_the_key(where):
     """A trace bakes the Python numbers it reads into the program as constants: a global, a
     helper's global, a module's attribute, a closure's cell. Changed after the first call, the
@@ -158,7 +167,8 @@ def test_a_python_scalar_the_trace_baked_in_is_part_of_the_key(where):
     fn, change = {"global": (_at_global_temperature, lambda: _set_global(0.5)),
                   "helper's global": (_through_a_helper, lambda: _set_global(0.5)),
                   "module attribute": (module, lambda: setattr(module, "temperature", 0.5)),
-                  "closure cell": (closure, cool)}[where]
+                  "closure cell": (closure, cool),
+                  "config object": (_at_config_temperature, lambda: setattr(CONFIG, "temperature", 0.5))}[where]
     g = saturate_and_extract(fn, objective="stability")
     x = torch.randn(4, 8)
     try:
@@ -168,6 +178,7 @@ def test_a_python_scalar_the_trace_baked_in_is_part_of_the_key(where):
         assert len(g.plans) == 2
     finally:
         _set_global(2.0)
+        CONFIG.temperature = 2.0
 
 
 def test_grad_mode_and_requires_grad_are_part_of_the_key():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
+import types
 from typing import Any, Callable
 
 import torch
@@ -45,11 +46,13 @@ def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[tuple[
     found: list = [fn, getattr(fn, "__self__", None), getattr(fn, "func", None)]
     scalars: list[tuple[Any, str | None]] = []
     seen: set[int] = set()
+    read: set[str] = set()  # every name the code reads: a global's, or an attribute's (cfg.scale)
     for f in found:
         code = getattr(inspect.unwrap(f), "__code__", None) if callable(f) and id(f) not in seen else None
         if code is None or (getattr(f, "__module__", None) or "").startswith("torch"):
             continue
         seen.add(id(f))
+        read.update(code.co_names)
         cells = getattr(inspect.unwrap(f), "__closure__", None) or ()
         for cell in filter(_filled, cells):
             (scalars.append((cell, None)) if _scalar(cell.cell_contents) else found.append(cell.cell_contents))
@@ -60,7 +63,16 @@ def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[tuple[
     modules = [m for m in found if isinstance(m, torch.nn.Module)]
     containers = [c for c in found if isinstance(c, (list, tuple, dict)) and
                   any(isinstance(v, torch.Tensor) for v in (c.values() if isinstance(c, dict) else c))]
+    for o in {id(o): o for o in found if _plain(o)}.values():  # a config object, a Python module
+        scalars += [(vars(o), n) for n in sorted(read) if n in vars(o) and _scalar(vars(o)[n])]
     return list({id(m): m for m in modules}.values()), containers, scalars
+
+
+def _plain(o: Any) -> bool:
+    """An object whose attributes code reads as numbers (``cfg.scale``, ``math.pi``): not a module of
+    torch's, a tensor, a class or a function (whose attributes are not what a program computes with)."""
+    return isinstance(getattr(o, "__dict__", None), dict) and not isinstance(
+        o, (torch.nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType, functools.partial))
 
 
 def _filled(cell) -> bool:
@@ -69,6 +81,14 @@ def _filled(cell) -> bool:
     except ValueError:  # a cell not assigned yet
         return False
     return True
+
+
+_ABSENT = object()  # the value of an attribute deleted since it was read
+
+
+def _names(getter: operator.itemgetter) -> tuple[str, ...]:
+    """The keys an itemgetter reads (its repr is the only public account of them)."""
+    return getter.__reduce__()[1]
 
 
 _TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ever seen
@@ -96,12 +116,17 @@ class StateKey:
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
-        self._getters, self._dicts = [], []  # per module: one C call reads its scalars' values
+        read: dict[int, tuple[dict, set[str]]] = {}  # per __dict__ (a module's, a config it holds)
         for m in subs:
-            names = [n for n in sorted(names_read(type(m))) if n in m.__dict__ and _scalar(m.__dict__[n])]
-            if names:  # from __dict__: no Module.__getattr__
-                self._getters.append(operator.itemgetter(*names))
-                self._dicts.append(m.__dict__)
+            names = names_read(type(m))
+            for o in [m] + [v for n, v in m.__dict__.items() if n in names and _plain(v)]:
+                read.setdefault(id(o.__dict__), (o.__dict__, set()))[1].update(
+                    n for n in names if n in o.__dict__ and _scalar(o.__dict__[n]))  # no Module.__getattr__
+        self._getters, self._dicts = [], []  # one C call per __dict__ reads its scalars' values
+        for where, names in read.values():
+            if names:
+                self._getters.append(operator.itemgetter(*sorted(names)))
+                self._dicts.append(where)
         identities = tuple(id(t) for m in subs for t in (*m._parameters.values(), *m._buffers.values()))
         self._identities = _TOKENS.setdefault(identities, len(_TOKENS))  # hashed once, not per call
         self._seen = _rebindings[0]
@@ -115,9 +140,8 @@ class StateKey:
         key = [self._identities, _grad_enabled()]
         try:
             key.extend(map(operator.call, self._getters, self._dicts))  # the loop in C
-        except KeyError:  # an attribute deleted since: read them again
-            self._seen = -1
-            return self.key()
+        except KeyError:  # an attribute deleted since: its absence is the value
+            key.extend(tuple(d.get(n, _ABSENT) for n in _names(g)) for g, d in zip(self._getters, self._dicts))
         for where, name in self.scalars:
             key.append(where.cell_contents if name is None else where.get(name))
         for c in self.containers:

@@ -101,7 +101,13 @@ def names_read(cls: type) -> frozenset[str]:
     values can change what a traced program means. torch's Module base (whose train() and eval()
     set the flag) does not count."""
     return frozenset(name for klass in cls.__mro__ if klass not in (torch.nn.Module, object)
-                     for f in vars(klass).values() for name in getattr(getattr(f, "__code__", None), "co_names", ()))
+                     for method, f in vars(klass).items() if method not in _NOT_RUN
+                     for name in getattr(getattr(f, "__code__", None), "co_names", ()))
+
+
+#: methods a forward never runs: what they read (a Linear's in_features) is no constant of a trace
+_NOT_RUN = frozenset({"__init__", "__repr__", "__setstate__", "__getstate__", "extra_repr",
+                      "reset_parameters", "_reset_parameters"})
 
 
 class StateKey:

@@ -150,3 +150,20 @@ def test_time_kernel_reports_median_and_spread():
     timing = time_kernel(time.sleep, [2e-3], "cpu", repeats=5, warmup=1)
     assert 2e-3 <= timing.median_s < 2e-2 and timing.spread_s >= 0 and timing.runs == 5
     assert math.isfinite(time_kernel(lambda: None, [], "cpu", repeats=3).median_s)
+
+
+def test_a_row_timed_while_other_processes_held_the_cores_is_never_used(tmp_path):
+    """exp at (8, 64) recorded at 28 ms (thousands of times its roofline: a scheduler's time slice
+    per parallel region, on a loaded machine) would price every exp near it in milliseconds: it is
+    left out of the fit, and a call with a budget times that shape again."""
+    from egraph_opt.profiling.latency import MeasuredLatency
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        db.add(Record("exp", "torch", DEVICE, "float32", ((64, 64),), {}, 9, 4e-6, 1e-6))
+        db.add(Record("exp", "torch", DEVICE, "float32", ((8, 64),), {}, 5, 0.028, 1e-3))
+        estimate = predict(LatencyModel(db), [(8, 64)], kernel="exp")
+        assert estimate.source == "interpolated" and estimate.seconds < 1e-4
+        here = device_name("cpu")
+        db.add(Record("exp", "torch", here, "float32", ((8, 64),), {}, 5, 0.028, 1e-3))
+    latency = MeasuredLatency(ProfileDB(tmp_path / "p.sqlite"), budget_s=30)
+    units, source = latency("exp", (), ((8, 64),), "float32")
+    assert (source, latency.profiled) == ("measured", 1) and units * 1e-7 < 1e-3

@@ -74,6 +74,18 @@ def roofline_seconds(w: Work, itemsize: int, device: str) -> float:
     return roof.overhead_s + max(w.elements * itemsize / roof.bytes_per_s, w.flops / roof.flops_per_s)
 
 
+#: a row this many times its roofline default timed the scheduler, not the kernel: rows of a
+#: quiet machine lie within 0.3-10x, rows timed while other processes held the cores at 500-5000x
+#: (multiples of ~8 ms: a time slice per parallel region); such rows are never used
+IMPLAUSIBLE = 200.0
+
+
+def interference(record: Record, w: Work) -> float | None:
+    """How many times its roofline ``record`` took, where that is beyond ``IMPLAUSIBLE``."""
+    ratio = record.median_s / roofline_seconds(w, torch_dtype(record.dtype).itemsize, record.device)
+    return ratio if ratio > IMPLAUSIBLE else None
+
+
 def _features(w: Work, itemsize: int) -> np.ndarray:
     return np.log([max(w.elements * itemsize, 1.0), max(w.flops, 1.0)])
 
@@ -146,7 +158,7 @@ class LatencyModel:
         if key not in self._groups:
             rows = [(r, _work_of(kernel, r)) for r in self.db.records(*key[:4])
                     if r.attrs.get("layout") == layout]
-            rows = [(r, w) for r, w in rows if w is not None]
+            rows = [(r, w) for r, w in rows if w is not None and not interference(r, w)]
             self._groups[key] = _Group(device, itemsize, rows) if rows else None
         return self._groups[key]
 
@@ -250,7 +262,11 @@ class MeasuredLatency:
                                                self.db, repeats=5, progress=False, kernel=kernel)
                     self.spent_s += time.perf_counter() - start
                     self.profiled += 1
-                    est = Estimate(record.median_s, "measured", 0.0)
+                    ratio = interference(record, work(op, shapes, named))
+                    if ratio:  # kept out of the fits (LatencyModel._group); nothing more is timed
+                        self.busy = f"{op} timed at {ratio:.0f}x its roofline: other processes' interference"
+                    else:
+                        est = Estimate(record.median_s, "measured", 0.0)
                 self._cache[key] = (max(1, round(est.seconds / UNIT_S)), est.source)
             except UNUSABLE as e:  # broke after opening (a bad page, a failed write): stop asking
                 _without_database(e)

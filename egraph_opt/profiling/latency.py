@@ -262,10 +262,7 @@ class MeasuredLatency:
                                                self.db, repeats=5, progress=False, kernel=kernel)
                     self.spent_s += time.perf_counter() - start
                     self.profiled += 1
-                    ratio = interference(record, work(op, shapes, named))
-                    if ratio:  # kept out of the fits (LatencyModel._group); nothing more is timed
-                        self.busy = f"{op} timed at {ratio:.0f}x its roofline: other processes' interference"
-                    else:
+                    if not interference(record, work(op, shapes, named)):  # else: out of the fits too
                         est = Estimate(record.median_s, "measured", 0.0)
                 self._cache[key] = (max(1, round(est.seconds / UNIT_S)), est.source)
             except UNUSABLE as e:  # broke after opening (a bad page, a failed write): stop asking

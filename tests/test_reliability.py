@@ -181,6 +181,20 @@ def test_a_python_scalar_the_trace_baked_in_is_part_of_the_key(where):
         CONFIG.temperature = 2.0
 
 
+def test_the_default_dtype_is_part_of_the_key():
+    """A tensor the program makes (torch.arange(4.0)) takes the default dtype of the call."""
+    f = lambda x: torch.log(1 + torch.exp(x)) + torch.arange(4.0)  # noqa: E731
+    g = saturate_and_extract(f, objective="stability")
+    x = torch.randn(4)
+    assert g(x).dtype == torch.float32
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.testing.assert_close(g(x), f(x))
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def test_grad_mode_and_requires_grad_are_part_of_the_key():
     g = saturate_and_extract(lambda x: torch.log(1 + torch.exp(x)))
     x = torch.randn(4)

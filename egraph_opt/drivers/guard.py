@@ -17,6 +17,7 @@ import torch
 from torch.nn.modules import module as _module
 
 _grad_enabled = torch.is_grad_enabled  # read once: the attribute lookup is a third of the call
+_default_dtype = torch.get_default_dtype  # the dtype of the tensors a program makes (torch.arange(4.0))
 _rebindings = [0]  # bumped whenever any module anywhere registers a parameter, buffer or submodule
 
 
@@ -143,7 +144,7 @@ class StateKey:
         something else enters as that value (a caller's plan lookup refuses an unhashable one)."""
         if self._seen != _rebindings[0]:
             self._read_identities()
-        key = [self._identities, _grad_enabled()]
+        key = [self._identities, _grad_enabled(), _default_dtype()]
         try:
             key.extend(map(operator.call, self._getters, self._dicts))  # the loop in C
         except KeyError:  # an attribute deleted since: its absence is the value

@@ -16,6 +16,7 @@ from torch import fx
 from torch.fx.node import map_aggregate
 
 from . import forms
+from .effects import functional
 from .forms import Unsupported
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueRef
@@ -88,7 +89,8 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         fn = next((f for t, f in MODULES.items() if isinstance(module, t)), None)
         args = (module, node.target, *args)
     else:
-        fn = TABLE.get(node.target) if node.op in ("call_function", "call_method") else None
+        fn = TABLE.get(node.target) or TABLE.get(functional(node.target)) \
+            if node.op in ("call_function", "call_method") else None  # pure in place: its twin
     if fn is None or _empty(node, args, kwargs, ctx):
         return None
     try:

@@ -39,7 +39,7 @@ SAME = {
     aten.gelu.default: low._gelu, aten.conv2d.default: nn_low._conv2d,
     aten.max_pool2d.default: nn_low._max_pool2d, aten.split.Tensor: low._split,
     aten.split_with_sizes.default: low._split, aten.chunk.default: low._chunk,
-    aten.dropout.default: low._dropout,
+    aten.dropout.default: low._dropout, aten.silu.default: low._silu,
 }
 for _op in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
             "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh"):
@@ -122,6 +122,12 @@ def _safe_softmax(c, x, dim, dtype=None):
     low_m = Term("minimum", (m, Term.const(0.0)))
     masked = Term("cast", (Term("sub", (low_m, low_m)),), ("bool",))
     return Term("where", (masked, Term("exp", (m,)), Term("softmax", (x,), (axis,))))
+
+
+@lowers(aten.slice.Tensor)
+def _slice(c, x, dim=0, start=None, end=None, step=1):
+    """``x[..., a:b]`` as torch.export records it, one axis at a time (rotate_half's halves)."""
+    return low._getitem(c, x, (slice(None),) * (c.axis(x, dim) % c.rank(x)) + (slice(start, end, step),))
 
 
 @lowers(aten.numpy_T.default)

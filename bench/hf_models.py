@@ -4,10 +4,12 @@ Each architecture is a tiny random-weight config built in code (no downloads), i
 forward on input ids (pixel values, audio features) is optimized by ``saturate_and_extract`` and
 one row is printed: ops before -> after, the fused ops that appeared, the fallback reason if any,
 the largest difference from eager, the optimize seconds and a rough speedup (interleaved medians;
-the machine is shared, figures are indicative). ``MODELS[name]()`` gives ``(module, args)``, the
+the machine is shared, figures are indicative). ``build(name, t)`` gives ``(module, args)``, the
 module returning the model's last hidden state; ``tests/test_hf_models.py`` checks them.
+Without a kernel of its own, an architecture's attention runs eager (Gemma2, BLOOM).
 
     python bench/hf_models.py [--only NAME ...] [--length T] [--repeats N] [--attn sdpa|eager]
+                              [--padded] [--width C] [--layers N]
 """
 from __future__ import annotations
 
@@ -22,59 +24,56 @@ import torch
 import transformers as tf
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fusion import interleaved  # noqa: E402
+from egraph_opt import saturate_and_extract
 
-from egraph_opt import saturate_and_extract  # noqa: E402
+tf.logging.set_verbosity_error()  # the tiny configs' token ids and the like
 
-V, C, HEADS, KV, FF, LAYERS = 1000, 128, 4, 2, 256, 2
+V, HEADS, KV = 1000, 4, 2
 #: ops that are a fusion of something the model spells out (what the row lists as fused)
-FUSED = ("sdpa", "layer_norm", "rms_norm", "gelu", "rotary", "swiglu", "geglu", "linear_act",
-         "softmax", "log_softmax", "silu")
-DECODERS = {  # causal LMs taking input ids, built from their config class with common sizes
-    "llama": ("LlamaConfig", "LlamaModel", {}),
-    "mistral": ("MistralConfig", "MistralModel", {}),
-    "qwen2": ("Qwen2Config", "Qwen2Model", {}),
-    "gemma": ("GemmaConfig", "GemmaModel", {"head_dim": C // HEADS}),
-    "gemma2": ("Gemma2Config", "Gemma2Model", {"head_dim": C // HEADS}),
-    "phi3": ("Phi3Config", "Phi3Model", {}),
-    "phi": ("PhiConfig", "PhiModel", {}),
-}
-OTHERS = {  # name: (config class, model class, config arguments, input kind)
-    "gpt2": ("GPT2Config", "GPT2Model", dict(n_layer=LAYERS, n_embd=C, n_head=HEADS, vocab_size=V,
-                                              n_positions=256), "ids"),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel", dict(
-        hidden_size=C, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
-        vocab_size=V), "ids"),
-    "opt": ("OPTConfig", "OPTModel", dict(hidden_size=C, num_hidden_layers=LAYERS, ffn_dim=FF,
-                                          num_attention_heads=HEADS, vocab_size=V,
-                                          word_embed_proj_dim=C), "ids"),
-    "bloom": ("BloomConfig", "BloomModel", dict(hidden_size=C, n_layer=LAYERS, n_head=HEADS,
-                                                vocab_size=V), "ids"),
-    "falcon": ("FalconConfig", "FalconModel", dict(hidden_size=C, num_hidden_layers=LAYERS,
-                                                   num_attention_heads=HEADS, vocab_size=V), "ids"),
-    "bert": ("BertConfig", "BertModel", dict(hidden_size=C, num_hidden_layers=LAYERS,
-                                             num_attention_heads=HEADS, intermediate_size=FF,
-                                             vocab_size=V), "ids"),
-    "roberta": ("RobertaConfig", "RobertaModel", dict(
-        hidden_size=C, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
-        vocab_size=V), "ids"),
-    "distilbert": ("DistilBertConfig", "DistilBertModel", dict(dim=C, n_layers=LAYERS, n_heads=HEADS,
-                                                               hidden_dim=FF, vocab_size=V), "ids"),
-    "t5_encoder": ("T5Config", "T5EncoderModel", dict(d_model=C, d_kv=C // HEADS, d_ff=FF,
-                                                      num_layers=LAYERS, num_heads=HEADS,
-                                                      vocab_size=V), "ids"),
-    "clip_text": ("CLIPTextConfig", "CLIPTextModel", dict(
-        hidden_size=C, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
-        vocab_size=V), "ids"),
-    "vit": ("ViTConfig", "ViTModel", dict(hidden_size=C, num_hidden_layers=LAYERS,
-                                          num_attention_heads=HEADS, intermediate_size=FF,
-                                          image_size=32, patch_size=8), "pixels"),
-    "whisper_encoder": ("WhisperConfig", "WhisperEncoderModel", dict(
-        d_model=C, encoder_layers=LAYERS, encoder_attention_heads=HEADS, encoder_ffn_dim=FF,
-        decoder_layers=1, decoder_attention_heads=HEADS, num_mel_bins=16,
-        max_source_positions=64, vocab_size=V), "audio"),
-}
+FUSED = ("sdpa", "layer_norm", "rms_norm", "gelu", "rotary", "geglu", "linear_act", "softmax",
+         "silu", "swish")
+DECODERS = ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "phi")  # LlamaConfig-like
+
+
+def configs(c: int, layers: int) -> dict[str, tuple[str, str, dict, str]]:
+    """name -> (config class, model class, config arguments, input kind) at width ``c``."""
+    ff, kinds = 2 * c, {}
+    for name, cls in zip(DECODERS, ("Llama", "Mistral", "Qwen2", "Gemma", "Gemma2", "Phi3", "Phi")):
+        kinds[name] = (f"{cls}Config", f"{cls}Model", dict(
+            hidden_size=c, num_hidden_layers=layers, num_attention_heads=HEADS,
+            num_key_value_heads=KV, intermediate_size=ff, vocab_size=V,
+            **({"head_dim": c // HEADS} if cls.startswith("Gemma") else {})), "ids")
+    common = dict(hidden_size=c, num_hidden_layers=layers, num_attention_heads=HEADS,
+                  intermediate_size=ff, vocab_size=V)
+    return kinds | {
+        "gpt2": ("GPT2Config", "GPT2Model", dict(n_layer=layers, n_embd=c, n_head=HEADS, vocab_size=V,
+                                                  n_positions=256), "ids"),
+        "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel", common, "ids"),
+        "opt": ("OPTConfig", "OPTModel", dict(hidden_size=c, num_hidden_layers=layers, ffn_dim=ff,
+                                              num_attention_heads=HEADS, vocab_size=V,
+                                              word_embed_proj_dim=c), "ids"),
+        "bloom": ("BloomConfig", "BloomModel", dict(hidden_size=c, n_layer=layers, n_head=HEADS,
+                                                    vocab_size=V), "ids"),
+        "falcon": ("FalconConfig", "FalconModel", dict(hidden_size=c, num_hidden_layers=layers,
+                                                       num_attention_heads=HEADS, vocab_size=V), "ids"),
+        "bert": ("BertConfig", "BertModel", common, "ids"),
+        "roberta": ("RobertaConfig", "RobertaModel", common, "ids"),
+        "distilbert": ("DistilBertConfig", "DistilBertModel", dict(dim=c, n_layers=layers, n_heads=HEADS,
+                                                                   hidden_dim=ff, vocab_size=V), "ids"),
+        "t5_encoder": ("T5Config", "T5EncoderModel", dict(d_model=c, d_kv=c // HEADS, d_ff=ff,
+                                                          num_layers=layers, num_heads=HEADS,
+                                                          vocab_size=V), "ids"),
+        "clip_text": ("CLIPTextConfig", "CLIPTextModel", common, "ids"),
+        "vit": ("ViTConfig", "ViTModel", common | dict(image_size=32, patch_size=8), "pixels"),
+        "whisper_encoder": ("WhisperConfig", "WhisperEncoder", dict(
+            d_model=c, encoder_layers=layers, encoder_attention_heads=HEADS, encoder_ffn_dim=ff,
+            decoder_layers=1, decoder_attention_heads=HEADS, num_mel_bins=16,
+            max_source_positions=64, vocab_size=V), "audio"),
+    }
+
+
+MODELS = list(configs(8, 1))
+CACHED = ("gpt2", "gpt_neox", "opt", "bloom", "falcon", *DECODERS)  # forward takes use_cache
 
 
 class LastHidden(nn.Module):
@@ -84,44 +83,40 @@ class LastHidden(nn.Module):
         super().__init__()
         self.model, self.kwargs = model, kwargs
 
-    def forward(self, x):
-        return self.model(x, return_dict=False, **self.kwargs)[0]
+    def forward(self, x, mask=None):
+        extra = {} if mask is None else {"attention_mask": mask}
+        return self.model(x, return_dict=False, **self.kwargs, **extra)[0]
 
 
-def build(name: str, t: int = 32, attn: str = "sdpa") -> tuple[nn.Module, tuple]:
-    """``(module, args)`` for architecture ``name`` at sequence length ``t`` (random weights)."""
+def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: int = 128,
+          layers: int = 2) -> tuple[nn.Module, tuple]:
+    """``(module, args)`` for architecture ``name`` at sequence length ``t``, width ``c`` (random
+    weights); ``padded``: an attention mask too, the second sequence left-padded by a quarter."""
     torch.manual_seed(0)
-    if name in DECODERS:
-        config_cls, model_cls, extra = DECODERS[name]
-        args = dict(hidden_size=C, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                    num_key_value_heads=KV, intermediate_size=FF, vocab_size=V, **extra)
-        kind, kwargs = "ids", {"use_cache": False}
-    else:
-        config_cls, model_cls, args, kind = OTHERS[name]
-        kwargs = {"use_cache": False} if name in ("gpt2", "gpt_neox", "opt", "bloom", "falcon") else {}
+    config_cls, model_cls, args, kind = configs(c, layers)[name]
     tokens = dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)  # within the tiny vocabulary
-    model_cls = getattr(tf, model_cls) if hasattr(tf, model_cls) else \
-        getattr(tf.models.whisper.modeling_whisper, "WhisperEncoder")
+    model_cls = getattr(tf, model_cls, None) or getattr(tf.models.whisper.modeling_whisper, model_cls)
     try:
         model = model_cls(getattr(tf, config_cls)(**args, **tokens, attn_implementation=attn))
     except ValueError:  # Gemma2, BLOOM: no sdpa path, their own (eager) attention
         model = model_cls(getattr(tf, config_cls)(**args, **tokens, attn_implementation="eager"))
     config, model = model.config, model.eval()
+    module = LastHidden(model, **({"use_cache": False} if name in CACHED else {})).eval()
     if kind == "ids":
         x = torch.randint(0, V, (2, t))
     elif kind == "pixels":
         x = torch.randn(2, 3, 32, 32)
     else:  # whisper's encoder: its convolutions halve 2 * max_source_positions frames
         x = torch.randn(2, 16, 2 * config.max_source_positions)
-    return LastHidden(model, **kwargs).eval(), (x,)
+    if not padded:
+        return module, (x,)
+    mask = torch.ones(x.shape[:2], dtype=torch.int64)
+    mask[1, :t // 4] = 0
+    return module, (x, mask)
 
 
-MODELS = {name: (lambda n: lambda t=32, attn="sdpa": build(n, t, attn))(name)
-          for name in [*DECODERS, *OTHERS]}
-
-
-def row(name: str, t: int, attn: str, repeats: int) -> None:
-    module, args = build(name, t, attn)
+def row(name: str, a: argparse.Namespace) -> None:
+    module, args = build(name, a.length, a.attn, a.padded, a.width, a.layers)
     optimized = saturate_and_extract(module)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -138,8 +133,10 @@ def row(name: str, t: int, attn: str, repeats: int) -> None:
         before, after = (sum(d.values()) for d in (report.ops_before, report.ops_after))
         fused = sorted(op for op in report.ops_after if any(op.startswith(f) for f in FUSED))
         speed = ""
-        if repeats:
-            times = interleaved({"orig": module, "opt": optimized}, args, repeats)
+        if a.repeats:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from fusion import interleaved
+            times = interleaved({"orig": module, "opt": optimized}, args, a.repeats)
             speed = f"{statistics.median(times['orig']) / statistics.median(times['opt']):5.2f}x"
     status = "FALLBACK " + report.fallback[:100] if report.fallback else "ok"
     print(f"{name:<16} {before:>5} -> {after:<5} {err:9.2e} {seconds:7.1f} {speed:>6}  "
@@ -154,12 +151,16 @@ def main() -> None:
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--repeats", type=int, default=20, help="0: no timing")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    p.add_argument("--padded", action="store_true", help="an attention mask, one row left-padded")
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
     a = p.parse_args()
-    print(f"T={a.length} C={C} layers={LAYERS} attn={a.attn} threads={torch.get_num_threads()}")
+    print(f"T={a.length} C={a.width} layers={a.layers} attn={a.attn} padded={a.padded} "
+          f"threads={torch.get_num_threads()}")
     print(f"{'model':<16} {'ops':>5}    {'after':<5} {'max err':>9} {'opt s':>7} {'speed':>6}  "
           f"{'fused ops':<40} status")
     for name in a.only or MODELS:
-        row(name, a.length, a.attn, a.repeats)
+        row(name, a)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ module returning the model's last hidden state; ``tests/test_hf_models.py`` chec
 Without a kernel of its own, an architecture's attention runs eager (Gemma2, BLOOM).
 
     python bench/hf_models.py [--only NAME ...] [--length T] [--repeats N] [--attn sdpa|eager]
-                              [--padded] [--width C] [--layers N]
+                              [--padded] [--width C] [--layers N] [--dtype bfloat16|float16]
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class LastHidden(nn.Module):
 
 
 def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: int = 128,
-          layers: int = 2) -> tuple[nn.Module, tuple]:
+          layers: int = 2, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, tuple]:
     """``(module, args)`` for architecture ``name`` at sequence length ``t``, width ``c`` (random
     weights); ``padded``: an attention mask too, the second sequence left-padded by a quarter."""
     torch.manual_seed(0)
@@ -100,7 +100,7 @@ def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: i
         model = model_cls(getattr(tf, config_cls)(**args, **tokens, attn_implementation=attn))
     except ValueError:  # Gemma2, BLOOM: no sdpa path, their own (eager) attention
         model = model_cls(getattr(tf, config_cls)(**args, **tokens, attn_implementation="eager"))
-    config, model = model.config, model.eval()
+    config, model = model.config, model.eval().to(dtype)
     module = LastHidden(model, **({"use_cache": False} if name in CACHED else {})).eval()
     if kind == "ids":
         x = torch.randint(0, V, (2, t))
@@ -108,7 +108,8 @@ def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: i
         x = torch.randn(2, 3, 32, 32)
     else:  # whisper's encoder: its convolutions halve 2 * max_source_positions frames
         x = torch.randn(2, 16, 2 * config.max_source_positions)
-    if not padded:
+    x = x.to(dtype) if x.is_floating_point() else x
+    if not padded or kind != "ids":  # an image or audio encoder takes no attention mask
         return module, (x,)
     mask = torch.ones(x.shape[:2], dtype=torch.int64)
     mask[1, :t // 4] = 0
@@ -116,7 +117,7 @@ def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: i
 
 
 def row(name: str, a: argparse.Namespace) -> None:
-    module, args = build(name, a.length, a.attn, a.padded, a.width, a.layers)
+    module, args = build(name, a.length, a.attn, a.padded, a.width, a.layers, getattr(torch, a.dtype))
     optimized = saturate_and_extract(module)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -129,7 +130,7 @@ def row(name: str, a: argparse.Namespace) -> None:
             return
         seconds = time.perf_counter() - start
         report = optimized.report
-        err = (out - ref).abs().max().item()
+        err = (out.float() - ref.float()).abs().max().item()
         before, after = (sum(d.values()) for d in (report.ops_before, report.ops_after))
         fused = sorted(op for op in report.ops_after if any(op.startswith(f) for f in FUSED))
         speed = ""
@@ -154,8 +155,9 @@ def main() -> None:
     p.add_argument("--padded", action="store_true", help="an attention mask, one row left-padded")
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     a = p.parse_args()
-    print(f"T={a.length} C={a.width} layers={a.layers} attn={a.attn} padded={a.padded} "
+    print(f"T={a.length} C={a.width} layers={a.layers} attn={a.attn} padded={a.padded} {a.dtype} "
           f"threads={torch.get_num_threads()}")
     print(f"{'model':<16} {'ops':>5}    {'after':<5} {'max err':>9} {'opt s':>7} {'speed':>6}  "
           f"{'fused ops':<40} status")

@@ -34,13 +34,13 @@ FUSES = {
 }
 
 
-def optimized_equals_eager(module, args):
+def optimized_equals_eager(module, args, tol=1e-4):
     f = saturate_and_extract(module, profile_db=False)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out, ref = f(*args), module(*args)
     assert f.report.optimized, f.report.fallback
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     return f.report
 
 
@@ -62,3 +62,12 @@ def test_left_padded_batch_validates(name):
     """A padded query sees no key: torch's attention gives 0 there, and so must the plan."""
     report = optimized_equals_eager(*build(name, 16, padded=True, c=32, layers=1))
     assert "sdpa_masked" in report.ops_after
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_bfloat16_model_keeps_its_dtype_and_values(name):
+    """A boolean mask's 0 / -inf are float32 consts: the fully-masked-row guard must not promote
+    the attention's output (a float32 activation met a bfloat16 weight in the next matmul)."""
+    module, args = build(name, 16, padded=name != "bert", c=32, layers=1, dtype=torch.bfloat16)
+    report = optimized_equals_eager(module, args, tol=5e-2)  # bfloat16's 2^-8, rounded per op
+    assert FUSES[name] - {"linear_act"} <= set(report.ops_after), sorted(report.ops_after)

@@ -133,13 +133,13 @@ def _operand(c: Ctx, x, other) -> Term:
     raise Unsupported(f"operand {x!r}")
 
 
-def safe_rows(m: Term, rows: Term) -> Term:
-    """``rows``, but exp(m) (0, or NaN where m is) where m, a row's maximum score, is -inf or NaN:
-    torch's _safe_softmax and attention kernel give 0 for a row whose every key is masked. There
-    min(m, 0) - min(m, 0) is NaN; elsewhere it is 0 and ``rows`` stand."""
+def safe_rows(m: Term, rows: Term, dtype: str) -> Term:
+    """``rows`` (of ``dtype``), but exp(m) (0, or NaN where m is) where m, a row's maximum score,
+    is -inf or NaN: torch's _safe_softmax and attention kernel give 0 for a row whose every key
+    is masked. There min(m, 0) - min(m, 0) is NaN; elsewhere it is 0 and ``rows`` stand."""
     low_m = Term("minimum", (m, Term.const(0.0)))
     masked = Term("isnan", (Term("sub", (low_m, low_m)),))
-    return Term("where", (masked, Term("exp", (m,)), rows))
+    return Term("where", (masked, Term("cast", (Term("exp", (m,)),), (dtype,)), rows))
 
 
 def _binary(op: str):

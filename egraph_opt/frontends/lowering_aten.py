@@ -138,7 +138,8 @@ def _safe_softmax(c, x, dim, dtype=None):
     """softmax, but 0 across a row that is all -inf (torch.export's spelling inside attention)."""
     axis = c.axis(x, dim)
     x = low._cast(c, x, dtype) if dtype is not None else x
-    return low.safe_rows(Term("max", (x,), (axis, True)), Term("softmax", (x,), (axis,)))
+    return low.safe_rows(Term("max", (x,), (axis, True)), Term("softmax", (x,), (axis,)),
+                         str(c.out.dtype).removeprefix("torch."))
 
 
 @lowers(aten.slice.Tensor)

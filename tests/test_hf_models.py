@@ -1,7 +1,8 @@
 """Hugging Face models with random weights (bench/hf_models.py), decorated as a user would: the
 optimized forward equals eager and holds the fused ops the model spells out (attention as sdpa,
 its norms, gelu / SwiGLU / GeGLU / quick gelu, rotary embedding). Tiny configs (width 32, one
-layer, T=16), priced by static estimates: whether a fusion pays is bench/hf_models.py's question."""
+layer, T=16), priced by static estimates and never timed: whether a fusion pays is
+bench/hf_models.py's question."""
 import sys
 import warnings
 from pathlib import Path
@@ -35,7 +36,7 @@ FUSES = {
 
 
 def optimized_equals_eager(module, args, tol=1e-4):
-    f = saturate_and_extract(module, profile_db=False)
+    f = saturate_and_extract(module, profile_db=False, profile_budget=0)  # no timing: no speed fallback
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out, ref = f(*args), module(*args)
@@ -64,7 +65,7 @@ def test_left_padded_batch_validates(name):
     assert "sdpa_masked" in report.ops_after
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("name", ["llama", "bert"])
 def test_bfloat16_model_keeps_its_dtype_and_values(name):
     """A boolean mask's 0 / -inf are float32 consts: the fully-masked-row guard must not promote
     the attention's output (a float32 activation met a bfloat16 weight in the next matmul)."""

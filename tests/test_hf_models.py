@@ -65,10 +65,11 @@ def test_left_padded_batch_validates(name):
     assert "sdpa_masked" in report.ops_after
 
 
-@pytest.mark.parametrize("name", ["llama", "bert"])
-def test_bfloat16_model_keeps_its_dtype_and_values(name):
+@pytest.mark.parametrize("name,attn", [("llama", "sdpa"), ("bert", "sdpa"), ("llama", "eager")])
+def test_bfloat16_model_keeps_its_dtype_and_values(name, attn):
     """A boolean mask's 0 / -inf are float32 consts: the fully-masked-row guard must not promote
-    the attention's output (a float32 activation met a bfloat16 weight in the next matmul)."""
-    module, args = build(name, 16, padded=name != "bert", c=32, layers=1, dtype=torch.bfloat16)
+    the attention's output (a float32 activation met a bfloat16 weight in the next matmul). The
+    eager attention's masked softmax in float32 fuses as sdpa of float32 copies."""
+    module, args = build(name, 16, attn, padded=name != "bert", c=32, layers=1, dtype=torch.bfloat16)
     report = optimized_equals_eager(module, args, tol=5e-2)  # bfloat16's 2^-8, rounded per op
     assert FUSES[name] - {"linear_act"} <= set(report.ops_after), sorted(report.ops_after)

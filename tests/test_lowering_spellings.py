@@ -122,3 +122,68 @@ def test_safe_softmax_zero_on_fully_masked_rows():
     fn = exported(lambda s: torch.ops.aten._safe_softmax(s, -1))
     captured_equals_torch(fn, x)
     assert fn(x)[0].eq(0).all()  # the row that is all -inf: 0, not softmax's NaN
+
+
+@pytest.mark.parametrize("as_bool", [True, False], ids=["bool-mask", "additive-mask"])
+@pytest.mark.parametrize("through", [lambda f: f, exported], ids=["fx", "export"])
+def test_sdpa_with_a_fully_masked_row_is_zero_there_as_torch_gives(as_bool, through):
+    """A left-padded query masks every key: torch's kernel gives 0 there (as _safe_softmax),
+    sdpa_masked the spelled softmax's NaN; the lowering keeps torch's meaning."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 4, 8, generator=g) for _ in range(3))
+    keep = torch.ones(2, 1, 4, 4, dtype=torch.bool).tril()
+    keep[1, :, :2] = False  # the second sequence's first two queries see no key
+    mask = keep if as_bool else torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+    fn = through(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+    program = captured_equals_torch(fn, q, k, v, mask, exact=False)
+    assert "sdpa_masked" in {t.op for t in _terms(program)}
+    assert fn(q, k, v, mask)[1, :, :2].eq(0).all()
+
+
+def test_sdpa_whose_mask_row_is_nan_stays_nan():
+    q, k, v = (torch.randn(1, 1, 3, 4) for _ in range(3))
+    mask = torch.zeros(3, 3)
+    mask[0, 1] = float("nan")
+    out = run(capture(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                      (q, k, v, mask))[0], (q, k, v, mask))
+    assert out[0, 0, 0].isnan().all() and out[0, 0, 1:].isfinite().all()
+
+
+@pytest.mark.parametrize("fn", [
+    exported(lambda x, w: torch.nn.functional.silu(x @ w)),  # aten.silu: SwiGLU's gate
+    exported(lambda x, w: torch.cat((-x[..., 2:], x[..., :2]), -1) * w[0]),  # aten.slice: rotate_half
+    exported(lambda x, w: x[:, 1] + w[2]),  # aten.select.int
+    exported(lambda x, w: torch.baddbmm(x[None], x[None], w[None], alpha=0.25)),  # BLOOM's ALiBi scores
+], ids=["silu", "slice", "select", "baddbmm"])
+def test_export_spellings_of_transformers_models_lower(fn):
+    g = torch.Generator().manual_seed(0)
+    captured_equals_torch(fn, torch.randn(4, 4, generator=g), torch.randn(4, 4, generator=g), exact=False)
+
+
+def test_baddbmm_that_ignores_its_bias_stays_opaque():
+    fn = exported(lambda x, w: torch.baddbmm(x[None], x[None], w[None], beta=0.0))
+    program, _ = capture(fn, (torch.randn(4, 4), torch.randn(4, 4)))
+    assert [str(c.target) for c in program.opaque.values()] == ["aten.baddbmm.default"]
+
+
+def test_pure_in_place_ops_lower_as_their_twins_or_run_as_them():
+    """``y += b`` on a value nothing reads again (Falcon's residual) lowers as add; one on an
+    opaque value (T5's bucket arithmetic on an arange) runs as the out-of-place op, so it can never
+    write into a value the optimized program shares."""
+    def fn(x, w):
+        _, *_ = x.size()  # through torch.export, as ATen
+        y = x @ w
+        y += w[0]
+        positions = torch.arange(x.shape[-1])
+        positions += 1
+        return y * positions
+
+    from egraph_opt import saturate_and_extract
+
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    program, _ = capture(fn, (x, w))
+    assert [str(c.target) for c in program.opaque.values()] == ["aten.arange.default", "aten.add.Tensor"]
+    assert "aten.add_" not in str(program.roots())
+    f = saturate_and_extract(fn, profile_db=False, profile_budget=0)
+    torch.testing.assert_close(f(x, w), fn(x, w))
+    assert f.report.optimized, f.report.fallback

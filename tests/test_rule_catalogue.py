@@ -5,7 +5,7 @@ from egraph_opt.egraph.engine import EGraph
 from egraph_opt.lang.pattern import PatternError
 from egraph_opt.rulesets import Exactness, Family, Rule, RuleError, catalogue, select
 from egraph_opt.analysis.ranges import analyze
-from egraph_opt.lang.term import Term
+from egraph_opt.lang.term import Term, shapes
 
 
 @pytest.mark.parametrize("name,lhs,rhs,message", [
@@ -65,11 +65,12 @@ def test_unsafe_rules_are_never_selected_by_default():
     assert all(r.exactness is not Exactness.UNSAFE for r in select())
 
 
-def _classes_after(rules, term, ranged: bool = False):
+def _classes_after(rules, term, ranged: bool = False, typed: bool = False):
     """The ops of ``term``'s e-class after ``rules`` ran; ``ranged``: every term carries the
-    interval the range analysis gives it (undeclared inputs: their dtype's finite values)."""
+    interval the range analysis gives it (undeclared inputs: their dtype's finite values);
+    ``typed``: its shape and dtype (for guards on dtype-of)."""
     eg = EGraph()
-    (ref,) = eg.add([term], analyze([term]) if ranged else None)
+    (ref,) = eg.add([term], analyze([term]) if ranged else None, shapes([term]) if typed else None)
     eg.add_rules("r", rules)
     eg.saturate("r", max_iterations=10, max_enodes=1000, max_seconds=5)
     snap = eg.snapshot()
@@ -145,3 +146,20 @@ def test_logsumexp_expands_into_its_shifted_form_only_where_no_inf_can_reach_it(
     assert _classes_after([rule], Term("logsumexp", (x,), (-1, True)), True) == {"logsumexp", "add"}
     wide = Term("exp", (x,))
     assert _classes_after([rule], Term("logsumexp", (wide,), (-1, True)), True) == {"logsumexp"}
+
+
+def test_masked_float32_softmax_attention_fuses_in_bfloat16_only():
+    """transformers' eager attention in half precision: the rule's dtype guard holds in bfloat16;
+    float16 (where it is not declared) and float32 (no rounding to repair) keep the spelled form."""
+    rule = catalogue()["attention-fuse-masked-softmax-float32-bfloat16"]
+
+    def attention(dtype):
+        q, k, v, m = (Term.input(n, (2, 4, 8, 8), dtype) for n in "qkvm")
+        scores = Term("add", (Term("mul", (Term("matmul", (q, Term("transpose", (k,), (-2, -1)))),
+                                           Term.const(0.25))), m))
+        weights = Term("softmax", (Term("cast", (scores,), ("float32",)),), (-1,))
+        return Term("matmul", (Term("cast", (weights,), (dtype,)), v))
+
+    assert _classes_after([rule], attention("bfloat16"), typed=True) == {"matmul", "cast"}
+    assert _classes_after([rule], attention("float16"), typed=True) == {"matmul"}
+    assert _classes_after([rule], attention("float32"), typed=True) == {"matmul"}

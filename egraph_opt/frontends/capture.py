@@ -17,7 +17,7 @@ from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_unflatten
 
 from . import lowering, lowering_aten, lowering_einsum, lowering_nn  # noqa: F401 - these register lowerings
-from .effects import mutations
+from .effects import functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
 from ..lang.term import Term, dtype_name
@@ -154,10 +154,11 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
             term = lowering.lower(node, args, kwargs, info_of, gm, params)
             if not isinstance(term, Term):
                 meta = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None
-                if node.name in in_place:
+                target = functional(node.target) if node.name in in_place else node.target
+                if target is None:  # as an opaque call it would write into a value the e-graph shares
                     raise SideEffect(f"{node.name} runs in place ({node.target}) and has no pure "
                                      "form in the Term language")
-                opaque[node.name] = OpaqueCall(node.name, node.op, node.target, args, kwargs, meta)
+                opaque[node.name] = OpaqueCall(node.name, node.op, target, args, kwargs, meta)
                 if isinstance(info, TensorInfo):
                     term = Term("opaque", (), (node.name,))
                     info_of[id(term)] = info

@@ -57,6 +57,20 @@ def _written(node: fx.Node, gm: fx.GraphModule) -> list:
     return written
 
 
+def functional(target):
+    """The out-of-place twin of an in-place op (``aten.add_.Tensor`` -> ``aten.add.Tensor``,
+    ``"mul_"`` -> ``"mul"``), or None. Where the written operand is never read again (what
+    ``mutations`` leaves), the twin gives the same value and writes nothing."""
+    if isinstance(target, torch._ops.OpOverload):
+        name = target._schema.name.split("::")[-1]
+        packet = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
+        return getattr(packet, target._overloadname, None) if packet is not None else None
+    if isinstance(target, str) and target.endswith("_") and not target.startswith("_") \
+            and hasattr(torch.Tensor, target[:-1]):
+        return target[:-1]
+    return None
+
+
 def _base(node) -> tuple[object, bool]:
     """The value a written operand aliases (through views), and whether a view was crossed."""
     crossed = False

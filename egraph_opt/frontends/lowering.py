@@ -16,6 +16,7 @@ from torch import fx
 from torch.fx.node import map_aggregate
 
 from . import forms
+from .effects import functional
 from .forms import Unsupported
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueRef
@@ -88,7 +89,8 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         fn = next((f for t, f in MODULES.items() if isinstance(module, t)), None)
         args = (module, node.target, *args)
     else:
-        fn = TABLE.get(node.target) if node.op in ("call_function", "call_method") else None
+        fn = TABLE.get(node.target) or TABLE.get(functional(node.target)) \
+            if node.op in ("call_function", "call_method") else None  # pure in place: its twin
     if fn is None or _empty(node, args, kwargs, ctx):
         return None
     try:
@@ -129,6 +131,15 @@ def _operand(c: Ctx, x, other) -> Term:
             raise Unsupported("a NaN constant")
         return forms.constant(x, str(c.info(other).dtype).removeprefix("torch."))
     raise Unsupported(f"operand {x!r}")
+
+
+def safe_rows(m: Term, rows: Term, dtype: str) -> Term:
+    """``rows`` (of ``dtype``), but exp(m) (0, or NaN where m is) where m, a row's maximum score,
+    is -inf or NaN: torch's _safe_softmax and attention kernel give 0 for a row whose every key
+    is masked. There min(m, 0) - min(m, 0) is NaN; elsewhere it is 0 and ``rows`` stand."""
+    low_m = Term("minimum", (m, Term.const(0.0)))
+    masked = Term("isnan", (Term("sub", (low_m, low_m)),))
+    return Term("where", (masked, Term("cast", (Term("exp", (m,)),), (dtype,)), rows))
 
 
 def _binary(op: str):

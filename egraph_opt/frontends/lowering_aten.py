@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from . import forms
 from . import lowering as low
 from . import lowering_nn as nn_low
 from .lowering import Unsupported, lowers
@@ -39,7 +40,7 @@ SAME = {
     aten.gelu.default: low._gelu, aten.conv2d.default: nn_low._conv2d,
     aten.max_pool2d.default: nn_low._max_pool2d, aten.split.Tensor: low._split,
     aten.split_with_sizes.default: low._split, aten.chunk.default: low._chunk,
-    aten.dropout.default: low._dropout,
+    aten.dropout.default: low._dropout, aten.silu.default: low._silu,
 }
 for _op in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
             "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh"):
@@ -82,6 +83,27 @@ def _addmm(c, bias, m1, m2, *, beta=1, alpha=1):
     return Term("add", (Term("matmul", (c.tensor(m1), c.tensor(m2))), c.tensor(bias)))
 
 
+@lowers(aten.baddbmm.default)
+def _baddbmm(c, bias, b1, b2, *, beta=1, alpha=1):
+    """bias + alpha (b1 @ b2): BLOOM's ALiBi scores. beta = 0 ignores the bias (NaN too): opaque."""
+    if beta != 1:
+        raise Unsupported("baddbmm with beta")
+    scores = Term("matmul", (c.tensor(b1), c.tensor(b2)))
+    if alpha != 1:
+        scores = forms.binary("mul", scores, forms.constant(alpha, str(c.info(b1).dtype).removeprefix("torch.")))
+    return forms.binary("add", scores, c.tensor(bias))
+
+
+@lowers(aten.select.int)
+def _select(c, x, dim, index):
+    """``x[:, i]``: one slice along ``dim``, that axis dropped."""
+    axis, size = c.axis(x, dim), c.info(x).shape[dim]
+    if not -size <= index < size:
+        raise Unsupported(f"index {index} out of range for size {size}")
+    at = index % size
+    return Term("reshape", (Term("slice", (x,), (axis, at, at + 1, 1)),), (c.out_shape(),))
+
+
 @lowers(aten.layer_norm.default)
 def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
     return nn_low._layer_norm(c, x, normalized_shape, weight, bias, eps)
@@ -113,15 +135,17 @@ def _full(c, size, fill_value, *, dtype=None, layout=None, device=None, pin_memo
 
 @lowers(aten._safe_softmax.default)
 def _safe_softmax(c, x, dim, dtype=None):
-    """softmax, but 0 across a row that is all -inf (torch.export's spelling inside attention). With
-    m the row max, min(m, 0) - min(m, 0) is NaN (cast to True) exactly where m is -inf or NaN, and
-    there exp(m) is 0 or NaN, the row's value either way; elsewhere it is 0 and softmax stands."""
+    """softmax, but 0 across a row that is all -inf (torch.export's spelling inside attention)."""
     axis = c.axis(x, dim)
     x = low._cast(c, x, dtype) if dtype is not None else x
-    m = Term("max", (x,), (axis, True))
-    low_m = Term("minimum", (m, Term.const(0.0)))
-    masked = Term("cast", (Term("sub", (low_m, low_m)),), ("bool",))
-    return Term("where", (masked, Term("exp", (m,)), Term("softmax", (x,), (axis,))))
+    return low.safe_rows(Term("max", (x,), (axis, True)), Term("softmax", (x,), (axis,)),
+                         str(c.out.dtype).removeprefix("torch."))
+
+
+@lowers(aten.slice.Tensor)
+def _slice(c, x, dim=0, start=None, end=None, step=1):
+    """``x[..., a:b]`` as torch.export records it, one axis at a time (rotate_half's halves)."""
+    return low._getitem(c, x, (slice(None),) * (c.axis(x, dim) % c.rank(x)) + (slice(start, end, step),))
 
 
 @lowers(aten.numpy_T.default)

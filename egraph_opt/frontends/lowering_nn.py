@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .lowering import Unsupported, lowers, lowers_module
+from .lowering import Unsupported, lowers, lowers_module, safe_rows
 from ..lang.ops import shape_attr
 from ..lang.term import Term
 
@@ -55,7 +55,11 @@ def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
         return Term("sdpa", (q, k, v), (float(scale), bool(is_causal)))
     if c.info(attn_mask).dtype == torch.bool:  # True attends: an additive bias of 0 / -inf
         attn_mask = Term("where", (attn_mask, Term.const(0.0), Term.const(float("-inf"))))
-    return Term("sdpa_masked", (q, k, v, attn_mask), (float(scale),))
+    # torch's kernel gives 0 for a query whose every key is masked (a left-padded row), as
+    # _safe_softmax does; sdpa_masked, the spelled softmax's NaN there
+    return safe_rows(Term("max", (attn_mask,), (-1, True)),
+                     Term("sdpa_masked", (q, k, v, attn_mask), (float(scale),)),
+                     str(c.out.dtype).removeprefix("torch."))
 
 
 #: torch's reduction names; ATen's overloads number them

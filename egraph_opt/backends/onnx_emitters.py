@@ -219,6 +219,7 @@ def _sdpa(em, t, scale, causal=False):
         return _definition(em, t, scale)
     bias = [em.value(b) for b in bias]
     if standard:
+        k, v = em.grouped.get(id(t), (k, v))  # grouped-query: k and v before their repeat
         heads = {"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}
         return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention",
                        scale=scale, is_causal=int(causal), **heads)

@@ -74,6 +74,36 @@ def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, head
                                                   "reshape")
 
 
+def _repeated_heads(t: Term, meta: dict) -> tuple[Term, int] | None:
+    """(x, G) when ``t`` is x (B, Hkv, T, D) with each head repeated G times in a row (the
+    grouped-query attention's repeat_kv: x viewed as (B, Hkv, 1, T, D), expanded to (B, Hkv, G, T,
+    D), merged to (B, Hkv * G, T, D)), else None."""
+    expand = t.args[0] if t.op == "reshape" else None
+    view = expand.args[0] if expand is not None and expand.op == "expand" else None
+    if view is None or view.op != "reshape":
+        return None
+    x, viewed, wide, out = view.args[0], meta[id(view)][0], meta[id(expand)][0], meta[id(t)][0]
+    shape = meta[id(x)][0]
+    if len(shape) != 4 or viewed != shape[:2] + (1,) + shape[2:] or len(wide) != 5 or \
+            wide[:2] + wide[3:] != shape[:2] + shape[2:] or out != (shape[0], shape[1] * wide[2]) + shape[2:]:
+        return None
+    return x, wide[2]
+
+
+def kv_grouped(roots: list[Term], meta: dict) -> dict[int, tuple[Term, Term]]:
+    """Attention over 4-D q, k, v whose k and v repeat each of fewer heads alike (grouped-query
+    attention): Attention (opset 23) takes the unrepeated k and v and repeats them itself, without
+    the copies: attention id -> (k, v) unrepeated."""
+    found = {}
+    for t in postorder(roots):
+        if OPS[t.op].onnx != "Attention" or len(meta[id(t.args[0])][0]) != 4:
+            continue
+        k, v = (_repeated_heads(a, meta) for a in t.args[1:3])
+        if k is not None and v is not None and k[1] == v[1]:
+            found[id(t)] = (k[0], v[0])
+    return found
+
+
 def _product(t: Term, meta: dict) -> tuple[Term, Callable[[Term], Term]] | None:
     """(a, rebuild) when ``t`` is matmul(a, w), matmul(a, w) +- b (either order) or linear(a, w, b)
     with a bias b of at most one axis (it broadcasts along the last axis only): rebuild(x) is the

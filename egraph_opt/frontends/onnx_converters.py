@@ -6,6 +6,7 @@ folding) fire on models exported without constant folding.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -195,16 +196,21 @@ def _standard(node, op_type: str) -> bool:
 
 
 def _swapped_in_bulk(im: Importer, name: str, out: tuple) -> Term | None:
-    """x (..., T, D) with its leading dims merged, its last two swapped, then split back to (...,
-    D, T): that is x with its last two swapped (the dynamo exporter's K^T over heads)."""
+    """x (..., T, D) with its leading dims merged, its last two swapped, then split to (..., D, T):
+    that is x with its last two swapped (the dynamo exporter's K^T over heads), its leading dims
+    reshaped where the split differs from them (K repeated for grouped-query heads, (B, Hkv, G, T, D)
+    merged and split as (B, Hkv * G, D, T): as K viewed as (B, Hkv * G, T, D), swapped)."""
     swap = im.producers.get(name)
     merge = _standard(swap, "Transpose") and im.producers.get(swap.input[0])
     if not _standard(merge, "Reshape") or list(_attr(swap, "perm", [])) != [0, 2, 1]:
         return None
     with contextlib.suppress(Unsupported):
         dims, merged = im.static(merge.input[0]), im.static(merge.output[0])
-        if len(dims) >= 3 and merged[1:] == dims[-2:] and out == dims[:-2] + dims[-2:][::-1]:
-            return Term("transpose", (im.term(merge.input[0]),), (-2, -1))
+        if len(dims) >= 3 and len(out) >= 3 and merged[1:] == dims[-2:] and out[-2:] == dims[-2:][::-1] \
+                and math.prod(out[:-2]) == merged[0]:
+            x = im.term(merge.input[0])
+            lead = out[:-2] + dims[-2:]
+            return Term("transpose", (x if lead == dims else Term("reshape", (x,), (shape_attr(lead),)),), (-2, -1))
     return None
 
 

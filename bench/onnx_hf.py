@@ -24,6 +24,7 @@ import onnx  # noqa: E402
 
 from egraph_opt.drivers.onnx_batch import process  # noqa: E402
 from egraph_opt.profiling.latency import default_budget  # noqa: E402
+from bench.onnx_zoo import driver_options  # noqa: E402
 from tests.test_onnx_hf import MODELS, export_model  # noqa: E402
 
 FUSED = ("Attention", "LayerNormalization", "RMSNormalization", "SkipLayerNormalization", "Gelu",
@@ -61,8 +62,7 @@ def main() -> int:
                         help="seconds per model of kernel profiling, as the CLI's (0: static estimates)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        options = {"force": True, "objective": "balanced", "seed": 0, "latency_runs": args.runs,
-                   "profile_db": str(Path(folder) / "profile.sqlite"), "profile_budget": args.profile_budget}
+        options = driver_options(folder, args.runs, args.profile_budget)
         print(f"T={args.length}\n{HEADER}")
         for name in args.only or MODELS:
             try:

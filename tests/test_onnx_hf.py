@@ -108,3 +108,41 @@ def export_model(name: str, folder: Path, length: int = 32) -> str:
         warnings.simplefilter("ignore")
         torch.onnx.export(module, inputs(length), dynamo=True).save(path)
     return path
+
+
+#: the fused operators each optimized model holds at --opset 23 (2 layers; a final norm where the
+#: model has one)
+EXPECTED = {
+    **{name: {"Attention": 2, "RMSNormalization": 5} for name in ("llama", "mistral", "qwen2", "phi3", "t5_encoder")},
+    "gemma": {"Attention": 2, "RMSNormalization": 5, "Gelu": 2},
+    "gpt_neox": {"Attention": 2, "LayerNormalization": 3, "Gelu": 2},
+    "falcon": {"Attention": 2, "LayerNormalization": 3, "Gelu": 2},
+    "opt": {"Attention": 2, "LayerNormalization": 5},
+    "bloom": {"LayerNormalization": 6, "Gelu": 2},  # its tanh gelu as BLOOM spells it
+    **{name: {"Attention": 2, "LayerNormalization": 5, "Gelu": 2} for name in ("roberta", "distilbert", "vit")},
+    "whisper_encoder": {"Attention": 2, "LayerNormalization": 5, "Gelu": 4},
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_hugging_face_export_fuses_and_matches_onnxruntime(tmp_path, name):
+    """Optimized at --opset 23 by the batch driver (static prices: what a busy machine measures
+    does not decide), each architecture computes the original's outputs under onnxruntime, and its
+    attention, norms and gelu are the fused operators (no Softmax left where Attention is)."""
+    import numpy as np
+    import onnx
+
+    from egraph_opt.drivers.onnx_batch import process, random_feeds, session
+
+    path, target = export_model(name, tmp_path, 16), str(tmp_path / "optimized.onnx")
+    record = process(path, target, {"force": True, "objective": "balanced", "seed": 0, "latency_runs": 0,
+                                    "profile_db": str(tmp_path / "p.sqlite"), "profile_budget": 0, "opset": 23})
+    assert record["status"] == "optimized", record["reason"]
+    model = onnx.load(target)
+    ops = [n.op_type for n in model.graph.node]
+    assert {op: ops.count(op) for op in EXPECTED[name]} == EXPECTED[name]
+    assert "Attention" not in EXPECTED[name] or "Softmax" not in ops
+    assert record["nodes_after"] < record["nodes_before"]
+    feeds = random_feeds(onnx.load(path), seed=3)
+    (expected,), (got,) = session(path).run(None, feeds), session(model).run(None, feeds)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

@@ -44,9 +44,19 @@ def emit_tree(em, root: Term) -> str:
     """Emit a decomposition built from Terms (its leaves are already emitted), down to the values
     already written only (below one may lie what a fused form skipped: split heads)."""
     em.alive.append(root)
+    written: dict[tuple, str] = {}  # a definition naming a subterm twice (the guard's softmax) writes it once
     for u in topological([root], lambda u: () if id(u) in em.names else u.args, id):
-        if id(u) not in em.names:
+        if id(u) in em.names:
+            continue
+        if u.op == "const" or OPS[u.op].is_leaf:
             em.emit(u, None)
+            continue
+        key = (u.op, u.attrs, tuple((a.op, a.attrs) if a.op == "const" else em.names[id(a)] for a in u.args))
+        if key in written:
+            em.names[id(u)] = written[key]
+            continue
+        em.emit(u, None)
+        written[key] = em.names[id(u)]
     return em.value(root)
 
 
@@ -333,12 +343,14 @@ def _cbrt(em, t):
 
 
 def _rotary(em, t):
-    """x cos + rotate_half(x) sin, the halves cut at Shape(x)[-1] // 2 (any opset, any size)."""
+    """x cos + rotate_half(x) sin, the halves cut at x's last size // 2: a constant where the shape
+    is static, else Shape(x)[-1] // 2 (any opset, any size)."""
+    shape = em.static_shape(t.args[0])
     x, cos, sin = (em.value(a) for a in t.args)
     last = em.ints([-1], "axes")
-    size = em.node("Slice", [em.node("Shape", [x], "rotary"), last, em.ints([2 ** 62]), em.ints([0])],
-                   "rotary")
-    half = em.node("Div", [size, em.ints([2], "two")], "rotary")
+    half = em.ints([shape[-1] // 2], "half") if shape else em.node("Div", [em.node(
+        "Slice", [em.node("Shape", [x], "rotary"), last, em.ints([2 ** 62]), em.ints([0])], "rotary"),
+        em.ints([2], "two")], "rotary")
     first = em.node("Slice", [x, em.ints([0], "zero"), half, last], "rotary")
     second = em.node("Slice", [x, half, em.ints([2 ** 62]), last], "rotary")
     rotated = em.node("Concat", [em.node("Neg", [second], "rotary"), first], "rotary", axis=-1)

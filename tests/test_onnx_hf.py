@@ -113,10 +113,11 @@ def export_model(name: str, folder: Path, length: int = 32) -> str:
 #: the fused operators each optimized model holds at --opset 23 (2 layers; a final norm where the
 #: model has one)
 EXPECTED = {
-    **{name: {"Attention": 2, "RMSNormalization": 5} for name in ("llama", "mistral", "qwen2", "phi3", "t5_encoder")},
-    "gemma": {"Attention": 2, "RMSNormalization": 5, "Gelu": 2},
-    "gpt_neox": {"Attention": 2, "LayerNormalization": 3, "Gelu": 2},
-    "falcon": {"Attention": 2, "LayerNormalization": 3, "Gelu": 2},
+    **{name: {"Attention": 2, "RMSNormalization": 5, "RotaryEmbedding": 4} for name in ("llama", "mistral", "qwen2", "phi3")},
+    "t5_encoder": {"Attention": 2, "RMSNormalization": 5},
+    "gemma": {"Attention": 2, "RMSNormalization": 5, "Gelu": 2, "RotaryEmbedding": 4},
+    "gpt_neox": {"Attention": 2, "LayerNormalization": 3, "Gelu": 2, "RotaryEmbedding": 4},
+    "falcon": {"Attention": 2, "LayerNormalization": 3, "Gelu": 2, "RotaryEmbedding": 4},
     "opt": {"Attention": 2, "LayerNormalization": 5},
     "bloom": {"Attention": 2, "LayerNormalization": 6, "Gelu": 2},  # alibi through baddbmm; its tanh gelu
     **{name: {"Attention": 2, "LayerNormalization": 5, "Gelu": 2} for name in ("roberta", "distilbert", "vit")},

@@ -227,7 +227,7 @@ def _sdpa(em, t, scale, causal=False):
     standard = em.opset >= 23 and em.rank(q) in (3, 4)
     if not standard and OPS[t.op].definition:
         return _definition(em, t, scale)
-    bias = [em.value(b) for b in bias]
+    bias = [_full_rows(em, b, q, k) if standard else em.value(b) for b in bias]
     if standard:
         k, v = em.grouped.get(id(t), (k, v))  # grouped-query: k and v before their repeat
         heads = {"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}
@@ -239,6 +239,17 @@ def _sdpa(em, t, scale, causal=False):
     scores = em.node("Add", [scores, bias[0]], "masked") if bias else scores
     return em.node("MatMul", [em.node("Softmax", [scores], "softmax", axis=-1), em.value(v)],
                    "attention")
+
+
+def _full_rows(em, bias, q, k) -> str:
+    """Attention's mask with a row per query: onnxruntime (1.32) rejects one broadcast along the
+    queries ((B, H, 1, T): a padding mask, a position bias), so it is expanded to them."""
+    if bias.op == "const":
+        return em.value(bias, q)
+    shape, qs, ks = em.static_shape(bias), em.static_shape(q), em.static_shape(k)
+    if shape is None or qs is None or ks is None or len(shape) >= 2 and shape[-2] == qs[-2]:
+        return em.value(bias)
+    return em.node("Expand", [em.value(bias), em.ints(list(shape[:-2]) + [qs[-2], ks[-2]])], "mask")
 
 
 def _causal_bias(em, q, k) -> str:

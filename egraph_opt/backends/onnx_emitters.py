@@ -227,7 +227,7 @@ def _sdpa(em, t, scale, causal=False):
     standard = em.opset >= 23 and em.rank(q) in (3, 4)
     if not standard and OPS[t.op].definition:
         return _definition(em, t, scale)
-    bias = [_full_rows(em, b, q, k) if standard else em.value(b) for b in bias]
+    bias = [full_rows(em, b, q, k) if standard else em.value(b) for b in bias]
     if standard:
         k, v = em.grouped.get(id(t), (k, v))  # grouped-query: k and v before their repeat
         heads = {"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}
@@ -241,7 +241,7 @@ def _sdpa(em, t, scale, causal=False):
                    "attention")
 
 
-def _full_rows(em, bias, q, k) -> str:
+def full_rows(em, bias, q, k) -> str:
     """Attention's mask with a row per query: onnxruntime (1.32) rejects one broadcast along the
     queries ((B, H, 1, T): a padding mask, a position bias), so it is expanded to them."""
     if bias.op == "const":

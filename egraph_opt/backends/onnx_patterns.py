@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from .onnx_emitters import full_rows
 from ..lang.ops import OPS, parse_shape
 from ..lang.term import Term, postorder
 
@@ -67,7 +68,7 @@ def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
 def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, heads: int,
                          reshape_to: str | None) -> str:
     scale, causal = attention.attrs if attention.op == "sdpa" else (attention.attrs[0], False)
-    inputs = [em.value(xq), em.value(xk), em.value(xv)] + [em.value(a) for a in attention.args[3:]]
+    inputs = [em.value(xq), em.value(xk), em.value(xv)] + [full_rows(em, a, xq, xk) for a in attention.args[3:]]
     out = em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal),
                   q_num_heads=heads, kv_num_heads=heads)
     return out if reshape_to is None else em.node("Reshape", [out, em.ints(parse_shape(reshape_to))],

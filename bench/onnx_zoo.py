@@ -37,6 +37,13 @@ HEADER = (f"{'model':<12} {'nodes':>11} {'wall ms original':>17} {'optimized':>1
           f"{'CPU ms original':>16} {'optimized':>10} {'ratio':>6}  rewrites")
 
 
+def driver_options(folder: str, runs: int, budget: float) -> dict:
+    """The batch driver's options for a benchmark: profiled into a database of this run's own
+    (not the user's cache), ``runs`` interleaved timed runs per model."""
+    return {"force": True, "objective": "balanced", "seed": 0, "latency_runs": runs,
+            "profile_db": str(Path(folder) / "profile.sqlite"), "profile_budget": budget}
+
+
 def report(name: str, path: str, target: str, options: dict) -> None:
     """Optimize one model and print its line: the batch's latencies (wall clock), then the
     thread's CPU time over as many more runs, both interleaved, median."""
@@ -68,9 +75,7 @@ def main() -> int:
                         help="seconds per model of kernel profiling, as the CLI's (0: static estimates)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        # profiled into a database of this run's own (not the user's cache)
-        options = {"force": True, "objective": "balanced", "seed": 0, "latency_runs": args.runs,
-                   "profile_db": str(Path(folder) / "profile.sqlite"), "profile_budget": args.profile_budget}
+        options = driver_options(folder, args.runs, args.profile_budget)
         out = Path(folder) / "out"
         out.mkdir()
         if not args.dynamo_only:

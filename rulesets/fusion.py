@@ -85,6 +85,9 @@ RULES = rules(_F, [
                                   "(sdpa_guarded ?q ?k ?v ?m 1.0)", "the scale on q and k (sqrt of it on each)"),
     ("permute-as-transposed-heads", '(permute ?k "0,2,3,1")',                       '(transpose (permute ?k "0,2,1,3") -2 -1)',
                                   "K split into heads and transposed by one permute"),
+    Rule("attention-fuse-masked-biased", f"(matmul (softmax (add (add {_SCALED} ?a) ?m) -1) ?v)",
+         "(sdpa_masked ?q ?k ?v (add ?a ?m) ?c)", _F, Exactness.REASSOC,
+         why="BLOOM: a position bias (alibi, baddbmm) added, then the mask: one bias, their sum"),
 ]) + rules(_F, [
     ("silu-fuse",                 "(mul ?x (sigmoid ?x))",                             "(silu ?x)"),
     ("silu-fuse-sigmoid-first",   "(mul (sigmoid ?x) ?x)",                             "(silu ?x)",

@@ -155,3 +155,47 @@ def test_a_models_misses_are_timed_once_and_its_record_counts_them(tmp_path):
     first, again = (process(path, str(tmp_path / f"out{i}.onnx"), options) for i in range(2))
     assert first["status"] == again["status"] == "optimized"
     assert first["kernels_profiled"] > 0 and again["kernels_profiled"] == 0
+
+
+def _rotate_half(repeated: bool):
+    """x cos + rotate_half(x) sin over x (1, 2, 8, 16), cos and sin stored (1, 1, 8, 16): their
+    halves equal (transformers' cat(freqs, freqs)) or not."""
+    rng = np.random.default_rng(0)
+    angles = rng.standard_normal((8, 8 if repeated else 16)).astype(np.float32)
+    tables = {n: np.tile(f(angles), (1, 2) if repeated else (1, 1))[None, None] for n, f in (("cos", np.cos), ("sin", np.sin))}
+    ints = {n: np.array([v], np.int64) for n, v in (("zero", 0), ("half", 8), ("end", 16), ("last", -1))}
+    nodes = [helper.make_node("Mul", ["x", "cos"], ["a"]),
+             helper.make_node("Slice", ["x", "zero", "half", "last"], ["x1"]),
+             helper.make_node("Slice", ["x", "half", "end", "last"], ["x2"]),
+             helper.make_node("Neg", ["x2"], ["n"]), helper.make_node("Concat", ["n", "x1"], ["r"], axis=-1),
+             helper.make_node("Mul", ["r", "sin"], ["b"]), helper.make_node("Add", ["a", "b"], ["y"])]
+    return _model(nodes, [("x", [1, 2, 8, 16])], ("y", [1, 2, 8, 16]), {**tables, **ints}, opset=23)
+
+
+@pytest.mark.parametrize("repeated", [True, False])
+def test_rotate_half_is_rotary_embedding_only_where_the_stored_halves_repeat(repeated):
+    ops = _optimized(_rotate_half(repeated))
+    assert ("RotaryEmbedding" in ops) == repeated
+
+
+def _bmm_attention(split_to: list[int]):
+    """softmax(q k^T * 0.5 + alibi) v as torch's baddbmm writes it over (B * H, T, D) merges of
+    q, k (1, 2, 8, 4), its scores split to ``split_to``."""
+    rng = np.random.default_rng(1)
+    values = {"merged": np.array([2, 8, 4]), "split": np.array(split_to), "half": np.array(0.5, np.float32),
+              "alibi": rng.standard_normal((2, 1, 8)).astype(np.float32)}
+    nodes = [helper.make_node("Reshape", ["q", "merged"], ["qm"]), helper.make_node("Reshape", ["k", "merged"], ["km"]),
+             helper.make_node("Transpose", ["km"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["qm", "kt"], ["s"]), helper.make_node("Mul", ["s", "half"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "alibi"], ["biased"]),
+             helper.make_node("Reshape", ["biased", "split"], ["heads"]),
+             helper.make_node("Softmax", ["heads"], ["w"], axis=-1), helper.make_node("MatMul", ["w", "v"], ["y"])]
+    v = split_to[:2] + [8, 4]
+    return _model(nodes, [("q", [1, 2, 8, 4]), ("k", [1, 2, 8, 4]), ("v", v)], ("y", v), values, opset=23)
+
+
+@pytest.mark.parametrize("split_to,fused", [([1, 2, 8, 8], True), ([2, 1, 8, 8], False)])
+def test_bmm_over_merged_heads_is_attention_where_the_split_restores_them(split_to, fused):
+    """The 3-D product of (B * H, T, D) merges, scaled and biased by a (B * H, 1, T) constant, split
+    back to (B, H, T, T) is the 4-D product (one Attention); split otherwise, it is left alone."""
+    assert ("Attention" in _optimized(_bmm_attention(split_to))) == fused

@@ -97,15 +97,16 @@ def _merged_swap(split_to: list[int]) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
 
 
-@pytest.mark.parametrize("split_to,op", [([2, 3, 5, 4], "transpose"), ([3, 2, 5, 4], "reshape"),
-                                         ([6, 20], "reshape")])
-def test_leading_dims_merged_swapped_and_split_back_import_as_one_transpose(split_to, op):
-    """The dynamo exporter's K^T over heads is x.transpose(-2, -1) only where the split restores
-    x's leading dims (3, 2 splits them the other way)."""
+@pytest.mark.parametrize("split_to,op,operand", [([2, 3, 5, 4], "transpose", "input"),
+                                                 ([3, 2, 5, 4], "transpose", "reshape"), ([6, 20], "reshape", "transpose")])
+def test_leading_dims_merged_swapped_and_split_back_import_as_one_transpose(split_to, op, operand):
+    """The dynamo exporter's K^T over heads is x.transpose(-2, -1) where the split restores x's
+    leading dims, and x viewed with the split's leading dims, swapped, where it splits them
+    otherwise (3, 2; grouped-query K merged from (B, Hkv, G)); a split of the last two is neither."""
     model = _merged_swap(split_to)
     src = import_model(model)
     (out,) = src.program.outputs
-    assert out.op == op and (op != "transpose" or out.args[0].op == "input")
+    assert out.op == op and out.args[0].op == operand
     feeds = random_feeds(model)
     (expected,), (got,) = session(model).run(None, feeds), session(export(src, src.program)).run(None, feeds)
     np.testing.assert_array_equal(got, expected)

@@ -13,8 +13,8 @@ from onnx import helper, numpy_helper
 
 from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
 from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree
-from .onnx_patterns import (attention_over_heads, heads_merged, matmuls_unflattened, products_split,
-                            split_product)
+from .onnx_patterns import (attention_over_heads, heads_merged, kv_grouped, matmuls_unflattened,
+                            products_split, split_product)
 from ..frontends.onnx_frontend import OnnxProgram, subgraph_reads
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves
@@ -45,6 +45,8 @@ class Emitter:
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
         #: attention between a split into heads and a merge, written as one Attention (opset 23)
         self.heads = heads_merged(program.roots(), program.meta()) if self.opset >= 23 else {}
+        #: grouped-query attention: Attention (opset 23) over k and v before their heads' repeat
+        self.grouped = kv_grouped(program.roots(), program.meta()) if self.opset >= 23 else {}
         #: a MatMul between a flattening and its undoing, written over the unflattened operand
         roots = program.roots()
         self.unflattened = matmuls_unflattened(roots, program.meta(), self.heads) \
@@ -248,6 +250,8 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
             return xs + list(attention.args[3:])
         if isinstance(item, Term) and id(item) in em.unflattened:
             return em.unflattened[id(item)][1]
+        if isinstance(item, Term) and id(item) in em.grouped:
+            return [item.args[0], *em.grouped[id(item)], *item.args[3:]]
         if isinstance(item, Term):
             return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
                 else list(item.args)

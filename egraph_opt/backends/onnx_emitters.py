@@ -44,9 +44,19 @@ def emit_tree(em, root: Term) -> str:
     """Emit a decomposition built from Terms (its leaves are already emitted), down to the values
     already written only (below one may lie what a fused form skipped: split heads)."""
     em.alive.append(root)
+    written: dict[tuple, str] = {}  # a definition naming a subterm twice (the guard's softmax) writes it once
     for u in topological([root], lambda u: () if id(u) in em.names else u.args, id):
-        if id(u) not in em.names:
+        if id(u) in em.names:
+            continue
+        if u.op == "const" or OPS[u.op].is_leaf:
             em.emit(u, None)
+            continue
+        key = (u.op, u.attrs, tuple((a.op, a.attrs) if a.op == "const" else em.names[id(a)] for a in u.args))
+        if key in written:
+            em.names[id(u)] = written[key]
+            continue
+        em.emit(u, None)
+        written[key] = em.names[id(u)]
     return em.value(root)
 
 
@@ -217,8 +227,9 @@ def _sdpa(em, t, scale, causal=False):
     standard = em.opset >= 23 and em.rank(q) in (3, 4)
     if not standard and OPS[t.op].definition:
         return _definition(em, t, scale)
-    bias = [em.value(b) for b in bias]
+    bias = [full_rows(em, b, q, k) if standard else em.value(b) for b in bias]
     if standard:
+        k, v = em.grouped.get(id(t), (k, v))  # grouped-query: k and v before their repeat
         heads = {"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}
         return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention",
                        scale=scale, is_causal=int(causal), **heads)
@@ -228,6 +239,17 @@ def _sdpa(em, t, scale, causal=False):
     scores = em.node("Add", [scores, bias[0]], "masked") if bias else scores
     return em.node("MatMul", [em.node("Softmax", [scores], "softmax", axis=-1), em.value(v)],
                    "attention")
+
+
+def full_rows(em, bias, q, k) -> str:
+    """Attention's mask with a row per query: onnxruntime (1.32) rejects one broadcast along the
+    queries ((B, H, 1, T): a padding mask, a position bias), so it is expanded to them."""
+    if bias.op == "const":
+        return em.value(bias, q)
+    shape, qs, ks = em.static_shape(bias), em.static_shape(q), em.static_shape(k)
+    if shape is None or qs is None or ks is None or len(shape) >= 2 and shape[-2] == qs[-2]:
+        return em.value(bias)
+    return em.node("Expand", [em.value(bias), em.ints(list(shape[:-2]) + [qs[-2], ks[-2]])], "mask")
 
 
 def _causal_bias(em, q, k) -> str:
@@ -331,13 +353,40 @@ def _cbrt(em, t):
     return em.node("Mul", [em.node("Sign", [x], "cbrt"), root], "cbrt")
 
 
+def _rotary_caches(em, t) -> tuple[np.ndarray, np.ndarray] | None:
+    """RotaryEmbedding's (B, S, D/2) cos and sin caches where x is (B, H, S, D) and cos, sin are
+    stored tensors over (S, D), one per batch or shared, alike over heads, their two halves equal
+    (transformers' cat(freqs, freqs)): only then is x cos + rotate_half(x) sin that operator."""
+    shape = em.static_shape(t.args[0])
+    if em.opset < 23 or shape is None or len(shape) != 4 or any(a.op != "param" for a in t.args[1:]):
+        return None
+    (b, _, n, d), caches = shape, []
+    for a in t.args[1:]:
+        table = em.program.params[a.attrs[0]].numpy()
+        table = table.reshape((1,) * (4 - table.ndim) + table.shape) if table.ndim <= 4 else None
+        if table is None or table.dtype != np.dtype(em.dtype(t.args[0]) or "float32") or \
+                table.shape[1] != 1 or table.shape[0] not in (1, b) or table.shape[2:] != (n, d) or \
+                not np.array_equal(table[..., :d // 2], table[..., d // 2:]):
+            return None
+        caches.append(np.ascontiguousarray(np.broadcast_to(table[:, 0, :, :d // 2], (b, n, d // 2))))
+    return caches[0], caches[1]
+
+
 def _rotary(em, t):
-    """x cos + rotate_half(x) sin, the halves cut at Shape(x)[-1] // 2 (any opset, any size)."""
+    """RotaryEmbedding (opset 23) where its caches can be cut from the stored cos and sin (2.3x
+    faster under onnxruntime than the spelled form at (1, 4, 128, 64)); else x cos + rotate_half(x)
+    sin, the halves cut at x's last size // 2: a constant where the shape is static, else
+    Shape(x)[-1] // 2 (any opset, any size)."""
+    caches = _rotary_caches(em, t)
+    if caches is not None:
+        return em.node("RotaryEmbedding", [em.value(t.args[0]), em.tensor(caches[0], "cos_cache"),
+                                           em.tensor(caches[1], "sin_cache")], "rotary")
+    shape = em.static_shape(t.args[0])
     x, cos, sin = (em.value(a) for a in t.args)
     last = em.ints([-1], "axes")
-    size = em.node("Slice", [em.node("Shape", [x], "rotary"), last, em.ints([2 ** 62]), em.ints([0])],
-                   "rotary")
-    half = em.node("Div", [size, em.ints([2], "two")], "rotary")
+    half = em.ints([shape[-1] // 2], "half") if shape else em.node("Div", [em.node(
+        "Slice", [em.node("Shape", [x], "rotary"), last, em.ints([2 ** 62]), em.ints([0])], "rotary"),
+        em.ints([2], "two")], "rotary")
     first = em.node("Slice", [x, em.ints([0], "zero"), half, last], "rotary")
     second = em.node("Slice", [x, half, em.ints([2 ** 62]), last], "rotary")
     rotated = em.node("Concat", [em.node("Neg", [second], "rotary"), first], "rotary", axis=-1)

@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from .onnx_emitters import full_rows
 from ..lang.ops import OPS, parse_shape
 from ..lang.term import Term, postorder
 
@@ -67,11 +68,41 @@ def heads_merged(roots: list[Term], meta: dict) -> dict[int, tuple]:
 def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, heads: int,
                          reshape_to: str | None) -> str:
     scale, causal = attention.attrs if attention.op == "sdpa" else (attention.attrs[0], False)
-    inputs = [em.value(xq), em.value(xk), em.value(xv)] + [em.value(a) for a in attention.args[3:]]
+    inputs = [em.value(xq), em.value(xk), em.value(xv)] + [full_rows(em, a, xq, xk) for a in attention.args[3:]]
     out = em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal),
                   q_num_heads=heads, kv_num_heads=heads)
     return out if reshape_to is None else em.node("Reshape", [out, em.ints(parse_shape(reshape_to))],
                                                   "reshape")
+
+
+def _repeated_heads(t: Term, meta: dict) -> tuple[Term, int] | None:
+    """(x, G) when ``t`` is x (B, Hkv, T, D) with each head repeated G times in a row (the
+    grouped-query attention's repeat_kv: x viewed as (B, Hkv, 1, T, D), expanded to (B, Hkv, G, T,
+    D), merged to (B, Hkv * G, T, D)), else None."""
+    expand = t.args[0] if t.op == "reshape" else None
+    view = expand.args[0] if expand is not None and expand.op == "expand" else None
+    if view is None or view.op != "reshape":
+        return None
+    x, viewed, wide, out = view.args[0], meta[id(view)][0], meta[id(expand)][0], meta[id(t)][0]
+    shape = meta[id(x)][0]
+    if len(shape) != 4 or viewed != shape[:2] + (1,) + shape[2:] or len(wide) != 5 or \
+            wide[:2] + wide[3:] != shape[:2] + shape[2:] or out != (shape[0], shape[1] * wide[2]) + shape[2:]:
+        return None
+    return x, wide[2]
+
+
+def kv_grouped(roots: list[Term], meta: dict) -> dict[int, tuple[Term, Term]]:
+    """Attention over 4-D q, k, v whose k and v repeat each of fewer heads alike (grouped-query
+    attention): Attention (opset 23) takes the unrepeated k and v and repeats them itself, without
+    the copies: attention id -> (k, v) unrepeated."""
+    found = {}
+    for t in postorder(roots):
+        if OPS[t.op].onnx != "Attention" or len(meta[id(t.args[0])][0]) != 4:
+            continue
+        k, v = (_repeated_heads(a, meta) for a in t.args[1:3])
+        if k is not None and v is not None and k[1] == v[1]:
+            found[id(t)] = (k[0], v[0])
+    return found
 
 
 def _product(t: Term, meta: dict) -> tuple[Term, Callable[[Term], Term]] | None:

@@ -5,7 +5,6 @@ folding) fire on models exported without constant folding.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +14,7 @@ from onnx import numpy_helper
 
 from . import forms
 from .forms import Unsupported
+from .onnx_layouts import attr as _attr, bmm_split, swapped_in_bulk
 from ..lang.ops import shape_attr
 from ..lang.term import Term
 
@@ -111,12 +111,6 @@ class Importer:
         return forms.axis(dim, self.rank(name))
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    a = next((a for a in node.attribute if a.name == name), None)
-    value = default if a is None else onnx.helper.get_attribute_value(a)
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _floating(im: Importer, name: str) -> bool:
     return im.dtype(name).startswith(("float", "bfloat"))
 
@@ -185,27 +179,9 @@ def _to_shape(op: str):
         out, x = im.static(node.output[0]), im.term(node.input[0])
         if im.shape(node.input[0]) == out:
             return x
-        return (op == "reshape" and _swapped_in_bulk(im, node.input[0], out)) or \
-            Term(op, (x,), (shape_attr(out),))
+        return (op == "reshape" and (swapped_in_bulk(im, node.input[0], out) or bmm_split(im, node.input[0], out))) \
+            or Term(op, (x,), (shape_attr(out),))
     return convert
-
-
-def _standard(node, op_type: str) -> bool:
-    return isinstance(node, onnx.NodeProto) and node.op_type == op_type and node.domain in ("", "ai.onnx")
-
-
-def _swapped_in_bulk(im: Importer, name: str, out: tuple) -> Term | None:
-    """x (..., T, D) with its leading dims merged, its last two swapped, then split back to (...,
-    D, T): that is x with its last two swapped (the dynamo exporter's K^T over heads)."""
-    swap = im.producers.get(name)
-    merge = _standard(swap, "Transpose") and im.producers.get(swap.input[0])
-    if not _standard(merge, "Reshape") or list(_attr(swap, "perm", [])) != [0, 2, 1]:
-        return None
-    with contextlib.suppress(Unsupported):
-        dims, merged = im.static(merge.input[0]), im.static(merge.output[0])
-        if len(dims) >= 3 and merged[1:] == dims[-2:] and out == dims[:-2] + dims[-2:][::-1]:
-            return Term("transpose", (im.term(merge.input[0]),), (-2, -1))
-    return None
 
 
 def _gather(op: str):

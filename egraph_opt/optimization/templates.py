@@ -126,7 +126,10 @@ def _with_first_block(ops: list[Term], at: dict, keys: list, start: int, period:
                       blocks: int) -> tuple[int, int, int]:
     """The run moved back to take one more block, where one fits: the first block reads the
     program's input where the others read the previous block, so its first ops break the match.
-    Seen from inside a block (what it reads from outside is alike), the blocks must be equal."""
+    Seen from inside a block (what it reads from outside is alike), the blocks must be equal.
+    Where none fits, the same blocks moved back as far as they stay equal: a block then begins
+    where the first one's reads from outside do (a layer's norm, not its middle: a boundary inside
+    a norm leaves it unfused on both sides)."""
     def seen_from(first: int, i: int) -> tuple:
         t = ops[i]
         operands = tuple(("outside",) if (id(a) in at and at[id(a)] < first) or a.op == "input"
@@ -134,15 +137,19 @@ def _with_first_block(ops: list[Term], at: dict, keys: list, start: int, period:
                          for n, a in enumerate(t.args))
         return t.op, t.attrs, operands
 
+    def equal(first: int, count: int) -> bool:
+        return first + period * count <= len(ops) and all(
+            isinstance(keys[i], tuple) and keys[i][0] != "taken" for i in range(first, first + period * count)) \
+            and all(seen_from(first + k * period, first + k * period + i) == seen_from(first, first + i)
+                    for k in range(1, count) for i in range(period))
+
     end = start + period * blocks
     for first in range(start - 1, max(start - period - 1, -1), -1):
-        fits = first + period * (blocks + 1) <= len(ops) and all(
-            seen_from(first + k * period, first + k * period + i) == seen_from(first, first + i)
-            for k in range(1, blocks + 1) for i in range(period))
-        if fits and all(isinstance(keys[i], tuple) and keys[i][0] != "taken"
-                        for i in range(first, max(end, first + period * (blocks + 1)))):
-            return first, period, blocks + 1
-    return start, period, blocks
+        if equal(first, blocks + 1) and all(keys[i][0] != "taken" for i in range(first, end)):
+            start, blocks = first, blocks + 1
+            break
+    return next((first for first in range(max(start - period + 1, 0), start) if equal(first, blocks)),
+                start), period, blocks
 
 
 def _longest_periodic_run(keys: list) -> tuple[int, int, int] | None:

@@ -266,6 +266,10 @@ def _additive_arg(q, k, v, bias):
     return torch.softmax(q @ k.transpose(-2, -1) * D ** -0.5 + bias, -1) @ v
 
 
+def _bias_first(q, k, v, bias):
+    return torch.softmax(bias + q @ k.transpose(-2, -1) * D ** -0.5, -1) @ v
+
+
 def _bmm(q, k, v):
     b, h, t, d = q.shape
     q, k, v = (x.reshape(b * h, t, d) for x in (q, k, v))
@@ -357,6 +361,8 @@ _ATTENTION = [
              lambda t: (_mask_fill_arg, (*_qkv(t), _causal_bool(t))), _MASKED),
     Spelling("additive-mask-argument", "attention", "additive bias passed in",
              lambda t: (_additive_arg, (*_qkv(t), _additive_causal(t))), _MASKED),
+    Spelling("bias-before-scores", "attention", "the additive mask written first: bias + q k^T * s",
+             lambda t: (_bias_first, (*_qkv(t), _additive_causal(t))), _MASKED),
     Spelling("bmm-reshape", "attention", "torch.bmm over (B*H, T, D) reshapes",
              lambda t: (_bmm, _qkv(t)), _SDPA),
     Spelling("einsum", "attention", "x-transformers style einsum",

@@ -9,6 +9,7 @@ attention fuses as sdpa of float32 copies instead, its precision recorded by the
 (fusion.py, attention-fuse-softmax-float32-*).
 """
 from . import Family, rules
+from .fusion import _SCALED, _SCORES
 
 _C = Family.ALGEBRA  # canonical forms are algebra's business: one family enum, no new tag
 
@@ -18,4 +19,8 @@ RULES = rules(_C, [
                               "layout commutes with elementwise scaling"),
     ("transpose-mul-in",      "(mul (transpose ?x ?i ?j) (const ?c))", "(transpose (mul ?x (const ?c)) ?i ?j)",
                               "k^T scaled after its transpose (the dynamo exporter's sqrt(scale) on k)"),
+    ("bias-after-scores",     f"(add ?m {_SCALED})",                   f"(add {_SCALED} ?m)",
+                              "a mask or bias written before the scores (mask + q k^T c): + commutes exactly"),
+    ("bias-after-scores-unscaled", f"(add ?m {_SCORES})",              f"(add {_SCORES} ?m)",
+                              "the same, unscaled"),
 ])

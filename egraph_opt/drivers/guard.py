@@ -115,11 +115,17 @@ class StateKey:
     """``key()``: the part of a plan's key that the program's modules and closures determine."""
 
     def __init__(self, fn: Callable):
-        self.modules, self.containers, self.scalars = holders(fn)
+        self.modules, self.containers, scalars = holders(fn)
+        self._cells = [cell for cell, name in scalars if name is None]
+        scopes: dict[int, tuple[dict, list[str]]] = {}  # a global's module, a config object: names read
+        for where, name in scalars:
+            if name is not None:
+                scopes.setdefault(id(where), (where, []))[1].append(name)
+        self._fixed = [(operator.itemgetter(*names), where) for where, names in scopes.values()]
         self._seen = -1
         self._identities = -1
-        self._getters: list[Callable] = []  # the scalars modules' code reads (training...)
-        self._dicts: list[dict] = []  # of the modules whose scalars they read
+        self._getters: list[Callable] = []  # per dict: the scalars read of it (training, eps, a global)
+        self._dicts: list[dict] = []  # a module's __dict__, a scope, a config object's
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
@@ -129,7 +135,7 @@ class StateKey:
             for o in [m] + [v for n, v in m.__dict__.items() if n in names and _plain(v)]:
                 read.setdefault(id(o.__dict__), (o.__dict__, set()))[1].update(
                     n for n in names if n in o.__dict__ and _scalar(o.__dict__[n]))  # no Module.__getattr__
-        self._getters, self._dicts = [], []  # one C call per __dict__ reads its scalars' values
+        self._getters, self._dicts = [g for g, _ in self._fixed], [d for _, d in self._fixed]  # one C call per dict
         for where, names in read.values():
             if names:
                 self._getters.append(operator.itemgetter(*sorted(names)))
@@ -147,10 +153,10 @@ class StateKey:
         key = [self._identities, _grad_enabled(), _default_dtype()]
         try:
             key.extend(map(operator.call, self._getters, self._dicts))  # the loop in C
-        except KeyError:  # an attribute deleted since: its absence is the value
+        except KeyError:  # an attribute or global deleted since: its absence is the value
             key.extend(tuple(d.get(n, _ABSENT) for n in _names(g)) for g, d in zip(self._getters, self._dicts))
-        for where, name in self.scalars:
-            key.append(where.cell_contents if name is None else where.get(name))
+        for cell in self._cells:
+            key.append(cell.cell_contents)
         for c in self.containers:
             key.append(tuple([id(v) for v in (c.values() if isinstance(c, dict) else c)]))
         return tuple(key)

@@ -70,8 +70,9 @@ def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[tuple[
 
 
 def _plain(o: Any) -> bool:
-    """An object whose attributes code reads as numbers (``cfg.scale``, ``math.pi``): not a module of
-    torch's, a tensor, a class or a function (whose attributes are not what a program computes with)."""
+    """An object whose attributes code reads as numbers (``cfg.scale``, ``math.pi``): not an
+    nn.Module (read on its own), a tensor, a class or a function (whose attributes are not what a
+    program computes with)."""
     return isinstance(getattr(o, "__dict__", None), dict) and not isinstance(
         o, (torch.nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType, functools.partial))
 
@@ -88,7 +89,7 @@ _ABSENT = object()  # the value of an attribute deleted since it was read
 
 
 def _names(getter: operator.itemgetter) -> tuple[str, ...]:
-    """The keys an itemgetter reads (its repr is the only public account of them)."""
+    """The keys an itemgetter reads (as its pickling reduces it: it exposes them nowhere else)."""
     return getter.__reduce__()[1]
 
 

@@ -88,9 +88,14 @@ def _filled(cell) -> bool:
 _ABSENT = object()  # the value of an attribute deleted since it was read
 
 
-def _names(getter: operator.itemgetter) -> tuple[str, ...]:
-    """The keys an itemgetter reads (as its pickling reduces it: it exposes them nowhere else)."""
-    return getter.__reduce__()[1]
+def _readers(pairs) -> list[tuple[dict, tuple[str, ...], Callable]]:
+    """(dict, names) pairs grouped per dict: each dict, its names, and one itemgetter of them (a
+    key reads every scalar of a dict in one C call)."""
+    grouped: dict[int, tuple[dict, set[str]]] = {}
+    for where, name in pairs:
+        grouped.setdefault(id(where), (where, set()))[1].add(name)
+    return [(where, tuple(sorted(names)), operator.itemgetter(*sorted(names)))
+            for where, names in grouped.values()]
 
 
 _TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ever seen
@@ -118,29 +123,22 @@ class StateKey:
     def __init__(self, fn: Callable):
         self.modules, self.containers, scalars = holders(fn)
         self._cells = [cell for cell, name in scalars if name is None]
-        scopes: dict[int, tuple[dict, list[str]]] = {}  # a global's module, a config object: names read
-        for where, name in scalars:
-            if name is not None:
-                scopes.setdefault(id(where), (where, []))[1].append(name)
-        self._fixed = [(operator.itemgetter(*names), where) for where, names in scopes.values()]
+        self._globals = [(where, name) for where, name in scalars if name is not None]  # a scope, a config object's
         self._seen = -1
         self._identities = -1
-        self._getters: list[Callable] = []  # per dict: the scalars read of it (training, eps, a global)
-        self._dicts: list[dict] = []  # a module's __dict__, a scope, a config object's
+        self._reads: list[tuple[dict, tuple[str, ...], Callable]] = []  # _readers: training, eps, a global
+        self._getters: list[Callable] = []  # theirs, and their dicts, as map() takes them
+        self._dicts: list[dict] = []
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
-        read: dict[int, tuple[dict, set[str]]] = {}  # per __dict__ (a module's, a config it holds)
+        pairs = list(self._globals)
         for m in subs:
             names = names_read(type(m))
-            for o in [m] + [v for n, v in m.__dict__.items() if n in names and _plain(v)]:
-                read.setdefault(id(o.__dict__), (o.__dict__, set()))[1].update(
-                    n for n in names if n in o.__dict__ and _scalar(o.__dict__[n]))  # no Module.__getattr__
-        self._getters, self._dicts = [g for g, _ in self._fixed], [d for _, d in self._fixed]  # one C call per dict
-        for where, names in read.values():
-            if names:
-                self._getters.append(operator.itemgetter(*sorted(names)))
-                self._dicts.append(where)
+            for o in [m] + [v for n, v in m.__dict__.items() if n in names and _plain(v)]:  # a config it holds
+                pairs += [(o.__dict__, n) for n in names if n in o.__dict__ and _scalar(o.__dict__[n])]
+        self._reads = _readers(pairs)  # from __dict__: no Module.__getattr__
+        self._getters, self._dicts = [g for _, _, g in self._reads], [d for d, _, _ in self._reads]
         identities = tuple(id(t) for m in subs for t in (*m._parameters.values(), *m._buffers.values()))
         self._identities = _TOKENS.setdefault(identities, len(_TOKENS))  # hashed once, not per call
         self._seen = _rebindings[0]
@@ -153,9 +151,9 @@ class StateKey:
             self._read_identities()
         key = [self._identities, _grad_enabled(), _default_dtype()]
         try:
-            key.extend(map(operator.call, self._getters, self._dicts))  # the loop in C
+            key += list(map(operator.call, self._getters, self._dicts))  # the loop in C
         except KeyError:  # an attribute or global deleted since: its absence is the value
-            key.extend(tuple(d.get(n, _ABSENT) for n in _names(g)) for g, d in zip(self._getters, self._dicts))
+            key += [tuple(d.get(n, _ABSENT) for n in names) for d, names, _ in self._reads]
         for cell in self._cells:
             key.append(cell.cell_contents)
         for c in self.containers:

@@ -45,7 +45,7 @@ def optimized_equals_eager(module, args, tol=1e-4):
     return f.report
 
 
-@pytest.mark.parametrize("name", FUSES)
+@pytest.mark.parametrize("name", [n for n in FUSES if n not in ("mistral", "qwen2")])  # LLaMA's graph
 def test_model_optimizes_to_eager_with_its_fusions(name):
     report = optimized_equals_eager(*build(name, 16, c=32, layers=1))
     assert FUSES[name] <= set(report.ops_after), sorted(report.ops_after)

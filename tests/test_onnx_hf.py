@@ -96,6 +96,8 @@ def _models():
 
 
 MODELS = list(_models())
+#: what the tests run: Mistral and Qwen2 are LLaMA's graph under other names (bench/onnx_hf.py runs them)
+TESTED = [name for name in MODELS if name not in ("mistral", "qwen2")]
 
 
 def export_model(name: str, folder: Path, length: int = 32) -> str:
@@ -125,7 +127,7 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", TESTED)
 def test_hugging_face_export_fuses_and_matches_onnxruntime(tmp_path, name):
     """Optimized at --opset 23 by the batch driver (static prices: what a busy machine measures
     does not decide), each architecture computes the original's outputs under onnxruntime, and its

@@ -3,7 +3,6 @@ program runs untouched and the report says why."""
 import functools
 import math
 import types
-import warnings
 
 import pytest
 import torch
@@ -179,6 +178,151 @@ def test_a_python_scalar_the_trace_baked_in_is_part_of_the_key(where):
     finally:
         _set_global(2.0)
         CONFIG.temperature = 2.0
+
+
+WEIGHT = torch.randn(8, 8)  # globals the next test's programs read, rebind or write
+SCALE = torch.randn(8)
+ACTIVATION = torch.tanh
+LAYER = nn.Linear(8, 8)
+WEIGHTS = [torch.randn(8, 8)]
+HOLDER = types.SimpleNamespace(weight=torch.randn(8, 8), act=torch.tanh,
+                               nested=types.SimpleNamespace(scale=2.0), numbers={"scale": 2.0})
+NUMBERS = [2.0]
+
+
+class _Attributes(nn.Module):
+    """A plain tensor and a function as attributes: neither a parameter, a buffer nor a submodule."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale, self.act = torch.tensor(2.0), torch.tanh
+
+    def forward(self, x):
+        return torch.softmax(self.act(x) * self.scale, -1)
+
+
+def _rebinding_cases():
+    """name -> (program, what changes after its first call)."""
+    g = globals()
+
+    def rebind(name, value):
+        return lambda: g.__setitem__(name, value)
+
+    def closure():
+        scale = torch.tensor(2.0)
+
+        def fn(x):
+            return torch.log(1 + torch.exp(x * scale))
+
+        def change():
+            nonlocal scale
+            scale = torch.tensor(-5.0)
+        return fn, change
+
+    def with_default(x, w=torch.randn(8, 8), t=2.0):
+        return torch.softmax(x @ w / t, -1)
+
+    module = _Attributes()
+    hooked, unhooked = (nn.Sequential(nn.Linear(8, 8), nn.Softplus()) for _ in range(2))
+    handle = unhooked[0].register_forward_hook(lambda m, i, out: out * 2)
+    return {
+        "global tensor": (lambda x: torch.softmax(x @ WEIGHT, -1), rebind("WEIGHT", torch.randn(8, 8))),
+        "global tensor written, a value of it baked in": (
+            lambda x: torch.softmax(x * (SCALE * 2), -1), lambda: SCALE.mul_(3)),
+        "global module": (lambda x: torch.softmax(LAYER(x), -1), rebind("LAYER", nn.Linear(8, 8))),
+        "global function": (lambda x: torch.softmax(ACTIVATION(x) * 3, -1), rebind("ACTIVATION", torch.sigmoid)),
+        "global list": (lambda x: torch.softmax(x @ WEIGHTS[0], -1), rebind("WEIGHTS", [torch.randn(8, 8)])),
+        "config object's tensor": (lambda x: torch.softmax(x @ HOLDER.weight, -1),
+                                   lambda: setattr(HOLDER, "weight", torch.randn(8, 8))),
+        "config object's function": (lambda x: torch.softmax(HOLDER.act(x) * 3, -1),
+                                     lambda: setattr(HOLDER, "act", torch.sigmoid)),
+        "closure cell's tensor": closure(),
+        "tensor default": (with_default, lambda: setattr(with_default, "__defaults__", (torch.randn(8, 8), 2.0))),
+        "number default": (with_default, lambda: setattr(with_default, "__defaults__", (with_default.__defaults__[0], 0.25))),
+        "module's tensor attribute": (module, lambda: setattr(module, "scale", torch.tensor(0.1))),
+        "module's function attribute": (module, lambda: setattr(module, "act", torch.sigmoid)),
+        "global list of numbers written": (lambda x: torch.log(1 + torch.exp(x * NUMBERS[0])),
+                                           lambda: NUMBERS.__setitem__(0, -3.0)),
+        "config object's dict written": (lambda x: torch.log(1 + torch.exp(x * HOLDER.numbers["scale"])),
+                                         lambda: HOLDER.numbers.__setitem__("scale", -3.0)),
+        "nested config object": (lambda x: torch.log(1 + torch.exp(x * HOLDER.nested.scale)),
+                                 lambda: setattr(HOLDER.nested, "scale", -3.0)),
+        "forward hook registered": (hooked, lambda: hooked[0].register_forward_hook(lambda m, i, out: out * 2)),
+        "forward pre-hook registered": (hooked, lambda: hooked[0].register_forward_pre_hook(lambda m, i: (i[0] * 3,))),
+        "forward hook removed": (unhooked, handle.remove),
+    }
+
+
+@pytest.mark.parametrize("case", list(_rebinding_cases()))
+def test_a_rebound_or_written_object_the_trace_read_gets_a_plan_of_its_own(case):
+    """The trace holds the tensors, modules and functions a program reads through its globals,
+    closure, defaults and attributes, bakes in the numbers and the values it computed from them,
+    and runs the hooks: rebound, written or (un)registered after the first call, the program must
+    run with the new one (each of these once ran with the old one)."""
+    saved = {n: globals()[n] for n in ("WEIGHT", "SCALE", "ACTIVATION", "LAYER", "WEIGHTS")}
+    saved_holder, saved_numbers = dict(vars(HOLDER)), list(NUMBERS)
+    fn, change = _rebinding_cases()[case]
+    g = saturate_and_extract(fn, profile_budget=0)  # not measured: a small program is kept optimized
+    x = torch.randn(4, 8)
+    try:
+        torch.testing.assert_close(g(x), fn(x))
+        assert not g.report.fallback
+        change()
+        torch.testing.assert_close(g(x), fn(x))
+    finally:
+        globals().update(saved)
+        vars(HOLDER).update(saved_holder)
+        HOLDER.numbers["scale"], HOLDER.nested.scale, NUMBERS[:] = 2.0, 2.0, saved_numbers
+
+
+def test_a_global_tensor_the_program_holds_is_written_without_a_new_plan():
+    """Written in place, a tensor the plan's graph holds itself is read by the plan when it runs:
+    the same plan serves (no re-optimization per write, as a training loop would cost)."""
+    weight = torch.randn(8, 8)
+    g = saturate_and_extract(lambda x: torch.softmax(x @ weight, -1), profile_budget=0)
+    x = torch.randn(4, 8)
+    g(x)
+    weight.mul_(3)
+    torch.testing.assert_close(g(x), torch.softmax(x @ weight, -1))
+    assert len(g.plans) == 1
+
+
+class _Recording(nn.Module):
+    """Stores what it saw and counts its calls; ``branch``: decides on a value (so it runs untouched)."""
+
+    def __init__(self, branch: bool):
+        super().__init__()
+        self.branch, self.calls, self.seen, self.stats = branch, 0, None, {"calls": 0}
+
+    def forward(self, x):
+        self.calls += 1
+        self.stats["calls"] += 1
+        self.seen = torch.zeros(1)
+        y = torch.log(1 + torch.exp(x))
+        return y if not self.branch or bool(x.sum() > -1e30) else x
+
+
+@pytest.mark.parametrize("branch", [False, True])
+def test_state_a_program_writes_itself_does_not_make_a_plan_per_call(branch):
+    """A forward that rebinds its own attributes each call: they are its outputs, not what it
+    computes from. Keyed by them, every call of the original made a new key and optimized again."""
+    module = _Recording(branch)
+    g = saturate_and_extract(module, profile_budget=0)
+    x = torch.randn(4, 8)
+    for _ in range(5):
+        torch.testing.assert_close(g(x), torch.log(1 + torch.exp(x)))
+    assert len(g.plans) <= 2 and bool(g.report.fallback) == branch
+
+
+def test_past_the_plan_limit_new_signatures_run_untouched(monkeypatch):
+    monkeypatch.setattr(api, "MAX_PLANS", 2)
+    g = saturate_and_extract(lambda x: torch.log(1 + torch.exp(x)), profile_budget=0)
+    for n in (2, 3):
+        g(torch.randn(n))
+    x = torch.randn(4)
+    with pytest.warns(UserWarning, match="has 2 plans.*further ones run untouched"):
+        torch.testing.assert_close(g(x), torch.log(1 + torch.exp(x)))
+    assert len(g.plans) == 2
 
 
 def test_the_default_dtype_is_part_of_the_key():

@@ -45,6 +45,8 @@ try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype
 except ImportError:  # pragma: no cover - a torch without it: every call builds the key
     _Exact = None
 
+#: plans one decorated program keeps at most (input signatures and states together)
+MAX_PLANS = 64
 #: a program measured this much slower than the original is slower beyond noise
 SLOWER_BY = 1.05
 #: a sampled error this much of the original's (or more) is no steadier: one node for two (a
@@ -148,6 +150,7 @@ class OptimizedFunction:
         self.limits = limits
         self.keep_egraph = keep_egraph  # every plan keeps its e-graph (notebooks); else the last one
         self._plans: dict[tuple, Plan] = {}
+        self._warned_too_many = False
         self._last: Plan | None = None
         self._state = StateKey(fn)
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
@@ -181,15 +184,35 @@ class OptimizedFunction:
         except TypeError:  # a number the trace read now holds an unhashable value: no plan is keyed by it
             return self.fn(*args, **kwargs)
         if plan is None:
-            plan = self._plans[key] = self._compile(call)
+            if len(self._plans) >= MAX_PLANS:
+                return self._too_many(args, kwargs)
+            before = self._state.snapshot()
+            plan = self._compile(call)
+            ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
+            self._state.settle(before)  # shows, as the trace's writes do
+            state = self._state.key()  # the trace showed which tensors it holds (their writes count not)
+            plan = self._plans.setdefault(call.key + state, plan)
+            self._state.pin()
             plan.call = plan.run or self.fn
             if call.plain and _Exact is not None:
                 plan.exact, plan.state, plan.arity = _Exact(
                     *args, dynamic_dims_sizes=None, dynamic_dims_strides=None), state, len(args)
+            if ran:
+                self._last = plan
+                return ran[0]
         self._last = plan
         if plan.run is None:
             return self.fn(*args, **kwargs)
         return plan.run(*call.tensors)
+
+    def _too_many(self, args: tuple, kwargs: dict):
+        """The original, once the key has taken ``MAX_PLANS`` values (state that changes call
+        after call would otherwise cost an optimization per call)."""
+        if not self._warned_too_many:
+            self._warned_too_many = True
+            warnings.warn(f"egraph-opt: {self._name} has {len(self._plans)} plans, one per input "
+                          "signature and state it was called with; further ones run untouched", stacklevel=3)
+        return self.fn(*args, **kwargs)
 
     def _compile(self, call: BoundCall) -> Plan:
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
@@ -213,6 +236,7 @@ class OptimizedFunction:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
+        self._state.hold(traced)
         written = writes_in_place(target, args, call.names)
         if written:  # fx traces ``x += y`` as ``x + y``: only running the original shows it
             raise SideEffect(f"{self._name} mutates {', '.join(written)}")

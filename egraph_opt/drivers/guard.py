@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import operator
 import types
 from typing import Any, Callable
 
 import torch
 from torch.nn.modules import module as _module
+from torch.utils.hooks import RemovableHandle
 
 _grad_enabled = torch.is_grad_enabled  # read once: the attribute lookup is a third of the call
 _default_dtype = torch.get_default_dtype  # the dtype of the tensors a program makes (torch.arange(4.0))
@@ -31,6 +31,9 @@ for _register in (_module.register_module_parameter_registration_hook,
     _register(_bump)
 
 
+_GLOBAL_HOOKS = (_module._global_forward_hooks, _module._global_forward_pre_hooks,
+                 _module._global_backward_hooks, _module._global_backward_pre_hooks)
+
 #: values a trace bakes into the program as constants (a tuple of them too)
 _SCALARS = (bool, int, float, complex, str, type(None))
 
@@ -39,34 +42,89 @@ def _scalar(value: Any) -> bool:
     return type(value) in _SCALARS or type(value) is tuple and all(type(v) in _SCALARS for v in value)
 
 
-def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[tuple[Any, str | None]]]:
-    """The modules, the lists/dicts/tuples of tensors, and the Python scalars (a global's scope
-    and name; a closure cell and None) that ``fn`` reads state from: itself, the object of a bound
-    method, what its closure and globals name, and so on through the Python functions those are
-    (a helper's own globals: a trace reads them all, and bakes scalars in as constants)."""
+#: where a value is read: ``holder[name]`` (a scope, an attribute dict, a defaults tuple) or, with
+#: ``attribute`` set, ``holder.name`` (a closure cell's contents, a function's defaults)
+Slot = tuple[Any, Any, bool]
+
+
+def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[Slot], list[Slot], list[Slot]]:
+    """The modules, the lists/dicts/tuples of tensors, the slots holding a Python scalar or any
+    other object, and those of them holding small lists and dicts of scalars (read whole), that ``fn`` reads
+    state from: itself, the object of a bound method, what its closure, defaults and globals name,
+    and so on through the Python functions those are (a helper's own globals: a trace bakes in
+    the scalars and tensors it reads, and calls what the names hold)."""
     found: list = [fn, getattr(fn, "__self__", None), getattr(fn, "func", None)]
-    scalars: list[tuple[Any, str | None]] = []
+    scalars: list[Slot] = []
+    objects: list[Slot] = []
+    contents: list[Slot] = []
     seen: set[int] = set()
     read: set[str] = set()  # every name the code reads: a global's, or an attribute's (cfg.scale)
+
+    def slot(holder: Any, name: Any, attribute: bool = False) -> None:
+        value = getattr(holder, name) if attribute else holder[name]
+        (scalars if _scalar(value) else objects).append((holder, name, attribute))
+        if _numbers(value):
+            contents.append((holder, name, attribute))
+        found.append(value)
+
     for f in found:
         code = getattr(inspect.unwrap(f), "__code__", None) if callable(f) and id(f) not in seen else None
         if code is None or (getattr(f, "__module__", None) or "").startswith("torch"):
             continue
         seen.add(id(f))
         read.update(code.co_names)
-        cells = getattr(inspect.unwrap(f), "__closure__", None) or ()
-        for cell in filter(_filled, cells):
-            (scalars.append((cell, None)) if _scalar(cell.cell_contents) else found.append(cell.cell_contents))
-        scope = getattr(inspect.unwrap(f), "__globals__", {})
+        inner = inspect.unwrap(f)
+        for cell in filter(_filled, getattr(inner, "__closure__", None) or ()):
+            slot(cell, "cell_contents", True)
+        for where in ("__defaults__", "__kwdefaults__"):  # reassignable, as a tuple or dict
+            defaults = getattr(inner, where, None)
+            if defaults is not None:
+                objects.append((inner, where, True))
+                objects += [(defaults, i, False) for i, v in
+                            (defaults.items() if isinstance(defaults, dict) else enumerate(defaults))
+                            if isinstance(v, torch.Tensor)]
+        scope = getattr(inner, "__globals__", {})
         for name in code.co_names:
             if name in scope:
-                (scalars.append((scope, name)) if _scalar(scope[name]) else found.append(scope[name]))
+                slot(scope, name)
     modules = [m for m in found if isinstance(m, torch.nn.Module)]
     containers = [c for c in found if isinstance(c, (list, tuple, dict)) and
                   any(isinstance(v, torch.Tensor) for v in (c.values() if isinstance(c, dict) else c))]
-    for o in {id(o): o for o in found if _plain(o)}.values():  # a config object, a Python module
-        scalars += [(vars(o), n) for n in sorted(read) if n in vars(o) and _scalar(vars(o)[n])]
-    return list({id(m): m for m in modules}.values()), containers, scalars
+    _attributes([o for o in found if _plain(o)], read, scalars, objects, contents)  # cfg.scale, math.pi
+    return list({id(m): m for m in modules}.values()), containers, scalars, objects, contents
+
+
+def _attributes(roots: list, names: set[str] | frozenset[str], scalars: list[Slot], objects: list[Slot],
+                contents: list[Slot]) -> None:
+    """The slots of the attributes code reads by ``names`` off ``roots`` (a module's ``__dict__``,
+    a config object), and off the plain objects those hold (``self.config.rope.theta``): scalars,
+    other objects (by identity; of a Python module, only its tensors), small lists and dicts of
+    scalars (by contents)."""
+    todo, seen = list(roots), set()
+    while todo:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        attributes = vars(o)
+        for n in sorted(names & attributes.keys()):
+            value = attributes[n]
+            if _scalar(value):
+                scalars.append((attributes, n, False))
+            elif isinstance(value, torch.Tensor) or not isinstance(o, types.ModuleType):  # cfg.w, cfg.act
+                objects.append((attributes, n, False))
+                if _plain(value):
+                    todo.append(value)
+                elif _numbers(value):
+                    contents.append((attributes, n, False))
+
+
+def _numbers(value: Any) -> bool:
+    """A list or dict small enough to read whole on every call, of scalars only (``CFG["scale"]``:
+    written in place, its identity stays)."""
+    if type(value) is list and len(value) <= 64:
+        return all(map(_scalar, value))
+    return type(value) is dict and len(value) <= 64 and all(map(_scalar, value)) and all(map(_scalar, value.values()))
 
 
 def _plain(o: Any) -> bool:
@@ -83,19 +141,6 @@ def _filled(cell) -> bool:
     except ValueError:  # a cell not assigned yet
         return False
     return True
-
-
-_ABSENT = object()  # the value of an attribute deleted since it was read
-
-
-def _readers(pairs) -> list[tuple[dict, tuple[str, ...], Callable]]:
-    """(dict, names) pairs grouped per dict: each dict, its names, and one itemgetter of them (a
-    key reads every scalar of a dict in one C call)."""
-    grouped: dict[int, tuple[dict, set[str]]] = {}
-    for where, name in pairs:
-        grouped.setdefault(id(where), (where, set()))[1].add(name)
-    return [(where, tuple(sorted(names)), operator.itemgetter(*sorted(names)))
-            for where, names in grouped.values()]
 
 
 _TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ever seen
@@ -118,44 +163,131 @@ _NOT_RUN = frozenset({"__init__", "__repr__", "__setstate__", "__getstate__", "e
 
 
 class StateKey:
-    """``key()``: the part of a plan's key that the program's modules and closures determine."""
+    """``key()``: the part of a plan's key that the program's modules and closures determine.
+    It runs on every call, as one generated expression (as torch.compile's guards are): the
+    loops over modules and slots run only when something was rebound."""
 
     def __init__(self, fn: Callable):
-        self.modules, self.containers, scalars = holders(fn)
-        self._cells = [cell for cell, name in scalars if name is None]
-        self._globals = [(where, name) for where, name in scalars if name is not None]  # a scope, a config object's
-        self._seen = -1
-        self._identities = -1
-        self._reads: list[tuple[dict, tuple[str, ...], Callable]] = []  # _readers: training, eps, a global
-        self._getters: list[Callable] = []  # theirs, and their dicts, as map() takes them
-        self._dicts: list[dict] = []
+        self.fn = fn
+        self._held: set[int] = set()  # tensors a plan's graph holds itself: it sees their writes
+        self._pinned: dict[tuple, list] = {}  # the objects a plan's key names by identity
+        self._written: set[tuple[int, Any]] = set()  # slots the program's own run rebinds
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Walk ``fn`` again (an object slot holds something else now: a rebound global, cell,
+        default or attribute, whose modules, containers and scalars are the ones read now)."""
+        self.modules, self.containers, self._scalars, self._objects, self._contents = holders(self.fn)
+        self._read_identities()
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
-        pairs = list(self._globals)
-        for m in subs:
-            names = names_read(type(m))
-            for o in [m] + [v for n, v in m.__dict__.items() if n in names and _plain(v)]:  # a config it holds
-                pairs += [(o.__dict__, n) for n in names if n in o.__dict__ and _scalar(o.__dict__[n])]
-        self._reads = _readers(pairs)  # from __dict__: no Module.__getattr__
-        self._getters, self._dicts = [g for _, _, g in self._reads], [d for d, _, _ in self._reads]
+        scalars, objects, contents = list(self._scalars), list(self._objects), list(self._contents)
+        for m in subs:  # from __dict__: no Module.__getattr__
+            _attributes([m], names_read(type(m)), scalars, objects, contents)
+        scalars, objects, contents = ([o for o in slots if (id(o[0]), o[1]) not in self._written]
+                                      for slots in (scalars, objects, contents))
+        self._slots, self._read_whole = scalars + objects, contents
         identities = tuple(id(t) for m in subs for t in (*m._parameters.values(), *m._buffers.values()))
-        self._identities = _TOKENS.setdefault(identities, len(_TOKENS))  # hashed once, not per call
+        self._values = [_read(o) for o in objects]
+        ids = tuple(map(id, self._values))
+        # a tensor the trace only computed from (W * 2 at trace time) is baked in: its writes count
+        versioned = [o for o, v in zip(objects, self._values) if isinstance(v, torch.Tensor)
+                     and not v.is_inference() and id(v) not in self._held]
+        # hooks run inside a trace: registered anywhere (a new handle id), or removed from one here
+        hooks = [d for m in subs for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
+                                           m._backward_pre_hooks) if d] + [d for d in _GLOBAL_HOOKS if d]
         self._seen = _rebindings[0]
+        self._key = _generated_key(
+            self._seen, _TOKENS.setdefault(identities, len(_TOKENS)),  # hashed once, not per call
+            (ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks)),
+            zip(objects, self._values), scalars, versioned, self.containers, contents, hooks)
+
+    def hold(self, graph: torch.nn.Module) -> None:
+        """The tensors ``graph`` holds (and the bases of its views): a plan reads them when it runs,
+        so a write to one needs no plan of its own."""
+        tensors = [t for t in (*graph.parameters(), *graph.buffers(), *vars(graph).values())
+                   if isinstance(t, torch.Tensor)]
+        self._held.update(id(t) for t in tensors + [t._base for t in tensors if t._base is not None])
+        self._read_identities()
+
+    def pin(self) -> None:
+        """Keep the objects the current key names by identity alive (a plan is keyed by it: no
+        other object may take one of their ids)."""
+        self._pinned.setdefault(tuple(map(id, self._values)), self._values)
+
+    def snapshot(self) -> tuple[list[tuple[Slot, Any]], list[tuple[Any, tuple]]]:
+        return [(slot, _read(slot)) for slot in self._slots], [(c, _whole(_read(c))) for c in self._read_whole]
+
+    def settle(self, before: tuple[list[tuple[Slot, Any]], list[tuple[Any, tuple]]]) -> None:
+        """Slots that running the program (its trace, or the original) rebound since ``before``,
+        and lists or dicts of numbers it wrote (a forward that stores ``self.last = ...`` or counts
+        its calls) are its outputs, not what
+        it computes from: they leave the key (else each call of the original would make a key of
+        its own, and an optimization with it)."""
+        slots, contents = before
+        for slot, value in slots:
+            try:
+                same = _read(slot) is value
+            except (KeyError, ValueError):
+                same = False
+            if not same:
+                self._written.add((id(slot[0]), slot[1]))
+        for slot, whole in contents:  # each also an object slot: rebound or deleted, it is written already
+            if (id(slot[0]), slot[1]) not in self._written and _whole(_read(slot)) != whole:
+                self._written.add((id(slot[0]), slot[1]))
+        self._refresh()
 
     def key(self) -> tuple:
         """Flat (a fixed number of values per identities token; each container's identities a
         tuple of their own, so no two fillings of the containers share a key). A scalar set to
-        something else enters as that value (a caller's plan lookup refuses an unhashable one)."""
-        if self._seen != _rebindings[0]:
-            self._read_identities()
-        key = [self._identities, _grad_enabled(), _default_dtype()]
+        something else enters as that value (a caller's plan lookup refuses an unhashable one); a
+        deleted one leaves the key with another slots layout."""
         try:
-            key += list(map(operator.call, self._getters, self._dicts))  # the loop in C
-        except KeyError:  # an attribute or global deleted since: its absence is the value
-            key += [tuple(d.get(n, _ABSENT) for n in names) for d, names, _ in self._reads]
-        for cell in self._cells:
-            key.append(cell.cell_contents)
-        for c in self.containers:
-            key.append(tuple([id(v) for v in (c.values() if isinstance(c, dict) else c)]))
-        return tuple(key)
+            key = self._key()
+        except (KeyError, ValueError):  # a global or attribute deleted, a cell emptied
+            key = None
+        if key is None:  # walked again: what is deleted is no longer read
+            self._refresh()
+            key = self._key()
+        return key
+
+
+def _whole(numbers: list | dict) -> tuple:
+    return tuple(numbers.items() if isinstance(numbers, dict) else numbers)
+
+
+def _read(slot: Slot) -> Any:
+    holder, name, attribute = slot
+    return getattr(holder, name) if attribute else holder[name]
+
+
+def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: list[Slot],
+                   versioned: list[Slot], containers: list, contents: list, hooks: list[dict]
+                   ) -> Callable[[], tuple | None]:
+    """``key()`` as one expression: None where any module was rebound since ``seen`` or an object
+    slot holds another object than it did, or a hook was registered or removed; else the
+    identities token, the slots (the objects' ids, where the scalars are read, the hooks), grad
+    mode, the default dtype, every scalar, the versions of the tensors the trace may have baked a
+    value of, each container's identities, and the contents of the lists and dicts of scalars."""
+    env: dict[str, Any] = {"_rebindings": _rebindings, "_grad": _grad_enabled, "_dtype": _default_dtype,
+                           "_Handle": RemovableHandle}
+
+    def bind(value: Any) -> str:
+        env[f"v{len(env)}"] = value
+        return f"v{len(env) - 1}"
+
+    def read(slot: Slot) -> str:
+        holder, name, attribute = slot
+        return f"{bind(holder)}.{name}" if attribute else f"{bind(holder)}[{name!r}]"
+
+    same = [f"_rebindings[0] == {seen}", f"_Handle.next_id == {RemovableHandle.next_id}",
+            *(f"{read(o)} is {bind(v)}" for o, v in objects), *(f"len({bind(d)}) == {len(d)}" for d in hooks)]
+    parts = [str(identities), bind(slots), "_grad()", "_dtype()", *map(read, scalars),
+             *(f"{read(o)}._version" for o in versioned),
+             *(f"tuple([id(v) for v in {bind(c)}{'.values()' if isinstance(c, dict) else ''}])"
+               for c in containers),
+             *(f"tuple({read(c)}{'.items()' if isinstance(_read(c), dict) else ''})" for c in contents)]
+    exec(f"def key():\n    if not ({' and '.join(same)}):\n        return None\n"
+         f"    return ({', '.join(parts)},)", env)
+    return env["key"]

@@ -110,3 +110,26 @@ def test_leading_dims_merged_swapped_and_split_back_import_as_one_transpose(spli
     feeds = random_feeds(model)
     (expected,), (got,) = session(model).run(None, feeds), session(export(src, src.program)).run(None, feeds)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_an_initializer_listed_as_an_input_stays_an_input_a_caller_may_override():
+    """onnxruntime lets a feed replace an initializer the graph also lists as an input: the
+    optimized model keeps that input and its default, and computes with a fed value (the
+    initializer was folded as a constant and dropped from the inputs: feeding it failed)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Mul", ["h", "s"], ["hs"]),
+             helper.make_node("Softplus", ["hs"], ["y"])]
+    inits = [_init("w", 4, 4), numpy_helper.from_array(np.array(2.0, np.float32), "s")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4]),
+              helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 4]),
+              helper.make_tensor_value_info("s", TensorProto.FLOAT, [])]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [3, 4])], inits), opset_imports=[helper.make_opsetid("", 17)], ir_version=10,
+        doc_string="the model's own description")
+    optimized = export(import_model(model), optimize(import_model(model).program).program)
+    assert optimized.doc_string == model.doc_string
+    assert [i.name for i in optimized.graph.input] == ["x", "w", "s"]
+    assert {"w", "s"} <= {t.name for t in optimized.graph.initializer}
+    x = random_feeds(model)["x"]
+    for feeds in ({"x": x}, {"x": x, "w": -numpy_helper.to_array(inits[0]), "s": np.array(-0.5, np.float32)}):
+        (expected,), (got,) = session(model).run(None, feeds), session(optimized).run(None, feeds)
+        assert judge(got, expected)[0], (sorted(feeds), judge(got, expected))

@@ -15,7 +15,7 @@ from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
 from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree
 from .onnx_patterns import (attention_over_heads, heads_merged, kv_grouped, matmuls_unflattened,
                             products_split, split_product)
-from ..frontends.onnx_frontend import OnnxProgram, subgraph_reads
+from ..frontends.onnx_frontend import OnnxProgram, overridable, subgraph_reads
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves
 from ..lang.term import Term, evaluate, postorder, shapes, topological
@@ -300,9 +300,11 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
             em.nodes.append(helper.make_node("Identity", [value], [name], name=em.fresh("output")))
     _unfused_residuals(em.nodes)
     graph = src.model.graph
-    inputs = [i for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+    defaults = overridable(graph)  # inputs still, with their initializers as defaults
+    inputs = [i for i in graph.input if i.name in defaults or i.name not in {t.name for t in graph.initializer}]
     read = {x for n in em.nodes for x in list(n.input) + subgraph_reads(n)} | set(src.output_names)
-    initializers = [t for name, t in em.initializers.items() if name in read]  # folded ones' sources
+    initializers = [t for t in graph.initializer if t.name in defaults] + \
+        [t for name, t in em.initializers.items() if name in read]  # folded ones' sources
     new_graph = helper.make_graph(em.nodes, graph.name, inputs, list(graph.output), initializers,
                                   doc_string=graph.doc_string)
     model = helper.make_model(new_graph, opset_imports=list(src.model.opset_import),
@@ -310,4 +312,5 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
     model.functions.extend(src.model.functions)
     model.metadata_props.extend(src.model.metadata_props)
     model.domain, model.model_version = src.model.domain, src.model.model_version
+    model.doc_string = src.model.doc_string
     return model

@@ -200,6 +200,12 @@ def _fold(im: Importer, node: onnx.NodeProto) -> list[np.ndarray] | None:
     return [np.asarray(r) for r in results]
 
 
+def overridable(graph: onnx.GraphProto) -> set[str]:
+    """Initializers the graph also lists as inputs: defaults a caller may override with a feed
+    (onnxruntime does), so their values must not be folded into the program."""
+    return {i.name for i in graph.input} & {t.name for t in graph.initializer}
+
+
 def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     """The Program of a model, with the side tables its export needs."""
     if opset_of(model) < MIN_OPSET:
@@ -216,13 +222,17 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
         vt = _value_type(info)
         if vt is not None:
             im.types[info.name] = vt
+    defaults = overridable(graph)
     for tensor in graph.initializer:
-        im.consts[tensor.name], im.protos[tensor.name] = numpy_helper.to_array(tensor), tensor
+        if tensor.name in defaults:  # a caller may feed another value: an input, not a constant
+            im.types[tensor.name] = ValueType(tensor.data_type, tuple(tensor.dims))
+        else:
+            im.consts[tensor.name], im.protos[tensor.name] = numpy_helper.to_array(tensor), tensor
     inputs = []
     for info in graph.input:
         if info.name in im.consts:
             continue
-        vt = _value_type(info)
+        vt = im.types[info.name] if info.name in defaults else _value_type(info)
         if vt is None or vt.shape is None:
             raise OnnxImportError(f"{where}: graph input {info.name!r} has no tensor shape "
                                   "(its rank is needed)")

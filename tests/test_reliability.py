@@ -190,6 +190,24 @@ HOLDER = types.SimpleNamespace(weight=torch.randn(8, 8), act=torch.tanh,
 NUMBERS = [2.0]
 
 
+class _Settings:
+    """Class attributes a program reads (``_Settings.SCALE``), and a plain object's method."""
+    SCALE = 2.0
+
+    def __init__(self):
+        self.weight = torch.randn(8, 8)
+
+    def score(self, x):
+        return torch.softmax(x @ self.weight * self.SCALE, -1)
+
+
+class _ClassScaled(nn.Module):
+    SCALE = 2.0
+
+    def forward(self, x):
+        return torch.log(1 + torch.exp(x * self.SCALE))
+
+
 class _Attributes(nn.Module):
     """A plain tensor and a function as attributes: neither a parameter, a buffer nor a submodule."""
 
@@ -222,7 +240,7 @@ def _rebinding_cases():
     def with_default(x, w=torch.randn(8, 8), t=2.0):
         return torch.softmax(x @ w / t, -1)
 
-    module = _Attributes()
+    module, settings, scaled = _Attributes(), _Settings(), _ClassScaled()
     hooked, unhooked = (nn.Sequential(nn.Linear(8, 8), nn.Softplus()) for _ in range(2))
     handle = unhooked[0].register_forward_hook(lambda m, i, out: out * 2)
     return {
@@ -250,6 +268,12 @@ def _rebinding_cases():
         "forward hook registered": (hooked, lambda: hooked[0].register_forward_hook(lambda m, i, out: out * 2)),
         "forward pre-hook registered": (hooked, lambda: hooked[0].register_forward_pre_hook(lambda m, i: (i[0] * 3,))),
         "forward hook removed": (unhooked, handle.remove),
+        "module class's attribute": (scaled, lambda: setattr(_ClassScaled, "SCALE", -3.0)),
+        "module class's attribute shadowed": (scaled, lambda: setattr(scaled, "SCALE", -3.0)),
+        "a class's attribute": (lambda x: torch.log(1 + torch.exp(x * _Settings.SCALE)),
+                                lambda: setattr(_Settings, "SCALE", -3.0)),
+        "plain object's tensor, through its method": (settings.score,
+                                                       lambda: setattr(settings, "weight", torch.randn(8, 8))),
     }
 
 
@@ -273,6 +297,7 @@ def test_a_rebound_or_written_object_the_trace_read_gets_a_plan_of_its_own(case)
         globals().update(saved)
         vars(HOLDER).update(saved_holder)
         HOLDER.numbers["scale"], HOLDER.nested.scale, NUMBERS[:] = 2.0, 2.0, saved_numbers
+        _Settings.SCALE = _ClassScaled.SCALE = 2.0
 
 
 def test_a_global_tensor_the_program_holds_is_written_without_a_new_plan():
@@ -533,3 +558,47 @@ def test_a_bert_decorated_directly_whose_forward_fills_its_own_defaults():
         out, ref = g(ids), model(ids)
     assert type(out) is type(ref) and g.report.optimized, g.report.fallback
     torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
+
+
+class _DecoratedForward(nn.Module):
+    """The decorator on a method in the class body, as users write it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.drop, self.temperature = nn.Linear(8, 8), nn.Dropout(0.5), 2.0
+
+    @saturate_and_extract
+    def forward(self, x):
+        return self.plain(x)
+
+    def plain(self, x):
+        return torch.log(1 + torch.exp(self.drop(self.lin(x)) / self.temperature))
+
+
+def test_a_decorated_method_is_optimized_per_instance_with_its_state_in_the_key():
+    """``@saturate_and_extract`` on ``forward``: a call through an instance binds it (the call
+    failed: ``self`` was not passed), each instance has plans of its own, and its attributes,
+    weights and mode key them."""
+    torch.manual_seed(0)
+    a, b = _DecoratedForward().eval(), _DecoratedForward().eval()
+    x = torch.randn(4, 8)
+    for m in (a, b, a):
+        torch.testing.assert_close(m(x), m.plain(x))
+    assert a.forward is a.forward and a.forward is not b.forward and a.forward.report.optimized
+    a.temperature = -0.5
+    torch.testing.assert_close(a(x), a.plain(x))
+    a.lin.weight = nn.Parameter(torch.randn(8, 8))
+    torch.testing.assert_close(a(x), a.plain(x))
+    torch.testing.assert_close(b(x), b.plain(x))
+
+
+def test_optimizing_draws_no_random_numbers_from_the_callers_stream():
+    """The first call in train mode (it optimizes: traces, validates, times) returns what the
+    original returns after the same seed: dropout's mask is drawn from the caller's stream alone."""
+    torch.manual_seed(0)
+    m = _DecoratedForward().train()
+    x = torch.randn(4, 8)
+    torch.manual_seed(1)
+    got = m(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, m.plain(x))

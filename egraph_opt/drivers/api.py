@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import types
 import warnings
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -136,6 +138,11 @@ class OptimizedFunction:
                  limits: Limits = Limits(), profile_db=None, profile_budget: float | None = None,
                  keep_egraph: bool = False):
         self.fn = fn
+        self._options = {"objective": objective, "tolerance": tolerance, "input_ranges": input_ranges,
+                         "rulesets": rulesets, "validate": validate, "limits": limits,
+                         "profile_db": profile_db, "profile_budget": profile_budget, "keep_egraph": keep_egraph}
+        self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # instance -> its method
+        self._held: dict[int, tuple] = {}  # the same, for instances that cannot be weakly referred to
         self.objective = Objective(objective)
         self.tolerance = tolerance
         CostModel(self.objective, tolerance=tolerance)  # refuses a bad objective/tolerance now
@@ -166,6 +173,23 @@ class OptimizedFunction:
             functools.update_wrapper(self, fn)
         self._bind = Binder(self._signature, self._name)
 
+    def __get__(self, instance: Any, owner: type | None = None):
+        """A decorated method (``@saturate_and_extract def forward(self, x)``): each instance gets
+        an optimized method of its own, so its modules and attributes key its plans."""
+        if instance is None:
+            return self
+        try:
+            bound = self._bound.get(instance)
+        except TypeError:  # unhashable or not weakly referable: held by identity (and kept alive)
+            bound = self._held.get(id(instance), (None,))[0]
+            if bound is None:
+                bound = OptimizedFunction(types.MethodType(self.fn, instance), **self._options)
+                self._held[id(instance)] = (bound, instance)
+            return bound
+        if bound is None:
+            bound = self._bound[instance] = OptimizedFunction(types.MethodType(self.fn, instance), **self._options)
+        return bound
+
     @property
     def _name(self) -> str:
         return getattr(self.fn, "__qualname__", None) or getattr(self.fn, "__name__", None) or \
@@ -187,7 +211,9 @@ class OptimizedFunction:
             if len(self._plans) >= MAX_PLANS:
                 return self._too_many(args, kwargs)
             before = self._state.snapshot()
-            plan = self._compile(call)
+            devices = sorted({t.device.index or 0 for t in call.tensors if t.device.type == "cuda"})
+            with torch.random.fork_rng(devices=devices):  # tracing, validating and timing draw numbers
+                plan = self._compile(call)  # the call's own draws are the caller's, as the original's
             ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
             self._state.settle(before)  # shows, as the trace's writes do
             state = self._state.key()  # the trace showed which tensors it holds (their writes count not)

@@ -47,9 +47,11 @@ def _scalar(value: Any) -> bool:
 Slot = tuple[Any, Any, bool]
 
 
-def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[Slot], list[Slot], list[Slot]]:
+def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[Slot], list[Slot], list[Slot],
+                                     list[tuple[dict, str]]]:
     """The modules, the lists/dicts/tuples of tensors, the slots holding a Python scalar or any
-    other object, and those of them holding small lists and dicts of scalars (read whole), that ``fn`` reads
+    other object, those of them holding small lists and dicts of scalars (read whole), and the
+    instance attributes that would shadow a class attribute read (``_attributes``), that ``fn`` reads
     state from: itself, the object of a bound method, what its closure, defaults and globals name,
     and so on through the Python functions those are (a helper's own globals: a trace bakes in
     the scalars and tensors it reads, and calls what the names hold)."""
@@ -90,33 +92,57 @@ def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[Slot],
     modules = [m for m in found if isinstance(m, torch.nn.Module)]
     containers = [c for c in found if isinstance(c, (list, tuple, dict)) and
                   any(isinstance(v, torch.Tensor) for v in (c.values() if isinstance(c, dict) else c))]
-    _attributes([o for o in found if _plain(o)], read, scalars, objects, contents)  # cfg.scale, math.pi
-    return list({id(m): m for m in modules}.values()), containers, scalars, objects, contents
+    shadows: list[tuple[dict, str]] = []
+    _attributes([o for o in found if _plain(o) or _user_class(o)], read, scalars, objects, contents,
+                shadows)  # cfg.scale, math.pi, Config.SCALE
+    return list({id(m): m for m in modules}.values()), containers, scalars, objects, contents, shadows
 
 
 def _attributes(roots: list, names: set[str] | frozenset[str], scalars: list[Slot], objects: list[Slot],
-                contents: list[Slot]) -> None:
-    """The slots of the attributes code reads by ``names`` off ``roots`` (a module's ``__dict__``,
-    a config object), and off the plain objects those hold (``self.config.rope.theta``): scalars,
-    other objects (by identity; of a Python module, only its tensors), small lists and dicts of
-    scalars (by contents)."""
+                contents: list[Slot], shadows: list[tuple[dict, str]]) -> None:
+    """The slots of the attributes code reads by ``names`` off ``roots`` (a module, a config object,
+    a class), and off the plain objects those hold (``self.config.rope.theta``): scalars, other
+    objects (by identity; of a Python module, only its tensors), small lists and dicts of scalars
+    (by contents). An attribute its class holds (``SCALE = 2.0`` in the class body) is read off the
+    class, and ``shadows`` gets the instance's dict and the name (set on the instance later, it is
+    the instance's)."""
     todo, seen = list(roots), set()
     while todo:
         o = todo.pop()
         if id(o) in seen:
             continue
         seen.add(id(o))
-        attributes = vars(o)
-        for n in sorted(names & attributes.keys()):
-            value = attributes[n]
+        attributes = {} if isinstance(o, type) else vars(o)
+        found = [(attributes, n, False) for n in sorted(names & attributes.keys())]
+        if not isinstance(o, types.ModuleType):
+            for n in sorted(names - attributes.keys()):
+                klass = next((k for k in _classes(o) if n in vars(k)), None)
+                if klass is not None and (_scalar(vars(klass)[n]) or isinstance(vars(klass)[n], torch.Tensor)
+                                          or _numbers(vars(klass)[n])):
+                    found.append((klass, n, True))
+                    if not isinstance(o, type):
+                        shadows.append((attributes, n))
+        for slot in found:
+            value = _read(slot)
             if _scalar(value):
-                scalars.append((attributes, n, False))
+                scalars.append(slot)
             elif isinstance(value, torch.Tensor) or not isinstance(o, types.ModuleType):  # cfg.w, cfg.act
-                objects.append((attributes, n, False))
-                if _plain(value):
+                objects.append(slot)
+                if _plain(value) or _user_class(value):
                     todo.append(value)
                 elif _numbers(value):
-                    contents.append((attributes, n, False))
+                    contents.append(slot)
+
+
+def _classes(o: Any) -> list[type]:
+    """The classes an attribute of ``o`` may come from, before torch's Module and object."""
+    mro = o.__mro__ if isinstance(o, type) else type(o).__mro__
+    return [k for k in mro if k not in (torch.nn.Module, object)]
+
+
+def _user_class(o: Any) -> bool:
+    """A class of the program's own (not torch's or Python's): its class attributes are state."""
+    return isinstance(o, type) and not (o.__module__ or "").startswith(("torch", "builtins"))
 
 
 def _numbers(value: Any) -> bool:
@@ -177,16 +203,19 @@ class StateKey:
     def _refresh(self) -> None:
         """Walk ``fn`` again (an object slot holds something else now: a rebound global, cell,
         default or attribute, whose modules, containers and scalars are the ones read now)."""
-        self.modules, self.containers, self._scalars, self._objects, self._contents = holders(self.fn)
+        self.modules, self.containers, self._scalars, self._objects, self._contents, self._shadows = \
+            holders(self.fn)
         self._read_identities()
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
         scalars, objects, contents = list(self._scalars), list(self._objects), list(self._contents)
+        shadows = list(self._shadows)
         for m in subs:  # from __dict__: no Module.__getattr__
-            _attributes([m], names_read(type(m)), scalars, objects, contents)
-        scalars, objects, contents = ([o for o in slots if (id(o[0]), o[1]) not in self._written]
-                                      for slots in (scalars, objects, contents))
+            _attributes([m], names_read(type(m)), scalars, objects, contents, shadows)
+        scalars, objects, contents = (list({(id(o[0]), o[1]): o for o in slots
+                                            if (id(o[0]), o[1]) not in self._written}.values())
+                                      for slots in (scalars, objects, contents))  # a class's once
         self._slots, self._read_whole = scalars + objects, contents
         identities = tuple(id(t) for m in subs for t in (*m._parameters.values(), *m._buffers.values()))
         self._values = [_read(o) for o in objects]
@@ -201,7 +230,7 @@ class StateKey:
         self._key = _generated_key(
             self._seen, _TOKENS.setdefault(identities, len(_TOKENS)),  # hashed once, not per call
             (ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks)),
-            zip(objects, self._values), scalars, versioned, self.containers, contents, hooks)
+            zip(objects, self._values), scalars, versioned, self.containers, contents, hooks, shadows)
 
     def hold(self, graph: torch.nn.Module) -> None:
         """The tensors ``graph`` holds (and the bases of its views): a plan reads them when it runs,
@@ -263,10 +292,11 @@ def _read(slot: Slot) -> Any:
 
 
 def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: list[Slot],
-                   versioned: list[Slot], containers: list, contents: list, hooks: list[dict]
-                   ) -> Callable[[], tuple | None]:
-    """``key()`` as one expression: None where any module was rebound since ``seen`` or an object
-    slot holds another object than it did, or a hook was registered or removed; else the
+                   versioned: list[Slot], containers: list, contents: list, hooks: list[dict],
+                   shadows: list[tuple[dict, str]]) -> Callable[[], tuple | None]:
+    """``key()`` as one expression: None where any module was rebound since ``seen``, an object
+    slot holds another object than it did, a hook was registered or removed, or an instance
+    attribute now shadows a class attribute read; else the
     identities token, the slots (the objects' ids, where the scalars are read, the hooks), grad
     mode, the default dtype, every scalar, the versions of the tensors the trace may have baked a
     value of, each container's identities, and the contents of the lists and dicts of scalars."""
@@ -282,7 +312,8 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
         return f"{bind(holder)}.{name}" if attribute else f"{bind(holder)}[{name!r}]"
 
     same = [f"_rebindings[0] == {seen}", f"_Handle.next_id == {RemovableHandle.next_id}",
-            *(f"{read(o)} is {bind(v)}" for o, v in objects), *(f"len({bind(d)}) == {len(d)}" for d in hooks)]
+            *(f"{read(o)} is {bind(v)}" for o, v in objects), *(f"len({bind(d)}) == {len(d)}" for d in hooks),
+            *(f"{n!r} not in {bind(d)}" for d, n in shadows)]
     parts = [str(identities), bind(slots), "_grad()", "_dtype()", *map(read, scalars),
              *(f"{read(o)}._version" for o in versioned),
              *(f"tuple([id(v) for v in {bind(c)}{'.values()' if isinstance(c, dict) else ''}])"

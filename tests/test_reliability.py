@@ -602,3 +602,16 @@ def test_optimizing_draws_no_random_numbers_from_the_callers_stream():
     got = m(x)
     torch.manual_seed(1)
     torch.testing.assert_close(got, m.plain(x))
+
+
+def test_autocast_gets_a_plan_of_its_own():
+    """A plan made in float32 is not the plan for a call under autocast (its ops run in bfloat16):
+    the call gets its own, made under autocast, and returns what the original returns there."""
+    f = lambda x, w: torch.softmax(x @ w / 8, -1) @ w  # noqa: E731
+    g = saturate_and_extract(f, profile_budget=0)
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    g(x, w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, expected = g(x, w), f(x, w)
+    assert got.dtype == expected.dtype == torch.bfloat16 and len(g.plans) == 2
+    torch.testing.assert_close(got, expected)

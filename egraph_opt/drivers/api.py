@@ -128,6 +128,15 @@ def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
     return lambda *args: tree_unflatten(forward(*args), returns)
 
 
+def _autocast() -> tuple:
+    """Autocast's state (ops run in a lower precision): a plan made under it is made for it. Not
+    in a plan's ``state``: the fast path's tensor check sees autocast (a dispatch key)."""
+    if not torch._C._is_any_autocast_enabled():
+        return ()
+    return tuple((device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
+                 if torch.is_autocast_enabled(device))
+
+
 class OptimizedFunction:
     """``fn``, run as its optimized program per input signature; untouched (the report says why)
     where that cannot be sound (it mutates its arguments or module state, cannot be traced, takes
@@ -202,7 +211,7 @@ class OptimizedFunction:
             return last.call(*args)
         call = self._bind(args, kwargs)
         state = self._state.key()
-        key = call.key + state
+        key = call.key + state + _autocast()
         try:
             plan = self._plans.get(key)
         except TypeError:  # a number the trace read now holds an unhashable value: no plan is keyed by it
@@ -217,7 +226,7 @@ class OptimizedFunction:
             ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
             self._state.settle(before)  # shows, as the trace's writes do
             state = self._state.key()  # the trace showed which tensors it holds (their writes count not)
-            plan = self._plans.setdefault(call.key + state, plan)
+            plan = self._plans.setdefault(call.key + state + _autocast(), plan)
             self._state.pin()
             plan.call = plan.run or self.fn
             if call.plain and _Exact is not None:

@@ -88,7 +88,11 @@ class CostModel:
         return UNIT_ROUNDOFF.get(n.dtype, 0.0) * (1 + k) if not math.isnan(k) else math.inf
 
     def __call__(self, n: NodeFacts) -> int:
-        kappa_part, time_part = self.curvature(n), self.latency(n)
+        return self.combined(n, self.curvature(n), self.latency(n))
+
+    def combined(self, n: NodeFacts, kappa_part: int, time_part: int) -> int:
+        """The node's cost from its curvature and latency parts (computed once by a caller that
+        wants them apart too)."""
         if self.objective is Objective.STABILITY:
             return kappa_part * LEXICOGRAPHIC + time_part
         if self.objective is Objective.LATENCY:
@@ -121,8 +125,9 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
                       tuple(meta[id(a)][0] for a in t.args if a.op != "const"),
                       operand_layouts([meta[id(a)][0] for a in t.args if a.op != "const"],
                                       [strides.get(id(a)) for a in t.args if a.op != "const"]))
-        parts["cost"] += model(n)
-        parts["curvature"] += model.curvature(n)
-        parts["worst"] = max(parts["worst"], model.curvature(n))
-        parts["latency"] += model.latency(n)
+        kappa_part, time_part = model.curvature(n), model.latency(n)
+        parts["cost"] += model.combined(n, kappa_part, time_part)
+        parts["curvature"] += kappa_part
+        parts["worst"] = max(parts["worst"], kappa_part)
+        parts["latency"] += time_part
     return parts

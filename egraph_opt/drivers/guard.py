@@ -1,9 +1,12 @@
-"""The key of a plan besides the inputs' signature: the modules' ``training`` flags, which tensor
+"""The key of a plan besides the inputs' signature: grad mode, the default dtype, the modules'
+``training`` flags and every other number the program's code reads (attributes, globals, closure
+cells, defaults, config objects, class attributes, small lists and dicts of numbers), which tensor
 objects are the parameters and buffers (``m.weight = nn.Parameter(...)`` leaves the traced graph
-holding the old one), grad mode. Values do not enter it: parameters range over their dtype in every
-analysis, and folded constants are recomputed when a tensor's version changes (``torch_backend``).
-Identities are re-read only after torch's registration hooks count a rebinding (microseconds per
-parameter otherwise, on every call).
+holding the old one), the identity of every other object read that way (a rebound global tensor,
+module or function), and the hooks. Values do not enter it: parameters range over their dtype in
+every analysis, and folded constants are recomputed when a tensor's version changes
+(``torch_backend``). The walk over modules and slots runs again only after torch's registration
+hooks count a rebinding or a slot holds another object; every call runs one generated expression.
 """
 from __future__ import annotations
 
@@ -43,7 +46,8 @@ def _scalar(value: Any) -> bool:
 
 
 #: where a value is read: ``holder[name]`` (a scope, an attribute dict, a defaults tuple) or, with
-#: ``attribute`` set, ``holder.name`` (a closure cell's contents, a function's defaults)
+#: ``attribute`` set, ``holder.name`` (a closure cell's contents, a function's defaults, a class's
+#: attribute)
 Slot = tuple[Any, Any, bool]
 
 

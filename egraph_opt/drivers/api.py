@@ -190,14 +190,15 @@ class OptimizedFunction:
         try:
             bound = self._bound.get(instance)
         except TypeError:  # unhashable or not weakly referable: held by identity (and kept alive)
-            bound = self._held.get(id(instance), (None,))[0]
-            if bound is None:
-                bound = OptimizedFunction(types.MethodType(self.fn, instance), **self._options)
-                self._held[id(instance)] = (bound, instance)
-            return bound
+            if id(instance) not in self._held:
+                self._held[id(instance)] = (self._method(instance), instance)
+            return self._held[id(instance)][0]
         if bound is None:
-            bound = self._bound[instance] = OptimizedFunction(types.MethodType(self.fn, instance), **self._options)
+            bound = self._bound[instance] = self._method(instance)
         return bound
+
+    def _method(self, instance: Any) -> OptimizedFunction:
+        return OptimizedFunction(types.MethodType(self.fn, instance), **self._options)
 
     @property
     def _name(self) -> str:

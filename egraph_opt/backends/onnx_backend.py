@@ -300,12 +300,11 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
             em.nodes.append(helper.make_node("Identity", [value], [name], name=em.fresh("output")))
     _unfused_residuals(em.nodes)
     graph = src.model.graph
-    defaults = overridable(graph)  # inputs still, with their initializers as defaults
-    inputs = [i for i in graph.input if i.name in defaults or i.name not in {t.name for t in graph.initializer}]
+    defaults = overridable(graph)  # inputs still (every input is kept), their initializers the defaults
     read = {x for n in em.nodes for x in list(n.input) + subgraph_reads(n)} | set(src.output_names)
     initializers = [t for t in graph.initializer if t.name in defaults] + \
         [t for name, t in em.initializers.items() if name in read]  # folded ones' sources
-    new_graph = helper.make_graph(em.nodes, graph.name, inputs, list(graph.output), initializers,
+    new_graph = helper.make_graph(em.nodes, graph.name, list(graph.input), list(graph.output), initializers,
                                   doc_string=graph.doc_string)
     model = helper.make_model(new_graph, opset_imports=list(src.model.opset_import),
                               producer_name="egraph-opt", ir_version=src.model.ir_version)

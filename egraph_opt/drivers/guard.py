@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch.nn.modules import module as _module
@@ -51,26 +51,33 @@ def _scalar(value: Any) -> bool:
 Slot = tuple[Any, Any, bool]
 
 
-def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[Slot], list[Slot], list[Slot],
-                                     list[tuple[dict, str]]]:
-    """The modules, the lists/dicts/tuples of tensors, the slots holding a Python scalar or any
-    other object, those of them holding small lists and dicts of scalars (read whole), and the
-    instance attributes that would shadow a class attribute read (``_attributes``), that ``fn`` reads
-    state from: itself, the object of a bound method, what its closure, defaults and globals name,
-    and so on through the Python functions those are (a helper's own globals: a trace bakes in
-    the scalars and tensors it reads, and calls what the names hold)."""
+class Reads(NamedTuple):
+    """What a program reads state from."""
+    modules: list[torch.nn.Module]
+    containers: list  # lists, dicts and tuples of tensors (keyed by their items' identities)
+    scalars: list[Slot]  # slots holding a Python number, string or None (keyed by value)
+    objects: list[Slot]  # slots holding anything else (keyed by identity)
+    contents: list[Slot]  # those of ``objects`` holding a small list or dict of numbers (read whole)
+    shadows: list[tuple[dict, str]]  # an instance's dict and a class attribute's name read off it
+
+    def copy(self) -> Reads:
+        return Reads(*(list(part) for part in self))
+
+
+def holders(fn: Callable) -> Reads:
+    """What ``fn`` reads state from: itself, the object of a bound method, what its closure,
+    defaults and globals name, and so on through the Python functions those are (a helper's own
+    globals: a trace bakes in the scalars and tensors it reads, and calls what the names hold)."""
     found: list = [fn, getattr(fn, "__self__", None), getattr(fn, "func", None)]
-    scalars: list[Slot] = []
-    objects: list[Slot] = []
-    contents: list[Slot] = []
+    reads = Reads([], [], [], [], [], [])
     seen: set[int] = set()
     read: set[str] = set()  # every name the code reads: a global's, or an attribute's (cfg.scale)
 
     def slot(holder: Any, name: Any, attribute: bool = False) -> None:
         value = getattr(holder, name) if attribute else holder[name]
-        (scalars if _scalar(value) else objects).append((holder, name, attribute))
+        (reads.scalars if _scalar(value) else reads.objects).append((holder, name, attribute))
         if _numbers(value):
-            contents.append((holder, name, attribute))
+            reads.contents.append((holder, name, attribute))
         found.append(value)
 
     for f in found:
@@ -85,31 +92,28 @@ def holders(fn: Callable) -> tuple[list[torch.nn.Module], list[Any], list[Slot],
         for where in ("__defaults__", "__kwdefaults__"):  # reassignable, as a tuple or dict
             defaults = getattr(inner, where, None)
             if defaults is not None:
-                objects.append((inner, where, True))
-                objects += [(defaults, i, False) for i, v in
+                reads.objects.append((inner, where, True))
+                reads.objects.extend((defaults, i, False) for i, v in
                             (defaults.items() if isinstance(defaults, dict) else enumerate(defaults))
-                            if isinstance(v, torch.Tensor)]
+                            if isinstance(v, torch.Tensor))
         scope = getattr(inner, "__globals__", {})
         for name in code.co_names:
             if name in scope:
                 slot(scope, name)
-    modules = [m for m in found if isinstance(m, torch.nn.Module)]
-    containers = [c for c in found if isinstance(c, (list, tuple, dict)) and
-                  any(isinstance(v, torch.Tensor) for v in (c.values() if isinstance(c, dict) else c))]
-    shadows: list[tuple[dict, str]] = []
-    _attributes([o for o in found if _plain(o) or _user_class(o)], read, scalars, objects, contents,
-                shadows)  # cfg.scale, math.pi, Config.SCALE
-    return list({id(m): m for m in modules}.values()), containers, scalars, objects, contents, shadows
+    reads.modules.extend({id(m): m for m in found if isinstance(m, torch.nn.Module)}.values())
+    reads.containers.extend(c for c in found if isinstance(c, (list, tuple, dict)) and
+                            any(isinstance(v, torch.Tensor) for v in (c.values() if isinstance(c, dict) else c)))
+    _attributes([o for o in found if _plain(o) or _user_class(o)], read, reads)  # cfg.scale, math.pi, Config.SCALE
+    return reads
 
 
-def _attributes(roots: list, names: set[str] | frozenset[str], scalars: list[Slot], objects: list[Slot],
-                contents: list[Slot], shadows: list[tuple[dict, str]]) -> None:
+def _attributes(roots: list, names: set[str] | frozenset[str], reads: Reads) -> None:
     """The slots of the attributes code reads by ``names`` off ``roots`` (a module, a config object,
     a class), and off the plain objects those hold (``self.config.rope.theta``): scalars, other
     objects (by identity; of a Python module, only its tensors), small lists and dicts of scalars
-    (by contents). An attribute its class holds (``SCALE = 2.0`` in the class body) is read off the
-    class, and ``shadows`` gets the instance's dict and the name (set on the instance later, it is
-    the instance's)."""
+    (by contents), into ``reads``. An attribute its class holds (``SCALE = 2.0`` in the class body)
+    is read off the class, and ``reads.shadows`` gets the instance's dict and the name (set on the
+    instance later, it is the instance's)."""
     todo, seen = list(roots), set()
     while todo:
         o = todo.pop()
@@ -125,17 +129,17 @@ def _attributes(roots: list, names: set[str] | frozenset[str], scalars: list[Slo
                                           or _numbers(vars(klass)[n])):
                     found.append((klass, n, True))
                     if not isinstance(o, type):
-                        shadows.append((attributes, n))
+                        reads.shadows.append((attributes, n))
         for slot in found:
             value = _read(slot)
             if _scalar(value):
-                scalars.append(slot)
+                reads.scalars.append(slot)
             elif isinstance(value, torch.Tensor) or not isinstance(o, types.ModuleType):  # cfg.w, cfg.act
-                objects.append(slot)
+                reads.objects.append(slot)
                 if _plain(value) or _user_class(value):
                     todo.append(value)
                 elif _numbers(value):
-                    contents.append(slot)
+                    reads.contents.append(slot)
 
 
 def _classes(o: Any) -> list[type]:
@@ -154,7 +158,7 @@ def _numbers(value: Any) -> bool:
     written in place, its identity stays)."""
     if type(value) is list and len(value) <= 64:
         return all(map(_scalar, value))
-    return type(value) is dict and len(value) <= 64 and all(map(_scalar, value)) and all(map(_scalar, value.values()))
+    return type(value) is dict and len(value) <= 64 and all(map(_scalar, (*value, *value.values())))
 
 
 def _plain(o: Any) -> bool:
@@ -207,19 +211,18 @@ class StateKey:
     def _refresh(self) -> None:
         """Walk ``fn`` again (an object slot holds something else now: a rebound global, cell,
         default or attribute, whose modules, containers and scalars are the ones read now)."""
-        self.modules, self.containers, self._scalars, self._objects, self._contents, self._shadows = \
-            holders(self.fn)
+        self._found = holders(self.fn)
+        self.modules, self.containers = self._found.modules, self._found.containers
         self._read_identities()
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
-        scalars, objects, contents = list(self._scalars), list(self._objects), list(self._contents)
-        shadows = list(self._shadows)
+        reads = self._found.copy()
         for m in subs:  # from __dict__: no Module.__getattr__
-            _attributes([m], names_read(type(m)), scalars, objects, contents, shadows)
-        scalars, objects, contents = (list({(id(o[0]), o[1]): o for o in slots
+            _attributes([m], names_read(type(m)), reads)
+        scalars, objects, contents = (list({(id(o[0]), o[1]): o for o in slots  # a class's once
                                             if (id(o[0]), o[1]) not in self._written}.values())
-                                      for slots in (scalars, objects, contents))  # a class's once
+                                      for slots in (reads.scalars, reads.objects, reads.contents))
         self._slots, self._read_whole = scalars + objects, contents
         identities = tuple(id(t) for m in subs for t in (*m._parameters.values(), *m._buffers.values()))
         self._values = [_read(o) for o in objects]
@@ -234,7 +237,7 @@ class StateKey:
         self._key = _generated_key(
             self._seen, _TOKENS.setdefault(identities, len(_TOKENS)),  # hashed once, not per call
             (ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks)),
-            zip(objects, self._values), scalars, versioned, self.containers, contents, hooks, shadows)
+            zip(objects, self._values), scalars, versioned, self.containers, contents, hooks, reads.shadows)
 
     def hold(self, graph: torch.nn.Module) -> None:
         """The tensors ``graph`` holds (and the bases of its views): a plan reads them when it runs,

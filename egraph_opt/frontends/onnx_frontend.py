@@ -224,15 +224,13 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
             im.types[info.name] = vt
     defaults = overridable(graph)
     for tensor in graph.initializer:
-        if tensor.name in defaults:  # a caller may feed another value: an input, not a constant
-            im.types[tensor.name] = ValueType(tensor.data_type, tuple(tensor.dims))
-        else:
+        if tensor.name not in defaults:  # a caller may feed another value: an input, not a constant
             im.consts[tensor.name], im.protos[tensor.name] = numpy_helper.to_array(tensor), tensor
+        elif getattr(im.types.get(tensor.name), "shape", None) is None:  # its default's, if undeclared
+            im.types[tensor.name] = ValueType(tensor.data_type, tuple(tensor.dims))
     inputs = []
     for info in graph.input:
-        if info.name in im.consts:
-            continue
-        vt = im.types[info.name] if info.name in defaults else _value_type(info)
+        vt = im.types.get(info.name)
         if vt is None or vt.shape is None:
             raise OnnxImportError(f"{where}: graph input {info.name!r} has no tensor shape "
                                   "(its rank is needed)")
@@ -246,7 +244,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
 
     opaque: dict[str, OpaqueCall] = {}
     meta: dict[str, tuple] = {}
-    static = all(_static(_value_type(i)) for i in graph.input if i.name not in im.consts)
+    static = all(_static(im.types.get(i.name)) for i in graph.input)
     shapeless: set[str] = set()  # opaque values of unknown shape: only opaque nodes may use them
     folded = 0
     for i, node in enumerate(nodes):

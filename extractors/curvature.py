@@ -144,9 +144,10 @@ def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
 
 
 def overflows(result: Interval, dtype: str) -> bool:
-    """The result's range exceeds the largest finite value of its dtype."""
+    """The result's range reaches the largest finite value of its dtype: past it, or clipped at it
+    (an analysis that meets a range with the dtype's bounds proves no finite result)."""
     limit = FINITE_MAX.get(dtype)
-    return limit is not None and _mag(result) > limit
+    return limit is not None and _mag(result) >= limit
 
 
 FINITE_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38,
@@ -193,8 +194,13 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
                              else min(KAPPA_TIE_BREAK, max(1, round(10 * math.log10(1 + k)))))
     if exact and cancels(op, operands, exact):
         cost += _cancellation(op, operands, result, dtype)
-    limit = EXP_LIMIT.get(dtype, EXP_LIMIT["float32"])
     error = OPS[op].error
+    if error == "rotation":  # the add of its spelled form, whose products are rounded
+        m = _mag(operands[0])
+        products = [(-m * _mag(o), m * _mag(o)) for o in operands[1:3]]
+        if cancels("add", products, (False, False)):
+            cost += _cancellation("add", products, result, dtype)
+    limit = EXP_LIMIT.get(dtype, EXP_LIMIT["float32"])
     if error == "exp" and exact and not exact[0]:
         cost += _amplified(min(_mag(operands[0]), limit), dtype)  # exp's condition number is
         # |x|: the rounding error its computed argument carries comes out multiplied by it

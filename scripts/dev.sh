@@ -2,6 +2,7 @@
 # One entry point that sets itself up: `bash scripts/dev.sh demo|test [pytest args]`.
 # Creates .venv, installs torch 2.13.0 (CPU build, from this machine's disk) when no torch is
 # present, then the package with its test extras; re-installs only when pyproject.toml changes.
+# Tests run in one process per core (pytest-xdist); TEST_WORKERS=0 runs them in this one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
@@ -20,6 +21,6 @@ fi
 cmd="${1:-test}"; shift || true
 case "$cmd" in
     demo) exec "$py" -m egraph_opt.drivers.demo "$@" ;;
-    test) exec "$py" -m pytest "$@" ;;
+    test) exec "$py" -m pytest -n "${TEST_WORKERS:-auto}" "$@" ;;  # one worker per core
     *) echo "usage: bash scripts/dev.sh demo|test [args]" >&2; exit 2 ;;
 esac

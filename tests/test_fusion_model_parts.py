@@ -138,6 +138,21 @@ def test_rotate_half_spellings_become_rotary(fn):
     assert ops_after(fn, Q, COS, SIN).get("rotary") == 1
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e38])  # 1e38: q's range reaches float32's largest value
+def test_a_fused_rotary_is_no_steadier_than_its_spelled_form(scale):
+    """Its sum of two rounded products cancels as the spelled add does, so a rotary measured
+    slower does not pass as a stability gain (neox-partial-rotary kept one at 0.90x); and a range
+    clipped at the dtype's largest value proves no finite result (Falcon's fused program priced an
+    overflow its spelled form escaped)."""
+    f = saturate_and_extract(lambda q, c, s: q * c + _rotate(q, 4) * s, profile_db=False,
+                             input_ranges={"q": (-scale, scale), "c": (-1, 1), "s": (-1, 1)})
+    with torch.no_grad():
+        f(Q, COS.clamp(-1, 1), SIN.clamp(-1, 1))
+    assert f.report.ops_after.get("rotary") == 1, f.report.ops_after
+    before, after = f.report.cost_before, f.report.cost_after
+    assert after["worst"] >= before["worst"] and after["cost"] < before["cost"], (before, after)
+
+
 def test_rotation_by_other_than_half_is_no_rotary():
     """rotary-fuse's guard: cat(-x[..., 3:], x[..., :3]) of 8 is no rotate_half."""
     after = ops_after(lambda q, c, s: q * c + _rotate(q, 3) * s, Q, COS, SIN)

@@ -17,7 +17,7 @@ KNOWN = {
     "shape": {"same", "first", "broadcast", "compare", "reduce", "cast", "transpose", "reshape", "where",
               "matmul", "linear", "sdpa", "meta"},
     "sign": {"positive", "nonneg", "any"},
-    "error": {"none", "exp", "log", "cancels", "sum", "shifted-exp", "log-sum-exp"},
+    "error": {"none", "exp", "log", "cancels", "sum", "shifted-exp", "log-sum-exp", "rotation"},
     "rounding": {"exact", "rounds", "widening"},
     "precision": {"accumulate", "hoist", "keep"},
     "growth": {0, 1, 2, 3},

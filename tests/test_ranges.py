@@ -142,6 +142,8 @@ def test_overflow_is_charged_where_an_infinity_turns_finite():
     assert kappa_cost("div", (), [big, big], (0.0, 1.0)) >= 3000
     assert kappa_cost("mul", (), [big, big], (0.0, 1e86)) < 3000
     assert kappa_cost("exp", (), [(0.0, 100.0)], big) < 3000
+    top = 3.4028234663852886e38  # a range clipped at float32's largest value proves nothing finite
+    assert kappa_cost("mul", (), [big, (-1.0, 1.0)], (-top, top)) < 3000
 
 
 @pytest.mark.parametrize("hi, fused", [(40.0, False), (100.0, True)])

@@ -47,7 +47,8 @@ class Op:
     error: str | None = None  # how it amplifies its operands' rounding error (curvature.py):
     # "exp" by |x|, "log" by 1/|log u|, "cancels" (a +- b), "sum" (of both signs), "shifted-exp"
     # (exp(x - max(x)) inside), "log-sum-exp" (and the log of its sum, near 1 where one term
-    # dominates: logaddexp is not one, it adds log1p(exp(-|a - b|))), "none"
+    # dominates: logaddexp is not one, it adds log1p(exp(-|a - b|))), "rotation" (x cos +
+    # rotate_half(x) sin: a sum of two rounded products, as cancels), "none"
     rounding: str | None = None  # "exact" from exact operands, "rounds", or "widening" (a cast)
     passes: int | None = None  # passes over memory, when the profiling database has no estimate
     precision: str | None = None  # in half precision: "accumulate" (many terms: do it in float32),
@@ -724,7 +725,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
         curvature="bilinear", growth=1, passes=3, precision="keep", onnx="definition",
         definition="(mul (gelu ?x0 ?approximate) ?x1)"),
     _op("rotary", 3, "", rotary, _FUSED, shape="broadcast", range="rotary", curvature="bilinear",
-        growth=1, passes=5, precision="keep", onnx="rotate-half"),
+        growth=1, error="rotation", passes=5, precision="keep", onnx="rotate-half"),
     # losses over class indices (class axis 1); targets equal to ignore_index count for nothing
     _op("nll_loss", 2, "reduction:String ignore_index:i64", nll_loss, _FUSED, shape="meta",
         range="top", curvature=LINEAR, growth=0, error="sum", passes=1, precision="keep",

@@ -240,6 +240,21 @@ def test_cube_root_is_real_signed_and_correctly_rounded():
     torch.testing.assert_close(OPS["cbrt"].impl(x.float()), OPS["cbrt"].impl(x).float(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_keeps_the_top_of_the_range_and_the_sign(dtype, approximate):
+    """gelu(x) = x at +inf and at the dtype's max (torch's erf kernel on AVX-512 CPUs gives NaN and
+    +inf there), -0 and the underflowed tail stay negative zeros, on vectors the vectorized kernels
+    take."""
+    top = torch.finfo(dtype).max
+    x = torch.tensor([math.inf, top, 1.0, -0.0, -200.0, math.nan] * 8, dtype=dtype)
+    got = OPS["gelu"].impl(x, approximate)
+    assert got[:2].tolist() == [math.inf, top]
+    assert got[3:5].signbit().all() and (got[3:5] == 0).all() and got[5].isnan()
+    torch.testing.assert_close(got[2].double(), F.gelu(torch.tensor(1.0, dtype=torch.float64), approximate=approximate),
+                               rtol=1e-2, atol=0)
+
+
 def _attention_definition(q, k, v, bias, scale):
     return torch.softmax((q @ k.transpose(-2, -1) * scale + bias).masked_fill(torch.isneginf(bias), -math.inf),
                          -1) @ v

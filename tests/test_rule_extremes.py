@@ -213,6 +213,17 @@ def _majorant(t: Term) -> Term:
     return Term("add" if t.op == "sub" else t.op, args, t.attrs)
 
 
+def magnitudes(lhs: Term, env: dict) -> torch.Tensor | None:
+    """The majorant of a left side that sums products (matmul, linear, conv2d) on the inputs'
+    magnitudes, in float64; None for any other left side."""
+    ops = {t.op for t in postorder([lhs])}
+    if not ops & SUMMING or not ops <= MAJORANT | {"sub", "neg", "const", "input", "param"}:
+        return None
+    size = {k: v.abs() if v.is_floating_point() else v for k, v in env.items()}
+    (out,) = evaluate([_majorant(lhs)], size, reference=True)
+    return torch.as_tensor(out)
+
+
 def order_free(lhs: Term, env: dict, dtype) -> torch.Tensor:
     """Where the left side sums products (matmul, linear, conv2d) whose magnitudes add up past
     ``dtype``'s max: whether a float evaluation overflows there, and to +inf, -inf or NaN (inf -
@@ -220,12 +231,17 @@ def order_free(lhs: Term, env: dict, dtype) -> torch.Tensor:
     overflows or not with another blocking or thread count), so the left side's value there is one
     order's accident and a right side may overflow instead (moving a scale out of or into a sum, or
     summing a fused matrix, changes the order). Elsewhere the contract holds as stated."""
-    ops = {t.op for t in postorder([lhs])}
-    if not ops & SUMMING or not ops <= MAJORANT | {"sub", "neg", "const", "input", "param"}:
-        return torch.zeros((), dtype=torch.bool)
-    size = {k: v.abs() if v.is_floating_point() else v for k, v in env.items()}
-    (out,) = evaluate([_majorant(lhs)], size, reference=True)
-    return torch.as_tensor(out) >= torch.finfo(dtype).max
+    size = magnitudes(lhs, env)
+    return torch.zeros((), dtype=torch.bool) if size is None else size >= torch.finfo(dtype).max
+
+
+def summing_slack(lhs: Term, env: dict, tol: float) -> torch.Tensor | float:
+    """``tol`` times the magnitudes a left side sums products of: a sum's rounding is bounded
+    relative to its terms, not to its result, so where the terms cancel (a conv's output near 0
+    after batch norm's mean is taken out) another summation order (the library's blocking, AVX2
+    or AVX-512 kernels, a folded weight) moves the result by more than ``tol`` of itself."""
+    size = magnitudes(lhs, env)
+    return 0.0 if size is None else tol * size.nan_to_num(0.0, 0.0, 0.0)
 
 
 #: torch's fused attention kernels' measured error, relative to sum_j p_j |v_j| (the weights times
@@ -297,7 +313,7 @@ def check(rule, values: dict, env: dict, dtype, mask=None) -> list[str]:
             finite = v.isfinite()  # per element where the point is an element (elementwise rules)
             finite_inputs = finite_inputs & (finite if finite.shape == lhs.shape else finite.all())
         true, sign, spill = truth(left, env), limit_sign(left, env), order_free(left, env, lhs.dtype)
-        slack = attention_slack(rule, left, env)
+        slack = attention_slack(rule, left, env) + summing_slack(left, env, _tolerance(rule, dtype))
         bad = violations(lhs, rhs, true, _tolerance(rule, dtype), finite_inputs, sign, spill, slack)
         if bad.any():  # where float64 is no truth itself, and the left side has an exact one
             exact = exact_truth(left, env, true, bad)

@@ -142,8 +142,22 @@ def var(x, axis, keepdim, correction):
 
 def gelu(x, approximate):
     """x * Phi(x) has the sign of x, zeros included: torch's vectorized kernel returns +0 at -0
-    and where Phi(x) underflows (x <= -88), so the sign is put back."""
-    return F.gelu(x, approximate=approximate).copysign_(x)  # in place: its own output
+    and where Phi(x) underflows (x <= -88), so the sign is put back. Some of torch's kernels (the
+    erf form on AVX-512 CPUs) compute x (1 + erf) first: NaN at +inf, +inf above max / 2; where
+    such a kernel left the output's maximum not finite, x > 8 (Phi(x) = 1 in every dtype) is x."""
+    out = F.gelu(x, approximate=approximate).copysign_(x)  # in place: its own output
+    if out.numel() and x.device.type != "meta" and _gelu_loses_the_top(x.device.type, x.dtype, approximate) \
+            and not bool(out.amax().isfinite()):
+        out = torch.where(x > 8, x, out)
+    return out
+
+
+@functools.cache
+def _gelu_loses_the_top(device: str, dtype: torch.dtype, approximate: str) -> bool:
+    """Whether torch's gelu kernel for this device and dtype gets +inf or the dtype's max wrong
+    (asked once: a vector wide enough for the vectorized path)."""
+    top = torch.tensor([math.inf, torch.finfo(dtype).max] * 32, dtype=dtype, device=device)
+    return not torch.equal(F.gelu(top, approximate=approximate), top)
 
 
 def atan2(y, x):

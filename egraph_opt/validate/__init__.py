@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
+from ..lang import pattern
 from ..lang.ops import OPS
 from ..lang.program import Program, leaves
 from ..lang.term import Term, postorder
@@ -95,7 +96,17 @@ def wide_reference(program: Program, args: tuple) -> list | None:
         return None
     values: dict[int, object] = {id(t): a.detach().double().cpu().numpy().astype(WIDE)
                                  for t, a in zip(program.inputs, args)}
-    for t in postorder(outputs):
+    if not _evaluate_wide(outputs, values, []):
+        return None
+    return [np.asarray(values[id(o)]).astype(np.float64) for o in outputs]
+
+
+def _evaluate_wide(roots: list[Term], values: dict[int, object], expanded: list[Term]) -> bool:
+    """Fill ``values`` (by term id) for ``roots`` in long double; an op with no numpy form is
+    evaluated as the definition in primitives it declares (hypot as sqrt(x^2 + y^2), which long
+    double's range cannot overflow on float64 values), each kept in ``expanded`` while ``values``
+    holds its id. False where some op has neither."""
+    for t in postorder(roots):
         spec = OPS[t.op]
         if id(t) in values:
             continue
@@ -105,9 +116,17 @@ def wide_reference(program: Program, args: tuple) -> list | None:
             fn = getattr(np, spec.numpy) if spec.numpy else spec.impl
             with np.errstate(all="ignore"):
                 values[id(t)] = fn(*(values[id(a)] for a in t.args))
+        elif spec.definition:
+            bindings = {f"x{i}": a for i, a in enumerate(t.args)}
+            bindings.update((name, value) for (name, _), value in zip(spec.attrs, t.attrs))
+            body = pattern.instantiate(pattern.parse(spec.definition), bindings)
+            expanded.append(body)
+            if not _evaluate_wide([body], values, expanded):
+                return False
+            values[id(t)] = values[id(body)]
         else:
-            return None
-    return [np.asarray(values[id(o)]).astype(np.float64) for o in outputs]
+            return False
+    return True
 
 
 def _clones(args: tuple) -> tuple:

@@ -274,6 +274,12 @@ class StateKey:
                 self._written.add((id(slot[0]), slot[1]))
         self._refresh()
 
+    @property
+    def current(self) -> Callable[[], tuple | None]:
+        """The key of the reads as walked now: None (or KeyError, ValueError) once they changed
+        layout, where ``key`` walks them again."""
+        return self._key
+
     def key(self) -> tuple:
         """Flat (a fixed number of values per identities token; each container's identities a
         tuple of their own, so no two fillings of the containers share a key). A scalar set to

@@ -5,7 +5,7 @@ of a fusion; none contains the op it defines (checked in the tests)."""
 import math
 
 from . import Family, Rule, reverse, rules
-from .algebra import NEVER_INF, NEVER_POSITIVE_INF, RULES as _ALGEBRA, SHIFTED as _SHIFTED
+from .algebra import BELOW_MAX, NEVER_INF, RULES as _ALGEBRA, SHIFTED as _SHIFTED
 from .fusion import RULES as _FUSION
 
 _OF = {r.name: r for r in _FUSION + _ALGEBRA}
@@ -22,7 +22,7 @@ RULES += rules(Family.DECOMPOSITION, [  # the shifted forms are NaN across a row
                               f"(div (exp {_SHIFTED}) (sum (exp {_SHIFTED}) ?a true))"),
     ("log-softmax-decompose", "(log_softmax ?x ?a)",
                               f"(sub {_SHIFTED} (log (sum (exp {_SHIFTED}) ?a true)))"),
-], when=NEVER_POSITIVE_INF) + rules(Family.DECOMPOSITION, [
+], when=BELOW_MAX) + rules(Family.DECOMPOSITION, [
     ("tanh-as-sigmoid",       "(tanh ?x)",
                               "(sub (mul (sigmoid (mul ?x (const 2.0))) (const 2.0)) (const 1.0))",
                               "a difference is +0 at x = -0 where tanh is -0: only for x never 0"),

@@ -482,8 +482,12 @@ def sdpa(q, k, v, scale, causal):
 
 
 def swish(x, beta):
-    """x * sigmoid(beta x) (Swish; CLIP's quick gelu is beta = 1.702, silu beta = 1), as spelled."""
-    return x * torch.sigmoid(x * beta)
+    """x * sigmoid(beta x) (Swish; CLIP's quick gelu is beta = 1.702, silu beta = 1), as spelled;
+    in place on beta x where autograd keeps no temporaries (one buffer, not three)."""
+    gate = x * beta
+    if torch.is_grad_enabled() and x.requires_grad:
+        return x * torch.sigmoid(gate)
+    return gate.sigmoid_().mul_(x)
 
 
 def geglu(a, b, approximate):

@@ -141,23 +141,32 @@ def var(x, axis, keepdim, correction):
 
 
 def gelu(x, approximate):
-    """x * Phi(x) has the sign of x, zeros included: torch's vectorized kernel returns +0 at -0
-    and where Phi(x) underflows (x <= -88), so the sign is put back. Some of torch's kernels (the
-    erf form on AVX-512 CPUs) compute x (1 + erf) first: NaN at +inf, +inf above max / 2; where
-    such a kernel left the output's maximum not finite, x > 8 (Phi(x) = 1 in every dtype) is x."""
-    out = F.gelu(x, approximate=approximate).copysign_(x)  # in place: its own output
-    if out.numel() and x.device.type != "meta" and _gelu_loses_the_top(x.device.type, x.dtype, approximate) \
-            and not bool(out.amax().isfinite()):
+    """x * Phi(x), repaired where torch's kernel for this device and dtype is off (asked once,
+    ``_gelu_repairs``): some (AVX2 CPUs') return +0 at -0 and where Phi(x) underflows, so the
+    sign of x is put back; some (the erf form on AVX-512 CPUs) compute x (1 + erf) first, NaN at
+    +inf and +inf above max / 2, so where the output's maximum is not finite, x > 8 (Phi(x) = 1
+    in every dtype) is x."""
+    out = F.gelu(x, approximate=approximate)
+    if x.device.type == "meta" or not out.numel():
+        return out
+    sign, top = _gelu_repairs(x.device.type, x.dtype, approximate)
+    if sign:
+        out.copysign_(x)  # in place: its own output
+    if top and not math.isfinite(out.amax().item()):  # NaN too; .item(): 9 us less than a 0-d isfinite
         out = torch.where(x > 8, x, out)
     return out
 
 
 @functools.cache
-def _gelu_loses_the_top(device: str, dtype: torch.dtype, approximate: str) -> bool:
-    """Whether torch's gelu kernel for this device and dtype gets +inf or the dtype's max wrong
-    (asked once: a vector wide enough for the vectorized path)."""
-    top = torch.tensor([math.inf, torch.finfo(dtype).max] * 32, dtype=dtype, device=device)
-    return not torch.equal(F.gelu(top, approximate=approximate), top)
+def _gelu_repairs(device: str, dtype: torch.dtype, approximate: str) -> tuple[bool, bool]:
+    """Whether torch's gelu kernel for this device and dtype loses the sign of x where the result
+    is 0, and whether it gets +inf or the dtype's max wrong; on vectors that take the vectorized
+    path and its scalar tail."""
+    big = torch.finfo(dtype).max
+    negative = torch.tensor([-0.0, -100.0, -big] * 33, dtype=dtype, device=device)
+    top = torch.tensor([math.inf, big] * 33, dtype=dtype, device=device)
+    sign_lost = not bool(F.gelu(negative, approximate=approximate).signbit().all())
+    return sign_lost, not torch.equal(F.gelu(top, approximate=approximate), top)
 
 
 def atan2(y, x):

@@ -2,6 +2,8 @@
 import multiprocessing
 import os
 import sqlite3
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -81,6 +83,39 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
         assert db.count() == 2 * count
         assert len(db.records("softmax", "torch", "cpu: test", "float32")) == 2 * count
         assert db._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+#: another process's read, then its close: the last connection, it thinks, it checkpoints and
+#: deletes the WAL file; and another process's write of 10 rows
+_READ_THEN_CLOSE = "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('SELECT count(*) FROM measurements')"
+_ADD_TEN = ("import sys; from egraph_opt.profiling.profile_db import ProfileDB, Record\n"
+            "with ProfileDB(sys.argv[1]) as db:\n"
+            "    db.add_many([Record('exp', 'torch', 'cpu: test', 'float32', ((n,),), {}, 7, 1e-5, 1e-6)"
+            " for n in range(1, 11)])")
+
+
+def _in_another_process(code, path):
+    """A process of its own (spawned: a forked child shares SQLite's memory of its parent's locks)."""
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=120)
+
+
+def test_a_second_handle_in_one_process_keeps_the_first_ones_locks(tmp_path):
+    """Each optimize opens the database (the first handle stays open until collected): opening it
+    again must not drop the first connection's locks, or another process's close deletes the WAL
+    under it and its next writes overwrite that process's (10 rows were lost; elsewhere the
+    database read as malformed and was set aside, the user's timings with it)."""
+    path = tmp_path / "p.sqlite"
+    first = ProfileDB(path)
+    first.add_many([record(n) for n in range(1, 50)])
+    ProfileDB(path).close()
+    _in_another_process(_READ_THEN_CLOSE, path)
+    assert (tmp_path / "p.sqlite-wal").exists()
+    first.add_many([record(n) for n in range(50, 100)])
+    _in_another_process(_ADD_TEN, path)
+    assert first.count() == 109
+    first.close()
+    with ProfileDB(path) as db:
+        assert db.count() == 109
 
 
 def _sqlite_with_foreign_table(path):

@@ -133,12 +133,13 @@ def _identity(r: Record) -> tuple:
 
 
 def _foreign_reason(path: Path) -> str | None:
-    """Why the file at `path` is not a usable profile database, or None (absent, empty, ours)."""
+    """Why the file at `path` is not a usable profile database, or None (absent, empty, ours).
+    Read through SQLite only: a process that opens and closes the file itself drops every POSIX
+    lock its own connections hold on it (SQLite's "how to corrupt", 2.2), so another process's
+    close, seeing no reader, checkpoints and deletes the WAL file under those connections, whose
+    writes then overwrite that process's (rows lost; "malformed" where they meet)."""
     if not path.exists() or path.stat().st_size == 0:
         return None
-    with open(path, "rb") as f:
-        if f.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
-            return "not an SQLite database"
     conn = sqlite3.connect(path, timeout=_TIMEOUT_S)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -146,7 +147,7 @@ def _foreign_reason(path: Path) -> str | None:
     except sqlite3.DatabaseError as e:
         if e.sqlite_errorcode not in _CORRUPT_CODES:
             raise  # locked, busy, unreadable: a problem of access, not of the file
-        return f"corrupt SQLite file ({e})"
+        return f"corrupt SQLite file ({e})" if _sqlite_header(path) else "not an SQLite database"
     finally:
         conn.close()
     if check != "ok":
@@ -154,6 +155,13 @@ def _foreign_reason(path: Path) -> str | None:
     if tables and _TABLE not in tables:
         return f"an SQLite database without egraph-opt's tables (has: {', '.join(sorted(tables))})"
     return None
+
+
+def _sqlite_header(path: Path) -> bool:
+    """Whether the file starts as SQLite's do (read only where SQLite refused it: no connection
+    of this process then holds locks on it that a close could drop)."""
+    with open(path, "rb") as f:
+        return f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
 
 
 def _set_aside(path: Path, reason: str) -> None:

@@ -213,7 +213,7 @@ TRANSFER: dict[str, Callable] = {
                             max(abs(a[0][0]), abs(a[0][1]))),
     "log": lambda t, a, s: _log(a[0]),
     "log1p": lambda t, a, s: _log(a[0], 1.0),
-    "sqrt": lambda t, a, s: iv(math.sqrt(max(a[0][0], 0.0)), math.sqrt(max(a[0][1], 0.0))),
+    "sqrt": lambda t, a, s: TOP if a[0][1] < 0 else iv(math.sqrt(max(a[0][0], 0.0)), math.sqrt(a[0][1])),
     "rsqrt": lambda t, a, s: (iv(1 / math.sqrt(a[0][1]), 1 / math.sqrt(a[0][0])) if a[0][0] > 0
                               else (0.0, BIG)),
     "bounds": lambda t, a, s: OPS[t.op].bounds,

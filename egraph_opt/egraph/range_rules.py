@@ -107,8 +107,10 @@ def rules() -> list[str]:
         f"(rule ((= e (Exp a)) (= x (hi a))) ((set (hi e) {_hi('(^ 2.718281828459045 x)')})))",
         "(rule ((= e (Relu a)) (= x (lo a))) ((set (lo e) (max x 0.0))))",
         "(rule ((= e (Relu a)) (= x (hi a))) ((set (hi e) (max x 0.0))))",
-        "(rule ((= e (Sqrt a)) (= x (hi a))) ((set (hi e) (^ (max x 0.0) 0.5))))",
-        "(rule ((= e (Sqrt a)) (= x (lo a))) ((set (lo e) (^ (max x 0.0) 0.5))))",
+        # of an operand negative throughout, NaN: no bound (claiming [0, 0] clashed with the
+        # bounds another form of the same e-class proved)
+        "(rule ((= e (Sqrt a)) (= x (hi a)) (>= x 0.0)) ((set (hi e) (^ x 0.5))))",
+        "(rule ((= e (Sqrt a)) (= x (lo a)) (= y (hi a)) (>= y 0.0)) ((set (lo e) (^ (max x 0.0) 0.5))))",
         "(rule ((= e (Rsqrt a)) (= x (lo a)) (= y (hi a)) (> x 0.0)) "
         "((set (lo e) (^ y -0.5)) (set (hi e) (^ x -0.5))))",
         # a quotient by a divisor of one sign (egglog's f64 division panics at 0: guarded)

@@ -159,6 +159,11 @@ MADE_WRONG = [
     # as log's did (1447); no bound now
     pytest.param(23001831, "extreme", {"x": (-0.001, 0.001), "y": (-50.0, -1.0)}, {"y": (1, 4)},
                  "(mean (sub (sqrt ?y) (sqrt (sub (exp (const 0.5)) (const 1.0)))) -1 true)"),
+    # found by ``python bench/fuzz.py --n 2000 --seed 24``: log(exp(h) + 1) bounded by 710 (log of
+    # a finite f64) where h = hypot(log(0), .) is +inf and exp(h) too, against logaddexp's lower
+    # bound h (tripwire 'empty range'): an operand bounded only by BIG may be +inf
+    pytest.param(24000175, "normal", {"x": (-50.0, -1.0), "y": (1.0, 50.0)}, {"y": (1, 4), "x": (3, 4)},
+                 "(log (add (exp (hypot (log (div (const 0.0) ?y)) (relu ?x))) (exp (const 0.0))))"),
 ]
 
 

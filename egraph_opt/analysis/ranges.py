@@ -52,8 +52,13 @@ def _safe(f: Callable[[float], float], v: float, overflow: float) -> float:
         return overflow
 
 
+def _unbounded(v: float) -> float:
+    """An endpoint at +-BIG stands for no bound, +-inf among them: log(BIG) is 690, log(inf) inf."""
+    return math.copysign(math.inf, v) if abs(v) >= BIG else v
+
+
 def _monotone(f: Callable[[float], float]):
-    return lambda a: iv(_safe(f, a[0], -BIG), _safe(f, a[1], BIG))
+    return lambda a: iv(_safe(f, _unbounded(a[0]), -BIG), _safe(f, _unbounded(a[1]), BIG))
 
 
 def _mul(a: Interval, b: Interval) -> Interval:
@@ -95,7 +100,7 @@ def _log(a: Interval, shift: float = 0.0) -> Interval:
     if a[1] + shift < 0:
         return TOP
     return (_safe(math.log, lo, -BIG) if lo > 0 else -BIG), (
-        _safe(math.log, a[1] + shift, BIG) if a[1] + shift > 0 else -BIG)
+        _safe(math.log, _unbounded(a[1] + shift), BIG) if a[1] + shift > 0 else -BIG)
 
 
 def _tan(a: Interval) -> Interval:

@@ -118,11 +118,12 @@ def rules() -> list[str]:
           f"(set (lo e) {_lo('(min (min (/ p r) (/ p s)) (min (/ q r) (/ q s)))')}) "
           f"(set (hi e) {_hi('(max (max (/ p r) (/ p s)) (max (/ q r) (/ q s)))')})))"
           for sign in ("(> r 0.0)", "(< s 0.0)")),
-        # log has no f64 primitive: 1 - 1/x <= log x <= x - 1, and |log x| <= 745 for any f64
+        # log has no f64 primitive: 1 - 1/x <= log x <= x - 1, and |log x| <= 745 for any finite
+        # f64 (an operand bounded by BIG only may be +inf, whose log is: no upper bound then)
         "(rule ((= e (Log a)) (= x (lo a)) (> x 0.0)) ((set (lo e) (max (- 1.0 (/ 1.0 x)) -745.0))))",
-        "(rule ((= e (Log a)) (= x (hi a)) (> x 0.0)) ((set (hi e) (min (- x 1.0) 710.0))))",
+        f"(rule ((= e (Log a)) (= x (hi a)) (> x 0.0) (< x {BIG})) ((set (hi e) (min (- x 1.0) 710.0))))",
         "(rule ((= e (Log1p a)) (= x (lo a)) (> x -1.0)) ((set (lo e) (max (- 1.0 (/ 1.0 (+ x 1.0))) -745.0))))",
-        "(rule ((= e (Log1p a)) (= x (hi a)) (> x -1.0)) ((set (hi e) (min x 710.0))))",
+        f"(rule ((= e (Log1p a)) (= x (hi a)) (> x -1.0) (< x {BIG})) ((set (hi e) (min x 710.0))))",
         f"(rule ((= e (Expm1 a)) (= x (hi a))) ((set (lo e) -1.0) (set (hi e) {_hi('(^ 2.718281828459045 x)')})))",
         f"(rule ((= e (Softplus a)) (= x (hi a))) ((set (lo e) 0.0) (set (hi e) {_hi('(+ (max x 0.0) 0.7)')})))",
         "(rule ((= e (Softplus a))) ((set (lo e) 0.0)))",

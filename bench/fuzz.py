@@ -279,14 +279,26 @@ def new_infinities(value, operands) -> bool:
     return bool(fresh.any())
 
 
-def overflowed(term: Term, env: dict) -> bool:
-    """Whether the float64 truth itself overflowed: an op made an infinity of finite operands
-    (exp(800), 1 / 0). Its NaNs and infinities are then float64's, no truth to hold others to
-    (log_softmax of 3.4e38 + 3 is 0 where float64's log(exp(v) / sum) is NaN)."""
+def overflowed(term: Term, env: dict) -> torch.Tensor | None:
+    """Where the float64 truth itself overflowed: an op made an infinity of finite operands
+    (exp(800), 1 / 0), and every element of the result that infinity reached, finite or not (exp(v)
+    / sum at a row holding v = 3.4e38 is NaN there and 0 beside it, where the real log_softmax is
+    -3.4e38): float64's, no truth to hold others to. Found by evaluating again with each such
+    infinity made NaN ((t - t) + t: finite values unchanged), which every op carries on; None
+    where nothing overflowed."""
     values: dict = {}
     evaluate([term], env, reference=True, record=values)
-    return any(new_infinities(values[id(t)], [values[id(a)] for a in t.args])
-               for t in postorder([term]) if t.args)
+    made = {id(t) for t in postorder([term])
+            if t.args and new_infinities(values[id(t)], [values[id(a)] for a in t.args])}
+    if not made:
+        return None
+    marked: dict[int, Term] = {}
+    for t in postorder([term]):
+        u = Term(t.op, tuple(marked[id(a)] for a in t.args), t.attrs) if t.args else t
+        marked[id(t)] = Term("add", (Term("sub", (u, u)), u)) if id(t) in made else u
+    (reached,) = evaluate([marked[id(term)]], env, reference=True)
+    truth = torch.as_tensor(values[id(term)])
+    return ~truth.isfinite() | (torch.as_tensor(reached).isnan() & ~truth.isnan())
 
 
 class Overflows(torch.overrides.TorchFunctionMode):
@@ -340,7 +352,7 @@ def made_wrong(term: Term, ranges: dict | None, env: dict, objective: Objective 
         except IndexError:  # torch refuses the program itself (amax over a size-0 axis): no truth
             return ""
         before, after = evaluate([low, optimized], env32)
-    ignore = ~torch.as_tensor(truth).isfinite() if overflowed(low, env32) else None
+    ignore = overflowed(low, env32)
     why = wrong_where_right(before, after, truth, ignore)
     if why:  # float64 rounds too: 1 - cos(u) is 0 there at u = 1e-9, where 2 sin(u/2)^2 is right
         inputs = tuple({id(t): t for t in postorder([low]) if t.op == "input"}.values())

@@ -164,6 +164,11 @@ MADE_WRONG = [
     # bound h (tripwire 'empty range'): an operand bounded only by BIG may be +inf
     pytest.param(24000175, "normal", {"x": (-50.0, -1.0), "y": (1.0, 50.0)}, {"y": (1, 4), "x": (3, 4)},
                  "(log (add (exp (hypot (log (div (const 0.0) ?y)) (relu ?x))) (exp (const 0.0))))"),
+    # the yardstick (seed 24): at a row holding 3.4e38, float64's exp overflowed, so its naive
+    # log-softmax there is -inf (its truth 0 after ** x and tanh) where the real one, -3.4e38,
+    # makes the power NaN: the elements an overflow reached are no truth, finite or not
+    pytest.param(24001600, "extreme", None, {"x": (3, 4)},
+                 "(tanh (pow (log (div (exp ?x) (sum (exp ?x) -1 true))) ?x))"),
 ]
 
 
@@ -229,3 +234,12 @@ def test_a_signed_zeros_limit_is_counted_apart():
     env = {"x": torch.tensor([-0.0, 0.5, -0.5], dtype=torch.float64),
            "y": torch.full((3,), -1.0, dtype=torch.float64)}
     assert fuzz.made_wrong(term, None, env).startswith(fuzz.ZERO_LIMIT)
+
+
+def test_the_elements_an_overflow_reached_are_no_truth():
+    """exp(800) overflows float64: its whole row of the naive softmax is float64's (NaN at 800, 0
+    beside it, finite but no truth); the other row is untouched."""
+    term = fuzz.from_sexpr("(div (exp ?x) (sum (exp ?x) -1 true))", {"x": (2, 3)})
+    env = {"x": torch.tensor([[800.0, 1.0, 2.0], [0.0, 1.0, 2.0]], dtype=torch.float64)}
+    assert fuzz.overflowed(term, env).tolist() == [[True, True, True], [False, False, False]]
+    assert fuzz.overflowed(term, {"x": env["x"][1:]}) is None

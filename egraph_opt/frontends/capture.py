@@ -6,8 +6,12 @@ Term language does not express become opaque calls, carried through untouched.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -64,11 +68,27 @@ def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
     if example_args:
         module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
         try:
-            return torch.export.export(module, tuple(example_args), strict=False).module()
+            return _export(module, tuple(example_args))
         except Exception as e:  # noqa: BLE001 - export raises many types too
             errors.append(f"torch.export: {type(e).__name__}: {str(e).splitlines()[0]}")
     raise CaptureError(f"cannot trace {where}: {'; '.join(errors[-2:])} (tracing needs control "
                        "flow that does not depend on tensor values)")
+
+
+def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
+    """torch.export, whose failure prints the partial graph to stderr (twice) and logs a warning
+    about it: the reason is in our error instead. What a successful export writes is passed on."""
+    written = io.StringIO()
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(written):
+            exported = torch.export.export(module, args, strict=False)
+    finally:
+        logger.setLevel(level)
+    sys.stderr.write(written.getvalue())
+    return exported.module()
 
 
 @dataclass(frozen=True)

@@ -258,6 +258,33 @@ def _causal_tril_eq0(q, k, v):
     return torch.softmax(s, -1) @ v
 
 
+def _annotated_transformer(query, key, value, mask):
+    """harvardnlp/annotated-transformer attention(): masked_fill(mask == 0, -1e9), a finite fill."""
+    d_k = query.size(-1)
+    scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(d_k)
+    scores = scores.masked_fill(mask == 0, -1e9)
+    return torch.matmul(scores.softmax(dim=-1), value)
+
+
+def _subsequent(t):
+    """The Annotated Transformer's subsequent_mask: uint8, 1 where a key may be seen."""
+    return torch.tril(torch.ones(1, t, t, dtype=torch.uint8)).unsqueeze(1)
+
+
+def _padding(t):
+    """A padding mask (B, 1, 1, T): True where a key is a token, its last key padding."""
+    keep = torch.ones(B, 1, 1, t, dtype=torch.bool)
+    keep[..., -1] = False
+    return keep
+
+
+def _finfo_min_inside(q, k, v):
+    T = q.size(-2)
+    s = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=q.device), diagonal=1)
+    return F.softmax(s.masked_fill(mask, torch.finfo(s.dtype).min), dim=-1) @ v
+
+
 def _mask_fill_arg(q, k, v, mask):
     return torch.softmax((q @ k.transpose(-2, -1) * D ** -0.5).masked_fill(mask, float("-inf")), -1) @ v
 
@@ -359,6 +386,13 @@ _ATTENTION = [
              lambda t: (_causal_tril_eq0, _qkv(t)), _MASKED),
     Spelling("mask-fill-argument", "attention", "boolean mask passed in, masked_fill(-inf)",
              lambda t: (_mask_fill_arg, (*_qkv(t), _causal_bool(t))), _MASKED),
+    Spelling("annotated-transformer-subsequent", "attention", "harvardnlp/annotated-transformer: "
+             "masked_fill(mask == 0, -1e9), a uint8 subsequent mask",
+             lambda t: (_annotated_transformer, (*_qkv(t), _subsequent(t))), _MASKED),
+    Spelling("annotated-transformer-padding", "attention", "the same with a (B, 1, 1, T) padding mask",
+             lambda t: (_annotated_transformer, (*_qkv(t), _padding(t))), _MASKED),
+    Spelling("finfo-min-mask-inside", "attention", "causal mask built inside, masked_fill(mask, finfo.min)",
+             lambda t: (_finfo_min_inside, _qkv(t)), _MASKED),
     Spelling("additive-mask-argument", "attention", "additive bias passed in",
              lambda t: (_additive_arg, (*_qkv(t), _additive_causal(t))), _MASKED),
     Spelling("bias-before-scores", "attention", "the additive mask written first: bias + q k^T * s",

@@ -199,3 +199,19 @@ def test_bmm_over_merged_heads_is_attention_where_the_split_restores_them(split_
     """The 3-D product of (B * H, T, D) merges, scaled and biased by a (B * H, 1, T) constant, split
     back to (B, H, T, T) is the 4-D product (one Attention); split otherwise, it is left alone."""
     assert ("Attention" in _optimized(_bmm_attention(split_to))) == fused
+
+
+def test_a_fill_where_a_mask_is_set_is_one_where_as_written():
+    """masked_fill(mask == 0, -1e9) before a softmax fuses (sdpa_filled keeps the keys not
+    masked); written back it is the Where it was, no Not beside it."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Equal", ["mask", "zero"], ["masked"]),
+             helper.make_node("Where", ["masked", "fill", "s"], ["filled"]),
+             helper.make_node("Softmax", ["filled"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    inits = {"mask": np.tril(np.ones((1, 8, 8), np.float32)), "zero": np.array(0.0, np.float32),
+             "fill": np.array(-1e9, np.float32)}
+    ops = _optimized(_model(nodes, [(n, [1, 8, 4]) for n in "qkv"], ("y", [1, 8, 4]), inits))
+    assert "Not" not in ops and ops.count("Where") == 1, ops

@@ -62,6 +62,7 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     "where": [((m, x, p), ()), ((m, c(0.0), c(-2.0)), ())],
     "less": [((x, p), ()), ((x, c(0.5)), ())],
     "isnan": [((Term("log", (x,)),), ())],
+    "logical_not": [((Term("isnan", (Term("log", (x,)),)),), ())],
     **{op: [((x,), ())] for op in ("neg", "exp", "expm1", "abs", "sin", "cos", "tanh", "sigmoid",
                                    "relu", "erf", "softplus", "tan", "atan", "asinh", "cbrt", "silu")},
     **{op: [((x, p), ()), ((p, x), ())] for op in ("atan2", "hypot")},

@@ -28,6 +28,7 @@ CASES = [
     ("where",        lambda m, x, y: torch.where(m, x, y) + x.masked_fill(m, -1.0), (R(5) > 0, R(5), R(5))),
     ("less",         lambda x, y: torch.where(x < y, x, y) + torch.where(x > 0.5, 1.0, y), (R(4), R(4))),
     ("isnan",        lambda x: torch.where(torch.isnan(x.log()), 0.0, x) + x.isnan(), (R(5),)),
+    ("logical_not",  lambda m, x: torch.where(torch.logical_not(m), x, 0.0),    (R(5) > 0, R(5))),
     ("neg",          lambda x: -x,                                             (R(3),)),
     ("exp",          lambda x: torch.exp(x) + x.exp(),                         (R(3),)),
     ("log",          lambda x: torch.log(x),                                   (P(3),)),

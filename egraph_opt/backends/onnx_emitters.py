@@ -24,7 +24,7 @@ class OnnxExportError(ValueError):
 #: ONNX operators that are one node over the op's operands, as ops declare them (``Op.onnx``)
 SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Less", "Neg", "Exp", "Log", "Sqrt", "Abs",
           "Sin", "Cos", "Tanh", "Sigmoid", "Relu", "Erf", "MatMul", "Softplus",
-          "Tan", "Atan", "Asinh", "Acosh", "Atanh", "IsNaN")
+          "Tan", "Atan", "Asinh", "Acosh", "Atanh", "IsNaN", "Not")
 #: reductions: the opset from which their axes are an input rather than an attribute
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare
@@ -70,6 +70,15 @@ def _definition(em, t, *attrs):
 
 def _simple(em, t, *attrs):
     return em.node(OPS[t.op].onnx, _args(em, t), t.op)
+
+
+def _where(em, t):
+    """Where; of a negated condition, the branches swapped (the fill where the mask is set, as
+    masked_fill wrote it: sdpa_filled keeps the keys not masked), its Not then read by none."""
+    cond, a, b = t.args
+    if cond.op == "logical_not":
+        return emit_tree(em, Term("where", (cond.args[0], b, a)))
+    return _simple(em, t)
 
 
 def stored_reciprocal(c: float, dtype: str | None) -> float | None:
@@ -402,7 +411,7 @@ def _loss(em, t, reduction, ignore_index):
 #: each ONNX form an op declares (``Op.onnx``) -> the function that writes it: an operator (one
 #: node, or more around it at an older opset) or a decomposition into operators
 EMIT = {
-    **dict.fromkeys(SIMPLE, _simple), "Mul": _mul, **dict.fromkeys(AXES_INPUT_SINCE, _reduce),
+    **dict.fromkeys(SIMPLE, _simple), "Mul": _mul, "Where": _where, **dict.fromkeys(AXES_INPUT_SINCE, _reduce),
     "Softmax": _along_axis, "LogSoftmax": _along_axis, "Gelu": _gelu, "Transpose": _transpose,
     "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm, "Attention": _sdpa, "Gemm": _linear, "Conv": _conv2d,
     "MaxPool": _max_pool2d, "BatchNormalization": _batch_norm, "Concat": _concat,

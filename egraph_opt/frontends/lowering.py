@@ -160,7 +160,8 @@ for _name, _targets in {
     lowers(*_targets)(_binary(_name))
 
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
-              "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh", "isnan"):
+              "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh", "isnan",
+              "logical_not"):
     lowers(*(t for t in (getattr(torch, _name, None), getattr(F, _name, None), _name,
                          getattr(operator, _name, None)) if t is not None))(
         lambda c, x, *, _op=_name, inplace=False: Term(_op, (c.tensor(x),)))

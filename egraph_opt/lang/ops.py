@@ -637,6 +637,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("isnan", 1, "", torch.isnan, _UNARY, shape="compare", range="bounds", bounds=(0.0, 1.0),
         sign="nonneg", **_EXACT, precision="keep", flops=1, onnx="IsNaN"),  # a bool; the dynamo
     # exporter's softmax guard (sdpa_guarded)
+    _op("logical_not", 1, "", torch.logical_not, _UNARY, shape="compare", range="bounds",
+        bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", flops=1, onnx="Not"),  # of a
+    # bool: the keys masked_fill(mask, fill) keeps (sdpa_filled)
     _op("neg",     1, "", operator.neg, _UNARY, range="neg",     **_EXACT, flops=1, onnx="Neg",
         numpy="negative"),
     _op("exp",     1, "", torch.exp,    _UNARY, range=math.exp,  curvature="exp",   growth=3,

@@ -1,4 +1,5 @@
 import math
+import operator
 
 import pytest
 import torch
@@ -181,3 +182,11 @@ def test_split_and_chunk_become_slices(branch):
     assert not program.opaque and op_counts(program.roots())["slice"] == 7
     for got, want in zip(run(program, (x,)), _Pieces(branch)(x)):
         torch.testing.assert_close(got, want)
+
+
+def test_not_of_a_boolean_mask_is_logical_not_and_of_integers_stays_opaque():
+    program, _ = capture(lambda x, keep: x.masked_fill(~keep, 0.0), (torch.randn(3), torch.rand(3) > 0.5))
+    assert "logical_not" in op_counts(program.roots()) and not program.opaque
+    program, _ = capture(lambda x, n: x * (~n).float(), (torch.randn(3), torch.arange(3)))
+    assert "logical_not" not in op_counts(program.roots())
+    assert [c.target for c in program.opaque.values()] == [operator.invert]

@@ -167,6 +167,15 @@ for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "co
         lambda c, x, *, _op=_name, inplace=False: Term(_op, (c.tensor(x),)))
 
 
+@lowers(operator.invert, torch.bitwise_not, "bitwise_not")
+def _invert(c, x):
+    """~mask of a boolean mask is its logical not; of integers, bits (opaque)."""
+    t = c.tensor(x)
+    if c.info(t).dtype != torch.bool:
+        raise Unsupported("~ of a tensor that is not boolean")
+    return Term("logical_not", (t,))
+
+
 @lowers(F.gelu)
 def _gelu(c, x, approximate="none"):
     return Term("gelu", (c.tensor(x),), (approximate,))

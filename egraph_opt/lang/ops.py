@@ -678,9 +678,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
     # trigonometric, hyperbolic and root functions (issue 16): the forms cancellation rules reach.
     # Bounds are float32's roundings of pi/2 and pi, outward (atan(inf) is 1.5707964 > pi/2)
     _op("tan",     1, "", torch.tan,    _UNARY, range="tan",     curvature=(math.inf, math.inf),
-        growth=2, onnx="Tan", numpy="tan"),
+        growth=2, onnx="Tan"),
     _op("atan",    1, "", torch.atan,   _UNARY, range=math.atan, curvature=(0.65, 1.0), **_SMOOTH,
-        bounds=(-1.5708, 1.5708), onnx="Atan", numpy="arctan"),
+        bounds=(-1.5708, 1.5708), onnx="Atan"),
     _op("atan2",   2, "", atan2,        _BINARY, range="bounds", curvature="div", growth=2,
         bounds=(-3.1416, 3.1416), flops=20, precision="keep", onnx="quadrant-atan"),
     _op("hypot",   2, "", hypot,        _BINARY, range="hypot",  curvature=(1.0, 1.0), **_SMOOTH,
@@ -689,7 +689,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("cbrt",    1, "", cbrt,         _UNARY, range=cube_root, curvature="sqrt", growth=2,
         onnx="signed-cube-root"),
     _op("asinh",   1, "", torch.asinh,  _UNARY, range=math.asinh, curvature=(0.39, 1.0), **_SMOOTH,
-        onnx="Asinh", numpy="arcsinh"),
+        onnx="Asinh"),
     _op("acosh",   1, "", torch.acosh,  _UNARY, range=math.acosh, curvature=(math.inf, math.inf),
         growth=2, onnx="Acosh"),
     _op("atanh",   1, "", torch.atanh,  _UNARY, range=math.atanh, curvature=(math.inf, math.inf),

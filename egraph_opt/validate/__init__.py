@@ -103,9 +103,10 @@ def wide_reference(program: Program, args: tuple) -> list | None:
 
 def _evaluate_wide(roots: list[Term], values: dict[int, object], expanded: list[Term]) -> bool:
     """Fill ``values`` (by term id) for ``roots`` in long double; an op with no numpy form is
-    evaluated as the definition in primitives it declares (hypot as sqrt(x^2 + y^2), which long
-    double's range cannot overflow on float64 values), each kept in ``expanded`` while ``values``
-    holds its id. False where some op has neither."""
+    evaluated in float64 where its values are bounded, else as the definition in primitives it
+    declares (hypot as sqrt(x^2 + y^2), which long double's range cannot overflow on float64
+    values), each kept in ``expanded`` while ``values`` holds its id. False where none holds.
+    (A numpy form is also a numpy kernel: numpy's float32 arctan, bound by cost, rounded worse.)"""
     for t in postorder(roots):
         spec = OPS[t.op]
         if id(t) in values:
@@ -116,6 +117,10 @@ def _evaluate_wide(roots: list[Term], values: dict[int, object], expanded: list[
             fn = getattr(np, spec.numpy) if spec.numpy else spec.impl
             with np.errstate(all="ignore"):
                 values[id(t)] = fn(*(values[id(a)] for a in t.args))
+        elif spec.bounds is not None and not t.attrs:  # elementwise and bounded (atan): no
+            # overflow to escape, and float64's rounding is far below the float32 errors judged
+            wide = [torch.as_tensor(np.asarray(values[id(a)], dtype=np.float64)) for a in t.args]
+            values[id(t)] = np.asarray(spec.impl(*wide)).astype(WIDE)
         elif spec.definition:
             bindings = {f"x{i}": a for i, a in enumerate(t.args)}
             bindings.update((name, value) for (name, _), value in zip(spec.attrs, t.attrs))

@@ -214,6 +214,12 @@ def optimized_term(term: Term, ranges: dict | None, objective: Objective) -> Ter
 OBJECTIVES = (Objective.BALANCED, Objective.STABILITY)
 
 
+def long_double_truth(term: Term, env: dict) -> list | None:
+    """The term's outputs in long double (``wide_reference``), where every op has a form there."""
+    inputs = tuple({id(t): t for t in postorder([term]) if t.op == "input"}.values())
+    return wide_reference(Program(inputs, term), tuple(env[t.attrs[0]] for t in inputs))
+
+
 def disagreement(term: Term, ranges: dict | None, env: dict,
                  objective: Objective = Objective.BALANCED) -> str:
     """Why the optimized program disagrees with ``term`` on ``env``; empty when it agrees.
@@ -239,8 +245,7 @@ def disagreement(term: Term, ranges: dict | None, env: dict,
     error = float(excess[finite].max()) / scale
     if error > TOLERANCE:  # float64 cancels too (1 - cos(u) at u = 1e-6 is 1e-4 off): the long
         # double truth, where there is one, judges both; the optimized no farther from it
-        inputs = tuple({id(t): t for t in postorder([term]) if t.op == "input"}.values())
-        wide = wide_reference(Program(inputs, term), tuple(env[t.attrs[0]] for t in inputs))
+        wide = long_double_truth(term, env)
         if wide is not None:
             truth = torch.as_tensor(wide[0]).expand_as(before)
             own = (before - truth).abs()
@@ -355,8 +360,7 @@ def made_wrong(term: Term, ranges: dict | None, env: dict, objective: Objective 
     ignore = overflowed(low, env32)
     why = wrong_where_right(before, after, truth, ignore)
     if why:  # float64 rounds too: 1 - cos(u) is 0 there at u = 1e-9, where 2 sin(u/2)^2 is right
-        inputs = tuple({id(t): t for t in postorder([low]) if t.op == "input"}.values())
-        wide = wide_reference(Program(inputs, low), tuple(env32[t.attrs[0]] for t in inputs))
+        wide = long_double_truth(low, env32)
         if wide is not None and not wrong_where_right(before, after, torch.as_tensor(wide[0]), ignore):
             return ""
     if why and any(bool((v == 0).any()) for v in env32.values() if v.is_floating_point()):

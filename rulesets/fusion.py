@@ -121,7 +121,7 @@ RULES = rules(_F, [
     Rule("conv-batch-norm-fold", f"(batch_norm (conv2d {_CONV}) {_BN_PARAMS} ?eps)",
          f'(conv2d ?x (mul (param ?wn ?ws ?wd) (reshape {_GS} (+ ?ms ",1,1,1"))) '
          f"(add (mul (sub ?cb (param ?mn ?ms ?md)) {_GS}) (param ?bn ?bs ?bd)) ?s ?p ?d ?g)",
-         _F, sample=(("x", (2, 3, 6, 6)), ("cb", (4,)), ("ws", "4,3,3,3"), ("ms", "4"), ("vs", "4"),
+         _F, Exactness.REASSOC, sample=(("x", (2, 3, 6, 6)), ("cb", (4,)), ("ws", "4,3,3,3"), ("ms", "4"), ("vs", "4"),
                      ("gs", "4"), ("bs", "4"), ("s", "1,1"), ("p", "1,1"), ("d", "1,1"), ("g", 1),
                      ("eps", 1e-5)),
          why="eval-mode batch norm of a conv with constant parameters is one conv"),

@@ -224,23 +224,22 @@ def magnitudes(lhs: Term, env: dict) -> torch.Tensor | None:
     return torch.as_tensor(out)
 
 
-def order_free(lhs: Term, env: dict, dtype) -> torch.Tensor:
+def order_free(size: torch.Tensor | None, dtype) -> torch.Tensor:
     """Where the left side sums products (matmul, linear, conv2d) whose magnitudes add up past
     ``dtype``'s max: whether a float evaluation overflows there, and to +inf, -inf or NaN (inf -
     inf), depends on the summation order, which torch leaves to the library (the same matmul
     overflows or not with another blocking or thread count), so the left side's value there is one
     order's accident and a right side may overflow instead (moving a scale out of or into a sum, or
-    summing a fused matrix, changes the order). Elsewhere the contract holds as stated."""
-    size = magnitudes(lhs, env)
+    summing a fused matrix, changes the order). Elsewhere the contract holds as stated. ``size``:
+    ``magnitudes`` of the left side."""
     return torch.zeros((), dtype=torch.bool) if size is None else size >= torch.finfo(dtype).max
 
 
-def summing_slack(lhs: Term, env: dict, tol: float) -> torch.Tensor | float:
+def summing_slack(size: torch.Tensor | None, tol: float) -> torch.Tensor | float:
     """``tol`` times the magnitudes a left side sums products of: a sum's rounding is bounded
     relative to its terms, not to its result, so where the terms cancel (a conv's output near 0
     after batch norm's mean is taken out) another summation order (the library's blocking, AVX2
     or AVX-512 kernels, a folded weight) moves the result by more than ``tol`` of itself."""
-    size = magnitudes(lhs, env)
     return 0.0 if size is None else tol * size.nan_to_num(0.0, 0.0, 0.0)
 
 
@@ -312,8 +311,9 @@ def check(rule, values: dict, env: dict, dtype, mask=None) -> list[str]:
         for v in (v for v in env.values() if v.is_floating_point()):
             finite = v.isfinite()  # per element where the point is an element (elementwise rules)
             finite_inputs = finite_inputs & (finite if finite.shape == lhs.shape else finite.all())
-        true, sign, spill = truth(left, env), limit_sign(left, env), order_free(left, env, lhs.dtype)
-        slack = attention_slack(rule, left, env) + summing_slack(left, env, _tolerance(rule, dtype))
+        size = magnitudes(left, env)
+        true, sign, spill = truth(left, env), limit_sign(left, env), order_free(size, lhs.dtype)
+        slack = attention_slack(rule, left, env) + summing_slack(size, _tolerance(rule, dtype))
         bad = violations(lhs, rhs, true, _tolerance(rule, dtype), finite_inputs, sign, spill, slack)
         if bad.any():  # where float64 is no truth itself, and the left side has an exact one
             exact = exact_truth(left, env, true, bad)

@@ -47,7 +47,6 @@ try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype
 except ImportError:  # pragma: no cover - a torch without it: every call builds the key
     _Exact = None
 
-#: plans one decorated program keeps at most (input signatures and states together)
 _MISS = object()  # what ``_again`` returns for a call that is not the last plan's
 
 
@@ -55,6 +54,7 @@ def _missed(args: tuple):
     return _MISS
 
 
+#: plans one decorated program keeps at most (input signatures and states together)
 MAX_PLANS = 64
 #: a program measured this much slower than the original is slower beyond noise
 SLOWER_BY = 1.05

@@ -1,11 +1,13 @@
 """Binding: each node of an extracted program to the cheapest kernel that accepts it.
 
 Candidates are the registry's kernels for the node's op that accept its shapes, dtypes and device
-(Triton only where it runs natively: CUDA tensors and an importable triton). A candidate's cost is
+(Triton only where it runs: CUDA tensors and an importable triton, or CPU tensors under the test
+switch ``EGRAPH_OPT_TRITON_ON_CPU``). A candidate's cost is
 its latency in the profiling database, measured or interpolated from rows of its own backend, plus
 the moves its operands need from the backends that produced them (move kernels, measured too). The
 torch kernel covers every op and is always a candidate (a static estimate where nothing is
-measured); another backend is chosen only by its measurements, never by a preference. Extraction prices a node the same way
+measured); another backend is chosen only by its measurements, never by a preference (but under the
+test switch, where a Triton kernel that accepts a node runs it). Extraction prices a node the same way
 (``pricing``), so the cost sees what will run. No candidate is an error.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 from typing import Callable, NamedTuple
 
 from . import triton as triton_kernels
-from .registry import MOVES, Kernel, Use, kernels_for
+from .registry import MOVES, Kernel, Use, copies, kernels_for
 from egraph_opt.profiling.latency import UNIT_S
 from egraph_opt.profiling.profiler import MOVE
 
@@ -28,7 +30,7 @@ def default_estimate(kernel: Kernel, use: Use) -> float:
     elements = sum(math.prod(s) for s in use.shapes) or 1
     if kernel.op == MOVE:
         return 2e-6 + 4 * elements / 1e10
-    if kernel.rows != "torch":
+    if kernel.rows != "torch" and not _preferred(kernel, use):
         return math.inf
     return 5e-6 + 4 * elements / 2e10
 
@@ -55,7 +57,7 @@ def pricing(latency, device: str) -> Callable:
         found = []
         for kernel in kernels_for(op):
             own = _measured(latency, kernel, op, attrs, shapes, dtype, layouts) \
-                if usable(kernel) and not kernel.refuses(use) else None
+                if usable(kernel, device) and not kernel.refuses(use) else None
             if own:
                 moves = conversion_seconds(use, "torch", kernel.backend, estimate)
                 found.append((own[0] + round(moves / UNIT_S), own[1]))
@@ -77,7 +79,7 @@ def conversion_seconds(use: Use, source: str, target: str,
                        estimate: Estimate = default_estimate) -> float:
     """Moving ``use``'s operands from ``source``'s memory into ``target``'s: the move kernel's
     seconds (``estimate``: measured where the database has them) for each operand."""
-    if source == target:
+    if not copies(source, target):
         return 0.0
     move = MOVES[source, target]
     layouts = use.layouts or (None,) * len(use.shapes)
@@ -85,8 +87,14 @@ def conversion_seconds(use: Use, source: str, target: str,
                for shape, dtype, key in zip(use.shapes, use.dtypes, layouts))
 
 
-def usable(kernel: Kernel) -> bool:
-    return kernel.backend != "triton" or triton_kernels.available()
+def usable(kernel: Kernel, device: str) -> bool:
+    return kernel.backend != "triton" or triton_kernels.available(device)
+
+
+def _preferred(kernel: Kernel, use: Use) -> bool:
+    """Under the test switch a Triton kernel runs wherever it accepts a node on CPU: its
+    interpreted timings mean nothing, and the point is to run the Triton path."""
+    return kernel.backend == "triton" and use.device == "cpu" and triton_kernels.on_cpu()
 
 
 class Path(NamedTuple):
@@ -102,12 +110,13 @@ def paths(use: Use, operand_backends: tuple[str, ...] = (),
     """Every kernel of the registry for ``use``'s op, the cheapest first."""
     found = []
     for kernel in kernels_for(use.op):
-        reason = kernel.refuses(use) or (None if usable(kernel) else f"{kernel.name}: no native triton")
+        reason = kernel.refuses(use) or (None if usable(kernel, use.device) else
+                                         f"{kernel.name}: no triton on {use.device}")
         seconds = math.inf if reason else estimate(kernel, use) + sum(
             conversion_seconds(use, b, kernel.backend, estimate) for b in set(operand_backends))
         found.append(Path(seconds, kernel, reason or (None if seconds < math.inf else
                                                       f"{kernel.name}: not measured here")))
-    return sorted(found, key=lambda p: p.seconds)
+    return sorted(found, key=lambda p: (p.seconds == math.inf, not _preferred(p.kernel, use), p.seconds))
 
 
 def bind(use: Use, operand_backends: tuple[str, ...] = (),

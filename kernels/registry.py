@@ -1,7 +1,9 @@
 """The kernel registry: every kernel says what it computes (a reference pattern, ``(softmax ?x ?a)``,
 which the tests evaluate in float64 against it), where it runs and what it accepts. Moving a value
 between backends (torch <-> numpy) is a kernel too (``MOVES``, reference ``(move ?x0)``: the value
-unchanged), measured like the others, so a plan pays what its conversions take.
+unchanged), measured like the others, so a plan pays what its conversions take. Torch and Triton
+kernels share one memory (Triton kernels take torch tensors on their device): the move between them
+is the identity and costs nothing; only a move between memories copies.
 """
 from __future__ import annotations
 
@@ -90,10 +92,11 @@ def _numpy_kernels() -> list[Kernel]:
 
 
 def _triton_kernels() -> list[Kernel]:
+    """On CUDA; on CPU only interpreted, under the test switch (``binding.usable``)."""
     from .triton import KERNELS
 
-    cuda, half_single = frozenset({"cuda"}), frozenset({"float16", "bfloat16", "float32"})
-    return [Kernel(f"triton.{op}", _reference(op), "triton", cuda, half_single, impl,
+    devices, half_single = frozenset({"cuda", "cpu"}), frozenset({"float16", "bfloat16", "float32"})
+    return [Kernel(f"triton.{op}", _reference(op), "triton", devices, half_single, impl,
                    limits or (lambda use: None)) for op, (impl, limits) in KERNELS.items()]
 
 
@@ -106,11 +109,33 @@ def _rewritten_kernels() -> list[Kernel]:
 
 REGISTRY: dict[str, Kernel] = {k.name: k for k in _torch_kernels() + _rewritten_kernels()
                                + _numpy_kernels() + _triton_kernels()}
-#: (source, target) backend -> the kernel moving a value between their memories (rows of its own)
-MOVES = {(source, target): Kernel(f"move.{source}->{target}", "(move ?x0)", f"{source}->{target}",
-                                  frozenset({"cpu"}), ALL_DTYPES - {"bfloat16"}, fn,
-                                  takes=to_numpy if source == "numpy" else None)
-         for (source, target), fn in {("torch", "numpy"): to_numpy, ("numpy", "torch"): from_numpy}.items()}
+#: backend -> the memory its kernels read and write
+MEMORY = {"torch": "torch", "triton": "torch", "numpy": "numpy"}
+
+
+def same(x):
+    """The move between backends of one memory: the value itself."""
+    return x
+
+
+def copies(source: str, target: str) -> bool:
+    """Whether a value of ``source``'s kernels must be copied for ``target``'s."""
+    return MEMORY[source] != MEMORY[target]
+
+
+def _move(source: str, target: str) -> Kernel:
+    fn = to_numpy if MEMORY[target] == "numpy" else from_numpy if MEMORY[source] == "numpy" else same
+    host = frozenset({"cpu"}) if "numpy" in (MEMORY[source], MEMORY[target]) else frozenset({"cpu", "cuda"})
+    return Kernel(f"move.{source}->{target}", "(move ?x0)", f"{source}->{target}", host,
+                  ALL_DTYPES - {"bfloat16"} if fn is not same else ALL_DTYPES, fn,
+                  takes=to_numpy if MEMORY[source] == "numpy" else None)
+
+
+#: (source, target) backend -> the kernel moving a value between them (rows of its own), for every
+#: pair of backends
+MOVES = {(source, target): _move(source, target) for source in MEMORY for target in MEMORY
+         if source != target}
+
 
 
 def kernels_for(op: str) -> list[Kernel]:

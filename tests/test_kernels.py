@@ -22,6 +22,8 @@ EXAMPLES = {
     "layer_norm": ([R(3, 24), R(24), R(24)], {"eps": 1e-5}),
     "sdpa": ([R(2, 9, 16), R(2, 7, 16), R(2, 7, 16)], {"scale": 0.25, "causal": False}),
     "linear_act": ([R(5, 12), R(7, 12), R(7)], {"activation": "gelu"}),
+    "cross_entropy": ([R(6, 1100), torch.tensor([0, 1099, -100, 5, 700, 3])],
+                      {"reduction": "mean", "ignore_index": -100}),
     **{op: ([R(4, 6).abs() + 0.1], {}) for op in registry._NUMPY_UNARY},
 }
 
@@ -67,13 +69,13 @@ def _triton_measured_faster(kernel, use):
 
 
 def test_cuda_nodes_bind_to_triton_where_it_runs_and_is_measured_faster(monkeypatch):
-    monkeypatch.setattr(binding.triton_kernels, "available", lambda: True)
+    monkeypatch.setattr(binding.triton_kernels, "available", lambda device: True)
     assert binding.bind(_use()).name == "torch.softmax"  # nothing measured: no preference
     assert binding.bind(_use(), estimate=_triton_measured_faster).name == "triton.softmax"
     assert binding.bind(_use(dtype="float64"), estimate=_triton_measured_faster).name == "torch.softmax"
     sdpa = _use("sdpa", shapes=((2, 8, 8),) * 3, attrs=(0.3, False))
     assert binding.bind(sdpa, estimate=_triton_measured_faster).name == "torch.sdpa"  # head dim 8
-    monkeypatch.setattr(binding.triton_kernels, "available", lambda: False)
+    monkeypatch.setattr(binding.triton_kernels, "available", lambda device: False)
     assert binding.bind(_use(), estimate=_triton_measured_faster).name == "torch.softmax"  # not native
 
 

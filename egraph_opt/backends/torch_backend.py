@@ -1,7 +1,8 @@
 """Backend: a Program back into an executable torch.fx.GraphModule.
 
 Each Term becomes a call of the kernel it is bound to (see ``kernels.binding``: Triton on CUDA
-where it runs, torch otherwise), with conversion kernels where a value changes backend; opaque
+where it runs, torch otherwise), with conversion kernels where a value changes memory (torch and
+Triton share one: nothing runs between them); opaque
 calls are copied as they were, scalar constants are folded, and every value is emitted once, after
 what it uses.
 """
@@ -15,7 +16,7 @@ from collections import Counter
 
 from ..analysis.layouts import operand_layouts, term_strides
 from ..kernels.binding import Estimate, bind, default_estimate
-from ..kernels.registry import MOVES, Use
+from ..kernels.registry import MOVES, Use, copies
 from ..lang.program import OpaqueRef, Program, leaves
 from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
@@ -85,7 +86,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     def on(key, target: str):
         """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
         source = backend.get(key, "torch")
-        if source == target or not isinstance(value[key], fx.Node):
+        if not copies(source, target) or not isinstance(value[key], fx.Node):
             return value[key]
         if (key, target) not in converted:
             converted[key, target] = graph.call_function(MOVES[source, target].impl, (value[key],))

@@ -97,18 +97,18 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
     """The grid again for every other usable kernel of ``ops`` on the device (its own rows), and
     for the moves into and out of each such backend: binding pays them."""
     from ..kernels.binding import usable
-    from ..kernels.registry import MOVES, kernels_for
+    from ..kernels.registry import MOVES, copies, kernels_for
     from ..profiling.profiler import MOVE, Case, grid, profile_shapes
 
     records, backends = [], set()
     for kernel in (k for op in ops for k in kernels_for(op)):
-        if kernel.rows == "torch" or not usable(kernel) or args.device not in kernel.devices:
+        if kernel.rows == "torch" or not usable(kernel, args.device) or args.device not in kernel.devices:
             continue
         cases = [c for c in grid([kernel.op], args.dtype, args.sizes) if c.dtype in kernel.dtypes]
         records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=kernel)
         backends.add(kernel.backend)  # its memory: the moves into it and out
     for (source, target), move in MOVES.items():
-        if backends & {source, target}:
+        if backends & {source, target} and copies(source, target):
             cases = [Case(MOVE, dtype, ((n, n),), {}) for dtype in args.dtype for n in args.sizes
                      if dtype in move.dtypes]
             records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=move)

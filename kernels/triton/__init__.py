@@ -10,7 +10,7 @@ kernels, its names are stubs raising RuntimeError, and :func:`available` is Fals
 import importlib
 import pkgutil
 
-from .runtime import HAVE_TRITON, KERNELS, available, unavailable  # noqa: F401 - exported
+from .runtime import HAVE_TRITON, KERNELS, available, on_cpu, unavailable  # noqa: F401 - exported
 
 if HAVE_TRITON:
     for _module in pkgutil.iter_modules(__path__):

@@ -24,6 +24,8 @@ BLOCK_N = 64
 
 
 def _head_dim(use) -> str | None:
+    if any(len(shape) < 2 for shape in use.shapes):
+        return "q, k and v must be at least matrices"
     e = use.shapes[0][-1]
     return None if 16 <= e <= 128 else f"head dim {e} outside 16..128"
 

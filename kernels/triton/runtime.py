@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Callable
 
 _log = logging.getLogger(__name__)
@@ -20,13 +21,29 @@ except ImportError:
     HAVE_TRITON = False
 
 
-@functools.cache
-def available() -> bool:
-    """Whether Triton kernels can run natively: ``triton`` importable and a CUDA device present.
+#: the test switch: Triton kernels take CPU tensors, interpreted (``TRITON_INTERPRET=1``), and binding
+#: prefers them wherever one accepts a node, so CI runs every plan path with Triton kernels without
+#: a GPU (interpreter timings mean nothing, so they do not decide)
+ON_CPU = "EGRAPH_OPT_TRITON_ON_CPU"
+
+
+def on_cpu() -> bool:
+    """Whether the test switch is on (and Triton interpreted, so it can take CPU tensors)."""
+    return HAVE_TRITON and os.environ.get(ON_CPU) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available(device: str = "cuda") -> bool:
+    """Whether Triton kernels can run on ``device``: natively on CUDA (``triton`` importable and a
+    device present), on CPU only under the test switch.
 
     >>> isinstance(available(), bool)
     True
     """
+    return on_cpu() if device == "cpu" else _native()
+
+
+@functools.cache
+def _native() -> bool:
     if not HAVE_TRITON:
         _log.warning("triton is not installed: the Triton kernels are unavailable "
                      "(pip install 'egraph-opt[triton]')")

@@ -96,8 +96,8 @@ def _triton_kernels() -> list[Kernel]:
     from .triton import KERNELS
 
     devices, half_single = frozenset({"cuda", "cpu"}), frozenset({"float16", "bfloat16", "float32"})
-    return [Kernel(f"triton.{op}", _reference(op), "triton", devices, half_single, impl,
-                   limits or (lambda use: None)) for op, (impl, limits) in KERNELS.items()]
+    return [Kernel(f"triton.{op}", _reference(op), "triton", devices, half_single | set(dtypes), impl,
+                   limits or (lambda use: None)) for op, (impl, limits, dtypes) in KERNELS.items()]
 
 
 def _rewritten_kernels() -> list[Kernel]:
@@ -135,7 +135,6 @@ def _move(source: str, target: str) -> Kernel:
 #: pair of backends
 MOVES = {(source, target): _move(source, target) for source in MEMORY for target in MEMORY
          if source != target}
-
 
 
 def kernels_for(op: str) -> list[Kernel]:

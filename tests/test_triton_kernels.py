@@ -98,19 +98,20 @@ def test_logsumexp_stays_finite_where_the_naive_form_overflows():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("classes", [1, 7, 1025])
-def test_cross_entropy(classes, dtype):
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy(classes, dtype, reduction):
     logits = randn(6, classes, dtype=dtype, scale=3.0)
     target = torch.randint(0, classes, (6,))
     target[[1, 4]] = -100
-    ref = F.cross_entropy(logits.double(), target)
-    check(K.cross_entropy(logits, target), ref, dtype, f"cross_entropy C={classes}")
+    ref = ops.cross_entropy(logits.double(), target, reduction, -100)
+    check(K.cross_entropy(logits, target, reduction, -100), ref, dtype, f"cross_entropy C={classes}")
 
 
 def test_cross_entropy_spatial_and_custom_ignore_index():
     logits, target = randn(2, 5, 3), torch.randint(0, 5, (2, 3))
     target[0, 1] = 7
     ref = F.cross_entropy(logits.double(), target, ignore_index=7)
-    check(K.cross_entropy(logits, target, 7), ref, torch.float32, "cross_entropy (N, C, d)")
+    check(K.cross_entropy(logits, target, "mean", 7), ref, torch.float32, "cross_entropy (N, C, d)")
 
 
 def test_cross_entropy_edge_rows():
@@ -118,6 +119,27 @@ def test_cross_entropy_edge_rows():
     all_ignored = torch.full((3,), -100)
     assert torch.isnan(K.cross_entropy(logits, all_ignored))  # 0 / 0, as torch
     assert torch.isnan(K.cross_entropy(logits, torch.tensor([0, 9, 1])))  # class 9 out of range
+
+
+def test_row_kernels_keep_the_ops_values_at_the_extremes():
+    """Rows holding +inf, NaN, -inf, or a first block of -inf before finite values (a row longer
+    than one block): softmax, log_softmax, logsumexp and cross entropy as the ops give them."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.zeros(6, 1500)
+    x[0, 3] = inf  # the naive quotient: NaN at +inf, 0 (-inf for the log) elsewhere
+    x[1, 5], x[1, 9] = inf, nan  # a NaN: the row is NaN
+    x[2, :1200] = -inf  # the first block all -inf
+    x[3] = -inf  # every key masked: NaN, and logsumexp -inf
+    x[4, 7] = -inf
+    x[5, 0] = 3e38
+    target = torch.tensor([3, 0, 1300, 2, 7, 1])
+    for name in ("softmax", "log_softmax"):
+        torch.testing.assert_close(getattr(K, name)(x, -1), getattr(ops, name)(x, -1), equal_nan=True)
+    torch.testing.assert_close(K.logsumexp(x, -1, False), ops.logsumexp(x, -1, False), equal_nan=True)
+    torch.testing.assert_close(K.cross_entropy(x, target, "none", -100),
+                               ops.cross_entropy(x, target, "none", -100), equal_nan=True)
+    torch.testing.assert_close(K.cross_entropy(x[[0]], target[[1]], "none", -100),
+                               torch.tensor([inf]))  # +inf off the target: the loss is +inf
 
 
 # ---- layer norm ---------------------------------------------------------------------------

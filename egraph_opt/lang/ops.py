@@ -576,7 +576,7 @@ def relu(v: float) -> float:
 #: facts the stages need of every non-leaf op (``flops`` too, for the per-element work kinds)
 FACTS = ("shape", "range", "bounds", "sign", "curvature", "growth", "error", "rounding", "passes",
          "precision", "work", "onnx", "layout")
-PER_ELEMENT_WORK = ("pointwise", "select", "reduce", "along")
+PER_ELEMENT_WORK = ("pointwise", "select", "reduce", "along", "loss")
 
 
 def _op(name, arity, attrs, impl, family: dict, **facts) -> Op:
@@ -762,8 +762,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
         onnx="NegativeLogLikelihoodLoss"),
     _op("cross_entropy", 2, "reduction:String ignore_index:i64", cross_entropy, _FUSED,
         shape="meta", range="top", sign="nonneg", curvature=(0.5, 1.0), **_SMOOTH,
-        error="log-sum-exp", passes=3, precision="keep", onnx="SoftmaxCrossEntropyLoss"),
-    _op("linear", 3, "", F.linear, _FUSED, shape="linear", range="linear", curvature="bilinear",
+        error="log-sum-exp", passes=3, precision="keep", work="loss", flops=12,
+        onnx="SoftmaxCrossEntropyLoss"),
+    _op("linear", 3, "", linear, _FUSED, shape="linear", range="linear", curvature="bilinear",
         growth=1, passes=17, sample=_MATMUL_SAMPLE, work="linear", onnx="Gemm", layout="fresh"),
     _op("linear_act", 3, "activation:String", linear_act, _FUSED, shape="linear",
         range="linear_act", curvature=(1.0, 1.0), **_SMOOTH, passes=17,

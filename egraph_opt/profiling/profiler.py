@@ -102,6 +102,21 @@ def _where_inputs(shapes, dtype, device):
     return [torch.rand(cond, device=device) < 0.5, *_positive(values, dtype, device)]
 
 
+def _loss(flops_per_element: float):
+    """Reads every logit once, and a target per row; writes one loss (or one per row)."""
+    def work(shapes, attrs):
+        logits, target = shapes
+        return Work(flops_per_element * math.prod(logits), math.prod(logits) + 2 * math.prod(target))
+    return work
+
+
+def _loss_inputs(shapes, dtype, device):
+    """Logits and class indices (every row's target one of its classes)."""
+    logits, target = shapes
+    return [torch.randn(logits, dtype=dtype, device=device),
+            torch.randint(0, max(logits[1], 1), target, device=device)]
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """How to profile one op (example shapes for a size n, inputs) and what it costs (work)."""
@@ -124,6 +139,7 @@ WORK_KINDS: dict[str, Callable] = {
     "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _layer_norm),
     "rms_norm": lambda op: OpSpec(lambda n: ((n, n), (n,)), _rms_norm),
     "sdpa": lambda op: OpSpec(lambda n: ((1, 8, n, 64),) * 3, _sdpa),
+    "loss": lambda op: OpSpec(lambda n: ((n, n), (n,)), _loss(op.flops), _loss_inputs),
 }
 SPECS: dict[str, OpSpec] = {name: WORK_KINDS[op.work](op) for name, op in OPS.items()
                             if not op.is_leaf and op.work != "static"}
@@ -141,7 +157,7 @@ def attr_names(kernel: str) -> list[str]:
 # Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
 EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none",
                  "eps": 1e-5, "scale": 0.125, "causal": False, "beta": 1.702,
-                 "activation": "gelu_tanh"}
+                 "activation": "gelu_tanh", "reduction": "mean", "ignore_index": -100}
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:

@@ -256,6 +256,22 @@ def test_gelu_keeps_the_top_of_the_range_and_the_sign(dtype, approximate):
                                rtol=1e-2, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
+def test_linear_at_overflow_is_the_same_in_every_summation_order(dtype, activation):
+    """max + max - max - max - max is -max, whose activation is 0 (-0 for gelu); summed left to
+    right in float32 it overflows to +inf first (relu and gelu then give +inf), in another order to
+    -inf: the library's blocking, which differs by CPU, picks one. linear and linear_act give the
+    truth in every order (bfloat16 at its own max, which float32 accumulators hold)."""
+    top = torch.finfo(dtype).max
+    row = torch.tensor([top, top, -top, -top, -top], dtype=torch.float64)
+    x = torch.stack([row[list(p)] for p in ((0, 1, 2, 3, 4), (2, 3, 4, 0, 1), (0, 2, 1, 3, 4))]).to(dtype)
+    w = torch.ones(2, 5, dtype=dtype)
+    assert (OPS["linear"].impl(x, w, None) == -top).all()
+    got = OPS["linear_act"].impl(x, w, None, activation)
+    assert (got == 0).all() and (got.signbit() == activation.startswith("gelu")).all(), got
+
+
 def _attention_definition(q, k, v, bias, scale):
     return torch.softmax((q @ k.transpose(-2, -1) * scale + bias).masked_fill(torch.isneginf(bias), -math.inf),
                          -1) @ v

@@ -314,8 +314,21 @@ def rms_norm(x, weight, eps):
 ACTIVATIONS = {"relu": F.relu, "gelu": lambda y: gelu(y, "none"), "gelu_tanh": lambda y: gelu(y, "tanh")}
 
 
+def linear(x, weight, bias):
+    """x W^T + b. Where finite products add up past the dtype's max, the library's summation order
+    (its blocking differs by CPU: AVX2, AVX-512, AVX-512 BF16) makes the sum +inf, -inf or NaN, an
+    accident an activation turns into a wrong finite value (relu(+inf) for 0): such outputs are
+    summed again in float64, where no sum of float32 products overflows, and rounded once. On CPU
+    only, where the check stalls no stream."""
+    out = F.linear(x, weight, bias)
+    if out.device.type == "cpu" and out.dtype != torch.float64 and not out.isfinite().all():
+        wide = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+        out = torch.where(out.isfinite(), out, wide.to(out.dtype))
+    return out
+
+
 def linear_act(x, weight, bias, activation):
-    return ACTIVATIONS[activation](F.linear(x, weight, bias))
+    return ACTIVATIONS[activation](linear(x, weight, bias))
 
 
 def _abs_max(x) -> float:

@@ -4,6 +4,7 @@ Every kernel is compared with the op's torch implementation (or the float64 refe
 on float64 copies of the same inputs, at float32 and float16, on odd sizes: rows of length 1 and
 non-powers of two, masked tails, rows longer than one block. Errors are printed (``-rP``).
 """
+import math
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ if not isinstance(_tl_sum, InterpretedFunction):  # triton.language itself was d
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 
 DTYPES = [torch.float32, torch.float16]
-RTOL = {torch.float32: 1e-5, torch.float16: 1e-2}
+RTOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 ROWS = [1, 7, 33, 1000, 1025]  # 1025: two blocks, the second masked down to one element
 
 
@@ -166,7 +167,7 @@ def test_layer_norm_optional_affine_and_large_mean(affine):
 
 # ---- attention ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16])  # bfloat16: tl.dot's operands widened
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("L, S, E, EV", [(1, 1, 16, 16), (17, 17, 24, 24), (70, 70, 64, 64),
                                          (17, 70, 128, 128), (70, 17, 16, 40)])
@@ -183,13 +184,31 @@ def test_sdpa_broadcast_batch_and_default_scale():
     check(K.sdpa(q, k, v, None, False), ref, torch.float32, "sdpa broadcast")
 
 
+def test_masked_sdpa_keeps_the_definitions_extremes():
+    """A bias row masked throughout is NaN, a keep-mask row keeping none averages v; a first tile
+    of masked keys adds nothing to a row that sees a later key; masks broadcast over batch dims."""
+    q, k, v = randn(2, 3, 70, 16), randn(2, 3, 70, 16), randn(2, 3, 70, 16)
+    keep = torch.ones(70, 70, dtype=torch.bool).tril()
+    keep[5] = False
+    keep[69, :66] = False  # sees keys 66..69 only: a whole first tile masked
+    bias = torch.zeros(70, 70).masked_fill(~keep, -math.inf)
+    for got, ref in ((K.sdpa_masked(q, k, v, bias, 0.25),
+                      ops.sdpa_masked(q.double(), k.double(), v.double(), bias.double(), 0.25)),
+                     (K.sdpa_filled(q, k, v, keep, 0.25, -3.4e38),
+                      ops.sdpa_filled(q.double(), k.double(), v.double(), keep, 0.25, -3.4e38))):
+        assert (got.isnan() == ref.isnan()).all()
+        torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4, equal_nan=True)
+    assert K.sdpa_masked(q, k, v, bias, 0.25)[:, :, 5].isnan().all()
+    torch.testing.assert_close(K.sdpa_filled(q, k, v, keep, 0.25, -3.4e38)[:, :, 5], v.mean(-2))
+
+
 # ---- linear + activation ------------------------------------------------------------------
 
 ACTIVATIONS = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu,
                "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16])
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
 def test_linear_act(activation, dtype):
     x, w, b = randn(3, 5, 33, dtype=dtype), randn(20, 33, dtype=dtype), randn(20, dtype=dtype)

@@ -1,11 +1,16 @@
-"""Scaled dot-product attention, FlashAttention style: ``softmax(q k^T * scale) v`` in tiles.
+"""Scaled dot-product attention, FlashAttention style: ``softmax(q k^T * scale) v`` in tiles, with
+an optional mask read tile by tile: an additive bias (``sdpa_masked``: -inf masks a key outright)
+or a boolean keep-mask whose dropped keys score ``fill`` (``sdpa_filled``).
 
 A program owns BLOCK_M queries of one batch entry and walks the keys in tiles of BLOCK_N,
 keeping per query a running max, a running sum of exponentials and an unnormalized output that
 are rescaled when the max grows: the (L, S) score matrix is never formed. Head dims are padded to
 powers of two with masked loads. The causal mask is torch's (top-left aligned: query i sees keys
-j <= i); a causal program stops at its last visible key tile. Scores use exp2 with log2(e) folded
-into the scale; float32 products are exact ("ieee"), not TF32.
+j <= i); a causal program stops at its last visible key tile. Scores are float32, their
+exponentials exp2 of (s - max) log2(e); float32 products are exact ("ieee"), not TF32. The extremes
+are the definition's, in the kernel rather than by a guard on the host: a row whose every key is
+masked by -inf is 0/0 = NaN, a +inf or NaN score makes its row NaN, a finite ``fill`` everywhere
+averages v, and a tile of masked keys before the first visible one adds nothing.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import dot_tile
+from .layout import dot_tile, widen_dot
 from .runtime import implements
 
 LOG2E = 1.4426950408889634
@@ -30,9 +35,13 @@ def _head_dim(use) -> str | None:
     return None if 16 <= e <= 128 else f"head dim {e} outside 16..128"
 
 
+NO_MASK, BIAS, KEEP = 0, 1, 2
+
+
 @triton.jit
-def _sdpa_kernel(q_ptr, k_ptr, v_ptr, out_ptr, L, S, E, EV, qk_scale, CAUSAL: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fill,
+                 mask_b, mask_l, mask_s, CAUSAL: tl.constexpr, MASK: tl.constexpr,
+                 WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  E_P: tl.constexpr, EV_P: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     batch = tl.program_id(1).to(tl.int64)
@@ -40,11 +49,14 @@ def _sdpa_kernel(q_ptr, k_ptr, v_ptr, out_ptr, L, S, E, EV, qk_scale, CAUSAL: tl
     k_ptr += batch * S * E
     v_ptr += batch * S * EV
     out_ptr += batch * L * EV
+    mask_ptr += batch * mask_b
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, E_P)
     offs_ev = tl.arange(0, EV_P)
     q = tl.load(q_ptr + offs_m[:, None] * E + offs_e[None, :],
                 mask=(offs_m[:, None] < L) & (offs_e[None, :] < E), other=0.0)
+    if WIDEN:
+        q = q.to(tl.float32)
     m_i = tl.zeros([BLOCK_M], tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, EV_P], tl.float32)
@@ -53,17 +65,31 @@ def _sdpa_kernel(q_ptr, k_ptr, v_ptr, out_ptr, L, S, E, EV, qk_scale, CAUSAL: tl
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_t = tl.load(k_ptr + offs_n[None, :] * E + offs_e[:, None],
                       mask=(offs_n[None, :] < S) & (offs_e[:, None] < E), other=0.0)
-        scores = tl.dot(q, k_t, input_precision="ieee") * qk_scale
+        if WIDEN:
+            k_t = k_t.to(tl.float32)
+        scores = tl.dot(q, k_t, input_precision="ieee") * scale
+        inside = (offs_m[:, None] < L) & (offs_n[None, :] < S)
+        if MASK == 1:
+            bias = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s,
+                           mask=inside, other=0.0).to(tl.float32)
+            scores = tl.where(bias == float("-inf"), float("-inf"), scores + bias)
+        if MASK == 2:
+            keep = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s,
+                           mask=inside, other=0)
+            scores = tl.where(keep != 0, scores, fill)
         visible = offs_n[None, :] < S
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None])
         scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))  # finite: key 0 is visible to every query
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf while all masked
+        p = tl.exp2((scores - m_safe[:, None]) * LOG2E)
+        alpha = tl.exp2((m_i - m_safe) * LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + offs_n[:, None] * EV + offs_ev[None, :],
                     mask=(offs_n[:, None] < S) & (offs_ev[None, :] < EV), other=0.0)
+        if WIDEN:
+            v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
     out = acc / l_i[:, None]
@@ -71,23 +97,42 @@ def _sdpa_kernel(q_ptr, k_ptr, v_ptr, out_ptr, L, S, E, EV, qk_scale, CAUSAL: tl
              mask=(offs_m[:, None] < L) & (offs_ev[None, :] < EV))
 
 
-@implements("sdpa", limits=_head_dim)
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
-         causal: bool) -> torch.Tensor:
-    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`` for q (..., L, E),
-    k (..., S, E), v (..., S, Ev); batch dims broadcast."""
+def _attend(q, k, v, scale, causal, mask=None, mode=NO_MASK, fill=0.0):
+    """Attention of q (..., L, E), k (..., S, E), v (..., S, Ev) and a mask broadcasting to
+    (..., L, S); batch dims broadcast."""
     L, E = q.shape[-2:]
     S, EV = v.shape[-2:]
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    shapes = [t.shape[:-2] for t in (q, k, v)] + ([mask.shape[:-2]] if mask is not None else [])
+    batch = torch.broadcast_shapes(*shapes)
     q3, k3, v3 = (t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]).contiguous()
                   for t in (q, k, v))
+    m3 = q3 if mask is None else mask.expand(*batch, L, S).reshape(-1, L, S)  # a view where it can
     out = torch.empty((q3.shape[0], L, EV), dtype=q.dtype, device=q.device)
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     block_m = dot_tile(L, BLOCK_M)
     if out.numel():
         grid = (triton.cdiv(L, block_m), q3.shape[0])
-        _sdpa_kernel[grid](q3, k3, v3, out, L, S, E, EV, scale * LOG2E, CAUSAL=bool(causal),
-                           BLOCK_M=block_m, BLOCK_N=dot_tile(S, BLOCK_N),
-                           E_P=dot_tile(E), EV_P=dot_tile(EV))
+        _sdpa_kernel[grid](q3, k3, v3, m3, out, L, S, E, EV, scale, fill, *m3.stride(),
+                           CAUSAL=bool(causal), MASK=mode, WIDEN=widen_dot(q.dtype),
+                           BLOCK_M=block_m, BLOCK_N=dot_tile(S, BLOCK_N), E_P=dot_tile(E), EV_P=dot_tile(EV))
     return out.reshape(*batch, L, EV)
 
+
+@implements("sdpa", limits=_head_dim)
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
+         causal: bool) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``."""
+    return _attend(q, k, v, scale, causal)
+
+
+@implements("sdpa_masked", limits=_head_dim, dtypes=("bool",))
+def sdpa_masked(q, k, v, bias, scale) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) v (``ops.sdpa_masked``); a boolean bias adds 1 where True."""
+    return _attend(q, k, v, scale, False, bias, BIAS)
+
+
+@implements("sdpa_filled", limits=_head_dim, dtypes=("bool",))
+def sdpa_filled(q, k, v, keep, scale, fill) -> torch.Tensor:
+    """softmax(where(keep, q k^T * scale, fill)) v (``ops.sdpa_filled``), fill as float32 has it."""
+    fill = float(torch.tensor(fill, dtype=torch.float32))
+    return _attend(q, k, v, scale, False, keep, KEEP, fill)

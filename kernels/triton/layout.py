@@ -5,6 +5,8 @@ the tensor contiguous, runs the kernel, then undoes the move on the result.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 MAX_ROW_BLOCK = 1024  # rows longer than this are looped over in blocks of this many elements
@@ -23,6 +25,13 @@ def dot_tile(n: int, cap: int | None = None) -> int:
     """A tile dim for ``n``: a power of two, at least 16 (``tl.dot``'s minimum), at most ``cap``."""
     tile = max(next_pow2(n), 16)
     return tile if cap is None else min(tile, cap)
+
+
+def widen_dot(dtype: torch.dtype) -> bool:
+    """Whether ``tl.dot``'s operands are widened to float32 first: Triton's interpreter holds
+    bfloat16 as its raw bits (uint16) and multiplies those. Exact: a product of two bfloat16 is a
+    float32, as a GPU's bfloat16 MMA with float32 accumulation has it."""
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def as_rows(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, ...]]:

@@ -23,6 +23,7 @@ from egraph_opt.extractors.rounding_error import ELEMENTWISE
 from egraph_opt.lang.ops import OPS
 from egraph_opt.lang.term import Term, postorder
 
+from exact_reals import MP, MP_DIGITS, mp_value
 from test_rule_soundness import (RULES, SCALAR_RULES, _SIGNS, _index_vars, _sexp, _uses, _value, all_sides,
                                  bind, on_devices)
 
@@ -102,52 +103,6 @@ def truth(lhs: Term, env: dict) -> torch.Tensor:
     return torch.where(agree, a, torch.full_like(a, NAN))
 
 
-def _mp_sigmoid(x):
-    return 1 / (1 + mpmath.exp(-x))
-
-
-def _mp_gelu(x, approximate):
-    if approximate == "tanh":
-        return x * (1 + mpmath.tanh(mpmath.sqrt(2 / mpmath.pi) * (x + 0.044715 * x ** 3))) / 2
-    return x * (1 + mpmath.erf(x / mpmath.sqrt(2))) / 2
-
-
-#: elementwise ops over the reals, for exact_truth (a cast is exact there, as in the reference)
-MP = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-      "div": lambda a, b: a / b, "pow": lambda a, b: a ** b, "neg": lambda a: -a,
-      "exp": mpmath.exp, "log": mpmath.log, "log1p": mpmath.log1p, "expm1": mpmath.expm1,
-      "sqrt": mpmath.sqrt, "rsqrt": lambda a: 1 / mpmath.sqrt(a), "abs": abs, "sin": mpmath.sin,
-      "cos": mpmath.cos, "tanh": mpmath.tanh, "sigmoid": _mp_sigmoid, "erf": mpmath.erf,
-      "relu": lambda a: max(a, 0), "softplus": lambda a: mpmath.log1p(mpmath.exp(a)),
-      "gelu": _mp_gelu, "maximum": max, "minimum": min, "cast": lambda a, _: a,
-      "logaddexp": lambda a, b: mpmath.log(mpmath.exp(a) + mpmath.exp(b)), "tan": mpmath.tan,
-      "atan": mpmath.atan, "atan2": mpmath.atan2, "hypot": mpmath.hypot, "asinh": mpmath.asinh,
-      "acosh": mpmath.acosh, "atanh": mpmath.atanh, "cbrt": lambda a: mpmath.sign(a) * mpmath.cbrt(abs(a))}
-MP_DIGITS = 120  # digits of the exact truth: 1 - cos x at the least float32 subnormal needs ~100
-
-
-def _mp_value(term: Term, point: dict):
-    """The term's real value at a point (mpf), NaN outside its domain, None where undefined."""
-    values = {}
-    for t in postorder([term]):
-        if t.op == "const":
-            values[id(t)] = mpmath.mpf(t.attrs[0])
-        elif t.op == "input":
-            values[id(t)] = point[t.attrs[0]]
-            continue
-        else:
-            args = [values[id(a)] for a in t.args]
-            if any(mpmath.isnan(a) for a in args):
-                values[id(t)] = mpmath.nan
-                continue
-            try:
-                out = MP[t.op](*args, *t.attrs)
-            except ZeroDivisionError:
-                return None
-            values[id(t)] = out if isinstance(out, mpmath.mpf) else mpmath.nan  # complex: no real value
-    return values[id(term)]
-
-
 def exact_truth(lhs: Term, env: dict, true: torch.Tensor, where: torch.Tensor) -> torch.Tensor | None:
     """``true`` with the elements at ``where`` computed exactly (80 digits, no overflow) when the
     left side is elementwise: float64 overflows inside exp(a) * exp(b) at a = float32 max and
@@ -168,7 +123,7 @@ def exact_truth(lhs: Term, env: dict, true: torch.Tensor, where: torch.Tensor) -
                     x = flat[name][i]
                     point[name] = (mpmath.mpf(10) ** (300 - 20 * j) * (1 if x > 0 else -1)
                                    if math.isinf(x) else mpmath.mpf(x))
-                results.append(_mp_value(lhs, point))
+                results.append(mp_value(lhs, point))
             if None in results:
                 continue
             if all(r == 0 for r in results):

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from egraph_opt import capture, explore, optimize, saturate_and_extract
-from egraph_opt.drivers import pictures
+from egraph_opt.drivers import api, pictures
 from egraph_opt.drivers.explore import ExploreError
 from egraph_opt.lang.term import pretty
+from egraph_opt.validate import Validation
 
 RANGES = {"x": (1.0, 1e6)}
 
@@ -143,7 +144,7 @@ def test_clear_messages_for_nothing_to_explore():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         m(torch.rand(3))
-    with pytest.raises(ExploreError, match="fell back to the original"):
+    with pytest.raises(ExploreError, match="fell back to the original program before an e-graph"):
         explore(m)
     opaque = saturate_and_extract(lambda x: torch.fft.fft(x).real)
     with warnings.catch_warnings():
@@ -153,6 +154,34 @@ def test_clear_messages_for_nothing_to_explore():
         explore(opaque)
     with pytest.raises(ExploreError, match="not int"):
         explore(3)
+
+
+
+@pytest.mark.parametrize("why,patch,objective", [  # a latency objective takes no stability gain
+    ("it measured slower (2.0 us against 1.8 us)", ("time_side_by_side", lambda *a: (1.8e-6, 2.0e-6)), "latency"),
+    ("validation failed: output 0: off", ("compare", lambda *a: Validation(False, 1.0, 0.0, "output 0: off")),
+     "balanced")])
+def test_a_plan_that_fell_back_is_explored_and_says_why(why, patch, objective, monkeypatch):
+    """What the optimizer found, its cost beside the input program's, and its e-graph, with the
+    reason it does not run at the top; the original program runs."""
+    monkeypatch.setattr(api, *patch)
+
+    def naive(x):
+        return torch.log(torch.softmax(x, -1))
+    # no latency database: static prices, and a budget only the (patched) side-by-side timing uses
+    f = saturate_and_extract(naive, objective=objective, profile_db=False, profile_budget=1.0)
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(f(x), naive(x))
+    ex = explore(f)
+    summary = ex.summary()
+    assert summary.title.startswith(f"{ex.name}: not taken: {why}") and ex.name.endswith("naive")
+    assert str(ex).startswith(summary.title)
+    found, source = summary.items
+    assert (str(found), str(source)) == ("log_softmax(x, -1)", "log(softmax(x, -1))") and found is ex.extracted
+    assert found.cost < source.cost  # priced as extraction priced them
+    assert len(ex.eclass(ex.root_classes[0])) >= 2 and "<svg" in pictures.egraph_picture(ex).text
 
 
 def test_pictures_draw_or_say_why(rationalized, tmp_path, monkeypatch):

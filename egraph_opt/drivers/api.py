@@ -288,10 +288,11 @@ class OptimizedFunction:
         except Exception as e:  # noqa: BLE001 - never a wrong answer: the original runs instead
             return self._untouched(report, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
-    def _untouched(self, report: Report, why: str) -> Plan:
+    def _untouched(self, report: Report, why: str, found: Optimized | None = None) -> Plan:
+        """The original runs; ``found``, the optimization it was preferred to, stays explorable."""
         report.fallback = why
         warnings.warn(f"egraph-opt: {report.signature} runs untouched: {why}", stacklevel=3)
-        return Plan(None, report, None)
+        return Plan(None, report, found.egraph if found else None, found)
 
     def _optimize(self, call: BoundCall, report: Report) -> Plan:
         target = call.traceable(self.fn)
@@ -340,14 +341,14 @@ class OptimizedFunction:
             fresh = random_inputs(args, call.names, self.input_ranges)
             report.validation = compare(target, run, fresh, wide_reference(program, fresh))
             if not report.validation.passed:
-                return self._untouched(report, f"validation failed: {report.validation.detail}")
+                return self._untouched(report, f"validation failed: {report.validation.detail}", result)
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0:  # an unchanged program too: it runs through our kernels, guards and call
             report.measured = time_side_by_side([target, run], args, device, left)
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "
-                                               f"{before * 1e6:.1f} us) and is no more stable")
+                                               f"{before * 1e6:.1f} us) and is no more stable", result)
         return plan
 
     def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,

@@ -82,14 +82,15 @@ def _of_function(fn) -> Explorer:
         raise ExploreError(f"{name} has never been called: call it once on example inputs, then "
                            "explore it")
     plan = fn._last
-    if plan.run is None:
-        raise ExploreError(f"{name} fell back to the original program, so there is nothing "
-                           f"optimized to explore: {plan.report.fallback}")
+    if plan.optimized is None and plan.run is None and not plan.report.ops_before:
+        raise ExploreError(f"{name} fell back to the original program before an e-graph was built, "
+                           f"so there is nothing to explore: {plan.report.fallback}")
     if plan.optimized is None:
         raise ExploreError(f"the e-graph of {name}'s last plan was dropped by a later optimization: "
-                           "decorate with keep_egraph=True to explore every plan")
+                           "decorate with keep_egraph=True to explore every plan" +
+                           (f" (that plan fell back: {plan.report.fallback})" if plan.run is None else ""))
     _refuse_opaque(plan.optimized.source, name)
-    return Explorer(plan.optimized, fn.input_ranges, fn.rules, name)
+    return Explorer(plan.optimized, fn.input_ranges, fn.rules, name, plan.report.fallback)
 
 
 def _refuse_opaque(program: Program, name: str) -> None:
@@ -123,12 +124,14 @@ class Candidate:
 
 
 class Explorer:
-    """The saturated e-graph of one optimization, with the costs the extractor saw."""
+    """The saturated e-graph of one optimization, with the costs the extractor saw; ``fallback``:
+    why the program it found does not run (the original does), "" where it runs."""
 
-    def __init__(self, result: Optimized, input_ranges: dict, rules=None, name: str = "program"):
+    def __init__(self, result: Optimized, input_ranges: dict, rules=None, name: str = "program",
+                 fallback: str = ""):
         if result.source is None or result.cost is None:
             raise ExploreError("this optimize() result carries no e-graph to explore")
-        self.result, self.ranges, self.name = result, dict(input_ranges), name
+        self.result, self.ranges, self.name, self.fallback = result, dict(input_ranges), name, fallback
         self.rules = rules or select()
         self.source = result.source
         self.snap = result.egraph.snapshot()
@@ -169,6 +172,25 @@ class Explorer:
             if n["op"] in found:
                 found[n["op"]].add(nodes[n["children"][0]]["eclass"])
         return found
+
+    def summary(self) -> Table:
+        """The program found beside the input program, priced alike; the title says whether the
+        one found runs, and if not (the plan fell back), why."""
+        found, source = self.extracted, self._candidate(-1, self.source.roots()[0])
+        rows = [[what] + [getattr(c, attr) for c in (found, source)] for what, attr in
+                [("cost", "cost"), ("curvature dB", "curvature"), ("latency us", "latency_us")]]
+        rows += [["error bits", _bits(found.error_bits), _bits(source.error_bits)],
+                 ["program", _short(str(found)), _short(str(source))]]
+        runs = f"not taken: {self.fallback}; the original runs" if self.fallback else "the program found runs"
+        return Table(f"{self.name}: {runs}", ["", "found", "input"], rows,
+                     f"the e-graph: {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes",
+                     [found, source])
+
+    def __repr__(self) -> str:
+        return str(self.summary())
+
+    def _repr_html_(self) -> str:
+        return self.summary()._repr_html_()
 
     def widget(self):
         """egglog's interactive visualizer of the e-graph, for a live notebook with a browser."""

@@ -23,7 +23,7 @@ import triton.language as tl
 from .layout import dot_tile, widen_dot
 from .runtime import implements
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # a global that a kernel reads must be a constexpr
 BLOCK_M = 64
 BLOCK_N = 64
 

@@ -1,0 +1,90 @@
+"""Run as a script (no TRITON_INTERPRET): calls every Triton kernel of the registry on CPU tensors
+in each dtype, with every launch compiled for an NVIDIA Hopper GPU (sm_90) instead of run, and
+prints one line per failure. The interpreter accepts what the compiler refuses (a global that is
+no constexpr, a dot's precision for half operands): only compiling shows it, and no GPU is needed."""
+import math
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
+         torch.int64: "i64", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+compiled, failures = set(), []
+
+
+def _type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    return "fp32"
+
+
+def compile_instead(self, *args, grid, warmup, **kwargs):
+    """``JITFunction.run``: the launch's signature and constexprs, compiled for sm_90, once each."""
+    values = dict(zip([p.name for p in self.params], args)) | kwargs
+    signature, constexprs = {}, {}
+    for p in self.params:
+        value = values.get(p.name, p.default)
+        if p.is_constexpr or value is None:
+            signature[p.name], constexprs[p.name] = "constexpr", value
+        else:
+            signature[p.name] = _type(value)
+    key = (self.fn.__qualname__, tuple(signature.items()), tuple(map(str, constexprs.items())))
+    if key not in compiled:
+        compiled.add(key)
+        try:
+            triton.compile(ASTSource(self, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+        except Exception as e:  # noqa: BLE001 - reported, one line each
+            failures.append(f"{self.fn.__qualname__} {signature} {constexprs}: "
+                            f"{type(e).__name__}: {' '.join(str(e).split())[-300:]}")
+
+
+def main() -> None:
+    JITFunction.run = compile_instead
+    from egraph_opt.kernels.registry import REGISTRY
+    from egraph_opt.lang.ops import OPS
+
+    R = torch.randn
+    examples = {  # operands (float ones cast to each dtype) and attributes, variants of constexprs
+        "softmax": [([R(3, 37)], (-1,)), ([R(2, 1500)], (-1,))],
+        "log_softmax": [([R(3, 37)], (-1,)), ([R(2, 1500)], (-1,))],
+        "logsumexp": [([R(4, 21)], (-1, True))],
+        "layer_norm": [([R(3, 24), R(24), R(24)], (1e-5,)), ([R(3, 24), None, None], (1e-5,))],
+        "sdpa": [([R(2, 9, 64), R(2, 7, 64), R(2, 7, 64)], (0.125, c)) for c in (False, True)]
+        + [([R(2, 9, 128), R(2, 7, 128), R(2, 7, 128)], (0.1, True))],
+        "sdpa_masked": [([R(2, 9, 64), R(2, 7, 64), R(2, 7, 64),
+                          R(9, 7).masked_fill(R(9, 7) > 1, -math.inf)], (0.125,))],
+        "sdpa_filled": [([R(2, 9, 64), R(2, 7, 64), R(2, 7, 64),
+                          torch.ones(9, 7, dtype=torch.bool).tril()], (0.125, -3.4e38))],
+        "linear_act": [([R(5, 32), R(48, 32), R(48)], (a,)) for a in ("relu", "gelu", "gelu_tanh")],
+        "cross_entropy": [([R(6, 1100), torch.tensor([0, 1099, -100, 5, 700, 3])], ("mean", -100))],
+    }
+    kernels = [k for k in REGISTRY.values() if k.backend == "triton"]
+    missing = [k.op for k in kernels if k.op not in examples]
+    if missing:
+        sys.exit(f"no example operands for the Triton kernels of {missing}")
+    for kernel in kernels:
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            for operands, attrs in examples[kernel.op]:
+                cast = [x.to(dtype) if x is not None and x.is_floating_point() and x.dim() > 1
+                        or kernel.op == "layer_norm" and x is not None else x for x in operands]
+                try:
+                    kernel.impl(*cast, *attrs)
+                except Exception as e:  # noqa: BLE001 - the wrapper, not the kernel: its output
+                    if "compile" in str(e).lower():  # is empty, its checks after a launch may fail
+                        failures.append(f"{kernel.name}: {e}")
+    assert OPS  # the op table imported: the kernels' ops exist
+    print(f"{len(compiled)} launches compiled for sm_90")
+    for line in failures:
+        print("FAILED", line)
+
+
+if __name__ == "__main__":
+    main()

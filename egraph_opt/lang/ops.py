@@ -7,6 +7,8 @@ definitions in primitive ops. The egglog datatype is generated from this table.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 import operator
@@ -88,6 +90,28 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(d) for d in text.split(",")) if text else ()
 
 
+#: set by tests: guards take the device path on CPU too, as on CUDA (``device_path``)
+_FORCED_DEVICE_PATH = contextvars.ContextVar("forced_device_path", default=False)
+
+
+def device_path(x: torch.Tensor) -> bool:
+    """Whether a guard on ``x``'s values stays on its device (computed there and selected with
+    ``torch.where``, never read on the host): on CUDA a read (``float()``, ``bool()``, ``.item()``)
+    stalls the stream, and four cost more than an attention; on CPU a read costs nothing and a
+    check that skips a pass is cheaper. Tests take it on CPU with ``forcing_device_path``."""
+    return x.device.type != "cpu" or _FORCED_DEVICE_PATH.get()
+
+
+@contextlib.contextmanager
+def forcing_device_path():
+    """Guards take the device path on CPU tensors too (tests: no host reads while a plan runs)."""
+    token = _FORCED_DEVICE_PATH.set(True)
+    try:
+        yield
+    finally:
+        _FORCED_DEVICE_PATH.reset(token)
+
+
 def _tensor(x, like):
     return x if isinstance(x, torch.Tensor) else torch.full((), x, dtype=like.dtype, device=like.device)
 
@@ -152,7 +176,8 @@ def gelu(x, approximate):
     sign, top = _gelu_repairs(x.device.type, x.dtype, approximate)
     if sign:
         out.copysign_(x)  # in place: its own output
-    if top and not math.isfinite(out.amax().item()):  # NaN too; .item(): 9 us less than a 0-d isfinite
+    if top and (device_path(x) or not math.isfinite(out.amax().item())):  # NaN too; .item(): 9 us
+        # less than a 0-d isfinite. x > 8 is x in every dtype: the where changes no right value
         out = torch.where(x > 8, x, out)
     return out
 
@@ -230,7 +255,7 @@ def _naive_at_posinf(x, axis, out, elsewhere: float):
     if not x.is_floating_point() or not x.numel():
         return out
     top = torch.amax(x, dim=axis, keepdim=True)  # NaN in a row with a NaN: the row stays NaN
-    if x.device.type == "cpu" and not bool((top == torch.inf).any()):  # the usual case: no more
+    if not device_path(x) and not bool((top == torch.inf).any()):  # the usual case: no more
         return out  # passes (on a GPU the check would stall the stream: the where runs instead)
     naive = torch.where(x == torch.inf, torch.nan, elsewhere).to(out.dtype)
     return torch.where(top == torch.inf, naive, out)
@@ -263,9 +288,10 @@ def _normalized(x, weight, bias, eps):
     out, _, rstd = torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)
     if x.device.type == "meta" or x.dtype != torch.float32 or not x.numel():
         return out
-    low, high = (float(r) for r in torch.aminmax(rstd))
-    if 0 < low and high < math.inf:  # False where one is NaN
-        return out
+    if not device_path(x):  # on the device, the where below runs on every call
+        low, high = (float(r) for r in torch.aminmax(rstd))
+        if 0 < low and high < math.inf:  # False where one is NaN
+            return out
     wrong = ~((rstd > 0) & rstd.isfinite())  # a row holding inf or NaN too: float64 gives NaN there
     wide = [None if t is None else t.double() for t in (weight, bias)]
     return torch.where(wrong, F.layer_norm(x.double(), x.shape[-1:], *wide, eps).to(out.dtype), out)
@@ -321,7 +347,7 @@ def linear(x, weight, bias):
     summed again in float64, where no sum of float32 products overflows, and rounded once. On CPU
     only, where the check stalls no stream."""
     out = F.linear(x, weight, bias)
-    if out.device.type == "cpu" and out.dtype != torch.float64 and not out.isfinite().all():
+    if not device_path(out) and out.dtype != torch.float64 and not out.isfinite().all():
         wide = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
         out = torch.where(out.isfinite(), out, wide.to(out.dtype))
     return out
@@ -331,25 +357,33 @@ def linear_act(x, weight, bias, activation):
     return ACTIVATIONS[activation](linear(x, weight, bias))
 
 
-def _abs_max(x) -> float:
-    """max |x| (NaN where x holds one) from one min-max pass: no |x| copy."""
-    low, high = (float(m) for m in torch.aminmax(x.detach()))
-    return math.nan if math.isnan(low) or math.isnan(high) else max(-low, high)
+def _abs_max(x) -> torch.Tensor:
+    """max |x| (NaN where x holds one) from one min-max pass, no |x| copy: a 0-d float64 tensor
+    on x's device."""
+    low, high = torch.aminmax(x.detach())
+    return torch.maximum(-low, high).double()  # maximum keeps a NaN
 
 
-def _score_bound(q, k, scale: float) -> float:
+def _score_bound(q, k, scale: float) -> torch.Tensor | float:
     """A bound on |q k^T * scale| from two maxima: O(T D) beside attention's O(T^2 D); NaN or inf
-    where q or k holds one."""
+    where q or k holds one. A 0-d float64 tensor on q's device; 0.0 where nothing is bounded."""
     if q.device.type == "meta" or not q.is_floating_point() or not q.numel() or not k.numel():
         return 0.0
     return _abs_max(q) * _abs_max(k) * q.shape[-1] * abs(scale)
 
 
-def _scores_overflow(q, k, scale: float) -> bool:
+def _scores_overflow(q, k, scale: float) -> torch.Tensor | bool:
     """Whether q k^T * scale can overflow (in float32 at least: torch's kernel computes half
     precision scores in it). The fused kernel then returns 0 where the softmax of its definition
-    is NaN (and the float64 truth finite), so the definition runs instead."""
-    return not _score_bound(q, k, scale) < torch.finfo(torch.promote_types(q.dtype, torch.float32)).max
+    is NaN (and the float64 truth finite), so the definition runs instead. A 0-d bool tensor on
+    q's device (False where nothing is bounded): the host path reads it, the device path selects."""
+    return _not_below(_score_bound(q, k, scale),
+                      torch.finfo(torch.promote_types(q.dtype, torch.float32)).max)
+
+
+def _not_below(bound: torch.Tensor | float, limit: float) -> torch.Tensor | bool:
+    """not bound < limit (NaN is not below), a bool for a float bound, else a bool tensor."""
+    return not bound < limit if isinstance(bound, float) else ~(bound < limit)
 
 
 def _attention(q, k, v, scale: float, bias):
@@ -381,6 +415,8 @@ def sdpa_masked(q, k, v, bias, scale):
     overflowed or NaN score can tell a -inf bias from masked_fill, and those take the definition.
     A bias that is exactly the causal one runs as ``is_causal``: torch's kernel then skips the
     masked blocks (15% faster at T=256)."""
+    if device_path(q):
+        return _sdpa_masked_on_device(q, k, v, bias.to(q.dtype), scale)
     if _scores_overflow(q, k, scale):
         return _attention(q, k, v, scale, bias.to(q.dtype))
     if bias.dtype == torch.bool:  # added: True is 1.0, not "keep"
@@ -390,6 +426,16 @@ def sdpa_masked(q, k, v, bias, scale):
         return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
     out = _torch_sdpa(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
     return out if dead is None else out.masked_fill(dead, float("nan"))
+
+
+def _sdpa_masked_on_device(q, k, v, bias, scale):
+    """sdpa_masked with its guards on the device: the rows every key masks are NaN, and where the
+    scores can overflow the definition is selected (computed on every call: knowing it is not
+    needed would take a read on the host). The mask is no causal flag: that needs a read too."""
+    dead = torch.isneginf(bias).all(-1, keepdim=True)
+    out = _torch_sdpa(q, k, v, attn_mask=bias, scale=scale).masked_fill(dead, float("nan"))
+    over = _scores_overflow(q, k, scale)
+    return out if over is False else torch.where(over, _attention(q, k, v, scale, bias), out)
 
 
 #: id(bias) -> (weak reference, what identifies its values, its facts); a few masks per program
@@ -432,9 +478,19 @@ def sdpa_filled(q, k, v, keep, scale, fill):
     weighs exactly 0 in a row that keeps one, so torch's kernel runs with ``keep`` as its boolean
     mask; a row that keeps none is the softmax of a constant row: the mean of v. Elsewhere (scores
     too large, a NaN, an infinite fill) the definition runs."""
-    if not math.isfinite(fill) or _scores_overflow(q, k, scale) or \
-            not _score_bound(q, k, scale) < -fill + EXP_UNDERFLOW:
+    def definition():
         return softmax(torch.where(keep, q @ k.transpose(-2, -1) * scale, fill), -1) @ v
+
+    if not math.isfinite(fill):
+        return definition()
+    slow = _scores_overflow(q, k, scale) | \
+        _not_below(_score_bound(q, k, scale), -fill + EXP_UNDERFLOW)
+    if device_path(q) and not isinstance(slow, bool):  # the definition selected where needed,
+        out = torch.where(~keep.any(-1, keepdim=True), v.mean(-2, keepdim=True),  # on every call
+                          _torch_sdpa(q, k, v, attn_mask=keep, scale=scale))
+        return torch.where(slow, definition(), out)
+    if slow:
+        return definition()
     causal, dead = _mask_facts(keep, q.shape[-2], k.shape[-2])
     if causal:
         return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
@@ -449,19 +505,29 @@ def sdpa_guarded(q, k, v, bias, scale):
     no score can overflow and v is finite, torch's kernel (which gives 0 for a row every -inf
     masks) is that; elsewhere the definition runs."""
     bias = bias.to(q.dtype)
-    if not _scores_overflow(q, k, scale) and q.device.type != "meta" and bool(v.isfinite().all()) \
-            and not bool(bias.isnan().any() | (bias == math.inf).any()):
-        return _torch_sdpa(q, k, v, attn_mask=bias, scale=scale)
-    w = softmax(q @ k.transpose(-2, -1) * scale + bias, -1)
-    return torch.where(w.isnan(), 0.0, w) @ v
+
+    def definition():
+        w = softmax(q @ k.transpose(-2, -1) * scale + bias, -1)
+        return torch.where(w.isnan(), 0.0, w) @ v
+
+    if q.device.type == "meta":
+        return definition()
+    fast = ~(bias.isnan().any() | (bias == math.inf).any()) & v.isfinite().all()
+    over = _scores_overflow(q, k, scale)
+    fast = fast if over is False else fast & ~over
+    if device_path(q):  # the definition selected where needed, computed on every call
+        return torch.where(fast, _torch_sdpa(q, k, v, attn_mask=bias, scale=scale), definition())
+    return _torch_sdpa(q, k, v, attn_mask=bias, scale=scale) if bool(fast) else definition()
 
 
 def conv2d(x, weight, bias, stride, padding, dilation, groups):
     """A non-finite weight meets the zero padding (NaN * 0 is NaN): oneDNN's float32 kernel skips
     padded positions, where the half-precision and float64 kernels multiply them, so such a weight
-    gets explicit padding (a weight is small: the check is cheap)."""
+    gets explicit padding (a weight is small: the check is cheap). On the device path, where the
+    check would be a read on the host, every padded conv2d gets it: exact for a finite one too."""
     pad = parse_shape(padding)
-    if any(pad) and weight.device.type != "meta" and not bool(weight.isfinite().all()):
+    if any(pad) and weight.device.type != "meta" and \
+            (device_path(weight) or not bool(weight.isfinite().all())):
         x, pad = F.pad(x, tuple(p for p in reversed(pad) for _ in range(2))), (0,) * len(pad)
     y = F.conv2d(x, weight, None if isinstance(bias, float) else bias, parse_shape(stride),
                  pad, parse_shape(dilation), groups)
@@ -493,8 +559,9 @@ def sdpa(q, k, v, scale, causal):
     whose scores can overflow; decided per attention, so one head's result never depends on
     another's values (attention split by heads computes each head alone)."""
     out = _torch_sdpa(q, k, v, is_causal=causal, scale=scale)
-    if not _scores_overflow(q, k, scale):
-        return out
+    if q.device.type == "meta" or not q.numel() or not k.numel() or \
+            not device_path(q) and not _scores_overflow(q, k, scale):
+        return out  # on the device path the definition is selected per attention on every call
     limit = torch.finfo(torch.promote_types(q.dtype, torch.float32)).max
     bound = (q.abs().amax((-2, -1)).double() * k.abs().amax((-2, -1)).double() * q.shape[-1] * abs(scale))
     mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
@@ -567,6 +634,8 @@ def cross_entropy(x, target, reduction, ignore_index):
     """nll_loss(log_softmax(x, 1)) by torch's own kernel (F.cross_entropy); where that is NaN (a
     row holding NaN or +inf, or no target kept), by the composition itself, whose log_softmax
     keeps the naive quotient's value at +inf (+inf off the +inf logit, where torch's is NaN)."""
+    if x.device.type != "meta" and device_path(x):  # torch's kernel is this composition: no check
+        return nll_loss(log_softmax(x, 1 if x.dim() > 1 else 0), target, reduction, ignore_index)
     out = F.cross_entropy(x, target, reduction=reduction, ignore_index=ignore_index)
     if x.device.type == "meta" or not bool(out.isnan().any()):
         return out

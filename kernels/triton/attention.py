@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -134,5 +135,6 @@ def sdpa_masked(q, k, v, bias, scale) -> torch.Tensor:
 @implements("sdpa_filled", limits=_head_dim, dtypes=("bool",))
 def sdpa_filled(q, k, v, keep, scale, fill) -> torch.Tensor:
     """softmax(where(keep, q k^T * scale, fill)) v (``ops.sdpa_filled``), fill as float32 has it."""
-    fill = float(torch.tensor(fill, dtype=torch.float32))
+    with np.errstate(over="ignore"):  # beyond float32: -inf, as a float32 tensor would hold it
+        fill = float(np.float32(fill))
     return _attend(q, k, v, scale, False, keep, KEEP, fill)

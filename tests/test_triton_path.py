@@ -1,0 +1,191 @@
+"""The GPU path without a GPU: under the test switch EGRAPH_OPT_TRITON_ON_CPU=1 (and
+TRITON_INTERPRET=1, set by conftest) Triton kernels take CPU tensors and bind wherever one accepts
+a node, so the whole pipeline (binding, the plan module, validation, the report) runs through
+them; and with the device path forced (``ops.forcing_device_path``) a plan's run reads no value
+on the host, as it must not on CUDA, where each read stalls the stream."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from egraph_opt import saturate_and_extract
+from egraph_opt.lang import ops
+
+aten = torch.ops.aten
+#: ops that hand a tensor's value to the host: a synchronization on CUDA
+HOST_READS = {aten._local_scalar_dense, aten.is_nonzero, aten.item, aten.equal, aten.nonzero,
+              aten.masked_select}
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the host reads of tensor values while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in HOST_READS:
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def attention(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
+
+
+def causal_attention(q, k, v):
+    t = q.shape[-2]
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def softmax(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def layer_norm(x, w, b):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + 1e-5) * w + b
+
+
+def cross_entropy(x, target):
+    top = x.amax(-1, keepdim=True)
+    logp = x - top - torch.log(torch.exp(x - top).sum(-1, keepdim=True))
+    return -logp.gather(1, target[:, None]).mean()
+
+
+class Block(nn.Module):
+    """A naive GPT-2 block: layer norm from mean and variance, causal attention, tanh-gelu MLP."""
+
+    def __init__(self, c=16, t=8):
+        super().__init__()
+        self.ln_w, self.ln_b = nn.Parameter(torch.randn(c)), nn.Parameter(torch.randn(c))
+        self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.fc, self.out = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.register_buffer("mask", torch.ones(t, t, dtype=torch.bool).triu(1))
+
+    def forward(self, x):
+        q, k, v = self.qkv(layer_norm(x, self.ln_w, self.ln_b)).split(x.shape[-1], -1)
+        s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(self.mask, float("-inf"))
+        x = x + self.proj(torch.softmax(s, -1) @ v)
+        h = self.fc(layer_norm(x, self.ln_w, self.ln_b))
+        c = math.sqrt(2.0 / math.pi)
+        g = 0.5 * h * (1.0 + torch.tanh(c * (h + 0.044715 * torch.pow(h, 3.0))))
+        return x + self.out(g)
+
+
+def program(name: str, dtype: torch.dtype):
+    """(function, arguments): tiny shapes (the interpreter is slow), head dims Triton takes; q, k
+    and v distinct tensors (one tensor passed three times captures a plan that validation
+    rejects on distinct inputs, a matter of capture)."""
+    r = lambda *shape: torch.randn(*shape).to(dtype)  # noqa: E731
+    return {"attention": lambda: (attention, (r(1, 2, 8, 16), r(1, 2, 8, 16), r(1, 2, 8, 16))),
+            "causal_attention": lambda: (causal_attention, (r(1, 2, 8, 16), r(1, 2, 8, 16),
+                                                            r(1, 2, 8, 16))),
+            "softmax": lambda: (softmax, (r(4, 16),)),
+            "layer_norm": lambda: (layer_norm, (r(4, 16), r(16), r(16))),
+            "cross_entropy": lambda: (cross_entropy, (r(4, 16), torch.randint(0, 16, (4,)))),
+            "gpt2_block": lambda: (Block().to(dtype).eval(), (r(1, 8, 16),))}[name]()
+
+
+PROGRAMS = ["attention", "causal_attention", "softmax", "layer_norm", "cross_entropy", "gpt2_block"]
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def run_plan(name, dtype):
+    """The decorated program called twice: optimized on the first call, its plan run on the second
+    with the device path forced; the second call's output and host reads, and the report."""
+    fn, args = program(name, dtype)
+    f = saturate_and_extract(fn)
+    with torch.no_grad():
+        f(*args)
+        with ops.forcing_device_path(), HostReads() as reads:
+            out = f(*args)
+        expected = fn(*args)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
+    return reads.reads, str(f.report)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_programs_run_through_triton_kernels_and_read_nothing_on_the_host(name, dtype, monkeypatch):
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    reads, report = run_plan(name, dtype)
+    kernels = next(line for line in report.splitlines() if line.startswith("[KERNELS]"))
+    assert "triton." in kernels, report
+    assert "[VALIDATION] passed" in report, report
+    assert reads == []
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_torch_kernels_guard_on_the_device_path_without_reading_on_the_host(name):
+    """Without the switch the fused ops run torch's kernels, whose guards (score bounds, rows of
+    a layer norm to redo, a NaN loss) stay on the device path too."""
+    reads, report = run_plan(name, torch.float32)
+    assert "triton." not in report and "[VALIDATION] passed" in report, report
+    assert reads == []
+
+
+def test_the_switch_needs_the_interpreter(monkeypatch):
+    from egraph_opt.kernels import triton as K
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    assert K.available("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not K.available("cpu")
+
+
+def _extremes():
+    """Each guarded op at the inputs its guards are for: overflowing scores in one head, NaN and
+    +-inf operands, rows every key masks, a variance past float32, a NaN loss, an infinite weight."""
+    r = torch.randn
+    q, k, v = r(2, 2, 5, 4), r(2, 2, 6, 4), r(2, 2, 6, 4)
+    big = q.clone()
+    big[1, 0] *= 1e20  # one head's scores overflow
+    holed = q.clone()
+    holed[0, 1, 2, 0] = math.nan
+    keep = torch.ones(5, 6, dtype=torch.bool).tril()
+    keep[3] = False
+    bias = torch.zeros(5, 6).masked_fill(~keep, -math.inf)
+    inf_bias = bias.clone()
+    inf_bias[1, 1] = math.inf
+    nan_v = v.clone()
+    nan_v[0, 0, 1, 1] = math.nan
+    wide = r(3, 8)
+    wide[1] *= 1e30
+    logits = r(4, 5)
+    logits[1, 2], logits[2, 0] = math.inf, math.nan
+    weight = r(3, 2, 3, 3)
+    weight[0, 0, 0, 0] = math.inf
+    posinf = r(3, 7)
+    posinf[0, 3] = math.inf
+    return [("sdpa", ops.sdpa, (t, k, v, 0.5, causal))
+            for t in (q, big, holed) for causal in (False, True)] + [
+        ("sdpa_masked", ops.sdpa_masked, (t, k, v, bias, 0.5)) for t in (q, big)] + [
+        ("sdpa_filled", ops.sdpa_filled, (t, k, v, keep, 0.5, fill))
+        for t in (q, big) for fill in (-3.4e38, -1e9, -1.0, -math.inf)] + [
+        ("sdpa_guarded", ops.sdpa_guarded, (q, k, vv, b, 0.5))
+        for vv in (v, nan_v) for b in (bias, inf_bias)] + [
+        ("layer_norm", ops.layer_norm, (wide, r(8), r(8), 1e-5)),
+        ("gelu", ops.gelu, (torch.tensor([math.inf, -math.inf, 3e38, -0.0, 9.0]), "none")),
+        *[("cross_entropy", ops.cross_entropy, (logits, torch.tensor([2, 1, 0, 4]), reduction, ignore))
+          for reduction, ignore in (("mean", -100), ("none", 1), ("sum", 0))],
+        ("conv2d", ops.conv2d, (r(1, 2, 5, 5), weight, r(3), "1,1", "1,1", "1,1", 1)),
+        ("softmax", ops.softmax, (posinf, -1)), ("log_softmax", ops.log_softmax, (posinf, -1))]
+
+
+@pytest.mark.parametrize("case", range(len(_extremes())))
+def test_the_device_path_computes_what_the_host_path_does_at_the_extremes(case):
+    """Guards selected on the device give the host path's values, NaN for NaN, and read nothing."""
+    name, op, args = _extremes()[case]
+    host = op(*args)
+    with ops.forcing_device_path(), HostReads() as reads:
+        device = op(*args)
+    assert reads.reads == [], name
+    torch.testing.assert_close(device, host, rtol=1e-5, atol=1e-6, equal_nan=True, msg=name)

@@ -189,3 +189,21 @@ def test_the_device_path_computes_what_the_host_path_does_at_the_extremes(case):
         device = op(*args)
     assert reads.reads == [], name
     torch.testing.assert_close(device, host, rtol=1e-5, atol=1e-6, equal_nan=True, msg=name)
+
+
+def test_explore_and_profiling_rows_take_the_triton_path(monkeypatch, tmp_path):
+    """explore() reads a plan bound to Triton kernels, and the profiler times a Triton kernel on
+    CPU tensors into rows of its own (interpreted: the timing means nothing, the path runs)."""
+    from egraph_opt import explore
+    from egraph_opt.kernels.registry import REGISTRY
+    from egraph_opt.profiling.profile_db import ProfileDB
+    from egraph_opt.profiling.profiler import Case, device_name, profile_shapes
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    f = saturate_and_extract(softmax)
+    f(torch.randn(4, 16))
+    assert "triton.softmax" in str(f.report) and explore(f).fallback == ""
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        kernel = REGISTRY["triton.softmax"]
+        profile_shapes([Case("softmax", "float16", ((4, 16),), {"axis": -1})], "cpu", db,
+                       repeats=1, progress=False, kernel=kernel)
+        assert db.records("softmax", kernel.rows, device_name("cpu"), "float16")

@@ -246,12 +246,15 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
     rotating each round) so that load and clock drift fall on all alike; as many rounds as fit in
     ``budget_s`` (at most ``rounds``: with 15, a 5% difference was within the noise of a 2-core
     machine, and a fused rotary measured 0.97x its original ran at 0.90x), None when three do not
-    (the figures would be noise)."""
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    (the figures would be noise). On CUDA a call's time is the device's, between two events on its
+    stream (the host's launches included where the device waits for them), read once a round."""
+    cuda = torch.device(device).type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: list[list[float]] = [[] for _ in fns]
     with torch.inference_mode():
         for fn in fns:  # warm caches and lazy initialization
             fn(*args)
+        sync()
         start = time.perf_counter()
         for fn in fns:  # and time one round
             fn(*args)
@@ -260,11 +263,21 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
         if 4 * per_round > budget_s:
             return None
         for r in range(min(rounds, int(budget_s / per_round) - 1)):
-            for i in (r + k for k in range(len(fns))):
-                i %= len(fns)
+            order = [(r + k) % len(fns) for k in range(len(fns))]
+            if cuda:
+                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                          for _ in fns]
+                for i in order:
+                    events[i][0].record()
+                    fns[i](*args)
+                    events[i][1].record()
+                sync()
+                for i, (begin, end) in enumerate(events):
+                    times[i].append(begin.elapsed_time(end) / 1e3)
+                continue
+            for i in order:
                 t = time.perf_counter()
                 fns[i](*args)
-                sync()
                 times[i].append(time.perf_counter() - t)
     return [float(np.median(t)) for t in times]
 

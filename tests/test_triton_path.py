@@ -4,104 +4,26 @@ a node, so the whole pipeline (binding, the plan module, validation, the report)
 them; and with the device path forced (``ops.forcing_device_path``) a plan's run reads no value
 on the host, as it must not on CUDA, where each read stalls the stream."""
 import math
+import os
+import sys
 
 import pytest
 import torch
-import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from egraph_opt import saturate_and_extract
 from egraph_opt.lang import ops
 
-aten = torch.ops.aten
-#: ops that hand a tensor's value to the host: a synchronization on CUDA
-HOST_READS = {aten._local_scalar_dense, aten.is_nonzero, aten.item, aten.equal, aten.nonzero,
-              aten.masked_select}
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+from gpu import HostReads, programs  # noqa: E402 - the programs bench/gpu.py times on a GPU
 
-
-class HostReads(TorchDispatchMode):
-    """Counts the host reads of tensor values while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.reads = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in HOST_READS:
-            self.reads.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def attention(q, k, v):
-    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
-
-
-def causal_attention(q, k, v):
-    t = q.shape[-2]
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    return torch.softmax(s, -1) @ v
-
-
-def softmax(x):
-    e = torch.exp(x - x.amax(-1, keepdim=True))
-    return e / e.sum(-1, keepdim=True)
-
-
-def layer_norm(x, w, b):
-    mean = x.mean(-1, keepdim=True)
-    var = ((x - mean) ** 2).mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + 1e-5) * w + b
-
-
-def cross_entropy(x, target):
-    top = x.amax(-1, keepdim=True)
-    logp = x - top - torch.log(torch.exp(x - top).sum(-1, keepdim=True))
-    return -logp.gather(1, target[:, None]).mean()
-
-
-class Block(nn.Module):
-    """A naive GPT-2 block: layer norm from mean and variance, causal attention, tanh-gelu MLP."""
-
-    def __init__(self, c=16, t=8):
-        super().__init__()
-        self.ln_w, self.ln_b = nn.Parameter(torch.randn(c)), nn.Parameter(torch.randn(c))
-        self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
-        self.fc, self.out = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
-        self.register_buffer("mask", torch.ones(t, t, dtype=torch.bool).triu(1))
-
-    def forward(self, x):
-        q, k, v = self.qkv(layer_norm(x, self.ln_w, self.ln_b)).split(x.shape[-1], -1)
-        s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(self.mask, float("-inf"))
-        x = x + self.proj(torch.softmax(s, -1) @ v)
-        h = self.fc(layer_norm(x, self.ln_w, self.ln_b))
-        c = math.sqrt(2.0 / math.pi)
-        g = 0.5 * h * (1.0 + torch.tanh(c * (h + 0.044715 * torch.pow(h, 3.0))))
-        return x + self.out(g)
-
-
-def program(name: str, dtype: torch.dtype):
-    """(function, arguments): tiny shapes (the interpreter is slow), head dims Triton takes; q, k
-    and v distinct tensors (one tensor passed three times captures a plan that validation
-    rejects on distinct inputs, a matter of capture)."""
-    r = lambda *shape: torch.randn(*shape).to(dtype)  # noqa: E731
-    return {"attention": lambda: (attention, (r(1, 2, 8, 16), r(1, 2, 8, 16), r(1, 2, 8, 16))),
-            "causal_attention": lambda: (causal_attention, (r(1, 2, 8, 16), r(1, 2, 8, 16),
-                                                            r(1, 2, 8, 16))),
-            "softmax": lambda: (softmax, (r(4, 16),)),
-            "layer_norm": lambda: (layer_norm, (r(4, 16), r(16), r(16))),
-            "cross_entropy": lambda: (cross_entropy, (r(4, 16), torch.randint(0, 16, (4,)))),
-            "gpt2_block": lambda: (Block().to(dtype).eval(), (r(1, 8, 16),))}[name]()
-
-
-PROGRAMS = ["attention", "causal_attention", "softmax", "layer_norm", "cross_entropy", "gpt2_block"]
+PROGRAMS = list(programs(tiny=True))
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
 def run_plan(name, dtype):
     """The decorated program called twice: optimized on the first call, its plan run on the second
     with the device path forced; the second call's output and host reads, and the report."""
-    fn, args = program(name, dtype)
+    fn, args = programs(tiny=True)[name]("cpu", dtype)
     f = saturate_and_extract(fn)
     with torch.no_grad():
         f(*args)
@@ -199,8 +121,9 @@ def test_explore_and_profiling_rows_take_the_triton_path(monkeypatch, tmp_path):
     from egraph_opt.profiling.profile_db import ProfileDB
     from egraph_opt.profiling.profiler import Case, device_name, profile_shapes
     monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
-    f = saturate_and_extract(softmax)
-    f(torch.randn(4, 16))
+    fn, args = programs(tiny=True)["naive_softmax"]("cpu", torch.float32)
+    f = saturate_and_extract(fn)
+    f(*args)
     assert "triton.softmax" in str(f.report) and explore(f).fallback == ""
     with ProfileDB(tmp_path / "p.sqlite") as db:
         kernel = REGISTRY["triton.softmax"]

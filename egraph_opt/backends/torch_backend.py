@@ -82,6 +82,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     meta = meta if meta is not None else program.meta()
     strides = term_strides(program.roots(), meta)
     kernels: Counter = Counter()
+    fixed: dict = {}  # key -> every leaf below is a parameter or constant (one pass: no walk per node)
 
     def on(key, target: str):
         """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
@@ -108,6 +109,8 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
         key = ("t", id(item))
         if key in value:
             continue
+        fixed[key] = item.op in ("param", "const") or bool(item.args) and \
+            all(fixed[("t", id(a))] for a in item.args)
         if item.op == "const":
             value[key] = item.attrs[0]
         elif item.op == "param":
@@ -121,8 +124,8 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
             if not any(isinstance(value[k], fx.Node) for k in operands):
                 value[key] = evaluate([item], {})[0]  # scalar constant folding
                 continue
-            params = [t for t in postorder([item]) if t.op == "param"]
-            if all(t.op in ("param", "const") for t in postorder([item]) if not t.args):
+            if fixed[key]:  # its walk covers parameters and constants alone
+                params = [t for t in postorder([item]) if t.op == "param"]
                 folded = FoldedConstant(item, [t.attrs[0] for t in params], len(kernels))
                 value[key] = graph.call_function(folded, tuple(value[("t", id(t))] for t in params))
                 kernels["folded"] += 1

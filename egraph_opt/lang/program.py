@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
-from .term import Term, postorder, shapes
+from .term import Term, shapes
 
 
 @dataclass(frozen=True)
@@ -80,19 +80,21 @@ class Program:
     def pruned(self) -> Program:
         """The program without opaque calls that no output needs."""
         needed: set[str] = set()
+        seen: set[int] = set()  # terms walked once for all calls (a walk per call is quadratic)
         stack = leaves(self.outputs)
         while stack:
             item = stack.pop()
-            if isinstance(item, OpaqueRef):
-                item = Term("opaque", (), (item.name,))
-            if not isinstance(item, Term):
-                continue
-            for t in postorder([item]):
-                name = t.attrs[0] if t.op == "opaque" else None
-                if name is not None and name not in needed and name in self.opaque:
-                    needed.add(name)
-                    call = self.opaque[name]
-                    stack.extend(leaves((call.args, call.kwargs)))
+            if isinstance(item, Term):
+                if id(item) in seen:
+                    continue
+                seen.add(id(item))
+                stack.extend(item.args)
+            name = item.name if isinstance(item, OpaqueRef) else \
+                item.attrs[0] if isinstance(item, Term) and item.op == "opaque" else None
+            if name is not None and name not in needed and name in self.opaque:
+                needed.add(name)
+                call = self.opaque[name]
+                stack.extend(leaves((call.args, call.kwargs)))
         return replace(self, opaque={n: c for n, c in self.opaque.items() if n in needed})
 
     def with_roots(self, new: dict[int, Term]) -> Program:

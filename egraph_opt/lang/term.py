@@ -96,11 +96,16 @@ def op_counts(roots: Iterable[Term]) -> dict[str, int]:
 _INFIX_PRECEDENCE = {"<": 0, "+": 1, "-": 1, "*": 2, "/": 2, "@": 3, "**": 4}
 
 
-def pretty(root: Term, names: dict[int, str] | None = None) -> str:
-    """Infix text of a term; ``names`` maps term ids to the text to print instead (pattern vars)."""
+def pretty(root: Term, names: dict[int, str] | None = None, width: int | None = None) -> str:
+    """Infix text of a term; ``names`` maps term ids to the text to print instead (pattern vars);
+    ``width``: its first characters alone, then "..." (a DAG's text can be exponentially long)."""
     names = names or {}
     text: dict[int, tuple[str, int]] = {}  # id -> (text, precedence)
     for t in postorder([root]):
+        if width is not None and t.args:  # operands' texts cut past what the root can show
+            for a in t.args:
+                if len(text[id(a)][0]) > width:
+                    text[id(a)] = (text[id(a)][0][:width + 1], text[id(a)][1])
         if id(t) in names:
             text[id(t)] = (names[id(t)], 9)
             continue
@@ -120,7 +125,8 @@ def pretty(root: Term, names: dict[int, str] | None = None) -> str:
             parts = [text[id(a)][0] for a in t.args] + [repr(v) if isinstance(v, str) else str(v)
                                                         for v in t.attrs]
             text[id(t)] = (f"{t.op}({', '.join(parts)})", 9)
-    return text[id(root)][0]
+    shown = text[id(root)][0]
+    return shown if width is None or len(shown) <= width else shown[:width - 3] + "..."
 
 
 def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool = False,

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from ..egraph.engine import ENode, Snapshot
 from ..lang import pattern as pat
 from .ematch import producer
-from ..lang.term import Term, postorder, pretty
+from ..lang.term import Term, postorder, pretty, topological
 from ..rulesets import Rule
 
-#: rewrites tried in all before the replay gives up (each a pattern match on a small subterm)
+#: rewrites tried, and steps repeated where a shared subterm recurs, in all before the replay gives up
 BUDGET = 5_000
 #: how deep under a differing subterm a rewrite may apply (the deepest fusion pattern is ~6 ops)
 REACH = 6
@@ -153,10 +153,13 @@ class _Replay:
         self.classes: list[str | None] = []  # e-class by number
         self.alive: list[Term] = []  # interned terms stay alive so their ids stay theirs
         self.failed: set[tuple[int, int]] = set()  # (have, want) numbers the replay did not join
+        self.solved: dict[tuple[int, int], tuple] = {}  # (have, want) numbers -> (steps, their path)
         self.budget = BUDGET
 
     def key(self, t: Term) -> int:
-        for u in postorder([t]):
+        if id(t) in self.keys:
+            return self.keys[id(t)]
+        for u in topological([t], lambda u: () if id(u) in self.keys else u.args, id):  # new terms only
             if id(u) not in self.keys:
                 self.alive.append(u)
                 k = (u.op, tuple(self.keys[id(a)] for a in u.args), u.attrs)
@@ -176,12 +179,20 @@ class _Replay:
         pair = (self.key(have), self.key(want))
         if pair[0] == pair[1]:
             return []
+        if self.budget <= 0:
+            return None
+        if pair in self.solved:  # a subterm shared by several locations: its steps, moved here
+            found, at = self.solved[pair]
+            self.budget -= len(found)  # as many steps again (a DAG's tree of locations can be exponential)
+            return [dataclasses.replace(s, path=path + s.path[len(at):]) for s in found]
         if pair in self.failed or self.eclass(have) != self.eclass(want):
             return None
         found = self._operands(have, want, path) if (have.op, have.attrs) == (want.op, want.attrs) else None
         found = self._search(have, want, path) if found is None else found
         if found is None:
             self.failed.add(pair)
+        else:
+            self.solved[pair] = found, path
         return found
 
     def _operands(self, have: Term, want: Term, path: tuple) -> list[Step] | None:
@@ -242,7 +253,8 @@ class _Replay:
         """(location, move, subterm, rewritten, part) of every move whose result the e-graph holds in
         the subterm's e-class, at most REACH operands deep; side 1 rewrites moves' right sides
         into their left sides."""
-        canon = pat.structural_ids([term])
+        self.key(term)
+        canon = self.keys  # structural numbers of every subterm (no walk of the term per search)
         frontier = [((), term)]
         for _ in range(REACH):
             below = []
@@ -311,27 +323,30 @@ def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snaps
     saturated e-graph; ``loaded`` maps each input term's id to its e-class."""
     replay = _Replay(snap, loaded, rules)
     derivation = Derivation(start=list(before), end=list(after))
-    per_root = []
+    per_root, unexplained = [], []
     for i, (b, a) in enumerate(zip(before, after)):
         steps = replay.solve(b, a, (i,))
         if steps is None:
-            derivation.complete = False
-            derivation.unexplained += f"{'; ' if derivation.unexplained else ''}output {i}: {_short(pretty(a))}"
-            derivation.unreplayed += _producers(replay, snap, before, a)
+            unexplained.append((i, a))
             continue
         per_root.append(steps)
+    if unexplained:  # named up to 3 (a chain of roots, each printed, would print each one's past)
+        derivation.complete = False
+        more = [f"{len(unexplained) - 3} more outputs"] if len(unexplained) > 3 else []
+        derivation.unexplained = "; ".join([f"output {i}: {pretty(a, width=70)}" for i, a in unexplained[:3]] + more)
+        derivation.unreplayed = _producers(replay, snap, before, [a for _, a in unexplained])
     derivation.steps = _joined(per_root)
     return derivation
 
 
-def _producers(replay: _Replay, snap: Snapshot, before: list[Term], after: Term) -> list[Rule]:
+def _producers(replay: _Replay, snap: Snapshot, before: list[Term], after: list[Term]) -> list[Rule]:
     """Rules that produced the e-nodes of ``after`` the input does not have (``ematch.producer``)."""
 
     def node(t: Term) -> ENode:
         return ENode(t.op, tuple(replay.eclass(a) for a in t.args), t.attrs)
     old = {node(t) for t in postorder(before)}
     found = [producer(replay.all_rules, snap.classes, replay.eclass(t), node(t))
-             for t in postorder([after]) if t.args and node(t) not in old]
+             for t in postorder(after) if t.args and node(t) not in old]
     return [r for r in found if r is not None]
 
 

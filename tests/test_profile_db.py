@@ -13,6 +13,7 @@ import torch
 from egraph_opt import saturate_and_extract
 from egraph_opt.drivers.api import for_accuracy
 from egraph_opt.extractors.curvature import KAPPA_TIE_BREAK
+from egraph_opt.profiling import latency
 from egraph_opt.profiling.profile_db import (ENV_VAR, SCHEMA_VERSION, ProfileDB, ProfileDBError,
                                    ProfileDBWarning, Record, SchemaVersionError, default_path,
                                    shape_key)
@@ -278,7 +279,12 @@ def test_misses_are_profiled_by_default_within_the_budget_and_only_once(tmp_path
     again(torch.randn(8, 32))  # the same shapes: all in the database now
     assert set(again.report.latency[2]) == {"measured"} and again.report.latency[3] == (0, 0.0, None)
     two_kernels = saturate_and_extract(lambda x: torch.exp(x).sum(-1), profile_db=tmp_path / "q.sqlite",
-                                       profile_budget=1e-9)  # spent after the first kernel
+                                       profile_budget=1e-9)  # a kernel predicted to overrun it: none
+    two_kernels(torch.randn(8, 32))
+    assert two_kernels.report.latency[3][0] == 0
+    monkeypatch.setattr(latency, "PROFILE_CALLS", 0)  # the budget alone: spent after the first kernel
+    two_kernels = saturate_and_extract(lambda x: torch.exp(x).sum(-1), profile_db=tmp_path / "q.sqlite",
+                                       profile_budget=1e-9)
     two_kernels(torch.randn(8, 32))
     assert two_kernels.report.latency[3][0] == 1
     off = saturate_and_extract(naive, profile_db=tmp_path / "r.sqlite", profile_budget=0)

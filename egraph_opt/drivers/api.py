@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import time
 import types
 import warnings
 import weakref
@@ -314,9 +315,10 @@ class OptimizedFunction:
         args = call.tensors
         program, traced = capture(target, args)
         self._state.hold(traced)
-        written = writes_in_place(target, args, call.names)
-        if written:  # fx traces ``x += y`` as ``x + y``: only running the original shows it
-            raise SideEffect(f"{self._name} mutates {', '.join(written)}")
+        if not self.validate:  # else validation's run of the original shows it
+            start = time.perf_counter()
+            self._refuse_writes(writes_in_place(target, args, call.names))
+            original_s = time.perf_counter() - start
         returns = tree_structure(program.outputs)  # ModelOutput and other registered containers
         device = args[0].device.type if args else "cpu"
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
@@ -333,10 +335,13 @@ class OptimizedFunction:
                               estimate=measured_estimate(latency))
         run = runner(module, returns)
         terms, meta = postorder(roots), program.meta()
-        small = len(terms) <= ESTIMATED_UP_TO and \
-            sum(math.prod(meta[id(t)][0]) for t in terms) <= ESTIMATED_ELEMENTS
+        values = sum(math.prod(meta[id(t)][0]) for t in terms)
+        small = len(terms) <= ESTIMATED_UP_TO and values <= ESTIMATED_ELEMENTS
         errors = [program_error(p, self.input_ranges) for p in (program, result.program)] \
             if small else []
+        if not small:
+            report.bounded.append(f"error estimate: not made: {len(terms)} terms (bound {ESTIMATED_UP_TO}) "
+                                  f"holding {values:,} values (bound {ESTIMATED_ELEMENTS:,})")
         report.rewrites = [(r.name, r.describe(), n) for r, n in result.applied]
         report.derivation = result.derivation
         report.ops_before, report.ops_after = result.ops_before, result.ops_after
@@ -354,17 +359,29 @@ class OptimizedFunction:
         plan = Plan(run, report, result.egraph, result)
         if self.validate:
             fresh = random_inputs(args, call.names, self.input_ranges)
-            report.validation = compare(target, run, fresh, wide_reference(program, fresh))
+            report.validation = compare(target, run, fresh, lambda: wide_reference(program, fresh))
+            self._refuse_writes([f"argument {call.names[i]!r}" for i in report.validation.written])
+            original_s = report.validation.original_s
+            if report.validation.bounded:
+                report.bounded.append(f"validation: {report.validation.bounded}")
             if not report.validation.passed:
                 return self._untouched(report, f"validation failed: {report.validation.detail}", result)
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
-        if left > 0:  # an unchanged program too: it runs through our kernels, guards and call
+        if left > 0 and 4 * original_s > left:  # its warm-up alone would spend more
+            report.bounded.append(f"timing: not timed side by side: one call of the original took "
+                                  f"{original_s:.2f} s, over a quarter of the {left:.2f} s left of "
+                                  "the profile budget")
+        elif left > 0:  # an unchanged program too: it runs through our kernels, guards and call
             report.measured = time_side_by_side([target, run], args, device, left)
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "
                                                f"{before * 1e6:.1f} us) and is no more stable", result)
         return plan
+
+    def _refuse_writes(self, written: list[str]) -> None:
+        if written:  # fx traces ``x += y`` as ``x + y``: only running the original shows it
+            raise SideEffect(f"{self._name} mutates {', '.join(written)}")
 
     def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
                             error: tuple | None = None) -> bool:

@@ -25,6 +25,7 @@ class Report:
     validation: Validation | None = None
     measured: list | None = None  # seconds of the original and the optimized, timed side by side
     fallback: str = ""  # why the original program is running instead, if it is
+    bounded: list[str] = field(default_factory=list)  # work that ran on a sample or not at all, and why
     derivation: Derivation | None = None  # the steps the [REWRITE] lines are read from
 
     def to_html(self, path) -> str:
@@ -78,6 +79,7 @@ class Report:
             verdict = "passed" if v.passed else "FAILED"
             lines.append(f"[VALIDATION] {verdict}: max error {v.max_error:.3g} "
                          f"(original {v.original_error:.3g}){' - ' + v.detail if v.detail else ''}")
+        lines += [f"[BOUNDED] {b}" for b in self.bounded]
         if self.fallback:
             lines.append(f"[FALLBACK] running the original program: {self.fallback}")
         return "\n".join(lines)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_unflatten
 
@@ -107,6 +108,22 @@ class _Recorder(fx.Interpreter):
         return result
 
 
+def _record(gm: fx.GraphModule, example_args: tuple) -> None:
+    """Each node's shape or value, from a run on fake tensors (shapes alone: a large input costs no
+    arithmetic); where fake tensors cannot follow (a value read from a tensor, an op without a meta
+    kernel), from a run on clones of the example inputs (an opaque call must not touch the caller's)."""
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            _Recorder(gm).run(*(mode.from_tensor(a) for a in example_args))
+        return
+    except Exception:  # noqa: BLE001 - any op fake tensors cannot run: the real run says
+        pass
+    try:
+        _Recorder(gm).run(*(a.clone() if a.device.type != "meta" else a for a in example_args))
+    except Exception as e:
+        raise CaptureError(f"running the traced program on the example inputs failed: {e}") from e
+
+
 _SHAPE_QUERIES = {("call_method", "size"), ("call_method", "dim"), ("call_method", "numel"),
                   ("call_function", getattr)}
 
@@ -137,10 +154,7 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
     if effects:
         raise SideEffect(f"{getattr(fn, '__qualname__', type(fn).__name__)} mutates "
                          f"{', '.join(effects)}")
-    try:  # on clones: a graph fx cannot see into (an opaque call) must not touch the caller's
-        _Recorder(gm).run(*(a.clone() if a.device.type != "meta" else a for a in example_args))
-    except Exception as e:
-        raise CaptureError(f"running the traced program on the example inputs failed: {e}") from e
+    _record(gm, example_args)
 
     values: dict[str, Any] = {}  # node name -> Term | OpaqueRef | static Python value
     scopes: dict[int, str] = {}

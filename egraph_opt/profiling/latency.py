@@ -209,6 +209,11 @@ def default_budget() -> float:
     return budget
 
 
+#: calls of a kernel that profiling it takes at least (3 to warm up, 1 to size a sample, 5 timed):
+#: one predicted to overrun the budget left is not profiled (a large input's GEMM takes seconds)
+PROFILE_CALLS = 9
+
+
 @dataclass
 class MeasuredLatency:
     """Callable ``(op, attrs, shapes, dtype) -> (units, source)`` for ops the profiler knows. A
@@ -255,8 +260,8 @@ class MeasuredLatency:
             try:
                 est = self.model.predict(op, backend, self.where, dtype, shapes, named)
                 timeable = len(shapes) == len(PRICED[op].shapes(1))  # a constant operand: not as profiled
-                if est.source != "measured" and timeable and self.spent_s < self.budget_s \
-                        and not self._busy():
+                if est.source != "measured" and timeable and \
+                        self.spent_s + PROFILE_CALLS * est.seconds < self.budget_s and not self._busy():
                     start = time.perf_counter()
                     (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,
                                                self.db, repeats=5, progress=False, kernel=kernel)

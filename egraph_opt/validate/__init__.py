@@ -10,11 +10,17 @@ Where float64 itself overflows (exp(800) / exp(800) is NaN there, 1 in truth), t
 the original's captured terms evaluated in numpy's long double (``wide_reference``: a 15-bit
 exponent on x86, so exp(1e4) stays finite), when every op of it has a numpy form; else nothing
 there can be checked, and a finite candidate is refused.
+
+The candidate and the original run once each on the whole input; the references are bounded
+(``REFERENCE_SECONDS``, ``WIDE_ELEMENTS``), so that a large input costs no more than those runs and
+the bound: past it, the float64 reference covers the first rows of the batch and the other rows are
+judged against the original, or no row where the batch cannot be split (then every element is
+judged against the original, within the dtype's tolerance). ``Validation.bounded`` says which.
 """
 from __future__ import annotations
 
-import copy
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,6 +28,7 @@ import operator
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from ..lang import pattern
@@ -36,6 +43,23 @@ class Validation:
     max_error: float = 0.0
     original_error: float = 0.0
     detail: str = ""
+    bounded: str = ""  # how the reference work was bounded; "" where it covered every element
+    written: tuple[int, ...] = ()  # the arguments the original wrote into (its run on clones)
+    original_s: float = 0.0  # seconds of that run: what one call of the original costs
+
+
+#: seconds the float64 reference may take (its parameters' conversion included): beyond them it
+#: covers the batch's first rows, or none, and the rest is judged against the original
+REFERENCE_SECONDS = 5.0
+#: the float64 reference's cost as a multiple of the original's run (float64 arithmetic)
+FLOAT64_COST = 2.0
+#: the long double reference (numpy without BLAS: ~0.35 GFLOP/s) runs on programs of at most this
+#: many values over all their terms
+WIDE_ELEMENTS = 1 << 21
+#: where only the sampled rows have a reference, the others' distance from the original may be
+#: this many times the original's error on the sample: within 4x of the reference by the triangle
+#: inequality, where the original errs there as it does on the sample
+EXCUSED = 3.0
 
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -72,13 +96,46 @@ def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0
 
 
 def _reference(fn: Callable, args: tuple):
-    """The original in float64 where it can run so; otherwise in its own precision."""
+    """The original in float64 where it can run so; otherwise in its own precision. A module runs
+    on float64 copies of its parameters and buffers (no copy of the module itself)."""
     wide = tuple(a.double() if a.is_floating_point() else a.clone() for a in args)
     try:
-        target = copy.deepcopy(fn).double() if isinstance(fn, torch.nn.Module) else fn
-        return target(*wide)
+        if not isinstance(fn, torch.nn.Module):
+            return fn(*wide)
+        state = {n: t.double() if t.is_floating_point() else t
+                 for n, t in (*fn.named_parameters(), *fn.named_buffers())}
+        return torch.func.functional_call(fn, state, wide)
+    except _OutOfTime:
+        raise
     except Exception:  # noqa: BLE001 - a function pinned to one dtype: use its own precision
         return fn(*_clones(args))
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+class _Deadline(TorchFunctionMode):
+    """Stops the program it runs at the first torch call past ``end`` (on CUDA, synchronizing every
+    64 calls: queued kernels count)."""
+
+    def __init__(self, end: float, sync: Callable):
+        super().__init__()
+        self.end, self.sync, self.calls = end, sync, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        if self.calls % 64 == 0:
+            self.sync()
+        if time.perf_counter() > self.end:
+            raise _OutOfTime()
+        return func(*args, **(kwargs or {}))
+
+
+def _sync_of(args: tuple) -> Callable:
+    if any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args):
+        return torch.cuda.synchronize
+    return lambda: None
 
 
 #: numpy's long double, where it has a wider exponent than float64 (not on Windows or macOS arm)
@@ -89,10 +146,12 @@ _OPERATORS = {operator.add, operator.sub, operator.mul, operator.truediv, operat
 def wide_reference(program: Program, args: tuple) -> list | None:
     """The original program's outputs (flattened) in long double, as float64 arrays: finite where
     float64 overflows only in between. None where it cannot be had: no wider type, an opaque
-    call, a parameter, or an op with no numpy form (``Op.numpy``, or an arithmetic operator)."""
+    call, a parameter, an op with no numpy form (``Op.numpy``, or an arithmetic operator), or more
+    than ``WIDE_ELEMENTS`` values to compute."""
     outputs = leaves(program.outputs)
     if WIDE is None or program.opaque or not all(isinstance(o, Term) for o in outputs) or \
-            not all(a.is_floating_point() for a in args):
+            not all(a.is_floating_point() for a in args) or \
+            sum(math.prod(shape) for shape, _ in program.meta().values()) > WIDE_ELEMENTS:
         return None
     values: dict[int, object] = {id(t): a.detach().double().cpu().numpy().astype(WIDE)
                                  for t, a in zip(program.inputs, args)}
@@ -152,10 +211,11 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a == b) | (a.isnan() & b.isnan())
 
 
-def judge(cand, orig, ref=None) -> tuple[bool, float, float, str]:
+def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, float, str]:
     """The acceptance rule, for torch and ONNX outputs alike (numpy arrays are taken as tensors):
     (accepted, candidate's error, original's error, why refused). Without a float64 ``ref`` (an
-    ONNX model runs in its own precision), the original is the reference."""
+    ONNX model runs in its own precision), the original is the reference; ``excused``: an error
+    allowed beyond the dtype's tolerance (the original's own, measured elsewhere)."""
     if isinstance(cand, np.ndarray) and cand.dtype.kind not in "biufc":  # strings, objects
         same = cand.shape == orig.shape and np.array_equal(cand, orig)
         return same, 0.0 if same else math.inf, 0.0, "" if same else "outputs differ"
@@ -165,7 +225,7 @@ def judge(cand, orig, ref=None) -> tuple[bool, float, float, str]:
         return False, math.inf, 0.0, (f"{tuple(cand.shape)} {cand.dtype} vs "
                                       f"{tuple(orig.shape)} {orig.dtype}")
     err, err_orig, why = _error(cand, orig, ref)
-    allowed = max(TOLERANCE.get(cand.dtype, TOLERANCE.get(cand.real.dtype, 0.0)), 4 * err_orig)
+    allowed = max(TOLERANCE.get(cand.dtype, TOLERANCE.get(cand.real.dtype, 0.0)), 4 * err_orig, excused)
     if not why and err > allowed:
         why = f"error {err:.3g} exceeds {allowed:.3g}"
     return not why, err, err_orig, why
@@ -197,26 +257,114 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
     return err, err_orig, ""
 
 
-def compare(original: Callable, candidate: Callable, args: tuple, wide: list | None = None) -> Validation:
+def compare(original: Callable, candidate: Callable, args: tuple, wide: list | Callable | None = None,
+            budget_s: float | None = None) -> Validation:
     """Run both on their own clones of ``args`` (random draws inside them do not advance the
-    caller's generator) and apply the acceptance rule, ``judge``; ``wide`` (``wide_reference``)
-    stands in for the float64 reference where that is not finite."""
+    caller's generator) and apply the acceptance rule, ``judge``, against the float64 reference
+    within ``budget_s`` seconds (``REFERENCE_SECONDS``; see the module's docstring). ``wide``
+    (``wide_reference``, or a function giving it, called only where float64 overflowed) stands in
+    for the float64 reference where that is not finite. The original's run also shows which
+    arguments it writes into (``Validation.written``: the candidate cannot be compared then)."""
+    budget_s = REFERENCE_SECONDS if budget_s is None else budget_s
+    sync = _sync_of(args)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        ref_tree = _reference(original, args)
-        orig_tree, cand_tree = original(*_clones(args)), candidate(*_clones(args))
-    (refs, _), (origs, spec_o), (cands, spec_c) = map(tree_flatten, (ref_tree, orig_tree, cand_tree))
-    if wide is not None and len(wide) == len(refs):
-        refs = [_widened(r, w) for r, w in zip(refs, wide)]
-    if spec_c != spec_o:
-        return Validation(False, math.inf, 0.0, f"output structure differs: {spec_c} vs {spec_o}")
+        with torch.inference_mode(False):  # clones that count their writes (``_version``)
+            clones = _clones(args)
+        versions = [c._version for c in clones]
+        start = time.perf_counter()
+        orig_tree = original(*clones)
+        sync()
+        seconds = time.perf_counter() - start
+        written = tuple(i for i, (c, v) in enumerate(zip(clones, versions)) if c._version != v)
+        if written:
+            return Validation(False, math.inf, 0.0, "the original writes into its arguments",
+                              written=written, original_s=seconds)
+        cand_tree = candidate(*_clones(args))
+        (origs, spec_o), (cands, spec_c) = map(tree_flatten, (orig_tree, cand_tree))
+        if spec_c != spec_o:
+            return Validation(False, math.inf, 0.0, f"output structure differs: {spec_c} vs {spec_o}",
+                              original_s=seconds)
+        reference = _bounded_reference(original, args, origs, seconds, budget_s, sync)
+    refs, rows, alone, bounded = reference.refs, reference.rows, reference.alone, reference.bounded
+    if refs is not None and wide is not None and any(
+            isinstance(r, torch.Tensor) and r.is_floating_point() and not r.isfinite().all() for r in refs):
+        wide = wide() if callable(wide) else wide
+        if wide is not None and len(wide) == len(refs):
+            refs = [_widened(r, w if rows is None else w[:rows]) for r, w in zip(refs, wide)]
     worst, worst_orig, detail = 0.0, 0.0, ""
-    for i, (ref, orig, cand) in enumerate(zip(refs, origs, cands)):
+    for i, (orig, cand) in enumerate(zip(origs, cands)):
         if not isinstance(cand, torch.Tensor):
             if cand != orig:
-                return Validation(False, math.inf, 0.0, f"output {i}: {cand!r} != {orig!r}")
+                return Validation(False, math.inf, 0.0, f"output {i}: {cand!r} != {orig!r}", bounded,
+                                  original_s=seconds)
             continue
-        ok, err, err_orig, why = judge(cand, orig, ref)
-        if not ok and not detail:
-            detail = f"output {i}: {why}"
-        worst, worst_orig = max(worst, err), max(worst_orig, err_orig)
-    return Validation(not detail, worst, worst_orig, detail)
+        if refs is None:  # no reference: the original is it
+            verdicts = [judge(cand, orig)]
+        elif rows is None:
+            verdicts = [judge(cand, orig, refs[i])]
+        else:  # the sampled rows against the reference (the original's error: on them alone),
+            head = judge(cand[:rows], alone[i], refs[i])  # the others against the original
+            verdicts = [head, judge(cand[rows:], orig[rows:], excused=EXCUSED * head[2])]
+        for ok, err, err_orig, why in verdicts:
+            if not ok and not detail:
+                detail = f"output {i}: {why}"
+            worst, worst_orig = max(worst, err), max(worst_orig, err_orig)
+    return Validation(not detail, worst, worst_orig, detail, bounded, original_s=seconds)
+
+
+@dataclass
+class _Reference:
+    refs: list | None  # the float64 reference's flat outputs; None: none within the bound
+    rows: int | None = None  # the batch's first rows they cover; None: every row
+    alone: list | None = None  # the original's outputs on those rows alone
+    bounded: str = ""
+
+
+def _none(why: str) -> _Reference:
+    return _Reference(None, bounded=f"no float64 reference: {why}; every element is judged against "
+                                    "the original")
+
+
+def _bounded_reference(original: Callable, args: tuple, origs: list, seconds: float, budget_s: float,
+                       sync: Callable) -> _Reference:
+    """The float64 reference of every row where ``FLOAT64_COST`` times the original's ``seconds``
+    fits ``budget_s``; else of the batch's first rows, as many as fit, where every output and some
+    input are batched alike and the original on those rows alone agrees with its rows of the whole;
+    else none. A deadline holds the runs to ``budget_s`` whatever the estimate."""
+    estimate = FLOAT64_COST * seconds
+    batch = _batch(args, origs)
+    rows = None if estimate <= budget_s else max(1, int(batch * budget_s / estimate)) if batch else 0
+    if rows == 0:
+        return _none(f"it would take about {estimate:.1f} s, over its {budget_s:g} s bound, and the "
+                     "batch cannot be split")
+    part = args if rows is None else tuple(a[:rows] if _batched(a, batch) else a for a in args)
+    try:
+        with _Deadline(time.perf_counter() + budget_s, sync):
+            refs, _ = tree_flatten(_reference(original, part))
+            if rows is None:
+                return _Reference(refs)
+            alone, _ = tree_flatten(original(*_clones(part)))
+    except _OutOfTime:
+        return _none(f"it ran past its {budget_s:g} s bound")
+    except Exception as e:  # noqa: BLE001 - the rows alone do not run (shapes fixed in the code)
+        if rows is None:
+            raise
+        return _none(f"the first {rows} rows alone do not run ({type(e).__name__})")
+    if not all(judge(o[:rows], a, r)[0] for o, a, r in zip(origs, alone, refs) if isinstance(o, torch.Tensor)):
+        return _none(f"the original on its first {rows} rows alone differs from its rows of the whole batch")
+    return _Reference(refs, rows, alone, f"float64 reference on {rows} of {batch} rows (about {estimate:.1f} s "
+                                         f"for all, over its {budget_s:g} s bound); the other rows are "
+                                         "judged against the original")
+
+
+def _batched(a, batch: int) -> bool:
+    return isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch
+
+
+def _batch(args: tuple, origs: list) -> int:
+    """The rows the reference can be split by: every tensor output's first dimension, where it is
+    one size above 1 and some argument's first dimension has it too; else 0."""
+    tensors = [o for o in origs if isinstance(o, torch.Tensor)]
+    sizes = {o.shape[0] if o.dim() else 0 for o in tensors}
+    batch = sizes.pop() if len(sizes) == 1 else 0
+    return batch if batch > 1 and any(_batched(a, batch) for a in args) else 0

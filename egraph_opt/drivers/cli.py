@@ -108,7 +108,7 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
         records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=kernel)
         backends.add(kernel.backend)  # its memory: the moves into it and out
     for (source, target), move in MOVES.items():
-        if backends & {source, target} and copies(source, target):
+        if {source, target} <= backends | {"torch"} and copies(source, target):  # both usable here
             cases = [Case(MOVE, dtype, ((n, n),), {}) for dtype in args.dtype for n in args.sizes
                      if dtype in move.dtypes]
             records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=move)

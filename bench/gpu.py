@@ -99,6 +99,8 @@ def host_syncs(fn, args: tuple, device: str) -> tuple[int, list[str]]:
     """How often one call of ``fn`` waits for the device, and where (file:line of the Python
     frame that asked): CUDA's sync debug mode flags every synchronizing call on a GPU; on CPU,
     the reads of a tensor's value into Python are counted."""
+    with torch.inference_mode():
+        fn(*args)  # a call before: what a first call does once is not counted
     if device == "cuda":
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as seen:

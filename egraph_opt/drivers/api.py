@@ -84,7 +84,8 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
     """Never slower than the original: measured on the actual inputs (layouts included), a
     program slower by more than noise (``slower_by``) runs only where it buys stability the
     objective asked for (stability and tolerance: always; balanced: where it is steadier: a rule
-    made for accuracy is applied (``for_accuracy``) and its worst-conditioned node is better conditioned (an overflow or cancellation gone, which sampling
+    made for accuracy is applied (``for_accuracy``) and its worst-conditioned node is better
+    conditioned (an overflow or cancellation gone, which sampling
     rarely meets), its conditioning cost is lower by other ops (not by a subterm computed once
     instead of twice, which buys nothing) and by more than the tie-breaking cost of the nodes it
     has fewer (geglu for gelu(a) * b is one node fewer, not a steadier program), or its sampled

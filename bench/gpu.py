@@ -12,7 +12,7 @@ Sections (``--only`` picks some):
 - ``hf``: a Hugging Face GPT-2 (C=768, 12 layers, random weights) called as users call it,
   ``model(ids)``, and as ``model(ids, use_cache=False, return_dict=False)``.
 - ``suite``: bench/spellings.py's programs on the device in float32 and float16 (as many as fit in
-  ``--suite-seconds``): fell back, fused, speed against eager, error.
+  the run's ``--seconds``): fell back, fused, speed against eager, error.
 
 Times are medians of calls interleaved round by round (each round calls every variant), read with
 CUDA events on a GPU (device time, synchronized once per round) and with the clock on CPU. Each
@@ -490,7 +490,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=420, help="the whole run's limit")
     p.add_argument("--program-seconds", type=float, default=150, help="limit of each program's child")
     p.add_argument("--jobs", type=int, help="children at once (their timing takes turns); "
-                   "default 3 on a GPU, 1 interpreted")
+                   "default 4 on a GPU, 1 interpreted")
     p.add_argument("--out", help="write the tables as markdown here (after every section)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--suite-seconds", type=float, default=120, help=argparse.SUPPRESS)
@@ -505,6 +505,8 @@ def main() -> None:
             print(json.dumps(run_program(name, device, args.interpret, use_compile)), flush=True)
         elif what == "hf":
             run_hf(device, args.interpret, use_compile)
+        elif what == "kernels":
+            kernels(device, args.interpret, time.monotonic() + args.suite_seconds)
         else:
             run_suite(device, args.interpret, args.suite_seconds)
         return
@@ -512,8 +514,8 @@ def main() -> None:
 
     deadline = time.monotonic() + args.seconds
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (Triton interpreted)"
-    sections = {"programs": "The decorator end to end", "hf": "Hugging Face GPT-2",
-                "suite": "The spelling suite", "kernels": "Triton kernels against torch's"}
+    sections = {"programs": "The decorator end to end", "kernels": "Triton kernels against torch's",
+                "hf": "Hugging Face GPT-2", "suite": "The spelling suite"}
     results = {sections[k]: [] for k in sections if k in args.only}
 
     def write():
@@ -532,14 +534,12 @@ def main() -> None:
     if unknown:
         sys.exit(f"bench/gpu.py: no program {unknown[0]!r}; programs: {', '.join(ROWS)}")
     parts = [f"programs:{p}" for p in chosen] if "programs" in args.only else []
-    parts = (["hf"] if "hf" in args.only else []) + parts + (["suite"] if "suite" in args.only else [])
-    with ThreadPoolExecutor(args.jobs or (1 if args.interpret else 3)) as pool:
+    parts = (["hf"] if "hf" in args.only else []) + parts + \
+        [k for k in ("kernels", "suite") if k in args.only]
+    with ThreadPoolExecutor(args.jobs or (1 if args.interpret else 4)) as pool:
         for section, rows in pool.map(part, parts):
             results[section] += rows
             write()
-    if "kernels" in args.only:
-        results[sections["kernels"]] = kernels(device, args.interpret, deadline)
-        write()
     print(markdown(results, name))
 
 

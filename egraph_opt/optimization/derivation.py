@@ -31,6 +31,8 @@ from ..rulesets import Rule
 
 #: rewrites tried, and steps repeated where a shared subterm recurs, in all before the replay gives up
 BUDGET = 5_000
+#: steps lifted one level up (a new root each, ``_lift``) that cost the budget as one rewrite tried
+LIFTS_PER_REWRITE = 4
 #: how deep under a differing subterm a rewrite may apply (the deepest fusion pattern is ~6 ops)
 REACH = 6
 #: rewrites in a row from each side of one differing subterm before the two sides must meet
@@ -201,6 +203,7 @@ class _Replay:
             sub = self.solve(a, b, path + (i,))
             if sub is None:
                 return None
+            self.budget -= len(sub) / LIFTS_PER_REWRITE  # each step rebuilt one level up
             steps += [_lift(s, have, i) for s in sub]
             have = _replace(have, (i,), b)
         return steps

@@ -46,23 +46,33 @@ def measured_estimate(latency) -> Estimate:
     return estimate
 
 
-def pricing(latency, device: str) -> Callable:
-    """``latency_of(op, attrs, shapes, dtype, layouts) -> (units, source)`` of the kernel binding
-    will choose for such a node on ``device``, its operands in torch memory (the cheapest usable
-    candidate, the moves into its backend included), for the cost model."""
-    estimate = measured_estimate(latency)
+class Pricing:
+    """``pricing(op, attrs, shapes, dtype, layouts) -> (units, source)`` of the kernel binding will
+    choose for such a node on ``device``, its operands in torch memory (the cheapest usable
+    candidate, the moves into its backend included), for the cost model; ``paths(...)`` every
+    kernel binding weighs for it, with its seconds or why not, for the explorer."""
 
-    def latency_of(op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = ()):
-        use = Use(op, attrs, shapes, (dtype,) * len(shapes), device, layouts)
-        found = []
+    def __init__(self, latency, device: str):
+        self.latency, self.device, self.estimate = latency, device, measured_estimate(latency)
+
+    def _use(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple) -> Use:
+        return Use(op, attrs, shapes, (dtype,) * len(shapes), self.device, layouts)
+
+    def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = ()):
+        use, found = self._use(op, attrs, shapes, dtype, layouts), []
         for kernel in kernels_for(op):
-            own = _measured(latency, kernel, op, attrs, shapes, dtype, layouts) \
-                if usable(kernel, device) and not kernel.refuses(use) else None
+            own = _measured(self.latency, kernel, op, attrs, shapes, dtype, layouts) \
+                if usable(kernel, self.device) and not kernel.refuses(use) else None
             if own:
-                moves = conversion_seconds(use, "torch", kernel.backend, estimate)
+                moves = conversion_seconds(use, "torch", kernel.backend, self.estimate)
                 found.append((own[0] + round(moves / UNIT_S), own[1]))
         return min(found) if found else None
-    return latency_of
+
+    def paths(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = ()) -> list[Path]:
+        return paths(self._use(op, attrs, shapes, dtype, layouts), ("torch",), self.estimate)
+
+
+pricing = Pricing
 
 
 def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dtype: str,

@@ -125,6 +125,9 @@ def test_explore_and_profiling_rows_take_the_triton_path(monkeypatch, tmp_path):
     f = saturate_and_extract(fn)
     f(*args)
     assert "triton.softmax" in str(f.report) and explore(f).fallback == ""
+    weighed = {row[2]: row for row in explore(f).kernels().rows if row[1] == "softmax"}
+    assert {"triton.softmax", "torch.softmax"} <= set(weighed)  # each path with its latency
+    assert weighed["triton.softmax"][5] == "*" and all(row[3] > 0 for row in weighed.values())
     with ProfileDB(tmp_path / "p.sqlite") as db:
         kernel = REGISTRY["triton.softmax"]
         profile_shapes([Case("softmax", "float16", ((4, 16),), {"axis": -1})], "cpu", db,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -288,6 +289,29 @@ class Explorer:
         return Table(f"the {len(found)} cheapest programs of {self.name}",
                      ["rank", "program", "cost", "curvature dB", "latency us", "error bits",
                       "extracted"], rows, "call table[i](*tensors) to run one", found)
+
+    def kernels(self) -> Table:
+        """Every kernel binding weighs for each fused or computed node the extracted program
+        takes (Triton's among them where Triton runs), its latency with the moves into its
+        backend, or why it cannot run the node or is not measured here."""
+        paths_of = getattr(self.result.model.latency_of, "paths", None)
+        if paths_of is None:
+            raise ValueError(f"{self.name} was priced without a latency database (profile_db=False): "
+                             "no kernel was weighed")
+        rows, items = [], []
+        for cid, node in sorted(self.chosen.items(), key=lambda item: _number(item[0])):
+            f = self.facts(cid, node)
+            if not node.children or f.op in LEAVES or f.shapes is None:
+                continue
+            found = paths_of(f.op, f.attrs, f.shapes, f.dtype, f.layouts)
+            for rank, path in enumerate(found):
+                seconds = "-" if path.seconds == math.inf else round(path.seconds * 1e6, 2)
+                rows.append([cid, f.op, path.kernel.name, seconds, path.refused or "",
+                             "*" if rank == 0 and path.seconds < math.inf else ""])
+                items.append(path)
+        return Table(f"kernels weighed for the nodes of {self.name}",
+                     ["e-class", "op", "kernel", "latency us", "why not", "bound"], rows,
+                     "* marks the kernel binding takes: the cheapest that runs the node", items)
 
     def why_not(self, x) -> Table:
         """``x`` a Candidate or a Term: its costs beside the extracted program's. ``x`` a rule

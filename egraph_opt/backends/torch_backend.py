@@ -8,6 +8,8 @@ what it uses.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import fx
 from torch.fx.node import map_aggregate
@@ -65,6 +67,19 @@ def _schedule(program: Program) -> list:
     return topological(roots, deps, key)
 
 
+def _get_attr(graph: fx.Graph, owner: torch.nn.Module, name: str) -> fx.Node:
+    """A node reading ``owner``'s attribute ``name``. fx warns where it is a plain tensor, not a
+    parameter or buffer, as torch.export lifts a decorated method's tensors; it is there, and
+    GraphModule copies it, so the warning only alarms the user."""
+    held = owner
+    for part in name.split("."):
+        held = getattr(held, part, None)
+    with warnings.catch_warnings():
+        if isinstance(held, torch.Tensor):
+            warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node", UserWarning)
+        return graph.get_attr(name)
+
+
 def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",
                  estimate: Estimate = default_estimate, meta: dict | None = None) -> fx.GraphModule:
     """The program as a GraphModule; ``.kernels`` on it counts the kernels it binds by name.
@@ -114,7 +129,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
         if item.op == "const":
             value[key] = item.attrs[0]
         elif item.op == "param":
-            value[key] = graph.get_attr(item.attrs[0])
+            value[key] = _get_attr(graph, owner, item.attrs[0])
         elif item.op == "opaque":
             value[key] = value[("o", item.attrs[0])]
         elif item.op == "input":

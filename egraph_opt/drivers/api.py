@@ -410,7 +410,11 @@ def saturate_and_extract(fn: Callable | None = None, **options: Any):
     relative error), ``input_ranges`` ({name: (lo, hi)}), ``rulesets`` (family or rule names),
     ``validate`` (default True), ``limits``, ``profile_db`` (a path; None: the default; False: static
     latencies), ``profile_budget`` (seconds per optimize to time kernels the database lacks: default 2, or
-    $EGRAPH_OPT_PROFILE_BUDGET; 0: none), ``keep_egraph`` (every plan's)."""
+    $EGRAPH_OPT_PROFILE_BUDGET; 0: none), ``keep_egraph`` (every plan's). A module comes back as
+    an nn.Module (``drivers/module.py``), as torch.compile's does."""
     if fn is None:
-        return lambda f: OptimizedFunction(f, **options)
+        return lambda f: saturate_and_extract(f, **options)
+    if isinstance(fn, torch.nn.Module):
+        from .module import OptimizedModule
+        return OptimizedModule(fn, OptimizedFunction(fn, **options))
     return OptimizedFunction(fn, **options)

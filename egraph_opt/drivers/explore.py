@@ -43,7 +43,10 @@ def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
     model path (optimized here); for a sharded plan (``egraph_opt.shard``), the table of its
     alternative shardings with their predicted costs."""
     from .api import OptimizedFunction
+    from .module import OptimizedModule
     from .sharded import ShardedPlan
+    if isinstance(obj, OptimizedModule):
+        obj = obj._optimized
     if isinstance(obj, ShardedPlan):
         return obj.alternatives()
     if isinstance(obj, OptimizedFunction):

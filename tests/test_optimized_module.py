@@ -1,0 +1,70 @@
+"""``saturate_and_extract(module)`` is an nn.Module, as torch.compile's result is: training mode,
+moves, parameters, checkpoints and attributes are the original's; calls run its plans."""
+import warnings
+
+import torch
+
+import egraph_opt
+from egraph_opt import saturate_and_extract
+
+
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.5)
+        self.temperature = 2.0
+
+    def forward(self, x):
+        return torch.log(torch.softmax(self.drop(self.proj(x)) / self.temperature, -1))
+
+
+def test_the_wrapper_is_the_original_to_everything_but_its_calls():
+    torch.manual_seed(0)
+    head = Head()
+    fast = saturate_and_extract(head, profile_budget=0)
+    assert isinstance(fast, torch.nn.Module)
+    assert fast.eval() is fast and not head.training and not fast.training  # dropout off in both
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(fast(x), torch.log_softmax(head.proj(x) / 2, -1))
+    assert "log-softmax-fuse" in str(fast.report) and fast.egraph is not None and len(fast.plans) == 1
+    assert "log_softmax" in str(egraph_opt.explore(fast))
+    fast.train()
+    assert head.training and fast.training
+
+    assert [n for n, _ in fast.named_parameters()] == ["proj.weight", "proj.bias"]
+    assert all(a is b for a, b in zip(fast.parameters(), head.parameters()))
+    assert list(fast.state_dict()) == list(head.state_dict())  # checkpoints load into either
+    zeros = {k: torch.zeros_like(v) for k, v in head.state_dict().items()}
+    fast.load_state_dict(zeros)
+    assert not head.proj.weight.any()
+    nested = torch.nn.Sequential(fast)  # a parent sees the original's names, both ways
+    nested.load_state_dict({f"0.{k}": torch.ones_like(v) for k, v in zeros.items()})
+    assert list(nested.state_dict()) == ["0.proj.weight", "0.proj.bias"] and head.proj.bias.eq(1).all()
+
+    assert fast.temperature == 2.0 and fast.proj is head.proj
+    fast.temperature = 4.0  # the original's attribute: its code reads it, and it keys the plans
+    assert head.temperature == 4.0
+    fast.eval()
+    torch.testing.assert_close(fast(x), torch.log_softmax(head.proj(x) / 4, -1))
+    assert fast.to(torch.float64) is fast and head.proj.weight.dtype == torch.float64
+    torch.testing.assert_close(fast(x.double()), torch.log_softmax(head.proj(x.double()) / 4, -1))
+    assert len(fast.plans) == 3  # per temperature and dtype, keyed as before
+
+
+class Decorated(Head):
+    @saturate_and_extract(profile_budget=0)
+    def forward(self, x):
+        return torch.log(torch.softmax(self.proj(x) / self.temperature, -1))
+
+
+def test_a_decorated_method_warns_of_nothing():
+    """Its tensors are lifted into plain attributes, which torch.fx warns of ("Attempted to insert a
+    get_attr Node with no underlying reference") though they are there."""
+    m, x = Decorated(), torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = m(x)
+    assert [str(w.message) for w in caught] == []
+    torch.testing.assert_close(out, torch.log_softmax(m.proj(x) / 2, -1))
+    assert m.forward.report.optimized

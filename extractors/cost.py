@@ -37,6 +37,10 @@ class Objective(enum.Enum):
 
 
 @dataclass(frozen=True)
+    @classmethod
+    def _missing_(cls, value):
+        raise ValueError(f"{value!r} is not an objective; use one of {', '.join(o.value for o in cls)}")
+
 class NodeFacts:
     """What a cost model may know of one node: its op and attributes, the intervals, dtypes,
     exactness (no rounding error) and shapes of its operands, and its own interval (None: not

@@ -6,6 +6,8 @@ import json
 import os
 import tempfile
 
+from .usage import new_file_mode
+
 
 def line(r: dict) -> str:
     if r["status"] != "optimized":
@@ -56,3 +58,4 @@ def write_report(path: str, records: list[dict], interrupted: bool) -> None:
         else:
             json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
     os.replace(f.name, path)
+    os.chmod(f.name, new_file_mode())

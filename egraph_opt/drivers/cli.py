@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _Parser(prog="egraph-opt", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"egraph-opt {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     rules = sub.add_parser("rules", help="list the rewrite rule catalogue")
     rules.add_argument("--family", choices=[f.value for f in Family])
@@ -240,13 +241,26 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args, f"egraph-opt {args.command}")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("egraph-opt")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "(not installed)"
+
+
 def _run(args: argparse.Namespace, prog: str) -> int:
     """Run the command; an error, and each warning (a profile database set aside), is one line."""
     with warnings.catch_warnings():
         warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}",
                                                          file=sys.stderr)
         try:
-            return args.run(args)
+            status = args.run(args)
+            sys.stdout.flush()  # a reader that left (``| head``) shows here, not at exit
+            return status
+        except BrokenPipeError:  # the reader has what it wanted: end quietly, as ``head`` expects
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+            return 0
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130

@@ -14,7 +14,7 @@ from typing import Callable
 
 import onnx
 
-from .usage import ModelFailure
+from .usage import ModelFailure, new_file_mode
 
 _PREFIX = ".egraph-opt-"
 
@@ -68,6 +68,7 @@ def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite:
 
 
 def write_files(files: dict[str, bytes], target: str, overwrite: bool = False, run: str = "",
+            os.chmod(os.path.join(folder, base + ".data"), new_file_mode())  # onnx makes it 0600
                 same_is_ours: bool = False) -> None:
     """Claim ``target`` from the bytes of its files (the model's base name and its data files)."""
     def save(folder: str) -> None:

@@ -3,6 +3,7 @@ refusal is one line (argparse then exits with status 2)."""
 from __future__ import annotations
 
 import argparse
+import os
 
 
 class Failure(Exception):
@@ -24,3 +25,11 @@ def at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum}")
         return value
     return parse
+
+
+def new_file_mode() -> int:
+    """The mode ``open`` gives a new file (0o666 less the user's umask), for files written aside
+    and moved into place: mkstemp and onnx's external data make them 0600."""
+    mask = os.umask(0o077)  # read by setting: a file another thread makes meanwhile is private
+    os.umask(mask)
+    return 0o666 & ~mask

@@ -18,7 +18,13 @@ def line(r: dict) -> str:
     if "kept_original" in r:
         return f"ok     {r['model']}: kept as it was ({r['kept_original']}){lat}"
     return (f"ok     {r['model']}: nodes {r['nodes_before']} -> {r['nodes_after']}, "
-            f"{sum(r['rewrites'].values())} rewrites{lat}")
+            f"{sum(r['rewrites'].values())} rewrites{lat}{slower}")
+
+
+def status(r: dict) -> str:
+    """What became of a model: a model written as it was, measured slower optimized, says so."""
+    return "kept original" if "kept_original" in r else r["status"]
+    slower = f" ({r['slower']})" if "slower" in r else ""
 
 
 def summary(records: list[dict]) -> str:
@@ -29,7 +35,7 @@ def summary(records: list[dict]) -> str:
         ok = r["status"] == "optimized"
         before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
         rows.append((
-            os.path.basename(r["model"]), r["status"],
+            os.path.basename(r["model"]), status(r),
             f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
             str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
             f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",

@@ -8,6 +8,7 @@ import html
 import io
 from pathlib import Path
 
+from .batch_report import status
 from .pictures import SVG, TextPicture, impact_figure, program_picture
 from .tables import Table
 
@@ -84,7 +85,7 @@ def batch_page(records: list[dict], summary: str, interrupted: bool) -> str:
             section += picture(_ops_figure(r["ops_before"], r["ops_after"]))
         section += "".join(f"<h4>{html.escape(title)}</h4>{markup}"
                            for title, markup in r.get("pictures", {}).items())
-        body += f"<section><h2>{html.escape(r['model'])}: {html.escape(r['status'])}</h2>{section}</section>"
+        body += f"<section><h2>{html.escape(r['model'])}: {html.escape(status(r))}</h2>{section}</section>"
     return page("egraph-opt onnx batch", body)
 
 

@@ -187,13 +187,16 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
             record["latency_ms_before"], record["latency_ms_after"] = before, after
             if slower_for_nothing(Objective(options["objective"]), result, before, after, slower_by=1.0):
                 optimized = original
-                record.update(kept_original=f"optimized measured {after:.3f} ms against {before:.3f}",
-                              latency_ms_after=before, nodes_after=record["nodes_before"])
+                record.update(kept_original=slower, latency_ms_after=before, latency_ms_optimized=after,
+                              nodes_after=record["nodes_before"])
+            elif after > before:  # slower, and written: say so, and why
+                record["slower"] = f"{slower}; kept for the stability the {options['objective']} objective asks for"
         external = optimized.ByteSize() > _EXTERNAL_ABOVE or any(
             t.data_location == onnx.TensorProto.EXTERNAL for t in stored.graph.initializer)
         if stopped is not None and stopped():
             raise ModelFailure("interrupted")
         write_atomic(optimized, target, external, options["force"], options.get("run", ""),
+            slower = f"onnxruntime ran the optimized model {after / before:.2f}x as long ({after:.3f} ms against {before:.3f})"
                      options.get("same_is_ours", False))
         record.update(status="optimized")
     except (ModelFailure, OnnxImportError, OnnxExportError, OSError) as e:

@@ -32,6 +32,7 @@ from ..rulesets import Family, select
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
 from ..kernels.binding import measured_estimate, pricing
+from .hints import range_hints
 from ..validate import compare, random_inputs, wide_reference
 
 #: programs of at most this many terms, and this many elements over all their values, get a
@@ -375,6 +376,7 @@ class OptimizedFunction:
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "
                                                f"{before * 1e6:.1f} us) and is no more stable", result)
         if self.profile_budget > 0 and not report.measured:  # the never-slower check did not run
+        report.ranges = range_hints(result, self.input_ranges, self.rules, report.bounded)
             report.bounded.append(f"timing: not timed side by side within the {max(left, 0):.2f} s left of "
                                   f"the profile budget (one call of the original took {original_s:.3f} s): "
                                   "the plan's speed is unchecked")

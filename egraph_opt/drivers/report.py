@@ -27,6 +27,7 @@ class Report:
     fallback: str = ""  # why the original program is running instead, if it is
     bounded: list[str] = field(default_factory=list)  # work that ran on a sample or not at all, and why
     derivation: Derivation | None = None  # the steps the [REWRITE] lines are read from
+    ranges: list[str] = field(default_factory=list)  # guarded rules a declared input range would let fire
 
     def to_html(self, path) -> str:
         """Write this report as one self-contained HTML page; returns the path."""
@@ -49,6 +50,7 @@ class Report:
             lines.append(f"[REWRITE] steps not replayed up to: {self.derivation.unexplained}")
         if self.derivation is not None:  # a piecewise program: each regime and its form
             lines += [f"[REGIME] {label}" for label, _ in self.derivation.branches]
+        lines += [f"[RANGES] {hint}" for hint in self.ranges]
         lines.append(f"[OPS] before: {_counts(self.ops_before)}")
         lines.append(f"[OPS] after:  {_counts(self.ops_after)}")
         for part in ("curvature", "latency"):

@@ -1,0 +1,100 @@
+"""Where declaring input ranges would let a fix happen: a guarded rule whose pattern matched, whose
+guard failed only on range facts (``positive``, ``lo``/``hi`` bounds...) of values that depend on
+an input with no declared range. Undeclared inputs range over every finite value (DESIGN.md), so
+without this line a fix silently does not happen (``sqrt(x + 1) - sqrt(x)`` at 30.8 bits).
+
+>>> _bounds("(<= (hi ?x) 10.0)", {"x": "c"}, {"c": "x + 1"})
+{'x + 1': [None, (10.0, False)]}
+"""
+from __future__ import annotations
+
+from ..lang.term import postorder, pretty
+from ..optimization import ematch
+from ..rulesets import sexp
+
+#: the facts a declared range can prove: (relation or bound) of one e-class
+_RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}
+_BOUND = {"<=": ("hi", False), "<": ("hi", True), ">=": ("lo", False), ">": ("lo", True)}
+#: hints are looked for in e-graphs up to this many e-nodes (each guarded rule is matched anew)
+HINTS_UP_TO = 20_000
+
+
+def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = None) -> list[str]:
+    """One line per rule a declared range could let fire: the rule, where it matched, the range
+    each value needs, and the inputs to declare. Where the e-graph is too large to look, a line
+    saying so goes to ``bounded``."""
+    from .explore import Explorer
+    if not {t.attrs[0] for t in result.source.inputs} - set(input_ranges):
+        return []  # every input declared
+    enodes = max((s.enodes for s in result.saturation), default=0)
+    if enodes > HINTS_UP_TO:
+        if bounded is not None:
+            bounded.append(f"range hints: not looked for: {enodes:,} e-nodes (bound {HINTS_UP_TO:,})")
+        return []
+    ex = Explorer(result, input_ranges, rules)
+    text = {cid: pretty(t, width=60) for t in postorder(ex.source.roots())
+            for cid in [ex.loaded[id(t)]]}
+    guards = ematch.Guards(ex.snap, ex.relations, ex.meta)
+    hints = []
+    for rule in ex.rules:
+        if not any(head in fact for fact in rule.when for head in ("positive", "nonneg", "(hi ", "(lo ")):
+            continue
+        for cid, bound in ematch.matches(rule.pairs()[0][0], ex.snap.classes):
+            failed = [fact for fact in rule.when if not guards.check(fact, bound)[0]]
+            needs = [_bounds(fact, bound, text) for fact in failed]
+            if not failed or None in needs:  # it fired here, or a range cannot prove what failed
+                continue
+            free = sorted({name for fact in failed for c in _subjects(sexp(fact), bound)
+                           for name in ematch.inputs_under(ex.snap.classes, c)} - set(input_ranges))
+            if free:
+                hints.append(f"{rule.name} matched {text.get(cid, cid)}; its guard needs "
+                             f"{_intervals(needs)}, not proved: {', '.join(free)} "
+                             f"{'has' if len(free) == 1 else 'have'} no declared range. Pass input_ranges="
+                             f"{{{', '.join(f'{n!r}: (lo, hi)' for n in free)}}} within which these hold")
+                break
+    return hints
+
+
+def _subjects(tree, bound: dict) -> list[str]:
+    """The e-classes a range fact speaks of."""
+    if isinstance(tree, str):
+        return []
+    head, *args = tree
+    if head in _RELATION or head in ("lo", "hi", "nonzero"):
+        return [bound[args[0][1:]]]
+    return [c for a in args for c in _subjects(a, bound)]
+
+
+def _bounds(fact: str, bound: dict, text: dict) -> dict | None:
+    """``{value text: [lower, upper]}`` (each ``(number, strict)`` or None) that ``fact`` asks of
+    a value; None where it is no such bound (a dtype, a rank, a constant's sign)."""
+    head, *args = sexp(fact)
+    if head in _RELATION and args[0].startswith("?"):
+        return {_name(args[0], bound, text): [_RELATION[head], None]}
+    if head in _BOUND and isinstance(args[0], list) and len(args[0]) == 2 and isinstance(args[1], str):
+        side, strict = _BOUND[head]
+        if args[0][0] == side and args[0][1].startswith("?") and not args[1].startswith("?"):
+            limit = (float(args[1]), strict)
+            return {_name(args[0][1], bound, text): [limit, None] if side == "lo" else [None, limit]}
+    return None
+
+
+def _name(var: str, bound: dict, text: dict) -> str:
+    cid = bound[var[1:]]
+    return text.get(cid, f"e-class {cid}")
+
+
+def _intervals(needs: list[dict]) -> str:
+    """The bounds of each value joined into one interval: ``x in (0, 3.403e+38]``."""
+    joined: dict[str, list] = {}
+    for need in needs:
+        for name, (lower, upper) in need.items():
+            have = joined.setdefault(name, [None, None])
+            have[0] = max(filter(None, [have[0], lower]), default=None)
+            have[1] = min(filter(None, [have[1], upper]), default=None, key=lambda b: (b[0], not b[1]))
+    return ", ".join(f"{name} in {'[' if lo and not lo[1] else '('}{_end(lo, '-inf')}, "
+                     f"{_end(hi, 'inf')}{']' if hi and not hi[1] else ')'}" for name, (lo, hi) in joined.items())
+
+
+def _end(limit, none: str) -> str:
+    return f"{limit[0]:.4g}" if limit else none

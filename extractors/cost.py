@@ -27,6 +27,8 @@ HALF_ACCUMULATION = 20  # decibels charged for a half-precision accumulator
 #: float32's (2^13 for float16), so a program that rounds once beats one that rounds at every op
 HALF_ROUNDING = {d: round(10 * math.log10(UNIT_ROUNDOFF[d] / UNIT_ROUNDOFF["float32"])) for d in HALF}
 LEXICOGRAPHIC = 10 ** 12  # weight of the first criterion of stability and latency objectives
+#: balanced: a decibel of conditioning costs this many latency units (a microsecond)
+KAPPA_WEIGHT = 10
 
 
 class Objective(enum.Enum):
@@ -104,7 +106,7 @@ class CostModel:
         if self.objective is Objective.TOLERANCE:
             over = n.op not in LEAVES and not n.constant and self.error(n) > self.tolerance
             return time_part + (LEXICOGRAPHIC if over else 0)
-        return 10 * kappa_part + time_part
+        return KAPPA_WEIGHT * kappa_part + time_part
 
 
 def program_cost(roots: list[Term], model: CostModel, declared: dict | None = None,

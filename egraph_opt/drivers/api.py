@@ -350,6 +350,7 @@ class OptimizedFunction:
                                   f"holding {values:,} values (bound {ESTIMATED_ELEMENTS:,})")
         report.rewrites = [(r.name, r.describe(), n) for r, n in result.applied]
         report.derivation = result.derivation
+        report.ranges = range_hints(result, self.input_ranges, self.rules, report.bounded)
         report.ops_before, report.ops_after = result.ops_before, result.ops_after
         report.cost_before, report.cost_after = result.cost_before, result.cost_after
         report.opaque = [c.describe() for c in program.opaque.values()]
@@ -380,7 +381,6 @@ class OptimizedFunction:
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "
                                                f"{before * 1e6:.1f} us) and is no more stable", result)
         if self.profile_budget > 0 and not report.measured:  # the never-slower check did not run
-        report.ranges = range_hints(result, self.input_ranges, self.rules, report.bounded)
             report.bounded.append(f"timing: not timed side by side within the {max(left, 0):.2f} s left of "
                                   f"the profile budget (one call of the original took {original_s:.3f} s): "
                                   "the plan's speed is unchecked")

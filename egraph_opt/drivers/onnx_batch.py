@@ -185,6 +185,7 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
         if options["latency_runs"]:
             before, after = latencies(sessions, feeds, options["latency_runs"], stopped)
             record["latency_ms_before"], record["latency_ms_after"] = before, after
+            slower = f"onnxruntime ran the optimized model {after / before:.2f}x as long ({after:.3f} ms against {before:.3f})"
             if slower_for_nothing(Objective(options["objective"]), result, before, after, slower_by=1.0):
                 optimized = original
                 record.update(kept_original=slower, latency_ms_after=before, latency_ms_optimized=after,
@@ -196,7 +197,6 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
         if stopped is not None and stopped():
             raise ModelFailure("interrupted")
         write_atomic(optimized, target, external, options["force"], options.get("run", ""),
-            slower = f"onnxruntime ran the optimized model {after / before:.2f}x as long ({after:.3f} ms against {before:.3f})"
                      options.get("same_is_ours", False))
         record.update(status="optimized")
     except (ModelFailure, OnnxImportError, OnnxExportError, OSError) as e:

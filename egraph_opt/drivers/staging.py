@@ -62,13 +62,13 @@ def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite:
         if external:
             onnx.save_model(model, os.path.join(folder, base), save_as_external_data=True,
                             all_tensors_to_one_file=True, location=base + ".data", size_threshold=1024)
+            os.chmod(os.path.join(folder, base + ".data"), new_file_mode())  # onnx makes it 0600
         else:
             onnx.save_model(model, os.path.join(folder, base))
     claim(save, target, [base + ".data", base] if external else [base], overwrite, run, same_is_ours)
 
 
 def write_files(files: dict[str, bytes], target: str, overwrite: bool = False, run: str = "",
-            os.chmod(os.path.join(folder, base + ".data"), new_file_mode())  # onnx makes it 0600
                 same_is_ours: bool = False) -> None:
     """Claim ``target`` from the bytes of its files (the model's base name and its data files)."""
     def save(folder: str) -> None:

@@ -37,12 +37,12 @@ class Objective(enum.Enum):
     BALANCED = "balanced"
     TOLERANCE = "tolerance"
 
-
-@dataclass(frozen=True)
     @classmethod
     def _missing_(cls, value):
         raise ValueError(f"{value!r} is not an objective; use one of {', '.join(o.value for o in cls)}")
 
+
+@dataclass(frozen=True)
 class NodeFacts:
     """What a cost model may know of one node: its op and attributes, the intervals, dtypes,
     exactness (no rounding error) and shapes of its operands, and its own interval (None: not

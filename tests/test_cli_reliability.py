@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -179,3 +180,157 @@ def test_ctrl_c_stops_with_one_line_and_writes_the_partial_report(model, tmp_pat
     assert records["interrupted"] is True
     assert [r["status"] for r in records["models"]] == ["optimized", "interrupted", "interrupted"]
     assert os.listdir(tmp_path / "out") == ["tiny.onnx"]  # no half-written model, no staging folder
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _models(folder, count: int, external: bool = False) -> str:
+    folder.mkdir()
+    for i in range(count):
+        name = f"tiny{i}.onnx"
+        onnx.save(tiny_model(), str(folder / name), save_as_external_data=external,
+                  location=name + ".data", size_threshold=0)
+    return str(folder)
+
+
+def _statuses(text: str) -> dict[str, str]:
+    return {os.path.basename(line.split()[1].rstrip(":")): line.split()[0]
+            for line in text.splitlines() if line.startswith(("ok ", "kept ", "FAILED "))}
+
+
+def test_workers_die_with_a_killed_driver_and_a_rerun_finishes_the_rest(tmp_path, capsys):
+    """kill -9 of ``-j 2``'s driver: its workers exit (they went on writing, then hung in a pipe
+    read); the same command again keeps what was written, writes the rest and exits 0."""
+    models, out = _models(tmp_path / "in", 3), tmp_path / "out"
+    argv = [models, "--out", str(out), "--latency-runs", "20000"]
+    driver = subprocess.Popen([sys.executable, "-u", "-m", "egraph_opt.drivers.cli", "onnx", *argv,
+                               "-j", "2"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        first = driver.stdout.readline()  # one model written, the two workers on the others
+        assert first.startswith("ok "), first
+        workers = [p for p in _children(driver.pid) if p != driver.pid]
+        assert len(workers) >= 2
+    finally:
+        driver.kill()
+        driver.wait(60)
+    deadline = time.monotonic() + 60
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, workers))
+    written = sorted(n for n in os.listdir(out) if not n.startswith("."))
+    assert main_onnx(argv) == 0
+    statuses = _statuses(capsys.readouterr().out)
+    assert {n for n, s in statuses.items() if s == "kept"} == set(written)
+    assert {n for n, s in statuses.items() if s == "ok"} == {f"tiny{i}.onnx" for i in range(3)} - set(written)
+    assert sorted(os.listdir(out)) == [f"tiny{i}.onnx" for i in range(3)]  # no staging folder
+    for name in os.listdir(out):
+        onnx.checker.check_model(str(out / name), full_check=True)
+
+
+#: the CLI killed (SIGKILL, itself) at its ``n``th hard link: while claiming its output
+_KILLED_AT_LINK = ("import os, signal, sys\n"
+                   "from egraph_opt.drivers.cli import main_onnx\n"
+                   "links = []\n"
+                   "def hook(event, args):\n"
+                   "    if event == 'os.link':\n"
+                   "        links.append(args)\n"
+                   "        if len(links) == int(sys.argv[1]):\n"
+                   "            os.kill(os.getpid(), signal.SIGKILL)\n"
+                   "sys.addaudithook(hook)\n"
+                   "sys.exit(main_onnx(sys.argv[2:]))\n")
+
+
+def test_a_run_killed_while_staging_leaves_nothing_a_rerun_keeps(tmp_path, capsys):
+    """Killed between linking a model's data and the model: its staging folder and the data
+    file alone are left; the next run removes both (no live process owns them) and writes the
+    whole model."""
+    models, out = _models(tmp_path / "in", 1, external=True), tmp_path / "out"
+    argv = [models, "--out", str(out), "--latency-runs", "0"]
+    killed = subprocess.run([sys.executable, "-c", _KILLED_AT_LINK, "2", *argv], capture_output=True,
+                            timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    left = sorted(os.listdir(out))
+    assert left[0].startswith(".egraph-opt-") and left[1:] == ["tiny0.onnx.data"]
+    assert main_onnx(argv) == 0
+    assert _statuses(capsys.readouterr().out) == {"tiny0.onnx": "ok"}
+    assert sorted(os.listdir(out)) == ["tiny0.onnx", "tiny0.onnx.data"]
+    feeds = random_feeds(tiny_model())
+    np.testing.assert_allclose(session(str(out / "tiny0.onnx")).run(None, feeds)[0],
+                               session(tiny_model()).run(None, feeds)[0], atol=1e-6)
+
+
+_STAGING_HELD = ("import sys\n"
+                 "from egraph_opt.drivers.staging import claim\n"
+                 "def stage(folder):\n"
+                 "    open(folder + '/theirs.onnx', 'w').write('theirs')\n"
+                 "    print('staged', flush=True)\n"
+                 "    sys.stdin.readline()\n"
+                 "claim(stage, sys.argv[1], ['theirs.onnx'])\n")
+
+
+def test_a_staging_folder_a_live_process_holds_is_left_alone(model, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", _STAGING_HELD, str(out / "theirs.onnx")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "staged\n"
+        (folder,) = out.glob(".egraph-opt-*")
+        assert main_onnx([model, "--out", str(out), "--latency-runs", "0"]) == 0
+        assert folder.is_dir()
+        other.stdin.write("\n")
+        other.stdin.close()
+        assert other.wait(60) == 0
+    finally:
+        other.kill()
+    assert sorted(os.listdir(out)) == ["theirs.onnx", "tiny.onnx"]
+
+
+def test_an_output_folder_holding_the_inputs_is_one_clear_error(model, capsys):
+    folder = os.path.dirname(model)
+    assert main_onnx([folder, "--out", folder, "--latency-runs", "0"]) == 1
+    assert f"{model} lie in --out {folder}, where .onnx files are outputs" in _one_line(capsys)
+    assert os.listdir(folder) == ["tiny.onnx"]
+
+
+def test_two_inputs_of_one_file_name_fail_the_second_with_its_line(model, tmp_path, capsys):
+    (tmp_path / "other").mkdir()
+    twin = str(tmp_path / "other" / "tiny.onnx")
+    os.link(model, twin)
+    assert main_onnx([model, twin, "--out", str(tmp_path / "out"), "--latency-runs", "0"]) == 1
+    out = capsys.readouterr().out
+    assert f"FAILED {twin}: {model} is also written to" in out and f"ok     {model}" in out
+    assert os.listdir(tmp_path / "out") == ["tiny.onnx"]
+
+
+def test_a_file_in_the_way_is_not_kept(model, tmp_path, capsys):
+    """Only an output made from this model, with these options, counts as the rerun's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    onnx.save(tiny_model(), str(out / "tiny.onnx"))  # the input itself, not an output of it
+    assert main_onnx([model, "--out", str(out), "--latency-runs", "0"]) == 1
+    assert "tiny.onnx exists (use --force" in capsys.readouterr().out
+    assert main_onnx([model, "--out", str(out), "--latency-runs", "0", "--force"]) == 0
+    assert main_onnx([model, "--out", str(out), "--latency-runs", "0", "--seed", "1"]) == 1
+    assert "exists (made from this model with other options)" in capsys.readouterr().out
+    assert main_onnx([model, "--out", str(out), "--latency-runs", "0"]) == 0
+    assert "kept " in capsys.readouterr().out

@@ -10,6 +10,8 @@ from .usage import new_file_mode
 
 
 def line(r: dict) -> str:
+    if r["status"] == "kept":
+        return f"kept   {r['model']}: {r['reason']}"
     if r["status"] != "optimized":
         return f"FAILED {r['model']}: {r['reason']}"
     lat = ""
@@ -17,6 +19,7 @@ def line(r: dict) -> str:
         lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms"
     if "kept_original" in r:
         return f"ok     {r['model']}: kept as it was ({r['kept_original']}){lat}"
+    slower = f" ({r['slower']})" if "slower" in r else ""
     return (f"ok     {r['model']}: nodes {r['nodes_before']} -> {r['nodes_after']}, "
             f"{sum(r['rewrites'].values())} rewrites{lat}{slower}")
 
@@ -24,7 +27,6 @@ def line(r: dict) -> str:
 def status(r: dict) -> str:
     """What became of a model: a model written as it was, measured slower optimized, says so."""
     return "kept original" if "kept_original" in r else r["status"]
-    slower = f" ({r['slower']})" if "slower" in r else ""
 
 
 def summary(records: list[dict]) -> str:
@@ -43,11 +45,13 @@ def summary(records: list[dict]) -> str:
             f"{after / before:.2f}" if ok and before and after else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    failed = sum(r["status"] != "optimized" for r in records)
+    kept = sum(r["status"] == "kept" for r in records)
+    failed = sum(r["status"] not in ("optimized", "kept") for r in records)
     stopped = sorted({r["profiling_stopped"] for r in records if r.get("profiling_stopped")})
     notes = [f"kernel timing stopped early on {sum('profiling_stopped' in r for r in records)} "
              f"models ({'; '.join(stopped)}): their costs are estimates"] if stopped else []
-    return "\n".join(lines + [f"{len(records) - failed} optimized, {failed} failed"] + notes)
+    counts = f"{len(records) - failed - kept} optimized, {f'{kept} kept, ' if kept else ''}{failed} failed"
+    return "\n".join(lines + [counts] + notes)
 
 
 def html(path: str) -> bool:
@@ -63,5 +67,5 @@ def write_report(path: str, records: list[dict], interrupted: bool) -> None:
             f.write(batch_page(records, summary(records), interrupted))
         else:
             json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
-    os.replace(f.name, path)
     os.chmod(f.name, new_file_mode())
+    os.replace(f.name, path)

@@ -8,12 +8,16 @@ it buys stability the objective asks for (the decorator's rule, ``api.slower_for
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
+import hashlib
+import json
 import os
 import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -32,13 +36,16 @@ from ..profiling.latency import MeasuredLatency, budget_seconds, default_budget
 from ..profiling.profile_db import default_path
 from ..backends.onnx_backend import OnnxExportError, export
 from ..frontends.onnx_converters import opset_of
-from ..frontends.onnx_frontend import OnnxImportError, ValueType, _value_type, import_model, load
+from ..frontends.onnx_frontend import (OnnxImportError, ValueType, _value_type, external_files,
+                                       import_model, load)
 from ..optimization.pipeline import optimize
 from ..validate import judge
 
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
 _SYMBOLIC_DIM = 3  # size given to symbolic dims of random inputs
 _EXTERNAL_ABOVE = 1 << 30  # bytes: larger models are written with their tensors beside them
+_MADE_FROM = "egraph-opt:made-from"  # an output's metadata: its model's digest and the run's options
+_SAME_OUTPUT = ("objective", "opset", "seed", "latency_runs")  # the options that change what is written
 
 
 def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
@@ -141,8 +148,10 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
     start = time.perf_counter()
     latency = None
     try:
-        if os.path.exists(target) and not (options["force"] or options.get("same_is_ours")):
-            raise ModelFailure(f"{target} exists (use --force to overwrite)")
+        if not (options["force"] or options.get("same_is_ours")):
+            earlier = earlier_output(path, target, options)
+            if earlier is not None:
+                return {**record, **earlier, "seconds": round(time.perf_counter() - start, 3)}
         original = load(path)
         stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
         src = import_model(upgraded(original, options.get("opset")), path)
@@ -196,6 +205,7 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
             t.data_location == onnx.TensorProto.EXTERNAL for t in stored.graph.initializer)
         if stopped is not None and stopped():
             raise ModelFailure("interrupted")
+        stamp(optimized, made_from(path, options))
         write_atomic(optimized, target, external, options["force"], options.get("run", ""),
                      options.get("same_is_ours", False))
         record.update(status="optimized")
@@ -210,9 +220,51 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
     return record
 
 
-def collect(patterns: list[str], out_dir: str) -> list[str]:
-    """Model paths from files, directories (their .onnx files, recursively) and glob patterns."""
+def made_from(path: str, options: dict) -> str:
+    """What an output is made from: the digest of its model's bytes (its data files' too) and the
+    options that change what is written. Stored in the output, it lets a rerun tell its own
+    outputs (kept) from other files in the way."""
+    digest = hashlib.sha256()
+    stored = onnx.load(path, load_external_data=False)
+    for name in [os.path.basename(path), *external_files(path, stored)]:
+        with open(os.path.join(os.path.dirname(path), name), "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return json.dumps({"sha256": digest.hexdigest(), **{k: options.get(k) for k in _SAME_OUTPUT}},
+                      sort_keys=True)
+
+
+def stamp(model: onnx.ModelProto, source: str) -> None:
+    """Record ``made_from`` in the model's metadata (replacing the record its input may carry)."""
+    kept = [p for p in model.metadata_props if p.key != _MADE_FROM]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.add(key=_MADE_FROM, value=source)
+
+
+def earlier_output(path: str, target: str, options: dict) -> dict | None:
+    """None where ``target`` is free; else what the run does about it: "kept", the output an
+    earlier run made from this model with these options (a rerun after a kill finishes the
+    rest), or "failed": another file is in the way."""
+    if not os.path.lexists(target):
+        return None
+    try:
+        props = onnx.load(target, load_external_data=False).metadata_props
+        there = json.loads(next((p.value for p in props if p.key == _MADE_FROM), "{}"))
+        ours = json.loads(made_from(path, options))
+    except Exception:  # noqa: BLE001 - unreadable output or model: in the way, the plain reason
+        there, ours = {}, None
+    if there == ours:
+        return {"status": "kept", "reason": f"{target} was written from this model by an earlier run"}
+    same_model = ours is not None and there.get("sha256") == ours["sha256"]
+    other = " (made from this model with other options)" if same_model else ""
+    return {"status": "failed", "reason": f"{target} exists{other} (use --force to overwrite)"}
+
+
+def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
+    """Model paths from files, directories (their .onnx files, recursively) and glob patterns, and
+    those skipped: found under ``out_dir``, where the .onnx files are outputs (an earlier run's)."""
     found: list[str] = []
+    skipped: list[str] = []
     out_real = os.path.realpath(out_dir)
     for pattern in patterns:
         if os.path.isdir(pattern):
@@ -222,9 +274,10 @@ def collect(patterns: list[str], out_dir: str) -> list[str]:
             matches = sorted(glob.glob(pattern, recursive=True))
         else:
             matches = [pattern]
-        found += [m for m in matches
-                  if not os.path.realpath(m).startswith(out_real + os.sep)]
-    return list(dict.fromkeys(found))
+        for m in matches:
+            inside = os.path.realpath(m).startswith(out_real + os.sep)
+            (skipped if inside else found).append(m)
+    return list(dict.fromkeys(found)), skipped
 
 
 def _progress(total: int):
@@ -246,10 +299,29 @@ def _writable_dir(path: str, what: str) -> None:
         raise Failure(f"{what} {path}: cannot write there ({e.strerror or e})") from None
 
 
+def _worker_start(driver: int) -> None:
+    """A worker ignores SIGINT (a terminal sends it to all: the driver stops them on Ctrl-C) and
+    dies with its driver: one killed (``kill -9``) cannot stop them, and they would go on writing
+    outputs nobody reports, then wait on its pipe forever."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux") and \
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0:  # PR_SET_PDEATHSIG
+        if os.getppid() != driver:  # it died before the call
+            os._exit(1)
+        return
+    threading.Thread(target=_watch, args=(driver,), daemon=True).start()
+
+
+def _watch(driver: int) -> None:
+    """Where no parent-death signal exists: the driver has died once this process is another's."""
+    while os.getppid() == driver:
+        time.sleep(0.5)
+    os._exit(1)
+
+
 def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> None:
-    """Workers ignore SIGINT (a terminal sends it to all): the parent stops them on Ctrl-C."""
-    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=signal.signal,
-                               initargs=(signal.SIGINT, signal.SIG_IGN))
+    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_worker_start,
+                               initargs=(os.getpid(),))
     try:
         futures = {pool.submit(process, p, t, options): p for p, t in targets.items()}
         for future in as_completed(futures):
@@ -267,6 +339,7 @@ def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> Non
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.time()
     if args.cluster and args.jobs > 1:
         raise Failure("-j and --cluster exclude each other: a cluster's size is its workers'")
     if args.no_shared_fs and not args.cluster:
@@ -276,15 +349,22 @@ def run(args: argparse.Namespace) -> int:
         if os.path.isdir(args.report):
             raise Failure(f"--report {args.report}: is a directory")
         _writable_dir(os.path.dirname(os.path.abspath(args.report)), "--report")
-    paths = collect(args.inputs, args.out)
+    paths, skipped = collect(args.inputs, args.out)
+    if not paths and skipped:
+        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        raise Failure(f"no models to optimize: {skipped[0]}{more} lie in --out {args.out}, where "
+                      ".onnx files are outputs: write the outputs to another directory")
     if not paths:
         raise Failure(f"no models found in {' '.join(args.inputs)}")
+    remove_staging(args.out, before=started)  # folders of killed runs: no live process holds them
     targets, records = {}, []
     for p in paths:
         target = os.path.join(args.out, os.path.basename(p))
         if target in targets.values():
-            records.append({"model": p, "status": "failed",
-                            "reason": f"another input is also written to {target}"})
+            first = next(q for q, t in targets.items() if t == target)
+            records.append({"model": p, "output": target, "status": "failed",
+                            "reason": f"{first} is also written to {target} (the same file name)"})
+            print(line(records[-1]))
         else:
             targets[p] = target
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
@@ -318,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
         records += [{"model": p, "output": t, "status": "interrupted", "reason": "Ctrl-C"}
                     for p, t in targets.items() if p not in finished]
     finally:
-        remove_staging(args.out, options["run"])  # left by a worker killed while writing
+        remove_staging(args.out, options["run"])  # left by a worker that died while writing
     if bar is not None:
         bar.close()
     records.sort(key=lambda r: r["model"])
@@ -330,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
               f"{report}", file=sys.stderr)
         return 130
     print(summary(records))
-    return int(any(r["status"] != "optimized" for r in records))
+    return int(any(r["status"] not in ("optimized", "kept") for r in records))
 
 
 def _opset(text: str) -> int:

@@ -25,6 +25,7 @@ import onnx
 
 from ..frontends.onnx_frontend import external_files
 from ..profiling.profile_db import UNUSABLE, ProfileDB, ProfileDBWarning
+from .onnx_batch import earlier_output
 from .staging import write_files
 from .usage import Failure, ModelFailure
 
@@ -229,9 +230,9 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
 
         def submit() -> None:
             for path, target in waiting:
-                if os.path.exists(target) and not options["force"]:
-                    done({"model": path, "output": target, "status": "failed", "seconds": 0.0,
-                          "reason": f"{target} exists (use --force to overwrite)"})
+                earlier = None if options["force"] else earlier_output(path, target, options)
+                if earlier is not None:  # kept (an earlier run's), or a file in the way
+                    done({"model": path, "output": target, "seconds": 0.0, **earlier})
                     continue
                 if shared_fs:  # the workers' working directory need not be this one
                     where, files = (os.path.abspath(path), os.path.abspath(target)), None

@@ -1,10 +1,13 @@
 """Outputs appear whole or not at all: a model (and its data file) is staged in a folder beside
-its target, then claimed by hard links, which fail where the name exists. A staging folder is
-named after its run, so the driver can remove those a killed worker left behind.
+its target, then claimed by hard links, which fail where the name exists. The process staging in
+a folder holds a lock on it (flock, released when it dies, ``kill -9`` included), so a later run
+removes exactly the folders no live process owns, and takes back a unit a killed process had only
+half linked in.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import filecmp
 import glob
 import os
@@ -28,6 +31,8 @@ def claim(stage: Callable[[str], None], target: str, names: list[str], overwrite
     model again when the worker holding its result dies; its driver saw no target before)."""
     directory = os.path.dirname(target)
     folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{run}-" if run else _PREFIX, dir=directory or ".")
+    held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # ours while this process lives: cleaners pass it by
     claimed: list[str] = []
     try:
         stage(folder)
@@ -51,6 +56,7 @@ def claim(stage: Callable[[str], None], target: str, names: list[str], overwrite
         for path in claimed:  # a unit only half in place: take it back
             os.unlink(path)
         shutil.rmtree(folder, ignore_errors=True)
+        os.close(held)
 
 
 def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite: bool = False,
@@ -79,7 +85,40 @@ def write_files(files: dict[str, bytes], target: str, overwrite: bool = False, r
     claim(save, target, sorted(files, key=lambda name: name == base), overwrite, run, same_is_ours)
 
 
-def remove_staging(directory: str, run: str) -> None:
-    """Remove the staging folders of ``run`` that a killed process left in ``directory``."""
-    for folder in glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}{run}-*")):
-        shutil.rmtree(folder, ignore_errors=True)
+def remove_staging(directory: str, run: str = "", before: float | None = None) -> None:
+    """Remove the staging folders in ``directory`` (of ``run``; of any run where "") that no live
+    process holds, made before ``before`` (a Unix time) where given: those of killed processes.
+    Where such a process had linked in only part of its unit (the data, not the model), that
+    part is taken back: a rerun then writes the whole unit."""
+    pattern = f"{_PREFIX}{run}-*" if run else f"{_PREFIX}*"
+    for folder in glob.glob(os.path.join(glob.escape(directory), pattern)):
+        try:
+            if before is not None and os.lstat(folder).st_mtime >= before:
+                continue
+            held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # gone meanwhile, or not a folder of ours
+            continue
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _take_back_half(folder, directory)
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # held by a live process (BlockingIOError), or gone meanwhile
+            pass
+        finally:
+            os.close(held)
+
+
+def _take_back_half(folder: str, directory: str) -> None:
+    """Unlink the files of ``folder`` that are linked beside it, unless all of them are."""
+    names = os.listdir(folder)
+    placed = [n for n in names if _same(os.path.join(folder, n), os.path.join(directory, n))]
+    if len(placed) < len(names):
+        for name in placed:
+            os.unlink(os.path.join(directory, name))
+
+
+def _same(staged: str, final: str) -> bool:
+    try:
+        return os.path.samefile(staged, final)
+    except OSError:
+        return False

@@ -1,19 +1,21 @@
 """``generate_elementwise``: compile a term to a Triton kernel, once per structure.
 
 ``@triton.jit`` reads its function's source from a real file, so the generated text is written
-to the cache directory under its hash (atomically: processes may race) and imported from there.
-Kernels are kept per process by that hash; the file also lets Triton's own on-disk cache skip
-recompiling in the next process. Importing a file runs it, so a cached file is imported only
-from a directory that is the user's and not world-writable, and only when its content is the
-text its name is the hash of; any other content is rewritten.
+to the cache directory under its hash (atomically: processes may race). Kernels are kept per
+process by that hash; the file also lets Triton's own on-disk cache skip recompiling in the next
+process. What runs is the generated text itself, compiled under the file's name (and given to
+linecache, which Triton reads): never the file as found, nor bytecode an importer would take from
+``__pycache__`` (a planted .pyc with the .py's timestamp and size). And the cache directory is used
+only where it and everything in it are the user's and writable by nobody else, group included.
 """
 from __future__ import annotations
 
-import importlib.util
+import linecache
 import os
 import stat
 import sys
 import tempfile
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ CACHE_ENV = "EGRAPH_OPT_CACHE"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _kernels: dict[Path, object] = {}  # generated file -> its @triton.jit kernel
+_checked: set[Path] = set()  # cache directories found private in this process
 
 
 def cache_dir() -> Path:
@@ -40,14 +43,25 @@ def cache_dir() -> Path:
 
 
 def _private(directory: Path) -> None:
-    """Create the directory for this user only; refuse one where another user could plant code."""
+    """Create the directory for this user only; refuse one where another user could plant code:
+    it, and everything in it (``__pycache__`` included), must be the user's and writable by nobody
+    else. Checked once per process and directory."""
+    if directory in _checked:
+        return
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = directory.stat()
-    why = ("owned by another user" if info.st_uid != os.getuid() else
-           "world-writable" if info.st_mode & stat.S_IWOTH else None)
-    if why:
-        raise PermissionError(f"kernel cache {directory} is {why}, so generated kernels are not "
-                              f"loaded from it: set {CACHE_ENV} to a directory of your own")
+    found = [(directory, directory.stat())]
+    for folder, names, files in os.walk(directory):
+        found += [(Path(folder, n), os.lstat(os.path.join(folder, n))) for n in names + files]
+    for path, info in found:
+        why = ("owned by another user" if info.st_uid != os.getuid() else
+               None if stat.S_ISLNK(info.st_mode) else
+               "world-writable" if info.st_mode & stat.S_IWOTH else
+               "group-writable" if info.st_mode & stat.S_IWGRP else None)
+        if why:
+            where = "" if path == directory else f" (its {path.relative_to(directory)})"
+            raise PermissionError(f"kernel cache {directory}{where} is {why}, so generated kernels are "
+                                  f"not loaded from it: set {CACHE_ENV} to a directory of your own")
+    _checked.add(directory)
 
 
 def _holds(path: Path, source: str) -> bool:
@@ -70,13 +84,20 @@ def _load(program: Program) -> object:
                                              delete=False) as f:
                 f.write(program.source)
             os.replace(f.name, path)
-        name = f"egraph_opt_generated_{program.digest}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        _kernels[path] = module.kernel
+        _kernels[path] = _run(program.source, path, f"egraph_opt_generated_{program.digest}").kernel
     return _kernels[path]
+
+
+def _run(source: str, path: Path, name: str) -> types.ModuleType:
+    """Run ``source`` as the module of file ``path``: the text checked, not what an importer would
+    find there. linecache holds the same text (an entry without mtime is never reloaded), so the
+    source ``@triton.jit`` reads for the kernel is the source that ran."""
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    linecache.cache[str(path)] = (len(source), None, source.splitlines(keepends=True), str(path))
+    exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
+    return module
 
 
 @dataclass(frozen=True)

@@ -334,3 +334,16 @@ def test_a_file_in_the_way_is_not_kept(model, tmp_path, capsys):
     assert "exists (made from this model with other options)" in capsys.readouterr().out
     assert main_onnx([model, "--out", str(out), "--latency-runs", "0"]) == 0
     assert "kept " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [
+    lambda model, db, out: ["onnx", model, "--out", out, "--latency-runs", "0", "--profile-db", db],
+    lambda model, db, out: ["profile", "--ops", "exp", "--sizes", "4", "--repeats", "1", "--db", db],
+])
+def test_a_profile_database_path_holding_the_users_file_is_refused(model, tmp_path, capsys, command):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's notes\n")
+    assert cli.main(command(model, str(notes), str(tmp_path / "out"))) == 1
+    assert f"profile database {notes} is not an SQLite database, not egraph-opt's" in _one_line(capsys)
+    assert notes.read_text() == "the user's notes\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("notes")] == ["notes.txt"]

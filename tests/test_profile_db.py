@@ -14,9 +14,9 @@ from egraph_opt import saturate_and_extract
 from egraph_opt.drivers.api import for_accuracy
 from egraph_opt.extractors.curvature import KAPPA_TIE_BREAK
 from egraph_opt.profiling import latency
-from egraph_opt.profiling.profile_db import (ENV_VAR, SCHEMA_VERSION, ProfileDB, ProfileDBError,
-                                   ProfileDBWarning, Record, SchemaVersionError, default_path,
-                                   shape_key)
+from egraph_opt.profiling.profile_db import (ENV_VAR, SCHEMA_VERSION, ForeignFileError, ProfileDB,
+                                             ProfileDBError, ProfileDBWarning, Record,
+                                             SchemaVersionError, default_path, shape_key)
 
 
 def record(n=4, median_s=1e-5, kernel="softmax", **kw):
@@ -128,18 +128,54 @@ def _sqlite_with_foreign_table(path):
     conn.close()
 
 
-@pytest.mark.parametrize("make_foreign, reason", [
+FOREIGN = [
     (lambda p: p.write_text("these are someone's notes\n"), "not an SQLite database"),
     (lambda p: p.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 20), "corrupt SQLite file"),
     (_sqlite_with_foreign_table, "without egraph-opt's tables"),
-])
-def test_a_foreign_file_is_set_aside_never_overwritten(tmp_path, make_foreign, reason):
+]
+
+
+@pytest.mark.parametrize("make_foreign, reason", FOREIGN)
+def test_a_file_not_ours_is_refused_and_left_as_it_is(tmp_path, make_foreign, reason):
+    """The path names the user's file (another program's SQLite database, any other file): it is
+    never moved nor written, whatever it holds; only a database of ours may be set aside."""
     path = tmp_path / "profile.sqlite"
     make_foreign(path)
     before = path.read_bytes()
-    with pytest.warns(ProfileDBWarning, match=reason) as caught:
+    with pytest.raises(ForeignFileError, match=f"{reason}.*not egraph-opt's") as error:
+        ProfileDB(path)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["profile.sqlite"]
+
+
+def _corrupt_first_page(path):
+    """A database of ours whose schema page is garbage past the header: SQLite reads nothing of
+    it, its header says whose it is."""
+    with ProfileDB(path) as db:
+        db.add(record())
+        db._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    data[100:4096] = b"\xff" * 3996
+    path.write_bytes(data)
+
+
+def _corrupt_before_application_ids(path):
+    """A corrupt database of ours made before databases carried our application id: our table
+    in its schema says whose it is."""
+    corrupt_a_page(path)
+    data = bytearray(path.read_bytes())
+    data[68:72] = bytes(4)
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("corrupt", [_corrupt_first_page, _corrupt_before_application_ids])
+def test_a_corrupt_database_of_ours_is_set_aside(tmp_path, corrupt):
+    path = tmp_path / "p.sqlite"
+    corrupt(path)
+    before = path.read_bytes()
+    with pytest.warns(ProfileDBWarning, match="corrupt SQLite file") as caught:
         db = ProfileDB(path)
-    (aside,) = tmp_path.glob("profile.sqlite.corrupt-*")
+    (aside,) = tmp_path.glob("p.sqlite.corrupt-*[0-9]")
     assert aside.read_bytes() == before and str(aside) in str(caught[0].message)
     with db:
         db.add(record())
@@ -267,6 +303,23 @@ def test_the_decorator_never_fails_because_of_its_database(tmp_path, make, messa
         torch.testing.assert_close(f(x), torch.softmax(x, -1))
     (warning,) = [w for w in caught if issubclass(w.category, ProfileDBWarning)]
     assert message in str(warning.message) and "\n" not in str(warning.message)
+
+
+@pytest.mark.parametrize("make_foreign, reason", FOREIGN)
+def test_the_decorator_leaves_a_file_not_ours_as_it_is(tmp_path, make_foreign, reason, monkeypatch):
+    """EGRAPH_OPT_PROFILE_DB naming the user's file: one warning, static estimates, the file as it was."""
+    path = tmp_path / "theirs.sqlite"
+    make_foreign(path)
+    before = path.read_bytes()
+    monkeypatch.setenv(ENV_VAR, str(path))
+    f = saturate_and_extract(lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True), profile_budget=60)
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    (warning,) = [w for w in caught if issubclass(w.category, ProfileDBWarning)]
+    assert reason in str(warning.message) and "not egraph-opt's" in str(warning.message)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["theirs.sqlite"]
 
 
 def test_misses_are_profiled_by_default_within_the_budget_and_only_once(tmp_path, monkeypatch):

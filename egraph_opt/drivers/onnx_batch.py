@@ -33,7 +33,7 @@ from .staging import remove_staging, write_atomic
 from .usage import Failure, ModelFailure, at_least
 from ..extractors import CostModel, Objective
 from ..profiling.latency import MeasuredLatency, budget_seconds, default_budget
-from ..profiling.profile_db import default_path
+from ..profiling.profile_db import UNUSABLE, ForeignFileError, ProfileDB, default_path
 from ..backends.onnx_backend import OnnxExportError, export
 from ..frontends.onnx_converters import opset_of
 from ..frontends.onnx_frontend import (OnnxImportError, ValueType, _value_type, external_files,
@@ -338,6 +338,17 @@ def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> Non
         pool.shutdown(cancel_futures=True)
 
 
+def _refuse_foreign(path: str) -> None:
+    """A profile database path holding the user's own file fails the run up front, in one line
+    (the file left as it is): each model would only warn and price by static estimates."""
+    try:
+        ProfileDB(path).close()
+    except ForeignFileError as e:
+        raise Failure(str(e)) from None
+    except UNUSABLE:  # locked, another schema, unreadable: each model warns, as before
+        pass
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.time()
     if args.cluster and args.jobs > 1:
@@ -372,6 +383,7 @@ def run(args: argparse.Namespace) -> int:
                "pictures": bool(args.report) and html(args.report), "run": uuid.uuid4().hex[:12],
                "profile_db": args.profile_db or str(default_path()),
                "profile_budget": default_budget() if args.profile_budget is None else args.profile_budget}
+    _refuse_foreign(options["profile_db"])
     bar = _progress(len(targets))
     say = bar.write if bar is not None else print
     finished: set[str] = set()

@@ -1,8 +1,11 @@
 """Measured kernel latencies, one SQLite file shared by every process (WAL mode, one transaction
 per write, so two profilers can write at once). Records are appended; a lookup takes the newest.
-A file not ours (not SQLite, no table of ours, a page `PRAGMA quick_check` finds corrupt) is renamed
-aside with a warning, never overwritten; another schema version, or a file that cannot be opened,
-is a `ProfileDBError` naming the file. Callers that only cache latencies catch `UNUSABLE`.
+The path is the user's: a file there that is not ours (not SQLite, another program's database, a
+corrupt SQLite file we did not make) is a `ForeignFileError` and is left untouched; only a database
+of ours (our application id in its header, or our table in its schema) that `PRAGMA quick_check`
+finds corrupt is set aside with a warning, never overwritten. Another schema version, or a file
+that cannot be opened, is a `ProfileDBError` naming the file. Callers that only cache latencies
+catch `UNUSABLE`.
 
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 SCHEMA_VERSION = 1
+APPLICATION_ID = 0x45474F50  # "EGOP", in the header of every database we create (PRAGMA application_id)
 ENV_VAR = "EGRAPH_OPT_PROFILE_DB"
 _TABLE = "measurements"
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -47,6 +51,7 @@ CREATE TABLE {_TABLE} (
 );
 CREATE INDEX {_TABLE}_group ON {_TABLE} (kernel, backend, device, dtype, shape_key);
 PRAGMA user_version = {SCHEMA_VERSION};
+PRAGMA application_id = {APPLICATION_ID};
 """
 _COLUMNS = "kernel, backend, device, dtype, shape_key, runs, median_s, spread_s, versions, recorded_at"
 
@@ -57,6 +62,10 @@ class ProfileDBWarning(UserWarning):
 
 class ProfileDBError(RuntimeError):
     """The profile database cannot be opened or used; the message names the file and the cause."""
+
+
+class ForeignFileError(ProfileDBError):
+    """The path holds a file that is not an egraph-opt profile database: it is never moved or written."""
 
 
 class SchemaVersionError(ProfileDBError):
@@ -132,57 +141,67 @@ def _identity(r: Record) -> tuple:
     return (r.kernel, r.backend, r.device, r.dtype, r.shape_key, r.median_s, r.recorded_at)
 
 
-def _foreign_reason(path: Path) -> str | None:
-    """Why the file at `path` is not a usable profile database, or None (absent, empty, ours).
-    Read through SQLite only: a process that opens and closes the file itself drops every POSIX
-    lock its own connections hold on it (SQLite's "how to corrupt", 2.2), so another process's
-    close, seeing no reader, checkpoints and deletes the WAL file under those connections, whose
-    writes then overwrite that process's (rows lost; "malformed" where they meet)."""
+def _foreign_reason(path: Path) -> tuple[str | None, bool]:
+    """Why the file at `path` is not a usable profile database (None: absent, empty, usable), and
+    whether it is ours all the same (a corrupt database of ours may be set aside; another file
+    never is). Read through SQLite where it can be: a process that opens and closes the file itself
+    drops every POSIX lock its own connections hold on it (SQLite's "how to corrupt", 2.2), so
+    another process's close, seeing no reader, checkpoints and deletes the WAL file under those
+    connections, whose writes then overwrite that process's (rows lost; "malformed" where they
+    meet)."""
     if not path.exists() or path.stat().st_size == 0:
-        return None
+        return None, True
     conn = sqlite3.connect(path, timeout=_TIMEOUT_S)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        ours = _TABLE in tables or conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
         check = conn.execute("PRAGMA quick_check(1)").fetchone()[0]  # a bad page fails later reads
     except sqlite3.DatabaseError as e:
         if e.sqlite_errorcode not in _CORRUPT_CODES:
             raise  # locked, busy, unreadable: a problem of access, not of the file
-        return f"corrupt SQLite file ({e})" if _sqlite_header(path) else "not an SQLite database"
+        head = _first_page(path)
+        if not head.startswith(_SQLITE_HEADER):
+            return "not an SQLite database", False
+        ours = int.from_bytes(head[68:72], "big") == APPLICATION_ID or _OUR_TABLE_SQL in head
+        return f"corrupt SQLite file ({e})", ours
     finally:
         conn.close()
     if check != "ok":
-        return f"corrupt SQLite file ({' '.join(check.split())})"
+        return f"corrupt SQLite file ({' '.join(check.split())})", ours
     if tables and _TABLE not in tables:
-        return f"an SQLite database without egraph-opt's tables (has: {', '.join(sorted(tables))})"
-    return None
+        return f"an SQLite database without egraph-opt's tables (has: {', '.join(sorted(tables))})", False
+    return None, True
 
 
-def _sqlite_header(path: Path) -> bool:
-    """Whether the file starts as SQLite's do (read only where SQLite refused it: no connection
-    of this process then holds locks on it that a close could drop)."""
+_OUR_TABLE_SQL = f"CREATE TABLE {_TABLE} (".encode()  # in the schema on page 1 of a database of ours
+
+
+def _first_page(path: Path) -> bytes:
+    """The file's first 64 KiB, which hold SQLite's header and its first page (read only where
+    SQLite refused the file: no connection of this process then holds locks on it that a close
+    could drop)."""
     with open(path, "rb") as f:
-        return f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+        return f.read(1 << 16)
 
 
 def _set_aside(path: Path, reason: str) -> None:
-    """Keep the file (and its WAL side files) aside: it may be someone's data. A corrupt database
-    of ours is copied aside and emptied in place, through SQLite (the backup of an empty database
-    over it, under its locks): another process may hold it open, and renamed, the file would go
-    on under its old name in that process, whose closing would delete the WAL file of the fresh
-    database beside it (SQLite's "how to corrupt": a file renamed while in use), corrupting that
-    one in turn. A file SQLite cannot write through is renamed."""
+    """Keep a corrupt database of ours (and its WAL side files) aside: what is left of the user's
+    timings may still be read. It is copied aside and emptied in place, through SQLite (the backup
+    of an empty database over it, under its locks): another process may hold it open, and renamed,
+    the file would go on under its old name in that process, whose closing would delete the WAL
+    file of the fresh database beside it (SQLite's "how to corrupt": a file renamed while in use),
+    corrupting that one in turn. A file SQLite cannot write through is renamed."""
     aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     sides = [(path.with_name(path.name + suffix), aside.with_name(aside.name + suffix))
              for suffix in ("", "-wal", "-shm")]
     emptied = False
-    if reason.startswith("corrupt SQLite file"):
-        for side, kept in sides[:2]:
-            if side.exists():
-                shutil.copyfile(side, kept)
-        with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(":memory:")) as empty, \
-                contextlib.closing(sqlite3.connect(path, timeout=_TIMEOUT_S)) as target:
-            empty.backup(target)
-            emptied = True
+    for side, kept in sides[:2]:
+        if side.exists():
+            shutil.copyfile(side, kept)
+    with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(":memory:")) as empty, \
+            contextlib.closing(sqlite3.connect(path, timeout=_TIMEOUT_S)) as target:
+        empty.backup(target)
+        emptied = True
     if not emptied:
         for side, kept in sides:
             if side.exists():
@@ -205,7 +224,10 @@ class ProfileDB:
         if self.path.is_dir():
             raise ProfileDBError(f"profile database {self.path} is a directory")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        reason = _foreign_reason(self.path)
+        reason, ours = _foreign_reason(self.path)
+        if reason and not ours:
+            raise ForeignFileError(f"profile database {self.path} is {reason}, not egraph-opt's: it is "
+                                   f"left as it is; use another path (or set {ENV_VAR})")
         if reason:
             _set_aside(self.path, reason)
         self._conn = sqlite3.connect(self.path, timeout=_TIMEOUT_S, isolation_level=None)
@@ -314,7 +336,7 @@ class ProfileDB:
         with (read as measurements only on that machine); records already here are skipped.
         (added, skipped)."""
         path = Path(path).expanduser()
-        reason = "missing" if not path.is_file() else _foreign_reason(path)
+        reason = "missing" if not path.is_file() else _foreign_reason(path)[0]
         if reason:
             raise ProfileDBError(f"cannot import {path}: {reason}, not an egraph-opt profile database")
         with ProfileDB(path) as other:

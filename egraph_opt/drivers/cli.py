@@ -12,10 +12,11 @@ from pathlib import Path
 
 from ..profiling.profile_db import ProfileDBError
 from ..rulesets import Family, catalogue
-from .usage import Failure, ModelFailure, at_least
+from .batch_report import html
+from .usage import Failure, MissingExtra, ModelFailure, at_least, require
 
 
-_SELF_EXPLAINING = (Failure, ProfileDBError, OSError)  # their message needs no exception name
+_SELF_EXPLAINING = (Failure, ProfileDBError, OSError, MissingExtra)  # their message needs no exception name
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,9 +197,22 @@ def _device(text: str) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .onnx_batch import add_onnx_command
+def _needs_onnx(sub) -> None:
+    """``egraph-opt onnx`` where the onnx extra is missing: the command is there, and says so."""
+    onnx = sub.add_parser("onnx", help="batch-optimize ONNX models (needs egraph-opt[onnx])", add_help=False)
+    onnx.add_argument("rest", nargs=argparse.REMAINDER)
+    onnx.set_defaults(run=lambda args: require("onnx", "egraph-opt onnx"))
 
+
+def _extras_of(args) -> None:
+    """Each extra the arguments ask for, checked before any work."""
+    if args.command == "onnx" and getattr(args, "report", None) and html(args.report):
+        require("report", f"--report {args.report}")
+    if args.command == "onnx" and getattr(args, "cluster", None):
+        require("cluster", "--cluster")
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="egraph-opt", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--version", action="version", version=f"egraph-opt {_version()}")
@@ -232,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     moves.add_argument("--import", dest="import_from", metavar="FILE",
                        help="add the timings of another machine's export to the database")
     profile.set_defaults(run=_profile)
-    add_onnx_command(sub)
+    try:
+        from .onnx_batch import add_onnx_command
+        add_onnx_command(sub)
+    except ModuleNotFoundError:  # no onnx extra: every other command works
+        _needs_onnx(sub)
     for command in sub.choices.values():  # also after the command; SUPPRESS keeps a --debug before
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -255,6 +273,7 @@ def _run(args: argparse.Namespace, prog: str) -> int:
         warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}",
                                                          file=sys.stderr)
         try:
+            _extras_of(args)
             status = args.run(args)
             sys.stdout.flush()  # a reader that left (``| head``) shows here, not at exit
             return status

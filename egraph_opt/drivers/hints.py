@@ -1,6 +1,6 @@
 """Where declaring input ranges would let a fix happen: a guarded rule whose pattern matched, whose
 guard failed only on range facts (``positive``, ``lo``/``hi`` bounds...) of values that depend on
-an input with no declared range. Undeclared inputs range over every finite value (DESIGN.md), so
+an input with no declared range. Undeclared inputs range over every finite value (docs/DESIGN.md), so
 without this line a fix silently does not happen (``sqrt(x + 1) - sqrt(x)`` at 30.8 bits).
 
 >>> _bounds("(<= (hi ?x) 10.0)", {"x": "c"}, {"c": "x + 1"})

@@ -175,6 +175,8 @@ def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_
 # --- matplotlib figures ---
 
 def _figure(width: float = 6.4, height: float = 3.6):
+    from .usage import require
+    require("report", "drawing figures")
     from matplotlib.figure import Figure
     return Figure(figsize=(width, height), layout="constrained")
 

@@ -32,6 +32,8 @@ class Report:
     def to_html(self, path) -> str:
         """Write this report as one self-contained HTML page; returns the path."""
         from .html_report import write_report
+        from .usage import require
+        require("report", "Report.to_html")  # its pictures: refused, not dropped
         return write_report(self, path)
 
     @property

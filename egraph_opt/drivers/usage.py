@@ -3,11 +3,32 @@ refusal is one line (argparse then exits with status 2)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 
 
 class Failure(Exception):
     """A failure the user can act on: its message is the whole error line (exit status 1)."""
+
+
+class MissingExtra(ImportError):
+    """A feature whose optional dependencies are not installed: the message names the extra."""
+
+
+#: each extra of pyproject.toml and the modules that show it is installed
+EXTRAS = {"onnx": ("onnx", "onnxruntime", "onnxscript"), "triton": ("triton",), "cluster": ("distributed",),
+          "report": ("matplotlib",)}
+
+
+def require(extra: str, what: str) -> None:
+    """Refuse ``what`` in one line naming the extra to install, before any work is done. The
+    report extra also brings Graphviz's dot (graphviz-pure), a program, not a module."""
+    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
+    if extra == "report":
+        from .pictures import find_dot
+        missing += [] if find_dot() else ["Graphviz dot"]
+    if missing:
+        raise MissingExtra(f"{what} needs {', '.join(missing)}: pip install 'egraph-opt[{extra}]'")
 
 
 class ModelFailure(Exception):

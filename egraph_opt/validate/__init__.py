@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from ..lang import pattern
 from ..lang.ops import OPS
 from ..lang.program import Program, leaves
-from ..lang.term import Term, postorder
+from ..lang.term import Term, evaluate, postorder
 
 
 @dataclass
@@ -214,8 +214,9 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, float, str]:
     """The acceptance rule, for torch and ONNX outputs alike (numpy arrays are taken as tensors):
     (accepted, candidate's error, original's error, why refused). Without a float64 ``ref`` (an
-    ONNX model runs in its own precision), the original is the reference; ``excused``: an error
-    allowed beyond the dtype's tolerance (the original's own, measured elsewhere)."""
+    ONNX model runs in its own precision; ``imported_reference`` gives one where it overflows), the
+    original is the reference; ``excused``: an error allowed beyond the dtype's tolerance (the
+    original's own, measured elsewhere)."""
     if isinstance(cand, np.ndarray) and cand.dtype.kind not in "biufc":  # strings, objects
         same = cand.shape == orig.shape and np.array_equal(cand, orig)
         return same, 0.0 if same else math.inf, 0.0, "" if same else "outputs differ"
@@ -229,6 +230,34 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
     if not why and err > allowed:
         why = f"error {err:.3g} exceeds {allowed:.3g}"
     return not why, err, err_orig, why
+
+
+def imported_reference(program: Program, feeds: dict, expected: list) -> list[np.ndarray] | None:
+    """The float64 reference of an imported model whose original runs in its own precision (ONNX
+    under onnxruntime, ``expected`` its outputs on ``feeds``, by input name), for ``judge``: the
+    imported program's terms in float64, in long double where float64 overflows (``wide_reference``).
+    Where the original is not finite it judges, as the decorator's float64 reference does, so a
+    stability fix is accepted as fixed. Only where the import is faithful: its terms in the model's
+    own precision must reproduce ``expected`` by ``judge`` (non-finite values alike), or a wrong
+    import would vouch for a candidate as wrong. None where there is none: an opaque node (its
+    semantics are the runtime's alone), terms that do not run on these inputs, or differ."""
+    outputs = leaves(program.outputs)
+    if program.opaque or not all(isinstance(o, Term) for o in outputs):
+        return None
+    inputs = tuple(torch.from_numpy(np.asarray(feeds[t.attrs[0]])) for t in program.inputs)
+    env = {**program.params, **{t.attrs[0]: x for t, x in zip(program.inputs, inputs)}}
+    try:
+        own = evaluate(outputs, env)
+        refs = [torch.as_tensor(r) for r in evaluate(outputs, env, reference=True)]
+    except Exception:  # noqa: BLE001 - shapes the import fixed differ from these: no reference
+        return None
+    if not all(judge(torch.as_tensor(o), e)[0] for o, e in zip(own, expected)):
+        return None
+    if any(r.is_floating_point() and not r.isfinite().all() for r in refs):
+        wide = wide_reference(program, inputs)
+        if wide is not None:
+            refs = [_widened(r, w) for r, w in zip(refs, wide)]
+    return [r.numpy() for r in refs]
 
 
 def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, str]:

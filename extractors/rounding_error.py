@@ -119,6 +119,7 @@ def rounding_error(root: Term, env: dict[str, torch.Tensor],
         raise ValueError("an empty output has no rounding error")
     size = flat.numel() + sum(e.numel() for e in local.values())  # of one row of the Jacobian
     rows = max(1, min(OUTPUTS_PER_POINT, JACOBIAN_ELEMENTS // size, flat.numel()))
+    gen = gen if gen is not None else torch.Generator().manual_seed(0)  # never the process's
     pick = torch.randperm(flat.numel(), generator=gen)[:rows] if rows < flat.numel() else torch.arange(rows)
     total = torch.zeros(rows, dtype=torch.float64)
     shares: dict[int, torch.Tensor] = {}

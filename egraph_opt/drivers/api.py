@@ -4,13 +4,16 @@ replaced by the original program, and the report says why.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
+import threading
 import time
 import types
 import warnings
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -18,9 +21,10 @@ import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
 from .arguments import Binder, BoundCall
-from ..frontends.capture import SideEffect, capture
+from ..frontends.capture import SideEffect, capture, returned
 from ..egraph.engine import EGraph, InvariantError
 from .guard import StateKey
+from .watch import Watch
 from ..extractors import CostModel, Objective
 from ..extractors.cost import KAPPA_WEIGHT
 from ..extractors.curvature import KAPPA_TIE_BREAK
@@ -57,7 +61,8 @@ def _missed(args: tuple):
     return _MISS
 
 
-#: plans one decorated program keeps at most (input signatures and states together)
+#: plans one decorated program keeps at most (input signatures and states together): beyond it,
+#: the least recently used plan is dropped
 MAX_PLANS = 64
 #: a program measured this much slower than the original is slower beyond noise
 SLOWER_BY = 1.05
@@ -120,6 +125,17 @@ class Plan:
     exact: Any = None  # checks a call's tensors are the ones it was made for (sizes, strides...)
     state: tuple = ()  # the StateKey it was made under
     arity: int = -1  # how many tensors ``exact`` checks
+    key: tuple = ()  # its key in the plan cache
+
+
+@dataclass
+class _Ran:
+    out: Any  # what the original returned, run in place of a plan
+
+
+def _changes(name: str, changes: list[str]) -> str:
+    return f"{name} changes Python state ({', '.join(changes[:3])}{', ...' if len(changes) > 3 else ''}), " \
+        "which a plan would not do on every call"
 
 
 def _check_ranges(ranges: dict | None) -> dict:
@@ -137,12 +153,12 @@ def _check_ranges(ranges: dict | None) -> dict:
 
 def writes_in_place(fn: Callable, args: tuple, names: list[str]) -> list[str]:
     """The arguments ``fn`` writes into, as running it once on clones shows (each tensor counts
-    its in-place writes in ``_version``); random draws inside do not advance the caller's
-    generator."""
+    its in-place writes in ``_version``); it draws no random numbers (capture refuses one that
+    does)."""
     with torch.inference_mode(False):  # clones that count their versions (inference tensors do not)
         clones = tuple(a.clone() for a in args)
         before = [c._version for c in clones]
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad():
             fn(*clones)
     return [f"argument {n!r}" for n, c, v in zip(names, clones, before) if c._version != v]
 
@@ -194,8 +210,8 @@ class OptimizedFunction:
         self.validate = validate
         self.limits = limits
         self.keep_egraph = keep_egraph  # every plan keeps its e-graph (notebooks); else the last one
-        self._plans: dict[tuple, Plan] = {}
-        self._warned_too_many = False
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
+        self._compiling = threading.RLock()  # one first call at a time: others wait for its plan
         self._last: Plan | None = None
         self._again: Callable[[tuple], Any] = _missed  # the last plan, if a call is its again
         self._state = StateKey(fn)
@@ -248,28 +264,44 @@ class OptimizedFunction:
         except TypeError:  # a number the trace read now holds an unhashable value: no plan is keyed by it
             return self.fn(*args, **kwargs)
         if plan is None:
-            if len(self._plans) >= MAX_PLANS:
-                return self._too_many(args, kwargs)
-            before = self._state.snapshot()
-            devices = sorted({t.device.index or 0 for t in call.tensors if t.device.type == "cuda"})
-            with torch.random.fork_rng(devices=devices):  # tracing, validating and timing draw numbers
-                plan = self._compile(call)  # the call's own draws are the caller's, as the original's
-            ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
-            self._state.settle(before)  # shows, as the trace's writes do
-            state = self._state.key()  # the trace showed which tensors it holds (their writes count not)
-            plan = self._plans.setdefault(call.key + state + _autocast(), plan)
-            self._state.pin()
-            plan.call = plan.run or self.fn
-            if call.plain and _Exact is not None:
-                plan.exact, plan.state, plan.arity = _Exact(
-                    *args, dynamic_dims_sizes=None, dynamic_dims_strides=None), state, len(args)
-            if ran:
-                self._remember(plan)
-                return ran[0]
+            with self._compiling:
+                plan = self._plans.get(key) or self._first(call, args, kwargs)
+            if isinstance(plan, _Ran):
+                return plan.out
+        with contextlib.suppress(KeyError):  # another thread dropped it meanwhile
+            self._plans.move_to_end(plan.key)
         self._remember(plan)
         if plan.run is None:
             return self.fn(*args, **kwargs)
         return plan.run(*call.tensors)
+
+    def _first(self, call: BoundCall, args: tuple, kwargs: dict):
+        """Optimize for ``call`` and keep the plan (dropping the least recently used beyond
+        ``MAX_PLANS``); where the original runs instead, its result (``_Ran``). The optimizer's
+        runs of the program leave no Python state behind, and a program that changes any falls
+        back (its plan would not)."""
+        before = self._state.snapshot()
+        with Watch(self.fn) as watch:
+            plan = self._compile(call, watch)
+            changed = watch.changes()
+        if changed and plan.run is not None:
+            plan = self._untouched(plan.report, _changes(self._name, changed), plan.optimized)
+        ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
+        self._state.settle(before)  # shows, as the trace's writes do
+        state = self._state.key()  # the trace showed which tensors it holds (their writes count not)
+        plan.key = call.key + state + _autocast()
+        plan = self._plans.setdefault(plan.key, plan)
+        while len(self._plans) > MAX_PLANS:
+            self._plans.popitem(last=False)
+        self._state.pin()
+        plan.call = plan.run or self.fn
+        if call.plain and _Exact is not None:
+            plan.exact, plan.state, plan.arity = _Exact(
+                *args, dynamic_dims_sizes=None, dynamic_dims_strides=None), state, len(args)
+        if ran:
+            self._remember(plan)
+            return _Ran(ran[0])
+        return plan
 
     def _remember(self, plan: Plan) -> None:
         """``plan`` is the last one run: a call of the same tensors and state runs it again
@@ -288,23 +320,15 @@ class OptimizedFunction:
             return run(*args) if same else _MISS
         self._again = again
 
-    def _too_many(self, args: tuple, kwargs: dict):
-        """The original, once the key has taken ``MAX_PLANS`` values (state that changes call
-        after call would otherwise cost an optimization per call)."""
-        if not self._warned_too_many:
-            self._warned_too_many = True
-            warnings.warn(f"egraph-opt: {self._name} has {len(self._plans)} plans, one per input "
-                          "signature and state it was called with; further ones run untouched", stacklevel=3)
-        return self.fn(*args, **kwargs)
-
-    def _compile(self, call: BoundCall) -> Plan:
-        signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+    def _compile(self, call: BoundCall, watch: Watch) -> Plan:
+        signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"
+                              f"{'[nested]' if t.is_nested else list(t.shape)}"
                               for n, t in zip(call.names, call.tensors))
         report = Report(signature=f"{self._name}({signature})")
         if call.refused:
             return self._untouched(report, call.refused)
         try:
-            return self._optimize(call, report)
+            return self._optimize(call, report, watch)
         except InvariantError:  # a tripwire: a bug of ours that tests must see
             raise
         except Exception as e:  # noqa: BLE001 - never a wrong answer: the original runs instead
@@ -316,16 +340,18 @@ class OptimizedFunction:
         warnings.warn(f"egraph-opt: {report.signature} runs untouched: {why}", stacklevel=3)
         return Plan(None, report, found.egraph if found else None, found)
 
-    def _optimize(self, call: BoundCall, report: Report) -> Plan:
+    def _optimize(self, call: BoundCall, report: Report, watch: Watch) -> Plan:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
+        if watch.changes():  # the trace ran its Python code on tracer objects: no plan keeps it
+            raise SideEffect(_changes(self._name, watch.changes()))
         self._state.hold(traced)
         if not self.validate:  # else validation's run of the original shows it
             start = time.perf_counter()
             self._refuse_writes(writes_in_place(target, args, call.names))
             original_s = time.perf_counter() - start
-        returns = tree_structure(program.outputs)  # ModelOutput and other registered containers
+        returns = tree_structure(returned(program.outputs))  # ModelOutput and other registered containers
         device = args[0].device.type if args else "cpu"
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
             self.profile_db, device, budget_s=self.profile_budget)

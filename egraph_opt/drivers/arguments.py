@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+_DENSE = (torch.Tensor, torch.nn.Parameter)  # tensor types, not subclasses that change what ops do
 _SIMPLE = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
 
 
@@ -92,15 +93,18 @@ class Binder:
     def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
         key = None if kwargs else self.plain_key(args)
         if key is not None:
-            return BoundCall(args, self._names[:len(args)], key, direct=len(args) == len(self._names),
-                             plain=True)
+            names = self._names[:len(args)]
+            refused = next((f"argument {n!r} is {why}" for n, a in zip(names, args) if (why := unusual(a))), "")
+            return BoundCall(args, names, key, refused=refused, direct=len(args) == len(self._names),
+                             plain=not refused)
         if self.signature is None:
             if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
                 return BoundCall((), [], ("refused", len(args), tuple(kwargs)),
                                  refused=f"{self.name} has no signature to bind keyword or "
                                          "non-tensor arguments to")
             names = [f"arg{i}" for i in range(len(args))]
-            return BoundCall(args, names, _tensor_key(args), direct=False, plain=True)
+            refused = next((f"argument {n!r} is {why}" for n, a in zip(names, args) if (why := unusual(a))), "")
+            return BoundCall(args, names, _tensor_key(args), refused=refused, direct=False, plain=not refused)
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -112,6 +116,8 @@ class Binder:
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
                 names.append(name)
+                why = unusual(value)
+                refused = refused or (f"argument {name!r} is {why}" if why else "")
                 continue
             key = _constant_key(value)
             if key is None and not refused:
@@ -127,10 +133,26 @@ class Binder:
 
 def _tensor_key(tensors) -> tuple | None:
     """Shape, dtype, device, grad and layout of each tensor: what a plan is specialized to (one
-    flat tuple: fewer objects to build and hash per call); None if one is not a tensor."""
+    flat tuple: fewer objects to build and hash per call); None if one is not a tensor. A tensor
+    the capture cannot take (``unusual``) is keyed by its kind (it has no strides, or no shape)."""
     key: list = []
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             return None
-        key += (t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous())
+        if type(t) in _DENSE and t.layout is torch.strided and not t.is_nested:
+            key += (t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous())
+        else:
+            key += (type(t), t.layout, t.is_nested, t.dtype, t.device)
     return tuple(key)
+
+
+def unusual(t: torch.Tensor) -> str:
+    """Why the capture cannot take tensor ``t`` ("" where it can): its tracing and the Term
+    language hold dense tensors of one shape."""
+    if type(t) not in _DENSE:
+        return f"a {type(t).__name__} (a tensor subclass)"
+    if t.is_nested:
+        return "a nested tensor"
+    if t.layout is not torch.strided:
+        return f"a {str(t.layout).removeprefix('torch.')} tensor"
+    return "a quantized tensor" if t.is_quantized else ""

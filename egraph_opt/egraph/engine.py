@@ -9,11 +9,14 @@ parsed into plain Python classes for our own extractor.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import math
 import os
+import queue
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -111,13 +114,79 @@ class Saturation:
     enodes: int = 0
 
 
+class _Owner:
+    """The one thread that makes, uses and drops every egglog e-graph: egglog's EGraph is a PyO3
+    "unsendable" object, and one touched on another thread panics, while one dropped there prints
+    a traceback and is never freed (an e-graph made on one thread and dropped on another, as a plan
+    cache shared by threads does, leaked 135 MB each). Callers hold a number; calls run here."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+        self.live: dict[int, bindings.EGraph] = {}  # touched on the owner thread only
+        self._made = 0
+
+    def call(self, fn, *args):
+        """``fn(*args)`` on the owner thread; its result or exception here."""
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        with self._start:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="egraph-opt-egglog", daemon=True)
+                self._thread.start()
+        done, box = threading.Event(), []
+        self._jobs.put((fn, args, done, box))
+        done.wait()
+        if box[0]:
+            raise box[1]
+        return box[1]
+
+    def _serve(self) -> None:
+        while True:
+            fn, args, done, box = self._jobs.get()
+            try:
+                box += [False, fn(*args)]
+            except BaseException as e:  # noqa: BLE001 - egglog panics too: raised in the caller
+                box += [True, e]
+            del fn, args  # nothing of the job outlives it here (a dropped e-graph's number)
+            if done is not None:
+                done.set()
+
+    def make(self) -> int:
+        def made() -> int:
+            self._made += 1
+            self.live[self._made] = bindings.EGraph()
+            return self._made
+        return self.call(made)
+
+    def drop(self, number: int) -> None:
+        """Free e-graph ``number`` on the owner thread, from any thread (a finalizer too: no wait)."""
+        if threading.current_thread() is self._thread:
+            self.live.pop(number, None)
+        elif self._thread is not None and self._thread.is_alive():
+            self._jobs.put((self.live.pop, (number, None), None, []))
+
+    def forget(self) -> None:
+        """In a forked child the owner thread is gone: its e-graphs are never touched again."""
+        _ORPHANS.append(self.live)
+        self.live, self._thread, self._start = {}, None, threading.Lock()
+        self._jobs = queue.SimpleQueue()
+
+
+_OWNER = _Owner()
+_ORPHANS: list = []  # e-graphs of a parent process (after fork): kept, never dropped off their thread
+os.register_at_fork(after_in_child=_OWNER.forget)
+atexit.register(lambda: _OWNER.call(_OWNER.live.clear) if _OWNER.live else None)
+
+
 class EGraph:
-    """An egglog e-graph over Terms."""
+    """An egglog e-graph over Terms (held on ``_Owner``'s thread: any thread may use and drop it)."""
 
     def __init__(self, tripwires: bool | None = None):
         """``tripwires`` (default: the EGRAPH_OPT_TRIPWIRES environment variable, on in tests)
         checks after every iteration that no unsound merge happened."""
-        self._eg = bindings.EGraph()
+        self._number = _OWNER.make()
         self.tripwires = os.environ.get("EGRAPH_OPT_TRIPWIRES") == "1" if tripwires is None else tripwires
         self._run(declarations() + range_rules.DECLARATIONS)
         self._run("\n".join(range_rules.tripwires() if self.tripwires else []))
@@ -138,9 +207,18 @@ class EGraph:
             self._ranges_waiting = [(ops, text) for ops, text in self._ranges_waiting if not ops <= self._ops]
             self._run("\n".join(ready))
 
+    def __del__(self):
+        number = getattr(self, "_number", None)
+        if number is not None:
+            _OWNER.drop(number)
+
+    def _call(self, method: str, *args):
+        """egglog's ``method`` of this e-graph, on the owner thread."""
+        return _OWNER.call(lambda: getattr(_OWNER.live[self._number], method)(*args))
+
     def _run(self, text: str):
         try:
-            return self._eg.run_program(*self._eg.parse_program(text))
+            return _OWNER.call(_program, self._number, text)
         except BaseException as e:  # egglog panics surface as BaseException subclasses
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -270,10 +348,10 @@ class EGraph:
             self._run(f"(run {range_rules.TRIPWIRES} 1)")
 
     def serialize_json(self) -> str:
-        return self._eg.serialize([]).to_json()
+        return self._call("serialize", []).to_json()
 
     def to_dot(self) -> str:
-        return self._eg.serialize([]).to_dot()
+        return self._call("serialize", []).to_dot()
 
     def widget(self):
         """egglog's own interactive visualizer of this e-graph: it draws in a live notebook
@@ -313,6 +391,11 @@ class EGraph:
             classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
         return Snapshot(classes, class_of_ref, {c: (lo, hi) for c, (lo, hi) in bounds.items()},
                         dtypes)
+
+
+def _program(number: int, text: str):
+    eg = _OWNER.live[number]
+    return eg.run_program(*eg.parse_program(text))
 
 
 def _axis_facts(ref: int, key: tuple, t: Term, meta: dict) -> list[str]:

@@ -18,11 +18,12 @@ from typing import Any, Callable
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_unflatten
 
 from . import lowering, lowering_aten, lowering_einsum, lowering_nn  # noqa: F401 - these register lowerings
-from .effects import functional, mutations
+from .effects import Draws, functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
 from ..lang.term import Term, dtype_name
@@ -64,12 +65,16 @@ def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
         try:
             graph = tracer.trace(fn)
             return fx.GraphModule(tracer.root if root is None else root, graph)
+        except SideEffect:
+            raise
         except Exception as e:  # noqa: BLE001 - fx raises many types; reported together below
             errors.append(f"{type(e).__name__}: {e}")
     if example_args:
         module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
         try:
             return _export(module, tuple(example_args))
+        except SideEffect:
+            raise
         except Exception as e:  # noqa: BLE001 - export raises many types too
             errors.append(f"torch.export: {type(e).__name__}: {str(e).splitlines()[0]}")
     raise CaptureError(f"cannot trace {where}: {'; '.join(errors[-2:])} (tracing needs control "
@@ -116,10 +121,14 @@ def _record(gm: fx.GraphModule, example_args: tuple) -> None:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             _Recorder(gm).run(*(mode.from_tensor(a) for a in example_args))
         return
+    except SideEffect:
+        raise
     except Exception:  # noqa: BLE001 - any op fake tensors cannot run: the real run says
         pass
     try:
         _Recorder(gm).run(*(a.clone() if a.device.type != "meta" else a for a in example_args))
+    except SideEffect:
+        raise
     except Exception as e:
         raise CaptureError(f"running the traced program on the example inputs failed: {e}") from e
 
@@ -145,16 +154,20 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         if not isinstance(arg, torch.Tensor):
             raise CaptureError(f"argument {name!r} is a {type(arg).__name__}; egraph-opt optimizes "
                                "functions of tensors (close over other values instead)")
-    gm = trace(fn, example_args)
+    name = getattr(fn, '__qualname__', type(fn).__name__)
+    draws = Draws(lambda op: SideEffect(f"{name} draws random numbers ({op}): every run the optimizer "
+                                        "made would draw them from the caller's generator"))
+    with draws:
+        gm = trace(fn, example_args)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_args):
         raise CaptureError(f"{len(example_args)} arguments given, the traced program takes "
                            f"{len(placeholders)}")
     effects, in_place = mutations(gm)
     if effects:
-        raise SideEffect(f"{getattr(fn, '__qualname__', type(fn).__name__)} mutates "
-                         f"{', '.join(effects)}")
-    _record(gm, example_args)
+        raise SideEffect(f"{name} mutates {', '.join(effects)}")
+    with draws:
+        _record(gm, example_args)
 
     values: dict[str, Any] = {}  # node name -> Term | OpaqueRef | static Python value
     scopes: dict[int, str] = {}
@@ -205,6 +218,16 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
                     if scope and t.args:
                         scopes[id(t)] = scope
     return Program(tuple(inputs), output, opaque, params, scopes).pruned(), gm
+
+
+def returned(outputs: Any) -> Any:
+    """``outputs`` as the program returns them: fx holds a returned dict or list as its
+    immutable_dict or immutable_list, which the caller must not get."""
+    if type(outputs) is immutable_dict:
+        return {k: returned(v) for k, v in outputs.items()}
+    if type(outputs) is immutable_list:
+        return [returned(v) for v in outputs]
+    return tuple(map(returned, outputs)) if type(outputs) is tuple else outputs
 
 
 def _new_terms(term: Term, seen: set[int]) -> list[Term]:

@@ -10,6 +10,7 @@ import operator
 
 import torch
 from torch import fx
+from torch.utils._python_dispatch import TorchDispatchMode
 
 _AUGMENTED = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
               operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
@@ -102,3 +103,28 @@ def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
             elif crossed or any(order[u] > order[node] for u in base.users if u is not node):
                 found.append(f"{base.name!r}, read again after {_name(node) or node.target}")
     return found, in_place
+
+
+class Draws(TorchDispatchMode):
+    """Raises ``refuse(op)`` before an op draws from a random generator runs (dropout in train
+    mode, ``torch.rand``): each run the optimizer makes of such a program (trace, validation,
+    timing) would advance the caller's generator, which eager advances once per call, and two runs
+    of it never agree. A thread's own mode: other threads' draws are theirs."""
+
+    def __init__(self, refuse):
+        super().__init__()
+        self.refuse = refuse
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded in func.tags and _draws(func, args, kwargs):
+            raise self.refuse(func.name().split("::")[-1])
+        return func(*args, **kwargs)
+
+
+def _draws(func, args: tuple, kwargs: dict) -> bool:
+    """Whether a seeded op draws in this call: attention with ``dropout_p=0`` and dropout outside
+    training do not."""
+    named = {a.name: kwargs.get(a.name, args[i] if i < len(args) else a.default_value)
+             for i, a in enumerate(func._schema.arguments)}
+    return not (named.get("dropout_p", 1) == 0 or named.get("train", True) is False)

@@ -19,6 +19,7 @@ judged against the original, within the dtype's tolerance). ``Validation.bounded
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import operator
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten as _tree_flatten, tree_map
 
 from ..lang import pattern
 from ..lang.ops import OPS
@@ -63,6 +64,21 @@ EXCUSED = 3.0
 
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def tree_flatten(tree) -> tuple[list, object]:
+    """pytree's leaves and structure, a dataclass's fields included (pytree holds one whole: a
+    program returning one was compared by its ``==``, which tensors refuse)."""
+    def opened(x):
+        if _dataclass(x):
+            return type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass)
+                             for f in dataclasses.fields(x)}
+        return x
+    return _tree_flatten(tree_map(opened, tree, is_leaf=_dataclass))
+
+
+def _dataclass(x) -> bool:
+    return dataclasses.is_dataclass(x) and not isinstance(x, type)
 
 
 def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0) -> tuple:
@@ -288,15 +304,15 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
 
 def compare(original: Callable, candidate: Callable, args: tuple, wide: list | Callable | None = None,
             budget_s: float | None = None) -> Validation:
-    """Run both on their own clones of ``args`` (random draws inside them do not advance the
-    caller's generator) and apply the acceptance rule, ``judge``, against the float64 reference
-    within ``budget_s`` seconds (``REFERENCE_SECONDS``; see the module's docstring). ``wide``
+    """Run both on their own clones of ``args`` (they draw no random numbers: capture refuses a
+    program that does, and forking the process's generator would rewind other threads' draws) and
+    apply the acceptance rule, ``judge``, against the float64 reference within ``budget_s`` seconds (``REFERENCE_SECONDS``; see the module's docstring). ``wide``
     (``wide_reference``, or a function giving it, called only where float64 overflowed) stands in
     for the float64 reference where that is not finite. The original's run also shows which
     arguments it writes into (``Validation.written``: the candidate cannot be compared then)."""
     budget_s = REFERENCE_SECONDS if budget_s is None else budget_s
     sync = _sync_of(args)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    with torch.no_grad():
         with torch.inference_mode(False):  # clones that count their writes (``_version``)
             clones = _clones(args)
         versions = [c._version for c in clones]

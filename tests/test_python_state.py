@@ -1,0 +1,274 @@
+"""The decorator keeps eager's meaning beyond the tensors (issue 37): Python state a program writes
+(attributes, globals, closures, class attributes, containers, prints, log records) is written on
+every call with real values, never with a tracer; unusual inputs fall back with a reason; returned
+containers keep their types; the plan cache drops its least recently used plan."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from egraph_opt import saturate_and_extract
+from egraph_opt.drivers import api
+
+CALLS = 3
+COUNT = 0
+SEEN: list = []
+
+
+def _softplus(x):
+    return torch.log(1 + torch.exp(x))
+
+
+def _global_counter(x):
+    global COUNT
+    COUNT += 1
+    return _softplus(x)
+
+
+def _global_list(x):
+    SEEN.append(x.shape[0])
+    return _softplus(x)
+
+
+def _printing(x):
+    print("rows", x.shape[0])
+    return _softplus(x)
+
+
+def _logging(x):
+    logging.getLogger("user.program").warning("rows %s", x.shape[0])
+    return _softplus(x)
+
+
+def _closure():
+    calls = 0
+
+    def counted(x):
+        nonlocal calls
+        calls += 1
+        return _softplus(x)
+    return counted
+
+
+class _Counted:
+    total = 0
+
+    def __call__(self, x):
+        type(self).total += 1
+        return _softplus(x)
+
+
+class _Stateful(nn.Module):
+    """The issue's module: counts, records shapes and statistics, keeps its last output."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.seen, self.stats, self.last = 0, [], {}, None
+
+    def forward(self, x):
+        self.calls += 1
+        self.seen.append(x.shape[0])
+        self.stats["rows"] = self.stats.get("rows", 0) + x.shape[0]
+        self.last = _softplus(x)
+        return self.last
+
+
+class _StatefulMethod(_Stateful):
+    @saturate_and_extract(profile_budget=0)
+    def forward(self, x):
+        return super().forward(x)
+
+
+def _state(program) -> tuple:
+    """Everything a program of this file writes, as plain values (a tracer would show here)."""
+    m = getattr(program, "__self__", program)
+    module = (m.calls, list(m.seen), dict(m.stats), m.last) if isinstance(m, _Stateful) else ()
+    cells = tuple(c.cell_contents for c in getattr(program, "__closure__", None) or ())
+    return COUNT, list(SEEN), _Counted.total, module, cells
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return type(b) is torch.Tensor and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+PROGRAMS = {
+    "global counter": lambda: _global_counter,
+    "global list": lambda: _global_list,
+    "print": lambda: _printing,
+    "logging": lambda: _logging,
+    "closure counter": _closure,
+    "class attribute": _Counted,
+    "module attributes and containers": _Stateful,
+}
+
+
+def _reset():
+    global COUNT
+    COUNT, _Counted.total = 0, 0
+    SEEN.clear()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("kind", PROGRAMS)
+def test_python_state_after_n_calls_is_eagers(kind, capsys, caplog):
+    """N calls of the decorated program leave the state, the printed lines and the log records
+    that N eager calls leave, with real values (the issue: calls == 3 and seen == [Proxy, 2, 2]
+    after one call, and nothing after)."""
+    x = torch.randn(2, 3)
+    runs = []
+    for decorate in (False, True):
+        _reset()
+        caplog.clear()
+        program = PROGRAMS[kind]()
+        call = saturate_and_extract(program, profile_budget=0) if decorate else program
+        with pytest.warns(UserWarning, match="changes Python state") if decorate else _nothing():
+            outs = [call(x) for _ in range(CALLS)]
+        runs.append((outs, _state(program), capsys.readouterr().out, [r.getMessage() for r in caplog.records if r.name == "user.program"]))
+    (eager_outs, *eager), (outs, *got) = runs
+    for a, b in zip(outs, eager_outs):
+        torch.testing.assert_close(a, b)
+    assert _same(tuple(got), tuple(eager)), (got, eager)
+    assert "changes Python state" in call.report.fallback and "\n" not in call.report.fallback
+
+
+@pytest.mark.parametrize("calls", [1, CALLS])
+def test_a_decorated_method_writes_its_instance_state_on_every_call(calls):
+    _reset()
+    m, eager = _StatefulMethod(), _Stateful()
+    x = torch.randn(2, 3)
+    for _ in range(calls):
+        with pytest.warns(UserWarning, match="changes Python state") if not m.calls else _nothing():
+            m(x)
+        eager(x)
+    assert _same(_state(m), _state(eager)) and m.calls == calls
+    assert "sets self.calls" in m.forward.report.fallback
+
+
+def test_a_program_that_writes_no_python_state_is_still_optimized():
+    """Reading attributes, globals and containers is no effect: the plan runs."""
+    scale = {"t": 2.0}
+
+    class Reads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.temperature, self.sizes = 2.0, [3]
+
+        def forward(self, x):
+            return torch.log(1 + torch.exp(x / self.temperature / scale["t"])) * self.sizes[0]
+
+    g = saturate_and_extract(Reads(), profile_budget=0)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(g(x), Reads()(x))
+    assert g.report.optimized and not g.report.fallback
+
+
+def test_random_draws_fall_back_and_advance_the_stream_as_eager_does():
+    """A program drawing random numbers runs untouched: the optimizer's runs of it (trace,
+    validation, timing) would draw from the caller's generator."""
+    f = lambda x: x * torch.rand(x.shape) + torch.rand(3)  # noqa: E731
+    g = saturate_and_extract(f, profile_budget=0)
+    x = torch.randn(3)
+    torch.manual_seed(5)
+    with pytest.warns(UserWarning, match=r"draws random numbers \(rand"):
+        got = g(x)
+    after = torch.rand(4)
+    torch.manual_seed(5)
+    torch.testing.assert_close(got, f(x))
+    torch.testing.assert_close(after, torch.rand(4))
+
+
+# -- unusual inputs ----------------------------------------------------------------------------------
+def _two_tensor(x):
+    from torch.testing._internal.two_tensor import TwoTensor
+    return TwoTensor(x, x.clone())
+
+
+@pytest.mark.parametrize("make,why", [
+    (lambda x: x.to_sparse_csr(), "a sparse_csr tensor"),
+    (lambda x: x.to_sparse(), "a sparse_coo tensor"),
+    (lambda x: torch.nested.nested_tensor([x[0], x[1, :2]]), "a nested tensor"),
+    (lambda x: torch.quantize_per_tensor(x, 0.1, 0, torch.quint8), "a quantized tensor"),
+    (_two_tensor, "a TwoTensor (a tensor subclass)"),
+])
+def test_unusual_inputs_fall_back_with_a_one_line_reason(make, why):
+    f = lambda x: torch.relu(x)  # noqa: E731
+    g = saturate_and_extract(f, profile_budget=0)
+    x = make(torch.randn(4, 4))
+    with pytest.warns(UserWarning, match=re.escape(f"argument 'x' is {why}")):
+        out = g(x)
+    expected = f(x)
+    assert type(out) is type(expected) and g.report.fallback == f"argument 'x' is {why}"
+    dense = (lambda t: t.to_dense()) if out.layout is not torch.strided else (lambda t: t)
+    if not out.is_nested:
+        torch.testing.assert_close(dense(out.dequantize() if out.is_quantized else out),
+                                   dense(expected.dequantize() if expected.is_quantized else expected))
+    g(x)  # a second call: the same fallback, no new warning needed, no error
+
+
+# -- returned containers -----------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Pair:
+    smooth: torch.Tensor
+    shifted: torch.Tensor
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: {"smooth": _softplus(x), "shifted": x + 1},
+    lambda x: [_softplus(x), x + 1],
+    lambda x: {"parts": [_softplus(x), (x + 1,)]},
+    lambda x: _Pair(_softplus(x), x + 1),
+], ids=["dict", "list", "nested", "dataclass"])
+def test_returned_containers_keep_their_types_and_are_optimized(f):
+    g = saturate_and_extract(f, profile_budget=0)
+    x = torch.randn(4, 3)
+    for _ in range(2):
+        out, expected = g(x), f(x)
+        assert _same_structure(out, expected)
+    assert g.report.optimized and not g.report.fallback, g.report.fallback
+
+
+def _same_structure(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b)
+        return True
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(_same_structure(getattr(a, f.name), getattr(b, f.name))
+                                          for f in dataclasses.fields(a))
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(_same_structure(a[k], b[k]) for k in a)
+    return type(a) is type(b) and len(a) == len(b) and all(map(_same_structure, a, b))
+
+
+# -- the plan cache ----------------------------------------------------------------------------------
+def test_past_max_plans_the_least_recently_used_plan_is_dropped(monkeypatch):
+    """Shapes after the limit are optimized too (they ran untouched forever), and a plan used
+    recently outlives one used before it."""
+    monkeypatch.setattr(api, "MAX_PLANS", 2)
+    g = saturate_and_extract(_softplus, profile_budget=0)
+    rows = lambda: sorted(int(p.report.signature.split("[")[1].split(",")[0]) for p in g.plans.values())  # noqa: E731
+    for n in (2, 3):
+        g(torch.randn(n, 4))
+    g(torch.randn(2, 4))  # 2 is now more recent than 3
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(g(x), _softplus(x))
+    assert g.report.optimized and rows() == [2, 5]
+    g(torch.randn(3, 4))  # optimized again
+    assert g.report.optimized and rows() == [3, 5]

@@ -32,12 +32,12 @@ from ..extractors.rounding_error import program_error
 from ..profiling.latency import UNIT_S, MeasuredLatency, default_budget, sources
 from ..profiling.profiler import time_side_by_side
 from ..optimization.pipeline import Limits, Optimized, optimize
+from .hints import range_hints
 from .report import Report
 from ..rulesets import Family, select
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
 from ..kernels.binding import measured_estimate, pricing
-from .hints import range_hints
 from ..validate import compare, random_inputs, wide_reference
 
 #: programs of at most this many terms, and this many elements over all their values, get a

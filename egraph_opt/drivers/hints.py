@@ -32,8 +32,7 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
             bounded.append(f"range hints: not looked for: {enodes:,} e-nodes (bound {HINTS_UP_TO:,})")
         return []
     ex = Explorer(result, input_ranges, rules)
-    text = {cid: pretty(t, width=60) for t in postorder(ex.source.roots())
-            for cid in [ex.loaded[id(t)]]}
+    text = _Texts({ex.loaded[id(t)]: t for t in postorder(ex.source.roots())})
     guards = ematch.Guards(ex.snap, ex.relations, ex.meta)
     hints = []
     for rule in ex.rules:
@@ -53,6 +52,20 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
                              f"{{{', '.join(f'{n!r}: (lo, hi)' for n in free)}}} within which these hold")
                 break
     return hints
+
+
+class _Texts(dict):
+    """e-class -> the input program's text of it, written when first asked for: each text walks
+    its subterm, so writing all of them up front walked a deep program quadratically."""
+
+    def __init__(self, terms: dict):
+        super().__init__()
+        self.terms = terms
+
+    def get(self, cid, default=None):
+        if cid not in self and cid in self.terms:
+            self[cid] = pretty(self.terms[cid], width=60)
+        return super().get(cid, default)
 
 
 def _subjects(tree, bound: dict) -> list[str]:

@@ -30,6 +30,11 @@ class OptimizedModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         return self._optimized(*args, **kwargs)
 
+    @property
+    def fn(self) -> torch.nn.Module:
+        """The original module, as ``fn`` is on a decorated function (pictures run it beside the plan)."""
+        return self._orig_mod
+
     def __getattr__(self, name: str):
         if name in _OWN:
             return self.__dict__[name]

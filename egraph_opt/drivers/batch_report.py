@@ -64,7 +64,7 @@ def write_report(path: str, records: list[dict], interrupted: bool) -> None:
     with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
         if html(path):
             from .html_report import batch_page
-            f.write(batch_page(records, summary(records), interrupted))
+            f.write(batch_page(records, summary(records), interrupted, status))
         else:
             json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
     os.chmod(f.name, new_file_mode())

@@ -42,15 +42,12 @@ def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
     """An Explorer of an optimized function (after a call), an ``optimize`` result, or an ONNX
     model path (optimized here); for a sharded plan (``egraph_opt.shard``), the table of its
     alternative shardings with their predicted costs."""
-    from .api import OptimizedFunction
-    from .module import OptimizedModule
     from .sharded import ShardedPlan
-    if isinstance(obj, OptimizedModule):
-        obj = obj._optimized
     if isinstance(obj, ShardedPlan):
         return obj.alternatives()
-    if isinstance(obj, OptimizedFunction):
-        return _of_function(obj)
+    obj = getattr(obj, "_optimized", obj)  # a decorated module: its OptimizedFunction
+    if hasattr(obj, "_last") and hasattr(obj, "_plans"):  # an OptimizedFunction (the decorator
+        return _of_function(obj)  # imports the explorer for its range hints: not the other way)
     if isinstance(obj, Optimized):
         return Explorer(obj, input_ranges or {})
     if isinstance(obj, str) and obj.endswith(".onnx"):

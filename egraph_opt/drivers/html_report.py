@@ -8,7 +8,6 @@ import html
 import io
 from pathlib import Path
 
-from .batch_report import status
 from .pictures import SVG, TextPicture, impact_figure, program_picture
 from .tables import Table
 
@@ -72,8 +71,9 @@ def write_explorer(ex, path, alternatives: int = 5) -> str:
     return _write(path, page(f"egraph-opt explorer: {ex.name}", body))
 
 
-def batch_page(records: list[dict], summary: str, interrupted: bool) -> str:
-    """One page for an ONNX batch: the summary, then a section per model."""
+def batch_page(records: list[dict], summary: str, interrupted: bool, status) -> str:
+    """One page for an ONNX batch: the summary, then a section per model, headed by what became of
+    it (``status(record)``, the summary's own word)."""
     body = f"<pre>{html.escape(summary)}</pre>" + ("<p><b>interrupted (Ctrl-C)</b></p>" if interrupted else "")
     for r in records:
         fields = [[k, v] for k, v in r.items() if not isinstance(v, (dict, list))]

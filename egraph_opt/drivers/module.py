@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from .api import OptimizedFunction
-
 _OWN = ("_orig_mod", "_optimized")  # the wrapper's own attributes; every other one is the original's
 
 
@@ -19,7 +17,7 @@ class OptimizedModule(torch.nn.Module):
     """``module`` run through its optimized plans; ``.report``, ``.egraph``, ``.plans`` as on a
     decorated function, the rest (``.eval()``, ``.to()``, attributes...) the original's."""
 
-    def __init__(self, module: torch.nn.Module, optimized: OptimizedFunction):
+    def __init__(self, module: torch.nn.Module, optimized):  # optimized: api.OptimizedFunction, which makes it
         super().__init__()
         own = self.__dict__
         own["_orig_mod"], own["_optimized"] = module, optimized

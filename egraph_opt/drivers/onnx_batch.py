@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import glob
-import hashlib
-import json
 import os
 import signal
 import statistics
@@ -31,23 +29,20 @@ import onnx
 
 from .api import slower_for_nothing
 from .batch_report import html, line, summary, write_report
-from .staging import remove_staging, write_atomic
+from .staging import earlier_output, made_from, remove_staging, stamp, write_atomic
 from .usage import Failure, ModelFailure, at_least
 from ..extractors import CostModel, Objective
 from ..profiling.latency import MeasuredLatency, budget_seconds, default_budget
 from ..profiling.profile_db import UNUSABLE, ForeignFileError, ProfileDB, default_path
 from ..backends.onnx_backend import OnnxExportError, export
 from ..frontends.onnx_converters import opset_of
-from ..frontends.onnx_frontend import (OnnxImportError, ValueType, _value_type, external_files,
-                                       import_model, load)
+from ..frontends.onnx_frontend import OnnxImportError, ValueType, _value_type, import_model, load
 from ..optimization.pipeline import optimize
 from ..validate import imported_reference, judge
 
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
 _SYMBOLIC_DIM = 3  # size given to symbolic dims of random inputs
 _EXTERNAL_ABOVE = 1 << 30  # bytes: larger models are written with their tensors beside them
-_MADE_FROM = "egraph-opt:made-from"  # an output's metadata: its model's digest and the run's options
-_SAME_OUTPUT = ("objective", "opset", "seed", "latency_runs")  # the options that change what is written
 
 
 def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
@@ -225,46 +220,6 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
             latency.db.close()
     record["seconds"] = round(time.perf_counter() - start, 3)
     return record
-
-
-def made_from(path: str, options: dict) -> str:
-    """What an output is made from: the digest of its model's bytes (its data files' too) and the
-    options that change what is written. Stored in the output, it lets a rerun tell its own
-    outputs (kept) from other files in the way."""
-    digest = hashlib.sha256()
-    stored = onnx.load(path, load_external_data=False)
-    for name in [os.path.basename(path), *external_files(path, stored)]:
-        with open(os.path.join(os.path.dirname(path), name), "rb") as f:
-            digest.update(hashlib.file_digest(f, "sha256").digest())
-    return json.dumps({"sha256": digest.hexdigest(), **{k: options.get(k) for k in _SAME_OUTPUT}},
-                      sort_keys=True)
-
-
-def stamp(model: onnx.ModelProto, source: str) -> None:
-    """Record ``made_from`` in the model's metadata (replacing the record its input may carry)."""
-    kept = [p for p in model.metadata_props if p.key != _MADE_FROM]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    model.metadata_props.add(key=_MADE_FROM, value=source)
-
-
-def earlier_output(path: str, target: str, options: dict) -> dict | None:
-    """None where ``target`` is free; else what the run does about it: "kept", the output an
-    earlier run made from this model with these options (a rerun after a kill finishes the
-    rest), or "failed": another file is in the way."""
-    if not os.path.lexists(target):
-        return None
-    try:
-        props = onnx.load(target, load_external_data=False).metadata_props
-        there = json.loads(next((p.value for p in props if p.key == _MADE_FROM), "{}"))
-        ours = json.loads(made_from(path, options))
-    except Exception:  # noqa: BLE001 - unreadable output or model: in the way, the plain reason
-        there, ours = {}, None
-    if there == ours:
-        return {"status": "kept", "reason": f"{target} was written from this model by an earlier run"}
-    same_model = ours is not None and there.get("sha256") == ours["sha256"]
-    other = " (made from this model with other options)" if same_model else ""
-    return {"status": "failed", "reason": f"{target} exists{other} (use --force to overwrite)"}
 
 
 def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:

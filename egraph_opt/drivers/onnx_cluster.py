@@ -25,8 +25,7 @@ import onnx
 
 from ..frontends.onnx_frontend import external_files
 from ..profiling.profile_db import UNUSABLE, ProfileDB, ProfileDBWarning
-from .onnx_batch import earlier_output
-from .staging import write_files
+from .staging import earlier_output, write_files
 from .usage import Failure, ModelFailure
 
 try:

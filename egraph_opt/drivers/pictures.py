@@ -9,10 +9,7 @@ summary of its largest e-classes, and ``dot`` runs under a timeout.
 from __future__ import annotations
 
 import html
-import os
-import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +19,7 @@ from ..lang import pattern as pat
 from ..lang.ops import OPS
 from ..lang.term import Term, postorder, pretty
 from .tables import Table
+from .usage import find_dot, require
 
 DOT_SECONDS = 20  # a layout that takes longer is abandoned for the summary
 MAX_NODES = 300
@@ -56,16 +54,6 @@ class TextPicture(SVG):
         return self.text
 
     __repr__ = __str__
-
-
-def find_dot() -> str | None:
-    """``$EGRAPH_OPT_DOT`` if set (None if it is not a program), else ``dot``, else
-    ``graphviz-pure`` on PATH or beside this Python."""
-    chosen = os.environ.get("EGRAPH_OPT_DOT")
-    if chosen is not None:
-        return chosen if shutil.which(chosen) else None
-    beside = Path(sys.executable).parent / "graphviz-pure"
-    return shutil.which("dot") or shutil.which("graphviz-pure") or (str(beside) if beside.exists() else None)
 
 
 def render(source: str, fallback: str) -> SVG | TextPicture:
@@ -175,7 +163,6 @@ def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_
 # --- matplotlib figures ---
 
 def _figure(width: float = 6.4, height: float = 3.6):
-    from .usage import require
     require("report", "drawing figures")
     from matplotlib.figure import Figure
     return Figure(figsize=(width, height), layout="constrained")

@@ -10,6 +10,8 @@ import contextlib
 import fcntl
 import filecmp
 import glob
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -17,7 +19,11 @@ from typing import Callable
 
 import onnx
 
+from ..frontends.onnx_frontend import external_files
 from .usage import ModelFailure, new_file_mode
+
+_MADE_FROM = "egraph-opt:made-from"  # an output's metadata: its model's digest and the run's options
+_SAME_OUTPUT = ("objective", "opset", "seed", "latency_runs")  # the options that change what is written
 
 _PREFIX = ".egraph-opt-"
 
@@ -122,3 +128,43 @@ def _same(staged: str, final: str) -> bool:
         return os.path.samefile(staged, final)
     except OSError:
         return False
+
+
+def made_from(path: str, options: dict) -> str:
+    """What an output is made from: the digest of its model's bytes (its data files' too) and the
+    options that change what is written. Stored in the output, it lets a rerun tell its own
+    outputs (kept) from other files in the way."""
+    digest = hashlib.sha256()
+    stored = onnx.load(path, load_external_data=False)
+    for name in [os.path.basename(path), *external_files(path, stored)]:
+        with open(os.path.join(os.path.dirname(path), name), "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return json.dumps({"sha256": digest.hexdigest(), **{k: options.get(k) for k in _SAME_OUTPUT}},
+                      sort_keys=True)
+
+
+def stamp(model: onnx.ModelProto, source: str) -> None:
+    """Record ``made_from`` in the model's metadata (replacing the record its input may carry)."""
+    kept = [p for p in model.metadata_props if p.key != _MADE_FROM]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.add(key=_MADE_FROM, value=source)
+
+
+def earlier_output(path: str, target: str, options: dict) -> dict | None:
+    """None where ``target`` is free; else what the run does about it: "kept", the output an
+    earlier run made from this model with these options (a rerun after a kill finishes the
+    rest), or "failed": another file is in the way."""
+    if not os.path.lexists(target):
+        return None
+    try:
+        props = onnx.load(target, load_external_data=False).metadata_props
+        there = json.loads(next((p.value for p in props if p.key == _MADE_FROM), "{}"))
+        ours = json.loads(made_from(path, options))
+    except Exception:  # noqa: BLE001 - unreadable output or model: in the way, the plain reason
+        there, ours = {}, None
+    if there == ours:
+        return {"status": "kept", "reason": f"{target} was written from this model by an earlier run"}
+    same_model = ours is not None and there.get("sha256") == ours["sha256"]
+    other = " (made from this model with other options)" if same_model else ""
+    return {"status": "failed", "reason": f"{target} exists{other} (use --force to overwrite)"}

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
+import sys
+from pathlib import Path
 
 
 class Failure(Exception):
@@ -25,10 +28,19 @@ def require(extra: str, what: str) -> None:
     report extra also brings Graphviz's dot (graphviz-pure), a program, not a module."""
     missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
     if extra == "report":
-        from .pictures import find_dot
         missing += [] if find_dot() else ["Graphviz dot"]
     if missing:
         raise MissingExtra(f"{what} needs {', '.join(missing)}: pip install 'egraph-opt[{extra}]'")
+
+
+def find_dot() -> str | None:
+    """``$EGRAPH_OPT_DOT`` if set (None if it is not a program), else ``dot``, else
+    ``graphviz-pure`` on PATH or beside this Python."""
+    chosen = os.environ.get("EGRAPH_OPT_DOT")
+    if chosen is not None:
+        return chosen if shutil.which(chosen) else None
+    beside = Path(sys.executable).parent / "graphviz-pure"
+    return shutil.which("dot") or shutil.which("graphviz-pure") or (str(beside) if beside.exists() else None)
 
 
 class ModelFailure(Exception):

@@ -8,7 +8,7 @@ the moves its operands need from the backends that produced them (move kernels, 
 torch kernel covers every op and is always a candidate (a static estimate where nothing is
 measured); another backend is chosen only by its measurements, never by a preference (but under the
 test switch, where a Triton kernel that accepts a node runs it). Extraction prices a node the same way
-(``pricing``), so the cost sees what will run. No candidate is an error.
+(``Pricing``), so the cost sees what will run. No candidate is an error.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def measured_estimate(latency) -> Estimate:
 
 
 class Pricing:
-    """``pricing(op, attrs, shapes, dtype, layouts) -> (units, source)`` of the kernel binding will
+    """Called with (op, attrs, shapes, dtype, layouts): (units, source) of the kernel binding will
     choose for such a node on ``device``, its operands in torch memory (the cheapest usable
     candidate, the moves into its backend included), for the cost model; ``paths(...)`` every
     kernel binding weighs for it, with its seconds or why not, for the explorer."""
@@ -71,8 +71,6 @@ class Pricing:
     def paths(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = ()) -> list[Path]:
         return paths(self._use(op, attrs, shapes, dtype, layouts), ("torch",), self.estimate)
 
-
-pricing = Pricing
 
 
 def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dtype: str,

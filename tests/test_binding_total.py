@@ -58,7 +58,7 @@ def test_binding_and_pricing_never_raise(latency, switch, use, held):
         for backend in BACKENDS:
             assert binding.conversion_seconds(use, backend, kernel.backend) >= 0.0
         dtype = use.dtypes[0] if use.dtypes else "float32"
-        priced = binding.pricing(latency, use.device)(use.op, use.attrs, use.shapes, dtype)
+        priced = binding.Pricing(latency, use.device)(use.op, use.attrs, use.shapes, dtype)
         assert priced is None or priced[0] >= 1
     finally:
         del os.environ["EGRAPH_OPT_TRITON_ON_CPU"]

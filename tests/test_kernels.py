@@ -93,7 +93,7 @@ def test_each_kernel_has_its_own_rows_and_extraction_prices_the_kernel_binding_c
     use = Use("exp", (), ((64, 64),), ("float32",), "cpu")
     with ProfileDB(tmp_path / "p.sqlite") as db:
         latency = MeasuredLatency(db, "cpu", budget_s=0)
-        assert binding.pricing(latency, "cpu")("exp", (), ((64, 64),), "float32")[1] == "default"
+        assert binding.Pricing(latency, "cpu")("exp", (), ((64, 64),), "float32")[1] == "default"
         for backend, seconds in (("torch", 8e-6), ("numpy", 1e-6)):
             db.add(Record("exp", backend, device_name("cpu"), "float32", ((64, 64),), {}, 5, seconds, 0.0))
         latency = MeasuredLatency(db, "cpu", budget_s=0)
@@ -102,10 +102,10 @@ def test_each_kernel_has_its_own_rows_and_extraction_prices_the_kernel_binding_c
         assert ways[0].seconds > 1e-6 and ways[1].seconds == 8e-6
         assert binding.bind(use, estimate=binding.measured_estimate(latency)).name == "numpy.exp"
         moves = binding.conversion_seconds(use, "torch", "numpy")  # not measured: static
-        assert binding.pricing(latency, "cpu")("exp", (), ((64, 64),), "float32") == (
+        assert binding.Pricing(latency, "cpu")("exp", (), ((64, 64),), "float32") == (
             round(1e-6 / UNIT_S) + round(moves / UNIT_S), "measured")
         timed = MeasuredLatency(db, "cpu", budget_s=60)  # tanh unmeasured: both backends timed now
-        binding.pricing(timed, "cpu")("tanh", (), ((64, 64),), "float32")
+        binding.Pricing(timed, "cpu")("tanh", (), ((64, 64),), "float32")
         assert all(db.records("tanh", b, device_name("cpu"), "float32") for b in ("torch", "numpy"))
         assert db.records("move", "move.torch->numpy", device_name("cpu"), "float32")  # its move too
 
@@ -247,12 +247,12 @@ def test_a_rewritten_kernel_is_chosen_only_where_measured_faster(tmp_path):
             db.add(Record("gelu", rows, where, "float32", shapes, {"approximate": "tanh"}, 5, seconds, 0.0))
         latency = MeasuredLatency(db, "cpu", budget_s=0)
         assert binding.bind(use, estimate=binding.measured_estimate(latency)).name == "torch.gelu_tanh_sigmoid"
-        assert binding.pricing(latency, "cpu")("gelu", ("tanh",), shapes, "float32") == (round(3e-6 / UNIT_S), "measured")
+        assert binding.Pricing(latency, "cpu")("gelu", ("tanh",), shapes, "float32") == (round(3e-6 / UNIT_S), "measured")
         slower = Use("gelu", ("tanh",), ((32, 64),), ("float32",), "cpu")
         db.add(Record("gelu", "torch.gelu_tanh_sigmoid", where, "float32", ((32, 64),), {"approximate": "tanh"}, 5, 9e-6, 0.0))
         db.add(Record("gelu", "torch", where, "float32", ((32, 64),), {"approximate": "tanh"}, 5, 2e-6, 0.0))
         assert binding.bind(slower, estimate=binding.measured_estimate(MeasuredLatency(db, "cpu"))).name == "torch.gelu"
         timed = MeasuredLatency(db, "cpu", budget_s=60)
-        binding.pricing(timed, "cpu")("linear_act", ("gelu_tanh",), ((16, 8), (4, 8), (4,)), "float32")
+        binding.Pricing(timed, "cpu")("linear_act", ("gelu_tanh",), ((16, 8), (4, 8), (4,)), "float32")
         assert all(db.records("linear_act", rows, where, "float32")
                    for rows in ("torch", "torch.linear_gelu_tanh_sigmoid"))

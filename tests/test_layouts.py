@@ -78,7 +78,7 @@ def test_rows_are_kept_per_layout_and_a_cost_reads_its_own(tmp_path):
     """sdpa over heads transposed out of (B, T, H, D) is timed as it runs: its own row, beside
     the contiguous one, and the cost of the program that runs it reads that row."""
     from egraph_opt.extractors import CostModel, Objective, program_cost
-    from egraph_opt.kernels.binding import pricing
+    from egraph_opt.kernels.binding import Pricing
     from egraph_opt.profiling.latency import MeasuredLatency
     from egraph_opt.profiling.profile_db import ProfileDB
     from egraph_opt.profiling.profiler import device_name
@@ -88,7 +88,7 @@ def test_rows_are_kept_per_layout_and_a_cost_reads_its_own(tmp_path):
     attention = Term("sdpa", (heads, heads, heads), (0.3, False))
     with ProfileDB(tmp_path / "p.sqlite") as db:
         latency = MeasuredLatency(db, "cpu", budget_s=60)
-        model = CostModel(Objective.LATENCY, latency_of=pricing(latency, "cpu"))
+        model = CostModel(Objective.LATENCY, latency_of=Pricing(latency, "cpu"))
         program_cost([attention], model)
         (row,) = db.records("sdpa", "torch", device_name("cpu"), "float32")
         assert row.attrs["layout"] == ["0,2,1,3"] * 3 and row.shapes == ((1, 2, 16, 8),) * 3

@@ -37,7 +37,7 @@ from .report import Report
 from ..rulesets import Family, select
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
-from ..kernels.binding import measured_estimate, pricing
+from ..kernels.binding import Pricing, measured_estimate
 from ..validate import compare, random_inputs, wide_reference
 
 #: programs of at most this many terms, and this many elements over all their values, get a
@@ -355,7 +355,7 @@ class OptimizedFunction:
         device = args[0].device.type if args else "cpu"
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
             self.profile_db, device, budget_s=self.profile_budget)
-        priced = pricing(latency, device) if latency else None  # by the kernel that will run
+        priced = Pricing(latency, device) if latency else None  # by the kernel that will run
         model = CostModel(self.objective, priced, self.tolerance)
         result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)

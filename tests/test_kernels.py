@@ -206,7 +206,8 @@ def test_rewritten_kernels_match_their_reference_term_at_the_edges_too(kernel, d
     got = kernel.impl(*operands, *attrs.values())
     own = REGISTRY[f"torch.{kernel.op}"].impl(*operands, *attrs.values())  # what it stands in for
     assert got.dtype == dtype
-    assert torch.equal(got.isnan(), truth.isnan()) and torch.equal(got.signbit(), truth.signbit())
+    numbers = ~truth.isnan()  # a NaN's sign bit is the CPU's choice (vector and scalar paths differ)
+    assert torch.equal(got.isnan(), truth.isnan()) and torch.equal(got.signbit()[numbers], truth.signbit()[numbers])
     error, own_error = ((y.double() - truth).nan_to_num().abs() for y in (got, own))
     bulk = truth.abs() > 1e-2  # as close to the truth as the op's own kernel, and within rounding
     assert error.max() <= 1.5 * own_error.max() + 1e-12

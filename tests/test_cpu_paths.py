@@ -1,0 +1,20 @@
+"""torch picks its CPU kernels by the vector instructions the CPU has (scalar, AVX2, AVX-512);
+``ATEN_CPU_CAPABILITY`` forces a lower path, so the verdicts that once differed between CPUs (a
+NaN's sign bit, gelu's tanh path) are checked on every path from any one machine."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_rewritten_kernels_hold_on_every_cpu_vector_path(capability):
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          os.path.join(HERE, "test_kernels.py"), "-k", "at_the_edges"],
+                         env=env, cwd=os.path.dirname(HERE), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout

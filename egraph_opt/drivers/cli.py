@@ -292,11 +292,11 @@ def _run(args: argparse.Namespace, prog: str) -> int:
             return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def main_onnx(argv: list[str] | None = None) -> int:
     """``egraph-opt onnx ARGV``, with the CLI's one-line errors."""
     return main(["onnx", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 

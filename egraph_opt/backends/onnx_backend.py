@@ -265,9 +265,9 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
 
 def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
     """An Add that only LayerNormalization reads is written as Sum, the same single addition:
-    onnxruntime (1.32, CPU) fuses Add + LayerNormalization into its SkipLayerNormalization, which
-    runs 3-4x slower than the two nodes it replaces (bench/onnx_zoo.py's last section: 0.23
-    against 0.07 ms at 128 x 256), and it matches Add only."""
+    onnxruntime's CPU provider fuses Add + LayerNormalization into its SkipLayerNormalization, which
+    runs slower than the two nodes it replaces (bench/onnx_zoo.py's last section prints both), and
+    it matches Add only."""
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in nodes:
         for i, x in enumerate(n.input):

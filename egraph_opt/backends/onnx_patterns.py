@@ -163,9 +163,8 @@ def matmuls_unflattened(roots: list[Term], meta: dict, heads: dict) -> dict[int,
 def products_split(program, meta: dict, unflattened: dict) -> dict[str, tuple[Term, Term, Term | None, list[int]]]:
     """Split (ONNX, opaque) along the last axis of x @ w (+ b), w a stored matrix and b a stored
     vector (maybe unflattened, ``matmuls_unflattened``), that nothing else reads: one product per
-    part, by w's (and b's) column block, makes the same numbers without the copy Split makes
-    (onnxruntime, GPT-2's q, k, v at 128 x 256: 0.59 against 0.62 ms): opaque key -> (x, w, b or
-    None, the parts' sizes)."""
+    part, by w's (and b's) column block, makes the same numbers without the copy Split makes:
+    opaque key -> (x, w, b or None, the parts' sizes)."""
     roots = program.roots()
     uses = _uses(roots, postorder(roots))
     found = {}

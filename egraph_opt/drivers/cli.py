@@ -103,7 +103,7 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
 
     records, backends = [], set()
     for kernel in (k for op in ops for k in kernels_for(op)):
-        if kernel.rows == "torch" or not usable(kernel, args.device) or args.device not in kernel.devices:
+        if kernel.db_backend == "torch" or not usable(kernel, args.device) or args.device not in kernel.devices:
             continue
         cases = [c for c in grid([kernel.op], args.dtype, args.sizes) if c.dtype in kernel.dtypes]
         records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=kernel)

@@ -330,6 +330,12 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
             return Validation(False, math.inf, 0.0, f"output structure differs: {spec_c} vs {spec_o}",
                               original_s=seconds)
         reference = _bounded_reference(original, args, origs, seconds, budget_s, sync)
+    return _judged(origs, cands, reference, wide, seconds)
+
+
+def _judged(origs: list, cands: list, reference, wide, seconds: float) -> Validation:
+    """``judge`` on each output, against the float64 reference (widened where it overflowed), or
+    the original where there is none; a sampled reference judges its rows, the original the rest."""
     refs, rows, alone, bounded = reference.refs, reference.rows, reference.alone, reference.bounded
     if refs is not None and wide is not None and any(
             isinstance(r, torch.Tensor) and r.is_floating_point() and not r.isfinite().all() for r in refs):

@@ -139,8 +139,7 @@ class Emitter:
         if not self._shapes:
             return None
         if id(t) not in self._shapes:
-            meta = self.program.leaf_meta()
-            self._shapes.update({k: v[0] for k, v in shapes([t], meta).items()})
+            self._shapes.update({k: v[0] for k, v in shapes([t], self.program.leaf_meta()).items()})
         return self._shapes[id(t)]
 
     def source(self, t: Term) -> str:

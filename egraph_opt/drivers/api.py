@@ -90,13 +90,13 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
                        error: tuple | None = None, slower_by: float = SLOWER_BY) -> bool:
     """Whether a program timed on the actual inputs, slower than the original by more than noise
     (``slower_by``), should give way to it: never slower, unless it buys stability the objective
-    asked for. Stability and tolerance always keep it. Balanced keeps it where it is steadier
-    and the gain outweighs the time lost (a decibel for a microsecond): steadier means a rule
-    made for accuracy applied (``for_accuracy``) and either a better-conditioned worst node (an
+    asked for. Stability and tolerance always keep it; latency never does. Balanced keeps it where
+    it is steadier by enough to outweigh the time lost (a decibel for a microsecond). Steadier: a
+    rule made for accuracy applied (``for_accuracy``), and a better-conditioned worst node (an
     overflow or cancellation gone, which sampling rarely meets) or a conditioning cost lower by
     other ops and by more than the tie-breaking cost of the nodes it has fewer (geglu for
-    gelu(a) * b is one node fewer, not a steadier program); or its sampled first-order ``error``
-    (before, after) down by a bit and by a quarter or more."""
+    gelu(a) * b is one node fewer, not a steadier program). A sampled first-order ``error``
+    (before, after) down by a bit and by a quarter or more is steadier too, whatever the time."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     before, after = result.cost_before, result.cost_after

@@ -156,8 +156,15 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
         result, optimized = _optimize(src, original, options, latency, record)
         sessions, feeds = _validate(path, src, original, optimized, options["seed"], record)
         if options["latency_runs"]:
-            optimized = _faster_or_original(sessions, feeds, options, stopped, result, original,
-                                            optimized, record)
+            before, after = latencies(sessions, feeds, options["latency_runs"], stopped)
+            record["latency_ms_before"], record["latency_ms_after"] = before, after
+            slower = f"onnxruntime ran the optimized model {after / before:.2f}x as long ({after:.3f} ms against {before:.3f})"
+            if slower_for_nothing(Objective(options["objective"]), result, before, after, slower_by=1.0):
+                optimized = original
+                record.update(kept_original=slower, latency_ms_after=before, latency_ms_optimized=after,
+                              nodes_after=record["nodes_before"])
+            elif after > before:  # slower, and written: say so, and why
+                record["slower"] = f"{slower}; kept for the stability the {options['objective']} objective asks for"
         external = optimized.ByteSize() > _EXTERNAL_ABOVE or any(
             t.data_location == onnx.TensorProto.EXTERNAL for t in stored.graph.initializer)
         if stopped is not None and stopped():
@@ -227,21 +234,6 @@ def _validate(path: str, src, original: onnx.ModelProto, optimized: onnx.ModelPr
         if not ok:
             raise ModelFailure(f"validation: output {name!r}: {why}")
     return sessions, feeds
-
-
-def _faster_or_original(sessions: list, feeds: dict, options: dict, stopped, result,
-                        original: onnx.ModelProto, optimized: onnx.ModelProto, record: dict):
-    """The model to write: the original where the optimized one runs slower for nothing."""
-    before, after = latencies(sessions, feeds, options["latency_runs"], stopped)
-    record["latency_ms_before"], record["latency_ms_after"] = before, after
-    slower = f"onnxruntime ran the optimized model {after / before:.2f}x as long ({after:.3f} ms against {before:.3f})"
-    if slower_for_nothing(Objective(options["objective"]), result, before, after, slower_by=1.0):
-        record.update(kept_original=slower, latency_ms_after=before, latency_ms_optimized=after,
-                      nodes_after=record["nodes_before"])
-        return original
-    if after > before:  # slower, and written: say so, and why
-        record["slower"] = f"{slower}; kept for the stability the {options['objective']} objective asks for"
-    return optimized
 
 
 def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:

@@ -150,13 +150,6 @@ def _is_static(node: fx.Node, static: set[str]) -> bool:
 
 def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]:
     """Trace ``fn`` and lower it on ``example_args``: one Program per input signature."""
-    gm, in_place = _traced(fn, example_args)
-    return _program(gm, in_place), gm
-
-
-def _traced(fn: Callable, example_args: tuple) -> tuple[fx.GraphModule, set[str]]:
-    """The fx graph of ``fn`` with shapes recorded, and the nodes that write in place; refused
-    where ``fn`` takes other values than tensors, mutates its inputs or draws random numbers."""
     for name, arg in zip(_parameter_names(fn, len(example_args)), example_args):
         if not isinstance(arg, torch.Tensor):
             raise CaptureError(f"argument {name!r} is a {type(arg).__name__}; egraph-opt optimizes "
@@ -175,7 +168,7 @@ def _traced(fn: Callable, example_args: tuple) -> tuple[fx.GraphModule, set[str]
         raise SideEffect(f"{name} mutates {', '.join(effects)}")
     with draws:
         _record(gm, example_args)
-    return gm, in_place
+    return _program(gm, in_place), gm
 
 
 def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:

@@ -50,7 +50,7 @@ class GraphProgram(Program):
         return {**super().leaf_meta(), **self.value_meta}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OnnxProgram:
     """A Program plus what ONNX needs back: value types (symbolic dims), tensors, names, opsets."""
     program: Program
@@ -214,7 +214,15 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     graph = model.graph
     nodes = nodes_in_order(graph, where)
     im = _importer(model, where, nodes)
-    inputs = _graph_inputs(im)
+    inputs = []
+    for info in graph.input:
+        vt = im.types.get(info.name)
+        if vt is None or vt.shape is None:
+            raise OnnxImportError(f"{where}: graph input {info.name!r} has no tensor shape "
+                                  "(its rank is needed)")
+        dims = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape)
+        im.terms[info.name] = Term.input(info.name, dims, DTYPES.get(vt.elem_type, "float32"))
+        inputs.append(im.terms[info.name])
     static = all(_static(im.types.get(i.name)) for i in graph.input)
     folded, opaque, opaque_types = _convert(im, nodes, static)
     outputs = tuple(im.term(o.name) for o in graph.output)
@@ -223,8 +231,8 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     tensors = {n: im.protos[n] for n, t in im.terms.items() if t.op == "param"}
     for o in graph.output:
         im.types[o.name] = _value_type(o) or im.types.get(o.name)
-    return OnnxProgram(program, model, im.types, tensors, tuple(o.name for o in graph.output),
-                       where, folded)
+    return OnnxProgram(program=program, model=model, types=im.types, tensors=tensors,
+                       output_names=tuple(o.name for o in graph.output), source=where, folded=folded)
 
 
 def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -> Importer:
@@ -253,20 +261,6 @@ def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -
     return im
 
 
-def _graph_inputs(im: Importer) -> list[Term]:
-    """The graph's inputs as Term inputs: the Term language needs each one's rank."""
-    inputs = []
-    for info in im.model.graph.input:
-        vt = im.types.get(info.name)
-        if vt is None or vt.shape is None:
-            raise OnnxImportError(f"{im.where}: graph input {info.name!r} has no tensor shape "
-                                  "(its rank is needed)")
-        dims = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape)
-        im.terms[info.name] = Term.input(info.name, dims, DTYPES.get(vt.elem_type, "float32"))
-        inputs.append(im.terms[info.name])
-    return inputs
-
-
 def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
     """Fold, convert or keep opaque each node in order: (folded count, opaque calls, the
     (shape, dtype) of each opaque value)."""
@@ -289,9 +283,17 @@ def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
             _exact_types(im, node)
         try:
             _convert_node(im, node, shapeless)
-        except Unsupported:
-            _keep_opaque(im, node, _unique(node.name or f"{node.op_type}_{i}", opaque), opaque,
-                         opaque_types, shapeless)
+        except Unsupported:  # the node runs as itself: its outputs are opaque leaves of the program
+            key = _unique(node.name or f"{node.op_type}_{i}", opaque)
+            args = tuple(im.term(x) if x else None for x in node.input)
+            reads = tuple((x, im.term(x)) for x in subgraph_reads(node) if x in im.terms or x in im.consts)
+            opaque[key] = OpaqueCall(key, "onnx", node, args, {"captured": reads} if reads else {})
+            for out in filter(None, node.output):
+                im.terms[out] = Term("opaque", (), (out,))
+                opaque_types[out] = _shape_dtype(im, out)
+                if opaque_types[out] is None:  # analyses see a scalar; no Term ever reads it
+                    shapeless.add(out)
+                    opaque_types[out] = ((), getattr(torch, im.dtype(out) or "float32"))
     return folded, opaque, opaque_types
 
 
@@ -307,21 +309,6 @@ def _convert_node(im: Importer, node: onnx.NodeProto, shapeless: set[str]) -> No
         raise Unsupported("an extra output is used")
     for out, term in zip(node.output, results):
         im.terms[out] = term
-
-
-def _keep_opaque(im: Importer, node: onnx.NodeProto, key: str, opaque: dict, opaque_types: dict,
-                 shapeless: set[str]) -> None:
-    """A node no converter takes runs as itself: its outputs are opaque leaves of the program."""
-    args = tuple(im.term(x) if x else None for x in node.input)
-    reads = tuple((x, im.term(x)) for x in subgraph_reads(node) if x in im.terms or x in im.consts)
-    opaque[key] = OpaqueCall(key, "onnx", node, args, {"captured": reads} if reads else {})
-    for out in node.output:
-        if out:
-            im.terms[out] = Term("opaque", (), (out,))
-            opaque_types[out] = _shape_dtype(im, out)
-            if opaque_types[out] is None:  # analyses see a scalar; no Term ever reads it
-                shapeless.add(out)
-                opaque_types[out] = ((), getattr(torch, im.dtype(out) or "float32"))
 
 
 def _static(vt: ValueType | None) -> bool:

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from egraph_opt.drivers.cli import main_onnx
+from egraph_opt.drivers import cli
 
 
 def _middle(kind: str, h: str) -> list:
@@ -69,7 +69,7 @@ def _warm() -> str:
 def _batch(folder: str, out: str, address: str) -> float:
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        rc = main_onnx([folder, "--out", out, "--cluster", address, "--latency-runs", "0"])
+        rc = cli.main(["onnx", folder, "--out", out, "--cluster", address, "--latency-runs", "0"])
     seconds = time.perf_counter() - start
     if rc != 0:
         raise SystemExit(f"batch on {address} failed (exit {rc})")

@@ -34,7 +34,7 @@ import torch
 from egraph_opt.analysis.ranges import analyze
 from egraph_opt.analysis.sampling import sample_inputs
 from egraph_opt.lang.ops import parse_shape
-from egraph_opt.lang.pattern import PRIMITIVES
+from egraph_opt.lang.pattern import ARITHMETIC
 from egraph_opt.lang.program import Program
 from egraph_opt.lang.term import Term, evaluate
 from egraph_opt.rulesets import sexp
@@ -265,7 +265,7 @@ _SIGN = {"positive": lambda lo, hi: lo > 0, "nonneg": lambda lo, hi: lo >= 0,
          "negative": lambda lo, hi: hi < 0, "nonzero": lambda lo, hi: (lo > 0) | (hi < 0)}
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 #: the heads of a guard this module can decide over intervals (rulesets/__init__.py's guards)
-DECIDABLE = {*_SIGN, *_COMPARE, *PRIMITIVES, "lo", "hi"}
+DECIDABLE = {*_SIGN, *_COMPARE, *ARITHMETIC, "lo", "hi"}
 
 
 def decidable(when: tuple[str, ...]) -> bool:
@@ -287,7 +287,7 @@ def guard_holds(when: tuple[str, ...], binding: dict, interval: Callable):
         if head in ("lo", "hi"):
             return interval(binding[args[0][1:]])[head == "hi"]
         operands = [value(a) for a in args]
-        return (_COMPARE | PRIMITIVES)[head](*operands)
+        return (_COMPARE | ARITHMETIC)[head](*operands)
     ok = True
     for fact in when:
         ok = ok & value(sexp(fact))

@@ -21,7 +21,7 @@ from egraph_opt.profiling.latency import UNIT_S
 from egraph_opt.profiling.profiler import MOVE
 
 #: estimate(kernel, use) -> seconds (inf: not a candidate)
-Estimate = Callable[[Kernel, Use], float]
+Estimator = Callable[[Kernel, Use], float]
 
 
 def default_estimate(kernel: Kernel, use: Use) -> float:
@@ -30,12 +30,12 @@ def default_estimate(kernel: Kernel, use: Use) -> float:
     elements = sum(math.prod(s) for s in use.shapes) or 1
     if kernel.op == MOVE:
         return 2e-6 + 4 * elements / 1e10
-    if kernel.rows != "torch" and not _preferred(kernel, use):
+    if kernel.db_backend != "torch" and not _preferred(kernel, use):
         return math.inf
     return 5e-6 + 4 * elements / 2e10
 
 
-def measured_estimate(latency) -> Estimate:
+def measured_estimate(latency) -> Estimator:
     """Seconds of a kernel from ``latency`` (a MeasuredLatency): the rows of the kernel's backend,
     measured or interpolated; the torch kernel and moves fall back to their defaults where nothing
     is known, other backends are then no candidates."""
@@ -78,13 +78,13 @@ def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dty
     """(units, source) of ``kernel`` from the database, or None: not known there (and, but for
     the op's own torch kernel, only the kernel's own measured or interpolated rows count)."""
     found = latency(op, attrs, shapes, dtype, layouts, kernel) if latency is not None else None
-    if found and kernel.rows != "torch" and found[1] not in ("measured", "interpolated"):
+    if found and kernel.db_backend != "torch" and found[1] not in ("measured", "interpolated"):
         return None
     return found
 
 
 def conversion_seconds(use: Use, source: str, target: str,
-                       estimate: Estimate = default_estimate) -> float:
+                       estimate: Estimator = default_estimate) -> float:
     """Moving ``use``'s operands from ``source``'s memory into ``target``'s: the move kernel's
     seconds (``estimate``: measured where the database has them) for each operand."""
     if not copies(source, target):
@@ -114,7 +114,7 @@ class Path(NamedTuple):
 
 
 def paths(use: Use, operand_backends: tuple[str, ...] = (),
-          estimate: Estimate = default_estimate) -> list[Path]:
+          estimate: Estimator = default_estimate) -> list[Path]:
     """Every kernel of the registry for ``use``'s op, the cheapest first."""
     found = []
     for kernel in kernels_for(use.op):
@@ -128,7 +128,7 @@ def paths(use: Use, operand_backends: tuple[str, ...] = (),
 
 
 def bind(use: Use, operand_backends: tuple[str, ...] = (),
-         estimate: Estimate = default_estimate) -> Kernel:
+         estimate: Estimator = default_estimate) -> Kernel:
     """The cheapest kernel that accepts ``use``, conversions from ``operand_backends`` included
     (the registry's order breaks ties: torch first)."""
     found = paths(use, operand_backends, estimate)

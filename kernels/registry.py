@@ -46,7 +46,7 @@ class Kernel:
         return self.reference.strip("(").split()[0]
 
     @property
-    def rows(self) -> str:
+    def db_backend(self) -> str:
         """What the latency database keys this kernel's rows by: its backend for the op's own
         kernel there (``torch.softmax``), else its name, so each kernel is measured on its own."""
         return self.backend if self.name == f"{self.backend}.{self.op}" else self.name
@@ -93,18 +93,18 @@ def _numpy_kernels() -> list[Kernel]:
 
 def _triton_kernels() -> list[Kernel]:
     """On CUDA; on CPU only interpreted, under the test switch (``binding.usable``)."""
-    from .triton import KERNELS
+    from .triton import TRITON_KERNELS
 
     devices, half_single = frozenset({"cuda", "cpu"}), frozenset({"float16", "bfloat16", "float32"})
     return [Kernel(f"triton.{op}", _reference(op), "triton", devices, half_single | set(dtypes), impl,
-                   limits or (lambda use: None)) for op, (impl, limits, dtypes) in KERNELS.items()]
+                   limits or (lambda use: None)) for op, (impl, limits, dtypes) in TRITON_KERNELS.items()]
 
 
 def _rewritten_kernels() -> list[Kernel]:
-    from .rewritten import KERNELS
+    from .rewritten import REWRITTEN_KERNELS
 
     return [Kernel(k.name, k.reference, "torch", frozenset({"cpu", "cuda"}), k.dtypes, k.impl, k.limits)
-            for k in KERNELS]
+            for k in REWRITTEN_KERNELS]
 
 
 REGISTRY: dict[str, Kernel] = {k.name: k for k in _torch_kernels() + _rewritten_kernels()

@@ -1,5 +1,5 @@
 """Torch kernels that compute an op by another formula: the same function, fewer passes or cheaper
-primitives. Each is one declaration in :data:`KERNELS`; the registry gives it rows of its own in
+primitives. Each is one declaration in :data:`REWRITTEN_KERNELS`; the registry gives it rows of its own in
 the latency database, and binding chooses it only where it is measured faster than the op's own
 kernel (never by preference). tests/test_kernels.py checks each against its reference term,
 at the extremes of floating point too.
@@ -51,7 +51,7 @@ class Declared(NamedTuple):
     dtypes: frozenset = frozenset({"float32", "float64"})  # narrower: each pass would round
 
 
-KERNELS = [
+REWRITTEN_KERNELS = [
     Declared("torch.gelu_tanh_sigmoid", "(gelu ?x0 ?approximate)", gelu_tanh_sigmoid,
              _only("approximate", "tanh")),
     Declared("torch.linear_gelu_tanh_sigmoid", "(linear_act ?x0 ?x1 ?x2 ?activation)",

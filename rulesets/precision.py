@@ -23,7 +23,7 @@ HALF = ("float16", "bfloat16")
 #: attributes its proofs sample (``Op.sample``)
 _ACCUMULATING = [op for op in OPS.values() if op.precision == "accumulate"]
 _HOISTED = [op for op in OPS.values() if op.precision == "hoist" and op.arity == 1]
-_BINARY = [op.name for op in OPS.values() if op.precision == "hoist" and op.arity == 2]
+_HOISTED_BINARY = [op.name for op in OPS.values() if op.precision == "hoist" and op.arity == 2]
 
 
 def _attrs(op: str) -> str:
@@ -63,7 +63,7 @@ RULES = [
     *(_accumulate(op.name, op.sample, dtype) for op in _ACCUMULATING for dtype in HALF),
     *(_hoist(op.name, tuple(("x" if v == "x0" else v, x) for v, x in op.sample), dtype)
       for op in _HOISTED for dtype in HALF),
-    *(_hoist_binary(op, dtype, side) for op in _BINARY for dtype in HALF for side in (0, 1)),
+    *(_hoist_binary(op, dtype, side) for op in _HOISTED_BINARY for dtype in HALF for side in (0, 1)),
     *(Rule(f"round-trip-float32-{dtype}", f'(cast (cast ?x "{dtype}") "float32")', "?x",
            Family.PRECISION, when=('(= (dtype-of ?x) "float32")',),
            why=f"widening a value narrowed to {dtype} gives the float32 value back")

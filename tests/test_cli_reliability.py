@@ -18,7 +18,6 @@ import pytest
 from onnx import TensorProto, helper
 
 from egraph_opt.drivers import cli
-from egraph_opt.drivers.cli import main_onnx
 from egraph_opt.drivers.onnx_batch import ModelFailure, random_feeds, session, write_atomic
 from test_profile_db import corrupt_a_page
 
@@ -83,14 +82,14 @@ def _file(tmp_path):
     (lambda t: ["--out", str(t / "out"), "--report", str(_file(t) / "r.json")], "is a file"),
 ])
 def test_an_unusable_output_fails_up_front_in_one_line(model, tmp_path, args, message, capsys):
-    assert main_onnx([model, *args(tmp_path), "--latency-runs", "0"]) == 1
+    assert cli.main(["onnx", model, *args(tmp_path), "--latency-runs", "0"]) == 1
     assert message in _one_line(capsys)
     assert [p.name for p in tmp_path.rglob("*.onnx")] == ["tiny.onnx"]  # the input, no output
 
 
 def test_a_report_in_a_missing_directory_is_created(model, tmp_path):
     report = tmp_path / "new" / "dir" / "report.json"
-    assert main_onnx([model, "--out", str(tmp_path / "out"), "--report", str(report),
+    assert cli.main(["onnx", model, "--out", str(tmp_path / "out"), "--report", str(report),
                       "--latency-runs", "0"]) == 0
     (record,) = json.loads(report.read_text())["models"]
     assert record["status"] == "optimized"
@@ -123,7 +122,7 @@ def test_profile_sets_a_corrupted_database_aside_with_one_warning(tmp_path, caps
 
 def _race(model, out, barrier):
     barrier.wait()  # both past their start-up: both optimize at once and write at once
-    sys.exit(main_onnx([model, "--out", out, "--latency-runs", "0"]))
+    sys.exit(cli.main(["onnx", model, "--out", out, "--latency-runs", "0"]))
 
 
 def test_of_two_runs_writing_one_output_only_one_succeeds(model, tmp_path):
@@ -237,7 +236,7 @@ def test_workers_die_with_a_killed_driver_and_a_rerun_finishes_the_rest(tmp_path
         time.sleep(0.1)
     assert not any(map(_alive, workers))
     written = sorted(n for n in os.listdir(out) if not n.startswith("."))
-    assert main_onnx(argv) == 0
+    assert cli.main(["onnx", *argv]) == 0
     statuses = _statuses(capsys.readouterr().out)
     assert {n for n, s in statuses.items() if s == "kept"} == set(written)
     assert {n for n, s in statuses.items() if s == "ok"} == {f"tiny{i}.onnx" for i in range(3)} - set(written)
@@ -248,7 +247,7 @@ def test_workers_die_with_a_killed_driver_and_a_rerun_finishes_the_rest(tmp_path
 
 #: the CLI killed (SIGKILL, itself) at its ``n``th hard link: while claiming its output
 _KILLED_AT_LINK = ("import os, signal, sys\n"
-                   "from egraph_opt.drivers.cli import main_onnx\n"
+                   "from egraph_opt.drivers.cli import main\n"
                    "links = []\n"
                    "def hook(event, args):\n"
                    "    if event == 'os.link':\n"
@@ -256,7 +255,7 @@ _KILLED_AT_LINK = ("import os, signal, sys\n"
                    "        if len(links) == int(sys.argv[1]):\n"
                    "            os.kill(os.getpid(), signal.SIGKILL)\n"
                    "sys.addaudithook(hook)\n"
-                   "sys.exit(main_onnx(sys.argv[2:]))\n")
+                   "sys.exit(main(['onnx', *sys.argv[2:]]))\n")
 
 
 def test_a_run_killed_while_staging_leaves_nothing_a_rerun_keeps(tmp_path, capsys):
@@ -270,7 +269,7 @@ def test_a_run_killed_while_staging_leaves_nothing_a_rerun_keeps(tmp_path, capsy
     assert killed.returncode == -signal.SIGKILL
     left = sorted(os.listdir(out))
     assert left[0].startswith(".egraph-opt-") and left[1:] == ["tiny0.onnx.data"]
-    assert main_onnx(argv) == 0
+    assert cli.main(["onnx", *argv]) == 0
     assert _statuses(capsys.readouterr().out) == {"tiny0.onnx": "ok"}
     assert sorted(os.listdir(out)) == ["tiny0.onnx", "tiny0.onnx.data"]
     feeds = random_feeds(tiny_model())
@@ -295,7 +294,7 @@ def test_a_staging_folder_a_live_process_holds_is_left_alone(model, tmp_path):
     try:
         assert other.stdout.readline() == "staged\n"
         (folder,) = out.glob(".egraph-opt-*")
-        assert main_onnx([model, "--out", str(out), "--latency-runs", "0"]) == 0
+        assert cli.main(["onnx", model, "--out", str(out), "--latency-runs", "0"]) == 0
         assert folder.is_dir()
         other.stdin.write("\n")
         other.stdin.close()
@@ -307,7 +306,7 @@ def test_a_staging_folder_a_live_process_holds_is_left_alone(model, tmp_path):
 
 def test_an_output_folder_holding_the_inputs_is_one_clear_error(model, capsys):
     folder = os.path.dirname(model)
-    assert main_onnx([folder, "--out", folder, "--latency-runs", "0"]) == 1
+    assert cli.main(["onnx", folder, "--out", folder, "--latency-runs", "0"]) == 1
     assert f"{model} lie in --out {folder}, where .onnx files are outputs" in _one_line(capsys)
     assert os.listdir(folder) == ["tiny.onnx"]
 
@@ -316,7 +315,7 @@ def test_two_inputs_of_one_file_name_fail_the_second_with_its_line(model, tmp_pa
     (tmp_path / "other").mkdir()
     twin = str(tmp_path / "other" / "tiny.onnx")
     os.link(model, twin)
-    assert main_onnx([model, twin, "--out", str(tmp_path / "out"), "--latency-runs", "0"]) == 1
+    assert cli.main(["onnx", model, twin, "--out", str(tmp_path / "out"), "--latency-runs", "0"]) == 1
     out = capsys.readouterr().out
     assert f"FAILED {twin}: {model} is also written to" in out and f"ok     {model}" in out
     assert os.listdir(tmp_path / "out") == ["tiny.onnx"]
@@ -327,12 +326,12 @@ def test_a_file_in_the_way_is_not_kept(model, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     onnx.save(tiny_model(), str(out / "tiny.onnx"))  # the input itself, not an output of it
-    assert main_onnx([model, "--out", str(out), "--latency-runs", "0"]) == 1
+    assert cli.main(["onnx", model, "--out", str(out), "--latency-runs", "0"]) == 1
     assert "tiny.onnx exists (use --force" in capsys.readouterr().out
-    assert main_onnx([model, "--out", str(out), "--latency-runs", "0", "--force"]) == 0
-    assert main_onnx([model, "--out", str(out), "--latency-runs", "0", "--seed", "1"]) == 1
+    assert cli.main(["onnx", model, "--out", str(out), "--latency-runs", "0", "--force"]) == 0
+    assert cli.main(["onnx", model, "--out", str(out), "--latency-runs", "0", "--seed", "1"]) == 1
     assert "exists (made from this model with other options)" in capsys.readouterr().out
-    assert main_onnx([model, "--out", str(out), "--latency-runs", "0"]) == 0
+    assert cli.main(["onnx", model, "--out", str(out), "--latency-runs", "0"]) == 0
     assert "kept " in capsys.readouterr().out
 
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 distributed = pytest.importorskip("distributed")
 import cloudpickle  # noqa: E402 - a dependency of distributed
 
-from egraph_opt.drivers.cli import main_onnx  # noqa: E402
+from egraph_opt.drivers import cli  # noqa: E402
 from egraph_opt.drivers.onnx_batch import random_feeds, session  # noqa: E402
 from egraph_opt.profiling.profile_db import ProfileDB, Record  # noqa: E402
 from egraph_opt.profiling.profiler import device_name  # noqa: E402
@@ -63,7 +63,7 @@ def _models(folder, names, make=tiny_model) -> str:
 
 
 def _batch(args, report) -> tuple[int, dict]:
-    rc = main_onnx([*args, "--latency-runs", "0", "--report", str(report)])
+    rc = cli.main(["onnx", *args, "--latency-runs", "0", "--report", str(report)])
     return rc, {os.path.basename(r["model"]): r for r in json.loads(report.read_text())["models"]}
 
 
@@ -235,7 +235,7 @@ def test_ctrl_c_cancels_the_run_and_writes_a_partial_report(client, tmp_path, ca
     previous = signal.signal(signal.SIGINT, on_sigint)
     threading.Thread(target=interrupt, daemon=True).start()
     try:
-        rc = main_onnx([models, "--out", str(out), "--cluster", client.scheduler.address,
+        rc = cli.main(["onnx", models, "--out", str(out), "--cluster", client.scheduler.address,
                         "--report", str(report), "--latency-runs", "30000"])
     finally:
         armed.clear()
@@ -261,7 +261,7 @@ def test_ctrl_c_cancels_the_run_and_writes_a_partial_report(client, tmp_path, ca
 ])
 def test_cluster_arguments_fail_in_one_line(tmp_path, args, message, capsys):
     try:
-        rc = main_onnx([_models(tmp_path / "m", ["t"]), "--out", str(tmp_path / "out"), *args])
+        rc = cli.main(["onnx", _models(tmp_path / "m", ["t"]), "--out", str(tmp_path / "out"), *args])
     except SystemExit as usage:  # argparse's refusal
         rc = usage.code
     err = capsys.readouterr().err

@@ -159,7 +159,7 @@ def test_clear_messages_for_nothing_to_explore():
 
 @pytest.mark.parametrize("why,patch,objective", [  # a latency objective takes no stability gain
     ("it measured slower (2.0 us against 1.8 us)", ("time_side_by_side", lambda *a: (1.8e-6, 2.0e-6)), "latency"),
-    ("validation failed: output 0: off", ("compare", lambda *a: Validation(False, 1.0, 0.0, "output 0: off")),
+    ("validation failed: output 0: off", ("compare", lambda *a: Validation(False, max_error=1.0, detail="output 0: off")),
      "balanced")])
 def test_a_plan_that_fell_back_is_explored_and_says_why(why, patch, objective, monkeypatch):
     """What the optimizer found, its cost beside the input program's, and its e-graph, with the

@@ -173,8 +173,8 @@ def test_missing_triton_degrades_to_torch_with_one_warning():
 
 def test_a_triton_kernel_declared_beside_its_wrapper_is_registered(monkeypatch):
     from egraph_opt.kernels.triton import runtime
-    monkeypatch.setattr(runtime, "KERNELS", {})  # what a new kernel module's import fills
-    monkeypatch.setattr("egraph_opt.kernels.triton.KERNELS", runtime.KERNELS)
+    monkeypatch.setattr(runtime, "TRITON_KERNELS", {})  # what a new kernel module's import fills
+    monkeypatch.setattr("egraph_opt.kernels.triton.TRITON_KERNELS", runtime.TRITON_KERNELS)
     wide = runtime.implements("exp", limits=lambda use: "too wide" if use.shapes[0][-1] > 8 else None)
     fn = wide(lambda x: x.exp())
     (kernel,) = registry._triton_kernels()
@@ -183,7 +183,7 @@ def test_a_triton_kernel_declared_beside_its_wrapper_is_registered(monkeypatch):
     assert kernel.refuses(_use("exp", shapes=((4, 8),), attrs=())) is None
 
 
-REWRITTEN = [k for k in REGISTRY.values() if k.backend == "torch" and k.rows != "torch"]
+REWRITTEN = [k for k in REGISTRY.values() if k.backend == "torch" and k.db_backend != "torch"]
 #: where floating point ends: both infinities, NaN, signed zeros, gelu's underflow and x^3's overflow
 EDGES = [-math.inf, math.inf, math.nan, -0.0, 0.0, -1e-30, -9.0, -30.0, -100.0, -1e20, 1e20, 7e12]
 

@@ -20,7 +20,7 @@ import torch
 from onnx import TensorProto, helper
 
 from egraph_opt.backends.onnx_backend import export
-from egraph_opt.drivers.cli import main_onnx
+from egraph_opt.drivers import cli
 from egraph_opt.drivers.onnx_batch import random_feeds, session
 from egraph_opt.validate import judge
 from egraph_opt.frontends.onnx_frontend import OnnxImportError, import_model, read
@@ -169,7 +169,7 @@ def test_opset_23_attention_takes_unsplit_heads(zoo, name, tmp_path):
     """``--opset 23`` converts the model first; each attention of a transformer becomes one
     Attention over the (batch, seq, hidden) projections: no head Transposes are left."""
     out = tmp_path / "out"
-    assert main_onnx([zoo[name], "--out", str(out), "--opset", "23", "--latency-runs", "0"]) == 0
+    assert cli.main(["onnx", zoo[name], "--out", str(out), "--opset", "23", "--latency-runs", "0"]) == 0
     model = onnx.load(str(out / f"{name}.onnx"))
     ops = [n.op_type for n in model.graph.node]
     assert model.opset_import[0].version == 23
@@ -197,7 +197,7 @@ class HeadsAttention(torch.nn.Module):
 def test_heads_merge_into_one_attention(tmp_path, rows_only):
     path, out = tmp_path / "heads.onnx", tmp_path / "out"
     _export(HeadsAttention(rows_only), (torch.randn(2, 5, 32),), str(path), ["x"])
-    assert main_onnx([str(path), "--out", str(out), "--opset", "23", "--latency-runs", "0"]) == 0
+    assert cli.main(["onnx", str(path), "--out", str(out), "--opset", "23", "--latency-runs", "0"]) == 0
     model = onnx.load(str(out / "heads.onnx"))
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("Attention") == 1 and "Transpose" not in ops
@@ -207,10 +207,10 @@ def test_heads_merge_into_one_attention(tmp_path, rows_only):
 
 def test_opset_is_never_lowered_and_must_exist(zoo, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main_onnx([zoo["mlp"], "--out", str(out), "--opset", "13", "--latency-runs", "0"]) == 0
+    assert cli.main(["onnx", zoo["mlp"], "--out", str(out), "--opset", "13", "--latency-runs", "0"]) == 0
     assert onnx.load(str(out / "mlp.onnx")).opset_import[0].version == 17
     with pytest.raises(SystemExit):
-        main_onnx([zoo["mlp"], "--out", str(out), "--opset", "99"])
+        cli.main(["onnx", zoo["mlp"], "--out", str(out), "--opset", "99"])
     assert "an opset from 13 to" in capsys.readouterr().err
 
 
@@ -330,7 +330,7 @@ def test_external_data_models_are_read_and_written(zoo, tmp_path):
     onnx.save_model(onnx.load(zoo["mlp"]), str(source / "mlp.onnx"), save_as_external_data=True,
                     location="mlp.onnx.data", size_threshold=0)
     out = tmp_path / "out"
-    assert main_onnx([str(source / "mlp.onnx"), "--out", str(out), "--latency-runs", "0"]) == 0
+    assert cli.main(["onnx", str(source / "mlp.onnx"), "--out", str(out), "--latency-runs", "0"]) == 0
     assert sorted(os.listdir(out)) == ["mlp.onnx", "mlp.onnx.data"]
     model = onnx.load(str(out / "mlp.onnx"))
     onnx.checker.check_model(str(out / "mlp.onnx"), full_check=True)
@@ -344,7 +344,7 @@ def test_cli_batch_parallel_force_and_report(zoo, tmp_path, capsys):
         (models / f"{name}.onnx").write_bytes(open(zoo[name], "rb").read())
     _malformed("truncated", models)
     out, report = tmp_path / "out", tmp_path / "report.json"
-    rc = main_onnx([str(models), "--out", str(out), "-j", "2", "--report", str(report),
+    rc = cli.main(["onnx", str(models), "--out", str(out), "-j", "2", "--report", str(report),
                     "--latency-runs", "3"])
     text = capsys.readouterr().out
     assert rc == 1
@@ -358,9 +358,9 @@ def test_cli_batch_parallel_force_and_report(zoo, tmp_path, capsys):
     assert "3 optimized, 1 failed" in text
 
     before = (out / "mlp.onnx").stat().st_mtime_ns
-    assert main_onnx([str(models / "mlp.onnx"), "--out", str(out), "--latency-runs", "0"]) == 1
+    assert cli.main(["onnx", str(models / "mlp.onnx"), "--out", str(out), "--latency-runs", "0"]) == 1
     assert "exists" in capsys.readouterr().out and (out / "mlp.onnx").stat().st_mtime_ns == before
-    assert main_onnx([str(models / "mlp.onnx"), "--out", str(out), "--force",
+    assert cli.main(["onnx", str(models / "mlp.onnx"), "--out", str(out), "--force",
                       "--latency-runs", "0"]) == 0
     assert sorted(os.listdir(out)) == ["attention.onnx", "bert.onnx", "mlp.onnx"]
 
@@ -389,7 +389,7 @@ def test_single_head_3d_attention_from_the_dynamo_exporter_is_one_attention_at_o
         warnings.simplefilter("ignore")
         torch.onnx.export(NaiveAttention().eval(), tuple(torch.randn(2, 16, 8) for _ in range(3)),
                           dynamo=True).save(str(path))
-    assert main_onnx([str(path), "--out", str(out), "--opset", "23", "--latency-runs", "0"]) == 0
+    assert cli.main(["onnx", str(path), "--out", str(out), "--opset", "23", "--latency-runs", "0"]) == 0
     model = onnx.load(str(out / "one_head.onnx"))
     assert [n.op_type for n in model.graph.node] == ["Attention"]
     heads = {a.name: a.i for a in model.graph.node[0].attribute}
@@ -410,7 +410,7 @@ def test_dynamo_exports_become_attention_at_opset_23(dynamo_zoo, tmp_path, name)
     estimates (an empty database, no profiling): what a busy machine measures does not decide."""
     original = onnx.load(dynamo_zoo[name])
     assert name == "attention3d" or "IsNaN" in {n.op_type for n in original.graph.node}
-    assert main_onnx([dynamo_zoo[name], "--out", str(tmp_path), "--opset", "23", "--latency-runs", "0",
+    assert cli.main(["onnx", dynamo_zoo[name], "--out", str(tmp_path), "--opset", "23", "--latency-runs", "0",
                       "--profile-db", str(tmp_path / "p.sqlite"), "--profile-budget", "0"]) == 0
     model = onnx.load(str(tmp_path / os.path.basename(dynamo_zoo[name])))
     ops = [n.op_type for n in model.graph.node]
@@ -463,7 +463,7 @@ def test_torchscript_exports_of_one_sequence_import_their_exact_shapes(tmp_path)
     stand-in size (2, which a batch of 2 hid) reaches a MatMul."""
     paths = build_dynamo_zoo(tmp_path, width=64, length=16, layers=1, dynamo=False)
     for path in paths.values():
-        assert main_onnx([path, "--out", str(tmp_path / "out"), "--opset", "23", "--latency-runs", "0",
+        assert cli.main(["onnx", path, "--out", str(tmp_path / "out"), "--opset", "23", "--latency-runs", "0",
                           "--profile-db", str(tmp_path / "p.sqlite"), "--profile-budget", "0"]) == 0
         out = onnx.load(str(tmp_path / "out" / os.path.basename(path)))
         assert "Attention" in {n.op_type for n in out.graph.node}

@@ -121,7 +121,8 @@ def single_term_model(term: Term, opset: int, symbolic: bool = False) -> OnnxPro
         [], "g", [helper.make_tensor_value_info(n, vt.elem_type, list(vt.shape)) for n, vt in types.items()],
         [helper.make_tensor_value_info("y", elem, list(shape))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    return OnnxProgram(GraphProgram(tuple(inputs), (term,), {}, params), model, types, {}, ("y",))
+    return OnnxProgram(program=GraphProgram(tuple(inputs), (term,), {}, params), model=model, types=types,
+                       tensors={}, output_names=("y",))
 
 
 def test_every_op_exports_or_is_declared_without_onnx_form():

@@ -212,7 +212,7 @@ def to_sympy(p, symbols):
     if isinstance(p, pat.Lit):
         return sympy.nsimplify(p.value)
     if isinstance(p, pat.Prim):
-        return pat.PRIMITIVES[p.fn](*(to_sympy(a, symbols) for a in p.args))
+        return pat.ARITHMETIC[p.fn](*(to_sympy(a, symbols) for a in p.args))
     if p.op == "const":
         return to_sympy(p.attrs[0], symbols)
     return SYMPY[p.op](*(to_sympy(a, symbols) for a in p.args))

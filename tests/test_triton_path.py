@@ -132,4 +132,4 @@ def test_explore_and_profiling_rows_take_the_triton_path(monkeypatch, tmp_path):
         kernel = REGISTRY["triton.softmax"]
         profile_shapes([Case("softmax", "float16", ((4, 16),), {"axis": -1})], "cpu", db,
                        repeats=1, progress=False, kernel=kernel)
-        assert db.records("softmax", kernel.rows, device_name("cpu"), "float16")
+        assert db.records("softmax", kernel.db_backend, device_name("cpu"), "float16")

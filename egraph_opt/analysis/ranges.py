@@ -57,10 +57,6 @@ def _unbounded(v: float) -> float:
     return math.copysign(math.inf, v) if abs(v) >= BIG else v
 
 
-def _monotone(f: Callable[[float], float]):
-    return lambda a: iv(_safe(f, _unbounded(a[0]), -BIG), _safe(f, _unbounded(a[1]), BIG))
-
-
 def _mul(a: Interval, b: Interval) -> Interval:
     products = [clamp(x * y) for x in a for y in b]
     return min(products), max(products)

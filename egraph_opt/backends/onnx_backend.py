@@ -139,8 +139,7 @@ class Emitter:
         if not self._shapes:
             return None
         if id(t) not in self._shapes:
-            meta = self.program.leaf_meta()
-            self._shapes.update({k: v[0] for k, v in shapes([t], meta).items()})
+            self._shapes.update({k: v[0] for k, v in shapes([t], self.program.leaf_meta()).items()})
         return self._shapes[id(t)]
 
     def source(self, t: Term) -> str:
@@ -265,9 +264,9 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
 
 def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
     """An Add that only LayerNormalization reads is written as Sum, the same single addition:
-    onnxruntime (1.32, CPU) fuses Add + LayerNormalization into its SkipLayerNormalization, which
-    runs 3-4x slower than the two nodes it replaces (bench/onnx_zoo.py's last section: 0.23
-    against 0.07 ms at 128 x 256), and it matches Add only."""
+    onnxruntime's CPU provider fuses Add + LayerNormalization into its SkipLayerNormalization, which
+    runs slower than the two nodes it replaces (bench/onnx_zoo.py's last section prints both), and
+    it matches Add only."""
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in nodes:
         for i, x in enumerate(n.input):

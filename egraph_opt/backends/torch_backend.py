@@ -17,7 +17,7 @@ from torch.fx.node import map_aggregate
 from collections import Counter
 
 from ..analysis.layouts import operand_layouts, term_strides
-from ..kernels.binding import Estimate, bind, default_estimate
+from ..kernels.binding import Estimator, bind, default_estimate
 from ..kernels.registry import MOVES, Use, copies
 from ..lang.program import OpaqueRef, Program, leaves
 from ..lang.term import Term, dtype_name, evaluate, postorder, topological
@@ -81,7 +81,7 @@ def _get_attr(graph: fx.Graph, owner: torch.nn.Module, name: str) -> fx.Node:
 
 
 def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",
-                 estimate: Estimate = default_estimate, meta: dict | None = None) -> fx.GraphModule:
+                 estimate: Estimator = default_estimate, meta: dict | None = None) -> fx.GraphModule:
     """The program as a GraphModule; ``.kernels`` on it counts the kernels it binds by name.
     ``meta``: the terms' shapes, where a program with the same terms already inferred them."""
     if device == "meta":

@@ -16,7 +16,7 @@ from ..analysis.ranges import Interval, analyze
 from ..lang.term import dtype_name, postorder, pretty
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeCurvature:
     text: str
     op: str
@@ -63,20 +63,20 @@ class CurvatureReport:
 
 def analyze_program(program: Program, ranges: dict[str, Interval] | None = None
                     ) -> CurvatureReport:
-    roots, meta = program.roots(), program.meta()
-    intervals = analyze(roots, ranges, program.leaf_meta(), meta)
+    roots, shapes = program.roots(), program.meta()
+    intervals = analyze(roots, ranges, program.leaf_meta(), shapes)
     error = program_error(program, ranges)
     nodes = []
     for t in postorder(roots):
         if not t.args:
             continue
-        operands = [intervals[id(a)] for a in t.args]
-        shape, dtype = meta[id(t)][0], dtype_name(meta[id(t)][1])
+        operands, out = [intervals[id(a)] for a in t.args], intervals[id(t)]
+        dtype = dtype_name(shapes[id(t)][1])
         nodes.append(NodeCurvature(
-            pretty(t), t.op, shape, dtype, intervals[id(t)],
-            kappa(t.op, t.attrs, operands), lipschitz(t.op, t.attrs, operands),
-            rounding(dtype, intervals[id(t)]), kappa_cost(t.op, t.attrs, operands, intervals[id(t)], dtype),
-            error.by_node.get(id(t), 0.0) if error else 0.0))
+            text=pretty(t), op=t.op, shape=shapes[id(t)][0], dtype=dtype, range=out,
+            kappa=kappa(t.op, t.attrs, operands), lipschitz=lipschitz(t.op, t.attrs, operands),
+            rounding=rounding(dtype, out), cost=kappa_cost(t.op, t.attrs, operands, out, dtype),
+            error_bits=error.by_node.get(id(t), 0.0) if error else 0.0))
     return CurvatureReport(nodes, error)
 
 

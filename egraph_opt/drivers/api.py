@@ -48,8 +48,8 @@ ESTIMATED_ELEMENTS = 1 << 22
 
 
 try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype, device, grad,
-    # sizes and strides: one C++ call, a fifth of the Python key's cost after a kernel has run
-    # (which evicts the interpreter's data from the caches); stricter than the key
+    # sizes and strides: one C++ call, cheaper than the Python key after a kernel has run (which
+    # evicts the interpreter's data from the caches); stricter than the key
     from torch._C._dynamo.guards import TensorGuards as _Exact
 except ImportError:  # pragma: no cover - a torch without it: every call builds the key
     _Exact = None
@@ -67,8 +67,8 @@ MAX_PLANS = 64
 #: a program measured this much slower than the original is slower beyond noise
 SLOWER_BY = 1.05
 #: a sampled error this much of the original's (or more) is no steadier: one node for two (a
-#: fused linear + gelu) moves a first-order estimate by a bit or two where overflow dominates it
-#: (worst 32 -> 31, mean 17.7 -> 16.2 bits), as no real fix does (log1p: 24 -> 0)
+#: fused linear + gelu) moves a first-order estimate by a bit or two where overflow dominates it,
+#: while a real fix (log1p) removes most of the error
 ERROR_KEPT = 0.75
 
 
@@ -79,8 +79,8 @@ ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
 def for_accuracy(result: Optimized) -> bool:
     """Whether a static conditioning gain of ``result`` can be one: its derivation applies a rule
     made for accuracy (or is not known in full). A fusion alone buys none, though its fused op
-    declares less curvature than the ops it stands for (causal attention as sdpa_filled, a
-    matmul's conditioning hidden inside, measured 0.49x eager on an H200 and was kept)."""
+    declares less curvature than the ops it stands for (a matmul's conditioning hidden inside
+    causal attention's sdpa_filled): a slower fused plan must not pass for a steadier one."""
     derivation = result.derivation
     return derivation is None or not derivation.complete or \
         any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)
@@ -88,17 +88,15 @@ def for_accuracy(result: Optimized) -> bool:
 
 def slower_for_nothing(objective: Objective, result: Optimized, original_s: float, optimized_s: float,
                        error: tuple | None = None, slower_by: float = SLOWER_BY) -> bool:
-    """Never slower than the original: measured on the actual inputs (layouts included), a
-    program slower by more than noise (``slower_by``) runs only where it buys stability the
-    objective asked for (stability and tolerance: always; balanced: where it is steadier: a rule
-    made for accuracy is applied (``for_accuracy``) and its worst-conditioned node is better
-    conditioned (an overflow or cancellation gone, which sampling
-    rarely meets), its conditioning cost is lower by other ops (not by a subterm computed once
-    instead of twice, which buys nothing) and by more than the tie-breaking cost of the nodes it
-    has fewer (geglu for gelu(a) * b is one node fewer, not a steadier program), and the objective
-    weighs that gain above the time measured lost (balanced: a decibel for a microsecond; a
-    GPT-2 whose plan ran 4x slower than eager on an H200 was kept), or its sampled
-    first-order ``error`` (before, after) is down by a bit and by a quarter or more)."""
+    """Whether a program timed on the actual inputs, slower than the original by more than noise
+    (``slower_by``), should give way to it: never slower, unless it buys stability the objective
+    asked for. Stability and tolerance always keep it; latency never does. Balanced keeps it where
+    it is steadier by enough to outweigh the time lost (a decibel for a microsecond). Steadier: a
+    rule made for accuracy applied (``for_accuracy``), and a better-conditioned worst node (an
+    overflow or cancellation gone, which sampling rarely meets) or a conditioning cost lower by
+    other ops and by more than the tie-breaking cost of the nodes it has fewer (geglu for
+    gelu(a) * b is one node fewer, not a steadier program). A sampled first-order ``error``
+    (before, after) down by a bit and by a quarter or more is steadier too, whatever the time."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     before, after = result.cost_before, result.cost_after
@@ -305,7 +303,7 @@ class OptimizedFunction:
 
     def _remember(self, plan: Plan) -> None:
         """``plan`` is the last one run: a call of the same tensors and state runs it again
-        through ``_again``, a closure over what it checks (no attribute lookups: ~0.3 us a call)."""
+        through ``_again``, a closure over what it checks: no attribute lookups on the hot path."""
         self._last = plan
         if plan.exact is None:
             self._again = _missed
@@ -359,15 +357,32 @@ class OptimizedFunction:
         model = CostModel(self.objective, priced, self.tolerance)
         result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)
-        roots = program.roots()
-        seconds_before, _ = sources(program, priced)
-        seconds_after, where_after = sources(result.program, priced)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
         module = build_module(flat, traced, device=device, meta=result.program.meta(),
                               estimate=measured_estimate(latency))
         run = runner(module, returns)
-        terms, meta = postorder(roots), program.meta()
-        values = sum(math.prod(meta[id(t)][0]) for t in terms)
+        self._describe(report, program, result, module, latency, priced)
+        if not self.keep_egraph:  # only the latest optimization's e-graph is kept (they are large)
+            for older in self._plans.values():
+                older.egraph = older.optimized = None
+        if self.validate:
+            fresh = random_inputs(args, call.names, self.input_ranges)
+            report.validation = compare(target, run, fresh, lambda: wide_reference(program, fresh))
+            self._refuse_writes([f"argument {call.names[i]!r}" for i in report.validation.written])
+            original_s = report.validation.original_s
+            if report.validation.bounded:
+                report.bounded.append(f"validation: {report.validation.bounded}")
+            if not report.validation.passed:
+                return self._untouched(report, f"validation failed: {report.validation.detail}", result)
+        return self._never_slower(Plan(run, report, result.egraph, result), target, args, device,
+                                  latency, original_s)
+
+    def _describe(self, report: Report, program, result: Optimized, module, latency, priced) -> None:
+        """What the optimization did, its estimated error and latency, into ``report``."""
+        seconds_before, _ = sources(program, priced)
+        seconds_after, where_after = sources(result.program, priced)
+        terms, shapes = postorder(program.roots()), program.meta()
+        values = sum(math.prod(shapes[id(t)][0]) for t in terms)
         small = len(terms) <= ESTIMATED_UP_TO and values <= ESTIMATED_ELEMENTS
         errors = [program_error(p, self.input_ranges) for p in (program, result.program)] \
             if small else []
@@ -386,22 +401,14 @@ class OptimizedFunction:
         report.latency = (seconds_before, seconds_after, where_after,
                           (latency.profiled, latency.spent_s, latency.busy) if latency else (0, 0.0, None))
         report.error = tuple(errors) if errors and all(errors) else None
-        if not self.keep_egraph:  # only the latest optimization's e-graph is kept (135 MB each)
-            for older in self._plans.values():
-                older.egraph = older.optimized = None
-        plan = Plan(run, report, result.egraph, result)
-        if self.validate:
-            fresh = random_inputs(args, call.names, self.input_ranges)
-            report.validation = compare(target, run, fresh, lambda: wide_reference(program, fresh))
-            self._refuse_writes([f"argument {call.names[i]!r}" for i in report.validation.written])
-            original_s = report.validation.original_s
-            if report.validation.bounded:
-                report.bounded.append(f"validation: {report.validation.bounded}")
-            if not report.validation.passed:
-                return self._untouched(report, f"validation failed: {report.validation.detail}", result)
+
+    def _never_slower(self, plan: Plan, target, args, device: str, latency, original_s: float) -> Plan:
+        """The plan, unless timing it beside the original within the profile budget finds it
+        slower and no more stable: then the original."""
+        report, result = plan.report, plan.optimized
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
-            report.measured = time_side_by_side([target, run], args, device, left)
+            report.measured = time_side_by_side([target, plan.run], args, device, left)
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "

@@ -103,7 +103,7 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
 
     records, backends = [], set()
     for kernel in (k for op in ops for k in kernels_for(op)):
-        if kernel.rows == "torch" or not usable(kernel, args.device) or args.device not in kernel.devices:
+        if kernel.db_backend == "torch" or not usable(kernel, args.device) or args.device not in kernel.devices:
             continue
         cases = [c for c in grid([kernel.op], args.dtype, args.sizes) if c.dtype in kernel.dtypes]
         records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=kernel)
@@ -158,13 +158,13 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     result = optimize(program, templates=False)  # the whole e-graph: every kernel it could use
     snap, roots = result.egraph.snapshot(), program.roots()
     known = term_shapes(roots, program.leaf_meta())
-    meta = class_meta(snap.classes, {snap.class_of_ref[result.egraph.ref(t)]: known[id(t)]
-                                     for t in postorder(roots)})
+    of_class = class_meta(snap.classes, {snap.class_of_ref[result.egraph.ref(t)]: known[id(t)]
+                                         for t in postorder(roots)})
     cases = {}
     for nodes in snap.classes.values():
         for n in nodes:
-            if n.op in SPECS and all(c in meta for c in n.children):
-                operands = tuple(meta[c][0] for c in n.children if meta[c] != SCALAR)
+            if n.op in SPECS and all(c in of_class for c in n.children):
+                operands = tuple(of_class[c][0] for c in n.children if of_class[c] != SCALAR)
                 attrs = {k: v for (k, _), v in zip(OPS[n.op].attrs, n.attrs)}
                 cases[n.op, operands, n.attrs] = Case(n.op, dtype, operands, attrs)
     return list(cases.values())
@@ -294,9 +294,4 @@ def _run(args: argparse.Namespace, prog: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def main_onnx(argv: list[str] | None = None) -> int:
-    """``egraph-opt onnx ARGV``, with the CLI's one-line errors."""
-    return main(["onnx", *(sys.argv[1:] if argv is None else argv)])
 

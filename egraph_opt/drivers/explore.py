@@ -102,7 +102,7 @@ def _refuse_opaque(program: Program, name: str) -> None:
 
 
 @dataclass
-class Candidate:
+class PricedProgram:
     """One whole program: its cost as the extractor priced it, its estimated error, predicted
     latency, and a callable running it on torch tensors (the op table's torch implementations)."""
     rank: int
@@ -142,7 +142,7 @@ class Explorer:
                                           result.model.latency_of is not None)
         self.facts = enode_facts(self.snap, self.meta, strides)
         self.root_classes = result.root_classes
-        self._priced: dict[tuple, Candidate] = {}
+        self._priced: dict[tuple, PricedProgram] = {}
 
     # --- what the extractor chose ---
 
@@ -260,28 +260,28 @@ class Explorer:
             return rule.name
         return "analysis (no single rule)"
 
-    def _candidate(self, rank: int, term: Term) -> Candidate:
+    def _candidate(self, rank: int, term: Term) -> PricedProgram:
         """Priced once per structure: the derivation, impact and why-not tables share them."""
         key = (rank, pretty(term))
         if key not in self._priced:
             self._priced[key] = self._price(rank, term)
         return self._priced[key]
 
-    def _price(self, rank: int, term: Term) -> Candidate:
+    def _price(self, rank: int, term: Term) -> PricedProgram:
         program = self.source.with_roots({id(self.source.roots()[0]): term})
         roots = program.roots()
         parts = program_cost(roots, self.result.model, self.ranges, program.leaf_meta())
         error = program_error(program, self.ranges) if len(postorder(roots)) <= ESTIMATED_UP_TO else None
-        return Candidate(rank, term, program, parts["cost"], parts["curvature"],
-                         parts["latency"] * UNIT_S * 1e6, error.worst if error else None)
+        return PricedProgram(rank, term, program, parts["cost"], parts["curvature"],
+                             parts["latency"] * UNIT_S * 1e6, error.worst if error else None)
 
     @cached_property
-    def extracted(self) -> Candidate:
+    def extracted(self) -> PricedProgram:
         return self._candidate(0, self.result.program.roots()[0])
 
     def alternatives(self, k: int = 5) -> Table:
         """The ``k`` cheapest programs of the first output, by the extractor's DAG cost; each row's
-        object (``table[i]``) is a callable Candidate."""
+        object (``table[i]``) is a callable PricedProgram."""
         found = [self._candidate(i + 1, a.term) for i, a in enumerate(
             alternatives(self.snap.classes, self.root_classes[0], self.result.cost, limit=k))]
         rows = [[c.rank, _short(str(c)), c.cost, c.curvature, round(c.latency_us, 2),
@@ -314,11 +314,11 @@ class Explorer:
                      "* marks the kernel binding takes: the cheapest that runs the node", items)
 
     def why_not(self, x) -> Table:
-        """``x`` a Candidate or a Term: its costs beside the extracted program's. ``x`` a rule
+        """``x`` a PricedProgram or a Term: its costs beside the extracted program's. ``x`` a rule
         name: why that rule is not in the result (pattern never matched, guard not proved...)."""
         if isinstance(x, str):
             return self._why_not_rule(x)
-        other = x if isinstance(x, Candidate) else self._candidate(-1, x)
+        other = x if isinstance(x, PricedProgram) else self._candidate(-1, x)
         mine = self.extracted
         rows = [[what, getattr(mine, attr), getattr(other, attr)] for what, attr in
                 [("cost", "cost"), ("curvature dB", "curvature"), ("latency us", "latency_us"),

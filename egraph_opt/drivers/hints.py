@@ -1,7 +1,7 @@
 """Where declaring input ranges would let a fix happen: a guarded rule whose pattern matched, whose
 guard failed only on range facts (``positive``, ``lo``/``hi`` bounds...) of values that depend on
 an input with no declared range. Undeclared inputs range over every finite value (docs/DESIGN.md), so
-without this line a fix silently does not happen (``sqrt(x + 1) - sqrt(x)`` at 30.8 bits).
+without this line a fix silently does not happen (``sqrt(x + 1) - sqrt(x)`` keeps its cancellation).
 
 >>> _bounds("(<= (hi ?x) 10.0)", {"x": "c"}, {"c": "x + 1"})
 {'x + 1': [None, (10.0, False)]}

@@ -153,46 +153,8 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
         stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
         src = import_model(upgraded(original, options.get("opset")), path)
         latency = _latency(options)
-        try:
-            result = optimize(src.program, model=CostModel(Objective(options["objective"]), latency))
-        except Exception as e:  # noqa: BLE001 - any optimizer failure fails this model only
-            raise ModelFailure(f"optimizer: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-        optimized = export(src, result.program)
-        record.update(
-            nodes_before=len(original.graph.node), nodes_after=len(optimized.graph.node),
-            rewrites={r.name: n for r, n in result.applied},
-            derivation=[str(step) for step in result.derivation.steps],
-            ops_before=result.ops_before, ops_after=result.ops_after,
-            curvature_before=result.cost_before.get("curvature"),
-            curvature_after=result.cost_after.get("curvature"), folded=src.folded,
-            opaque=len(src.program.opaque))
-        if latency is not None:  # what the cost saw: kernels timed now, and why timing stopped early
-            record["kernels_profiled"] = latency.profiled
-            if latency.busy:
-                record["profiling_stopped"] = latency.busy
-        if options.get("pictures"):  # an HTML report draws them: made here, where the e-graph is
-            from .explore import model_pictures
-            record["pictures"] = model_pictures(result)
-        try:
-            onnx.checker.check_model(optimized, full_check=True)
-        except Exception as e:  # noqa: BLE001 - checker errors come in several types
-            raise ModelFailure(f"onnx.checker: {str(e).splitlines()[0]}") from None
-        feeds = random_feeds(original, options["seed"])
-        try:
-            sessions = [session(path), session(optimized)]
-            expected, got = (s.run(None, feeds) for s in sessions)
-        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
-            raise ModelFailure(f"onnxruntime: {str(e).splitlines()[0]}") from None
-        verdicts = [judge(b, a) for a, b in zip(expected, got)]  # the decorator's rule
-        if not all(ok for ok, *_ in verdicts) and not all(
-                np.isfinite(a).all() for a in expected if a.dtype.kind == "f"):  # it overflowed:
-            refs = imported_reference(src.program, feeds, expected)  # float64 judges, where faithful
-            if refs is not None:
-                verdicts = [judge(b, a, r) for a, b, r in zip(expected, got, refs)]
-        record["max_error"] = max((err for _, err, _, _ in verdicts), default=0.0)
-        for name, (ok, _, _, why) in zip(src.output_names, verdicts):
-            if not ok:
-                raise ModelFailure(f"validation: output {name!r}: {why}")
+        result, optimized = _optimize(src, original, options, latency, record)
+        sessions, feeds = _validate(path, src, original, optimized, options["seed"], record)
         if options["latency_runs"]:
             before, after = latencies(sessions, feeds, options["latency_runs"], stopped)
             record["latency_ms_before"], record["latency_ms_after"] = before, after
@@ -220,6 +182,58 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
             latency.db.close()
     record["seconds"] = round(time.perf_counter() - start, 3)
     return record
+
+
+def _optimize(src, original: onnx.ModelProto, options: dict, latency, record: dict):
+    """The optimizer's result and its export; what it did goes into ``record``."""
+    try:
+        result = optimize(src.program, model=CostModel(Objective(options["objective"]), latency))
+    except Exception as e:  # noqa: BLE001 - any optimizer failure fails this model only
+        raise ModelFailure(f"optimizer: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    optimized = export(src, result.program)
+    record.update(
+        nodes_before=len(original.graph.node), nodes_after=len(optimized.graph.node),
+        rewrites={r.name: n for r, n in result.applied},
+        derivation=[str(step) for step in result.derivation.steps],
+        ops_before=result.ops_before, ops_after=result.ops_after,
+        curvature_before=result.cost_before.get("curvature"),
+        curvature_after=result.cost_after.get("curvature"), folded=src.folded,
+        opaque=len(src.program.opaque))
+    if latency is not None:  # what the cost saw: kernels timed now, and why timing stopped early
+        record["kernels_profiled"] = latency.profiled
+        if latency.busy:
+            record["profiling_stopped"] = latency.busy
+    if options.get("pictures"):  # an HTML report draws them: made here, where the e-graph is
+        from .explore import model_pictures
+        record["pictures"] = model_pictures(result)
+    return result, optimized
+
+
+def _validate(path: str, src, original: onnx.ModelProto, optimized: onnx.ModelProto, seed: int,
+              record: dict) -> tuple[list, dict]:
+    """onnx.checker, then onnxruntime on both models judged by the decorator's rule; returns the
+    two sessions and the random inputs, for timing."""
+    try:
+        onnx.checker.check_model(optimized, full_check=True)
+    except Exception as e:  # noqa: BLE001 - checker errors come in several types
+        raise ModelFailure(f"onnx.checker: {str(e).splitlines()[0]}") from None
+    feeds = random_feeds(original, seed)
+    try:
+        sessions = [session(path), session(optimized)]
+        expected, got = (s.run(None, feeds) for s in sessions)
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise ModelFailure(f"onnxruntime: {str(e).splitlines()[0]}") from None
+    verdicts = [judge(b, a) for a, b in zip(expected, got)]
+    if not all(ok for ok, *_ in verdicts) and not all(
+            np.isfinite(a).all() for a in expected if a.dtype.kind == "f"):  # it overflowed:
+        refs = imported_reference(src.program, feeds, expected)  # float64 judges, where faithful
+        if refs is not None:
+            verdicts = [judge(b, a, r) for a, b, r in zip(expected, got, refs)]
+    record["max_error"] = max((err for _, err, _, _ in verdicts), default=0.0)
+    for name, (ok, _, _, why) in zip(src.output_names, verdicts):
+        if not ok:
+            raise ModelFailure(f"validation: output {name!r}: {why}")
+    return sessions, feeds
 
 
 def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
@@ -313,33 +327,10 @@ def _refuse_foreign(path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     started = time.time()
-    if args.cluster and args.jobs > 1:
-        raise Failure("-j and --cluster exclude each other: a cluster's size is its workers'")
-    if args.no_shared_fs and not args.cluster:
-        raise Failure("--no-shared-fs goes with --cluster")
-    _writable_dir(args.out, "--out")
-    if args.report:
-        if os.path.isdir(args.report):
-            raise Failure(f"--report {args.report}: is a directory")
-        _writable_dir(os.path.dirname(os.path.abspath(args.report)), "--report")
-    paths, skipped = collect(args.inputs, args.out)
-    if not paths and skipped:
-        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
-        raise Failure(f"no models to optimize: {skipped[0]}{more} lie in --out {args.out}, where "
-                      ".onnx files are outputs: write the outputs to another directory")
-    if not paths:
-        raise Failure(f"no models found in {' '.join(args.inputs)}")
+    paths = _checked_inputs(args)
     remove_staging(args.out, before=started)  # folders of killed runs: no live process holds them
-    targets, records = {}, []
-    for p in paths:
-        target = os.path.join(args.out, os.path.basename(p))
-        if target in targets.values():
-            first = next(q for q, t in targets.items() if t == target)
-            records.append({"model": p, "output": target, "status": "failed",
-                            "reason": f"{first} is also written to {target} (the same file name)"})
-            print(line(records[-1]))
-        else:
-            targets[p] = target
+    records: list[dict] = []
+    targets = _targets(paths, args.out, records)
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
                "latency_runs": args.latency_runs, "opset": args.opset,
                "pictures": bool(args.report) and html(args.report), "run": uuid.uuid4().hex[:12],
@@ -359,14 +350,7 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted = False
     try:
-        if args.cluster:
-            from .onnx_cluster import on_cluster
-            on_cluster(process, args.cluster, targets, options, done, shared_fs=not args.no_shared_fs)
-        elif args.jobs <= 1:
-            for p, target in targets.items():
-                done(process(p, target, options))
-        else:
-            _in_parallel(args.jobs, targets, options, done)
+        _dispatch(args, targets, options, done)
     except KeyboardInterrupt:
         interrupted = True
         records += [{"model": p, "output": t, "status": "interrupted", "reason": "Ctrl-C"}
@@ -385,6 +369,54 @@ def run(args: argparse.Namespace) -> int:
         return 130
     print(summary(records))
     return int(any(r["status"] not in ("optimized", "kept") for r in records))
+
+
+def _checked_inputs(args: argparse.Namespace) -> list[str]:
+    """The models to optimize, once the options agree and --out and --report are writable: a
+    mistake fails the run up front, not after every model is optimized."""
+    if args.cluster and args.jobs > 1:
+        raise Failure("-j and --cluster exclude each other: a cluster's size is its workers'")
+    if args.no_shared_fs and not args.cluster:
+        raise Failure("--no-shared-fs goes with --cluster")
+    _writable_dir(args.out, "--out")
+    if args.report:
+        if os.path.isdir(args.report):
+            raise Failure(f"--report {args.report}: is a directory")
+        _writable_dir(os.path.dirname(os.path.abspath(args.report)), "--report")
+    paths, skipped = collect(args.inputs, args.out)
+    if not paths and skipped:
+        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        raise Failure(f"no models to optimize: {skipped[0]}{more} lie in --out {args.out}, where "
+                      ".onnx files are outputs: write the outputs to another directory")
+    if not paths:
+        raise Failure(f"no models found in {' '.join(args.inputs)}")
+    return paths
+
+
+def _targets(paths: list[str], out: str, records: list[dict]) -> dict[str, str]:
+    """Each model's output path; a model whose file name another already takes fails (in ``records``)."""
+    targets: dict[str, str] = {}
+    for p in paths:
+        target = os.path.join(out, os.path.basename(p))
+        if target in targets.values():
+            first = next(q for q, t in targets.items() if t == target)
+            records.append({"model": p, "output": target, "status": "failed",
+                            "reason": f"{first} is also written to {target} (the same file name)"})
+            print(line(records[-1]))
+        else:
+            targets[p] = target
+    return targets
+
+
+def _dispatch(args: argparse.Namespace, targets: dict[str, str], options: dict, done) -> None:
+    if args.cluster:
+        from .onnx_cluster import on_cluster
+        on_cluster(process, args.cluster, targets, options, done, shared_fs=not args.no_shared_fs)
+    elif args.jobs <= 1:
+        for p, target in targets.items():
+            done(process(p, target, options))
+    else:
+        _in_parallel(args.jobs, targets, options, done)
 
 
 def _opset(text: str) -> int:

@@ -213,16 +213,7 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
         raise Failure("--cluster needs Dask distributed: pip install 'egraph-opt[cluster]'") from None
     with contextlib.ExitStack() as stack:
         client = _connect(address, stack)
-        if options.get("profile_db"):
-            try:
-                with ProfileDB(options["profile_db"]) as db:
-                    seed = db.since()[0]
-            except UNUSABLE as e:  # as in-process: static estimates, and one warning
-                warnings.warn(f"profile database unusable, using static latency estimates: {e}",
-                              ProfileDBWarning, stacklevel=2)
-                options = dict(options, profile_db=None)
-            else:
-                client.register_plugin(ProfileFile(seed), name=_plugin(options))
+        options = _share_database(client, options)
         waiting, running, count = iter(targets.items()), {}, itertools.count()
         options = dict(options, same_is_ours=True)  # each target is checked absent before submitting
         finished = as_completed()
@@ -261,6 +252,21 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
         finally:
             if options.get("profile_db"):
                 _merge(client, options)
+
+
+def _share_database(client, options: dict) -> dict:
+    """Each worker prices by a copy of the user's database (a plugin seeds it); the options,
+    without a database where it is unusable."""
+    if options.get("profile_db"):
+        try:
+            with ProfileDB(options["profile_db"]) as db:
+                seed = db.since()[0]
+        except UNUSABLE as e:  # as in-process: static estimates, and one warning
+            warnings.warn(f"profile database unusable, using static latency estimates: {e}",
+                          ProfileDBWarning, stacklevel=3)
+            return dict(options, profile_db=None)
+        client.register_plugin(ProfileFile(seed), name=_plugin(options))
+    return options
 
 
 def _merge(client, options: dict) -> None:

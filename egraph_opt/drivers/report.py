@@ -20,7 +20,7 @@ class Report:
     seconds: dict[str, float] = field(default_factory=dict)
     kernels: dict[str, int] = field(default_factory=dict)  # kernels the plan binds, by name
     latency: tuple | None = None  # (seconds before, seconds after, sources of the estimates after,
-    # (kernels timed during this optimize, seconds it took))
+    # (kernels timed during this optimize, seconds it took, why timing stopped early or None))
     error: tuple | None = None  # first-order rounding error (ProgramError) before and after
     validation: Validation | None = None
     measured: list | None = None  # seconds of the original and the optimized, timed side by side

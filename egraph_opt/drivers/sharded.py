@@ -76,7 +76,7 @@ class ShardedPlan:
         """Every op of the sharded program: the shape one device computes, where its value lives,
         and its predicted time on one device."""
         best, cost = self.search.best, self.search.cost
-        meta = shapes(best.roots)
+        shape_of = shapes(best.roots)
         labels = _placements(best, self.search.classes)
         rows, items = [], []
         for t in postorder(best.roots):
@@ -84,7 +84,7 @@ class ShardedPlan:
                 continue
             cid = best.class_of[id(t)]
             node = ENode(t.op, tuple(best.class_of[id(a)] for a in t.args), t.attrs)
-            rows.append([t.op, "x".join(map(str, meta[id(t)][0])) or "()", labels[id(t)],
+            rows.append([t.op, "x".join(map(str, shape_of[id(t)][0])) or "()", labels[id(t)],
                          round(cost.seconds(cid, node) * 1e6, 1)])
             items.append(t)
         return Table(f"placements over {self.mesh} devices", ["op", "shape per device", "placement",

@@ -117,8 +117,8 @@ class Saturation:
 class _Owner:
     """The one thread that makes, uses and drops every egglog e-graph: egglog's EGraph is a PyO3
     "unsendable" object, and one touched on another thread panics, while one dropped there prints
-    a traceback and is never freed (an e-graph made on one thread and dropped on another, as a plan
-    cache shared by threads does, leaked 135 MB each). Callers hold a number; calls run here."""
+    a traceback and is never freed (as a plan cache shared by threads would do, leaking every
+    e-graph). Callers hold a number; calls run here."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()

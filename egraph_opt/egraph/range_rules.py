@@ -90,105 +90,117 @@ def _operand_pattern(op: str, vars_: str = "abcdfgh") -> str:
     return f"({spec.egg_name} {args})"
 
 
-def rules() -> list[str]:
-    out = [
-        # bounds of constants and of the arithmetic egglog's f64 can compute
-        "(rule ((= e (Const c))) ((set (lo e) c) (set (hi e) c)))",
-        f"(rule ((= e (Add a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) {_lo('(+ x y)')})))",
-        f"(rule ((= e (Add a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_hi('(+ x y)')})))",
-        f"(rule ((= e (Sub a b)) (= x (lo a)) (= y (hi b))) ((set (lo e) {_lo('(- x y)')})))",
-        f"(rule ((= e (Sub a b)) (= x (hi a)) (= y (lo b))) ((set (hi e) {_hi('(- x y)')})))",
-        "(rule ((= e (Neg a)) (= x (hi a))) ((set (lo e) (neg x))))",
-        "(rule ((= e (Neg a)) (= x (lo a))) ((set (hi e) (neg x))))",
-        "(rule ((= e (Mul a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b))) ("
-        f"(set (lo e) {_lo('(min (min (* p r) (* p s)) (min (* q r) (* q s)))')}) "
-        f"(set (hi e) {_hi('(max (max (* p r) (* p s)) (max (* q r) (* q s)))')})))",
-        f"(rule ((= e (Exp a)) (= x (lo a))) ((set (lo e) {_lo('(^ 2.718281828459045 x)')})))",
-        f"(rule ((= e (Exp a)) (= x (hi a))) ((set (hi e) {_hi('(^ 2.718281828459045 x)')})))",
-        "(rule ((= e (Relu a)) (= x (lo a))) ((set (lo e) (max x 0.0))))",
-        "(rule ((= e (Relu a)) (= x (hi a))) ((set (hi e) (max x 0.0))))",
-        # of an operand negative throughout, NaN: no bound (claiming [0, 0] clashed with the
-        # bounds another form of the same e-class proved)
-        "(rule ((= e (Sqrt a)) (= x (hi a)) (>= x 0.0)) ((set (hi e) (^ x 0.5))))",
-        "(rule ((= e (Sqrt a)) (= x (lo a)) (= y (hi a)) (>= y 0.0)) ((set (lo e) (^ (max x 0.0) 0.5))))",
-        "(rule ((= e (Rsqrt a)) (= x (lo a)) (= y (hi a)) (> x 0.0)) "
-        "((set (lo e) (^ y -0.5)) (set (hi e) (^ x -0.5))))",
-        # a quotient by a divisor of one sign (egglog's f64 division panics at 0: guarded)
-        *(f"(rule ((= e (Div a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b)) {sign}) ("
-          f"(set (lo e) {_lo('(min (min (/ p r) (/ p s)) (min (/ q r) (/ q s)))')}) "
-          f"(set (hi e) {_hi('(max (max (/ p r) (/ p s)) (max (/ q r) (/ q s)))')})))"
-          for sign in ("(> r 0.0)", "(< s 0.0)")),
-        # log has no f64 primitive: 1 - 1/x <= log x <= x - 1, and |log x| <= 745 for any finite
-        # f64 (an operand bounded by BIG only may be +inf, whose log is: no upper bound then)
-        "(rule ((= e (Log a)) (= x (lo a)) (> x 0.0)) ((set (lo e) (max (- 1.0 (/ 1.0 x)) -745.0))))",
-        f"(rule ((= e (Log a)) (= x (hi a)) (> x 0.0) (< x {BIG})) ((set (hi e) (min (- x 1.0) 710.0))))",
-        "(rule ((= e (Log1p a)) (= x (lo a)) (> x -1.0)) ((set (lo e) (max (- 1.0 (/ 1.0 (+ x 1.0))) -745.0))))",
-        f"(rule ((= e (Log1p a)) (= x (hi a)) (> x -1.0) (< x {BIG})) ((set (hi e) (min x 710.0))))",
-        f"(rule ((= e (Expm1 a)) (= x (hi a))) ((set (lo e) -1.0) (set (hi e) {_hi('(^ 2.718281828459045 x)')})))",
-        f"(rule ((= e (Softplus a)) (= x (hi a))) ((set (lo e) 0.0) (set (hi e) {_hi('(+ (max x 0.0) 0.7)')})))",
-        "(rule ((= e (Softplus a))) ((set (lo e) 0.0)))",
-        f"(rule ((= e (Logaddexp a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_hi('(+ (max x y) 0.7)')})))",
-        "(rule ((= e (Logaddexp a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
-        "(rule ((= e (LogSoftmax a ?_axis))) ((set (hi e) 0.0)))",
-        "(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (lo a)) (nonempty a)) ((set (lo e) x)))",
-        f"(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (hi a))) ((set (hi e) {_hi('(+ x 44.0)')})))",
-        "(rule ((= e (Abs a)) (= x (lo a)) (= y (hi a))) ((set (lo e) 0.0) (set (hi e) (max (abs x) (abs y)))))",
-        "(rule ((= e (Maximum a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
-        "(rule ((= e (Maximum a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) (max x y))))",
-        "(rule ((= e (Minimum a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (min x y))))",
-        "(rule ((= e (Minimum a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) (min x y))))",
-        # facts from bounds
-        "(rule ((= x (lo e)) (> x 0.0)) ((positive e)))",
-        "(rule ((= x (lo e)) (>= x 0.0)) ((nonneg e)))",
-        "(rule ((= x (hi e)) (< x 0.0)) ((negative e) (nonzero e)))",
-        "(rule ((positive e)) ((nonneg e) (nonzero e)))",
-        # facts of combinations (over the reals)
-        "(rule ((= e (Add a b)) (positive a) (nonneg b)) ((positive e)))",
-        "(rule ((= e (Add a b)) (nonneg a) (positive b)) ((positive e)))",
-        "(rule ((= e (Add a b)) (nonneg a) (nonneg b)) ((nonneg e)))",
-        "(rule ((= e (Mul a b)) (positive a) (positive b)) ((positive e)))",
-        "(rule ((= e (Mul a b)) (nonneg a) (nonneg b)) ((nonneg e)))",
-        "(rule ((= e (Mul a a))) ((nonneg e)))",
-        "(rule ((= e (Mul a b)) (nonzero a) (nonzero b)) ((nonzero e)))",
-        "(rule ((= e (Div a b)) (positive a) (positive b)) ((positive e)))",
-    ]
-    out.append('(rule ((= e (Cast x d))) ((set (dtype-of e) d)))')
+#: bounds of constants and of the arithmetic egglog's f64 can compute, then the sign facts that
+#: follow from bounds and from combinations (over the reals)
+_ARITHMETIC = [
+    "(rule ((= e (Const c))) ((set (lo e) c) (set (hi e) c)))",
+    f"(rule ((= e (Add a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) {_lo('(+ x y)')})))",
+    f"(rule ((= e (Add a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_hi('(+ x y)')})))",
+    f"(rule ((= e (Sub a b)) (= x (lo a)) (= y (hi b))) ((set (lo e) {_lo('(- x y)')})))",
+    f"(rule ((= e (Sub a b)) (= x (hi a)) (= y (lo b))) ((set (hi e) {_hi('(- x y)')})))",
+    "(rule ((= e (Neg a)) (= x (hi a))) ((set (lo e) (neg x))))",
+    "(rule ((= e (Neg a)) (= x (lo a))) ((set (hi e) (neg x))))",
+    "(rule ((= e (Mul a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b))) ("
+    f"(set (lo e) {_lo('(min (min (* p r) (* p s)) (min (* q r) (* q s)))')}) "
+    f"(set (hi e) {_hi('(max (max (* p r) (* p s)) (max (* q r) (* q s)))')})))",
+    f"(rule ((= e (Exp a)) (= x (lo a))) ((set (lo e) {_lo('(^ 2.718281828459045 x)')})))",
+    f"(rule ((= e (Exp a)) (= x (hi a))) ((set (hi e) {_hi('(^ 2.718281828459045 x)')})))",
+    "(rule ((= e (Relu a)) (= x (lo a))) ((set (lo e) (max x 0.0))))",
+    "(rule ((= e (Relu a)) (= x (hi a))) ((set (hi e) (max x 0.0))))",
+    # of an operand negative throughout, NaN: no bound (claiming [0, 0] clashed with the
+    # bounds another form of the same e-class proved)
+    "(rule ((= e (Sqrt a)) (= x (hi a)) (>= x 0.0)) ((set (hi e) (^ x 0.5))))",
+    "(rule ((= e (Sqrt a)) (= x (lo a)) (= y (hi a)) (>= y 0.0)) ((set (lo e) (^ (max x 0.0) 0.5))))",
+    "(rule ((= e (Rsqrt a)) (= x (lo a)) (= y (hi a)) (> x 0.0)) "
+    "((set (lo e) (^ y -0.5)) (set (hi e) (^ x -0.5))))",
+    # a quotient by a divisor of one sign (egglog's f64 division panics at 0: guarded)
+    *(f"(rule ((= e (Div a b)) (= p (lo a)) (= q (hi a)) (= r (lo b)) (= s (hi b)) {sign}) ("
+      f"(set (lo e) {_lo('(min (min (/ p r) (/ p s)) (min (/ q r) (/ q s)))')}) "
+      f"(set (hi e) {_hi('(max (max (/ p r) (/ p s)) (max (/ q r) (/ q s)))')})))"
+      for sign in ("(> r 0.0)", "(< s 0.0)")),
+    # log has no f64 primitive: 1 - 1/x <= log x <= x - 1, and |log x| <= 745 for any finite
+    # f64 (an operand bounded by BIG only may be +inf, whose log is: no upper bound then)
+    "(rule ((= e (Log a)) (= x (lo a)) (> x 0.0)) ((set (lo e) (max (- 1.0 (/ 1.0 x)) -745.0))))",
+    f"(rule ((= e (Log a)) (= x (hi a)) (> x 0.0) (< x {BIG})) ((set (hi e) (min (- x 1.0) 710.0))))",
+    "(rule ((= e (Log1p a)) (= x (lo a)) (> x -1.0)) ((set (lo e) (max (- 1.0 (/ 1.0 (+ x 1.0))) -745.0))))",
+    f"(rule ((= e (Log1p a)) (= x (hi a)) (> x -1.0) (< x {BIG})) ((set (hi e) (min x 710.0))))",
+    f"(rule ((= e (Expm1 a)) (= x (hi a))) ((set (lo e) -1.0) (set (hi e) {_hi('(^ 2.718281828459045 x)')})))",
+    f"(rule ((= e (Softplus a)) (= x (hi a))) ((set (lo e) 0.0) (set (hi e) {_hi('(+ (max x 0.0) 0.7)')})))",
+    "(rule ((= e (Softplus a))) ((set (lo e) 0.0)))",
+    f"(rule ((= e (Logaddexp a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) {_hi('(+ (max x y) 0.7)')})))",
+    "(rule ((= e (Logaddexp a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
+    "(rule ((= e (LogSoftmax a ?_axis))) ((set (hi e) 0.0)))",
+    "(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (lo a)) (nonempty a)) ((set (lo e) x)))",
+    f"(rule ((= e (Logsumexp a ?_axis ?_keep)) (= x (hi a))) ((set (hi e) {_hi('(+ x 44.0)')})))",
+    "(rule ((= e (Abs a)) (= x (lo a)) (= y (hi a))) ((set (lo e) 0.0) (set (hi e) (max (abs x) (abs y)))))",
+    "(rule ((= e (Maximum a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (max x y))))",
+    "(rule ((= e (Maximum a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) (max x y))))",
+    "(rule ((= e (Minimum a b)) (= x (lo a)) (= y (lo b))) ((set (lo e) (min x y))))",
+    "(rule ((= e (Minimum a b)) (= x (hi a)) (= y (hi b))) ((set (hi e) (min x y))))",
+    # facts from bounds
+    "(rule ((= x (lo e)) (> x 0.0)) ((positive e)))",
+    "(rule ((= x (lo e)) (>= x 0.0)) ((nonneg e)))",
+    "(rule ((= x (hi e)) (< x 0.0)) ((negative e) (nonzero e)))",
+    "(rule ((positive e)) ((nonneg e) (nonzero e)))",
+    # facts of combinations (over the reals)
+    "(rule ((= e (Add a b)) (positive a) (nonneg b)) ((positive e)))",
+    "(rule ((= e (Add a b)) (nonneg a) (positive b)) ((positive e)))",
+    "(rule ((= e (Add a b)) (nonneg a) (nonneg b)) ((nonneg e)))",
+    "(rule ((= e (Mul a b)) (positive a) (positive b)) ((positive e)))",
+    "(rule ((= e (Mul a b)) (nonneg a) (nonneg b)) ((nonneg e)))",
+    "(rule ((= e (Mul a a))) ((nonneg e)))",
+    "(rule ((= e (Mul a b)) (nonzero a) (nonzero b)) ((nonzero e)))",
+    "(rule ((= e (Div a b)) (positive a) (positive b)) ((positive e)))",
+]
+
+
+def _dtype_and_rank_rules():
+    """What shape contracts and precision rules read: last-dim, rank and dtype-of through ops."""
+    yield '(rule ((= e (Cast x d))) ((set (dtype-of e) d)))'
     for op in _KEEPS_LAST_DIM:
-        out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))")
+        yield f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))"
     for op in _KEEPS_LAST_DIM:  # and rank: (1 + w) is a weight of rank 1 as w is
-        out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))")
+        yield f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))"
     binary = _ops(lambda op: op.shape == "broadcast" and op.arity == 2)  # (rotary's three operands
     # leave its rank and dtype unrecorded: a guard or precision rule then does not fire on it)
     for op in binary:
-        out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
-                   "((set (rank e) (max n m))))")
+        yield (f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
+               "((set (rank e) (max n m))))")
     for op in _SAME_DTYPE:
-        out.append(f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))")
+        yield f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))"
     for op in binary:  # promotes: both operands' dtype, or
         # a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
         name, attrs = OPS[op].egg_name, " ".join("?_" + n for n, _ in OPS[op].attrs)
         for args, known in (("?a ?b", "(= d (dtype-of ?a)) (= d (dtype-of ?b))"),
                             ("?a (Const ?c)", "(= d (dtype-of ?a))"), ("(Const ?c) ?b", "(= d (dtype-of ?b))")):
-            out.append(f"(rule ((= e ({name} {args} {attrs})) {known}) ((set (dtype-of e) d)))")
+            yield f"(rule ((= e ({name} {args} {attrs})) {known}) ((set (dtype-of e) d)))"
+
+
+def _op_fact_rules():
+    """Bounds, signs and wholeness that the op table declares once per op."""
     for op in _SAME_AS_OPERAND:
         query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (OPS[op].shape == "reduce")
-        out.append(f"(rule ({query} (= x (lo ?a))) ((set (lo e) x)))")
-        out.append(f"(rule ({query} (= x (hi ?a))) ((set (hi e) x)))")
+        yield f"(rule ({query} (= x (lo ?a))) ((set (lo e) x)))"
+        yield f"(rule ({query} (= x (hi ?a))) ((set (hi e) x)))"
     for op in _SAME_VALUES:
         pattern = _operand_pattern(op)
-        out.append(f"(rule ((= e {pattern}) (= x (lo e))) ((set (lo ?a) x)))")
-        out.append(f"(rule ((= e {pattern}) (= x (hi e))) ((set (hi ?a) x)))")
+        yield f"(rule ((= e {pattern}) (= x (lo e))) ((set (lo ?a) x)))"
+        yield f"(rule ((= e {pattern}) (= x (hi e))) ((set (hi ?a) x)))"
     for op in _ops(lambda op: op.bounds != UNBOUNDED):
         lo, hi = OPS[op].bounds
-        out.append(f"(rule ((= e {_operand_pattern(op)})) ((set (lo e) {lo}) (set (hi e) {hi})))")
+        yield f"(rule ((= e {_operand_pattern(op)})) ((set (lo e) {lo}) (set (hi e) {hi})))"
     for op in _ops(lambda op: op.sign != "any"):
-        out.append(f"(rule ((= e {_operand_pattern(op)})) (({OPS[op].sign} e)))")
+        yield f"(rule ((= e {_operand_pattern(op)})) (({OPS[op].sign} e)))"
     # ``whole``: every device of a mesh holds the same value (lang/mesh.py); a shard's and a
     # reduce-scatter's results are parts, and an op over parts is too
     for name, op in OPS.items():
         if op.mesh != "parts":
             operands = "" if op.mesh else "".join(f" (whole ?{v})" for v in "abcdfgh"[:op.arity])
-            out.append(f"(rule ((= e {_operand_pattern(name)}){operands}) ((whole e)))")
+            yield f"(rule ((= e {_operand_pattern(name)}){operands}) ((whole e)))"
+
+
+def rules() -> list[str]:
+    out = [*_ARITHMETIC, *_dtype_and_rank_rules(), *_op_fact_rules()]
     return [r[:-1] + f" :ruleset {RULESET})" for r in out]
 
 

@@ -168,7 +168,11 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         raise SideEffect(f"{name} mutates {', '.join(effects)}")
     with draws:
         _record(gm, example_args)
+    return _program(gm, in_place), gm
 
+
+def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
+    """The graph's nodes lowered in order; values that follow from shapes alone fold away."""
     values: dict[str, Any] = {}  # node name -> Term | OpaqueRef | static Python value
     scopes: dict[int, str] = {}
     seen: set[int] = set()
@@ -196,28 +200,36 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
             static.add(node.name)
             values[node.name] = info
         else:
-            args, kwargs = map_aggregate((node.args, node.kwargs),
-                                         lambda a: values[a.name] if isinstance(a, fx.Node) else a)
-            term = lowering.lower(node, args, kwargs, info_of, gm, params)
-            if not isinstance(term, Term):
-                meta = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None
-                target = functional(node.target) if node.name in in_place else node.target
-                if target is None:  # as an opaque call it would write into a value the e-graph shares
-                    raise SideEffect(f"{node.name} runs in place ({node.target}) and has no pure "
-                                     "form in the Term language")
-                opaque[node.name] = OpaqueCall(node.name, node.op, target, args, kwargs, meta)
-                if isinstance(info, TensorInfo):
-                    term = Term("opaque", (), (node.name,))
-                    info_of[id(term)] = info
-                else:
-                    term = OpaqueRef(node.name, term)
-            values[node.name] = term
+            term = values[node.name] = _lowered(node, values, info_of, gm, params, opaque, in_place)
             if isinstance(term, Term):
                 scope = _repeated_scope(node)
                 for t in _new_terms(term, seen):  # this node's terms, intermediates included
                     if scope and t.args:
                         scopes[id(t)] = scope
-    return Program(tuple(inputs), output, opaque, params, scopes).pruned(), gm
+    return Program(tuple(inputs), output, opaque, params, scopes).pruned()
+
+
+def _lowered(node: fx.Node, values: dict, info_of: dict, gm: fx.GraphModule, params: dict,
+             opaque: dict, in_place: set[str]):
+    """The node's Term; where the Term language has none, an opaque call of the node (a Term
+    leaf for a tensor, else an ``OpaqueRef``)."""
+    info = node.meta.get("egraph_opt")
+    args, kwargs = map_aggregate((node.args, node.kwargs),
+                                 lambda a: values[a.name] if isinstance(a, fx.Node) else a)
+    term = lowering.lower(node, args, kwargs, info_of, gm, params)
+    if isinstance(term, Term):
+        return term
+    shape_dtype = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None
+    target = functional(node.target) if node.name in in_place else node.target
+    if target is None:  # as an opaque call it would write into a value the e-graph shares
+        raise SideEffect(f"{node.name} runs in place ({node.target}) and has no pure "
+                         "form in the Term language")
+    opaque[node.name] = OpaqueCall(node.name, node.op, target, args, kwargs, shape_dtype)
+    if not isinstance(info, TensorInfo):
+        return OpaqueRef(node.name, term)
+    term = Term("opaque", (), (node.name,))
+    info_of[id(term)] = info
+    return term
 
 
 def returned(outputs: Any) -> Any:

@@ -50,7 +50,7 @@ class GraphProgram(Program):
         return {**super().leaf_meta(), **self.value_meta}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OnnxProgram:
     """A Program plus what ONNX needs back: value types (symbolic dims), tensors, names, opsets."""
     program: Program
@@ -107,7 +107,7 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
     return model
 
 
-def topological(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
+def nodes_in_order(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
     """Nodes with producers first; a cycle or an undefined input is an error naming the node."""
     known = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
@@ -212,7 +212,33 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
         raise OnnxImportError(f"{where}: opset {opset_of(model)} is older than {MIN_OPSET}; "
                               "convert it with onnx.version_converter first")
     graph = model.graph
-    nodes = topological(graph, where)
+    nodes = nodes_in_order(graph, where)
+    im = _importer(model, where, nodes)
+    inputs = []
+    for info in graph.input:
+        vt = im.types.get(info.name)
+        if vt is None or vt.shape is None:
+            raise OnnxImportError(f"{where}: graph input {info.name!r} has no tensor shape "
+                                  "(its rank is needed)")
+        dims = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape)
+        im.terms[info.name] = Term.input(info.name, dims, DTYPES.get(vt.elem_type, "float32"))
+        inputs.append(im.terms[info.name])
+    static = all(_static(im.types.get(i.name)) for i in graph.input)
+    folded, opaque, opaque_types = _convert(im, nodes, static)
+    outputs = tuple(im.term(o.name) for o in graph.output)
+    program = GraphProgram(tuple(inputs), outputs, opaque,
+                           {n: t for n, t in im.params.items() if n in im.terms}, value_meta=opaque_types)
+    tensors = {n: im.protos[n] for n, t in im.terms.items() if t.op == "param"}
+    for o in graph.output:
+        im.types[o.name] = _value_type(o) or im.types.get(o.name)
+    return OnnxProgram(program=program, model=model, types=im.types, tensors=tensors,
+                       output_names=tuple(o.name for o in graph.output), source=where, folded=folded)
+
+
+def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -> Importer:
+    """An importer that knows every value's inferred type, the constant initializers and which
+    values some node or the graph's outputs read."""
+    graph = model.graph
     try:
         inferred = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is a help; without it more nodes stay opaque
@@ -228,23 +254,18 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
             im.consts[tensor.name], im.protos[tensor.name] = numpy_helper.to_array(tensor), tensor
         elif getattr(im.types.get(tensor.name), "shape", None) is None:  # its default's, if undeclared
             im.types[tensor.name] = ValueType(tensor.data_type, tuple(tensor.dims))
-    inputs = []
-    for info in graph.input:
-        vt = im.types.get(info.name)
-        if vt is None or vt.shape is None:
-            raise OnnxImportError(f"{where}: graph input {info.name!r} has no tensor shape "
-                                  "(its rank is needed)")
-        dims = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape)
-        im.terms[info.name] = Term.input(info.name, dims, DTYPES.get(vt.elem_type, "float32"))
-        inputs.append(im.terms[info.name])
     for node in nodes:
         im.used.update(node.input)
         im.used.update(subgraph_reads(node))
     im.used.update(o.name for o in graph.output)
+    return im
 
+
+def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
+    """Fold, convert or keep opaque each node in order: (folded count, opaque calls, the
+    (shape, dtype) of each opaque value)."""
     opaque: dict[str, OpaqueCall] = {}
-    meta: dict[str, tuple] = {}
-    static = all(_static(im.types.get(i.name)) for i in graph.input)
+    opaque_types: dict[str, tuple] = {}
     shapeless: set[str] = set()  # opaque values of unknown shape: only opaque nodes may use them
     folded = 0
     for i, node in enumerate(nodes):
@@ -260,38 +281,34 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
             continue
         if static:
             _exact_types(im, node)
-        converter = CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         try:
-            if converter is None:
-                raise Unsupported(node.op_type)
-            if any(x in shapeless for x in node.input):
-                raise Unsupported("an operand's shape is unknown: the Term language needs it")
-            results = converter(im, node)
-            results = results if isinstance(results, tuple) else (results,)
-            if any(out in im.used for out in node.output[len(results):]):
-                raise Unsupported("an extra output is used")
-            for out, term in zip(node.output, results):
-                im.terms[out] = term
-        except Unsupported:
+            _convert_node(im, node, shapeless)
+        except Unsupported:  # the node runs as itself: its outputs are opaque leaves of the program
             key = _unique(node.name or f"{node.op_type}_{i}", opaque)
             args = tuple(im.term(x) if x else None for x in node.input)
             reads = tuple((x, im.term(x)) for x in subgraph_reads(node) if x in im.terms or x in im.consts)
             opaque[key] = OpaqueCall(key, "onnx", node, args, {"captured": reads} if reads else {})
-            for out in node.output:
-                if out:
-                    im.terms[out] = Term("opaque", (), (out,))
-                    meta[out] = _meta(im, out)
-                    if meta[out] is None:  # analyses see a scalar; no Term ever reads it
-                        shapeless.add(out)
-                        meta[out] = ((), getattr(torch, im.dtype(out) or "float32"))
-    outputs = tuple(im.term(o.name) for o in graph.output)
-    program = GraphProgram(tuple(inputs), outputs, opaque,
-                           {n: t for n, t in im.params.items() if n in im.terms}, value_meta=meta)
-    tensors = {n: im.protos[n] for n, t in im.terms.items() if t.op == "param"}
-    for o in graph.output:
-        im.types[o.name] = _value_type(o) or im.types.get(o.name)
-    return OnnxProgram(program, model, im.types, tensors, tuple(o.name for o in graph.output),
-                       where, folded)
+            for out in filter(None, node.output):
+                im.terms[out] = Term("opaque", (), (out,))
+                opaque_types[out] = _shape_dtype(im, out)
+                if opaque_types[out] is None:  # analyses see a scalar; no Term ever reads it
+                    shapeless.add(out)
+                    opaque_types[out] = ((), getattr(torch, im.dtype(out) or "float32"))
+    return folded, opaque, opaque_types
+
+
+def _convert_node(im: Importer, node: onnx.NodeProto, shapeless: set[str]) -> None:
+    converter = CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if converter is None:
+        raise Unsupported(node.op_type)
+    if any(x in shapeless for x in node.input):
+        raise Unsupported("an operand's shape is unknown: the Term language needs it")
+    results = converter(im, node)
+    results = results if isinstance(results, tuple) else (results,)
+    if any(out in im.used for out in node.output[len(results):]):
+        raise Unsupported("an extra output is used")
+    for out, term in zip(node.output, results):
+        im.terms[out] = term
 
 
 def _static(vt: ValueType | None) -> bool:
@@ -325,7 +342,7 @@ def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
             im.types[info.name] = vt
 
 
-def _meta(im: Importer, name: str) -> tuple | None:
+def _shape_dtype(im: Importer, name: str) -> tuple | None:
     """(shape, torch dtype) of an opaque value, or None where its type is unknown."""
     vt, dtype = im.types.get(name), im.dtype(name)
     if vt is None or vt.shape is None or not dtype:

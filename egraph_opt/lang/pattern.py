@@ -52,7 +52,7 @@ class Node:
 
 Pattern = Union[Var, Lit, Prim, Node]
 
-PRIMITIVES = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 _TOKEN = re.compile(r'\s*(\(|\)|"(?:[^"\\]|\\.)*"|[^\s()]+)')
 
 
@@ -105,7 +105,7 @@ def _build(items: list, text: str) -> Pattern:
     if not items or not isinstance(items[0], str):
         raise PatternError(f"expected an op name in {text!r}")
     head, rest = items[0], items[1:]
-    if head in PRIMITIVES:
+    if head in ARITHMETIC:
         return Prim(head, tuple(rest))
     spec = OPS.get(head)
     if spec is None:
@@ -222,7 +222,7 @@ def instantiate(p: Pattern, bindings: dict):
     if isinstance(p, Lit):
         return p.value
     if isinstance(p, Prim):
-        return PRIMITIVES[p.fn](*(instantiate(a, bindings) for a in p.args))
+        return ARITHMETIC[p.fn](*(instantiate(a, bindings) for a in p.args))
     return Term(p.op, tuple(instantiate(a, bindings) for a in p.args),
                 tuple(instantiate(a, bindings) for a in p.attrs))
 

@@ -141,9 +141,10 @@ class _Replay:
         for r in rules:
             facts, several = tuple(r.dtype_facts()), len(r.pairs()) > 1
             for i, (lhs, rhs) in enumerate(r.pairs()):
-                moves.append(_Move(r, lhs, rhs, False, i if several else None, facts))
+                root = i if several else None
+                moves.append(_Move(r, lhs, rhs, back=False, root=root, dtypes=facts))
                 if isinstance(rhs, pat.Node) and set(pat.variables(lhs)) <= set(pat.variables(rhs)):
-                    moves.append(_Move(r, rhs, lhs, True, i if several else None, facts))  # an equality
+                    moves.append(_Move(r, rhs, lhs, back=True, root=root, dtypes=facts))  # an equality
         moves.sort(key=lambda m: m.back)  # a rule read backwards only where no forward one does
         self.moves: tuple[dict, dict] = ({}, {})  # forwards by the lhs's top op, backwards by the rhs's
         for m in moves:

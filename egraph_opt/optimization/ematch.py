@@ -20,7 +20,7 @@ from ..rulesets import sexp
 
 _COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
             "<=": operator.le, ">=": operator.ge}
-_ARITHMETIC = {**pat.PRIMITIVES, "abs": abs, "min": min, "max": max}
+_ARITHMETIC = {**pat.ARITHMETIC, "abs": abs, "min": min, "max": max}
 
 
 def ematch(p, classes: dict, cid: str, bound: dict | None = None) -> Iterator[dict]:

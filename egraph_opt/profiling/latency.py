@@ -249,11 +249,11 @@ class MeasuredLatency:
     def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = (),
                  kernel=None) -> tuple[int, str] | None:
         """Units and source of the op's torch implementation, or of ``kernel`` (a registry
-        kernel: its own rows, ``Kernel.rows``), on operands of these shapes and ``layouts`` (per
+        kernel: its own rows, ``Kernel.db_backend``), on operands of these shapes and ``layouts`` (per
         operand, analysis/layouts.py; () when all are contiguous)."""
         if op not in PRICED or self.db is None:
             return None
-        backend = "torch" if kernel is None else kernel.rows
+        backend = "torch" if kernel is None else kernel.db_backend
         key = (op, attrs, shapes, dtype, layouts, backend)
         if key not in self._cache:
             named = {**dict(zip(attr_names(op), attrs)), **layout_attr(layouts)}

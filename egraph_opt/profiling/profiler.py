@@ -203,7 +203,7 @@ def device_name(device: str | torch.device) -> str:
 def machine_busy() -> str | None:
     """Why a kernel timed now would not show this machine's speed, or None: other processes hold
     its cores (a 1-minute load average above the core count), and a multithreaded kernel then
-    waits for the scheduler at each of its barriers (softmax at 8x64 measured 8 ms, not 30 us)."""
+    waits for the scheduler at each of its barriers, timing the scheduler, not the kernel."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average on this platform: nothing to tell
@@ -252,8 +252,8 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
                       budget_s: float, rounds: int = 61) -> list[float] | None:
     """Median seconds per call of each of ``fns`` on ``args``, the calls interleaved (the order
     rotating each round) so that load and clock drift fall on all alike; as many rounds as fit in
-    ``budget_s`` (at most ``rounds``: with 15, a 5% difference was within the noise of a 2-core
-    machine, and a fused rotary measured 0.97x its original ran at 0.90x), None when three do not
+    ``budget_s`` (at most ``rounds``: fewer leave a few percent's difference within the noise of
+    a small shared machine), None when three do not
     (the figures would be noise). On CUDA a call's time is the device's, between two events on its
     stream (the host's launches included where the device waits for them), read once a round."""
     cuda = torch.device(device).type == "cuda"
@@ -334,7 +334,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         layouts = case.attrs.get("layout") or [None] * len(tensors)  # as the kernel will see them
         tensors = [with_layout(t, key) for t, key in zip(tensors, layouts)]
         attrs = [case.attrs[name] for name in attr_names(case.op)]
-        impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.rows)
+        impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.db_backend)
         if kernel is not None and kernel.takes is not None:
             tensors = [kernel.takes(t) for t in tensors]
         timing = time_kernel(impl, [*tensors, *attrs], device, repeats=repeats)

@@ -150,12 +150,6 @@ def memory(terms, meta_of) -> int:
     return sum(held.values()) + largest
 
 
-def env_links() -> dict[str, Link]:
-    """Links for this process: $EGRAPH_OPT_COLLECTIVES names a collectives file, else the cache."""
-    path = os.environ.get("EGRAPH_OPT_COLLECTIVES")
-    return measured_links(Path(path) if path else None)
-
-
 def fit_links(timings: list[tuple], n: int = 2) -> dict[str, Link]:
     """alpha and beta per collective from (collective, bytes, seconds) timings on ``n`` devices,
     fitted in relative error (a small message's time matters as much as a large one's), scaled

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Callable
 
 import operator
@@ -41,6 +41,7 @@ from ..lang.term import Term, evaluate, postorder
 @dataclass
 class Validation:
     passed: bool
+    _: KW_ONLY
     max_error: float = 0.0
     original_error: float = 0.0
     detail: str = ""
@@ -322,14 +323,20 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
         seconds = time.perf_counter() - start
         written = tuple(i for i, (c, v) in enumerate(zip(clones, versions)) if c._version != v)
         if written:
-            return Validation(False, math.inf, 0.0, "the original writes into its arguments",
+            return Validation(False, max_error=math.inf, detail="the original writes into its arguments",
                               written=written, original_s=seconds)
         cand_tree = candidate(*_clones(args))
         (origs, spec_o), (cands, spec_c) = map(tree_flatten, (orig_tree, cand_tree))
         if spec_c != spec_o:
-            return Validation(False, math.inf, 0.0, f"output structure differs: {spec_c} vs {spec_o}",
-                              original_s=seconds)
+            return Validation(False, max_error=math.inf, original_s=seconds,
+                              detail=f"output structure differs: {spec_c} vs {spec_o}")
         reference = _bounded_reference(original, args, origs, seconds, budget_s, sync)
+    return _judged(origs, cands, reference, wide, seconds)
+
+
+def _judged(origs: list, cands: list, reference, wide, seconds: float) -> Validation:
+    """``judge`` on each output, against the float64 reference (widened where it overflowed), or
+    the original where there is none; a sampled reference judges its rows, the original the rest."""
     refs, rows, alone, bounded = reference.refs, reference.rows, reference.alone, reference.bounded
     if refs is not None and wide is not None and any(
             isinstance(r, torch.Tensor) and r.is_floating_point() and not r.isfinite().all() for r in refs):
@@ -340,8 +347,8 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
     for i, (orig, cand) in enumerate(zip(origs, cands)):
         if not isinstance(cand, torch.Tensor):
             if cand != orig:
-                return Validation(False, math.inf, 0.0, f"output {i}: {cand!r} != {orig!r}", bounded,
-                                  original_s=seconds)
+                return Validation(False, max_error=math.inf, detail=f"output {i}: {cand!r} != {orig!r}",
+                                  bounded=bounded, original_s=seconds)
             continue
         if refs is None:  # no reference: the original is it
             verdicts = [judge(cand, orig)]
@@ -354,7 +361,8 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
             if not ok and not detail:
                 detail = f"output {i}: {why}"
             worst, worst_orig = max(worst, err), max(worst_orig, err_orig)
-    return Validation(not detail, worst, worst_orig, detail, bounded, original_s=seconds)
+    return Validation(not detail, max_error=worst, original_error=worst_orig, detail=detail, bounded=bounded,
+                      original_s=seconds)
 
 
 @dataclass

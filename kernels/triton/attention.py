@@ -40,6 +40,26 @@ NO_MASK, BIAS, KEEP = 0, 1, 2
 
 
 @triton.jit
+def _masked(scores, mask_ptr, offs_m, offs_n, L, S, fill, mask_l, mask_s, CAUSAL: tl.constexpr,
+            MASK: tl.constexpr):
+    """Scores with the bias added or the kept mask applied, -inf where a key is out of range or
+    (causal) in the future."""
+    inside = (offs_m[:, None] < L) & (offs_n[None, :] < S)
+    if MASK == 1:
+        bias = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s,
+                       mask=inside, other=0.0).to(tl.float32)
+        scores = tl.where(bias == float("-inf"), float("-inf"), scores + bias)
+    if MASK == 2:
+        keep = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s,
+                       mask=inside, other=0)
+        scores = tl.where(keep != 0, scores, fill)
+    visible = offs_n[None, :] < S
+    if CAUSAL:
+        visible = visible & (offs_n[None, :] <= offs_m[:, None])
+    return tl.where(visible, scores, float("-inf"))
+
+
+@triton.jit
 def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fill,
                  mask_b, mask_l, mask_s, CAUSAL: tl.constexpr, MASK: tl.constexpr,
                  WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -68,20 +88,8 @@ def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fil
                       mask=(offs_n[None, :] < S) & (offs_e[:, None] < E), other=0.0)
         if WIDEN:
             k_t = k_t.to(tl.float32)
-        scores = tl.dot(q, k_t, input_precision="ieee") * scale
-        inside = (offs_m[:, None] < L) & (offs_n[None, :] < S)
-        if MASK == 1:
-            bias = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s,
-                           mask=inside, other=0.0).to(tl.float32)
-            scores = tl.where(bias == float("-inf"), float("-inf"), scores + bias)
-        if MASK == 2:
-            keep = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s,
-                           mask=inside, other=0)
-            scores = tl.where(keep != 0, scores, fill)
-        visible = offs_n[None, :] < S
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
+        scores = _masked(tl.dot(q, k_t, input_precision="ieee") * scale, mask_ptr, offs_m, offs_n,
+                         L, S, fill, mask_l, mask_s, CAUSAL, MASK)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf while all masked
         p = tl.exp2((scores - m_safe[:, None]) * LOG2E)

@@ -85,7 +85,7 @@ def kernel(out_ptr, {args}n_cols, BLOCK: tl.constexpr):
 
 
 @dataclass(frozen=True)
-class Program:
+class KernelSource:
     """A term lowered to kernel source, with what a call must bind to the kernel's arguments."""
 
     source: str
@@ -123,7 +123,7 @@ def _line(t: Term, operands: list[str]) -> str:
     return TEMPLATES[t.op].format(*operands, **attrs)
 
 
-def lower(root: Term) -> Program:
+def lower(root: Term) -> KernelSource:
     """The kernel source for ``root``; ValueError naming the op if any op cannot be generated."""
     body_root, reduction, keepdim = _split_root(root)
     inputs: list[str] = []
@@ -164,7 +164,7 @@ def lower(root: Term) -> Program:
         masked = f"tl.where(mask, {result}, {identity})"
         kernel = ROW_REDUCTION.format(args=args, body=_indent(lines, 8), identity=identity,
                                       combine=combine.format(v=masked), finish=finish)
-    return Program(HEADER + kernel, tuple(inputs), tuple(consts), reduction, keepdim)
+    return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction, keepdim)
 
 
 def _indent(lines: list[str], spaces: int) -> str:

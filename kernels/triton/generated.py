@@ -24,7 +24,7 @@ import triton
 
 from egraph_opt.lang.term import Term
 
-from .codegen import Program, lower
+from .codegen import KernelSource, lower
 from .layout import row_block
 
 CACHE_ENV = "EGRAPH_OPT_CACHE"
@@ -74,7 +74,7 @@ def _holds(path: Path, source: str) -> bool:
         return False
 
 
-def _load(program: Program) -> object:
+def _load(program: KernelSource) -> object:
     directory = cache_dir()
     path = directory / f"k_{program.digest}.py"
     if path not in _kernels:
@@ -105,7 +105,7 @@ class GeneratedKernel:
     """A generated kernel bound to one term's inputs and constants; call it with the inputs by
     name. ``kernel`` is shared by every structurally equal term."""
 
-    program: Program
+    program: KernelSource
     kernel: object
 
     def __call__(self, **inputs: torch.Tensor) -> torch.Tensor:

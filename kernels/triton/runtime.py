@@ -65,13 +65,13 @@ def unavailable(name: str):
 #: op -> (wrapper, limits, dtypes): the Triton kernels the modules of this package declare, which
 #: the registry discovers. ``limits(use)`` is a reason to refuse a use (a ``registry.Use``), or
 #: None; ``dtypes``, the operand dtypes it takes besides half and single floats (class indices).
-KERNELS: dict[str, tuple[Callable, Callable | None, tuple[str, ...]]] = {}
+TRITON_KERNELS: dict[str, tuple[Callable, Callable | None, tuple[str, ...]]] = {}
 
 
 def implements(op: str, limits: Callable | None = None, dtypes: tuple[str, ...] = ()):
     """Declares the decorated wrapper as the Triton kernel for ``op`` (same signature as the op's
     implementation in ``egraph_opt.lang.ops``), within ``limits``, taking ``dtypes`` too."""
     def declare(wrapper):
-        KERNELS[op] = (wrapper, limits, dtypes)
+        TRITON_KERNELS[op] = (wrapper, limits, dtypes)
         return wrapper
     return declare

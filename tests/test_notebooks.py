@@ -1,7 +1,6 @@
 """Every notebook runs top to bottom in a real Jupyter kernel (a failing cell fails the test), is
 kept in git without outputs, and draws its pictures."""
 import pathlib
-import time
 
 import pytest
 
@@ -12,7 +11,9 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.
 #: pictures (PNG or SVG outputs) each notebook must draw
 PICTURES = {"01_tour": 1, "02_equivalence_classes": 6, "03_stability_lab": 4, "04_onnx_batch": 1,
             "05_latency_database": 2}
-SECONDS = 60  # the issue's bound; alone each takes 9-26 s on a quiet 2-core CPU
+#: a hang guard, not a speed goal: a loaded machine slows a notebook several times over; the
+#: 60-second goal of a fresh clone is measured by bench/notebooks.py
+SECONDS = 600
 
 
 def test_every_notebook_is_listed():
@@ -31,12 +32,9 @@ def test_notebook_is_stored_without_outputs(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_draws(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
-    start = time.perf_counter()
     nbclient.NotebookClient(nb, timeout=SECONDS, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
-    seconds = time.perf_counter() - start
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     pictures = [o for o in outputs if {"image/png", "image/svg+xml"} & set(o.get("data", {}))]
     assert len(pictures) >= PICTURES[path.stem], f"{path.name} drew {len(pictures)} pictures"
-    assert seconds < SECONDS

@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from egraph_opt.analysis.layouts import operand_layouts, term_strides
-from egraph_opt.analysis.ranges import TOP, analyze
+from egraph_opt.analysis.facts import Facts, NodeFacts
+from egraph_opt.analysis.ranges import analyze
 from egraph_opt.lang.ops import OPS
-from egraph_opt.lang.term import Term, dtype_name, postorder, shapes
+from egraph_opt.lang.term import Term, postorder, shapes
 
 from .curvature import UNIT_ROUNDOFF, kappa, kappa_cost, rounding_free
 
@@ -40,23 +40,6 @@ class Objective(enum.Enum):
     @classmethod
     def _missing_(cls, value):
         raise ValueError(f"{value!r} is not an objective; use one of {', '.join(o.value for o in cls)}")
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """What a cost model may know of one node: its op and attributes, the intervals, dtypes,
-    exactness (no rounding error) and shapes of its operands, and its own interval (None: not
-    known) and dtype."""
-    op: str
-    attrs: tuple = ()
-    operands: tuple = (TOP, TOP, TOP)
-    dtypes: tuple = ()
-    exact: tuple = ()
-    result: tuple | None = None
-    dtype: str = "float32"
-    constant: bool = False  # every operand derives from parameters and constants only
-    shapes: tuple | None = None  # operand shapes, constants left out
-    layouts: tuple = ()  # operand memory layouts, constants left out (): all contiguous
 
 
 @dataclass(frozen=True)
@@ -114,23 +97,16 @@ def program_cost(roots: list[Term], model: CostModel, declared: dict | None = No
                  ranges: dict | None = None) -> dict[str, int]:
     """Total cost of a program as a DAG (each distinct term paid once), with its parts.
     ``meta`` and ``ranges`` (by term id) save recomputing them when the caller has them."""
-    terms = postorder(roots)
     meta = meta if meta is not None else shapes(roots, leaf_meta)
     ranges = ranges if ranges is not None else analyze(roots, declared, leaf_meta, meta)
-    strides = term_strides(roots, meta) if model.latency_of is not None else {}
-    exact: dict[int, bool] = {}
-    constant: dict[int, bool] = {}
+    facts = Facts.of_program(roots, meta, model.latency_of is not None, ranges=ranges)
     parts = {"cost": 0, "curvature": 0, "latency": 0, "worst": 0}  # worst: one node's curvature
-    for t in terms:
-        dtypes = tuple(dtype_name(meta[id(a)][1]) for a in t.args)
-        exact[id(t)] = rounding_free(t.op, t.attrs, dtypes) and all(exact[id(a)] for a in t.args)
-        constant[id(t)] = t.op in CONSTANT_LEAVES or bool(t.args) and all(constant[id(a)] for a in t.args)
-        n = NodeFacts(t.op, t.attrs, tuple(ranges[id(a)] for a in t.args), dtypes,
-                      tuple(exact[id(a)] for a in t.args), ranges[id(t)],
-                      dtype_name(meta[id(t)][1]), bool(t.args) and constant[id(t)],
-                      tuple(meta[id(a)][0] for a in t.args if a.op != "const"),
-                      operand_layouts([meta[id(a)][0] for a in t.args if a.op != "const"],
-                                      [strides.get(id(a)) for a in t.args if a.op != "const"]))
+    for t in postorder(roots):
+        n = facts.of(t)
+        if rounding_free(t.op, t.attrs, n.dtypes) and all(n.exact):
+            facts.exact.add(id(t))
+        if t.op in CONSTANT_LEAVES or n.constant:
+            facts.constant.add(id(t))
         kappa_part, time_part = model.curvature(n), model.latency(n)
         parts["cost"] += model.combined(n, kappa_part, time_part)
         parts["curvature"] += kappa_part

@@ -61,15 +61,13 @@ def with_layout(x: torch.Tensor, key: str | None) -> torch.Tensor:
     return x
 
 
-def result_strides(op: str, attrs: tuple, operands: list, shape) -> Strides:
-    """Strides of an ``op`` result of ``shape`` from its operands' (shape, strides, dtype) (None:
-    a constant)."""
-    kind = OPS[op].layout
-    if kind == "view" or kind == "runs" and any(f and layout_key(f[0], f[1]) for f in operands):
-        found = _run(op, attrs, tuple((tuple(f[0]), tuple(f[1]), f[2]) if f else None
-                                      for f in operands))
-        if found is not None:
-            return found
+def result_strides(op: str, attrs: tuple, operands: list, strides: list, shape) -> Strides:
+    """Strides of an ``op`` result of ``shape``, for a term or an e-class alike: its operands are
+    (shape, dtype) or None (a constant), with their ``strides``; a leaf's are contiguous."""
+    found = [(tuple(m[0]), tuple(s), m[1]) if m else None for m, s in zip(operands, strides)]
+    kind = OPS[op].layout if operands else None
+    if kind == "view" or kind == "runs" and any(f and layout_key(f[0], f[1]) for f in found):
+        return _run(op, attrs, tuple(found)) or contiguous(shape)
     return contiguous(shape)
 
 
@@ -91,14 +89,11 @@ def _run(op: str, attrs: tuple, operands: tuple) -> Strides | None:
 
 
 def term_strides(roots: Iterable[Term], meta: dict) -> dict[int, Strides]:
-    """Strides of every term (by id) of a program whose shapes are ``meta``; inputs, parameters
-    and opaque results are taken as contiguous. (An e-class's: ``pipeline.class_shapes``.)"""
+    """Strides of every term (by id) of a program whose shapes are ``meta``."""
     out: dict[int, Strides] = {}
     for t in postorder(list(roots)):
-        shape = meta[id(t)][0]
-        out[id(t)] = result_strides(t.op, t.attrs, [(*meta[id(a)][:1], out[id(a)], meta[id(a)][1])
-                                             if a.op != "const" else None for a in t.args],
-                                    shape) if t.args else contiguous(shape)
+        out[id(t)] = result_strides(t.op, t.attrs, [None if a.op == "const" else meta[id(a)] for a in t.args],
+                                    [out[id(a)] for a in t.args], meta[id(t)][0])
     return out
 
 

@@ -16,11 +16,11 @@ from torch.fx.node import map_aggregate
 
 from collections import Counter
 
-from ..analysis.layouts import operand_layouts, term_strides
+from ..analysis.facts import Facts
 from ..kernels.binding import Estimator, bind, default_estimate
 from ..kernels.registry import MOVES, Use, copies
 from ..lang.program import OpaqueRef, Program, leaves
-from ..lang.term import Term, dtype_name, evaluate, postorder, topological
+from ..lang.term import Term, evaluate, postorder, topological
 
 
 class FoldedConstant:
@@ -94,8 +94,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     backend: dict = {}  # key -> backend whose memory holds the value (absent: torch)
     converted: dict = {}  # (key, backend) -> fx.Node of the converted value
     placeholders = {t.attrs[0]: graph.placeholder(t.attrs[0]) for t in program.inputs}
-    meta = meta if meta is not None else program.meta()
-    strides = term_strides(program.roots(), meta)
+    facts = Facts.of_program(program.roots(), meta if meta is not None else program.meta())
     kernels: Counter = Counter()
     fixed: dict = {}  # key -> every leaf below is a parameter or constant (one pass: no walk per node)
 
@@ -145,10 +144,8 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
                 value[key] = graph.call_function(folded, tuple(value[("t", id(t))] for t in params))
                 kernels["folded"] += 1
                 continue
-            tensors = [a for a in item.args if a.op != "const"]
-            shapes = tuple(meta[id(a)][0] for a in tensors)
-            use = Use(item.op, item.attrs, shapes, tuple(dtype_name(meta[id(a)][1]) for a in tensors),
-                      device, operand_layouts(shapes, [strides[id(a)] for a in tensors]))
+            n = facts.of(item)
+            use = Use(n.op, n.attrs, n.shapes, n.tensor_dtypes, device, n.layouts)
             kernel = bind(use, tuple(backend.get(k, "torch") for k in operands), estimate)
             kernels[kernel.name] += 1
             args = [on(k, kernel.backend) for k in operands]

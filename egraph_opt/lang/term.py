@@ -184,39 +184,56 @@ def dtype_name(dtype: torch.dtype) -> str:
 SCALAR = ((), torch.float64)  # a const: a Python number, which never promotes a tensor's dtype
 
 
-def _infer(t: Term, operands: list[tuple]) -> tuple | None:
-    """Shape and dtype by rule for the common ops (meta tensors are ~100x slower); None: unknown."""
-    kind = OPS[t.op].shape
+def infer(op: str, attrs: tuple, operands: Sequence, leaf_meta: dict | None = None) -> tuple:
+    """(shape, dtype) of ``op`` over ``operands``, each a tensor's (shape, dtype) or a Python
+    number (a const): the one inference of terms and e-classes alike. By the shape kind the op
+    table declares, else (kind "meta" or a case no rule covers) by running the op on meta tensors.
+    Sizes are only compared, multiplied and broadcast, so symbolic ones could flow through.
+    ``leaf_meta``: opaque leaves' (shape, dtype). Raises what the op raises on what it refuses."""
+    if op == "const":
+        return SCALAR
+    if op in ("input", "param"):
+        return parse_shape(attrs[1]), getattr(torch, attrs[2])
+    if op == "opaque":
+        if not leaf_meta or attrs[0] not in leaf_meta:
+            raise KeyError(f"no shape known for opaque {attrs[0]!r}")
+        return tuple(leaf_meta[attrs[0]][0]), leaf_meta[attrs[0]][1]
+    tensor = [isinstance(m, tuple) for m in operands]
+    found = _by_kind(op, attrs, [m if t else SCALAR for m, t in zip(operands, tensor)], tensor)
+    if found is not None:
+        return found
+    args = [torch.empty(m[0], dtype=m[1], device="meta") if t else m for m, t in zip(operands, tensor)]
+    value = OPS[op].impl(*args, *attrs) if any(tensor) else 0.0
+    return (tuple(value.shape), value.dtype) if isinstance(value, (torch.Tensor, Local)) \
+        else SCALAR  # Local: one device's part
+
+
+def _by_kind(op: str, attrs: tuple, operands: list[tuple], tensor: list[bool]) -> tuple | None:
+    """Shape and dtype by the op's declared kind (meta tensors are ~100x slower); None: no rule."""
+    kind, sizes = OPS[op].shape, [m[0] for m, t in zip(operands, tensor) if t]
     if kind in ("same", "first"):  # first: the shape and dtype of the first operand
         return operands[0]
     if kind == "compare":  # a bool mask of the broadcast operands
-        return tuple(torch.broadcast_shapes(*(m[0] for m, a in zip(operands, t.args)
-                                              if a.op != "const"))), torch.bool
-    if kind in ("broadcast", "where"):
-        tensors = [m for m, a in zip(operands, t.args) if a.op != "const"]
-        first = 1 if kind == "where" else 0  # where: the dtype of its values, not its condition's
-        values = [m[1] for m, a in zip(operands[first:], t.args[first:]) if a.op != "const"]
-        if not values:
+        return tuple(torch.broadcast_shapes(*sizes)), torch.bool
+    if kind in ("broadcast", "where"):  # where: the dtype of its values, not its condition's
+        values = [m[1] for m, t in list(zip(operands, tensor))[kind == "where":] if t]
+        dtype = functools.reduce(torch.promote_types, values) if values else None
+        if dtype is None or op == "div" and not dtype.is_floating_point:
             return None
-        dtype = functools.reduce(torch.promote_types, values)
-        if t.op == "div" and not dtype.is_floating_point:
-            return None
-        return tuple(torch.broadcast_shapes(*(m[0] for m in tensors))), dtype
+        return tuple(torch.broadcast_shapes(*sizes)), dtype
     if kind == "reduce":
-        shape, dtype = operands[0]
-        axis, keepdim = t.attrs[0], t.attrs[1]
+        (shape, dtype), (axis, keepdim) = operands[0], attrs[:2]
         if not shape or not -len(shape) <= axis < 0:
             return None
-        kept = shape[:axis] + ((1,) + shape[len(shape) + axis + 1:] if keepdim else shape[len(shape) + axis + 1:])
-        return kept, dtype
+        return shape[:axis] + ((1,) if keepdim else ()) + shape[len(shape) + axis + 1:], dtype
     if kind == "cast":
-        return operands[0][0], getattr(torch, t.attrs[0])
-    if kind == "transpose" and len(operands[0][0]) >= 2 and t.attrs == (-2, -1):
-        shape = operands[0][0]
-        return shape[:-2] + (shape[-1], shape[-2]), operands[0][1]
+        return operands[0][0], getattr(torch, attrs[0])
+    if kind == "transpose" and len(operands[0][0]) >= 2 and attrs == (-2, -1):
+        (*batch, rows, columns), dtype = operands[0]
+        return (*batch, columns, rows), dtype
     if kind == "reshape":  # to the shape its attribute names (a reshape's -1: what is left, as torch)
-        shape, known = parse_shape(t.attrs[0]), math.prod(d for d in parse_shape(t.attrs[0]) if d != -1)
-        if t.op == "reshape" and -1 in shape:
+        shape, known = parse_shape(attrs[0]), math.prod(d for d in parse_shape(attrs[0]) if d != -1)
+        if op == "reshape" and -1 in shape:
             if not known:
                 return None
             shape = tuple(math.prod(operands[0][0]) // known if d == -1 else d for d in shape)
@@ -233,28 +250,9 @@ def _infer(t: Term, operands: list[tuple]) -> tuple | None:
 
 def shapes(roots: list[Term], leaf_meta: dict[str, tuple] | None = None
            ) -> dict[int, tuple[tuple[int, ...], torch.dtype]]:
-    """Shape and dtype of every term: by rule for the common ops, otherwise by running the op on
-    meta tensors (no data, no compute). Inputs and params carry theirs; ``leaf_meta`` gives
-    opaque leaves' (shape, dtype)."""
+    """Shape and dtype of every term (``infer``); ``leaf_meta`` gives opaque leaves' (shape, dtype)."""
     out: dict[int, tuple] = {}
     for t in postorder(roots):
-        if t.op in ("input", "param"):
-            out[id(t)] = parse_shape(t.attrs[1]), getattr(torch, t.attrs[2])
-        elif t.op == "opaque":
-            if not leaf_meta or t.attrs[0] not in leaf_meta:
-                raise KeyError(f"no shape known for opaque {t.attrs[0]!r}")
-            out[id(t)] = tuple(leaf_meta[t.attrs[0]][0]), leaf_meta[t.attrs[0]][1]
-        elif t.op == "const":
-            out[id(t)] = SCALAR
-        else:
-            operands = [out[id(a)] for a in t.args]
-            found = _infer(t, operands)
-            if found is None:
-                args = [a.attrs[0] if a.op == "const" else torch.empty(m[0], dtype=m[1], device="meta")
-                        for a, m in zip(t.args, operands)]
-                value = OPS[t.op].impl(*args, *t.attrs) if any(
-                    isinstance(x, torch.Tensor) for x in args) else 0.0
-                found = (tuple(value.shape), value.dtype) if isinstance(
-                    value, (torch.Tensor, Local)) else SCALAR  # Local: one device's part
-            out[id(t)] = found
+        out[id(t)] = infer(t.op, t.attrs, [a.attrs[0] if a.op == "const" else out[id(a)] for a in t.args],
+                           leaf_meta)
     return out

@@ -11,8 +11,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
 from . import templates as tmpl
 from .derivation import Derivation, derive
 from .piecewise import derive_piecewise, piecewise
@@ -22,12 +20,12 @@ from ..extractors.cost import LEXICOGRAPHIC
 from ..extractors.curvature import rounding_free
 from ..extractors.enumerate import alternatives
 from ..extractors.rounding_error import least_error
-from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program
-from ..analysis.layouts import contiguous, operand_layouts, result_strides, term_strides
+from ..analysis.facts import Facts, class_constants
+from ..analysis.layouts import result_strides, term_strides
 from ..analysis.ranges import TOP, Interval, analyze, transfer
 from ..rulesets import Family, Rule, select
-from ..lang.term import Term, op_counts, postorder
+from ..lang.term import Term, infer, op_counts, postorder
 
 
 @dataclass(frozen=True)
@@ -293,8 +291,15 @@ def _fill(classes: dict, known: dict, value_of: Callable) -> dict:
 
 
 def class_meta(classes: dict, known: dict) -> dict:
-    """(shape, dtype) of every e-class: by the first computable e-node, on meta tensors."""
-    return _fill(classes, known, lambda cid, node, operands: _meta_of(node, operands))
+    """(shape, dtype) of every e-class: by the first e-node ``infer`` takes, as for terms."""
+    values = class_constants(classes)
+
+    def meta_of(cid, node, operands):
+        try:
+            return infer(node.op, node.attrs, [values.get(c, m) for c, m in zip(node.children, operands)])
+        except (RuntimeError, TypeError, ValueError, IndexError, KeyError):
+            return None
+    return _fill(classes, known, meta_of)
 
 
 def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: dict,
@@ -306,32 +311,12 @@ def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: d
     if not layouts:
         return meta, None
     known = term_strides(roots, term_meta)
-    consts = {c for c, nodes in snap.classes.items() if any(n.op == "const" for n in nodes)}
+    consts = class_constants(snap.classes)
 
     def strides_of(cid, node, operands):
-        if cid not in meta:
-            return None
-        if not node.children:
-            return contiguous(meta[cid][0])
-        return result_strides(node.op, node.attrs, [
-            None if c in consts else (meta[c][0], s, meta[c][1])
-            for c, s in zip(node.children, operands)], meta[cid][0])
+        return result_strides(node.op, node.attrs, [None if c in consts else meta[c] for c in node.children],
+                              operands, meta[cid][0]) if cid in meta else None
     return meta, _fill(snap.classes, {c: known[i] for i, c in class_of.items()}, strides_of)
-
-
-def _meta_of(node, operands: list) -> tuple | None:
-    if node.op == "const":
-        return (), torch.float64
-    if node.op in ("input", "param"):
-        return parse_shape(node.attrs[1]), getattr(torch, node.attrs[2])
-    if not node.children:
-        return None
-    args = [torch.empty(s, dtype=d, device="meta") for s, d in operands]
-    try:
-        out = OPS[node.op].impl(*args, *node.attrs)
-    except (RuntimeError, TypeError, ValueError, IndexError):
-        return None
-    return tuple(out.shape), out.dtype
 
 
 def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None
@@ -339,25 +324,11 @@ def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None
     """``facts(class id, e-node)``: what the cost model knows of an e-node, from the snapshot's
     analyses: intervals, dtypes, exactness, constness, shapes and layouts (``strides`` by class)
     of its operand classes."""
-    strides = strides or {}
     exact = closed_classes(snap.classes, lambda n: rounding_free(
         n.op, n.attrs, tuple(snap.dtypes.get(c, "float32") for c in n.children)))
     constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
-    consts = {cid for cid, nodes in snap.classes.items() if any(n.op == "const" for n in nodes)}
-
-    def facts(cid: str, node) -> NodeFacts:
-        tensors = [c for c in node.children if c not in consts]
-        known = all(c in meta for c in tensors)
-        return NodeFacts(
-            node.op, node.attrs, tuple(snap.ranges.get(c, TOP) for c in node.children),
-            tuple(snap.dtypes.get(c, "float32") for c in node.children),
-            tuple(c in exact for c in node.children), snap.ranges.get(cid, TOP),
-            snap.dtypes.get(cid, "float32"),
-            bool(node.children) and all(c in constant for c in node.children),
-            tuple(meta[c][0] for c in tensors) if known else None,
-            operand_layouts([meta[c][0] for c in tensors], [strides.get(c) for c in tensors])
-            if known else ())
-    return facts
+    facts = Facts(meta, strides, class_constants(snap.classes), snap.ranges, snap.dtypes, exact, constant)
+    return lambda cid, node: facts(node.op, node.attrs, node.children, cid)
 
 
 def enode_cost(snap: Snapshot, model: CostModel, meta: dict, strides: dict | None = None):

@@ -28,8 +28,9 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from ..lang.term import dtype_name, postorder
-from ..analysis.layouts import layout_attr, operand_layouts, term_strides
+from ..lang.term import postorder
+from ..analysis.facts import Facts
+from ..analysis.layouts import layout_attr
 from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning, Record, shape_key
 from .profiler import (PRICED, Case, Work, attr_names, device_name, machine_busy, profile_shapes,
                        torch_dtype, work)
@@ -288,17 +289,13 @@ def _without_database(error: Exception) -> None:
 def sources(program, latency: MeasuredLatency | None) -> tuple[float, dict[str, int]]:
     """Estimated seconds of a program (ops the database knows) and where the estimates come from:
     measured, interpolated, default (roofline), or static (no work formula for the op)."""
-    meta = program.meta()
-    strides = term_strides(program.roots(), meta)
+    facts = Facts.of_program(program.roots(), program.meta())
     total, where = 0.0, Counter()
     for t in postorder(program.roots()):
         if not t.args:
             continue
-        tensors = [a for a in t.args if a.op != "const"]
-        operands = tuple(meta[id(a)][0] for a in tensors)
-        layouts = operand_layouts(operands, [strides[id(a)] for a in tensors])
-        found = latency(t.op, t.attrs, operands, dtype_name(meta[id(t)][1]), layouts) \
-            if latency else None
+        n = facts.of(t)
+        found = latency(n.op, n.attrs, n.shapes, n.dtype, n.layouts) if latency else None
         if found:
             total += found[0] * UNIT_S
             where[found[1]] += 1

@@ -18,7 +18,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..extractors.cost import CostModel, NodeFacts, Objective
+from ..analysis.facts import Facts, class_constants
+from ..extractors.cost import CostModel, Objective
 from ..lang.ops import OPS, parse_shape
 from ..lang.term import postorder
 from ..profiling.latency import UNIT_S, MeasuredLatency
@@ -97,6 +98,7 @@ class MeshCost:
     def __post_init__(self):
         self.links = self.links or measured_links()
         self.model = CostModel(Objective.LATENCY, latency_of=self.latency)
+        self.facts = Facts(self.meta, scalars=class_constants(self.classes))
         self.placed = {c for c, nodes in self.classes.items()
                        if any(n.op in ("input", "param") for n in nodes)}
 
@@ -119,12 +121,7 @@ class MeshCost:
         if node.op in COLLECTIVES:
             moved = self.meta[cid] if node.op == "all_gather" else self.meta[node.children[0]]
             return self._units(self.links[node.op].seconds(nbytes(moved), self.n))
-        shapes = tuple(self.meta[c][0] for c in node.children if self._tensor(c))
-        dtype = str(self.meta[cid][1]).removeprefix("torch.")
-        return max(1, self.model.latency(NodeFacts(node.op, node.attrs, dtype=dtype, shapes=shapes)))
-
-    def _tensor(self, cid: str) -> bool:
-        return not any(n.op == "const" for n in self.classes[cid])
+        return max(1, self.model.latency(self.facts(node.op, node.attrs, node.children, cid)))
 
     @staticmethod
     def _units(seconds: float) -> int:

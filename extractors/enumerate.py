@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from egraph_opt.egraph.engine import ENode
-from egraph_opt.egraph.session import ExtractionError, terms_of
+from egraph_opt.egraph.session import ExtractionError, reached, terms_of
 from egraph_opt.lang.term import Term
 
 from .dag import choose, refine, settled_in_order
@@ -97,26 +97,10 @@ def _program(root: str, overrides: dict[str, ENode], default: dict[str, ENode]
              ) -> dict[str, ENode] | None:
     """The e-node of every class ``root`` reaches, operands first, taking ``overrides`` before
     ``default``; None when the choice is cyclic or reaches a class without a program."""
-    choice: dict[str, ENode] = {}
-    on_path: set[str] = set()
-    stack = [(root, False)]
-    while stack:
-        cid, done = stack.pop()
-        if done:
-            on_path.discard(cid)
-            choice[cid] = overrides.get(cid) or default[cid]
-            continue
-        if cid in choice:
-            continue
-        if cid in on_path:  # reached again from inside its own operands
-            return None
-        node = overrides.get(cid) or default.get(cid)
-        if node is None:
-            return None
-        on_path.add(cid)
-        stack.append((cid, True))
-        stack.extend((c, False) for c in node.children if c not in choice)
-    return choice
+    try:
+        return reached([root], lambda cid: overrides.get(cid) or default.get(cid))
+    except ExtractionError:
+        return None
 
 
 def _total(choice: dict[str, ENode], cost: Cost) -> int:

@@ -70,32 +70,40 @@ def saturate(roots: list[Term], schedule: list[Phase], intervals: dict | None = 
                    root_classes=[snap.class_of_ref[r] for r in refs], seconds=seconds)
 
 
+def reached(roots: list[str], node_of: Callable[[str], ENode | None]) -> dict[str, ENode]:
+    """The e-node ``node_of`` chooses in every e-class ``roots`` reach, operands first. Raises
+    ExtractionError where the choice is cyclic or leaves a reached class without an e-node."""
+    order: dict[str, ENode] = {}
+    on_path: set[str] = set()
+    stack: list[tuple[str, ENode | None]] = [(r, None) for r in reversed(roots)]
+    while stack:
+        cid, node = stack.pop()
+        if node is not None:  # its operands are in order
+            on_path.discard(cid)
+            order[cid] = node
+        elif cid not in order:
+            node = node_of(cid)
+            if node is None or cid in on_path:
+                raise ExtractionError(f"extracted choice is cyclic at e-class {cid}" if node else
+                                      f"extracted choice has no e-node for e-class {cid}")
+            on_path.add(cid)
+            stack.append((cid, node))
+            stack.extend((c, None) for c in node.children if c not in order)
+    return order
+
+
 def terms_of(choice: dict[str, ENode], roots: list[str], shared: dict | None = None
              ) -> dict[str, Term]:
     """The Term of every e-class ``roots`` reach, each spelled by its e-node in ``choice``: one
     Term per class, so the terms share what the classes share; ``shared`` (structure -> Term)
     also shares equal structures across calls. A cyclic choice raises ExtractionError."""
     built: dict[str, Term] = {}
-    for root in roots:
-        stack, on_path = [(root, False)], set()
-        while stack:
-            cid, ready = stack.pop()
-            if cid in built:
-                continue
-            node = choice[cid]
-            if ready:
-                on_path.discard(cid)
-                args = tuple(built[c] for c in node.children)
-                term = Term.trusted(node.op, args, node.attrs)
-                if shared is not None:
-                    term = shared.setdefault((node.op, tuple(map(id, args)), node.attrs), term)
-                built[cid] = term
-                continue
-            if cid in on_path:
-                raise ExtractionError(f"extracted choice is cyclic at e-class {cid}")
-            on_path.add(cid)
-            stack.append((cid, True))
-            stack.extend((c, False) for c in node.children if c not in built)
+    for cid, node in reached(roots, choice.get).items():
+        args = tuple(built[c] for c in node.children)
+        term = Term.trusted(node.op, args, node.attrs)
+        if shared is not None:
+            term = shared.setdefault((node.op, tuple(map(id, args)), node.attrs), term)
+        built[cid] = term
     return built
 
 

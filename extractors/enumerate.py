@@ -69,7 +69,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
         term = terms_of(choice, [root], terms)[root]
         if id(term) not in yielded:  # another choice can spell the same term: yield it once
             yielded.add(id(term))
-            yield Alternative(term, total, cost_parts(choice, price), choice)
+            yield Alternative(term=term, cost=total, parts=cost_parts(choice, price), choice=choice)
         for cid, chosen in choice.items():
             for node in classes[cid]:
                 if node == chosen:

@@ -10,8 +10,7 @@ _PUBLIC = {
     "explore": "drivers.explore", "Explorer": "drivers.explore",
     "curvature": "drivers.analyzer", "CurvatureReport": "drivers.analyzer",
     "capture": "frontends.capture", "CaptureError": "frontends.capture",
-    "optimize": "optimization.pipeline", "Limits": "optimization.pipeline",
-    "Phase": "optimization.pipeline",
+    "optimize": "optimization.pipeline", "Limits": "egraph.session", "Phase": "egraph.session",
     "shard": "drivers.sharded", "ShardedPlan": "drivers.sharded", "ShardingError": "drivers.sharded",
     "Term": "lang.term", "evaluate": "lang.term", "pretty": "lang.term",
 }

@@ -16,12 +16,8 @@ from collections import defaultdict, deque
 from typing import Callable
 
 from egraph_opt.egraph.engine import ENode
+from egraph_opt.egraph.session import ExtractionError, terms_of
 from egraph_opt.lang.term import Term
-
-
-class ExtractionError(RuntimeError):
-    """No finite, acyclic program could be extracted for a root e-class."""
-
 
 WINDOW = 6
 EXACT_UP_TO = 20_000
@@ -231,10 +227,13 @@ def _extract(classes: dict[str, list[ENode]], roots: list[str],
         if missing:
             raise ExtractionError(f"e-class {missing[0]} has no finite program")
         try:
-            return _build(refine(choice, roots, classes, cost), roots)
+            built = terms_of(refine(choice, roots, classes, cost), roots)
+            break
         except ExtractionError:  # a cycle: through classes deeper than the window, or through a
             continue             # choice made before a class it depends on improved
-    return _build(settled_in_order(classes, cost), roots)
+    else:
+        built = terms_of(settled_in_order(classes, cost), roots)
+    return [built[r] for r in roots]
 
 
 def settled_in_order(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -> dict[str, ENode]:
@@ -242,24 +241,3 @@ def settled_in_order(classes: dict[str, list[ENode]], cost: Callable[[str, ENode
     in Knuth's order: the fallback when relaxation's choice closes a cycle."""
     settled = _knuth(classes, lambda cid, n, operands: operands + cost(cid, n), lambda a, b: a + b)
     return {cid: n for cid, (_, n) in settled.items()}
-
-
-def _build(choice: dict[str, ENode], roots: list[str]) -> list[Term]:
-    built: dict[str, Term] = {}
-    for root in roots:  # each has a program: ``choose`` found one for it
-        stack, on_path = [(root, False)], set()
-        while stack:
-            cid, ready = stack.pop()
-            if cid in built:
-                continue
-            node = choice[cid]
-            if ready:
-                on_path.discard(cid)
-                built[cid] = Term.trusted(node.op, tuple(built[c] for c in node.children), node.attrs)
-                continue
-            if cid in on_path:
-                raise ExtractionError(f"extracted choice is cyclic at e-class {cid}")
-            on_path.add(cid)
-            stack.append((cid, True))
-            stack.extend((c, False) for c in node.children if c not in built)
-    return [built[r] for r in roots]

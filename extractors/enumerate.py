@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from egraph_opt.egraph.engine import ENode
+from egraph_opt.egraph.session import ExtractionError, reached, terms_of
 from egraph_opt.lang.term import Term
 
-from .dag import ExtractionError, choose, refine, settled_in_order
+from .dag import choose, refine, settled_in_order
 
 Cost = Callable[[str, ENode], int]
 
@@ -65,10 +66,10 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
     while queue and (limit is None or len(yielded) < limit):
         total, _, overrides = heapq.heappop(queue)
         choice = _program(root, overrides, default)
-        term = _build(choice, terms)[root]
+        term = terms_of(choice, [root], terms)[root]
         if id(term) not in yielded:  # another choice can spell the same term: yield it once
             yielded.add(id(term))
-            yield Alternative(term, total, cost_parts(choice, price), choice)
+            yield Alternative(term=term, cost=total, parts=cost_parts(choice, price), choice=choice)
         for cid, chosen in choice.items():
             for node in classes[cid]:
                 if node == chosen:
@@ -96,37 +97,10 @@ def _program(root: str, overrides: dict[str, ENode], default: dict[str, ENode]
              ) -> dict[str, ENode] | None:
     """The e-node of every class ``root`` reaches, operands first, taking ``overrides`` before
     ``default``; None when the choice is cyclic or reaches a class without a program."""
-    choice: dict[str, ENode] = {}
-    on_path: set[str] = set()
-    stack = [(root, False)]
-    while stack:
-        cid, done = stack.pop()
-        if done:
-            on_path.discard(cid)
-            choice[cid] = overrides.get(cid) or default[cid]
-            continue
-        if cid in choice:
-            continue
-        if cid in on_path:  # reached again from inside its own operands
-            return None
-        node = overrides.get(cid) or default.get(cid)
-        if node is None:
-            return None
-        on_path.add(cid)
-        stack.append((cid, True))
-        stack.extend((c, False) for c in node.children if c not in choice)
-    return choice
-
-
-def _build(choice: dict[str, ENode], terms: dict[tuple, Term]) -> dict[str, Term]:
-    built: dict[str, Term] = {}
-    for cid, node in choice.items():  # operands first
-        args = tuple(built[c] for c in node.children)
-        key = (node.op, tuple(id(a) for a in args), node.attrs)
-        if key not in terms:
-            terms[key] = Term(node.op, args, node.attrs)
-        built[cid] = terms[key]
-    return built
+    try:
+        return reached([root], lambda cid: overrides.get(cid) or default.get(cid))
+    except ExtractionError:
+        return None
 
 
 def _total(choice: dict[str, ENode], cost: Cost) -> int:

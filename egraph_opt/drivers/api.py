@@ -31,7 +31,8 @@ from ..extractors.curvature import KAPPA_TIE_BREAK
 from ..extractors.rounding_error import program_error
 from ..profiling.latency import UNIT_S, MeasuredLatency, default_budget, sources
 from ..profiling.profiler import time_side_by_side
-from ..optimization.pipeline import Limits, Optimized, optimize
+from ..egraph.session import Limits
+from ..optimization.pipeline import Optimized, optimize
 from .hints import range_hints
 from .report import Report
 from ..rulesets import Family, select

@@ -23,7 +23,7 @@ from ..egraph.engine import ENode
 from ..frontends.capture import capture
 from ..lang.ops import OPS, parse_shape
 from ..lang.term import Term, postorder, pretty, shapes
-from ..optimization.pipeline import Limits
+from ..egraph.session import Limits
 from ..profiling.latency import MeasuredLatency, default_budget
 from ..sharding import run as runner
 from ..sharding.cost import measured_links

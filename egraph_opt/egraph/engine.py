@@ -389,8 +389,8 @@ class EGraph:
             attrs = tuple(_primitive(nodes[c]["op"], sort)
                           for c, (_, sort) in zip(kids[spec.arity:], spec.attrs))
             classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
-        return Snapshot(classes, class_of_ref, {c: (lo, hi) for c, (lo, hi) in bounds.items()},
-                        dtypes)
+        return Snapshot(classes=classes, class_of_ref=class_of_ref, dtypes=dtypes,
+                        ranges={c: (lo, hi) for c, (lo, hi) in bounds.items()})
 
 
 def _program(number: int, text: str):

@@ -8,13 +8,14 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from . import templates as tmpl
 from .derivation import Derivation, derive
 from .piecewise import derive_piecewise, piecewise
 from ..egraph.engine import EGraph, Saturation, Snapshot
+from ..egraph.session import Limits, Phase, Session, fill, saturate
 from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from ..extractors.cost import LEXICOGRAPHIC
 from ..extractors.curvature import rounding_free
@@ -26,26 +27,6 @@ from ..analysis.layouts import result_strides, term_strides
 from ..analysis.ranges import TOP, Interval, analyze, transfer
 from ..rulesets import Family, Rule, select
 from ..lang.term import Term, infer, op_counts, postorder
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on one phase of saturation; the best program found so far is always extracted."""
-    max_iterations: int = 30
-    max_enodes: int = 50_000
-    max_seconds: float = 10.0
-
-
-@dataclass(frozen=True)
-class Phase:
-    """One named step of the schedule: a set of rules run to saturation or to its limits."""
-    name: str
-    rules: tuple[Rule, ...]
-    limits: Limits = Limits()
-
-    def __post_init__(self):
-        if not self.name.isidentifier():
-            raise ValueError(f"phase name {self.name!r} must be an identifier")
 
 
 @dataclass
@@ -83,59 +64,60 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     if groups:
         return _optimize_templated(program, groups, schedule, input_ranges, model, ranges)
     rules = [r for phase in schedule for r in phase.rules]
-    roots = program.roots()
-    clock = {"start": time.perf_counter()}
+    roots, term_meta = program.roots(), program.meta()
+    # a series holds near a point only: it enters as a regime (piecewise.py)
+    session = saturate(roots, [replace(p, rules=tuple(r for r in p.rules if r.family is not Family.SERIES))
+                               for p in schedule], ranges(roots, term_meta), term_meta)
+    start = time.perf_counter()
+    cost = enode_cost(session.snap, model, *class_shapes(session.snap, roots, term_meta, session.class_of,
+                                                         model.latency_of is not None))
+    best, regimes, reranked = _extract(program, session, cost, rules, input_ranges, model)
+    optimized, best, before, after = _never_worse(program, best, session.snap, session.class_of,
+                                                  model, input_ranges, ranges, keep=reranked or bool(regimes))
+    seconds = {**session.seconds, "extract": time.perf_counter() - start}
+    matches = sum((Counter(s.matches) for s in session.saturation), Counter())
+    matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
+    derivation = derive_piecewise(*regimes, roots, matched, session.snap, session.class_of) if regimes \
+        else derive(roots, best, matched, session.snap, session.class_of)
+    # a series or a guarded rule matched once, as a regime (never in saturation)
+    applied = [(r, matches[r.name] or 1) for r in derivation.rules()]
+    return Optimized(program=optimized, egraph=session.egraph, saturation=session.saturation,
+                     applied=applied, cost_before=before, cost_after=after, ops_before=op_counts(roots),
+                     ops_after=op_counts(best), seconds=seconds, model=model, cost=cost,
+                     root_classes=session.root_classes, derivation=derivation, source=program)
 
-    leaf_meta = program.leaf_meta()
-    term_meta = program.meta()
-    intervals = ranges(roots, term_meta)
-    egraph = EGraph()
-    refs = egraph.add(roots, intervals, term_meta)
-    clock["build"] = time.perf_counter()
-    saturation = []
-    for phase in schedule:  # a series holds near a point only: it enters as a regime (piecewise.py)
-        egraph.add_rules(phase.name, [r for r in phase.rules if r.family is not Family.SERIES])
-        saturation.append(egraph.saturate(phase.name, max_iterations=phase.limits.max_iterations,
-                                          max_enodes=phase.limits.max_enodes,
-                                          max_seconds=phase.limits.max_seconds))
-    clock["saturate"] = time.perf_counter()
-    snap = egraph.snapshot()
 
-    class_of = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
-    meta, strides = class_shapes(snap, roots, term_meta, class_of, model.latency_of is not None)
-    cost = enode_cost(snap, model, meta, strides)
-    root_classes = [snap.class_of_ref[r] for r in refs]
+def _extract(program: Program, session: Session, cost: Callable, rules: list[Rule],
+             input_ranges: dict | None, model: CostModel) -> tuple[list[Term], list | None, bool]:
+    """(roots, regimes, re-ranked): the extracted roots, re-ranked by estimated error under the
+    stability objective, or the first of the regimes a split into regimes found (else None)."""
+    roots, snap, root_classes = program.roots(), session.snap, session.root_classes
     best = extract(snap.classes, root_classes, cost)
-    reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges, term_meta) \
+    reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges, program.meta()) \
         if model.objective is Objective.STABILITY else None
     best = reranked or best
     regimes = piecewise(program, roots, best, snap, root_classes, cost, input_ranges,
                         [r for r in rules if r.family is Family.SERIES],
                         limit=math.inf if model.tolerance is None else model.tolerance,
                         guarded=[r for r in rules if r.when and r.family is not Family.SERIES]) \
-        if _wants_regimes(model, best, input_ranges, leaf_meta) else None
-    best = [regimes[0].term] if regimes else best
+        if _wants_regimes(model, best, input_ranges, program.leaf_meta()) else None
+    return ([regimes[0].term] if regimes else best), regimes, reranked is not None
+
+
+def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict,
+                 model: CostModel, input_ranges: dict | None, ranges: RangeMemo, keep: bool
+                 ) -> tuple[Program, list[Term], dict, dict]:
+    """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved:
+    greedy extraction is not optimal, so a costlier extraction gives the input back (unless
+    ``keep``: chosen by error, not by cost)."""
+    roots, leaf_meta = program.roots(), program.leaf_meta()
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
     proved = proved_ranges(snap, class_of, best, ranges(best, optimized.meta()))
-    before = program_cost(roots, model, input_ranges, leaf_meta, term_meta, proved)
+    before = program_cost(roots, model, input_ranges, leaf_meta, program.meta(), proved)
     after = program_cost(best, model, input_ranges, leaf_meta, optimized.meta(), proved)
-    if after["cost"] > before["cost"] and not reranked and not regimes:  # greedy extraction is not optimal: never
-        best, after, optimized = roots, before, program  # return worse (the estimate weighed the
-    clock["extract"] = time.perf_counter()  # input program too)
-
-    matches = sum((Counter(s.matches) for s in saturation), Counter())
-    matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
-    loaded = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
-    derivation = derive_piecewise(*regimes, roots, matched, snap, loaded) if regimes else \
-        derive(roots, best, matched, snap, loaded)
-    # a series or a guarded rule matched once, as a regime (never in saturation)
-    applied = [(r, matches[r.name] or 1) for r in derivation.rules()]
-    steps = ["start", "build", "saturate", "extract"]
-    return Optimized(
-        optimized, egraph, saturation, applied,
-        before, after, op_counts(roots), op_counts(best),
-        {b: clock[b] - clock[a] for a, b in zip(steps, steps[1:])}, model, cost, root_classes,
-        derivation, program)
+    if after["cost"] > before["cost"] and not keep:  # (the estimate weighed the input program too)
+        return program, roots, before, before
+    return optimized, best, before, after
 
 
 def _wants_regimes(model: CostModel, best: list[Term], input_ranges, leaf_meta) -> bool:
@@ -208,9 +190,10 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     derivation = Derivation([s for r in parts for s in r.derivation.steps],
                             all(r.derivation.complete for r in parts),
                             "; ".join(r.derivation.unexplained for r in parts if r.derivation.unexplained))
-    return Optimized(final, main.egraph, [s for r in parts for s in r.saturation],
-                     list(applied.values()), before, after, op_counts(roots), op_counts(best),
-                     seconds, model, main.cost, main.root_classes, derivation, main.source)
+    return Optimized(program=final, egraph=main.egraph, saturation=[s for r in parts for s in r.saturation],
+                     applied=list(applied.values()), cost_before=before, cost_after=after,
+                     ops_before=op_counts(roots), ops_after=op_counts(best), seconds=seconds, model=model,
+                     cost=main.cost, root_classes=main.root_classes, derivation=derivation, source=main.source)
 
 
 def _join_precision(program: Program, schedule: list[Phase], input_ranges: dict | None,
@@ -273,23 +256,6 @@ def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best
     return ranges
 
 
-def _fill(classes: dict, known: dict, value_of: Callable) -> dict:
-    """A value for every e-class it can give one: the loaded classes' are ``known``; a class
-    rewrites made takes ``value_of(class, e-node, operand values)`` of its first e-node whose
-    operands have theirs (None: not computable; all its e-nodes agree where they are)."""
-    out = dict(known)
-    changed = True
-    while changed:
-        changed = False
-        for cid, nodes in classes.items():
-            found = None if cid in out else next(
-                (v for n in nodes if all(c in out for c in n.children)
-                 for v in [value_of(cid, n, [out[c] for c in n.children])] if v is not None), None)
-            if found is not None:
-                out[cid], changed = found, True
-    return out
-
-
 def class_meta(classes: dict, known: dict) -> dict:
     """(shape, dtype) of every e-class: by the first e-node ``infer`` takes, as for terms."""
     values = class_constants(classes)
@@ -299,7 +265,7 @@ def class_meta(classes: dict, known: dict) -> dict:
             return infer(node.op, node.attrs, [values.get(c, m) for c, m in zip(node.children, operands)])
         except (RuntimeError, TypeError, ValueError, IndexError, KeyError):
             return None
-    return _fill(classes, known, meta_of)
+    return fill(classes, known, meta_of)
 
 
 def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: dict,
@@ -316,7 +282,7 @@ def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: d
     def strides_of(cid, node, operands):
         return result_strides(node.op, node.attrs, [None if c in consts else meta[c] for c in node.children],
                               operands, meta[cid][0]) if cid in meta else None
-    return meta, _fill(snap.classes, {c: known[i] for i, c in class_of.items()}, strides_of)
+    return meta, fill(snap.classes, {c: known[i] for i, c in class_of.items()}, strides_of)
 
 
 def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None
@@ -340,18 +306,4 @@ def enode_cost(snap: Snapshot, model: CostModel, meta: dict, strides: dict | Non
 def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) -> set[str]:
     """E-classes some e-node of which is ``allowed`` over such classes (``leaves_only``: any op over
     them, from ``allowed`` leaves): exactly computed values, or values independent of the data."""
-    closed: set[str] = set()
-
-    def qualifies(n) -> bool:
-        if not all(c in closed for c in n.children):
-            return False
-        return allowed(n) if not (leaves_only and n.children) else True
-
-    changed = True
-    while changed:
-        changed = False
-        for cid, nodes in classes.items():
-            if cid not in closed and any(qualifies(n) for n in nodes):
-                closed.add(cid)
-                changed = True
-    return closed
+    return set(fill(classes, {}, lambda cid, n, _: True if (leaves_only and n.children) or allowed(n) else None))

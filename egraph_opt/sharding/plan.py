@@ -4,13 +4,15 @@ devices, and the cheapest program in it under the mesh cost (``cost.py``), extra
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 
-from ..egraph.engine import EGraph, ENode, Saturation
+from ..egraph.engine import ENode, Saturation
+from ..egraph.session import Limits, Phase, saturate, terms_of
 from ..extractors.enumerate import alternatives
 from ..lang.program import Program
 from ..lang.term import Term, postorder, shapes
-from ..optimization.pipeline import Limits, class_meta
+from ..optimization.pipeline import class_meta
 from ..profiling.latency import UNIT_S, MeasuredLatency
 from ..rulesets import sharding as rules
 from .cost import COLLECTIVES, MeshCost, memory
@@ -35,11 +37,7 @@ class Candidate:
     memory: int
 
     def collectives(self) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for t in postorder(self.roots):
-            if t.op in COLLECTIVES:
-                found[t.op] = found.get(t.op, 0) + 1
-        return found
+        return dict(Counter(t.op for t in postorder(self.roots) if t.op in COLLECTIVES))
 
 
 @dataclass
@@ -54,7 +52,6 @@ class Search:
     memory_limit: int | None
     best: Candidate
     original: Candidate
-    _meta: dict = field(default_factory=dict, repr=False)
 
     def candidates(self, limit: int):
         """Sharded programs of the root e-class by increasing predicted time."""
@@ -73,20 +70,16 @@ def search(program: Program, n: int, *, limits: Limits, latency: MeasuredLatency
     if len(roots) != 1:
         raise ShardingError(f"sharding takes a program of one output tensor, this one has {len(roots)}")
     meta = program.meta()
-    egraph = EGraph()
-    (ref,) = egraph.add(roots, None, meta)
-    egraph.add_rules("sharding", rules.for_mesh(n) if n > 1 else [])
-    saturation = egraph.saturate("sharding", max_iterations=limits.max_iterations,
-                                 max_enodes=limits.max_enodes, max_seconds=limits.max_seconds)
-    snap = egraph.snapshot()
-    class_of = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
+    session = saturate(roots, [Phase("sharding", tuple(rules.for_mesh(n)) if n > 1 else (), limits)], None, meta)
+    snap, class_of, (root,) = session.snap, session.class_of, session.root_classes
     known = {class_of[i]: m for i, m in meta.items() if i in class_of}
     cost = MeshCost(n, class_meta(snap.classes, known), snap.classes, latency, links)
-    root = snap.class_of_ref[ref]
     choice = {class_of[id(t)]: ENode(t.op, tuple(class_of[id(a)] for a in t.args), t.attrs)
               for t in postorder(roots)}
     original = _candidate(choice, root, cost)
-    found = Search(program, n, snap.classes, root, cost, saturation, memory_limit, original, original)
+    found = Search(program=program, n=n, classes=snap.classes, root_class=root, cost=cost,
+                   saturation=session.saturation[0], memory_limit=memory_limit, best=original,
+                   original=original)
     fitting = [c for c in [original, *found.candidates(SEARCH)]
                if memory_limit is None or c.memory <= memory_limit]
     if not fitting:
@@ -98,31 +91,10 @@ def search(program: Program, n: int, *, limits: Limits, latency: MeasuredLatency
 
 def _candidate(choice: dict[str, ENode], root: str, cost: MeshCost) -> Candidate:
     """The program a choice of e-nodes spells, priced node by node (each e-class once)."""
-    built: dict[str, Term] = {}
-    order = [root]
-    seen = {root}
-    i = 0
-    while i < len(order):  # every class the root needs, then built operands first
-        for c in choice[order[i]].children:
-            if c not in seen:
-                seen.add(c)
-                order.append(c)
-        i += 1
-    pending = list(reversed(order))
-    while pending:
-        deferred = []
-        for cid in pending:
-            node = choice[cid]
-            if all(c in built for c in node.children):
-                built[cid] = Term.trusted(node.op, tuple(built[c] for c in node.children), node.attrs)
-            else:
-                deferred.append(cid)
-        if len(deferred) == len(pending):
-            raise ShardingError(f"the chosen program is cyclic at e-class {deferred[0]}")
-        pending = deferred
-    class_of = {id(t): cid for cid, t in built.items()}
+    built = terms_of(choice, [root])
     units = {cid: cost(cid, choice[cid]) for cid in built}
     comm = sum(u for cid, u in units.items() if choice[cid].op in COLLECTIVES)
     term_meta = shapes([built[root]])
-    return Candidate([built[root]], class_of, sum(units.values()) * UNIT_S, comm * UNIT_S,
-                     memory([built[root]], lambda t: term_meta[id(t)]))
+    return Candidate(roots=[built[root]], class_of={id(t): cid for cid, t in built.items()},
+                     seconds=sum(units.values()) * UNIT_S, comm_seconds=comm * UNIT_S,
+                     memory=memory([built[root]], lambda t: term_meta[id(t)]))

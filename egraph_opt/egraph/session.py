@@ -1,0 +1,124 @@
+"""One e-graph session, as the pipeline, enumeration and sharding all run it: terms loaded, a
+schedule of phases saturated under limits, the e-graph snapshotted, and a choice of e-nodes read
+back as terms. Plus the one fix point over a snapshot's e-classes.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..lang.term import Term, postorder
+from .engine import EGraph, ENode, Saturation, Snapshot
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one phase of saturation; the best program found so far is always extracted."""
+    max_iterations: int = 30
+    max_enodes: int = 50_000
+    max_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One named step of the schedule: a set of rules (``rulesets.Rule``) run to saturation or
+    to its limits."""
+    name: str
+    rules: tuple
+    limits: Limits = Limits()
+
+    def __post_init__(self):
+        if not self.name.isidentifier():
+            raise ValueError(f"phase name {self.name!r} must be an identifier")
+
+
+class ExtractionError(RuntimeError):
+    """No finite, acyclic program could be extracted for a root e-class."""
+
+
+@dataclass
+class Session:
+    """A saturated e-graph of terms: its snapshot, how each phase ran, the e-class of every loaded
+    term (by term id) and of each root, and the seconds building and saturating took."""
+    egraph: EGraph
+    snap: Snapshot
+    saturation: list[Saturation]
+    class_of: dict[int, str]
+    root_classes: list[str]
+    seconds: dict[str, float]
+
+
+def saturate(roots: list[Term], schedule: list[Phase], intervals: dict | None = None,
+             meta: dict | None = None) -> Session:
+    """Load ``roots`` (with their intervals and (shape, dtype) by term id, where known), run the
+    phases of ``schedule`` in order, each under its limits, and snapshot the e-graph."""
+    start = time.perf_counter()
+    egraph = EGraph()
+    refs = egraph.add(roots, intervals, meta)
+    built = time.perf_counter()
+    saturation = []
+    for phase in schedule:
+        egraph.add_rules(phase.name, phase.rules)
+        saturation.append(egraph.saturate(phase.name, max_iterations=phase.limits.max_iterations,
+                                          max_enodes=phase.limits.max_enodes,
+                                          max_seconds=phase.limits.max_seconds))
+    snap = egraph.snapshot()
+    seconds = {"build": built - start, "saturate": time.perf_counter() - built}
+    return Session(egraph=egraph, snap=snap, saturation=saturation,
+                   class_of={id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)},
+                   root_classes=[snap.class_of_ref[r] for r in refs], seconds=seconds)
+
+
+def reached(roots: list[str], node_of: Callable[[str], ENode | None]) -> dict[str, ENode]:
+    """The e-node ``node_of`` chooses in every e-class ``roots`` reach, operands first. Raises
+    ExtractionError where the choice is cyclic or leaves a reached class without an e-node."""
+    order: dict[str, ENode] = {}
+    on_path: set[str] = set()
+    stack: list[tuple[str, ENode | None]] = [(r, None) for r in reversed(roots)]
+    while stack:
+        cid, node = stack.pop()
+        if node is not None:  # its operands are in order
+            on_path.discard(cid)
+            order[cid] = node
+        elif cid not in order:
+            node = node_of(cid)
+            if node is None or cid in on_path:
+                raise ExtractionError(f"extracted choice is cyclic at e-class {cid}" if node else
+                                      f"extracted choice has no e-node for e-class {cid}")
+            on_path.add(cid)
+            stack.append((cid, node))
+            stack.extend((c, None) for c in node.children if c not in order)
+    return order
+
+
+def terms_of(choice: dict[str, ENode], roots: list[str], shared: dict | None = None
+             ) -> dict[str, Term]:
+    """The Term of every e-class ``roots`` reach, each spelled by its e-node in ``choice``: one
+    Term per class, so the terms share what the classes share; ``shared`` (structure -> Term)
+    also shares equal structures across calls. A cyclic choice raises ExtractionError."""
+    built: dict[str, Term] = {}
+    for cid, node in reached(roots, choice.get).items():
+        args = tuple(built[c] for c in node.children)
+        term = Term.trusted(node.op, args, node.attrs)
+        if shared is not None:
+            term = shared.setdefault((node.op, tuple(map(id, args)), node.attrs), term)
+        built[cid] = term
+    return built
+
+
+def fill(classes: dict[str, list[ENode]], known: dict, value_of: Callable) -> dict:
+    """A value for every e-class it can give one: ``known`` classes keep theirs; any other takes
+    ``value_of(class, e-node, operand values)`` of its first e-node whose operands have values
+    (None: not computable from it), until no class gains one."""
+    out = dict(known)
+    changed = True
+    while changed:
+        changed = False
+        for cid, nodes in classes.items():
+            found = None if cid in out else next(
+                (v for n in nodes if all(c in out for c in n.children)
+                 for v in [value_of(cid, n, [out[c] for c in n.children])] if v is not None), None)
+            if found is not None:
+                out[cid], changed = found, True
+    return out

@@ -23,7 +23,7 @@ from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unfl
 from .arguments import Binder, BoundCall
 from ..frontends.capture import SideEffect, capture, returned
 from ..egraph.engine import EGraph, InvariantError
-from .guard import StateKey
+from .plan_key import StateKey
 from .watch import Watch
 from ..extractors import CostModel, Objective
 from ..extractors.cost import KAPPA_WEIGHT
@@ -351,7 +351,9 @@ class OptimizedFunction:
             start = time.perf_counter()
             self._refuse_writes(writes_in_place(target, args, call.names))
             original_s = time.perf_counter() - start
-        returns = tree_structure(returned(program.outputs))  # ModelOutput and other registered containers
+        returns = getattr(traced, "_out_spec", None)  # torch.export's outputs stay flat leaves
+        if returns is None:  # ModelOutput, a cache and other registered containers
+            returns = tree_structure(returned(program.outputs))
         device = args[0].device.type if args else "cpu"
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
             self.profile_db, device, budget_s=self.profile_budget)

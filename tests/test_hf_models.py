@@ -118,3 +118,30 @@ def test_a_causal_lm_called_positionally_returns_its_logits_and_cache_optimized(
 
 _DECODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                 intermediate_size=64, vocab_size=100)
+
+
+def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized_plans():
+    """``model.forward = saturate_and_extract(model.forward)``: the KV cache is an input and an
+    output of the prefill's and each decode step's plans; the caller's cache is updated and
+    returned as itself, as eager does; sampling draws from the caller's seeded stream."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    ids = torch.randint(1, 100, (1, 6))
+    runs = [dict(do_sample=False), dict(do_sample=True, top_k=0)]
+
+    def generate(options):
+        torch.manual_seed(1)
+        return m.generate(ids, max_new_tokens=2, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        refs = [generate(options) for options in runs]
+        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
+        for options, ref in zip(runs, refs):
+            torch.testing.assert_close(generate(options), ref)
+    plans = list(m.forward.plans.values())
+    assert len(plans) == 2 and all(p.report.optimized and p.returned == ("cache",) for p in plans)
+    cache = tf.DynamicCache(config=m.config)
+    with torch.no_grad():
+        out = m.forward(input_ids=ids, cache=cache, use_cache=True)
+    assert out["cache"] is cache and cache.layers[0].keys.shape[-2] == 6

@@ -124,3 +124,4 @@ def test_a_decorated_forward_is_keyed_by_what_the_function_inside_reads():
     m.scale = 0.5
     torch.testing.assert_close(g(x), m(x))
     assert len(g.plans) == 2
+

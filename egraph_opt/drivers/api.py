@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
-from .arguments import Binder, BoundCall
+from .arguments import Binder, BoundCall, adopt
 from ..frontends.capture import SideEffect, capture, returned
 from ..egraph.engine import EGraph, InvariantError
 from .plan_key import StateKey
@@ -126,6 +126,7 @@ class Plan:
     state: tuple = ()  # the StateKey it was made under
     arity: int = -1  # how many tensors ``exact`` checks
     key: tuple = ()  # its key in the plan cache
+    returned: tuple = ()  # arguments rebuilt from their leaves that the original returns as themselves
 
 
 @dataclass
@@ -273,7 +274,10 @@ class OptimizedFunction:
         self._remember(plan)
         if plan.run is None:
             return self.fn(*args, **kwargs)
-        return plan.run(*call.tensors)
+        out = plan.run(*call.tensors)
+        for name in plan.returned:  # an argument the original updates and returns (a KV cache)
+            out = adopt(out, call.arguments[name])
+        return out
 
     def _first(self, call: BoundCall, args: tuple, kwargs: dict):
         """Optimize for ``call`` and keep the plan (dropping the least recently used beyond
@@ -391,7 +395,7 @@ class OptimizedFunction:
         if not self.keep_egraph:  # only the latest optimization's e-graph is kept (135 MB each)
             for older in self._plans.values():
                 older.egraph = older.optimized = None
-        plan = Plan(run, report, result.egraph, result)
+        plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned))
         if self.validate:
             fresh = random_inputs(args, call.names, self.input_ranges)
             report.validation = compare(target, run, fresh, lambda: wide_reference(program, fresh))

@@ -84,7 +84,7 @@ def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
 def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
     """torch.export, whose failure prints the partial graph to stderr (twice) and logs a warning
     about it: the reason is in our error instead. What a successful export writes is passed on."""
-    _cache_pytrees()
+    cache_pytrees()
     written = io.StringIO()
     logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
     level = logger.level
@@ -98,13 +98,17 @@ def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
     return exported.module()
 
 
-def _cache_pytrees() -> None:
-    """A Hugging Face model returns its KV cache (``DynamicCache``): transformers' own pytree
-    registration of it (made for torch.export) lets it be an output of the plan."""
-    if "transformers" in sys.modules:
+def cache_pytrees() -> None:
+    """A Hugging Face model takes and returns its KV cache (``DynamicCache``): transformers' own
+    pytree registration of it (made for torch.export) lets it be an input and an output of a plan."""
+    if not _REGISTERED and "transformers" in sys.modules:
         with contextlib.suppress(ImportError):
             from transformers.integrations.executorch import register_dynamic_cache_export_support
             register_dynamic_cache_export_support()
+            _REGISTERED.append(True)
+
+
+_REGISTERED: list = []
 
 
 @dataclass(frozen=True)

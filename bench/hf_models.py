@@ -88,10 +88,11 @@ class LastHidden(nn.Module):
         return self.model(x, return_dict=False, **self.kwargs, **extra)[0]
 
 
-def model(name: str, attn: str = "sdpa", c: int = 128, layers: int = 2,
+def instantiate(name: str, attn: str = "sdpa", c: int = 128, layers: int = 2,
           dtype: torch.dtype = torch.float32) -> nn.Module:
     """Architecture ``name`` as users instantiate it (its class for ``from_pretrained``), random
-    weights, eval mode."""
+    weights, eval mode. (Not named ``model``: the decorator's watch of Python state follows a
+    global named as ``self.model`` is, into transformers' lazily filled module.)"""
     torch.manual_seed(0)
     config_cls, model_cls, args, _ = configs(c, layers)[name]
     tokens = dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)  # within the tiny vocabulary
@@ -125,7 +126,7 @@ def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: i
           layers: int = 2, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, tuple]:
     """``(module, args)`` for architecture ``name`` at sequence length ``t``, width ``c`` (random
     weights), the module returning the model's last hidden state."""
-    made = model(name, attn, c, layers, dtype)
+    made = instantiate(name, attn, c, layers, dtype)
     module = LastHidden(made, **({"use_cache": False} if name in CACHED else {})).eval()
     return module, inputs(name, made.config, t, padded, dtype)
 

@@ -132,10 +132,10 @@ def models(only: list[str] | None, t: int):
     yield "mlp C=64", _MLP().eval(), (torch.randn(8, 64),), {}
     yield "wide (100 parameters)", _Wide().eval(), (torch.randn(1, 2),), {}
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from hf_models import MODELS, inputs, model
+    from hf_models import MODELS, inputs, instantiate
 
     for name in only or MODELS:
-        m = model(name, c=64, layers=2)
+        m = instantiate(name, c=64, layers=2)
         args = inputs(name, m.config, t, padded=True)
         yield name, m, args[:1], {}
         if len(args) == 2:

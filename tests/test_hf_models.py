@@ -15,7 +15,7 @@ from egraph_opt import saturate_and_extract
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from hf_models import MODELS, build, inputs, model  # noqa: E402
+from hf_models import MODELS, build, inputs, instantiate  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 _LLAMA = {"rms_norm", "rotary", "sdpa_masked", "silu"}
@@ -95,7 +95,7 @@ def test_a_model_called_with_default_arguments_returns_its_model_output_optimize
     """No wrapper: the model as instantiated, called by keyword with an attention mask (left-padded)
     where it takes ids, positionally where it takes pixels or audio; the decoders' default
     ``use_cache=True`` and ``return_dict=True`` hold."""
-    m = model(name, c=32, layers=2)
+    m = instantiate(name, c=32, layers=2)
     args = inputs(name, m.config, 8, padded=True)
     f = saturate_and_extract(m, profile_db=False, profile_budget=0)
     if len(args) == 2:

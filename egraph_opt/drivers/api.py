@@ -21,7 +21,7 @@ import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
 from .arguments import Binder, BoundCall, adopt
-from ..frontends.capture import SideEffect, capture, returned
+from ..frontends.capture import SideEffect, cache_pytrees, capture, returned
 from ..egraph.engine import EGraph, InvariantError
 from .plan_key import StateKey
 from .watch import Watch
@@ -285,6 +285,7 @@ class OptimizedFunction:
         runs of the program leave no Python state behind, and a program that changes any falls
         back (its plan would not)."""
         before = self._state.snapshot()
+        cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
         with Watch(self.fn) as watch:
             plan = self._compile(call, watch)
             changed = watch.changes()

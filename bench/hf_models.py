@@ -88,20 +88,26 @@ class LastHidden(nn.Module):
         return self.model(x, return_dict=False, **self.kwargs, **extra)[0]
 
 
-def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: int = 128,
-          layers: int = 2, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, tuple]:
-    """``(module, args)`` for architecture ``name`` at sequence length ``t``, width ``c`` (random
-    weights); ``padded``: an attention mask too, the second sequence left-padded by a quarter."""
+def instantiate(name: str, attn: str = "sdpa", c: int = 128, layers: int = 2,
+          dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Architecture ``name`` as users instantiate it (its class for ``from_pretrained``), random
+    weights, eval mode. (Not named ``model``: the decorator's watch of Python state follows a
+    global named as ``self.model`` is, into transformers' lazily filled module.)"""
     torch.manual_seed(0)
-    config_cls, model_cls, args, kind = configs(c, layers)[name]
+    config_cls, model_cls, args, _ = configs(c, layers)[name]
     tokens = dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)  # within the tiny vocabulary
     model_cls = getattr(tf, model_cls, None) or getattr(tf.models.whisper.modeling_whisper, model_cls)
     try:
-        model = model_cls(getattr(tf, config_cls)(**args, **tokens, attn_implementation=attn))
+        made = model_cls(getattr(tf, config_cls)(**args, **tokens, attn_implementation=attn))
     except ValueError:  # Gemma2, BLOOM: no sdpa path, their own (eager) attention
-        model = model_cls(getattr(tf, config_cls)(**args, **tokens, attn_implementation="eager"))
-    config, model = model.config, model.eval().to(dtype)
-    module = LastHidden(model, **({"use_cache": False} if name in CACHED else {})).eval()
+        made = model_cls(getattr(tf, config_cls)(**args, **tokens, attn_implementation="eager"))
+    return made.eval().to(dtype)
+
+
+def inputs(name: str, config, t: int = 32, padded: bool = False, dtype: torch.dtype = torch.float32) -> tuple:
+    """Example inputs of ``name``: ids (and an attention mask where ``padded``, the second sequence
+    left-padded by a quarter), pixel values or audio features."""
+    kind = configs(8, 1)[name][3]
     if kind == "ids":
         x = torch.randint(0, V, (2, t))
     elif kind == "pixels":
@@ -110,10 +116,19 @@ def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: i
         x = torch.randn(2, 16, 2 * config.max_source_positions)
     x = x.to(dtype) if x.is_floating_point() else x
     if not padded or kind != "ids":  # an image or audio encoder takes no attention mask
-        return module, (x,)
+        return (x,)
     mask = torch.ones(x.shape[:2], dtype=torch.int64)
     mask[1, :t // 4] = 0
-    return module, (x, mask)
+    return x, mask
+
+
+def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: int = 128,
+          layers: int = 2, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, tuple]:
+    """``(module, args)`` for architecture ``name`` at sequence length ``t``, width ``c`` (random
+    weights), the module returning the model's last hidden state."""
+    made = instantiate(name, attn, c, layers, dtype)
+    module = LastHidden(made, **({"use_cache": False} if name in CACHED else {})).eval()
+    return module, inputs(name, made.config, t, padded, dtype)
 
 
 def row(name: str, a: argparse.Namespace) -> None:

@@ -1,28 +1,39 @@
-"""What a plan costs besides running it: the per-call check of its key, and the memory each extra
-input signature holds.
+"""What a plan costs besides running it: the per-call check of its key, what a fallen-back or
+unchanged model costs over eager, and the memory each extra input signature holds.
 
-    python bench/plan_overhead.py [--calls 20000]
+    python bench/plan_overhead.py [--calls 20000] [--model-calls 300] [--only NAME ...] [--length T]
 
 Key check: a 100-parameter module (50 submodules) called through the decorator against its
 plan's runner called directly, call by call, medians; the difference is the bind + key + lookup
 (goal: <= 5 us). The same for a plan that fell back (a branch on a value cannot be traced: the
 original runs), against the original called directly: what the never-slower check's fallback
-costs. Memory: resident set growth over 20 extra signatures of a 3-op function
-(goal: <= 20 MB each), with and without ``keep_egraph``.
+costs. Models (small ones, and those of ``hf_models.py`` at width 64, 2 layers, T=32, as users
+instantiate them, called positionally and by keyword with an attention mask): eager against the
+decorated model whose plan fell back (its capture made to fail: the original runs after the key
+check) and against its unchanged plan (no rules: the captured program as it was), interleaved
+call by call: the median of the paired ratios, and the fastest calls' ratio and difference (a
+loaded machine slows some calls, never speeds one; goal for the fallback: <= 2% over eager).
+Memory: resident set growth over 20 extra signatures of a 3-op function (goal: <= 20 MB each),
+with and without ``keep_egraph``.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import resource
 import statistics
+import sys
 import time
 import warnings
+from unittest import mock
 
 import torch
 import torch.nn as nn
 
+import egraph_opt.drivers.api as api
 from egraph_opt import saturate_and_extract
+from egraph_opt.frontends.capture import CaptureError
 
 
 def _rss_mb() -> float:
@@ -70,6 +81,67 @@ def key_overhead(calls: int, fallback: bool = False) -> tuple[float, int]:
     return (statistics.median(through) - statistics.median(direct)) * 1e6, params
 
 
+class _MLP(nn.Sequential):
+    def __init__(self, c: int = 64):
+        super().__init__(nn.LayerNorm(c), nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c))
+
+
+def _fell_back(model: nn.Module, args: tuple, kwargs: dict):
+    """``model`` decorated, its first call's capture made to fail: every call runs the original."""
+    f = saturate_and_extract(model, profile_budget=0)
+    with mock.patch.object(api, "capture", side_effect=CaptureError("made to fail")):
+        f(*args, **kwargs)
+    assert f.report.fallback
+    return f
+
+
+def _unchanged(model: nn.Module, args: tuple, kwargs: dict):
+    """``model`` decorated with no rules: its plan is the captured program, rebuilt."""
+    f = saturate_and_extract(model, rulesets=[], profile_budget=0, validate=False)
+    f(*args, **kwargs)
+    return f if f.report.optimized else None
+
+
+def model_overhead(name: str, model: nn.Module, args: tuple, kwargs: dict, calls: int) -> None:
+    """One row: eager's median per call, and the fallen-back and unchanged plans' against it."""
+    with torch.no_grad():
+        variants = {"eager": model, "fallback": _fell_back(model, args, kwargs),
+                    "unchanged": _unchanged(model, args, kwargs)}
+        variants = {k: v for k, v in variants.items() if v is not None}
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for f in variants.values():
+            for _ in range(3):
+                f(*args, **kwargs)
+        labels = list(variants)
+        for r in range(calls):  # interleaved call by call, the order rotating: the load hits all alike
+            for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+                f = variants[label]
+                start = time.perf_counter()
+                f(*args, **kwargs)
+                times[label].append(time.perf_counter() - start)
+    eager = times["eager"]  # paired call by call: a load that slows one round slows its pair
+    cells = [f"{label} {100 * (statistics.median(a / e for a, e in zip(t, eager)) - 1):+6.1f}% "
+             f"(fastest {100 * (min(t) / min(eager) - 1):+5.1f}%, {(min(t) - min(eager)) * 1e6:+7.1f} us)"
+             for label, t in times.items() if label != "eager"]
+    print(f"{name:<26} eager {statistics.median(eager) * 1e3:7.3f} ms   {'   '.join(cells)}", flush=True)
+
+
+def models(only: list[str] | None, t: int):
+    """(name, model, args, kwargs): the small models, then the Hugging Face ones, positionally and
+    by keyword with an attention mask where they take ids."""
+    yield "mlp C=64", _MLP().eval(), (torch.randn(8, 64),), {}
+    yield "wide (100 parameters)", _Wide().eval(), (torch.randn(1, 2),), {}
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from hf_models import MODELS, inputs, instantiate
+
+    for name in only or MODELS:
+        m = instantiate(name, c=64, layers=2)
+        args = inputs(name, m.config, t, padded=True)
+        yield name, m, args[:1], {}
+        if len(args) == 2:
+            yield f"{name} (keywords, mask)", m, (), {"input_ids": args[0], "attention_mask": args[1]}
+
+
 def memory_per_signature(keep: bool) -> float:
     f = saturate_and_extract(lambda x: torch.log(1 + torch.exp(x)) * 2, keep_egraph=keep)
     for n in range(2, 6):  # warm up allocators and caches
@@ -83,9 +155,18 @@ def memory_per_signature(keep: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--model-calls", type=int, default=300)
+    parser.add_argument("--only", nargs="*", help="Hugging Face architectures (default: all)")
+    parser.add_argument("--length", type=int, default=32)
+    parser.add_argument("--skip-key", action="store_true", help="models only")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
+    print(f"per call against eager, medians of {args.model_calls} interleaved calls, 1 thread")
+    for name, model, margs, kwargs in models(args.only, args.length):
+        model_overhead(name, model, margs, kwargs, args.model_calls)
+    if args.skip_key:
+        return
     us, params = key_overhead(args.calls)
     print(f"key check per call, {params}-parameter module: {us:.2f} us (goal <= 5 us)")
     us, _ = key_overhead(args.calls, fallback=True)

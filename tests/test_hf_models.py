@@ -1,7 +1,8 @@
 """Hugging Face models with random weights (bench/hf_models.py), decorated as a user would: the
 optimized forward equals eager and holds the fused ops the model spells out (attention as sdpa,
-its norms, gelu / SwiGLU / GeGLU / quick gelu, rotary embedding). Tiny configs (width 32, one
-layer, T=16), priced by static estimates and never timed: whether a fusion pays is
+its norms, gelu / SwiGLU / GeGLU / quick gelu, rotary embedding); called with default arguments,
+it returns what the model returns (its ModelOutput, the KV cache included). Tiny configs (width 32,
+one or two layers, T=8 or 16), priced by static estimates and never timed: whether a fusion pays is
 bench/hf_models.py's question."""
 import sys
 import warnings
@@ -14,7 +15,8 @@ from egraph_opt import saturate_and_extract
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from hf_models import build  # noqa: E402
+from hf_models import MODELS, build, inputs, instantiate  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
 
 _LLAMA = {"rms_norm", "rotary", "sdpa_masked", "silu"}
 _ENCODER = {"layer_norm", "linear_act", "sdpa_masked"}
@@ -73,3 +75,73 @@ def test_bfloat16_model_keeps_its_dtype_and_values(name, attn):
     module, args = build(name, 16, attn, padded=name != "bert", c=32, layers=1, dtype=torch.bfloat16)
     report = optimized_equals_eager(module, args, tol=5e-2)  # bfloat16's 2^-8, rounded per op
     assert FUSES[name] - {"linear_act"} <= set(report.ops_after), sorted(report.ops_after)
+
+
+def _same_as_eager(f, m, args, kwargs):
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, ref = f(*args, **kwargs), m(*args, **kwargs)
+    assert f.report.optimized, f.report.fallback
+    assert type(out) is type(ref) and list(out.keys()) == list(ref.keys())
+    cache = getattr(ref, "past_key_values", None)
+    assert type(getattr(out, "past_key_values", None)) is type(cache)
+    for a, b in zip(tree_leaves(out), tree_leaves(ref), strict=True):  # the cache's tensors included
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    return out
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_model_called_with_default_arguments_returns_its_model_output_optimized(name):
+    """No wrapper: the model as instantiated, called by keyword with an attention mask (left-padded)
+    where it takes ids, positionally where it takes pixels or audio; the decoders' default
+    ``use_cache=True`` and ``return_dict=True`` hold."""
+    m = instantiate(name, c=32, layers=2)
+    args = inputs(name, m.config, 8, padded=True)
+    f = saturate_and_extract(m, profile_db=False, profile_budget=0)
+    if len(args) == 2:
+        _same_as_eager(f, m, (), {"input_ids": args[0], "attention_mask": args[1]})
+    else:
+        _same_as_eager(f, m, args, {})
+
+
+@pytest.mark.parametrize("head", ["GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM"])
+def test_a_causal_lm_called_positionally_returns_its_logits_and_cache_optimized(head):
+    import transformers as tf
+    config = {"GPT2LMHeadModel": tf.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=32),
+              "LlamaForCausalLM": tf.LlamaConfig(**_DECODER), "Qwen2ForCausalLM": tf.Qwen2Config(**_DECODER)}[head]
+    torch.manual_seed(0)
+    m = getattr(tf, head)(config).eval()
+    f = saturate_and_extract(m, profile_db=False, profile_budget=0)
+    out = _same_as_eager(f, m, (torch.randint(0, 100, (2, 8)),), {})
+    assert len(out.past_key_values.layers) == 2
+
+
+_DECODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=64, vocab_size=100)
+
+
+def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized_plans():
+    """``model.forward = saturate_and_extract(model.forward)``: the KV cache is an input and an
+    output of the prefill's and each decode step's plans; the caller's cache is updated and
+    returned as itself, as eager does; sampling draws from the caller's seeded stream."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    ids = torch.randint(1, 100, (1, 6))
+    runs = [dict(do_sample=False), dict(do_sample=True, top_k=0)]
+
+    def generate(options):
+        torch.manual_seed(1)
+        return m.generate(ids, max_new_tokens=2, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        refs = [generate(options) for options in runs]
+        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
+        for options, ref in zip(runs, refs):
+            torch.testing.assert_close(generate(options), ref)
+    plans = list(m.forward.plans.values())
+    assert len(plans) == 2 and all(p.report.optimized and p.returned == ("cache",) for p in plans)
+    cache = tf.DynamicCache(config=m.config)
+    with torch.no_grad():
+        out = m.forward(input_ids=ids, cache=cache, use_cache=True)
+    assert out["cache"] is cache and cache.layers[0].keys.shape[-2] == 6

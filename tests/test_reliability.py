@@ -398,8 +398,10 @@ def test_a_hugging_face_model_decorated_directly_returns_its_model_output():
         out, ref = g(ids, use_cache=False), model(ids, use_cache=False)
         assert type(out) is type(ref) and g.report.optimized
         torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
-        cached, ref = g(ids), model(ids)  # a cache object in the output: runs untouched
-        torch.testing.assert_close(cached.logits, ref.logits)
+        cached, ref = g(ids), model(ids)  # a cache object in the output: a pytree of the plan's
+        assert g.report.optimized, g.report.fallback
+        torch.testing.assert_close(cached.logits, ref.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cached.past_key_values.layers[0].keys, ref.past_key_values.layers[0].keys)
 
 
 @pytest.mark.parametrize("make", [
@@ -605,3 +607,41 @@ def test_autocast_gets_a_plan_of_its_own():
         got, expected = g(x, w), f(x, w)
     assert got.dtype == expected.dtype == torch.bfloat16 and len(g.plans) == 2
     torch.testing.assert_close(got, expected)
+
+
+class _Pair:
+    """An object registered as a pytree (as Hugging Face's KV cache is): its tensors are inputs."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+torch.utils._pytree.register_pytree_node(_Pair, lambda p: ([p.a, p.b], None), lambda xs, _: _Pair(*xs))
+
+
+def _returns_it(x, pair):
+    pair.a = torch.exp(pair.a + x)
+    return {"out": torch.log(1 + torch.exp(x * pair.b)), "pair": pair}
+
+
+def _keeps_it(x, pair):
+    pair.a = torch.exp(pair.a + x)
+    return torch.log(1 + torch.exp(x * pair.b))
+
+
+def test_a_pytree_argument_is_an_input_and_updated_in_place_where_the_original_returns_it():
+    g = saturate_and_extract(_returns_it, profile_budget=0)
+    x, mine, theirs = torch.randn(4), _Pair(torch.randn(4), torch.randn(4)), None
+    theirs = _Pair(mine.a.clone(), mine.b.clone())
+    out, ref = g(x, mine), _returns_it(x, theirs)
+    assert g.report.optimized, g.report.fallback
+    assert out["pair"] is mine
+    torch.testing.assert_close((out["out"], mine.a), (ref["out"], theirs.a))
+
+
+def test_a_pytree_argument_updated_but_not_returned_runs_the_original():
+    g = saturate_and_extract(_keeps_it, profile_budget=0)
+    x, mine = torch.randn(4), _Pair(torch.randn(4), torch.randn(4))
+    theirs = _Pair(mine.a.clone(), mine.b.clone())
+    torch.testing.assert_close((g(x, mine), mine.a), (_keeps_it(x, theirs), theirs.a))
+    assert "updates argument 'pair'" in g.report.fallback

@@ -20,10 +20,10 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
-from .arguments import Binder, BoundCall
-from ..frontends.capture import SideEffect, capture, returned
+from .arguments import Binder, BoundCall, adopt
+from ..frontends.capture import SideEffect, cache_pytrees, capture, returned
 from ..egraph.engine import EGraph, InvariantError
-from .guard import StateKey
+from .plan_key import StateKey
 from .watch import Watch
 from ..extractors import CostModel, Objective
 from ..extractors.cost import KAPPA_WEIGHT
@@ -125,6 +125,7 @@ class Plan:
     state: tuple = ()  # the StateKey it was made under
     arity: int = -1  # how many tensors ``exact`` checks
     key: tuple = ()  # its key in the plan cache
+    returned: tuple = ()  # arguments rebuilt from their leaves that the original returns as themselves
 
 
 @dataclass
@@ -272,7 +273,10 @@ class OptimizedFunction:
         self._remember(plan)
         if plan.run is None:
             return self.fn(*args, **kwargs)
-        return plan.run(*call.tensors)
+        out = plan.run(*call.tensors)
+        for name in plan.returned:  # an argument the original updates and returns (a KV cache)
+            out = adopt(out, call.arguments[name])
+        return out
 
     def _first(self, call: BoundCall, args: tuple, kwargs: dict):
         """Optimize for ``call`` and keep the plan (dropping the least recently used beyond
@@ -280,6 +284,7 @@ class OptimizedFunction:
         runs of the program leave no Python state behind, and a program that changes any falls
         back (its plan would not)."""
         before = self._state.snapshot()
+        cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
         with Watch(self.fn) as watch:
             plan = self._compile(call, watch)
             changed = watch.changes()
@@ -350,7 +355,9 @@ class OptimizedFunction:
             start = time.perf_counter()
             self._refuse_writes(writes_in_place(target, args, call.names))
             original_s = time.perf_counter() - start
-        returns = tree_structure(returned(program.outputs))  # ModelOutput and other registered containers
+        returns = getattr(traced, "_out_spec", None)  # torch.export's outputs stay flat leaves
+        if returns is None:  # ModelOutput, a cache and other registered containers
+            returns = tree_structure(returned(program.outputs))
         device = args[0].device.type if args else "cpu"
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
             self.profile_db, device, budget_s=self.profile_budget)
@@ -375,8 +382,8 @@ class OptimizedFunction:
                 report.bounded.append(f"validation: {report.validation.bounded}")
             if not report.validation.passed:
                 return self._untouched(report, f"validation failed: {report.validation.detail}", result)
-        return self._never_slower(Plan(run, report, result.egraph, result), target, args, device,
-                                  latency, original_s)
+        plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned))
+        return self._never_slower(plan, target, args, device, latency, original_s)
 
     def _describe(self, report: Report, program, result: Optimized, module, latency, priced) -> None:
         """What the optimization did, its estimated error and latency, into ``report``."""

@@ -1,7 +1,9 @@
 """A call's arguments: tensors are the program's inputs; every other argument (a flag, a size) is
 a constant of the trace and part of the plan's key, as torch.compile specializes on them.
 Keyword-only parameters, builtins and ``functools.partial`` objects are traced through a
-generated function of the tensors alone, whose parameters carry the user's names.
+generated function of the tensors alone, whose parameters carry the user's names. An object
+registered as a pytree whose leaves are tensors (a Hugging Face KV cache) gives its leaves as
+tensors, and is rebuilt from them for the program.
 """
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import inspect
 from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..frontends.capture import SideEffect, cache_pytrees
 
 _DENSE = (torch.Tensor, torch.nn.Parameter)  # tensor types, not subclasses that change what ops do
 _SIMPLE = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
@@ -28,14 +33,17 @@ def _constant_key(value: Any):
 class BoundCall:
     """The tensors of one call, the plan key they and the other arguments make, and how to call
     the function again with other tensors. ``refused``: why the call runs untouched."""
-    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct", "plain")
+    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct", "plain",
+                 "trees", "returned")
 
     def __init__(self, tensors: tuple, names: list[str], key: tuple, arguments: dict | None = None,
                  refused: str = "", signature: inspect.Signature | None = None, direct: bool = True,
-                 plain: bool = False):
+                 plain: bool = False, trees: dict | None = None):
         self.tensors, self.names, self.key, self.arguments = tensors, names, key, arguments or {}
         self.refused, self.signature, self.direct = refused, signature, direct
         self.plain = plain  # tensors alone, positionally, keyed by them alone
+        self.trees = trees or {}  # argument -> (its TreeSpec, where its leaves start, how many)
+        self.returned: list[str] = []  # those of ``trees`` the program returns as themselves
 
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
@@ -48,9 +56,33 @@ class BoundCall:
         if self.signature is None:
             return fn(*tensors)
         arguments = dict(self.arguments)
-        arguments.update(zip(self.names, tensors))
+        arguments.update((n, t) for n, t in zip(self.names, tensors) if n in arguments)
+        for name, (spec, start, n) in self.trees.items():
+            arguments[name] = tree_unflatten(list(tensors[start:start + n]), spec)
         bound = inspect.BoundArguments(self.signature, arguments)
-        return fn(*bound.args, **bound.kwargs)
+        out = fn(*bound.args, **bound.kwargs)
+        self.returned = [name for name in self.trees if any(v is arguments[name] for v in _items(out))]
+        for name, (_, start, n) in self.trees.items():
+            if name not in self.returned and list(map(id, tree_flatten(arguments[name])[0])) != \
+                    list(map(id, tensors[start:start + n])):
+                raise SideEffect(f"the program updates argument {name!r} without returning it")
+        return out
+
+
+def _items(out: Any) -> list:
+    """What a program returned, one level down (a ModelOutput's fields)."""
+    return list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, tuple) else [out]
+
+
+def adopt(out: Any, caller: Any) -> Any:
+    """``out`` with the object ``caller`` passed in place of the one of its type the plan rebuilt:
+    the original updates its argument (a KV cache) and returns it, so ``caller`` takes the rebuilt
+    one's state."""
+    for key, value in (out.items() if isinstance(out, dict) else ()):
+        if type(value) is type(caller) and value is not caller:
+            vars(caller).update(vars(value))
+            out[key] = caller
+    return out
 
 
 def specialize(fn: Callable, names: list[str], rebuild: Callable) -> Callable:
@@ -111,8 +143,16 @@ class Binder:
             raise TypeError(f"{self.name}: {e}") from None
         # the arguments as given: defaults stay the function's own (a decorated forward, as Hugging
         # Face models have, may fill one itself and refuse it passed twice)
-        tensors, names, constants, refused = [], [], [], ""
+        tensors, names, constants, refused, trees = [], [], [], "", {}
         for name, value in bound.arguments.items():
+            leaves, spec = _tree(value)
+            if leaves is not None:  # its leaves are inputs; it is rebuilt from them
+                trees[name] = (spec, len(tensors), len(leaves))
+                tensors += leaves
+                names += [f"{name}_{i}" for i in range(len(leaves))]
+                refused = refused or next((f"argument {name!r} holds {why}" for t in leaves if (why := unusual(t))), "")
+                constants.append((name, ("tree", repr(spec))))
+                continue
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
                 names.append(name)
@@ -128,7 +168,19 @@ class Binder:
         direct = not constants and len(tensors) == len(self.signature.parameters) and \
             kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY}
         return BoundCall(tuple(tensors), names, (_tensor_key(tensors), tuple(constants)),
-                         dict(bound.arguments), refused, self.signature, direct)
+                         dict(bound.arguments), refused, self.signature, direct, trees=trees)
+
+
+def _tree(value: Any) -> tuple[list | None, Any]:
+    """The tensor leaves and spec of an object registered as a pytree that is no plain container
+    (a cache class); (None, None) for anything else."""
+    if value is None or isinstance(value, (torch.Tensor, tuple, list, dict, *_SIMPLE)):
+        return None, None
+    cache_pytrees()
+    leaves, spec = tree_flatten(value)
+    if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves):
+        return None, None
+    return leaves, spec
 
 
 def _tensor_key(tensors) -> tuple | None:

@@ -24,11 +24,12 @@ _EMPTY = object()  # an empty closure cell
 _local = threading.local()  # the watches of this thread (prints and log records of other threads pass)
 
 
-def _codes(code: types.CodeType):
+def codes(code: types.CodeType):
+    """``code`` and the code of the functions defined inside it."""
     yield code
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            yield from _codes(c)
+            yield from codes(c)
 
 
 def _library(module: str | None) -> bool:
@@ -92,7 +93,7 @@ def _walk(fn: Callable):
         elif isinstance(o, types.FunctionType):
             if _library(o.__module__):
                 continue
-            for code in _codes(o.__code__):
+            for code in codes(o.__code__):
                 names.update(code.co_names)
             for var, cell in zip(o.__code__.co_freevars, o.__closure__ or ()):
                 yield f"{var}", cell, _copy(cell)
@@ -100,7 +101,7 @@ def _walk(fn: Callable):
             yield f"{name}.__defaults__", o, _copy(o)
             todo += [(f"{name} default", d) for d in (*(o.__defaults__ or ()), *(o.__kwdefaults__ or {}).values())]
             scope = {k: o.__globals__[k] for k in sorted(set(o.__code__.co_names).union(
-                *(c.co_names for c in _codes(o.__code__))) & o.__globals__.keys())}
+                *(c.co_names for c in codes(o.__code__))) & o.__globals__.keys())}
             yield f"global", o.__globals__, scope
             todo += [(f"global {k}", v) for k, v in scope.items()]
         elif isinstance(o, types.ModuleType):

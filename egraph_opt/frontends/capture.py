@@ -84,6 +84,7 @@ def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
 def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
     """torch.export, whose failure prints the partial graph to stderr (twice) and logs a warning
     about it: the reason is in our error instead. What a successful export writes is passed on."""
+    cache_pytrees()
     written = io.StringIO()
     logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
     level = logger.level
@@ -95,6 +96,19 @@ def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
         logger.setLevel(level)
     sys.stderr.write(written.getvalue())
     return exported.module()
+
+
+def cache_pytrees() -> None:
+    """A Hugging Face model takes and returns its KV cache (``DynamicCache``): transformers' own
+    pytree registration of it (made for torch.export) lets it be an input and an output of a plan."""
+    if not _REGISTERED and "transformers" in sys.modules:
+        with contextlib.suppress(ImportError):
+            from transformers.integrations.executorch import register_dynamic_cache_export_support
+            register_dynamic_cache_export_support()
+            _REGISTERED.append(True)
+
+
+_REGISTERED: list = []
 
 
 @dataclass(frozen=True)
@@ -194,8 +208,9 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
             info_of[id(values[node.name])] = TensorInfo(tuple(tensor.shape), tensor.dtype)
         elif node.op == "output":
             output = map_aggregate(node.args[0], lambda a: values[a.name] if isinstance(a, fx.Node) else a)
-            if getattr(gm, "_out_spec", None) is not None:  # torch.export flattened the outputs
-                output = tree_unflatten(list(output), gm._out_spec)
+            spec = getattr(gm, "_out_spec", None)  # torch.export flattened the outputs: the caller
+            if spec is not None and spec.is_leaf():  # rebuilds them (a cache class cannot hold Terms)
+                output = tree_unflatten(list(output), spec)
         elif _is_static(node, static):
             static.add(node.name)
             values[node.name] = info

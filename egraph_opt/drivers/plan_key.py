@@ -1,4 +1,4 @@
-"""The key of a plan besides the inputs' signature: grad mode, the default dtype, the modules'
+"""The plan key besides the inputs' signature: grad mode, the default dtype, the modules'
 ``training`` flags and every other number the program's code reads (attributes, globals, closure
 cells, defaults, config objects, class attributes, small lists and dicts of numbers), which tensor
 objects are the parameters and buffers (``m.weight = nn.Parameter(...)`` leaves the traced graph
@@ -13,19 +13,25 @@ from __future__ import annotations
 import functools
 import inspect
 import types
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import torch
 from torch.nn.modules import module as _module
 from torch.utils.hooks import RemovableHandle
 
+from .watch import codes
+
 _grad_enabled = torch.is_grad_enabled  # read once: the attribute lookup is a third of the call
 _default_dtype = torch.get_default_dtype  # the dtype of the tensors a program makes (torch.arange(4.0))
-_rebindings = [0]  # bumped whenever any module anywhere registers a parameter, buffer or submodule
+_rebindings = [0]  # bumped whenever a module some key reads registers a parameter, buffer or submodule
+_watched: weakref.WeakSet = weakref.WeakSet()  # those modules (a forward that slices a ModuleList
+# builds a new one per call, registering into it: no key reads that one)
 
 
-def _bump(*_: Any) -> None:
-    _rebindings[0] += 1
+def _bump(module: torch.nn.Module, *_: Any) -> None:
+    if module in _watched:
+        _rebindings[0] += 1
 
 
 for _register in (_module.register_module_parameter_registration_hook,
@@ -182,18 +188,26 @@ _TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ev
 
 @functools.lru_cache(maxsize=None)
 def names_read(cls: type) -> frozenset[str]:
-    """The attribute and global names a module class's own code reads (``self.training`` in
-    dropout or batch norm, ``self.eps``, ``self.scale`` of a custom block): only those attributes'
-    values can change what a traced program means. torch's Module base (whose train() and eval()
-    set the flag) does not count."""
-    return frozenset(name for klass in cls.__mro__ if klass not in (torch.nn.Module, object)
-                     for method, f in vars(klass).items() if method not in _NOT_RUN
-                     for name in getattr(getattr(f, "__code__", None), "co_names", ()))
-
-
-#: methods a forward never runs: what they read (a Linear's in_features) is no constant of a trace
-_NOT_RUN = frozenset({"__init__", "__repr__", "__setstate__", "__getstate__", "extra_repr",
-                      "reset_parameters", "_reset_parameters"})
+    """The attribute and global names the code a module class's forward runs reads: its forward
+    and the methods and properties it names, transitively (``self.training`` in dropout or batch
+    norm, ``self.eps``, ``self.scale`` of a helper method): only those attributes' values can change
+    what a traced program means. torch's Module base (whose train() and eval() set the flag) does
+    not count, nor do methods a forward never runs (a Hugging Face model's ``generate`` reads
+    hundreds of generation settings)."""
+    members = {}
+    for klass in reversed([k for k in cls.__mro__ if k not in (torch.nn.Module, object)]):
+        members.update(vars(klass))
+    names, todo = set(), ["forward"]
+    while todo:
+        member = members.get(todo.pop())
+        for f in (member.fget, member.fset) if isinstance(member, property) else (member,):
+            wrapped = [f]  # a decorated forward: the wrappers' code and the function's
+            while hasattr(wrapped[-1], "__wrapped__"):
+                wrapped.append(wrapped[-1].__wrapped__)
+            for c in (c for w in wrapped if hasattr(w, "__code__") for c in codes(w.__code__)):
+                todo += [n for n in c.co_names if n not in names and n in members]
+                names.update(c.co_names)
+    return frozenset(names)
 
 
 class StateKey:
@@ -217,6 +231,7 @@ class StateKey:
 
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
+        _watched.update(subs)
         reads = self._found.copy()
         for m in subs:  # from __dict__: no Module.__getattr__
             _attributes([m], names_read(type(m)), reads)

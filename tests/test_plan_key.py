@@ -1,0 +1,127 @@
+"""The plan key (``drivers/plan_key.py``) reads only what can change a traced program's meaning:
+it re-walks the program's modules only when one of them is rebound, and reads the attributes
+that the code a forward runs names (its helpers and properties included), not those of methods
+a forward never runs."""
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+
+import egraph_opt.drivers.plan_key as plan_key
+from egraph_opt import saturate_and_extract
+
+pytestmark = pytest.mark.filterwarnings("ignore:egraph-opt")
+
+
+class _Sliced(nn.Module):
+    """Slices its ModuleList per call, as Hugging Face decoders do: torch registers the layers
+    into a new ModuleList each time."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+        self.depth = 2
+
+    def forward(self, x):
+        for layer in self.layers[:self.depth]:
+            x = torch.exp(layer(x))
+        return x
+
+
+def _walks(monkeypatch) -> list:
+    walked = []
+    holders = plan_key.holders
+    monkeypatch.setattr(plan_key, "holders", lambda fn: walked.append(fn) or holders(fn))
+    return walked
+
+
+def test_a_forward_that_slices_a_module_list_is_keyed_without_walking_its_modules_again(monkeypatch):
+    m = _Sliced().eval()
+    g = saturate_and_extract(m, profile_budget=0)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        g(x)
+        walked = _walks(monkeypatch)
+        for _ in range(5):
+            torch.testing.assert_close(g(x), m(x))
+        assert walked == []
+        m.layers[1] = nn.Linear(4, 4)  # a registration into a module the program reads
+        torch.testing.assert_close(g(x), m(x))
+    assert walked, "a rebound layer left the key as it was"
+    assert g.report.optimized
+
+
+def test_a_forward_without_state_to_read_is_keyed_once(monkeypatch):
+    g = saturate_and_extract(lambda x: torch.log(1 + torch.exp(x)), profile_budget=0)
+    x = torch.randn(8)
+    g(x)
+    walked = _walks(monkeypatch)
+    unrelated = nn.Linear(2, 2)
+    unrelated.weight = nn.Parameter(torch.randn(2, 2))  # registered into a module no program reads
+    for _ in range(3):
+        g(x)
+    assert walked == [] and len(g.plans) == 1
+
+
+class _Helped(nn.Module):
+    """Reads ``scale`` through a helper method and ``shift`` through a property; ``unused`` only
+    in a method its forward never calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale, self._shift, self.unused = 2.0, 1.0, 3.0
+
+    @property
+    def shift(self):
+        return self._shift
+
+    def scaled(self, x):
+        return x * self.scale
+
+    def forward(self, x):
+        return torch.log(1 + torch.exp(self.scaled(x))) + self.shift
+
+    def never_run(self, x):
+        return x * self.unused
+
+
+@pytest.mark.parametrize("attribute,new_plan", [("scale", True), ("_shift", True), ("unused", False)])
+def test_attributes_a_forward_reaches_key_its_plan_and_others_do_not(attribute, new_plan):
+    m = _Helped()
+    g = saturate_and_extract(m, profile_budget=0)
+    x = torch.randn(8)
+    g(x)
+    setattr(m, attribute, 0.5)
+    torch.testing.assert_close(g(x), m(x))
+    assert len(g.plans) == (2 if new_plan else 1)
+
+
+def _decorated(forward):
+    @functools.wraps(forward)
+    def wrapper(self, *args):
+        return forward(self, *args)
+    return wrapper
+
+
+class _Decorated(nn.Module):
+    """A decorated forward (Hugging Face's are): the names its own code reads count."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = 2.0
+
+    @_decorated
+    def forward(self, x):
+        return torch.exp(x * self.scale)
+
+
+def test_a_decorated_forward_is_keyed_by_what_the_function_inside_reads():
+    m = _Decorated()
+    g = saturate_and_extract(m, profile_budget=0)
+    x = torch.randn(8)
+    g(x)
+    m.scale = 0.5
+    torch.testing.assert_close(g(x), m(x))
+    assert len(g.plans) == 2
+

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from ..lang.ops import OPS
+from ..lang.ops import OPS, REDUCTIONS
 from ..lang.term import Term, postorder, shapes
 
 BIG = 1e300
@@ -228,7 +228,7 @@ TRANSFER: dict[str, Callable] = {
     "geglu": lambda t, a, s: _mul(_gelu(t, a, s), a[1]),
     "rotary": _rotary,
     "sum": _sum,
-    "operand": lambda t, a, s: TOP if OPS[t.op].shape == "reduce" and not _axis_size(t, s) else a[0],
+    "operand": lambda t, a, s: TOP if t.op in REDUCTIONS and not _axis_size(t, s) else a[0],
     # among (or between) the operand's values; over a size-0 axis a max raises, a mean is NaN
     "values": lambda t, a, s: a[0],  # exactly the operand's values
     "values-of-v": lambda t, a, s: a[2],  # attention: averages of the values

@@ -16,7 +16,7 @@ from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree
 from .onnx_patterns import (attention_over_heads, heads_merged, kv_grouped, matmuls_unflattened,
                             products_split, split_product)
 from ..frontends.onnx_frontend import OnnxProgram, overridable, subgraph_reads
-from ..lang.ops import OPS, parse_shape
+from ..lang.ops import COMPARISONS, OPS, REDUCTIONS, parse_shape
 from ..lang.program import Program, leaves
 from ..lang.term import Term, evaluate, postorder, shapes, topological
 
@@ -94,7 +94,7 @@ class Emitter:
                 found = DTYPES.get(vt.elem_type) if vt else None
             elif u.op == "cast":
                 found = u.attrs[0]
-            elif OPS[u.op].shape == "compare":
+            elif u.op in COMPARISONS:
                 found = "bool"
             else:
                 args = u.args[1:] if u.op == "where" else u.args
@@ -114,7 +114,7 @@ class Emitter:
                 r = len(vt.shape) if vt and vt.shape is not None else None
             elif u.op == "const":
                 r = 0
-            elif OPS[u.op].shape == "reduce":
+            elif u.op in REDUCTIONS:
                 r = None if ranks[0] is None else ranks[0] - (0 if u.attrs[1] else 1)
             elif OPS[u.op].shape == "reshape":
                 r = len(parse_shape(u.attrs[0]))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from ..lang.ops import OPS, UNBOUNDED
+from ..lang.ops import BINARY_BROADCASTING, OPS, REDUCTIONS, SAME_SHAPE, UNBOUNDED
 
 BIG = "1e300"
 RULESET = "ranges"
@@ -79,7 +79,7 @@ _SAME_AS_OPERAND = _ops(lambda op: op.range in ("operand", "values"))
 #: ops whose result holds exactly the operand's values: the result's interval is the operand's too
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
 _SAME_VALUES = _ops(lambda op: op.range == "values")
-_KEEPS_LAST_DIM = _ops(lambda op: op.shape in ("same", "cast"))
+_KEEPS_LAST_DIM = SAME_SHAPE
 _SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where", "compare", "broadcast"))  # where: a
 # bool first operand; compare: a bool result; broadcast: promotes (below)
 
@@ -157,7 +157,7 @@ def rules() -> list[str]:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))")
     for op in _KEEPS_LAST_DIM:  # and rank: (1 + w) is a weight of rank 1 as w is
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))")
-    binary = _ops(lambda op: op.shape == "broadcast" and op.arity == 2)  # (rotary's three operands
+    binary = BINARY_BROADCASTING  # (rotary's three operands
     # leave its rank and dtype unrecorded: a guard or precision rule then does not fire on it)
     for op in binary:
         out.append(f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
@@ -171,7 +171,7 @@ def rules() -> list[str]:
                             ("?a (Const ?c)", "(= d (dtype-of ?a))"), ("(Const ?c) ?b", "(= d (dtype-of ?b))")):
             out.append(f"(rule ((= e ({name} {args} {attrs})) {known}) ((set (dtype-of e) d)))")
     for op in _SAME_AS_OPERAND:
-        query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (OPS[op].shape == "reduce")
+        query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (op in REDUCTIONS)
         out.append(f"(rule ({query} (= x (lo ?a))) ((set (lo e) x)))")
         out.append(f"(rule ({query} (= x (hi ?a))) ((set (hi e) x)))")
     for op in _SAME_VALUES:

@@ -14,7 +14,7 @@ import math
 import operator
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -28,46 +28,84 @@ UNBOUNDED = (-math.inf, math.inf)
 #: curvature of an op that is linear (or piecewise linear) in each operand: (sup |f''|, sup |f'|)
 LINEAR = (0.0, 1.0)
 
+# The vocabulary of the op table: the values each kind-valued fact may take. The stage named
+# dispatches on it with a case for each (a test checks those tables against these); a row
+# declaring any other value fails at import.
+#: how its result's shape and dtype follow from its operands' (lang/term.py): "first" as the
+#: first operand; "compare" a bool of the broadcast operands; "meta" by running it on meta tensors
+ShapeRule = Literal["same", "first", "broadcast", "compare", "reduce", "cast", "transpose", "reshape",
+                    "where", "matmul", "linear", "sdpa", "meta"]
+#: how its interval follows from its operands' (analysis/ranges.py), unless an increasing float
+#: function gives it as the interval's image
+RangeRule = Literal[
+    "abs", "add", "bounds", "div", "geglu", "gelu", "hull", "hypot", "layer_norm", "linear",
+    "linear_act", "log", "log1p", "log_softmax", "logaddexp", "logsumexp", "matmul", "maximum",
+    "minimum", "mul", "neg", "operand", "pow", "rms_norm", "rotary", "rsqrt", "select", "silu",
+    "softplus", "sqrt", "sub", "sum", "swish", "tan", "top", "values", "values-of-v", "var"]
+#: a curvature formula over operand ranges (extractors/curvature.py)
+Curvature = Literal["bilinear", "div", "exp", "layer_norm", "log", "log1p", "pow", "rsqrt", "sqrt",
+                    "swish"]
+Sign = Literal["positive", "nonneg", "any"]  # an e-graph fact (egraph/range_rules.py)
+#: how it amplifies its operands' rounding error (curvature.py): "exp" by |x|, "log" by 1/|log u|,
+#: "cancels" (a +- b), "sum" (of both signs), "shifted-exp" (exp(x - max(x)) inside),
+#: "log-sum-exp" (and the log of its sum, near 1 where one term dominates: logaddexp is not one,
+#: it adds log1p(exp(-|a - b|))), "rotation" (x cos + rotate_half(x) sin: a sum of two rounded
+#: products, as cancels)
+Error = Literal["none", "exp", "log", "cancels", "sum", "shifted-exp", "log-sum-exp", "rotation"]
+Rounding = Literal["exact", "rounds", "widening"]  # exact from exact operands; widening: a cast
+#: in half precision: "accumulate" (many terms: do it in float32), "hoist" (compute before
+#: rounding), "keep" (rulesets/precision.py)
+Precision = Literal["accumulate", "hoist", "keep"]
+#: profiling kind (profiling/profiler.py); "static": priced by passes
+Work = Literal["static", "pointwise", "select", "reduce", "along", "loss", "matmul", "linear",
+               "layer_norm", "rms_norm", "sdpa"]
+#: its result's memory layout (analysis/layouts.py): "fresh" (always contiguous), "view" (strides
+#: follow from the operand's), "runs" (contiguous from contiguous operands, else as its kernel
+#: chooses: found by running it)
+Layout = Literal["fresh", "view", "runs"]
+#: an op over a mesh (lang/mesh.py) that sees every device's part: "parts" (each device then holds
+#: its own part) or "whole" (each holds the same whole value)
+MeshRole = Literal["parts", "whole"]
+Growth = Literal[0, 1, 2, 3]  # class of kappa over unbounded ranges: 0 linear .. 3 exponential
+VOCABULARY = {"shape": ShapeRule, "range": RangeRule, "curvature": Curvature, "sign": Sign,
+              "error": Error, "rounding": Rounding, "precision": Precision, "work": Work,
+              "layout": Layout, "mesh": MeshRole, "growth": Growth}
+
 
 @dataclass(frozen=True)
 class Op:
     """One op and every fact the stages derive from; a fact left None is undeclared (a test
-    fails on a non-leaf op with one). Kinds are dispatched on by the stage named."""
+    fails on a non-leaf op with one). Kind-valued facts take the values of their ``VOCABULARY``."""
     name: str
     arity: int
     attrs: tuple[tuple[str, str], ...]  # (name, egglog sort)
-    impl: Callable | None  # torch implementation impl(*operands, *attrs); None for leaves
+    impl: Callable | None  # reference implementation impl(*operands, *attrs); None for leaves
     infix: str | None = None
-    shape: str | None = None  # shape inference kind (lang/term.py); "meta" runs impl on meta tensors
-    range: str | Callable | None = None  # range transfer kind (analysis/ranges.py), or an increasing
-    # float function: the interval's image
+    shape: ShapeRule | None = None
+    range: RangeRule | Callable | None = None
     bounds: tuple[float, float] | None = None  # every value it can take (UNBOUNDED: no such bound)
-    sign: str | None = None  # "positive", "nonneg" or "any": an e-graph fact (egraph/range_rules.py)
-    curvature: tuple[float, float] | str | None = None  # (sup |f''|, sup |f'|), or a formula kind
-    # over operand ranges (extractors/curvature.py)
-    growth: int | None = None  # class of kappa over unbounded ranges: 0 linear .. 3 exponential
-    error: str | None = None  # how it amplifies its operands' rounding error (curvature.py):
-    # "exp" by |x|, "log" by 1/|log u|, "cancels" (a +- b), "sum" (of both signs), "shifted-exp"
-    # (exp(x - max(x)) inside), "log-sum-exp" (and the log of its sum, near 1 where one term
-    # dominates: logaddexp is not one, it adds log1p(exp(-|a - b|))), "rotation" (x cos +
-    # rotate_half(x) sin: a sum of two rounded products, as cancels), "none"
-    rounding: str | None = None  # "exact" from exact operands, "rounds", or "widening" (a cast)
+    sign: Sign | None = None
+    curvature: tuple[float, float] | Curvature | None = None  # (sup |f''|, sup |f'|), or a formula
+    growth: Growth | None = None
+    error: Error | None = None
+    rounding: Rounding | None = None
     passes: int | None = None  # passes over memory, when the profiling database has no estimate
-    precision: str | None = None  # in half precision: "accumulate" (many terms: do it in float32),
-    # "hoist" (compute before rounding), "keep" (rulesets/precision.py)
+    precision: Precision | None = None
     sample: tuple = ()  # operand shapes ("x0", ...) and attributes the precision rules' proofs sample
-    work: str | None = None  # profiling kind (profiling/profiler.py); "static": priced by passes
+    work: Work | None = None
     flops: float | None = None  # FLOPs per element, for the per-element work kinds
     onnx: str | None = None  # ONNX form: an operator type, or a decomposition (backends/onnx_emitters.py)
     numpy: str | None = None  # the numpy function of a numpy kernel (kernels/registry.py), if any
     definition: str | None = None  # in primitive ops, a pattern over ?x0.. and its attributes: the
     # ONNX form "definition" writes it
-    layout: str | None = None  # the memory layout of its result (analysis/layouts.py): "fresh"
-    # (always contiguous), "view" (strides follow from the operand's), "runs" (contiguous from
-    # contiguous operands, else as its kernel chooses: found by running it)
-    mesh: str | None = None  # an op over a mesh (lang/mesh.py) that sees every device's part:
-    # "parts" (each device then holds its own part) or "whole" (each holds the same whole value);
-    # None: an op that runs once per device on its own part
+    layout: Layout | None = None
+    mesh: MeshRole | None = None  # None: an op that runs once per device on its own part
+
+    def __post_init__(self):
+        for fact, kinds in VOCABULARY.items():
+            value = getattr(self, fact)
+            if isinstance(value, (str, int)) and value not in get_args(kinds):
+                raise ValueError(f"op {self.name!r}: {fact} = {value!r} is not one of {get_args(kinds)}")
 
     @property
     def egg_name(self) -> str:
@@ -655,12 +693,6 @@ def relu(v: float) -> float:
     return max(v, 0.0)
 
 
-#: facts the stages need of every non-leaf op (``flops`` too, for the per-element work kinds)
-FACTS = ("shape", "range", "bounds", "sign", "curvature", "growth", "error", "rounding", "passes",
-         "precision", "work", "onnx", "layout")
-PER_ELEMENT_WORK = ("pointwise", "select", "reduce", "along", "loss")
-
-
 def _op(name, arity, attrs, impl, family: dict, **facts) -> Op:
     """An op from its family's facts, overridden or completed by its own."""
     pairs = tuple(tuple(a.split(":")) for a in attrs.split()) if attrs else ()
@@ -884,3 +916,23 @@ OPS: dict[str, Op] = {op.name: op for op in [
 ]}
 
 BY_EGG_NAME = {op.egg_name: op for op in OPS.values()}
+
+
+def _named(fact) -> tuple[str, ...]:
+    return tuple(name for name, op in OPS.items() if not op.is_leaf and fact(op))
+
+
+# Categories the stages select ops by (names, in table order)
+#: a + b and its like: two operands broadcast, no attribute (rms_norm reduces along its last axis)
+BINARY_ELEMENTWISE = _named(lambda op: op.shape == "broadcast" and op.arity == 2 and not op.attrs)
+#: two operands broadcast to the result's shape and promote to its dtype (rms_norm and geglu too)
+BINARY_BROADCASTING = _named(lambda op: op.shape == "broadcast" and op.arity == 2)
+#: exp(x) and its like: one operand, element to element (softmax works along an axis)
+UNARY_ELEMENTWISE = _named(lambda op: op.shape == "same" and op.arity == 1 and
+                           "axis" not in dict(op.attrs))
+COMPARISONS = _named(lambda op: op.shape == "compare")  # a bool mask
+#: along one axis, which is dropped or kept as 1 (sum, max, mean, var, logsumexp, ...)
+REDUCTIONS = _named(lambda op: op.shape == "reduce")
+ELEMENTWISE = UNARY_ELEMENTWISE + BINARY_ELEMENTWISE + COMPARISONS + ("where",)
+#: results of the operand's shape (its last dim and rank, whatever their dtype)
+SAME_SHAPE = _named(lambda op: op.shape in ("same", "cast"))

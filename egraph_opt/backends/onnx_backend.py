@@ -18,6 +18,7 @@ from .onnx_patterns import (attention_over_heads, heads_merged, kv_grouped, matm
 from ..frontends.onnx_frontend import OnnxProgram, overridable, subgraph_reads
 from ..lang.ops import COMPARISONS, OPS, REDUCTIONS, parse_shape
 from ..lang.program import Program, leaves
+from ..kernels.torch_ops import TORCH
 from ..lang.term import Term, evaluate, postorder, shapes, topological
 
 __all__ = ["EMIT", "NO_ONNX_FORM", "Emitter", "OnnxExportError", "export"]
@@ -175,7 +176,7 @@ class Emitter:
         if any(u.attrs[2] in _NO_NUMPY or u.attrs[0] not in self.program.params for u in params.values()):
             return None
         env = {n: self.program.params[n] for n in params}
-        value = evaluate([t], env)[0]
+        value = evaluate([t], env, kernels=TORCH)[0]
         if isinstance(value, torch.Tensor) and value.dtype != torch.bfloat16 and \
                 value.numel() <= sum(v.numel() for v in env.values()):
             self._folded[id(t)] = self.tensor(value.detach().numpy(), "folded")
@@ -197,7 +198,7 @@ class Emitter:
         if t.op == "const" or spec.is_leaf:
             return
         if self.source(t) == "const":
-            folded = Term.const(evaluate([t], {})[0])
+            folded = Term.const(evaluate([t], {}, kernels=TORCH)[0])
             self.names[id(t)] = self.value(folded, None)
             return
         emit = None if t.op in NO_ONNX_FORM else EMIT.get(spec.onnx)

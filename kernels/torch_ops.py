@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from egraph_opt.lang import ops
-from egraph_opt.lang.ops import OPS, parse_shape, shape_attr
+from egraph_opt.lang.ops import OPS, parse_shape
 
 #: set by tests: guards take the device path on CPU too, as on CUDA (``device_path``)
 _FORCED_DEVICE_PATH = contextvars.ContextVar("forced_device_path", default=False)
@@ -114,19 +114,15 @@ def layer_norm(x, weight, bias, eps):
 
 @functools.lru_cache(maxsize=64)
 def _scalar(value: float, dtype: torch.dtype) -> torch.Tensor:
-    """``value`` as a 0-dim CPU tensor, which any device's op takes: an in-place op with it costs
-    1.4 us, with a Python number (wrapped in a new tensor on each call) 3.6 us. Never written to."""
+    """``value`` as a 0-dim CPU tensor, which any device's op takes: a Python number is wrapped in
+    a new tensor on each call. Never written to."""
     with torch.inference_mode(False):  # usable outside inference mode too
         return torch.tensor(value, dtype=dtype)
 
 
 def rms_norm(x, weight, eps):
-    """x * rsqrt(mean(x^2) + eps) * weight over the last axis (an affine-free spelling carries the
-    scalar const 1.0 as weight), in the dtype of that product (shape kind "broadcast"). The mean of
-    squares is a vector_norm accumulated in float32 at least: one pass and no x^2 tensor;
-    squaring the norm overflows exactly where x^2's sum does. Where autograd keeps none of its
-    temporaries, it computes the same values in place on them, its constants 0-dim tensors: at
-    (2, 256, 64) the per-row chain of small ops cost more than the passes over x."""
+    """The reference's values, where autograd keeps none of its temporaries in place on them, its
+    constants 0-dim tensors: on small rows the chain of small ops costs more than the passes."""
     scalar = isinstance(weight, float)
     if torch.is_grad_enabled() and (x.requires_grad or not scalar and weight.requires_grad):
         return ops.rms_norm(x, weight, eps)  # the norm is kept
@@ -141,8 +137,6 @@ def rms_norm(x, weight, eps):
         out.mul_(weight)
     dtype = x.dtype if scalar else torch.promote_types(x.dtype, weight.dtype)
     return out if out.dtype == dtype else out.to(dtype)
-
-
 
 
 def linear(x, weight, bias):
@@ -194,9 +188,8 @@ def _not_below(bound: torch.Tensor | float, limit: float) -> torch.Tensor | bool
 
 def _torch_sdpa(q, k, v, attn_mask=None, **options):
     """torch's kernel; 3-D operands (one head, or heads folded into the batch) as 4-D ones of one
-    head: the CPU flash kernel takes only 4-D operands, and 3-D ones ran the math fallback, 1.5x
-    slower than the spelled product at (2, 256, 64) where the 4-D view runs 1.3x faster than it;
-    2-D operands (one attention) as a batch of one."""
+    head (the CPU flash kernel takes only 4-D ones; 3-D ones run the slower math fallback), 2-D
+    operands (one attention) as a batch of one."""
     if q.dim() == k.dim() == v.dim() == 2:
         return _torch_sdpa(q[None], k[None], v[None], attn_mask, **options)[0]
     if q.dim() == k.dim() == v.dim() == 3:
@@ -211,7 +204,7 @@ def sdpa_masked(q, k, v, bias, scale):
     every key is masked is NaN, as that softmax is (torch's kernel returns 0 there). Only an
     overflowed or NaN score can tell a -inf bias from masked_fill, and those take the definition.
     A bias that is exactly the causal one runs as ``is_causal``: torch's kernel then skips the
-    masked blocks (15% faster at T=256)."""
+    masked blocks."""
     if device_path(q):
         return _sdpa_masked_on_device(q, k, v, bias.to(q.dtype), scale)
     if _scores_overflow(q, k, scale):
@@ -324,7 +317,7 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
     pad = parse_shape(padding)
     if any(pad) and weight.device.type != "meta" and \
             (device_path(weight) or not bool(weight.isfinite().all())):
-        x, padding = F.pad(x, tuple(p for p in reversed(pad) for _ in range(2))), shape_attr((0,) * len(pad))
+        x, padding = F.pad(x, tuple(p for p in reversed(pad) for _ in range(2))), ",".join("0" * len(pad))
     return ops.conv2d(x, weight, bias, stride, padding, dilation, groups)
 
 
@@ -369,11 +362,9 @@ def _half_signs(half: int, dtype: torch.dtype, device: torch.device) -> torch.Te
 
 
 def rotary(x, cos, sin):
-    """x cos + rotate_half(x) sin, rotate_half(x) = cat(-x2, x1) over the halves of the last axis
-    (transformers' Llama and GPT-NeoX): cat(x2, x1) * (sin * signs), the signs on the smaller of
-    sin and x, is the same products exactly. Where autograd keeps none of its temporaries and
-    ``sin`` neither widens nor broadcasts x, the rotation is a roll and the products and sum run
-    in place on it: 1.5x faster than the spelled form at (2, 4, 256, 16), the same values."""
+    """The reference's products exactly as roll(x) * (sin * signs), the signs on the smaller of
+    sin and x; where autograd keeps none of its temporaries and ``sin`` neither widens nor
+    broadcasts x, the products and sum run in place on the roll."""
     half = x.shape[-1] // 2
     tensors = [t for t in (x, cos, sin) if isinstance(t, torch.Tensor)]
     if isinstance(sin, torch.Tensor) and x.shape[-1] == 2 * half and \
@@ -388,15 +379,13 @@ def rotary(x, cos, sin):
         return (x * cos).add_(rotated)
     if isinstance(sin, torch.Tensor) and sin.shape[-1:] == x.shape[-1:] and sin.numel() < x.numel() \
             and x.shape[-1] == 2 * half:
-        rotated = torch.cat((x[..., half:], x[..., :half]), -1) * torch.cat((-sin[..., :half], sin[..., half:]), -1)
-        return x * cos + rotated
+        return x * cos + torch.roll(x, half, -1) * (sin * _half_signs(half, sin.dtype, sin.device))
     return ops.rotary(x, cos, sin)
 
 
 def cross_entropy(x, target, reduction, ignore_index):
-    """nll_loss(log_softmax(x, 1)) by torch's own kernel (F.cross_entropy); where that is NaN (a
-    row holding NaN or +inf, or no target kept), by the composition itself, whose log_softmax
-    keeps the naive quotient's value at +inf (+inf off the +inf logit, where torch's is NaN)."""
+    """torch's own kernel (F.cross_entropy); where that is NaN (a row holding NaN or +inf, or no
+    target kept), the reference."""
     if x.device.type != "meta" and device_path(x):  # torch's kernel is this composition: no check
         return ops.cross_entropy(x, target, reduction, ignore_index)
     out = F.cross_entropy(x, target, reduction=reduction, ignore_index=ignore_index)

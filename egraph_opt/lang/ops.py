@@ -1,9 +1,10 @@
 """The op table: every op of the Term language, declared once.
 
-An op has tensor operands (``arity``), attributes typed by egglog primitive sorts, and one torch
-implementation. The same implementation runs the optimized program and, on float64 tensors, is the
-reference evaluator; composite ops (softmax, attention, ...) are checked in the tests against their
-definitions in primitive ops. The egglog datatype is generated from this table.
+An op has tensor operands (``arity``), attributes typed by egglog primitive sorts, a plain torch
+reference implementation (on float64 tensors, the reference evaluator; a kernel's faster path
+lives with the kernels, kernels/torch_ops.py), and facts whose kinds are the ``VOCABULARY``;
+composite ops (softmax, attention, ...) are checked in the tests against their definitions in
+primitive ops. The egglog datatype is generated from this table.
 """
 from __future__ import annotations
 
@@ -139,14 +140,6 @@ def minimum(a, b):
     return torch.minimum(_tensor(a, b), _tensor(b, a))
 
 
-def where(cond, a, b):
-    return torch.where(cond, a, b)
-
-
-def reduce_sum(x, axis, keepdim):
-    return torch.sum(x, dim=axis, keepdim=keepdim)
-
-
 def compensated_sum(x, axis, keepdim):
     """Sum that carries the rounding error of every addition (Knuth's TwoSum, added pairwise) and
     adds it back at the end: as accurate as a sum in twice the working precision, so exact values
@@ -165,14 +158,6 @@ def compensated_sum(x, axis, keepdim):
         error = error[..., 0::2] + error[..., 1::2] + torch.where(v.isfinite(), step, 0.0)
     out = v[..., 0] + error[..., 0]
     return out.unsqueeze(axis) if keepdim else out
-
-
-def reduce_mean(x, axis, keepdim):
-    return torch.mean(x, dim=axis, keepdim=keepdim)
-
-
-def reduce_max(x, axis, keepdim):
-    return torch.amax(x, dim=axis, keepdim=keepdim)
 
 
 def var(x, axis, keepdim, correction):
@@ -293,10 +278,6 @@ def rms_norm(x, weight, eps):
 ACTIVATIONS = {"relu": ("relu", ()), "gelu": ("gelu", ("none",)), "gelu_tanh": ("gelu", ("tanh",))}
 
 
-def linear(x, weight, bias):
-    return F.linear(x, weight, bias)
-
-
 def linear_act(x, weight, bias, activation):
     op, attrs = ACTIVATIONS[activation]
     return OPS[op].impl(F.linear(x, weight, bias), *attrs)
@@ -398,10 +379,6 @@ def cross_entropy(x, target, reduction, ignore_index):
 
 
 
-def rsqrt(x):
-    return torch.rsqrt(x)
-
-
 def sigmoid(v: float) -> float:
     """The logistic function on a float (the increasing function sigmoid's range is the image of)."""
     return 1 / (1 + math.exp(-v)) if v > -700 else 0.0
@@ -461,7 +438,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
         precision="keep", flops=10, onnx="Pow"),
     _op("maximum", 2, "", maximum, _BINARY, range="maximum", **_EXACT, onnx="Max"),
     _op("minimum", 2, "", minimum, _BINARY, range="minimum", **_EXACT, onnx="Min"),
-    _op("where", 3, "", where, _BINARY, shape="where", range="select", **_EXACT, precision="keep",
+    _op("where", 3, "", torch.where, _BINARY, shape="where", range="select", **_EXACT, precision="keep",
         work="select", onnx="Where"),
     _op("less", 2, "", operator.lt, _BINARY, infix="<", shape="compare", range="bounds",
         bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", onnx="Less"),  # a bool
@@ -484,7 +461,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
         error="exp", onnx="kahan-expm1", numpy="expm1"),
     _op("sqrt",    1, "", torch.sqrt,   _UNARY, range="sqrt",    curvature="sqrt",  growth=2,
         sign="nonneg", onnx="Sqrt", numpy="sqrt"),
-    _op("rsqrt",   1, "", rsqrt,        _UNARY, range="rsqrt",   curvature="rsqrt", growth=2,
+    _op("rsqrt",   1, "", torch.rsqrt,  _UNARY, range="rsqrt",   curvature="rsqrt", growth=2,
         onnx="definition", definition="(div (const 1.0) (sqrt ?x0))"),
     _op("abs",     1, "", torch.abs,    _UNARY, range="abs",     **_EXACT, sign="nonneg", flops=1,
         onnx="Abs", numpy="abs"),
@@ -527,12 +504,12 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("atanh",   1, "", torch.atanh,  _UNARY, range=math.atanh, curvature=(math.inf, math.inf),
         growth=2, onnx="Atanh"),
     # reductions over one axis (axes are canonical: negative, counted from the end)
-    _op("sum", 1, _REDUCE, reduce_sum, _REDUCTION, range="sum", error="sum", onnx="ReduceSum"),
+    _op("sum", 1, _REDUCE, torch.sum, _REDUCTION, range="sum", error="sum", onnx="ReduceSum"),
     _op("compensated_sum", 1, _REDUCE, compensated_sum, _REDUCTION, range="sum", passes=12, flops=8,
         onnx="float64-sum"),
-    _op("max", 1, _REDUCE, reduce_max, _REDUCTION, range="operand", rounding="exact",
+    _op("max", 1, _REDUCE, torch.amax, _REDUCTION, range="operand", rounding="exact",
         precision="keep", onnx="ReduceMax"),
-    _op("mean", 1, _REDUCE, reduce_mean, _REDUCTION, range="operand", onnx="ReduceMean"),
+    _op("mean", 1, _REDUCE, torch.mean, _REDUCTION, range="operand", onnx="ReduceMean"),
     _op("var", 1, _REDUCE + " correction:i64", var, _REDUCTION, range="var", sign="nonneg",
         curvature=(2.0, 1.0), growth=1, passes=6, flops=3, onnx="mean-of-squares"),
     # linear algebra and layout
@@ -596,7 +573,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
         shape="meta", range="top", sign="nonneg", curvature=(0.5, 1.0), **_SMOOTH,
         error="log-sum-exp", passes=3, precision="keep", work="loss", flops=12,
         onnx="SoftmaxCrossEntropyLoss"),
-    _op("linear", 3, "", linear, _FUSED, shape="linear", range="linear", curvature="bilinear",
+    _op("linear", 3, "", F.linear, _FUSED, shape="linear", range="linear", curvature="bilinear",
         growth=1, passes=17, sample=_MATMUL_SAMPLE, work="linear", onnx="Gemm", layout="fresh"),
     _op("linear_act", 3, "activation:String", linear_act, _FUSED, shape="linear",
         range="linear_act", curvature=(1.0, 1.0), **_SMOOTH, passes=17,

@@ -16,6 +16,7 @@ import mpmath
 import pytest
 import torch
 
+from egraph_opt.kernels.torch_ops import TORCH
 from egraph_opt.lang import pattern as pat
 from egraph_opt.rulesets import Exactness
 from egraph_opt.lang import term
@@ -30,7 +31,7 @@ from test_rule_soundness import (RULES, SCALAR_RULES, _SIGNS, _index_vars, _sexp
 
 def evaluate(roots, env, **options):
     """Values of the roots; one spread over a mesh (a sharding rule's) as every device's parts."""
-    return on_devices(*term.evaluate(roots, env, **options))
+    return on_devices(*term.evaluate(roots, env, **{"kernels": TORCH, **options}))
 
 INF, NAN = math.inf, math.nan
 #: relative tolerance by exactness class and dtype: rounding of extreme operands, not error

@@ -14,7 +14,7 @@ from egraph_opt.lang.ops import OPS, VOCABULARY, Op
 from egraph_opt.profiling.profiler import WORK_KINDS
 
 #: facts the stages need of every non-leaf op (``flops`` too, for the per-element work kinds)
-FACTS = ("shape", "range", "bounds", "sign", "curvature", "growth", "error", "rounding", "passes",
+FACTS = ("shape_rule", "range_rule", "bounds", "sign", "curvature", "growth", "error", "rounding", "passes",
          "precision", "work", "onnx", "layout")
 PER_ELEMENT_WORK = ("pointwise", "select", "reduce", "along", "loss")
 
@@ -30,7 +30,7 @@ def problems(op: Op) -> list[str]:
         out.append(f"op {op.name!r} does not declare 'flops' (its work kind {op.work!r} needs it)")
     checks = {
         **{fact: getattr(op, fact) in kinds(fact) for fact in VOCABULARY},
-        "range": callable(op.range) or op.range in kinds("range"),
+        "range_rule": callable(op.range_rule) or op.range_rule in kinds("range_rule"),
         "curvature": op.curvature in kinds("curvature") or isinstance(op.curvature, tuple) and len(
             op.curvature) == 2 and all(v >= 0 for v in op.curvature),
         "bounds": isinstance(op.bounds, tuple) and len(op.bounds) == 2 and op.bounds[0] <= op.bounds[1],
@@ -65,14 +65,14 @@ def test_facts_agree_with_each_other():
     for name, op in OPS.items():
         if op.is_leaf:
             continue
-        assert op.range != "bounds" or op.bounds != (-math.inf, math.inf), name
+        assert op.range_rule != "bounds" or op.bounds != (-math.inf, math.inf), name
         assert op.rounding != "exact" or op.curvature == (0.0, 1.0), name
         assert op.sign != "positive" or op.bounds[1] > 0, name
 
 
 def test_each_stage_dispatches_on_the_declared_vocabulary():
     """The stage that dispatches on a fact has a case for each value the op table may declare."""
-    assert set(TRANSFER) == kinds("range")
+    assert set(TRANSFER) == kinds("range_rule")
     assert set(FORMULAS) == kinds("curvature")
     assert set(WORK_KINDS) | {"static"} == kinds("work")
     assert {op.work for op in OPS.values() if op.work} - {"static"} <= set(WORK_KINDS)

@@ -211,7 +211,7 @@ def attention_slack(rule, left: Term, env: dict) -> torch.Tensor | float:
     where the rule's right side runs torch's attention kernel (an op of attention's shape: sdpa,
     sdpa_masked, sdpa_filled, sdpa_guarded); else 0."""
     values = set()
-    attention = [name for name, op in OPS.items() if op.shape == "sdpa"]
+    attention = [name for name, op in OPS.items() if op.shape_rule == "sdpa"]
     for _, right in rule.pairs():
         values |= set().union(*(_uses(right, op, 2) for op in attention))
     if not values:

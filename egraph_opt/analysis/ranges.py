@@ -144,7 +144,7 @@ SILU_ARGMIN = -1.2785
 
 def _silu(t, a, s):
     """x * sigmoid(x): decreasing below SILU_ARGMIN, increasing above."""
-    f = lambda v: v * OPS["sigmoid"].range(v)  # noqa: E731
+    f = lambda v: v * OPS["sigmoid"].range_rule(v)  # noqa: E731
     ends = (f(a[0][0]), f(a[0][1]))
     return iv(SILU_MIN if a[0][0] < SILU_ARGMIN < a[0][1] else min(ends), max(ends))
 
@@ -201,7 +201,7 @@ def _log_n(t, s) -> float:
     return math.log(max(_axis_size(t, s), 1))
 
 
-#: range transfer of each kind an op declares (``Op.range``): (term, operand intervals, operand
+#: range transfer of each kind an op declares (``Op.range_rule``): (term, operand intervals, operand
 #: shapes) -> interval
 TRANSFER: dict[str, Callable] = {
     "add": lambda t, a, s: iv(a[0][0] + a[1][0], a[0][1] + a[1][1]),
@@ -257,7 +257,7 @@ def transfer(t: Term, a: list[Interval], s: list[tuple[int, ...]]) -> Interval:
     kind its op declares (an increasing float function: the interval's image)."""
     if t.op == "const":  # a NaN constant (x + math.nan) is legal: no value to bound, so unbounded
         return TOP if math.isnan(t.attrs[0]) else iv(t.attrs[0], t.attrs[0])
-    kind = OPS[t.op].range
+    kind = OPS[t.op].range_rule
     if callable(kind):
         return iv(_safe(kind, a[0][0], -BIG), _safe(kind, a[0][1], BIG))
     if kind not in TRANSFER:

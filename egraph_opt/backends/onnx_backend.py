@@ -117,9 +117,9 @@ class Emitter:
                 r = 0
             elif u.op in REDUCTIONS:
                 r = None if ranks[0] is None else ranks[0] - (0 if u.attrs[1] else 1)
-            elif OPS[u.op].shape == "reshape":
+            elif OPS[u.op].shape_rule == "reshape":
                 r = len(parse_shape(u.attrs[0]))
-            elif OPS[u.op].shape in ("broadcast", "compare", "where", "matmul"):
+            elif OPS[u.op].shape_rule in ("broadcast", "compare", "where", "matmul"):
                 r = None if None in ranks else max(ranks)
             else:  # the rank of the first operand
                 r = ranks[0]

@@ -74,13 +74,13 @@ def _ops(fact) -> list[str]:
     return [name for name, op in OPS.items() if not op.is_leaf and fact(op)]
 
 
-#: ops whose values lie within the operand's interval (kinds "operand" and "values" of Op.range)
-_SAME_AS_OPERAND = _ops(lambda op: op.range in ("operand", "values"))
+#: ops whose values lie within the operand's interval (kinds "operand" and "values" of Op.range_rule)
+_SAME_AS_OPERAND = _ops(lambda op: op.range_rule in ("operand", "values"))
 #: ops whose result holds exactly the operand's values: the result's interval is the operand's too
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
-_SAME_VALUES = _ops(lambda op: op.range == "values")
+_SAME_VALUES = _ops(lambda op: op.range_rule == "values")
 _KEEPS_LAST_DIM = SAME_SHAPE
-_SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where", "compare", "broadcast"))  # where: a
+_SAME_DTYPE = _ops(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast"))  # where: a
 # bool first operand; compare: a bool result; broadcast: promotes (below)
 
 

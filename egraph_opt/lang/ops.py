@@ -65,7 +65,7 @@ Layout = Literal["fresh", "view", "runs"]
 #: its own part) or "whole" (each holds the same whole value)
 MeshRole = Literal["parts", "whole"]
 Growth = Literal[0, 1, 2, 3]  # class of kappa over unbounded ranges: 0 linear .. 3 exponential
-VOCABULARY = {"shape": ShapeRule, "range": RangeRule, "curvature": Curvature, "sign": Sign,
+VOCABULARY = {"shape_rule": ShapeRule, "range_rule": RangeRule, "curvature": Curvature, "sign": Sign,
               "error": Error, "rounding": Rounding, "precision": Precision, "work": Work,
               "layout": Layout, "mesh": MeshRole, "growth": Growth}
 
@@ -79,8 +79,8 @@ class Op:
     attrs: tuple[tuple[str, str], ...]  # (name, egglog sort)
     impl: Callable | None  # reference implementation impl(*operands, *attrs); None for leaves
     infix: str | None = None
-    shape: ShapeRule | None = None
-    range: RangeRule | Callable | None = None
+    shape_rule: ShapeRule | None = None
+    range_rule: RangeRule | Callable | None = None
     bounds: tuple[float, float] | None = None  # every value it can take (UNBOUNDED: no such bound)
     sign: Sign | None = None
     curvature: tuple[float, float] | Curvature | None = None  # (sup |f''|, sup |f'|), or a formula
@@ -401,17 +401,17 @@ _WINDOW = "stride:String padding:String dilation:String"  # per spatial dim, as 
 # facts shared by a family of ops; a row completes them and may override them
 _ANY = dict(bounds=UNBOUNDED, sign="any", error="none", layout="fresh")
 _LEAF = dict(_ANY, curvature=LINEAR, growth=0, rounding="exact", passes=0, precision="keep")
-_BINARY = dict(_ANY, shape="broadcast", rounding="rounds", passes=2, precision="hoist",
+_BINARY = dict(_ANY, shape_rule="broadcast", rounding="rounds", passes=2, precision="hoist",
                work="pointwise", flops=1, layout="runs")
-_UNARY = dict(_ANY, shape="same", rounding="rounds", passes=2, precision="hoist", work="pointwise",
+_UNARY = dict(_ANY, shape_rule="same", rounding="rounds", passes=2, precision="hoist", work="pointwise",
               flops=10, layout="runs")
-_REDUCTION = dict(_ANY, shape="reduce", curvature=LINEAR, growth=0, rounding="rounds", passes=4,
+_REDUCTION = dict(_ANY, shape_rule="reduce", curvature=LINEAR, growth=0, rounding="rounds", passes=4,
                   precision="accumulate", work="reduce", flops=1)
-_LAYOUT = dict(_ANY, shape="meta", range="values", curvature=LINEAR, growth=0, rounding="exact",
+_LAYOUT = dict(_ANY, shape_rule="meta", range_rule="values", curvature=LINEAR, growth=0, rounding="exact",
                passes=1, precision="hoist", work="static", layout="view")
 _FUSED = dict(_ANY, rounding="rounds", precision="accumulate", work="static", layout="runs")
 #: mesh ops: shapes on one device by running them on meta tensors; priced by sharding/cost.py
-_MESH = dict(_ANY, shape="meta", curvature=LINEAR, growth=0, precision="keep", work="static",
+_MESH = dict(_ANY, shape_rule="meta", curvature=LINEAR, growth=0, precision="keep", work="static",
              onnx="none", mesh="parts")
 _SMOOTH = dict(growth=1)  # bounded curvature
 _EXACT = dict(curvature=LINEAR, growth=0, rounding="exact")  # piecewise linear, no rounding
@@ -426,187 +426,187 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("const", 0, "value:f64", None, _LEAF),
     _op("opaque", 0, "name:String", None, _LEAF),
     # elementwise, broadcasting
-    _op("add", 2, "", operator.add, _BINARY, infix="+", range="add", curvature=LINEAR, growth=0,
+    _op("add", 2, "", operator.add, _BINARY, infix="+", range_rule="add", curvature=LINEAR, growth=0,
         error="cancels", onnx="Add"),
-    _op("sub", 2, "", operator.sub, _BINARY, infix="-", range="sub", curvature=LINEAR, growth=0,
+    _op("sub", 2, "", operator.sub, _BINARY, infix="-", range_rule="sub", curvature=LINEAR, growth=0,
         error="cancels", onnx="Sub"),
-    _op("mul", 2, "", operator.mul, _BINARY, infix="*", range="mul", curvature="bilinear", growth=1,
+    _op("mul", 2, "", operator.mul, _BINARY, infix="*", range_rule="mul", curvature="bilinear", growth=1,
         onnx="Mul"),
-    _op("div", 2, "", operator.truediv, _BINARY, infix="/", range="div", curvature="div", growth=2,
+    _op("div", 2, "", operator.truediv, _BINARY, infix="/", range_rule="div", curvature="div", growth=2,
         onnx="Div"),
-    _op("pow", 2, "", operator.pow, _BINARY, infix="**", range="pow", curvature="pow", growth=2,
+    _op("pow", 2, "", operator.pow, _BINARY, infix="**", range_rule="pow", curvature="pow", growth=2,
         precision="keep", flops=10, onnx="Pow"),
-    _op("maximum", 2, "", maximum, _BINARY, range="maximum", **_EXACT, onnx="Max"),
-    _op("minimum", 2, "", minimum, _BINARY, range="minimum", **_EXACT, onnx="Min"),
-    _op("where", 3, "", torch.where, _BINARY, shape="where", range="select", **_EXACT, precision="keep",
+    _op("maximum", 2, "", maximum, _BINARY, range_rule="maximum", **_EXACT, onnx="Max"),
+    _op("minimum", 2, "", minimum, _BINARY, range_rule="minimum", **_EXACT, onnx="Min"),
+    _op("where", 3, "", torch.where, _BINARY, shape_rule="where", range_rule="select", **_EXACT, precision="keep",
         work="select", onnx="Where"),
-    _op("less", 2, "", operator.lt, _BINARY, infix="<", shape="compare", range="bounds",
+    _op("less", 2, "", operator.lt, _BINARY, infix="<", shape_rule="compare", range_rule="bounds",
         bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", onnx="Less"),  # a bool
     # mask: the condition of a piecewise program (extractors/regimes.py)
-    _op("isnan", 1, "", torch.isnan, _UNARY, shape="compare", range="bounds", bounds=(0.0, 1.0),
+    _op("isnan", 1, "", torch.isnan, _UNARY, shape_rule="compare", range_rule="bounds", bounds=(0.0, 1.0),
         sign="nonneg", **_EXACT, precision="keep", flops=1, onnx="IsNaN"),  # a bool; the dynamo
     # exporter's softmax guard (sdpa_guarded)
-    _op("logical_not", 1, "", torch.logical_not, _UNARY, shape="compare", range="bounds",
+    _op("logical_not", 1, "", torch.logical_not, _UNARY, shape_rule="compare", range_rule="bounds",
         bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", flops=1, onnx="Not"),  # of a
     # bool: the keys masked_fill(mask, fill) keeps (sdpa_filled)
-    _op("neg",     1, "", operator.neg, _UNARY, range="neg",     **_EXACT, flops=1, onnx="Neg",
+    _op("neg",     1, "", operator.neg, _UNARY, range_rule="neg",     **_EXACT, flops=1, onnx="Neg",
         numpy="negative"),
-    _op("exp",     1, "", torch.exp,    _UNARY, range=math.exp,  curvature="exp",   growth=3,
+    _op("exp",     1, "", torch.exp,    _UNARY, range_rule=math.exp,  curvature="exp",   growth=3,
         sign="positive", error="exp", onnx="Exp", numpy="exp"),
-    _op("log",     1, "", torch.log,    _UNARY, range="log",     curvature="log",   growth=2,
+    _op("log",     1, "", torch.log,    _UNARY, range_rule="log",     curvature="log",   growth=2,
         error="log", onnx="Log", numpy="log"),
-    _op("log1p",   1, "", torch.log1p,  _UNARY, range="log1p",   curvature="log1p", growth=2,
+    _op("log1p",   1, "", torch.log1p,  _UNARY, range_rule="log1p",   curvature="log1p", growth=2,
         onnx="kahan-log1p", numpy="log1p"),
-    _op("expm1",   1, "", torch.expm1,  _UNARY, range=math.expm1, curvature="exp",  growth=3,
+    _op("expm1",   1, "", torch.expm1,  _UNARY, range_rule=math.expm1, curvature="exp",  growth=3,
         error="exp", onnx="kahan-expm1", numpy="expm1"),
-    _op("sqrt",    1, "", torch.sqrt,   _UNARY, range="sqrt",    curvature="sqrt",  growth=2,
+    _op("sqrt",    1, "", torch.sqrt,   _UNARY, range_rule="sqrt",    curvature="sqrt",  growth=2,
         sign="nonneg", onnx="Sqrt", numpy="sqrt"),
-    _op("rsqrt",   1, "", torch.rsqrt,  _UNARY, range="rsqrt",   curvature="rsqrt", growth=2,
+    _op("rsqrt",   1, "", torch.rsqrt,  _UNARY, range_rule="rsqrt",   curvature="rsqrt", growth=2,
         onnx="definition", definition="(div (const 1.0) (sqrt ?x0))"),
-    _op("abs",     1, "", torch.abs,    _UNARY, range="abs",     **_EXACT, sign="nonneg", flops=1,
+    _op("abs",     1, "", torch.abs,    _UNARY, range_rule="abs",     **_EXACT, sign="nonneg", flops=1,
         onnx="Abs", numpy="abs"),
-    _op("sin",     1, "", torch.sin,    _UNARY, range="bounds",  curvature=(1.0, 1.0), **_SMOOTH,
+    _op("sin",     1, "", torch.sin,    _UNARY, range_rule="bounds",  curvature=(1.0, 1.0), **_SMOOTH,
         bounds=(-1.0, 1.0), onnx="Sin", numpy="sin"),
-    _op("cos",     1, "", torch.cos,    _UNARY, range="bounds",  curvature=(1.0, 1.0), **_SMOOTH,
+    _op("cos",     1, "", torch.cos,    _UNARY, range_rule="bounds",  curvature=(1.0, 1.0), **_SMOOTH,
         bounds=(-1.0, 1.0), onnx="Cos", numpy="cos"),
-    _op("tanh",    1, "", torch.tanh,   _UNARY, range=math.tanh, curvature=(0.77, 1.0), **_SMOOTH,
+    _op("tanh",    1, "", torch.tanh,   _UNARY, range_rule=math.tanh, curvature=(0.77, 1.0), **_SMOOTH,
         bounds=(-1.0, 1.0), onnx="Tanh", numpy="tanh"),
-    _op("sigmoid", 1, "", torch.sigmoid, _UNARY, range=sigmoid,  curvature=(0.097, 0.25), **_SMOOTH,
+    _op("sigmoid", 1, "", torch.sigmoid, _UNARY, range_rule=sigmoid,  curvature=(0.097, 0.25), **_SMOOTH,
         bounds=(0.0, 1.0), sign="positive", onnx="Sigmoid"),
-    _op("relu",    1, "", torch.relu,   _UNARY, range=relu,      **_EXACT, sign="nonneg", flops=1,
+    _op("relu",    1, "", torch.relu,   _UNARY, range_rule=relu,      **_EXACT, sign="nonneg", flops=1,
         onnx="Relu"),
-    _op("erf",     1, "", torch.erf,    _UNARY, range=math.erf,  curvature=(0.97, 1.0), **_SMOOTH,
+    _op("erf",     1, "", torch.erf,    _UNARY, range_rule=math.erf,  curvature=(0.97, 1.0), **_SMOOTH,
         onnx="Erf"),
-    _op("silu",    1, "", F.silu,       _UNARY, range="silu",    curvature=(0.5, 1.1), **_SMOOTH,
+    _op("silu",    1, "", F.silu,       _UNARY, range_rule="silu",    curvature=(0.5, 1.1), **_SMOOTH,
         onnx="definition", definition="(mul ?x0 (sigmoid ?x0))"),  # x * sigmoid(x), one pass
-    _op("gelu",    1, "approximate:String", gelu, _UNARY, range="gelu", curvature=(0.8, 1.0),
+    _op("gelu",    1, "approximate:String", gelu, _UNARY, range_rule="gelu", curvature=(0.8, 1.0),
         **_SMOOTH, sample=(("approximate", "tanh"),), onnx="Gelu"),
-    _op("swish",   1, "beta:f64", swish, _UNARY, range="swish", curvature="swish", **_SMOOTH,
+    _op("swish",   1, "beta:f64", swish, _UNARY, range_rule="swish", curvature="swish", **_SMOOTH,
         flops=12, sample=(("beta", 1.702),), onnx="definition",
         definition="(mul ?x0 (sigmoid (mul ?x0 (const ?beta))))"),  # quick gelu, one op
     # trigonometric, hyperbolic and root functions (issue 16): the forms cancellation rules reach.
     # Bounds are float32's roundings of pi/2 and pi, outward (atan(inf) is 1.5707964 > pi/2)
-    _op("tan",     1, "", torch.tan,    _UNARY, range="tan",     curvature=(math.inf, math.inf),
+    _op("tan",     1, "", torch.tan,    _UNARY, range_rule="tan",     curvature=(math.inf, math.inf),
         growth=2, onnx="Tan"),
-    _op("atan",    1, "", torch.atan,   _UNARY, range=math.atan, curvature=(0.65, 1.0), **_SMOOTH,
+    _op("atan",    1, "", torch.atan,   _UNARY, range_rule=math.atan, curvature=(0.65, 1.0), **_SMOOTH,
         bounds=(-1.5708, 1.5708), onnx="Atan"),
-    _op("atan2",   2, "", atan2,        _BINARY, range="bounds", curvature="div", growth=2,
+    _op("atan2",   2, "", atan2,        _BINARY, range_rule="bounds", curvature="div", growth=2,
         bounds=(-3.1416, 3.1416), flops=20, precision="keep", onnx="quadrant-atan"),
-    _op("hypot",   2, "", hypot,        _BINARY, range="hypot",  curvature=(1.0, 1.0), **_SMOOTH,
+    _op("hypot",   2, "", hypot,        _BINARY, range_rule="hypot",  curvature=(1.0, 1.0), **_SMOOTH,
         sign="nonneg", flops=10, precision="keep", onnx="definition",
         definition="(sqrt (add (mul ?x0 ?x0) (mul ?x1 ?x1)))"),
-    _op("cbrt",    1, "", cbrt,         _UNARY, range=cube_root, curvature="sqrt", growth=2,
+    _op("cbrt",    1, "", cbrt,         _UNARY, range_rule=cube_root, curvature="sqrt", growth=2,
         onnx="signed-cube-root"),
-    _op("asinh",   1, "", torch.asinh,  _UNARY, range=math.asinh, curvature=(0.39, 1.0), **_SMOOTH,
+    _op("asinh",   1, "", torch.asinh,  _UNARY, range_rule=math.asinh, curvature=(0.39, 1.0), **_SMOOTH,
         onnx="Asinh"),
-    _op("acosh",   1, "", torch.acosh,  _UNARY, range=math.acosh, curvature=(math.inf, math.inf),
+    _op("acosh",   1, "", torch.acosh,  _UNARY, range_rule=math.acosh, curvature=(math.inf, math.inf),
         growth=2, onnx="Acosh"),
-    _op("atanh",   1, "", torch.atanh,  _UNARY, range=math.atanh, curvature=(math.inf, math.inf),
+    _op("atanh",   1, "", torch.atanh,  _UNARY, range_rule=math.atanh, curvature=(math.inf, math.inf),
         growth=2, onnx="Atanh"),
     # reductions over one axis (axes are canonical: negative, counted from the end)
-    _op("sum", 1, _REDUCE, torch.sum, _REDUCTION, range="sum", error="sum", onnx="ReduceSum"),
-    _op("compensated_sum", 1, _REDUCE, compensated_sum, _REDUCTION, range="sum", passes=12, flops=8,
+    _op("sum", 1, _REDUCE, torch.sum, _REDUCTION, range_rule="sum", error="sum", onnx="ReduceSum"),
+    _op("compensated_sum", 1, _REDUCE, compensated_sum, _REDUCTION, range_rule="sum", passes=12, flops=8,
         onnx="float64-sum"),
-    _op("max", 1, _REDUCE, torch.amax, _REDUCTION, range="operand", rounding="exact",
+    _op("max", 1, _REDUCE, torch.amax, _REDUCTION, range_rule="operand", rounding="exact",
         precision="keep", onnx="ReduceMax"),
-    _op("mean", 1, _REDUCE, torch.mean, _REDUCTION, range="operand", onnx="ReduceMean"),
-    _op("var", 1, _REDUCE + " correction:i64", var, _REDUCTION, range="var", sign="nonneg",
+    _op("mean", 1, _REDUCE, torch.mean, _REDUCTION, range_rule="operand", onnx="ReduceMean"),
+    _op("var", 1, _REDUCE + " correction:i64", var, _REDUCTION, range_rule="var", sign="nonneg",
         curvature=(2.0, 1.0), growth=1, passes=6, flops=3, onnx="mean-of-squares"),
     # linear algebra and layout
-    _op("matmul", 2, "", operator.matmul, _FUSED, infix="@", shape="matmul", range="matmul",
+    _op("matmul", 2, "", operator.matmul, _FUSED, infix="@", shape_rule="matmul", range_rule="matmul",
         curvature="bilinear", growth=1, passes=16, sample=(("x0", (3, 5)), ("x1", (5, 4))),
         work="matmul", onnx="MatMul", layout="fresh"),
-    _op("transpose", 1, "dim0:i64 dim1:i64", torch.transpose, _LAYOUT, shape="transpose",
+    _op("transpose", 1, "dim0:i64 dim1:i64", torch.transpose, _LAYOUT, shape_rule="transpose",
         onnx="Transpose"),
     _op("permute", 1, "perm:String", permute, _LAYOUT, sample=(("perm", "0,2,3,1"),),
         onnx="Transpose"),
-    _op("reshape", 1, "shape:String", reshape, _LAYOUT, shape="reshape",
+    _op("reshape", 1, "shape:String", reshape, _LAYOUT, shape_rule="reshape",
         sample=(("shape", "6,25"),), onnx="Reshape"),
-    _op("expand", 1, "shape:String", expand, _LAYOUT, shape="reshape",
+    _op("expand", 1, "shape:String", expand, _LAYOUT, shape_rule="reshape",
         sample=(("x0", (2, 3, 1, 5)), ("shape", "2,3,4,5")), onnx="Expand"),
-    _op("gather", 2, _AXIS, gather, _LAYOUT, range="operand", passes=2, precision="keep",
+    _op("gather", 2, _AXIS, gather, _LAYOUT, range_rule="operand", passes=2, precision="keep",
         onnx="GatherElements", layout="fresh"),
-    _op("index_select", 2, _AXIS, index_select, _LAYOUT, range="operand", passes=2,
+    _op("index_select", 2, _AXIS, index_select, _LAYOUT, range_rule="operand", passes=2,
         precision="keep", onnx="Gather", layout="fresh"),
-    _op("slice", 1, "axis:i64 start:i64 end:i64 step:i64", slice_, _LAYOUT, range="operand",
+    _op("slice", 1, "axis:i64 start:i64 end:i64 step:i64", slice_, _LAYOUT, range_rule="operand",
         sample=(("axis", -1), ("start", 1), ("end", 4), ("step", 2)), onnx="Slice"),
-    _op("concat", 2, _AXIS, concat, _LAYOUT, range="hull", passes=2, precision="keep",
+    _op("concat", 2, _AXIS, concat, _LAYOUT, range_rule="hull", passes=2, precision="keep",
         onnx="Concat", layout="fresh"),
-    _op("cast", 1, "dtype:String", cast, _LAYOUT, shape="cast", rounding="widening", passes=2,
+    _op("cast", 1, "dtype:String", cast, _LAYOUT, shape_rule="cast", rounding="widening", passes=2,
         precision="keep", onnx="Cast", layout="runs"),
     # composites: each has a definition in primitives (checked in tests) and stable kernels
-    _op("softmax", 1, _AXIS, softmax, _FUSED, shape="same", range="bounds", bounds=(0.0, 1.0),
+    _op("softmax", 1, _AXIS, softmax, _FUSED, shape_rule="same", range_rule="bounds", bounds=(0.0, 1.0),
         sign="nonneg", curvature=(1.0, 1.0), **_SMOOTH, error="shifted-exp", passes=5,
         work="along", flops=12, onnx="Softmax"),
-    _op("log_softmax", 1, _AXIS, log_softmax, _FUSED, shape="same", range="log_softmax",
+    _op("log_softmax", 1, _AXIS, log_softmax, _FUSED, shape_rule="same", range_rule="log_softmax",
         curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="along", flops=12,
         onnx="LogSoftmax"),
-    _op("logsumexp", 1, _REDUCE, logsumexp, _FUSED, shape="reduce", range="logsumexp",
+    _op("logsumexp", 1, _REDUCE, logsumexp, _FUSED, shape_rule="reduce", range_rule="logsumexp",
         curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="reduce", flops=12,
         onnx="ReduceLogSumExp", layout="fresh"),
-    _op("softplus", 1, "", softplus, _UNARY, range="softplus", curvature=(0.25, 1.0), **_SMOOTH,
+    _op("softplus", 1, "", softplus, _UNARY, range_rule="softplus", curvature=(0.25, 1.0), **_SMOOTH,
         work="static", onnx="Softplus"),
-    _op("logaddexp", 2, "", logaddexp, _BINARY, range="logaddexp", curvature=(0.25, 1.0),
+    _op("logaddexp", 2, "", logaddexp, _BINARY, range_rule="logaddexp", curvature=(0.25, 1.0),
         **_SMOOTH, precision="keep", work="static", onnx="stable-logaddexp"),
-    _op("layer_norm", 3, "eps:f64", layer_norm, _FUSED, shape="first", range="layer_norm",
+    _op("layer_norm", 3, "eps:f64", layer_norm, _FUSED, shape_rule="first", range_rule="layer_norm",
         curvature="layer_norm", growth=2, passes=6,
         sample=(("x0", (3, 5)), ("x1", (5,)), ("x2", (5,)), ("eps", 1e-5)), work="layer_norm",
         onnx="LayerNormalization"),
-    _op("rms_norm", 2, "eps:f64", rms_norm, _FUSED, shape="broadcast", range="rms_norm",
+    _op("rms_norm", 2, "eps:f64", rms_norm, _FUSED, shape_rule="broadcast", range_rule="rms_norm",
         curvature="layer_norm", growth=2, passes=4, precision="keep",  # accumulates in float32 itself
         sample=(("x0", (3, 5)), ("x1", (5,)), ("eps", 1e-6)), work="rms_norm",
         onnx="RMSNormalization"),
-    _op("sdpa", 3, "scale:f64 causal:bool", sdpa, _FUSED, shape="sdpa", range="values-of-v",
+    _op("sdpa", 3, "scale:f64 causal:bool", sdpa, _FUSED, shape_rule="sdpa", range_rule="values-of-v",
         curvature=(1.0, 1.0), **_SMOOTH, passes=20,
         sample=(*_ATTENTION_SAMPLE, ("scale", 0.5), ("causal", False)), work="sdpa",
         onnx="Attention"),
-    _op("geglu", 2, "approximate:String", geglu, _FUSED, shape="broadcast", range="geglu",
+    _op("geglu", 2, "approximate:String", geglu, _FUSED, shape_rule="broadcast", range_rule="geglu",
         curvature="bilinear", growth=1, passes=3, precision="keep", onnx="definition",
         definition="(mul (gelu ?x0 ?approximate) ?x1)"),
-    _op("rotary", 3, "", rotary, _FUSED, shape="broadcast", range="rotary", curvature="bilinear",
+    _op("rotary", 3, "", rotary, _FUSED, shape_rule="broadcast", range_rule="rotary", curvature="bilinear",
         growth=1, error="rotation", passes=5, precision="keep", onnx="rotate-half"),
     # losses over class indices (class axis 1); targets equal to ignore_index count for nothing
-    _op("nll_loss", 2, "reduction:String ignore_index:i64", nll_loss, _FUSED, shape="meta",
-        range="top", curvature=LINEAR, growth=0, error="sum", passes=1, precision="keep",
+    _op("nll_loss", 2, "reduction:String ignore_index:i64", nll_loss, _FUSED, shape_rule="meta",
+        range_rule="top", curvature=LINEAR, growth=0, error="sum", passes=1, precision="keep",
         onnx="NegativeLogLikelihoodLoss"),
     _op("cross_entropy", 2, "reduction:String ignore_index:i64", cross_entropy, _FUSED,
-        shape="meta", range="top", sign="nonneg", curvature=(0.5, 1.0), **_SMOOTH,
+        shape_rule="meta", range_rule="top", sign="nonneg", curvature=(0.5, 1.0), **_SMOOTH,
         error="log-sum-exp", passes=3, precision="keep", work="loss", flops=12,
         onnx="SoftmaxCrossEntropyLoss"),
-    _op("linear", 3, "", F.linear, _FUSED, shape="linear", range="linear", curvature="bilinear",
+    _op("linear", 3, "", F.linear, _FUSED, shape_rule="linear", range_rule="linear", curvature="bilinear",
         growth=1, passes=17, sample=_MATMUL_SAMPLE, work="linear", onnx="Gemm", layout="fresh"),
-    _op("linear_act", 3, "activation:String", linear_act, _FUSED, shape="linear",
-        range="linear_act", curvature=(1.0, 1.0), **_SMOOTH, passes=17,
+    _op("linear_act", 3, "activation:String", linear_act, _FUSED, shape_rule="linear",
+        range_rule="linear_act", curvature=(1.0, 1.0), **_SMOOTH, passes=17,
         sample=(*_MATMUL_SAMPLE, ("activation", "gelu_tanh")), work="linear",
         onnx="linear-activation", layout="fresh"),
-    _op("sdpa_masked", 4, "scale:f64", sdpa_masked, _FUSED, shape="sdpa", range="values-of-v",
+    _op("sdpa_masked", 4, "scale:f64", sdpa_masked, _FUSED, shape_rule="sdpa", range_rule="values-of-v",
         curvature=(1.0, 1.0), **_SMOOTH, passes=21,
         sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention"),
-    _op("sdpa_filled", 4, "scale:f64 fill:f64", sdpa_filled, _FUSED, shape="sdpa",
-        range="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=21, precision="keep",  # a
+    _op("sdpa_filled", 4, "scale:f64 fill:f64", sdpa_filled, _FUSED, shape_rule="sdpa",
+        range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=21, precision="keep",  # a
         # boolean operand: no float32 copy of it; torch's kernel accumulates in float32 itself
         onnx="definition", definition="(matmul (softmax (where ?x3 (mul (matmul ?x0 (transpose ?x1 "
         "-2 -1)) (const ?scale)) (const ?fill)) -1) ?x2)"),
-    _op("sdpa_guarded", 4, "scale:f64", sdpa_guarded, _FUSED, shape="sdpa", range="values-of-v",
+    _op("sdpa_guarded", 4, "scale:f64", sdpa_guarded, _FUSED, shape_rule="sdpa", range_rule="values-of-v",
         curvature=(1.0, 1.0), **_SMOOTH, passes=21,
         sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention",
         definition=f"(matmul (where (isnan {_GUARDED}) (const 0.0) {_GUARDED}) ?x2)"),
-    _op("conv2d", 3, _WINDOW + " groups:i64", conv2d, _FUSED, shape="meta", range="linear",
+    _op("conv2d", 3, _WINDOW + " groups:i64", conv2d, _FUSED, shape_rule="meta", range_rule="linear",
         curvature="bilinear", growth=1, passes=24,
         sample=(("x0", (2, 3, 6, 6)), ("x1", (4, 3, 3, 3)), ("x2", (4,)), ("stride", "1,1"),
                 ("padding", "1,1"), ("dilation", "1,1"), ("groups", 1)), onnx="Conv", layout="fresh"),
-    _op("max_pool2d", 1, "kernel:String " + _WINDOW, max_pool2d, _LAYOUT, range="operand",
+    _op("max_pool2d", 1, "kernel:String " + _WINDOW, max_pool2d, _LAYOUT, range_rule="operand",
         passes=2, sample=(("x0", (2, 3, 6, 6)), ("kernel", "2,2"), ("stride", "2,2"),
                           ("padding", "0,0"), ("dilation", "1,1")), onnx="MaxPool", layout="fresh"),
-    _op("batch_norm", 5, "eps:f64", batch_norm, _FUSED, shape="first", range="top", curvature=LINEAR,
+    _op("batch_norm", 5, "eps:f64", batch_norm, _FUSED, shape_rule="first", range_rule="top", curvature=LINEAR,
         growth=0, passes=6, precision="keep", onnx="BatchNormalization"),
     # ---- sharding: place and move values over a mesh of n devices (lang/mesh.py; rulesets/sharding.py)
-    _op("shard", 1, "axis:i64 n:i64", mesh.shard, _MESH, range="operand", rounding="exact", passes=1),
-    _op("all_gather", 1, "axis:i64 n:i64", mesh.all_gather, _MESH, range="values", rounding="exact",
+    _op("shard", 1, "axis:i64 n:i64", mesh.shard, _MESH, range_rule="operand", rounding="exact", passes=1),
+    _op("all_gather", 1, "axis:i64 n:i64", mesh.all_gather, _MESH, range_rule="values", rounding="exact",
         passes=2, mesh="whole"),
-    _op("all_reduce", 1, "n:i64", mesh.all_reduce, _MESH, range="top", rounding="rounds", error="sum",
+    _op("all_reduce", 1, "n:i64", mesh.all_reduce, _MESH, range_rule="top", rounding="rounds", error="sum",
         passes=2, mesh="whole"),
-    _op("reduce_scatter", 1, "axis:i64 n:i64", mesh.reduce_scatter, _MESH, range="top",
+    _op("reduce_scatter", 1, "axis:i64 n:i64", mesh.reduce_scatter, _MESH, range_rule="top",
         rounding="rounds", error="sum", passes=2),
 ]}
 
@@ -619,15 +619,15 @@ def _named(fact) -> tuple[str, ...]:
 
 # Categories the stages select ops by (names, in table order)
 #: a + b and its like: two operands broadcast, no attribute (rms_norm reduces along its last axis)
-BINARY_ELEMENTWISE = _named(lambda op: op.shape == "broadcast" and op.arity == 2 and not op.attrs)
+BINARY_ELEMENTWISE = _named(lambda op: op.shape_rule == "broadcast" and op.arity == 2 and not op.attrs)
 #: two operands broadcast to the result's shape and promote to its dtype (rms_norm and geglu too)
-BINARY_BROADCASTING = _named(lambda op: op.shape == "broadcast" and op.arity == 2)
+BINARY_BROADCASTING = _named(lambda op: op.shape_rule == "broadcast" and op.arity == 2)
 #: exp(x) and its like: one operand, element to element (softmax works along an axis)
-UNARY_ELEMENTWISE = _named(lambda op: op.shape == "same" and op.arity == 1 and
+UNARY_ELEMENTWISE = _named(lambda op: op.shape_rule == "same" and op.arity == 1 and
                            "axis" not in dict(op.attrs))
-COMPARISONS = _named(lambda op: op.shape == "compare")  # a bool mask
+COMPARISONS = _named(lambda op: op.shape_rule == "compare")  # a bool mask
 #: along one axis, which is dropped or kept as 1 (sum, max, mean, var, logsumexp, ...)
-REDUCTIONS = _named(lambda op: op.shape == "reduce")
+REDUCTIONS = _named(lambda op: op.shape_rule == "reduce")
 ELEMENTWISE = UNARY_ELEMENTWISE + BINARY_ELEMENTWISE + COMPARISONS + ("where",)
 #: results of the operand's shape (its last dim and rank, whatever their dtype)
-SAME_SHAPE = _named(lambda op: op.shape in ("same", "cast"))
+SAME_SHAPE = _named(lambda op: op.shape_rule in ("same", "cast"))

@@ -187,7 +187,7 @@ SCALAR = ((), torch.float64)  # a const: a Python number, which never promotes a
 
 def _infer(t: Term, operands: list[tuple]) -> tuple | None:
     """Shape and dtype by rule for the common ops (meta tensors are ~100x slower); None: unknown."""
-    kind = OPS[t.op].shape
+    kind = OPS[t.op].shape_rule
     if kind in ("same", "first"):  # first: the shape and dtype of the first operand
         return operands[0]
     if kind == "compare":  # a bool mask of the broadcast operands

@@ -194,7 +194,7 @@ def kernels(device: str, tiny: bool, deadline: float = math.inf) -> list[dict]:
                 out = triton_kernel.impl(*args, *attrs)
                 with measuring():
                     ours, theirs = interleaved([lambda *a: triton_kernel.impl(*a, *attrs),
-                                                lambda *a: OPS[op].impl(*a, *attrs)], args,
+                                                lambda *a: REGISTRY[f"torch.{op}"].impl(*a, *attrs)], args,
                                                3 if tiny else 25, device)
             except Exception as e:  # noqa: BLE001 - a kernel that fails is a row that says so
                 row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]

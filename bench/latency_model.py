@@ -18,6 +18,7 @@ import torch
 
 from egraph_opt.profiling.latency import LatencyModel
 from egraph_opt.profiling.profile_db import ProfileDB
+from egraph_opt.kernels.torch_ops import TORCH
 from egraph_opt.profiling.profiler import profile_ops
 
 OPS = ["add", "mul", "exp", "gelu", "sum", "logsumexp", "softmax", "log_softmax", "layer_norm",
@@ -38,7 +39,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="latency-bench-"))
     start = time.perf_counter()
     with ProfileDB(args.db or tmp / "all.sqlite") as db:
-        records = profile_ops(OPS, ["float32"], "cpu", db, SIZES, repeats=args.repeats)
+        records = profile_ops(OPS, ["float32"], "cpu", db, SIZES, repeats=args.repeats, kernels=TORCH)
     profiled_s = time.perf_counter() - start
     held = [r for r in records if r.shapes[0][-2] in HELD_OUT]
     with ProfileDB(tmp / "train.sqlite") as train:

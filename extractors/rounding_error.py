@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from egraph_opt.lang.ops import OPS, parse_shape
+from egraph_opt.lang.ops import ELEMENTWISE, OPS, parse_shape
 from egraph_opt.lang.program import Program
 from egraph_opt.analysis.sampling import sample_inputs
 from egraph_opt.lang.term import Term, postorder
@@ -25,9 +25,6 @@ from .curvature import FINITE_MAX
 LOW = (torch.float32, torch.float16, torch.bfloat16)  # the dtypes whose error is counted
 OUTPUTS_PER_POINT = 64  # rows of the Jacobian taken per point: a random subset of larger outputs
 JACOBIAN_ELEMENTS = 2 ** 23  # fewer rows where the rows taken would hold more numbers (64 MB)
-#: ops that map element to element: per-element work, or a same-shaped op not working along an axis
-ELEMENTWISE = frozenset(n for n, op in OPS.items() if op.work in ("pointwise", "select") or
-                        op.shape == "same" and op.work == "static")
 
 
 @dataclass

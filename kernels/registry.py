@@ -15,6 +15,8 @@ import torch
 
 from egraph_opt.lang.ops import OPS
 
+from .torch_ops import TORCH
+
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 ALL_DTYPES = FLOATS | frozenset({"int32", "int64", "bool", "uint8", "int8", "int16"})
 
@@ -69,7 +71,7 @@ def _reference(op: str) -> str:
 
 def _torch_kernels() -> list[Kernel]:
     return [Kernel(f"torch.{op}", _reference(op), "torch", frozenset({"cpu", "cuda"}), ALL_DTYPES,
-                   spec.impl) for op, spec in OPS.items() if not spec.is_leaf]
+                   TORCH.get(op, spec.impl)) for op, spec in OPS.items() if not spec.is_leaf]
 
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:

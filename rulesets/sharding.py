@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 
 from egraph_opt.lang import pattern as pat
-from egraph_opt.lang.ops import OPS
+from egraph_opt.lang.ops import BINARY_ELEMENTWISE, OPS, REDUCTIONS, UNARY_ELEMENTWISE
 
 from . import Exactness, Family, Rule
 
@@ -55,20 +55,14 @@ def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why=
 _SAME_SPAN = "(= (axis-size ?x ?a) (axis-size ?y ?a))"
 
 
-def _binary() -> list[str]:
-    """Binary elementwise ops (rms_norm broadcasts its weight but reduces along its last axis)."""
-    return [n for n, op in OPS.items() if op.shape == "broadcast" and op.arity == 2 and not op.attrs]
-
-
 def _elementwise() -> list[Rule]:
     """Elementwise ops follow the placement of their operands."""
-    unary = [n for n, op in OPS.items() if op.shape == "same" and op.arity == 1
-             and not op.mesh and "axis" not in dict(op.attrs)]
-    binary = _binary()
     out = [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x{_attrs(op)}) ?a ?n)",
                  f"({op} (shard ?x ?a ?n){_attrs(op)})",
-                 sample=[(k, v) for k, v in OPS[op].sample if k in dict(OPS[op].attrs)]) for op in unary]
-    for op in binary:  # one operand sharded, the other whole (a constant, or one the axis misses), or both
+                 sample=[(k, v) for k, v in OPS[op].sample if k in dict(OPS[op].attrs)])
+           for op in UNARY_ELEMENTWISE]
+    for op in BINARY_ELEMENTWISE:  # one operand sharded, the other whole (a constant, or one the
+        # axis misses), or both
         name = op.replace("_", "-")
         out += [
             _rule(f"shard-into-{name}-left", f"(shard ({op} ?x ?y) ?a ?n)", f"({op} (shard ?x ?a ?n) ?y)",
@@ -92,7 +86,7 @@ def _along_other_axes() -> list[Rule]:
     """Reductions and softmax along an axis the split leaves whole (axes compared as counted from
     the end, as the capture writes them: a positive one is another spelling, never matched)."""
     out = []
-    for op in [n for n, o in OPS.items() if o.shape == "reduce" and o.arity == 1]:
+    for op in REDUCTIONS:
         name, rest = op.replace("_", "-"), _attrs(op).replace(" ?axis ?keepdim", "")
         out += [
             _rule(f"shard-into-{name}-kept", f"(shard ({op} ?x ?r true{rest}) ?a ?n)",
@@ -167,7 +161,7 @@ def introductions(n: int) -> list[Rule]:
                   f"(all_gather (shard ({op} ?x ?y) ?a {n}) ?a {n})", _S, when=whole(f"({op} ?x ?y)")
                   + (_SAME_SPAN,), binds=("a",), sample=(("y", (1, 5)),),
                   why="along any axis both operands span alike: a residual add split where its "
-                  "operands already are") for op in _binary()]
+                  "operands already are") for op in BINARY_ELEMENTWISE]
     return spans + [
         gathered("linear-rows", "(linear ?x ?w ?b)", -2, sample=_LINEAR),
         gathered("linear-columns", "(linear ?x ?w ?b)", -1, sample=_LINEAR),

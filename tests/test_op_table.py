@@ -2,6 +2,7 @@
 op table and fails on a non-leaf op with a fact missing, or with a kind no stage dispatches on."""
 import dataclasses
 import math
+import typing
 
 import pytest
 
@@ -9,20 +10,17 @@ from egraph_opt.analysis.ranges import TRANSFER
 from egraph_opt.backends.onnx_emitters import EMIT, NO_ONNX_FORM
 from egraph_opt.extractors.curvature import FORMULAS
 from egraph_opt.lang import pattern
-from egraph_opt.lang.ops import FACTS, OPS, PER_ELEMENT_WORK, Op
+from egraph_opt.lang.ops import OPS, VOCABULARY, Op
 from egraph_opt.profiling.profiler import WORK_KINDS
 
-#: what each stage accepts for a fact, beside what the stage's own dispatch table holds
-KNOWN = {
-    "shape": {"same", "first", "broadcast", "compare", "reduce", "cast", "transpose", "reshape", "where",
-              "matmul", "linear", "sdpa", "meta"},
-    "sign": {"positive", "nonneg", "any"},
-    "error": {"none", "exp", "log", "cancels", "sum", "shifted-exp", "log-sum-exp", "rotation"},
-    "rounding": {"exact", "rounds", "widening"},
-    "precision": {"accumulate", "hoist", "keep"},
-    "growth": {0, 1, 2, 3},
-    "layout": {"fresh", "view", "runs"},
-}
+#: facts the stages need of every non-leaf op (``flops`` too, for the per-element work kinds)
+FACTS = ("shape_rule", "range_rule", "bounds", "sign", "curvature", "growth", "error", "rounding", "passes",
+         "precision", "work", "onnx", "layout")
+PER_ELEMENT_WORK = ("pointwise", "select", "reduce", "along", "loss")
+
+
+def kinds(fact: str) -> set:
+    return set(typing.get_args(VOCABULARY[fact]))
 
 
 def problems(op: Op) -> list[str]:
@@ -31,13 +29,12 @@ def problems(op: Op) -> list[str]:
     if op.work in PER_ELEMENT_WORK and op.flops is None:
         out.append(f"op {op.name!r} does not declare 'flops' (its work kind {op.work!r} needs it)")
     checks = {
-        **{fact: getattr(op, fact) in known for fact, known in KNOWN.items()},
-        "range": callable(op.range) or op.range in TRANSFER,
-        "curvature": op.curvature in FORMULAS or isinstance(op.curvature, tuple) and len(
+        **{fact: getattr(op, fact) in kinds(fact) for fact in VOCABULARY},
+        "range_rule": callable(op.range_rule) or op.range_rule in kinds("range_rule"),
+        "curvature": op.curvature in kinds("curvature") or isinstance(op.curvature, tuple) and len(
             op.curvature) == 2 and all(v >= 0 for v in op.curvature),
         "bounds": isinstance(op.bounds, tuple) and len(op.bounds) == 2 and op.bounds[0] <= op.bounds[1],
         "passes": isinstance(op.passes, int) and op.passes > 0,
-        "work": op.work == "static" or op.work in WORK_KINDS,
         "onnx": op.onnx in EMIT or op.name in NO_ONNX_FORM,
     }
     out += [f"op {op.name!r} declares {fact} = {getattr(op, fact)!r}, which no stage knows"
@@ -68,6 +65,19 @@ def test_facts_agree_with_each_other():
     for name, op in OPS.items():
         if op.is_leaf:
             continue
-        assert op.range != "bounds" or op.bounds != (-math.inf, math.inf), name
+        assert op.range_rule != "bounds" or op.bounds != (-math.inf, math.inf), name
         assert op.rounding != "exact" or op.curvature == (0.0, 1.0), name
         assert op.sign != "positive" or op.bounds[1] > 0, name
+
+
+def test_each_stage_dispatches_on_the_declared_vocabulary():
+    """The stage that dispatches on a fact has a case for each value the op table may declare."""
+    assert set(TRANSFER) == kinds("range_rule")
+    assert set(FORMULAS) == kinds("curvature")
+    assert set(WORK_KINDS) | {"static"} == kinds("work")
+    assert {op.work for op in OPS.values() if op.work} - {"static"} <= set(WORK_KINDS)
+
+
+def test_a_kind_no_stage_knows_fails_at_import():
+    with pytest.raises(ValueError, match="sign = 'postive'"):
+        dataclasses.replace(OPS["exp"], sign="postive")

@@ -7,9 +7,17 @@ import torch
 import torch.nn.functional as F
 
 from egraph_opt.frontends.capture import capture
+from egraph_opt.kernels.torch_ops import TORCH
 from egraph_opt.lang.ops import OPS
 from egraph_opt.lang.program import leaves
-from egraph_opt.lang.term import Term, evaluate, postorder
+from egraph_opt.lang.term import Term, postorder
+from egraph_opt.lang.term import evaluate as _evaluate
+
+
+def evaluate(roots, env, **options):
+    """As a plan runs them: with the torch kernels."""
+    return _evaluate(roots, env, kernels=TORCH, **options)
+
 
 R = lambda *s: torch.randn(*s)  # noqa: E731
 P = lambda *s: torch.rand(*s) + 0.5  # noqa: E731  positive
@@ -249,7 +257,7 @@ def test_gelu_keeps_the_top_of_the_range_and_the_sign(dtype, approximate):
     take."""
     top = torch.finfo(dtype).max
     x = torch.tensor([math.inf, top, 1.0, -0.0, -200.0, math.nan] * 8, dtype=dtype)
-    got = OPS["gelu"].impl(x, approximate)
+    got = TORCH["gelu"](x, approximate)
     assert got[:2].tolist() == [math.inf, top]
     assert got[3:5].signbit().all() and (got[3:5] == 0).all() and got[5].isnan()
     torch.testing.assert_close(got[2].double(), F.gelu(torch.tensor(1.0, dtype=torch.float64), approximate=approximate),
@@ -267,8 +275,8 @@ def test_linear_at_overflow_is_the_same_in_every_summation_order(dtype, activati
     row = torch.tensor([top, top, -top, -top, -top], dtype=torch.float64)
     x = torch.stack([row[list(p)] for p in ((0, 1, 2, 3, 4), (2, 3, 4, 0, 1), (0, 2, 1, 3, 4))]).to(dtype)
     w = torch.ones(2, 5, dtype=dtype)
-    assert (OPS["linear"].impl(x, w, None) == -top).all()
-    got = OPS["linear_act"].impl(x, w, None, activation)
+    assert (TORCH["linear"](x, w, None) == -top).all()
+    got = TORCH["linear_act"](x, w, None, activation)
     assert (got == 0).all() and (got.signbit() == activation.startswith("gelu")).all(), got
 
 
@@ -284,7 +292,7 @@ def _filled_definition(q, k, v, keep, scale, fill):
 @pytest.mark.parametrize("queries,keys", [(6, 6), (4, 6), (6, 4)])
 def test_sdpa_filled_reads_its_keep_mask_once_per_version(queries, keys):
     """A causal keep-mask runs as is_causal; a row that keeps no key is the mean of v."""
-    from egraph_opt.lang.ops import _MASK_FACTS, sdpa_filled
+    from egraph_opt.kernels.torch_ops import _MASK_FACTS, sdpa_filled
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64) for n in (queries, keys, keys))
     keep = torch.ones(queries, keys, dtype=torch.bool).tril()
@@ -301,7 +309,7 @@ def test_sdpa_filled_reads_its_keep_mask_once_per_version(queries, keys):
 def test_sdpa_masked_reads_its_mask_once_per_version(queries, keys):
     """A causal bias runs as is_causal, a dead row is NaN; both are read once per version of the
     bias (a mask buffer is the same tensor every call), and an in-place write is seen."""
-    from egraph_opt.lang.ops import _MASK_FACTS, sdpa_masked
+    from egraph_opt.kernels.torch_ops import _MASK_FACTS, sdpa_masked
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64) for n in (queries, keys, keys))
     bias = torch.zeros(queries, keys, dtype=torch.float64).masked_fill(
@@ -333,7 +341,7 @@ def test_layer_norm_rows_whose_float32_variance_overflows_are_normalized(scale):
     """float32 layer norm gives NaN or the bias on rows beyond ~sqrt(max / n); the kernel finds
     them by their 1/std and recomputes them in float64: every finite row matches float64, a row
     holding inf or NaN is NaN, and a half-precision row (accumulated in float32) is as torch's."""
-    from egraph_opt.lang import ops
+    from egraph_opt.kernels import torch_ops as ops
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(4, 64, generator=g), torch.randn(64, generator=g), torch.randn(64, generator=g)
     x[0] *= scale

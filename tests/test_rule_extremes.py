@@ -16,6 +16,7 @@ import mpmath
 import pytest
 import torch
 
+from egraph_opt.kernels.torch_ops import TORCH
 from egraph_opt.lang import pattern as pat
 from egraph_opt.rulesets import Exactness
 from egraph_opt.lang import term
@@ -30,7 +31,7 @@ from test_rule_soundness import (RULES, SCALAR_RULES, _SIGNS, _index_vars, _sexp
 
 def evaluate(roots, env, **options):
     """Values of the roots; one spread over a mesh (a sharding rule's) as every device's parts."""
-    return on_devices(*term.evaluate(roots, env, **options))
+    return on_devices(*term.evaluate(roots, env, **{"kernels": TORCH, **options}))
 
 INF, NAN = math.inf, math.nan
 #: relative tolerance by exactness class and dtype: rounding of extreme operands, not error
@@ -210,7 +211,7 @@ def attention_slack(rule, left: Term, env: dict) -> torch.Tensor | float:
     where the rule's right side runs torch's attention kernel (an op of attention's shape: sdpa,
     sdpa_masked, sdpa_filled, sdpa_guarded); else 0."""
     values = set()
-    attention = [name for name, op in OPS.items() if op.shape == "sdpa"]
+    attention = [name for name, op in OPS.items() if op.shape_rule == "sdpa"]
     for _, right in rule.pairs():
         values |= set().union(*(_uses(right, op, 2) for op in attention))
     if not values:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from egraph_opt import saturate_and_extract
-from egraph_opt.lang import ops
+from egraph_opt.kernels import torch_ops as ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 from gpu import HostReads, programs  # noqa: E402 - the programs bench/gpu.py times on a GPU

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from ..lang.ops import OPS
+from ..lang.ops import OPS, REDUCTIONS
 from ..lang.term import Term, postorder, shapes
 
 BIG = 1e300
@@ -140,7 +140,7 @@ SILU_ARGMIN = -1.2785
 
 def _silu(t, a, s):
     """x * sigmoid(x): decreasing below SILU_ARGMIN, increasing above."""
-    f = lambda v: v * OPS["sigmoid"].range(v)  # noqa: E731
+    f = lambda v: v * OPS["sigmoid"].range_rule(v)  # noqa: E731
     ends = (f(a[0][0]), f(a[0][1]))
     return iv(SILU_MIN if a[0][0] < SILU_ARGMIN < a[0][1] else min(ends), max(ends))
 
@@ -197,7 +197,7 @@ def _log_n(t, s) -> float:
     return math.log(max(_axis_size(t, s), 1))
 
 
-#: range transfer of each kind an op declares (``Op.range``): (term, operand intervals, operand
+#: range transfer of each kind an op declares (``Op.range_rule``): (term, operand intervals, operand
 #: shapes) -> interval
 TRANSFER: dict[str, Callable] = {
     "add": lambda t, a, s: iv(a[0][0] + a[1][0], a[0][1] + a[1][1]),
@@ -224,7 +224,7 @@ TRANSFER: dict[str, Callable] = {
     "geglu": lambda t, a, s: _mul(_gelu(t, a, s), a[1]),
     "rotary": _rotary,
     "sum": _sum,
-    "operand": lambda t, a, s: TOP if OPS[t.op].shape == "reduce" and not _axis_size(t, s) else a[0],
+    "operand": lambda t, a, s: TOP if t.op in REDUCTIONS and not _axis_size(t, s) else a[0],
     # among (or between) the operand's values; over a size-0 axis a max raises, a mean is NaN
     "values": lambda t, a, s: a[0],  # exactly the operand's values
     "values-of-v": lambda t, a, s: a[2],  # attention: averages of the values
@@ -253,7 +253,7 @@ def transfer(t: Term, a: list[Interval], s: list[tuple[int, ...]]) -> Interval:
     kind its op declares (an increasing float function: the interval's image)."""
     if t.op == "const":  # a NaN constant (x + math.nan) is legal: no value to bound, so unbounded
         return TOP if math.isnan(t.attrs[0]) else iv(t.attrs[0], t.attrs[0])
-    kind = OPS[t.op].range
+    kind = OPS[t.op].range_rule
     if callable(kind):
         return iv(_safe(kind, a[0][0], -BIG), _safe(kind, a[0][1], BIG))
     if kind not in TRANSFER:

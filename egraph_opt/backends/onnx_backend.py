@@ -16,8 +16,9 @@ from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree
 from .onnx_patterns import (attention_over_heads, heads_merged, kv_grouped, matmuls_unflattened,
                             products_split, split_product)
 from ..frontends.onnx_frontend import OnnxProgram, overridable, subgraph_reads
-from ..lang.ops import OPS, parse_shape
+from ..lang.ops import COMPARISONS, OPS, REDUCTIONS, parse_shape
 from ..lang.program import Program, leaves
+from ..kernels.torch_ops import TORCH
 from ..lang.term import Term, evaluate, postorder, shapes, topological
 
 __all__ = ["EMIT", "NO_ONNX_FORM", "Emitter", "OnnxExportError", "export"]
@@ -94,7 +95,7 @@ class Emitter:
                 found = DTYPES.get(vt.elem_type) if vt else None
             elif u.op == "cast":
                 found = u.attrs[0]
-            elif OPS[u.op].shape == "compare":
+            elif u.op in COMPARISONS:
                 found = "bool"
             else:
                 args = u.args[1:] if u.op == "where" else u.args
@@ -114,11 +115,11 @@ class Emitter:
                 r = len(vt.shape) if vt and vt.shape is not None else None
             elif u.op == "const":
                 r = 0
-            elif OPS[u.op].shape == "reduce":
+            elif u.op in REDUCTIONS:
                 r = None if ranks[0] is None else ranks[0] - (0 if u.attrs[1] else 1)
-            elif OPS[u.op].shape == "reshape":
+            elif OPS[u.op].shape_rule == "reshape":
                 r = len(parse_shape(u.attrs[0]))
-            elif OPS[u.op].shape in ("broadcast", "compare", "where", "matmul"):
+            elif OPS[u.op].shape_rule in ("broadcast", "compare", "where", "matmul"):
                 r = None if None in ranks else max(ranks)
             else:  # the rank of the first operand
                 r = ranks[0]
@@ -174,7 +175,7 @@ class Emitter:
         if any(u.attrs[2] in _NO_NUMPY or u.attrs[0] not in self.program.params for u in params.values()):
             return None
         env = {n: self.program.params[n] for n in params}
-        value = evaluate([t], env)[0]
+        value = evaluate([t], env, kernels=TORCH)[0]
         if isinstance(value, torch.Tensor) and value.dtype != torch.bfloat16 and \
                 value.numel() <= sum(v.numel() for v in env.values()):
             self._folded[id(t)] = self.tensor(value.detach().numpy(), "folded")
@@ -196,7 +197,7 @@ class Emitter:
         if t.op == "const" or spec.is_leaf:
             return
         if self.source(t) == "const":
-            folded = Term.const(evaluate([t], {})[0])
+            folded = Term.const(evaluate([t], {}, kernels=TORCH)[0])
             self.names[id(t)] = self.value(folded, None)
             return
         emit = None if t.op in NO_ONNX_FORM else EMIT.get(spec.onnx)

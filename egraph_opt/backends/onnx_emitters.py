@@ -13,7 +13,7 @@ import numpy as np
 
 from ..frontends.onnx_converters import ELEM_TYPES
 from ..lang import pattern
-from ..lang.ops import OPS, parse_shape
+from ..lang.ops import ACTIVATIONS, OPS, parse_shape
 from ..lang.term import Term, topological
 
 
@@ -30,7 +30,6 @@ AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceL
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare
 #: ``onnx="none"``: the mesh ops, which a single ONNX model cannot express): export refuses them
 NO_ONNX_FORM: frozenset[str] = frozenset(name for name, op in OPS.items() if op.onnx == "none")
-_ACTIVATIONS = {"relu": ("relu", ()), "gelu": ("gelu", ("none",)), "gelu_tanh": ("gelu", ("tanh",))}
 
 
 def _args(em, t: Term) -> list[str]:
@@ -279,7 +278,7 @@ def _linear(em, t):
 
 
 def _linear_act(em, t, activation):
-    op, attrs = _ACTIVATIONS[activation]
+    op, attrs = ACTIVATIONS[activation]
     return emit_tree(em, Term(op, (Term("linear", t.args),), attrs))
 
 

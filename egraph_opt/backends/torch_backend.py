@@ -19,6 +19,7 @@ from collections import Counter
 from ..analysis.facts import Facts
 from ..kernels.binding import Estimator, bind, default_estimate
 from ..kernels.registry import MOVES, Use, copies
+from ..kernels.torch_ops import TORCH
 from ..lang.program import OpaqueRef, Program, leaves
 from ..lang.term import Term, evaluate, postorder, topological
 
@@ -38,14 +39,14 @@ class FoldedConstant:
         cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
             not any(t.is_inference() for t in tensors)  # inference tensors keep no version
         if not cacheable:
-            return evaluate([self.term], dict(zip(self.names, tensors)))[0]
+            return evaluate([self.term], dict(zip(self.names, tensors)), kernels=TORCH)[0]
         key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
         if key == self._key and self._value._version == self._written:  # nobody wrote the value
             return self._value
         # a normal tensor even in inference mode: its version shows writes, and kernels may
         # cache facts about it by its version (sdpa_masked's mask)
         with torch.inference_mode(False):
-            value = evaluate([self.term], dict(zip(self.names, tensors)))[0]
+            value = evaluate([self.term], dict(zip(self.names, tensors)), kernels=TORCH)[0]
         self._key, self._value, self._written = key, value, value._version
         return value
 
@@ -136,7 +137,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
         else:
             operands = [("t", id(a)) for a in item.args]
             if not any(isinstance(value[k], fx.Node) for k in operands):
-                value[key] = evaluate([item], {})[0]  # scalar constant folding
+                value[key] = evaluate([item], {}, kernels=TORCH)[0]  # scalar constant folding
                 continue
             if fixed[key]:  # its walk covers parameters and constants alone
                 params = [t for t in postorder([item]) if t.op == "param"]

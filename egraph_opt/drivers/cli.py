@@ -54,6 +54,7 @@ def _profile(args) -> int:
     if args.collectives:
         return _profile_collectives(args)
     from ..profiling.profile_db import ProfileDB
+    from ..kernels.torch_ops import TORCH
     from ..profiling.profiler import SPECS, machine_busy, profile_ops, profile_shapes
 
     torch.set_num_threads(args.threads)
@@ -85,10 +86,10 @@ def _profile(args) -> int:
                   "processes' interference, not this machine's speed", file=sys.stderr)
         if args.program:
             cases = program_cases(args.program, args.shapes, args.dtype[0])
-            records = profile_shapes(cases, args.device, db, repeats=args.repeats)
+            records = profile_shapes(cases, args.device, db, repeats=args.repeats, kernels=TORCH)
         else:
             ops = args.ops or sorted(SPECS)
-            records = profile_ops(ops, args.dtype, args.device, db, args.sizes, args.repeats)
+            records = profile_ops(ops, args.dtype, args.device, db, args.sizes, args.repeats, kernels=TORCH)
             records += _profile_other_backends(ops, args, db)
         print(f"{len(records)} timings recorded in {db.path}")
     return 0

@@ -22,6 +22,7 @@ from ..extractors.enumerate import alternatives
 from ..extractors.rounding_error import program_error
 from ..lang import pattern as pat
 from ..lang.program import Program
+from ..kernels.torch_ops import TORCH
 from ..lang.term import Term, evaluate, op_counts, postorder, pretty
 from ..optimization import ematch
 from ..optimization.derivation import term_classes
@@ -118,7 +119,7 @@ class PricedProgram:
             raise ValueError("this program calls code the Term language does not hold: run the "
                              "optimized function itself")
         env = {t.attrs[0]: x for t, x in zip(self.program.inputs, tensors)}
-        return evaluate([self.term], {**env, **self.program.params})[0]
+        return evaluate([self.term], {**env, **self.program.params}, kernels=TORCH)[0]
 
     def __str__(self) -> str:
         return pretty(self.term)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from ..lang.ops import OPS, UNBOUNDED
+from ..lang.ops import BINARY_BROADCASTING, OPS, REDUCTIONS, SAME_SHAPE, UNBOUNDED
 
 BIG = "1e300"
 RULESET = "ranges"
@@ -74,13 +74,13 @@ def _ops(fact) -> list[str]:
     return [name for name, op in OPS.items() if not op.is_leaf and fact(op)]
 
 
-#: ops whose values lie within the operand's interval (kinds "operand" and "values" of Op.range)
-_SAME_AS_OPERAND = _ops(lambda op: op.range in ("operand", "values"))
+#: ops whose values lie within the operand's interval (kinds "operand" and "values" of Op.range_rule)
+_SAME_AS_OPERAND = _ops(lambda op: op.range_rule in ("operand", "values"))
 #: ops whose result holds exactly the operand's values: the result's interval is the operand's too
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
-_SAME_VALUES = _ops(lambda op: op.range == "values")
-_KEEPS_LAST_DIM = _ops(lambda op: op.shape in ("same", "cast"))
-_SAME_DTYPE = _ops(lambda op: op.shape not in ("cast", "where", "compare", "broadcast"))  # where: a
+_SAME_VALUES = _ops(lambda op: op.range_rule == "values")
+_KEEPS_LAST_DIM = SAME_SHAPE
+_SAME_DTYPE = _ops(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast"))  # where: a
 # bool first operand; compare: a bool result; broadcast: promotes (below)
 
 
@@ -161,7 +161,7 @@ def _dtype_and_rank_rules():
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))"
     for op in _KEEPS_LAST_DIM:  # and rank: (1 + w) is a weight of rank 1 as w is
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))"
-    binary = _ops(lambda op: op.shape == "broadcast" and op.arity == 2)  # (rotary's three operands
+    binary = BINARY_BROADCASTING  # (rotary's three operands
     # leave its rank and dtype unrecorded: a guard or precision rule then does not fire on it)
     for op in binary:
         yield (f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
@@ -179,7 +179,7 @@ def _dtype_and_rank_rules():
 def _op_fact_rules():
     """Bounds, signs and wholeness that the op table declares once per op."""
     for op in _SAME_AS_OPERAND:
-        query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (OPS[op].shape == "reduce")
+        query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (op in REDUCTIONS)
         yield f"(rule ({query} (= x (lo ?a))) ((set (lo e) x)))"
         yield f"(rule ({query} (= x (hi ?a))) ((set (hi e) x)))"
     for op in _SAME_VALUES:

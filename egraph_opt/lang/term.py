@@ -130,14 +130,15 @@ def pretty(root: Term, names: dict[int, str] | None = None, width: int | None = 
 
 
 def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool = False,
-             record: dict[int, object] | None = None) -> list[torch.Tensor]:
-    """Run terms with the ops' torch implementations; ``env`` binds input, param and opaque names.
-    ``reference``: every floating value in float64 and float casts identities, the exact-arithmetic
-    stand-in that rules and optimized programs are checked against."""
+             record: dict[int, object] | None = None, kernels: dict = {}) -> list[torch.Tensor]:
+    """Run terms with the ops' reference implementations, or their ``kernels`` where given (the
+    torch ones: ``egraph_opt.kernels.torch_ops.TORCH``); ``env`` binds input, param and opaque
+    names. ``reference``: every floating value in float64 and float casts identities, the
+    exact-arithmetic stand-in that rules and optimized programs are checked against."""
     values: dict[int, object] = {} if record is None else record
     folding = _folding_dtype(env, reference)
     for t in postorder(roots):
-        spec = OPS[t.op]
+        spec, impl = OPS[t.op], kernels.get(t.op, OPS[t.op].impl)
         if t.op == "const":
             values[id(t)] = t.attrs[0]
         elif spec.is_leaf:
@@ -153,12 +154,12 @@ def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool
         else:
             args = [values[id(a)] for a in t.args]
             if not spec.mesh and any(isinstance(a, Local) for a in args):  # once per device
-                values[id(t)] = each(spec.impl, args, t.attrs)
+                values[id(t)] = each(impl, args, t.attrs)
             elif not any(isinstance(a, (torch.Tensor, Local)) for a in args):  # folding of scalars
                 args = [torch.tensor(a, dtype=folding) for a in args]
-                values[id(t)] = spec.impl(*args, *t.attrs).item()
+                values[id(t)] = impl(*args, *t.attrs).item()
             else:
-                values[id(t)] = spec.impl(*args, *t.attrs)
+                values[id(t)] = impl(*args, *t.attrs)
     return [values[id(r)] for r in roots]
 
 
@@ -210,7 +211,7 @@ def infer(op: str, attrs: tuple, operands: Sequence, leaf_meta: dict | None = No
 
 def _by_kind(op: str, attrs: tuple, operands: list[tuple], tensor: list[bool]) -> tuple | None:
     """Shape and dtype by the op's declared kind (meta tensors are ~100x slower); None: no rule."""
-    kind, sizes = OPS[op].shape, [m[0] for m, t in zip(operands, tensor) if t]
+    kind, sizes = OPS[op].shape_rule, [m[0] for m, t in zip(operands, tensor) if t]
     if kind in ("same", "first"):  # first: the shape and dtype of the first operand
         return operands[0]
     if kind == "compare":  # a bool mask of the broadcast operands

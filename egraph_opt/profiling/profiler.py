@@ -314,8 +314,10 @@ def _plain_progress(items: list, desc: str):
 
 
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
-                   repeats: int = 15, progress: bool = True, kernel=None) -> list[Record]:
-    """Time each case and record it: the op's torch implementation (backend "torch"), or
+                   repeats: int = 15, progress: bool = True, kernel=None, kernels: dict = {}
+                   ) -> list[Record]:
+    """Time each case and record it: the op's torch implementation (backend "torch": its
+    ``kernels`` entry, kernels/torch_ops.py, else its reference), or
     ``kernel`` (a registry kernel: its own rows, implementation, and the conversion of its inputs
     into its memory, done before timing; a move needs its kernel). Only ops of SPECS: the latency
     model cannot use a measurement it has no work formula for."""
@@ -334,7 +336,8 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         layouts = case.attrs.get("layout") or [None] * len(tensors)  # as the kernel will see them
         tensors = [with_layout(t, key) for t, key in zip(tensors, layouts)]
         attrs = [case.attrs[name] for name in attr_names(case.op)]
-        impl, backend = (OPS[case.op].impl, "torch") if kernel is None else (kernel.impl, kernel.db_backend)
+        impl, backend = (kernels.get(case.op, OPS[case.op].impl), "torch") if kernel is None else \
+            (kernel.impl, kernel.db_backend)
         if kernel is not None and kernel.takes is not None:
             tensors = [kernel.takes(t) for t in tensors]
         timing = time_kernel(impl, [*tensors, *attrs], device, repeats=repeats)
@@ -359,6 +362,7 @@ def grid(ops: Iterable[str], dtypes: Iterable[str], sizes: Iterable[int]) -> lis
 
 def profile_ops(ops: Iterable[str], dtypes: Iterable[str], device: str | torch.device,
                 db: ProfileDB, sizes: Iterable[int], repeats: int = 15,
-                progress: bool = True) -> list[Record]:
+                progress: bool = True, kernels: dict = {}) -> list[Record]:
     """Profile the grid of `ops` x `dtypes` x `sizes` on `device` into `db` (the CLI's entry)."""
-    return profile_shapes(grid(ops, dtypes, sizes), device, db, repeats=repeats, progress=progress)
+    return profile_shapes(grid(ops, dtypes, sizes), device, db, repeats=repeats, progress=progress,
+                          kernels=kernels)

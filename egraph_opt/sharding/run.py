@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..lang import mesh
+from ..kernels.torch_ops import TORCH
 from ..lang.term import Term, evaluate
 
 
@@ -42,7 +43,7 @@ def device_of_this_process(n: int) -> mesh.Device:
 def run_here(roots: list[Term], env: dict, n: int) -> list:
     """Evaluate the program as this process's device (the process group is initialized)."""
     with mesh.on_device(device_of_this_process(n)):
-        return evaluate(roots, env)
+        return evaluate(roots, env, kernels=TORCH)
 
 
 def backend_for(env: dict) -> str:

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten as _tree_flatten, tree_map
 from ..lang import pattern
 from ..lang.ops import OPS
 from ..lang.program import Program, leaves
+from ..kernels.torch_ops import TORCH
 from ..lang.term import Term, evaluate, postorder
 
 
@@ -264,7 +265,7 @@ def imported_reference(program: Program, feeds: dict, expected: list) -> list[np
     inputs = tuple(torch.from_numpy(np.asarray(feeds[t.attrs[0]])) for t in program.inputs)
     env = {**program.params, **{t.attrs[0]: x for t, x in zip(program.inputs, inputs)}}
     try:
-        own = evaluate(outputs, env)
+        own = evaluate(outputs, env, kernels=TORCH)
         refs = [torch.as_tensor(r) for r in evaluate(outputs, env, reference=True)]
     except Exception:  # noqa: BLE001 - shapes the import fixed differ from these: no reference
         return None

@@ -1,0 +1,401 @@
+"""The torch kernel of each op whose reference (``lang/ops.py``) has a faster path: the same
+values, with guards that skip a pass where no extreme value needs it, caches of facts asked once
+(a kernel's repairs, a mask's causality), in-place arithmetic where autograd keeps no temporaries,
+and torch's fused kernels with the definition where they would be wrong. ``TORCH`` maps each op
+to it; the registry's torch kernels and every run of a plan use it."""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import math
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from egraph_opt.lang import ops
+from egraph_opt.lang.ops import OPS, parse_shape
+
+#: set by tests: guards take the device path on CPU too, as on CUDA (``device_path``)
+_FORCED_DEVICE_PATH = contextvars.ContextVar("forced_device_path", default=False)
+
+
+def device_path(x: torch.Tensor) -> bool:
+    """Whether a guard on ``x``'s values stays on its device (computed there and selected with
+    ``torch.where``, never read on the host): on CUDA a read (``float()``, ``bool()``, ``.item()``)
+    stalls the stream, and four cost more than an attention; on CPU a read costs nothing and a
+    check that skips a pass is cheaper. Tests take it on CPU with ``forcing_device_path``."""
+    return x.device.type != "cpu" or _FORCED_DEVICE_PATH.get()
+
+
+@contextlib.contextmanager
+def forcing_device_path():
+    """Guards take the device path on CPU tensors too (tests: no host reads while a plan runs)."""
+    token = _FORCED_DEVICE_PATH.set(True)
+    try:
+        yield
+    finally:
+        _FORCED_DEVICE_PATH.reset(token)
+
+
+def gelu(x, approximate):
+    """x * Phi(x), repaired where torch's kernel for this device and dtype is off (asked once,
+    ``_gelu_repairs``): some (AVX2 CPUs') return +0 at -0 and where Phi(x) underflows, so the
+    sign of x is put back; some (the erf form on AVX-512 CPUs) compute x (1 + erf) first, NaN at
+    +inf and +inf above max / 2, so where the output's maximum is not finite, x > 8 (Phi(x) = 1
+    in every dtype) is x."""
+    out = F.gelu(x, approximate=approximate)
+    if x.device.type == "meta" or not out.numel():
+        return out
+    sign, top = _gelu_repairs(x.device.type, x.dtype, approximate)
+    if sign:
+        out.copysign_(x)  # in place: its own output
+    if top and (device_path(x) or not math.isfinite(out.amax().item())):  # NaN too; .item(): 9 us
+        # less than a 0-d isfinite. x > 8 is x in every dtype: the where changes no right value
+        out = torch.where(x > 8, x, out)
+    return out
+
+
+@functools.cache
+def _gelu_repairs(device: str, dtype: torch.dtype, approximate: str) -> tuple[bool, bool]:
+    """Whether torch's gelu kernel for this device and dtype loses the sign of x where the result
+    is 0, and whether it gets +inf or the dtype's max wrong; on vectors that take the vectorized
+    path and its scalar tail."""
+    big = torch.finfo(dtype).max
+    negative = torch.tensor([-0.0, -100.0, -big] * 33, dtype=dtype, device=device)
+    top = torch.tensor([math.inf, big] * 33, dtype=dtype, device=device)
+    sign_lost = not bool(F.gelu(negative, approximate=approximate).signbit().all())
+    return sign_lost, not torch.equal(F.gelu(top, approximate=approximate), top)
+
+
+def softmax(x, axis):
+    return _at_posinf(x, axis, torch.softmax(x, axis), 0.0)
+
+
+def log_softmax(x, axis):
+    return _at_posinf(x, axis, torch.log_softmax(x, axis), -torch.inf)
+
+
+def _at_posinf(x, axis, out, elsewhere: float):
+    """The reference's values where a row holds +inf: on the host path a read of the rows' maxima
+    first tells whether one does (the usual case: none, and no more passes); on a GPU the read
+    would stall the stream, so the repair runs on every call."""
+    if not device_path(x) and x.is_floating_point() and x.numel() and \
+            not bool((torch.amax(x, dim=axis) == torch.inf).any()):
+        return out
+    return ops.naive_at_posinf(x, axis, out, elsewhere)
+
+
+def _normalized(x, weight, bias, eps):
+    """F.layer_norm over the last axis. In float32 a row whose variance overflows (|x| beyond
+    ~sqrt(max / n)) gives 0 or NaN where the normalized row is finite: torch's kernel returns each
+    row's 1/std with it, 0 or NaN exactly there, so one pass over the rows (not over x) finds them,
+    and they are recomputed in float64. Narrower dtypes accumulate in float32, which cannot
+    overflow on their values."""
+    out, _, rstd = torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)
+    if x.device.type == "meta" or x.dtype != torch.float32 or not x.numel():
+        return out
+    if not device_path(x):  # on the device, the where below runs on every call
+        low, high = (float(r) for r in torch.aminmax(rstd))
+        if 0 < low and high < math.inf:  # False where one is NaN
+            return out
+    wrong = ~((rstd > 0) & rstd.isfinite())  # a row holding inf or NaN too: float64 gives NaN there
+    wide = [None if t is None else t.double() for t in (weight, bias)]
+    return torch.where(wrong, F.layer_norm(x.double(), x.shape[-1:], *wide, eps).to(out.dtype), out)
+
+
+def layer_norm(x, weight, bias, eps):
+    """Over the last axis; an affine-free spelling carries scalar consts as weight and bias."""
+    if not isinstance(weight, float) and not isinstance(bias, float):  # tensors (or None)
+        return _normalized(x, weight, bias, eps)
+    return _normalized(x, None, None, eps) * weight + bias
+
+
+@functools.lru_cache(maxsize=64)
+def _scalar(value: float, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` as a 0-dim CPU tensor, which any device's op takes: a Python number is wrapped in
+    a new tensor on each call. Never written to."""
+    with torch.inference_mode(False):  # usable outside inference mode too
+        return torch.tensor(value, dtype=dtype)
+
+
+def rms_norm(x, weight, eps):
+    """The reference's values, where autograd keeps none of its temporaries in place on them, its
+    constants 0-dim tensors: on small rows the chain of small ops costs more than the passes."""
+    scalar = isinstance(weight, float)
+    if torch.is_grad_enabled() and (x.requires_grad or not scalar and weight.requires_grad):
+        return ops.rms_norm(x, weight, eps)  # the norm is kept
+    wide = torch.promote_types(x.dtype, torch.float32)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=wide)
+    norm.square_().div_(_scalar(max(x.shape[-1], 1), wide)).add_(_scalar(eps, wide)).rsqrt_()
+    out = x * norm
+    if not scalar and (weight.dim() > 1 or weight.numel() not in (1, out.shape[-1]) or
+                       torch.promote_types(out.dtype, weight.dtype) != out.dtype):
+        out = out * weight  # a weight that widens or broadcasts out: out of place
+    elif not scalar or weight != 1.0:
+        out.mul_(weight)
+    dtype = x.dtype if scalar else torch.promote_types(x.dtype, weight.dtype)
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def linear(x, weight, bias):
+    """x W^T + b. Where finite products add up past the dtype's max, the library's summation order
+    (its blocking differs by CPU: AVX2, AVX-512, AVX-512 BF16) makes the sum +inf, -inf or NaN, an
+    accident an activation turns into a wrong finite value (relu(+inf) for 0): such outputs are
+    summed again in float64, where no sum of float32 products overflows, and rounded once. On CPU
+    only, where the check stalls no stream."""
+    out = F.linear(x, weight, bias)
+    if not device_path(out) and out.dtype != torch.float64 and not out.isfinite().all():
+        wide = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+        out = torch.where(out.isfinite(), out, wide.to(out.dtype))
+    return out
+
+
+def linear_act(x, weight, bias, activation):
+    op, attrs = ops.ACTIVATIONS[activation]
+    return TORCH.get(op, OPS[op].impl)(linear(x, weight, bias), *attrs)
+
+
+def _abs_max(x) -> torch.Tensor:
+    """max |x| (NaN where x holds one) from one min-max pass, no |x| copy: a 0-d float64 tensor
+    on x's device."""
+    low, high = torch.aminmax(x.detach())
+    return torch.maximum(-low, high).double()  # maximum keeps a NaN
+
+
+def _score_bound(q, k, scale: float) -> torch.Tensor | float:
+    """A bound on |q k^T * scale| from two maxima: O(T D) beside attention's O(T^2 D); NaN or inf
+    where q or k holds one. A 0-d float64 tensor on q's device; 0.0 where nothing is bounded."""
+    if q.device.type == "meta" or not q.is_floating_point() or not q.numel() or not k.numel():
+        return 0.0
+    return _abs_max(q) * _abs_max(k) * q.shape[-1] * abs(scale)
+
+
+def _scores_overflow(q, k, scale: float) -> torch.Tensor | bool:
+    """Whether q k^T * scale can overflow (in float32 at least: torch's kernel computes half
+    precision scores in it). The fused kernel then returns 0 where the softmax of its definition
+    is NaN (and the float64 truth finite), so the definition runs instead. A 0-d bool tensor on
+    q's device (False where nothing is bounded): the host path reads it, the device path selects."""
+    return _not_below(_score_bound(q, k, scale),
+                      torch.finfo(torch.promote_types(q.dtype, torch.float32)).max)
+
+
+def _not_below(bound: torch.Tensor | float, limit: float) -> torch.Tensor | bool:
+    """not bound < limit (NaN is not below), a bool for a float bound, else a bool tensor."""
+    return not bound < limit if isinstance(bound, float) else ~(bound < limit)
+
+
+def _torch_sdpa(q, k, v, attn_mask=None, **options):
+    """torch's kernel; 3-D operands (one head, or heads folded into the batch) as 4-D ones of one
+    head (the CPU flash kernel takes only 4-D ones; 3-D ones run the slower math fallback), 2-D
+    operands (one attention) as a batch of one."""
+    if q.dim() == k.dim() == v.dim() == 2:
+        return _torch_sdpa(q[None], k[None], v[None], attn_mask, **options)[0]
+    if q.dim() == k.dim() == v.dim() == 3:
+        mask = attn_mask if attn_mask is None or attn_mask.dim() < 3 else attn_mask.unsqueeze(1)
+        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask,
+                                              **options)[:, 0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
+
+
+def sdpa_masked(q, k, v, bias, scale):
+    """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked). A row whose
+    every key is masked is NaN, as that softmax is (torch's kernel returns 0 there). Only an
+    overflowed or NaN score can tell a -inf bias from masked_fill, and those take the definition.
+    A bias that is exactly the causal one runs as ``is_causal``: torch's kernel then skips the
+    masked blocks."""
+    if device_path(q):
+        return _sdpa_masked_on_device(q, k, v, bias.to(q.dtype), scale)
+    if _scores_overflow(q, k, scale):
+        return ops.sdpa_masked(q, k, v, bias, scale)
+    if bias.dtype == torch.bool:  # added: True is 1.0, not "keep"
+        bias = bias.to(q.dtype)
+    causal, dead = _mask_facts(bias, q.shape[-2], k.shape[-2])
+    if causal:
+        return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
+    out = _torch_sdpa(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
+    return out if dead is None else out.masked_fill(dead, float("nan"))
+
+
+def _sdpa_masked_on_device(q, k, v, bias, scale):
+    """sdpa_masked with its guards on the device: the rows every key masks are NaN, and where the
+    scores can overflow the definition is selected (computed on every call: knowing it is not
+    needed would take a read on the host). The mask is no causal flag: that needs a read too."""
+    dead = torch.isneginf(bias).all(-1, keepdim=True)
+    out = _torch_sdpa(q, k, v, attn_mask=bias, scale=scale).masked_fill(dead, float("nan"))
+    over = _scores_overflow(q, k, scale)
+    return out if over is False else torch.where(over, ops.sdpa_masked(q, k, v, bias, scale), out)
+
+
+#: id(bias) -> (weak reference, what identifies its values, its facts); a few masks per program
+_MASK_FACTS: dict[int, tuple] = {}
+
+
+def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | None]:
+    """(is the mask causal: a key above its query masked, every other kept, for every batch and
+    head; the rows whose every key is masked, None where none is). ``mask`` is an additive bias
+    (-inf masks, and a causal one is 0 elsewhere) or a boolean keep-mask. Read once per version
+    of the mask: a mask buffer, or the bias folded from it, is the same tensor on every call. An
+    inference tensor keeps no version counter, so it is read on every call."""
+    key = None if mask.is_inference() else \
+        (mask.data_ptr(), mask._version, mask.shape, mask.stride(), mask.dtype, mask.device, queries, keys)
+    seen = _MASK_FACTS.get(id(mask))
+    if key is not None and seen is not None and seen[0]() is mask and seen[1] == key:
+        return seen[2]
+    keep = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+    square = mask.shape[-2:] == (queries, keys) and all(n == 1 for n in mask.shape[:-2])
+    causal = square and torch.equal(keep.reshape(queries, keys), torch.ones(
+        queries, keys, dtype=torch.bool, device=mask.device).tril()) and \
+        (mask.dtype == torch.bool or not bool(mask.reshape(queries, keys).tril().any()))
+    dead = None if causal else ~keep.any(-1, keepdim=True)
+    facts = causal, (dead if dead is not None and bool(dead.any()) else None)
+    if key is not None:
+        if len(_MASK_FACTS) >= 64:
+            _MASK_FACTS.clear()
+        _MASK_FACTS[id(mask)] = (weakref.ref(mask), key, facts)
+    return facts
+
+
+#: exp(x) is 0 in float32 (and every narrower dtype) below this: a key whose score lies this far
+#: under its row's maximum has weight exactly 0
+EXP_UNDERFLOW = -104.0
+
+
+def sdpa_filled(q, k, v, keep, scale, fill):
+    """softmax(where(keep, q k^T * scale, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min)
+    where ``keep`` is False. Where every score s has fill - s below EXP_UNDERFLOW, a masked key
+    weighs exactly 0 in a row that keeps one, so torch's kernel runs with ``keep`` as its boolean
+    mask; a row that keeps none is the softmax of a constant row: the mean of v. Elsewhere (scores
+    too large, a NaN, an infinite fill) the definition runs."""
+    def definition():
+        return ops.sdpa_filled(q, k, v, keep, scale, fill)
+
+    if not math.isfinite(fill):
+        return definition()
+    slow = _scores_overflow(q, k, scale) | \
+        _not_below(_score_bound(q, k, scale), -fill + EXP_UNDERFLOW)
+    if device_path(q) and not isinstance(slow, bool):  # the definition selected where needed,
+        out = torch.where(~keep.any(-1, keepdim=True), v.mean(-2, keepdim=True),  # on every call
+                          _torch_sdpa(q, k, v, attn_mask=keep, scale=scale))
+        return torch.where(slow, definition(), out)
+    if slow:
+        return definition()
+    causal, dead = _mask_facts(keep, q.shape[-2], k.shape[-2])
+    if causal:
+        return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
+    out = _torch_sdpa(q, k, v, attn_mask=keep, scale=scale)
+    return out if dead is None else torch.where(dead, v.mean(-2, keepdim=True), out)
+
+
+def sdpa_guarded(q, k, v, bias, scale):
+    """softmax(q k^T * scale + bias) v with the dynamo exporter's guard on the weights: each NaN
+    weight is 0. A row whose largest score is not finite (every key masked by -inf, an overflow to
+    +inf, a NaN) has weights 0 and gives 0 v; elsewhere the guard leaves softmax as it is. Where
+    no score can overflow and v is finite, torch's kernel (which gives 0 for a row every -inf
+    masks) is that; elsewhere the definition runs."""
+    bias = bias.to(q.dtype)
+
+    def definition():
+        return ops.sdpa_guarded(q, k, v, bias, scale)
+
+    if q.device.type == "meta":
+        return definition()
+    fast = ~(bias.isnan().any() | (bias == math.inf).any()) & v.isfinite().all()
+    over = _scores_overflow(q, k, scale)
+    fast = fast if over is False else fast & ~over
+    if device_path(q):  # the definition selected where needed, computed on every call
+        return torch.where(fast, _torch_sdpa(q, k, v, attn_mask=bias, scale=scale), definition())
+    return _torch_sdpa(q, k, v, attn_mask=bias, scale=scale) if bool(fast) else definition()
+
+
+def conv2d(x, weight, bias, stride, padding, dilation, groups):
+    """A non-finite weight meets the zero padding (NaN * 0 is NaN): oneDNN's float32 kernel skips
+    padded positions, where the half-precision and float64 kernels multiply them, so such a weight
+    gets explicit padding (a weight is small: the check is cheap). On the device path, where the
+    check would be a read on the host, every padded conv2d gets it: exact for a finite one too."""
+    pad = parse_shape(padding)
+    if any(pad) and weight.device.type != "meta" and \
+            (device_path(weight) or not bool(weight.isfinite().all())):
+        x, padding = F.pad(x, tuple(p for p in reversed(pad) for _ in range(2))), ",".join("0" * len(pad))
+    return ops.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+
+def sdpa(q, k, v, scale, causal):
+    """Torch's kernel, and the definition for each attention (each leading index: batch, head)
+    whose scores can overflow; decided per attention, so one head's result never depends on
+    another's values (attention split by heads computes each head alone)."""
+    out = _torch_sdpa(q, k, v, is_causal=causal, scale=scale)
+    if q.device.type == "meta" or not q.numel() or not k.numel() or \
+            not device_path(q) and not _scores_overflow(q, k, scale):
+        return out  # on the device path the definition is selected per attention on every call
+    limit = torch.finfo(torch.promote_types(q.dtype, torch.float32)).max
+    bound = (q.abs().amax((-2, -1)).double() * k.abs().amax((-2, -1)).double() * q.shape[-1] * abs(scale))
+    definition = ops.sdpa(q, k, v, scale, causal)
+    return torch.where(~(bound < limit)[..., None, None], definition, out)
+
+
+def swish(x, beta):
+    """x * sigmoid(beta x) (Swish; CLIP's quick gelu is beta = 1.702, silu beta = 1), as spelled;
+    in place on beta x where autograd keeps no temporaries (one buffer, not three)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return ops.swish(x, beta)
+    return (x * beta).sigmoid_().mul_(x)
+
+
+def geglu(a, b, approximate):
+    """gelu(a) * b: GeGLU's gate (Shazeer 2020), gelu's signed zeros kept; the product in place
+    on gelu's output where autograd keeps it not and b is its like (the chunk's other half)."""
+    out = gelu(a, approximate)
+    if isinstance(b, torch.Tensor) and b.shape == out.shape and b.dtype == out.dtype and \
+            not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return out.mul_(b)
+    return out * b
+
+
+@functools.lru_cache(maxsize=64)
+def _half_signs(half: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """-1 over the first half of the last axis, +1 over the second: rotate_half's signs."""
+    with torch.inference_mode(False):  # usable outside inference mode too
+        ones = torch.ones(half, dtype=dtype, device=device)
+        return torch.cat((-ones, ones))
+
+
+def rotary(x, cos, sin):
+    """The reference's products exactly as roll(x) * (sin * signs), the signs on the smaller of
+    sin and x; where autograd keeps none of its temporaries and ``sin`` neither widens nor
+    broadcasts x, the products and sum run in place on the roll."""
+    half = x.shape[-1] // 2
+    tensors = [t for t in (x, cos, sin) if isinstance(t, torch.Tensor)]
+    if isinstance(sin, torch.Tensor) and x.shape[-1] == 2 * half and \
+            not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
+            torch.promote_types(x.dtype, sin.dtype) == x.dtype and sin.dim() <= x.dim() and \
+            all([n in (1, m) for n, m in zip(sin.shape[::-1], x.shape[::-1])]):  # broadcast_shapes: 20 us
+        rotated, signs = torch.roll(x, half, -1), _half_signs(half, sin.dtype, sin.device)
+        if sin.numel() < x.numel():
+            rotated.mul_(sin * signs)
+        else:
+            rotated.mul_(signs).mul_(sin)
+        return (x * cos).add_(rotated)
+    if isinstance(sin, torch.Tensor) and sin.shape[-1:] == x.shape[-1:] and sin.numel() < x.numel() \
+            and x.shape[-1] == 2 * half:
+        return x * cos + torch.roll(x, half, -1) * (sin * _half_signs(half, sin.dtype, sin.device))
+    return ops.rotary(x, cos, sin)
+
+
+def cross_entropy(x, target, reduction, ignore_index):
+    """torch's own kernel (F.cross_entropy); where that is NaN (a row holding NaN or +inf, or no
+    target kept), the reference."""
+    if x.device.type != "meta" and device_path(x):  # torch's kernel is this composition: no check
+        return ops.cross_entropy(x, target, reduction, ignore_index)
+    out = F.cross_entropy(x, target, reduction=reduction, ignore_index=ignore_index)
+    if x.device.type == "meta" or not bool(out.isnan().any()):
+        return out
+    return ops.cross_entropy(x, target, reduction, ignore_index)
+
+
+TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_norm": layer_norm,
+         "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "sdpa": sdpa,
+         "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
+         "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary,
+         "cross_entropy": cross_entropy}

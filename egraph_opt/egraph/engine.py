@@ -412,7 +412,7 @@ def _axis_facts(ref: int, key: tuple, t: Term, meta: dict) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _asks(rule) -> frozenset:
     """The analyses a rule's guards name."""
-    return frozenset(re.findall(r"\(([\w-]+)", " ".join(rule.when)))
+    return rule.when.heads()
 
 
 def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:

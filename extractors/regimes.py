@@ -31,7 +31,6 @@ import torch
 
 from egraph_opt.analysis.ranges import analyze
 from egraph_opt.analysis.sampling import sample_inputs
-from egraph_opt.lang.ops import parse_shape
 from egraph_opt.lang.program import Program
 from egraph_opt.lang.term import Term, evaluate
 from egraph_opt.rulesets.guards import Guard, intervals
@@ -164,11 +163,9 @@ def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
     except (ValueError, RuntimeError):
         return None
     if found is not None and c.guard:
-        def at_point(t: Term):
-            (v,) = evaluate([t], env, reference=True)
-            v = torch.as_tensor(v, dtype=torch.float64)
-            return v, v
-        ok = torch.as_tensor(c.guard.holds(c.binding, intervals(at_point))).expand(found.shape)
+        at_point = intervals(lambda t: (torch.as_tensor(evaluate([t], env, reference=True)[0],
+                                                        dtype=torch.float64),) * 2)
+        ok = torch.as_tensor(c.guard.holds(c.binding, at_point)).expand(found.shape)
         found = torch.where(ok | found.isnan(), found, torch.full_like(found, WORD))  # undefined stays so
     if found is None or c.truncation is None:
         return found

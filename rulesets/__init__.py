@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from egraph_opt.lang import pattern as pat
 
-from .guards import Guard, GuardError, when
+from .guards import Guard, when
 
 
 class Family(enum.Enum):
@@ -66,7 +66,7 @@ class Rule:
         try:
             object.__setattr__(self, "when", when(*self.when))
             self.when.check(set(lhs_vars))
-        except GuardError as e:
+        except ValueError as e:  # a fact that is none, or asks what no analysis answers
             raise RuleError(f"{self.name}: guard {e}") from None
         missing = set(rhs_vars) - set(lhs_vars)
         if missing:
@@ -111,19 +111,15 @@ def rules(family: Family, table, exactness: Exactness = Exactness.EXACT, **commo
     """Rules from rows ``(name, lhs, rhs, *extras)``, each extra known by its type: a string is
     the why, a ``when(...)`` the guard, an ``Exactness`` the row's own, a dict further fields
     (``sample``...). ``common`` fields apply to every tuple row; rows may also be Rule objects."""
-    out = []
-    for row in table:
-        if isinstance(row, Rule):
-            out.append(row)
-            continue
-        name, lhs, rhs, *extras = row
-        fields = {"exactness": exactness, **common}
-        for x in extras:
-            key = "why" if isinstance(x, str) else "when" if isinstance(x, Guard) else \
-                "exactness" if isinstance(x, Exactness) else None
-            fields.update({key: x} if key else x)
-        out.append(Rule(name, lhs, rhs, family, **fields))
-    return out
+    return [row if isinstance(row, Rule) else _row(family, {"exactness": exactness, **common}, *row)
+            for row in table]
+
+
+def _row(family: Family, fields: dict, name: str, lhs: str, rhs: str, *extras) -> Rule:
+    for x in extras:
+        fields.update({"why": x} if isinstance(x, str) else {"when": x} if isinstance(x, Guard) else
+                      {"exactness": x} if isinstance(x, Exactness) else x)
+    return Rule(name, lhs, rhs, family, **fields)
 
 
 def reverse(rule: Rule, family: Family, guard: Guard = Guard(), **fixed) -> Rule:

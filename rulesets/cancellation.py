@@ -6,13 +6,14 @@ Each stability rule's purpose is checked in the tests: at an offset or tiny inpu
 right side is accurate where its left side cancels.
 """
 from . import Exactness, Family, rules, when
-from .algebra import F32_MAX, NEVER_INF
+from .algebra import NEVER_INF, NEVER_POSITIVE_INF as _BELOW
 
 _E, _A = Family.STABILITY, Family.ALGEBRA
 _FINITE = NEVER_INF + NEVER_INF.rename({"x": "y"})  # ?x, ?y declared finite
 _HALF = "(const 0.5)"
 _POS = when("(positive ?x)", "(positive ?y)")
-_BELOW_INF = NEVER_INF[:1] + NEVER_INF[:1].rename({"x": "y"})
+_BELOW_Y = _BELOW.rename({"x": "y"})
+_BELOW_INF = _BELOW + _BELOW_Y
 _SHIFT = when("(> ?c 0.0)", "(positive ?x)", "(> (* (lo ?x) 60000.0) ?c)")
 #: +0, or -0 where the left side is -0 (x = -0, y = +0: x - y of zeros): 0x - 0y
 _ZERO_SIGN = "(sub (mul ?x (const 0.0)) (mul ?y (const 0.0)))"
@@ -25,10 +26,10 @@ RULES = rules(_E, [
                               "(div (const ?c) (add (sqrt (add ?x (const ?c))) (sqrt ?x)))", when("(!= ?c 0.0)"),
                               "x + c and x are never both 0 for c != 0: the denominator vanishes nowhere"),
     ("sqrt-difference-general", "(sub (sqrt ?x) (sqrt ?y))",
-                              "(div (sub ?x ?y) (add (sqrt ?x) (sqrt ?y)))", _POS[1:] + _FINITE,
+                              "(div (sub ?x ?y) (add (sqrt ?x) (sqrt ?y)))", when("(positive ?y)") + _FINITE,
                               "y > 0: no 0/0; both finite: no inf/inf"),
     ("sqrt-minus-one",        "(sub (sqrt (add ?x (const 1.0))) (const 1.0))",
-                              "(div ?x (add (sqrt (add ?x (const 1.0))) (const 1.0)))", NEVER_INF[:1],
+                              "(div ?x (add (sqrt (add ?x (const 1.0))) (const 1.0)))", _BELOW,
                               "sqrt(1 + x) - 1 for small x; x below +inf (inf / inf)"),
     # -- differences of reciprocals over a common denominator ----------------------------------
     ("reciprocal-shift-difference", "(sub (div (const 1.0) ?x) (div (const 1.0) (add ?x (const ?c))))",
@@ -48,14 +49,14 @@ RULES = rules(_E, [
                               "at most |x| + |y|); |x|, |y|: +0 times z's sign where x = +-y, as the left side's"),
     # -- ratios and roots near 1 ------------------------------------------------------------------
     ("ratio-minus-one",       "(sub (div ?x ?y) (const 1.0))",                  "(div (sub ?x ?y) ?y)",
-                              _POS + _BELOW_INF[1:], "x/y - 1 = (x - y)/y; x, y > 0: x - y cannot overflow"),
+                              _POS + _BELOW_Y, "x/y - 1 = (x - y)/y; x, y > 0: x - y cannot overflow"),
     ("one-minus-ratio",       "(sub (const 1.0) (div ?x ?y))",                  "(div (sub ?y ?x) ?y)",
-                              _POS + _BELOW_INF[1:]),
+                              _POS + _BELOW_Y),
     ("sqrt-less-one",         "(sub (sqrt ?x) (const 1.0))",
-                              "(div (sub ?x (const 1.0)) (add (sqrt ?x) (const 1.0)))", NEVER_INF[:1],
+                              "(div (sub ?x (const 1.0)) (add (sqrt ?x) (const 1.0)))", _BELOW,
                               "conjugate; x below +inf (inf / inf)"),
     ("one-less-sqrt",         "(sub (const 1.0) (sqrt ?x))",
-                              "(div (sub (const 1.0) ?x) (add (sqrt ?x) (const 1.0)))", NEVER_INF[:1]),
+                              "(div (sub (const 1.0) ?x) (add (sqrt ?x) (const 1.0)))", _BELOW),
     # -- cube roots: a - b = (cbrt a - cbrt b)(cbrt a^2 + cbrt a cbrt b + cbrt b^2) --------------
     ("cbrt-difference",       "(sub (cbrt ?x) (cbrt ?y))",
                               "(div (sub ?x ?y) (add (add (mul (cbrt ?x) (cbrt ?x)) (mul (cbrt ?x) (cbrt ?y))) "

@@ -108,11 +108,8 @@ RULES = rules(_F, [
     ("gelu-from-erf",             "(mul (mul ?x (const 0.5)) (add (erf (mul ?x (const ?c))) (const 1.0)))",
                                   '(gelu ?x "none")', Exactness.APPROX, _close_to(1 / math.sqrt(2)),
                                   {"sample": (("c", 1 / math.sqrt(2)),)}, "x * Phi(x); 1/sqrt(2) as float32 stores it"),
-    ("gelu-from-tanh",            "(mul (mul ?x (const 0.5)) (add (tanh (mul (add ?x (mul (pow ?x (const 3.0)) "
-                                  "(const ?k))) (const ?c))) (const 1.0)))", '(gelu ?x "tanh")', Exactness.APPROX,
-                                  _close_to(math.sqrt(2 / math.pi)) + _close_to(0.044715, "k"),
-                                  {"sample": (("c", math.sqrt(2 / math.pi)), ("k", 0.044715))},
-                                  "GPT-2's gelu; sqrt(2/pi) and 0.044715 as float32 stores them"),
+    _gelu_tanh("gelu-from-tanh", "(mul (add ?x (mul (pow ?x (const 3.0)) (const ?k))) (const ?c))",
+               "GPT-2's gelu; sqrt(2/pi) and 0.044715 as float32 stores them"),
     ("gelu-from-erf-divided",     "(mul (mul ?x (const 0.5)) (add (erf (div ?x (const ?c))) (const 1.0)))",
                                   '(gelu ?x "none")', Exactness.APPROX, _close_to(math.sqrt(2)),
                                   {"sample": (("c", math.sqrt(2)),)}, "x * Phi(x) as BERT writes it: erf(x / sqrt(2))"),

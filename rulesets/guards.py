@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 
 from egraph_opt.egraph.range_rules import ANALYSES
 from egraph_opt.lang import pattern as pat
+from egraph_opt.lang.pattern import Var
 
 #: what a guard computes with: egglog's primitives (``+`` also joins Strings: a shape attribute
 #: built from sizes), as Python computes them
@@ -32,19 +33,6 @@ SIGNS = {"positive": lambda lo, hi: lo > 0, "nonneg": lambda lo, hi: lo >= 0,
          "negative": lambda lo, hi: hi < 0, "nonzero": lambda lo, hi: (lo > 0) | (hi < 0)}
 #: heads an interval per operand decides, elementwise on tensors too (Python's min and max are not)
 INTERVAL_HEADS = frozenset({*SIGNS, "lo", "hi", "<", "<=", ">", ">=", *pat.PRIMITIVES})
-
-
-class GuardError(ValueError):
-    """A fact that is not one, or asks what no analysis answers."""
-
-
-@dataclass(frozen=True)
-class Var:
-    """``?name``; a root of a rule of several (``__lhs``, ``__lhs2``...) is spelled bare."""
-    name: str
-
-    def __str__(self):
-        return self.name if self.name.startswith("__lhs") else f"?{self.name}"
 
 
 class Num(float):
@@ -66,8 +54,7 @@ class Fact:
     args: tuple
 
     def __str__(self):
-        return "(" + " ".join([self.head, *(json.dumps(a) if type(a) is str else str(a)
-                                            for a in self.args)]) + ")"
+        return f"({' '.join([self.head, *map(_text, self.args)])})"
 
     def walk(self) -> Iterable:
         yield self
@@ -86,6 +73,13 @@ class Fact:
                                      a.rename(names) if isinstance(a, Fact) else a for a in self.args))
 
 
+def _text(a) -> str:
+    """An operand as egglog spells it: a root of several rewritten together (``__lhs2``) bare."""
+    if isinstance(a, Var):
+        return a.name if a.name.startswith("__lhs") else f"?{a.name}"
+    return json.dumps(a) if type(a) is str else str(a)
+
+
 class Guard(tuple):
     """The facts that must all hold; ``str`` is the egglog query text."""
 
@@ -94,9 +88,6 @@ class Guard(tuple):
 
     def __add__(self, other) -> Guard:
         return when(*self, *other)
-
-    def __getitem__(self, i):
-        return Guard(super().__getitem__(i)) if isinstance(i, slice) else super().__getitem__(i)
 
     def rename(self, names: dict[str, str]) -> Guard:
         """The same facts about other variables: ``{"x": "y"}`` asks of ?y what it asked of ?x."""
@@ -129,7 +120,7 @@ class Guard(tuple):
         for fact in self:
             for name in set(Guard((fact,)).variables()) - bound:
                 if not name.startswith("__lhs"):
-                    raise GuardError(f"{str(fact)!r} uses ?{name}, which the left side does not bind")
+                    raise ValueError(f"{str(fact)!r} uses ?{name}, which the left side does not bind")
 
 
 def intervals(interval: Callable) -> Callable:
@@ -149,7 +140,7 @@ def parse(text: str) -> Fact:
     except pat.PatternError:
         tree = None
     if not isinstance(tree, list):
-        raise GuardError(f"{text!r}: a guard is one parenthesized fact")
+        raise ValueError(f"{text!r}: a guard is one parenthesized fact")
     return _fact(tree, text)
 
 
@@ -159,15 +150,12 @@ def _fact(tree, text: str):
             return Var(tree.removeprefix("?"))
         if tree.startswith('"'):
             return json.loads(tree)
-        try:
-            return Num(tree)
-        except ValueError:
-            raise GuardError(f"{text!r}: {tree!r} is no variable, number or string") from None
+        return Num(tree)
     if not tree or not isinstance(tree[0], str):
-        raise GuardError(f"{text!r} has an empty or headless fact")
+        raise ValueError(f"{text!r} has an empty or headless fact")
     if tree[0] not in ANALYSES and tree[0] not in OPERATORS:
         known = ", ".join(sorted(ANALYSES | OPERATORS.keys()))
-        raise GuardError(f"{text!r} asks {tree[0]!r}, which no analysis defines (known: {known})")
+        raise ValueError(f"{text!r} asks {tree[0]!r}, which no analysis defines (known: {known})")
     return Fact(tree[0], tuple(_fact(a, text) for a in tree[1:]))
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ..lang.term import postorder, pretty
 from ..optimization import ematch
-from ..rulesets.guards import Fact, Var, parse
+from ..lang.pattern import Var
+from ..rulesets.guards import Fact, Guard, parse
 
 #: the facts a declared range can prove: (relation or bound) of one e-class
 _RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}
@@ -43,7 +44,7 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
             needs = [_bounds(fact, bound, text) for fact in failed]
             if not failed or None in needs:  # it fired here, or a range cannot prove what failed
                 continue
-            free = sorted({name for fact in failed for c in _subjects(fact, bound)
+            free = sorted({name for c in map(bound.get, Guard(failed).variables()) if isinstance(c, str)
                            for name in ematch.inputs_under(ex.snap.classes, c)} - set(input_ranges))
             if free:
                 hints.append(f"{rule.name} matched {text.get(cid, cid)}; its guard needs "
@@ -66,15 +67,6 @@ class _Texts(dict):
         if cid not in self and cid in self.terms:
             self[cid] = pretty(self.terms[cid], width=60)
         return super().get(cid, default)
-
-
-def _subjects(fact, bound: dict) -> list[str]:
-    """The e-classes a range fact speaks of."""
-    if not isinstance(fact, Fact):
-        return []
-    if fact.head in _RELATION or fact.head in ("lo", "hi", "nonzero"):
-        return [bound[fact.args[0].name]]
-    return [c for a in fact.args for c in _subjects(a, bound)]
 
 
 def _bounds(fact: Fact, bound: dict, text: dict) -> dict | None:

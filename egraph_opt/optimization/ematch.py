@@ -10,6 +10,7 @@ guard failed, and on what).
 """
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 from ..lang import pattern as pat
@@ -92,24 +93,20 @@ class Guards:
     def check(self, fact: Fact, bound: dict) -> tuple[bool, str]:
         """Whether ``fact`` holds under ``bound``, and a sentence saying what was (not) known."""
         try:
-            value = fact.value(bound, self._ask)
+            if fact.value(bound, self._ask):
+                return True, f"{fact} holds"
         except LookupError as e:
             return False, f"{fact}: {e.args[0]}"
-        if value:
-            return True, f"{fact} holds"
-        classes = [bound[v] for v in Guard((fact,)).variables() if isinstance(bound.get(v), str)]
+        classes = [bound[v] for v in Guard((fact,)).variables() if bound.get(v) in self.snap.classes]
         shown = [f"e-class {c} has range [{lo:.4g}, {hi:.4g}]" for c in dict.fromkeys(classes)
-                 if c in self.snap.classes for lo, hi in [self._interval(c)]]
+                 for lo, hi in [self.snap.ranges.get(c, (-math.inf, math.inf))]]
         return False, f"{fact} is not proved" + (": " + "; ".join(shown) if shown else "")
-
-    def _interval(self, cid: str) -> tuple[float, float]:
-        return self.snap.ranges.get(cid, (-float("inf"), float("inf")))
 
     def _ask(self, head: str, cid: str, *rest):
         if head in self.relations:
             return cid in self.relations[head]
         if head in ("lo", "hi"):
-            return self._interval(cid)[head == "hi"]
+            return self.snap.ranges.get(cid, (-math.inf, math.inf))[head == "hi"]
         if head == "dtype-of":
             return self.snap.dtypes.get(cid, "float32")
         if head not in ("last-dim", "rank", "axis-size", "reshape-axis", "reshape-part"):

@@ -26,18 +26,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-import operator
-
 import numpy as np
 import torch
 
 from egraph_opt.analysis.ranges import analyze
 from egraph_opt.analysis.sampling import sample_inputs
-from egraph_opt.lang.ops import parse_shape
-from egraph_opt.lang.pattern import ARITHMETIC
 from egraph_opt.lang.program import Program
 from egraph_opt.lang.term import Term, evaluate
-from egraph_opt.rulesets import sexp
+from egraph_opt.rulesets.guards import Guard, intervals
 
 from .rounding_error import elementwise_bits, ordinal
 
@@ -57,7 +53,7 @@ class Candidate:
     rule: object = None  # the series or guarded rule it came from, if any
     within: Term | None = None
     truncation: Callable[[torch.Tensor], torch.Tensor] | None = None
-    guard: tuple[str, ...] = ()  # a guarded rule's facts, over ``binding``
+    guard: Guard = Guard()  # a guarded rule's, over ``binding``
     binding: dict = field(default_factory=dict)  # its variables: Terms (operands) or numbers
 
     @property
@@ -167,11 +163,9 @@ def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
     except (ValueError, RuntimeError):
         return None
     if found is not None and c.guard:
-        def at_point(t: Term):
-            (v,) = evaluate([t], env, reference=True)
-            v = torch.as_tensor(v, dtype=torch.float64)
-            return v, v
-        ok = torch.as_tensor(guard_holds(c.guard, c.binding, at_point)).expand(found.shape)
+        at_point = intervals(lambda t: (torch.as_tensor(evaluate([t], env, reference=True)[0],
+                                                        dtype=torch.float64),) * 2)
+        ok = torch.as_tensor(c.guard.holds(c.binding, at_point)).expand(found.shape)
         found = torch.where(ok | found.isnan(), found, torch.full_like(found, WORD))  # undefined stays so
     if found is None or c.truncation is None:
         return found
@@ -190,7 +184,7 @@ def _interval_bound(c: Candidate, program: Program, ranges: dict, variable: Term
     if c.guard:
         terms = [t for t in c.binding.values() if isinstance(t, Term)]
         found = analyze(terms, narrowed, program.leaf_meta())
-        return 0.0 if guard_holds(c.guard, c.binding, lambda t: found[id(t)]) else math.inf
+        return 0.0 if c.guard.holds(c.binding, intervals(lambda t: found[id(t)])) else math.inf
     if c.truncation is None:
         return 0.0
     a, b = analyze([c.within], narrowed, program.leaf_meta())[id(c.within)]
@@ -259,36 +253,3 @@ def _between(a: float, b: float, next_to_a: bool = False) -> float:
     mid = lo + 1 if next_to_a else (lo + hi + 1) // 2
     word = torch.tensor([abs(mid)], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
     return -word if mid < 0 else word
-
-
-_SIGN = {"positive": lambda lo, hi: lo > 0, "nonneg": lambda lo, hi: lo >= 0,
-         "negative": lambda lo, hi: hi < 0, "nonzero": lambda lo, hi: (lo > 0) | (hi < 0)}
-_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
-#: the heads of a guard this module can decide over intervals (rulesets/__init__.py's guards)
-DECIDABLE = {*_SIGN, *_COMPARE, *ARITHMETIC, "lo", "hi"}
-
-
-def decidable(when: tuple[str, ...]) -> bool:
-    """Whether every fact of a guard is about signs and bounds (no dtype, shape or rank)."""
-    def heads(e):
-        return [e[0], *(h for a in e[1:] if isinstance(a, list) for h in heads(a))]
-    return bool(when) and all(set(heads(sexp(f))) <= DECIDABLE for f in when)
-
-
-def guard_holds(when: tuple[str, ...], binding: dict, interval: Callable):
-    """Whether every fact holds, with ``interval(term)`` the (lo, hi) of a bound operand: floats
-    (range analysis over a regime) or tensors (a value at each sampled point)."""
-    def value(e):
-        if isinstance(e, str):
-            return binding[e[1:]] if e.startswith("?") else float(e)
-        head, *args = e
-        if head in _SIGN:
-            return _SIGN[head](*interval(binding[args[0][1:]]))
-        if head in ("lo", "hi"):
-            return interval(binding[args[0][1:]])[head == "hi"]
-        operands = [value(a) for a in args]
-        return (_COMPARE | ARITHMETIC)[head](*operands)
-    ok = True
-    for fact in when:
-        ok = ok & value(sexp(fact))
-    return ok

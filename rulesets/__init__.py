@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 
 from egraph_opt.lang import pattern as pat
-from egraph_opt.egraph.range_rules import ANALYSES
+
+from .guards import Guard, when
 
 
 class Family(enum.Enum):
@@ -36,42 +37,6 @@ class RuleError(ValueError):
 
 
 _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
-#: egglog primitives a guard may compute with, beside the analyses
-PRIMITIVES = frozenset({"=", "!=", "<", ">", "<=", ">=", "+", "-", "*", "/", "abs", "min", "max",
-                        "to-string"})  # + joins Strings: a shape attribute built from sizes
-
-
-def sexp(text: str) -> list:
-    """A guard as nested lists of tokens: ``(positive ?a)`` -> ``['positive', '?a']``."""
-    try:
-        tree = pat.sexp(text)
-    except pat.PatternError:
-        tree = None
-    if not isinstance(tree, list):
-        raise RuleError(f"a guard is one parenthesized fact, not {text!r}")
-    return tree
-
-
-def _check_guard(rule: str, fact: str, bound: set[str]) -> None:
-    """A guard may only ask the analyses about, and compute with, what the left side binds: a
-    variable it does not bind (``?y``) would match any e-class at all, so a typo is an error."""
-    try:
-        stack = [sexp(fact)]
-    except RuleError as e:
-        raise RuleError(f"{rule}: guard {fact!r}: {e}") from None
-    while stack:
-        e = stack.pop()
-        if not e or not isinstance(e[0], str):
-            raise RuleError(f"{rule}: guard {fact!r} has an empty or headless fact")
-        head, *args = e
-        if head not in ANALYSES | PRIMITIVES:
-            raise RuleError(f"{rule}: guard {fact!r} asks {head!r}, which no analysis defines "
-                            f"(known: {', '.join(sorted(ANALYSES | PRIMITIVES))})")
-        for a in args:
-            if isinstance(a, list):
-                stack.append(a)
-            elif a.startswith("?") and a[1:] not in bound:
-                raise RuleError(f"{rule}: guard {fact!r} uses {a}, which the left side does not bind")
 
 
 @dataclass(frozen=True)
@@ -81,7 +46,7 @@ class Rule:
     rhs: str
     family: Family
     exactness: Exactness = Exactness.EXACT
-    when: tuple[str, ...] = ()  # egglog facts that must hold, over lhs variables
+    when: Guard = Guard()  # facts that must hold, over lhs variables (text or facts: parsed here)
     why: str = ""
     sample: tuple = ()  # (variable, value) pairs the proof sampler must use: shapes, strides
     counterexample: tuple = ()  # (variable, value) pairs where an UNSAFE rule is wrong
@@ -98,8 +63,11 @@ class Rule:
         lhs_vars = {v: s for lhs, _ in pairs for v, s in pat.variables(lhs).items()}
         lhs_vars.update(self.bound())
         rhs_vars = {v: s for _, rhs in pairs for v, s in pat.variables(rhs).items()}
-        for fact in self.when:
-            _check_guard(self.name, fact, set(lhs_vars))
+        try:
+            object.__setattr__(self, "when", when(*self.when))
+            self.when.check(set(lhs_vars))
+        except ValueError as e:  # a fact that is none, or asks what no analysis answers
+            raise RuleError(f"{self.name}: guard {e}") from None
         missing = set(rhs_vars) - set(lhs_vars)
         if missing:
             raise RuleError(f"{self.name}: right side uses unbound {sorted(missing)}")
@@ -133,34 +101,30 @@ class Rule:
         names = ["__lhs"] + [f"__lhs{i}" for i in range(2, len(pairs) + 1)]
         query = " ".join(f"(= {n} {lhs})" for n, (lhs, _) in zip(names, pairs))
         union = " ".join(f"(union {n} {rhs})" for n, (_, rhs) in zip(names, pairs))
-        return f"(rule ({query} {' '.join(self.when)}) ({union}) {tail})"
-
-    def dtype_facts(self) -> list[tuple[str, str]]:
-        """(variable, dtype) of each ``(= (dtype-of ?v) "dtype")`` guard: what a precision rule
-        needs of its operands, read from the guards as data."""
-        return [(e[1][1][1:], e[2].strip('"')) for e in map(sexp, self.when)
-                if e[0] == "=" and isinstance(e[1], list) and e[1][0] == "dtype-of"]
+        return f"(rule ({query} {self.when}) ({union}) {tail})"
 
     def describe(self) -> str:
         return "; ".join(f"{pat.show(lhs)} -> {pat.show(rhs)}" for lhs, rhs in self.pairs())
 
 
 def rules(family: Family, table, exactness: Exactness = Exactness.EXACT, **common) -> list[Rule]:
-    """Rules from rows ``(name, lhs, rhs[, why])``; rows may also be Rule objects. ``common``
-    fields (``when``, ``sample``) apply to every row given as a tuple."""
-    out = []
-    for row in table:
-        if isinstance(row, Rule):
-            out.append(row)
-        else:
-            name, lhs, rhs, *why = row
-            out.append(Rule(name, lhs, rhs, family, exactness, why=why[0] if why else "", **common))
-    return out
+    """Rules from rows ``(name, lhs, rhs, *extras)``, each extra known by its type: a string is
+    the why, a ``when(...)`` the guard, an ``Exactness`` the row's own, a dict further fields
+    (``sample``...). ``common`` fields apply to every tuple row; rows may also be Rule objects."""
+    return [row if isinstance(row, Rule) else _row(family, {"exactness": exactness, **common}, *row)
+            for row in table]
 
 
-def reverse(rule: Rule, family: Family, when: tuple[str, ...] = (), **fixed) -> Rule:
-    """The ``-rev`` rule: right side back into left side (decompositions of fusions), under the
-    guards ``when``. Variables the right side does not bind (a constant its condition pinned) are
+def _row(family: Family, fields: dict, name: str, lhs: str, rhs: str, *extras) -> Rule:
+    for x in extras:
+        fields.update({"why": x} if isinstance(x, str) else {"when": x} if isinstance(x, Guard) else
+                      {"exactness": x} if isinstance(x, Exactness) else x)
+    return Rule(name, lhs, rhs, family, **fields)
+
+
+def reverse(rule: Rule, family: Family, guard: Guard = Guard(), **fixed) -> Rule:
+    """The ``-rev`` rule: right side back into left side (decompositions of fusions), under
+    ``guard``. Variables the right side does not bind (a constant its condition pinned) are
     ``fixed`` to values."""
     def pin(text: str) -> str:
         for name, value in fixed.items():
@@ -168,7 +132,7 @@ def reverse(rule: Rule, family: Family, when: tuple[str, ...] = (), **fixed) -> 
         return text
 
     return Rule(f"{rule.name}-rev", pin(rule.rhs), pin(rule.lhs), family, rule.exactness,
-                when=when, why=f"reverse of {rule.name}",
+                when=guard, why=f"reverse of {rule.name}",
                 sample=tuple((v, x) for v, x in rule.sample if v not in fixed))
 
 

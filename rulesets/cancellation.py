@@ -5,15 +5,16 @@ bounded simplification that lets the rewritten terms meet and cancel exactly.
 Each stability rule's purpose is checked in the tests: at an offset or tiny input in float32 its
 right side is accurate where its left side cancels.
 """
-from . import Exactness, Family, Rule, rules
-from .algebra import F32_MAX, NEVER_INF
+from . import Exactness, Family, rules, when
+from .algebra import NEVER_INF, NEVER_POSITIVE_INF as _BELOW
 
 _E, _A = Family.STABILITY, Family.ALGEBRA
-_FINITE = NEVER_INF + tuple(f.replace("?x", "?y") for f in NEVER_INF)  # ?x, ?y declared finite
+_FINITE = NEVER_INF + NEVER_INF.rename({"x": "y"})  # ?x, ?y declared finite
 _HALF = "(const 0.5)"
-_POS = "(positive ?x)", "(positive ?y)"
-_BELOW_INF = NEVER_INF[:1] + ("(<= (hi ?y) 3.4028234663852886e38)",)
-_SHIFT = ("(> ?c 0.0)", "(positive ?x)", "(> (* (lo ?x) 60000.0) ?c)")
+_POS = when("(positive ?x)", "(positive ?y)")
+_BELOW_Y = _BELOW.rename({"x": "y"})
+_BELOW_INF = _BELOW + _BELOW_Y
+_SHIFT = when("(> ?c 0.0)", "(positive ?x)", "(> (* (lo ?x) 60000.0) ?c)")
 #: +0, or -0 where the left side is -0 (x = -0, y = +0: x - y of zeros): 0x - 0y
 _ZERO_SIGN = "(sub (mul ?x (const 0.0)) (mul ?y (const 0.0)))"
 _R = "(div (const 1.0) (add (abs ?x) (const 1.0)))"  # 1 / (1 + |x|): scales x y below overflow
@@ -21,24 +22,24 @@ _R = "(div (const 1.0) (add (abs ?x) (const 1.0)))"  # 1 / (1 + |x|): scales x y
 RULES = rules(_E, [
     # -- conjugates: sqrt(a) - sqrt(b) = (a - b) / (sqrt a + sqrt b) ---------------------------
     # name                    lhs                                               rhs
-    Rule("sqrt-shift-difference", "(sub (sqrt (add ?x (const ?c))) (sqrt ?x))",
-         "(div (const ?c) (add (sqrt (add ?x (const ?c))) (sqrt ?x)))", _E, when=("(!= ?c 0.0)",),
-         why="x + c and x are never both 0 for c != 0: the denominator vanishes nowhere"),
-    Rule("sqrt-difference-general", "(sub (sqrt ?x) (sqrt ?y))",
-         "(div (sub ?x ?y) (add (sqrt ?x) (sqrt ?y)))", _E, when=("(positive ?y)",) + _FINITE,
-         why="y > 0: no 0/0; both finite: no inf/inf"),
-    Rule("sqrt-minus-one",    "(sub (sqrt (add ?x (const 1.0))) (const 1.0))",
-         "(div ?x (add (sqrt (add ?x (const 1.0))) (const 1.0)))", _E, when=NEVER_INF[:1],
-         why="sqrt(1 + x) - 1 for small x; x below +inf (inf / inf)"),
+    ("sqrt-shift-difference", "(sub (sqrt (add ?x (const ?c))) (sqrt ?x))",
+                              "(div (const ?c) (add (sqrt (add ?x (const ?c))) (sqrt ?x)))", when("(!= ?c 0.0)"),
+                              "x + c and x are never both 0 for c != 0: the denominator vanishes nowhere"),
+    ("sqrt-difference-general", "(sub (sqrt ?x) (sqrt ?y))",
+                              "(div (sub ?x ?y) (add (sqrt ?x) (sqrt ?y)))", when("(positive ?y)") + _FINITE,
+                              "y > 0: no 0/0; both finite: no inf/inf"),
+    ("sqrt-minus-one",        "(sub (sqrt (add ?x (const 1.0))) (const 1.0))",
+                              "(div ?x (add (sqrt (add ?x (const 1.0))) (const 1.0)))", _BELOW,
+                              "sqrt(1 + x) - 1 for small x; x below +inf (inf / inf)"),
     # -- differences of reciprocals over a common denominator ----------------------------------
-    Rule("reciprocal-shift-difference", "(sub (div (const 1.0) ?x) (div (const 1.0) (add ?x (const ?c))))",
-         "(div (div (const ?c) ?x) (add ?x (const ?c)))", _E, when=("(> ?c 0.0)",),
-         why="1/x - 1/(x + c) = c / (x (x + c)), divided twice so x (x + c) cannot overflow"),
-    Rule("reciprocal-difference-general", "(sub (div (const 1.0) ?x) (div (const 1.0) ?y))",
-         "(div (div (sub ?y ?x) (maximum ?x ?y)) (minimum ?x ?y))", _E, when=_POS + _BELOW_INF,
-         why="1/x - 1/y = (y - x)/(x y), divided by the larger first: the quotient is within [-1, "
-             "1], so only a result past the dtype's max overflows; x, y > 0: y - x cannot "
-             "overflow (max - -max); finite: (y - inf)/inf is no 0 - 1/y"),
+    ("reciprocal-shift-difference", "(sub (div (const 1.0) ?x) (div (const 1.0) (add ?x (const ?c))))",
+                              "(div (div (const ?c) ?x) (add ?x (const ?c)))", when("(> ?c 0.0)"),
+                              "1/x - 1/(x + c) = c / (x (x + c)), divided twice so x (x + c) cannot overflow"),
+    ("reciprocal-difference-general", "(sub (div (const 1.0) ?x) (div (const 1.0) ?y))",
+                              "(div (div (sub ?y ?x) (maximum ?x ?y)) (minimum ?x ?y))", _POS + _BELOW_INF,
+                              "1/x - 1/y = (y - x)/(x y), divided by the larger first: the quotient is "
+                              "within [-1, 1], so only a result past the dtype's max overflows; x, y > 0: "
+                              "y - x cannot overflow (max - -max); finite: (y - inf)/inf is no 0 - 1/y"),
     # -- a difference of squares, scaled -------------------------------------------------------
     ("difference-of-squares-times", "(mul (sub (mul ?x ?x) (mul ?y ?y)) ?z)",
                               "(mul (mul (sub (abs ?x) (abs ?y)) ?z) (add (abs ?x) (abs ?y)))",
@@ -47,45 +48,45 @@ RULES = rules(_E, [
                               "z = 1e-25); it overflows only where the result does (its magnitude is "
                               "at most |x| + |y|); |x|, |y|: +0 times z's sign where x = +-y, as the left side's"),
     # -- ratios and roots near 1 ------------------------------------------------------------------
-    Rule("ratio-minus-one",   "(sub (div ?x ?y) (const 1.0))",                  "(div (sub ?x ?y) ?y)", _E,
-         when=_POS + _BELOW_INF[1:], why="x/y - 1 = (x - y)/y; x, y > 0: x - y cannot overflow"),
-    Rule("one-minus-ratio",   "(sub (const 1.0) (div ?x ?y))",                  "(div (sub ?y ?x) ?y)", _E,
-         when=_POS + _BELOW_INF[1:]),
-    Rule("sqrt-less-one",     "(sub (sqrt ?x) (const 1.0))",
-         "(div (sub ?x (const 1.0)) (add (sqrt ?x) (const 1.0)))", _E, when=NEVER_INF[:1],
-         why="conjugate; x below +inf (inf / inf)"),
-    Rule("one-less-sqrt",     "(sub (const 1.0) (sqrt ?x))",
-         "(div (sub (const 1.0) ?x) (add (sqrt ?x) (const 1.0)))", _E, when=NEVER_INF[:1]),
+    ("ratio-minus-one",       "(sub (div ?x ?y) (const 1.0))",                  "(div (sub ?x ?y) ?y)",
+                              _POS + _BELOW_Y, "x/y - 1 = (x - y)/y; x, y > 0: x - y cannot overflow"),
+    ("one-minus-ratio",       "(sub (const 1.0) (div ?x ?y))",                  "(div (sub ?y ?x) ?y)",
+                              _POS + _BELOW_Y),
+    ("sqrt-less-one",         "(sub (sqrt ?x) (const 1.0))",
+                              "(div (sub ?x (const 1.0)) (add (sqrt ?x) (const 1.0)))", _BELOW,
+                              "conjugate; x below +inf (inf / inf)"),
+    ("one-less-sqrt",         "(sub (const 1.0) (sqrt ?x))",
+                              "(div (sub (const 1.0) ?x) (add (sqrt ?x) (const 1.0)))", _BELOW),
     # -- cube roots: a - b = (cbrt a - cbrt b)(cbrt a^2 + cbrt a cbrt b + cbrt b^2) --------------
-    Rule("cbrt-difference",   "(sub (cbrt ?x) (cbrt ?y))",
-         "(div (sub ?x ?y) (add (add (mul (cbrt ?x) (cbrt ?x)) (mul (cbrt ?x) (cbrt ?y))) "
-         "(mul (cbrt ?y) (cbrt ?y))))", _E, when=_POS + _BELOW_INF,
-         why="x, y > 0: the denominator is positive and x - y cannot overflow; finite: no inf/inf"),
+    ("cbrt-difference",       "(sub (cbrt ?x) (cbrt ?y))",
+                              "(div (sub ?x ?y) (add (add (mul (cbrt ?x) (cbrt ?x)) (mul (cbrt ?x) (cbrt ?y))) "
+                              "(mul (cbrt ?y) (cbrt ?y))))", _POS + _BELOW_INF,
+                              "x, y > 0: the denominator is positive and x - y cannot overflow; finite: no inf/inf"),
     ("cos-minus-one",         "(sub (cos ?x) (const 1.0))",
                               f"(add (mul (const -2.0) (mul (sin (mul ?x {_HALF})) (sin (mul ?x {_HALF})))) (const 0.0))",
                               "cos x - 1 = -2 sin^2(x/2); + 0: +0 at x = 0, as 1 - 1 is"),
     # -- log algebra ---------------------------------------------------------------------------
     ("log-one-minus",         "(log (sub (const 1.0) ?x))",                     "(log1p (neg ?x))"),
-    Rule("log-shift-difference", "(sub (log (add ?x (const ?c))) (log ?x))", "(log1p (div (const ?c) ?x))",
-         _E, when=_SHIFT, why="log(x + c) - log(x) = log1p(c / x); c / x <= 6e4: finite in float16"),
-    Rule("log-shift-quotient", "(log (div (add ?x (const ?c)) ?x))",            "(log1p (div (const ?c) ?x))",
-         _E, when=_SHIFT),
-    Rule("log-difference-general", "(sub (log ?x) (log ?y))",                   "(log1p (div (sub ?x ?y) ?y))",
-         _E, when=_POS + ("(<= (hi ?x) (* 60000.0 (lo ?y)))", "(<= (hi ?y) (* 1000.0 (lo ?x)))"),
-         why="x, y > 0 within a ratio the ranges bound: (x - y)/y neither overflows nor rounds to -1"),
+    ("log-shift-difference",  "(sub (log (add ?x (const ?c))) (log ?x))",      "(log1p (div (const ?c) ?x))",
+                              _SHIFT, "log(x + c) - log(x) = log1p(c / x); c / x <= 6e4: finite in float16"),
+    ("log-shift-quotient",    "(log (div (add ?x (const ?c)) ?x))",            "(log1p (div (const ?c) ?x))", _SHIFT),
+    ("log-difference-general", "(sub (log ?x) (log ?y))",                      "(log1p (div (sub ?x ?y) ?y))",
+                              _POS + when("(<= (hi ?x) (* 60000.0 (lo ?y)))", "(<= (hi ?y) (* 1000.0 (lo ?x)))"),
+                              "x, y > 0 within a ratio the ranges bound: (x - y)/y neither overflows nor rounds to -1"),
     # -- expm1 and log1p compositions -----------------------------------------------------------
     ("exp-neg-difference",    "(sub (exp ?x) (exp (neg ?x)))",
                               "(add (sub (expm1 ?x) (expm1 (neg ?x))) (const 0.0))",
                               "e^x - e^-x = expm1(x) - expm1(-x) (2 sinh x); + 0: +0 at x = -0"),
     ("exp-neg-difference-mirror", "(sub (exp (neg ?x)) (exp ?x))",
                               "(add (sub (expm1 (neg ?x)) (expm1 ?x)) (const 0.0))", "-2 sinh x"),
-    Rule("expm1-log1p-cancel", "(expm1 (log1p ?x))",                            "?x", _E,
-         when=("(>= (lo ?x) -1.0)",), why="x >= -1: log1p is defined"),
+    ("expm1-log1p-cancel",    "(expm1 (log1p ?x))",                            "?x", when("(>= (lo ?x) -1.0)"),
+                              "x >= -1: log1p is defined"),
 ])
 
 #: sum-to-product, |x|, |y| <= 1e4: (x + y)/2 keeps the argument's digits (at y = 3e38 it moves by
 #: ulps of 1e38 radians); they remove the cancellation where x ~ y (the purpose probe "close")
-_SMALL = tuple(f"({op} ({b} ?{v}) {s}1e4)" for v in "xy" for op, b, s in (("<=", "hi", ""), (">=", "lo", "-")))
+_SMALL = when("(<= (hi ?x) 1e4)", "(>= (lo ?x) -1e4)")
+_SMALL += _SMALL.rename({"x": "y"})
 RULES += rules(_E, [
     ("tan-difference",        "(sub (tan ?x) (tan ?y))",
                               f"(add (div (sin (sub ?x ?y)) (mul (cos ?x) (cos ?y))) {_ZERO_SIGN})",
@@ -103,16 +104,16 @@ RULES += rules(_E, [
 ], when=_SMALL)
 
 RULES += rules(_E, [
-    Rule("tanh-difference",   "(sub (tanh ?x) (tanh ?y))",
-         f"(add (mul (tanh (sub ?x ?y)) (sub (const 1.0) (mul (tanh ?x) (tanh ?y)))) {_ZERO_SIGN})",
-         _E, when=_FINITE, why="tanh(x - y) = (tanh x - tanh y) / (1 - tanh x tanh y); finite: "
-                               "tanh(inf - inf); + (0x - 0y): 1 - 1 is +0 where tanh(x - y) < 0"),
-    Rule("atan-difference",   "(sub (atan ?x) (atan ?y))",
-         f"(atan2 (mul (sub ?x ?y) {_R}) (add {_R} (mul ?y (mul ?x {_R}))))", _E,
-         when=_FINITE + ("(> (min (min (* (lo ?x) (lo ?y)) (* (lo ?x) (hi ?y))) "
-                         "(min (* (hi ?x) (lo ?y)) (* (hi ?x) (hi ?y)))) -1.0)",),
-         why="atan x - atan y = atan2(x - y, 1 + x y) where x y > -1 (the ranges' least product), "
-             "both scaled by 1 / (1 + |x|) so x y cannot overflow; finite: no inf * 0"),
+    ("tanh-difference",       "(sub (tanh ?x) (tanh ?y))",
+                              f"(add (mul (tanh (sub ?x ?y)) (sub (const 1.0) (mul (tanh ?x) (tanh ?y)))) {_ZERO_SIGN})",
+                              _FINITE, "tanh(x - y) = (tanh x - tanh y) / (1 - tanh x tanh y); finite: "
+                              "tanh(inf - inf); + (0x - 0y): 1 - 1 is +0 where tanh(x - y) < 0"),
+    ("atan-difference",       "(sub (atan ?x) (atan ?y))",
+                              f"(atan2 (mul (sub ?x ?y) {_R}) (add {_R} (mul ?y (mul ?x {_R}))))",
+                              _FINITE + when("(> (min (min (* (lo ?x) (lo ?y)) (* (lo ?x) (hi ?y))) "
+                                             "(min (* (hi ?x) (lo ?y)) (* (hi ?x) (hi ?y)))) -1.0)"),
+                              "atan x - atan y = atan2(x - y, 1 + x y) where x y > -1 (the ranges' least "
+                              "product), both scaled by 1 / (1 + |x|) so x y cannot overflow; finite: no inf * 0"),
 ])
 
 #: the bounded simplification that lets rewritten terms meet: (x + e) - x is e exactly over the

@@ -15,7 +15,7 @@ _REVERSED = {"gelu-from-erf": {"c": 1 / math.sqrt(2)}, "linear-relu-fuse": {}, "
 RULES: list[Rule] = [reverse(_OF[name], Family.DECOMPOSITION, **fixed)
                      for name, fixed in _REVERSED.items()]
 RULES.append(reverse(_OF["log-sum-exp-from-shifted"], Family.DECOMPOSITION,
-                     when=NEVER_INF))  # the shifted form is NaN on a row of +-inf
+                     guard=NEVER_INF))  # the shifted form is NaN on a row of +-inf
 RULES += rules(Family.DECOMPOSITION, [  # the shifted forms are NaN across a row holding +inf
     # name                    lhs                          rhs
     ("softmax-decompose",     "(softmax ?x ?a)",

@@ -4,11 +4,11 @@ op (or the expm1 / log1p composition) that computes the same value without doing
 Each stability rule's purpose is checked in the tests: at a huge, tiny or nearly-equal input in
 float32 its right side is accurate where its left side is not.
 """
-from . import Family, Rule, rules
+from . import Family, rules, when
 from .algebra import F32_MAX, NEVER_INF
 
 _E = Family.STABILITY
-NEVER_INF_Y = tuple(f.replace("?x", "?y") for f in NEVER_INF)
+NEVER_INF_Y = NEVER_INF.rename({"x": "y"})
 _FINITE = NEVER_INF + NEVER_INF_Y  # ?x, ?y declared finite
 
 #: -1 < x < float32's max, at each element (NaN: false): 1 + x > 0 and finite, log1p(x) defined
@@ -39,15 +39,15 @@ RULES = rules(_E, [
                               "y^2)): the product and the sum overflow (1e20) or underflow (1e-25) where "
                               "the quotients do not; elsewhere the quotient as it was (its sum pinned to "
                               "1 where not taken: a term the left side does not match again)"),
-    Rule("hypot-const",       "(sqrt (add (mul ?x ?x) (const ?c)))",            "(hypot ?x (sqrt (const ?c)))",
-         _E, when=("(>= ?c 0.0)",), why="sqrt(x^2 + c) for c >= 0, sqrt(c) rounded once"),
-    Rule("quotient-by-square-plus", "(div ?x (add (mul ?x ?x) (const ?c)))",
-         "(div (const 1.0) (add ?x (div (const ?c) ?x)))", _E, when=("(> ?c 0.0)",),
-         why="x / (x^2 + c) = 1 / (x + c/x): x^2 overflows (x/inf = 0) from |x| = 2e19"),
+    ("hypot-const",           "(sqrt (add (mul ?x ?x) (const ?c)))",            "(hypot ?x (sqrt (const ?c)))",
+                              when("(>= ?c 0.0)"), "sqrt(x^2 + c) for c >= 0, sqrt(c) rounded once"),
+    ("quotient-by-square-plus", "(div ?x (add (mul ?x ?x) (const ?c)))",
+                              "(div (const 1.0) (add ?x (div (const ?c) ?x)))", when("(> ?c 0.0)"),
+                              "x / (x^2 + c) = 1 / (x + c/x): x^2 overflows (x/inf = 0) from |x| = 2e19"),
     # -- inverse hyperbolic functions by their logarithms ---------------------------------------
-    Rule("asinh-fuse",        "(log (add ?x (sqrt (add (mul ?x ?x) (const 1.0)))))", "(asinh ?x)", _E,
-         when=NEVER_INF, why="x + sqrt(x^2 + 1) cancels for x << 0 and overflows for x >> 0; "
-                            "finite: log(-inf + inf) is NaN where asinh(-inf) is -inf"),
+    ("asinh-fuse",            "(log (add ?x (sqrt (add (mul ?x ?x) (const 1.0)))))", "(asinh ?x)", NEVER_INF,
+                              "x + sqrt(x^2 + 1) cancels for x << 0 and overflows for x >> 0; "
+                              "finite: log(-inf + inf) is NaN where asinh(-inf) is -inf"),
     ("atanh-fuse",            "(log (div (add ?x (const 1.0)) (sub (const 1.0) ?x)))",
                               "(mul (atanh ?x) (const 2.0))",
                               "(1 + x)/(1 - x) rounds to 1 for tiny x: log gives 0, not 2x"),
@@ -57,20 +57,19 @@ RULES = rules(_E, [
     ("tan-half-angle",        "(div (sub (const 1.0) (cos ?x)) (sin ?x))",      "(tan (mul ?x (const 0.5)))",
                               "(1 - cos x)/sin x = tan(x/2): 1 - cos x is 0 for |x| < 2^-12"),
     # -- powers minus one through expm1 and log1p ---------------------------------------------
-    Rule("pow-shift-minus-one", "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
-         "(add (expm1 (mul ?y (log1p ?x))) (const 0.0))", _E, when=("(> (lo ?x) -1.0)",) + _FINITE,
-         why="(1 + x)^y - 1 = expm1(y log1p x) for x > -1; finite: 1^inf is 1, expm1(inf * 0) "
-             "NaN; + 0: +0 at y = 0, as 1 - 1 is"),
-    Rule("pow-minus-one",     "(sub (pow ?x ?y) (const 1.0))",                  "(add (expm1 (mul ?y (log ?x))) (const 0.0))",
-         _E, when=("(positive ?x)",) + _FINITE, why="x^y - 1 = expm1(y log x) for x > 0"),
-    Rule("pow-shift-minus-one-where", "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
-         f"(where {_BASE_POSITIVE} (add (expm1 (mul ?y (log1p ?x))) (const 0.0)) "
-         f"(sub (pow (where {_BASE_POSITIVE} (const 1.0) (add ?x (const 1.0))) ?y) (const 1.0)))",
-         _E, when=NEVER_INF_Y, why="pow-shift-minus-one where the ranges do not prove x > -1 "
-         "(x = i/n): where() takes it at the elements where -1 < x < float32's max, the power "
-         "elsewhere (its base pinned to 1 where not taken: a term of its own, which the left side "
-         "does not match again); "
-         "y finite: expm1(inf * 0)"),
+    ("pow-shift-minus-one",   "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
+                              "(add (expm1 (mul ?y (log1p ?x))) (const 0.0))", when("(> (lo ?x) -1.0)") + _FINITE,
+                              "(1 + x)^y - 1 = expm1(y log1p x) for x > -1; finite: 1^inf is 1, expm1(inf * 0) "
+                              "NaN; + 0: +0 at y = 0, as 1 - 1 is"),
+    ("pow-minus-one",         "(sub (pow ?x ?y) (const 1.0))",                  "(add (expm1 (mul ?y (log ?x))) (const 0.0))",
+                              when("(positive ?x)") + _FINITE, "x^y - 1 = expm1(y log x) for x > 0"),
+    ("pow-shift-minus-one-where", "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
+                              f"(where {_BASE_POSITIVE} (add (expm1 (mul ?y (log1p ?x))) (const 0.0)) "
+                              f"(sub (pow (where {_BASE_POSITIVE} (const 1.0) (add ?x (const 1.0))) ?y) (const 1.0)))",
+                              NEVER_INF_Y, "pow-shift-minus-one where the ranges do not prove x > -1 (x = i/n): "
+                              "where() takes it at the elements where -1 < x < float32's max, the power "
+                              "elsewhere (its base pinned to 1 where not taken: a term of its own, which the "
+                              "left side does not match again); y finite: expm1(inf * 0)"),
 ])
 
 #: the quadratic formula's two roots, each in the form whose numerator adds magnitudes: with q = 4ac,
@@ -78,18 +77,19 @@ RULES = rules(_E, [
 #: b^2 - q stay finite in float16 (where b^2 overflows, sqrt(inf) / inf gives 0, not -c/b); a != 0:
 #: the left side is defined; q != 0: at q = +0 the left side's zero has a's sign, the right side's not
 _DISC = "(sqrt (sub (mul ?b ?b) ?q))"
-_QUAD = ("(nonzero ?a)", "(nonzero ?q)", "(<= (hi ?q) 60000.0)", "(>= (lo ?q) -60000.0)")
-RULES += [
-    Rule("quadratic-plus", f"(div (add (neg ?b) {_DISC}) (mul ?a (const 2.0)))",
-         f"(div (div ?q (sub (neg ?b) {_DISC})) (mul ?a (const 2.0)))", _E,
-         when=("(positive ?b)", "(<= (hi ?b) 255.0)") + _QUAD,
-         why="-b + sqrt(b^2 - 4ac) cancels for b > 0 where 4ac is small"),
-    Rule("quadratic-minus", f"(div (sub (neg ?b) {_DISC}) (mul ?a (const 2.0)))",
-         f"(div (div ?q (add (neg ?b) {_DISC})) (mul ?a (const 2.0)))", Family.ALGEBRA,
-         when=("(negative ?b)", "(>= (lo ?b) -255.0)") + _QUAD,
-         why="-b - sqrt(b^2 - 4ac) cancels for b < 0 where 4ac is small (algebra: no purpose "
-             "probe draws b < 0 beside a small 4ac)"),
-]
+_QUAD = when("(nonzero ?a)", "(nonzero ?q)", "(<= (hi ?q) 60000.0)", "(>= (lo ?q) -60000.0)")
+RULES += rules(_E, [
+    ("quadratic-plus",        f"(div (add (neg ?b) {_DISC}) (mul ?a (const 2.0)))",
+                              f"(div (div ?q (sub (neg ?b) {_DISC})) (mul ?a (const 2.0)))",
+                              when("(positive ?b)", "(<= (hi ?b) 255.0)") + _QUAD,
+                              "-b + sqrt(b^2 - 4ac) cancels for b > 0 where 4ac is small"),
+]) + rules(Family.ALGEBRA, [
+    ("quadratic-minus",       f"(div (sub (neg ?b) {_DISC}) (mul ?a (const 2.0)))",
+                              f"(div (div ?q (add (neg ?b) {_DISC})) (mul ?a (const 2.0)))",
+                              when("(negative ?b)", "(>= (lo ?b) -255.0)") + _QUAD,
+                              "-b - sqrt(b^2 - 4ac) cancels for b < 0 where 4ac is small (algebra: no "
+                              "purpose probe draws b < 0 beside a small 4ac)"),
+])
 
 #: the numerators -b +- sqrt(b^2 - q) of the two roots, for any b and q: where the two terms
 #: cancel (b and the root of one sign, q > -b^2), the conjugate q / (-b -+ sqrt(b^2 - q)) as (q/b) /

@@ -6,7 +6,7 @@ explicit or not, masks as ``masked_fill`` or as an additive bias.
 """
 import math
 
-from . import Exactness, Family, Rule, rules
+from . import Exactness, Family, Rule, rules, when
 
 _F = Family.FUSION
 _SCORES = "(matmul ?q (transpose ?k -2 -1))"
@@ -18,13 +18,13 @@ _NORMALIZED = {  # (x - mean) / sqrt(var + eps), as divided and as multiplied by
     "div": "(div (sub ?x (mean ?x -1 true)) (sqrt (add (var ?x -1 true 0) (const ?eps))))",
     "rsqrt": "(mul (sub ?x (mean ?x -1 true)) (rsqrt (add (var ?x -1 true 0) (const ?eps))))",
 }
-_AFFINE = ("(= (rank ?w) 1)", "(= (rank ?b) 1)", "(= (last-dim ?w) (last-dim ?x))",
-           "(= (last-dim ?b) (last-dim ?x))")
+_AFFINE = when("(= (rank ?w) 1)", "(= (rank ?b) 1)", "(= (last-dim ?w) (last-dim ?x))",
+               "(= (last-dim ?b) (last-dim ?x))")
 _LN_SAMPLE = (("w", (5,)), ("b", (5,)))
 #: x * rsqrt(mean(x^2) + eps) with the square of ``sq`` (x itself, or x widened to float32)
 _RMS = "(mul ?x (rsqrt (add (mean (mul {sq} {sq}) -1 true) (const ?eps))))"
 _RMS_PLAIN = "(rms_norm ?x (const 1.0) ?eps)"
-_WEIGHT = ("(= (rank ?w) 1)", "(= (last-dim ?w) (last-dim ?x))")
+_WEIGHT = when("(= (rank ?w) 1)", "(= (last-dim ?w) (last-dim ?x))")
 _LINEAR_SAMPLE = (("w", (5, 5)), ("b", (5,)))
 _GS = "(div (param ?gn ?gs ?gd) (sqrt (add (param ?vn ?vs ?vd) (const ?eps))))"  # BN scale
 _CONV = "?x (param ?wn ?ws ?wd) ?cb ?s ?p ?d ?g"
@@ -47,9 +47,9 @@ def _softmax_float32(dtype: str, masked: bool) -> Rule:
                 why="float32 softmax inside a half-precision attention")
 
 
-def _close_to(value: float, var: str = "c") -> tuple[str, ...]:
+def _close_to(value: float, var: str = "c"):
     """A constant as exported: float32 stores 1/sqrt(2) or 0.044715 only to ~1e-8."""
-    return (f"(< (abs (- ?{var} {value!r})) 1e-7)",)
+    return when(f"(< (abs (- ?{var} {value!r})) 1e-7)")
 
 
 def _gelu_tanh(name: str, inner: str, why: str) -> Rule:
@@ -91,9 +91,9 @@ RULES = rules(_F, [
                                   "(sdpa_guarded ?q ?k ?v ?m 1.0)", "the scale on q and k (sqrt of it on each)"),
     ("permute-as-transposed-heads", '(permute ?k "0,2,3,1")',                       '(transpose (permute ?k "0,2,1,3") -2 -1)',
                                   "K split into heads and transposed by one permute"),
-    Rule("attention-fuse-masked-biased", f"(matmul (softmax (add (add {_SCALED} ?a) ?m) -1) ?v)",
-         "(sdpa_masked ?q ?k ?v (add ?a ?m) ?c)", _F, Exactness.REASSOC,
-         why="BLOOM: a position bias (alibi, baddbmm) added, then the mask: one bias, their sum"),
+    ("attention-fuse-masked-biased", f"(matmul (softmax (add (add {_SCALED} ?a) ?m) -1) ?v)",
+                                  "(sdpa_masked ?q ?k ?v (add ?a ?m) ?c)", Exactness.REASSOC,
+                                  "BLOOM: a position bias (alibi, baddbmm) added, then the mask: one bias, their sum"),
 ]) + rules(_F, [
     ("silu-fuse",                 "(mul ?x (sigmoid ?x))",                             "(silu ?x)"),
     ("silu-fuse-sigmoid-first",   "(mul (sigmoid ?x) ?x)",                             "(silu ?x)",
@@ -102,48 +102,44 @@ RULES = rules(_F, [
     ("linear-relu-fuse",          "(relu (linear ?x ?w ?b))",                          '(linear_act ?x ?w ?b "relu")'),
     ("linear-gelu-fuse",          '(gelu (linear ?x ?w ?b) "none")',                   '(linear_act ?x ?w ?b "gelu")'),
     ("linear-gelu-tanh-fuse",     '(gelu (linear ?x ?w ?b) "tanh")',                   '(linear_act ?x ?w ?b "gelu_tanh")'),
-], sample=_LINEAR_SAMPLE) + [
-    Rule("linear-fuse", "(add (matmul ?x (transpose ?w -2 -1)) ?b)", "(linear ?x ?w ?b)", _F,
-         when=("(= (rank ?w) 2)", "(= (rank ?b) 1)"), sample=_LINEAR_SAMPLE),
-    Rule("gelu-from-erf", "(mul (mul ?x (const 0.5)) (add (erf (mul ?x (const ?c))) (const 1.0)))",
-         '(gelu ?x "none")', _F, Exactness.APPROX, when=_close_to(1 / math.sqrt(2)),
-         sample=(("c", 1 / math.sqrt(2)),), why="x * Phi(x); 1/sqrt(2) as float32 stores it"),
-    Rule("gelu-from-tanh",
-         "(mul (mul ?x (const 0.5)) (add (tanh (mul (add ?x (mul (pow ?x (const 3.0)) "
-         "(const ?k))) (const ?c))) (const 1.0)))",
-         '(gelu ?x "tanh")', _F, Exactness.APPROX,
-         when=_close_to(math.sqrt(2 / math.pi)) + _close_to(0.044715, "k"),
-         sample=(("c", math.sqrt(2 / math.pi)), ("k", 0.044715)),
-         why="GPT-2's gelu; sqrt(2/pi) and 0.044715 as float32 stores them"),
-    Rule("gelu-from-erf-divided", "(mul (mul ?x (const 0.5)) (add (erf (div ?x (const ?c))) (const 1.0)))",
-         '(gelu ?x "none")', _F, Exactness.APPROX, when=_close_to(math.sqrt(2)),
-         sample=(("c", math.sqrt(2)),), why="x * Phi(x) as BERT writes it: erf(x / sqrt(2))"),
-    Rule("conv-batch-norm-fold", f"(batch_norm (conv2d {_CONV}) {_BN_PARAMS} ?eps)",
-         f'(conv2d ?x (mul (param ?wn ?ws ?wd) (reshape {_GS} (+ ?ms ",1,1,1"))) '
-         f"(add (mul (sub ?cb (param ?mn ?ms ?md)) {_GS}) (param ?bn ?bs ?bd)) ?s ?p ?d ?g)",
-         _F, Exactness.REASSOC, sample=(("x", (2, 3, 6, 6)), ("cb", (4,)), ("ws", "4,3,3,3"), ("ms", "4"), ("vs", "4"),
-                     ("gs", "4"), ("bs", "4"), ("s", "1,1"), ("p", "1,1"), ("d", "1,1"), ("g", 1),
-                     ("eps", 1e-5)),
-         why="eval-mode batch norm of a conv with constant parameters is one conv"),
-] + [
-    Rule(f"layer-norm-fuse-{form}{'-weight-first' if first else ''}",
-         f"(add (mul {'?w ' + n if first else n + ' ?w'}) ?b)", "(layer_norm ?x ?w ?b ?eps)", _F,
-         when=_AFFINE, sample=_LN_SAMPLE)
+], sample=_LINEAR_SAMPLE) + rules(_F, [
+    ("linear-fuse",               "(add (matmul ?x (transpose ?w -2 -1)) ?b)",         "(linear ?x ?w ?b)",
+                                  when("(= (rank ?w) 2)", "(= (rank ?b) 1)"), {"sample": _LINEAR_SAMPLE}),
+    ("gelu-from-erf",             "(mul (mul ?x (const 0.5)) (add (erf (mul ?x (const ?c))) (const 1.0)))",
+                                  '(gelu ?x "none")', Exactness.APPROX, _close_to(1 / math.sqrt(2)),
+                                  {"sample": (("c", 1 / math.sqrt(2)),)}, "x * Phi(x); 1/sqrt(2) as float32 stores it"),
+    _gelu_tanh("gelu-from-tanh", "(mul (add ?x (mul (pow ?x (const 3.0)) (const ?k))) (const ?c))",
+               "GPT-2's gelu; sqrt(2/pi) and 0.044715 as float32 stores them"),
+    ("gelu-from-erf-divided",     "(mul (mul ?x (const 0.5)) (add (erf (div ?x (const ?c))) (const 1.0)))",
+                                  '(gelu ?x "none")', Exactness.APPROX, _close_to(math.sqrt(2)),
+                                  {"sample": (("c", math.sqrt(2)),)}, "x * Phi(x) as BERT writes it: erf(x / sqrt(2))"),
+    ("conv-batch-norm-fold",      f"(batch_norm (conv2d {_CONV}) {_BN_PARAMS} ?eps)",
+                                  f'(conv2d ?x (mul (param ?wn ?ws ?wd) (reshape {_GS} (+ ?ms ",1,1,1"))) '
+                                  f"(add (mul (sub ?cb (param ?mn ?ms ?md)) {_GS}) (param ?bn ?bs ?bd)) ?s ?p ?d ?g)",
+                                  Exactness.REASSOC, {"sample": (
+                                      ("x", (2, 3, 6, 6)), ("cb", (4,)), ("ws", "4,3,3,3"), ("ms", "4"), ("vs", "4"),
+                                      ("gs", "4"), ("bs", "4"), ("s", "1,1"), ("p", "1,1"), ("d", "1,1"), ("g", 1),
+                                      ("eps", 1e-5))},
+                                  "eval-mode batch norm of a conv with constant parameters is one conv"),
+]) + rules(_F, [
+    (f"layer-norm-fuse-{form}{'-weight-first' if first else ''}",
+     f"(add (mul {'?w ' + n if first else n + ' ?w'}) ?b)", "(layer_norm ?x ?w ?b ?eps)")
     for form, n in _NORMALIZED.items() for first in (False, True)
-] + [
-    Rule(f"layer-norm-fuse-plain-{form}", n, "(layer_norm ?x (const 1.0) (const 0.0) ?eps)", _F)
-    for form, n in _NORMALIZED.items()
-] + [  # RMSNorm (LLaMA, T5, Gemma): the plain form, then its weight taken in from either side
-    Rule("rms-norm-fuse", _RMS.format(sq="?x"), _RMS_PLAIN, _F, why="x / rms(x), rms over the last axis"),
-    *(Rule(f"rms-norm-fuse-widened-{d}", _RMS.format(sq=f'(cast ?x "float32")'),
-           '(rms_norm (cast ?x "float32") (const 1.0) ?eps)', _F, when=(f'(= (dtype-of ?x) "{d}")',),
-           why="T5: the mean of squares in float32, x itself half (x * r widens it exactly)")
+], when=_AFFINE, sample=_LN_SAMPLE) + rules(_F, [
+    *((f"layer-norm-fuse-plain-{form}", n, "(layer_norm ?x (const 1.0) (const 0.0) ?eps)")
+      for form, n in _NORMALIZED.items()),
+    # RMSNorm (LLaMA, T5, Gemma): the plain form, then its weight taken in from either side
+    ("rms-norm-fuse",             _RMS.format(sq="?x"),                                _RMS_PLAIN,
+                                  "x / rms(x), rms over the last axis"),
+    *((f"rms-norm-fuse-widened-{d}", _RMS.format(sq=f'(cast ?x "float32")'),
+       '(rms_norm (cast ?x "float32") (const 1.0) ?eps)', when(f'(= (dtype-of ?x) "{d}")'),
+       "T5: the mean of squares in float32, x itself half (x * r widens it exactly)")
       for d in ("float16", "bfloat16")),
-    Rule("rms-norm-weight", f"(mul {_RMS_PLAIN} ?w)", "(rms_norm ?x ?w ?eps)", _F, when=_WEIGHT,
-         sample=(("w", (5,)),)),
-    Rule("rms-norm-weight-first", f"(mul ?w {_RMS_PLAIN})", "(rms_norm ?x ?w ?eps)", _F, when=_WEIGHT,
-         sample=(("w", (5,)),), why="LLaMA: weight * normalized"),
-]
+    ("rms-norm-weight",           f"(mul {_RMS_PLAIN} ?w)",                            "(rms_norm ?x ?w ?eps)",
+                                  _WEIGHT, {"sample": (("w", (5,)),)}),
+    ("rms-norm-weight-first",     f"(mul ?w {_RMS_PLAIN})",                            "(rms_norm ?x ?w ?eps)",
+                                  _WEIGHT, {"sample": (("w", (5,)),)}, "LLaMA: weight * normalized"),
+])
 
 
 def _projection(i: int) -> tuple[str, str]:
@@ -214,21 +210,19 @@ _PICKED_FORMS = {  # reduction -> (its spelling, the right side around the loss)
     "mean": (f"(neg (mean (mean {_GATHERED} -1 false) -1 false))", "{}"),
     "sum": (f"(neg (sum (sum {_GATHERED} -1 false) -1 false))", "{}"),
 }
-_T_COLUMN = ("(= (rank ?t) 1)", "(= ?n (last-dim ?t))", '(= ?s (+ (to-string ?n) ",1"))')
+_T_COLUMN = when("(= (rank ?t) 1)", "(= ?n (last-dim ?t))", '(= ?s (+ (to-string ?n) ",1"))')
 
-RULES += [
-    Rule("swish-fuse", "(mul ?x (sigmoid (mul ?x (const ?b))))", "(swish ?x ?b)", _F,
-         why="x sigmoid(b x): CLIP's quick gelu (b = 1.702), which is no gelu"),
-    *(Rule(f"geglu-fuse{suffix}", lhs, "(geglu ?a ?b ?p)", _F, sample=(("p", "tanh"),),
-           why="GeGLU: gelu(a) * b")
+RULES += rules(_F, [
+    ("swish-fuse",                "(mul ?x (sigmoid (mul ?x (const ?b))))",            "(swish ?x ?b)",
+                                  "x sigmoid(b x): CLIP's quick gelu (b = 1.702), which is no gelu"),
+    *((f"geglu-fuse{suffix}", lhs, "(geglu ?a ?b ?p)", {"sample": (("p", "tanh"),)}, "GeGLU: gelu(a) * b")
       for suffix, lhs in (("", "(mul (gelu ?a ?p) ?b)"), ("-gate-last", "(mul ?b (gelu ?a ?p))"))),
     *(_rotary(x_first, rotated_first) for x_first in (True, False) for rotated_first in (True, False)),
-    Rule("cross-entropy-fuse", "(nll_loss (log_softmax ?x -1) ?t ?r ?i)", "(cross_entropy ?x ?t ?r ?i)",
-         _F, when=("(= (rank ?t) 1)",), sample=(("x", (5, 6)), ("t", (5,)), ("r", "mean"), ("i", 2)),
-         why="nll_loss of log_softmax over the classes of (N, C) logits"),
-    *(Rule(f"cross-entropy-from-gather-{reduction}", lhs, rhs.format(_LOSS.format(reduction)), _F,
-           when=_T_COLUMN, binds=("n",),
-           sample=(("x", (5, 6)), ("t", (4,)), ("n", 4), ("s", "4,1")),
-           why="the picked log-probabilities of t[:, None]: cross-entropy, no target ignored")
+    ("cross-entropy-fuse",        "(nll_loss (log_softmax ?x -1) ?t ?r ?i)",           "(cross_entropy ?x ?t ?r ?i)",
+                                  when("(= (rank ?t) 1)"), {"sample": (("x", (5, 6)), ("t", (5,)), ("r", "mean"), ("i", 2))},
+                                  "nll_loss of log_softmax over the classes of (N, C) logits"),
+    *((f"cross-entropy-from-gather-{reduction}", lhs, rhs.format(_LOSS.format(reduction)), _T_COLUMN,
+       {"binds": ("n",), "sample": (("x", (5, 6)), ("t", (4,)), ("n", 4), ("s", "4,1"))},
+       "the picked log-probabilities of t[:, None]: cross-entropy, no target ignored")
       for reduction, (lhs, rhs) in _PICKED_FORMS.items()),
-]
+])

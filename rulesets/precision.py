@@ -15,7 +15,7 @@ analysis, recorded for every value whose dtype is set by a cast or a non-float32
 """
 from egraph_opt.lang.ops import OPS
 
-from . import Family, Rule
+from . import Family, rules, when
 
 HALF = ("float16", "bfloat16")
 
@@ -24,48 +24,44 @@ HALF = ("float16", "bfloat16")
 _ACCUMULATING = [op for op in OPS.values() if op.precision == "accumulate"]
 _HOISTED = [op for op in OPS.values() if op.precision == "hoist" and op.arity == 1]
 _HOISTED_BINARY = [op.name for op in OPS.values() if op.precision == "hoist" and op.arity == 2]
+_FLOAT32 = when('(= (dtype-of ?x) "float32")')
 
 
 def _attrs(op: str) -> str:
     return " ".join(f"?{a}" for a, _ in OPS[op].attrs)
 
 
-def _accumulate(op: str, sample: tuple, dtype: str) -> Rule:
+def _accumulate(op: str, sample: tuple, dtype: str) -> tuple:
     xs, attrs = [f"?x{i}" for i in range(OPS[op].arity)], _attrs(op)
     wide = " ".join(f'(cast {x} "float32")' for x in xs)
-    return Rule(f"{op.replace('_', '-')}-accumulate-float32-{dtype}", f"({op} {' '.join(xs)} {attrs})",
-                f'(cast ({op} {wide} {attrs}) "{dtype}")', Family.PRECISION,
-                when=(f'(= (dtype-of ?x0) "{dtype}")',), sample=sample,
-                why=f"accumulate {dtype} {op} in float32")
+    return (f"{op.replace('_', '-')}-accumulate-float32-{dtype}", f"({op} {' '.join(xs)} {attrs})",
+            f'(cast ({op} {wide} {attrs}) "{dtype}")', when(f'(= (dtype-of ?x0) "{dtype}")'), {"sample": sample},
+            f"accumulate {dtype} {op} in float32")
 
 
-def _hoist(op: str, sample: tuple, dtype: str) -> Rule:
+def _hoist(op: str, sample: tuple, dtype: str) -> tuple:
     attrs = _attrs(op)
-    return Rule(f"{op.replace('_', '-')}-before-rounding-{dtype}", f'({op} (cast ?x "{dtype}") {attrs})',
-                f'(cast ({op} ?x {attrs}) "{dtype}")', Family.PRECISION,
-                when=('(= (dtype-of ?x) "float32")',), sample=sample,
-                why=f"compute {op} before rounding to {dtype}")
+    return (f"{op.replace('_', '-')}-before-rounding-{dtype}", f'({op} (cast ?x "{dtype}") {attrs})',
+            f'(cast ({op} ?x {attrs}) "{dtype}")', _FLOAT32, {"sample": sample},
+            f"compute {op} before rounding to {dtype}")
 
 
-def _hoist_binary(op: str, dtype: str, side: int) -> Rule:
+def _hoist_binary(op: str, dtype: str, side: int) -> tuple:
     """One operand (``side``) rounded from float32; the other, of the half dtype, widens exactly."""
     lhs = ["?y", "?y"]
     lhs[side] = f'(cast ?x "{dtype}")'
     rhs = ['(cast ?y "float32")', '(cast ?y "float32")']
     rhs[side] = "?x"
-    return Rule(f"{op}-{('left', 'right')[side]}-before-rounding-{dtype}", f"({op} {' '.join(lhs)})",
-                f'(cast ({op} {" ".join(rhs)}) "{dtype}")', Family.PRECISION,
-                when=('(= (dtype-of ?x) "float32")', f'(= (dtype-of ?y) "{dtype}")'),
-                why=f"compute {op} before rounding to {dtype}")
+    return (f"{op}-{('left', 'right')[side]}-before-rounding-{dtype}", f"({op} {' '.join(lhs)})",
+            f'(cast ({op} {" ".join(rhs)}) "{dtype}")', _FLOAT32 + when(f'(= (dtype-of ?y) "{dtype}")'),
+            f"compute {op} before rounding to {dtype}")
 
 
-RULES = [
+RULES = rules(Family.PRECISION, [
     *(_accumulate(op.name, op.sample, dtype) for op in _ACCUMULATING for dtype in HALF),
     *(_hoist(op.name, tuple(("x" if v == "x0" else v, x) for v, x in op.sample), dtype)
       for op in _HOISTED for dtype in HALF),
     *(_hoist_binary(op, dtype, side) for op in _HOISTED_BINARY for dtype in HALF for side in (0, 1)),
-    *(Rule(f"round-trip-float32-{dtype}", f'(cast (cast ?x "{dtype}") "float32")', "?x",
-           Family.PRECISION, when=('(= (dtype-of ?x) "float32")',),
-           why=f"widening a value narrowed to {dtype} gives the float32 value back")
-      for dtype in HALF),
-]
+    *((f"round-trip-float32-{dtype}", f'(cast (cast ?x "{dtype}") "float32")', "?x", _FLOAT32,
+       f"widening a value narrowed to {dtype} gives the float32 value back") for dtype in HALF),
+])

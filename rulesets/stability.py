@@ -3,20 +3,20 @@
 Each rule's purpose is checked in the tests: at an extreme input in float32 its right side is
 accurate where its left side overflows, underflows or cancels.
 """
-from . import Family, Rule, rules
+from . import Family, rules, when
 from .algebra import BELOW_MAX, F32_MAX, F32_TINY, SHIFTED as _SHIFTED
 
 _E = Family.STABILITY
-_POS = "(positive ?a)", "(positive ?b)"
+_POS = when("(positive ?a)", "(positive ?b)")
 
 RULES = rules(_E, [
     # -- fusions into stable composite ops ------------------------------------------------------
     # name                    lhs                                               rhs
     ("softmax-fuse",          "(div (exp ?x) (sum (exp ?x) ?a true))",          "(softmax ?x ?a)"),
-    Rule("softmax-max-shift", "(div (exp ?x) (sum (exp ?x) ?a true))",
-         f"(div (exp {_SHIFTED}) (sum (exp {_SHIFTED}) ?a true))", _E, when=BELOW_MAX,
-         why="shift invariance: no exp argument exceeds 0; at x = +inf the shifted form is NaN "
-             "where the naive one is 0 (other entries of the row)"),
+    ("softmax-max-shift",     "(div (exp ?x) (sum (exp ?x) ?a true))",
+                              f"(div (exp {_SHIFTED}) (sum (exp {_SHIFTED}) ?a true))", BELOW_MAX,
+                              "shift invariance: no exp argument exceeds 0; at x = +inf the shifted form is "
+                              "NaN where the naive one is 0 (other entries of the row)"),
     ("log-sum-exp-fuse",      "(log (sum (exp ?x) ?a ?k))",                     "(logsumexp ?x ?a ?k)"),
     ("log-softmax-fuse",      "(log (softmax ?x ?a))",                          "(log_softmax ?x ?a)"),
     ("log-softmax-from-lse",  "(sub ?x (logsumexp ?x ?a true))",                "(log_softmax ?x ?a)",
@@ -25,9 +25,9 @@ RULES = rules(_E, [
                               "(add (sigmoid ?x) (mul (relu ?x) (const 0.0)))",
                               "e^x / (1 + e^x) is inf/inf for large x; + relu(x) * 0 keeps its NaN "
                               "at x = +inf (inf * 0), 0 elsewhere"),
-    Rule("sigmoid-from-exp-ratio-finite", "(div (exp ?x) (add (exp ?x) (const 1.0)))", "(sigmoid ?x)", _E,
-         when=BELOW_MAX, why="x declared below float32's max (an undeclared input "
-                                              "ranges up to it and may be +inf): no NaN to keep"),
+    ("sigmoid-from-exp-ratio-finite", "(div (exp ?x) (add (exp ?x) (const 1.0)))", "(sigmoid ?x)", BELOW_MAX,
+                              "x declared below float32's max (an undeclared input ranges up to it and may "
+                              "be +inf): no NaN to keep"),
     ("softplus-fuse",         "(log1p (exp ?x))",                               "(softplus ?x)"),
     ("log-sigmoid-stable",    "(log (sigmoid ?x))",                             "(sub (const 0.0) (softplus (neg ?x)))",
                               "0 - s, not -s: +0 where softplus underflows, as log(1) is"),
@@ -47,10 +47,10 @@ RULES = rules(_E, [
     ("log1p-from-log-right",  "(log (add ?x (const 1.0)))",                     "(log1p ?x)"),
     ("expm1-from-exp",        "(sub (exp ?x) (const 1.0))",                     "(expm1 ?x)"),
     ("one-minus-exp",         "(sub (const 1.0) (exp ?x))",                     "(neg (expm1 ?x))"),
-    Rule("exp-difference",    "(sub (exp ?a) (exp ?b))",                        "(mul (exp ?b) (expm1 (sub ?a ?b)))",
-         _E, when=("(< (- (hi ?a) (lo ?b)) 11.0)",),
-         why="e^a - e^b cancels when a ~ b; a - b <= 11 keeps expm1 finite in float16 (at a = 80, "
-             "b = -110: 0 * inf) and a, b finite (at a = b = -inf: NaN)"),
+    ("exp-difference",        "(sub (exp ?a) (exp ?b))",                        "(mul (exp ?b) (expm1 (sub ?a ?b)))",
+                              when("(< (- (hi ?a) (lo ?b)) 11.0)"),
+                              "e^a - e^b cancels when a ~ b; a - b <= 11 keeps expm1 finite in float16 (at "
+                              "a = 80, b = -110: 0 * inf) and a, b finite (at a = b = -inf: NaN)"),
     ("one-minus-cos",         "(sub (const 1.0) (cos ?x))",
                               "(mul (const 2.0) (mul (sin (mul ?x (const 0.5))) (sin (mul ?x (const 0.5)))))",
                               "1 - cos x = 2 sin^2(x/2)"),
@@ -67,17 +67,17 @@ RULES = rules(_E, [
     ("exp-product",           "(mul (exp ?a) (exp ?b))",                        "(exp (add ?a ?b))",
                               "e^a e^b is inf * 0 when a = -b is large"),
     ("exp-quotient",          "(div (exp ?a) (exp ?b))",                        "(exp (sub ?a ?b))"),
-    Rule("log-product",       "(log (mul ?a ?b))",                              "(add (log ?a) (log ?b))",
-         _E, when=_POS, why="a*b overflows where log a + log b does not"),
-    Rule("log-power",         "(log (pow ?a (const ?p)))",                      "(mul (log ?a) (const ?p))",
-         _E, when=("(positive ?a)", "(> ?p 0.0)"), why="p <= 0: log(1) * -2 is -0, log(inf^0) NaN"),
-]) + [
-    Rule(f"log-quotient{suffix}", "(log (div ?a ?b))", "(sub (log ?a) (log ?b))", _E,
-         when=_POS + (f"(> (max (- (hi ?a) (* {big} (lo ?b))) (- (* {tiny} (hi ?b)) (lo ?a))) 0.0)",)
-         + ((f'(= (dtype-of ?a) "{dtype}")',) if dtype else ()), sample=(("a", 1e30), ("b", 1e-12)),
-         why="a/b overflows or underflows where log a - log b does not; elsewhere the difference "
-             "only cancels (near a = b: 1.7% in float16 at a = 10.6, b = 11.6; fuzz seed 1441 at a "
-             "softmax's dominant entry), so only where a/b may leave the dtype's range")
+    ("log-product",           "(log (mul ?a ?b))",                              "(add (log ?a) (log ?b))",
+                              _POS, "a*b overflows where log a + log b does not"),
+    ("log-power",             "(log (pow ?a (const ?p)))",                      "(mul (log ?a) (const ?p))",
+                              when("(positive ?a)", "(> ?p 0.0)"), "p <= 0: log(1) * -2 is -0, log(inf^0) NaN"),
+]) + rules(_E, [
+    (f"log-quotient{suffix}", "(log (div ?a ?b))",                              "(sub (log ?a) (log ?b))",
+                              _POS + when(f"(> (max (- (hi ?a) (* {big} (lo ?b))) (- (* {tiny} (hi ?b)) (lo ?a))) 0.0)")
+                              + (when(f'(= (dtype-of ?a) "{dtype}")') if dtype else ()))
     for suffix, dtype, big, tiny in (("", None, F32_MAX, F32_TINY),
                                      ("-float16", "float16", 65504.0, 6.103515625e-05))
-]
+], sample=(("a", 1e30), ("b", 1e-12)),
+    why="a/b overflows or underflows where log a - log b does not; elsewhere the difference only cancels "
+        "(near a = b: 1.7% in float16 at a = 10.6, b = 11.6; fuzz seed 1441 at a softmax's dominant "
+        "entry), so only where a/b may leave the dtype's range")

@@ -186,11 +186,11 @@ def test_a_guarded_rule_is_never_taken_where_its_guard_fails():
 
 
 def test_guards_are_decided_over_intervals_and_at_points():
-    from egraph_opt.extractors.regimes import decidable, guard_holds
+    from egraph_opt.rulesets.guards import intervals, when
     b = Term.input("b", (3,))
-    when = ("(positive ?b)", "(<= (hi ?b) 255.0)")
-    assert decidable(when) and not decidable(('(= (dtype-of ?b) "float16")',))
-    assert guard_holds(when, {"b": b}, lambda t: (2.0, 200.0))
-    assert not guard_holds(when, {"b": b}, lambda t: (-1.0, 200.0))
+    guard = when("(positive ?b)", "(<= (hi ?b) 255.0)")
+    assert guard.over_intervals and not when('(= (dtype-of ?b) "float16")').over_intervals
+    assert guard.holds({"b": b}, intervals(lambda t: (2.0, 200.0)))
+    assert not guard.holds({"b": b}, intervals(lambda t: (-1.0, 200.0)))
     v = torch.tensor([-1.0, 3.0, 300.0])
-    assert guard_holds(when, {"b": b}, lambda t: (v, v)).tolist() == [False, True, False]
+    assert guard.holds({"b": b}, intervals(lambda t: (v, v))).tolist() == [False, True, False]

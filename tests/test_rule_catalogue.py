@@ -32,7 +32,7 @@ def test_guards_are_checked_when_a_rule_is_made(when, message):
 
 def test_precision_guards_are_read_as_data():
     rule = catalogue()["sum-accumulate-float32-float16"]
-    assert rule.dtype_facts() == [("x0", "float16")]
+    assert rule.when.dtypes() == [("x0", "float16")]
 
 
 @pytest.mark.parametrize("text,message", [

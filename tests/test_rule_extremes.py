@@ -56,7 +56,7 @@ def extremes(dtype: torch.dtype) -> list[float]:
 def _facts(rule):
     """(sign facts by variable, dtype by variable, other facts) of the rule's guard."""
     signs, dtypes, rest = {}, {}, []
-    for fact in rule.when:
+    for fact in map(str, rule.when):
         e = _sexp(fact)
         if e[0] in _SIGNS:
             signs[e[1][1:]] = e[0]

@@ -16,7 +16,7 @@ import torch
 from egraph_opt.kernels.torch_ops import TORCH
 from egraph_opt.lang import pattern as pat
 from egraph_opt.egraph.engine import EGraph
-from egraph_opt.rulesets import Exactness, Family, catalogue, sexp as _sexp
+from egraph_opt.rulesets import Exactness, Family, catalogue
 from egraph_opt.lang.mesh import Local, through_reshape
 from egraph_opt.lang.ops import parse_shape, shape_attr
 from egraph_opt.lang.term import Term, evaluate
@@ -28,6 +28,11 @@ SHAPE = (2, 3, 5, 5)  # every tensor variable: square trailing dims fit matmul a
 TOLERANCE = {Exactness.EXACT: 1e-9, Exactness.REASSOC: 1e-9, Exactness.APPROX: 1e-3}
 _SIGNS = {"positive": 1, "nonneg": 1, "nonzero": 0, "negative": -1}  # sampled magnitude >= 0.1;
 # the sign drawn: 1 positive, -1 negative, 0 either
+
+
+def _sexp(fact) -> list:
+    """A guard fact as nested lists of tokens: read here apart from the guard module's evaluator."""
+    return pat.sexp(str(fact))
 
 
 def _sampled_bound(x: torch.Tensor, head: str) -> float:
@@ -119,7 +124,7 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
     sorts.update(rule.bound())
     pinned = dict(rule.sample)
     signs = {f.strip("()").split()[1][1:]: f.strip("()").split()[0]
-             for f in rule.when if f.strip("()").split()[0] in _SIGNS}
+             for f in map(str, rule.when) if f.strip("()").split()[0] in _SIGNS}
     indices = _index_vars(lhs)
     conditions = _uses(lhs, "where", 0)
     param_vars = {q.attrs[0].name: q.attrs for q in _params(lhs)}
@@ -157,7 +162,7 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
                 values[name] = float(torch.empty(()).uniform_(-3, 3, generator=gen))
             else:
                 raise AssertionError(f"{rule.name}: no sampler for ?{name} ({sort}); pin it")
-        facts = [f for f in rule.when  # facts about the roots bind sizes, which sample pins
+        facts = [f for f in map(str, rule.when)  # facts about the roots bind sizes, which sample pins
                  if f.strip("()").split()[0] not in _SIGNS and "__lhs" not in f]
         if all(_value(_sexp(f), values, env) for f in facts):
             return values, env

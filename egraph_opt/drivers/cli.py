@@ -29,7 +29,7 @@ def _rules(args) -> int:
     rows = [r for r in catalogue().values() if args.family is None or r.family.value == args.family]
     width = max(len(r.name) for r in rows)
     for r in rows:
-        when = f"  when {' '.join(r.when)}" if r.when else ""
+        when = f"  when {r.when}" if r.when else ""
         print(f"{r.name:<{width}}  {r.family.value:<13} {r.exactness.value:<8} {r.describe()}{when}")
     print(f"{len(rows)} rules")
     return 0

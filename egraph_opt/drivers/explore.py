@@ -365,7 +365,7 @@ class Explorer:
                          f"extractor chose {_node_text(pick) if pick else 'no member of it'} "
                          "as cheaper (eclass() shows each member's cost)"])
         return Table(f"why not {name}: {rule.describe()}", ["part", "finding"], rows,
-                     f"guard: {' '.join(rule.when) or 'none'}")
+                     f"guard: {rule.when or 'none'}")
 
     def derivation(self) -> Table:
         """The steps from the input program to the output, each a rule at a location, with the

@@ -3,14 +3,15 @@ guard failed only on range facts (``positive``, ``lo``/``hi`` bounds...) of valu
 an input with no declared range. Undeclared inputs range over every finite value (docs/DESIGN.md), so
 without this line a fix silently does not happen (``sqrt(x + 1) - sqrt(x)`` keeps its cancellation).
 
->>> _bounds("(<= (hi ?x) 10.0)", {"x": "c"}, {"c": "x + 1"})
+>>> _bounds(parse("(<= (hi ?x) 10.0)"), {"x": "c"}, {"c": "x + 1"})
 {'x + 1': [None, (10.0, False)]}
 """
 from __future__ import annotations
 
 from ..lang.term import postorder, pretty
 from ..optimization import ematch
-from ..rulesets import sexp
+from ..lang.pattern import Var
+from ..rulesets.guards import Fact, Guard, parse
 
 #: the facts a declared range can prove: (relation or bound) of one e-class
 _RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}
@@ -36,14 +37,14 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
     guards = ematch.Guards(ex.snap, ex.relations, ex.meta)
     hints = []
     for rule in ex.rules:
-        if not any(head in fact for fact in rule.when for head in ("positive", "nonneg", "(hi ", "(lo ")):
+        if not {"positive", "nonneg", "hi", "lo"} & rule.when.heads():
             continue
         for cid, bound in ematch.matches(rule.pairs()[0][0], ex.snap.classes):
             failed = [fact for fact in rule.when if not guards.check(fact, bound)[0]]
             needs = [_bounds(fact, bound, text) for fact in failed]
             if not failed or None in needs:  # it fired here, or a range cannot prove what failed
                 continue
-            free = sorted({name for fact in failed for c in _subjects(sexp(fact), bound)
+            free = sorted({name for c in map(bound.get, Guard(failed).variables()) if isinstance(c, str)
                            for name in ematch.inputs_under(ex.snap.classes, c)} - set(input_ranges))
             if free:
                 hints.append(f"{rule.name} matched {text.get(cid, cid)}; its guard needs "
@@ -68,32 +69,22 @@ class _Texts(dict):
         return super().get(cid, default)
 
 
-def _subjects(tree, bound: dict) -> list[str]:
-    """The e-classes a range fact speaks of."""
-    if isinstance(tree, str):
-        return []
-    head, *args = tree
-    if head in _RELATION or head in ("lo", "hi", "nonzero"):
-        return [bound[args[0][1:]]]
-    return [c for a in args for c in _subjects(a, bound)]
-
-
-def _bounds(fact: str, bound: dict, text: dict) -> dict | None:
+def _bounds(fact: Fact, bound: dict, text: dict) -> dict | None:
     """``{value text: [lower, upper]}`` (each ``(number, strict)`` or None) that ``fact`` asks of
     a value; None where it is no such bound (a dtype, a rank, a constant's sign)."""
-    head, *args = sexp(fact)
-    if head in _RELATION and args[0].startswith("?"):
+    head, args = fact.head, fact.args
+    if head in _RELATION and isinstance(args[0], Var):
         return {_name(args[0], bound, text): [_RELATION[head], None]}
-    if head in _BOUND and isinstance(args[0], list) and len(args[0]) == 2 and isinstance(args[1], str):
+    if head in _BOUND and isinstance(args[0], Fact) and len(args[0].args) == 1 and isinstance(args[1], float):
         side, strict = _BOUND[head]
-        if args[0][0] == side and args[0][1].startswith("?") and not args[1].startswith("?"):
+        if args[0].head == side and isinstance(args[0].args[0], Var):
             limit = (float(args[1]), strict)
-            return {_name(args[0][1], bound, text): [limit, None] if side == "lo" else [None, limit]}
+            return {_name(args[0].args[0], bound, text): [limit, None] if side == "lo" else [None, limit]}
     return None
 
 
-def _name(var: str, bound: dict, text: dict) -> str:
-    cid = bound[var[1:]]
+def _name(var: Var, bound: dict, text: dict) -> str:
+    cid = bound[var.name]
     return text.get(cid, f"e-class {cid}")
 
 

@@ -297,7 +297,7 @@ class EGraph:
                 self._ops |= _ops_of(r)[1] if ok else frozenset()
             waiting = [r for r, ok in zip(waiting, now) if not ok]
         self._waiting[phase] = waiting
-        if not self._axes_asked and any(range_rules.AXIS_FACTS & _asks(r) for r in ready):
+        if not self._axes_asked and any(range_rules.AXIS_FACTS & r.when.heads() for r in ready):
             self._load_axis_facts()
         if ready:
             self._run("\n".join(_egglog_text(r, _ruleset(phase)) for r in ready))
@@ -407,12 +407,6 @@ def _axis_facts(ref: int, key: tuple, t: Term, meta: dict) -> list[str]:
         for a, (b, part) in through_reshape(meta[id(t.args[0])][0], shape).items():
             facts += [f"(set (reshape-axis {of} {a}) {b})", f"(set (reshape-part {of} {a}) {literal(part)})"]
     return facts
-
-
-@functools.lru_cache(maxsize=None)
-def _asks(rule) -> frozenset:
-    """The analyses a rule's guards name."""
-    return frozenset(re.findall(r"\(([\w-]+)", " ".join(rule.when)))
 
 
 def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:

@@ -139,7 +139,7 @@ class _Replay:
         self.all_rules = list(rules)
         moves = []
         for r in rules:
-            facts, several = tuple(r.dtype_facts()), len(r.pairs()) > 1
+            facts, several = tuple(r.when.dtypes()), len(r.pairs()) > 1
             for i, (lhs, rhs) in enumerate(r.pairs()):
                 root = i if several else None
                 moves.append(_Move(r, lhs, rhs, back=False, root=root, dtypes=facts))

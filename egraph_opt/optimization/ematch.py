@@ -10,17 +10,13 @@ guard failed, and on what).
 """
 from __future__ import annotations
 
-import operator
+import math
 from typing import Iterator
 
 from ..lang import pattern as pat
 from ..lang.mesh import through_reshape
 from ..lang.ops import parse_shape
-from ..rulesets import sexp
-
-_COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
-            "<=": operator.le, ">=": operator.ge}
-_ARITHMETIC = {**pat.ARITHMETIC, "abs": abs, "min": min, "max": max}
+from ..rulesets.guards import Fact, Guard
 
 
 def ematch(p, classes: dict, cid: str, bound: dict | None = None) -> Iterator[dict]:
@@ -94,68 +90,40 @@ class Guards:
     def __init__(self, snap, relations: dict[str, set[str]], meta: dict):
         self.snap, self.relations, self.meta = snap, relations, meta
 
-    def check(self, fact: str, bound: dict) -> tuple[bool, str]:
+    def check(self, fact: Fact, bound: dict) -> tuple[bool, str]:
         """Whether ``fact`` holds under ``bound``, and a sentence saying what was (not) known."""
-        tree = sexp(fact)
         try:
-            value = self._value(tree, bound)
+            if fact.value(bound, self._ask):
+                return True, f"{fact} holds"
         except LookupError as e:
             return False, f"{fact}: {e.args[0]}"
-        if value:
-            return True, f"{fact} holds"
-        return False, f"{fact} is not proved{self._why(tree, bound)}"
+        classes = [bound[v] for v in Guard((fact,)).variables() if bound.get(v) in self.snap.classes]
+        shown = [f"e-class {c} has range [{lo:.4g}, {hi:.4g}]" for c in dict.fromkeys(classes)
+                 for lo, hi in [self.snap.ranges.get(c, (-math.inf, math.inf))]]
+        return False, f"{fact} is not proved" + (": " + "; ".join(shown) if shown else "")
 
-    def _value(self, e, bound: dict):
-        if isinstance(e, str):
-            if e.startswith("?"):
-                return bound[e[1:]]
-            return e.strip('"') if e.startswith('"') else float(e)
-        head, *args = e
-        values = [self._value(a, bound) for a in args]
+    def _ask(self, head: str, cid: str, *rest):
         if head in self.relations:
-            return values[0] in self.relations[head]
+            return cid in self.relations[head]
         if head in ("lo", "hi"):
-            lo, hi = self.snap.ranges.get(values[0], (-float("inf"), float("inf")))
-            return lo if head == "lo" else hi
+            return self.snap.ranges.get(cid, (-math.inf, math.inf))[head == "hi"]
         if head == "dtype-of":
-            return self.snap.dtypes.get(values[0], "float32")
-        if head in ("last-dim", "rank", "axis-size"):
-            if values[0] not in self.meta:
-                raise LookupError(f"the shape of e-class {values[0]} is not known")
-            shape = self.meta[values[0]][0]
-            if head == "axis-size":
-                if not -len(shape) <= values[1] < 0:
-                    raise LookupError(f"e-class {values[0]} of shape {shape} has no axis {values[1]:g}")
-                return float(shape[int(values[1])])
-            return float(len(shape) if head == "rank" else shape[-1])
+            return self.snap.dtypes.get(cid, "float32")
+        if head not in ("last-dim", "rank", "axis-size", "reshape-axis", "reshape-part"):
+            raise LookupError(f"no analysis of the snapshot answers {head}")
+        if cid not in self.meta:
+            raise LookupError(f"the shape of e-class {cid} is not known")
+        shape = self.meta[cid][0]
+        if head == "axis-size":
+            if not -len(shape) <= rest[0] < 0:
+                raise LookupError(f"e-class {cid} of shape {shape} has no axis {rest[0]:g}")
+            return float(shape[int(rest[0])])
         if head in ("reshape-axis", "reshape-part"):
-            if values[0] not in self.meta:
-                raise LookupError(f"the shape of e-class {values[0]} is not known")
-            kept = through_reshape(self.meta[values[0]][0], parse_shape(values[1])).get(int(values[2]))
+            kept = through_reshape(shape, parse_shape(rest[0])).get(int(rest[1]))
             if kept is None:
-                raise LookupError(f"a reshape to {values[1]} does not keep axis {values[2]:g} whole")
+                raise LookupError(f"a reshape to {rest[0]} does not keep axis {rest[1]:g} whole")
             return float(kept[0]) if head == "reshape-axis" else kept[1]
-        if head in _COMPARE:
-            return _COMPARE[head](*values)
-        return _ARITHMETIC[head](*values)
-
-    def _why(self, tree, bound: dict) -> str:
-        classes = [bound[a[1:]] for a in _atoms(tree) if a.startswith("?") and isinstance(bound.get(a[1:]), str)]
-        shown = [f"e-class {c} has range [{lo:.4g}, {hi:.4g}]"
-                 for c in dict.fromkeys(classes) if c in self.snap.classes
-                 for lo, hi in [self.snap.ranges.get(c, (-float("inf"), float("inf")))]]
-        return ": " + "; ".join(shown) if shown else ""
-
-
-def _atoms(tree) -> list[str]:
-    out, stack = [], [tree]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, list):
-            stack.extend(e)
-        else:
-            out.append(e)
-    return out
+        return float(len(shape) if head == "rank" else shape[-1])
 
 
 def inputs_under(classes: dict, cid: str) -> set[str]:

@@ -17,7 +17,7 @@ from .ematch import ematch
 from ..egraph.engine import Snapshot
 from ..extractors import extract
 from ..extractors.enumerate import alternatives
-from ..extractors.regimes import Candidate, Piecewise, decidable, infer
+from ..extractors.regimes import Candidate, Piecewise, infer
 from ..lang import pattern as pat
 from ..lang.program import Program
 from ..lang.term import Term, postorder
@@ -56,7 +56,7 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
             row = BY_NAME[rule.name]
             candidates.append(Candidate(rhs, rule, binding["x"], row.truncation))
             matched.append((lhs, rhs))
-    for rule in (r for r in guarded if decidable(r.when)):
+    for rule in (r for r in guarded if r.when.over_intervals):
         for binding in _matches(rule, snap, root_classes[0], cost):
             lhs, rhs = (pat.instantiate(p, binding) for p in (rule.lhs_pattern, rule.rhs_pattern))
             if _structure(rhs) not in seen and len(postorder([rhs])) <= MAX_NODES:

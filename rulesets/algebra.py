@@ -1,5 +1,5 @@
 """Algebra: canonical forms and identities that let the other families match every spelling."""
-from . import Exactness, Family, Rule, rules, when
+from . import Exactness, Family, rules, when
 
 SHIFTED = "(sub ?x (max ?x ?a true))"  # x - max(x): the max-shifted operand of exp
 _A = Family.ALGEBRA

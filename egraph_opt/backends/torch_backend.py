@@ -89,70 +89,16 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
         raise ValueError("meta tensors hold no values: no kernel runs on them and nothing can be "
                          "validated, so the original runs")
     owner = root if root is not None else torch.nn.Module()
-    graph = fx.Graph(owning_module=owner)  # dead-code elimination asks the owner whether its
-    # submodules are pure (a train-mode batch norm kept opaque, which updates running statistics)
-    value: dict = {}  # ("t", id) / ("o", name) -> fx.Node or Python scalar
-    backend: dict = {}  # key -> backend whose memory holds the value (absent: torch)
-    converted: dict = {}  # (key, backend) -> fx.Node of the converted value
-    placeholders = {t.attrs[0]: graph.placeholder(t.attrs[0]) for t in program.inputs}
-    facts = Facts.of_program(program.roots(), meta if meta is not None else program.meta())
-    kernels: Counter = Counter()
-    fixed: dict = {}  # key -> every leaf below is a parameter or constant (one pass: no walk per node)
-
-    def on(key, target: str):
-        """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
-        source = backend.get(key, "torch")
-        if not copies(source, target) or not isinstance(value[key], fx.Node):
-            return value[key]
-        if (key, target) not in converted:
-            converted[key, target] = graph.call_function(MOVES[source, target].impl, (value[key],))
-        return converted[key, target]
-
-    def arg(x):
-        if isinstance(x, Term):
-            return on(("t", id(x)), "torch")
-        if isinstance(x, OpaqueRef):
-            return value[("o", x.name)]
-        return x
-
+    build = _Build(program, owner, device, estimate, meta if meta is not None else program.meta())
     for item in _schedule(program):
-        if not isinstance(item, Term):
-            call = program.opaque[item]
-            args, kwargs = map_aggregate((call.args, call.kwargs), arg)
-            value[("o", item)] = graph.create_node(call.kind, call.target, args, kwargs, name=item)
-            continue
-        key = ("t", id(item))
-        if key in value:
-            continue
-        fixed[key] = item.op in ("param", "const") or bool(item.args) and \
-            all(fixed[("t", id(a))] for a in item.args)
-        if item.op == "const":
-            value[key] = item.attrs[0]
-        elif item.op == "param":
-            value[key] = _get_attr(graph, owner, item.attrs[0])
-        elif item.op == "opaque":
-            value[key] = value[("o", item.attrs[0])]
-        elif item.op == "input":
-            value[key] = placeholders[item.attrs[0]]
+        if isinstance(item, Term):
+            build.term(item)
         else:
-            operands = [("t", id(a)) for a in item.args]
-            if not any(isinstance(value[k], fx.Node) for k in operands):
-                value[key] = evaluate([item], {}, kernels=TORCH)[0]  # scalar constant folding
-                continue
-            if fixed[key]:  # its walk covers parameters and constants alone
-                params = [t for t in postorder([item]) if t.op == "param"]
-                folded = FoldedConstant(item, [t.attrs[0] for t in params], len(kernels))
-                value[key] = graph.call_function(folded, tuple(value[("t", id(t))] for t in params))
-                kernels["folded"] += 1
-                continue
-            n = facts.of(item)
-            use = Use(n.op, n.attrs, n.shapes, n.tensor_dtypes, device, n.layouts)
-            kernel = bind(use, tuple(backend.get(k, "torch") for k in operands), estimate)
-            kernels[kernel.name] += 1
-            args = [on(k, kernel.backend) for k in operands]
-            value[key] = graph.call_function(kernel.impl, tuple(args) + tuple(item.attrs))
-            backend[key] = kernel.backend
-    graph.output(map_aggregate(program.outputs, arg))
+            call = program.opaque[item]
+            args, kwargs = map_aggregate((call.args, call.kwargs), build.arg)
+            build.value[("o", item)] = build.graph.create_node(call.kind, call.target, args, kwargs, name=item)
+    graph, kernels = build.graph, build.kernels
+    graph.output(map_aggregate(program.outputs, build.arg))
     graph.eliminate_dead_code()  # folded constants inside larger folded constants
     kernels["folded"] = sum(isinstance(n.target, FoldedConstant) for n in graph.nodes)
     if not kernels["folded"]:
@@ -161,3 +107,62 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     module = fx.GraphModule(owner, graph)
     module.kernels = dict(sorted(kernels.items()))
     return module
+
+
+class _Build:
+    """One program's graph under construction: each value's fx node (or Python scalar) by key,
+    ("t", term id) or ("o", opaque name); the backend whose memory holds it (absent: torch); the
+    conversions made; and whether every leaf below it is a parameter or constant (one pass: no
+    walk per node)."""
+
+    def __init__(self, program: Program, owner, device: str, estimate: Estimator, meta: dict):
+        self.graph = fx.Graph(owning_module=owner)  # dead-code elimination asks the owner whether
+        # its submodules are pure (a train-mode batch norm kept opaque updates running statistics)
+        self.owner, self.device, self.estimate = owner, device, estimate
+        self.value, self.backend, self.converted, self.fixed = {}, {}, {}, {}
+        self.placeholders = {t.attrs[0]: self.graph.placeholder(t.attrs[0]) for t in program.inputs}
+        self.facts = Facts.of_program(program.roots(), meta)
+        self.kernels: Counter = Counter()
+
+    def on(self, key, target: str):
+        """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
+        source = self.backend.get(key, "torch")
+        if not copies(source, target) or not isinstance(self.value[key], fx.Node):
+            return self.value[key]
+        if (key, target) not in self.converted:
+            self.converted[key, target] = self.graph.call_function(MOVES[source, target].impl, (self.value[key],))
+        return self.converted[key, target]
+
+    def arg(self, x):
+        if isinstance(x, Term):
+            return self.on(("t", id(x)), "torch")
+        return self.value[("o", x.name)] if isinstance(x, OpaqueRef) else x
+
+    def term(self, item: Term) -> None:
+        key = ("t", id(item))
+        if key in self.value:
+            return
+        self.fixed[key] = item.op in ("param", "const") or bool(item.args) and \
+            all(self.fixed[("t", id(a))] for a in item.args)
+        leaf = {"const": lambda: item.attrs[0], "param": lambda: _get_attr(self.graph, self.owner, item.attrs[0]),
+                "opaque": lambda: self.value[("o", item.attrs[0])],
+                "input": lambda: self.placeholders[item.attrs[0]]}.get(item.op)
+        self.value[key] = leaf() if leaf else self._computed(item, key)
+
+    def _computed(self, item: Term, key):
+        """A scalar folded now, a subterm of parameters and constants folded once, or a kernel."""
+        operands = [("t", id(a)) for a in item.args]
+        if not any(isinstance(self.value[k], fx.Node) for k in operands):
+            return evaluate([item], {}, kernels=TORCH)[0]
+        if self.fixed[key]:  # its walk covers parameters and constants alone
+            params = [t for t in postorder([item]) if t.op == "param"]
+            folded = FoldedConstant(item, [t.attrs[0] for t in params], len(self.kernels))
+            self.kernels["folded"] += 1
+            return self.graph.call_function(folded, tuple(self.value[("t", id(t))] for t in params))
+        n = self.facts.of(item)
+        use = Use(n.op, n.attrs, n.shapes, n.tensor_dtypes, self.device, n.layouts)
+        kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
+        self.kernels[kernel.name] += 1
+        self.backend[key] = kernel.backend
+        args = [self.on(k, kernel.backend) for k in operands]
+        return self.graph.call_function(kernel.impl, tuple(args) + tuple(item.attrs))

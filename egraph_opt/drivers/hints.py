@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..lang.term import postorder, pretty
 from ..optimization import ematch
 from ..lang.pattern import Var
-from ..rulesets.guards import Fact, Guard, parse
+from ..rulesets.guards import Fact, Guard, parse  # noqa: F401 - the doctest
 
 #: the facts a declared range can prove: (relation or bound) of one e-class
 _RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}

@@ -102,7 +102,7 @@ def _walk(fn: Callable):
             todo += [(f"{name} default", d) for d in (*(o.__defaults__ or ()), *(o.__kwdefaults__ or {}).values())]
             scope = {k: o.__globals__[k] for k in sorted(set(o.__code__.co_names).union(
                 *(c.co_names for c in codes(o.__code__))) & o.__globals__.keys())}
-            yield f"global", o.__globals__, scope
+            yield "global", o.__globals__, scope
             todo += [(f"global {k}", v) for k, v in scope.items()]
         elif isinstance(o, types.ModuleType):
             if _library(o.__name__):

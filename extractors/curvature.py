@@ -153,7 +153,6 @@ def overflows(result: Interval, dtype: str) -> bool:
 FINITE_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38,
               "float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 
-
 #: bounded kappa enters the cost in decibels up to this much: it breaks ties between forms of equal
 #: error terms and never outweighs one. Curvature is a second-order effect: bench/curvature_vs_error
 #: measured no float32 error where it grows and nothing else does (exp over [-50, 50]).

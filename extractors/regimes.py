@@ -3,12 +3,11 @@ e-class is accurate over the whole declared range, a piecewise one ``where(x < t
 
 Every candidate's first-order error (``rounding_error.elementwise_bits``) is taken at the same
 points, drawn over the floats of the declared ranges. For each input that can split (its shape is
-the output's), the points are sorted by its value and a dynamic program finds the segmentation
-into at most ``MAX_REGIMES`` runs, each given its most accurate candidate, of least total error
-plus ``SPLIT_BITS`` per extra regime and point; a threshold goes between the two sample points
-where the chosen candidate changes. The branches are members of one e-class (proven equal), so the
-join is exact, and ``where`` only selects: a branch that overflows outside its regime is never
-taken there.
+the output's), the points are sorted by its value and a dynamic program finds the segmentation into
+at most ``MAX_REGIMES`` runs, each given its most accurate candidate, of least total error plus
+``SPLIT_BITS`` per extra regime and point; a threshold goes between the two sample points where the
+chosen candidate changes. The branches are members of one e-class (proven equal), so the join is
+exact, and ``where`` only selects: a branch that overflows outside its regime is never taken there.
 
 A candidate may hold only on an interval (a truncated series): it brings its relative truncation
 bound as a function of the magnitude of one term (``within``); that bound is added to its error at

@@ -214,8 +214,7 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
     return ProgramError(float(defined.max()), float(defined.mean()), by_node)
 
 
-def least_error(candidates: list[Program], ranges: dict | None = None, *, points: int = 4
-                ) -> int | None:
+def least_error(candidates: list[Program], ranges: dict | None = None, *, points: int = 4) -> int | None:
     """Index of the candidate of least first-order error at the same points (worst, then mean, in
     whole bits: finer is sampling noise), the first of equals; None when one is not estimable."""
     scores = []

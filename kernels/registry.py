@@ -96,7 +96,6 @@ def _numpy_kernels() -> list[Kernel]:
 def _triton_kernels() -> list[Kernel]:
     """On CUDA; on CPU only interpreted, under the test switch (``binding.usable``)."""
     from .triton import TRITON_KERNELS
-
     devices, half_single = frozenset({"cuda", "cpu"}), frozenset({"float16", "bfloat16", "float32"})
     return [Kernel(f"triton.{op}", _reference(op), "triton", devices, half_single | set(dtypes), impl,
                    limits or (lambda use: None)) for op, (impl, limits, dtypes) in TRITON_KERNELS.items()]
@@ -104,7 +103,6 @@ def _triton_kernels() -> list[Kernel]:
 
 def _rewritten_kernels() -> list[Kernel]:
     from .rewritten import REWRITTEN_KERNELS
-
     return [Kernel(k.name, k.reference, "torch", frozenset({"cpu", "cuda"}), k.dtypes, k.impl, k.limits)
             for k in REWRITTEN_KERNELS]
 
@@ -138,8 +136,7 @@ def _move(source: str, target: str) -> Kernel:
 MOVES = {(source, target): _move(source, target) for source in MEMORY for target in MEMORY
          if source != target}
 
-
-#: op -> the names of its kernels in REGISTRY (a first call asked ~21k times: a scan each cost 3 s)
+#: op -> the names of its kernels in REGISTRY (asked per e-node: no scan of REGISTRY each time)
 _NAMES = {}
 for _name, _kernel in REGISTRY.items():
     _NAMES.setdefault(_kernel.op, []).append(_name)

@@ -51,8 +51,7 @@ def gelu(x, approximate):
     sign, top = _gelu_repairs(x.device.type, x.dtype, approximate)
     if sign:
         out.copysign_(x)  # in place: its own output
-    if top and (device_path(x) or not math.isfinite(out.amax().item())):  # NaN too; .item(): 9 us
-        # less than a 0-d isfinite. x > 8 is x in every dtype: the where changes no right value
+    if top and (device_path(x) or not math.isfinite(out.amax().item())):  # NaN too
         out = torch.where(x > 8, x, out)
     return out
 
@@ -69,22 +68,20 @@ def _gelu_repairs(device: str, dtype: torch.dtype, approximate: str) -> tuple[bo
     return sign_lost, not torch.equal(F.gelu(top, approximate=approximate), top)
 
 
-def softmax(x, axis):
-    return _at_posinf(x, axis, torch.softmax(x, axis), 0.0)
+def _skipping_posinf(fast, reference):
+    """``reference`` (its values where a row holds +inf), or ``fast`` where a host read of the
+    rows' maxima finds none (the usual case: no more passes); on a GPU the read would stall the
+    stream, so the reference runs on every call."""
+    def kernel(x, axis):
+        if not device_path(x) and x.is_floating_point() and x.numel() and \
+                not bool((torch.amax(x, dim=axis) == torch.inf).any()):
+            return fast(x, axis)
+        return reference(x, axis)
+    return kernel
 
 
-def log_softmax(x, axis):
-    return _at_posinf(x, axis, torch.log_softmax(x, axis), -torch.inf)
-
-
-def _at_posinf(x, axis, out, elsewhere: float):
-    """The reference's values where a row holds +inf: on the host path a read of the rows' maxima
-    first tells whether one does (the usual case: none, and no more passes); on a GPU the read
-    would stall the stream, so the repair runs on every call."""
-    if not device_path(x) and x.is_floating_point() and x.numel() and \
-            not bool((torch.amax(x, dim=axis) == torch.inf).any()):
-        return out
-    return ops.naive_at_posinf(x, axis, out, elsewhere)
+softmax = _skipping_posinf(torch.softmax, ops.softmax)
+log_softmax = _skipping_posinf(torch.log_softmax, ops.log_softmax)
 
 
 def _normalized(x, weight, bias, eps):
@@ -200,11 +197,10 @@ def _torch_sdpa(q, k, v, attn_mask=None, **options):
 
 
 def sdpa_masked(q, k, v, bias, scale):
-    """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked). A row whose
-    every key is masked is NaN, as that softmax is (torch's kernel returns 0 there). Only an
-    overflowed or NaN score can tell a -inf bias from masked_fill, and those take the definition.
-    A bias that is exactly the causal one runs as ``is_causal``: torch's kernel then skips the
-    masked blocks."""
+    """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked). A row whose every
+    key is masked is NaN, as that softmax is (torch's kernel returns 0 there). Only an overflowed or
+    NaN score can tell a -inf bias from masked_fill, and those take the definition. A bias that is
+    exactly the causal one runs as ``is_causal``: torch's kernel then skips the masked blocks."""
     if device_path(q):
         return _sdpa_masked_on_device(q, k, v, bias.to(q.dtype), scale)
     if _scores_overflow(q, k, scale):
@@ -268,13 +264,10 @@ def sdpa_filled(q, k, v, keep, scale, fill):
     weighs exactly 0 in a row that keeps one, so torch's kernel runs with ``keep`` as its boolean
     mask; a row that keeps none is the softmax of a constant row: the mean of v. Elsewhere (scores
     too large, a NaN, an infinite fill) the definition runs."""
-    def definition():
-        return ops.sdpa_filled(q, k, v, keep, scale, fill)
-
+    definition = functools.partial(ops.sdpa_filled, q, k, v, keep, scale, fill)
     if not math.isfinite(fill):
         return definition()
-    slow = _scores_overflow(q, k, scale) | \
-        _not_below(_score_bound(q, k, scale), -fill + EXP_UNDERFLOW)
+    slow = _scores_overflow(q, k, scale) | _not_below(_score_bound(q, k, scale), -fill + EXP_UNDERFLOW)
     if device_path(q) and not isinstance(slow, bool):  # the definition selected where needed,
         out = torch.where(~keep.any(-1, keepdim=True), v.mean(-2, keepdim=True),  # on every call
                           _torch_sdpa(q, k, v, attn_mask=keep, scale=scale))
@@ -295,10 +288,7 @@ def sdpa_guarded(q, k, v, bias, scale):
     no score can overflow and v is finite, torch's kernel (which gives 0 for a row every -inf
     masks) is that; elsewhere the definition runs."""
     bias = bias.to(q.dtype)
-
-    def definition():
-        return ops.sdpa_guarded(q, k, v, bias, scale)
-
+    definition = functools.partial(ops.sdpa_guarded, q, k, v, bias, scale)
     if q.device.type == "meta":
         return definition()
     fast = ~(bias.isnan().any() | (bias == math.inf).any()) & v.isfinite().all()
@@ -331,8 +321,7 @@ def sdpa(q, k, v, scale, causal):
         return out  # on the device path the definition is selected per attention on every call
     limit = torch.finfo(torch.promote_types(q.dtype, torch.float32)).max
     bound = (q.abs().amax((-2, -1)).double() * k.abs().amax((-2, -1)).double() * q.shape[-1] * abs(scale))
-    definition = ops.sdpa(q, k, v, scale, causal)
-    return torch.where(~(bound < limit)[..., None, None], definition, out)
+    return torch.where(~(bound < limit)[..., None, None], ops.sdpa(q, k, v, scale, causal), out)
 
 
 def swish(x, beta):

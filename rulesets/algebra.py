@@ -14,7 +14,6 @@ NEVER_INF = NEVER_POSITIVE_INF + when(f"(>= (lo ?x) -{F32_MAX})")
 #: the naive quotient's 0 at the row's finite entries
 BELOW_MAX = when(f"(< (hi ?x) {F32_MAX})")
 
-
 #: ?c is +-2^k: (1 + 2^-52) |c| - |c| is exactly 2^-52 |c| only where |c|'s significand is 1
 POWER_OF_TWO = "(= (- (* (abs ?c) 1.0000000000000002) (abs ?c)) (* (abs ?c) 2.220446049250313e-16))"
 

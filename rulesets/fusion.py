@@ -61,7 +61,6 @@ def _gelu_tanh(name: str, inner: str, why: str) -> Rule:
 
 _KX2 = "(mul (mul ?x (const ?k)) ?x)"  # 0.044715 * x * x as traced
 
-
 RULES = rules(_F, [
     # name                        lhs                                                  rhs
     ("attention-fuse",            f"(matmul (softmax {_SCALED} -1) ?v)",               "(sdpa ?q ?k ?v ?c false)"),

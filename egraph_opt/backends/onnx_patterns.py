@@ -1,9 +1,8 @@
-"""Patterns over several terms that the ONNX backend writes as fewer nodes than term by term,
-for onnxruntime to run: attention between a split into heads and their merge (one Attention over
-the unsplit values), a product between a flattening and its undoing (one MatMul over the
-unflattened operand), and a Split of a product by stored weights (a product per part).
-Each finds its cases over the program before emission; the backend asks for them by term id or
-opaque key."""
+"""Patterns over several terms that the ONNX backend writes as fewer nodes than term by term, for
+onnxruntime to run: attention between a split into heads and their merge (one Attention over the
+unsplit values), a product between a flattening and its undoing (one MatMul over the unflattened
+operand), and a Split of a product by stored weights (a product per part). Each finds its cases over
+the program before emission; the backend asks for them by term id or opaque key."""
 from __future__ import annotations
 
 import math
@@ -127,9 +126,8 @@ def matmuls_unflattened(roots: list[Term], shapes: dict, heads: dict) -> dict[in
     M the product of L and x of shape L + (K,): the flattening exporters write around a 2-D Gemm,
     which MatMul does not need (it broadcasts over the leading axes: the same products in the same
     order), written as p(x): outer reshape id -> (p(x), the program's terms it reads). The
-    flattening may also be the merge of an
-    attention's heads (``heads``) whose Attention writes L + (K,) and that nothing else reads: its
-    reshape goes (the entry in ``heads`` is changed so)."""
+    flattening may also be the merge of an attention's heads (``heads``) whose Attention writes
+    L + (K,) and that nothing else reads: its reshape goes (the entry in ``heads`` is changed so)."""
     order = postorder(roots)
     uses = _uses(roots, order)
     found = {}

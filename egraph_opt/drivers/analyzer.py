@@ -61,8 +61,7 @@ class CurvatureReport:
     __str__ = table
 
 
-def analyze_program(program: Program, ranges: dict[str, Interval] | None = None
-                    ) -> CurvatureReport:
+def analyze_program(program: Program, ranges: dict[str, Interval] | None = None) -> CurvatureReport:
     roots, shapes = program.roots(), program.meta()
     intervals = analyze(roots, ranges, program.leaf_meta(), shapes)
     error = program_error(program, ranges)
@@ -80,8 +79,7 @@ def analyze_program(program: Program, ranges: dict[str, Interval] | None = None
     return CurvatureReport(nodes, error)
 
 
-def curvature(fn, *example_args, input_ranges: dict[str, Interval] | None = None
-              ) -> CurvatureReport:
+def curvature(fn, *example_args, input_ranges: dict[str, Interval] | None = None) -> CurvatureReport:
     """Annotate ``fn`` traced on ``example_args`` with range, kappa, L and Delta per node."""
     program, _ = capture(fn, example_args)
     ranges = dict(input_ranges or {})

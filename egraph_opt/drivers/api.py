@@ -42,11 +42,9 @@ from ..kernels.binding import Pricing, measured_estimate
 from ..validate import compare, random_inputs, wide_reference
 
 #: programs of at most this many terms, and this many elements over all their values, get a
-#: first-order error estimate in their report (it runs them in float64 with derivatives at 8
-#: points: a transformer block at batch 2 and length 128 would take tens of seconds)
+#: first-order error estimate in their report (it runs them in float64 with derivatives at 8 points)
 ESTIMATED_UP_TO = 256
 ESTIMATED_ELEMENTS = 1 << 22
-
 
 try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype, device, grad,
     # sizes and strides: one C++ call, cheaper than the Python key after a kernel has run (which
@@ -71,7 +69,6 @@ SLOWER_BY = 1.05
 #: fused linear + gelu) moves a first-order estimate by a bit or two where overflow dominates it,
 #: while a real fix (log1p) removes most of the error
 ERROR_KEPT = 0.75
-
 
 #: the families whose rules are there for accuracy
 ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
@@ -152,9 +149,8 @@ def _check_ranges(ranges: dict | None) -> dict:
 
 
 def writes_in_place(fn: Callable, args: tuple, names: list[str]) -> list[str]:
-    """The arguments ``fn`` writes into, as running it once on clones shows (each tensor counts
-    its in-place writes in ``_version``); it draws no random numbers (capture refuses one that
-    does)."""
+    """The arguments ``fn`` writes into, as running it once on clones shows (each tensor counts its
+    in-place writes in ``_version``); it draws no random numbers (capture refuses one that does)."""
     with torch.inference_mode(False):  # clones that count their versions (inference tensors do not)
         clones = tuple(a.clone() for a in args)
         before = [c._version for c in clones]

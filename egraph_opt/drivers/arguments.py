@@ -156,8 +156,7 @@ class Binder:
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
                 names.append(name)
-                why = unusual(value)
-                refused = refused or (f"argument {name!r} is {why}" if why else "")
+                refused = refused or (f"argument {name!r} is {why}" if (why := unusual(value)) else "")
                 continue
             key = _constant_key(value)
             if key is None and not refused:

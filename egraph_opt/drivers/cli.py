@@ -15,7 +15,6 @@ from ..rulesets import Family, catalogue
 from .batch_report import html
 from .usage import Failure, MissingExtra, ModelFailure, at_least, require
 
-
 _SELF_EXPLAINING = (Failure, ProfileDBError, OSError, MissingExtra)  # their message needs no exception name
 
 
@@ -37,7 +36,6 @@ def _rules(args) -> int:
 
 def _kernels(args) -> int:
     from ..kernels.registry import MOVES, REGISTRY
-
     rows = [k for k in [*REGISTRY.values(), *MOVES.values()]
             if args.backend is None or args.backend in k.backend.split("->")]
     width = max(len(k.name) for k in rows)
@@ -50,13 +48,11 @@ def _kernels(args) -> int:
 
 def _profile(args) -> int:
     import torch
-
     if args.collectives:
         return _profile_collectives(args)
     from ..profiling.profile_db import ProfileDB
     from ..kernels.torch_ops import TORCH
     from ..profiling.profiler import SPECS, machine_busy, profile_ops, profile_shapes
-
     torch.set_num_threads(args.threads)
     unknown = set(args.ops or ()) - set(SPECS)
     if unknown:
@@ -66,7 +62,6 @@ def _profile(args) -> int:
     with ProfileDB(args.db) as db:
         if args.export_to:
             from .staging import claim  # loads onnx: only here
-
             target, exported = os.path.expanduser(args.export_to), []
             base = os.path.basename(target)
             try:  # written aside and linked in: never over a file, never half-written
@@ -101,7 +96,6 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
     from ..kernels.binding import usable
     from ..kernels.registry import MOVES, copies, kernels_for
     from ..profiling.profiler import MOVE, Case, grid, profile_shapes
-
     records, backends = [], set()
     for kernel in (k for op in ops for k in kernels_for(op)):
         if kernel.db_backend == "torch" or not usable(kernel, args.device) or args.device not in kernel.devices:
@@ -122,7 +116,6 @@ def _profile_collectives(args) -> int:
     reads (collectives.json beside the latency database)."""
     from ..sharding.cost import fit_links, save_links
     from ..sharding.run import profile_collectives
-
     timings = profile_collectives(2, repeats=args.repeats)
     for name, nbytes, seconds in timings:
         print(f"{name:<15} {nbytes:>9} bytes  {seconds * 1e6:9.1f} us")
@@ -139,16 +132,12 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     """Every kernel call the saturated e-graph of ``module:function`` could make, at its shapes:
     one profiling case per distinct (op, operand shapes, attributes) the profiler can time."""
     import importlib
-
     import torch
-
     from ..frontends.capture import capture
     from ..lang.ops import OPS
     from ..optimization.pipeline import class_meta, optimize
     from ..profiling.profiler import SPECS, Case
-    from ..lang.term import SCALAR, postorder
-    from ..lang.term import shapes as term_shapes
-
+    from ..lang.term import SCALAR, postorder, shapes as term_shapes
     module_name, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), name)
@@ -271,8 +260,7 @@ def _version() -> str:
 def _run(args: argparse.Namespace, prog: str) -> int:
     """Run the command; an error, and each warning (a profile database set aside), is one line."""
     with warnings.catch_warnings():
-        warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}",
-                                                         file=sys.stderr)
+        warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}", file=sys.stderr)
         try:
             _extras_of(args)
             status = args.run(args)

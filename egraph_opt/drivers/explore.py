@@ -79,11 +79,10 @@ def model_pictures(result) -> dict[str, str]:
 
 
 def _of_function(fn) -> Explorer:
-    name = fn._name
-    if fn._last is None:
+    name, plan = fn._name, fn._last
+    if plan is None:
         raise ExploreError(f"{name} has never been called: call it once on example inputs, then "
                            "explore it")
-    plan = fn._last
     if plan.optimized is None and plan.run is None and not plan.report.ops_before:
         raise ExploreError(f"{name} fell back to the original program before an e-graph was built, "
                            f"so there is nothing to explore: {plan.report.fallback}")
@@ -153,12 +152,8 @@ class Explorer:
         roots = self.result.program.roots()
         where = term_classes(self.snap, self.loaded, roots)
         nodes = {n for members in self.snap.classes.values() for n in members}
-        chosen = {}
-        for t in postorder(roots):
-            node = ENode(t.op, tuple(where[id(a)] for a in t.args), t.attrs)
-            if node in nodes:
-                chosen[where[id(t)]] = node
-        return chosen
+        return {where[id(t)]: node for t in postorder(roots)
+                if (node := ENode(t.op, tuple(where[id(a)] for a in t.args), t.attrs)) in nodes}
 
     @cached_property
     def _input_nodes(self) -> set:

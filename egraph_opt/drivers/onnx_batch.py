@@ -130,14 +130,7 @@ def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def _latency(options: dict):
-    """The latencies of the run's database; misses timed into it while the model's budget lasts."""
-    return MeasuredLatency.from_database(options["profile_db"],
-                                         budget_s=options.get("profile_budget", 0.0))
-
-
-def process(path: str, target: str, options: dict, stopped: Callable[[], bool] | None = None
-            ) -> dict:
+def process(path: str, target: str, options: dict, stopped: Callable[[], bool] | None = None) -> dict:
     """Optimize one model; returns its report record (status, reason, numbers). The same work
     in-process, in a -j worker and on a cluster; ``stopped`` (a cluster's) says the run is over,
     between steps: nothing is written after it."""
@@ -152,7 +145,8 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
         original = load(path)
         stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
         src = import_model(upgraded(original, options.get("opset")), path)
-        latency = _latency(options)
+        latency = MeasuredLatency.from_database(  # misses timed into it while the model's budget lasts
+            options["profile_db"], budget_s=options.get("profile_budget", 0.0))
         result, optimized = _optimize(src, original, options, latency, record)
         sessions, feeds = _validate(path, src, original, optimized, options["seed"], record)
         if options["latency_runs"]:
@@ -439,8 +433,7 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="+", metavar="IN", help="model files, directories, globs")
     parser.add_argument("--out", required=True, help="directory for the optimized models")
-    parser.add_argument("-j", "--jobs", type=at_least(1), default=1,
-                        help="parallel worker processes")
+    parser.add_argument("-j", "--jobs", type=at_least(1), default=1, help="parallel worker processes")
     parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
     parser.add_argument("--report", help="write a report of every model here: one HTML page for .html, else JSON")
     parser.add_argument("--objective", default="balanced", choices=[o.value for o in Objective])

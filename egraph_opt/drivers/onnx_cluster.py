@@ -94,13 +94,11 @@ def _work(process: Callable, path: str, target: str, options: dict, files: dict[
     system, or (``files``: the bytes of the model and its data files) in a folder of its own,
     returning the output's bytes."""
     from distributed import get_worker
-
     worker = get_worker()
     plugin = worker.plugins.get(_plugin(options))  # never the driver's path: not this machine's
     options = dict(options, profile_db=plugin.path if plugin is not None else None)
     with _collected_here():
-        return _process(process, worker, path, target, options, files,
-                        _Stopped(_stop_event(options)))
+        return _process(process, worker, path, target, options, files, _Stopped(_stop_event(options)))
 
 
 _running = [0]
@@ -189,7 +187,6 @@ def _outcome(future, path: str, target: str, options: dict) -> dict:
 def _connect(address: str, stack: contextlib.ExitStack):
     import dask
     from distributed import Client, LocalCluster
-
     if address.startswith("local:"):
         with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES}):
             cluster = stack.enter_context(LocalCluster(

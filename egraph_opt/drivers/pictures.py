@@ -246,7 +246,6 @@ def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", siz
     interpolation across its example shapes (``profiler.SPECS[op].shapes(n)``)."""
     from ..profiling.latency import LatencyModel
     from ..profiling.profiler import EXAMPLE_ATTRS, SPECS, device_name, work
-
     where = device_name(device)
     attrs = {a: EXAMPLE_ATTRS[a] for a, _ in OPS[op].attrs}
     records = db.records(op, "torch", where, dtype)

@@ -39,7 +39,6 @@ for _register in (_module.register_module_parameter_registration_hook,
                   _module.register_module_module_registration_hook):
     _register(_bump)
 
-
 _GLOBAL_HOOKS = (_module._global_forward_hooks, _module._global_forward_pre_hooks,
                  _module._global_backward_hooks, _module._global_backward_pre_hooks)
 
@@ -85,7 +84,6 @@ def holders(fn: Callable) -> Reads:
         if _numbers(value):
             reads.contents.append((holder, name, attribute))
         found.append(value)
-
     for f in found:
         code = getattr(inspect.unwrap(f), "__code__", None) if callable(f) and id(f) not in seen else None
         if code is None or (getattr(f, "__module__", None) or "").startswith("torch"):
@@ -271,11 +269,10 @@ class StateKey:
         return [(slot, _read(slot)) for slot in self._slots], [(c, _whole(_read(c))) for c in self._read_whole]
 
     def settle(self, before: tuple[list[tuple[Slot, Any]], list[tuple[Any, tuple]]]) -> None:
-        """Slots that running the program (its trace, or the original) rebound since ``before``,
-        and lists or dicts of numbers it wrote (a forward that stores ``self.last = ...`` or counts
-        its calls) are its outputs, not what
-        it computes from: they leave the key (else each call of the original would make a key of
-        its own, and an optimization with it)."""
+        """Slots that running the program (its trace, or the original) rebound since ``before``, and
+        lists or dicts of numbers it wrote (a forward that stores ``self.last = ...`` or counts its
+        calls) are its outputs, not what it computes from: they leave the key (else each call of the
+        original would make a key of its own, and an optimization with it)."""
         slots, contents = before
         for slot, value in slots:
             try:
@@ -324,10 +321,10 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
                    shadows: list[tuple[dict, str]]) -> Callable[[], tuple | None]:
     """``key()`` as one expression: None where any module was rebound since ``seen``, an object
     slot holds another object than it did, a hook was registered or removed, or an instance
-    attribute now shadows a class attribute read; else the
-    identities token, the slots (the objects' ids, where the scalars are read, the hooks), grad
-    mode, the default dtype, every scalar, the versions of the tensors the trace may have baked a
-    value of, each container's identities, and the contents of the lists and dicts of scalars."""
+    attribute now shadows a class attribute read; else the identities token, the slots (the
+    objects' ids, where the scalars are read, the hooks), grad mode, the default dtype, every
+    scalar, the versions of the tensors the trace may have baked a value of, each container's
+    identities, and the contents of the lists and dicts of scalars."""
     env: dict[str, Any] = {"_rebindings": _rebindings, "_grad": _grad_enabled, "_dtype": _default_dtype,
                            "_Handle": RemovableHandle}
 

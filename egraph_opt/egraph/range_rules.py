@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from ..lang.ops import BINARY_BROADCASTING, OPS, REDUCTIONS, SAME_SHAPE, UNBOUNDED
+from ..lang.ops import BINARY_BROADCASTING, OPS, REDUCTIONS, SAME_SHAPE, UNBOUNDED, ops_where
 
 BIG = "1e300"
 RULESET = "ranges"
@@ -70,17 +70,13 @@ def _hi(expr: str) -> str:
     return _c(f"(+ {expr} (* (abs {expr}) {OUTWARD!r}))")
 
 
-def _ops(fact) -> list[str]:
-    return [name for name, op in OPS.items() if not op.is_leaf and fact(op)]
-
-
 #: ops whose values lie within the operand's interval (kinds "operand" and "values" of Op.range_rule)
-_SAME_AS_OPERAND = _ops(lambda op: op.range_rule in ("operand", "values"))
+_SAME_AS_OPERAND = ops_where(lambda op: op.range_rule in ("operand", "values"))
 #: ops whose result holds exactly the operand's values: the result's interval is the operand's too
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
-_SAME_VALUES = _ops(lambda op: op.range_rule == "values")
+_SAME_VALUES = ops_where(lambda op: op.range_rule == "values")
 _KEEPS_LAST_DIM = SAME_SHAPE
-_SAME_DTYPE = _ops(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast"))  # where: a
+_SAME_DTYPE = ops_where(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast"))  # where: a
 # bool first operand; compare: a bool result; broadcast: promotes (below)
 
 
@@ -186,10 +182,10 @@ def _op_fact_rules():
         pattern = _operand_pattern(op)
         yield f"(rule ((= e {pattern}) (= x (lo e))) ((set (lo ?a) x)))"
         yield f"(rule ((= e {pattern}) (= x (hi e))) ((set (hi ?a) x)))"
-    for op in _ops(lambda op: op.bounds != UNBOUNDED):
+    for op in ops_where(lambda op: op.bounds != UNBOUNDED):
         lo, hi = OPS[op].bounds
         yield f"(rule ((= e {_operand_pattern(op)})) ((set (lo e) {lo}) (set (hi e) {hi})))"
-    for op in _ops(lambda op: op.sign != "any"):
+    for op in ops_where(lambda op: op.sign != "any"):
         yield f"(rule ((= e {_operand_pattern(op)})) (({OPS[op].sign} e)))"
     # ``whole``: every device of a mesh holds the same value (lang/mesh.py); a shard's and a
     # reduce-scatter's results are parts, and an op over parts is too

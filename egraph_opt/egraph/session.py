@@ -60,9 +60,7 @@ def saturate(roots: list[Term], schedule: list[Phase], intervals: dict | None = 
     saturation = []
     for phase in schedule:
         egraph.add_rules(phase.name, phase.rules)
-        saturation.append(egraph.saturate(phase.name, max_iterations=phase.limits.max_iterations,
-                                          max_enodes=phase.limits.max_enodes,
-                                          max_seconds=phase.limits.max_seconds))
+        saturation.append(egraph.saturate(phase.name, **vars(phase.limits)))  # its bounds by name
     snap = egraph.snapshot()
     seconds = {"build": built - start, "saturate": time.perf_counter() - built}
     return Session(egraph=egraph, snap=snap, saturation=saturation,
@@ -92,8 +90,7 @@ def reached(roots: list[str], node_of: Callable[[str], ENode | None]) -> dict[st
     return order
 
 
-def terms_of(choice: dict[str, ENode], roots: list[str], shared: dict | None = None
-             ) -> dict[str, Term]:
+def terms_of(choice: dict[str, ENode], roots: list[str], shared: dict | None = None) -> dict[str, Term]:
     """The Term of every e-class ``roots`` reach, each spelled by its e-node in ``choice``: one
     Term per class, so the terms share what the classes share; ``shared`` (structure -> Term)
     also shares equal structures across calls. A cyclic choice raises ExtractionError."""

@@ -217,10 +217,8 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
         else:
             term = values[node.name] = _lowered(node, values, info_of, gm, params, opaque, in_place)
             if isinstance(term, Term):
-                scope = _repeated_scope(node)
-                for t in _new_terms(term, seen):  # this node's terms, intermediates included
-                    if scope and t.args:
-                        scopes[id(t)] = scope
+                scope = _repeated_scope(node)  # over this node's terms, intermediates included
+                scopes.update((id(t), scope) for t in _new_terms(term, seen) if scope and t.args)
     return Program(tuple(inputs), output, opaque, params, scopes).pruned()
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import forms
-from . import lowering as low
-from . import lowering_nn as nn_low
+from . import forms, lowering as low, lowering_nn as nn_low
 from .lowering import Unsupported, lowers
 from ..lang.term import Term
 

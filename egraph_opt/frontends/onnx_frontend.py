@@ -18,8 +18,7 @@ import torch
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper, shape_inference
 
-from .onnx_converters import (CONVERTERS, DTYPES, ELEM_TYPES, Importer, Unsupported, ValueType,
-                              opset_of)
+from .onnx_converters import (CONVERTERS, DTYPES, ELEM_TYPES, Importer, Unsupported, ValueType, opset_of)
 from ..lang.program import OpaqueCall, Program
 from ..lang.term import Term
 
@@ -144,8 +143,7 @@ def _value_type(info: onnx.ValueInfoProto) -> ValueType | None:
     tt = info.type.tensor_type
     if not tt.HasField("shape"):
         return ValueType(tt.elem_type, None)
-    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                 for d in tt.shape.dim)
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
     return ValueType(tt.elem_type, dims)
 
 

@@ -21,7 +21,6 @@ from . import mesh
 
 ATTR_SORTS = {"i64": int, "f64": float, "String": str, "bool": bool}
 
-
 UNBOUNDED = (-math.inf, math.inf)
 #: curvature of an op that is linear (or piecewise linear) in each operand: (sup |f''|, sup |f'|)
 LINEAR = (0.0, 1.0)
@@ -613,21 +612,22 @@ OPS: dict[str, Op] = {op.name: op for op in [
 BY_EGG_NAME = {op.egg_name: op for op in OPS.values()}
 
 
-def _named(fact) -> tuple[str, ...]:
+def ops_where(fact) -> tuple[str, ...]:
+    """The names of the non-leaf ops for which ``fact(op)`` holds, in table order."""
     return tuple(name for name, op in OPS.items() if not op.is_leaf and fact(op))
 
 
 # Categories the stages select ops by (names, in table order)
 #: a + b and its like: two operands broadcast, no attribute (rms_norm reduces along its last axis)
-BINARY_ELEMENTWISE = _named(lambda op: op.shape_rule == "broadcast" and op.arity == 2 and not op.attrs)
+BINARY_ELEMENTWISE = ops_where(lambda op: op.shape_rule == "broadcast" and op.arity == 2 and not op.attrs)
 #: two operands broadcast to the result's shape and promote to its dtype (rms_norm and geglu too)
-BINARY_BROADCASTING = _named(lambda op: op.shape_rule == "broadcast" and op.arity == 2)
+BINARY_BROADCASTING = ops_where(lambda op: op.shape_rule == "broadcast" and op.arity == 2)
 #: exp(x) and its like: one operand, element to element (softmax works along an axis)
-UNARY_ELEMENTWISE = _named(lambda op: op.shape_rule == "same" and op.arity == 1 and
+UNARY_ELEMENTWISE = ops_where(lambda op: op.shape_rule == "same" and op.arity == 1 and
                            "axis" not in dict(op.attrs))
-COMPARISONS = _named(lambda op: op.shape_rule == "compare")  # a bool mask
+COMPARISONS = ops_where(lambda op: op.shape_rule == "compare")  # a bool mask
 #: along one axis, which is dropped or kept as 1 (sum, max, mean, var, logsumexp, ...)
-REDUCTIONS = _named(lambda op: op.shape_rule == "reduce")
+REDUCTIONS = ops_where(lambda op: op.shape_rule == "reduce")
 ELEMENTWISE = UNARY_ELEMENTWISE + BINARY_ELEMENTWISE + COMPARISONS + ("where",)
 #: results of the operand's shape (its last dim and rank, whatever their dtype)
-SAME_SHAPE = _named(lambda op: op.shape_rule in ("same", "cast"))
+SAME_SHAPE = ops_where(lambda op: op.shape_rule in ("same", "cast"))

@@ -20,8 +20,7 @@ what it rewrote.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..egraph.engine import ENode, Snapshot
 from ..lang import pattern as pat
@@ -187,7 +186,7 @@ class _Replay:
         if pair in self.solved:  # a subterm shared by several locations: its steps, moved here
             found, at = self.solved[pair]
             self.budget -= len(found)  # as many steps again (a DAG's tree of locations can be exponential)
-            return [dataclasses.replace(s, path=path + s.path[len(at):]) for s in found]
+            return [replace(s, path=path + s.path[len(at):]) for s in found]
         if pair in self.failed or self.eclass(have) != self.eclass(want):
             return None
         found = self._operands(have, want, path) if (have.op, have.attrs) == (want.op, want.attrs) else None
@@ -300,7 +299,7 @@ def _replace(term: Term, where: tuple, new: Term) -> Term:
 
 def _lift(step: Step, parent: Term, i: int) -> Step:
     """A step found on operand ``i`` of ``parent``, seen on ``parent`` itself."""
-    return dataclasses.replace(step, before=_replace(parent, (i,), step.before),
+    return replace(step, before=_replace(parent, (i,), step.before),
                                after=_replace(parent, (i,), step.after))
 
 
@@ -317,7 +316,7 @@ def _joined(per_root: list[list[Step]]) -> list[Step]:
             first = heads[0][0]
             parts = [q.pop(0) for q in heads if (q[0].rule.name, q[0].reversed, q[0].part[1]) ==
                      (first.rule.name, first.reversed, first.part[1])]
-            steps.append(dataclasses.replace(parts[0], together=tuple(parts[1:])))
+            steps.append(replace(parts[0], together=tuple(parts[1:])))
     return steps
 
 

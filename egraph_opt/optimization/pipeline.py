@@ -129,8 +129,7 @@ def _wants_regimes(model: CostModel, best: list[Term], input_ranges, leaf_meta) 
 
 
 #: the stability objective re-ranks this many of the cheapest programs of a root, for programs of
-#: at most RERANK_NODES terms holding at most RERANK_ELEMENTS numbers in all (the estimate runs each
-#: candidate in float64 with derivatives: a 64-image CNN took 25 s to re-rank)
+#: at most RERANK_NODES terms and RERANK_ELEMENTS numbers (each estimate runs in float64 with derivatives)
 RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 
 
@@ -177,8 +176,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
         results.append(joined)
     best = final.roots()
     before = program_cost(roots, model, input_ranges, leaf_meta, meta, intervals)
-    after = program_cost(best, model, input_ranges, leaf_meta, final.meta(),
-                         ranges(best, final.meta()))
+    after = program_cost(best, model, input_ranges, leaf_meta, final.meta(), ranges(best, final.meta()))
     if after["cost"] > before["cost"]:
         final, best, after = program, roots, before
     applied: dict[str, tuple] = {}

@@ -90,7 +90,6 @@ def find(program: Program) -> list[list[Instance]]:
             groups[inst.signature].append(inst)
         return [g for g in groups.values() if len(g) > 1 and g[0].outputs
                 and sum(bool(t.args) for t in g[0].terms) >= MIN_OPS]
-
     found = grouped(program.scopes)
     taken = {id(t) for g in found for inst in g for t in inst.terms}
     return found + grouped(_periodic_scopes([t for t in order if t.args and id(t) not in taken]))
@@ -142,7 +141,6 @@ def _with_first_block(ops: list[Term], at: dict, keys: list, start: int, period:
             isinstance(keys[i], tuple) and keys[i][0] != "taken" for i in range(first, first + period * count)) \
             and all(seen_from(first + k * period, first + k * period + i) == seen_from(first, first + i)
                     for k in range(1, count) for i in range(period))
-
     end = start + period * blocks
     for first in range(start - 1, max(start - period - 1, -1), -1):
         if equal(first, blocks + 1) and all(keys[i][0] != "taken" for i in range(first, end)):

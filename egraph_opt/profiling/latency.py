@@ -186,7 +186,6 @@ class LatencyModel:
 
 UNIT_S = 1e-7  # one cost unit of latency
 
-
 #: seconds one optimize call may spend timing kernels the database has not measured
 DEFAULT_BUDGET_S = 2.0
 BUDGET_VAR = "EGRAPH_OPT_PROFILE_BUDGET"
@@ -238,8 +237,7 @@ class MeasuredLatency:
         return self.busy is not None
 
     @staticmethod
-    def from_database(path=None, device: str = "cpu", budget_s: float = 0.0
-                      ) -> MeasuredLatency | None:
+    def from_database(path=None, device: str = "cpu", budget_s: float = 0.0) -> MeasuredLatency | None:
         """None (static estimates) when the database cannot be used."""
         try:
             return MeasuredLatency(ProfileDB(path), device, budget_s)

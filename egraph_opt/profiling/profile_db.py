@@ -22,7 +22,6 @@ import shutil
 import sqlite3
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -143,12 +142,11 @@ def _identity(r: Record) -> tuple:
 
 def _foreign_reason(path: Path) -> tuple[str | None, bool]:
     """Why the file at `path` is not a usable profile database (None: absent, empty, usable), and
-    whether it is ours all the same (a corrupt database of ours may be set aside; another file
-    never is). Read through SQLite where it can be: a process that opens and closes the file itself
-    drops every POSIX lock its own connections hold on it (SQLite's "how to corrupt", 2.2), so
-    another process's close, seeing no reader, checkpoints and deletes the WAL file under those
-    connections, whose writes then overwrite that process's (rows lost; "malformed" where they
-    meet)."""
+    whether it is ours all the same (a corrupt database of ours may be set aside; another file never
+    is). Read through SQLite where it can be: a process that opens and closes the file itself drops
+    every POSIX lock its own connections hold on it (SQLite's "how to corrupt", 2.2), so another
+    process's close, seeing no reader, checkpoints and deletes the WAL file under those connections,
+    whose writes then overwrite that process's (rows lost; "malformed" where they meet)."""
     if not path.exists() or path.stat().st_size == 0:
         return None, True
     conn = sqlite3.connect(path, timeout=_TIMEOUT_S)
@@ -253,7 +251,7 @@ class ProfileDB:
                     raise
                 time.sleep(0.01)
 
-    @contextmanager
+    @contextlib.contextmanager
     def _transaction(self):
         """BEGIN IMMEDIATE takes the write lock up front, so two processes queue (up to the
         connection timeout) instead of failing when a read lock is upgraded."""

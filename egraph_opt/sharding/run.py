@@ -25,7 +25,6 @@ def device_of_this_process(n: int) -> mesh.Device:
     made whole (``Replicate``) on a one-dimensional device mesh over the group."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Shard
-
     if dist.get_world_size() != n:
         raise mesh.MeshError(f"the plan is sharded over {n} devices; this process group has "
                              f"{dist.get_world_size()}")

@@ -19,10 +19,9 @@ judged against the original, within the dtype's tolerance). ``Validation.bounded
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, fields, is_dataclass
 from typing import Callable
 
 import operator
@@ -64,7 +63,6 @@ WIDE_ELEMENTS = 1 << 21
 #: inequality, where the original errs there as it does on the sample
 EXCUSED = 3.0
 
-
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
@@ -74,13 +72,13 @@ def tree_flatten(tree) -> tuple[list, object]:
     def opened(x):
         if _dataclass(x):
             return type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass)
-                             for f in dataclasses.fields(x)}
+                             for f in fields(x)}
         return x
     return _tree_flatten(tree_map(opened, tree, is_leaf=_dataclass))
 
 
 def _dataclass(x) -> bool:
-    return dataclasses.is_dataclass(x) and not isinstance(x, type)
+    return is_dataclass(x) and not isinstance(x, type)
 
 
 def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0) -> tuple:

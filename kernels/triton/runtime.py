@@ -20,7 +20,6 @@ try:
 except ImportError:
     HAVE_TRITON = False
 
-
 #: the test switch: Triton kernels take CPU tensors, interpreted (``TRITON_INTERPRET=1``), and binding
 #: prefers them wherever one accepts a node, so CI runs every plan path with Triton kernels without
 #: a GPU (interpreter timings mean nothing, so they do not decide)
@@ -49,7 +48,6 @@ def _native() -> bool:
                      "(pip install 'egraph-opt[triton]')")
         return False
     import torch
-
     return torch.cuda.is_available()
 
 

@@ -272,3 +272,32 @@ def test_past_max_plans_the_least_recently_used_plan_is_dropped(monkeypatch):
     assert g.report.optimized and rows() == [2, 5]
     g(torch.randn(3, 4))  # optimized again
     assert g.report.optimized and rows() == [3, 5]
+
+
+#: a global of the same name as the attribute the module below reads (``self.scale``): a program
+#: that never names the global must not be watched through it
+scale = {"read": 0}
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((4,), 2.0))
+
+    def forward(self, x):
+        return _softplus(x) * self.scale
+
+
+def test_an_attribute_is_not_taken_for_the_global_of_its_name():
+    from egraph_opt.drivers.watch import Watch
+
+    module = _Scaled()
+    with Watch(module) as watch:
+        watched = {id(holder) for _, holder, _ in watch._saved}
+        scopes = [saved for name, _, saved in watch._saved if name == "global"]
+    assert id(scale) not in watched and not any("scale" in s for s in scopes)
+    assert any("_softplus" in s for s in scopes)  # the global it does name is watched
+    x = torch.randn(3, 4)
+    f = saturate_and_extract(module)
+    torch.testing.assert_close(f(x), module(x))
+    assert f.report.optimized, f.report.fallback

@@ -9,6 +9,7 @@ names what changed and puts it back, so the original, run untouched, does what e
 from __future__ import annotations
 
 import builtins
+import dis
 import functools
 import logging
 import sys
@@ -30,6 +31,13 @@ def codes(code: types.CodeType):
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             yield from codes(c)
+
+
+def _globals_read(code: types.CodeType) -> set[str]:
+    """The global names ``code`` (or a function inside it) loads or stores: not every name it
+    holds, which counts ``self.model``'s attribute as the module's global ``model`` too."""
+    return {i.argval for c in codes(code) for i in dis.get_instructions(c)
+            if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME")}
 
 
 def _library(module: str | None) -> bool:
@@ -100,8 +108,7 @@ def _walk(fn: Callable):
                 todo.append((var, _copy(cell)))
             yield f"{name}.__defaults__", o, _copy(o)
             todo += [(f"{name} default", d) for d in (*(o.__defaults__ or ()), *(o.__kwdefaults__ or {}).values())]
-            scope = {k: o.__globals__[k] for k in sorted(set(o.__code__.co_names).union(
-                *(c.co_names for c in codes(o.__code__))) & o.__globals__.keys())}
+            scope = {k: o.__globals__[k] for k in sorted(_globals_read(o.__code__) & o.__globals__.keys())}
             yield "global", o.__globals__, scope
             todo += [(f"global {k}", v) for k, v in scope.items()]
         elif isinstance(o, types.ModuleType):

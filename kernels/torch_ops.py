@@ -136,6 +136,13 @@ def rms_norm(x, weight, eps):
     return out if out.dtype == dtype else out.to(dtype)
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether ``x`` (narrower than float64) holds no inf or NaN, from one pass and one number: its
+    float64 sum is inf or NaN exactly where an element is (no sum of float32 values overflows
+    float64), with no mask of x's size made and reduced."""
+    return math.isfinite(x.sum(dtype=torch.float64).item())
+
+
 def linear(x, weight, bias):
     """x W^T + b. Where finite products add up past the dtype's max, the library's summation order
     (its blocking differs by CPU: AVX2, AVX-512, AVX-512 BF16) makes the sum +inf, -inf or NaN, an
@@ -143,7 +150,7 @@ def linear(x, weight, bias):
     summed again in float64, where no sum of float32 products overflows, and rounded once. On CPU
     only, where the check stalls no stream."""
     out = F.linear(x, weight, bias)
-    if not device_path(out) and out.dtype != torch.float64 and not out.isfinite().all():
+    if not device_path(out) and out.dtype != torch.float64 and not all_finite(out):
         wide = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
         out = torch.where(out.isfinite(), out, wide.to(out.dtype))
     return out
@@ -306,7 +313,7 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
     check would be a read on the host, every padded conv2d gets it: exact for a finite one too."""
     pad = parse_shape(padding)
     if any(pad) and weight.device.type != "meta" and \
-            (device_path(weight) or not bool(weight.isfinite().all())):
+            (device_path(weight) or not all_finite(weight)):
         x, padding = F.pad(x, tuple(p for p in reversed(pad) for _ in range(2))), ",".join("0" * len(pad))
     return ops.conv2d(x, weight, bias, stride, padding, dilation, groups)
 

@@ -103,7 +103,7 @@ class Piecewise:
 
 
 @torch.inference_mode(False)  # its error estimates take derivatives
-def infer(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
+def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
           seed: int = 0, limit: float = math.inf) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
     without regimes), when it beats that one by ``MIN_GAIN`` mean bits and each series in it keeps

@@ -44,11 +44,12 @@ class Facts:
         tensors = [a for a in args if a not in self.scalars]
         shapes = tuple(self.meta[a][0] for a in tensors) if all(a in self.meta for a in tensors) else None
         return NodeFacts(
-            op, attrs, tuple(self.ranges.get(a, TOP) for a in args), tuple(map(self.dtype, args)),
-            tuple(a in self.exact for a in args), self.ranges.get(key, TOP), self.dtype(key),
-            bool(args) and all(a in self.constant for a in args), shapes,
-            operand_layouts(shapes, [self.strides.get(a) for a in tensors]) if shapes is not None else (),
-            tuple(map(self.dtype, tensors)))
+            op, attrs, operands=tuple(self.ranges.get(a, TOP) for a in args),
+            dtypes=tuple(map(self.dtype, args)), exact=tuple(a in self.exact for a in args),
+            result=self.ranges.get(key, TOP), dtype=self.dtype(key),
+            constant=bool(args) and all(a in self.constant for a in args), shapes=shapes,
+            layouts=operand_layouts(shapes, [self.strides.get(a) for a in tensors]) if shapes is not None else (),
+            tensor_dtypes=tuple(map(self.dtype, tensors)))
 
     def dtype(self, key) -> str:
         return dtype_name(self.meta[key][1]) if self.dtypes is None else self.dtypes.get(key, "float32")

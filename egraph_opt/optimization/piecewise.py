@@ -17,7 +17,7 @@ from .ematch import ematch
 from ..egraph.engine import Snapshot
 from ..extractors import extract
 from ..extractors.enumerate import alternatives
-from ..extractors.regimes import Candidate, Piecewise, infer
+from ..extractors.regimes import Candidate, Piecewise, infer_regimes
 from ..lang import pattern as pat
 from ..lang.program import Program
 from ..lang.term import Term, postorder
@@ -63,8 +63,8 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
                 seen.add(_structure(rhs))
                 candidates.append(Candidate(rhs, rule, guard=rule.when, binding=binding))
                 matched.append((lhs, rhs))
-    found = infer(program.with_roots({id(roots[0]): candidates[0].term}), candidates, input_ranges,
-                  limit=limit)
+    found = infer_regimes(program.with_roots({id(roots[0]): candidates[0].term}), candidates,
+                          input_ranges, limit=limit)
     return None if found is None else (found, matched)
 
 

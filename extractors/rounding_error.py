@@ -224,3 +224,20 @@ def least_error(candidates: list[Program], ranges: dict | None = None, *, points
             return None
         scores.append((round(found.worst), round(found.mean), i))
     return min(scores)[2]
+
+
+def far_more_accurate(candidates: list[Program], latencies: list[float], bits: float, max_slowdown: float,
+                      ranges: dict | None = None, *, points: int = 4) -> int | None:
+    """Index of the most accurate candidate whose sampled error, worst or mean, is ``bits`` below
+    the first's (a cancellation or overflow gone) and whose latency is at most ``max_slowdown``
+    times the first's; None where none is (most programs: the first's error is below ``bits``)."""
+    first = program_error(candidates[0], ranges, points=points)
+    if first is None or max(first.worst, first.mean) < bits:
+        return None
+    found = []
+    for i, (candidate, latency) in enumerate(zip(candidates, latencies)):
+        if i and latency <= max_slowdown * max(latencies[0], 1):
+            error = program_error(candidate, ranges, points=points)
+            if error is not None and (error.mean <= first.mean - bits or error.worst <= first.worst - bits):
+                found.append((round(error.worst), round(error.mean), latency, i))
+    return min(found)[3] if found else None

@@ -87,9 +87,18 @@ def from_numpy(x: np.ndarray) -> torch.Tensor:
 _NUMPY_UNARY = {name: getattr(np, op.numpy) for name, op in OPS.items() if op.numpy}
 
 
+def _quiet(ufunc: np.ufunc) -> Callable:
+    """``ufunc`` giving NaN or inf where torch's kernel does, and as silently (numpy warns of
+    sqrt(-1), log(0) and overflow: a plan must not where the original would not)."""
+    def kernel(x: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return ufunc(x)
+    return kernel
+
+
 def _numpy_kernels() -> list[Kernel]:
     return [Kernel(f"numpy.{op}", _reference(op), "numpy", frozenset({"cpu"}),
-                   frozenset({"float32", "float64"}), fn, takes=to_numpy)
+                   frozenset({"float32", "float64"}), _quiet(fn), takes=to_numpy)
             for op, fn in _NUMPY_UNARY.items()]
 
 

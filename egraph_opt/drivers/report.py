@@ -74,10 +74,7 @@ class Report:
         lines += [f"[SATURATION] {s}" for s in self.saturation]
         if self.seconds:
             lines.append("[TIME] " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items()))
-        if self.measured:
-            before, after = self.measured
-            lines.append(f"[MEASURED] original {before * 1e6:.1f} us, optimized {after * 1e6:.1f} us "
-                         f"({before / after:.2f}x), interleaved on the example inputs")
+        lines += self._measured()
         v = self.validation
         if v is not None:
             verdict = "passed" if v.passed else "FAILED"
@@ -89,6 +86,20 @@ class Report:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+    def _measured(self) -> list[str]:
+        """The side-by-side timing, and what accuracy a plan kept though slower cost in time."""
+        if not self.measured:
+            return []
+        before, after = self.measured
+        lines = [f"[MEASURED] original {before * 1e6:.1f} us, optimized {after * 1e6:.1f} us "
+                 f"({before / after:.2f}x), interleaved on the example inputs"]
+        if self.error and after > before and not self.fallback:  # kept for its accuracy
+            then, now = self.error
+            lines.append(f"[TRADE] accuracy bought with time: error worst {then.worst:.1f} -> "
+                         f"{now.worst:.1f} bits, mean {then.mean:.2f} -> {now.mean:.2f} bits, "
+                         f"for {after / before:.2f}x the original's time")
+        return lines
 
 
 def _counts(counts: dict[str, int]) -> str:

@@ -14,6 +14,7 @@ from ..extractors.rounding_error import ProgramError, program_error
 from ..lang.program import Program
 from ..analysis.ranges import Interval, analyze
 from ..lang.term import dtype_name, postorder, pretty
+from .tables import clip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,9 +49,8 @@ class CurvatureReport:
         head = f"{'node':<{width}} {'range':>23} {'kappa':>9} {'L':>9} {'Delta':>9} {'err bits':>8}"
         rows = [head, "-" * len(head)]
         for n in self.nodes:
-            text = n.text if len(n.text) <= width else n.text[:width - 3] + "..."
             rng = f"[{n.range[0]:.3g}, {n.range[1]:.3g}]"
-            rows.append(f"{text:<{width}} {rng:>23} {n.kappa:9.3g} {n.lipschitz:9.3g} "
+            rows.append(f"{clip(n.text, width):<{width}} {rng:>23} {n.kappa:9.3g} {n.lipschitz:9.3g} "
                         f"{n.rounding:9.3g} {n.error_bits:8.1f}")
         rows.append(f"total kappa {self.total:.4g}")
         if self.error is not None:

@@ -133,11 +133,12 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     one profiling case per distinct (op, operand shapes, attributes) the profiler can time."""
     import importlib
     import torch
+    from ..egraph.session import reopened
     from ..frontends.capture import capture
     from ..lang.ops import OPS
+    from ..lang.term import SCALAR
     from ..optimization.pipeline import class_meta, optimize
     from ..profiling.profiler import SPECS, Case
-    from ..lang.term import SCALAR, postorder, shapes as term_shapes
     module_name, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), name)
@@ -146,12 +147,10 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     fn = getattr(fn, "fn", fn)  # a decorated function: profile the original
     program, _ = capture(fn, tuple(torch.randn(s, dtype=getattr(torch, dtype)) for s in shapes))
     result = optimize(program, templates=False)  # the whole e-graph: every kernel it could use
-    snap, roots = result.egraph.snapshot(), program.roots()
-    known = term_shapes(roots, program.leaf_meta())
-    of_class = class_meta(snap.classes, {snap.class_of_ref[result.egraph.ref(t)]: known[id(t)]
-                                         for t in postorder(roots)})
+    session = reopened(result.egraph, program.roots())
+    of_class = class_meta(session.snap.classes, {c: program.meta()[i] for i, c in session.class_of.items()})
     cases = {}
-    for nodes in snap.classes.values():
+    for nodes in session.snap.classes.values():
         for n in nodes:
             if n.op in SPECS and all(c in of_class for c in n.children):
                 operands = tuple(of_class[c][0] for c in n.children if of_class[c] != SCALAR)

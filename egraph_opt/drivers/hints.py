@@ -9,7 +9,6 @@ without this line a fix silently does not happen (``sqrt(x + 1) - sqrt(x)`` keep
 from __future__ import annotations
 
 from ..lang.term import postorder, pretty
-from ..optimization import ematch
 from ..lang.pattern import Var
 from ..rulesets.guards import Fact, Guard, parse  # noqa: F401 - the doctest
 
@@ -34,18 +33,15 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
         return []
     ex = Explorer(result, input_ranges, rules)
     text = _Texts({ex.loaded[id(t)]: t for t in postorder(ex.source.roots())})
-    guards = ematch.Guards(ex.snap, ex.relations, ex.meta)
     hints = []
     for rule in ex.rules:
         if not {"positive", "nonneg", "hi", "lo"} & rule.when.heads():
             continue
-        for cid, bound in ematch.matches(rule.pairs()[0][0], ex.snap.classes):
-            failed = [fact for fact in rule.when if not guards.check(fact, bound)[0]]
-            needs = [_bounds(fact, bound, text) for fact in failed]
+        for cid, bound, failed in ex.failures(rule):
+            needs = [_bounds(fact, bound, text) for fact, _ in failed]
             if not failed or None in needs:  # it fired here, or a range cannot prove what failed
                 continue
-            free = sorted({name for c in map(bound.get, Guard(failed).variables()) if isinstance(c, str)
-                           for name in ematch.inputs_under(ex.snap.classes, c)} - set(input_ranges))
+            free = ex.undeclared(map(bound.get, Guard(fact for fact, _ in failed).variables()))
             if free:
                 hints.append(f"{rule.name} matched {text.get(cid, cid)}; its guard needs "
                              f"{_intervals(needs)}, not proved: {', '.join(free)} "

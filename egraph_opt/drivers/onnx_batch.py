@@ -26,6 +26,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
+from tqdm import tqdm
 
 from .api import slower_for_nothing
 from .batch_report import html, line, summary, write_report
@@ -250,14 +251,6 @@ def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(found)), skipped
 
 
-def _progress(total: int):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
-
-
 def _writable_dir(path: str, what: str) -> None:
     """Create the directory and make a file in it now, not after every model is optimized."""
     try:
@@ -331,16 +324,14 @@ def run(args: argparse.Namespace) -> int:
                "profile_db": args.profile_db or str(default_path()),
                "profile_budget": default_budget() if args.profile_budget is None else args.profile_budget}
     _refuse_foreign(options["profile_db"])
-    bar = _progress(len(targets))
-    say = bar.write if bar is not None else print
+    bar = tqdm(total=len(targets), unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
     finished: set[str] = set()
 
     def done(record):
         records.append(record)
         finished.add(record["model"])
-        say(line(record))
-        if bar is not None:
-            bar.update()
+        bar.write(line(record))
+        bar.update()
 
     interrupted = False
     try:
@@ -351,8 +342,7 @@ def run(args: argparse.Namespace) -> int:
                     for p, t in targets.items() if p not in finished]
     finally:
         remove_staging(args.out, options["run"])  # left by a worker that died while writing
-    if bar is not None:
-        bar.close()
+    bar.close()
     records.sort(key=lambda r: r["model"])
     if args.report:
         write_report(args.report, records, interrupted)

@@ -128,9 +128,8 @@ def _process(process: Callable, worker, path: str, target: str, options: dict,
         return process(path, target, options, stopped), None
     with tempfile.TemporaryDirectory(prefix="egraph-opt-", dir=worker.local_directory) as folder:
         for name, data in files.items():
-            os.makedirs(os.path.dirname(os.path.join(folder, "in", name)), exist_ok=True)
-            with open(os.path.join(folder, "in", name), "wb") as f:
-                f.write(data)
+            Path(folder, "in", name).parent.mkdir(parents=True, exist_ok=True)
+            Path(folder, "in", name).write_bytes(data)
         os.mkdir(os.path.join(folder, "out"))
         local = os.path.join(folder, "out", os.path.basename(target))
         record = process(os.path.join(folder, "in", os.path.basename(path)), local,
@@ -149,8 +148,7 @@ def _files(path: str) -> dict[str, bytes]:
     files = {}
     for name in names:
         with contextlib.suppress(OSError):  # a missing model too: the worker says so
-            with open(os.path.join(os.path.dirname(path), name), "rb") as f:
-                files[name] = f.read()
+            files[name] = Path(os.path.dirname(path), name).read_bytes()
     return files
 
 

@@ -22,9 +22,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import KW_ONLY, dataclass, fields, is_dataclass
-from typing import Callable
-
 import operator
+from typing import Callable
 
 import numpy as np
 import torch
@@ -148,12 +147,6 @@ class _Deadline(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _sync_of(args: tuple) -> Callable:
-    if any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args):
-        return torch.cuda.synchronize
-    return lambda: None
-
-
 #: numpy's long double, where it has a wider exponent than float64 (not on Windows or macOS arm)
 WIDE = np.longdouble if np.finfo(np.longdouble).maxexp > np.finfo(np.float64).maxexp else None
 _OPERATORS = {operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow}
@@ -236,8 +229,8 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
     if isinstance(cand, np.ndarray) and cand.dtype.kind not in "biufc":  # strings, objects
         same = cand.shape == orig.shape and np.array_equal(cand, orig)
         return same, 0.0 if same else math.inf, 0.0, "" if same else "outputs differ"
-    cand, orig = (torch.from_numpy(t) if not isinstance(t, torch.Tensor) else t for t in (cand, orig))
-    ref = orig if ref is None else torch.from_numpy(ref) if not isinstance(ref, torch.Tensor) else ref
+    cand, orig = map(torch.as_tensor, (cand, orig))
+    ref = orig if ref is None else torch.as_tensor(ref)
     if cand.shape != orig.shape or cand.dtype != orig.dtype:
         return False, math.inf, 0.0, (f"{tuple(cand.shape)} {cand.dtype} vs "
                                       f"{tuple(orig.shape)} {orig.dtype}")
@@ -249,14 +242,12 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
 
 
 def imported_reference(program: Program, feeds: dict, expected: list) -> list[np.ndarray] | None:
-    """The float64 reference of an imported model whose original runs in its own precision (ONNX
-    under onnxruntime, ``expected`` its outputs on ``feeds``, by input name), for ``judge``: the
-    imported program's terms in float64, in long double where float64 overflows (``wide_reference``).
-    Where the original is not finite it judges, as the decorator's float64 reference does, so a
-    stability fix is accepted as fixed. Only where the import is faithful: its terms in the model's
-    own precision must reproduce ``expected`` by ``judge`` (non-finite values alike), or a wrong
-    import would vouch for a candidate as wrong. None where there is none: an opaque node (its
-    semantics are the runtime's alone), terms that do not run on these inputs, or differ."""
+    """The float64 reference, for ``judge``, of an imported model that runs in its own precision
+    (ONNX under onnxruntime: ``expected`` its outputs on ``feeds``): its terms in float64 (in long
+    double where that overflows), so that a stability fix is accepted as fixed, as the decorator's
+    reference accepts it. Only where the import is faithful (its terms in the model's precision
+    reproduce ``expected``), or a wrong import would vouch for a wrong candidate; None where there
+    is none (an opaque node, terms that do not run on these inputs or that differ)."""
     outputs = leaves(program.outputs)
     if program.opaque or not all(isinstance(o, Term) for o in outputs):
         return None
@@ -306,12 +297,12 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
             budget_s: float | None = None) -> Validation:
     """Run both on their own clones of ``args`` (they draw no random numbers: capture refuses a
     program that does, and forking the process's generator would rewind other threads' draws) and
-    apply the acceptance rule, ``judge``, against the float64 reference within ``budget_s`` seconds (``REFERENCE_SECONDS``; see the module's docstring). ``wide``
-    (``wide_reference``, or a function giving it, called only where float64 overflowed) stands in
-    for the float64 reference where that is not finite. The original's run also shows which
-    arguments it writes into (``Validation.written``: the candidate cannot be compared then)."""
+    ``judge`` them against the float64 reference bounded by ``budget_s`` (``REFERENCE_SECONDS``);
+    ``wide`` (``wide_reference``, or a function giving it) stands in for it where it overflows.
+    The original's run shows which arguments it writes into (``Validation.written``)."""
     budget_s = REFERENCE_SECONDS if budget_s is None else budget_s
-    sync = _sync_of(args)
+    on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
+    sync = torch.cuda.synchronize if on_cuda else lambda: None  # queued kernels count
     with torch.no_grad():
         with torch.inference_mode(False):  # clones that count their writes (``_version``)
             clones = _clones(args)

@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 
+from .tables import Table
 from .usage import new_file_mode
 
 
@@ -14,9 +15,7 @@ def line(r: dict) -> str:
         return f"kept   {r['model']}: {r['reason']}"
     if r["status"] != "optimized":
         return f"FAILED {r['model']}: {r['reason']}"
-    lat = ""
-    if "latency_ms_before" in r:
-        lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms"
+    lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms" if "latency_ms_before" in r else ""
     if "kept_original" in r:
         return f"ok     {r['model']}: kept as it was ({r['kept_original']}){lat}"
     slower = f" ({r['slower']})" if "slower" in r else ""
@@ -30,28 +29,25 @@ def status(r: dict) -> str:
 
 
 def summary(records: list[dict]) -> str:
-    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after",
-            "after/before")
-    rows = [head]
+    rows = []
     for r in records:
         ok = r["status"] == "optimized"
         before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
-        rows.append((
+        rows.append([
             os.path.basename(r["model"]), status(r),
             f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
             str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
             f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
             f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
-            f"{after / before:.2f}" if ok and before and after else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+            f"{after / before:.2f}" if ok and before and after else "-"])
     kept = sum(r["status"] == "kept" for r in records)
     failed = sum(r["status"] not in ("optimized", "kept") for r in records)
     stopped = sorted({r["profiling_stopped"] for r in records if r.get("profiling_stopped")})
     notes = [f"kernel timing stopped early on {sum('profiling_stopped' in r for r in records)} "
              f"models ({'; '.join(stopped)}): their costs are estimates"] if stopped else []
     counts = f"{len(records) - failed - kept} optimized, {f'{kept} kept, ' if kept else ''}{failed} failed"
-    return "\n".join(lines + [counts] + notes)
+    return str(Table("egraph-opt onnx", ["model", "status", "nodes", "rewrites", "curvature", "ORT ms before",
+                                         "after", "after/before"], rows, note="\n".join([counts] + notes)))
 
 
 def html(path: str) -> bool:

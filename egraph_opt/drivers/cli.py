@@ -13,6 +13,7 @@ from pathlib import Path
 from ..profiling.profile_db import ProfileDBError
 from ..rulesets import Family, catalogue
 from .batch_report import html
+from .tables import Table
 from .usage import Failure, MissingExtra, ModelFailure, at_least, require
 
 _SELF_EXPLAINING = (Failure, ProfileDBError, OSError, MissingExtra)  # their message needs no exception name
@@ -25,24 +26,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _rules(args) -> int:
-    rows = [r for r in catalogue().values() if args.family is None or r.family.value == args.family]
-    width = max(len(r.name) for r in rows)
-    for r in rows:
-        when = f"  when {r.when}" if r.when else ""
-        print(f"{r.name:<{width}}  {r.family.value:<13} {r.exactness.value:<8} {r.describe()}{when}")
-    print(f"{len(rows)} rules")
+    rows = [[r.name, r.family.value, r.exactness.value, r.describe() + (f"  when {r.when}" if r.when else "")]
+            for r in catalogue().values() if args.family is None or r.family.value == args.family]
+    print(Table("the rule catalogue", ["rule", "family", "exactness", "rewrite"], rows, note=f"{len(rows)} rules"))
     return 0
 
 
 def _kernels(args) -> int:
     from ..kernels.registry import MOVES, REGISTRY
-    rows = [k for k in [*REGISTRY.values(), *MOVES.values()]
+    rows = [[k.name, k.backend, ",".join(sorted(k.devices)), ",".join(sorted(k.dtypes)) if len(k.dtypes) < 5
+             else "any", k.reference] for k in [*REGISTRY.values(), *MOVES.values()]
             if args.backend is None or args.backend in k.backend.split("->")]
-    width = max(len(k.name) for k in rows)
-    for k in rows:
-        print(f"{k.name:<{width}}  {k.backend:<12} {','.join(sorted(k.devices)):<9} "
-              f"{','.join(sorted(k.dtypes)) if len(k.dtypes) < 5 else 'any':<32} {k.reference}")
-    print(f"{len(rows)} kernels")
+    print(Table("the kernel registry", ["kernel", "backend", "devices", "dtypes", "reference"], rows,
+                note=f"{len(rows)} kernels"))
     return 0
 
 
@@ -105,8 +101,8 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
         backends.add(kernel.backend)  # its memory: the moves into it and out
     for (source, target), move in MOVES.items():
         if {source, target} <= backends | {"torch"} and copies(source, target):  # both usable here
-            cases = [Case(MOVE, dtype, ((n, n),), {}) for dtype in args.dtype for n in args.sizes
-                     if dtype in move.dtypes]
+            cases = [Case(op=MOVE, dtype=dtype, shapes=((n, n),), attrs={}) for dtype in args.dtype
+                     for n in args.sizes if dtype in move.dtypes]
             records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=move)
     return records
 
@@ -155,7 +151,7 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
             if n.op in SPECS and all(c in of_class for c in n.children):
                 operands = tuple(of_class[c][0] for c in n.children if of_class[c] != SCALAR)
                 attrs = {k: v for (k, _), v in zip(OPS[n.op].attrs, n.attrs)}
-                cases[n.op, operands, n.attrs] = Case(n.op, dtype, operands, attrs)
+                cases[n.op, operands, n.attrs] = Case(op=n.op, dtype=dtype, shapes=operands, attrs=attrs)
     return list(cases.values())
 
 

@@ -175,8 +175,8 @@ class Explorer:
         found, source = self.extracted, self._candidate(-1, self.source.roots()[0])
         runs = f"not taken: {self.fallback}; the original runs" if self.fallback else "the program found runs"
         return Table(f"{self.name}: {runs}", ["", "found", "input"], _side_by_side(found, source),
-                     f"the e-graph: {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes",
-                     [found, source])
+                     note=f"the e-graph: {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes",
+                     items=[found, source])
 
     def __repr__(self) -> str:
         return str(self.summary())
@@ -224,8 +224,8 @@ class Explorer:
             items.append(cid)
         return Table(f"e-classes of {self.name}" + (" (changed by rewrites)" if changed else ""),
                      ["id", "members", "shape", "dtype", "range", "chosen", "cost"], rows,
-                     f"{len(rows)} of {len(self.snap.classes)} e-classes, "
-                     f"{self.snap.num_enodes} e-nodes", items)
+                     note=f"{len(rows)} of {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes",
+                     items=items)
 
     def eclass(self, cid) -> Table:
         """The members of one e-class, each with its cost parts and the rule that produced it."""
@@ -239,7 +239,7 @@ class Explorer:
         return Table(f"e-class {cid} ({', '.join(n.op for n in self.snap.classes[cid])})",
                      ["chosen", "member", "cost", "curvature dB", "est. rel. error", "latency us",
                       "latency from", "produced by"], rows,
-                     "* marks the member the extracted program takes", list(self.snap.classes[cid]))
+                     note="* marks the member the extracted program takes", items=list(self.snap.classes[cid]))
 
     def produced_by(self, cid: str, node) -> str:
         """``input`` for an e-node of the input program, else the first rule whose right side is
@@ -275,7 +275,7 @@ class Explorer:
                  _bits(c.error_bits), "*" if str(c) == str(self.extracted) else ""] for c in found]
         return Table(f"the {len(found)} cheapest programs of {self.name}",
                      ["rank", "program", "cost", "curvature dB", "latency us", "error bits",
-                      "extracted"], rows, "call table[i](*tensors) to run one", found)
+                      "extracted"], rows, note="call table[i](*tensors) to run one", items=found)
 
     def kernels(self) -> Table:
         """Every kernel binding weighs for each fused or computed node the extracted program
@@ -290,15 +290,14 @@ class Explorer:
             f = self.facts(cid, node)
             if not node.children or f.op in LEAVES or f.shapes is None:
                 continue
-            found = paths_of(f.op, f.attrs, f.shapes, f.dtype, f.layouts)
-            for rank, path in enumerate(found):
+            for rank, path in enumerate(paths_of(f.op, f.attrs, f.shapes, f.dtype, f.layouts)):
                 seconds = "-" if path.seconds == math.inf else round(path.seconds * 1e6, 2)
                 rows.append([cid, f.op, path.kernel.name, seconds, path.refused or "",
                              "*" if rank == 0 and path.seconds < math.inf else ""])
                 items.append(path)
         return Table(f"kernels weighed for the nodes of {self.name}",
                      ["e-class", "op", "kernel", "latency us", "why not", "bound"], rows,
-                     "* marks the kernel binding takes: the cheapest that runs the node", items)
+                     note="* marks the kernel binding takes: the cheapest that runs the node", items=items)
 
     def why_not(self, x) -> Table:
         """``x`` a PricedProgram or a Term: its costs beside the extracted program's. ``x`` a rule
@@ -313,36 +312,33 @@ class Explorer:
                    else "it costs less: the extractor's DAG choice is greedy, not optimal")
         note = verdict + ("" if held else "; it is not in the e-graph: no rule derives it")
         return Table(f"why not this program of {self.name}", ["", "extracted", "candidate"],
-                     _side_by_side(mine, other), note)
+                     _side_by_side(mine, other), note=note)
 
     def _why_not_rule(self, name: str) -> Table:
         rule = catalogue().get(name)
         if rule is None:
             raise KeyError(f"no rule {name!r}; `egraph-opt rules` lists them")
         rows = []
-        used = any(r.name == name for r in self.rules)
-        if not used:
+        if not any(r.name == name for r in self.rules):
             rows.append(["ruleset", f"{name} was not among the rules of this run"])
         lhs, found = rule.pairs()[0][0], self.failures(rule)
         if not found:
             present = any(n.op == lhs.op for nodes in self.snap.classes.values() for n in nodes)
             rows.append(["pattern", f"{pat.show(lhs)} matches nowhere in the e-graph" +
                          ("" if present else f" (no {lhs.op} node at all)")])
-        fired = None
         for cid, bound, failed in found:
             if failed:
                 free = self.undeclared(bound.values())
                 rows.append(["guard", f"at e-class {cid}: " + "; ".join(why for _, why in failed) +
                              (f" (no declared range for {', '.join(free)}: pass input_ranges)" if free else "")])
-            else:
-                fired = fired or cid
+        fired = next((cid for cid, _, failed in found if not failed), None)
         if fired:
             pick = self.chosen.get(fired)
             rows.append(["fired", f"the pattern matches e-class {fired} with its guard holding; the "
                          f"extractor chose {_node_text(pick) if pick else 'no member of it'} "
                          "as cheaper (eclass() shows each member's cost)"])
         return Table(f"why not {name}: {rule.describe()}", ["part", "finding"], rows,
-                     f"guard: {rule.when or 'none'}")
+                     note=f"guard: {rule.when or 'none'}")
 
     def failures(self, rule) -> list[tuple[str, dict, list]]:
         """Every match of ``rule``'s left side: its e-class, its binding, and each fact of the
@@ -362,27 +358,26 @@ class Explorer:
         """The steps from the input program to the output, each a rule at a location, with the
         estimated error and latency of the whole program before and after it."""
         d = self.result.derivation
+        rows = [[i + 1, s.name, s.location, clip(pretty(s.rewritten), 40), clip(pretty(s.result), 40)]
+                for i, s in enumerate(d.steps)]
         if not d.start:  # repeated blocks were optimized as templates, each with its own steps
-            rows = [[i + 1, s.name, s.location, clip(pretty(s.rewritten), 40), clip(pretty(s.result), 40)]
-                    for i, s in enumerate(d.steps)]
             return Table(f"derivation of {self.name} (per template, unpriced)",
                          ["step", "rule", "at", "rewrites", "into"], rows,
-                         "repeated blocks were optimized once each as templates: steps are within them")
+                         note="repeated blocks were optimized once each as templates: steps are within them")
         states = [self._candidate(0, roots[0]) for roots in d.states()]
-        rows = [[i + 1, s.name, s.location, clip(pretty(s.rewritten), 40), clip(pretty(s.result), 40),
-                 _bits(a.error_bits), _bits(b.error_bits), round(a.latency_us, 2), round(b.latency_us, 2)]
-                for i, (s, a, b) in enumerate(zip(d.steps, states, states[1:]))]
+        rows = [row + [_bits(a.error_bits), _bits(b.error_bits), round(a.latency_us, 2), round(b.latency_us, 2)]
+                for row, a, b in zip(rows, states, states[1:])]
         note = "complete: the last step's program is the extracted one" if d.complete else \
             f"not derived further: {d.unexplained}"
-        return Table(f"derivation of {self.name}", ["step", "rule", "at", "rewrites", "into",
-                                                    "error bits before", "after", "latency us before",
-                                                    "after"], rows, note, list(zip(d.steps, states, states[1:])))
+        return Table(f"derivation of {self.name}", ["step", "rule", "at", "rewrites", "into", "error bits before",
+                                                    "after", "latency us before", "after"], rows,
+                     note=note, items=list(zip(d.steps, states, states[1:])))
 
     def impact(self) -> Table:
         """Per rule of the derivation: steps, and error (bits) and latency (us) each one gained."""
         gained: dict[str, list] = {}
         if not self.result.derivation.start:
-            return Table(f"rewrite impact on {self.name}", ["rule"], [], "not priced for templates")
+            return Table(f"rewrite impact on {self.name}", ["rule"], [], note="not priced for templates")
         for step, a, b in self.derivation():
             g = gained.setdefault(step.name, [0, 0.0, 0.0])
             g[0] += 1

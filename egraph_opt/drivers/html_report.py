@@ -41,7 +41,7 @@ def report_body(report) -> str:
         rows += [[f"regime {k + 1}, {i + 1}", s.name, s.location, str(s).split(": ", 1)[1]]
                  for k, (_, b) in enumerate(d.branches) for i, s in enumerate(b.steps)]  # piecewise
         note = "complete" if d.complete else f"not derived further: {d.unexplained}"
-        parts.append(Table("derivation", ["step", "rule", "at", "rewrite"], rows, note)._repr_html_())
+        parts.append(Table("derivation", ["step", "rule", "at", "rewrite"], rows, note=note)._repr_html_())
     costs = [[k, report.cost_before[k], report.cost_after.get(k)] for k in report.cost_before]
     ops = sorted(set(report.ops_before) | set(report.ops_after))
     parts.append(Table("cost", ["part", "before", "after"], costs)._repr_html_())

@@ -98,7 +98,7 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
         rows = [[c, len(classes[c]), ", ".join(sorted({n.op for n in classes[c]}))] for c in biggest]
         summary = Table(f"{len(keep)} e-classes, {nodes} e-nodes: too many to draw (max_nodes="
                         f"{max_nodes}); egraph_picture(ex, around=<id>) draws one neighbourhood",
-                        ["e-class", "e-nodes", "ops"], rows, "the largest e-classes")
+                        ["e-class", "e-nodes", "ops"], rows, note="the largest e-classes")
         return TextPicture(str(summary))
     lines = ["digraph egraph {", "compound=true; rankdir=TB; node [shape=box, style=rounded, fontsize=10];"]
     for cid in sorted(keep):

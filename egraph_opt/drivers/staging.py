@@ -72,12 +72,10 @@ def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite:
     base = os.path.basename(target)
 
     def save(folder: str) -> None:
+        onnx.save_model(model, os.path.join(folder, base), save_as_external_data=external,
+                        all_tensors_to_one_file=True, location=base + ".data", size_threshold=1024)
         if external:
-            onnx.save_model(model, os.path.join(folder, base), save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=base + ".data", size_threshold=1024)
             os.chmod(os.path.join(folder, base + ".data"), new_file_mode())  # onnx makes it 0600
-        else:
-            onnx.save_model(model, os.path.join(folder, base))
     claim(save, target, [base + ".data", base] if external else [base], overwrite, run, same_is_ours)
 
 

@@ -161,5 +161,5 @@ def fit_links(timings: list[tuple], n: int = 2) -> dict[str, Link]:
             alone = terms[:, int(alpha < 0)]
             best = float(alone.sum() / (alone @ alone))
             alpha, beta = (0.0, best) if alpha < 0 else (best, 0.0)
-        out[name] = Link(alpha / (n - 1), beta * n / (2 * (n - 1)))
+        out[name] = Link(alpha_s=alpha / (n - 1), beta_s=beta * n / (2 * (n - 1)))
     return out

@@ -5,7 +5,6 @@ its device: a shard keeps its own part, a collective calls torch.distributed.
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -13,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.elastic.utils.distributed import get_free_port as free_port
 
 from ..lang import mesh
 from ..kernels.torch_ops import TORCH
@@ -48,12 +48,6 @@ def run_here(roots: list[Term], env: dict, n: int) -> list:
 def backend_for(env: dict) -> str:
     cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in env.values())
     return "nccl" if cuda else "gloo"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _device(rank: int, n: int, port: int, backend: str, threads: int | None, work, args: tuple,

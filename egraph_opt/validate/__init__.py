@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten as _tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ..lang import pattern
 from ..lang.ops import OPS
@@ -65,7 +65,7 @@ EXCUSED = 3.0
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
-def tree_flatten(tree) -> tuple[list, object]:
+def _flattened(tree) -> tuple[list, object]:
     """pytree's leaves and structure, a dataclass's fields included (pytree holds one whole: a
     program returning one was compared by its ``==``, which tensors refuse)."""
     def opened(x):
@@ -73,7 +73,7 @@ def tree_flatten(tree) -> tuple[list, object]:
             return type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass)
                              for f in fields(x)}
         return x
-    return _tree_flatten(tree_map(opened, tree, is_leaf=_dataclass))
+    return tree_flatten(tree_map(opened, tree, is_leaf=_dataclass))
 
 
 def _dataclass(x) -> bool:
@@ -316,7 +316,7 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
             return Validation(False, max_error=math.inf, detail="the original writes into its arguments",
                               written=written, original_s=seconds)
         cand_tree = candidate(*_clones(args))
-        (origs, spec_o), (cands, spec_c) = map(tree_flatten, (orig_tree, cand_tree))
+        (origs, spec_o), (cands, spec_c) = map(_flattened, (orig_tree, cand_tree))
         if spec_c != spec_o:
             return Validation(False, max_error=math.inf, original_s=seconds,
                               detail=f"output structure differs: {spec_c} vs {spec_o}")
@@ -383,10 +383,10 @@ def _bounded_reference(original: Callable, args: tuple, origs: list, seconds: fl
     part = args if rows is None else tuple(a[:rows] if _batched(a, batch) else a for a in args)
     try:
         with _Deadline(time.perf_counter() + budget_s, sync):
-            refs, _ = tree_flatten(_reference(original, part))
+            refs, _ = _flattened(_reference(original, part))
             if rows is None:
                 return _Reference(refs)
-            alone, _ = tree_flatten(original(*_clones(part)))
+            alone, _ = _flattened(original(*_clones(part)))
     except _OutOfTime:
         return _none(f"it ran past its {budget_s:g} s bound")
     except Exception as e:  # noqa: BLE001 - the rows alone do not run (shapes fixed in the code)
@@ -395,9 +395,9 @@ def _bounded_reference(original: Callable, args: tuple, origs: list, seconds: fl
         return _none(f"the first {rows} rows alone do not run ({type(e).__name__})")
     if not all(judge(o[:rows], a, r)[0] for o, a, r in zip(origs, alone, refs) if isinstance(o, torch.Tensor)):
         return _none(f"the original on its first {rows} rows alone differs from its rows of the whole batch")
-    return _Reference(refs, rows, alone, f"float64 reference on {rows} of {batch} rows (about {estimate:.1f} s "
-                                         f"for all, over its {budget_s:g} s bound); the other rows are "
-                                         "judged against the original")
+    return _Reference(refs, rows=rows, alone=alone, bounded=f"float64 reference on {rows} of {batch} rows (about "
+                      f"{estimate:.1f} s for all, over its {budget_s:g} s bound); the other rows are judged "
+                      "against the original")
 
 
 def _batched(a, batch: int) -> bool:

@@ -139,10 +139,9 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
     start = time.perf_counter()
     latency = None
     try:
-        if not (options["force"] or options.get("same_is_ours")):
-            earlier = earlier_output(path, target, options)
-            if earlier is not None:
-                return {**record, **earlier, "seconds": round(time.perf_counter() - start, 3)}
+        earlier = None if options["force"] or options.get("same_is_ours") else earlier_output(path, target, options)
+        if earlier is not None:  # kept (an earlier run's), or a file in the way
+            return {**record, **earlier, "seconds": round(time.perf_counter() - start, 3)}
         original = load(path)
         stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
         src = import_model(upgraded(original, options.get("opset")), path)

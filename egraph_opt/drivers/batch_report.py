@@ -6,7 +6,6 @@ import json
 import os
 import tempfile
 
-from .tables import Table
 from .usage import new_file_mode
 
 
@@ -29,25 +28,28 @@ def status(r: dict) -> str:
 
 
 def summary(records: list[dict]) -> str:
-    rows = []
+    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after",
+            "after/before")
+    rows = [head]
     for r in records:
         ok = r["status"] == "optimized"
         before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
-        rows.append([
+        rows.append((
             os.path.basename(r["model"]), status(r),
             f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
             str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
             f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
             f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
-            f"{after / before:.2f}" if ok and before and after else "-"])
+            f"{after / before:.2f}" if ok and before and after else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     kept = sum(r["status"] == "kept" for r in records)
     failed = sum(r["status"] not in ("optimized", "kept") for r in records)
     stopped = sorted({r["profiling_stopped"] for r in records if r.get("profiling_stopped")})
     notes = [f"kernel timing stopped early on {sum('profiling_stopped' in r for r in records)} "
              f"models ({'; '.join(stopped)}): their costs are estimates"] if stopped else []
     counts = f"{len(records) - failed - kept} optimized, {f'{kept} kept, ' if kept else ''}{failed} failed"
-    return str(Table("egraph-opt onnx", ["model", "status", "nodes", "rewrites", "curvature", "ORT ms before",
-                                         "after", "after/before"], rows, note="\n".join([counts] + notes)))
+    return "\n".join(lines + [counts] + notes)
 
 
 def html(path: str) -> bool:

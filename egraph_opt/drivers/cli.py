@@ -8,7 +8,6 @@ import argparse
 import os
 import sys
 import warnings
-from pathlib import Path
 
 from ..profiling.profile_db import ProfileDBError
 from ..rulesets import Family, catalogue
@@ -119,8 +118,7 @@ def _profile_collectives(args) -> int:
     for name, link in links.items():
         print(f"{name:<15} alpha {link.alpha_s * 1e6:.1f} us  beta {link.beta_s * 1e9:.3f} ns/byte "
               f"({1 / link.beta_s / 1e9 if link.beta_s else float('inf'):.2f} GB/s)")
-    beside = Path(args.db).expanduser().with_name("collectives.json") if args.db else None
-    print(f"links recorded in {save_links(links, beside)}")
+    print(f"links recorded in {save_links(links, args.db)}")
     return 0
 
 

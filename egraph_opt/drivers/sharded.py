@@ -13,7 +13,6 @@ database): data parallel, the rows split and gathered once.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,8 +45,7 @@ def shard(fn, *example_args, mesh: int = 2, memory: int | None = None, links: di
     program, _ = capture(fn, example_args)
     budget = default_budget() if profile_budget is None else profile_budget
     latency = None if profile_db is False else MeasuredLatency.from_database(profile_db, budget_s=budget)
-    beside = Path(profile_db).expanduser().with_name("collectives.json") if profile_db else None
-    found = search(program, mesh, limits=limits, latency=latency, links=links or measured_links(beside),
+    found = search(program, mesh, limits=limits, latency=latency, links=links or measured_links(profile_db),
                    memory_limit=memory)
     return ShardedPlan(found, getattr(fn, "__name__", type(fn).__name__))
 

@@ -54,14 +54,14 @@ DEFAULT_LINKS = {
 }
 
 
-def links_path() -> Path:
-    """Beside the latency database: collectives.json."""
-    return default_path().with_name("collectives.json")
+def links_path(db=None) -> Path:
+    """collectives.json, beside the latency database ``db`` (default: the user's)."""
+    return (Path(db).expanduser() if db else default_path()).with_name("collectives.json")
 
 
-def measured_links(path: Path | None = None) -> dict[str, Link]:
-    """The links ``egraph-opt profile --collectives`` wrote, else the defaults."""
-    path = Path(path) if path else links_path()
+def measured_links(db=None) -> dict[str, Link]:
+    """The links ``egraph-opt profile --collectives`` wrote beside ``db``, else the defaults."""
+    path = links_path(db)
     if not path.exists():
         return dict(DEFAULT_LINKS)
     try:
@@ -71,8 +71,8 @@ def measured_links(path: Path | None = None) -> dict[str, Link]:
         raise ValueError(f"{path}: not a collectives file written by egraph-opt profile ({e})") from None
 
 
-def save_links(links: dict[str, Link], path: Path | None = None) -> Path:
-    path = Path(path) if path else links_path()
+def save_links(links: dict[str, Link], db=None) -> Path:
+    path = links_path(db)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{os.getpid()}")  # whole or not at all
     staging.write_text(json.dumps({k: asdict(v) for k, v in links.items()}, indent=1))

@@ -340,10 +340,8 @@ def _judged(origs: list, cands: list, reference, wide, seconds: float) -> Valida
                 return Validation(False, max_error=math.inf, detail=f"output {i}: {cand!r} != {orig!r}",
                                   bounded=bounded, original_s=seconds)
             continue
-        if refs is None:  # no reference: the original is it
-            verdicts = [judge(cand, orig)]
-        elif rows is None:
-            verdicts = [judge(cand, orig, refs[i])]
+        if rows is None:  # every row against the reference (without one: the original)
+            verdicts = [judge(cand, orig, None if refs is None else refs[i])]
         else:  # the sampled rows against the reference (the original's error: on them alone),
             head = judge(cand[:rows], alone[i], refs[i])  # the others against the original
             verdicts = [head, judge(cand[rows:], orig[rows:], excused=EXCUSED * head[2])]

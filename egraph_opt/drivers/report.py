@@ -55,9 +55,8 @@ class Report:
         lines += [f"[RANGES] {hint}" for hint in self.ranges]
         lines.append(f"[OPS] before: {_counts(self.ops_before)}")
         lines.append(f"[OPS] after:  {_counts(self.ops_after)}")
-        for part in ("curvature", "latency"):
-            if part in self.cost_before:
-                lines.append(f"[COST] {part}: {self.cost_before[part]} -> {self.cost_after[part]}")
+        lines += [f"[COST] {part}: {self.cost_before[part]} -> {self.cost_after[part]}"
+                  for part in ("curvature", "latency") if part in self.cost_before]
         if self.latency:
             before, after, where, (timed, seconds, busy) = self.latency
             lines.append(f"[LATENCY] estimated {before * 1e6:.1f} us -> {after * 1e6:.1f} us "

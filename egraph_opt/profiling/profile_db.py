@@ -9,7 +9,8 @@ catch `UNUSABLE`.
 
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:
-...     db.add(Record("exp", "torch", "cpu: test", "float32", ((4, 4),), {}, 10, 2e-6, 1e-7))
+...     db.add(Record(kernel="exp", backend="torch", device="cpu: test", dtype="float32",
+...                   shapes=((4, 4),), attrs={}, runs=10, median_s=2e-6, spread_s=1e-7))
 ...     db.lookup("exp", "torch", "cpu: test", "float32", ((4, 4),), {}).median_s
 2e-06
 """
@@ -108,7 +109,7 @@ def shape_key(shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> s
         raise ValueError(f"attributes {attrs!r} are not JSON values: {e}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Record:
     """One measurement: a kernel at one shape on one device, timed over `runs` runs."""
     kernel: str
@@ -131,9 +132,10 @@ class Record:
 def _from_row(row) -> Record:
     kernel, backend, device, dtype, key, runs, median_s, spread_s, versions, recorded_at = row
     params = json.loads(key)
-    return Record(kernel, backend, device, dtype, tuple(tuple(s) for s in params["shapes"]),
-                  params["attrs"], runs, median_s, spread_s,
-                  json.loads(versions), recorded_at)
+    return Record(kernel=kernel, backend=backend, device=device, dtype=dtype,
+                  shapes=tuple(tuple(s) for s in params["shapes"]), attrs=params["attrs"], runs=runs,
+                  median_s=median_s, spread_s=spread_s, versions=json.loads(versions),
+                  recorded_at=recorded_at)
 
 
 def _identity(r: Record) -> tuple:

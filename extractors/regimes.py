@@ -31,7 +31,7 @@ import torch
 from egraph_opt.analysis.ranges import analyze
 from egraph_opt.analysis.sampling import sample_inputs
 from egraph_opt.lang.program import Program
-from egraph_opt.lang.term import Term, evaluate
+from egraph_opt.lang.term import Term, evaluate, pretty
 from egraph_opt.rulesets.guards import Guard, intervals
 
 from .rounding_error import elementwise_bits, ordinal
@@ -90,7 +90,6 @@ class Piecewise:
 
     def describe(self) -> list[str]:
         """One line per regime: its interval of the split input, the form taken there."""
-        from egraph_opt.lang.term import pretty
         name = self.variable.attrs[0]
         lines = []
         for r in self.regimes:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from . import templates as tmpl
-from .derivation import Derivation, derive
+from .derivation import Derivation, derive, term_classes
 from .piecewise import derive_piecewise, piecewise
 from ..egraph.engine import EGraph, Saturation, Snapshot
 from ..egraph.session import Limits, Phase, Session, fill, saturate
@@ -242,15 +242,11 @@ def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best
     quotient known to be a sigmoid is in [0, 1]), met with the extracted term's own. Both programs
     are then priced with what the extractor saw."""
     ranges = {i: snap.ranges.get(cid, TOP) for i, cid in loaded.items()}
-    of_node = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}
-    classes = dict(loaded)
-    for t in postorder(best):
-        key = (t.op, tuple(classes.get(id(a)) for a in t.args), t.attrs)
-        cid = classes[id(t)] = classes.get(id(t)) or of_node.get(key)
-        own = best_ranges[id(t)]
+    for i, cid in term_classes(snap, loaded, best).items():
+        own = best_ranges[i]
         lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
         lo, hi = max(lo, own[0]), min(hi, own[1])
-        ranges[id(t)] = (lo, hi) if lo <= hi else own
+        ranges[i] = (lo, hi) if lo <= hi else own
     return ranges
 
 

@@ -17,7 +17,7 @@ import torch
 
 from egraph_opt.lang.ops import ELEMENTWISE, OPS, parse_shape
 from egraph_opt.lang.program import Program
-from egraph_opt.analysis.sampling import sample_inputs
+from egraph_opt.analysis.sampling import ordinal, sample_inputs
 from egraph_opt.lang.term import Term, postorder
 
 from .curvature import FINITE_MAX
@@ -38,14 +38,6 @@ class RoundingError:
 def _low(value, dtype: torch.dtype | None):
     """An exact value as the program holds it: rounded to the dtype it has there."""
     return value.detach().to(dtype) if isinstance(value, torch.Tensor) and dtype else value
-
-
-def ordinal(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Each float64 value rounded to ``dtype``, as its position among that dtype's numbers: the
-    difference of two positions counts the numbers between them (Herbie's ulps)."""
-    word = {16: torch.int16, 32: torch.int32}[torch.finfo(dtype).bits]
-    i = value.to(dtype).view(word).long()
-    return torch.where(i < 0, -(i & (2 ** (torch.finfo(dtype).bits - 1) - 1)), i)
 
 
 def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:

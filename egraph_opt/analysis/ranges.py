@@ -85,7 +85,8 @@ def _pow(a: Interval, b: Interval) -> Interval:
     return min(ends), max(ends)
 
 
-def _hull(*ivs: Interval) -> Interval:
+def hull(*ivs: Interval) -> Interval:
+    """The least interval holding every one of ``ivs``."""
     return min(i[0] for i in ivs), max(i[1] for i in ivs)
 
 
@@ -209,8 +210,8 @@ TRANSFER: dict[str, Callable] = {
     "neg": lambda t, a, s: (-a[0][1], -a[0][0]),
     "maximum": lambda t, a, s: (max(a[0][0], a[1][0]), max(a[0][1], a[1][1])),
     "minimum": lambda t, a, s: (min(a[0][0], a[1][0]), min(a[0][1], a[1][1])),
-    "select": lambda t, a, s: _hull(a[1], a[2]),
-    "hull": lambda t, a, s: _hull(a[0], a[1]),
+    "select": lambda t, a, s: hull(a[1], a[2]),
+    "hull": lambda t, a, s: hull(a[0], a[1]),
     "abs": lambda t, a, s: (gap(a[0]), mag(a[0])),
     "log": lambda t, a, s: _log(a[0]),
     "log1p": lambda t, a, s: _log(a[0], 1.0),

@@ -24,7 +24,7 @@ from ..extractors.rounding_error import least_error
 from ..lang.program import Program
 from ..analysis.facts import Facts, class_constants
 from ..analysis.layouts import result_strides, term_strides
-from ..analysis.ranges import TOP, Interval, analyze, transfer
+from ..analysis.ranges import TOP, Interval, analyze, hull, transfer
 from ..rulesets import Family, Rule, select
 from ..lang.term import Term, infer, op_counts, postorder
 
@@ -159,7 +159,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     results, template_roots = [], []
     for group in groups:
         body, arg_leaves = tmpl.template_program(group[0], meta)
-        hulls = {leaf.attrs[0]: tmpl.hull([intervals[id(inst.args[i])] for inst in group])
+        hulls = {leaf.attrs[0]: hull(*[intervals[id(inst.args[i])] for inst in group])
                  for i, leaf in enumerate(arg_leaves)}
         result = optimize(body, schedule=schedule, input_ranges=hulls, model=model, templates=False)
         for s in result.saturation:

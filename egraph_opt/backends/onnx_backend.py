@@ -122,21 +122,11 @@ class Emitter:
     def source(self, t: Term) -> str:
         """What a term's value depends on: "const" (scalars only), "param" (parameters and
         scalars) or "run" (inputs or opaque values)."""
-        stack = [t]
-        while stack:  # iterative, and stopping at terms already known: models are deep
-            u = stack.pop()
+        for u in topological([t], lambda u: () if id(u) in self._source else u.args, id):
             if id(u) in self._source:
                 continue
-            pending = [a for a in u.args if id(a) not in self._source]
-            if pending:
-                stack += [u, *pending]
-                continue
-            if OPS[u.op].is_leaf:
-                kind = u.op if u.op in ("const", "param") else "run"
-            else:
-                kinds = {self._source[id(a)] for a in u.args}
-                kind = "run" if "run" in kinds else "param" if "param" in kinds else "const"
-            self._source[id(u)] = kind
+            kinds = {self._source[id(a)] for a in u.args} or {u.op if u.op in ("const", "param") else "run"}
+            self._source[id(u)] = "run" if "run" in kinds else "param" if "param" in kinds else "const"
         return self._source[id(t)]
 
     def fold_params(self, t: Term) -> str | None:

@@ -305,11 +305,8 @@ class ProfileDB:
     def lookup(self, kernel: str, backend: str, device: str, dtype: str,
                shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Record | None:
         """The newest record of exactly this shape, or None."""
-        row = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM {_TABLE} WHERE kernel=? AND backend=? AND device=? AND dtype=? "
-            "AND shape_key=? ORDER BY id DESC LIMIT 1",
-            (kernel, backend, device, dtype, shape_key(shapes, attrs))).fetchone()
-        return _from_row(row) if row else None
+        key = shape_key(shapes, attrs)
+        return next((r for r in self.records(kernel, backend, device, dtype) if r.shape_key == key), None)
 
     def since(self, row_id: int = 0) -> tuple[list[Record], int]:
         """The records added after row ``row_id``, oldest first, and the last row's id: to copy

@@ -69,8 +69,9 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     session = saturate(roots, [replace(p, rules=tuple(r for r in p.rules if r.family is not Family.SERIES))
                                for p in schedule], ranges(roots, term_meta), term_meta)
     start = time.perf_counter()
-    cost = enode_cost(session.snap, model, *class_shapes(session.snap, roots, term_meta, session.class_of,
-                                                         model.latency_of is not None))
+    facts = enode_facts(session.snap, *class_shapes(session.snap, roots, term_meta, session.class_of,
+                                                    model.latency_of is not None))
+    cost = lambda cid, node: model(facts(cid, node))  # noqa: E731 - the extractor's price of an e-node
     best, regimes, reranked = _extract(program, session, cost, rules, input_ranges, model)
     optimized, best, before, after = _never_worse(program, best, session.snap, session.class_of,
                                                   model, input_ranges, ranges, keep=reranked or bool(regimes))
@@ -289,12 +290,6 @@ def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None
     constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
     facts = Facts(meta, strides, class_constants(snap.classes), snap.ranges, snap.dtypes, exact, constant)
     return lambda cid, node: facts(node.op, node.attrs, node.children, cid)
-
-
-def enode_cost(snap: Snapshot, model: CostModel, meta: dict, strides: dict | None = None):
-    """``cost(class id, e-node)`` for the extractor: the model's price of the e-node's facts."""
-    facts = enode_facts(snap, meta, strides)
-    return lambda cid, node: model(facts(cid, node))
 
 
 def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) -> set[str]:

@@ -27,17 +27,6 @@ def _exp(v: float) -> float:
     return math.exp(v) if v < 700 else math.inf
 
 
-def _unbounded_on_overflow(f):
-    """Tiny ranges make 1/lo^2 overflow: that is an unbounded estimate, not an error."""
-    def guarded(*args):
-        try:
-            return f(*args)
-        except (ZeroDivisionError, OverflowError):
-            return math.inf
-    guarded.__doc__ = f.__doc__
-    return guarded
-
-
 def _pow(attrs: tuple, operands: list[Interval]) -> float:
     p = operands[1][1] if operands[1][0] == operands[1][1] else math.inf
     if p in (0.0, 1.0):
@@ -83,16 +72,17 @@ FORMULAS = {
 
 def _curvature(op: str, attrs: tuple, operands: list[Interval], which: int) -> float:
     declared = OPS[op].curvature
-    return declared[which] if isinstance(declared, tuple) else FORMULAS[declared][which](attrs, operands)
+    try:
+        return declared[which] if isinstance(declared, tuple) else FORMULAS[declared][which](attrs, operands)
+    except (ZeroDivisionError, OverflowError):  # tiny ranges make 1/lo^2 overflow: unbounded, not an error
+        return math.inf
 
 
-@_unbounded_on_overflow
 def kappa(op: str, attrs: tuple, operands: list[Interval]) -> float:
     """Curvature of one node over its operand ranges (inf when unbounded)."""
     return _curvature(op, attrs, operands, 0)
 
 
-@_unbounded_on_overflow
 def lipschitz(op: str, attrs: tuple, operands: list[Interval]) -> float:
     """Largest |derivative| of one node over its operand ranges."""
     return _curvature(op, attrs, operands, 1)

@@ -35,11 +35,6 @@ class RoundingError:
     by_node: dict[int, float]
 
 
-def _low(value, dtype: torch.dtype | None):
-    """An exact value as the program holds it: rounded to the dtype it has there."""
-    return value.detach().to(dtype) if isinstance(value, torch.Tensor) and dtype else value
-
-
 def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:
     """Every node's exact value (float64, differentiable from the inputs), the dtype the program
     computes it in, and the local error it commits there: the op run in that dtype on operands
@@ -59,7 +54,8 @@ def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict,
                 exact[id(t)].requires_grad_()  # is taken through them (batch norm refuses one)
             continue
         args = [exact[id(a)] for a in t.args]
-        low = [_low(a, dtype[id(x)]) for a, x in zip(args, t.args)]
+        low = [a.detach().to(dtype[id(x)]) if isinstance(a, torch.Tensor) and dtype[id(x)] else a
+               for a, x in zip(args, t.args)]  # as the program holds them: rounded to their dtypes
         wide = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in low]
         try:
             if not any(isinstance(a, torch.Tensor) for a in args):  # folded: a Python number

@@ -159,7 +159,8 @@ def _foreign_reason(path: Path) -> tuple[str | None, bool]:
     except sqlite3.DatabaseError as e:
         if e.sqlite_errorcode not in _CORRUPT_CODES:
             raise  # locked, busy, unreadable: a problem of access, not of the file
-        head = _first_page(path)
+        with open(path, "rb") as f:  # SQLite's header and first page (read only once SQLite refused
+            head = f.read(1 << 16)  # the file: no connection here then holds locks a close could drop)
         if not head.startswith(_SQLITE_HEADER):
             return "not an SQLite database", False
         ours = int.from_bytes(head[68:72], "big") == APPLICATION_ID or _OUR_TABLE_SQL in head
@@ -174,14 +175,6 @@ def _foreign_reason(path: Path) -> tuple[str | None, bool]:
 
 
 _OUR_TABLE_SQL = f"CREATE TABLE {_TABLE} (".encode()  # in the schema on page 1 of a database of ours
-
-
-def _first_page(path: Path) -> bytes:
-    """The file's first 64 KiB, which hold SQLite's header and its first page (read only where
-    SQLite refused the file: no connection of this process then holds locks on it that a close
-    could drop)."""
-    with open(path, "rb") as f:
-        return f.read(1 << 16)
 
 
 def _set_aside(path: Path, reason: str) -> None:

@@ -45,7 +45,7 @@ class Objective(enum.Enum):
 @dataclass(frozen=True)
 class CostModel:
     objective: Objective = Objective.BALANCED
-    latency_of: Callable | None = None  # (op, attrs, shapes, dtype, layouts) -> (units, source) | None
+    latency_of: Callable | None = None  # (NodeFacts) -> (units, source) | None
     tolerance: float | None = None  # for Objective.TOLERANCE: largest estimated relative error
     #: for Objective.BALANCED: the most time a far more accurate program may take, as a multiple of
     #: the fastest (pipeline.ACCURATE_BY says how much more accurate)
@@ -71,7 +71,7 @@ class CostModel:
         if n.op in LEAVES or n.constant:
             return 0
         if self.latency_of is not None and n.shapes is not None:
-            found = self.latency_of(n.op, n.attrs, n.shapes, n.dtype, n.layouts)
+            found = self.latency_of(n)
             if found:
                 return found[0]
         return OPS[n.op].passes * PASS_UNITS  # passes over memory the op declares

@@ -192,7 +192,7 @@ class Explorer:
         """The extractor's price of one e-node, and its parts."""
         f = self.facts(cid, node)
         model = self.result.model
-        found = model.latency_of(f.op, f.attrs, f.shapes, f.dtype, f.layouts) \
+        found = model.latency_of(f) \
             if model.latency_of and f.shapes is not None and f.op not in LEAVES else None
         source = "-" if not node.children else (found[1] if found else "static")
         return {"cost": model(f), "curvature": model.curvature(f),
@@ -290,7 +290,8 @@ class Explorer:
             f = self.facts(cid, node)
             if not node.children or f.op in LEAVES or f.shapes is None:
                 continue
-            for rank, path in enumerate(paths_of(f.op, f.attrs, f.shapes, f.dtype, f.layouts)):
+            found = paths_of(f)
+            for rank, path in enumerate(found):
                 seconds = "-" if path.seconds == math.inf else round(path.seconds * 1e6, 2)
                 rows.append([cid, f.op, path.kernel.name, seconds, path.refused or "",
                              "*" if rank == 0 and path.seconds < math.inf else ""])

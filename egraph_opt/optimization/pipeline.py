@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from . import templates as tmpl
-from .derivation import Derivation, derive
+from .derivation import Derivation, derive, term_classes
 from .piecewise import derive_piecewise, piecewise
 from ..egraph.engine import EGraph, Saturation, Snapshot
 from ..egraph.session import Limits, Phase, Session, fill, saturate
@@ -25,7 +25,7 @@ from ..lang.ops import ELEMENTWISE
 from ..lang.program import Program
 from ..analysis.facts import Facts, class_constants
 from ..analysis.layouts import result_strides, term_strides
-from ..analysis.ranges import TOP, Interval, analyze, transfer
+from ..analysis.ranges import TOP, Interval, analyze, hull, transfer
 from ..rulesets import Family, Rule, select
 from ..lang.term import Term, infer, op_counts, postorder
 
@@ -70,8 +70,9 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     session = saturate(roots, [replace(p, rules=tuple(r for r in p.rules if r.family is not Family.SERIES))
                                for p in schedule], ranges(roots, term_meta), term_meta)
     start = time.perf_counter()
-    cost = enode_cost(session.snap, model, *class_shapes(session.snap, roots, term_meta, session.class_of,
-                                                         model.latency_of is not None))
+    facts = enode_facts(session.snap, *class_shapes(session.snap, roots, term_meta, session.class_of,
+                                                    model.latency_of is not None))
+    cost = lambda cid, node: model(facts(cid, node))  # noqa: E731 - the extractor's price of an e-node
     best, regimes, reranked = _extract(program, session, cost, rules, input_ranges, model)
     optimized, best, before, after = _never_worse(program, best, session.snap, session.class_of,
                                                   model, input_ranges, ranges, keep=reranked or bool(regimes))
@@ -182,7 +183,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     results, template_roots = [], []
     for group in groups:
         body, arg_leaves = tmpl.template_program(group[0], meta)
-        hulls = {leaf.attrs[0]: tmpl.hull([intervals[id(inst.args[i])] for inst in group])
+        hulls = {leaf.attrs[0]: hull(*[intervals[id(inst.args[i])] for inst in group])
                  for i, leaf in enumerate(arg_leaves)}
         result = optimize(body, schedule=schedule, input_ranges=hulls, model=model, templates=False)
         for s in result.saturation:
@@ -265,15 +266,11 @@ def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best
     quotient known to be a sigmoid is in [0, 1]), met with the extracted term's own. Both programs
     are then priced with what the extractor saw."""
     ranges = {i: snap.ranges.get(cid, TOP) for i, cid in loaded.items()}
-    of_node = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}
-    classes = dict(loaded)
-    for t in postorder(best):
-        key = (t.op, tuple(classes.get(id(a)) for a in t.args), t.attrs)
-        cid = classes[id(t)] = classes.get(id(t)) or of_node.get(key)
-        own = best_ranges[id(t)]
+    for i, cid in term_classes(snap, loaded, best).items():
+        own = best_ranges[i]
         lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
         lo, hi = max(lo, own[0]), min(hi, own[1])
-        ranges[id(t)] = (lo, hi) if lo <= hi else own
+        ranges[i] = (lo, hi) if lo <= hi else own
     return ranges
 
 
@@ -316,12 +313,6 @@ def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None
     constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
     facts = Facts(meta, strides, class_constants(snap.classes), snap.ranges, snap.dtypes, exact, constant)
     return lambda cid, node: facts(node.op, node.attrs, node.children, cid)
-
-
-def enode_cost(snap: Snapshot, model: CostModel, meta: dict, strides: dict | None = None):
-    """``cost(class id, e-node)`` for the extractor: the model's price of the e-node's facts."""
-    facts = enode_facts(snap, meta, strides)
-    return lambda cid, node: model(facts(cid, node))
 
 
 def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) -> set[str]:

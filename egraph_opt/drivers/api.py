@@ -323,9 +323,9 @@ class OptimizedFunction:
         run, fn = plan.run, self.fn
 
         def again(args: tuple, kwargs: dict):
-            try:
-                same = len(args) == arity and tuple(kwargs) == names and check(*args, *kwargs.values()) \
-                    and key() == state
+            try:  # a call without keywords builds no tuple of them
+                same = len(args) == arity and (tuple(kwargs) == names and check(*args, *kwargs.values())
+                                               if kwargs else not names and check(*args)) and key() == state
             except (KeyError, ValueError):  # a global or attribute deleted: the slow path re-reads
                 return _MISS
             if not same:

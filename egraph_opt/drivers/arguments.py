@@ -33,15 +33,14 @@ def _constant_key(value: Any):
 class BoundCall:
     """The tensors of one call, the plan key they and the other arguments make, and how to call
     the function again with other tensors. ``refused``: why the call runs untouched."""
-    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct", "plain",
+    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct",
                  "trees", "returned")
 
     def __init__(self, tensors: tuple, names: list[str], key: tuple, arguments: dict | None = None,
                  refused: str = "", signature: inspect.Signature | None = None, direct: bool = True,
-                 plain: bool = False, trees: dict | None = None):
+                 trees: dict | None = None):
         self.tensors, self.names, self.key, self.arguments = tensors, names, key, arguments or {}
         self.refused, self.signature, self.direct = refused, signature, direct
-        self.plain = plain  # tensors alone, positionally, keyed by them alone
         self.trees = trees or {}  # argument -> (its TreeSpec, where its leaves start, how many)
         self.returned: list[str] = []  # those of ``trees`` the program returns as themselves
 
@@ -127,8 +126,7 @@ class Binder:
         if key is not None:
             names = self._names[:len(args)]
             refused = next((f"argument {n!r} is {why}" for n, a in zip(names, args) if (why := unusual(a))), "")
-            return BoundCall(args, names, key, refused=refused, direct=len(args) == len(self._names),
-                             plain=not refused)
+            return BoundCall(args, names, key, refused=refused, direct=len(args) == len(self._names))
         if self.signature is None:
             if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
                 return BoundCall((), [], ("refused", len(args), tuple(kwargs)),
@@ -136,7 +134,7 @@ class Binder:
                                          "non-tensor arguments to")
             names = [f"arg{i}" for i in range(len(args))]
             refused = next((f"argument {n!r} is {why}" for n, a in zip(names, args) if (why := unusual(a))), "")
-            return BoundCall(args, names, _tensor_key(args), refused=refused, direct=False, plain=not refused)
+            return BoundCall(args, names, _tensor_key(args), refused=refused, direct=False)
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:

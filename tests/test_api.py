@@ -87,9 +87,8 @@ def test_a_call_by_keyword_runs_the_last_plan_only_where_its_names_bind_as_befor
 
 
 def test_a_program_no_rule_changes_runs_as_the_original_itself():
-    """A rebuilt copy of the program it captured, on torch's kernels, has nothing to gain over the
-    original, which runs instead; a program a rule changes runs its plan (so does one bound to
-    Triton kernels: tests/test_triton_path.py)."""
+    """A rebuilt copy of the program it captured, on torch's or numpy's kernels, gains nothing over the
+    original, which runs instead; a program a rule changes runs its plan."""
     x = torch.randn(4, 8)
     same = saturate_and_extract(naive_softmax, rulesets=[])
     torch.testing.assert_close(same(x), naive_softmax(x))
@@ -99,6 +98,16 @@ def test_a_program_no_rule_changes_runs_as_the_original_itself():
     torch.testing.assert_close(changed(x), naive_softmax(x))
     (plan,) = changed.plans.values()
     assert plan.run is not None and changed.report.rewrites
+
+
+def test_a_captured_program_bound_to_a_triton_kernel_runs_its_plan(monkeypatch):
+    """No rule changes it, but the kernel chosen for its op is not the one the original calls."""
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    f = saturate_and_extract(lambda x: torch.softmax(x, -1), rulesets=[], profile_budget=0)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    (plan,) = f.plans.values()
+    assert plan.run is not None and "triton.softmax" in f.report.kernels, f.report
 
 
 def test_two_lists_of_weights_whose_items_move_between_them_get_plans_of_their_own():

@@ -391,8 +391,8 @@ class OptimizedFunction:
                 report.bounded.append(f"validation: {report.validation.bounded}")
             if not report.validation.passed:
                 return self._untouched(report, f"validation failed: {report.validation.detail}", result)
-        # the captured program on torch's kernels: a rebuilt copy gains nothing, the original itself runs
-        if unchanged(program, result.program) and {k.split(".")[0] for k in module.kernels} <= {"torch", "folded"}:
+        # the captured program on torch's or numpy's kernels: a rebuilt copy gains nothing, the original runs
+        if unchanged(program, result.program) and not any(k.startswith("triton.") for k in module.kernels):
             report.kernels = {}  # it binds none
             return Plan(None, report, result.egraph, result)
         plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned))

@@ -122,9 +122,9 @@ def model_overhead(name: str, model: nn.Module, args: tuple, kwargs: dict, calls
     eager = [e for pairs in times.values() for e, _ in pairs]
     cells = []
     for label, pairs in times.items():  # the fastest of as many eager calls (of more, it would be faster)
-        fastest = min(v for _, v in pairs), min(e for e, _ in pairs)
+        v, e = min(v for _, v in pairs), min(e for e, _ in pairs)
         cells.append(f"{label} {100 * (statistics.median(v / e for e, v in pairs) - 1):+6.1f}% (fastest "
-                     f"{100 * (fastest[0] / fastest[1] - 1):+5.1f}%, {(fastest[0] - fastest[1]) * 1e6:+7.1f} us)")
+                     f"{100 * (v / e - 1):+5.1f}%, {(v - e) * 1e6:+7.1f} us)")
     print(f"{name:<26} eager {statistics.median(eager) * 1e3:7.3f} ms   {'   '.join(cells)}", flush=True)
 
 

@@ -258,7 +258,7 @@ class OptimizedFunction:
             type(self.fn).__name__
 
     def __call__(self, *args, **kwargs):
-        out = self._again(args, kwargs)  # called again as it was last: one C++ check of the tensors, the state
+        out = self._again(args, kwargs)  # called as it was last: one C++ check of the tensors, the state
         if out is not _MISS:
             return out
         call = self._bind(args, kwargs)
@@ -319,8 +319,8 @@ class OptimizedFunction:
         if plan.exact is None:
             self._again = _missed
             return
-        check, key, state, arity, names = plan.exact.check, self._state.current, plan.state, plan.arity, plan.keywords
-        run, fn = plan.run, self.fn
+        check, key, state, run, fn = plan.exact.check, self._state.current, plan.state, plan.run, self.fn
+        arity, names = plan.arity, plan.keywords
 
         def again(args: tuple, kwargs: dict):
             try:  # a call without keywords builds no tuple of them

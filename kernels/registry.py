@@ -15,6 +15,7 @@ import torch
 
 from egraph_opt.lang.ops import OPS
 
+from .rewritten import REWRITTEN_KERNELS
 from .torch_ops import TORCH
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
@@ -64,18 +65,6 @@ class Kernel:
         return self.limits(use)
 
 
-def _reference(op: str) -> str:
-    spec = OPS[op]
-    names = [f"?x{i}" for i in range(spec.arity)] + [f"?{name}" for name, _ in spec.attrs]
-    return f"({op} {' '.join(names)})"
-
-
-def _torch_kernels() -> list[Kernel]:
-    return [Kernel(name=f"torch.{op}", reference=_reference(op), backend="torch", devices=BOTH,
-                   dtypes=ALL_DTYPES, impl=TORCH.get(op, spec.impl))
-            for op, spec in OPS.items() if not spec.is_leaf]
-
-
 def to_numpy(x: torch.Tensor) -> np.ndarray:
     """Conversion kernel: a CPU tensor's memory as a numpy array (no copy when contiguous)."""
     return x.detach().numpy()
@@ -98,29 +87,25 @@ def _quiet(ufunc: np.ufunc) -> Callable:
     return kernel
 
 
-def _numpy_kernels() -> list[Kernel]:
-    return [Kernel(name=f"numpy.{op}", reference=_reference(op), backend="numpy", devices=HOST,
-                   dtypes=frozenset({"float32", "float64"}), impl=_quiet(fn), takes=to_numpy)
-            for op, fn in _NUMPY_UNARY.items()]
-
-
 def _triton_kernels() -> list[Kernel]:
     """On CUDA; on CPU only interpreted, under the test switch (``binding.usable``)."""
     from .triton import TRITON_KERNELS
     half_single = frozenset({"float16", "bfloat16", "float32"})
-    return [Kernel(name=f"triton.{op}", reference=_reference(op), backend="triton", devices=BOTH,
+    return [Kernel(name=f"triton.{op}", reference=OPS[op].reference, backend="triton", devices=BOTH,
                    dtypes=half_single | set(dtypes), impl=impl, limits=limits or (lambda use: None))
             for op, (impl, limits, dtypes) in TRITON_KERNELS.items()]
 
 
-def _rewritten_kernels() -> list[Kernel]:
-    from .rewritten import REWRITTEN_KERNELS
-    return [Kernel(name=k.name, reference=k.reference, backend="torch", devices=BOTH, dtypes=k.dtypes,
-                   impl=k.impl, limits=k.limits) for k in REWRITTEN_KERNELS]
-
-
-REGISTRY: dict[str, Kernel] = {k.name: k for k in _torch_kernels() + _rewritten_kernels()
-                               + _numpy_kernels() + _triton_kernels()}
+#: each op's own torch kernel, the torch kernels computing one by another formula, numpy's, Triton's
+REGISTRY: dict[str, Kernel] = {k.name: k for k in [
+    *(Kernel(name=f"torch.{op}", reference=spec.reference, backend="torch", devices=BOTH,
+             dtypes=ALL_DTYPES, impl=TORCH.get(op, spec.impl)) for op, spec in OPS.items() if not spec.is_leaf),
+    *(Kernel(name=k.name, reference=k.reference, backend="torch", devices=BOTH, dtypes=k.dtypes,
+             impl=k.impl, limits=k.limits) for k in REWRITTEN_KERNELS),
+    *(Kernel(name=f"numpy.{op}", reference=OPS[op].reference, backend="numpy", devices=HOST,
+             dtypes=frozenset({"float32", "float64"}), impl=_quiet(fn), takes=to_numpy)
+      for op, fn in _NUMPY_UNARY.items()),
+    *_triton_kernels()]}
 #: backend -> the memory its kernels read and write
 MEMORY = {"torch": "torch", "triton": "torch", "numpy": "numpy"}
 

@@ -30,6 +30,7 @@ from ..lang.term import Term, postorder
 
 SORT = "Tensor"
 _CHUNK = 64
+RELATIONS = ("positive", "nonneg", "nonzero")  # the snapshot's sign facts, which guards read
 _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
 
 
@@ -97,6 +98,8 @@ class Snapshot:
     class_of_ref: dict[int, str]
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)  # classes that are not float32
+    #: the classes the analyses proved ``positive``, ``nonneg`` or ``nonzero``
+    relations: dict[str, set[str]] = field(default_factory=lambda: {r: set() for r in RELATIONS})
 
     @property
     def num_enodes(self) -> int:
@@ -365,8 +368,11 @@ class EGraph:
         primitive = {n["eclass"]: n["op"] for n in nodes.values() if not n["children"]}
         bounds: dict[str, list[float]] = {}
         dtypes: dict[str, str] = {}
+        relations = {r: set() for r in RELATIONS}
         for node in nodes.values():
             op = node["op"]
+            if op in relations:
+                relations[op].add(nodes[node["children"][0]]["eclass"])
             if op == "Ref":
                 class_of_ref[int(nodes[node["children"][0]]["op"])] = node["eclass"]
                 continue
@@ -386,7 +392,7 @@ class EGraph:
             attrs = tuple(_primitive(nodes[c]["op"], sort)
                           for c, (_, sort) in zip(kids[spec.arity:], spec.attrs))
             classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
-        return Snapshot(classes=classes, class_of_ref=class_of_ref, dtypes=dtypes,
+        return Snapshot(classes=classes, class_of_ref=class_of_ref, dtypes=dtypes, relations=relations,
                         ranges={c: (lo, hi) for c, (lo, hi) in bounds.items()})
 
 

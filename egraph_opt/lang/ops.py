@@ -113,6 +113,16 @@ class Op:
     def is_leaf(self) -> bool:
         return self.arity == 0
 
+    @property
+    def attr_vars(self) -> str:
+        """Its attributes as pattern variables, each after a space: `` ?axis ?keepdim``."""
+        return "".join(f" ?{a}" for a, _ in self.attrs)
+
+    @property
+    def reference(self) -> str:
+        """The op over pattern variables, ``(sum ?x0 ?axis ?keepdim)``: what its kernels compute."""
+        return f"({self.name}{''.join(f' ?x{i}' for i in range(self.arity))}{self.attr_vars})"
+
 
 def shape_attr(shape) -> str:
     """Shapes and permutations travel as egglog Strings: ``(2, 3)`` -> ``"2,3"``."""

@@ -134,9 +134,7 @@ MOVES = {(source, target): _move(source, target) for source in MEMORY for target
          if source != target}
 
 #: op -> the names of its kernels in REGISTRY (asked per e-node: no scan of REGISTRY each time)
-_NAMES = {}
-for _name, _kernel in REGISTRY.items():
-    _NAMES.setdefault(_kernel.op, []).append(_name)
+_NAMES = {op: [name for name, k in REGISTRY.items() if k.op == op] for op in OPS}
 
 
 def kernels_for(op: str) -> list[Kernel]:

@@ -139,12 +139,13 @@ def _tensor(x, like):
     return x if isinstance(x, torch.Tensor) else torch.full((), x, dtype=like.dtype, device=like.device)
 
 
-def maximum(a, b):
-    return torch.maximum(_tensor(a, b), _tensor(b, a))
+def _of_tensors(fn: Callable) -> Callable:
+    """``fn`` of two tensors taking either operand as a Python number (a const) too."""
+    return lambda a, b: fn(_tensor(a, b), _tensor(b, a))
 
 
-def minimum(a, b):
-    return torch.minimum(_tensor(a, b), _tensor(b, a))
+maximum, minimum, atan2, logaddexp = map(_of_tensors, (torch.maximum, torch.minimum, torch.atan2,
+                                                        torch.logaddexp))
 
 
 def compensated_sum(x, axis, keepdim):
@@ -175,10 +176,6 @@ def gelu(x, approximate):
     """x Phi(x): it has x's sign (some CPUs' kernels return +0 at -0 and where Phi(x) underflows),
     and above 8 it is x in every dtype (some give NaN at +inf)."""
     return torch.where(x > 8, x, F.gelu(x, approximate=approximate).copysign(x))
-
-
-def atan2(y, x):
-    return torch.atan2(_tensor(y, x), _tensor(x, y))
 
 
 def hypot(a, b):
@@ -342,10 +339,6 @@ def batch_norm(x, mean, var, weight, bias, eps):
 def softplus(x):
     """log(1 + e^x), exactly: logaddexp(x, 0) has no threshold approximation."""
     return torch.logaddexp(x, torch.zeros_like(x))
-
-
-def logaddexp(a, b):
-    return torch.logaddexp(_tensor(a, b), _tensor(b, a))
 
 
 def swish(x, beta):

@@ -37,9 +37,7 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
     truncation bound, on its regime) and the ``guarded`` rules that match but whose guard the
     declared ranges do not prove (each on a regime where it is proved); None where one program is
     as good. Also, per series or guarded candidate, (the member its rule matched, its form)."""
-    if len(roots) != 1 or len(root_classes) != 1 or program.opaque:
-        return None
-    if len(postorder(best)) > MAX_NODES:
+    if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > MAX_NODES:
         return None
     terms = [best[0]] + [a.term for a in alternatives(snap.classes, root_classes[0], cost,
                                                       limit=ALTERNATIVES)] + [roots[0]]

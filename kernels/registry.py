@@ -100,8 +100,7 @@ def _triton_kernels() -> list[Kernel]:
 REGISTRY: dict[str, Kernel] = {k.name: k for k in [
     *(Kernel(name=f"torch.{op}", reference=spec.reference, backend="torch", devices=BOTH,
              dtypes=ALL_DTYPES, impl=TORCH.get(op, spec.impl)) for op, spec in OPS.items() if not spec.is_leaf),
-    *(Kernel(name=k.name, reference=k.reference, backend="torch", devices=BOTH, dtypes=k.dtypes,
-             impl=k.impl, limits=k.limits) for k in REWRITTEN_KERNELS),
+    *(Kernel(backend="torch", devices=BOTH, **k._asdict()) for k in REWRITTEN_KERNELS),
     *(Kernel(name=f"numpy.{op}", reference=OPS[op].reference, backend="numpy", devices=HOST,
              dtypes=frozenset({"float32", "float64"}), impl=_quiet(fn), takes=to_numpy)
       for op, fn in _NUMPY_UNARY.items()),

@@ -120,11 +120,6 @@ def mag(a: Interval) -> float:
 GELU_MIN = -0.1701  # min over x of x * Phi(x) (erf and tanh forms), at x ~ -0.75
 
 
-def _sum(t, a, s):
-    n = _axis_size(t, s)
-    return iv(n * a[0][0], n * a[0][1])
-
-
 def _axis_size(t: Term, s: list) -> int:
     """Size of the axis an op reduces or normalizes over (its ``axis`` attribute)."""
     return s[0][t.attrs[0]] if s[0] else 1
@@ -224,7 +219,7 @@ TRANSFER: dict[str, Callable] = {
     "swish": _swish,
     "geglu": lambda t, a, s: _mul(_gelu(t, a, s), a[1]),
     "rotary": _rotary,
-    "sum": _sum,
+    "sum": lambda t, a, s: iv(_axis_size(t, s) * a[0][0], _axis_size(t, s) * a[0][1]),
     "operand": lambda t, a, s: TOP if t.op in REDUCTIONS and not _axis_size(t, s) else a[0],
     # among (or between) the operand's values; over a size-0 axis a max raises, a mean is NaN
     "values": lambda t, a, s: a[0],  # exactly the operand's values

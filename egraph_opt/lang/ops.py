@@ -252,10 +252,6 @@ def cast(x, dtype):
     return x.to(getattr(torch, dtype))
 
 
-def logsumexp(x, axis, keepdim):
-    return torch.logsumexp(x, dim=axis, keepdim=keepdim)
-
-
 def layer_norm(x, weight, bias, eps):
     """Over the last axis; an affine-free spelling carries scalar consts as weight and bias."""
     if isinstance(weight, float) or isinstance(bias, float):
@@ -532,7 +528,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("log_softmax", 1, _AXIS, log_softmax, _FUSED, shape_rule="same", range_rule="log_softmax",
         curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="along", flops=12,
         onnx="LogSoftmax"),
-    _op("logsumexp", 1, _REDUCE, logsumexp, _FUSED, shape_rule="reduce", range_rule="logsumexp",
+    _op("logsumexp", 1, _REDUCE, torch.logsumexp, _FUSED, shape_rule="reduce", range_rule="logsumexp",
         curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="reduce", flops=12,
         onnx="ReduceLogSumExp", layout="fresh"),
     _op("softplus", 1, "", softplus, _UNARY, range_rule="softplus", curvature=(0.25, 1.0), **_SMOOTH,

@@ -106,9 +106,9 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
           seed: int = 0, limit: float = math.inf) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
     without regimes), when it beats that one by ``MIN_GAIN`` mean bits and each series in it keeps
-    its truncation over its regime within ``limit`` (a tolerance); else None (one regime: a
-    series over the whole range). The program's
-    inputs must share one shape (elementwise, they are then drawn as ``POINTS`` values each)."""
+    its truncation over its regime within ``limit`` (a tolerance); else None (one regime: a series
+    over the whole range). The program's inputs must share one shape (elementwise, they are then
+    drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
     shapes = {t.attrs[1] for t in program.inputs}
     splits = [t for t in program.inputs if t.attrs[2] in ("float32", "float16", "bfloat16")]

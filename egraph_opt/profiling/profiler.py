@@ -253,20 +253,18 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
     """Median seconds per call of each of ``fns`` on ``args``, the calls interleaved (the order
     rotating each round) so that load and clock drift fall on all alike; as many rounds as fit in
     ``budget_s`` (at most ``rounds``: fewer leave a few percent's difference within the noise of
-    a small shared machine), None when three do not
-    (the figures would be noise). On CUDA a call's time is the device's, between two events on its
-    stream (the host's launches included where the device waits for them), read once a round."""
+    a small shared machine), None when three do not (the figures would be noise). On CUDA a call's
+    time is the device's, between two events on its stream (the host's launches included where the
+    device waits for them), read once a round."""
     cuda = torch.device(device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: list[list[float]] = [[] for _ in fns]
     with torch.inference_mode():
-        for fn in fns:  # warm caches and lazy initialization
-            fn(*args)
-        sync()
-        start = time.perf_counter()
-        for fn in fns:  # and time one round
-            fn(*args)
-        sync()
+        for _ in range(2):  # warm caches and lazy initialization, then time one round
+            start = time.perf_counter()
+            for fn in fns:
+                fn(*args)
+            sync()
         per_round = time.perf_counter() - start
         if 4 * per_round > budget_s:
             return None

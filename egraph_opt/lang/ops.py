@@ -371,10 +371,6 @@ def sigmoid(v: float) -> float:
     return 1 / (1 + math.exp(-v)) if v > -700 else 0.0
 
 
-def relu(v: float) -> float:
-    return max(v, 0.0)
-
-
 def _op(name, arity, attrs, impl, family: dict, **facts) -> Op:
     """An op from its family's facts, overridden or completed by its own."""
     pairs = tuple(tuple(a.split(":")) for a in attrs.split()) if attrs else ()
@@ -460,8 +456,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
         bounds=(-1.0, 1.0), onnx="Tanh", numpy="tanh"),
     _op("sigmoid", 1, "", torch.sigmoid, _UNARY, range_rule=sigmoid,  curvature=(0.097, 0.25), **_SMOOTH,
         bounds=(0.0, 1.0), sign="positive", onnx="Sigmoid"),
-    _op("relu",    1, "", torch.relu,   _UNARY, range_rule=relu,      **_EXACT, sign="nonneg", flops=1,
-        onnx="Relu"),
+    _op("relu",    1, "", torch.relu,   _UNARY, range_rule=functools.partial(max, 0.0), **_EXACT,
+        sign="nonneg", flops=1, onnx="Relu"),
     _op("erf",     1, "", torch.erf,    _UNARY, range_rule=math.erf,  curvature=(0.97, 1.0), **_SMOOTH,
         onnx="Erf"),
     _op("silu",    1, "", F.silu,       _UNARY, range_rule="silu",    curvature=(0.5, 1.1), **_SMOOTH,

@@ -203,8 +203,7 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
     m = len(edges)
     span = cum[:, edges][:, None, :] - cum[:, edges][:, :, None]  # (candidate, from, to)
     seg, arg = span.min(0), span.argmin(0)
-    upper = np.triu(np.ones((m, m), bool), 1)
-    seg = np.where(upper, seg, np.inf)
+    seg = np.where(np.triu(np.ones((m, m), bool), 1), seg, np.inf)  # a segment ends after it starts
     cost = [seg[0]]  # cost[s][j]: best total over points before edges[j] in s + 1 regimes
     back = [np.zeros(m, int)]
     for _ in range(1, MAX_REGIMES):

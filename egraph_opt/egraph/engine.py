@@ -76,10 +76,8 @@ class InvariantError(RuntimeError):
 
 def declarations() -> str:
     """egglog text declaring the Tensor datatype, one constructor per op of the table."""
-    ctors = []
-    for op in OPS.values():
-        sorts = [SORT] * op.arity + [sort for _, sort in op.attrs]
-        ctors.append(f"({op.egg_name} {' '.join(sorts)})".replace(" )", ")"))
+    ctors = [f"({op.egg_name} {' '.join([SORT] * op.arity + [sort for _, sort in op.attrs])})".replace(" )", ")")
+             for op in OPS.values()]
     return f"(datatype {SORT}\n  " + "\n  ".join(ctors) + f")\n(constructor Ref (i64) {SORT})\n"
 
 

@@ -265,9 +265,8 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
         if not ready:
             raise RuntimeError("templates depend on each other in a cycle")
         for inst, tmpl, args in ready:
-            outputs = instantiate(tmpl, inst, fill(args), made)
-            for k, out in enumerate(outputs):
-                env[f"{PREFIX}{inst.scope}:{k}"] = out
+            env.update((f"{PREFIX}{inst.scope}:{k}", out)
+                       for k, out in enumerate(instantiate(tmpl, inst, fill(args), made)))
         done = {id(p[0]) for p in ready}
         pending = [p for p in pending if id(p[0]) not in done]
     return _rewrite(replace(outer, outputs=outer.outputs[0]), fill)

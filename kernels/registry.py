@@ -60,9 +60,7 @@ class Kernel:
         if use.device not in self.devices:
             return f"{self.name} runs on {sorted(self.devices)}, not {use.device}"
         bad = [d for d in use.dtypes if d not in self.dtypes]
-        if bad:
-            return f"{self.name} does not take {bad[0]}"
-        return self.limits(use)
+        return f"{self.name} does not take {bad[0]}" if bad else self.limits(use)
 
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:

@@ -63,9 +63,7 @@ def _mul(a: Interval, b: Interval) -> Interval:
 
 
 def _div(a: Interval, b: Interval) -> Interval:
-    if b[0] > 0 or b[1] < 0:
-        return _mul(a, (clamp(1 / b[1]), clamp(1 / b[0])))
-    return TOP
+    return _mul(a, (clamp(1 / b[1]), clamp(1 / b[0]))) if b[0] > 0 or b[1] < 0 else TOP
 
 
 def _pow(a: Interval, b: Interval) -> Interval:
@@ -102,9 +100,7 @@ def _log(a: Interval, shift: float = 0.0) -> Interval:
 
 def _tan(a: Interval) -> Interval:
     """Increasing on (-pi/2, pi/2); an interval reaching a pole (or beyond) is unbounded."""
-    if -math.pi / 2 < a[0] and a[1] < math.pi / 2:
-        return iv(math.tan(a[0]), math.tan(a[1]))
-    return TOP
+    return iv(math.tan(a[0]), math.tan(a[1])) if -math.pi / 2 < a[0] and a[1] < math.pi / 2 else TOP
 
 
 def gap(a: Interval) -> float:

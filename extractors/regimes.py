@@ -130,8 +130,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
     chosen = None
     series = [candidates[i].bounded for i in kept]
     for t in splits:
-        x = env[t.attrs[0]][~undefined].double().numpy()
-        found = _segments(x, bits, series)
+        found = _segments(env[t.attrs[0]][~undefined].double().numpy(), bits, series)
         if found and (chosen is None or found[0] < chosen[0]):
             chosen = (*found, t)
     if chosen is None or chosen[0] / bits.shape[1] > single - MIN_GAIN:
@@ -228,8 +227,7 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
         t = x[cut] if series[picks[k + 1]] else _between(x[cut - 1], x[cut], series[picks[k]])
         segments.append((picks[k], t))
         cuts.append(cut)
-    total = sum(cum[c, b] - cum[c, a] for c, a, b in zip(picks, cuts, cuts[1:]))
-    return float(total), segments
+    return float(sum(cum[c, b] - cum[c, a] for c, a, b in zip(picks, cuts, cuts[1:]))), segments
 
 
 def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> int:
@@ -240,8 +238,7 @@ def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> 
     ks = ks[x[ks - 1] < x[ks]] if len(ks) else ks
     if not len(ks):
         return edge
-    cost = cum[left, ks] + cum[right, stop] - cum[right, ks]
-    return int(ks[np.argmin(cost)])
+    return int(ks[np.argmin(cum[left, ks] + cum[right, stop] - cum[right, ks])])
 
 
 def _between(a: float, b: float, next_to_a: bool = False) -> float:

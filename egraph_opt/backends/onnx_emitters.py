@@ -146,8 +146,7 @@ def _log1p(em, t):
     u = em.node("Add", [x, one], "log1p")
     u_minus_1 = em.node("Sub", [u, one], "log1p")
     ratio = em.node("Mul", [em.node("Log", [u], "log1p"), em.node("Div", [x, u_minus_1], "log1p")], "log1p")
-    tiny = em.node("Equal", [u, one], "log1p")
-    return em.node("Where", [tiny, x, ratio], "log1p")
+    return em.node("Where", [em.node("Equal", [u, one], "log1p"), x, ratio], "log1p")
 
 
 def _expm1(em, t):

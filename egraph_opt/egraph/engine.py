@@ -320,8 +320,7 @@ class EGraph:
             if report.iterations >= max_iterations:
                 report.stop = f"iteration limit ({max_iterations})"
                 break
-            out = self._run(f"(run {_ruleset(phase)} 1)")
-            run_report = out[-1].report
+            run_report = self._run(f"(run {_ruleset(phase)} 1)")[-1].report
             self._analyze()
             report.iterations += 1
             for name, n in run_report.num_matches_per_rule.items():
@@ -359,8 +358,7 @@ class EGraph:
 
     def snapshot(self) -> Snapshot:
         """Parse the serialized e-graph into e-classes of ENodes (anchors set apart)."""
-        data = json.loads(self.serialize_json())
-        nodes = data["nodes"]
+        nodes = json.loads(self.serialize_json())["nodes"]
         classes: dict[str, list[ENode]] = {}
         class_of_ref: dict[int, str] = {}
         primitive = {n["eclass"]: n["op"] for n in nodes.values() if not n["children"]}

@@ -190,8 +190,7 @@ def template_program(first: Instance, meta: dict) -> tuple[Program, list[Term]]:
                   for i, a in enumerate(first.args)]
     mapping = {id(a): leaf for a, leaf in zip(first.args, arg_leaves)}
     mapping.update({id(p): Term("param", (), (rel, *p.attrs[1:])) for rel, p in first.params.items()})
-    outputs = substitute(first.outputs, mapping)
-    return Program(tuple(arg_leaves), tuple(outputs)), arg_leaves
+    return Program(tuple(arg_leaves), tuple(substitute(first.outputs, mapping))), arg_leaves
 
 
 def instantiate(template_roots: list[Term], inst: Instance, args: list[Term],

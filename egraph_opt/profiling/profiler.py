@@ -52,8 +52,7 @@ def _batch_matmul(a, b) -> tuple[int, int, int, int]:
     b = (*b, 1) if len(b) == 1 else tuple(b)
     if a[-1] != b[-2]:
         raise ValueError(f"matmul of shapes {a} and {b}: inner dimensions {a[-1]} != {b[-2]}")
-    batch = math.prod(torch.broadcast_shapes(a[:-2], b[:-2]))
-    return batch, a[-2], a[-1], b[-1]
+    return math.prod(torch.broadcast_shapes(a[:-2], b[:-2])), a[-2], a[-1], b[-1]
 
 
 def _matmul(shapes, attrs):
@@ -329,8 +328,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
     device, where = torch.device(device), device_name(device)
     records = []
     for case in _progress(cases, f"profiling on {where}") if progress else cases:
-        dtype = torch_dtype(case.dtype)
-        tensors = PRICED[case.op].inputs(case.shapes, dtype, device)
+        tensors = PRICED[case.op].inputs(case.shapes, torch_dtype(case.dtype), device)
         layouts = case.attrs.get("layout") or [None] * len(tensors)  # as the kernel will see them
         tensors = [with_layout(t, key) for t, key in zip(tensors, layouts)]
         attrs = [case.attrs[name] for name in attr_names(case.op)]

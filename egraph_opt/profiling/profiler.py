@@ -192,9 +192,8 @@ def device_name(device: str | torch.device) -> str:
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError, StopIteration):  # not Linux: the platform's word
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:  # not Linux: the platform's word
+        model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     threads = torch.get_num_threads()
     return f"{device.type}: {model}, {threads} thread{'s' if threads > 1 else ''}, torch {torch.__version__}"
 

@@ -47,9 +47,7 @@ class BoundCall:
 
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
-        if self.direct:
-            return fn
-        return specialize(fn, self.names, self.rebuild)
+        return fn if self.direct else specialize(fn, self.names, self.rebuild)
 
     def rebuild(self, fn: Callable, tensors: tuple):
         """Call ``fn`` with ``tensors`` in place of this call's tensors, other arguments as bound."""

@@ -139,11 +139,6 @@ def _changes(name: str, changes: list[str]) -> str:
         "which a plan would not do on every call"
 
 
-def _run_again(fn: Callable, args: tuple) -> None:
-    with torch.no_grad():
-        fn(*(a.clone() for a in args))
-
-
 def _check_ranges(ranges: dict | None) -> dict:
     checked = {}
     for name, value in (ranges or {}).items():
@@ -366,7 +361,7 @@ class OptimizedFunction:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
-        if watch.changes() and not watch.logs_once(lambda: _run_again(target, args)):
+        if watch.changes() and not watch.logs_once(lambda: target(*(a.clone() for a in args))):
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
         self._state.hold(traced)
         if not self.validate:  # else validation's run of the original shows it

@@ -102,10 +102,7 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
                         [r for r in rules if r.family is Family.SERIES],
                         limit=math.inf if model.tolerance is None else model.tolerance,
                         guarded=[r for r in rules if r.when and r.family is not Family.SERIES]) \
-        if _wants_regimes(model, program, best, input_ranges) else None
-    if regimes and model.objective is Objective.BALANCED and \
-            not _far_better(regimes[0], best, model, input_ranges, program.leaf_meta()):
-        regimes = None
+        if _wants_regimes(model, best, input_ranges, program.leaf_meta()) else None
     return ([regimes[0].term] if regimes else best), regimes, reranked is not None
 
 
@@ -125,24 +122,12 @@ def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: d
     return optimized, best, before, after
 
 
-def _wants_regimes(model: CostModel, program: Program, best: list[Term], input_ranges) -> bool:
-    """Regimes (and series, approximate) under the stability objective, under balanced where
-    sampling tells programs apart (``_far_better`` then judges them), and under a tolerance where
-    the best single program breaks it (its series must then keep within it)."""
+def _wants_regimes(model: CostModel, best: list[Term], input_ranges, leaf_meta) -> bool:
+    """Regimes (and series, approximate) under the stability objective, and under a tolerance
+    where the best single program breaks it (its series must then keep within it)."""
     if model.objective is Objective.TOLERANCE:
-        return program_cost(best, model, input_ranges, program.leaf_meta())["cost"] >= LEXICOGRAPHIC
-    if model.objective is Objective.BALANCED:
-        return _sampled_meaningfully(program, program.roots(), input_ranges)
+        return program_cost(best, model, input_ranges, leaf_meta)["cost"] >= LEXICOGRAPHIC
     return model.objective is Objective.STABILITY
-
-
-def _far_better(found, best: list[Term], model: CostModel, input_ranges, leaf_meta) -> bool:
-    """Balanced: a piecewise program ``ACCURATE_BY`` mean bits better than the single one it
-    replaces, at most ``max_slowdown`` times its estimated latency."""
-    def latency(roots: list[Term]) -> int:
-        return program_cost(roots, model, input_ranges, leaf_meta)["latency"]
-    return found.single_bits - found.bits >= ACCURATE_BY and \
-        latency([found.term]) <= model.max_slowdown * max(latency(best), 1)
 
 
 #: the stability and balanced objectives re-rank this many of the cheapest programs of a root, for

@@ -234,3 +234,23 @@ def test_cuda_tensors_run_on_the_device():
     out = f(x)
     assert out.device.type == "cuda"
     torch.testing.assert_close(out, torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize("matched, accurate", [
+    ({"rms-norm-fuse": 5, "rotary-fuse-x-cos-rotated-sin": 4}, False),  # fusions alone: no accuracy
+    ({"rms-norm-fuse": 5, "log1p-from-log": 0}, False),  # a rule that matched nothing counts not
+    ({"rms-norm-fuse": 5, "log1p-from-log": 1}, True),
+    ({"a-rule-of-the-users": 1}, True),  # not in the catalogue: unknown, so it may be one
+])
+def test_an_incomplete_derivation_counts_for_accuracy_only_where_an_accuracy_rule_matched(matched, accurate):
+    """A Llama decode step whose rms_norm and rotary fusions were not replayed in full was kept
+    though measured slower, as if it bought accuracy: an incomplete replay is no evidence of it."""
+    from types import SimpleNamespace
+
+    from egraph_opt.egraph.engine import Saturation
+    from egraph_opt.optimization.derivation import Derivation
+    from egraph_opt.rulesets import catalogue
+    assert catalogue()["log1p-from-log"].family in api.ACCURATE_FAMILIES
+    result = SimpleNamespace(derivation=Derivation(complete=False),
+                             saturation=[Saturation("saturate", matches=matched)])
+    assert api.for_accuracy(result) is accurate

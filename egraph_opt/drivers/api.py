@@ -35,7 +35,7 @@ from ..egraph.session import Limits
 from ..optimization.pipeline import Optimized, optimize
 from .hints import range_hints
 from .report import Report
-from ..rulesets import Family, select
+from ..rulesets import Family, catalogue, select
 from ..lang.program import Program
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
@@ -77,12 +77,16 @@ ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
 
 def for_accuracy(result: Optimized) -> bool:
     """Whether a static conditioning gain of ``result`` can be one: its derivation applies a rule
-    made for accuracy (or is not known in full). A fusion alone buys none, though its fused op
-    declares less curvature than the ops it stands for (a matmul's conditioning hidden inside
-    causal attention's sdpa_filled): a slower fused plan must not pass for a steadier one."""
+    made for accuracy (where it is not known in full: such a rule matched at all). A fusion alone
+    buys none, though its fused op declares less curvature than the ops it stands for (a matmul's
+    conditioning hidden inside causal attention's sdpa_filled): a slower fused plan must not pass
+    for a steadier one, nor an incomplete replay of fusions for an accuracy gain."""
     derivation = result.derivation
-    return derivation is None or not derivation.complete or \
-        any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)
+    if derivation is not None and derivation.complete:
+        return any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)
+    known = catalogue()
+    matched = {name for s in result.saturation for name, n in s.matches.items() if n}
+    return any(name not in known or known[name].family in ACCURATE_FAMILIES for name in matched)
 
 
 def slower_for_nothing(objective: Objective, result: Optimized, original_s: float, optimized_s: float,

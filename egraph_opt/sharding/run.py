@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -65,6 +66,9 @@ def _device(rank: int, n: int, port: int, backend: str, threads: int | None, wor
         # gloo aborts (SIGABRT) a peer whose pair closes under it
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # done: no interpreter teardown, where gloo's threads can abort (SIGABRT) a device
 
 
 def _on_mesh(n: int, backend: str, threads: int | None, work, *args):

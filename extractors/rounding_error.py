@@ -173,6 +173,26 @@ class ProgramError:
     by_node: dict[int, float]
 
 
+#: an elementwise program's error per element does not depend on its shape: it is sampled at
+#: this many elements
+ELEMENTWISE_SAMPLE = 256
+
+
+def sampled_small(program: Program) -> bool:
+    """Whether ``program`` is sampled at ``ELEMENTWISE_SAMPLE`` elements, not its own shapes: it is
+    elementwise, holds no parameters, and its inputs share one larger shape."""
+    shapes = {parse_shape(t.attrs[1]) for t in program.inputs}
+    return len(shapes) == 1 and not program.params and math.prod(next(iter(shapes))) > ELEMENTWISE_SAMPLE \
+        and all(t.op in ELEMENTWISE for t in postorder(program.roots()) if t.args)
+
+
+def sampled_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
+    """(shape, dtype) each input is sampled at (``sampled_small``)."""
+    small = sampled_small(program)
+    return {t.attrs[0]: ((ELEMENTWISE_SAMPLE,) if small else parse_shape(t.attrs[1]), t.attrs[2])
+            for t in program.inputs}
+
+
 @torch.inference_mode(False)  # derivatives: a caller's inference mode would record no graph
 def program_error(program: Program, ranges: dict | None = None, *, points: int = 8,
                   seed: int = 0) -> ProgramError | None:
@@ -183,7 +203,7 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
             not getattr(torch, t.attrs[2]).is_floating_point for t in program.inputs):
         return None
     gen = torch.Generator().manual_seed(seed)
-    inputs = {t.attrs[0]: (parse_shape(t.attrs[1]), t.attrs[2]) for t in program.inputs}
+    inputs = sampled_shapes(program)
     bits, by_node = [], {}
     for _ in range(points):
         env = {**program.params, **sample_inputs(inputs, ranges or {}, gen)}

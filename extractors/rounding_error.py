@@ -142,11 +142,16 @@ def _result_bits(value: torch.Tensor, total: torch.Tensor, dtype: torch.dtype, e
     return torch.where(value.isnan(), float(torch.finfo(dtype).bits) if overflowed else math.nan, bits)
 
 
+def elementwise(roots: list[Term]) -> bool:
+    """Whether every op of the program is elementwise: each output element's error is its own."""
+    return all(t.op in ELEMENTWISE for t in postorder(roots) if t.args)
+
+
 def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
     """Bits of error of every output element of an elementwise program, at once: where every
     value it computes from the inputs has the output's shape, d out[i] / d v[j] vanishes off
     i == j, so one backward pass gives each element's derivatives. None for any other program."""
-    if any(t.op not in ELEMENTWISE for t in postorder([root]) if t.args):
+    if not elementwise([root]):
         return None
     with torch.enable_grad():
         exact, dtype, local = _local_errors(root, env)
@@ -183,7 +188,7 @@ def sampled_small(program: Program) -> bool:
     elementwise, holds no parameters, and its inputs share one larger shape."""
     shapes = {parse_shape(t.attrs[1]) for t in program.inputs}
     return len(shapes) == 1 and not program.params and math.prod(next(iter(shapes))) > ELEMENTWISE_SAMPLE \
-        and all(t.op in ELEMENTWISE for t in postorder(program.roots()) if t.args)
+        and elementwise(program.roots())
 
 
 def sampled_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:

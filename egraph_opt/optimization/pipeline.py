@@ -20,8 +20,7 @@ from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from ..extractors.cost import LEXICOGRAPHIC
 from ..extractors.curvature import rounding_free
 from ..extractors.enumerate import alternatives
-from ..extractors.rounding_error import far_more_accurate, least_error, sampled_small
-from ..lang.ops import ELEMENTWISE
+from ..extractors.rounding_error import elementwise, far_more_accurate, least_error, sampled_small
 from ..lang.program import Program
 from ..analysis.facts import Facts, class_constants
 from ..analysis.layouts import result_strides, term_strides
@@ -143,7 +142,7 @@ def _sampled_meaningfully(program: Program, roots: list[Term], input_ranges: dic
     """Whether sampled errors tell programs apart: an elementwise program (Herbie's domain), or
     every input in a declared range. Drawn over all bit patterns, a matmul's or a reduction's
     operands overflow it almost everywhere."""
-    return all(t.op in ELEMENTWISE for t in postorder(roots) if t.args) or \
+    return elementwise(roots) or \
         all(t.attrs[0] in (input_ranges or {}) for t in program.inputs)
 
 

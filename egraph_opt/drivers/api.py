@@ -21,6 +21,7 @@ import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
 from .arguments import Binder, BoundCall, adopt
+from .families import REACH, Apart, Families, Sample, at
 from ..frontends.capture import SideEffect, cache_pytrees, capture, returned
 from ..egraph.engine import EGraph, InvariantError
 from .plan_key import StateKey
@@ -63,7 +64,7 @@ def _missed(args: tuple, kwargs: dict):
 
 #: plans one decorated program keeps at most (input signatures and states together): beyond it,
 #: the least recently used plan is dropped
-MAX_PLANS = 64
+MAX_PLANS = 256
 #: a program measured this much slower than the original is slower beyond noise
 SLOWER_BY = 1.05
 #: a sampled error this much of the original's (or more) is no steadier: one node for two (a
@@ -229,6 +230,7 @@ class OptimizedFunction:
         self._last: Plan | None = None
         self._again: Callable[[tuple, dict], Any] = _missed  # the last plan, if a call is its again
         self._state = StateKey(fn)
+        self._families = Families()
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         try:
             self._signature: inspect.Signature | None = inspect.signature(target)
@@ -348,12 +350,45 @@ class OptimizedFunction:
         report = Report(signature=f"{self._name}({signature})")
         if call.refused:
             return self._untouched(report, call.refused)
+        key, made = call.key + self._state.key() + _autocast(), Sample((), None)
         try:
-            return self._optimize(call, report, watch)
+            plan = self._from_family(call, report, key) or self._optimize(call, report, watch, made)
         except InvariantError:  # a tripwire: a bug of ours that tests must see
             raise
         except Exception as e:  # noqa: BLE001 - never a wrong answer: the original runs instead
-            return self._untouched(report, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            plan = self._untouched(report, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        if not plan.report.sizes:  # traced here, not made from its family: a sample of it
+            made.plan = plan
+            self._families.record(key, made)
+        return plan
+
+    def _from_family(self, call: BoundCall, report: Report, key: tuple) -> Plan | None:
+        """The plan of a size of a family (``families.py``) made from its two samples, validated;
+        None where the family has none or the plan fails validation (then it is optimized)."""
+        found = self._families.find(key)
+        if found is None or (found[0].plan.run is None) != (found[1].plan.run is None):
+            return None
+        first, second, variable, n = found
+        span = (first.sizes[variable.at[0]], second.sizes[variable.at[0]], n)
+        was = replace(second.plan.report, signature=report.signature, bounded=list(second.plan.report.bounded),
+                      sizes=f"n = 2..{REACH * max(span[:2])}, n the size at {variable.where(call.names, call.tensors)}: "
+                            f"made at n = {n} from the plans traced at n = {span[0]} and {span[1]}",
+                      measured=None, validation=None)
+        if second.plan.run is None:
+            return self._untouched(was, f"so did its size family: {was.fallback}") if was.fallback \
+                else Plan(None, was, None)
+        try:  # a size not on the samples' lines fails to build or to run: it is optimized
+            flat, program = (at(first.optimized, second.optimized, span), at(first.program, second.program, span))
+            module = build_module(flat, first.root, device=call.tensors[0].device.type, estimate=first.estimate)
+            run, was.kernels = runner(module, first.returns), module.kernels
+            if self.validate:
+                fresh = random_inputs(call.tensors, call.names, self.input_ranges)
+                was.validation = compare(call.traceable(self.fn), run, fresh, lambda: wide_reference(program, fresh))
+        except (Apart, RuntimeError, ValueError, IndexError):
+            return None
+        if first.returns != second.returns or (was.validation and not was.validation.passed):
+            return None
+        return Plan(run, was, None, returned=tuple(call.returned))
 
     def _untouched(self, report: Report, why: str, found: Optimized | None = None) -> Plan:
         """The original runs; ``found``, the optimization it was preferred to, stays explorable."""
@@ -361,7 +396,7 @@ class OptimizedFunction:
         warnings.warn(f"egraph-opt: {report.signature} runs untouched: {why}", stacklevel=3)
         return Plan(None, report, found.egraph if found else None, found)
 
-    def _optimize(self, call: BoundCall, report: Report, watch: Watch) -> Plan:
+    def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample) -> Plan:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
@@ -384,9 +419,11 @@ class OptimizedFunction:
         result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
-        module = build_module(flat, traced, device=device, meta=result.program.meta(),
-                              estimate=measured_estimate(latency))
+        module_estimate = measured_estimate(latency)
+        module = build_module(flat, traced, device=device, meta=result.program.meta(), estimate=module_estimate)
         run = runner(module, returns)
+        made.program, made.optimized, made.root, made.returns = program, flat, traced, returns
+        made.estimate = module_estimate
         self._describe(report, program, result, module, latency, priced)
         if not self.keep_egraph:  # only the latest optimization's e-graph is kept (they are large)
             for older in self._plans.values():

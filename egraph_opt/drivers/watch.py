@@ -33,11 +33,12 @@ def codes(code: types.CodeType):
             yield from codes(c)
 
 
-def _globals_read(code: types.CodeType) -> set[str]:
+@functools.lru_cache(maxsize=4096)  # disassembly cost more than a decode step: once per code object
+def _globals_read(code: types.CodeType) -> frozenset[str]:
     """The global names ``code`` (or a function inside it) loads or stores: not every name it
     holds, which counts ``self.model``'s attribute as the module's global ``model`` too."""
-    return {i.argval for c in codes(code) for i in dis.get_instructions(c)
-            if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME")}
+    return frozenset({i.argval for c in codes(code) for i in dis.get_instructions(c)
+            if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME")})
 
 
 def _library(module: str | None) -> bool:

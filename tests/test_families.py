@@ -106,3 +106,19 @@ def test_instantiation_keeps_equal_parts_and_refuses_what_a_size_does_not_explai
     variable = Variable.of(sizes, (2, 9, 9))
     assert shape == ((("rank", 2), torch.float32), ("rank", 1)) and variable.n((2, 30, 30)) == 30
     assert variable.n((3, 30, 30)) is None and variable.n((2, 30, 31)) is None
+
+
+def test_where_a_sample_measured_slower_the_familys_other_sizes_fall_back(monkeypatch):
+    """Never slower: a family whose second sample measured slower than its original (forced
+    here: timing noise decides real cases) runs the original at its other sizes."""
+    verdicts = iter([False, True])
+    monkeypatch.setattr(api, "slower_for_nothing", lambda *a: next(verdicts))
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(decode, profile_db=False, profile_budget=5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (7, 8, 12):
+            out, ref = _call(f, n)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert len(traced) == 2 and f.report.sizes
+    assert f.report.fallback.startswith("so did its size family: it measured slower"), f.report.fallback

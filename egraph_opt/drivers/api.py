@@ -364,26 +364,29 @@ class OptimizedFunction:
 
     def _from_family(self, call: BoundCall, report: Report, key: tuple) -> Plan | None:
         """The plan of a size of a family (``families.py``) made from its two samples, validated;
-        None where the family has none or the plan fails validation (then it is optimized)."""
+        None where the family has none or the plan fails validation (then it is optimized). Where
+        a sample fell back (measured slower, say), so does the size."""
         found = self._families.find(key)
-        if found is None or (found[0].plan.run is None) != (found[1].plan.run is None):
+        if found is None:
             return None
         first, second, variable, n = found
         span = (first.sizes[variable.at[0]], second.sizes[variable.at[0]], n)
-        was = replace(second.plan.report, signature=report.signature, bounded=list(second.plan.report.bounded),
+        like = next((s for s in (second, first) if s.plan.run is None), second)
+        was = replace(like.plan.report, signature=report.signature, bounded=list(like.plan.report.bounded),
                       sizes=f"n = 2..{REACH * max(span[:2])}, n the size at {variable.where(call.names, call.tensors)}: "
                             f"made at n = {n} from the plans traced at n = {span[0]} and {span[1]}",
                       measured=None, validation=None)
-        if second.plan.run is None:
+        if like.plan.run is None:
             return self._untouched(was, f"so did its size family: {was.fallback}") if was.fallback \
                 else Plan(None, was, None)
         try:  # a size not on the samples' lines fails to build or to run: it is optimized
-            flat, program = (at(first.optimized, second.optimized, span), at(first.program, second.program, span))
-            module = build_module(flat, first.root, device=call.tensors[0].device.type, estimate=first.estimate)
+            module = build_module(at(first.optimized, second.optimized, span), first.root,
+                                  device=call.tensors[0].device.type, estimate=first.estimate)
             run, was.kernels = runner(module, first.returns), module.kernels
             if self.validate:
                 fresh = random_inputs(call.tensors, call.names, self.input_ranges)
-                was.validation = compare(call.traceable(self.fn), run, fresh, lambda: wide_reference(program, fresh))
+                was.validation = compare(call.traceable(self.fn), run, fresh,
+                                         lambda: wide_reference(at(first.program, second.program, span), fresh))
         except (Apart, RuntimeError, ValueError, IndexError):
             return None
         if first.returns != second.returns or (was.validation and not was.validation.passed):

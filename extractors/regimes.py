@@ -7,9 +7,10 @@ as Herbie's, each subterm of the candidates of the output's shape (``x - y``: it
 which form is accurate where no input's range does), the points are sorted by its value (NaN as
 +inf: ``where`` takes the last regime there too) and a dynamic program finds the segmentation into
 at most ``MAX_REGIMES`` runs, each given its most accurate candidate, of least total error plus
-``SPLIT_BITS`` per extra regime and point; a threshold goes between the two sample points where the
-chosen candidate changes. The branches are members of one e-class (proven equal), so the join is
-exact, and ``where`` only selects: a branch that overflows outside its regime is never taken there.
+``SPLIT_BITS`` per extra regime and point (and per point for a subterm: it costs its ops); a
+threshold goes between the two sample points where the chosen candidate changes. The branches are
+members of one e-class (proven equal), so the join is exact, and ``where`` only selects: a branch
+that overflows outside its regime is never taken there.
 
 A candidate may hold only on an interval (a truncated series): it brings its relative truncation
 bound as a function of the magnitude of one term (``within``); that bound is added to its error at
@@ -48,6 +49,7 @@ MIN_GAIN = 0.5  # mean bits the piecewise program must save over the single best
 BUCKETS = 64  # thresholds are sought between these equal-count runs of sorted points, then refined
 POINTS = 1024  # points drawn per input (Herbie's regimes sample 256)
 WORD = 32.0
+UNPROVED = 2 * WORD * POINTS  # more than any segment of proved forms costs: never taken there
 FLOATS = ("float32", "float16", "bfloat16")  # the dtypes a regime may split on
 
 
@@ -139,7 +141,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
         x, usable = x[~undefined], bits.copy()
         for k in np.flatnonzero(series) if t.op != "input" else ():  # where the split's value proves it
             b = _bound(candidates[k], program, ranges, t, x, x).numpy()
-            usable[k] = np.where(np.isfinite(b) & (b <= limit), usable[k], WORD)
+            usable[k] = np.where(np.isfinite(b) & (b <= limit), usable[k], UNPROVED)
         found = _segments(x.numpy(), usable, series)
         if found:  # a subterm costs its ops: it must save what one more regime would
             options.append((found[0] + (0.0 if t.op == "input" else SPLIT_BITS * len(x)), *found, t))

@@ -60,18 +60,15 @@ def split(key: tuple) -> tuple[tuple, tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class Variable:
-    """Where the family's size ``n`` is in a call's sizes: ``at`` (each of them ``n`` plus its
-    offset from the first), given two samples' sizes ``a`` and ``b``."""
+    """Where the family's size ``n`` is in a call's sizes: ``at``, each of them ``n`` plus its
+    offset in ``a`` (a sample's sizes)."""
     at: tuple[int, ...]
     a: tuple[int, ...]
-    b: tuple[int, ...]
 
     @staticmethod
     def of(a: tuple, b: tuple) -> Variable | None:
         at = tuple(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-        if not at or len({b[i] - a[i] for i in at}) != 1:
-            return None
-        return Variable(at, a, b)
+        return Variable(at, a) if at and len({b[i] - a[i] for i in at}) == 1 else None
 
     def where(self, names: list[str], tensors: tuple) -> str:
         places = [f"{name}.shape[{d}]" for name, t in zip(names, tensors) for d in range(t.dim())]
@@ -79,10 +76,8 @@ class Variable:
 
     def n(self, sizes: tuple) -> int | None:
         """The variable's value at ``sizes``, or None if they are not of this family."""
-        if len(sizes) != len(self.a):
-            return None
-        moved = {sizes[i] - self.a[i] for i in self.at}
-        if len(moved) != 1 or any(s != x for i, (s, x) in enumerate(zip(sizes, self.a)) if i not in self.at):
+        if len(sizes) != len(self.a) or len({sizes[i] - self.a[i] for i in self.at}) != 1 or \
+                any(s != x for i, (s, x) in enumerate(zip(sizes, self.a)) if i not in self.at):
             return None
         return sizes[self.at[0]]
 

@@ -27,6 +27,7 @@ from ..lang.program import Program
 from ..lang.term import Term
 
 REACH = 8
+FAMILIES = 64  # kept per decorated program (a family per state, say, for a module rebound often)
 _SIZES = re.compile(r"-?\d+(,-?\d+)*")
 
 
@@ -91,7 +92,10 @@ class Families:
     def record(self, key: tuple, sample: Sample) -> None:
         shape, sample.sizes = split(key)
         kept = [s for s in self._samples.get(shape, []) if s.sizes != sample.sizes]
+        self._samples.pop(shape, None)
         self._samples[shape] = (kept + [sample])[-2:]
+        while len(self._samples) > FAMILIES:  # the family sampled least recently goes
+            del self._samples[next(iter(self._samples))]
 
     def find(self, key: tuple) -> tuple[Sample, Sample, Variable, int] | None:
         """The two samples a call of ``key`` can be made from, the variable and its value now."""

@@ -8,6 +8,7 @@ import torch
 
 import egraph_opt.drivers.api as api
 from egraph_opt import saturate_and_extract
+from egraph_opt.drivers.explore import ExploreError, explore
 from egraph_opt.drivers.families import Apart, Variable, at, split
 from egraph_opt.lang.term import Term
 
@@ -44,6 +45,8 @@ def test_a_decode_step_is_traced_at_two_cache_lengths_and_made_at_the_others(mon
     assert len(made) == 4 and all(r.optimized and r.validation.passed for r in made)
     assert "n the size at k.shape[1], v.shape[1]" in made[-1].sizes and "n = 2..64" in made[-1].sizes
     assert "[SIZES]" in str(made[-1]) and made[-1].kernels == f.plans[next(iter(f.plans))].report.kernels
+    with pytest.raises(ExploreError, match="made from its size family, not saturated"):
+        explore(f)
 
 
 def test_sizes_past_the_familys_reach_or_apart_from_its_variable_are_traced(monkeypatch):

@@ -86,6 +86,9 @@ def _of_function(fn) -> Explorer:
     if plan.optimized is None and plan.run is None and not plan.report.ops_before:
         raise ExploreError(f"{name} fell back to the original program before an e-graph was built, "
                            f"so there is nothing to explore: {plan.report.fallback}")
+    if plan.optimized is None and plan.report.sizes:
+        raise ExploreError(f"{name}'s last plan was made from its size family, not saturated "
+                           f"({plan.report.sizes}): explore a call at one of those sizes")
     if plan.optimized is None:
         raise ExploreError(f"the e-graph of {name}'s last plan was dropped by a later optimization: "
                            "decorate with keep_egraph=True to explore every plan" +

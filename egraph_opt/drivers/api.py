@@ -9,7 +9,6 @@ import functools
 import inspect
 import math
 import threading
-import time
 import types
 import warnings
 import weakref
@@ -40,7 +39,7 @@ from ..lang.program import Program
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
 from ..kernels.binding import Pricing, measured_estimate
-from ..validate import compare, random_inputs, wide_reference
+from ..validate import compare, random_inputs, run_counting_writes, wide_reference
 
 #: programs of at most this many terms, and this many elements over all their values, get a
 #: first-order error estimate in their report (it runs them in float64 with derivatives at 8 points)
@@ -154,17 +153,6 @@ def _check_ranges(ranges: dict | None) -> dict:
             raise ValueError(f"input_ranges[{name!r}] = {value!r} is empty or not numbers")
         checked[name] = (lo, hi)
     return checked
-
-
-def writes_in_place(fn: Callable, args: tuple, names: list[str]) -> list[str]:
-    """The arguments ``fn`` writes into, as running it once on clones shows (each tensor counts its
-    in-place writes in ``_version``); it draws no random numbers (capture refuses one that does)."""
-    with torch.inference_mode(False):  # clones that count their versions (inference tensors do not)
-        clones = tuple(a.clone() for a in args)
-        before = [c._version for c in clones]
-        with torch.no_grad():
-            fn(*clones)
-    return [f"argument {n!r}" for n, c, v in zip(names, clones, before) if c._version != v]
 
 
 def unchanged(before: Program, after: Program) -> bool:
@@ -369,9 +357,9 @@ class OptimizedFunction:
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
         self._state.hold(traced)
         if not self.validate:  # else validation's run of the original shows it
-            start = time.perf_counter()
-            self._refuse_writes(writes_in_place(target, args, call.names))
-            original_s = time.perf_counter() - start
+            with torch.no_grad():
+                _, written, original_s = run_counting_writes(target, args)
+            self._refuse_writes(written, call.names)
         returns = getattr(traced, "_out_spec", None)  # torch.export's outputs stay flat leaves
         if returns is None:  # ModelOutput, a cache and other registered containers
             returns = tree_structure(returned(program.outputs))
@@ -394,7 +382,7 @@ class OptimizedFunction:
         if self.validate:
             fresh = random_inputs(args, call.names, self.input_ranges)
             report.validation = compare(target, run, fresh, lambda: wide_reference(program, fresh))
-            self._refuse_writes([f"argument {call.names[i]!r}" for i in report.validation.written])
+            self._refuse_writes(report.validation.written, call.names)
             original_s = report.validation.original_s
             if report.validation.bounded:
                 report.bounded.append(f"validation: {report.validation.bounded}")
@@ -439,7 +427,8 @@ class OptimizedFunction:
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
             report.measured = time_side_by_side([target, plan.run], args, device, left)
-            if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
+            if report.measured and slower_for_nothing(self.objective, result, *report.measured, report.error,
+                                                      self.max_slowdown):
                 before, after = report.measured
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "
                                                f"{before * 1e6:.1f} us) and is no more stable", result)
@@ -449,13 +438,9 @@ class OptimizedFunction:
                                   "the plan's speed is unchecked")
         return plan
 
-    def _refuse_writes(self, written: list[str]) -> None:
+    def _refuse_writes(self, written: tuple[int, ...], names: list[str]) -> None:
         if written:  # fx traces ``x += y`` as ``x + y``: only running the original shows it
-            raise SideEffect(f"{self._name} mutates {', '.join(written)}")
-
-    def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
-                            error: tuple | None = None) -> bool:
-        return slower_for_nothing(self.objective, result, original_s, optimized_s, error, self.max_slowdown)
+            raise SideEffect(f"{self._name} mutates {', '.join(f'argument {names[i]!r}' for i in written)}")
 
     @property
     def report(self) -> Report | None:

@@ -207,6 +207,19 @@ def _clones(args: tuple) -> tuple:
     return tuple(a.clone() for a in args)
 
 
+def run_counting_writes(fn: Callable, args: tuple, sync: Callable = lambda: None) -> tuple:
+    """``fn`` run once on clones that count their writes (``_version``): its output, the indices
+    of the arguments it wrote into, and its seconds."""
+    with torch.inference_mode(False):  # inference tensors count no versions
+        clones = _clones(args)
+    versions = [c._version for c in clones]
+    start = time.perf_counter()
+    out = fn(*clones)
+    sync()
+    seconds = time.perf_counter() - start
+    return out, tuple(i for i, (c, v) in enumerate(zip(clones, versions)) if c._version != v), seconds
+
+
 def _widened(ref, wide: np.ndarray):
     """The float64 reference, with the long double one where float64 is not finite."""
     if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or ref.is_complex():
@@ -304,14 +317,7 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
     on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
     sync = torch.cuda.synchronize if on_cuda else lambda: None  # queued kernels count
     with torch.no_grad():
-        with torch.inference_mode(False):  # clones that count their writes (``_version``)
-            clones = _clones(args)
-        versions = [c._version for c in clones]
-        start = time.perf_counter()
-        orig_tree = original(*clones)
-        sync()
-        seconds = time.perf_counter() - start
-        written = tuple(i for i, (c, v) in enumerate(zip(clones, versions)) if c._version != v)
+        orig_tree, written, seconds = run_counting_writes(original, args, sync)
         if written:
             return Validation(False, max_error=math.inf, detail="the original writes into its arguments",
                               written=written, original_s=seconds)

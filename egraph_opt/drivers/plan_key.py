@@ -10,6 +10,7 @@ hooks count a rebinding or a slot holds another object; every call runs one gene
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -79,7 +80,7 @@ def holders(fn: Callable) -> Reads:
     read: set[str] = set()  # every name the code reads: a global's, or an attribute's (cfg.scale)
 
     def slot(holder: Any, name: Any, attribute: bool = False) -> None:
-        value = getattr(holder, name) if attribute else holder[name]
+        value = _read((holder, name, attribute))
         (reads.scalars if _scalar(value) else reads.objects).append((holder, name, attribute))
         if _numbers(value):
             reads.contents.append((holder, name, attribute))
@@ -91,8 +92,9 @@ def holders(fn: Callable) -> Reads:
         seen.add(id(f))
         read.update(code.co_names)
         inner = inspect.unwrap(f)
-        for cell in filter(_filled, getattr(inner, "__closure__", None) or ()):
-            slot(cell, "cell_contents", True)
+        for cell in getattr(inner, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # a cell not assigned yet
+                slot(cell, "cell_contents", True)
         for where in ("__defaults__", "__kwdefaults__"):  # reassignable, as a tuple or dict
             defaults = getattr(inner, where, None)
             if defaults is not None:
@@ -173,14 +175,6 @@ def _plain(o: Any) -> bool:
         o, (torch.nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType, functools.partial))
 
 
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # a cell not assigned yet
-        return False
-    return True
-
-
 _TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ever seen
 
 
@@ -193,7 +187,7 @@ def names_read(cls: type) -> frozenset[str]:
     not count, nor do methods a forward never runs (a Hugging Face model's ``generate`` reads
     hundreds of generation settings)."""
     members = {}
-    for klass in reversed([k for k in cls.__mro__ if k not in (torch.nn.Module, object)]):
+    for klass in reversed(_classes(cls)):
         members.update(vars(klass))
     names, todo = set(), ["forward"]
     while todo:
@@ -246,9 +240,9 @@ class StateKey:
         # hooks run inside a trace: registered anywhere (a new handle id), or removed from one here
         hooks = [d for m in subs for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
                                            m._backward_pre_hooks) if d] + [d for d in _GLOBAL_HOOKS if d]
-        self._seen = _rebindings[0]
-        self._key = _generated_key(
-            self._seen, _TOKENS.setdefault(identities, len(_TOKENS)),  # hashed once, not per call
+        # the key of the reads as walked now: None (or KeyError, ValueError) once they changed layout
+        self.current = _generated_key(
+            _rebindings[0], _TOKENS.setdefault(identities, len(_TOKENS)),  # hashed once, not per call
             (ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks)),
             zip(objects, self._values), scalars, versioned, self.containers, contents, hooks, reads.shadows)
 
@@ -286,24 +280,18 @@ class StateKey:
                 self._written.add((id(slot[0]), slot[1]))
         self._refresh()
 
-    @property
-    def current(self) -> Callable[[], tuple | None]:
-        """The key of the reads as walked now: None (or KeyError, ValueError) once they changed
-        layout, where ``key`` walks them again."""
-        return self._key
-
     def key(self) -> tuple:
         """Flat (a fixed number of values per identities token; each container's identities a
         tuple of their own, so no two fillings of the containers share a key). A scalar set to
         something else enters as that value (a caller's plan lookup refuses an unhashable one); a
         deleted one leaves the key with another slots layout."""
         try:
-            key = self._key()
+            key = self.current()
         except (KeyError, ValueError):  # a global or attribute deleted, a cell emptied
             key = None
         if key is None:  # walked again: what is deleted is no longer read
             self._refresh()
-            key = self._key()
+            key = self.current()
         return key
 
 

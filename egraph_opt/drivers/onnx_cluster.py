@@ -24,6 +24,7 @@ from typing import Callable
 import onnx
 
 from ..frontends.onnx_frontend import external_files
+from ..profiling.latency import without_database
 from ..profiling.profile_db import UNUSABLE, ProfileDB, ProfileDBWarning
 from .staging import earlier_output, write_files
 from .usage import Failure, ModelFailure
@@ -248,8 +249,7 @@ def _share_database(client, options: dict) -> dict:
             with ProfileDB(options["profile_db"]) as db:
                 seed = db.since()[0]
         except UNUSABLE as e:  # as in-process: static estimates, and one warning
-            warnings.warn(f"profile database unusable, using static latency estimates: {e}",
-                          ProfileDBWarning, stacklevel=3)
+            without_database(e)
             return dict(options, profile_db=None)
         client.register_plugin(ProfileFile(seed), name=_named("profile", options))
     return options

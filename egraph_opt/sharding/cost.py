@@ -101,9 +101,6 @@ class MeshCost:
         self.placed = {c for c, nodes in self.classes.items()
                        if any(n.op in ("input", "param") for n in nodes)}
 
-    def seconds(self, cid: str, node) -> float:
-        return self(cid, node) * UNIT_S
-
     def __call__(self, cid: str, node) -> int:
         spec = OPS[node.op]
         if spec.is_leaf:

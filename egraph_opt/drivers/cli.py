@@ -183,14 +183,6 @@ def _needs_onnx(sub) -> None:
     onnx.set_defaults(run=lambda args: require("onnx", "egraph-opt onnx"))
 
 
-def _extras_of(args) -> None:
-    """Each extra the arguments ask for, checked before any work."""
-    if args.command == "onnx" and getattr(args, "report", None) and html(args.report):
-        require("report", f"--report {args.report}")
-    if args.command == "onnx" and getattr(args, "cluster", None):
-        require("cluster", "--cluster")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="egraph-opt", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -251,8 +243,11 @@ def _run(args: argparse.Namespace, prog: str) -> int:
     """Run the command; an error, and each warning (a profile database set aside), is one line."""
     with warnings.catch_warnings():
         warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}", file=sys.stderr)
-        try:
-            _extras_of(args)
+        try:  # each extra the arguments ask for is checked before any work
+            if args.command == "onnx" and getattr(args, "report", None) and html(args.report):
+                require("report", f"--report {args.report}")
+            if args.command == "onnx" and getattr(args, "cluster", None):
+                require("cluster", "--cluster")
             status = args.run(args)
             sys.stdout.flush()  # a reader that left (``| head``) shows here, not at exit
             return status

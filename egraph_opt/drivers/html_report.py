@@ -32,7 +32,7 @@ def picture(item) -> str:
     return f"<img alt='figure' src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'>"
 
 
-def report_body(report) -> str:
+def write_report(report, path) -> str:
     """The report's text, its derivation and its costs as tables, and the programs drawn."""
     parts = [f"<pre>{html.escape(str(report))}</pre>"]
     d = report.derivation
@@ -49,11 +49,7 @@ def report_body(report) -> str:
                        [[o, report.ops_before.get(o, 0), report.ops_after.get(o, 0)] for o in ops])._repr_html_())
     if d is not None and d.start:
         parts.append("<h4>programs before and after</h4>" + picture(program_picture(d.start, d.end)))
-    return "".join(parts)
-
-
-def write_report(report, path) -> str:
-    Path(path).write_text(page(f"egraph-opt: {report.signature}", report_body(report)), encoding="utf-8")
+    Path(path).write_text(page(f"egraph-opt: {report.signature}", "".join(parts)), encoding="utf-8")
     return str(path)
 
 

@@ -47,10 +47,6 @@ def _library(module: str | None) -> bool:
     return top in sys.stdlib_module_names or top in ("torch", "numpy", "egraph_opt", "builtins")
 
 
-def _foreign(o: Any) -> bool:
-    return not isinstance(o, torch.nn.Module) and _library(getattr(type(o), "__module__", None))
-
-
 class Watch:
     """``with Watch(fn) as w:`` ... ``w.changes()``: what the runs inside changed (``"sets
     self.calls"``, ``"prints"``); leaving the block puts every changed value back."""
@@ -61,7 +57,8 @@ class Watch:
 
     def __enter__(self) -> Watch:
         self._saved = list(_walk(self.fn))
-        _install()
+        # a watched thread's prints and log records are held back as effects; other threads' pass
+        builtins.print, logging.Logger.handle = _print, _handle
         _watches().append(self)
         return self
 
@@ -75,7 +72,6 @@ class Watch:
         """What changed so far: state written (by name), then prints and log records."""
         return [f"{'writes' if isinstance(h, (list, set)) else 'sets'} {_what(n, h, s)}"
                 for n, h, s in self._saved if _differs(h, s)] + self.effects
-
 
     def logs_once(self, rerun: Callable[[], Any]) -> bool:
         """Whether the only effects so far are log records that running the program again does
@@ -144,7 +140,8 @@ def _walk(fn: Callable):
             yield name, o, _copy(o)
             items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ((None, v) for v in o)
             todo += [(f"{name}[{k!r}]" if k is not None else f"an item of {name}", v) for k, v in items]
-        elif isinstance(getattr(o, "__dict__", None), dict) and not _foreign(o):
+        elif isinstance(getattr(o, "__dict__", None), dict) and (
+                isinstance(o, torch.nn.Module) or not _library(getattr(type(o), "__module__", None))):
             yield f"{name}.__dict__", vars(o), dict(vars(o))
             todo += [(f"{name}.{k}", v) for k, v in vars(o).items()]
             todo.append((name, type(o)))
@@ -256,10 +253,3 @@ def _handle(self, record):
     watches[-1].records.append((self, record))
     if what not in watches[-1].effects:
         watches[-1].effects.append(what)
-
-
-def _install() -> None:
-    """Prints and log records of a watched thread are kept from the terminal and counted as
-    effects; every other thread's pass through untouched."""
-    builtins.print = _print
-    logging.Logger.handle = _handle

@@ -427,8 +427,7 @@ class OptimizedFunction:
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
             report.measured = time_side_by_side([target, plan.run], args, device, left)
-            if report.measured and slower_for_nothing(self.objective, result, *report.measured, report.error,
-                                                      self.max_slowdown):
+            if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "
                                                f"{before * 1e6:.1f} us) and is no more stable", result)
@@ -441,6 +440,10 @@ class OptimizedFunction:
     def _refuse_writes(self, written: tuple[int, ...], names: list[str]) -> None:
         if written:  # fx traces ``x += y`` as ``x + y``: only running the original shows it
             raise SideEffect(f"{self._name} mutates {', '.join(f'argument {names[i]!r}' for i in written)}")
+
+    def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
+                            error: tuple | None = None) -> bool:
+        return slower_for_nothing(self.objective, result, original_s, optimized_s, error, self.max_slowdown)
 
     @property
     def report(self) -> Report | None:

@@ -1,11 +1,8 @@
 """``egraph-opt onnx IN... --out DIR``: optimize ONNX models in batch, each validated before written.
 
-A model is written (atomically) only once onnx.checker and onnxruntime on random inputs pass (the
-original is the yardstick; where it overflows, the float64 reference of its import, as in the
-decorator: a stability fix is accepted as fixed); a failing one is reported with its reason while
-the others go on, and sets the exit status. One that onnxruntime runs slower than the original
-(median of interleaved runs) is written as it was, unless it buys stability the objective asks for
-(the decorator's rule, ``api.slower_for_nothing``).
+A model is written (atomically) only once onnx.checker and onnxruntime on random inputs pass, and
+as it was where onnxruntime runs it slower for no stability (``api.slower_for_nothing``); a failing
+one is reported with its reason while the others go on, and sets the exit status.
 """
 from __future__ import annotations
 

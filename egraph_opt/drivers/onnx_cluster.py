@@ -1,11 +1,8 @@
 """``egraph-opt onnx IN... --out DIR --cluster ADDRESS``: the batch on Dask distributed workers.
 
-The work per model is ``onnx_batch.process``, as in-process and with ``-j``: the cluster only
-carries it, so records, report and exit status are the same. A worker that dies mid-model costs
-the model a try on another worker; after ``RETRIES`` more (the scheduler's ``allowed-failures``,
-which ``local:N`` sets) it fails with that reason. Workers price kernels from a latency database
-of their own (seeded with the user's rows); the driver merges their new rows into the user's
-database at the end, each with the device key its worker measured it under.
+The work per model is ``onnx_batch.process``, as in-process: the cluster only carries it, so
+records, report and exit status are the same. Workers price kernels from latency databases of their
+own (``ProfileFile``), whose new rows the driver merges into the user's at the end.
 """
 from __future__ import annotations
 

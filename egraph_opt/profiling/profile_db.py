@@ -1,11 +1,8 @@
 """Measured kernel latencies, one SQLite file shared by every process (WAL mode, one transaction
 per write, so two profilers can write at once). Records are appended; a lookup takes the newest.
-The path is the user's: a file there that is not ours (not SQLite, another program's database, a
-corrupt SQLite file we did not make) is a `ForeignFileError` and is left untouched; only a database
-of ours (our application id in its header, or our table in its schema) that `PRAGMA quick_check`
-finds corrupt is set aside with a warning, never overwritten. Another schema version, or a file
-that cannot be opened, is a `ProfileDBError` naming the file. Callers that only cache latencies
-catch `UNUSABLE`.
+The path is the user's: a file there that is not ours is a `ForeignFileError`, left untouched; a
+corrupt database of ours is set aside with a warning, never overwritten. Callers that only cache
+latencies catch `UNUSABLE`.
 
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:

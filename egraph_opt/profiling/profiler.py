@@ -66,16 +66,12 @@ def _linear(shapes, attrs):
     return Work(2.0 * batch * m * k * n + batch * m * n, sum(map(math.prod, shapes)) + batch * m * n)
 
 
-def _layer_norm(shapes, attrs):
-    x, w, b = shapes
-    n = math.prod(x)
-    return Work(8.0 * n, 2 * n + math.prod(w) + math.prod(b))
-
-
-def _rms_norm(shapes, attrs):
-    x, w = shapes
-    n = math.prod(x)
-    return Work(4.0 * n, 2 * n + math.prod(w))
+def _norm(flops_per_element: float):
+    """Reads x and its weights once, writes x's size."""
+    def work(shapes, attrs):
+        n = math.prod(shapes[0])
+        return Work(flops_per_element * n, 2 * n + sum(map(math.prod, shapes[1:])))
+    return work
 
 
 def _sdpa(shapes, attrs):
@@ -143,8 +139,8 @@ WORK_KINDS: dict[str, Callable] = {
     "along": lambda op: OpSpec(_square(1), _along_axis(op.flops, reduces=False)),
     "matmul": lambda op: OpSpec(_square(2), _matmul),
     "linear": lambda op: OpSpec(lambda n: ((n, n), (n, n), (n,)), _linear),
-    "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _layer_norm),
-    "rms_norm": lambda op: OpSpec(lambda n: ((n, n), (n,)), _rms_norm),
+    "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _norm(8.0)),
+    "rms_norm": lambda op: OpSpec(lambda n: ((n, n), (n,)), _norm(4.0)),
     "sdpa": lambda op: OpSpec(lambda n: ((1, 8, n, 64),) * 3, _sdpa),
     "loss": lambda op: OpSpec(lambda n: ((n, n), (n,)), _loss(op.flops), _loss_inputs),
 }
@@ -297,16 +293,14 @@ class Case(NamedTuple):
 
 def _progress(items: list, desc: str) -> Iterable:
     """tqdm if installed (the onnx extra), else a line per item on stderr."""
-    with contextlib.suppress(ImportError):
+    try:
         from tqdm import tqdm
-        return tqdm(items, desc=desc, unit="kernel")
-    return _plain_progress(items, desc)
-
-
-def _plain_progress(items: list, desc: str):
-    for i, item in enumerate(items, 1):
-        print(f"{desc}: {i}/{len(items)} {item.op} {item.dtype} {list(item.shapes)}", file=sys.stderr)
-        yield item
+    except ImportError:
+        for i, item in enumerate(items, 1):
+            print(f"{desc}: {i}/{len(items)} {item.op} {item.dtype} {list(item.shapes)}", file=sys.stderr)
+            yield item
+    else:
+        yield from tqdm(items, desc=desc, unit="kernel")
 
 
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,

@@ -1,21 +1,10 @@
 """Validation: the optimized program must agree with the original before it is returned.
 
-Both run on fresh random inputs of the call's signature, each on its own clones; the yardstick is
-the original evaluated in float64. The candidate passes when, elementwise, it is finite where the
-original is, its error is within the dtype's tolerance or within 4x the original's own error
-(rounding differs between equivalent programs, a wrong rule's error does not stay within either),
-and where the original is not finite it matches the original or the float64 reference.
-
-Where float64 itself overflows (exp(800) / exp(800) is NaN there, 1 in truth), the reference is
-the original's captured terms evaluated in numpy's long double (``wide_reference``: a 15-bit
-exponent on x86, so exp(1e4) stays finite), when every op of it has a numpy form; else nothing
-there can be checked, and a finite candidate is refused.
-
-The candidate and the original run once each on the whole input; the references are bounded
-(``REFERENCE_SECONDS``, ``WIDE_ELEMENTS``), so that a large input costs no more than those runs and
-the bound: past it, the float64 reference covers the first rows of the batch and the other rows are
-judged against the original, or no row where the batch cannot be split (then every element is
-judged against the original, within the dtype's tolerance). ``Validation.bounded`` says which.
+Both run on fresh random inputs of the call's signature, each on its own clones, judged (``judge``)
+against the original evaluated in float64: rounding differs between equivalent programs, a wrong
+rule's error does not stay within the dtype's tolerance or 4x the original's own. Where float64
+overflows too, the long double reference stands in (``wide_reference``); the references' work is
+bounded (``_bounded_reference``), and ``Validation.bounded`` says how.
 """
 from __future__ import annotations
 

@@ -92,14 +92,11 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
                        error: tuple | None = None, max_slowdown: float = 4.0, slower_by: float = SLOWER_BY) -> bool:
     """Whether a program timed on the actual inputs, slower than the original by more than noise
     (``slower_by``), should give way to it: never slower, unless it buys stability the objective
-    asked for. Stability and tolerance always keep it; latency never does. Balanced keeps it where
-    it is steadier by enough to outweigh the time lost (a decibel for a microsecond). Steadier: a
-    rule made for accuracy applied (``for_accuracy``), and a better-conditioned worst node (an
-    overflow or cancellation gone, which sampling rarely meets) or a conditioning cost lower by
-    other ops and by more than the tie-breaking cost of the nodes it has fewer (geglu for
-    gelu(a) * b is one node fewer, not a steadier program). A sampled first-order ``error``
-    (before, after) down by a bit and by a quarter or more is steadier too, whatever the time
-    within ``max_slowdown`` (balanced)."""
+    asked for (stability and tolerance always keep it, latency never; balanced where it is steadier
+    by a decibel per microsecond lost). Steadier: a rule made for accuracy applied (``for_accuracy``),
+    and a better-conditioned worst node or a conditioning cost lower by other ops and by more than
+    the tie-breaking cost of the nodes it has fewer; or a sampled first-order ``error`` (before,
+    after) down by a bit and by a quarter, whatever the time within ``max_slowdown`` (balanced)."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     if objective is Objective.BALANCED and optimized_s > original_s * max_slowdown:

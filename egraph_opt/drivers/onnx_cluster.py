@@ -142,14 +142,6 @@ def _files(path: str) -> dict[str, bytes]:
     return files
 
 
-def _as_given(record: dict, path: str, target: str) -> dict:
-    """The record with the paths as the user gave them, not as the worker saw them."""
-    reason = record["reason"]
-    for seen, given in ((record["model"], path), (record["output"], target)):
-        reason = reason.replace(seen, given)
-    return {**record, "model": path, "output": target, "reason": reason}
-
-
 def _died(error: Exception) -> str:
     from distributed import KilledWorker
     if isinstance(error, KilledWorker):
@@ -163,7 +155,10 @@ def _outcome(future, path: str, target: str, options: dict) -> dict:
         record, files = future.result()
     except Exception as e:  # noqa: BLE001 - a model whose workers died, or that none could run
         return {"model": path, "output": target, "status": "failed", "reason": _died(e)}
-    record = _as_given(record, path, target)
+    reason = record["reason"]  # with the paths as the user gave them, not as the worker saw them
+    for seen, given in ((record["model"], path), (record["output"], target)):
+        reason = reason.replace(seen, given)
+    record = {**record, "model": path, "output": target, "reason": reason}
     if files is not None:  # --no-shared-fs: the output is written here, by the same claim
         try:
             write_files(files, target, options["force"], options["run"])

@@ -181,11 +181,9 @@ _TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ev
 @functools.lru_cache(maxsize=None)
 def names_read(cls: type) -> frozenset[str]:
     """The attribute and global names the code a module class's forward runs reads: its forward
-    and the methods and properties it names, transitively (``self.training`` in dropout or batch
-    norm, ``self.eps``, ``self.scale`` of a helper method): only those attributes' values can change
-    what a traced program means. torch's Module base (whose train() and eval() set the flag) does
-    not count, nor do methods a forward never runs (a Hugging Face model's ``generate`` reads
-    hundreds of generation settings)."""
+    and the methods and properties it names, transitively (``self.training``, ``self.eps``): only
+    those attributes' values can change what a traced program means (not torch's Module base's, nor
+    those of methods a forward never runs, such as a Hugging Face model's ``generate``)."""
     members = {}
     for klass in reversed(_classes(cls)):
         members.update(vars(klass))

@@ -217,15 +217,10 @@ def _restore(holder: Any, saved: Any) -> None:
             holder.cell_contents = saved
     elif isinstance(holder, types.FunctionType):
         holder.__defaults__, holder.__kwdefaults__ = saved
-    elif isinstance(holder, type):
-        for k in _changed_keys(dict(vars(holder)), saved, False):
-            setattr(holder, k, saved[k]) if k in saved else delattr(holder, k)
-    elif isinstance(holder, dict):
-        for k in _changed_keys(holder, saved, _scope(holder)):
-            if k in saved:
-                dict.__setitem__(holder, k, saved[k])
-            else:
-                dict.__delitem__(holder, k)
+    elif isinstance(holder, (dict, type)):  # a dict subclass's own methods may do more than store
+        put, drop = (setattr, delattr) if isinstance(holder, type) else (dict.__setitem__, dict.__delitem__)
+        for k in _changed_keys(_copy(holder), saved, _scope(holder)):
+            put(holder, k, saved[k]) if k in saved else drop(holder, k)
     elif isinstance(holder, set):
         holder.clear()
         holder.update(saved)

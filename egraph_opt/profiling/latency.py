@@ -75,9 +75,8 @@ def roofline_seconds(w: Work, itemsize: int, device: str) -> float:
     return roof.overhead_s + max(w.elements * itemsize / roof.bytes_per_s, w.flops / roof.flops_per_s)
 
 
-#: a row this many times its roofline default timed the scheduler, not the kernel: rows of a
-#: quiet machine lie within 0.3-10x, rows timed while other processes held the cores at 500-5000x
-#: (multiples of ~8 ms: a time slice per parallel region); such rows are never used
+#: a row this many times its roofline default timed the scheduler, not the kernel (other processes
+#: held the cores): such rows are never used
 IMPLAUSIBLE = 200.0
 
 

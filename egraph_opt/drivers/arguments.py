@@ -1,9 +1,6 @@
 """A call's arguments: tensors are the program's inputs; every other argument (a flag, a size) is
-a constant of the trace and part of the plan's key, as torch.compile specializes on them.
-Keyword-only parameters, builtins and ``functools.partial`` objects are traced through a
-generated function of the tensors alone, whose parameters carry the user's names. An object
-registered as a pytree whose leaves are tensors (a Hugging Face KV cache) gives its leaves as
-tensors, and is rebuilt from them for the program.
+a constant of the trace and part of the plan's key, as torch.compile specializes on them. Other
+calls than of positional tensors are traced through a function of the tensors alone (``specialize``).
 """
 from __future__ import annotations
 

@@ -296,17 +296,6 @@ def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> Non
         pool.shutdown(cancel_futures=True)
 
 
-def _refuse_foreign(path: str) -> None:
-    """A profile database path holding the user's own file fails the run up front, in one line
-    (the file left as it is): each model would only warn and price by static estimates."""
-    try:
-        ProfileDB(path).close()
-    except ForeignFileError as e:
-        raise Failure(str(e)) from None
-    except UNUSABLE:  # locked, another schema, unreadable: each model warns, as before
-        pass
-
-
 def run(args: argparse.Namespace) -> int:
     started = time.time()
     paths = _checked_inputs(args)
@@ -316,9 +305,8 @@ def run(args: argparse.Namespace) -> int:
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
                "latency_runs": args.latency_runs, "opset": args.opset,
                "pictures": bool(args.report) and html(args.report), "run": uuid.uuid4().hex[:12],
-               "profile_db": args.profile_db or str(default_path()),
+               "profile_db": args.profile_db,
                "profile_budget": default_budget() if args.profile_budget is None else args.profile_budget}
-    _refuse_foreign(options["profile_db"])
     bar = tqdm(total=len(targets), unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
     finished: set[str] = set()
 
@@ -351,8 +339,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _checked_inputs(args: argparse.Namespace) -> list[str]:
-    """The models to optimize, once the options agree and --out and --report are writable: a
-    mistake fails the run up front, not after every model is optimized."""
+    """The models to optimize, once the options agree, --out and --report are writable and the
+    profile database is not another file: a mistake fails the run up front, not after every model."""
     if args.cluster and args.jobs > 1:
         raise Failure("-j and --cluster exclude each other: a cluster's size is its workers'")
     if args.no_shared_fs and not args.cluster:
@@ -369,6 +357,13 @@ def _checked_inputs(args: argparse.Namespace) -> list[str]:
                       ".onnx files are outputs: write the outputs to another directory")
     if not paths:
         raise Failure(f"no models found in {' '.join(args.inputs)}")
+    args.profile_db = args.profile_db or str(default_path())
+    try:  # the user's own file there: each model would only warn and price by static estimates
+        ProfileDB(args.profile_db).close()
+    except ForeignFileError as e:
+        raise Failure(str(e)) from None
+    except UNUSABLE:  # locked, another schema, unreadable: each model warns, as before
+        pass
     return paths
 
 

@@ -1,12 +1,8 @@
-"""The plan key besides the inputs' signature: grad mode, the default dtype, the modules'
-``training`` flags and every other number the program's code reads (attributes, globals, closure
-cells, defaults, config objects, class attributes, small lists and dicts of numbers), which tensor
-objects are the parameters and buffers (``m.weight = nn.Parameter(...)`` leaves the traced graph
-holding the old one), the identity of every other object read that way (a rebound global tensor,
-module or function), and the hooks. Values do not enter it: parameters range over their dtype in
-every analysis, and folded constants are recomputed when a tensor's version changes
-(``torch_backend``). The walk over modules and slots runs again only after torch's registration
-hooks count a rebinding or a slot holds another object; every call runs one generated expression.
+"""The plan key besides the inputs' signature: grad mode, the default dtype and what the program's
+code reads (``holders``, ``_generated_key``). Tensors' values do not enter it: parameters range over
+their dtype in every analysis, and folded constants are recomputed when a tensor's version changes
+(``torch_backend``); which tensor objects are the parameters does (``m.weight = nn.Parameter(...)``
+leaves the traced graph holding the old one).
 """
 from __future__ import annotations
 

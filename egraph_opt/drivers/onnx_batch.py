@@ -303,9 +303,8 @@ def run(args: argparse.Namespace) -> int:
     records: list[dict] = []
     targets = _targets(paths, args.out, records)
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
-               "latency_runs": args.latency_runs, "opset": args.opset,
+               "latency_runs": args.latency_runs, "opset": args.opset, "profile_db": args.profile_db,
                "pictures": bool(args.report) and html(args.report), "run": uuid.uuid4().hex[:12],
-               "profile_db": args.profile_db,
                "profile_budget": default_budget() if args.profile_budget is None else args.profile_budget}
     bar = tqdm(total=len(targets), unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
     finished: set[str] = set()

@@ -246,10 +246,8 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
                       budget_s: float, rounds: int = 61) -> list[float] | None:
     """Median seconds per call of each of ``fns`` on ``args``, the calls interleaved (the order
     rotating each round) so that load and clock drift fall on all alike; as many rounds as fit in
-    ``budget_s`` (at most ``rounds``: fewer leave a few percent's difference within the noise of
-    a small shared machine), None when three do not (the figures would be noise). On CUDA a call's
-    time is the device's, between two events on its stream (the host's launches included where the
-    device waits for them), read once a round."""
+    ``budget_s`` (at most ``rounds``), None when three do not (the figures would be noise). On CUDA
+    a call's time is the device's, between two events on its stream, read once a round."""
     cuda = torch.device(device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: list[list[float]] = [[] for _ in fns]
@@ -306,11 +304,9 @@ def _progress(items: list, desc: str) -> Iterable:
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
                    repeats: int = 15, progress: bool = True, kernel=None, kernels: dict = {}
                    ) -> list[Record]:
-    """Time each case and record it: the op's torch implementation (backend "torch": its
-    ``kernels`` entry, kernels/torch_ops.py, else its reference), or
-    ``kernel`` (a registry kernel: its own rows, implementation, and the conversion of its inputs
-    into its memory, done before timing; a move needs its kernel). Only ops of SPECS: the latency
-    model cannot use a measurement it has no work formula for."""
+    """Time each case and record it: the op's torch implementation (backend "torch": its ``kernels``
+    entry, else its reference), or ``kernel`` (a registry kernel: its own rows, its inputs moved into
+    its memory before timing). Only ops of SPECS: the latency model reads no other measurement."""
     cases = list(cases)
     unknown = sorted({c.op for c in cases if c.op not in (SPECS if kernel is None else PRICED)})
     if unknown:

@@ -245,11 +245,9 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
 
 def imported_reference(program: Program, feeds: dict, expected: list) -> list[np.ndarray] | None:
     """The float64 reference, for ``judge``, of an imported model that runs in its own precision
-    (ONNX under onnxruntime: ``expected`` its outputs on ``feeds``): its terms in float64 (in long
-    double where that overflows), so that a stability fix is accepted as fixed, as the decorator's
-    reference accepts it. Only where the import is faithful (its terms in the model's precision
-    reproduce ``expected``), or a wrong import would vouch for a wrong candidate; None where there
-    is none (an opaque node, terms that do not run on these inputs or that differ)."""
+    (ONNX under onnxruntime: ``expected`` its outputs on ``feeds``), so that a stability fix is
+    accepted as fixed: its terms in float64 (long double where that overflows), where they reproduce
+    ``expected`` (else a wrong import would vouch for a wrong candidate); else None."""
     outputs = leaves(program.outputs)
     if program.opaque or not all(isinstance(o, Term) for o in outputs):
         return None

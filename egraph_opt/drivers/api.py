@@ -77,9 +77,8 @@ ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
 def for_accuracy(result: Optimized) -> bool:
     """Whether a static conditioning gain of ``result`` can be one: its derivation applies a rule
     made for accuracy (where it is not known in full: such a rule matched at all). A fusion alone
-    buys none, though its fused op declares less curvature than the ops it stands for (a matmul's
-    conditioning hidden inside causal attention's sdpa_filled): a slower fused plan must not pass
-    for a steadier one, nor an incomplete replay of fusions for an accuracy gain."""
+    buys none, though its fused op declares less curvature than the ops it stands for: a slower
+    fused plan must not pass for a steadier one."""
     derivation = result.derivation
     if derivation is not None and derivation.complete:
         return any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)

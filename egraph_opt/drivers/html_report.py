@@ -8,7 +8,7 @@ import html
 import io
 from pathlib import Path
 
-from .pictures import SVG, TextPicture, impact_figure, program_picture
+from .pictures import SVG, TextPicture, _figure, egraph_picture, impact_figure, program_picture
 from .tables import Table
 
 _STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -55,7 +55,6 @@ def write_report(report, path) -> str:
 
 def write_explorer(ex, path, alternatives: int = 5) -> str:
     """Everything the Explorer shows, on one page."""
-    from .pictures import egraph_picture
     parts = [ex.derivation(), ex.impact(), ex.alternatives(alternatives), ex.classes(changed=True)]
     body = "".join(t._repr_html_() for t in parts)
     body += "<h4>rewrite impact</h4>" + picture(impact_figure(ex))
@@ -83,7 +82,6 @@ def batch_page(records: list[dict], summary: str, interrupted: bool, status) -> 
 
 
 def _ops_figure(before: dict, after: dict):
-    from .pictures import _figure
     ops = sorted(set(before) | set(after))
     fig = _figure(6.4, 0.3 * len(ops) + 1.2)
     ax = fig.add_subplot()

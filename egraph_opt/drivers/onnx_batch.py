@@ -235,8 +235,7 @@ def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     out_real = os.path.realpath(out_dir)
     for pattern in patterns:
         if os.path.isdir(pattern):
-            matches = sorted(glob.glob(os.path.join(glob.escape(pattern), "**", "*.onnx"),
-                                       recursive=True))
+            matches = sorted(glob.glob(os.path.join(glob.escape(pattern), "**", "*.onnx"), recursive=True))
         elif glob.has_magic(pattern):
             matches = sorted(glob.glob(pattern, recursive=True))
         else:
@@ -419,8 +418,7 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--latency-runs", type=at_least(0), default=20,
                         help="onnxruntime runs per model for the latency columns; a model measured "
                         "slower is written as it was (0: no runs, no such check)")
-    parser.add_argument("--seed", type=at_least(0), default=0,
-                        help="seed of the random validation inputs")
+    parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the random validation inputs")
     parser.add_argument("--opset", type=_opset, help="convert older models to this opset first, so that "
                         "its fused operators (Attention at 23) can be used; default: keep each model's")
     parser.add_argument("--profile-db", help="price kernels by the latencies measured in this "

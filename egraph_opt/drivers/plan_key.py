@@ -301,12 +301,9 @@ def _read(slot: Slot) -> Any:
 def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: list[Slot],
                    versioned: list[Slot], containers: list, contents: list, hooks: list[dict],
                    shadows: list[tuple[dict, str]]) -> Callable[[], tuple | None]:
-    """``key()`` as one expression: None where any module was rebound since ``seen``, an object
-    slot holds another object than it did, a hook was registered or removed, or an instance
-    attribute now shadows a class attribute read; else the identities token, the slots (the
-    objects' ids, where the scalars are read, the hooks), grad mode, the default dtype, every
-    scalar, the versions of the tensors the trace may have baked a value of, each container's
-    identities, and the contents of the lists and dicts of scalars."""
+    """``key()`` as one expression (as torch.compile's guards are): None where the walk no longer
+    holds (a module rebound since ``seen``, an object slot holding another object, a hook registered
+    or removed, a class attribute read now shadowed by an instance's); else the values it reads."""
     env: dict[str, Any] = {"_rebindings": _rebindings, "_grad": _grad_enabled, "_dtype": _default_dtype,
                            "_Handle": RemovableHandle}
 

@@ -277,8 +277,7 @@ class ProfileDB:
         rows = [(r.kernel, r.backend, r.device, r.dtype, r.shape_key, r.runs, r.median_s, r.spread_s,
                  json.dumps(dict(r.versions), sort_keys=True), r.recorded_at) for r in records]
         with self._transaction():
-            self._conn.executemany(f"INSERT INTO {_TABLE} ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                                   rows)
+            self._conn.executemany(f"INSERT INTO {_TABLE} ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
 
     def records(self, kernel: str, backend: str, device: str, dtype: str) -> list[Record]:
         """The newest record of each shape of one kernel on one device and dtype."""
@@ -314,9 +313,8 @@ class ProfileDB:
         return len(records)
 
     def import_file(self, path: str | os.PathLike) -> tuple[int, int]:
-        """The records of another machine's export, each under the machine key it was measured
-        with (read as measurements only on that machine); records already here are skipped.
-        (added, skipped)."""
+        """(added, skipped): the records of another machine's export not already here, each under the
+        machine key it was measured with (read as measurements only on that machine)."""
         path = Path(path).expanduser()
         reason = "missing" if not path.is_file() else _foreign_reason(path)[0]
         if reason:

@@ -62,9 +62,6 @@ class Reads(NamedTuple):
     contents: list[Slot]  # those of ``objects`` holding a small list or dict of numbers (read whole)
     shadows: list[tuple[dict, str]]  # an instance's dict and a class attribute's name read off it
 
-    def copy(self) -> Reads:
-        return Reads(*(list(part) for part in self))
-
 
 def holders(fn: Callable) -> Reads:
     """What ``fn`` reads state from: itself, the object of a bound method, what its closure,
@@ -218,7 +215,7 @@ class StateKey:
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
         _watched.update(subs)
-        reads = self._found.copy()
+        reads = Reads(*map(list, self._found))  # a copy, which the modules' attributes join
         for m in subs:  # from __dict__: no Module.__getattr__
             _attributes([m], names_read(type(m)), reads)
         scalars, objects, contents = (list({(id(o[0]), o[1]): o for o in slots  # a class's once

@@ -58,7 +58,8 @@ class Watch:
     def __enter__(self) -> Watch:
         self._saved = list(_walk(self.fn))
         # a watched thread's prints and log records are held back as effects; other threads' pass
-        builtins.print, logging.Logger.handle = _print, _handle
+        builtins.print = _print
+        logging.Logger.handle = _handle
         _watches().append(self)
         return self
 

@@ -9,7 +9,6 @@ import functools
 import inspect
 import math
 import threading
-import time
 import types
 import warnings
 import weakref
@@ -41,7 +40,7 @@ from ..lang.program import Program
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
 from ..kernels.binding import Pricing, measured_estimate
-from ..validate import compare, random_inputs, wide_reference
+from ..validate import compare, random_inputs, run_counting_writes, wide_reference
 
 #: programs of at most this many terms, and this many elements over all their values, get a
 #: first-order error estimate in their report (it runs them in float64 with derivatives at 8 points)
@@ -79,9 +78,8 @@ ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
 def for_accuracy(result: Optimized) -> bool:
     """Whether a static conditioning gain of ``result`` can be one: its derivation applies a rule
     made for accuracy (where it is not known in full: such a rule matched at all). A fusion alone
-    buys none, though its fused op declares less curvature than the ops it stands for (a matmul's
-    conditioning hidden inside causal attention's sdpa_filled): a slower fused plan must not pass
-    for a steadier one, nor an incomplete replay of fusions for an accuracy gain."""
+    buys none, though its fused op declares less curvature than the ops it stands for: a slower
+    fused plan must not pass for a steadier one."""
     derivation = result.derivation
     if derivation is not None and derivation.complete:
         return any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)
@@ -94,14 +92,11 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
                        error: tuple | None = None, max_slowdown: float = 4.0, slower_by: float = SLOWER_BY) -> bool:
     """Whether a program timed on the actual inputs, slower than the original by more than noise
     (``slower_by``), should give way to it: never slower, unless it buys stability the objective
-    asked for. Stability and tolerance always keep it; latency never does. Balanced keeps it where
-    it is steadier by enough to outweigh the time lost (a decibel for a microsecond). Steadier: a
-    rule made for accuracy applied (``for_accuracy``), and a better-conditioned worst node (an
-    overflow or cancellation gone, which sampling rarely meets) or a conditioning cost lower by
-    other ops and by more than the tie-breaking cost of the nodes it has fewer (geglu for
-    gelu(a) * b is one node fewer, not a steadier program). A sampled first-order ``error``
-    (before, after) down by a bit and by a quarter or more is steadier too, whatever the time
-    within ``max_slowdown`` (balanced)."""
+    asked for (stability and tolerance always keep it, latency never; balanced where it is steadier
+    by a decibel per microsecond lost). Steadier: a rule made for accuracy applied (``for_accuracy``),
+    and a better-conditioned worst node or a conditioning cost lower by other ops and by more than
+    the tie-breaking cost of the nodes it has fewer; or a sampled first-order ``error`` (before,
+    after) down by a bit and by a quarter, whatever the time within ``max_slowdown`` (balanced)."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     if objective is Objective.BALANCED and optimized_s > original_s * max_slowdown:
@@ -155,17 +150,6 @@ def _check_ranges(ranges: dict | None) -> dict:
             raise ValueError(f"input_ranges[{name!r}] = {value!r} is empty or not numbers")
         checked[name] = (lo, hi)
     return checked
-
-
-def writes_in_place(fn: Callable, args: tuple, names: list[str]) -> list[str]:
-    """The arguments ``fn`` writes into, as running it once on clones shows (each tensor counts its
-    in-place writes in ``_version``); it draws no random numbers (capture refuses one that does)."""
-    with torch.inference_mode(False):  # clones that count their versions (inference tensors do not)
-        clones = tuple(a.clone() for a in args)
-        before = [c._version for c in clones]
-        with torch.no_grad():
-            fn(*clones)
-    return [f"argument {n!r}" for n, c, v in zip(names, clones, before) if c._version != v]
 
 
 def unchanged(before: Program, after: Program) -> bool:
@@ -407,9 +391,9 @@ class OptimizedFunction:
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
         self._state.hold(traced)
         if not self.validate:  # else validation's run of the original shows it
-            start = time.perf_counter()
-            self._refuse_writes(writes_in_place(target, args, call.names))
-            original_s = time.perf_counter() - start
+            with torch.no_grad():
+                _, written, original_s = run_counting_writes(target, args)
+            self._refuse_writes(written, call.names)
         returns = getattr(traced, "_out_spec", None)  # torch.export's outputs stay flat leaves
         if returns is None:  # ModelOutput, a cache and other registered containers
             returns = tree_structure(returned(program.outputs))
@@ -434,7 +418,7 @@ class OptimizedFunction:
         if self.validate:
             fresh = random_inputs(args, call.names, self.input_ranges)
             report.validation = compare(target, run, fresh, lambda: wide_reference(program, fresh))
-            self._refuse_writes([f"argument {call.names[i]!r}" for i in report.validation.written])
+            self._refuse_writes(report.validation.written, call.names)
             original_s = report.validation.original_s
             if report.validation.bounded:
                 report.bounded.append(f"validation: {report.validation.bounded}")
@@ -489,9 +473,9 @@ class OptimizedFunction:
                                   "the plan's speed is unchecked")
         return plan
 
-    def _refuse_writes(self, written: list[str]) -> None:
+    def _refuse_writes(self, written: tuple[int, ...], names: list[str]) -> None:
         if written:  # fx traces ``x += y`` as ``x + y``: only running the original shows it
-            raise SideEffect(f"{self._name} mutates {', '.join(written)}")
+            raise SideEffect(f"{self._name} mutates {', '.join(f'argument {names[i]!r}' for i in written)}")
 
     def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
                             error: tuple | None = None) -> bool:

@@ -1,9 +1,7 @@
 """``explore(obj)``: why the optimizer chose a program, what else it could have chosen, and how
-much better the choice is, read from the saturated e-graph in Jupyter or a terminal.
-
-Every method returns a ``Table`` (HTML in Jupyter, aligned text in a terminal). Costs are the
-extractor's own (``pipeline.enode_facts`` priced by the run's ``CostModel``), so what is shown is
-what was compared; errors are the first-order estimate of ``extractors/rounding_error.py``.
+much better the choice is, read from the saturated e-graph. Every method returns a ``Table``;
+costs are the extractor's own (``pipeline.enode_facts`` priced by the run's ``CostModel``), so what
+is shown is what was compared.
 """
 from __future__ import annotations
 

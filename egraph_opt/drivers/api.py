@@ -284,9 +284,11 @@ class OptimizedFunction:
         back (its plan would not)."""
         before = self._state.snapshot()
         cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
-        with Watch(self.fn) as watch:
-            plan = self._compile(call, watch)
-            changed = watch.changes()
+        key = call.key + self._state.key() + _autocast()
+        quiet = self._families.fell_back(key)  # nothing runs in its place: no state to watch
+        with contextlib.nullcontext() if quiet else Watch(self.fn) as watch:
+            plan = self._compile(call, watch, key)
+            changed = watch.changes() if watch else []
         if changed and plan.run is not None:
             plan = self._untouched(plan.report, _changes(self._name, changed), plan.optimized)
         ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
@@ -327,14 +329,14 @@ class OptimizedFunction:
             return fn(*args, **kwargs) if run is None else run(*args, *kwargs.values())
         self._again = again
 
-    def _compile(self, call: BoundCall, watch: Watch) -> Plan:
+    def _compile(self, call: BoundCall, watch: Watch | None, key: tuple) -> Plan:
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"
                               f"{'[nested]' if t.is_nested else list(t.shape)}"
                               for n, t in zip(call.names, call.tensors))
         report = Report(signature=f"{self._name}({signature})")
         if call.refused:
             return self._untouched(report, call.refused)
-        key, made = call.key + self._state.key() + _autocast(), Sample((), None)
+        made = Sample((), None)
         try:
             plan = self._from_family(call, report, key) or self._optimize(call, report, watch, made)
         except InvariantError:  # a tripwire: a bug of ours that tests must see

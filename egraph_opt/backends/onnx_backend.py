@@ -158,7 +158,9 @@ class Emitter:
         if t.op in ("input", "param", "opaque"):
             self.names[id(t)] = t.attrs[0]
             if t.op == "param":
-                self.initializers[t.attrs[0]] = self._param(t.attrs[0])
+                name = t.attrs[0]
+                self.initializers[name] = self.src.tensors[name] if name in self.src.tensors else \
+                    numpy_helper.from_array(self.program.params[name].numpy(), name)
             return
         if t.op == "const" or spec.is_leaf:
             return
@@ -181,11 +183,6 @@ class Emitter:
                 self.nodes.append(helper.make_node("Identity", [name], [out], name=self.fresh("id")))
             name = out
         self.names[id(t)] = name
-
-    def _param(self, name: str) -> onnx.TensorProto:
-        if name in self.src.tensors:
-            return self.src.tensors[name]
-        return numpy_helper.from_array(self.program.params[name].numpy(), name)
 
     def copy_opaque(self, key: str):
         if key in self.split:
@@ -261,10 +258,8 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
     program = program or src.program
     em = Emitter(src, program)
     outputs = list(leaves(program.outputs))
-    claimed: dict[int, str] = {}
-    for term, name in zip(outputs, src.output_names):  # results are computed into output names
-        if not OPS[term.op].is_leaf and id(term) not in claimed:
-            claimed[id(term)] = name
+    claimed = {id(term): name for term, name in reversed(list(zip(outputs, src.output_names)))
+               if not OPS[term.op].is_leaf}  # results are computed into output names (the first one's)
     for item in _schedule(em, outputs):
         if isinstance(item, Term):
             em.emit(item, claimed.get(id(item)))

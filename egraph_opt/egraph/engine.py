@@ -245,10 +245,8 @@ class EGraph:
                 lo, hi = (intervals or {}).get(id(t), (-math.inf, math.inf))
                 if t.args:  # computed in float64, rounded to nearest: widened outward, as the rules'
                     lo, hi = lo - abs(lo) * range_rules.OUTWARD, hi + abs(hi) * range_rules.OUTWARD
-                if lo > -_UNBOUNDED:
-                    lines.append(f"(set (lo (Ref {ref})) {literal(float(lo))})")
-                if hi < _UNBOUNDED:
-                    lines.append(f"(set (hi (Ref {ref})) {literal(float(hi))})")
+                lines += [f"(set ({end} (Ref {ref})) {literal(float(v))})"
+                          for end, v, bounded in (("lo", lo, lo > -_UNBOUNDED), ("hi", hi, hi < _UNBOUNDED)) if bounded]
                 if meta and id(t) in meta:
                     lines += _shape_facts(ref, t, *meta[id(t)])
                     self._axis_facts += _axis_facts(ref, key, t, meta)

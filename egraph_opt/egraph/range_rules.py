@@ -12,11 +12,11 @@ span the split axis alike, never one broadcast along it); ``reshape-axis`` and `
 of each loaded reshape's operand, its target shape and an axis of the result the reshape keeps
 whole: the operand's axis it is, and the target a device's part takes (``lang/mesh.py``
 ``through_reshape``); ``whole`` every value each device of a mesh holds whole (sharding rules
-split only those); ``nonempty`` every loaded
-value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
-empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
-intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
-rule: two different constants, two different inputs, an empty interval.
+split only those); ``nonempty`` every loaded value with no size-0 axis (only then do a reduction's
+bounds follow from its operand's: over an empty axis it is its identity, -inf for logsumexp).
+``lo`` merges by max and ``hi`` by min: two sound intervals for one e-class intersect. Tripwires
+panic on merges that can only come from an unsound rule: two different constants, two different
+inputs, an empty interval.
 """
 from __future__ import annotations
 
@@ -75,7 +75,6 @@ _SAME_AS_OPERAND = ops_where(lambda op: op.range_rule in ("operand", "values"))
 #: ops whose result holds exactly the operand's values: the result's interval is the operand's too
 #: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
 _SAME_VALUES = ops_where(lambda op: op.range_rule == "values")
-_KEEPS_LAST_DIM = SAME_SHAPE
 _SAME_DTYPE = ops_where(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast"))  # where: a
 # bool first operand; compare: a bool result; broadcast: promotes (below)
 
@@ -153,19 +152,16 @@ _ARITHMETIC = [
 def _dtype_and_rank_rules():
     """What shape contracts and precision rules read: last-dim, rank and dtype-of through ops."""
     yield '(rule ((= e (Cast x d))) ((set (dtype-of e) d)))'
-    for op in _KEEPS_LAST_DIM:
+    for op in SAME_SHAPE:  # last-dim, and rank: (1 + w) is a weight of rank 1 as w is
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))"
-    for op in _KEEPS_LAST_DIM:  # and rank: (1 + w) is a weight of rank 1 as w is
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))"
-    binary = BINARY_BROADCASTING  # (rotary's three operands
-    # leave its rank and dtype unrecorded: a guard or precision rule then does not fire on it)
-    for op in binary:
-        yield (f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
-               "((set (rank e) (max n m))))")
     for op in _SAME_DTYPE:
         yield f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))"
-    for op in binary:  # promotes: both operands' dtype, or
-        # a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
+    for op in BINARY_BROADCASTING:  # (rotary's three operands leave its rank and dtype unrecorded:
+        # a guard or precision rule then does not fire on it). The dtype promotes: both operands',
+        # or a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
+        yield (f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
+               "((set (rank e) (max n m))))")
         name, attrs = OPS[op].egg_name, " ".join("?_" + n for n, _ in OPS[op].attrs)
         for args, known in (("?a ?b", "(= d (dtype-of ?a)) (= d (dtype-of ?b))"),
                             ("?a (Const ?c)", "(= d (dtype-of ?a))"), ("(Const ?c) ?b", "(= d (dtype-of ?b))")):

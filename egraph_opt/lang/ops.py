@@ -256,11 +256,9 @@ def _attention(q, k, v, scale: float, bias=None):
 
 def sdpa(q, k, v, scale, causal):
     """softmax(q k^T * scale) v; ``causal``: each query's later keys masked."""
-    if not causal:
-        return _attention(q, k, v, scale)
-    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
-    return _attention(q, k, v, scale, torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
-                      .masked_fill(mask, -torch.inf))
+    bias = torch.full((q.shape[-2], k.shape[-2]), -torch.inf, dtype=q.dtype, device=q.device).triu(1) \
+        if causal else None
+    return _attention(q, k, v, scale, bias)
 
 
 def sdpa_masked(q, k, v, bias, scale):
@@ -283,12 +281,6 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
     y = F.conv2d(x, weight, None if isinstance(bias, float) else bias, parse_shape(stride),
                  parse_shape(padding), parse_shape(dilation), groups)
     return y + bias if isinstance(bias, float) else y
-
-
-def max_pool2d(x, kernel, stride, padding, dilation):
-    """Padding is -inf (never picked): each window's maximum is one of ``x``'s values."""
-    return F.max_pool2d(x, parse_shape(kernel), parse_shape(stride), parse_shape(padding),
-                        parse_shape(dilation))
 
 
 def swish(x, beta):
@@ -530,7 +522,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
         curvature="bilinear", growth=1, passes=24,
         sample=(("x0", (2, 3, 6, 6)), ("x1", (4, 3, 3, 3)), ("x2", (4,)), ("stride", "1,1"),
                 ("padding", "1,1"), ("dilation", "1,1"), ("groups", 1)), onnx="Conv", layout="fresh"),
-    _op("max_pool2d", 1, "kernel:String " + _WINDOW, max_pool2d, _LAYOUT, range_rule="operand",
+    _op("max_pool2d", 1, "kernel:String " + _WINDOW,  # padded by -inf: a window's max is one of x's values
+        lambda x, *sizes: F.max_pool2d(x, *map(parse_shape, sizes)), _LAYOUT, range_rule="operand",
         passes=2, sample=(("x0", (2, 3, 6, 6)), ("kernel", "2,2"), ("stride", "2,2"),
                           ("padding", "0,0"), ("dilation", "1,1")), onnx="MaxPool", layout="fresh"),
     _op("batch_norm", 5, "eps:f64", lambda x, mean, var, weight, bias, eps:  # inference: running statistics

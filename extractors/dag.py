@@ -176,28 +176,23 @@ def extract(classes: dict[str, list[ENode]], roots: list[str],
     collecting = gc.isenabled()
     gc.disable()  # extraction allocates millions of small objects and frees none of them
     try:
-        return _extract(classes, roots, cost)
+        size = sum(len(nodes) for nodes in classes.values())
+        for window in ([WINDOW, None] if size > EXACT_UP_TO else [None]):
+            choice = choose(classes, cost, window)
+            missing = [r for r in roots if r not in choice]
+            if missing:
+                raise ExtractionError(f"e-class {missing[0]} has no finite program")
+            try:
+                built = terms_of(refine(choice, roots, classes, cost), roots)
+                break
+            except ExtractionError:  # a cycle: through classes deeper than the window, or through a
+                continue             # choice made before a class it depends on improved
+        else:
+            built = terms_of(settled_in_order(classes, cost), roots)
+        return [built[r] for r in roots]
     finally:
         if collecting:
             gc.enable()
-
-
-def _extract(classes: dict[str, list[ENode]], roots: list[str],
-             cost: Callable[[str, ENode], int]) -> list[Term]:
-    size = sum(len(nodes) for nodes in classes.values())
-    for window in ([WINDOW, None] if size > EXACT_UP_TO else [None]):
-        choice = choose(classes, cost, window)
-        missing = [r for r in roots if r not in choice]
-        if missing:
-            raise ExtractionError(f"e-class {missing[0]} has no finite program")
-        try:
-            built = terms_of(refine(choice, roots, classes, cost), roots)
-            break
-        except ExtractionError:  # a cycle: through classes deeper than the window, or through a
-            continue             # choice made before a class it depends on improved
-    else:
-        built = terms_of(settled_in_order(classes, cost), roots)
-    return [built[r] for r in roots]
 
 
 def settled_in_order(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -> dict[str, ENode]:

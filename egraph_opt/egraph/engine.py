@@ -41,11 +41,6 @@ def _ruleset(phase: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _egglog_text(rule, phase: str) -> str:
-    return rule.egglog(phase)
-
-
-@functools.lru_cache(maxsize=None)
 def _ops_of(rule) -> tuple[frozenset, frozenset]:
     """(ops a rule's left sides name, ops its right sides make)."""
     def ops(p) -> set[str]:
@@ -299,7 +294,7 @@ class EGraph:
         if not self._axes_asked and any(range_rules.AXIS_FACTS & r.when.heads() for r in ready):
             self._load_axis_facts()
         if ready:
-            self._run("\n".join(_egglog_text(r, _ruleset(phase)) for r in ready))
+            self._run("\n".join(r.egglog(_ruleset(phase)) for r in ready))
         self._declare_ranges()
 
     def size(self) -> int:

@@ -70,15 +70,6 @@ def _hi(expr: str) -> str:
     return _c(f"(+ {expr} (* (abs {expr}) {OUTWARD!r}))")
 
 
-#: ops whose values lie within the operand's interval (kinds "operand" and "values" of Op.range_rule)
-_SAME_AS_OPERAND = ops_where(lambda op: op.range_rule in ("operand", "values"))
-#: ops whose result holds exactly the operand's values: the result's interval is the operand's too
-#: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
-_SAME_VALUES = ops_where(lambda op: op.range_rule == "values")
-_SAME_DTYPE = ops_where(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast"))  # where: a
-# bool first operand; compare: a bool result; broadcast: promotes (below)
-
-
 def _operand_pattern(op: str, vars_: str = "abcdfgh") -> str:
     spec = OPS[op]
     args = " ".join(["?" + v for v in vars_[:spec.arity]] + ["?_" + n for n, _ in spec.attrs])
@@ -155,7 +146,8 @@ def _dtype_and_rank_rules():
     for op in SAME_SHAPE:  # last-dim, and rank: (1 + w) is a weight of rank 1 as w is
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))"
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))"
-    for op in _SAME_DTYPE:
+    # where: a bool first operand; compare: a bool result; broadcast: promotes (below)
+    for op in ops_where(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast")):
         yield f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))"
     for op in BINARY_BROADCASTING:  # (rotary's three operands leave its rank and dtype unrecorded:
         # a guard or precision rule then does not fire on it). The dtype promotes: both operands',
@@ -170,11 +162,13 @@ def _dtype_and_rank_rules():
 
 def _op_fact_rules():
     """Bounds, signs and wholeness that the op table declares once per op."""
-    for op in _SAME_AS_OPERAND:
+    for op in ops_where(lambda op: op.range_rule in ("operand", "values")):  # within the operand's values
         query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (op in REDUCTIONS)
         yield f"(rule ({query} (= x (lo ?a))) ((set (lo e) x)))"
         yield f"(rule ({query} (= x (hi ?a))) ((set (hi e) x)))"
-    for op in _SAME_VALUES:
+    # exactly the operand's values: its interval is the result's too (a rewrite may create the
+    # operand below a loaded result: a float32 value under a cast)
+    for op in ops_where(lambda op: op.range_rule == "values"):
         pattern = _operand_pattern(op)
         yield f"(rule ((= e {pattern}) (= x (lo e))) ((set (lo ?a) x)))"
         yield f"(rule ((= e {pattern}) (= x (hi e))) ((set (hi ?a) x)))"

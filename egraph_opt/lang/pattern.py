@@ -186,7 +186,11 @@ def match(p: Pattern, term: Term, canon: dict[int, int], bound: dict | None = No
             if q.value != value:
                 return None
         elif isinstance(q, Prim):
-            if _computed(q, bound) not in (value, None):  # unbound or undefined: a wildcard
+            try:
+                computed = instantiate(q, bound)
+            except (KeyError, ArithmeticError):  # unbound or undefined: a wildcard
+                computed = value
+            if computed != value:
                 return None
         else:
             if not isinstance(value, Term) or value.op != q.op:
@@ -194,13 +198,6 @@ def match(p: Pattern, term: Term, canon: dict[int, int], bound: dict | None = No
             stack.extend(zip(q.args, value.args))
             stack.extend(zip(q.attrs, value.attrs))
     return bound
-
-
-def _computed(q: Prim, bound: dict):
-    try:
-        return instantiate(q, bound)
-    except (KeyError, ArithmeticError):
-        return None
 
 
 def find(p: Pattern, roots) -> list[dict]:

@@ -112,12 +112,18 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
 def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict,
                  model: CostModel, input_ranges: dict | None, ranges: RangeMemo, keep: bool
                  ) -> tuple[Program, list[Term], dict, dict]:
-    """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved:
-    greedy extraction is not optimal, so a costlier extraction gives the input back (unless
-    ``keep``: chosen by error, not by cost)."""
+    """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved
+    (a term's e-class's, from every equivalent form: a quotient known to be a sigmoid is in [0, 1];
+    met with an extracted term's own), as the extractor saw them: greedy extraction is not
+    optimal, so a costlier extraction gives the input back (unless ``keep``: chosen by error)."""
     roots, leaf_meta = program.roots(), program.leaf_meta()
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
-    proved = proved_ranges(snap, class_of, best, ranges(best, optimized.meta()))
+    own = ranges(best, optimized.meta())
+    proved = {i: snap.ranges.get(cid, TOP) for i, cid in class_of.items()}
+    for i, cid in term_classes(snap, class_of, best).items():
+        lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
+        lo, hi = max(lo, own[i][0]), min(hi, own[i][1])
+        proved[i] = (lo, hi) if lo <= hi else own[i]
     before = program_cost(roots, model, input_ranges, leaf_meta, program.meta(), proved)
     after = program_cost(best, model, input_ranges, leaf_meta, optimized.meta(), proved)
     if after["cost"] > before["cost"] and not keep:  # (the estimate weighed the input program too)
@@ -142,7 +148,6 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
     coinciding operands, an error a later op attenuates): under stability the least error (cost
     order breaks ties), under balanced one far more accurate within ``max_slowdown``. None: none
     chosen, or not estimable."""
-    term_meta = program.meta()
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
         return None
     # sampled errors tell programs apart where elementwise (Herbie's domain) or every input is
@@ -150,7 +155,8 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
     if model.objective is Objective.BALANCED and not elementwise(roots) and \
             not all(t.attrs[0] in (input_ranges or {}) for t in program.inputs):
         return None
-    if not sampled_small(program) and sum(math.prod(shape) for shape, _ in term_meta.values()) > RERANK_ELEMENTS:
+    if not sampled_small(program) and \
+            sum(math.prod(shape) for shape, _ in program.meta().values()) > RERANK_ELEMENTS:
         return None  # the input's values: an elementwise program is sampled small whatever its size
     found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
     candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]
@@ -248,20 +254,6 @@ class RangeMemo:
             ids[id(t)] = self._ids[key]
             out[id(t)] = self._intervals[ids[id(t)]]
         return out
-
-
-def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best_ranges: dict) -> dict:
-    """Interval of every term of the input (``loaded``: term id -> e-class) and of the extracted
-    program: its e-class's, which the saturated e-graph proved from every equivalent form (a
-    quotient known to be a sigmoid is in [0, 1]), met with the extracted term's own. Both programs
-    are then priced with what the extractor saw."""
-    ranges = {i: snap.ranges.get(cid, TOP) for i, cid in loaded.items()}
-    for i, cid in term_classes(snap, loaded, best).items():
-        own = best_ranges[i]
-        lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
-        lo, hi = max(lo, own[0]), min(hi, own[1])
-        ranges[i] = (lo, hi) if lo <= hi else own
-    return ranges
 
 
 def class_meta(classes: dict, known: dict) -> dict:

@@ -249,9 +249,8 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
     pending = [(inst, tmpl, [next(arg_iter) for _ in inst.args])
                for group, tmpl in zip(groups, templates) for inst in group]
     while pending:  # an instance is ready when the instances its arguments read are done
-        ready = [p for p in pending if all(
-            t.attrs[0] in env for t in postorder(p[2])
-            if t.op == "opaque" and t.attrs[0].startswith(PREFIX))]
+        ready = [p for p in pending if all(t.attrs[0] in env for t in postorder(p[2])
+                                           if t.op == "opaque" and t.attrs[0].startswith(PREFIX))]
         if not ready:
             raise RuntimeError("templates depend on each other in a cycle")
         for inst, tmpl, args in ready:

@@ -114,6 +114,23 @@ def test_naive_block_fuses_layer_norm_attention_and_gelu():
     assert after.get("linear_act") == 1 and "tanh" not in after and "var" not in after
 
 
+class Dense(nn.Module):
+    """A linear layer as minGPT-style code and JAX ports write it: W stored (in, out), x @ W + b."""
+
+    def __init__(self, i: int, o: int):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(i, o) / i ** 0.5), nn.Parameter(0.1 * torch.randn(o))
+
+    def forward(self, x):
+        return x @ self.w + self.b
+
+
+def test_linear_layers_written_x_matmul_w_plus_b_become_linear_ops():
+    mlp = nn.Sequential(Dense(32, 128), nn.ReLU(), Dense(128, 32)).eval()
+    after = optimized_report(mlp, torch.randn(2, 16, 32), tol=1e-4).ops_after
+    assert after.get("linear", 0) + after.get("linear_act", 0) == 2 and "matmul" not in after, after
+
+
 class ConvBN(nn.Module):
     def __init__(self):
         super().__init__()

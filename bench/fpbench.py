@@ -204,6 +204,7 @@ TEMPLATES.update({
     "and": ("({0} & {1})", "({0} and {1})", "({0} and {1})"),
     "or": ("({0} | {1})", "({0} or {1})", "({0} or {1})"),
 })
+_TENSORS_ONLY = {"fmax", "fmin", "atan2", "hypot", "copysign"}  # their torch functions take no Python number
 _INFIX = {"+", "-", "*", "/"}  # n-ary, associating left as in Python
 _COMPARE = {"<", ">", "<=", ">=", "==", "!="}  # chained: (< a b c) is a < b and b < c
 _CONSTANTS = {"PI": ("M.pi", "mp.pi"), "E": ("M.e", "mp.e"), "TRUE": ("True", "True"),
@@ -220,7 +221,8 @@ def number(atom) -> Fraction | None:
 
 def identifier(name: str) -> str:
     out = re.sub(r"\W", "_", name.replace("*", "_star"))
-    return f"v_{out}" if keyword.iskeyword(out) or not out.isidentifier() else out
+    clash = keyword.iskeyword(out) or out in ("T", "M", "mp")  # the modules the code calls
+    return f"v_{out}" if clash or not out.isidentifier() else out
 
 
 class _Translator:
@@ -229,11 +231,12 @@ class _Translator:
 
     def __init__(self, backend: int):
         self.backend, self.fresh = backend, 0
+        self.constants: set[str] = set()  # let-bound names that hold a constant (a Python float)
 
     def __call__(self, e, env: dict) -> tuple[str, bool]:  # (code, constant: no variables)
         if isinstance(e, str):
             if e in env:
-                return env[e], False
+                return env[e], env[e] in self.constants
             q = number(e)
             if q is not None:
                 if self.backend == MP:
@@ -251,7 +254,9 @@ class _Translator:
             return f"(-{codes[0]})", const
         if head in _INFIX:
             return "(" + f" {head} ".join(codes) + ")", const
-        column = FLOAT if self.backend == TORCH and const else self.backend
+        column = FLOAT if self.backend == TORCH and (const or head == "if" and parts[0][1]) else self.backend
+        if column == TORCH and head in _TENSORS_ONLY:  # a constant operand of these must be a tensor
+            codes = [f"T.tensor({c})" if k else c for c, k in parts]
         if head in _COMPARE:
             pairs = [f"({a} {head} {b})" for a, b in zip(codes, codes[1:])]
             return self._fold("and", pairs, column), const
@@ -271,9 +276,11 @@ class _Translator:
     def _let(self, head: str, bindings: list, body, env: dict) -> tuple[str, bool]:
         inner, steps = dict(env), []
         for name, value in bindings:
-            code, _ = self(value, inner if head == "let*" else env)
+            code, const = self(value, inner if head == "let*" else env)
             self.fresh += 1
             inner[name] = f"_{identifier(name)}_{self.fresh}"
+            if const:
+                self.constants.add(inner[name])
             steps.append(f"({inner[name]} := {code})")
         code, const = self(body, inner)
         return f"({', '.join(steps + [code])})[-1]", const

@@ -155,3 +155,12 @@ def test_unmappable_problems_are_skipped_with_a_reason():
     assert fb.unmapped(_one("(FPCore (x) (while (< i 3) ([i 0 (+ i 1)]) x))")) == "loop"
     assert "cbrt" in fb.unmapped(_one("(FPCore (x) (cbrt x))"))  # torch has no cube root
     assert fb.unmapped(_one("(FPCore (x) (fmod x 2))")) is None
+
+
+def test_constant_operands_reach_torch_functions_as_tensors():
+    # a let-bound constant stays a Python number (sqrt of it is math's); fmax, atan2 and copysign
+    # take a tensor for it; a parameter may be named like the module the code calls (T)
+    p = _one("(FPCore (x T) (let ([c 4]) (+ (fmax (sqrt c) x) (atan2 1 T) (copysign 1 x) (sin T))))")
+    x, t = torch.tensor([1.0, 3.0]), torch.tensor([1.0, -1.0])
+    want = torch.maximum(torch.tensor(2.0), x) + torch.atan2(torch.tensor(1.0), t) + 1 + torch.sin(t)
+    torch.testing.assert_close(fb.translate(p, fb.TORCH)(x, t), want)

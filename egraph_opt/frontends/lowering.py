@@ -176,6 +176,19 @@ def _invert(c, x):
     return Term("logical_not", (t,))
 
 
+def _either(c, x, y, either: bool):
+    """a | b and a & b of boolean masks, as selections: where(a, a, b) and where(a, b, a)."""
+    a, b = c.tensor(x), c.tensor(y)
+    if {c.info(a).dtype, c.info(b).dtype} != {torch.bool}:
+        raise Unsupported("| or & of tensors that are not both boolean")
+    return Term("where", (a, a, b) if either else (a, b, a))
+
+
+for _either_one, _targets in ((True, (operator.or_, torch.logical_or, torch.bitwise_or, "logical_or", "__or__")),
+                              (False, (operator.and_, torch.logical_and, torch.bitwise_and, "logical_and", "__and__"))):
+    lowers(*_targets)(lambda c, x, y, _e=_either_one: _either(c, x, y, _e))
+
+
 @lowers(F.gelu)
 def _gelu(c, x, approximate="none"):
     return Term("gelu", (c.tensor(x),), (approximate,))

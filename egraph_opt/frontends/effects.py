@@ -31,7 +31,7 @@ def _name(node: fx.Node) -> str:
     return name.split(".")[0] if isinstance(target, torch._ops.OpOverload) else name
 
 
-def _written(node: fx.Node, gm: fx.GraphModule) -> list:
+def written(node: fx.Node, gm: fx.GraphModule) -> list:
     """The operands ``node`` writes to (fx nodes), or a description of module state it writes."""
     name, args, kwargs = _name(node), node.args, node.kwargs
     if name in _VALUE_PRESERVING:
@@ -89,7 +89,7 @@ def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     found, in_place = [], set()
     for node in gm.graph.nodes:
-        for target in _written(node, gm):
+        for target in written(node, gm):
             in_place.add(node.name)
             if isinstance(target, str):
                 found.append(f"{target} (train-mode batch norm)")

@@ -91,6 +91,9 @@ def _fold_constants(graph: fx.Graph, kernels: set) -> int:
         with graph.inserting_before(node):
             node.replace_all_uses_with(graph.call_function(folded, tuple(reads)),
                                        delete_user_cb=lambda user: not fixed.get(user, False))
+    for node in reversed(list(fixed)):  # what only folded constants read (fx keeps a detach_)
+        if fixed[node] and not node.users:
+            graph.erase_node(node)
     return len(edges)
 
 
@@ -154,7 +157,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     graph = build.graph
     graph.output(map_aggregate(program.outputs, build.arg))
     folded = _fold_constants(graph, {n.target for n in build.named} | {m.impl for m in MOVES.values()})
-    graph.eliminate_dead_code()  # what only folded constants read
+    graph.eliminate_dead_code()
     graph.lint()
     module = fx.GraphModule(owner, graph)
     module.kernels = dict(sorted(Counter(build.named[n] for n in graph.nodes if n in build.named).items()))

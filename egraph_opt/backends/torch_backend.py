@@ -125,17 +125,10 @@ def _schedule(program: Program) -> list:
     return topological(roots, deps, key)
 
 
-def _get_attr(graph: fx.Graph, owner: torch.nn.Module, name: str) -> fx.Node:
-    """A node reading ``owner``'s attribute ``name``. fx warns where it is a plain tensor, not a
-    parameter or buffer, as torch.export lifts a decorated method's tensors; it is there, and
-    GraphModule copies it, so the warning only alarms the user."""
-    held = owner
+def _held(owner: torch.nn.Module, name: str):
     for part in name.split("."):
-        held = getattr(held, part, None)
-    with warnings.catch_warnings():
-        if isinstance(held, torch.Tensor):
-            warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node", UserWarning)
-        return graph.get_attr(name)
+        owner = getattr(owner, part)
+    return owner
 
 
 def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",
@@ -157,9 +150,10 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     graph = build.graph
     graph.output(map_aggregate(program.outputs, build.arg))
     folded = _fold_constants(graph, {n.target for n in build.named} | {m.impl for m in MOVES.values()})
-    graph.eliminate_dead_code()
-    graph.lint()
-    module = fx.GraphModule(owner, graph)
+    # each attribute under a name of its own: one read per call, not one per module on its path
+    module = fx.GraphModule({n.target: build.reads[n.target] if n.target in build.reads else _held(owner, n.target)
+                             for n in graph.nodes if n.op in ("get_attr", "call_module")}, graph)
+    module.graph.lint()
     module.kernels = dict(sorted(Counter(build.named[n] for n in graph.nodes if n in build.named).items()))
     if folded:
         module.kernels = {"folded": folded, **module.kernels}
@@ -179,6 +173,7 @@ class _Build:
         self.placeholders = {t.attrs[0]: self.graph.placeholder(t.attrs[0]) for t in program.inputs}
         self.facts = Facts.of_program(program.roots(), meta)
         self.named: dict[fx.Node, str] = {}
+        self.reads: dict[str, object] = {}  # the attributes read, by the names the graph reads them
 
     def on(self, key, target: str):
         """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
@@ -189,6 +184,17 @@ class _Build:
             self.converted[key, target] = self.graph.call_function(MOVES[source, target].impl, (self.value[key],))
         return self.converted[key, target]
 
+    def read(self, name: str) -> fx.Node:
+        """A node reading the owner's attribute ``name``, under a name without dots (fx warns that
+        the owner has no such attribute: the module will hold it)."""
+        flat = name.replace(".", "_")
+        while flat in self.reads and self.reads[flat] is not _held(self.owner, name):
+            flat += "_"
+        self.reads[flat] = _held(self.owner, name)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node", UserWarning)
+            return self.graph.get_attr(flat)
+
     def arg(self, x):
         if isinstance(x, Term):
             return self.on(("t", id(x)), "torch")
@@ -198,7 +204,7 @@ class _Build:
         key = ("t", id(item))
         if key in self.value:
             return
-        leaf = {"const": lambda: item.attrs[0], "param": lambda: _get_attr(self.graph, self.owner, item.attrs[0]),
+        leaf = {"const": lambda: item.attrs[0], "param": lambda: self.read(item.attrs[0]),
                 "opaque": lambda: self.value[("o", item.attrs[0])],
                 "input": lambda: self.placeholders[item.attrs[0]]}.get(item.op)
         self.value[key] = leaf() if leaf else self._computed(item, key)

@@ -54,7 +54,7 @@ try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype
 except ImportError:  # pragma: no cover - a torch without it: every call builds the key
     _Exact = None
 
-_MISS = object()  # what ``_again`` returns for a call that is not the last plan's
+_MISS = object()  # what ``_again`` returns for a call it finds no plan for without binding
 
 
 def _missed(args: tuple, kwargs: dict):
@@ -251,7 +251,7 @@ class OptimizedFunction:
             type(self.fn).__name__
 
     def __call__(self, *args, **kwargs):
-        out = self._again(args, kwargs)  # called as it was last: one C++ check of the tensors, the state
+        out = self._again(args, kwargs)  # laid out as the last call: C++ checks of the tensors, the state
         if out is not _MISS:
             return out
         call = self._bind(args, kwargs)

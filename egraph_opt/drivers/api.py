@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
-from .arguments import Binder, BoundCall, adopt
+from .arguments import Binder, BoundCall, Layout, adopt
 from .families import REACH, Apart, Families, Sample, at
 from ..frontends.capture import SideEffect, cache_pytrees, capture, returned
 from ..egraph.engine import EGraph, InvariantError
@@ -54,7 +54,7 @@ try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype
 except ImportError:  # pragma: no cover - a torch without it: every call builds the key
     _Exact = None
 
-_MISS = object()  # what ``_again`` returns for a call that is not the last plan's
+_MISS = object()  # what ``_again`` returns for a call it finds no plan for without binding
 
 
 def _missed(args: tuple, kwargs: dict):
@@ -121,10 +121,9 @@ class Plan:
     report: Report
     egraph: EGraph | None
     optimized: Optimized | None = None  # what ``explore`` reads; dropped with the e-graph
-    exact: Any = None  # checks a call's tensors are the ones it was made for (sizes, strides...)
-    state: tuple = ()  # the StateKey it was made under
-    arity: int = -1  # how many tensors the call that ``exact`` checks passes positionally
-    keywords: tuple = ()  # and the names it passes the others by, in their order
+    again: Callable = _missed  # its fast path (``_fast``)
+    guard: tuple = (lambda *tensors: False, None)  # the C++ check of its first call's tensors, and its state
+    next: Callable = lambda: None  # a weak reference to the plan its fast path found by key last (a decode step's)
     key: tuple = ()  # its key in the plan cache
     returned: tuple = ()  # arguments rebuilt from their leaves that the original returns as themselves
 
@@ -252,7 +251,7 @@ class OptimizedFunction:
             type(self.fn).__name__
 
     def __call__(self, *args, **kwargs):
-        out = self._again(args, kwargs)  # called as it was last: one C++ check of the tensors, the state
+        out = self._again(args, kwargs)  # laid out as the last call: C++ checks of the tensors, the state
         if out is not _MISS:
             return out
         call = self._bind(args, kwargs)
@@ -270,11 +269,15 @@ class OptimizedFunction:
         with contextlib.suppress(KeyError):  # another thread dropped it meanwhile
             self._plans.move_to_end(plan.key)
         self._remember(plan)
+        return self._ran(plan, call.tensors, call.arguments, args, kwargs)
+
+    def _ran(self, plan: Plan, tensors, arguments: dict, args: tuple, kwargs: dict):
+        """What ``plan`` returns for a call of ``tensors`` (``arguments``: the call's by name)."""
         if plan.run is None:
             return self.fn(*args, **kwargs)
-        out = plan.run(*call.tensors)
+        out = plan.run(*tensors)
         for name in plan.returned:  # an argument the original updates and returns (a KV cache)
-            out = adopt(out, call.arguments[name])
+            out = adopt(out, arguments[name])
         return out
 
     def _first(self, call: BoundCall, args: tuple, kwargs: dict):
@@ -283,6 +286,7 @@ class OptimizedFunction:
         runs of the program leave no Python state behind, and a program that changes any falls
         back (its plan would not)."""
         before = self._state.snapshot()
+        layout = call.layout(args, kwargs)  # before the original runs: it may update an argument (a KV cache)
         cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
         key = call.key + self._state.key() + _autocast()
         quiet = self._families.fell_back(key)  # nothing runs in its place: no state to watch
@@ -299,35 +303,47 @@ class OptimizedFunction:
         while len(self._plans) > MAX_PLANS:
             self._plans.popitem(last=False)
         self._state.pin()
-        given = (*args, *kwargs.values())  # tensors alone, each where it binds: ``exact`` checks them
-        if _Exact is not None and not call.refused and list(map(id, given)) == list(map(id, call.tensors)):
-            plan.exact, plan.state, plan.arity, plan.keywords = _Exact(
-                *given, dynamic_dims_sizes=None, dynamic_dims_strides=None), state, len(args), tuple(kwargs)
+        if _Exact is not None and layout is not None:
+            plan.guard = _Exact(*call.tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check, state
+            plan.again = self._fast(plan, layout)
         if ran:
             self._remember(plan)
             return _Ran(ran[0])
         return plan
 
     def _remember(self, plan: Plan) -> None:
-        """``plan`` is the last one run: a call of the same tensors and state runs it again
-        through ``_again``, a closure over what it checks: no attribute lookups on the hot path."""
-        self._last = plan
-        if plan.exact is None:
-            self._again = _missed
-            return
-        check, key, state, run, fn = plan.exact.check, self._state.current, plan.state, plan.run, self.fn
-        arity, names = plan.arity, plan.keywords
+        self._last, self._again = plan, plan.again
+
+    def _fast(self, plan: Plan, layout: Layout) -> Callable[[tuple, dict], Any]:
+        """``plan`` again for a call laid out as its first (``Layout``: no binding) where its C++
+        check finds the same kinds of tensors and the state is the same; else the plan that came
+        after it, checked so; else the plan its key finds. A closure over what it checks."""
+        check, fn, laid, plans, keyed = plan.guard[0], self.fn, layout.tensors, self._plans, self._state
 
         def again(args: tuple, kwargs: dict):
-            try:  # a call without keywords builds no tuple of them
-                same = len(args) == arity and (tuple(kwargs) == names and check(*args, *kwargs.values())
-                                               if kwargs else not names and check(*args)) and key() == state
-            except (KeyError, ValueError):  # a global or attribute deleted: the slow path re-reads
+            try:
+                tensors = laid(args, kwargs)
+                if tensors is None:
+                    return _MISS
+                now, found = keyed.current(), plan.next()
+                if check(*tensors) and now == plan.guard[1]:
+                    found = plan
+                elif found is None or not found.guard[0](*tensors) or now != found.guard[1]:
+                    found = plans.get(layout.key(tensors) + (now or keyed.key()) + _autocast())
+                    if found is None:
+                        return _MISS
+                    plan.next = weakref.ref(found)  # its key's constants are this layout's
+                    plans.move_to_end(found.key)
+                    now = found.guard[1]
+                found.guard = found.guard[0], now  # the state as read now: the next compare ends at identity
+            except (KeyError, ValueError, TypeError):  # a global deleted, a key None or unhashable: the slow path
                 return _MISS
-            if not same:
-                return _MISS
-            return fn(*args, **kwargs) if run is None else run(*args, *kwargs.values())
-        self._again = again
+            if found is not plan:
+                self._remember(found)
+            if found.run is None:
+                return fn(*args, **kwargs)
+            return self._ran(found, tensors, layout.trees(args, kwargs) if found.returned else {}, args, kwargs)
+        return again
 
     def _compile(self, call: BoundCall, watch: Watch | None, key: tuple) -> Plan:
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"

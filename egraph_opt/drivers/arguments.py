@@ -7,10 +7,10 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, tree_flatten, tree_unflatten
 
 from ..frontends.capture import SideEffect, cache_pytrees
 
@@ -43,6 +43,21 @@ class BoundCall:
     trees: dict = field(default_factory=dict)  # argument -> (its TreeSpec, where its leaves start, how many)
     returned: list[str] = field(default_factory=list)  # those of ``trees`` the program returns as themselves
 
+    def layout(self, args: tuple, kwargs: dict) -> Layout | None:
+        """How ``args`` and ``kwargs``, the values this call was bound from, make its key; None where
+        it is refused or its values do not give its tensors one by one (a tensor in a tuple)."""
+        trees = {id(self.arguments[name]): (spec, name) for name, (spec, _, _) in self.trees.items()}
+        slots = tuple(None if isinstance(v, torch.Tensor) else trees.get(id(v)) or  # an immutable
+                      (v if type(v) in _SIMPLE else _NEVER, _constant_key(v))  # constant is itself
+                      for v in (*args, *kwargs.values()))
+        layout = Layout(len(args), tuple(kwargs), slots, self.key[1] if self.signature else None, None)
+        flat = None if self.refused else layout.tensors(args, kwargs)
+        if flat is None or list(map(id, flat)) == list(map(id, self.tensors)):
+            return None if flat is None else layout
+        where = {id(t): i for i, t in enumerate(flat)}  # bound in another order than passed (keywords)
+        order = tuple(where.get(id(t), -1) for t in self.tensors)
+        return layout._replace(order=order) if sorted(order) == list(range(len(flat))) else None
+
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
         return fn if self.direct else specialize(fn, self.names, self.rebuild)
@@ -63,6 +78,60 @@ class BoundCall:
                     list(map(id, tensors[start:start + n])):
                 raise SideEffect(f"the program updates argument {name!r} without returning it")
         return out
+
+
+_NEVER = object()  # no value is it
+
+
+class Layout(NamedTuple):
+    """A call's values (positional, then keyword) laid out as the Binder bound them: a call laid
+    out alike, its constants' keys and its objects' tree specs the same, has the key ``key(tensors)``
+    without binding. The fast path's check of a call, derived from one bound call."""
+    arity: int
+    keywords: tuple
+    slots: tuple  # per value: None (a tensor), (its TreeSpec, argument name), (the constant where immutable, its key)
+    constants: tuple | None  # the key's constants (None: a call of tensors alone, keyed by them)
+    order: tuple | None  # where each tensor the Binder gives is in the call (None: where it stands)
+
+    def tensors(self, args: tuple, kwargs: dict) -> list | None:
+        """The tensors of a call laid out so; None where it is not or a value differs."""
+        if len(args) != self.arity or (tuple(kwargs) != self.keywords if kwargs else self.keywords):
+            return None  # a call without keywords builds no tuple of them
+        flat: list = []
+        for value, slot in zip((*args, *kwargs.values()), self.slots):
+            if slot is None:
+                flat.append(value)
+            elif type(slot[0]) is TreeSpec:
+                if not _leaves(value, slot[0], flat):
+                    return None
+            elif value is not slot[0] and _constant_key(value) != slot[1]:
+                return None
+        return flat if self.order is None else [flat[i] for i in self.order]
+
+    def key(self, tensors: list) -> tuple | None:
+        return _key(tensors, self.constants)
+
+    def trees(self, args: tuple, kwargs: dict) -> dict:
+        """The objects of a call rebuilt from their leaves, by argument name."""
+        return {slot[1]: value for value, slot in zip((*args, *kwargs.values()), self.slots)
+                if slot and type(slot[0]) is TreeSpec}
+
+
+def _leaves(value: Any, spec: TreeSpec, flat: list) -> bool:
+    """``value``'s leaves onto ``flat`` where its tree is ``spec``, node types by identity (false where
+    it is not): ``tree_flatten`` without building a spec to compare."""
+    if spec.type is None:
+        flat.append(value)
+        return True
+    children, context = SUPPORTED_NODES[spec.type].flatten_fn(value) if type(value) is spec.type else ((), _NEVER)
+    return context == spec.context and len(children) == spec.num_children and \
+        all(_leaves(child, inner, flat) for child, inner in zip(children, spec.children()))
+
+
+def _key(tensors, constants: tuple | None) -> tuple | None:
+    """The plan key of a call's tensors and its other arguments' keys (None: tensors alone)."""
+    key = _tensor_key(tensors)
+    return key if constants is None or key is None else (key, constants)
 
 
 def _items(out: Any) -> list:
@@ -152,7 +221,7 @@ class Binder:
         kinds = {p.kind for p in self.signature.parameters.values()}
         direct = not constants and len(tensors) == len(self.signature.parameters) and \
             kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY}
-        return BoundCall(tuple(tensors), names, (_tensor_key(tensors), tuple(constants)),
+        return BoundCall(tuple(tensors), names, _key(tensors, tuple(constants)),
                          arguments=dict(bound.arguments), refused=refused, signature=self.signature,
                          direct=direct, trees=trees)
 

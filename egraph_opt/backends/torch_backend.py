@@ -32,15 +32,19 @@ class FoldedConstant:
     Where autograd needs it (grad enabled and a tensor requires grad) it is computed on every
     call, so training is unchanged; so it is for inference tensors, which keep no version."""
 
-    def __init__(self, module: fx.GraphModule, index: int):
-        self.module = module
+    def __init__(self, nodes: list[fx.Node], reads: list[fx.Node], index: int):
+        at = {n: i for i, n in enumerate(reads + [n for n in nodes if n not in reads])}
+        # the steps as (kind, target, operands with each node's value as its position): the nodes
+        # are erased from the plan's graph; an fx module per value would cost codegen per plan
+        self.steps = [(n.op, n.target, fx.node.map_arg((n.args, n.kwargs), lambda a: _Slot(at[a])))
+                      for n in nodes if n not in reads]
         self.__name__ = self.__qualname__ = f"folded_constant_{index}"
         self._cached: tuple = (None, None, None)  # key, value, its version: one read, thread-safe
 
     def __call__(self, *tensors: torch.Tensor):
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) or \
                 any(t.is_inference() for t in tensors):  # inference tensors keep no version
-            return self.module(*tensors)
+            return self.run(tensors)
         key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
         seen, value, version = self._cached
         if key == seen and getattr(value, "_version", None) == version:  # nobody wrote the value
@@ -48,9 +52,21 @@ class FoldedConstant:
         # a normal tensor even in inference mode: its version shows writes, and kernels may
         # cache facts about it by its version (sdpa_masked's mask)
         with torch.inference_mode(False):
-            value = self.module(*tensors)
+            value = self.run(tensors)
         self._cached = key, value, getattr(value, "_version", None)
         return value
+
+    def run(self, tensors: tuple):
+        values = list(tensors)
+        for kind, target, operands in self.steps:
+            args, kwargs = map_aggregate(operands, lambda a: values[a] if isinstance(a, _Slot) else a)
+            values.append(getattr(args[0], target)(*args[1:], **kwargs) if kind == "call_method"
+                          else target(*args, **kwargs))
+        return values[-1]
+
+
+class _Slot(int):
+    """A folded step's operand: the value at this position."""
 
 
 #: where the functions of calls the capture kept opaque come from (it refuses programs that draw
@@ -79,15 +95,9 @@ def _fold_constants(graph: fx.Graph, kernels: set) -> int:
             all(fixed[a] for a in node.all_input_nodes)
     edges = [n for n in graph.nodes if fixed[n] and n.op != "get_attr" and not all(fixed[u] for u in n.users)]
     for index, node in enumerate(edges):
-        sub, copied, reads = fx.Graph(), {}, []
-        for a in _ancestors(node, order):
-            if a.op == "get_attr":
-                reads.append(a)
-                copied[a] = sub.placeholder(f"read_{len(reads)}")
-            else:
-                copied[a] = sub.node_copy(a, copied.__getitem__)
-        sub.output(copied[node])
-        folded = FoldedConstant(fx.GraphModule(torch.nn.Module(), sub), index)
+        nodes = _ancestors(node, order)
+        reads = [a for a in nodes if a.op == "get_attr"]
+        folded = FoldedConstant(nodes, reads, index)
         with graph.inserting_before(node):
             node.replace_all_uses_with(graph.call_function(folded, tuple(reads)),
                                        delete_user_cb=lambda user: not fixed.get(user, False))

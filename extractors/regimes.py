@@ -288,5 +288,4 @@ def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> 
 def _between(a: float, b: float, next_to_a: bool = False) -> float:
     """A float32 t with a < t <= b: the middle of the floats between them, or the next above a."""
     lo, hi = (ordinal(torch.tensor([v], dtype=torch.float64), torch.float32).item() for v in (a, b))
-    mid = lo + 1 if next_to_a else (lo + hi + 1) // 2
-    return from_ordinal(torch.tensor([mid]), torch.float32).item()
+    return from_ordinal(torch.tensor([lo + 1 if next_to_a else (lo + hi + 1) // 2]), torch.float32).item()

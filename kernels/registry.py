@@ -89,8 +89,7 @@ def _gelu_tanh_into(y):
     has no cancellation where tanh(z) nears -1. The sign of y survives (-0, and y * +0 where the
     sigmoid underflows); y = -inf gives -inf * 0 = NaN, as the definition does. Where autograd
     records, the passes are out of place (it keeps the sigmoid's output for the backward)."""
-    two_c = torch.full((), _TWO_C, dtype=y.dtype, device=y.device)
-    u = torch.addcmul(two_c, y, y, value=_TWO_C * _K)
+    u = torch.addcmul(torch.full((), _TWO_C, dtype=y.dtype, device=y.device), y, y, value=_TWO_C * _K)
     if torch.is_grad_enabled() and y.requires_grad:
         return y * torch.sigmoid(u * y)
     return u.mul_(y).sigmoid_().mul_(y)

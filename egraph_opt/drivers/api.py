@@ -33,7 +33,7 @@ from ..profiling.profiler import time_side_by_side
 from ..egraph.session import Limits
 from ..optimization.derivation import Derivation
 from ..optimization.pipeline import Optimized, optimize
-from .explore import range_hints
+from .explore import ESTIMATED_UP_TO, range_hints
 from ..rulesets import Family, catalogue, select
 from ..lang.program import Program
 from ..lang.term import postorder
@@ -41,9 +41,9 @@ from ..backends.torch_backend import build_module
 from ..kernels.binding import Pricing, measured_estimate
 from ..validate import Validation, compare, random_inputs, run_counting_writes, wide_reference
 
-#: programs of at most this many terms, and this many elements over all their values, get a
-#: first-order error estimate in their report (it runs them in float64 with derivatives at 8 points)
-ESTIMATED_UP_TO = 256
+#: programs of at most ``ESTIMATED_UP_TO`` terms (the explorer's bound too), and this many elements
+#: over all their values, get a first-order error estimate in their report (float64 runs with
+#: derivatives at 8 points)
 ESTIMATED_ELEMENTS = 1 << 22
 
 try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype, device, grad,

@@ -165,6 +165,19 @@ def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from
     made = [p.report for p in m.forward.plans.values() if p.report.sizes]
     assert len(traced) == 3 and len(made) == 7 and all(r.optimized for r in made), made
     assert "cache_0.shape[2]" in made[-1].sizes
+    # a decode step writes its new tensors into the caller's cache layers, as eager's update does,
+    # rebuilding no cache (its constructor copies every layer)
+    step = next(p for p in m.forward.plans.values() if p.report.sizes)
+    layers = step.into.paths[next(iter(step.into.paths))]
+    assert layers and all(path[0] == "layers" and path[-1] in ("keys", "values") for path in layers)
+    cache = tf.DynamicCache(config=m.config)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.forward(input_ids=ids, cache=cache, use_cache=True)
+        held = list(cache.layers)
+        for n in range(7, 10):  # sizes whose plans exist: each writes in place
+            out = m.forward(input_ids=ids[:, :1], cache=cache, use_cache=True)
+            assert out["cache"] is cache and cache.layers == held and cache.layers[1].keys.shape[-2] == n
 
 
 def test_a_generation_whose_plans_fell_back_binds_only_calls_laid_out_anew(monkeypatch):

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
-from .arguments import Binder, BoundCall, Layout, adopt
+from .arguments import Binder, BoundCall, Into, Layout
 from .families import REACH, Apart, Families, Sample, at
 from ..frontends.capture import SideEffect, cache_pytrees, capture, returned
 from ..egraph.engine import EGraph, InvariantError
@@ -228,6 +228,7 @@ class Plan:
     next: Callable = lambda: None  # a weak reference to the plan its fast path found by key last (a decode step's)
     key: tuple = ()  # its key in the plan cache
     returned: tuple = ()  # arguments rebuilt from their leaves that the original returns as themselves
+    into: Into | None = None  # what a call returns where ``returned`` names any
 
 
 @dataclass
@@ -270,6 +271,10 @@ def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
     if returns.is_leaf():
         return lambda *args: forward(*args)[0]
     return lambda *args: tree_unflatten(forward(*args), returns)
+
+
+def _into(call: BoundCall, module: torch.fx.GraphModule, returns: TreeSpec) -> Into | None:
+    return Into(module.forward, returns) if call.returned and returns.num_children else None
 
 
 def _autocast() -> tuple:
@@ -377,10 +382,9 @@ class OptimizedFunction:
         """What ``plan`` returns for a call of ``tensors`` (``arguments``: the call's by name)."""
         if plan.run is None:
             return self.fn(*args, **kwargs)
-        out = plan.run(*tensors)
-        for name in plan.returned:  # an argument the original updates and returns (a KV cache)
-            out = adopt(out, arguments[name])
-        return out
+        if plan.into is not None:  # an argument the original updates and returns (a KV cache)
+            return plan.into(tensors, [arguments[name] for name in plan.returned])
+        return plan.run(*tensors)
 
     def _first(self, call: BoundCall, args: tuple, kwargs: dict):
         """Optimize for ``call`` and keep the plan (dropping the least recently used beyond
@@ -494,7 +498,7 @@ class OptimizedFunction:
         except (Apart, RuntimeError, ValueError, IndexError):
             return None
         return None if was.validation and not was.validation.passed else \
-            Plan(run, was, None, returned=tuple(call.returned))
+            Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
 
     def _validated(self, call: BoundCall, run: Callable, program: Callable[[], Program]):
         """``run`` against the original on fresh inputs; ``program()``, the captured program, gives
@@ -551,7 +555,8 @@ class OptimizedFunction:
         if unchanged(program, result.program) and not any(k.startswith("triton.") for k in module.kernels):
             report.kernels = {}  # it binds none
             return Plan(None, report, result.egraph, result)
-        plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned))
+        plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned),
+                    into=_into(call, module, returns))
         return self._never_slower(plan, target, args, device, latency, original_s)
 
     def _describe(self, report: Report, program, result: Optimized, module, latency, priced) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 import torch
-from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, tree_flatten, tree_unflatten
+from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, tree_flatten, tree_unflatten, treespec_leaf
 
 from ..frontends.capture import SideEffect, cache_pytrees
 
@@ -139,15 +139,74 @@ def _items(out: Any) -> list:
     return list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, tuple) else [out]
 
 
-def adopt(out: Any, caller: Any) -> Any:
-    """``out`` with the object ``caller`` passed in place of the one of its type the plan rebuilt:
-    the original updates its argument (a KV cache) and returns it, so ``caller`` takes the rebuilt
-    one's state."""
-    for key, value in (out.items() if isinstance(out, dict) else ()):
-        if type(value) is type(caller) and value is not caller:
-            vars(caller).update(vars(value))
-            out[key] = caller
-    return out
+class Into:
+    """What a plan returns where the original updates an argument and returns it (a KV cache): the
+    plan's new tensors are written where the caller's object holds its own, as the original's
+    update does, and the object is returned. The first call checks that this leaves the object
+    as one rebuilt from the tensors would be (its other state equal); where not, every call
+    rebuilds one and the caller takes its state (a cache's constructor copies every layer)."""
+
+    def __init__(self, forward: Callable, returns: TreeSpec):
+        self.forward, self.returns = forward, returns
+        self.outer = TreeSpec(returns.type, returns.context, [treespec_leaf()] * returns.num_children)
+        self.paths: dict[int, list | bool] = {}  # child -> where its leaves are held, or False
+
+    def __call__(self, tensors: tuple, callers: list) -> Any:
+        flat, parts, start = self.forward(*tensors), [], 0
+        for index, child in enumerate(self.returns.children()):
+            leaves, start = flat[start:start + child.num_leaves], start + child.num_leaves
+            caller = next((c for c in callers if type(c) is child.type), None)
+            parts.append(tree_unflatten(leaves, child) if caller is None else self._into(index, caller, leaves, child))
+        return tree_unflatten(parts, self.outer)
+
+    def _into(self, index: int, caller: Any, leaves: list, spec: TreeSpec) -> Any:
+        paths = self.paths.get(index)
+        if paths is None:
+            held = {id(v): path for path, v in _held(caller) if isinstance(v, torch.Tensor)}
+            paths = [held.get(id(t)) for t in tree_flatten(caller)[0]]
+            rebuilt = tree_unflatten(leaves, spec)
+            try:
+                paths = all(paths) and len(set(paths)) == len(leaves) and (_write(caller, paths, leaves) or paths)
+            except (TypeError, AttributeError):  # held in a tuple or a read-only attribute
+                paths = False
+            self.paths[index] = paths = paths and _plain(caller) == _plain(rebuilt) and paths
+            if not paths:
+                vars(caller).update(vars(rebuilt))
+        elif paths is False:
+            vars(caller).update(vars(tree_unflatten(leaves, spec)))
+        else:
+            _write(caller, paths, leaves)
+        return caller
+
+
+def _held(obj: Any):
+    """(path, value) of what ``obj`` holds through attributes, lists and dicts, each object walked
+    once: where a pytree object keeps its tensors, and the plain state beside them."""
+    stack, seen = [((), obj)], {id(obj)}
+    while stack:
+        path, x = stack.pop()
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else \
+            vars(x).items() if hasattr(x, "__dict__") and not isinstance(x, (torch.Tensor, type)) else ()
+        for key, value in items:
+            yield path + (key,), value
+            if id(value) not in seen and not isinstance(value, torch.Tensor):
+                seen.add(id(value))
+                stack.append((path + (key,), value))
+
+
+def _plain(obj: Any) -> dict:
+    return {path: v for path, v in _held(obj) if isinstance(v, _SIMPLE)}
+
+
+def _write(obj: Any, paths: list, leaves: list) -> None:
+    for path, leaf in zip(paths, leaves):
+        holder = obj
+        for key in path[:-1]:
+            holder = holder[key] if isinstance(holder, (list, dict)) else getattr(holder, key)
+        if isinstance(holder, (list, dict)):
+            holder[path[-1]] = leaf
+        else:
+            setattr(holder, path[-1], leaf)
 
 
 def specialize(fn: Callable, names: list[str], rebuild: Callable) -> Callable:

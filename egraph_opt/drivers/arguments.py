@@ -160,22 +160,19 @@ class Into:
         return tree_unflatten(parts, self.outer)
 
     def _into(self, index: int, caller: Any, leaves: list, spec: TreeSpec) -> Any:
-        paths = self.paths.get(index)
-        if paths is None:
+        if index not in self.paths:  # the first call: where the caller holds its tensors
             held = {id(v): path for path, v in _held(caller) if isinstance(v, torch.Tensor)}
             paths = [held.get(id(t)) for t in tree_flatten(caller)[0]]
-            rebuilt = tree_unflatten(leaves, spec)
-            try:
-                paths = all(paths) and len(set(paths)) == len(leaves) and (_write(caller, paths, leaves) or paths)
+            try:  # written there, the caller must equal one rebuilt from them
+                same = all(paths) and len(set(paths)) == len(leaves) and _write(caller, paths, leaves) is None \
+                    and _plain(caller) == _plain(tree_unflatten(leaves, spec))
             except (TypeError, AttributeError):  # held in a tuple or a read-only attribute
-                paths = False
-            self.paths[index] = paths = paths and _plain(caller) == _plain(rebuilt) and paths
-            if not paths:
-                vars(caller).update(vars(rebuilt))
-        elif paths is False:
-            vars(caller).update(vars(tree_unflatten(leaves, spec)))
+                same = False
+            self.paths[index] = same and paths
+        if self.paths[index]:
+            _write(caller, self.paths[index], leaves)
         else:
-            _write(caller, paths, leaves)
+            vars(caller).update(vars(tree_unflatten(leaves, spec)))
         return caller
 
 

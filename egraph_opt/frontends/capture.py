@@ -7,6 +7,7 @@ Term language does not express become opaque calls, carried through untouched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 import logging
@@ -22,7 +23,7 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_unflatten
 
-from . import lowering, lowering_aten, lowering_einsum, lowering_nn  # noqa: F401 - these register lowerings
+from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_nn  # noqa: F401 - these register lowerings
 from .effects import Draws, functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
@@ -94,7 +95,20 @@ def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
     finally:
         logger.setLevel(level)
     sys.stderr.write(written.getvalue())
+    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+           and n.target not in lowering.TABLE for n in exported.graph.nodes):
+        exported = exported.run_decompositions(_decompositions())
     return exported.module()
+
+
+@functools.cache
+def _decompositions() -> dict:
+    """torch's table to the Core ATen opset, less the ops lowered as they are: a composite the
+    Term language holds whole (softmax, layer norm, attention) stays whole, and its fusions hold."""
+    table = torch.export.default_decompositions()
+    for op in [op for op in table if op in lowering.TABLE]:
+        del table[op]
+    return table
 
 
 @dataclass(frozen=True)
@@ -217,6 +231,9 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
                 for t in _new_terms(term, seen):  # this node's terms, intermediates included
                     if scope and t.args:
                         scopes[id(t)] = scope
+    for key, tensor in params.items():  # constants computed while lowering: the plan reads them there
+        if key.startswith(lowering.CONSTANT):
+            setattr(gm, key, tensor)
     return Program(tuple(inputs), output, opaque, params, scopes).pruned(), gm
 
 

@@ -61,6 +61,12 @@ class Ctx:
     def floating(self, t) -> bool:
         return self.info(t).dtype.is_floating_point
 
+    def constant(self, value: torch.Tensor) -> Term:
+        """A tensor that depends on shapes and constants alone (a mask built in the function): a
+        parameter of this signature's program, which ``_operand`` reads as its number where it is
+        one number that broadcasting does not widen."""
+        return self.param(f"{CONSTANT}{len(self.params)}", value)
+
 
 TABLE: dict[Any, Callable] = {}
 MODULES: dict[type, Callable] = {}  # leaf module types (their forward is not traceable)
@@ -91,15 +97,57 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
     else:
         fn = TABLE.get(node.target) or TABLE.get(functional(node.target)) \
             if node.op in ("call_function", "call_method") else None  # pure in place: its twin
-    if fn is None or _empty(node, args, kwargs, ctx):
+    if _empty(node, args, kwargs, ctx):
         return None
+    found: list = []
+    map_aggregate((args, kwargs), lambda a: found.append(a) if isinstance(a, Term) else None)
+    result = _fold(node, args, kwargs, ctx) if any(_constant(a) for a in found) else None
     try:
-        result = fn(ctx, *args, **kwargs)
+        result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
     except (Unsupported, TypeError, KeyError):
-        return None
+        result = None
+    if result is None:
+        result = _fold(node, args, kwargs, ctx)
     if isinstance(result, Term):
         info_of.setdefault(id(result), ctx.out)
     return result if isinstance(result, (Term, Parts)) else None
+
+
+CONSTANT = "_constant"  # the prefix of the parameters ``Ctx.constant`` makes
+#: calls whose value reads only its operands' shapes and dtypes
+LIKE = {torch.full_like, torch.zeros_like, torch.ones_like, "new_full", "new_zeros", "new_ones",
+        "fill", torch.ops.aten.full_like.default, torch.ops.aten.fill.Scalar}
+_FOLD_LIMIT = 1 << 24  # elements: a constant larger than this stays a call
+
+
+def _constant(t) -> bool:
+    return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(CONSTANT)
+
+
+def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
+    """A call of constants and shapes (``torch.ones(T, T).tril()``, ``torch.full_like(s, v)``):
+    computed here, once per signature; uninitialized memory (``empty``) is never a constant."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if node.op not in ("call_function", "call_method") or "empty" in str(name) \
+            or not hasattr(c.out, "shape") or math.prod(c.out.shape) > _FOLD_LIMIT:
+        return None
+    like = node.target in LIKE
+
+    def value(a):
+        if _constant(a):
+            return c.params[a.attrs[0]]
+        if isinstance(a, Term) and like and a is args[0]:
+            return torch.empty(c.info(a).shape, dtype=c.info(a).dtype)
+        if isinstance(a, (Term, OpaqueRef)):
+            raise Unsupported("a value")
+        return a
+    try:
+        a, kw = map_aggregate((args, kwargs), value)
+        fn = getattr(a[0], node.target) if node.op == "call_method" else node.target
+        out = fn(*(a[1:] if node.op == "call_method" else a), **kw)
+    except Exception:  # noqa: BLE001 - any call that cannot run on these constants stays a call
+        return None
+    return c.constant(out) if isinstance(out, torch.Tensor) and out.device.type != "meta" else None
 
 
 def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
@@ -116,13 +164,15 @@ def _operand(c: Ctx, x, other) -> Term:
     """A tensor operand, or a number beside a floating tensor as a const: a Python number, or a
     0-d tensor the trace captured (``torch.tensor(2.0)``, closed over) that acts as one (the result
     keeps the other operand's dtype), in one form whatever its spelling (``forms.constant``)."""
-    if isinstance(x, Term) and x.op == "param" and x.attrs[0].startswith("_tensor_constant") \
+    if isinstance(x, Term) and x.op == "param" and x.attrs[0].startswith(("_tensor_constant", CONSTANT)) \
             and isinstance(other, Term) and other.op != "const":
         value = c.params.get(x.attrs[0])
-        if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad \
+        if isinstance(value, torch.Tensor) and value.numel() and not value.requires_grad \
                 and not value.is_complex() and value.dtype != torch.bool \
-                and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype:
-            x = value.item()
+                and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype \
+                and (value.dim() == 0 or value.dtype == c.out.dtype and tuple(c.info(other).shape)
+                     == tuple(c.out.shape) and bool((value == value.flatten()[0]).all())):
+            x = value.flatten()[0].item()  # one number, which broadcasting does not widen
     if isinstance(x, Term):
         return x
     if isinstance(x, (int, float)) and not isinstance(x, bool) and isinstance(other, Term) \
@@ -156,12 +206,13 @@ for _name, _targets in {
     "pow": (operator.pow, torch.pow, "pow"), "maximum": (torch.maximum, "maximum"),
     "minimum": (torch.minimum, "minimum"), "logaddexp": (torch.logaddexp, "logaddexp"),
     "atan2": (torch.atan2, torch.arctan2, "atan2", "arctan2"), "hypot": (torch.hypot, "hypot"),
+    "fmod": (torch.fmod, "fmod"), "remainder": (operator.mod, torch.remainder, "remainder"),
 }.items():
     lowers(*_targets)(_binary(_name))
 
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
               "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh", "isnan",
-              "logical_not"):
+              "logical_not", "floor", "ceil", "round", "trunc", "asin", "acos", "sinh", "cosh", "log2", "log10"):
     lowers(*(t for t in (getattr(torch, _name, None), getattr(F, _name, None), _name,
                          getattr(operator, _name, None)) if t is not None))(
         lambda c, x, *, _op=_name, inplace=False: Term(_op, (c.tensor(x),)))
@@ -244,7 +295,7 @@ def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
     if dtype is not None:
         x = _cast(c, x, dtype)
     rank = c.rank(x)
-    dims = range(rank) if dim is None else [dim] if isinstance(dim, int) else dim
+    dims = range(rank) if dim is None or dim == [] or dim == () else [dim] if isinstance(dim, int) else dim
     return forms.reduce(op, x, dims, rank, keepdim)
 
 
@@ -387,11 +438,18 @@ def _identity(c, x, *args, memory_format=None):
     return c.tensor(x)
 
 
-@lowers(F.dropout)
-def _dropout(c, x, p=0.5, training=True, inplace=False):
-    if training and p > 0:
-        raise Unsupported("dropout in training mode")
-    return x
+def _dropout(training: bool):
+    """Every spelling of dropout: the identity with p = 0 or outside training."""
+    def lower_dropout(c, x, p=0.5, training=training, inplace=False):
+        if training and p > 0:
+            raise Unsupported("dropout in training mode")
+        return c.tensor(x)
+    return lower_dropout
+
+
+lowers(F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, torch.dropout, torch.feature_dropout,
+       torch.alpha_dropout, torch.feature_alpha_dropout)(_dropout(True))
+lowers(F.alpha_dropout, F.feature_alpha_dropout)(_dropout(False))
 
 
 def _cast(c, x, dtype) -> Term:

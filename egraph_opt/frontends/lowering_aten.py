@@ -152,3 +152,4 @@ def _slice(c, x, dim=0, start=None, end=None, step=1):
 def _numpy_t(c, x):
     """``x.T`` as torch.export records it: every axis reversed."""
     return low._permute(c, x, list(range(c.rank(x)))[::-1])
+

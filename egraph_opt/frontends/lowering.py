@@ -143,7 +143,8 @@ def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
         return a
     try:
         a, kw = map_aggregate((args, kwargs), value)
-        fn = getattr(a[0], node.target) if node.op == "call_method" else node.target
+        target = functional(node.target) or node.target  # never writes into a constant
+        fn = getattr(a[0], target) if node.op == "call_method" else target
         out = fn(*(a[1:] if node.op == "call_method" else a), **kw)
     except Exception:  # noqa: BLE001 - any call that cannot run on these constants stays a call
         return None
@@ -171,7 +172,8 @@ def _operand(c: Ctx, x, other) -> Term:
                 and not value.is_complex() and value.dtype != torch.bool \
                 and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype \
                 and (value.dim() == 0 or value.dtype == c.out.dtype and tuple(c.info(other).shape)
-                     == tuple(c.out.shape) and bool((value == value.flatten()[0]).all())):
+                     == tuple(c.out.shape) and bool((value == value.flatten()[0]).all())) \
+                and float(value.flatten()[0].float()) == value.flatten()[0].item():  # as float32 reads it
             x = value.flatten()[0].item()  # one number, which broadcasting does not widen
     if isinstance(x, Term):
         return x
@@ -462,10 +464,12 @@ def _cast(c, x, dtype) -> Term:
 
 @lowers("to", "type")
 def _to(c, x, *args, **kwargs):
-    if set(kwargs) - {"dtype"} or len(args) > 1:
-        raise Unsupported("to() with device or options")
+    """A cast: to a dtype, or to another tensor's (the same dtype: x itself); options that keep
+    values (copy, non_blocking, memory_format) are read as such."""
+    if set(kwargs) - {"dtype", "copy", "non_blocking", "memory_format"} or len(args) > 1:
+        raise Unsupported("to() with a device")
     dtype = kwargs.get("dtype", args[0] if args else None)
-    return _cast(c, x, dtype)
+    return _cast(c, x, c.info(dtype).dtype if isinstance(dtype, Term) else dtype)
 
 
 @lowers("type_as")

@@ -40,7 +40,7 @@ SAME = {
     aten.gelu.default: low._gelu, aten.conv2d.default: nn_low._conv2d,
     aten.max_pool2d.default: nn_low._max_pool2d, aten.split.Tensor: low._split,
     aten.split_with_sizes.default: low._split, aten.chunk.default: low._chunk,
-    aten.dropout.default: low._dropout, aten.silu.default: low._silu,
+    aten.dropout.default: low._dropout(True), aten.silu.default: low._silu,
 }
 for _op in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
             "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh"):

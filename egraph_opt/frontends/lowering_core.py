@@ -40,12 +40,10 @@ OPAQUE = {
                     "a gradient: capture lowers forward programs, autograd stays torch's"),
     **dict.fromkeys((aten._fft_c2r.default, aten._fft_r2c.default), "complex values: the Term language is real"),
     **dict.fromkeys((aten.sort.default, aten.topk.default, aten.argmax.default, aten.argmin.default,
-                     aten.cumsum.default, aten.prod.default, aten.prod.dim_int, aten.scatter.src, aten.scatter.value, aten.scatter_add.default,
-                     aten.scatter_reduce.two, aten.index_put.default, aten.masked_scatter.default,
-                     aten.grid_sampler_2d.default, aten.upsample_bilinear2d.vec, aten.col2im.default,
-                     aten._cdist_forward.default, aten._pdist_forward.default,
-                     aten._embedding_bag.default, aten.max_pool3d_with_indices.default,
-                     aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats),
+                     aten.cumsum.default, aten.prod.default, aten.prod.dim_int, aten.index_put.default,
+                     aten.masked_scatter.default, aten.grid_sampler_2d.default, aten.upsample_bilinear2d.vec,
+                     aten.col2im.default, aten._pdist_forward.default, aten._embedding_bag.default,
+                     aten.max_pool3d_with_indices.default),
                     _NO_TERM),
 }
 
@@ -416,3 +414,87 @@ def _index(c, x, indices):
     merged = Term("reshape", (x,), (shape_attr(shape[:first] + (math.prod(shape[first:last]),) + shape[last:]),))
     picked = Term("index_select", (merged, c.constant(flat.reshape(-1))), (first - (len(shape) - len(axes) + 1),))
     return Term("reshape", (picked,), (c.out_shape(),))
+
+
+def _scattered(c, x, dim, index):
+    """Where a constant ``index`` writes along ``dim`` (a bool mask of x's shape), and from which
+    of its positions (gather's index into the source): each position written at most once."""
+    if not low._constant(index) and not (isinstance(index, Term) and index.op == "param"
+                                         and index.attrs[0].startswith("_tensor_constant")):
+        raise Unsupported("an index that is not a constant")
+    value, shape = c.params[index.attrs[0]].long(), tuple(c.info(x).shape)
+    if not bool(((value >= 0) & (value < shape[dim])).all()):
+        raise Unsupported("an index out of range")
+    counts = torch.zeros(shape, dtype=torch.long).scatter_add_(dim, value, torch.ones_like(value))
+    if int(counts.max()) > 1:
+        raise Unsupported("a position written twice: the order of writes decides")
+    at = torch.arange(value.shape[dim]).reshape([-1 if d == dim % len(shape) else 1 for d in range(len(shape))])
+    source = torch.zeros(shape, dtype=torch.long).scatter_(dim, value, at.expand(value.shape).contiguous())
+    return c.constant(counts.bool()), c.constant(source)
+
+
+def _from_source(c, x, dim, src, source: Term) -> Term:
+    if any(s < n for d, (s, n) in enumerate(zip(c.info(src).shape, c.info(x).shape)) if d != dim % c.rank(x)):
+        raise Unsupported("a source narrower than the tensor it scatters into")
+    return Term("gather", (c.tensor(src), source), (c.axis(x, dim),))
+
+
+@lowers(aten.scatter.value, aten.scatter.src, aten.scatter_add.default)
+def _scatter(c, x, dim, index, src, *, reduce=None, _add=False):
+    """x with the positions a constant index names replaced by src (or by the value)."""
+    written, source = _scattered(c, x, dim, index)
+    if reduce is not None:
+        raise Unsupported("scatter with reduce")
+    new = low._operand(c, src, x) if not isinstance(src, Term) else _from_source(c, x, dim, src, source)
+    return Term("where", (written, Term("add", (x, new)) if _add else new, x))
+
+
+lowers(aten.scatter_add.default)(lambda c, x, dim, index, src: _scatter(c, x, dim, index, src, _add=True))
+
+
+@lowers(aten.scatter_reduce.two)
+def _scatter_reduce(c, x, dim, index, src, reduce, include_self=True):
+    ops = {"sum": "add", "prod": "mul", "amax": "maximum", "amin": "minimum"}
+    if reduce not in ops or not include_self:
+        raise Unsupported(f"scatter_reduce {reduce!r} or without self")
+    written, source = _scattered(c, x, dim, index)
+    return Term("where", (written, Term(ops[reduce], (x, _from_source(c, x, dim, src, source))), x))
+
+
+def _batch_stats(c, x, weight, bias, eps):
+    """(x - mean) rsqrt(var + eps) over every axis but the channels (axis 1), biased variance,
+    and the per-channel affine: batch norm in training, as torch computes its output."""
+    shape, rank = tuple(c.info(x).shape), c.rank(x)
+    if any(d == 0 for d in shape):
+        raise Unsupported("an empty batch")
+    channels = Term("reshape", (forms.permute(x, [1, 0, *range(2, rank)], rank),),
+                    (shape_attr((shape[1], math.prod(shape) // shape[1])),))
+    column = shape_attr((1, shape[1]) + (1,) * (rank - 2))
+    mean = Term("reshape", (Term("mean", (channels,), (-1, True)),), (column,))
+    var = Term("reshape", (Term("var", (channels,), (-1, True, 0)),), (column,))
+    rstd = Term("rsqrt", (forms.binary("add", var, forms.constant(eps, str(c.info(x).dtype)[6:])),))
+    out = Term("mul", (Term("sub", (x, mean)), rstd))
+    for t, op in ((weight, "mul"), (bias, "add")):
+        out = out if t is None else Term(op, (out, Term("reshape", (t,), (column,))))
+    flat = shape_attr((shape[1],))
+    return Parts((out, Term("reshape", (mean,), (flat,)), Term("reshape", (rstd,), (flat,))))
+
+
+lowers(aten._native_batch_norm_legit.default, aten.native_batch_norm.default)(
+    lambda c, x, w, b, running_mean, running_var, training, momentum, eps: _batch_stats(c, x, w, b, eps)
+    if training else Parts((Term("batch_norm", (x, running_mean, running_var, w, b), (float(eps),)), None, None)))
+lowers(aten._native_batch_norm_legit.no_stats)(
+    lambda c, x, w, b, training, momentum, eps: _batch_stats(c, x, w, b, eps))
+
+
+@lowers(aten._cdist_forward.default)
+def _cdist(c, x1, x2, p, compute_mode=None):
+    """(sum |x1_i - x2_j|^p)^(1/p) over the last axis, p 1 or 2 (their own kernels' formulas)."""
+    if p not in (1.0, 2.0) or c.rank(x1) != c.rank(x2):
+        raise Unsupported("a p-norm other than 1 and 2")
+    s1, s2 = tuple(c.info(x1).shape), tuple(c.info(x2).shape)
+    a = Term("reshape", (x1,), (shape_attr(s1[:-1] + (1, s1[-1])),))
+    b = Term("reshape", (x2,), (shape_attr(s2[:-2] + (1,) + s2[-2:]),))
+    d = Term("sub", (a, b))
+    total = Term("sum", (Term("abs", (d,)) if p == 1 else Term("mul", (d, d)),), (-1, False))
+    return total if p == 1 else Term("sqrt", (total,))

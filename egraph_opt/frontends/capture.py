@@ -7,7 +7,6 @@ Term language does not express become opaque calls, carried through untouched.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import io
 import logging
@@ -97,18 +96,8 @@ def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
     sys.stderr.write(written.getvalue())
     if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
            and n.target not in lowering.TABLE for n in exported.graph.nodes):
-        exported = exported.run_decompositions(_decompositions())
+        exported = exported.run_decompositions(lowering.decompositions())
     return exported.module()
-
-
-@functools.cache
-def _decompositions() -> dict:
-    """torch's table to the Core ATen opset, less the ops lowered as they are: a composite the
-    Term language holds whole (softmax, layer norm, attention) stays whole, and its fusions hold."""
-    table = torch.export.default_decompositions()
-    for op in [op for op in table if op in lowering.TABLE]:
-        del table[op]
-    return table
 
 
 @dataclass(frozen=True)

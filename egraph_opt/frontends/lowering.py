@@ -5,6 +5,7 @@ raises ``Unsupported`` and the node stays an opaque call, which is always sound.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import fx
+from torch._decomp import decomposition_table
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.node import map_aggregate
 
 from . import forms
@@ -107,7 +110,7 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
     except (Unsupported, TypeError, KeyError):
         result = None
     if result is None:
-        result = _fold(node, args, kwargs, ctx)
+        result = _fold(node, args, kwargs, ctx) or _decomposed(node, args, kwargs, ctx)
     if isinstance(result, Term):
         info_of.setdefault(id(result), ctx.out)
     return result if isinstance(result, (Term, Parts)) else None
@@ -149,6 +152,79 @@ def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
     except Exception:  # noqa: BLE001 - any call that cannot run on these constants stays a call
         return None
     return c.constant(out) if isinstance(out, torch.Tensor) and out.device.type != "meta" else None
+
+
+@functools.cache
+def decompositions(reference: bool = False) -> dict:
+    """torch's table to the Core ATen opset (or every reference decomposition torch has), less
+    the ops lowered as they are: a composite the Term language holds whole (softmax, layer norm,
+    attention) stays whole, and its fusions hold."""
+    table = dict(decomposition_table) if reference else torch.export.default_decompositions()
+    for op in [op for op in table if op in TABLE]:
+        del table[op]
+    return table
+
+
+_TRACED: dict = {}  # a call's spelling and operand shapes -> its Core ATen graph, or None
+_DECOMPOSING: set = set()  # the calls whose decompositions are being lowered
+
+
+def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
+    """A call the table does not know, traced by torch's own decompositions and lowered op by op
+    (None where one stays a call): a torch function (``F.pad``, ``torch.tril``) into the Core
+    ATen opset, a core overload (``aten.elu``) into the ops its reference decomposition calls."""
+    terms: list = []
+    map_aggregate((args, kwargs), lambda a: terms.append(a) if isinstance(a, (Term, OpaqueRef)) else None)
+    overload = isinstance(node.target, torch._ops.OpOverload)
+    if node.op not in ("call_function", "call_method") or not hasattr(c.out, "shape") \
+            or not all(isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING \
+            or overload and node.target not in decomposition_table:
+        return None
+
+    def call(*tensors):
+        it = iter(tensors)
+        a, kw = map_aggregate((args, kwargs), lambda v: next(it) if isinstance(v, Term) else v)
+        target = functional(node.target) or node.target
+        return getattr(a[0], target)(*a[1:], **kw) if node.op == "call_method" else target(*a, **kw)
+    key = repr((node.op, node.target, map_aggregate((args, kwargs), lambda v: (
+        tuple(c.info(v).shape), c.info(v).dtype) if isinstance(v, Term) else v)))
+    if key not in _TRACED:  # a call repeated in each block of a model is traced once
+        try:
+            empties = [torch.empty(c.info(t).shape, dtype=c.info(t).dtype) for t in terms]
+            table = decompositions(reference=True) if overload else decompositions()
+            _TRACED[key] = make_fx(call, decomposition_table=table, tracing_mode="fake")(*empties)
+        except Exception:  # noqa: BLE001 - what torch cannot trace stays the call it was
+            _TRACED[key] = None
+        if len(_TRACED) > 256:
+            _TRACED.pop(next(iter(_TRACED)))
+    gm = _TRACED[key]
+    if gm is None:
+        return None
+    values: dict = {}
+    operands = iter(terms)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            values[n] = next(operands)
+        elif n.op == "get_attr":
+            values[n] = c.constant(getattr(gm, n.target))
+        elif n.op == "output":
+            out = map_aggregate(n.args[0], lambda a: values[a] if isinstance(a, fx.Node) else a)
+            if isinstance(out, (tuple, list)):  # (output, mean, rstd): the Terms among them
+                return Parts(tuple(t if isinstance(t, Term) else None for t in out))
+            return out if isinstance(out, Term) else None
+        else:
+            n.meta["egraph_opt"] = map_aggregate(n.meta.get("val"), lambda v: type(c.out)(
+                tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v)
+            a, kw = map_aggregate((n.args, n.kwargs), lambda v: values[v] if isinstance(v, fx.Node) else v)
+            _DECOMPOSING.add(node.target)  # its decomposition may call it again: lowered or not
+            try:
+                t = lower(n, a, kw, c.info_of, None, c.params)
+            finally:
+                _DECOMPOSING.discard(node.target)
+            if t is None:
+                return None
+            values[n] = OpaqueRef(n.name, t) if isinstance(t, Parts) else t
+    return None
 
 
 def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:

@@ -22,6 +22,8 @@ aten = torch.ops.aten
 FOLDED = {aten.arange.start_step, aten.full.default, aten.full_like.default, aten.fill.Scalar,
           aten.scalar_tensor.default, aten.sym_size.int, aten.sym_numel.default}
 _NO_TERM = "no op of the Term language computes it"
+#: core overloads lowered through torch's reference decompositions (tests/test_core_aten.py runs each)
+DECOMPOSED = {aten.elu.default, aten.leaky_relu.default, aten._adaptive_avg_pool2d.default}
 #: core overloads that stay calls, and why
 OPAQUE = {
     **dict.fromkeys((aten.rand.default, aten.randn.default, aten.randperm.default),
@@ -32,6 +34,7 @@ OPAQUE = {
                     "reads memory layout (strides, storage offset), not values"),
     aten._local_scalar_dense.default: "reads a tensor's value on the host (.item())",
     aten.nonzero.default: "its shape depends on its operand's values",
+    aten._adaptive_avg_pool3d.default: "its reference decomposition does not lower",
     aten.atan2.out: "writes its out= argument (atan2.default is lowered)",
     **dict.fromkeys((aten._adaptive_avg_pool2d_backward.default, aten.avg_pool2d_backward.default,
                      aten.convolution_backward.default, aten.embedding_dense_backward.default,
@@ -40,10 +43,11 @@ OPAQUE = {
                     "a gradient: capture lowers forward programs, autograd stays torch's"),
     **dict.fromkeys((aten._fft_c2r.default, aten._fft_r2c.default), "complex values: the Term language is real"),
     **dict.fromkeys((aten.sort.default, aten.topk.default, aten.argmax.default, aten.argmin.default,
-                     aten.cumsum.default, aten.prod.default, aten.prod.dim_int, aten.index_put.default,
-                     aten.masked_scatter.default, aten.grid_sampler_2d.default, aten.upsample_bilinear2d.vec,
-                     aten.col2im.default, aten._pdist_forward.default, aten._embedding_bag.default,
-                     aten.max_pool3d_with_indices.default),
+                     aten.cumsum.default, aten.prod.default, aten.prod.dim_int, aten.grid_sampler_2d.default,
+                     aten.upsample_bilinear2d.vec, aten.col2im.default, aten._pdist_forward.default,
+                     aten._embedding_bag.default, aten.max_pool3d_with_indices.default, aten.scatter.value,
+                     aten.scatter_add.default, aten.scatter_reduce.two, aten._cdist_forward.default,
+                     aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats),
                     _NO_TERM),
 }
 
@@ -170,21 +174,6 @@ def _sign(c, x):
                         Term("cast", (Term("less", (x, zero)),), (dtype,))))
 
 
-@lowers(aten.leaky_relu.default)
-def _leaky_relu(c, x, negative_slope=0.01):
-    return Term("where", (Term("less", (Term.const(0.0), x)), x,
-                          forms.binary("mul", _floating(c, x), low._operand(c, negative_slope, x))))
-
-
-@lowers(aten.elu.default)
-def _elu(c, x, alpha=1.0, scale=1.0, input_scale=1.0):
-    """x > 0 ? x scale : expm1(x input_scale) (alpha scale), torch's formula; a factor 1 is exact."""
-    def times(t, k):
-        return t if k == 1 else forms.binary("mul", t, low._operand(c, k, x))
-    negative = times(Term("expm1", (times(_floating(c, x), input_scale),)), alpha * scale)
-    return Term("where", (Term("less", (Term.const(0.0), x)), times(x, scale), negative))
-
-
 @lowers(aten._to_copy.default)
 def _to_copy(c, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
@@ -270,14 +259,6 @@ def _avg_pool(c, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_in
     return _window_mean(c, x, kernel)
 
 
-@lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
-def _adaptive_avg_pool(c, x, output_size):
-    spatial = c.info(x).shape[2:]
-    if any(n % o for n, o in zip(spatial, output_size)):
-        raise Unsupported("windows of unequal sizes")
-    return _window_mean(c, x, [n // o for n, o in zip(spatial, output_size)])
-
-
 @lowers(aten.constant_pad_nd.default)
 def _constant_pad(c, x, pad, value=0):
     """Blocks of ``value`` concatenated on each side of each axis (a negative pad is a slice)."""
@@ -296,205 +277,51 @@ def _constant_pad(c, x, pad, value=0):
     return out
 
 
-def _indexed(c, x, axis: int, index: list[int]) -> Term:
-    """x at ``index`` along ``axis``: flips, reflections and replications of edges."""
-    return Term("index_select", (x, c.constant(torch.tensor(index))), (axis,))
+#: ops each of whose elements is a copy of one element of their tensor operands, at positions that
+#: shapes and constant arguments alone decide
+MOVES = (aten.flip.default, aten.repeat.default, aten.diagonal.default, aten.reflection_pad1d.default,
+         aten.reflection_pad2d.default, aten.reflection_pad3d.default, aten.replication_pad2d.default,
+         aten.replication_pad3d.default, aten.upsample_nearest2d.vec, aten.slice_scatter.default,
+         aten.select_scatter.default, aten.scatter.src, aten.index.Tensor, aten.index_put.default,
+         aten.masked_scatter.default)
 
 
-def _padded(reflect: bool):
-    def lower(c, x, padding):
-        out = x
-        for i in range(len(padding) // 2):
-            left, right = padding[2 * i:2 * i + 2]
-            n = c.info(x).shape[-1 - i]
-            inner = list(range(n))
-            if reflect:
-                index = inner[left:0:-1] + inner + inner[-2:-2 - right:-1]
-            else:
-                index = [0] * left + inner + [n - 1] * right
-            if min(left, right) < 0 or len(index) != n + left + right:
-                raise Unsupported("a negative or too wide pad")
-            out = _indexed(c, out, -1 - i, index)
-        return out
-    return lower
+def _moved(c, *args, _op=None, **kwargs):
+    """The op run here on the positions of its operands' elements (float64 counts, each operand
+    after the ones before it) says where each of its elements comes from: one index_select of the
+    operands flattened and concatenated, at that index (a constant)."""
+    data = [a for a in args if isinstance(a, Term) and not _known(a)]
+    if not data or len({c.info(a).dtype for a in data}) > 1:
+        raise Unsupported("operands of several dtypes")
+    at, start = {}, 0
+    for a in data:
+        n = math.prod(c.info(a).shape)
+        at[id(a)], start = torch.arange(start, start + n, dtype=torch.float64).reshape(c.info(a).shape), start + n
 
-
-lowers(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)(_padded(True))
-lowers(aten.replication_pad2d.default, aten.replication_pad3d.default)(_padded(False))
-
-
-@lowers(aten.flip.default)
-def _flip(c, x, dims):
-    out = x
-    for d in dims:
-        out = _indexed(c, out, c.axis(x, d), list(range(c.info(x).shape[d]))[::-1])
-    return out
-
-
-@lowers(aten.repeat.default)
-def _repeat(c, x, repeats):
-    """Each axis tiled: a new axis of ``r`` before it, expanded, merged."""
-    shape = (1,) * (len(repeats) - c.rank(x)) + tuple(c.info(x).shape)
-    ones = sum(((1, n) for n in shape), ())
-    wide = sum(((r, n) for r, n in zip(repeats, shape)), ())
-    return Term("reshape", (Term("expand", (Term("reshape", (x,), (shape_attr(ones),)),),
-                                 (shape_attr(wide),)),), (c.out_shape(),))
-
-
-@lowers(aten.upsample_nearest2d.vec)
-def _upsample_nearest(c, x, output_size, scale_factors=None):
-    """Whole-number factors: each pixel expanded into its block."""
-    shape = tuple(c.info(x).shape)
-    out = tuple(c.out.shape)
-    if any(o % n for o, n in zip(out[2:], shape[2:])):
-        raise Unsupported("a factor that is not a whole number")
-    ones = shape[:2] + sum(((n, 1) for n in shape[2:]), ())
-    wide = shape[:2] + sum(((n, o // n) for n, o in zip(shape[2:], out[2:])), ())
-    return Term("reshape", (Term("expand", (Term("reshape", (x,), (shape_attr(ones),)),),
-                                 (shape_attr(wide),)),), (c.out_shape(),))
-
-
-@lowers(aten.diagonal.default)
-def _diagonal(c, x, offset=0, dim1=0, dim2=1):
-    """The diagonal as a strided slice of the two axes merged, moved last."""
-    rank, shape = c.rank(x), c.info(x).shape
-    a, b = dim1 % rank, dim2 % rank
-    n, m = shape[a], shape[b]
-    length = max(0, min(n, m - offset) if offset >= 0 else min(n + offset, m))
-    if not length or a == b:
-        raise Unsupported("an empty diagonal")
-    rest = [d for d in range(rank) if d not in (a, b)]
-    moved = forms.permute(x, rest + [a, b], rank)
-    flat = Term("reshape", (moved,), (shape_attr([shape[d] for d in rest] + [n * m]),))
-    start = offset if offset >= 0 else -offset * m
-    return Term("slice", (flat,), (-1, start, start + (length - 1) * (m + 1) + 1, m + 1))
-
-
-@lowers(aten.slice_scatter.default)
-def _slice_scatter(c, x, src, dim=0, start=None, end=None, step=1):
-    """x with its slice ``start:end`` along ``dim`` replaced by ``src``: three pieces concatenated."""
-    n = c.info(x).shape[dim]
-    start, end, step = slice(start, end, step).indices(n)
-    if step != 1:
-        raise Unsupported("a strided slice")
-    axis, out = c.axis(x, dim), c.tensor(src)
-    if start > 0:
-        out = Term("concat", (Term("slice", (x,), (axis, 0, start, 1)), out), (axis,))
-    if end < n:
-        out = Term("concat", (out, Term("slice", (x,), (axis, end, n, 1))), (axis,))
-    return out
-
-
-@lowers(aten.select_scatter.default)
-def _select_scatter(c, x, src, dim, index):
-    shape = list(c.info(x).shape)
-    shape[dim] = 1
-    one = Term("reshape", (c.tensor(src),), (shape_attr(shape),))
-    c.info_of[id(one)] = type(c.out)(tuple(shape), c.info(src).dtype)
-    index %= c.info(x).shape[dim]
-    return _slice_scatter(c, x, one, dim, index, index + 1)
-
-
-@lowers(aten.index.Tensor)
-def _index(c, x, indices):
-    """x[i, j] over adjacent axes, the indices constants (a pad's, an upsampling's): one
-    index_select of those axes merged, at the flat indices computed here."""
-    axes = [d for d, i in enumerate(indices) if i is not None]
-    if not axes or axes != list(range(axes[0], axes[0] + len(axes))) \
-            or not all(isinstance(indices[d], Term) and indices[d].op == "param" and indices[d].attrs[0]
-                       .startswith((low.CONSTANT, "_tensor_constant")) for d in axes):
-        raise Unsupported("indices that are not constants, or on axes apart")
-    shape, first, last = tuple(c.info(x).shape), axes[0], axes[-1] + 1
-    flat = 0
-    for d in axes:
-        value = c.params[indices[d].attrs[0]]
-        if value.dtype not in (torch.int64, torch.int32) or not bool(((value >= -shape[d]) & (value < shape[d])).all()):
-            raise Unsupported("an index that is not an integer in range")
-        flat = flat * shape[d] + value.long() % shape[d]
-    merged = Term("reshape", (x,), (shape_attr(shape[:first] + (math.prod(shape[first:last]),) + shape[last:]),))
-    picked = Term("index_select", (merged, c.constant(flat.reshape(-1))), (first - (len(shape) - len(axes) + 1),))
+    def value(a):
+        if isinstance(a, Term) and id(a) not in at and not _known(a):
+            raise Unsupported("an index or mask that is not a constant")
+        if isinstance(a, Term):
+            return at[id(a)] if id(a) in at else c.params[a.attrs[0]]
+        return [value(v) for v in a] if isinstance(a, (list, tuple)) else a
+    if True in args[3:] or kwargs.get("accumulate"):  # index_put's accumulate adds
+        raise Unsupported("accumulated writes")
+    try:
+        index = _op(*(value(a) for a in args), **kwargs)
+    except (RuntimeError, IndexError, ValueError) as e:
+        raise Unsupported(f"the op refuses its positions: {e}") from e
+    if not bool(((index >= 0) & (index < start) & (index == index.round())).all()):
+        raise Unsupported("an element that is no operand's")
+    flat = [Term("reshape", (a,), (str(math.prod(c.info(a).shape)),)) for a in data]
+    pool = functools.reduce(lambda a, b: Term("concat", (a, b), (-1,)), flat)
+    picked = Term("index_select", (pool, c.constant(index.long().reshape(-1))), (-1,))
     return Term("reshape", (picked,), (c.out_shape(),))
 
 
-def _scattered(c, x, dim, index):
-    """Where a constant ``index`` writes along ``dim`` (a bool mask of x's shape), and from which
-    of its positions (gather's index into the source): each position written at most once."""
-    if not low._constant(index) and not (isinstance(index, Term) and index.op == "param"
-                                         and index.attrs[0].startswith("_tensor_constant")):
-        raise Unsupported("an index that is not a constant")
-    value, shape = c.params[index.attrs[0]].long(), tuple(c.info(x).shape)
-    if not bool(((value >= 0) & (value < shape[dim])).all()):
-        raise Unsupported("an index out of range")
-    counts = torch.zeros(shape, dtype=torch.long).scatter_add_(dim, value, torch.ones_like(value))
-    if int(counts.max()) > 1:
-        raise Unsupported("a position written twice: the order of writes decides")
-    at = torch.arange(value.shape[dim]).reshape([-1 if d == dim % len(shape) else 1 for d in range(len(shape))])
-    source = torch.zeros(shape, dtype=torch.long).scatter_(dim, value, at.expand(value.shape).contiguous())
-    return c.constant(counts.bool()), c.constant(source)
+def _known(t: Term) -> bool:
+    """A constant of the signature: folded here, or a tensor the trace closed over."""
+    return t.op == "param" and t.attrs[0].startswith((low.CONSTANT, "_tensor_constant"))
 
 
-def _from_source(c, x, dim, src, source: Term) -> Term:
-    if any(s < n for d, (s, n) in enumerate(zip(c.info(src).shape, c.info(x).shape)) if d != dim % c.rank(x)):
-        raise Unsupported("a source narrower than the tensor it scatters into")
-    return Term("gather", (c.tensor(src), source), (c.axis(x, dim),))
-
-
-@lowers(aten.scatter.value, aten.scatter.src, aten.scatter_add.default)
-def _scatter(c, x, dim, index, src, *, reduce=None, _add=False):
-    """x with the positions a constant index names replaced by src (or by the value)."""
-    written, source = _scattered(c, x, dim, index)
-    if reduce is not None:
-        raise Unsupported("scatter with reduce")
-    new = low._operand(c, src, x) if not isinstance(src, Term) else _from_source(c, x, dim, src, source)
-    return Term("where", (written, Term("add", (x, new)) if _add else new, x))
-
-
-lowers(aten.scatter_add.default)(lambda c, x, dim, index, src: _scatter(c, x, dim, index, src, _add=True))
-
-
-@lowers(aten.scatter_reduce.two)
-def _scatter_reduce(c, x, dim, index, src, reduce, include_self=True):
-    ops = {"sum": "add", "prod": "mul", "amax": "maximum", "amin": "minimum"}
-    if reduce not in ops or not include_self:
-        raise Unsupported(f"scatter_reduce {reduce!r} or without self")
-    written, source = _scattered(c, x, dim, index)
-    return Term("where", (written, Term(ops[reduce], (x, _from_source(c, x, dim, src, source))), x))
-
-
-def _batch_stats(c, x, weight, bias, eps):
-    """(x - mean) rsqrt(var + eps) over every axis but the channels (axis 1), biased variance,
-    and the per-channel affine: batch norm in training, as torch computes its output."""
-    shape, rank = tuple(c.info(x).shape), c.rank(x)
-    if any(d == 0 for d in shape):
-        raise Unsupported("an empty batch")
-    channels = Term("reshape", (forms.permute(x, [1, 0, *range(2, rank)], rank),),
-                    (shape_attr((shape[1], math.prod(shape) // shape[1])),))
-    column = shape_attr((1, shape[1]) + (1,) * (rank - 2))
-    mean = Term("reshape", (Term("mean", (channels,), (-1, True)),), (column,))
-    var = Term("reshape", (Term("var", (channels,), (-1, True, 0)),), (column,))
-    rstd = Term("rsqrt", (forms.binary("add", var, forms.constant(eps, str(c.info(x).dtype)[6:])),))
-    out = Term("mul", (Term("sub", (x, mean)), rstd))
-    for t, op in ((weight, "mul"), (bias, "add")):
-        out = out if t is None else Term(op, (out, Term("reshape", (t,), (column,))))
-    flat = shape_attr((shape[1],))
-    return Parts((out, Term("reshape", (mean,), (flat,)), Term("reshape", (rstd,), (flat,))))
-
-
-lowers(aten._native_batch_norm_legit.default, aten.native_batch_norm.default)(
-    lambda c, x, w, b, running_mean, running_var, training, momentum, eps: _batch_stats(c, x, w, b, eps)
-    if training else Parts((Term("batch_norm", (x, running_mean, running_var, w, b), (float(eps),)), None, None)))
-lowers(aten._native_batch_norm_legit.no_stats)(
-    lambda c, x, w, b, training, momentum, eps: _batch_stats(c, x, w, b, eps))
-
-
-@lowers(aten._cdist_forward.default)
-def _cdist(c, x1, x2, p, compute_mode=None):
-    """(sum |x1_i - x2_j|^p)^(1/p) over the last axis, p 1 or 2 (their own kernels' formulas)."""
-    if p not in (1.0, 2.0) or c.rank(x1) != c.rank(x2):
-        raise Unsupported("a p-norm other than 1 and 2")
-    s1, s2 = tuple(c.info(x1).shape), tuple(c.info(x2).shape)
-    a = Term("reshape", (x1,), (shape_attr(s1[:-1] + (1, s1[-1])),))
-    b = Term("reshape", (x2,), (shape_attr(s2[:-2] + (1,) + s2[-2:]),))
-    d = Term("sub", (a, b))
-    total = Term("sum", (Term("abs", (d,)) if p == 1 else Term("mul", (d, d)),), (-1, False))
-    return total if p == 1 else Term("sqrt", (total,))
+for _move in MOVES:
+    lowers(_move)(functools.partial(_moved, _op=_move))

@@ -249,7 +249,7 @@ def _operand(c: Ctx, x, other) -> Term:
                 and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype \
                 and (value.dim() == 0 or value.dtype == c.out.dtype and tuple(c.info(other).shape)
                      == tuple(c.out.shape) and bool((value == value.flatten()[0]).all())) \
-                and float(value.flatten()[0].float()) == value.flatten()[0].item():  # as float32 reads it
+                and (not _constant(x) or float(value.flatten()[0].float()) == value.flatten()[0].item()):
             x = value.flatten()[0].item()  # one number, which broadcasting does not widen
     if isinstance(x, Term):
         return x

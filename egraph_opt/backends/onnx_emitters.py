@@ -24,7 +24,8 @@ class OnnxExportError(ValueError):
 #: ONNX operators that are one node over the op's operands, as ops declare them (``Op.onnx``)
 SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Less", "Neg", "Exp", "Log", "Sqrt", "Abs",
           "Sin", "Cos", "Tanh", "Sigmoid", "Relu", "Erf", "MatMul", "Softplus",
-          "Tan", "Atan", "Asinh", "Acosh", "Atanh", "IsNaN", "Not")
+          "Tan", "Atan", "Asinh", "Acosh", "Atanh", "IsNaN", "Not", "Floor", "Ceil", "Round", "Asin", "Acos",
+          "Sinh", "Cosh")
 #: reductions: the opset from which their axes are an input rather than an attribute
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare

@@ -22,7 +22,7 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_unflatten
 
-from . import lowering, lowering_aten, lowering_einsum, lowering_nn  # noqa: F401 - these register lowerings
+from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_nn  # noqa: F401 - these register lowerings
 from .effects import Draws, functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
@@ -95,6 +95,9 @@ def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
     finally:
         logger.setLevel(level)
     sys.stderr.write(written.getvalue())
+    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+           and not lowering.lowering_of(n.target) for n in exported.graph.nodes):
+        exported = exported.run_decompositions(lowering.decompositions())
     return exported.module()
 
 
@@ -182,7 +185,11 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         raise SideEffect(f"{name} mutates {', '.join(effects)}")
     with draws:
         _record(gm, example_args)
-    return _program(gm, in_place), gm
+    program = _program(gm, in_place)
+    for key, tensor in program.params.items():  # constants computed while lowering: the plan reads them there
+        if key.startswith(lowering.CONSTANT):
+            setattr(gm, key, tensor)
+    return program, gm
 
 
 def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:

@@ -5,14 +5,18 @@ raises ``Unsupported`` and the node stays an opaque call, which is always sound.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import fx
+from torch._decomp import decomposition_table
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.node import map_aggregate
 
 from . import forms
@@ -61,6 +65,12 @@ class Ctx:
     def floating(self, t) -> bool:
         return self.info(t).dtype.is_floating_point
 
+    def constant(self, value: torch.Tensor) -> Term:
+        """A tensor that depends on shapes and constants alone (a mask built in the function): a
+        parameter of this signature's program, which ``_operand`` reads as its number where it is
+        one number that broadcasting does not widen."""
+        return self.param(f"{CONSTANT}{len(self.params)}", value)
+
 
 TABLE: dict[Any, Callable] = {}
 MODULES: dict[type, Callable] = {}  # leaf module types (their forward is not traceable)
@@ -79,6 +89,20 @@ def lowers_module(*types):
     return lowers(*types, table=MODULES)
 
 
+def lowering_of(target) -> Callable | None:
+    """The lowering of a call: its own, its pure twin's (in place), or for an ATen overload the
+    lowering of the torch function or Tensor method of its name, whose signature is its schema
+    (both are generated from it; Python wrappers such as ``F.batch_norm`` are not)."""
+    fn, twin = TABLE.get(target), functional(target)
+    if fn is None and twin is not None:
+        return lowering_of(twin)
+    if fn is None and isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable:
+        name = target.overloadpacket.__name__
+        builtin = getattr(torch, name, None)
+        fn = (TABLE.get(builtin) if isinstance(builtin, types.BuiltinFunctionType) else None) or TABLE.get(name)
+    return fn
+
+
 def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
           root: torch.nn.Module | None = None, params: dict | None = None):
     """The Term (or Parts) for one fx node, or None when it stays opaque. Leaf modules (``root``'s
@@ -89,17 +113,131 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         fn = next((f for t, f in MODULES.items() if isinstance(module, t)), None)
         args = (module, node.target, *args)
     else:
-        fn = TABLE.get(node.target) or TABLE.get(functional(node.target)) \
-            if node.op in ("call_function", "call_method") else None  # pure in place: its twin
-    if fn is None or _empty(node, args, kwargs, ctx):
+        fn = lowering_of(node.target) if node.op in ("call_function", "call_method") else None
+    if _empty(node, args, kwargs, ctx):
         return None
+    found: list = []
+    map_aggregate((args, kwargs), lambda a: found.append(a) if isinstance(a, Term) else None)
+    result = _fold(node, args, kwargs, ctx) if any(_constant(a) for a in found) else None
     try:
-        result = fn(ctx, *args, **kwargs)
+        result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
     except (Unsupported, TypeError, KeyError):
-        return None
+        result = None
+    if result is None:
+        result = _fold(node, args, kwargs, ctx) or _decomposed(node, args, kwargs, ctx)
     if isinstance(result, Term):
         info_of.setdefault(id(result), ctx.out)
     return result if isinstance(result, (Term, Parts)) else None
+
+
+CONSTANT = "_constant"  # the prefix of the parameters ``Ctx.constant`` makes
+#: calls whose value reads only its operands' shapes and dtypes
+LIKE = {torch.full_like, torch.zeros_like, torch.ones_like, "new_full", "new_zeros", "new_ones",
+        "fill", torch.ops.aten.full_like.default, torch.ops.aten.fill.Scalar}
+_FOLD_LIMIT = 1 << 24  # elements: a constant larger than this stays a call
+
+
+def _constant(t) -> bool:
+    return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(CONSTANT)
+
+
+def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
+    """A call of constants and shapes (``torch.ones(T, T).tril()``, ``torch.full_like(s, v)``):
+    computed here, once per signature; uninitialized memory (``empty``) is never a constant."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if node.op not in ("call_function", "call_method") or "empty" in str(name) \
+            or not hasattr(c.out, "shape") or math.prod(c.out.shape) > _FOLD_LIMIT:
+        return None
+    like = node.target in LIKE
+
+    def value(a):
+        if _constant(a):
+            return c.params[a.attrs[0]]
+        if isinstance(a, Term) and like and a is args[0]:
+            return torch.empty(c.info(a).shape, dtype=c.info(a).dtype)
+        if isinstance(a, (Term, OpaqueRef)):
+            raise Unsupported("a value")
+        return a
+    try:
+        a, kw = map_aggregate((args, kwargs), value)
+        target = functional(node.target) or node.target  # never writes into a constant
+        fn = getattr(a[0], target) if node.op == "call_method" else target
+        out = fn(*(a[1:] if node.op == "call_method" else a), **kw)
+    except Exception:  # noqa: BLE001 - any call that cannot run on these constants stays a call
+        return None
+    return c.constant(out) if isinstance(out, torch.Tensor) and out.device.type != "meta" else None
+
+
+@functools.cache
+def decompositions() -> dict:
+    """torch's table to the Core ATen opset, less the ops lowered as they are: a composite the
+    Term language holds whole (softmax, layer norm, attention) stays whole, and its fusions hold."""
+    table = dict(torch.export.default_decompositions())
+    for op in [op for op in table if lowering_of(op)]:
+        del table[op]
+    return table
+
+
+_TRACED: dict = {}  # a call's spelling and operand shapes -> its Core ATen graph, or None
+_DECOMPOSING: set = set()  # the calls whose decompositions are being lowered
+
+
+def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
+    """A call the table does not know, traced by torch's own decompositions and lowered op by op
+    (None where one stays a call): a torch function (``F.pad``, ``torch.tril``) into the Core
+    ATen opset, a core overload (``aten.elu``) by its own decomposition into other core ops."""
+    terms: list = []
+    map_aggregate((args, kwargs), lambda a: terms.append(a) if isinstance(a, (Term, OpaqueRef)) else None)
+    overload = isinstance(node.target, torch._ops.OpOverload)
+    if node.op not in ("call_function", "call_method") or not (hasattr(c.out, "shape") or isinstance(c.out, tuple)) \
+            or not all(isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING \
+            or overload and node.target not in decomposition_table:
+        return None
+
+    def call(*tensors):
+        it = iter(tensors)
+        a, kw = map_aggregate((args, kwargs), lambda v: next(it) if isinstance(v, Term) else v)
+        target = functional(node.target) or node.target
+        return getattr(a[0], target)(*a[1:], **kw) if node.op == "call_method" else target(*a, **kw)
+    key = repr((node.op, node.target, map_aggregate((args, kwargs), lambda v: (
+        tuple(c.info(v).shape), c.info(v).dtype) if isinstance(v, Term) else v)))
+    if key not in _TRACED:  # a call repeated in each block of a model is traced once
+        try:
+            empties = [torch.empty(c.info(t).shape, dtype=c.info(t).dtype) for t in terms]
+            table = {**decompositions(), **({node.target: decomposition_table[node.target]} if overload else {})}
+            _TRACED[key] = make_fx(call, decomposition_table=table, tracing_mode="fake")(*empties)
+        except Exception:  # noqa: BLE001 - what torch cannot trace stays the call it was
+            _TRACED[key] = None
+        if len(_TRACED) > 256:
+            _TRACED.pop(next(iter(_TRACED)))
+    gm = _TRACED[key]
+    if gm is None:
+        return None
+    values: dict = {}
+    operands = iter(terms)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            values[n] = next(operands)
+        elif n.op == "get_attr":
+            values[n] = c.constant(getattr(gm, n.target))
+        elif n.op == "output":
+            out = map_aggregate(n.args[0], lambda a: values[a] if isinstance(a, fx.Node) else a)
+            if isinstance(out, (tuple, list)):  # (output, mean, rstd): the Terms among them
+                return Parts(tuple(t if isinstance(t, Term) else None for t in out))
+            return out if isinstance(out, Term) else None
+        else:
+            n.meta["egraph_opt"] = map_aggregate(n.meta.get("val"), lambda v: type(c.info(terms[0]))(
+                tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v)
+            a, kw = map_aggregate((n.args, n.kwargs), lambda v: values[v] if isinstance(v, fx.Node) else v)
+            _DECOMPOSING.add(node.target)  # its decomposition may call it again: lowered or not
+            try:
+                t = lower(n, a, kw, c.info_of, None, c.params)
+            finally:
+                _DECOMPOSING.discard(node.target)
+            if t is None:
+                return None
+            values[n] = OpaqueRef(n.name, t) if isinstance(t, Parts) else t
+    return None
 
 
 def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
@@ -116,13 +254,16 @@ def _operand(c: Ctx, x, other) -> Term:
     """A tensor operand, or a number beside a floating tensor as a const: a Python number, or a
     0-d tensor the trace captured (``torch.tensor(2.0)``, closed over) that acts as one (the result
     keeps the other operand's dtype), in one form whatever its spelling (``forms.constant``)."""
-    if isinstance(x, Term) and x.op == "param" and x.attrs[0].startswith("_tensor_constant") \
+    if isinstance(x, Term) and x.op == "param" and x.attrs[0].startswith(("_tensor_constant", CONSTANT)) \
             and isinstance(other, Term) and other.op != "const":
         value = c.params.get(x.attrs[0])
-        if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad \
+        if isinstance(value, torch.Tensor) and value.numel() and not value.requires_grad \
                 and not value.is_complex() and value.dtype != torch.bool \
-                and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype:
-            x = value.item()
+                and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype \
+                and (value.dim() == 0 or value.dtype == c.out.dtype and tuple(c.info(other).shape)
+                     == tuple(c.out.shape) and bool((value == value.flatten()[0]).all())) \
+                and (not _constant(x) or float(value.flatten()[0].float()) == value.flatten()[0].item()):
+            x = value.flatten()[0].item()  # one number, which broadcasting does not widen
     if isinstance(x, Term):
         return x
     if isinstance(x, (int, float)) and not isinstance(x, bool) and isinstance(other, Term) \
@@ -156,12 +297,13 @@ for _name, _targets in {
     "pow": (operator.pow, torch.pow, "pow"), "maximum": (torch.maximum, "maximum"),
     "minimum": (torch.minimum, "minimum"), "logaddexp": (torch.logaddexp, "logaddexp"),
     "atan2": (torch.atan2, torch.arctan2, "atan2", "arctan2"), "hypot": (torch.hypot, "hypot"),
+    "fmod": (torch.fmod, "fmod"), "remainder": (operator.mod, torch.remainder, "remainder"),
 }.items():
     lowers(*_targets)(_binary(_name))
 
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
               "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh", "isnan",
-              "logical_not"):
+              "logical_not", "floor", "ceil", "round", "trunc", "asin", "acos", "sinh", "cosh", "log2", "log10"):
     lowers(*(t for t in (getattr(torch, _name, None), getattr(F, _name, None), _name,
                          getattr(operator, _name, None)) if t is not None))(
         lambda c, x, *, _op=_name, inplace=False: Term(_op, (c.tensor(x),)))
@@ -244,7 +386,7 @@ def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
     if dtype is not None:
         x = _cast(c, x, dtype)
     rank = c.rank(x)
-    dims = range(rank) if dim is None else [dim] if isinstance(dim, int) else dim
+    dims = range(rank) if dim is None or dim == [] or dim == () else [dim] if isinstance(dim, int) else dim
     return forms.reduce(op, x, dims, rank, keepdim)
 
 
@@ -387,11 +529,18 @@ def _identity(c, x, *args, memory_format=None):
     return c.tensor(x)
 
 
-@lowers(F.dropout)
-def _dropout(c, x, p=0.5, training=True, inplace=False):
-    if training and p > 0:
-        raise Unsupported("dropout in training mode")
-    return x
+def _dropout(training: bool):
+    """Every spelling of dropout: the identity with p = 0 or outside training."""
+    def lower_dropout(c, x, p=0.5, training=training, inplace=False):
+        if training and p > 0:
+            raise Unsupported("dropout in training mode")
+        return c.tensor(x)
+    return lower_dropout
+
+
+lowers(F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, torch.dropout, torch.feature_dropout,
+       torch.alpha_dropout, torch.feature_alpha_dropout)(_dropout(True))
+lowers(F.alpha_dropout, F.feature_alpha_dropout)(_dropout(False))
 
 
 def _cast(c, x, dtype) -> Term:
@@ -404,10 +553,12 @@ def _cast(c, x, dtype) -> Term:
 
 @lowers("to", "type")
 def _to(c, x, *args, **kwargs):
-    if set(kwargs) - {"dtype"} or len(args) > 1:
-        raise Unsupported("to() with device or options")
+    """A cast: to a dtype, or to another tensor's (the same dtype: x itself); options that keep
+    values (copy, non_blocking, memory_format) are read as such."""
+    if set(kwargs) - {"dtype", "copy", "non_blocking", "memory_format"} or len(args) > 1:
+        raise Unsupported("to() with a device")
     dtype = kwargs.get("dtype", args[0] if args else None)
-    return _cast(c, x, dtype)
+    return _cast(c, x, c.info(dtype).dtype if isinstance(dtype, Term) else dtype)
 
 
 @lowers("type_as")

@@ -11,38 +11,13 @@ from ..lang.term import Term
 
 aten = torch.ops.aten
 
-#  overload                                        the lowering of the torch spelling it matches
+#  overloads whose torch function or Tensor method of the same name (``lowering.lowering_of``) is
+#  not the lowering: another name, or a Python wrapper   the lowering of the torch spelling it matches
 SAME = {
-    aten.add.Tensor: low._binary("add"), aten.sub.Tensor: low._binary("sub"),
-    aten.mul.Tensor: low._binary("mul"), aten.div.Tensor: low._binary("div"),
-    aten.pow.Tensor_Scalar: low._binary("pow"), aten.pow.Tensor_Tensor: low._binary("pow"),
-    aten.maximum.default: low._binary("maximum"), aten.minimum.default: low._binary("minimum"),
-    **dict.fromkeys((aten.lt.Tensor, aten.lt.Scalar), low._binary("less")),
-    **dict.fromkeys((aten.gt.Tensor, aten.gt.Scalar), low._greater),
-    aten.atan2.default: low._binary("atan2"), aten.hypot.default: low._binary("hypot"),
-    **dict.fromkeys((aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-                     aten.unsqueeze.default, aten.squeeze.dim, aten.flatten.using_ints), low.TABLE["view"]),
-    aten.expand.default: low.TABLE["expand"], aten.transpose.int: low._transpose,
-    aten.repeat_interleave.self_int: low._repeat_interleave,
-    aten.permute.default: low._permute, aten.t.default: low._t,
-    aten.matmul.default: low._matmul, aten.bmm.default: low._matmul, aten.mm.default: low._matmul,
-    aten.cat.default: low._cat, aten.where.self: low._where, aten.clone.default: low._identity,
-    aten.contiguous.default: low._identity, aten.alias.default: low._identity,
-    aten.detach.default: low._identity, aten.eq.Scalar: low._eq,
-    aten.masked_fill.Scalar: low._masked_fill, aten.where.ScalarOther: low._where,
-    aten.where.ScalarSelf: low._where, aten.to.dtype: low._to, aten.sum.dim_IntList: low.TABLE["sum"],
-    aten.mean.dim: low.TABLE["mean"], aten.amax.default: low._amax,
-    aten.logsumexp.default: low._logsumexp, aten.gather.default: low.TABLE["gather"],
-    aten.index_select.default: low.TABLE["index_select"],
+    aten._unsafe_view.default: low.TABLE["view"], aten.alias.default: low._identity,
     aten.scaled_dot_product_attention.default: nn_low._sdpa, aten.linear.default: nn_low._linear,
-    aten.gelu.default: low._gelu, aten.conv2d.default: nn_low._conv2d,
-    aten.max_pool2d.default: nn_low._max_pool2d, aten.split.Tensor: low._split,
-    aten.split_with_sizes.default: low._split, aten.chunk.default: low._chunk,
-    aten.dropout.default: low._dropout, aten.silu.default: low._silu,
+    aten.gelu.default: low._gelu, aten.silu.default: low._silu, aten.split_with_sizes.default: low._split,
 }
-for _op in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
-            "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh"):
-    SAME[getattr(aten, _op).default] = low.TABLE[getattr(torch, _op)]
 for _overload, _fn in SAME.items():
     lowers(_overload)(_fn)
 
@@ -150,3 +125,4 @@ def _slice(c, x, dim=0, start=None, end=None, step=1):
 def _numpy_t(c, x):
     """``x.T`` as torch.export records it: every axis reversed."""
     return low._permute(c, x, list(range(c.rank(x)))[::-1])
+

@@ -170,6 +170,14 @@ def gelu(x, approximate):
 
 
 
+def fmod(a, b):
+    return torch.fmod(_tensor(a, b), _tensor(b, a))  # the sign of a, as C's fmod
+
+
+def remainder(a, b):
+    return torch.remainder(_tensor(a, b), _tensor(b, a))  # the sign of b, as Python's %
+
+
 def atan2(y, x):
     return torch.atan2(_tensor(y, x), _tensor(x, y))
 
@@ -607,6 +615,31 @@ OPS: dict[str, Op] = {op.name: op for op in [
         passes=2, mesh="whole"),
     _op("reduce_scatter", 1, "axis:i64 n:i64", mesh.reduce_scatter, _MESH, range_rule="top",
         rounding="rounds", error="sum", passes=2),
+    # ---- the rest of the Core ATen opset's elementwise math (frontends/lowering_core.py)
+    _op("floor",   1, "", torch.floor,  _UNARY, range_rule=math.floor, **_EXACT, flops=1, precision="keep",
+        onnx="Floor"),
+    _op("ceil",    1, "", torch.ceil,   _UNARY, range_rule=math.ceil, **_EXACT, flops=1, precision="keep",
+        onnx="Ceil"),
+    _op("round",   1, "", torch.round,  _UNARY, range_rule=round,    **_EXACT, flops=1, precision="keep",
+        onnx="Round"),  # half to even
+    _op("trunc",   1, "", torch.trunc,  _UNARY, range_rule=math.trunc, **_EXACT, flops=1, precision="keep",
+        onnx="none"),
+    _op("asin",    1, "", torch.asin,   _UNARY, range_rule="bounds",  curvature=(math.inf, math.inf),
+        growth=2, bounds=(-1.5708, 1.5708), onnx="Asin"),
+    _op("acos",    1, "", torch.acos,   _UNARY, range_rule="bounds",  curvature=(math.inf, math.inf),
+        growth=2, bounds=(0.0, 3.1416), sign="nonneg", onnx="Acos"),
+    _op("sinh",    1, "", torch.sinh,   _UNARY, range_rule=math.sinh, curvature="exp",   growth=3,
+        error="exp", onnx="Sinh"),
+    _op("cosh",    1, "", torch.cosh,   _UNARY, range_rule="bounds",  curvature="exp",   growth=3,
+        bounds=(1.0, math.inf), sign="positive", error="exp", onnx="Cosh"),
+    _op("log2",    1, "", torch.log2,   _UNARY, range_rule=math.log2, curvature="log",   growth=2,
+        error="log", onnx="none"),
+    _op("log10",   1, "", torch.log10,  _UNARY, range_rule=math.log10, curvature="log",  growth=2,
+        error="log", onnx="none"),
+    _op("fmod",    2, "", fmod,         _BINARY, range_rule="top",    curvature=(math.inf, math.inf),
+        growth=2, precision="keep", onnx="none"),
+    _op("remainder", 2, "", remainder,  _BINARY, range_rule="top",    curvature=(math.inf, math.inf),
+        growth=2, precision="keep", onnx="none"),
 ]}
 
 BY_EGG_NAME = {op.egg_name: op for op in OPS.values()}

@@ -1,0 +1,290 @@
+"""The Core ATen opset (ops tagged ``torch.Tag.core``), which torch's decompositions reach: each
+overload lowers here or in ``lowering_aten``, is a constant of the signature (folded at capture),
+or is named in ``OPAQUE`` with the reason it stays a call. Exact compositions of the Term
+language's ops only: an op with no exact form raises ``Unsupported`` for those operands."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from . import forms
+from . import lowering as low
+from . import lowering_nn as nn_low
+from .lowering import Parts, Unsupported, lowers
+from ..lang.ops import shape_attr
+from ..lang.term import Term
+
+aten = torch.ops.aten
+
+#: values of shapes and constants alone: computed once per signature (``lowering._fold``)
+FOLDED = {aten.arange.start_step, aten.full.default, aten.full_like.default, aten.fill.Scalar,
+          aten.scalar_tensor.default, aten.sym_size.int, aten.sym_numel.default}
+#: core overloads lowered through their own decompositions (tests/test_core_aten.py runs each)
+DECOMPOSED = {aten.elu.default, aten.leaky_relu.default, aten._adaptive_avg_pool2d.default, aten.hardtanh.default,
+              aten.isinf.default, aten.cumsum.default, aten.upsample_bilinear2d.vec,
+              aten.native_layer_norm_backward.default, aten.native_group_norm_backward.default}
+#  why a core overload stays a call          the overloads (``packet.overload``, default if none)
+WHY_OPAQUE = {
+    "draws random numbers: the program runs untouched": "rand randn randperm",
+    "uninitialized memory: no value": "empty.memory_format empty_strided",
+    "reads memory layout (strides, storage offset), not values": "as_strided sym_stride.int sym_storage_offset",
+    "reads a tensor's value on the host (.item())": "_local_scalar_dense",
+    "its shape depends on its operand's values": "nonzero",
+    "writes its out= argument (atan2.default is lowered)": "atan2.out",
+    "a gradient whose decomposition accumulates into positions, or that has none":
+        "_adaptive_avg_pool2d_backward avg_pool2d_backward convolution_backward embedding_dense_backward "
+        "max_pool2d_with_indices_backward",
+    "complex values: the Term language is real": "_fft_c2r _fft_r2c",
+    "no op of the Term language computes it, nor does its decomposition lower":
+        "sort topk argmax argmin prod prod.dim_int grid_sampler_2d col2im _pdist_forward _cdist_forward "
+        "_embedding_bag max_pool3d_with_indices scatter.value scatter_add scatter_reduce.two "
+        "_native_batch_norm_legit _native_batch_norm_legit.no_stats _adaptive_avg_pool3d",
+}
+OPAQUE = {getattr(getattr(aten, name.split(".")[0]), (name.split(".") + ["default"])[1]): why
+          for why, names in WHY_OPAQUE.items() for name in names.split()}
+
+
+def _bool(c, x) -> Term:
+    """``x != 0`` (NaN included) as a bool tensor: what the logical ops read."""
+    return x if c.info(x).dtype == torch.bool else Term("cast", (c.tensor(x),), ("bool",))
+
+
+def _any_of(*masks: Term) -> Term:
+    return functools.reduce(lambda a, b: Term("maximum", (a, b)), masks)  # or, of bools
+
+
+def _unequal(c, a, b) -> Term:
+    """``a != b``: one is below the other, or one is NaN (a constant never is)."""
+    a, b = low._operand(c, a, b), low._operand(c, b, a)
+    return _any_of(Term("less", (a, b)), Term("less", (b, a)),
+                   *(Term("isnan", (t,)) for t in (a, b) if t.op != "const" and c.floating(t)))
+
+
+def _not_above(c, a, b) -> Term:
+    """``a <= b``: neither b < a nor a NaN."""
+    a, b = low._operand(c, a, b), low._operand(c, b, a)
+    return Term("logical_not", (_any_of(Term("less", (b, a)), *(
+        Term("isnan", (t,)) for t in (a, b) if t.op != "const" and c.floating(t))),))
+
+
+def _eq(c, a, b):
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and b == 0:
+        return low._eq(c, a, b)  # the form the rules know
+    return Term("logical_not", (_unequal(c, a, b),))
+
+
+lowers(aten.ne.Scalar, aten.ne.Tensor)(_unequal)
+lowers(aten.eq.Tensor, aten.eq.Scalar)(_eq)
+lowers(aten.le.Scalar, aten.le.Tensor)(_not_above)
+lowers(aten.ge.Scalar, aten.ge.Tensor)(lambda c, a, b: _not_above(c, b, a))
+
+
+def _logical(op: str, bits: bool):
+    """and / or / xor of truth values (bitwise of bools is logical; of integers, bits: opaque)."""
+    def lower(c, a, b):
+        if bits and not (c.info(a).dtype == torch.bool and isinstance(b, Term) and c.info(b).dtype == torch.bool):
+            raise Unsupported("bitwise op of integers")
+        a, b = _bool(c, a), _bool(c, b)
+        return _unequal(c, a, b) if op == "xor" else Term(op, (a, b))
+    return lower
+
+
+for _name, _op in (("and", "minimum"), ("or", "maximum"), ("xor", "xor")):
+    lowers(getattr(aten, f"logical_{_name}").default)(_logical(_op, False))
+    lowers(getattr(aten, f"bitwise_{_name}").Tensor, getattr(aten, f"bitwise_{_name}").Scalar)(_logical(_op, True))
+lowers(aten.logical_not.default)(lambda c, x: Term("logical_not", (_bool(c, x),)))
+
+
+def _reduce(op: str, c, x, t: Term, dim, keepdim: bool) -> Term:
+    """``op`` of ``t``, a new Term of ``x``'s shape, over ``dim`` (None: every axis)."""
+    rank = c.rank(x)
+    dims = range(rank) if dim is None or dim == [] or dim == () else [dim] if isinstance(dim, int) else dim
+    return forms.reduce(op, t, dims, rank, keepdim)  # no axes named: every axis, as torch reads it
+
+
+@lowers(aten.any.default, aten.any.dim, aten.any.dims)
+def _any(c, x, dim=None, keepdim=False):
+    """any(x, dim=[]) reduces no axis (sum's empty list reduces every one)."""
+    return _bool(c, x) if dim in ([], ()) else _reduce("max", c, x, _bool(c, x), dim, keepdim)
+
+
+def _floating(c, x) -> Term:
+    if not c.floating(x):
+        raise Unsupported("an integer operand")
+    return x
+
+
+@lowers(aten.amin.default, aten.min.dim)
+def _amin(c, x, dim=(), keepdim=False):
+    """min(x) = -max(-x) in floating point (negation is exact)."""
+    out = _reduce("max", c, x, Term("neg", (_floating(c, x),)), dim if dim != () else None, keepdim)
+    return Term("neg", (out,)) if isinstance(dim, (tuple, list)) else Parts((Term("neg", (out,)), None))
+
+
+@lowers(aten.reciprocal.default)
+def _reciprocal(c, x):
+    return Term("div", (Term.const(1.0), _floating(c, x)))
+
+
+@lowers(aten.sign.default)
+def _sign(c, x):
+    """(0 < x) - (x < 0), as torch computes it: 0 at NaN and at either zero."""
+    dtype = str(c.info(_floating(c, x)).dtype)[6:]
+    zero = Term.const(0.0)
+    return Term("sub", (Term("cast", (Term("less", (zero, x)),), (dtype,)),
+                        Term("cast", (Term("less", (x, zero)),), (dtype,))))
+
+
+@lowers(aten._to_copy.default)
+def _to_copy(c, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    if device is not None or layout not in (None, torch.strided):
+        raise Unsupported("a copy to another device or layout")
+    return low._cast(c, x, dtype) if dtype is not None else c.tensor(x)
+
+
+@lowers(aten.copy.default)
+def _copy(c, x, src, non_blocking=False):
+    """``src`` in ``x``'s dtype and shape (x's values are overwritten)."""
+    out = low._cast(c, c.tensor(src), c.info(x).dtype)
+    return out if tuple(c.info(src).shape) == tuple(c.out.shape) else Term("expand", (out,), (c.out_shape(),))
+
+
+@lowers(aten.native_dropout.default)
+def _native_dropout(c, x, p, train):
+    """(x, its mask of ones) outside training or with p = 0; the mask stays with the call."""
+    return Parts((low._dropout(True)(c, x, p, bool(train)), None))
+
+
+@lowers(aten.native_layer_norm.default)
+def _native_layer_norm(c, x, normalized_shape, weight, bias, eps):
+    if len(normalized_shape) != 1:
+        raise Unsupported("layer norm over several axes")
+    w, b = (Term.const(v) if t is None else t for t, v in ((weight, 1.0), (bias, 0.0)))
+    return Parts((Term("layer_norm", (x, w, b), (float(eps),)), None, None))
+
+
+@lowers(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm(c, x, weight, bias, running_mean, running_var, momentum, eps):
+    if weight is None or bias is None:
+        raise Unsupported("batch norm without affine parameters")
+    return Parts((Term("batch_norm", (x, running_mean, running_var, weight, bias), (float(eps),)), None, None))
+
+
+@lowers(aten.native_group_norm.default)
+def _group_norm(c, x, weight, bias, n, channels, hxw, groups, eps):
+    """(x - mean) rsqrt(var + eps) over each group, then the per-channel affine."""
+    shape = tuple(c.info(x).shape)
+    rows = Term("reshape", (x,), (shape_attr((n, groups, channels // groups * hxw)),))
+    mean, var = Term("mean", (rows,), (-1, True)), Term("var", (rows,), (-1, True, 0))
+    eps_ = forms.constant(eps, str(c.info(x).dtype)[6:])
+    normed = Term("mul", (Term("sub", (rows, mean)), Term("rsqrt", (forms.binary("add", var, eps_),))))
+    out = Term("reshape", (normed,), (shape_attr(shape),))
+    per_channel = shape_attr((channels,) + (1,) * (len(shape) - 2))
+    for t, op in ((weight, "mul"), (bias, "add")):
+        out = out if t is None else Term(op, (out, Term("reshape", (t,), (per_channel,))))
+    return Parts((out, None, None))
+
+
+@lowers(aten.convolution.default)
+def _convolution(c, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed or c.rank(x) != 4:
+        raise Unsupported("a transposed convolution, or not over two spatial axes")
+    return nn_low._conv2d(c, x, weight, bias, stride, padding, dilation, groups)
+
+
+@lowers(aten.max_pool2d_with_indices.default)
+def _max_pool2d_with_indices(c, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return Parts((nn_low._max_pool2d(c, x, kernel_size, stride, padding, dilation, ceil_mode), None))
+
+
+def _window_mean(c, x, kernel) -> Term:
+    """The mean over each window of non-overlapping windows that tile the spatial axes (from 2)."""
+    shape = tuple(c.info(x).shape)
+    spatial, out = shape[2:], x
+    for axis, (n, k) in enumerate(zip(spatial, kernel)):
+        if n % k:
+            out = Term("slice", (out,), (axis - len(spatial), 0, n - n % k, 1))
+    split = shape[:2] + sum(((n // k, k) for n, k in zip(spatial, kernel)), ())
+    return forms.reduce("mean", Term("reshape", (out,), (shape_attr(split),)),
+                        range(3, len(split), 2), len(split), False)
+
+
+@lowers(aten.avg_pool2d.default, aten.avg_pool3d.default)
+def _avg_pool(c, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+              divisor_override=None):
+    kernel = list(kernel_size) * (c.rank(x) - 2 if len(kernel_size) == 1 else 1)
+    if list(stride or kernel) != kernel or any(padding if isinstance(padding, (list, tuple)) else [padding]) \
+            or ceil_mode or divisor_override:
+        raise Unsupported("overlapping, padded or ceil-mode windows")
+    return _window_mean(c, x, kernel)
+
+
+@lowers(aten.constant_pad_nd.default)
+def _constant_pad(c, x, pad, value=0):
+    """Blocks of ``value`` concatenated on each side of each axis (a negative pad is a slice)."""
+    out, shape = x, list(c.info(x).shape)
+    for i in range(len(pad) // 2):
+        axis, (left, right) = -1 - i, pad[2 * i:2 * i + 2]
+        if left < 0 or right < 0:
+            out = Term("slice", (out,), (axis, max(-left, 0), shape[axis] - max(-right, 0), 1))
+            shape[axis] -= max(-left, 0) + max(-right, 0)
+        for width, first in ((left, True), (right, False)):
+            if width > 0:
+                block = c.constant(torch.full(shape[:axis] + [width] + shape[len(shape) + axis + 1:],
+                                              value, dtype=c.info(x).dtype))
+                out = Term("concat", (block, out) if first else (out, block), (axis,))
+                shape[axis] += width
+    return out
+
+
+#: ops each of whose elements is a copy of one element of their tensor operands, at positions that
+#: shapes and constant arguments alone decide
+MOVES = (aten.flip.default, aten.repeat.default, aten.diagonal.default, aten.reflection_pad1d.default,
+         aten.reflection_pad2d.default, aten.reflection_pad3d.default, aten.replication_pad2d.default,
+         aten.replication_pad3d.default, aten.upsample_nearest2d.vec, aten.slice_scatter.default,
+         aten.select_scatter.default, aten.scatter.src, aten.index.Tensor, aten.index_put.default,
+         aten.masked_scatter.default)
+
+
+def _moved(c, *args, _op=None, **kwargs):
+    """The op run here on the positions of its operands' elements (float64 counts, each operand
+    after the ones before it) says where each of its elements comes from: one index_select of the
+    operands flattened and concatenated, at that index (a constant)."""
+    data = [a for a in args if isinstance(a, Term) and not _known(a)]
+    if not data or len({c.info(a).dtype for a in data}) > 1:
+        raise Unsupported("operands of several dtypes")
+    at, start = {}, 0
+    for a in data:
+        n = math.prod(c.info(a).shape)
+        at[id(a)], start = torch.arange(start, start + n, dtype=torch.float64).reshape(c.info(a).shape), start + n
+
+    def value(a):
+        if isinstance(a, Term) and id(a) not in at and not _known(a):
+            raise Unsupported("an index or mask that is not a constant")
+        if isinstance(a, Term):
+            return at[id(a)] if id(a) in at else c.params[a.attrs[0]]
+        return [value(v) for v in a] if isinstance(a, (list, tuple)) else a
+    if True in args[3:] or kwargs.get("accumulate"):  # index_put's accumulate adds
+        raise Unsupported("accumulated writes")
+    try:
+        index = _op(*(value(a) for a in args), **kwargs)
+    except (RuntimeError, IndexError, ValueError) as e:
+        raise Unsupported(f"the op refuses its positions: {e}") from e
+    if not bool(((index >= 0) & (index < start) & (index == index.round())).all()):
+        raise Unsupported("an element that is no operand's")
+    flat = [Term("reshape", (a,), (str(math.prod(c.info(a).shape)),)) for a in data]
+    pool = functools.reduce(lambda a, b: Term("concat", (a, b), (-1,)), flat)
+    picked = Term("index_select", (pool, c.constant(index.long().reshape(-1))), (-1,))
+    return Term("reshape", (picked,), (c.out_shape(),))
+
+
+def _known(t: Term) -> bool:
+    """A constant of the signature: folded here, or a tensor the trace closed over."""
+    return t.op == "param" and t.attrs[0].startswith((low.CONSTANT, "_tensor_constant"))
+
+
+for _move in MOVES:
+    lowers(_move)(functools.partial(_moved, _op=_move))

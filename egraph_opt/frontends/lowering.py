@@ -178,6 +178,8 @@ def decompositions() -> dict:
     return table
 
 
+#: calls whose decomposition does more work than they do (cumsum's sums over an n x n mask)
+COSTLIER = {torch.cumsum, "cumsum", torch.ops.aten.cumsum.default}
 _TRACED: dict = {}  # a call's spelling and operand shapes -> its Core ATen graph, or None
 _DECOMPOSING: set = set()  # the calls whose decompositions are being lowered
 
@@ -190,7 +192,7 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
     map_aggregate((args, kwargs), lambda a: terms.append(a) if isinstance(a, (Term, OpaqueRef)) else None)
     overload = isinstance(node.target, torch._ops.OpOverload)
     if node.op not in ("call_function", "call_method") or not (hasattr(c.out, "shape") or isinstance(c.out, tuple)) \
-            or not all(isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING \
+            or not all(isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING | COSTLIER \
             or overload and node.target not in decomposition_table:
         return None
 
@@ -210,9 +212,12 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
             _TRACED[key] = None
         if len(_TRACED) > 256:
             _TRACED.pop(next(iter(_TRACED)))
-    gm = _TRACED[key]
-    if gm is None:
-        return None
+    return _lowered_graph(_TRACED[key], terms, node.target, c) if _TRACED[key] is not None else None
+
+
+def _lowered_graph(gm: fx.GraphModule, terms: list, target, c: Ctx) -> Term | Parts | None:
+    """A call's decomposition lowered node by node on its operands ``terms``; None where a node
+    stays a call."""
     values: dict = {}
     operands = iter(terms)
     for n in gm.graph.nodes:
@@ -229,11 +234,11 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
             n.meta["egraph_opt"] = map_aggregate(n.meta.get("val"), lambda v: type(c.info(terms[0]))(
                 tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v)
             a, kw = map_aggregate((n.args, n.kwargs), lambda v: values[v] if isinstance(v, fx.Node) else v)
-            _DECOMPOSING.add(node.target)  # its decomposition may call it again: lowered or not
+            _DECOMPOSING.add(target)  # its decomposition may call it again: lowered or not
             try:
                 t = lower(n, a, kw, c.info_of, None, c.params)
             finally:
-                _DECOMPOSING.discard(node.target)
+                _DECOMPOSING.discard(target)
             if t is None:
                 return None
             values[n] = OpaqueRef(n.name, t) if isinstance(t, Parts) else t

@@ -23,24 +23,25 @@ FOLDED = {aten.arange.start_step, aten.full.default, aten.full_like.default, ate
           aten.scalar_tensor.default, aten.sym_size.int, aten.sym_numel.default}
 #: core overloads lowered through their own decompositions (tests/test_core_aten.py runs each)
 DECOMPOSED = {aten.elu.default, aten.leaky_relu.default, aten._adaptive_avg_pool2d.default, aten.hardtanh.default,
-              aten.isinf.default, aten.cumsum.default, aten.upsample_bilinear2d.vec,
+              aten.isinf.default, aten.upsample_bilinear2d.vec,
               aten.native_layer_norm_backward.default, aten.native_group_norm_backward.default}
 #  why a core overload stays a call          the overloads (``packet.overload``, default if none)
 WHY_OPAQUE = {
     "draws random numbers: the program runs untouched": "rand randn randperm",
     "uninitialized memory: no value": "empty.memory_format empty_strided",
-    "reads memory layout (strides, storage offset), not values": "as_strided sym_stride.int sym_storage_offset",
+    "reads memory layout (strides, storage offset), not values": "as_strided sym_stride.int sym_storage_offset sym_is_contiguous",
     "reads a tensor's value on the host (.item())": "_local_scalar_dense",
     "its shape depends on its operand's values": "nonzero",
-    "writes its out= argument (atan2.default is lowered)": "atan2.out",
+    "writes its operand or out= argument (atan2.default is lowered)": "atan2.out resize_",
     "a gradient whose decomposition accumulates into positions, or that has none":
         "_adaptive_avg_pool2d_backward avg_pool2d_backward convolution_backward embedding_dense_backward "
         "max_pool2d_with_indices_backward",
     "complex values: the Term language is real": "_fft_c2r _fft_r2c",
+    "its decomposition does more work than it (lowering.COSTLIER)": "cumsum",
     "no op of the Term language computes it, nor does its decomposition lower":
         "sort topk argmax argmin prod prod.dim_int grid_sampler_2d col2im _pdist_forward _cdist_forward "
         "_embedding_bag max_pool3d_with_indices scatter.value scatter_add scatter_reduce.two "
-        "_native_batch_norm_legit _native_batch_norm_legit.no_stats _adaptive_avg_pool3d",
+        "_native_batch_norm_legit _native_batch_norm_legit.no_stats _adaptive_avg_pool3d adaptive_avg_pool1d",
 }
 OPAQUE = {getattr(getattr(aten, name.split(".")[0]), (name.split(".") + ["default"])[1]): why
           for why, names in WHY_OPAQUE.items() for name in names.split()}
@@ -212,7 +213,7 @@ def _window_mean(c, x, kernel) -> Term:
                         range(3, len(split), 2), len(split), False)
 
 
-@lowers(aten.avg_pool2d.default, aten.avg_pool3d.default)
+@lowers(aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default)
 def _avg_pool(c, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
               divisor_override=None):
     kernel = list(kernel_size) * (c.rank(x) - 2 if len(kernel_size) == 1 else 1)

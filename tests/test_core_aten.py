@@ -45,7 +45,7 @@ def test_the_core_opset_is_covered():
         print(f"  opaque ({reason}): {', '.join(sorted(str(op) for op in opaque if OPAQUE[op] == reason))}")
     with_values = len(core) - len(no_value)
     print(f"lowered: {len(lowered) / len(core):.1%} of all, {len(lowered) / with_values:.1%} of those with a value")
-    assert len(lowered) / with_values >= 0.85  # issue 32 asks 95%: what is missing is printed above
+    assert len(lowered) / with_values >= 0.87  # issue 32 asks 95%: what is missing is printed above
 
 
 X = torch.randn(2, 3, 8, 8)
@@ -70,6 +70,9 @@ SAMPLES = {
     "clamp": lambda x: x.clamp(min=-0.5, max=0.5) + torch.clamp(x, x * 0, x + 1),
     "_to_copy": lambda x: x.to(torch.float64).to(torch.float32) * 2,
     "index": lambda x: x[:, :, [0, 2, -1]],
+    "adaptive_avg_pool1d": lambda x: F.adaptive_avg_pool1d(x.flatten(2), 16),
+    "_adaptive_avg_pool3d": lambda x: F.adaptive_avg_pool3d(x, (3, 4, 2)) + F.adaptive_avg_pool3d(x[None], (3, 4, 2))[0],
+    "max_pool3d_with_indices": lambda x: F.max_pool3d(x.nan_to_num(), 2),
     "upsample_bilinear2d": lambda x: F.interpolate(x.nan_to_num(0.0, 0.0, 0.0), scale_factor=2, mode="bilinear"),
     "constants": lambda x: x + torch.arange(8.0) * torch.full((8,), 2.0) + torch.ones(8, 8).tril(),
 }
@@ -184,7 +187,7 @@ IDX = torch.tensor([[0, 2, 4], [1, 3, 0]])
 W8, W3 = torch.randn(8), torch.randn(3)
 #  name             a program of core overloads, on its own inputs
 MORE = {
-    "scatter": (lambda x, s: x.scatter(1, IDX, s) + x.masked_scatter(torch.arange(5) > 2, s),
+    "scatter": (lambda x, s: x.scatter(1, IDX, s) + x.masked_scatter(torch.arange(5) > 2, s) + x.scatter(1, IDX, -1.5),
                 (torch.randn(2, 5), torch.randn(2, 4))),
     "native_layer_norm_backward": (lambda g, x, m, r: aten.native_layer_norm_backward(g, x, [8], m, r, W8, W8,
                                                                                   [True] * 3)[0],

@@ -141,6 +141,11 @@ def _constant(t) -> bool:
     return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(CONSTANT)
 
 
+def known(t) -> bool:
+    """A constant of the signature: folded here, or a tensor the trace closed over."""
+    return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith((CONSTANT, "_tensor_constant"))
+
+
 def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
     """A call of constants and shapes (``torch.ones(T, T).tril()``, ``torch.full_like(s, v)``):
     computed here, once per signature; uninitialized memory (``empty``) is never a constant."""
@@ -216,8 +221,8 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
 
 
 def _lowered_graph(gm: fx.GraphModule, terms: list, target, c: Ctx) -> Term | Parts | None:
-    """A call's decomposition lowered node by node on its operands ``terms``; None where a node
-    stays a call."""
+    """A call's decomposition lowered node by node on its operands ``terms``: its results that
+    every node they read lowers (a node that does not, and all it feeds, is None)."""
     values: dict = {}
     operands = iter(terms)
     for n in gm.graph.nodes:
@@ -227,9 +232,13 @@ def _lowered_graph(gm: fx.GraphModule, terms: list, target, c: Ctx) -> Term | Pa
             values[n] = c.constant(getattr(gm, n.target))
         elif n.op == "output":
             out = map_aggregate(n.args[0], lambda a: values[a] if isinstance(a, fx.Node) else a)
-            if isinstance(out, (tuple, list)):  # (output, mean, rstd): the Terms among them
-                return Parts(tuple(t if isinstance(t, Term) else None for t in out))
+            if isinstance(out, (tuple, list)) and any(isinstance(t, Term) for t in out):  # (output,
+                return Parts(tuple(t if isinstance(t, Term) else None for t in out))  # mean, rstd)
             return out if isinstance(out, Term) else None
+        elif getattr(getattr(n.target, "_schema", None), "is_mutable", False):
+            return None  # a write: later reads of the written node would not see it
+        elif any(values[i] is None for i in n.all_input_nodes):
+            values[n] = None
         else:
             n.meta["egraph_opt"] = map_aggregate(n.meta.get("val"), lambda v: type(c.info(terms[0]))(
                 tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v)
@@ -239,8 +248,6 @@ def _lowered_graph(gm: fx.GraphModule, terms: list, target, c: Ctx) -> Term | Pa
                 t = lower(n, a, kw, c.info_of, None, c.params)
             finally:
                 _DECOMPOSING.discard(target)
-            if t is None:
-                return None
             values[n] = OpaqueRef(n.name, t) if isinstance(t, Parts) else t
     return None
 
@@ -259,8 +266,7 @@ def _operand(c: Ctx, x, other) -> Term:
     """A tensor operand, or a number beside a floating tensor as a const: a Python number, or a
     0-d tensor the trace captured (``torch.tensor(2.0)``, closed over) that acts as one (the result
     keeps the other operand's dtype), in one form whatever its spelling (``forms.constant``)."""
-    if isinstance(x, Term) and x.op == "param" and x.attrs[0].startswith(("_tensor_constant", CONSTANT)) \
-            and isinstance(other, Term) and other.op != "const":
+    if known(x) and isinstance(other, Term) and other.op != "const":
         value = c.params.get(x.attrs[0])
         if isinstance(value, torch.Tensor) and value.numel() and not value.requires_grad \
                 and not value.is_complex() and value.dtype != torch.bool \

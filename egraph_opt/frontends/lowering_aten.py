@@ -77,16 +77,6 @@ def _select(c, x, dim, index):
     return Term("reshape", (Term("slice", (x,), (axis, at, at + 1, 1)),), (c.out_shape(),))
 
 
-@lowers(aten.layer_norm.default)
-def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
-    return nn_low._layer_norm(c, x, normalized_shape, weight, bias, eps)
-
-
-@lowers(aten.rms_norm.default)
-def _rms_norm(c, x, normalized_shape, weight=None, eps=None):
-    return nn_low._rms_norm(c, x, normalized_shape, weight, eps)
-
-
 @lowers(aten.embedding.default)
 def _embedding(c, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return nn_low._embedding(c, indices, weight)

@@ -23,7 +23,8 @@ FOLDED = {aten.arange.start_step, aten.full.default, aten.full_like.default, ate
           aten.scalar_tensor.default, aten.sym_size.int, aten.sym_numel.default}
 #: core overloads lowered through their own decompositions (tests/test_core_aten.py runs each)
 DECOMPOSED = {aten.elu.default, aten.leaky_relu.default, aten._adaptive_avg_pool2d.default, aten.hardtanh.default,
-              aten.isinf.default, aten.upsample_bilinear2d.vec,
+              aten.isinf.default, aten.upsample_bilinear2d.vec, aten.adaptive_avg_pool1d.default,
+              aten.max_pool3d_with_indices.default,
               aten.native_layer_norm_backward.default, aten.native_group_norm_backward.default}
 #  why a core overload stays a call          the overloads (``packet.overload``, default if none)
 WHY_OPAQUE = {
@@ -32,7 +33,7 @@ WHY_OPAQUE = {
     "reads memory layout (strides, storage offset), not values": "as_strided sym_stride.int sym_storage_offset sym_is_contiguous",
     "reads a tensor's value on the host (.item())": "_local_scalar_dense",
     "its shape depends on its operand's values": "nonzero",
-    "writes its operand or out= argument (atan2.default is lowered)": "atan2.out resize_",
+    "writes its operand or out= argument (atan2.default is lowered)": "atan2.out resize_ _native_batch_norm_legit",
     "a gradient whose decomposition accumulates into positions, or that has none":
         "_adaptive_avg_pool2d_backward avg_pool2d_backward convolution_backward embedding_dense_backward "
         "max_pool2d_with_indices_backward",
@@ -40,8 +41,8 @@ WHY_OPAQUE = {
     "its decomposition does more work than it (lowering.COSTLIER)": "cumsum",
     "no op of the Term language computes it, nor does its decomposition lower":
         "sort topk argmax argmin prod prod.dim_int grid_sampler_2d col2im _pdist_forward _cdist_forward "
-        "_embedding_bag max_pool3d_with_indices scatter.value scatter_add scatter_reduce.two "
-        "_native_batch_norm_legit _native_batch_norm_legit.no_stats _adaptive_avg_pool3d adaptive_avg_pool1d",
+        "_embedding_bag scatter_add scatter_reduce.two "
+        "_native_batch_norm_legit.no_stats",
 }
 OPAQUE = {getattr(getattr(aten, name.split(".")[0]), (name.split(".") + ["default"])[1]): why
           for why, names in WHY_OPAQUE.items() for name in names.split()}
@@ -202,15 +203,16 @@ def _max_pool2d_with_indices(c, x, kernel_size, stride=(), padding=0, dilation=1
 
 
 def _window_mean(c, x, kernel) -> Term:
-    """The mean over each window of non-overlapping windows that tile the spatial axes (from 2)."""
+    """The mean over each window of non-overlapping windows that tile the last axes (one per
+    window size; those before them are batch and channel axes)."""
     shape = tuple(c.info(x).shape)
-    spatial, out = shape[2:], x
-    for axis, (n, k) in enumerate(zip(spatial, kernel)):
+    lead, out = len(shape) - len(kernel), x
+    for axis, (n, k) in enumerate(zip(shape[lead:], kernel)):
         if n % k:
-            out = Term("slice", (out,), (axis - len(spatial), 0, n - n % k, 1))
-    split = shape[:2] + sum(((n // k, k) for n, k in zip(spatial, kernel)), ())
+            out = Term("slice", (out,), (axis - len(kernel), 0, n - n % k, 1))
+    split = shape[:lead] + sum(((n // k, k) for n, k in zip(shape[lead:], kernel)), ())
     return forms.reduce("mean", Term("reshape", (out,), (shape_attr(split),)),
-                        range(3, len(split), 2), len(split), False)
+                        range(lead + 1, len(split), 2), len(split), False)
 
 
 @lowers(aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default)
@@ -223,22 +225,13 @@ def _avg_pool(c, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_in
     return _window_mean(c, x, kernel)
 
 
-@lowers(aten.constant_pad_nd.default)
-def _constant_pad(c, x, pad, value=0):
-    """Blocks of ``value`` concatenated on each side of each axis (a negative pad is a slice)."""
-    out, shape = x, list(c.info(x).shape)
-    for i in range(len(pad) // 2):
-        axis, (left, right) = -1 - i, pad[2 * i:2 * i + 2]
-        if left < 0 or right < 0:
-            out = Term("slice", (out,), (axis, max(-left, 0), shape[axis] - max(-right, 0), 1))
-            shape[axis] -= max(-left, 0) + max(-right, 0)
-        for width, first in ((left, True), (right, False)):
-            if width > 0:
-                block = c.constant(torch.full(shape[:axis] + [width] + shape[len(shape) + axis + 1:],
-                                              value, dtype=c.info(x).dtype))
-                out = Term("concat", (block, out) if first else (out, block), (axis,))
-                shape[axis] += width
-    return out
+@lowers(aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool(c, x, output_size):
+    """Windows that tile each spatial axis: its size a multiple of the output's."""
+    spatial = c.info(x).shape[c.rank(x) - len(output_size):]
+    if any(n % o for n, o in zip(spatial, output_size)):
+        raise Unsupported("windows of several sizes")
+    return _window_mean(c, x, [n // o for n, o in zip(spatial, output_size)])
 
 
 #: ops each of whose elements is a copy of one element of their tensor operands, at positions that
@@ -247,28 +240,35 @@ MOVES = (aten.flip.default, aten.repeat.default, aten.diagonal.default, aten.ref
          aten.reflection_pad2d.default, aten.reflection_pad3d.default, aten.replication_pad2d.default,
          aten.replication_pad3d.default, aten.upsample_nearest2d.vec, aten.slice_scatter.default,
          aten.select_scatter.default, aten.scatter.src, aten.index.Tensor, aten.index_put.default,
-         aten.masked_scatter.default)
+         aten.masked_scatter.default, aten.constant_pad_nd.default, aten.scatter.value)
+#: moves that also write a number (their argument at this position): one more element of the pool
+FILLS = {aten.constant_pad_nd.default: 2, aten.scatter.value: 3}
 
 
 def _moved(c, *args, _op=None, **kwargs):
     """The op run here on the positions of its operands' elements (float64 counts, each operand
-    after the ones before it) says where each of its elements comes from: one index_select of the
-    operands flattened and concatenated, at that index (a constant)."""
-    data = [a for a in args if isinstance(a, Term) and not _known(a)]
+    after the ones before it, then the number it writes) says where each of its elements comes
+    from: one index_select of the operands flattened and concatenated, at that index (a constant)."""
+    data = [a for a in args if isinstance(a, Term) and not low.known(a)]
     if not data or len({c.info(a).dtype for a in data}) > 1:
         raise Unsupported("operands of several dtypes")
     at, start = {}, 0
     for a in data:
         n = math.prod(c.info(a).shape)
         at[id(a)], start = torch.arange(start, start + n, dtype=torch.float64).reshape(c.info(a).shape), start + n
+    flat = [Term("reshape", (a,), (str(math.prod(c.info(a).shape)),)) for a in data]
+    if _op in FILLS:  # constant_pad_nd's number defaults to 0
+        args = (*args, *[0] * (FILLS[_op] + 1 - len(args)))
+        flat.append(c.constant(torch.tensor([args[FILLS[_op]]], dtype=c.info(data[0]).dtype)))
+        args, start = (*args[:FILLS[_op]], start, *args[FILLS[_op] + 1:]), start + 1
 
     def value(a):
-        if isinstance(a, Term) and id(a) not in at and not _known(a):
+        if isinstance(a, Term) and id(a) not in at and not low.known(a):
             raise Unsupported("an index or mask that is not a constant")
         if isinstance(a, Term):
             return at[id(a)] if id(a) in at else c.params[a.attrs[0]]
         return [value(v) for v in a] if isinstance(a, (list, tuple)) else a
-    if True in args[3:] or kwargs.get("accumulate"):  # index_put's accumulate adds
+    if kwargs.get("accumulate") or _op == aten.index_put.default and True in args[3:]:  # it adds
         raise Unsupported("accumulated writes")
     try:
         index = _op(*(value(a) for a in args), **kwargs)
@@ -276,15 +276,9 @@ def _moved(c, *args, _op=None, **kwargs):
         raise Unsupported(f"the op refuses its positions: {e}") from e
     if not bool(((index >= 0) & (index < start) & (index == index.round())).all()):
         raise Unsupported("an element that is no operand's")
-    flat = [Term("reshape", (a,), (str(math.prod(c.info(a).shape)),)) for a in data]
     pool = functools.reduce(lambda a, b: Term("concat", (a, b), (-1,)), flat)
     picked = Term("index_select", (pool, c.constant(index.long().reshape(-1))), (-1,))
     return Term("reshape", (picked,), (c.out_shape(),))
-
-
-def _known(t: Term) -> bool:
-    """A constant of the signature: folded here, or a tensor the trace closed over."""
-    return t.op == "param" and t.attrs[0].startswith((low.CONSTANT, "_tensor_constant"))
 
 
 for _move in MOVES:

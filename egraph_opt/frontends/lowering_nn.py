@@ -22,14 +22,14 @@ def _embedding(c, ids, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     return Term("reshape", (Term("index_select", (weight, flat), (-2,)),), (c.out_shape(),))
 
 
-@lowers(F.layer_norm)
-def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+@lowers(F.layer_norm, torch.layer_norm)  # ATen's adds cudnn_enable
+def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
     if len(normalized_shape) != 1 or weight is None or bias is None:
         raise Unsupported("layer_norm over several axes or without affine parameters")
     return Term("layer_norm", (x, weight, bias), (float(eps),))
 
 
-@lowers(F.rms_norm)
+@lowers(F.rms_norm, torch.rms_norm)
 def _rms_norm(c, x, normalized_shape, weight=None, eps=None):
     """eps None is the dtype's machine epsilon, as torch defines it."""
     if len(normalized_shape) != 1:

@@ -422,6 +422,7 @@ _MESH = dict(_ANY, shape_rule="meta", curvature=LINEAR, growth=0, precision="kee
              onnx="none", mesh="parts")
 _SMOOTH = dict(growth=1)  # bounded curvature
 _EXACT = dict(curvature=LINEAR, growth=0, rounding="exact")  # piecewise linear, no rounding
+_STEP = dict(_UNARY, **_EXACT, flops=1, precision="keep")  # to an integer, exactly
 _MATMUL_SAMPLE = (("x0", (3, 5)), ("x1", (4, 5)), ("x2", (4,)))  # linear's (x, weight, bias)
 _ATTENTION_SAMPLE = (("x0", (2, 4, 3)), ("x1", (2, 5, 3)), ("x2", (2, 5, 3)))
 _GUARDED = "(softmax (add (mul (matmul ?x0 (transpose ?x1 -2 -1)) (const ?scale)) ?x3) -1)"
@@ -616,14 +617,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("reduce_scatter", 1, "axis:i64 n:i64", mesh.reduce_scatter, _MESH, range_rule="top",
         rounding="rounds", error="sum", passes=2),
     # ---- the rest of the Core ATen opset's elementwise math (frontends/lowering_core.py)
-    _op("floor",   1, "", torch.floor,  _UNARY, range_rule=math.floor, **_EXACT, flops=1, precision="keep",
-        onnx="Floor"),
-    _op("ceil",    1, "", torch.ceil,   _UNARY, range_rule=math.ceil, **_EXACT, flops=1, precision="keep",
-        onnx="Ceil"),
-    _op("round",   1, "", torch.round,  _UNARY, range_rule=round,    **_EXACT, flops=1, precision="keep",
-        onnx="Round"),  # half to even
-    _op("trunc",   1, "", torch.trunc,  _UNARY, range_rule=math.trunc, **_EXACT, flops=1, precision="keep",
-        onnx="none"),
+    _op("floor",   1, "", torch.floor,  _STEP, range_rule=math.floor, onnx="Floor"),
+    _op("ceil",    1, "", torch.ceil,   _STEP, range_rule=math.ceil,  onnx="Ceil"),
+    _op("round",   1, "", torch.round,  _STEP, range_rule=round,      onnx="Round"),  # half to even
+    _op("trunc",   1, "", torch.trunc,  _STEP, range_rule=math.trunc, onnx="none"),
     _op("asin",    1, "", torch.asin,   _UNARY, range_rule="bounds",  curvature=(math.inf, math.inf),
         growth=2, bounds=(-1.5708, 1.5708), onnx="Asin"),
     _op("acos",    1, "", torch.acos,   _UNARY, range_rule="bounds",  curvature=(math.inf, math.inf),

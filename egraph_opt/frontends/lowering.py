@@ -401,7 +401,7 @@ def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
     return forms.reduce(op, x, dims, rank, keepdim)
 
 
-for _name in ("sum", "mean"):
+for _name in ("sum", "mean", "prod"):
     lowers(getattr(torch, _name), _name)(lambda c, x, dim=None, keepdim=False, *, dtype=None, _op=_name:
                                          _reduce(_op, c, x, dim, keepdim, dtype))
 

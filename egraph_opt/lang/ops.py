@@ -518,6 +518,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("max", 1, _REDUCE, torch.amax, _REDUCTION, range_rule="operand", rounding="exact",
         precision="keep", onnx="ReduceMax"),
     _op("mean", 1, _REDUCE, torch.mean, _REDUCTION, range_rule="operand", onnx="ReduceMean"),
+    _op("prod", 1, _REDUCE, torch.prod, _REDUCTION, range_rule="top", curvature=(math.inf, math.inf),
+        growth=2, onnx="none"),  # core ATen's
     _op("var", 1, _REDUCE + " correction:i64", var, _REDUCTION, range_rule="var", sign="nonneg",
         curvature=(2.0, 1.0), growth=1, passes=6, flops=3, onnx="mean-of-squares"),
     # linear algebra and layout

@@ -123,6 +123,28 @@ def test_models_whose_python_reads_shapes_are_captured_through_torch_export():
     assert {"layer_norm", "sdpa_masked", "gelu"} <= set(f.report.ops_after)
 
 
+class _ShapeBranch(nn.Module):
+    """Python that branches on a shape: symbolic fx fails, torch.export traces it."""
+
+    def forward(self, ids, labels):
+        scale = 2.0 if ids.shape[0] > 1 else 3.0
+        return ids.exp() * scale + labels.sin(), labels.cos()
+
+
+@pytest.mark.parametrize("shared", ["same", "view"])
+def test_a_tensor_passed_twice_is_captured_as_two_inputs(shared):
+    """``model(ids, labels=ids)``: torch.export made one input of one tensor, so the program read
+    ``labels`` where it meant ``ids``, and a later call with two tensors got a wrong answer."""
+    x = torch.randn(4, 8)
+    program, gm = capture(_ShapeBranch(), (x, x if shared == "same" else x.view(4, 8)))
+    y = torch.randn(4, 8)
+    expected = _ShapeBranch()(x, y)
+    for got, want in zip(gm(x, y), expected):
+        torch.testing.assert_close(got, want)
+    for got, want in zip(build_module(program, gm)(x, y), expected):
+        torch.testing.assert_close(got, want)
+
+
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),

@@ -5,8 +5,10 @@ containers keep their types; the plan cache drops its least recently used plan."
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
+import warnings
 
 import pytest
 import torch
@@ -147,6 +149,31 @@ def test_python_state_after_n_calls_is_eagers(kind, capsys, caplog):
         torch.testing.assert_close(a, b)
     assert _same(tuple(got), tuple(eager)), (got, eager)
     assert "changes Python state" in call.report.fallback and "\n" not in call.report.fallback
+
+
+@functools.lru_cache(None)
+def _warn_once(message: str) -> None:  # transformers' logger.warning_once
+    logging.getLogger("user.program").warning(message)
+
+
+def _logs_once(x):
+    _warn_once("a notice of the program's own")
+    return torch.log(1 + torch.exp(x))
+
+
+def test_a_record_logged_once_reaches_its_handler_once_and_the_program_is_optimized(caplog):
+    """A Hugging Face model logs a notice on its first call only (``warning_once``): the plan
+    loses nothing of eager's, so it is kept, and the record the trace held back is logged once."""
+    _warn_once.cache_clear()
+    f = saturate_and_extract(_logs_once, profile_budget=0)
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        for _ in range(CALLS):
+            torch.testing.assert_close(f(x), _logs_once(x))
+    assert f.report.optimized and not f.report.fallback
+    assert [r.getMessage() for r in caplog.records if r.name == "user.program"] == \
+        ["a notice of the program's own"]
 
 
 @pytest.mark.parametrize("calls", [1, CALLS])

@@ -135,6 +135,11 @@ def _changes(name: str, changes: list[str]) -> str:
         "which a plan would not do on every call"
 
 
+def _run_again(fn: Callable, args: tuple) -> None:
+    with torch.no_grad():
+        fn(*(a.clone() for a in args))
+
+
 def _check_ranges(ranges: dict | None) -> dict:
     checked = {}
     for name, value in (ranges or {}).items():
@@ -344,8 +349,8 @@ class OptimizedFunction:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
-        if watch.changes():  # the trace ran its Python code on tracer objects: no plan keeps it
-            raise SideEffect(_changes(self._name, watch.changes()))
+        if watch.changes() and not watch.logs_once(lambda: _run_again(target, args)):
+            raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
         self._state.hold(traced)
         if not self.validate:  # else validation's run of the original shows it
             start = time.perf_counter()

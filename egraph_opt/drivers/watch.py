@@ -56,7 +56,7 @@ class Watch:
     self.calls"``, ``"prints"``); leaving the block puts every changed value back."""
 
     def __init__(self, fn: Callable):
-        self.fn, self.effects = fn, []
+        self.fn, self.effects, self.records = fn, [], []  # records: (logger, record) held back
         self._saved: list[tuple[str, Any, Any]] = []  # (name, holder, copy of its contents)
 
     def __enter__(self) -> Watch:
@@ -75,6 +75,23 @@ class Watch:
         """What changed so far: state written (by name), then prints and log records."""
         return [f"{'writes' if isinstance(h, (list, set)) else 'sets'} {_what(n, h, s)}"
                 for n, h, s in self._saved if _differs(h, s)] + self.effects
+
+
+    def logs_once(self, rerun: Callable[[], Any]) -> bool:
+        """Whether the only effects so far are log records that running the program again does
+        not log (``logger.warning_once``, a deprecation notice): then they reach their handlers
+        now, as eager's first call's would, and a plan loses nothing of eager's effects."""
+        if not self.records or len(self.changes()) != len(self.effects) or \
+                any(not e.startswith("logs") for e in self.effects):
+            return False
+        with Watch(self.fn) as again:
+            rerun()
+        if again.changes():
+            return False
+        for logger, record in self.records:
+            _ORIGINAL_HANDLE(logger, record)
+        self.effects, self.records = [], []
+        return True
 
 
 def _watches() -> list[Watch]:
@@ -236,6 +253,7 @@ def _handle(self, record):
     if not watches or record.name.startswith(("torch", "egraph_opt")):
         return _ORIGINAL_HANDLE(self, record)
     what = f"logs to {record.name!r}"
+    watches[-1].records.append((self, record))
     if what not in watches[-1].effects:
         watches[-1].effects.append(what)
 

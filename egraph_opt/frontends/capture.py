@@ -91,7 +91,7 @@ def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
     logger.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stderr(written):
-            exported = torch.export.export(module, args, strict=False)
+            exported = torch.export.export(module, _unshared(args), strict=False)
     finally:
         logger.setLevel(level)
     sys.stderr.write(written.getvalue())
@@ -163,6 +163,18 @@ def _is_static(node: fx.Node, static: set[str]) -> bool:
         return True
     inputs = node.all_input_nodes
     return node.op == "call_function" and bool(inputs) and all(i.name in static for i in inputs)
+
+
+def _unshared(args: tuple) -> tuple:
+    """``args`` with each one sharing memory with an earlier one cloned: torch.export makes one
+    fake tensor of one real tensor, so a tensor passed twice (``model(ids, labels=ids)``) would be
+    one input read through either name, and a call with two tensors would read the wrong one."""
+    seen, out = set(), []
+    for a in args:
+        shared = a.numel() and a.untyped_storage().data_ptr() in seen
+        seen.add(a.untyped_storage().data_ptr())
+        out.append(a.clone() if shared else a)
+    return tuple(out)
 
 
 def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]:

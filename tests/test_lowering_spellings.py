@@ -47,8 +47,10 @@ M = torch.tensor([[1.0, 0.0, -0.0, float("nan")], [0.0, 1.0, 1.0, 1.0]])
     exported(lambda s, m: torch.where(m == 0, 1.5, s)),  # aten.where.ScalarSelf
     exported(lambda s, m: torch.ops.aten.alias(s) * m),
     exported(lambda s, m: s.detach() + m),
+    lambda s, m: torch.where(s != m, s, 0.0) + torch.where(s <= 0.5, 1.0, m) + torch.where(m >= s, s, 2.0)
+    + torch.where(s == 1.0, 4.0, s),  # exact at NaN and inf, as fx records them
 ], ids=["eq0-fx", "eq0-masked-fill", "masked-fill", "where-scalar-other", "where-scalar-self",
-        "alias", "detach"])
+        "alias", "detach", "comparisons-fx"])
 def test_mask_lowerings_equal_torch(fn):
     captured_equals_torch(fn, S, M)
 

@@ -376,11 +376,36 @@ def is_zero(x: Term) -> Term:
     return Term("cast", (Term("where", (nonzero, Term.const(0.0), Term.const(1.0))),), ("bool",))
 
 
+def _nans(c, *ts: Term) -> list[Term]:
+    return [Term("isnan", (t,)) for t in ts if t.op != "const" and c.floating(t)]  # a const never is
+
+
+def any_of(*masks: Term) -> Term:
+    return functools.reduce(lambda a, b: Term("maximum", (a, b)), masks)  # or, of bools
+
+
+def unequal(c, a, b) -> Term:
+    """``a != b``: one is below the other, or one is NaN (x - c != 0 is not it at inf)."""
+    a, b = _operand(c, a, b), _operand(c, b, a)
+    return any_of(Term("less", (a, b)), Term("less", (b, a)), *_nans(c, a, b))
+
+
+def not_above(c, a, b) -> Term:
+    """``a <= b``: neither b < a nor a NaN."""
+    a, b = _operand(c, a, b), _operand(c, b, a)
+    return Term("logical_not", (any_of(Term("less", (b, a)), *_nans(c, a, b)),))
+
+
+lowers(operator.ne, torch.ne, "ne")(unequal)
+lowers(operator.le, torch.le, "le")(not_above)
+lowers(operator.ge, torch.ge, "ge")(lambda c, a, b: not_above(c, b, a))
+
+
 @lowers(operator.eq, torch.eq, "eq")
 def _eq(c, x, other):
-    if not isinstance(other, (int, float)) or isinstance(other, bool) or other != 0:
-        raise Unsupported("== against anything but the number 0")  # x - c == 0 is not x == c at inf
-    return is_zero(c.tensor(x))
+    if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 0:
+        return is_zero(c.tensor(x))  # the form the rules know
+    return Term("logical_not", (unequal(c, x, other),))
 
 
 @lowers("masked_fill")

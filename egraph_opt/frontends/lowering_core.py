@@ -53,43 +53,13 @@ def _bool(c, x) -> Term:
     return x if c.info(x).dtype == torch.bool else Term("cast", (c.tensor(x),), ("bool",))
 
 
-def _any_of(*masks: Term) -> Term:
-    return functools.reduce(lambda a, b: Term("maximum", (a, b)), masks)  # or, of bools
-
-
-def _unequal(c, a, b) -> Term:
-    """``a != b``: one is below the other, or one is NaN (a constant never is)."""
-    a, b = low._operand(c, a, b), low._operand(c, b, a)
-    return _any_of(Term("less", (a, b)), Term("less", (b, a)),
-                   *(Term("isnan", (t,)) for t in (a, b) if t.op != "const" and c.floating(t)))
-
-
-def _not_above(c, a, b) -> Term:
-    """``a <= b``: neither b < a nor a NaN."""
-    a, b = low._operand(c, a, b), low._operand(c, b, a)
-    return Term("logical_not", (_any_of(Term("less", (b, a)), *(
-        Term("isnan", (t,)) for t in (a, b) if t.op != "const" and c.floating(t))),))
-
-
-def _eq(c, a, b):
-    if isinstance(b, (int, float)) and not isinstance(b, bool) and b == 0:
-        return low._eq(c, a, b)  # the form the rules know
-    return Term("logical_not", (_unequal(c, a, b),))
-
-
-lowers(aten.ne.Scalar, aten.ne.Tensor)(_unequal)
-lowers(aten.eq.Tensor, aten.eq.Scalar)(_eq)
-lowers(aten.le.Scalar, aten.le.Tensor)(_not_above)
-lowers(aten.ge.Scalar, aten.ge.Tensor)(lambda c, a, b: _not_above(c, b, a))
-
-
 def _logical(op: str, bits: bool):
     """and / or / xor of truth values (bitwise of bools is logical; of integers, bits: opaque)."""
     def lower(c, a, b):
         if bits and not (c.info(a).dtype == torch.bool and isinstance(b, Term) and c.info(b).dtype == torch.bool):
             raise Unsupported("bitwise op of integers")
         a, b = _bool(c, a), _bool(c, b)
-        return _unequal(c, a, b) if op == "xor" else Term(op, (a, b))
+        return low.unequal(c, a, b) if op == "xor" else Term(op, (a, b))
     return lower
 
 

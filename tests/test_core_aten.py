@@ -45,7 +45,7 @@ def test_the_core_opset_is_covered():
         print(f"  opaque ({reason}): {', '.join(sorted(str(op) for op in opaque if OPAQUE[op] == reason))}")
     with_values = len(core) - len(no_value)
     print(f"lowered: {len(lowered) / len(core):.1%} of all, {len(lowered) / with_values:.1%} of those with a value")
-    assert len(lowered) / with_values >= 0.88  # issue 32 asks 95%: what is missing is printed above
+    assert len(lowered) / with_values >= 0.89  # issue 32 asks 95%: what is missing is printed above
 
 
 X = torch.randn(2, 3, 8, 8)

@@ -39,6 +39,9 @@ CASES = [
     ("logical_not",  lambda m, x: torch.where(torch.logical_not(m), x, 0.0),    (R(5) > 0, R(5))),
     ("neg",          lambda x: -x,                                             (R(3),)),
     ("prod",         lambda x: x.prod(-1) + torch.prod(x, 0, keepdim=True).sum() + x.prod(),  (R(3, 4),)),
+    ("argmax",       lambda x: x[:, 0] * x.argmax(-1) + (x[0] * torch.argmax(x, 0, keepdim=True)).sum() + x.argmax(),
+                                                                               (R(3, 4),)),
+    ("argmin",       lambda x: x[:, 0] * x.argmin(1) + torch.argmin(x),        (R(3, 4),)),
     ("floor",        lambda x: torch.floor(x * 4) + (x * 4).floor(),           (R(5),)),
     ("ceil",         lambda x: torch.ceil(x * 4),                              (R(5),)),
     ("round",        lambda x: torch.round(x * 4) + torch.round(x * 0 + 2.5),   (R(5),)),  # half to even

@@ -431,6 +431,22 @@ for _name in ("sum", "mean", "prod"):
                                          _reduce(_op, c, x, dim, keepdim, dtype))
 
 
+def _arg(op: str):
+    """argmax / argmin along one axis; with none, of the flattened tensor."""
+    def lower_arg(c, x, dim=None, keepdim=False):
+        if dim is not None:
+            return Term(op, (c.tensor(x),), (c.axis(x, dim), keepdim))
+        if keepdim:
+            raise Unsupported(f"{op} of every axis, kept")
+        flat = Term("reshape", (c.tensor(x),), (shape_attr((math.prod(c.info(x).shape),)),))
+        return Term(op, (flat,), (-1, False))
+    return lower_arg
+
+
+lowers(torch.argmax, "argmax")(_arg("argmax"))
+lowers(torch.argmin, "argmin")(_arg("argmin"))
+
+
 @lowers(torch.amax, "amax")
 def _amax(c, x, dim=(), keepdim=False):
     return _reduce("max", c, x, dim if dim != () else None, keepdim)

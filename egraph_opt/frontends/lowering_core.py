@@ -40,7 +40,7 @@ WHY_OPAQUE = {
     "complex values: the Term language is real": "_fft_c2r _fft_r2c",
     "its decomposition does more work than it (lowering.COSTLIER)": "cumsum",
     "no op of the Term language computes it, nor does its decomposition lower":
-        "sort topk argmax argmin grid_sampler_2d col2im _pdist_forward _cdist_forward "
+        "sort topk grid_sampler_2d col2im _pdist_forward _cdist_forward "
         "_embedding_bag scatter_add scatter_reduce.two "
         "_native_batch_norm_legit.no_stats",
 }

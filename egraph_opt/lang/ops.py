@@ -423,6 +423,7 @@ _MESH = dict(_ANY, shape_rule="meta", curvature=LINEAR, growth=0, precision="kee
 _SMOOTH = dict(growth=1)  # bounded curvature
 _EXACT = dict(curvature=LINEAR, growth=0, rounding="exact")  # piecewise linear, no rounding
 _STEP = dict(_UNARY, **_EXACT, flops=1, precision="keep")  # to an integer, exactly
+_ARG = dict(_REDUCTION, shape_rule="meta", range_rule="top", rounding="exact", precision="keep", work="static")
 _MATMUL_SAMPLE = (("x0", (3, 5)), ("x1", (4, 5)), ("x2", (4,)))  # linear's (x, weight, bias)
 _ATTENTION_SAMPLE = (("x0", (2, 4, 3)), ("x1", (2, 5, 3)), ("x2", (2, 5, 3)))
 _GUARDED = "(softmax (add (mul (matmul ?x0 (transpose ?x1 -2 -1)) (const ?scale)) ?x3) -1)"
@@ -520,6 +521,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("mean", 1, _REDUCE, torch.mean, _REDUCTION, range_rule="operand", onnx="ReduceMean"),
     _op("prod", 1, _REDUCE, torch.prod, _REDUCTION, range_rule="top", curvature=(math.inf, math.inf),
         growth=2, onnx="none"),  # core ATen's
+    # the index of the largest (smallest) element along an axis: an int64 tensor, not a value of x
+    _op("argmax", 1, _REDUCE, torch.argmax, _ARG, onnx="none"),
+    _op("argmin", 1, _REDUCE, torch.argmin, _ARG, onnx="none"),
     _op("var", 1, _REDUCE + " correction:i64", var, _REDUCTION, range_rule="var", sign="nonneg",
         curvature=(2.0, 1.0), growth=1, passes=6, flops=3, onnx="mean-of-squares"),
     # linear algebra and layout

@@ -11,10 +11,10 @@ finite float32 where it gives none ("default box" in the table); points are unif
 float32 bit patterns in the box, and kept where the whole precondition holds and the exact result
 is a finite float32 (computed at 256, then 512, ... bits until its float32 rounding settles).
 Error is log2(1 + the number of float32 values between result and truth): 0 when equal, 1 when
-adjacent, 32 for a NaN. The optimized program is ``saturate_and_extract(fn, objective="stability",
-input_ranges=box)`` as a user would call it.
+adjacent, 32 for a NaN. The optimized program is ``saturate_and_extract(fn, objective=..., input_ranges=box)``
+as a user would call it (``--objective``: stability, or balanced, the default a user gets).
 
-    python bench/fpbench.py [--only NAME] [--points 512] [--seed 0]
+    python bench/fpbench.py [--only NAME] [--points 512] [--seed 0] [--objective balanced]
 """
 from __future__ import annotations
 
@@ -350,7 +350,7 @@ class Result:
         return self.n >= max(self.wanted // 4, 1)
 
 
-def run_problem(problem: Problem, n: int, seed: int) -> Result:
+def run_problem(problem: Problem, n: int, seed: int, objective: str = "stability") -> Result:
     from egraph_opt import saturate_and_extract
 
     box, tag = box_of(problem)
@@ -361,7 +361,7 @@ def run_problem(problem: Problem, n: int, seed: int) -> Result:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         naive = fn(*args).numpy()
-        opt = saturate_and_extract(fn, objective="stability", input_ranges=ranges)
+        opt = saturate_and_extract(fn, objective=objective, input_ranges=ranges)
         start = time.perf_counter()
         optimized = opt(*args).numpy()
         seconds = time.perf_counter() - start
@@ -418,13 +418,15 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="problems whose name contains this (case-insensitive)")
     ap.add_argument("--points", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--objective", default="stability", choices=["stability", "balanced", "latency"],
+                    help="balanced: the default a user gets")
     args = ap.parse_args(argv)
     suite = [p for p in problems() if not args.only or args.only.lower() in p.name.lower()]
     print(f"{'problem':44} {'box':7} {'n':>5} {'naive':>6} {'max':>5} {'opt':>6} {'max':>5} "
           f"{'gain':>6} {'time':>7}  (mean/max bits of error, float32)")
     results = []
     for problem in suite:
-        results.append(run_problem(problem, args.points, args.seed))
+        results.append(run_problem(problem, args.points, args.seed, args.objective))
         print(_row(results[-1]), flush=True)
     print()
     print("\n".join(summary(results)))

@@ -10,6 +10,11 @@ Without a kernel of its own, an architecture's attention runs eager (Gemma2, BLO
 
     python bench/hf_models.py [--only NAME ...] [--length T] [--repeats N] [--attn sdpa|eager]
                               [--padded] [--width C] [--layers N] [--dtype bfloat16|float16]
+    python bench/hf_models.py --users [--compile] [--new TOKENS] [--only NAME ...]
+
+``--users`` runs each model as its users do, eager against decorated (and torch.compile): the model
+as instantiated called with default arguments; ``generate()`` of 64 greedy tokens through a
+decorated forward (causal LMs); one training step with ``labels=ids`` (causal LMs).
 """
 from __future__ import annotations
 
@@ -131,6 +136,12 @@ def build(name: str, t: int = 32, attn: str = "sdpa", padded: bool = False, c: i
     return module, inputs(name, made.config, t, padded, dtype)
 
 
+def interleaved(fns: dict, args: tuple, repeats: int) -> dict[str, list[float]]:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from fusion import interleaved as side_by_side
+    return side_by_side(fns, args, repeats)
+
+
 def row(name: str, a: argparse.Namespace) -> None:
     module, args = build(name, a.length, a.attn, a.padded, a.width, a.layers, getattr(torch, a.dtype))
     optimized = saturate_and_extract(module)
@@ -150,8 +161,6 @@ def row(name: str, a: argparse.Namespace) -> None:
         fused = sorted(op for op in report.ops_after if any(op.startswith(f) for f in FUSED))
         speed = ""
         if a.repeats:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            from fusion import interleaved
             times = interleaved({"orig": module, "opt": optimized}, args, a.repeats)
             speed = f"{statistics.median(times['orig']) / statistics.median(times['opt']):5.2f}x"
     status = "FALLBACK " + report.fallback[:100] if report.fallback else "ok"
@@ -159,6 +168,84 @@ def row(name: str, a: argparse.Namespace) -> None:
           f"{','.join(fused) or '-':<40} {status}", flush=True)
     if report.opaque:
         print(f"{'':<16} opaque: {'; '.join(report.opaque)[:200]}")
+
+
+def causal_lm(name: str, c: int, layers: int) -> nn.Module | None:
+    """``name``'s causal LM head model as users instantiate it (None: an encoder), random weights,
+    no dropout (a program that draws runs untouched), eval mode."""
+    base = instantiate(name, c=c, layers=layers)
+    head = getattr(tf, type(base).__name__.replace("Model", "ForCausalLM"), None)
+    if name not in CACHED or head is None:
+        return None
+    config = base.config
+    for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout",
+                "resid_dropout", "embed_dropout", "dropout", "attention_probs_dropout_prob"):
+        if isinstance(getattr(config, key, None), float):
+            setattr(config, key, 0.0)
+    torch.manual_seed(0)
+    return head(config).eval()
+
+
+def _ratios(times: dict) -> str:
+    eager = statistics.median(times["eager"])
+    return "  ".join(f"{k} {statistics.median(v) * 1e3:8.2f} ms ({eager / statistics.median(v):4.2f}x)"
+                     for k, v in times.items())
+
+
+def user_paths(name: str, a: argparse.Namespace) -> None:
+    """The three ways users run a model, each eager / decorated / torch.compile (--compile),
+    interleaved: the model as instantiated called with default arguments; ``generate()`` of
+    ``--new`` greedy tokens with a decorated forward (tokens per second); one training step
+    (``model(ids, labels=ids).loss.backward()`` and an SGD step)."""
+    made = instantiate(name, c=a.width, layers=a.layers)
+    args = inputs(name, made.config, a.length)
+    variants = {"eager": made, "ours": saturate_and_extract(made)}
+    if a.compile:
+        variants["compile"] = torch.compile(made)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        times = interleaved(variants, args, a.repeats)
+    fell = variants["ours"].report.fallback
+    print(f"{name:<16} call      {_ratios(times)}  {'FALLBACK ' + fell[:80] if fell else ''}", flush=True)
+    lm = causal_lm(name, a.width, a.layers)
+    if lm is None:
+        return
+    ids = torch.randint(1, V, (1, 8))
+    forwards = {"eager": lm.forward, "ours": saturate_and_extract(lm.forward)}
+    if a.compile:
+        forwards["compile"] = torch.compile(lm.forward)
+    tokens, runs = {}, {}
+    for label, forward in forwards.items():
+        def generate(forward=forward):
+            lm.forward = forward
+            out = lm.generate(ids, max_new_tokens=a.new, do_sample=False, min_new_tokens=a.new)
+            lm.forward = forwards["eager"]
+            return out
+        runs[label] = generate
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for label, run in runs.items():
+            tokens[label] = run()
+        times = interleaved(runs, (), max(a.repeats // 10, 2))
+    same = all(torch.equal(t, tokens["eager"]) for t in tokens.values())
+    rates = "  ".join(f"{k} {a.new / statistics.median(v):7.1f} tok/s" for k, v in times.items())
+    print(f"{name:<16} generate  {rates}  tokens {'= eager' if same else 'DIFFER'}", flush=True)
+    train = lm.train()
+    steps = {"eager": train, "ours": saturate_and_extract(train)}
+    if a.compile:
+        steps["compile"] = torch.compile(train)
+    sgd = torch.optim.SGD(train.parameters(), lr=0.0)  # lr 0: every variant steps the same weights
+    long_ids = torch.randint(1, V, (2, a.length))
+
+    def step(run):
+        run(long_ids, labels=long_ids).loss.backward()
+        sgd.step()
+        sgd.zero_grad()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        times = interleaved({k: (lambda r=r: step(r)) for k, r in steps.items()}, (), a.repeats)
+    print(f"{name:<16} train     {_ratios(times)}", flush=True)
+    lm.eval()
 
 
 def main() -> None:
@@ -171,13 +258,21 @@ def main() -> None:
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--users", action="store_true",
+                   help="the model as users run it: a direct call, generate() and a training step")
+    p.add_argument("--compile", action="store_true", help="torch.compile beside (--users)")
+    p.add_argument("--new", type=int, default=64, help="tokens generate() makes (--users)")
     a = p.parse_args()
     print(f"T={a.length} C={a.width} layers={a.layers} attn={a.attn} padded={a.padded} {a.dtype} "
           f"threads={torch.get_num_threads()}")
-    print(f"{'model':<16} {'ops':>5}    {'after':<5} {'max err':>9} {'opt s':>7} {'speed':>6}  "
-          f"{'fused ops':<40} status")
+    if not a.users:
+        print(f"{'model':<16} {'ops':>5}    {'after':<5} {'max err':>9} {'opt s':>7} {'speed':>6}  "
+              f"{'fused ops':<40} status")
     for name in a.only or MODELS:
-        row(name, a)
+        if a.users:
+            user_paths(name, a)
+        else:
+            row(name, a)
 
 
 if __name__ == "__main__":

@@ -45,14 +45,19 @@ class Objective(enum.Enum):
 @dataclass(frozen=True)
 class CostModel:
     objective: Objective = Objective.BALANCED
-    latency_of: Callable | None = None  # (op, attrs, shapes, dtype, layouts) -> (units, source) | None
+    latency_of: Callable | None = None  # (NodeFacts) -> (units, source) | None
     tolerance: float | None = None  # for Objective.TOLERANCE: largest estimated relative error
+    #: for Objective.BALANCED: the most time a far more accurate program may take, as a multiple of
+    #: the fastest (pipeline.ACCURATE_BY says how much more accurate)
+    max_slowdown: float = 4.0
 
     def __post_init__(self):
         if (self.objective is Objective.TOLERANCE) != (self.tolerance is not None):
             raise ValueError("a tolerance goes with objective 'tolerance', and only with it")
         if self.tolerance is not None and not self.tolerance > 0:
             raise ValueError(f"tolerance must be a positive relative error, not {self.tolerance!r}")
+        if not self.max_slowdown >= 1:
+            raise ValueError(f"max_slowdown must be a factor >= 1, not {self.max_slowdown!r}")
 
     def curvature(self, n: NodeFacts) -> int:
         if n.op in LEAVES or n.constant:
@@ -66,7 +71,7 @@ class CostModel:
         if n.op in LEAVES or n.constant:
             return 0
         if self.latency_of is not None and n.shapes is not None:
-            found = self.latency_of(n.op, n.attrs, n.shapes, n.dtype, n.layouts)
+            found = self.latency_of(n)
             if found:
                 return found[0]
         return OPS[n.op].passes * PASS_UNITS  # passes over memory the op declares

@@ -13,36 +13,18 @@ from __future__ import annotations
 
 import math
 
+import torch
+
+from egraph_opt.analysis.ranges import Interval, gap, mag
 from egraph_opt.lang.ops import OPS
 
-Interval = tuple[float, float]
-
-UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11,
-                 "bfloat16": 2.0 ** -8}
+_FINFO = {d: torch.finfo(getattr(torch, d)) for d in ("float64", "float32", "float16", "bfloat16")}
+UNIT_ROUNDOFF = {d: f.eps / 2 for d, f in _FINFO.items()}
+FINITE_MAX = {d: f.max for d, f in _FINFO.items()}
 
 
 def _exp(v: float) -> float:
     return math.exp(v) if v < 700 else math.inf
-
-
-def _gap(r: Interval) -> float:
-    """Distance of an interval from zero (0 when it contains zero)."""
-    return 0.0 if r[0] <= 0 <= r[1] else min(abs(r[0]), abs(r[1]))
-
-
-def _mag(r: Interval) -> float:
-    return max(abs(r[0]), abs(r[1]))
-
-
-def _unbounded_on_overflow(f):
-    """Tiny ranges make 1/lo^2 overflow: that is an unbounded estimate, not an error."""
-    def guarded(*args):
-        try:
-            return f(*args)
-        except (ZeroDivisionError, OverflowError):
-            return math.inf
-    guarded.__doc__ = f.__doc__
-    return guarded
 
 
 def _pow(attrs: tuple, operands: list[Interval]) -> float:
@@ -51,7 +33,7 @@ def _pow(attrs: tuple, operands: list[Interval]) -> float:
         return 0.0
     if p == 2.0:
         return 2.0
-    lo = _gap(operands[0]) if p < 2 else _mag(operands[0])
+    lo = gap(operands[0]) if p < 2 else mag(operands[0])
     return abs(p * (p - 1)) * lo ** (p - 2) if lo > 0 else math.inf
 
 
@@ -73,8 +55,8 @@ FORMULAS = {
             lambda attrs, o: _over(o[0][0], lambda lo: 1 / lo)),
     "log1p": (lambda attrs, o: _over(o[0][0] + 1, lambda lo: 1 / lo ** 2),
               lambda attrs, o: _over(o[0][0] + 1, lambda lo: 1 / lo)),
-    "div": (lambda attrs, o: _over(_gap(o[1]), lambda d: 2 * _mag(o[0]) / d ** 3),
-            lambda attrs, o: _over(_gap(o[1]), lambda d: max(1 / d, _mag(o[0]) / d ** 2))),
+    "div": (lambda attrs, o: _over(gap(o[1]), lambda d: 2 * mag(o[0]) / d ** 3),
+            lambda attrs, o: _over(gap(o[1]), lambda d: max(1 / d, mag(o[0]) / d ** 2))),
     "sqrt": (lambda attrs, o: _over(o[0][0], lambda lo: 1 / (4 * lo ** 1.5)),
              lambda attrs, o: _over(o[0][0], lambda lo: 0.5 / math.sqrt(lo))),
     "rsqrt": (lambda attrs, o: _over(o[0][0], lambda lo: 3 / (4 * lo ** 2.5)),
@@ -82,7 +64,7 @@ FORMULAS = {
     "pow": (_pow, _one),
     # bilinear: constant cross curvature, unless one side is a constant
     "bilinear": (lambda attrs, o: 0.0 if any(lo == hi for lo, hi in o[:2]) else 1.0,
-                 lambda attrs, o: max(_mag(o[0]), _mag(o[1]))),
+                 lambda attrs, o: max(mag(o[0]), mag(o[1]))),
     "layer_norm": (lambda attrs, o: 1 / (4 * attrs[0] ** 1.5), _one),  # 1/sqrt(var + eps), var = 0
     "swish": (lambda attrs, o: 0.5 * abs(attrs[0]), lambda attrs, o: 1.1),  # silu's, at b x
 }
@@ -90,23 +72,24 @@ FORMULAS = {
 
 def _curvature(op: str, attrs: tuple, operands: list[Interval], which: int) -> float:
     declared = OPS[op].curvature
-    return declared[which] if isinstance(declared, tuple) else FORMULAS[declared][which](attrs, operands)
+    try:
+        return declared[which] if isinstance(declared, tuple) else FORMULAS[declared][which](attrs, operands)
+    except (ZeroDivisionError, OverflowError):  # tiny ranges make 1/lo^2 overflow: unbounded, not an error
+        return math.inf
 
 
-@_unbounded_on_overflow
 def kappa(op: str, attrs: tuple, operands: list[Interval]) -> float:
     """Curvature of one node over its operand ranges (inf when unbounded)."""
     return _curvature(op, attrs, operands, 0)
 
 
-@_unbounded_on_overflow
 def lipschitz(op: str, attrs: tuple, operands: list[Interval]) -> float:
     """Largest |derivative| of one node over its operand ranges."""
     return _curvature(op, attrs, operands, 1)
 
 
 def rounding(dtype: str, result: Interval) -> float:
-    return UNIT_ROUNDOFF.get(dtype, 0.0) * _mag(result)
+    return UNIT_ROUNDOFF.get(dtype, 0.0) * mag(result)
 
 
 #: casts that hold every value of their source dtype
@@ -147,11 +130,8 @@ def overflows(result: Interval, dtype: str) -> bool:
     """The result's range reaches the largest finite value of its dtype: past it, or clipped at it
     (an analysis that meets a range with the dtype's bounds proves no finite result)."""
     limit = FINITE_MAX.get(dtype)
-    return limit is not None and _mag(result) >= limit
+    return limit is not None and mag(result) >= limit
 
-
-FINITE_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38,
-              "float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 
 #: bounded kappa enters the cost in decibels up to this much: it breaks ties between forms of equal
 #: error terms and never outweighs one. Curvature is a second-order effect: bench/curvature_vs_error
@@ -159,7 +139,7 @@ FINITE_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e3
 KAPPA_TIE_BREAK = 3
 #: |x| past which exp(x) is 0 or inf in the dtype (log of the smallest subnormal): there no digit
 #: of exp(x) depends on the error x carries, so exp's condition number |x| stops there
-EXP_LIMIT = {"float64": 744.4, "float32": 103.3, "float16": 16.6, "bfloat16": 92.2}
+EXP_LIMIT = {d: round(-math.log(f.tiny * f.eps), 1) for d, f in _FINFO.items()}
 #: cost of losing every digit: a cancellation, or an amplification of rounding error past
 #: 1 / unit roundoff
 ALL_DIGITS = 2000
@@ -175,10 +155,10 @@ def _cancellation(op: str, operands: list[Interval], result: Interval | None, dt
     """a +- b amplifies its operands' rounding errors by (|a| + |b|) / |a +- b|: past 1 / unit
     roundoff where the result can be 0, else bounded by the result's distance from 0, which its
     e-class's interval proves from every equivalent form (1/x - 1/(x + 1) is 1/(x (x + 1)))."""
-    gap = _gap(result) if op in ("add", "sub") and result is not None else 0.0
-    if gap == 0:
+    apart = gap(result) if op in ("add", "sub") and result is not None else 0.0
+    if apart == 0:
         return ALL_DIGITS
-    return _amplified((_mag(operands[0]) + _mag(operands[1])) / gap, dtype)
+    return _amplified((mag(operands[0]) + mag(operands[1])) / apart, dtype)
 
 
 def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval | None = None,
@@ -195,13 +175,13 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
         cost += _cancellation(op, operands, result, dtype)
     error = OPS[op].error
     if error == "rotation":  # the add of its spelled form, whose products are rounded
-        m = _mag(operands[0])
-        products = [(-m * _mag(o), m * _mag(o)) for o in operands[1:3]]
+        m = mag(operands[0])
+        products = [(-m * mag(o), m * mag(o)) for o in operands[1:3]]
         if cancels("add", products, (False, False)):
             cost += _cancellation("add", products, result, dtype)
     limit = EXP_LIMIT.get(dtype, EXP_LIMIT["float32"])
     if error == "exp" and exact and not exact[0]:
-        cost += _amplified(min(_mag(operands[0]), limit), dtype)  # exp's condition number is
+        cost += _amplified(min(mag(operands[0]), limit), dtype)  # exp's condition number is
         # |x|: the rounding error its computed argument carries comes out multiplied by it
     if error in ("shifted-exp", "log-sum-exp"):  # softmax and kin: exp(x - max(x)) inside
         cost += _amplified(min(operands[0][1] - operands[0][0], limit), dtype)  # exp(x - max(x)):

@@ -116,30 +116,17 @@ def refine(choice: dict[str, ENode], roots: list[str], classes: dict[str, list[E
         for c in choice[cid].children:
             refs[c] += 1
 
-    def freed(old: ENode, new: ENode) -> int:
-        """Cost no longer paid when a class switches from ``old`` to ``new`` (simulated)."""
-        local, total, stack = {}, 0, list(old.children)
-        for c in new.children:
-            local[c] = local.get(c, refs[c]) + 1
-        while stack:
-            c = stack.pop()
-            local[c] = local.get(c, refs[c]) - 1
-            if local[c] == 0:
-                total += cost(c, choice[c])
-                stack.extend(choice[c].children)
-        return total
-
     for cid in _reachable(choice, roots):
         if len(classes[cid]) < 2 or refs[cid] == 0:  # no alternative, or no longer used
             continue
         for alt in classes[cid]:
             if alt == choice[cid] or any(c not in choice or refs[c] == 0 for c in alt.children):
                 continue  # only alternatives over classes the program already computes
-            delta = cost(cid, alt) - cost(cid, choice[cid]) - freed(choice[cid], alt)
-            if delta < 0 and not any(cid in _reachable(choice, [c]) for c in alt.children):
-                for c in alt.children:
-                    refs[c] += 1
-                _release(choice[cid], choice, refs)
+            if _switched([(cid, alt)], choice, refs, cost, {}) < 0 and \
+                    not any(cid in _reachable(choice, [c]) for c in alt.children):
+                applied: dict = {}
+                _switched([(cid, alt)], choice, refs, cost, applied)
+                refs.update(applied)
                 choice[cid] = alt
     _share_new(choice, roots, classes, cost, refs)
     return choice
@@ -156,42 +143,36 @@ def _share_new(choice, roots, classes, cost, refs) -> None:
             if alt != choice[cid] and len(set(new)) == 1 and all(c in choice for c in alt.children):
                 groups[new[0]].append((cid, alt))
 
-    def walk(members, counts: dict) -> int:
-        """Cost change of switching ``members``, applied to ``counts`` (a reference count view)."""
-        delta = 0
-        for cid, alt in members:
-            delta += cost(cid, alt) - cost(cid, choice[cid])
-            for step, start in ((1, alt.children), (-1, choice[cid].children)):
-                stack = list(start)
-                while stack:
-                    c = stack.pop()
-                    counts[c] = counts.get(c, refs[c]) + step
-                    if counts[c] == (1 if step > 0 else 0):  # a class starts or stops being paid
-                        delta += step * cost(c, choice[c])
-                        stack.extend(choice[c].children)
-        return delta
-
     for shared, members in groups.items():
         members = [(cid, alt) for cid, alt in members if refs[cid] > 0 and refs[shared] == 0]
-        if not members or walk(members, {}) >= 0:
+        if not members or _switched(members, choice, refs, cost, {}) >= 0:
             continue
         below = set(_reachable(choice, [shared]))
         if any(cid in below for cid, _ in members):
             continue  # the shared class depends on a class that would use it: a cycle
         applied: dict = {}
-        walk(members, applied)
+        _switched(members, choice, refs, cost, applied)
         refs.update(applied)
         for cid, alt in members:
             choice[cid] = alt
 
 
-def _release(node: ENode, choice: dict[str, ENode], refs: dict[str, int]) -> None:
-    stack = list(node.children)
-    while stack:
-        c = stack.pop()
-        refs[c] -= 1
-        if refs[c] == 0:
-            stack.extend(choice[c].children)
+def _switched(members, choice: dict[str, ENode], refs: dict[str, int], cost, counts: dict) -> int:
+    """Cost change of switching each class of ``members`` to its alternative e-node (exact DAG
+    delta), applied to ``counts``, a view of the reference counts ``refs``: a class starts or
+    stops being paid as its count leaves or reaches 0."""
+    delta = 0
+    for cid, alt in members:
+        delta += cost(cid, alt) - cost(cid, choice[cid])
+        for step, start in ((1, alt.children), (-1, choice[cid].children)):
+            stack = list(start)
+            while stack:
+                c = stack.pop()
+                counts[c] = counts.get(c, refs[c]) + step
+                if counts[c] == (1 if step > 0 else 0):  # a class starts or stops being paid
+                    delta += step * cost(c, choice[c])
+                    stack.extend(choice[c].children)
+    return delta
 
 
 def _reachable(choice: dict[str, ENode], roots: list[str]) -> list[str]:

@@ -29,12 +29,12 @@ import numpy as np
 import torch
 
 from egraph_opt.analysis.ranges import analyze
-from egraph_opt.analysis.sampling import sample_inputs
+from egraph_opt.analysis.sampling import from_ordinal, ordinal, sample_inputs
 from egraph_opt.lang.program import Program
-from egraph_opt.lang.term import Term, evaluate
+from egraph_opt.lang.term import Term, evaluate, pretty
 from egraph_opt.rulesets.guards import Guard, intervals
 
-from .rounding_error import elementwise_bits, ordinal
+from .rounding_error import elementwise_bits
 
 MAX_REGIMES = 3
 SPLIT_BITS = 0.25  # a regime more must save this many bits per point on average
@@ -90,7 +90,6 @@ class Piecewise:
 
     def describe(self) -> list[str]:
         """One line per regime: its interval of the split input, the form taken there."""
-        from egraph_opt.lang.term import pretty
         name = self.variable.attrs[0]
         lines = []
         for r in self.regimes:
@@ -250,5 +249,4 @@ def _between(a: float, b: float, next_to_a: bool = False) -> float:
     """A float32 t with a < t <= b: the middle of the floats between them, or the next above a."""
     lo, hi = (ordinal(torch.tensor([v], dtype=torch.float64), torch.float32).item() for v in (a, b))
     mid = lo + 1 if next_to_a else (lo + hi + 1) // 2
-    word = torch.tensor([abs(mid)], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
-    return -word if mid < 0 else word
+    return from_ordinal(torch.tensor([mid]), torch.float32).item()

@@ -17,7 +17,7 @@ import torch
 
 from egraph_opt.lang.ops import ELEMENTWISE, OPS, parse_shape
 from egraph_opt.lang.program import Program
-from egraph_opt.analysis.sampling import sample_inputs
+from egraph_opt.analysis.sampling import ordinal, sample_inputs
 from egraph_opt.lang.term import Term, postorder
 
 from .curvature import FINITE_MAX
@@ -33,19 +33,6 @@ class RoundingError:
     node's share: the most bits its local error alone causes in an output element."""
     bits: torch.Tensor
     by_node: dict[int, float]
-
-
-def _low(value, dtype: torch.dtype | None):
-    """An exact value as the program holds it: rounded to the dtype it has there."""
-    return value.detach().to(dtype) if isinstance(value, torch.Tensor) and dtype else value
-
-
-def ordinal(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Each float64 value rounded to ``dtype``, as its position among that dtype's numbers: the
-    difference of two positions counts the numbers between them (Herbie's ulps)."""
-    word = {16: torch.int16, 32: torch.int32}[torch.finfo(dtype).bits]
-    i = value.to(dtype).view(word).long()
-    return torch.where(i < 0, -(i & (2 ** (torch.finfo(dtype).bits - 1) - 1)), i)
 
 
 def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:
@@ -67,7 +54,8 @@ def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict,
                 exact[id(t)].requires_grad_()  # is taken through them (batch norm refuses one)
             continue
         args = [exact[id(a)] for a in t.args]
-        low = [_low(a, dtype[id(x)]) for a, x in zip(args, t.args)]
+        low = [a.detach().to(dtype[id(x)]) if isinstance(a, torch.Tensor) and dtype[id(x)] else a
+               for a, x in zip(args, t.args)]  # as the program holds them: rounded to their dtypes
         wide = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in low]
         try:
             if not any(isinstance(a, torch.Tensor) for a in args):  # folded: a Python number
@@ -224,3 +212,20 @@ def least_error(candidates: list[Program], ranges: dict | None = None, *, points
             return None
         scores.append((round(found.worst), round(found.mean), i))
     return min(scores)[2]
+
+
+def far_more_accurate(candidates: list[Program], latencies: list[float], bits: float, max_slowdown: float,
+                      ranges: dict | None = None, *, points: int = 4) -> int | None:
+    """Index of the most accurate candidate whose sampled error, worst or mean, is ``bits`` below
+    the first's (a cancellation or overflow gone) and whose latency is at most ``max_slowdown``
+    times the first's; None where none is (most programs: the first's error is below ``bits``)."""
+    first = program_error(candidates[0], ranges, points=points)
+    if first is None or max(first.worst, first.mean) < bits:
+        return None
+    found = []
+    for i, (candidate, latency) in enumerate(zip(candidates, latencies)):
+        if i and latency <= max_slowdown * max(latencies[0], 1):
+            error = program_error(candidate, ranges, points=points)
+            if error is not None and (error.mean <= first.mean - bits or error.worst <= first.worst - bits):
+                found.append((round(error.worst), round(error.mean), latency, i))
+    return min(found)[3] if found else None

@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 
 from . import triton as triton_kernels
 from .registry import MOVES, Kernel, Use, copies, kernels_for
+from egraph_opt.analysis.facts import NodeFacts
 from egraph_opt.profiling.latency import UNIT_S
 from egraph_opt.profiling.profiler import MOVE
 
@@ -40,44 +41,44 @@ def measured_estimate(latency) -> Estimator:
     measured or interpolated; the torch kernel and moves fall back to their defaults where nothing
     is known, other backends are then no candidates."""
     def estimate(kernel: Kernel, use: Use) -> float:
-        found = _measured(latency, kernel, use.op, use.attrs, use.shapes,
-                          use.dtypes[0] if use.dtypes else "float32", use.layouts)
+        node = NodeFacts(op=use.op, attrs=use.attrs, shapes=use.shapes, layouts=use.layouts,
+                         dtype=use.dtypes[0] if use.dtypes else "float32")
+        found = _measured(latency, kernel, node)
         return found[0] * UNIT_S if found else default_estimate(kernel, use)
     return estimate
 
 
 class Pricing:
-    """Called with (op, attrs, shapes, dtype, layouts): (units, source) of the kernel binding will
-    choose for such a node on ``device``, its operands in torch memory (the cheapest usable
-    candidate, the moves into its backend included), for the cost model; ``paths(...)`` every
-    kernel binding weighs for it, with its seconds or why not, for the explorer."""
+    """Called with a node's NodeFacts: (units, source) of the kernel binding will choose for it on
+    ``device``, its operands in torch memory (the cheapest usable candidate, the moves into its
+    backend included), for the cost model; ``paths(node)`` every kernel binding weighs for it,
+    with its seconds or why not, for the explorer."""
 
     def __init__(self, latency, device: str):
         self.latency, self.device, self.estimate = latency, device, measured_estimate(latency)
 
-    def _use(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple) -> Use:
-        return Use(op, attrs, shapes, (dtype,) * len(shapes), self.device, layouts)
+    def _use(self, n: NodeFacts) -> Use:
+        return Use(op=n.op, attrs=n.attrs, shapes=n.shapes, dtypes=(n.dtype,) * len(n.shapes),
+                   device=self.device, layouts=n.layouts)
 
-    def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = ()):
-        use, found = self._use(op, attrs, shapes, dtype, layouts), []
-        for kernel in kernels_for(op):
-            own = _measured(self.latency, kernel, op, attrs, shapes, dtype, layouts) \
+    def __call__(self, n: NodeFacts):
+        use, found = self._use(n), []
+        for kernel in kernels_for(n.op):
+            own = _measured(self.latency, kernel, n) \
                 if usable(kernel, self.device) and not kernel.refuses(use) else None
             if own:
                 moves = conversion_seconds(use, "torch", kernel.backend, self.estimate)
                 found.append((own[0] + round(moves / UNIT_S), own[1]))
         return min(found) if found else None
 
-    def paths(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = ()) -> list[Path]:
-        return paths(self._use(op, attrs, shapes, dtype, layouts), ("torch",), self.estimate)
+    def paths(self, n: NodeFacts) -> list[Path]:
+        return paths(self._use(n), ("torch",), self.estimate)
 
 
-
-def _measured(latency, kernel: Kernel, op: str, attrs: tuple, shapes: tuple, dtype: str,
-              layouts: tuple = ()):
+def _measured(latency, kernel: Kernel, n: NodeFacts):
     """(units, source) of ``kernel`` from the database, or None: not known there (and, but for
     the op's own torch kernel, only the kernel's own measured or interpolated rows count)."""
-    found = latency(op, attrs, shapes, dtype, layouts, kernel) if latency is not None else None
+    found = latency(n, kernel) if latency is not None else None
     if found and kernel.db_backend != "torch" and found[1] not in ("measured", "interpolated"):
         return None
     return found
@@ -91,7 +92,8 @@ def conversion_seconds(use: Use, source: str, target: str,
         return 0.0
     move = MOVES[source, target]
     layouts = use.layouts or (None,) * len(use.shapes)
-    return sum(estimate(move, Use(MOVE, (), (shape,), (dtype,), use.device, (key,) if key else ()))
+    return sum(estimate(move, Use(op=MOVE, attrs=(), shapes=(shape,), dtypes=(dtype,), device=use.device,
+                                  layouts=(key,) if key else ()))
                for shape, dtype, key in zip(use.shapes, use.dtypes, layouts))
 
 

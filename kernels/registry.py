@@ -19,9 +19,10 @@ from .torch_ops import TORCH
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 ALL_DTYPES = FLOATS | frozenset({"int32", "int64", "bool", "uint8", "int8", "int16"})
+HOST, BOTH = frozenset({"cpu"}), frozenset({"cpu", "cuda"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Use:
     """What one node of a plan asks of a kernel."""
     op: str
@@ -32,7 +33,7 @@ class Use:
     layouts: tuple = ()  # operand memory layouts (analysis/layouts.py); (): all contiguous
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Kernel:
     name: str
     reference: str  # pattern over the op table: what the kernel computes
@@ -70,8 +71,9 @@ def _reference(op: str) -> str:
 
 
 def _torch_kernels() -> list[Kernel]:
-    return [Kernel(f"torch.{op}", _reference(op), "torch", frozenset({"cpu", "cuda"}), ALL_DTYPES,
-                   TORCH.get(op, spec.impl)) for op, spec in OPS.items() if not spec.is_leaf]
+    return [Kernel(name=f"torch.{op}", reference=_reference(op), backend="torch", devices=BOTH,
+                   dtypes=ALL_DTYPES, impl=TORCH.get(op, spec.impl))
+            for op, spec in OPS.items() if not spec.is_leaf]
 
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:
@@ -87,24 +89,34 @@ def from_numpy(x: np.ndarray) -> torch.Tensor:
 _NUMPY_UNARY = {name: getattr(np, op.numpy) for name, op in OPS.items() if op.numpy}
 
 
+def _quiet(ufunc: np.ufunc) -> Callable:
+    """``ufunc`` giving NaN or inf where torch's kernel does, and as silently (numpy warns of
+    sqrt(-1), log(0) and overflow: a plan must not where the original would not)."""
+    def kernel(x: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return ufunc(x)
+    return kernel
+
+
 def _numpy_kernels() -> list[Kernel]:
-    return [Kernel(f"numpy.{op}", _reference(op), "numpy", frozenset({"cpu"}),
-                   frozenset({"float32", "float64"}), fn, takes=to_numpy)
+    return [Kernel(name=f"numpy.{op}", reference=_reference(op), backend="numpy", devices=HOST,
+                   dtypes=frozenset({"float32", "float64"}), impl=_quiet(fn), takes=to_numpy)
             for op, fn in _NUMPY_UNARY.items()]
 
 
 def _triton_kernels() -> list[Kernel]:
     """On CUDA; on CPU only interpreted, under the test switch (``binding.usable``)."""
     from .triton import TRITON_KERNELS
-    devices, half_single = frozenset({"cuda", "cpu"}), frozenset({"float16", "bfloat16", "float32"})
-    return [Kernel(f"triton.{op}", _reference(op), "triton", devices, half_single | set(dtypes), impl,
-                   limits or (lambda use: None)) for op, (impl, limits, dtypes) in TRITON_KERNELS.items()]
+    half_single = frozenset({"float16", "bfloat16", "float32"})
+    return [Kernel(name=f"triton.{op}", reference=_reference(op), backend="triton", devices=BOTH,
+                   dtypes=half_single | set(dtypes), impl=impl, limits=limits or (lambda use: None))
+            for op, (impl, limits, dtypes) in TRITON_KERNELS.items()]
 
 
 def _rewritten_kernels() -> list[Kernel]:
     from .rewritten import REWRITTEN_KERNELS
-    return [Kernel(k.name, k.reference, "torch", frozenset({"cpu", "cuda"}), k.dtypes, k.impl, k.limits)
-            for k in REWRITTEN_KERNELS]
+    return [Kernel(name=k.name, reference=k.reference, backend="torch", devices=BOTH, dtypes=k.dtypes,
+                   impl=k.impl, limits=k.limits) for k in REWRITTEN_KERNELS]
 
 
 REGISTRY: dict[str, Kernel] = {k.name: k for k in _torch_kernels() + _rewritten_kernels()
@@ -125,9 +137,9 @@ def copies(source: str, target: str) -> bool:
 
 def _move(source: str, target: str) -> Kernel:
     fn = to_numpy if MEMORY[target] == "numpy" else from_numpy if MEMORY[source] == "numpy" else same
-    host = frozenset({"cpu"}) if "numpy" in (MEMORY[source], MEMORY[target]) else frozenset({"cpu", "cuda"})
-    return Kernel(f"move.{source}->{target}", "(move ?x0)", f"{source}->{target}", host,
-                  ALL_DTYPES - {"bfloat16"} if fn is not same else ALL_DTYPES, fn,
+    return Kernel(name=f"move.{source}->{target}", reference="(move ?x0)", backend=f"{source}->{target}",
+                  devices=HOST if "numpy" in (MEMORY[source], MEMORY[target]) else BOTH,
+                  dtypes=ALL_DTYPES - {"bfloat16"} if fn is not same else ALL_DTYPES, impl=fn,
                   takes=to_numpy if MEMORY[source] == "numpy" else None)
 
 

@@ -130,7 +130,7 @@ RULES = rules(_F, [
     # RMSNorm (LLaMA, T5, Gemma): the plain form, then its weight taken in from either side
     ("rms-norm-fuse",             _RMS.format(sq="?x"),                                _RMS_PLAIN,
                                   "x / rms(x), rms over the last axis"),
-    *((f"rms-norm-fuse-widened-{d}", _RMS.format(sq=f'(cast ?x "float32")'),
+    *((f"rms-norm-fuse-widened-{d}", _RMS.format(sq='(cast ?x "float32")'),
        '(rms_norm (cast ?x "float32") (const 1.0) ?eps)', when(f'(= (dtype-of ?x) "{d}")'),
        "T5: the mean of squares in float32, x itself half (x * r widens it exactly)")
       for d in ("float16", "bfloat16")),

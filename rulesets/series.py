@@ -79,17 +79,17 @@ def _factorial(k: int) -> Fraction:
 
 ROWS = [
     Series("series-one-minus-cos-over-square", "(div (sub (const 1.0) (cos ?x)) (mul ?x ?x))",
-           True, 0, lambda k: (-1) ** k / _factorial(2 * k + 2), 1.0,
-           "(1 - cos x) / x^2 = sum (-1)^k x^2k / (2k+2)!: 0/0 where x^2 underflows, cancels near 0"),
+           square=True, shift=0, coefficient=lambda k: (-1) ** k / _factorial(2 * k + 2), radius=1.0,
+           why="(1 - cos x) / x^2 = sum (-1)^k x^2k / (2k+2)!: 0/0 where x^2 underflows, cancels near 0"),
     Series("series-expm1-minus-x-over-square", "(div (sub (expm1 ?x) ?x) (mul ?x ?x))",
-           False, 0, lambda k: 1 / _factorial(k + 2), 0.5,
-           "(e^x - 1 - x) / x^2 = sum x^k / (k+2)!: cancels near 0"),
+           square=False, shift=0, coefficient=lambda k: 1 / _factorial(k + 2), radius=0.5,
+           why="(e^x - 1 - x) / x^2 = sum x^k / (k+2)!: cancels near 0"),
     Series("series-x-minus-sin-over-cube", "(div (sub ?x (sin ?x)) (mul (mul ?x ?x) ?x))",
-           True, 0, lambda k: (-1) ** k / _factorial(2 * k + 3), 1.0,
-           "(x - sin x) / x^3 = sum (-1)^k x^2k / (2k+3)!: cancels near 0"),
+           square=True, shift=0, coefficient=lambda k: (-1) ** k / _factorial(2 * k + 3), radius=1.0,
+           why="(x - sin x) / x^3 = sum (-1)^k x^2k / (2k+3)!: cancels near 0"),
     Series("series-sinh-difference", "(sub (exp ?x) (exp (neg ?x)))",
-           True, 1, lambda k: 2 / _factorial(2 * k + 1), 1.0,
-           "e^x - e^-x = 2 sum x^(2k+1) / (2k+1)!: cancels near 0"),
+           square=True, shift=1, coefficient=lambda k: 2 / _factorial(2 * k + 1), radius=1.0,
+           why="e^x - e^-x = 2 sum x^(2k+1) / (2k+1)!: cancels near 0"),
 ]
 RULES = [row.rule() for row in ROWS]
 BY_NAME = {row.name: row for row in ROWS}

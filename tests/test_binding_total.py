@@ -11,6 +11,7 @@ from egraph_opt.kernels.registry import ALL_DTYPES, MEMORY, MOVES, REGISTRY, Use
 from egraph_opt.lang.ops import OPS
 from egraph_opt.profiling.latency import MeasuredLatency
 from egraph_opt.profiling.profile_db import ProfileDB
+from egraph_opt.analysis.facts import NodeFacts
 
 OPS_WITH_KERNELS = sorted({k.op for k in REGISTRY.values()})
 BACKENDS = sorted(MEMORY)
@@ -27,7 +28,7 @@ def uses(draw):
                    for _ in range(spec.arity))
     dtypes = tuple(draw(st.sampled_from(sorted(ALL_DTYPES))) for _ in shapes)
     attrs = tuple(draw(ATTRS[sort]) for _, sort in spec.attrs)
-    return Use(op, attrs, shapes, dtypes, draw(st.sampled_from(["cpu", "cuda"])))
+    return Use(op=op, attrs=attrs, shapes=shapes, dtypes=dtypes, device=draw(st.sampled_from(["cpu", "cuda"])))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def latency(tmp_path_factory):
 def test_every_pair_of_backends_has_a_move_and_only_a_change_of_memory_copies():
     assert set(MOVES) == {(a, b) for a in BACKENDS for b in BACKENDS if a != b}
     assert not copies("torch", "triton") and not copies("triton", "torch") and copies("torch", "numpy")
-    use = Use("softmax", (-1,), ((4, 8),), ("float16",), "cuda")
+    use = Use(op="softmax", attrs=(-1,), shapes=((4, 8),), dtypes=("float16",), device="cuda")
     assert binding.conversion_seconds(use, "torch", "triton") == 0.0
     assert binding.conversion_seconds(use, "torch", "numpy") > 0.0
 
@@ -58,7 +59,8 @@ def test_binding_and_pricing_never_raise(latency, switch, use, held):
         for backend in BACKENDS:
             assert binding.conversion_seconds(use, backend, kernel.backend) >= 0.0
         dtype = use.dtypes[0] if use.dtypes else "float32"
-        priced = binding.Pricing(latency, use.device)(use.op, use.attrs, use.shapes, dtype)
+        priced = binding.Pricing(latency, use.device)(
+            NodeFacts(op=use.op, attrs=use.attrs, shapes=use.shapes, dtype=dtype))
         assert priced is None or priced[0] >= 1
     finally:
         del os.environ["EGRAPH_OPT_TRITON_ON_CPU"]

@@ -189,8 +189,8 @@ def test_a_model_whose_every_worker_dies_fails_with_the_reason(client, tmp_path)
 
 def test_worker_databases_merge_into_the_users_keeping_their_device_keys(client, tmp_path):
     db = tmp_path / "user.sqlite"
-    theirs = Record("exp", "torch", "cpu: another machine, 64 threads", "float32", ((2, 512),), {},
-                    10, 3e-6, 1e-7)
+    theirs = Record(kernel="exp", backend="torch", device="cpu: another machine, 64 threads", dtype="float32", shapes=((2, 512),), attrs={},
+                    runs=10, median_s=3e-6, spread_s=1e-7)
     with ProfileDB(db) as user:
         user.add(theirs)
     models = _models(tmp_path / "models", ["t1", "t2", "t3", "t4"])

@@ -13,6 +13,7 @@ from egraph_opt.kernels.registry import REGISTRY, Use
 from egraph_opt.lang.pattern import instantiate, parse, variables
 from egraph_opt.lang.term import Term, evaluate
 from egraph_opt.backends.torch_backend import build_module
+from egraph_opt.analysis.facts import NodeFacts
 
 R = torch.randn
 #: operands and attributes to run each op's kernels on (odd sizes, more than one block of rows)
@@ -61,7 +62,7 @@ def test_every_fused_op_the_triton_backend_covers_is_in_the_examples():
 
 
 def _use(op="softmax", dtype="float16", device="cuda", shapes=((8, 64),), attrs=(-1,)):
-    return Use(op, attrs, shapes, (dtype,) * len(shapes), device)
+    return Use(op=op, attrs=attrs, shapes=shapes, dtypes=(dtype,) * len(shapes), device=device)
 
 
 def test_cpu_nodes_bind_to_torch_kernels():
@@ -90,22 +91,22 @@ def test_each_kernel_has_its_own_rows_and_extraction_prices_the_kernel_binding_c
     from egraph_opt.profiling.profile_db import ProfileDB, Record
     from egraph_opt.profiling.profiler import device_name
 
-    use = Use("exp", (), ((64, 64),), ("float32",), "cpu")
+    use = Use(op="exp", attrs=(), shapes=((64, 64),), dtypes=("float32",), device="cpu")
     with ProfileDB(tmp_path / "p.sqlite") as db:
         latency = MeasuredLatency(db, "cpu", budget_s=0)
-        assert binding.Pricing(latency, "cpu")("exp", (), ((64, 64),), "float32")[1] == "default"
+        assert binding.Pricing(latency, "cpu")(NodeFacts(op="exp", shapes=((64, 64),)))[1] == "default"
         for backend, seconds in (("torch", 8e-6), ("numpy", 1e-6)):
-            db.add(Record("exp", backend, device_name("cpu"), "float32", ((64, 64),), {}, 5, seconds, 0.0))
+            db.add(Record(kernel="exp", backend=backend, device=device_name("cpu"), dtype="float32", shapes=((64, 64),), attrs={}, runs=5, median_s=seconds, spread_s=0.0))
         latency = MeasuredLatency(db, "cpu", budget_s=0)
         ways = binding.paths(use, ("torch",), binding.measured_estimate(latency))
         assert [p.kernel.name for p in ways] == ["numpy.exp", "torch.exp"]  # with its conversions
         assert ways[0].seconds > 1e-6 and ways[1].seconds == 8e-6
         assert binding.bind(use, estimate=binding.measured_estimate(latency)).name == "numpy.exp"
         moves = binding.conversion_seconds(use, "torch", "numpy")  # not measured: static
-        assert binding.Pricing(latency, "cpu")("exp", (), ((64, 64),), "float32") == (
+        assert binding.Pricing(latency, "cpu")(NodeFacts(op="exp", shapes=((64, 64),))) == (
             round(1e-6 / UNIT_S) + round(moves / UNIT_S), "measured")
         timed = MeasuredLatency(db, "cpu", budget_s=60)  # tanh unmeasured: both backends timed now
-        binding.Pricing(timed, "cpu")("tanh", (), ((64, 64),), "float32")
+        binding.Pricing(timed, "cpu")(NodeFacts(op="tanh", shapes=((64, 64),)))
         assert all(db.records("tanh", b, device_name("cpu"), "float32") for b in ("torch", "numpy"))
         assert db.records("move", "move.torch->numpy", device_name("cpu"), "float32")  # its move too
 
@@ -116,21 +117,21 @@ def test_moves_are_measured_kernels_and_binding_pays_what_they_take(tmp_path):
     from egraph_opt.profiling.profile_db import ProfileDB, Record
     from egraph_opt.profiling.profiler import device_name
 
-    use, where = Use("exp", (), ((64, 64),), ("float32",), "cpu"), device_name("cpu")
+    use, where = Use(op="exp", attrs=(), shapes=((64, 64),), dtypes=("float32",), device="cpu"), device_name("cpu")
     with ProfileDB(tmp_path / "p.sqlite") as db:
         for kernel, backend, seconds in (("exp", "torch", 8e-6), ("exp", "numpy", 1e-6),
                                          ("move", "move.torch->numpy", 9e-6)):
-            db.add(Record(kernel, backend, where, "float32", ((64, 64),), {}, 5, seconds, 0.0))
+            db.add(Record(kernel=kernel, backend=backend, device=where, dtype="float32", shapes=((64, 64),), attrs={}, runs=5, median_s=seconds, spread_s=0.0))
         slow = binding.measured_estimate(MeasuredLatency(db, "cpu", budget_s=0))
         assert binding.conversion_seconds(use, "torch", "numpy", slow) == 9e-6
         assert binding.bind(use, ("torch",), slow).name == "torch.exp"
         assert binding.bind(use, ("numpy",), slow).name == "numpy.exp"  # already in numpy memory
-        db.add(Record("move", "move.torch->numpy", where, "float32", ((64, 64),), {}, 5, 1e-7, 0.0))
+        db.add(Record(kernel="move", backend="move.torch->numpy", device=where, dtype="float32", shapes=((64, 64),), attrs={}, runs=5, median_s=1e-7, spread_s=0.0))
         fast = binding.measured_estimate(MeasuredLatency(db, "cpu", budget_s=0))
         assert binding.bind(use, ("torch",), fast).name == "numpy.exp"
         timed = MeasuredLatency(db, "cpu", budget_s=60)  # an unmeasured shape is timed now
         x = registry.MOVES["numpy", "torch"]
-        seconds = binding.measured_estimate(timed)(x, Use("move", (), ((32, 8),), ("float32",), "cpu"))
+        seconds = binding.measured_estimate(timed)(x, Use(op="move", attrs=(), shapes=((32, 8),), dtypes=("float32",), device="cpu"))
         (row,) = db.records("move", "move.numpy->torch", where, "float32")
         assert row.shapes == ((32, 8),) and seconds == pytest.approx(row.median_s, abs=1e-7)  # in units of 0.1 us
 
@@ -164,7 +165,7 @@ def test_missing_triton_degrades_to_torch_with_one_warning():
             "from egraph_opt.kernels import triton as t\n"
             "from egraph_opt.kernels import binding\n"
             "from egraph_opt.kernels.registry import Use\n"
-            "print(t.available(), t.available(), binding.bind(Use('softmax', (-1,), ((4, 8),), ('float16',), 'cuda')).name)")
+            "print(t.available(), t.available(), binding.bind(Use(op='softmax', attrs=(-1,), shapes=((4, 8),), dtypes=('float16',), device='cuda')).name)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False", "torch.softmax"]
@@ -197,7 +198,7 @@ def test_rewritten_kernels_match_their_reference_term_at_the_edges_too(kernel, d
     x sigmoid(2z) -1e-28, so relative errors are asserted only away from zero.)"""
     pattern = parse(kernel.reference)
     attrs = {name: next(a for a in ("tanh", "gelu_tanh") if kernel.refuses(
-        Use(kernel.op, (a,), (), (), "cpu")) is None) for name in variables(pattern) if not name.startswith("x")}
+        Use(op=kernel.op, attrs=(a,), shapes=(), dtypes=(), device="cpu")) is None) for name in variables(pattern) if not name.startswith("x")}
     x = torch.cat([torch.tensor(EDGES), 4 * R(500, dtype=torch.float64)]).to(dtype)
     operands = [x.reshape(-1, 8)] if kernel.op == "gelu" else [x.reshape(-1, 8), R(5, 8, dtype=dtype), R(5, dtype=dtype)]
     bindings = {**attrs, **{f"x{i}": Term.input(f"x{i}", tuple(t.shape)) for i, t in enumerate(operands)}}
@@ -240,20 +241,21 @@ def test_a_rewritten_kernel_is_chosen_only_where_measured_faster(tmp_path):
     from egraph_opt.profiling.profiler import device_name
 
     shapes, where = ((64, 64),), device_name("cpu")
-    use = Use("gelu", ("tanh",), shapes, ("float32",), "cpu")
+    use = Use(op="gelu", attrs=("tanh",), shapes=shapes, dtypes=("float32",), device="cpu")
     with ProfileDB(tmp_path / "p.sqlite") as db:
         latency = MeasuredLatency(db, "cpu", budget_s=0)
         assert binding.bind(use, estimate=binding.measured_estimate(latency)).name == "torch.gelu"
         for rows, seconds in (("torch", 8e-6), ("torch.gelu_tanh_sigmoid", 3e-6)):
-            db.add(Record("gelu", rows, where, "float32", shapes, {"approximate": "tanh"}, 5, seconds, 0.0))
+            db.add(Record(kernel="gelu", backend=rows, device=where, dtype="float32", shapes=shapes, attrs={"approximate": "tanh"}, runs=5, median_s=seconds, spread_s=0.0))
         latency = MeasuredLatency(db, "cpu", budget_s=0)
         assert binding.bind(use, estimate=binding.measured_estimate(latency)).name == "torch.gelu_tanh_sigmoid"
-        assert binding.Pricing(latency, "cpu")("gelu", ("tanh",), shapes, "float32") == (round(3e-6 / UNIT_S), "measured")
-        slower = Use("gelu", ("tanh",), ((32, 64),), ("float32",), "cpu")
-        db.add(Record("gelu", "torch.gelu_tanh_sigmoid", where, "float32", ((32, 64),), {"approximate": "tanh"}, 5, 9e-6, 0.0))
-        db.add(Record("gelu", "torch", where, "float32", ((32, 64),), {"approximate": "tanh"}, 5, 2e-6, 0.0))
+        assert binding.Pricing(latency, "cpu")(NodeFacts(op="gelu", attrs=("tanh",), shapes=shapes)) == (round(3e-6 / UNIT_S), "measured")
+        slower = Use(op="gelu", attrs=("tanh",), shapes=((32, 64),), dtypes=("float32",), device="cpu")
+        db.add(Record(kernel="gelu", backend="torch.gelu_tanh_sigmoid", device=where, dtype="float32", shapes=((32, 64),), attrs={"approximate": "tanh"}, runs=5, median_s=9e-6, spread_s=0.0))
+        db.add(Record(kernel="gelu", backend="torch", device=where, dtype="float32", shapes=((32, 64),), attrs={"approximate": "tanh"}, runs=5, median_s=2e-6, spread_s=0.0))
         assert binding.bind(slower, estimate=binding.measured_estimate(MeasuredLatency(db, "cpu"))).name == "torch.gelu"
         timed = MeasuredLatency(db, "cpu", budget_s=60)
-        binding.Pricing(timed, "cpu")("linear_act", ("gelu_tanh",), ((16, 8), (4, 8), (4,)), "float32")
+        binding.Pricing(timed, "cpu")(
+            NodeFacts(op="linear_act", attrs=("gelu_tanh",), shapes=((16, 8), (4, 8), (4,))))
         assert all(db.records("linear_act", rows, where, "float32")
                    for rows in ("torch", "torch.linear_gelu_tanh_sigmoid"))

@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+from egraph_opt.analysis.facts import NodeFacts
 from egraph_opt.profiling.latency import DEFAULT_UNCERTAINTY, LatencyModel, roofline_seconds
 from egraph_opt.lang.ops import OPS
 from egraph_opt.profiling.profile_db import ProfileDB, Record
@@ -23,8 +24,8 @@ def law(shapes):
 
 def matmul_db(path, dims):
     db = ProfileDB(path)
-    db.add_many(Record("matmul", "torch", DEVICE, "float32", ((m, k), (k, n)), {}, 5,
-                       law([(m, k), (k, n)]), 0.0) for m, k, n in itertools.product(dims, repeat=3))
+    db.add_many(Record(kernel="matmul", backend="torch", device=DEVICE, dtype="float32", shapes=((m, k), (k, n)), attrs={}, runs=5,
+                       median_s=law([(m, k), (k, n)]), spread_s=0.0) for m, k, n in itertools.product(dims, repeat=3))
     return db
 
 
@@ -47,7 +48,7 @@ def test_interpolation_follows_a_known_law(tmp_path):
 
 def test_exact_shape_is_measured(tmp_path):
     with ProfileDB(tmp_path / "p.sqlite") as db:
-        db.add(Record("exp", "torch", DEVICE, "float32", ((64, 64),), {}, 9, 4e-6, 1e-6))
+        db.add(Record(kernel="exp", backend="torch", device=DEVICE, dtype="float32", shapes=((64, 64),), attrs={}, runs=9, median_s=4e-6, spread_s=1e-6))
         estimate = predict(LatencyModel(db), [(64, 64)], kernel="exp")
     assert (estimate.seconds, estimate.source, estimate.uncertainty) == (4e-6, "measured", 0.25)
 
@@ -56,9 +57,9 @@ def test_a_row_no_work_formula_reads_is_passed_over(tmp_path):
     """A matmul row of one shape (written by another version, or by hand) is no measurement: the
     others still are, and with none left the roofline default stands."""
     with matmul_db(tmp_path / "p.sqlite", [8, 16]) as db:
-        db.add(Record("matmul", "torch", DEVICE, "float32", ((8, 8),), {"axis": -1}, 5, 1e-3, 0.0))
+        db.add(Record(kernel="matmul", backend="torch", device=DEVICE, dtype="float32", shapes=((8, 8),), attrs={"axis": -1}, runs=5, median_s=1e-3, spread_s=0.0))
         assert predict(LatencyModel(db), [(8, 8), (8, 8)]).source == "measured"
-        db.add(Record("exp", "torch", DEVICE, "float64", ((8, 8), (3, 5)), {}, 5, 1e-3, 0.0))
+        db.add(Record(kernel="exp", backend="torch", device=DEVICE, dtype="float64", shapes=((8, 8), (3, 5)), attrs={}, runs=5, median_s=1e-3, spread_s=0.0))
         assert predict(LatencyModel(db), [(8, 8)], kernel="exp", dtype="float64").source == "default"
 
 
@@ -87,7 +88,7 @@ def test_one_measurement_calibrates_the_default(tmp_path):
         shapes = ((256, 256),)
         ratio = 0.5
         seconds = ratio * roofline_seconds(work("softmax", shapes, {"axis": -1}), 4, DEVICE)
-        db.add(Record("softmax", "torch", DEVICE, "float32", shapes, {"axis": -1}, 5, seconds, 0.0))
+        db.add(Record(kernel="softmax", backend="torch", device=DEVICE, dtype="float32", shapes=shapes, attrs={"axis": -1}, runs=5, median_s=seconds, spread_s=0.0))
         model = LatencyModel(db)
         other = predict(model, [(300, 256)], kernel="softmax", attrs={"axis": -1})
     default = roofline_seconds(work("softmax", [(300, 256)], {"axis": -1}), 4, DEVICE)
@@ -160,14 +161,14 @@ def test_a_row_timed_while_other_processes_held_the_cores_is_never_used(tmp_path
     from egraph_opt.profiling.latency import MeasuredLatency
     monkeypatch.setattr(latency, "IMPLAUSIBLE", 200.0)  # conftest lifts it for the other tests
     with ProfileDB(tmp_path / "p.sqlite") as db:
-        db.add(Record("exp", "torch", DEVICE, "float32", ((64, 64),), {}, 9, 4e-6, 1e-6))
-        db.add(Record("exp", "torch", DEVICE, "float32", ((8, 64),), {}, 5, 0.028, 1e-3))
+        db.add(Record(kernel="exp", backend="torch", device=DEVICE, dtype="float32", shapes=((64, 64),), attrs={}, runs=9, median_s=4e-6, spread_s=1e-6))
+        db.add(Record(kernel="exp", backend="torch", device=DEVICE, dtype="float32", shapes=((8, 64),), attrs={}, runs=5, median_s=0.028, spread_s=1e-3))
         estimate = predict(LatencyModel(db), [(8, 64)], kernel="exp")
         assert estimate.source == "interpolated" and estimate.seconds < 1e-4
         here = device_name("cpu")
-        db.add(Record("exp", "torch", here, "float32", ((8, 64),), {}, 5, 0.028, 1e-3))
+        db.add(Record(kernel="exp", backend="torch", device=here, dtype="float32", shapes=((8, 64),), attrs={}, runs=5, median_s=0.028, spread_s=1e-3))
     timed = MeasuredLatency(ProfileDB(tmp_path / "p.sqlite"), budget_s=30)
-    units, source = timed("exp", (), ((8, 64),), "float32")
+    units, source = timed(NodeFacts(op="exp", shapes=((8, 64),)))
     fresh = timed.db.records("exp", "torch", here, "float32")[-1]  # plausible unless this run is loaded too
     assert timed.profiled == 1 and fresh.median_s < 0.028
     assert source == ("default" if latency.interference(fresh, work("exp", [(8, 64)], {})) else "measured")

@@ -13,6 +13,7 @@ import torch
 from egraph_opt import saturate_and_extract
 from egraph_opt.drivers.api import for_accuracy
 from egraph_opt.extractors.curvature import KAPPA_TIE_BREAK
+from egraph_opt.analysis.facts import NodeFacts
 from egraph_opt.profiling import latency
 from egraph_opt.profiling.profile_db import (ENV_VAR, SCHEMA_VERSION, ForeignFileError, ProfileDB,
                                              ProfileDBError, ProfileDBWarning, Record,
@@ -20,8 +21,8 @@ from egraph_opt.profiling.profile_db import (ENV_VAR, SCHEMA_VERSION, ForeignFil
 
 
 def record(n=4, median_s=1e-5, kernel="softmax", **kw):
-    return Record(kernel, "torch", "cpu: test", "float32", ((n, 2 * n),), {"axis": -1}, 7, median_s,
-                  median_s / 10, **kw)
+    return Record(kernel=kernel, backend="torch", device="cpu: test", dtype="float32", shapes=((n, 2 * n),), attrs={"axis": -1}, runs=7, median_s=median_s,
+                  spread_s=median_s / 10, **kw)
 
 
 def test_round_trip_keeps_every_field(tmp_path):
@@ -93,7 +94,8 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
 _READ_THEN_CLOSE = "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('SELECT count(*) FROM measurements')"
 _ADD_TEN = ("import sys; from egraph_opt.profiling.profile_db import ProfileDB, Record\n"
             "with ProfileDB(sys.argv[1]) as db:\n"
-            "    db.add_many([Record('exp', 'torch', 'cpu: test', 'float32', ((n,),), {}, 7, 1e-5, 1e-6)"
+            "    db.add_many([Record(kernel='exp', backend='torch', device='cpu: test', dtype='float32',"
+            " shapes=((n,),), attrs={}, runs=7, median_s=1e-5, spread_s=1e-6)"
             " for n in range(1, 11)])")
 
 
@@ -358,11 +360,11 @@ def test_rows_of_another_machine_are_not_read_as_measurements(tmp_path):
     assert f"torch {torch.__version__}" in here and "thread" in here
     elsewhere = here.replace(f"torch {torch.__version__}", "torch 1.0.0")
     with ProfileDB(tmp_path / "p.sqlite") as db:
-        db.add(Record("exp", "torch", elsewhere, "float32", ((64, 64),), {}, 10, 3e-6, 1e-7))
+        db.add(Record(kernel="exp", backend="torch", device=elsewhere, dtype="float32", shapes=((64, 64),), attrs={}, runs=10, median_s=3e-6, spread_s=1e-7))
         latency = MeasuredLatency(db, "cpu", budget_s=0)
-        assert latency("exp", (), ((64, 64),), "float32")[1] != "measured"
-        db.add(Record("exp", "torch", here, "float32", ((64, 64),), {}, 10, 3e-6, 1e-7))
-        assert MeasuredLatency(db, "cpu", budget_s=0)("exp", (), ((64, 64),), "float32")[1] == "measured"
+        assert latency(NodeFacts(op="exp", shapes=((64, 64),)))[1] != "measured"
+        db.add(Record(kernel="exp", backend="torch", device=here, dtype="float32", shapes=((64, 64),), attrs={}, runs=10, median_s=3e-6, spread_s=1e-7))
+        assert MeasuredLatency(db, "cpu", budget_s=0)(NodeFacts(op="exp", shapes=((64, 64),)))[1] == "measured"
 
 
 def test_profile_export_and_import_move_a_database_between_machines(tmp_path, capsys):
@@ -370,8 +372,8 @@ def test_profile_export_and_import_move_a_database_between_machines(tmp_path, ca
 
     here, there = "cpu: this machine, 2 threads, torch 9", "cpu: that machine, 8 threads, torch 9"
     with ProfileDB(tmp_path / "theirs.sqlite") as db:
-        db.add_many([Record("exp", "torch", there, "float32", ((4, 4),), {}, 5, 2e-6, 1e-7),
-                     Record("exp", "numpy", there, "float32", ((4, 4),), {}, 5, 1e-6, 1e-7)])
+        db.add_many([Record(kernel="exp", backend="torch", device=there, dtype="float32", shapes=((4, 4),), attrs={}, runs=5, median_s=2e-6, spread_s=1e-7),
+                     Record(kernel="exp", backend="numpy", device=there, dtype="float32", shapes=((4, 4),), attrs={}, runs=5, median_s=1e-6, spread_s=1e-7)])
     moved = tmp_path / "moved.sqlite"
     assert cli(["profile", "--db", str(tmp_path / "theirs.sqlite"), "--export", str(moved)]) == 0
     assert "2 timings exported" in capsys.readouterr().out
@@ -379,7 +381,7 @@ def test_profile_export_and_import_move_a_database_between_machines(tmp_path, ca
     assert "exists" in capsys.readouterr().err  # never overwritten
     assert not [p for p in os.listdir(tmp_path) if "partial" in p]
     with ProfileDB(tmp_path / "ours.sqlite") as db:
-        db.add(Record("exp", "torch", here, "float32", ((4, 4),), {}, 5, 3e-6, 1e-7))
+        db.add(Record(kernel="exp", backend="torch", device=here, dtype="float32", shapes=((4, 4),), attrs={}, runs=5, median_s=3e-6, spread_s=1e-7))
     for added in ("2 timings imported", "0 timings imported"):  # again: nothing twice
         assert cli(["profile", "--db", str(tmp_path / "ours.sqlite"), "--import", str(moved)]) == 0
         assert added in capsys.readouterr().out

@@ -1,6 +1,8 @@
 """Naive programs, traced on moderate inputs, stay accurate at extreme inputs once optimized."""
 import copy
 import math
+import re
+import warnings
 
 import pytest
 import torch
@@ -136,3 +138,38 @@ def test_half_precision_masked_attention_rounds_once():
     result = optimize(program, objective=Objective.STABILITY)
     narrowing = [t for t in postorder(result.program.roots()) if t.op == "cast" and t.attrs[0] == "float16"]
     assert len(narrowing) == 1
+
+
+def _root_difference(x):
+    return torch.sqrt(x + 1) - torch.sqrt(x)
+
+
+@pytest.mark.parametrize("objective, max_slowdown, accurate", [
+    ("balanced", 4.0, True), ("stability", 4.0, True), ("latency", 4.0, False), ("balanced", 1.0, False)])
+def test_the_default_objective_takes_a_far_more_accurate_program_within_max_slowdown(objective, max_slowdown,
+                                                                                   accurate):
+    """sqrt(x + 1) - sqrt(x), traced on moderate inputs with no range declared, run at x ~ 1e7: the
+    difference cancels entirely (100% error). Balanced takes the rationalized form, sampled 8 bits
+    and more better, whatever its latency within ``max_slowdown`` (the estimated ~1.1x of one
+    division more is past 1.0); latency keeps the old trade. The report says what it cost."""
+    f = saturate_and_extract(_root_difference, objective=objective, max_slowdown=max_slowdown,
+                             profile_budget=0)  # no timing: the choice is the estimates
+    with warnings.catch_warnings():
+        warnings.simplefilter("error" if accurate else "ignore", UserWarning)  # never a fallback
+        f(torch.rand(1000) * 10 + 1)
+    big = torch.tensor([1e7, 3e7, 1e8])
+    truth = 1 / (torch.sqrt(big.double() + 1) + torch.sqrt(big.double()))
+    error = ((f(big).double() - truth) / truth).abs().max().item()
+    assert (error < 1e-6) == accurate, (error, str(f.report))
+    if accurate and objective == "balanced":
+        assert "sqrt-difference" in str(f.report)
+        report = copy.copy(f.report)
+        report.measured = [1e-6, 2.5e-6]  # as if timed: what the accuracy cost is said
+        assert re.search(r"\[TRADE\] accuracy bought with time: error worst [\d.]+ -> [\d.]+ bits, "
+                         r"mean [\d.]+ -> [\d.]+ bits, for 2.50x the original's time", str(report))
+
+
+def test_max_slowdown_is_a_factor_of_at_least_one():
+    with pytest.raises(ValueError, match="max_slowdown must be a factor >= 1, not 0.5"):
+        saturate_and_extract(_root_difference, max_slowdown=0.5)
+

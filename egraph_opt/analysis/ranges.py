@@ -85,7 +85,8 @@ def _pow(a: Interval, b: Interval) -> Interval:
     return min(ends), max(ends)
 
 
-def _hull(*ivs: Interval) -> Interval:
+def hull(*ivs: Interval) -> Interval:
+    """The least interval holding every one of ``ivs``."""
     return min(i[0] for i in ivs), max(i[1] for i in ivs)
 
 
@@ -106,12 +107,13 @@ def _tan(a: Interval) -> Interval:
     return TOP
 
 
-def _gap(a: Interval) -> float:
-    """Distance of an interval from 0."""
+def gap(a: Interval) -> float:
+    """Distance of an interval from 0 (0 when it holds 0)."""
     return 0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1]))
 
 
-def _mag(a: Interval) -> float:
+def mag(a: Interval) -> float:
+    """Largest magnitude in an interval."""
     return max(abs(a[0]), abs(a[1]))
 
 
@@ -155,7 +157,7 @@ def _swish(t, a, s):
 
 def _rotary(t, a, s):
     """x cos + (+-x) sin: both products bounded by |x|'s magnitude."""
-    m = _mag(a[0])
+    m = mag(a[0])
     c, d = _mul((-m, m), a[1]), _mul((-m, m), a[2])
     return iv(c[0] + d[0], c[1] + d[1])
 
@@ -208,10 +210,9 @@ TRANSFER: dict[str, Callable] = {
     "neg": lambda t, a, s: (-a[0][1], -a[0][0]),
     "maximum": lambda t, a, s: (max(a[0][0], a[1][0]), max(a[0][1], a[1][1])),
     "minimum": lambda t, a, s: (min(a[0][0], a[1][0]), min(a[0][1], a[1][1])),
-    "select": lambda t, a, s: _hull(a[1], a[2]),
-    "hull": lambda t, a, s: _hull(a[0], a[1]),
-    "abs": lambda t, a, s: ((0.0 if a[0][0] <= 0 <= a[0][1] else min(abs(a[0][0]), abs(a[0][1]))),
-                            max(abs(a[0][0]), abs(a[0][1]))),
+    "select": lambda t, a, s: hull(a[1], a[2]),
+    "hull": lambda t, a, s: hull(a[0], a[1]),
+    "abs": lambda t, a, s: (gap(a[0]), mag(a[0])),
     "log": lambda t, a, s: _log(a[0]),
     "log1p": lambda t, a, s: _log(a[0], 1.0),
     "sqrt": lambda t, a, s: TOP if a[0][1] < 0 else iv(math.sqrt(max(a[0][0], 0.0)), math.sqrt(a[0][1])),
@@ -243,7 +244,7 @@ TRANSFER: dict[str, Callable] = {
     "logaddexp": lambda t, a, s: iv(max(a[0][0], a[1][0]), max(a[0][1], a[1][1]) + math.log(2)),
     "layer_norm": _layer_norm,
     "tan": lambda t, a, s: _tan(a[0]),
-    "hypot": lambda t, a, s: iv(math.hypot(_gap(a[0]), _gap(a[1])), math.hypot(_mag(a[0]), _mag(a[1]))),
+    "hypot": lambda t, a, s: iv(math.hypot(gap(a[0]), gap(a[1])), math.hypot(mag(a[0]), mag(a[1]))),
     "rms_norm": _rms_norm,
 }
 

@@ -30,17 +30,28 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 ROW_KINDS = ("float", "value", "coincident", "constant")
 
 
+def ordinal(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Each float64 value rounded to ``dtype``, as its position among that dtype's numbers: the
+    difference of two positions counts the numbers between them (Herbie's ulps)."""
+    bits = torch.finfo(dtype).bits
+    i = value.to(dtype).view({16: torch.int16, 32: torch.int32}[bits]).long()
+    return torch.where(i < 0, -(i & (2 ** (bits - 1) - 1)), i)
+
+
+def from_ordinal(k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The numbers of ``dtype`` at positions ``k`` (the inverse of ``ordinal``)."""
+    bits = torch.finfo(dtype).bits
+    word = torch.where(k < 0, (-k) | -2 ** (bits - 1), k).to({16: torch.int16, 32: torch.int32}[bits])
+    return word.view(dtype)
+
+
 def float32_between(lo: float, hi: float, shape, gen: torch.Generator,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Values uniform over the numbers of ``dtype`` (float32 unless told) in [lo, hi]: float order
     as integer order."""
-    bits = torch.finfo(dtype).bits
-    word, sign = {16: torch.int16, 32: torch.int32}[bits], 2 ** (bits - 1)
-    ends = torch.tensor([lo, hi], dtype=dtype).view(word).long()
-    order = torch.where(ends < 0, -(ends & (sign - 1)), ends)
-    k = order[0] + (torch.rand(shape, generator=gen, dtype=torch.float64) * (order[1] - order[0])).round().long()
-    pattern = torch.where(k < 0, (-k) | -sign, k).to(word)
-    return pattern.view(dtype)
+    first, last = ordinal(torch.tensor([lo, hi], dtype=torch.float64), dtype)
+    k = first + (torch.rand(shape, generator=gen, dtype=torch.float64) * (last - first)).round().long()
+    return from_ordinal(k, dtype)
 
 
 def bit_patterns(dtype: str, shape, gen: torch.Generator) -> torch.Tensor:

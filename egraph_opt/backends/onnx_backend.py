@@ -11,15 +11,15 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from ..frontends.onnx_converters import DTYPES, ELEM_TYPES
+from ..frontends.onnx_converters import ELEM_TYPES
 from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree
 from .onnx_patterns import (attention_over_heads, heads_merged, kv_grouped, matmuls_unflattened,
                             products_split, split_product)
 from ..frontends.onnx_frontend import OnnxProgram, overridable, subgraph_reads
-from ..lang.ops import COMPARISONS, OPS, REDUCTIONS, parse_shape
+from ..lang.ops import OPS
 from ..lang.program import Program, leaves
 from ..kernels.torch_ops import TORCH
-from ..lang.term import Term, evaluate, postorder, shapes, topological
+from ..lang.term import Term, dtype_name, evaluate, infer, postorder, topological
 
 __all__ = ["EMIT", "NO_ONNX_FORM", "Emitter", "OnnxExportError", "export"]
 _NO_NUMPY = {"bfloat16"}  # element types whose parameters cannot be folded through numpy
@@ -37,10 +37,10 @@ class Emitter:
         self.initializers: dict[str, onnx.TensorProto] = {}
         self.names: dict[int, str] = {}  # by id: every term named here is kept alive below
         self.alive: list[Term] = []  # decompositions' terms, so that no id is reused while named
-        self._dtype: dict[int, str | None] = {}
-        self._rank: dict[int, int | None] = {}
+        self.meta = dict(program.meta())  # and the terms decompositions build (kept alive)
+        self.leaf_meta = program.leaf_meta()
         self._consts: dict[tuple, str] = {}
-        self._shapes: dict[int, tuple] | None = None
+        self._static: bool | None = None
         self._source: dict[int, str] = {}
         self._folded: dict[int, str | None] = {}
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
@@ -83,84 +83,50 @@ class Emitter:
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
         return out
 
+    def _meta(self, t: Term) -> tuple | None:
+        """(shape, dtype) of ``t`` by the one shape inference of terms (lang/term.py), extended to
+        the terms a decomposition builds; None where it cannot tell (the stand-in sizes the Term
+        language gives symbolic dims may disagree where the real ones agree)."""
+        if id(t) not in self.meta:
+            for u in topological([t], lambda u: () if id(u) in self.meta else u.args, id):
+                operands = [a.attrs[0] if a.op == "const" else self.meta[id(a)] for a in u.args]
+                try:
+                    found = None if None in operands else infer(u.op, u.attrs, operands, self.leaf_meta)
+                except (RuntimeError, TypeError, ValueError, IndexError, KeyError):
+                    found = None
+                self.meta[id(u)] = found
+        return self.meta[id(t)]
+
     def dtype(self, t: Term) -> str | None:
-        """Element type of a term: from its leaves, casts and the import's value types."""
-        for u in postorder([t]):
-            if id(u) in self._dtype:
-                continue
-            if u.op in ("input", "param"):
-                found = u.attrs[2]
-            elif u.op == "opaque":
-                vt = self.src.types.get(u.attrs[0])
-                found = DTYPES.get(vt.elem_type) if vt else None
-            elif u.op == "cast":
-                found = u.attrs[0]
-            elif u.op in COMPARISONS:
-                found = "bool"
-            else:
-                args = u.args[1:] if u.op == "where" else u.args
-                found = next((self._dtype[id(a)] for a in args if self._dtype[id(a)]), None)
-            self._dtype[id(u)] = found
-        return self._dtype[id(t)]
+        """Element type of a term (None for a constant: it takes its tensor operand's)."""
+        found = self._meta(t) if t.op != "const" else None
+        return dtype_name(found[1]) if found else None
 
     def rank(self, t: Term) -> int | None:
-        for u in postorder([t]):
-            if id(u) in self._rank:
-                continue
-            ranks = [self._rank[id(a)] for a in u.args]
-            if u.op in ("input", "param"):
-                r = len(parse_shape(u.attrs[1]))
-            elif u.op == "opaque":
-                vt = self.src.types.get(u.attrs[0])
-                r = len(vt.shape) if vt and vt.shape is not None else None
-            elif u.op == "const":
-                r = 0
-            elif u.op in REDUCTIONS:
-                r = None if ranks[0] is None else ranks[0] - (0 if u.attrs[1] else 1)
-            elif OPS[u.op].shape_rule == "reshape":
-                r = len(parse_shape(u.attrs[0]))
-            elif OPS[u.op].shape_rule in ("broadcast", "compare", "where", "matmul"):
-                r = None if None in ranks else max(ranks)
-            else:  # the rank of the first operand
-                r = ranks[0]
-            self._rank[id(u)] = r
-        return self._rank[id(t)]
+        found = self._meta(t)
+        return None if found is None else len(found[0])
 
     def static_shape(self, t: Term) -> tuple[int, ...] | None:
         """The shape of ``t`` when the model has no symbolic dims (the Term language gives those a
         stand-in size, so any shape derived from one would be wrong); None otherwise."""
-        if self._shapes is None:
+        if self._static is None:
             used = {u.attrs[0] for u in postorder(self.program.roots()) if u.op == "opaque"}
             names = [i.name for i in self.src.model.graph.input] + \
-                [n for n in self.program.leaf_meta() if n in used]  # not a template's stale leaves
+                [n for n in self.leaf_meta if n in used]  # not a template's stale leaves
             types = [self.src.types.get(n) for n in names]
-            static = all(vt is not None and vt.shape is not None and
-                         all(isinstance(d, int) for d in vt.shape) for vt in types)
-            self._shapes = {k: v[0] for k, v in self.program.meta().items()} if static else {}
-        if not self._shapes:
-            return None
-        if id(t) not in self._shapes:
-            self._shapes.update({k: v[0] for k, v in shapes([t], self.program.leaf_meta()).items()})
-        return self._shapes[id(t)]
+            self._static = all(vt is not None and vt.shape is not None and
+                               all(isinstance(d, int) for d in vt.shape) for vt in types)
+        found = self._meta(t) if self._static else None
+        return None if found is None else found[0]
 
     def source(self, t: Term) -> str:
         """What a term's value depends on: "const" (scalars only), "param" (parameters and
         scalars) or "run" (inputs or opaque values)."""
-        stack = [t]
-        while stack:  # iterative, and stopping at terms already known: models are deep
-            u = stack.pop()
+        for u in topological([t], lambda u: () if id(u) in self._source else u.args, id):
             if id(u) in self._source:
                 continue
-            pending = [a for a in u.args if id(a) not in self._source]
-            if pending:
-                stack += [u, *pending]
-                continue
-            if OPS[u.op].is_leaf:
-                kind = u.op if u.op in ("const", "param") else "run"
-            else:
-                kinds = {self._source[id(a)] for a in u.args}
-                kind = "run" if "run" in kinds else "param" if "param" in kinds else "const"
-            self._source[id(u)] = kind
+            kinds = {self._source[id(a)] for a in u.args} or {u.op if u.op in ("const", "param") else "run"}
+            self._source[id(u)] = "run" if "run" in kinds else "param" if "param" in kinds else "const"
         return self._source[id(t)]
 
     def fold_params(self, t: Term) -> str | None:

@@ -21,11 +21,13 @@ class OnnxExportError(ValueError):
     """A term that has no ONNX form at this opset: names the op and why."""
 
 
-#: ONNX operators that are one node over the op's operands, as ops declare them (``Op.onnx``)
+#: ONNX operators that are one node over the op's operands, as ops declare them (``Op.onnx``);
+#: the losses' semantics are torch's (class axis 1, opset 12)
 SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Less", "Neg", "Exp", "Log", "Sqrt", "Abs",
           "Sin", "Cos", "Tanh", "Sigmoid", "Relu", "Erf", "MatMul", "Softplus",
-          "Tan", "Atan", "Asinh", "Acosh", "Atanh", "IsNaN", "Not", "Floor", "Ceil", "Round", "Asin", "Acos",
-          "Sinh", "Cosh")
+          "Tan", "Atan", "Asinh", "Acosh", "Atanh", "IsNaN", "Not", "Softmax", "LogSoftmax",
+          "GatherElements", "Gather", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Floor", "Ceil",
+          "Round", "Asin", "Acos", "Sinh", "Cosh")
 #: reductions: the opset from which their axes are an input rather than an attribute
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare
@@ -69,7 +71,10 @@ def _definition(em, t, *attrs):
 
 
 def _simple(em, t, *attrs):
-    return em.node(OPS[t.op].onnx, _args(em, t), t.op)
+    """One operator over the operands, the op's attributes under their own names (softmax's axis,
+    a loss's reduction and ignore_index: ONNX and torch name them alike)."""
+    named = {name: value for (name, _), value in zip(OPS[t.op].attrs, attrs)}
+    return em.node(OPS[t.op].onnx, _args(em, t), t.op, **named)
 
 
 def _where(em, t):
@@ -321,10 +326,6 @@ def _concat(em, t, axis):
     return em.node("Concat", parts, "concat", axis=axis)
 
 
-def _along_axis(em, t, axis):  # Softmax, LogSoftmax
-    return em.node(OPS[t.op].onnx, [em.value(t.args[0])], t.op, axis=axis)
-
-
 def _logaddexp(em, t):
     """max(a, b) + softplus(-|a - b|): no exp overflows, and softplus is exact for small terms."""
     a, b = t.args
@@ -403,22 +404,15 @@ def _rotary(em, t):
                    "rotary")
 
 
-def _loss(em, t, reduction, ignore_index):
-    """NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss (opset 12): torch's semantics, class axis 1."""
-    return em.node(OPS[t.op].onnx, _args(em, t), t.op, reduction=reduction, ignore_index=ignore_index)
-
-
 #: each ONNX form an op declares (``Op.onnx``) -> the function that writes it: an operator (one
 #: node, or more around it at an older opset) or a decomposition into operators
 EMIT = {
     **dict.fromkeys(SIMPLE, _simple), "Mul": _mul, "Where": _where, **dict.fromkeys(AXES_INPUT_SINCE, _reduce),
-    "Softmax": _along_axis, "LogSoftmax": _along_axis, "Gelu": _gelu, "Transpose": _transpose,
+    "Gelu": _gelu, "Transpose": _transpose,
     "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm, "Attention": _sdpa, "Gemm": _linear, "Conv": _conv2d,
     "MaxPool": _max_pool2d, "BatchNormalization": _batch_norm, "Concat": _concat,
     **{op: lambda em, t, shape, _op=op: em.node(_op, [em.value(t.args[0]), em.ints(parse_shape(shape))],
                                                   _op.lower()) for op in ("Reshape", "Expand")},
-    "GatherElements": lambda em, t, axis: em.node("GatherElements", _args(em, t), "gather", axis=axis),
-    "Gather": lambda em, t, axis: em.node("Gather", _args(em, t), "index_select", axis=axis),
     "Slice": lambda em, t, axis, start, end, step: em.node(
         "Slice", [em.value(t.args[0]), em.ints([start]), em.ints([end]), em.ints([axis]),
                   em.ints([step])], "slice"),
@@ -427,5 +421,5 @@ EMIT = {
     "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p,
     "kahan-expm1": _expm1, "linear-activation": _linear_act, "definition": _definition,
     "stable-logaddexp": _logaddexp, "quadrant-atan": _atan2, "signed-cube-root": _cbrt,
-    "rotate-half": _rotary, "NegativeLogLikelihoodLoss": _loss, "SoftmaxCrossEntropyLoss": _loss,
+    "rotate-half": _rotary,
 }

@@ -160,7 +160,8 @@ class _Build:
             self.kernels["folded"] += 1
             return self.graph.call_function(folded, tuple(self.value[("t", id(t))] for t in params))
         n = self.facts.of(item)
-        use = Use(n.op, n.attrs, n.shapes, n.tensor_dtypes, self.device, n.layouts)
+        use = Use(op=n.op, attrs=n.attrs, shapes=n.shapes, dtypes=n.tensor_dtypes, device=self.device,
+                  layouts=n.layouts)
         kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
         self.kernels[kernel.name] += 1
         self.backend[key] = kernel.backend

@@ -14,6 +14,7 @@ from ..extractors.rounding_error import ProgramError, program_error
 from ..lang.program import Program
 from ..analysis.ranges import Interval, analyze
 from ..lang.term import dtype_name, postorder, pretty
+from .tables import Table, clip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,18 +46,13 @@ class CurvatureReport:
         return sum(n.cost for n in self.nodes)
 
     def table(self, width: int = 44) -> str:
-        head = f"{'node':<{width}} {'range':>23} {'kappa':>9} {'L':>9} {'Delta':>9} {'err bits':>8}"
-        rows = [head, "-" * len(head)]
-        for n in self.nodes:
-            text = n.text if len(n.text) <= width else n.text[:width - 3] + "..."
-            rng = f"[{n.range[0]:.3g}, {n.range[1]:.3g}]"
-            rows.append(f"{text:<{width}} {rng:>23} {n.kappa:9.3g} {n.lipschitz:9.3g} "
-                        f"{n.rounding:9.3g} {n.error_bits:8.1f}")
-        rows.append(f"total kappa {self.total:.4g}")
-        if self.error is not None:
-            rows.append(f"estimated error: worst {self.error.worst:.1f} bits, mean {self.error.mean:.2f} "
-                        "bits (first order, at points sampled from the ranges)")
-        return "\n".join(rows)
+        rows = [[clip(n.text, width), f"[{n.range[0]:.3g}, {n.range[1]:.3g}]", f"{n.kappa:.3g}",
+                 f"{n.lipschitz:.3g}", f"{n.rounding:.3g}", f"{n.error_bits:.1f}"] for n in self.nodes]
+        error = "" if self.error is None else (f"\nestimated error: worst {self.error.worst:.1f} bits, mean "
+                                               f"{self.error.mean:.2f} bits (first order, at points sampled "
+                                               "from the ranges)")
+        return str(Table("curvature per node", ["node", "range", "kappa", "L", "Delta", "err bits"], rows,
+                         note=f"total kappa {self.total:.4g}{error}"))
 
     __str__ = table
 

@@ -85,7 +85,7 @@ def for_accuracy(result: Optimized) -> bool:
 
 
 def slower_for_nothing(objective: Objective, result: Optimized, original_s: float, optimized_s: float,
-                       error: tuple | None = None, slower_by: float = SLOWER_BY) -> bool:
+                       error: tuple | None = None, max_slowdown: float = 4.0, slower_by: float = SLOWER_BY) -> bool:
     """Whether a program timed on the actual inputs, slower than the original by more than noise
     (``slower_by``), should give way to it: never slower, unless it buys stability the objective
     asked for. Stability and tolerance always keep it; latency never does. Balanced keeps it where
@@ -94,9 +94,12 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
     overflow or cancellation gone, which sampling rarely meets) or a conditioning cost lower by
     other ops and by more than the tie-breaking cost of the nodes it has fewer (geglu for
     gelu(a) * b is one node fewer, not a steadier program). A sampled first-order ``error``
-    (before, after) down by a bit and by a quarter or more is steadier too, whatever the time."""
+    (before, after) down by a bit and by a quarter or more is steadier too, whatever the time
+    within ``max_slowdown`` (balanced)."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
+    if objective is Objective.BALANCED and optimized_s > original_s * max_slowdown:
+        return True
     before, after = result.cost_before, result.cost_after
     fewer = sum(result.ops_before.values()) - sum(result.ops_after.values())
     gained = before.get("curvature", 0) - after.get("curvature", 0)  # decibels
@@ -191,16 +194,17 @@ class OptimizedFunction:
     def __init__(self, fn: Callable, *, objective="balanced", tolerance: float | None = None,
                  input_ranges=None, rulesets=None, validate: bool = True,
                  limits: Limits = Limits(), profile_db=None, profile_budget: float | None = None,
-                 keep_egraph: bool = False):
+                 keep_egraph: bool = False, max_slowdown: float = 4.0):
         self.fn = fn
         self._options = {"objective": objective, "tolerance": tolerance, "input_ranges": input_ranges,
                          "rulesets": rulesets, "validate": validate, "limits": limits,
-                         "profile_db": profile_db, "profile_budget": profile_budget, "keep_egraph": keep_egraph}
+                         "profile_db": profile_db, "profile_budget": profile_budget, "keep_egraph": keep_egraph,
+                         "max_slowdown": max_slowdown}
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # instance -> its method
         self._held: dict[int, tuple] = {}  # the same, for instances that cannot be weakly referred to
         self.objective = Objective(objective)
-        self.tolerance = tolerance
-        CostModel(self.objective, tolerance=tolerance)  # refuses a bad objective/tolerance now
+        self.tolerance, self.max_slowdown = tolerance, max_slowdown
+        CostModel(self.objective, tolerance=tolerance, max_slowdown=max_slowdown)  # refuses bad ones now
         self.profile_db = profile_db  # path, None for the default database, False for none
         # seconds per optimize to time kernels the database lacks (None: the default, 0: none)
         self.profile_budget = default_budget() if profile_budget is None else float(profile_budget)
@@ -363,7 +367,8 @@ class OptimizedFunction:
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
             self.profile_db, device, budget_s=self.profile_budget)
         priced = Pricing(latency, device) if latency else None  # by the kernel that will run
-        model = CostModel(self.objective, priced, self.tolerance)
+        model = CostModel(self.objective, latency_of=priced, tolerance=self.tolerance,
+                          max_slowdown=self.max_slowdown)
         result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
@@ -434,7 +439,7 @@ class OptimizedFunction:
 
     def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
                             error: tuple | None = None) -> bool:
-        return slower_for_nothing(self.objective, result, original_s, optimized_s, error)
+        return slower_for_nothing(self.objective, result, original_s, optimized_s, error, self.max_slowdown)
 
     @property
     def report(self) -> Report | None:
@@ -458,7 +463,8 @@ def saturate_and_extract(fn: Callable | None = None, **options: Any):
     relative error), ``input_ranges`` ({name: (lo, hi)}), ``rulesets`` (family or rule names),
     ``validate`` (default True), ``limits``, ``profile_db`` (a path; None: the default; False: static
     latencies), ``profile_budget`` (seconds per optimize to time kernels the database lacks: default 2, or
-    $EGRAPH_OPT_PROFILE_BUDGET; 0: none), ``keep_egraph`` (every plan's). A module comes back as
+    $EGRAPH_OPT_PROFILE_BUDGET; 0: none), ``keep_egraph`` (every plan's), ``max_slowdown`` (balanced: the most time, as a multiple of
+    the fastest program's, that a far more accurate one may take; default 4). A module comes back as
     an nn.Module (``drivers/module.py``), as torch.compile's does."""
     if fn is None:
         return lambda f: saturate_and_extract(f, **options)

@@ -8,6 +8,7 @@ tensors, and is rebuilt from them for the program.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -30,20 +31,20 @@ def _constant_key(value: Any):
     return None
 
 
+@dataclass(slots=True, eq=False)
 class BoundCall:
     """The tensors of one call, the plan key they and the other arguments make, and how to call
     the function again with other tensors. ``refused``: why the call runs untouched."""
-    __slots__ = ("tensors", "names", "key", "arguments", "refused", "signature", "direct", "plain",
-                 "trees", "returned")
-
-    def __init__(self, tensors: tuple, names: list[str], key: tuple, arguments: dict | None = None,
-                 refused: str = "", signature: inspect.Signature | None = None, direct: bool = True,
-                 plain: bool = False, trees: dict | None = None):
-        self.tensors, self.names, self.key, self.arguments = tensors, names, key, arguments or {}
-        self.refused, self.signature, self.direct = refused, signature, direct
-        self.plain = plain  # tensors alone, positionally, keyed by them alone
-        self.trees = trees or {}  # argument -> (its TreeSpec, where its leaves start, how many)
-        self.returned: list[str] = []  # those of ``trees`` the program returns as themselves
+    tensors: tuple
+    names: list[str]
+    key: tuple
+    arguments: dict = field(default_factory=dict)
+    refused: str = ""
+    signature: inspect.Signature | None = None
+    direct: bool = True
+    plain: bool = False  # tensors alone, positionally, keyed by them alone
+    trees: dict = field(default_factory=dict)  # argument -> (its TreeSpec, where its leaves start, how many)
+    returned: list[str] = field(default_factory=list)  # those of ``trees`` the program returns as themselves
 
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
@@ -123,20 +124,15 @@ class Binder:
         return _tensor_key(args) if self._least <= len(args) <= self._most else None
 
     def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
-        key = None if kwargs else self.plain_key(args)
-        if key is not None:
-            names = self._names[:len(args)]
+        key = None if kwargs else self.plain_key(args) if self.signature else _tensor_key(args)
+        if key is not None:  # tensors alone, positionally
+            names = self._names[:len(args)] if self.signature else [f"arg{i}" for i in range(len(args))]
             refused = next((f"argument {n!r} is {why}" for n, a in zip(names, args) if (why := unusual(a))), "")
-            return BoundCall(args, names, key, refused=refused, direct=len(args) == len(self._names),
-                             plain=not refused)
+            return BoundCall(args, names, key, refused=refused, plain=not refused,
+                             direct=bool(self.signature) and len(args) == len(self._names))
         if self.signature is None:
-            if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
-                return BoundCall((), [], ("refused", len(args), tuple(kwargs)),
-                                 refused=f"{self.name} has no signature to bind keyword or "
-                                         "non-tensor arguments to")
-            names = [f"arg{i}" for i in range(len(args))]
-            refused = next((f"argument {n!r} is {why}" for n, a in zip(names, args) if (why := unusual(a))), "")
-            return BoundCall(args, names, _tensor_key(args), refused=refused, direct=False, plain=not refused)
+            return BoundCall((), [], ("refused", len(args), tuple(kwargs)),
+                             refused=f"{self.name} has no signature to bind keyword or non-tensor arguments to")
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -167,7 +163,8 @@ class Binder:
         direct = not constants and len(tensors) == len(self.signature.parameters) and \
             kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY}
         return BoundCall(tuple(tensors), names, (_tensor_key(tensors), tuple(constants)),
-                         dict(bound.arguments), refused, self.signature, direct, trees=trees)
+                         arguments=dict(bound.arguments), refused=refused, signature=self.signature,
+                         direct=direct, trees=trees)
 
 
 def _tree(value: Any) -> tuple[list | None, Any]:

@@ -14,9 +14,7 @@ def line(r: dict) -> str:
         return f"kept   {r['model']}: {r['reason']}"
     if r["status"] != "optimized":
         return f"FAILED {r['model']}: {r['reason']}"
-    lat = ""
-    if "latency_ms_before" in r:
-        lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms"
+    lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms" if "latency_ms_before" in r else ""
     if "kept_original" in r:
         return f"ok     {r['model']}: kept as it was ({r['kept_original']}){lat}"
     slower = f" ({r['slower']})" if "slower" in r else ""

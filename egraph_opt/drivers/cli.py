@@ -8,11 +8,11 @@ import argparse
 import os
 import sys
 import warnings
-from pathlib import Path
 
 from ..profiling.profile_db import ProfileDBError
 from ..rulesets import Family, catalogue
 from .batch_report import html
+from .tables import Table
 from .usage import Failure, MissingExtra, ModelFailure, at_least, require
 
 _SELF_EXPLAINING = (Failure, ProfileDBError, OSError, MissingExtra)  # their message needs no exception name
@@ -25,24 +25,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _rules(args) -> int:
-    rows = [r for r in catalogue().values() if args.family is None or r.family.value == args.family]
-    width = max(len(r.name) for r in rows)
-    for r in rows:
-        when = f"  when {r.when}" if r.when else ""
-        print(f"{r.name:<{width}}  {r.family.value:<13} {r.exactness.value:<8} {r.describe()}{when}")
-    print(f"{len(rows)} rules")
+    rows = [[r.name, r.family.value, r.exactness.value, r.describe() + (f"  when {r.when}" if r.when else "")]
+            for r in catalogue().values() if args.family is None or r.family.value == args.family]
+    print(Table("the rule catalogue", ["rule", "family", "exactness", "rewrite"], rows, note=f"{len(rows)} rules"))
     return 0
 
 
 def _kernels(args) -> int:
     from ..kernels.registry import MOVES, REGISTRY
-    rows = [k for k in [*REGISTRY.values(), *MOVES.values()]
+    rows = [[k.name, k.backend, ",".join(sorted(k.devices)), ",".join(sorted(k.dtypes)) if len(k.dtypes) < 5
+             else "any", k.reference] for k in [*REGISTRY.values(), *MOVES.values()]
             if args.backend is None or args.backend in k.backend.split("->")]
-    width = max(len(k.name) for k in rows)
-    for k in rows:
-        print(f"{k.name:<{width}}  {k.backend:<12} {','.join(sorted(k.devices)):<9} "
-              f"{','.join(sorted(k.dtypes)) if len(k.dtypes) < 5 else 'any':<32} {k.reference}")
-    print(f"{len(rows)} kernels")
+    print(Table("the kernel registry", ["kernel", "backend", "devices", "dtypes", "reference"], rows,
+                note=f"{len(rows)} kernels"))
     return 0
 
 
@@ -105,8 +100,8 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
         backends.add(kernel.backend)  # its memory: the moves into it and out
     for (source, target), move in MOVES.items():
         if {source, target} <= backends | {"torch"} and copies(source, target):  # both usable here
-            cases = [Case(MOVE, dtype, ((n, n),), {}) for dtype in args.dtype for n in args.sizes
-                     if dtype in move.dtypes]
+            cases = [Case(op=MOVE, dtype=dtype, shapes=((n, n),), attrs={}) for dtype in args.dtype
+                     for n in args.sizes if dtype in move.dtypes]
             records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=move)
     return records
 
@@ -123,8 +118,7 @@ def _profile_collectives(args) -> int:
     for name, link in links.items():
         print(f"{name:<15} alpha {link.alpha_s * 1e6:.1f} us  beta {link.beta_s * 1e9:.3f} ns/byte "
               f"({1 / link.beta_s / 1e9 if link.beta_s else float('inf'):.2f} GB/s)")
-    beside = Path(args.db).expanduser().with_name("collectives.json") if args.db else None
-    print(f"links recorded in {save_links(links, beside)}")
+    print(f"links recorded in {save_links(links, args.db)}")
     return 0
 
 
@@ -133,11 +127,12 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     one profiling case per distinct (op, operand shapes, attributes) the profiler can time."""
     import importlib
     import torch
+    from ..egraph.session import reopened
     from ..frontends.capture import capture
     from ..lang.ops import OPS
+    from ..lang.term import SCALAR
     from ..optimization.pipeline import class_meta, optimize
     from ..profiling.profiler import SPECS, Case
-    from ..lang.term import SCALAR, postorder, shapes as term_shapes
     module_name, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), name)
@@ -146,17 +141,15 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     fn = getattr(fn, "fn", fn)  # a decorated function: profile the original
     program, _ = capture(fn, tuple(torch.randn(s, dtype=getattr(torch, dtype)) for s in shapes))
     result = optimize(program, templates=False)  # the whole e-graph: every kernel it could use
-    snap, roots = result.egraph.snapshot(), program.roots()
-    known = term_shapes(roots, program.leaf_meta())
-    of_class = class_meta(snap.classes, {snap.class_of_ref[result.egraph.ref(t)]: known[id(t)]
-                                         for t in postorder(roots)})
+    session = reopened(result.egraph, program.roots())
+    of_class = class_meta(session.snap.classes, {c: program.meta()[i] for i, c in session.class_of.items()})
     cases = {}
-    for nodes in snap.classes.values():
+    for nodes in session.snap.classes.values():
         for n in nodes:
             if n.op in SPECS and all(c in of_class for c in n.children):
                 operands = tuple(of_class[c][0] for c in n.children if of_class[c] != SCALAR)
                 attrs = {k: v for (k, _), v in zip(OPS[n.op].attrs, n.attrs)}
-                cases[n.op, operands, n.attrs] = Case(n.op, dtype, operands, attrs)
+                cases[n.op, operands, n.attrs] = Case(op=n.op, dtype=dtype, shapes=operands, attrs=attrs)
     return list(cases.values())
 
 

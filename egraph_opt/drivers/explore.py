@@ -18,6 +18,7 @@ import torch
 from ..extractors import program_cost
 from ..extractors.cost import LEAVES
 from ..egraph.engine import ENode
+from ..egraph.session import reopened
 from ..extractors.enumerate import alternatives
 from ..extractors.rounding_error import program_error
 from ..lang import pattern as pat
@@ -29,7 +30,7 @@ from ..optimization.derivation import term_classes
 from ..optimization.pipeline import Optimized, class_shapes, enode_facts, optimize
 from ..profiling.latency import UNIT_S
 from ..rulesets import catalogue, select
-from .tables import Table
+from .tables import Table, clip
 
 #: programs of at most this many terms get a first-order error estimate (8 float64 runs each)
 ESTIMATED_UP_TO = 256
@@ -135,13 +136,11 @@ class Explorer:
         self.result, self.ranges, self.name, self.fallback = result, dict(input_ranges), name, fallback
         self.rules = rules or select()
         self.source = result.source
-        self.snap = result.egraph.snapshot()
-        roots = self.source.roots()
-        self.loaded = {id(t): self.snap.class_of_ref[result.egraph.ref(t)] for t in postorder(roots)}
-        self.meta, strides = class_shapes(self.snap, roots, self.source.meta(), self.loaded,
+        session = reopened(result.egraph, self.source.roots())
+        self.snap, self.loaded, self.root_classes = session.snap, session.class_of, session.root_classes
+        self.meta, strides = class_shapes(self.snap, self.source.roots(), self.source.meta(), self.loaded,
                                           result.model.latency_of is not None)
         self.facts = enode_facts(self.snap, self.meta, strides)
-        self.root_classes = result.root_classes
         self._priced: dict[tuple, PricedProgram] = {}
 
     # --- what the extractor chose ---
@@ -174,14 +173,10 @@ class Explorer:
         """The program found beside the input program, priced alike; the title says whether the
         one found runs, and if not (the plan fell back), why."""
         found, source = self.extracted, self._candidate(-1, self.source.roots()[0])
-        rows = [[what] + [getattr(c, attr) for c in (found, source)] for what, attr in
-                [("cost", "cost"), ("curvature dB", "curvature"), ("latency us", "latency_us")]]
-        rows += [["error bits", _bits(found.error_bits), _bits(source.error_bits)],
-                 ["program", _short(str(found)), _short(str(source))]]
         runs = f"not taken: {self.fallback}; the original runs" if self.fallback else "the program found runs"
-        return Table(f"{self.name}: {runs}", ["", "found", "input"], rows,
-                     f"the e-graph: {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes",
-                     [found, source])
+        return Table(f"{self.name}: {runs}", ["", "found", "input"], _side_by_side(found, source),
+                     note=f"the e-graph: {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes",
+                     items=[found, source])
 
     def __repr__(self) -> str:
         return str(self.summary())
@@ -197,7 +192,7 @@ class Explorer:
         """The extractor's price of one e-node, and its parts."""
         f = self.facts(cid, node)
         model = self.result.model
-        found = model.latency_of(f.op, f.attrs, f.shapes, f.dtype, f.layouts) \
+        found = model.latency_of(f) \
             if model.latency_of and f.shapes is not None and f.op not in LEAVES else None
         source = "-" if not node.children else (found[1] if found else "static")
         return {"cost": model(f), "curvature": model.curvature(f),
@@ -229,8 +224,8 @@ class Explorer:
             items.append(cid)
         return Table(f"e-classes of {self.name}" + (" (changed by rewrites)" if changed else ""),
                      ["id", "members", "shape", "dtype", "range", "chosen", "cost"], rows,
-                     f"{len(rows)} of {len(self.snap.classes)} e-classes, "
-                     f"{self.snap.num_enodes} e-nodes", items)
+                     note=f"{len(rows)} of {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes",
+                     items=items)
 
     def eclass(self, cid) -> Table:
         """The members of one e-class, each with its cost parts and the rule that produced it."""
@@ -244,7 +239,7 @@ class Explorer:
         return Table(f"e-class {cid} ({', '.join(n.op for n in self.snap.classes[cid])})",
                      ["chosen", "member", "cost", "curvature dB", "est. rel. error", "latency us",
                       "latency from", "produced by"], rows,
-                     "* marks the member the extracted program takes", list(self.snap.classes[cid]))
+                     note="* marks the member the extracted program takes", items=list(self.snap.classes[cid]))
 
     def produced_by(self, cid: str, node) -> str:
         """``input`` for an e-node of the input program, else the first rule whose right side is
@@ -252,24 +247,20 @@ class Explorer:
         if node in self._input_nodes:
             return "input"
         rule = ematch.producer(self.rules, self.snap.classes, cid, node)
-        if rule is not None:
-            return rule.name
-        return "analysis (no single rule)"
+        return rule.name if rule is not None else "analysis (no single rule)"
 
     def _candidate(self, rank: int, term: Term) -> PricedProgram:
         """Priced once per structure: the derivation, impact and why-not tables share them."""
         key = (rank, pretty(term))
         if key not in self._priced:
-            self._priced[key] = self._price(rank, term)
+            program = self.source.with_roots({id(self.source.roots()[0]): term})
+            roots = program.roots()
+            parts = program_cost(roots, self.result.model, self.ranges, program.leaf_meta())
+            error = program_error(program, self.ranges) if len(postorder(roots)) <= ESTIMATED_UP_TO else None
+            self._priced[key] = PricedProgram(
+                rank=rank, term=term, program=program, cost=parts["cost"], curvature=parts["curvature"],
+                latency_us=parts["latency"] * UNIT_S * 1e6, error_bits=error.worst if error else None)
         return self._priced[key]
-
-    def _price(self, rank: int, term: Term) -> PricedProgram:
-        program = self.source.with_roots({id(self.source.roots()[0]): term})
-        roots = program.roots()
-        parts = program_cost(roots, self.result.model, self.ranges, program.leaf_meta())
-        error = program_error(program, self.ranges) if len(postorder(roots)) <= ESTIMATED_UP_TO else None
-        return PricedProgram(rank, term, program, parts["cost"], parts["curvature"],
-                             parts["latency"] * UNIT_S * 1e6, error.worst if error else None)
 
     @cached_property
     def extracted(self) -> PricedProgram:
@@ -280,11 +271,11 @@ class Explorer:
         object (``table[i]``) is a callable PricedProgram."""
         found = [self._candidate(i + 1, a.term) for i, a in enumerate(
             alternatives(self.snap.classes, self.root_classes[0], self.result.cost, limit=k))]
-        rows = [[c.rank, _short(str(c)), c.cost, c.curvature, round(c.latency_us, 2),
+        rows = [[c.rank, clip(str(c)), c.cost, c.curvature, round(c.latency_us, 2),
                  _bits(c.error_bits), "*" if str(c) == str(self.extracted) else ""] for c in found]
         return Table(f"the {len(found)} cheapest programs of {self.name}",
                      ["rank", "program", "cost", "curvature dB", "latency us", "error bits",
-                      "extracted"], rows, "call table[i](*tensors) to run one", found)
+                      "extracted"], rows, note="call table[i](*tensors) to run one", items=found)
 
     def kernels(self) -> Table:
         """Every kernel binding weighs for each fused or computed node the extracted program
@@ -299,7 +290,7 @@ class Explorer:
             f = self.facts(cid, node)
             if not node.children or f.op in LEAVES or f.shapes is None:
                 continue
-            found = paths_of(f.op, f.attrs, f.shapes, f.dtype, f.layouts)
+            found = paths_of(f)
             for rank, path in enumerate(found):
                 seconds = "-" if path.seconds == math.inf else round(path.seconds * 1e6, 2)
                 rows.append([cid, f.op, path.kernel.name, seconds, path.refused or "",
@@ -307,7 +298,7 @@ class Explorer:
                 items.append(path)
         return Table(f"kernels weighed for the nodes of {self.name}",
                      ["e-class", "op", "kernel", "latency us", "why not", "bound"], rows,
-                     "* marks the kernel binding takes: the cheapest that runs the node", items)
+                     note="* marks the kernel binding takes: the cheapest that runs the node", items=items)
 
     def why_not(self, x) -> Table:
         """``x`` a PricedProgram or a Term: its costs beside the extracted program's. ``x`` a rule
@@ -316,77 +307,78 @@ class Explorer:
             return self._why_not_rule(x)
         other = x if isinstance(x, PricedProgram) else self._candidate(-1, x)
         mine = self.extracted
-        rows = [[what, getattr(mine, attr), getattr(other, attr)] for what, attr in
-                [("cost", "cost"), ("curvature dB", "curvature"), ("latency us", "latency_us"),
-                 ("error bits", "error_bits")]]
-        rows.append(["program", _short(str(mine)), _short(str(other))])
         held = term_classes(self.snap, self.loaded, [other.term])[id(other.term)] == self.root_classes[0]
         verdict = (f"the extracted program costs {other.cost - mine.cost} less" if other.cost > mine.cost
                    else "it costs the same: the extractor keeps the first of equals" if other.cost == mine.cost
                    else "it costs less: the extractor's DAG choice is greedy, not optimal")
         note = verdict + ("" if held else "; it is not in the e-graph: no rule derives it")
-        return Table(f"why not this program of {self.name}", ["", "extracted", "candidate"], rows, note)
+        return Table(f"why not this program of {self.name}", ["", "extracted", "candidate"],
+                     _side_by_side(mine, other), note=note)
 
     def _why_not_rule(self, name: str) -> Table:
         rule = catalogue().get(name)
         if rule is None:
             raise KeyError(f"no rule {name!r}; `egraph-opt rules` lists them")
         rows = []
-        used = any(r.name == name for r in self.rules)
-        if not used:
+        if not any(r.name == name for r in self.rules):
             rows.append(["ruleset", f"{name} was not among the rules of this run"])
-        found = ematch.matches(rule.pairs()[0][0], self.snap.classes)
-        lhs = rule.pairs()[0][0]
+        lhs, found = rule.pairs()[0][0], self.failures(rule)
         if not found:
             present = any(n.op == lhs.op for nodes in self.snap.classes.values() for n in nodes)
             rows.append(["pattern", f"{pat.show(lhs)} matches nowhere in the e-graph" +
                          ("" if present else f" (no {lhs.op} node at all)")])
-        guards = ematch.Guards(self.snap, self.relations, self.meta)
-        fired = None
-        for cid, bound in found:
-            failed = [guards.check(f, bound) for f in rule.when]
-            failed = [why for ok, why in failed if not ok]
+        for cid, bound, failed in found:
             if failed:
-                free = sorted(n for c in bound.values() if isinstance(c, str) and c in self.snap.classes
-                              for n in ematch.inputs_under(self.snap.classes, c) if n not in self.ranges)
-                rows.append(["guard", f"at e-class {cid}: " + "; ".join(failed) +
-                             (f" (no declared range for {', '.join(dict.fromkeys(free))}: pass "
-                              "input_ranges)" if free else "")])
-            else:
-                fired = fired or cid
+                free = self.undeclared(bound.values())
+                rows.append(["guard", f"at e-class {cid}: " + "; ".join(why for _, why in failed) +
+                             (f" (no declared range for {', '.join(free)}: pass input_ranges)" if free else "")])
+        fired = next((cid for cid, _, failed in found if not failed), None)
         if fired:
             pick = self.chosen.get(fired)
             rows.append(["fired", f"the pattern matches e-class {fired} with its guard holding; the "
                          f"extractor chose {_node_text(pick) if pick else 'no member of it'} "
                          "as cheaper (eclass() shows each member's cost)"])
         return Table(f"why not {name}: {rule.describe()}", ["part", "finding"], rows,
-                     f"guard: {rule.when or 'none'}")
+                     note=f"guard: {rule.when or 'none'}")
+
+    def failures(self, rule) -> list[tuple[str, dict, list]]:
+        """Every match of ``rule``'s left side: its e-class, its binding, and each fact of the
+        guard that does not hold there, with the reason."""
+        guards, found = ematch.Guards(self.snap, self.relations, self.meta), []
+        for cid, bound in ematch.matches(rule.pairs()[0][0], self.snap.classes):
+            checked = [(fact, *guards.check(fact, bound)) for fact in rule.when]
+            found.append((cid, bound, [(fact, why) for fact, ok, why in checked if not ok]))
+        return found
+
+    def undeclared(self, classes) -> list[str]:
+        """The inputs under ``classes`` (e-class ids among other values) with no declared range."""
+        return sorted({n for c in classes if c in self.snap.classes
+                       for n in ematch.inputs_under(self.snap.classes, c)} - set(self.ranges))
 
     def derivation(self) -> Table:
         """The steps from the input program to the output, each a rule at a location, with the
         estimated error and latency of the whole program before and after it."""
         d = self.result.derivation
+        rows = [[i + 1, s.name, s.location, clip(pretty(s.rewritten), 40), clip(pretty(s.result), 40)]
+                for i, s in enumerate(d.steps)]
         if not d.start:  # repeated blocks were optimized as templates, each with its own steps
-            rows = [[i + 1, s.name, s.location, _short(pretty(s.rewritten), 40), _short(pretty(s.result), 40)]
-                    for i, s in enumerate(d.steps)]
             return Table(f"derivation of {self.name} (per template, unpriced)",
                          ["step", "rule", "at", "rewrites", "into"], rows,
-                         "repeated blocks were optimized once each as templates: steps are within them")
+                         note="repeated blocks were optimized once each as templates: steps are within them")
         states = [self._candidate(0, roots[0]) for roots in d.states()]
-        rows = [[i + 1, s.name, s.location, _short(pretty(s.rewritten), 40), _short(pretty(s.result), 40),
-                 _bits(a.error_bits), _bits(b.error_bits), round(a.latency_us, 2), round(b.latency_us, 2)]
-                for i, (s, a, b) in enumerate(zip(d.steps, states, states[1:]))]
+        rows = [row + [_bits(a.error_bits), _bits(b.error_bits), round(a.latency_us, 2), round(b.latency_us, 2)]
+                for row, a, b in zip(rows, states, states[1:])]
         note = "complete: the last step's program is the extracted one" if d.complete else \
             f"not derived further: {d.unexplained}"
-        return Table(f"derivation of {self.name}", ["step", "rule", "at", "rewrites", "into",
-                                                    "error bits before", "after", "latency us before",
-                                                    "after"], rows, note, list(zip(d.steps, states, states[1:])))
+        return Table(f"derivation of {self.name}", ["step", "rule", "at", "rewrites", "into", "error bits before",
+                                                    "after", "latency us before", "after"], rows,
+                     note=note, items=list(zip(d.steps, states, states[1:])))
 
     def impact(self) -> Table:
         """Per rule of the derivation: steps, and error (bits) and latency (us) each one gained."""
         gained: dict[str, list] = {}
         if not self.result.derivation.start:
-            return Table(f"rewrite impact on {self.name}", ["rule"], [], "not priced for templates")
+            return Table(f"rewrite impact on {self.name}", ["rule"], [], note="not priced for templates")
         for step, a, b in self.derivation():
             g = gained.setdefault(step.name, [0, 0.0, 0.0])
             g[0] += 1
@@ -407,8 +399,11 @@ def _node_text(node) -> str:
     return f"{node.op}({', '.join(parts)})"
 
 
-def _short(text: str, width: int = 60) -> str:
-    return text if len(text) <= width else text[:width - 3] + "..."
+def _side_by_side(a: PricedProgram, b: PricedProgram) -> list[list]:
+    """Two programs' prices and texts, a row per measure: as the extractor compared them."""
+    return [["cost", a.cost, b.cost], ["curvature dB", a.curvature, b.curvature],
+            ["latency us", a.latency_us, b.latency_us], ["error bits", _bits(a.error_bits), _bits(b.error_bits)],
+            ["program", clip(str(a)), clip(str(b))]]
 
 
 def _bits(value) -> str:

@@ -3,13 +3,15 @@ guard failed only on range facts (``positive``, ``lo``/``hi`` bounds...) of valu
 an input with no declared range. Undeclared inputs range over every finite value (docs/DESIGN.md), so
 without this line a fix silently does not happen (``sqrt(x + 1) - sqrt(x)`` keeps its cancellation).
 
->>> _bounds(parse("(<= (hi ?x) 10.0)"), {"x": "c"}, {"c": "x + 1"})
+>>> _bounds(parse("(<= (hi ?x) 10.0)"), {"x": "c"}, {"c": "x + 1"}.get)
 {'x + 1': [None, (10.0, False)]}
 """
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 from ..lang.term import postorder, pretty
-from ..optimization import ematch
 from ..lang.pattern import Var
 from ..rulesets.guards import Fact, Guard, parse  # noqa: F401 - the doctest
 
@@ -33,21 +35,22 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
             bounded.append(f"range hints: not looked for: {enodes:,} e-nodes (bound {HINTS_UP_TO:,})")
         return []
     ex = Explorer(result, input_ranges, rules)
-    text = _Texts({ex.loaded[id(t)]: t for t in postorder(ex.source.roots())})
-    guards = ematch.Guards(ex.snap, ex.relations, ex.meta)
+    terms = {ex.loaded[id(t)]: t for t in postorder(ex.source.roots())}
+
+    @functools.cache
+    def text(cid) -> str | None:  # when first asked for: all up front walked a deep program quadratically
+        return pretty(terms[cid], width=60) if cid in terms else None
     hints = []
     for rule in ex.rules:
         if not {"positive", "nonneg", "hi", "lo"} & rule.when.heads():
             continue
-        for cid, bound in ematch.matches(rule.pairs()[0][0], ex.snap.classes):
-            failed = [fact for fact in rule.when if not guards.check(fact, bound)[0]]
-            needs = [_bounds(fact, bound, text) for fact in failed]
+        for cid, bound, failed in ex.failures(rule):
+            needs = [_bounds(fact, bound, text) for fact, _ in failed]
             if not failed or None in needs:  # it fired here, or a range cannot prove what failed
                 continue
-            free = sorted({name for c in map(bound.get, Guard(failed).variables()) if isinstance(c, str)
-                           for name in ematch.inputs_under(ex.snap.classes, c)} - set(input_ranges))
+            free = ex.undeclared(map(bound.get, Guard(fact for fact, _ in failed).variables()))
             if free:
-                hints.append(f"{rule.name} matched {text.get(cid, cid)}; its guard needs "
+                hints.append(f"{rule.name} matched {text(cid) or cid}; its guard needs "
                              f"{_intervals(needs)}, not proved: {', '.join(free)} "
                              f"{'has' if len(free) == 1 else 'have'} no declared range. Pass input_ranges="
                              f"{{{', '.join(f'{n!r}: (lo, hi)' for n in free)}}} within which these hold")
@@ -55,21 +58,7 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
     return hints
 
 
-class _Texts(dict):
-    """e-class -> the input program's text of it, written when first asked for: each text walks
-    its subterm, so writing all of them up front walked a deep program quadratically."""
-
-    def __init__(self, terms: dict):
-        super().__init__()
-        self.terms = terms
-
-    def get(self, cid, default=None):
-        if cid not in self and cid in self.terms:
-            self[cid] = pretty(self.terms[cid], width=60)
-        return super().get(cid, default)
-
-
-def _bounds(fact: Fact, bound: dict, text: dict) -> dict | None:
+def _bounds(fact: Fact, bound: dict, text: Callable) -> dict | None:
     """``{value text: [lower, upper]}`` (each ``(number, strict)`` or None) that ``fact`` asks of
     a value; None where it is no such bound (a dtype, a rank, a constant's sign)."""
     head, args = fact.head, fact.args
@@ -83,9 +72,8 @@ def _bounds(fact: Fact, bound: dict, text: dict) -> dict | None:
     return None
 
 
-def _name(var: Var, bound: dict, text: dict) -> str:
-    cid = bound[var.name]
-    return text.get(cid, f"e-class {cid}")
+def _name(var: Var, bound: dict, text: Callable) -> str:
+    return text(bound[var.name]) or f"e-class {bound[var.name]}"
 
 
 def _intervals(needs: list[dict]) -> str:

@@ -32,11 +32,6 @@ def picture(item) -> str:
     return f"<img alt='figure' src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'>"
 
 
-def _write(path, text: str) -> str:
-    Path(path).write_text(text, encoding="utf-8")
-    return str(path)
-
-
 def report_body(report) -> str:
     """The report's text, its derivation and its costs as tables, and the programs drawn."""
     parts = [f"<pre>{html.escape(str(report))}</pre>"]
@@ -46,7 +41,7 @@ def report_body(report) -> str:
         rows += [[f"regime {k + 1}, {i + 1}", s.name, s.location, str(s).split(": ", 1)[1]]
                  for k, (_, b) in enumerate(d.branches) for i, s in enumerate(b.steps)]  # piecewise
         note = "complete" if d.complete else f"not derived further: {d.unexplained}"
-        parts.append(Table("derivation", ["step", "rule", "at", "rewrite"], rows, note)._repr_html_())
+        parts.append(Table("derivation", ["step", "rule", "at", "rewrite"], rows, note=note)._repr_html_())
     costs = [[k, report.cost_before[k], report.cost_after.get(k)] for k in report.cost_before]
     ops = sorted(set(report.ops_before) | set(report.ops_after))
     parts.append(Table("cost", ["part", "before", "after"], costs)._repr_html_())
@@ -58,7 +53,8 @@ def report_body(report) -> str:
 
 
 def write_report(report, path) -> str:
-    return _write(path, page(f"egraph-opt: {report.signature}", report_body(report)))
+    Path(path).write_text(page(f"egraph-opt: {report.signature}", report_body(report)), encoding="utf-8")
+    return str(path)
 
 
 def write_explorer(ex, path, alternatives: int = 5) -> str:
@@ -68,7 +64,8 @@ def write_explorer(ex, path, alternatives: int = 5) -> str:
     body = "".join(t._repr_html_() for t in parts)
     body += "<h4>rewrite impact</h4>" + picture(impact_figure(ex))
     body += "<h4>the e-graph</h4>" + picture(egraph_picture(ex))
-    return _write(path, page(f"egraph-opt explorer: {ex.name}", body))
+    Path(path).write_text(page(f"egraph-opt explorer: {ex.name}", body), encoding="utf-8")
+    return str(path)
 
 
 def batch_page(records: list[dict], summary: str, interrupted: bool, status) -> str:

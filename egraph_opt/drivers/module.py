@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 _OWN = ("_orig_mod", "_optimized")  # the wrapper's own attributes; every other one is the original's
+_PLANS = ("report", "egraph", "plans")  # the OptimizedFunction's, as on a decorated function
 
 
 class OptimizedModule(torch.nn.Module):
@@ -36,6 +37,8 @@ class OptimizedModule(torch.nn.Module):
     def __getattr__(self, name: str):
         if name in _OWN:
             return self.__dict__[name]
+        if name in _PLANS:
+            return getattr(self.__dict__["_optimized"], name)
         return getattr(self.__dict__["_orig_mod"], name)
 
     def __setattr__(self, name: str, value) -> None:
@@ -61,20 +64,8 @@ class OptimizedModule(torch.nn.Module):
     def _load_from_state_dict(self, *args, **kwargs):  # a parent's load_state_dict reaches it so
         return self._orig_mod._load_from_state_dict(*args, **kwargs)
 
-    @property
-    def report(self):
-        return self._optimized.report
-
-    @property
-    def egraph(self):
-        return self._optimized.egraph
-
-    @property
-    def plans(self) -> dict:
-        return self._optimized.plans
-
     def __repr__(self) -> str:
         return f"OptimizedModule({self._orig_mod!r})"
 
     def __dir__(self):
-        return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
+        return sorted(set(super().__dir__()) | set(dir(self._orig_mod)) | set(_PLANS))

@@ -26,6 +26,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
+from tqdm import tqdm
 
 from .api import slower_for_nothing
 from .batch_report import html, line, summary, write_report
@@ -138,10 +139,9 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
     start = time.perf_counter()
     latency = None
     try:
-        if not (options["force"] or options.get("same_is_ours")):
-            earlier = earlier_output(path, target, options)
-            if earlier is not None:
-                return {**record, **earlier, "seconds": round(time.perf_counter() - start, 3)}
+        earlier = None if options["force"] or options.get("same_is_ours") else earlier_output(path, target, options)
+        if earlier is not None:  # kept (an earlier run's), or a file in the way
+            return {**record, **earlier, "seconds": round(time.perf_counter() - start, 3)}
         original = load(path)
         stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
         src = import_model(upgraded(original, options.get("opset")), path)
@@ -250,14 +250,6 @@ def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(found)), skipped
 
 
-def _progress(total: int):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
-
-
 def _writable_dir(path: str, what: str) -> None:
     """Create the directory and make a file in it now, not after every model is optimized."""
     try:
@@ -331,16 +323,14 @@ def run(args: argparse.Namespace) -> int:
                "profile_db": args.profile_db or str(default_path()),
                "profile_budget": default_budget() if args.profile_budget is None else args.profile_budget}
     _refuse_foreign(options["profile_db"])
-    bar = _progress(len(targets))
-    say = bar.write if bar is not None else print
+    bar = tqdm(total=len(targets), unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
     finished: set[str] = set()
 
     def done(record):
         records.append(record)
         finished.add(record["model"])
-        say(line(record))
-        if bar is not None:
-            bar.update()
+        bar.write(line(record))
+        bar.update()
 
     interrupted = False
     try:
@@ -351,8 +341,7 @@ def run(args: argparse.Namespace) -> int:
                     for p, t in targets.items() if p not in finished]
     finally:
         remove_staging(args.out, options["run"])  # left by a worker that died while writing
-    if bar is not None:
-        bar.close()
+    bar.close()
     records.sort(key=lambda r: r["model"])
     if args.report:
         write_report(args.report, records, interrupted)

@@ -57,8 +57,8 @@ class ProfileFile(WorkerPlugin):
                 os.unlink(self.path + suffix)
 
 
-def _plugin(options: dict) -> str:
-    return f"egraph-opt-profile-{options['run']}"  # one per run: runs may share a cluster
+def _named(what: str, options: dict) -> str:
+    return f"egraph-opt-{what}-{options['run']}"  # one per run: runs may share a cluster
 
 
 def _new_rows(name: str, dask_worker=None) -> list:
@@ -85,20 +85,29 @@ class _Stopped:
         return self.stop
 
 
-def _stop_event(options: dict) -> str:
-    return f"egraph-opt-stop-{options['run']}"
-
-
 def _work(process: Callable, path: str, target: str, options: dict, files: dict[str, bytes] | None):
     """On a worker: ``process`` one model (``onnx_batch.process``), through the shared file
     system, or (``files``: the bytes of the model and its data files) in a folder of its own,
     returning the output's bytes."""
     from distributed import get_worker
     worker = get_worker()
-    plugin = worker.plugins.get(_plugin(options))  # never the driver's path: not this machine's
+    plugin = worker.plugins.get(_named("profile", options))  # never the driver's path: not this machine's
     options = dict(options, profile_db=plugin.path if plugin is not None else None)
+    stopped = _Stopped(_named("stop", options))
     with _collected_here():
-        return _process(process, worker, path, target, options, files, _Stopped(_stop_event(options)))
+        if files is None:
+            return process(path, target, options, stopped), None
+        with tempfile.TemporaryDirectory(prefix="egraph-opt-", dir=worker.local_directory) as folder:
+            for name, data in files.items():
+                Path(folder, "in", name).parent.mkdir(parents=True, exist_ok=True)
+                Path(folder, "in", name).write_bytes(data)
+            os.mkdir(os.path.join(folder, "out"))
+            record = process(os.path.join(folder, "in", os.path.basename(path)),
+                             os.path.join(folder, "out", os.path.basename(target)),
+                             dict(options, force=True, run=""), stopped)
+            outputs = {name: Path(folder, "out", name).read_bytes()
+                       for name in os.listdir(os.path.join(folder, "out"))}
+        return record, outputs if record["status"] == "optimized" else None
 
 
 _running = [0]
@@ -122,24 +131,6 @@ def _collected_here():
         gc.collect(1)  # what the model allocated: young, as no collection ran meanwhile
 
 
-def _process(process: Callable, worker, path: str, target: str, options: dict,
-             files: dict[str, bytes] | None, stopped: _Stopped):
-    if files is None:
-        return process(path, target, options, stopped), None
-    with tempfile.TemporaryDirectory(prefix="egraph-opt-", dir=worker.local_directory) as folder:
-        for name, data in files.items():
-            os.makedirs(os.path.dirname(os.path.join(folder, "in", name)), exist_ok=True)
-            with open(os.path.join(folder, "in", name), "wb") as f:
-                f.write(data)
-        os.mkdir(os.path.join(folder, "out"))
-        local = os.path.join(folder, "out", os.path.basename(target))
-        record = process(os.path.join(folder, "in", os.path.basename(path)), local,
-                         dict(options, force=True, run=""), stopped)
-        outputs = {name: Path(folder, "out", name).read_bytes()
-                   for name in os.listdir(os.path.join(folder, "out"))}
-    return record, outputs if record["status"] == "optimized" else None
-
-
 def _files(path: str) -> dict[str, bytes]:
     """The model's bytes and its external data files', by name relative to its folder; a model
     that cannot be read goes alone, for its worker to report what is wrong with it."""
@@ -149,8 +140,7 @@ def _files(path: str) -> dict[str, bytes]:
     files = {}
     for name in names:
         with contextlib.suppress(OSError):  # a missing model too: the worker says so
-            with open(os.path.join(os.path.dirname(path), name), "rb") as f:
-                files[name] = f.read()
+            files[name] = Path(os.path.dirname(path), name).read_bytes()
     return files
 
 
@@ -210,9 +200,8 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
         raise Failure("--cluster needs Dask distributed: pip install 'egraph-opt[cluster]'") from None
     with contextlib.ExitStack() as stack:
         client = _connect(address, stack)
-        options = _share_database(client, options)
+        options = dict(_share_database(client, options), same_is_ours=True)  # targets checked absent first
         waiting, running, count = iter(targets.items()), {}, itertools.count()
-        options = dict(options, same_is_ours=True)  # each target is checked absent before submitting
         finished = as_completed()
 
         def submit() -> None:
@@ -240,7 +229,7 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
                 done(_outcome(future, path, targets[path], options))
                 submit()
         except KeyboardInterrupt:
-            Event(_stop_event(options), client=client).set()
+            Event(_named("stop", options), client=client).set()
             client.cancel([f for f in running if f.status != "finished"], force=True)
             for future, path in running.items():
                 if future.status == "finished":  # its output is written: so is its record
@@ -262,14 +251,14 @@ def _share_database(client, options: dict) -> dict:
             warnings.warn(f"profile database unusable, using static latency estimates: {e}",
                           ProfileDBWarning, stacklevel=3)
             return dict(options, profile_db=None)
-        client.register_plugin(ProfileFile(seed), name=_plugin(options))
+        client.register_plugin(ProfileFile(seed), name=_named("profile", options))
     return options
 
 
 def _merge(client, options: dict) -> None:
     """The rows each worker measured, into the user's database in one transaction; then the
     workers drop their files."""
-    rows = [r for found in client.run(_new_rows, _plugin(options), on_error="ignore").values()
+    rows = [r for found in client.run(_new_rows, _named("profile", options), on_error="ignore").values()
             if isinstance(found, list) for r in found]
     try:
         with ProfileDB(options["profile_db"]) as db:
@@ -277,4 +266,4 @@ def _merge(client, options: dict) -> None:
     except UNUSABLE as e:  # the batch's outputs and report matter more than these timings
         warnings.warn(f"{len(rows)} latencies measured by the workers not merged: {e}",
                       ProfileDBWarning, stacklevel=2)
-    client.unregister_worker_plugin(_plugin(options))
+    client.unregister_worker_plugin(_named("profile", options))

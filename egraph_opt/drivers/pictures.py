@@ -18,7 +18,7 @@ import torch
 from ..lang import pattern as pat
 from ..lang.ops import OPS
 from ..lang.term import Term, postorder, pretty
-from .tables import Table
+from .tables import Table, clip
 from .usage import find_dot, require
 
 DOT_SECONDS = 20  # a layout that takes longer is abandoned for the summary
@@ -98,10 +98,9 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
         rows = [[c, len(classes[c]), ", ".join(sorted({n.op for n in classes[c]}))] for c in biggest]
         summary = Table(f"{len(keep)} e-classes, {nodes} e-nodes: too many to draw (max_nodes="
                         f"{max_nodes}); egraph_picture(ex, around=<id>) draws one neighbourhood",
-                        ["e-class", "e-nodes", "ops"], rows, "the largest e-classes")
+                        ["e-class", "e-nodes", "ops"], rows, note="the largest e-classes")
         return TextPicture(str(summary))
     lines = ["digraph egraph {", "compound=true; rankdir=TB; node [shape=box, style=rounded, fontsize=10];"]
-    first = {c: f"{c}_0" for c in keep}
     for cid in sorted(keep):
         lo, hi = ex.snap.ranges.get(cid, (-float("inf"), float("inf")))
         root = cid in ex.root_classes
@@ -115,7 +114,7 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
         for i, node in enumerate(classes[cid]):
             for child in node.children:
                 if child in keep:
-                    lines.append(f"{_q(f'{cid}_{i}')} -> {_q(first[child])} [lhead={_q('cluster_' + child)}];")
+                    lines.append(f"{_q(f'{cid}_{i}')} -> {_q(child + '_0')} [lhead={_q('cluster_' + child)}];")
     return render("\n".join(lines + ["}"]), text)
 
 
@@ -141,17 +140,16 @@ def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_
     new in the output, grey: gone from the input)."""
     numbers = pat.structural_ids(before + after)
     sides = {"before": before, "after": after}
-    keys = {side: {numbers[id(t)] for t in postorder(roots)} for side, roots in sides.items()}
+    keys = {side: {numbers[id(t)]: t for t in postorder(roots)} for side, roots in sides.items()}
     fallback = "\n".join(f"{side}: " + "; ".join(pretty(r) for r in roots) for side, roots in sides.items())
     if sum(len(k) for k in keys.values()) > max_nodes:
         return TextPicture(f"programs too large to draw (max_nodes={max_nodes})\n{fallback}")
     lines = ["digraph programs {", "rankdir=BT; node [shape=box, style=rounded, fontsize=10];"]
-    for side, roots in sides.items():
+    for side in sides:
         other = keys["after" if side == "before" else "before"]
         color = CHANGED if side == "after" else REMOVED
         lines.append(f"subgraph cluster_{side} {{ label={_q(side)};")
-        for k in sorted(keys[side]):
-            term = next(t for t in postorder(roots) if numbers[id(t)] == k)
+        for k, term in sorted(keys[side].items()):
             fill = f', style="rounded,filled", fillcolor="{color}"' if k not in other else ""
             label = _label(term) if OPS[term.op].is_leaf else term.op
             lines.append(f"{side}_{k} [label={_q(label)}{fill}];")
@@ -180,10 +178,8 @@ def precision_errors(fn, args, dtypes=("float32", "bfloat16", "float16")) -> Tab
     """Error against the float64 truth of the original and the optimized program (``fn`` an
     optimized function) with the inputs cast to each dtype."""
     truth = fn.fn(*[a.double() for a in args]).double()
-    rows = []
-    for name in dtypes:
-        cast = [a.to(getattr(torch, name)) for a in args]
-        rows.append([name, relative_error(fn.fn(*cast), truth), relative_error(fn(*cast), truth)])
+    casts = {name: [a.to(getattr(torch, name)) for a in args] for name in dtypes}
+    rows = [[name, relative_error(fn.fn(*c), truth), relative_error(fn(*c), truth)] for name, c in casts.items()]
     return Table("relative error against float64", ["dtype", "original", "optimized"], rows)
 
 
@@ -215,9 +211,8 @@ def waterfall_figure(report):
     nodes = report.nodes
     fig = _figure(6.4, 0.35 * len(nodes) + 1.2)
     ax = fig.add_subplot()
-    labels = [n.text if len(n.text) <= 40 else n.text[:37] + "..." for n in nodes]
     ax.barh(range(len(nodes)), [n.error_bits for n in nodes], color="#ef6c00")
-    ax.set_yticks(range(len(nodes)), labels, fontsize=8)
+    ax.set_yticks(range(len(nodes)), [clip(n.text, 40) for n in nodes], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("bits of output error from this node's rounding")
     total = f"worst {report.error.worst:.1f} bits" if report.error else "not estimable"

@@ -55,9 +55,8 @@ class Report:
         lines += [f"[RANGES] {hint}" for hint in self.ranges]
         lines.append(f"[OPS] before: {_counts(self.ops_before)}")
         lines.append(f"[OPS] after:  {_counts(self.ops_after)}")
-        for part in ("curvature", "latency"):
-            if part in self.cost_before:
-                lines.append(f"[COST] {part}: {self.cost_before[part]} -> {self.cost_after[part]}")
+        lines += [f"[COST] {part}: {self.cost_before[part]} -> {self.cost_after[part]}"
+                  for part in ("curvature", "latency") if part in self.cost_before]
         if self.latency:
             before, after, where, (timed, seconds, busy) = self.latency
             lines.append(f"[LATENCY] estimated {before * 1e6:.1f} us -> {after * 1e6:.1f} us "
@@ -74,10 +73,7 @@ class Report:
         lines += [f"[SATURATION] {s}" for s in self.saturation]
         if self.seconds:
             lines.append("[TIME] " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items()))
-        if self.measured:
-            before, after = self.measured
-            lines.append(f"[MEASURED] original {before * 1e6:.1f} us, optimized {after * 1e6:.1f} us "
-                         f"({before / after:.2f}x), interleaved on the example inputs")
+        lines += self._measured()
         v = self.validation
         if v is not None:
             verdict = "passed" if v.passed else "FAILED"
@@ -89,6 +85,20 @@ class Report:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+    def _measured(self) -> list[str]:
+        """The side-by-side timing, and what accuracy a plan kept though slower cost in time."""
+        if not self.measured:
+            return []
+        before, after = self.measured
+        lines = [f"[MEASURED] original {before * 1e6:.1f} us, optimized {after * 1e6:.1f} us "
+                 f"({before / after:.2f}x), interleaved on the example inputs"]
+        if self.error and after > before and not self.fallback:  # kept for its accuracy
+            then, now = self.error
+            lines.append(f"[TRADE] accuracy bought with time: error worst {then.worst:.1f} -> "
+                         f"{now.worst:.1f} bits, mean {then.mean:.2f} -> {now.mean:.2f} bits, "
+                         f"for {after / before:.2f}x the original's time")
+        return lines
 
 
 def _counts(counts: dict[str, int]) -> str:

@@ -13,7 +13,6 @@ database): data parallel, the rows split and gathered once.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ from ..profiling.latency import MeasuredLatency, default_budget
 from ..sharding import run as runner
 from ..sharding.cost import measured_links
 from ..sharding.plan import Candidate, Search, ShardingError, search
-from .tables import Table
+from .tables import Table, clip
 
 __all__ = ["shard", "ShardedPlan", "ShardingError"]
 
@@ -46,8 +45,7 @@ def shard(fn, *example_args, mesh: int = 2, memory: int | None = None, links: di
     program, _ = capture(fn, example_args)
     budget = default_budget() if profile_budget is None else profile_budget
     latency = None if profile_db is False else MeasuredLatency.from_database(profile_db, budget_s=budget)
-    beside = Path(profile_db).expanduser().with_name("collectives.json") if profile_db else None
-    found = search(program, mesh, limits=limits, latency=latency, links=links or measured_links(beside),
+    found = search(program, mesh, limits=limits, latency=latency, links=links or measured_links(profile_db),
                    memory_limit=memory)
     return ShardedPlan(found, getattr(fn, "__name__", type(fn).__name__))
 
@@ -78,15 +76,10 @@ class ShardedPlan:
         best, cost = self.search.best, self.search.cost
         shape_of = shapes(best.roots)
         labels = _placements(best, self.search.classes)
-        rows, items = [], []
-        for t in postorder(best.roots):
-            if not t.args:
-                continue
-            cid = best.class_of[id(t)]
-            node = ENode(t.op, tuple(best.class_of[id(a)] for a in t.args), t.attrs)
-            rows.append([t.op, "x".join(map(str, shape_of[id(t)][0])) or "()", labels[id(t)],
-                         round(cost.seconds(cid, node) * 1e6, 1)])
-            items.append(t)
+        items = [t for t in postorder(best.roots) if t.args]
+        nodes = {id(t): ENode(t.op, tuple(best.class_of[id(a)] for a in t.args), t.attrs) for t in items}
+        rows = [[t.op, "x".join(map(str, shape_of[id(t)][0])) or "()", labels[id(t)],
+                 round(cost.seconds(best.class_of[id(t)], nodes[id(t)]) * 1e6, 1)] for t in items]
         return Table(f"placements over {self.mesh} devices", ["op", "shape per device", "placement",
                                                                 "predicted us"], rows, items=items)
 
@@ -106,13 +99,10 @@ class ShardedPlan:
 
     def alternatives(self, k: int = 8) -> Table:
         """The ``k`` cheapest shardings the search compares, with their predicted costs."""
-        rows, items = [], []
-        for c in self.search.candidates(k):
-            fits = self.search.memory_limit is None or c.memory <= self.search.memory_limit
-            rows.append([len(rows), round(c.seconds * 1e6, 1), round(c.comm_seconds * 1e6, 1),
-                         round(c.memory / 2**20, 2), "yes" if fits else "no",
-                         _counts(c.collectives()), _short(pretty(c.roots[0]))])
-            items.append(c)
+        items, limit = list(self.search.candidates(k)), self.search.memory_limit
+        rows = [[i, round(c.seconds * 1e6, 1), round(c.comm_seconds * 1e6, 1), round(c.memory / 2**20, 2),
+                 "yes" if limit is None or c.memory <= limit else "no", _counts(c.collectives()),
+                 clip(pretty(c.roots[0]), 110)] for i, c in enumerate(items)]
         return Table(f"shardings of {self.name} over {self.mesh} devices",
                      ["#", "predicted us", "communication us", "MiB per device", "fits",
                       "collectives", "program"], rows, note=f"chosen: {pretty(self.terms[0])}",
@@ -176,7 +166,3 @@ def _placements(best: Candidate, classes: dict) -> dict[int, str]:
 
 def _counts(found: dict[str, int]) -> str:
     return ", ".join(f"{n} {op}" for op, n in sorted(found.items())) or "none"
-
-
-def _short(text: str, width: int = 110) -> str:
-    return text if len(text) <= width else text[:width - 3] + "..."

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Callable
 
 import onnx
@@ -71,12 +72,10 @@ def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite:
     base = os.path.basename(target)
 
     def save(folder: str) -> None:
+        onnx.save_model(model, os.path.join(folder, base), save_as_external_data=external,
+                        all_tensors_to_one_file=True, location=base + ".data", size_threshold=1024)
         if external:
-            onnx.save_model(model, os.path.join(folder, base), save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=base + ".data", size_threshold=1024)
             os.chmod(os.path.join(folder, base + ".data"), new_file_mode())  # onnx makes it 0600
-        else:
-            onnx.save_model(model, os.path.join(folder, base))
     claim(save, target, [base + ".data", base] if external else [base], overwrite, run, same_is_ours)
 
 
@@ -85,8 +84,7 @@ def write_files(files: dict[str, bytes], target: str, overwrite: bool = False, r
     """Claim ``target`` from the bytes of its files (the model's base name and its data files)."""
     def save(folder: str) -> None:
         for name, data in files.items():
-            with open(os.path.join(folder, name), "wb") as f:
-                f.write(data)
+            Path(folder, name).write_bytes(data)
     base = os.path.basename(target)
     claim(save, target, sorted(files, key=lambda name: name == base), overwrite, run, same_is_ours)
 
@@ -117,17 +115,11 @@ def remove_staging(directory: str, run: str = "", before: float | None = None) -
 def _take_back_half(folder: str, directory: str) -> None:
     """Unlink the files of ``folder`` that are linked beside it, unless all of them are."""
     names = os.listdir(folder)
-    placed = [n for n in names if _same(os.path.join(folder, n), os.path.join(directory, n))]
+    placed = [n for n in names if os.path.exists(os.path.join(directory, n))
+              and os.path.samefile(os.path.join(folder, n), os.path.join(directory, n))]
     if len(placed) < len(names):
         for name in placed:
             os.unlink(os.path.join(directory, name))
-
-
-def _same(staged: str, final: str) -> bool:
-    try:
-        return os.path.samefile(staged, final)
-    except OSError:
-        return False
 
 
 def made_from(path: str, options: dict) -> str:

@@ -50,6 +50,11 @@ class Table:
                 f"<tbody>{body}</tbody></table>{note}")
 
 
+def clip(text: str, width: int = 60) -> str:
+    """``text`` cut to ``width`` characters, an ellipsis marking the cut."""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def _text(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"

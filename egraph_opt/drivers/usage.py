@@ -19,7 +19,7 @@ class MissingExtra(ImportError):
 
 
 #: each extra of pyproject.toml and the modules that show it is installed
-EXTRAS = {"onnx": ("onnx", "onnxruntime", "onnxscript"), "triton": ("triton",), "cluster": ("distributed",),
+EXTRAS = {"onnx": ("onnx", "onnxruntime", "onnxscript", "tqdm"), "triton": ("triton",), "cluster": ("distributed",),
           "report": ("matplotlib",)}
 
 

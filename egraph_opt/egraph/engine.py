@@ -305,12 +305,9 @@ class EGraph:
 
     def size(self) -> int:
         """Number of Tensor e-nodes (anchors included)."""
-        return int(sum(n for name, n in self._function_sizes() if name in BY_EGG_NAME or name == "Ref"))
-
-    def _function_sizes(self):
         out = self._run("(print-size)")
         sizes = out[-1].sizes if out and hasattr(out[-1], "sizes") else []
-        return list(sizes)
+        return int(sum(n for name, n in sizes if name in BY_EGG_NAME or name == "Ref"))
 
     def saturate(self, phase: str, *, max_iterations: int, max_enodes: int, max_seconds: float
                  ) -> Saturation:

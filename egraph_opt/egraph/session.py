@@ -119,3 +119,12 @@ def fill(classes: dict[str, list[ENode]], known: dict, value_of: Callable) -> di
             if found is not None:
                 out[cid], changed = found, True
     return out
+
+
+def reopened(egraph: EGraph, roots: list[Term]) -> Session:
+    """The session of an e-graph ``roots`` were loaded into, snapshotted as it stands: what a
+    reader of a finished optimization (its explorer, the profiler) works from."""
+    snap = egraph.snapshot()
+    class_of = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
+    return Session(egraph=egraph, snap=snap, saturation=[], class_of=class_of,
+                   root_classes=[class_of[id(r)] for r in roots], seconds={})

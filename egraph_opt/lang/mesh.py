@@ -18,6 +18,7 @@ copies, all-reducing it multiplies it by n, exactly as the collectives do on rea
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -67,17 +68,13 @@ def current() -> Device | None:
     return _current[-1] if _current else None
 
 
-class on_device:
+@contextlib.contextmanager
+def on_device(device: Device):
     """``with on_device(d):`` the mesh ops act as device ``d`` of a real mesh."""
-
-    def __init__(self, device: Device):
-        self.device = device
-
-    def __enter__(self):
-        _current.append(self.device)
-        return self.device
-
-    def __exit__(self, *exc):
+    _current.append(device)
+    try:
+        yield device
+    finally:
         _current.pop()
 
 
@@ -123,11 +120,8 @@ def all_reduce(x, n: int):
     d = _device(n)
     if d:
         return d.all_reduce(x)
-    parts = _parts(x, n)
-    total = parts[0]
-    for p in parts[1:]:
-        total = total + p
-    return total
+    first, *rest = _parts(x, n)
+    return sum(rest, first)
 
 
 def reduce_scatter(x, axis: int, n: int):

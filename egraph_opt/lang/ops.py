@@ -125,8 +125,6 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(d) for d in text.split(",")) if text else ()
 
 
-
-
 def _tensor(x, like):
     return x if isinstance(x, torch.Tensor) else torch.full((), x, dtype=like.dtype, device=like.device)
 
@@ -167,7 +165,6 @@ def gelu(x, approximate):
     """x Phi(x): it has x's sign (some CPUs' kernels return +0 at -0 and where Phi(x) underflows),
     and above 8 it is x in every dtype (some give NaN at +inf)."""
     return torch.where(x > 8, x, F.gelu(x, approximate=approximate).copysign(x))
-
 
 
 def fmod(a, b):
@@ -252,7 +249,6 @@ def log_softmax(x, axis):
     return naive_at_posinf(x, axis, torch.log_softmax(x, axis), -torch.inf)
 
 
-
 def cast(x, dtype):
     return x.to(getattr(torch, dtype))
 
@@ -290,7 +286,6 @@ def linear_act(x, weight, bias, activation):
     return OPS[op].impl(F.linear(x, weight, bias), *attrs)
 
 
-
 def _attention(q, k, v, scale: float, bias=None):
     """The definition: softmax(q k^T * scale + bias) v, with softmax's own +inf semantics; a -inf
     bias masks its score outright, as masked_fill does (an overflowed score stays masked)."""
@@ -325,12 +320,10 @@ def sdpa_guarded(q, k, v, bias, scale):
     return torch.where(w.isnan(), 0.0, w) @ v
 
 
-
 def conv2d(x, weight, bias, stride, padding, dilation, groups):
     y = F.conv2d(x, weight, None if isinstance(bias, float) else bias, parse_shape(stride),
                  parse_shape(padding), parse_shape(dilation), groups)
     return y + bias if isinstance(bias, float) else y
-
 
 
 def max_pool2d(x, kernel, stride, padding, dilation):
@@ -353,8 +346,6 @@ def logaddexp(a, b):
     return torch.logaddexp(_tensor(a, b), _tensor(b, a))
 
 
-
-
 def swish(x, beta):
     """x * sigmoid(beta x) (Swish; CLIP's quick gelu is beta = 1.702, silu beta = 1)."""
     return x * torch.sigmoid(x * beta)
@@ -372,7 +363,6 @@ def rotary(x, cos, sin):
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
-
 def nll_loss(x, target, reduction, ignore_index):
     """F.nll_loss with class indices (class axis 1): -x[target], 0 where target is ignore_index;
     "mean" divides by the count of targets not ignored (NaN when every one is)."""
@@ -383,7 +373,6 @@ def cross_entropy(x, target, reduction, ignore_index):
     """nll_loss(log_softmax(x, 1)), whose log_softmax keeps the naive quotient's value at +inf
     (+inf off the +inf logit, where torch's F.cross_entropy is NaN)."""
     return nll_loss(log_softmax(x, 1 if x.dim() > 1 else 0), target, reduction, ignore_index)
-
 
 
 def sigmoid(v: float) -> float:

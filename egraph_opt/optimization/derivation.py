@@ -66,8 +66,8 @@ class Step:
 
     def __str__(self) -> str:
         more = f" (and {len(self.together)} more roots)" if self.together else ""
-        return (f"{self.name} at {self.location}: {_short(pretty(self.rewritten))} -> "
-                f"{_short(pretty(self.result))}{more}")
+        return (f"{self.name} at {self.location}: {pretty(self.rewritten, width=70)} -> "
+                f"{pretty(self.result, width=70)}{more}")
 
 
 @dataclass
@@ -110,10 +110,6 @@ class Derivation:
 
 def _where(path: tuple) -> str:
     return "root" if len(path) == 1 else "/".join(map(str, path[1:]))
-
-
-def _short(text: str, width: int = 70) -> str:
-    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 @dataclass(frozen=True)

@@ -47,19 +47,11 @@ def _operands(pairs: list, classes: dict, bound: dict) -> Iterator[dict]:
 
 
 def _attrs(patterns, values, bound: dict) -> dict | None:
-    bound = dict(bound)
+    """``bound`` extended by matching attribute patterns to an e-node's values, as on terms."""
     for q, v in zip(patterns, values):
-        if isinstance(q, pat.Var):
-            if bound.setdefault(q.name, v) != v:
-                return None
-        elif isinstance(q, pat.Lit) and q.value != v:
+        bound = pat.match(q, v, {}, bound)
+        if bound is None:
             return None
-        elif isinstance(q, pat.Prim):
-            try:
-                if pat.instantiate(q, bound) != v:
-                    return None
-            except (KeyError, ArithmeticError):
-                pass  # not computable yet: a wildcard, as pattern.match treats it
     return bound
 
 

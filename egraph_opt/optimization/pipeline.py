@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from . import templates as tmpl
-from .derivation import Derivation, derive
+from .derivation import Derivation, derive, term_classes
 from .piecewise import derive_piecewise, piecewise
 from ..egraph.engine import EGraph, Saturation, Snapshot
 from ..egraph.session import Limits, Phase, Session, fill, saturate
@@ -20,11 +20,12 @@ from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from ..extractors.cost import LEXICOGRAPHIC
 from ..extractors.curvature import rounding_free
 from ..extractors.enumerate import alternatives
-from ..extractors.rounding_error import least_error
+from ..extractors.rounding_error import far_more_accurate, least_error
+from ..lang.ops import ELEMENTWISE
 from ..lang.program import Program
 from ..analysis.facts import Facts, class_constants
 from ..analysis.layouts import result_strides, term_strides
-from ..analysis.ranges import TOP, Interval, analyze, transfer
+from ..analysis.ranges import TOP, Interval, analyze, hull, transfer
 from ..rulesets import Family, Rule, select
 from ..lang.term import Term, infer, op_counts, postorder
 
@@ -69,8 +70,9 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     session = saturate(roots, [replace(p, rules=tuple(r for r in p.rules if r.family is not Family.SERIES))
                                for p in schedule], ranges(roots, term_meta), term_meta)
     start = time.perf_counter()
-    cost = enode_cost(session.snap, model, *class_shapes(session.snap, roots, term_meta, session.class_of,
-                                                         model.latency_of is not None))
+    facts = enode_facts(session.snap, *class_shapes(session.snap, roots, term_meta, session.class_of,
+                                                    model.latency_of is not None))
+    cost = lambda cid, node: model(facts(cid, node))  # noqa: E731 - the extractor's price of an e-node
     best, regimes, reranked = _extract(program, session, cost, rules, input_ranges, model)
     optimized, best, before, after = _never_worse(program, best, session.snap, session.class_of,
                                                   model, input_ranges, ranges, keep=reranked or bool(regimes))
@@ -89,12 +91,12 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
 
 def _extract(program: Program, session: Session, cost: Callable, rules: list[Rule],
              input_ranges: dict | None, model: CostModel) -> tuple[list[Term], list | None, bool]:
-    """(roots, regimes, re-ranked): the extracted roots, re-ranked by estimated error under the
-    stability objective, or the first of the regimes a split into regimes found (else None)."""
+    """(roots, regimes, re-ranked): the extracted roots, re-ranked by estimated error (``_rerank``),
+    or the first of the regimes a split into regimes found (else None)."""
     roots, snap, root_classes = program.roots(), session.snap, session.root_classes
     best = extract(snap.classes, root_classes, cost)
-    reranked = _least_error(program, roots, best, snap, root_classes, cost, input_ranges, program.meta()) \
-        if model.objective is Objective.STABILITY else None
+    reranked = _rerank(program, roots, best, snap, root_classes, cost, input_ranges, model) \
+        if model.objective in (Objective.STABILITY, Objective.BALANCED) else None
     best = reranked or best
     regimes = piecewise(program, roots, best, snap, root_classes, cost, input_ranges,
                         [r for r in rules if r.family is Family.SERIES],
@@ -128,24 +130,46 @@ def _wants_regimes(model: CostModel, best: list[Term], input_ranges, leaf_meta) 
     return model.objective is Objective.STABILITY
 
 
-#: the stability objective re-ranks this many of the cheapest programs of a root, for programs of
-#: at most RERANK_NODES terms and RERANK_ELEMENTS numbers (each estimate runs in float64 with derivatives)
+#: the stability and balanced objectives re-rank this many of the cheapest programs of a root, for
+#: programs of at most RERANK_NODES terms and RERANK_ELEMENTS numbers (each estimate runs in float64
+#: with derivatives)
 RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
+#: balanced: a program this many bits more accurate (sampled, worst or mean) than the cheapest wins,
+#: within the model's max_slowdown: a catastrophic error is not a trade for microseconds
+ACCURATE_BY = 8.0
 
 
-def _least_error(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
-                 root_classes: list[str], cost: Callable, input_ranges: dict | None,
-                 term_meta: dict) -> list[Term] | None:
-    """Stability: of the cheapest programs and the input, the one of least first-order error over
-    the declared ranges, which sees what per-node costs cannot (a cancellation of coinciding
-    operands, an error a later op attenuates); cost order breaks ties. None: not estimable."""
+def _sampled_meaningfully(program: Program, roots: list[Term], input_ranges: dict | None) -> bool:
+    """Whether sampled errors tell programs apart: an elementwise program (Herbie's domain), or
+    every input in a declared range. Drawn over all bit patterns, a matmul's or a reduction's
+    operands overflow it almost everywhere."""
+    return all(t.op in ELEMENTWISE for t in postorder(roots) if t.args) or \
+        all(t.attrs[0] in (input_ranges or {}) for t in program.inputs)
+
+
+def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
+            root_classes: list[str], cost: Callable, input_ranges: dict | None,
+            model: CostModel) -> list[Term] | None:
+    """Of the cheapest programs and the input, by first-order error sampled over the declared
+    ranges (or the inputs' bit patterns), which sees what per-node costs cannot (a cancellation of
+    coinciding operands, an error a later op attenuates): under stability the least error (cost
+    order breaks ties), under balanced one far more accurate within ``max_slowdown``. None: none
+    chosen, or not estimable."""
+    term_meta = program.meta()
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
+        return None
+    if model.objective is Objective.BALANCED and not _sampled_meaningfully(program, roots, input_ranges):
         return None
     if sum(math.prod(shape) for shape, _ in term_meta.values()) > RERANK_ELEMENTS:  # the input's
         return None
     found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
     candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]
-    chosen = least_error([program.with_roots({id(roots[0]): c[0]}) for c in candidates], input_ranges)
+    programs = [program.with_roots({id(roots[0]): c[0]}) for c in candidates]
+    if model.objective is Objective.STABILITY:
+        chosen = least_error(programs, input_ranges)
+    else:
+        latencies = [program_cost(c, model, input_ranges, program.leaf_meta())["latency"] for c in candidates]
+        chosen = far_more_accurate(programs, latencies, ACCURATE_BY, model.max_slowdown, input_ranges)
     return None if chosen is None else candidates[chosen]
 
 
@@ -159,7 +183,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     results, template_roots = [], []
     for group in groups:
         body, arg_leaves = tmpl.template_program(group[0], meta)
-        hulls = {leaf.attrs[0]: tmpl.hull([intervals[id(inst.args[i])] for inst in group])
+        hulls = {leaf.attrs[0]: hull(*[intervals[id(inst.args[i])] for inst in group])
                  for i, leaf in enumerate(arg_leaves)}
         result = optimize(body, schedule=schedule, input_ranges=hulls, model=model, templates=False)
         for s in result.saturation:
@@ -242,15 +266,11 @@ def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best
     quotient known to be a sigmoid is in [0, 1]), met with the extracted term's own. Both programs
     are then priced with what the extractor saw."""
     ranges = {i: snap.ranges.get(cid, TOP) for i, cid in loaded.items()}
-    of_node = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}
-    classes = dict(loaded)
-    for t in postorder(best):
-        key = (t.op, tuple(classes.get(id(a)) for a in t.args), t.attrs)
-        cid = classes[id(t)] = classes.get(id(t)) or of_node.get(key)
-        own = best_ranges[id(t)]
+    for i, cid in term_classes(snap, loaded, best).items():
+        own = best_ranges[i]
         lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
         lo, hi = max(lo, own[0]), min(hi, own[1])
-        ranges[id(t)] = (lo, hi) if lo <= hi else own
+        ranges[i] = (lo, hi) if lo <= hi else own
     return ranges
 
 
@@ -293,12 +313,6 @@ def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None
     constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
     facts = Facts(meta, strides, class_constants(snap.classes), snap.ranges, snap.dtypes, exact, constant)
     return lambda cid, node: facts(node.op, node.attrs, node.children, cid)
-
-
-def enode_cost(snap: Snapshot, model: CostModel, meta: dict, strides: dict | None = None):
-    """``cost(class id, e-node)`` for the extractor: the model's price of the e-node's facts."""
-    facts = enode_facts(snap, meta, strides)
-    return lambda cid, node: model(facts(cid, node))
 
 
 def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) -> set[str]:

@@ -15,10 +15,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 
-from ..lang.program import Program, leaves
-from ..analysis.ranges import Interval
+from ..lang.program import Program
 from ..lang.term import Term, postorder
-from torch.fx.node import map_aggregate
 
 PREFIX = "tmpl:"
 #: smaller instances (a lone Linear or ReLU) are saturated in place: a template would save little
@@ -220,10 +218,6 @@ def instantiate(template_roots: list[Term], inst: Instance, args: list[Term],
     return [new[id(r)] for r in template_roots]
 
 
-def hull(intervals: list[Interval]) -> Interval:
-    return min(i[0] for i in intervals), max(i[1] for i in intervals)
-
-
 def outer_program(program: Program, groups: list[list[Instance]], meta: dict
                   ) -> tuple[Program, list[Term]]:
     """The program with every instance's outputs as leaves, and every instance's arguments as
@@ -245,13 +239,8 @@ def outer_program(program: Program, groups: list[list[Instance]], meta: dict
 
 def _rewrite(program: Program, rewrite) -> Program:
     """The program with all its terms (outputs, opaque operands) rewritten in one pass."""
-    found = [x for x in leaves((program.outputs, [(c.args, c.kwargs) for c in program.opaque.values()]))
-             if isinstance(x, Term)]
-    new = {id(old): t for old, t in zip(found, rewrite(found))}
-    swap = lambda x: new[id(x)] if isinstance(x, Term) else x  # noqa: E731
-    opaque = {n: replace(c, args=map_aggregate(c.args, swap), kwargs=map_aggregate(c.kwargs, swap))
-              for n, c in program.opaque.items()}
-    return replace(program, outputs=map_aggregate(program.outputs, swap), opaque=opaque)
+    found = program.roots()
+    return program.with_roots({id(old): t for old, t in zip(found, rewrite(found))})
 
 
 def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[Term]],

@@ -29,7 +29,7 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..lang.term import postorder
-from ..analysis.facts import Facts
+from ..analysis.facts import Facts, NodeFacts
 from ..analysis.layouts import layout_attr
 from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning, Record, shape_key
 from .profiler import (PRICED, Case, Work, attr_names, device_name, machine_busy, profile_shapes,
@@ -216,7 +216,7 @@ PROFILE_CALLS = 9
 
 @dataclass
 class MeasuredLatency:
-    """Callable ``(op, attrs, shapes, dtype) -> (units, source)`` for ops the profiler knows. A
+    """Callable ``(NodeFacts) -> (units, source)`` for ops the profiler knows. A
     shape the database has not measured is timed now and recorded while ``budget_s`` lasts (the
     database's rule: what is not there is profiled and added), so a second call measures nothing."""
     db: ProfileDB | None  # None once it failed: static estimates from then on
@@ -245,11 +245,10 @@ class MeasuredLatency:
             _without_database(e)
             return None
 
-    def __call__(self, op: str, attrs: tuple, shapes: tuple, dtype: str, layouts: tuple = (),
-                 kernel=None) -> tuple[int, str] | None:
-        """Units and source of the op's torch implementation, or of ``kernel`` (a registry
-        kernel: its own rows, ``Kernel.db_backend``), on operands of these shapes and ``layouts`` (per
-        operand, analysis/layouts.py; () when all are contiguous)."""
+    def __call__(self, n: NodeFacts, kernel=None) -> tuple[int, str] | None:
+        """Units and source of node ``n``'s op's torch implementation, or of ``kernel`` (a registry
+        kernel: its own rows, ``Kernel.db_backend``), on operands of its shapes and layouts."""
+        op, attrs, shapes, dtype, layouts = n.op, n.attrs, n.shapes, n.dtype, n.layouts
         if op not in PRICED or self.db is None:
             return None
         backend = "torch" if kernel is None else kernel.db_backend
@@ -293,7 +292,7 @@ def sources(program, latency: MeasuredLatency | None) -> tuple[float, dict[str, 
         if not t.args:
             continue
         n = facts.of(t)
-        found = latency(n.op, n.attrs, n.shapes, n.dtype, n.layouts) if latency else None
+        found = latency(n) if latency else None
         if found:
             total += found[0] * UNIT_S
             where[found[1]] += 1

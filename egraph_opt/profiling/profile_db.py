@@ -9,7 +9,8 @@ catch `UNUSABLE`.
 
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:
-...     db.add(Record("exp", "torch", "cpu: test", "float32", ((4, 4),), {}, 10, 2e-6, 1e-7))
+...     db.add(Record(kernel="exp", backend="torch", device="cpu: test", dtype="float32",
+...                   shapes=((4, 4),), attrs={}, runs=10, median_s=2e-6, spread_s=1e-7))
 ...     db.lookup("exp", "torch", "cpu: test", "float32", ((4, 4),), {}).median_s
 2e-06
 """
@@ -108,7 +109,7 @@ def shape_key(shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> s
         raise ValueError(f"attributes {attrs!r} are not JSON values: {e}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Record:
     """One measurement: a kernel at one shape on one device, timed over `runs` runs."""
     kernel: str
@@ -131,9 +132,10 @@ class Record:
 def _from_row(row) -> Record:
     kernel, backend, device, dtype, key, runs, median_s, spread_s, versions, recorded_at = row
     params = json.loads(key)
-    return Record(kernel, backend, device, dtype, tuple(tuple(s) for s in params["shapes"]),
-                  params["attrs"], runs, median_s, spread_s,
-                  json.loads(versions), recorded_at)
+    return Record(kernel=kernel, backend=backend, device=device, dtype=dtype,
+                  shapes=tuple(tuple(s) for s in params["shapes"]), attrs=params["attrs"], runs=runs,
+                  median_s=median_s, spread_s=spread_s, versions=json.loads(versions),
+                  recorded_at=recorded_at)
 
 
 def _identity(r: Record) -> tuple:
@@ -157,7 +159,8 @@ def _foreign_reason(path: Path) -> tuple[str | None, bool]:
     except sqlite3.DatabaseError as e:
         if e.sqlite_errorcode not in _CORRUPT_CODES:
             raise  # locked, busy, unreadable: a problem of access, not of the file
-        head = _first_page(path)
+        with open(path, "rb") as f:  # SQLite's header and first page (read only once SQLite refused
+            head = f.read(1 << 16)  # the file: no connection here then holds locks a close could drop)
         if not head.startswith(_SQLITE_HEADER):
             return "not an SQLite database", False
         ours = int.from_bytes(head[68:72], "big") == APPLICATION_ID or _OUR_TABLE_SQL in head
@@ -172,14 +175,6 @@ def _foreign_reason(path: Path) -> tuple[str | None, bool]:
 
 
 _OUR_TABLE_SQL = f"CREATE TABLE {_TABLE} (".encode()  # in the schema on page 1 of a database of ours
-
-
-def _first_page(path: Path) -> bytes:
-    """The file's first 64 KiB, which hold SQLite's header and its first page (read only where
-    SQLite refused the file: no connection of this process then holds locks on it that a close
-    could drop)."""
-    with open(path, "rb") as f:
-        return f.read(1 << 16)
 
 
 def _set_aside(path: Path, reason: str) -> None:
@@ -303,11 +298,8 @@ class ProfileDB:
     def lookup(self, kernel: str, backend: str, device: str, dtype: str,
                shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Record | None:
         """The newest record of exactly this shape, or None."""
-        row = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM {_TABLE} WHERE kernel=? AND backend=? AND device=? AND dtype=? "
-            "AND shape_key=? ORDER BY id DESC LIMIT 1",
-            (kernel, backend, device, dtype, shape_key(shapes, attrs))).fetchone()
-        return _from_row(row) if row else None
+        key = shape_key(shapes, attrs)
+        return next((r for r in self.records(kernel, backend, device, dtype) if r.shape_key == key), None)
 
     def since(self, row_id: int = 0) -> tuple[list[Record], int]:
         """The records added after row ``row_id``, oldest first, and the last row's id: to copy

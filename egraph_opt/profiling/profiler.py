@@ -341,8 +341,9 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         if kernel is not None and kernel.takes is not None:
             tensors = [kernel.takes(t) for t in tensors]
         timing = time_kernel(impl, [*tensors, *attrs], device, repeats=repeats)
-        records.append(Record(case.op, backend, where, case.dtype, case.shapes, dict(case.attrs),
-                              timing.runs, timing.median_s, timing.spread_s))
+        records.append(Record(kernel=case.op, backend=backend, device=where, dtype=case.dtype,
+                              shapes=case.shapes, attrs=dict(case.attrs), runs=timing.runs,
+                              median_s=timing.median_s, spread_s=timing.spread_s))
         db.add(records[-1])
     return records
 

@@ -14,9 +14,12 @@ a constraint, not a price: ``plan.py`` takes the cheapest program that fits.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ..analysis.facts import Facts, class_constants
 from ..extractors.cost import CostModel, Objective
@@ -42,9 +45,8 @@ class Link:
         return self.alpha_s * (n - 1) + self.beta_s * nbytes * 2 * (n - 1) / n
 
 
-#: gloo over loopback on this machine (2 CPU cores shared with other jobs), 2 processes, float32,
-#: 4 KB - 8 MB, the quickest of 30 runs: ``egraph-opt profile --collectives --repeats 30`` fitted
-#: these on 2026-11-25 (reduce_scatter runs as an all-reduce kept in part: gloo has none on CPU)
+#: gloo over loopback, 2 processes, as ``egraph-opt profile --collectives`` fits them (reduce_scatter
+#: runs as an all-reduce kept in part: gloo has none on CPU)
 DEFAULT_LINKS = {
     "all_gather": Link(alpha_s=394e-6, beta_s=0.93e-9),
     "all_reduce": Link(alpha_s=418e-6, beta_s=1.14e-9),
@@ -52,14 +54,14 @@ DEFAULT_LINKS = {
 }
 
 
-def links_path() -> Path:
-    """Beside the latency database: collectives.json."""
-    return default_path().with_name("collectives.json")
+def links_path(db=None) -> Path:
+    """collectives.json, beside the latency database ``db`` (default: the user's)."""
+    return (Path(db).expanduser() if db else default_path()).with_name("collectives.json")
 
 
-def measured_links(path: Path | None = None) -> dict[str, Link]:
-    """The links ``egraph-opt profile --collectives`` wrote, else the defaults."""
-    path = Path(path) if path else links_path()
+def measured_links(db=None) -> dict[str, Link]:
+    """The links ``egraph-opt profile --collectives`` wrote beside ``db``, else the defaults."""
+    path = links_path(db)
     if not path.exists():
         return dict(DEFAULT_LINKS)
     try:
@@ -69,8 +71,8 @@ def measured_links(path: Path | None = None) -> dict[str, Link]:
         raise ValueError(f"{path}: not a collectives file written by egraph-opt profile ({e})") from None
 
 
-def save_links(links: dict[str, Link], path: Path | None = None) -> Path:
-    path = Path(path) if path else links_path()
+def save_links(links: dict[str, Link], db=None) -> Path:
+    path = links_path(db)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{os.getpid()}")  # whole or not at all
     staging.write_text(json.dumps({k: asdict(v) for k, v in links.items()}, indent=1))
@@ -80,10 +82,7 @@ def save_links(links: dict[str, Link], path: Path | None = None) -> Path:
 
 def nbytes(meta: tuple) -> int:
     shape, dtype = meta
-    count = 1
-    for d in shape:
-        count *= d
-    return count * dtype.itemsize
+    return math.prod(shape) * dtype.itemsize
 
 
 @dataclass
@@ -156,15 +155,11 @@ def fit_links(timings: list[tuple], n: int = 2) -> dict[str, Link]:
         rows = [(b, s) for c, b, s in timings if c == name and s > 0]
         if len(rows) < 2:
             continue
-        # minimize sum ((alpha + beta b) / s - 1)^2: normal equations of a 2-variable fit
-        p = sum(1 / s ** 2 for _, s in rows)
-        q = sum(b / s ** 2 for b, s in rows)
-        r = sum(b * b / s ** 2 for b, s in rows)
-        u = sum(1 / s for _, s in rows)
-        v = sum(b / s for b, s in rows)
-        det = p * r - q * q
-        alpha, beta = (u * r - q * v) / det, (p * v - q * u) / det
+        terms = np.array([(1 / s, b / s) for b, s in rows])  # (alpha + beta b) / s should be 1
+        alpha, beta = map(float, np.linalg.lstsq(terms, np.ones(len(rows)), rcond=None)[0])
         if alpha < 0 or beta < 0:  # one term explains it: the other is 0
-            alpha, beta = (0.0, v / r) if alpha < 0 else (u / p, 0.0)
-        out[name] = Link(alpha / (n - 1), beta * n / (2 * (n - 1)))
+            alone = terms[:, int(alpha < 0)]
+            best = float(alone.sum() / (alone @ alone))
+            alpha, beta = (0.0, best) if alpha < 0 else (best, 0.0)
+        out[name] = Link(alpha_s=alpha / (n - 1), beta_s=beta * n / (2 * (n - 1)))
     return out

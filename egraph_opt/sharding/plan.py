@@ -70,10 +70,11 @@ def search(program: Program, n: int, *, limits: Limits, latency: MeasuredLatency
     if len(roots) != 1:
         raise ShardingError(f"sharding takes a program of one output tensor, this one has {len(roots)}")
     meta = program.meta()
-    session = saturate(roots, [Phase("sharding", tuple(rules.for_mesh(n)) if n > 1 else (), limits)], None, meta)
+    phase = Phase(name="sharding", rules=tuple(rules.for_mesh(n)) if n > 1 else (), limits=limits)
+    session = saturate(roots, [phase], meta=meta)
     snap, class_of, (root,) = session.snap, session.class_of, session.root_classes
     known = {class_of[i]: m for i, m in meta.items() if i in class_of}
-    cost = MeshCost(n, class_meta(snap.classes, known), snap.classes, latency, links)
+    cost = MeshCost(n=n, meta=class_meta(snap.classes, known), classes=snap.classes, latency=latency, links=links)
     choice = {class_of[id(t)]: ENode(t.op, tuple(class_of[id(a)] for a in t.args), t.attrs)
               for t in postorder(roots)}
     original = _candidate(choice, root, cost)

@@ -5,7 +5,6 @@ its device: a shard keeps its own part, a collective calls torch.distributed.
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -13,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.elastic.utils.distributed import get_free_port as free_port
 
 from ..lang import mesh
 from ..kernels.torch_ops import TORCH
@@ -50,34 +50,53 @@ def backend_for(env: dict) -> str:
     return "nccl" if cuda else "gloo"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, n: int, port: int, roots, env, repeats: int, path: str, threads: int) -> None:
-    torch.set_num_threads(threads)
-    dist.init_process_group(backend_for(env), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=n)
+def _device(rank: int, n: int, port: int, backend: str, threads: int | None, work, args: tuple,
+            path: str) -> None:
+    """One process of the mesh: joins the group, runs ``work(n, *args)``, and device 0 keeps its
+    result at ``path`` (a file: a pipe would block this process until the caller reads it)."""
+    if threads:
+        torch.set_num_threads(threads)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     try:
-        if torch.cuda.is_available() and backend_for(env) == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-            env = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in env.items()}
-        outputs = run_here(roots, env, n)
-        times = []
-        for _ in range(repeats):  # every device starts together; a step ends when the last does
-            dist.barrier()
-            start = time.perf_counter()
-            run_here(roots, env, n)
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            times.append(float(elapsed))
-        if rank == 0:  # a file: a pipe would block this process until the caller reads it
-            torch.save(([o.cpu() if isinstance(o, torch.Tensor) else o for o in outputs], times), path)
-        dist.barrier()  # as in _time_collectives: nobody leaves while a peer still talks
+        found = work(n, *args)
+        if rank == 0:
+            torch.save(found, path)
+        dist.barrier()  # no process tears its connections down while another still uses them:
+        # gloo aborts (SIGABRT) a peer whose pair closes under it
     finally:
         dist.destroy_process_group()
+
+
+def _on_mesh(n: int, backend: str, threads: int | None, work, *args):
+    """``work(n, *args)`` on ``n`` new processes; what device 0's returned."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "result.pt")
+        mp.start_processes(_device, args=(n, free_port(), backend, threads, work, args, path), nprocs=n,
+                           join=True, start_method="spawn")
+        return torch.load(path)
+
+
+def _slowest(repeats: int, call, *args) -> list[float]:
+    """Seconds of each of ``repeats`` runs of ``call(*args)``: every device starts together, and
+    a run ends when the last device's does."""
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        call(*args)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        times.append(float(elapsed))
+    return times
+
+
+def _program(n: int, roots, env: dict, repeats: int) -> tuple[list, list[float]]:
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+        env = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in env.items()}
+    outputs = run_here(roots, env, n)
+    times = _slowest(repeats, run_here, roots, env, n)
+    return [o.cpu() if isinstance(o, torch.Tensor) else o for o in outputs], times
 
 
 def spawn(roots: list[Term], env: dict, n: int, repeats: int = 0, threads: int | None = None
@@ -86,11 +105,7 @@ def spawn(roots: list[Term], env: dict, n: int, repeats: int = 0, threads: int |
     the outputs device 0 holds (the program ends whole), and with ``repeats`` the median seconds
     of one run, timed on every device, the slowest counted."""
     threads = threads or max(1, (os.cpu_count() or 1) // n)
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "outputs.pt")
-        mp.start_processes(_worker, args=(n, free_port(), roots, env, repeats, path, threads),
-                           nprocs=n, join=True, start_method="spawn")
-        outputs, times = torch.load(path)
+    outputs, times = _on_mesh(n, backend_for(env), threads, _program, roots, env, repeats)
     return outputs, statistics.median(times) if times else None
 
 
@@ -108,40 +123,22 @@ def run_local(roots: list[Term], env: dict, n: int) -> list:
 COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576)
 
 
-def _time_collectives(rank: int, n: int, port: int, sizes, repeats: int, path: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
-    try:
-        device = device_of_this_process(n)
-        calls = {"all_gather": lambda x: device.all_gather(x, 0),
-                 "all_reduce": device.all_reduce,
-                 "reduce_scatter": lambda x: mesh.reduce_scatter(x, 0, n)}
-        found = []
-        with mesh.on_device(device):
-            for (name, call), size in ((c, s) for c in calls.items() for s in sizes):
-                x = torch.randn(size)
-                times = []
-                for _ in range(repeats + 2):  # two warm-ups
-                    dist.barrier()
-                    start = time.perf_counter()
-                    call(x)
-                    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                    times.append(float(elapsed))
-                moved = size * 4 * (n if name == "all_gather" else 1)  # the cost model's bytes
-                found.append((name, moved, min(times[2:])))  # the machine is shared: the
-                # quickest run is the link's own time, the rest other processes' interference
-        if rank == 0:
-            torch.save(found, path)
-        dist.barrier()  # no process tears its connections down while another still uses them:
-        # gloo aborts (SIGABRT) a peer whose pair closes under it
-    finally:
-        dist.destroy_process_group()
+def _collectives(n: int, sizes, repeats: int) -> list[tuple]:
+    device = device_of_this_process(n)
+    calls = {"all_gather": lambda x: device.all_gather(x, 0),
+             "all_reduce": device.all_reduce,
+             "reduce_scatter": lambda x: mesh.reduce_scatter(x, 0, n)}
+    found = []
+    with mesh.on_device(device):
+        for (name, call), size in ((c, s) for c in calls.items() for s in sizes):
+            x = torch.randn(size)
+            times = _slowest(repeats + 2, call, x)  # two warm-ups
+            moved = size * 4 * (n if name == "all_gather" else 1)  # the cost model's bytes
+            found.append((name, moved, min(times[2:])))  # the machine is shared: the quickest
+            # run is the link's own time, the rest other processes' interference
+    return found
 
 
 def profile_collectives(n: int = 2, sizes=COLLECTIVE_SIZES, repeats: int = 20) -> list[tuple]:
     """(collective, bytes, least seconds of ``repeats``) over ``n`` gloo processes here."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "timings.pt")
-        mp.start_processes(_time_collectives, args=(n, free_port(), sizes, repeats, path), nprocs=n,
-                           join=True, start_method="spawn")
-        return torch.load(path)
+    return _on_mesh(n, "gloo", None, _collectives, sizes, repeats)

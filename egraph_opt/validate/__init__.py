@@ -22,14 +22,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import KW_ONLY, dataclass, fields, is_dataclass
-from typing import Callable
-
 import operator
+from typing import Callable
 
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten as _tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ..lang import pattern
 from ..lang.ops import OPS
@@ -66,7 +65,7 @@ EXCUSED = 3.0
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
-def tree_flatten(tree) -> tuple[list, object]:
+def _flattened(tree) -> tuple[list, object]:
     """pytree's leaves and structure, a dataclass's fields included (pytree holds one whole: a
     program returning one was compared by its ``==``, which tensors refuse)."""
     def opened(x):
@@ -74,7 +73,7 @@ def tree_flatten(tree) -> tuple[list, object]:
             return type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass)
                              for f in fields(x)}
         return x
-    return _tree_flatten(tree_map(opened, tree, is_leaf=_dataclass))
+    return tree_flatten(tree_map(opened, tree, is_leaf=_dataclass))
 
 
 def _dataclass(x) -> bool:
@@ -146,12 +145,6 @@ class _Deadline(TorchFunctionMode):
         if time.perf_counter() > self.end:
             raise _OutOfTime()
         return func(*args, **(kwargs or {}))
-
-
-def _sync_of(args: tuple) -> Callable:
-    if any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args):
-        return torch.cuda.synchronize
-    return lambda: None
 
 
 #: numpy's long double, where it has a wider exponent than float64 (not on Windows or macOS arm)
@@ -236,8 +229,8 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
     if isinstance(cand, np.ndarray) and cand.dtype.kind not in "biufc":  # strings, objects
         same = cand.shape == orig.shape and np.array_equal(cand, orig)
         return same, 0.0 if same else math.inf, 0.0, "" if same else "outputs differ"
-    cand, orig = (torch.from_numpy(t) if not isinstance(t, torch.Tensor) else t for t in (cand, orig))
-    ref = orig if ref is None else torch.from_numpy(ref) if not isinstance(ref, torch.Tensor) else ref
+    cand, orig = map(torch.as_tensor, (cand, orig))
+    ref = orig if ref is None else torch.as_tensor(ref)
     if cand.shape != orig.shape or cand.dtype != orig.dtype:
         return False, math.inf, 0.0, (f"{tuple(cand.shape)} {cand.dtype} vs "
                                       f"{tuple(orig.shape)} {orig.dtype}")
@@ -249,14 +242,12 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
 
 
 def imported_reference(program: Program, feeds: dict, expected: list) -> list[np.ndarray] | None:
-    """The float64 reference of an imported model whose original runs in its own precision (ONNX
-    under onnxruntime, ``expected`` its outputs on ``feeds``, by input name), for ``judge``: the
-    imported program's terms in float64, in long double where float64 overflows (``wide_reference``).
-    Where the original is not finite it judges, as the decorator's float64 reference does, so a
-    stability fix is accepted as fixed. Only where the import is faithful: its terms in the model's
-    own precision must reproduce ``expected`` by ``judge`` (non-finite values alike), or a wrong
-    import would vouch for a candidate as wrong. None where there is none: an opaque node (its
-    semantics are the runtime's alone), terms that do not run on these inputs, or differ."""
+    """The float64 reference, for ``judge``, of an imported model that runs in its own precision
+    (ONNX under onnxruntime: ``expected`` its outputs on ``feeds``): its terms in float64 (in long
+    double where that overflows), so that a stability fix is accepted as fixed, as the decorator's
+    reference accepts it. Only where the import is faithful (its terms in the model's precision
+    reproduce ``expected``), or a wrong import would vouch for a wrong candidate; None where there
+    is none (an opaque node, terms that do not run on these inputs or that differ)."""
     outputs = leaves(program.outputs)
     if program.opaque or not all(isinstance(o, Term) for o in outputs):
         return None
@@ -306,12 +297,12 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
             budget_s: float | None = None) -> Validation:
     """Run both on their own clones of ``args`` (they draw no random numbers: capture refuses a
     program that does, and forking the process's generator would rewind other threads' draws) and
-    apply the acceptance rule, ``judge``, against the float64 reference within ``budget_s`` seconds (``REFERENCE_SECONDS``; see the module's docstring). ``wide``
-    (``wide_reference``, or a function giving it, called only where float64 overflowed) stands in
-    for the float64 reference where that is not finite. The original's run also shows which
-    arguments it writes into (``Validation.written``: the candidate cannot be compared then)."""
+    ``judge`` them against the float64 reference bounded by ``budget_s`` (``REFERENCE_SECONDS``);
+    ``wide`` (``wide_reference``, or a function giving it) stands in for it where it overflows.
+    The original's run shows which arguments it writes into (``Validation.written``)."""
     budget_s = REFERENCE_SECONDS if budget_s is None else budget_s
-    sync = _sync_of(args)
+    on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
+    sync = torch.cuda.synchronize if on_cuda else lambda: None  # queued kernels count
     with torch.no_grad():
         with torch.inference_mode(False):  # clones that count their writes (``_version``)
             clones = _clones(args)
@@ -325,7 +316,7 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
             return Validation(False, max_error=math.inf, detail="the original writes into its arguments",
                               written=written, original_s=seconds)
         cand_tree = candidate(*_clones(args))
-        (origs, spec_o), (cands, spec_c) = map(tree_flatten, (orig_tree, cand_tree))
+        (origs, spec_o), (cands, spec_c) = map(_flattened, (orig_tree, cand_tree))
         if spec_c != spec_o:
             return Validation(False, max_error=math.inf, original_s=seconds,
                               detail=f"output structure differs: {spec_c} vs {spec_o}")
@@ -349,10 +340,8 @@ def _judged(origs: list, cands: list, reference, wide, seconds: float) -> Valida
                 return Validation(False, max_error=math.inf, detail=f"output {i}: {cand!r} != {orig!r}",
                                   bounded=bounded, original_s=seconds)
             continue
-        if refs is None:  # no reference: the original is it
-            verdicts = [judge(cand, orig)]
-        elif rows is None:
-            verdicts = [judge(cand, orig, refs[i])]
+        if rows is None:  # every row against the reference (without one: the original)
+            verdicts = [judge(cand, orig, None if refs is None else refs[i])]
         else:  # the sampled rows against the reference (the original's error: on them alone),
             head = judge(cand[:rows], alone[i], refs[i])  # the others against the original
             verdicts = [head, judge(cand[rows:], orig[rows:], excused=EXCUSED * head[2])]
@@ -392,10 +381,10 @@ def _bounded_reference(original: Callable, args: tuple, origs: list, seconds: fl
     part = args if rows is None else tuple(a[:rows] if _batched(a, batch) else a for a in args)
     try:
         with _Deadline(time.perf_counter() + budget_s, sync):
-            refs, _ = tree_flatten(_reference(original, part))
+            refs, _ = _flattened(_reference(original, part))
             if rows is None:
                 return _Reference(refs)
-            alone, _ = tree_flatten(original(*_clones(part)))
+            alone, _ = _flattened(original(*_clones(part)))
     except _OutOfTime:
         return _none(f"it ran past its {budget_s:g} s bound")
     except Exception as e:  # noqa: BLE001 - the rows alone do not run (shapes fixed in the code)
@@ -404,9 +393,9 @@ def _bounded_reference(original: Callable, args: tuple, origs: list, seconds: fl
         return _none(f"the first {rows} rows alone do not run ({type(e).__name__})")
     if not all(judge(o[:rows], a, r)[0] for o, a, r in zip(origs, alone, refs) if isinstance(o, torch.Tensor)):
         return _none(f"the original on its first {rows} rows alone differs from its rows of the whole batch")
-    return _Reference(refs, rows, alone, f"float64 reference on {rows} of {batch} rows (about {estimate:.1f} s "
-                                         f"for all, over its {budget_s:g} s bound); the other rows are "
-                                         "judged against the original")
+    return _Reference(refs, rows=rows, alone=alone, bounded=f"float64 reference on {rows} of {batch} rows (about "
+                      f"{estimate:.1f} s for all, over its {budget_s:g} s bound); the other rows are judged "
+                      "against the original")
 
 
 def _batched(a, batch: int) -> bool:

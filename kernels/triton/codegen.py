@@ -10,6 +10,7 @@ the source, hence the compiled kernel, depends on the term's structure only: ``x
 from __future__ import annotations
 
 import hashlib
+import textwrap
 from dataclasses import dataclass
 
 from egraph_opt.lang.ops import OPS
@@ -157,15 +158,12 @@ def lower(root: Term) -> KernelSource:
     args = "".join(f"in{i}_ptr, " for i in range(len(inputs)))
     args += "".join(f"c{i}, " for i in range(len(consts)))
     result = name_of[id(body_root)]
+    body = "\n".join(lines)
     if reduction is None:
-        kernel = ELEMENTWISE.format(args=args, body=_indent(lines, 4), result=result)
+        kernel = ELEMENTWISE.format(args=args, body=textwrap.indent(body, " " * 4), result=result)
     else:
         identity, combine, finish = REDUCTIONS[reduction]
         masked = f"tl.where(mask, {result}, {identity})"
-        kernel = ROW_REDUCTION.format(args=args, body=_indent(lines, 8), identity=identity,
+        kernel = ROW_REDUCTION.format(args=args, body=textwrap.indent(body, " " * 8), identity=identity,
                                       combine=combine.format(v=masked), finish=finish)
     return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction, keepdim)
-
-
-def _indent(lines: list[str], spaces: int) -> str:
-    return "\n".join(" " * spaces + line for line in lines)

@@ -1,7 +1,8 @@
-"""The Core ATen opset (ops tagged ``torch.Tag.core``), which torch's decompositions reach: each
-overload lowers here or in ``lowering_aten``, is a constant of the signature (folded at capture),
-or is named in ``OPAQUE`` with the reason it stays a call. Exact compositions of the Term
-language's ops only: an op with no exact form raises ``Unsupported`` for those operands."""
+"""The Core ATen opset (ops tagged ``torch.Tag.core``), which torch's decompositions reach: the
+overloads that neither a torch spelling of their name (``lowering.lowering_of``) nor their own
+decomposition lowers. Exact compositions of the Term language's ops only: an op with no exact
+form raises ``Unsupported`` for those operands (tests/test_core_aten.py lists what stays a call,
+and why)."""
 from __future__ import annotations
 
 import functools
@@ -17,36 +18,6 @@ from ..lang.ops import shape_attr
 from ..lang.term import Term
 
 aten = torch.ops.aten
-
-#: values of shapes and constants alone: computed once per signature (``lowering._fold``)
-FOLDED = {aten.arange.start_step, aten.full.default, aten.full_like.default, aten.fill.Scalar,
-          aten.scalar_tensor.default, aten.sym_size.int, aten.sym_numel.default}
-#: core overloads lowered through their own decompositions (tests/test_core_aten.py runs each)
-DECOMPOSED = {aten.elu.default, aten.leaky_relu.default, aten._adaptive_avg_pool2d.default, aten.hardtanh.default,
-              aten.isinf.default, aten.upsample_bilinear2d.vec, aten.adaptive_avg_pool1d.default,
-              aten.max_pool3d_with_indices.default,
-              aten.native_layer_norm_backward.default, aten.native_group_norm_backward.default}
-#  why a core overload stays a call          the overloads (``packet.overload``, default if none)
-WHY_OPAQUE = {
-    "draws random numbers: the program runs untouched": "rand randn randperm",
-    "uninitialized memory: no value": "empty.memory_format empty_strided",
-    "reads memory layout (strides, storage offset), not values": "as_strided sym_stride.int sym_storage_offset sym_is_contiguous",
-    "reads a tensor's value on the host (.item())": "_local_scalar_dense",
-    "its shape depends on its operand's values": "nonzero",
-    "writes its operand or out= argument (atan2.default is lowered)": "atan2.out resize_ _native_batch_norm_legit",
-    "a gradient whose decomposition accumulates into positions, or that has none":
-        "_adaptive_avg_pool2d_backward avg_pool2d_backward convolution_backward embedding_dense_backward "
-        "max_pool2d_with_indices_backward",
-    "complex values: the Term language is real": "_fft_c2r _fft_r2c",
-    "its decomposition does more work than it (lowering.COSTLIER)": "cumsum",
-    "no op of the Term language computes it, nor does its decomposition lower":
-        "sort topk grid_sampler_2d col2im _pdist_forward _cdist_forward "
-        "_embedding_bag scatter_add scatter_reduce.two "
-        "_native_batch_norm_legit.no_stats",
-}
-OPAQUE = {getattr(getattr(aten, name.split(".")[0]), (name.split(".") + ["default"])[1]): why
-          for why, names in WHY_OPAQUE.items() for name in names.split()}
-
 
 def _bool(c, x) -> Term:
     """``x != 0`` (NaN included) as a bool tensor: what the logical ops read."""

@@ -611,7 +611,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
         passes=2, mesh="whole"),
     _op("reduce_scatter", 1, "axis:i64 n:i64", mesh.reduce_scatter, _MESH, range_rule="top",
         rounding="rounds", error="sum", passes=2),
-    # ---- the rest of the Core ATen opset's elementwise math (frontends/lowering_core.py)
+    # ---- the rest of the Core ATen opset's elementwise math (lowered as torch's functions of their names)
     _op("floor",   1, "", torch.floor,  _STEP, range_rule=math.floor, onnx="Floor"),
     _op("ceil",    1, "", torch.ceil,   _STEP, range_rule=math.ceil,  onnx="Ceil"),
     _op("round",   1, "", torch.round,  _STEP, range_rule=round,      onnx="Round"),  # half to even

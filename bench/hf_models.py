@@ -174,7 +174,8 @@ def causal_lm(name: str, c: int, layers: int) -> nn.Module | None:
     """``name``'s causal LM head model as users instantiate it (None: an encoder), random weights,
     no dropout (a program that draws runs untouched), eval mode."""
     base = instantiate(name, c=c, layers=layers)
-    head = getattr(tf, type(base).__name__.replace("Model", "ForCausalLM"), None)
+    head = next((getattr(tf, type(base).__name__.replace("Model", suffix)) for suffix in ("ForCausalLM", "LMHeadModel")
+                 if hasattr(tf, type(base).__name__.replace("Model", suffix))), None)
     if name not in CACHED or head is None:
         return None
     config = base.config

@@ -3,16 +3,17 @@ unchanged model costs over eager, and the memory each extra input signature hold
 
     python bench/plan_overhead.py [--calls 20000] [--model-calls 300] [--only NAME ...] [--length T]
 
-Key check: a 100-parameter module (50 submodules) called through the decorator against its
-plan's runner called directly, call by call, medians; the difference is the bind + key + lookup
-(goal: <= 5 us). The same for a plan that fell back (a branch on a value cannot be traced: the
-original runs), against the original called directly: what the never-slower check's fallback
-costs. Models (small ones, and those of ``hf_models.py`` at width 64, 2 layers, T=32, as users
-instantiate them, called positionally and by keyword with an attention mask): eager against the
-decorated model whose plan fell back (its capture made to fail: the original runs after the key
-check) and against its unchanged plan (no rules: the captured program as it was), interleaved
-call by call: the median of the paired ratios, and the fastest calls' ratio and difference (a
-loaded machine slows some calls, never speeds one; goal for the fallback: <= 2% over eager).
+Key check: a 100-parameter module (50 submodules) called through the decorator against what its
+plan runs (its runner, or the original where the plan changes nothing) called directly, call by
+call, medians; the difference is the bind + key + lookup (goal: <= 5 us). The same for a plan that
+fell back (a branch on a value cannot be traced: the original runs), against the original called
+directly: what the never-slower check's fallback costs. Models (small ones, and those of
+``hf_models.py`` at width 64, 2 layers, T=32, as users instantiate them, called positionally and by
+keyword with an attention mask): eager against the decorated model whose plan fell back (its
+capture made to fail: the original runs after the key check) and against its unchanged plan (no
+rules: a plan that changes nothing runs the original), interleaved call by call: the median of the
+paired ratios, and the fastest calls' ratio and difference (a loaded machine slows some calls,
+never speeds one; goal for both: <= 2% over eager).
 Memory: resident set growth over 20 extra signatures of a 3-op function (goal: <= 20 MB each),
 with and without ``keep_egraph``.
 """
@@ -68,10 +69,8 @@ def key_overhead(calls: int, fallback: bool = False) -> tuple[float, int]:
     x = torch.randn(1, 2)
     with torch.no_grad():
         f(x)
-        run = next(iter(f.plans.values())).run
-        if fallback:
-            assert f.report.fallback, "the branching module was optimized"
-            run = model
+        run = next(iter(f.plans.values())).run or model  # None: the original runs (unchanged, or fallen back)
+        assert bool(f.report.fallback) == fallback, f.report.fallback
         through, direct = [], []
         for _ in range(calls):  # interleaved calls: the machine's load hits both alike
             for target, out in ((f, through), (run, direct)):
@@ -96,7 +95,7 @@ def _fell_back(model: nn.Module, args: tuple, kwargs: dict):
 
 
 def _unchanged(model: nn.Module, args: tuple, kwargs: dict):
-    """``model`` decorated with no rules: its plan is the captured program, rebuilt."""
+    """``model`` decorated with no rules: its plan changes nothing, so the original runs."""
     f = saturate_and_extract(model, rulesets=[], profile_budget=0, validate=False)
     f(*args, **kwargs)
     return f if f.report.optimized else None
@@ -105,24 +104,27 @@ def _unchanged(model: nn.Module, args: tuple, kwargs: dict):
 def model_overhead(name: str, model: nn.Module, args: tuple, kwargs: dict, calls: int) -> None:
     """One row: eager's median per call, and the fallen-back and unchanged plans' against it."""
     with torch.no_grad():
-        variants = {"eager": model, "fallback": _fell_back(model, args, kwargs),
-                    "unchanged": _unchanged(model, args, kwargs)}
+        variants = {"fallback": _fell_back(model, args, kwargs), "unchanged": _unchanged(model, args, kwargs)}
         variants = {k: v for k, v in variants.items() if v is not None}
-        times: dict[str, list[float]] = {k: [] for k in variants}
-        for f in variants.values():
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}  # (eager, variant)
+        for f in (model, *variants.values()):
             for _ in range(3):
                 f(*args, **kwargs)
-        labels = list(variants)
-        for r in range(calls):  # interleaved call by call, the order rotating: the load hits all alike
-            for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-                f = variants[label]
-                start = time.perf_counter()
-                f(*args, **kwargs)
-                times[label].append(time.perf_counter() - start)
-    eager = times["eager"]  # paired call by call: a load that slows one round slows its pair
-    cells = [f"{label} {100 * (statistics.median(a / e for a, e in zip(t, eager)) - 1):+6.1f}% "
-             f"(fastest {100 * (min(t) / min(eager) - 1):+5.1f}%, {(min(t) - min(eager)) * 1e6:+7.1f} us)"
-             for label, t in times.items() if label != "eager"]
+        for r in range(calls):  # each variant right beside an eager call, which goes first every other
+            for label, f in list(variants.items())[::1 if r % 4 < 2 else -1]:  # round, the variants' order
+                # turning every two: the load and the caches treat them all alike
+                pair = []
+                for g in (model, f) if r % 2 else (f, model):
+                    start = time.perf_counter()
+                    g(*args, **kwargs)
+                    pair.append(time.perf_counter() - start)
+                times[label].append(tuple(pair) if r % 2 else tuple(pair[::-1]))
+    eager = [e for pairs in times.values() for e, _ in pairs]
+    cells = []
+    for label, pairs in times.items():  # the fastest of as many eager calls (of more, it would be faster)
+        v, e = min(v for _, v in pairs), min(e for e, _ in pairs)
+        cells.append(f"{label} {100 * (statistics.median(v / e for e, v in pairs) - 1):+6.1f}% (fastest "
+                     f"{100 * (v / e - 1):+5.1f}%, {(v - e) * 1e6:+7.1f} us)")
     print(f"{name:<26} eager {statistics.median(eager) * 1e3:7.3f} ms   {'   '.join(cells)}", flush=True)
 
 

@@ -156,9 +156,7 @@ def _cancellation(op: str, operands: list[Interval], result: Interval | None, dt
     roundoff where the result can be 0, else bounded by the result's distance from 0, which its
     e-class's interval proves from every equivalent form (1/x - 1/(x + 1) is 1/(x (x + 1)))."""
     apart = gap(result) if op in ("add", "sub") and result is not None else 0.0
-    if apart == 0:
-        return ALL_DIGITS
-    return _amplified((mag(operands[0]) + mag(operands[1])) / apart, dtype)
+    return ALL_DIGITS if apart == 0 else _amplified((mag(operands[0]) + mag(operands[1])) / apart, dtype)
 
 
 def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval | None = None,

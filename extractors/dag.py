@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 import heapq
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from typing import Callable
 
 from egraph_opt.egraph.engine import ENode
@@ -27,13 +27,10 @@ def _users(classes: dict[str, list[ENode]]) -> tuple[list, dict[str, list[int]],
     """Every (class, e-node); the e-nodes (by index) using each class; their distinct operands."""
     nodes = [(cid, n) for cid in classes for n in classes[cid]]
     users: dict[str, list[int]] = defaultdict(list)
-    waiting = []
     for i, (_, n) in enumerate(nodes):
-        kids = set(n.children)
-        waiting.append(len(kids))
-        for c in kids:
+        for c in set(n.children):
             users[c].append(i)
-    return nodes, users, waiting
+    return nodes, users, [len(set(n.children)) for _, n in nodes]
 
 
 def _knuth(classes: dict[str, list[ENode]], price: Callable, join: Callable
@@ -109,13 +106,8 @@ def refine(choice: dict[str, ENode], roots: list[str], classes: dict[str, list[E
     whose operands the program computes anyway (attention weights that are also returned make the
     unfused matmul cheaper than a fused kernel). Exact DAG deltas by reference counting."""
     choice = dict(choice)
-    refs: dict[str, int] = defaultdict(int)
-    for r in roots:
-        refs[r] += 1
-    for cid in _reachable(choice, roots):
-        for c in choice[cid].children:
-            refs[c] += 1
-
+    refs: dict[str, int] = defaultdict(int, Counter(roots) + Counter(
+        c for cid in _reachable(choice, roots) for c in choice[cid].children))
     for cid in _reachable(choice, roots):
         if len(classes[cid]) < 2 or refs[cid] == 0:  # no alternative, or no longer used
             continue

@@ -106,9 +106,9 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
           seed: int = 0, limit: float = math.inf) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
     without regimes), when it beats that one by ``MIN_GAIN`` mean bits and each series in it keeps
-    its truncation over its regime within ``limit`` (a tolerance); else None (one regime: a
-    series over the whole range). The program's
-    inputs must share one shape (elementwise, they are then drawn as ``POINTS`` values each)."""
+    its truncation over its regime within ``limit`` (a tolerance); else None (one regime: a series
+    over the whole range). The program's inputs must share one shape (elementwise, they are then
+    drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
     shapes = {t.attrs[1] for t in program.inputs}
     splits = [t for t in program.inputs if t.attrs[2] in ("float32", "float16", "bfloat16")]
@@ -130,8 +130,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
     chosen = None
     series = [candidates[i].bounded for i in kept]
     for t in splits:
-        x = env[t.attrs[0]][~undefined].double().numpy()
-        found = _segments(x, bits, series)
+        found = _segments(env[t.attrs[0]][~undefined].double().numpy(), bits, series)
         if found and (chosen is None or found[0] < chosen[0]):
             chosen = (*found, t)
     if chosen is None or chosen[0] / bits.shape[1] > single - MIN_GAIN:
@@ -203,8 +202,7 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
     m = len(edges)
     span = cum[:, edges][:, None, :] - cum[:, edges][:, :, None]  # (candidate, from, to)
     seg, arg = span.min(0), span.argmin(0)
-    upper = np.triu(np.ones((m, m), bool), 1)
-    seg = np.where(upper, seg, np.inf)
+    seg = np.where(np.triu(np.ones((m, m), bool), 1), seg, np.inf)  # a segment ends after it starts
     cost = [seg[0]]  # cost[s][j]: best total over points before edges[j] in s + 1 regimes
     back = [np.zeros(m, int)]
     for _ in range(1, MAX_REGIMES):
@@ -229,8 +227,7 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
         t = x[cut] if series[picks[k + 1]] else _between(x[cut - 1], x[cut], series[picks[k]])
         segments.append((picks[k], t))
         cuts.append(cut)
-    total = sum(cum[c, b] - cum[c, a] for c, a, b in zip(picks, cuts, cuts[1:]))
-    return float(total), segments
+    return float(sum(cum[c, b] - cum[c, a] for c, a, b in zip(picks, cuts, cuts[1:]))), segments
 
 
 def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> int:
@@ -241,8 +238,7 @@ def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> 
     ks = ks[x[ks - 1] < x[ks]] if len(ks) else ks
     if not len(ks):
         return edge
-    cost = cum[left, ks] + cum[right, stop] - cum[right, ks]
-    return int(ks[np.argmin(cost)])
+    return int(ks[np.argmin(cum[left, ks] + cum[right, stop] - cum[right, ks])])
 
 
 def _between(a: float, b: float, next_to_a: bool = False) -> float:

@@ -142,11 +142,16 @@ def _result_bits(value: torch.Tensor, total: torch.Tensor, dtype: torch.dtype, e
     return torch.where(value.isnan(), float(torch.finfo(dtype).bits) if overflowed else math.nan, bits)
 
 
+def elementwise(roots: list[Term]) -> bool:
+    """Whether every op of the program is elementwise: each output element's error is its own."""
+    return all(t.op in ELEMENTWISE for t in postorder(roots) if t.args)
+
+
 def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
     """Bits of error of every output element of an elementwise program, at once: where every
     value it computes from the inputs has the output's shape, d out[i] / d v[j] vanishes off
     i == j, so one backward pass gives each element's derivatives. None for any other program."""
-    if any(t.op not in ELEMENTWISE for t in postorder([root]) if t.args):
+    if not elementwise([root]):
         return None
     with torch.enable_grad():
         exact, dtype, local = _local_errors(root, env)
@@ -173,6 +178,26 @@ class ProgramError:
     by_node: dict[int, float]
 
 
+#: an elementwise program's error per element does not depend on its shape: it is sampled at
+#: this many elements
+ELEMENTWISE_SAMPLE = 256
+
+
+def sampled_small(program: Program) -> bool:
+    """Whether ``program`` is sampled at ``ELEMENTWISE_SAMPLE`` elements, not its own shapes: it is
+    elementwise, holds no parameters, and its inputs share one larger shape."""
+    shapes = {parse_shape(t.attrs[1]) for t in program.inputs}
+    return len(shapes) == 1 and not program.params and math.prod(next(iter(shapes))) > ELEMENTWISE_SAMPLE \
+        and elementwise(program.roots())
+
+
+def sampled_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
+    """(shape, dtype) each input is sampled at (``sampled_small``)."""
+    small = sampled_small(program)
+    return {t.attrs[0]: ((ELEMENTWISE_SAMPLE,) if small else parse_shape(t.attrs[1]), t.attrs[2])
+            for t in program.inputs}
+
+
 @torch.inference_mode(False)  # derivatives: a caller's inference mode would record no graph
 def program_error(program: Program, ranges: dict | None = None, *, points: int = 8,
                   seed: int = 0) -> ProgramError | None:
@@ -183,7 +208,7 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
             not getattr(torch, t.attrs[2]).is_floating_point for t in program.inputs):
         return None
     gen = torch.Generator().manual_seed(seed)
-    inputs = {t.attrs[0]: (parse_shape(t.attrs[1]), t.attrs[2]) for t in program.inputs}
+    inputs = sampled_shapes(program)
     bits, by_node = [], {}
     for _ in range(points):
         env = {**program.params, **sample_inputs(inputs, ranges or {}, gen)}

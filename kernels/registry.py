@@ -15,6 +15,7 @@ import torch
 
 from egraph_opt.lang.ops import OPS
 
+from .rewritten import REWRITTEN_KERNELS
 from .torch_ops import TORCH
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
@@ -59,21 +60,7 @@ class Kernel:
         if use.device not in self.devices:
             return f"{self.name} runs on {sorted(self.devices)}, not {use.device}"
         bad = [d for d in use.dtypes if d not in self.dtypes]
-        if bad:
-            return f"{self.name} does not take {bad[0]}"
-        return self.limits(use)
-
-
-def _reference(op: str) -> str:
-    spec = OPS[op]
-    names = [f"?x{i}" for i in range(spec.arity)] + [f"?{name}" for name, _ in spec.attrs]
-    return f"({op} {' '.join(names)})"
-
-
-def _torch_kernels() -> list[Kernel]:
-    return [Kernel(name=f"torch.{op}", reference=_reference(op), backend="torch", devices=BOTH,
-                   dtypes=ALL_DTYPES, impl=TORCH.get(op, spec.impl))
-            for op, spec in OPS.items() if not spec.is_leaf]
+        return f"{self.name} does not take {bad[0]}" if bad else self.limits(use)
 
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:
@@ -98,29 +85,24 @@ def _quiet(ufunc: np.ufunc) -> Callable:
     return kernel
 
 
-def _numpy_kernels() -> list[Kernel]:
-    return [Kernel(name=f"numpy.{op}", reference=_reference(op), backend="numpy", devices=HOST,
-                   dtypes=frozenset({"float32", "float64"}), impl=_quiet(fn), takes=to_numpy)
-            for op, fn in _NUMPY_UNARY.items()]
-
-
 def _triton_kernels() -> list[Kernel]:
     """On CUDA; on CPU only interpreted, under the test switch (``binding.usable``)."""
     from .triton import TRITON_KERNELS
     half_single = frozenset({"float16", "bfloat16", "float32"})
-    return [Kernel(name=f"triton.{op}", reference=_reference(op), backend="triton", devices=BOTH,
+    return [Kernel(name=f"triton.{op}", reference=OPS[op].reference, backend="triton", devices=BOTH,
                    dtypes=half_single | set(dtypes), impl=impl, limits=limits or (lambda use: None))
             for op, (impl, limits, dtypes) in TRITON_KERNELS.items()]
 
 
-def _rewritten_kernels() -> list[Kernel]:
-    from .rewritten import REWRITTEN_KERNELS
-    return [Kernel(name=k.name, reference=k.reference, backend="torch", devices=BOTH, dtypes=k.dtypes,
-                   impl=k.impl, limits=k.limits) for k in REWRITTEN_KERNELS]
-
-
-REGISTRY: dict[str, Kernel] = {k.name: k for k in _torch_kernels() + _rewritten_kernels()
-                               + _numpy_kernels() + _triton_kernels()}
+#: each op's own torch kernel, the torch kernels computing one by another formula, numpy's, Triton's
+REGISTRY: dict[str, Kernel] = {k.name: k for k in [
+    *(Kernel(name=f"torch.{op}", reference=spec.reference, backend="torch", devices=BOTH,
+             dtypes=ALL_DTYPES, impl=TORCH.get(op, spec.impl)) for op, spec in OPS.items() if not spec.is_leaf),
+    *(Kernel(backend="torch", devices=BOTH, **k._asdict()) for k in REWRITTEN_KERNELS),
+    *(Kernel(name=f"numpy.{op}", reference=OPS[op].reference, backend="numpy", devices=HOST,
+             dtypes=frozenset({"float32", "float64"}), impl=_quiet(fn), takes=to_numpy)
+      for op, fn in _NUMPY_UNARY.items()),
+    *_triton_kernels()]}
 #: backend -> the memory its kernels read and write
 MEMORY = {"torch": "torch", "triton": "torch", "numpy": "numpy"}
 
@@ -149,9 +131,7 @@ MOVES = {(source, target): _move(source, target) for source in MEMORY for target
          if source != target}
 
 #: op -> the names of its kernels in REGISTRY (asked per e-node: no scan of REGISTRY each time)
-_NAMES = {}
-for _name, _kernel in REGISTRY.items():
-    _NAMES.setdefault(_kernel.op, []).append(_name)
+_NAMES = {op: [name for name, k in REGISTRY.items() if k.op == op] for op in OPS}
 
 
 def kernels_for(op: str) -> list[Kernel]:

@@ -6,10 +6,9 @@ Each stability rule's purpose is checked in the tests: at an offset or tiny inpu
 right side is accurate where its left side cancels.
 """
 from . import Exactness, Family, rules, when
-from .algebra import NEVER_INF, NEVER_POSITIVE_INF as _BELOW
+from .algebra import NEVER_INF_XY as _FINITE, NEVER_POSITIVE_INF as _BELOW
 
 _E, _A = Family.STABILITY, Family.ALGEBRA
-_FINITE = NEVER_INF + NEVER_INF.rename({"x": "y"})  # ?x, ?y declared finite
 _HALF = "(const 0.5)"
 _POS = when("(positive ?x)", "(positive ?y)")
 _BELOW_Y = _BELOW.rename({"x": "y"})

@@ -5,11 +5,10 @@ Each stability rule's purpose is checked in the tests: at a huge, tiny or nearly
 float32 its right side is accurate where its left side is not.
 """
 from . import Family, rules, when
-from .algebra import F32_MAX, NEVER_INF
+from .algebra import F32_MAX, NEVER_INF, NEVER_INF_XY as _FINITE
 
 _E = Family.STABILITY
 NEVER_INF_Y = NEVER_INF.rename({"x": "y"})
-_FINITE = NEVER_INF + NEVER_INF_Y  # ?x, ?y declared finite
 
 #: -1 < x < float32's max, at each element (NaN: false): 1 + x > 0 and finite, log1p(x) defined
 _BASE_POSITIVE = f"(less (const -1.0) (minimum ?x (sub (const {F32_MAX}) ?x)))"

@@ -27,22 +27,17 @@ _HOISTED_BINARY = [op.name for op in OPS.values() if op.precision == "hoist" and
 _FLOAT32 = when('(= (dtype-of ?x) "float32")')
 
 
-def _attrs(op: str) -> str:
-    return " ".join(f"?{a}" for a, _ in OPS[op].attrs)
-
-
 def _accumulate(op: str, sample: tuple, dtype: str) -> tuple:
-    xs, attrs = [f"?x{i}" for i in range(OPS[op].arity)], _attrs(op)
-    wide = " ".join(f'(cast {x} "float32")' for x in xs)
-    return (f"{op.replace('_', '-')}-accumulate-float32-{dtype}", f"({op} {' '.join(xs)} {attrs})",
-            f'(cast ({op} {wide} {attrs}) "{dtype}")', when(f'(= (dtype-of ?x0) "{dtype}")'), {"sample": sample},
+    wide = "".join(f' (cast ?x{i} "float32")' for i in range(OPS[op].arity))
+    return (f"{op.replace('_', '-')}-accumulate-float32-{dtype}", OPS[op].reference,
+            f'(cast ({op}{wide}{OPS[op].attr_vars}) "{dtype}")', when(f'(= (dtype-of ?x0) "{dtype}")'), {"sample": sample},
             f"accumulate {dtype} {op} in float32")
 
 
 def _hoist(op: str, sample: tuple, dtype: str) -> tuple:
-    attrs = _attrs(op)
-    return (f"{op.replace('_', '-')}-before-rounding-{dtype}", f'({op} (cast ?x "{dtype}") {attrs})',
-            f'(cast ({op} ?x {attrs}) "{dtype}")', _FLOAT32, {"sample": sample},
+    attrs = OPS[op].attr_vars
+    return (f"{op.replace('_', '-')}-before-rounding-{dtype}", f'({op} (cast ?x "{dtype}"){attrs})',
+            f'(cast ({op} ?x{attrs}) "{dtype}")', _FLOAT32, {"sample": sample},
             f"compute {op} before rounding to {dtype}")
 
 

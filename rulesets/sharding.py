@@ -34,10 +34,6 @@ _LINEAR = (("x", (4, 6)), ("w", (8, 6)), ("b", (8,)))
 _N = (("n", MESH),)
 
 
-def _attrs(op: str) -> str:
-    return "".join(f" ?{a}" for a, _ in OPS[op].attrs)
-
-
 def _whole(*texts: str) -> tuple[str, ...]:
     """A value is split only where every device holds it whole: ``(whole ?v)`` for each ``?v``
     a shard takes (splitting a part again, or gathering it, would mix devices' parts)."""
@@ -57,8 +53,8 @@ _SAME_SPAN = "(= (axis-size ?x ?a) (axis-size ?y ?a))"
 
 def _elementwise() -> list[Rule]:
     """Elementwise ops follow the placement of their operands."""
-    out = [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x{_attrs(op)}) ?a ?n)",
-                 f"({op} (shard ?x ?a ?n){_attrs(op)})",
+    out = [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x{OPS[op].attr_vars}) ?a ?n)",
+                 f"({op} (shard ?x ?a ?n){OPS[op].attr_vars})",
                  sample=[(k, v) for k, v in OPS[op].sample if k in dict(OPS[op].attrs)])
            for op in UNARY_ELEMENTWISE]
     for op in BINARY_ELEMENTWISE:  # one operand sharded, the other whole (a constant, or one the
@@ -87,7 +83,7 @@ def _along_other_axes() -> list[Rule]:
     the end, as the capture writes them: a positive one is another spelling, never matched)."""
     out = []
     for op in REDUCTIONS:
-        name, rest = op.replace("_", "-"), _attrs(op).replace(" ?axis ?keepdim", "")
+        name, rest = op.replace("_", "-"), OPS[op].attr_vars.replace(" ?axis ?keepdim", "")
         out += [
             _rule(f"shard-into-{name}-kept", f"(shard ({op} ?x ?r true{rest}) ?a ?n)",
                   f"({op} (shard ?x ?a ?n) ?r true{rest})", when=("(!= ?a ?r)", "(< ?r 0)")),

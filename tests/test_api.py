@@ -66,6 +66,50 @@ def test_a_parameter_left_to_its_default_and_one_given_get_plans_of_their_own(co
     assert len(compiles) == 2
 
 
+def test_a_call_by_keyword_runs_the_last_plan_only_where_its_names_bind_as_before(compiles):
+    """The last plan runs again on one check of the tensors whether they come by position or by
+    keyword; the same names in another order, or split otherwise between position and keyword,
+    bind again (the check pairs tensors with parameters by where they stand)."""
+    def f(x, y):
+        return torch.exp(x) - y
+
+    g = saturate_and_extract(f)
+    a, b = torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(g(x=a, y=b), f(a, b))
+    bind, binds = g._bind, []
+    g._bind = lambda args, kwargs: binds.append(kwargs) or bind(args, kwargs)
+    torch.testing.assert_close(g(x=b, y=a), f(b, a))
+    assert binds == []  # run on the check alone
+    torch.testing.assert_close(g(y=b, x=a), f(a, b))
+    torch.testing.assert_close(g(a, y=b), f(a, b))
+    torch.testing.assert_close(g(a, b), f(a, b))
+    assert len(binds) == 3 and len(compiles) == 2  # the keyword calls share one plan
+
+
+def test_a_program_no_rule_changes_runs_as_the_original_itself():
+    """A rebuilt copy of the program it captured, on torch's or numpy's kernels, gains nothing over the
+    original, which runs instead; a program a rule changes runs its plan."""
+    x = torch.randn(4, 8)
+    same = saturate_and_extract(naive_softmax, rulesets=[])
+    torch.testing.assert_close(same(x), naive_softmax(x))
+    (plan,) = same.plans.values()
+    assert plan.run is None and same.report.optimized and not same.report.rewrites and not same.report.kernels
+    changed = saturate_and_extract(naive_softmax)
+    torch.testing.assert_close(changed(x), naive_softmax(x))
+    (plan,) = changed.plans.values()
+    assert plan.run is not None and changed.report.rewrites
+
+
+def test_a_captured_program_bound_to_a_triton_kernel_runs_its_plan(monkeypatch):
+    """No rule changes it, but the kernel chosen for its op is not the one the original calls."""
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    f = saturate_and_extract(lambda x: torch.softmax(x, -1), rulesets=[], profile_budget=0)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    (plan,) = f.plans.values()
+    assert plan.run is not None and "triton.softmax" in f.report.kernels, f.report
+
+
 def test_two_lists_of_weights_whose_items_move_between_them_get_plans_of_their_own():
     first, second = [torch.randn(4)], [torch.randn(4), torch.randn(4)]
     g = saturate_and_extract(lambda x: x * first[-1] + second[0])
@@ -190,3 +234,23 @@ def test_cuda_tensors_run_on_the_device():
     out = f(x)
     assert out.device.type == "cuda"
     torch.testing.assert_close(out, torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize("matched, accurate", [
+    ({"rms-norm-fuse": 5, "rotary-fuse-x-cos-rotated-sin": 4}, False),  # fusions alone: no accuracy
+    ({"rms-norm-fuse": 5, "log1p-from-log": 0}, False),  # a rule that matched nothing counts not
+    ({"rms-norm-fuse": 5, "log1p-from-log": 1}, True),
+    ({"a-rule-of-the-users": 1}, True),  # not in the catalogue: unknown, so it may be one
+])
+def test_an_incomplete_derivation_counts_for_accuracy_only_where_an_accuracy_rule_matched(matched, accurate):
+    """A Llama decode step whose rms_norm and rotary fusions were not replayed in full was kept
+    though measured slower, as if it bought accuracy: an incomplete replay is no evidence of it."""
+    from types import SimpleNamespace
+
+    from egraph_opt.egraph.engine import Saturation
+    from egraph_opt.optimization.derivation import Derivation
+    from egraph_opt.rulesets import catalogue
+    assert catalogue()["log1p-from-log"].family in api.ACCURATE_FAMILIES
+    result = SimpleNamespace(derivation=Derivation(complete=False),
+                             saturation=[Saturation("saturate", matches=matched)])
+    assert api.for_accuracy(result) is accurate

@@ -173,3 +173,13 @@ def test_max_slowdown_is_a_factor_of_at_least_one():
     with pytest.raises(ValueError, match="max_slowdown must be a factor >= 1, not 0.5"):
         saturate_and_extract(_root_difference, max_slowdown=0.5)
 
+
+
+def test_a_large_elementwise_program_is_sampled_small_and_still_made_accurate():
+    """Per-element error does not depend on the shape: 100,000 elements are judged on 256, so the
+    default's accuracy-first rule is not bounded by the input's size."""
+    f = saturate_and_extract(_root_difference, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        f(torch.rand(100_000) * 10 + 1)
+    assert [name for name, _, _ in f.report.rewrites] == ["sqrt-difference"]

@@ -85,14 +85,14 @@ def test_softmax_inner_axis(name):
 @pytest.mark.parametrize("axis, keepdim", [(-1, False), (0, True)])
 def test_logsumexp(n, dtype, axis, keepdim):
     x = randn(n, 3, dtype=dtype, scale=4.0) if axis == 0 else randn(3, n, dtype=dtype, scale=4.0)
-    check(K.logsumexp(x, axis, keepdim), ops.logsumexp(x.double(), axis, keepdim), dtype,
+    check(K.logsumexp(x, axis, keepdim), torch.logsumexp(x.double(), axis, keepdim), dtype,
           f"logsumexp n={n}")
 
 
 def test_logsumexp_stays_finite_where_the_naive_form_overflows():
     x = torch.tensor([[1e4, 1e4 - 1.0, -1e4], [-1e4, -1e4, -1e4]])
     assert torch.isinf(torch.log(torch.exp(x).sum(-1))).all()
-    check(K.logsumexp(x, -1, False), ops.logsumexp(x.double(), -1, False), torch.float32)
+    check(K.logsumexp(x, -1, False), torch.logsumexp(x.double(), -1, False), torch.float32)
 
 
 # ---- cross entropy ------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_row_kernels_keep_the_ops_values_at_the_extremes():
     target = torch.tensor([3, 0, 1300, 2, 7, 1])
     for name in ("softmax", "log_softmax"):
         torch.testing.assert_close(getattr(K, name)(x, -1), getattr(ops, name)(x, -1), equal_nan=True)
-    torch.testing.assert_close(K.logsumexp(x, -1, False), ops.logsumexp(x, -1, False), equal_nan=True)
+    torch.testing.assert_close(K.logsumexp(x, -1, False), torch.logsumexp(x, -1, False), equal_nan=True)
     torch.testing.assert_close(K.cross_entropy(x, target, "none", -100),
                                ops.cross_entropy(x, target, "none", -100), equal_nan=True)
     torch.testing.assert_close(K.cross_entropy(x[[0]], target[[1]], "none", -100),

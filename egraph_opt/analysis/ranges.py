@@ -63,9 +63,7 @@ def _mul(a: Interval, b: Interval) -> Interval:
 
 
 def _div(a: Interval, b: Interval) -> Interval:
-    if b[0] > 0 or b[1] < 0:
-        return _mul(a, (clamp(1 / b[1]), clamp(1 / b[0])))
-    return TOP
+    return _mul(a, (clamp(1 / b[1]), clamp(1 / b[0]))) if b[0] > 0 or b[1] < 0 else TOP
 
 
 def _pow(a: Interval, b: Interval) -> Interval:
@@ -102,9 +100,7 @@ def _log(a: Interval, shift: float = 0.0) -> Interval:
 
 def _tan(a: Interval) -> Interval:
     """Increasing on (-pi/2, pi/2); an interval reaching a pole (or beyond) is unbounded."""
-    if -math.pi / 2 < a[0] and a[1] < math.pi / 2:
-        return iv(math.tan(a[0]), math.tan(a[1]))
-    return TOP
+    return iv(math.tan(a[0]), math.tan(a[1])) if -math.pi / 2 < a[0] and a[1] < math.pi / 2 else TOP
 
 
 def gap(a: Interval) -> float:
@@ -118,11 +114,6 @@ def mag(a: Interval) -> float:
 
 
 GELU_MIN = -0.1701  # min over x of x * Phi(x) (erf and tanh forms), at x ~ -0.75
-
-
-def _sum(t, a, s):
-    n = _axis_size(t, s)
-    return iv(n * a[0][0], n * a[0][1])
 
 
 def _axis_size(t: Term, s: list) -> int:
@@ -224,7 +215,7 @@ TRANSFER: dict[str, Callable] = {
     "swish": _swish,
     "geglu": lambda t, a, s: _mul(_gelu(t, a, s), a[1]),
     "rotary": _rotary,
-    "sum": _sum,
+    "sum": lambda t, a, s: iv(_axis_size(t, s) * a[0][0], _axis_size(t, s) * a[0][1]),
     "operand": lambda t, a, s: TOP if t.op in REDUCTIONS and not _axis_size(t, s) else a[0],
     # among (or between) the operand's values; over a size-0 axis a max raises, a mean is NaN
     "values": lambda t, a, s: a[0],  # exactly the operand's values

@@ -163,8 +163,7 @@ class Emitter:
         if t.op == "const" or spec.is_leaf:
             return
         if self.source(t) == "const":
-            folded = Term.const(evaluate([t], {}, kernels=TORCH)[0])
-            self.names[id(t)] = self.value(folded, None)
+            self.names[id(t)] = self.value(Term.const(evaluate([t], {}, kernels=TORCH)[0]), None)
             return
         emit = None if t.op in NO_ONNX_FORM else EMIT.get(spec.onnx)
         if emit is None:

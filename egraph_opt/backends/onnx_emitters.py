@@ -147,8 +147,7 @@ def _log1p(em, t):
     u = em.node("Add", [x, one], "log1p")
     u_minus_1 = em.node("Sub", [u, one], "log1p")
     ratio = em.node("Mul", [em.node("Log", [u], "log1p"), em.node("Div", [x, u_minus_1], "log1p")], "log1p")
-    tiny = em.node("Equal", [u, one], "log1p")
-    return em.node("Where", [tiny, x, ratio], "log1p")
+    return em.node("Where", [em.node("Equal", [u, one], "log1p"), x, ratio], "log1p")
 
 
 def _expm1(em, t):
@@ -339,20 +338,19 @@ def _atan2(em, t):
     y, x = t.args
     dtype = em.dtype(y) if y.op != "const" else em.dtype(x)
     yv, xv = em.value(y, x), em.value(x, y)
+
+    def n(op: str, *inputs: str) -> str:
+        return em.node(op, list(inputs), "atan2")
     zero, pi = em.scalar(0.0, dtype), em.scalar(math.pi, dtype)
-    base = em.node("Atan", [em.node("Div", [yv, xv], "atan2")], "atan2")
-    left = em.node("Or", [em.node("Less", [xv, zero], "atan2"), em.node("And", [
-        em.node("Equal", [xv, zero], "atan2"),
-        em.node("Equal", [em.node("Div", [em.scalar(1.0, dtype), xv], "atan2"),
-                          em.scalar(-math.inf, dtype)], "atan2")], "atan2")], "atan2")
-    y_neg = em.node("Or", [em.node("Less", [yv, zero], "atan2"), em.node("Equal", [
-        em.node("Div", [em.scalar(1.0, dtype), yv], "atan2"), em.scalar(-math.inf, dtype)], "atan2")], "atan2")
-    shift = em.node("Where", [y_neg, em.node("Neg", [pi], "atan2"), pi], "atan2")
-    both_zero = em.node("And", [em.node("Equal", [xv, zero], "atan2"),
-                                em.node("Equal", [yv, zero], "atan2")], "atan2")
-    at_zero = em.node("Where", [left, shift, em.node("Mul", [yv, zero], "atan2")], "atan2")
-    out = em.node("Where", [left, em.node("Add", [base, shift], "atan2"), base], "atan2")
-    return em.node("Where", [both_zero, at_zero, out], "atan2")
+    base = n("Atan", n("Div", yv, xv))
+    left = n("Or", n("Less", xv, zero), n("And", n("Equal", xv, zero), n(
+        "Equal", n("Div", em.scalar(1.0, dtype), xv), em.scalar(-math.inf, dtype))))
+    y_neg = n("Or", n("Less", yv, zero),
+              n("Equal", n("Div", em.scalar(1.0, dtype), yv), em.scalar(-math.inf, dtype)))
+    shift = n("Where", y_neg, n("Neg", pi), pi)
+    both_zero = n("And", n("Equal", xv, zero), n("Equal", yv, zero))
+    at_zero = n("Where", left, shift, n("Mul", yv, zero))
+    return n("Where", both_zero, at_zero, n("Where", left, n("Add", base, shift), base))
 
 
 def _cbrt(em, t):

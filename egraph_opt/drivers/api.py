@@ -35,7 +35,8 @@ from ..egraph.session import Limits
 from ..optimization.pipeline import Optimized, optimize
 from .hints import range_hints
 from .report import Report
-from ..rulesets import Family, select
+from ..rulesets import Family, catalogue, select
+from ..lang.program import Program
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
 from ..kernels.binding import Pricing, measured_estimate
@@ -56,7 +57,7 @@ except ImportError:  # pragma: no cover - a torch without it: every call builds 
 _MISS = object()  # what ``_again`` returns for a call that is not the last plan's
 
 
-def _missed(args: tuple):
+def _missed(args: tuple, kwargs: dict):
     return _MISS
 
 
@@ -76,12 +77,16 @@ ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
 
 def for_accuracy(result: Optimized) -> bool:
     """Whether a static conditioning gain of ``result`` can be one: its derivation applies a rule
-    made for accuracy (or is not known in full). A fusion alone buys none, though its fused op
-    declares less curvature than the ops it stands for (a matmul's conditioning hidden inside
-    causal attention's sdpa_filled): a slower fused plan must not pass for a steadier one."""
+    made for accuracy (where it is not known in full: such a rule matched at all). A fusion alone
+    buys none, though its fused op declares less curvature than the ops it stands for (a matmul's
+    conditioning hidden inside causal attention's sdpa_filled): a slower fused plan must not pass
+    for a steadier one, nor an incomplete replay of fusions for an accuracy gain."""
     derivation = result.derivation
-    return derivation is None or not derivation.complete or \
-        any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)
+    if derivation is not None and derivation.complete:
+        return any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)
+    known = catalogue()
+    matched = {name for s in result.saturation for name, n in s.matches.items() if n}
+    return any(name not in known or known[name].family in ACCURATE_FAMILIES for name in matched)
 
 
 def slower_for_nothing(objective: Objective, result: Optimized, original_s: float, optimized_s: float,
@@ -120,10 +125,10 @@ class Plan:
     report: Report
     egraph: EGraph | None
     optimized: Optimized | None = None  # what ``explore`` reads; dropped with the e-graph
-    call: Callable | None = None  # what a call of the tensors alone runs: ``run``, or the original
     exact: Any = None  # checks a call's tensors are the ones it was made for (sizes, strides...)
     state: tuple = ()  # the StateKey it was made under
-    arity: int = -1  # how many tensors ``exact`` checks
+    arity: int = -1  # how many tensors the call that ``exact`` checks passes positionally
+    keywords: tuple = ()  # and the names it passes the others by, in their order
     key: tuple = ()  # its key in the plan cache
     returned: tuple = ()  # arguments rebuilt from their leaves that the original returns as themselves
 
@@ -136,11 +141,6 @@ class _Ran:
 def _changes(name: str, changes: list[str]) -> str:
     return f"{name} changes Python state ({', '.join(changes[:3])}{', ...' if len(changes) > 3 else ''}), " \
         "which a plan would not do on every call"
-
-
-def _run_again(fn: Callable, args: tuple) -> None:
-    with torch.no_grad():
-        fn(*(a.clone() for a in args))
 
 
 def _check_ranges(ranges: dict | None) -> dict:
@@ -165,6 +165,15 @@ def writes_in_place(fn: Callable, args: tuple, names: list[str]) -> list[str]:
         with torch.no_grad():
             fn(*clones)
     return [f"argument {n!r}" for n, c, v in zip(names, clones, before) if c._version != v]
+
+
+def unchanged(before: Program, after: Program) -> bool:
+    """Whether ``after`` is ``before`` term for term (attributes by their repr: -0.0 is not 0.0)."""
+    table: dict[tuple, int] = {}
+    ids: dict[int, int] = {}
+    for t in postorder(before.roots() + after.roots()):
+        ids[id(t)] = table.setdefault((t.op, tuple(ids[id(a)] for a in t.args), repr(t.attrs)), len(table))
+    return [ids[id(t)] for t in before.roots()] == [ids[id(t)] for t in after.roots()]
 
 
 def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
@@ -218,7 +227,7 @@ class OptimizedFunction:
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
         self._compiling = threading.RLock()  # one first call at a time: others wait for its plan
         self._last: Plan | None = None
-        self._again: Callable[[tuple], Any] = _missed  # the last plan, if a call is its again
+        self._again: Callable[[tuple, dict], Any] = _missed  # the last plan, if a call is its again
         self._state = StateKey(fn)
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         try:
@@ -257,10 +266,9 @@ class OptimizedFunction:
             type(self.fn).__name__
 
     def __call__(self, *args, **kwargs):
-        if not kwargs:  # called again as it was last: one C++ check of the tensors, the state
-            out = self._again(args)
-            if out is not _MISS:
-                return out
+        out = self._again(args, kwargs)  # called as it was last: one C++ check of the tensors, the state
+        if out is not _MISS:
+            return out
         call = self._bind(args, kwargs)
         state = self._state.key()
         key = call.key + state + _autocast()
@@ -303,10 +311,10 @@ class OptimizedFunction:
         while len(self._plans) > MAX_PLANS:
             self._plans.popitem(last=False)
         self._state.pin()
-        plan.call = plan.run or self.fn
-        if call.plain and _Exact is not None:
-            plan.exact, plan.state, plan.arity = _Exact(
-                *args, dynamic_dims_sizes=None, dynamic_dims_strides=None), state, len(args)
+        given = (*args, *kwargs.values())  # tensors alone, each where it binds: ``exact`` checks them
+        if _Exact is not None and not call.refused and list(map(id, given)) == list(map(id, call.tensors)):
+            plan.exact, plan.state, plan.arity, plan.keywords = _Exact(
+                *given, dynamic_dims_sizes=None, dynamic_dims_strides=None), state, len(args), tuple(kwargs)
         if ran:
             self._remember(plan)
             return _Ran(ran[0])
@@ -319,14 +327,18 @@ class OptimizedFunction:
         if plan.exact is None:
             self._again = _missed
             return
-        check, key, state, run, arity = plan.exact.check, self._state.current, plan.state, plan.call, plan.arity
+        check, key, state, run, fn = plan.exact.check, self._state.current, plan.state, plan.run, self.fn
+        arity, names = plan.arity, plan.keywords
 
-        def again(args: tuple):
-            try:
-                same = len(args) == arity and check(*args) and key() == state
+        def again(args: tuple, kwargs: dict):
+            try:  # a call without keywords builds no tuple of them
+                same = len(args) == arity and (tuple(kwargs) == names and check(*args, *kwargs.values())
+                                               if kwargs else not names and check(*args)) and key() == state
             except (KeyError, ValueError):  # a global or attribute deleted: the slow path re-reads
                 return _MISS
-            return run(*args) if same else _MISS
+            if not same:
+                return _MISS
+            return fn(*args, **kwargs) if run is None else run(*args, *kwargs.values())
         self._again = again
 
     def _compile(self, call: BoundCall, watch: Watch) -> Plan:
@@ -353,7 +365,7 @@ class OptimizedFunction:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
-        if watch.changes() and not watch.logs_once(lambda: _run_again(target, args)):
+        if watch.changes() and not watch.logs_once(lambda: target(*(a.clone() for a in args))):
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
         self._state.hold(traced)
         if not self.validate:  # else validation's run of the original shows it
@@ -388,6 +400,10 @@ class OptimizedFunction:
                 report.bounded.append(f"validation: {report.validation.bounded}")
             if not report.validation.passed:
                 return self._untouched(report, f"validation failed: {report.validation.detail}", result)
+        # the captured program on torch's or numpy's kernels: a rebuilt copy gains nothing, the original runs
+        if unchanged(program, result.program) and not any(k.startswith("triton.") for k in module.kernels):
+            report.kernels = {}  # it binds none
+            return Plan(None, report, result.egraph, result)
         plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned))
         return self._never_slower(plan, target, args, device, latency, original_s)
 

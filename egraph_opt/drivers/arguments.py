@@ -42,15 +42,12 @@ class BoundCall:
     refused: str = ""
     signature: inspect.Signature | None = None
     direct: bool = True
-    plain: bool = False  # tensors alone, positionally, keyed by them alone
     trees: dict = field(default_factory=dict)  # argument -> (its TreeSpec, where its leaves start, how many)
     returned: list[str] = field(default_factory=list)  # those of ``trees`` the program returns as themselves
 
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
-        if self.direct:
-            return fn
-        return specialize(fn, self.names, self.rebuild)
+        return fn if self.direct else specialize(fn, self.names, self.rebuild)
 
     def rebuild(self, fn: Callable, tensors: tuple):
         """Call ``fn`` with ``tensors`` in place of this call's tensors, other arguments as bound."""
@@ -128,7 +125,7 @@ class Binder:
         if key is not None:  # tensors alone, positionally
             names = self._names[:len(args)] if self.signature else [f"arg{i}" for i in range(len(args))]
             refused = next((f"argument {n!r} is {why}" for n, a in zip(names, args) if (why := unusual(a))), "")
-            return BoundCall(args, names, key, refused=refused, plain=not refused,
+            return BoundCall(args, names, key, refused=refused,
                              direct=bool(self.signature) and len(args) == len(self._names))
         if self.signature is None:
             return BoundCall((), [], ("refused", len(args), tuple(kwargs)),

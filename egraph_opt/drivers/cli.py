@@ -160,10 +160,6 @@ def _ints(parse, text: str, sep: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
 
 
-def _shapes(text: str) -> list[tuple[int, ...]]:
-    return [tuple(_ints(at_least(1), item, "x")) for item in text.split(",") if item]
-
-
 def _dtype(text: str) -> str:
     import torch
     if not isinstance(getattr(torch, text, None), torch.dtype):
@@ -221,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     profile.add_argument("--collectives", action="store_true",
                          help="time gloo's all-gather, all-reduce and reduce-scatter over 2 "
                          "processes: the sharding cost's link model")
-    profile.add_argument("--shapes", type=_shapes, default=[],
+    profile.add_argument("--shapes", type=lambda s: [tuple(_ints(at_least(1), item, "x"))
+                                                     for item in s.split(",") if item], default=[],
                          help="example input shapes for --for, e.g. 2x8x16,2x8x16")
     moves = profile.add_mutually_exclusive_group()
     moves.add_argument("--export", dest="export_to", metavar="FILE",

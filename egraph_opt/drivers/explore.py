@@ -8,7 +8,6 @@ what was compared; errors are the first-order estimate of ``extractors/rounding_
 from __future__ import annotations
 
 import html
-import json
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -158,16 +157,6 @@ class Explorer:
     def _input_nodes(self) -> set:
         return {ENode(t.op, tuple(self.loaded[id(a)] for a in t.args), t.attrs)
                 for t in postorder(self.source.roots())}
-
-    @cached_property
-    def relations(self) -> dict[str, set[str]]:
-        """E-classes the analyses proved ``positive``, ``nonneg`` or ``nonzero``."""
-        nodes = json.loads(self.result.egraph.serialize_json())["nodes"]
-        found = {r: set() for r in ("positive", "nonneg", "nonzero")}
-        for n in nodes.values():
-            if n["op"] in found:
-                found[n["op"]].add(nodes[n["children"][0]]["eclass"])
-        return found
 
     def summary(self) -> Table:
         """The program found beside the input program, priced alike; the title says whether the
@@ -344,7 +333,7 @@ class Explorer:
     def failures(self, rule) -> list[tuple[str, dict, list]]:
         """Every match of ``rule``'s left side: its e-class, its binding, and each fact of the
         guard that does not hold there, with the reason."""
-        guards, found = ematch.Guards(self.snap, self.relations, self.meta), []
+        guards, found = ematch.Guards(self.snap, self.meta), []
         for cid, bound in ematch.matches(rule.pairs()[0][0], self.snap.classes):
             checked = [(fact, *guards.check(fact, bound)) for fact in rule.when]
             found.append((cid, bound, [(fact, why) for fact, ok, why in checked if not ok]))

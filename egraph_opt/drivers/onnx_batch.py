@@ -245,8 +245,7 @@ def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
         else:
             matches = [pattern]
         for m in matches:
-            inside = os.path.realpath(m).startswith(out_real + os.sep)
-            (skipped if inside else found).append(m)
+            (skipped if os.path.realpath(m).startswith(out_real + os.sep) else found).append(m)
     return list(dict.fromkeys(found)), skipped
 
 

@@ -79,9 +79,7 @@ def _q(text: str) -> str:
 def _label(node) -> str:
     if node.op in ("input", "param", "opaque"):
         return node.attrs[0]
-    if node.op == "const":
-        return f"{node.attrs[0]:g}"
-    return node.op
+    return f"{node.attrs[0]:g}" if node.op == "const" else node.op
 
 
 # --- the e-graph ---

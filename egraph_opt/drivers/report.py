@@ -93,8 +93,9 @@ class Report:
         before, after = self.measured
         lines = [f"[MEASURED] original {before * 1e6:.1f} us, optimized {after * 1e6:.1f} us "
                  f"({before / after:.2f}x), interleaved on the example inputs"]
-        if self.error and after > before and not self.fallback:  # kept for its accuracy
-            then, now = self.error
+        then, now = self.error or (None, None)
+        if then and after > before and not self.fallback and now.worst <= then.worst and now.mean <= then.mean \
+                and (now.worst, now.mean) != (then.worst, then.mean):  # kept for its accuracy
             lines.append(f"[TRADE] accuracy bought with time: error worst {then.worst:.1f} -> "
                          f"{now.worst:.1f} bits, mean {then.mean:.2f} -> {now.mean:.2f} bits, "
                          f"for {after / before:.2f}x the original's time")

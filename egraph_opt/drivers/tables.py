@@ -56,6 +56,4 @@ def clip(text: str, width: int = 60) -> str:
 
 
 def _text(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -30,6 +30,7 @@ from ..lang.term import Term, postorder
 
 SORT = "Tensor"
 _CHUNK = 64
+RELATIONS = ("positive", "nonneg", "nonzero")  # the snapshot's sign facts, which guards read
 _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
 
 
@@ -75,10 +76,8 @@ class InvariantError(RuntimeError):
 
 def declarations() -> str:
     """egglog text declaring the Tensor datatype, one constructor per op of the table."""
-    ctors = []
-    for op in OPS.values():
-        sorts = [SORT] * op.arity + [sort for _, sort in op.attrs]
-        ctors.append(f"({op.egg_name} {' '.join(sorts)})".replace(" )", ")"))
+    ctors = [f"({op.egg_name} {' '.join([SORT] * op.arity + [sort for _, sort in op.attrs])})".replace(" )", ")")
+             for op in OPS.values()]
     return f"(datatype {SORT}\n  " + "\n  ".join(ctors) + f")\n(constructor Ref (i64) {SORT})\n"
 
 
@@ -97,6 +96,8 @@ class Snapshot:
     class_of_ref: dict[int, str]
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)  # classes that are not float32
+    #: the classes the analyses proved ``positive``, ``nonneg`` or ``nonzero``
+    relations: dict[str, set[str]] = field(default_factory=lambda: {r: set() for r in RELATIONS})
 
     @property
     def num_enodes(self) -> int:
@@ -319,8 +320,7 @@ class EGraph:
             if report.iterations >= max_iterations:
                 report.stop = f"iteration limit ({max_iterations})"
                 break
-            out = self._run(f"(run {_ruleset(phase)} 1)")
-            run_report = out[-1].report
+            run_report = self._run(f"(run {_ruleset(phase)} 1)")[-1].report
             self._analyze()
             report.iterations += 1
             for name, n in run_report.num_matches_per_rule.items():
@@ -358,15 +358,17 @@ class EGraph:
 
     def snapshot(self) -> Snapshot:
         """Parse the serialized e-graph into e-classes of ENodes (anchors set apart)."""
-        data = json.loads(self.serialize_json())
-        nodes = data["nodes"]
+        nodes = json.loads(self.serialize_json())["nodes"]
         classes: dict[str, list[ENode]] = {}
         class_of_ref: dict[int, str] = {}
         primitive = {n["eclass"]: n["op"] for n in nodes.values() if not n["children"]}
         bounds: dict[str, list[float]] = {}
         dtypes: dict[str, str] = {}
+        relations = {r: set() for r in RELATIONS}
         for node in nodes.values():
             op = node["op"]
+            if op in relations:
+                relations[op].add(nodes[node["children"][0]]["eclass"])
             if op == "Ref":
                 class_of_ref[int(nodes[node["children"][0]]["op"])] = node["eclass"]
                 continue
@@ -386,7 +388,7 @@ class EGraph:
             attrs = tuple(_primitive(nodes[c]["op"], sort)
                           for c, (_, sort) in zip(kids[spec.arity:], spec.attrs))
             classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
-        return Snapshot(classes=classes, class_of_ref=class_of_ref, dtypes=dtypes,
+        return Snapshot(classes=classes, class_of_ref=class_of_ref, dtypes=dtypes, relations=relations,
                         ranges={c: (lo, hi) for c, (lo, hi) in bounds.items()})
 
 

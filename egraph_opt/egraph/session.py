@@ -5,7 +5,7 @@ back as terms. Plus the one fix point over a snapshot's e-classes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..lang.term import Term, postorder
@@ -55,17 +55,14 @@ def saturate(roots: list[Term], schedule: list[Phase], intervals: dict | None = 
     phases of ``schedule`` in order, each under its limits, and snapshot the e-graph."""
     start = time.perf_counter()
     egraph = EGraph()
-    refs = egraph.add(roots, intervals, meta)
+    egraph.add(roots, intervals, meta)
     built = time.perf_counter()
     saturation = []
     for phase in schedule:
         egraph.add_rules(phase.name, phase.rules)
         saturation.append(egraph.saturate(phase.name, **vars(phase.limits)))  # its bounds by name
-    snap = egraph.snapshot()
-    seconds = {"build": built - start, "saturate": time.perf_counter() - built}
-    return Session(egraph=egraph, snap=snap, saturation=saturation,
-                   class_of={id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)},
-                   root_classes=[snap.class_of_ref[r] for r in refs], seconds=seconds)
+    return replace(reopened(egraph, roots), saturation=saturation,
+                   seconds={"build": built - start, "saturate": time.perf_counter() - built})
 
 
 def reached(roots: list[str], node_of: Callable[[str], ENode | None]) -> dict[str, ENode]:

@@ -125,9 +125,7 @@ def all_reduce(x, n: int):
 
 
 def reduce_scatter(x, axis: int, n: int):
-    total = all_reduce(x, n)
-    d = current()
-    return total.tensor_split(n, axis)[d.rank] if d else Local(tuple(total.tensor_split(n, axis)))
+    return shard(all_reduce(x, n), axis, n)
 
 
 def through_reshape(before: tuple, after: tuple) -> dict[int, tuple[int, str]]:

@@ -113,6 +113,16 @@ class Op:
     def is_leaf(self) -> bool:
         return self.arity == 0
 
+    @property
+    def attr_vars(self) -> str:
+        """Its attributes as pattern variables, each after a space: `` ?axis ?keepdim``."""
+        return "".join(f" ?{a}" for a, _ in self.attrs)
+
+    @property
+    def reference(self) -> str:
+        """The op over pattern variables, ``(sum ?x0 ?axis ?keepdim)``: what its kernels compute."""
+        return f"({self.name}{''.join(f' ?x{i}' for i in range(self.arity))}{self.attr_vars})"
+
 
 def shape_attr(shape) -> str:
     """Shapes and permutations travel as egglog Strings: ``(2, 3)`` -> ``"2,3"``."""
@@ -129,12 +139,14 @@ def _tensor(x, like):
     return x if isinstance(x, torch.Tensor) else torch.full((), x, dtype=like.dtype, device=like.device)
 
 
-def maximum(a, b):
-    return torch.maximum(_tensor(a, b), _tensor(b, a))
+def _of_tensors(fn: Callable) -> Callable:
+    """``fn`` of two tensors taking either operand as a Python number (a const) too."""
+    return lambda a, b: fn(_tensor(a, b), _tensor(b, a))
 
 
-def minimum(a, b):
-    return torch.minimum(_tensor(a, b), _tensor(b, a))
+maximum, minimum, atan2, logaddexp = map(_of_tensors, (torch.maximum, torch.minimum, torch.atan2,
+                                                        torch.logaddexp))
+fmod, remainder = map(_of_tensors, (torch.fmod, torch.remainder))  # the sign of a (C's), of b (Python's)
 
 
 def compensated_sum(x, axis, keepdim):
@@ -165,18 +177,6 @@ def gelu(x, approximate):
     """x Phi(x): it has x's sign (some CPUs' kernels return +0 at -0 and where Phi(x) underflows),
     and above 8 it is x in every dtype (some give NaN at +inf)."""
     return torch.where(x > 8, x, F.gelu(x, approximate=approximate).copysign(x))
-
-
-def fmod(a, b):
-    return torch.fmod(_tensor(a, b), _tensor(b, a))  # the sign of a, as C's fmod
-
-
-def remainder(a, b):
-    return torch.remainder(_tensor(a, b), _tensor(b, a))  # the sign of b, as Python's %
-
-
-def atan2(y, x):
-    return torch.atan2(_tensor(y, x), _tensor(x, y))
 
 
 def hypot(a, b):
@@ -251,10 +251,6 @@ def log_softmax(x, axis):
 
 def cast(x, dtype):
     return x.to(getattr(torch, dtype))
-
-
-def logsumexp(x, axis, keepdim):
-    return torch.logsumexp(x, dim=axis, keepdim=keepdim)
 
 
 def layer_norm(x, weight, bias, eps):
@@ -342,10 +338,6 @@ def softplus(x):
     return torch.logaddexp(x, torch.zeros_like(x))
 
 
-def logaddexp(a, b):
-    return torch.logaddexp(_tensor(a, b), _tensor(b, a))
-
-
 def swish(x, beta):
     """x * sigmoid(beta x) (Swish; CLIP's quick gelu is beta = 1.702, silu beta = 1)."""
     return x * torch.sigmoid(x * beta)
@@ -378,10 +370,6 @@ def cross_entropy(x, target, reduction, ignore_index):
 def sigmoid(v: float) -> float:
     """The logistic function on a float (the increasing function sigmoid's range is the image of)."""
     return 1 / (1 + math.exp(-v)) if v > -700 else 0.0
-
-
-def relu(v: float) -> float:
-    return max(v, 0.0)
 
 
 def _op(name, arity, attrs, impl, family: dict, **facts) -> Op:
@@ -471,8 +459,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
         bounds=(-1.0, 1.0), onnx="Tanh", numpy="tanh"),
     _op("sigmoid", 1, "", torch.sigmoid, _UNARY, range_rule=sigmoid,  curvature=(0.097, 0.25), **_SMOOTH,
         bounds=(0.0, 1.0), sign="positive", onnx="Sigmoid"),
-    _op("relu",    1, "", torch.relu,   _UNARY, range_rule=relu,      **_EXACT, sign="nonneg", flops=1,
-        onnx="Relu"),
+    _op("relu",    1, "", torch.relu,   _UNARY, range_rule=functools.partial(max, 0.0), **_EXACT,
+        sign="nonneg", flops=1, onnx="Relu"),
     _op("erf",     1, "", torch.erf,    _UNARY, range_rule=math.erf,  curvature=(0.97, 1.0), **_SMOOTH,
         onnx="Erf"),
     _op("silu",    1, "", F.silu,       _UNARY, range_rule="silu",    curvature=(0.5, 1.1), **_SMOOTH,
@@ -544,7 +532,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("log_softmax", 1, _AXIS, log_softmax, _FUSED, shape_rule="same", range_rule="log_softmax",
         curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="along", flops=12,
         onnx="LogSoftmax"),
-    _op("logsumexp", 1, _REDUCE, logsumexp, _FUSED, shape_rule="reduce", range_rule="logsumexp",
+    _op("logsumexp", 1, _REDUCE, torch.logsumexp, _FUSED, shape_rule="reduce", range_rule="logsumexp",
         curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="reduce", flops=12,
         onnx="ReduceLogSumExp", layout="fresh"),
     _op("softplus", 1, "", softplus, _UNARY, range_rule="softplus", curvature=(0.25, 1.0), **_SMOOTH,

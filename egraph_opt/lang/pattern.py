@@ -160,8 +160,7 @@ def to_egg(p: Pattern) -> str:
         return literal(p.value)
     if isinstance(p, Prim):
         return f"({p.fn} {' '.join(to_egg(a) for a in p.args)})"
-    parts = [OPS[p.op].egg_name, *(to_egg(a) for a in p.args + p.attrs)]
-    return f"({' '.join(parts)})"
+    return f"({' '.join([OPS[p.op].egg_name, *(to_egg(a) for a in p.args + p.attrs)])})"
 
 
 def structural_ids(roots) -> dict[int, int]:

@@ -63,8 +63,7 @@ class Program:
         found = [x for x in leaves(self.outputs) if isinstance(x, Term)]
         for call in self.opaque.values():
             found += [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
-        unique = {id(t): t for t in found}
-        return list(unique.values())
+        return list({id(t): t for t in found}.values())
 
     def meta(self) -> dict[int, tuple]:
         """Shape and dtype of every term: inferred once per program, then read by the analyses,

@@ -173,9 +173,7 @@ def _folding_dtype(env: dict, reference: bool) -> torch.dtype:
     [inf]
     """
     floating = [v.dtype for v in env.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    if reference or not floating or torch.float64 in floating:
-        return torch.float64
-    return torch.float32
+    return torch.float64 if reference or not floating or torch.float64 in floating else torch.float32
 
 
 def dtype_name(dtype: torch.dtype) -> str:

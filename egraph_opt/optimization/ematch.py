@@ -79,8 +79,8 @@ class Guards:
     relations ``positive``/``nonneg``/``nonzero``, ``dtype-of``, ``last-dim``, ``rank``,
     ``axis-size`` and a reshape's ``reshape-axis``/``reshape-part``."""
 
-    def __init__(self, snap, relations: dict[str, set[str]], meta: dict):
-        self.snap, self.relations, self.meta = snap, relations, meta
+    def __init__(self, snap, meta: dict):
+        self.snap, self.meta = snap, meta
 
     def check(self, fact: Fact, bound: dict) -> tuple[bool, str]:
         """Whether ``fact`` holds under ``bound``, and a sentence saying what was (not) known."""
@@ -95,8 +95,8 @@ class Guards:
         return False, f"{fact} is not proved" + (": " + "; ".join(shown) if shown else "")
 
     def _ask(self, head: str, cid: str, *rest):
-        if head in self.relations:
-            return cid in self.relations[head]
+        if head in self.snap.relations:
+            return cid in self.snap.relations[head]
         if head in ("lo", "hi"):
             return self.snap.ranges.get(cid, (-math.inf, math.inf))[head == "hi"]
         if head == "dtype-of":

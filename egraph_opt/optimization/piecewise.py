@@ -37,33 +37,25 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
     truncation bound, on its regime) and the ``guarded`` rules that match but whose guard the
     declared ranges do not prove (each on a regime where it is proved); None where one program is
     as good. Also, per series or guarded candidate, (the member its rule matched, its form)."""
-    if len(roots) != 1 or len(root_classes) != 1 or program.opaque:
-        return None
-    if len(postorder(best)) > MAX_NODES:
+    if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > MAX_NODES:
         return None
     terms = [best[0]] + [a.term for a in alternatives(snap.classes, root_classes[0], cost,
                                                       limit=ALTERNATIVES)] + [roots[0]]
-    seen, candidates = set(), []
-    for t in terms:
-        key = _structure(t)
-        if key not in seen and len(postorder([t])) <= MAX_NODES:
-            seen.add(key)
-            candidates.append(Candidate(t))
-    matched = []
-    for rule in series:
+    candidates, matched = [Candidate(t) for t in terms], []
+    for rule in [*series, *(r for r in guarded if r.when.over_intervals)]:
         for binding in _matches(rule, snap, root_classes[0], cost):
             lhs, rhs = (pat.instantiate(p, binding) for p in (rule.lhs_pattern, rule.rhs_pattern))
-            row = BY_NAME[rule.name]
-            candidates.append(Candidate(rhs, rule, binding["x"], row.truncation))
+            row = BY_NAME.get(rule.name)
+            candidates.append(Candidate(rhs, rule, binding["x"], row.truncation) if row is not None
+                              else Candidate(rhs, rule, guard=rule.when, binding=binding))
             matched.append((lhs, rhs))
-    for rule in (r for r in guarded if r.when.over_intervals):
-        for binding in _matches(rule, snap, root_classes[0], cost):
-            lhs, rhs = (pat.instantiate(p, binding) for p in (rule.lhs_pattern, rule.rhs_pattern))
-            if _structure(rhs) not in seen and len(postorder([rhs])) <= MAX_NODES:
-                seen.add(_structure(rhs))
-                candidates.append(Candidate(rhs, rule, guard=rule.when, binding=binding))
-                matched.append((lhs, rhs))
-    found = infer_regimes(program.with_roots({id(roots[0]): candidates[0].term}), candidates,
+    ids, seen, distinct = pat.structural_ids([c.term for c in candidates]), set(), []
+    for c in candidates:  # a series' each; the others once per structure, if not too large
+        if c.truncation is None and (ids[id(c.term)] in seen or len(postorder([c.term])) > MAX_NODES):
+            continue
+        seen.add(ids[id(c.term)] if c.truncation is None else None)
+        distinct.append(c)
+    found = infer_regimes(program.with_roots({id(roots[0]): distinct[0].term}), distinct,
                           input_ranges, limit=limit)
     return None if found is None else (found, matched)
 
@@ -81,13 +73,6 @@ def _matches(rule: Rule, snap: Snapshot, root: str, cost: Callable, limit: int =
         if len(out) >= limit:
             break
     return out
-
-
-def _structure(t: Term) -> tuple:
-    ids: dict[int, int] = {}
-    for u in postorder([t]):
-        ids[id(u)] = hash((u.op, tuple(ids[id(a)] for a in u.args), u.attrs))
-    return ids[id(t)]
 
 
 def derive_piecewise(found: Piecewise, matched: list[tuple[Term, Term]], roots: list[Term],

@@ -20,8 +20,7 @@ from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from ..extractors.cost import LEXICOGRAPHIC
 from ..extractors.curvature import rounding_free
 from ..extractors.enumerate import alternatives
-from ..extractors.rounding_error import far_more_accurate, least_error
-from ..lang.ops import ELEMENTWISE
+from ..extractors.rounding_error import elementwise, far_more_accurate, least_error, sampled_small
 from ..lang.program import Program
 from ..analysis.facts import Facts, class_constants
 from ..analysis.layouts import result_strides, term_strides
@@ -143,7 +142,7 @@ def _sampled_meaningfully(program: Program, roots: list[Term], input_ranges: dic
     """Whether sampled errors tell programs apart: an elementwise program (Herbie's domain), or
     every input in a declared range. Drawn over all bit patterns, a matmul's or a reduction's
     operands overflow it almost everywhere."""
-    return all(t.op in ELEMENTWISE for t in postorder(roots) if t.args) or \
+    return elementwise(roots) or \
         all(t.attrs[0] in (input_ranges or {}) for t in program.inputs)
 
 
@@ -160,8 +159,8 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
         return None
     if model.objective is Objective.BALANCED and not _sampled_meaningfully(program, roots, input_ranges):
         return None
-    if sum(math.prod(shape) for shape, _ in term_meta.values()) > RERANK_ELEMENTS:  # the input's
-        return None
+    if not sampled_small(program) and sum(math.prod(shape) for shape, _ in term_meta.values()) > RERANK_ELEMENTS:
+        return None  # the input's values: an elementwise program is sampled small whatever its size
     found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
     candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]
     programs = [program.with_roots({id(roots[0]): c[0]}) for c in candidates]

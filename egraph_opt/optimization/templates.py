@@ -190,8 +190,7 @@ def template_program(first: Instance, meta: dict) -> tuple[Program, list[Term]]:
                   for i, a in enumerate(first.args)]
     mapping = {id(a): leaf for a, leaf in zip(first.args, arg_leaves)}
     mapping.update({id(p): Term("param", (), (rel, *p.attrs[1:])) for rel, p in first.params.items()})
-    outputs = substitute(first.outputs, mapping)
-    return Program(tuple(arg_leaves), tuple(outputs)), arg_leaves
+    return Program(tuple(arg_leaves), tuple(substitute(first.outputs, mapping))), arg_leaves
 
 
 def instantiate(template_roots: list[Term], inst: Instance, args: list[Term],
@@ -265,9 +264,8 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
         if not ready:
             raise RuntimeError("templates depend on each other in a cycle")
         for inst, tmpl, args in ready:
-            outputs = instantiate(tmpl, inst, fill(args), made)
-            for k, out in enumerate(outputs):
-                env[f"{PREFIX}{inst.scope}:{k}"] = out
+            env.update((f"{PREFIX}{inst.scope}:{k}", out)
+                       for k, out in enumerate(instantiate(tmpl, inst, fill(args), made)))
         done = {id(p[0]) for p in ready}
         pending = [p for p in pending if id(p[0]) not in done]
     return _rewrite(replace(outer, outputs=outer.outputs[0]), fill)

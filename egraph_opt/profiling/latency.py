@@ -291,8 +291,7 @@ def sources(program, latency: MeasuredLatency | None) -> tuple[float, dict[str, 
     for t in postorder(program.roots()):
         if not t.args:
             continue
-        n = facts.of(t)
-        found = latency(n) if latency else None
+        found = latency(facts.of(t)) if latency else None
         if found:
             total += found[0] * UNIT_S
             where[found[1]] += 1

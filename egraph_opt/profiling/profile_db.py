@@ -292,8 +292,7 @@ class ProfileDB:
         rows = self._conn.execute(
             f"SELECT {_COLUMNS} FROM {_TABLE} WHERE kernel=? AND backend=? AND device=? AND dtype=? "
             "ORDER BY id", (kernel, backend, device, dtype))
-        newest = {row[4]: row for row in rows}
-        return [_from_row(row) for row in newest.values()]
+        return [_from_row(row) for row in {row[4]: row for row in rows}.values()]  # the newest of each
 
     def lookup(self, kernel: str, backend: str, device: str, dtype: str,
                shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Record | None:

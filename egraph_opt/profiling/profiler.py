@@ -52,8 +52,7 @@ def _batch_matmul(a, b) -> tuple[int, int, int, int]:
     b = (*b, 1) if len(b) == 1 else tuple(b)
     if a[-1] != b[-2]:
         raise ValueError(f"matmul of shapes {a} and {b}: inner dimensions {a[-1]} != {b[-2]}")
-    batch = math.prod(torch.broadcast_shapes(a[:-2], b[:-2]))
-    return batch, a[-2], a[-1], b[-1]
+    return math.prod(torch.broadcast_shapes(a[:-2], b[:-2])), a[-2], a[-1], b[-1]
 
 
 def _matmul(shapes, attrs):
@@ -193,9 +192,8 @@ def device_name(device: str | torch.device) -> str:
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError, StopIteration):  # not Linux: the platform's word
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:  # not Linux: the platform's word
+        model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     threads = torch.get_num_threads()
     return f"{device.type}: {model}, {threads} thread{'s' if threads > 1 else ''}, torch {torch.__version__}"
 
@@ -253,20 +251,18 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
     """Median seconds per call of each of ``fns`` on ``args``, the calls interleaved (the order
     rotating each round) so that load and clock drift fall on all alike; as many rounds as fit in
     ``budget_s`` (at most ``rounds``: fewer leave a few percent's difference within the noise of
-    a small shared machine), None when three do not
-    (the figures would be noise). On CUDA a call's time is the device's, between two events on its
-    stream (the host's launches included where the device waits for them), read once a round."""
+    a small shared machine), None when three do not (the figures would be noise). On CUDA a call's
+    time is the device's, between two events on its stream (the host's launches included where the
+    device waits for them), read once a round."""
     cuda = torch.device(device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: list[list[float]] = [[] for _ in fns]
     with torch.inference_mode():
-        for fn in fns:  # warm caches and lazy initialization
-            fn(*args)
-        sync()
-        start = time.perf_counter()
-        for fn in fns:  # and time one round
-            fn(*args)
-        sync()
+        for _ in range(2):  # warm caches and lazy initialization, then time one round
+            start = time.perf_counter()
+            for fn in fns:
+                fn(*args)
+            sync()
         per_round = time.perf_counter() - start
         if 4 * per_round > budget_s:
             return None
@@ -331,8 +327,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
     device, where = torch.device(device), device_name(device)
     records = []
     for case in _progress(cases, f"profiling on {where}") if progress else cases:
-        dtype = torch_dtype(case.dtype)
-        tensors = PRICED[case.op].inputs(case.shapes, dtype, device)
+        tensors = PRICED[case.op].inputs(case.shapes, torch_dtype(case.dtype), device)
         layouts = case.attrs.get("layout") or [None] * len(tensors)  # as the kernel will see them
         tensors = [with_layout(t, key) for t, key in zip(tensors, layouts)]
         attrs = [case.attrs[name] for name in attr_names(case.op)]

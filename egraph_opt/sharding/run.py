@@ -4,8 +4,10 @@ its device: a shard keeps its own part, a collective calls torch.distributed.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -65,6 +67,9 @@ def _device(rank: int, n: int, port: int, backend: str, threads: int | None, wor
         # gloo aborts (SIGABRT) a peer whose pair closes under it
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # done: no interpreter teardown, where gloo's threads can abort (SIGABRT) a device
 
 
 def _on_mesh(n: int, backend: str, threads: int | None, work, *args):
@@ -116,7 +121,16 @@ def run_local(roots: list[Term], env: dict, n: int) -> list:
             raise mesh.MeshError("run_local runs under torchrun (RANK, WORLD_SIZE, MASTER_ADDR "
                                  "unset); plan.run starts the processes itself")
         dist.init_process_group(backend_for(env))
+        atexit.register(_leave)  # the group this call made ends with the script
     return run_here(roots, env, n)
+
+
+def _leave() -> None:
+    """No rank tears its connections down while another still uses them: gloo aborts (SIGABRT)
+    a peer whose pair closes under it, as a torchrun script's ranks ending apart did."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 #: bytes per collective that ``profile_collectives`` times: 4 KB to 4 MB of float32

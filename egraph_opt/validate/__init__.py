@@ -315,8 +315,7 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
         if written:
             return Validation(False, max_error=math.inf, detail="the original writes into its arguments",
                               written=written, original_s=seconds)
-        cand_tree = candidate(*_clones(args))
-        (origs, spec_o), (cands, spec_c) = map(_flattened, (orig_tree, cand_tree))
+        (origs, spec_o), (cands, spec_c) = map(_flattened, (orig_tree, candidate(*_clones(args))))
         if spec_c != spec_o:
             return Validation(False, max_error=math.inf, original_s=seconds,
                               detail=f"output structure differs: {spec_c} vs {spec_o}")

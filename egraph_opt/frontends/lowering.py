@@ -15,8 +15,6 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import fx
-from torch._decomp import decomposition_table
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.node import map_aggregate
 
 from . import forms
@@ -118,23 +116,21 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         return None
     found: list = []
     map_aggregate((args, kwargs), lambda a: found.append(a) if isinstance(a, Term) else None)
-    result = _fold(node, args, kwargs, ctx) if any(_constant(a) for a in found) else None
+    calls = FALLBACKS if node.op in ("call_function", "call_method") else []
+    result = calls[0](node, args, kwargs, ctx) if calls and any(_constant(a) for a in found) else None  # folded
     try:
         result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
     except (Unsupported, TypeError, KeyError):
         result = None
-    if result is None:
-        result = _fold(node, args, kwargs, ctx) or _decomposed(node, args, kwargs, ctx)
+    for fallback in calls:
+        result = result or fallback(node, args, kwargs, ctx)
     if isinstance(result, Term):
         info_of.setdefault(id(result), ctx.out)
     return result if isinstance(result, (Term, Parts)) else None
 
 
 CONSTANT = "_constant"  # the prefix of the parameters ``Ctx.constant`` makes
-#: calls whose value reads only its operands' shapes and dtypes
-LIKE = {torch.full_like, torch.zeros_like, torch.ones_like, "new_full", "new_zeros", "new_ones",
-        "fill", torch.ops.aten.full_like.default, torch.ops.aten.fill.Scalar}
-_FOLD_LIMIT = 1 << 24  # elements: a constant larger than this stays a call
+FALLBACKS: list[Callable] = []  # (node, args, kwargs, ctx) -> Term, Parts or None: ``lowering_core``'s
 
 
 def _constant(t) -> bool:
@@ -146,119 +142,13 @@ def known(t) -> bool:
     return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith((CONSTANT, "_tensor_constant"))
 
 
-def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
-    """A call of constants and shapes (``torch.ones(T, T).tril()``, ``torch.full_like(s, v)``):
-    computed here, once per signature; uninitialized memory (``empty``) is never a constant."""
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    if node.op not in ("call_function", "call_method") or "empty" in str(name) \
-            or not hasattr(c.out, "shape") or math.prod(c.out.shape) > _FOLD_LIMIT:
-        return None
-    like = node.target in LIKE
-
-    def value(a):
-        if _constant(a):
-            return c.params[a.attrs[0]]
-        if isinstance(a, Term) and like and a is args[0]:
-            return torch.empty(c.info(a).shape, dtype=c.info(a).dtype)
-        if isinstance(a, (Term, OpaqueRef)):
-            raise Unsupported("a value")
-        return a
-    try:
-        a, kw = map_aggregate((args, kwargs), value)
-        target = functional(node.target) or node.target  # never writes into a constant
-        fn = getattr(a[0], target) if node.op == "call_method" else target
-        out = fn(*(a[1:] if node.op == "call_method" else a), **kw)
-    except Exception:  # noqa: BLE001 - any call that cannot run on these constants stays a call
-        return None
-    return c.constant(out) if isinstance(out, torch.Tensor) and out.device.type != "meta" else None
-
-
-@functools.cache
-def decompositions() -> dict:
-    """torch's table to the Core ATen opset, less the ops lowered as they are: a composite the
-    Term language holds whole (softmax, layer norm, attention) stays whole, and its fusions hold."""
-    table = dict(torch.export.default_decompositions())
-    for op in [op for op in table if lowering_of(op)]:
-        del table[op]
-    return table
-
-
-#: calls whose decomposition does more work than they do (cumsum's sums over an n x n mask)
-COSTLIER = {torch.cumsum, "cumsum", torch.ops.aten.cumsum.default}
-_TRACED: dict = {}  # a call's spelling and operand shapes -> its Core ATen graph, or None
-_DECOMPOSING: set = set()  # the calls whose decompositions are being lowered
-
-
-def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
-    """A call the table does not know, traced by torch's own decompositions and lowered op by op
-    (None where one stays a call): a torch function (``F.pad``, ``torch.tril``) into the Core
-    ATen opset, a core overload (``aten.elu``) by its own decomposition into other core ops."""
-    terms: list = []
-    map_aggregate((args, kwargs), lambda a: terms.append(a) if isinstance(a, (Term, OpaqueRef)) else None)
-    overload = isinstance(node.target, torch._ops.OpOverload)
-    if node.op not in ("call_function", "call_method") or not (hasattr(c.out, "shape") or isinstance(c.out, tuple)) \
-            or not all(isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING | COSTLIER \
-            or overload and node.target not in decomposition_table:
-        return None
-
-    def call(*tensors):
-        it = iter(tensors)
-        a, kw = map_aggregate((args, kwargs), lambda v: next(it) if isinstance(v, Term) else v)
-        target = functional(node.target) or node.target
-        return getattr(a[0], target)(*a[1:], **kw) if node.op == "call_method" else target(*a, **kw)
-    key = repr((node.op, node.target, map_aggregate((args, kwargs), lambda v: (
-        tuple(c.info(v).shape), c.info(v).dtype) if isinstance(v, Term) else v)))
-    if key not in _TRACED:  # a call repeated in each block of a model is traced once
-        try:
-            empties = [torch.empty(c.info(t).shape, dtype=c.info(t).dtype) for t in terms]
-            table = {**decompositions(), **({node.target: decomposition_table[node.target]} if overload else {})}
-            _TRACED[key] = make_fx(call, decomposition_table=table, tracing_mode="fake")(*empties)
-        except Exception:  # noqa: BLE001 - what torch cannot trace stays the call it was
-            _TRACED[key] = None
-        if len(_TRACED) > 256:
-            _TRACED.pop(next(iter(_TRACED)))
-    return _lowered_graph(_TRACED[key], terms, node.target, c) if _TRACED[key] is not None else None
-
-
-def _lowered_graph(gm: fx.GraphModule, terms: list, target, c: Ctx) -> Term | Parts | None:
-    """A call's decomposition lowered node by node on its operands ``terms``: its results that
-    every node they read lowers (a node that does not, and all it feeds, is None)."""
-    values: dict = {}
-    operands = iter(terms)
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            values[n] = next(operands)
-        elif n.op == "get_attr":
-            values[n] = c.constant(getattr(gm, n.target))
-        elif n.op == "output":
-            out = map_aggregate(n.args[0], lambda a: values[a] if isinstance(a, fx.Node) else a)
-            if isinstance(out, (tuple, list)) and any(isinstance(t, Term) for t in out):  # (output,
-                return Parts(tuple(t if isinstance(t, Term) else None for t in out))  # mean, rstd)
-            return out if isinstance(out, Term) else None
-        elif getattr(getattr(n.target, "_schema", None), "is_mutable", False):
-            return None  # a write: later reads of the written node would not see it
-        elif any(values[i] is None for i in n.all_input_nodes):
-            values[n] = None
-        else:
-            n.meta["egraph_opt"] = map_aggregate(n.meta.get("val"), lambda v: type(c.info(terms[0]))(
-                tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v)
-            a, kw = map_aggregate((n.args, n.kwargs), lambda v: values[v] if isinstance(v, fx.Node) else v)
-            _DECOMPOSING.add(target)  # its decomposition may call it again: lowered or not
-            try:
-                t = lower(n, a, kw, c.info_of, None, c.params)
-            finally:
-                _DECOMPOSING.discard(target)
-            values[n] = OpaqueRef(n.name, t) if isinstance(t, Parts) else t
-    return None
-
-
 def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
-    """A size-0 axis in an operand or the result: nothing to optimize, and the ranges of the
-    rules, proved over values, say nothing of a reduction over no values (logsumexp of none is
-    -inf): such calls stay opaque."""
+    """A size-0 axis in an operand or the (first) result: nothing to optimize, and the ranges of
+    the rules, proved over values, say nothing of a reduction over no values (logsumexp of none is
+    -inf): such calls stay opaque. Other results (embedding_bag's empty max_indices) stay with it."""
     found: list = []
     map_aggregate((args, kwargs), lambda a: found.append(c.info_of.get(id(a))) if isinstance(a, Term) else None)
-    map_aggregate(c.out, found.append)
+    map_aggregate(c.out[:1] if isinstance(c.out, tuple) else c.out, found.append)
     return any(0 in getattr(info, "shape", (1,)) for info in found)
 
 
@@ -327,6 +217,36 @@ def _invert(c, x):
     if c.info(t).dtype != torch.bool:
         raise Unsupported("~ of a tensor that is not boolean")
     return Term("logical_not", (t,))
+
+
+def _bits(op: str):
+    """& | ^ of bools, which is logical; of integers, bits (opaque)."""
+    def lower_bits(c, a, b):
+        if not all(isinstance(t, Term) and c.info(t).dtype == torch.bool for t in (a, b)):
+            raise Unsupported("a bitwise op of integers")
+        return unequal(c, a, b) if op == "xor" else Term(op, (a, b))
+    return lower_bits
+
+
+for _name, _op, _operator in (("and", "minimum", operator.and_), ("or", "maximum", operator.or_),
+                              ("xor", "xor", operator.xor)):
+    lowers(getattr(torch, f"bitwise_{_name}"), f"bitwise_{_name}", _operator, f"__{_name}__")(_bits(_op))
+
+
+@lowers(torch.reciprocal, "reciprocal")
+def _reciprocal(c, x):
+    if not c.floating(x):
+        raise Unsupported("the reciprocal of integers")
+    return Term("div", (Term.const(1.0), x))
+
+
+@lowers(torch.sign, "sign")
+def _sign(c, x):
+    """(0 < x) - (x < 0), as torch computes it: 0 at NaN and at either zero."""
+    zero, dtype = Term.const(0.0), str(c.info(x).dtype).removeprefix("torch.")
+    if not c.floating(x):
+        raise Unsupported("the sign of integers")
+    return Term("sub", (Term("cast", (Term("less", (zero, x)),), (dtype,)), Term("cast", (Term("less", (x, zero)),), (dtype,))))
 
 
 @lowers(F.gelu)
@@ -419,9 +339,9 @@ def _square(c, x):
 
 
 def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
+    rank = c.rank(x)
     if dtype is not None:
         x = _cast(c, x, dtype)
-    rank = c.rank(x)
     dims = range(rank) if dim is None or dim == [] or dim == () else [dim] if isinstance(dim, int) else dim
     return forms.reduce(op, x, dims, rank, keepdim)
 
@@ -429,6 +349,10 @@ def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
 for _name in ("sum", "mean", "prod"):
     lowers(getattr(torch, _name), _name)(lambda c, x, dim=None, keepdim=False, *, dtype=None, _op=_name:
                                          _reduce(_op, c, x, dim, keepdim, dtype))
+
+
+lowers(torch.any, "any")(lambda c, x, dim=None, keepdim=False: _cast(c, x, torch.bool) if dim in ([], ())
+                         else _reduce("max", c, x, dim, keepdim, torch.bool))  # any(x, dim=[]) reduces none
 
 
 def _arg(op: str):
@@ -461,16 +385,41 @@ def _max(c, x, dim=None, keepdim=False):
     return Parts((_reduce("max", c, x, dim, keepdim), None))
 
 
+def _negated(c, x, lower, *args):
+    """min as -max(-x): negation is exact in floating point."""
+    if not c.floating(x):
+        raise Unsupported("the min of integers")
+    neg = Term("neg", (x,))
+    c.info_of[id(neg)] = c.info(x)
+    out = lower(c, neg, *args)
+    return Parts((Term("neg", (out.items[0],)), None)) if isinstance(out, Parts) else Term("neg", (out,))
+
+
+lowers(torch.amin, "amin")(lambda c, x, dim=(), keepdim=False: _negated(c, x, _amax, dim, keepdim))
+lowers(torch.min, "min")(lambda c, x, dim=None, keepdim=False: Term("minimum", (x, dim)) if isinstance(dim, Term)
+                         else _negated(c, x, _max, dim, keepdim))
+
+
 @lowers(torch.var, "var")
 def _var(c, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Over several axes, over one that holds them all (moved last, merged)."""
     if unbiased is not None and correction is not None:
         raise Unsupported("both unbiased and correction")
     corr = int(correction if correction is not None else (1 if unbiased in (None, True) else 0))
-    dims = dim if dim is not None else list(range(c.rank(x)))
-    if isinstance(dims, (list, tuple)) and len(dims) != 1:
-        raise Unsupported("variance over several axes")
-    d = dims[0] if isinstance(dims, (list, tuple)) else dims
-    return Term("var", (x,), (c.axis(x, d), keepdim, corr))
+    shape = tuple(c.info(x).shape)
+    axes = sorted({c.axis(x, d) % len(shape) for d in ([dim] if isinstance(dim, int) else dim or range(len(shape)))})
+    if len(axes) == 1:
+        return Term("var", (x,), (c.axis(x, axes[0]), keepdim, corr))
+    rest = [a for a in range(len(shape)) if a not in axes]
+    moved = forms.permute(x, rest + axes, len(shape))
+    merged = Term("reshape", (moved,), (shape_attr([shape[a] for a in rest] + [math.prod(shape[a] for a in axes)]),))
+    return Term("reshape", (Term("var", (merged,), (-1, False, corr)),), (c.out_shape(),))
+
+
+@lowers(torch.var_mean, "var_mean")
+def _var_mean(c, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    c.out = c.out[0]  # the shape both have
+    return Parts((_var(c, x, dim, unbiased, keepdim, correction=correction), _reduce("mean", c, x, dim, keepdim)))
 
 
 @lowers(operator.getitem)

@@ -116,3 +116,40 @@ def _numpy_t(c, x):
     """``x.T`` as torch.export records it: every axis reversed."""
     return low._permute(c, x, list(range(c.rank(x)))[::-1])
 
+
+@lowers(aten._to_copy.default)
+def _to_copy(c, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    if device is not None or layout not in (None, torch.strided):
+        raise Unsupported("a copy to another device or layout")
+    return low._cast(c, x, dtype) if dtype is not None else c.tensor(x)
+
+
+@lowers(aten.native_dropout.default)
+def _native_dropout(c, x, p, train):
+    """(x, its mask of ones) outside training or with p = 0; the mask stays with the call."""
+    return low.Parts((low._dropout(True)(c, x, p, bool(train)), None))
+
+
+@lowers(aten.native_layer_norm.default)
+def _native_layer_norm(c, x, normalized_shape, weight, bias, eps):
+    """The normalized x whole (its fusions need it); mean and rstd stay with the call."""
+    w, b = (Term.const(v) if t is None else t for t, v in ((weight, 1.0), (bias, 0.0)))
+    return low.Parts((nn_low._layer_norm(c, x, normalized_shape, w, b, eps), None, None))
+
+
+@lowers(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm(c, x, weight, bias, running_mean, running_var, momentum, eps):
+    return low.Parts((nn_low._batch_norm(c, x, running_mean, running_var, weight, bias, False, momentum, eps), None, None))
+
+
+@lowers(aten.convolution.default)
+def _convolution(c, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed or c.rank(x) != 4:
+        raise Unsupported("a transposed convolution, or not over two spatial axes")
+    return nn_low._conv2d(c, x, weight, bias, stride, padding, dilation, groups)
+
+
+@lowers(aten.max_pool2d_with_indices.default)
+def _max_pool2d_with_indices(c, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return low.Parts((nn_low._max_pool2d(c, x, kernel_size, stride, padding, dilation, ceil_mode), None))

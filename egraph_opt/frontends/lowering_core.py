@@ -1,226 +1,219 @@
-"""The Core ATen opset (ops tagged ``torch.Tag.core``), which torch's decompositions reach: the
-overloads that neither a torch spelling of their name (``lowering.lowering_of``) nor their own
-decomposition lowers. Exact compositions of the Term language's ops only: an op with no exact
-form raises ``Unsupported`` for those operands (tests/test_core_aten.py lists what stays a call,
-and why)."""
+"""What lowers a call that the table (``lowering.lowering_of``) does not, by mechanism rather than
+op by op, so that the frontend covers the Core ATen opset: a call of constants and shapes is
+computed here; an ATen op affine in its floating operands (flips, pads, scatters, pooling and the
+gradients of these) is run here on them to find which elements it reads, with what weights; any
+other call is traced through torch's own decompositions and lowered op by op. Each is exact or
+refuses (the call stays opaque); registered into ``lowering.FALLBACKS`` in that order."""
 from __future__ import annotations
 
 import functools
 import math
 
 import torch
+from torch import fx
+from torch._decomp import decomposition_table
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.node import map_aggregate
 
 from . import forms
-from . import lowering as low
-from . import lowering_nn as nn_low
-from .lowering import Parts, Unsupported, lowers
+from .effects import functional
+from .lowering import FALLBACKS, Ctx, Parts, Unsupported, known, lower, lowering_of
 from ..lang.ops import shape_attr
+from ..lang.program import OpaqueRef
 from ..lang.term import Term
 
-aten = torch.ops.aten
-
-def _bool(c, x) -> Term:
-    """``x != 0`` (NaN included) as a bool tensor: what the logical ops read."""
-    return x if c.info(x).dtype == torch.bool else Term("cast", (c.tensor(x),), ("bool",))
-
-
-def _logical(op: str, bits: bool):
-    """and / or / xor of truth values (bitwise of bools is logical; of integers, bits: opaque)."""
-    def lower(c, a, b):
-        if bits and not (c.info(a).dtype == torch.bool and isinstance(b, Term) and c.info(b).dtype == torch.bool):
-            raise Unsupported("bitwise op of integers")
-        a, b = _bool(c, a), _bool(c, b)
-        return low.unequal(c, a, b) if op == "xor" else Term(op, (a, b))
-    return lower
+#: calls whose value reads only its operands' shapes and dtypes
+LIKE = {torch.full_like, torch.zeros_like, torch.ones_like, "new_full", "new_zeros", "new_ones",
+        "fill", torch.ops.aten.full_like.default, torch.ops.aten.fill.Scalar}
+_FOLD_LIMIT = 1 << 24  # elements: a constant larger than this stays a call
+_DENSE_LIMIT = 1 << 22  # elements of the weights of an op that adds up elements: larger stays a call
+#: calls whose lowering does more work than they do (cumsum's sums over an n x n mask)
+COSTLIER = {torch.cumsum, "cumsum", torch.ops.aten.cumsum.default}
 
 
-for _name, _op in (("and", "minimum"), ("or", "maximum"), ("xor", "xor")):
-    lowers(getattr(aten, f"logical_{_name}").default)(_logical(_op, False))
-    lowers(getattr(aten, f"bitwise_{_name}").Tensor, getattr(aten, f"bitwise_{_name}").Scalar)(_logical(_op, True))
-lowers(aten.logical_not.default)(lambda c, x: Term("logical_not", (_bool(c, x),)))
-
-
-def _reduce(op: str, c, x, t: Term, dim, keepdim: bool) -> Term:
-    """``op`` of ``t``, a new Term of ``x``'s shape, over ``dim`` (None: every axis)."""
-    rank = c.rank(x)
-    dims = range(rank) if dim is None or dim == [] or dim == () else [dim] if isinstance(dim, int) else dim
-    return forms.reduce(op, t, dims, rank, keepdim)  # no axes named: every axis, as torch reads it
-
-
-@lowers(aten.any.default, aten.any.dim, aten.any.dims)
-def _any(c, x, dim=None, keepdim=False):
-    """any(x, dim=[]) reduces no axis (sum's empty list reduces every one)."""
-    return _bool(c, x) if dim in ([], ()) else _reduce("max", c, x, _bool(c, x), dim, keepdim)
-
-
-def _floating(c, x) -> Term:
-    if not c.floating(x):
-        raise Unsupported("an integer operand")
-    return x
-
-
-@lowers(aten.amin.default, aten.min.dim)
-def _amin(c, x, dim=(), keepdim=False):
-    """min(x) = -max(-x) in floating point (negation is exact)."""
-    out = _reduce("max", c, x, Term("neg", (_floating(c, x),)), dim if dim != () else None, keepdim)
-    return Term("neg", (out,)) if isinstance(dim, (tuple, list)) else Parts((Term("neg", (out,)), None))
-
-
-@lowers(aten.reciprocal.default)
-def _reciprocal(c, x):
-    return Term("div", (Term.const(1.0), _floating(c, x)))
-
-
-@lowers(aten.sign.default)
-def _sign(c, x):
-    """(0 < x) - (x < 0), as torch computes it: 0 at NaN and at either zero."""
-    dtype = str(c.info(_floating(c, x)).dtype)[6:]
-    zero = Term.const(0.0)
-    return Term("sub", (Term("cast", (Term("less", (zero, x)),), (dtype,)),
-                        Term("cast", (Term("less", (x, zero)),), (dtype,))))
-
-
-@lowers(aten._to_copy.default)
-def _to_copy(c, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
-             memory_format=None):
-    if device is not None or layout not in (None, torch.strided):
-        raise Unsupported("a copy to another device or layout")
-    return low._cast(c, x, dtype) if dtype is not None else c.tensor(x)
-
-
-@lowers(aten.copy.default)
-def _copy(c, x, src, non_blocking=False):
-    """``src`` in ``x``'s dtype and shape (x's values are overwritten)."""
-    out = low._cast(c, c.tensor(src), c.info(x).dtype)
-    return out if tuple(c.info(src).shape) == tuple(c.out.shape) else Term("expand", (out,), (c.out_shape(),))
-
-
-@lowers(aten.native_dropout.default)
-def _native_dropout(c, x, p, train):
-    """(x, its mask of ones) outside training or with p = 0; the mask stays with the call."""
-    return Parts((low._dropout(True)(c, x, p, bool(train)), None))
-
-
-@lowers(aten.native_layer_norm.default)
-def _native_layer_norm(c, x, normalized_shape, weight, bias, eps):
-    if len(normalized_shape) != 1:
-        raise Unsupported("layer norm over several axes")
-    w, b = (Term.const(v) if t is None else t for t, v in ((weight, 1.0), (bias, 0.0)))
-    return Parts((Term("layer_norm", (x, w, b), (float(eps),)), None, None))
-
-
-@lowers(aten._native_batch_norm_legit_no_training.default)
-def _batch_norm(c, x, weight, bias, running_mean, running_var, momentum, eps):
-    if weight is None or bias is None:
-        raise Unsupported("batch norm without affine parameters")
-    return Parts((Term("batch_norm", (x, running_mean, running_var, weight, bias), (float(eps),)), None, None))
-
-
-@lowers(aten.native_group_norm.default)
-def _group_norm(c, x, weight, bias, n, channels, hxw, groups, eps):
-    """(x - mean) rsqrt(var + eps) over each group, then the per-channel affine."""
-    shape = tuple(c.info(x).shape)
-    rows = Term("reshape", (x,), (shape_attr((n, groups, channels // groups * hxw)),))
-    mean, var = Term("mean", (rows,), (-1, True)), Term("var", (rows,), (-1, True, 0))
-    eps_ = forms.constant(eps, str(c.info(x).dtype)[6:])
-    normed = Term("mul", (Term("sub", (rows, mean)), Term("rsqrt", (forms.binary("add", var, eps_),))))
-    out = Term("reshape", (normed,), (shape_attr(shape),))
-    per_channel = shape_attr((channels,) + (1,) * (len(shape) - 2))
-    for t, op in ((weight, "mul"), (bias, "add")):
-        out = out if t is None else Term(op, (out, Term("reshape", (t,), (per_channel,))))
-    return Parts((out, None, None))
-
-
-@lowers(aten.convolution.default)
-def _convolution(c, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed or c.rank(x) != 4:
-        raise Unsupported("a transposed convolution, or not over two spatial axes")
-    return nn_low._conv2d(c, x, weight, bias, stride, padding, dilation, groups)
-
-
-@lowers(aten.max_pool2d_with_indices.default)
-def _max_pool2d_with_indices(c, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return Parts((nn_low._max_pool2d(c, x, kernel_size, stride, padding, dilation, ceil_mode), None))
-
-
-def _window_mean(c, x, kernel) -> Term:
-    """The mean over each window of non-overlapping windows that tile the last axes (one per
-    window size; those before them are batch and channel axes)."""
-    shape = tuple(c.info(x).shape)
-    lead, out = len(shape) - len(kernel), x
-    for axis, (n, k) in enumerate(zip(shape[lead:], kernel)):
-        if n % k:
-            out = Term("slice", (out,), (axis - len(kernel), 0, n - n % k, 1))
-    split = shape[:lead] + sum(((n // k, k) for n, k in zip(shape[lead:], kernel)), ())
-    return forms.reduce("mean", Term("reshape", (out,), (shape_attr(split),)),
-                        range(lead + 1, len(split), 2), len(split), False)
-
-
-@lowers(aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default)
-def _avg_pool(c, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-              divisor_override=None):
-    kernel = list(kernel_size) * (c.rank(x) - 2 if len(kernel_size) == 1 else 1)
-    if list(stride or kernel) != kernel or any(padding if isinstance(padding, (list, tuple)) else [padding]) \
-            or ceil_mode or divisor_override:
-        raise Unsupported("overlapping, padded or ceil-mode windows")
-    return _window_mean(c, x, kernel)
-
-
-@lowers(aten._adaptive_avg_pool3d.default)
-def _adaptive_avg_pool(c, x, output_size):
-    """Windows that tile each spatial axis: its size a multiple of the output's."""
-    spatial = c.info(x).shape[c.rank(x) - len(output_size):]
-    if any(n % o for n, o in zip(spatial, output_size)):
-        raise Unsupported("windows of several sizes")
-    return _window_mean(c, x, [n // o for n, o in zip(spatial, output_size)])
-
-
-#: ops each of whose elements is a copy of one element of their tensor operands, at positions that
-#: shapes and constant arguments alone decide
-MOVES = (aten.flip.default, aten.repeat.default, aten.diagonal.default, aten.reflection_pad1d.default,
-         aten.reflection_pad2d.default, aten.reflection_pad3d.default, aten.replication_pad2d.default,
-         aten.replication_pad3d.default, aten.upsample_nearest2d.vec, aten.slice_scatter.default,
-         aten.select_scatter.default, aten.scatter.src, aten.index.Tensor, aten.index_put.default,
-         aten.masked_scatter.default, aten.constant_pad_nd.default, aten.scatter.value)
-#: moves that also write a number (their argument at this position): one more element of the pool
-FILLS = {aten.constant_pad_nd.default: 2, aten.scatter.value: 3}
-
-
-def _moved(c, *args, _op=None, **kwargs):
-    """The op run here on the positions of its operands' elements (float64 counts, each operand
-    after the ones before it, then the number it writes) says where each of its elements comes
-    from: one index_select of the operands flattened and concatenated, at that index (a constant)."""
-    data = [a for a in args if isinstance(a, Term) and not low.known(a)]
-    if not data or len({c.info(a).dtype for a in data}) > 1:
-        raise Unsupported("operands of several dtypes")
-    at, start = {}, 0
-    for a in data:
-        n = math.prod(c.info(a).shape)
-        at[id(a)], start = torch.arange(start, start + n, dtype=torch.float64).reshape(c.info(a).shape), start + n
-    flat = [Term("reshape", (a,), (str(math.prod(c.info(a).shape)),)) for a in data]
-    if _op in FILLS:  # constant_pad_nd's number defaults to 0
-        args = (*args, *[0] * (FILLS[_op] + 1 - len(args)))
-        flat.append(c.constant(torch.tensor([args[FILLS[_op]]], dtype=c.info(data[0]).dtype)))
-        args, start = (*args[:FILLS[_op]], start, *args[FILLS[_op] + 1:]), start + 1
+def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
+    """A call of constants and shapes (``torch.ones(T, T).tril()``, ``torch.full_like(s, v)``):
+    computed here, once per signature; uninitialized memory (``empty``) is never a constant."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if "empty" in str(name) or not hasattr(c.out, "shape") or math.prod(c.out.shape) > _FOLD_LIMIT:
+        return None
+    like = node.target in LIKE
 
     def value(a):
-        if isinstance(a, Term) and id(a) not in at and not low.known(a):
-            raise Unsupported("an index or mask that is not a constant")
-        if isinstance(a, Term):
-            return at[id(a)] if id(a) in at else c.params[a.attrs[0]]
-        return [value(v) for v in a] if isinstance(a, (list, tuple)) else a
-    if kwargs.get("accumulate") or _op == aten.index_put.default and True in args[3:]:  # it adds
-        raise Unsupported("accumulated writes")
+        if known(a) and a.attrs[0] in c.params:
+            return c.params[a.attrs[0]]
+        if isinstance(a, Term) and like and a is args[0]:
+            return torch.empty(c.info(a).shape, dtype=c.info(a).dtype)
+        if isinstance(a, (Term, OpaqueRef)):
+            raise Unsupported("a value")
+        return a
     try:
-        index = _op(*(value(a) for a in args), **kwargs)
-    except (RuntimeError, IndexError, ValueError) as e:
-        raise Unsupported(f"the op refuses its positions: {e}") from e
-    if not bool(((index >= 0) & (index < start) & (index == index.round())).all()):
-        raise Unsupported("an element that is no operand's")
-    pool = functools.reduce(lambda a, b: Term("concat", (a, b), (-1,)), flat)
-    picked = Term("index_select", (pool, c.constant(index.long().reshape(-1))), (-1,))
-    return Term("reshape", (picked,), (c.out_shape(),))
+        out = _call(node, *map_aggregate((args, kwargs), value))
+    except Exception:  # noqa: BLE001 - any call that cannot run on these constants stays a call
+        return None
+    return c.constant(out) if isinstance(out, torch.Tensor) and out.device.type != "meta" else None
 
 
-for _move in MOVES:
-    lowers(_move)(functools.partial(_moved, _op=_move))
+def _call(node: fx.Node, args, kwargs):
+    target = functional(node.target) or node.target  # never writes into its operands
+    return getattr(args[0], target)(*args[1:], **kwargs) if node.op == "call_method" else target(*args, **kwargs)
+
+
+def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | None:
+    """An ATen op whose (first) result is ``W v + b`` of its floating operands v, W and b fixed by
+    shapes and constants (``_weights`` finds them): one gather from the operands (and b) at a
+    constant index, weighted and summed where W reads several elements."""
+    data: list = []  # the operands that vary: one flat vector v of their elements
+    map_aggregate((args, kwargs), lambda a: data.append(a) if isinstance(a, Term) and not known(a) else None)
+    out = c.out[0] if isinstance(c.out, tuple) else c.out
+    if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable \
+            or torch.Tag.nondeterministic_seeded in node.target.tags or node.target in COSTLIER or not data \
+            or {c.info(a).dtype for a in data} != {getattr(out, "dtype", None)} or not out.dtype.is_floating_point:
+        return None
+    sizes, results, c.out = [math.prod(c.info(a).shape) for a in data], c.out, out
+
+    def run(v):  # the op on the float64 elements v: its first result, flat
+        parts = iter(v.split(sizes))
+        a, kw = map_aggregate((args, kwargs), lambda t: t if not isinstance(t, Term) else next(parts).reshape(
+            c.info(t).shape) if not known(t) else c.params[t.attrs[0]].double() if c.params[t.attrs[0]].is_floating_point()
+            else c.params[t.attrs[0]])
+        result = node.target(*a, **kw)
+        return (result[0] if isinstance(result, (tuple, list)) else result).reshape(-1)
+    try:
+        with torch.no_grad():
+            index, weight, b = _weights(run, sum(sizes))
+    except Exception:  # noqa: BLE001 - an op that is no such map, or refuses float64, stays a call
+        return None
+    flat = [Term("reshape", (a,), (str(n),)) for a, n in zip(data, sizes)]
+    if bool((index >= sum(sizes)).any()):  # -0.0, which adds nothing, then b
+        flat.append(c.constant(torch.cat([torch.tensor([-0.0], dtype=torch.float64), b]).to(out.dtype)))
+    pool = functools.reduce(lambda x, y: Term("concat", (x, y), (-1,)), flat)
+    picked = Term("index_select", (pool, c.constant(index.reshape(-1))), (-1,))
+    if index.shape[1] == 1 and bool((weight == 1).all()):  # a move: each element one operand's
+        result = Term("reshape", (picked,), (shape_attr(out.shape),))
+    else:
+        picked = Term("reshape", (picked,), (shape_attr((*out.shape, index.shape[1])),))
+        if not bool((weight == 1).all()):  # pooling's 1/k as a division by k, as torch computes it
+            k = (1 / weight).round()
+            exact = bool((1 / k == weight).all())
+            picked = Term("div" if exact else "mul", (picked, c.constant(
+                (k if exact else weight).to(out.dtype).reshape(*out.shape, -1))))
+        result = Term("sum", (picked,), (-1, False))
+    return Parts((result, *[None] * (len(results) - 1))) if isinstance(results, tuple) else result
+
+
+def _weights(run, n: int) -> tuple:
+    """(index, weight, b): output j of ``run`` (affine in v, n elements) is the sum over k of
+    weight[j, k] times element index[j, k] of v followed by -0.0 and b. Run at v = 0, b; then
+    at each position at once (where each output reads at most one element: a move), or one
+    position at a time. Random operands check it: any other op refuses (raises)."""
+    b = run(torch.zeros(n, dtype=torch.float64))
+    if b.dtype != torch.float64:
+        raise Unsupported("a result of another dtype")
+    at, rows = run(torch.arange(1.0, n + 1, dtype=torch.float64)) - b, torch.arange(len(b))  # 0: reads none
+    index = torch.where(at > 0, (at - 1).clamp(0, n - 1), n + 1 + rows).long()[:, None]
+    weight = torch.ones(index.shape, dtype=torch.float64)
+    if _reads(run, n, index, weight, b):
+        return index, weight, b
+    if n * len(b) > _DENSE_LIMIT:
+        raise Unsupported("not a move, and too many elements to weigh one by one")
+    w = (torch.vmap(run)(torch.eye(n, dtype=torch.float64)) - b).T
+    reads = w != 0
+    index = reads.to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, :int(reads.sum(1).max())]
+    weight = w.gather(1, index)
+    index, weight = torch.where(weight != 0, index, n), torch.where(weight != 0, weight, 1.0)
+    with_b = (b != 0) | ~reads.any(1)  # b itself where no element is read: its sign too
+    if bool(with_b.any()):
+        index = torch.cat([index, torch.where(with_b, n + 1 + rows, n)[:, None]], 1)
+        weight = torch.cat([weight, torch.ones(len(b), 1, dtype=torch.float64)], 1)
+    if not _reads(run, n, index, weight, b):
+        raise Unsupported("not affine")
+    return index, weight, b
+
+
+def _reads(run, n: int, index, weight, b) -> bool:
+    """Whether ``run`` is that weighted gather at random operands, and at ones holding inf, -inf
+    and NaN (``nan_to_num`` is the identity on finite values only)."""
+    v = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    special = v.clone()
+    special[0::6], special[2::6], special[4::6] = math.inf, -math.inf, math.nan
+    return all(torch.allclose(run(p), (torch.cat([p, torch.tensor([-0.0], dtype=torch.float64), b])[index] * weight)
+                              .sum(1), rtol=1e-9, atol=1e-12, equal_nan=True) for p in (v, special))
+
+
+@functools.cache
+def decompositions() -> dict:
+    """torch's table to the Core ATen opset, less the ops lowered as they are: a composite the
+    Term language holds whole (softmax, layer norm, attention) stays whole, and its fusions hold."""
+    table = dict(torch.export.default_decompositions())
+    for op in [op for op in table if lowering_of(op)]:
+        del table[op]
+    return table
+
+
+_TRACED: dict = {}  # a call's spelling and operand shapes -> its Core ATen graph, or None
+_DECOMPOSING: set = set()  # the calls whose decompositions are being lowered
+
+
+def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
+    """A call the table does not know, traced by torch's own decompositions and lowered op by op
+    (None where one stays a call): a torch function (``F.pad``, ``torch.tril``) into the Core
+    ATen opset, a core overload (``aten.elu``) by its own decomposition into other core ops."""
+    terms: list = []
+    map_aggregate((args, kwargs), lambda a: terms.append(a) if isinstance(a, (Term, OpaqueRef)) else None)
+    overload = isinstance(node.target, torch._ops.OpOverload)
+    if not (hasattr(c.out, "shape") or isinstance(c.out, tuple)) or not all(isinstance(t, Term) for t in terms) \
+            or node.target in _DECOMPOSING | COSTLIER or overload and node.target not in decomposition_table \
+            and not node.target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        return None  # a composite overload (max_pool3d) decomposes as it is traced
+
+    def call(*tensors):
+        it = iter(tensors)
+        return _call(node, *map_aggregate((args, kwargs), lambda v: next(it) if isinstance(v, Term) else v))
+    key = repr((node.op, node.target, map_aggregate((args, kwargs), lambda v: (
+        tuple(c.info(v).shape), c.info(v).dtype) if isinstance(v, Term) else v)))
+    if key not in _TRACED:  # a call repeated in each block of a model is traced once
+        try:
+            empties = [torch.empty(c.info(t).shape, dtype=c.info(t).dtype) for t in terms]
+            table = {**decompositions(), **({node.target: decomposition_table[node.target]} if node.target in decomposition_table else {})}
+            _TRACED[key] = make_fx(call, decomposition_table=table, tracing_mode="fake")(*empties)
+        except Exception:  # noqa: BLE001 - what torch cannot trace stays the call it was
+            _TRACED[key] = None
+        if len(_TRACED) > 256:
+            _TRACED.pop(next(iter(_TRACED)))
+    return _lowered_graph(_TRACED[key], terms, node.target, c) if _TRACED[key] is not None else None
+
+
+def _lowered_graph(gm: fx.GraphModule, terms: list, target, c: Ctx) -> Term | Parts | None:
+    """A call's decomposition lowered node by node on its operands ``terms``: its results that
+    every node they read lowers (a node that does not, and all it feeds, is None)."""
+    values: dict = {}
+    operands = iter(terms)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            values[n] = next(operands)
+        elif n.op == "get_attr":
+            values[n] = c.constant(getattr(gm, n.target))
+        elif n.op == "output":
+            out = map_aggregate(n.args[0], lambda a: values[a] if isinstance(a, fx.Node) else a)
+            if isinstance(out, (tuple, list)) and any(isinstance(t, Term) for t in out):  # (output,
+                return Parts(tuple(t if isinstance(t, Term) else None for t in out))  # mean, rstd)
+            return out if isinstance(out, Term) else None
+        elif getattr(getattr(n.target, "_schema", None), "is_mutable", False):
+            return None  # a write: later reads of the written node would not see it
+        elif any(values[i] is None for i in n.all_input_nodes):
+            values[n] = None
+        else:
+            n.meta["egraph_opt"] = map_aggregate(n.meta.get("val"), lambda v: type(c.info(terms[0]))(
+                tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v)
+            a, kw = map_aggregate((n.args, n.kwargs), lambda v: values[v] if isinstance(v, fx.Node) else v)
+            _DECOMPOSING.add(target)  # its decomposition may call it again: lowered or not
+            try:
+                t = lower(n, a, kw, c.info_of, None, c.params)
+            finally:
+                _DECOMPOSING.discard(target)
+            values[n] = OpaqueRef(n.name, t) if isinstance(t, Parts) else t
+    return None
+
+
+FALLBACKS.extend([_fold, _affine, _decomposed])

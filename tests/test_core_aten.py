@@ -24,7 +24,8 @@ FOLDED = {aten.arange.start_step, aten.full.default, aten.full_like.default, ate
 #: core overloads lowered through their own decompositions (``lowering_core._decomposed``)
 DECOMPOSED = {aten.elu.default, aten.leaky_relu.default, aten._adaptive_avg_pool2d.default, aten.hardtanh.default,
               aten.isinf.default, aten.upsample_bilinear2d.vec, aten.adaptive_avg_pool1d.default,
-              aten.max_pool3d_with_indices.default, aten.native_group_norm.default,
+              aten.max_pool3d_with_indices.default, aten.native_group_norm.default, aten.max_pool2d_with_indices.default,
+              aten.native_layer_norm.default,
               aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default,
               aten.native_layer_norm_backward.default, aten.native_group_norm_backward.default,
               aten._native_batch_norm_legit.no_stats}
@@ -88,7 +89,7 @@ def test_the_core_opset_is_covered():
 
 X = torch.randn(2, 3, 8, 8)
 X[0, 0, 0, :3] = torch.tensor([math.nan, math.inf, -0.0])
-W = torch.randn(3)
+W, W8 = torch.randn(3), torch.randn(8)
 GRID = torch.rand(2, 4, 5, 2) * 2.2 - 1.1  # past the borders too: zeros there
 #  name             a program whose core ATen form each overload named must lower
 SAMPLES = {
@@ -112,6 +113,7 @@ SAMPLES = {
     "adaptive_avg_pool1d": lambda x: F.adaptive_avg_pool1d(x.flatten(2), 16),
     "_adaptive_avg_pool3d": lambda x: F.adaptive_avg_pool3d(x, (3, 4, 2)) + F.adaptive_avg_pool3d(x[None], (3, 4, 2))[0],
     "max_pool3d_with_indices": lambda x: F.max_pool3d(x.nan_to_num(), 2),
+    "max_pool2d layer_norm": lambda x: F.max_pool2d(x.nan_to_num(), 3, 2, ceil_mode=True).sum() + F.layer_norm(x, (8,), W8, W8),
     "upsample_bilinear2d": lambda x: F.interpolate(x.nan_to_num(0.0, 0.0, 0.0), scale_factor=2, mode="bilinear"),
     "constants": lambda x: x + torch.arange(8.0) * torch.full((8,), 2.0) + torch.ones(8, 8).tril(),
     "pads 1-d and 3-d": lambda x: F.pad(x[0], (2, 1), mode="reflect").sum() + F.pad(x[None], (1, 1, 2, 1, 1, 0), mode="reflect").sum()
@@ -228,7 +230,7 @@ def test_spellings_that_stayed_opaque_fuse(fn, half):
 
 
 IDX = torch.tensor([[0, 2, 4], [1, 3, 0]])
-W8, W3 = torch.randn(8), torch.randn(3)
+W3 = torch.randn(3)
 #  name             a program of core overloads, on its own inputs
 MORE = {
     "scatter": (lambda x, s: x.scatter(1, IDX, s) + x.masked_scatter(torch.arange(5) > 2, s) + x.scatter(1, IDX, -1.5),
@@ -252,6 +254,7 @@ MORE.update({
                           + aten._adaptive_avg_pool2d_backward(g, x), (G4, X.nan_to_num())),
     "col2im": (lambda cols: aten.col2im(cols, [4, 4], [2, 2], [1, 1], [0, 0], [1, 1]), (torch.randn(2, 12, 9),)),
     "_embedding_bag": (lambda w: aten._embedding_bag(w, IDX.flatten(), torch.tensor([0, 2]), False, 1)[0], (torch.randn(5, 3),)),
+    "embedding": (lambda w: F.embedding(IDX, w), (torch.randn(5, 3),)),
     "copy": (lambda x, y: aten.copy.default(x, y.flip(-1) * 2), (torch.randn(2, 5), torch.randn(5))),
     "batch norm in training": (lambda x: aten._native_batch_norm_legit.no_stats(x, W3, W3, True, 0.1, 1e-5)[0], (X.nan_to_num(),)),
 })

@@ -22,7 +22,7 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_unflatten
 
-from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_nn  # noqa: F401 - these register lowerings
+from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_nn  # noqa: F401 - they register
 from .effects import Draws, functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves

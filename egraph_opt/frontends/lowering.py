@@ -233,11 +233,7 @@ for _name, _op, _operator in (("and", "minimum", operator.and_), ("or", "maximum
     lowers(getattr(torch, f"bitwise_{_name}"), f"bitwise_{_name}", _operator, f"__{_name}__")(_bits(_op))
 
 
-@lowers(torch.reciprocal, "reciprocal")
-def _reciprocal(c, x):
-    if not c.floating(x):
-        raise Unsupported("the reciprocal of integers")
-    return Term("div", (Term.const(1.0), x))
+lowers(torch.reciprocal, "reciprocal")(lambda c, x: Term("div", (Term.const(1.0), x)) if c.floating(x) else None)
 
 
 @lowers(torch.sign, "sign")
@@ -246,7 +242,7 @@ def _sign(c, x):
     zero, dtype = Term.const(0.0), str(c.info(x).dtype).removeprefix("torch.")
     if not c.floating(x):
         raise Unsupported("the sign of integers")
-    return Term("sub", (Term("cast", (Term("less", (zero, x)),), (dtype,)), Term("cast", (Term("less", (x, zero)),), (dtype,))))
+    return Term("sub", tuple(Term("cast", (Term("less", pair),), (dtype,)) for pair in ((zero, x), (x, zero))))
 
 
 @lowers(F.gelu)
@@ -296,24 +292,22 @@ def is_zero(x: Term) -> Term:
     return Term("cast", (Term("where", (nonzero, Term.const(0.0), Term.const(1.0))),), ("bool",))
 
 
-def _nans(c, *ts: Term) -> list[Term]:
-    return [Term("isnan", (t,)) for t in ts if t.op != "const" and c.floating(t)]  # a const never is
-
-
-def any_of(*masks: Term) -> Term:
-    return functools.reduce(lambda a, b: Term("maximum", (a, b)), masks)  # or, of bools
+def _below_or_nan(c, a, b, both: bool) -> Term:
+    """b < a (or a < b too, where ``both``), or a NaN: the or (maximum) of bools."""
+    a, b = _operand(c, a, b), _operand(c, b, a)
+    masks = [Term("less", (b, a))] + [Term("less", (a, b))] * both
+    masks += [Term("isnan", (t,)) for t in (a, b) if t.op != "const" and c.floating(t)]  # a const never is
+    return functools.reduce(lambda x, y: Term("maximum", (x, y)), masks)
 
 
 def unequal(c, a, b) -> Term:
     """``a != b``: one is below the other, or one is NaN (x - c != 0 is not it at inf)."""
-    a, b = _operand(c, a, b), _operand(c, b, a)
-    return any_of(Term("less", (a, b)), Term("less", (b, a)), *_nans(c, a, b))
+    return _below_or_nan(c, a, b, True)
 
 
 def not_above(c, a, b) -> Term:
     """``a <= b``: neither b < a nor a NaN."""
-    a, b = _operand(c, a, b), _operand(c, b, a)
-    return Term("logical_not", (any_of(Term("less", (b, a)), *_nans(c, a, b)),))
+    return Term("logical_not", (_below_or_nan(c, a, b, False),))
 
 
 lowers(operator.ne, torch.ne, "ne")(unequal)
@@ -331,11 +325,6 @@ def _eq(c, x, other):
 @lowers("masked_fill")
 def _masked_fill(c, x, mask, value):
     return Term("where", (mask, _operand(c, value, x), x))
-
-
-@lowers(torch.square, "square")
-def _square(c, x):
-    return Term("mul", (x, x))
 
 
 def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
@@ -512,19 +501,6 @@ lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsquee
 lowers("expand", "expand_as")(_to_out_shape("expand"))
 
 
-@lowers(torch.repeat_interleave, "repeat_interleave")
-def _repeat_interleave(c, x, repeats, dim=None, *, output_size=None):
-    """Each slice along ``dim`` repeated in place (GQA's keys and values, as transformers'
-    repeat_kv spells it): a new axis after ``dim``, expanded, merged back."""
-    if not isinstance(repeats, int) or dim is None:
-        raise Unsupported("repeat_interleave by a tensor of counts or without dim")
-    shape = tuple(c.info(x).shape)
-    i = len(shape) + c.axis(x, dim) + 1
-    one = Term("reshape", (x,), (shape_attr(shape[:i] + (1,) + shape[i:]),))
-    wide = Term("expand", (one,), (shape_attr(shape[:i] + (repeats,) + shape[i:]),))
-    return Term("reshape", (wide,), (c.out_shape(),))
-
-
 @lowers("contiguous", "clone", torch.clone, "detach", torch.detach)
 def _identity(c, x, *args, memory_format=None):
     return c.tensor(x)
@@ -596,12 +572,6 @@ def _split(c, x, split_size_or_sections, dim=0):
         raise Unsupported(f"split sizes {list(sizes)} do not add up to {size}")
     axis, starts = c.axis(x, dim), [sum(sizes[:i]) for i in range(len(sizes))]
     return Parts(tuple(Term("slice", (x,), (axis, a, a + n, 1)) for a, n in zip(starts, sizes)))
-
-
-@lowers(torch.chunk, "chunk")
-def _chunk(c, x, chunks, dim=0):
-    size = c.info(x).shape[dim]
-    return _split(c, x, max(1, -(-size // chunks)), dim)
 
 
 for _name in ("gather", "index_select"):

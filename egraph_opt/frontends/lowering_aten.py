@@ -56,17 +56,6 @@ def _addmm(c, bias, m1, m2, *, beta=1, alpha=1):
     return Term("add", (Term("matmul", (c.tensor(m1), c.tensor(m2))), c.tensor(bias)))
 
 
-@lowers(aten.baddbmm.default)
-def _baddbmm(c, bias, b1, b2, *, beta=1, alpha=1):
-    """bias + alpha (b1 @ b2): BLOOM's ALiBi scores. beta = 0 ignores the bias (NaN too): opaque."""
-    if beta != 1:
-        raise Unsupported("baddbmm with beta")
-    scores = Term("matmul", (c.tensor(b1), c.tensor(b2)))
-    if alpha != 1:
-        scores = forms.binary("mul", scores, forms.constant(alpha, str(c.info(b1).dtype).removeprefix("torch.")))
-    return forms.binary("add", scores, c.tensor(bias))
-
-
 @lowers(aten.select.int)
 def _select(c, x, dim, index):
     """``x[:, i]``: one slice along ``dim``, that axis dropped."""
@@ -80,20 +69,6 @@ def _select(c, x, dim, index):
 @lowers(aten.embedding.default)
 def _embedding(c, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return nn_low._embedding(c, indices, weight)
-
-
-@lowers(aten.full.default)
-def _full(c, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    """A 0-d full of a number (GPT-2's scale and mask value) is that number as a const: as the
-    other operand of a kernel, a 0-d tensor's value is read in the kernel's float32 or wider, so
-    it acts as the number itself where the tensor's dtype holds it exactly and float32 does too."""
-    if list(size) or not isinstance(fill_value, (int, float)) or isinstance(fill_value, bool) \
-            or dtype is None or not dtype.is_floating_point:
-        raise Unsupported("full of a shape, of a non-number, or of an implicit or integer dtype")
-    value = torch.full((), fill_value, dtype=dtype).item()
-    if value != fill_value or float(torch.tensor(value, dtype=torch.float32)) != value:
-        raise Unsupported(f"{fill_value!r} is not exact in {dtype} and float32")
-    return Term.const(float(value))
 
 
 @lowers(aten._safe_softmax.default)
@@ -111,12 +86,6 @@ def _slice(c, x, dim=0, start=None, end=None, step=1):
     return low._getitem(c, x, (slice(None),) * (c.axis(x, dim) % c.rank(x)) + (slice(start, end, step),))
 
 
-@lowers(aten.numpy_T.default)
-def _numpy_t(c, x):
-    """``x.T`` as torch.export records it: every axis reversed."""
-    return low._permute(c, x, list(range(c.rank(x)))[::-1])
-
-
 @lowers(aten._to_copy.default)
 def _to_copy(c, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
@@ -131,16 +100,10 @@ def _native_dropout(c, x, p, train):
     return low.Parts((low._dropout(True)(c, x, p, bool(train)), None))
 
 
-@lowers(aten.native_layer_norm.default)
-def _native_layer_norm(c, x, normalized_shape, weight, bias, eps):
-    """The normalized x whole (its fusions need it); mean and rstd stay with the call."""
-    w, b = (Term.const(v) if t is None else t for t, v in ((weight, 1.0), (bias, 0.0)))
-    return low.Parts((nn_low._layer_norm(c, x, normalized_shape, w, b, eps), None, None))
-
-
 @lowers(aten._native_batch_norm_legit_no_training.default)
 def _batch_norm(c, x, weight, bias, running_mean, running_var, momentum, eps):
-    return low.Parts((nn_low._batch_norm(c, x, running_mean, running_var, weight, bias, False, momentum, eps), None, None))
+    out = nn_low._batch_norm(c, x, running_mean, running_var, weight, bias, False, momentum, eps)
+    return low.Parts((out, None, None))
 
 
 @lowers(aten.convolution.default)
@@ -148,8 +111,3 @@ def _convolution(c, x, weight, bias, stride, padding, dilation, transposed, outp
     if transposed or c.rank(x) != 4:
         raise Unsupported("a transposed convolution, or not over two spatial axes")
     return nn_low._conv2d(c, x, weight, bias, stride, padding, dilation, groups)
-
-
-@lowers(aten.max_pool2d_with_indices.default)
-def _max_pool2d_with_indices(c, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return low.Parts((nn_low._max_pool2d(c, x, kernel_size, stride, padding, dilation, ceil_mode), None))

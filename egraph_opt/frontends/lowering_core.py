@@ -1,9 +1,8 @@
-"""What lowers a call that the table (``lowering.lowering_of``) does not, by mechanism rather than
-op by op, so that the frontend covers the Core ATen opset: a call of constants and shapes is
-computed here; an ATen op affine in its floating operands (flips, pads, scatters, pooling and the
-gradients of these) is run here on them to find which elements it reads, with what weights; any
-other call is traced through torch's own decompositions and lowered op by op. Each is exact or
-refuses (the call stays opaque); registered into ``lowering.FALLBACKS`` in that order."""
+"""What lowers a call the table (``lowering.lowering_of``) does not, by mechanism, not op by op, so
+that the frontend covers the Core ATen opset (``lowering.FALLBACKS``, in this order): a call of
+constants is computed here; an ATen op affine in its floating operands (flips, pads, scatters,
+pooling and their gradients) is run here to find what it reads; any other call is traced through
+torch's own decompositions and lowered op by op. Each is exact or refuses (it stays a call)."""
 from __future__ import annotations
 
 import functools
@@ -51,12 +50,16 @@ def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
         out = _call(node, *map_aggregate((args, kwargs), value))
     except Exception:  # noqa: BLE001 - any call that cannot run on these constants stays a call
         return None
-    return c.constant(out) if isinstance(out, torch.Tensor) and out.device.type != "meta" else None
+    if not isinstance(out, torch.Tensor) or out.device.type == "meta":
+        return None
+    if out.dim() == 0 and out.dtype.is_floating_point and float(out.float()) == out.item():
+        return Term.const(out.item())  # a number float32 holds (GPT-2's torch.full([], scale)): as rules know it
+    return c.constant(out)
 
 
 def _call(node: fx.Node, args, kwargs):
-    target = functional(node.target) or node.target  # never writes into its operands
-    return getattr(args[0], target)(*args[1:], **kwargs) if node.op == "call_method" else target(*args, **kwargs)
+    fn = functional(node.target) or node.target  # never writes into its operands
+    return getattr(args[0], fn)(*args[1:], **kwargs) if node.op == "call_method" else fn(*args, **kwargs)
 
 
 def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | None:
@@ -74,9 +77,11 @@ def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | 
 
     def run(v):  # the op on the float64 elements v: its first result, flat
         parts = iter(v.split(sizes))
-        a, kw = map_aggregate((args, kwargs), lambda t: t if not isinstance(t, Term) else next(parts).reshape(
-            c.info(t).shape) if not known(t) else c.params[t.attrs[0]].double() if c.params[t.attrs[0]].is_floating_point()
-            else c.params[t.attrs[0]])
+
+        def value(t):  # constants in float64 too
+            p = c.params[t.attrs[0]] if known(t) else next(parts).reshape(c.info(t).shape)
+            return p.double() if p.is_floating_point() else p
+        a, kw = map_aggregate((args, kwargs), lambda t: value(t) if isinstance(t, Term) else t)
         result = node.target(*a, **kw)
         return (result[0] if isinstance(result, (tuple, list)) else result).reshape(-1)
     try:
@@ -151,6 +156,7 @@ def decompositions() -> dict:
     return table
 
 
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd  # such an overload decomposes as it is traced
 _TRACED: dict = {}  # a call's spelling and operand shapes -> its Core ATen graph, or None
 _DECOMPOSING: set = set()  # the calls whose decompositions are being lowered
 
@@ -162,10 +168,11 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
     terms: list = []
     map_aggregate((args, kwargs), lambda a: terms.append(a) if isinstance(a, (Term, OpaqueRef)) else None)
     overload = isinstance(node.target, torch._ops.OpOverload)
-    if not (hasattr(c.out, "shape") or isinstance(c.out, tuple)) or not all(isinstance(t, Term) for t in terms) \
-            or node.target in _DECOMPOSING | COSTLIER or overload and node.target not in decomposition_table \
-            and not node.target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
-        return None  # a composite overload (max_pool3d) decomposes as it is traced
+    if not (hasattr(c.out, "shape") or isinstance(c.out, (tuple, list))) \
+            or any(not isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING | COSTLIER \
+            or overload and not (node.target in decomposition_table
+                                 or node.target.has_kernel_for_dispatch_key(_COMPOSITE)):
+        return None
 
     def call(*tensors):
         it = iter(tensors)
@@ -175,8 +182,8 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
     if key not in _TRACED:  # a call repeated in each block of a model is traced once
         try:
             empties = [torch.empty(c.info(t).shape, dtype=c.info(t).dtype) for t in terms]
-            table = {**decompositions(), **({node.target: decomposition_table[node.target]} if node.target in decomposition_table else {})}
-            _TRACED[key] = make_fx(call, decomposition_table=table, tracing_mode="fake")(*empties)
+            own = {node.target: decomposition_table[node.target]} if node.target in decomposition_table else {}
+            _TRACED[key] = make_fx(call, decomposition_table=decompositions() | own, tracing_mode="fake")(*empties)
         except Exception:  # noqa: BLE001 - what torch cannot trace stays the call it was
             _TRACED[key] = None
         if len(_TRACED) > 256:

@@ -413,29 +413,12 @@ def _var_mean(c, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
 
 @lowers(operator.getitem)
 def _getitem(c, x, index):
-    if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts):
-        part = x.parts.items[index]
-        if part is None:
-            raise Unsupported("element without a Term")
-        return part
-    if not isinstance(x, Term):
-        raise Unsupported("indexing a non-tensor")
-    index = index if isinstance(index, tuple) else (index,)
-    if any(not (isinstance(i, slice) or i is None or i is Ellipsis) for i in index) \
-            or index.count(Ellipsis) > 1:
-        raise Unsupported("only slices, None and one Ellipsis")
-    rank = c.rank(x)
-    slices = [i for i in index if i is not None]
-    if Ellipsis in slices:  # x[..., :h]: the Ellipsis stands for every axis not named
-        at = slices.index(Ellipsis)
-        slices[at:at + 1] = [slice(None)] * (rank - len(slices) + 1)
-    out = x
-    for axis, s in enumerate(slices):
-        if s != slice(None):
-            start, end, step = s.indices(c.info(x).shape[axis])
-            out = Term("slice", (out,), (axis - rank, start, end, step))
-    # None adds an axis of size 1 (t[:, None]): the recorded result's shape
-    return Term("reshape", (out,), (c.out_shape(),)) if None in index else out
+    """An element of a tuple-valued call; an index of a tensor lowers through torch's decomposition
+    (slices, selects and unsqueezes, or a gather at constant positions)."""
+    part = x.parts.items[index] if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts) else None
+    if part is None:
+        raise Unsupported("element without a Term")
+    return part
 
 
 @lowers(getattr)
@@ -477,11 +460,6 @@ def _matmul(c, a, b):
 def _transpose(c, x, dim0, dim1):
     a, b = sorted((c.axis(x, dim0), c.axis(x, dim1)))
     return x if a == b else Term("transpose", (x,), (a, b))
-
-
-@lowers(torch.t, "t")
-def _t(c, x):
-    return _transpose(c, x, 0, 1) if c.rank(x) == 2 else x
 
 
 @lowers(torch.permute, "permute")

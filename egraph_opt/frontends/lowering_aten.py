@@ -83,7 +83,9 @@ def _safe_softmax(c, x, dim, dtype=None):
 @lowers(aten.slice.Tensor)
 def _slice(c, x, dim=0, start=None, end=None, step=1):
     """``x[..., a:b]`` as torch.export records it, one axis at a time (rotate_half's halves)."""
-    return low._getitem(c, x, (slice(None),) * (c.axis(x, dim) % c.rank(x)) + (slice(start, end, step),))
+    axis, size = c.axis(x, dim), c.info(x).shape[dim]
+    start, end, step = slice(start, end, step).indices(size)
+    return x if (start, end, step) == (0, size, 1) else Term("slice", (x,), (axis, start, end, step))
 
 
 @lowers(aten._to_copy.default)

@@ -345,19 +345,17 @@ lowers(torch.any, "any")(lambda c, x, dim=None, keepdim=False: _cast(c, x, torch
 
 
 def _arg(op: str):
-    """argmax / argmin along one axis; with none, of the flattened tensor."""
+    """argmax / argmin along one axis; with none, of the flattened tensor (kept: a call)."""
     def lower_arg(c, x, dim=None, keepdim=False):
-        if dim is not None:
-            return Term(op, (c.tensor(x),), (c.axis(x, dim), keepdim))
-        if keepdim:
+        if dim is None and keepdim:
             raise Unsupported(f"{op} of every axis, kept")
-        flat = Term("reshape", (c.tensor(x),), (shape_attr((math.prod(c.info(x).shape),)),))
-        return Term(op, (flat,), (-1, False))
+        flat = x if dim is not None else Term("reshape", (c.tensor(x),), (str(math.prod(c.info(x).shape)),))
+        return Term(op, (flat,), (-1 if dim is None else c.axis(x, dim), keepdim))
     return lower_arg
 
 
-lowers(torch.argmax, "argmax")(_arg("argmax"))
-lowers(torch.argmin, "argmin")(_arg("argmin"))
+for _name in ("argmax", "argmin"):
+    lowers(getattr(torch, _name), _name)(_arg(_name))
 
 
 @lowers(torch.amax, "amax")

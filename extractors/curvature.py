@@ -43,10 +43,6 @@ def _over(lo: float, f) -> float:
     return f(lo) if lo > 0 else math.inf
 
 
-def _one(attrs: tuple, o: list[Interval]) -> float:
-    return 1.0
-
-
 #: (kappa, Lipschitz constant) of each curvature formula an op declares (``Op.curvature``), over
 #: its operand ranges; an op that declares a pair of numbers has those bounds over any range
 FORMULAS = {
@@ -61,11 +57,12 @@ FORMULAS = {
              lambda attrs, o: _over(o[0][0], lambda lo: 0.5 / math.sqrt(lo))),
     "rsqrt": (lambda attrs, o: _over(o[0][0], lambda lo: 3 / (4 * lo ** 2.5)),
               lambda attrs, o: _over(o[0][0], lambda lo: 0.5 / lo ** 1.5)),
-    "pow": (_pow, _one),
+    "pow": (_pow, lambda attrs, o: 1.0),
     # bilinear: constant cross curvature, unless one side is a constant
     "bilinear": (lambda attrs, o: 0.0 if any(lo == hi for lo, hi in o[:2]) else 1.0,
                  lambda attrs, o: max(mag(o[0]), mag(o[1]))),
-    "layer_norm": (lambda attrs, o: 1 / (4 * attrs[0] ** 1.5), _one),  # 1/sqrt(var + eps), var = 0
+    "layer_norm": (lambda attrs, o: 1 / (4 * attrs[0] ** 1.5),  # 1/sqrt(var + eps), var = 0
+                   lambda attrs, o: 1.0),
     "swish": (lambda attrs, o: 0.5 * abs(attrs[0]), lambda attrs, o: 1.1),  # silu's, at b x
 }
 

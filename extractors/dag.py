@@ -58,18 +58,13 @@ def _knuth(classes: dict[str, list[ENode]], price: Callable, join: Callable
     return settled
 
 
-def heights(classes: dict[str, list[ENode]]) -> dict[str, int]:
-    """Each class's least height: 0 for leaves, else one more than its e-node's tallest operand
-    (cycles never lower a height)."""
-    settled = _knuth(classes, lambda cid, n, tallest: tallest + 1 if n.children else 0, max)
-    return {cid: h for cid, (h, _) in settled.items()}
-
-
 def choose(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int],
            window: int | None = WINDOW) -> dict[str, ENode]:
     """The cheapest e-node of every e-class that has a finite program; ``cost(class, node)``.
     ``window`` bounds how many levels of sharing are tracked (None: all, exact but quadratic)."""
-    height = heights(classes) if window is not None else {}
+    # each class's least height: 0 for leaves, else one more than its e-node's tallest operand
+    height = {cid: h for cid, (h, _) in _knuth(classes, lambda cid, n, tallest: tallest + 1 if n.children else 0,
+                                               max).items()} if window is not None else {}
     nodes, users, _ = _users(classes)
     best: dict[str, tuple[int, dict[str, int], ENode]] = {}
     queue = deque(i for i, (_, n) in enumerate(nodes) if not n.children)
@@ -114,12 +109,9 @@ def refine(choice: dict[str, ENode], roots: list[str], classes: dict[str, list[E
         for alt in classes[cid]:
             if alt == choice[cid] or any(c not in choice or refs[c] == 0 for c in alt.children):
                 continue  # only alternatives over classes the program already computes
-            if _switched([(cid, alt)], choice, refs, cost, {}) < 0 and \
+            if _switched([(cid, alt)], choice, refs, cost) < 0 and \
                     not any(cid in _reachable(choice, [c]) for c in alt.children):
-                applied: dict = {}
-                _switched([(cid, alt)], choice, refs, cost, applied)
-                refs.update(applied)
-                choice[cid] = alt
+                _switched([(cid, alt)], choice, refs, cost, apply=True)
     _share_new(choice, roots, classes, cost, refs)
     return choice
 
@@ -137,23 +129,19 @@ def _share_new(choice, roots, classes, cost, refs) -> None:
 
     for shared, members in groups.items():
         members = [(cid, alt) for cid, alt in members if refs[cid] > 0 and refs[shared] == 0]
-        if not members or _switched(members, choice, refs, cost, {}) >= 0:
+        if not members or _switched(members, choice, refs, cost) >= 0:
             continue
         below = set(_reachable(choice, [shared]))
         if any(cid in below for cid, _ in members):
             continue  # the shared class depends on a class that would use it: a cycle
-        applied: dict = {}
-        _switched(members, choice, refs, cost, applied)
-        refs.update(applied)
-        for cid, alt in members:
-            choice[cid] = alt
+        _switched(members, choice, refs, cost, apply=True)
 
 
-def _switched(members, choice: dict[str, ENode], refs: dict[str, int], cost, counts: dict) -> int:
+def _switched(members, choice: dict[str, ENode], refs: dict[str, int], cost, apply: bool = False) -> int:
     """Cost change of switching each class of ``members`` to its alternative e-node (exact DAG
-    delta), applied to ``counts``, a view of the reference counts ``refs``: a class starts or
-    stops being paid as its count leaves or reaches 0."""
-    delta = 0
+    delta, by the reference counts ``refs``: a class starts or stops being paid as its count
+    leaves or reaches 0); ``apply``: the switch is made, in ``choice`` and ``refs``."""
+    delta, counts = 0, {}
     for cid, alt in members:
         delta += cost(cid, alt) - cost(cid, choice[cid])
         for step, start in ((1, alt.children), (-1, choice[cid].children)):
@@ -164,6 +152,9 @@ def _switched(members, choice: dict[str, ENode], refs: dict[str, int], cost, cou
                 if counts[c] == (1 if step > 0 else 0):  # a class starts or stops being paid
                     delta += step * cost(c, choice[c])
                     stack.extend(choice[c].children)
+    if apply:
+        refs.update(counts)
+        choice.update(members)
     return delta
 
 
@@ -185,28 +176,23 @@ def extract(classes: dict[str, list[ENode]], roots: list[str],
     collecting = gc.isenabled()
     gc.disable()  # extraction allocates millions of small objects and frees none of them
     try:
-        return _extract(classes, roots, cost)
+        size = sum(len(nodes) for nodes in classes.values())
+        for window in ([WINDOW, None] if size > EXACT_UP_TO else [None]):
+            choice = choose(classes, cost, window)
+            missing = [r for r in roots if r not in choice]
+            if missing:
+                raise ExtractionError(f"e-class {missing[0]} has no finite program")
+            try:
+                built = terms_of(refine(choice, roots, classes, cost), roots)
+                break
+            except ExtractionError:  # a cycle: through classes deeper than the window, or through a
+                continue             # choice made before a class it depends on improved
+        else:
+            built = terms_of(settled_in_order(classes, cost), roots)
+        return [built[r] for r in roots]
     finally:
         if collecting:
             gc.enable()
-
-
-def _extract(classes: dict[str, list[ENode]], roots: list[str],
-             cost: Callable[[str, ENode], int]) -> list[Term]:
-    size = sum(len(nodes) for nodes in classes.values())
-    for window in ([WINDOW, None] if size > EXACT_UP_TO else [None]):
-        choice = choose(classes, cost, window)
-        missing = [r for r in roots if r not in choice]
-        if missing:
-            raise ExtractionError(f"e-class {missing[0]} has no finite program")
-        try:
-            built = terms_of(refine(choice, roots, classes, cost), roots)
-            break
-        except ExtractionError:  # a cycle: through classes deeper than the window, or through a
-            continue             # choice made before a class it depends on improved
-    else:
-        built = terms_of(settled_in_order(classes, cost), roots)
-    return [built[r] for r in roots]
 
 
 def settled_in_order(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -> dict[str, ENode]:

@@ -2,12 +2,15 @@
 e-class is accurate over the whole declared range, a piecewise one ``where(x < t, f1, f2)`` is.
 
 Every candidate's first-order error (``rounding_error.elementwise_bits``) is taken at the same
-points, drawn over the floats of the declared ranges. For each input that can split (its shape is
-the output's), the points are sorted by its value and a dynamic program finds the segmentation into
+points, drawn over the floats of the declared ranges. For each term that can split, each input and,
+as Herbie's, each subterm of the candidates of the output's shape (``x - y``: its sign may decide
+which form is accurate where no input's range does), the points are sorted by its value (NaN as
++inf: ``where`` takes the last regime there too) and a dynamic program finds the segmentation into
 at most ``MAX_REGIMES`` runs, each given its most accurate candidate, of least total error plus
-``SPLIT_BITS`` per extra regime and point; a threshold goes between the two sample points where the
-chosen candidate changes. The branches are members of one e-class (proven equal), so the join is
-exact, and ``where`` only selects: a branch that overflows outside its regime is never taken there.
+``SPLIT_BITS`` per extra regime and point (and per point for a subterm: it costs its ops); a
+threshold goes between the two sample points where the chosen candidate changes. The branches are
+members of one e-class (proven equal), so the join is exact, and ``where`` only selects: a branch
+that overflows outside its regime is never taken there.
 
 A candidate may hold only on an interval (a truncated series): it brings its relative truncation
 bound as a function of the magnitude of one term (``within``); that bound is added to its error at
@@ -17,7 +20,10 @@ analysis of ``within`` with the split input narrowed to the regime), which must 
 Likewise a guarded rule's right side whose guard the declared ranges do not prove (the conjugate
 of the quadratic formula holds for b > 0 only): it counts as wrong (``WORD`` bits) at each point
 where its guard fails there, and is taken on a regime only where range analysis, with the split
-input narrowed to the regime, proves its guard.
+input narrowed to the regime, proves its guard. Split on a subterm, range analysis cannot narrow an
+input: the guard's facts about the terms it binds that are the split term are decided over the
+regime's interval, the others over the whole declared range (and at each point over its split
+value, before the dynamic program). The least-error segmentation whose every regime is proved wins.
 """
 from __future__ import annotations
 
@@ -31,7 +37,8 @@ import torch
 from egraph_opt.analysis.ranges import analyze
 from egraph_opt.analysis.sampling import from_ordinal, ordinal, sample_inputs
 from egraph_opt.lang.program import Program
-from egraph_opt.lang.term import Term, evaluate, pretty
+from egraph_opt.lang import pattern as pat
+from egraph_opt.lang.term import Term, evaluate, postorder, pretty
 from egraph_opt.rulesets.guards import Guard, intervals
 
 from .rounding_error import elementwise_bits
@@ -42,6 +49,8 @@ MIN_GAIN = 0.5  # mean bits the piecewise program must save over the single best
 BUCKETS = 64  # thresholds are sought between these equal-count runs of sorted points, then refined
 POINTS = 1024  # points drawn per input (Herbie's regimes sample 256)
 WORD = 32.0
+UNPROVED = 2 * WORD * POINTS  # more than any segment of proved forms costs: never taken there
+FLOATS = ("float32", "float16", "bfloat16")  # the dtypes a regime may split on
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Regime:
-    """``term`` computes the result where ``lo <= x < hi`` (x: the split input)."""
+    """``term`` computes the result where ``lo <= x < hi`` (x: the split term)."""
     lo: float
     hi: float
     candidate: Candidate
@@ -76,7 +85,7 @@ class Regime:
 
 @dataclass(frozen=True)
 class Piecewise:
-    variable: Term  # the input leaf the regimes split
+    variable: Term  # the input or the subterm the regimes split
     regimes: tuple[Regime, ...]
     bits: float  # mean estimated bits of error at the sampled points
     single_bits: float  # the same for the single program it replaces
@@ -89,8 +98,8 @@ class Piecewise:
         object.__setattr__(self, "term", out)
 
     def describe(self) -> list[str]:
-        """One line per regime: its interval of the split input, the form taken there."""
-        name = self.variable.attrs[0]
+        """One line per regime: its interval of the split term, the form taken there."""
+        name = pretty(self.variable)
         lines = []
         for r in self.regimes:
             c = r.candidate
@@ -111,8 +120,8 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
     drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
     shapes = {t.attrs[1] for t in program.inputs}
-    splits = [t for t in program.inputs if t.attrs[2] in ("float32", "float16", "bfloat16")]
-    if not splits or len(candidates) < 2 or len(shapes) != 1 or program.params:
+    if not any(t.attrs[2] in FLOATS for t in program.inputs) or len(candidates) < 2 or len(shapes) != 1 \
+            or program.params:
         return None
     gen = torch.Generator().manual_seed(seed)
     env = sample_inputs({t.attrs[0]: ((POINTS,), t.attrs[2]) for t in program.inputs}, ranges, gen)
@@ -126,29 +135,59 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
     bits = bits[:, ~undefined].nan_to_num(WORD).clamp(max=WORD).numpy()
     if not bits.shape[1]:
         return None
-    single = float(bits[kept.index(best)].mean())
-    chosen = None
-    series = [candidates[i].bounded for i in kept]
-    for t in splits:
-        found = _segments(env[t.attrs[0]][~undefined].double().numpy(), bits, series)
-        if found and (chosen is None or found[0] < chosen[0]):
-            chosen = (*found, t)
-    if chosen is None or chosen[0] / bits.shape[1] > single - MIN_GAIN:
-        return None
-    if len(chosen[1]) == 1 and not series[chosen[1][0][0]]:  # one exact program: the re-ranking's
-        return None
-    total, segments, variable = chosen
-    lo, hi = ranges.get(variable.attrs[0], (-math.inf, math.inf))
+    single, candidates = float(bits[kept.index(best)].mean()), [candidates[i] for i in kept]
+    series, options = [c.bounded for c in candidates], []
+    for t, x in _branch_terms(program, candidates, env):
+        x, usable = x[~undefined], bits.copy()
+        for k in np.flatnonzero(series) if t.op != "input" else ():  # where the split's value proves it
+            b = _bound(candidates[k], program, ranges, t, x, x).numpy()
+            usable[k] = np.where(np.isfinite(b) & (b <= limit), usable[k], UNPROVED)
+        found = _segments(x.numpy(), usable, series)
+        if found:  # a subterm costs its ops: it must save what one more regime would
+            options.append((found[0] + (0.0 if t.op == "input" else SPLIT_BITS * len(x)), *found, t))
+    for _, total, segments, variable in sorted(options, key=lambda o: o[0]):  # the least error first
+        if total / bits.shape[1] > single - MIN_GAIN or len(segments) == 1 and not series[segments[0][0]]:
+            return None  # too little gained, or one exact program: the re-ranking's
+        regimes = _regimes(program, candidates, ranges, variable, segments, limit)
+        if regimes:
+            return Piecewise(variable, regimes, total / bits.shape[1], single)
+    return None
+
+
+def _branch_terms(program: Program, candidates: list[Candidate], env: dict) -> list[tuple[Term, torch.Tensor]]:
+    """What a regime may split on, with its values at the points (float64): each float input, then,
+    as Herbie's regimes, each other subterm of the candidates that is a float value of the
+    output's shape, once per structure (not a candidate itself: that would compute every branch)."""
+    out = [(t, env[t.attrs[0]].double()) for t in program.inputs if t.attrs[2] in FLOATS]
+    ids = pat.structural_ids([c.term for c in candidates])
+    seen, terms = {ids[id(c.term)] for c in candidates}, []
+    for t in postorder([c.term for c in candidates]):
+        if t.op not in ("input", "param", "const") and ids[id(t)] not in seen:
+            seen.add(ids[id(t)])
+            terms.append(t)
+    try:
+        values = evaluate(terms, env, reference=True)
+    except (ValueError, RuntimeError):
+        return out
+    return out + [(t, v.nan_to_num(math.inf, math.inf, -math.inf)) for t, v in zip(terms, values)
+                  if isinstance(v, torch.Tensor) and v.dtype == torch.float64 and v.shape == (POINTS,)]
+
+
+def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variable: Term,
+             segments: list[tuple[int, float]], limit: float) -> tuple[Regime, ...] | None:
+    """The regimes of a segmentation over ``variable``; None where a series in one is past its
+    radius or ``limit``, or a guarded rule's form is not proved on its regime."""
+    lo, hi = ranges.get(variable.attrs[0], (-math.inf, math.inf)) if variable.op == "input" \
+        else (-math.inf, math.inf)
     regimes = []
     for k, (c, t) in enumerate(segments):
         start = lo if k == 0 else segments[k - 1][1]
         end = hi if k == len(segments) - 1 else t
-        candidate = candidates[kept[c]]
-        bound = _interval_bound(candidate, program, ranges, variable, start, end)
+        bound = float(_bound(candidates[c], program, ranges, variable, start, end))
         if not (math.isfinite(bound) and bound <= limit):  # past its radius or the tolerance: none
             return None
-        regimes.append(Regime(start, end, candidate, bound))
-    return Piecewise(variable, tuple(regimes), total / bits.shape[1], single)
+        regimes.append(Regime(start, end, candidates[c], bound))
+    return tuple(regimes)
 
 
 def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
@@ -172,20 +211,27 @@ def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
     return torch.log2(2 ** found + ulps).clamp(max=WORD)
 
 
-def _interval_bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo: float,
-                    hi: float) -> float:
-    """A series' truncation bound over the regime: |within| bounded by range analysis with the
-    split input in [lo, hi]; for a guarded rule's form 0 where that analysis proves its guard,
-    else inf; 0 for an exact candidate."""
-    narrowed = {**ranges, variable.attrs[0]: (lo, hi)}
+def _bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo, hi) -> torch.Tensor:
+    """A series' truncation bound where the split ``variable`` lies in [lo, hi] (numbers, or arrays:
+    a bound per point); for a guarded rule's form 0 where its guard is proved there, else inf; 0 for
+    an exact candidate. Split on an input, range analysis narrows its declared range; split on a
+    subterm, only what the candidate binds that is that subterm is narrowed, the rest ranges over
+    the whole declared range (a guard must follow from the split condition or hold throughout)."""
+    if not c.bounded:
+        return torch.tensor(0.0)
+    terms = [t for t in c.binding.values() if isinstance(t, Term)] if c.guard else [c.within]
+    lo, hi = torch.as_tensor(lo, dtype=torch.float64), torch.as_tensor(hi, dtype=torch.float64)
+    if variable.op == "input":
+        found = analyze(terms, {**ranges, variable.attrs[0]: (float(lo), float(hi))}, program.leaf_meta())
+        interval = lambda t: found[id(t)]  # noqa: E731
+    else:
+        found, ids = analyze(terms, ranges, program.leaf_meta()), pat.structural_ids([variable, *terms])
+        interval = lambda t: (lo.clamp(min=found[id(t)][0]), hi.clamp(max=found[id(t)][1])) \
+            if ids[id(t)] == ids[id(variable)] else found[id(t)]  # noqa: E731
     if c.guard:
-        terms = [t for t in c.binding.values() if isinstance(t, Term)]
-        found = analyze(terms, narrowed, program.leaf_meta())
-        return 0.0 if c.guard.holds(c.binding, intervals(lambda t: found[id(t)])) else math.inf
-    if c.truncation is None:
-        return 0.0
-    a, b = analyze([c.within], narrowed, program.leaf_meta())[id(c.within)]
-    return float(c.truncation(torch.tensor(max(abs(a), abs(b)), dtype=torch.float64)))
+        return torch.where(torch.as_tensor(c.guard.holds(c.binding, intervals(interval))), 0.0, math.inf)
+    a, b = (torch.as_tensor(v, dtype=torch.float64).abs() for v in interval(c.within))
+    return c.truncation(torch.maximum(a, b))
 
 
 def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]

@@ -2,13 +2,13 @@
 
 Candidates are the registry's kernels for the node's op that accept its shapes, dtypes and device
 (Triton only where it runs: CUDA tensors and an importable triton, or CPU tensors under the test
-switch ``EGRAPH_OPT_TRITON_ON_CPU``). A candidate's cost is
-its latency in the profiling database, measured or interpolated from rows of its own backend, plus
-the moves its operands need from the backends that produced them (move kernels, measured too). The
-torch kernel covers every op and is always a candidate (a static estimate where nothing is
-measured); another backend is chosen only by its measurements, never by a preference (but under the
-test switch, where a Triton kernel that accepts a node runs it). Extraction prices a node the same way
-(``Pricing``), so the cost sees what will run. No candidate is an error.
+switch ``EGRAPH_OPT_TRITON_ON_CPU``). A candidate's cost is its latency in the profiling database,
+measured or interpolated from rows of its own backend, plus the moves its operands need from the
+backends that produced them (move kernels, measured too). The torch kernel covers every op and is
+always a candidate (a static estimate where nothing is measured); another backend is chosen only
+by its measurements, never by a preference (but under the test switch, where a Triton kernel that
+accepts a node runs it). Extraction prices a node the same way (``Pricing``), so the cost sees
+what will run. No candidate is an error.
 """
 from __future__ import annotations
 

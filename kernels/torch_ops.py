@@ -208,8 +208,14 @@ def sdpa_masked(q, k, v, bias, scale):
     key is masked is NaN, as that softmax is (torch's kernel returns 0 there). Only an overflowed or
     NaN score can tell a -inf bias from masked_fill, and those take the definition. A bias that is
     exactly the causal one runs as ``is_causal``: torch's kernel then skips the masked blocks."""
-    if device_path(q):
-        return _sdpa_masked_on_device(q, k, v, bias.to(q.dtype), scale)
+    if device_path(q):  # the guards on the device: the rows every key masks are NaN, and where the
+        # scores can overflow the definition is selected (computed on every call: knowing it is not
+        # needed would take a host read, as a causal flag would)
+        bias = bias.to(q.dtype)
+        dead = torch.isneginf(bias).all(-1, keepdim=True)
+        out = _torch_sdpa(q, k, v, attn_mask=bias, scale=scale).masked_fill(dead, float("nan"))
+        over = _scores_overflow(q, k, scale)
+        return out if over is False else torch.where(over, ops.sdpa_masked(q, k, v, bias, scale), out)
     if _scores_overflow(q, k, scale):
         return ops.sdpa_masked(q, k, v, bias, scale)
     if bias.dtype == torch.bool:  # added: True is 1.0, not "keep"
@@ -219,16 +225,6 @@ def sdpa_masked(q, k, v, bias, scale):
         return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
     out = _torch_sdpa(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
     return out if dead is None else out.masked_fill(dead, float("nan"))
-
-
-def _sdpa_masked_on_device(q, k, v, bias, scale):
-    """sdpa_masked with its guards on the device: the rows every key masks are NaN, and where the
-    scores can overflow the definition is selected (computed on every call: knowing it is not
-    needed would take a read on the host). The mask is no causal flag: that needs a read too."""
-    dead = torch.isneginf(bias).all(-1, keepdim=True)
-    out = _torch_sdpa(q, k, v, attn_mask=bias, scale=scale).masked_fill(dead, float("nan"))
-    over = _scores_overflow(q, k, scale)
-    return out if over is False else torch.where(over, ops.sdpa_masked(q, k, v, bias, scale), out)
 
 
 #: id(bias) -> (weak reference, what identifies its values, its facts); a few masks per program

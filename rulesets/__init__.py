@@ -7,6 +7,7 @@ so run reports say which rule matched.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass
 
@@ -91,6 +92,7 @@ class Rule:
     def rhs_pattern(self) -> pat.Pattern:
         return pat.parse(self.rhs)
 
+    @functools.lru_cache(maxsize=None)  # a rule is declared into every e-graph
     def egglog(self, ruleset: str) -> str:
         """A rewrite; a rule with conditions (egglog facts over the analyses and primitives; the
         roots are ``__lhs``, ``__lhs2``...) or several roots is a rule of queries and unions."""

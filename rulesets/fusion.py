@@ -141,14 +141,11 @@ RULES = rules(_F, [
 ])
 
 
-def _projection(i: int) -> tuple[str, str]:
-    return f"(param ?w{i} ?ws{i} ?wd{i})", f"(param ?b{i} ?bs{i} ?bd{i})"
-
-
 def _horizontal(count: int) -> Rule:
     """``count`` linears of one input with constant weights: one linear of the concatenated
     weights, sliced (QKV projections). Ordered tuples all fire: each order is one alternative."""
-    ws, bs = zip(*(_projection(i) for i in range(1, count + 1)))
+    ws = [f"(param ?w{i} ?ws{i} ?wd{i})" for i in range(1, count + 1)]
+    bs = [f"(param ?b{i} ?bs{i} ?bd{i})" for i in range(1, count + 1)]
     weights, biases = ws[0], bs[0]
     for w, b in zip(ws[1:], bs[1:]):
         weights, biases = f"(concat {weights} {w} -2)", f"(concat {biases} {b} -1)"

@@ -147,6 +147,26 @@ def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized
     assert out["cache"] is cache and cache.layers[0].keys.shape[-2] == 6
 
 
+def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from_their_size_family(monkeypatch):
+    """The prefill and two decode steps are traced and optimized; each later decode step's plan is
+    made from the two (its cache length on their line), validated, and gives eager's tokens."""
+    import transformers as tf
+    import egraph_opt.drivers.api as api
+    traced, capture = [], api.capture
+    monkeypatch.setattr(api, "capture", lambda fn, args: traced.append(1) or capture(fn, args))
+    torch.manual_seed(0)
+    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    ids = torch.randint(1, 100, (1, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = m.generate(ids, max_new_tokens=10, do_sample=False)
+        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
+        torch.testing.assert_close(m.generate(ids, max_new_tokens=10, do_sample=False), ref)
+    made = [p.report for p in m.forward.plans.values() if p.report.sizes]
+    assert len(traced) == 3 and len(made) == 7 and all(r.optimized for r in made), made
+    assert "cache_0.shape[2]" in made[-1].sizes
+
+
 @pytest.mark.parametrize("head", ["GPT2LMHeadModel", "LlamaForCausalLM"])
 def test_training_a_decorated_causal_lm_gives_eagers_losses_from_an_optimized_plan(head):
     """Train mode, ``model(ids, labels=ids).loss.backward()`` and optimizer steps, as the Hugging

@@ -194,3 +194,62 @@ def test_guards_are_decided_over_intervals_and_at_points():
     assert not guard.holds({"b": b}, intervals(lambda t: (-1.0, 200.0)))
     v = torch.tensor([-1.0, 3.0, 300.0])
     assert guard.holds({"b": b}, intervals(lambda t: (v, v))).tolist() == [False, True, False]
+
+
+def _root_of_difference(a, x, y, c):
+    """The quadratic formula's root with b = x - y: the conjugate's guard (b > 0) is the sign of a
+    subterm, which no split of x or y alone proves."""
+    b = x - y
+    return (-b + torch.sqrt(b * b - 4 * a * c)) / (2 * a)
+
+
+_DIFFERENCE_RANGES = {"a": (0.5, 2.0), "x": (-100.0, 100.0), "y": (-100.0, 100.0), "c": (0.5, 2.0)}
+
+
+def test_a_branch_on_a_subterms_sign_makes_the_quadratic_formula_accurate():
+    opt = saturate_and_extract(_root_of_difference, objective="stability", rulesets=_NO_NUMERATOR_WHERE,
+                               input_ranges=_DIFFERENCE_RANGES)
+    inf, nan = math.inf, math.nan
+    #: b = x - y: cancelling (b >> 4ac), of both signs, near the branch, 0 (no real root), +-inf, NaN
+    x = torch.tensor([100.0, 60.0, 3.0, -100.0, -40.0, 25.0, 7.0, inf, 0.0, nan])
+    y = torch.tensor([-100.0, -39.5, -97.0, 100.0, 50.0, 22.0, 7.0, 0.0, inf, 1.0])
+    a, c = torch.full((10,), 0.5), torch.full((10,), 0.75)
+    out = opt(a, x, y, c)
+    labels = [label for label, _ in opt.report.derivation.branches]
+    assert opt.report.validation.passed and len(labels) == 2
+    assert all(label.startswith("x - y in [") for label in labels)  # not x's or y's range
+    assert "quadratic-plus" in labels[1] and float(labels[1].split("[", 1)[1].split(",")[0]) > 0
+    with mpmath.workdps(50):  # x - y is exact in float32 at these points; 4ac = 1.5
+        exact = [float(-b + mpmath.sqrt(b * b - 1.5)) for b in
+                 (mpmath.mpf(float(u)) - mpmath.mpf(float(v)) for u, v in zip(x[:6], y[:6]))]
+    truth = torch.tensor(exact + [nan, 0.0, inf, nan])  # b = +inf: -c/b -> 0; b = -inf: -b/a -> inf
+    torch.testing.assert_close(out, truth.float(), rtol=4 * 2 ** -23, atol=0, equal_nan=True)
+    naive = _root_of_difference(a, x, y, c)
+    assert abs(naive[0] - truth[0]) / abs(truth[0]) > 2 ** -14  # the naive form cancels: 10 bits lost
+    before, after = opt.report.error
+    assert after.worst <= before.worst - 8 and after.mean < before.mean
+
+
+def test_a_guarded_rule_is_not_taken_where_no_split_implies_its_guard():
+    """With c in [-2, 2], 4ac has both signs: quadratic-plus needs it nonzero besides b > 0, and a
+    split on x - y proves only the latter (a split on 4ac only the former)."""
+    opt = saturate_and_extract(_root_of_difference, objective="stability", rulesets=_NO_NUMERATOR_WHERE,
+                               input_ranges={**_DIFFERENCE_RANGES, "c": (-2.0, 2.0)})
+    opt(torch.full((4,), 0.5), torch.tensor([100.0, 60.0, 3.0, -40.0]), torch.full((4,), -50.0),
+        torch.tensor([0.75, -0.75, 1.0, -1.0]))
+    assert "quadratic-plus" not in str(opt.report)
+
+
+def test_a_subterm_split_proves_a_guard_only_over_the_terms_equal_to_it():
+    from egraph_opt.extractors.regimes import Candidate, _bound
+    from egraph_opt.lang.program import Program
+    from egraph_opt.rulesets.guards import when
+    x, y = Term.input("x", (4,)), Term.input("y", (4,))
+    diff = Term("sub", (x, y))
+    positive = Candidate(diff, guard=when("(positive ?b)"), binding={"b": Term("sub", (x, y))})  # an equal copy
+    program, ranges = Program((x, y), diff), {"x": (-100.0, 100.0), "y": (-100.0, 100.0)}
+    assert float(_bound(positive, program, ranges, diff, 1.0, math.inf)) == 0.0  # x - y >= 1: b > 0
+    assert float(_bound(positive, program, ranges, diff, -1.0, math.inf)) == math.inf
+    assert float(_bound(positive, program, ranges, Term("add", (x, y)), 1.0, math.inf)) == math.inf
+    assert float(_bound(positive, program, ranges, x, 1.0, math.inf)) == math.inf  # x >= 1: x - y > -99
+    assert float(_bound(Candidate(diff), program, ranges, diff, -1.0, 1.0)) == 0.0  # exact: no guard

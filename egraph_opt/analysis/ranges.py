@@ -98,11 +98,6 @@ def _log(a: Interval, shift: float = 0.0) -> Interval:
         _safe(math.log, _unbounded(a[1] + shift), BIG) if a[1] + shift > 0 else -BIG)
 
 
-def _tan(a: Interval) -> Interval:
-    """Increasing on (-pi/2, pi/2); an interval reaching a pole (or beyond) is unbounded."""
-    return iv(math.tan(a[0]), math.tan(a[1])) if -math.pi / 2 < a[0] and a[1] < math.pi / 2 else TOP
-
-
 def gap(a: Interval) -> float:
     """Distance of an interval from 0 (0 when it holds 0)."""
     return 0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1]))
@@ -234,7 +229,8 @@ TRANSFER: dict[str, Callable] = {
                                    max(a[0][1], 0.0) + math.log(2)),
     "logaddexp": lambda t, a, s: iv(max(a[0][0], a[1][0]), max(a[0][1], a[1][1]) + math.log(2)),
     "layer_norm": _layer_norm,
-    "tan": lambda t, a, s: _tan(a[0]),
+    "tan": lambda t, a, s: iv(math.tan(a[0][0]), math.tan(a[0][1]))  # increasing between its poles
+    if -math.pi / 2 < a[0][0] and a[0][1] < math.pi / 2 else TOP,
     "hypot": lambda t, a, s: iv(math.hypot(gap(a[0]), gap(a[1])), math.hypot(mag(a[0]), mag(a[1]))),
     "rms_norm": _rms_norm,
 }

@@ -158,7 +158,9 @@ class Emitter:
         if t.op in ("input", "param", "opaque"):
             self.names[id(t)] = t.attrs[0]
             if t.op == "param":
-                self.initializers[t.attrs[0]] = self._param(t.attrs[0])
+                name = t.attrs[0]
+                self.initializers[name] = self.src.tensors[name] if name in self.src.tensors else \
+                    numpy_helper.from_array(self.program.params[name].numpy(), name)
             return
         if t.op == "const" or spec.is_leaf:
             return
@@ -181,11 +183,6 @@ class Emitter:
                 self.nodes.append(helper.make_node("Identity", [name], [out], name=self.fresh("id")))
             name = out
         self.names[id(t)] = name
-
-    def _param(self, name: str) -> onnx.TensorProto:
-        if name in self.src.tensors:
-            return self.src.tensors[name]
-        return numpy_helper.from_array(self.program.params[name].numpy(), name)
 
     def copy_opaque(self, key: str):
         if key in self.split:
@@ -245,14 +242,14 @@ def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
             n.op_type = "Sum"
 
 
-def _read_nodes(nodes: list, outputs: list[str]) -> list:
-    """The nodes an output reads, through others: an operand an emitter wrote and then did without
-    (the Not of a Where whose branches it swapped) is dropped."""
+def _read_nodes(nodes: list, outputs: list[str]) -> tuple[list, set[str]]:
+    """The nodes an output reads, through others (an operand an emitter wrote and then did without,
+    the Not of a Where whose branches it swapped, is dropped), and the names they and outputs read."""
     while True:
         read = {x for n in nodes for x in list(n.input) + subgraph_reads(n)} | set(outputs)
         kept = [n for n in nodes if any(o in read for o in n.output if o)]
         if len(kept) == len(nodes):
-            return kept
+            return kept, read
         nodes = kept
 
 
@@ -261,10 +258,8 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
     program = program or src.program
     em = Emitter(src, program)
     outputs = list(leaves(program.outputs))
-    claimed: dict[int, str] = {}
-    for term, name in zip(outputs, src.output_names):  # results are computed into output names
-        if not OPS[term.op].is_leaf and id(term) not in claimed:
-            claimed[id(term)] = name
+    claimed = {id(term): name for term, name in reversed(list(zip(outputs, src.output_names)))
+               if not OPS[term.op].is_leaf}  # results are computed into output names (the first one's)
     for item in _schedule(em, outputs):
         if isinstance(item, Term):
             em.emit(item, claimed.get(id(item)))
@@ -275,10 +270,9 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
         if value != name:
             em.nodes.append(helper.make_node("Identity", [value], [name], name=em.fresh("output")))
     _unfused_residuals(em.nodes)
-    em.nodes[:] = _read_nodes(em.nodes, src.output_names)
+    em.nodes[:], read = _read_nodes(em.nodes, src.output_names)
     graph = src.model.graph
     defaults = overridable(graph)  # inputs still (every input is kept), their initializers the defaults
-    read = {x for n in em.nodes for x in list(n.input) + subgraph_reads(n)} | set(src.output_names)
     initializers = [t for t in graph.initializer if t.name in defaults] + \
         [t for name, t in em.initializers.items() if name in read]  # folded ones' sources
     new_graph = helper.make_graph(em.nodes, graph.name, list(graph.input), list(graph.output), initializers,

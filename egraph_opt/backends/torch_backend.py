@@ -2,9 +2,8 @@
 
 Each Term becomes a call of the kernel it is bound to (see ``kernels.binding``: Triton on CUDA
 where it runs, torch otherwise), with conversion kernels where a value changes memory (torch and
-Triton share one: nothing runs between them); opaque
-calls are copied as they were, scalar constants are folded, and every value is emitted once, after
-what it uses.
+Triton share one: nothing runs between them); opaque calls are copied as they were, scalar
+constants are folded, and every value is emitted once, after what it uses.
 """
 from __future__ import annotations
 
@@ -97,15 +96,13 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
             call = program.opaque[item]
             args, kwargs = map_aggregate((call.args, call.kwargs), build.arg)
             build.value[("o", item)] = build.graph.create_node(call.kind, call.target, args, kwargs, name=item)
-    graph, kernels = build.graph, build.kernels
+    graph = build.graph
     graph.output(map_aggregate(program.outputs, build.arg))
     graph.eliminate_dead_code()  # folded constants inside larger folded constants
-    kernels["folded"] = sum(isinstance(n.target, FoldedConstant) for n in graph.nodes)
-    if not kernels["folded"]:
-        del kernels["folded"]
+    build.kernels["folded"] = sum(isinstance(n.target, FoldedConstant) for n in graph.nodes)
     graph.lint()
     module = fx.GraphModule(owner, graph)
-    module.kernels = dict(sorted(kernels.items()))
+    module.kernels = dict(sorted((+build.kernels).items()))  # + drops a count of 0 ("folded")
     return module
 
 

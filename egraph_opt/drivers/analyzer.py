@@ -41,10 +41,6 @@ class CurvatureReport:
         """Total kappa of the program (inf when any node's range leaves it unbounded)."""
         return sum(n.kappa for n in self.nodes)
 
-    @property
-    def cost(self) -> int:
-        return sum(n.cost for n in self.nodes)
-
     def table(self, width: int = 44) -> str:
         rows = [[clip(n.text, width), f"[{n.range[0]:.3g}, {n.range[1]:.3g}]", f"{n.kappa:.3g}",
                  f"{n.lipschitz:.3g}", f"{n.rounding:.3g}", f"{n.error_bits:.1f}"] for n in self.nodes]

@@ -9,7 +9,6 @@ import functools
 import inspect
 import math
 import threading
-import time
 import types
 import warnings
 import weakref
@@ -21,6 +20,7 @@ import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
 from .arguments import Binder, BoundCall, adopt
+from .families import REACH, Apart, Families, Sample, at
 from ..frontends.capture import SideEffect, cache_pytrees, capture, returned
 from ..egraph.engine import EGraph, InvariantError
 from .plan_key import StateKey
@@ -40,7 +40,7 @@ from ..lang.program import Program
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
 from ..kernels.binding import Pricing, measured_estimate
-from ..validate import compare, random_inputs, wide_reference
+from ..validate import compare, random_inputs, run_counting_writes, wide_reference
 
 #: programs of at most this many terms, and this many elements over all their values, get a
 #: first-order error estimate in their report (it runs them in float64 with derivatives at 8 points)
@@ -63,7 +63,7 @@ def _missed(args: tuple, kwargs: dict):
 
 #: plans one decorated program keeps at most (input signatures and states together): beyond it,
 #: the least recently used plan is dropped
-MAX_PLANS = 64
+MAX_PLANS = 256
 #: a program measured this much slower than the original is slower beyond noise
 SLOWER_BY = 1.05
 #: a sampled error this much of the original's (or more) is no steadier: one node for two (a
@@ -78,9 +78,8 @@ ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
 def for_accuracy(result: Optimized) -> bool:
     """Whether a static conditioning gain of ``result`` can be one: its derivation applies a rule
     made for accuracy (where it is not known in full: such a rule matched at all). A fusion alone
-    buys none, though its fused op declares less curvature than the ops it stands for (a matmul's
-    conditioning hidden inside causal attention's sdpa_filled): a slower fused plan must not pass
-    for a steadier one, nor an incomplete replay of fusions for an accuracy gain."""
+    buys none, though its fused op declares less curvature than the ops it stands for: a slower
+    fused plan must not pass for a steadier one."""
     derivation = result.derivation
     if derivation is not None and derivation.complete:
         return any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)
@@ -93,14 +92,11 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
                        error: tuple | None = None, max_slowdown: float = 4.0, slower_by: float = SLOWER_BY) -> bool:
     """Whether a program timed on the actual inputs, slower than the original by more than noise
     (``slower_by``), should give way to it: never slower, unless it buys stability the objective
-    asked for. Stability and tolerance always keep it; latency never does. Balanced keeps it where
-    it is steadier by enough to outweigh the time lost (a decibel for a microsecond). Steadier: a
-    rule made for accuracy applied (``for_accuracy``), and a better-conditioned worst node (an
-    overflow or cancellation gone, which sampling rarely meets) or a conditioning cost lower by
-    other ops and by more than the tie-breaking cost of the nodes it has fewer (geglu for
-    gelu(a) * b is one node fewer, not a steadier program). A sampled first-order ``error``
-    (before, after) down by a bit and by a quarter or more is steadier too, whatever the time
-    within ``max_slowdown`` (balanced)."""
+    asked for (stability and tolerance always keep it, latency never; balanced where it is steadier
+    by a decibel per microsecond lost). Steadier: a rule made for accuracy applied (``for_accuracy``),
+    and a better-conditioned worst node or a conditioning cost lower by other ops and by more than
+    the tie-breaking cost of the nodes it has fewer; or a sampled first-order ``error`` (before,
+    after) down by a bit and by a quarter, whatever the time within ``max_slowdown`` (balanced)."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     if objective is Objective.BALANCED and optimized_s > original_s * max_slowdown:
@@ -154,17 +150,6 @@ def _check_ranges(ranges: dict | None) -> dict:
             raise ValueError(f"input_ranges[{name!r}] = {value!r} is empty or not numbers")
         checked[name] = (lo, hi)
     return checked
-
-
-def writes_in_place(fn: Callable, args: tuple, names: list[str]) -> list[str]:
-    """The arguments ``fn`` writes into, as running it once on clones shows (each tensor counts its
-    in-place writes in ``_version``); it draws no random numbers (capture refuses one that does)."""
-    with torch.inference_mode(False):  # clones that count their versions (inference tensors do not)
-        clones = tuple(a.clone() for a in args)
-        before = [c._version for c in clones]
-        with torch.no_grad():
-            fn(*clones)
-    return [f"argument {n!r}" for n, c, v in zip(names, clones, before) if c._version != v]
 
 
 def unchanged(before: Program, after: Program) -> bool:
@@ -229,6 +214,7 @@ class OptimizedFunction:
         self._last: Plan | None = None
         self._again: Callable[[tuple, dict], Any] = _missed  # the last plan, if a call is its again
         self._state = StateKey(fn)
+        self._families = Families()
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         try:
             self._signature: inspect.Signature | None = inspect.signature(target)
@@ -298,9 +284,11 @@ class OptimizedFunction:
         back (its plan would not)."""
         before = self._state.snapshot()
         cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
-        with Watch(self.fn) as watch:
-            plan = self._compile(call, watch)
-            changed = watch.changes()
+        key = call.key + self._state.key() + _autocast()
+        quiet = self._families.fell_back(key)  # nothing runs in its place: no state to watch
+        with contextlib.nullcontext() if quiet else Watch(self.fn) as watch:
+            plan = self._compile(call, watch, key)
+            changed = watch.changes() if watch else []
         if changed and plan.run is not None:
             plan = self._untouched(plan.report, _changes(self._name, changed), plan.optimized)
         ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
@@ -341,19 +329,55 @@ class OptimizedFunction:
             return fn(*args, **kwargs) if run is None else run(*args, *kwargs.values())
         self._again = again
 
-    def _compile(self, call: BoundCall, watch: Watch) -> Plan:
+    def _compile(self, call: BoundCall, watch: Watch | None, key: tuple) -> Plan:
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"
                               f"{'[nested]' if t.is_nested else list(t.shape)}"
                               for n, t in zip(call.names, call.tensors))
         report = Report(signature=f"{self._name}({signature})")
         if call.refused:
             return self._untouched(report, call.refused)
+        made = Sample((), None)
         try:
-            return self._optimize(call, report, watch)
+            plan = self._from_family(call, report, key) or self._optimize(call, report, watch, made)
         except InvariantError:  # a tripwire: a bug of ours that tests must see
             raise
         except Exception as e:  # noqa: BLE001 - never a wrong answer: the original runs instead
-            return self._untouched(report, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            plan = self._untouched(report, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        if not plan.report.sizes:  # traced here, not made from its family: a sample of it
+            made.plan = plan
+            self._families.record(key, made)
+        return plan
+
+    def _from_family(self, call: BoundCall, report: Report, key: tuple) -> Plan | None:
+        """The plan of a size of a family (``families.py``) made from its two samples, validated;
+        None where the family has none or the plan fails validation (then it is optimized). Where
+        a sample fell back (measured slower, say), so does the size."""
+        found = self._families.find(key)
+        if found is None:
+            return None
+        first, second, variable, n = found
+        span = (first.sizes[variable.at[0]], second.sizes[variable.at[0]], n)
+        like = next((s for s in (second, first) if s.plan.run is None), second)
+        was = replace(like.plan.report, signature=report.signature, bounded=list(like.plan.report.bounded),
+                      sizes=f"n = 2..{REACH * max(span[:2])}, n the size at {variable.where(call.names, call.tensors)}: "
+                            f"made at n = {n} from the plans traced at n = {span[0]} and {span[1]}",
+                      measured=None, validation=None)
+        if like.plan.run is None:
+            return self._untouched(was, f"so did its size family: {was.fallback}") if was.fallback \
+                else Plan(None, was, None)
+        try:  # a size not on the samples' lines fails to build or to run: it is optimized
+            module = build_module(at(first.optimized, second.optimized, span), first.root,
+                                  device=call.tensors[0].device.type, estimate=first.estimate)
+            run, was.kernels = runner(module, first.returns), module.kernels
+            if self.validate:
+                fresh = random_inputs(call.tensors, call.names, self.input_ranges)
+                was.validation = compare(call.traceable(self.fn), run, fresh,
+                                         lambda: wide_reference(at(first.program, second.program, span), fresh))
+        except (Apart, RuntimeError, ValueError, IndexError):
+            return None
+        if first.returns != second.returns or (was.validation and not was.validation.passed):
+            return None
+        return Plan(run, was, None, returned=tuple(call.returned))
 
     def _untouched(self, report: Report, why: str, found: Optimized | None = None) -> Plan:
         """The original runs; ``found``, the optimization it was preferred to, stays explorable."""
@@ -361,7 +385,7 @@ class OptimizedFunction:
         warnings.warn(f"egraph-opt: {report.signature} runs untouched: {why}", stacklevel=3)
         return Plan(None, report, found.egraph if found else None, found)
 
-    def _optimize(self, call: BoundCall, report: Report, watch: Watch) -> Plan:
+    def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample) -> Plan:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
@@ -369,9 +393,9 @@ class OptimizedFunction:
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
         self._state.hold(traced)
         if not self.validate:  # else validation's run of the original shows it
-            start = time.perf_counter()
-            self._refuse_writes(writes_in_place(target, args, call.names))
-            original_s = time.perf_counter() - start
+            with torch.no_grad():
+                _, written, original_s = run_counting_writes(target, args)
+            self._refuse_writes(written, call.names)
         returns = getattr(traced, "_out_spec", None)  # torch.export's outputs stay flat leaves
         if returns is None:  # ModelOutput, a cache and other registered containers
             returns = tree_structure(returned(program.outputs))
@@ -384,9 +408,11 @@ class OptimizedFunction:
         result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
-        module = build_module(flat, traced, device=device, meta=result.program.meta(),
-                              estimate=measured_estimate(latency))
+        module_estimate = measured_estimate(latency)
+        module = build_module(flat, traced, device=device, meta=result.program.meta(), estimate=module_estimate)
         run = runner(module, returns)
+        made.program, made.optimized, made.root, made.returns = program, flat, traced, returns
+        made.estimate = module_estimate
         self._describe(report, program, result, module, latency, priced)
         if not self.keep_egraph:  # only the latest optimization's e-graph is kept (they are large)
             for older in self._plans.values():
@@ -394,7 +420,7 @@ class OptimizedFunction:
         if self.validate:
             fresh = random_inputs(args, call.names, self.input_ranges)
             report.validation = compare(target, run, fresh, lambda: wide_reference(program, fresh))
-            self._refuse_writes([f"argument {call.names[i]!r}" for i in report.validation.written])
+            self._refuse_writes(report.validation.written, call.names)
             original_s = report.validation.original_s
             if report.validation.bounded:
                 report.bounded.append(f"validation: {report.validation.bounded}")
@@ -449,9 +475,9 @@ class OptimizedFunction:
                                   "the plan's speed is unchecked")
         return plan
 
-    def _refuse_writes(self, written: list[str]) -> None:
+    def _refuse_writes(self, written: tuple[int, ...], names: list[str]) -> None:
         if written:  # fx traces ``x += y`` as ``x + y``: only running the original shows it
-            raise SideEffect(f"{self._name} mutates {', '.join(written)}")
+            raise SideEffect(f"{self._name} mutates {', '.join(f'argument {names[i]!r}' for i in written)}")
 
     def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
                             error: tuple | None = None) -> bool:

@@ -1,13 +1,11 @@
 """A call's arguments: tensors are the program's inputs; every other argument (a flag, a size) is
-a constant of the trace and part of the plan's key, as torch.compile specializes on them.
-Keyword-only parameters, builtins and ``functools.partial`` objects are traced through a
-generated function of the tensors alone, whose parameters carry the user's names. An object
-registered as a pytree whose leaves are tensors (a Hugging Face KV cache) gives its leaves as
-tensors, and is rebuilt from them for the program.
+a constant of the trace and part of the plan's key, as torch.compile specializes on them. A call
+of anything but positional tensors is traced through a function of the tensors alone (``specialize``).
 """
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -109,19 +107,14 @@ class Binder:
         params = list(signature.parameters.values()) if signature else []
         self._names = [p.name for p in params]
         # plain calls: positional tensors for the leading parameters, defaults for every other
-        # (F.gelu(x) leaves ``approximate`` the function's own); none without a signature
+        # (F.gelu(x) leaves ``approximate`` the function's own); any number without a signature
         positional = [p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params] + [False]
-        self._most = positional.index(False) if signature else -1
+        self._most = positional.index(False) if signature else math.inf
         self._least = max((i + 1 for i, p in enumerate(params) if p.default is p.empty and
                            p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)), default=0)
 
-    def plain_key(self, args: tuple) -> tuple | None:
-        """The key of a call of tensors alone, positionally, for leading parameters whose others
-        all have defaults; None for any other."""
-        return _tensor_key(args) if self._least <= len(args) <= self._most else None
-
     def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
-        key = None if kwargs else self.plain_key(args) if self.signature else _tensor_key(args)
+        key = None if kwargs or not self._least <= len(args) <= self._most else _tensor_key(args)
         if key is not None:  # tensors alone, positionally
             names = self._names[:len(args)] if self.signature else [f"arg{i}" for i in range(len(args))]
             refused = next((f"argument {n!r} is {why}" for n, a in zip(names, args) if (why := unusual(a))), "")

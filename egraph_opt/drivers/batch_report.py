@@ -28,8 +28,7 @@ def status(r: dict) -> str:
 
 
 def summary(records: list[dict]) -> str:
-    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after",
-            "after/before")
+    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after", "after/before")
     rows = [head]
     for r in records:
         ok = r["status"] == "optimized"

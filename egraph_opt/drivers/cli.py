@@ -9,7 +9,10 @@ import os
 import sys
 import warnings
 
-from ..profiling.profile_db import ProfileDBError
+import torch
+
+from ..profiling.profile_db import ProfileDB, ProfileDBError
+from ..profiling.profiler import MOVE, SPECS, Case, grid, machine_busy, profile_ops, profile_shapes
 from ..rulesets import Family, catalogue
 from .batch_report import html
 from .tables import Table
@@ -42,12 +45,9 @@ def _kernels(args) -> int:
 
 
 def _profile(args) -> int:
-    import torch
     if args.collectives:
         return _profile_collectives(args)
-    from ..profiling.profile_db import ProfileDB
     from ..kernels.torch_ops import TORCH
-    from ..profiling.profiler import SPECS, machine_busy, profile_ops, profile_shapes
     torch.set_num_threads(args.threads)
     unknown = set(args.ops or ()) - set(SPECS)
     if unknown:
@@ -90,7 +90,6 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
     for the moves into and out of each such backend: binding pays them."""
     from ..kernels.binding import usable
     from ..kernels.registry import MOVES, copies, kernels_for
-    from ..profiling.profiler import MOVE, Case, grid, profile_shapes
     records, backends = [], set()
     for kernel in (k for op in ops for k in kernels_for(op)):
         if kernel.db_backend == "torch" or not usable(kernel, args.device) or args.device not in kernel.devices:
@@ -126,13 +125,11 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     """Every kernel call the saturated e-graph of ``module:function`` could make, at its shapes:
     one profiling case per distinct (op, operand shapes, attributes) the profiler can time."""
     import importlib
-    import torch
     from ..egraph.session import reopened
     from ..frontends.capture import capture
     from ..lang.ops import OPS
     from ..lang.term import SCALAR
     from ..optimization.pipeline import class_meta, optimize
-    from ..profiling.profiler import SPECS, Case
     module_name, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), name)
@@ -161,14 +158,12 @@ def _ints(parse, text: str, sep: str) -> list[int]:
 
 
 def _dtype(text: str) -> str:
-    import torch
     if not isinstance(getattr(torch, text, None), torch.dtype):
         raise argparse.ArgumentTypeError(f"{text!r} is not a torch dtype such as float32")
     return text
 
 
 def _device(text: str) -> str:
-    import torch
     try:
         torch.device(text)
     except RuntimeError:
@@ -181,14 +176,6 @@ def _needs_onnx(sub) -> None:
     onnx = sub.add_parser("onnx", help="batch-optimize ONNX models (needs egraph-opt[onnx])", add_help=False)
     onnx.add_argument("rest", nargs=argparse.REMAINDER)
     onnx.set_defaults(run=lambda args: require("onnx", "egraph-opt onnx"))
-
-
-def _extras_of(args) -> None:
-    """Each extra the arguments ask for, checked before any work."""
-    if args.command == "onnx" and getattr(args, "report", None) and html(args.report):
-        require("report", f"--report {args.report}")
-    if args.command == "onnx" and getattr(args, "cluster", None):
-        require("cluster", "--cluster")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,17 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     profile.add_argument("--ops", type=lambda s: s.split(","), help="comma-separated ops")
     profile.add_argument("--dtype", nargs="+", type=_dtype, default=["float32"])
     profile.add_argument("--device", type=_device, default="cpu")
-    profile.add_argument("--sizes", type=lambda s: _ints(at_least(1), s, ","),
-                         default=[16, 64, 256, 1024])
+    profile.add_argument("--sizes", type=lambda s: _ints(at_least(1), s, ","), default=[16, 64, 256, 1024])
     profile.add_argument("--repeats", type=at_least(1), default=15)
     profile.add_argument("--threads", type=at_least(1), default=1)
-    profile.add_argument("--db", help="database file (default: $EGRAPH_OPT_PROFILE_DB or the "
-                         "user cache)")
+    profile.add_argument("--db", help="database file (default: $EGRAPH_OPT_PROFILE_DB or the user cache)")
     profile.add_argument("--for", dest="program", metavar="MODULE:FUNCTION",
                          help="profile every kernel this program's e-graph could use, at its shapes")
-    profile.add_argument("--collectives", action="store_true",
-                         help="time gloo's all-gather, all-reduce and reduce-scatter over 2 "
-                         "processes: the sharding cost's link model")
+    profile.add_argument("--collectives", action="store_true", help="time gloo's all-gather, all-reduce "
+                         "and reduce-scatter over 2 processes: the sharding cost's link model")
     profile.add_argument("--shapes", type=lambda s: [tuple(_ints(at_least(1), item, "x"))
                                                      for item in s.split(",") if item], default=[],
                          help="example input shapes for --for, e.g. 2x8x16,2x8x16")
@@ -251,8 +235,11 @@ def _run(args: argparse.Namespace, prog: str) -> int:
     """Run the command; an error, and each warning (a profile database set aside), is one line."""
     with warnings.catch_warnings():
         warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}", file=sys.stderr)
-        try:
-            _extras_of(args)
+        try:  # each extra the arguments ask for is checked before any work
+            if args.command == "onnx" and getattr(args, "report", None) and html(args.report):
+                require("report", f"--report {args.report}")
+            if args.command == "onnx" and getattr(args, "cluster", None):
+                require("cluster", "--cluster")
             status = args.run(args)
             sys.stdout.flush()  # a reader that left (``| head``) shows here, not at exit
             return status

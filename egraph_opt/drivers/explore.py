@@ -1,9 +1,7 @@
 """``explore(obj)``: why the optimizer chose a program, what else it could have chosen, and how
-much better the choice is, read from the saturated e-graph in Jupyter or a terminal.
-
-Every method returns a ``Table`` (HTML in Jupyter, aligned text in a terminal). Costs are the
-extractor's own (``pipeline.enode_facts`` priced by the run's ``CostModel``), so what is shown is
-what was compared; errors are the first-order estimate of ``extractors/rounding_error.py``.
+much better the choice is, read from the saturated e-graph. Every method returns a ``Table``;
+costs are the extractor's own (``pipeline.enode_facts`` priced by the run's ``CostModel``), so what
+is shown is what was compared.
 """
 from __future__ import annotations
 
@@ -86,6 +84,9 @@ def _of_function(fn) -> Explorer:
     if plan.optimized is None and plan.run is None and not plan.report.ops_before:
         raise ExploreError(f"{name} fell back to the original program before an e-graph was built, "
                            f"so there is nothing to explore: {plan.report.fallback}")
+    if plan.optimized is None and plan.report.sizes:
+        raise ExploreError(f"{name}'s last plan was made from its size family, not saturated "
+                           f"({plan.report.sizes}): explore a call at one of those sizes")
     if plan.optimized is None:
         raise ExploreError(f"the e-graph of {name}'s last plan was dropped by a later optimization: "
                            "decorate with keep_egraph=True to explore every plan" +

@@ -8,7 +8,7 @@ import html
 import io
 from pathlib import Path
 
-from .pictures import SVG, TextPicture, impact_figure, program_picture
+from .pictures import SVG, TextPicture, _figure, egraph_picture, impact_figure, program_picture
 from .tables import Table
 
 _STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -32,7 +32,7 @@ def picture(item) -> str:
     return f"<img alt='figure' src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'>"
 
 
-def report_body(report) -> str:
+def write_report(report, path) -> str:
     """The report's text, its derivation and its costs as tables, and the programs drawn."""
     parts = [f"<pre>{html.escape(str(report))}</pre>"]
     d = report.derivation
@@ -49,17 +49,12 @@ def report_body(report) -> str:
                        [[o, report.ops_before.get(o, 0), report.ops_after.get(o, 0)] for o in ops])._repr_html_())
     if d is not None and d.start:
         parts.append("<h4>programs before and after</h4>" + picture(program_picture(d.start, d.end)))
-    return "".join(parts)
-
-
-def write_report(report, path) -> str:
-    Path(path).write_text(page(f"egraph-opt: {report.signature}", report_body(report)), encoding="utf-8")
+    Path(path).write_text(page(f"egraph-opt: {report.signature}", "".join(parts)), encoding="utf-8")
     return str(path)
 
 
 def write_explorer(ex, path, alternatives: int = 5) -> str:
     """Everything the Explorer shows, on one page."""
-    from .pictures import egraph_picture
     parts = [ex.derivation(), ex.impact(), ex.alternatives(alternatives), ex.classes(changed=True)]
     body = "".join(t._repr_html_() for t in parts)
     body += "<h4>rewrite impact</h4>" + picture(impact_figure(ex))
@@ -87,7 +82,6 @@ def batch_page(records: list[dict], summary: str, interrupted: bool, status) -> 
 
 
 def _ops_figure(before: dict, after: dict):
-    from .pictures import _figure
     ops = sorted(set(before) | set(after))
     fig = _figure(6.4, 0.3 * len(ops) + 1.2)
     ax = fig.add_subplot()

@@ -1,10 +1,7 @@
 """``saturate_and_extract(module)``: an nn.Module again, as torch.compile's ``OptimizedModule`` is,
 so code that trains, moves, saves or inspects a model keeps working on the optimized one.
-
-The wrapper shares the original's parameter, buffer and submodule tables, so every name
-(``parameters()``, ``state_dict()`` keys, a parent's view of it) is the original's: a checkpoint of
-either loads into the other. Calls run the ``OptimizedFunction`` of the original (its plans, keyed
-by the original's state as before); everything else reads and writes the original.
+The wrapper shares the original's parameter, buffer and submodule tables, so every name is the
+original's: a checkpoint of either loads into the other.
 """
 from __future__ import annotations
 

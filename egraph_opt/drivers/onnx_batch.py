@@ -1,11 +1,8 @@
 """``egraph-opt onnx IN... --out DIR``: optimize ONNX models in batch, each validated before written.
 
-A model is written (atomically) only once onnx.checker and onnxruntime on random inputs pass (the
-original is the yardstick; where it overflows, the float64 reference of its import, as in the
-decorator: a stability fix is accepted as fixed); a failing one is reported with its reason while
-the others go on, and sets the exit status. One that onnxruntime runs slower than the original
-(median of interleaved runs) is written as it was, unless it buys stability the objective asks for
-(the decorator's rule, ``api.slower_for_nothing``).
+A model is written (atomically) only once onnx.checker and onnxruntime on random inputs pass, and
+as it was where onnxruntime runs it slower for no stability (``api.slower_for_nothing``); a failing
+one is reported with its reason while the others go on, and sets the exit status.
 """
 from __future__ import annotations
 
@@ -238,8 +235,7 @@ def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     out_real = os.path.realpath(out_dir)
     for pattern in patterns:
         if os.path.isdir(pattern):
-            matches = sorted(glob.glob(os.path.join(glob.escape(pattern), "**", "*.onnx"),
-                                       recursive=True))
+            matches = sorted(glob.glob(os.path.join(glob.escape(pattern), "**", "*.onnx"), recursive=True))
         elif glob.has_magic(pattern):
             matches = sorted(glob.glob(pattern, recursive=True))
         else:
@@ -299,17 +295,6 @@ def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> Non
         pool.shutdown(cancel_futures=True)
 
 
-def _refuse_foreign(path: str) -> None:
-    """A profile database path holding the user's own file fails the run up front, in one line
-    (the file left as it is): each model would only warn and price by static estimates."""
-    try:
-        ProfileDB(path).close()
-    except ForeignFileError as e:
-        raise Failure(str(e)) from None
-    except UNUSABLE:  # locked, another schema, unreadable: each model warns, as before
-        pass
-
-
 def run(args: argparse.Namespace) -> int:
     started = time.time()
     paths = _checked_inputs(args)
@@ -317,11 +302,9 @@ def run(args: argparse.Namespace) -> int:
     records: list[dict] = []
     targets = _targets(paths, args.out, records)
     options = {"force": args.force, "objective": args.objective, "seed": args.seed,
-               "latency_runs": args.latency_runs, "opset": args.opset,
+               "latency_runs": args.latency_runs, "opset": args.opset, "profile_db": args.profile_db,
                "pictures": bool(args.report) and html(args.report), "run": uuid.uuid4().hex[:12],
-               "profile_db": args.profile_db or str(default_path()),
                "profile_budget": default_budget() if args.profile_budget is None else args.profile_budget}
-    _refuse_foreign(options["profile_db"])
     bar = tqdm(total=len(targets), unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
     finished: set[str] = set()
 
@@ -354,8 +337,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _checked_inputs(args: argparse.Namespace) -> list[str]:
-    """The models to optimize, once the options agree and --out and --report are writable: a
-    mistake fails the run up front, not after every model is optimized."""
+    """The models to optimize, once the options agree, --out and --report are writable and the
+    profile database is not another file: a mistake fails the run up front, not after every model."""
     if args.cluster and args.jobs > 1:
         raise Failure("-j and --cluster exclude each other: a cluster's size is its workers'")
     if args.no_shared_fs and not args.cluster:
@@ -372,6 +355,13 @@ def _checked_inputs(args: argparse.Namespace) -> list[str]:
                       ".onnx files are outputs: write the outputs to another directory")
     if not paths:
         raise Failure(f"no models found in {' '.join(args.inputs)}")
+    args.profile_db = args.profile_db or str(default_path())
+    try:  # the user's own file there: each model would only warn and price by static estimates
+        ProfileDB(args.profile_db).close()
+    except ForeignFileError as e:
+        raise Failure(str(e)) from None
+    except UNUSABLE:  # locked, another schema, unreadable: each model warns, as before
+        pass
     return paths
 
 
@@ -428,8 +418,7 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--latency-runs", type=at_least(0), default=20,
                         help="onnxruntime runs per model for the latency columns; a model measured "
                         "slower is written as it was (0: no runs, no such check)")
-    parser.add_argument("--seed", type=at_least(0), default=0,
-                        help="seed of the random validation inputs")
+    parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the random validation inputs")
     parser.add_argument("--opset", type=_opset, help="convert older models to this opset first, so that "
                         "its fused operators (Attention at 23) can be used; default: keep each model's")
     parser.add_argument("--profile-db", help="price kernels by the latencies measured in this "

@@ -1,11 +1,8 @@
 """``egraph-opt onnx IN... --out DIR --cluster ADDRESS``: the batch on Dask distributed workers.
 
-The work per model is ``onnx_batch.process``, as in-process and with ``-j``: the cluster only
-carries it, so records, report and exit status are the same. A worker that dies mid-model costs
-the model a try on another worker; after ``RETRIES`` more (the scheduler's ``allowed-failures``,
-which ``local:N`` sets) it fails with that reason. Workers price kernels from a latency database
-of their own (seeded with the user's rows); the driver merges their new rows into the user's
-database at the end, each with the device key its worker measured it under.
+The work per model is ``onnx_batch.process``, as in-process: the cluster only carries it, so
+records, report and exit status are the same. Workers price kernels from latency databases of their
+own (``ProfileFile``), whose new rows the driver merges into the user's at the end.
 """
 from __future__ import annotations
 
@@ -24,6 +21,7 @@ from typing import Callable
 import onnx
 
 from ..frontends.onnx_frontend import external_files
+from ..profiling.latency import without_database
 from ..profiling.profile_db import UNUSABLE, ProfileDB, ProfileDBWarning
 from .staging import earlier_output, write_files
 from .usage import Failure, ModelFailure
@@ -144,14 +142,6 @@ def _files(path: str) -> dict[str, bytes]:
     return files
 
 
-def _as_given(record: dict, path: str, target: str) -> dict:
-    """The record with the paths as the user gave them, not as the worker saw them."""
-    reason = record["reason"]
-    for seen, given in ((record["model"], path), (record["output"], target)):
-        reason = reason.replace(seen, given)
-    return {**record, "model": path, "output": target, "reason": reason}
-
-
 def _died(error: Exception) -> str:
     from distributed import KilledWorker
     if isinstance(error, KilledWorker):
@@ -165,7 +155,10 @@ def _outcome(future, path: str, target: str, options: dict) -> dict:
         record, files = future.result()
     except Exception as e:  # noqa: BLE001 - a model whose workers died, or that none could run
         return {"model": path, "output": target, "status": "failed", "reason": _died(e)}
-    record = _as_given(record, path, target)
+    reason = record["reason"]  # with the paths as the user gave them, not as the worker saw them
+    for seen, given in ((record["model"], path), (record["output"], target)):
+        reason = reason.replace(seen, given)
+    record = {**record, "model": path, "output": target, "reason": reason}
     if files is not None:  # --no-shared-fs: the output is written here, by the same claim
         try:
             write_files(files, target, options["force"], options["run"])
@@ -248,8 +241,7 @@ def _share_database(client, options: dict) -> dict:
             with ProfileDB(options["profile_db"]) as db:
                 seed = db.since()[0]
         except UNUSABLE as e:  # as in-process: static estimates, and one warning
-            warnings.warn(f"profile database unusable, using static latency estimates: {e}",
-                          ProfileDBWarning, stacklevel=3)
+            without_database(e)
             return dict(options, profile_db=None)
         client.register_plugin(ProfileFile(seed), name=_named("profile", options))
     return options

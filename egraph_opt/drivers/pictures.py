@@ -1,10 +1,8 @@
 """Pictures of an optimization: the e-graph and program graphs through Graphviz (SVG), and
 matplotlib figures of precision, per-node error, rewrite impact and the latency model.
 
-Graphviz's ``dot`` comes from the pip package ``graphviz-pure`` (in the test extra: the README's
-set-up installs it), a ``dot`` on PATH, or ``$EGRAPH_OPT_DOT``. Without one, a drawing is a
-``TextPicture`` whose first line says so. A graph over ``max_nodes`` is never laid out: it gets a
-summary of its largest e-classes, and ``dot`` runs under a timeout.
+Without a Graphviz ``dot`` (``usage.find_dot``), a drawing is a ``TextPicture`` whose first line
+says so; a graph over ``max_nodes`` is never laid out but summarized.
 """
 from __future__ import annotations
 

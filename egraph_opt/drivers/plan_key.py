@@ -1,15 +1,12 @@
-"""The plan key besides the inputs' signature: grad mode, the default dtype, the modules'
-``training`` flags and every other number the program's code reads (attributes, globals, closure
-cells, defaults, config objects, class attributes, small lists and dicts of numbers), which tensor
-objects are the parameters and buffers (``m.weight = nn.Parameter(...)`` leaves the traced graph
-holding the old one), the identity of every other object read that way (a rebound global tensor,
-module or function), and the hooks. Values do not enter it: parameters range over their dtype in
-every analysis, and folded constants are recomputed when a tensor's version changes
-(``torch_backend``). The walk over modules and slots runs again only after torch's registration
-hooks count a rebinding or a slot holds another object; every call runs one generated expression.
+"""The plan key besides the inputs' signature: grad mode, the default dtype and what the program's
+code reads (``holders``, ``_generated_key``). Tensors' values do not enter it: parameters range over
+their dtype in every analysis, and folded constants are recomputed when a tensor's version changes
+(``torch_backend``); which tensor objects are the parameters does (``m.weight = nn.Parameter(...)``
+leaves the traced graph holding the old one).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -65,9 +62,6 @@ class Reads(NamedTuple):
     contents: list[Slot]  # those of ``objects`` holding a small list or dict of numbers (read whole)
     shadows: list[tuple[dict, str]]  # an instance's dict and a class attribute's name read off it
 
-    def copy(self) -> Reads:
-        return Reads(*(list(part) for part in self))
-
 
 def holders(fn: Callable) -> Reads:
     """What ``fn`` reads state from: itself, the object of a bound method, what its closure,
@@ -79,7 +73,7 @@ def holders(fn: Callable) -> Reads:
     read: set[str] = set()  # every name the code reads: a global's, or an attribute's (cfg.scale)
 
     def slot(holder: Any, name: Any, attribute: bool = False) -> None:
-        value = getattr(holder, name) if attribute else holder[name]
+        value = _read((holder, name, attribute))
         (reads.scalars if _scalar(value) else reads.objects).append((holder, name, attribute))
         if _numbers(value):
             reads.contents.append((holder, name, attribute))
@@ -91,8 +85,9 @@ def holders(fn: Callable) -> Reads:
         seen.add(id(f))
         read.update(code.co_names)
         inner = inspect.unwrap(f)
-        for cell in filter(_filled, getattr(inner, "__closure__", None) or ()):
-            slot(cell, "cell_contents", True)
+        for cell in getattr(inner, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # a cell not assigned yet
+                slot(cell, "cell_contents", True)
         for where in ("__defaults__", "__kwdefaults__"):  # reassignable, as a tuple or dict
             defaults = getattr(inner, where, None)
             if defaults is not None:
@@ -173,27 +168,17 @@ def _plain(o: Any) -> bool:
         o, (torch.nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType, functools.partial))
 
 
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # a cell not assigned yet
-        return False
-    return True
-
-
 _TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ever seen
 
 
 @functools.lru_cache(maxsize=None)
 def names_read(cls: type) -> frozenset[str]:
     """The attribute and global names the code a module class's forward runs reads: its forward
-    and the methods and properties it names, transitively (``self.training`` in dropout or batch
-    norm, ``self.eps``, ``self.scale`` of a helper method): only those attributes' values can change
-    what a traced program means. torch's Module base (whose train() and eval() set the flag) does
-    not count, nor do methods a forward never runs (a Hugging Face model's ``generate`` reads
-    hundreds of generation settings)."""
+    and the methods and properties it names, transitively (``self.training``, ``self.eps``): only
+    those attributes' values can change what a traced program means (not torch's Module base's, nor
+    those of methods a forward never runs, such as a Hugging Face model's ``generate``)."""
     members = {}
-    for klass in reversed([k for k in cls.__mro__ if k not in (torch.nn.Module, object)]):
+    for klass in reversed(_classes(cls)):
         members.update(vars(klass))
     names, todo = set(), ["forward"]
     while todo:
@@ -230,7 +215,7 @@ class StateKey:
     def _read_identities(self) -> None:
         subs = list({id(s): s for m in self.modules for s in m.modules()}.values())
         _watched.update(subs)
-        reads = self._found.copy()
+        reads = Reads(*map(list, self._found))  # a copy, which the modules' attributes join
         for m in subs:  # from __dict__: no Module.__getattr__
             _attributes([m], names_read(type(m)), reads)
         scalars, objects, contents = (list({(id(o[0]), o[1]): o for o in slots  # a class's once
@@ -246,9 +231,9 @@ class StateKey:
         # hooks run inside a trace: registered anywhere (a new handle id), or removed from one here
         hooks = [d for m in subs for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
                                            m._backward_pre_hooks) if d] + [d for d in _GLOBAL_HOOKS if d]
-        self._seen = _rebindings[0]
-        self._key = _generated_key(
-            self._seen, _TOKENS.setdefault(identities, len(_TOKENS)),  # hashed once, not per call
+        # the key of the reads as walked now: None (or KeyError, ValueError) once they changed layout
+        self.current = _generated_key(
+            _rebindings[0], _TOKENS.setdefault(identities, len(_TOKENS)),  # hashed once, not per call
             (ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks)),
             zip(objects, self._values), scalars, versioned, self.containers, contents, hooks, reads.shadows)
 
@@ -286,24 +271,18 @@ class StateKey:
                 self._written.add((id(slot[0]), slot[1]))
         self._refresh()
 
-    @property
-    def current(self) -> Callable[[], tuple | None]:
-        """The key of the reads as walked now: None (or KeyError, ValueError) once they changed
-        layout, where ``key`` walks them again."""
-        return self._key
-
     def key(self) -> tuple:
         """Flat (a fixed number of values per identities token; each container's identities a
         tuple of their own, so no two fillings of the containers share a key). A scalar set to
         something else enters as that value (a caller's plan lookup refuses an unhashable one); a
         deleted one leaves the key with another slots layout."""
         try:
-            key = self._key()
+            key = self.current()
         except (KeyError, ValueError):  # a global or attribute deleted, a cell emptied
             key = None
         if key is None:  # walked again: what is deleted is no longer read
             self._refresh()
-            key = self._key()
+            key = self.current()
         return key
 
 
@@ -319,12 +298,9 @@ def _read(slot: Slot) -> Any:
 def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: list[Slot],
                    versioned: list[Slot], containers: list, contents: list, hooks: list[dict],
                    shadows: list[tuple[dict, str]]) -> Callable[[], tuple | None]:
-    """``key()`` as one expression: None where any module was rebound since ``seen``, an object
-    slot holds another object than it did, a hook was registered or removed, or an instance
-    attribute now shadows a class attribute read; else the identities token, the slots (the
-    objects' ids, where the scalars are read, the hooks), grad mode, the default dtype, every
-    scalar, the versions of the tensors the trace may have baked a value of, each container's
-    identities, and the contents of the lists and dicts of scalars."""
+    """``key()`` as one expression (as torch.compile's guards are): None where the walk no longer
+    holds (a module rebound since ``seen``, an object slot holding another object, a hook registered
+    or removed, a class attribute read now shadowed by an instance's); else the values it reads."""
     env: dict[str, Any] = {"_rebindings": _rebindings, "_grad": _grad_enabled, "_dtype": _default_dtype,
                            "_Handle": RemovableHandle}
 

@@ -28,6 +28,7 @@ class Report:
     bounded: list[str] = field(default_factory=list)  # work that ran on a sample or not at all, and why
     derivation: Derivation | None = None  # the steps the [REWRITE] lines are read from
     ranges: list[str] = field(default_factory=list)  # guarded rules a declared input range would let fire
+    sizes: str = ""  # the sizes its plan serves, made from its size family (``families.py``)
 
     def to_html(self, path) -> str:
         """Write this report as one self-contained HTML page; returns the path."""
@@ -80,6 +81,8 @@ class Report:
             lines.append(f"[VALIDATION] {verdict}: max error {v.max_error:.3g} "
                          f"(original {v.original_error:.3g}){' - ' + v.detail if v.detail else ''}")
         lines += [f"[BOUNDED] {b}" for b in self.bounded]
+        if self.sizes:
+            lines.append(f"[SIZES] {self.sizes}")
         if self.fallback:
             lines.append(f"[FALLBACK] running the original program: {self.fallback}")
         return "\n".join(lines)

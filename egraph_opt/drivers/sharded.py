@@ -18,12 +18,11 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
-from ..egraph.engine import ENode
 from ..frontends.capture import capture
 from ..lang.ops import OPS, parse_shape
 from ..lang.term import Term, postorder, pretty, shapes
 from ..egraph.session import Limits
-from ..profiling.latency import MeasuredLatency, default_budget
+from ..profiling.latency import UNIT_S, MeasuredLatency, default_budget
 from ..sharding import run as runner
 from ..sharding.cost import measured_links
 from ..sharding.plan import Candidate, Search, ShardingError, search
@@ -73,13 +72,11 @@ class ShardedPlan:
     def placements(self) -> Table:
         """Every op of the sharded program: the shape one device computes, where its value lives,
         and its predicted time on one device."""
-        best, cost = self.search.best, self.search.cost
-        shape_of = shapes(best.roots)
-        labels = _placements(best, self.search.classes)
+        best = self.search.best
+        shape_of, labels = shapes(best.roots), _placements(best, self.search.classes)
         items = [t for t in postorder(best.roots) if t.args]
-        nodes = {id(t): ENode(t.op, tuple(best.class_of[id(a)] for a in t.args), t.attrs) for t in items}
         rows = [[t.op, "x".join(map(str, shape_of[id(t)][0])) or "()", labels[id(t)],
-                 round(cost.seconds(best.class_of[id(t)], nodes[id(t)]) * 1e6, 1)] for t in items]
+                 round(best.units[best.class_of[id(t)]] * UNIT_S * 1e6, 1)] for t in items]
         return Table(f"placements over {self.mesh} devices", ["op", "shape per device", "placement",
                                                                 "predicted us"], rows, items=items)
 

@@ -104,22 +104,17 @@ def remove_staging(directory: str, run: str = "", before: float | None = None) -
             continue
         try:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _take_back_half(folder, directory)
+            names = os.listdir(folder)
+            placed = [n for n in names if os.path.exists(os.path.join(directory, n))
+                      and os.path.samefile(os.path.join(folder, n), os.path.join(directory, n))]
+            if len(placed) < len(names):  # a unit only half linked in: take it back
+                for name in placed:
+                    os.unlink(os.path.join(directory, name))
             shutil.rmtree(folder, ignore_errors=True)
         except OSError:  # held by a live process (BlockingIOError), or gone meanwhile
             pass
         finally:
             os.close(held)
-
-
-def _take_back_half(folder: str, directory: str) -> None:
-    """Unlink the files of ``folder`` that are linked beside it, unless all of them are."""
-    names = os.listdir(folder)
-    placed = [n for n in names if os.path.exists(os.path.join(directory, n))
-              and os.path.samefile(os.path.join(folder, n), os.path.join(directory, n))]
-    if len(placed) < len(names):
-        for name in placed:
-            os.unlink(os.path.join(directory, name))
 
 
 def made_from(path: str, options: dict) -> str:

@@ -33,11 +33,12 @@ def codes(code: types.CodeType):
             yield from codes(c)
 
 
-def _globals_read(code: types.CodeType) -> set[str]:
+@functools.lru_cache(maxsize=4096)  # disassembly cost more than a decode step: once per code object
+def _globals_read(code: types.CodeType) -> frozenset[str]:
     """The global names ``code`` (or a function inside it) loads or stores: not every name it
     holds, which counts ``self.model``'s attribute as the module's global ``model`` too."""
-    return {i.argval for c in codes(code) for i in dis.get_instructions(c)
-            if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME")}
+    return frozenset({i.argval for c in codes(code) for i in dis.get_instructions(c)
+            if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME")})
 
 
 def _library(module: str | None) -> bool:
@@ -45,10 +46,6 @@ def _library(module: str | None) -> bool:
     not the program's state, and never walked (nn.Modules are, torch's own included)."""
     top = (module or "builtins").split(".")[0]
     return top in sys.stdlib_module_names or top in ("torch", "numpy", "egraph_opt", "builtins")
-
-
-def _foreign(o: Any) -> bool:
-    return not isinstance(o, torch.nn.Module) and _library(getattr(type(o), "__module__", None))
 
 
 class Watch:
@@ -61,7 +58,9 @@ class Watch:
 
     def __enter__(self) -> Watch:
         self._saved = list(_walk(self.fn))
-        _install()
+        # a watched thread's prints and log records are held back as effects; other threads' pass
+        builtins.print = _print
+        logging.Logger.handle = _handle
         _watches().append(self)
         return self
 
@@ -75,7 +74,6 @@ class Watch:
         """What changed so far: state written (by name), then prints and log records."""
         return [f"{'writes' if isinstance(h, (list, set)) else 'sets'} {_what(n, h, s)}"
                 for n, h, s in self._saved if _differs(h, s)] + self.effects
-
 
     def logs_once(self, rerun: Callable[[], Any]) -> bool:
         """Whether the only effects so far are log records that running the program again does
@@ -144,7 +142,8 @@ def _walk(fn: Callable):
             yield name, o, _copy(o)
             items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ((None, v) for v in o)
             todo += [(f"{name}[{k!r}]" if k is not None else f"an item of {name}", v) for k, v in items]
-        elif isinstance(getattr(o, "__dict__", None), dict) and not _foreign(o):
+        elif isinstance(getattr(o, "__dict__", None), dict) and (
+                isinstance(o, torch.nn.Module) or not _library(getattr(type(o), "__module__", None))):
             yield f"{name}.__dict__", vars(o), dict(vars(o))
             todo += [(f"{name}.{k}", v) for k, v in vars(o).items()]
             todo.append((name, type(o)))
@@ -220,15 +219,10 @@ def _restore(holder: Any, saved: Any) -> None:
             holder.cell_contents = saved
     elif isinstance(holder, types.FunctionType):
         holder.__defaults__, holder.__kwdefaults__ = saved
-    elif isinstance(holder, type):
-        for k in _changed_keys(dict(vars(holder)), saved, False):
-            setattr(holder, k, saved[k]) if k in saved else delattr(holder, k)
-    elif isinstance(holder, dict):
-        for k in _changed_keys(holder, saved, _scope(holder)):
-            if k in saved:
-                dict.__setitem__(holder, k, saved[k])
-            else:
-                dict.__delitem__(holder, k)
+    elif isinstance(holder, (dict, type)):  # a dict subclass's own methods may do more than store
+        put, drop = (setattr, delattr) if isinstance(holder, type) else (dict.__setitem__, dict.__delitem__)
+        for k in _changed_keys(_copy(holder), saved, _scope(holder)):
+            put(holder, k, saved[k]) if k in saved else drop(holder, k)
     elif isinstance(holder, set):
         holder.clear()
         holder.update(saved)
@@ -256,10 +250,3 @@ def _handle(self, record):
     watches[-1].records.append((self, record))
     if what not in watches[-1].effects:
         watches[-1].effects.append(what)
-
-
-def _install() -> None:
-    """Prints and log records of a watched thread are kept from the terminal and counted as
-    effects; every other thread's pass through untouched."""
-    builtins.print = _print
-    logging.Logger.handle = _handle

@@ -41,11 +41,6 @@ def _ruleset(phase: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _egglog_text(rule, phase: str) -> str:
-    return rule.egglog(phase)
-
-
-@functools.lru_cache(maxsize=None)
 def _ops_of(rule) -> tuple[frozenset, frozenset]:
     """(ops a rule's left sides name, ops its right sides make)."""
     def ops(p) -> set[str]:
@@ -245,10 +240,8 @@ class EGraph:
                 lo, hi = (intervals or {}).get(id(t), (-math.inf, math.inf))
                 if t.args:  # computed in float64, rounded to nearest: widened outward, as the rules'
                     lo, hi = lo - abs(lo) * range_rules.OUTWARD, hi + abs(hi) * range_rules.OUTWARD
-                if lo > -_UNBOUNDED:
-                    lines.append(f"(set (lo (Ref {ref})) {literal(float(lo))})")
-                if hi < _UNBOUNDED:
-                    lines.append(f"(set (hi (Ref {ref})) {literal(float(hi))})")
+                lines += [f"(set ({end} (Ref {ref})) {literal(float(v))})"
+                          for end, v, bounded in (("lo", lo, lo > -_UNBOUNDED), ("hi", hi, hi < _UNBOUNDED)) if bounded]
                 if meta and id(t) in meta:
                     lines += _shape_facts(ref, t, *meta[id(t)])
                     self._axis_facts += _axis_facts(ref, key, t, meta)
@@ -301,7 +294,7 @@ class EGraph:
         if not self._axes_asked and any(range_rules.AXIS_FACTS & r.when.heads() for r in ready):
             self._load_axis_facts()
         if ready:
-            self._run("\n".join(_egglog_text(r, _ruleset(phase)) for r in ready))
+            self._run("\n".join(r.egglog(_ruleset(phase)) for r in ready))
         self._declare_ranges()
 
     def size(self) -> int:

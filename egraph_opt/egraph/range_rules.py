@@ -12,11 +12,11 @@ span the split axis alike, never one broadcast along it); ``reshape-axis`` and `
 of each loaded reshape's operand, its target shape and an axis of the result the reshape keeps
 whole: the operand's axis it is, and the target a device's part takes (``lang/mesh.py``
 ``through_reshape``); ``whole`` every value each device of a mesh holds whole (sharding rules
-split only those); ``nonempty`` every loaded
-value with no size-0 axis (only then do a reduction's bounds follow from its operand's: over an
-empty axis it is its identity, -inf for logsumexp). ``lo`` merges by max and ``hi`` by min: two sound
-intervals for one e-class intersect. Tripwires panic on merges that can only come from an unsound
-rule: two different constants, two different inputs, an empty interval.
+split only those); ``nonempty`` every loaded value with no size-0 axis (only then do a reduction's
+bounds follow from its operand's: over an empty axis it is its identity, -inf for logsumexp).
+``lo`` merges by max and ``hi`` by min: two sound intervals for one e-class intersect. Tripwires
+panic on merges that can only come from an unsound rule: two different constants, two different
+inputs, an empty interval.
 """
 from __future__ import annotations
 
@@ -68,16 +68,6 @@ def _lo(expr: str) -> str:
 
 def _hi(expr: str) -> str:
     return _c(f"(+ {expr} (* (abs {expr}) {OUTWARD!r}))")
-
-
-#: ops whose values lie within the operand's interval (kinds "operand" and "values" of Op.range_rule)
-_SAME_AS_OPERAND = ops_where(lambda op: op.range_rule in ("operand", "values"))
-#: ops whose result holds exactly the operand's values: the result's interval is the operand's too
-#: (a rewrite may create the operand below a loaded result: a float32 value under a cast)
-_SAME_VALUES = ops_where(lambda op: op.range_rule == "values")
-_KEEPS_LAST_DIM = SAME_SHAPE
-_SAME_DTYPE = ops_where(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast"))  # where: a
-# bool first operand; compare: a bool result; broadcast: promotes (below)
 
 
 def _operand_pattern(op: str, vars_: str = "abcdfgh") -> str:
@@ -153,19 +143,17 @@ _ARITHMETIC = [
 def _dtype_and_rank_rules():
     """What shape contracts and precision rules read: last-dim, rank and dtype-of through ops."""
     yield '(rule ((= e (Cast x d))) ((set (dtype-of e) d)))'
-    for op in _KEEPS_LAST_DIM:
+    for op in SAME_SHAPE:  # last-dim, and rank: (1 + w) is a weight of rank 1 as w is
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (last-dim ?a))) ((set (last-dim e) n)))"
-    for op in _KEEPS_LAST_DIM:  # and rank: (1 + w) is a weight of rank 1 as w is
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))"
-    binary = BINARY_BROADCASTING  # (rotary's three operands
-    # leave its rank and dtype unrecorded: a guard or precision rule then does not fire on it)
-    for op in binary:
+    # where: a bool first operand; compare: a bool result; broadcast: promotes (below)
+    for op in ops_where(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast")):
+        yield f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))"
+    for op in BINARY_BROADCASTING:  # (rotary's three operands leave its rank and dtype unrecorded:
+        # a guard or precision rule then does not fire on it). The dtype promotes: both operands',
+        # or a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
         yield (f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) "
                "((set (rank e) (max n m))))")
-    for op in _SAME_DTYPE:
-        yield f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))"
-    for op in binary:  # promotes: both operands' dtype, or
-        # a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
         name, attrs = OPS[op].egg_name, " ".join("?_" + n for n, _ in OPS[op].attrs)
         for args, known in (("?a ?b", "(= d (dtype-of ?a)) (= d (dtype-of ?b))"),
                             ("?a (Const ?c)", "(= d (dtype-of ?a))"), ("(Const ?c) ?b", "(= d (dtype-of ?b))")):
@@ -174,11 +162,13 @@ def _dtype_and_rank_rules():
 
 def _op_fact_rules():
     """Bounds, signs and wholeness that the op table declares once per op."""
-    for op in _SAME_AS_OPERAND:
+    for op in ops_where(lambda op: op.range_rule in ("operand", "values")):  # within the operand's values
         query = f"(= e {_operand_pattern(op)})" + " (nonempty ?a)" * (op in REDUCTIONS)
         yield f"(rule ({query} (= x (lo ?a))) ((set (lo e) x)))"
         yield f"(rule ({query} (= x (hi ?a))) ((set (hi e) x)))"
-    for op in _SAME_VALUES:
+    # exactly the operand's values: its interval is the result's too (a rewrite may create the
+    # operand below a loaded result: a float32 value under a cast)
+    for op in ops_where(lambda op: op.range_rule == "values"):
         pattern = _operand_pattern(op)
         yield f"(rule ((= e {pattern}) (= x (lo e))) ((set (lo ?a) x)))"
         yield f"(rule ((= e {pattern}) (= x (hi e))) ((set (hi ?a) x)))"

@@ -169,10 +169,6 @@ def compensated_sum(x, axis, keepdim):
     return out.unsqueeze(axis) if keepdim else out
 
 
-def var(x, axis, keepdim, correction):
-    return torch.var(x, dim=axis, keepdim=keepdim, correction=correction)
-
-
 def gelu(x, approximate):
     """x Phi(x): it has x's sign (some CPUs' kernels return +0 at -0 and where Phi(x) underflows),
     and above 8 it is x in every dtype (some give NaN at +inf)."""
@@ -201,34 +197,6 @@ def cube_root(v: float) -> float:
     return math.copysign(abs(v) ** (1 / 3), v)
 
 
-def permute(x, perm):
-    return x.permute(*parse_shape(perm))
-
-
-def reshape(x, shape):
-    return x.reshape(parse_shape(shape))
-
-
-def expand(x, shape):
-    return x.expand(parse_shape(shape))
-
-
-def slice_(x, axis, start, end, step):
-    return x[(slice(None),) * (x.dim() + axis) + (slice(start, end, step),)]
-
-
-def concat(a, b, axis):
-    return torch.cat([a, b], dim=axis)
-
-
-def gather(x, index, axis):
-    return torch.gather(x, axis, index)
-
-
-def index_select(x, index, axis):
-    return torch.index_select(x, axis, index)
-
-
 def naive_at_posinf(x, axis, out, elsewhere: float):
     """Where a row holds +inf (and no NaN), what the naive quotient gives: NaN at each +inf and
     ``elsewhere`` (0 for softmax, -inf for its log) off it, where the max-shifted form alone is NaN
@@ -247,10 +215,6 @@ def softmax(x, axis):
 def log_softmax(x, axis):
     """log(softmax(x)), max-shifted ([inf, 1, 2] -> [nan, -inf, -inf], as the naive form)."""
     return naive_at_posinf(x, axis, torch.log_softmax(x, axis), -torch.inf)
-
-
-def cast(x, dtype):
-    return x.to(getattr(torch, dtype))
 
 
 def layer_norm(x, weight, bias, eps):
@@ -293,11 +257,9 @@ def _attention(q, k, v, scale: float, bias=None):
 
 def sdpa(q, k, v, scale, causal):
     """softmax(q k^T * scale) v; ``causal``: each query's later keys masked."""
-    if not causal:
-        return _attention(q, k, v, scale)
-    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
-    return _attention(q, k, v, scale, torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
-                      .masked_fill(mask, -torch.inf))
+    bias = torch.full((q.shape[-2], k.shape[-2]), -torch.inf, dtype=q.dtype, device=q.device).triu(1) \
+        if causal else None
+    return _attention(q, k, v, scale, bias)
 
 
 def sdpa_masked(q, k, v, bias, scale):
@@ -322,30 +284,9 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
     return y + bias if isinstance(bias, float) else y
 
 
-def max_pool2d(x, kernel, stride, padding, dilation):
-    """Padding is -inf (never picked): each window's maximum is one of ``x``'s values."""
-    return F.max_pool2d(x, parse_shape(kernel), parse_shape(stride), parse_shape(padding),
-                        parse_shape(dilation))
-
-
-def batch_norm(x, mean, var, weight, bias, eps):
-    """Inference batch norm over channel axis 1, with running statistics."""
-    return F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
-
-
-def softplus(x):
-    """log(1 + e^x), exactly: logaddexp(x, 0) has no threshold approximation."""
-    return torch.logaddexp(x, torch.zeros_like(x))
-
-
 def swish(x, beta):
     """x * sigmoid(beta x) (Swish; CLIP's quick gelu is beta = 1.702, silu beta = 1)."""
     return x * torch.sigmoid(x * beta)
-
-
-def geglu(a, b, approximate):
-    """gelu(a) * b: GeGLU's gate (Shazeer 2020)."""
-    return gelu(a, approximate) * b
 
 
 def rotary(x, cos, sin):
@@ -355,16 +296,11 @@ def rotary(x, cos, sin):
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
-def nll_loss(x, target, reduction, ignore_index):
-    """F.nll_loss with class indices (class axis 1): -x[target], 0 where target is ignore_index;
-    "mean" divides by the count of targets not ignored (NaN when every one is)."""
-    return F.nll_loss(x, target, reduction=reduction, ignore_index=ignore_index)
-
-
 def cross_entropy(x, target, reduction, ignore_index):
     """nll_loss(log_softmax(x, 1)), whose log_softmax keeps the naive quotient's value at +inf
     (+inf off the +inf logit, where torch's F.cross_entropy is NaN)."""
-    return nll_loss(log_softmax(x, 1 if x.dim() > 1 else 0), target, reduction, ignore_index)
+    return F.nll_loss(log_softmax(x, 1 if x.dim() > 1 else 0), target, reduction=reduction,
+                      ignore_index=ignore_index)
 
 
 def sigmoid(v: float) -> float:
@@ -501,30 +437,34 @@ OPS: dict[str, Op] = {op.name: op for op in [
     # the index of the largest (smallest) element along an axis: an int64 tensor, not a value of x
     _op("argmax", 1, _REDUCE, torch.argmax, _ARG, onnx="none"),
     _op("argmin", 1, _REDUCE, torch.argmin, _ARG, onnx="none"),
-    _op("var", 1, _REDUCE + " correction:i64", var, _REDUCTION, range_rule="var", sign="nonneg",
-        curvature=(2.0, 1.0), growth=1, passes=6, flops=3, onnx="mean-of-squares"),
+    _op("var", 1, _REDUCE + " correction:i64",
+        lambda x, axis, keepdim, correction: torch.var(x, dim=axis, keepdim=keepdim, correction=correction),
+        _REDUCTION, range_rule="var", sign="nonneg", curvature=(2.0, 1.0), growth=1, passes=6, flops=3,
+        onnx="mean-of-squares"),
     # linear algebra and layout
     _op("matmul", 2, "", operator.matmul, _FUSED, infix="@", shape_rule="matmul", range_rule="matmul",
         curvature="bilinear", growth=1, passes=16, sample=(("x0", (3, 5)), ("x1", (5, 4))),
         work="matmul", onnx="MatMul", layout="fresh"),
     _op("transpose", 1, "dim0:i64 dim1:i64", torch.transpose, _LAYOUT, shape_rule="transpose",
         onnx="Transpose"),
-    _op("permute", 1, "perm:String", permute, _LAYOUT, sample=(("perm", "0,2,3,1"),),
-        onnx="Transpose"),
-    _op("reshape", 1, "shape:String", reshape, _LAYOUT, shape_rule="reshape",
-        sample=(("shape", "6,25"),), onnx="Reshape"),
-    _op("expand", 1, "shape:String", expand, _LAYOUT, shape_rule="reshape",
-        sample=(("x0", (2, 3, 1, 5)), ("shape", "2,3,4,5")), onnx="Expand"),
-    _op("gather", 2, _AXIS, gather, _LAYOUT, range_rule="operand", passes=2, precision="keep",
-        onnx="GatherElements", layout="fresh"),
-    _op("index_select", 2, _AXIS, index_select, _LAYOUT, range_rule="operand", passes=2,
-        precision="keep", onnx="Gather", layout="fresh"),
-    _op("slice", 1, "axis:i64 start:i64 end:i64 step:i64", slice_, _LAYOUT, range_rule="operand",
-        sample=(("axis", -1), ("start", 1), ("end", 4), ("step", 2)), onnx="Slice"),
-    _op("concat", 2, _AXIS, concat, _LAYOUT, range_rule="hull", passes=2, precision="keep",
-        onnx="Concat", layout="fresh"),
-    _op("cast", 1, "dtype:String", cast, _LAYOUT, shape_rule="cast", rounding="widening", passes=2,
-        precision="keep", onnx="Cast", layout="runs"),
+    _op("permute", 1, "perm:String", lambda x, perm: x.permute(parse_shape(perm)), _LAYOUT,
+        sample=(("perm", "0,2,3,1"),), onnx="Transpose"),
+    _op("reshape", 1, "shape:String", lambda x, shape: x.reshape(parse_shape(shape)), _LAYOUT,
+        shape_rule="reshape", sample=(("shape", "6,25"),), onnx="Reshape"),
+    _op("expand", 1, "shape:String", lambda x, shape: x.expand(parse_shape(shape)), _LAYOUT,
+        shape_rule="reshape", sample=(("x0", (2, 3, 1, 5)), ("shape", "2,3,4,5")), onnx="Expand"),
+    _op("gather", 2, _AXIS, lambda x, index, axis: torch.gather(x, axis, index), _LAYOUT,
+        range_rule="operand", passes=2, precision="keep", onnx="GatherElements", layout="fresh"),
+    _op("index_select", 2, _AXIS, lambda x, index, axis: torch.index_select(x, axis, index), _LAYOUT,
+        range_rule="operand", passes=2, precision="keep", onnx="Gather", layout="fresh"),
+    _op("slice", 1, "axis:i64 start:i64 end:i64 step:i64",
+        lambda x, axis, start, end, step: x[(slice(None),) * (x.dim() + axis) + (slice(start, end, step),)],
+        _LAYOUT, range_rule="operand", sample=(("axis", -1), ("start", 1), ("end", 4), ("step", 2)),
+        onnx="Slice"),
+    _op("concat", 2, _AXIS, lambda a, b, axis: torch.cat([a, b], dim=axis), _LAYOUT, range_rule="hull",
+        passes=2, precision="keep", onnx="Concat", layout="fresh"),
+    _op("cast", 1, "dtype:String", lambda x, dtype: x.to(getattr(torch, dtype)), _LAYOUT, shape_rule="cast",
+        rounding="widening", passes=2, precision="keep", onnx="Cast", layout="runs"),
     # composites: each has a definition in primitives (checked in tests) and stable kernels
     _op("softmax", 1, _AXIS, softmax, _FUSED, shape_rule="same", range_rule="bounds", bounds=(0.0, 1.0),
         sign="nonneg", curvature=(1.0, 1.0), **_SMOOTH, error="shifted-exp", passes=5,
@@ -535,7 +475,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("logsumexp", 1, _REDUCE, torch.logsumexp, _FUSED, shape_rule="reduce", range_rule="logsumexp",
         curvature=(0.5, 1.0), **_SMOOTH, error="log-sum-exp", passes=5, work="reduce", flops=12,
         onnx="ReduceLogSumExp", layout="fresh"),
-    _op("softplus", 1, "", softplus, _UNARY, range_rule="softplus", curvature=(0.25, 1.0), **_SMOOTH,
+    _op("softplus", 1, "", lambda x: torch.logaddexp(x, torch.zeros_like(x)), _UNARY,  # log(1 + e^x),
+        range_rule="softplus", curvature=(0.25, 1.0), **_SMOOTH,  # exactly: no threshold approximation
         work="static", onnx="Softplus"),
     _op("logaddexp", 2, "", logaddexp, _BINARY, range_rule="logaddexp", curvature=(0.25, 1.0),
         **_SMOOTH, precision="keep", work="static", onnx="stable-logaddexp"),
@@ -551,13 +492,16 @@ OPS: dict[str, Op] = {op.name: op for op in [
         curvature=(1.0, 1.0), **_SMOOTH, passes=20,
         sample=(*_ATTENTION_SAMPLE, ("scale", 0.5), ("causal", False)), work="sdpa",
         onnx="Attention"),
-    _op("geglu", 2, "approximate:String", geglu, _FUSED, shape_rule="broadcast", range_rule="geglu",
-        curvature="bilinear", growth=1, passes=3, precision="keep", onnx="definition",
+    _op("geglu", 2, "approximate:String", lambda a, b, approximate: gelu(a, approximate) * b, _FUSED,
+        shape_rule="broadcast", range_rule="geglu", curvature="bilinear", growth=1, passes=3, precision="keep",
+        onnx="definition",
         definition="(mul (gelu ?x0 ?approximate) ?x1)"),
     _op("rotary", 3, "", rotary, _FUSED, shape_rule="broadcast", range_rule="rotary", curvature="bilinear",
         growth=1, error="rotation", passes=5, precision="keep", onnx="rotate-half"),
-    # losses over class indices (class axis 1); targets equal to ignore_index count for nothing
-    _op("nll_loss", 2, "reduction:String ignore_index:i64", nll_loss, _FUSED, shape_rule="meta",
+    # losses over class indices (class axis 1); targets equal to ignore_index count for nothing (a
+    # "mean" over none is NaN)
+    _op("nll_loss", 2, "reduction:String ignore_index:i64", lambda x, target, reduction, ignore_index:
+        F.nll_loss(x, target, reduction=reduction, ignore_index=ignore_index), _FUSED, shape_rule="meta",
         range_rule="top", curvature=LINEAR, growth=0, error="sum", passes=1, precision="keep",
         onnx="NegativeLogLikelihoodLoss"),
     _op("cross_entropy", 2, "reduction:String ignore_index:i64", cross_entropy, _FUSED,
@@ -586,11 +530,13 @@ OPS: dict[str, Op] = {op.name: op for op in [
         curvature="bilinear", growth=1, passes=24,
         sample=(("x0", (2, 3, 6, 6)), ("x1", (4, 3, 3, 3)), ("x2", (4,)), ("stride", "1,1"),
                 ("padding", "1,1"), ("dilation", "1,1"), ("groups", 1)), onnx="Conv", layout="fresh"),
-    _op("max_pool2d", 1, "kernel:String " + _WINDOW, max_pool2d, _LAYOUT, range_rule="operand",
+    _op("max_pool2d", 1, "kernel:String " + _WINDOW,  # padded by -inf: a window's max is one of x's values
+        lambda x, *sizes: F.max_pool2d(x, *map(parse_shape, sizes)), _LAYOUT, range_rule="operand",
         passes=2, sample=(("x0", (2, 3, 6, 6)), ("kernel", "2,2"), ("stride", "2,2"),
                           ("padding", "0,0"), ("dilation", "1,1")), onnx="MaxPool", layout="fresh"),
-    _op("batch_norm", 5, "eps:f64", batch_norm, _FUSED, shape_rule="first", range_rule="top", curvature=LINEAR,
-        growth=0, passes=6, precision="keep", onnx="BatchNormalization"),
+    _op("batch_norm", 5, "eps:f64", lambda x, mean, var, weight, bias, eps:  # inference: running statistics
+        F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps), _FUSED, shape_rule="first", range_rule="top",
+        curvature=LINEAR, growth=0, passes=6, precision="keep", onnx="BatchNormalization"),
     # ---- sharding: place and move values over a mesh of n devices (lang/mesh.py; rulesets/sharding.py)
     _op("shard", 1, "axis:i64 n:i64", mesh.shard, _MESH, range_rule="operand", rounding="exact", passes=1),
     _op("all_gather", 1, "axis:i64 n:i64", mesh.all_gather, _MESH, range_rule="values", rounding="exact",

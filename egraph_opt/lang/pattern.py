@@ -97,23 +97,18 @@ def parse(text: str) -> Pattern:
 def _pattern(tree: list | str, text: str) -> Pattern:
     if isinstance(tree, str):
         return _atom(tree)
-    head = tree[:1] if tree and isinstance(tree[0], str) else []
-    return _build(head + [_pattern(t, text) for t in tree[len(head):]], text)
-
-
-def _build(items: list, text: str) -> Pattern:
-    if not items or not isinstance(items[0], str):
+    if not tree or not isinstance(tree[0], str):
         raise PatternError(f"expected an op name in {text!r}")
-    head, rest = items[0], items[1:]
+    head, rest = tree[0], tuple(_pattern(t, text) for t in tree[1:])
     if head in ARITHMETIC:
-        return Prim(head, tuple(rest))
+        return Prim(head, rest)
     spec = OPS.get(head)
     if spec is None:
         raise PatternError(f"unknown op {head!r} in {text!r}")
     if len(rest) != spec.arity + len(spec.attrs):
         raise PatternError(f"{head} takes {spec.arity} operands and {len(spec.attrs)} attributes "
                            f"in {text!r}")
-    return Node(head, tuple(rest[:spec.arity]), tuple(rest[spec.arity:]))
+    return Node(head, rest[:spec.arity], rest[spec.arity:])
 
 
 def variables(p: Pattern) -> dict[str, str]:
@@ -191,7 +186,11 @@ def match(p: Pattern, term: Term, canon: dict[int, int], bound: dict | None = No
             if q.value != value:
                 return None
         elif isinstance(q, Prim):
-            if _computed(q, bound) not in (value, None):  # unbound or undefined: a wildcard
+            try:
+                computed = instantiate(q, bound)
+            except (KeyError, ArithmeticError):  # unbound or undefined: a wildcard
+                computed = value
+            if computed != value:
                 return None
         else:
             if not isinstance(value, Term) or value.op != q.op:
@@ -199,13 +198,6 @@ def match(p: Pattern, term: Term, canon: dict[int, int], bound: dict | None = No
             stack.extend(zip(q.args, value.args))
             stack.extend(zip(q.attrs, value.attrs))
     return bound
-
-
-def _computed(q: Prim, bound: dict):
-    try:
-        return instantiate(q, bound)
-    except (KeyError, ArithmeticError):
-        return None
 
 
 def find(p: Pattern, roots) -> list[dict]:

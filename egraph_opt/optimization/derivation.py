@@ -262,8 +262,9 @@ class _Replay:
                 for move in self.moves[side].get(sub.op, ()) if cid is not None else ():
                     self.budget -= 1
                     bound = pat.match(move.rhs if side else move.lhs, sub, canon)
-                    if bound is None or not self._typed(move, bound):
-                        continue
+                    if bound is None or not all(self.dtypes.get(self.eclass(bound[v]), "float32") == dtype
+                                                for v, dtype in move.dtypes if isinstance(bound.get(v), Term)):
+                        continue  # unbound, or its rule's dtype guards fail on the e-graph's dtypes
                     try:
                         new = pat.instantiate(move.lhs if side else move.rhs, bound)
                     except (KeyError, ArithmeticError, ValueError):
@@ -272,11 +273,6 @@ class _Replay:
                         yield where, move, sub, new, self._part(move, bound)
                 below += [(where + (i,), a) for i, a in enumerate(sub.args)]
             frontier = below
-
-    def _typed(self, move: _Move, bound: dict) -> bool:
-        """The rule's dtype guards hold of the dtypes the e-graph records for the bound terms."""
-        return all(self.dtypes.get(self.eclass(bound[v]), "float32") == dtype
-                   for v, dtype in move.dtypes if isinstance(bound.get(v), Term))
 
     def _part(self, move: _Move, bound: dict) -> tuple:
         """What a part of a rule of several roots is joined with its other parts by."""

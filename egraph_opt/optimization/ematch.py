@@ -32,7 +32,9 @@ def ematch(p, classes: dict, cid: str, bound: dict | None = None) -> Iterator[di
     for node in classes.get(cid, ()):
         if node.op != p.op:
             continue
-        attrs = _attrs(p.attrs, node.attrs, bound)
+        attrs = bound  # extended by matching attribute patterns to the e-node's values, as on terms
+        for q, v in zip(p.attrs, node.attrs):
+            attrs = None if attrs is None else pat.match(q, v, {}, attrs)
         if attrs is not None:
             yield from _operands(list(zip(p.args, node.children)), classes, attrs)
 
@@ -44,15 +46,6 @@ def _operands(pairs: list, classes: dict, bound: dict) -> Iterator[dict]:
     (q, child), rest = pairs[0], pairs[1:]
     for b in ematch(q, classes, child, bound):
         yield from _operands(rest, classes, b)
-
-
-def _attrs(patterns, values, bound: dict) -> dict | None:
-    """``bound`` extended by matching attribute patterns to an e-node's values, as on terms."""
-    for q, v in zip(patterns, values):
-        bound = pat.match(q, v, {}, bound)
-        if bound is None:
-            return None
-    return bound
 
 
 def matches(p, classes: dict) -> list[tuple[str, dict]]:

@@ -84,7 +84,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     applied = [(r, matches[r.name] or 1) for r in derivation.rules()]
     return Optimized(program=optimized, egraph=session.egraph, saturation=session.saturation,
                      applied=applied, cost_before=before, cost_after=after, ops_before=op_counts(roots),
-                     ops_after=op_counts(best), seconds=seconds, model=model, cost=cost,
+                     ops_after=op_counts(best), model=model,
+                     seconds={"total": time.perf_counter() - start}, cost=cost,
                      root_classes=session.root_classes, derivation=derivation, source=program)
 
 
@@ -97,36 +98,37 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
     reranked = _rerank(program, roots, best, snap, root_classes, cost, input_ranges, model) \
         if model.objective in (Objective.STABILITY, Objective.BALANCED) else None
     best = reranked or best
+    # regimes (and series, approximate) under stability, and under a tolerance the best single
+    # program breaks (its series must then keep within it)
+    wants = model.objective is Objective.STABILITY or model.objective is Objective.TOLERANCE and \
+        program_cost(best, model, input_ranges, program.leaf_meta())["cost"] >= LEXICOGRAPHIC
     regimes = piecewise(program, roots, best, snap, root_classes, cost, input_ranges,
                         [r for r in rules if r.family is Family.SERIES],
                         limit=math.inf if model.tolerance is None else model.tolerance,
-                        guarded=[r for r in rules if r.when and r.family is not Family.SERIES]) \
-        if _wants_regimes(model, best, input_ranges, program.leaf_meta()) else None
+                        guarded=[r for r in rules if r.when and r.family is not Family.SERIES]) if wants else None
     return ([regimes[0].term] if regimes else best), regimes, reranked is not None
 
 
 def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict,
                  model: CostModel, input_ranges: dict | None, ranges: RangeMemo, keep: bool
                  ) -> tuple[Program, list[Term], dict, dict]:
-    """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved:
-    greedy extraction is not optimal, so a costlier extraction gives the input back (unless
-    ``keep``: chosen by error, not by cost)."""
+    """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved
+    (a term's e-class's, from every equivalent form: a quotient known to be a sigmoid is in [0, 1];
+    met with an extracted term's own), as the extractor saw them: greedy extraction is not
+    optimal, so a costlier extraction gives the input back (unless ``keep``: chosen by error)."""
     roots, leaf_meta = program.roots(), program.leaf_meta()
     optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
-    proved = proved_ranges(snap, class_of, best, ranges(best, optimized.meta()))
+    own = ranges(best, optimized.meta())
+    proved = {i: snap.ranges.get(cid, TOP) for i, cid in class_of.items()}
+    for i, cid in term_classes(snap, class_of, best).items():
+        lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
+        lo, hi = max(lo, own[i][0]), min(hi, own[i][1])
+        proved[i] = (lo, hi) if lo <= hi else own[i]
     before = program_cost(roots, model, input_ranges, leaf_meta, program.meta(), proved)
     after = program_cost(best, model, input_ranges, leaf_meta, optimized.meta(), proved)
     if after["cost"] > before["cost"] and not keep:  # (the estimate weighed the input program too)
         return program, roots, before, before
     return optimized, best, before, after
-
-
-def _wants_regimes(model: CostModel, best: list[Term], input_ranges, leaf_meta) -> bool:
-    """Regimes (and series, approximate) under the stability objective, and under a tolerance
-    where the best single program breaks it (its series must then keep within it)."""
-    if model.objective is Objective.TOLERANCE:
-        return program_cost(best, model, input_ranges, leaf_meta)["cost"] >= LEXICOGRAPHIC
-    return model.objective is Objective.STABILITY
 
 
 #: the stability and balanced objectives re-rank this many of the cheapest programs of a root, for
@@ -138,14 +140,6 @@ RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 ACCURATE_BY = 8.0
 
 
-def _sampled_meaningfully(program: Program, roots: list[Term], input_ranges: dict | None) -> bool:
-    """Whether sampled errors tell programs apart: an elementwise program (Herbie's domain), or
-    every input in a declared range. Drawn over all bit patterns, a matmul's or a reduction's
-    operands overflow it almost everywhere."""
-    return elementwise(roots) or \
-        all(t.attrs[0] in (input_ranges or {}) for t in program.inputs)
-
-
 def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
             root_classes: list[str], cost: Callable, input_ranges: dict | None,
             model: CostModel) -> list[Term] | None:
@@ -154,12 +148,15 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
     coinciding operands, an error a later op attenuates): under stability the least error (cost
     order breaks ties), under balanced one far more accurate within ``max_slowdown``. None: none
     chosen, or not estimable."""
-    term_meta = program.meta()
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
         return None
-    if model.objective is Objective.BALANCED and not _sampled_meaningfully(program, roots, input_ranges):
+    # sampled errors tell programs apart where elementwise (Herbie's domain) or every input is
+    # declared: drawn over all bit patterns, a matmul's operands overflow it almost everywhere
+    if model.objective is Objective.BALANCED and not elementwise(roots) and \
+            not all(t.attrs[0] in (input_ranges or {}) for t in program.inputs):
         return None
-    if not sampled_small(program) and sum(math.prod(shape) for shape, _ in term_meta.values()) > RERANK_ELEMENTS:
+    if not sampled_small(program) and \
+            sum(math.prod(shape) for shape, _ in program.meta().values()) > RERANK_ELEMENTS:
         return None  # the input's values: an elementwise program is sampled small whatever its size
     found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
     candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]
@@ -203,17 +200,17 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     if after["cost"] > before["cost"]:
         final, best, after = program, roots, before
     applied: dict[str, tuple] = {}
-    for r in results + [main]:
+    parts = results + [main]
+    for r in parts:
         for rule, n in r.applied:
             applied[rule.name] = (rule, applied.get(rule.name, (rule, 0))[1] + n)
-    seconds = {"total": time.perf_counter() - start}
-    parts = results + [main]
     derivation = Derivation([s for r in parts for s in r.derivation.steps],
                             all(r.derivation.complete for r in parts),
                             "; ".join(r.derivation.unexplained for r in parts if r.derivation.unexplained))
     return Optimized(program=final, egraph=main.egraph, saturation=[s for r in parts for s in r.saturation],
                      applied=list(applied.values()), cost_before=before, cost_after=after,
-                     ops_before=op_counts(roots), ops_after=op_counts(best), seconds=seconds, model=model,
+                     ops_before=op_counts(roots), ops_after=op_counts(best), model=model,
+                     seconds={"total": time.perf_counter() - start},
                      cost=main.cost, root_classes=main.root_classes, derivation=derivation, source=main.source)
 
 
@@ -257,20 +254,6 @@ class RangeMemo:
             ids[id(t)] = self._ids[key]
             out[id(t)] = self._intervals[ids[id(t)]]
         return out
-
-
-def proved_ranges(snap: Snapshot, loaded: dict[int, str], best: list[Term], best_ranges: dict) -> dict:
-    """Interval of every term of the input (``loaded``: term id -> e-class) and of the extracted
-    program: its e-class's, which the saturated e-graph proved from every equivalent form (a
-    quotient known to be a sigmoid is in [0, 1]), met with the extracted term's own. Both programs
-    are then priced with what the extractor saw."""
-    ranges = {i: snap.ranges.get(cid, TOP) for i, cid in loaded.items()}
-    for i, cid in term_classes(snap, loaded, best).items():
-        own = best_ranges[i]
-        lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
-        lo, hi = max(lo, own[0]), min(hi, own[1])
-        ranges[i] = (lo, hi) if lo <= hi else own
-    return ranges
 
 
 def class_meta(classes: dict, known: dict) -> dict:

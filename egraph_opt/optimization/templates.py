@@ -169,18 +169,24 @@ def _longest_periodic_run(keys: list) -> tuple[int, int, int] | None:
     return best
 
 
-def substitute(roots: list[Term], mapping: dict[int, Term]) -> list[Term]:
-    """The terms with each term whose id is in ``mapping`` replaced, sharing preserved."""
+def substitute(roots: list[Term], mapping: dict[int, Term], made: dict | None = None) -> list[Term]:
+    """The terms with each term whose id is in ``mapping`` replaced, sharing preserved. ``made``:
+    terms built by earlier calls, by op, attributes and operand identities, so what depends only
+    on values every call shares (a mask from one buffer) is built once."""
     new: dict[int, Term] = {}
     for t in postorder(roots):
+        args = tuple(new[id(a)] for a in t.args)
+        key = (t.op, t.attrs, tuple(map(id, args)))
         if id(t) in mapping:
             new[id(t)] = mapping[id(t)]
-        elif not t.args:
+        elif all(x is y for x, y in zip(args, t.args)):
             new[id(t)] = t
+        elif made is None or key not in made:
+            new[id(t)] = Term(t.op, args, t.attrs)
+            if made is not None:
+                made[key] = new[id(t)]
         else:
-            args = tuple(new[id(a)] for a in t.args)
-            same = all(x is y for x, y in zip(args, t.args))
-            new[id(t)] = t if same else Term(t.op, args, t.attrs)
+            new[id(t)] = made[key]
     return [new[id(r)] for r in roots]
 
 
@@ -193,28 +199,13 @@ def template_program(first: Instance, meta: dict) -> tuple[Program, list[Term]]:
     return Program(tuple(arg_leaves), tuple(substitute(first.outputs, mapping))), arg_leaves
 
 
-def instantiate(template_roots: list[Term], inst: Instance, args: list[Term],
-                made: dict | None = None) -> list[Term]:
-    """A template's optimized outputs over one instance's actual arguments and parameters.
-    ``made``: terms built by earlier instances, by op, attributes and operand identities, so what
-    depends only on values every instance shares (a mask from one buffer) is computed once."""
-    made = {} if made is None else made
+def instantiate(template_roots: list[Term], inst: Instance, args: list[Term], made: dict) -> list[Term]:
+    """A template's optimized outputs over one instance's actual arguments and parameters, built
+    once where earlier instances built the same (``made``, as ``substitute`` takes it)."""
     by_name = {f"arg{i}": a for i, a in enumerate(args)}
-    new: dict[int, Term] = {}
-    for t in postorder(template_roots):
-        if t.op == "input" and t.attrs[0] in by_name:
-            new[id(t)] = by_name[t.attrs[0]]
-        elif t.op == "param" and t.attrs[0] in inst.params:
-            new[id(t)] = inst.params[t.attrs[0]]
-        elif not t.args:
-            new[id(t)] = t
-        else:
-            operands = tuple(new[id(a)] for a in t.args)
-            key = (t.op, t.attrs, tuple(map(id, operands)))
-            if key not in made:
-                made[key] = Term(t.op, operands, t.attrs)
-            new[id(t)] = made[key]
-    return [new[id(r)] for r in template_roots]
+    leaves = {id(t): by_name.get(t.attrs[0]) if t.op == "input" else inst.params.get(t.attrs[0])
+              for t in postorder(template_roots) if t.op in ("input", "param")}
+    return substitute(template_roots, {i: t for i, t in leaves.items() if t is not None}, made)
 
 
 def outer_program(program: Program, groups: list[list[Instance]], meta: dict
@@ -258,9 +249,8 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
     pending = [(inst, tmpl, [next(arg_iter) for _ in inst.args])
                for group, tmpl in zip(groups, templates) for inst in group]
     while pending:  # an instance is ready when the instances its arguments read are done
-        ready = [p for p in pending if all(
-            t.attrs[0] in env for t in postorder(p[2])
-            if t.op == "opaque" and t.attrs[0].startswith(PREFIX))]
+        ready = [p for p in pending if all(t.attrs[0] in env for t in postorder(p[2])
+                                           if t.op == "opaque" and t.attrs[0].startswith(PREFIX))]
         if not ready:
             raise RuntimeError("templates depend on each other in a cycle")
         for inst, tmpl, args in ready:

@@ -75,9 +75,8 @@ def roofline_seconds(w: Work, itemsize: int, device: str) -> float:
     return roof.overhead_s + max(w.elements * itemsize / roof.bytes_per_s, w.flops / roof.flops_per_s)
 
 
-#: a row this many times its roofline default timed the scheduler, not the kernel: rows of a
-#: quiet machine lie within 0.3-10x, rows timed while other processes held the cores at 500-5000x
-#: (multiples of ~8 ms: a time slice per parallel region); such rows are never used
+#: a row this many times its roofline default timed the scheduler, not the kernel (other processes
+#: held the cores): such rows are never used
 IMPLAUSIBLE = 200.0
 
 
@@ -242,7 +241,7 @@ class MeasuredLatency:
         try:
             return MeasuredLatency(ProfileDB(path), device, budget_s)
         except UNUSABLE as e:
-            _without_database(e)
+            without_database(e)
             return None
 
     def __call__(self, n: NodeFacts, kernel=None) -> tuple[int, str] | None:
@@ -269,7 +268,7 @@ class MeasuredLatency:
                         est = Estimate(record.median_s, "measured", 0.0)
                 self._cache[key] = (max(1, round(est.seconds / UNIT_S)), est.source)
             except UNUSABLE as e:  # broke after opening (a bad page, a failed write): stop asking
-                _without_database(e)
+                without_database(e)
                 self.db = None
                 return None
             except (KeyError, ValueError, IndexError, RuntimeError, TypeError):  # shapes it cannot read
@@ -277,7 +276,7 @@ class MeasuredLatency:
         return self._cache[key]
 
 
-def _without_database(error: Exception) -> None:
+def without_database(error: Exception) -> None:
     message = str(error).splitlines()[0] if str(error) else type(error).__name__
     warnings.warn(f"profile database unusable, using static latency estimates: {message}",
                   ProfileDBWarning, stacklevel=3)

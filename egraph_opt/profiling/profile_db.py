@@ -1,11 +1,8 @@
 """Measured kernel latencies, one SQLite file shared by every process (WAL mode, one transaction
 per write, so two profilers can write at once). Records are appended; a lookup takes the newest.
-The path is the user's: a file there that is not ours (not SQLite, another program's database, a
-corrupt SQLite file we did not make) is a `ForeignFileError` and is left untouched; only a database
-of ours (our application id in its header, or our table in its schema) that `PRAGMA quick_check`
-finds corrupt is set aside with a warning, never overwritten. Another schema version, or a file
-that cannot be opened, is a `ProfileDBError` naming the file. Callers that only cache latencies
-catch `UNUSABLE`.
+The path is the user's: a file there that is not ours is a `ForeignFileError`, left untouched; a
+corrupt database of ours is set aside with a warning, never overwritten. Callers that only cache
+latencies catch `UNUSABLE`.
 
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:
@@ -145,10 +142,8 @@ def _identity(r: Record) -> tuple:
 def _foreign_reason(path: Path) -> tuple[str | None, bool]:
     """Why the file at `path` is not a usable profile database (None: absent, empty, usable), and
     whether it is ours all the same (a corrupt database of ours may be set aside; another file never
-    is). Read through SQLite where it can be: a process that opens and closes the file itself drops
-    every POSIX lock its own connections hold on it (SQLite's "how to corrupt", 2.2), so another
-    process's close, seeing no reader, checkpoints and deletes the WAL file under those connections,
-    whose writes then overwrite that process's (rows lost; "malformed" where they meet)."""
+    is). Read through SQLite where it can be: opening and closing the file itself would drop the
+    POSIX locks this process's connections hold on it (SQLite's "how to corrupt", 2.2)."""
     if not path.exists() or path.stat().st_size == 0:
         return None, True
     conn = sqlite3.connect(path, timeout=_TIMEOUT_S)
@@ -178,12 +173,10 @@ _OUR_TABLE_SQL = f"CREATE TABLE {_TABLE} (".encode()  # in the schema on page 1 
 
 
 def _set_aside(path: Path, reason: str) -> None:
-    """Keep a corrupt database of ours (and its WAL side files) aside: what is left of the user's
-    timings may still be read. It is copied aside and emptied in place, through SQLite (the backup
-    of an empty database over it, under its locks): another process may hold it open, and renamed,
-    the file would go on under its old name in that process, whose closing would delete the WAL
-    file of the fresh database beside it (SQLite's "how to corrupt": a file renamed while in use),
-    corrupting that one in turn. A file SQLite cannot write through is renamed."""
+    """Keep a corrupt database of ours (and its WAL side files) aside, where what is left may still
+    be read: copied, then emptied in place through SQLite under its locks (renamed while another
+    process holds it open, its closing would delete the fresh database's WAL: SQLite's "how to
+    corrupt"); a file SQLite cannot write through is renamed."""
     aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     sides = [(path.with_name(path.name + suffix), aside.with_name(aside.name + suffix))
              for suffix in ("", "-wal", "-shm")]
@@ -284,8 +277,7 @@ class ProfileDB:
         rows = [(r.kernel, r.backend, r.device, r.dtype, r.shape_key, r.runs, r.median_s, r.spread_s,
                  json.dumps(dict(r.versions), sort_keys=True), r.recorded_at) for r in records]
         with self._transaction():
-            self._conn.executemany(f"INSERT INTO {_TABLE} ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                                   rows)
+            self._conn.executemany(f"INSERT INTO {_TABLE} ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
 
     def records(self, kernel: str, backend: str, device: str, dtype: str) -> list[Record]:
         """The newest record of each shape of one kernel on one device and dtype."""
@@ -321,9 +313,8 @@ class ProfileDB:
         return len(records)
 
     def import_file(self, path: str | os.PathLike) -> tuple[int, int]:
-        """The records of another machine's export, each under the machine key it was measured
-        with (read as measurements only on that machine); records already here are skipped.
-        (added, skipped)."""
+        """(added, skipped): the records of another machine's export not already here, each under the
+        machine key it was measured with (read as measurements only on that machine)."""
         path = Path(path).expanduser()
         reason = "missing" if not path.is_file() else _foreign_reason(path)[0]
         if reason:

@@ -66,16 +66,12 @@ def _linear(shapes, attrs):
     return Work(2.0 * batch * m * k * n + batch * m * n, sum(map(math.prod, shapes)) + batch * m * n)
 
 
-def _layer_norm(shapes, attrs):
-    x, w, b = shapes
-    n = math.prod(x)
-    return Work(8.0 * n, 2 * n + math.prod(w) + math.prod(b))
-
-
-def _rms_norm(shapes, attrs):
-    x, w = shapes
-    n = math.prod(x)
-    return Work(4.0 * n, 2 * n + math.prod(w))
+def _norm(flops_per_element: float):
+    """Reads x and its weights once, writes x's size."""
+    def work(shapes, attrs):
+        n = math.prod(shapes[0])
+        return Work(flops_per_element * n, 2 * n + sum(map(math.prod, shapes[1:])))
+    return work
 
 
 def _sdpa(shapes, attrs):
@@ -143,8 +139,8 @@ WORK_KINDS: dict[str, Callable] = {
     "along": lambda op: OpSpec(_square(1), _along_axis(op.flops, reduces=False)),
     "matmul": lambda op: OpSpec(_square(2), _matmul),
     "linear": lambda op: OpSpec(lambda n: ((n, n), (n, n), (n,)), _linear),
-    "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _layer_norm),
-    "rms_norm": lambda op: OpSpec(lambda n: ((n, n), (n,)), _rms_norm),
+    "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _norm(8.0)),
+    "rms_norm": lambda op: OpSpec(lambda n: ((n, n), (n,)), _norm(4.0)),
     "sdpa": lambda op: OpSpec(lambda n: ((1, 8, n, 64),) * 3, _sdpa),
     "loss": lambda op: OpSpec(lambda n: ((n, n), (n,)), _loss(op.flops), _loss_inputs),
 }
@@ -250,10 +246,8 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
                       budget_s: float, rounds: int = 61) -> list[float] | None:
     """Median seconds per call of each of ``fns`` on ``args``, the calls interleaved (the order
     rotating each round) so that load and clock drift fall on all alike; as many rounds as fit in
-    ``budget_s`` (at most ``rounds``: fewer leave a few percent's difference within the noise of
-    a small shared machine), None when three do not (the figures would be noise). On CUDA a call's
-    time is the device's, between two events on its stream (the host's launches included where the
-    device waits for them), read once a round."""
+    ``budget_s`` (at most ``rounds``), None when three do not (the figures would be noise). On CUDA
+    a call's time is the device's, between two events on its stream, read once a round."""
     cuda = torch.device(device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: list[list[float]] = [[] for _ in fns]
@@ -297,26 +291,22 @@ class Case(NamedTuple):
 
 def _progress(items: list, desc: str) -> Iterable:
     """tqdm if installed (the onnx extra), else a line per item on stderr."""
-    with contextlib.suppress(ImportError):
+    try:
         from tqdm import tqdm
-        return tqdm(items, desc=desc, unit="kernel")
-    return _plain_progress(items, desc)
-
-
-def _plain_progress(items: list, desc: str):
-    for i, item in enumerate(items, 1):
-        print(f"{desc}: {i}/{len(items)} {item.op} {item.dtype} {list(item.shapes)}", file=sys.stderr)
-        yield item
+    except ImportError:
+        for i, item in enumerate(items, 1):
+            print(f"{desc}: {i}/{len(items)} {item.op} {item.dtype} {list(item.shapes)}", file=sys.stderr)
+            yield item
+    else:
+        yield from tqdm(items, desc=desc, unit="kernel")
 
 
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
                    repeats: int = 15, progress: bool = True, kernel=None, kernels: dict = {}
                    ) -> list[Record]:
-    """Time each case and record it: the op's torch implementation (backend "torch": its
-    ``kernels`` entry, kernels/torch_ops.py, else its reference), or
-    ``kernel`` (a registry kernel: its own rows, implementation, and the conversion of its inputs
-    into its memory, done before timing; a move needs its kernel). Only ops of SPECS: the latency
-    model cannot use a measurement it has no work formula for."""
+    """Time each case and record it: the op's torch implementation (backend "torch": its ``kernels``
+    entry, else its reference), or ``kernel`` (a registry kernel: its own rows, its inputs moved into
+    its memory before timing). Only ops of SPECS: the latency model reads no other measurement."""
     cases = list(cases)
     unknown = sorted({c.op for c in cases if c.op not in (SPECS if kernel is None else PRICED)})
     if unknown:

@@ -1,15 +1,9 @@
 """What a sharded program costs on one device of the mesh, in the latency database's units.
 
 Every device runs the same program on its own parts at the same time, so a program's time is the
-sum over its ops of one device's time for each:
-- compute: the latency database's time for the op at the shapes one device sees (measured, or
-  predicted from neighbouring shapes, or the roofline where the kernel was never timed);
-- communication: an alpha-beta model of the link per collective, ``alpha + bytes * beta``, fitted
-  by ``egraph-opt profile --collectives`` (defaults: gloo on this machine, 2 processes);
-- placing: a device reads its part of an input or a weight where it is (free); splitting a value
-  computed on every device copies a part.
-Memory per device (weights and inputs each device holds, plus the largest value it computes) is
-a constraint, not a price: ``plan.py`` takes the cheapest program that fits.
+sum over its ops of one device's time for each: compute from the latency database at the shapes
+one device sees, communication by an alpha-beta model per collective (``Link``), and a copy to
+split a value every device computed. Memory per device is a constraint, not a price (``memory``).
 """
 from __future__ import annotations
 
@@ -100,9 +94,6 @@ class MeshCost:
         self.facts = Facts(self.meta, scalars=class_constants(self.classes))
         self.placed = {c for c, nodes in self.classes.items()
                        if any(n.op in ("input", "param") for n in nodes)}
-
-    def seconds(self, cid: str, node) -> float:
-        return self(cid, node) * UNIT_S
 
     def __call__(self, cid: str, node) -> int:
         spec = OPS[node.op]

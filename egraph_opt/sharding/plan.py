@@ -28,10 +28,11 @@ class ShardingError(ValueError):
 
 @dataclass
 class Candidate:
-    """One sharded program: its root terms, the e-class of each term, one device's predicted time
-    (total and communication) and memory."""
+    """One sharded program: its root terms, the e-class of each term and its cost units, one
+    device's predicted time (total and communication) and memory."""
     roots: list[Term]
     class_of: dict[int, str]
+    units: dict[str, int]
     seconds: float
     comm_seconds: float
     memory: int
@@ -96,6 +97,6 @@ def _candidate(choice: dict[str, ENode], root: str, cost: MeshCost) -> Candidate
     units = {cid: cost(cid, choice[cid]) for cid in built}
     comm = sum(u for cid, u in units.items() if choice[cid].op in COLLECTIVES)
     term_meta = shapes([built[root]])
-    return Candidate(roots=[built[root]], class_of={id(t): cid for cid, t in built.items()},
+    return Candidate(roots=[built[root]], class_of={id(t): cid for cid, t in built.items()}, units=units,
                      seconds=sum(units.values()) * UNIT_S, comm_seconds=comm * UNIT_S,
                      memory=memory([built[root]], lambda t: term_meta[id(t)]))

@@ -1,21 +1,10 @@
 """Validation: the optimized program must agree with the original before it is returned.
 
-Both run on fresh random inputs of the call's signature, each on its own clones; the yardstick is
-the original evaluated in float64. The candidate passes when, elementwise, it is finite where the
-original is, its error is within the dtype's tolerance or within 4x the original's own error
-(rounding differs between equivalent programs, a wrong rule's error does not stay within either),
-and where the original is not finite it matches the original or the float64 reference.
-
-Where float64 itself overflows (exp(800) / exp(800) is NaN there, 1 in truth), the reference is
-the original's captured terms evaluated in numpy's long double (``wide_reference``: a 15-bit
-exponent on x86, so exp(1e4) stays finite), when every op of it has a numpy form; else nothing
-there can be checked, and a finite candidate is refused.
-
-The candidate and the original run once each on the whole input; the references are bounded
-(``REFERENCE_SECONDS``, ``WIDE_ELEMENTS``), so that a large input costs no more than those runs and
-the bound: past it, the float64 reference covers the first rows of the batch and the other rows are
-judged against the original, or no row where the batch cannot be split (then every element is
-judged against the original, within the dtype's tolerance). ``Validation.bounded`` says which.
+Both run on fresh random inputs of the call's signature, each on its own clones, judged (``judge``)
+against the original evaluated in float64: rounding differs between equivalent programs, a wrong
+rule's error does not stay within the dtype's tolerance or 4x the original's own. Where float64
+overflows too, the long double reference stands in (``wide_reference``); the references' work is
+bounded (``_bounded_reference``), and ``Validation.bounded`` says how.
 """
 from __future__ import annotations
 
@@ -207,6 +196,19 @@ def _clones(args: tuple) -> tuple:
     return tuple(a.clone() for a in args)
 
 
+def run_counting_writes(fn: Callable, args: tuple, sync: Callable = lambda: None) -> tuple:
+    """``fn`` run once on clones that count their writes (``_version``): its output, the indices
+    of the arguments it wrote into, and its seconds."""
+    with torch.inference_mode(False):  # inference tensors count no versions
+        clones = _clones(args)
+    versions = [c._version for c in clones]
+    start = time.perf_counter()
+    out = fn(*clones)
+    sync()
+    seconds = time.perf_counter() - start
+    return out, tuple(i for i, (c, v) in enumerate(zip(clones, versions)) if c._version != v), seconds
+
+
 def _widened(ref, wide: np.ndarray):
     """The float64 reference, with the long double one where float64 is not finite."""
     if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or ref.is_complex():
@@ -243,11 +245,9 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
 
 def imported_reference(program: Program, feeds: dict, expected: list) -> list[np.ndarray] | None:
     """The float64 reference, for ``judge``, of an imported model that runs in its own precision
-    (ONNX under onnxruntime: ``expected`` its outputs on ``feeds``): its terms in float64 (in long
-    double where that overflows), so that a stability fix is accepted as fixed, as the decorator's
-    reference accepts it. Only where the import is faithful (its terms in the model's precision
-    reproduce ``expected``), or a wrong import would vouch for a wrong candidate; None where there
-    is none (an opaque node, terms that do not run on these inputs or that differ)."""
+    (ONNX under onnxruntime: ``expected`` its outputs on ``feeds``), so that a stability fix is
+    accepted as fixed: its terms in float64 (long double where that overflows), where they reproduce
+    ``expected`` (else a wrong import would vouch for a wrong candidate); else None."""
     outputs = leaves(program.outputs)
     if program.opaque or not all(isinstance(o, Term) for o in outputs):
         return None
@@ -304,14 +304,7 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
     on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
     sync = torch.cuda.synchronize if on_cuda else lambda: None  # queued kernels count
     with torch.no_grad():
-        with torch.inference_mode(False):  # clones that count their writes (``_version``)
-            clones = _clones(args)
-        versions = [c._version for c in clones]
-        start = time.perf_counter()
-        orig_tree = original(*clones)
-        sync()
-        seconds = time.perf_counter() - start
-        written = tuple(i for i, (c, v) in enumerate(zip(clones, versions)) if c._version != v)
+        orig_tree, written, seconds = run_counting_writes(original, args, sync)
         if written:
             return Validation(False, max_error=math.inf, detail="the original writes into its arguments",
                               written=written, original_s=seconds)

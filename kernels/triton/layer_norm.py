@@ -14,10 +14,6 @@ from .layout import row_block
 from .runtime import implements
 
 
-def _tensor_affine(use) -> str | None:
-    return None if len(use.shapes) == 3 and all(use.shapes) else "affine parameters must be tensors"
-
-
 @triton.jit
 def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, eps, HAS_WEIGHT: tl.constexpr,
                        HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
@@ -46,7 +42,8 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, eps, HAS_WEIGHT: tl.cons
         tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@implements("layer_norm", limits=_tensor_affine)
+@implements("layer_norm", limits=lambda use: None if len(use.shapes) == 3 and all(use.shapes)
+            else "affine parameters must be tensors")
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float) -> torch.Tensor:
     n = x.shape[-1]

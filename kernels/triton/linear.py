@@ -21,8 +21,7 @@ BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32
 @triton.jit
 def _linear_act_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
                        ACTIVATION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -60,6 +59,5 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         _linear_act_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
             x2, weight.contiguous(), x2 if bias is None else bias.contiguous(), out, M, N, K,
             HAS_BIAS=bias is not None, ACTIVATION=activation, WIDEN=widen_dot(x.dtype),
-            BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=dot_tile(K, BLOCK_K))
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=dot_tile(K, BLOCK_K))
     return out.reshape(*x.shape[:-1], N)

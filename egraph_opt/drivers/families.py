@@ -1,0 +1,158 @@
+"""Size families: the plans of one program at sizes that differ in one variable ``n`` (the cache
+length of a decode step, a prompt's length, a batch) share one structure, as ``torch.compile``'s
+automatic dynamic shapes find a size that changed and trace it symbolically. Here ``n`` is found
+from two plans traced and optimized at two sizes: where every integer that differs between their
+programs is affine in ``n`` with a whole slope (``B * H * n``, ``n + 1``), a third size is made
+from them, not traced or saturated again, then built and validated like any plan. Two plans that
+both fell back make the family's later sizes fall back at once, with the reason they gave.
+
+Why the rules that made the samples hold at ``n``: a rule's size guards are equalities of sizes
+(``last-dim``, ``axis-size``, ``d = 2h``), here affine in ``n``, and two affine functions equal at
+two sizes are equal at all. Interval guards read no size except through a reduction's count: a
+family covers sizes from 2 (a size 1 broadcasts, and traces specialize it) up to ``REACH`` times its
+larger sample, where its timing verdict is taken to hold; beyond, a size is traced and becomes a
+sample."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..lang.ops import parse_shape, shape_attr
+from ..lang.program import Program
+from ..lang.term import Term
+
+REACH = 8
+FAMILIES = 64  # kept per decorated program (a family per state, say, for a module rebound often)
+_SIZES = re.compile(r"-?\d+(,-?\d+)*")
+
+
+class Apart(Exception):
+    """The two samples differ in something a size does not explain."""
+
+
+@dataclass
+class Sample:
+    """One size of a family: its sizes, and the plan made there with what rebuilding it takes."""
+    sizes: tuple[int, ...]
+    plan: Any  # api.Plan
+    program: Program | None = None  # the captured program
+    optimized: Program | None = None  # what the plan runs (flat outputs)
+    root: torch.nn.Module | None = None  # the traced module that owns its parameters
+    returns: Any = None  # the TreeSpec of its outputs
+    estimate: Any = None  # what the backend bound its kernels by
+
+
+def split(key: tuple) -> tuple[tuple, tuple[int, ...]]:
+    """``key`` with each ``torch.Size`` in it replaced by its rank, and the sizes in order."""
+    sizes: list[int] = []
+
+    def walk(x):
+        if isinstance(x, torch.Size):
+            sizes.extend(x)
+            return "rank", len(x)
+        return tuple(map(walk, x)) if type(x) is tuple else x
+    return walk(key), tuple(sizes)
+
+
+@dataclass(frozen=True)
+class Variable:
+    """Where the family's size ``n`` is in a call's sizes: ``at``, each of them ``n`` plus its
+    offset in ``a`` (a sample's sizes)."""
+    at: tuple[int, ...]
+    a: tuple[int, ...]
+
+    @staticmethod
+    def of(a: tuple, b: tuple) -> Variable | None:
+        at = tuple(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        return Variable(at, a) if at and len({b[i] - a[i] for i in at}) == 1 else None
+
+    def where(self, names: list[str], tensors: tuple) -> str:
+        places = [f"{name}.shape[{d}]" for name, t in zip(names, tensors) for d in range(t.dim())]
+        return ", ".join(places[i] for i in self.at if i < len(places))
+
+    def n(self, sizes: tuple) -> int | None:
+        """The variable's value at ``sizes``, or None if they are not of this family."""
+        if len(sizes) != len(self.a) or len({sizes[i] - self.a[i] for i in self.at}) != 1 or \
+                any(s != x for i, (s, x) in enumerate(zip(sizes, self.a)) if i not in self.at):
+            return None
+        return sizes[self.at[0]]
+
+
+class Families:
+    """The last two samples of each family, by the key of its calls less their sizes."""
+
+    def __init__(self):
+        self._samples: dict[tuple, list[Sample]] = {}
+
+    def record(self, key: tuple, sample: Sample) -> None:
+        shape, sample.sizes = split(key)
+        kept = [s for s in self._samples.get(shape, []) if s.sizes != sample.sizes]
+        self._samples.pop(shape, None)
+        self._samples[shape] = (kept + [sample])[-2:]
+        while len(self._samples) > FAMILIES:  # the family sampled least recently goes
+            del self._samples[next(iter(self._samples))]
+
+    def find(self, key: tuple) -> tuple[Sample, Sample, Variable, int] | None:
+        """The two samples a call of ``key`` can be made from, the variable and its value now."""
+        shape, sizes = split(key)
+        pair = self._samples.get(shape, [])
+        if len(pair) < 2 or (variable := Variable.of(pair[0].sizes, pair[1].sizes)) is None:
+            return None
+        n = variable.n(sizes)
+        largest = max(s.sizes[variable.at[0]] for s in pair)
+        if n is None or not 2 <= n <= REACH * largest:
+            return None
+        return (*pair, variable, n)
+
+    def fell_back(self, key: tuple) -> bool:
+        """Whether a call of ``key`` falls back at once, as a sample of its family did."""
+        found = self.find(key)
+        return found is not None and any(s.plan.run is None for s in found[:2])
+
+
+def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any:
+    """The value at size ``n[2]`` of what is ``a`` at size ``n[0]`` and ``b`` at ``n[1]``: equal
+    parts kept, integers that differ taken on their line (whose slope must be whole), Terms
+    rebuilt with their sharing; ``Apart`` where anything else differs."""
+    memo = {} if memo is None else memo
+    if type(a) is not type(b):
+        raise Apart(f"{type(a).__name__} against {type(b).__name__}")
+    if isinstance(a, Term):
+        if (id(a), id(b)) not in memo:
+            if a.op != b.op:
+                raise Apart(f"{a.op} against {b.op}")
+            memo[id(a), id(b)] = Term.trusted(a.op, at(a.args, b.args, n, memo), at(a.attrs, b.attrs, n, memo))
+        return memo[id(a), id(b)]
+    if type(a) is int:
+        slope, left = divmod(b - a, n[1] - n[0])
+        if left:
+            raise Apart(f"{a} and {b} are not on a line of whole slope")
+        return a + slope * (n[2] - n[0])
+    if isinstance(a, (tuple, list)) and not hasattr(a, "_fields"):  # fx's immutable lists, torch.Size
+        if len(a) != len(b):
+            raise Apart("lengths differ")
+        return type(a)(at(x, y, n, memo) for x, y in zip(a, b))
+    if type(a) is dict:
+        if a.keys() != b.keys():
+            raise Apart("names differ")
+        return {k: at(a[k], b[k], n, memo) for k in a}
+    if isinstance(a, Program):
+        return Program(*(at(getattr(a, f), getattr(b, f), n, memo) for f in ("inputs", "outputs", "opaque", "params")),
+                       leaf_shapes=at(a.leaf_shapes, b.leaf_shapes, n, memo))
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return dataclasses.replace(a, **{f.name: at(getattr(a, f.name), getattr(b, f.name), n, memo)
+                                         for f in dataclasses.fields(a) if f.init})
+    if isinstance(a, torch.Tensor):
+        if a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)):
+            return a
+        raise Apart("a constant tensor differs")
+    if type(a) is str and a != b and _SIZES.fullmatch(a) and _SIZES.fullmatch(b):  # a shape attribute
+        return shape_attr(at(parse_shape(a), parse_shape(b), n, memo))
+    if a is b or a == b or (type(a) is float and math.isnan(a) and math.isnan(b)):
+        return a
+    raise Apart(f"{a!r} against {b!r}")

@@ -1,0 +1,127 @@
+"""Size families (``drivers/families.py``): a program called at sizes that differ in one variable
+is traced and optimized at two of them; the others are made from those two, built and validated,
+never wrong where a size does not follow the samples."""
+import warnings
+
+import pytest
+import torch
+
+import egraph_opt.drivers.api as api
+from egraph_opt import saturate_and_extract
+from egraph_opt.drivers.explore import ExploreError, explore
+from egraph_opt.drivers.families import Apart, Variable, at, split
+from egraph_opt.lang.term import Term
+
+
+def _traces(monkeypatch) -> list:
+    """The sizes of each call that is traced (captured): the calls not made from a family."""
+    seen, capture = [], api.capture
+    monkeypatch.setattr(api, "capture", lambda fn, args: seen.append(tuple(a.shape for a in args)) or capture(fn, args))
+    return seen
+
+
+def decode(q, k, v):
+    """One decode step of attention over a cache of ``n`` keys, spelled naively."""
+    w = torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1)
+    return w @ v
+
+
+def _call(f, n, d=16, heads=2):
+    torch.manual_seed(n)
+    args = (torch.randn(heads, 1, d), torch.randn(heads, n, d), torch.randn(heads, n, d))
+    return f(*args), decode(*args)
+
+
+def test_a_decode_step_is_traced_at_two_cache_lengths_and_made_at_the_others(monkeypatch):
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(decode, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (7, 8, 9, 12, 31, 56):
+            out, ref = _call(f, n)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert [shapes[1][1] for shapes in traced] == [7, 8], traced
+    made = [p.report for p in f.plans.values() if p.report.sizes]
+    assert len(made) == 4 and all(r.optimized and r.validation.passed for r in made)
+    assert "n the size at k.shape[1], v.shape[1]" in made[-1].sizes and "n = 2..64" in made[-1].sizes
+    assert "[SIZES]" in str(made[-1]) and made[-1].kernels == f.plans[next(iter(f.plans))].report.kernels
+    with pytest.raises(ExploreError, match="made from its size family, not saturated"):
+        explore(f)
+
+
+def test_sizes_past_the_familys_reach_or_apart_from_its_variable_are_traced(monkeypatch):
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(decode, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n, d in ((7, 16), (8, 16), (65, 16), (9, 32), (1, 16)):
+            out, ref = _call(f, n, d)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert len(traced) == 5, traced  # 65 > 8 x 8; d is a second variable; 1 broadcasts
+
+
+def square(x):
+    """A size that is not affine in the variable (n * n): the samples' line misses it."""
+    e = x.exp()
+    return (e / e.sum(-1, keepdim=True)).reshape(-1)
+
+
+def test_a_size_off_the_samples_lines_is_optimized_not_made_wrong(monkeypatch):
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(square, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (3, 4, 6):
+            x = torch.randn(n, n)
+            torch.testing.assert_close(f(x), square(x))
+            assert f.report.optimized and f.report.kernels.get("torch.softmax") == 1, f.report
+    assert len(traced) == 3
+
+
+def prints(x):
+    print("called")  # a side effect: every size falls back
+    return x.exp() + 1.0
+
+
+def test_a_family_that_fell_back_twice_falls_back_at_once_saying_why(monkeypatch, capsys):
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(prints, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (5, 6, 9):
+            x = torch.randn(n)
+            torch.testing.assert_close(f(x), x.exp() + 1.0)
+    assert len(traced) == 2 and capsys.readouterr().out.count("called") == 3
+    assert f.report.fallback.startswith("so did its size family: ") and "prints" in f.report.fallback
+
+
+def test_instantiation_keeps_equal_parts_and_refuses_what_a_size_does_not_explain():
+    x8, x9 = Term.input("x", (2, 8)), Term.input("x", (2, 9))
+    a, b = Term("reshape", (x8,), ("16",)), Term("reshape", (x9,), ("18",))
+    made = at((a, a, 1.5), (b, b, 1.5), (8, 9, 20))
+    assert made[0].attrs == ("40",) and made[0].args[0].attrs[1] == "2,20" and made[0] is made[1]
+    with pytest.raises(Apart):
+        at(Term.const(1 / 8), Term.const(1 / 9), (8, 9, 20))  # a mean's divisor: no line
+    with pytest.raises(Apart):
+        at(3, 6, (8, 10, 11))  # a slope of 3/2
+    assert at(3, 5, (8, 10, 12)) == 7
+    (shape, sizes) = split(((torch.Size([2, 8]), torch.float32), torch.Size([8])))
+    variable = Variable.of(sizes, (2, 9, 9))
+    assert shape == ((("rank", 2), torch.float32), ("rank", 1)) and variable.n((2, 30, 30)) == 30
+    assert variable.n((3, 30, 30)) is None and variable.n((2, 30, 31)) is None
+
+
+def test_where_a_sample_measured_slower_the_familys_other_sizes_fall_back(monkeypatch):
+    """Never slower: a family whose second sample measured slower than its original (forced
+    here: timing noise decides real cases) runs the original at its other sizes."""
+    verdicts = iter([False, True])
+    monkeypatch.setattr(api, "slower_for_nothing", lambda *a: next(verdicts))
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(decode, profile_db=False, profile_budget=5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (7, 8, 12):
+            out, ref = _call(f, n)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert len(traced) == 2 and f.report.sizes
+    assert f.report.fallback.startswith("so did its size family: it measured slower"), f.report.fallback

@@ -15,13 +15,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import fx
-from torch.fx.node import map_aggregate
 
 from . import forms
 from .effects import functional
 from .forms import Unsupported
 from ..lang.ops import shape_attr
-from ..lang.program import OpaqueRef
+from ..lang.program import OpaqueRef, leaves
 from ..lang.term import Term
 
 @dataclass(frozen=True)
@@ -64,9 +63,8 @@ class Ctx:
         return self.info(t).dtype.is_floating_point
 
     def constant(self, value: torch.Tensor) -> Term:
-        """A tensor that depends on shapes and constants alone (a mask built in the function): a
-        parameter of this signature's program, which ``_operand`` reads as its number where it is
-        one number that broadcasting does not widen."""
+        """A tensor of shapes and constants alone (a mask built in the function): a parameter of
+        this signature's program (``_operand`` reads one number that broadcasting does not widen)."""
         return self.param(f"{CONSTANT}{len(self.params)}", value)
 
 
@@ -114,10 +112,9 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         fn = lowering_of(node.target) if node.op in ("call_function", "call_method") else None
     if _empty(node, args, kwargs, ctx):
         return None
-    found: list = []
-    map_aggregate((args, kwargs), lambda a: found.append(a) if isinstance(a, Term) else None)
     calls = FALLBACKS if node.op in ("call_function", "call_method") else []
-    result = calls[0](node, args, kwargs, ctx) if calls and any(_constant(a) for a in found) else None  # folded
+    folded = calls and any(known(a, CONSTANT) for a in leaves((args, kwargs)))  # a call of a folded constant: first
+    result = calls[0](node, args, kwargs, ctx) if folded else None
     try:
         result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
     except (Unsupported, TypeError, KeyError):
@@ -133,22 +130,17 @@ CONSTANT = "_constant"  # the prefix of the parameters ``Ctx.constant`` makes
 FALLBACKS: list[Callable] = []  # (node, args, kwargs, ctx) -> Term, Parts or None: ``lowering_core``'s
 
 
-def _constant(t) -> bool:
-    return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(CONSTANT)
-
-
-def known(t) -> bool:
-    """A constant of the signature: folded here, or a tensor the trace closed over."""
-    return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith((CONSTANT, "_tensor_constant"))
+def known(t, kinds=(CONSTANT, "_tensor_constant")) -> bool:
+    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace closed over."""
+    return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(kinds)
 
 
 def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
-    """A size-0 axis in an operand or the (first) result: nothing to optimize, and the ranges of
-    the rules, proved over values, say nothing of a reduction over no values (logsumexp of none is
-    -inf): such calls stay opaque. Other results (embedding_bag's empty max_indices) stay with it."""
-    found: list = []
-    map_aggregate((args, kwargs), lambda a: found.append(c.info_of.get(id(a))) if isinstance(a, Term) else None)
-    map_aggregate(c.out[:1] if isinstance(c.out, tuple) else c.out, found.append)
+    """A size-0 axis in an operand or the first result (embedding_bag's max_indices stay with the call):
+    nothing to optimize, and the ranges of the rules, proved over values, say nothing of a reduction
+    over no values (logsumexp of none is -inf): such calls stay opaque."""
+    found = [c.info_of.get(id(a)) for a in leaves((args, kwargs)) if isinstance(a, Term)]
+    found += leaves(c.out[:1] if isinstance(c.out, tuple) else c.out)
     return any(0 in getattr(info, "shape", (1,)) for info in found)
 
 
@@ -163,7 +155,7 @@ def _operand(c: Ctx, x, other) -> Term:
                 and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype \
                 and (value.dim() == 0 or value.dtype == c.out.dtype and tuple(c.info(other).shape)
                      == tuple(c.out.shape) and bool((value == value.flatten()[0]).all())) \
-                and (not _constant(x) or float(value.flatten()[0].float()) == value.flatten()[0].item()):
+                and (not known(x, CONSTANT) or float(value.flatten()[0].float()) == value.flatten()[0].item()):
             x = value.flatten()[0].item()  # one number, which broadcasting does not widen
     if isinstance(x, Term):
         return x
@@ -504,14 +496,15 @@ def _cast(c, x, dtype) -> Term:
     return Term("cast", (x,), (str(dtype).removeprefix("torch."),))
 
 
-@lowers("to", "type")
+@lowers("to", "type", torch.ops.aten._to_copy.default)
 def _to(c, x, *args, **kwargs):
-    """A cast: to a dtype, or to another tensor's (the same dtype: x itself); options that keep
-    values (copy, non_blocking, memory_format) are read as such."""
-    if set(kwargs) - {"dtype", "copy", "non_blocking", "memory_format"} or len(args) > 1:
-        raise Unsupported("to() with a device")
+    """A cast: to a dtype, to another tensor's (the same dtype: x itself), or none (a copy); the
+    options that keep values (copy, non_blocking, memory_format; ATen's, left None) read as such."""
+    if {k for k, v in kwargs.items() if v is not None} - {"dtype", "copy", "non_blocking", "memory_format"} \
+            or len(args) > 1:
+        raise Unsupported("to() with a device or layout")
     dtype = kwargs.get("dtype", args[0] if args else None)
-    return _cast(c, x, c.info(dtype).dtype if isinstance(dtype, Term) else dtype)
+    return c.tensor(x) if dtype is None else _cast(c, x, c.info(dtype).dtype if isinstance(dtype, Term) else dtype)
 
 
 @lowers("type_as")

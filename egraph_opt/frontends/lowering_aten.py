@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import forms, lowering as low, lowering_nn as nn_low
+from . import lowering as low, lowering_nn as nn_low
 from .lowering import Unsupported, lowers
 from ..lang.term import Term
 
@@ -88,24 +88,14 @@ def _slice(c, x, dim=0, start=None, end=None, step=1):
     return x if (start, end, step) == (0, size, 1) else Term("slice", (x,), (axis, start, end, step))
 
 
-@lowers(aten._to_copy.default)
-def _to_copy(c, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
-             memory_format=None):
-    if device is not None or layout not in (None, torch.strided):
-        raise Unsupported("a copy to another device or layout")
-    return low._cast(c, x, dtype) if dtype is not None else c.tensor(x)
-
-
 @lowers(aten.native_dropout.default)
 def _native_dropout(c, x, p, train):
     """(x, its mask of ones) outside training or with p = 0; the mask stays with the call."""
     return low.Parts((low._dropout(True)(c, x, p, bool(train)), None))
 
 
-@lowers(aten._native_batch_norm_legit_no_training.default)
-def _batch_norm(c, x, weight, bias, running_mean, running_var, momentum, eps):
-    out = nn_low._batch_norm(c, x, running_mean, running_var, weight, bias, False, momentum, eps)
-    return low.Parts((out, None, None))
+lowers(aten._native_batch_norm_legit_no_training.default)(lambda c, x, w, b, mean, var, momentum, eps: low.Parts(
+    (nn_low._batch_norm(c, x, mean, var, w, b, False, momentum, eps), None, None)))  # its statistics stay a call
 
 
 @lowers(aten.convolution.default)

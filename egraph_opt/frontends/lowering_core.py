@@ -1,8 +1,7 @@
-"""What lowers a call the table (``lowering.lowering_of``) does not, by mechanism, not op by op, so
-that the frontend covers the Core ATen opset (``lowering.FALLBACKS``, in this order): a call of
-constants is computed here; an ATen op affine in its floating operands (flips, pads, scatters,
-pooling and their gradients) is run here to find what it reads; any other call is traced through
-torch's own decompositions and lowered op by op. Each is exact or refuses (it stays a call)."""
+"""What lowers a call the table (``lowering.lowering_of``) does not, by mechanism, so that the frontend
+covers the Core ATen opset (``lowering.FALLBACKS``, in this order): a call of constants is computed;
+an ATen op affine in its floating operands (flips, pads, scatters, pooling, their gradients) is run
+to find what it reads; any other is traced through torch's decompositions. Exact, or it stays a call."""
 from __future__ import annotations
 
 import functools
@@ -14,11 +13,10 @@ from torch._decomp import decomposition_table
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.node import map_aggregate
 
-from . import forms
 from .effects import functional
 from .lowering import FALLBACKS, Ctx, Parts, Unsupported, known, lower, lowering_of
 from ..lang.ops import shape_attr
-from ..lang.program import OpaqueRef
+from ..lang.program import OpaqueRef, leaves
 from ..lang.term import Term
 
 #: calls whose value reads only its operands' shapes and dtypes
@@ -66,8 +64,7 @@ def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | 
     """An ATen op whose (first) result is ``W v + b`` of its floating operands v, W and b fixed by
     shapes and constants (``_weights`` finds them): one gather from the operands (and b) at a
     constant index, weighted and summed where W reads several elements."""
-    data: list = []  # the operands that vary: one flat vector v of their elements
-    map_aggregate((args, kwargs), lambda a: data.append(a) if isinstance(a, Term) and not known(a) else None)
+    data = [a for a in leaves((args, kwargs)) if isinstance(a, Term) and not known(a)]  # v: their elements
     out = c.out[0] if isinstance(c.out, tuple) else c.out
     if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable \
             or torch.Tag.nondeterministic_seeded in node.target.tags or node.target in COSTLIER or not data \
@@ -108,10 +105,9 @@ def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | 
 
 
 def _weights(run, n: int) -> tuple:
-    """(index, weight, b): output j of ``run`` (affine in v, n elements) is the sum over k of
-    weight[j, k] times element index[j, k] of v followed by -0.0 and b. Run at v = 0, b; then
-    at each position at once (where each output reads at most one element: a move), or one
-    position at a time. Random operands check it: any other op refuses (raises)."""
+    """(index, weight, b): output j of ``run`` (affine in v, n elements) is the sum over k of weight[j, k]
+    times element index[j, k] of v, -0.0, b. b is run(0); positions are run all at once (a move: each
+    output reads at most one) or one at a time; random operands check it, or it raises."""
     b = run(torch.zeros(n, dtype=torch.float64))
     if b.dtype != torch.float64:
         raise Unsupported("a result of another dtype")
@@ -162,11 +158,9 @@ _DECOMPOSING: set = set()  # the calls whose decompositions are being lowered
 
 
 def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
-    """A call the table does not know, traced by torch's own decompositions and lowered op by op
-    (None where one stays a call): a torch function (``F.pad``, ``torch.tril``) into the Core
-    ATen opset, a core overload (``aten.elu``) by its own decomposition into other core ops."""
-    terms: list = []
-    map_aggregate((args, kwargs), lambda a: terms.append(a) if isinstance(a, (Term, OpaqueRef)) else None)
+    """A call traced by torch's own decompositions and lowered op by op (None where one stays a call):
+    a torch function (``F.pad``) into the Core ATen opset, a core overload (``aten.elu``) by its own."""
+    terms = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
     overload = isinstance(node.target, torch._ops.OpOverload)
     if not (hasattr(c.out, "shape") or isinstance(c.out, (tuple, list))) \
             or any(not isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING | COSTLIER \

@@ -104,6 +104,9 @@ RULES = rules(_F, [
 ], sample=_LINEAR_SAMPLE) + rules(_F, [
     ("linear-fuse",               "(add (matmul ?x (transpose ?w -2 -1)) ?b)",         "(linear ?x ?w ?b)",
                                   when("(= (rank ?w) 2)", "(= (rank ?b) 1)"), {"sample": _LINEAR_SAMPLE}),
+    ("linear-fuse-in-out",        "(add (matmul ?x ?w) ?b)",                           "(linear ?x (transpose ?w -2 -1) ?b)",
+                                  when("(= (rank ?w) 2)", "(= (rank ?b) 1)"), {"sample": _LINEAR_SAMPLE},
+                                  "x @ W + b with W stored (in, out), as minGPT-style code and JAX ports write it"),
     ("gelu-from-erf",             "(mul (mul ?x (const 0.5)) (add (erf (mul ?x (const ?c))) (const 1.0)))",
                                   '(gelu ?x "none")', Exactness.APPROX, _close_to(1 / math.sqrt(2)),
                                   {"sample": (("c", 1 / math.sqrt(2)),)}, "x * Phi(x); 1/sqrt(2) as float32 stores it"),

@@ -254,3 +254,12 @@ def test_an_incomplete_derivation_counts_for_accuracy_only_where_an_accuracy_rul
     result = SimpleNamespace(derivation=Derivation(complete=False),
                              saturation=[Saturation("saturate", matches=matched)])
     assert api.for_accuracy(result) is accurate
+
+
+def test_the_report_times_each_phase_of_the_optimization():
+    """[TIME] names saturation's phases and extraction, not only the total."""
+    f = saturate_and_extract(lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True), profile_db=False,
+                             profile_budget=0)
+    f(torch.randn(4, 8))
+    assert "extract" in f.report.seconds and len(f.report.seconds) > 2, f.report.seconds
+    assert "extract" in str(f.report)

@@ -217,3 +217,22 @@ def test_not_of_a_boolean_mask_is_logical_not_and_of_integers_stays_opaque():
     program, _ = capture(lambda x, n: x * (~n).float(), (torch.randn(3), torch.arange(3)))
     assert "logical_not" not in op_counts(program.roots())
     assert [c.target for c in program.opaque.values()] == [operator.invert]
+
+
+def _masks(x):
+    outside, inside = (x > 1.0) | (x < -1.0), torch.logical_and(x > -1.0, x < 1.0)
+    return torch.where(outside, x * 2.0, torch.where(inside, torch.exp(x), x))
+
+
+def test_boolean_masks_joined_with_or_and_are_lowered_not_taken_for_in_place_ops():
+    """operator.or_ and operator.and_ end in _ only because `or` and `and` are Python keywords:
+    they were taken for in-place ops and the program ran untouched."""
+    import warnings
+    from egraph_opt import saturate_and_extract
+    f = saturate_and_extract(_masks, profile_db=False, profile_budget=0)
+    x = torch.tensor([-3.0, -1.0, -0.5, 0.0, -0.0, 1.0, 2.0, float("inf"), float("-inf"), float("nan")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback warns
+        out = f(x)
+    torch.testing.assert_close(out, _masks(x), equal_nan=True)
+    assert f.report.optimized and not f.report.opaque, f.report

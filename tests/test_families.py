@@ -125,3 +125,25 @@ def test_where_a_sample_measured_slower_the_familys_other_sizes_fall_back(monkey
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     assert len(traced) == 2 and f.report.sizes
     assert f.report.fallback.startswith("so did its size family: it measured slower"), f.report.fallback
+
+
+def test_a_size_made_from_its_family_binds_triton_kernels_and_reads_nothing_on_the_host(monkeypatch):
+    """The GPU path (Triton kernels on CPU tensors under the interpreter, the device path forced):
+    the made plan binds the samples' Triton kernels, validates, and its run reads no value on the host."""
+    import os
+    import sys
+    from egraph_opt.kernels import torch_ops as ops
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    from gpu import HostReads
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(decode, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings(), torch.no_grad():  # grad mode is part of a plan's key
+        warnings.simplefilter("ignore")
+        for n in (7, 8, 12):
+            _call(f, n)
+        with ops.forcing_device_path(), HostReads() as reads:
+            out, ref = _call(f, 12)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert len(traced) == 2 and f.report.sizes and f.report.validation.passed, f.report
+    assert any(k.startswith("triton.") for k in f.report.kernels) and reads.reads == [], f.report

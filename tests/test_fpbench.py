@@ -43,7 +43,7 @@ def test_suite_is_public_and_has_no_hamming_problem():
 
 
 def test_translator_matches_a_hand_written_float64_formula():
-    doppler = _problem("Doppler")  # (let ([t1 (+ 331.4 (* 0.6 T))]) (/ (* (- t1) v) (* (+ t1 u) (+ t1 u))))
+    doppler = _problem("doppler1")  # (let ([t1 (+ 331.4 (* 0.6 T))]) (/ (* (- t1) v) (* (+ t1 u) (+ t1 u))))
     u, v, T = torch.tensor([-50.0, 3.0, 99.0], dtype=torch.float64), torch.tensor([20.0, 700.0, 19000.0],
                             dtype=torch.float64), torch.tensor([-30.0, 0.5, 49.0], dtype=torch.float64)
     t1 = 331.4 + 0.6 * T
@@ -117,3 +117,50 @@ def test_one_problem_end_to_end():
     r = fb.run_problem(_problem("sqrt_add"), 32, 0)
     assert r.n == 32 and r.box == "pre"
     assert r.naive.mean() < 3 and r.optimized.mean() < 3  # 1/(sqrt(x+1)+sqrt(x)): well conditioned
+
+
+@pytest.mark.parametrize("op, xs, want", [
+    ("log2", [8.0, 0.5], [3.0, -1.0]), ("log10", [100.0, 0.001], [2.0, -3.0]),
+    ("exp2", [3.0, -1.0], [8.0, 0.5]), ("asinh", [0.0, 1.0], [0.0, math.asinh(1)]),
+    ("acosh", [1.0, 2.0], [0.0, math.acosh(2)]), ("atanh", [0.0, 0.5], [0.0, math.atanh(0.5)]),
+    ("floor", [-2.5, 2.5], [-3.0, 2.0]), ("ceil", [-2.5, 2.5], [-2.0, 3.0]),
+    ("trunc", [-2.5, 2.7], [-2.0, 2.0]), ("round", [-2.5, 0.5, 2.4, 1.5], [-3.0, 1.0, 2.0, 2.0]),
+])
+def test_new_unary_operators_agree_in_torch_and_mpmath(op, xs, want):
+    p = _one(f"(FPCore (x) ({op} x))")  # round is C's: halves away from zero, unlike torch.round
+    got = fb.translate(p, fb.TORCH)(torch.tensor(xs, dtype=torch.float64))
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-15, atol=1e-15)
+    with mpmath.workprec(200):
+        assert [float(fb.translate(p, fb.MP)(mpmath.mpf(x))) for x in xs] == pytest.approx(want, rel=1e-15)
+
+
+@pytest.mark.parametrize("op, pairs", [
+    ("fmod", [((-7.0, 3.0), -1.0), ((7.0, -3.0), 1.0), ((5.5, 2.0), 1.5)]),  # C's: the dividend's sign
+    ("fma", [((2.0, 3.0, 1.0), 7.0), ((-1.5, 2.0, 0.5), -2.5)]),
+])
+def test_new_operators_of_several_operands(op, pairs):
+    n = len(pairs[0][0])
+    p = _one(f"(FPCore ({' '.join('abc'[:n])}) ({op} {' '.join('abc'[:n])}))")
+    for args, want in pairs:
+        assert float(fb.translate(p, fb.TORCH)(*(torch.tensor(a, dtype=torch.float64) for a in args))) == want
+        with mpmath.workprec(200):
+            assert float(fb.translate(p, fb.MP)(*(mpmath.mpf(a) for a in args))) == want
+
+
+def test_unmappable_problems_are_skipped_with_a_reason():
+    suite, skipped = fb.read_suite()
+    assert len(suite) >= 600 and {p.name for p in suite} == {p.name for p in SUITE}
+    reasons = {why for _, _, why in skipped}
+    assert "loop" in reasons and "array or annotated parameter" in reasons
+    assert fb.unmapped(_one("(FPCore (x) (while (< i 3) ([i 0 (+ i 1)]) x))")) == "loop"
+    assert "cbrt" in fb.unmapped(_one("(FPCore (x) (cbrt x))"))  # torch has no cube root
+    assert fb.unmapped(_one("(FPCore (x) (fmod x 2))")) is None
+
+
+def test_constant_operands_reach_torch_functions_as_tensors():
+    # a let-bound constant stays a Python number (sqrt of it is math's); fmax, atan2 and copysign
+    # take a tensor for it; a parameter may be named like the module the code calls (T)
+    p = _one("(FPCore (x T) (let ([c 4]) (+ (fmax (sqrt c) x) (atan2 1 T) (copysign 1 x) (sin T))))")
+    x, t = torch.tensor([1.0, 3.0]), torch.tensor([1.0, -1.0])
+    want = torch.maximum(torch.tensor(2.0), x) + torch.atan2(torch.tensor(1.0), t) + 1 + torch.sin(t)
+    torch.testing.assert_close(fb.translate(p, fb.TORCH)(x, t), want)

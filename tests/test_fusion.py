@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from egraph_opt import capture, optimize, saturate_and_extract
 from egraph_opt.rulesets import Family, catalogue
@@ -114,6 +115,23 @@ def test_naive_block_fuses_layer_norm_attention_and_gelu():
     assert after.get("linear_act") == 1 and "tanh" not in after and "var" not in after
 
 
+class Dense(nn.Module):
+    """A linear layer as minGPT-style code and JAX ports write it: W stored (in, out), x @ W + b."""
+
+    def __init__(self, i: int, o: int):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(i, o) / i ** 0.5), nn.Parameter(0.1 * torch.randn(o))
+
+    def forward(self, x):
+        return x @ self.w + self.b
+
+
+def test_linear_layers_written_x_matmul_w_plus_b_become_linear_ops():
+    mlp = nn.Sequential(Dense(32, 128), nn.ReLU(), Dense(128, 32)).eval()
+    after = optimized_report(mlp, torch.randn(2, 16, 32), tol=1e-4).ops_after
+    assert after.get("linear", 0) + after.get("linear_act", 0) == 2 and "matmul" not in after, after
+
+
 class ConvBN(nn.Module):
     def __init__(self):
         super().__init__()
@@ -205,6 +223,38 @@ def test_folded_weights_work_under_inference_mode():
         torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
         assert f.report.optimized, f.report.fallback  # not the original run untouched
+
+
+def _built_mask_attention(q, k, v):
+    t = q.shape[-2]
+    keep = torch.arange(t)[:, None] >= torch.arange(t)[None, :]
+    return torch.softmax((q @ k.transpose(-2, -1) / 4.0).masked_fill(~keep, float("-inf")), -1) @ v, keep
+
+
+class _Dispatched(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_mask_built_in_the_program_is_computed_once_and_rebuilt_when_written():
+    """The mask depends on no input: built when the plan is, not per call (the kernel then
+    knows it causal without reading it again); the caller writing the returned mask does not
+    change the next call's."""
+    f = saturate_and_extract(_built_mask_attention, profile_budget=0)  # kept whatever its speed
+    q, k, v = (torch.randn(2, 3, 6, 4) for _ in range(3))
+    out, keep = f(q, k, v)
+    torch.testing.assert_close(out, _built_mask_attention(q, k, v)[0], rtol=1e-5, atol=1e-5)
+    assert f.report.kernels.get("folded") == 2 and f.report.optimized, f.report  # the bias, the mask
+    with _Dispatched() as seen:
+        f(q, k, v)
+    assert not [op for op in seen.ops if "arange" in op or "ge" in op.split("::")[-1]], seen.ops
+    keep.fill_(False)
+    torch.testing.assert_close(f(q, k, v)[1], torch.ones(6, 6, dtype=torch.bool).tril())
 
 
 class BufferMaskedAttention(nn.Module):

@@ -488,6 +488,21 @@ def test_validation_checks_where_float64_overflows_against_the_long_double_refer
     assert not compare(_naive_tanh, torch.tanh, (x,)).passed  # without it: nothing to check against
 
 
+def _branchy(x):
+    return torch.where(x > 1.0, torch.exp(x) * 1e-30, x * 2.0)
+
+
+def test_the_long_double_reference_evaluates_a_where_on_a_comparison():
+    """Its condition stays boolean (as float64 it made torch.where raise, and the program fall back
+    wherever the float64 reference overflowed, as FPBench's smartRoot did)."""
+    from egraph_opt.frontends.capture import capture
+    x = torch.tensor([0.5, -3.0, 750.0, 3.0])  # exp(750) overflows float64; the product does not
+    program, _ = capture(_branchy, (x,))
+    wide = wide_reference(program, (x,))
+    assert wide is not None and wide[0][:2].tolist() == [1.0, -6.0]
+    assert wide[0][2] == pytest.approx(math.exp(750 - 30 * math.log(10)), rel=1e-6)
+
+
 def test_shapes_are_inferred_once_per_program(monkeypatch):
     """The input program and the optimized one: each infers its shapes once, and the analyses,
     costs, latency estimate and backend all read that."""

@@ -173,7 +173,11 @@ def products_split(program, shapes: dict, unflattened: dict) -> dict[str, tuple[
             continue
         fresh = id(outer) in unflattened  # made for this export: read once, by the Split
         t, bias = unflattened[id(outer)][0] if fresh else outer, None
-        if t.op == "add":
+        if t.op == "linear" and t.args[1].op == "transpose" and t.args[1].attrs == (-2, -1):  # x @ w + b, fused
+            t, bias, fresh = Term("matmul", (t.args[0], t.args[1].args[0])), t.args[2], True
+            if bias.op != "param":
+                continue
+        elif t.op == "add":
             t, bias = next(((m, b) for m, b in (t.args, t.args[::-1]) if m.op == "matmul"), (t, None))
             if bias is None or bias.op != "param":
                 continue

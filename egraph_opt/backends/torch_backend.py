@@ -3,10 +3,12 @@
 Each Term becomes a call of the kernel it is bound to (see ``kernels.binding``: Triton on CUDA
 where it runs, torch otherwise), with conversion kernels where a value changes memory (torch and
 Triton share one: nothing runs between them); opaque calls are copied as they were, scalar
-constants are folded, and every value is emitted once, after what it uses.
+constants are folded, and every value is emitted once, after what it uses. What no input reaches
+(a mask built from ``arange``, weights concatenated) is computed once per version of what it reads.
 """
 from __future__ import annotations
 
+import operator
 import warnings
 
 import torch
@@ -16,38 +18,94 @@ from torch.fx.node import map_aggregate
 from collections import Counter
 
 from ..analysis.facts import Facts
+from ..frontends.effects import written
 from ..kernels.binding import Estimator, bind, default_estimate
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import TORCH
 from ..lang.program import OpaqueRef, Program, leaves
-from ..lang.term import Term, evaluate, postorder, topological
+from ..lang.term import Term, evaluate, topological
 
 
 class FoldedConstant:
-    """A subterm over parameters alone (batch norm folded into conv weights, QKV weights
-    concatenated): computed once per version of its parameters. Where autograd needs it (grad
-    enabled and a parameter requires grad) it is computed on every call, so training is unchanged;
-    so it is for inference tensors, which keep no version counter."""
+    """A value computed from parameters, buffers and literals alone (QKV weights concatenated,
+    a causal mask built from ``arange``): computed once per version of the tensors it reads.
+    Where autograd needs it (grad enabled and a tensor requires grad) it is computed on every
+    call, so training is unchanged; so it is for inference tensors, which keep no version."""
 
-    def __init__(self, term: Term, names: list[str], index: int):
-        self.term, self.names = term, names
+    def __init__(self, module: fx.GraphModule, index: int):
+        self.module = module
         self.__name__ = self.__qualname__ = f"folded_constant_{index}"
-        self._key, self._value = None, None
+        self._cached: tuple = (None, None, None)  # key, value, its version: one read, thread-safe
 
     def __call__(self, *tensors: torch.Tensor):
-        cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
-            not any(t.is_inference() for t in tensors)  # inference tensors keep no version
-        if not cacheable:
-            return evaluate([self.term], dict(zip(self.names, tensors)), kernels=TORCH)[0]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) or \
+                any(t.is_inference() for t in tensors):  # inference tensors keep no version
+            return self.module(*tensors)
         key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
-        if key == self._key and self._value._version == self._written:  # nobody wrote the value
-            return self._value
+        seen, value, version = self._cached
+        if key == seen and getattr(value, "_version", None) == version:  # nobody wrote the value
+            return value
         # a normal tensor even in inference mode: its version shows writes, and kernels may
         # cache facts about it by its version (sdpa_masked's mask)
         with torch.inference_mode(False):
-            value = evaluate([self.term], dict(zip(self.names, tensors)), kernels=TORCH)[0]
-        self._key, self._value, self._written = key, value, value._version
+            value = self.module(*tensors)
+        self._cached = key, value, getattr(value, "_version", None)
         return value
+
+
+#: where the functions of calls the capture kept opaque come from (it refuses programs that draw
+#: random numbers, so their values follow from their operands)
+_TORCH_MODULES = {"torch", "torch.nn.functional", "torch._C._nn", "torch._C._linalg", "_operator", "math"}
+
+
+def _pure(node: fx.Node, owner, kernels: set) -> bool:
+    """Whether ``node``'s value follows from its operands alone and stays as computed: a bound
+    kernel or a torch op, writing nothing, whose value nothing writes."""
+    target = node.target
+    if node.op == "call_method":
+        known = hasattr(torch.Tensor, target)
+    else:
+        known = node.op == "call_function" and (target in kernels or isinstance(target, torch._ops.OpOverload)
+                                                or getattr(target, "__module__", None) in _TORCH_MODULES)
+    return known and not written(node, owner) and not any(node in written(u, owner) for u in node.users)
+
+
+def _fold_constants(graph: fx.Graph, kernels: set) -> int:
+    """Each value of parameters, buffers and literals alone that a call's values use becomes one
+    FoldedConstant over the attributes it reads; how many."""
+    fixed, order = {}, {n: i for i, n in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        fixed[node] = node.op == "get_attr" or _pure(node, graph.owning_module, kernels) and \
+            all(fixed[a] for a in node.all_input_nodes)
+    edges = [n for n in graph.nodes if fixed[n] and n.op != "get_attr" and not all(fixed[u] for u in n.users)]
+    for index, node in enumerate(edges):
+        sub, copied, reads = fx.Graph(), {}, []
+        for a in _ancestors(node, order):
+            if a.op == "get_attr":
+                reads.append(a)
+                copied[a] = sub.placeholder(f"read_{len(reads)}")
+            else:
+                copied[a] = sub.node_copy(a, copied.__getitem__)
+        sub.output(copied[node])
+        folded = FoldedConstant(fx.GraphModule(torch.nn.Module(), sub), index)
+        with graph.inserting_before(node):
+            node.replace_all_uses_with(graph.call_function(folded, tuple(reads)),
+                                       delete_user_cb=lambda user: not fixed.get(user, False))
+    for node in reversed(list(fixed)):  # what only folded constants read (fx keeps a detach_)
+        if fixed[node] and not node.users:
+            graph.erase_node(node)
+    return len(edges)
+
+
+def _ancestors(node: fx.Node, order: dict) -> list[fx.Node]:
+    """``node`` and what it is computed from, in the graph's ``order``."""
+    seen, stack = {node}, [node]
+    while stack:
+        for a in stack.pop().all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                stack.append(a)
+    return sorted(seen, key=order.__getitem__)
 
 
 def _schedule(program: Program) -> list:
@@ -98,28 +156,29 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
             build.value[("o", item)] = build.graph.create_node(call.kind, call.target, args, kwargs, name=item)
     graph = build.graph
     graph.output(map_aggregate(program.outputs, build.arg))
-    graph.eliminate_dead_code()  # folded constants inside larger folded constants
-    build.kernels["folded"] = sum(isinstance(n.target, FoldedConstant) for n in graph.nodes)
+    folded = _fold_constants(graph, {n.target for n in build.named} | {m.impl for m in MOVES.values()})
+    graph.eliminate_dead_code()
     graph.lint()
     module = fx.GraphModule(owner, graph)
-    module.kernels = dict(sorted((+build.kernels).items()))  # + drops a count of 0 ("folded")
+    module.kernels = dict(sorted(Counter(build.named[n] for n in graph.nodes if n in build.named).items()))
+    if folded:
+        module.kernels = {"folded": folded, **module.kernels}
     return module
 
 
 class _Build:
     """One program's graph under construction: each value's fx node (or Python scalar) by key,
     ("t", term id) or ("o", opaque name); the backend whose memory holds it (absent: torch); the
-    conversions made; and whether every leaf below it is a parameter or constant (one pass: no
-    walk per node)."""
+    conversions made; and the kernel each call node runs, by name."""
 
     def __init__(self, program: Program, owner, device: str, estimate: Estimator, meta: dict):
         self.graph = fx.Graph(owning_module=owner)  # dead-code elimination asks the owner whether
         # its submodules are pure (a train-mode batch norm kept opaque updates running statistics)
         self.owner, self.device, self.estimate = owner, device, estimate
-        self.value, self.backend, self.converted, self.fixed = {}, {}, {}, {}
+        self.value, self.backend, self.converted = {}, {}, {}
         self.placeholders = {t.attrs[0]: self.graph.placeholder(t.attrs[0]) for t in program.inputs}
         self.facts = Facts.of_program(program.roots(), meta)
-        self.kernels: Counter = Counter()
+        self.named: dict[fx.Node, str] = {}
 
     def on(self, key, target: str):
         """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
@@ -139,28 +198,22 @@ class _Build:
         key = ("t", id(item))
         if key in self.value:
             return
-        self.fixed[key] = item.op in ("param", "const") or bool(item.args) and \
-            all(self.fixed[("t", id(a))] for a in item.args)
         leaf = {"const": lambda: item.attrs[0], "param": lambda: _get_attr(self.graph, self.owner, item.attrs[0]),
                 "opaque": lambda: self.value[("o", item.attrs[0])],
                 "input": lambda: self.placeholders[item.attrs[0]]}.get(item.op)
         self.value[key] = leaf() if leaf else self._computed(item, key)
 
     def _computed(self, item: Term, key):
-        """A scalar folded now, a subterm of parameters and constants folded once, or a kernel."""
+        """A scalar folded now, or a kernel."""
         operands = [("t", id(a)) for a in item.args]
         if not any(isinstance(self.value[k], fx.Node) for k in operands):
             return evaluate([item], {}, kernels=TORCH)[0]
-        if self.fixed[key]:  # its walk covers parameters and constants alone
-            params = [t for t in postorder([item]) if t.op == "param"]
-            folded = FoldedConstant(item, [t.attrs[0] for t in params], len(self.kernels))
-            self.kernels["folded"] += 1
-            return self.graph.call_function(folded, tuple(self.value[("t", id(t))] for t in params))
         n = self.facts.of(item)
         use = Use(op=n.op, attrs=n.attrs, shapes=n.shapes, dtypes=n.tensor_dtypes, device=self.device,
                   layouts=n.layouts)
         kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
-        self.kernels[kernel.name] += 1
         self.backend[key] = kernel.backend
         args = [self.on(k, kernel.backend) for k in operands]
-        return self.graph.call_function(kernel.impl, tuple(args) + tuple(item.attrs))
+        node = self.graph.call_function(kernel.impl, tuple(args) + tuple(item.attrs))
+        self.named[node] = kernel.name
+        return node

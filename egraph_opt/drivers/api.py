@@ -365,19 +365,24 @@ class OptimizedFunction:
         if like.plan.run is None:
             return self._untouched(was, f"so did its size family: {was.fallback}") if was.fallback \
                 else Plan(None, was, None)
+        if first.returns != second.returns:
+            return None
         try:  # a size not on the samples' lines fails to build or to run: it is optimized
             module = build_module(at(first.optimized, second.optimized, span), first.root,
                                   device=call.tensors[0].device.type, estimate=first.estimate)
             run, was.kernels = runner(module, first.returns), module.kernels
             if self.validate:
-                fresh = random_inputs(call.tensors, call.names, self.input_ranges)
-                was.validation = compare(call.traceable(self.fn), run, fresh,
-                                         lambda: wide_reference(at(first.program, second.program, span), fresh))
+                was.validation = self._validated(call, run, lambda: at(first.program, second.program, span))
         except (Apart, RuntimeError, ValueError, IndexError):
             return None
-        if first.returns != second.returns or (was.validation and not was.validation.passed):
-            return None
-        return Plan(run, was, None, returned=tuple(call.returned))
+        return None if was.validation and not was.validation.passed else \
+            Plan(run, was, None, returned=tuple(call.returned))
+
+    def _validated(self, call: BoundCall, run: Callable, program: Callable[[], Program]):
+        """``run`` against the original on fresh inputs; ``program()``, the captured program, gives
+        the long double reference where float64 overflows."""
+        fresh = random_inputs(call.tensors, call.names, self.input_ranges)
+        return compare(call.traceable(self.fn), run, fresh, lambda: wide_reference(program(), fresh))
 
     def _untouched(self, report: Report, why: str, found: Optimized | None = None) -> Plan:
         """The original runs; ``found``, the optimization it was preferred to, stays explorable."""
@@ -418,8 +423,7 @@ class OptimizedFunction:
             for older in self._plans.values():
                 older.egraph = older.optimized = None
         if self.validate:
-            fresh = random_inputs(args, call.names, self.input_ranges)
-            report.validation = compare(target, run, fresh, lambda: wide_reference(program, fresh))
+            report.validation = self._validated(call, run, lambda: program)
             self._refuse_writes(report.validation.written, call.names)
             original_s = report.validation.original_s
             if report.validation.bounded:

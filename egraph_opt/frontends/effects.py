@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _AUGMENTED = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
               operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
               operator.ilshift, operator.irshift, operator.imatmul, operator.setitem}
+_OPERATORS = {operator.and_, operator.or_, operator.not_}  # a | b: named with _ as Python keywords are
 _AUGMENTED_METHODS = {f"__{op.__name__}__" for op in _AUGMENTED}  # x.__iadd__(y), x.__setitem__(i, v)
 _VIEWS = {"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t", "T", "mT",
           "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "expand_as", "select", "narrow",
@@ -30,7 +31,7 @@ def _name(node: fx.Node) -> str:
     return name.split(".")[0] if isinstance(target, torch._ops.OpOverload) else name
 
 
-def _written(node: fx.Node, gm: fx.GraphModule) -> list:
+def written(node: fx.Node, gm: fx.GraphModule) -> list:
     """The operands ``node`` writes to (fx nodes), or a description of module state it writes."""
     name, args, kwargs = _name(node), node.args, node.kwargs
     if name in _VALUE_PRESERVING:
@@ -47,7 +48,7 @@ def _written(node: fx.Node, gm: fx.GraphModule) -> list:
         return [a for a, s in zip(args, schema.arguments) if s.alias_info and s.alias_info.is_write]
     written = [kwargs["out"]] if kwargs.get("out") is not None else []
     if node.target in _AUGMENTED or name in _AUGMENTED_METHODS \
-            or (name.endswith("_") and not name.startswith("_")) \
+            or (name.endswith("_") and not name.startswith("_") and node.target not in _OPERATORS) \
             or kwargs.get("inplace") is True:
         written.append(args[0])
     if node.target is torch.nn.functional.batch_norm:
@@ -88,7 +89,7 @@ def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     found, in_place = [], set()
     for node in gm.graph.nodes:
-        for target in _written(node, gm):
+        for target in written(node, gm):
             in_place.add(node.name)
             if isinstance(target, str):
                 found.append(f"{target} (train-mode batch norm)")

@@ -212,17 +212,18 @@ def _invert(c, x):
 
 
 def _bits(op: str):
-    """& | ^ of bools, which is logical; of integers, bits (opaque)."""
+    """& | ^ (and logical_and, logical_or, logical_xor) of boolean masks; of other tensors, opaque."""
     def lower_bits(c, a, b):
         if not all(isinstance(t, Term) and c.info(t).dtype == torch.bool for t in (a, b)):
-            raise Unsupported("a bitwise op of integers")
+            raise Unsupported("a bitwise or logical op of tensors that are not both boolean")
         return unequal(c, a, b) if op == "xor" else Term(op, (a, b))
     return lower_bits
 
 
 for _name, _op, _operator in (("and", "minimum", operator.and_), ("or", "maximum", operator.or_),
                               ("xor", "xor", operator.xor)):
-    lowers(getattr(torch, f"bitwise_{_name}"), f"bitwise_{_name}", _operator, f"__{_name}__")(_bits(_op))
+    lowers(getattr(torch, f"bitwise_{_name}"), getattr(torch, f"logical_{_name}"), f"bitwise_{_name}",
+           f"logical_{_name}", _operator, f"__{_name}__")(_bits(_op))
 
 
 lowers(torch.reciprocal, "reciprocal")(lambda c, x: Term("div", (Term.const(1.0), x)) if c.floating(x) else None)

@@ -85,7 +85,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     return Optimized(program=optimized, egraph=session.egraph, saturation=session.saturation,
                      applied=applied, cost_before=before, cost_after=after, ops_before=op_counts(roots),
                      ops_after=op_counts(best), model=model,
-                     seconds={"total": time.perf_counter() - start}, cost=cost,
+                     seconds=seconds, cost=cost,
                      root_classes=session.root_classes, derivation=derivation, source=program)
 
 

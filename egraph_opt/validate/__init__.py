@@ -176,8 +176,10 @@ def _evaluate_wide(roots: list[Term], values: dict[int, object], expanded: list[
                 values[id(t)] = fn(*(values[id(a)] for a in t.args))
         elif spec.bounds is not None and not t.attrs:  # elementwise and bounded (atan): no
             # overflow to escape, and float64's rounding is far below the float32 errors judged
-            wide = [torch.as_tensor(np.asarray(values[id(a)], dtype=np.float64)) for a in t.args]
-            values[id(t)] = np.asarray(spec.impl(*wide)).astype(WIDE)
+            wide = [torch.as_tensor(v.astype(np.float64) if v.dtype.kind == "f" else v)  # a comparison
+                    for v in (np.asarray(values[id(a)]) for a in t.args)]  # stays boolean: where's condition
+            out = np.asarray(spec.impl(*wide))
+            values[id(t)] = out.astype(WIDE) if out.dtype.kind == "f" else out
         elif spec.definition:
             bindings = {f"x{i}": a for i, a in enumerate(t.args)}
             bindings.update((name, value) for (name, _), value in zip(spec.attrs, t.attrs))

@@ -18,7 +18,9 @@ from egraph_opt.lang.term import evaluate, postorder
 
 aten = torch.ops.aten
 
-#: values of shapes and constants alone: computed once per signature (``lowering_core._fold``)
+#: values of sizes and constants alone (``lowering_core._fold``): a number made a tensor, and positions
+#: in a decomposition, fold; others stay calls the plan computes once when it is built (their sizes
+#: stay integers that size families read)
 FOLDED = {aten.arange.start_step, aten.full.default, aten.full_like.default, aten.fill.Scalar,
           aten.scalar_tensor.default, aten.sym_size.int, aten.sym_numel.default}
 #: core overloads lowered through their own decompositions (``lowering_core._decomposed``)

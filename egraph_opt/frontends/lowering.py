@@ -148,14 +148,15 @@ def _operand(c: Ctx, x, other) -> Term:
     """A tensor operand, or a number beside a floating tensor as a const: a Python number, or a
     0-d tensor the trace captured (``torch.tensor(2.0)``, closed over) that acts as one (the result
     keeps the other operand's dtype), in one form whatever its spelling (``forms.constant``)."""
-    if known(x) and isinstance(other, Term) and other.op != "const":
-        value = c.params.get(x.attrs[0])
+    held = x.args[0] if isinstance(x, Term) and x.op == "expand" else x  # a number made a tensor (torch.full)
+    if known(held) and isinstance(other, Term) and other.op != "const":
+        value = c.params.get(held.attrs[0])
         if isinstance(value, torch.Tensor) and value.numel() and not value.requires_grad \
                 and not value.is_complex() and value.dtype != torch.bool \
                 and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype \
-                and (value.dim() == 0 or value.dtype == c.out.dtype and tuple(c.info(other).shape)
+                and (not c.rank(x) or value.dtype == c.out.dtype and tuple(c.info(other).shape)
                      == tuple(c.out.shape) and bool((value == value.flatten()[0]).all())) \
-                and (not known(x, CONSTANT) or float(value.flatten()[0].float()) == value.flatten()[0].item()):
+                and (not known(held, CONSTANT) or float(value.flatten()[0].float()) == value.flatten()[0].item()):
             x = value.flatten()[0].item()  # one number, which broadcasting does not widen
     if isinstance(x, Term):
         return x

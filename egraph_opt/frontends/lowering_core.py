@@ -19,9 +19,6 @@ from ..lang.ops import shape_attr
 from ..lang.program import OpaqueRef, leaves
 from ..lang.term import Term
 
-#: calls whose value reads only its operands' shapes and dtypes
-LIKE = {torch.full_like, torch.zeros_like, torch.ones_like, "new_full", "new_zeros", "new_ones",
-        "fill", torch.ops.aten.full_like.default, torch.ops.aten.fill.Scalar}
 _FOLD_LIMIT = 1 << 24  # elements: a constant larger than this stays a call
 _DENSE_LIMIT = 1 << 22  # elements of the weights of an op that adds up elements: larger stays a call
 #: calls whose lowering does more work than they do (cumsum's sums over an n x n mask)
@@ -29,27 +26,26 @@ COSTLIER = {torch.cumsum, "cumsum", torch.ops.aten.cumsum.default}
 
 
 def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
-    """A call of constants and shapes (``torch.ones(T, T).tril()``, ``torch.full_like(s, v)``):
-    computed here, once per signature; uninitialized memory (``empty``) is never a constant."""
+    """A call of constants the trace closed over, or a number (GPT-2's ``torch.full([], scale)``):
+    computed here, once per signature. A tensor made from sizes alone (``torch.arange(T)``, a causal
+    mask) stays a call, which the plan computes once when it is built: its sizes stay integers
+    that size families can instantiate; in a decomposition, positions fold (a gather's index).
+    Uninitialized memory (``empty``) is never a constant."""
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    if "empty" in str(name) or not hasattr(c.out, "shape") or math.prod(c.out.shape) > _FOLD_LIMIT:
+    operands = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
+    if "empty" in str(name) or not hasattr(c.out, "shape") or math.prod(c.out.shape) > _FOLD_LIMIT \
+            or not all(known(a) for a in operands):
         return None
-    like = node.target in LIKE
-
-    def value(a):
-        if known(a) and a.attrs[0] in c.params:
-            return c.params[a.attrs[0]]
-        if isinstance(a, Term) and like and a is args[0]:
-            return torch.empty(c.info(a).shape, dtype=c.info(a).dtype)
-        if isinstance(a, (Term, OpaqueRef)):
-            raise Unsupported("a value")
-        return a
+    value = map_aggregate((args, kwargs), lambda a: c.params[a.attrs[0]] if isinstance(a, Term) else a)
     try:
-        out = _call(node, *map_aggregate((args, kwargs), value))
+        out = _call(node, *value)
     except Exception:  # noqa: BLE001 - any call that cannot run on these constants stays a call
         return None
     if not isinstance(out, torch.Tensor) or out.device.type == "meta":
         return None
+    if not (operands or _DECOMPOSING) and out.dim():  # a number, made a tensor of sizes (torch.full(s.shape, v))
+        number = out.flatten()[0].clone()
+        return Term("expand", (c.constant(number),), (shape_attr(out.shape),)) if bool((out == number).all()) else None
     if out.dim() == 0 and out.dtype.is_floating_point and float(out.float()) == out.item():
         return Term.const(out.item())  # a number float32 holds (GPT-2's torch.full([], scale)): as rules know it
     return c.constant(out)
@@ -163,7 +159,7 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
     terms = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
     overload = isinstance(node.target, torch._ops.OpOverload)
     if not (hasattr(c.out, "shape") or isinstance(c.out, (tuple, list))) \
-            or any(not isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING | COSTLIER \
+            or not terms or any(not isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING | COSTLIER \
             or overload and not (node.target in decomposition_table
                                  or node.target.has_kernel_for_dispatch_key(_COMPOSITE)):
         return None

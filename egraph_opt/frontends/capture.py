@@ -95,10 +95,6 @@ def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
     finally:
         logger.setLevel(level)
     sys.stderr.write(written.getvalue())
-    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-           and not lowering.lowering_of(n.target) for n in exported.graph.nodes):
-        with contextlib.suppress(Exception):  # noqa: BLE001 - what torch cannot decompose stays as it is
-            exported = exported.run_decompositions(lowering.decompositions())
     return exported.module()
 
 

@@ -423,7 +423,10 @@ def _getattr(c, x, name):
 
 
 def _softmax_like(op):
-    def lower_softmax(c, x, dim=None, _stacklevel=3, dtype=None):
+    """The third argument is a dtype (torch's, the method's, ATen's softmax.int), a half-to-float
+    flag (ATen's _softmax) or a stack level (F's): only a dtype casts."""
+    def lower_softmax(c, x, dim=None, third=None, dtype=None, _stacklevel=3):
+        dtype = third if isinstance(third, torch.dtype) else dtype
         if dim is None:
             raise Unsupported("implicit softmax dim")
         axis = c.axis(x, dim)  # before the cast, whose Term has no recorded shape
@@ -431,8 +434,8 @@ def _softmax_like(op):
     return lower_softmax
 
 
-lowers(torch.softmax, F.softmax, "softmax")(_softmax_like("softmax"))
-lowers(torch.log_softmax, F.log_softmax, "log_softmax")(_softmax_like("log_softmax"))
+lowers(torch.softmax, torch._softmax, F.softmax, "softmax")(_softmax_like("softmax"))
+lowers(torch.log_softmax, torch._log_softmax, F.log_softmax, "log_softmax")(_softmax_like("log_softmax"))
 
 
 @lowers(torch.logsumexp, "logsumexp")

@@ -22,16 +22,6 @@ for _overload, _fn in SAME.items():
     lowers(_overload)(_fn)
 
 
-def _softmax(op: str):
-    """softmax.int's third argument is a dtype, _softmax.default's a half-to-float flag."""
-    return lambda c, x, dim, dtype_or_half=None: low._softmax_like(op)(
-        c, x, dim, dtype=dtype_or_half if isinstance(dtype_or_half, torch.dtype) else None)
-
-
-lowers(aten.softmax.int, aten._softmax.default)(_softmax("softmax"))
-lowers(aten.log_softmax.int, aten._log_softmax.default)(_softmax("log_softmax"))
-
-
 @lowers(aten.cross_entropy_loss.default)
 def _cross_entropy(c, x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     return nn_low._class_loss("cross_entropy")(c, x, target, weight, reduction=reduction,
@@ -66,9 +56,7 @@ def _select(c, x, dim, index):
     return Term("reshape", (Term("slice", (x,), (axis, at, at + 1, 1)),), (c.out_shape(),))
 
 
-@lowers(aten.embedding.default)
-def _embedding(c, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return nn_low._embedding(c, indices, weight)
+lowers(aten.embedding.default)(lambda c, weight, ids, *options: nn_low._embedding(c, ids, weight))
 
 
 @lowers(aten._safe_softmax.default)

@@ -196,7 +196,7 @@ for _name, _targets in {
     lowers(*_targets)(_binary(_name))
 
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
-              "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh", "isnan",
+              "sigmoid", "relu", "silu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh", "isnan",
               "logical_not", "floor", "ceil", "round", "trunc", "asin", "acos", "sinh", "cosh", "log2", "log10"):
     lowers(*(t for t in (getattr(torch, _name, None), getattr(F, _name, None), _name,
                          getattr(operator, _name, None)) if t is not None))(
@@ -242,11 +242,6 @@ def _sign(c, x):
 @lowers(F.gelu)
 def _gelu(c, x, approximate="none"):
     return Term("gelu", (c.tensor(x),), (approximate,))
-
-
-@lowers(F.silu)
-def _silu(c, x, inplace=False):
-    return Term("silu", (c.tensor(x),))
 
 
 @lowers(F.softplus)
@@ -417,8 +412,6 @@ def _getitem(c, x, index):
 def _getattr(c, x, name):
     if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts) and name == "values":
         return _getitem(c, x, 0)
-    if name in ("T", "mT") and isinstance(x, Term):
-        return _transpose(c, x, -2, -1) if name == "mT" or c.rank(x) == 2 else None
     raise Unsupported(f"attribute {name}")
 
 

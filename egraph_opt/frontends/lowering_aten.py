@@ -16,7 +16,7 @@ aten = torch.ops.aten
 SAME = {
     aten._unsafe_view.default: low.TABLE["view"], aten.alias.default: low._identity,
     aten.scaled_dot_product_attention.default: nn_low._sdpa, aten.linear.default: nn_low._linear,
-    aten.gelu.default: low._gelu, aten.silu.default: low._silu, aten.split_with_sizes.default: low._split,
+    aten.gelu.default: low._gelu, aten.split_with_sizes.default: low._split,
 }
 for _overload, _fn in SAME.items():
     lowers(_overload)(_fn)
@@ -49,11 +49,10 @@ def _addmm(c, bias, m1, m2, *, beta=1, alpha=1):
 @lowers(aten.select.int)
 def _select(c, x, dim, index):
     """``x[:, i]``: one slice along ``dim``, that axis dropped."""
-    axis, size = c.axis(x, dim), c.info(x).shape[dim]
+    size = c.info(x).shape[dim]
     if not -size <= index < size:
         raise Unsupported(f"index {index} out of range for size {size}")
-    at = index % size
-    return Term("reshape", (Term("slice", (x,), (axis, at, at + 1, 1)),), (c.out_shape(),))
+    return Term("reshape", (_slice(c, x, dim, index % size, index % size + 1),), (c.out_shape(),))
 
 
 lowers(aten.embedding.default)(lambda c, weight, ids, *options: nn_low._embedding(c, ids, weight))

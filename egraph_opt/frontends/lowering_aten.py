@@ -22,21 +22,18 @@ for _overload, _fn in SAME.items():
     lowers(_overload)(_fn)
 
 
-@lowers(aten.cross_entropy_loss.default)
-def _cross_entropy(c, x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
-    return nn_low._class_loss("cross_entropy")(c, x, target, weight, reduction=reduction,
-                                               ignore_index=ignore_index, label_smoothing=label_smoothing)
+def _loss(op: str):
+    """ATen's spelling of a loss: its reduction a number, no legacy arguments."""
+    def lower_loss(c, x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+        return nn_low._class_loss(op)(c, x, target, weight, reduction=reduction, ignore_index=ignore_index,
+                                      label_smoothing=label_smoothing)
+    return lower_loss
 
 
-@lowers(aten.nll_loss.default, aten.nll_loss_nd.default)
-def _nll_loss(c, x, target, weight=None, reduction=1, ignore_index=-100):
-    return nn_low._class_loss("nll_loss")(c, x, target, weight, reduction=reduction, ignore_index=ignore_index)
-
-
-@lowers(aten.nll_loss_forward.default)
-def _nll_loss_forward(c, x, target, weight, reduction, ignore_index):
-    """(loss, total weight): the loss is a Term, the weight stays with the opaque call."""
-    return low.Parts((_nll_loss(c, x, target, weight, reduction, ignore_index), None))
+lowers(aten.cross_entropy_loss.default)(_loss("cross_entropy"))
+lowers(aten.nll_loss.default, aten.nll_loss_nd.default)(_loss("nll_loss"))
+lowers(aten.nll_loss_forward.default)(  # (loss, total weight): the weight stays with the opaque call
+    lambda c, *args: low.Parts((_loss("nll_loss")(c, *args), None)))
 
 
 @lowers(aten.addmm.default)

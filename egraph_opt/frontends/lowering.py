@@ -87,14 +87,14 @@ def lowers_module(*types):
 
 def lowering_of(target) -> Callable | None:
     """The lowering of a call: its own, its pure twin's (in place), or for an ATen overload the
-    lowering of the torch function or Tensor method of its name, whose signature is its schema
-    (both are generated from it; Python wrappers such as ``F.batch_norm`` are not)."""
+    lowering of the torch function (``torch.*``, ``F.*`` builtins) or Tensor method of its name, whose
+    signature is its schema (both are generated from it; Python wrappers such as ``F.batch_norm`` are not)."""
     fn, twin = TABLE.get(target), functional(target)
     if fn is None and twin is not None:
         return lowering_of(twin)
     if fn is None and isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable:
         name = target.overloadpacket.__name__
-        builtin = getattr(torch, name, None)
+        builtin = getattr(torch, name, None) or getattr(torch._C._nn, name, None)
         fn = (TABLE.get(builtin) if isinstance(builtin, types.BuiltinFunctionType) else None) or TABLE.get(name)
     return fn
 
@@ -463,11 +463,11 @@ def _to_out_shape(op: str):
 
 
 lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
-       torch.squeeze, "squeeze", "view_as", "reshape_as")(_to_out_shape("reshape"))
+       torch.squeeze, "squeeze", "view_as", "reshape_as", "_unsafe_view")(_to_out_shape("reshape"))
 lowers("expand", "expand_as")(_to_out_shape("expand"))
 
 
-@lowers("contiguous", "clone", torch.clone, "detach", torch.detach)
+@lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias")
 def _identity(c, x, *args, memory_format=None):
     return c.tensor(x)
 
@@ -526,7 +526,7 @@ def _cat(c, tensors, dim=0):
     return out
 
 
-@lowers(torch.split, "split")
+@lowers(torch.split, "split", torch.split_with_sizes)
 def _split(c, x, split_size_or_sections, dim=0):
     """Pieces along one axis, as slices: QKV projections split from one matmul stay Terms."""
     size = c.info(x).shape[dim]

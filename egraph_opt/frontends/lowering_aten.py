@@ -1,6 +1,6 @@
 """Lowering of ATen overloads, for programs traced by torch.export (models whose Python control
-flow reads shapes): the same lowering functions as torch's own spellings, keyed by the overloads
-export records, and adapters where an overload's arguments differ."""
+flow reads shapes), where an overload's arguments differ from those of the torch spelling of its
+name (``lowering.lowering_of``): adapters to that spelling's lowering."""
 from __future__ import annotations
 
 import torch
@@ -10,16 +10,6 @@ from .lowering import Unsupported, lowers
 from ..lang.term import Term
 
 aten = torch.ops.aten
-
-#  overloads whose torch function or Tensor method of the same name (``lowering.lowering_of``) is
-#  not the lowering: another name, or a Python wrapper   the lowering of the torch spelling it matches
-SAME = {
-    aten._unsafe_view.default: low.TABLE["view"], aten.alias.default: low._identity,
-    aten.scaled_dot_product_attention.default: nn_low._sdpa, aten.linear.default: nn_low._linear,
-    aten.gelu.default: low._gelu, aten.split_with_sizes.default: low._split,
-}
-for _overload, _fn in SAME.items():
-    lowers(_overload)(_fn)
 
 
 def _loss(op: str):

@@ -142,10 +142,7 @@ def _reads(run, n: int, index, weight, b) -> bool:
 def decompositions() -> dict:
     """torch's table to the Core ATen opset, less the ops lowered as they are: a composite the
     Term language holds whole (softmax, layer norm, attention) stays whole, and its fusions hold."""
-    table = dict(torch.export.default_decompositions())
-    for op in [op for op in table if lowering_of(op)]:
-        del table[op]
-    return table
+    return {op: fn for op, fn in torch.export.default_decompositions().items() if not lowering_of(op)}
 
 
 _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd  # such an overload decomposes as it is traced

@@ -334,6 +334,9 @@ _FUSED = dict(_ANY, rounding="rounds", precision="accumulate", work="static", la
 _MESH = dict(_ANY, shape_rule="meta", curvature=LINEAR, growth=0, precision="keep", work="static",
              onnx="none", mesh="parts")
 _SMOOTH = dict(growth=1)  # bounded curvature
+_STEEP = dict(curvature=(math.inf, math.inf), growth=2)  # unbounded curvature
+_EXPS = dict(curvature="exp", growth=3, error="exp")  # exponential growth
+_LOGS = dict(curvature="log", growth=2, error="log")
 _EXACT = dict(curvature=LINEAR, growth=0, rounding="exact")  # piecewise linear, no rounding
 _STEP = dict(_UNARY, **_EXACT, flops=1, precision="keep")  # to an integer, exactly
 _ARG = dict(_REDUCTION, shape_rule="meta", range_rule="top", rounding="exact", precision="keep", work="static")
@@ -373,14 +376,11 @@ OPS: dict[str, Op] = {op.name: op for op in [
     # bool: the keys masked_fill(mask, fill) keeps (sdpa_filled)
     _op("neg",     1, "", operator.neg, _UNARY, range_rule="neg",     **_EXACT, flops=1, onnx="Neg",
         numpy="negative"),
-    _op("exp",     1, "", torch.exp,    _UNARY, range_rule=math.exp,  curvature="exp",   growth=3,
-        sign="positive", error="exp", onnx="Exp", numpy="exp"),
-    _op("log",     1, "", torch.log,    _UNARY, range_rule="log",     curvature="log",   growth=2,
-        error="log", onnx="Log", numpy="log"),
+    _op("exp",     1, "", torch.exp,    _UNARY, range_rule=math.exp, **_EXPS, sign="positive", onnx="Exp", numpy="exp"),
+    _op("log",     1, "", torch.log,    _UNARY, range_rule="log",     **_LOGS, onnx="Log", numpy="log"),
     _op("log1p",   1, "", torch.log1p,  _UNARY, range_rule="log1p",   curvature="log1p", growth=2,
         onnx="kahan-log1p", numpy="log1p"),
-    _op("expm1",   1, "", torch.expm1,  _UNARY, range_rule=math.expm1, curvature="exp",  growth=3,
-        error="exp", onnx="kahan-expm1", numpy="expm1"),
+    _op("expm1",   1, "", torch.expm1,  _UNARY, range_rule=math.expm1, **_EXPS, onnx="kahan-expm1", numpy="expm1"),
     _op("sqrt",    1, "", torch.sqrt,   _UNARY, range_rule="sqrt",    curvature="sqrt",  growth=2,
         sign="nonneg", onnx="Sqrt", numpy="sqrt"),
     _op("rsqrt",   1, "", torch.rsqrt,  _UNARY, range_rule="rsqrt",   curvature="rsqrt", growth=2,
@@ -408,8 +408,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
         definition="(mul ?x0 (sigmoid (mul ?x0 (const ?beta))))"),  # quick gelu, one op
     # trigonometric, hyperbolic and root functions (issue 16): the forms cancellation rules reach.
     # Bounds are float32's roundings of pi/2 and pi, outward (atan(inf) is 1.5707964 > pi/2)
-    _op("tan",     1, "", torch.tan,    _UNARY, range_rule="tan",     curvature=(math.inf, math.inf),
-        growth=2, onnx="Tan"),
+    _op("tan",     1, "", torch.tan,    _UNARY, range_rule="tan",     **_STEEP, onnx="Tan"),
     _op("atan",    1, "", torch.atan,   _UNARY, range_rule=math.atan, curvature=(0.65, 1.0), **_SMOOTH,
         bounds=(-1.5708, 1.5708), onnx="Atan"),
     _op("atan2",   2, "", atan2,        _BINARY, range_rule="bounds", curvature="div", growth=2,
@@ -421,10 +420,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
         onnx="signed-cube-root"),
     _op("asinh",   1, "", torch.asinh,  _UNARY, range_rule=math.asinh, curvature=(0.39, 1.0), **_SMOOTH,
         onnx="Asinh"),
-    _op("acosh",   1, "", torch.acosh,  _UNARY, range_rule=math.acosh, curvature=(math.inf, math.inf),
-        growth=2, onnx="Acosh"),
-    _op("atanh",   1, "", torch.atanh,  _UNARY, range_rule=math.atanh, curvature=(math.inf, math.inf),
-        growth=2, onnx="Atanh"),
+    _op("acosh",   1, "", torch.acosh,  _UNARY, range_rule=math.acosh, **_STEEP, onnx="Acosh"),
+    _op("atanh",   1, "", torch.atanh,  _UNARY, range_rule=math.atanh, **_STEEP, onnx="Atanh"),
     # reductions over one axis (axes are canonical: negative, counted from the end)
     _op("sum", 1, _REDUCE, torch.sum, _REDUCTION, range_rule="sum", error="sum", onnx="ReduceSum"),
     _op("compensated_sum", 1, _REDUCE, compensated_sum, _REDUCTION, range_rule="sum", passes=12, flops=8,
@@ -432,8 +429,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("max", 1, _REDUCE, torch.amax, _REDUCTION, range_rule="operand", rounding="exact",
         precision="keep", onnx="ReduceMax"),
     _op("mean", 1, _REDUCE, torch.mean, _REDUCTION, range_rule="operand", onnx="ReduceMean"),
-    _op("prod", 1, _REDUCE, torch.prod, _REDUCTION, range_rule="top", curvature=(math.inf, math.inf),
-        growth=2, onnx="none"),  # core ATen's
+    _op("prod", 1, _REDUCE, torch.prod, _REDUCTION, range_rule="top", **_STEEP, onnx="none"),  # core ATen's
     # the index of the largest (smallest) element along an axis: an int64 tensor, not a value of x
     _op("argmax", 1, _REDUCE, torch.argmax, _ARG, onnx="none"),
     _op("argmin", 1, _REDUCE, torch.argmin, _ARG, onnx="none"),
@@ -550,22 +546,16 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("ceil",    1, "", torch.ceil,   _STEP, range_rule=math.ceil,  onnx="Ceil"),
     _op("round",   1, "", torch.round,  _STEP, range_rule=round,      onnx="Round"),  # half to even
     _op("trunc",   1, "", torch.trunc,  _STEP, range_rule=math.trunc, onnx="none"),
-    _op("asin",    1, "", torch.asin,   _UNARY, range_rule="bounds",  curvature=(math.inf, math.inf),
-        growth=2, bounds=(-1.5708, 1.5708), onnx="Asin"),
-    _op("acos",    1, "", torch.acos,   _UNARY, range_rule="bounds",  curvature=(math.inf, math.inf),
-        growth=2, bounds=(0.0, 3.1416), sign="nonneg", onnx="Acos"),
-    _op("sinh",    1, "", torch.sinh,   _UNARY, range_rule=math.sinh, curvature="exp",   growth=3,
-        error="exp", onnx="Sinh"),
-    _op("cosh",    1, "", torch.cosh,   _UNARY, range_rule="bounds",  curvature="exp",   growth=3,
-        bounds=(1.0, math.inf), sign="positive", error="exp", onnx="Cosh"),
-    _op("log2",    1, "", torch.log2,   _UNARY, range_rule=math.log2, curvature="log",   growth=2,
-        error="log", onnx="none"),
-    _op("log10",   1, "", torch.log10,  _UNARY, range_rule=math.log10, curvature="log",  growth=2,
-        error="log", onnx="none"),
-    _op("fmod",    2, "", fmod,         _BINARY, range_rule="top",    curvature=(math.inf, math.inf),
-        growth=2, precision="keep", onnx="none"),
-    _op("remainder", 2, "", remainder,  _BINARY, range_rule="top",    curvature=(math.inf, math.inf),
-        growth=2, precision="keep", onnx="none"),
+    _op("asin",    1, "", torch.asin,   _UNARY, range_rule="bounds",  **_STEEP, bounds=(-1.5708, 1.5708), onnx="Asin"),
+    _op("acos",    1, "", torch.acos,   _UNARY, range_rule="bounds",  **_STEEP, bounds=(0.0, 3.1416), sign="nonneg",
+        onnx="Acos"),
+    _op("sinh",    1, "", torch.sinh,   _UNARY, range_rule=math.sinh, **_EXPS, onnx="Sinh"),
+    _op("cosh",    1, "", torch.cosh,   _UNARY, range_rule="bounds",  **_EXPS, bounds=(1.0, math.inf), sign="positive",
+        onnx="Cosh"),
+    _op("log2",    1, "", torch.log2,   _UNARY, range_rule=math.log2, **_LOGS, onnx="none"),
+    _op("log10",   1, "", torch.log10,  _UNARY, range_rule=math.log10, **_LOGS, onnx="none"),
+    _op("fmod",    2, "", fmod,         _BINARY, range_rule="top",    **_STEEP, precision="keep", onnx="none"),
+    _op("remainder", 2, "", remainder,  _BINARY, range_rule="top",    **_STEEP, precision="keep", onnx="none"),
 ]}
 
 BY_EGG_NAME = {op.egg_name: op for op in OPS.values()}

@@ -239,9 +239,7 @@ def _sign(c, x):
     return Term("sub", tuple(Term("cast", (Term("less", pair),), (dtype,)) for pair in ((zero, x), (x, zero))))
 
 
-@lowers(F.gelu)
-def _gelu(c, x, approximate="none"):
-    return Term("gelu", (c.tensor(x),), (approximate,))
+lowers(F.gelu)(lambda c, x, approximate="none": Term("gelu", (c.tensor(x),), (approximate,)))
 
 
 @lowers(F.softplus)
@@ -356,9 +354,8 @@ def _amax(c, x, dim=(), keepdim=False):
 def _max(c, x, dim=None, keepdim=False):
     if isinstance(dim, Term):
         return Term("maximum", (x, dim))
-    if dim is None:
-        return _reduce("max", c, x, None, False)
-    return Parts((_reduce("max", c, x, dim, keepdim), None))
+    out = _reduce("max", c, x, dim, keepdim)  # of every element, or (values, indices) along one axis
+    return out if dim is None else Parts((out, None))
 
 
 def _negated(c, x, lower, *args):
@@ -439,9 +436,8 @@ def _logsumexp(c, x, dim, keepdim=False):
     return Term("logsumexp", (x,), (c.axis(x, dims[0]), keepdim))
 
 
-@lowers(operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm")
-def _matmul(c, a, b):
-    return Term("matmul", (c.tensor(a), c.tensor(b)))
+lowers(operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm")(
+    lambda c, a, b: Term("matmul", (c.tensor(a), c.tensor(b))))
 
 
 @lowers(torch.transpose, "transpose")
@@ -467,9 +463,8 @@ lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsquee
 lowers("expand", "expand_as")(_to_out_shape("expand"))
 
 
-@lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias")
-def _identity(c, x, *args, memory_format=None):
-    return c.tensor(x)
+lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias")(
+    lambda c, x, *args, memory_format=None: c.tensor(x))
 
 
 def _dropout(training: bool):
@@ -505,9 +500,7 @@ def _to(c, x, *args, **kwargs):
     return c.tensor(x) if dtype is None else _cast(c, x, c.info(dtype).dtype if isinstance(dtype, Term) else dtype)
 
 
-@lowers("type_as")
-def _type_as(c, x, other):
-    return _cast(c, x, c.info(other).dtype)
+lowers("type_as")(lambda c, x, other: _cast(c, x, c.info(other).dtype))
 
 
 for _method, _dtype in {"float": torch.float32, "half": torch.float16, "double": torch.float64,
@@ -520,10 +513,7 @@ def _cat(c, tensors, dim=0):
     if not tensors or not all(isinstance(t, Term) for t in tensors):
         raise Unsupported("cat of non-tensors")
     axis = c.axis(tensors[0], dim)
-    out = tensors[0]
-    for t in tensors[1:]:
-        out = Term("concat", (out, t), (axis,))
-    return out
+    return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), tensors)
 
 
 @lowers(torch.split, "split", torch.split_with_sizes)

@@ -62,10 +62,8 @@ def _slice(c, x, dim=0, start=None, end=None, step=1):
     return x if (start, end, step) == (0, size, 1) else Term("slice", (x,), (axis, start, end, step))
 
 
-@lowers(aten.native_dropout.default)
-def _native_dropout(c, x, p, train):
-    """(x, its mask of ones) outside training or with p = 0; the mask stays with the call."""
-    return low.Parts((low._dropout(True)(c, x, p, bool(train)), None))
+lowers(aten.native_dropout.default)(  # (x, its mask of ones) outside training or with p = 0: the mask stays a call
+    lambda c, x, p, train: low.Parts((low._dropout(True)(c, x, p, bool(train)), None)))
 
 
 lowers(aten._native_batch_norm_legit_no_training.default)(lambda c, x, w, b, mean, var, momentum, eps: low.Parts(

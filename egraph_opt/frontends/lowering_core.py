@@ -26,12 +26,10 @@ COSTLIER = {torch.cumsum, "cumsum", torch.ops.aten.cumsum.default}
 
 
 def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
-    """A call of constants the trace closed over, or a number (GPT-2's ``torch.full([], scale)``):
-    computed here, once per signature. A tensor made from sizes alone (``torch.arange(T)``, a causal
-    mask) stays a call, which the plan computes once when it is built: its sizes stay integers
-    that size families can instantiate; in a decomposition, positions fold (a gather's index).
-    Uninitialized memory (``empty``) is never a constant."""
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    """A call of constants the trace closed over, a number, or positions in a decomposition: computed
+    here, once per signature. Other tensors made of sizes alone (``arange(T)``, a causal mask) stay
+    calls the built plan computes once, their sizes integers that size families can instantiate."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")  # empty: no value
     operands = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
     if "empty" in str(name) or not hasattr(c.out, "shape") or math.prod(c.out.shape) > _FOLD_LIMIT \
             or not all(known(a) for a in operands):

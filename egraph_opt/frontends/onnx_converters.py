@@ -5,6 +5,7 @@ folding) fire on models exported without constant folding.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -197,10 +198,7 @@ def _gather(op: str):
 def _concat(im: Importer, node):
     names = [x for x in node.input if x]
     axis = im.axis(names[0], _attr(node, "axis"))
-    out = im.term(names[0])
-    for name in names[1:]:
-        out = Term("concat", (out, im.term(name)), (axis,))
-    return out
+    return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), map(im.term, names))
 
 
 def _slice(im: Importer, node):

@@ -217,7 +217,7 @@ def _bits(op: str):
     def lower_bits(c, a, b):
         if not all(isinstance(t, Term) and c.info(t).dtype == torch.bool for t in (a, b)):
             raise Unsupported("a bitwise or logical op of tensors that are not both boolean")
-        return unequal(c, a, b) if op == "xor" else Term(op, (a, b))
+        return _below_or_nan(c, a, b, True) if op == "xor" else Term(op, (a, b))
     return lower_bits
 
 
@@ -262,14 +262,9 @@ def _clamp(c, x, min=None, max=None):
 lowers(operator.lt, torch.lt, "lt", torch.less, "less")(_binary("less"))
 
 
-@lowers(operator.gt, torch.gt, "gt", torch.greater, "greater")
-def _greater(c, a, b):
-    return Term("less", (_operand(c, b, a), _operand(c, a, b)))  # a > b is b < a, NaN too
-
-
-@lowers(torch.where)
-def _where(c, cond, a, b):
-    return Term("where", (cond, _operand(c, a, b), _operand(c, b, a)))
+lowers(operator.gt, torch.gt, "gt", torch.greater, "greater")(  # a > b is b < a, NaN too
+    lambda c, a, b: Term("less", (_operand(c, b, a), _operand(c, a, b))))
+lowers(torch.where)(lambda c, cond, a, b: Term("where", (cond, _operand(c, a, b), _operand(c, b, a))))
 
 
 def is_zero(x: Term) -> Term:
@@ -280,38 +275,27 @@ def is_zero(x: Term) -> Term:
 
 
 def _below_or_nan(c, a, b, both: bool) -> Term:
-    """b < a (or a < b too, where ``both``), or a NaN: the or (maximum) of bools."""
+    """b < a (or a < b too, where ``both``: ``a != b``, which x - c != 0 is not at inf), or a NaN:
+    the or (maximum) of bools. Its negation is ``a <= b``."""
     a, b = _operand(c, a, b), _operand(c, b, a)
     masks = [Term("less", (b, a))] + [Term("less", (a, b))] * both
     masks += [Term("isnan", (t,)) for t in (a, b) if t.op != "const" and c.floating(t)]  # a const never is
     return functools.reduce(lambda x, y: Term("maximum", (x, y)), masks)
 
 
-def unequal(c, a, b) -> Term:
-    """``a != b``: one is below the other, or one is NaN (x - c != 0 is not it at inf)."""
-    return _below_or_nan(c, a, b, True)
-
-
-def not_above(c, a, b) -> Term:
-    """``a <= b``: neither b < a nor a NaN."""
-    return Term("logical_not", (_below_or_nan(c, a, b, False),))
-
-
-lowers(operator.ne, torch.ne, "ne")(unequal)
-lowers(operator.le, torch.le, "le")(not_above)
-lowers(operator.ge, torch.ge, "ge")(lambda c, a, b: not_above(c, b, a))
+lowers(operator.ne, torch.ne, "ne")(lambda c, a, b: _below_or_nan(c, a, b, True))
+lowers(operator.le, torch.le, "le")(lambda c, a, b: Term("logical_not", (_below_or_nan(c, a, b, False),)))
+lowers(operator.ge, torch.ge, "ge")(lambda c, a, b: Term("logical_not", (_below_or_nan(c, b, a, False),)))
 
 
 @lowers(operator.eq, torch.eq, "eq")
 def _eq(c, x, other):
     if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 0:
         return is_zero(c.tensor(x))  # the form the rules know
-    return Term("logical_not", (unequal(c, x, other),))
+    return Term("logical_not", (_below_or_nan(c, x, other, True),))
 
 
-@lowers("masked_fill")
-def _masked_fill(c, x, mask, value):
-    return Term("where", (mask, _operand(c, value, x), x))
+lowers("masked_fill")(lambda c, x, mask, value: Term("where", (mask, _operand(c, value, x), x)))
 
 
 def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
@@ -399,17 +383,10 @@ def _var_mean(c, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
 def _getitem(c, x, index):
     """An element of a tuple-valued call; an index of a tensor lowers through torch's decomposition
     (slices, selects and unsqueezes, or a gather at constant positions)."""
-    part = x.parts.items[index] if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts) else None
-    if part is None:
-        raise Unsupported("element without a Term")
-    return part
+    return x.parts.items[index] if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts) else None
 
 
-@lowers(getattr)
-def _getattr(c, x, name):
-    if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts) and name == "values":
-        return _getitem(c, x, 0)
-    raise Unsupported(f"attribute {name}")
+lowers(getattr)(lambda c, x, name: _getitem(c, x, 0) if name == "values" else None)  # torch.max(x, dim).values
 
 
 def _softmax_like(op):

@@ -203,13 +203,8 @@ for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "co
         lambda c, x, *, _op=_name, inplace=False: Term(_op, (c.tensor(x),)))
 
 
-@lowers(operator.invert, torch.bitwise_not, "bitwise_not")
-def _invert(c, x):
-    """~mask of a boolean mask is its logical not; of integers, bits (opaque)."""
-    t = c.tensor(x)
-    if c.info(t).dtype != torch.bool:
-        raise Unsupported("~ of a tensor that is not boolean")
-    return Term("logical_not", (t,))
+lowers(operator.invert, torch.bitwise_not, "bitwise_not")(  # ~mask of a boolean mask; of integers, bits (opaque)
+    lambda c, x: Term("logical_not", (x,)) if c.info(x).dtype == torch.bool else None)
 
 
 def _bits(op: str):
@@ -251,12 +246,8 @@ def _softplus(c, x, beta=1.0, threshold=20.0):
 
 @lowers(torch.clamp, "clamp", torch.clip, "clip")
 def _clamp(c, x, min=None, max=None):
-    out = x
-    if min is not None:
-        out = Term("maximum", (out, _operand(c, min, x)))
-    if max is not None:
-        out = Term("minimum", (out, _operand(c, max, x)))
-    return out
+    low = x if min is None else Term("maximum", (x, _operand(c, min, x)))
+    return low if max is None else Term("minimum", (low, _operand(c, max, x)))
 
 
 lowers(operator.lt, torch.lt, "lt", torch.less, "less")(_binary("less"))
@@ -461,9 +452,7 @@ lowers(F.alpha_dropout, F.feature_alpha_dropout)(_dropout(False))
 def _cast(c, x, dtype) -> Term:
     if not isinstance(dtype, torch.dtype):
         raise Unsupported(f"cast to {dtype!r}")
-    if c.info(x).dtype == dtype:
-        return x
-    return Term("cast", (x,), (str(dtype).removeprefix("torch."),))
+    return x if c.info(x).dtype == dtype else Term("cast", (x,), (str(dtype).removeprefix("torch."),))
 
 
 @lowers("to", "type", torch.ops.aten._to_copy.default)

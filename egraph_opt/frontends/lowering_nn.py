@@ -40,9 +40,8 @@ def _rms_norm(c, x, normalized_shape, weight=None, eps=None):
 
 @lowers(F.linear)
 def _linear(c, x, weight, bias=None):
-    if bias is None:
-        return Term("matmul", (x, Term("transpose", (weight,), (-2, -1))))
-    return Term("linear", (x, weight, bias))
+    return Term("linear", (x, weight, bias)) if bias is not None else \
+        Term("matmul", (x, Term("transpose", (weight,), (-2, -1))))
 
 
 @lowers(F.scaled_dot_product_attention)

@@ -117,7 +117,7 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
     result = calls[0](node, args, kwargs, ctx) if folded else None
     try:
         result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
-    except (Unsupported, TypeError, KeyError):
+    except (Unsupported, TypeError, KeyError, ValueError):  # an argument the lowering does not take
         result = None
     for fallback in calls:
         result = result or fallback(node, args, kwargs, ctx)

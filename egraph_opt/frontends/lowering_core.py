@@ -49,6 +49,12 @@ def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
     return c.constant(out)
 
 
+def _no_input(terms: list) -> bool:
+    """Results of calls, constants and numbers made tensors only: what a program builds of sizes alone
+    (a causal mask) stays a call, as size families need, which the built plan computes once."""
+    return all(t.op == "opaque" or known(t) or t.op == "expand" and known(t.args[0]) for t in terms)
+
+
 def _call(node: fx.Node, args, kwargs):
     fn = functional(node.target) or node.target  # never writes into its operands
     return getattr(args[0], fn)(*args[1:], **kwargs) if node.op == "call_method" else fn(*args, **kwargs)
@@ -61,7 +67,7 @@ def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | 
     data = [a for a in leaves((args, kwargs)) if isinstance(a, Term) and not known(a)]  # v: their elements
     out = c.out[0] if isinstance(c.out, tuple) else c.out
     if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable \
-            or torch.Tag.nondeterministic_seeded in node.target.tags or node.target in COSTLIER or not data \
+            or torch.Tag.nondeterministic_seeded in node.target.tags or node.target in COSTLIER or _no_input(data) \
             or {c.info(a).dtype for a in data} != {getattr(out, "dtype", None)} or not out.dtype.is_floating_point:
         return None
     sizes, results, c.out = [math.prod(c.info(a).shape) for a in data], c.out, out
@@ -153,8 +159,8 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
     a torch function (``F.pad``) into the Core ATen opset, a core overload (``aten.elu``) by its own."""
     terms = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
     overload = isinstance(node.target, torch._ops.OpOverload)
-    if not (hasattr(c.out, "shape") or isinstance(c.out, (tuple, list))) \
-            or not terms or any(not isinstance(t, Term) for t in terms) or node.target in _DECOMPOSING | COSTLIER \
+    if not (hasattr(c.out, "shape") or isinstance(c.out, (tuple, list))) or node.target in _DECOMPOSING | COSTLIER \
+            or any(not isinstance(t, Term) for t in terms) or _no_input(terms) \
             or overload and not (node.target in decomposition_table
                                  or node.target.has_kernel_for_dispatch_key(_COMPOSITE)):
         return None

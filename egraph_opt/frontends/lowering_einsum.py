@@ -33,11 +33,7 @@ def matmul_axes(equation: str) -> tuple[str, str, str, str, str]:
 @lowers(torch.einsum, torch.ops.aten.einsum.default)
 def _einsum(c, equation, *operands, path=None):
     """Any other einsum lowers through torch's decomposition (``lowering_core``)."""
-    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-        operands = tuple(operands[0])
-    if len(operands) != 2:
-        raise Unsupported("einsum of other than two operands")
-    x, y = (c.tensor(t) for t in operands)
+    x, y = operands[0] if len(operands) == 1 else operands  # (a, b) or [a, b]; any other number: ValueError
     a, b, out, batch, k = matmul_axes(equation)
     if (c.rank(x), c.rank(y)) != (len(a), len(b)) \
             or any(c.info(x).shape[a.index(d)] != c.info(y).shape[b.index(d)] for d in batch + k):

@@ -339,6 +339,7 @@ _EXPS = dict(curvature="exp", growth=3, error="exp")  # exponential growth
 _LOGS = dict(curvature="log", growth=2, error="log")
 _EXACT = dict(curvature=LINEAR, growth=0, rounding="exact")  # piecewise linear, no rounding
 _STEP = dict(_UNARY, **_EXACT, flops=1, precision="keep")  # to an integer, exactly
+_MASK = dict(shape_rule="compare", range_rule="bounds", bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep")
 _ARG = dict(_REDUCTION, shape_rule="meta", range_rule="top", rounding="exact", precision="keep", work="static")
 _MATMUL_SAMPLE = (("x0", (3, 5)), ("x1", (4, 5)), ("x2", (4,)))  # linear's (x, weight, bias)
 _ATTENTION_SAMPLE = (("x0", (2, 4, 3)), ("x1", (2, 5, 3)), ("x2", (2, 5, 3)))
@@ -365,15 +366,11 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("minimum", 2, "", minimum, _BINARY, range_rule="minimum", **_EXACT, onnx="Min"),
     _op("where", 3, "", torch.where, _BINARY, shape_rule="where", range_rule="select", **_EXACT, precision="keep",
         work="select", onnx="Where"),
-    _op("less", 2, "", operator.lt, _BINARY, infix="<", shape_rule="compare", range_rule="bounds",
-        bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", onnx="Less"),  # a bool
-    # mask: the condition of a piecewise program (extractors/regimes.py)
-    _op("isnan", 1, "", torch.isnan, _UNARY, shape_rule="compare", range_rule="bounds", bounds=(0.0, 1.0),
-        sign="nonneg", **_EXACT, precision="keep", flops=1, onnx="IsNaN"),  # a bool; the dynamo
-    # exporter's softmax guard (sdpa_guarded)
-    _op("logical_not", 1, "", torch.logical_not, _UNARY, shape_rule="compare", range_rule="bounds",
-        bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", flops=1, onnx="Not"),  # of a
-    # bool: the keys masked_fill(mask, fill) keeps (sdpa_filled)
+    # masks (bools): the condition of a piecewise program (extractors/regimes.py); isnan is the dynamo
+    # exporter's softmax guard (sdpa_guarded), logical_not the keys masked_fill(mask, fill) keeps (sdpa_filled)
+    _op("less", 2, "", operator.lt, _BINARY, infix="<", **_MASK, onnx="Less"),
+    _op("isnan", 1, "", torch.isnan, _UNARY, **_MASK, flops=1, onnx="IsNaN"),
+    _op("logical_not", 1, "", torch.logical_not, _UNARY, **_MASK, flops=1, onnx="Not"),
     _op("neg",     1, "", operator.neg, _UNARY, range_rule="neg",     **_EXACT, flops=1, onnx="Neg",
         numpy="negative"),
     _op("exp",     1, "", torch.exp,    _UNARY, range_rule=math.exp, **_EXPS, sign="positive", onnx="Exp", numpy="exp"),

@@ -73,16 +73,12 @@ MODULES: dict[type, Callable] = {}  # leaf module types (their forward is not tr
 
 
 def lowers(*targets, table: dict = TABLE):
-    """Register a lowering for functions (objects) and Tensor methods (names as strings)."""
+    """Register a lowering for functions (objects) and Tensor methods (names as strings), or in
+    ``MODULES`` for leaf modules of these types."""
     def register(fn):
         table.update(dict.fromkeys(targets, fn))
         return fn
     return register
-
-
-def lowers_module(*types):
-    """Register a lowering for leaf modules of these types."""
-    return lowers(*types, table=MODULES)
 
 
 def lowering_of(target) -> Callable | None:
@@ -436,12 +432,8 @@ lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias")(
 
 
 def _dropout(training: bool):
-    """Every spelling of dropout: the identity with p = 0 or outside training."""
-    def lower_dropout(c, x, p=0.5, training=training, inplace=False):
-        if training and p > 0:
-            raise Unsupported("dropout in training mode")
-        return c.tensor(x)
-    return lower_dropout
+    """Every spelling of dropout: the identity with p = 0 or outside training (where it draws: None)."""
+    return lambda c, x, p=0.5, training=training, inplace=False: None if training and p > 0 else c.tensor(x)
 
 
 lowers(F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, torch.dropout, torch.feature_dropout,

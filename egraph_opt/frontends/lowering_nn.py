@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .lowering import Unsupported, lowers, lowers_module, safe_rows
+from .lowering import MODULES, Unsupported, lowers, safe_rows
 from ..lang.ops import shape_attr
 from ..lang.term import Term
 
@@ -116,7 +116,7 @@ def _batch_norm(c, x, running_mean, running_var, weight=None, bias=None, trainin
     return Term("batch_norm", (x, running_mean, running_var, weight, bias), (float(eps),))
 
 
-@lowers_module(torch.nn.modules.batchnorm._BatchNorm)
+@lowers(torch.nn.modules.batchnorm._BatchNorm, table=MODULES)  # a leaf module
 def _batch_norm_module(c, module, qualname, x):
     """BatchNorm's forward checks input.dim() in Python, which symbolic tracing cannot follow."""
     if module.training or not module.track_running_stats or not module.affine:

@@ -63,8 +63,7 @@ class Ctx:
         return self.info(t).dtype.is_floating_point
 
     def constant(self, value: torch.Tensor) -> Term:
-        """A tensor of shapes and constants alone (a mask built in the function): a parameter of
-        this signature's program (``_operand`` reads one number that broadcasting does not widen)."""
+        """A tensor computed while lowering (``lowering_core._fold``): a parameter of this signature's program."""
         return self.param(f"{CONSTANT}{len(self.params)}", value)
 
 
@@ -233,11 +232,8 @@ def _sign(c, x):
 lowers(F.gelu)(lambda c, x, approximate="none": Term("gelu", (c.tensor(x),), (approximate,)))
 
 
-@lowers(F.softplus)
-def _softplus(c, x, beta=1.0, threshold=20.0):
-    if beta != 1:
-        raise Unsupported("softplus with beta")
-    return Term("softplus", (c.tensor(x),))  # exact; torch's threshold differs by < 3e-9
+lowers(F.softplus)(  # exact; torch's threshold differs by < 3e-9. With another beta: a refusal (None)
+    lambda c, x, beta=1.0, threshold=20.0: Term("softplus", (c.tensor(x),)) if beta == 1 else None)
 
 
 @lowers(torch.clamp, "clamp", torch.clip, "clip")
@@ -394,10 +390,8 @@ lowers(torch.log_softmax, torch._log_softmax, F.log_softmax, "log_softmax")(_sof
 
 @lowers(torch.logsumexp, "logsumexp")
 def _logsumexp(c, x, dim, keepdim=False):
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    if len(dims) != 1:
-        raise Unsupported("logsumexp over several axes")
-    return Term("logsumexp", (x,), (c.axis(x, dims[0]), keepdim))
+    (axis,) = [dim] if isinstance(dim, int) else dim  # one axis (several: ValueError, a refusal)
+    return Term("logsumexp", (x,), (c.axis(x, axis), keepdim))
 
 
 lowers(operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm")(

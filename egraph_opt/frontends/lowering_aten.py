@@ -28,9 +28,8 @@ lowers(aten.nll_loss_forward.default)(  # (loss, total weight): the weight stays
 
 @lowers(aten.addmm.default)
 def _addmm(c, bias, m1, m2, *, beta=1, alpha=1):
-    if beta != 1 or alpha != 1:
-        raise Unsupported("addmm with beta or alpha")
-    return Term("add", (Term("matmul", (c.tensor(m1), c.tensor(m2))), c.tensor(bias)))
+    """bias + m1 @ m2; with other scales, a refusal (None)."""
+    return Term("add", (Term("matmul", (c.tensor(m1), c.tensor(m2))), c.tensor(bias))) if beta == alpha == 1 else None
 
 
 @lowers(aten.select.int)

@@ -282,9 +282,7 @@ lowers("masked_fill")(lambda c, x, mask, value: Term("where", (mask, _operand(c,
 
 
 def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
-    rank = c.rank(x)
-    if dtype is not None:
-        x = _cast(c, x, dtype)
+    rank, x = c.rank(x), _cast(c, x, dtype) if dtype is not None else x
     dims = range(rank) if dim is None or dim == [] or dim == () else [dim] if isinstance(dim, int) else dim
     return forms.reduce(op, x, dims, rank, keepdim)
 
@@ -471,14 +469,9 @@ def _cat(c, tensors, dim=0):
 @lowers(torch.split, "split", torch.split_with_sizes)
 def _split(c, x, split_size_or_sections, dim=0):
     """Pieces along one axis, as slices: QKV projections split from one matmul stay Terms."""
-    size = c.info(x).shape[dim]
-    sizes = split_size_or_sections
+    size, sizes = c.info(x).shape[dim], split_size_or_sections  # valid: the traced run split by them
     if isinstance(sizes, int):
-        if sizes <= 0:
-            raise Unsupported("split size must be positive")
-        sizes = [min(sizes, size - start) for start in range(0, size, sizes)] or [0]
-    if sum(sizes) != size:
-        raise Unsupported(f"split sizes {list(sizes)} do not add up to {size}")
+        sizes = [min(sizes, size - start) for start in range(0, size, sizes)]
     axis, starts = c.axis(x, dim), [sum(sizes[:i]) for i in range(len(sizes))]
     return Parts(tuple(Term("slice", (x,), (axis, a, a + n, 1)) for a, n in zip(starts, sizes)))
 

@@ -29,10 +29,9 @@ def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
     """A call of constants the trace closed over, a number, or positions in a decomposition: computed
     here, once per signature. Other tensors made of sizes alone (``arange(T)``, a causal mask) stay
     calls the built plan computes once, their sizes integers that size families can instantiate."""
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")  # empty: no value
     operands = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
-    if "empty" in str(name) or not hasattr(c.out, "shape") or math.prod(c.out.shape) > _FOLD_LIMIT \
-            or not all(known(a) for a in operands):
+    if "empty" in str(getattr(node.target, "__name__", node.target)) or not hasattr(c.out, "shape") \
+            or math.prod(c.out.shape) > _FOLD_LIMIT or not all(known(a) for a in operands):  # empty: no value
         return None
     value = map_aggregate((args, kwargs), lambda a: c.params[a.attrs[0]] if isinstance(a, Term) else a)
     try:

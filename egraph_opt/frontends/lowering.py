@@ -116,8 +116,8 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         result = None
     for fallback in calls:
         result = result or fallback(node, args, kwargs, ctx)
-    if isinstance(result, Term):
-        info_of.setdefault(id(result), ctx.out)
+    if isinstance(result, Term):  # assigned: an id may be a dead Term's (a refused decomposition's)
+        info_of[id(result)] = ctx.out
     return result if isinstance(result, (Term, Parts)) else None
 
 

@@ -2,7 +2,8 @@
 
 Programs: the seed's naive attention (exp / sum of exp, no max shift), one naive GPT-2-style block
 (layer norm from mean/var, multi-head causal attention with masked_fill, tanh-gelu MLP,
-residuals) and a stack of two such blocks. Variants per program: the eager naive code, the
+residuals), the same block with its linear layers written ``x @ W + b`` (weights stored (in, out))
+and a stack of two such blocks. Variants per program: the eager naive code, the
 program optimized by egraph-opt (saturate_and_extract; its first call compiles) and
 torch.compile of the naive code (its first call compiles). Calls are interleaved (the variant
 order rotates every repeat) and the median of time.perf_counter is reported. Every variant's
@@ -91,6 +92,25 @@ class NaiveBlock(nn.Module):
         return x + self.out(g)
 
 
+class InOut(nn.Module):
+    """A linear layer written ``x @ W + b``, its weight stored (in, out), as minGPT-style code and
+    JAX ports write it."""
+
+    def __init__(self, layer: nn.Linear):
+        super().__init__()
+        self.w, self.b = nn.Parameter(layer.weight.detach().T.contiguous()), nn.Parameter(layer.bias.detach())
+
+    def forward(self, x):
+        return x @ self.w + self.b
+
+
+def in_out(block: NaiveBlock) -> NaiveBlock:
+    """``block`` with each nn.Linear written ``x @ W + b`` (the same weights)."""
+    for name in ("qkv", "proj", "fc", "out"):
+        setattr(block, name, InOut(getattr(block, name)))
+    return block
+
+
 def programs(stack: bool):
     """(name, naive program, its matrix products alone, inputs)."""
     for b, heads, t, d in ((4, 12, 256, 64), (1, 12, 1024, 64)):  # GPT-2 small's heads, two lengths
@@ -99,6 +119,8 @@ def programs(stack: bool):
     c, heads, t, b = 256, 4, 256, 2  # issue 18's block: C=256, T=256, B=2
     block = NaiveBlock(c, heads, t).eval()
     yield f"block C{c} H{heads} T{t} B{b}", block, block.matmuls, (torch.randn(b, t, c),)
+    written = in_out(NaiveBlock(c, heads, t)).eval()
+    yield f"block x@W+b C{c} H{heads} T{t} B{b}", written, written.matmuls, (torch.randn(b, t, c),)
     if stack:
         blocks = nn.Sequential(*(NaiveBlock(c, heads, t) for _ in range(2))).eval()
         yield (f"2 blocks C{c} H{heads} T{t} B{b}", blocks,

@@ -1,7 +1,7 @@
 """What a plan costs besides running it: the per-call check of its key, what a fallen-back or
 unchanged model costs over eager, and the memory each extra input signature holds.
 
-    python bench/plan_overhead.py [--calls 20000] [--model-calls 300] [--only NAME ...] [--length T]
+    python bench/plan_overhead.py [--calls 20000] [--model-calls 300] [--only NAME ...] [--length T] [--new N]
 
 Key check: a 100-parameter module (50 submodules) called through the decorator against what its
 plan runs (its runner, or the original where the plan changes nothing) called directly, call by
@@ -13,7 +13,9 @@ keyword with an attention mask): eager against the decorated model whose plan fe
 capture made to fail: the original runs after the key check) and against its unchanged plan (no
 rules: a plan that changes nothing runs the original), interleaved call by call: the median of the
 paired ratios, and the fastest calls' ratio and difference (a loaded machine slows some calls,
-never speeds one; goal for both: <= 2% over eager).
+never speeds one; goal for both: <= 2% over eager). The same for a greedy ``generate()`` of ``--new``
+tokens (width 64, 2 layers) of each causal LM, its forward decorated as ``lm.forward =
+saturate_and_extract(lm.forward)``: every decode step calls it with keywords and the KV cache.
 Memory: resident set growth over 20 extra signatures of a 3-op function (goal: <= 20 MB each),
 with and without ``keep_egraph``.
 """
@@ -101,10 +103,31 @@ def _unchanged(model: nn.Module, args: tuple, kwargs: dict):
     return f if f.report.optimized else None
 
 
-def model_overhead(name: str, model: nn.Module, args: tuple, kwargs: dict, calls: int) -> None:
+def _generating(lm: nn.Module, new: int):
+    """Greedy ``generate()`` of ``new`` tokens (functions of no arguments): eager's, and through a
+    decorated forward whose plans fell back (their capture made to fail) or change nothing (no rules)."""
+    ids, eager = torch.randint(1, 1000, (1, 8)), lm.forward
+
+    def through(forward):
+        def generate():
+            lm.forward = forward
+            try:
+                return lm.generate(ids, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+            finally:
+                lm.forward = eager
+        return generate
+    fell, same = (saturate_and_extract(eager, profile_budget=0, **options) for options in ({}, {"rulesets": []}))
+    with mock.patch.object(api, "capture", side_effect=CaptureError("made to fail")):
+        through(fell)()
+    through(same)()
+    return through(eager), {"fallback": through(fell), "unchanged": through(same)}
+
+
+def model_overhead(name: str, model, args: tuple, kwargs: dict, calls: int, variants: dict | None = None) -> None:
     """One row: eager's median per call, and the fallen-back and unchanged plans' against it."""
     with torch.no_grad():
-        variants = {"fallback": _fell_back(model, args, kwargs), "unchanged": _unchanged(model, args, kwargs)}
+        if variants is None:
+            variants = {"fallback": _fell_back(model, args, kwargs), "unchanged": _unchanged(model, args, kwargs)}
         variants = {k: v for k, v in variants.items() if v is not None}
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}  # (eager, variant)
         for f in (model, *variants.values()):
@@ -160,6 +183,7 @@ def main() -> None:
     parser.add_argument("--model-calls", type=int, default=300)
     parser.add_argument("--only", nargs="*", help="Hugging Face architectures (default: all)")
     parser.add_argument("--length", type=int, default=32)
+    parser.add_argument("--new", type=int, default=64, help="tokens each generate() row makes (0: no such rows)")
     parser.add_argument("--skip-key", action="store_true", help="models only")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
@@ -167,6 +191,12 @@ def main() -> None:
     print(f"per call against eager, medians of {args.model_calls} interleaved calls, 1 thread")
     for name, model, margs, kwargs in models(args.only, args.length):
         model_overhead(name, model, margs, kwargs, args.model_calls)
+    from hf_models import MODELS, causal_lm
+    for name in (args.only or MODELS) if args.new else ():  # eager's plans fell back or unchanged
+        lm = causal_lm(name, 64, 2)
+        if lm is not None:
+            eager, variants = _generating(lm, args.new)
+            model_overhead(f"{name} generate", eager, (), {}, max(args.model_calls // 10, 4), variants)
     if args.skip_key:
         return
     us, params = key_overhead(args.calls)

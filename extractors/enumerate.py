@@ -59,7 +59,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
     if start is None:  # relaxation closed a cycle (see dag.py): Knuth's order cannot
         default = settled_in_order(classes, price)
         start = _program(root, {}, default)
-    queue = [(_total(start, price), 0, {})]
+    queue = [(sum(price(c, n) for c, n in start.items()), 0, {})]
     seen = {frozenset()}
     terms: dict[tuple, Term] = {}  # one Term per structure, across alternatives
     yielded: set[int] = set()
@@ -82,7 +82,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
                 key = frozenset(kept.items())
                 if key not in seen:
                     seen.add(key)
-                    heapq.heappush(queue, (_total(switched, price), len(seen), kept))
+                    heapq.heappush(queue, (sum(price(c, n) for c, n in switched.items()), len(seen), kept))
 
 
 def cost_parts(choice: dict[str, ENode], cost: Cost) -> dict[str, int]:
@@ -101,7 +101,3 @@ def _program(root: str, overrides: dict[str, ENode], default: dict[str, ENode]
         return reached([root], lambda cid: overrides.get(cid) or default.get(cid))
     except ExtractionError:
         return None
-
-
-def _total(choice: dict[str, ENode], cost: Cost) -> int:
-    return sum(cost(cid, node) for cid, node in choice.items())

@@ -88,7 +88,6 @@ class Piecewise:
     variable: Term  # the input or the subterm the regimes split
     regimes: tuple[Regime, ...]
     bits: float  # mean estimated bits of error at the sampled points
-    single_bits: float  # the same for the single program it replaces
     term: Term = field(init=False)
 
     def __post_init__(self):
@@ -150,7 +149,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
             return None  # too little gained, or one exact program: the re-ranking's
         regimes = _regimes(program, candidates, ranges, variable, segments, limit)
         if regimes:
-            return Piecewise(variable, regimes, total / bits.shape[1], single)
+            return Piecewise(variable, regimes, total / bits.shape[1])
     return None
 
 
@@ -255,8 +254,7 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
         step = cost[-1][:, None] + seg
         back.append(step.argmin(0))
         cost.append(step.min(0))
-    totals = [c[-1] + SPLIT_BITS * n * s for s, c in enumerate(cost)]
-    s = int(np.argmin(totals))
+    s = int(np.argmin([c[-1] + SPLIT_BITS * n * k for k, c in enumerate(cost)]))
     bounds, j = [m - 1], m - 1
     for level in range(s, 0, -1):
         j = back[level][j]
@@ -290,5 +288,4 @@ def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> 
 def _between(a: float, b: float, next_to_a: bool = False) -> float:
     """A float32 t with a < t <= b: the middle of the floats between them, or the next above a."""
     lo, hi = (ordinal(torch.tensor([v], dtype=torch.float64), torch.float32).item() for v in (a, b))
-    mid = lo + 1 if next_to_a else (lo + hi + 1) // 2
-    return from_ordinal(torch.tensor([mid]), torch.float32).item()
+    return from_ordinal(torch.tensor([lo + 1 if next_to_a else (lo + hi + 1) // 2]), torch.float32).item()

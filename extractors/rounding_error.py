@@ -165,8 +165,7 @@ def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor |
         for i, g in zip(local, grads):
             if g is not None:  # NaN derivative: a branch where() did not take (see rounding_error)
                 total += torch.where((g == 0) | g.isnan(), 0.0, (g.abs() * local[i]).nan_to_num(math.inf))
-    value = out.detach()
-    return _result_bits(value.reshape(-1), total.reshape(-1), out_dtype, exact).reshape(out.shape)
+    return _result_bits(out.detach().reshape(-1), total.reshape(-1), out_dtype, exact).reshape(out.shape)
 
 
 @dataclass
@@ -191,13 +190,6 @@ def sampled_small(program: Program) -> bool:
         and elementwise(program.roots())
 
 
-def sampled_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
-    """(shape, dtype) each input is sampled at (``sampled_small``)."""
-    small = sampled_small(program)
-    return {t.attrs[0]: ((ELEMENTWISE_SAMPLE,) if small else parse_shape(t.attrs[1]), t.attrs[2])
-            for t in program.inputs}
-
-
 @torch.inference_mode(False)  # derivatives: a caller's inference mode would record no graph
 def program_error(program: Program, ranges: dict | None = None, *, points: int = 8,
                   seed: int = 0) -> ProgramError | None:
@@ -208,7 +200,9 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
             not getattr(torch, t.attrs[2]).is_floating_point for t in program.inputs):
         return None
     gen = torch.Generator().manual_seed(seed)
-    inputs = sampled_shapes(program)
+    small = sampled_small(program)  # (shape, dtype) each input is sampled at
+    inputs = {t.attrs[0]: ((ELEMENTWISE_SAMPLE,) if small else parse_shape(t.attrs[1]), t.attrs[2])
+              for t in program.inputs}
     bits, by_node = [], {}
     for _ in range(points):
         env = {**program.params, **sample_inputs(inputs, ranges or {}, gen)}

@@ -86,6 +86,50 @@ def test_a_call_by_keyword_runs_the_last_plan_only_where_its_names_bind_as_befor
     assert len(binds) == 3 and len(compiles) == 2  # the keyword calls share one plan
 
 
+class _Pair:
+    """A registered pytree object that is no plain container, as a KV cache is."""
+
+    def __init__(self, *tensors):
+        self.tensors = list(tensors)
+
+
+torch.utils._pytree.register_pytree_node(_Pair, lambda p: (p.tensors, None), lambda ts, _: _Pair(*ts))
+
+
+def test_a_call_laid_out_as_the_last_runs_a_plan_without_binding_and_never_one_of_another_key(compiles):
+    """Keywords, constants and a pytree object: a call laid out as the last (the same constants, an
+    object of the same structure) runs the last plan, or the plan its tensors' key finds, without
+    binding; any other constant (-0.0 is not 0.0, a dict changed in place), structure or unseen size
+    binds, and optimizes for its own key."""
+    def f(x, pair, *, scale=2.0, flag=True, opts=None):
+        y = torch.exp(x) * scale + sum(pair.tensors) * (opts or {"w": 1})["w"]
+        return y if flag else -y
+
+    g = saturate_and_extract(f, profile_db=False, profile_budget=0)
+    opts = {"w": 1}
+    calls = [((torch.randn(4), _Pair(torch.randn(4), torch.randn(4))), {"scale": s, "flag": True, "opts": opts})
+             for s in (0.0, 0.0, -0.0)]
+    bind, binds = g._bind, []
+    g._bind = lambda args, kwargs: binds.append(kwargs) or bind(args, kwargs)
+
+    def check(args, kwargs, bound):
+        torch.testing.assert_close(g(*args, **kwargs), f(*args, **kwargs))
+        assert len(binds) == bound, binds
+    check(*calls[0], 1)
+    check(*calls[1], 1)  # other tensors of the same kinds, the same constants: no binding
+    check(*calls[2], 2)
+    assert len(compiles) == 2
+    x, pair = calls[0][0]
+    for changed, bound in [({"flag": False}, 3), ({"scale": 3}, 4), ({}, 5), ({}, 5)]:
+        if not changed:
+            opts["w"] = 2  # the same dict, another value: another key
+        check((x, pair), {**calls[0][1], **changed}, bound)
+    check((x, _Pair(pair.tensors[0])), calls[0][1], 6)  # another structure
+    check((torch.randn(5), _Pair(torch.randn(5), torch.randn(5))), calls[0][1], 7)  # an unseen size
+    check((x, pair), calls[0][1], 7)  # a size seen: the plan its key finds
+    assert len(compiles) == 7 and len(g.plans) == 7
+
+
 def test_a_program_no_rule_changes_runs_as_the_original_itself():
     """A rebuilt copy of the program it captured, on torch's or numpy's kernels, gains nothing over the
     original, which runs instead; a program a rule changes runs its plan."""

@@ -9,7 +9,7 @@ import pytest
 
 from egraph_opt import saturate_and_extract
 from egraph_opt.drivers import cli
-from egraph_opt.drivers.batch_report import write_report
+from egraph_opt.drivers.onnx_batch import write_report
 from egraph_opt.drivers.staging import write_atomic
 from test_cli_reliability import tiny_model
 

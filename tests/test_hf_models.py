@@ -165,6 +165,48 @@ def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from
     made = [p.report for p in m.forward.plans.values() if p.report.sizes]
     assert len(traced) == 3 and len(made) == 7 and all(r.optimized for r in made), made
     assert "cache_0.shape[2]" in made[-1].sizes
+    # a decode step writes its new tensors into the caller's cache layers, as eager's update does,
+    # rebuilding no cache (its constructor copies every layer)
+    step = next(p for p in m.forward.plans.values() if p.report.sizes)
+    layers = step.into.paths[next(iter(step.into.paths))]
+    assert layers and all(path[0] == "layers" and path[-1] in ("keys", "values") for path in layers)
+    cache = tf.DynamicCache(config=m.config)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.forward(input_ids=ids, cache=cache, use_cache=True)
+        held = list(cache.layers)
+        for n in range(7, 10):  # sizes whose plans exist: each writes in place
+            out = m.forward(input_ids=ids[:, :1], cache=cache, use_cache=True)
+            assert out["cache"] is cache and cache.layers == held and cache.layers[1].keys.shape[-2] == n
+
+
+def test_a_generation_whose_plans_fell_back_binds_only_calls_laid_out_anew(monkeypatch):
+    """Each decode step passes its cache and keywords laid out as the step before: the plan its
+    tensors' key finds runs (the original, where the plans fell back) without binding. The prefill
+    and the first decode step bind (their caches differ in structure), and so does a step of a cache
+    length no plan is kept for: it gets one of its own."""
+    import transformers as tf
+
+    import egraph_opt.drivers.api as api
+    from egraph_opt.frontends.capture import CaptureError
+
+    def fails(fn, args):
+        raise CaptureError("made to fail")
+    monkeypatch.setattr(api, "capture", fails)
+    torch.manual_seed(0)
+    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    ids = torch.randint(1, 100, (1, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        refs = {n: m.generate(ids, max_new_tokens=n, do_sample=False) for n in (4, 6)}
+        m.forward = f = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
+        torch.testing.assert_close(m.generate(ids, max_new_tokens=4, do_sample=False), refs[4])
+        bind, binds = f._bind, []
+        f._bind = lambda args, kwargs: binds.append(kwargs) or bind(args, kwargs)
+        for n, bound in ((4, 2), (6, 6)):
+            torch.testing.assert_close(m.generate(ids, max_new_tokens=n, do_sample=False), refs[n])
+            assert len(binds) == bound and len(f.plans) == n, (n, len(binds), len(f.plans))
+    assert all(p.run is None for p in f.plans.values())
 
 
 @pytest.mark.parametrize("head", ["GPT2LMHeadModel", "LlamaForCausalLM"])

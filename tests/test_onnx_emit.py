@@ -110,7 +110,7 @@ def test_a_model_measured_slower_is_written_as_it_was(tmp_path, objective, kept)
     assert ("kept_original" in r) == kept
     written = [n.op_type for n in onnx.load(target).graph.node]
     assert (written == ["Add", "Log"]) == kept
-    from egraph_opt.drivers.batch_report import line, summary
+    from egraph_opt.drivers.onnx_batch import line, summary
     if kept:  # what the report says agrees with what was measured: the ratio, and the original kept
         ratio = r["latency_ms_optimized"] / r["latency_ms_before"]
         assert f"{ratio:.2f}x as long" in line(r) and "kept original" in summary([r]).splitlines()[1]

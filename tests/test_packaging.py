@@ -147,7 +147,7 @@ def test_a_user_install_works_whole(user):
     refused = user("egraph-opt", "onnx", "m.onnx", "--out", "o")
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
     assert "pip install 'egraph-opt[onnx]'" in refused.stderr
-    to_html = user(user.python, "-c", "from egraph_opt.drivers.report import Report; Report('f(x)').to_html('r.html')")
+    to_html = user(user.python, "-c", "from egraph_opt.drivers.api import Report; Report('f(x)').to_html('r.html')")
     assert "pip install 'egraph-opt[report]'" in to_html.stderr.splitlines()[-1]
 
     # with [onnx] and not [report]: an HTML report is refused before any model is optimized

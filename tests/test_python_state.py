@@ -316,7 +316,7 @@ class _Scaled(nn.Module):
 
 
 def test_an_attribute_is_not_taken_for_the_global_of_its_name():
-    from egraph_opt.drivers.watch import Watch
+    from egraph_opt.drivers.plan_key import Watch
 
     module = _Scaled()
     with Watch(module) as watch:

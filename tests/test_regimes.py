@@ -1,4 +1,4 @@
-"""Regimes (extractors/regimes.py, optimization/piecewise.py): where no single program of the root
+"""Regimes (extractors/regimes.py, pipeline.piecewise): where no single program of the root
 e-class is accurate over the declared range, the stability objective returns where(x < t, f1, f2),
 accurate on every side; a series only on an interval within its radius, only under stability or
 within a tolerance."""

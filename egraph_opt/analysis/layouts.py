@@ -54,8 +54,7 @@ def with_layout(x: torch.Tensor, key: str | None) -> torch.Tensor:
     ranks = key.split(",")
     order = sorted((d for d in range(x.dim()) if ranks[d] != "b"), key=lambda d: int(ranks[d]))
     order += [d for d in range(x.dim()) if ranks[d] == "b"]
-    inverse = sorted(range(x.dim()), key=order.__getitem__)
-    x = x.permute(order).contiguous().permute(inverse)
+    x = x.permute(order).contiguous().permute(sorted(range(x.dim()), key=order.__getitem__))
     for d in (d for d in range(x.dim()) if ranks[d] == "b"):
         x = x.narrow(d, 0, 1).expand(x.shape)
     return x

@@ -104,8 +104,7 @@ def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[s
         own = dtype_range(dtype)  # the points are float32 numbers: within both ranges
         lo, hi = ranges.get(name, own)
         lo, hi = max(lo, own[0], -FLOAT32_MAX), min(hi, own[1], FLOAT32_MAX)
-        width = shape[-1] if shape else 1
-        v = _rows(lo, hi, math.prod(shape[:-1]), width, gen)
+        v = _rows(lo, hi, math.prod(shape[:-1]), shape[-1] if shape else 1, gen)
         partner = first_of_shape.setdefault(tuple(shape), v)
         if partner is not v:  # coincident rows follow the first input of this shape
             v[2::len(ROW_KINDS)] = _near(partner[2::len(ROW_KINDS)], gen)

@@ -352,8 +352,7 @@ def _atan2(em, t):
 def _cbrt(em, t):
     """ONNX has no cube root, and Pow of a negative base is NaN: sign(x) |x|^(1/3)."""
     x = em.value(t.args[0])
-    third = em.scalar(1 / 3, em.dtype(t.args[0]))
-    root = em.node("Pow", [em.node("Abs", [x], "cbrt"), third], "cbrt")
+    root = em.node("Pow", [em.node("Abs", [x], "cbrt"), em.scalar(1 / 3, em.dtype(t.args[0]))], "cbrt")
     return em.node("Mul", [em.node("Sign", [x], "cbrt"), root], "cbrt")
 
 

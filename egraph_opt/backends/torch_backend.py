@@ -32,15 +32,19 @@ class FoldedConstant:
     Where autograd needs it (grad enabled and a tensor requires grad) it is computed on every
     call, so training is unchanged; so it is for inference tensors, which keep no version."""
 
-    def __init__(self, module: fx.GraphModule, index: int):
-        self.module = module
+    def __init__(self, nodes: list[fx.Node], reads: list[fx.Node], index: int):
+        at = {n: i for i, n in enumerate(reads + [n for n in nodes if n not in reads])}
+        # the steps as (kind, target, operands with each node's value as its position): the nodes
+        # are erased from the plan's graph; an fx module per value would cost codegen per plan
+        self.steps = [(n.op, n.target, fx.node.map_arg((n.args, n.kwargs), lambda a: _Slot(at[a])))
+                      for n in nodes if n not in reads]
         self.__name__ = self.__qualname__ = f"folded_constant_{index}"
         self._cached: tuple = (None, None, None)  # key, value, its version: one read, thread-safe
 
     def __call__(self, *tensors: torch.Tensor):
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) or \
                 any(t.is_inference() for t in tensors):  # inference tensors keep no version
-            return self.module(*tensors)
+            return self.run(tensors)
         key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
         seen, value, version = self._cached
         if key == seen and getattr(value, "_version", None) == version:  # nobody wrote the value
@@ -48,9 +52,21 @@ class FoldedConstant:
         # a normal tensor even in inference mode: its version shows writes, and kernels may
         # cache facts about it by its version (sdpa_masked's mask)
         with torch.inference_mode(False):
-            value = self.module(*tensors)
+            value = self.run(tensors)
         self._cached = key, value, getattr(value, "_version", None)
         return value
+
+    def run(self, tensors: tuple):
+        values = list(tensors)
+        for kind, target, operands in self.steps:
+            args, kwargs = map_aggregate(operands, lambda a: values[a] if isinstance(a, _Slot) else a)
+            values.append(getattr(args[0], target)(*args[1:], **kwargs) if kind == "call_method"
+                          else target(*args, **kwargs))
+        return values[-1]
+
+
+class _Slot(int):
+    """A folded step's operand: the value at this position."""
 
 
 #: where the functions of calls the capture kept opaque come from (it refuses programs that draw
@@ -79,15 +95,9 @@ def _fold_constants(graph: fx.Graph, kernels: set) -> int:
             all(fixed[a] for a in node.all_input_nodes)
     edges = [n for n in graph.nodes if fixed[n] and n.op != "get_attr" and not all(fixed[u] for u in n.users)]
     for index, node in enumerate(edges):
-        sub, copied, reads = fx.Graph(), {}, []
-        for a in _ancestors(node, order):
-            if a.op == "get_attr":
-                reads.append(a)
-                copied[a] = sub.placeholder(f"read_{len(reads)}")
-            else:
-                copied[a] = sub.node_copy(a, copied.__getitem__)
-        sub.output(copied[node])
-        folded = FoldedConstant(fx.GraphModule(torch.nn.Module(), sub), index)
+        nodes = _ancestors(node, order)
+        reads = [a for a in nodes if a.op == "get_attr"]
+        folded = FoldedConstant(nodes, reads, index)
         with graph.inserting_before(node):
             node.replace_all_uses_with(graph.call_function(folded, tuple(reads)),
                                        delete_user_cb=lambda user: not fixed.get(user, False))
@@ -125,17 +135,10 @@ def _schedule(program: Program) -> list:
     return topological(roots, deps, key)
 
 
-def _get_attr(graph: fx.Graph, owner: torch.nn.Module, name: str) -> fx.Node:
-    """A node reading ``owner``'s attribute ``name``. fx warns where it is a plain tensor, not a
-    parameter or buffer, as torch.export lifts a decorated method's tensors; it is there, and
-    GraphModule copies it, so the warning only alarms the user."""
-    held = owner
+def _held(owner: torch.nn.Module, name: str):
     for part in name.split("."):
-        held = getattr(held, part, None)
-    with warnings.catch_warnings():
-        if isinstance(held, torch.Tensor):
-            warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node", UserWarning)
-        return graph.get_attr(name)
+        owner = getattr(owner, part)
+    return owner
 
 
 def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",
@@ -157,9 +160,10 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     graph = build.graph
     graph.output(map_aggregate(program.outputs, build.arg))
     folded = _fold_constants(graph, {n.target for n in build.named} | {m.impl for m in MOVES.values()})
-    graph.eliminate_dead_code()
-    graph.lint()
-    module = fx.GraphModule(owner, graph)
+    # each attribute under a name of its own: one read per call, not one per module on its path
+    module = fx.GraphModule({n.target: build.reads[n.target] if n.target in build.reads else _held(owner, n.target)
+                             for n in graph.nodes if n.op in ("get_attr", "call_module")}, graph)
+    module.graph.lint()
     module.kernels = dict(sorted(Counter(build.named[n] for n in graph.nodes if n in build.named).items()))
     if folded:
         module.kernels = {"folded": folded, **module.kernels}
@@ -179,6 +183,7 @@ class _Build:
         self.placeholders = {t.attrs[0]: self.graph.placeholder(t.attrs[0]) for t in program.inputs}
         self.facts = Facts.of_program(program.roots(), meta)
         self.named: dict[fx.Node, str] = {}
+        self.reads: dict[str, object] = {}  # the attributes read, by the names the graph reads them
 
     def on(self, key, target: str):
         """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
@@ -189,6 +194,17 @@ class _Build:
             self.converted[key, target] = self.graph.call_function(MOVES[source, target].impl, (self.value[key],))
         return self.converted[key, target]
 
+    def read(self, name: str) -> fx.Node:
+        """A node reading the owner's attribute ``name``, under a name without dots (fx warns that
+        the owner has no such attribute: the module will hold it)."""
+        flat = name.replace(".", "_")
+        while flat in self.reads and self.reads[flat] is not _held(self.owner, name):
+            flat += "_"
+        self.reads[flat] = _held(self.owner, name)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node", UserWarning)
+            return self.graph.get_attr(flat)
+
     def arg(self, x):
         if isinstance(x, Term):
             return self.on(("t", id(x)), "torch")
@@ -198,7 +214,7 @@ class _Build:
         key = ("t", id(item))
         if key in self.value:
             return
-        leaf = {"const": lambda: item.attrs[0], "param": lambda: _get_attr(self.graph, self.owner, item.attrs[0]),
+        leaf = {"const": lambda: item.attrs[0], "param": lambda: self.read(item.attrs[0]),
                 "opaque": lambda: self.value[("o", item.attrs[0])],
                 "input": lambda: self.placeholders[item.attrs[0]]}.get(item.op)
         self.value[key] = leaf() if leaf else self._computed(item, key)

@@ -14,7 +14,7 @@ from ..extractors.rounding_error import ProgramError, program_error
 from ..lang.program import Program
 from ..analysis.ranges import Interval, analyze
 from ..lang.term import dtype_name, postorder, pretty
-from .tables import Table, clip
+from .pictures import Table, clip
 
 
 @dataclass(frozen=True, kw_only=True)

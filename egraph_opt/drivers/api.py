@@ -13,18 +13,17 @@ import types
 import warnings
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
-from .arguments import Binder, BoundCall, adopt
+from .arguments import Binder, BoundCall, Into, Layout
 from .families import REACH, Apart, Families, Sample, at
 from ..frontends.capture import SideEffect, cache_pytrees, capture, returned
 from ..egraph.engine import EGraph, InvariantError
-from .plan_key import StateKey
-from .watch import Watch
+from .plan_key import StateKey, Watch
 from ..extractors import CostModel, Objective
 from ..extractors.cost import KAPPA_WEIGHT
 from ..extractors.curvature import KAPPA_TIE_BREAK
@@ -32,19 +31,19 @@ from ..extractors.rounding_error import program_error
 from ..profiling.latency import UNIT_S, MeasuredLatency, default_budget, sources
 from ..profiling.profiler import time_side_by_side
 from ..egraph.session import Limits
+from ..optimization.derivation import Derivation
 from ..optimization.pipeline import Optimized, optimize
-from .hints import range_hints
-from .report import Report
+from .explore import ESTIMATED_UP_TO, range_hints
 from ..rulesets import Family, catalogue, select
 from ..lang.program import Program
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
 from ..kernels.binding import Pricing, measured_estimate
-from ..validate import compare, random_inputs, run_counting_writes, wide_reference
+from ..validate import Validation, compare, random_inputs, run_counting_writes, wide_reference
 
-#: programs of at most this many terms, and this many elements over all their values, get a
-#: first-order error estimate in their report (it runs them in float64 with derivatives at 8 points)
-ESTIMATED_UP_TO = 256
+#: programs of at most ``ESTIMATED_UP_TO`` terms (the explorer's bound too), and this many elements
+#: over all their values, get a first-order error estimate in their report (float64 runs with
+#: derivatives at 8 points)
 ESTIMATED_ELEMENTS = 1 << 22
 
 try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype, device, grad,
@@ -54,7 +53,7 @@ try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype
 except ImportError:  # pragma: no cover - a torch without it: every call builds the key
     _Exact = None
 
-_MISS = object()  # what ``_again`` returns for a call that is not the last plan's
+_MISS = object()  # what ``_again`` returns for a call it finds no plan for without binding
 
 
 def _missed(args: tuple, kwargs: dict):
@@ -73,6 +72,109 @@ ERROR_KEPT = 0.75
 
 #: the families whose rules are there for accuracy
 ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
+
+
+@dataclass
+class Report:
+    """What an optimization changed, as the user reads it: rewrites, ops, costs, validation."""
+    signature: str
+    rewrites: list[tuple[str, str, int]] = field(default_factory=list)  # name, lhs -> rhs, matches
+    ops_before: dict[str, int] = field(default_factory=dict)
+    ops_after: dict[str, int] = field(default_factory=dict)
+    cost_before: dict[str, int] = field(default_factory=dict)
+    cost_after: dict[str, int] = field(default_factory=dict)
+    opaque: list[str] = field(default_factory=list)
+    saturation: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    kernels: dict[str, int] = field(default_factory=dict)  # kernels the plan binds, by name
+    latency: tuple | None = None  # (seconds before, seconds after, sources of the estimates after,
+    # (kernels timed during this optimize, seconds it took, why timing stopped early or None))
+    error: tuple | None = None  # first-order rounding error (ProgramError) before and after
+    validation: Validation | None = None
+    measured: list | None = None  # seconds of the original and the optimized, timed side by side
+    fallback: str = ""  # why the original program is running instead, if it is
+    bounded: list[str] = field(default_factory=list)  # work that ran on a sample or not at all, and why
+    derivation: Derivation | None = None  # the steps the [REWRITE] lines are read from
+    ranges: list[str] = field(default_factory=list)  # guarded rules a declared input range would let fire
+    sizes: str = ""  # the sizes its plan serves, made from its size family (``families.py``)
+
+    def to_html(self, path) -> str:
+        """Write this report as one self-contained HTML page; returns the path."""
+        from .pictures import write_report
+        from .usage import require
+        require("report", "Report.to_html")  # its pictures: refused, not dropped
+        return write_report(self, path)
+
+    @property
+    def optimized(self) -> bool:
+        return not self.fallback
+
+    def __str__(self) -> str:
+        lines = [f"egraph-opt report for {self.signature}"]
+        if self.fallback and not self.ops_before:  # nothing was captured: the why is all there is
+            return "\n".join(lines + [f"[FALLBACK] running the original program: {self.fallback}"])
+        lines += [f"[REWRITE] {name}: {what}  ({n} matches)" for name, what, n in self.rewrites]
+        unexplained = self.derivation is not None and not self.derivation.complete
+        if not self.rewrites and not unexplained:
+            lines.append("[REWRITE] none: no rule improved the program")
+        if unexplained:  # the e-graph proved the output equal; the replay did not find every step
+            lines.append(f"[REWRITE] steps not replayed up to: {self.derivation.unexplained}")
+        if self.derivation is not None:  # a piecewise program: each regime and its form
+            lines += [f"[REGIME] {label}" for label, _ in self.derivation.branches]
+        lines += [f"[RANGES] {hint}" for hint in self.ranges]
+        lines.append(f"[OPS] before: {_counts(self.ops_before)}")
+        lines.append(f"[OPS] after:  {_counts(self.ops_after)}")
+        lines += [f"[COST] {part}: {self.cost_before[part]} -> {self.cost_after[part]}"
+                  for part in ("curvature", "latency") if part in self.cost_before]
+        if self.latency:
+            before, after, where, (timed, seconds, busy) = self.latency
+            lines.append(f"[LATENCY] estimated {before * 1e6:.1f} us -> {after * 1e6:.1f} us "
+                         f"({', '.join(f'{k} {v}' for k, v in where.items())}; "
+                         f"{timed} kernels profiled now in {seconds:.2f} s"
+                         f"{f'; no more: {busy}' if busy else ''})")
+        if self.error:
+            before, after = self.error
+            lines.append(f"[ERROR] first-order estimate over the input ranges: worst {before.worst:.1f} -> "
+                         f"{after.worst:.1f} bits, mean {before.mean:.2f} -> {after.mean:.2f} bits")
+        if self.kernels:
+            lines.append(f"[KERNELS] {_counts(self.kernels)}")
+        lines += [f"[OPAQUE] {o}" for o in self.opaque]
+        lines += [f"[SATURATION] {s}" for s in self.saturation]
+        if self.seconds:
+            lines.append("[TIME] " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items()))
+        lines += self._measured()
+        v = self.validation
+        if v is not None:
+            verdict = "passed" if v.passed else "FAILED"
+            lines.append(f"[VALIDATION] {verdict}: max error {v.max_error:.3g} "
+                         f"(original {v.original_error:.3g}){' - ' + v.detail if v.detail else ''}")
+        lines += [f"[BOUNDED] {b}" for b in self.bounded]
+        if self.sizes:
+            lines.append(f"[SIZES] {self.sizes}")
+        if self.fallback:
+            lines.append(f"[FALLBACK] running the original program: {self.fallback}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _measured(self) -> list[str]:
+        """The side-by-side timing, and what accuracy a plan kept though slower cost in time."""
+        if not self.measured:
+            return []
+        before, after = self.measured
+        lines = [f"[MEASURED] original {before * 1e6:.1f} us, optimized {after * 1e6:.1f} us "
+                 f"({before / after:.2f}x), interleaved on the example inputs"]
+        then, now = self.error or (None, None)
+        if then and after > before and not self.fallback and now.worst <= then.worst and now.mean <= then.mean \
+                and (now.worst, now.mean) != (then.worst, then.mean):  # kept for its accuracy
+            lines.append(f"[TRADE] accuracy bought with time: error worst {then.worst:.1f} -> "
+                         f"{now.worst:.1f} bits, mean {then.mean:.2f} -> {now.mean:.2f} bits, "
+                         f"for {after / before:.2f}x the original's time")
+        return lines
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{op} x{n}" for op, n in counts.items()) or "(none)"
 
 
 def for_accuracy(result: Optimized) -> bool:
@@ -121,12 +223,12 @@ class Plan:
     report: Report
     egraph: EGraph | None
     optimized: Optimized | None = None  # what ``explore`` reads; dropped with the e-graph
-    exact: Any = None  # checks a call's tensors are the ones it was made for (sizes, strides...)
-    state: tuple = ()  # the StateKey it was made under
-    arity: int = -1  # how many tensors the call that ``exact`` checks passes positionally
-    keywords: tuple = ()  # and the names it passes the others by, in their order
+    again: Callable = _missed  # its fast path (``_fast``)
+    guard: tuple = (lambda *tensors: False, None)  # the C++ check of its first call's tensors, and its state
+    next: Callable = lambda: None  # a weak reference to the plan its fast path found by key last (a decode step's)
     key: tuple = ()  # its key in the plan cache
     returned: tuple = ()  # arguments rebuilt from their leaves that the original returns as themselves
+    into: Into | None = None  # what a call returns where ``returned`` names any
 
 
 @dataclass
@@ -169,6 +271,10 @@ def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
     if returns.is_leaf():
         return lambda *args: forward(*args)[0]
     return lambda *args: tree_unflatten(forward(*args), returns)
+
+
+def _into(call: BoundCall, module: torch.fx.GraphModule, returns: TreeSpec) -> Into | None:
+    return Into(module.forward, returns) if call.returned and returns.num_children else None
 
 
 def _autocast() -> tuple:
@@ -252,7 +358,7 @@ class OptimizedFunction:
             type(self.fn).__name__
 
     def __call__(self, *args, **kwargs):
-        out = self._again(args, kwargs)  # called as it was last: one C++ check of the tensors, the state
+        out = self._again(args, kwargs)  # laid out as the last call: C++ checks of the tensors, the state
         if out is not _MISS:
             return out
         call = self._bind(args, kwargs)
@@ -270,12 +376,15 @@ class OptimizedFunction:
         with contextlib.suppress(KeyError):  # another thread dropped it meanwhile
             self._plans.move_to_end(plan.key)
         self._remember(plan)
+        return self._ran(plan, call.tensors, call.arguments, args, kwargs)
+
+    def _ran(self, plan: Plan, tensors, arguments: dict, args: tuple, kwargs: dict):
+        """What ``plan`` returns for a call of ``tensors`` (``arguments``: the call's by name)."""
         if plan.run is None:
             return self.fn(*args, **kwargs)
-        out = plan.run(*call.tensors)
-        for name in plan.returned:  # an argument the original updates and returns (a KV cache)
-            out = adopt(out, call.arguments[name])
-        return out
+        if plan.into is not None:  # an argument the original updates and returns (a KV cache)
+            return plan.into(tensors, [arguments[name] for name in plan.returned])
+        return plan.run(*tensors)
 
     def _first(self, call: BoundCall, args: tuple, kwargs: dict):
         """Optimize for ``call`` and keep the plan (dropping the least recently used beyond
@@ -283,6 +392,7 @@ class OptimizedFunction:
         runs of the program leave no Python state behind, and a program that changes any falls
         back (its plan would not)."""
         before = self._state.snapshot()
+        layout = call.layout(args, kwargs)  # before the original runs: it may update an argument (a KV cache)
         cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
         key = call.key + self._state.key() + _autocast()
         quiet = self._families.fell_back(key)  # nothing runs in its place: no state to watch
@@ -299,35 +409,47 @@ class OptimizedFunction:
         while len(self._plans) > MAX_PLANS:
             self._plans.popitem(last=False)
         self._state.pin()
-        given = (*args, *kwargs.values())  # tensors alone, each where it binds: ``exact`` checks them
-        if _Exact is not None and not call.refused and list(map(id, given)) == list(map(id, call.tensors)):
-            plan.exact, plan.state, plan.arity, plan.keywords = _Exact(
-                *given, dynamic_dims_sizes=None, dynamic_dims_strides=None), state, len(args), tuple(kwargs)
+        if _Exact is not None and layout is not None:
+            plan.guard = _Exact(*call.tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check, state
+            plan.again = self._fast(plan, layout)
         if ran:
             self._remember(plan)
             return _Ran(ran[0])
         return plan
 
     def _remember(self, plan: Plan) -> None:
-        """``plan`` is the last one run: a call of the same tensors and state runs it again
-        through ``_again``, a closure over what it checks: no attribute lookups on the hot path."""
-        self._last = plan
-        if plan.exact is None:
-            self._again = _missed
-            return
-        check, key, state, run, fn = plan.exact.check, self._state.current, plan.state, plan.run, self.fn
-        arity, names = plan.arity, plan.keywords
+        self._last, self._again = plan, plan.again
+
+    def _fast(self, plan: Plan, layout: Layout) -> Callable[[tuple, dict], Any]:
+        """``plan`` again for a call laid out as its first (``Layout``: no binding) where its C++
+        check finds the same kinds of tensors and the state is the same; else the plan that came
+        after it, checked so; else the plan its key finds. A closure over what it checks."""
+        check, fn, laid, plans, keyed = plan.guard[0], self.fn, layout.tensors, self._plans, self._state
 
         def again(args: tuple, kwargs: dict):
-            try:  # a call without keywords builds no tuple of them
-                same = len(args) == arity and (tuple(kwargs) == names and check(*args, *kwargs.values())
-                                               if kwargs else not names and check(*args)) and key() == state
-            except (KeyError, ValueError):  # a global or attribute deleted: the slow path re-reads
+            try:
+                tensors = laid(args, kwargs)
+                if tensors is None:
+                    return _MISS
+                now, found = keyed.current(), plan.next()
+                if check(*tensors) and now == plan.guard[1]:
+                    found = plan
+                elif found is None or not found.guard[0](*tensors) or now != found.guard[1]:
+                    found = plans.get(layout.key(tensors) + (now or keyed.key()) + _autocast())
+                    if found is None:
+                        return _MISS
+                    plan.next = weakref.ref(found)  # its key's constants are this layout's
+                    plans.move_to_end(found.key)
+                    now = found.guard[1]
+                found.guard = found.guard[0], now  # the state as read now: the next compare ends at identity
+            except (KeyError, ValueError, TypeError):  # a global deleted, a key None or unhashable: the slow path
                 return _MISS
-            if not same:
-                return _MISS
-            return fn(*args, **kwargs) if run is None else run(*args, *kwargs.values())
-        self._again = again
+            if found is not plan:
+                self._remember(found)
+            if found.run is None:
+                return fn(*args, **kwargs)
+            return self._ran(found, tensors, layout.trees(args, kwargs) if found.returned else {}, args, kwargs)
+        return again
 
     def _compile(self, call: BoundCall, watch: Watch | None, key: tuple) -> Plan:
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"
@@ -376,7 +498,7 @@ class OptimizedFunction:
         except (Apart, RuntimeError, ValueError, IndexError):
             return None
         return None if was.validation and not was.validation.passed else \
-            Plan(run, was, None, returned=tuple(call.returned))
+            Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
 
     def _validated(self, call: BoundCall, run: Callable, program: Callable[[], Program]):
         """``run`` against the original on fresh inputs; ``program()``, the captured program, gives
@@ -413,11 +535,10 @@ class OptimizedFunction:
         result = optimize(program, rules=self.rules, model=model, limits=self.limits,
                           input_ranges=self.input_ranges)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
-        module_estimate = measured_estimate(latency)
-        module = build_module(flat, traced, device=device, meta=result.program.meta(), estimate=module_estimate)
+        made.estimate = measured_estimate(latency)
+        module = build_module(flat, traced, device=device, meta=result.program.meta(), estimate=made.estimate)
         run = runner(module, returns)
         made.program, made.optimized, made.root, made.returns = program, flat, traced, returns
-        made.estimate = module_estimate
         self._describe(report, program, result, module, latency, priced)
         if not self.keep_egraph:  # only the latest optimization's e-graph is kept (they are large)
             for older in self._plans.values():
@@ -434,7 +555,8 @@ class OptimizedFunction:
         if unchanged(program, result.program) and not any(k.startswith("triton.") for k in module.kernels):
             report.kernels = {}  # it binds none
             return Plan(None, report, result.egraph, result)
-        plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned))
+        plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned),
+                    into=_into(call, module, returns))
         return self._never_slower(plan, target, args, device, latency, original_s)
 
     def _describe(self, report: Report, program, result: Optimized, module, latency, priced) -> None:
@@ -444,8 +566,7 @@ class OptimizedFunction:
         terms, shapes = postorder(program.roots()), program.meta()
         values = sum(math.prod(shapes[id(t)][0]) for t in terms)
         small = len(terms) <= ESTIMATED_UP_TO and values <= ESTIMATED_ELEMENTS
-        errors = [program_error(p, self.input_ranges) for p in (program, result.program)] \
-            if small else []
+        errors = [program_error(p, self.input_ranges) for p in (program, result.program)] if small else []
         if not small:
             report.bounded.append(f"error estimate: not made: {len(terms)} terms (bound {ESTIMATED_UP_TO}) "
                                   f"holding {values:,} values (bound {ESTIMATED_ELEMENTS:,})")
@@ -511,10 +632,74 @@ def saturate_and_extract(fn: Callable | None = None, **options: Any):
     latencies), ``profile_budget`` (seconds per optimize to time kernels the database lacks: default 2, or
     $EGRAPH_OPT_PROFILE_BUDGET; 0: none), ``keep_egraph`` (every plan's), ``max_slowdown`` (balanced: the most time, as a multiple of
     the fastest program's, that a far more accurate one may take; default 4). A module comes back as
-    an nn.Module (``drivers/module.py``), as torch.compile's does."""
+    an nn.Module (``OptimizedModule``), as torch.compile's does."""
     if fn is None:
         return lambda f: saturate_and_extract(f, **options)
     if isinstance(fn, torch.nn.Module):
-        from .module import OptimizedModule
         return OptimizedModule(fn, OptimizedFunction(fn, **options))
     return OptimizedFunction(fn, **options)
+
+
+_OWN = ("_orig_mod", "_optimized")  # the wrapper's own attributes; every other one is the original's
+_PLANS = ("report", "egraph", "plans")  # the OptimizedFunction's, as on a decorated function
+
+
+class OptimizedModule(torch.nn.Module):
+    """``saturate_and_extract(module)``: ``module`` run through its optimized plans, an nn.Module
+    again, as torch.compile's ``OptimizedModule`` is, so code that trains, moves, saves or inspects a
+    model keeps working on the optimized one: ``.report``, ``.egraph``, ``.plans`` as on a decorated
+    function, the rest (``.eval()``, ``.to()``, attributes...) the original's. It shares the
+    original's parameter, buffer and submodule tables, so every name is the original's: a checkpoint
+    of either loads into the other."""
+
+    def __init__(self, module: torch.nn.Module, optimized: OptimizedFunction):
+        super().__init__()
+        own = self.__dict__
+        own["_orig_mod"], own["_optimized"] = module, optimized
+        for table in ("_parameters", "_buffers", "_modules"):  # one table: one set of names
+            own[table] = module.__dict__[table]
+        del own["training"]  # read through __getattr__: the original's flag is the one its code reads
+
+    def forward(self, *args, **kwargs):
+        return self._optimized(*args, **kwargs)
+
+    @property
+    def fn(self) -> torch.nn.Module:
+        """The original module, as ``fn`` is on a decorated function (pictures run it beside the plan)."""
+        return self._orig_mod
+
+    def __getattr__(self, name: str):
+        if name in _OWN:
+            return self.__dict__[name]
+        if name in _PLANS:
+            return getattr(self.__dict__["_optimized"], name)
+        return getattr(self.__dict__["_orig_mod"], name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._orig_mod, name)
+
+    def train(self, mode: bool = True) -> OptimizedModule:
+        self._orig_mod.train(mode)  # its own override, if it has one, runs too
+        return self
+
+    def _apply(self, fn, recurse: bool = True) -> OptimizedModule:  # .to(), .cuda(), .half()...
+        self._orig_mod._apply(fn, recurse)
+        return self
+
+    def state_dict(self, *args, **kwargs):
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def _load_from_state_dict(self, *args, **kwargs):  # a parent's load_state_dict reaches it so
+        return self._orig_mod._load_from_state_dict(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"OptimizedModule({self._orig_mod!r})"
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(dir(self._orig_mod)) | set(_PLANS))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, tree_flatten, tree_unflatten, treespec_leaf
 
 from ..frontends.capture import SideEffect, cache_pytrees
 
@@ -43,6 +43,21 @@ class BoundCall:
     trees: dict = field(default_factory=dict)  # argument -> (its TreeSpec, where its leaves start, how many)
     returned: list[str] = field(default_factory=list)  # those of ``trees`` the program returns as themselves
 
+    def layout(self, args: tuple, kwargs: dict) -> Layout | None:
+        """How ``args`` and ``kwargs``, the values this call was bound from, make its key; None where
+        it is refused or its values do not give its tensors one by one (a tensor in a tuple)."""
+        trees = {id(self.arguments[name]): (spec, name) for name, (spec, _, _) in self.trees.items()}
+        slots = tuple(None if isinstance(v, torch.Tensor) else trees.get(id(v)) or  # an immutable
+                      (v if type(v) in _SIMPLE else _NEVER, _constant_key(v))  # constant is itself
+                      for v in (*args, *kwargs.values()))
+        layout = Layout(len(args), tuple(kwargs), slots, self.key[1] if self.signature else None, None)
+        flat = None if self.refused else layout.tensors(args, kwargs)
+        if flat is None or list(map(id, flat)) == list(map(id, self.tensors)):
+            return None if flat is None else layout
+        where = {id(t): i for i, t in enumerate(flat)}  # bound in another order than passed (keywords)
+        order = tuple(where.get(id(t), -1) for t in self.tensors)
+        return layout._replace(order=order) if sorted(order) == list(range(len(flat))) else None
+
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
         return fn if self.direct else specialize(fn, self.names, self.rebuild)
@@ -65,20 +80,133 @@ class BoundCall:
         return out
 
 
+_NEVER = object()  # no value is it
+
+
+class Layout(NamedTuple):
+    """A call's values (positional, then keyword) laid out as the Binder bound them: a call laid
+    out alike, its constants' keys and its objects' tree specs the same, has the key ``key(tensors)``
+    without binding. The fast path's check of a call, derived from one bound call."""
+    arity: int
+    keywords: tuple
+    slots: tuple  # per value: None (a tensor), (its TreeSpec, argument name), (the constant where immutable, its key)
+    constants: tuple | None  # the key's constants (None: a call of tensors alone, keyed by them)
+    order: tuple | None  # where each tensor the Binder gives is in the call (None: where it stands)
+
+    def tensors(self, args: tuple, kwargs: dict) -> list | None:
+        """The tensors of a call laid out so; None where it is not or a value differs."""
+        if len(args) != self.arity or (tuple(kwargs) != self.keywords if kwargs else self.keywords):
+            return None  # a call without keywords builds no tuple of them
+        flat: list = []
+        for value, slot in zip((*args, *kwargs.values()), self.slots):
+            if slot is None:
+                flat.append(value)
+            elif type(slot[0]) is TreeSpec:
+                if not _leaves(value, slot[0], flat):
+                    return None
+            elif value is not slot[0] and _constant_key(value) != slot[1]:
+                return None
+        return flat if self.order is None else [flat[i] for i in self.order]
+
+    def key(self, tensors: list) -> tuple | None:
+        return _key(tensors, self.constants)
+
+    def trees(self, args: tuple, kwargs: dict) -> dict:
+        """The objects of a call rebuilt from their leaves, by argument name."""
+        return {slot[1]: value for value, slot in zip((*args, *kwargs.values()), self.slots)
+                if slot and type(slot[0]) is TreeSpec}
+
+
+def _leaves(value: Any, spec: TreeSpec, flat: list) -> bool:
+    """``value``'s leaves onto ``flat`` where its tree is ``spec``, node types by identity (false where
+    it is not): ``tree_flatten`` without building a spec to compare."""
+    if spec.type is None:
+        flat.append(value)
+        return True
+    children, context = SUPPORTED_NODES[spec.type].flatten_fn(value) if type(value) is spec.type else ((), _NEVER)
+    return context == spec.context and len(children) == spec.num_children and \
+        all(_leaves(child, inner, flat) for child, inner in zip(children, spec.children()))
+
+
+def _key(tensors, constants: tuple | None) -> tuple | None:
+    """The plan key of a call's tensors and its other arguments' keys (None: tensors alone)."""
+    key = _tensor_key(tensors)
+    return key if constants is None or key is None else (key, constants)
+
+
 def _items(out: Any) -> list:
     """What a program returned, one level down (a ModelOutput's fields)."""
     return list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, tuple) else [out]
 
 
-def adopt(out: Any, caller: Any) -> Any:
-    """``out`` with the object ``caller`` passed in place of the one of its type the plan rebuilt:
-    the original updates its argument (a KV cache) and returns it, so ``caller`` takes the rebuilt
-    one's state."""
-    for key, value in (out.items() if isinstance(out, dict) else ()):
-        if type(value) is type(caller) and value is not caller:
-            vars(caller).update(vars(value))
-            out[key] = caller
-    return out
+class Into:
+    """What a plan returns where the original updates an argument and returns it (a KV cache): the
+    plan's new tensors are written where the caller's object holds its own, as the original's
+    update does, and the object is returned. The first call checks that this leaves the object
+    as one rebuilt from the tensors would be (its other state equal); where not, every call
+    rebuilds one and the caller takes its state (a cache's constructor copies every layer)."""
+
+    def __init__(self, forward: Callable, returns: TreeSpec):
+        self.forward, self.returns = forward, returns
+        self.outer = TreeSpec(returns.type, returns.context, [treespec_leaf()] * returns.num_children)
+        self.paths: dict[int, list | bool] = {}  # child -> where its leaves are held, or False
+
+    def __call__(self, tensors: tuple, callers: list) -> Any:
+        flat, parts, start = self.forward(*tensors), [], 0
+        for index, child in enumerate(self.returns.children()):
+            leaves, start = flat[start:start + child.num_leaves], start + child.num_leaves
+            caller = next((c for c in callers if type(c) is child.type), None)
+            parts.append(tree_unflatten(leaves, child) if caller is None else self._into(index, caller, leaves, child))
+        return tree_unflatten(parts, self.outer)
+
+    def _into(self, index: int, caller: Any, leaves: list, spec: TreeSpec) -> Any:
+        paths = self.paths.get(index)
+        if paths is None:
+            held = {id(v): path for path, v in _held(caller) if isinstance(v, torch.Tensor)}
+            paths = [held.get(id(t)) for t in tree_flatten(caller)[0]]
+            rebuilt = tree_unflatten(leaves, spec)
+            try:
+                paths = all(paths) and len(set(paths)) == len(leaves) and (_write(caller, paths, leaves) or paths)
+            except (TypeError, AttributeError):  # held in a tuple or a read-only attribute
+                paths = False
+            self.paths[index] = paths = paths and _plain(caller) == _plain(rebuilt) and paths
+            if not paths:
+                vars(caller).update(vars(rebuilt))
+        elif paths is False:
+            vars(caller).update(vars(tree_unflatten(leaves, spec)))
+        else:
+            _write(caller, paths, leaves)
+        return caller
+
+
+def _held(obj: Any):
+    """(path, value) of what ``obj`` holds through attributes, lists and dicts, each object walked
+    once: where a pytree object keeps its tensors, and the plain state beside them."""
+    stack, seen = [((), obj)], {id(obj)}
+    while stack:
+        path, x = stack.pop()
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else \
+            vars(x).items() if hasattr(x, "__dict__") and not isinstance(x, (torch.Tensor, type)) else ()
+        for key, value in items:
+            yield path + (key,), value
+            if id(value) not in seen and not isinstance(value, torch.Tensor):
+                seen.add(id(value))
+                stack.append((path + (key,), value))
+
+
+def _plain(obj: Any) -> dict:
+    return {path: v for path, v in _held(obj) if isinstance(v, _SIMPLE)}
+
+
+def _write(obj: Any, paths: list, leaves: list) -> None:
+    for path, leaf in zip(paths, leaves):
+        holder = obj
+        for key in path[:-1]:
+            holder = holder[key] if isinstance(holder, (list, dict)) else getattr(holder, key)
+        if isinstance(holder, (list, dict)):
+            holder[path[-1]] = leaf
+        else:
+            setattr(holder, path[-1], leaf)
 
 
 def specialize(fn: Callable, names: list[str], rebuild: Callable) -> Callable:
@@ -152,7 +280,7 @@ class Binder:
         kinds = {p.kind for p in self.signature.parameters.values()}
         direct = not constants and len(tensors) == len(self.signature.parameters) and \
             kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY}
-        return BoundCall(tuple(tensors), names, (_tensor_key(tensors), tuple(constants)),
+        return BoundCall(tuple(tensors), names, _key(tensors, tuple(constants)),
                          arguments=dict(bound.arguments), refused=refused, signature=self.signature,
                          direct=direct, trees=trees)
 

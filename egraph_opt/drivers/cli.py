@@ -14,9 +14,8 @@ import torch
 from ..profiling.profile_db import ProfileDB, ProfileDBError
 from ..profiling.profiler import MOVE, SPECS, Case, grid, machine_busy, profile_ops, profile_shapes
 from ..rulesets import Family, catalogue
-from .batch_report import html
-from .tables import Table
-from .usage import Failure, MissingExtra, ModelFailure, at_least, require
+from .pictures import Table
+from .usage import Failure, MissingExtra, ModelFailure, at_least, html, require
 
 _SELF_EXPLAINING = (Failure, ProfileDBError, OSError, MissingExtra)  # their message needs no exception name
 
@@ -171,13 +170,6 @@ def _device(text: str) -> str:
     return text
 
 
-def _needs_onnx(sub) -> None:
-    """``egraph-opt onnx`` where the onnx extra is missing: the command is there, and says so."""
-    onnx = sub.add_parser("onnx", help="batch-optimize ONNX models (needs egraph-opt[onnx])", add_help=False)
-    onnx.add_argument("rest", nargs=argparse.REMAINDER)
-    onnx.set_defaults(run=lambda args: require("onnx", "egraph-opt onnx"))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="egraph-opt", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -213,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .onnx_batch import add_onnx_command
         add_onnx_command(sub)
-    except ModuleNotFoundError:  # no onnx extra: every other command works
-        _needs_onnx(sub)
+    except ModuleNotFoundError:  # no onnx extra: every other command works, and this one says so
+        onnx = sub.add_parser("onnx", help="batch-optimize ONNX models (needs egraph-opt[onnx])", add_help=False)
+        onnx.add_argument("rest", nargs=argparse.REMAINDER)
+        onnx.set_defaults(run=lambda args: require("onnx", "egraph-opt onnx"))
     for command in sub.choices.values():  # also after the command; SUPPRESS keeps a --debug before
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -5,10 +5,11 @@ is shown is what was compared.
 """
 from __future__ import annotations
 
+import functools
 import html
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from typing import Callable
 
 import torch
 
@@ -27,7 +28,8 @@ from ..optimization.derivation import term_classes
 from ..optimization.pipeline import Optimized, class_shapes, enode_facts, optimize
 from ..profiling.latency import UNIT_S
 from ..rulesets import catalogue, select
-from .tables import Table, clip
+from ..rulesets.guards import Fact, Guard, parse  # noqa: F401 - parse: the doctest
+from .pictures import Table, clip
 
 #: programs of at most this many terms get a first-order error estimate (8 float64 runs each)
 ESTIMATED_UP_TO = 256
@@ -65,8 +67,7 @@ BATCH_EGRAPH_NODES = 150
 def model_pictures(result) -> dict[str, str]:
     """A batch model's pictures as inline markup, made where it was optimized (a worker) and kept
     in its record: the programs before and after, and the e-graph when small."""
-    from .html_report import picture
-    from .pictures import egraph_picture, program_picture
+    from .pictures import egraph_picture, picture, program_picture
     pictures = {"programs before and after": picture(program_picture(result.source.roots(),
                                                                      result.program.roots()))}
     try:
@@ -145,7 +146,7 @@ class Explorer:
 
     # --- what the extractor chose ---
 
-    @cached_property
+    @functools.cached_property
     def chosen(self) -> dict:
         """The e-node the extracted program takes in each e-class it computes."""
         roots = self.result.program.roots()
@@ -154,7 +155,7 @@ class Explorer:
         return {where[id(t)]: node for t in postorder(roots)
                 if (node := ENode(t.op, tuple(where[id(a)] for a in t.args), t.attrs)) in nodes}
 
-    @cached_property
+    @functools.cached_property
     def _input_nodes(self) -> set:
         return {ENode(t.op, tuple(self.loaded[id(a)] for a in t.args), t.attrs)
                 for t in postorder(self.source.roots())}
@@ -252,7 +253,7 @@ class Explorer:
                 latency_us=parts["latency"] * UNIT_S * 1e6, error_bits=error.worst if error else None)
         return self._priced[key]
 
-    @cached_property
+    @functools.cached_property
     def extracted(self) -> PricedProgram:
         return self._candidate(0, self.result.program.roots()[0])
 
@@ -280,8 +281,7 @@ class Explorer:
             f = self.facts(cid, node)
             if not node.children or f.op in LEAVES or f.shapes is None:
                 continue
-            found = paths_of(f)
-            for rank, path in enumerate(found):
+            for rank, path in enumerate(paths_of(f)):
                 seconds = "-" if path.seconds == math.inf else round(path.seconds * 1e6, 2)
                 rows.append([cid, f.op, path.kernel.name, seconds, path.refused or "",
                              "*" if rank == 0 and path.seconds < math.inf else ""])
@@ -398,3 +398,87 @@ def _side_by_side(a: PricedProgram, b: PricedProgram) -> list[list]:
 
 def _bits(value) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+#: the facts a declared range can prove: (relation or bound) of one e-class
+_RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}
+_BOUND = {"<=": ("hi", False), "<": ("hi", True), ">=": ("lo", False), ">": ("lo", True)}
+#: hints are looked for in e-graphs up to this many e-nodes (each guarded rule is matched anew)
+HINTS_UP_TO = 20_000
+
+
+def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = None) -> list[str]:
+    """Where declaring input ranges would let a fix happen: one line per guarded rule whose pattern
+    matched and whose guard failed only on range facts (``positive``, ``lo``/``hi`` bounds...) of
+    values that depend on an input with no declared range: the rule, where it matched, the range
+    each value needs, and the inputs to declare. Where the e-graph is too large to look, a line
+    saying so goes to ``bounded``. Undeclared inputs range over every finite value
+    (docs/DESIGN.md): without this line a fix silently does not happen (``sqrt(x + 1) - sqrt(x)``
+    keeps its cancellation)."""
+    if not {t.attrs[0] for t in result.source.inputs} - set(input_ranges):
+        return []  # every input declared
+    enodes = max((s.enodes for s in result.saturation), default=0)
+    if enodes > HINTS_UP_TO:
+        if bounded is not None:
+            bounded.append(f"range hints: not looked for: {enodes:,} e-nodes (bound {HINTS_UP_TO:,})")
+        return []
+    ex = Explorer(result, input_ranges, rules)
+    terms = {ex.loaded[id(t)]: t for t in postorder(ex.source.roots())}
+
+    @functools.cache
+    def text(cid) -> str | None:  # when first asked for: all up front walked a deep program quadratically
+        return pretty(terms[cid], width=60) if cid in terms else None
+    hints = []
+    for rule in ex.rules:
+        if not {"positive", "nonneg", "hi", "lo"} & rule.when.heads():
+            continue
+        for cid, bound, failed in ex.failures(rule):
+            needs = [_bounds(fact, bound, text) for fact, _ in failed]
+            if not failed or None in needs:  # it fired here, or a range cannot prove what failed
+                continue
+            free = ex.undeclared(map(bound.get, Guard(fact for fact, _ in failed).variables()))
+            if free:
+                hints.append(f"{rule.name} matched {text(cid) or cid}; its guard needs "
+                             f"{_intervals(needs)}, not proved: {', '.join(free)} "
+                             f"{'has' if len(free) == 1 else 'have'} no declared range. Pass input_ranges="
+                             f"{{{', '.join(f'{n!r}: (lo, hi)' for n in free)}}} within which these hold")
+                break
+    return hints
+
+
+def _bounds(fact: Fact, bound: dict, text: Callable) -> dict | None:
+    """``{value text: [lower, upper]}`` (each ``(number, strict)`` or None) that ``fact`` asks of
+    a value; None where it is no such bound (a dtype, a rank, a constant's sign).
+
+    >>> _bounds(parse("(<= (hi ?x) 10.0)"), {"x": "c"}, {"c": "x + 1"}.get)
+    {'x + 1': [None, (10.0, False)]}
+    """
+    head, args = fact.head, fact.args
+    if head in _RELATION and isinstance(args[0], pat.Var):
+        return {_name(args[0], bound, text): [_RELATION[head], None]}
+    if head in _BOUND and isinstance(args[0], Fact) and len(args[0].args) == 1 and isinstance(args[1], float):
+        side, strict = _BOUND[head]
+        if args[0].head == side and isinstance(args[0].args[0], pat.Var):
+            limit = (float(args[1]), strict)
+            return {_name(args[0].args[0], bound, text): [limit, None] if side == "lo" else [None, limit]}
+    return None
+
+
+def _name(var: pat.Var, bound: dict, text: Callable) -> str:
+    return text(bound[var.name]) or f"e-class {bound[var.name]}"
+
+
+def _intervals(needs: list[dict]) -> str:
+    """The bounds of each value joined into one interval: ``x in (0, 3.403e+38]``."""
+    joined: dict[str, list] = {}
+    for need in needs:
+        for name, (lower, upper) in need.items():
+            have = joined.setdefault(name, [None, None])
+            have[0] = max(filter(None, [have[0], lower]), default=None)
+            have[1] = min(filter(None, [have[1], upper]), default=None, key=lambda b: (b[0], not b[1]))
+    return ", ".join(f"{name} in {'[' if lo and not lo[1] else '('}{_end(lo, '-inf')}, "
+                     f"{_end(hi, 'inf')}{']' if hi and not hi[1] else ')'}" for name, (lo, hi) in joined.items())
+
+
+def _end(limit, none: str) -> str:
+    return f"{limit[0]:.4g}" if limit else none

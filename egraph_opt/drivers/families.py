@@ -104,8 +104,7 @@ class Families:
         if len(pair) < 2 or (variable := Variable.of(pair[0].sizes, pair[1].sizes)) is None:
             return None
         n = variable.n(sizes)
-        largest = max(s.sizes[variable.at[0]] for s in pair)
-        if n is None or not 2 <= n <= REACH * largest:
+        if n is None or not 2 <= n <= REACH * max(s.sizes[variable.at[0]] for s in pair):
             return None
         return (*pair, variable, n)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import glob
+import json
 import os
 import signal
 import statistics
@@ -26,9 +27,8 @@ import onnx
 from tqdm import tqdm
 
 from .api import slower_for_nothing
-from .batch_report import html, line, summary, write_report
 from .staging import earlier_output, made_from, remove_staging, stamp, write_atomic
-from .usage import Failure, ModelFailure, at_least
+from .usage import Failure, ModelFailure, at_least, html, new_file_mode
 from ..extractors import CostModel, Objective
 from ..profiling.latency import MeasuredLatency, budget_seconds, default_budget
 from ..profiling.profile_db import UNUSABLE, ForeignFileError, ProfileDB, default_path
@@ -227,6 +227,62 @@ def _validate(path: str, src, original: onnx.ModelProto, optimized: onnx.ModelPr
     return sessions, feeds
 
 
+def line(r: dict) -> str:
+    """What a batch says of a model as it finishes."""
+    if r["status"] == "kept":
+        return f"kept   {r['model']}: {r['reason']}"
+    if r["status"] != "optimized":
+        return f"FAILED {r['model']}: {r['reason']}"
+    lat = f", ORT {r['latency_ms_before']:.3f} -> {r['latency_ms_after']:.3f} ms" if "latency_ms_before" in r else ""
+    if "kept_original" in r:
+        return f"ok     {r['model']}: kept as it was ({r['kept_original']}){lat}"
+    slower = f" ({r['slower']})" if "slower" in r else ""
+    return (f"ok     {r['model']}: nodes {r['nodes_before']} -> {r['nodes_after']}, "
+            f"{sum(r['rewrites'].values())} rewrites{lat}{slower}")
+
+
+def status(r: dict) -> str:
+    """What became of a model: a model written as it was, measured slower optimized, says so."""
+    return "kept original" if "kept_original" in r else r["status"]
+
+
+def summary(records: list[dict]) -> str:
+    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after", "after/before")
+    rows = [head]
+    for r in records:
+        ok = r["status"] == "optimized"
+        before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
+        rows.append((
+            os.path.basename(r["model"]), status(r),
+            f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
+            str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
+            f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
+            f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
+            f"{after / before:.2f}" if ok and before and after else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    kept = sum(r["status"] == "kept" for r in records)
+    failed = sum(r["status"] not in ("optimized", "kept") for r in records)
+    stopped = sorted({r["profiling_stopped"] for r in records if r.get("profiling_stopped")})
+    notes = [f"kernel timing stopped early on {sum('profiling_stopped' in r for r in records)} "
+             f"models ({'; '.join(stopped)}): their costs are estimates"] if stopped else []
+    counts = f"{len(records) - failed - kept} optimized, {f'{kept} kept, ' if kept else ''}{failed} failed"
+    return "\n".join(lines + [counts] + notes)
+
+
+def write_report(path: str, records: list[dict], interrupted: bool) -> None:
+    """JSON, or one HTML page with a section per model for a path ending in .html."""
+    folder = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
+        if html(path):
+            from .pictures import batch_page
+            f.write(batch_page(records, summary(records), interrupted, status))
+        else:
+            json.dump({"models": records, "interrupted": interrupted}, f, indent=2)
+    os.chmod(f.name, new_file_mode())
+    os.replace(f.name, path)
+
+
 def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     """Model paths from files, directories (their .onnx files, recursively) and glob patterns, and
     those skipped: found under ``out_dir``, where the .onnx files are outputs (an earlier run's)."""
@@ -276,8 +332,16 @@ def _watch(driver: int) -> None:
     os._exit(1)
 
 
-def _in_parallel(jobs: int, targets: dict[str, str], options: dict, done) -> None:
-    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_worker_start,
+def _dispatch(args: argparse.Namespace, targets: dict[str, str], options: dict, done) -> None:
+    """Each model processed: on a cluster, in this process, or in a pool of ``-j`` workers."""
+    if args.cluster:
+        from .onnx_cluster import on_cluster
+        return on_cluster(process, args.cluster, targets, options, done, shared_fs=not args.no_shared_fs)
+    if args.jobs <= 1:
+        for p, target in targets.items():
+            done(process(p, target, options))
+        return
+    pool = ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"), initializer=_worker_start,
                                initargs=(os.getpid(),))
     try:
         futures = {pool.submit(process, p, t, options): p for p, t in targets.items()}
@@ -378,17 +442,6 @@ def _targets(paths: list[str], out: str, records: list[dict]) -> dict[str, str]:
         else:
             targets[p] = target
     return targets
-
-
-def _dispatch(args: argparse.Namespace, targets: dict[str, str], options: dict, done) -> None:
-    if args.cluster:
-        from .onnx_cluster import on_cluster
-        on_cluster(process, args.cluster, targets, options, done, shared_fs=not args.no_shared_fs)
-    elif args.jobs <= 1:
-        for p, target in targets.items():
-            done(process(p, target, options))
-    else:
-        _in_parallel(args.jobs, targets, options, done)
 
 
 def _opset(text: str) -> int:

@@ -142,19 +142,16 @@ def _files(path: str) -> dict[str, bytes]:
     return files
 
 
-def _died(error: Exception) -> str:
-    from distributed import KilledWorker
-    if isinstance(error, KilledWorker):
-        return (f"worker died: each of the {error.allowed_failures + 1} workers that tried it died "
-                f"(the last: {error.last_worker.address})")
-    return f"worker failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-
-
 def _outcome(future, path: str, target: str, options: dict) -> dict:
+    from distributed import KilledWorker
     try:
         record, files = future.result()
-    except Exception as e:  # noqa: BLE001 - a model whose workers died, or that none could run
-        return {"model": path, "output": target, "status": "failed", "reason": _died(e)}
+    except KilledWorker as e:
+        return {"model": path, "output": target, "status": "failed", "reason": f"worker died: each of "
+                f"the {e.allowed_failures + 1} workers that tried it died (the last: {e.last_worker.address})"}
+    except Exception as e:  # noqa: BLE001 - a model that no worker could run
+        return {"model": path, "output": target, "status": "failed",
+                "reason": f"worker failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     reason = record["reason"]  # with the paths as the user gave them, not as the worker saw them
     for seen, given in ((record["model"], path), (record["output"], target)):
         reason = reason.replace(seen, given)

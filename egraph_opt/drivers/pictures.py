@@ -1,27 +1,85 @@
-"""Pictures of an optimization: the e-graph and program graphs through Graphviz (SVG), and
-matplotlib figures of precision, per-node error, rewrite impact and the latency model.
+"""Tables and pictures of an optimization: the e-graph and program graphs through Graphviz (SVG),
+and matplotlib figures of precision, per-node error, rewrite impact and the latency model.
 
 Without a Graphviz ``dot`` (``usage.find_dot``), a drawing is a ``TextPicture`` whose first line
-says so; a graph over ``max_nodes`` is never laid out but summarized.
+says so; a graph over ``max_nodes`` is never laid out but summarized. Reports a person can share
+are one self-contained HTML page each (pictures inline as SVG or base64 PNG, no file beside it):
+an optimized function's report, an Explorer, or an ONNX batch.
 """
 from __future__ import annotations
 
+import base64
 import html
+import io
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..lang import pattern as pat
 from ..lang.ops import OPS
 from ..lang.term import Term, postorder, pretty
-from .tables import Table, clip
 from .usage import find_dot, require
 
 DOT_SECONDS = 20  # a layout that takes longer is abandoned for the summary
 MAX_NODES = 300
 CHOSEN, CHANGED, REMOVED = "#ffd54f", "#ef9a9a", "#e0e0e0"
+
+
+@dataclass
+class Table:
+    """A table that reads well in both places people look at results: an HTML table in Jupyter
+    (``_repr_html_``) and aligned columns in a terminal (``str``).
+
+    >>> print(Table("costs", ["program", "cost"], [["naive", 12], ["fused", 3]]))
+    costs
+    program  cost
+    -------  ----
+    naive    12
+    fused    3
+    """
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    note: str = ""  # a line under the table: what it means, or why it is short
+    items: list = field(default_factory=list, repr=False)  # the objects behind the rows
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __str__(self) -> str:
+        cells = [list(self.columns)] + [[_text(c) for c in row] for row in self.rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.columns))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join([self.title, *lines] + ([self.note] if self.note else []))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(_text(c))}</td>" for c in row) + "</tr>"
+                       for row in self.rows)
+        note = f"<p>{html.escape(self.note)}</p>" if self.note else ""
+        return (f"<h4>{html.escape(self.title)}</h4><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table>{note}")
+
+
+def clip(text: str, width: int = 60) -> str:
+    """``text`` cut to ``width`` characters, an ellipsis marking the cut."""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _text(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 @dataclass
@@ -184,8 +242,7 @@ def precision_figure(fn, args, dtypes=("float32", "bfloat16", "float16")):
     table = precision_errors(fn, args, dtypes)
     fig = _figure()
     ax = fig.add_subplot()
-    finite = [v for row in table.rows for v in row[1:] if v != float("inf") and v > 0]
-    top = max(finite, default=1.0) * 10
+    top = max((v for row in table.rows for v in row[1:] if v != float("inf") and v > 0), default=1.0) * 10
     for j, (label, color) in enumerate([("original", "#90a4ae"), ("optimized", "#1e88e5")]):
         values = [row[1 + j] for row in table.rows]
         xs = [i + (j - 0.5) * 0.38 for i in range(len(values))]
@@ -258,4 +315,90 @@ def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", siz
     ax.set_title(f"latency of {op} ({dtype}, {where}): {len(records)} measurements")
     ax.legend()
     ax.set_xlim(left=max(1, min(x for x, _ in curve) / 2))
+    return fig
+
+
+# --- pages ---
+
+_STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px}
+th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow-x:auto}section{margin-bottom:3em}"""
+
+
+def page(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
+
+
+def picture(item) -> str:
+    """A picture inline: an SVG as markup, a matplotlib figure as a base64 PNG, text as <pre>."""
+    if isinstance(item, (TextPicture, Table)):
+        return item._repr_html_()
+    if isinstance(item, SVG):
+        return item.text[item.text.find("<svg"):]
+    buffer = io.BytesIO()
+    item.savefig(buffer, format="png", dpi=90)
+    return f"<img alt='figure' src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'>"
+
+
+def write_report(report, path) -> str:
+    """The report's text, its derivation and its costs as tables, and the programs drawn."""
+    parts = [f"<pre>{html.escape(str(report))}</pre>"]
+    d = report.derivation
+    if d is not None:
+        rows = [[i + 1, s.name, s.location, str(s).split(": ", 1)[1]] for i, s in enumerate(d.steps)]
+        rows += [[f"regime {k + 1}, {i + 1}", s.name, s.location, str(s).split(": ", 1)[1]]
+                 for k, (_, b) in enumerate(d.branches) for i, s in enumerate(b.steps)]  # piecewise
+        note = "complete" if d.complete else f"not derived further: {d.unexplained}"
+        parts.append(Table("derivation", ["step", "rule", "at", "rewrite"], rows, note=note)._repr_html_())
+    costs = [[k, report.cost_before[k], report.cost_after.get(k)] for k in report.cost_before]
+    ops = sorted(set(report.ops_before) | set(report.ops_after))
+    parts.append(Table("cost", ["part", "before", "after"], costs)._repr_html_())
+    parts.append(Table("ops", ["op", "before", "after"],
+                       [[o, report.ops_before.get(o, 0), report.ops_after.get(o, 0)] for o in ops])._repr_html_())
+    if d is not None and d.start:
+        parts.append("<h4>programs before and after</h4>" + picture(program_picture(d.start, d.end)))
+    Path(path).write_text(page(f"egraph-opt: {report.signature}", "".join(parts)), encoding="utf-8")
+    return str(path)
+
+
+def write_explorer(ex, path, alternatives: int = 5) -> str:
+    """Everything the Explorer shows, on one page."""
+    parts = [ex.derivation(), ex.impact(), ex.alternatives(alternatives), ex.classes(changed=True)]
+    body = "".join(t._repr_html_() for t in parts)
+    body += "<h4>rewrite impact</h4>" + picture(impact_figure(ex))
+    body += "<h4>the e-graph</h4>" + picture(egraph_picture(ex))
+    Path(path).write_text(page(f"egraph-opt explorer: {ex.name}", body), encoding="utf-8")
+    return str(path)
+
+
+def batch_page(records: list[dict], summary: str, interrupted: bool, status) -> str:
+    """One page for an ONNX batch: the summary, then a section per model, headed by what became of
+    it (``status(record)``, the summary's own word)."""
+    body = f"<pre>{html.escape(summary)}</pre>" + ("<p><b>interrupted (Ctrl-C)</b></p>" if interrupted else "")
+    for r in records:
+        fields = [[k, v] for k, v in r.items() if not isinstance(v, (dict, list))]
+        section = Table("record", ["field", "value"], fields)._repr_html_()
+        if r.get("derivation"):
+            section += "<h4>derivation</h4><ol>" + "".join(
+                f"<li>{html.escape(s)}</li>" for s in r["derivation"]) + "</ol>"
+        if r.get("ops_before"):
+            section += picture(_ops_figure(r["ops_before"], r["ops_after"]))
+        section += "".join(f"<h4>{html.escape(title)}</h4>{markup}"
+                           for title, markup in r.get("pictures", {}).items())
+        body += f"<section><h2>{html.escape(r['model'])}: {html.escape(status(r))}</h2>{section}</section>"
+    return page("egraph-opt onnx batch", body)
+
+
+def _ops_figure(before: dict, after: dict):
+    ops = sorted(set(before) | set(after))
+    fig = _figure(6.4, 0.3 * len(ops) + 1.2)
+    ax = fig.add_subplot()
+    for j, (counts, label) in enumerate([(before, "before"), (after, "after")]):
+        ax.barh([i + (j - 0.5) * 0.4 for i in range(len(ops))], [counts.get(o, 0) for o in ops], 0.4,
+                label=label)
+    ax.set_yticks(range(len(ops)), ops, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ops")
+    ax.legend()
     return fig

@@ -26,7 +26,7 @@ from ..profiling.latency import UNIT_S, MeasuredLatency, default_budget
 from ..sharding import run as runner
 from ..sharding.cost import measured_links
 from ..sharding.plan import Candidate, Search, ShardingError, search
-from .tables import Table, clip
+from .pictures import Table, clip
 
 __all__ = ["shard", "ShardedPlan", "ShardingError"]
 

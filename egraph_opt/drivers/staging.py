@@ -122,8 +122,7 @@ def made_from(path: str, options: dict) -> str:
     options that change what is written. Stored in the output, it lets a rerun tell its own
     outputs (kept) from other files in the way."""
     digest = hashlib.sha256()
-    stored = onnx.load(path, load_external_data=False)
-    for name in [os.path.basename(path), *external_files(path, stored)]:
+    for name in [os.path.basename(path), *external_files(path, onnx.load(path, load_external_data=False))]:
         with open(os.path.join(os.path.dirname(path), name), "rb") as f:
             digest.update(hashlib.file_digest(f, "sha256").digest())
     return json.dumps({"sha256": digest.hexdigest(), **{k: options.get(k) for k in _SAME_OUTPUT}},

@@ -66,3 +66,8 @@ def new_file_mode() -> int:
     mask = os.umask(0o077)  # read by setting: a file another thread makes meanwhile is private
     os.umask(mask)
     return 0o666 & ~mask
+
+
+def html(path: str) -> bool:
+    """Whether a report path names one HTML page (else the report is JSON)."""
+    return path.endswith((".html", ".htm"))

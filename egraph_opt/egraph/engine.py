@@ -369,8 +369,7 @@ class EGraph:
                 dtypes[nodes[node["children"][0]]["eclass"]] = json.loads(primitive[node["eclass"]])
                 continue
             if op in ("lo", "hi"):
-                tensor_class = nodes[node["children"][0]]["eclass"]
-                pair = bounds.setdefault(tensor_class, [-math.inf, math.inf])
+                pair = bounds.setdefault(nodes[node["children"][0]]["eclass"], [-math.inf, math.inf])
                 pair[op == "hi"] = float(primitive[node["eclass"]])
                 continue
             spec = BY_EGG_NAME.get(op)

@@ -163,8 +163,7 @@ def structural_ids(roots) -> dict[int, int]:
     table: dict[tuple, int] = {}
     ids: dict[int, int] = {}
     for t in postorder(roots):
-        key = (t.op, tuple(ids[id(a)] for a in t.args), t.attrs)
-        ids[id(t)] = table.setdefault(key, len(table))
+        ids[id(t)] = table.setdefault((t.op, tuple(ids[id(a)] for a in t.args), t.attrs), len(table))
     return ids
 
 

@@ -79,7 +79,7 @@ class Derivation:
     unreplayed: list[Rule] = field(default_factory=list)
     start: list[Term] = field(default_factory=list)  # the input's roots
     end: list[Term] = field(default_factory=list)  # the extracted program's roots
-    #: a piecewise output (optimization/piecewise.py): each regime's label and its own derivation
+    #: a piecewise output (``pipeline.piecewise``): each regime's label and its own derivation
     branches: list[tuple[str, Derivation]] = field(default_factory=list)
 
     def rules(self) -> list[Rule]:
@@ -329,20 +329,14 @@ def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snaps
         derivation.complete = False
         more = [f"{len(unexplained) - 3} more outputs"] if len(unexplained) > 3 else []
         derivation.unexplained = "; ".join([f"output {i}: {pretty(a, width=70)}" for i, a in unexplained[:3]] + more)
-        derivation.unreplayed = _producers(replay, snap, before, [a for _, a in unexplained])
+        # the rules that produced the e-nodes the input does not have (``ematch.producer``)
+        node = lambda t: ENode(t.op, tuple(replay.eclass(a) for a in t.args), t.attrs)  # noqa: E731
+        old = {node(t) for t in postorder(before)}
+        found = [producer(replay.all_rules, snap.classes, replay.eclass(t), node(t))
+                 for t in postorder([a for _, a in unexplained]) if t.args and node(t) not in old]
+        derivation.unreplayed = [r for r in found if r is not None]
     derivation.steps = _joined(per_root)
     return derivation
-
-
-def _producers(replay: _Replay, snap: Snapshot, before: list[Term], after: list[Term]) -> list[Rule]:
-    """Rules that produced the e-nodes of ``after`` the input does not have (``ematch.producer``)."""
-
-    def node(t: Term) -> ENode:
-        return ENode(t.op, tuple(replay.eclass(a) for a in t.args), t.attrs)
-    old = {node(t) for t in postorder(before)}
-    found = [producer(replay.all_rules, snap.classes, replay.eclass(t), node(t))
-             for t in postorder(after) if t.args and node(t) not in old]
-    return [r for r in found if r is not None]
 
 
 def term_classes(snap: Snapshot, loaded: dict[int, str], roots: list[Term]) -> dict[int, str | None]:

@@ -208,8 +208,7 @@ def instantiate(template_roots: list[Term], inst: Instance, args: list[Term], ma
     return substitute(template_roots, {i: t for i, t in leaves.items() if t is not None}, made)
 
 
-def outer_program(program: Program, groups: list[list[Instance]], meta: dict
-                  ) -> tuple[Program, list[Term]]:
+def outer_program(program: Program, groups: list[list[Instance]], meta: dict) -> Program:
     """The program with every instance's outputs as leaves, and every instance's arguments as
     extra outputs (they must still be computed)."""
     mapping, leaf_meta = {}, {}
@@ -219,12 +218,10 @@ def outer_program(program: Program, groups: list[list[Instance]], meta: dict
                 name = f"{PREFIX}{inst.scope}:{k}"
                 mapping[id(out)] = Term("opaque", (), (name,))
                 leaf_meta[name] = meta[id(out)]
-    args = [a for group in groups for inst in group for a in inst.args]
+    args = substitute([a for group in groups for inst in group for a in inst.args], mapping)
     swapped = _rewrite(program, lambda terms: substitute(terms, mapping))
-    new_args = substitute(args, mapping)
-    outer = replace(swapped, outputs=(swapped.outputs, tuple(new_args)), scopes={},
-                    leaf_shapes={**program.leaf_shapes, **leaf_meta})
-    return outer, new_args
+    return replace(swapped, outputs=(swapped.outputs, tuple(args)), scopes={},
+                   leaf_shapes={**program.leaf_shapes, **leaf_meta})
 
 
 def _rewrite(program: Program, rewrite) -> Program:
@@ -233,10 +230,10 @@ def _rewrite(program: Program, rewrite) -> Program:
     return program.with_roots({id(old): t for old, t in zip(found, rewrite(found))})
 
 
-def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[Term]],
-            optimized_args: list[Term]) -> Program:
-    """Instantiate every instance into the optimized outer program, earlier instances first (a
-    later instance's arguments may be an earlier one's outputs)."""
+def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[Term]]) -> Program:
+    """Instantiate every instance into the optimized outer program (its second outputs: the
+    instances' arguments), earlier instances first (a later instance's arguments may be an earlier
+    one's outputs)."""
     env: dict[str, Term] = {}
 
     def fill(terms: list[Term]) -> list[Term]:
@@ -245,7 +242,7 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
         return substitute(terms, pending)
 
     made: dict = {}
-    arg_iter = iter(optimized_args)
+    arg_iter = iter(outer.outputs[1])
     pending = [(inst, tmpl, [next(arg_iter) for _ in inst.args])
                for group, tmpl in zip(groups, templates) for inst in group]
     while pending:  # an instance is ready when the instances its arguments read are done

@@ -96,8 +96,7 @@ class MeshCost:
                        if any(n.op in ("input", "param") for n in nodes)}
 
     def __call__(self, cid: str, node) -> int:
-        spec = OPS[node.op]
-        if spec.is_leaf:
+        if OPS[node.op].is_leaf:
             return 0
         if cid not in self.meta or any(c not in self.meta for c in node.children):
             return INFEASIBLE

@@ -48,8 +48,7 @@ def run_here(roots: list[Term], env: dict, n: int) -> list:
 
 
 def backend_for(env: dict) -> str:
-    cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in env.values())
-    return "nccl" if cuda else "gloo"
+    return "nccl" if any(isinstance(v, torch.Tensor) and v.is_cuda for v in env.values()) else "gloo"
 
 
 def _device(rank: int, n: int, port: int, backend: str, threads: int | None, work, args: tuple,

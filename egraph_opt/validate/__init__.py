@@ -399,7 +399,6 @@ def _batched(a, batch: int) -> bool:
 def _batch(args: tuple, origs: list) -> int:
     """The rows the reference can be split by: every tensor output's first dimension, where it is
     one size above 1 and some argument's first dimension has it too; else 0."""
-    tensors = [o for o in origs if isinstance(o, torch.Tensor)]
-    sizes = {o.shape[0] if o.dim() else 0 for o in tensors}
+    sizes = {o.shape[0] if o.dim() else 0 for o in origs if isinstance(o, torch.Tensor)}
     batch = sizes.pop() if len(sizes) == 1 else 0
     return batch if batch > 1 and any(_batched(a, batch) for a in args) else 0

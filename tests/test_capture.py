@@ -164,7 +164,7 @@ def test_cnn_with_max_pooling_is_captured_whole_and_optimizes_to_eager():
     assert f.report.validation.passed and "max_pool2d" in f.report.ops_after
 
 
-def test_max_pooling_through_torch_export_and_its_inexpressible_forms_stay_opaque():
+def test_max_pooling_through_torch_export_and_its_other_forms():
     class ShapeBranch(nn.Module):  # Python control flow on a shape: symbolic fx fails, export works
         def __init__(self):
             super().__init__()
@@ -177,8 +177,13 @@ def test_max_pooling_through_torch_export_and_its_inexpressible_forms_stay_opaqu
     program, _ = capture(ShapeBranch().eval(), (x,))
     assert not program.opaque and {"conv2d", "max_pool2d"} <= set(op_counts(program.roots()))
     torch.testing.assert_close(run(program, (x,))[0], _cnn()(x))
-    for inexpressible in (nn.MaxPool2d(2, ceil_mode=True), nn.MaxPool2d(2, return_indices=True)):
-        assert capture(inexpressible, (torch.randn(1, 2, 5, 5),))[0].opaque
+    assert capture(nn.MaxPool2d(2, return_indices=True), (torch.randn(1, 2, 5, 5),))[0].opaque
+    ceil = nn.MaxPool2d(2, ceil_mode=True)  # no max_pool2d Term: torch's decomposition, windows padded by -inf
+    y = torch.randn(1, 2, 5, 5)
+    y[0, 0, 0, 0] = math.nan
+    program, _ = capture(ceil, (y,))
+    assert not program.opaque
+    torch.testing.assert_close(run(program, (y,))[0], ceil(y), rtol=0, atol=0, equal_nan=True)
 
 
 class _Pieces(nn.Module):

@@ -21,12 +21,9 @@ class OnnxExportError(ValueError):
     """A term that has no ONNX form at this opset: names the op and why."""
 
 
-#: ONNX operators that are one node over the op's operands, as ops declare them (``Op.onnx``);
-#: the losses' semantics are torch's (class axis 1, opset 12)
-SIMPLE = ("Add", "Sub", "Div", "Pow", "Max", "Min", "Where", "Less", "Neg", "Exp", "Log", "Sqrt", "Abs",
-          "Sin", "Cos", "Tanh", "Sigmoid", "Relu", "Erf", "MatMul", "Softplus",
-          "Tan", "Atan", "Asinh", "Acosh", "Atanh", "IsNaN", "Not", "Softmax", "LogSoftmax",
-          "GatherElements", "Gather", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")
+#: ONNX operators that are one node over the op's operands: every operator an op declares
+#: (``Op.onnx``) that ``EMIT`` gives no writer of its own; the losses' semantics are torch's
+SIMPLE = {op.onnx for op in OPS.values() if op.onnx and op.onnx[:1].isupper()}
 #: reductions: the opset from which their axes are an input rather than an attribute
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare

@@ -22,7 +22,7 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_unflatten
 
-from . import lowering, lowering_aten, lowering_einsum, lowering_nn  # noqa: F401 - these register lowerings
+from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_nn  # noqa: F401 - they register
 from .effects import Draws, functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
@@ -194,7 +194,11 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         raise SideEffect(f"{name} mutates {', '.join(effects)}")
     with draws:
         _record(gm, example_args)
-    return _program(gm, in_place), gm
+    program = _program(gm, in_place)
+    for key, tensor in program.params.items():  # constants computed while lowering: the plan reads them there
+        if key.startswith(lowering.CONSTANT):
+            setattr(gm, key, tensor)
+    return program, gm
 
 
 def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:

@@ -5,21 +5,22 @@ raises ``Unsupported`` and the node stays an opaque call, which is always sound.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import fx
-from torch.fx.node import map_aggregate
 
 from . import forms
 from .effects import functional
 from .forms import Unsupported
 from ..lang.ops import shape_attr
-from ..lang.program import OpaqueRef
+from ..lang.program import OpaqueRef, leaves
 from ..lang.term import Term
 
 @dataclass(frozen=True)
@@ -61,22 +62,36 @@ class Ctx:
     def floating(self, t) -> bool:
         return self.info(t).dtype.is_floating_point
 
+    def constant(self, value: torch.Tensor) -> Term:
+        """A tensor computed while lowering (``lowering_core._fold``): a parameter of this signature's program."""
+        return self.param(f"{CONSTANT}{len(self.params)}", value)
+
 
 TABLE: dict[Any, Callable] = {}
 MODULES: dict[type, Callable] = {}  # leaf module types (their forward is not traceable)
 
 
 def lowers(*targets, table: dict = TABLE):
-    """Register a lowering for functions (objects) and Tensor methods (names as strings)."""
+    """Register a lowering for functions (objects) and Tensor methods (names as strings), or in
+    ``MODULES`` for leaf modules of these types."""
     def register(fn):
         table.update(dict.fromkeys(targets, fn))
         return fn
     return register
 
 
-def lowers_module(*types):
-    """Register a lowering for leaf modules of these types."""
-    return lowers(*types, table=MODULES)
+def lowering_of(target) -> Callable | None:
+    """The lowering of a call: its own, its pure twin's (in place), or for an ATen overload the
+    lowering of the torch function (``torch.*``, ``F.*`` builtins) or Tensor method of its name, whose
+    signature is its schema (both are generated from it; Python wrappers such as ``F.batch_norm`` are not)."""
+    fn, twin = TABLE.get(target), functional(target)
+    if fn is None and twin is not None:
+        return lowering_of(twin)
+    if fn is None and isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable:
+        name = target.overloadpacket.__name__
+        builtin = getattr(torch, name, None) or getattr(torch._C._nn, name, None)
+        fn = (TABLE.get(builtin) if isinstance(builtin, types.BuiltinFunctionType) else None) or TABLE.get(name)
+    return fn
 
 
 def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
@@ -89,26 +104,38 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         fn = next((f for t, f in MODULES.items() if isinstance(module, t)), None)
         args = (module, node.target, *args)
     else:
-        fn = TABLE.get(node.target) or TABLE.get(functional(node.target)) \
-            if node.op in ("call_function", "call_method") else None  # pure in place: its twin
-    if fn is None or _empty(node, args, kwargs, ctx):
+        fn = lowering_of(node.target) if node.op in ("call_function", "call_method") else None
+    if _empty(node, args, kwargs, ctx):
         return None
+    calls = FALLBACKS if node.op in ("call_function", "call_method") else []
+    folded = calls and any(known(a, CONSTANT) for a in leaves((args, kwargs)))  # a call of a folded constant: first
+    result = calls[0](node, args, kwargs, ctx) if folded else None
     try:
-        result = fn(ctx, *args, **kwargs)
-    except (Unsupported, TypeError, KeyError):
-        return None
-    if isinstance(result, Term):
-        info_of.setdefault(id(result), ctx.out)
+        result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
+    except (Unsupported, TypeError, KeyError, ValueError):  # an argument the lowering does not take
+        result = None
+    for fallback in calls:
+        result = result or fallback(node, args, kwargs, ctx)
+    if isinstance(result, Term):  # assigned: an id may be a dead Term's (a refused decomposition's)
+        info_of[id(result)] = ctx.out
     return result if isinstance(result, (Term, Parts)) else None
 
 
+CONSTANT = "_constant"  # the prefix of the parameters ``Ctx.constant`` makes
+FALLBACKS: list[Callable] = []  # (node, args, kwargs, ctx) -> Term, Parts or None: ``lowering_core``'s
+
+
+def known(t, kinds=(CONSTANT, "_tensor_constant")) -> bool:
+    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace closed over."""
+    return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(kinds)
+
+
 def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
-    """A size-0 axis in an operand or the result: nothing to optimize, and the ranges of the
-    rules, proved over values, say nothing of a reduction over no values (logsumexp of none is
-    -inf): such calls stay opaque."""
-    found: list = []
-    map_aggregate((args, kwargs), lambda a: found.append(c.info_of.get(id(a))) if isinstance(a, Term) else None)
-    map_aggregate(c.out, found.append)
+    """A size-0 axis in an operand or the first result (embedding_bag's max_indices stay with the call):
+    nothing to optimize, and the ranges of the rules, proved over values, say nothing of a reduction
+    over no values (logsumexp of none is -inf): such calls stay opaque."""
+    found = [c.info_of.get(id(a)) for a in leaves((args, kwargs)) if isinstance(a, Term)]
+    found += leaves(c.out[:1] if isinstance(c.out, tuple) else c.out)
     return any(0 in getattr(info, "shape", (1,)) for info in found)
 
 
@@ -116,13 +143,16 @@ def _operand(c: Ctx, x, other) -> Term:
     """A tensor operand, or a number beside a floating tensor as a const: a Python number, or a
     0-d tensor the trace captured (``torch.tensor(2.0)``, closed over) that acts as one (the result
     keeps the other operand's dtype), in one form whatever its spelling (``forms.constant``)."""
-    if isinstance(x, Term) and x.op == "param" and x.attrs[0].startswith("_tensor_constant") \
-            and isinstance(other, Term) and other.op != "const":
-        value = c.params.get(x.attrs[0])
-        if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad \
+    held = x.args[0] if isinstance(x, Term) and x.op == "expand" else x  # a number made a tensor (torch.full)
+    if known(held) and isinstance(other, Term) and other.op != "const":
+        value = c.params.get(held.attrs[0])
+        if isinstance(value, torch.Tensor) and value.numel() and not value.requires_grad \
                 and not value.is_complex() and value.dtype != torch.bool \
-                and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype:
-            x = value.item()
+                and c.floating(other) and getattr(c.out, "dtype", None) == c.info(other).dtype \
+                and (not c.rank(x) or value.dtype == c.out.dtype and tuple(c.info(other).shape)
+                     == tuple(c.out.shape) and bool((value == value.flatten()[0]).all())) \
+                and (not known(held, CONSTANT) or float(value.flatten()[0].float()) == value.flatten()[0].item()):
+            x = value.flatten()[0].item()  # one number, which broadcasting does not widen
     if isinstance(x, Term):
         return x
     if isinstance(x, (int, float)) and not isinstance(x, bool) and isinstance(other, Term) \
@@ -156,77 +186,68 @@ for _name, _targets in {
     "pow": (operator.pow, torch.pow, "pow"), "maximum": (torch.maximum, "maximum"),
     "minimum": (torch.minimum, "minimum"), "logaddexp": (torch.logaddexp, "logaddexp"),
     "atan2": (torch.atan2, torch.arctan2, "atan2", "arctan2"), "hypot": (torch.hypot, "hypot"),
+    "fmod": (torch.fmod, "fmod"), "remainder": (operator.mod, torch.remainder, "remainder"),
 }.items():
     lowers(*_targets)(_binary(_name))
 
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh",
-              "sigmoid", "relu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh", "isnan",
-              "logical_not"):
+              "sigmoid", "relu", "silu", "erf", "neg", "tan", "atan", "asinh", "acosh", "atanh", "isnan",
+              "logical_not", "floor", "ceil", "round", "trunc", "asin", "acos", "sinh", "cosh", "log2", "log10"):
     lowers(*(t for t in (getattr(torch, _name, None), getattr(F, _name, None), _name,
                          getattr(operator, _name, None)) if t is not None))(
         lambda c, x, *, _op=_name, inplace=False: Term(_op, (c.tensor(x),)))
 
 
-@lowers(operator.invert, torch.bitwise_not, "bitwise_not")
-def _invert(c, x):
-    """~mask of a boolean mask is its logical not; of integers, bits (opaque)."""
-    t = c.tensor(x)
-    if c.info(t).dtype != torch.bool:
-        raise Unsupported("~ of a tensor that is not boolean")
-    return Term("logical_not", (t,))
+lowers(operator.invert, torch.bitwise_not, "bitwise_not")(  # ~mask of a boolean mask; of integers, bits (opaque)
+    lambda c, x: Term("logical_not", (x,)) if c.info(x).dtype == torch.bool else None)
 
 
-def _either(c, x, y, either: bool):
-    """a | b and a & b of boolean masks, as selections: where(a, a, b) and where(a, b, a)."""
-    a, b = c.tensor(x), c.tensor(y)
-    if {c.info(a).dtype, c.info(b).dtype} != {torch.bool}:
-        raise Unsupported("| or & of tensors that are not both boolean")
-    return Term("where", (a, a, b) if either else (a, b, a))
+def _bits(op: str):
+    """& | ^ (and logical_and, logical_or, logical_xor) of boolean masks; of other tensors, opaque."""
+    def lower_bits(c, a, b):
+        if not all(isinstance(t, Term) and c.info(t).dtype == torch.bool for t in (a, b)):
+            raise Unsupported("a bitwise or logical op of tensors that are not both boolean")
+        return _below_or_nan(c, a, b, True) if op == "xor" else Term(op, (a, b))
+    return lower_bits
 
 
-for _either_one, _targets in ((True, (operator.or_, torch.logical_or, torch.bitwise_or, "logical_or", "__or__")),
-                              (False, (operator.and_, torch.logical_and, torch.bitwise_and, "logical_and", "__and__"))):
-    lowers(*_targets)(lambda c, x, y, _e=_either_one: _either(c, x, y, _e))
+for _name, _op, _operator in (("and", "minimum", operator.and_), ("or", "maximum", operator.or_),
+                              ("xor", "xor", operator.xor)):
+    lowers(getattr(torch, f"bitwise_{_name}"), getattr(torch, f"logical_{_name}"), f"bitwise_{_name}",
+           f"logical_{_name}", _operator, f"__{_name}__")(_bits(_op))
 
 
-@lowers(F.gelu)
-def _gelu(c, x, approximate="none"):
-    return Term("gelu", (c.tensor(x),), (approximate,))
+lowers(torch.reciprocal, "reciprocal")(lambda c, x: Term("div", (Term.const(1.0), x)) if c.floating(x) else None)
 
 
-@lowers(F.silu)
-def _silu(c, x, inplace=False):
-    return Term("silu", (c.tensor(x),))
+@lowers(torch.sign, "sign")
+def _sign(c, x):
+    """(0 < x) - (x < 0), as torch computes it: 0 at NaN and at either zero."""
+    zero, dtype = Term.const(0.0), str(c.info(x).dtype).removeprefix("torch.")
+    if not c.floating(x):
+        raise Unsupported("the sign of integers")
+    return Term("sub", tuple(Term("cast", (Term("less", pair),), (dtype,)) for pair in ((zero, x), (x, zero))))
 
 
-@lowers(F.softplus)
-def _softplus(c, x, beta=1.0, threshold=20.0):
-    if beta != 1:
-        raise Unsupported("softplus with beta")
-    return Term("softplus", (c.tensor(x),))  # exact; torch's threshold differs by < 3e-9
+lowers(F.gelu)(lambda c, x, approximate="none": Term("gelu", (c.tensor(x),), (approximate,)))
+
+
+lowers(F.softplus)(  # exact; torch's threshold differs by < 3e-9. With another beta: a refusal (None)
+    lambda c, x, beta=1.0, threshold=20.0: Term("softplus", (c.tensor(x),)) if beta == 1 else None)
 
 
 @lowers(torch.clamp, "clamp", torch.clip, "clip")
 def _clamp(c, x, min=None, max=None):
-    out = x
-    if min is not None:
-        out = Term("maximum", (out, _operand(c, min, x)))
-    if max is not None:
-        out = Term("minimum", (out, _operand(c, max, x)))
-    return out
+    low = x if min is None else Term("maximum", (x, _operand(c, min, x)))
+    return low if max is None else Term("minimum", (low, _operand(c, max, x)))
 
 
 lowers(operator.lt, torch.lt, "lt", torch.less, "less")(_binary("less"))
 
 
-@lowers(operator.gt, torch.gt, "gt", torch.greater, "greater")
-def _greater(c, a, b):
-    return Term("less", (_operand(c, b, a), _operand(c, a, b)))  # a > b is b < a, NaN too
-
-
-@lowers(torch.where)
-def _where(c, cond, a, b):
-    return Term("where", (cond, _operand(c, a, b), _operand(c, b, a)))
+lowers(operator.gt, torch.gt, "gt", torch.greater, "greater")(  # a > b is b < a, NaN too
+    lambda c, a, b: Term("less", (_operand(c, b, a), _operand(c, a, b))))
+lowers(torch.where)(lambda c, cond, a, b: Term("where", (cond, _operand(c, a, b), _operand(c, b, a))))
 
 
 def is_zero(x: Term) -> Term:
@@ -236,34 +257,57 @@ def is_zero(x: Term) -> Term:
     return Term("cast", (Term("where", (nonzero, Term.const(0.0), Term.const(1.0))),), ("bool",))
 
 
+def _below_or_nan(c, a, b, both: bool) -> Term:
+    """b < a (or a < b too, where ``both``: ``a != b``, which x - c != 0 is not at inf), or a NaN:
+    the or (maximum) of bools. Its negation is ``a <= b``."""
+    a, b = _operand(c, a, b), _operand(c, b, a)
+    masks = [Term("less", (b, a))] + [Term("less", (a, b))] * both
+    masks += [Term("isnan", (t,)) for t in (a, b) if t.op != "const" and c.floating(t)]  # a const never is
+    return functools.reduce(lambda x, y: Term("maximum", (x, y)), masks)
+
+
+lowers(operator.ne, torch.ne, "ne")(lambda c, a, b: _below_or_nan(c, a, b, True))
+lowers(operator.le, torch.le, "le")(lambda c, a, b: Term("logical_not", (_below_or_nan(c, a, b, False),)))
+lowers(operator.ge, torch.ge, "ge")(lambda c, a, b: Term("logical_not", (_below_or_nan(c, b, a, False),)))
+
+
 @lowers(operator.eq, torch.eq, "eq")
 def _eq(c, x, other):
-    if not isinstance(other, (int, float)) or isinstance(other, bool) or other != 0:
-        raise Unsupported("== against anything but the number 0")  # x - c == 0 is not x == c at inf
-    return is_zero(c.tensor(x))
+    if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 0:
+        return is_zero(c.tensor(x))  # the form the rules know
+    return Term("logical_not", (_below_or_nan(c, x, other, True),))
 
 
-@lowers("masked_fill")
-def _masked_fill(c, x, mask, value):
-    return Term("where", (mask, _operand(c, value, x), x))
-
-
-@lowers(torch.square, "square")
-def _square(c, x):
-    return Term("mul", (x, x))
+lowers("masked_fill")(lambda c, x, mask, value: Term("where", (mask, _operand(c, value, x), x)))
 
 
 def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
-    if dtype is not None:
-        x = _cast(c, x, dtype)
-    rank = c.rank(x)
-    dims = range(rank) if dim is None else [dim] if isinstance(dim, int) else dim
+    rank, x = c.rank(x), _cast(c, x, dtype) if dtype is not None else x
+    dims = range(rank) if dim is None or dim == [] or dim == () else [dim] if isinstance(dim, int) else dim
     return forms.reduce(op, x, dims, rank, keepdim)
 
 
-for _name in ("sum", "mean"):
+for _name in ("sum", "mean", "prod"):
     lowers(getattr(torch, _name), _name)(lambda c, x, dim=None, keepdim=False, *, dtype=None, _op=_name:
                                          _reduce(_op, c, x, dim, keepdim, dtype))
+
+
+lowers(torch.any, "any")(lambda c, x, dim=None, keepdim=False: _cast(c, x, torch.bool) if dim in ([], ())
+                         else _reduce("max", c, x, dim, keepdim, torch.bool))  # any(x, dim=[]) reduces none
+
+
+def _arg(op: str):
+    """argmax / argmin along one axis; with none, of the flattened tensor (kept: a call)."""
+    def lower_arg(c, x, dim=None, keepdim=False):
+        if dim is None and keepdim:
+            raise Unsupported(f"{op} of every axis, kept")
+        flat = x if dim is not None else Term("reshape", (c.tensor(x),), (str(math.prod(c.info(x).shape)),))
+        return Term(op, (flat,), (-1 if dim is None else c.axis(x, dim), keepdim))
+    return lower_arg
+
+
+for _name in ("argmax", "argmin"):
+    lowers(getattr(torch, _name), _name)(_arg(_name))
 
 
 @lowers(torch.amax, "amax")
@@ -275,61 +319,62 @@ def _amax(c, x, dim=(), keepdim=False):
 def _max(c, x, dim=None, keepdim=False):
     if isinstance(dim, Term):
         return Term("maximum", (x, dim))
-    if dim is None:
-        return _reduce("max", c, x, None, False)
-    return Parts((_reduce("max", c, x, dim, keepdim), None))
+    out = _reduce("max", c, x, dim, keepdim)  # of every element, or (values, indices) along one axis
+    return out if dim is None else Parts((out, None))
+
+
+def _negated(c, x, lower, *args):
+    """min as -max(-x): negation is exact in floating point."""
+    if not c.floating(x):
+        raise Unsupported("the min of integers")
+    neg = Term("neg", (x,))
+    c.info_of[id(neg)] = c.info(x)
+    out = lower(c, neg, *args)
+    return Parts((Term("neg", (out.items[0],)), None)) if isinstance(out, Parts) else Term("neg", (out,))
+
+
+lowers(torch.amin, "amin")(lambda c, x, dim=(), keepdim=False: _negated(c, x, _amax, dim, keepdim))
+lowers(torch.min, "min")(lambda c, x, dim=None, keepdim=False: Term("minimum", (x, dim)) if isinstance(dim, Term)
+                         else _negated(c, x, _max, dim, keepdim))
 
 
 @lowers(torch.var, "var")
 def _var(c, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Over several axes, over one that holds them all (moved last, merged)."""
     if unbiased is not None and correction is not None:
         raise Unsupported("both unbiased and correction")
     corr = int(correction if correction is not None else (1 if unbiased in (None, True) else 0))
-    dims = dim if dim is not None else list(range(c.rank(x)))
-    if isinstance(dims, (list, tuple)) and len(dims) != 1:
-        raise Unsupported("variance over several axes")
-    d = dims[0] if isinstance(dims, (list, tuple)) else dims
-    return Term("var", (x,), (c.axis(x, d), keepdim, corr))
+    shape = tuple(c.info(x).shape)
+    axes = sorted({c.axis(x, d) % len(shape) for d in ([dim] if isinstance(dim, int) else dim or range(len(shape)))})
+    if len(axes) == 1:
+        return Term("var", (x,), (c.axis(x, axes[0]), keepdim, corr))
+    rest = [a for a in range(len(shape)) if a not in axes]
+    moved = forms.permute(x, rest + axes, len(shape))
+    merged = Term("reshape", (moved,), (shape_attr([shape[a] for a in rest] + [math.prod(shape[a] for a in axes)]),))
+    return Term("reshape", (Term("var", (merged,), (-1, False, corr)),), (c.out_shape(),))
+
+
+@lowers(torch.var_mean, "var_mean")
+def _var_mean(c, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    c.out = c.out[0]  # the shape both have
+    return Parts((_var(c, x, dim, unbiased, keepdim, correction=correction), _reduce("mean", c, x, dim, keepdim)))
 
 
 @lowers(operator.getitem)
 def _getitem(c, x, index):
-    if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts):
-        part = x.parts.items[index]
-        if part is None:
-            raise Unsupported("element without a Term")
-        return part
-    if not isinstance(x, Term):
-        raise Unsupported("indexing a non-tensor")
-    index = index if isinstance(index, tuple) else (index,)
-    if any(not (isinstance(i, slice) or i is None or i is Ellipsis) for i in index) \
-            or index.count(Ellipsis) > 1:
-        raise Unsupported("only slices, None and one Ellipsis")
-    rank = c.rank(x)
-    slices = [i for i in index if i is not None]
-    if Ellipsis in slices:  # x[..., :h]: the Ellipsis stands for every axis not named
-        at = slices.index(Ellipsis)
-        slices[at:at + 1] = [slice(None)] * (rank - len(slices) + 1)
-    out = x
-    for axis, s in enumerate(slices):
-        if s != slice(None):
-            start, end, step = s.indices(c.info(x).shape[axis])
-            out = Term("slice", (out,), (axis - rank, start, end, step))
-    # None adds an axis of size 1 (t[:, None]): the recorded result's shape
-    return Term("reshape", (out,), (c.out_shape(),)) if None in index else out
+    """An element of a tuple-valued call; an index of a tensor lowers through torch's decomposition
+    (slices, selects and unsqueezes, or a gather at constant positions)."""
+    return x.parts.items[index] if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts) else None
 
 
-@lowers(getattr)
-def _getattr(c, x, name):
-    if isinstance(x, OpaqueRef) and isinstance(getattr(x, "parts", None), Parts) and name == "values":
-        return _getitem(c, x, 0)
-    if name in ("T", "mT") and isinstance(x, Term):
-        return _transpose(c, x, -2, -1) if name == "mT" or c.rank(x) == 2 else None
-    raise Unsupported(f"attribute {name}")
+lowers(getattr)(lambda c, x, name: _getitem(c, x, 0) if name == "values" else None)  # torch.max(x, dim).values
 
 
 def _softmax_like(op):
-    def lower_softmax(c, x, dim=None, _stacklevel=3, dtype=None):
+    """The third argument is a dtype (torch's, the method's, ATen's softmax.int), a half-to-float
+    flag (ATen's _softmax) or a stack level (F's): only a dtype casts."""
+    def lower_softmax(c, x, dim=None, third=None, dtype=None, _stacklevel=3):
+        dtype = third if isinstance(third, torch.dtype) else dtype
         if dim is None:
             raise Unsupported("implicit softmax dim")
         axis = c.axis(x, dim)  # before the cast, whose Term has no recorded shape
@@ -337,32 +382,24 @@ def _softmax_like(op):
     return lower_softmax
 
 
-lowers(torch.softmax, F.softmax, "softmax")(_softmax_like("softmax"))
-lowers(torch.log_softmax, F.log_softmax, "log_softmax")(_softmax_like("log_softmax"))
+lowers(torch.softmax, torch._softmax, F.softmax, "softmax")(_softmax_like("softmax"))
+lowers(torch.log_softmax, torch._log_softmax, F.log_softmax, "log_softmax")(_softmax_like("log_softmax"))
 
 
 @lowers(torch.logsumexp, "logsumexp")
 def _logsumexp(c, x, dim, keepdim=False):
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    if len(dims) != 1:
-        raise Unsupported("logsumexp over several axes")
-    return Term("logsumexp", (x,), (c.axis(x, dims[0]), keepdim))
+    (axis,) = [dim] if isinstance(dim, int) else dim  # one axis (several: ValueError, a refusal)
+    return Term("logsumexp", (x,), (c.axis(x, axis), keepdim))
 
 
-@lowers(operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm")
-def _matmul(c, a, b):
-    return Term("matmul", (c.tensor(a), c.tensor(b)))
+lowers(operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm")(
+    lambda c, a, b: Term("matmul", (c.tensor(a), c.tensor(b))))
 
 
 @lowers(torch.transpose, "transpose")
 def _transpose(c, x, dim0, dim1):
     a, b = sorted((c.axis(x, dim0), c.axis(x, dim1)))
     return x if a == b else Term("transpose", (x,), (a, b))
-
-
-@lowers(torch.t, "t")
-def _t(c, x):
-    return _transpose(c, x, 0, 1) if c.rank(x) == 2 else x
 
 
 @lowers(torch.permute, "permute")
@@ -378,54 +415,42 @@ def _to_out_shape(op: str):
 
 
 lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
-       torch.squeeze, "squeeze", "view_as", "reshape_as")(_to_out_shape("reshape"))
+       torch.squeeze, "squeeze", "view_as", "reshape_as", "_unsafe_view")(_to_out_shape("reshape"))
 lowers("expand", "expand_as")(_to_out_shape("expand"))
 
 
-@lowers(torch.repeat_interleave, "repeat_interleave")
-def _repeat_interleave(c, x, repeats, dim=None, *, output_size=None):
-    """Each slice along ``dim`` repeated in place (GQA's keys and values, as transformers'
-    repeat_kv spells it): a new axis after ``dim``, expanded, merged back."""
-    if not isinstance(repeats, int) or dim is None:
-        raise Unsupported("repeat_interleave by a tensor of counts or without dim")
-    shape = tuple(c.info(x).shape)
-    i = len(shape) + c.axis(x, dim) + 1
-    one = Term("reshape", (x,), (shape_attr(shape[:i] + (1,) + shape[i:]),))
-    wide = Term("expand", (one,), (shape_attr(shape[:i] + (repeats,) + shape[i:]),))
-    return Term("reshape", (wide,), (c.out_shape(),))
+lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias")(
+    lambda c, x, *args, memory_format=None: c.tensor(x))
 
 
-@lowers("contiguous", "clone", torch.clone, "detach", torch.detach)
-def _identity(c, x, *args, memory_format=None):
-    return c.tensor(x)
+def _dropout(training: bool):
+    """Every spelling of dropout: the identity with p = 0 or outside training (where it draws: None)."""
+    return lambda c, x, p=0.5, training=training, inplace=False: None if training and p > 0 else c.tensor(x)
 
 
-@lowers(F.dropout)
-def _dropout(c, x, p=0.5, training=True, inplace=False):
-    if training and p > 0:
-        raise Unsupported("dropout in training mode")
-    return x
+lowers(F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, torch.dropout, torch.feature_dropout,
+       torch.alpha_dropout, torch.feature_alpha_dropout)(_dropout(True))
+lowers(F.alpha_dropout, F.feature_alpha_dropout)(_dropout(False))
 
 
 def _cast(c, x, dtype) -> Term:
     if not isinstance(dtype, torch.dtype):
         raise Unsupported(f"cast to {dtype!r}")
-    if c.info(x).dtype == dtype:
-        return x
-    return Term("cast", (x,), (str(dtype).removeprefix("torch."),))
+    return x if c.info(x).dtype == dtype else Term("cast", (x,), (str(dtype).removeprefix("torch."),))
 
 
-@lowers("to", "type")
+@lowers("to", "type", torch.ops.aten._to_copy.default)
 def _to(c, x, *args, **kwargs):
-    if set(kwargs) - {"dtype"} or len(args) > 1:
-        raise Unsupported("to() with device or options")
+    """A cast: to a dtype, to another tensor's (the same dtype: x itself), or none (a copy); the
+    options that keep values (copy, non_blocking, memory_format; ATen's, left None) read as such."""
+    if {k for k, v in kwargs.items() if v is not None} - {"dtype", "copy", "non_blocking", "memory_format"} \
+            or len(args) > 1:
+        raise Unsupported("to() with a device or layout")
     dtype = kwargs.get("dtype", args[0] if args else None)
-    return _cast(c, x, dtype)
+    return c.tensor(x) if dtype is None else _cast(c, x, c.info(dtype).dtype if isinstance(dtype, Term) else dtype)
 
 
-@lowers("type_as")
-def _type_as(c, x, other):
-    return _cast(c, x, c.info(other).dtype)
+lowers("type_as")(lambda c, x, other: _cast(c, x, c.info(other).dtype))
 
 
 for _method, _dtype in {"float": torch.float32, "half": torch.float16, "double": torch.float64,
@@ -438,31 +463,17 @@ def _cat(c, tensors, dim=0):
     if not tensors or not all(isinstance(t, Term) for t in tensors):
         raise Unsupported("cat of non-tensors")
     axis = c.axis(tensors[0], dim)
-    out = tensors[0]
-    for t in tensors[1:]:
-        out = Term("concat", (out, t), (axis,))
-    return out
+    return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), tensors)
 
 
-@lowers(torch.split, "split")
+@lowers(torch.split, "split", torch.split_with_sizes)
 def _split(c, x, split_size_or_sections, dim=0):
     """Pieces along one axis, as slices: QKV projections split from one matmul stay Terms."""
-    size = c.info(x).shape[dim]
-    sizes = split_size_or_sections
+    size, sizes = c.info(x).shape[dim], split_size_or_sections  # valid: the traced run split by them
     if isinstance(sizes, int):
-        if sizes <= 0:
-            raise Unsupported("split size must be positive")
-        sizes = [min(sizes, size - start) for start in range(0, size, sizes)] or [0]
-    if sum(sizes) != size:
-        raise Unsupported(f"split sizes {list(sizes)} do not add up to {size}")
+        sizes = [min(sizes, size - start) for start in range(0, size, sizes)]
     axis, starts = c.axis(x, dim), [sum(sizes[:i]) for i in range(len(sizes))]
     return Parts(tuple(Term("slice", (x,), (axis, a, a + n, 1)) for a, n in zip(starts, sizes)))
-
-
-@lowers(torch.chunk, "chunk")
-def _chunk(c, x, chunks, dim=0):
-    size = c.info(x).shape[dim]
-    return _split(c, x, max(1, -(-size // chunks)), dim)
 
 
 for _name in ("gather", "index_select"):

@@ -3,6 +3,8 @@
 (batch, contracted, free), a matmul, and the result permuted to the output's order."""
 from __future__ import annotations
 
+import re
+
 import torch
 
 from . import forms
@@ -16,36 +18,26 @@ def matmul_axes(equation: str) -> tuple[str, str, str, str, str]:
     >>> matmul_axes("bhid,bhjd->bhij")
     ('bhid', 'bhjd', 'bhij', 'bh', 'd')
     """
-    eq = equation.replace(" ", "")
-    if "->" not in eq or "." in eq or eq.count(",") != 1:
-        raise Unsupported(f"einsum {equation!r}: not two operands with an explicit output")
-    a, rest = eq.split(",")
-    b, out = rest.split("->")
-    if any(len(set(s)) != len(s) for s in (a, b, out)) or not set(out) <= set(a) | set(b):
-        raise Unsupported(f"einsum {equation!r}: a repeated or unknown letter")
+    parts = re.fullmatch(r"([a-zA-Z]+),([a-zA-Z]+)->([a-zA-Z]+)", equation.replace(" ", ""))
+    if parts is None or any(len(set(s)) != len(s) for s in parts.groups()):
+        raise Unsupported(f"einsum {equation!r}: not two operands with an explicit output, each letter once")
+    a, b, out = parts.groups()
     batch = "".join(x for x in out if x in a and x in b)
     contracted = "".join(x for x in a if x in b and x not in out)
-    free_a = [x for x in a if x not in b]
-    free_b = [x for x in b if x not in a]
-    if len(contracted) != 1 or len(free_a) != 1 or len(free_b) != 1 \
-            or len(out) != len(batch) + 2 or not {*free_a, *free_b} <= set(out):
+    free_a, free_b = ("".join(x for x in s if x not in t) for s, t in ((a, b), (b, a)))
+    if not len(contracted) == len(free_a) == len(free_b) == 1 or sorted(out) != sorted(batch + free_a + free_b):
         raise Unsupported(f"einsum {equation!r}: not one contracted and one free axis per operand")
     return a, b, out, batch, contracted
 
 
 @lowers(torch.einsum, torch.ops.aten.einsum.default)
 def _einsum(c, equation, *operands, path=None):
-    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-        operands = tuple(operands[0])
-    if len(operands) != 2:
-        raise Unsupported("einsum of other than two operands")
-    x, y = (c.tensor(t) for t in operands)
+    """Any other einsum lowers through torch's decomposition (``lowering_core``)."""
+    x, y = operands[0] if len(operands) == 1 else operands  # (a, b) or [a, b]; any other number: ValueError
     a, b, out, batch, k = matmul_axes(equation)
-    if (c.rank(x), c.rank(y)) != (len(a), len(b)):
-        raise Unsupported("einsum letters and ranks differ")
-    sizes_x, sizes_y = c.info(x).shape, c.info(y).shape
-    if any(sizes_x[a.index(d)] != sizes_y[b.index(d)] for d in batch + k):
-        raise Unsupported("einsum broadcasting a batch or contracted axis")
+    if (c.rank(x), c.rank(y)) != (len(a), len(b)) \
+            or any(c.info(x).shape[a.index(d)] != c.info(y).shape[b.index(d)] for d in batch + k):
+        raise Unsupported("einsum letters and ranks differ, or it broadcasts a batch or contracted axis")
     (i,), (j,) = (set(a) - set(b)), (set(b) - set(a))
     left = forms.permute(x, [a.index(d) for d in batch + i + k], len(a))
     right = forms.permute(y, [b.index(d) for d in batch + k + j], len(b))

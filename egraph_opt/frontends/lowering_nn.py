@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .lowering import Unsupported, lowers, lowers_module, safe_rows
+from .lowering import MODULES, Unsupported, lowers, safe_rows
 from ..lang.ops import shape_attr
 from ..lang.term import Term
 
@@ -22,14 +22,14 @@ def _embedding(c, ids, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     return Term("reshape", (Term("index_select", (weight, flat), (-2,)),), (c.out_shape(),))
 
 
-@lowers(F.layer_norm)
-def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+@lowers(F.layer_norm, torch.layer_norm)  # ATen's adds cudnn_enable
+def _layer_norm(c, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
     if len(normalized_shape) != 1 or weight is None or bias is None:
         raise Unsupported("layer_norm over several axes or without affine parameters")
     return Term("layer_norm", (x, weight, bias), (float(eps),))
 
 
-@lowers(F.rms_norm)
+@lowers(F.rms_norm, torch.rms_norm)
 def _rms_norm(c, x, normalized_shape, weight=None, eps=None):
     """eps None is the dtype's machine epsilon, as torch defines it."""
     if len(normalized_shape) != 1:
@@ -40,9 +40,8 @@ def _rms_norm(c, x, normalized_shape, weight=None, eps=None):
 
 @lowers(F.linear)
 def _linear(c, x, weight, bias=None):
-    if bias is None:
-        return Term("matmul", (x, Term("transpose", (weight,), (-2, -1))))
-    return Term("linear", (x, weight, bias))
+    return Term("linear", (x, weight, bias)) if bias is not None else \
+        Term("matmul", (x, Term("transpose", (weight,), (-2, -1))))
 
 
 @lowers(F.scaled_dot_product_attention)
@@ -117,7 +116,7 @@ def _batch_norm(c, x, running_mean, running_var, weight=None, bias=None, trainin
     return Term("batch_norm", (x, running_mean, running_var, weight, bias), (float(eps),))
 
 
-@lowers_module(torch.nn.modules.batchnorm._BatchNorm)
+@lowers(torch.nn.modules.batchnorm._BatchNorm, table=MODULES)  # a leaf module
 def _batch_norm_module(c, module, qualname, x):
     """BatchNorm's forward checks input.dim() in Python, which symbolic tracing cannot follow."""
     if module.training or not module.track_running_stats or not module.affine:

@@ -5,6 +5,7 @@ folding) fire on models exported without constant folding.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,7 +16,7 @@ from onnx import numpy_helper
 from . import forms
 from .forms import Unsupported
 from .onnx_layouts import attr as _attr, bmm_split, swapped_in_bulk
-from ..lang.ops import shape_attr
+from ..lang.ops import OPS, shape_attr
 from ..lang.term import Term
 
 #: ONNX element types the Term language names, as torch dtype names
@@ -197,10 +198,7 @@ def _gather(op: str):
 def _concat(im: Importer, node):
     names = [x for x in node.input if x]
     axis = im.axis(names[0], _attr(node, "axis"))
-    out = im.term(names[0])
-    for name in names[1:]:
-        out = Term("concat", (out, im.term(name)), (axis,))
-    return out
+    return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), map(im.term, names))
 
 
 def _slice(im: Importer, node):
@@ -333,12 +331,8 @@ CONVERTERS = {
     "Max": _binary("maximum"), "Min": _binary("minimum"),
     "Where": lambda im, n: Term("where", (im.term(n.input[0]), im.operand(n.input[1], n.input[2]),
                                           im.operand(n.input[2], n.input[1]))),
-    **{onnx_op: _unary(op) for onnx_op, op in [
-        ("Neg", "neg"), ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"), ("Abs", "abs"),
-        ("Sin", "sin"), ("Cos", "cos"), ("Tanh", "tanh"), ("Sigmoid", "sigmoid"),
-        ("Relu", "relu"), ("Erf", "erf"), ("Softplus", "softplus"), ("Tan", "tan"), ("Atan", "atan"),
-        ("Asinh", "asinh"), ("Acosh", "acosh"), ("Atanh", "atanh"), ("IsNaN", "isnan"),
-        ("Not", "logical_not")]},
+    # the ops that declare one ONNX operator of one input and no attributes as their own
+    **{op.onnx: _unary(op.name) for op in OPS.values() if op.arity == 1 and not op.attrs and op.onnx[:1].isupper()},
     "Reciprocal": lambda im, n: Term("div", (Term.const(1.0), im.term(n.input[0]))),
     "Gelu": lambda im, n: Term("gelu", (im.term(n.input[0]),), (_attr(n, "approximate", "none"),)),
     "Identity": lambda im, n: im.term(n.input[0]),

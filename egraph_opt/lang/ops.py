@@ -146,6 +146,7 @@ def _of_tensors(fn: Callable) -> Callable:
 
 maximum, minimum, atan2, logaddexp = map(_of_tensors, (torch.maximum, torch.minimum, torch.atan2,
                                                         torch.logaddexp))
+fmod, remainder = map(_of_tensors, (torch.fmod, torch.remainder))  # the sign of a (C's), of b (Python's)
 
 
 def compensated_sum(x, axis, keepdim):
@@ -333,7 +334,13 @@ _FUSED = dict(_ANY, rounding="rounds", precision="accumulate", work="static", la
 _MESH = dict(_ANY, shape_rule="meta", curvature=LINEAR, growth=0, precision="keep", work="static",
              onnx="none", mesh="parts")
 _SMOOTH = dict(growth=1)  # bounded curvature
+_STEEP = dict(curvature=(math.inf, math.inf), growth=2)  # unbounded curvature
+_EXPS = dict(curvature="exp", growth=3, error="exp")  # exponential growth
+_LOGS = dict(curvature="log", growth=2, error="log")
 _EXACT = dict(curvature=LINEAR, growth=0, rounding="exact")  # piecewise linear, no rounding
+_STEP = dict(_UNARY, **_EXACT, flops=1, precision="keep")  # to an integer, exactly
+_MASK = dict(shape_rule="compare", range_rule="bounds", bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep")
+_ARG = dict(_REDUCTION, shape_rule="meta", range_rule="top", rounding="exact", precision="keep", work="static")
 _MATMUL_SAMPLE = (("x0", (3, 5)), ("x1", (4, 5)), ("x2", (4,)))  # linear's (x, weight, bias)
 _ATTENTION_SAMPLE = (("x0", (2, 4, 3)), ("x1", (2, 5, 3)), ("x2", (2, 5, 3)))
 _GUARDED = "(softmax (add (mul (matmul ?x0 (transpose ?x1 -2 -1)) (const ?scale)) ?x3) -1)"
@@ -359,25 +366,18 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("minimum", 2, "", minimum, _BINARY, range_rule="minimum", **_EXACT, onnx="Min"),
     _op("where", 3, "", torch.where, _BINARY, shape_rule="where", range_rule="select", **_EXACT, precision="keep",
         work="select", onnx="Where"),
-    _op("less", 2, "", operator.lt, _BINARY, infix="<", shape_rule="compare", range_rule="bounds",
-        bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", onnx="Less"),  # a bool
-    # mask: the condition of a piecewise program (extractors/regimes.py)
-    _op("isnan", 1, "", torch.isnan, _UNARY, shape_rule="compare", range_rule="bounds", bounds=(0.0, 1.0),
-        sign="nonneg", **_EXACT, precision="keep", flops=1, onnx="IsNaN"),  # a bool; the dynamo
-    # exporter's softmax guard (sdpa_guarded)
-    _op("logical_not", 1, "", torch.logical_not, _UNARY, shape_rule="compare", range_rule="bounds",
-        bounds=(0.0, 1.0), sign="nonneg", **_EXACT, precision="keep", flops=1, onnx="Not"),  # of a
-    # bool: the keys masked_fill(mask, fill) keeps (sdpa_filled)
+    # masks (bools): the condition of a piecewise program (extractors/regimes.py); isnan is the dynamo
+    # exporter's softmax guard (sdpa_guarded), logical_not the keys masked_fill(mask, fill) keeps (sdpa_filled)
+    _op("less", 2, "", operator.lt, _BINARY, infix="<", **_MASK, onnx="Less"),
+    _op("isnan", 1, "", torch.isnan, _UNARY, **_MASK, flops=1, onnx="IsNaN"),
+    _op("logical_not", 1, "", torch.logical_not, _UNARY, **_MASK, flops=1, onnx="Not"),
     _op("neg",     1, "", operator.neg, _UNARY, range_rule="neg",     **_EXACT, flops=1, onnx="Neg",
         numpy="negative"),
-    _op("exp",     1, "", torch.exp,    _UNARY, range_rule=math.exp,  curvature="exp",   growth=3,
-        sign="positive", error="exp", onnx="Exp", numpy="exp"),
-    _op("log",     1, "", torch.log,    _UNARY, range_rule="log",     curvature="log",   growth=2,
-        error="log", onnx="Log", numpy="log"),
+    _op("exp",     1, "", torch.exp,    _UNARY, range_rule=math.exp, **_EXPS, sign="positive", onnx="Exp", numpy="exp"),
+    _op("log",     1, "", torch.log,    _UNARY, range_rule="log",     **_LOGS, onnx="Log", numpy="log"),
     _op("log1p",   1, "", torch.log1p,  _UNARY, range_rule="log1p",   curvature="log1p", growth=2,
         onnx="kahan-log1p", numpy="log1p"),
-    _op("expm1",   1, "", torch.expm1,  _UNARY, range_rule=math.expm1, curvature="exp",  growth=3,
-        error="exp", onnx="kahan-expm1", numpy="expm1"),
+    _op("expm1",   1, "", torch.expm1,  _UNARY, range_rule=math.expm1, **_EXPS, onnx="kahan-expm1", numpy="expm1"),
     _op("sqrt",    1, "", torch.sqrt,   _UNARY, range_rule="sqrt",    curvature="sqrt",  growth=2,
         sign="nonneg", onnx="Sqrt", numpy="sqrt"),
     _op("rsqrt",   1, "", torch.rsqrt,  _UNARY, range_rule="rsqrt",   curvature="rsqrt", growth=2,
@@ -405,8 +405,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
         definition="(mul ?x0 (sigmoid (mul ?x0 (const ?beta))))"),  # quick gelu, one op
     # trigonometric, hyperbolic and root functions (issue 16): the forms cancellation rules reach.
     # Bounds are float32's roundings of pi/2 and pi, outward (atan(inf) is 1.5707964 > pi/2)
-    _op("tan",     1, "", torch.tan,    _UNARY, range_rule="tan",     curvature=(math.inf, math.inf),
-        growth=2, onnx="Tan"),
+    _op("tan",     1, "", torch.tan,    _UNARY, range_rule="tan",     **_STEEP, onnx="Tan"),
     _op("atan",    1, "", torch.atan,   _UNARY, range_rule=math.atan, curvature=(0.65, 1.0), **_SMOOTH,
         bounds=(-1.5708, 1.5708), onnx="Atan"),
     _op("atan2",   2, "", atan2,        _BINARY, range_rule="bounds", curvature="div", growth=2,
@@ -418,10 +417,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
         onnx="signed-cube-root"),
     _op("asinh",   1, "", torch.asinh,  _UNARY, range_rule=math.asinh, curvature=(0.39, 1.0), **_SMOOTH,
         onnx="Asinh"),
-    _op("acosh",   1, "", torch.acosh,  _UNARY, range_rule=math.acosh, curvature=(math.inf, math.inf),
-        growth=2, onnx="Acosh"),
-    _op("atanh",   1, "", torch.atanh,  _UNARY, range_rule=math.atanh, curvature=(math.inf, math.inf),
-        growth=2, onnx="Atanh"),
+    _op("acosh",   1, "", torch.acosh,  _UNARY, range_rule=math.acosh, **_STEEP, onnx="Acosh"),
+    _op("atanh",   1, "", torch.atanh,  _UNARY, range_rule=math.atanh, **_STEEP, onnx="Atanh"),
     # reductions over one axis (axes are canonical: negative, counted from the end)
     _op("sum", 1, _REDUCE, torch.sum, _REDUCTION, range_rule="sum", error="sum", onnx="ReduceSum"),
     _op("compensated_sum", 1, _REDUCE, compensated_sum, _REDUCTION, range_rule="sum", passes=12, flops=8,
@@ -429,6 +426,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("max", 1, _REDUCE, torch.amax, _REDUCTION, range_rule="operand", rounding="exact",
         precision="keep", onnx="ReduceMax"),
     _op("mean", 1, _REDUCE, torch.mean, _REDUCTION, range_rule="operand", onnx="ReduceMean"),
+    _op("prod", 1, _REDUCE, torch.prod, _REDUCTION, range_rule="top", **_STEEP, onnx="none"),  # core ATen's
+    # the index of the largest (smallest) element along an axis: an int64 tensor, not a value of x
+    _op("argmax", 1, _REDUCE, torch.argmax, _ARG, onnx="none"),
+    _op("argmin", 1, _REDUCE, torch.argmin, _ARG, onnx="none"),
     _op("var", 1, _REDUCE + " correction:i64",
         lambda x, axis, keepdim, correction: torch.var(x, dim=axis, keepdim=keepdim, correction=correction),
         _REDUCTION, range_rule="var", sign="nonneg", curvature=(2.0, 1.0), growth=1, passes=6, flops=3,
@@ -537,6 +538,21 @@ OPS: dict[str, Op] = {op.name: op for op in [
         passes=2, mesh="whole"),
     _op("reduce_scatter", 1, "axis:i64 n:i64", mesh.reduce_scatter, _MESH, range_rule="top",
         rounding="rounds", error="sum", passes=2),
+    # ---- the rest of the Core ATen opset's elementwise math (lowered as torch's functions of their names)
+    _op("floor",   1, "", torch.floor,  _STEP, range_rule=math.floor, onnx="Floor"),
+    _op("ceil",    1, "", torch.ceil,   _STEP, range_rule=math.ceil,  onnx="Ceil"),
+    _op("round",   1, "", torch.round,  _STEP, range_rule=round,      onnx="Round"),  # half to even
+    _op("trunc",   1, "", torch.trunc,  _STEP, range_rule=math.trunc, onnx="none"),
+    _op("asin",    1, "", torch.asin,   _UNARY, range_rule="bounds",  **_STEEP, bounds=(-1.5708, 1.5708), onnx="Asin"),
+    _op("acos",    1, "", torch.acos,   _UNARY, range_rule="bounds",  **_STEEP, bounds=(0.0, 3.1416), sign="nonneg",
+        onnx="Acos"),
+    _op("sinh",    1, "", torch.sinh,   _UNARY, range_rule=math.sinh, **_EXPS, onnx="Sinh"),
+    _op("cosh",    1, "", torch.cosh,   _UNARY, range_rule="bounds",  **_EXPS, bounds=(1.0, math.inf), sign="positive",
+        onnx="Cosh"),
+    _op("log2",    1, "", torch.log2,   _UNARY, range_rule=math.log2, **_LOGS, onnx="none"),
+    _op("log10",   1, "", torch.log10,  _UNARY, range_rule=math.log10, **_LOGS, onnx="none"),
+    _op("fmod",    2, "", fmod,         _BINARY, range_rule="top",    **_STEEP, precision="keep", onnx="none"),
+    _op("remainder", 2, "", remainder,  _BINARY, range_rule="top",    **_STEEP, precision="keep", onnx="none"),
 ]}
 
 BY_EGG_NAME = {op.egg_name: op for op in OPS.values()}

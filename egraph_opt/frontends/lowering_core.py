@@ -159,7 +159,7 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
     terms = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
     overload = isinstance(node.target, torch._ops.OpOverload)
     if not (overload or node.op == "call_method" or  # torch's own, never a user's function (fx.wrap) run again
-            str(getattr(node.target, "__module__", None)).startswith(("torch", "_operator"))) \
+            str(getattr(node.target, "__module__", None)).startswith(("torch", "_operator", "builtins"))) \
             or not (hasattr(c.out, "shape") or isinstance(c.out, (tuple, list))) or node.target in _DECOMPOSING | COSTLIER \
             or any(not isinstance(t, Term) for t in terms) or _no_input(terms) \
             or overload and not (node.target in decomposition_table

@@ -18,7 +18,7 @@ from torch.fx.node import map_aggregate
 from collections import Counter
 
 from ..analysis.facts import Facts
-from ..frontends.effects import written
+from ..frontends.effects import torchs_own, written
 from ..kernels.binding import Estimator, bind, default_estimate
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import TORCH
@@ -69,21 +69,12 @@ class _Slot(int):
     """A folded step's operand: the value at this position."""
 
 
-#: where the functions of calls the capture kept opaque come from (it refuses programs that draw
-#: random numbers, so their values follow from their operands)
-_TORCH_MODULES = {"torch", "torch.nn.functional", "torch._C._nn", "torch._C._linalg", "_operator", "math"}
-
-
 def _pure(node: fx.Node, owner, kernels: set) -> bool:
     """Whether ``node``'s value follows from its operands alone and stays as computed: a bound
-    kernel or a torch op, writing nothing, whose value nothing writes."""
-    target = node.target
-    if node.op == "call_method":
-        known = hasattr(torch.Tensor, target)
-    else:
-        known = node.op == "call_function" and (target in kernels or isinstance(target, torch._ops.OpOverload)
-                                                or getattr(target, "__module__", None) in _TORCH_MODULES)
-    return known and not written(node, owner) and not any(node in written(u, owner) for u in node.users)
+    kernel or torch's own op (the capture refuses programs that draw random numbers), writing
+    nothing, whose value nothing writes."""
+    return (node.target in kernels or torchs_own(node)) and not written(node, owner) and \
+        not any(node in written(u, owner) for u in node.users)
 
 
 def _fold_constants(graph: fx.Graph, kernels: set) -> int:

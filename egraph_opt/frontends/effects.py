@@ -59,6 +59,16 @@ def written(node: fx.Node, gm: fx.GraphModule) -> list:
     return written
 
 
+def torchs_own(node: fx.Node) -> bool:
+    """Whether ``node`` calls torch's own code (an aten overload, a torch, operator or builtin
+    function, a tensor method), whose value follows from its operands: never a user's function
+    kept opaque (``fx.wrap``), which may have effects of its own."""
+    if node.op == "call_method":
+        return hasattr(torch.Tensor, node.target)
+    return node.op == "call_function" and (isinstance(node.target, torch._ops.OpOverload) or str(
+        getattr(node.target, "__module__", None)).startswith(("torch", "_operator", "builtins", "math")))
+
+
 def functional(target):
     """The out-of-place twin of an in-place op (``aten.add_.Tensor`` -> ``aten.add.Tensor``,
     ``"mul_"`` -> ``"mul"``), or None. Where the written operand is never read again (what

@@ -13,7 +13,7 @@ from torch._decomp import decomposition_table
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.node import map_aggregate
 
-from .effects import functional
+from .effects import functional, torchs_own
 from .lowering import FALLBACKS, Ctx, Parts, Unsupported, known, lower, lowering_of
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueRef, leaves
@@ -158,9 +158,7 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
     a torch function (``F.pad``) into the Core ATen opset, a core overload (``aten.elu``) by its own."""
     terms = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
     overload = isinstance(node.target, torch._ops.OpOverload)
-    if not (overload or node.op == "call_method" or  # torch's own, never a user's function (fx.wrap) run again
-            str(getattr(node.target, "__module__", None)).startswith(("torch", "_operator", "builtins"))) \
-            or not (hasattr(c.out, "shape") or isinstance(c.out, (tuple, list))) or node.target in _DECOMPOSING | COSTLIER \
+    if not torchs_own(node) or not (hasattr(c.out, "shape") or isinstance(c.out, (tuple, list))) or node.target in _DECOMPOSING | COSTLIER \
             or any(not isinstance(t, Term) for t in terms) or _no_input(terms) \
             or overload and not (node.target in decomposition_table
                                  or node.target.has_kernel_for_dispatch_key(_COMPOSITE)):

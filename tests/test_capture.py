@@ -236,3 +236,22 @@ def test_boolean_masks_joined_with_or_and_are_lowered_not_taken_for_in_place_ops
         out = f(x)
     torch.testing.assert_close(out, _masks(x), equal_nan=True)
     assert f.report.optimized and not f.report.opaque, f.report
+
+
+def test_cat_onto_an_empty_1d_tensor_is_the_other_operand_unless_it_widens_the_result():
+    """torch.cat skips 1-D empty operands (a KV cache's first update appends to torch.tensor([])):
+    the copy is not kept opaque; an empty float64 operand still widens the result."""
+    def appended(x, y):
+        return torch.cat([torch.tensor([]), x], -2) * 2 + torch.cat([x, torch.tensor([])], -2) + y
+
+    def widened(x):
+        return torch.cat([torch.tensor([], dtype=torch.float64), x], -1) * 2
+
+    x, y = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    program, _ = capture(appended, (x, y))
+    assert not program.opaque and "concat" not in op_counts(program.roots())
+    torch.testing.assert_close(run(program, (x, y))[0], appended(x, y))
+    program, _ = capture(widened, (x,))
+    out = run(program, (x,))[0]
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, widened(x))

@@ -135,6 +135,8 @@ def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
     nothing to optimize, and the ranges of the rules, proved over values, say nothing of a reduction
     over no values (logsumexp of none is -inf): such calls stay opaque."""
     found = [c.info_of.get(id(a)) for a in leaves((args, kwargs)) if isinstance(a, Term)]
+    if lowering_of(node.target) is _cat:  # its lowering drops the 1-D empty operands torch.cat skips
+        found = [info for info in found if tuple(getattr(info, "shape", ())) != (0,)]
     found += leaves(c.out[:1] if isinstance(c.out, tuple) else c.out)
     return any(0 in getattr(info, "shape", (1,)) for info in found)
 
@@ -419,7 +421,7 @@ lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsquee
 lowers("expand", "expand_as")(_to_out_shape("expand"))
 
 
-lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias")(
+lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias", "lift_fresh_copy")(
     lambda c, x, *args, memory_format=None: c.tensor(x))
 
 
@@ -462,6 +464,12 @@ for _method, _dtype in {"float": torch.float32, "half": torch.float16, "double":
 def _cat(c, tensors, dim=0):
     if not tensors or not all(isinstance(t, Term) for t in tensors):
         raise Unsupported("cat of non-tensors")
+    # torch.cat skips 1-D empty operands (a cache's first update appends to ``torch.tensor([])``),
+    # which only its dtype promotion sees
+    kept = [t for t in tensors if tuple(c.info(t).shape) != (0,)]
+    if len(kept) < len(tensors) and not (kept and all(c.info(t).dtype == c.out.dtype for t in kept)):
+        raise Unsupported("cat of a 1-D empty tensor that sets the result's dtype")
+    tensors = kept
     axis = c.axis(tensors[0], dim)
     return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), tensors)
 

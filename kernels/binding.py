@@ -15,11 +15,13 @@ from __future__ import annotations
 import math
 from typing import Callable, NamedTuple
 
+import torch
+
 from . import triton as triton_kernels
 from .registry import MOVES, Kernel, Use, copies, kernels_for
 from egraph_opt.analysis.facts import NodeFacts
-from egraph_opt.profiling.latency import UNIT_S
-from egraph_opt.profiling.profiler import MOVE
+from egraph_opt.profiling.latency import UNIT_S, default_budget
+from egraph_opt.profiling.profiler import MOVE, time_side_by_side
 
 #: estimate(kernel, use) -> seconds (inf: not a candidate)
 Estimator = Callable[[Kernel, Use], float]
@@ -95,6 +97,28 @@ def conversion_seconds(use: Use, source: str, target: str,
     return sum(estimate(move, Use(op=MOVE, attrs=(), shapes=(shape,), dtypes=(dtype,), device=use.device,
                                   layouts=(key,) if key else ()))
                for shape, dtype, key in zip(use.shapes, use.dtypes, layouts))
+
+
+#: seconds to time a region kernel against the separate kernels it replaces (within the profiling
+#: budget: none, never timed, never chosen)
+REGION_BUDGET_S = 0.1
+#: (structure, dtype, device, size's power of two) -> whether the region kernel measured faster
+_region_faster: dict[tuple, bool] = {}
+
+
+def region_chosen(region, shape: tuple, dtype: torch.dtype, device: str) -> bool:
+    """Whether ``region`` (a ``triton.generated.RegionKernel``) replaces the separate kernels of its
+    ops on ``device``: where it measures faster, timed side by side with them once per structure,
+    dtype and size bucket; never by preference, but under the test switch (as ``_preferred``)."""
+    if device == "cpu":
+        return triton_kernels.on_cpu()
+    key = (region.__name__, dtype, device, math.prod(shape).bit_length())
+    if key not in _region_faster:
+        inputs = [torch.full(shape, 0.75, dtype=dtype, device=device) for _ in region.generated.program.inputs]
+        seconds = time_side_by_side([region, region.separate], inputs, device,
+                                    min(default_budget(), REGION_BUDGET_S))
+        _region_faster[key] = seconds is not None and seconds[0] < seconds[1]
+    return _region_faster[key]
 
 
 def usable(kernel: Kernel, device: str) -> bool:

@@ -19,11 +19,13 @@ from collections import Counter
 
 from ..analysis.facts import Facts
 from ..frontends.effects import torchs_own, written
-from ..kernels.binding import Estimator, bind, default_estimate
+from ..kernels import triton as triton_kernels
+from ..kernels.binding import Estimator, bind, default_estimate, region_chosen
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import TORCH
+from ..kernels.triton.codegen import TEMPLATES
 from ..lang.program import OpaqueRef, Program, leaves
-from ..lang.term import Term, evaluate, topological
+from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
 
 class FoldedConstant:
@@ -126,6 +128,49 @@ def _schedule(program: Program) -> list:
     return topological(roots, deps, key)
 
 
+def _fusible(t: Term, meta: dict) -> bool:
+    """An op a generated kernel computes, on operands of its own shape and dtype or constants
+    (the kernel indexes every input alike), whose value is a tensor of a dtype it takes."""
+    shape, dtype = meta[id(t)]
+    return t.op in TEMPLATES and len(shape) > 0 and dtype_name(dtype) in ("float16", "bfloat16", "float32") \
+        and all(a.op == "const" or meta[id(a)] == (shape, dtype) for a in t.args)
+
+
+def _regions(roots: list[Term], meta: dict) -> list[list[Term]]:
+    """The maximal regions of at least two ops one generated kernel computes, each root first:
+    an operand joins its user's region where that user alone reads it, so only the root's value
+    leaves the region."""
+    order = postorder(roots)
+    uses = Counter(id(a) for t in order for a in t.args) + Counter(map(id, roots))
+    found, inside = [], set()
+    for t in reversed(order):  # users before their operands
+        if id(t) in inside or not _fusible(t, meta):
+            continue
+        ops = [t]
+        for u in ops:  # grows while it is walked
+            ops += [a for a in u.args if uses[id(a)] == 1 and _fusible(a, meta)]
+        if len(ops) > 1:
+            found.append(ops)
+            inside.update(map(id, ops))
+    return found
+
+
+def _region_term(ops: list[Term], meta: dict) -> tuple[Term, list[Term]]:
+    """The region's root over inputs ``x0``, ``x1``... in place of the values it reads from
+    outside (constants stay in it), and those values in order."""
+    inside, outside, made = set(map(id, ops)), {}, {}
+    for t in topological([ops[0]], lambda t: t.args if id(t) in inside else (), id):
+        if id(t) in inside:
+            made[id(t)] = Term(t.op, tuple(made[id(a)] for a in t.args), t.attrs)
+        elif t.op == "const":
+            made[id(t)] = t
+        else:
+            shape, dtype = meta[id(t)]
+            made[id(t)] = Term.input(f"x{len(outside)}", shape, dtype_name(dtype))
+            outside[id(t)] = t
+    return made[id(ops[0])], list(outside.values())
+
+
 def _held(owner: torch.nn.Module, name: str):
     for part in name.split("."):
         owner = getattr(owner, part)
@@ -175,6 +220,23 @@ class _Build:
         self.facts = Facts.of_program(program.roots(), meta)
         self.named: dict[fx.Node, str] = {}
         self.reads: dict[str, object] = {}  # the attributes read, by the names the graph reads them
+        self.regions: dict[int, tuple] = {}  # region root id -> its kernel and the values it reads
+        self.inside: set[int] = set()  # the other ops of those regions: computed by their kernels
+        if triton_kernels.available(device):
+            for ops in _regions(program.roots(), meta):
+                self._fuse(ops, meta)
+
+    def _fuse(self, ops: list[Term], meta: dict) -> None:
+        """One generated kernel for the region ``ops`` where it replaces their separate kernels."""
+        from ..kernels.triton.generated import RegionKernel  # only where Triton is installed
+        term, outside = _region_term(ops, meta)
+        try:
+            kernel = RegionKernel(term)
+        except ValueError:  # an op's attribute the generator refuses (a gelu approximation)
+            return
+        if region_chosen(kernel, *meta[id(ops[0])], self.device):
+            self.regions[id(ops[0])] = kernel, outside
+            self.inside.update(map(id, ops[1:]))
 
     def on(self, key, target: str):
         """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
@@ -203,7 +265,7 @@ class _Build:
 
     def term(self, item: Term) -> None:
         key = ("t", id(item))
-        if key in self.value:
+        if key in self.value or id(item) in self.inside:
             return
         leaf = {"const": lambda: item.attrs[0], "param": lambda: self.read(item.attrs[0]),
                 "opaque": lambda: self.value[("o", item.attrs[0])],
@@ -211,7 +273,13 @@ class _Build:
         self.value[key] = leaf() if leaf else self._computed(item, key)
 
     def _computed(self, item: Term, key):
-        """A scalar folded now, or a kernel."""
+        """A scalar folded now, or a kernel (a region's generated kernel at its root)."""
+        if id(item) in self.regions:
+            kernel, outside = self.regions[id(item)]
+            self.backend[key] = "triton"
+            node = self.graph.call_function(kernel, tuple(self.on(("t", id(a)), "triton") for a in outside))
+            self.named[node] = "triton.generated"
+            return node
         operands = [("t", id(a)) for a in item.args]
         if not any(isinstance(self.value[k], fx.Node) for k in operands):
             return evaluate([item], {}, kernels=TORCH)[0]

@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 import triton
 
-from egraph_opt.lang.term import Term
+from egraph_opt.lang.term import Term, evaluate
 
+from ..torch_ops import TORCH
 from .codegen import KernelSource, lower
 from .layout import row_block
 
@@ -142,3 +143,21 @@ def generate_elementwise(term: Term) -> GeneratedKernel:
     generate. Structurally equal terms reuse one compiled kernel."""
     program = lower(term)
     return GeneratedKernel(program, _load(program))
+
+
+class RegionKernel:
+    """The generated kernel of a region of a plan's elementwise ops, ``term`` over inputs ``x0``,
+    ``x1``..., called with their values in order. Where autograd records, the ops' torch kernels
+    run instead (a generated kernel has no backward): the separate kernels it is priced against."""
+
+    def __init__(self, term: Term):
+        self.term, self.generated = term, generate_elementwise(term)
+        self.__name__ = self.__qualname__ = f"generated_{self.generated.program.digest[:12]}"
+
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self.separate(*tensors)
+        return self.generated(**{f"x{i}": t for i, t in enumerate(tensors)})
+
+    def separate(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return evaluate([self.term], {f"x{i}": t for i, t in enumerate(tensors)}, kernels=TORCH)[0]

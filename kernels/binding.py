@@ -99,24 +99,21 @@ def conversion_seconds(use: Use, source: str, target: str,
                for shape, dtype, key in zip(use.shapes, use.dtypes, layouts))
 
 
-#: seconds to time a region kernel against the separate kernels it replaces (within the profiling
-#: budget: none, never timed, never chosen)
-REGION_BUDGET_S = 0.1
-#: (structure, dtype, device, size's power of two) -> whether the region kernel measured faster
+#: (structure, dtype, device, size's power of two) -> whether the region's kernel measured faster
 _region_faster: dict[tuple, bool] = {}
 
 
-def region_chosen(region, shape: tuple, dtype: torch.dtype, device: str) -> bool:
-    """Whether ``region`` (a ``triton.generated.RegionKernel``) replaces the separate kernels of its
-    ops on ``device``: where it measures faster, timed side by side with them once per structure,
-    dtype and size bucket; never by preference, but under the test switch (as ``_preferred``)."""
+def region_chosen(kernel, shape: tuple, dtype: torch.dtype, device: str) -> bool:
+    """Whether a region's generated kernel (``triton.generated.GeneratedKernel``) replaces the
+    separate kernels of its ops: where it measures faster, timed side by side with them once per
+    structure, dtype and size bucket within the profiling budget (at most 0.1 s; none: never);
+    never by preference, but under the test switch (``_preferred``)."""
     if device == "cpu":
         return triton_kernels.on_cpu()
-    key = (region.__name__, dtype, device, math.prod(shape).bit_length())
+    key = (kernel.__name__, dtype, device, math.prod(shape).bit_length())
     if key not in _region_faster:
-        inputs = [torch.full(shape, 0.75, dtype=dtype, device=device) for _ in region.generated.program.inputs]
-        seconds = time_side_by_side([region, region.separate], inputs, device,
-                                    min(default_budget(), REGION_BUDGET_S))
+        inputs = [torch.full(shape, 0.75, dtype=dtype, device=device)] * len(kernel.program.inputs)
+        seconds = time_side_by_side([kernel, kernel.separate], inputs, device, min(default_budget(), 0.1))
         _region_faster[key] = seconds is not None and seconds[0] < seconds[1]
     return _region_faster[key]
 

@@ -128,47 +128,34 @@ def _schedule(program: Program) -> list:
     return topological(roots, deps, key)
 
 
-def _fusible(t: Term, meta: dict) -> bool:
-    """An op a generated kernel computes, on operands of its own shape and dtype or constants
-    (the kernel indexes every input alike), whose value is a tensor of a dtype it takes."""
-    shape, dtype = meta[id(t)]
-    return t.op in TEMPLATES and len(shape) > 0 and dtype_name(dtype) in ("float16", "bfloat16", "float32") \
-        and all(a.op == "const" or meta[id(a)] == (shape, dtype) for a in t.args)
-
-
-def _regions(roots: list[Term], meta: dict) -> list[list[Term]]:
-    """The maximal regions of at least two ops one generated kernel computes, each root first:
-    an operand joins its user's region where that user alone reads it, so only the root's value
-    leaves the region."""
-    order = postorder(roots)
+def _regions(roots: list[Term], meta: dict):
+    """Each maximal region of two or more ops a generated kernel computes (ops codegen has templates
+    for, on operands of their shape and float dtype, or constants), an operand joining its user's
+    region where that user alone reads it, so only the root's value leaves: the root's id, the ids
+    of the others, the root over inputs in place of the values it reads from outside, and those."""
+    def fusible(t: Term) -> bool:
+        shape, dtype = meta[id(t)]
+        return t.op in TEMPLATES and len(shape) > 0 and dtype in (torch.float16, torch.bfloat16, torch.float32) \
+            and all(a.op == "const" or meta[id(a)] == (shape, dtype) for a in t.args)
+    order, inside = postorder(roots), set()
     uses = Counter(id(a) for t in order for a in t.args) + Counter(map(id, roots))
-    found, inside = [], set()
     for t in reversed(order):  # users before their operands
-        if id(t) in inside or not _fusible(t, meta):
+        if id(t) in inside or not fusible(t):
             continue
         ops = [t]
-        for u in ops:  # grows while it is walked
-            ops += [a for a in u.args if uses[id(a)] == 1 and _fusible(a, meta)]
-        if len(ops) > 1:
-            found.append(ops)
-            inside.update(map(id, ops))
-    return found
-
-
-def _region_term(ops: list[Term], meta: dict) -> tuple[Term, list[Term]]:
-    """The region's root over inputs ``x0``, ``x1``... in place of the values it reads from
-    outside (constants stay in it), and those values in order."""
-    inside, outside, made = set(map(id, ops)), {}, {}
-    for t in topological([ops[0]], lambda t: t.args if id(t) in inside else (), id):
-        if id(t) in inside:
-            made[id(t)] = Term(t.op, tuple(made[id(a)] for a in t.args), t.attrs)
-        elif t.op == "const":
-            made[id(t)] = t
-        else:
-            shape, dtype = meta[id(t)]
-            made[id(t)] = Term.input(f"x{len(outside)}", shape, dtype_name(dtype))
-            outside[id(t)] = t
-    return made[id(ops[0])], list(outside.values())
+        for u in ops:  # grows while it is walked: each op after its user
+            ops += [a for a in u.args if uses[id(a)] == 1 and fusible(a)]
+        if len(ops) < 2:
+            continue
+        inside.update(map(id, ops))
+        made, outside = {}, {}
+        for u in reversed(ops):
+            for a in u.args:
+                if id(a) not in made and a.op != "const":
+                    made[id(a)] = Term.input(f"x{len(outside)}", meta[id(a)][0], dtype_name(meta[id(a)][1]))
+                    outside[made[id(a)].attrs[0]] = a
+            made[id(u)] = Term(u.op, tuple(made.get(id(a), a) for a in u.args), u.attrs)
+        yield id(t), {id(u) for u in ops[1:]}, made[id(t)], outside
 
 
 def _held(owner: torch.nn.Module, name: str):
@@ -220,23 +207,13 @@ class _Build:
         self.facts = Facts.of_program(program.roots(), meta)
         self.named: dict[fx.Node, str] = {}
         self.reads: dict[str, object] = {}  # the attributes read, by the names the graph reads them
-        self.regions: dict[int, tuple] = {}  # region root id -> its kernel and the values it reads
+        self.regions: dict[int, tuple] = {}  # region root id -> its generated kernel, its operands
         self.inside: set[int] = set()  # the other ops of those regions: computed by their kernels
-        if triton_kernels.available(device):
-            for ops in _regions(program.roots(), meta):
-                self._fuse(ops, meta)
-
-    def _fuse(self, ops: list[Term], meta: dict) -> None:
-        """One generated kernel for the region ``ops`` where it replaces their separate kernels."""
-        from ..kernels.triton.generated import RegionKernel  # only where Triton is installed
-        term, outside = _region_term(ops, meta)
-        try:
-            kernel = RegionKernel(term)
-        except ValueError:  # an op's attribute the generator refuses (a gelu approximation)
-            return
-        if region_chosen(kernel, *meta[id(ops[0])], self.device):
-            self.regions[id(ops[0])] = kernel, outside
-            self.inside.update(map(id, ops[1:]))
+        for root, others, term, outside in _regions(program.roots(), meta) if triton_kernels.available(device) else ():
+            kernel = triton_kernels.generate_elementwise(term)
+            if region_chosen(kernel, *meta[root], device):
+                self.regions[root] = kernel, [outside[name] for name in kernel.program.inputs]
+                self.inside |= others
 
     def on(self, key, target: str):
         """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
@@ -275,9 +252,9 @@ class _Build:
     def _computed(self, item: Term, key):
         """A scalar folded now, or a kernel (a region's generated kernel at its root)."""
         if id(item) in self.regions:
-            kernel, outside = self.regions[id(item)]
+            kernel, operands = self.regions[id(item)]
             self.backend[key] = "triton"
-            node = self.graph.call_function(kernel, tuple(self.on(("t", id(a)), "triton") for a in outside))
+            node = self.graph.call_function(kernel, tuple(self.on(("t", id(a)), "triton") for a in operands))
             self.named[node] = "triton.generated"
             return node
         operands = [("t", id(a)) for a in item.args]

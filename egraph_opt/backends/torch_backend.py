@@ -23,7 +23,7 @@ from ..kernels import triton as triton_kernels
 from ..kernels.binding import Estimator, bind, default_estimate, region_chosen
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import TORCH
-from ..kernels.triton.codegen import TEMPLATES
+from ..kernels.triton.codegen import REDUCTIONS, TEMPLATES
 from ..lang.program import OpaqueRef, Program, leaves
 from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
@@ -129,10 +129,11 @@ def _schedule(program: Program) -> list:
 
 
 def _regions(roots: list[Term], meta: dict):
-    """Each maximal region of two or more ops a generated kernel computes (ops codegen has templates
-    for, on operands of their shape and float dtype, or constants), an operand joining its user's
-    region where that user alone reads it, so only the root's value leaves: the root's id, the ids
-    of the others, the root over inputs in place of the values it reads from outside, and those."""
+    """Each maximal region of ops a generated kernel computes: two or more, each an op codegen has a
+    template for, on operands of its shape and float dtype or constants, under at most one root sum,
+    mean or max over the last axis. An operand joins its user's region where that user alone reads
+    it, so only the root's value leaves. Yields the root's id, the others' ids, the root over inputs
+    in place of the values it reads from outside, and those values by input name."""
     def fusible(t: Term) -> bool:
         shape, dtype = meta[id(t)]
         return t.op in TEMPLATES and len(shape) > 0 and dtype in (torch.float16, torch.bfloat16, torch.float32) \
@@ -140,7 +141,7 @@ def _regions(roots: list[Term], meta: dict):
     order, inside = postorder(roots), set()
     uses = Counter(id(a) for t in order for a in t.args) + Counter(map(id, roots))
     for t in reversed(order):  # users before their operands
-        if id(t) in inside or not fusible(t):
+        if id(t) in inside or not (fusible(t) or t.op in REDUCTIONS and t.attrs[0] == -1):
             continue
         ops = [t]
         for u in ops:  # grows while it is walked: each op after its user
@@ -211,8 +212,9 @@ class _Build:
         self.inside: set[int] = set()  # the other ops of those regions: computed by their kernels
         for root, others, term, outside in _regions(program.roots(), meta) if triton_kernels.available(device) else ():
             kernel = triton_kernels.generate_elementwise(term)
-            if region_chosen(kernel, *meta[root], device):
-                self.regions[root] = kernel, [outside[name] for name in kernel.program.inputs]
+            operands = [outside[name] for name in kernel.program.inputs]
+            if region_chosen(kernel, *meta[id(operands[0])], device):
+                self.regions[root] = kernel, operands
                 self.inside |= others
 
     def on(self, key, target: str):

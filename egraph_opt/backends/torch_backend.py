@@ -88,7 +88,7 @@ def _fold_constants(graph: fx.Graph, kernels: set) -> int:
             all(fixed[a] for a in node.all_input_nodes)
     edges = [n for n in graph.nodes if fixed[n] and n.op != "get_attr" and not all(fixed[u] for u in n.users)]
     for index, node in enumerate(edges):
-        nodes = _ancestors(node, order)
+        nodes = sorted(topological([node], lambda n: n.all_input_nodes, id), key=order.__getitem__)
         reads = [a for a in nodes if a.op == "get_attr"]
         folded = FoldedConstant(nodes, reads, index)
         with graph.inserting_before(node):
@@ -98,17 +98,6 @@ def _fold_constants(graph: fx.Graph, kernels: set) -> int:
         if fixed[node] and not node.users:
             graph.erase_node(node)
     return len(edges)
-
-
-def _ancestors(node: fx.Node, order: dict) -> list[fx.Node]:
-    """``node`` and what it is computed from, in the graph's ``order``."""
-    seen, stack = {node}, [node]
-    while stack:
-        for a in stack.pop().all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                stack.append(a)
-    return sorted(seen, key=order.__getitem__)
 
 
 def _schedule(program: Program) -> list:
@@ -214,7 +203,7 @@ class _Build:
             kernel = triton_kernels.generate_elementwise(term)
             operands = [outside[name] for name in kernel.program.inputs]
             if region_chosen(kernel, *meta[id(operands[0])], device):
-                self.regions[root] = kernel, operands
+                self.regions[root] = kernel, [("t", id(a)) for a in operands]
                 self.inside |= others
 
     def on(self, key, target: str):
@@ -252,22 +241,20 @@ class _Build:
         self.value[key] = leaf() if leaf else self._computed(item, key)
 
     def _computed(self, item: Term, key):
-        """A scalar folded now, or a kernel (a region's generated kernel at its root)."""
-        if id(item) in self.regions:
-            kernel, operands = self.regions[id(item)]
-            self.backend[key] = "triton"
-            node = self.graph.call_function(kernel, tuple(self.on(("t", id(a)), "triton") for a in operands))
-            self.named[node] = "triton.generated"
-            return node
+        """A scalar folded now, or a kernel: at a region's root, the region's generated kernel."""
         operands = [("t", id(a)) for a in item.args]
-        if not any(isinstance(self.value[k], fx.Node) for k in operands):
+        if id(item) in self.regions:
+            impl, operands = self.regions[id(item)]
+            name, backend, attrs = "triton.generated", "triton", ()
+        elif not any(isinstance(self.value[k], fx.Node) for k in operands):
             return evaluate([item], {}, kernels=TORCH)[0]
-        n = self.facts.of(item)
-        use = Use(op=n.op, attrs=n.attrs, shapes=n.shapes, dtypes=n.tensor_dtypes, device=self.device,
-                  layouts=n.layouts)
-        kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
-        self.backend[key] = kernel.backend
-        args = [self.on(k, kernel.backend) for k in operands]
-        node = self.graph.call_function(kernel.impl, tuple(args) + tuple(item.attrs))
-        self.named[node] = kernel.name
+        else:
+            n = self.facts.of(item)
+            use = Use(op=n.op, attrs=n.attrs, shapes=n.shapes, dtypes=n.tensor_dtypes, device=self.device,
+                      layouts=n.layouts)
+            kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
+            impl, name, backend, attrs = kernel.impl, kernel.name, kernel.backend, item.attrs
+        self.backend[key] = backend
+        node = self.graph.call_function(impl, tuple(self.on(k, backend) for k in operands) + tuple(attrs))
+        self.named[node] = name
         return node

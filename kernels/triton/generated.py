@@ -1,12 +1,11 @@
 """``generate_elementwise``: compile a term to a Triton kernel, once per structure.
 
-``@triton.jit`` reads its function's source from a real file, so the generated text is written
-to the cache directory under its hash (atomically: processes may race). Kernels are kept per
-process by that hash; the file also lets Triton's own on-disk cache skip recompiling in the next
-process. What runs is the generated text itself, compiled under the file's name (and given to
-linecache, which Triton reads): never the file as found, nor bytecode an importer would take from
-``__pycache__`` (a planted .pyc with the .py's timestamp and size). And the cache directory is used
-only where it and everything in it are the user's and writable by nobody else, group included.
+``@triton.jit`` reads its function's source from a file: the generated text is written to the
+cache directory under its hash (atomically: processes may race), and what runs is that text itself,
+compiled under the file's name and given to linecache, which Triton reads: never the file as found,
+nor bytecode an importer would take from ``__pycache__`` (a planted .pyc with the .py's timestamp
+and size). The cache directory is used only where it and everything in it are the user's and
+writable by nobody else, group included. Kernels are kept per process by that hash.
 """
 from __future__ import annotations
 
@@ -36,10 +35,8 @@ _checked: set[Path] = set()  # cache directories found private in this process
 
 def cache_dir() -> Path:
     """``$EGRAPH_OPT_CACHE/triton``, else ``egraph_opt/triton`` under the user's cache dir."""
-    root = os.environ.get(CACHE_ENV)
-    if not root:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "egraph_opt"
-    return Path(root) / "triton"
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "egraph_opt"
+    return Path(os.environ.get(CACHE_ENV) or home) / "triton"
 
 
 def _private(directory: Path) -> None:
@@ -49,10 +46,8 @@ def _private(directory: Path) -> None:
     if directory in _checked:
         return
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    found = [(directory, directory.stat())]
-    for folder, names, files in os.walk(directory):
-        found += [(Path(folder, n), os.lstat(os.path.join(folder, n))) for n in names + files]
-    for path, info in found:
+    inside = [Path(folder, n) for folder, names, files in os.walk(directory) for n in names + files]
+    for path, info in [(directory, directory.stat()), *((p, p.lstat()) for p in inside)]:
         why = ("owned by another user" if info.st_uid != os.getuid() else
                None if stat.S_ISLNK(info.st_mode) else
                "world-writable" if info.st_mode & stat.S_IWOTH else
@@ -65,10 +60,8 @@ def _private(directory: Path) -> None:
 
 
 def _load(program: KernelSource) -> object:
-    """``program``'s kernel: its text written to the cache under its hash, then run as the module
-    of that file (the text itself, not what an importer would find there). linecache holds the
-    same text (an entry without mtime is never reloaded), so the source ``@triton.jit`` reads for
-    the kernel is the source that ran."""
+    """``program``'s kernel: its text written under its hash, then run as that file's module;
+    linecache holds the text (an entry without mtime is never reloaded) for ``@triton.jit``."""
     directory = cache_dir()
     path, source = directory / f"k_{program.digest}.py", program.source
     if path not in _kernels:
@@ -88,10 +81,9 @@ def _load(program: KernelSource) -> object:
 
 class GeneratedKernel:
     """A Triton kernel computing ``term`` (elementwise ops over same-shape inputs, optionally
-    under one root sum/max/mean over axis -1), bound to its inputs and constants; ValueError names
-    any op it cannot generate. ``kernel`` is shared by every structurally equal term. Where
-    autograd records, the term runs on the ops' torch kernels (a generated kernel has no backward):
-    the separate kernels it replaces in a plan, ``separate``."""
+    under one root sum/max/mean over axis -1); ValueError names any op it cannot generate.
+    ``kernel`` is shared by every structurally equal term. Where autograd records, the ops' torch
+    kernels run (``separate``: a generated kernel has no backward)."""
 
     def __init__(self, term: Term):
         self.term, self.program = term, lower(term)
@@ -108,10 +100,9 @@ class GeneratedKernel:
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self.separate(*tensors)
         first = tensors[0]
-        for name, t in zip(names, tensors):
-            if t.shape != first.shape or t.dtype != first.dtype or t.dtype not in DTYPES:
-                raise ValueError(f"input {name!r} is {t.dtype} {tuple(t.shape)}; all inputs must "
-                                 f"share one shape and one dtype of {DTYPES}")
+        if any(t.shape != first.shape or t.dtype != first.dtype for t in tensors) or first.dtype not in DTYPES:
+            raise ValueError(f"inputs {[f'{t.dtype} {tuple(t.shape)}' for t in tensors]}: all must share "
+                             f"one shape and one dtype of {DTYPES}")
         if reduction and first.dim() == 0:
             raise ValueError(f"{reduction} over axis -1 needs an input of rank >= 1")
         n = first.shape[-1] if reduction else first.numel()  # a row's length, or every element

@@ -104,10 +104,9 @@ _region_faster: dict[tuple, bool] = {}
 
 
 def region_chosen(kernel, shape: tuple, dtype: torch.dtype, device: str) -> bool:
-    """Whether a region's generated kernel (``triton.generated.GeneratedKernel``) replaces the
-    separate kernels of its ops: where it measures faster, timed side by side with them once per
-    structure, dtype and size bucket within the profiling budget (at most 0.1 s; none: never);
-    never by preference, but under the test switch (``_preferred``)."""
+    """Whether a region's generated kernel replaces its ops' separate kernels: where it measures
+    faster beside them, once per structure, dtype and size bucket within the profiling budget (at
+    most 0.1 s; none: never); never by preference, but under the test switch (``_preferred``)."""
     if device == "cpu":
         return triton_kernels.on_cpu()
     key = (kernel.__name__, dtype, device, math.prod(shape).bit_length())

@@ -104,48 +104,15 @@ def _schedule(program: Program) -> list:
     """Terms and opaque call names in an order where each comes after what it uses."""
     def deps(item):
         if isinstance(item, Term):
-            if item.op == "opaque":
-                return [item.attrs[0]]
-            return list(item.args)
+            return [item.attrs[0]] if item.op == "opaque" else list(item.args)
         call = program.opaque[item]
-        return [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)] + [
-            x.name for x in leaves((call.args, call.kwargs)) if isinstance(x, OpaqueRef)]
+        return [x.name if isinstance(x, OpaqueRef) else x for x in leaves((call.args, call.kwargs))
+                if isinstance(x, (Term, OpaqueRef))]
 
     key = lambda item: ("t", id(item)) if isinstance(item, Term) else ("o", item)  # noqa: E731
     roots = [x if not isinstance(x, OpaqueRef) else x.name for x in leaves(program.outputs)
              if isinstance(x, (Term, OpaqueRef))]
     return topological(roots, deps, key)
-
-
-def _regions(roots: list[Term], meta: dict):
-    """Each maximal region of ops a generated kernel computes: two or more, each an op codegen has a
-    template for, on operands of its shape and float dtype or constants, under at most one root sum,
-    mean or max over the last axis. An operand joins its user's region where that user alone reads
-    it, so only the root's value leaves. Yields the root's id, the others' ids, the root over inputs
-    in place of the values it reads from outside, and those values by input name."""
-    def fusible(t: Term) -> bool:
-        shape, dtype = meta[id(t)]
-        return t.op in TEMPLATES and len(shape) > 0 and dtype in (torch.float16, torch.bfloat16, torch.float32) \
-            and all(a.op == "const" or meta[id(a)] == (shape, dtype) for a in t.args)
-    order, inside = postorder(roots), set()
-    uses = Counter(id(a) for t in order for a in t.args) + Counter(map(id, roots))
-    for t in reversed(order):  # users before their operands
-        if id(t) in inside or not (fusible(t) or t.op in REDUCTIONS and t.attrs[0] == -1):
-            continue
-        ops = [t]
-        for u in ops:  # grows while it is walked: each op after its user
-            ops += [a for a in u.args if uses[id(a)] == 1 and fusible(a)]
-        if len(ops) < 2:
-            continue
-        inside.update(map(id, ops))
-        made, outside = {}, {}
-        for u in reversed(ops):
-            for a in u.args:
-                if id(a) not in made and a.op != "const":
-                    made[id(a)] = Term.input(f"x{len(outside)}", meta[id(a)][0], dtype_name(meta[id(a)][1]))
-                    outside[made[id(a)].attrs[0]] = a
-            made[id(u)] = Term(u.op, tuple(made.get(id(a), a) for a in u.args), u.attrs)
-        yield id(t), {id(u) for u in ops[1:]}, made[id(t)], outside
 
 
 def _held(owner: torch.nn.Module, name: str):
@@ -197,14 +164,43 @@ class _Build:
         self.facts = Facts.of_program(program.roots(), meta)
         self.named: dict[fx.Node, str] = {}
         self.reads: dict[str, object] = {}  # the attributes read, by the names the graph reads them
-        self.regions: dict[int, tuple] = {}  # region root id -> its generated kernel, its operands
-        self.inside: set[int] = set()  # the other ops of those regions: computed by their kernels
-        for root, others, term, outside in _regions(program.roots(), meta) if triton_kernels.available(device) else ():
-            kernel = triton_kernels.generate_elementwise(term)
+        self.regions: dict[int, tuple] = {}  # region root id -> its generated kernel, its operands' keys
+        self.inside: set[int] = set()  # the regions' other ops: their kernels compute them
+        if triton_kernels.available(device):
+            self._fuse(program.roots(), meta)
+
+    def _fuse(self, roots: list[Term], meta: dict) -> None:
+        """A generated kernel for each maximal region of two or more ops (codegen's templates, on
+        operands of the op's shape and float dtype or constants, under at most one root sum, mean
+        or max over the last axis; an operand joins its user's region where only that user reads
+        it) where it replaces the separate kernels of its ops (``binding.region_chosen``)."""
+        def fusible(t: Term) -> bool:
+            shape, dtype = meta[id(t)]
+            return t.op in TEMPLATES and len(shape) > 0 and dtype in (torch.float16, torch.bfloat16, torch.float32) \
+                and all(a.op == "const" or meta[id(a)] == (shape, dtype) for a in t.args)
+        order, inside = postorder(roots), set()
+        uses = Counter(id(a) for t in order for a in t.args) + Counter(map(id, roots))
+        for t in reversed(order):  # users before their operands
+            if id(t) in inside or not (fusible(t) or t.op in REDUCTIONS and t.attrs[0] == -1):
+                continue
+            ops = [t]
+            for u in ops:  # grows while it is walked: each op after its user
+                ops += [a for a in u.args if uses[id(a)] == 1 and fusible(a)]
+            if len(ops) < 2:
+                continue
+            inside.update(map(id, ops))
+            made, outside = {}, {}  # the region's terms over inputs for the values it reads, those by name
+            for u in reversed(ops):
+                for a in u.args:
+                    if id(a) not in made and a.op != "const":
+                        made[id(a)] = Term.input(f"x{len(outside)}", meta[id(a)][0], dtype_name(meta[id(a)][1]))
+                        outside[made[id(a)].attrs[0]] = a
+                made[id(u)] = Term(u.op, tuple(made.get(id(a), a) for a in u.args), u.attrs)
+            kernel = triton_kernels.generate_elementwise(made[id(t)])
             operands = [outside[name] for name in kernel.program.inputs]
-            if region_chosen(kernel, *meta[id(operands[0])], device):
-                self.regions[root] = kernel, [("t", id(a)) for a in operands]
-                self.inside |= others
+            if region_chosen(kernel, *meta[id(operands[0])], self.device):
+                self.regions[id(t)] = kernel, [("t", id(a)) for a in operands]
+                self.inside.update(id(u) for u in ops[1:])
 
     def on(self, key, target: str):
         """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""

@@ -122,11 +122,8 @@ def lower(root: Term) -> KernelSource:
         if axis != -1:
             raise _refuse(reduction, f"only a reduction over the last axis (-1) is generated, not {axis}")
         root = root.args[0]
-    inputs: list[str] = []
-    consts: list[float] = []
-    lines: list[str] = []
-    name_of: dict[int, str] = {}  # term id -> SSA name
-    by_key: dict[tuple, str] = {}  # structural key -> SSA name: equal subterms are emitted once
+    inputs, consts, lines = [], [], []  # input names, constant values, source lines
+    name_of, by_key = {}, {}  # term id, structural key -> SSA name: equal subterms are emitted once
     for t in postorder([root]):
         operands = [name_of[id(a)] for a in t.args]
         key = (t.op, tuple(operands), t.attrs[0].hex() if t.op == "const" else t.attrs)  # -0.0 is not 0.0

@@ -7,8 +7,8 @@ measured or interpolated from rows of its own backend, plus the moves its operan
 backends that produced them (move kernels, measured too). The torch kernel covers every op and is
 always a candidate (a static estimate where nothing is measured); another backend is chosen only
 by its measurements, never by a preference (but under the test switch, where a Triton kernel that
-accepts a node runs it). Extraction prices a node the same way (``Pricing``), so the cost sees
-what will run. No candidate is an error.
+accepts a node runs it), and so is a region's generated kernel over its ops' kernels. Extraction
+prices a node the same way (``Pricing``), so the cost sees what will run. No candidate is an error.
 """
 from __future__ import annotations
 

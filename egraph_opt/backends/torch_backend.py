@@ -1,10 +1,11 @@
 """Backend: a Program back into an executable torch.fx.GraphModule.
 
-Each Term becomes a call of the kernel it is bound to (see ``kernels.binding``: Triton on CUDA
-where it runs, torch otherwise), with conversion kernels where a value changes memory (torch and
-Triton share one: nothing runs between them); opaque calls are copied as they were, scalar
-constants are folded, and every value is emitted once, after what it uses. What no input reaches
-(a mask built from ``arange``, weights concatenated) is computed once per version of what it reads.
+Each Term becomes a call of the kernel it is bound to (``kernels.binding``: Triton on CUDA where it
+runs, torch otherwise), with conversion kernels where a value changes memory (torch and Triton share
+one); on the Triton path a region of elementwise ops (and the row reduction they feed) is one
+generated kernel where it measures faster. Opaque calls are copied as they were, scalar constants
+folded, and every value is emitted once, after what it uses. What no input reaches (a mask built
+from ``arange``, weights concatenated) is computed once per version of what it reads.
 """
 from __future__ import annotations
 
@@ -171,9 +172,9 @@ class _Build:
 
     def _fuse(self, roots: list[Term], meta: dict) -> None:
         """A generated kernel for each maximal region of two or more ops (codegen's templates, on
-        operands of the op's shape and float dtype or constants, under at most one root sum, mean
-        or max over the last axis; an operand joins its user's region where only that user reads
-        it) where it replaces the separate kernels of its ops (``binding.region_chosen``)."""
+        operands of the op's shape and float dtype or constants, under at most one root sum, mean or
+        max over the last axis; an operand joins its user's region where only that user reads it),
+        where it replaces its ops' kernels (``binding.region_chosen``)."""
         def fusible(t: Term) -> bool:
             shape, dtype = meta[id(t)]
             return t.op in TEMPLATES and len(shape) > 0 and dtype in (torch.float16, torch.bfloat16, torch.float32) \

@@ -2,10 +2,9 @@
 the root. Pure text: no Triton needed to generate (or refuse) a kernel, only to run it.
 
 Each op is one line of the template table below, formatted with its operands' SSA names and its
-attributes, so a new elementwise op is one table entry. Structurally equal subterms are emitted
-once. Inputs become pointer arguments and constants scalar arguments in order of first use, so
-the source, hence the compiled kernel, depends on the term's structure only: ``x * 2`` and
-``y * 3`` share one kernel. Everything is computed in float32.
+attributes. Structurally equal subterms are emitted once; inputs become pointer arguments and
+constants scalar arguments in order of first use, so the source (hence the compiled kernel) depends
+on the term's structure only: ``x * 2`` and ``y * 3`` share one kernel. Everything is in float32.
 """
 from __future__ import annotations
 

@@ -165,6 +165,12 @@ def _loss(x, a, b, r):
     return (torch.tanh(x * a + b) - r).abs().mean(-1)
 
 
+def _shared(x, a, b, r):
+    """x * a + b is read twice, so its region ends there: two generated kernels."""
+    h = x * a + b
+    return torch.tanh(h) * r + h
+
+
 def _wide(t):
     return t.float()
 
@@ -180,10 +186,12 @@ REGIONS = [(fn, rounded, kernels, dtype) for dtype in DTYPES for fn, rounded, ke
     (_region, lambda *t: _region(*map(_wide, t)).to(t[0].dtype), {"triton.generated": 1}),
     (_split, _split_rounded, {"torch.atan": 1, "triton.generated": 2})]] + [
     # in half precision the mean is rewritten to accumulate in float32: its casts (no template) split it
-    (_loss, lambda *t: _loss(*t), {"triton.generated": 1}, torch.float32)]
+    (_loss, _loss, {"triton.generated": 1}, torch.float32),
+    (_shared, _shared, {"triton.generated": 2}, torch.float32)]
 
 
-@pytest.mark.parametrize("fn, rounded, kernels, dtype", REGIONS, ids=lambda p: getattr(p, "__name__", str(p)))
+@pytest.mark.parametrize("fn, rounded, kernels, dtype",
+                         [pytest.param(*case, id=f"{case[0].__name__}-{case[3]}") for case in REGIONS])
 def test_an_elementwise_region_is_one_generated_kernel_exact_at_the_extremes(fn, rounded, kernels, dtype,
                                                                              monkeypatch):
     """Under the test switch the backend binds a generated kernel for each maximal region of

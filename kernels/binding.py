@@ -7,19 +7,21 @@ measured or interpolated from rows of its own backend, plus the moves its operan
 backends that produced them (move kernels, measured too). The torch kernel covers every op and is
 always a candidate (a static estimate where nothing is measured); another backend is chosen only
 by its measurements, never by a preference (but under the test switch, where a Triton kernel that
-accepts a node runs it). Extraction prices a node the same way (``Pricing``), so the cost sees
-what will run. No candidate is an error.
+accepts a node runs it), and so is a region's generated kernel over its ops' kernels. Extraction
+prices a node the same way (``Pricing``), so the cost sees what will run. No candidate is an error.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable, NamedTuple
 
+import torch
+
 from . import triton as triton_kernels
 from .registry import MOVES, Kernel, Use, copies, kernels_for
 from egraph_opt.analysis.facts import NodeFacts
-from egraph_opt.profiling.latency import UNIT_S
-from egraph_opt.profiling.profiler import MOVE
+from egraph_opt.profiling.latency import UNIT_S, default_budget
+from egraph_opt.profiling.profiler import MOVE, time_side_by_side
 
 #: estimate(kernel, use) -> seconds (inf: not a candidate)
 Estimator = Callable[[Kernel, Use], float]
@@ -95,6 +97,24 @@ def conversion_seconds(use: Use, source: str, target: str,
     return sum(estimate(move, Use(op=MOVE, attrs=(), shapes=(shape,), dtypes=(dtype,), device=use.device,
                                   layouts=(key,) if key else ()))
                for shape, dtype, key in zip(use.shapes, use.dtypes, layouts))
+
+
+#: (structure, dtype, device, size's power of two) -> whether the region's kernel measured faster
+_region_faster: dict[tuple, bool] = {}
+
+
+def region_chosen(kernel, shape: tuple, dtype: torch.dtype, device: str) -> bool:
+    """Whether a region's generated kernel replaces its ops' separate kernels: where it measures
+    faster beside them, once per structure, dtype and size bucket within the profiling budget (at
+    most 0.1 s; none: never); never by preference, but under the test switch (``_preferred``)."""
+    if device == "cpu":
+        return triton_kernels.on_cpu()
+    key = (kernel.__name__, dtype, device, math.prod(shape).bit_length())
+    if key not in _region_faster:
+        inputs = [torch.full(shape, 0.75, dtype=dtype, device=device)] * len(kernel.program.inputs)
+        seconds = time_side_by_side([kernel, kernel.separate], inputs, device, min(default_budget(), 0.1))
+        _region_faster[key] = seconds is not None and seconds[0] < seconds[1]
+    return _region_faster[key]
 
 
 def usable(kernel: Kernel, device: str) -> bool:

@@ -232,12 +232,13 @@ def test_linear_act_refuses_unknown_activation():
 @pytest.mark.parametrize("op", ["expm1", "log1p", "tanh"])
 def test_mathlib_is_accurate_near_zero_and_at_extremes(op):
     tiny = torch.logspace(-30, 0, 40)
-    x = torch.cat([tiny, -tiny, torch.tensor([0.0, 10.0, 60.0, 100.0, 1e30, float("inf")])])
+    x = torch.cat([tiny, -tiny, torch.tensor([0.0, -0.0, 10.0, 60.0, 100.0, 1e30, float("inf")])])
     if op == "log1p":
         x = x[x > -1]
     out = K.generate_elementwise(Term(op, (Term.input("x", x.shape),)))(x=x)
     ref = getattr(torch, op)(x.double())
     assert torch.equal(out.isinf(), getattr(torch, op)(x).isinf())  # overflows where torch does
+    assert torch.equal(out[x == 0].signbit(), x[x == 0].signbit())  # f(+-0) = +-0
     finite = ref.abs() < torch.finfo(torch.float32).max
     rel = ((out.double() - ref).abs() / ref.abs())[finite].nan_to_num(0.0)  # 0 / 0 at x = 0
     print(f"{op}: max relative error {rel.max().item():.3g}")
@@ -310,6 +311,17 @@ def test_generated_reduction_row_lengths(reduction, n):
     term = Term(reduction, (Term("exp", (Term.input("x", (3, n)),)),), (-1, True))
     ref, = evaluate([term], {"x": x}, reference=True)
     check(K.generate_elementwise(term)(x=x), ref, torch.float32, f"generated {reduction} n={n}")
+
+
+def test_a_generated_kernel_runs_the_ops_torch_kernels_where_autograd_records():
+    """A generated kernel has no backward: with an input that requires grad, the term runs on the
+    ops' torch kernels, and the gradient flows."""
+    x, y = randn(3, 5).requires_grad_(), randn(3, 5)
+    kernel = K.generate_elementwise(Term("mul", (Term("tanh", (Term.input("x", (3, 5)),)), Term.input("y", (3, 5)))))
+    kernel(x=x, y=y).sum().backward()
+    torch.testing.assert_close(x.grad, (1 - torch.tanh(x.detach()) ** 2) * y)
+    with torch.no_grad():
+        check(kernel(x=x, y=y), torch.tanh(x.double()) * y.double(), torch.float32, "no grad")
 
 
 X = Term.input("x", (2, 3))

@@ -133,3 +133,79 @@ def test_explore_and_profiling_rows_take_the_triton_path(monkeypatch, tmp_path):
         profile_shapes([Case("softmax", "float16", ((4, 16),), {"axis": -1})], "cpu", db,
                        repeats=1, progress=False, kernel=kernel)
         assert db.records("softmax", kernel.db_backend, device_name("cpu"), "float16")
+
+
+
+def _extreme_grid(dtype):
+    """Every pair of extreme values (+-inf, NaN, +-0, subnormals, +-dtype max, ordinary ones) as
+    the rows and columns of two inputs, and the same shifted as two more. Not bfloat16's
+    subnormals: the interpreter converts bfloat16 by truncating its bits, flushing them to zero
+    (and rounding toward zero: one ulp, which the test allows), where a GPU converts exactly."""
+    info = torch.finfo(dtype)
+    tiny = [info.smallest_normal / 4, -info.smallest_normal / 2] if dtype != torch.bfloat16 else []
+    values = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0, *tiny, info.max, -info.max,
+                           1.5, -0.75], dtype=dtype)
+    n = len(values)
+    rows, cols = values.repeat_interleave(n).reshape(n, n), values.repeat(n).reshape(n, n)
+    return rows, cols, cols.roll(3, 0), rows.roll(5, 1)
+
+
+def _region(x, a, b, r):
+    """An elementwise chain: one generated kernel."""
+    return torch.tanh(x * a + b) * 0.5 + r
+
+
+def _split(x, a, b, r):
+    """atan has no template: the chains below and above it are two generated kernels."""
+    return torch.exp(torch.atan(x * a + b) * 2.0 - r)
+
+
+def _loss(x, a, b, r):
+    """A chain feeding a mean over the last axis: one generated kernel, a row each."""
+    return (torch.tanh(x * a + b) - r).abs().mean(-1)
+
+
+def _shared(x, a, b, r):
+    """x * a + b is read twice, so its region ends there: two generated kernels."""
+    h = x * a + b
+    return torch.tanh(h) * r + h
+
+
+def _wide(t):
+    return t.float()
+
+
+def _split_rounded(x, a, b, r):
+    """``_split`` as its kernels compute it: each region in float32, rounded once to the dtype."""
+    inner = torch.atan((_wide(x) * _wide(a) + _wide(b)).to(x.dtype))
+    return torch.exp(_wide(inner) * 2.0 - _wide(r)).to(x.dtype)
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+REGIONS = [(fn, rounded, kernels, dtype) for dtype in DTYPES for fn, rounded, kernels in [
+    (_region, lambda *t: _region(*map(_wide, t)).to(t[0].dtype), {"triton.generated": 1}),
+    (_split, _split_rounded, {"torch.atan": 1, "triton.generated": 2})]] + [
+    # in half precision the mean is rewritten to accumulate in float32: its casts (no template) split it
+    (_loss, _loss, {"triton.generated": 1}, torch.float32),
+    (_shared, _shared, {"triton.generated": 2}, torch.float32)]
+
+
+@pytest.mark.parametrize("fn, rounded, kernels, dtype",
+                         [pytest.param(*case, id=f"{case[0].__name__}-{case[3]}") for case in REGIONS])
+def test_an_elementwise_region_is_one_generated_kernel_exact_at_the_extremes(fn, rounded, kernels, dtype,
+                                                                             monkeypatch):
+    """Under the test switch the backend binds a generated kernel for each maximal region of
+    elementwise ops that codegen has templates for (and the row reduction they feed); the plan
+    validates, and at the extremes it gives the original's values computed in float32 and rounded
+    once (a region loads half and computes in float32), NaN for NaN and the sign of every zero."""
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    args = _extreme_grid(dtype)
+    f = saturate_and_extract(fn, profile_budget=0)  # no timing: the interpreter's mean nothing
+    with torch.no_grad():
+        f(*(torch.randn(t.shape).to(dtype) for t in args))
+        out = f(*args)
+    assert f.report.kernels == kernels and "[VALIDATION] passed" in str(f.report), f.report
+    expected = rounded(*args)
+    ulp = {torch.float32: 1e-5, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}[dtype]
+    torch.testing.assert_close(out, expected, rtol=ulp, atol=0, equal_nan=True)
+    assert torch.equal(out.signbit()[out == 0], expected.signbit()[expected == 0])

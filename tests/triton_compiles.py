@@ -1,7 +1,8 @@
-"""Run as a script (no TRITON_INTERPRET): calls every Triton kernel of the registry on CPU tensors
-in each dtype, with every launch compiled for an NVIDIA Hopper GPU (sm_90) instead of run, and
-prints one line per failure. The interpreter accepts what the compiler refuses (a global that is
-no constexpr, a dot's precision for half operands): only compiling shows it, and no GPU is needed."""
+"""Run as a script (no TRITON_INTERPRET): calls every Triton kernel of the registry, and generated
+kernels of every codegen template, on CPU tensors in each dtype, with every launch compiled for an
+NVIDIA Hopper GPU (sm_90) instead of run, and prints one line per failure. The interpreter accepts
+what the compiler refuses (a global that is no constexpr, a dot's precision for half operands):
+only compiling shows it, and no GPU is needed."""
 import math
 import sys
 
@@ -36,7 +37,8 @@ def compile_instead(self, *args, grid, warmup, **kwargs):
             signature[p.name], constexprs[p.name] = "constexpr", value
         else:
             signature[p.name] = _type(value)
-    key = (self.fn.__qualname__, tuple(signature.items()), tuple(map(str, constexprs.items())))
+    key = (self.fn.__module__, self.fn.__qualname__, tuple(signature.items()),  # generated: a module each
+           tuple(map(str, constexprs.items())))
     if key not in compiled:
         compiled.add(key)
         try:
@@ -80,10 +82,32 @@ def main() -> None:
                 except Exception as e:  # noqa: BLE001 - the wrapper, not the kernel: its output
                     if "compile" in str(e).lower():  # is empty, its checks after a launch may fail
                         failures.append(f"{kernel.name}: {e}")
+    _generated(R)
     assert OPS  # the op table imported: the kernels' ops exist
     print(f"{len(compiled)} launches compiled for sm_90")
     for line in failures:
         print("FAILED", line)
+
+
+def _generated(R) -> None:
+    """The generated kernels a plan binds for its regions: every template of codegen in one chain,
+    alone and under each root reduction (the cache in a directory of its own)."""
+    import os
+    import tempfile
+    from egraph_opt.kernels.triton import codegen, generate_elementwise
+    from egraph_opt.lang.ops import OPS
+    from egraph_opt.lang.term import Term
+    os.environ["EGRAPH_OPT_CACHE"] = tempfile.mkdtemp()
+    x, y = Term.input("x", (3, 37)), Term.input("y", (3, 37))
+    chain = x
+    for op, attrs in [(op, ()) for op in codegen.TEMPLATES if op != "gelu"] + [("gelu", ("none",)), ("gelu", ("tanh",))]:
+        chain = Term("add", (chain, Term(op, (chain, y)[:OPS[op].arity], attrs)))
+    for root in [chain] + [Term(r, (chain,), (-1, keep)) for r in codegen.REDUCTIONS for keep in (False, True)]:
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            try:
+                generate_elementwise(root)(x=R(3, 37).to(dtype), y=R(3, 37).to(dtype))
+            except Exception as e:  # noqa: BLE001 - the kernel failed to generate, not to compile
+                failures.append(f"generated {root.op}: {type(e).__name__}: {e}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Backend: a Program back into an executable torch.fx.GraphModule.
 
-Each Term becomes a call of the kernel it is bound to (see ``kernels.binding``: Triton on CUDA
-where it runs, torch otherwise), with conversion kernels where a value changes memory (torch and
-Triton share one: nothing runs between them); opaque calls are copied as they were, scalar
-constants are folded, and every value is emitted once, after what it uses. What no input reaches
-(a mask built from ``arange``, weights concatenated) is computed once per version of what it reads.
+Each Term becomes a call of the kernel it is bound to (``kernels.binding``: Triton on CUDA where it
+runs, torch otherwise), with conversion kernels where a value changes memory (torch and Triton share
+one); on the Triton path a region of elementwise ops (and the row reduction they feed) is one
+generated kernel where it measures faster. Opaque calls are copied as they were, scalar constants
+folded, and every value is emitted once, after what it uses. What no input reaches (a mask built
+from ``arange``, weights concatenated) is computed once per version of what it reads.
 """
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from collections import Counter
 
 from ..analysis.facts import Facts
 from ..frontends.effects import torchs_own, written
-from ..kernels.binding import Estimator, bind, default_estimate
+from ..kernels import triton as triton_kernels
+from ..kernels.binding import Estimator, bind, default_estimate, region_chosen
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import TORCH
+from ..kernels.triton.codegen import REDUCTIONS, TEMPLATES
 from ..lang.program import OpaqueRef, Program, leaves
-from ..lang.term import Term, evaluate, topological
+from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
 
 class FoldedConstant:
@@ -86,7 +89,7 @@ def _fold_constants(graph: fx.Graph, kernels: set) -> int:
             all(fixed[a] for a in node.all_input_nodes)
     edges = [n for n in graph.nodes if fixed[n] and n.op != "get_attr" and not all(fixed[u] for u in n.users)]
     for index, node in enumerate(edges):
-        nodes = _ancestors(node, order)
+        nodes = sorted(topological([node], lambda n: n.all_input_nodes, id), key=order.__getitem__)
         reads = [a for a in nodes if a.op == "get_attr"]
         folded = FoldedConstant(nodes, reads, index)
         with graph.inserting_before(node):
@@ -98,27 +101,14 @@ def _fold_constants(graph: fx.Graph, kernels: set) -> int:
     return len(edges)
 
 
-def _ancestors(node: fx.Node, order: dict) -> list[fx.Node]:
-    """``node`` and what it is computed from, in the graph's ``order``."""
-    seen, stack = {node}, [node]
-    while stack:
-        for a in stack.pop().all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                stack.append(a)
-    return sorted(seen, key=order.__getitem__)
-
-
 def _schedule(program: Program) -> list:
     """Terms and opaque call names in an order where each comes after what it uses."""
     def deps(item):
         if isinstance(item, Term):
-            if item.op == "opaque":
-                return [item.attrs[0]]
-            return list(item.args)
+            return [item.attrs[0]] if item.op == "opaque" else list(item.args)
         call = program.opaque[item]
-        return [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)] + [
-            x.name for x in leaves((call.args, call.kwargs)) if isinstance(x, OpaqueRef)]
+        return [x.name if isinstance(x, OpaqueRef) else x for x in leaves((call.args, call.kwargs))
+                if isinstance(x, (Term, OpaqueRef))]
 
     key = lambda item: ("t", id(item)) if isinstance(item, Term) else ("o", item)  # noqa: E731
     roots = [x if not isinstance(x, OpaqueRef) else x.name for x in leaves(program.outputs)
@@ -175,6 +165,43 @@ class _Build:
         self.facts = Facts.of_program(program.roots(), meta)
         self.named: dict[fx.Node, str] = {}
         self.reads: dict[str, object] = {}  # the attributes read, by the names the graph reads them
+        self.regions: dict[int, tuple] = {}  # region root id -> its generated kernel, its operands' keys
+        self.inside: set[int] = set()  # the regions' other ops: their kernels compute them
+        if triton_kernels.available(device):
+            self._fuse(program.roots(), meta)
+
+    def _fuse(self, roots: list[Term], meta: dict) -> None:
+        """A generated kernel for each maximal region of two or more ops (codegen's templates, on
+        operands of the op's shape and float dtype or constants, under at most one root sum, mean or
+        max over the last axis; an operand joins its user's region where only that user reads it),
+        where it replaces its ops' kernels (``binding.region_chosen``)."""
+        def fusible(t: Term) -> bool:
+            shape, dtype = meta[id(t)]
+            return t.op in TEMPLATES and len(shape) > 0 and dtype in (torch.float16, torch.bfloat16, torch.float32) \
+                and all(a.op == "const" or meta[id(a)] == (shape, dtype) for a in t.args)
+        order, inside = postorder(roots), set()
+        uses = Counter(id(a) for t in order for a in t.args) + Counter(map(id, roots))
+        for t in reversed(order):  # users before their operands
+            if id(t) in inside or not (fusible(t) or t.op in REDUCTIONS and t.attrs[0] == -1):
+                continue
+            ops = [t]
+            for u in ops:  # grows while it is walked: each op after its user
+                ops += [a for a in u.args if uses[id(a)] == 1 and fusible(a)]
+            if len(ops) < 2:
+                continue
+            inside.update(map(id, ops))
+            made, outside = {}, {}  # the region's terms over inputs for the values it reads, those by name
+            for u in reversed(ops):
+                for a in u.args:
+                    if id(a) not in made and a.op != "const":
+                        made[id(a)] = Term.input(f"x{len(outside)}", meta[id(a)][0], dtype_name(meta[id(a)][1]))
+                        outside[made[id(a)].attrs[0]] = a
+                made[id(u)] = Term(u.op, tuple(made.get(id(a), a) for a in u.args), u.attrs)
+            kernel = triton_kernels.generate_elementwise(made[id(t)])
+            operands = [outside[name] for name in kernel.program.inputs]
+            if region_chosen(kernel, *meta[id(operands[0])], self.device):
+                self.regions[id(t)] = kernel, [("t", id(a)) for a in operands]
+                self.inside.update(id(u) for u in ops[1:])
 
     def on(self, key, target: str):
         """The value at ``key`` in ``target``'s memory, through a conversion kernel if needed."""
@@ -203,7 +230,7 @@ class _Build:
 
     def term(self, item: Term) -> None:
         key = ("t", id(item))
-        if key in self.value:
+        if key in self.value or id(item) in self.inside:
             return
         leaf = {"const": lambda: item.attrs[0], "param": lambda: self.read(item.attrs[0]),
                 "opaque": lambda: self.value[("o", item.attrs[0])],
@@ -211,16 +238,20 @@ class _Build:
         self.value[key] = leaf() if leaf else self._computed(item, key)
 
     def _computed(self, item: Term, key):
-        """A scalar folded now, or a kernel."""
+        """A scalar folded now, or a kernel: at a region's root, the region's generated kernel."""
         operands = [("t", id(a)) for a in item.args]
-        if not any(isinstance(self.value[k], fx.Node) for k in operands):
+        if id(item) in self.regions:
+            impl, operands = self.regions[id(item)]
+            name, backend, attrs = "triton.generated", "triton", ()
+        elif not any(isinstance(self.value[k], fx.Node) for k in operands):
             return evaluate([item], {}, kernels=TORCH)[0]
-        n = self.facts.of(item)
-        use = Use(op=n.op, attrs=n.attrs, shapes=n.shapes, dtypes=n.tensor_dtypes, device=self.device,
-                  layouts=n.layouts)
-        kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
-        self.backend[key] = kernel.backend
-        args = [self.on(k, kernel.backend) for k in operands]
-        node = self.graph.call_function(kernel.impl, tuple(args) + tuple(item.attrs))
-        self.named[node] = kernel.name
+        else:
+            n = self.facts.of(item)
+            use = Use(op=n.op, attrs=n.attrs, shapes=n.shapes, dtypes=n.tensor_dtypes, device=self.device,
+                      layouts=n.layouts)
+            kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
+            impl, name, backend, attrs = kernel.impl, kernel.name, kernel.backend, item.attrs
+        self.backend[key] = backend
+        node = self.graph.call_function(impl, tuple(self.on(k, backend) for k in operands) + tuple(attrs))
+        self.named[node] = name
         return node

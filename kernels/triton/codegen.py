@@ -2,10 +2,9 @@
 the root. Pure text: no Triton needed to generate (or refuse) a kernel, only to run it.
 
 Each op is one line of the template table below, formatted with its operands' SSA names and its
-attributes, so a new elementwise op is one table entry. Structurally equal subterms are emitted
-once. Inputs become pointer arguments and constants scalar arguments in order of first use, so
-the source, hence the compiled kernel, depends on the term's structure only: ``x * 2`` and
-``y * 3`` share one kernel. Everything is computed in float32.
+attributes. Structurally equal subterms are emitted once; inputs become pointer arguments and
+constants scalar arguments in order of first use, so the source (hence the compiled kernel) depends
+on the term's structure only: ``x * 2`` and ``y * 3`` share one kernel. Everything is in float32.
 """
 from __future__ import annotations
 
@@ -104,15 +103,6 @@ def _refuse(op: str, why: str) -> ValueError:
     return ValueError(f"generate_elementwise cannot generate op {op!r}: {why}")
 
 
-def _split_root(root: Term) -> tuple[Term, str | None, bool]:
-    if root.op not in REDUCTIONS:
-        return root, None, False
-    axis, keepdim = root.attrs
-    if axis != -1:
-        raise _refuse(root.op, f"only a reduction over the last axis (-1) is generated, got {axis}")
-    return root.args[0], root.op, keepdim
-
-
 def _line(t: Term, operands: list[str]) -> str:
     if t.op in REDUCTIONS:
         raise _refuse(t.op, "a reduction is generated only at the root")
@@ -126,44 +116,38 @@ def _line(t: Term, operands: list[str]) -> str:
 
 def lower(root: Term) -> KernelSource:
     """The kernel source for ``root``; ValueError naming the op if any op cannot be generated."""
-    body_root, reduction, keepdim = _split_root(root)
-    inputs: list[str] = []
-    consts: list[float] = []
-    lines: list[str] = []
-    name_of: dict[int, str] = {}  # term id -> SSA name
-    by_key: dict[tuple, str] = {}  # structural key -> SSA name: equal subterms are emitted once
-    for t in postorder([body_root]):
+    reduction, (axis, keepdim) = (root.op, root.attrs) if root.op in REDUCTIONS else (None, (-1, False))
+    if reduction:
+        if axis != -1:
+            raise _refuse(reduction, f"only a reduction over the last axis (-1) is generated, not {axis}")
+        root = root.args[0]
+    inputs, consts, lines = [], [], []  # input names, constant values, source lines
+    name_of, by_key = {}, {}  # term id, structural key -> SSA name: equal subterms are emitted once
+    for t in postorder([root]):
         operands = [name_of[id(a)] for a in t.args]
-        if t.op == "input":
-            key = ("input", t.attrs[0])
+        key = (t.op, tuple(operands), t.attrs[0].hex() if t.op == "const" else t.attrs)  # -0.0 is not 0.0
+        if key in by_key:
+            pass
+        elif t.op == "input":
+            by_key[key] = f"in{len(inputs)}"
+            lines.append(f"in{len(inputs)} = tl.load(in{len(inputs)}_ptr + offs, mask=mask, "
+                         "other=0.0).to(tl.float32)")
+            inputs.append(t.attrs[0])
         elif t.op == "const":
-            key = ("const", t.attrs[0].hex())  # hex tells -0.0 from 0.0
+            by_key[key] = f"c{len(consts)}"
+            consts.append(t.attrs[0])
         else:
-            key = (t.op, tuple(operands), t.attrs)
-        if key not in by_key:
-            if t.op == "input":
-                by_key[key] = f"in{len(inputs)}"
-                lines.append(f"{by_key[key]} = tl.load(in{len(inputs)}_ptr + offs, mask=mask, "
-                             "other=0.0).to(tl.float32)")
-                inputs.append(t.attrs[0])
-            elif t.op == "const":
-                by_key[key] = f"c{len(consts)}"
-                consts.append(t.attrs[0])
-            else:
-                by_key[key] = f"v{len(lines)}"
-                lines.append(f"{by_key[key]} = {_line(t, operands)}")
+            by_key[key] = f"v{len(lines)}"
+            lines.append(f"v{len(lines)} = {_line(t, operands)}")
         name_of[id(t)] = by_key[key]
     if not inputs:
         raise ValueError("generate_elementwise needs a term with at least one input")
-    args = "".join(f"in{i}_ptr, " for i in range(len(inputs)))
-    args += "".join(f"c{i}, " for i in range(len(consts)))
-    result = name_of[id(body_root)]
-    body = "\n".join(lines)
+    args = "".join([f"in{i}_ptr, " for i in range(len(inputs))] + [f"c{i}, " for i in range(len(consts))])
+    body, result = "\n".join(lines), name_of[id(root)]
     if reduction is None:
         kernel = ELEMENTWISE.format(args=args, body=textwrap.indent(body, " " * 4), result=result)
     else:
         identity, combine, finish = REDUCTIONS[reduction]
-        masked = f"tl.where(mask, {result}, {identity})"
-        kernel = ROW_REDUCTION.format(args=args, body=textwrap.indent(body, " " * 8), identity=identity,
-                                      combine=combine.format(v=masked), finish=finish)
+        kernel = ROW_REDUCTION.format(args=args, body=textwrap.indent(body, " " * 8), identity=identity, finish=finish,
+                                      combine=combine.format(v=f"tl.where(mask, {result}, {identity})"))
     return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction, keepdim)

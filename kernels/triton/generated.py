@@ -1,12 +1,10 @@
-"""``generate_elementwise``: compile a term to a Triton kernel, once per structure.
+"""``generate_elementwise``: compile a term to a Triton kernel, once per structure and process.
 
-``@triton.jit`` reads its function's source from a real file, so the generated text is written
-to the cache directory under its hash (atomically: processes may race). Kernels are kept per
-process by that hash; the file also lets Triton's own on-disk cache skip recompiling in the next
-process. What runs is the generated text itself, compiled under the file's name (and given to
-linecache, which Triton reads): never the file as found, nor bytecode an importer would take from
-``__pycache__`` (a planted .pyc with the .py's timestamp and size). And the cache directory is used
-only where it and everything in it are the user's and writable by nobody else, group included.
+``@triton.jit`` reads its function's source from a file: the generated text is written to the
+cache directory under its hash (atomically: processes may race), and what runs is that text itself,
+compiled under the file's name and given to linecache, which Triton reads: never the file as found,
+nor bytecode an importer would take from ``__pycache__`` (a planted .pyc with the .py's timestamp
+and size). The cache directory is used only where it and all in it are the user's alone to write.
 """
 from __future__ import annotations
 
@@ -16,14 +14,14 @@ import stat
 import sys
 import tempfile
 import types
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import triton
 
-from egraph_opt.lang.term import Term
+from egraph_opt.lang.term import Term, evaluate
 
+from ..torch_ops import TORCH
 from .codegen import KernelSource, lower
 from .layout import row_block
 
@@ -36,10 +34,8 @@ _checked: set[Path] = set()  # cache directories found private in this process
 
 def cache_dir() -> Path:
     """``$EGRAPH_OPT_CACHE/triton``, else ``egraph_opt/triton`` under the user's cache dir."""
-    root = os.environ.get(CACHE_ENV)
-    if not root:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "egraph_opt"
-    return Path(root) / "triton"
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "egraph_opt"
+    return Path(os.environ.get(CACHE_ENV) or home) / "triton"
 
 
 def _private(directory: Path) -> None:
@@ -49,10 +45,8 @@ def _private(directory: Path) -> None:
     if directory in _checked:
         return
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    found = [(directory, directory.stat())]
-    for folder, names, files in os.walk(directory):
-        found += [(Path(folder, n), os.lstat(os.path.join(folder, n))) for n in names + files]
-    for path, info in found:
+    inside = [Path(folder, n) for folder, names, files in os.walk(directory) for n in names + files]
+    for path, info in [(directory, directory.stat()), *((p, p.lstat()) for p in inside)]:
         why = ("owned by another user" if info.st_uid != os.getuid() else
                None if stat.S_ISLNK(info.st_mode) else
                "world-writable" if info.st_mode & stat.S_IWOTH else
@@ -64,81 +58,64 @@ def _private(directory: Path) -> None:
     _checked.add(directory)
 
 
-def _holds(path: Path, source: str) -> bool:
-    """Whether the file holds exactly ``source`` (the text its name is the hash of)."""
-    expected = source.encode()
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(expected) + 1) == expected
-    except OSError:
-        return False
-
-
 def _load(program: KernelSource) -> object:
+    """``program``'s kernel: its text written under its hash, then run as that file's module;
+    linecache holds the text (an entry without mtime is never reloaded) for ``@triton.jit``."""
     directory = cache_dir()
-    path = directory / f"k_{program.digest}.py"
+    path, source = directory / f"k_{program.digest}.py", program.source
     if path not in _kernels:
         _private(directory)
-        if not _holds(path, program.source):
-            with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp",
-                                             delete=False) as f:
-                f.write(program.source)
-            os.replace(f.name, path)
-        _kernels[path] = _run(program.source, path, f"egraph_opt_generated_{program.digest}").kernel
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp",
+                                         delete=False) as f:
+            f.write(source)
+        os.replace(f.name, path)
+        module = types.ModuleType(f"egraph_opt_generated_{program.digest}")
+        module.__file__ = str(path)
+        sys.modules[module.__name__] = module
+        linecache.cache[str(path)] = (len(source), None, source.splitlines(keepends=True), str(path))
+        exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
+        _kernels[path] = module.kernel
     return _kernels[path]
 
 
-def _run(source: str, path: Path, name: str) -> types.ModuleType:
-    """Run ``source`` as the module of file ``path``: the text checked, not what an importer would
-    find there. linecache holds the same text (an entry without mtime is never reloaded), so the
-    source ``@triton.jit`` reads for the kernel is the source that ran."""
-    module = types.ModuleType(name)
-    module.__file__ = str(path)
-    sys.modules[name] = module
-    linecache.cache[str(path)] = (len(source), None, source.splitlines(keepends=True), str(path))
-    exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
-    return module
-
-
-@dataclass(frozen=True)
 class GeneratedKernel:
-    """A generated kernel bound to one term's inputs and constants; call it with the inputs by
-    name. ``kernel`` is shared by every structurally equal term."""
+    """A Triton kernel computing ``term`` (elementwise ops over same-shape inputs, optionally
+    under one root sum/max/mean over axis -1); ValueError names any op it cannot generate.
+    ``kernel`` is shared by every structurally equal term. Where autograd records, the ops' torch
+    kernels run (``separate``: a generated kernel has no backward)."""
 
-    program: KernelSource
-    kernel: object
+    def __init__(self, term: Term):
+        self.term, self.program = term, lower(term)
+        self.kernel = _load(self.program)
+        self.__name__ = self.__qualname__ = f"generated_{self.program.digest[:12]}"  # a plan's node
 
-    def __call__(self, **inputs: torch.Tensor) -> torch.Tensor:
-        names = set(self.program.inputs)
-        if set(inputs) != names:
+    def __call__(self, *tensors: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
+        """With the inputs by name, or (as a plan calls it) their values in ``program.inputs``' order."""
+        names, reduction = self.program.inputs, self.program.reduction
+        inputs = dict(zip(names, tensors)) if tensors else inputs
+        if set(inputs) != set(names):
             raise TypeError(f"expected inputs {sorted(names)}, got {sorted(inputs)}")
-        tensors = [inputs[name].contiguous() for name in self.program.inputs]
+        tensors = [inputs[name].contiguous() for name in names]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self.separate(*tensors)
         first = tensors[0]
-        for name, t in zip(self.program.inputs, tensors):
-            if t.shape != first.shape or t.dtype != first.dtype or t.dtype not in DTYPES:
-                raise ValueError(f"input {name!r} is {t.dtype} {tuple(t.shape)}; all inputs must "
-                                 f"share one shape and one dtype of {DTYPES}")
-        args = (*tensors, *self.program.consts)
-        if self.program.reduction is None:
-            out = torch.empty_like(first)
-            n = first.numel()
-            block = row_block(n)
-            if n:
-                self.kernel[(triton.cdiv(n, block),)](out, *args, n, BLOCK=block)
-            return out
-        if first.dim() == 0:
-            raise ValueError(f"{self.program.reduction} over axis -1 needs an input of rank >= 1")
-        n_cols = first.shape[-1]
-        kept = (1,) if self.program.keepdim else ()
-        out = torch.empty(first.shape[:-1] + kept, dtype=first.dtype, device=first.device)
-        if out.numel():
-            self.kernel[(out.numel(),)](out, *args, n_cols, BLOCK=row_block(n_cols))
+        if any(t.shape != first.shape or t.dtype != first.dtype for t in tensors) or first.dtype not in DTYPES:
+            raise ValueError(f"inputs {[f'{t.dtype} {tuple(t.shape)}' for t in tensors]}: all must share "
+                             f"one shape and one dtype of {DTYPES}")
+        if reduction and first.dim() == 0:
+            raise ValueError(f"{reduction} over axis -1 needs an input of rank >= 1")
+        n = first.shape[-1] if reduction else first.numel()  # a row's length, or every element
+        shape = first.shape[:-1] + ((1,) if self.program.keepdim else ()) if reduction else first.shape
+        out = torch.empty(shape, dtype=first.dtype, device=first.device)
+        if out.numel():  # a program per row, or per block of elements
+            grid = out.numel() if reduction else triton.cdiv(n, row_block(n))
+            self.kernel[(grid,)](out, *tensors, *self.program.consts, n, BLOCK=row_block(n))
         return out
 
+    def separate(self, *tensors: torch.Tensor) -> torch.Tensor:
+        """The term on the ops' torch kernels, the inputs in ``program.inputs``' order."""
+        return evaluate([self.term], dict(zip(self.program.inputs, tensors)), kernels=TORCH)[0]
 
-def generate_elementwise(term: Term) -> GeneratedKernel:
-    """A Triton kernel computing ``term`` (elementwise ops over same-shape inputs, optionally
-    under one root sum/max/mean over axis -1). Raises ValueError naming any op it cannot
-    generate. Structurally equal terms reuse one compiled kernel."""
-    program = lower(term)
-    return GeneratedKernel(program, _load(program))
+
+#: compile a term to a Triton kernel, once per structure
+generate_elementwise = GeneratedKernel

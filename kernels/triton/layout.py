@@ -1,7 +1,5 @@
-"""Views that turn "an op over one axis of any tensor" into "an op over the rows of a matrix".
-
-Every row kernel reads contiguous rows of length ``n``: the wrapper moves the axis last, makes
-the tensor contiguous, runs the kernel, then undoes the move on the result.
+"""Block and tile sizes the kernels launch with (a row kernel reads its rows in blocks, a matmul
+in tiles), and whether ``tl.dot``'s operands are widened first.
 """
 from __future__ import annotations
 
@@ -32,14 +30,3 @@ def widen_dot(dtype: torch.dtype) -> bool:
     bfloat16 as its raw bits (uint16) and multiplies those. Exact: a product of two bfloat16 is a
     float32, as a GPU's bfloat16 MMA with float32 accumulation has it."""
     return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def as_rows(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """``x`` with ``axis`` moved last, as a contiguous (rows, n) matrix, and the moved shape."""
-    moved = x.movedim(axis, -1).contiguous()
-    return moved.reshape(-1, moved.shape[-1]), tuple(moved.shape)
-
-
-def from_rows(y: torch.Tensor, moved_shape: tuple[int, ...], axis: int) -> torch.Tensor:
-    """Inverse of :func:`as_rows` for a result with the same row length."""
-    return y.reshape(moved_shape).movedim(-1, axis)

@@ -28,7 +28,7 @@ def expm1(x):
 def tanh(x):
     e = expm1(-2.0 * tl.abs(x))  # in (-1, 0]: no overflow, no cancellation near 0
     t = -e / (2.0 + e)
-    return tl.where(x < 0.0, -t, t)
+    return tl.where(x < 0.0, -t, tl.where(x == 0.0, x, t))  # x itself at -0: t is +0 there
 
 
 @triton.jit

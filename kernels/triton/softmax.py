@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import as_rows, from_rows, row_block
+from .layout import row_block
 from .runtime import implements
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
@@ -60,12 +60,13 @@ def _softmax_kernel(x_ptr, out_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
 
 
 def _launch(x: torch.Tensor, axis: int, mode: int) -> torch.Tensor:
-    rows, moved_shape = as_rows(x, axis)
-    n = rows.shape[1]
-    out = torch.empty((rows.shape[0], 1 if mode == LOGSUMEXP else n), dtype=x.dtype, device=x.device)
+    """The kernel over the contiguous rows of ``x`` with ``axis`` moved last; the result moved back."""
+    moved = x.movedim(axis, -1).contiguous()
+    rows, n = moved.reshape(-1, moved.shape[-1]), moved.shape[-1]
+    out = torch.empty(moved.shape[:-1] + (1 if mode == LOGSUMEXP else n,), dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         _softmax_kernel[(rows.shape[0],)](rows, out, n, MODE=mode, BLOCK=row_block(n))
-    return from_rows(out, moved_shape[:-1] + (1,) if mode == LOGSUMEXP else moved_shape, axis)
+    return out.movedim(-1, axis)
 
 
 @implements("softmax")

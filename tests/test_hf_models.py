@@ -243,3 +243,32 @@ def test_training_a_decorated_causal_lm_gives_eagers_losses_from_an_optimized_pl
                 opt.zero_grad()
     assert f.report.optimized and not f.report.fallback, f.report.fallback
     assert len(f.plans) == 1
+
+
+def test_the_never_slower_check_times_a_decode_step_on_a_kept_cache_as_generate_calls_it(monkeypatch):
+    """A decode step's original is timed on a cache kept between calls (its tensors put back before
+    each), as generate() passes it, not on one rebuilt from its leaves per call (a cache's constructor
+    copies every layer: an original slower than a user's); the plan writes into that cache too."""
+    import transformers as tf
+    import egraph_opt.drivers.api as api
+    timed = []
+    monkeypatch.setattr(api, "time_side_by_side", lambda fns, args, *rest: timed.append((fns, args)))
+    torch.manual_seed(0)
+    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    ids = torch.randint(1, 100, (1, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=30.0)
+        m.generate(ids, max_new_tokens=3, do_sample=False)
+    steps = [(fns, args) for fns, args in timed if len(args) > 2]  # the cache's leaves among the tensors
+    made, init = [], tf.DynamicCache.__init__
+    monkeypatch.setattr(tf.DynamicCache, "__init__", lambda self, *a, **k: made.append(1) or init(self, *a, **k))
+    assert steps
+    with torch.no_grad():
+        for (original, plan), args in steps:
+            first, again, planned = original(*args), original(*args), plan(*args)
+            assert not made and first["cache"] is again["cache"] is planned["cache"]
+            cached = next(a for a in args if a.dim() == 4).shape[-2]
+            assert first["cache"].layers[0].keys.shape[-2] == cached + 1  # one step appended, once
+            torch.testing.assert_close(first["logits"], again["logits"])
+            torch.testing.assert_close(planned["logits"], first["logits"])

@@ -557,7 +557,8 @@ class OptimizedFunction:
             return Plan(None, report, result.egraph, result)
         plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned),
                     into=_into(call, module, returns))
-        return self._never_slower(plan, target, args, device, latency, original_s)
+        timed = call.as_called(self.fn, plan.into, plan.returned) if plan.into else (target, plan.run)
+        return self._never_slower(plan, *timed, args, device, latency, original_s)  # as the caller calls
 
     def _describe(self, report: Report, program, result: Optimized, module, latency, priced) -> None:
         """What the optimization did, its estimated error and latency, into ``report``."""
@@ -583,13 +584,13 @@ class OptimizedFunction:
                           (latency.profiled, latency.spent_s, latency.busy) if latency else (0, 0.0, None))
         report.error = tuple(errors) if errors and all(errors) else None
 
-    def _never_slower(self, plan: Plan, target, args, device: str, latency, original_s: float) -> Plan:
-        """The plan, unless timing it beside the original within the profile budget finds it
-        slower and no more stable: then the original."""
+    def _never_slower(self, plan: Plan, target, run, args, device: str, latency, original_s: float) -> Plan:
+        """The plan, unless timing ``run`` beside the original (``target``) within the profile
+        budget finds it slower and no more stable: then the original."""
         report, result = plan.report, plan.optimized
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
-            report.measured = time_side_by_side([target, plan.run], args, device, left)
+            report.measured = time_side_by_side([target, run], args, device, left)
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "

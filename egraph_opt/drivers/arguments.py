@@ -79,6 +79,28 @@ class BoundCall:
                 raise SideEffect(f"the program updates argument {name!r} without returning it")
         return out
 
+    def as_called(self, fn: Callable, into: Into, returned: tuple) -> tuple[Callable, Callable]:
+        """``fn``, and a plan's ``into``, as functions of this call's tensors that pass the objects of
+        ``trees`` as a caller does, kept rather than rebuilt from their leaves (what a decode step
+        costs in a generation): private ones, whose own tensors are put back before each call."""
+        objects = {name: tree_unflatten([t.detach().clone() for t in self.tensors[start:start + n]], spec)
+                   for name, (spec, start, n) in self.trees.items()}
+        kept = [(obj, path, v) for obj in objects.values() for path, v in _held(obj) if isinstance(v, torch.Tensor)]
+
+        def restored(tensors: tuple) -> dict:
+            for obj, path, held in kept:
+                _write(obj, [path], [held])
+            return {**self.arguments, **{n: t for n, t in zip(self.names, tensors) if n in self.arguments}, **objects}
+
+        def original(*tensors):
+            bound = inspect.BoundArguments(self.signature, restored(tensors))
+            return fn(*bound.args, **bound.kwargs)
+
+        def planned(*tensors):
+            arguments = restored(tensors)
+            return into(tensors, [arguments[name] for name in returned])
+        return original, planned
+
 
 _NEVER = object()  # no value is it
 

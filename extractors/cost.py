@@ -70,11 +70,8 @@ class CostModel:
     def latency(self, n: NodeFacts) -> int:
         if n.op in LEAVES or n.constant:
             return 0
-        if self.latency_of is not None and n.shapes is not None:
-            found = self.latency_of(n)
-            if found:
-                return found[0]
-        return OPS[n.op].passes * PASS_UNITS  # passes over memory the op declares
+        found = self.latency_of(n) if self.latency_of is not None and n.shapes is not None else None
+        return found[0] if found else OPS[n.op].passes * PASS_UNITS  # else: passes over memory the op declares
 
     def error(self, n: NodeFacts) -> float:
         """Estimated relative error a node adds: unit roundoff amplified by its curvature."""

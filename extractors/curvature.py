@@ -29,10 +29,8 @@ def _exp(v: float) -> float:
 
 def _pow(attrs: tuple, operands: list[Interval]) -> float:
     p = operands[1][1] if operands[1][0] == operands[1][1] else math.inf
-    if p in (0.0, 1.0):
-        return 0.0
-    if p == 2.0:
-        return 2.0
+    if p in (0.0, 1.0, 2.0):
+        return p * (p - 1)  # x^(p - 2) drops out
     lo = gap(operands[0]) if p < 2 else mag(operands[0])
     return abs(p * (p - 1)) * lo ** (p - 2) if lo > 0 else math.inf
 
@@ -116,8 +114,7 @@ def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
     if error != "cancels" or all(exact[:2]):
         return False
     a, b = operands[:2]
-    if op == "add":
-        b = (-b[1], -b[0])
+    b = (-b[1], -b[0]) if op == "add" else b  # a + b = a - (-b)
     lo, hi = max(a[0], b[0]), min(a[1], b[1])
     return lo <= hi and (lo, hi) != (0, 0)  # meeting only at 0, they have opposite signs
     # (exp(x) + exp(y), both in [0, inf)): their magnitudes add, nothing cancels
@@ -143,9 +140,8 @@ ALL_DIGITS = 2000
 def _amplified(factor: float, dtype: str) -> int:
     """Decibels of an amplification of the rounding error an operand carries; past 1 / unit
     roundoff no digit is left, which costs what a cancellation does."""
-    if factor * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) >= 1:
-        return ALL_DIGITS
-    return round(10 * math.log10(1 + factor))
+    return ALL_DIGITS if factor * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) >= 1 \
+        else round(10 * math.log10(1 + factor))
 
 
 def _cancellation(op: str, operands: list[Interval], result: Interval | None, dtype: str) -> int:

@@ -61,8 +61,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
         start = _program(root, {}, default)
     queue = [(sum(price(c, n) for c, n in start.items()), 0, {})]
     seen = {frozenset()}
-    terms: dict[tuple, Term] = {}  # one Term per structure, across alternatives
-    yielded: set[int] = set()
+    terms, yielded = {}, set()  # terms: one Term per structure, across alternatives
     while queue and (limit is None or len(yielded) < limit):
         total, _, overrides = heapq.heappop(queue)
         choice = _program(root, overrides, default)
@@ -71,9 +70,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
             yielded.add(id(term))
             yield Alternative(term=term, cost=total, parts=cost_parts(choice, price), choice=choice)
         for cid, chosen in choice.items():
-            for node in classes[cid]:
-                if node == chosen:
-                    continue
+            for node in (n for n in classes[cid] if n != chosen):
                 trial = {**overrides, cid: node}
                 switched = _program(root, trial, default)
                 if switched is None:

@@ -262,15 +262,12 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
     bounds = [0] + bounds[::-1]
     picks = [int(arg[a, b]) for a, b in zip(bounds, bounds[1:])]
     segments, cuts = [], [0]
-    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        if k == len(picks) - 1:
-            segments.append((picks[k], math.inf))
-            cuts.append(n)
-            continue
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:-1])):
         cut = _refine(x, cum, picks[k], picks[k + 1], edges[a], edges[b], edges[bounds[k + 2]])
-        t = x[cut] if series[picks[k + 1]] else _between(x[cut - 1], x[cut], series[picks[k]])
-        segments.append((picks[k], t))
+        segments.append((picks[k], x[cut] if series[picks[k + 1]] else _between(x[cut - 1], x[cut], series[picks[k]])))
         cuts.append(cut)
+    segments.append((picks[-1], math.inf))
+    cuts.append(n)
     return float(sum(cum[c, b] - cum[c, a] for c, a, b in zip(picks, cuts, cuts[1:]))), segments
 
 
@@ -280,9 +277,7 @@ def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> 
     lo, hi = max(start + 1, edge - (edge - start) // 2), min(stop - 1, edge + (stop - edge) // 2)
     ks = np.arange(lo, hi + 1)
     ks = ks[x[ks - 1] < x[ks]] if len(ks) else ks
-    if not len(ks):
-        return edge
-    return int(ks[np.argmin(cum[left, ks] + cum[right, stop] - cum[right, ks])])
+    return int(ks[np.argmin(cum[left, ks] + cum[right, stop] - cum[right, ks])]) if len(ks) else edge
 
 
 def _between(a: float, b: float, next_to_a: bool = False) -> float:

@@ -39,9 +39,7 @@ def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict,
     """Every node's exact value (float64, differentiable from the inputs), the dtype the program
     computes it in, and the local error it commits there: the op run in that dtype on operands
     exact in theirs, against the same op in float64."""
-    exact: dict[int, object] = {}
-    dtype: dict[int, torch.dtype | None] = {}
-    local: dict[int, torch.Tensor] = {}
+    exact, dtype, local = {}, {}, {}
     for t in postorder([root]):
         if t.op == "const":
             exact[id(t)], dtype[id(t)] = t.attrs[0], None
@@ -118,9 +116,8 @@ def rounding_error(root: Term, env: dict[str, torch.Tensor],
                                         (g.abs() * local[i].reshape(-1)).nan_to_num(math.inf)).sum(1)
                 total += shares[i]
     value = flat[pick]
-    bits = _result_bits(value, total, out_dtype, exact)
-    return RoundingError(bits, {i: float(_to_bits(value, s, out_dtype).nan_to_num(0).max())
-                                for i, s in shares.items()})
+    return RoundingError(_result_bits(value, total, out_dtype, exact),
+                         {i: float(_to_bits(value, s, out_dtype).nan_to_num(0).max()) for i, s in shares.items()})
 
 
 def _to_bits(value: torch.Tensor, error: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -216,9 +213,7 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
                 by_node[i] = max(b, by_node.get(i, 0.0))
     bits = torch.cat(bits) if bits else torch.zeros(0)
     defined = bits[~bits.isnan()]
-    if not defined.numel():
-        return None
-    return ProgramError(float(defined.max()), float(defined.mean()), by_node)
+    return ProgramError(float(defined.max()), float(defined.mean()), by_node) if defined.numel() else None
 
 
 def least_error(candidates: list[Program], ranges: dict | None = None, *, points: int = 4) -> int | None:

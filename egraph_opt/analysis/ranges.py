@@ -52,11 +52,6 @@ def _safe(f: Callable[[float], float], v: float, overflow: float) -> float:
         return overflow
 
 
-def _unbounded(v: float) -> float:
-    """An endpoint at +-BIG stands for no bound, +-inf among them: log(BIG) is 690, log(inf) inf."""
-    return math.copysign(math.inf, v) if abs(v) >= BIG else v
-
-
 def _mul(a: Interval, b: Interval) -> Interval:
     products = [clamp(x * y) for x in a for y in b]
     return min(products), max(products)
@@ -91,11 +86,11 @@ def hull(*ivs: Interval) -> Interval:
 def _log(a: Interval, shift: float = 0.0) -> Interval:
     """log(a + shift). Of an argument that is negative throughout, NaN: no interval bounds it
     (claiming -BIG once clashed with the bounds another form of the same e-class proved)."""
-    lo = a[0] + shift
-    if a[1] + shift < 0:
+    lo, hi = a[0] + shift, a[1] + shift
+    if hi < 0:
         return TOP
-    return (_safe(math.log, lo, -BIG) if lo > 0 else -BIG), (
-        _safe(math.log, _unbounded(a[1] + shift), BIG) if a[1] + shift > 0 else -BIG)
+    hi = math.inf if hi >= BIG else hi  # an end at BIG is no bound, +inf among them: log(BIG) is 690
+    return (_safe(math.log, lo, -BIG) if lo > 0 else -BIG), (_safe(math.log, hi, BIG) if hi > 0 else -BIG)
 
 
 def gap(a: Interval) -> float:
@@ -136,9 +131,7 @@ def _silu(t, a, s):
 def _swish(t, a, s):
     """x * sigmoid(b x) = silu(b x) / b (x / 2 at b = 0)."""
     b = t.attrs[0]
-    if b == 0:
-        return iv(a[0][0] / 2, a[0][1] / 2)
-    return _div(_silu(t, [_mul(a[0], (b, b))], s), (b, b))
+    return iv(a[0][0] / 2, a[0][1] / 2) if b == 0 else _div(_silu(t, [_mul(a[0], (b, b))], s), (b, b))
 
 
 def _rotary(t, a, s):

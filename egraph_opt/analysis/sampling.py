@@ -92,8 +92,7 @@ def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[s
     """One point per input, of its shape and float dtype, inside its declared range (rows of each
     kind in turn over the last axis, both ends at the start); an input without a declared range is
     drawn uniformly over the bit patterns of its dtype's finite numbers."""
-    env: dict[str, torch.Tensor] = {}
-    first_of_shape: dict[tuple, torch.Tensor] = {}
+    env, first_of_shape = {}, {}
     for name, (shape, dtype) in inputs.items():
         if not math.prod(shape):  # a size-0 axis: an empty tensor, nothing to draw
             env[name] = torch.empty(shape, dtype=getattr(torch, dtype))

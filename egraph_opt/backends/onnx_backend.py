@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 
 from ..frontends.onnx_converters import ELEM_TYPES
 from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree, full_rows
-from ..frontends.onnx_frontend import OnnxProgram, overridable, subgraph_reads
+from ..frontends.onnx_frontend import OnnxProgram, overridable, static_type, subgraph_reads
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves
 from ..kernels.torch_ops import TORCH
@@ -237,16 +237,13 @@ class Emitter:
         graph = src.model.graph
         self.taken = {v.name for v in list(graph.input) + list(graph.output)}
         self.taken |= {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: dict[str, onnx.TensorProto] = {}
+        self.nodes, self.initializers = [], {}  # NodeProtos; name -> TensorProto
         self.names: dict[int, str] = {}  # by id: every term named here is kept alive below
         self.alive: list[Term] = []  # decompositions' terms, so that no id is reused while named
         self.meta = dict(program.meta())  # and the terms decompositions build (kept alive)
         self.leaf_meta = program.leaf_meta()
-        self._consts: dict[tuple, str] = {}
+        self._consts, self._source, self._folded = {}, {}, {}  # memos of tensor, source and fold_params
         self._static: bool | None = None
-        self._source: dict[int, str] = {}
-        self._folded: dict[int, str | None] = {}
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
         #: attention between a split into heads and a merge, written as one Attention (opset 23)
         self.heads = heads_merged(program.roots(), program.meta()) if self.opset >= 23 else {}
@@ -317,9 +314,7 @@ class Emitter:
             used = {u.attrs[0] for u in postorder(self.program.roots()) if u.op == "opaque"}
             names = [i.name for i in self.src.model.graph.input] + \
                 [n for n in self.leaf_meta if n in used]  # not a template's stale leaves
-            types = [self.src.types.get(n) for n in names]
-            self._static = all(vt is not None and vt.shape is not None and
-                               all(isinstance(d, int) for d in vt.shape) for vt in types)
+            self._static = all(static_type(self.src.types.get(n)) for n in names)
         found = self._meta(t) if self._static else None
         return None if found is None else found[0]
 
@@ -406,25 +401,23 @@ class Emitter:
 
 def _schedule(em: Emitter, roots: list[Term]) -> list:
     """Terms and opaque call keys, each after what it uses (iterative: models are deep)."""
-    program = em.program
-
     def deps(item):
-        if isinstance(item, Term) and not OPS[item.op].is_leaf and em.fold_params(item):
+        if not isinstance(item, Term):
+            if item in em.split:
+                return [em.split[item][0]]  # x: the weights are written as their blocks
+            call = em.program.opaque[item]
+            return [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
+        if not OPS[item.op].is_leaf and em.fold_params(item):
             return []  # a folded initializer reads nothing
-        if isinstance(item, Term) and id(item) in em.heads:
+        if id(item) in em.heads:
             attention, *xs, _, _ = em.heads[id(item)]
             return xs + list(attention.args[3:])
-        if isinstance(item, Term) and id(item) in em.unflattened:
+        if id(item) in em.unflattened:
             return em.unflattened[id(item)][1]
-        if isinstance(item, Term) and id(item) in em.grouped:
+        if id(item) in em.grouped:
             return [item.args[0], *em.grouped[id(item)], *item.args[3:]]
-        if isinstance(item, Term):
-            return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
-                else list(item.args)
-        if item in em.split:
-            return [em.split[item][0]]  # x: the weights are written as their blocks
-        call = program.opaque[item]
-        return [x for x in leaves((call.args, call.kwargs)) if isinstance(x, Term)]
+        return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
+            else list(item.args)
 
     return topological(roots, deps, lambda item: id(item) if isinstance(item, Term) else item)
 

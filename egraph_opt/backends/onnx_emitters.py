@@ -60,10 +60,7 @@ def emit_tree(em, root: Term) -> str:
 
 def _definition(em, t, *attrs):
     """An op with no ONNX operator, written as the definition in primitive ops it declares."""
-    spec = OPS[t.op]
-    bindings = {f"x{i}": a for i, a in enumerate(t.args)}
-    bindings.update((name, value) for (name, _), value in zip(spec.attrs, attrs))
-    return emit_tree(em, pattern.instantiate(pattern.parse(spec.definition), bindings))
+    return emit_tree(em, pattern.defined(t))
 
 
 def _simple(em, t, *attrs):
@@ -77,9 +74,7 @@ def _where(em, t):
     """Where; of a negated condition, the branches swapped (the fill where the mask is set, as
     masked_fill wrote it: sdpa_filled keeps the keys not masked), its Not then read by none."""
     cond, a, b = t.args
-    if cond.op == "logical_not":
-        return emit_tree(em, Term("where", (cond.args[0], b, a)))
-    return _simple(em, t)
+    return emit_tree(em, Term("where", (cond.args[0], b, a))) if cond.op == "logical_not" else _simple(em, t)
 
 
 def stored_reciprocal(c: float, dtype: str | None) -> float | None:
@@ -96,9 +91,7 @@ def stored_reciprocal(c: float, dtype: str | None) -> float | None:
         return None
     kind = np.dtype(dtype).type
     d = float(kind(1 / c))
-    if float(kind(c)) == c or d == 0 or not math.isfinite(d) or 1 / d != c:
-        return None
-    return d
+    return None if float(kind(c)) == c or d == 0 or not math.isfinite(d) or 1 / d != c else d
 
 
 def _mul(em, t):
@@ -106,9 +99,7 @@ def _mul(em, t):
     and the spelling onnxruntime's Gelu and MatMul-scale fusions match."""
     x, c = t.args if t.args[1].op == "const" else t.args[::-1]
     d = stored_reciprocal(c.attrs[0], em.dtype(x)) if c.op == "const" and x.op != "const" else None
-    if d is None:
-        return _simple(em, t)
-    return em.node("Div", [em.value(x), em.scalar(d, em.dtype(x))], "div")
+    return _simple(em, t) if d is None else em.node("Div", [em.value(x), em.scalar(d, em.dtype(x))], "div")
 
 
 def _reduce(em, t, axis, keep):
@@ -150,8 +141,7 @@ def _expm1(em, t):
     """ONNX has no expm1, and exp(x) - 1 loses every digit of a tiny x. Kahan's form:
     (u - 1) * x / log(u), u = exp(x) rounded; x where u rounds to 1, -1 where u - 1 does, u where
     u - 1 == u (large x, where x / log(u) may be inf / inf)."""
-    x = em.value(t.args[0])
-    dtype = em.dtype(t.args[0])
+    x, dtype = em.value(t.args[0]), em.dtype(t.args[0])
     one, minus_one = em.scalar(1.0, dtype), em.scalar(-1.0, dtype)
     u = em.node("Exp", [x], "expm1")
     u_minus_1 = em.node("Sub", [u, one], "expm1")

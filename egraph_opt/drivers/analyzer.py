@@ -58,9 +58,7 @@ def analyze_program(program: Program, ranges: dict[str, Interval] | None = None)
     intervals = analyze(roots, ranges, program.leaf_meta(), shapes)
     error = program_error(program, ranges)
     nodes = []
-    for t in postorder(roots):
-        if not t.args:
-            continue
+    for t in [t for t in postorder(roots) if t.args]:
         operands, out = [intervals[id(a)] for a in t.args], intervals[id(t)]
         dtype = dtype_name(shapes[id(t)][1])
         nodes.append(NodeCurvature(

@@ -135,8 +135,7 @@ class Explorer:
         if result.source is None or result.cost is None:
             raise ExploreError("this optimize() result carries no e-graph to explore")
         self.result, self.ranges, self.name, self.fallback = result, dict(input_ranges), name, fallback
-        self.rules = rules or select()
-        self.source = result.source
+        self.rules, self.source = rules or select(), result.source
         session = reopened(result.egraph, self.source.roots())
         self.snap, self.loaded, self.root_classes = session.snap, session.class_of, session.root_classes
         self.meta, strides = class_shapes(self.snap, self.source.roots(), self.source.meta(), self.loaded,
@@ -429,9 +428,7 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
     def text(cid) -> str | None:  # when first asked for: all up front walked a deep program quadratically
         return pretty(terms[cid], width=60) if cid in terms else None
     hints = []
-    for rule in ex.rules:
-        if not {"positive", "nonneg", "hi", "lo"} & rule.when.heads():
-            continue
+    for rule in [r for r in ex.rules if {"positive", "nonneg", "hi", "lo"} & r.when.heads()]:
         for cid, bound, failed in ex.failures(rule):
             needs = [_bounds(fact, bound, text) for fact, _ in failed]
             if not failed or None in needs:  # it fired here, or a range cannot prove what failed

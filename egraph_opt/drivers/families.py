@@ -91,8 +91,7 @@ class Families:
 
     def record(self, key: tuple, sample: Sample) -> None:
         shape, sample.sizes = split(key)
-        kept = [s for s in self._samples.get(shape, []) if s.sizes != sample.sizes]
-        self._samples.pop(shape, None)
+        kept = [s for s in self._samples.pop(shape, []) if s.sizes != sample.sizes]  # re-entered last
         self._samples[shape] = (kept + [sample])[-2:]
         while len(self._samples) > FAMILIES:  # the family sampled least recently goes
             del self._samples[next(iter(self._samples))]

@@ -73,9 +73,7 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
     initializers = {t.name for t in model.graph.initializer}
     vocab = vocabularies(model)
     feeds = {}
-    for info in model.graph.input:
-        if info.name in initializers:
-            continue
+    for info in [i for i in model.graph.input if i.name not in initializers]:
         vt: ValueType | None = _value_type(info)
         if vt is None or vt.shape is None:
             raise ModelFailure(f"input {info.name!r} has no tensor shape to draw inputs for")
@@ -286,8 +284,7 @@ def write_report(path: str, records: list[dict], interrupted: bool) -> None:
 def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     """Model paths from files, directories (their .onnx files, recursively) and glob patterns, and
     those skipped: found under ``out_dir``, where the .onnx files are outputs (an earlier run's)."""
-    found: list[str] = []
-    skipped: list[str] = []
+    found, skipped = [], []
     out_real = os.path.realpath(out_dir)
     for pattern in patterns:
         if os.path.isdir(pattern):
@@ -392,9 +389,8 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         write_report(args.report, records, interrupted)
     if interrupted:
-        report = f"; report in {args.report}" if args.report else ""
         print(f"egraph-opt onnx: interrupted after {len(finished)} of {len(targets)} models"
-              f"{report}", file=sys.stderr)
+              + (f"; report in {args.report}" if args.report else ""), file=sys.stderr)
         return 130
     print(summary(records))
     return int(any(r["status"] not in ("optimized", "kept") for r in records))
@@ -425,7 +421,7 @@ def _checked_inputs(args: argparse.Namespace) -> list[str]:
     except ForeignFileError as e:
         raise Failure(str(e)) from None
     except UNUSABLE:  # locked, another schema, unreadable: each model warns, as before
-        return paths
+        pass
     return paths
 
 

@@ -79,8 +79,7 @@ def holders(fn: Callable) -> Reads:
     globals: a trace bakes in the scalars and tensors it reads, and calls what the names hold)."""
     found: list = [fn, getattr(fn, "__self__", None), getattr(fn, "func", None)]
     reads = Reads([], [], [], [], [], [])
-    seen: set[int] = set()
-    read: set[str] = set()  # every name the code reads: a global's, or an attribute's (cfg.scale)
+    seen, read = set(), set()  # read: every name the code reads, a global's or an attribute's (cfg.scale)
 
     def slot(holder: Any, name: Any, attribute: bool = False) -> None:
         value = _read((holder, name, attribute))
@@ -409,9 +408,7 @@ class Watch:
 
 
 def _watches() -> list[Watch]:
-    if not hasattr(_local, "watches"):
-        _local.watches = []
-    return _local.watches
+    return _local.__dict__.setdefault("watches", [])
 
 
 def _walk(fn: Callable):
@@ -473,9 +470,7 @@ def _copy(o: Any) -> Any:
             return _EMPTY
     if isinstance(o, types.FunctionType):
         return o.__defaults__, o.__kwdefaults__
-    if isinstance(o, type):
-        return dict(vars(o))
-    return dict(o) if isinstance(o, dict) else list(o)
+    return dict(vars(o)) if isinstance(o, type) else dict(o) if isinstance(o, dict) else list(o)
 
 
 def _differs(holder: Any, saved: Any) -> bool:

@@ -53,8 +53,7 @@ class ShardedPlan:
     """The chosen sharding of one program: what runs where, its predicted time, and runners."""
 
     def __init__(self, found: Search, name: str):
-        self.search, self.name, self.mesh = found, name, found.n
-        self.program = found.program
+        self.search, self.name, self.mesh, self.program = found, name, found.n, found.program
         self.terms = found.best.roots
 
     # ---- what was chosen

@@ -166,8 +166,7 @@ class _Owner:
     def forget(self) -> None:
         """In a forked child the owner thread is gone: its e-graphs are never touched again."""
         _ORPHANS.append(self.live)
-        self.live, self._thread, self._start = {}, None, threading.Lock()
-        self._jobs = queue.SimpleQueue()
+        self.live, self._thread, self._start, self._jobs = {}, None, threading.Lock(), queue.SimpleQueue()
 
 
 _OWNER = _Owner()
@@ -186,8 +185,7 @@ class EGraph:
         self.tripwires = os.environ.get("EGRAPH_OPT_TRIPWIRES") == "1" if tripwires is None else tripwires
         self._run(declarations() + range_rules.DECLARATIONS)
         self._run("\n".join(range_rules.tripwires() if self.tripwires else []))
-        self._refs: dict[tuple, int] = {}
-        self._ref_of_term: dict[int, int] = {}
+        self._refs, self._ref_of_term = {}, {}  # structure -> anchor number; term id -> anchor number
         self._loaded: list[Term] = []  # the terms keyed by id above, kept alive: no id is reused
         self._rulesets: set[str] = set()
         self._ops: set[str] = set()  # ops the e-graph can hold: loaded, or made by a loaded rule
@@ -227,9 +225,7 @@ class EGraph:
         """Load terms, with their intervals and (shape, dtype) by term id where known; return the
         anchor number of each root. Equal structure shares one anchor."""
         lines = []
-        for t in postorder(roots):
-            if id(t) in self._ref_of_term:
-                continue
+        for t in [t for t in postorder(roots) if id(t) not in self._ref_of_term]:
             key = (t.op, tuple(self._ref_of_term[id(a)] for a in t.args), t.attrs)
             ref = self._refs.get(key)
             if ref is None:
@@ -278,17 +274,9 @@ class EGraph:
             self._run(f"(ruleset {_ruleset(phase)})")
             self._rulesets.add(phase)
         waiting, ready = self._waiting.get(phase, []) + list(rules), []
-        if not wait:
-            waiting, ready = [], waiting
-            for r in ready:
-                self._ops |= _ops_of(r)[1]
-        while True:
-            now = [_ops_of(r)[0] <= self._ops for r in waiting]
-            if not any(now):
-                break
+        while any(now := [not wait or _ops_of(r)[0] <= self._ops for r in waiting]):
             ready += [r for r, ok in zip(waiting, now) if ok]
-            for r, ok in zip(waiting, now):
-                self._ops |= _ops_of(r)[1] if ok else frozenset()
+            self._ops.update(*(_ops_of(r)[1] for r, ok in zip(waiting, now) if ok))
             waiting = [r for r, ok in zip(waiting, now) if not ok]
         self._waiting[phase] = waiting
         if not self._axes_asked and any(range_rules.AXIS_FACTS & r.when.heads() for r in ready):
@@ -309,10 +297,7 @@ class EGraph:
         report = Saturation(phase)
         start = time.perf_counter()
         self._analyze()
-        while True:
-            if report.iterations >= max_iterations:
-                report.stop = f"iteration limit ({max_iterations})"
-                break
+        for _ in range(max_iterations):
             run_report = self._run(f"(run {_ruleset(phase)} 1)")[-1].report
             self._analyze()
             report.iterations += 1
@@ -327,6 +312,8 @@ class EGraph:
             if time.perf_counter() - start > max_seconds:
                 report.stop = f"time limit ({max_seconds:g} s)"
                 break
+        else:  # every iteration ran, none saturated
+            report.stop = f"iteration limit ({max_iterations})"
         report.seconds = time.perf_counter() - start
         report.enodes = self.size()
         return report
@@ -352,34 +339,24 @@ class EGraph:
     def snapshot(self) -> Snapshot:
         """Parse the serialized e-graph into e-classes of ENodes (anchors set apart)."""
         nodes = json.loads(self.serialize_json())["nodes"]
-        classes: dict[str, list[ENode]] = {}
-        class_of_ref: dict[int, str] = {}
         primitive = {n["eclass"]: n["op"] for n in nodes.values() if not n["children"]}
-        bounds: dict[str, list[float]] = {}
-        dtypes: dict[str, str] = {}
+        classes, class_of_ref, bounds, dtypes = {}, {}, {}, {}
         relations = {r: set() for r in RELATIONS}
         for node in nodes.values():
-            op = node["op"]
+            op, kids = node["op"], node["children"]
             if op in relations:
-                relations[op].add(nodes[node["children"][0]]["eclass"])
+                relations[op].add(nodes[kids[0]]["eclass"])
             if op == "Ref":
-                class_of_ref[int(nodes[node["children"][0]]["op"])] = node["eclass"]
-                continue
-            if op == "dtype-of":
-                dtypes[nodes[node["children"][0]]["eclass"]] = json.loads(primitive[node["eclass"]])
-                continue
-            if op in ("lo", "hi"):
-                pair = bounds.setdefault(nodes[node["children"][0]]["eclass"], [-math.inf, math.inf])
+                class_of_ref[int(nodes[kids[0]]["op"])] = node["eclass"]
+            elif op == "dtype-of":
+                dtypes[nodes[kids[0]]["eclass"]] = json.loads(primitive[node["eclass"]])
+            elif op in ("lo", "hi"):
+                pair = bounds.setdefault(nodes[kids[0]]["eclass"], [-math.inf, math.inf])
                 pair[op == "hi"] = float(primitive[node["eclass"]])
-                continue
-            spec = BY_EGG_NAME.get(op)
-            if spec is None or node.get("subsumed"):
-                continue
-            kids = node["children"]
-            children = tuple(nodes[c]["eclass"] for c in kids[:spec.arity])
-            attrs = tuple(_primitive(nodes[c]["op"], sort)
-                          for c, (_, sort) in zip(kids[spec.arity:], spec.attrs))
-            classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
+            elif (spec := BY_EGG_NAME.get(op)) is not None and not node.get("subsumed"):
+                children = tuple(nodes[c]["eclass"] for c in kids[:spec.arity])
+                attrs = tuple(_primitive(nodes[c]["op"], sort) for c, (_, sort) in zip(kids[spec.arity:], spec.attrs))
+                classes.setdefault(node["eclass"], []).append(ENode(spec.name, children, attrs))
         return Snapshot(classes=classes, class_of_ref=class_of_ref, dtypes=dtypes, relations=relations,
                         ranges={c: (lo, hi) for c, (lo, hi) in bounds.items()})
 
@@ -417,6 +394,4 @@ def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:
 def _primitive(text: str, sort: str):
     if sort == "String":
         return json.loads(text)
-    if sort == "bool":
-        return text == "true"
-    return ATTR_SORTS[sort](float(text) if sort == "f64" else int(text))
+    return text == "true" if sort == "bool" else ATTR_SORTS[sort](float(text) if sort == "f64" else int(text))

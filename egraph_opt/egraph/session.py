@@ -68,8 +68,7 @@ def saturate(roots: list[Term], schedule: list[Phase], intervals: dict | None = 
 def reached(roots: list[str], node_of: Callable[[str], ENode | None]) -> dict[str, ENode]:
     """The e-node ``node_of`` chooses in every e-class ``roots`` reach, operands first. Raises
     ExtractionError where the choice is cyclic or leaves a reached class without an e-node."""
-    order: dict[str, ENode] = {}
-    on_path: set[str] = set()
+    order, on_path = {}, set()
     stack: list[tuple[str, ENode | None]] = [(r, None) for r in reversed(roots)]
     while stack:
         cid, node = stack.pop()

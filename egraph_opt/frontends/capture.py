@@ -204,11 +204,8 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
 def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
     """The graph's nodes lowered in order; values that follow from shapes alone fold away."""
     values: dict[str, Any] = {}  # node name -> Term | OpaqueRef | static Python value
-    scopes: dict[int, str] = {}
-    seen: set[int] = set()
     info_of: dict[int, TensorInfo] = {}  # term id -> shape and dtype
-    static: set[str] = set()
-    inputs, opaque, params = [], {}, {}
+    inputs, opaque, params, scopes, seen, static = [], {}, {}, {}, set(), set()
     output = None
     for node in gm.graph.nodes:
         info = node.meta.get("egraph_opt")
@@ -217,8 +214,9 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
             info_of[id(values[node.name])] = info
             inputs.append(values[node.name])
         elif node.op == "get_attr":
-            tensor = _get_attr(gm, node.target)
-            params[node.target] = tensor
+            tensor = params[node.target] = operator.attrgetter(node.target)(gm)
+            if not isinstance(tensor, torch.Tensor):
+                raise CaptureError(f"attribute {node.target!r} is a {type(tensor).__name__}, not a tensor")
             values[node.name] = Term("param", (), (node.target, shape_attr(tensor.shape),
                                                    dtype_name(tensor.dtype)))
             info_of[id(values[node.name])] = TensorInfo(tuple(tensor.shape), tensor.dtype)
@@ -287,10 +285,7 @@ def _new_terms(term: Term, seen: set[int]) -> list[Term]:
 def _repeated_scope(node: fx.Node) -> str | None:
     """The outermost module of the node's stack that is an item of a container (``h.3``,
     ``encoder.layer.5``): the unit transformer-like models repeat."""
-    for path in (node.meta.get("nn_module_stack") or {}):
-        if path.rsplit(".", 1)[-1].isdigit():
-            return path
-    return None
+    return next((path for path in node.meta.get("nn_module_stack") or {} if path.rsplit(".", 1)[-1].isdigit()), None)
 
 
 def _parameter_names(fn, n: int) -> list[str]:
@@ -300,10 +295,3 @@ def _parameter_names(fn, n: int) -> list[str]:
     except (TypeError, ValueError):
         names = []
     return (names + [f"arg{i}" for i in range(len(names), n)])[:n]
-
-
-def _get_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
-    value = operator.attrgetter(target)(gm)
-    if not isinstance(value, torch.Tensor):
-        raise CaptureError(f"attribute {target!r} is a {type(value).__name__}, not a tensor")
-    return value

@@ -58,11 +58,6 @@ def constant(value: float, dtype: str) -> Term:
     return Term.const(value)
 
 
-def _power_of_two(c: float) -> bool:
-    m, _ = math.frexp(c)
-    return abs(m) == 0.5
-
-
 def binary(op: str, a: Term, b: Term) -> Term:
     """``a op b`` with constants in one place and one sign (each an exact identity in IEEE
     arithmetic, signed zeros and NaN included): a constant on the right of ``+`` and ``*``; a
@@ -81,7 +76,7 @@ def binary(op: str, a: Term, b: Term) -> Term:
         c = b.attrs[0]
         if op in ("add", "sub") and math.copysign(1.0, c) < 0 and not math.isnan(c):
             return Term("sub" if op == "add" else "add", (a, Term.const(-c)))
-        if op == "div" and c and math.isfinite(c) and _power_of_two(c) \
+        if op == "div" and c and math.isfinite(c) and abs(math.frexp(c)[0]) == 0.5 \
                 and F32_TINY <= abs(1.0 / c) <= F32_MAX:
             return Term("mul", (a, Term.const(1.0 / c)))
     return Term(op, (a, b))

@@ -97,10 +97,9 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
         raise OnnxImportError(f"{path}: cannot read: {e.strerror or e}") from None
     if not model.HasField("graph") or model.ir_version == 0:
         raise OnnxImportError(f"{path}: not an ONNX model (no graph or IR version)")
-    base = os.path.dirname(os.path.abspath(path))
     external_files(path, model)
     try:
-        external_data_helper.load_external_data_for_model(model, base)
+        external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
     except (OSError, ValueError) as e:
         raise OnnxImportError(f"{path}: cannot read external data: {e}") from None
     return model
@@ -110,8 +109,7 @@ def nodes_in_order(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
     """Nodes with producers first; a cycle or an undefined input is an error naming the node."""
     known = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    users: dict[int, list[int]] = {}
-    waiting = []
+    users, waiting = {}, []
     for i, node in enumerate(graph.node):
         for name in node.input:
             if name and name not in known and name not in producer:
@@ -141,10 +139,8 @@ def _value_type(info: onnx.ValueInfoProto) -> ValueType | None:
     if not info.type.HasField("tensor_type"):
         return None
     tt = info.type.tensor_type
-    if not tt.HasField("shape"):
-        return ValueType(tt.elem_type, None)
     dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-    return ValueType(tt.elem_type, dims)
+    return ValueType(tt.elem_type, dims if tt.HasField("shape") else None)
 
 
 def subgraph_reads(node: onnx.NodeProto) -> list[str]:
@@ -184,18 +180,15 @@ def _fold(im: Importer, node: onnx.NodeProto) -> list[np.ndarray] | None:
             any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         return None
     inputs = [x for x in node.input if x]
-    if not inputs or not all(x in im.consts for x in inputs):
-        return None
-    if sum(im.consts[x].size for x in inputs) > _FOLD_LIMIT:
+    if not inputs or not all(x in im.consts for x in inputs) or sum(im.consts[x].size for x in inputs) > _FOLD_LIMIT:
         return None
     from onnx.reference import ReferenceEvaluator
     try:
         results = ReferenceEvaluator(node).run(None, {x: im.consts[x] for x in inputs})
     except Exception:  # noqa: BLE001 - a node the reference cannot fold simply runs at run time
         return None
-    if any(np.asarray(r).size > _FOLD_LIMIT for r in results):
-        return None
-    return [np.asarray(r) for r in results]
+    results = [np.asarray(r) for r in results]
+    return None if any(r.size > _FOLD_LIMIT for r in results) else results
 
 
 def overridable(graph: onnx.GraphProto) -> set[str]:
@@ -221,7 +214,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
         dims = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape)
         im.terms[info.name] = Term.input(info.name, dims, DTYPES.get(vt.elem_type, "float32"))
         inputs.append(im.terms[info.name])
-    static = all(_static(im.types.get(i.name)) for i in graph.input)
+    static = all(static_type(im.types.get(i.name)) for i in graph.input)
     folded, opaque, opaque_types = _convert(im, nodes, static)
     outputs = tuple(im.term(o.name) for o in graph.output)
     program = GraphProgram(tuple(inputs), outputs, opaque,
@@ -253,8 +246,7 @@ def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -
         elif getattr(im.types.get(tensor.name), "shape", None) is None:  # its default's, if undeclared
             im.types[tensor.name] = ValueType(tensor.data_type, tuple(tensor.dims))
     for node in nodes:
-        im.used.update(node.input)
-        im.used.update(subgraph_reads(node))
+        im.used.update(node.input, subgraph_reads(node))
     im.used.update(o.name for o in graph.output)
     return im
 
@@ -262,10 +254,8 @@ def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -
 def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
     """Fold, convert or keep opaque each node in order: (folded count, opaque calls, the
     (shape, dtype) of each opaque value)."""
-    opaque: dict[str, OpaqueCall] = {}
-    opaque_types: dict[str, tuple] = {}
+    opaque, opaque_types, folded = {}, {}, 0
     shapeless: set[str] = set()  # opaque values of unknown shape: only opaque nodes may use them
-    folded = 0
     for i, node in enumerate(nodes):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             with contextlib.suppress(Unsupported):  # a Constant we cannot read stays a node
@@ -309,7 +299,7 @@ def _convert_node(im: Importer, node: onnx.NodeProto, shapeless: set[str]) -> No
         im.terms[out] = term
 
 
-def _static(vt: ValueType | None) -> bool:
+def static_type(vt: ValueType | None) -> bool:
     return vt is not None and vt.shape is not None and all(isinstance(d, int) for d in vt.shape)
 
 
@@ -318,13 +308,13 @@ def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
     shape computed at run time, which the import has folded since), inferred again over this node
     alone from its operands' static types and constant values: converters that need a static
     shape (Reshape, Expand) then convert it, and an opaque node's users see its true shape."""
-    if all(_static(im.types.get(o)) for o in node.output if o):
+    if all(static_type(im.types.get(o)) for o in node.output if o):
         return
     inputs, values = [], []
     for x in dict.fromkeys(x for x in node.input if x):
         if x in im.consts:
             values.append(im.protos.get(x) or numpy_helper.from_array(im.consts[x], x))
-        elif _static(im.types.get(x)):
+        elif static_type(im.types.get(x)):
             inputs.append(onnx.helper.make_tensor_value_info(x, im.types[x].elem_type, im.types[x].shape))
         else:
             return
@@ -336,7 +326,7 @@ def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
         return
     for info in inferred.value_info:
         vt = _value_type(info)
-        if info.name in node.output and _static(vt):
+        if info.name in node.output and static_type(vt):
             im.types[info.name] = vt
 
 

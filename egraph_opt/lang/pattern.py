@@ -160,8 +160,7 @@ def to_egg(p: Pattern) -> str:
 
 def structural_ids(roots) -> dict[int, int]:
     """Map each term id to a number shared by all structurally equal terms."""
-    table: dict[tuple, int] = {}
-    ids: dict[int, int] = {}
+    table, ids = {}, {}
     for t in postorder(roots):
         ids[id(t)] = table.setdefault((t.op, tuple(ids[id(a)] for a in t.args), t.attrs), len(table))
     return ids
@@ -217,11 +216,17 @@ def instantiate(p: Pattern, bindings: dict):
                 tuple(instantiate(a, bindings) for a in p.attrs))
 
 
+def defined(t: Term) -> Term:
+    """``t`` as the definition in primitive ops its op declares (``Op.definition``)."""
+    bindings = {f"x{i}": a for i, a in enumerate(t.args)}
+    bindings.update((name, value) for (name, _), value in zip(OPS[t.op].attrs, t.attrs))
+    return instantiate(parse(OPS[t.op].definition), bindings)
+
+
 def skeleton(p: Pattern) -> tuple[Term, dict[int, str]]:
     """A Term standing for a pattern: variables become named opaque leaves, attribute variables
     their sort's zero; the second result maps term ids to the text a printer should show."""
-    names: dict[int, str] = {}
-    cache: dict[str, Term] = {}
+    names, cache = {}, {}
 
     def build(q):
         if isinstance(q, Var):
@@ -245,9 +250,7 @@ def skeleton(p: Pattern) -> tuple[Term, dict[int, str]]:
 def _attr_text(a) -> str:
     if isinstance(a, Var):
         return a.name
-    if isinstance(a, Prim):
-        return f" {a.fn} ".join(_attr_text(x) for x in a.args)
-    return literal(a.value)
+    return f" {a.fn} ".join(_attr_text(x) for x in a.args) if isinstance(a, Prim) else literal(a.value)
 
 
 def show(p: Pattern) -> str:

@@ -78,8 +78,7 @@ class Program:
 
     def pruned(self) -> Program:
         """The program without opaque calls that no output needs."""
-        needed: set[str] = set()
-        seen: set[int] = set()  # terms walked once for all calls (a walk per call is quadratic)
+        needed, seen = set(), set()  # seen: terms walked once for all calls (a walk per call is quadratic)
         stack = leaves(self.outputs)
         while stack:
             item = stack.pop()

@@ -29,9 +29,7 @@ def ematch(p, classes: dict, cid: str, bound: dict | None = None) -> Iterator[di
         elif bound[p.name] == cid:
             yield bound
         return
-    for node in classes.get(cid, ()):
-        if node.op != p.op:
-            continue
+    for node in (n for n in classes.get(cid, ()) if n.op == p.op):
         attrs = bound  # extended by matching attribute patterns to the e-node's values, as on terms
         for q, v in zip(p.attrs, node.attrs):
             attrs = None if attrs is None else pat.match(q, v, {}, attrs)

@@ -236,13 +236,11 @@ class RangeMemo:
 
     def __init__(self, declared: dict | None):
         self.declared = declared
-        self._ids: dict[tuple, int] = {}
-        self._intervals: list[Interval] = []
+        self._ids, self._intervals = {}, []  # structure -> its number; interval by number
 
     def __call__(self, roots: list[Term], meta: dict) -> dict[int, Interval]:
         """Interval of every term of ``roots`` by term id; ``meta``: their shapes and dtypes."""
-        ids: dict[int, int] = {}
-        out: dict[int, Interval] = {}
+        ids, out = {}, {}
         for t in postorder(roots):
             key = (t.op, tuple(ids[id(a)] for a in t.args), t.attrs, len({id(a) for a in t.args}),
                    meta[id(t)])

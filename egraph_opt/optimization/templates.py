@@ -38,9 +38,7 @@ class Instance:
 
 def _signature(inst: Instance, parents: dict[int, list[Term]], roots: set[int]) -> None:
     inside = {id(t): i for i, t in enumerate(inst.terms)}
-    args: dict[int, int] = {}
-    own: dict[int, str] = {}  # param id -> its name relative to the instance
-    keys = []
+    args, own, keys = {}, {}, []  # own: param id -> its name relative to the instance
     for t in inst.terms:
         operands = []
         for a in t.args:
@@ -153,8 +151,7 @@ def _longest_periodic_run(keys: list) -> tuple[int, int, int] | None:
     tie): ops that equal the op ``period`` later, at least ``MIN_OPS`` in a row. A run shorter
     than its period is one block short of two: the first block's reads from outside may take it
     there. Candidate periods are the commonest gaps between repeats of one key."""
-    last: dict = {}
-    gaps: Counter = Counter()
+    last, gaps = {}, Counter()
     for i, key in enumerate(keys):
         if key in last and i - last[key] >= MIN_OPS:
             gaps[i - last[key]] += 1
@@ -237,9 +234,8 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
     env: dict[str, Term] = {}
 
     def fill(terms: list[Term]) -> list[Term]:
-        pending = {id(t): env[t.attrs[0]] for t in postorder(terms)
-                   if t.op == "opaque" and t.attrs[0] in env}
-        return substitute(terms, pending)
+        return substitute(terms, {id(t): env[t.attrs[0]] for t in postorder(terms)
+                                  if t.op == "opaque" and t.attrs[0] in env})
 
     made: dict = {}
     arg_iter = iter(outer.outputs[1])

@@ -287,9 +287,7 @@ def sources(program, latency: MeasuredLatency | None) -> tuple[float, dict[str, 
     measured, interpolated, default (roofline), or static (no work formula for the op)."""
     facts = Facts.of_program(program.roots(), program.meta())
     total, where = 0.0, Counter()
-    for t in postorder(program.roots()):
-        if not t.args:
-            continue
+    for t in [t for t in postorder(program.roots()) if t.args]:
         found = latency(facts.of(t)) if latency else None
         if found:
             total += found[0] * UNIT_S

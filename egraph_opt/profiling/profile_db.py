@@ -253,9 +253,7 @@ class ProfileDB:
 
     def _check_schema(self) -> None:
         conn = self._conn
-        has_table = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
-                                 (_TABLE,)).fetchone()
-        if not has_table:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (_TABLE,)).fetchone():
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)

@@ -101,8 +101,7 @@ class MeshCost:
         if cid not in self.meta or any(c not in self.meta for c in node.children):
             return INFEASIBLE
         if node.op == "shard":
-            full = self.meta[node.children[0]][0]
-            axis = node.attrs[0]
+            full, axis = self.meta[node.children[0]][0], node.attrs[0]
             if len(full) < -axis or full[axis] % self.n:
                 return INFEASIBLE  # parts of unequal size: gloo's collectives need equal ones
             return 0 if node.children[0] in self.placed else self._units(
@@ -123,8 +122,7 @@ def memory(terms, meta_of) -> int:
     order = postorder(terms)
     leaves = ("input", "param")
     whole = {a.attrs[0] for t in order if t.op != "shard" for a in t.args if a.op in leaves}
-    held: dict[str, int] = {}
-    largest = 0
+    held, largest = {}, 0
     for t in order:
         if t.op in leaves and t.attrs[0] in whole:
             held[t.attrs[0]] = nbytes((parse_shape(t.attrs[1]), meta_of(t)[1]))

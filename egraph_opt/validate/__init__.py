@@ -82,8 +82,7 @@ def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0
                 lo, hi = (max(min(v, 1e4), -1e4) for v in ranges[name])
                 sample = lo + (hi - lo) * torch.rand(x.shape, generator=gen, dtype=torch.float64)
             else:
-                ref = x.detach().double()
-                ref = ref[ref.isfinite()]
+                ref = x.detach().double()[x.detach().isfinite()]
                 scale = float(ref.std()) if ref.numel() > 1 and math.isfinite(float(ref.std())) else 1.0
                 sample = torch.randn(x.shape, generator=gen, dtype=torch.float64) * max(scale, 1e-3)
                 sample = sample + (float(ref.mean()) if ref.numel() else 0.0)
@@ -181,9 +180,7 @@ def _evaluate_wide(roots: list[Term], values: dict[int, object], expanded: list[
             out = np.asarray(spec.impl(*wide))
             values[id(t)] = out.astype(WIDE) if out.dtype.kind == "f" else out
         elif spec.definition:
-            bindings = {f"x{i}": a for i, a in enumerate(t.args)}
-            bindings.update((name, value) for (name, _), value in zip(spec.attrs, t.attrs))
-            body = pattern.instantiate(pattern.parse(spec.definition), bindings)
+            body = pattern.defined(t)
             expanded.append(body)
             if not _evaluate_wide([body], values, expanded):
                 return False
@@ -284,8 +281,7 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
         return math.inf, 0.0, "non-finite values where the original is finite"
     both = orig_finite & ref_finite
     rescued = ~orig_finite & ref_finite & cand_finite  # finite where only the original overflowed
-    scale = float(ref[both | rescued].abs().max()) if (both | rescued).any() else 1.0
-    scale = scale or 1.0
+    scale = float(ref[both | rescued].abs().max()) or 1.0 if (both | rescued).any() else 1.0
     err = float((cand - ref)[both | rescued].abs().max()) / scale if (both | rescued).any() else 0.0
     err_orig = float((orig - ref)[both].abs().max()) / scale if both.any() else 0.0
     odd = ~orig_finite & ~rescued & ~_same(cand, orig) & ~_same(cand, ref)

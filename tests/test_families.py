@@ -33,7 +33,8 @@ def _call(f, n, d=16, heads=2):
 
 
 def test_a_decode_step_is_traced_at_two_cache_lengths_and_made_at_the_others(monkeypatch):
-    traced = _traces(monkeypatch)
+    traced, watched, watch = _traces(monkeypatch), [], api.Watch
+    monkeypatch.setattr(api, "Watch", lambda fn: watched.append(fn) or watch(fn))
     f = saturate_and_extract(decode, profile_db=False, profile_budget=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -41,6 +42,7 @@ def test_a_decode_step_is_traced_at_two_cache_lengths_and_made_at_the_others(mon
             out, ref = _call(f, n)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     assert [shapes[1][1] for shapes in traced] == [7, 8], traced
+    assert watched == [decode, decode]  # a made size runs no trace: its effects are its samples'
     made = [p.report for p in f.plans.values() if p.report.sizes]
     assert len(made) == 4 and all(r.optimized and r.validation.passed for r in made)
     assert "n the size at k.shape[1], v.shape[1]" in made[-1].sizes and "n = 2..64" in made[-1].sizes

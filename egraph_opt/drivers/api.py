@@ -394,13 +394,7 @@ class OptimizedFunction:
         before = self._state.snapshot()
         layout = call.layout(args, kwargs)  # before the original runs: it may update an argument (a KV cache)
         cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
-        key = call.key + self._state.key() + _autocast()
-        quiet = self._families.fell_back(key)  # nothing runs in its place: no state to watch
-        with contextlib.nullcontext() if quiet else Watch(self.fn) as watch:
-            plan = self._compile(call, watch, key)
-            changed = watch.changes() if watch else []
-        if changed and plan.run is not None:
-            plan = self._untouched(plan.report, _changes(self._name, changed), plan.optimized)
+        plan = self._compile(call, call.key + self._state.key() + _autocast())
         ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
         self._state.settle(before)  # shows, as the trace's writes do
         state = self._state.key()  # the trace showed which tensors it holds (their writes count not)
@@ -451,7 +445,10 @@ class OptimizedFunction:
             return self._ran(found, tensors, layout.trees(args, kwargs) if found.returned else {}, args, kwargs)
         return again
 
-    def _compile(self, call: BoundCall, watch: Watch | None, key: tuple) -> Plan:
+    def _compile(self, call: BoundCall, key: tuple) -> Plan:
+        """The plan of a size made from its size family, else the optimized one, traced and run
+        under a ``Watch``: a made size runs no trace, and its effects, as its program, are its
+        samples' (a family whose sample changed Python state falls back at once)."""
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"
                               f"{'[nested]' if t.is_nested else list(t.shape)}"
                               for n, t in zip(call.names, call.tensors))
@@ -460,7 +457,13 @@ class OptimizedFunction:
             return self._untouched(report, call.refused)
         made = Sample((), None)
         try:
-            plan = self._from_family(call, report, key) or self._optimize(call, report, watch, made)
+            plan = self._from_family(call, report, key)
+            if plan is None:
+                with Watch(self.fn) as watch:
+                    plan = self._optimize(call, report, watch, made)
+                    changed = watch.changes()
+                if changed and plan.run is not None:
+                    plan = self._untouched(plan.report, _changes(self._name, changed), plan.optimized)
         except InvariantError:  # a tripwire: a bug of ours that tests must see
             raise
         except Exception as e:  # noqa: BLE001 - never a wrong answer: the original runs instead

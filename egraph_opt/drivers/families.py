@@ -107,11 +107,6 @@ class Families:
             return None
         return (*pair, variable, n)
 
-    def fell_back(self, key: tuple) -> bool:
-        """Whether a call of ``key`` falls back at once, as a sample of its family did."""
-        found = self.find(key)
-        return found is not None and any(s.plan.run is None for s in found[:2])
-
 
 def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any:
     """The value at size ``n[2]`` of what is ``a`` at size ``n[0]`` and ``b`` at ``n[1]``: equal

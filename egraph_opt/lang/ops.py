@@ -309,7 +309,10 @@ def sigmoid(v: float) -> float:
 
 
 def _op(name, arity, attrs, impl, family: dict, **facts) -> Op:
-    """An op from its family's facts, overridden or completed by its own."""
+    """An op from its family's facts, overridden or completed by its own. A lambda is named for its
+    op: fx names a call of one from its source, read on every build."""
+    if getattr(impl, "__name__", None) == "<lambda>":
+        impl.__name__ = impl.__qualname__ = name
     pairs = tuple(tuple(a.split(":")) for a in attrs.split()) if attrs else ()
     return Op(name, arity, pairs, impl, **{**family, **facts})
 

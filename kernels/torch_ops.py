@@ -158,6 +158,26 @@ def linear(x, weight, bias):
     return out
 
 
+def onednn_fuses(x, weight, *others) -> bool:
+    """Whether oneDNN's linear with a fused epilogue runs this call: float32 CPU tensors, K > 0,
+    autograd recording nothing (it has no backward), a host read allowed (outputs are checked)."""
+    tensors = [x, weight, *(t for t in others if t is not None)]
+    return (not device_path(x) and torch.backends.mkldnn.is_available() and weight.dim() == 2
+            and x.dim() > 0 and x.shape[-1] > 0
+            and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tensors)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+
+
+def linear_add(x, weight, bias, residual):
+    """linear(x, W, b) + r: one oneDNN call where it fuses and r has the output's shape; where
+    that gives an inf or NaN, the definition (``linear``'s care for sums overflowed by accident)."""
+    if onednn_fuses(x, weight, bias, residual) and residual.shape == (*x.shape[:-1], weight.shape[0]):
+        out = torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
+        if all_finite(out):
+            return out
+    return linear(x, weight, bias) + residual
+
+
 def linear_act(x, weight, bias, activation):
     op, attrs = ops.ACTIVATIONS[activation]
     return TORCH.get(op, OPS[op].impl)(linear(x, weight, bias), *attrs)
@@ -393,7 +413,6 @@ def cross_entropy(x, target, reduction, ignore_index):
 
 
 TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_norm": layer_norm,
-         "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "sdpa": sdpa,
-         "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
-         "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary,
-         "cross_entropy": cross_entropy}
+         "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "linear_add": linear_add,
+         "sdpa": sdpa, "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
+         "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary, "cross_entropy": cross_entropy}

@@ -109,10 +109,12 @@ class NaiveBlock(nn.Module):
         return x + self.out(g)
 
 
-def test_naive_block_fuses_layer_norm_attention_and_gelu():
-    after = optimized_report(NaiveBlock().eval(), torch.randn(2, 16, 32), tol=1e-4).ops_after
+def test_naive_block_fuses_layer_norm_attention_gelu_and_residuals():
+    report = optimized_report(NaiveBlock().eval(), torch.randn(2, 16, 32), tol=1e-4)
+    after = report.ops_after
     assert after.get("layer_norm") == 2 and after.get("sdpa_masked") == 1
     assert after.get("linear_act") == 1 and "tanh" not in after and "var" not in after
+    assert report.kernels.get("torch.linear_add") == 2 and "add" not in after  # each residual in a GEMM's epilogue
 
 
 class Dense(nn.Module):

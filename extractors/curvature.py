@@ -169,12 +169,11 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     if exact and cancels(op, operands, exact):
         cost += _cancellation(op, operands, result, dtype)
     error = OPS[op].error
-    if error == "rotation" or op == "linear_add" and result is not None:  # the add of its spelled
-        # form: of rounded products, or of the rounded x W^T + b (the result less r) and r
-        m = mag(operands[0])
+    if error == "rotation" or op == "linear_add" and result is not None:  # its spelled form's add
+        m = mag(operands[0])  # of rounded products, or of the rounded x W^T + b (the result less r) and r
         terms = [(-m * mag(o), m * mag(o)) for o in operands[1:3]] if error == "rotation" else \
             [(result[0] - operands[3][1], result[1] - operands[3][0]), operands[3]]
-        if cancels("add", terms, (False, op == "linear_add" and exact[3:4] == (True,))):
+        if cancels("add", terms, (False, False)):
             cost += _cancellation("add", terms, result, dtype)
     limit = EXP_LIMIT.get(dtype, EXP_LIMIT["float32"])
     if error == "exp" and exact and not exact[0]:

@@ -158,20 +158,14 @@ def linear(x, weight, bias):
     return out
 
 
-def onednn_fuses(x, weight, *others) -> bool:
-    """Whether oneDNN's linear with a fused epilogue runs this call: float32 CPU tensors, K > 0,
-    autograd recording nothing (it has no backward), a host read allowed (outputs are checked)."""
-    tensors = [x, weight, *(t for t in others if t is not None)]
-    return (not device_path(x) and torch.backends.mkldnn.is_available() and weight.dim() == 2
-            and x.dim() > 0 and x.shape[-1] > 0
-            and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tensors)
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
-
-
 def linear_add(x, weight, bias, residual):
-    """linear(x, W, b) + r: one oneDNN call where it fuses and r has the output's shape; where
-    that gives an inf or NaN, the definition (``linear``'s care for sums overflowed by accident)."""
-    if onednn_fuses(x, weight, bias, residual) and residual.shape == (*x.shape[:-1], weight.shape[0]):
+    """linear(x, W, b) + r: one oneDNN call on CPU in float32, r of the output's shape, autograd off
+    (it has no backward); where that gives an inf or NaN, the definition, with ``linear``'s care."""
+    tensors = [t for t in (x, weight, bias, residual) if t is not None]
+    if not device_path(x) and torch.backends.mkldnn.is_available() and weight.dim() == 2 and x.shape[-1] > 0 \
+            and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tensors) \
+            and residual.shape == (*x.shape[:-1], weight.shape[0]) \
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         out = torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
         if all_finite(out):
             return out
@@ -334,8 +328,7 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
     gets explicit padding (a weight is small: the check is cheap). On the device path, where the
     check would be a read on the host, every padded conv2d gets it: exact for a finite one too."""
     pad = parse_shape(padding)
-    if any(pad) and weight.device.type != "meta" and \
-            (device_path(weight) or not all_finite(weight)):
+    if any(pad) and weight.device.type != "meta" and (device_path(weight) or not all_finite(weight)):
         x, padding = F.pad(x, tuple(p for p in reversed(pad) for _ in range(2))), ",".join("0" * len(pad))
     return ops.conv2d(x, weight, bias, stride, padding, dilation, groups)
 

@@ -507,10 +507,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
         range_rule="linear_act", curvature=(1.0, 1.0), **_SMOOTH, passes=17,
         sample=(*_MATMUL_SAMPLE, ("activation", "gelu_tanh")), work="linear",
         onnx="linear-activation", layout="fresh"),
-    _op("linear_add", 4, "", lambda x, weight, bias, residual: F.linear(x, weight, bias) + residual, _FUSED,
-        shape_rule="meta", range_rule="linear", curvature="bilinear", growth=1, passes=18,
-        sample=(*_MATMUL_SAMPLE, ("x3", (3, 4))), work="linear", onnx="definition",
-        definition="(add (linear ?x0 ?x1 ?x2) ?x3)", layout="fresh"),  # a residual in the GEMM's epilogue
+    _op("linear_add", 4, "", lambda x, w, b, r: F.linear(x, w, b) + r, _FUSED, shape_rule="meta",
+        range_rule="linear", curvature="bilinear", growth=1, passes=18, sample=(*_MATMUL_SAMPLE, ("x3", (3, 4))),
+        work="linear", onnx="definition", definition="(add (linear ?x0 ?x1 ?x2) ?x3)", layout="fresh"),
     _op("sdpa_masked", 4, "scale:f64", sdpa_masked, _FUSED, shape_rule="sdpa", range_rule="values-of-v",
         curvature=(1.0, 1.0), **_SMOOTH, passes=21,
         sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention"),

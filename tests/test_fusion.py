@@ -117,6 +117,18 @@ def test_naive_block_fuses_layer_norm_attention_gelu_and_residuals():
     assert report.kernels.get("torch.linear_add") == 2 and "add" not in after  # each residual in a GEMM's epilogue
 
 
+def test_a_residual_stays_an_add_where_the_linear_is_used_elsewhere():
+    """Fused, the GEMM would run twice (once more for its other use): extraction keeps one."""
+    w, b = torch.randn(32, 32), torch.randn(32)
+
+    def fn(x, r):
+        y = F.linear(x, w, b)
+        return r + y, torch.relu(y)
+
+    after = ops_after(fn, torch.randn(2, 16, 32), torch.randn(2, 16, 32))
+    assert after.get("linear") == 1 and after.get("add") == 1 and "linear_add" not in after, after
+
+
 class Dense(nn.Module):
     """A linear layer as minGPT-style code and JAX ports write it: W stored (in, out), x @ W + b."""
 

@@ -165,11 +165,12 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     if exact and cancels(op, operands, exact):
         cost += _cancellation(op, operands, result, dtype)
     error = OPS[op].error
-    if error == "rotation":  # the add of its spelled form, whose products are rounded
-        m = mag(operands[0])
-        products = [(-m * mag(o), m * mag(o)) for o in operands[1:3]]
-        if cancels("add", products, (False, False)):
-            cost += _cancellation("add", products, result, dtype)
+    if error == "rotation" or op == "linear_add" and result is not None:  # its spelled form's add
+        m = mag(operands[0])  # of rounded products, or of the rounded x W^T + b (the result less r) and r
+        terms = [(-m * mag(o), m * mag(o)) for o in operands[1:3]] if error == "rotation" else \
+            [(result[0] - operands[3][1], result[1] - operands[3][0]), operands[3]]
+        if cancels("add", terms, (False, False)):
+            cost += _cancellation("add", terms, result, dtype)
     limit = EXP_LIMIT.get(dtype, EXP_LIMIT["float32"])
     if error == "exp" and exact and not exact[0]:
         cost += _amplified(min(mag(operands[0]), limit), dtype)  # exp's condition number is

@@ -13,7 +13,6 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from egraph_opt.lang.ops import OPS
 
@@ -95,14 +94,6 @@ def _gelu_tanh_into(y):
     return u.mul_(y).sigmoid_().mul_(y)
 
 
-def gelu_tanh_sigmoid(x, approximate):
-    return _gelu_tanh_into(x)
-
-
-def linear_gelu_tanh_sigmoid(x, weight, bias, activation):
-    return _gelu_tanh_into(F.linear(x, weight, bias))
-
-
 def _only(attr: str, value: str) -> Callable:
     """limits: refuse a node whose single string attribute is not ``value``."""
     return lambda use: None if use.attrs[-1] == value else f"only {attr}={value!r}, not {use.attrs[-1]!r}"
@@ -117,10 +108,10 @@ class Declared(NamedTuple):
 
 
 REWRITTEN_KERNELS = [
-    Declared("torch.gelu_tanh_sigmoid", "(gelu ?x0 ?approximate)", gelu_tanh_sigmoid,
+    Declared("torch.gelu_tanh_sigmoid", "(gelu ?x0 ?approximate)", lambda x, approximate: _gelu_tanh_into(x),
              _only("approximate", "tanh")),
     Declared("torch.linear_gelu_tanh_sigmoid", "(linear_act ?x0 ?x1 ?x2 ?activation)",
-             linear_gelu_tanh_sigmoid, _only("activation", "gelu_tanh")),
+             lambda x, w, b, activation: _gelu_tanh_into(TORCH["linear"](x, w, b)), _only("activation", "gelu_tanh")),
 ]
 
 

@@ -158,6 +158,20 @@ def linear(x, weight, bias):
     return out
 
 
+def linear_add(x, weight, bias, residual):
+    """linear(x, W, b) + r: one oneDNN call on CPU in float32, r of the output's shape, autograd off
+    (it has no backward); where that gives an inf or NaN, the definition, with ``linear``'s care."""
+    tensors = [t for t in (x, weight, bias, residual) if t is not None]
+    if not device_path(x) and torch.backends.mkldnn.is_available() and weight.dim() == 2 and x.shape[-1] > 0 \
+            and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tensors) \
+            and residual.shape == (*x.shape[:-1], weight.shape[0]) \
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        out = torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
+        if all_finite(out):
+            return out
+    return linear(x, weight, bias) + residual
+
+
 def linear_act(x, weight, bias, activation):
     op, attrs = ops.ACTIVATIONS[activation]
     return TORCH.get(op, OPS[op].impl)(linear(x, weight, bias), *attrs)
@@ -314,8 +328,7 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
     gets explicit padding (a weight is small: the check is cheap). On the device path, where the
     check would be a read on the host, every padded conv2d gets it: exact for a finite one too."""
     pad = parse_shape(padding)
-    if any(pad) and weight.device.type != "meta" and \
-            (device_path(weight) or not all_finite(weight)):
+    if any(pad) and weight.device.type != "meta" and (device_path(weight) or not all_finite(weight)):
         x, padding = F.pad(x, tuple(p for p in reversed(pad) for _ in range(2))), ",".join("0" * len(pad))
     return ops.conv2d(x, weight, bias, stride, padding, dilation, groups)
 
@@ -393,7 +406,6 @@ def cross_entropy(x, target, reduction, ignore_index):
 
 
 TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_norm": layer_norm,
-         "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "sdpa": sdpa,
-         "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
-         "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary,
-         "cross_entropy": cross_entropy}
+         "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "linear_add": linear_add,
+         "sdpa": sdpa, "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
+         "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary, "cross_entropy": cross_entropy}

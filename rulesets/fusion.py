@@ -101,6 +101,8 @@ RULES = rules(_F, [
     ("linear-relu-fuse",          "(relu (linear ?x ?w ?b))",                          '(linear_act ?x ?w ?b "relu")'),
     ("linear-gelu-fuse",          '(gelu (linear ?x ?w ?b) "none")',                   '(linear_act ?x ?w ?b "gelu")'),
     ("linear-gelu-tanh-fuse",     '(gelu (linear ?x ?w ?b) "tanh")',                   '(linear_act ?x ?w ?b "gelu_tanh")'),
+    ("linear-residual-fuse",      "(add (linear ?x ?w ?b) ?r)",                        "(linear_add ?x ?w ?b ?r)"),
+    ("linear-residual-fuse-first", "(add ?r (linear ?x ?w ?b))",                       "(linear_add ?x ?w ?b ?r)"),
 ], sample=_LINEAR_SAMPLE) + rules(_F, [
     ("linear-fuse",               "(add (matmul ?x (transpose ?w -2 -1)) ?b)",         "(linear ?x ?w ?b)",
                                   when("(= (rank ?w) 2)", "(= (rank ?b) 1)"), {"sample": _LINEAR_SAMPLE}),

@@ -109,10 +109,24 @@ class NaiveBlock(nn.Module):
         return x + self.out(g)
 
 
-def test_naive_block_fuses_layer_norm_attention_and_gelu():
-    after = optimized_report(NaiveBlock().eval(), torch.randn(2, 16, 32), tol=1e-4).ops_after
+def test_naive_block_fuses_layer_norm_attention_gelu_and_residuals():
+    report = optimized_report(NaiveBlock().eval(), torch.randn(2, 16, 32), tol=1e-4)
+    after = report.ops_after
     assert after.get("layer_norm") == 2 and after.get("sdpa_masked") == 1
     assert after.get("linear_act") == 1 and "tanh" not in after and "var" not in after
+    assert report.kernels.get("torch.linear_add") == 2 and "add" not in after  # each residual in a GEMM's epilogue
+
+
+def test_a_residual_stays_an_add_where_the_linear_is_used_elsewhere():
+    """Fused, the GEMM would run twice (once more for its other use): extraction keeps one."""
+    w, b = torch.randn(32, 32), torch.randn(32)
+
+    def fn(x, r):
+        y = F.linear(x, w, b)
+        return r + y, torch.relu(y)
+
+    after = ops_after(fn, torch.randn(2, 16, 32), torch.randn(2, 16, 32))
+    assert after.get("linear") == 1 and after.get("add") == 1 and "linear_add" not in after, after
 
 
 class Dense(nn.Module):

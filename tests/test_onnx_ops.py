@@ -100,6 +100,8 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     "sdpa_filled": [((q, k, v, _leaf("keep")), (0.35, -3.4028234663852886e38))],
     "linear": [((x, _leaf("lin_w"), _leaf("lin_b")), ())],
     "linear_act": [((x, _leaf("lin_w"), _leaf("lin_b")), (a,)) for a in ("relu", "gelu", "gelu_tanh")],
+    "linear_add": [((x, _leaf("lin_w"), _leaf("lin_b"), r), ())
+                   for r in (_leaf("lin_b"), Term("linear", (x, _leaf("lin_w"), _leaf("lin_b"))))],
     "conv2d": [((img, _leaf("cw"), _leaf("cb")), ("2,1", "1,0", "1,1", 1)),
                ((img, _leaf("cw"), c(0.0)), _CONV), ((img, _leaf("cw"), c(0.5)), _CONV),
                ((img, _leaf("gw"), c(0.0)), ("1,1", "0,0", "2,2", 3))],

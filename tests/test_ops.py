@@ -176,6 +176,8 @@ FUSED = [  # ops only rewrites create, against their definitions
     *((Term("rotary", (Q, K, sin)), Term("add", (Term("mul", (Q, K)), Term("mul", (Term("concat", (
         Term("neg", (Term("slice", (Q,), (-1, 3, 6, 1)),)), Term("slice", (Q,), (-1, 0, 3, 1))), (-1,)), sin)))))
       for sin in (V, Term.input("w6"))),  # a sin table smaller than x takes the sign itself
+    *((Term("linear_add", (Q, W, BIAS, r)), Term("add", (Term("linear", (Q, W, BIAS)), r)))
+      for r in (Term("linear", (Q, W, BIAS)), BIAS)),  # a residual of the output's shape, or broadcast
     (Term("layer_norm", (Q, Term.const(1.0), Term.const(0.0)), (1e-5,)),
      Term("layer_norm", (Q, Term.input("ones", (6,), "float64"), Term.input("zeros", (6,), "float64")),
           (1e-5,))),
@@ -285,8 +287,8 @@ def test_gelu_keeps_the_top_of_the_range_and_the_sign(dtype, approximate):
 def test_linear_at_overflow_is_the_same_in_every_summation_order(dtype, activation):
     """max + max - max - max - max is -max, whose activation is 0 (-0 for gelu); summed left to
     right in float32 it overflows to +inf first (relu and gelu then give +inf), in another order to
-    -inf: the library's blocking, which differs by CPU, picks one. linear and linear_act give the
-    truth in every order (bfloat16 at its own max, which float32 accumulators hold)."""
+    -inf: the library's blocking, which differs by CPU, picks one. linear, linear_act and
+    linear_add give the truth in every order (bfloat16 at its own max, which float32 accumulators hold)."""
     top = torch.finfo(dtype).max
     row = torch.tensor([top, top, -top, -top, -top], dtype=torch.float64)
     x = torch.stack([row[list(p)] for p in ((0, 1, 2, 3, 4), (2, 3, 4, 0, 1), (0, 2, 1, 3, 4))]).to(dtype)
@@ -294,6 +296,25 @@ def test_linear_at_overflow_is_the_same_in_every_summation_order(dtype, activati
     assert (TORCH["linear"](x, w, None) == -top).all()
     got = TORCH["linear_act"](x, w, None, activation)
     assert (got == 0).all() and (got.signbit() == activation.startswith("gelu")).all(), got
+    residual = torch.tensor([1.0, math.inf], dtype=dtype).expand(3, 2)  # linear_add: its epilogue too
+    assert TORCH["linear_add"](x, w, None, residual).tolist() == [[-top, math.inf]] * 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linear_add_gives_the_definition_at_the_residuals_extremes_and_at_overflow(dtype):
+    """linear(x, W, b) + r in one call: +-inf, NaN, +-0 and +-max in r give what the definition's
+    add gives (close: the epilogue may round its add once, not twice); with autograd recording,
+    and on the device path (no host read), the same values."""
+    from egraph_opt.kernels.torch_ops import forcing_device_path
+    g, top = torch.Generator().manual_seed(3), torch.finfo(dtype).max
+    x, w, b = (torch.randn(s, generator=g, dtype=dtype) for s in ((3, 6, 5), (8, 5), (8,)))
+    r = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0, top, -top, 1.0], dtype=dtype).expand(3, 6, 8)
+    want = TORCH["linear"](x, w, b) + r
+    torch.testing.assert_close(TORCH["linear_add"](x, w, b, r), want, equal_nan=True)
+    with forcing_device_path():
+        torch.testing.assert_close(TORCH["linear_add"](x, w, b, r), want, equal_nan=True)
+    recorded = TORCH["linear_add"](x.clone().requires_grad_(), w, b, r)
+    torch.testing.assert_close(recorded.detach(), want, equal_nan=True)
 
 
 def _attention_definition(q, k, v, bias, scale):

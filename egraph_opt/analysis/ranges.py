@@ -142,10 +142,10 @@ def _rotary(t, a, s):
 
 
 def _linear(t, a, s):
-    """x w^T + b, or a convolution: k terms (a weight's row or filter) summed per output."""
+    """x w^T + b (+ linear_add's residual), or a convolution: k terms (a row, a filter) per output."""
     k = math.prod(s[1][1:]) if len(s[1]) > 1 else (s[0][-1] if s[0] else 1)
-    p = _mul(a[0], a[1])
-    return iv(k * p[0] + a[2][0], k * p[1] + a[2][1])
+    p, (r_lo, r_hi) = _mul(a[0], a[1]), a[3] if len(a) > 3 else (0.0, 0.0)
+    return iv(k * p[0] + a[2][0] + r_lo, k * p[1] + a[2][1] + r_hi)
 
 
 def _matmul(t, a, s):

@@ -148,7 +148,8 @@ def _dtype_and_rank_rules():
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a))) ((set (rank e) n)))"
     # where: a bool first operand; compare: a bool result; broadcast: promotes (below)
     for op in ops_where(lambda op: op.shape_rule not in ("cast", "where", "compare", "broadcast")):
-        yield f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a))) ((set (dtype-of e) d)))"
+        agree = " (= d (dtype-of ?d))" if op == "linear_add" else ""  # its residual promotes: where x's agrees
+        yield f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a)){agree}) ((set (dtype-of e) d)))"
     for op in BINARY_BROADCASTING:  # (rotary's three operands leave its rank and dtype unrecorded:
         # a guard or precision rule then does not fire on it). The dtype promotes: both operands',
         # or a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)

@@ -61,9 +61,9 @@ def _matmul(shapes, attrs):
 
 
 def _linear(shapes, attrs):
-    x, w, b = shapes
+    x, w, *added = shapes  # the bias, and linear_add's residual: a FLOP an output each
     batch, m, k, n = _batch_matmul(x, tuple(reversed(w)))
-    return Work(2.0 * batch * m * k * n + batch * m * n, sum(map(math.prod, shapes)) + batch * m * n)
+    return Work(2.0 * batch * m * k * n + len(added) * batch * m * n, sum(map(math.prod, shapes)) + batch * m * n)
 
 
 def _norm(flops_per_element: float):
@@ -138,7 +138,7 @@ WORK_KINDS: dict[str, Callable] = {
     "reduce": lambda op: OpSpec(_square(1), _along_axis(op.flops, reduces=True)),
     "along": lambda op: OpSpec(_square(1), _along_axis(op.flops, reduces=False)),
     "matmul": lambda op: OpSpec(_square(2), _matmul),
-    "linear": lambda op: OpSpec(lambda n: ((n, n), (n, n), (n,)), _linear),
+    "linear": lambda op: OpSpec(lambda n: ((n, n), (n, n), (n,), (n, n))[:op.arity], _linear),
     "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _norm(8.0)),
     "rms_norm": lambda op: OpSpec(lambda n: ((n, n), (n,)), _norm(4.0)),
     "sdpa": lambda op: OpSpec(lambda n: ((1, 8, n, 64),) * 3, _sdpa),

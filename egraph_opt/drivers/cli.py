@@ -12,7 +12,7 @@ import warnings
 import torch
 
 from ..profiling.profile_db import ProfileDB, ProfileDBError
-from ..profiling.profiler import MOVE, SPECS, Case, grid, machine_busy, profile_ops, profile_shapes
+from ..profiling.profiler import MOVE, SPECS, Case, grid, machine_busy, profile_ops, profile_shapes, timeable
 from ..rulesets import Family, catalogue
 from .pictures import Table
 from .usage import Failure, MissingExtra, ModelFailure, at_least, html, require
@@ -130,6 +130,8 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     from ..lang.term import SCALAR
     from ..optimization.pipeline import class_meta, optimize
     module_name, _, name = spec.partition(":")
+    if os.getcwd() not in sys.path:  # a module of the folder the command runs in, as ``python -m`` finds it
+        sys.path.insert(0, os.getcwd())
     try:
         fn = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as e:
@@ -144,6 +146,8 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
         for n in nodes:
             if n.op in SPECS and all(c in of_class for c in n.children):
                 operands = tuple(of_class[c][0] for c in n.children if of_class[c] != SCALAR)
+                if not timeable(n.op, operands):  # an operand is a constant: the call is not the one timed
+                    continue
                 attrs = {k: v for (k, _), v in zip(OPS[n.op].attrs, n.attrs)}
                 cases[n.op, operands, n.attrs] = Case(op=n.op, dtype=dtype, shapes=operands, attrs=attrs)
     return list(cases.values())

@@ -32,7 +32,7 @@ from ..lang.term import postorder
 from ..analysis.facts import Facts, NodeFacts
 from ..analysis.layouts import layout_attr
 from .profile_db import UNUSABLE, ProfileDB, ProfileDBWarning, Record, shape_key
-from .profiler import (PRICED, Case, Work, attr_names, device_name, machine_busy, profile_shapes,
+from .profiler import (PRICED, Case, Work, attr_names, device_name, machine_busy, profile_shapes, timeable,
                        torch_dtype, work)
 
 
@@ -256,8 +256,7 @@ class MeasuredLatency:
             named = {**dict(zip(attr_names(op), attrs)), **layout_attr(layouts)}
             try:
                 est = self.model.predict(op, backend, self.where, dtype, shapes, named)
-                timeable = len(shapes) == len(PRICED[op].shapes(1))  # a constant operand: not as profiled
-                if est.source != "measured" and timeable and \
+                if est.source != "measured" and timeable(op, shapes) and \
                         self.spent_s + PROFILE_CALLS * est.seconds < self.budget_s and not self._busy():
                     start = time.perf_counter()
                     (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,

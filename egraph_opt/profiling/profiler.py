@@ -153,6 +153,12 @@ MOVE = "move"
 PRICED: dict[str, OpSpec] = {**SPECS, MOVE: OpSpec(_square(1), _pointwise(0.0))}
 
 
+def timeable(op: str, shapes) -> bool:
+    """Whether a call of ``op`` on tensors of ``shapes`` is the call the profiler times: a constant
+    operand (no shape: ``x + 1.0``) makes another call, with fewer tensors."""
+    return len(shapes) == len(PRICED[op].shapes(1))
+
+
 def attr_names(kernel: str) -> list[str]:
     """The attributes a kernel of PRICED takes, in order (a move takes none)."""
     return [name for name, _ in OPS[kernel].attrs] if kernel in OPS else []

@@ -796,5 +796,7 @@ _OTHERS = [
                  *_qkv(t)[:2], *_rope_tables(t, D // 2, batch=B))), ("rotary",)),
 ]
 
-SUITE: dict[str, Spelling] = {s.name: s for s in _ATTENTION + _NORM + _GELUS + _OTHERS}
+from spellings_sourced import SOURCED  # noqa: E402  (built from this module's helpers above)
+
+SUITE: dict[str, Spelling] = {s.name: s for s in _ATTENTION + _NORM + _GELUS + _OTHERS + SOURCED}
 FAMILIES = ("attention", "norm", "gelu", "mlp", "loss", "rotary")

@@ -125,8 +125,9 @@ CONSTANT = "_constant"  # the prefix of the parameters ``Ctx.constant`` makes
 FALLBACKS: list[Callable] = []  # (node, args, kwargs, ctx) -> Term, Parts or None: ``lowering_core``'s
 
 
-def known(t, kinds=(CONSTANT, "_tensor_constant")) -> bool:
-    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace closed over."""
+def known(t, kinds=(CONSTANT, "_tensor_constant", "lifted_tensor")) -> bool:
+    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace closed over
+    (fx's ``_tensor_constant``, torch.export's ``lifted_tensor``: ``torch.tensor(finfo.min)``)."""
     return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(kinds)
 
 
@@ -408,18 +409,26 @@ def _permute(c, x, *dims):
     return forms.permute(x, perm, c.rank(x))
 
 
-def _to_out_shape(op: str):
-    """Views and expansions: to the shape the trace recorded (the operand itself where equal)."""
-    return lambda c, x, *args, **kwargs: x if tuple(c.info(x).shape) == tuple(c.out.shape) else \
-        Term(op, (x,), (c.out_shape(),))
+@lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
+        torch.squeeze, "squeeze", "view_as", "reshape_as", "_unsafe_view")
+def _reshape(c, x, *args, **kwargs):
+    """A view of a view is one view; heads flattened for bmm and viewed back to add a mask (BART,
+    Whisper, CLIP), then flattened again, are the flat scores plus the mask expanded and flattened."""
+    shape, out = tuple(c.out.shape), c.out_shape()
+    shape_of = lambda t: getattr(c.info_of.get(id(t)), "shape", None)  # noqa: E731 - None: unknown
+    for y, m in (x.args, x.args[::-1]) if x.op == "add" and shape_of(x) else ():
+        if y.op == "reshape" and shape_of(y) == shape_of(x) and shape_of(y.args[0]) == shape:
+            return Term("add", (y.args[0], m if m.op == "const" else
+                                Term("reshape", (Term("expand", (m,), (y.attrs[0],)),), (out,))))
+    x = x.args[0] if x.op == "reshape" and shape_of(x.args[0]) is not None else x
+    return x if tuple(c.info(x).shape) == shape else Term("reshape", (x,), (out,))
 
 
-lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
-       torch.squeeze, "squeeze", "view_as", "reshape_as", "_unsafe_view")(_to_out_shape("reshape"))
-lowers("expand", "expand_as")(_to_out_shape("expand"))
+lowers("expand", "expand_as")(lambda c, x, *args, **kwargs: x if tuple(c.info(x).shape) == tuple(c.out.shape)
+                              else Term("expand", (x,), (c.out_shape(),)))  # to the traced shape
 
 
-lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias")(
+lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias", "lift_fresh_copy")(
     lambda c, x, *args, memory_format=None: c.tensor(x))
 
 

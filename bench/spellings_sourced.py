@@ -3,7 +3,8 @@ file: the op graphs ONNX Runtime's transformer fusions match (microsoft/onnxrunt
 onnxruntime/python/tools/transformers/fusion_*.py), xformers' reference attentions, and the eager
 attention of model families the first half of the suite lacks (GPT-NeoX, BLOOM, Falcon, OPT,
 Whisper, ViT, CLIP, DistilBERT, Phi, MPT). Only the few lines of math are transcribed; weights are
-random, built in code. ``spellings.SUITE`` holds these entries beside its own.
+random, built in code. ``spellings.SUITE`` holds these entries beside its own (import ``spellings``
+first: it imports this module once its helpers exist).
 """
 from __future__ import annotations
 

@@ -47,11 +47,6 @@ def _softmax_float32(dtype: str, masked: bool) -> Rule:
                 why="float32 softmax inside a half-precision attention")
 
 
-def _close_to(value: float, var: str = "c"):
-    """A constant as exported: float32 stores 1/sqrt(2) or 0.044715 only to ~1e-8."""
-    return when(f"(< (abs (- ?{var} {value!r})) 1e-7)")
-
-
 #: where gelu's 1/2 multiplies: x, the bracket (ONNX Runtime's TF/Keras graphs) or the product
 _HALF = {"": "(mul (mul ?x (const 0.5)) {})", "-half-inside": "(mul ?x (mul {} (const 0.5)))",
          "-half-last": "(mul (mul ?x {}) (const 0.5))"}
@@ -62,8 +57,8 @@ def _gelu(name: str, inner: str, why: str, erf_c: float = 0.0) -> list[Rule]:
     ``erf_c`` (1/sqrt(2) multiplied or sqrt(2) divided), x/2 (1 + erf(``inner``)); each place of 1/2."""
     sample = (("c", erf_c),) if erf_c else (("c", math.sqrt(2 / math.pi)), ("k", 0.044715))
     return [Rule(name + at, half.format(f"(add ({'erf' if erf_c else 'tanh'} {inner}) (const 1.0))"),
-                 f'(gelu ?x "{"none" if erf_c else "tanh"}")', _F, Exactness.APPROX,
-                 when=sum((_close_to(v, k) for k, v in sample), when()), sample=sample, why=why)
+                 f'(gelu ?x "{"none" if erf_c else "tanh"}")', _F, Exactness.APPROX, sample=sample, why=why,
+                 when=when(*(f"(< (abs (- ?{k} {v!r})) 1e-7)" for k, v in sample)))  # as float32 stores them
             for at, half in _HALF.items()]
 
 
@@ -134,10 +129,9 @@ RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for na
        '(rms_norm (cast ?x "float32") (const 1.0) ?eps)', when(f'(= (dtype-of ?x) "{d}")'),
        "T5: the mean of squares in float32, x itself half (x * r widens it exactly)")
       for d in ("float16", "bfloat16")),
-    ("rms-norm-weight",           f"(mul {_RMS_PLAIN} ?w)",                            "(rms_norm ?x ?w ?eps)",
-                                  _WEIGHT, {"sample": (("w", (5,)),)}),
-    ("rms-norm-weight-first",     f"(mul ?w {_RMS_PLAIN})",                            "(rms_norm ?x ?w ?eps)",
-                                  _WEIGHT, {"sample": (("w", (5,)),)}, "LLaMA: weight * normalized"),
+    *((f"rms-norm-weight{at}", lhs, "(rms_norm ?x ?w ?eps)", _WEIGHT, {"sample": (("w", (5,)),)}, why)
+      for at, lhs, why in (("", f"(mul {_RMS_PLAIN} ?w)", ""),
+                           ("-first", f"(mul ?w {_RMS_PLAIN})", "LLaMA: weight * normalized"))),
 ])
 
 

@@ -126,8 +126,7 @@ FALLBACKS: list[Callable] = []  # (node, args, kwargs, ctx) -> Term, Parts or No
 
 
 def known(t, kinds=(CONSTANT, "_tensor_constant", "lifted_tensor")) -> bool:
-    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace closed over
-    (fx's ``_tensor_constant``, torch.export's ``lifted_tensor``: ``torch.tensor(finfo.min)``)."""
+    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace closed over."""
     return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(kinds)
 
 
@@ -231,8 +230,6 @@ def _sign(c, x):
 
 
 lowers(F.gelu)(lambda c, x, approximate="none": Term("gelu", (c.tensor(x),), (approximate,)))
-
-
 lowers(F.softplus)(  # exact; torch's threshold differs by < 3e-9. With another beta: a refusal (None)
     lambda c, x, beta=1.0, threshold=20.0: Term("softplus", (c.tensor(x),)) if beta == 1 else None)
 
@@ -244,8 +241,6 @@ def _clamp(c, x, min=None, max=None):
 
 
 lowers(operator.lt, torch.lt, "lt", torch.less, "less")(_binary("less"))
-
-
 lowers(operator.gt, torch.gt, "gt", torch.greater, "greater")(  # a > b is b < a, NaN too
     lambda c, a, b: Term("less", (_operand(c, b, a), _operand(c, a, b))))
 lowers(torch.where)(lambda c, cond, a, b: Term("where", (cond, _operand(c, a, b), _operand(c, b, a))))
@@ -311,9 +306,8 @@ for _name in ("argmax", "argmin"):
     lowers(getattr(torch, _name), _name)(_arg(_name))
 
 
-@lowers(torch.amax, "amax")
-def _amax(c, x, dim=(), keepdim=False):
-    return _reduce("max", c, x, dim if dim != () else None, keepdim)
+lowers(torch.amax, "amax")(_amax := lambda c, x, dim=(), keepdim=False:  # no dim: every axis
+                           _reduce("max", c, x, None if dim == () else dim, keepdim))
 
 
 @lowers(torch.max, "max")
@@ -379,6 +373,11 @@ def _softmax_like(op):
         if dim is None:
             raise Unsupported("implicit softmax dim")
         axis = c.axis(x, dim)  # before the cast, whose Term has no recorded shape
+        inner = c.info_of.get(id(x.args[0])) if x.op == "reshape" and axis == -1 else None
+        if inner is not None and tuple(inner.shape[-1:]) == tuple(c.out.shape[-1:]):  # over the last
+            y = lower_softmax(c, x.args[0], -1, dtype=dtype)  # axis, the softmax of a view is a view
+            c.info_of[id(y)] = type(inner)(tuple(inner.shape), c.out.dtype)
+            return Term("reshape", (y,), (c.out_shape(),))
         return Term(op, (_cast(c, x, dtype) if dtype is not None else x,), (axis,))
     return lower_softmax
 
@@ -403,25 +402,31 @@ def _transpose(c, x, dim0, dim1):
     return x if a == b else Term("transpose", (x,), (a, b))
 
 
-@lowers(torch.permute, "permute")
-def _permute(c, x, *dims):
-    perm = dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims
-    return forms.permute(x, perm, c.rank(x))
+lowers(torch.permute, "permute")(lambda c, x, *dims: forms.permute(  # dims, or one list of them
+    x, dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims, c.rank(x)))
+
+
+def _heads(c, t: Term):
+    """(x, its leading axes) where ``t`` is x (rank > 3) with those flattened into one, or its K^T."""
+    swap = t.op == "transpose" and t.attrs == (-2, -1)
+    flat = t.args[0] if swap else t
+    inner = tuple(getattr(c.info_of.get(id(flat.args[0])), "shape", ())) if flat.op == "reshape" else ()
+    if len(inner) > 3 and tuple(getattr(c.info_of.get(id(flat)), "shape", ())[1:]) == inner[-2:]:
+        return (Term("transpose", (flat.args[0],), (-2, -1)) if swap else flat.args[0]), inner[:-2]
 
 
 @lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
         torch.squeeze, "squeeze", "view_as", "reshape_as", "_unsafe_view")
 def _reshape(c, x, *args, **kwargs):
-    """A view of a view is one view; heads flattened for bmm and viewed back to add a mask (BART,
-    Whisper, CLIP), then flattened again, are the flat scores plus the mask expanded and flattened."""
-    shape, out = tuple(c.out.shape), c.out_shape()
-    shape_of = lambda t: getattr(c.info_of.get(id(t)), "shape", None)  # noqa: E731 - None: unknown
-    for y, m in (x.args, x.args[::-1]) if x.op == "add" and shape_of(x) else ():
-        if y.op == "reshape" and shape_of(y) == shape_of(x) and shape_of(y.args[0]) == shape:
-            return Term("add", (y.args[0], m if m.op == "const" else
-                                Term("reshape", (Term("expand", (m,), (y.attrs[0],)),), (out,))))
-    x = x.args[0] if x.op == "reshape" and shape_of(x.args[0]) is not None else x
-    return x if tuple(c.info(x).shape) == shape else Term("reshape", (x,), (out,))
+    """A view of a view is one view; a bmm of heads flattened (B*H, T, D), viewed back to the heads,
+    is the batched matmul over them (BART, Whisper, CLIP): attention meets fusion in one layout."""
+    shape = tuple(c.out.shape)
+    parts = [_heads(c, t) for t in x.args] if x.op == "matmul" else ()
+    if parts and None not in parts and parts[0][1] == parts[1][1] \
+            and parts[0][1] + tuple(c.info(x).shape[-2:]) == shape:
+        return Term("matmul", (parts[0][0], parts[1][0]))
+    x = x.args[0] if x.op == "reshape" and id(x.args[0]) in c.info_of else x
+    return x if tuple(c.info(x).shape) == shape else Term("reshape", (x,), (c.out_shape(),))
 
 
 lowers("expand", "expand_as")(lambda c, x, *args, **kwargs: x if tuple(c.info(x).shape) == tuple(c.out.shape)

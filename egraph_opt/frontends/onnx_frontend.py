@@ -193,9 +193,8 @@ def _fold(im: Importer, node: onnx.NodeProto) -> list[np.ndarray] | None:
         results = ReferenceEvaluator(node).run(None, {x: im.consts[x] for x in inputs})
     except Exception:  # noqa: BLE001 - a node the reference cannot fold simply runs at run time
         return None
-    if any(np.asarray(r).size > _FOLD_LIMIT for r in results):
-        return None
-    return [np.asarray(r) for r in results]
+    arrays = [np.asarray(r) for r in results]
+    return None if any(a.size > _FOLD_LIMIT for a in arrays) else arrays
 
 
 def overridable(graph: onnx.GraphProto) -> set[str]:

@@ -5,6 +5,8 @@ Cores are transcribed from karpathy/nanoGPT and minGPT (model.py), huggingface/t
 (models/gpt2, bert, llama, t5, gemma; activations.py), huggingface/pytorch-image-models
 (timm/layers/attention.py) and NVIDIA Megatron-LM (fused_bias_gelu), cut to the attention, norm or
 gelu itself, and the gated MLPs, cross-entropy and rotary embedding LLaMA-style models carry.
+``spellings_sourced.py`` adds those read in other projects' sources: ONNX Runtime's fusion
+patterns, xformers' reference attentions and ten more model families' eager attention.
 Weights are random, built in code. ``SUITE[name].make(t)`` gives ``(fn, args)`` at
 sequence length ``t``; ``fuses`` names the fused op the optimized program must contain.
 ``tests/test_spellings.py`` checks every entry, ``bench/fusion.py --suite`` times them.
@@ -796,5 +798,7 @@ _OTHERS = [
                  *_qkv(t)[:2], *_rope_tables(t, D // 2, batch=B))), ("rotary",)),
 ]
 
-SUITE: dict[str, Spelling] = {s.name: s for s in _ATTENTION + _NORM + _GELUS + _OTHERS}
+from spellings_sourced import SOURCED  # noqa: E402  (built from this module's helpers above)
+
+SUITE: dict[str, Spelling] = {s.name: s for s in _ATTENTION + _NORM + _GELUS + _OTHERS + SOURCED}
 FAMILIES = ("attention", "norm", "gelu", "mlp", "loss", "rotary")

@@ -38,6 +38,8 @@ RULES = rules(_A, [
     ("sub-negative-const",    "(sub ?x (const ?c))",             "(add ?x (const (- 0.0 ?c)))", when("(< ?c 0.0)")),
     ("cube",                  "(mul (mul ?x ?x) ?x)",            "(pow ?x (const 3.0))"),
     ("transpose-scale-out",   "(transpose (mul ?x (const ?c)) ?i ?j)", "(mul (transpose ?x ?i ?j) (const ?c))"),
+    ("reshape-scale-out",     "(reshape (mul ?x (const ?c)) ?s)", "(mul (reshape ?x ?s) (const ?c))",
+                              {"sample": (("x", (2, 3, 4)), ("s", "6,4"))}),
     ("mul-one",               "(mul ?x (const 1.0))",            "?x"),
     ("div-one",               "(div ?x (const 1.0))",            "?x"),
     ("add-zero",              "(add ?x (const 0.0))",            "?x", when("(positive ?x)"),

@@ -19,8 +19,6 @@ RULES = rules(_C, [
                               "layout commutes with elementwise scaling"),
     ("transpose-mul-in",      "(mul (transpose ?x ?i ?j) (const ?c))", "(transpose (mul ?x (const ?c)) ?i ?j)",
                               "k^T scaled after its transpose (the dynamo exporter's sqrt(scale) on k)"),
-    ("bias-after-scores",     f"(add ?m {_SCALED})",                   f"(add {_SCALED} ?m)",
-                              "a mask or bias written before the scores (mask + q k^T c): + commutes exactly"),
-    ("bias-after-scores-unscaled", f"(add ?m {_SCORES})",              f"(add {_SCORES} ?m)",
-                              "the same, unscaled"),
+    *((f"bias-after-scores{suffix}", f"(add ?m {s})", f"(add {s} ?m)", "a mask or bias written before the "
+       "scores (mask + q k^T c): + commutes exactly") for suffix, s in (("", _SCALED), ("-unscaled", _SCORES))),
 ])

@@ -47,53 +47,46 @@ def _softmax_float32(dtype: str, masked: bool) -> Rule:
                 why="float32 softmax inside a half-precision attention")
 
 
-def _close_to(value: float, var: str = "c"):
-    """A constant as exported: float32 stores 1/sqrt(2) or 0.044715 only to ~1e-8."""
-    return when(f"(< (abs (- ?{var} {value!r})) 1e-7)")
+#: where gelu's 1/2 multiplies: x, the bracket (ONNX Runtime's TF/Keras graphs) or the product
+_HALF = {"": "(mul (mul ?x (const 0.5)) {})", "-half-inside": "(mul ?x (mul {} (const 0.5)))",
+         "-half-last": "(mul (mul ?x {}) (const 0.5))"}
 
 
-def _gelu_tanh(name: str, inner: str, why: str) -> Rule:
-    """x/2 (1 + tanh(``inner``)), ``inner`` a spelling of sqrt(2/pi) (x + 0.044715 x^3)."""
-    return Rule(name, f"(mul (mul ?x (const 0.5)) (add (tanh {inner}) (const 1.0)))", '(gelu ?x "tanh")',
-                _F, Exactness.APPROX, when=_close_to(math.sqrt(2 / math.pi)) + _close_to(0.044715, "k"),
-                sample=(("c", math.sqrt(2 / math.pi)), ("k", 0.044715)), why=why)
+def _gelu(name: str, inner: str, why: str, erf_c: float = 0.0) -> list[Rule]:
+    """x/2 (1 + tanh(``inner``)), ``inner`` a spelling of sqrt(2/pi) (x + 0.044715 x^3); or, given
+    ``erf_c`` (1/sqrt(2) multiplied or sqrt(2) divided), x/2 (1 + erf(``inner``)); each place of 1/2."""
+    sample = (("c", erf_c),) if erf_c else (("c", math.sqrt(2 / math.pi)), ("k", 0.044715))
+    return [Rule(name + at, half.format(f"(add ({'erf' if erf_c else 'tanh'} {inner}) (const 1.0))"),
+                 f'(gelu ?x "{"none" if erf_c else "tanh"}")', _F, Exactness.APPROX, sample=sample, why=why,
+                 when=when(*(f"(< (abs (- ?{k} {v!r})) 1e-7)" for k, v in sample)))  # as float32 stores them
+            for at, half in _HALF.items()]
 
 
 _KX2 = "(mul (mul ?x (const ?k)) ?x)"  # 0.044715 * x * x as traced
 
-RULES = rules(_F, [
-    # name                        lhs                                                  rhs
-    ("attention-fuse",            f"(matmul (softmax {_SCALED} -1) ?v)",               "(sdpa ?q ?k ?v ?c false)"),
-    ("attention-fuse-unscaled",   f"(matmul (softmax {_SCORES} -1) ?v)",               "(sdpa ?q ?k ?v 1.0 false)"),
-    ("attention-fuse-masked",     f"(matmul (softmax (add {_SCALED} ?m) -1) ?v)",      "(sdpa_masked ?q ?k ?v ?m ?c)"),
-    ("attention-fuse-masked-unscaled",
-                                  f"(matmul (softmax (add {_SCORES} ?m) -1) ?v)",      "(sdpa_masked ?q ?k ?v ?m 1.0)"),
-    ("attention-fuse-mask-filled", f"(matmul (softmax (where ?m (const -inf) {_SCALED}) -1) ?v)",
-                                  f"(sdpa_masked ?q ?k ?v {_MASK_BIAS} ?c)"),
-    ("attention-fuse-mask-filled-unscaled",
-                                  f"(matmul (softmax (where ?m (const -inf) {_SCORES}) -1) ?v)",
-                                  f"(sdpa_masked ?q ?k ?v {_MASK_BIAS} 1.0)"),
-    ("attention-fuse-where-filled", f"(matmul (softmax (where ?m {_SCALED} (const ?f)) -1) ?v)",
-                                  "(sdpa_filled ?q ?k ?v ?m ?c ?f)", "GPT-2: where(causal, w, finfo.min)"),
-    ("attention-fuse-where-filled-unscaled",
-                                  f"(matmul (softmax (where ?m {_SCORES} (const ?f)) -1) ?v)",
-                                  "(sdpa_filled ?q ?k ?v ?m 1.0 ?f)"),
-    ("attention-fuse-fill-masked", f"(matmul (softmax (where ?m (const ?f) {_SCALED}) -1) ?v)",
-                                  "(sdpa_filled ?q ?k ?v (logical_not ?m) ?c ?f)",
-                                  "masked_fill(mask == 0, -1e9) (the Annotated Transformer), (mask, finfo.min)"),
-    ("attention-fuse-fill-masked-unscaled",
-                                  f"(matmul (softmax (where ?m (const ?f) {_SCORES}) -1) ?v)",
-                                  "(sdpa_filled ?q ?k ?v (logical_not ?m) 1.0 ?f)"),
-    ("attention-fuse-guarded",    f"(matmul {_GUARD.format(s=f'(add {_SCALED} ?m)')} ?v)",
-                                  "(sdpa_guarded ?q ?k ?v ?m ?c)", "GPT-2, BERT as the dynamo exporter writes them"),
-    ("attention-fuse-guarded-unscaled", f"(matmul {_GUARD.format(s=f'(add {_SCORES} ?m)')} ?v)",
-                                  "(sdpa_guarded ?q ?k ?v ?m 1.0)", "the scale on q and k (sqrt of it on each)"),
+#: each attention as (name, lhs over scores {s}, rhs over scale {c}, why): a rule for the scaled
+#: scores and one for the unscaled (scale 1.0)
+_ATTENTIONS = [
+    ("attention-fuse", "(matmul (softmax {s} -1) ?v)", "(sdpa ?q ?k ?v {c} false)", ""),
+    ("attention-fuse-masked", "(matmul (softmax (add {s} ?m) -1) ?v)", "(sdpa_masked ?q ?k ?v ?m {c})", ""),
+    ("attention-fuse-mask-filled", "(matmul (softmax (where ?m (const -inf) {s}) -1) ?v)",
+     f"(sdpa_masked ?q ?k ?v {_MASK_BIAS} {{c}})", "masked_fill(mask, -inf)"),
+    ("attention-fuse-where-filled", "(matmul (softmax (where ?m {s} (const ?f)) -1) ?v)",
+     "(sdpa_filled ?q ?k ?v ?m {c} ?f)", "GPT-2: where(causal, w, finfo.min)"),
+    ("attention-fuse-fill-masked", "(matmul (softmax (where ?m (const ?f) {s}) -1) ?v)",
+     "(sdpa_filled ?q ?k ?v (logical_not ?m) {c} ?f)",
+     "masked_fill(mask == 0, -1e9) (the Annotated Transformer), (mask, finfo.min)"),
+    ("attention-fuse-guarded", f"(matmul {_GUARD.format(s='(add {s} ?m)')} ?v)", "(sdpa_guarded ?q ?k ?v ?m {c})",
+     "GPT-2, BERT as the dynamo exporter writes them; unscaled, the scale on q and k (sqrt of it on each)"),
+]
+
+RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for name, lhs, rhs, why in _ATTENTIONS
+                   for suffix, s, c in (("", _SCALED, "?c"), ("-unscaled", _SCORES, "1.0"))] + [
     ("permute-as-transposed-heads", '(permute ?k "0,2,3,1")',                       '(transpose (permute ?k "0,2,1,3") -2 -1)',
                                   "K split into heads and transposed by one permute"),
     ("attention-fuse-masked-biased", f"(matmul (softmax (add (add {_SCALED} ?a) ?m) -1) ?v)",
                                   "(sdpa_masked ?q ?k ?v (add ?a ?m) ?c)", Exactness.REASSOC,
                                   "BLOOM: a position bias (alibi, baddbmm) added, then the mask: one bias, their sum"),
-]) + rules(_F, [
     ("silu-fuse",                 "(mul ?x (sigmoid ?x))",                             "(silu ?x)"),
     ("silu-fuse-sigmoid-first",   "(mul (sigmoid ?x) ?x)",                             "(silu ?x)",
                                   "SwiGLU's gate as written: sigmoid(a) * a"),
@@ -109,14 +102,13 @@ RULES = rules(_F, [
     ("linear-fuse-in-out",        "(add (matmul ?x ?w) ?b)",                           "(linear ?x (transpose ?w -2 -1) ?b)",
                                   when("(= (rank ?w) 2)", "(= (rank ?b) 1)"), {"sample": _LINEAR_SAMPLE},
                                   "x @ W + b with W stored (in, out), as minGPT-style code and JAX ports write it"),
-    ("gelu-from-erf",             "(mul (mul ?x (const 0.5)) (add (erf (mul ?x (const ?c))) (const 1.0)))",
-                                  '(gelu ?x "none")', Exactness.APPROX, _close_to(1 / math.sqrt(2)),
-                                  {"sample": (("c", 1 / math.sqrt(2)),)}, "x * Phi(x); 1/sqrt(2) as float32 stores it"),
-    _gelu_tanh("gelu-from-tanh", "(mul (add ?x (mul (pow ?x (const 3.0)) (const ?k))) (const ?c))",
-               "GPT-2's gelu; sqrt(2/pi) and 0.044715 as float32 stores them"),
-    ("gelu-from-erf-divided",     "(mul (mul ?x (const 0.5)) (add (erf (div ?x (const ?c))) (const 1.0)))",
-                                  '(gelu ?x "none")', Exactness.APPROX, _close_to(math.sqrt(2)),
-                                  {"sample": (("c", math.sqrt(2)),)}, "x * Phi(x) as BERT writes it: erf(x / sqrt(2))"),
+    *_gelu("gelu-from-erf", "(mul ?x (const ?c))", "x * Phi(x); 1/sqrt(2) as float32 stores it", 1 / math.sqrt(2)),
+    *_gelu("gelu-from-tanh", "(mul (add ?x (mul (pow ?x (const 3.0)) (const ?k))) (const ?c))",
+           "GPT-2's gelu; sqrt(2/pi) and 0.044715 as float32 stores them"),
+    *_gelu("gelu-from-erf-divided", "(div ?x (const ?c))", "x * Phi(x) as BERT: erf(x / sqrt(2))", math.sqrt(2)),
+    *_gelu("gelu-from-tanh-products", f"(mul (add ?x (mul {_KX2} ?x)) (const ?c))", "the cube as k * x * x * x"),
+    *_gelu("gelu-from-tanh-factored", f"(mul (mul ?x (const ?c)) (add {_KX2} (const 1.0)))",
+           "FastGELU, Megatron's bias_gelu: tanh(c x (1 + k x^2))"),
     ("conv-batch-norm-fold",      f"(batch_norm (conv2d {_CONV}) {_BN_PARAMS} ?eps)",
                                   f'(conv2d ?x (mul (param ?wn ?ws ?wd) (reshape {_GS} (+ ?ms ",1,1,1"))) '
                                   f"(add (mul (sub ?cb (param ?mn ?ms ?md)) {_GS}) (param ?bn ?bs ?bd)) ?s ?p ?d ?g)",
@@ -139,10 +131,9 @@ RULES = rules(_F, [
        '(rms_norm (cast ?x "float32") (const 1.0) ?eps)', when(f'(= (dtype-of ?x) "{d}")'),
        "T5: the mean of squares in float32, x itself half (x * r widens it exactly)")
       for d in ("float16", "bfloat16")),
-    ("rms-norm-weight",           f"(mul {_RMS_PLAIN} ?w)",                            "(rms_norm ?x ?w ?eps)",
-                                  _WEIGHT, {"sample": (("w", (5,)),)}),
-    ("rms-norm-weight-first",     f"(mul ?w {_RMS_PLAIN})",                            "(rms_norm ?x ?w ?eps)",
-                                  _WEIGHT, {"sample": (("w", (5,)),)}, "LLaMA: weight * normalized"),
+    *((f"rms-norm-weight{at}", lhs, "(rms_norm ?x ?w ?eps)", _WEIGHT, {"sample": (("w", (5,)),)}, why)
+      for at, lhs, why in (("", f"(mul {_RMS_PLAIN} ?w)", ""),
+                           ("-first", f"(mul ?w {_RMS_PLAIN})", "LLaMA: weight * normalized"))),
 ])
 
 
@@ -181,12 +172,6 @@ RULES += [_horizontal(2), _horizontal(3)]
 # err by ~0.5% where the left side is NaN, beyond what the extremes test grants a NaN's repair
 RULES += [_softmax_float32(d, masked) for d in ("float16", "bfloat16") for masked in (False, True)
           if not (masked and d == "float16")]
-RULES += [  # GPT-2's tanh gelu as others write it
-    _gelu_tanh("gelu-from-tanh-products", f"(mul (add ?x (mul {_KX2} ?x)) (const ?c))",
-               "the cube as k * x * x * x"),
-    _gelu_tanh("gelu-from-tanh-factored", f"(mul (mul ?x (const ?c)) (add {_KX2} (const 1.0)))",
-               "FastGELU, Megatron's bias_gelu: tanh(c x (1 + k x^2))"),
-]
 
 
 def _rotary(x_first: bool, rotated_first: bool) -> Rule:

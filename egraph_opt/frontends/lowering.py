@@ -125,7 +125,7 @@ CONSTANT = "_constant"  # the prefix of the parameters ``Ctx.constant`` makes
 FALLBACKS: list[Callable] = []  # (node, args, kwargs, ctx) -> Term, Parts or None: ``lowering_core``'s
 
 
-def known(t, kinds=(CONSTANT, "_tensor_constant")) -> bool:
+def known(t, kinds=(CONSTANT, "_tensor_constant", "lifted_tensor")) -> bool:
     """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace closed over."""
     return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(kinds)
 
@@ -232,8 +232,6 @@ def _sign(c, x):
 
 
 lowers(F.gelu)(lambda c, x, approximate="none": Term("gelu", (c.tensor(x),), (approximate,)))
-
-
 lowers(F.softplus)(  # exact; torch's threshold differs by < 3e-9. With another beta: a refusal (None)
     lambda c, x, beta=1.0, threshold=20.0: Term("softplus", (c.tensor(x),)) if beta == 1 else None)
 
@@ -245,8 +243,6 @@ def _clamp(c, x, min=None, max=None):
 
 
 lowers(operator.lt, torch.lt, "lt", torch.less, "less")(_binary("less"))
-
-
 lowers(operator.gt, torch.gt, "gt", torch.greater, "greater")(  # a > b is b < a, NaN too
     lambda c, a, b: Term("less", (_operand(c, b, a), _operand(c, a, b))))
 lowers(torch.where)(lambda c, cond, a, b: Term("where", (cond, _operand(c, a, b), _operand(c, b, a))))
@@ -312,9 +308,8 @@ for _name in ("argmax", "argmin"):
     lowers(getattr(torch, _name), _name)(_arg(_name))
 
 
-@lowers(torch.amax, "amax")
-def _amax(c, x, dim=(), keepdim=False):
-    return _reduce("max", c, x, dim if dim != () else None, keepdim)
+lowers(torch.amax, "amax")(_amax := lambda c, x, dim=(), keepdim=False:  # no dim: every axis
+                           _reduce("max", c, x, None if dim == () else dim, keepdim))
 
 
 @lowers(torch.max, "max")
@@ -380,6 +375,11 @@ def _softmax_like(op):
         if dim is None:
             raise Unsupported("implicit softmax dim")
         axis = c.axis(x, dim)  # before the cast, whose Term has no recorded shape
+        inner = c.info_of.get(id(x.args[0])) if x.op == "reshape" and axis == -1 else None
+        if inner is not None and tuple(inner.shape[-1:]) == tuple(c.out.shape[-1:]):  # over the last
+            y = lower_softmax(c, x.args[0], -1, dtype=dtype)  # axis, the softmax of a view is a view
+            c.info_of[id(y)] = type(inner)(tuple(inner.shape), c.out.dtype)
+            return Term("reshape", (y,), (c.out_shape(),))
         return Term(op, (_cast(c, x, dtype) if dtype is not None else x,), (axis,))
     return lower_softmax
 
@@ -404,21 +404,35 @@ def _transpose(c, x, dim0, dim1):
     return x if a == b else Term("transpose", (x,), (a, b))
 
 
-@lowers(torch.permute, "permute")
-def _permute(c, x, *dims):
-    perm = dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims
-    return forms.permute(x, perm, c.rank(x))
+lowers(torch.permute, "permute")(lambda c, x, *dims: forms.permute(  # dims, or one list of them
+    x, dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims, c.rank(x)))
 
 
-def _to_out_shape(op: str):
-    """Views and expansions: to the shape the trace recorded (the operand itself where equal)."""
-    return lambda c, x, *args, **kwargs: x if tuple(c.info(x).shape) == tuple(c.out.shape) else \
-        Term(op, (x,), (c.out_shape(),))
+def _heads(c, t: Term):
+    """(x, its leading axes) where ``t`` is x (rank > 3) with those flattened into one, or its K^T."""
+    swap = t.op == "transpose" and t.attrs == (-2, -1)
+    flat = t.args[0] if swap else t
+    inner = tuple(getattr(c.info_of.get(id(flat.args[0])), "shape", ())) if flat.op == "reshape" else ()
+    if len(inner) > 3 and tuple(getattr(c.info_of.get(id(flat)), "shape", ())[1:]) == inner[-2:]:
+        return (Term("transpose", (flat.args[0],), (-2, -1)) if swap else flat.args[0]), inner[:-2]
 
 
-lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
-       torch.squeeze, "squeeze", "view_as", "reshape_as", "_unsafe_view")(_to_out_shape("reshape"))
-lowers("expand", "expand_as")(_to_out_shape("expand"))
+@lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
+        torch.squeeze, "squeeze", "view_as", "reshape_as", "_unsafe_view")
+def _reshape(c, x, *args, **kwargs):
+    """A view of a view is one view; a bmm of heads flattened (B*H, T, D), viewed back to the heads,
+    is the batched matmul over them (BART, Whisper, CLIP): attention meets fusion in one layout."""
+    shape = tuple(c.out.shape)
+    parts = [_heads(c, t) for t in x.args] if x.op == "matmul" else ()
+    if parts and None not in parts and parts[0][1] == parts[1][1] \
+            and parts[0][1] + tuple(c.info(x).shape[-2:]) == shape:
+        return Term("matmul", (parts[0][0], parts[1][0]))
+    x = x.args[0] if x.op == "reshape" and id(x.args[0]) in c.info_of else x
+    return x if tuple(c.info(x).shape) == shape else Term("reshape", (x,), (c.out_shape(),))
+
+
+lowers("expand", "expand_as")(lambda c, x, *args, **kwargs: x if tuple(c.info(x).shape) == tuple(c.out.shape)
+                              else Term("expand", (x,), (c.out_shape(),)))  # to the traced shape
 
 
 lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias", "lift_fresh_copy")(

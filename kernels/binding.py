@@ -65,9 +65,9 @@ class Pricing:
 
     def __call__(self, n: NodeFacts):
         use, found = self._use(n), []
-        for kernel in kernels_for(n.op):
-            own = _measured(self.latency, kernel, n) \
-                if usable(kernel, self.device) and not kernel.refuses(use) else None
+        ready = [k for k in kernels_for(n.op) if usable(k, self.device) and not k.refuses(use)]
+        for kernel in ready:
+            own = _measured(self.latency, kernel, n, choice=len(ready) > 1)
             if own:
                 moves = conversion_seconds(use, "torch", kernel.backend, self.estimate)
                 found.append((own[0] + round(moves / UNIT_S), own[1]))
@@ -77,10 +77,10 @@ class Pricing:
         return paths(self._use(n), ("torch",), self.estimate)
 
 
-def _measured(latency, kernel: Kernel, n: NodeFacts):
+def _measured(latency, kernel: Kernel, n: NodeFacts, choice: bool = True):
     """(units, source) of ``kernel`` from the database, or None: not known there (and, but for
     the op's own torch kernel, only the kernel's own measured or interpolated rows count)."""
-    found = latency(n, kernel) if latency is not None else None
+    found = latency(n, kernel, choice) if latency is not None else None
     if found and kernel.db_backend != "torch" and found[1] not in ("measured", "interpolated"):
         return None
     return found

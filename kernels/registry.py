@@ -103,6 +103,23 @@ def linear_gelu_tanh_sigmoid(x, weight, bias, activation):
     return _gelu_tanh_into(F.linear(x, weight, bias))
 
 
+def linear_gelu_tanh_epilogue(x, weight, bias, activation):
+    """One cuBLASLt GEMM whose epilogue adds the bias and applies the activation: on CUDA,
+    ``_addmm_activation``'s ``use_gelu`` is the tanh form (the epilogue, or addmm then tanh-gelu
+    where cuBLASLt declines). Not relu: a max epilogue may turn NaN into 0; and not on CPU, where
+    ``use_gelu`` is the erf form."""
+    out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _epilogue(use: Use) -> str | None:
+    """limits of the GEMM epilogue: tanh-gelu after a 2-D weight and a bias of one value per output."""
+    _, weight, bias = use.shapes if len(use.shapes) == 3 else ((), (), None)
+    if len(weight) != 2 or bias != weight[:1]:
+        return "the epilogue takes a 2-D weight and a bias of one value per output"
+    return _only("activation", "gelu_tanh")(use)
+
+
 def _only(attr: str, value: str) -> Callable:
     """limits: refuse a node whose single string attribute is not ``value``."""
     return lambda use: None if use.attrs[-1] == value else f"only {attr}={value!r}, not {use.attrs[-1]!r}"
@@ -114,6 +131,7 @@ class Declared(NamedTuple):
     impl: Callable
     limits: Callable
     dtypes: frozenset = frozenset({"float32", "float64"})  # narrower: each pass would round
+    devices: frozenset = BOTH
 
 
 REWRITTEN_KERNELS = [
@@ -121,6 +139,8 @@ REWRITTEN_KERNELS = [
              _only("approximate", "tanh")),
     Declared("torch.linear_gelu_tanh_sigmoid", "(linear_act ?x0 ?x1 ?x2 ?activation)",
              linear_gelu_tanh_sigmoid, _only("activation", "gelu_tanh")),
+    Declared("torch.linear_gelu_tanh_epilogue", "(linear_act ?x0 ?x1 ?x2 ?activation)",
+             linear_gelu_tanh_epilogue, _epilogue, FLOATS, frozenset({"cuda"})),
 ]
 
 
@@ -150,7 +170,7 @@ def _triton_kernels() -> list[Kernel]:
 REGISTRY: dict[str, Kernel] = {k.name: k for k in [
     *(Kernel(name=f"torch.{op}", reference=spec.reference, backend="torch", devices=BOTH,
              dtypes=ALL_DTYPES, impl=TORCH.get(op, spec.impl)) for op, spec in OPS.items() if not spec.is_leaf),
-    *(Kernel(backend="torch", devices=BOTH, **k._asdict()) for k in REWRITTEN_KERNELS),
+    *(Kernel(backend="torch", **k._asdict()) for k in REWRITTEN_KERNELS),
     *(Kernel(name=f"numpy.{op}", reference=OPS[op].reference, backend="numpy", devices=HOST,
              dtypes=frozenset({"float32", "float64"}), impl=_quiet(fn), takes=to_numpy)
       for op, fn in _NUMPY_UNARY.items()),

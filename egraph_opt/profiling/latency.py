@@ -244,9 +244,12 @@ class MeasuredLatency:
             without_database(e)
             return None
 
-    def __call__(self, n: NodeFacts, kernel=None) -> tuple[int, str] | None:
+    def __call__(self, n: NodeFacts, kernel=None, choice: bool = True) -> tuple[int, str] | None:
         """Units and source of node ``n``'s op's torch implementation, or of ``kernel`` (a registry
-        kernel: its own rows, ``Kernel.db_backend``), on operands of its shapes and layouts."""
+        kernel: its own rows, ``Kernel.db_backend``), on operands of its shapes and layouts. A
+        kernel that is no ``choice`` (the node's only one) is timed only in the first half of the
+        budget: the rest is kept for nodes whose kernels binding chooses between, which without a
+        measurement could only take torch's (no other backend has a default)."""
         op, attrs, shapes, dtype, layouts = n.op, n.attrs, n.shapes, n.dtype, n.layouts
         if op not in PRICED or self.db is None:
             return None
@@ -257,8 +260,9 @@ class MeasuredLatency:
             try:
                 est = self.model.predict(op, backend, self.where, dtype, shapes, named)
                 timeable = len(shapes) == len(PRICED[op].shapes(1))  # a constant operand: not as profiled
+                budget = self.budget_s if choice else self.budget_s / 2
                 if est.source != "measured" and timeable and \
-                        self.spent_s + PROFILE_CALLS * est.seconds < self.budget_s and not self._busy():
+                        self.spent_s + PROFILE_CALLS * est.seconds < budget and not self._busy():
                     start = time.perf_counter()
                     (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,
                                                self.db, repeats=5, progress=False, kernel=kernel)

@@ -64,14 +64,11 @@ class Pricing:
                    device=self.device, layouts=n.layouts)
 
     def __call__(self, n: NodeFacts):
-        use, found = self._use(n), []
+        use = self._use(n)
         ready = [k for k in kernels_for(n.op) if usable(k, self.device) and not k.refuses(use)]
-        for kernel in ready:
-            own = _measured(self.latency, kernel, n, choice=len(ready) > 1)
-            if own:
-                moves = conversion_seconds(use, "torch", kernel.backend, self.estimate)
-                found.append((own[0] + round(moves / UNIT_S), own[1]))
-        return min(found) if found else None
+        return min([(own[0] + round(conversion_seconds(use, "torch", k.backend, self.estimate) / UNIT_S),
+                     own[1]) for k in ready if (own := _measured(self.latency, k, n, len(ready) > 1))],
+                   default=None)
 
     def paths(self, n: NodeFacts) -> list[Path]:
         return paths(self._use(n), ("torch",), self.estimate)

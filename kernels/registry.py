@@ -104,20 +104,16 @@ def linear_gelu_tanh_sigmoid(x, weight, bias, activation):
 
 
 def linear_gelu_tanh_epilogue(x, weight, bias, activation):
-    """One cuBLASLt GEMM whose epilogue adds the bias and applies the activation: on CUDA,
-    ``_addmm_activation``'s ``use_gelu`` is the tanh form (the epilogue, or addmm then tanh-gelu
-    where cuBLASLt declines). Not relu: a max epilogue may turn NaN into 0; and not on CPU, where
-    ``use_gelu`` is the erf form."""
+    """One cuBLASLt GEMM whose epilogue adds the bias and applies tanh-gelu (CUDA's ``use_gelu``;
+    on CPU it is erf-gelu). Not relu: a max epilogue may turn NaN into 0."""
     out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _epilogue(use: Use) -> str | None:
-    """limits of the GEMM epilogue: tanh-gelu after a 2-D weight and a bias of one value per output."""
     _, weight, bias = use.shapes if len(use.shapes) == 3 else ((), (), None)
-    if len(weight) != 2 or bias != weight[:1]:
-        return "the epilogue takes a 2-D weight and a bias of one value per output"
-    return _only("activation", "gelu_tanh")(use)
+    return _only("activation", "gelu_tanh")(use) or (None if len(weight) == 2 and bias == weight[:1] else
+                                                      "the epilogue takes a 2-D weight and a bias per output")
 
 
 def _only(attr: str, value: str) -> Callable:

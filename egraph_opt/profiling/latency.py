@@ -245,11 +245,9 @@ class MeasuredLatency:
             return None
 
     def __call__(self, n: NodeFacts, kernel=None, choice: bool = True) -> tuple[int, str] | None:
-        """Units and source of node ``n``'s op's torch implementation, or of ``kernel`` (a registry
-        kernel: its own rows, ``Kernel.db_backend``), on operands of its shapes and layouts. A
-        kernel that is no ``choice`` (the node's only one) is timed only in the first half of the
-        budget: the rest is kept for nodes whose kernels binding chooses between, which without a
-        measurement could only take torch's (no other backend has a default)."""
+        """Units and source of ``n``'s op's torch kernel, or of ``kernel`` (its own rows: ``db_backend``),
+        on operands of its shapes and layouts. A node's only kernel (no ``choice``) is timed in the first
+        half of the budget: the rest is for nodes where binding chooses (unmeasured, it takes torch's)."""
         op, attrs, shapes, dtype, layouts = n.op, n.attrs, n.shapes, n.dtype, n.layouts
         if op not in PRICED or self.db is None:
             return None

@@ -88,9 +88,8 @@ def _square(count: int):
 
 
 def _generator(device) -> torch.Generator:
-    """Profiling's own random numbers: never the process's generator, which other threads and the
-    user's program draw from. Drawn on the device: drawing a large input on the host and copying it
-    would spend the profiling budget on the host's generator, not on the kernels."""
+    """Profiling's own random numbers, never the process's (other threads and the user's program draw
+    from it), on the device: a large input drawn on the host would spend the budget, not the kernel."""
     return torch.Generator(device).manual_seed(0)
 
 
@@ -101,9 +100,8 @@ def _positive(shapes, dtype, device):
 
 
 def _where_inputs(shapes, dtype, device):
-    cond, *values = shapes
-    chosen = torch.rand(cond, generator=_generator(device), device=device) < 0.5
-    return [chosen, *_positive(values, dtype, device)]
+    cond, *values = shapes  # a condition true for about half the elements
+    return [_positive([cond], dtype, device)[0] < 1.0, *_positive(values, dtype, device)]
 
 
 def _loss(flops_per_element: float):

@@ -121,9 +121,8 @@ def _attend(q, k, v, scale, causal, mask=None, mode=NO_MASK, fill=0.0):
     block_m = dot_tile(L, BLOCK_M)
     if out.numel():
         grid = (triton.cdiv(L, block_m), q3.shape[0])
-        _sdpa_kernel[grid](q3, k3, v3, m3, out, L, S, E, EV, scale, fill, *m3.stride(),
-                           CAUSAL=bool(causal), MASK=mode, WIDEN=widen_dot(q.dtype),
-                           PRECISION=dot_precision(q.dtype),
+        _sdpa_kernel[grid](q3, k3, v3, m3, out, L, S, E, EV, scale, fill, *m3.stride(), CAUSAL=bool(causal),
+                           MASK=mode, WIDEN=widen_dot(q.dtype), PRECISION=dot_precision(q.dtype),
                            BLOCK_M=block_m, BLOCK_N=dot_tile(S, BLOCK_N), E_P=dot_tile(E), EV_P=dot_tile(EV))
     return out.reshape(*batch, L, EV)
 

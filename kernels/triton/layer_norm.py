@@ -2,9 +2,8 @@
 
 One program per row, three passes over the row in blocks: the mean, then the variance as the
 mean of squared deviations (not E[x^2] - E[x]^2, which cancels catastrophically), then the
-normalized, scaled output. Statistics are accumulated per lane in float32 and reduced once. A row
-whose max |x| passes 2^32 is normalized scaled by a power of two to max |x| <= 1, where its squared
-deviations (or its sum) would overflow float32 though the definition's result is finite.
+normalized, scaled output. Statistics are accumulated per lane in float32 and reduced once. A row past
+2^32 in magnitude is normalized scaled by a power of two: its squares (or sum) could overflow float32.
 """
 from __future__ import annotations
 
@@ -15,9 +14,8 @@ import triton.language as tl
 from .layout import row_block
 from .runtime import implements
 
-LARGE = tl.constexpr(2.0 ** 32)
+LARGE, SMALLEST_NORMAL = tl.constexpr(2.0 ** 32), tl.constexpr(1.1754943508222875e-38)
 DOWN, UP = tl.constexpr(2.0 ** -64), tl.constexpr(2.0 ** 64)  # the sum at 2^-64: where x's overflows
-SMALLEST_NORMAL = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
@@ -62,10 +60,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     rows = x.contiguous().reshape(-1, n)
     out = torch.empty_like(rows)
     if rows.shape[0]:
-        # a missing weight or bias is never read; x stands in for its pointer
-        w = x if weight is None else weight.contiguous()
-        b = x if bias is None else bias.contiguous()
-        _layer_norm_kernel[(rows.shape[0],)](rows, w, b, out, n, float(eps),
-                                             HAS_WEIGHT=weight is not None,
+        w, b = (x if t is None else t.contiguous() for t in (weight, bias))  # None: never read, x its pointer
+        _layer_norm_kernel[(rows.shape[0],)](rows, w, b, out, n, float(eps), HAS_WEIGHT=weight is not None,
                                              HAS_BIAS=bias is not None, BLOCK=row_block(n))
     return out.reshape(x.shape)

@@ -33,8 +33,7 @@ def widen_dot(dtype: torch.dtype) -> bool:
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot``'s input precision: TF32 for float32 operands only where torch allows it for its
-    own matmuls (``set_float32_matmul_precision``, either of its flag APIs), else exact products."""
+    """``tl.dot``'s input precision: TF32 for float32 only where torch's own matmuls may use it."""
     try:
         tf32 = torch.backends.cuda.matmul.allow_tf32
     except RuntimeError:  # set through the newer API, which then refuses a read of the older flag

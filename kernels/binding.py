@@ -64,23 +64,20 @@ class Pricing:
                    device=self.device, layouts=n.layouts)
 
     def __call__(self, n: NodeFacts):
-        use, found = self._use(n), []
-        for kernel in kernels_for(n.op):
-            own = _measured(self.latency, kernel, n) \
-                if usable(kernel, self.device) and not kernel.refuses(use) else None
-            if own:
-                moves = conversion_seconds(use, "torch", kernel.backend, self.estimate)
-                found.append((own[0] + round(moves / UNIT_S), own[1]))
-        return min(found) if found else None
+        use = self._use(n)
+        ready = [k for k in kernels_for(n.op) if usable(k, self.device) and not k.refuses(use)]
+        return min([(own[0] + round(conversion_seconds(use, "torch", k.backend, self.estimate) / UNIT_S),
+                     own[1]) for k in ready if (own := _measured(self.latency, k, n, len(ready) > 1))],
+                   default=None)
 
     def paths(self, n: NodeFacts) -> list[Path]:
         return paths(self._use(n), ("torch",), self.estimate)
 
 
-def _measured(latency, kernel: Kernel, n: NodeFacts):
+def _measured(latency, kernel: Kernel, n: NodeFacts, choice: bool = True):
     """(units, source) of ``kernel`` from the database, or None: not known there (and, but for
     the op's own torch kernel, only the kernel's own measured or interpolated rows count)."""
-    found = latency(n, kernel) if latency is not None else None
+    found = latency(n, kernel, choice) if latency is not None else None
     if found and kernel.db_backend != "torch" and found[1] not in ("measured", "interpolated"):
         return None
     return found

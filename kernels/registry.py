@@ -94,6 +94,19 @@ def _gelu_tanh_into(y):
     return u.mul_(y).sigmoid_().mul_(y)
 
 
+def linear_gelu_tanh_epilogue(x, weight, bias, activation):
+    """One cuBLASLt GEMM whose epilogue adds the bias and applies tanh-gelu (CUDA's ``use_gelu``;
+    on CPU it is erf-gelu). Not relu: a max epilogue may turn NaN into 0."""
+    out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _epilogue(use: Use) -> str | None:
+    _, weight, bias = use.shapes if len(use.shapes) == 3 else ((), (), None)
+    return _only("activation", "gelu_tanh")(use) or (None if len(weight) == 2 and bias == weight[:1] else
+                                                      "the epilogue takes a 2-D weight and a bias per output")
+
+
 def _only(attr: str, value: str) -> Callable:
     """limits: refuse a node whose single string attribute is not ``value``."""
     return lambda use: None if use.attrs[-1] == value else f"only {attr}={value!r}, not {use.attrs[-1]!r}"
@@ -105,6 +118,7 @@ class Declared(NamedTuple):
     impl: Callable
     limits: Callable
     dtypes: frozenset = frozenset({"float32", "float64"})  # narrower: each pass would round
+    devices: frozenset = BOTH
 
 
 REWRITTEN_KERNELS = [
@@ -112,6 +126,8 @@ REWRITTEN_KERNELS = [
              _only("approximate", "tanh")),
     Declared("torch.linear_gelu_tanh_sigmoid", "(linear_act ?x0 ?x1 ?x2 ?activation)",
              lambda x, w, b, activation: _gelu_tanh_into(TORCH["linear"](x, w, b)), _only("activation", "gelu_tanh")),
+    Declared("torch.linear_gelu_tanh_epilogue", "(linear_act ?x0 ?x1 ?x2 ?activation)",
+             linear_gelu_tanh_epilogue, _epilogue, FLOATS, frozenset({"cuda"})),
 ]
 
 
@@ -141,7 +157,7 @@ def _triton_kernels() -> list[Kernel]:
 REGISTRY: dict[str, Kernel] = {k.name: k for k in [
     *(Kernel(name=f"torch.{op}", reference=spec.reference, backend="torch", devices=BOTH,
              dtypes=ALL_DTYPES, impl=TORCH.get(op, spec.impl)) for op, spec in OPS.items() if not spec.is_leaf),
-    *(Kernel(backend="torch", devices=BOTH, **k._asdict()) for k in REWRITTEN_KERNELS),
+    *(Kernel(backend="torch", **k._asdict()) for k in REWRITTEN_KERNELS),
     *(Kernel(name=f"numpy.{op}", reference=OPS[op].reference, backend="numpy", devices=HOST,
              dtypes=frozenset({"float32", "float64"}), impl=_quiet(fn), takes=to_numpy)
       for op, fn in _NUMPY_UNARY.items()),

@@ -184,7 +184,7 @@ def test_a_triton_kernel_declared_beside_its_wrapper_is_registered(monkeypatch):
     assert kernel.refuses(_use("exp", shapes=((4, 8),), attrs=())) is None
 
 
-REWRITTEN = [k for k in REGISTRY.values() if k.backend == "torch" and k.db_backend != "torch"]
+REWRITTEN = [k for k in REGISTRY.values() if k.backend == "torch" and k.db_backend != "torch" and "cpu" in k.devices]
 #: where floating point ends: both infinities, NaN, signed zeros, gelu's underflow and x^3's overflow
 EDGES = [-math.inf, math.inf, math.nan, -0.0, 0.0, -1e-30, -9.0, -30.0, -100.0, -1e20, 1e20, 7e12]
 
@@ -223,6 +223,44 @@ def test_rewritten_gelu_differentiates_as_the_definition():
         grads = [torch.autograd.grad(f(*args).square().sum(), wrt) for f in (own, rewritten)]
         for got, expected in zip(grads[1], grads[0]):
             torch.testing.assert_close(got, expected)
+
+
+def test_cublas_epilogue_is_a_cuda_candidate_for_tanh_gelu_only():
+    """torch._addmm_activation's use_gelu is tanh-gelu on CUDA (erf-gelu on CPU) and its relu
+    epilogue may clip NaN: it is weighed for (linear_act "gelu_tanh") on CUDA, with a bias of one
+    value per output, beside torch's and Triton's kernels; the CPU's candidates are unchanged."""
+    shapes = ((4, 8), (3, 8), (3,))
+    names = lambda act, dtype, device, shapes=shapes: {  # noqa: E731
+        k.name for k in registry.kernels_for("linear_act") if not k.refuses(_use("linear_act", dtype, device, shapes, (act,)))}
+    for dtype in ("float16", "bfloat16", "float32", "float64"):
+        assert "torch.linear_gelu_tanh_epilogue" in names("gelu_tanh", dtype, "cuda")
+        assert "torch.linear_gelu_tanh_epilogue" not in names("gelu_tanh", dtype, "cpu")
+    assert "triton.linear_act" in names("gelu_tanh", "float16", "cuda")
+    assert not {"torch.linear_gelu_tanh_epilogue"} & (names("gelu", "float16", "cuda") | names("relu", "float16", "cuda")
+                                                       | names("gelu_tanh", "float16", "cuda", ((4, 8), (3, 8), ())))
+    assert names("gelu_tanh", "float32", "cpu") == {"torch.linear_act", "torch.linear_gelu_tanh_sigmoid", "triton.linear_act"}
+
+
+def test_the_budget_is_kept_for_nodes_whose_kernels_binding_chooses_between(tmp_path, monkeypatch):
+    """A node's only kernel is timed in the first half of the budget; the kernels of a node with a
+    choice (torch's and Triton's cross entropy on CUDA) in all of it: without rows, binding could
+    only take torch's, whatever Triton's would measure."""
+    from egraph_opt.profiling import latency as L
+    from egraph_opt.profiling.profile_db import ProfileDB
+
+    monkeypatch.setattr(binding.triton_kernels, "available", lambda device: True)
+    asked = []
+    pricing = binding.Pricing(None, "cuda")
+    pricing.latency = lambda n, kernel, choice: asked.append((kernel.name, choice))
+    pricing(NodeFacts(op="cross_entropy", attrs=("mean", -100), shapes=((8, 50), (8,)), dtype="float16"))
+    pricing(NodeFacts(op="exp", shapes=((8, 50),), dtype="float16"))
+    assert asked == [("torch.cross_entropy", True), ("triton.cross_entropy", True), ("torch.exp", False)]
+    monkeypatch.setattr(L, "machine_busy", lambda: None)
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        timed = L.MeasuredLatency(db, "cpu", budget_s=60, spent_s=40)
+        tanh = NodeFacts(op="tanh", shapes=((64, 64),))
+        assert timed(tanh, REGISTRY["torch.tanh"], choice=False)[1] == "default" and timed.profiled == 0
+        assert timed(tanh, REGISTRY["numpy.tanh"], choice=True)[1] == "measured" and timed.profiled == 1
 
 
 def test_rewritten_kernels_refuse_what_they_do_not_compute():

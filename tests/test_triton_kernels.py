@@ -227,6 +227,35 @@ def test_linear_act_refuses_unknown_activation():
         K.linear_act(randn(2, 16), randn(16, 16), None, "silu")
 
 
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_float32_products_use_tf32_only_where_torch_allows_it(precision, monkeypatch):
+    """The matmul-like kernels pass torch's float32 matmul setting to ``tl.dot``; half stays exact."""
+    from egraph_opt.kernels.triton import attention, linear
+    seen = []
+
+    class Spy:  # the launch, noting the precision it passes
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["PRECISION"])
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(linear, "_linear_act_kernel", Spy(linear._linear_act_kernel))
+    monkeypatch.setattr(attention, "_sdpa_kernel", Spy(attention._sdpa_kernel))
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        for dtype in (torch.float32, torch.float16):
+            K.linear_act(randn(3, 16, dtype=dtype), randn(16, 16, dtype=dtype), None, "none")
+            K.sdpa(*(randn(1, 16, 16, dtype=dtype) for _ in range(3)), None, False)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == ["ieee" if precision == "highest" else "tf32"] * 2 + ["ieee"] * 2
+
+
 # ---- mathlib: the functions Triton lacks, accurate at every magnitude ---------------------
 
 @pytest.mark.parametrize("op", ["expm1", "log1p", "tanh"])

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from egraph_opt import saturate_and_extract
 from egraph_opt.kernels import torch_ops as ops
+from egraph_opt.lang.ops import OPS
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 from gpu import HostReads, programs  # noqa: E402 - the programs bench/gpu.py times on a GPU
@@ -209,3 +211,40 @@ def test_an_elementwise_region_is_one_generated_kernel_exact_at_the_extremes(fn,
     ulp = {torch.float32: 1e-5, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}[dtype]
     torch.testing.assert_close(out, expected, rtol=ulp, atol=0, equal_nan=True)
     assert torch.equal(out.signbit()[out == 0], expected.signbit()[expected == 0])
+
+
+def _extreme_rows(dtype):
+    """Rows holding +-0, +-dtype max, +inf, -inf and NaN beside ordinary values."""
+    big, inf, nan = torch.finfo(dtype).max, math.inf, math.nan
+    return torch.tensor([[0.0, -0.0, 1.0, 2.0], [big, -big, 0.0, 1.0], [inf, 0.0, 1.0, 2.0],
+                         [nan, 1.0, 2.0, 3.0], [-inf, 0.0, 1.0, 2.0], [-big, -big, -0.0, 0.0]], dtype=dtype)
+
+
+#: fused op -> a program computing it (on the rows, then the operands ``_operands`` gives), and
+#: the op's definition (applied in float64)
+FUSED = {"cross_entropy": (lambda x, t: F.cross_entropy(x, t, reduction="none"),
+                           lambda x, t: OPS["cross_entropy"].impl(x, t, "none", -100)),
+         "softmax": (lambda x: torch.softmax(x, -1), lambda x: OPS["softmax"].impl(x, -1)),
+         "layer_norm": (lambda x, w, b: F.layer_norm(x, (4,), w, b), lambda x, w, b: F.layer_norm(x, (4,), w, b))}
+
+
+def _operands(op, dtype):
+    return {"cross_entropy": [torch.tensor([1, 0, 1, 2, 3, 0])], "softmax": [],
+            "layer_norm": [torch.randn(4, dtype=dtype), torch.randn(4, dtype=dtype)]}[op]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("op", sorted(FUSED))
+def test_fused_ops_bind_their_triton_kernel_and_keep_the_definition_at_the_extremes(op, dtype, monkeypatch):
+    """Under the switch cross entropy, softmax and layer norm run Triton's kernels, whose values at
+    +-inf, NaN, +-0 and the dtype's max are the op's definition (float64, then rounded)."""
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    (fn, definition), x, rest = FUSED[op], _extreme_rows(dtype), _operands(op, dtype)
+    f = saturate_and_extract(fn, profile_db=False, profile_budget=0)
+    with torch.no_grad():
+        f(torch.randn(6, 4, dtype=dtype), *rest)
+        out = f(x, *rest)
+    assert f"triton.{op}" in str(f.report) and "[VALIDATION] passed" in str(f.report), str(f.report)
+    expected = definition(x.double(), *(r.double() if r.is_floating_point() else r for r in rest))
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=tol, atol=tol, equal_nan=True)

@@ -244,9 +244,10 @@ class MeasuredLatency:
             without_database(e)
             return None
 
-    def __call__(self, n: NodeFacts, kernel=None) -> tuple[int, str] | None:
-        """Units and source of node ``n``'s op's torch implementation, or of ``kernel`` (a registry
-        kernel: its own rows, ``Kernel.db_backend``), on operands of its shapes and layouts."""
+    def __call__(self, n: NodeFacts, kernel=None, choice: bool = True) -> tuple[int, str] | None:
+        """Units and source of ``n``'s op's torch kernel, or of ``kernel`` (its own rows: ``db_backend``),
+        on operands of its shapes and layouts. A node's only kernel (no ``choice``) is timed in the first
+        half of the budget: the rest is for nodes where binding chooses (unmeasured, it takes torch's)."""
         op, attrs, shapes, dtype, layouts = n.op, n.attrs, n.shapes, n.dtype, n.layouts
         if op not in PRICED or self.db is None:
             return None
@@ -256,8 +257,9 @@ class MeasuredLatency:
             named = {**dict(zip(attr_names(op), attrs)), **layout_attr(layouts)}
             try:
                 est = self.model.predict(op, backend, self.where, dtype, shapes, named)
+                budget = self.budget_s if choice else self.budget_s / 2
                 if est.source != "measured" and timeable(op, shapes) and \
-                        self.spent_s + PROFILE_CALLS * est.seconds < self.budget_s and not self._busy():
+                        self.spent_s + PROFILE_CALLS * est.seconds < budget and not self._busy():
                     start = time.perf_counter()
                     (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,
                                                self.db, repeats=5, progress=False, kernel=kernel)

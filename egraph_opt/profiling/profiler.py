@@ -87,21 +87,21 @@ def _square(count: int):
     return lambda n: ((n, n),) * count
 
 
-def _generator() -> torch.Generator:
-    """Profiling's own random numbers: never the process's generator, which other threads and the
-    user's program draw from (on CPU, then moved: one generator whatever the device)."""
-    return torch.Generator().manual_seed(0)
+def _generator(device) -> torch.Generator:
+    """Profiling's own random numbers, never the process's (other threads and the user's program draw
+    from it), on the device: a large input drawn on the host would spend the budget, not the kernel."""
+    return torch.Generator(device).manual_seed(0)
 
 
 def _positive(shapes, dtype, device):
     """Inputs in [0.5, 1.5): in the domain of every op (log, sqrt, pow), so no NaN slows a run."""
-    gen = _generator()
-    return [(torch.rand(s, generator=gen, dtype=dtype) + 0.5).to(device) for s in shapes]
+    gen = _generator(device)
+    return [torch.rand(s, generator=gen, dtype=dtype, device=device) + 0.5 for s in shapes]
 
 
 def _where_inputs(shapes, dtype, device):
-    cond, *values = shapes
-    return [(torch.rand(cond, generator=_generator()) < 0.5).to(device), *_positive(values, dtype, device)]
+    cond, *values = shapes  # a condition true for about half the elements
+    return [_positive([cond], dtype, device)[0] < 1.0, *_positive(values, dtype, device)]
 
 
 def _loss(flops_per_element: float):
@@ -115,9 +115,9 @@ def _loss(flops_per_element: float):
 def _loss_inputs(shapes, dtype, device):
     """Logits and class indices (every row's target one of its classes)."""
     logits, target = shapes
-    gen = _generator()
-    return [torch.randn(logits, generator=gen, dtype=dtype).to(device),
-            torch.randint(0, max(logits[1], 1), target, generator=gen).to(device)]
+    gen = _generator(device)
+    return [torch.randn(logits, generator=gen, dtype=dtype, device=device),
+            torch.randint(0, max(logits[1], 1), target, generator=gen, device=device)]
 
 
 @dataclass(frozen=True)

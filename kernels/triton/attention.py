@@ -7,7 +7,7 @@ keeping per query a running max, a running sum of exponentials and an unnormaliz
 are rescaled when the max grows: the (L, S) score matrix is never formed. Head dims are padded to
 powers of two with masked loads. The causal mask is torch's (top-left aligned: query i sees keys
 j <= i); a causal program stops at its last visible key tile. Scores are float32, their
-exponentials exp2 of (s - max) log2(e); float32 products are exact ("ieee"), not TF32. The extremes
+exponentials exp2 of (s - max) log2(e); float32 products in TF32 only where torch's matmuls may. The extremes
 are the definition's, in the kernel rather than by a guard on the host: a row whose every key is
 masked by -inf is 0/0 = NaN, a +inf or NaN score makes its row NaN, a finite ``fill`` everywhere
 averages v, and a tile of masked keys before the first visible one adds nothing.
@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import dot_tile, widen_dot
+from .layout import dot_precision, dot_tile, widen_dot
 from .runtime import implements
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a global that a kernel reads must be a constexpr
@@ -62,8 +62,8 @@ def _masked(scores, mask_ptr, offs_m, offs_n, L, S, fill, mask_l, mask_s, CAUSAL
 @triton.jit
 def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fill,
                  mask_b, mask_l, mask_s, CAUSAL: tl.constexpr, MASK: tl.constexpr,
-                 WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 E_P: tl.constexpr, EV_P: tl.constexpr):
+                 WIDEN: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, E_P: tl.constexpr, EV_P: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     batch = tl.program_id(1).to(tl.int64)
     q_ptr += batch * L * E
@@ -88,7 +88,7 @@ def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fil
                       mask=(offs_n[None, :] < S) & (offs_e[:, None] < E), other=0.0)
         if WIDEN:
             k_t = k_t.to(tl.float32)
-        scores = _masked(tl.dot(q, k_t, input_precision="ieee") * scale, mask_ptr, offs_m, offs_n,
+        scores = _masked(tl.dot(q, k_t, input_precision=PRECISION) * scale, mask_ptr, offs_m, offs_n,
                          L, S, fill, mask_l, mask_s, CAUSAL, MASK)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf while all masked
@@ -99,7 +99,7 @@ def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fil
                     mask=(offs_n[:, None] < S) & (offs_ev[None, :] < EV), other=0.0)
         if WIDEN:
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(out_ptr + offs_m[:, None] * EV + offs_ev[None, :], out.to(out_ptr.dtype.element_ty),
@@ -121,8 +121,8 @@ def _attend(q, k, v, scale, causal, mask=None, mode=NO_MASK, fill=0.0):
     block_m = dot_tile(L, BLOCK_M)
     if out.numel():
         grid = (triton.cdiv(L, block_m), q3.shape[0])
-        _sdpa_kernel[grid](q3, k3, v3, m3, out, L, S, E, EV, scale, fill, *m3.stride(),
-                           CAUSAL=bool(causal), MASK=mode, WIDEN=widen_dot(q.dtype),
+        _sdpa_kernel[grid](q3, k3, v3, m3, out, L, S, E, EV, scale, fill, *m3.stride(), CAUSAL=bool(causal),
+                           MASK=mode, WIDEN=widen_dot(q.dtype), PRECISION=dot_precision(q.dtype),
                            BLOCK_M=block_m, BLOCK_N=dot_tile(S, BLOCK_N), E_P=dot_tile(E), EV_P=dot_tile(EV))
     return out.reshape(*batch, L, EV)
 

@@ -39,9 +39,8 @@ def _class_indices(use) -> str | None:
     reduction = use.attrs[0] if use.attrs else "mean"
     if reduction not in REDUCTIONS:
         return f"triton.cross_entropy reduces by {REDUCTIONS}, not {reduction!r}"
-    if len(use.shapes) > 1 and len(use.shapes[0]) != len(use.shapes[1]) + 1:
-        return "triton.cross_entropy takes class indices (one fewer dim than the logits)"
-    return None
+    indices = len(use.shapes) < 2 or len(use.shapes[0]) == len(use.shapes[1]) + 1
+    return None if indices else "triton.cross_entropy takes class indices (one fewer dim than the logits)"
 
 
 @implements("cross_entropy", limits=_class_indices, dtypes=("int64", "int32"))

@@ -2,7 +2,8 @@
 
 One program per row, three passes over the row in blocks: the mean, then the variance as the
 mean of squared deviations (not E[x^2] - E[x]^2, which cancels catastrophically), then the
-normalized, scaled output. Statistics are accumulated per lane in float32 and reduced once.
+normalized, scaled output. Statistics are accumulated per lane in float32 and reduced once. A row past
+2^32 in magnitude is normalized scaled by a power of two: its squares (or sum) could overflow float32.
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import triton.language as tl
 from .layout import row_block
 from .runtime import implements
 
+LARGE, SMALLEST_NORMAL = tl.constexpr(2.0 ** 32), tl.constexpr(1.1754943508222875e-38)
+DOWN, UP = tl.constexpr(2.0 ** -64), tl.constexpr(2.0 ** 64)  # the sum at 2^-64: where x's overflows
+
 
 @triton.jit
 def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, eps, HAS_WEIGHT: tl.constexpr,
@@ -20,21 +24,27 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, eps, HAS_WEIGHT: tl.cons
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * n
     acc = tl.zeros([BLOCK], tl.float32)
+    low, top = acc, acc
     for start in tl.range(0, n, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        acc += tl.load(x_row + cols, mask=cols < n, other=0.0).to(tl.float32)
-    mean = tl.sum(acc, 0) / n
+        x = tl.load(x_row + cols, mask=cols < n, other=0.0).to(tl.float32)
+        acc, low, top = acc + x, low + x * DOWN, tl.maximum(top, tl.abs(x))
+    top = tl.max(top, 0)
+    scale = tl.where(top > LARGE, tl.exp2(-tl.ceil(tl.log2(top))), 1.0)
+    total = tl.sum(acc, 0)
+    mean = tl.where(tl.abs(total) < float("inf"), total * scale, tl.sum(low, 0) * (UP * scale)) / n
     acc = tl.zeros([BLOCK], tl.float32)
     for start in tl.range(0, n, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n
-        d = tl.where(mask, tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) - mean, 0.0)
+        d = tl.where(mask, tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) * scale - mean, 0.0)
         acc += d * d
+    eps = tl.maximum(eps * scale * scale, tl.where(eps > 0, SMALLEST_NORMAL, 0.0))  # not underflowed to 0
     rstd = 1.0 / tl.sqrt_rn(tl.sum(acc, 0) / n + eps)
     for start in tl.range(0, n, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n
-        y = (tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+        y = (tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) * scale - mean) * rstd
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
@@ -50,10 +60,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     rows = x.contiguous().reshape(-1, n)
     out = torch.empty_like(rows)
     if rows.shape[0]:
-        # a missing weight or bias is never read; x stands in for its pointer
-        w = x if weight is None else weight.contiguous()
-        b = x if bias is None else bias.contiguous()
-        _layer_norm_kernel[(rows.shape[0],)](rows, w, b, out, n, float(eps),
-                                             HAS_WEIGHT=weight is not None,
+        w, b = (x if t is None else t.contiguous() for t in (weight, bias))  # None: never read, x its pointer
+        _layer_norm_kernel[(rows.shape[0],)](rows, w, b, out, n, float(eps), HAS_WEIGHT=weight is not None,
                                              HAS_BIAS=bias is not None, BLOCK=row_block(n))
     return out.reshape(x.shape)

@@ -1,5 +1,5 @@
 """Block and tile sizes the kernels launch with (a row kernel reads its rows in blocks, a matmul
-in tiles), and whether ``tl.dot``'s operands are widened first.
+in tiles), whether ``tl.dot``'s operands are widened first, and how it multiplies float32.
 """
 from __future__ import annotations
 
@@ -30,3 +30,12 @@ def widen_dot(dtype: torch.dtype) -> bool:
     bfloat16 as its raw bits (uint16) and multiplies those. Exact: a product of two bfloat16 is a
     float32, as a GPU's bfloat16 MMA with float32 accumulation has it."""
     return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision: TF32 for float32 only where torch's own matmuls may use it."""
+    try:
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+    except RuntimeError:  # set through the newer API, which then refuses a read of the older flag
+        tf32 = torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return "tf32" if tf32 and dtype == torch.float32 else "ieee"

@@ -2,7 +2,7 @@
 the activation in registers, so the pre-activation never goes to memory.
 
 ``weight`` is in ``nn.Linear`` layout (out, in) and is read transposed through its strides.
-Products accumulate in float32; float32 operands multiply exactly ("ieee"), not in TF32.
+Products accumulate in float32; float32 operands multiply in TF32 only where torch's own matmuls may.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import mathlib
-from .layout import dot_tile, widen_dot
+from .layout import dot_precision, dot_tile, widen_dot
 from .runtime import implements
 
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
@@ -20,8 +20,8 @@ BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32
 
 @triton.jit
 def _linear_act_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
-                       ACTIVATION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       ACTIVATION: tl.constexpr, WIDEN: tl.constexpr, PRECISION: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -34,7 +34,7 @@ def _linear_act_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.const
                       mask=(offs_n[None, :] < N) & (ks[:, None] < K), other=0.0)
         if WIDEN:
             x, w_t = x.to(tl.float32), w_t.to(tl.float32)
-        acc = tl.dot(x, w_t, acc, input_precision="ieee")
+        acc = tl.dot(x, w_t, acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     y = mathlib.activate(acc, ACTIVATION)
@@ -59,5 +59,5 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         _linear_act_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
             x2, weight.contiguous(), x2 if bias is None else bias.contiguous(), out, M, N, K,
             HAS_BIAS=bias is not None, ACTIVATION=activation, WIDEN=widen_dot(x.dtype),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=dot_tile(K, BLOCK_K))
+            PRECISION=dot_precision(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=dot_tile(K, BLOCK_K))
     return out.reshape(*x.shape[:-1], N)

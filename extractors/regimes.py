@@ -111,21 +111,25 @@ class Piecewise:
 
 @torch.inference_mode(False)  # its error estimates take derivatives
 def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
-          seed: int = 0, limit: float = math.inf) -> Piecewise | None:
+                  seed: int = 0, limit: float = math.inf, gain: float = MIN_GAIN,
+                  more: Callable[[], list[Candidate]] = list) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
-    without regimes), when it beats that one by ``MIN_GAIN`` mean bits and each series in it keeps
-    its truncation over its regime within ``limit`` (a tolerance); else None (one regime: a series
+    without regimes) and of ``more()`` (asked only where ``best`` errs by ``gain`` mean bits: they
+    cost to make), when it beats that one by ``gain`` mean bits and each series in it keeps its
+    truncation over its regime within ``limit`` (a tolerance); else None (one regime: a series
     over the whole range). The program's inputs must share one shape (elementwise, they are then
     drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
     shapes = {t.attrs[1] for t in program.inputs}
-    if not any(t.attrs[2] in FLOATS for t in program.inputs) or len(candidates) < 2 or len(shapes) != 1 \
-            or program.params:
+    if not any(t.attrs[2] in FLOATS for t in program.inputs) or len(shapes) != 1 or program.params:
         return None
     gen = torch.Generator().manual_seed(seed)
     env = sample_inputs({t.attrs[0]: ((POINTS,), t.attrs[2]) for t in program.inputs}, ranges, gen)
     first = _bits(candidates[best], env)
-    if first is None or not float(first.nan_to_num(WORD).mean()) >= MIN_GAIN:  # nothing to gain
+    if first is None or not float(first.nan_to_num(WORD).mean()) >= gain:  # nothing to gain
+        return None
+    candidates = candidates + more()
+    if len(candidates) < 2:
         return None
     columns = [first if i == best else _bits(c, env) for i, c in enumerate(candidates)]
     kept = [i for i, c in enumerate(columns) if c is not None]
@@ -145,7 +149,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
         if found:  # a subterm costs its ops: it must save what one more regime would
             options.append((found[0] + (0.0 if t.op == "input" else SPLIT_BITS * len(x)), *found, t))
     for _, total, segments, variable in sorted(options, key=lambda o: o[0]):  # the least error first
-        if total / bits.shape[1] > single - MIN_GAIN or len(segments) == 1 and not series[segments[0][0]]:
+        if total / bits.shape[1] > single - gain or len(segments) == 1 and not series[segments[0][0]]:
             return None  # too little gained, or one exact program: the re-ranking's
         regimes = _regimes(program, candidates, ranges, variable, segments, limit)
         if regimes:

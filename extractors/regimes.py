@@ -142,9 +142,12 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
     series, options = [c.bounded for c in candidates], []
     for t, x in _branch_terms(program, candidates, env):
         x, usable = x[~undefined], bits.copy()
-        for k in np.flatnonzero(series) if t.op != "input" else ():  # where the split's value proves it
-            b = _bound(candidates[k], program, ranges, t, x, x).numpy()
-            usable[k] = np.where(np.isfinite(b) & (b <= limit), usable[k], UNPROVED)
+        for k in np.flatnonzero(series):  # where the split's value proves it (a series' own |u|)
+            c = candidates[k]
+            if t.op != "input" or c.truncation is not None:
+                b = _bound(c, program, ranges, t, x, x) if t.op != "input" else c.truncation(torch.as_tensor(
+                    evaluate([c.within], env, reference=True)[0], dtype=torch.float64).abs()[~undefined])
+                usable[k] = np.where(np.isfinite(b.numpy()) & (b.numpy() <= limit), usable[k], UNPROVED)
         found = _segments(x.numpy(), usable, series)
         if found:  # a subterm costs its ops: it must save what one more regime would
             options.append((found[0] + (0.0 if t.op == "input" else SPLIT_BITS * len(x)), *found, t))

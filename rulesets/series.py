@@ -1,13 +1,12 @@
-"""Truncated Taylor series in Horner form, derived from a program's own function, as Herbie takes
-them: around 0 and around infinity (in u = 1/x), each ``x^shift`` times a power series in u or u^2.
+"""Truncated Taylor series in Horner form of a program's own function, as Herbie takes them: around
+0 and around infinity (in u = 1/x), each ``x^shift`` times a power series in u or u^2.
 
-A series is close to its function only near its point, so it never joins an e-class in saturation
-(a union would let every objective take it over the whole range): the regime inference
-(``extractors/regimes.py``) takes it as a candidate of the root e-class on a regime where |u| is
-small, counting its truncation bound over that regime's interval. The function is the root's Term
-in sympy (``to_sympy``); the coefficients are sympy's, exact; the degree is the least whose
-relative truncation error, measured at 60 digits over a dense grid of |u| <= the radius, is at
-most ``TARGET``, on the largest radius (an octave) it can be.
+A series is close to its function only near its point, so it never joins an e-class (a union would
+let every objective take it over the whole range): regime inference (``extractors/regimes.py``)
+takes it on a regime where |u| is small, counting its truncation bound over that regime's interval.
+Its coefficients are sympy's, exact, of the root's Term in sympy (``to_sympy``); its degree the
+least whose relative truncation error, measured at 60 digits on a dense grid of |u| <= its radius
+(the largest octave it can be), is at most ``TARGET``.
 """
 from __future__ import annotations
 
@@ -28,14 +27,13 @@ from egraph_opt.lang.term import Term, postorder
 
 from . import Exactness, Family, Rule
 
-RULES: list[Rule] = []  # derived per program, never in the catalogue
 TARGET = 2.0 ** -26  # relative truncation error at the radius: a quarter ulp of float32
 ORDER = 24  # powers of u sympy expands to: the degree's cap
 SECONDS = 2.0  # sympy's time for one expansion; past it, no series
 OCTAVES = range(-40, 4)  # |u| in (2^(j-1), 2^j]: where the truncation is measured, 16 points each
 SAFETY = 2.0  # margin on the worst measured error, for the points between the grid's
 INVERSE = "(div (const 1.0) ?x)"  # u around infinity
-_INFIX = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "**": operator.pow}
+_INFIX = {**pat.ARITHMETIC, "**": operator.pow}
 _SPELLED = {"neg": lambda s, a: -a, "log1p": lambda s, a: s.log(1 + a), "expm1": lambda s, a: s.exp(a) - 1,
             "rsqrt": lambda s, a: 1 / s.sqrt(a), "sigmoid": lambda s, a: 1 / (1 + s.exp(-a)),
             "abs": lambda s, a: s.Abs(a)}  # the ops sympy spells otherwise (else its namesake)
@@ -54,10 +52,6 @@ class Series:
     radius: float
     envelope: tuple  # per octave of |u|, the worst error at or below it
 
-    @property
-    def degree(self) -> int:
-        return len(self.terms) - 1
-
     def truncation(self, r: torch.Tensor) -> torch.Tensor:
         """Relative error of the truncated series where |u| <= r (inf past the radius)."""
         r = r.double().nan_to_num(math.inf)
@@ -66,8 +60,8 @@ class Series:
                            math.inf)
 
     def rule(self) -> Rule:
-        """Horner form in u times ?x^shift (around infinity u^shift: ?x^-shift); guarded by its
-        radius around 0, by its truncation bound (the regimes') around infinity."""
+        """Horner form in u times ?x^shift (around infinity u^shift = ?x^-shift), around 0 guarded
+        by its radius."""
         base = INVERSE if self.at_infinity else "?x"
         u = f"(mul {base} {base})" if self.square else base
         horner = f"(const {float(self.terms[-1])!r})"
@@ -79,8 +73,10 @@ class Series:
         r, point = self.radius, "infinity" if self.at_infinity else "zero"
         return Rule(f"series-at-{point}", self.lhs, horner, Family.SERIES, Exactness.APPROX,
                     when=() if self.at_infinity else (f"(<= (hi ?x) {r!r})", f"(>= (lo ?x) {-r!r})"),
-                    why=f"around {point}: degree {self.degree} in {'u^2' if self.square else 'u'}, "
-                        f"relative truncation <= 2^-26 for |u| <= {r}, u = {'1/x' if self.at_infinity else 'x'}")
+                    why=f"around {point}, in u = {base}: degree {len(self.terms) - 1} in u{'^2' * self.square}, "
+                        f"relative truncation <= 2^-26 for |u| <= {r}")
+
+
 def to_sympy(root: Term, variable: Term):
     """(sympy expression in x, pattern text over ?x) of ``root``, ``variable`` (an input or a
     subterm) standing for x; None where another input remains or an elementwise op has no sympy
@@ -105,8 +101,8 @@ def expand(root: Term, variable: Term, at_infinity: bool, cap: float = math.inf)
     the least degree whose truncation is within ``TARGET`` on the largest octave of |u| it can
     be, up to ``cap``; None where the function is no such series there or sympy runs past
     ``SECONDS`` (or cannot be stopped: off the main thread, or under another timer)."""
-    found = to_sympy(root, variable)
-    return None if found is None else _expand(*found, at_infinity, min(cap, 2.0 ** OCTAVES[-1]))
+    found = to_sympy(root, variable)  # by structure, for the cache (a Term's identity is its own)
+    return found and _expand(*found, at_infinity, min(max(cap, 2.0 ** OCTAVES[0]), 2.0 ** OCTAVES[-1]))
 
 
 @functools.lru_cache(maxsize=256)

@@ -81,7 +81,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     seconds = {**session.seconds, "extract": time.perf_counter() - start}
     matches = sum((Counter(s.matches) for s in session.saturation), Counter())
     matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
-    derivation = derive_piecewise(*regimes, roots, matched, session.snap, session.class_of) if regimes \
+    derivation = derive_piecewise(regimes, roots, matched, session.snap, session.class_of) if regimes \
         else derive(roots, best, matched, session.snap, session.class_of)
     # a series or a guarded rule matched once, as a regime (never in saturation)
     applied = [(r, matches[r.name] or 1) for r in derivation.rules()]
@@ -110,8 +110,8 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
                         limit=math.inf if model.tolerance is None else model.tolerance,
                         guarded=[r for r in rules if r.when], gain=ACCURATE_BY if balanced else MIN_GAIN) \
         if wants else None
-    regimes = None if balanced and regimes and len(regimes[0].regimes) > 1 else regimes
-    return ([regimes[0].term] if regimes else best), regimes, reranked is not None
+    regimes = None if balanced and regimes and len(regimes.regimes) > 1 else regimes
+    return ([regimes.term] if regimes else best), regimes, reranked is not None
 
 
 def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict,
@@ -304,12 +304,10 @@ def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) 
     return set(fill(classes, {}, lambda cid, n, _: True if (leaves_only and n.children) or allowed(n) else None))
 
 
-# --- piecewise programs, for the stability objective: the root e-class's cheapest programs, the
-# root's own series and the guarded rules that match it, handed to regime inference
-# (``extractors/regimes.py``); and the derivation of each regime's form, as the report shows it. The
-# exact candidates are e-class members, proven equal; a series candidate is close to the root only
-# where its truncation bound (counted) says so; a guarded rule's candidate is its right side over a
-# member its left side matches, equal to it where its guard holds (proved over its regime).
+# --- piecewise programs: the root e-class's cheapest programs, the guarded rules that match it and
+# the root's own series, handed to regime inference (``extractors/regimes.py``); and the derivation
+# of each regime's form, as the report shows it. A guarded rule's form equals the root where its
+# guard holds (proved over its regime), a series is close to it where its bound (counted) says so.
 
 #: the cheapest programs of the root e-class tried as branches, and the largest tried
 ALTERNATIVES, MAX_NODES = 8, 64
@@ -317,52 +315,47 @@ ALTERNATIVES, MAX_NODES = 8, 64
 
 def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
               root_classes: list[str], cost: Callable, input_ranges: dict | None,
-              limit: float = math.inf, guarded: list[Rule] = (), gain: float = MIN_GAIN
-              ) -> tuple[Piecewise, list[tuple[Term, Term]]] | None:
+              limit: float = math.inf, guarded: list[Rule] = (), gain: float = MIN_GAIN) -> Piecewise | None:
     """The piecewise program regime inference finds over the best program, the root e-class's
     cheapest others, the input, the ``guarded`` rules that match but whose guard the declared
-    ranges do not prove (each on a regime where it is proved) and, where the best's error is
-    ``gain`` mean bits or more, the root's series (each within ``limit``, a relative truncation
-    bound, on its regime); None where one program is as good by ``gain`` mean bits. Also, per
-    series or guarded candidate, (the term it stands for, its form)."""
+    ranges do not prove (each on a regime where it is proved) and the root's series (each within
+    ``limit``, a relative truncation bound, on its regime); None where one program is as good by
+    ``gain`` mean bits."""
     if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > MAX_NODES:
         return None
     terms = [best[0]] + [a.term for a in alternatives(snap.classes, root_classes[0], cost,
                                                       limit=ALTERNATIVES)] + [roots[0]]
-    candidates, matched = [Candidate(t) for t in terms], []
+    candidates = [Candidate(t) for t in terms]
     for rule in [r for r in guarded if r.when.over_intervals]:
         for binding in _matches(rule, snap, root_classes[0], cost):
             lhs, rhs = (pat.instantiate(p, binding) for p in (rule.lhs_pattern, rule.rhs_pattern))
-            candidates.append(Candidate(rhs, rule, guard=rule.when, binding=binding))
-            matched.append((lhs, rhs))
+            candidates.append(Candidate(rhs, rule, guard=rule.when, binding=binding, lhs=lhs))
     ids, seen, distinct = pat.structural_ids([c.term for c in candidates]), set(), []
     for c in candidates:  # once per structure, if not too large
         if ids[id(c.term)] not in seen and len(postorder([c.term])) <= MAX_NODES:
             seen.add(ids[id(c.term)])
             distinct.append(c)
-    found = infer_regimes(program.with_roots({id(roots[0]): distinct[0].term}), distinct, input_ranges,
-                          limit=limit, gain=gain, more=lambda: _derived(roots[0], input_ranges, matched))
-    return None if found is None else (found, matched)
+    return infer_regimes(program.with_roots({id(roots[0]): distinct[0].term}), distinct, input_ranges,
+                         limit=limit, gain=gain, more=lambda: _derived(roots[0], input_ranges))
 
 
-def _derived(root: Term, ranges: dict | None, matched: list) -> list[Candidate]:
+def _derived(root: Term, ranges: dict | None) -> list[Candidate]:
     """The root's series (``rulesets/series.expand``) around 0 and around infinity, in an input or
     a subterm the root is a function of alone (two at most), within the declared range of |u|. A
     series around infinity only in an input, where it gives what the root gives at +-inf and NaN."""
-    candidates, ranges = [], ranges or {}
-    variables = [t for t in postorder([root]) if t is not root and t.op != "const" and to_sympy(root, t)][:2]
-    for v, at_infinity in ((v, side) for v in variables for side in (False, v.op == "input")):
-        lo, hi = ranges.get(v.attrs[0], (-math.inf, math.inf)) if v.op == "input" else (-math.inf, math.inf)
-        near = min(abs(lo), abs(hi)) if lo * hi > 0 else 0.0
-        found = expand(root, v, at_infinity, (1 / near if near else math.inf) if at_infinity else max(-lo, hi))
-        rule = found and found.rule()
-        rhs = found and pat.instantiate(rule.rhs_pattern, {"x": v})
-        if found is None or at_infinity and not torch.allclose(*evaluate([root, rhs], {v.attrs[0]: torch.tensor(
-                [math.inf, -math.inf, math.nan], dtype=torch.float64)}, reference=True), equal_nan=True):
-            continue  # none, or unlike the root at +-inf or NaN
-        within = pat.instantiate(pat.parse(INVERSE), {"x": v}) if at_infinity else v
-        candidates.append(Candidate(rhs, rule, within, found.truncation))
-        matched.append((root, rhs))
+    candidates = []
+    for v in [t for t in postorder([root]) if t is not root and t.op != "const" and to_sympy(root, t)][:2]:
+        lo, hi = (ranges or {}).get(v.attrs[0] if v.op == "input" else None, (-math.inf, math.inf))
+        for at_infinity in (False, True)[:1 + (v.op == "input")]:
+            found = expand(root, v, at_infinity, max(-lo, hi) if not at_infinity else
+                           1 / min(abs(lo), abs(hi)) if lo * hi > 0 else math.inf)
+            rule = found and found.rule()
+            rhs = found and pat.instantiate(rule.rhs_pattern, {"x": v})
+            if found is None or at_infinity and not torch.allclose(*evaluate([root, rhs], {v.attrs[0]: torch.tensor(
+                    [math.inf, -math.inf, math.nan], dtype=torch.float64)}, reference=True), equal_nan=True):
+                continue  # none, or unlike the root at +-inf or NaN
+            within = pat.instantiate(pat.parse(INVERSE), {"x": v}) if at_infinity else v
+            candidates.append(Candidate(rhs, rule, within, found.truncation, lhs=root))
     return candidates
 
 
@@ -381,15 +374,14 @@ def _matches(rule: Rule, snap: Snapshot, root: str, cost: Callable, limit: int =
     return out
 
 
-def derive_piecewise(found: Piecewise, matched: list[tuple[Term, Term]], roots: list[Term],
-                     rules: list[Rule], snap: Snapshot, loaded: dict[int, str]) -> Derivation:
+def derive_piecewise(found: Piecewise, roots: list[Term], rules: list[Rule], snap: Snapshot,
+                     loaded: dict[int, str]) -> Derivation:
     """One derivation per regime (from the input to its form; a series' form by its rule's step
     from the member it matched), under a label that says the regime."""
-    lhs_of = {id(rhs): lhs for lhs, rhs in matched}
     branches = []
     for label, regime in zip(found.describe(), found.regimes):
-        term, series = regime.term, regime.candidate.rule  # a series or a guarded rule
-        target = lhs_of[id(term)] if series is not None else term
+        term, series = regime.candidate.term, regime.candidate.rule  # a series or a guarded rule
+        target = regime.candidate.lhs if series is not None else term
         part = derive(roots, [target], rules, snap, loaded)
         if series is not None:
             part.steps.append(Step(series, (0,), target, term, target, term))

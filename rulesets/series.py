@@ -1,12 +1,9 @@
 """Truncated Taylor series in Horner form of a program's own function, as Herbie takes them: around
-0 and around infinity (in u = 1/x), each ``x^shift`` times a power series in u or u^2.
-
-A series is close to its function only near its point, so it never joins an e-class (a union would
-let every objective take it over the whole range): regime inference (``extractors/regimes.py``)
-takes it on a regime where |u| is small, counting its truncation bound over that regime's interval.
-Its coefficients are sympy's, exact, of the root's Term in sympy (``to_sympy``); its degree the
-least whose relative truncation error, measured at 60 digits on a dense grid of |u| <= its radius
-(the largest octave it can be), is at most ``TARGET``.
+0 and around infinity (in u = 1/x), each ``x^shift`` times a power series in u or u^2, its
+coefficients sympy's, exact; its degree the least whose relative truncation error, measured at 60
+digits on a dense grid of |u| <= its radius (the largest octave it can be), is at most ``TARGET``.
+A series is close to its function only near its point, so it never joins an e-class: regime
+inference (``extractors/regimes.py``) takes it where |u| is small, counting its truncation bound.
 """
 from __future__ import annotations
 
@@ -35,33 +32,29 @@ SAFETY = 2.0  # margin on the worst measured error, for the points between the g
 INVERSE = "(div (const 1.0) ?x)"  # u around infinity
 _INFIX = {**pat.ARITHMETIC, "**": operator.pow}
 _SPELLED = {"neg": lambda s, a: -a, "log1p": lambda s, a: s.log(1 + a), "expm1": lambda s, a: s.exp(a) - 1,
-            "rsqrt": lambda s, a: 1 / s.sqrt(a), "sigmoid": lambda s, a: 1 / (1 + s.exp(-a)),
-            "abs": lambda s, a: s.Abs(a)}  # the ops sympy spells otherwise (else its namesake)
+            "abs": lambda s, a: s.Abs(a), "sigmoid": lambda s, a: 1 / (1 + s.exp(-a))}  # as sympy spells them
 
 
 @dataclass(frozen=True)
 class Series:
-    """``lhs`` (a pattern over ?x) ~ x^shift * sum_k terms[k] v^k, v = u or u^2 (``square``), where
-    |u| <= ``radius``. Its truncation bound at |u| <= r is the worst relative error measured at
-    every grid point up to the octave above r, times ``SAFETY``."""
+    """``lhs`` (over ?x) ~ x^shift * sum_k terms[k] v^k, v = u or u^2, where |u| <= ``radius``; its
+    bound at |u| <= r: the worst error measured up to the octave above r, times ``SAFETY``."""
     lhs: str
     at_infinity: bool
     square: bool
     shift: int
     terms: tuple  # the coefficients, exact (sympy numbers), of degree 0 up to the degree
     radius: float
-    envelope: tuple  # per octave of |u|, the worst error at or below it
+    envelope: tuple  # per octave of |u|, the worst error at or below it, times SAFETY
 
     def truncation(self, r: torch.Tensor) -> torch.Tensor:
         """Relative error of the truncated series where |u| <= r (inf past the radius)."""
         r = r.double().nan_to_num(math.inf)
         j = torch.ceil(torch.log2(r)).clamp(OCTAVES[0], OCTAVES[-1]).long() - OCTAVES[0]
-        return torch.where(r <= self.radius, torch.tensor(self.envelope, dtype=torch.float64)[j] * SAFETY,
-                           math.inf)
+        return torch.where(r <= self.radius, torch.tensor(self.envelope, dtype=torch.float64)[j], math.inf)
 
     def rule(self) -> Rule:
-        """Horner form in u times ?x^shift (around infinity u^shift = ?x^-shift), around 0 guarded
-        by its radius."""
+        """Horner form in u times ?x^shift (around infinity u^shift = ?x^-shift)."""
         base = INVERSE if self.at_infinity else "?x"
         u = f"(mul {base} {base})" if self.square else base
         horner = f"(const {float(self.terms[-1])!r})"
@@ -72,15 +65,13 @@ class Series:
             horner = f"(div {horner} ?x)" if power < 0 else f"(mul ?x {horner})"
         r, point = self.radius, "infinity" if self.at_infinity else "zero"
         return Rule(f"series-at-{point}", self.lhs, horner, Family.SERIES, Exactness.APPROX,
-                    when=() if self.at_infinity else (f"(<= (hi ?x) {r!r})", f"(>= (lo ?x) {-r!r})"),
                     why=f"around {point}, in u = {base}: degree {len(self.terms) - 1} in u{'^2' * self.square}, "
                         f"relative truncation <= 2^-26 for |u| <= {r}")
 
 
 def to_sympy(root: Term, variable: Term):
-    """(sympy expression in x, pattern text over ?x) of ``root``, ``variable`` (an input or a
-    subterm) standing for x; None where another input remains or an elementwise op has no sympy
-    form (its infix operator, its spelling in ``_SPELLED``, or its sympy namesake)."""
+    """(sympy expression in x, pattern text over ?x) of ``root``, x standing for ``variable``; None
+    where another input remains or an op has no sympy form (infix, ``_SPELLED`` or namesake)."""
     import sympy
     ids, x, out = pat.structural_ids([root, variable]), sympy.Symbol("x", real=True), {}
     for t in postorder([root]):
@@ -109,8 +100,7 @@ def expand(root: Term, variable: Term, at_infinity: bool, cap: float = math.inf)
 def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
     import sympy
     (x,), u = f.free_symbols or (None,), sympy.Symbol("u", real=True)
-    if x is None or threading.current_thread() is not threading.main_thread() \
-            or signal.getitimer(signal.ITIMER_REAL)[0]:
+    if x is None or threading.current_thread() is not threading.main_thread() or signal.getitimer(0)[0]:
         return None
     handler = signal.signal(signal.SIGALRM, _stop)
     signal.setitimer(signal.ITIMER_REAL, SECONDS)
@@ -136,8 +126,7 @@ def _stop(*_):
 
 
 def _truncate(f, full: Series) -> Series | None:
-    """``full`` (its radius: the cap) cut at the least degree within ``TARGET`` on the largest
-    octave it can be, its error measured against ``f`` at 60 digits."""
+    """``full`` (its radius: the cap) cut as ``expand`` says, its error measured against ``f``."""
     with mpmath.workdps(60):
         points = [s * mpmath.mpf(2) ** j * (1 - mpmath.mpf(i) / 32) for j in OCTAVES for i in range(16)
                   for s in (1, -1)]
@@ -151,11 +140,11 @@ def _truncate(f, full: Series) -> Series | None:
             for k, c in enumerate(coefficients if isinstance(e, mpmath.mpf) and e else ()):
                 a, w = a + c * w, w * (p * p if full.square else p)
                 errors[k][i] = float(abs((a * scale - e) / e))
-    envelopes = [list(itertools.accumulate((max(e[32 * i:32 * i + 32]) for i in range(len(OCTAVES))), max))
+    envelopes = [list(itertools.accumulate((SAFETY * max(e[32 * i:32 * i + 32]) for i in range(len(OCTAVES))), max))
                  for e in errors]
     top = min(len(OCTAVES), int(math.ceil(math.log2(full.radius))) - OCTAVES[0] + 1)
     for j, (n, envelope) in itertools.product(range(top - 1, -1, -1), enumerate(envelopes)):
-        if envelope[j] * SAFETY <= TARGET:  # the largest octave first, the least degree on it
+        if envelope[j] <= TARGET:  # the largest octave first, the least degree on it
             return replace(full, terms=full.terms[:n + 1], radius=2.0 ** OCTAVES[j], envelope=tuple(envelope))
     return None
 

@@ -81,12 +81,12 @@ def test_truncation_stays_within_its_bound_on_every_interval(derived):
     assert math.isinf(float(series.truncation(torch.tensor(series.radius * 1.01))))  # past its radius
 
 
-def test_series_rule_is_approximate_of_its_own_family_and_guarded_by_its_radius(derived):
+def test_series_rule_is_approximate_of_its_own_family_and_close_within_its_radius(derived):
+    """Its guard is its truncation bound (infinite past the radius: the regimes never take it there)."""
     text, series = derived
     rule = series.rule()
     assert rule.family is Family.SERIES and rule.exactness is Exactness.APPROX
     r = series.radius
-    assert str(rule.when) == ("" if series.at_infinity else f"(<= (hi ?x) {r!r}) (>= (lo ?x) {-r!r})")
     x = Term.input("x", (5,), "float64")
     u = torch.linspace(r / 2, r, 5, dtype=torch.float64)
     env = {"x": 1 / u if series.at_infinity else u}

@@ -100,9 +100,8 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
     reranked = _rerank(program, roots, best, snap, root_classes, cost, input_ranges, model) \
         if model.objective in (Objective.STABILITY, Objective.BALANCED) else None
     best = reranked or best
-    # regimes (and series, approximate) under stability, under a tolerance the best single program
-    # breaks (its series must then keep within it), and under balanced one program (a series over
-    # the whole range) far more accurate, as the re-ranking's (max_slowdown: measured, as its)
+    # regimes (and series) under stability, under a tolerance the best single program breaks (its
+    # series within it), under balanced one far more accurate program (a series), as re-ranking's
     balanced = model.objective is Objective.BALANCED
     wants = model.objective is Objective.STABILITY or balanced or model.objective is Objective.TOLERANCE \
         and program_cost(best, model, input_ranges, program.leaf_meta())["cost"] >= LEXICOGRAPHIC
@@ -340,22 +339,20 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
 
 
 def _derived(root: Term, ranges: dict | None) -> list[Candidate]:
-    """The root's series (``rulesets/series.expand``) around 0 and around infinity, in an input or
-    a subterm the root is a function of alone (two at most), within the declared range of |u|. A
-    series around infinity only in an input, where it gives what the root gives at +-inf and NaN."""
+    """The root's series around 0 and infinity in an input or a subterm it alone depends on (two at
+    most), over the declared range; around infinity in an input where it matches at +-inf and NaN."""
     candidates = []
     for v in [t for t in postorder([root]) if t is not root and t.op != "const" and to_sympy(root, t)][:2]:
         lo, hi = (ranges or {}).get(v.attrs[0] if v.op == "input" else None, (-math.inf, math.inf))
         for at_infinity in (False, True)[:1 + (v.op == "input")]:
             found = expand(root, v, at_infinity, max(-lo, hi) if not at_infinity else
                            1 / min(abs(lo), abs(hi)) if lo * hi > 0 else math.inf)
-            rule = found and found.rule()
-            rhs = found and pat.instantiate(rule.rhs_pattern, {"x": v})
+            rhs = found and pat.instantiate(found.rule().rhs_pattern, {"x": v})
             if found is None or at_infinity and not torch.allclose(*evaluate([root, rhs], {v.attrs[0]: torch.tensor(
                     [math.inf, -math.inf, math.nan], dtype=torch.float64)}, reference=True), equal_nan=True):
                 continue  # none, or unlike the root at +-inf or NaN
             within = pat.instantiate(pat.parse(INVERSE), {"x": v}) if at_infinity else v
-            candidates.append(Candidate(rhs, rule, within, found.truncation, lhs=root))
+            candidates.append(Candidate(rhs, found.rule(), within, found.truncation, lhs=root))
     return candidates
 
 

@@ -25,7 +25,7 @@ from egraph_opt.lang.term import Term, postorder
 from . import Exactness, Family, Rule
 
 TARGET = 2.0 ** -26  # relative truncation error at the radius: a quarter ulp of float32
-ORDER = 24  # powers of u sympy expands to: the degree's cap
+ORDER = 24  # powers of u sympy expands to, the degree's cap (zeros past them: never a least degree)
 SECONDS = 2.0  # sympy's time for one expansion; past it, no series
 OCTAVES = range(-40, 4)  # |u| in (2^(j-1), 2^j]: where the truncation is measured, 16 points each
 SAFETY = 2.0  # margin on the worst measured error, for the points between the grid's
@@ -116,8 +116,7 @@ def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
         return None
     shift = int(min(p for _, p in pairs))
     step = 2 if all((p - shift) % 2 == 0 for _, p in pairs) else 1
-    terms = dict(((int(p) - shift) // step, c) for c, p in pairs)
-    terms = tuple(terms.get(k, sympy.S.Zero) for k in range((ORDER - 1 - shift) // step + 1))
+    terms = tuple(sum((c for c, p in pairs if p == shift + k * step), sympy.S.Zero) for k in range(ORDER))
     return _truncate(sympy.lambdify(x, f, "mpmath"), Series(lhs, at_infinity, step == 2, shift, terms, cap, ()))
 
 
@@ -128,16 +127,17 @@ def _stop(*_):
 def _truncate(f, full: Series) -> Series | None:
     """``full`` (its radius: the cap) cut as ``expand`` says, its error measured against ``f``."""
     with mpmath.workdps(60):
-        points = [s * mpmath.mpf(2) ** j * (1 - mpmath.mpf(i) / 32) for j in OCTAVES for i in range(16)
-                  for s in (1, -1)]
+        points = [s * mpmath.mpf(2) ** j * (17 + i) / 32 for j in OCTAVES for i in range(16) for s in (1, -1)]
         coefficients = [mpmath.mpf(str(c.evalf(70))) for c in full.terms]
-        errors = [[math.inf] * len(points) for _ in coefficients]  # by degree, at each point
-        for i, p in enumerate(points):
+        errors, values = [[math.inf] * len(points) for _ in coefficients], []  # by degree, at each point
+        for i, p in enumerate(points):  # |u| ascending, each sign in turn
             try:
-                e, w, a, scale = f(1 / p if full.at_infinity else p), mpmath.mpf(1), 0, p ** full.shift
+                y = f(1 / p if full.at_infinity else p)
             except (ValueError, ZeroDivisionError, TypeError):  # undefined there: inf
-                continue
-            for k, c in enumerate(coefficients if isinstance(e, mpmath.mpf) and e else ()):
+                y = None
+            e, w, a, scale = y if isinstance(y, mpmath.mpf) else 0, mpmath.mpf(1), 0, p ** full.shift
+            values.append(e)  # inf where undefined, and past a zero or pole between points (a sign change)
+            for k, c in enumerate(coefficients if e and (i < 2 or values[i - 2] * e > 0) else ()):
                 a, w = a + c * w, w * (p * p if full.square else p)
                 errors[k][i] = float(abs((a * scale - e) / e))
     envelopes = [list(itertools.accumulate((SAFETY * max(e[32 * i:32 * i + 32]) for i in range(len(OCTAVES))), max))

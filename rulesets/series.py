@@ -80,7 +80,7 @@ def to_sympy(root: Term, variable: Term):
                                              else getattr(sympy, t.op, None))
         if ids[id(t)] == ids[id(variable)]:
             out[id(t)] = (x, "?x")
-        elif t.op == "const":
+        elif t.op == "const" and math.isfinite(t.attrs[0]):  # (sympy takes inf and NaN for 0)
             out[id(t)] = (sympy.Rational(t.attrs[0]), f"(const {t.attrs[0]!r})")
         elif t.op in ELEMENTWISE and callable(fn) and not t.attrs and all(args):
             out[id(t)] = (fn(*(a for a, _ in args)), f"({t.op} {' '.join(b for _, b in args)})")

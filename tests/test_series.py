@@ -115,3 +115,8 @@ def _ops(p):
             out.append(q)
             stack.extend(q.args)
     return [q for q in out if q.op != "const"]
+
+
+def test_a_constant_sympy_has_no_number_for_gives_no_series():
+    """sympy.Rational(inf) is 0: a program with an infinite constant must not become another function."""
+    assert _series("(sub (add ?x (const inf)) (sin ?x))", False) is None

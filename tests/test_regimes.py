@@ -94,6 +94,8 @@ def test_exp_minus_one_minus_x_has_a_series_between_two_exact_regimes():
 
 @pytest.mark.parametrize("objective", ["balanced", "latency"])
 def test_series_and_regimes_only_under_the_stability_objective(objective):
+    """No piecewise program under balanced or latency (balanced takes a series only as one program over
+    the whole range: none holds on [-10, 10])."""
     opt = saturate_and_extract(_one_minus_cos, objective=objective, input_ranges={"x": (-10.0, 10.0)})
     opt(torch.linspace(-10, 10, 64))
     assert not opt.report.derivation.branches and "less" not in opt.report.ops_after

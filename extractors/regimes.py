@@ -63,24 +63,16 @@ class Candidate:
     truncation: Callable[[torch.Tensor], torch.Tensor] | None = None
     guard: Guard = Guard()  # a guarded rule's, over ``binding``
     binding: dict = field(default_factory=dict)  # its variables: Terms (operands) or numbers
-
-    @property
-    def bounded(self) -> bool:
-        """Holds only on part of the range: a series or a guarded rule's right side."""
-        return self.truncation is not None or bool(self.guard)
+    lhs: Term | None = None  # a series' or guarded rule's: the term it stands for
 
 
 @dataclass(frozen=True)
 class Regime:
-    """``term`` computes the result where ``lo <= x < hi`` (x: the split term)."""
+    """``candidate.term`` computes the result where ``lo <= x < hi`` (x: the split term)."""
     lo: float
     hi: float
     candidate: Candidate
     truncation: float = 0.0  # the series' bound over the regime's interval
-
-    @property
-    def term(self) -> Term:
-        return self.candidate.term
 
 
 @dataclass(frozen=True)
@@ -91,9 +83,9 @@ class Piecewise:
     term: Term = field(init=False)
 
     def __post_init__(self):
-        out = self.regimes[-1].term
+        out = self.regimes[-1].candidate.term
         for r in reversed(self.regimes[:-1]):
-            out = Term("where", (Term("less", (self.variable, Term.const(r.hi))), r.term, out))
+            out = Term("where", (Term("less", (self.variable, Term.const(r.hi))), r.candidate.term, out))
         object.__setattr__(self, "term", out)
 
     def describe(self) -> list[str]:
@@ -105,37 +97,38 @@ class Piecewise:
             series = (f"  [series {c.rule.name}, truncation <= {r.truncation:.2g}]"
                       if c.truncation is not None else
                       f"  [{c.rule.name}, its guard proved here]" if c.guard else "")
-            lines.append(f"{name} in [{r.lo:.6g}, {r.hi:.6g}): {pretty(r.term)}{series}")
+            lines.append(f"{name} in [{r.lo:.6g}, {r.hi:.6g}): {pretty(c.term)}{series}")
         return lines
 
 
 @torch.inference_mode(False)  # its error estimates take derivatives
 def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
-          seed: int = 0, limit: float = math.inf) -> Piecewise | None:
+                  seed: int = 0, limit: float = math.inf, gain: float = MIN_GAIN,
+                  more: Callable[[], list[Candidate]] = list) -> Piecewise | None:
     """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
-    without regimes), when it beats that one by ``MIN_GAIN`` mean bits and each series in it keeps
-    its truncation over its regime within ``limit`` (a tolerance); else None (one regime: a series
-    over the whole range). The program's inputs must share one shape (elementwise, they are then
-    drawn as ``POINTS`` values each)."""
+    without regimes) and ``more()`` (made only where ``best`` errs by ``gain`` mean bits), when it
+    beats that one by ``gain`` mean bits and each series in it keeps its truncation over its
+    regime within ``limit`` (a tolerance); else None (one regime: a series over the whole range).
+    The program's inputs must share one shape (elementwise: drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
     shapes = {t.attrs[1] for t in program.inputs}
-    if not any(t.attrs[2] in FLOATS for t in program.inputs) or len(candidates) < 2 or len(shapes) != 1 \
-            or program.params:
+    if not any(t.attrs[2] in FLOATS for t in program.inputs) or len(shapes) != 1 or program.params:
         return None
     gen = torch.Generator().manual_seed(seed)
     env = sample_inputs({t.attrs[0]: ((POINTS,), t.attrs[2]) for t in program.inputs}, ranges, gen)
     first = _bits(candidates[best], env)
-    if first is None or not float(first.nan_to_num(WORD).mean()) >= MIN_GAIN:  # nothing to gain
+    if first is None or not float(first.nan_to_num(WORD).mean()) >= gain:  # nothing to gain
         return None
+    candidates = candidates + more()
     columns = [first if i == best else _bits(c, env) for i, c in enumerate(candidates)]
     kept = [i for i, c in enumerate(columns) if c is not None]
     bits = torch.stack([columns[i] for i in kept]).double()
     undefined = bits.isnan().all(0)  # undefined in every form: no error to count there
-    bits = bits[:, ~undefined].nan_to_num(WORD).clamp(max=WORD).numpy()
+    bits = torch.where(bits.isposinf(), UNPROVED, bits.clamp(max=WORD))[:, ~undefined].nan_to_num(WORD).numpy()
     if not bits.shape[1]:
         return None
     single, candidates = float(bits[kept.index(best)].mean()), [candidates[i] for i in kept]
-    series, options = [c.bounded for c in candidates], []
+    series, options = [c.truncation is not None or bool(c.guard) for c in candidates], []  # bounded
     for t, x in _branch_terms(program, candidates, env):
         x, usable = x[~undefined], bits.copy()
         for k in np.flatnonzero(series) if t.op != "input" else ():  # where the split's value proves it
@@ -145,7 +138,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
         if found:  # a subterm costs its ops: it must save what one more regime would
             options.append((found[0] + (0.0 if t.op == "input" else SPLIT_BITS * len(x)), *found, t))
     for _, total, segments, variable in sorted(options, key=lambda o: o[0]):  # the least error first
-        if total / bits.shape[1] > single - MIN_GAIN or len(segments) == 1 and not series[segments[0][0]]:
+        if total / bits.shape[1] > single - gain or len(segments) == 1 and not series[segments[0][0]]:
             return None  # too little gained, or one exact program: the re-ranking's
         regimes = _regimes(program, candidates, ranges, variable, segments, limit)
         if regimes:
@@ -190,9 +183,10 @@ def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variab
 
 
 def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
-    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added;
-    None where they cannot be estimated (an op without a float64 kernel or a derivative). A
-    guarded rule's form counts ``WORD`` bits where its guard fails at the point."""
+    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added
+    (inf past its radius: never taken there); None where they cannot be estimated (an op without a
+    float64 kernel or a derivative). A guarded rule's form counts ``WORD`` bits where its guard
+    fails at the point."""
     try:
         found = elementwise_bits(c.term, env)
     except (ValueError, RuntimeError):
@@ -207,7 +201,7 @@ def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
     (u,) = evaluate([c.within], env, reference=True)
     u = torch.as_tensor(u, dtype=torch.float64).expand(found.shape)
     ulps = c.truncation(u.abs()) * 2.0 ** 24  # relative error over float32's smallest ulp
-    return torch.log2(2 ** found + ulps).clamp(max=WORD)
+    return torch.where(ulps.isinf(), math.inf, torch.log2(2 ** found + ulps).clamp(max=WORD))
 
 
 def _bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo, hi) -> torch.Tensor:
@@ -216,7 +210,7 @@ def _bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo, hi)
     an exact candidate. Split on an input, range analysis narrows its declared range; split on a
     subterm, only what the candidate binds that is that subterm is narrowed, the rest ranges over
     the whole declared range (a guard must follow from the split condition or hold throughout)."""
-    if not c.bounded:
+    if c.truncation is None and not c.guard:
         return torch.tensor(0.0)
     terms = [t for t in c.binding.values() if isinstance(t, Term)] if c.guard else [c.within]
     lo, hi = torch.as_tensor(lo, dtype=torch.float64), torch.as_tensor(hi, dtype=torch.float64)

@@ -22,7 +22,7 @@ class Family(enum.Enum):
     ALGEBRA = "algebra"
     DECOMPOSITION = "decomposition"
     PRECISION = "precision"
-    SERIES = "series"  # close only near a point: taken on a regime, never in saturation (series.py)
+    SERIES = "series"  # derived per program (series.py), taken on a regime: none in the catalogue
     SHARDING = "sharding"  # a stage of its own (egraph_opt/sharding/): only when asked for
 
 
@@ -141,11 +141,11 @@ def reverse(rule: Rule, family: Family, guard: Guard = Guard(), **fixed) -> Rule
 def catalogue() -> dict[str, Rule]:
     """All rules by name, across families; names are unique."""
     from . import (algebra, cancellation, canonical, decomposition, functions, fusion, precision,
-                   series, sharding, stability)
+                   sharding, stability)
 
     table: dict[str, Rule] = {}
     for module in (stability, cancellation, functions, algebra, canonical, fusion, precision,
-                   decomposition, series, sharding):
+                   decomposition, sharding):
         for r in module.RULES:
             if r.name in table:
                 raise RuleError(f"duplicate rule name {r.name!r}")

@@ -1,95 +1,150 @@
-"""Truncated Taylor series in Horner form, near a removable singularity or a cancellation at 0.
-
-A series is close to its left side only near 0, so it never joins an e-class in saturation (a
-union would let every objective take it over the whole range): the regime inference of the
-stability objective (``extractors/regimes.py``) matches it against the root e-class and may take
-it on a regime where |x| is small, counting its truncation bound over that regime's interval.
-
-Each row: the left side, the Horner variable (``?x`` or ``?x * ?x``), the power of ``?x`` factored
-out, the exact coefficients, and the radius it holds on (its guard). The degree is the least
-whose relative truncation error at the radius is at most ``TARGET``.
-
->>> ROWS[0].degree, float(ROWS[0].truncation(torch.tensor(1.0))) <= TARGET
-(4, True)
+"""Truncated Taylor series in Horner form of a program's own function, as Herbie takes them: around
+0 and around infinity (in u = 1/x), each ``x^shift`` times a power series in u or u^2, its
+coefficients sympy's, exact; its degree the least whose relative truncation error, measured at 60
+digits on a dense grid of |u| <= its radius (the largest octave it can be), is at most ``TARGET``.
+A series is close to its function only near its point, so it never joins an e-class: regime
+inference (``extractors/regimes.py``) takes it where |u| is small, counting its truncation bound.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from dataclasses import dataclass
-from fractions import Fraction
-from typing import Callable
+import operator
+import signal
+import threading
+from dataclasses import dataclass, replace
 
+import mpmath
 import torch
+
+from egraph_opt.lang.ops import ELEMENTWISE, OPS
+from egraph_opt.lang import pattern as pat
+from egraph_opt.lang.term import Term, postorder
 
 from . import Exactness, Family, Rule
 
 TARGET = 2.0 ** -26  # relative truncation error at the radius: a quarter ulp of float32
-TERMS = 60  # terms of the series summed past the degree for the bound; the rest (|c_k| <= 2/k!)
-# is below 2 r^k e^r / k!, added as such
+ORDER = 24  # powers of u sympy expands to, the degree's cap (zeros past them: never a least degree)
+SECONDS = 2.0  # sympy's time for one expansion; past it, no series
+OCTAVES = range(-40, 4)  # |u| in (2^(j-1), 2^j]: where the truncation is measured, 16 points each
+SAFETY = 2.0  # margin on the worst measured error, for the points between the grid's
+INVERSE = "(div (const 1.0) ?x)"  # u around infinity
+_INFIX = {**pat.ARITHMETIC, "**": operator.pow}
+_SPELLED = {"neg": lambda s, a: -a, "log1p": lambda s, a: s.log(1 + a), "expm1": lambda s, a: s.exp(a) - 1,
+            "abs": lambda s, a: s.Abs(a), "sigmoid": lambda s, a: 1 / (1 + s.exp(-a))}  # as sympy spells them
 
 
 @dataclass(frozen=True)
 class Series:
-    name: str
+    """``lhs`` (over ?x) ~ x^shift * sum_k terms[k] v^k, v = u or u^2, where |u| <= ``radius``; its
+    bound at |u| <= r: the worst error measured up to the octave above r, times ``SAFETY``."""
     lhs: str
-    square: bool  # the Horner variable is ?x * ?x (an even or odd function), else ?x
-    shift: int  # the series is ?x^shift * sum_k c_k u^k
-    coefficient: Callable[[int], Fraction]  # c_k, exact; |c_k| <= 2 / k! for every row
-    radius: float  # |?x| <= radius: where it is used at most
-    why: str = ""
-
-    @functools.cached_property
-    def degree(self) -> int:
-        return next(n for n in range(1, 40) if float(self._bound(torch.tensor(self.radius), n)) <= TARGET)
-
-    def _bound(self, r: torch.Tensor, n: int) -> torch.Tensor:
-        """Relative truncation bound after degree ``n`` at |?x| <= r: the tail's sum of |c_k| u^k
-        over a lower bound of |sum_k c_k u^k| (|c_0| less every other term's magnitude)."""
-        r = r.double()
-        u, last = (r * r if self.square else r), n + TERMS + 1
-        terms = [abs(float(self.coefficient(k))) * u ** k for k in range(1, last)]
-        rest = 2 / math.factorial(last) * u ** last * torch.exp(u)
-        tail = sum(terms[n:]) + rest
-        floor = abs(float(self.coefficient(0))) - sum(terms) - rest
-        return torch.where((floor > 0) & (r <= self.radius), tail / floor, math.inf)
+    at_infinity: bool
+    square: bool
+    shift: int
+    terms: tuple  # the coefficients, exact (sympy numbers), of degree 0 up to the degree
+    radius: float
+    envelope: tuple  # per octave of |u|, the worst error at or below it, times SAFETY
 
     def truncation(self, r: torch.Tensor) -> torch.Tensor:
-        """Relative error of the truncated series where |?x| <= r (inf past the radius)."""
-        return self._bound(r, self.degree)
+        """Relative error of the truncated series where |u| <= r (inf past the radius)."""
+        r = r.double().nan_to_num(math.inf)
+        j = torch.ceil(torch.log2(r)).clamp(OCTAVES[0], OCTAVES[-1]).long() - OCTAVES[0]
+        return torch.where(r <= self.radius, torch.tensor(self.envelope, dtype=torch.float64)[j], math.inf)
 
     def rule(self) -> Rule:
-        u = "(mul ?x ?x)" if self.square else "?x"
-        coefficients = [self.coefficient(k) for k in range(self.degree + 1)]
-        horner = f"(const {float(coefficients[-1])!r})"
-        for c in reversed(coefficients[:-1]):
+        """Horner form in u times ?x^shift (around infinity u^shift = ?x^-shift)."""
+        base = INVERSE if self.at_infinity else "?x"
+        u = f"(mul {base} {base})" if self.square else base
+        horner = f"(const {float(self.terms[-1])!r})"
+        for c in reversed(self.terms[:-1]):
             horner = f"(add (const {float(c)!r}) (mul {u} {horner}))"
-        for _ in range(self.shift):
-            horner = f"(mul ?x {horner})"
-        r = self.radius
-        return Rule(self.name, self.lhs, horner, Family.SERIES, Exactness.APPROX,
-                    when=(f"(<= (hi ?x) {r!r})", f"(>= (lo ?x) {-r!r})"),
-                    why=f"{self.why}; degree {self.degree} in {'x^2' if self.square else 'x'}, "
-                        f"relative truncation <= 2^-26 for |x| <= {r}")
+        power = -self.shift if self.at_infinity else self.shift
+        for _ in range(abs(power)):
+            horner = f"(div {horner} ?x)" if power < 0 else f"(mul ?x {horner})"
+        r, point = self.radius, "infinity" if self.at_infinity else "zero"
+        return Rule(f"series-at-{point}", self.lhs, horner, Family.SERIES, Exactness.APPROX,
+                    why=f"around {point}, in u = {base}: degree {len(self.terms) - 1} in u{'^2' * self.square}, "
+                        f"relative truncation <= 2^-26 for |u| <= {r}")
 
 
-def _factorial(k: int) -> Fraction:
-    return Fraction(math.factorial(k))
+def to_sympy(root: Term, variable: Term):
+    """(sympy expression in x, pattern text over ?x) of ``root``, x standing for ``variable``; None
+    where another input remains or an op has no sympy form (infix, ``_SPELLED`` or namesake)."""
+    import sympy
+    ids, x, out = pat.structural_ids([root, variable]), sympy.Symbol("x", real=True), {}
+    for t in postorder([root]):
+        args = [out.get(id(a)) for a in t.args]
+        fn = _INFIX.get(OPS[t.op].infix) or (functools.partial(_SPELLED[t.op], sympy) if t.op in _SPELLED
+                                             else getattr(sympy, t.op, None))
+        if ids[id(t)] == ids[id(variable)]:
+            out[id(t)] = (x, "?x")
+        elif t.op == "const" and math.isfinite(t.attrs[0]):  # (sympy takes inf and NaN for 0)
+            out[id(t)] = (sympy.Rational(t.attrs[0]), f"(const {t.attrs[0]!r})")
+        elif t.op in ELEMENTWISE and callable(fn) and not t.attrs and all(args):
+            out[id(t)] = (fn(*(a for a, _ in args)), f"({t.op} {' '.join(b for _, b in args)})")
+    return out.get(id(root))
 
 
-ROWS = [
-    Series("series-one-minus-cos-over-square", "(div (sub (const 1.0) (cos ?x)) (mul ?x ?x))",
-           square=True, shift=0, coefficient=lambda k: (-1) ** k / _factorial(2 * k + 2), radius=1.0,
-           why="(1 - cos x) / x^2 = sum (-1)^k x^2k / (2k+2)!: 0/0 where x^2 underflows, cancels near 0"),
-    Series("series-expm1-minus-x-over-square", "(div (sub (expm1 ?x) ?x) (mul ?x ?x))",
-           square=False, shift=0, coefficient=lambda k: 1 / _factorial(k + 2), radius=0.5,
-           why="(e^x - 1 - x) / x^2 = sum x^k / (k+2)!: cancels near 0"),
-    Series("series-x-minus-sin-over-cube", "(div (sub ?x (sin ?x)) (mul (mul ?x ?x) ?x))",
-           square=True, shift=0, coefficient=lambda k: (-1) ** k / _factorial(2 * k + 3), radius=1.0,
-           why="(x - sin x) / x^3 = sum (-1)^k x^2k / (2k+3)!: cancels near 0"),
-    Series("series-sinh-difference", "(sub (exp ?x) (exp (neg ?x)))",
-           square=True, shift=1, coefficient=lambda k: 2 / _factorial(2 * k + 1), radius=1.0,
-           why="e^x - e^-x = 2 sum x^(2k+1) / (2k+1)!: cancels near 0"),
-]
-RULES = [row.rule() for row in ROWS]
-BY_NAME = {row.name: row for row in ROWS}
+def expand(root: Term, variable: Term, at_infinity: bool, cap: float = math.inf) -> Series | None:
+    """The series of ``root`` in ``variable`` around 0, or around infinity (in u = 1/variable), of
+    the least degree whose truncation is within ``TARGET`` on the largest octave of |u| it can
+    be, up to ``cap``; None where the function is no such series there or sympy runs past
+    ``SECONDS`` (or cannot be stopped: off the main thread, or under another timer)."""
+    found = to_sympy(root, variable)  # by structure, for the cache (a Term's identity is its own)
+    return found and _expand(*found, at_infinity, min(max(cap, 2.0 ** OCTAVES[0]), 2.0 ** OCTAVES[-1]))
+
+
+@functools.lru_cache(maxsize=256)
+def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
+    import sympy
+    (x,), u = f.free_symbols or (None,), sympy.Symbol("u", real=True)
+    if x is None or threading.current_thread() is not threading.main_thread() or signal.getitimer(0)[0]:
+        return None
+    handler = signal.signal(signal.SIGALRM, _stop)
+    signal.setitimer(signal.ITIMER_REAL, SECONDS)
+    try:
+        s = sympy.expand(sympy.series(f.subs(x, 1 / u if at_infinity else u), u, 0, ORDER).removeO())
+        pairs = [t.as_coeff_exponent(u) for t in sympy.Add.make_args(s)]
+    except Exception:  # noqa: BLE001 - a pole, a branch, no expansion or the time: no series
+        return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+    if s == 0 or not all(c.is_real and c.is_number and p.is_integer for c, p in pairs):
+        return None
+    shift = int(min(p for _, p in pairs))
+    step = 2 if all((p - shift) % 2 == 0 for _, p in pairs) else 1
+    terms = tuple(sum((c for c, p in pairs if p == shift + k * step), sympy.S.Zero) for k in range(ORDER))
+    return _truncate(sympy.lambdify(x, f, "mpmath"), Series(lhs, at_infinity, step == 2, shift, terms, cap, ()))
+
+
+def _stop(*_):
+    raise TimeoutError
+
+
+def _truncate(f, full: Series) -> Series | None:
+    """``full`` (its radius: the cap) cut as ``expand`` says, its error measured against ``f``."""
+    with mpmath.workdps(60):
+        points = [s * mpmath.mpf(2) ** j * (17 + i) / 32 for j in OCTAVES for i in range(16) for s in (1, -1)]
+        coefficients = [mpmath.mpf(str(c.evalf(70))) for c in full.terms]
+        errors, values = [[math.inf] * len(points) for _ in coefficients], []  # by degree, at each point
+        for i, p in enumerate(points):  # |u| ascending, each sign in turn
+            try:
+                y = f(1 / p if full.at_infinity else p)
+            except (ValueError, ZeroDivisionError, TypeError):  # undefined there: inf
+                y = None
+            e, w, a, scale = y if isinstance(y, mpmath.mpf) else 0, mpmath.mpf(1), 0, p ** full.shift
+            values.append(e)  # inf where undefined, and past a zero or pole between points (a sign change)
+            for k, c in enumerate(coefficients if e and (i < 2 or values[i - 2] * e > 0) else ()):
+                a, w = a + c * w, w * (p * p if full.square else p)
+                errors[k][i] = float(abs((a * scale - e) / e))
+    envelopes = [list(itertools.accumulate((SAFETY * max(e[32 * i:32 * i + 32]) for i in range(len(OCTAVES))), max))
+                 for e in errors]
+    top = min(len(OCTAVES), int(math.ceil(math.log2(full.radius))) - OCTAVES[0] + 1)
+    for j, (n, envelope) in itertools.product(range(top - 1, -1, -1), enumerate(envelopes)):
+        if envelope[j] <= TARGET:  # the largest octave first, the least degree on it
+            return replace(full, terms=full.terms[:n + 1], radius=2.0 ** OCTAVES[j], envelope=tuple(envelope))
+    return None
+

@@ -8,8 +8,10 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
+
+import torch
 
 from . import templates as tmpl
 from .derivation import Derivation, Step, derive, term_classes
@@ -20,7 +22,7 @@ from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
 from ..extractors.cost import LEXICOGRAPHIC
 from ..extractors.curvature import rounding_free
 from ..extractors.enumerate import alternatives
-from ..extractors.regimes import Candidate, Piecewise, infer_regimes
+from ..extractors.regimes import MIN_GAIN, Candidate, Piecewise, infer_regimes
 from ..extractors.rounding_error import elementwise, far_more_accurate, least_error, sampled_small
 from ..lang import pattern as pat
 from ..lang.program import Program
@@ -28,8 +30,8 @@ from ..analysis.facts import Facts, class_constants
 from ..analysis.layouts import result_strides, term_strides
 from ..analysis.ranges import TOP, Interval, analyze, hull, transfer
 from ..rulesets import Family, Rule, select
-from ..rulesets.series import BY_NAME
-from ..lang.term import Term, infer, op_counts, postorder
+from ..rulesets.series import INVERSE, expand, to_sympy
+from ..lang.term import Term, evaluate, infer, op_counts, postorder
 
 
 @dataclass
@@ -68,9 +70,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
         return _optimize_templated(program, groups, schedule, input_ranges, model, ranges)
     rules = [r for phase in schedule for r in phase.rules]
     roots, term_meta = program.roots(), program.meta()
-    # a series holds near a point only: it enters as a regime (``piecewise``)
-    session = saturate(roots, [replace(p, rules=tuple(r for r in p.rules if r.family is not Family.SERIES))
-                               for p in schedule], ranges(roots, term_meta), term_meta)
+    session = saturate(roots, schedule, ranges(roots, term_meta), term_meta)
     start = time.perf_counter()
     facts = enode_facts(session.snap, *class_shapes(session.snap, roots, term_meta, session.class_of,
                                                     model.latency_of is not None))
@@ -81,7 +81,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None,
     seconds = {**session.seconds, "extract": time.perf_counter() - start}
     matches = sum((Counter(s.matches) for s in session.saturation), Counter())
     matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
-    derivation = derive_piecewise(*regimes, roots, matched, session.snap, session.class_of) if regimes \
+    derivation = derive_piecewise(regimes, roots, matched, session.snap, session.class_of) if regimes \
         else derive(roots, best, matched, session.snap, session.class_of)
     # a series or a guarded rule matched once, as a regime (never in saturation)
     applied = [(r, matches[r.name] or 1) for r in derivation.rules()]
@@ -100,15 +100,17 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
     reranked = _rerank(program, roots, best, snap, root_classes, cost, input_ranges, model) \
         if model.objective in (Objective.STABILITY, Objective.BALANCED) else None
     best = reranked or best
-    # regimes (and series, approximate) under stability, and under a tolerance the best single
-    # program breaks (its series must then keep within it)
-    wants = model.objective is Objective.STABILITY or model.objective is Objective.TOLERANCE and \
-        program_cost(best, model, input_ranges, program.leaf_meta())["cost"] >= LEXICOGRAPHIC
+    # regimes (and series) under stability, under a tolerance the best single program breaks (its
+    # series within it), under balanced one far more accurate program (a series), as re-ranking's
+    balanced = model.objective is Objective.BALANCED
+    wants = model.objective is Objective.STABILITY or balanced or model.objective is Objective.TOLERANCE \
+        and program_cost(best, model, input_ranges, program.leaf_meta())["cost"] >= LEXICOGRAPHIC
     regimes = piecewise(program, roots, best, snap, root_classes, cost, input_ranges,
-                        [r for r in rules if r.family is Family.SERIES],
                         limit=math.inf if model.tolerance is None else model.tolerance,
-                        guarded=[r for r in rules if r.when and r.family is not Family.SERIES]) if wants else None
-    return ([regimes[0].term] if regimes else best), regimes, reranked is not None
+                        guarded=[r for r in rules if r.when], gain=ACCURATE_BY if balanced else MIN_GAIN) \
+        if wants else None
+    regimes = None if balanced and regimes and len(regimes.regimes) > 1 else regimes
+    return ([regimes.term] if regimes else best), regimes, reranked is not None
 
 
 def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict,
@@ -301,12 +303,10 @@ def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) 
     return set(fill(classes, {}, lambda cid, n, _: True if (leaves_only and n.children) or allowed(n) else None))
 
 
-# --- piecewise programs, for the stability objective: the root e-class's cheapest programs and
-# the series rules that match it, handed to regime inference (``extractors/regimes.py``); and the
-# derivation of each regime's form, as the report shows it. The exact candidates are e-class
-# members, proven equal; a series candidate is its rule's right side over a member its left side
-# matches, close to it only where its truncation bound (counted) says so; a guarded rule's
-# candidate likewise, equal to it where its guard holds (proved over the regime it is taken on).
+# --- piecewise programs: the root e-class's cheapest programs, the guarded rules that match it and
+# the root's own series, handed to regime inference (``extractors/regimes.py``); and the derivation
+# of each regime's form, as the report shows it. A guarded rule's form equals the root where its
+# guard holds (proved over its regime), a series is close to it where its bound (counted) says so.
 
 #: the cheapest programs of the root e-class tried as branches, and the largest tried
 ALTERNATIVES, MAX_NODES = 8, 64
@@ -314,34 +314,46 @@ ALTERNATIVES, MAX_NODES = 8, 64
 
 def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
               root_classes: list[str], cost: Callable, input_ranges: dict | None,
-              series: list[Rule], limit: float = math.inf, guarded: list[Rule] = ()
-              ) -> tuple[Piecewise, list[tuple[Term, Term]]] | None:
+              limit: float = math.inf, guarded: list[Rule] = (), gain: float = MIN_GAIN) -> Piecewise | None:
     """The piecewise program regime inference finds over the best program, the root e-class's
-    cheapest others, the input, the series that match (each within ``limit``, a relative
-    truncation bound, on its regime) and the ``guarded`` rules that match but whose guard the
-    declared ranges do not prove (each on a regime where it is proved); None where one program is
-    as good. Also, per series or guarded candidate, (the member its rule matched, its form)."""
+    cheapest others, the input, the ``guarded`` rules that match but whose guard the declared
+    ranges do not prove (each on a regime where it is proved) and the root's series (each within
+    ``limit``, a relative truncation bound, on its regime); None where one program is as good by
+    ``gain`` mean bits."""
     if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > MAX_NODES:
         return None
     terms = [best[0]] + [a.term for a in alternatives(snap.classes, root_classes[0], cost,
                                                       limit=ALTERNATIVES)] + [roots[0]]
-    candidates, matched = [Candidate(t) for t in terms], []
-    for rule in [*series, *(r for r in guarded if r.when.over_intervals)]:
+    candidates = [Candidate(t) for t in terms]
+    for rule in [r for r in guarded if r.when.over_intervals]:
         for binding in _matches(rule, snap, root_classes[0], cost):
             lhs, rhs = (pat.instantiate(p, binding) for p in (rule.lhs_pattern, rule.rhs_pattern))
-            row = BY_NAME.get(rule.name)
-            candidates.append(Candidate(rhs, rule, binding["x"], row.truncation) if row is not None
-                              else Candidate(rhs, rule, guard=rule.when, binding=binding))
-            matched.append((lhs, rhs))
+            candidates.append(Candidate(rhs, rule, guard=rule.when, binding=binding, lhs=lhs))
     ids, seen, distinct = pat.structural_ids([c.term for c in candidates]), set(), []
-    for c in candidates:  # a series' each; the others once per structure, if not too large
-        if c.truncation is None and (ids[id(c.term)] in seen or len(postorder([c.term])) > MAX_NODES):
-            continue
-        seen.add(ids[id(c.term)] if c.truncation is None else None)
-        distinct.append(c)
-    found = infer_regimes(program.with_roots({id(roots[0]): distinct[0].term}), distinct,
-                          input_ranges, limit=limit)
-    return None if found is None else (found, matched)
+    for c in candidates:  # once per structure, if not too large
+        if ids[id(c.term)] not in seen and len(postorder([c.term])) <= MAX_NODES:
+            seen.add(ids[id(c.term)])
+            distinct.append(c)
+    return infer_regimes(program.with_roots({id(roots[0]): distinct[0].term}), distinct, input_ranges,
+                         limit=limit, gain=gain, more=lambda: _derived(roots[0], input_ranges))
+
+
+def _derived(root: Term, ranges: dict | None) -> list[Candidate]:
+    """The root's series around 0 and infinity in an input or a subterm it alone depends on (two at
+    most), over the declared range; around infinity in an input where it matches at +-inf and NaN."""
+    candidates = []
+    for v in [t for t in postorder([root]) if t is not root and t.op != "const" and to_sympy(root, t)][:2]:
+        lo, hi = (ranges or {}).get(v.attrs[0] if v.op == "input" else None, (-math.inf, math.inf))
+        for at_infinity in (False, True)[:1 + (v.op == "input")]:
+            found = expand(root, v, at_infinity, max(-lo, hi) if not at_infinity else
+                           1 / min(abs(lo), abs(hi)) if lo * hi > 0 else math.inf)
+            rhs = found and pat.instantiate(found.rule().rhs_pattern, {"x": v})
+            if found is None or at_infinity and not torch.allclose(*evaluate([root, rhs], {v.attrs[0]: torch.tensor(
+                    [math.inf, -math.inf, math.nan], dtype=torch.float64)}, reference=True), equal_nan=True):
+                continue  # none, or unlike the root at +-inf or NaN
+            within = pat.instantiate(pat.parse(INVERSE), {"x": v}) if at_infinity else v
+            candidates.append(Candidate(rhs, found.rule(), within, found.truncation, lhs=root))
+    return candidates
 
 
 def _matches(rule: Rule, snap: Snapshot, root: str, cost: Callable, limit: int = 2):
@@ -359,15 +371,14 @@ def _matches(rule: Rule, snap: Snapshot, root: str, cost: Callable, limit: int =
     return out
 
 
-def derive_piecewise(found: Piecewise, matched: list[tuple[Term, Term]], roots: list[Term],
-                     rules: list[Rule], snap: Snapshot, loaded: dict[int, str]) -> Derivation:
+def derive_piecewise(found: Piecewise, roots: list[Term], rules: list[Rule], snap: Snapshot,
+                     loaded: dict[int, str]) -> Derivation:
     """One derivation per regime (from the input to its form; a series' form by its rule's step
     from the member it matched), under a label that says the regime."""
-    lhs_of = {id(rhs): lhs for lhs, rhs in matched}
     branches = []
     for label, regime in zip(found.describe(), found.regimes):
-        term, series = regime.term, regime.candidate.rule  # a series or a guarded rule
-        target = lhs_of[id(term)] if series is not None else term
+        term, series = regime.candidate.term, regime.candidate.rule  # a series or a guarded rule
+        target = regime.candidate.lhs if series is not None else term
         part = derive(roots, [target], rules, snap, loaded)
         if series is not None:
             part.steps.append(Step(series, (0,), target, term, target, term))

@@ -32,7 +32,9 @@ SAFETY = 2.0  # margin on the worst measured error, for the points between the g
 INVERSE = "(div (const 1.0) ?x)"  # u around infinity
 _INFIX = {**pat.ARITHMETIC, "**": operator.pow}
 _SPELLED = {"neg": lambda s, a: -a, "log1p": lambda s, a: s.log(1 + a), "expm1": lambda s, a: s.exp(a) - 1,
-            "abs": lambda s, a: s.Abs(a), "sigmoid": lambda s, a: 1 / (1 + s.exp(-a))}  # as sympy spells them
+            "abs": lambda s, a: s.Abs(a), "sigmoid": lambda s, a: 1 / (1 + s.exp(-a)), "sqrt": lambda s, a: s.sqrt(a),
+            "cbrt": lambda s, a: s.cbrt(a)}  # as sympy spells them; a namesake counts only as a sympy
+# function class (sympy.maximum and sympy.trunc are of other things: a function's extremum, a polynomial)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ def to_sympy(root: Term, variable: Term):
         args = [out.get(id(a)) for a in t.args]
         fn = _INFIX.get(OPS[t.op].infix) or (functools.partial(_SPELLED[t.op], sympy) if t.op in _SPELLED
                                              else getattr(sympy, t.op, None))
+        fn = fn if t.op in _SPELLED or OPS[t.op].infix or isinstance(fn, sympy.FunctionClass) else None
         if ids[id(t)] == ids[id(variable)]:
             out[id(t)] = (x, "?x")
         elif t.op == "const" and math.isfinite(t.attrs[0]):  # (sympy takes inf and NaN for 0)

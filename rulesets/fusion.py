@@ -240,12 +240,11 @@ def _repeat_kv_into(op: str, rest: str) -> Rule:
                   f"(= (axis-size ?q -3) (* ?{x}g (axis-size ?{x} -3)))", f"(= ?{x}1 {joined(b, h, one, t, d)})",
                   f"(= ?{x}2 {joined(b, h, f'(to-string ?{x}g)', t, d)})",
                   f"(= ?{x}3 {joined(b, '(to-string (axis-size ?q -3))', t, d)})"]
-    repeated = "(reshape (expand (reshape ?{0} ?{0}1) ?{0}2) ?{0}3)"
+    k, v = (f"(reshape (expand (reshape ?{x} ?{x}1) ?{x}2) ?{x}3)" for x in "kv")
     sample = [(x + n, s) for x in "kv" for n, s in (("", (2, 2, 5, 5)), ("1", "2,2,1,5,5"), ("2", "2,2,2,5,5"),
                                                     ("3", "2,4,5,5"), ("g", 2))]
-    return Rule(f"repeat-kv-into-{op.replace('_', '-')}", f"({op} ?q {repeated.format('k')} {repeated.format('v')} "
-                f"{rest})", f"({op} ?q ?k ?v {rest})", _F, when=tuple(guard), binds=("kg", "vg"),
-                sample=(("q", (2, 4, 5, 5)), ("m", (5, 5)), *sample))
+    return Rule(f"repeat-kv-into-{op.replace('_', '-')}", f"({op} ?q {k} {v} {rest})", f"({op} ?q ?k ?v {rest})", _F,
+                when=tuple(guard), binds=("kg", "vg"), sample=(("q", (2, 4, 5, 5)), ("m", (5, 5)), *sample))
 
 
 RULES += [_repeat_kv_into(op, rest) for op, rest in (("sdpa", "?s ?c"), ("sdpa_masked", "?m ?s"),

@@ -13,9 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from egraph_opt import saturate_and_extract
+from egraph_opt.egraph.engine import EGraph
 from egraph_opt.kernels.torch_ops import TORCH, forcing_device_path
 from egraph_opt.lang import ops
 from egraph_opt.lang.ops import OPS
+from egraph_opt.lang.term import Term, shapes
+from egraph_opt.rulesets import catalogue
 
 ATTENTION = ["sdpa", "sdpa_masked", "sdpa_filled", "sdpa_guarded"]
 
@@ -157,3 +160,18 @@ def test_the_triton_path_reads_the_unrepeated_heads_in_a_plan(monkeypatch):
     with forcing_device_path():
         torch.testing.assert_close(f(Q, K, V, MASK), attention(Q, K, V, MASK), rtol=1e-5, atol=1e-5)
     assert "triton.sdpa_masked" in f.report.kernels and "expand" not in f.report.ops_after, f.report
+
+
+def test_an_attention_over_grouped_heads_is_not_decomposed_into_matmuls():
+    """attention-fuse-rev writes softmax(q k^T * c) v, whose matmuls broadcast no grouped heads:
+    only where k and v have q's heads."""
+    def after(kv_heads: int) -> set:
+        q, k, v = (Term.input(n, (1, h, 3, 8)) for n, h in (("q", 4), ("k", kv_heads), ("v", kv_heads)))
+        term = Term("sdpa", (q, k, v), (0.5, False))
+        eg = EGraph()
+        (ref,) = eg.add([term], None, shapes([term]))
+        eg.add_rules("r", [catalogue()["attention-fuse-rev"]])
+        eg.saturate("r", max_iterations=10, max_enodes=1000, max_seconds=5)
+        snap = eg.snapshot()
+        return {n.op for n in snap.classes[snap.class_of_ref[ref]]}
+    assert after(4) == {"sdpa", "matmul"} and after(2) == {"sdpa"}

@@ -248,8 +248,8 @@ def _sdpa(em, t, scale, causal=False):
     scores = Term("matmul", (q, Term("transpose", (k,), (-2, -1))))
     scores = emit_tree(em, scores if scale == 1.0 else Term("mul", (scores, Term.const(scale))))
     scores = em.node("Add", [scores, bias[0]], "masked") if bias else scores
-    return em.node("MatMul", [em.node("Softmax", [scores], "softmax", axis=-1), em.value(v)],
-                   "attention")
+    return em.node("MatMul", [em.node("Softmax", [scores], "softmax", axis=-1), emit_tree(em, v)],
+                   "attention")  # v repeated to q's heads above: a tree to write
 
 
 def full_rows(em, bias, q, k) -> str:

@@ -211,16 +211,17 @@ def _not_below(bound: torch.Tensor | float, limit: float) -> torch.Tensor | bool
 
 
 def _torch_sdpa(q, k, v, attn_mask=None, **options):
-    """torch's kernel; 3-D operands (one head, or heads folded into the batch) as 4-D ones of one
-    head (the CPU flash kernel takes only 4-D ones; 3-D ones run the slower math fallback), 2-D
-    operands (one attention) as a batch of one."""
+    """torch's kernel (enable_gqa: k and v of fewer heads, ``ops.groups``); 3-D operands (one head,
+    or heads folded into the batch) as 4-D ones of one head (the CPU flash kernel takes only 4-D
+    ones; 3-D ones run the slower math fallback), 2-D operands (one attention) as a batch of one."""
     if q.dim() == k.dim() == v.dim() == 2:
         return _torch_sdpa(q[None], k[None], v[None], attn_mask, **options)[0]
-    if q.dim() == k.dim() == v.dim() == 3:
+    gqa = ops.groups(q, k) * ops.groups(q, v) > 1
+    if q.dim() == k.dim() == v.dim() == 3 and not gqa:
         mask = attn_mask if attn_mask is None or attn_mask.dim() < 3 else attn_mask.unsqueeze(1)
         return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask,
                                               **options)[:, 0]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa, **options)
 
 
 def sdpa_masked(q, k, v, bias, scale):
@@ -292,8 +293,8 @@ def sdpa_filled(q, k, v, keep, scale, fill):
         return definition()
     slow = _scores_overflow(q, k, scale) | _not_below(_score_bound(q, k, scale), -fill + EXP_UNDERFLOW)
     if device_path(q) and not isinstance(slow, bool):  # the definition selected where needed,
-        out = torch.where(~keep.any(-1, keepdim=True), v.mean(-2, keepdim=True),  # on every call
-                          _torch_sdpa(q, k, v, attn_mask=keep, scale=scale))
+        out = torch.where(~keep.any(-1, keepdim=True), ops.grouped(q, v.mean(-2, keepdim=True)),
+                          _torch_sdpa(q, k, v, attn_mask=keep, scale=scale))  # on every call
         return torch.where(slow, definition(), out)
     if slow:
         return definition()
@@ -301,7 +302,7 @@ def sdpa_filled(q, k, v, keep, scale, fill):
     if causal:
         return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
     out = _torch_sdpa(q, k, v, attn_mask=keep, scale=scale)
-    return out if dead is None else torch.where(dead, v.mean(-2, keepdim=True), out)
+    return out if dead is None else torch.where(dead, ops.grouped(q, v.mean(-2, keepdim=True)), out)
 
 
 def sdpa_guarded(q, k, v, bias, scale):
@@ -342,8 +343,9 @@ def sdpa(q, k, v, scale, causal):
             not device_path(q) and not _scores_overflow(q, k, scale):
         return out  # on the device path the definition is selected per attention on every call
     limit = torch.finfo(torch.promote_types(q.dtype, torch.float32)).max
-    bound = (q.abs().amax((-2, -1)).double() * k.abs().amax((-2, -1)).double() * q.shape[-1] * abs(scale))
-    return torch.where(~(bound < limit)[..., None, None], ops.sdpa(q, k, v, scale, causal), out)
+    bound = (q.abs().amax((-2, -1), keepdim=True).double() *  # k's per head, to q's heads
+             ops.grouped(q, k.abs().amax((-2, -1), keepdim=True)).double() * q.shape[-1] * abs(scale))
+    return torch.where(~(bound < limit), ops.sdpa(q, k, v, scale, causal), out)
 
 
 def swish(x, beta):

@@ -4,16 +4,18 @@ tanh into sigmoid, never into a form that overflows where the op does not. Most 
 of a fusion; none contains the op it defines (checked in the tests)."""
 import math
 
-from . import Family, Rule, reverse, rules
+from . import Family, Rule, reverse, rules, when
 from .algebra import BELOW_MAX, NEVER_INF, RULES as _ALGEBRA, SHIFTED as _SHIFTED
 from .fusion import RULES as _FUSION
 
 _OF = {r.name: r for r in _FUSION + _ALGEBRA}
 _REVERSED = {"gelu-from-erf": {"c": 1 / math.sqrt(2)}, "linear-relu-fuse": {}, "linear-gelu-fuse": {},
-             "linear-gelu-tanh-fuse": {}, "attention-fuse": {}, "linear-fuse": {}}
+             "linear-gelu-tanh-fuse": {}, "linear-fuse": {}}
 
 RULES: list[Rule] = [reverse(_OF[name], Family.DECOMPOSITION, **fixed)
                      for name, fixed in _REVERSED.items()]
+RULES.append(reverse(_OF["attention-fuse"], Family.DECOMPOSITION, guard=when(*(  # matmuls broadcast no
+    f"(= (axis-size ?q -3) (axis-size ?{x} -3))" for x in "kv"))))  # grouped heads (ops.groups)
 RULES.append(reverse(_OF["log-sum-exp-from-shifted"], Family.DECOMPOSITION,
                      guard=NEVER_INF))  # the shifted form is NaN on a row of +-inf
 RULES += rules(Family.DECOMPOSITION, [  # the shifted forms are NaN across a row holding +inf

@@ -4,6 +4,7 @@ Canonical forms (algebra: constants on the right, division by a constant as a pr
 rule catch every spelling: scale by multiply or divide, K transposed either way, max shift
 explicit or not, masks as ``masked_fill`` or as an additive bias.
 """
+import functools
 import math
 
 from . import Exactness, Family, Rule, rules, when
@@ -212,3 +213,26 @@ RULES += rules(_F, [
        "the picked log-probabilities of t[:, None]: cross-entropy, no target ignored")
       for reduction, (lhs, rhs) in _PICKED_FORMS.items()),
 ])
+
+
+def _repeat_kv_into(op: str, rest: str) -> Rule:
+    """Attention over k and v whose heads transformers' repeat_kv (or repeat_interleave) repeated
+    to q's: x (B, Hkv, T, D) viewed as (B, Hkv, 1, T, D), expanded to (B, Hkv, G, T, D), merged to
+    (B, Hkv G, T, D). The attention takes x itself (``ops.groups``): no copy of a KV cache."""
+    guard, one = [], '"1"'
+    joined = lambda *sizes: functools.reduce(lambda a, b: f'(+ (+ {a} ",") {b})', sizes)  # noqa: E731 - "B,H,T,D"
+    for x in "kv":  # each shape attribute spelled from x's sizes, and G from q's heads
+        b, h, t, d = (f"(to-string (axis-size ?{x} {axis}))" for axis in range(-4, 0))
+        guard += [f"(= (rank ?{x}) 4)", f"(= ?{x}g (/ (axis-size ?q -3) (axis-size ?{x} -3)))",
+                  f"(= (axis-size ?q -3) (* ?{x}g (axis-size ?{x} -3)))", f"(= ?{x}1 {joined(b, h, one, t, d)})",
+                  f"(= ?{x}2 {joined(b, h, f'(to-string ?{x}g)', t, d)})",
+                  f"(= ?{x}3 {joined(b, '(to-string (axis-size ?q -3))', t, d)})"]
+    k, v = (f"(reshape (expand (reshape ?{x} ?{x}1) ?{x}2) ?{x}3)" for x in "kv")
+    sample = [(x + n, s) for x in "kv" for n, s in (("", (2, 2, 5, 5)), ("1", "2,2,1,5,5"), ("2", "2,2,2,5,5"),
+                                                    ("3", "2,4,5,5"), ("g", 2))]
+    return Rule(f"repeat-kv-into-{op.replace('_', '-')}", f"({op} ?q {k} {v} {rest})", f"({op} ?q ?k ?v {rest})", _F,
+                when=tuple(guard), binds=("kg", "vg"), sample=(("q", (2, 4, 5, 5)), ("m", (5, 5)), *sample))
+
+
+RULES += [_repeat_kv_into(op, rest) for op, rest in (("sdpa", "?s ?c"), ("sdpa_masked", "?m ?s"),
+                                                     ("sdpa_filled", "?m ?s ?f"), ("sdpa_guarded", "?m ?s"))]

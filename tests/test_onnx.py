@@ -205,6 +205,35 @@ def test_heads_merge_into_one_attention(tmp_path, rows_only):
     _assert_same_outputs(str(path), model, random_feeds(model))
 
 
+class GroupedAttention(torch.nn.Module):
+    """Grouped-query attention as transformers writes it: 4 query heads, 2 key/value heads repeated
+    to them by repeat_kv."""
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q = x.view(b, t, 4, c // 4).transpose(1, 2)
+        k, v = ((x[..., :c // 2] + i).view(b, t, 2, c // 4).transpose(1, 2) for i in (1, 2))
+        k, v = (y[:, :, None].expand(b, 2, 2, t, c // 4).reshape(b, 4, t, c // 4) for y in (k, v))
+        return torch.softmax(q @ k.transpose(-2, -1) / (c // 4) ** 0.5, -1) @ v
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+def test_grouped_query_attention_reads_the_unrepeated_heads(tmp_path, opset):
+    """repeat_kv's copies of k and v are rewritten away: Attention (opset 23) takes the 2 key/value
+    heads itself; below it, they are repeated again for the MatMuls, which broadcast no grouped
+    heads: a valid model either way."""
+    path = str(tmp_path / "gqa.onnx")
+    _export(GroupedAttention(), (torch.randn(2, 5, 32),), path, ["x"])
+    model = onnx.load(path)
+    if opset == 23:
+        model.opset_import[0].version, model.ir_version = 23, 10
+    optimized, result = _round_trip(model)
+    ops = [n.op_type for n in optimized.graph.node]
+    assert "repeat-kv-into-sdpa" in {r.name for r, _ in result.applied}
+    assert ops.count("Attention") == (opset == 23) and ops.count("Expand") == (2 if opset < 23 else 0), ops
+    _assert_same_outputs(model, optimized, random_feeds(model))
+
+
 def test_opset_is_never_lowered_and_must_exist(zoo, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(["onnx", zoo["mlp"], "--out", str(out), "--opset", "13", "--latency-runs", "0"]) == 0

@@ -54,7 +54,7 @@ def _value(e, values: dict, env: dict, bound=_sampled_bound):
         return len(shape) if head == "rank" else shape[-1]
     if head == "axis-size":  # no such axis: no fact, so the guard cannot hold (NaN equals nothing)
         shape, axis = tuple(env[args[0][1:]].shape), _value(args[1], values, env, bound)
-        return shape[axis] if -len(shape) <= axis < 0 else float("nan")
+        return shape[int(axis)] if -len(shape) <= axis < 0 else float("nan")  # a literal axis reads as float
     if head in ("reshape-axis", "reshape-part"):  # what the loaded program's shapes give
         shape, target, axis = (tuple(env[args[0][1:]].shape), *(_value(a, values, env, bound) for a in args[1:]))
         kept = through_reshape(shape, parse_shape(target)).get(axis)
@@ -126,7 +126,7 @@ def bind(rule, gen: torch.Generator, dtype=torch.float64, scale=2.0) -> tuple[di
     signs = {f.strip("()").split()[1][1:]: f.strip("()").split()[0]
              for f in map(str, rule.when) if f.strip("()").split()[0] in _SIGNS}
     indices = _index_vars(lhs)
-    conditions = _uses(lhs, "where", 0)
+    conditions = _uses(lhs, "where", 0) | _uses(lhs, "sdpa_filled", 3)  # boolean operands
     param_vars = {q.attrs[0].name: q.attrs for q in _params(lhs)}
     for attempt in range(100):
         values, env = {}, {}

@@ -202,6 +202,24 @@ def test_masked_sdpa_keeps_the_definitions_extremes():
     torch.testing.assert_close(K.sdpa_filled(q, k, v, keep, 0.25, -3.4e38)[:, :, 5], v.mean(-2))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_reads_fewer_kv_heads_at_head_h_over_g(causal):
+    """Grouped-query attention (``ops.groups``): q's head h reads k's and v's head h // G, in
+    place; a k grouped and a v not (v repeated then), masks broadcast over the heads."""
+    q, k, v = randn(2, 6, 17, 16), randn(2, 2, 70, 16), randn(2, 2, 70, 24)
+    keep = torch.rand(2, 1, 17, 70) < 0.8
+    keep[..., 3, :] = False
+    bias = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+    wide = [t.double() for t in (q, k, v)]
+    check(K.sdpa(q, k, v, 0.25, causal), ops.sdpa(*wide, 0.25, causal), torch.float32, "grouped sdpa")
+    check(K.sdpa(q, k, v.repeat_interleave(3, 1), 0.25, causal), ops.sdpa(*wide, 0.25, causal),
+          torch.float32, "grouped k only")
+    check(K.sdpa_masked(q, k, v, bias, 0.25), ops.sdpa_masked(*wide, bias.double(), 0.25), torch.float32,
+          "grouped sdpa_masked")
+    check(K.sdpa_filled(q, k, v, keep, 0.25, -3.4e38), ops.sdpa_filled(*wide, keep, 0.25, -3.4e38),
+          torch.float32, "grouped sdpa_filled")
+
+
 # ---- linear + activation ------------------------------------------------------------------
 
 ACTIVATIONS = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu,

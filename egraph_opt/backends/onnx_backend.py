@@ -90,36 +90,6 @@ def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, head
                                                   "reshape")
 
 
-def _repeated_heads(t: Term, shapes: dict) -> tuple[Term, int] | None:
-    """(x, G) when ``t`` is x (B, Hkv, T, D) with each head repeated G times in a row (the
-    grouped-query attention's repeat_kv: x viewed as (B, Hkv, 1, T, D), expanded to (B, Hkv, G, T,
-    D), merged to (B, Hkv * G, T, D)), else None."""
-    expand = t.args[0] if t.op == "reshape" else None
-    view = expand.args[0] if expand is not None and expand.op == "expand" else None
-    if view is None or view.op != "reshape":
-        return None
-    x, viewed, wide, out = view.args[0], shapes[id(view)][0], shapes[id(expand)][0], shapes[id(t)][0]
-    shape = shapes[id(x)][0]
-    if len(shape) != 4 or viewed != shape[:2] + (1,) + shape[2:] or len(wide) != 5 or \
-            wide[:2] + wide[3:] != shape[:2] + shape[2:] or out != (shape[0], shape[1] * wide[2]) + shape[2:]:
-        return None
-    return x, wide[2]
-
-
-def kv_grouped(roots: list[Term], shapes: dict) -> dict[int, tuple[Term, Term]]:
-    """Attention over 4-D q, k, v whose k and v repeat each of fewer heads alike (grouped-query
-    attention): Attention (opset 23) takes the unrepeated k and v and repeats them itself, without
-    the copies: attention id -> (k, v) unrepeated."""
-    found = {}
-    for t in postorder(roots):
-        if OPS[t.op].onnx != "Attention" or len(shapes[id(t.args[0])][0]) != 4:
-            continue
-        k, v = (_repeated_heads(a, shapes) for a in t.args[1:3])
-        if k is not None and v is not None and k[1] == v[1]:
-            found[id(t)] = (k[0], v[0])
-    return found
-
-
 def _product(t: Term, shapes: dict) -> tuple[Term, Callable[[Term], Term]] | None:
     """(a, rebuild) when ``t`` is matmul(a, w), matmul(a, w) +- b (either order) or linear(a, w, b)
     with a bias b of at most one axis (it broadcasts along the last axis only): rebuild(x) is the
@@ -247,8 +217,6 @@ class Emitter:
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
         #: attention between a split into heads and a merge, written as one Attention (opset 23)
         self.heads = heads_merged(program.roots(), program.meta()) if self.opset >= 23 else {}
-        #: grouped-query attention: Attention (opset 23) over k and v before their heads' repeat
-        self.grouped = kv_grouped(program.roots(), program.meta()) if self.opset >= 23 else {}
         #: a MatMul between a flattening and its undoing, written over the unflattened operand
         roots = program.roots()
         self.unflattened = matmuls_unflattened(roots, program.meta(), self.heads) \
@@ -414,8 +382,6 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
             return xs + list(attention.args[3:])
         if id(item) in em.unflattened:
             return em.unflattened[id(item)][1]
-        if id(item) in em.grouped:
-            return [item.args[0], *em.grouped[id(item)], *item.args[3:]]
         return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
             else list(item.args)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..frontends.onnx_converters import ELEM_TYPES
 from ..lang import pattern
-from ..lang.ops import ACTIVATIONS, OPS, parse_shape
+from ..lang.ops import ACTIVATIONS, OPS, parse_shape, shape_attr
 from ..lang.term import Term, topological
 
 
@@ -60,7 +60,19 @@ def emit_tree(em, root: Term) -> str:
 
 def _definition(em, t, *attrs):
     """An op with no ONNX operator, written as the definition in primitive ops it declares."""
-    return emit_tree(em, pattern.defined(t))
+    return emit_tree(em, pattern.defined(_repeated_kv(em, t) if OPS[t.op].shape_rule == "sdpa" else t))
+
+
+def _repeated_kv(em, t: Term) -> Term:
+    """Attention over k and v of fewer heads than q (``ops.groups``) as one over them repeated to
+    q's heads, as transformers' repeat_kv does: for the forms that take one count of heads."""
+    shapes, args = [em._meta(a)[0] for a in t.args[:3]], list(t.args)
+    for i, (*b, h, n, d) in enumerate(shapes[1:] if min(map(len, shapes)) > 2 else (), 1):  # of heads
+        if 1 < h < (heads := shapes[0][-3]):
+            wide = Term("expand", (Term("reshape", (args[i],), (shape_attr((*b, h, 1, n, d)),)),),
+                        (shape_attr((*b, h, heads // h, n, d)),))
+            args[i] = Term("reshape", (wide,), (shape_attr((*b, heads, n, d)),))
+    return Term(t.op, tuple(args), t.attrs)
 
 
 def _simple(em, t, *attrs):
@@ -222,13 +234,13 @@ def _sdpa(em, t, scale, causal=False):
     every key masks, as sdpa_guarded does, but NaN for a row whose scores overflow, where the guard
     gives 0: only there does Attention differ from it), else softmax(q k^T * scale + bias) v, or
     the definition an op declares (the guard)."""
+    standard = em.opset >= 23 and em.rank(t.args[0]) in (3, 4)
+    t = t if standard and em.rank(t.args[0]) == 4 else _repeated_kv(em, t)  # Attention reads fewer heads
     q, k, v, *bias = t.args
-    standard = em.opset >= 23 and em.rank(q) in (3, 4)
     if not standard and OPS[t.op].definition:
         return _definition(em, t, scale)
     bias = [full_rows(em, b, q, k) if standard else em.value(b) for b in bias]
     if standard:
-        k, v = em.grouped.get(id(t), (k, v))  # grouped-query: k and v before their repeat
         heads = {"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}
         return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention",
                        scale=scale, is_causal=int(causal), **heads)
@@ -236,8 +248,8 @@ def _sdpa(em, t, scale, causal=False):
     scores = Term("matmul", (q, Term("transpose", (k,), (-2, -1))))
     scores = emit_tree(em, scores if scale == 1.0 else Term("mul", (scores, Term.const(scale))))
     scores = em.node("Add", [scores, bias[0]], "masked") if bias else scores
-    return em.node("MatMul", [em.node("Softmax", [scores], "softmax", axis=-1), em.value(v)],
-                   "attention")
+    return em.node("MatMul", [em.node("Softmax", [scores], "softmax", axis=-1), emit_tree(em, v)],
+                   "attention")  # v repeated to q's heads above: a tree to write
 
 
 def full_rows(em, bias, q, k) -> str:

@@ -367,9 +367,10 @@ def _program(number: int, text: str):
 
 
 def _axis_facts(ref: int, key: tuple, t: Term, meta: dict) -> list[str]:
-    """Each axis's size, and for a reshape the axes it keeps whole (``lang/mesh.py``)."""
+    """Each axis's size, the rank, and for a reshape the axes it keeps whole (``lang/mesh.py``)."""
     shape = meta[id(t)][0]
     facts = [f"(set (axis-size (Ref {ref}) {i - len(shape)}) {d})" for i, d in enumerate(shape)]
+    facts.append(f"(set (rank (Ref {ref})) {len(shape)})")
     if t.op == "reshape" and id(t.args[0]) in meta:
         of = f"(Ref {key[1][0]}) {literal(t.attrs[0])}"  # the operand, the target
         for a, (b, part) in through_reshape(meta[id(t.args[0])][0], shape).items():

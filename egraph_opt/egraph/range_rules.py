@@ -6,9 +6,9 @@ facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds a
 the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
 float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
 every leaf's rank, and of elementwise ops over ranked operands (fusions into kernels with shape
-contracts read them); ``axis-size`` every loaded value's size along each axis, counted from the end
-(from the program's static shapes: sharding rules split two operands together only where both
-span the split axis alike, never one broadcast along it); ``reshape-axis`` and ``reshape-part``,
+contracts read them); ``axis-size`` every loaded value's size along each axis, counted from the end,
+and its rank (from the program's static shapes: sharding rules split two operands together only
+where both span the split axis alike, never one broadcast along it); ``reshape-axis`` and ``reshape-part``,
 of each loaded reshape's operand, its target shape and an axis of the result the reshape keeps
 whole: the operand's axis it is, and the target a device's part takes (``lang/mesh.py``
 ``through_reshape``); ``whole`` every value each device of a mesh holds whole (sharding rules

@@ -46,8 +46,8 @@ def _linear(c, x, weight, bias=None):
 
 @lowers(F.scaled_dot_product_attention)
 def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    if dropout_p or enable_gqa or (attn_mask is not None and is_causal):
-        raise Unsupported("attention with dropout, grouped heads, or both a mask and causality")
+    if dropout_p or (attn_mask is not None and is_causal):  # grouped heads: the op's own (ops.groups)
+        raise Unsupported("attention with dropout, or both a mask and causality")
     if scale is None:
         scale = 1.0 / math.sqrt(c.info(q).shape[-1])
     if attn_mask is None:

@@ -246,13 +246,25 @@ def linear_act(x, weight, bias, activation):
     return OPS[op].impl(F.linear(x, weight, bias), *attrs)
 
 
+def groups(q, x) -> int:
+    """G where k or v (``x``) has fewer heads (axis -3) than q, a divisor: the attention ops read head
+    h // G of x for q's head h, x's heads each repeated G times in a row (``grouped``) as
+    transformers' repeat_kv and torch's enable_gqa repeat them (grouped-query attention); else 1."""
+    h, hx = (q.shape[-3], x.shape[-3]) if min(q.dim(), x.dim()) >= 3 else (1, 1)
+    return h // hx if 1 < hx < h and h % hx == 0 else 1
+
+
+def grouped(q, x):
+    return x if groups(q, x) == 1 else x.repeat_interleave(groups(q, x), -3)
+
+
 def _attention(q, k, v, scale: float, bias=None):
     """The definition: softmax(q k^T * scale + bias) v, with softmax's own +inf semantics; a -inf
     bias masks its score outright, as masked_fill does (an overflowed score stays masked)."""
-    scores = q @ k.transpose(-2, -1) * scale
+    scores = q @ grouped(q, k).transpose(-2, -1) * scale
     if bias is not None:
         scores = (scores + bias).masked_fill(torch.isneginf(bias), -math.inf)
-    return softmax(scores, -1) @ v
+    return softmax(scores, -1) @ grouped(q, v)
 
 
 def sdpa(q, k, v, scale, causal):
@@ -269,13 +281,13 @@ def sdpa_masked(q, k, v, bias, scale):
 
 def sdpa_filled(q, k, v, keep, scale, fill):
     """softmax(where(keep, q k^T * scale, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min)."""
-    return softmax(torch.where(keep, q @ k.transpose(-2, -1) * scale, fill), -1) @ v
+    return softmax(torch.where(keep, q @ grouped(q, k).transpose(-2, -1) * scale, fill), -1) @ grouped(q, v)
 
 
 def sdpa_guarded(q, k, v, bias, scale):
     """softmax(q k^T * scale + bias) v with the dynamo exporter's guard: each NaN weight is 0."""
-    w = softmax(q @ k.transpose(-2, -1) * scale + bias.to(q.dtype), -1)
-    return torch.where(w.isnan(), 0.0, w) @ v
+    w = softmax(q @ grouped(q, k).transpose(-2, -1) * scale + bias.to(q.dtype), -1)
+    return torch.where(w.isnan(), 0.0, w) @ grouped(q, v)
 
 
 def conv2d(x, weight, bias, stride, padding, dilation, groups):

@@ -77,7 +77,8 @@ def _norm(flops_per_element: float):
 def _sdpa(shapes, attrs):
     """Flash-style attention: scores are never written; a causal mask halves the work."""
     q, k, v = shapes
-    batch = math.prod(torch.broadcast_shapes(q[:-2], k[:-2], v[:-2]))
+    kv = [s[:-3] + (1,) if min(len(s), len(q)) > 2 and s[-3] < q[-3] else s[:-2] for s in (k, v)]  # grouped
+    batch = math.prod(torch.broadcast_shapes(q[:-2], *kv))
     (length, e), (s, ev) = q[-2:], v[-2:]
     pairs = batch * length * s * (0.5 if attrs["causal"] else 1.0)
     return Work(pairs * (2 * e + 2 * ev + 12), sum(map(math.prod, shapes)) + batch * length * ev)

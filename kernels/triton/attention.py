@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from egraph_opt.lang import ops
 from .layout import dot_precision, dot_tile, widen_dot
 from .runtime import implements
 
@@ -60,15 +61,15 @@ def _masked(scores, mask_ptr, offs_m, offs_n, L, S, fill, mask_l, mask_s, CAUSAL
 
 
 @triton.jit
-def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fill,
+def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fill, group,
                  mask_b, mask_l, mask_s, CAUSAL: tl.constexpr, MASK: tl.constexpr,
                  WIDEN: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, E_P: tl.constexpr, EV_P: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     batch = tl.program_id(1).to(tl.int64)
     q_ptr += batch * L * E
-    k_ptr += batch * S * E
-    v_ptr += batch * S * EV
+    k_ptr += batch // group * S * E  # grouped-query: q's head h reads k's and v's h // group
+    v_ptr += batch // group * S * EV
     out_ptr += batch * L * EV
     mask_ptr += batch * mask_b
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -108,21 +109,25 @@ def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fil
 
 def _attend(q, k, v, scale, causal, mask=None, mode=NO_MASK, fill=0.0):
     """Attention of q (..., L, E), k (..., S, E), v (..., S, Ev) and a mask broadcasting to
-    (..., L, S); batch dims broadcast."""
+    (..., L, S); batch dims broadcast, k and v of fewer heads (``ops.groups``) read in place."""
     L, E = q.shape[-2:]
     S, EV = v.shape[-2:]
-    shapes = [t.shape[:-2] for t in (q, k, v)] + ([mask.shape[:-2]] if mask is not None else [])
-    batch = torch.broadcast_shapes(*shapes)
-    q3, k3, v3 = (t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]).contiguous()
-                  for t in (q, k, v))
+    group = ops.groups(q, k)
+    if ops.groups(q, v) != group:  # one reading of heads for both: repeated
+        k, v, group = ops.grouped(q, k), ops.grouped(q, v), 1
+    shapes = [q.shape[:-2]] + [t.shape[:-3] + (q.shape[-3],) if group > 1 else t.shape[:-2] for t in (k, v)]
+    batch = torch.broadcast_shapes(*shapes, *([mask.shape[:-2]] if mask is not None else []))
+    kv = batch if group == 1 else (*batch[:-1], batch[-1] // group)
+    q3, k3, v3 = (t.expand(*b, *t.shape[-2:]).reshape(-1, *t.shape[-2:]).contiguous()
+                  for t, b in ((q, batch), (k, kv), (v, kv)))
     m3 = q3 if mask is None else mask.expand(*batch, L, S).reshape(-1, L, S)  # a view where it can
     out = torch.empty((q3.shape[0], L, EV), dtype=q.dtype, device=q.device)
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     block_m = dot_tile(L, BLOCK_M)
     if out.numel():
         grid = (triton.cdiv(L, block_m), q3.shape[0])
-        _sdpa_kernel[grid](q3, k3, v3, m3, out, L, S, E, EV, scale, fill, *m3.stride(), CAUSAL=bool(causal),
-                           MASK=mode, WIDEN=widen_dot(q.dtype), PRECISION=dot_precision(q.dtype),
+        _sdpa_kernel[grid](q3, k3, v3, m3, out, L, S, E, EV, scale, fill, group, *m3.stride(),
+                           CAUSAL=bool(causal), MASK=mode, WIDEN=widen_dot(q.dtype), PRECISION=dot_precision(q.dtype),
                            BLOCK_M=block_m, BLOCK_N=dot_tile(S, BLOCK_N), E_P=dot_tile(E), EV_P=dot_tile(EV))
     return out.reshape(*batch, L, EV)
 

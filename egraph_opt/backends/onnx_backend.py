@@ -47,17 +47,20 @@ def _swapped(t: Term) -> Term | None:
     return None
 
 
-def _heads_of(t: Term, shapes: dict) -> tuple[Term, int] | None:
-    """(x, H) when ``t`` is x (batch, seq, H * D) split into H heads: viewed as (batch, seq, H,
-    D), then heads and sequence swapped."""
-    view = _swapped(t)
+def _heads_of(t: Term, shapes: dict) -> tuple[tuple[Term, Term | None], int] | None:
+    """((x, c), H) when ``t`` is x (batch, seq, H * D) split into H heads: viewed as (batch, seq, H,
+    D), then heads and sequence swapped, and scaled by the constant c after the view (or None)."""
+    scale = t.args[1] if t.op == "mul" and t.args[1].op == "const" else None
+    view = _swapped(t if scale is None else t.args[0])
+    if scale is None and view is not None and view.op == "mul" and view.args[1].op == "const":
+        view, scale = view.args[0], view.args[1]  # scaled between the view and the swap
     if view is None or view.op != "reshape":
         return None
     x, split = view.args[0], parse_shape(view.attrs[0])
     whole = shapes[id(x)][0]
     if len(split) != 4 or len(whole) != 3 or split[:2] != whole[:2] or split[2] * split[3] != whole[2]:
         return None
-    return x, split[2]
+    return (x, scale), split[2]
 
 
 def heads_merged(roots: list[Term], shapes: dict) -> dict[int, tuple]:
@@ -75,15 +78,17 @@ def heads_merged(roots: list[Term], shapes: dict) -> dict[int, tuple]:
         heads = [_heads_of(a, shapes) for a in attention.args[:3]]
         if None not in heads and len({h for _, h in heads}) == 1:
             (xq, h), (xk, _), (xv, _) = heads
-            written = shapes[id(xq)][0][:2] + shapes[id(xv)][0][2:]  # what Attention writes
+            written = shapes[id(xq[0])][0][:2] + shapes[id(xv[0])][0][2:]  # what Attention writes
             found[id(t)] = (attention, xq, xk, xv, h, None if shapes[id(t)][0] == written else t.attrs[0])
     return found
 
 
-def attention_over_heads(em, attention: Term, xq: Term, xk: Term, xv: Term, heads: int,
+def attention_over_heads(em, attention: Term, xq: tuple, xk: tuple, xv: tuple, heads: int,
                          reshape_to: str | None) -> str:
+    """``xq``, ``xk``, ``xv``: (x, the constant it is scaled by or None), from ``_heads_of``."""
     scale, causal = attention.attrs if attention.op == "sdpa" else (attention.attrs[0], False)
-    inputs = [em.value(xq), em.value(xk), em.value(xv)] + [full_rows(em, a, xq, xk) for a in attention.args[3:]]
+    inputs = [em.value(x) if c is None else em.node("Mul", [em.value(x), em.value(c, x)], "scaled")
+              for x, c in (xq, xk, xv)] + [full_rows(em, a, xq[0], xk[0]) for a in attention.args[3:]]
     out = em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal),
                   q_num_heads=heads, kv_num_heads=heads)
     return out if reshape_to is None else em.node("Reshape", [out, em.ints(parse_shape(reshape_to))],
@@ -129,7 +134,7 @@ def matmuls_unflattened(roots: list[Term], shapes: dict, heads: dict) -> dict[in
         if shapes[id(x)][0] != lead + (k,):
             x = flat if id(flat) in heads and uses[id(flat)] == 1 and t.args[0].op != "linear" else None
             attention, xq, xk, xv, h, _ = heads[id(flat)] if x is not None else (None,) * 6
-            if x is None or shapes[id(xq)][0][:2] + shapes[id(xv)][0][2:] != lead + (k,):  # Attention's
+            if x is None or shapes[id(xq[0])][0][:2] + shapes[id(xv[0])][0][2:] != lead + (k,):  # Attention's
                 continue
             heads[id(flat)] = (attention, xq, xk, xv, h, None)
         new = product[1](x)
@@ -379,7 +384,7 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
             return []  # a folded initializer reads nothing
         if id(item) in em.heads:
             attention, *xs, _, _ = em.heads[id(item)]
-            return xs + list(attention.args[3:])
+            return [x for x, _ in xs] + list(attention.args[3:])
         if id(item) in em.unflattened:
             return em.unflattened[id(item)][1]
         return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \

@@ -192,13 +192,11 @@ def for_accuracy(result: Optimized) -> bool:
 
 def slower_for_nothing(objective: Objective, result: Optimized, original_s: float, optimized_s: float,
                        error: tuple | None = None, max_slowdown: float = 4.0, slower_by: float = SLOWER_BY) -> bool:
-    """Whether a program timed on the actual inputs, slower than the original by more than noise
-    (``slower_by``), should give way to it: never slower, unless it buys stability the objective
-    asked for (stability and tolerance always keep it, latency never; balanced where it is steadier
-    by a decibel per microsecond lost). Steadier: a rule made for accuracy applied (``for_accuracy``),
-    and a better-conditioned worst node or a conditioning cost lower by other ops and by more than
-    the tie-breaking cost of the nodes it has fewer; or a sampled first-order ``error`` (before,
-    after) down by a bit and by a quarter, whatever the time within ``max_slowdown`` (balanced)."""
+    """Whether a program timed slower than the original by more than noise (``slower_by``) gives way
+    to it: unless it buys stability the objective asked for (stability and tolerance always; latency
+    never; balanced where steadier by a decibel per microsecond lost: a rule for accuracy applied and
+    a better-conditioned worst node or a lower conditioning cost by other ops, beyond the nodes'
+    tie-break; or a sampled ``error`` (before, after) down a bit and a quarter, within ``max_slowdown``)."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     if objective is Objective.BALANCED and optimized_s > original_s * max_slowdown:
@@ -256,8 +254,7 @@ def _check_ranges(ranges: dict | None) -> dict:
 
 def unchanged(before: Program, after: Program) -> bool:
     """Whether ``after`` is ``before`` term for term (attributes by their repr: -0.0 is not 0.0)."""
-    table: dict[tuple, int] = {}
-    ids: dict[int, int] = {}
+    table, ids = {}, {}  # structure -> number, term id -> its structure's number
     for t in postorder(before.roots() + after.roots()):
         ids[id(t)] = table.setdefault((t.op, tuple(ids[id(a)] for a in t.args), repr(t.attrs)), len(table))
     return [ids[id(t)] for t in before.roots()] == [ids[id(t)] for t in after.roots()]
@@ -268,9 +265,8 @@ def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
     microseconds, and no hook can be on a module only this plan holds), its flat outputs as the
     original returned them (a Hugging Face ``ModelOutput`` stays one; one tensor: no unflatten)."""
     forward = module.forward
-    if returns.is_leaf():
-        return lambda *args: forward(*args)[0]
-    return lambda *args: tree_unflatten(forward(*args), returns)
+    return (lambda *args: forward(*args)[0]) if returns.is_leaf() else \
+        (lambda *args: tree_unflatten(forward(*args), returns))
 
 
 def _into(call: BoundCall, module: torch.fx.GraphModule, returns: TreeSpec) -> Into | None:
@@ -446,9 +442,8 @@ class OptimizedFunction:
         return again
 
     def _compile(self, call: BoundCall, key: tuple) -> Plan:
-        """The plan of a size made from its size family, else the optimized one, traced and run
-        under a ``Watch``: a made size runs no trace, and its effects, as its program, are its
-        samples' (a family whose sample changed Python state falls back at once)."""
+        """The plan made from its size family (its effects, as its program, are its samples': no
+        ``Watch``), else the one traced and optimized under a ``Watch``."""
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"
                               f"{'[nested]' if t.is_nested else list(t.shape)}"
                               for n, t in zip(call.names, call.tensors))

@@ -95,11 +95,7 @@ class BoundCall:
         def original(*tensors):
             bound = inspect.BoundArguments(self.signature, restored(tensors))
             return fn(*bound.args, **bound.kwargs)
-
-        def planned(*tensors):
-            arguments = restored(tensors)
-            return into(tensors, [arguments[name] for name in returned])
-        return original, planned
+        return original, lambda *tensors: into(tensors, [restored(tensors)[name] for name in returned])
 
 
 _NEVER = object()  # no value is it

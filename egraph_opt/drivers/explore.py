@@ -407,13 +407,10 @@ HINTS_UP_TO = 20_000
 
 
 def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = None) -> list[str]:
-    """Where declaring input ranges would let a fix happen: one line per guarded rule whose pattern
-    matched and whose guard failed only on range facts (``positive``, ``lo``/``hi`` bounds...) of
-    values that depend on an input with no declared range: the rule, where it matched, the range
-    each value needs, and the inputs to declare. Where the e-graph is too large to look, a line
-    saying so goes to ``bounded``. Undeclared inputs range over every finite value
-    (docs/DESIGN.md): without this line a fix silently does not happen (``sqrt(x + 1) - sqrt(x)``
-    keeps its cancellation)."""
+    """Where declaring input ranges would let a fix happen (undeclared inputs range over every finite
+    value, so ``sqrt(x + 1) - sqrt(x)`` silently keeps its cancellation): per guarded rule that matched
+    and failed only on range facts of values of undeclared inputs, the rule, where, the range each
+    value needs and the inputs to declare; a line in ``bounded`` where the e-graph is too large."""
     if not {t.attrs[0] for t in result.source.inputs} - set(input_ranges):
         return []  # every input declared
     enodes = max((s.enodes for s in result.saturation), default=0)

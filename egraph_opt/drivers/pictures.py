@@ -250,10 +250,9 @@ def precision_figure(fn, args, dtypes=("float32", "bfloat16", "float16")):
         for x, v in zip(xs, values):
             if v == float("inf"):
                 ax.annotate("not finite", (x, top), ha="center", va="bottom", fontsize=8)
-    ax.set_yscale("log")
     ax.set_xticks(range(len(table.rows)), [row[0] for row in table.rows])
-    ax.set_ylabel("relative error vs float64")
-    ax.set_title(f"precision degradation: {getattr(fn, '__name__', 'program')}")
+    ax.set(yscale="log", ylabel="relative error vs float64",
+           title=f"precision degradation: {getattr(fn, '__name__', 'program')}")
     ax.legend()
     return fig
 
@@ -267,9 +266,8 @@ def waterfall_figure(report):
     ax.barh(range(len(nodes)), [n.error_bits for n in nodes], color="#ef6c00")
     ax.set_yticks(range(len(nodes)), [clip(n.text, 40) for n in nodes], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("bits of output error from this node's rounding")
     total = f"worst {report.error.worst:.1f} bits" if report.error else "not estimable"
-    ax.set_title(f"per-node error ({total})")
+    ax.set(xlabel="bits of output error from this node's rounding", title=f"per-node error ({total})")
     return fig
 
 
@@ -308,11 +306,8 @@ def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", siz
     if records:
         ax.plot([work(op, r.shapes, r.attrs).elements for r in records],
                 [r.median_s * 1e6 for r in records], "o", color="#e53935", label="measured")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("elements read and written")
-    ax.set_ylabel("microseconds")
-    ax.set_title(f"latency of {op} ({dtype}, {where}): {len(records)} measurements")
+    ax.set(xscale="log", yscale="log", xlabel="elements read and written", ylabel="microseconds",
+           title=f"latency of {op} ({dtype}, {where}): {len(records)} measurements")
     ax.legend()
     ax.set_xlim(left=max(1, min(x for x, _ in curve) / 2))
     return fig

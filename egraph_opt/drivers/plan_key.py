@@ -116,12 +116,10 @@ def holders(fn: Callable) -> Reads:
 
 
 def _attributes(roots: list, names: set[str] | frozenset[str], reads: Reads) -> None:
-    """The slots of the attributes code reads by ``names`` off ``roots`` (a module, a config object,
-    a class), and off the plain objects those hold (``self.config.rope.theta``): scalars, other
-    objects (by identity; of a Python module, only its tensors), small lists and dicts of scalars
-    (by contents), into ``reads``. An attribute its class holds (``SCALE = 2.0`` in the class body)
-    is read off the class, and ``reads.shadows`` gets the instance's dict and the name (set on the
-    instance later, it is the instance's)."""
+    """Into ``reads``, the attributes code reads by ``names`` off ``roots`` (a module, a config, a
+    class) and the plain objects they hold: scalars, objects by identity (a Python module's tensors
+    only), small lists and dicts by contents. One its class holds is read off the class, and
+    ``reads.shadows`` gets the instance's dict and the name (set on the instance later, it wins)."""
     todo, seen = list(roots), set()
     while todo:
         o = todo.pop()

@@ -478,8 +478,7 @@ for _method, _dtype in {"float": torch.float32, "half": torch.float16, "double":
 def _cat(c, tensors, dim=0):
     if not tensors or not all(isinstance(t, Term) for t in tensors):
         raise Unsupported("cat of non-tensors")
-    # torch.cat skips 1-D empty operands (a cache's first update appends to ``torch.tensor([])``),
-    # which only its dtype promotion sees
+    # torch.cat skips 1-D empty operands (a cache's first update appends to ``torch.tensor([])``)
     kept = [t for t in tensors if tuple(c.info(t).shape) != (0,)]
     if len(kept) < len(tensors) and not (kept and all(c.info(t).dtype == c.out.dtype for t in kept)):
         raise Unsupported("cat of a 1-D empty tensor that sets the result's dtype")

@@ -106,7 +106,7 @@ def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
     if x is None or threading.current_thread() is not threading.main_thread() or signal.getitimer(0)[0]:
         return None
     handler = signal.signal(signal.SIGALRM, _stop)
-    signal.setitimer(signal.ITIMER_REAL, SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, SECONDS, SECONDS / 4)  # again: one raised in a GC callback is lost
     try:
         s = sympy.expand(sympy.series(f.subs(x, 1 / u if at_infinity else u), u, 0, ORDER).removeO())
         pairs = [t.as_coeff_exponent(u) for t in sympy.Add.make_args(s)]

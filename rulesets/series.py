@@ -96,22 +96,25 @@ def expand(root: Term, variable: Term, at_infinity: bool, cap: float = math.inf)
     be, up to ``cap``; None where the function is no such series there or sympy runs past
     ``SECONDS`` (or cannot be stopped: off the main thread, or under another timer)."""
     found = to_sympy(root, variable)  # by structure, for the cache (a Term's identity is its own)
-    return found and _expand(*found, at_infinity, min(max(cap, 2.0 ** OCTAVES[0]), 2.0 ** OCTAVES[-1]))
+    if not found or threading.current_thread() is not threading.main_thread() or signal.getitimer(0)[0]:
+        return None
+    try:  # a time out is not kept in the cache: another call may have the time
+        return _expand(*found, at_infinity, min(max(cap, 2.0 ** OCTAVES[0]), 2.0 ** OCTAVES[-1]))
+    except TimeoutError:
+        return None
 
 
 @functools.lru_cache(maxsize=256)
 def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
     import sympy
-    (x,), u = f.free_symbols or (None,), sympy.Symbol("u", real=True)
-    if x is None or threading.current_thread() is not threading.main_thread() or signal.getitimer(0)[0]:
-        return None
+    (x,), u = f.free_symbols or (None,), sympy.Symbol("u", real=True)  # none (x - x): subs fails, no series
     handler = signal.signal(signal.SIGALRM, _stop)
     signal.setitimer(signal.ITIMER_REAL, SECONDS, SECONDS / 4)  # again: one raised in a GC callback is lost
     try:
         s = sympy.expand(sympy.series(f.subs(x, 1 / u if at_infinity else u), u, 0, ORDER).removeO())
         pairs = [t.as_coeff_exponent(u) for t in sympy.Add.make_args(s)]
-    except Exception:  # noqa: BLE001 - a pole, a branch, no expansion or the time: no series
-        return None
+    except Exception as e:  # noqa: BLE001 - a pole, a branch, no expansion: no series (the time: raised)
+        return None if not isinstance(e, TimeoutError) else _stop()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, handler)

@@ -80,9 +80,8 @@ class BoundCall:
         return out
 
     def as_called(self, fn: Callable, into: Into, returned: tuple) -> tuple[Callable, Callable]:
-        """``fn``, and a plan's ``into``, as functions of this call's tensors that pass the objects of
-        ``trees`` as a caller does, kept rather than rebuilt from their leaves (what a decode step
-        costs in a generation): private ones, whose own tensors are put back before each call."""
+        """``fn`` and a plan's ``into`` as functions of this call's tensors that pass ``trees``' objects
+        as a caller does: kept (private ones, their own tensors put back before each call), not rebuilt."""
         objects = {name: tree_unflatten([t.detach().clone() for t in self.tensors[start:start + n]], spec)
                    for name, (spec, start, n) in self.trees.items()}
         kept = [(obj, path, v) for obj in objects.values() for path, v in _held(obj) if isinstance(v, torch.Tensor)]
@@ -158,11 +157,10 @@ def _items(out: Any) -> list:
 
 
 class Into:
-    """What a plan returns where the original updates an argument and returns it (a KV cache): the
-    plan's new tensors are written where the caller's object holds its own, as the original's
-    update does, and the object is returned. The first call checks that this leaves the object
-    as one rebuilt from the tensors would be (its other state equal); where not, every call
-    rebuilds one and the caller takes its state (a cache's constructor copies every layer)."""
+    """Where the original updates an argument and returns it (a KV cache): the plan's new tensors are
+    written where the caller's object holds its own, and the object returned. Where the first call
+    finds that this leaves other state unlike a rebuilt object's, each call rebuilds one and the
+    caller takes its state (a cache's constructor copies every layer)."""
 
     def __init__(self, forward: Callable, returns: TreeSpec):
         self.forward, self.returns = forward, returns

@@ -321,8 +321,8 @@ def sigmoid(v: float) -> float:
 
 
 def _op(name, arity, attrs, impl, family: dict, **facts) -> Op:
-    """An op from its family's facts, overridden or completed by its own. A lambda is named for its
-    op: fx names a call of one from its source, read on every build."""
+    """An op from its family's facts, overridden or completed by its own; a lambda named for it (fx
+    names a call of one from its source, read on every build)."""
     if getattr(impl, "__name__", None) == "<lambda>":
         impl.__name__ = impl.__qualname__ = name
     pairs = tuple(tuple(a.split(":")) for a in attrs.split()) if attrs else ()

@@ -155,8 +155,7 @@ PRICED: dict[str, OpSpec] = {**SPECS, MOVE: OpSpec(_square(1), _pointwise(0.0))}
 
 
 def timeable(op: str, shapes) -> bool:
-    """Whether a call of ``op`` on tensors of ``shapes`` is the call the profiler times: a constant
-    operand (no shape: ``x + 1.0``) makes another call, with fewer tensors."""
+    """Whether ``op`` on tensors of ``shapes`` is the call profiled: a constant operand (``x + 1.0``) is not."""
     return len(shapes) == len(PRICED[op].shapes(1))
 
 

@@ -7,6 +7,7 @@ inference (``extractors/regimes.py``) takes it where |u| is small, counting its 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -33,8 +34,7 @@ INVERSE = "(div (const 1.0) ?x)"  # u around infinity
 _INFIX = {**pat.ARITHMETIC, "**": operator.pow}
 _SPELLED = {"neg": lambda s, a: -a, "log1p": lambda s, a: s.log(1 + a), "expm1": lambda s, a: s.exp(a) - 1,
             "abs": lambda s, a: s.Abs(a), "sigmoid": lambda s, a: 1 / (1 + s.exp(-a)), "sqrt": lambda s, a: s.sqrt(a),
-            "cbrt": lambda s, a: s.cbrt(a)}  # as sympy spells them; a namesake counts only as a sympy
-# function class (sympy.maximum and sympy.trunc are of other things: a function's extremum, a polynomial)
+            "cbrt": lambda s, a: s.cbrt(a)}  # as sympy spells them (a namesake: only a sympy function class)
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,10 @@ class Series:
         power = -self.shift if self.at_infinity else self.shift
         for _ in range(abs(power)):
             horner = f"(div {horner} ?x)" if power < 0 else f"(mul ?x {horner})"
-        r, point = self.radius, "infinity" if self.at_infinity else "zero"
+        point = "infinity" if self.at_infinity else "zero"
         return Rule(f"series-at-{point}", self.lhs, horner, Family.SERIES, Exactness.APPROX,
                     why=f"around {point}, in u = {base}: degree {len(self.terms) - 1} in u{'^2' * self.square}, "
-                        f"relative truncation <= 2^-26 for |u| <= {r}")
+                        f"relative truncation <= 2^-26 for |u| <= {self.radius}")
 
 
 def to_sympy(root: Term, variable: Term):
@@ -80,7 +80,7 @@ def to_sympy(root: Term, variable: Term):
         args = [out.get(id(a)) for a in t.args]
         fn = _INFIX.get(OPS[t.op].infix) or (functools.partial(_SPELLED[t.op], sympy) if t.op in _SPELLED
                                              else getattr(sympy, t.op, None))
-        fn = fn if t.op in _SPELLED or OPS[t.op].infix or isinstance(fn, sympy.FunctionClass) else None
+        fn = fn if t.op in _SPELLED or OPS[t.op].infix or isinstance(fn, sympy.FunctionClass) else None  # not maximum
         if ids[id(t)] == ids[id(variable)]:
             out[id(t)] = (x, "?x")
         elif t.op == "const" and math.isfinite(t.attrs[0]):  # (sympy takes inf and NaN for 0)
@@ -91,17 +91,14 @@ def to_sympy(root: Term, variable: Term):
 
 
 def expand(root: Term, variable: Term, at_infinity: bool, cap: float = math.inf) -> Series | None:
-    """The series of ``root`` in ``variable`` around 0, or around infinity (in u = 1/variable), of
-    the least degree whose truncation is within ``TARGET`` on the largest octave of |u| it can
-    be, up to ``cap``; None where the function is no such series there or sympy runs past
-    ``SECONDS`` (or cannot be stopped: off the main thread, or under another timer)."""
+    """The series of ``root`` in ``variable`` around 0 or infinity (u = 1/variable) of least degree within
+    ``TARGET`` on the largest octave of |u| it can be, up to ``cap``; None where there is none or sympy runs
+    past ``SECONDS`` (or cannot be stopped: off the main thread, or under another timer)."""
     found = to_sympy(root, variable)  # by structure, for the cache (a Term's identity is its own)
-    if not found or threading.current_thread() is not threading.main_thread() or signal.getitimer(0)[0]:
-        return None
-    try:  # a time out is not kept in the cache: another call may have the time
-        return _expand(*found, at_infinity, min(max(cap, 2.0 ** OCTAVES[0]), 2.0 ** OCTAVES[-1]))
-    except TimeoutError:
-        return None
+    with contextlib.suppress(TimeoutError):  # a time out is not kept in the cache: another call may have the time
+        if found and threading.current_thread() is threading.main_thread() and not signal.getitimer(0)[0]:
+            return _expand(*found, at_infinity, min(max(cap, 2.0 ** OCTAVES[0]), 2.0 ** OCTAVES[-1]))
+    return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -118,12 +115,16 @@ def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, handler)
-    if s == 0 or not all(c.is_real and c.is_number and p.is_integer for c, p in pairs):
+    if s == 0 or f.has(sympy.zoo, sympy.nan) or not all(c.is_real and c.is_number and p.is_integer for c, p in pairs):
         return None
     shift = int(min(p for _, p in pairs))
     step = 2 if all((p - shift) % 2 == 0 for _, p in pairs) else 1
     terms = tuple(sum((c for c, p in pairs if p == shift + k * step), sympy.S.Zero) for k in range(ORDER))
-    return _truncate(sympy.lambdify(x, f, "mpmath"), Series(lhs, at_infinity, step == 2, shift, terms, cap, ()))
+    g = sympy.lambdify(x, f, "mpmath")
+    with contextlib.suppress(ValueError, ZeroDivisionError, TypeError):  # defined at 0: the series must give it
+        if not at_infinity and math.isfinite(at := float(g(0))) and at != float(terms[0] if shift == 0 else 0):
+            return None  # 0 ** y is 1 at y = 0, where sympy's 0 ** y - y has the series -y
+    return _truncate(g, Series(lhs, at_infinity, step == 2, shift, terms, cap, ()))
 
 
 def _stop(*_):
@@ -137,10 +138,9 @@ def _truncate(f, full: Series) -> Series | None:
         coefficients = [mpmath.mpf(str(c.evalf(70))) for c in full.terms]
         errors, values = [[math.inf] * len(points) for _ in coefficients], []  # by degree, at each point
         for i, p in enumerate(points):  # |u| ascending, each sign in turn
-            try:
+            y = None
+            with contextlib.suppress(ValueError, ZeroDivisionError, TypeError):  # undefined there: inf
                 y = f(1 / p if full.at_infinity else p)
-            except (ValueError, ZeroDivisionError, TypeError):  # undefined there: inf
-                y = None
             e, w, a, scale = y if isinstance(y, mpmath.mpf) else 0, mpmath.mpf(1), 0, p ** full.shift
             values.append(e)  # inf where undefined, and past a zero or pole between points (a sign change)
             for k, c in enumerate(coefficients if e and (i < 2 or values[i - 2] * e > 0) else ()):

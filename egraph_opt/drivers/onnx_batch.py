@@ -421,7 +421,7 @@ def _checked_inputs(args: argparse.Namespace) -> list[str]:
     except ForeignFileError as e:
         raise Failure(str(e)) from None
     except UNUSABLE:  # locked, another schema, unreadable: each model warns, as before
-        pass
+        return paths
     return paths
 
 

@@ -126,17 +126,15 @@ def lower(root: Term) -> KernelSource:
     for t in postorder([root]):
         operands = [name_of[id(a)] for a in t.args]
         key = (t.op, tuple(operands), t.attrs[0].hex() if t.op == "const" else t.attrs)  # -0.0 is not 0.0
-        if key in by_key:
-            pass
-        elif t.op == "input":
+        if key not in by_key and t.op == "input":  # else an equal subterm's name
             by_key[key] = f"in{len(inputs)}"
             lines.append(f"in{len(inputs)} = tl.load(in{len(inputs)}_ptr + offs, mask=mask, "
                          "other=0.0).to(tl.float32)")
             inputs.append(t.attrs[0])
-        elif t.op == "const":
+        elif key not in by_key and t.op == "const":
             by_key[key] = f"c{len(consts)}"
             consts.append(t.attrs[0])
-        else:
+        elif key not in by_key:
             by_key[key] = f"v{len(lines)}"
             lines.append(f"v{len(lines)} = {_line(t, operands)}")
         name_of[id(t)] = by_key[key]

@@ -41,12 +41,16 @@ def default_estimate(kernel: Kernel, use: Use) -> float:
 def measured_estimate(latency) -> Estimator:
     """Seconds of a kernel from ``latency`` (a MeasuredLatency): the rows of the kernel's backend,
     measured or interpolated; the torch kernel and moves fall back to their defaults where nothing
-    is known, other backends are then no candidates."""
-    def estimate(kernel: Kernel, use: Use) -> float:
-        node = NodeFacts(op=use.op, attrs=use.attrs, shapes=use.shapes, layouts=use.layouts,
+    is known, other backends are then no candidates; ``.config(kernel, use)``: its tuned configuration."""
+    def node(use: Use) -> NodeFacts:
+        return NodeFacts(op=use.op, attrs=use.attrs, shapes=use.shapes, layouts=use.layouts,
                          dtype=use.dtypes[0] if use.dtypes else "float32")
-        found = _measured(latency, kernel, node)
+
+    def estimate(kernel: Kernel, use: Use) -> float:
+        found = _measured(latency, kernel, node(use))
         return found[0] * UNIT_S if found else default_estimate(kernel, use)
+    estimate.config = lambda kernel, use: next((c for c in getattr(kernel.impl, "configs", ()) if latency
+                                                and c == latency(node(use), kernel, tuned=True)), None)
     return estimate
 
 

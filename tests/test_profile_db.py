@@ -524,3 +524,48 @@ def test_a_plan_whose_kernel_is_slow_falls_back_to_the_original(monkeypatch):
     assert slowed.report.fallback.startswith("it measured slower")
     before, after = slowed.report.measured
     assert after > before + 1e-3  # the sleep, measured
+
+
+def test_a_database_of_before_configurations_opens_and_takes_them(tmp_path):
+    """A file written before rows recorded a Triton configuration (no config column) opens: its
+    rows read as run in the default (None), and a row with a configuration is added and read back."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript("""CREATE TABLE measurements (id INTEGER PRIMARY KEY, kernel TEXT NOT NULL,
+            backend TEXT NOT NULL, device TEXT NOT NULL, dtype TEXT NOT NULL, shape_key TEXT NOT NULL,
+            runs INTEGER NOT NULL, median_s REAL NOT NULL, spread_s REAL NOT NULL, versions TEXT NOT NULL,
+            recorded_at REAL NOT NULL);
+            INSERT INTO measurements VALUES (1, 'softmax', 'torch', 'cpu: test', 'float32',
+            '{"attrs":{"axis":-1},"shapes":[[4,8]]}', 7, 1e-5, 1e-6, '{}', 1.0);
+            PRAGMA user_version = 1; PRAGMA application_id = 1162301264;""")
+    conn.close()
+    config = {"BLOCK": 256, "num_ctas": 1, "num_stages": 3, "num_warps": 2}
+    with ProfileDB(path) as db:
+        assert db.lookup("softmax", "torch", "cpu: test", "float32", [[4, 8]], {"axis": -1}).config is None
+        db.add(record(8, config=config))
+    with ProfileDB(path) as db:
+        assert db.lookup("softmax", "torch", "cpu: test", "float32", [[8, 16]], {"axis": -1}).config == config
+        assert db.count() == 2
+
+
+def test_the_profiler_records_a_triton_kernels_fastest_configuration_and_plans_read_the_nearest(
+        tmp_path, monkeypatch):
+    """Each configuration is timed side by side (faked here: the last is fastest) and the row keeps
+    the fastest; a shape between measured ones takes the nearest one's, a torch row none."""
+    pytest.importorskip("triton")
+    from egraph_opt.kernels.registry import REGISTRY
+    from egraph_opt.profiling import profiler
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    kernel = REGISTRY["triton.softmax"]
+    monkeypatch.setattr(profiler, "time_side_by_side", lambda fns, *a: [len(fns) - i for i in range(len(fns))])
+    cases = [profiler.Case("softmax", "float32", ((4, n),), {"axis": -1}) for n in (300, 1000)]
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        rows = profiler.profile_shapes(cases[:1], "cpu", db, repeats=1, progress=False, kernel=kernel)
+        rows += profiler.profile_shapes(cases[1:], "cpu", db, repeats=1, progress=False)
+        assert [r.config for r in rows] == [kernel.impl.configs[-1], None]
+        db.add(Record(kernel="softmax", backend="triton", device=rows[0].device, dtype="float32", shapes=((4, 4000),),
+                      attrs={"axis": -1}, runs=5, median_s=1e-3, spread_s=0.0, config=kernel.impl.configs[1]))
+        found = [latency.LatencyModel(db).predict("softmax", "triton", rows[0].device, "float32", [(4, n)],
+                                                  {"axis": -1}) for n in (320, 3500)]
+    assert [f.source for f in found] == ["interpolated"] * 2
+    assert [f.config for f in found] == [kernel.impl.configs[-1], kernel.impl.configs[1]]

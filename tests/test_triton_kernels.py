@@ -274,6 +274,37 @@ def test_float32_products_use_tf32_only_where_torch_allows_it(precision, monkeyp
     assert seen == ["ieee" if precision == "highest" else "tf32"] * 2 + ["ieee"] * 2
 
 
+# ---- tuned configurations ----------------------------------------------------------------
+
+def _config_examples():
+    """Small operands of every Triton kernel, past the smallest tile cap of each configuration (rows
+    of 300 against blocks of 256 and 512; 70 x 90 x 80 products; 130 queries and keys), so that each
+    configuration launches other tiles than the default."""
+    keep = torch.ones(130, 130, dtype=torch.bool).tril()
+    q, k, v = randn(2, 130, 32), randn(2, 130, 32), randn(2, 130, 32)
+    return {"softmax": ([randn(3, 300)], (-1,)), "log_softmax": ([randn(3, 300)], (-1,)),
+            "logsumexp": ([randn(3, 300)], (-1, True)),
+            "layer_norm": ([randn(3, 300), randn(300), randn(300)], (1e-5,)),
+            "cross_entropy": ([randn(4, 300), torch.tensor([0, 299, -100, 7])], ("mean", -100)),
+            "linear_act": ([randn(70, 80), randn(90, 80), randn(90)], ("gelu",)),
+            "sdpa": ([q, k, v], (None, True)),
+            "sdpa_masked": ([q, k, v, randn(130, 130).masked_fill(~keep, -math.inf)], (0.2,)),
+            "sdpa_filled": ([q, k, v, keep], (0.2, -1e4))}
+
+
+@pytest.mark.parametrize("op", sorted(K.TRITON_KERNELS))
+def test_every_configuration_of_a_kernel_computes_what_its_default_does(op):
+    """Each kernel declares configurations (tiles, warps, stages; the default first, as it launched
+    before any was declared); each gives the default's result within float32 rounding."""
+    wrapper = K.TRITON_KERNELS[op][0]
+    operands, attrs = _config_examples()[op]
+    assert len(wrapper.configs) > 1 and all({"num_warps", "num_stages"} <= set(c) for c in wrapper.configs)
+    assert len({str(sorted(c.items())) for c in wrapper.configs}) == len(wrapper.configs)
+    default = wrapper(*operands, *attrs)
+    for config in wrapper.configs:
+        check(wrapper(*operands, *attrs, config=config), default.double(), torch.float32, f"{op} {config}")
+
+
 # ---- mathlib: the functions Triton lacks, accurate at every magnitude ---------------------
 
 @pytest.mark.parametrize("op", ["expm1", "log1p", "tanh"])

@@ -248,3 +248,43 @@ def test_fused_ops_bind_their_triton_kernel_and_keep_the_definition_at_the_extre
     expected = definition(x.double(), *(r.double() if r.is_floating_point() else r for r in rest))
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=tol, atol=tol, equal_nan=True)
+
+
+def _launches(monkeypatch, module, name):
+    """The (BLOCK, num_warps) each launch of ``module.name`` passes, as the TF32 test notes precision."""
+    kernel, seen = getattr(module, name), []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((kwargs["BLOCK"], kwargs["num_warps"]))
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(module, name, Spy())
+    return seen
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["row", "no row"])
+def test_a_plan_launches_the_configuration_its_database_row_records(recorded, tmp_path, monkeypatch):
+    """The configuration the profiler found fastest at the nearest measured shape is passed to the
+    kernel when the plan is built (its calls never tune); with no row, the default (blocks of 512 for
+    rows of 300, four warps) runs. Nothing is profiled here: the budget is 0."""
+    import importlib
+    from egraph_opt.profiling.profile_db import ProfileDB, Record
+    from egraph_opt.profiling.profiler import device_name
+    module = importlib.import_module("egraph_opt.kernels.triton.softmax")  # the package's name is the wrapper
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    config = module.softmax.configs[1]  # blocks of 256 in two warps
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        if recorded:
+            db.add(Record(kernel="softmax", backend="triton", device=device_name("cpu"), dtype="float32",
+                          shapes=((4, 310),), attrs={"axis": -1}, runs=5, median_s=1e-6, spread_s=0.0,
+                          config=config))
+    seen = _launches(monkeypatch, module, "_softmax_kernel")
+    f = saturate_and_extract(lambda x: torch.softmax(x, -1), profile_db=tmp_path / "p.sqlite", profile_budget=0)
+    x = torch.randn(4, 300)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    assert "triton.softmax" in str(f.report), f.report
+    assert seen and set(seen) == ({(256, 2)} if recorded else {(512, 4)})

@@ -1,4 +1,5 @@
-"""Run as a script (no TRITON_INTERPRET): calls every Triton kernel of the registry, and generated
+"""Run as a script (no TRITON_INTERPRET): calls every Triton kernel of the registry (each of its tuned
+configurations too, with its warps and stages), and generated
 kernels of every codegen template, on CPU tensors in each dtype, with every launch compiled for an
 NVIDIA Hopper GPU (sm_90) instead of run, and prints one line per failure. The interpreter accepts
 what the compiler refuses (a global that is no constexpr, a dot's precision for half operands):
@@ -37,14 +38,15 @@ def compile_instead(self, *args, grid, warmup, **kwargs):
             signature[p.name], constexprs[p.name] = "constexpr", value
         else:
             signature[p.name] = _type(value)
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "num_ctas") if k in kwargs}
     key = (self.fn.__module__, self.fn.__qualname__, tuple(signature.items()),  # generated: a module each
-           tuple(map(str, constexprs.items())))
+           tuple(map(str, constexprs.items())), tuple(options.items()))
     if key not in compiled:
         compiled.add(key)
         try:
-            triton.compile(ASTSource(self, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+            triton.compile(ASTSource(self, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
         except Exception as e:  # noqa: BLE001 - reported, one line each
-            failures.append(f"{self.fn.__qualname__} {signature} {constexprs}: "
+            failures.append(f"{self.fn.__qualname__} {signature} {constexprs} {options}: "
                             f"{type(e).__name__}: {' '.join(str(e).split())[-300:]}")
 
 
@@ -82,6 +84,14 @@ def main() -> None:
                 except Exception as e:  # noqa: BLE001 - the wrapper, not the kernel: its output
                     if "compile" in str(e).lower():  # is empty, its checks after a launch may fail
                         failures.append(f"{kernel.name}: {e}")
+        operands, attrs = examples[kernel.op][0]  # each tuned configuration, once: in float16
+        for config in kernel.impl.configs[1:]:
+            cast = [x.half() if x is not None and x.is_floating_point() else x for x in operands]
+            try:
+                kernel.impl(*cast, *attrs, config=config)
+            except Exception as e:  # noqa: BLE001 - as above
+                if "compile" in str(e).lower():
+                    failures.append(f"{kernel.name} {config}: {e}")
     _generated(R)
     assert OPS  # the op table imported: the kernels' ops exist
     print(f"{len(compiled)} launches compiled for sm_90")

@@ -242,7 +242,7 @@ class _Build:
         operands = [("t", id(a)) for a in item.args]
         if id(item) in self.regions:
             impl, operands = self.regions[id(item)]
-            name, backend, attrs = "triton.generated", "triton", ()
+            name, backend, attrs, config = "triton.generated", "triton", (), None
         elif not any(isinstance(self.value[k], fx.Node) for k in operands):
             return evaluate([item], {}, kernels=TORCH)[0]
         else:
@@ -251,7 +251,9 @@ class _Build:
                       layouts=n.layouts)
             kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
             impl, name, backend, attrs = kernel.impl, kernel.name, kernel.backend, item.attrs
+            config = getattr(self.estimate, "config", lambda *_: None)(kernel, use)  # tuned: no tuning at a call
         self.backend[key] = backend
-        node = self.graph.call_function(impl, tuple(self.on(k, backend) for k in operands) + tuple(attrs))
+        node = self.graph.call_function(impl, tuple(self.on(k, backend) for k in operands) + tuple(attrs),
+                                        {"config": config} if config else {})
         self.named[node] = name
         return node

@@ -63,6 +63,7 @@ class Estimate:
     uncertainty: float
     note: str = ""
     extrapolated: bool = False
+    config: Mapping[str, object] | None = None  # the kernel's fastest configuration at the nearest measured shape
 
 
 def roofline_seconds(w: Work, itemsize: int, device: str) -> float:
@@ -176,11 +177,12 @@ class LatencyModel:
             return Estimate(default, "default", DEFAULT_UNCERTAINTY, note)
         measured = group.exact.get(shape_key(input_shapes, attrs))
         if measured is not None:
-            return Estimate(measured.median_s, "measured", measured.spread_s / measured.median_s)
+            return Estimate(measured.median_s, "measured", measured.spread_s / measured.median_s, config=measured.config)
         query = _features(w, itemsize)
         note = group.extrapolation(query)
         seconds = default * math.exp(_local_fit(group.z, group.y, query))
-        return Estimate(seconds, "interpolated", group.uncertainty, note, extrapolated=bool(note))
+        nearest = list(group.exact.values())[int(np.argmin(np.linalg.norm(group.z - query, axis=1)))]  # one a shape
+        return Estimate(seconds, "interpolated", group.uncertainty, note, bool(note), nearest.config)
 
 
 UNIT_S = 1e-7  # one cost unit of latency
@@ -244,10 +246,11 @@ class MeasuredLatency:
             without_database(e)
             return None
 
-    def __call__(self, n: NodeFacts, kernel=None, choice: bool = True) -> tuple[int, str] | None:
+    def __call__(self, n: NodeFacts, kernel=None, choice: bool = True, tuned: bool = False):
         """Units and source of ``n``'s op's torch kernel, or of ``kernel`` (its own rows: ``db_backend``),
         on operands of its shapes and layouts. A node's only kernel (no ``choice``) is timed in the first
-        half of the budget: the rest is for nodes where binding chooses (unmeasured, it takes torch's)."""
+        half of the budget: the rest is for nodes where binding chooses (unmeasured, it takes torch's).
+        ``tuned``: instead, the configuration ``kernel`` ran fastest in at the measured shape nearest ``n``'s."""
         op, attrs, shapes, dtype, layouts = n.op, n.attrs, n.shapes, n.dtype, n.layouts
         if op not in PRICED or self.db is None:
             return None
@@ -266,15 +269,16 @@ class MeasuredLatency:
                     self.spent_s += time.perf_counter() - start
                     self.profiled += 1
                     if not interference(record, work(op, shapes, named)):  # else: out of the fits too
-                        est = Estimate(record.median_s, "measured", 0.0)
-                self._cache[key] = (max(1, round(est.seconds / UNIT_S)), est.source)
+                        est = Estimate(record.median_s, "measured", 0.0, config=record.config)
+                self._cache[key] = (max(1, round(est.seconds / UNIT_S)), est.source, est.config)
             except UNUSABLE as e:  # broke after opening (a bad page, a failed write): stop asking
                 without_database(e)
                 self.db = None
                 return None
             except (KeyError, ValueError, IndexError, RuntimeError, TypeError):  # shapes it cannot read
                 self._cache[key] = None
-        return self._cache[key]
+        found = self._cache[key]
+        return found and (found[2] if tuned else found[:2])
 
 
 def without_database(error: Exception) -> None:

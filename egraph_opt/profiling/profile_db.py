@@ -25,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # only what older code cannot read changes it: a column (config) is added in place
 APPLICATION_ID = 0x45474F50  # "EGOP", in the header of every database we create (PRAGMA application_id)
 ENV_VAR = "EGRAPH_OPT_PROFILE_DB"
 _TABLE = "measurements"
@@ -44,13 +44,14 @@ CREATE TABLE {_TABLE} (
     median_s REAL NOT NULL CHECK (median_s > 0),
     spread_s REAL NOT NULL CHECK (spread_s >= 0),   -- interquartile range of the runs
     versions TEXT NOT NULL,           -- JSON: library name -> version
-    recorded_at REAL NOT NULL         -- Unix time
+    recorded_at REAL NOT NULL,        -- Unix time
+    config TEXT                       -- JSON: the kernel's fastest configuration (NULL: its only one)
 );
 CREATE INDEX {_TABLE}_group ON {_TABLE} (kernel, backend, device, dtype, shape_key);
 PRAGMA user_version = {SCHEMA_VERSION};
 PRAGMA application_id = {APPLICATION_ID};
 """
-_COLUMNS = "kernel, backend, device, dtype, shape_key, runs, median_s, spread_s, versions, recorded_at"
+_COLUMNS = "kernel, backend, device, dtype, shape_key, runs, median_s, spread_s, versions, recorded_at, config"
 
 
 class ProfileDBWarning(UserWarning):
@@ -120,6 +121,7 @@ class Record:
     spread_s: float
     versions: Mapping[str, str] = field(default_factory=library_versions)
     recorded_at: float = field(default_factory=time.time)
+    config: Mapping[str, object] | None = None  # the Triton configuration it ran in, its fastest
 
     @property
     def shape_key(self) -> str:
@@ -127,12 +129,12 @@ class Record:
 
 
 def _from_row(row) -> Record:
-    kernel, backend, device, dtype, key, runs, median_s, spread_s, versions, recorded_at = row
+    kernel, backend, device, dtype, key, runs, median_s, spread_s, versions, recorded_at, config = row
     params = json.loads(key)
     return Record(kernel=kernel, backend=backend, device=device, dtype=dtype,
                   shapes=tuple(tuple(s) for s in params["shapes"]), attrs=params["attrs"], runs=runs,
                   median_s=median_s, spread_s=spread_s, versions=json.loads(versions),
-                  recorded_at=recorded_at)
+                  recorded_at=recorded_at, config=json.loads(config) if config else None)
 
 
 def _identity(r: Record) -> tuple:
@@ -266,6 +268,8 @@ class ProfileDB:
                 f"egraph-opt; this one reads version {SCHEMA_VERSION} only. Measurements are cheap "
                 f"to redo: move the file away (or set {ENV_VAR} to another path) and run "
                 f"`egraph-opt profile` again.")
+        if "config" not in {row[1] for row in conn.execute(f"PRAGMA table_info({_TABLE})")}:
+            conn.execute(f"ALTER TABLE {_TABLE} ADD COLUMN config TEXT")  # a file of before: its rows ran the default
 
     def add(self, record: Record) -> None:
         self.add_many([record])
@@ -273,9 +277,10 @@ class ProfileDB:
     def add_many(self, records: Iterable[Record]) -> None:
         """Append records in one transaction: all are kept or, on error, none."""
         rows = [(r.kernel, r.backend, r.device, r.dtype, r.shape_key, r.runs, r.median_s, r.spread_s,
-                 json.dumps(dict(r.versions), sort_keys=True), r.recorded_at) for r in records]
+                 json.dumps(dict(r.versions), sort_keys=True), r.recorded_at,
+                 json.dumps(dict(r.config), sort_keys=True) if r.config else None) for r in records]
         with self._transaction():
-            self._conn.executemany(f"INSERT INTO {_TABLE} ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+            self._conn.executemany(f"INSERT INTO {_TABLE} ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
 
     def records(self, kernel: str, backend: str, device: str, dtype: str) -> list[Record]:
         """The newest record of each shape of one kernel on one device and dtype."""

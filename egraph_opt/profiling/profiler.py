@@ -6,6 +6,7 @@ its work (FLOPs, elements moved); the latency model reads the same table, so the
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import platform
@@ -286,6 +287,22 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
     return [float(np.median(t)) for t in times]
 
 
+def fastest(impl: Callable, args: Sequence, device: torch.device) -> dict | None:
+    """The configuration ``impl`` (a Triton wrapper: ``impl.configs``, the default first) runs fastest in
+    on ``args``, those that run here timed side by side for at most 0.2 s; interpreted (no CUDA), only on
+    inputs of at most 4096 elements, else the default. None: it has none."""
+    configs = getattr(impl, "configs", None) or [None]
+    if configs[0] is None or device.type != "cuda" and sum(t.numel() for t in args if hasattr(t, "numel")) > 4096:
+        return configs[0]
+    runs = []
+    for config in configs:
+        with contextlib.suppress(Exception):  # noqa: BLE001 - one beyond this device's resources (shared memory)
+            impl(*args, config=config)
+            runs.append(functools.partial(impl, config=config))
+    seconds = time_side_by_side(runs, args, device, 0.2) if len(runs) > 1 else None
+    return runs[int(np.argmin(seconds))].keywords["config"] if seconds else configs[0]
+
+
 class Case(NamedTuple):
     """One kernel call to profile: an op of ops.py at given input shapes, attributes and dtype;
     ``attrs["layout"]``, where present, the operands' memory layouts (analysis/layouts.py)."""
@@ -331,10 +348,12 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
             (kernel.impl, kernel.db_backend)
         if kernel is not None and kernel.takes is not None:
             tensors = [kernel.takes(t) for t in tensors]
-        timing = time_kernel(impl, [*tensors, *attrs], device, repeats=repeats)
+        config = fastest(impl, [*tensors, *attrs], device)  # a Triton kernel's: recorded, for plans to run
+        timing = time_kernel(functools.partial(impl, config=config) if config else impl, [*tensors, *attrs],
+                             device, repeats=repeats)
         records.append(Record(kernel=case.op, backend=backend, device=where, dtype=case.dtype,
                               shapes=case.shapes, attrs=dict(case.attrs), runs=timing.runs,
-                              median_s=timing.median_s, spread_s=timing.spread_s))
+                              median_s=timing.median_s, spread_s=timing.spread_s, config=config))
         db.add(records[-1])
     return records
 

@@ -23,11 +23,12 @@ import triton.language as tl
 
 from egraph_opt.lang import ops
 from .layout import dot_precision, dot_tile, widen_dot
-from .runtime import implements
+from .runtime import implements, tuned
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a global that a kernel reads must be a constexpr
-BLOCK_M = 64
-BLOCK_N = 64
+#: query and key tile caps, warps and stages, the default first
+CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+           for m, n, w, s in ((64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 4), (128, 32, 8, 2))]
 
 
 def _head_dim(use) -> str | None:
@@ -107,7 +108,7 @@ def _sdpa_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, L, S, E, EV, scale, fil
              mask=(offs_m[:, None] < L) & (offs_ev[None, :] < EV))
 
 
-def _attend(q, k, v, scale, causal, mask=None, mode=NO_MASK, fill=0.0):
+def _attend(q, k, v, scale, causal, config, mask=None, mode=NO_MASK, fill=0.0):
     """Attention of q (..., L, E), k (..., S, E), v (..., S, Ev) and a mask broadcasting to
     (..., L, S); batch dims broadcast, k and v of fewer heads (``ops.groups``) read in place."""
     L, E = q.shape[-2:]
@@ -123,31 +124,31 @@ def _attend(q, k, v, scale, causal, mask=None, mode=NO_MASK, fill=0.0):
     m3 = q3 if mask is None else mask.expand(*batch, L, S).reshape(-1, L, S)  # a view where it can
     out = torch.empty((q3.shape[0], L, EV), dtype=q.dtype, device=q.device)
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
-    block_m = dot_tile(L, BLOCK_M)
+    c = tuned(config, CONFIGS, dot_tile, BLOCK_M=L, BLOCK_N=S)
     if out.numel():
-        grid = (triton.cdiv(L, block_m), q3.shape[0])
+        grid = (triton.cdiv(L, c["BLOCK_M"]), q3.shape[0])
         _sdpa_kernel[grid](q3, k3, v3, m3, out, L, S, E, EV, scale, fill, group, *m3.stride(),
                            CAUSAL=bool(causal), MASK=mode, WIDEN=widen_dot(q.dtype), PRECISION=dot_precision(q.dtype),
-                           BLOCK_M=block_m, BLOCK_N=dot_tile(S, BLOCK_N), E_P=dot_tile(E), EV_P=dot_tile(EV))
+                           E_P=dot_tile(E), EV_P=dot_tile(EV), **c)
     return out.reshape(*batch, L, EV)
 
 
-@implements("sdpa", limits=_head_dim)
+@implements("sdpa", limits=_head_dim, configs=CONFIGS)
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
-         causal: bool) -> torch.Tensor:
+         causal: bool, *, config: dict | None = None) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``."""
-    return _attend(q, k, v, scale, causal)
+    return _attend(q, k, v, scale, causal, config)
 
 
-@implements("sdpa_masked", limits=_head_dim, dtypes=("bool",))
-def sdpa_masked(q, k, v, bias, scale) -> torch.Tensor:
+@implements("sdpa_masked", limits=_head_dim, dtypes=("bool",), configs=CONFIGS)
+def sdpa_masked(q, k, v, bias, scale, *, config=None) -> torch.Tensor:
     """softmax(q k^T * scale + bias) v (``ops.sdpa_masked``); a boolean bias adds 1 where True."""
-    return _attend(q, k, v, scale, False, bias, BIAS)
+    return _attend(q, k, v, scale, False, config, bias, BIAS)
 
 
-@implements("sdpa_filled", limits=_head_dim, dtypes=("bool",))
-def sdpa_filled(q, k, v, keep, scale, fill) -> torch.Tensor:
+@implements("sdpa_filled", limits=_head_dim, dtypes=("bool",), configs=CONFIGS)
+def sdpa_filled(q, k, v, keep, scale, fill, *, config=None) -> torch.Tensor:
     """softmax(where(keep, q k^T * scale, fill)) v (``ops.sdpa_filled``), fill as float32 has it."""
     with np.errstate(over="ignore"):  # beyond float32: -inf, as a float32 tensor would hold it
         fill = float(np.float32(fill))
-    return _attend(q, k, v, scale, False, keep, KEEP, fill)
+    return _attend(q, k, v, scale, False, config, keep, KEEP, fill)

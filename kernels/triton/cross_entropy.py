@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import row_block
-from .runtime import implements
+from .layout import ROW_CONFIGS, row_block
+from .runtime import implements, tuned
 from .softmax import row_logsumexp
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -43,9 +43,9 @@ def _class_indices(use) -> str | None:
     return None if indices else "triton.cross_entropy takes class indices (one fewer dim than the logits)"
 
 
-@implements("cross_entropy", limits=_class_indices, dtypes=("int64", "int32"))
+@implements("cross_entropy", limits=_class_indices, dtypes=("int64", "int32"), configs=ROW_CONFIGS)
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean",
-                  ignore_index: int = -100) -> torch.Tensor:
+                  ignore_index: int = -100, *, config: dict | None = None) -> torch.Tensor:
     """``F.cross_entropy(logits, target, reduction=..., ignore_index=...)``: classes on dim 1 (or
     dim 0 for a single unbatched row), as torch lays them out; losses summed in float32."""
     class_dim = 1 if logits.dim() > 1 else 0
@@ -55,7 +55,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "
     losses = torch.empty(rows.shape[0], dtype=torch.float32, device=logits.device)
     if rows.shape[0]:
         _cross_entropy_kernel[(rows.shape[0],)](rows, flat_target, losses, n, int(ignore_index),
-                                                BLOCK=row_block(n))
+                                                **tuned(config, ROW_CONFIGS, row_block, BLOCK=n))
     if reduction == "none":
         return losses.reshape(target.shape).to(logits.dtype)
     total = losses.sum()

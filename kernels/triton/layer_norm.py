@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import row_block
-from .runtime import implements
+from .layout import ROW_CONFIGS, row_block
+from .runtime import implements, tuned
 
 LARGE, SMALLEST_NORMAL = tl.constexpr(2.0 ** 32), tl.constexpr(1.1754943508222875e-38)
 DOWN, UP = tl.constexpr(2.0 ** -64), tl.constexpr(2.0 ** 64)  # the sum at 2^-64: where x's overflows
@@ -53,14 +53,15 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, eps, HAS_WEIGHT: tl.cons
 
 
 @implements("layer_norm", limits=lambda use: None if len(use.shapes) == 3 and all(use.shapes)
-            else "affine parameters must be tensors")
+            else "affine parameters must be tensors", configs=ROW_CONFIGS)
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-               eps: float) -> torch.Tensor:
+               eps: float, *, config: dict | None = None) -> torch.Tensor:
     n = x.shape[-1]
     rows = x.contiguous().reshape(-1, n)
     out = torch.empty_like(rows)
     if rows.shape[0]:
         w, b = (x if t is None else t.contiguous() for t in (weight, bias))  # None: never read, x its pointer
         _layer_norm_kernel[(rows.shape[0],)](rows, w, b, out, n, float(eps), HAS_WEIGHT=weight is not None,
-                                             HAS_BIAS=bias is not None, BLOCK=row_block(n))
+                                             HAS_BIAS=bias is not None,
+                                             **tuned(config, ROW_CONFIGS, row_block, BLOCK=n))
     return out.reshape(x.shape)

@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
 
 MAX_ROW_BLOCK = 1024  # rows longer than this are looped over in blocks of this many elements
+#: a row kernel's configurations, the default first: the block a long row is read in, and warps
+ROW_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((MAX_ROW_BLOCK, 4), (256, 2), (4096, 8))]
 
 
 def next_pow2(n: int) -> int:

@@ -12,10 +12,12 @@ import triton.language as tl
 
 from . import mathlib
 from .layout import dot_precision, dot_tile, widen_dot
-from .runtime import implements
+from .runtime import implements, tuned
 
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
-BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32
+#: tile caps, warps and stages, the default first
+CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+           for m, n, k, w, s in ((64, 64, 32, 4, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (128, 128, 64, 8, 3))]
 
 
 @triton.jit
@@ -42,9 +44,9 @@ def _linear_act_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.const
              y.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@implements("linear_act")
+@implements("linear_act", configs=CONFIGS)
 def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               activation: str) -> torch.Tensor:
+               activation: str, *, config: dict | None = None) -> torch.Tensor:
     """``act(F.linear(x, weight, bias))`` for ``activation`` in :data:`ACTIVATIONS` ('gelu' is the
     exact erf form, 'gelu_tanh' the tanh approximation)."""
     if activation not in ACTIVATIONS:
@@ -55,9 +57,9 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     M = x2.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if out.numel():
-        block_m, block_n = dot_tile(M, BLOCK_M), dot_tile(N, BLOCK_N)
-        _linear_act_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+        c = tuned(config, CONFIGS, dot_tile, BLOCK_M=M, BLOCK_N=N, BLOCK_K=K)
+        _linear_act_kernel[(triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(N, c["BLOCK_N"]))](
             x2, weight.contiguous(), x2 if bias is None else bias.contiguous(), out, M, N, K,
             HAS_BIAS=bias is not None, ACTIVATION=activation, WIDEN=widen_dot(x.dtype),
-            PRECISION=dot_precision(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=dot_tile(K, BLOCK_K))
+            PRECISION=dot_precision(x.dtype), **c)
     return out.reshape(*x.shape[:-1], N)

@@ -66,10 +66,19 @@ def unavailable(name: str):
 TRITON_KERNELS: dict[str, tuple[Callable, Callable | None, tuple[str, ...]]] = {}
 
 
-def implements(op: str, limits: Callable | None = None, dtypes: tuple[str, ...] = ()):
+def implements(op: str, limits: Callable | None = None, dtypes: tuple[str, ...] = (), configs: list = ()):
     """Declares the decorated wrapper as the Triton kernel for ``op`` (same signature as the op's
-    implementation in ``egraph_opt.lang.ops``), within ``limits``, taking ``dtypes`` too."""
+    implementation in ``egraph_opt.lang.ops``, and a keyword ``config``), within ``limits``, taking
+    ``dtypes`` too; ``configs`` (``triton.Config``, the default first) are what the profiler times it in,
+    as ``wrapper.configs`` (the dicts the database records)."""
     def declare(wrapper):
         TRITON_KERNELS[op] = (wrapper, limits, dtypes)
+        wrapper.configs = [c.all_kwargs() for c in configs]
         return wrapper
     return declare
+
+
+def tuned(config: dict | None, configs: list, fit: Callable, **dims: int) -> dict:
+    """The launch options of ``config`` (None: the first of ``configs``), each tile ``fit(dim, tile)``."""
+    chosen = config or configs[0].all_kwargs()
+    return chosen | {name: fit(n, chosen[name]) for name, n in dims.items()}

@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import row_block
-from .runtime import implements
+from .layout import ROW_CONFIGS, row_block
+from .runtime import implements, tuned
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
@@ -59,27 +59,27 @@ def _softmax_kernel(x_ptr, out_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
             tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x: torch.Tensor, axis: int, mode: int) -> torch.Tensor:
+def _launch(x: torch.Tensor, axis: int, mode: int, config: dict | None) -> torch.Tensor:
     """The kernel over the contiguous rows of ``x`` with ``axis`` moved last; the result moved back."""
     moved = x.movedim(axis, -1).contiguous()
     rows, n = moved.reshape(-1, moved.shape[-1]), moved.shape[-1]
     out = torch.empty(moved.shape[:-1] + (1 if mode == LOGSUMEXP else n,), dtype=x.dtype, device=x.device)
     if rows.shape[0]:
-        _softmax_kernel[(rows.shape[0],)](rows, out, n, MODE=mode, BLOCK=row_block(n))
+        _softmax_kernel[(rows.shape[0],)](rows, out, n, MODE=mode, **tuned(config, ROW_CONFIGS, row_block, BLOCK=n))
     return out.movedim(-1, axis)
 
 
-@implements("softmax")
-def softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
-    return _launch(x, axis, SOFTMAX)
+@implements("softmax", configs=ROW_CONFIGS)
+def softmax(x: torch.Tensor, axis: int, *, config: dict | None = None) -> torch.Tensor:
+    return _launch(x, axis, SOFTMAX, config)
 
 
-@implements("log_softmax")
-def log_softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
-    return _launch(x, axis, LOG_SOFTMAX)
+@implements("log_softmax", configs=ROW_CONFIGS)
+def log_softmax(x: torch.Tensor, axis: int, *, config: dict | None = None) -> torch.Tensor:
+    return _launch(x, axis, LOG_SOFTMAX, config)
 
 
-@implements("logsumexp")
-def logsumexp(x: torch.Tensor, axis: int, keepdim: bool) -> torch.Tensor:
-    out = _launch(x, axis, LOGSUMEXP)
+@implements("logsumexp", configs=ROW_CONFIGS)
+def logsumexp(x: torch.Tensor, axis: int, keepdim: bool, *, config: dict | None = None) -> torch.Tensor:
+    out = _launch(x, axis, LOGSUMEXP, config)
     return out if keepdim else out.squeeze(axis)

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..frontends.onnx_converters import ELEM_TYPES
+from ..frontends.onnx_converters import AXES_INPUT_SINCE, ELEM_TYPES
 from ..lang import pattern
 from ..lang.ops import ACTIVATIONS, OPS, parse_shape, shape_attr
 from ..lang.term import Term, topological
@@ -24,8 +24,6 @@ class OnnxExportError(ValueError):
 #: ONNX operators that are one node over the op's operands: every operator an op declares
 #: (``Op.onnx``) that ``EMIT`` gives no writer of its own; the losses' semantics are torch's
 SIMPLE = {op.onnx for op in OPS.values() if op.onnx and op.onnx[:1].isupper()}
-#: reductions: the opset from which their axes are an input rather than an attribute
-AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare
 #: ``onnx="none"``: the mesh ops, which a single ONNX model cannot express): export refuses them
 NO_ONNX_FORM: frozenset[str] = frozenset(name for name, op in OPS.items() if op.onnx == "none")

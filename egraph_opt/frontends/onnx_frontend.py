@@ -278,10 +278,13 @@ def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
             opaque[key] = OpaqueCall(key, "onnx", node, args, {"captured": reads} if reads else {})
             for out in filter(None, node.output):
                 im.terms[out] = Term("opaque", (), (out,))
-                opaque_types[out] = _shape_dtype(im, out)
-                if opaque_types[out] is None:  # analyses see a scalar; no Term ever reads it
+                vt, dtype = im.types.get(out), im.dtype(out)
+                if vt is None or vt.shape is None or not dtype:  # analyses see a scalar; no Term reads it
                     shapeless.add(out)
-                    opaque_types[out] = ((), getattr(torch, im.dtype(out) or "float32"))
+                    opaque_types[out] = ((), getattr(torch, dtype or "float32"))
+                else:
+                    opaque_types[out] = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape), \
+                        getattr(torch, dtype)
     return folded, opaque, opaque_types
 
 
@@ -328,14 +331,6 @@ def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
         vt = _value_type(info)
         if info.name in node.output and static_type(vt):
             im.types[info.name] = vt
-
-
-def _shape_dtype(im: Importer, name: str) -> tuple | None:
-    """(shape, torch dtype) of an opaque value, or None where its type is unknown."""
-    vt, dtype = im.types.get(name), im.dtype(name)
-    if vt is None or vt.shape is None or not dtype:
-        return None
-    return tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape), getattr(torch, dtype)
 
 
 def _unique(name: str, taken) -> str:

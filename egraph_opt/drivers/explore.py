@@ -449,17 +449,14 @@ def _bounds(fact: Fact, bound: dict, text: Callable) -> dict | None:
     """
     head, args = fact.head, fact.args
     if head in _RELATION and isinstance(args[0], pat.Var):
-        return {_name(args[0], bound, text): [_RELATION[head], None]}
-    if head in _BOUND and isinstance(args[0], Fact) and len(args[0].args) == 1 and isinstance(args[1], float):
-        side, strict = _BOUND[head]
-        if args[0].head == side and isinstance(args[0].args[0], pat.Var):
-            limit = (float(args[1]), strict)
-            return {_name(args[0].args[0], bound, text): [limit, None] if side == "lo" else [None, limit]}
-    return None
-
-
-def _name(var: pat.Var, bound: dict, text: Callable) -> str:
-    return text(bound[var.name]) or f"e-class {bound[var.name]}"
+        var, need = args[0], [_RELATION[head], None]
+    elif head in _BOUND and isinstance(args[0], Fact) and len(args[0].args) == 1 and isinstance(args[1], float) \
+            and args[0].head == _BOUND[head][0] and isinstance(args[0].args[0], pat.Var):
+        limit = (float(args[1]), _BOUND[head][1])
+        var, need = args[0].args[0], [limit, None] if args[0].head == "lo" else [None, limit]
+    else:
+        return None
+    return {text(bound[var.name]) or f"e-class {bound[var.name]}": need}
 
 
 def _intervals(needs: list[dict]) -> str:

@@ -288,11 +288,8 @@ def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     out_real = os.path.realpath(out_dir)
     for pattern in patterns:
         if os.path.isdir(pattern):
-            matches = sorted(glob.glob(os.path.join(glob.escape(pattern), "**", "*.onnx"), recursive=True))
-        elif glob.has_magic(pattern):
-            matches = sorted(glob.glob(pattern, recursive=True))
-        else:
-            matches = [pattern]
+            pattern = os.path.join(glob.escape(pattern), "**", "*.onnx")
+        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
         for m in matches:
             (skipped if os.path.realpath(m).startswith(out_real + os.sep) else found).append(m)
     return list(dict.fromkeys(found)), skipped

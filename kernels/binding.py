@@ -1,14 +1,10 @@
 """Binding: each node of an extracted program to the cheapest kernel that accepts it.
 
-Candidates are the registry's kernels for the node's op that accept its shapes, dtypes and device
-(Triton only where it runs: CUDA tensors and an importable triton, or CPU tensors under the test
-switch ``EGRAPH_OPT_TRITON_ON_CPU``). A candidate's cost is its latency in the profiling database,
-measured or interpolated from rows of its own backend, plus the moves its operands need from the
-backends that produced them (move kernels, measured too). The torch kernel covers every op and is
-always a candidate (a static estimate where nothing is measured); another backend is chosen only
-by its measurements, never by a preference (but under the test switch, where a Triton kernel that
-accepts a node runs it), and so is a region's generated kernel over its ops' kernels. Extraction
-prices a node the same way (``Pricing``), so the cost sees what will run. No candidate is an error.
+A candidate's cost is its latency in the profiling database (rows of its own backend) plus the
+moves its operands need from the backends that produced them. The torch kernel covers every op (a
+static estimate where nothing is measured); another backend, or a region's generated kernel, is
+chosen only by its measurements, never by a preference (but under the test switch, where Triton
+runs wherever it accepts a node). Extraction prices a node the same way (``Pricing``).
 """
 from __future__ import annotations
 

@@ -4,11 +4,8 @@ Subterms of parameters alone are folded into initializers, as onnxruntime would 
 folding rule (conv + batch norm) leaves no run-time arithmetic. Opaque nodes are copied with their
 operands renamed; the interface, opsets and stored parameters come from the import's side tables.
 
-Patterns over several terms are written as fewer nodes than term by term, for onnxruntime to run:
-attention between a split into heads and their merge (one Attention over the unsplit values), a
-product between a flattening and its undoing (one MatMul over the unflattened operand), and a Split
-of a product by stored weights (a product per part). Each finds its cases over the program before
-emission; the emitter asks for them by term id or opaque key.
+Patterns over several terms are written as fewer nodes, for onnxruntime to run (``heads_merged``,
+``matmuls_unflattened``, ``products_split``): each finds its cases before emission.
 """
 from __future__ import annotations
 

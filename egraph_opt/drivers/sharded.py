@@ -153,10 +153,8 @@ def _placements(best: Candidate, classes: dict) -> dict[int, str]:
             out[id(t)] = f"split {t.attrs[0]}"
         elif spec.is_leaf or spec.mesh == "whole" or all(out[id(a)] == "whole" for a in t.args):
             out[id(t)] = "whole"
-        elif id(t) in summed:
-            out[id(t)] = "partial sums"
         else:
-            out[id(t)] = split.get(best.class_of[id(t)], "per device")
+            out[id(t)] = "partial sums" if id(t) in summed else split.get(best.class_of[id(t)], "per device")
     return out
 
 

@@ -236,11 +236,9 @@ class _Replay:
     def _meet(self, sides: tuple[dict, dict], side: int, k: int, path: tuple) -> list[Step] | None:
         """Steps through the new term ``k`` of ``side`` to a term of the other side, if any."""
         term, steps = sides[side][k]
-        if k in sides[1 - side]:
-            pairs = [(k, k)]
-        else:
-            pairs = [(k, o) if side == 0 else (o, k) for o, (other, _) in sides[1 - side].items()
-                     if (other.op, other.attrs) == (term.op, term.attrs)]
+        pairs = [(k, k)] if k in sides[1 - side] else [
+            (k, o) if side == 0 else (o, k) for o, (other, _) in sides[1 - side].items()
+            if (other.op, other.attrs) == (term.op, term.attrs)]
         for f, b in pairs:
             (fterm, fsteps), (bterm, bsteps) = sides[0][f], sides[1][b]
             middle = [] if f == b else self._operands(fterm, bterm, path)

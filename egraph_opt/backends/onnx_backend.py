@@ -20,7 +20,8 @@ from onnx import helper, numpy_helper
 
 from ..frontends.onnx_converters import ELEM_TYPES
 from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree, full_rows
-from ..frontends.onnx_frontend import OnnxProgram, overridable, static_type, subgraph_reads
+from ..frontends.onnx_frontend import OnnxProgram, overridable, static_type, subgraph_reads, unique
+from ..frontends.onnx_layouts import attr, standard
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves
 from ..kernels.torch_ops import TORCH
@@ -156,31 +157,25 @@ def products_split(program, shapes: dict, unflattened: dict) -> dict[str, tuple[
     found = {}
     for key, call in program.opaque.items():
         node, outer = call.target, call.args[0] if call.args else None
-        if not isinstance(node, onnx.NodeProto) or node.op_type != "Split" or \
-                node.domain not in ("", "ai.onnx") or not isinstance(outer, Term) or uses[id(outer)] != 1:
+        if not standard(node, "Split") or not isinstance(outer, Term) or uses[id(outer)] != 1:
             continue
         fresh = id(outer) in unflattened  # made for this export: read once, by the Split
         t, bias = unflattened[id(outer)][0] if fresh else outer, None
         if t.op == "linear" and t.args[1].op == "transpose" and t.args[1].attrs == (-2, -1):  # x @ w + b, fused
             t, bias, fresh = Term("matmul", (t.args[0], t.args[1].args[0])), t.args[2], True
-            if bias.op != "param":
-                continue
-        elif t.op == "add":
+        elif t.op == "add":  # no product among its operands: t stays the add, refused below
             t, bias = next(((m, b) for m, b in (t.args, t.args[::-1]) if m.op == "matmul"), (t, None))
-            if bias is None or bias.op != "param":
-                continue
-        if t.op != "matmul" or not (fresh or uses[id(t)] == 1) or t.args[1].op != "param":
+        if t.op != "matmul" or bias is not None and bias.op != "param" or not (fresh or uses[id(t)] == 1) \
+                or t.args[1].op != "param":
             continue
         x, w = t.args
         rank, n = len(shapes[id(x)][0]), shapes[id(w)][0]
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if len(n) != 2 or axis not in (-1, rank - 1) or bias is not None and shapes[id(bias)][0] != n[1:]:
-            continue  # a bias sliced with w's columns holds one value per column
-        sizes = call.args[1] if len(call.args) > 1 and call.args[1] is not None else None
-        if sizes is not None:
-            sizes = [int(v) for v in program.params[sizes.attrs[0]].tolist()] if sizes.op == "param" else None
-        elif n[1] % len(node.output) == 0:
-            sizes = [n[1] // len(node.output)] * len(node.output)
+        if len(n) != 2 or attr(node, "axis", 0) not in (-1, rank - 1) or \
+                bias is not None and shapes[id(bias)][0] != n[1:]:  # a bias sliced with w's columns
+            continue  # holds one value per column
+        sizes = call.args[1] if len(call.args) > 1 else None  # none: equal parts (their sum checked below)
+        sizes = [n[1] // len(node.output)] * len(node.output) if sizes is None else \
+            [int(v) for v in program.params[sizes.attrs[0]].tolist()] if sizes.op == "param" else None
         if sizes and sum(sizes) == n[1] and len(sizes) == len(node.output) and all(node.output):
             found[key] = (x, w, bias, sizes)
     return found
@@ -227,10 +222,7 @@ class Emitter:
         self.split = products_split(program, program.meta(), self.unflattened) if roots else {}
 
     def fresh(self, hint: str) -> str:
-        name, k = f"eo_{hint}", 0
-        while name in self.taken:
-            k += 1
-            name = f"eo_{hint}_{k}"
+        name = unique(f"eo_{hint}", self.taken)
         self.taken.add(name)
         return name
 

@@ -64,8 +64,7 @@ class Importer:
         if name not in self.consts:
             raise Unsupported(f"{name!r} is not a tensor of the Term language")
         array = self.consts[name]
-        proto = self.protos.get(name) or numpy_helper.from_array(array, name)
-        self.protos[name] = proto
+        self.protos[name] = proto = self.protos.get(name) or numpy_helper.from_array(array, name)
         dtype = DTYPES.get(proto.data_type)
         if dtype is None:
             raise Unsupported(f"constant {name!r} has an element type the Term language lacks")

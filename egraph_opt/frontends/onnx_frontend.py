@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper, shape_inference
 
 from .onnx_converters import (CONVERTERS, DTYPES, ELEM_TYPES, Importer, Unsupported, ValueType, opset_of)
+from .onnx_layouts import attr
 from ..lang.program import OpaqueCall, Program
 from ..lang.term import Term
 
@@ -169,13 +170,10 @@ def _constant_node(node: onnx.NodeProto) -> np.ndarray:
 def _fold(im: Importer, node: onnx.NodeProto) -> list[np.ndarray] | None:
     """Outputs of a node whose inputs are all constants, or None when it must run at run time."""
     if node.op_type == "Shape" and node.input[0] in im.types:
-        try:
+        with contextlib.suppress(Unsupported):
             dims = np.array(im.static(node.input[0]), dtype=np.int64)
-        except Unsupported:
-            return None
-        start = next((a.i for a in node.attribute if a.name == "start"), 0)
-        end = next((a.i for a in node.attribute if a.name == "end"), len(dims))
-        return [dims[start:end]]
+            return [dims[attr(node, "start", 0):attr(node, "end", len(dims))]]
+        return None
     if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC or \
             any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         return None
@@ -183,12 +181,10 @@ def _fold(im: Importer, node: onnx.NodeProto) -> list[np.ndarray] | None:
     if not inputs or not all(x in im.consts for x in inputs) or sum(im.consts[x].size for x in inputs) > _FOLD_LIMIT:
         return None
     from onnx.reference import ReferenceEvaluator
-    try:
-        results = ReferenceEvaluator(node).run(None, {x: im.consts[x] for x in inputs})
-    except Exception:  # noqa: BLE001 - a node the reference cannot fold simply runs at run time
-        return None
-    results = [np.asarray(r) for r in results]
-    return None if any(r.size > _FOLD_LIMIT for r in results) else results
+    with contextlib.suppress(Exception):  # a node the reference cannot fold simply runs at run time
+        results = [np.asarray(r) for r in ReferenceEvaluator(node).run(None, {x: im.consts[x] for x in inputs})]
+        return None if any(r.size > _FOLD_LIMIT for r in results) else results
+    return None
 
 
 def overridable(graph: onnx.GraphProto) -> set[str]:
@@ -235,10 +231,8 @@ def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -
     except Exception:  # noqa: BLE001 - inference is a help; without it more nodes stay opaque
         inferred = graph
     im = Importer(model, where, producers={o: n for n in nodes for o in n.output})
-    for info in list(inferred.value_info) + list(inferred.output) + list(graph.input):
-        vt = _value_type(info)
-        if vt is not None:
-            im.types[info.name] = vt
+    im.types.update((info.name, vt) for info in [*inferred.value_info, *inferred.output, *graph.input]
+                    if (vt := _value_type(info)) is not None)
     defaults = overridable(graph)
     for tensor in graph.initializer:
         if tensor.name not in defaults:  # a caller may feed another value: an input, not a constant
@@ -272,7 +266,7 @@ def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
         try:
             _convert_node(im, node, shapeless)
         except Unsupported:  # the node runs as itself: its outputs are opaque leaves of the program
-            key = _unique(node.name or f"{node.op_type}_{i}", opaque)
+            key = unique(node.name or f"{node.op_type}_{i}", opaque)
             args = tuple(im.term(x) if x else None for x in node.input)
             reads = tuple((x, im.term(x)) for x in subgraph_reads(node) if x in im.terms or x in im.consts)
             opaque[key] = OpaqueCall(key, "onnx", node, args, {"captured": reads} if reads else {})
@@ -333,7 +327,8 @@ def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
             im.types[info.name] = vt
 
 
-def _unique(name: str, taken) -> str:
+def unique(name: str, taken) -> str:
+    """``name``, else the first of ``name_1``, ``name_2``... not in ``taken``."""
     out, k = name, 1
     while out in taken:
         out, k = f"{name}_{k}", k + 1

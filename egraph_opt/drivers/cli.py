@@ -138,8 +138,7 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
         raise Failure(f"cannot load {spec!r} ({e}); use module:function") from None
     fn = getattr(fn, "fn", fn)  # a decorated function: profile the original
     program, _ = capture(fn, tuple(torch.randn(s, dtype=getattr(torch, dtype)) for s in shapes))
-    result = optimize(program, templates=False)  # the whole e-graph: every kernel it could use
-    session = reopened(result.egraph, program.roots())
+    session = reopened(optimize(program, templates=False).egraph, program.roots())  # every kernel it could use
     of_class = class_meta(session.snap.classes, {c: program.meta()[i] for i, c in session.class_of.items()})
     cases = {}
     for nodes in session.snap.classes.values():

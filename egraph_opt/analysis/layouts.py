@@ -13,6 +13,7 @@ zeros of its operands' strides (rare: an operand that is a view or made of one).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import Iterable
@@ -79,12 +80,10 @@ def _run(op: str, attrs: tuple, operands: tuple) -> Strides | None:
             for f in operands for shape, strides, dtype in [f or (None,) * 3]]
     if OPS[op].layout != "view":
         args = [a.zero_() if isinstance(a, torch.Tensor) else a for a in args]
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), contextlib.suppress(RuntimeError, TypeError, ValueError):
         warnings.simplefilter("ignore")
-        try:
-            return tuple(OPS[op].impl(*args, *attrs).stride())
-        except (RuntimeError, TypeError, ValueError):
-            return None
+        return tuple(OPS[op].impl(*args, *attrs).stride())
+    return None
 
 
 def term_strides(roots: Iterable[Term], meta: dict) -> dict[int, Strides]:

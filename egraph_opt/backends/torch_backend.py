@@ -145,9 +145,8 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     module = fx.GraphModule({n.target: build.reads[n.target] if n.target in build.reads else _held(owner, n.target)
                              for n in graph.nodes if n.op in ("get_attr", "call_module")}, graph)
     module.graph.lint()
-    module.kernels = dict(sorted(Counter(build.named[n] for n in graph.nodes if n in build.named).items()))
-    if folded:
-        module.kernels = {"folded": folded, **module.kernels}
+    module.kernels = ({"folded": folded} if folded else {}) | dict(sorted(Counter(
+        build.named[n] for n in graph.nodes if n in build.named).items()))
     return module
 
 

@@ -230,8 +230,7 @@ class EGraph:
             ref = self._refs.get(key)
             if ref is None:
                 ref = self._refs[key] = len(self._refs)
-                parts = [OPS[t.op].egg_name] + [f"(Ref {r})" for r in key[1]]
-                parts += [literal(v) for v in t.attrs]
+                parts = [OPS[t.op].egg_name, *(f"(Ref {r})" for r in key[1]), *map(literal, t.attrs)]
                 lines.append(f"(union (Ref {ref}) ({' '.join(parts)}))")
                 lo, hi = (intervals or {}).get(id(t), (-math.inf, math.inf))
                 if t.args:  # computed in float64, rounded to nearest: widened outward, as the rules'

@@ -128,14 +128,10 @@ class Draws(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags and _draws(func, args, kwargs):
-            raise self.refuse(func.name().split("::")[-1])
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            named = {a.name: kwargs.get(a.name, args[i] if i < len(args) else a.default_value)
+                     for i, a in enumerate(func._schema.arguments)}
+            # a seeded op draws, but for attention with dropout_p=0 and dropout outside training
+            if not (named.get("dropout_p", 1) == 0 or named.get("train", True) is False):
+                raise self.refuse(func.name().split("::")[-1])
         return func(*args, **kwargs)
-
-
-def _draws(func, args: tuple, kwargs: dict) -> bool:
-    """Whether a seeded op draws in this call: attention with ``dropout_p=0`` and dropout outside
-    training do not."""
-    named = {a.name: kwargs.get(a.name, args[i] if i < len(args) else a.default_value)
-             for i, a in enumerate(func._schema.arguments)}
-    return not (named.get("dropout_p", 1) == 0 or named.get("train", True) is False)

@@ -102,10 +102,8 @@ def pretty(root: Term, names: dict[int, str] | None = None, width: int | None = 
     names = names or {}
     text: dict[int, tuple[str, int]] = {}  # id -> (text, precedence)
     for t in postorder([root]):
-        if width is not None and t.args:  # operands' texts cut past what the root can show
-            for a in t.args:
-                if len(text[id(a)][0]) > width:
-                    text[id(a)] = (text[id(a)][0][:width + 1], text[id(a)][1])
+        for a in t.args if width is not None else ():  # operands' texts cut past what the root can show
+            text[id(a)] = (text[id(a)][0][:width + 1], text[id(a)][1])
         if id(t) in names:
             text[id(t)] = (names[id(t)], 9)
             continue

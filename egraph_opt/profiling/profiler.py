@@ -204,12 +204,10 @@ def machine_busy() -> str | None:
     """Why a kernel timed now would not show this machine's speed, or None: other processes hold
     its cores (a 1-minute load average above the core count), and a multithreaded kernel then
     waits for the scheduler at each of its barriers, timing the scheduler, not the kernel."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average on this platform: nothing to tell
-        return None
-    cores = os.cpu_count() or 1
-    return f"load average {load:.1f} on {cores} cores" if load > cores else None
+    with contextlib.suppress(AttributeError, OSError):  # no load average on this platform: nothing to tell
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+        return f"load average {load:.1f} on {cores} cores" if load > cores else None
+    return None
 
 
 class Timing(NamedTuple):

@@ -62,8 +62,6 @@ class Search:
 
 def search(program: Program, n: int, *, limits: Limits, latency: MeasuredLatency | None = None,
            links: dict | None = None, memory_limit: int | None = None) -> Search:
-    if n < 1:
-        raise ShardingError(f"a mesh has at least one device, not {n}")
     if program.opaque:
         calls = ", ".join(c.describe() for c in program.opaque.values())
         raise ShardingError(f"cannot shard calls the Term language does not express: {calls}")

@@ -37,9 +37,8 @@ Cost = Callable[[str, ENode], int]
 
 @dataclass(frozen=True)
 class Alternative:
-    """One program of the e-class: its Term (shared subterms are shared objects, also across
-    alternatives), its DAG cost, that cost summed by op, and the e-node chosen in each e-class it
-    computes, operands first (to profile a path or find it in the e-graph)."""
+    """One program of the e-class: its Term (shared subterms shared, across alternatives too), DAG cost, that
+    cost by op, and the e-node chosen in each e-class, operands first (to profile a path, or find it)."""
     term: Term
     cost: int
     parts: dict[str, int]  # largest first

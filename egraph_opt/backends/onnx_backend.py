@@ -32,8 +32,7 @@ _NO_NUMPY = {"bfloat16"}  # element types whose parameters cannot be folded thro
 
 
 def _uses(roots: list[Term], order: list[Term]) -> Counter:
-    """How many terms read each term, plus one for a root (an output or an opaque call's operand):
-    a pattern may drop a term that only it reads."""
+    """How many terms read each term, a root once more: a pattern may drop a term that only it reads."""
     return Counter(id(a) for t in order for a in t.args) + Counter(id(r) for r in roots)
 
 
@@ -62,9 +61,8 @@ def _heads_of(t: Term, shapes: dict) -> tuple[tuple[Term, Term | None], int] | N
 
 
 def heads_merged(roots: list[Term], shapes: dict) -> dict[int, tuple]:
-    """Attention whose operands are split into heads and whose only use merges them back, written at
-    opset 23 as one Attention over the unsplit (batch, seq, hidden) values: merged term id ->
-    (attention, x of q, k and v, H, the shape to reshape its output to, or None)."""
+    """Attention on operands split into heads whose only use merges them back, at opset 23 one Attention over
+    the unsplit values: merged term id -> (attention, x of q, k, v, H, reshape target or None)."""
     order = postorder(roots)
     uses = _uses(roots, order)
     found = {}
@@ -95,8 +93,7 @@ def attention_over_heads(em, attention: Term, xq: tuple, xk: tuple, xv: tuple, h
 
 def _product(t: Term, shapes: dict) -> tuple[Term, Callable[[Term], Term]] | None:
     """(a, rebuild) when ``t`` is matmul(a, w), matmul(a, w) +- b (either order) or linear(a, w, b)
-    with a bias b of at most one axis (it broadcasts along the last axis only): rebuild(x) is the
-    same product of x."""
+    with a bias b of at most one axis (broadcast along the last axis only); rebuild(x): x's product."""
     if t.op == "linear" and len(shapes[id(t.args[2])][0]) <= 1:
         return t.args[0], lambda x: Term("linear", (x, *t.args[1:]))
     if t.op in ("add", "sub"):
@@ -148,10 +145,9 @@ def matmuls_unflattened(roots: list[Term], shapes: dict, heads: dict) -> dict[in
 
 
 def products_split(program, shapes: dict, unflattened: dict) -> dict[str, tuple[Term, Term, Term | None, list[int]]]:
-    """Split (ONNX, opaque) along the last axis of x @ w (+ b), w a stored matrix and b a stored
-    vector (maybe unflattened, ``matmuls_unflattened``), that nothing else reads: one product per
-    part, by w's (and b's) column block, makes the same numbers without the copy Split makes:
-    opaque key -> (x, w, b or None, the parts' sizes)."""
+    """Split (ONNX, opaque) along the last axis of x @ w (+ b), w a stored matrix and b a stored vector
+    (maybe unflattened), that nothing else reads: one product per part, by w's (and b's) column block, makes
+    the same numbers without the copy Split makes: opaque key -> (x, w, b or None, the parts' sizes)."""
     roots = program.roots()
     uses = _uses(roots, postorder(roots))
     found = {}
@@ -247,9 +243,8 @@ class Emitter:
         return out
 
     def _meta(self, t: Term) -> tuple | None:
-        """(shape, dtype) of ``t`` by the one shape inference of terms (lang/term.py), extended to
-        the terms a decomposition builds; None where it cannot tell (the stand-in sizes the Term
-        language gives symbolic dims may disagree where the real ones agree)."""
+        """(shape, dtype) of ``t`` by the terms' one shape inference, extended to a decomposition's terms;
+        None where it cannot tell (symbolic dims' stand-in sizes may disagree where the real ones agree)."""
         if id(t) not in self.meta:
             for u in topological([t], lambda u: () if id(u) in self.meta else u.args, id):
                 operands = [a.attrs[0] if a.op == "const" else self.meta[id(a)] for a in u.args]
@@ -384,9 +379,8 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
 
 def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
     """An Add that only LayerNormalization reads is written as Sum, the same single addition:
-    onnxruntime's CPU provider fuses Add + LayerNormalization into its SkipLayerNormalization, which
-    runs slower than the two nodes it replaces (bench/onnx_zoo.py's last section prints both), and
-    it matches Add only."""
+    onnxruntime's CPU provider fuses Add (not Sum) + LayerNormalization into SkipLayerNormalization,
+    slower than the two nodes it replaces (bench/onnx_zoo.py's last section prints both)."""
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in nodes:
         for i, x in enumerate(n.input):

@@ -141,8 +141,7 @@ def _label(node) -> str:
 # --- the e-graph ---
 
 def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES) -> SVG | TextPicture:
-    """The e-graph of an Explorer, or the e-classes within ``radius`` edges of ``around``:
-    e-classes as clusters, the extracted program's e-nodes filled."""
+    """An Explorer's e-graph, or the e-classes within ``radius`` of ``around``: chosen e-nodes filled."""
     classes = ex.snap.classes
     keep = set(classes) if around is None else _neighbourhood(classes, ex._id(around), radius)
     nodes = sum(len(classes[c]) for c in keep)
@@ -188,8 +187,7 @@ def _neighbourhood(classes: dict, start: str, radius: int) -> set[str]:
 
 def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_NODES
                     ) -> SVG | TextPicture:
-    """The input and the output program side by side; nodes only one side has are filled (red:
-    new in the output, grey: gone from the input)."""
+    """The input and the output program side by side; nodes one side only has are filled (red: new, grey: gone)."""
     numbers = pat.structural_ids(before + after)
     sides = {"before": before, "after": after}
     keys = {side: {numbers[id(t)]: t for t in postorder(roots)} for side, roots in sides.items()}
@@ -228,8 +226,7 @@ def relative_error(value: torch.Tensor, truth: torch.Tensor) -> float:
 
 
 def precision_errors(fn, args, dtypes=("float32", "bfloat16", "float16")) -> Table:
-    """Error against the float64 truth of the original and the optimized program (``fn`` an
-    optimized function) with the inputs cast to each dtype."""
+    """Error against float64 of ``fn`` (an optimized function) and its original, inputs cast to each dtype."""
     truth = fn.fn(*[a.double() for a in args]).double()
     casts = {name: [a.to(getattr(torch, name)) for a in args] for name in dtypes}
     rows = [[name, relative_error(fn.fn(*c), truth), relative_error(fn(*c), truth)] for name, c in casts.items()]
@@ -256,8 +253,7 @@ def precision_figure(fn, args, dtypes=("float32", "bfloat16", "float16")):
 
 
 def waterfall_figure(report):
-    """Bits of output error each node's rounding causes (the analyzer's table), in program order,
-    with the running worst."""
+    """Bits of output error each node's rounding causes (the analyzer's table), in program order."""
     nodes = report.nodes
     fig, ax = _figure(6.4, 0.35 * len(nodes) + 1.2)
     ax.barh(range(len(nodes)), [n.error_bits for n in nodes], color="#ef6c00")
@@ -363,8 +359,7 @@ def write_explorer(ex, path, alternatives: int = 5) -> str:
 
 
 def batch_page(records: list[dict], summary: str, interrupted: bool, status) -> str:
-    """One page for an ONNX batch: the summary, then a section per model, headed by what became of
-    it (``status(record)``, the summary's own word)."""
+    """An ONNX batch's page: the summary, then a section per model headed by ``status(record)``."""
     body = f"<pre>{html.escape(summary)}</pre>" + ("<p><b>interrupted (Ctrl-C)</b></p>" if interrupted else "")
     for r in records:
         fields = [[k, v] for k, v in r.items() if not isinstance(v, (dict, list))]

@@ -69,8 +69,7 @@ class ShardedPlan:
         return self.search.original.seconds
 
     def placements(self) -> Table:
-        """Every op of the sharded program: the shape one device computes, where its value lives,
-        and its predicted time on one device."""
+        """Every op of the sharded program: one device's shape and predicted time, and where its value lives."""
         best = self.search.best
         shape_of, labels = shapes(best.roots), _placements(best, self.search.classes)
         items = [t for t in postorder(best.roots) if t.args]
@@ -121,8 +120,7 @@ class ShardedPlan:
         return map_aggregate(sharded.outputs, lambda x: by_id[id(x)] if isinstance(x, Term) else x)
 
     def run(self, *args) -> Any:
-        """Start ``mesh`` processes on torch.distributed (gloo on CPU, NCCL on CUDA), run the
-        sharded program, and return the result device 0 holds: equal to the original's."""
+        """Run on ``mesh`` torch.distributed processes (gloo or NCCL); device 0's result, the original's."""
         values, _ = runner.spawn(self.terms, self._env(args), self.mesh)
         return self._outputs(values)
 

@@ -67,8 +67,7 @@ class OnnxProgram:
 
 
 def external_files(path: str, model: onnx.ModelProto) -> list[str]:
-    """The external data files of ``model`` (read from ``path``), relative to its directory;
-    a file outside that directory, or missing, is refused."""
+    """External data files of ``model``, relative to ``path``'s folder; one outside or missing is refused."""
     base = os.path.dirname(os.path.abspath(path))
     files = []
     for tensor in external_data_helper._get_all_tensors(model):
@@ -188,8 +187,7 @@ def _fold(im: Importer, node: onnx.NodeProto) -> list[np.ndarray] | None:
 
 
 def overridable(graph: onnx.GraphProto) -> set[str]:
-    """Initializers the graph also lists as inputs: defaults a caller may override with a feed
-    (onnxruntime does), so their values must not be folded into the program."""
+    """Initializers also listed as inputs: defaults a feed may override, so never folded into the program."""
     return {i.name for i in graph.input} & {t.name for t in graph.initializer}
 
 
@@ -223,8 +221,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
 
 
 def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -> Importer:
-    """An importer that knows every value's inferred type, the constant initializers and which
-    values some node or the graph's outputs read."""
+    """An importer knowing every value's inferred type, the constant initializers and which values are read."""
     graph = model.graph
     try:
         inferred = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
@@ -246,8 +243,7 @@ def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -
 
 
 def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
-    """Fold, convert or keep opaque each node in order: (folded count, opaque calls, the
-    (shape, dtype) of each opaque value)."""
+    """Fold, convert or keep opaque each node in order: (folded count, opaque calls, their (shape, dtype))."""
     opaque, opaque_types, folded = {}, {}, 0
     shapeless: set[str] = set()  # opaque values of unknown shape: only opaque nodes may use them
     for i, node in enumerate(nodes):

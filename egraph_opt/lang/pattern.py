@@ -70,8 +70,7 @@ def _atom(tok: str) -> Pattern:
 
 
 def sexp(text: str) -> list | str:
-    """One s-expression as nested lists of tokens: ``(exp ?x)`` -> ``['exp', '?x']``. Patterns and
-    rule guards are read by it."""
+    """One s-expression as nested lists of tokens: ``(exp ?x)`` -> ``['exp', '?x']`` (patterns, guards)."""
     stack: list[list] = [[]]
     for tok in _TOKEN.findall(text):  # every character is a token or space: nothing is skipped
         if tok == "(":

@@ -40,9 +40,8 @@ DEPTH = 6
 
 @dataclass(frozen=True)
 class Step:
-    """One rule at one location: ``path`` is the root's index then operand indices down to the
-    rewritten subterm; ``before`` and ``after`` are the whole root before and after the step. A
-    rule of several roots is one step: ``together`` holds its parts at the other roots."""
+    """One rule at one location: ``path`` is the root's index then operand indices to the rewritten subterm;
+    ``before``, ``after``: the whole root around it; ``together``: a rule's parts at its other roots."""
     rule: Rule
     path: tuple[int, ...]
     rewritten: Term
@@ -248,8 +247,7 @@ class _Replay:
 
     def _rewrites(self, term: Term, side: int):
         """(location, move, subterm, rewritten, part) of every move whose result the e-graph holds in
-        the subterm's e-class, at most REACH operands deep; side 1 rewrites moves' right sides
-        into their left sides."""
+        the subterm's e-class, at most REACH operands deep; side 1 rewrites right sides into left."""
         self.key(term)
         canon = self.keys  # structural numbers of every subterm (no walk of the term per search)
         frontier = [((), term)]

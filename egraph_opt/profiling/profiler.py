@@ -248,10 +248,9 @@ def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, rep
 
 def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | torch.device,
                       budget_s: float, rounds: int = 61) -> list[float] | None:
-    """Median seconds per call of each of ``fns`` on ``args``, the calls interleaved (the order
-    rotating each round) so that load and clock drift fall on all alike; as many rounds as fit in
-    ``budget_s`` (at most ``rounds``), None when three do not (the figures would be noise). On CUDA
-    a call's time is the device's, between two events on its stream, read once a round."""
+    """Median seconds per call of each of ``fns`` on ``args``, calls interleaved (order rotating each round)
+    so load and drift fall on all alike; as many rounds as fit ``budget_s`` (at most ``rounds``), None when
+    three do not (noise). On CUDA a call's time is the device's, between two events, read once a round."""
     cuda = torch.device(device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: list[list[float]] = [[] for _ in fns]

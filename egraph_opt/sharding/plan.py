@@ -28,8 +28,7 @@ class ShardingError(ValueError):
 
 @dataclass
 class Candidate:
-    """One sharded program: its root terms, the e-class of each term and its cost units, one
-    device's predicted time (total and communication) and memory."""
+    """One sharded program, priced: one device's predicted time (and its communication) and memory."""
     roots: list[Term]
     class_of: dict[int, str]
     units: dict[str, int]

@@ -229,8 +229,7 @@ TRANSFER: dict[str, Callable] = {
 
 
 def transfer(t: Term, a: list[Interval], s: list[tuple[int, ...]]) -> Interval:
-    """The interval of ``t`` from its operands' intervals ``a`` and shapes ``s``, by the range
-    kind its op declares (an increasing float function: the interval's image)."""
+    """``t``'s interval from operand intervals ``a`` and shapes ``s``, by its op's range kind."""
     if t.op == "const":  # a NaN constant (x + math.nan) is legal: no value to bound, so unbounded
         return TOP if math.isnan(t.attrs[0]) else iv(t.attrs[0], t.attrs[0])
     kind = OPS[t.op].range_rule

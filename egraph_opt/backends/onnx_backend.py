@@ -265,8 +265,7 @@ class Emitter:
         return None if found is None else len(found[0])
 
     def static_shape(self, t: Term) -> tuple[int, ...] | None:
-        """The shape of ``t`` when the model has no symbolic dims (the Term language gives those a
-        stand-in size, so any shape derived from one would be wrong); None otherwise."""
+        """``t``'s shape if the model has no symbolic dims (stand-in sizes give wrong shapes), else None."""
         if self._static is None:
             used = {u.attrs[0] for u in postorder(self.program.roots()) if u.op == "opaque"}
             names = [i.name for i in self.src.model.graph.input] + \

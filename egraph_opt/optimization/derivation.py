@@ -310,8 +310,7 @@ def _joined(per_root: list[list[Step]]) -> list[Step]:
 
 def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snapshot,
            loaded: dict[int, str]) -> Derivation:
-    """The steps from ``before`` to ``after`` (roots in the same order), over the snapshot of the
-    saturated e-graph; ``loaded`` maps each input term's id to its e-class."""
+    """Steps from ``before`` to ``after`` over the saturated snapshot; ``loaded``: input terms' e-classes."""
     replay = _Replay(snap, loaded, rules)
     derivation = Derivation(start=list(before), end=list(after))
     per_root, unexplained = [], []

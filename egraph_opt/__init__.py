@@ -20,8 +20,7 @@ __all__ = list(_PUBLIC)
 def __getattr__(name: str):
     if name not in _PUBLIC:
         raise AttributeError(f"module 'egraph_opt' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
-    globals()[name] = value
+    globals()[name] = value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
     return value
 
 

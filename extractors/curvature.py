@@ -36,8 +36,7 @@ def _pow(attrs: tuple, operands: list[Interval]) -> float:
 
 
 def _over(lo: float, f) -> float:
-    """f(lo) where the operand's range starts above 0 (log, sqrt, rsqrt; a divisor's distance from
-    0), else unbounded."""
+    """f(lo) where the operand's range starts above 0 (log, sqrt, rsqrt; a divisor's gap), else unbounded."""
     return f(lo) if lo > 0 else math.inf
 
 
@@ -93,8 +92,7 @@ WIDENING = {("float16", "float32"), ("bfloat16", "float32"), ("float16", "float6
 
 
 def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
-    """Exact operands give an exact result: an op that declares it never rounds, or a cast that
-    widens (or keeps) its operand's dtype."""
+    """Exact operands give an exact result: an op that never rounds, or a cast that widens or keeps the dtype."""
     kind = OPS[op].rounding
     if kind == "widening":
         source = operand_dtypes[0] if operand_dtypes else None
@@ -103,11 +101,10 @@ def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
 
 
 def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
-    """A subtraction (or addition of opposite signs) whose operands may be arbitrarily close while
-    one of them carries rounding error: the relative error of the result is unbounded. So is a sum
-    of exact values of both signs: its rounded partial sums may cancel (1e8 + 1 - 1e8 = 0), unless
-    it carries their rounding errors along (``compensated_sum``); a sum of rounded values keeps
-    their errors either way."""
+    """A subtraction (or addition of opposite signs) whose operands may be arbitrarily close while one of
+    them carries rounding error: the relative error of the result is unbounded. So is a sum of exact values
+    of both signs: its rounded partial sums may cancel (1e8 + 1 - 1e8 = 0), unless it carries their rounding
+    errors along (``compensated_sum``); a sum of rounded values keeps their errors either way."""
     error = OPS[op].error
     if error == "sum":
         return exact[0] and operands[0][0] < 0 < operands[0][1]
@@ -134,12 +131,10 @@ KAPPA_TIE_BREAK = 3
 #: |x| past which exp(x) is 0 or inf in the dtype (log of the smallest subnormal): there no digit
 #: of exp(x) depends on the error x carries, so exp's condition number |x| stops there
 EXP_LIMIT = {d: round(-math.log(f.tiny * f.eps), 1) for d, f in _FINFO.items()}
-#: cost of losing every digit: a cancellation, or an amplification of rounding error past
-#: 1 / unit roundoff
+#: cost of losing every digit: a cancellation, or an amplification of rounding error past 1 / unit roundoff
 ALL_DIGITS = 2000
 def _amplified(factor: float, dtype: str) -> int:
-    """Decibels of an amplification of the rounding error an operand carries; past 1 / unit
-    roundoff no digit is left, which costs what a cancellation does."""
+    """Decibels of amplifying an operand's rounding error; past 1 / unit roundoff, a cancellation's cost."""
     return ALL_DIGITS if factor * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) >= 1 \
         else round(10 * math.log10(1 + factor))
 
@@ -154,10 +149,9 @@ def _cancellation(op: str, operands: list[Interval], result: Interval | None, dt
 
 def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval | None = None,
                dtype: str = "float32", exact: tuple[bool, ...] = ()) -> int:
-    """Integer extraction cost of conditioning: a tie-breaking few decibels of kappa where the
-    ranges bound it, the growth class (times 1000) where they leave it unbounded, plus decibels
-    of error amplification, the all-digits class for a cancellation and the exponential class
-    for an overflow consumed."""
+    """Integer extraction cost of conditioning: a tie-breaking few decibels of kappa where the ranges bound
+    it, the growth class (times 1000) where they leave it unbounded, plus decibels of error amplification,
+    the all-digits class for a cancellation and the exponential class for an overflow consumed."""
     k = kappa(op, attrs, operands)
     k = math.inf if math.isnan(k) else k  # inf * 0 over an unbounded range: no bound known
     cost = 0 if k == 0 else (1000 * OPS[op].growth if math.isinf(k)

@@ -35,10 +35,9 @@ def _users(classes: dict[str, list[ENode]]) -> tuple[list, dict[str, list[int]],
 
 def _knuth(classes: dict[str, list[ENode]], price: Callable, join: Callable
            ) -> dict[str, tuple[int, ENode]]:
-    """Each class's least value and the e-node giving it, settled in Knuth's order (a
-    generalization of Dijkstra's): a class only after every operand of its e-node, so the choice
-    is acyclic by construction. An e-node's value is ``price(class, node, j)``, ``j`` its
-    operands' values folded by ``join`` from 0."""
+    """Each class's least value and the e-node giving it, settled in Knuth's order (a generalization of
+    Dijkstra's): a class only after every operand of its e-node, so the choice is acyclic by construction.
+    An e-node's value is ``price(class, node, j)``, ``j`` its operands' values folded by ``join`` from 0."""
     nodes, users, waiting = _users(classes)
     joined = [0] * len(nodes)
     heap = [(price(cid, n, 0), i) for i, (cid, n) in enumerate(nodes) if not n.children]
@@ -117,9 +116,8 @@ def refine(choice: dict[str, ENode], roots: list[str], classes: dict[str, list[E
 
 
 def _share_new(choice, roots, classes, cost, refs) -> None:
-    """Switch several classes at once to alternatives over one class the program does not compute
-    yet, when paying for it once beats what they cost apart: QKV projections sliced out of one
-    matmul lose one at a time and win together."""
+    """Switch several classes at once to alternatives over one class not computed yet, where paying for it
+    once beats their costs apart: QKV projections sliced from one matmul lose alone and win together."""
     groups: dict[str, list[tuple[str, ENode]]] = defaultdict(list)
     for cid in _reachable(choice, roots):
         for alt in classes[cid] if len(classes[cid]) > 1 else ():
@@ -196,7 +194,6 @@ def extract(classes: dict[str, list[ENode]], roots: list[str],
 
 
 def settled_in_order(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int]) -> dict[str, ENode]:
-    """Each class's e-node of least cost (its operands' costs summed, each class once per e-node)
-    in Knuth's order: the fallback when relaxation's choice closes a cycle."""
+    """Each class's least-cost e-node (operands' costs summed) in Knuth's order: the fallback for cycles."""
     settled = _knuth(classes, lambda cid, n, operands: operands + cost(cid, n), lambda a, b: a + b)
     return {cid: n for cid, (_, n) in settled.items()}

@@ -37,12 +37,11 @@ Cost = Callable[[str, ENode], int]
 
 @dataclass(frozen=True)
 class Alternative:
-    """One program of the e-class: its Term (shared subterms are shared objects, also across
-    alternatives), its DAG cost, that cost summed by op, and the e-node chosen in each e-class it
-    computes, operands first (to profile a path or find it in the e-graph)."""
+    """One program of the e-class: its Term (shared subterms shared, across alternatives too), DAG cost, that
+    cost by op, and the e-node chosen in each e-class, operands first (to profile a path, or find it)."""
     term: Term
     cost: int
-    parts: dict[str, int]
+    parts: dict[str, int]  # largest first
     choice: dict[str, ENode]
 
 
@@ -68,7 +67,11 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
         term = terms_of(choice, [root], terms)[root]
         if id(term) not in yielded:  # another choice can spell the same term: yield it once
             yielded.add(id(term))
-            yield Alternative(term=term, cost=total, parts=cost_parts(choice, price), choice=choice)
+            parts: Counter = Counter()  # where the cost of a path goes
+            for cid, node in choice.items():
+                parts[node.op] += price(cid, node)
+            yield Alternative(term=term, cost=total, choice=choice,
+                              parts=dict(sorted(parts.items(), key=lambda kv: (-kv[1], kv[0]))))
         for cid, chosen in choice.items():
             for node in (n for n in classes[cid] if n != chosen):
                 trial = {**overrides, cid: node}
@@ -80,14 +83,6 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
                 if key not in seen:
                     seen.add(key)
                     heapq.heappush(queue, (sum(price(c, n) for c, n in switched.items()), len(seen), kept))
-
-
-def cost_parts(choice: dict[str, ENode], cost: Cost) -> dict[str, int]:
-    """A program's DAG cost summed by op, largest first: where the cost of a path goes."""
-    parts: Counter = Counter()
-    for cid, node in choice.items():
-        parts[node.op] += cost(cid, node)
-    return dict(sorted(parts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _program(root: str, overrides: dict[str, ENode], default: dict[str, ENode]

@@ -36,9 +36,8 @@ class RoundingError:
 
 
 def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:
-    """Every node's exact value (float64, differentiable from the inputs), the dtype the program
-    computes it in, and the local error it commits there: the op run in that dtype on operands
-    exact in theirs, against the same op in float64."""
+    """Every node's exact value (float64, differentiable from the inputs), the dtype the program computes it
+    in, and its local error there: the op in that dtype on operands exact in theirs, against it in float64."""
     exact, dtype, local = {}, {}, {}
     for t in postorder([root]):
         if t.op == "const":
@@ -90,8 +89,7 @@ def _jacobian_rows(out: torch.Tensor, nodes: list[torch.Tensor], pick: torch.Ten
 
 def rounding_error(root: Term, env: dict[str, torch.Tensor],
                    gen: torch.Generator | None = None) -> RoundingError:
-    """First-order error of ``root`` at the point ``env`` (inputs in the dtypes the program runs
-    them in), in bits per output element of its (low-precision) dtype."""
+    """First-order error of ``root`` at ``env`` (inputs in the program's dtypes), bits per output element."""
     with torch.enable_grad():
         exact, dtype, local = _local_errors(root, env)
     out, out_dtype = exact[id(root)], dtype[id(root)]
@@ -167,15 +165,13 @@ def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor |
 
 @dataclass
 class ProgramError:
-    """First-order error of a program over its ranges, in bits: the worst and the mean over the
-    points and output elements, and each node's worst share (by term id)."""
+    """A program's first-order error over its ranges, in bits: worst, mean, each node's worst (by term id)."""
     worst: float
     mean: float
     by_node: dict[int, float]
 
 
-#: an elementwise program's error per element does not depend on its shape: it is sampled at
-#: this many elements
+#: an elementwise program's error per element does not depend on its shape: sampled at this many
 ELEMENTWISE_SAMPLE = 256
 
 

@@ -1,14 +1,10 @@
 """Binding: each node of an extracted program to the cheapest kernel that accepts it.
 
-Candidates are the registry's kernels for the node's op that accept its shapes, dtypes and device
-(Triton only where it runs: CUDA tensors and an importable triton, or CPU tensors under the test
-switch ``EGRAPH_OPT_TRITON_ON_CPU``). A candidate's cost is its latency in the profiling database,
-measured or interpolated from rows of its own backend, plus the moves its operands need from the
-backends that produced them (move kernels, measured too). The torch kernel covers every op and is
-always a candidate (a static estimate where nothing is measured); another backend is chosen only
-by its measurements, never by a preference (but under the test switch, where a Triton kernel that
-accepts a node runs it), and so is a region's generated kernel over its ops' kernels. Extraction
-prices a node the same way (``Pricing``), so the cost sees what will run. No candidate is an error.
+A candidate's cost is its latency in the profiling database (rows of its own backend) plus the
+moves its operands need from the backends that produced them. The torch kernel covers every op (a
+static estimate where nothing is measured); another backend, or a region's generated kernel, is
+chosen only by its measurements, never by a preference (but under the test switch, where Triton
+runs wherever it accepts a node). Extraction prices a node the same way (``Pricing``).
 """
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ Estimator = Callable[[Kernel, Use], float]
 
 
 def default_estimate(kernel: Kernel, use: Use) -> float:
-    """Nothing measured: the op's torch kernel, by the memory it touches, and a move (an overhead
-    and a pass over the value); no other kernel."""
+    """Nothing measured: torch's kernel by its memory traffic, a move by an overhead and a pass; no other."""
     elements = sum(math.prod(s) for s in use.shapes) or 1
     if kernel.op == MOVE:
         return 2e-6 + 4 * elements / 1e10
@@ -39,9 +34,9 @@ def default_estimate(kernel: Kernel, use: Use) -> float:
 
 
 def measured_estimate(latency) -> Estimator:
-    """Seconds of a kernel from ``latency`` (a MeasuredLatency): the rows of the kernel's backend,
-    measured or interpolated; the torch kernel and moves fall back to their defaults where nothing
-    is known, other backends are then no candidates; ``.config(kernel, use)``: its tuned configuration."""
+    """Seconds of a kernel from ``latency`` (a MeasuredLatency), by its backend's rows; where none
+    is known, torch's kernel and moves take their defaults, other backends none.
+    ``.config(kernel, use)``: its tuned configuration."""
     def node(use: Use) -> NodeFacts:
         return NodeFacts(op=use.op, attrs=use.attrs, shapes=use.shapes, layouts=use.layouts,
                          dtype=use.dtypes[0] if use.dtypes else "float32")
@@ -55,10 +50,9 @@ def measured_estimate(latency) -> Estimator:
 
 
 class Pricing:
-    """Called with a node's NodeFacts: (units, source) of the kernel binding will choose for it on
-    ``device``, its operands in torch memory (the cheapest usable candidate, the moves into its
-    backend included), for the cost model; ``paths(node)`` every kernel binding weighs for it,
-    with its seconds or why not, for the explorer."""
+    """Given a node's NodeFacts: (units, source) of the kernel binding chooses for it on ``device``, its
+    operands in torch memory (the cheapest usable candidate, moves into its backend included), for the cost
+    model; ``paths(node)`` every kernel binding weighs for it, with seconds or why not, for the explorer."""
 
     def __init__(self, latency, device: str):
         self.latency, self.device, self.estimate = latency, device, measured_estimate(latency)
@@ -89,8 +83,7 @@ def _measured(latency, kernel: Kernel, n: NodeFacts, choice: bool = True):
 
 def conversion_seconds(use: Use, source: str, target: str,
                        estimate: Estimator = default_estimate) -> float:
-    """Moving ``use``'s operands from ``source``'s memory into ``target``'s: the move kernel's
-    seconds (``estimate``: measured where the database has them) for each operand."""
+    """Seconds moving ``use``'s operands from ``source``'s memory to ``target``'s, by the move kernel."""
     if not copies(source, target):
         return 0.0
     move = MOVES[source, target]
@@ -123,14 +116,12 @@ def usable(kernel: Kernel, device: str) -> bool:
 
 
 def _preferred(kernel: Kernel, use: Use) -> bool:
-    """Under the test switch a Triton kernel runs wherever it accepts a node on CPU: its
-    interpreted timings mean nothing, and the point is to run the Triton path."""
+    """Under the test switch Triton runs wherever it accepts a CPU node: interpreted timings mean nothing."""
     return kernel.backend == "triton" and use.device == "cpu" and triton_kernels.on_cpu()
 
 
 class Path(NamedTuple):
-    """One way to run a node: a kernel and its seconds, conversions from its operands' backends
-    included (inf, with the reason, where it cannot run the node or is not measured)."""
+    """A way to run a node: a kernel, its seconds with moves (inf, with why, where refused or unmeasured)."""
     seconds: float
     kernel: Kernel
     refused: str | None = None
@@ -152,8 +143,7 @@ def paths(use: Use, operand_backends: tuple[str, ...] = (),
 
 def bind(use: Use, operand_backends: tuple[str, ...] = (),
          estimate: Estimator = default_estimate) -> Kernel:
-    """The cheapest kernel that accepts ``use``, conversions from ``operand_backends`` included
-    (the registry's order breaks ties: torch first)."""
+    """The cheapest kernel accepting ``use``, conversions from ``operand_backends`` included; ties: torch."""
     found = paths(use, operand_backends, estimate)
     if not found or found[0].seconds == math.inf:
         raise LookupError(f"no kernel accepts {use.op} on {use.device} {use.dtypes}: "

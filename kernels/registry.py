@@ -184,8 +184,7 @@ def _move(source: str, target: str) -> Kernel:
                   takes=to_numpy if MEMORY[source] == "numpy" else None)
 
 
-#: (source, target) backend -> the kernel moving a value between them (rows of its own), for every
-#: pair of backends
+#: (source, target) backend -> the kernel moving a value between them (rows of its own), every pair
 MOVES = {(source, target): _move(source, target) for source in MEMORY for target in MEMORY
          if source != target}
 
@@ -194,6 +193,5 @@ _NAMES = {op: [name for name, k in REGISTRY.items() if k.op == op] for op in OPS
 
 
 def kernels_for(op: str) -> list[Kernel]:
-    """The kernels of ``op``, in the registry's order (read by name: a kernel replaced under its
-    name is the one returned)."""
+    """The kernels of ``op``, in the registry's order, read by name (a kernel replaced under it is returned)."""
     return [REGISTRY[name] for name in _NAMES.get(op, ())]

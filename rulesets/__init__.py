@@ -125,9 +125,8 @@ def _row(family: Family, fields: dict, name: str, lhs: str, rhs: str, *extras) -
 
 
 def reverse(rule: Rule, family: Family, guard: Guard = Guard(), **fixed) -> Rule:
-    """The ``-rev`` rule: right side back into left side (decompositions of fusions), under
-    ``guard``. Variables the right side does not bind (a constant its condition pinned) are
-    ``fixed`` to values."""
+    """The ``-rev`` rule: right side back into left side (decompositions of fusions), under ``guard``;
+    variables the right side does not bind (a constant its condition pinned) take ``fixed`` values."""
     def pin(text: str) -> str:
         for name, value in fixed.items():
             text = re.sub(rf"\?{name}\b", pat.literal(value), text)
@@ -157,8 +156,7 @@ def catalogue() -> dict[str, Rule]:
 
 
 def select(spec=None) -> list[Rule]:
-    """Rules for a run: None means every rule that is not unsafe, sharding left to its own stage;
-    otherwise a list of family names, rule names or Rule objects."""
+    """Rules for a run: None, all not unsafe (sharding runs as its own stage); else families, names, Rules."""
     everything = catalogue()
     if spec is None:
         return [r for r in everything.values()

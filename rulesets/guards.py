@@ -62,8 +62,7 @@ class Fact:
             yield from a.walk() if isinstance(a, Fact) else (a,)
 
     def value(self, binding: dict, ask: Callable):
-        """Its value: variables from ``binding``, analyses from ``ask(head, *operands)``; a
-        LookupError where one is not known."""
+        """Its value: variables from ``binding``, analyses from ``ask(head, *operands)``; LookupError if unknown."""
         args = [binding[a.name] if isinstance(a, Var) else a.value(binding, ask) if isinstance(a, Fact)
                 else a for a in self.args]
         return OPERATORS[self.head](*args) if self.head in OPERATORS else ask(self.head, *args)
@@ -109,14 +108,12 @@ class Guard(tuple):
         return functools.reduce(operator.and_, (f.value(binding, ask) for f in self), True)
 
     def dtypes(self) -> list[tuple[str, str]]:
-        """(variable, dtype) of each ``(= (dtype-of ?v) "dtype")``: what a precision rule needs of
-        its operands."""
+        """(variable, dtype) of each ``(= (dtype-of ?v) "dtype")``: what a precision rule needs of its operands."""
         return [(f.args[0].args[0].name, f.args[1]) for f in self if f.head == "=" and
                 isinstance(f.args[0], Fact) and f.args[0].head == "dtype-of"]
 
     def check(self, bound: set[str]) -> None:
-        """A guard may only ask about what the left side binds: a variable it does not bind would
-        match any e-class at all, so a typo is an error."""
+        """A guard asks only of what the left side binds: an unbound variable matches anything (a typo)."""
         for fact in self:
             for name in set(Guard((fact,)).variables()) - bound:
                 if not name.startswith("__lhs"):

@@ -142,9 +142,8 @@ RULES = _elementwise() + _along_other_axes() + [
 
 
 def introductions(n: int) -> list[Rule]:
-    """Where sharding starts, for a mesh of ``n`` devices: an op is its sharded result gathered
-    back (rows, columns, heads; an elementwise op along any axis both operands span alike), or
-    the all-reduced sum of its partial products."""
+    """Where sharding starts on ``n`` devices: an op is its sharded result gathered back (rows, columns,
+    heads; an elementwise op along any axis its operands both span), or its partial products all-reduced."""
     def whole(lhs: str) -> tuple[str, ...]:  # the op's result is whole: so are its operands
         tensors = [v for v, sort in pat.variables(pat.parse(lhs)).items() if sort == pat.TENSOR]
         return tuple(f"(whole ?{v})" for v in tensors)

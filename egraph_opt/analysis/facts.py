@@ -29,9 +29,8 @@ class NodeFacts:
 
 
 class Facts:
-    """NodeFacts of the nodes of one program or e-graph, by key: ``meta`` (shape, dtype) and
-    ``strides`` of each key, its interval in ``ranges``, its dtype name in ``dtypes`` (default:
-    meta's), the keys that are constants (``scalars``), and the exact and constant keys."""
+    """NodeFacts of the nodes of one program or e-graph, by key (term or e-class id); each argument maps keys
+    to one fact (``dtypes`` default: meta's; ``scalars``, ``exact``, ``constant``: key sets)."""
 
     def __init__(self, meta: dict, strides: dict | None = None, scalars: Iterable = (),
                  ranges: dict | None = None, dtypes: dict | None = None,

@@ -13,6 +13,7 @@ zeros of its operands' strides (rare: an operand that is a view or made of one).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import Iterable
@@ -34,9 +35,8 @@ def contiguous(shape) -> Strides:
 
 
 def layout_key(shape, strides: Strides | None) -> str | None:
-    """None for a contiguous value (or one not known); else, per dimension, its rank in memory
-    from outermost (0) to innermost, "b" for a broadcast one (stride 0), or "strided" for the
-    dense order with gaps (a slice with a step)."""
+    """None for a contiguous (or unknown) value; else each dimension's rank in memory, outermost (0) first,
+    "b" where broadcast (stride 0), or "strided" for the dense order with gaps (a stepped slice)."""
     if strides is None or all(s == c for d, s, c in zip(shape, strides, contiguous(shape)) if d > 1):
         return None
     dense = [d for d in range(len(shape)) if strides[d] or shape[d] <= 1]
@@ -79,12 +79,10 @@ def _run(op: str, attrs: tuple, operands: tuple) -> Strides | None:
             for f in operands for shape, strides, dtype in [f or (None,) * 3]]
     if OPS[op].layout != "view":
         args = [a.zero_() if isinstance(a, torch.Tensor) else a for a in args]
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), contextlib.suppress(RuntimeError, TypeError, ValueError):
         warnings.simplefilter("ignore")
-        try:
-            return tuple(OPS[op].impl(*args, *attrs).stride())
-        except (RuntimeError, TypeError, ValueError):
-            return None
+        return tuple(OPS[op].impl(*args, *attrs).stride())
+    return None
 
 
 def term_strides(roots: Iterable[Term], meta: dict) -> dict[int, Strides]:
@@ -97,8 +95,7 @@ def term_strides(roots: Iterable[Term], meta: dict) -> dict[int, Strides]:
 
 
 def operand_layouts(shapes: Iterable, strides: Iterable[Strides | None]) -> tuple:
-    """The layout keys of a node's tensor operands: () when all are contiguous (the key rows had
-    before layouts were recorded)."""
+    """A node's operands' layout keys; () when all are contiguous, the key of rows recorded before layouts."""
     keys = tuple(layout_key(s, st) for s, st in zip(shapes, strides))
     return keys if any(keys) else ()
 

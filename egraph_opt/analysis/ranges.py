@@ -178,8 +178,7 @@ def _log_n(t, s) -> float:
     return math.log(max(_axis_size(t, s), 1))
 
 
-#: range transfer of each kind an op declares (``Op.range_rule``): (term, operand intervals, operand
-#: shapes) -> interval
+#: range transfer of each kind an op declares (``Op.range_rule``): (term, operand intervals, shapes) -> interval
 TRANSFER: dict[str, Callable] = {
     "add": lambda t, a, s: iv(a[0][0] + a[1][0], a[0][1] + a[1][1]),
     "sub": lambda t, a, s: iv(a[0][0] - a[1][1], a[0][1] - a[1][0]),
@@ -230,8 +229,7 @@ TRANSFER: dict[str, Callable] = {
 
 
 def transfer(t: Term, a: list[Interval], s: list[tuple[int, ...]]) -> Interval:
-    """The interval of ``t`` from its operands' intervals ``a`` and shapes ``s``, by the range
-    kind its op declares (an increasing float function: the interval's image)."""
+    """``t``'s interval from operand intervals ``a`` and shapes ``s``, by its op's range kind."""
     if t.op == "const":  # a NaN constant (x + math.nan) is legal: no value to bound, so unbounded
         return TOP if math.isnan(t.attrs[0]) else iv(t.attrs[0], t.attrs[0])
     kind = OPS[t.op].range_rule
@@ -252,9 +250,8 @@ def intervals(roots: list[Term], declared: dict[str, Interval] | None = None,
 def analyze(roots: list[Term], declared: dict[str, Interval] | None = None,
             leaf_meta: dict[str, tuple] | None = None, meta: dict | None = None
             ) -> dict[int, Interval]:
-    """Interval of every term reachable from ``roots``, keyed by term id. ``declared`` maps input
-    names to ranges; undeclared leaves range over their dtype's finite values. ``meta``: the
-    terms' shapes, when already known."""
+    """Interval of every term reachable from ``roots``, by term id. ``declared``: inputs' ranges (else
+    their dtype's finite values); ``meta``: the terms' shapes, when already known."""
     declared = declared or {}
     meta = meta if meta is not None else shapes(roots, leaf_meta)
     out: dict[int, Interval] = {}

@@ -47,8 +47,7 @@ def from_ordinal(k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def float32_between(lo: float, hi: float, shape, gen: torch.Generator,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Values uniform over the numbers of ``dtype`` (float32 unless told) in [lo, hi]: float order
-    as integer order."""
+    """Values uniform over the numbers of ``dtype`` (float32 unless told) in [lo, hi], by ordinal."""
     first, last = ordinal(torch.tensor([lo, hi], dtype=torch.float64), dtype)
     k = first + (torch.rand(shape, generator=gen, dtype=torch.float64) * (last - first)).round().long()
     return from_ordinal(k, dtype)

@@ -4,11 +4,8 @@ Subterms of parameters alone are folded into initializers, as onnxruntime would 
 folding rule (conv + batch norm) leaves no run-time arithmetic. Opaque nodes are copied with their
 operands renamed; the interface, opsets and stored parameters come from the import's side tables.
 
-Patterns over several terms are written as fewer nodes than term by term, for onnxruntime to run:
-attention between a split into heads and their merge (one Attention over the unsplit values), a
-product between a flattening and its undoing (one MatMul over the unflattened operand), and a Split
-of a product by stored weights (a product per part). Each finds its cases over the program before
-emission; the emitter asks for them by term id or opaque key.
+Patterns over several terms are written as fewer nodes, for onnxruntime to run (``heads_merged``,
+``matmuls_unflattened``, ``products_split``): each finds its cases before emission.
 """
 from __future__ import annotations
 
@@ -23,7 +20,8 @@ from onnx import helper, numpy_helper
 
 from ..frontends.onnx_converters import ELEM_TYPES
 from .onnx_emitters import EMIT, NO_ONNX_FORM, OnnxExportError, emit_tree, full_rows
-from ..frontends.onnx_frontend import OnnxProgram, overridable, static_type, subgraph_reads
+from ..frontends.onnx_frontend import OnnxProgram, overridable, static_type, subgraph_reads, unique
+from ..frontends.onnx_layouts import attr, standard
 from ..lang.ops import OPS, parse_shape
 from ..lang.program import Program, leaves
 from ..kernels.torch_ops import TORCH
@@ -34,8 +32,7 @@ _NO_NUMPY = {"bfloat16"}  # element types whose parameters cannot be folded thro
 
 
 def _uses(roots: list[Term], order: list[Term]) -> Counter:
-    """How many terms read each term, plus one for a root (an output or an opaque call's operand):
-    a pattern may drop a term that only it reads."""
+    """How many terms read each term, a root once more: a pattern may drop a term that only it reads."""
     return Counter(id(a) for t in order for a in t.args) + Counter(id(r) for r in roots)
 
 
@@ -64,9 +61,8 @@ def _heads_of(t: Term, shapes: dict) -> tuple[tuple[Term, Term | None], int] | N
 
 
 def heads_merged(roots: list[Term], shapes: dict) -> dict[int, tuple]:
-    """Attention whose operands are split into heads and whose only use merges them back, written at
-    opset 23 as one Attention over the unsplit (batch, seq, hidden) values: merged term id ->
-    (attention, x of q, k and v, H, the shape to reshape its output to, or None)."""
+    """Attention on operands split into heads whose only use merges them back, at opset 23 one Attention over
+    the unsplit values: merged term id -> (attention, x of q, k, v, H, reshape target or None)."""
     order = postorder(roots)
     uses = _uses(roots, order)
     found = {}
@@ -97,8 +93,7 @@ def attention_over_heads(em, attention: Term, xq: tuple, xk: tuple, xv: tuple, h
 
 def _product(t: Term, shapes: dict) -> tuple[Term, Callable[[Term], Term]] | None:
     """(a, rebuild) when ``t`` is matmul(a, w), matmul(a, w) +- b (either order) or linear(a, w, b)
-    with a bias b of at most one axis (it broadcasts along the last axis only): rebuild(x) is the
-    same product of x."""
+    with a bias b of at most one axis (broadcast along the last axis only); rebuild(x): x's product."""
     if t.op == "linear" and len(shapes[id(t.args[2])][0]) <= 1:
         return t.args[0], lambda x: Term("linear", (x, *t.args[1:]))
     if t.op in ("add", "sub"):
@@ -150,40 +145,33 @@ def matmuls_unflattened(roots: list[Term], shapes: dict, heads: dict) -> dict[in
 
 
 def products_split(program, shapes: dict, unflattened: dict) -> dict[str, tuple[Term, Term, Term | None, list[int]]]:
-    """Split (ONNX, opaque) along the last axis of x @ w (+ b), w a stored matrix and b a stored
-    vector (maybe unflattened, ``matmuls_unflattened``), that nothing else reads: one product per
-    part, by w's (and b's) column block, makes the same numbers without the copy Split makes:
-    opaque key -> (x, w, b or None, the parts' sizes)."""
+    """Split (ONNX, opaque) along the last axis of x @ w (+ b), w a stored matrix and b a stored vector
+    (maybe unflattened), that nothing else reads: one product per part, by w's (and b's) column block, makes
+    the same numbers without the copy Split makes: opaque key -> (x, w, b or None, the parts' sizes)."""
     roots = program.roots()
     uses = _uses(roots, postorder(roots))
     found = {}
     for key, call in program.opaque.items():
         node, outer = call.target, call.args[0] if call.args else None
-        if not isinstance(node, onnx.NodeProto) or node.op_type != "Split" or \
-                node.domain not in ("", "ai.onnx") or not isinstance(outer, Term) or uses[id(outer)] != 1:
+        if not standard(node, "Split") or not isinstance(outer, Term) or uses[id(outer)] != 1:
             continue
         fresh = id(outer) in unflattened  # made for this export: read once, by the Split
         t, bias = unflattened[id(outer)][0] if fresh else outer, None
         if t.op == "linear" and t.args[1].op == "transpose" and t.args[1].attrs == (-2, -1):  # x @ w + b, fused
             t, bias, fresh = Term("matmul", (t.args[0], t.args[1].args[0])), t.args[2], True
-            if bias.op != "param":
-                continue
-        elif t.op == "add":
+        elif t.op == "add":  # no product among its operands: t stays the add, refused below
             t, bias = next(((m, b) for m, b in (t.args, t.args[::-1]) if m.op == "matmul"), (t, None))
-            if bias is None or bias.op != "param":
-                continue
-        if t.op != "matmul" or not (fresh or uses[id(t)] == 1) or t.args[1].op != "param":
+        if t.op != "matmul" or bias is not None and bias.op != "param" or not (fresh or uses[id(t)] == 1) \
+                or t.args[1].op != "param":
             continue
         x, w = t.args
         rank, n = len(shapes[id(x)][0]), shapes[id(w)][0]
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if len(n) != 2 or axis not in (-1, rank - 1) or bias is not None and shapes[id(bias)][0] != n[1:]:
-            continue  # a bias sliced with w's columns holds one value per column
-        sizes = call.args[1] if len(call.args) > 1 and call.args[1] is not None else None
-        if sizes is not None:
-            sizes = [int(v) for v in program.params[sizes.attrs[0]].tolist()] if sizes.op == "param" else None
-        elif n[1] % len(node.output) == 0:
-            sizes = [n[1] // len(node.output)] * len(node.output)
+        if len(n) != 2 or attr(node, "axis", 0) not in (-1, rank - 1) or \
+                bias is not None and shapes[id(bias)][0] != n[1:]:  # a bias sliced with w's columns
+            continue  # holds one value per column
+        sizes = call.args[1] if len(call.args) > 1 else None  # none: equal parts (their sum checked below)
+        sizes = [n[1] // len(node.output)] * len(node.output) if sizes is None else \
+            [int(v) for v in program.params[sizes.attrs[0]].tolist()] if sizes.op == "param" else None
         if sizes and sum(sizes) == n[1] and len(sizes) == len(node.output) and all(node.output):
             found[key] = (x, w, bias, sizes)
     return found
@@ -230,10 +218,7 @@ class Emitter:
         self.split = products_split(program, program.meta(), self.unflattened) if roots else {}
 
     def fresh(self, hint: str) -> str:
-        name, k = f"eo_{hint}", 0
-        while name in self.taken:
-            k += 1
-            name = f"eo_{hint}_{k}"
+        name = unique(f"eo_{hint}", self.taken)
         self.taken.add(name)
         return name
 
@@ -258,9 +243,8 @@ class Emitter:
         return out
 
     def _meta(self, t: Term) -> tuple | None:
-        """(shape, dtype) of ``t`` by the one shape inference of terms (lang/term.py), extended to
-        the terms a decomposition builds; None where it cannot tell (the stand-in sizes the Term
-        language gives symbolic dims may disagree where the real ones agree)."""
+        """(shape, dtype) of ``t`` by the terms' one shape inference, extended to a decomposition's terms;
+        None where it cannot tell (symbolic dims' stand-in sizes may disagree where the real ones agree)."""
         if id(t) not in self.meta:
             for u in topological([t], lambda u: () if id(u) in self.meta else u.args, id):
                 operands = [a.attrs[0] if a.op == "const" else self.meta[id(a)] for a in u.args]
@@ -281,8 +265,7 @@ class Emitter:
         return None if found is None else len(found[0])
 
     def static_shape(self, t: Term) -> tuple[int, ...] | None:
-        """The shape of ``t`` when the model has no symbolic dims (the Term language gives those a
-        stand-in size, so any shape derived from one would be wrong); None otherwise."""
+        """``t``'s shape if the model has no symbolic dims (stand-in sizes give wrong shapes), else None."""
         if self._static is None:
             used = {u.attrs[0] for u in postorder(self.program.roots()) if u.op == "opaque"}
             names = [i.name for i in self.src.model.graph.input] + \
@@ -395,9 +378,8 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
 
 def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
     """An Add that only LayerNormalization reads is written as Sum, the same single addition:
-    onnxruntime's CPU provider fuses Add + LayerNormalization into its SkipLayerNormalization, which
-    runs slower than the two nodes it replaces (bench/onnx_zoo.py's last section prints both), and
-    it matches Add only."""
+    onnxruntime's CPU provider fuses Add (not Sum) + LayerNormalization into SkipLayerNormalization,
+    slower than the two nodes it replaces (bench/onnx_zoo.py's last section prints both)."""
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in nodes:
         for i, x in enumerate(n.input):

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..frontends.onnx_converters import ELEM_TYPES
+from ..frontends.onnx_converters import AXES_INPUT_SINCE, ELEM_TYPES
 from ..lang import pattern
 from ..lang.ops import ACTIVATIONS, OPS, parse_shape, shape_attr
 from ..lang.term import Term, topological
@@ -24,8 +24,6 @@ class OnnxExportError(ValueError):
 #: ONNX operators that are one node over the op's operands: every operator an op declares
 #: (``Op.onnx``) that ``EMIT`` gives no writer of its own; the losses' semantics are torch's
 SIMPLE = {op.onnx for op in OPS.values() if op.onnx and op.onnx[:1].isupper()}
-#: reductions: the opset from which their axes are an input rather than an attribute
-AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare
 #: ``onnx="none"``: the mesh ops, which a single ONNX model cannot express): export refuses them
 NO_ONNX_FORM: frozenset[str] = frozenset(name for name, op in OPS.items() if op.onnx == "none")
@@ -76,8 +74,7 @@ def _repeated_kv(em, t: Term) -> Term:
 
 
 def _simple(em, t, *attrs):
-    """One operator over the operands, the op's attributes under their own names (softmax's axis,
-    a loss's reduction and ignore_index: ONNX and torch name them alike)."""
+    """One operator over the operands, the op's attributes by name (ONNX and torch name them alike)."""
     named = {name: value for (name, _), value in zip(OPS[t.op].attrs, attrs)}
     return em.node(OPS[t.op].onnx, _args(em, t), t.op, **named)
 
@@ -107,8 +104,7 @@ def stored_reciprocal(c: float, dtype: str | None) -> float | None:
 
 
 def _mul(em, t):
-    """A product by such a reciprocal goes back to the division: exact as the model computed it,
-    and the spelling onnxruntime's Gelu and MatMul-scale fusions match."""
+    """A product by such a reciprocal goes back to the division: exact, what onnxruntime's fusions match."""
     x, c = t.args if t.args[1].op == "const" else t.args[::-1]
     d = stored_reciprocal(c.attrs[0], em.dtype(x)) if c.op == "const" and x.op != "const" else None
     return _simple(em, t) if d is None else em.node("Div", [em.value(x), em.scalar(d, em.dtype(x))], "div")
@@ -138,9 +134,8 @@ def _var(em, t, axis, keep, correction):
 
 
 def _log1p(em, t):
-    """ONNX has no log1p, and log(1 + x) loses every digit of a tiny x, which is what the rewrite
-    to log1p was for. Kahan's form is exact to a few ulps: log(u) * x / (u - 1), u = 1 + x rounded
-    (the ratio x / (u - 1) corrects the rounding), x itself where u rounds to 1."""
+    """ONNX has no log1p, and log(1 + x) loses every digit of a tiny x (why the rewrite made log1p). Kahan's
+    form, exact to a few ulps: log(u) * x / (u - 1), u = 1 + x rounded; x itself where u rounds to 1."""
     x = em.value(t.args[0])
     one = em.scalar(1.0, em.dtype(t.args[0]))
     u = em.node("Add", [x, one], "log1p")
@@ -183,8 +178,7 @@ def _transpose(em, t, *attrs):
 
 
 def _layer_norm(em, t, eps):
-    """LayerNormalization, a scalar weight or bias filled to the normalized size when that size is
-    static; else (or before opset 17) the mean / var definition."""
+    """LayerNormalization, a scalar weight or bias filled to a static normalized size; else the definition."""
     x, w, b = t.args
     shape = em.static_shape(x)
     if em.opset >= 17 and (shape or all(a.op != "const" for a in (w, b))):
@@ -201,8 +195,7 @@ def _layer_norm(em, t, eps):
 
 
 def _rms_norm(em, t, eps):
-    """RMSNormalization from opset 23 (a scalar weight filled to the normalized size when that
-    size is static); else the definition x * rsqrt(mean(x * x) + eps) * w."""
+    """RMSNormalization from opset 23 (a scalar weight filled to a static size); else the definition."""
     x, w = t.args
     shape = em.static_shape(x)
     if em.opset >= 23 and (shape or w.op != "const"):

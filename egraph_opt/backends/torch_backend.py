@@ -73,16 +73,14 @@ class _Slot(int):
 
 
 def _pure(node: fx.Node, owner, kernels: set) -> bool:
-    """Whether ``node``'s value follows from its operands alone and stays as computed: a bound
-    kernel or torch's own op (the capture refuses programs that draw random numbers), writing
-    nothing, whose value nothing writes."""
+    """Whether ``node``'s value follows from its operands alone and stays as computed: a bound kernel or
+    torch's own op (the capture refuses random draws) that writes nothing and that nothing writes."""
     return (node.target in kernels or torchs_own(node)) and not written(node, owner) and \
         not any(node in written(u, owner) for u in node.users)
 
 
 def _fold_constants(graph: fx.Graph, kernels: set) -> int:
-    """Each value of parameters, buffers and literals alone that a call's values use becomes one
-    FoldedConstant over the attributes it reads; how many."""
+    """Each value of parameters, buffers and literals alone a call uses: one FoldedConstant; how many."""
     fixed, order = {}, {n: i for i, n in enumerate(graph.nodes)}
     for node in graph.nodes:
         fixed[node] = node.op == "get_attr" or _pure(node, graph.owning_module, kernels) and \
@@ -145,16 +143,14 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     module = fx.GraphModule({n.target: build.reads[n.target] if n.target in build.reads else _held(owner, n.target)
                              for n in graph.nodes if n.op in ("get_attr", "call_module")}, graph)
     module.graph.lint()
-    module.kernels = dict(sorted(Counter(build.named[n] for n in graph.nodes if n in build.named).items()))
-    if folded:
-        module.kernels = {"folded": folded, **module.kernels}
+    module.kernels = ({"folded": folded} if folded else {}) | dict(sorted(Counter(
+        build.named[n] for n in graph.nodes if n in build.named).items()))
     return module
 
 
 class _Build:
-    """One program's graph under construction: each value's fx node (or Python scalar) by key,
-    ("t", term id) or ("o", opaque name); the backend whose memory holds it (absent: torch); the
-    conversions made; and the kernel each call node runs, by name."""
+    """One program's graph being built: each value's fx node (or Python scalar) by key, ("t", term id) or
+    ("o", opaque name); the backend holding it (absent: torch); conversions made; each call node's kernel."""
 
     def __init__(self, program: Program, owner, device: str, estimate: Estimator, meta: dict):
         self.graph = fx.Graph(owning_module=owner)  # dead-code elimination asks the owner whether
@@ -213,8 +209,7 @@ class _Build:
         return self.converted[key, target]
 
     def read(self, name: str) -> fx.Node:
-        """A node reading the owner's attribute ``name``, under a name without dots (fx warns that
-        the owner has no such attribute: the module will hold it)."""
+        """A node reading the owner's attribute ``name`` by a dotless name (fx warns; the module holds it)."""
         flat = name.replace(".", "_")
         while flat in self.reads and self.reads[flat] is not _held(self.owner, name):
             flat += "_"

@@ -85,8 +85,7 @@ def _profile(args) -> int:
 
 
 def _profile_other_backends(ops: list[str], args, db) -> list:
-    """The grid again for every other usable kernel of ``ops`` on the device (its own rows), and
-    for the moves into and out of each such backend: binding pays them."""
+    """The grid for each other usable kernel of ``ops`` (its own rows), and moves into its backend."""
     from ..kernels.binding import usable
     from ..kernels.registry import MOVES, copies, kernels_for
     records, backends = [], set()
@@ -105,8 +104,7 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
 
 
 def _profile_collectives(args) -> int:
-    """Time gloo's collectives over 2 processes and keep the alpha-beta fit the sharding cost
-    reads (collectives.json beside the latency database)."""
+    """Time gloo's collectives over 2 processes; keep their alpha-beta fit beside the latency database."""
     from ..sharding.cost import fit_links, save_links
     from ..sharding.run import profile_collectives
     timings = profile_collectives(2, repeats=args.repeats)
@@ -138,8 +136,7 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
         raise Failure(f"cannot load {spec!r} ({e}); use module:function") from None
     fn = getattr(fn, "fn", fn)  # a decorated function: profile the original
     program, _ = capture(fn, tuple(torch.randn(s, dtype=getattr(torch, dtype)) for s in shapes))
-    result = optimize(program, templates=False)  # the whole e-graph: every kernel it could use
-    session = reopened(result.egraph, program.roots())
+    session = reopened(optimize(program, templates=False).egraph, program.roots())  # every kernel it could use
     of_class = class_meta(session.snap.classes, {c: program.meta()[i] for i, c in session.class_of.items()})
     cases = {}
     for nodes in session.snap.classes.values():

@@ -40,9 +40,8 @@ class ExploreError(ValueError):
 
 
 def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
-    """An Explorer of an optimized function (after a call), an ``optimize`` result, or an ONNX
-    model path (optimized here); for a sharded plan (``egraph_opt.shard``), the table of its
-    alternative shardings with their predicted costs."""
+    """An Explorer of an optimized function (after a call), an ``optimize`` result, or an ONNX model path
+    (optimized here); for a sharded plan (``egraph_opt.shard``), its alternative shardings' table."""
     from .sharded import ShardedPlan
     if isinstance(obj, ShardedPlan):
         return obj.alternatives()
@@ -65,8 +64,7 @@ BATCH_EGRAPH_NODES = 150
 
 
 def model_pictures(result) -> dict[str, str]:
-    """A batch model's pictures as inline markup, made where it was optimized (a worker) and kept
-    in its record: the programs before and after, and the e-graph when small."""
+    """A batch model's pictures as markup, made where it was optimized: programs, and a small e-graph."""
     from .pictures import egraph_picture, picture, program_picture
     pictures = {"programs before and after": picture(program_picture(result.source.roots(),
                                                                      result.program.roots()))}
@@ -160,8 +158,7 @@ class Explorer:
                 for t in postorder(self.source.roots())}
 
     def summary(self) -> Table:
-        """The program found beside the input program, priced alike; the title says whether the
-        one found runs, and if not (the plan fell back), why."""
+        """The program found beside the input, priced alike; the title says whether it runs, or why not."""
         found, source = self.extracted, self._candidate(-1, self.source.roots()[0])
         runs = f"not taken: {self.fallback}; the original runs" if self.fallback else "the program found runs"
         return Table(f"{self.name}: {runs}", ["", "found", "input"], _side_by_side(found, source),
@@ -232,8 +229,7 @@ class Explorer:
                      note="* marks the member the extracted program takes", items=list(self.snap.classes[cid]))
 
     def produced_by(self, cid: str, node) -> str:
-        """``input`` for an e-node of the input program, else the first rule whose right side is
-        this e-node with its left side in the same e-class."""
+        """``input`` for an e-node of the input, else the first rule producing it (``ematch.producer``)."""
         if node in self._input_nodes:
             return "input"
         rule = ematch.producer(self.rules, self.snap.classes, cid, node)
@@ -257,8 +253,7 @@ class Explorer:
         return self._candidate(0, self.result.program.roots()[0])
 
     def alternatives(self, k: int = 5) -> Table:
-        """The ``k`` cheapest programs of the first output, by the extractor's DAG cost; each row's
-        object (``table[i]``) is a callable PricedProgram."""
+        """The ``k`` cheapest programs of the first output, by DAG cost; ``table[i](*tensors)`` runs one."""
         found = [self._candidate(i + 1, a.term) for i, a in enumerate(
             alternatives(self.snap.classes, self.root_classes[0], self.result.cost, limit=k))]
         rows = [[c.rank, clip(str(c)), c.cost, c.curvature, round(c.latency_us, 2),
@@ -268,9 +263,8 @@ class Explorer:
                       "extracted"], rows, note="call table[i](*tensors) to run one", items=found)
 
     def kernels(self) -> Table:
-        """Every kernel binding weighs for each fused or computed node the extracted program
-        takes (Triton's among them where Triton runs), its latency with the moves into its
-        backend, or why it cannot run the node or is not measured here."""
+        """Every kernel binding weighs for each fused or computed node of the extracted program
+        (Triton's where it runs): its latency with the moves into its backend, or why not."""
         paths_of = getattr(self.result.model.latency_of, "paths", None)
         if paths_of is None:
             raise ValueError(f"{self.name} was priced without a latency database (profile_db=False): "
@@ -331,8 +325,7 @@ class Explorer:
                      note=f"guard: {rule.when or 'none'}")
 
     def failures(self, rule) -> list[tuple[str, dict, list]]:
-        """Every match of ``rule``'s left side: its e-class, its binding, and each fact of the
-        guard that does not hold there, with the reason."""
+        """Each match of ``rule``'s left side: e-class, binding, and each failing guard fact with why."""
         guards, found = ematch.Guards(self.snap, self.meta), []
         for cid, bound in ematch.matches(rule.pairs()[0][0], self.snap.classes):
             checked = [(fact, *guards.check(fact, bound)) for fact in rule.when]
@@ -345,8 +338,7 @@ class Explorer:
                        for n in ematch.inputs_under(self.snap.classes, c)} - set(self.ranges))
 
     def derivation(self) -> Table:
-        """The steps from the input program to the output, each a rule at a location, with the
-        estimated error and latency of the whole program before and after it."""
+        """The steps from input to output, each a rule at a location, with error and latency before, after."""
         d = self.result.derivation
         rows = [[i + 1, s.name, s.location, clip(pretty(s.rewritten), 40), clip(pretty(s.result), 40)]
                 for i, s in enumerate(d.steps)]
@@ -449,17 +441,14 @@ def _bounds(fact: Fact, bound: dict, text: Callable) -> dict | None:
     """
     head, args = fact.head, fact.args
     if head in _RELATION and isinstance(args[0], pat.Var):
-        return {_name(args[0], bound, text): [_RELATION[head], None]}
-    if head in _BOUND and isinstance(args[0], Fact) and len(args[0].args) == 1 and isinstance(args[1], float):
-        side, strict = _BOUND[head]
-        if args[0].head == side and isinstance(args[0].args[0], pat.Var):
-            limit = (float(args[1]), strict)
-            return {_name(args[0].args[0], bound, text): [limit, None] if side == "lo" else [None, limit]}
-    return None
-
-
-def _name(var: pat.Var, bound: dict, text: Callable) -> str:
-    return text(bound[var.name]) or f"e-class {bound[var.name]}"
+        var, need = args[0], [_RELATION[head], None]
+    elif head in _BOUND and isinstance(args[0], Fact) and len(args[0].args) == 1 and isinstance(args[1], float) \
+            and args[0].head == _BOUND[head][0] and isinstance(args[0].args[0], pat.Var):
+        limit = (float(args[1]), _BOUND[head][1])
+        var, need = args[0].args[0], [limit, None] if args[0].head == "lo" else [None, limit]
+    else:
+        return None
+    return {text(bound[var.name]) or f"e-class {bound[var.name]}": need}
 
 
 def _intervals(needs: list[dict]) -> str:

@@ -44,8 +44,7 @@ _EXTERNAL_ABOVE = 1 << 30  # bytes: larger models are written with their tensors
 
 
 def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
-    """Exclusive upper bound of each integer input that (maybe through casts and reshapes) indexes
-    a constant table with Gather: ids stay within the embedding's vocabulary."""
+    """Exclusive bound of each integer input indexing (through casts, reshapes) a Gather's constant table."""
     tables = {t.name: list(t.dims) for t in model.graph.initializer}
     users: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
@@ -99,9 +98,8 @@ def session(model: onnx.ModelProto | str):
 
 def latencies(sessions: list, feeds: dict, runs: int, stopped: Callable[[], bool] | None = None,
               clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Median milliseconds per session, runs interleaved so that both see the same machine.
-    ``time.thread_time`` as ``clock``: the CPU time of the one thread a session runs on, which a
-    machine shared with other work inflates less than the wall clock."""
+    """Median milliseconds per session, runs interleaved so both see the same machine; ``time.thread_time``
+    as ``clock``: the CPU time of a session's one thread, which other work on the machine inflates less."""
     times: list[list[float]] = [[] for _ in sessions]
     for _ in range(runs):
         if stopped is not None and stopped():
@@ -114,8 +112,7 @@ def latencies(sessions: list, feeds: dict, runs: int, stopped: Callable[[], bool
 
 
 def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
-    """The model at ``opset`` when that is newer than its own (newer opsets have fused standard
-    operators: Gelu from 20, Attention from 23); never downgraded."""
+    """The model at ``opset`` where newer than its own (fused operators: Gelu from 20, Attention from 23)."""
     if opset is None or opset <= opset_of(model):
         return model
     from onnx import version_converter
@@ -127,9 +124,8 @@ def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
 
 
 def process(path: str, target: str, options: dict, stopped: Callable[[], bool] | None = None) -> dict:
-    """Optimize one model; returns its report record (status, reason, numbers). The same work
-    in-process, in a -j worker and on a cluster; ``stopped`` (a cluster's) says the run is over,
-    between steps: nothing is written after it."""
+    """One model optimized: its report record (status, reason, numbers). The same work in-process, in a -j
+    worker and on a cluster; ``stopped`` (a cluster's), asked between steps, ends it unwritten."""
     record = {"model": path, "output": target, "status": "failed", "reason": ""}
     start = time.perf_counter()
     latency = None
@@ -200,8 +196,7 @@ def _optimize(src, original: onnx.ModelProto, options: dict, latency, record: di
 
 def _validate(path: str, src, original: onnx.ModelProto, optimized: onnx.ModelProto, seed: int,
               record: dict) -> tuple[list, dict]:
-    """onnx.checker, then onnxruntime on both models judged by the decorator's rule; returns the
-    two sessions and the random inputs, for timing."""
+    """onnx.checker, then both models on onnxruntime, judged by the decorator's rule; the sessions, inputs."""
     try:
         onnx.checker.check_model(optimized, full_check=True)
     except Exception as e:  # noqa: BLE001 - checker errors come in several types
@@ -288,11 +283,8 @@ def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     out_real = os.path.realpath(out_dir)
     for pattern in patterns:
         if os.path.isdir(pattern):
-            matches = sorted(glob.glob(os.path.join(glob.escape(pattern), "**", "*.onnx"), recursive=True))
-        elif glob.has_magic(pattern):
-            matches = sorted(glob.glob(pattern, recursive=True))
-        else:
-            matches = [pattern]
+            pattern = os.path.join(glob.escape(pattern), "**", "*.onnx")
+        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
         for m in matches:
             (skipped if os.path.realpath(m).startswith(out_real + os.sep) else found).append(m)
     return list(dict.fromkeys(found)), skipped

@@ -69,8 +69,7 @@ def _new_rows(name: str, dask_worker=None) -> list:
 
 
 class _Stopped:
-    """True once the driver set the run's stop event (on Ctrl-C): a model already running then
-    stops between steps and writes nothing."""
+    """True once the driver set the run's stop event (Ctrl-C): a running model stops between steps."""
 
     def __init__(self, name: str):
         self.name, self.stop, self.next = name, False, 0.0
@@ -84,9 +83,8 @@ class _Stopped:
 
 
 def _work(process: Callable, path: str, target: str, options: dict, files: dict[str, bytes] | None):
-    """On a worker: ``process`` one model (``onnx_batch.process``), through the shared file
-    system, or (``files``: the bytes of the model and its data files) in a folder of its own,
-    returning the output's bytes."""
+    """On a worker: ``process`` one model (``onnx_batch.process``) through the shared file system,
+    or (``files``: the model's and its data files' bytes) in a folder of its own, returning the output's."""
     from distributed import get_worker
     worker = get_worker()
     plugin = worker.plugins.get(_named("profile", options))  # never the driver's path: not this machine's
@@ -130,8 +128,7 @@ def _collected_here():
 
 
 def _files(path: str) -> dict[str, bytes]:
-    """The model's bytes and its external data files', by name relative to its folder; a model
-    that cannot be read goes alone, for its worker to report what is wrong with it."""
+    """The model's and its data files' bytes by name; an unreadable model goes alone, its worker says why."""
     names = [os.path.basename(path)]
     with contextlib.suppress(Exception):  # unreadable: the worker's reason is the one in-process gives
         names += map(os.path.normpath, external_files(path, onnx.load(path, load_external_data=False)))
@@ -181,9 +178,8 @@ def _connect(address: str, stack: contextlib.ExitStack):
 
 def on_cluster(process: Callable, address: str, targets: dict[str, str], options: dict,
                done: Callable[[dict], None], shared_fs: bool = True) -> None:
-    """``process`` every model of ``targets`` on the cluster at ``address``, calling ``done`` with
-    each record as it comes. Ctrl-C stops the run's models (queued and running) and merges the
-    latencies measured so far before it propagates."""
+    """``process`` every model of ``targets`` on the cluster at ``address``, ``done`` called with each record.
+    Ctrl-C stops the run's models (queued, running), merges the latencies measured, then propagates."""
     try:
         from distributed import Event, as_completed
     except ImportError:
@@ -245,8 +241,7 @@ def _share_database(client, options: dict) -> dict:
 
 
 def _merge(client, options: dict) -> None:
-    """The rows each worker measured, into the user's database in one transaction; then the
-    workers drop their files."""
+    """The rows the workers measured, into the user's database in one transaction; then they drop theirs."""
     rows = [r for found in client.run(_new_rows, _named("profile", options), on_error="ignore").values()
             if isinstance(found, list) for r in found]
     try:

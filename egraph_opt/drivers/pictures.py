@@ -141,8 +141,7 @@ def _label(node) -> str:
 # --- the e-graph ---
 
 def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES) -> SVG | TextPicture:
-    """The e-graph of an Explorer, or the e-classes within ``radius`` edges of ``around``:
-    e-classes as clusters, the extracted program's e-nodes filled."""
+    """An Explorer's e-graph, or the e-classes within ``radius`` of ``around``: chosen e-nodes filled."""
     classes = ex.snap.classes
     keep = set(classes) if around is None else _neighbourhood(classes, ex._id(around), radius)
     nodes = sum(len(classes[c]) for c in keep)
@@ -155,6 +154,7 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
                         ["e-class", "e-nodes", "ops"], rows, note="the largest e-classes")
         return TextPicture(str(summary))
     lines = ["digraph egraph {", "compound=true; rankdir=TB; node [shape=box, style=rounded, fontsize=10];"]
+    edges = []  # after every cluster: an edge inside one would draw its ends there
     for cid in sorted(keep):
         lo, hi = ex.snap.ranges.get(cid, (-float("inf"), float("inf")))
         root = cid in ex.root_classes
@@ -163,13 +163,10 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
         for i, node in enumerate(classes[cid]):
             fill = f', style="rounded,filled", fillcolor="{CHOSEN}"' if ex.chosen.get(cid) == node else ""
             lines.append(f"{_q(f'{cid}_{i}')} [label={_q(_label(node))}{fill}];")
+            edges += [f"{_q(f'{cid}_{i}')} -> {_q(child + '_0')} [lhead={_q('cluster_' + child)}];"
+                      for child in node.children if child in keep]
         lines.append("}")
-    for cid in sorted(keep):
-        for i, node in enumerate(classes[cid]):
-            for child in node.children:
-                if child in keep:
-                    lines.append(f"{_q(f'{cid}_{i}')} -> {_q(child + '_0')} [lhead={_q('cluster_' + child)}];")
-    return render("\n".join(lines + ["}"]), text)
+    return render("\n".join(lines + edges + ["}"]), text)
 
 
 def _neighbourhood(classes: dict, start: str, radius: int) -> set[str]:
@@ -190,8 +187,7 @@ def _neighbourhood(classes: dict, start: str, radius: int) -> set[str]:
 
 def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_NODES
                     ) -> SVG | TextPicture:
-    """The input and the output program side by side; nodes only one side has are filled (red:
-    new in the output, grey: gone from the input)."""
+    """The input and the output program side by side; nodes one side only has are filled (red: new, grey: gone)."""
     numbers = pat.structural_ids(before + after)
     sides = {"before": before, "after": after}
     keys = {side: {numbers[id(t)]: t for t in postorder(roots)} for side, roots in sides.items()}
@@ -205,8 +201,7 @@ def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_
         lines.append(f"subgraph cluster_{side} {{ label={_q(side)};")
         for k, term in sorted(keys[side].items()):
             fill = f', style="rounded,filled", fillcolor="{color}"' if k not in other else ""
-            label = _label(term) if OPS[term.op].is_leaf else term.op
-            lines.append(f"{side}_{k} [label={_q(label)}{fill}];")
+            lines.append(f"{side}_{k} [label={_q(_label(term))}{fill}];")
             lines += [f"{side}_{numbers[id(a)]} -> {side}_{k};" for a in term.args]
         lines.append("}")
     return render("\n".join(lines + ["}"]), fallback)
@@ -214,10 +209,12 @@ def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_
 
 # --- matplotlib figures ---
 
-def _figure(width: float = 6.4, height: float = 3.6):
+def _figure(width: float = 6.4, height: float = 3.6, columns: int = 1):
+    """A figure and its axes: one, or a row of ``columns``."""
     require("report", "drawing figures")
     from matplotlib.figure import Figure
-    return Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots(1, columns)
 
 
 def relative_error(value: torch.Tensor, truth: torch.Tensor) -> float:
@@ -229,8 +226,7 @@ def relative_error(value: torch.Tensor, truth: torch.Tensor) -> float:
 
 
 def precision_errors(fn, args, dtypes=("float32", "bfloat16", "float16")) -> Table:
-    """Error against the float64 truth of the original and the optimized program (``fn`` an
-    optimized function) with the inputs cast to each dtype."""
+    """Error against float64 of ``fn`` (an optimized function) and its original, inputs cast to each dtype."""
     truth = fn.fn(*[a.double() for a in args]).double()
     casts = {name: [a.to(getattr(torch, name)) for a in args] for name in dtypes}
     rows = [[name, relative_error(fn.fn(*c), truth), relative_error(fn(*c), truth)] for name, c in casts.items()]
@@ -240,8 +236,7 @@ def precision_errors(fn, args, dtypes=("float32", "bfloat16", "float16")) -> Tab
 def precision_figure(fn, args, dtypes=("float32", "bfloat16", "float16")):
     """Bars of ``precision_errors``: how each precision degrades, original vs optimized."""
     table = precision_errors(fn, args, dtypes)
-    fig = _figure()
-    ax = fig.add_subplot()
+    fig, ax = _figure()
     top = max((v for row in table.rows for v in row[1:] if v != float("inf") and v > 0), default=1.0) * 10
     for j, (label, color) in enumerate([("original", "#90a4ae"), ("optimized", "#1e88e5")]):
         values = [row[1 + j] for row in table.rows]
@@ -258,11 +253,9 @@ def precision_figure(fn, args, dtypes=("float32", "bfloat16", "float16")):
 
 
 def waterfall_figure(report):
-    """Bits of output error each node's rounding causes (the analyzer's table), in program order,
-    with the running worst."""
+    """Bits of output error each node's rounding causes (the analyzer's table), in program order."""
     nodes = report.nodes
-    fig = _figure(6.4, 0.35 * len(nodes) + 1.2)
-    ax = fig.add_subplot()
+    fig, ax = _figure(6.4, 0.35 * len(nodes) + 1.2)
     ax.barh(range(len(nodes)), [n.error_bits for n in nodes], color="#ef6c00")
     ax.set_yticks(range(len(nodes)), [clip(n.text, 40) for n in nodes], fontsize=8)
     ax.invert_yaxis()
@@ -274,10 +267,9 @@ def waterfall_figure(report):
 def impact_figure(ex):
     """Per rule of the derivation: error (bits) and latency (us) it gained."""
     rows = ex.impact().rows
-    fig = _figure(8, 0.4 * max(len(rows), 2) + 1.2)
+    fig, axes = _figure(8, 0.4 * max(len(rows), 2) + 1.2, columns=2)
     names = [r[0] for r in rows]
-    for i, (column, title) in enumerate([(2, "error bits gained"), (3, "latency us gained")]):
-        ax = fig.add_subplot(1, 2, i + 1)
+    for i, (ax, column, title) in enumerate(zip(axes, (2, 3), ("error bits gained", "latency us gained"))):
         values = [r[column] for r in rows]
         ax.barh(range(len(rows)), values, color=["#43a047" if v >= 0 else "#e53935" for v in values])
         ax.set_yticks(range(len(rows)), names if i == 0 else [""] * len(rows), fontsize=8)
@@ -299,8 +291,7 @@ def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", siz
     sizes = sizes or [round(2 ** (k / 2)) for k in range(6, 25)]
     curve = [(work(op, SPECS[op].shapes(n), attrs).elements,
               model.predict(op, "torch", where, dtype, SPECS[op].shapes(n), attrs)) for n in sizes]
-    fig = _figure()
-    ax = fig.add_subplot()
+    fig, ax = _figure()
     ax.plot([x for x, _ in curve], [e.seconds * 1e6 for _, e in curve], "-", color="#1e88e5",
             label="model (interpolated)" if records else "model (roofline default)")
     if records:
@@ -368,8 +359,7 @@ def write_explorer(ex, path, alternatives: int = 5) -> str:
 
 
 def batch_page(records: list[dict], summary: str, interrupted: bool, status) -> str:
-    """One page for an ONNX batch: the summary, then a section per model, headed by what became of
-    it (``status(record)``, the summary's own word)."""
+    """An ONNX batch's page: the summary, then a section per model headed by ``status(record)``."""
     body = f"<pre>{html.escape(summary)}</pre>" + ("<p><b>interrupted (Ctrl-C)</b></p>" if interrupted else "")
     for r in records:
         fields = [[k, v] for k, v in r.items() if not isinstance(v, (dict, list))]
@@ -387,8 +377,7 @@ def batch_page(records: list[dict], summary: str, interrupted: bool, status) -> 
 
 def _ops_figure(before: dict, after: dict):
     ops = sorted(set(before) | set(after))
-    fig = _figure(6.4, 0.3 * len(ops) + 1.2)
-    ax = fig.add_subplot()
+    fig, ax = _figure(6.4, 0.3 * len(ops) + 1.2)
     for j, (counts, label) in enumerate([(before, "before"), (after, "after")]):
         ax.barh([i + (j - 0.5) * 0.4 for i in range(len(ops))], [counts.get(o, 0) for o in ops], 0.4,
                 label=label)

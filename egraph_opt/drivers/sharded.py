@@ -69,8 +69,7 @@ class ShardedPlan:
         return self.search.original.seconds
 
     def placements(self) -> Table:
-        """Every op of the sharded program: the shape one device computes, where its value lives,
-        and its predicted time on one device."""
+        """Every op of the sharded program: one device's shape and predicted time, and where its value lives."""
         best = self.search.best
         shape_of, labels = shapes(best.roots), _placements(best, self.search.classes)
         items = [t for t in postorder(best.roots) if t.args]
@@ -121,8 +120,7 @@ class ShardedPlan:
         return map_aggregate(sharded.outputs, lambda x: by_id[id(x)] if isinstance(x, Term) else x)
 
     def run(self, *args) -> Any:
-        """Start ``mesh`` processes on torch.distributed (gloo on CPU, NCCL on CUDA), run the
-        sharded program, and return the result device 0 holds: equal to the original's."""
+        """Run on ``mesh`` torch.distributed processes (gloo or NCCL); device 0's result, the original's."""
         values, _ = runner.spawn(self.terms, self._env(args), self.mesh)
         return self._outputs(values)
 
@@ -153,10 +151,8 @@ def _placements(best: Candidate, classes: dict) -> dict[int, str]:
             out[id(t)] = f"split {t.attrs[0]}"
         elif spec.is_leaf or spec.mesh == "whole" or all(out[id(a)] == "whole" for a in t.args):
             out[id(t)] = "whole"
-        elif id(t) in summed:
-            out[id(t)] = "partial sums"
         else:
-            out[id(t)] = split.get(best.class_of[id(t)], "per device")
+            out[id(t)] = "partial sums" if id(t) in summed else split.get(best.class_of[id(t)], "per device")
     return out
 
 

@@ -31,11 +31,10 @@ _PREFIX = ".egraph-opt-"
 
 def claim(stage: Callable[[str], None], target: str, names: list[str], overwrite: bool = False,
           run: str = "", same_is_ours: bool = False) -> None:
-    """``stage(folder)`` writes the files ``names`` (data first, the model last) into a folder
-    beside ``target``; each is then linked to its name beside ``target``: of two runs one fails,
-    and no model appears without its data (``overwrite`` removes the old model and data first).
-    ``same_is_ours``: files already there with the same bytes count as claimed (a cluster runs a
-    model again when the worker holding its result dies; its driver saw no target before)."""
+    """``stage(folder)`` writes the files ``names`` (data first, model last) into a folder beside
+    ``target``, then each is linked beside it: of two runs one fails, and no model appears without
+    its data (``overwrite`` removes the old ones first). ``same_is_ours``: files there with the same
+    bytes count as claimed (a cluster reruns a model whose worker died holding its result)."""
     directory = os.path.dirname(target)
     folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{run}-" if run else _PREFIX, dir=directory or ".")
     held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -90,10 +89,9 @@ def write_files(files: dict[str, bytes], target: str, overwrite: bool = False, r
 
 
 def remove_staging(directory: str, run: str = "", before: float | None = None) -> None:
-    """Remove the staging folders in ``directory`` (of ``run``; of any run where "") that no live
-    process holds, made before ``before`` (a Unix time) where given: those of killed processes.
-    Where such a process had linked in only part of its unit (the data, not the model), that
-    part is taken back: a rerun then writes the whole unit."""
+    """Remove the staging folders in ``directory`` (of ``run``; of any run where "") that no live process
+    holds, made before ``before`` where given: those of killed processes. Where one had linked in only part
+    of its unit (the data, not the model), that part is taken back: a rerun writes the whole unit."""
     pattern = f"{_PREFIX}{run}-*" if run else f"{_PREFIX}*"
     for folder in glob.glob(os.path.join(glob.escape(directory), pattern)):
         try:
@@ -118,9 +116,8 @@ def remove_staging(directory: str, run: str = "", before: float | None = None) -
 
 
 def made_from(path: str, options: dict) -> str:
-    """What an output is made from: the digest of its model's bytes (its data files' too) and the
-    options that change what is written. Stored in the output, it lets a rerun tell its own
-    outputs (kept) from other files in the way."""
+    """An output's source: its model's digest (data files' too) and the options that change the output.
+    Stored in the output, it tells a rerun its own outputs (kept) from other files in the way."""
     digest = hashlib.sha256()
     for name in [os.path.basename(path), *external_files(path, onnx.load(path, load_external_data=False))]:
         with open(os.path.join(os.path.dirname(path), name), "rb") as f:
@@ -138,9 +135,8 @@ def stamp(model: onnx.ModelProto, source: str) -> None:
 
 
 def earlier_output(path: str, target: str, options: dict) -> dict | None:
-    """None where ``target`` is free; else what the run does about it: "kept", the output an
-    earlier run made from this model with these options (a rerun after a kill finishes the
-    rest), or "failed": another file is in the way."""
+    """None where ``target`` is free; else "kept", the output an earlier run made from this model with these
+    options (a rerun after a kill finishes the rest), or "failed": another file is in the way."""
     if not os.path.lexists(target):
         return None
     try:
@@ -151,6 +147,5 @@ def earlier_output(path: str, target: str, options: dict) -> dict | None:
         there, ours = {}, None
     if there == ours:
         return {"status": "kept", "reason": f"{target} was written from this model by an earlier run"}
-    same_model = ours is not None and there.get("sha256") == ours["sha256"]
-    other = " (made from this model with other options)" if same_model else ""
+    other = " (made from this model with other options)" if ours and there.get("sha256") == ours["sha256"] else ""
     return {"status": "failed", "reason": f"{target} exists{other} (use --force to overwrite)"}

@@ -34,8 +34,7 @@ def require(extra: str, what: str) -> None:
 
 
 def find_dot() -> str | None:
-    """``$EGRAPH_OPT_DOT`` if set (None if it is not a program), else ``dot``, else
-    ``graphviz-pure`` on PATH or beside this Python."""
+    """``$EGRAPH_OPT_DOT`` (None: no program), else ``dot`` or ``graphviz-pure`` on PATH or beside Python."""
     chosen = os.environ.get("EGRAPH_OPT_DOT")
     if chosen is not None:
         return chosen if shutil.which(chosen) else None
@@ -61,8 +60,7 @@ def at_least(minimum: int):
 
 
 def new_file_mode() -> int:
-    """The mode ``open`` gives a new file (0o666 less the user's umask), for files written aside
-    and moved into place: mkstemp and onnx's external data make them 0600."""
+    """A new file's mode under ``open`` (0o666 less the umask): mkstemp and onnx make files 0600."""
     mask = os.umask(0o077)  # read by setting: a file another thread makes meanwhile is private
     os.umask(mask)
     return 0o666 & ~mask

@@ -59,8 +59,7 @@ def _ops_of(rule) -> tuple[frozenset, frozenset]:
 
 @functools.lru_cache(maxsize=None)
 def _range_rules() -> tuple[tuple[frozenset, str], ...]:
-    """Each range rule with the ops it names (egglog constructors: only its query has any, as
-    its actions set bounds and facts): it waits for them as rules do."""
+    """Each range rule with the ops its query names (its actions set bounds, facts): it waits for them too."""
     return tuple((frozenset(BY_EGG_NAME[n].name for n in re.findall(r"\((\w+)", text) if n in BY_EGG_NAME),
                   text) for text in range_rules.rules())
 
@@ -85,8 +84,7 @@ class ENode:
 
 @dataclass
 class Snapshot:
-    """The serialized e-graph: e-classes of Tensor e-nodes, the class of each loaded term, and
-    the interval the range analysis proved for each class."""
+    """The serialized e-graph as plain data: e-classes of Tensor e-nodes, and what analyses proved."""
     classes: dict[str, list[ENode]]
     class_of_ref: dict[int, str]
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -111,10 +109,9 @@ class Saturation:
 
 
 class _Owner:
-    """The one thread that makes, uses and drops every egglog e-graph: egglog's EGraph is a PyO3
-    "unsendable" object, and one touched on another thread panics, while one dropped there prints
-    a traceback and is never freed (as a plan cache shared by threads would do, leaking every
-    e-graph). Callers hold a number; calls run here."""
+    """The one thread that makes, uses and drops every egglog e-graph: egglog's EGraph is a PyO3 "unsendable"
+    object; one touched on another thread panics, one dropped there prints a traceback and is never freed (a
+    plan cache shared by threads would leak every e-graph). Callers hold a number; calls run here."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -222,16 +219,14 @@ class EGraph:
 
     def add(self, roots: list[Term], intervals: dict[int, tuple[float, float]] | None = None,
             meta: dict[int, tuple] | None = None) -> list[int]:
-        """Load terms, with their intervals and (shape, dtype) by term id where known; return the
-        anchor number of each root. Equal structure shares one anchor."""
+        """Load terms (intervals, (shape, dtype) by id where known): each root's anchor, one per structure."""
         lines = []
         for t in [t for t in postorder(roots) if id(t) not in self._ref_of_term]:
             key = (t.op, tuple(self._ref_of_term[id(a)] for a in t.args), t.attrs)
             ref = self._refs.get(key)
             if ref is None:
                 ref = self._refs[key] = len(self._refs)
-                parts = [OPS[t.op].egg_name] + [f"(Ref {r})" for r in key[1]]
-                parts += [literal(v) for v in t.attrs]
+                parts = [OPS[t.op].egg_name, *(f"(Ref {r})" for r in key[1]), *map(literal, t.attrs)]
                 lines.append(f"(union (Ref {ref}) ({' '.join(parts)}))")
                 lo, hi = (intervals or {}).get(id(t), (-math.inf, math.inf))
                 if t.args:  # computed in float64, rounded to nearest: widened outward, as the rules'
@@ -266,10 +261,9 @@ class EGraph:
         return self._ref_of_term[id(term)]
 
     def add_rules(self, phase: str, rules, wait: bool = True) -> None:
-        """Declare rules into ruleset ``phase``. A rule whose left side names an op that neither
-        the loaded terms nor a declared rule's right side can make never matches: it waits (and
-        is declared once an op it needs arrives), since declaring ~250 rules costs egglog most of
-        a small program's optimization. ``wait=False`` declares every rule now."""
+        """Declare rules into ruleset ``phase``. A rule whose left side names an op neither the loaded terms
+        nor a declared rule's right side makes never matches: it waits for one (declaring ~250 rules costs
+        egglog most of a small program's optimization). ``wait=False`` declares every rule now."""
         if phase not in self._rulesets:
             self._run(f"(ruleset {_ruleset(phase)})")
             self._rulesets.add(phase)
@@ -331,8 +325,7 @@ class EGraph:
         return self._call("serialize", []).to_dot()
 
     def widget(self):
-        """egglog's own interactive visualizer of this e-graph: it draws in a live notebook
-        with a browser (headless, nothing shows)."""
+        """egglog's interactive visualizer of this e-graph: it draws in a live notebook with a browser."""
         from egglog.visualizer_widget import VisualizerWidget
         return VisualizerWidget(egraphs=[self.serialize_json()])
 

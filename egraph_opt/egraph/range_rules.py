@@ -2,21 +2,14 @@
 
 Every term loaded from a program gets its interval from the Python analysis (``ranges.py``, which
 knows shapes and has exp/log). These rules derive intervals for the nodes rewrites create, and the
-facts rule conditions use (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of
-the ops (exp > 0, softmax >= 0, variance >= 0). ``dtype-of`` records every value that is not
-float32 (precision rules read it); ``last-dim`` every loaded value's last axis size and ``rank``
-every leaf's rank, and of elementwise ops over ranked operands (fusions into kernels with shape
-contracts read them); ``axis-size`` every loaded value's size along each axis, counted from the end,
-and its rank (from the program's static shapes: sharding rules split two operands together only
-where both span the split axis alike, never one broadcast along it); ``reshape-axis`` and ``reshape-part``,
-of each loaded reshape's operand, its target shape and an axis of the result the reshape keeps
-whole: the operand's axis it is, and the target a device's part takes (``lang/mesh.py``
-``through_reshape``); ``whole`` every value each device of a mesh holds whole (sharding rules
-split only those); ``nonempty`` every loaded value with no size-0 axis (only then do a reduction's
-bounds follow from its operand's: over an empty axis it is its identity, -inf for logsumexp).
-``lo`` merges by max and ``hi`` by min: two sound intervals for one e-class intersect. Tripwires
-panic on merges that can only come from an unsound rule: two different constants, two different
-inputs, an empty interval.
+facts guards read (``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of the ops.
+The other analyses record what rules ask of a value: ``dtype-of`` (a value not float32), ``last-dim``,
+``rank`` and ``axis-size`` (fusions' shape contracts; sharding splits two operands together only
+where both span the axis alike), a reshape's ``reshape-axis`` and ``reshape-part`` (``lang/mesh.py``
+``through_reshape``), ``whole`` (every device of a mesh holds the value) and ``nonempty`` (no
+size-0 axis: only then does a reduction's bound follow from its operand's). ``lo`` merges by max
+and ``hi`` by min: two sound intervals of one e-class intersect. Tripwires panic on merges only an
+unsound rule makes: two different constants or inputs, an empty interval.
 """
 from __future__ import annotations
 

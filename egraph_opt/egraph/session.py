@@ -22,8 +22,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Phase:
-    """One named step of the schedule: a set of rules (``rulesets.Rule``) run to saturation or
-    to its limits."""
+    """One named step of the schedule: its rules (``rulesets.Rule``) run to saturation or limits."""
     name: str
     rules: tuple
     limits: Limits = Limits()
@@ -39,12 +38,11 @@ class ExtractionError(RuntimeError):
 
 @dataclass
 class Session:
-    """A saturated e-graph of terms: its snapshot, how each phase ran, the e-class of every loaded
-    term (by term id) and of each root, and the seconds building and saturating took."""
+    """A saturated e-graph of terms, snapshotted, with how each phase ran and how long it took."""
     egraph: EGraph
     snap: Snapshot
     saturation: list[Saturation]
-    class_of: dict[int, str]
+    class_of: dict[int, str]  # of every loaded term, by term id
     root_classes: list[str]
     seconds: dict[str, float]
 
@@ -87,9 +85,8 @@ def reached(roots: list[str], node_of: Callable[[str], ENode | None]) -> dict[st
 
 
 def terms_of(choice: dict[str, ENode], roots: list[str], shared: dict | None = None) -> dict[str, Term]:
-    """The Term of every e-class ``roots`` reach, each spelled by its e-node in ``choice``: one
-    Term per class, so the terms share what the classes share; ``shared`` (structure -> Term)
-    also shares equal structures across calls. A cyclic choice raises ExtractionError."""
+    """The Term of every e-class ``roots`` reach, spelled by its e-node in ``choice``: one Term per class,
+    sharing what classes share (``shared``: across calls too). A cyclic choice raises ExtractionError."""
     built: dict[str, Term] = {}
     for cid, node in reached(roots, choice.get).items():
         args = tuple(built[c] for c in node.children)
@@ -101,9 +98,8 @@ def terms_of(choice: dict[str, ENode], roots: list[str], shared: dict | None = N
 
 
 def fill(classes: dict[str, list[ENode]], known: dict, value_of: Callable) -> dict:
-    """A value for every e-class it can give one: ``known`` classes keep theirs; any other takes
-    ``value_of(class, e-node, operand values)`` of its first e-node whose operands have values
-    (None: not computable from it), until no class gains one."""
+    """A value for every e-class it can give one: ``known`` classes keep theirs; any other, ``value_of(class,
+    e-node, operand values)`` of its first e-node with valued operands (None: not from it), to a fix point."""
     out = dict(known)
     changed = True
     while changed:
@@ -118,8 +114,7 @@ def fill(classes: dict[str, list[ENode]], known: dict, value_of: Callable) -> di
 
 
 def reopened(egraph: EGraph, roots: list[Term]) -> Session:
-    """The session of an e-graph ``roots`` were loaded into, snapshotted as it stands: what a
-    reader of a finished optimization (its explorer, the profiler) works from."""
+    """The session of an e-graph ``roots`` were loaded into, as it stands: for a finished run's readers."""
     snap = egraph.snapshot()
     class_of = {id(t): snap.class_of_ref[egraph.ref(t)] for t in postorder(roots)}
     return Session(egraph=egraph, snap=snap, saturation=[], class_of=class_of,

@@ -70,9 +70,8 @@ def torchs_own(node: fx.Node) -> bool:
 
 
 def functional(target):
-    """The out-of-place twin of an in-place op (``aten.add_.Tensor`` -> ``aten.add.Tensor``,
-    ``"mul_"`` -> ``"mul"``), or None. Where the written operand is never read again (what
-    ``mutations`` leaves), the twin gives the same value and writes nothing."""
+    """The out-of-place twin of an in-place op (``aten.add_.Tensor`` -> ``aten.add.Tensor``, ``"mul_"`` ->
+    ``"mul"``), or None: where the written operand is never read again, the same value, writing nothing."""
     if isinstance(target, torch._ops.OpOverload):
         name = target._schema.name.split("::")[-1]
         packet = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
@@ -93,9 +92,8 @@ def _base(node) -> tuple[object, bool]:
 
 
 def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
-    """What the program mutates, as the user would name it (empty: the program is pure), and the
-    in-place nodes that are pure only if lowered to a Term: run as an opaque call they would write
-    into a value the e-graph may share with an equal one."""
+    """What the program mutates, as the user would name it (empty: pure), and the in-place nodes pure only if
+    lowered to a Term: as opaque calls they would write into a value the e-graph may share."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     found, in_place = [], set()
     for node in gm.graph.nodes:
@@ -117,10 +115,9 @@ def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
 
 
 class Draws(TorchDispatchMode):
-    """Raises ``refuse(op)`` before an op draws from a random generator runs (dropout in train
-    mode, ``torch.rand``): each run the optimizer makes of such a program (trace, validation,
-    timing) would advance the caller's generator, which eager advances once per call, and two runs
-    of it never agree. A thread's own mode: other threads' draws are theirs."""
+    """Raises ``refuse(op)`` before an op that draws from a random generator runs (train-mode dropout,
+    ``torch.rand``): each run the optimizer makes (trace, validation, timing) would advance the caller's
+    generator, which eager advances once per call, and two runs never agree. A thread's own mode."""
 
     def __init__(self, refuse):
         super().__init__()
@@ -128,14 +125,10 @@ class Draws(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags and _draws(func, args, kwargs):
-            raise self.refuse(func.name().split("::")[-1])
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            named = {a.name: kwargs.get(a.name, args[i] if i < len(args) else a.default_value)
+                     for i, a in enumerate(func._schema.arguments)}
+            # a seeded op draws, but for attention with dropout_p=0 and dropout outside training
+            if not (named.get("dropout_p", 1) == 0 or named.get("train", True) is False):
+                raise self.refuse(func.name().split("::")[-1])
         return func(*args, **kwargs)
-
-
-def _draws(func, args: tuple, kwargs: dict) -> bool:
-    """Whether a seeded op draws in this call: attention with ``dropout_p=0`` and dropout outside
-    training do not."""
-    named = {a.name: kwargs.get(a.name, args[i] if i < len(args) else a.default_value)
-             for i, a in enumerate(func._schema.arguments)}
-    return not (named.get("dropout_p", 1) == 0 or named.get("train", True) is False)

@@ -41,5 +41,4 @@ def _einsum(c, equation, *operands, path=None):
     (i,), (j,) = (set(a) - set(b)), (set(b) - set(a))
     left = forms.permute(x, [a.index(d) for d in batch + i + k], len(a))
     right = forms.permute(y, [b.index(d) for d in batch + k + j], len(b))
-    product = Term("matmul", (left, right))
-    return forms.permute(product, [(batch + i + j).index(d) for d in out], len(out))
+    return forms.permute(Term("matmul", (left, right)), [(batch + i + j).index(d) for d in out], len(out))

@@ -26,6 +26,8 @@ DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
           onnx.TensorProto.INT16: "int16", onnx.TensorProto.INT8: "int8",
           onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool"}
 ELEM_TYPES = {name: code for code, name in DTYPES.items()}
+#: reductions: the opset from which their axes are an input rather than an attribute
+AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,7 @@ class Importer:
         if name not in self.consts:
             raise Unsupported(f"{name!r} is not a tensor of the Term language")
         array = self.consts[name]
-        proto = self.protos.get(name) or numpy_helper.from_array(array, name)
-        self.protos[name] = proto
+        self.protos[name] = proto = self.protos.get(name) or numpy_helper.from_array(array, name)
         dtype = DTYPES.get(proto.data_type)
         if dtype is None:
             raise Unsupported(f"constant {name!r} has an element type the Term language lacks")
@@ -133,14 +134,16 @@ def _unary(op: str):
     return lambda im, node: Term(op, (im.term(node.input[0]),))
 
 
-def _reduce(op: str, axes_input_since: int):
+def _reduce(op: str):
     def convert(im: Importer, node):
         x = node.input[0]
         keep = bool(_attr(node, "keepdims", 1))
-        if im.opset >= axes_input_since:
+        if im.opset >= AXES_INPUT_SINCE[node.op_type]:
             axes = list(im.const(node.input[1])) if len(node.input) > 1 and node.input[1] else []
         else:
             axes = list(_attr(node, "axes", []))
+        if op == "logsumexp" and len(axes) != 1:
+            raise Unsupported("ReduceLogSumExp over other than one axis")
         if not axes and _attr(node, "noop_with_empty_axes", 0):
             return im.term(x)
         rank = im.rank(x)
@@ -305,15 +308,6 @@ def _dropout(im: Importer, node):
     return im.term(node.input[0])
 
 
-def _log_sum_exp(im: Importer, node):
-    axes = list(im.const(node.input[1]) if im.opset >= 18 and len(node.input) > 1
-                else _attr(node, "axes", []))
-    if len(axes) != 1:
-        raise Unsupported("ReduceLogSumExp over several axes")
-    return Term("logsumexp", (im.term(node.input[0]),),
-                (im.axis(node.input[0], int(axes[0])), bool(_attr(node, "keepdims", 1))))
-
-
 def _class_loss(op: str):
     """NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss (class axis 1, as torch's): unweighted,
     the loss alone. With no ignore_index, int64's least value (no valid target) ignores none."""
@@ -337,8 +331,8 @@ CONVERTERS = {
     "Gelu": lambda im, n: Term("gelu", (im.term(n.input[0]),), (_attr(n, "approximate", "none"),)),
     "Identity": lambda im, n: im.term(n.input[0]),
     "Dropout": _dropout,
-    "ReduceSum": _reduce("sum", 13), "ReduceMean": _reduce("mean", 18),
-    "ReduceMax": _reduce("max", 18), "ReduceLogSumExp": _log_sum_exp,
+    "ReduceSum": _reduce("sum"), "ReduceMean": _reduce("mean"),
+    "ReduceMax": _reduce("max"), "ReduceLogSumExp": _reduce("logsumexp"),
     "MatMul": lambda im, n: Term("matmul", (im.term(n.input[0]), im.term(n.input[1]))),
     "Gemm": _gemm, "Transpose": _transpose,
     **dict.fromkeys(("Reshape", "Flatten", "Squeeze", "Unsqueeze"), _to_shape("reshape")),

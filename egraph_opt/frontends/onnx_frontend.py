@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper, shape_inference
 
 from .onnx_converters import (CONVERTERS, DTYPES, ELEM_TYPES, Importer, Unsupported, ValueType, opset_of)
+from .onnx_layouts import attr
 from ..lang.program import OpaqueCall, Program
 from ..lang.term import Term
 
@@ -66,8 +67,7 @@ class OnnxProgram:
 
 
 def external_files(path: str, model: onnx.ModelProto) -> list[str]:
-    """The external data files of ``model`` (read from ``path``), relative to its directory;
-    a file outside that directory, or missing, is refused."""
+    """External data files of ``model``, relative to ``path``'s folder; one outside or missing is refused."""
     base = os.path.dirname(os.path.abspath(path))
     files = []
     for tensor in external_data_helper._get_all_tensors(model):
@@ -169,13 +169,10 @@ def _constant_node(node: onnx.NodeProto) -> np.ndarray:
 def _fold(im: Importer, node: onnx.NodeProto) -> list[np.ndarray] | None:
     """Outputs of a node whose inputs are all constants, or None when it must run at run time."""
     if node.op_type == "Shape" and node.input[0] in im.types:
-        try:
+        with contextlib.suppress(Unsupported):
             dims = np.array(im.static(node.input[0]), dtype=np.int64)
-        except Unsupported:
-            return None
-        start = next((a.i for a in node.attribute if a.name == "start"), 0)
-        end = next((a.i for a in node.attribute if a.name == "end"), len(dims))
-        return [dims[start:end]]
+            return [dims[attr(node, "start", 0):attr(node, "end", len(dims))]]
+        return None
     if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC or \
             any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         return None
@@ -183,17 +180,14 @@ def _fold(im: Importer, node: onnx.NodeProto) -> list[np.ndarray] | None:
     if not inputs or not all(x in im.consts for x in inputs) or sum(im.consts[x].size for x in inputs) > _FOLD_LIMIT:
         return None
     from onnx.reference import ReferenceEvaluator
-    try:
-        results = ReferenceEvaluator(node).run(None, {x: im.consts[x] for x in inputs})
-    except Exception:  # noqa: BLE001 - a node the reference cannot fold simply runs at run time
-        return None
-    results = [np.asarray(r) for r in results]
-    return None if any(r.size > _FOLD_LIMIT for r in results) else results
+    with contextlib.suppress(Exception):  # a node the reference cannot fold simply runs at run time
+        results = [np.asarray(r) for r in ReferenceEvaluator(node).run(None, {x: im.consts[x] for x in inputs})]
+        return None if any(r.size > _FOLD_LIMIT for r in results) else results
+    return None
 
 
 def overridable(graph: onnx.GraphProto) -> set[str]:
-    """Initializers the graph also lists as inputs: defaults a caller may override with a feed
-    (onnxruntime does), so their values must not be folded into the program."""
+    """Initializers also listed as inputs: defaults a feed may override, so never folded into the program."""
     return {i.name for i in graph.input} & {t.name for t in graph.initializer}
 
 
@@ -227,18 +221,15 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
 
 
 def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -> Importer:
-    """An importer that knows every value's inferred type, the constant initializers and which
-    values some node or the graph's outputs read."""
+    """An importer knowing every value's inferred type, the constant initializers and which values are read."""
     graph = model.graph
     try:
         inferred = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is a help; without it more nodes stay opaque
         inferred = graph
     im = Importer(model, where, producers={o: n for n in nodes for o in n.output})
-    for info in list(inferred.value_info) + list(inferred.output) + list(graph.input):
-        vt = _value_type(info)
-        if vt is not None:
-            im.types[info.name] = vt
+    im.types.update((info.name, vt) for info in [*inferred.value_info, *inferred.output, *graph.input]
+                    if (vt := _value_type(info)) is not None)
     defaults = overridable(graph)
     for tensor in graph.initializer:
         if tensor.name not in defaults:  # a caller may feed another value: an input, not a constant
@@ -252,8 +243,7 @@ def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -
 
 
 def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
-    """Fold, convert or keep opaque each node in order: (folded count, opaque calls, the
-    (shape, dtype) of each opaque value)."""
+    """Fold, convert or keep opaque each node in order: (folded count, opaque calls, their (shape, dtype))."""
     opaque, opaque_types, folded = {}, {}, 0
     shapeless: set[str] = set()  # opaque values of unknown shape: only opaque nodes may use them
     for i, node in enumerate(nodes):
@@ -272,16 +262,19 @@ def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
         try:
             _convert_node(im, node, shapeless)
         except Unsupported:  # the node runs as itself: its outputs are opaque leaves of the program
-            key = _unique(node.name or f"{node.op_type}_{i}", opaque)
+            key = unique(node.name or f"{node.op_type}_{i}", opaque)
             args = tuple(im.term(x) if x else None for x in node.input)
             reads = tuple((x, im.term(x)) for x in subgraph_reads(node) if x in im.terms or x in im.consts)
             opaque[key] = OpaqueCall(key, "onnx", node, args, {"captured": reads} if reads else {})
             for out in filter(None, node.output):
                 im.terms[out] = Term("opaque", (), (out,))
-                opaque_types[out] = _shape_dtype(im, out)
-                if opaque_types[out] is None:  # analyses see a scalar; no Term ever reads it
+                vt, dtype = im.types.get(out), im.dtype(out)
+                if vt is None or vt.shape is None or not dtype:  # analyses see a scalar; no Term reads it
                     shapeless.add(out)
-                    opaque_types[out] = ((), getattr(torch, im.dtype(out) or "float32"))
+                    opaque_types[out] = ((), getattr(torch, dtype or "float32"))
+                else:
+                    opaque_types[out] = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape), \
+                        getattr(torch, dtype)
     return folded, opaque, opaque_types
 
 
@@ -330,15 +323,8 @@ def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
             im.types[info.name] = vt
 
 
-def _shape_dtype(im: Importer, name: str) -> tuple | None:
-    """(shape, torch dtype) of an opaque value, or None where its type is unknown."""
-    vt, dtype = im.types.get(name), im.dtype(name)
-    if vt is None or vt.shape is None or not dtype:
-        return None
-    return tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape), getattr(torch, dtype)
-
-
-def _unique(name: str, taken) -> str:
+def unique(name: str, taken) -> str:
+    """``name``, else the first of ``name_1``, ``name_2``... not in ``taken``."""
     out, k = name, 1
     while out in taken:
         out, k = f"{name}_{k}", k + 1

@@ -63,10 +63,9 @@ def _heads(im, name: str) -> tuple[Term, tuple] | None:
 
 
 def bmm_split(im, name: str, out: tuple) -> Term | None:
-    """A 3-D product of (B * H, ...) merges of 4-D operands, maybe scaled and biased elementwise
-    by constants (baddbmm: BLOOM's alibi), split back to (B, H, M, N): the 4-D product, the same
-    elementwise steps after it, each constant of (B * H, ...) or (1, ...) rows viewed as (B, H, ...)
-    or (1, 1, ...)."""
+    """A 3-D product of (B * H, ...) merges of 4-D operands, maybe scaled and biased elementwise by
+    constants (baddbmm: BLOOM's alibi), split back to (B, H, M, N): the 4-D product, the same elementwise
+    steps after it, each constant of (B * H, ...) or (1, ...) rows viewed as (B, H, ...) or (1, 1, ...)."""
     steps = []  # (op, constant name, whether it comes first), from the split down to the product
     node = im.producers.get(name)
     while node is not None and not standard(node, "MatMul"):

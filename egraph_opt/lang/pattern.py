@@ -70,8 +70,7 @@ def _atom(tok: str) -> Pattern:
 
 
 def sexp(text: str) -> list | str:
-    """One s-expression as nested lists of tokens: ``(exp ?x)`` -> ``['exp', '?x']``. Patterns and
-    rule guards are read by it."""
+    """One s-expression as nested lists of tokens: ``(exp ?x)`` -> ``['exp', '?x']`` (patterns, guards)."""
     stack: list[list] = [[]]
     for tok in _TOKEN.findall(text):  # every character is a token or space: nothing is skipped
         if tok == "(":
@@ -173,20 +172,15 @@ def match(p: Pattern, term: Term, canon: dict[int, int], bound: dict | None = No
     while stack:
         q, value = stack.pop()
         if isinstance(q, Var):
-            if q.name in bound:
-                old = bound[q.name]
-                same = (canon[id(old)] == canon[id(value)]) if isinstance(old, Term) else old == value
-                if not same:
-                    return None
-            else:
+            if q.name not in bound:
                 bound[q.name] = value
-        elif isinstance(q, Lit):
-            if q.value != value:
+            elif not (canon[id(bound[q.name])] == canon[id(value)] if isinstance(bound[q.name], Term)
+                      else bound[q.name] == value):
                 return None
-        elif isinstance(q, Prim):
+        elif isinstance(q, (Lit, Prim)):
             try:
                 computed = instantiate(q, bound)
-            except (KeyError, ArithmeticError):  # unbound or undefined: a wildcard
+            except (KeyError, ArithmeticError):  # a Prim unbound or undefined: a wildcard
                 computed = value
             if computed != value:
                 return None

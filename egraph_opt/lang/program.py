@@ -66,8 +66,7 @@ class Program:
         return list({id(t): t for t in found}.values())
 
     def meta(self) -> dict[int, tuple]:
-        """Shape and dtype of every term: inferred once per program, then read by the analyses,
-        the costs and the backends."""
+        """Shape and dtype of every term: inferred once per program, for the analyses, costs and backends."""
         if not self._meta:
             self._meta.update(shapes(self.roots(), self.leaf_meta()))
         return self._meta

@@ -66,8 +66,7 @@ class Term:
 
 
 def topological(roots: Iterable, deps: Callable[[Any], Sequence], key: Callable[[Any], Any]) -> list:
-    """Items reachable from ``roots``, each after the items ``deps`` says it uses; iterative
-    (programs are deeper than Python's recursion limit)."""
+    """Items reachable from ``roots``, each after those ``deps`` says it uses; iterative (deep programs)."""
     order, done = [], set()
     for root in roots:
         stack = [(root, False)]
@@ -102,10 +101,8 @@ def pretty(root: Term, names: dict[int, str] | None = None, width: int | None = 
     names = names or {}
     text: dict[int, tuple[str, int]] = {}  # id -> (text, precedence)
     for t in postorder([root]):
-        if width is not None and t.args:  # operands' texts cut past what the root can show
-            for a in t.args:
-                if len(text[id(a)][0]) > width:
-                    text[id(a)] = (text[id(a)][0][:width + 1], text[id(a)][1])
+        for a in t.args if width is not None else ():  # operands' texts cut past what the root can show
+            text[id(a)] = (text[id(a)][0][:width + 1], text[id(a)][1])
         if id(t) in names:
             text[id(t)] = (names[id(t)], 9)
             continue
@@ -131,10 +128,9 @@ def pretty(root: Term, names: dict[int, str] | None = None, width: int | None = 
 
 def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool = False,
              record: dict[int, object] | None = None, kernels: dict = {}) -> list[torch.Tensor]:
-    """Run terms with the ops' reference implementations, or their ``kernels`` where given (the
-    torch ones: ``egraph_opt.kernels.torch_ops.TORCH``); ``env`` binds input, param and opaque
-    names. ``reference``: every floating value in float64 and float casts identities, the
-    exact-arithmetic stand-in that rules and optimized programs are checked against."""
+    """Run terms by the ops' reference implementations, or their ``kernels`` where given (torch's:
+    ``kernels.torch_ops.TORCH``); ``env`` binds input, param and opaque names. ``reference``: floats in
+    float64, float casts identities: the exact stand-in rules and optimized programs are checked against."""
     values: dict[int, object] = {} if record is None else record
     folding = _folding_dtype(env, reference)
     for t in postorder(roots):

@@ -40,9 +40,8 @@ DEPTH = 6
 
 @dataclass(frozen=True)
 class Step:
-    """One rule at one location: ``path`` is the root's index then operand indices down to the
-    rewritten subterm; ``before`` and ``after`` are the whole root before and after the step. A
-    rule of several roots is one step: ``together`` holds its parts at the other roots."""
+    """One rule at one location: ``path`` is the root's index then operand indices to the rewritten subterm;
+    ``before``, ``after``: the whole root around it; ``together``: a rule's parts at its other roots."""
     rule: Rule
     path: tuple[int, ...]
     rewritten: Term
@@ -236,11 +235,9 @@ class _Replay:
     def _meet(self, sides: tuple[dict, dict], side: int, k: int, path: tuple) -> list[Step] | None:
         """Steps through the new term ``k`` of ``side`` to a term of the other side, if any."""
         term, steps = sides[side][k]
-        if k in sides[1 - side]:
-            pairs = [(k, k)]
-        else:
-            pairs = [(k, o) if side == 0 else (o, k) for o, (other, _) in sides[1 - side].items()
-                     if (other.op, other.attrs) == (term.op, term.attrs)]
+        pairs = [(k, k)] if k in sides[1 - side] else [
+            (k, o) if side == 0 else (o, k) for o, (other, _) in sides[1 - side].items()
+            if (other.op, other.attrs) == (term.op, term.attrs)]
         for f, b in pairs:
             (fterm, fsteps), (bterm, bsteps) = sides[0][f], sides[1][b]
             middle = [] if f == b else self._operands(fterm, bterm, path)
@@ -250,8 +247,7 @@ class _Replay:
 
     def _rewrites(self, term: Term, side: int):
         """(location, move, subterm, rewritten, part) of every move whose result the e-graph holds in
-        the subterm's e-class, at most REACH operands deep; side 1 rewrites moves' right sides
-        into their left sides."""
+        the subterm's e-class, at most REACH operands deep; side 1 rewrites right sides into left."""
         self.key(term)
         canon = self.keys  # structural numbers of every subterm (no walk of the term per search)
         frontier = [((), term)]
@@ -314,8 +310,7 @@ def _joined(per_root: list[list[Step]]) -> list[Step]:
 
 def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snapshot,
            loaded: dict[int, str]) -> Derivation:
-    """The steps from ``before`` to ``after`` (roots in the same order), over the snapshot of the
-    saturated e-graph; ``loaded`` maps each input term's id to its e-class."""
+    """Steps from ``before`` to ``after`` over the saturated snapshot; ``loaded``: input terms' e-classes."""
     replay = _Replay(snap, loaded, rules)
     derivation = Derivation(start=list(before), end=list(after))
     per_root, unexplained = [], []

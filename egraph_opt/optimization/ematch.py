@@ -20,8 +20,7 @@ from ..rulesets.guards import Fact, Guard
 
 
 def ematch(p, classes: dict, cid: str, bound: dict | None = None) -> Iterator[dict]:
-    """Every binding under which pattern ``p`` matches some e-node of e-class ``cid``: tensor
-    variables bind e-class ids, attribute variables values."""
+    """Bindings of ``p`` at an e-node of ``cid``: tensor variables to e-class ids, attributes to values."""
     bound = bound or {}
     if isinstance(p, pat.Var):
         if p.name not in bound:
@@ -52,8 +51,7 @@ def matches(p, classes: dict) -> list[tuple[str, dict]]:
 
 
 def producer(rules, classes: dict, cid: str, node):
-    """The first rule whose right side is ``node`` (an e-node of ``cid``) with its left side in
-    the same e-class: the e-graph holds that rewrite there. None: no single rule."""
+    """The first rule with right side ``node`` (of ``cid``) and left side in that e-class, or None."""
     alone = {**classes, cid: [node]}
     for rule in rules:
         for lhs, rhs in rule.pairs():
@@ -66,9 +64,8 @@ def producer(rules, classes: dict, cid: str, node):
 
 
 class Guards:
-    """Rule guards evaluated over the snapshot's analyses: ``lo``/``hi`` (intervals), the
-    relations ``positive``/``nonneg``/``nonzero``, ``dtype-of``, ``last-dim``, ``rank``,
-    ``axis-size`` and a reshape's ``reshape-axis``/``reshape-part``."""
+    """Rule guards evaluated over the snapshot's analyses: intervals, sign relations, ``dtype-of``,
+    ``last-dim``, ``rank``, ``axis-size`` and a reshape's ``reshape-axis``/``reshape-part``."""
 
     def __init__(self, snap, meta: dict):
         self.snap, self.meta = snap, meta

@@ -119,12 +119,11 @@ def _periodic_scopes(ops: list[Term]) -> dict[int, str]:
 
 def _with_first_block(ops: list[Term], at: dict, keys: list, start: int, period: int,
                       blocks: int) -> tuple[int, int, int]:
-    """The run moved back to take one more block, where one fits: the first block reads the
-    program's input where the others read the previous block, so its first ops break the match.
-    Seen from inside a block (what it reads from outside is alike), the blocks must be equal.
-    Where none fits, the same blocks moved back as far as they stay equal: a block then begins
-    where the first one's reads from outside do (a layer's norm, not its middle: a boundary inside
-    a norm leaves it unfused on both sides)."""
+    """The run moved back to take one more block, where one fits: the first block reads the program's input
+    where the others read the previous block, so its first ops break the match. Seen from inside a block
+    (what it reads from outside is alike), the blocks must be equal. Where none fits, the same blocks moved
+    back as far as they stay equal: a block then begins where the first one's reads from outside do (a
+    layer's norm, not its middle: a boundary inside a norm leaves it unfused on both sides)."""
     def seen_from(first: int, i: int) -> tuple:
         t = ops[i]
         operands = tuple(("outside",) if (id(a) in at and at[id(a)] < first) or a.op == "input"
@@ -167,9 +166,8 @@ def _longest_periodic_run(keys: list) -> tuple[int, int, int] | None:
 
 
 def substitute(roots: list[Term], mapping: dict[int, Term], made: dict | None = None) -> list[Term]:
-    """The terms with each term whose id is in ``mapping`` replaced, sharing preserved. ``made``:
-    terms built by earlier calls, by op, attributes and operand identities, so what depends only
-    on values every call shares (a mask from one buffer) is built once."""
+    """The terms with each term whose id is in ``mapping`` replaced, sharing kept; ``made``: terms earlier
+    calls built (by op, attributes, operand ids), so what only shared values feed is built once."""
     new: dict[int, Term] = {}
     for t in postorder(roots):
         args = tuple(new[id(a)] for a in t.args)
@@ -206,8 +204,7 @@ def instantiate(template_roots: list[Term], inst: Instance, args: list[Term], ma
 
 
 def outer_program(program: Program, groups: list[list[Instance]], meta: dict) -> Program:
-    """The program with every instance's outputs as leaves, and every instance's arguments as
-    extra outputs (they must still be computed)."""
+    """The program with every instance's outputs as leaves and its arguments as extra outputs (still computed)."""
     mapping, leaf_meta = {}, {}
     for group in groups:
         for inst in group:
@@ -229,8 +226,7 @@ def _rewrite(program: Program, rewrite) -> Program:
 
 def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[Term]]) -> Program:
     """Instantiate every instance into the optimized outer program (its second outputs: the
-    instances' arguments), earlier instances first (a later instance's arguments may be an earlier
-    one's outputs)."""
+    instances' arguments), earlier ones first (a later one's arguments may be their outputs)."""
     env: dict[str, Term] = {}
 
     def fill(terms: list[Term]) -> list[Term]:

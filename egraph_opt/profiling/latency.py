@@ -144,8 +144,7 @@ class _Group:
 
 
 class LatencyModel:
-    """Reads each (kernel, backend, device, dtype) once, on its first prediction: make a new model
-    to see records added since."""
+    """Reads each (kernel, backend, device, dtype) once, on its first prediction: a new model sees new rows."""
 
     def __init__(self, db: ProfileDB):
         self.db = db
@@ -153,8 +152,7 @@ class LatencyModel:
 
     def _group(self, kernel: str, backend: str, device: str, dtype: str, itemsize: int,
                layout) -> _Group | None:
-        """The rows of one kernel whose operands had ``layout``: a fit across layouts would
-        average kernels that run differently."""
+        """The rows of one kernel whose operands had ``layout``: across layouts a fit averages unlike runs."""
         key = (kernel, backend, device, dtype, str(layout))
         if key not in self._groups:
             rows = [(r, _work_of(kernel, r)) for r in self.db.records(*key[:4])
@@ -217,9 +215,8 @@ PROFILE_CALLS = 9
 
 @dataclass
 class MeasuredLatency:
-    """Callable ``(NodeFacts) -> (units, source)`` for ops the profiler knows. A
-    shape the database has not measured is timed now and recorded while ``budget_s`` lasts (the
-    database's rule: what is not there is profiled and added), so a second call measures nothing."""
+    """Callable ``(NodeFacts) -> (units, source)`` for ops the profiler knows; an unmeasured shape is timed
+    and recorded while ``budget_s`` lasts (the database's rule), so a second call measures nothing."""
     db: ProfileDB | None  # None once it failed: static estimates from then on
     device: str = "cpu"
     budget_s: float = 0.0

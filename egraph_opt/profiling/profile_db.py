@@ -243,8 +243,7 @@ class ProfileDB:
 
     @contextlib.contextmanager
     def _transaction(self):
-        """BEGIN IMMEDIATE takes the write lock up front, so two processes queue (up to the
-        connection timeout) instead of failing when a read lock is upgraded."""
+        """BEGIN IMMEDIATE takes the write lock first: two processes queue, not fail upgrading a read lock."""
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -296,8 +295,7 @@ class ProfileDB:
         return next((r for r in self.records(kernel, backend, device, dtype) if r.shape_key == key), None)
 
     def since(self, row_id: int = 0) -> tuple[list[Record], int]:
-        """The records added after row ``row_id``, oldest first, and the last row's id: to copy
-        records between databases, each with its device, versions and time as recorded."""
+        """Records after row ``row_id``, oldest first, and the last row's id: to copy them as recorded."""
         rows = self._conn.execute(f"SELECT id, {_COLUMNS} FROM {_TABLE} WHERE id > ? ORDER BY id",
                                   (row_id,)).fetchall()
         return [_from_row(row[1:]) for row in rows], rows[-1][0] if rows else row_id

@@ -205,12 +205,10 @@ def machine_busy() -> str | None:
     """Why a kernel timed now would not show this machine's speed, or None: other processes hold
     its cores (a 1-minute load average above the core count), and a multithreaded kernel then
     waits for the scheduler at each of its barriers, timing the scheduler, not the kernel."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average on this platform: nothing to tell
-        return None
-    cores = os.cpu_count() or 1
-    return f"load average {load:.1f} on {cores} cores" if load > cores else None
+    with contextlib.suppress(AttributeError, OSError):  # no load average on this platform: nothing to tell
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+        return f"load average {load:.1f} on {cores} cores" if load > cores else None
+    return None
 
 
 class Timing(NamedTuple):
@@ -251,10 +249,9 @@ def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, rep
 
 def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | torch.device,
                       budget_s: float, rounds: int = 61) -> list[float] | None:
-    """Median seconds per call of each of ``fns`` on ``args``, the calls interleaved (the order
-    rotating each round) so that load and clock drift fall on all alike; as many rounds as fit in
-    ``budget_s`` (at most ``rounds``), None when three do not (the figures would be noise). On CUDA
-    a call's time is the device's, between two events on its stream, read once a round."""
+    """Median seconds per call of each of ``fns`` on ``args``, calls interleaved (order rotating each round)
+    so load and drift fall on all alike; as many rounds as fit ``budget_s`` (at most ``rounds``), None when
+    three do not (noise). On CUDA a call's time is the device's, between two events, read once a round."""
     cuda = torch.device(device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: list[list[float]] = [[] for _ in fns]

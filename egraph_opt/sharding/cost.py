@@ -135,9 +135,8 @@ def memory(terms, meta_of) -> int:
 
 
 def fit_links(timings: list[tuple], n: int = 2) -> dict[str, Link]:
-    """alpha and beta per collective from (collective, bytes, seconds) timings on ``n`` devices,
-    fitted in relative error (a small message's time matters as much as a large one's), scaled
-    back to the 2-device form ``Link`` keeps."""
+    """alpha and beta per collective from (collective, bytes, seconds) timings on ``n`` devices, fitted in
+    relative error (a small message's time matters as a large one's), scaled to ``Link``'s 2-device form."""
     out = {}
     for name in COLLECTIVES:
         rows = [(b, s) for c, b, s in timings if c == name and s > 0]

@@ -28,8 +28,7 @@ class ShardingError(ValueError):
 
 @dataclass
 class Candidate:
-    """One sharded program: its root terms, the e-class of each term and its cost units, one
-    device's predicted time (total and communication) and memory."""
+    """One sharded program, priced: one device's predicted time (and its communication) and memory."""
     roots: list[Term]
     class_of: dict[int, str]
     units: dict[str, int]
@@ -62,8 +61,6 @@ class Search:
 
 def search(program: Program, n: int, *, limits: Limits, latency: MeasuredLatency | None = None,
            links: dict | None = None, memory_limit: int | None = None) -> Search:
-    if n < 1:
-        raise ShardingError(f"a mesh has at least one device, not {n}")
     if program.opaque:
         calls = ", ".join(c.describe() for c in program.opaque.values())
         raise ShardingError(f"cannot shard calls the Term language does not express: {calls}")

@@ -22,9 +22,8 @@ from ..lang.term import Term, evaluate
 
 
 def device_of_this_process(n: int) -> mesh.Device:
-    """This process's place in the initialized default process group. The collectives are
-    DTensor redistributions: a part placed as ``Shard(axis)`` (or a partial sum as ``Partial``)
-    made whole (``Replicate``) on a one-dimensional device mesh over the group."""
+    """This process's place in the initialized default process group; collectives are DTensor redistributions:
+    a ``Shard(axis)`` part (a ``Partial`` sum) made ``Replicate`` on a 1-D device mesh of the group."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Shard
     if dist.get_world_size() != n:
@@ -81,8 +80,7 @@ def _on_mesh(n: int, backend: str, threads: int | None, work, *args):
 
 
 def _slowest(repeats: int, call, *args) -> list[float]:
-    """Seconds of each of ``repeats`` runs of ``call(*args)``: every device starts together, and
-    a run ends when the last device's does."""
+    """Seconds of each of ``repeats`` runs of ``call(*args)``: devices start together, a run ends with the last."""
     times = []
     for _ in range(repeats):
         dist.barrier()
@@ -105,9 +103,8 @@ def _program(n: int, roots, env: dict, repeats: int) -> tuple[list, list[float]]
 
 def spawn(roots: list[Term], env: dict, n: int, repeats: int = 0, threads: int | None = None
           ) -> tuple[list, float | None]:
-    """Run on ``n`` new processes of ``threads`` threads each (default: the cores shared out);
-    the outputs device 0 holds (the program ends whole), and with ``repeats`` the median seconds
-    of one run, timed on every device, the slowest counted."""
+    """Run on ``n`` new processes of ``threads`` threads each (default: the cores shared out):
+    device 0's outputs and, with ``repeats``, a run's median seconds, the slowest device counted."""
     threads = threads or max(1, (os.cpu_count() or 1) // n)
     outputs, times = _on_mesh(n, backend_for(env), threads, _program, roots, env, repeats)
     return outputs, statistics.median(times) if times else None

@@ -18,14 +18,10 @@ from spellings import FAMILIES, SUITE  # noqa: E402
 T = 8
 #: spelling -> the piece that would make it fuse (a frontend lowering or a canonicalization)
 NOT_YET: dict[str, str] = {
-    "ort-layer-norm-tf": "x * s + (b - mean * s), the weight folded into the scale: no factoring into "
-                         "(x - mean) * s + b",
-    "xformers-core-bool-mask": "att[~mask] = -inf, an in-place index_put by a boolean mask, stays a call",
     "gpt-neox-baddbmm": "scores by bmm over flattened heads viewed back to (B, H, T, T) for a 4-D v, and "
                         "baddbmm's beta * zeros leaves + 0.0 (which turns -0 into +0)",
     "bloom-baddbmm-alibi": "baddbmm's beta * alibi + alpha * q k^T undone by * layer_number: the scale "
                            "distributed over a sum (reassociation)",
-    "falcon-alibi": "(q k^T + alibi) * scale + mask: the scale distributed over a sum (reassociation)",
     "opt-bmm-clamp": "torch.max(w, finfo.min) keeps a fully masked row finite: no fused op clamps its bias",
     "phi-upcast-float16": "masked attention with a float32 softmax is not declared for float16 (fusion.py: "
                           "the extremes test), and q, k are cast before their product",

@@ -279,6 +279,21 @@ def _eq(c, x, other):
 lowers("masked_fill")(lambda c, x, mask, value: Term("where", (mask, _operand(c, value, x), x)))
 
 
+@lowers(torch.index_put, "index_put")
+def _index_put(c, x, indices, values, accumulate=False):
+    """``x[mask] = values`` by one boolean mask of x's leading axes, values one for every masked
+    element (a number, or a tensor of the trailing axes' broadcastable shape): where(mask, values, x)."""
+    (mask,) = indices  # several indices: a ValueError, a refusal
+    lead, shape, value = tuple(c.info(mask).shape), tuple(c.info(x).shape), _operand(c, values, x)
+    k, lifted = len(lead), (1,) * (len(shape) - c.rank(value)) + tuple(c.info(value).shape) \
+        if value.op != "const" else (1,) * len(shape)
+    if accumulate or c.info(mask).dtype != torch.bool or lead != shape[:k] or len(lifted) != len(shape) \
+            or any(n != 1 for n in lifted[:k]) or any(n not in (1, m) for n, m in zip(lifted[k:], shape[k:])):
+        raise Unsupported("index_put other than of one value per element by a boolean mask")
+    mask = mask if k == len(shape) else Term("reshape", (mask,), (shape_attr(lead + (1,) * (len(shape) - k)),))
+    return Term("where", (mask, value if value.op == "const" else _cast(c, value, c.info(x).dtype), x))
+
+
 def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
     rank, x = c.rank(x), _cast(c, x, dtype) if dtype is not None else x
     dims = range(rank) if dim is None or dim == [] or dim == () else [dim] if isinstance(dim, int) else dim

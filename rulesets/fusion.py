@@ -78,6 +78,8 @@ _ATTENTIONS = [
     ("attention-fuse-fill-masked", "(matmul (softmax (where ?m (const ?f) {s}) -1) ?v)",
      "(sdpa_filled ?q ?k ?v (logical_not ?m) {c} ?f)",
      "masked_fill(mask == 0, -1e9) (the Annotated Transformer), (mask, finfo.min)"),
+    ("attention-fuse-floored", "(matmul (softmax (maximum (add {s} ?m) (const ?f)) -1) ?v)",
+     "(sdpa_floored ?q ?k ?v ?m {c} ?f)", "OPT: torch.max(w + mask, finfo.min)"),
     ("attention-fuse-guarded", f"(matmul {_GUARD.format(s='(add {s} ?m)')} ?v)", "(sdpa_guarded ?q ?k ?v ?m {c})",
      "GPT-2, BERT as the dynamo exporter writes them; unscaled, the scale on q and k (sqrt of it on each)"),
 ]

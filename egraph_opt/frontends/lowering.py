@@ -126,8 +126,8 @@ FALLBACKS: list[Callable] = []  # (node, args, kwargs, ctx) -> Term, Parts or No
 
 
 def known(t, kinds=(CONSTANT, "_tensor_constant", "lifted_tensor")) -> bool:
-    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace closed over."""
-    return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(kinds)
+    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace (a submodule) closed over."""
+    return isinstance(t, Term) and t.op == "param" and t.attrs[0].rsplit(".", 1)[-1].startswith(kinds)
 
 
 def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
@@ -281,8 +281,7 @@ lowers("masked_fill")(lambda c, x, mask, value: Term("where", (mask, _operand(c,
 
 @lowers(torch.index_put, "index_put")
 def _index_put(c, x, indices, values, accumulate=False):
-    """``x[mask] = values`` by one boolean mask of x's leading axes, values one for every masked
-    element (a number, or a tensor of the trailing axes' broadcastable shape): where(mask, values, x)."""
+    """``x[mask] = values``, one boolean mask of x's leading axes, values broadcast over what it masks: a where."""
     (mask,) = indices  # several indices: a ValueError, a refusal
     lead, shape, value = tuple(c.info(mask).shape), tuple(c.info(x).shape), _operand(c, values, x)
     k, lifted = len(lead), (1,) * (len(shape) - c.rank(value)) + tuple(c.info(value).shape) \
@@ -330,7 +329,7 @@ lowers(torch.amax, "amax")(_amax := lambda c, x, dim=(), keepdim=False:  # no di
 @lowers(torch.max, "max")
 def _max(c, x, dim=None, keepdim=False):
     if isinstance(dim, Term):
-        return Term("maximum", (x, dim))
+        return Term("maximum", (x, _operand(c, dim, x)))
     out = _reduce("max", c, x, dim, keepdim)  # of every element, or (values, indices) along one axis
     return out if dim is None else Parts((out, None))
 
@@ -346,8 +345,8 @@ def _negated(c, x, lower, *args):
 
 
 lowers(torch.amin, "amin")(lambda c, x, dim=(), keepdim=False: _negated(c, x, _amax, dim, keepdim))
-lowers(torch.min, "min")(lambda c, x, dim=None, keepdim=False: Term("minimum", (x, dim)) if isinstance(dim, Term)
-                         else _negated(c, x, _max, dim, keepdim))
+lowers(torch.min, "min")(lambda c, x, dim=None, keepdim=False: Term("minimum", (x, _operand(c, dim, x)))
+                         if isinstance(dim, Term) else _negated(c, x, _max, dim, keepdim))
 
 
 @lowers(torch.var, "var")

@@ -334,7 +334,8 @@ SOURCED = [
     Spelling("falcon-alibi", "attention", HF + "falcon/modeling_falcon.py: FalconAttention (alibi)",
              lambda t: (falcon_alibi, (*_qkv(t), _alibi(t), _additive_causal(t))), _MASKED),
     Spelling("opt-bmm-clamp", "attention", HF + "opt/modeling_opt.py: OPTAttention (v4.2x bmm path)",
-             lambda t: (_module(BartStyleAttention, True, True), (_x3(t), _additive_causal(t))), _MASKED),
+             lambda t: (_module(BartStyleAttention, True, True), (_x3(t), _additive_causal(t))),
+             (*_MASKED, "sdpa_floored")),
     Spelling("whisper-decoder-self-attention", "attention", HF + "whisper/modeling_whisper.py: "
              "WhisperAttention (k_proj without bias)",
              lambda t: (_module(BartStyleAttention, False), (_x3(t), _additive_causal(t))), _MASKED),

@@ -305,6 +305,18 @@ def sdpa_filled(q, k, v, keep, scale, fill):
     return out if dead is None else torch.where(dead, ops.grouped(q, v.mean(-2, keepdim=True)), out)
 
 
+def sdpa_floored(q, k, v, bias, scale, floor):
+    """softmax(max(q k^T * scale + bias, floor)) v. Where every score s is under a quarter of floor's
+    ulp (toward 0; no floor that q's dtype lacks), s + floor rounds to floor and s + b to at least that
+    where b >= floor: the clamp is the bias's, s + max(b, floor), and torch's kernel runs, no key masked."""
+    fi = torch.finfo(q.dtype)
+    limit = fi.eps * 2.0 ** (math.frexp(floor)[1] - 4) if abs(floor) <= fi.max else 0.0
+    slow = _not_below(_score_bound(q, k, scale), limit)  # a bool tensor on the device path: selected there
+    definition = functools.partial(OPS["sdpa_floored"].impl, q, k, v, bias, scale, floor)
+    fast = functools.partial(_torch_sdpa, q, k, v, attn_mask=bias.to(q.dtype).clamp(floor), scale=scale)
+    return torch.where(slow, definition(), fast()) if torch.is_tensor(slow) else definition() if slow else fast()
+
+
 def sdpa_guarded(q, k, v, bias, scale):
     """softmax(q k^T * scale + bias) v with the dynamo exporter's guard on the weights: each NaN
     weight is 0. A row whose largest score is not finite (every key masked by -inf, an overflow to
@@ -410,4 +422,5 @@ def cross_entropy(x, target, reduction, ignore_index):
 TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_norm": layer_norm,
          "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "linear_add": linear_add,
          "sdpa": sdpa, "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
+         "sdpa_floored": sdpa_floored,
          "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary, "cross_entropy": cross_entropy}

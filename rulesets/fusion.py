@@ -22,6 +22,7 @@ _NORMALIZED = {  # (x - mean) / sqrt(var + eps), as divided and as multiplied by
 _AFFINE = when("(= (rank ?w) 1)", "(= (rank ?b) 1)", "(= (last-dim ?w) (last-dim ?x))",
                "(= (last-dim ?b) (last-dim ?x))")
 _LN_SAMPLE = (("w", (5,)), ("b", (5,)))
+_FOLDED = "(mul (rsqrt (add (var ?x -1 true 0) (const ?eps))) ?w)"  # the weight in the scale
 #: x * rsqrt(mean(x^2) + eps) with the square of ``sq`` (x itself, or x widened to float32)
 _RMS = "(mul ?x (rsqrt (add (mean (mul {sq} {sq}) -1 true) (const ?eps))))"
 _RMS_PLAIN = "(rms_norm ?x (const 1.0) ?eps)"
@@ -77,6 +78,8 @@ _ATTENTIONS = [
     ("attention-fuse-fill-masked", "(matmul (softmax (where ?m (const ?f) {s}) -1) ?v)",
      "(sdpa_filled ?q ?k ?v (logical_not ?m) {c} ?f)",
      "masked_fill(mask == 0, -1e9) (the Annotated Transformer), (mask, finfo.min)"),
+    ("attention-fuse-floored", "(matmul (softmax (maximum (add {s} ?m) (const ?f)) -1) ?v)",
+     "(sdpa_floored ?q ?k ?v ?m {c} ?f)", "OPT: torch.max(w + mask, finfo.min)"),
     ("attention-fuse-guarded", f"(matmul {_GUARD.format(s='(add {s} ?m)')} ?v)", "(sdpa_guarded ?q ?k ?v ?m {c})",
      "GPT-2, BERT as the dynamo exporter writes them; unscaled, the scale on q and k (sqrt of it on each)"),
 ]
@@ -88,6 +91,9 @@ RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for na
     ("attention-fuse-masked-biased", f"(matmul (softmax (add (add {_SCALED} ?a) ?m) -1) ?v)",
                                   "(sdpa_masked ?q ?k ?v (add ?a ?m) ?c)", Exactness.REASSOC,
                                   "BLOOM: a position bias (alibi, baddbmm) added, then the mask: one bias, their sum"),
+    ("attention-fuse-scaled-biased", f"(matmul (softmax (add (mul (add {_SCORES} ?a) (const ?c)) ?m) -1) ?v)",
+                                  "(sdpa_masked ?q ?k ?v (add (mul ?a (const ?c)) ?m) ?c)", Exactness.REASSOC,
+                                  "Falcon: (q k^T + alibi) * scale + mask, the scale distributed over the sum"),
     ("silu-fuse",                 "(mul ?x (sigmoid ?x))",                             "(silu ?x)"),
     ("silu-fuse-sigmoid-first",   "(mul (sigmoid ?x) ?x)",                             "(silu ?x)",
                                   "SwiGLU's gate as written: sigmoid(a) * a"),
@@ -122,7 +128,9 @@ RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for na
     (f"layer-norm-fuse-{form}{'-weight-first' if first else ''}",
      f"(add (mul {'?w ' + n if first else n + ' ?w'}) ?b)", "(layer_norm ?x ?w ?b ?eps)")
     for form, n in _NORMALIZED.items() for first in (False, True)
-], when=_AFFINE, sample=_LN_SAMPLE) + rules(_F, [
+] + [("layer-norm-fuse-folded", f"(add (mul ?x {_FOLDED}) (sub ?b (mul (mean ?x -1 true) {_FOLDED})))",
+      "(layer_norm ?x ?w ?b ?eps)", Exactness.REASSOC, "ONNX Runtime's TF layer norm: x s + (b - mean s), s = w / std")
+     ], when=_AFFINE, sample=_LN_SAMPLE) + rules(_F, [
     *((f"layer-norm-fuse-plain-{form}", n, "(layer_norm ?x (const 1.0) (const 0.0) ?eps)")
       for form, n in _NORMALIZED.items()),
     # RMSNorm (LLaMA, T5, Gemma): the plain form, then its weight taken in from either side

@@ -20,7 +20,7 @@ from egraph_opt.lang.ops import OPS
 from egraph_opt.lang.term import Term, shapes
 from egraph_opt.rulesets import catalogue
 
-ATTENTION = ["sdpa", "sdpa_masked", "sdpa_filled", "sdpa_guarded"]
+ATTENTION = ["sdpa", "sdpa_masked", "sdpa_filled", "sdpa_guarded", "sdpa_floored"]
 
 
 def repeat_kv(x, groups: int):
@@ -61,7 +61,8 @@ def _masks(op: str) -> list[tuple]:
     keep[..., 0], keep[..., 1, :] = True, False
     bias = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
     return {"sdpa": [(0.25, False), (0.25, True)], "sdpa_masked": [(bias, 0.25)],
-            "sdpa_filled": [(keep, 0.25, -1e9)], "sdpa_guarded": [(bias, 0.25)]}[op]
+            "sdpa_filled": [(keep, 0.25, -1e9)], "sdpa_guarded": [(bias, 0.25)],
+            "sdpa_floored": [(bias, 0.25, -3.4028234663852886e38), (bias, 0.25, -1.0)]}[op]
 
 
 @pytest.mark.parametrize("op", ATTENTION)

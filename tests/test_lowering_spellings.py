@@ -55,6 +55,37 @@ def test_mask_lowerings_equal_torch(fn):
     captured_equals_torch(fn, S, M)
 
 
+def _assigned(index, value):
+    """``s[index(m)] = value(s, m)`` on an intermediate, in place (xformers' att[~mask] = -inf)."""
+    def assign(s, m):
+        _, *_ = s.size()  # through torch.export: aten.index_put_
+        s = s * 1.0
+        s[index(m)] = value(s, m)
+        return s
+    return assign
+
+
+@pytest.mark.parametrize("index,value", [
+    (lambda m: m == 0, lambda s, m: float("-inf")),  # a mask of s's shape, a number
+    (lambda m: ~(m[:, 0] == 0), lambda s, m: torch.tensor(2.5)),  # rows, a 0-d tensor
+    (lambda m: m[:, 0] == 1, lambda s, m: m[0]),  # rows, a row of values
+    (lambda m: m[:, 0] == 1, lambda s, m: m[:1, :1]),  # rows, one value broadcast
+    (lambda m: m == 1, lambda s, m: m[1].sum().double()),  # a computed 0-d tensor, cast to s's dtype
+], ids=["mask-number", "rows-0d", "rows-row", "rows-1x1", "computed-0d"])
+def test_boolean_mask_assignment_is_a_where(index, value):
+    program = captured_equals_torch(_assigned(index, value), S, M)
+    assert "where" in {t.op for t in _terms(program)}
+
+
+@pytest.mark.parametrize("index,value", [
+    (lambda m: m == 0, lambda s, m: s[m == 0] * 2),  # one value per masked element: their count is data
+    (lambda m: (m[:, 0] == 1, m[0] == 1), lambda s, m: 0.0),  # two masks
+], ids=["per-element", "two-masks"])
+def test_other_assignments_stay_calls(index, value):
+    program, _ = capture(_assigned(index, value), (S, M))
+    assert [str(c.target) for c in program.opaque.values()][-1].startswith("aten.index_put")
+
+
 def test_eq_of_another_number_is_exact():
     """m == 1 as neither m < 1 nor 1 < m nor NaN (m - 1 == 0 is not m == 1 at inf)."""
     m = torch.cat([M, torch.tensor([[math.inf, -math.inf, 1.0, 1.0 + 2 ** -23]])])

@@ -168,6 +168,10 @@ FUSED = [  # ops only rewrites create, against their definitions
       for bias in (Term.input("mask"), Term("matmul", (B, Term("transpose", (B,), (-2, -1)))))
       for w in [Term("softmax", (Term("add", (Term("mul", (Term("matmul", (Q, Term("transpose", (K,), (-2, -1)))),
                                                         Term.const(0.4))), bias)),), (-1,))]),
+    *((Term("sdpa_floored", (Q, K, V, Term.input("mask")), (0.4, floor)),  # a row every key masks: floor's
+       Term("matmul", (Term("softmax", (Term("maximum", (Term("add", (Term("mul", (Term("matmul", (Q, Term(
+           "transpose", (K,), (-2, -1)))), Term.const(0.4))), Term.input("mask"))), Term.const(floor))),), (-1,)), V)))
+      for floor in (-1.7976931348623157e308, -1e4, 2.0)),
     (Term("rms_norm", (Q, Term.input("w6"),), (1e-6,)),  # x * rsqrt(mean(x * x) + eps) * w
      Term("mul", (Term("mul", (Q, Term("rsqrt", (Term("add", (Term("mean", (Term("mul", (Q, Q)),), (-1, True)),
                                                             Term.const(1e-6))),)))), Term.input("w6")))),

@@ -18,18 +18,18 @@ from spellings import FAMILIES, SUITE  # noqa: E402
 T = 8
 #: spelling -> the piece that would make it fuse (a frontend lowering or a canonicalization)
 NOT_YET: dict[str, str] = {
-    "ort-layer-norm-tf": "x * s + (b - mean * s), the weight folded into the scale: no factoring into "
-                         "(x - mean) * s + b",
-    "xformers-core-bool-mask": "att[~mask] = -inf, an in-place index_put by a boolean mask, stays a call",
-    "gpt-neox-baddbmm": "scores by bmm over flattened heads viewed back to (B, H, T, T) for a 4-D v, and "
-                        "baddbmm's beta * zeros leaves + 0.0 (which turns -0 into +0)",
-    "bloom-baddbmm-alibi": "baddbmm's beta * alibi + alpha * q k^T undone by * layer_number: the scale "
-                           "distributed over a sum (reassociation)",
-    "falcon-alibi": "(q k^T + alibi) * scale + mask: the scale distributed over a sum (reassociation)",
-    "opt-bmm-clamp": "torch.max(w, finfo.min) keeps a fully masked row finite: no fused op clamps its bias",
-    "phi-upcast-float16": "masked attention with a float32 softmax is not declared for float16 (fusion.py: "
-                          "the extremes test), and q, k are cast before their product",
-    "mpt-alibi-masked-fill": "masked_fill over scores with a bias added: no fused op takes a bias and a fill",
+    "gpt-neox-baddbmm": "where(causal, s, finfo.min) + mask: no fused op takes a finite fill and a bias; and the "
+                        "scores by bmm over flattened heads, scaled, + 0.0 (baddbmm's beta * zeros, which turns "
+                        "-0 into +0), then viewed back to (B, H, T, T)",
+    "bloom-baddbmm-alibi": "masked_fill(finfo.min) over biased scores: no fused op takes a finite fill and a bias; "
+                           "and (alibi * beta + q k^T * alpha) viewed to heads, then * layer_number: the scale "
+                           "distributed over a sum through a view",
+    "phi-upcast-float16": "q, k cast before their product: the float32-softmax fusion over such scores fails the "
+                          "extremes test in float16 (k = 65504: scores ~5e4, which torch's float32 kernel rounds "
+                          "otherwise, 0.5% off where the left side is within float16's 0.4%)",
+    "mpt-alibi-masked-fill": "masked_fill(finfo.min) over scores with a bias added: no fused op takes a finite fill "
+                             "and a bias (sdpa_masked with where(m, -inf, bias) differs on a row every key masks "
+                             "and where a row's kept scores lie near finfo.min)",
 }
 
 

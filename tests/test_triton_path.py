@@ -96,6 +96,8 @@ def _extremes():
         for t in (q, big) for fill in (-3.4e38, -1e9, -1.0, -math.inf)] + [
         ("sdpa_guarded", ops.sdpa_guarded, (q, k, vv, b, 0.5))
         for vv in (v, nan_v) for b in (bias, inf_bias)] + [
+        ("sdpa_floored", ops.sdpa_floored, (t, k, v, b, 0.5, floor))  # scores past floor's ulp: the definition
+        for t in (q, big, holed) for b in (bias, inf_bias) for floor in (-3.4028234663852886e38, -1e9, -1.0)] + [
         ("layer_norm", ops.layer_norm, (wide, r(8), r(8), 1e-5)),
         ("gelu", ops.gelu, (torch.tensor([math.inf, -math.inf, 3e38, -0.0, 9.0]), "none")),
         *[("cross_entropy", ops.cross_entropy, (logits, torch.tensor([2, 1, 0, 4]), reduction, ignore))

@@ -126,8 +126,8 @@ FALLBACKS: list[Callable] = []  # (node, args, kwargs, ctx) -> Term, Parts or No
 
 
 def known(t, kinds=(CONSTANT, "_tensor_constant", "lifted_tensor")) -> bool:
-    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace closed over."""
-    return isinstance(t, Term) and t.op == "param" and t.attrs[0].startswith(kinds)
+    """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace (a submodule) closed over."""
+    return isinstance(t, Term) and t.op == "param" and t.attrs[0].rsplit(".", 1)[-1].startswith(kinds)
 
 
 def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
@@ -279,6 +279,20 @@ def _eq(c, x, other):
 lowers("masked_fill")(lambda c, x, mask, value: Term("where", (mask, _operand(c, value, x), x)))
 
 
+@lowers(torch.index_put, "index_put")
+def _index_put(c, x, indices, values, accumulate=False):
+    """``x[mask] = values``, one boolean mask of x's leading axes, values broadcast over what it masks: a where."""
+    (mask,) = indices  # several indices: a ValueError, a refusal
+    lead, shape, value = tuple(c.info(mask).shape), tuple(c.info(x).shape), _operand(c, values, x)
+    k, lifted = len(lead), (1,) * (len(shape) - c.rank(value)) + tuple(c.info(value).shape) \
+        if value.op != "const" else (1,) * len(shape)
+    if accumulate or c.info(mask).dtype != torch.bool or lead != shape[:k] or len(lifted) != len(shape) \
+            or any(n != 1 for n in lifted[:k]) or any(n not in (1, m) for n, m in zip(lifted[k:], shape[k:])):
+        raise Unsupported("index_put other than of one value per element by a boolean mask")
+    mask = mask if k == len(shape) else Term("reshape", (mask,), (shape_attr(lead + (1,) * (len(shape) - k)),))
+    return Term("where", (mask, value if value.op == "const" else _cast(c, value, c.info(x).dtype), x))
+
+
 def _reduce(op: str, c: Ctx, x, dim, keepdim: bool, dtype=None) -> Term:
     rank, x = c.rank(x), _cast(c, x, dtype) if dtype is not None else x
     dims = range(rank) if dim is None or dim == [] or dim == () else [dim] if isinstance(dim, int) else dim
@@ -315,7 +329,7 @@ lowers(torch.amax, "amax")(_amax := lambda c, x, dim=(), keepdim=False:  # no di
 @lowers(torch.max, "max")
 def _max(c, x, dim=None, keepdim=False):
     if isinstance(dim, Term):
-        return Term("maximum", (x, dim))
+        return Term("maximum", (x, _operand(c, dim, x)))
     out = _reduce("max", c, x, dim, keepdim)  # of every element, or (values, indices) along one axis
     return out if dim is None else Parts((out, None))
 
@@ -331,8 +345,8 @@ def _negated(c, x, lower, *args):
 
 
 lowers(torch.amin, "amin")(lambda c, x, dim=(), keepdim=False: _negated(c, x, _amax, dim, keepdim))
-lowers(torch.min, "min")(lambda c, x, dim=None, keepdim=False: Term("minimum", (x, dim)) if isinstance(dim, Term)
-                         else _negated(c, x, _max, dim, keepdim))
+lowers(torch.min, "min")(lambda c, x, dim=None, keepdim=False: Term("minimum", (x, _operand(c, dim, x)))
+                         if isinstance(dim, Term) else _negated(c, x, _max, dim, keepdim))
 
 
 @lowers(torch.var, "var")

@@ -533,6 +533,11 @@ OPS: dict[str, Op] = {op.name: op for op in [
         # boolean operand: no float32 copy of it; torch's kernel accumulates in float32 itself
         onnx="definition", definition="(matmul (softmax (where ?x3 (mul (matmul ?x0 (transpose ?x1 "
         "-2 -1)) (const ?scale)) (const ?fill)) -1) ?x2)"),
+    _op("sdpa_floored", 4, "scale:f64 floor:f64", lambda q, k, v, bias, scale, floor: softmax((q @ grouped(
+        q, k).transpose(-2, -1) * scale + bias.to(q.dtype)).clamp(floor), -1) @ grouped(q, v), _FUSED,
+        shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=21,  # OPT's clamp
+        onnx="definition", definition="(matmul (softmax (maximum (add (mul (matmul ?x0 (transpose ?x1 -2 -1)) "
+        "(const ?scale)) ?x3) (const ?floor)) -1) ?x2)"),
     _op("sdpa_guarded", 4, "scale:f64", sdpa_guarded, _FUSED, shape_rule="sdpa", range_rule="values-of-v",
         curvature=(1.0, 1.0), **_SMOOTH, passes=21,
         sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention",

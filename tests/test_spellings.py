@@ -38,7 +38,7 @@ def optimized(name: str):
     """(optimized output, original output, report) of one spelling, optimized once, priced by
     static estimates (whether a fusion pays on this machine is bench/fusion.py's question)."""
     fn, args = SUITE[name].make(T)
-    f = saturate_and_extract(fn, profile_db=False)  # static estimates: no machine's timings
+    f = saturate_and_extract(fn, profile_db=False, profile_budget=0)  # static estimates, no timing verdict
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return f(*args), fn(*args), f.report

@@ -188,6 +188,16 @@ def _casts(x, a, b, r):
     return (torch.tanh(x.float() * a.float() + b.float()) * r.float()).to(x.dtype)
 
 
+def _gapped(x, w, b):
+    """w (2, 1, C) keeps axes on both sides of a broadcast one: no (div, mod) reads it, so its
+    product stays out of the region, whose tanh and add are one generated kernel."""
+    return torch.tanh(x * w) + b
+
+
+def _gap(x, a, b, r):
+    return torch.stack([x, a]), torch.stack([b[:1], r[:1]]), torch.stack([r, x])
+
+
 def _same(*t):
     return t
 
@@ -200,7 +210,8 @@ REGIONS = [(fn, args, kernels, dtype) for dtype in DTYPES for fn, args, kernels 
     (_casts, _same, {"triton.generated": 1}, dtype) for dtype in DTYPES[1:]] + [
     # in half precision the mean is rewritten to accumulate in float32: its casts (no template) split it
     (_loss, _same, {"triton.generated": 1}, torch.float32),
-    (_shared, _same, {"triton.generated": 2}, torch.float32)]
+    (_shared, _same, {"triton.generated": 2}, torch.float32),
+    (_gapped, _gap, {"torch.mul": 1, "triton.generated": 1}, torch.float32)]
 
 
 @pytest.mark.parametrize("fn, args, kernels, dtype",

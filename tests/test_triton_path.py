@@ -188,6 +188,12 @@ def _casts(x, a, b, r):
     return (torch.tanh(x.float() * a.float() + b.float()) * r.float()).to(x.dtype)
 
 
+def _variance(x, bias, row, s):
+    """A square reads its operand twice, from one user: one generated kernel with the mean."""
+    d = (x - row) * s
+    return (d * d + bias).mean(-1)
+
+
 def _gapped(x, w, b):
     """w (2, 1, C) keeps axes on both sides of a broadcast one: no (div, mod) reads it, so its
     product stays out of the region, whose tanh and add are one generated kernel."""
@@ -208,9 +214,10 @@ REGIONS = [(fn, args, kernels, dtype) for dtype in DTYPES for fn, args, kernels 
     (_split, _same, {"torch.atan": 1, "triton.generated": 2}),
     (_biased, _broadcast, {"triton.generated": 1})]] + [
     (_casts, _same, {"triton.generated": 1}, dtype) for dtype in DTYPES[1:]] + [
-    # in half precision the mean is rewritten to accumulate in float32: its casts (no template) split it
+    # in half precision the mean is rewritten to accumulate in float32: its cast back follows the root
     (_loss, _same, {"triton.generated": 1}, torch.float32),
     (_shared, _same, {"triton.generated": 2}, torch.float32),
+    (_variance, _broadcast, {"triton.generated": 1}, torch.float32),
     (_gapped, _gap, {"torch.mul": 1, "triton.generated": 1}, torch.float32)]
 
 

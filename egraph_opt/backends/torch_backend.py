@@ -184,13 +184,14 @@ class _Build:
                 a.op == "const" or meta[id(a)][1] in floats and span(meta[id(a)][0], shape) is not None
                 and (len(meta[id(a)][0]) > 0 or meta[id(a)][1] == dtype) for a in t.args)
         order, inside = postorder(roots), set()
-        uses = Counter(id(a) for t in order for a in t.args) + Counter(map(id, roots))
+        uses = Counter(i for t in order for i in {id(a) for a in t.args}) + Counter(map(id, roots))  # users
         for t in reversed(order):  # users before their operands
             if id(t) in inside or not (fusible(t) or t.op in REDUCTIONS and t.attrs[0] == -1):
                 continue
             ops = [t]
             for u in ops:  # grows while it is walked: each op after its user
-                ops += [a for a in u.args if uses[id(a)] == 1 and fusible(a)]
+                ops += [a for i, a in enumerate(u.args)  # x * x: one operand
+                        if uses[id(a)] == 1 and fusible(a) and all(a is not b for b in u.args[:i])]
             if len(ops) < 2:
                 continue
             inside.update(map(id, ops))

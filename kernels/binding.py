@@ -93,19 +93,20 @@ def conversion_seconds(use: Use, source: str, target: str,
                for shape, dtype, key in zip(use.shapes, use.dtypes, layouts))
 
 
-#: (structure, dtype, device, size's power of two) -> whether the region's kernel measured faster
+#: (structure, dtypes, device, size's power of two) -> whether the region's kernel measured faster
 _region_faster: dict[tuple, bool] = {}
 
 
-def region_chosen(kernel, shape: tuple, dtype: torch.dtype, device: str) -> bool:
+def region_chosen(kernel, operands: list[tuple], device: str) -> bool:
     """Whether a region's generated kernel replaces its ops' separate kernels: where it measures
-    faster beside them, once per structure, dtype and size bucket within the profiling budget (at
+    faster beside them, once per structure, dtypes and size bucket within the profiling budget (at
     most 0.1 s; none: never); never by preference, but under the test switch (``_preferred``)."""
     if device == "cpu":
         return triton_kernels.on_cpu()
-    key = (kernel.__name__, dtype, device, math.prod(shape).bit_length())
+    key = (kernel.__name__, *(dtype for _, dtype in operands), device,  # operands: (shape, dtype)
+           max(math.prod(shape) for shape, _ in operands).bit_length())
     if key not in _region_faster:
-        inputs = [torch.full(shape, 0.75, dtype=dtype, device=device)] * len(kernel.program.inputs)
+        inputs = [torch.full(shape, 0.75, dtype=dtype, device=device) for shape, dtype in operands]
         seconds = time_side_by_side([kernel, kernel.separate], inputs, device, min(default_budget(), 0.1))
         _region_faster[key] = seconds is not None and seconds[0] < seconds[1]
     return _region_faster[key]

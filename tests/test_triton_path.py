@@ -175,41 +175,71 @@ def _shared(x, a, b, r):
     return torch.tanh(h) * r + h
 
 
-def _wide(t):
-    return t.float()
+def _biased(x, bias, row, s):
+    """A (C,) bias, a per-row (R, 1) value and a 0-d scale broadcast into one generated kernel."""
+    return torch.tanh((x - row) * s + bias) * row + x
 
 
-def _split_rounded(x, a, b, r):
-    """``_split`` as its kernels compute it: each region in float32, rounded once to the dtype."""
-    inner = torch.atan((_wide(x) * _wide(a) + _wide(b)).to(x.dtype))
-    return torch.exp(_wide(inner) * 2.0 - _wide(r)).to(x.dtype)
+def _broadcast(x, a, b, r):
+    """x's rows hold every extreme, and so do the (float32: its add promotes) bias and the rows' values."""
+    return x, a[0].float(), r[:, :1].contiguous(), torch.tensor(-0.75, dtype=x.dtype)
+
+
+def _casts(x, a, b, r):
+    """A half program computes in float32 between its casts: one generated kernel, rounding once at the last."""
+    return (torch.tanh(x.float() * a.float() + b.float()) * r.float()).to(x.dtype)
+
+
+def _variance(x, bias, row, s):
+    """A square reads its operand twice, from one user: one generated kernel with the mean."""
+    d = (x - row) * s
+    return (d * d + bias).mean(-1)
+
+
+def _gapped(x, w, b):
+    """w (2, 1, C) keeps axes on both sides of a broadcast one: no (div, mod) reads it, so its
+    product stays out of the region, whose tanh and add are one generated kernel."""
+    return torch.tanh(x * w) + b
+
+
+def _gap(x, a, b, r):
+    return torch.stack([x, a]), torch.stack([b[:1], r[:1]]), torch.stack([r, x])
+
+
+def _same(*t):
+    return t
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-REGIONS = [(fn, rounded, kernels, dtype) for dtype in DTYPES for fn, rounded, kernels in [
-    (_region, lambda *t: _region(*map(_wide, t)).to(t[0].dtype), {"triton.generated": 1}),
-    (_split, _split_rounded, {"torch.atan": 1, "triton.generated": 2})]] + [
-    # in half precision the mean is rewritten to accumulate in float32: its casts (no template) split it
-    (_loss, _loss, {"triton.generated": 1}, torch.float32),
-    (_shared, _shared, {"triton.generated": 2}, torch.float32)]
+REGIONS = [(fn, args, kernels, dtype) for dtype in DTYPES for fn, args, kernels in [
+    (_region, _same, {"triton.generated": 1}),
+    (_split, _same, {"torch.atan": 1, "triton.generated": 2}),
+    (_biased, _broadcast, {"triton.generated": 1})]] + [
+    (_casts, _same, {"triton.generated": 1}, dtype) for dtype in DTYPES[1:]] + [
+    # in half precision the mean is rewritten to accumulate in float32: its cast back follows the root
+    (_loss, _same, {"triton.generated": 1}, torch.float32),
+    (_shared, _same, {"triton.generated": 2}, torch.float32),
+    (_variance, _broadcast, {"triton.generated": 1}, torch.float32),
+    (_gapped, _gap, {"torch.mul": 1, "triton.generated": 1}, torch.float32)]
 
 
-@pytest.mark.parametrize("fn, rounded, kernels, dtype",
+@pytest.mark.parametrize("fn, args, kernels, dtype",
                          [pytest.param(*case, id=f"{case[0].__name__}-{case[3]}") for case in REGIONS])
-def test_an_elementwise_region_is_one_generated_kernel_exact_at_the_extremes(fn, rounded, kernels, dtype,
+def test_an_elementwise_region_is_one_generated_kernel_exact_at_the_extremes(fn, args, kernels, dtype,
                                                                              monkeypatch):
     """Under the test switch the backend binds a generated kernel for each maximal region of
-    elementwise ops that codegen has templates for (and the row reduction they feed); the plan
-    validates, and at the extremes it gives the original's values computed in float32 and rounded
-    once (a region loads half and computes in float32), NaN for NaN and the sign of every zero."""
+    elementwise ops that codegen has templates for (and the row reduction they feed), on operands
+    that broadcast and through casts; the plan validates, and at the extremes it gives the separate
+    torch kernels' values (a region loads half, computes in float32 and rounds where each op's kernel
+    rounds its output), NaN for NaN and the sign of every zero."""
     monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
-    args = _extreme_grid(dtype)
+    args = args(*_extreme_grid(dtype))
     f = saturate_and_extract(fn, profile_budget=0)  # no timing: the interpreter's mean nothing
     with torch.no_grad():
-        f(*(torch.randn(t.shape).to(dtype) for t in args))
+        f(*(torch.randn(t.shape).to(t.dtype) for t in args))
         out = f(*args)
     assert f.report.kernels == kernels and "[VALIDATION] passed" in str(f.report), f.report
-    expected = rounded(*args)
+    expected = fn(*args)
     ulp = {torch.float32: 1e-5, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}[dtype]
     torch.testing.assert_close(out, expected, rtol=ulp, atol=0, equal_nan=True)
     assert torch.equal(out.signbit()[out == 0], expected.signbit()[expected == 0])

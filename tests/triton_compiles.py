@@ -100,22 +100,24 @@ def main() -> None:
 
 
 def _generated(R) -> None:
-    """The generated kernels a plan binds for its regions: every template of codegen in one chain,
-    alone and under each root reduction (the cache in a directory of its own)."""
+    """The generated kernels a plan binds for its regions: every template of codegen in one chain
+    over an input and a broadcast (37,) one, alone and under each root reduction (the cache in a
+    directory of its own)."""
     import os
     import tempfile
     from egraph_opt.kernels.triton import codegen, generate_elementwise
     from egraph_opt.lang.ops import OPS
     from egraph_opt.lang.term import Term
     os.environ["EGRAPH_OPT_CACHE"] = tempfile.mkdtemp()
-    x, y = Term.input("x", (3, 37)), Term.input("y", (3, 37))
+    x, y = Term.input("x", (3, 37)), Term.input("y", (37,))
     chain = x
-    for op, attrs in [(op, ()) for op in codegen.TEMPLATES if op != "gelu"] + [("gelu", ("none",)), ("gelu", ("tanh",))]:
+    attrs_of = {"gelu": [("none",), ("tanh",)], "cast": [("float16",), ("bfloat16",)]}
+    for op, attrs in [(op, attrs) for op in codegen.TEMPLATES for attrs in attrs_of.get(op, [()])]:
         chain = Term("add", (chain, Term(op, (chain, y)[:OPS[op].arity], attrs)))
     for root in [chain] + [Term(r, (chain,), (-1, keep)) for r in codegen.REDUCTIONS for keep in (False, True)]:
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             try:
-                generate_elementwise(root)(x=R(3, 37).to(dtype), y=R(3, 37).to(dtype))
+                generate_elementwise(root)(x=R(3, 37).to(dtype), y=R(37).to(dtype))
             except Exception as e:  # noqa: BLE001 - the kernel failed to generate, not to compile
                 failures.append(f"generated {root.op}: {type(e).__name__}: {e}")
 

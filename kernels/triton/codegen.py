@@ -4,15 +4,19 @@ the root. Pure text: no Triton needed to generate (or refuse) a kernel, only to 
 Each op is one line of the template table below, formatted with its operands' SSA names and its
 attributes. Structurally equal subterms are emitted once; inputs become pointer arguments and
 constants scalar arguments in order of first use, so the source (hence the compiled kernel) depends
-on the term's structure only: ``x * 2`` and ``y * 3`` share one kernel. Everything is in float32.
+on the term's structure only: ``x * 2`` and ``y * 3`` share one kernel. Everything is in float32;
+a cast rounds to its dtype. An input of a shape that broadcasts is read through ``span``.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import textwrap
 from dataclasses import dataclass
 
-from egraph_opt.lang.ops import OPS
+import torch
+
+from egraph_opt.lang.ops import OPS, parse_shape
 from egraph_opt.lang.term import Term, postorder
 
 # op -> Triton expression; {0}, {1} are the operands, {name} an attribute. ``m`` is mathlib.
@@ -39,6 +43,7 @@ TEMPLATES: dict[str, str] = {
     "relu":    "m.relu({0})",
     "erf":     "tl.math.erf({0})",
     "gelu":    "m.gelu({0}, {approximate!r})",
+    "cast":    "{0}.to(tl.{dtype}).to(tl.float32)",  # rounds where the op's kernel rounds its output
 }
 
 # root reduction -> (identity of the combine, combine of acc with a block v, finish of acc)
@@ -93,6 +98,8 @@ class KernelSource:
     consts: tuple[float, ...]  # constant values, in the order of the kernel's scalar arguments
     reduction: str | None  # the root reduction, if any
     keepdim: bool
+    dtype: str | None  # the result's dtype where a root cast gives it, else the inputs' promoted
+    broadcast: tuple[int, ...]  # the inputs read through ``span``: their (div, mod) follow the scalars
 
     @property
     def digest(self) -> str:
@@ -101,6 +108,17 @@ class KernelSource:
 
 def _refuse(op: str, why: str) -> ValueError:
     return ValueError(f"generate_elementwise cannot generate op {op!r}: {why}")
+
+
+def span(shape: tuple, out: tuple) -> tuple[int, int] | None:
+    """(div, mod): a ``shape`` operand broadcast to ``out`` holds output element i at i // div % mod
+    (strides 0 on the broadcast axes); None unless no broadcast axis lies between two kept ones."""
+    shape = (1,) * (len(out) - len(shape)) + tuple(shape)
+    kept = [d for d, n in enumerate(shape) if n != 1]
+    if len(shape) > len(out) or any(n not in (1, o) for n, o in zip(shape, out)) or \
+            kept and shape[kept[0]:kept[-1]] != out[kept[0]:kept[-1]]:
+        return None
+    return math.prod(out[kept[-1] + 1:] if kept else ()), math.prod(shape)
 
 
 def _line(t: Term, operands: list[str]) -> str:
@@ -121,15 +139,19 @@ def lower(root: Term) -> KernelSource:
         if axis != -1:
             raise _refuse(reduction, f"only a reduction over the last axis (-1) is generated, not {axis}")
         root = root.args[0]
-    inputs, consts, lines = [], [], []  # input names, constant values, source lines
+    leaves = [parse_shape(t.attrs[1]) for t in postorder([root]) if t.op == "input"]
+    region = tuple(torch.broadcast_shapes(*leaves))  # the shape computed: the others broadcast to it
+    inputs, consts, lines, broadcast = [], [], [], []  # input names, constant values, source lines
     name_of, by_key = {}, {}  # term id, structural key -> SSA name: equal subterms are emitted once
     for t in postorder([root]):
         operands = [name_of[id(a)] for a in t.args]
         key = (t.op, tuple(operands), t.attrs[0].hex() if t.op == "const" else t.attrs)  # -0.0 is not 0.0
         if key not in by_key and t.op == "input":  # else an equal subterm's name
-            by_key[key] = f"in{len(inputs)}"
-            lines.append(f"in{len(inputs)} = tl.load(in{len(inputs)}_ptr + offs, mask=mask, "
-                         "other=0.0).to(tl.float32)")
+            i = len(inputs)
+            broadcast += [i] if parse_shape(t.attrs[1]) != region else []
+            by_key[key] = f"in{i}"
+            lines.append(f"in{i} = tl.load(in{i}_ptr + offs{f' // in{i}_div % in{i}_mod' * (i in broadcast)}, "
+                         "mask=mask, other=0.0).to(tl.float32)")
             inputs.append(t.attrs[0])
         elif key not in by_key and t.op == "const":
             by_key[key] = f"c{len(consts)}"
@@ -140,7 +162,8 @@ def lower(root: Term) -> KernelSource:
         name_of[id(t)] = by_key[key]
     if not inputs:
         raise ValueError("generate_elementwise needs a term with at least one input")
-    args = "".join([f"in{i}_ptr, " for i in range(len(inputs))] + [f"c{i}, " for i in range(len(consts))])
+    args = "".join([f"in{i}_ptr, " for i in range(len(inputs))] + [f"c{i}, " for i in range(len(consts))]
+                   + [f"in{i}_div, in{i}_mod, " for i in broadcast])
     body, result = "\n".join(lines), name_of[id(root)]
     if reduction is None:
         kernel = ELEMENTWISE.format(args=args, body=textwrap.indent(body, " " * 4), result=result)
@@ -148,4 +171,5 @@ def lower(root: Term) -> KernelSource:
         identity, combine, finish = REDUCTIONS[reduction]
         kernel = ROW_REDUCTION.format(args=args, body=textwrap.indent(body, " " * 8), identity=identity, finish=finish,
                                       combine=combine.format(v=f"tl.where(mask, {result}, {identity})"))
-    return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction, keepdim)
+    dtype = root.attrs[0] if root.op == "cast" else None
+    return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction, keepdim, dtype, tuple(broadcast))

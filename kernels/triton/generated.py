@@ -8,6 +8,7 @@ and size). The cache directory is used only where it and all in it are the user'
 """
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import stat
@@ -22,7 +23,7 @@ import triton
 from egraph_opt.lang.term import Term, evaluate
 
 from ..torch_ops import TORCH
-from .codegen import KernelSource, lower
+from .codegen import KernelSource, lower, span
 from .layout import row_block
 
 CACHE_ENV = "EGRAPH_OPT_CACHE"
@@ -79,7 +80,7 @@ def _load(program: KernelSource) -> object:
 
 
 class GeneratedKernel:
-    """A Triton kernel computing ``term`` (elementwise ops over same-shape inputs, optionally
+    """A Triton kernel computing ``term`` (elementwise ops over inputs that broadcast, optionally
     under one root sum/max/mean over axis -1); ValueError names any op it cannot generate.
     ``kernel`` is shared by every structurally equal term. Where autograd records, the ops' torch
     kernels run (``separate``: a generated kernel has no backward)."""
@@ -98,18 +99,23 @@ class GeneratedKernel:
         tensors = [inputs[name].contiguous() for name in names]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self.separate(*tensors)
-        first = tensors[0]
-        if any(t.shape != first.shape or t.dtype != first.dtype for t in tensors) or first.dtype not in DTYPES:
-            raise ValueError(f"inputs {[f'{t.dtype} {tuple(t.shape)}' for t in tensors]}: all must share "
-                             f"one shape and one dtype of {DTYPES}")
-        if reduction and first.dim() == 0:
+        whole = [t.shape for i, t in enumerate(tensors) if i not in self.program.broadcast]
+        shape = whole[0] if whole else torch.broadcast_shapes(*(t.shape for t in tensors))
+        spans = {i: span(tensors[i].shape, shape) for i in self.program.broadcast}
+        if None in spans.values() or any(t.dtype not in DTYPES or i not in spans and t.shape != shape
+                                         for i, t in enumerate(tensors)):
+            raise ValueError(f"inputs {[f'{t.dtype} {tuple(t.shape)}' for t in tensors]}: each of a dtype "
+                             f"of {DTYPES} and broadcasting to {tuple(shape)} as the term's inputs do")
+        if reduction and not shape:
             raise ValueError(f"{reduction} over axis -1 needs an input of rank >= 1")
-        n = first.shape[-1] if reduction else first.numel()  # a row's length, or every element
-        shape = first.shape[:-1] + ((1,) if self.program.keepdim else ()) if reduction else first.shape
-        out = torch.empty(shape, dtype=first.dtype, device=first.device)
+        dtypes = [getattr(torch, self.program.dtype)] if self.program.dtype else [t.dtype for t in tensors]
+        n = shape[-1] if reduction else shape.numel()  # a row's length, or every element
+        shape = shape[:-1] + ((1,) if self.program.keepdim else ()) if reduction else shape
+        out = torch.empty(shape, dtype=functools.reduce(torch.promote_types, dtypes), device=tensors[0].device)
         if out.numel():  # a program per row, or per block of elements
             grid = out.numel() if reduction else triton.cdiv(n, row_block(n))
-            self.kernel[(grid,)](out, *tensors, *self.program.consts, n, BLOCK=row_block(n))
+            divmods = [x for i in self.program.broadcast for x in spans[i]]  # after the scalars, as lower puts them
+            self.kernel[(grid,)](out, *tensors, *self.program.consts, *divmods, n, BLOCK=row_block(n))
         return out
 
     def separate(self, *tensors: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ balanced is the default a user gets). Each problem runs in a forked process unde
 seconds, so that an optimizer crash or hang is listed as a finding instead of ending the run.
 A problem is improvable where its naive mean error is above 1 bit.
 
-    python bench/fpbench.py [--only NAME] [--points 512] [--seed 0] [--objective balanced,stability] [--limit 300]
+    python bench/fpbench.py [--only NAME...] [--points 512] [--seed 0] [--objective balanced,stability] [--limit 300]
 """
 from __future__ import annotations
 
@@ -549,7 +549,7 @@ def summary(results: list[Result]) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", help="problems whose name contains this (case-insensitive)")
+    ap.add_argument("--only", nargs="+", help="problems whose name contains one of these (case-insensitive)")
     ap.add_argument("--points", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--objective", default="balanced,stability",
@@ -558,7 +558,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     objectives = args.objective.split(",")
     suite, skipped = read_suite()
-    suite = [p for p in suite if not args.only or args.only.lower() in p.name.lower()]
+    suite = [p for p in suite if not args.only or any(o.lower() in p.name.lower() for o in args.only)]
     reasons: dict[str, int] = {}
     for _, _, why in skipped:
         reasons[why.split(" of ")[0]] = reasons.get(why.split(" of ")[0], 0) + 1

@@ -59,6 +59,11 @@ class CostModel:
         if not self.max_slowdown >= 1:
             raise ValueError(f"max_slowdown must be a factor >= 1, not {self.max_slowdown!r}")
 
+    def affordable(self, latency: float, fastest: float) -> bool:
+        """Balanced: whether a far more accurate program (one program or a piecewise one) may
+        take ``latency``, the fastest taking ``fastest`` (latency units)."""
+        return latency <= self.max_slowdown * max(fastest, 1)
+
     def curvature(self, n: NodeFacts) -> int:
         if n.op in LEAVES or n.constant:
             return 0

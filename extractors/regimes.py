@@ -117,13 +117,18 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
     gen = torch.Generator().manual_seed(seed)
     env = sample_inputs({t.attrs[0]: ((POINTS,), t.attrs[2]) for t in program.inputs}, ranges, gen)
     first = _bits(candidates[best], env)
-    if first is None or not float(first.nan_to_num(WORD).mean()) >= gain:  # nothing to gain
+    if first is None:
+        return None
+    (exact,), (root,) = evaluate([candidates[best].term], env, reference=True), program.roots()
+    # as Herbie, points only where the value is one of the dtype's (every form errs 0 bits past it)
+    past = (torch.as_tensor(exact).abs() > torch.finfo(program.meta()[id(root)][1]).max).expand(first.shape)
+    if not float(first[~past].nan_to_num(WORD).mean()) >= gain:  # nothing to gain
         return None
     candidates = candidates + more()
     columns = [first if i == best else _bits(c, env) for i, c in enumerate(candidates)]
     kept = [i for i, c in enumerate(columns) if c is not None]
     bits = torch.stack([columns[i] for i in kept]).double()
-    undefined = bits.isnan().all(0)  # undefined in every form: no error to count there
+    undefined = bits.isnan().all(0) | past  # undefined in every form: no error to count there
     bits = torch.where(bits.isposinf(), UNPROVED, bits.clamp(max=WORD))[:, ~undefined].nan_to_num(WORD).numpy()
     if not bits.shape[1]:
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -69,9 +70,20 @@ def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict,
             raise ValueError(f"{t.op} cannot be evaluated for its rounding error: {e}") from None
         dtype[id(t)] = rounded.dtype if rounded.is_floating_point() else None
         if dtype[id(t)] in LOW and exact[id(t)].requires_grad:
-            error = (rounded.double() - reference).abs()
+            error = (rounded.double() - reference - _dropped(t.op, wide)).abs()
             local[id(t)] = torch.where(error.isnan() & ~reference.isnan(), math.inf, error)
     return exact, dtype, local
+
+
+def _dropped(op: str, operands: list):
+    """What float64 drops of a sum of two float32 operands (Knuth's TwoSum): 1 + 1e-20 is 1 there
+    too, and the float32 sum's error would read 0; 0 for any other op, or where not finite."""
+    if op not in ("add", "sub"):
+        return 0.0
+    a, b = operands[0], operands[1] if op == "add" else -operands[1]
+    s = a + b
+    e = torch.as_tensor((a - (s - (s - a))) + (b - (s - a)), dtype=torch.float64)
+    return torch.where(e.isfinite(), e, 0.0)
 
 
 def _jacobian_rows(out: torch.Tensor, nodes: list[torch.Tensor], pick: torch.Tensor) -> list:
@@ -224,17 +236,18 @@ def least_error(candidates: list[Program], ranges: dict | None = None, *, points
     return min(scores)[2]
 
 
-def far_more_accurate(candidates: list[Program], latencies: list[float], bits: float, max_slowdown: float,
-                      ranges: dict | None = None, *, points: int = 4) -> int | None:
+def far_more_accurate(candidates: list[Program], latencies: list[float], bits: float,
+                      affordable: Callable[[float, float], bool], ranges: dict | None = None, *,
+                      points: int = 4) -> int | None:
     """Index of the most accurate candidate whose sampled error, worst or mean, is ``bits`` below
-    the first's (a cancellation or overflow gone) and whose latency is at most ``max_slowdown``
-    times the first's; None where none is (most programs: the first's error is below ``bits``)."""
+    the first's (a cancellation or overflow gone) and whose latency is ``affordable`` beside the
+    first's; None where none is (most programs: the first's error is below ``bits``)."""
     first = program_error(candidates[0], ranges, points=points)
     if first is None or max(first.worst, first.mean) < bits:
         return None
     found = []
     for i, (candidate, latency) in enumerate(zip(candidates, latencies)):
-        if i and latency <= max_slowdown * max(latencies[0], 1):
+        if i and affordable(latency, latencies[0]):
             error = program_error(candidate, ranges, points=points)
             if error is not None and (error.mean <= first.mean - bits or error.worst <= first.worst - bits):
                 found.append((round(error.worst), round(error.mean), latency, i))

@@ -83,6 +83,14 @@ def test_a_result_that_overflows_in_truth_too_has_no_error_to_count():
     assert rounding_error(product, env).bits.max() == 0
 
 
+def test_a_sum_float64_rounds_too_still_counts_what_float32_lost():
+    """(x + 1) - 1 at x ~ 1e-20: float64 drops x as float32 does, yet every digit of the result is
+    lost (0 for 2e-20); the sum's error is taken against the exact sum, not float64's."""
+    env = {"x": torch.full((4, 16), 3e-20), "y": torch.full((4, 16), -5e-25)}
+    assert rounding_error(op("sub", op("add", X, ONE), ONE), env).bits.min() >= 24
+    assert rounding_error(op("add", X, Y), env).bits.max() <= 1  # no sum float64 rounds: as before
+
+
 def test_exact_ops_add_no_error():
     exact = op("neg", op("abs", op("mul", X, Term.const(2.0))))
     assert estimate(exact, {"x": (-1e30, 1e30)}).worst == 0

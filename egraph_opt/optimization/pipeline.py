@@ -97,19 +97,23 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
     or the first of the regimes a split into regimes found (else None)."""
     roots, snap, root_classes = program.roots(), session.snap, session.root_classes
     best = extract(snap.classes, root_classes, cost)
-    reranked = _rerank(program, roots, best, snap, root_classes, cost, input_ranges, model) \
+    priced = lambda terms: program_cost(terms, model, input_ranges, program.leaf_meta())  # noqa: E731
+    reranked = _rerank(program, roots, best, snap, root_classes, cost, input_ranges, model, priced) \
         if model.objective in (Objective.STABILITY, Objective.BALANCED) else None
-    best = reranked or best
+    fastest, best = best, reranked or best
     # regimes (and series) under stability, under a tolerance the best single program breaks (its
-    # series within it), under balanced one far more accurate program (a series), as re-ranking's
+    # series within it), under balanced where far more accurate (the mean of its sampled error, a
+    # series' truncation counted) and, as re-ranking's, affordable: every branch runs (where selects)
     balanced = model.objective is Objective.BALANCED
     wants = model.objective is Objective.STABILITY or balanced or model.objective is Objective.TOLERANCE \
-        and program_cost(best, model, input_ranges, program.leaf_meta())["cost"] >= LEXICOGRAPHIC
+        and priced(best)["cost"] >= LEXICOGRAPHIC
     regimes = piecewise(program, roots, best, snap, root_classes, cost, input_ranges,
                         limit=math.inf if model.tolerance is None else model.tolerance,
                         guarded=[r for r in rules if r.when], gain=ACCURATE_BY if balanced else MIN_GAIN) \
         if wants else None
-    regimes = None if balanced and regimes and len(regimes.regimes) > 1 else regimes
+    if balanced and regimes and len(regimes.regimes) > 1 and \
+            not model.affordable(*(priced(t)["latency"] for t in ([regimes.term], fastest))):
+        regimes = None
     return ([regimes.term] if regimes else best), regimes, reranked is not None
 
 
@@ -139,14 +143,15 @@ def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: d
 #: programs of at most RERANK_NODES terms and RERANK_ELEMENTS numbers (each estimate runs in float64
 #: with derivatives)
 RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
-#: balanced: a program this many bits more accurate (sampled, worst or mean) than the cheapest wins,
-#: within the model's max_slowdown: a catastrophic error is not a trade for microseconds
+#: balanced: a program this many bits more accurate (sampled, worst or mean; a piecewise one: mean,
+#: its series' truncation counted) than the cheapest wins, within the model's max_slowdown: a
+#: catastrophic error is not a trade for microseconds
 ACCURATE_BY = 8.0
 
 
 def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
             root_classes: list[str], cost: Callable, input_ranges: dict | None,
-            model: CostModel) -> list[Term] | None:
+            model: CostModel, priced: Callable) -> list[Term] | None:
     """Of the cheapest programs and the input, by first-order error sampled over the declared
     ranges (or the inputs' bit patterns), which sees what per-node costs cannot (a cancellation of
     coinciding operands, an error a later op attenuates): under stability the least error (cost
@@ -168,8 +173,8 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
     if model.objective is Objective.STABILITY:
         chosen = least_error(programs, input_ranges)
     else:
-        latencies = [program_cost(c, model, input_ranges, program.leaf_meta())["latency"] for c in candidates]
-        chosen = far_more_accurate(programs, latencies, ACCURATE_BY, model.max_slowdown, input_ranges)
+        latencies = [priced(c)["latency"] for c in candidates]
+        chosen = far_more_accurate(programs, latencies, ACCURATE_BY, model.affordable, input_ranges)
     return None if chosen is None else candidates[chosen]
 
 

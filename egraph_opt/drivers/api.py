@@ -411,9 +411,10 @@ class OptimizedFunction:
         self._last, self._again = plan, plan.again
 
     def _fast(self, plan: Plan, layout: Layout) -> Callable[[tuple, dict], Any]:
-        """``plan`` again for a call laid out as its first (``Layout``: no binding) where its C++
-        check finds the same kinds of tensors and the state is the same; else the plan that came
-        after it, checked so; else the plan its key finds. A closure over what it checks."""
+        """For a call laid out as ``plan``'s first (``Layout``: no binding), the plan found for such a
+        call last (``plan`` itself, or a decode step's next) where its C++ check finds the same kinds
+        of tensors and the state is the same; else ``plan``, checked so; else the plan its key finds.
+        A closure over what it checks."""
         check, fn, laid, plans, keyed = plan.guard[0], self.fn, layout.tensors, self._plans, self._state
         alone = (layout.arity, layout.keywords) if layout.order is None and not any(layout.slots) else None
 
@@ -423,10 +424,9 @@ class OptimizedFunction:
                 if tensors is None:
                     return _MISS
                 now, found = keyed.current(), plan.next()
-                if check(*tensors) and now == plan.guard[1]:
-                    found = plan
-                elif found is None or not found.guard[0](*tensors) or now != found.guard[1]:
-                    found = plans.get(layout.key(tensors) + (now or keyed.key()) + _autocast())
+                if found is None or not found.guard[0](*tensors) or now != found.guard[1]:
+                    found = plan if check(*tensors) and now == plan.guard[1] else \
+                        plans.get(layout.key(tensors) + (now or keyed.key()) + _autocast())
                     if found is None:
                         return _MISS
                     plan.next = weakref.ref(found)  # its key's constants are this layout's

@@ -125,3 +125,60 @@ def test_a_decorated_forward_is_keyed_by_what_the_function_inside_reads():
     torch.testing.assert_close(g(x), m(x))
     assert len(g.plans) == 2
 
+
+
+
+class _Config:
+    def __init__(self):
+        self.scale = 2.0
+
+
+class _Gain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gain = 3.0
+
+    def forward(self, x):
+        return x * (self.gain if self.training else 1.5)
+
+
+class _Reads(nn.Module):
+    """Reads a config's number, a submodule's attribute and training flag, and a parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.cfg, self.inner, self.weight = _Config(), _Gain(), nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.exp(self.inner(x) * self.cfg.scale) * self.weight
+
+
+def _change(m: _Reads, what: str) -> None:
+    if what == "config":
+        m.cfg.scale = 0.5
+    elif what == "submodule":
+        m.inner.gain = 0.25
+    elif what == "training":
+        m.inner.train()
+    else:
+        m.weight = nn.Parameter(torch.randn(4))
+
+
+@pytest.mark.parametrize("what", ["config", "submodule", "training", "parameter"])
+def test_state_changed_after_many_calls_gets_a_plan_of_its_own(what):
+    """The key reads what a dict holds again only once the dict changed (its version): state set
+    after many calls of one plan still keys a plan of its own, and an equal number does not."""
+    m = _Reads().eval()
+    m.inner.gain = 2.0 if what == "training" else 3.0  # training: 1.5 in place of 3.0
+    g = saturate_and_extract(m, profile_budget=0)
+    x = torch.randn(4)
+    with torch.no_grad():
+        for _ in range(20):
+            torch.testing.assert_close(g(x), m(x))
+        m.cfg.scale = float("2.0")  # rebound to an equal number: the same plan
+        g(x)
+        assert len(g.plans) == 1
+        _change(m, what)
+        for _ in range(3):
+            torch.testing.assert_close(g(x), m(x))
+        assert len(g.plans) == 2

@@ -411,27 +411,26 @@ class OptimizedFunction:
         self._last, self._again = plan, plan.again
 
     def _fast(self, plan: Plan, layout: Layout) -> Callable[[tuple, dict], Any]:
-        """``plan`` again for a call laid out as its first (``Layout``: no binding) where its C++
-        check finds the same kinds of tensors and the state is the same; else the plan that came
-        after it, checked so; else the plan its key finds. A closure over what it checks."""
+        """For a call laid out as ``plan``'s first (``Layout``: no binding), the plan found for such a
+        call last (``plan`` itself, or a decode step's next) where its C++ check finds the same kinds
+        of tensors and the state is the same; else ``plan``, checked so; else the plan its key finds.
+        A closure over what it checks."""
         check, fn, laid, plans, keyed = plan.guard[0], self.fn, layout.tensors, self._plans, self._state
+        alone = (layout.arity, layout.keywords) if layout.order is None and not any(layout.slots) else None
 
         def again(args: tuple, kwargs: dict):
-            try:
-                tensors = laid(args, kwargs)
+            try:  # a call of tensors alone, each where the first call had it, is its tensors
+                tensors = (*args, *kwargs.values()) if (len(args), tuple(kwargs)) == alone else laid(args, kwargs)
                 if tensors is None:
                     return _MISS
                 now, found = keyed.current(), plan.next()
-                if check(*tensors) and now == plan.guard[1]:
-                    found = plan
-                elif found is None or not found.guard[0](*tensors) or now != found.guard[1]:
-                    found = plans.get(layout.key(tensors) + (now or keyed.key()) + _autocast())
+                if found is None or not found.guard[0](*tensors) or now != found.guard[1]:
+                    found = plan if check(*tensors) and now == plan.guard[1] else \
+                        plans.get(layout.key(tensors) + (now or keyed.key()) + _autocast())
                     if found is None:
                         return _MISS
                     plan.next = weakref.ref(found)  # its key's constants are this layout's
                     plans.move_to_end(found.key)
-                    now = found.guard[1]
-                found.guard = found.guard[0], now  # the state as read now: the next compare ends at identity
             except (KeyError, ValueError, TypeError):  # a global deleted, a key None or unhashable: the slow path
                 return _MISS
             if found is not plan:
@@ -639,7 +638,7 @@ def saturate_and_extract(fn: Callable | None = None, **options: Any):
     return OptimizedFunction(fn, **options)
 
 
-_OWN = ("_orig_mod", "_optimized")  # the wrapper's own attributes; every other one is the original's
+_OWN = ("_orig_mod", "forward")  # the wrapper's own attributes; every other one is the original's
 _PLANS = ("report", "egraph", "plans")  # the OptimizedFunction's, as on a decorated function
 
 
@@ -654,13 +653,10 @@ class OptimizedModule(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, optimized: OptimizedFunction):
         super().__init__()
         own = self.__dict__
-        own["_orig_mod"], own["_optimized"] = module, optimized
+        own["_orig_mod"], own["forward"] = module, optimized  # its plans: called straight from Module.__call__
         for table in ("_parameters", "_buffers", "_modules"):  # one table: one set of names
             own[table] = module.__dict__[table]
         del own["training"]  # read through __getattr__: the original's flag is the one its code reads
-
-    def forward(self, *args, **kwargs):
-        return self._optimized(*args, **kwargs)
 
     @property
     def fn(self) -> torch.nn.Module:
@@ -671,7 +667,7 @@ class OptimizedModule(torch.nn.Module):
         if name in _OWN:
             return self.__dict__[name]
         if name in _PLANS:
-            return getattr(self.__dict__["_optimized"], name)
+            return getattr(self.__dict__["forward"], name)
         return getattr(self.__dict__["_orig_mod"], name)
 
     def __setattr__(self, name: str, value) -> None:

@@ -45,7 +45,7 @@ def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
     from .sharded import ShardedPlan
     if isinstance(obj, ShardedPlan):
         return obj.alternatives()
-    obj = getattr(obj, "_optimized", obj)  # a decorated module: its OptimizedFunction
+    obj = obj.forward if hasattr(obj, "_orig_mod") else obj  # a decorated module: its OptimizedFunction
     if hasattr(obj, "_last") and hasattr(obj, "_plans"):  # an OptimizedFunction (the decorator
         return _of_function(obj)  # imports the explorer for its range hints: not the other way)
     if isinstance(obj, Optimized):

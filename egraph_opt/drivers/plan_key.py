@@ -26,6 +26,7 @@ import weakref
 from typing import Any, Callable, NamedTuple
 
 import torch
+from torch._C._dynamo.guards import dict_version  # a dict's version: a new one whenever it changes
 from torch.nn.modules import module as _module
 from torch.utils.hooks import RemovableHandle
 
@@ -309,7 +310,7 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
     holds (a module rebound since ``seen``, an object slot holding another object, a hook registered
     or removed, a class attribute read now shadowed by an instance's); else the values it reads."""
     env: dict[str, Any] = {"_rebindings": _rebindings, "_grad": _grad_enabled, "_dtype": _default_dtype,
-                           "_Handle": RemovableHandle}
+                           "_Handle": RemovableHandle, "_version": dict_version}
 
     def bind(value: Any) -> str:
         env[f"v{len(env)}"] = value
@@ -322,12 +323,17 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
     same = [f"_rebindings[0] == {seen}", f"_Handle.next_id == {RemovableHandle.next_id}",
             *(f"{read(o)} is {bind(v)}" for o, v in objects), *(f"len({bind(d)}) == {len(d)}" for d in hooks),
             *(f"{n!r} not in {bind(d)}" for d, n in shadows)]
-    parts = [str(identities), bind(slots), "_grad()", "_dtype()", *map(read, scalars),
-             *(f"{read(o)}._version" for o in versioned),
+    held = [s for s in scalars if type(s[0]) is dict]  # read again only once one of their dicts changed
+    versions = [f"_version({bind(d)})" for d in {id(s[0]): s[0] for s in held}.values()]
+    env["_held"] = [None] * len(versions) + [()]  # their versions, then their values
+    parts = [str(identities), bind(slots), "_grad()", "_dtype()", "_held[-1]",
+             *(read(s) for s in scalars if type(s[0]) is not dict), *(f"{read(o)}._version" for o in versioned),
              *(f"tuple([id(v) for v in {bind(c)}{'.values()' if isinstance(c, dict) else ''}])"
                for c in containers),
              *(f"tuple({read(c)}{'.items()' if isinstance(_read(c), dict) else ''})" for c in contents)]
     exec(f"def key():\n    if not ({' and '.join(same)}):\n        return None\n"
+         f"    if not ({' and '.join(f'{v} == _held[{i}]' for i, v in enumerate(versions)) or 'True'}):\n"
+         f"        _held[:] = [{''.join(v + ', ' for v in versions)}({''.join(read(s) + ', ' for s in held)})]\n"
          f"    return ({', '.join(parts)},)", env)
     return env["key"]
 

@@ -395,11 +395,14 @@ def test_generated_dag_and_root_reductions(root, dtype):
 
 
 @pytest.mark.parametrize("n", [1, 7, 1025])
-@pytest.mark.parametrize("reduction", ["sum", "max", "mean"])
+@pytest.mark.parametrize("reduction", ["sum", "max", "mean", "softmax"])
 def test_generated_reduction_row_lengths(reduction, n):
-    x = torch.randn(3, n)
-    x[1, n - 1] = float("nan")  # in the masked last block when n = 1025
-    term = Term(reduction, (Term("exp", (Term.input("x", (3, n)),)),), (-1, True))
+    """Rows of one block and of several, negated: with a NaN in the masked last block when n = 1025,
+    a +inf (softmax: NaN there and 0 beside it) and a row of -inf only (softmax: NaN, as torch's)."""
+    x = torch.randn(4, n)
+    x[1, n - 1], x[2, n // 2], x[3] = math.nan, -math.inf, math.inf
+    attrs = (-1,) if reduction == "softmax" else (-1, True)
+    term = Term(reduction, (Term("neg", (Term.input("x", (4, n)),)),), attrs)
     ref, = evaluate([term], {"x": x}, reference=True)
     check(K.generate_elementwise(term)(x=x), ref, torch.float32, f"generated {reduction} n={n}")
 
@@ -420,7 +423,8 @@ X = Term.input("x", (2, 3))
 
 @pytest.mark.parametrize("term, message", [
     (Term("matmul", (X, X)), "'matmul'"),
-    (Term("softmax", (X,), (-1,)), "'softmax'"),
+    (Term("exp", (Term("softmax", (X,), (-1,)),)), "'softmax'.*only at the root"),
+    (Term("softmax", (X,), (0,)), "'softmax'.*last axis"),
     (Term("exp", (Term("sum", (X,), (-1, True)),)), "'sum'.*only at the root"),
     (Term("sum", (X,), (0, False)), "'sum'.*last axis"),
     (Term("gelu", (X,), ("erf",)), "'gelu'.*approximate"),

@@ -101,8 +101,8 @@ def main() -> None:
 
 def _generated(R) -> None:
     """The generated kernels a plan binds for its regions: every template of codegen in one chain
-    over an input and a broadcast (37,) one, alone and under each root reduction (the cache in a
-    directory of its own)."""
+    over an input and a broadcast (37,) one, alone and under each root reduction and a softmax (the
+    cache in a directory of its own)."""
     import os
     import tempfile
     from egraph_opt.kernels.triton import codegen, generate_elementwise
@@ -114,7 +114,8 @@ def _generated(R) -> None:
     attrs_of = {"gelu": [("none",), ("tanh",)], "cast": [("float16",), ("bfloat16",)]}
     for op, attrs in [(op, attrs) for op in codegen.TEMPLATES for attrs in attrs_of.get(op, [()])]:
         chain = Term("add", (chain, Term(op, (chain, y)[:OPS[op].arity], attrs)))
-    for root in [chain] + [Term(r, (chain,), (-1, keep)) for r in codegen.REDUCTIONS for keep in (False, True)]:
+    rows = [Term(r, (chain,), (-1, keep)) for r in codegen.REDUCTIONS for keep in (False, True)]
+    for root in [chain, Term("softmax", (chain,), (-1,))] + rows:
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             try:
                 generate_elementwise(root)(x=R(3, 37).to(dtype), y=R(37).to(dtype))

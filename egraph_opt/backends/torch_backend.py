@@ -2,8 +2,8 @@
 
 Each Term becomes a call of the kernel it is bound to (``kernels.binding``: Triton on CUDA where it
 runs, torch otherwise), with conversion kernels where a value changes memory (torch and Triton share
-one); on the Triton path a region of elementwise ops (and the row reduction they feed) is one
-generated kernel where it measures faster. Opaque calls are copied as they were, scalar constants
+one); on the Triton path a region of elementwise ops (and the row reduction or softmax they feed) is
+one generated kernel where it measures faster. Opaque calls are copied as they were, scalar constants
 folded, and every value is emitted once, after what it uses. What no input reaches (a mask built
 from ``arange``, weights concatenated) is computed once per version of what it reads.
 """
@@ -24,7 +24,7 @@ from ..kernels import triton as triton_kernels
 from ..kernels.binding import Estimator, bind, default_estimate, region_chosen
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import TORCH
-from ..kernels.triton.codegen import REDUCTIONS, TEMPLATES, span
+from ..kernels.triton.codegen import ROW_OPS, TEMPLATES, span
 from ..lang.program import OpaqueRef, Program, leaves
 from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
@@ -169,9 +169,9 @@ class _Build:
     def _fuse(self, roots: list[Term], meta: dict) -> None:
         """A generated kernel for each maximal region of two or more ops (codegen's templates, on
         float operands that broadcast to the op's shape (``codegen.span``) or constants, under at most
-        one root sum, mean or max over the last axis; an operand joins its user's region where only
-        that user reads it), where it replaces its ops' kernels (``binding.region_chosen``). Each op
-        of a half dtype rounds to it there, as its torch kernel does."""
+        one root sum, mean, max or softmax over the last axis; an operand joins its user's region where
+        only that user reads it), where it replaces its ops' kernels (``binding.region_chosen``). Each
+        op of a half dtype rounds to it there, as its torch kernel does."""
         floats = (torch.float16, torch.bfloat16, torch.float32)
 
         def fusible(t: Term) -> bool:  # a 0-d tensor of another dtype stays out of torch's type promotion
@@ -179,27 +179,29 @@ class _Build:
             return t.op in TEMPLATES and len(shape) > 0 and dtype in floats and all(
                 a.op == "const" or meta[id(a)][1] in floats and span(meta[id(a)][0], shape) is not None
                 and (len(meta[id(a)][0]) > 0 or meta[id(a)][1] == dtype) for a in t.args)
+        row = lambda t: t.op in ROW_OPS and t.attrs[0] == -1  # noqa: E731 - a root walking rows
         order, inside = postorder(roots), set()
         uses = Counter(i for t in order for i in {id(a) for a in t.args}) + Counter(map(id, roots))  # users
         for t in reversed(order):  # users before their operands
-            if id(t) in inside or not (fusible(t) or t.op in REDUCTIONS and t.attrs[0] == -1):
+            if id(t) in inside or not (fusible(t) or row(t)):
                 continue
             ops = [t]
             for u in ops:  # grows while it is walked: each op after its user
-                ops += [a for i, a in enumerate(u.args)  # x * x: one operand
-                        if uses[id(a)] == 1 and fusible(a) and all(a is not b for b in u.args[:i])]
+                ops += [a for i, a in enumerate(u.args)  # x * x: one operand; a row op under a root cast
+                        if uses[id(a)] == 1 and (fusible(a) or u is t and t.op == "cast" and row(a))
+                        and all(a is not b for b in u.args[:i])]
             if len(ops) < 2:
                 continue
             inside.update(map(id, ops))
             made, outside = {}, {}  # the region's terms over inputs for the values it reads, those by name
-            top = t.args[0] if t.op in REDUCTIONS else t  # its cast gives the kernel's dtype
+            top = t.args[0] if row(t) else t  # its cast gives the kernel's dtype
             for u in reversed(ops):
                 for a in u.args:
                     if id(a) not in made and a.op != "const":
                         made[id(a)] = Term.input(f"x{len(outside)}", meta[id(a)][0], dtype_name(meta[id(a)][1]))
                         outside[made[id(a)].attrs[0]] = a
                 made[id(u)] = Term(u.op, tuple(made.get(id(a), a) for a in u.args), u.attrs)
-                if u.op not in ("cast", *REDUCTIONS) and (meta[id(u)][1] != torch.float32 or u is top):
+                if u.op not in ("cast", *ROW_OPS) and (meta[id(u)][1] != torch.float32 or u is top):
                     made[id(u)] = Term("cast", (made[id(u)],), (dtype_name(meta[id(u)][1]),))  # rounds as torch
             kernel = triton_kernels.generate_elementwise(made[id(t)])
             operands = [outside[name] for name in kernel.program.inputs]

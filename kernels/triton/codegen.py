@@ -1,5 +1,5 @@
-"""Triton source text for a term DAG of elementwise ops, with at most one last-axis reduction at
-the root. Pure text: no Triton needed to generate (or refuse) a kernel, only to run it.
+"""Triton source text for a term DAG of elementwise ops, with at most one last-axis reduction or
+softmax at the root. Pure text: no Triton needed to generate (or refuse) a kernel, only to run it.
 
 Each op is one line of the template table below, formatted with its operands' SSA names and its
 attributes. Structurally equal subterms are emitted once; inputs become pointer arguments and
@@ -53,9 +53,10 @@ REDUCTIONS: dict[str, tuple[str, str, str]] = {
     "max":  ('float("-inf")', "tl.maximum(acc, {v}, propagate_nan=tl.PropagateNan.ALL)",
              "m.max_keep_nan(acc)"),
 }
+ROW_OPS = (*REDUCTIONS, "softmax")  # a region's root whose kernel walks the rows of the last axis
 GELU_APPROXIMATIONS = ("none", "tanh")
 
-_unknown = (set(TEMPLATES) | set(REDUCTIONS)) - set(OPS)
+_unknown = (set(TEMPLATES) | set(ROW_OPS)) - set(OPS)
 if _unknown:
     raise RuntimeError(f"codegen tables name ops missing from the op table: {sorted(_unknown)}")
 
@@ -75,17 +76,29 @@ def kernel(out_ptr, {args}n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, {result}.to(out_ptr.dtype.element_ty), mask=mask)
 '''
 
+BLOCKS = '''    for start in tl.range(0, n_cols, BLOCK):  # the row's blocks, each computing the region anew
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        offs = row * n_cols + cols
+'''
+
 ROW_REDUCTION = '''@triton.jit
 def kernel(out_ptr, {args}n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     acc = tl.full([BLOCK], {identity}, tl.float32)
-    for start in tl.range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        offs = row * n_cols + cols
-{body}
+{blocks}
         acc = {combine}
     tl.store(out_ptr + row, ({finish}).to(out_ptr.dtype.element_ty))
+'''
+
+ROW_SOFTMAX = '''@triton.jit
+def kernel(out_ptr, {args}n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    mx, s = float("-inf"), 0.0
+{blocks}
+        mx, s = m.logsumexp_step(mx, s, tl.where(mask, {result}, float("-inf")))
+{blocks}
+        tl.store(out_ptr + offs, m.softmax_of({result}, mx, s).to(out_ptr.dtype.element_ty), mask=mask)
 '''
 
 
@@ -96,9 +109,9 @@ class KernelSource:
     source: str
     inputs: tuple[str, ...]  # input names, in the order of the kernel's pointer arguments
     consts: tuple[float, ...]  # constant values, in the order of the kernel's scalar arguments
-    reduction: str | None  # the root reduction, if any
+    reduction: str | None  # the root reduction or softmax, if any
     keepdim: bool
-    dtype: str | None  # the result's dtype where a root cast gives it, else the inputs' promoted
+    dtype: str | None  # the result's dtype where a root cast (over the row op too) gives it, else the inputs' promoted
     broadcast: tuple[int, ...]  # the inputs read through ``span``: their (div, mod) follow the scalars
 
     @property
@@ -122,10 +135,9 @@ def span(shape: tuple, out: tuple) -> tuple[int, int] | None:
 
 
 def _line(t: Term, operands: list[str]) -> str:
-    if t.op in REDUCTIONS:
-        raise _refuse(t.op, "a reduction is generated only at the root")
     if t.op not in TEMPLATES:
-        raise _refuse(t.op, f"supported are {sorted(TEMPLATES)} and a root {sorted(REDUCTIONS)}")
+        raise _refuse(t.op, "a row op is generated only at the root" if t.op in ROW_OPS else
+                      f"supported are {sorted(TEMPLATES)} and a root {sorted(ROW_OPS)}")
     attrs = {name: value for (name, _), value in zip(OPS[t.op].attrs, t.attrs)}
     if t.op == "gelu" and attrs["approximate"] not in GELU_APPROXIMATIONS:
         raise _refuse(t.op, f"approximate must be one of {GELU_APPROXIMATIONS}")
@@ -134,7 +146,8 @@ def _line(t: Term, operands: list[str]) -> str:
 
 def lower(root: Term) -> KernelSource:
     """The kernel source for ``root``; ValueError naming the op if any op cannot be generated."""
-    reduction, (axis, keepdim) = (root.op, root.attrs) if root.op in REDUCTIONS else (None, (-1, False))
+    outer, root = (root.attrs[0], root.args[0]) if root.op == "cast" and root.args[0].op in ROW_OPS else (None, root)
+    reduction, (axis, keepdim) = (root.op, (*root.attrs, False)[:2]) if root.op in ROW_OPS else (None, (-1, False))
     if reduction:
         if axis != -1:
             raise _refuse(reduction, f"only a reduction over the last axis (-1) is generated, not {axis}")
@@ -165,11 +178,14 @@ def lower(root: Term) -> KernelSource:
     args = "".join([f"in{i}_ptr, " for i in range(len(inputs))] + [f"c{i}, " for i in range(len(consts))]
                    + [f"in{i}_div, in{i}_mod, " for i in broadcast])
     body, result = "\n".join(lines), name_of[id(root)]
+    blocks = BLOCKS + textwrap.indent(body, " " * 8)
     if reduction is None:
         kernel = ELEMENTWISE.format(args=args, body=textwrap.indent(body, " " * 4), result=result)
+    elif reduction == "softmax":
+        kernel = ROW_SOFTMAX.format(args=args, blocks=blocks, result=result)
     else:
         identity, combine, finish = REDUCTIONS[reduction]
-        kernel = ROW_REDUCTION.format(args=args, body=textwrap.indent(body, " " * 8), identity=identity, finish=finish,
+        kernel = ROW_REDUCTION.format(args=args, blocks=blocks, identity=identity, finish=finish,
                                       combine=combine.format(v=f"tl.where(mask, {result}, {identity})"))
-    dtype = root.attrs[0] if root.op == "cast" else None
+    dtype = outer or (root.attrs[0] if root.op == "cast" else None)
     return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction, keepdim, dtype, tuple(broadcast))

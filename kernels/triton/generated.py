@@ -23,7 +23,7 @@ import triton
 from egraph_opt.lang.term import Term, evaluate
 
 from ..torch_ops import TORCH
-from .codegen import KernelSource, lower, span
+from .codegen import REDUCTIONS, KernelSource, lower, span
 from .layout import row_block
 
 CACHE_ENV = "EGRAPH_OPT_CACHE"
@@ -81,7 +81,7 @@ def _load(program: KernelSource) -> object:
 
 class GeneratedKernel:
     """A Triton kernel computing ``term`` (elementwise ops over inputs that broadcast, optionally
-    under one root sum/max/mean over axis -1); ValueError names any op it cannot generate.
+    under one root sum/max/mean or softmax over axis -1); ValueError names any op it cannot generate.
     ``kernel`` is shared by every structurally equal term. Where autograd records, the ops' torch
     kernels run (``separate``: a generated kernel has no backward)."""
 
@@ -110,10 +110,10 @@ class GeneratedKernel:
             raise ValueError(f"{reduction} over axis -1 needs an input of rank >= 1")
         dtypes = [getattr(torch, self.program.dtype)] if self.program.dtype else [t.dtype for t in tensors]
         n = shape[-1] if reduction else shape.numel()  # a row's length, or every element
-        shape = shape[:-1] + ((1,) if self.program.keepdim else ()) if reduction else shape
+        grid = shape[:-1].numel() if reduction else triton.cdiv(n, row_block(n))  # a program per row, or block
+        shape = shape[:-1] + ((1,) if self.program.keepdim else ()) if reduction in REDUCTIONS else shape
         out = torch.empty(shape, dtype=functools.reduce(torch.promote_types, dtypes), device=tensors[0].device)
-        if out.numel():  # a program per row, or per block of elements
-            grid = out.numel() if reduction else triton.cdiv(n, row_block(n))
+        if out.numel():
             divmods = [x for i in self.program.broadcast for x in spans[i]]  # after the scalars, as lower puts them
             self.kernel[(grid,)](out, *tensors, *self.program.consts, *divmods, n, BLOCK=row_block(n))
         return out

@@ -75,3 +75,19 @@ def max_keep_nan(acc):
     """The max of a block, NaN if any lane is NaN (torch.amax's rule; tl.max may drop NaN)."""
     has_nan = tl.max((acc != acc).to(tl.int32), 0) > 0
     return tl.where(has_nan, float("nan"), tl.max(acc, 0))
+
+
+@triton.jit
+def logsumexp_step(mx, s, x):
+    """A row's running max ``mx`` and sum ``s`` of exp(x - mx) with one more block ``x`` (-inf off
+    the row), in float32: the max NaN once a NaN is seen (so is all derived from it, as in torch), the
+    shift 0 while the max is -inf (a block of -inf adds exp(-inf) = 0, not exp(-inf - -inf) = NaN)."""
+    new = tl.maximum(mx, max_keep_nan(x), propagate_nan=tl.PropagateNan.ALL)
+    shift = tl.where(new == float("-inf"), 0.0, new)
+    return new, s * tl.exp(mx - shift) + tl.sum(tl.exp(x - shift), 0)
+
+
+@triton.jit
+def softmax_of(x, mx, s):
+    """Softmax at ``x`` in a row of max ``mx`` and sum ``s``; a max of +inf: NaN at +inf, else 0 (ops.softmax)."""
+    return tl.where(mx == float("inf"), tl.where(x == float("inf"), float("nan"), 0.0), tl.exp(x - mx) / s)

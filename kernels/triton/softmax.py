@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .layout import ROW_CONFIGS, row_block
+from .mathlib import logsumexp_step, softmax_of
 from .runtime import implements, tuned
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
@@ -18,22 +19,13 @@ SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
 @triton.jit
 def row_logsumexp(x_ptr, n, BLOCK: tl.constexpr):
-    """(max, sum of exp(x - max)) of the ``n`` values at ``x_ptr``, in float32; the max is NaN in a
-    row holding a NaN (``tl.max`` drops NaNs), so every value derived from it is NaN there, as
-    torch's are. The shift is 0 while the max is -inf: a block of -inf before the row's finite
-    values adds exp(-inf) = 0, not exp(-inf - -inf) = NaN."""
-    m = float("-inf")
-    s = 0.0
-    nans = 0.0
+    """(max, sum of exp(x - max)) of the ``n`` values at ``x_ptr``, in float32 (``logsumexp_step``)."""
+    m, s = float("-inf"), 0.0
     for start in tl.range(0, n, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + cols, mask=cols < n, other=float("-inf")).to(tl.float32)
-        nans += tl.sum(tl.where(x != x, 1.0, 0.0), 0)
-        m_new = tl.maximum(m, tl.max(x, 0))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), 0)
-        m = m_new
-    return tl.where(nans > 0, float("nan"), m), s
+        m, s = logsumexp_step(m, s, x)
+    return m, s
 
 
 @triton.jit
@@ -50,10 +42,9 @@ def _softmax_kernel(x_ptr, out_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
             cols = start + tl.arange(0, BLOCK)
             mask = cols < n
             x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-            if MODE == 0:  # a row whose max is +inf: NaN at +inf, 0 elsewhere (ops.softmax)
-                y = tl.where(m == float("inf"), tl.where(x == float("inf"), float("nan"), 0.0),
-                             tl.exp(x - m) / s)
-            else:  # and its log: NaN at +inf, -inf elsewhere (ops.log_softmax)
+            if MODE == 0:
+                y = softmax_of(x, m, s)
+            else:  # a row whose max is +inf: NaN at +inf, -inf elsewhere (ops.log_softmax)
                 y = tl.where(m == float("inf"), tl.where(x == float("inf"), float("nan"), float("-inf")),
                              x - lse)
             tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)

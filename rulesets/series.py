@@ -124,23 +124,27 @@ def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
     with contextlib.suppress(ValueError, ZeroDivisionError, TypeError):  # defined at 0: the series must give it
         if not at_infinity and math.isfinite(at := float(g(0))) and at != float(terms[0] if shift == 0 else 0):
             return None  # 0 ** y is 1 at y = 0, where sympy's 0 ** y - y has the series -y
-    return _truncate(g, Series(lhs, at_infinity, step == 2, shift, terms, cap, ()))
+    full = Series(lhs, at_infinity, step == 2, shift, terms, cap, ())
+    return _truncate(g, full, sympy.lambdify(x, f, ["math", "mpmath"]))
 
 
 def _stop(*_):
     raise TimeoutError
 
 
-def _truncate(f, full: Series) -> Series | None:
-    """``full`` (its radius: the cap) cut as ``expand`` says, its error measured against ``f``."""
+def _truncate(f, full: Series, rough) -> Series | None:
+    """``full`` (its radius: the cap) cut as ``expand`` says, its error measured against ``f`` (``rough``: in
+    float64, where it is finite)."""
     with mpmath.workdps(60):
         points = [s * mpmath.mpf(2) ** j * (17 + i) / 32 for j in OCTAVES for i in range(16) for s in (1, -1)]
         coefficients = [mpmath.mpf(str(c.evalf(70))) for c in full.terms]
         errors, values = [[math.inf] * len(points) for _ in coefficients], []  # by degree, at each point
         for i, p in enumerate(points):  # |u| ascending, each sign in turn
             y = None
-            with contextlib.suppress(ValueError, ZeroDivisionError, TypeError):  # undefined there: inf
-                y = f(1 / p if full.at_infinity else p)
+            with contextlib.suppress(ValueError, ZeroDivisionError, TypeError, OverflowError):  # undefined: inf
+                q = 1 / p if full.at_infinity else p
+                if math.isfinite(rough(float(q))):  # past float64, mpmath may take all memory: exp(exp(2 ** 44))
+                    y = f(q)
             e, w, a, scale = y if isinstance(y, mpmath.mpf) else 0, mpmath.mpf(1), 0, p ** full.shift
             values.append(e)  # inf where undefined, and past a zero or pole between points (a sign change)
             for k, c in enumerate(coefficients if e and (i < 2 or values[i - 2] * e > 0) else ()):

@@ -121,6 +121,10 @@ MADE_WRONG = [
                  "(sub (div (const 1.0) (sub (log (const 0.0)) (log ?x))) (div (const 1.0) (const -1.0)))"),
     pytest.param(730, "extreme", None, {"x": (3, 4)},
                  "(sub (div (div (exp ?x) (add (const 1.0) (exp ?x))) (const 3.0)) (abs (maximum ?x (const -1.0))))"),
+    # found by ``python bench/fuzz.py --n 1000 --seed 1``: a series around infinity that is a number
+    # ((pi/2)^2) was compared as a tensor, and mpmath could not hold exp(exp(2^44)) (MemoryError)
+    pytest.param(1000213, "extreme", None, {"x": (3, 4)}, "(mul (atan ?x) (atan ?x))"),
+    pytest.param(1000903, "normal", {"x": (-50.0, -1.0), "y": (-3.0, 3.0)}, {"y": (3, 1)}, "(sigmoid (exp ?y))"),
     # sigmoid-from-exp-ratio was 1 at x = +inf where the naive form is inf/inf = NaN (the limit; NaN
     # by the letter): its right side adds relu(x) * 0, NaN at +inf alone
     pytest.param(1441, "normal", {"x": (1.0, 50.0), "y": (-3.0, 3.0)}, {"x": (3, 4), "y": (3, 1)},

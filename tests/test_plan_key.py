@@ -182,3 +182,25 @@ def test_state_changed_after_many_calls_gets_a_plan_of_its_own(what):
         for _ in range(3):
             torch.testing.assert_close(g(x), m(x))
         assert len(g.plans) == 2
+
+
+SHIFT = 1.0  # a module-level global a submodule's forward reads
+
+
+class _Shifted(nn.Module):
+    def forward(self, x):
+        return torch.exp(x) / torch.exp(x).sum(-1, keepdim=True) + SHIFT
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["forward", "submodule"])
+def test_a_global_a_forward_reads_keys_the_plan(nested, monkeypatch):
+    """A module's code is its forwards: a global read there (and in a submodule's forward) is read
+    by the key as a function's globals are, so rebinding it gives a plan of its own."""
+    m = nn.Sequential(nn.Identity(), _Shifted()) if nested else _Shifted()
+    g = saturate_and_extract(m, profile_budget=0)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(g(x), m(x))
+        monkeypatch.setattr(f"{__name__}.SHIFT", 5.0)
+        torch.testing.assert_close(g(x), m(x))
+    assert len(g.plans) == 2

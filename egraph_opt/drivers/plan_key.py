@@ -89,6 +89,9 @@ def holders(fn: Callable) -> Reads:
             reads.contents.append((holder, name, attribute))
         found.append(value)
     for f in found:
+        if isinstance(f, torch.nn.Module) and id(f) not in seen:  # its modules' forwards read globals too
+            seen.add(id(f))
+            found.extend({type(m).forward: None for m in f.modules()})
         code = getattr(inspect.unwrap(f), "__code__", None) if callable(f) and id(f) not in seen else None
         if code is None or (getattr(f, "__module__", None) or "").startswith("torch"):
             continue

@@ -353,9 +353,11 @@ def _derived(root: Term, ranges: dict | None) -> list[Candidate]:
             found = expand(root, v, at_infinity, max(-lo, hi) if not at_infinity else
                            1 / min(abs(lo), abs(hi)) if lo * hi > 0 else math.inf)
             rhs = found and pat.instantiate(found.rule().rhs_pattern, {"x": v})
-            if found is None or at_infinity and not torch.allclose(*evaluate([root, rhs], {v.attrs[0]: torch.tensor(
-                    [math.inf, -math.inf, math.nan], dtype=torch.float64)}, reference=True), equal_nan=True):
-                continue  # none, or unlike the root at +-inf or NaN
+            ends = at_infinity and {v.attrs[0]: torch.tensor([math.inf, -math.inf, math.nan], dtype=torch.float64)}
+            if found is None or ends and not torch.allclose(*(torch.as_tensor(y, dtype=torch.float64).expand(3)
+                                                            for y in evaluate([root, rhs], ends, reference=True)),
+                                                          equal_nan=True):
+                continue  # none, or unlike the root at +-inf or NaN (a constant series is a number)
             within = pat.instantiate(pat.parse(INVERSE), {"x": v}) if at_infinity else v
             candidates.append(Candidate(rhs, found.rule(), within, found.truncation, lhs=root))
     return candidates

@@ -116,7 +116,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
         return None
     gen = torch.Generator().manual_seed(seed)
     env = sample_inputs({t.attrs[0]: ((POINTS,), t.attrs[2]) for t in program.inputs}, ranges, gen)
-    first = _bits(candidates[best], env)
+    first = _bits(candidates[best], env)  # the e-graph's: defined where the program is
     if first is None:
         return None
     (exact,), (root,) = evaluate([candidates[best].term], env, reference=True), program.roots()
@@ -125,7 +125,8 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
     if not float(first[~past].nan_to_num(WORD).mean()) >= gain:  # nothing to gain
         return None
     candidates = candidates + more()
-    columns = [first if i == best else _bits(c, env) for i, c in enumerate(candidates)]
+    nan = torch.as_tensor(evaluate([root], env, reference=True)[0]).isnan()
+    columns = [first if i == best else _bits(c, env, nan) for i, c in enumerate(candidates)]
     kept = [i for i, c in enumerate(columns) if c is not None]
     bits = torch.stack([columns[i] for i in kept]).double()
     undefined = bits.isnan().all(0) | past  # undefined in every form: no error to count there
@@ -187,13 +188,16 @@ def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variab
     return tuple(regimes)
 
 
-def _bits(c: Candidate, env: dict) -> torch.Tensor | None:
+def _bits(c: Candidate, env: dict, nan: torch.Tensor | bool = False) -> torch.Tensor | None:
     """Bits of error of a candidate at every element, its truncation (as ulps of float32) added
-    (inf past its radius: never taken there); None where they cannot be estimated (an op without a
-    float64 kernel or a derivative). A guarded rule's form counts ``WORD`` bits where its guard
-    fails at the point."""
+    (inf past its radius, and where it is defined but the program is not, ``nan``: sympy's series
+    are complex, exp(log x) is x; never taken there); None where they cannot be estimated (an op
+    without a float64 kernel or a derivative). A guarded rule's form counts ``WORD`` bits where its
+    guard fails at the point."""
     try:
         found = elementwise_bits(c.term, env)
+        found = found if found is None else torch.where(
+            nan & ~torch.as_tensor(evaluate([c.term], env, reference=True)[0]).isnan(), math.inf, found)
     except (ValueError, RuntimeError):
         return None
     if found is not None and c.guard:

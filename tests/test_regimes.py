@@ -357,3 +357,15 @@ def test_a_program_whose_error_is_low_gets_no_series():
     opt(torch.linspace(1e-4, 1e-2, 64))
     assert all(r.family is not Family.SERIES for r in opt.report.derivation.rules())
     assert not opt.report.derivation.branches
+
+
+@pytest.mark.parametrize("objective", ["balanced", "stability"])
+def test_no_regime_defines_what_the_program_leaves_undefined(objective):
+    """sympy's functions are complex: it makes exp(log x) the series x, defined at x < 0 where the
+    program is NaN. A form is never taken where it is defined and the program is not."""
+    f = saturate_and_extract(lambda x: torch.exp(torch.log(x)), objective=objective, profile_budget=0)
+    x = torch.tensor([-3e38, -7.5, -1.0, -1e-30, -0.0, 0.0, 1e-30, 0.5, 2.0, 3e38, math.inf, -math.inf, math.nan])
+    with torch.no_grad():
+        out = f(x)
+    ref = torch.exp(torch.log(x))
+    assert torch.equal(out.isnan(), ref.isnan()), (out, ref)

@@ -324,10 +324,12 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
         return f"{bind(holder)}.{name}" if attribute else f"{bind(holder)}[{name!r}]"
 
     same = [f"_rebindings[0] == {seen}", f"_Handle.next_id == {RemovableHandle.next_id}",
-            *(f"{read(o)} is {bind(v)}" for o, v in objects), *(f"len({bind(d)}) == {len(d)}" for d in hooks),
-            *(f"{n!r} not in {bind(d)}" for d, n in shadows)]
+            *(f"{read(o)} is {bind(v)}" for o, v in objects if type(o[0]) is not dict),
+            *(f"len({bind(d)}) == {len(d)}" for d in hooks), *(f"{n!r} not in {bind(d)}" for d, n in shadows)]
     held = [s for s in scalars if type(s[0]) is dict]  # read again only once one of their dicts changed
-    versions = [f"_version({bind(d)})" for d in {id(s[0]): s[0] for s in held}.values()]
+    kept = [f"{read(o)} is {bind(v)}" for o, v in objects if type(o[0]) is dict]  # checked so too (globals)
+    versions = [f"_version({bind(d)})" for d in {id(s[0]): s[0] for s in held + [o for o, _ in objects]
+                                                 if type(s[0]) is dict}.values()]
     env["_held"] = [None] * len(versions) + [()]  # their versions, then their values
     parts = [str(identities), bind(slots), "_grad()", "_dtype()", "_held[-1]",
              *(read(s) for s in scalars if type(s[0]) is not dict), *(f"{read(o)}._version" for o in versioned),
@@ -336,6 +338,7 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
              *(f"tuple({read(c)}{'.items()' if isinstance(_read(c), dict) else ''})" for c in contents)]
     exec(f"def key():\n    if not ({' and '.join(same)}):\n        return None\n"
          f"    if not ({' and '.join(f'{v} == _held[{i}]' for i, v in enumerate(versions)) or 'True'}):\n"
+         f"        if not ({' and '.join(kept) or 'True'}):\n            return None\n"
          f"        _held[:] = [{''.join(v + ', ' for v in versions)}({''.join(read(s) + ', ' for s in held)})]\n"
          f"    return ({', '.join(parts)},)", env)
     return env["key"]

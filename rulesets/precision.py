@@ -43,10 +43,8 @@ def _hoist(op: str, sample: tuple, dtype: str) -> tuple:
 
 def _hoist_binary(op: str, dtype: str, side: int) -> tuple:
     """One operand (``side``) rounded from float32; the other, of the half dtype, widens exactly."""
-    lhs = ["?y", "?y"]
-    lhs[side] = f'(cast ?x "{dtype}")'
-    rhs = ['(cast ?y "float32")', '(cast ?y "float32")']
-    rhs[side] = "?x"
+    order = slice(None, None, -1 if side else 1)  # the rounded operand first, or second
+    lhs, rhs = [f'(cast ?x "{dtype}")', "?y"][order], ["?x", '(cast ?y "float32")'][order]
     return (f"{op}-{('left', 'right')[side]}-before-rounding-{dtype}", f"({op} {' '.join(lhs)})",
             f'(cast ({op} {" ".join(rhs)}) "{dtype}")', _FLOAT32 + when(f'(= (dtype-of ?y) "{dtype}")'),
             f"compute {op} before rounding to {dtype}")

@@ -392,17 +392,6 @@ def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
             n.op_type = "Sum"
 
 
-def _read_nodes(nodes: list, outputs: list[str]) -> tuple[list, set[str]]:
-    """The nodes an output reads, through others (an operand an emitter wrote and then did without,
-    the Not of a Where whose branches it swapped, is dropped), and the names they and outputs read."""
-    while True:
-        read = {x for n in nodes for x in list(n.input) + subgraph_reads(n)} | set(outputs)
-        kept = [n for n in nodes if any(o in read for o in n.output if o)]
-        if len(kept) == len(nodes):
-            return kept, read
-        nodes = kept
-
-
 def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
     """The ModelProto of ``program`` (default: the imported one) with ``src``'s interface."""
     program = program or src.program
@@ -420,7 +409,13 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
         if value != name:
             em.nodes.append(helper.make_node("Identity", [value], [name], name=em.fresh("output")))
     _unfused_residuals(em.nodes)
-    em.nodes[:], read = _read_nodes(em.nodes, src.output_names)
+    while True:  # the nodes an output reads, through others (an operand an emitter wrote and then did without,
+        # the Not of a Where whose branches it swapped, is dropped), and the names they and outputs read
+        read = {x for n in em.nodes for x in list(n.input) + subgraph_reads(n)} | set(src.output_names)
+        kept = [n for n in em.nodes if any(o in read for o in n.output if o)]
+        if len(kept) == len(em.nodes):
+            break
+        em.nodes[:] = kept
     graph = src.model.graph
     defaults = overridable(graph)  # inputs still (every input is kept), their initializers the defaults
     initializers = [t for t in graph.initializer if t.name in defaults] + \

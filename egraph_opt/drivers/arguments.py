@@ -71,8 +71,9 @@ class BoundCall:
         for name, (spec, start, n) in self.trees.items():
             arguments[name] = tree_unflatten(list(tensors[start:start + n]), spec)
         bound = inspect.BoundArguments(self.signature, arguments)
-        out = fn(*bound.args, **bound.kwargs)
-        self.returned = [name for name in self.trees if any(v is arguments[name] for v in _items(out))]
+        out = fn(*bound.args, **bound.kwargs)  # read one level down (a ModelOutput's fields)
+        items = out.values() if isinstance(out, dict) else out if isinstance(out, tuple) else [out]
+        self.returned = [name for name in self.trees if any(v is arguments[name] for v in items)]
         for name, (_, start, n) in self.trees.items():
             if name not in self.returned and list(map(id, tree_flatten(arguments[name])[0])) != \
                     list(map(id, tensors[start:start + n])):
@@ -149,11 +150,6 @@ def _key(tensors, constants: tuple | None) -> tuple | None:
     """The plan key of a call's tensors and its other arguments' keys (None: tensors alone)."""
     key = _tensor_key(tensors)
     return key if constants is None or key is None else (key, constants)
-
-
-def _items(out: Any) -> list:
-    """What a program returned, one level down (a ModelOutput's fields)."""
-    return list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, tuple) else [out]
 
 
 class Into:

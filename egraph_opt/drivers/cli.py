@@ -15,7 +15,7 @@ from ..profiling.profile_db import ProfileDB, ProfileDBError
 from ..profiling.profiler import MOVE, SPECS, Case, grid, machine_busy, profile_ops, profile_shapes, timeable
 from ..rulesets import Family, catalogue
 from .pictures import Table
-from .usage import Failure, MissingExtra, ModelFailure, at_least, html, require
+from .usage import Failure, MissingExtra, ModelFailure, argument, at_least, html, require
 
 _SELF_EXPLAINING = (Failure, ProfileDBError, OSError, MissingExtra)  # their message needs no exception name
 
@@ -157,18 +157,9 @@ def _ints(parse, text: str, sep: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
 
 
-def _dtype(text: str) -> str:
-    if not isinstance(getattr(torch, text, None), torch.dtype):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a torch dtype such as float32")
-    return text
-
-
-def _device(text: str) -> str:
-    try:
-        torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device such as cpu or cuda:0")
-    return text
+_dtype = argument(lambda text: text if isinstance(getattr(torch, text, None), torch.dtype) else None,
+                  " is not a torch dtype such as float32")
+_device = argument(lambda text: text if torch.device(text) else None, " is not a torch device such as cpu or cuda:0")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from .api import slower_for_nothing
 from .staging import earlier_output, made_from, remove_staging, stamp, write_atomic
-from .usage import Failure, ModelFailure, at_least, html, new_file_mode
+from .usage import Failure, ModelFailure, argument, at_least, html, new_file_mode
 from ..extractors import CostModel, Objective
 from ..profiling.latency import MeasuredLatency, budget_seconds, default_budget
 from ..profiling.profile_db import UNUSABLE, ForeignFileError, ProfileDB, default_path
@@ -432,22 +432,9 @@ def _targets(paths: list[str], out: str, records: list[dict]) -> dict[str, str]:
     return targets
 
 
-def _opset(text: str) -> int:
-    newest = onnx.defs.onnx_opset_version()
-    if not text.isdigit() or not 13 <= int(text) <= newest:
-        raise argparse.ArgumentTypeError(f"{text!r}: an opset from 13 to {newest}")
-    return int(text)
-
-
-def _seconds(text: str) -> float:
-    value = budget_seconds(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds >= 0")
-    return value
-
-
 def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     """Register ``onnx`` on the CLI's subparsers; the parsed namespace's ``run`` executes it."""
+    newest = onnx.defs.onnx_opset_version()
     parser = subparsers.add_parser("onnx", help="optimize ONNX models in batch",
                                    description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="+", metavar="IN", help="model files, directories, globs")
@@ -460,13 +447,16 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
                         help="onnxruntime runs per model for the latency columns; a model measured "
                         "slower is written as it was (0: no runs, no such check)")
     parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the random validation inputs")
-    parser.add_argument("--opset", type=_opset, help="convert older models to this opset first, so that "
+    opset = argument(lambda text: int(text) if text.isdigit() and 13 <= int(text) <= newest else None,
+                     f": an opset from 13 to {newest}")
+    parser.add_argument("--opset", type=opset, help="convert older models to this opset first, so that "
                         "its fused operators (Attention at 23) can be used; default: keep each model's")
     parser.add_argument("--profile-db", help="price kernels by the latencies measured in this "
                         "database (default: the user's, $EGRAPH_OPT_PROFILE_DB or the cache folder's)")
-    parser.add_argument("--profile-budget", metavar="SECONDS", type=_seconds,
-                        help="per model, time the kernels the database has not measured for up to "
-                        "this long and record them (default: $EGRAPH_OPT_PROFILE_BUDGET or 2; 0: none)")
+    parser.add_argument("--profile-budget", metavar="SECONDS",
+                        type=argument(budget_seconds, ": a number of seconds >= 0"), help="per model, time "
+                        "the kernels the database has not measured for up to this long and record them "
+                        "(default: $EGRAPH_OPT_PROFILE_BUDGET or 2; 0: none)")
     parser.add_argument("--cluster", metavar="ADDRESS", type=_cluster_address,
                         help="run on Dask distributed: a scheduler address (tcp://host:8786), or "
                         "local:N for a cluster of N worker processes started for this run")

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Callable
 
 
 class Failure(Exception):
@@ -46,17 +47,22 @@ class ModelFailure(Exception):
     """One model of a batch could not be optimized: the reason goes into its report line."""
 
 
+def argument(parse: Callable, refusal: str):
+    """An argparse type: ``parse(text)``, refused as ``repr(text) + refusal`` where it raises or gives None."""
+    def checked(text: str):
+        try:
+            value = parse(text)
+        except (ValueError, TypeError, RuntimeError):
+            value = None
+        if value is None:
+            raise argparse.ArgumentTypeError(f"{text!r}{refusal}")
+        return value
+    return checked
+
+
 def at_least(minimum: int):
     """An argparse type: an integer of at least ``minimum``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum}")
-        return value
-    return parse
+    return argument(lambda text: int(text) if int(text) >= minimum else None, f" is not an integer >= {minimum}")
 
 
 def new_file_mode() -> int:

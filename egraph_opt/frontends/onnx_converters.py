@@ -234,27 +234,20 @@ def _softmax(op: str):
                                  (im.axis(node.input[0], _attr(node, "axis", -1)),))
 
 
-def _layer_norm(im: Importer, node):
-    """Over the last axis; a missing bias is the scalar const 0 of an affine-free layer_norm."""
-    if im.axis(node.input[0], _attr(node, "axis", -1)) != -1:
-        raise Unsupported("LayerNormalization over several axes")
-    if len(node.output) > 1 and any(node.output[1:]):
-        raise Unsupported("LayerNormalization with its mean or inverse std as outputs")
-    if any(im.rank(n) != 1 for n in node.input[1:] if n):
-        raise Unsupported("LayerNormalization with a scale or bias of rank other than 1")
-    x, w = im.term(node.input[0]), im.term(node.input[1])
-    b = im.term(node.input[2]) if len(node.input) > 2 and node.input[2] else Term.const(0.0)
-    return Term("layer_norm", (x, w, b), (float(_attr(node, "epsilon", 1e-5)),))
-
-
-def _rms_norm(im: Importer, node):
-    """Over the last axis, with a rank-1 scale."""
-    if im.axis(node.input[0], _attr(node, "axis", -1)) != -1:
-        raise Unsupported("RMSNormalization over several axes")
-    if im.rank(node.input[1]) != 1:
-        raise Unsupported("RMSNormalization with a scale of rank other than 1")
-    return Term("rms_norm", (im.term(node.input[0]), im.term(node.input[1])),
-                (float(_attr(node, "epsilon", 1e-5)),))
+def _norm(op: str):
+    """LayerNormalization and RMSNormalization over the last axis, with a rank-1 scale (and bias: a missing one
+    is the scalar const 0 of an affine-free layer_norm)."""
+    def convert(im: Importer, node):
+        if im.axis(node.input[0], _attr(node, "axis", -1)) != -1:
+            raise Unsupported(f"{node.op_type} over several axes")
+        if len(node.output) > 1 and any(node.output[1:]):
+            raise Unsupported(f"{node.op_type} with its mean or inverse std as outputs")
+        if any(im.rank(n) != 1 for n in node.input[1:] if n):
+            raise Unsupported(f"{node.op_type} with a scale or bias of rank other than 1")
+        operands = [im.term(n) for n in node.input if n]
+        bias = [Term.const(0.0)] if op == "layer_norm" and len(operands) == 2 else []
+        return Term(op, tuple(operands + bias), (float(_attr(node, "epsilon", 1e-5)),))
+    return convert
 
 
 def _window_pads(im: Importer, node) -> list[int]:
@@ -339,8 +332,8 @@ CONVERTERS = {
     "Expand": _to_shape("expand"), "Gather": _gather("index_select"),
     "GatherElements": _gather("gather"), "Concat": _concat,
     "Slice": _slice, "Cast": _cast, "Softmax": _softmax("softmax"),
-    "LogSoftmax": _softmax("log_softmax"), "LayerNormalization": _layer_norm,
-    "RMSNormalization": _rms_norm,
+    "LogSoftmax": _softmax("log_softmax"), "LayerNormalization": _norm("layer_norm"),
+    "RMSNormalization": _norm("rms_norm"),
     "Conv": _conv, "MaxPool": _max_pool, "BatchNormalization": _batch_norm,
     "NegativeLogLikelihoodLoss": _class_loss("nll_loss"),
     "SoftmaxCrossEntropyLoss": _class_loss("cross_entropy"),

@@ -265,16 +265,12 @@ class _Replay:
                         new = pat.instantiate(move.lhs if side else move.rhs, bound)
                     except (KeyError, ArithmeticError, ValueError):
                         continue
-                    if isinstance(new, Term) and self.eclass(new) == cid:
-                        yield where, move, sub, new, self._part(move, bound)
+                    if isinstance(new, Term) and self.eclass(new) == cid:  # a part of a rule of several
+                        # roots is joined with its other parts by the structures it binds
+                        yield where, move, sub, new, () if move.root is None else (move.root, tuple(
+                            sorted((v, self.key(t)) for v, t in bound.items() if isinstance(t, Term))))
                 below += [(where + (i,), a) for i, a in enumerate(sub.args)]
             frontier = below
-
-    def _part(self, move: _Move, bound: dict) -> tuple:
-        """What a part of a rule of several roots is joined with its other parts by."""
-        if move.root is None:
-            return ()
-        return (move.root, tuple(sorted((v, self.key(t)) for v, t in bound.items() if isinstance(t, Term))))
 
 
 def _replace(term: Term, where: tuple, new: Term) -> Term:

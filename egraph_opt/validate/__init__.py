@@ -55,8 +55,8 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torc
 
 
 def _flattened(tree) -> tuple[list, object]:
-    """pytree's leaves and structure, a dataclass's fields included (pytree holds one whole: a
-    program returning one was compared by its ``==``, which tensors refuse)."""
+    """pytree's leaves and structure, a dataclass's fields included (pytree holds one whole, compared by
+    its ``==``, which tensors refuse)."""
     def opened(x):
         if _dataclass(x):
             return type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass)
@@ -99,8 +99,8 @@ def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0
 
 
 def _reference(fn: Callable, args: tuple):
-    """The original in float64 where it can run so; otherwise in its own precision. A module runs
-    on float64 copies of its parameters and buffers (no copy of the module itself)."""
+    """The original in float64 where it can run so, else in its own precision; a module on float64 copies
+    of its parameters and buffers (no copy of the module itself)."""
     wide = tuple(a.double() if a.is_floating_point() else a.clone() for a in args)
     try:
         if not isinstance(fn, torch.nn.Module):
@@ -141,10 +141,9 @@ _OPERATORS = {operator.add, operator.sub, operator.mul, operator.truediv, operat
 
 
 def wide_reference(program: Program, args: tuple) -> list | None:
-    """The original program's outputs (flattened) in long double, as float64 arrays: finite where
-    float64 overflows only in between. None where it cannot be had: no wider type, an opaque
-    call, a parameter, an op with no numpy form (``Op.numpy``, or an arithmetic operator), or more
-    than ``WIDE_ELEMENTS`` values to compute."""
+    """The original program's outputs (flattened) in long double, as float64 arrays: finite where float64
+    overflows only in between. None where it cannot be had: no wider type, an opaque call, a parameter, an
+    op with no numpy form (``Op.numpy``, or an arithmetic operator), over ``WIDE_ELEMENTS`` values."""
     outputs = leaves(program.outputs)
     if WIDE is None or program.opaque or not all(isinstance(o, Term) for o in outputs) or \
             not all(a.is_floating_point() for a in args) or \
@@ -158,11 +157,11 @@ def wide_reference(program: Program, args: tuple) -> list | None:
 
 
 def _evaluate_wide(roots: list[Term], values: dict[int, object], expanded: list[Term]) -> bool:
-    """Fill ``values`` (by term id) for ``roots`` in long double; an op with no numpy form is
-    evaluated in float64 where its values are bounded, else as the definition in primitives it
-    declares (hypot as sqrt(x^2 + y^2), which long double's range cannot overflow on float64
-    values), each kept in ``expanded`` while ``values`` holds its id. False where none holds.
-    (A numpy form is also a numpy kernel: numpy's float32 arctan, bound by cost, rounded worse.)"""
+    """Fill ``values`` (by term id) for ``roots`` in long double; an op with no numpy form is evaluated in
+    float64 where its values are bounded, else as the definition in primitives it declares (hypot as
+    sqrt(x^2 + y^2): long double's range cannot overflow on float64 values), each kept in ``expanded`` while
+    ``values`` holds its id. False where none holds. (A numpy form is also a numpy kernel: numpy's float32
+    arctan, bound by cost, rounded worse.)"""
     for t in postorder(roots):
         spec = OPS[t.op]
         if id(t) in values:
@@ -196,8 +195,8 @@ def _clones(args: tuple) -> tuple:
 
 
 def run_counting_writes(fn: Callable, args: tuple, sync: Callable = lambda: None) -> tuple:
-    """``fn`` run once on clones that count their writes (``_version``): its output, the indices
-    of the arguments it wrote into, and its seconds."""
+    """``fn`` run once on clones that count their writes (``_version``): its output, the indices of the
+    arguments it wrote into, and its seconds."""
     with torch.inference_mode(False):  # inference tensors count no versions
         clones = _clones(args)
     versions = [c._version for c in clones]
@@ -222,11 +221,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, float, str]:
-    """The acceptance rule, for torch and ONNX outputs alike (numpy arrays are taken as tensors):
-    (accepted, candidate's error, original's error, why refused). Without a float64 ``ref`` (an
-    ONNX model runs in its own precision; ``imported_reference`` gives one where it overflows), the
-    original is the reference; ``excused``: an error allowed beyond the dtype's tolerance (the
-    original's own, measured elsewhere)."""
+    """The acceptance rule, for torch and ONNX (numpy) outputs alike: (accepted, candidate's error, original's
+    error, why refused). Without a float64 ``ref`` (``imported_reference`` gives an ONNX model one where it
+    overflows), the original is the reference; ``excused``: an error allowed beyond the dtype's tolerance
+    (the original's own, measured elsewhere)."""
     if isinstance(cand, np.ndarray) and cand.dtype.kind not in "biufc":  # strings, objects
         same = cand.shape == orig.shape and np.array_equal(cand, orig)
         return same, 0.0 if same else math.inf, 0.0, "" if same else "outputs differ"
@@ -243,10 +241,10 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
 
 
 def imported_reference(program: Program, feeds: dict, expected: list) -> list[np.ndarray] | None:
-    """The float64 reference, for ``judge``, of an imported model that runs in its own precision
-    (ONNX under onnxruntime: ``expected`` its outputs on ``feeds``), so that a stability fix is
-    accepted as fixed: its terms in float64 (long double where that overflows), where they reproduce
-    ``expected`` (else a wrong import would vouch for a wrong candidate); else None."""
+    """The float64 reference, for ``judge``, of an imported model that runs in its own precision (ONNX under
+    onnxruntime: ``expected`` its outputs on ``feeds``), so that a stability fix is accepted as fixed: its
+    terms in float64 (long double where that overflows), where they reproduce ``expected`` (else a wrong
+    import would vouch for a wrong candidate); else None."""
     outputs = leaves(program.outputs)
     if program.opaque or not all(isinstance(o, Term) for o in outputs):
         return None
@@ -267,10 +265,10 @@ def imported_reference(program: Program, feeds: dict, expected: list) -> list[np
 
 
 def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, str]:
-    """(candidate's error, original's error, why refused or ""), relative to the float64 reference's
-    largest finite magnitude, over elements where the original and the reference are finite (an
-    infinite error of the original never excuses one). Where the original is finite the candidate
-    must be; where it is not, the candidate must match it or the (finite) reference."""
+    """(candidate's error, original's error, why refused or ""), relative to the float64 reference's largest
+    finite magnitude, where the original and the reference are finite (an infinite error of the original
+    never excuses one). Where the original is finite the candidate must be; where it is not, the candidate
+    must match it or the (finite) reference."""
     if cand.is_complex():
         cand, orig, ref = (torch.view_as_real(t.resolve_conj()) for t in (cand, orig, ref.to(cand.dtype)))
     if not cand.is_floating_point():
@@ -293,11 +291,10 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
 
 def compare(original: Callable, candidate: Callable, args: tuple, wide: list | Callable | None = None,
             budget_s: float | None = None) -> Validation:
-    """Run both on their own clones of ``args`` (they draw no random numbers: capture refuses a
-    program that does, and forking the process's generator would rewind other threads' draws) and
-    ``judge`` them against the float64 reference bounded by ``budget_s`` (``REFERENCE_SECONDS``);
-    ``wide`` (``wide_reference``, or a function giving it) stands in for it where it overflows.
-    The original's run shows which arguments it writes into (``Validation.written``)."""
+    """Run both on their own clones of ``args`` (they draw no random numbers: capture refuses a program that
+    does, and forking the process's generator would rewind other threads' draws) and ``judge`` them against
+    the float64 reference bounded by ``budget_s`` (``REFERENCE_SECONDS``); ``wide`` (``wide_reference``, or a
+    function giving it) stands in where it overflows. The original's run shows what it writes into."""
     budget_s = REFERENCE_SECONDS if budget_s is None else budget_s
     on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
     sync = torch.cuda.synchronize if on_cuda else lambda: None  # queued kernels count
@@ -315,8 +312,8 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
 
 
 def _judged(origs: list, cands: list, reference, wide, seconds: float) -> Validation:
-    """``judge`` on each output, against the float64 reference (widened where it overflowed), or
-    the original where there is none; a sampled reference judges its rows, the original the rest."""
+    """``judge`` on each output, against the float64 reference (widened where it overflowed), or the original
+    where there is none; a sampled reference judges its rows, the original the rest."""
     refs, rows, alone, bounded = reference.refs, reference.rows, reference.alone, reference.bounded
     if refs is not None and wide is not None and any(
             isinstance(r, torch.Tensor) and r.is_floating_point() and not r.isfinite().all() for r in refs):
@@ -358,10 +355,10 @@ def _none(why: str) -> _Reference:
 
 def _bounded_reference(original: Callable, args: tuple, origs: list, seconds: float, budget_s: float,
                        sync: Callable) -> _Reference:
-    """The float64 reference of every row where ``FLOAT64_COST`` times the original's ``seconds``
-    fits ``budget_s``; else of the batch's first rows, as many as fit, where every output and some
-    input are batched alike and the original on those rows alone agrees with its rows of the whole;
-    else none. A deadline holds the runs to ``budget_s`` whatever the estimate."""
+    """The float64 reference of every row where ``FLOAT64_COST`` times the original's ``seconds`` fits
+    ``budget_s``; else of the batch's first rows, as many as fit, where every output and some input are
+    batched alike and the original on those rows alone agrees with its rows of the whole; else none. A
+    deadline holds the runs to ``budget_s`` whatever the estimate."""
     estimate = FLOAT64_COST * seconds
     batch = _batch(args, origs)
     rows = None if estimate <= budget_s else max(1, int(batch * budget_s / estimate)) if batch else 0
@@ -393,8 +390,8 @@ def _batched(a, batch: int) -> bool:
 
 
 def _batch(args: tuple, origs: list) -> int:
-    """The rows the reference can be split by: every tensor output's first dimension, where it is
-    one size above 1 and some argument's first dimension has it too; else 0."""
+    """The rows the reference can be split by: every tensor output's first dimension, where it is one size
+    above 1 and some argument's first dimension has it too; else 0."""
     sizes = {o.shape[0] if o.dim() else 0 for o in origs if isinstance(o, torch.Tensor)}
     batch = sizes.pop() if len(sizes) == 1 else 0
     return batch if batch > 1 and any(_batched(a, batch) for a in args) else 0

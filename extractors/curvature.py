@@ -2,12 +2,11 @@
 1/lo^2, kappa_div = 1/|d|^3, linear ops 0), L (largest |derivative|), Delta (unit roundoff times
 the result's largest magnitude).
 
-``kappa_cost`` is led by the float32 error that follows: decibels of the condition numbers that
-amplify an operand's rounding error (exp: |x|, log: 1/|log u|), and the all-digits class where no
-digit survives (cancellation, amplification past 1 / unit roundoff, an infinity consumed). Bounded
-kappa only breaks ties (bench/curvature_vs_error: it predicts no error by itself); unbounded, it
-is ordered by growth class (exponential > singular > bounded > linear), so a stable form still
-ranks below its naive form.
+``kappa_cost`` is led by the float32 error that follows: decibels of the condition numbers that amplify an
+operand's rounding error (exp: |x|, log: 1/|log u|), and the all-digits class where no digit survives
+(cancellation, amplification past 1 / unit roundoff, an infinity consumed). Bounded kappa only breaks ties
+(bench/curvature_vs_error: it predicts no error by itself); unbounded, it is ordered by growth class
+(exponential > singular > bounded > linear), so a stable form still ranks below its naive form.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Every path, enumerable: the programs of an e-class one by one, cheapest first (DESIGN.md,
-principle 6). Exact k-best under DAG costs is hard: this is a lazy best-first search from the
-extractor's choice, moving by switches (one reached class takes another e-node; classes newly
-reached take the extractor's choice; a switch to a cyclic or unfinished program is not taken).
-Candidates are queued once each by exact DAG cost, so the search ends on cyclic e-graphs too
-(there can be exponentially many programs: pass ``limit``).
+"""Every path, enumerable: the programs of an e-class one by one, cheapest first (DESIGN.md, principle 6).
+Exact k-best under DAG costs is hard: this is a lazy best-first search from the extractor's choice, moving by
+switches (one reached class takes another e-node; classes newly reached take the extractor's choice; a switch
+to a cyclic or unfinished program is not taken). Candidates are queued once each by exact DAG cost, so the
+search ends on cyclic e-graphs too (there can be exponentially many programs: pass ``limit``).
 
 Order: each program yielded is the cheapest candidate generated so far. Where no program computes
 a class twice and the e-graph is acyclic, that is the exact k-best order; with sharing, a switch

@@ -1,16 +1,15 @@
 """Regime inference, as Herbie's (``src/core/regimes.rkt``): where no single program of the root
 e-class is accurate over the whole declared range, a piecewise one ``where(x < t, f1, f2)`` is.
 
-Every candidate's first-order error (``rounding_error.elementwise_bits``) is taken at the same
-points, drawn over the floats of the declared ranges. For each term that can split, each input and,
-as Herbie's, each subterm of the candidates of the output's shape (``x - y``: its sign may decide
-which form is accurate where no input's range does), the points are sorted by its value (NaN as
-+inf: ``where`` takes the last regime there too) and a dynamic program finds the segmentation into
-at most ``MAX_REGIMES`` runs, each given its most accurate candidate, of least total error plus
-``SPLIT_BITS`` per extra regime and point (and per point for a subterm: it costs its ops); a
-threshold goes between the two sample points where the chosen candidate changes. The branches are
-members of one e-class (proven equal), so the join is exact, and ``where`` only selects: a branch
-that overflows outside its regime is never taken there.
+Every candidate's first-order error (``rounding_error.elementwise_bits``) is taken at the same points, drawn
+over the floats of the declared ranges. For each term that can split, each input and, as Herbie's, each
+subterm of the candidates of the output's shape (``x - y``: its sign may decide which form is accurate where
+no input's range does), the points are sorted by its value (NaN as +inf: ``where`` takes the last regime there
+too) and a dynamic program finds the segmentation into at most ``MAX_REGIMES`` runs, each given its most
+accurate candidate, of least total error plus ``SPLIT_BITS`` per extra regime and point (and per point for a
+subterm: it costs its ops); a threshold goes between the two sample points where the chosen candidate changes.
+The branches are members of one e-class (proven equal), so the join is exact, and ``where`` only selects: a
+branch that overflows outside its regime is never taken there.
 
 A candidate may hold only on an interval (a truncated series): it brings its relative truncation
 bound as a function of the magnitude of one term (``within``); that bound is added to its error at
@@ -189,11 +188,10 @@ def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variab
 
 
 def _bits(c: Candidate, env: dict, nan: torch.Tensor | bool = False) -> torch.Tensor | None:
-    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added
-    (inf past its radius, and where it is defined but the program is not, ``nan``: sympy's series
-    are complex, exp(log x) is x; never taken there); None where they cannot be estimated (an op
-    without a float64 kernel or a derivative). A guarded rule's form counts ``WORD`` bits where its
-    guard fails at the point."""
+    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added (inf past its
+    radius, and where it is defined but the program is not, ``nan``: sympy's series are complex, exp(log x) is
+    x; never taken there); None where they cannot be estimated (an op without a float64 kernel or a
+    derivative). A guarded rule's form counts ``WORD`` bits where its guard fails at the point."""
     try:
         found = elementwise_bits(c.term, env)
         found = found if found is None else torch.where(

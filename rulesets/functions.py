@@ -90,13 +90,12 @@ RULES += rules(_E, [
                               "purpose probe draws b < 0 beside a small 4ac)"),
 ])
 
-#: the numerators -b +- sqrt(b^2 - q) of the two roots, for any b and q: where the two terms
-#: cancel (b and the root of one sign, q > -b^2), the conjugate q / (-b -+ sqrt(b^2 - q)) as (q/b) /
-#: (-1 -+ sqrt(b^2 - q)/b), which adds magnitudes and stays finite (q/b <= b there); elsewhere the
-#: sum as it was. The root scaled by m = max(|b|, 1): m sqrt((b/m)^2 - (q/m)/m) neither overflows
-#: (b = 1e20) nor underflows. Both branches are the numerator over the reals, so where() only
-#: selects; q = -inf (no real q > -b^2) keeps the sum, whose root is then inf as the left side's.
-#: The conjugate + 0: +0 where q = 0, as the sum's b - b is
+#: the numerators -b +- sqrt(b^2 - q) of the two roots, for any b and q: where the two terms cancel (b and the
+#: root of one sign, q > -b^2), the conjugate q / (-b -+ sqrt(b^2 - q)) as (q/b) / (-1 -+ sqrt(b^2 - q)/b),
+#: which adds magnitudes and stays finite (q/b <= b there); elsewhere the sum as it was. The root scaled by m
+#: = max(|b|, 1): m sqrt((b/m)^2 - (q/m)/m) neither overflows (b = 1e20) nor underflows. Both branches are the
+#: numerator over the reals, so where() only selects; q = -inf (no real q > -b^2) keeps the sum, whose root is
+#: then inf as the left side's. The conjugate + 0: +0 where q = 0, as the sum's b - b is
 _M = "(maximum (abs ?b) (const 1.0))"
 _ROOT = f"(mul {_M} (sqrt (sub (mul (div ?b {_M}) (div ?b {_M})) (div (div ?q {_M}) {_M}))))"
 RULES += rules(_E, [

@@ -222,11 +222,10 @@ def _gelu(em, t, approximate):
 
 
 def _sdpa(em, t, scale, causal=False):
-    """sdpa (q, k, v; scale, causal), sdpa_masked and sdpa_guarded (q, k, v, bias; scale):
-    Attention at opset 23 (rank-4 operands, or rank 3 as one head; onnxruntime gives 0 for a row
-    every key masks, as sdpa_guarded does, but NaN for a row whose scores overflow, where the guard
-    gives 0: only there does Attention differ from it), else softmax(q k^T * scale + bias) v, or
-    the definition an op declares (the guard)."""
+    """sdpa (q, k, v; scale, causal), sdpa_masked and sdpa_guarded (q, k, v, bias; scale): Attention at opset
+    23 (rank-4 operands, or rank 3 as one head; onnxruntime gives 0 for a row every key masks, as sdpa_guarded
+    does, but NaN for a row whose scores overflow, where the guard gives 0: only there does Attention differ
+    from it), else softmax(q k^T * scale + bias) v, or the definition an op declares (the guard)."""
     standard = em.opset >= 23 and em.rank(t.args[0]) in (3, 4)
     t = t if standard and em.rank(t.args[0]) == 4 else _repeated_kv(em, t)  # Attention reads fewer heads
     q, k, v, *bias = t.args
@@ -371,10 +370,9 @@ def _rotary_caches(em, t) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _rotary(em, t):
-    """RotaryEmbedding (opset 23) where its caches can be cut from the stored cos and sin (one
-    onnxruntime kernel instead of the spelled form's several passes); else x cos + rotate_half(x)
-    sin, the halves cut at x's last size // 2: a constant where the shape is static, else
-    Shape(x)[-1] // 2 (any opset, any size)."""
+    """RotaryEmbedding (opset 23) where its caches can be cut from the stored cos and sin (one onnxruntime
+    kernel instead of the spelled form's several passes); else x cos + rotate_half(x) sin, the halves cut at
+    x's last size // 2: a constant where the shape is static, else Shape(x)[-1] // 2 (any opset, any size)."""
     caches = _rotary_caches(em, t)
     if caches is not None:
         return em.node("RotaryEmbedding", [em.value(t.args[0]), em.tensor(caches[0], "cos_cache"),

@@ -59,12 +59,11 @@ def constant(value: float, dtype: str) -> Term:
 
 
 def binary(op: str, a: Term, b: Term) -> Term:
-    """``a op b`` with constants in one place and one sign (each an exact identity in IEEE
-    arithmetic, signed zeros and NaN included): a constant on the right of ``+`` and ``*``; a
-    constant added or subtracted is never negative (``x + (-2)`` is ``x - 2``, ``x - (-0.0)`` is
-    ``x + 0.0``); division by a power of two is multiplication by its exact reciprocal
-    (``x / 4`` is ``x * 0.25``). Division by any other constant stays a division: ``x * (1/c)``
-    rounds twice and is another program.
+    """``a op b`` with constants in one place and one sign (each an exact identity in IEEE arithmetic, signed
+    zeros and NaN included): a constant on the right of ``+`` and ``*``; a constant added or subtracted is
+    never negative (``x + (-2)`` is ``x - 2``, ``x - (-0.0)`` is ``x + 0.0``); division by a power of two is
+    multiplication by its exact reciprocal (``x / 4`` is ``x * 0.25``). Division by any other constant stays a
+    division: ``x * (1/c)`` rounds twice and is another program.
 
     >>> x = Term.input("x", (3,))
     >>> [pretty(binary(*e)) for e in (("sub", x, Term.const(-2.0)), ("div", x, Term.const(4.0)))]

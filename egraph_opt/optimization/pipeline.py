@@ -139,9 +139,8 @@ def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: d
     return optimized, best, before, after
 
 
-#: the stability and balanced objectives re-rank this many of the cheapest programs of a root, for
-#: programs of at most RERANK_NODES terms and RERANK_ELEMENTS numbers (each estimate runs in float64
-#: with derivatives)
+#: the stability and balanced objectives re-rank this many of the cheapest programs of a root, for programs of
+#: at most RERANK_NODES terms and RERANK_ELEMENTS numbers (each estimate runs in float64 with derivatives)
 RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 #: balanced: a program this many bits more accurate (sampled, worst or mean; a piecewise one: mean,
 #: its series' truncation counted) than the cheapest wins, within the model's max_slowdown: a
@@ -152,11 +151,10 @@ ACCURATE_BY = 8.0
 def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
             root_classes: list[str], cost: Callable, input_ranges: dict | None,
             model: CostModel, priced: Callable) -> list[Term] | None:
-    """Of the cheapest programs and the input, by first-order error sampled over the declared
-    ranges (or the inputs' bit patterns), which sees what per-node costs cannot (a cancellation of
-    coinciding operands, an error a later op attenuates): under stability the least error (cost
-    order breaks ties), under balanced one far more accurate within ``max_slowdown``. None: none
-    chosen, or not estimable."""
+    """Of the cheapest programs and the input, by first-order error sampled over the declared ranges (or the
+    inputs' bit patterns), which sees what per-node costs cannot (a cancellation of coinciding operands, an
+    error a later op attenuates): under stability the least error (cost order breaks ties), under balanced one
+    far more accurate within ``max_slowdown``. None: none chosen, or not estimable."""
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
         return None
     # sampled errors tell programs apart where elementwise (Herbie's domain) or every input is
@@ -275,9 +273,8 @@ def class_meta(classes: dict, known: dict) -> dict:
 
 def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: dict,
                  layouts: bool) -> tuple[dict, dict | None]:
-    """(shape, dtype) of every e-class, from the loaded terms' (``class_of``: term id -> class),
-    and, where ``layouts`` (costs measured on the kernels' operands as they lie in memory), their
-    strides."""
+    """(shape, dtype) of every e-class, from the loaded terms' (``class_of``: term id -> class), and, where
+    ``layouts`` (costs measured on the kernels' operands as they lie in memory), their strides."""
     meta = class_meta(snap.classes, {c: term_meta[i] for i, c in class_of.items()})
     if not layouts:
         return meta, None
@@ -320,11 +317,10 @@ ALTERNATIVES, MAX_NODES = 8, 64
 def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
               root_classes: list[str], cost: Callable, input_ranges: dict | None,
               limit: float = math.inf, guarded: list[Rule] = (), gain: float = MIN_GAIN) -> Piecewise | None:
-    """The piecewise program regime inference finds over the best program, the root e-class's
-    cheapest others, the input, the ``guarded`` rules that match but whose guard the declared
-    ranges do not prove (each on a regime where it is proved) and the root's series (each within
-    ``limit``, a relative truncation bound, on its regime); None where one program is as good by
-    ``gain`` mean bits."""
+    """The piecewise program regime inference finds over the best program, the root e-class's cheapest others,
+    the input, the ``guarded`` rules that match but whose guard the declared ranges do not prove (each on a
+    regime where it is proved) and the root's series (each within ``limit``, a relative truncation bound, on
+    its regime); None where one program is as good by ``gain`` mean bits."""
     if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > MAX_NODES:
         return None
     terms = [best[0]] + [a.term for a in alternatives(snap.classes, root_classes[0], cost,

@@ -177,31 +177,22 @@ def _transpose(em, t, *attrs):
     return em.node("Transpose", [em.value(t.args[0])], "transpose", perm=perm)
 
 
-def _layer_norm(em, t, eps):
-    """LayerNormalization, a scalar weight or bias filled to a static normalized size; else the definition."""
-    x, w, b = t.args
+def _norm(em, t, eps):
+    """LayerNormalization (from opset 17) or RMSNormalization (23), a scalar weight or bias filled to a static
+    normalized size (a bias of 0 left out); else the definition."""
+    (x, w, *b), layer = t.args, t.op == "layer_norm"
     shape = em.static_shape(x)
-    if em.opset >= 17 and (shape or all(a.op != "const" for a in (w, b))):
+    if em.opset >= (17 if layer else 23) and (shape or all(a.op != "const" for a in (w, *b))):
         def operand(a, hint):
             return em.value(a) if a.op != "const" else \
                 em.tensor(np.full(shape[-1:], a.attrs[0], np.dtype(em.dtype(x) or "float32")), hint)
-        inputs = [em.value(x), operand(w, "scale")]
-        inputs += [] if b.op == "const" and b.attrs[0] == 0.0 else [operand(b, "bias")]
-        return em.node("LayerNormalization", inputs, "layer_norm", axis=-1, epsilon=eps)
-    centered = Term("sub", (x, Term("mean", (x,), (-1, True))))
-    var = Term("mean", (Term("mul", (centered, centered)),), (-1, True))
-    norm = Term("div", (centered, Term("sqrt", (Term("add", (var, Term.const(eps))),))))
-    return emit_tree(em, Term("add", (Term("mul", (norm, w)), b)))
-
-
-def _rms_norm(em, t, eps):
-    """RMSNormalization from opset 23 (a scalar weight filled to a static size); else the definition."""
-    x, w = t.args
-    shape = em.static_shape(x)
-    if em.opset >= 23 and (shape or w.op != "const"):
-        scale = em.value(w) if w.op != "const" else \
-            em.tensor(np.full(shape[-1:], w.attrs[0], np.dtype(em.dtype(x) or "float32")), "scale")
-        return em.node("RMSNormalization", [em.value(x), scale], "rms_norm", axis=-1, epsilon=eps)
+        inputs = [em.value(x), operand(w, "scale")] + [operand(a, "bias") for a in b if a.op != "const" or a.attrs[0]]
+        return em.node("LayerNormalization" if layer else "RMSNormalization", inputs, t.op, axis=-1, epsilon=eps)
+    if layer:
+        centered = Term("sub", (x, Term("mean", (x,), (-1, True))))
+        var = Term("mean", (Term("mul", (centered, centered)),), (-1, True))
+        norm = Term("div", (centered, Term("sqrt", (Term("add", (var, Term.const(eps))),))))
+        return emit_tree(em, Term("add", (Term("mul", (norm, w)), b[0])))
     square = Term("mean", (Term("mul", (x, x)),), (-1, True))
     norm = Term("mul", (x, Term("rsqrt", (Term("add", (square, Term.const(eps))),))))
     return emit_tree(em, norm if w.op == "const" and w.attrs[0] == 1.0 else Term("mul", (norm, w)))
@@ -395,7 +386,7 @@ def _rotary(em, t):
 EMIT = {
     **dict.fromkeys(SIMPLE, _simple), "Mul": _mul, "Where": _where, **dict.fromkeys(AXES_INPUT_SINCE, _reduce),
     "Gelu": _gelu, "Transpose": _transpose,
-    "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm, "Attention": _sdpa, "Gemm": _linear, "Conv": _conv2d,
+    "LayerNormalization": _norm, "RMSNormalization": _norm, "Attention": _sdpa, "Gemm": _linear, "Conv": _conv2d,
     "MaxPool": _max_pool2d, "BatchNormalization": _batch_norm, "Concat": _concat,
     **{op: lambda em, t, shape, _op=op: em.node(_op, [em.value(t.args[0]), em.ints(parse_shape(shape))],
                                                   _op.lower()) for op in ("Reshape", "Expand")},

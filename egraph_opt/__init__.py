@@ -1,8 +1,7 @@
 """egraph-opt: an equality-saturation optimizer for ML programs.
 
 The public API is imported lazily: ``import egraph_opt.lang.term`` loads neither egglog nor the
-torch.fx capture, and ``egraph_opt.saturate_and_extract`` loads what it needs on first use.
-"""
+torch.fx capture, and ``egraph_opt.saturate_and_extract`` loads what it needs on first use."""
 import importlib
 
 _PUBLIC = {

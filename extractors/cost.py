@@ -2,8 +2,7 @@
 (``curvature.py``) and latency from the profiling database (``latency_of``) or else a static count
 of passes over memory, both in tenths of a microsecond. ``stability`` minimizes conditioning, ties
 broken by latency; ``latency`` the reverse; ``balanced`` adds them (a decibel weighs a
-microsecond); ``tolerance``: the fastest program whose per-node estimated error stays in a bound.
-"""
+microsecond); ``tolerance``: the fastest program whose per-node estimated error stays in a bound."""
 from __future__ import annotations
 
 import enum

@@ -6,8 +6,7 @@ the result's largest magnitude).
 operand's rounding error (exp: |x|, log: 1/|log u|), and the all-digits class where no digit survives
 (cancellation, amplification past 1 / unit roundoff, an infinity consumed). Bounded kappa only breaks ties
 (bench/curvature_vs_error: it predicts no error by itself); unbounded, it is ordered by growth class
-(exponential > singular > bounded > linear), so a stable form still ranks below its naive form.
-"""
+(exponential > singular > bounded > linear), so a stable form still ranks below its naive form."""
 from __future__ import annotations
 
 import math

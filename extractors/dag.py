@@ -5,8 +5,7 @@ Each e-class keeps its cheapest e-node with the cost of every e-class the choice
 subterm is paid once; relaxation from the leaves up ends, costs being integers. Above ``EXACT_UP_TO`` e-nodes,
 sharing is tracked only ``WINDOW`` levels down (deeper dependencies, a residual stream, are common to most
 alternatives; tracking all is quadratic). A windowed choice found cyclic is extracted again exactly; where
-relaxation itself closes a cycle, the choice is made in Knuth's order, acyclic by construction.
-"""
+relaxation itself closes a cycle, the choice is made in Knuth's order, acyclic by construction."""
 from __future__ import annotations
 
 import gc

@@ -22,8 +22,7 @@ where its guard fails there, and is taken on a regime only where range analysis,
 input narrowed to the regime, proves its guard. Split on a subterm, range analysis cannot narrow an
 input: the guard's facts about the terms it binds that are the split term are decided over the
 regime's interval, the others over the whole declared range (and at each point over its split
-value, before the dynamic program). The least-error segmentation whose every regime is proved wins.
-"""
+value, before the dynamic program). The least-error segmentation whose every regime is proved wins."""
 from __future__ import annotations
 
 import math

@@ -6,8 +6,7 @@ the op in the dtype against float64; an overflow commits an infinite one), and t
 float64, as ADAPT (SC 2018) takes them, at points sampled from the declared ranges.
 
 Error is in bits, as Herbie counts it: log2(1 + the floats between the result and the result moved
-by its error) per output element; every bit of the word where inf or NaN replaces a finite value.
-"""
+by its error) per output element; every bit of the word where inf or NaN replaces a finite value."""
 from __future__ import annotations
 
 import math

@@ -3,8 +3,7 @@ which the tests evaluate in float64 against it), where it runs and what it accep
 between backends (torch <-> numpy) is a kernel too (``MOVES``, reference ``(move ?x0)``: the value
 unchanged), measured like the others, so a plan pays what its conversions take. Torch and Triton
 kernels share one memory (Triton kernels take torch tensors on their device): the move between them
-is the identity and costs nothing; only a move between memories copies.
-"""
+is the identity and costs nothing; only a move between memories copies."""
 from __future__ import annotations
 
 import math

@@ -4,8 +4,7 @@ Not here, because the extremes test shows them wrong: ``(q / c) @ k^T -> (q @ k^
 overflows where q / c did not; float32 at |q k| ~ 2e38), which needs ranges proved on q and k; and softmax
 between casts to float32 and back as a half-precision sdpa (at k = float16's max the left side is NaN, and in
 bfloat16 sdpa's scores round worse than the left side's): that attention fuses as sdpa of float32 copies
-instead, its precision recorded by the casts around it (fusion.py, attention-fuse-softmax-float32-*).
-"""
+instead, its precision recorded by the casts around it (fusion.py, attention-fuse-softmax-float32-*)."""
 from . import Family, rules
 from .fusion import _SCALED, _SCORES
 

@@ -11,8 +11,7 @@ Three moves, each read from what the op table declares (``Op.precision``):
 
 Together they carry a float32 chain across layers (linear -> relu -> linear ...), so the program
 rounds once at its output instead of after every op. Conditions read the e-graph's ``dtype-of``
-analysis, recorded for every value whose dtype is set by a cast or a non-float32 leaf.
-"""
+analysis, recorded for every value whose dtype is set by a cast or a non-float32 leaf."""
 from egraph_opt.lang.ops import OPS
 
 from . import Family, rules, when

@@ -3,8 +3,7 @@
 coefficients sympy's, exact; its degree the least whose relative truncation error, measured at 60
 digits on a dense grid of |u| <= its radius (the largest octave it can be), is at most ``TARGET``.
 A series is close to its function only near its point, so it never joins an e-class: regime
-inference (``extractors/regimes.py``) takes it where |u| is small, counting its truncation bound.
-"""
+inference (``extractors/regimes.py``) takes it where |u| is small, counting its truncation bound."""
 from __future__ import annotations
 
 import contextlib

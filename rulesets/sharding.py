@@ -16,8 +16,7 @@ the communication. Every other op in a sharded program runs on each device's par
 
 The search over them is global: the sharding stage extracts the cheapest program under its cost
 (``egraph_opt/sharding/cost.py``). Proofs are the catalogue's generated tests: both sides, evaluated
-in one process with every device's part (``lang/mesh.py``), agree.
-"""
+in one process with every device's part (``lang/mesh.py``), agree."""
 from __future__ import annotations
 
 import re

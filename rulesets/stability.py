@@ -1,8 +1,7 @@
 """Stability rewrites: naive numerics into forms that stay finite and accurate at extreme inputs.
 
 Each rule's purpose is checked in the tests: at an extreme input in float32 its right side is
-accurate where its left side overflows, underflows or cancels.
-"""
+accurate where its left side overflows, underflows or cancels."""
 from . import Family, rules, when
 from .algebra import BELOW_MAX, F32_MAX, F32_TINY, SHIFTED as _SHIFTED
 

@@ -5,8 +5,7 @@ folding rule (conv + batch norm) leaves no run-time arithmetic. Opaque nodes are
 operands renamed; the interface, opsets and stored parameters come from the import's side tables.
 
 Patterns over several terms are written as fewer nodes, for onnxruntime to run (``heads_merged``,
-``matmuls_unflattened``, ``products_split``): each finds its cases before emission.
-"""
+``matmuls_unflattened``, ``products_split``): each finds its cases before emission."""
 from __future__ import annotations
 
 import math

@@ -3,8 +3,7 @@ backend's ``Emitter``, the term and its attributes; it returns the name of the v
 
 Fused ops become the standard operator of the model's opset (LayerNormalization from 17, Gelu from
 20, Attention and RMSNormalization from 23) or, before it, their definition spelled as onnxruntime's own fusions expect
-it (Gelu as a Div by sqrt(2); MatMul, Mul, Add, Softmax, MatMul), so they cost nothing there.
-"""
+it (Gelu as a Div by sqrt(2); MatMul, Mul, Add, Softmax, MatMul), so they cost nothing there."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,7 @@
 """The demo: a naive attention, traced on moderate inputs, comes back fused and stable.
 
 Run with ``python -m egraph_opt.drivers.demo``. At large scores the naive program overflows exp() and
-returns NaN in float16 and float32; the optimized program stays within rounding of float64.
-"""
+returns NaN in float16 and float32; the optimized program stays within rounding of float64."""
 from __future__ import annotations
 
 import math

@@ -2,8 +2,7 @@
 
 A model is written (atomically) only once onnx.checker and onnxruntime on random inputs pass, and
 as it was where onnxruntime runs it slower for no stability (``api.slower_for_nothing``); a failing
-one is reported with its reason while the others go on, and sets the exit status.
-"""
+one is reported with its reason while the others go on, and sets the exit status."""
 from __future__ import annotations
 
 import argparse

@@ -2,8 +2,7 @@
 
 The work per model is ``onnx_batch.process``, as in-process: the cluster only carries it, so
 records, report and exit status are the same. Workers price kernels from latency databases of their
-own (``ProfileFile``), whose new rows the driver merges into the user's at the end.
-"""
+own (``ProfileFile``), whose new rows the driver merges into the user's at the end."""
 from __future__ import annotations
 
 import contextlib

@@ -1,8 +1,7 @@
 """Outputs appear whole or not at all: a model (and its data file) is staged in a folder beside its target,
 then claimed by hard links, which fail where the name exists. The process staging in a folder holds a lock on
 it (flock, released when it dies, ``kill -9`` included), so a later run removes exactly the folders no live
-process owns, and takes back a unit a killed process had only half linked in.
-"""
+process owns, and takes back a unit a killed process had only half linked in."""
 from __future__ import annotations
 
 import contextlib

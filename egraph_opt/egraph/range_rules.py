@@ -8,8 +8,7 @@ shape contracts; sharding splits two operands together only where both span the 
 ``reshape-axis`` and ``reshape-part`` (``lang/mesh.py`` ``through_reshape``), ``whole`` (every device of a
 mesh holds the value) and ``nonempty`` (no size-0 axis: only then does a reduction's bound follow from its
 operand's). ``lo`` merges by max and ``hi`` by min: two sound intervals of one e-class intersect. Tripwires
-panic on merges only an unsound rule makes: two different constants or inputs, an empty interval.
-"""
+panic on merges only an unsound rule makes: two different constants or inputs, an empty interval."""
 from __future__ import annotations
 
 import re

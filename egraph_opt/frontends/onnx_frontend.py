@@ -2,8 +2,7 @@
 
 Subgraphs of constants (shape arithmetic, masks) are folded when every input is known (static input shapes).
 Nodes the Term language cannot express exactly stay opaque and are copied verbatim by the backend; what Terms
-do not keep (symbolic dims, tensor protos, opsets, names) lives in the side tables of ``OnnxProgram``.
-"""
+do not keep (symbolic dims, tensor protos, opsets, names) lives in the side tables of ``OnnxProgram``."""
 from __future__ import annotations
 
 import contextlib

@@ -13,8 +13,7 @@ ops split and communicate through torch.distributed instead.
 - ``reduce_scatter(x, axis, n)``: device r holds part r of that sum.
 
 A replicated value (a plain tensor) is the same on every device: gathering it concatenates n
-copies, all-reducing it multiplies it by n, exactly as the collectives do on real devices.
-"""
+copies, all-reducing it multiplies it by n, exactly as the collectives do on real devices."""
 from __future__ import annotations
 
 import contextlib

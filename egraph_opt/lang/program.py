@@ -2,8 +2,7 @@
 
 Opaque calls (an op we do not know, a multi-output call) are carried through untouched: their
 tensor results enter Terms as ``opaque`` leaves, and the Terms they consume are roots of the
-e-graph beside the program outputs, so everything around them is still optimized.
-"""
+e-graph beside the program outputs, so everything around them is still optimized."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

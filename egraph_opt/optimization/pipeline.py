@@ -1,8 +1,7 @@
 """The pipeline: the one place that knows Terms, rules, the e-graph and the extractor.
 
 Program -> e-graph (roots: outputs and opaque operands) -> phases of rules under limits ->
-DAG-aware extraction -> Program with the same interface.
-"""
+DAG-aware extraction -> Program with the same interface."""
 from __future__ import annotations
 
 import math

@@ -8,8 +8,7 @@ instance's argument intervals (its conditions hold for all of them).
 Instances are the items of a module container (``h.0``, ``h.1``...) where the capture recorded
 them, and otherwise are found by structure: a plain function looping over lists of weights, an
 unrolled loop or an exported graph repeats a run of ops whose operands sit at the same distances
-back (parameters abstracted to their shapes), so the program order is periodic there.
-"""
+back (parameters abstracted to their shapes), so the program order is periodic there."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict

@@ -14,8 +14,7 @@ toward the roofline's where data is thin. Uncertainty: the fit's leave-one-out e
 
 ``MeasuredLatency`` prices one node for the cost model, in integer tenths of a microsecond
 (extraction stays exact). The database is a cache: one that cannot be used costs one warning and
-the static estimates, never a failed compile.
-"""
+the static estimates, never a failed compile."""
 from __future__ import annotations
 
 import math

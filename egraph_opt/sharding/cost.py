@@ -3,8 +3,7 @@
 Every device runs the same program on its own parts at the same time, so a program's time is the
 sum over its ops of one device's time for each: compute from the latency database at the shapes
 one device sees, communication by an alpha-beta model per collective (``Link``), and a copy to
-split a value every device computed. Memory per device is a constraint, not a price (``memory``).
-"""
+split a value every device computed. Memory per device is a constraint, not a price (``memory``)."""
 from __future__ import annotations
 
 import json

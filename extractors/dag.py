@@ -31,8 +31,7 @@ def _users(classes: dict[str, list[ENode]]) -> tuple[list, dict[str, list[int]],
     return nodes, users, [len(set(n.children)) for _, n in nodes]
 
 
-def _knuth(classes: dict[str, list[ENode]], price: Callable, join: Callable
-           ) -> dict[str, tuple[int, ENode]]:
+def _knuth(classes: dict[str, list[ENode]], price: Callable, join: Callable) -> dict[str, tuple[int, ENode]]:
     """Each class's least value and the e-node giving it, settled in Knuth's order (a generalization of
     Dijkstra's): a class only after every operand of its e-node, so the choice is acyclic by construction.
     An e-node's value is ``price(class, node, j)``, ``j`` its operands' values folded by ``join`` from 0."""

@@ -84,8 +84,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
                     heapq.heappush(queue, (sum(price(c, n) for c, n in switched.items()), len(seen), kept))
 
 
-def _program(root: str, overrides: dict[str, ENode], default: dict[str, ENode]
-             ) -> dict[str, ENode] | None:
+def _program(root: str, overrides: dict[str, ENode], default: dict[str, ENode]) -> dict[str, ENode] | None:
     """The e-node of every class ``root`` reaches, operands first, taking ``overrides`` before
     ``default``; None when the choice is cyclic or reaches a class without a program."""
     try:

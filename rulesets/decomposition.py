@@ -12,8 +12,7 @@ _OF = {r.name: r for r in _FUSION + _ALGEBRA}
 _REVERSED = {"gelu-from-erf": {"c": 1 / math.sqrt(2)}, "linear-relu-fuse": {}, "linear-gelu-fuse": {},
              "linear-gelu-tanh-fuse": {}, "linear-fuse": {}}
 
-RULES: list[Rule] = [reverse(_OF[name], Family.DECOMPOSITION, **fixed)
-                     for name, fixed in _REVERSED.items()]
+RULES: list[Rule] = [reverse(_OF[name], Family.DECOMPOSITION, **fixed) for name, fixed in _REVERSED.items()]
 RULES.append(reverse(_OF["attention-fuse"], Family.DECOMPOSITION, guard=when(*(  # matmuls broadcast no
     f"(= (axis-size ?q -3) (axis-size ?{x} -3))" for x in "kv"))))  # grouped heads (ops.groups)
 RULES.append(reverse(_OF["log-sum-exp-from-shifted"], Family.DECOMPOSITION,

@@ -184,8 +184,7 @@ def _neighbourhood(classes: dict, start: str, radius: int) -> set[str]:
 
 # --- programs before and after ---
 
-def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_NODES
-                    ) -> SVG | TextPicture:
+def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_NODES) -> SVG | TextPicture:
     """The input and the output program side by side; nodes one side only has are filled (red: new, grey: gone)."""
     numbers = pat.structural_ids(before + after)
     sides = {"before": before, "after": after}

@@ -128,8 +128,7 @@ class ShardedPlan:
         """Under torchrun: this process's device runs its part; returns the (whole) result."""
         return self._outputs(runner.run_local(self.terms, self._env(args), self.mesh))
 
-    def measure(self, *args, repeats: int = 10, sharded: bool = True, threads: int | None = None
-                ) -> float:
+    def measure(self, *args, repeats: int = 10, sharded: bool = True, threads: int | None = None) -> float:
         """Median seconds of one run on ``mesh`` processes (``sharded=False``: the unsharded
         program on one process) of ``threads`` threads each, the slowest device counted."""
         terms = self.terms if sharded else self.search.original.roots

@@ -283,8 +283,7 @@ class EGraph:
         sizes = out[-1].sizes if out and hasattr(out[-1], "sizes") else []
         return int(sum(n for name, n in sizes if name in BY_EGG_NAME or name == "Ref"))
 
-    def saturate(self, phase: str, *, max_iterations: int, max_enodes: int, max_seconds: float
-                 ) -> Saturation:
+    def saturate(self, phase: str, *, max_iterations: int, max_enodes: int, max_seconds: float) -> Saturation:
         """Run one ruleset iteration by iteration until it saturates or a limit is reached."""
         report = Saturation(phase)
         start = time.perf_counter()

@@ -98,8 +98,7 @@ def _conv2d(c, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 @lowers(F.max_pool2d, F._max_pool2d, torch.max_pool2d)
-def _max_pool2d(c, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-                return_indices=False):
+def _max_pool2d(c, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """fx records F.max_pool2d's dispatch wrapper itself; the default stride (the kernel) is None
     there and [] in torch's and ATen's spellings."""
     if ceil_mode or return_indices:

@@ -282,8 +282,7 @@ def _replace(term: Term, where: tuple, new: Term) -> Term:
 
 def _lift(step: Step, parent: Term, i: int) -> Step:
     """A step found on operand ``i`` of ``parent``, seen on ``parent`` itself."""
-    return replace(step, before=_replace(parent, (i,), step.before),
-                               after=_replace(parent, (i,), step.after))
+    return replace(step, before=_replace(parent, (i,), step.before), after=_replace(parent, (i,), step.after))
 
 
 def _joined(per_root: list[list[Step]]) -> list[Step]:

@@ -86,8 +86,7 @@ class CostModel:
         return self.combined(n, self.curvature(n), self.latency(n))
 
     def combined(self, n: NodeFacts, kappa_part: int, time_part: int) -> int:
-        """The node's cost from its curvature and latency parts (computed once by a caller that
-        wants them apart too)."""
+        """The node's cost from its curvature and latency parts (computed once by a caller wanting both)."""
         if self.objective is Objective.STABILITY:
             return kappa_part * LEXICOGRAPHIC + time_part
         if self.objective is Objective.LATENCY:

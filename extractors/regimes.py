@@ -272,8 +272,7 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
 
 
 def _refine(x, cum, left: int, right: int, start: int, edge: int, stop: int) -> int:
-    """The point index, near ``edge`` and between distinct values, where ``left`` giving way to
-    ``right`` costs least."""
+    """The point near ``edge``, between distinct values, where ``left`` yielding to ``right`` costs least."""
     lo, hi = max(start + 1, edge - (edge - start) // 2), min(stop - 1, edge + (stop - edge) // 2)
     ks = np.arange(lo, hi + 1)
     ks = ks[x[ks - 1] < x[ks]] if len(ks) else ks

@@ -274,8 +274,7 @@ class Emitter:
         return None if found is None else found[0]
 
     def source(self, t: Term) -> str:
-        """What a term's value depends on: "const" (scalars only), "param" (parameters and
-        scalars) or "run" (inputs or opaque values)."""
+        """What a term depends on: "const" (scalars), "param" (and parameters) or "run" (inputs, opaque)."""
         for u in topological([t], lambda u: () if id(u) in self._source else u.args, id):
             if id(u) in self._source:
                 continue

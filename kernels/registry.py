@@ -130,17 +130,9 @@ REWRITTEN_KERNELS = [
 ]
 
 
-#: ops that declare a numpy function (``Op.numpy``)
-_NUMPY_UNARY = {name: getattr(np, op.numpy) for name, op in OPS.items() if op.numpy}
-
-
-def _quiet(ufunc: np.ufunc) -> Callable:
-    """``ufunc`` giving NaN or inf where torch's kernel does, and as silently (numpy warns of
-    sqrt(-1), log(0) and overflow: a plan must not where the original would not)."""
-    def kernel(x: np.ndarray) -> np.ndarray:
-        with np.errstate(all="ignore"):
-            return ufunc(x)
-    return kernel
+#: ops that declare a numpy function (``Op.numpy``): it gives NaN or inf as silently as torch's kernel
+#: (numpy warns of sqrt(-1), log(0) and overflow: a plan must not where the original would not)
+_NUMPY_UNARY = {name: np.errstate(all="ignore")(getattr(np, op.numpy)) for name, op in OPS.items() if op.numpy}
 
 
 def _triton_kernels() -> list[Kernel]:
@@ -158,8 +150,7 @@ REGISTRY: dict[str, Kernel] = {k.name: k for k in [
              dtypes=ALL_DTYPES, impl=TORCH.get(op, spec.impl)) for op, spec in OPS.items() if not spec.is_leaf),
     *(Kernel(backend="torch", **k._asdict()) for k in REWRITTEN_KERNELS),
     *(Kernel(name=f"numpy.{op}", reference=OPS[op].reference, backend="numpy", devices=HOST,
-             dtypes=frozenset({"float32", "float64"}), impl=_quiet(fn), takes=to_numpy)
-      for op, fn in _NUMPY_UNARY.items()),
+             dtypes=frozenset({"float32", "float64"}), impl=fn, takes=to_numpy) for op, fn in _NUMPY_UNARY.items()),
     *_triton_kernels()]}
 #: backend -> the memory its kernels read and write
 MEMORY = {"torch": "torch", "triton": "torch", "numpy": "numpy"}

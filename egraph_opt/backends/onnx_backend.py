@@ -309,9 +309,8 @@ class Emitter:
     def emit(self, t: Term, out: str | None):
         spec = OPS[t.op]
         if t.op in ("input", "param", "opaque"):
-            self.names[id(t)] = t.attrs[0]
+            name = self.names[id(t)] = t.attrs[0]
             if t.op == "param":
-                name = t.attrs[0]
                 self.initializers[name] = self.src.tensors[name] if name in self.src.tensors else \
                     numpy_helper.from_array(self.program.params[name].numpy(), name)
             return

@@ -195,8 +195,12 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     main = optimize(tmpl.outer_program(program, groups, meta), schedule=schedule, input_ranges=input_ranges,
                     model=model, templates=False, ranges=ranges)
     final = tmpl.resolve(main.program, groups, template_roots)
-    joined = _join_precision(final, schedule, input_ranges, model, ranges)
-    if joined is not None:
+    # each template computed in float32 rounds its output to the half dtype, and the next widens it again:
+    # only a pass over the joined program drops those round trips and carries one float32 chain through
+    precision = tuple(r for phase in schedule for r in phase.rules if r.family is Family.PRECISION)
+    if precision and any(t.op == "cast" for t in postorder(final.roots())):
+        joined = optimize(final, schedule=[Phase("join_precision", precision, schedule[-1].limits)],
+                          input_ranges=input_ranges, model=model, templates=False, ranges=ranges)
         final = joined.program
         results.append(joined)
     best = final.roots()
@@ -217,18 +221,6 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
                      ops_before=op_counts(roots), ops_after=op_counts(best), model=model,
                      seconds={"total": time.perf_counter() - start},
                      cost=main.cost, root_classes=main.root_classes, derivation=derivation, source=main.source)
-
-
-def _join_precision(program: Program, schedule: list[Phase], input_ranges: dict | None,
-                    model: CostModel, ranges: RangeMemo) -> Optimized | None:
-    """Each template computed in float32 rounds its output to the half dtype, and the next one
-    widens it again: only a pass over the joined program can drop those round trips and carry
-    one float32 chain through. Precision rules alone, and only where a cast is left."""
-    rules = tuple(r for phase in schedule for r in phase.rules if r.family is Family.PRECISION)
-    if not rules or not any(t.op == "cast" for t in postorder(program.roots())):
-        return None
-    return optimize(program, schedule=[Phase("join_precision", rules, schedule[-1].limits)],
-                    input_ranges=input_ranges, model=model, templates=False, ranges=ranges)
 
 
 class RangeMemo:

@@ -12,10 +12,8 @@ import triton
 import triton.language as tl
 
 from .layout import ROW_CONFIGS, row_block
+from .mathlib import deviations_step, moments_step, scaled_mean, scaled_rstd
 from .runtime import implements, tuned
-
-LARGE, SMALLEST_NORMAL = tl.constexpr(2.0 ** 32), tl.constexpr(1.1754943508222875e-38)
-DOWN, UP = tl.constexpr(2.0 ** -64), tl.constexpr(2.0 ** 64)  # the sum at 2^-64: where x's overflows
 
 
 @triton.jit
@@ -28,19 +26,14 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, eps, HAS_WEIGHT: tl.cons
     for start in tl.range(0, n, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < n, other=0.0).to(tl.float32)
-        acc, low, top = acc + x, low + x * DOWN, tl.maximum(top, tl.abs(x))
-    top = tl.max(top, 0)
-    scale = tl.where(top > LARGE, tl.exp2(-tl.ceil(tl.log2(top))), 1.0)
-    total = tl.sum(acc, 0)
-    mean = tl.where(tl.abs(total) < float("inf"), total * scale, tl.sum(low, 0) * (UP * scale)) / n
+        acc, low, top = moments_step(acc, low, top, x)
+    mean, scale = scaled_mean(acc, low, top, n)
     acc = tl.zeros([BLOCK], tl.float32)
     for start in tl.range(0, n, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n
-        d = tl.where(mask, tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) * scale - mean, 0.0)
-        acc += d * d
-    eps = tl.maximum(eps * scale * scale, tl.where(eps > 0, SMALLEST_NORMAL, 0.0))  # not underflowed to 0
-    rstd = 1.0 / tl.sqrt_rn(tl.sum(acc, 0) / n + eps)
+        acc = deviations_step(acc, tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32), mean, scale, mask)
+    rstd = scaled_rstd(acc, n, eps, scale)
     for start in tl.range(0, n, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n

@@ -305,6 +305,24 @@ def test_every_configuration_of_a_kernel_computes_what_its_default_does(op):
         check(wrapper(*operands, *attrs, config=config), default.double(), torch.float32, f"{op} {config}")
 
 
+def _region_terms():
+    """Generated kernels of each kind on rows of 300 (blocks of 256, 1024 and 4096 read them differently)."""
+    x, w = Term.input("x", (3, 300)), Term.input("w", (300,))
+    chain = Term("tanh", (Term("mul", (x, w)),))
+    return [chain, Term("sum", (chain,), (-1, False)), Term("add", (Term("softmax", (chain,), (-1,)), x)),
+            Term("add", (Term("layer_norm", (chain, w, w), (1e-5,)), x)), Term("rms_norm", (chain, w), (1e-6,))]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_every_configuration_of_a_generated_kernel_computes_what_its_default_does(index):
+    """A region's generated kernel declares the row kernels' configurations; each gives the default's
+    result within float32 rounding."""
+    kernel, env = K.generate_elementwise(_region_terms()[index]), {"x": randn(3, 300), "w": randn(300)}
+    default = kernel(**env)
+    for config in kernel.configs:
+        check(kernel(**env, config=config), default.double(), torch.float32, f"{index} {config}")
+
+
 # ---- mathlib: the functions Triton lacks, accurate at every magnitude ---------------------
 
 @pytest.mark.parametrize("op", ["expm1", "log1p", "tanh"])

@@ -322,18 +322,22 @@ def test_fused_ops_bind_their_triton_kernel_and_keep_the_definition_at_the_extre
     torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=tol, atol=tol, equal_nan=True)
 
 
+class _Spy:
+    """A kernel noting the (BLOCK, num_warps) each launch passes in ``seen``, as the TF32 test notes precision."""
+
+    def __init__(self, kernel, seen: list):
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.seen.append((kwargs["BLOCK"], kwargs["num_warps"]))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
 def _launches(monkeypatch, module, name):
-    """The (BLOCK, num_warps) each launch of ``module.name`` passes, as the TF32 test notes precision."""
-    kernel, seen = getattr(module, name), []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append((kwargs["BLOCK"], kwargs["num_warps"]))
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(module, name, Spy())
+    seen = []
+    monkeypatch.setattr(module, name, _Spy(getattr(module, name), seen))
     return seen
 
 
@@ -360,3 +364,30 @@ def test_a_plan_launches_the_configuration_its_database_row_records(recorded, tm
         torch.testing.assert_close(f(x), torch.softmax(x, -1))
     assert "triton.softmax" in str(f.report), f.report
     assert seen and set(seen) == ({(256, 2)} if recorded else {(512, 4)})
+
+
+def test_a_region_launches_the_configuration_its_database_row_records(tmp_path, monkeypatch):
+    """As a hand kernel does: with no row, a region's generated kernel launches its default (blocks of
+    1024 for 1200 elements, four warps); with a row of another configuration at a near shape (as
+    ``binding.region_chosen`` records one where it times the region), the plan built launches that."""
+    from egraph_opt.kernels.triton import generated
+    from egraph_opt.profiling.profile_db import ProfileDB, Record
+    from egraph_opt.profiling.profiler import device_name
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    load, seen, names = generated._load, [], []
+    monkeypatch.setattr(generated, "_load", lambda program: names.append(f"generated_{program.digest[:12]}")
+                        or _Spy(load(program), seen))
+    x, b = torch.randn(4, 300), torch.randn(300)
+    for row in (False, True):
+        if row:
+            with ProfileDB(tmp_path / "p.sqlite") as db:
+                db.add(Record(kernel=names[-1], backend="triton", device=device_name("cpu"), dtype="float32",
+                              shapes=((4, 310), (310,)), attrs={}, runs=5, median_s=1e-6, spread_s=0.0,
+                              config=generated.GeneratedKernel.configs[1]))
+        seen.clear()
+        f = saturate_and_extract(lambda x, b: torch.tanh(x * 2.0 + b), profile_db=tmp_path / "p.sqlite",
+                                 profile_budget=0)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x, b), torch.tanh(x * 2.0 + b))
+        assert f.report.kernels == {"triton.generated": 1}, f.report
+        assert seen and set(seen) == ({(256, 2)} if row else {(1024, 4)})

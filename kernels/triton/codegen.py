@@ -62,10 +62,10 @@ REDUCTIONS: dict[str, tuple[str, str, str]] = {
 STATS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "softmax": (('mx, s = float("-inf"), 0.0', 'mx, s = m.logsumexp_step(mx, s, tl.where(mask, {0}, float("-inf")))',
                  ""),),
-    "layer_norm": (("acc = tl.zeros([BLOCK], tl.float32)\nlow, top = acc, acc",  # the steps of layer_norm.py
+    "layer_norm": (("acc = tl.zeros([BLOCK], tl.float32)\nlow, top = acc, acc",  # the mean, then the variance
                     "acc, low, top = m.moments_step(acc, low, top, tl.where(mask, {0}, 0.0))",
                     "mean, scale = m.scaled_mean(acc, low, top, n_cols)"),
-                   ("acc = tl.zeros([BLOCK], tl.float32)", "acc = m.deviations_step(acc, {0}, mean, scale, mask)",
+                   ("acc = tl.zeros([BLOCK], tl.float32)", "d = tl.where(mask, {0} * scale - mean, 0.0)\nacc += d * d",
                     "rstd = m.scaled_rstd(acc, n_cols, {eps}, scale)")),
     "rms_norm": (("acc = tl.zeros([BLOCK], tl.float32)", "acc += tl.where(mask, {0} * {0}, 0.0)",
                   "rstd = tl.rsqrt(tl.sum(acc, 0) / n_cols + {eps})"),),  # mean(x^2) in float32, as ops.rms_norm
@@ -155,6 +155,16 @@ def _walk(before: str, body: list[str], step: str, after: str = "") -> str:
                     textwrap.indent("\n".join([*body, step, ""]), " " * 8), textwrap.indent(after + "\n" * bool(after), " " * 4)])
 
 
+def _stored(reduction: str | None, lines: list[str], result: str) -> str:
+    """The walk computing the region's ``lines`` on each block and storing its ``result``, or its reduction."""
+    if reduction is None:
+        return _walk("", lines, f"tl.store(out_ptr + offs, {result}.to(out_ptr.dtype.element_ty), mask=mask)")
+    identity, combine, finish = REDUCTIONS[reduction]
+    return _walk(f"acc = tl.full([BLOCK], {identity}, tl.float32)", lines,
+                 f"acc = {combine.format(v=f'tl.where(mask, {result}, {identity})')}",
+                 f"tl.store(out_ptr + row, ({finish}).to(out_ptr.dtype.element_ty))")
+
+
 def lower(root: Term) -> KernelSource:
     """The kernel source for ``root``; ValueError naming the op if any op cannot be generated."""
     outer, root = (root.attrs[0], root.args[0]) if root.op == "cast" and root.args[0].op in REDUCTIONS else (None, root)
@@ -198,14 +208,7 @@ def lower(root: Term) -> KernelSource:
                         after.format(eps=eps)) for before, step, after in STATS[t.op]]
     args = "".join([f"in{i}_ptr, " for i in range(len(inputs))] + [f"c{i}, " for i in range(len(consts))]
                    + [f"in{i}_div, in{i}_mod, " for i in broadcast])
-    if reduction:
-        identity, combine, finish = REDUCTIONS[reduction]
-        walks.append(_walk(f"acc = tl.full([BLOCK], {identity}, tl.float32)", lines,
-                           f"acc = {combine.format(v=f'tl.where(mask, {result}, {identity})')}",
-                           f"tl.store(out_ptr + row, ({finish}).to(out_ptr.dtype.element_ty))"))
-    elif rows:
-        walks.append(_walk("", lines, f"tl.store(out_ptr + offs, {result}.to(out_ptr.dtype.element_ty), mask=mask)"))
-    kernel = ROW.format(args=args, walks="".join(walks)) if walks else \
+    kernel = ROW.format(args=args, walks="".join(walks + [_stored(reduction, lines, result)])) if reduction or rows else \
         ELEMENTWISE.format(args=args, body=textwrap.indent("\n".join(lines), " " * 4), result=result)
     dtype = outer or (root.attrs[0] if root.op == "cast" else None)
     return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction or (rows[0].op if rows else None), keepdim,

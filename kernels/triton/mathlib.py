@@ -114,13 +114,6 @@ def scaled_mean(acc, low, top, n):
 
 
 @triton.jit
-def deviations_step(acc, x, mean, scale, mask):
-    """The lanes' sums of squared deviations of x * scale from ``mean``, with one more block ``x``."""
-    d = tl.where(mask, x * scale - mean, 0.0)
-    return acc + d * d
-
-
-@triton.jit
 def scaled_rstd(acc, n, eps, scale):
     """1 / std of a row of ``n`` from its lanes' sums of squared deviations of x * scale, with ``eps``
     scaled alike (never underflowing to 0)."""

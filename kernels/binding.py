@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import time
 from typing import Callable, NamedTuple
 
 import torch
@@ -106,7 +105,7 @@ _region_faster: dict[tuple, bool] = {}
 def region_chosen(kernel, operands: list[tuple], device: str, latency=None) -> tuple[bool, dict | None]:
     """Whether a region's generated kernel replaces its ops' separate kernels, and the configuration it
     runs in. Chosen where it measures faster beside them, once per structure, dtypes and size bucket within
-    the profiling budget (at most 0.1 s, tuning included; none: never); never by preference, but under the
+    the profiling budget (at most 0.1 s, and as much to tune it; none: never); never by preference, but under the
     test switch (``_preferred``). Its configuration: the fastest at the nearest shape in ``latency``'s
     database (a row each time it is timed, as the profiler records a hand kernel's), else the default."""
     shapes, dtype = [shape for shape, _ in operands], dtype_name(operands[0][1])  # operands: (shape, dtype)
@@ -115,10 +114,9 @@ def region_chosen(kernel, operands: list[tuple], device: str, latency=None) -> t
     config = seconds = found = None
     if device != "cpu" and key not in _region_faster:
         inputs = [torch.full(shape, 0.75, dtype=d, device=device) for shape, d in operands]
-        start, budget = time.perf_counter(), min(default_budget(), 0.1)
-        config = fastest(kernel, inputs, torch.device(device), budget)
+        config = fastest(kernel, inputs, torch.device(device), min(default_budget(), 0.1))
         seconds = time_side_by_side([functools.partial(kernel, config=config), kernel.separate], inputs, device,
-                                    budget - (time.perf_counter() - start))
+                                    min(default_budget(), 0.1))
         _region_faster[key] = seconds is not None and seconds[0] < seconds[1]
     with contextlib.suppress(*UNUSABLE):  # the database is a cache
         if seconds and group:

@@ -287,18 +287,20 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
 
 def fastest(impl: Callable, args: Sequence, device: torch.device, budget_s: float = math.inf) -> dict | None:
     """The configuration ``impl`` (a Triton wrapper: ``impl.configs``, the default first) runs fastest in
-    on ``args``: those that run here, each tried (its first launch compiles it) while ``budget_s`` lasts,
-    then timed side by side for what is left of it, at most 0.2 s; interpreted (no CUDA), only on inputs
-    of at most 4096 elements, else the default. None: it has none."""
+    on ``args``: the default, then each other that runs here while ``budget_s`` lasts (its first launch
+    compiles it), timed side by side in what is left of it, at most 0.2 s; interpreted (no CUDA), only on
+    inputs of at most 4096 elements, else the default. None: it has none."""
     configs = getattr(impl, "configs", None) or [None]
     if configs[0] is None or device.type != "cuda" and sum(t.numel() for t in args if hasattr(t, "numel")) > 4096:
         return configs[0]
-    runs, deadline = [], time.perf_counter() + budget_s
-    for config in configs:
+    runs, deadline = [], math.inf
+    for i, config in enumerate(configs):
+        deadline = time.perf_counter() + budget_s if i == 1 else deadline  # from the default's run: it runs anyway
+        if time.perf_counter() >= deadline:
+            break  # the budget is spent: the best so far
         with contextlib.suppress(Exception):  # noqa: BLE001 - one beyond this device's resources (shared memory)
-            if time.perf_counter() < deadline:  # else the budget is spent: the best so far, or the default
-                impl(*args, config=config)
-                runs.append(functools.partial(impl, config=config))
+            impl(*args, config=config)
+            runs.append(functools.partial(impl, config=config))
     left = min(deadline - time.perf_counter(), 0.2)
     seconds = time_side_by_side(runs, args, device, left) if len(runs) > 1 and left > 0 else None
     return runs[int(np.argmin(seconds))].keywords["config"] if seconds else configs[0]

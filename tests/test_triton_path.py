@@ -170,9 +170,15 @@ def _loss(x, a, b, r):
 
 
 def _shared(x, a, b, r):
-    """x * a + b is read twice, so its region ends there: two generated kernels."""
+    """x * a + b is read by two ops of one region: computed there once, one generated kernel."""
     h = x * a + b
     return torch.tanh(h) * r + h
+
+
+def _shared_outside(x, a, b, r):
+    """x * a + b is read by an op outside the region too (atan has no template): its own kernel."""
+    h = x * a + b
+    return torch.tanh(h) * r + torch.atan(h)
 
 
 def _biased(x, bias, row, s):
@@ -224,6 +230,12 @@ def _normed(x, w, b, r):
     return F.layer_norm(x * 0.5, x.shape[-1:], w, b) + r
 
 
+def _residual(x, w, b, r):
+    """A residual add read by a layer norm and by the add after it: one generated kernel."""
+    h = x * 0.5 + r
+    return F.layer_norm(h, h.shape[-1:], w, b) + h
+
+
 def _rms(x, w, b, r):
     """A shift into an rms norm with its weight, a cast and a product after: one generated kernel."""
     return F.rms_norm(x - b, x.shape[-1:], w, eps=1e-6).float() * r.float()
@@ -248,17 +260,20 @@ REGIONS = [(fn, args, kernels, dtype) for dtype in DTYPES for fn, args, kernels 
     (_casts, _same, {"triton.generated": 1}, dtype) for dtype in DTYPES[1:]] + [
     # in half precision the mean is rewritten to accumulate in float32: its cast back follows the root
     (_loss, _same, {"triton.generated": 1}, torch.float32),
-    (_shared, _same, {"triton.generated": 2}, torch.float32),
+    (_shared, _same, {"triton.generated": 1}, torch.float32),
+    (_shared_outside, _same, {"torch.atan": 1, "triton.generated": 2}, torch.float32),
     (_variance, _broadcast, {"triton.generated": 1}, torch.float32),
     (_gapped, _gap, {"torch.mul": 1, "triton.generated": 1}, torch.float32)] + [
     (_softmax, _softmax_rows, {"triton.generated": 1}, dtype) for dtype in DTYPES] + [
-    (fn, _norm_rows, {"triton.generated": 1}, dtype) for fn in (_normed, _rms) for dtype in DTYPES]
+    (fn, _norm_rows, {"triton.generated": 1}, dtype) for fn in (_normed, _residual, _rms) for dtype in DTYPES]
 #: the program of separate kernels a region replaces, where torch's eager one differs: the softmax
 #: kernel it replaces (ops.softmax) gives NaN at a row's +inf and 0 beside it, where torch's is NaN
 UNFUSED = {_softmax: lambda x, bias, s: OPS["softmax"].impl(x * s + bias, -1),
            _normed: lambda x, w, b, r: (ops.layer_norm((x * 0.5).float(), w.float(), b.float(), 1e-5) + r).to(x.dtype)}
+UNFUSED[_residual] = lambda x, w, b, r: (lambda h: (ops.layer_norm(h.float(), w.float(), b.float(), 1e-5) + h)
+                                         .to(x.dtype))(x * 0.5 + r)
 #: a layer norm is not torch's algorithm (its variance is of deviations, in blocks): one ulp more
-ULPS = {_normed: 2}
+ULPS = {_normed: 2, _residual: 2}
 
 
 @pytest.mark.parametrize("fn, args, kernels, dtype",

@@ -170,7 +170,7 @@ class _Build:
         """A generated kernel for each maximal region of two or more ops (codegen's templates, on
         float operands that broadcast to the op's shape (``codegen.span``) or constants, with at most one
         softmax or norm over the last axis, under at most one root sum, mean or max over it; an operand
-        joins its user's region where only that user reads it), where it replaces its ops' kernels
+        joins its users' region where only they read it), where it replaces its ops' kernels
         (``binding.region_chosen``, which gives its tuned configuration). Each op of a half dtype rounds
         to it there, as its torch kernel does."""
         floats = (torch.float16, torch.bfloat16, torch.float32)
@@ -188,10 +188,11 @@ class _Build:
         for t in reversed(order):  # users before their operands
             if id(t) in inside or not (fusible(t) or row(t)):
                 continue
-            ops = [t]
-            for u in ops:  # grows while it is walked: each op after its user
+            ops, reached = [t], Counter()  # users walked of each operand
+            for u in ops:  # grows while it is walked: each op after its users
+                reached.update({id(a) for a in u.args})
                 ops += [a for i, a in enumerate(u.args)  # x * x: one operand; a reduction under a root cast
-                        if uses[id(a)] == 1 and (fusible(a) or u is t and t.op == "cast" and row(a))
+                        if reached[id(a)] == uses[id(a)] and (fusible(a) or u is t and t.op == "cast" and row(a))
                         and all(a is not b for b in u.args[:i]) and not (a.op in STATS and any(
                             o.op in STATS for o in ops + list(u.args[:i])))]  # one softmax or norm
             if len(ops) < 2:

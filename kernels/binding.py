@@ -104,10 +104,10 @@ _region_faster: dict[tuple, bool] = {}
 
 def region_chosen(kernel, operands: list[tuple], device: str, latency=None) -> tuple[bool, dict | None]:
     """Whether a region's generated kernel replaces its ops' separate kernels, and the configuration it
-    runs in. Chosen where it measures faster beside them, once per structure, dtypes and size bucket within
-    the profiling budget (at most 0.1 s, and as much to tune it; none: never); never by preference, but under the
-    test switch (``_preferred``). Its configuration: the fastest at the nearest shape in ``latency``'s
-    database (a row each time it is timed, as the profiler records a hand kernel's), else the default."""
+    runs in. Chosen where it measures faster beside them, once per structure, dtypes and size bucket, within
+    the profiling budget (at most 0.1 s, and as much to tune it; none: never); never by preference, but
+    under the test switch (``_preferred``). Its configuration: the fastest at the nearest shape in
+    ``latency``'s database (a row each time it is timed, as the profiler's of a hand kernel), else the default."""
     shapes, dtype = [shape for shape, _ in operands], dtype_name(operands[0][1])  # operands: (shape, dtype)
     key = (kernel.__name__, *(d for _, d in operands), device, max(map(math.prod, shapes)).bit_length())
     group = (kernel.__name__, "triton", latency.where, dtype) if latency is not None and latency.db else None

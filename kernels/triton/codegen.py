@@ -70,10 +70,9 @@ STATS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "rms_norm": (("acc = tl.zeros([BLOCK], tl.float32)", "acc += tl.where(mask, {0} * {0}, 0.0)",
                   "rstd = tl.rsqrt(tl.sum(acc, 0) / n_cols + {eps})"),),  # mean(x^2) in float32, as ops.rms_norm
 }
-ROW_OPS = (*REDUCTIONS, *STATS)  # ops whose kernel walks the rows of the last axis
 GELU_APPROXIMATIONS = ("none", "tanh")
 
-_unknown = (set(TEMPLATES) | set(ROW_OPS)) - set(OPS)
+_unknown = (set(TEMPLATES) | set(REDUCTIONS)) - set(OPS)
 if _unknown:
     raise RuntimeError(f"codegen tables name ops missing from the op table: {sorted(_unknown)}")
 
@@ -114,7 +113,7 @@ class KernelSource:
     consts: tuple[float, ...]  # constant values, in the order of the kernel's scalar arguments
     reduction: str | None  # the root reduction, else the row op, if any
     keepdim: bool
-    dtype: str | None  # the result's dtype where a root cast (over the row op too) gives it, else the inputs' promoted
+    dtype: str | None  # the result's dtype where a root cast (over a reduction too) gives it, else the inputs' promoted
     broadcast: tuple[int, ...]  # the inputs read through ``span``: their (div, mod) follow the scalars
 
     @property
@@ -151,8 +150,8 @@ def _line(t: Term, operands: list[str]) -> str:
 
 def _walk(before: str, body: list[str], step: str, after: str = "") -> str:
     """Source walking a row's blocks: ``before``, ``body`` and ``step`` on each block, then ``after``."""
-    return "".join([textwrap.indent(before + "\n" * bool(before), " " * 4), BLOCKS,
-                    textwrap.indent("\n".join([*body, step, ""]), " " * 8), textwrap.indent(after + "\n" * bool(after), " " * 4)])
+    before, after = (textwrap.indent(text + "\n" * bool(text), " " * 4) for text in (before, after))
+    return before + BLOCKS + textwrap.indent("\n".join([*body, step, ""]), " " * 8) + after
 
 
 def _stored(reduction: str | None, lines: list[str], result: str) -> str:

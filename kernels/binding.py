@@ -8,6 +8,8 @@ runs wherever it accepts a node). Extraction prices a node the same way (``Prici
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from typing import Callable, NamedTuple
 
@@ -16,8 +18,10 @@ import torch
 from . import triton as triton_kernels
 from .registry import MOVES, Kernel, Use, copies, kernels_for
 from egraph_opt.analysis.facts import NodeFacts
+from egraph_opt.lang.term import dtype_name
 from egraph_opt.profiling.latency import UNIT_S, default_budget
-from egraph_opt.profiling.profiler import MOVE, time_side_by_side
+from egraph_opt.profiling.profile_db import UNUSABLE, Record
+from egraph_opt.profiling.profiler import MOVE, fastest, time_side_by_side
 
 #: estimate(kernel, use) -> seconds (inf: not a candidate)
 Estimator = Callable[[Kernel, Use], float]
@@ -36,7 +40,7 @@ def default_estimate(kernel: Kernel, use: Use) -> float:
 def measured_estimate(latency) -> Estimator:
     """Seconds of a kernel from ``latency`` (a MeasuredLatency), by its backend's rows; where none
     is known, torch's kernel and moves take their defaults, other backends none.
-    ``.config(kernel, use)``: its tuned configuration."""
+    ``.config(kernel, use)``: its tuned configuration; ``.latency``: ``latency`` (a region's rows)."""
     def node(use: Use) -> NodeFacts:
         return NodeFacts(op=use.op, attrs=use.attrs, shapes=use.shapes, layouts=use.layouts,
                          dtype=use.dtypes[0] if use.dtypes else "float32")
@@ -46,6 +50,7 @@ def measured_estimate(latency) -> Estimator:
         return found[0] * UNIT_S if found else default_estimate(kernel, use)
     estimate.config = lambda kernel, use: next((c for c in getattr(kernel.impl, "configs", ()) if latency
                                                 and c == latency(node(use), kernel, tuned=True)), None)
+    estimate.latency = latency
     return estimate
 
 
@@ -97,19 +102,28 @@ def conversion_seconds(use: Use, source: str, target: str,
 _region_faster: dict[tuple, bool] = {}
 
 
-def region_chosen(kernel, operands: list[tuple], device: str) -> bool:
-    """Whether a region's generated kernel replaces its ops' separate kernels: where it measures
-    faster beside them, once per structure, dtypes and size bucket within the profiling budget (at
-    most 0.1 s; none: never); never by preference, but under the test switch (``_preferred``)."""
-    if device == "cpu":
-        return triton_kernels.on_cpu()
-    key = (kernel.__name__, *(dtype for _, dtype in operands), device,  # operands: (shape, dtype)
-           max(math.prod(shape) for shape, _ in operands).bit_length())
-    if key not in _region_faster:
-        inputs = [torch.full(shape, 0.75, dtype=dtype, device=device) for shape, dtype in operands]
-        seconds = time_side_by_side([kernel, kernel.separate], inputs, device, min(default_budget(), 0.1))
+def region_chosen(kernel, operands: list[tuple], device: str, latency=None) -> tuple[bool, dict | None]:
+    """Whether a region's generated kernel replaces its ops' separate kernels, and the configuration it
+    runs in. Chosen where it measures faster beside them, once per structure, dtypes and size bucket, within
+    the profiling budget (at most 0.1 s, and as much to tune it; none: never); never by preference, but
+    under the test switch (``_preferred``). Its configuration: the fastest at the nearest shape in
+    ``latency``'s database (a row each time it is timed, as the profiler's of a hand kernel), else the default."""
+    shapes, dtype = [shape for shape, _ in operands], dtype_name(operands[0][1])  # operands: (shape, dtype)
+    key = (kernel.__name__, *(d for _, d in operands), device, max(map(math.prod, shapes)).bit_length())
+    group = (kernel.__name__, "triton", latency.where, dtype) if latency is not None and latency.db else None
+    config = seconds = found = None
+    if device != "cpu" and key not in _region_faster:
+        inputs = [torch.full(shape, 0.75, dtype=d, device=device) for shape, d in operands]
+        config = fastest(kernel, inputs, torch.device(device), min(default_budget(), 0.1))
+        seconds = time_side_by_side([functools.partial(kernel, config=config), kernel.separate], inputs, device,
+                                    min(default_budget(), 0.1))
         _region_faster[key] = seconds is not None and seconds[0] < seconds[1]
-    return _region_faster[key]
+    with contextlib.suppress(*UNUSABLE):  # the database is a cache
+        if seconds and group:
+            latency.db.add(Record(kernel=group[0], backend="triton", device=group[2], dtype=dtype, shapes=shapes,
+                                  attrs={}, runs=1, median_s=seconds[0], spread_s=0.0, config=config))
+        found = group and latency.model.predict(*group, shapes, {})
+    return triton_kernels.on_cpu() if device == "cpu" else _region_faster[key], found and found.config
 
 
 def usable(kernel: Kernel, device: str) -> bool:

@@ -1,4 +1,5 @@
 """The profiling database: round trips, two writers at once, foreign files, schema versions."""
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -569,3 +570,24 @@ def test_the_profiler_records_a_triton_kernels_fastest_configuration_and_plans_r
                                                   {"axis": -1}) for n in (320, 3500)]
     assert [f.source for f in found] == ["interpolated"] * 2
     assert [f.config for f in found] == [kernel.impl.configs[-1], kernel.impl.configs[1]]
+
+
+@pytest.mark.parametrize("budget", [0.0, math.inf])
+def test_tuning_tries_configurations_only_while_the_profile_budget_lasts(budget, tmp_path, monkeypatch):
+    """A configuration's first launch compiles it (seconds on a GPU), so the tuning counts in the
+    budget: none left, only the default is recorded and no other configuration launches; with time
+    left, each is tried and the fastest (faked: the last) recorded."""
+    pytest.importorskip("triton")
+    from egraph_opt.kernels.registry import REGISTRY
+    from egraph_opt.profiling import profiler
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    tried, impl = [], REGISTRY["triton.softmax"].impl
+    spy = lambda *args, config=None: tried.append(config) or impl(*args, config=config)  # noqa: E731
+    spy.configs = impl.configs
+    kernel = dataclasses.replace(REGISTRY["triton.softmax"], impl=spy)
+    monkeypatch.setattr(profiler, "time_side_by_side", lambda fns, *a: [len(fns) - i for i in range(len(fns))])
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        (row,) = profiler.profile_shapes([profiler.Case("softmax", "float32", ((4, 300),), {"axis": -1})], "cpu",
+                                         db, repeats=1, progress=False, kernel=kernel, budget_s=budget)
+    configs = impl.configs if budget else impl.configs[:1]
+    assert row.config == configs[-1] and {str(c) for c in tried} == {str(c) for c in configs}

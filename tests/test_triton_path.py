@@ -170,9 +170,15 @@ def _loss(x, a, b, r):
 
 
 def _shared(x, a, b, r):
-    """x * a + b is read twice, so its region ends there: two generated kernels."""
+    """x * a + b is read by two ops of one region: computed there once, one generated kernel."""
     h = x * a + b
     return torch.tanh(h) * r + h
+
+
+def _shared_outside(x, a, b, r):
+    """x * a + b is read by an op outside the region too (atan has no template): its own kernel."""
+    h = x * a + b
+    return torch.tanh(h) * r + torch.atan(h)
 
 
 def _biased(x, bias, row, s):
@@ -219,6 +225,29 @@ def _softmax_rows(x, a, b, r):
     return torch.cat([rows, torch.full_like(rows[:1], -math.inf)]), -finite.flip(0), torch.tensor(0.5, dtype=x.dtype)
 
 
+def _normed(x, w, b, r):
+    """A scale into a layer norm, its weight and bias, and a residual add after: one generated kernel."""
+    return F.layer_norm(x * 0.5, x.shape[-1:], w, b) + r
+
+
+def _residual(x, w, b, r):
+    """A residual add read by a layer norm and by the add after it: one generated kernel."""
+    h = x * 0.5 + r
+    return F.layer_norm(h, h.shape[-1:], w, b) + h
+
+
+def _rms(x, w, b, r):
+    """A shift into an rms norm with its weight, a cast and a product after: one generated kernel."""
+    return F.rms_norm(x - b, x.shape[-1:], w, eps=1e-6).float() * r.float()
+
+
+def _norm_rows(x, a, b, r):
+    """Row i holds the i-th extreme (+-inf, NaN, +-0, subnormals, +-max) among ordinary values; a (C,)
+    weight and bias; rows of each extreme as the residual."""
+    ordinary = torch.linspace(-2.0, 3.0, len(x), dtype=x.dtype)
+    return torch.where(torch.eye(len(x), dtype=torch.bool), x, ordinary), ordinary.flip(0), ordinary * 0.5, r
+
+
 def _same(*t):
     return t
 
@@ -231,13 +260,20 @@ REGIONS = [(fn, args, kernels, dtype) for dtype in DTYPES for fn, args, kernels 
     (_casts, _same, {"triton.generated": 1}, dtype) for dtype in DTYPES[1:]] + [
     # in half precision the mean is rewritten to accumulate in float32: its cast back follows the root
     (_loss, _same, {"triton.generated": 1}, torch.float32),
-    (_shared, _same, {"triton.generated": 2}, torch.float32),
+    (_shared, _same, {"triton.generated": 1}, torch.float32),
+    (_shared_outside, _same, {"torch.atan": 1, "triton.generated": 2}, torch.float32),
     (_variance, _broadcast, {"triton.generated": 1}, torch.float32),
     (_gapped, _gap, {"torch.mul": 1, "triton.generated": 1}, torch.float32)] + [
-    (_softmax, _softmax_rows, {"triton.generated": 1}, dtype) for dtype in DTYPES]
+    (_softmax, _softmax_rows, {"triton.generated": 1}, dtype) for dtype in DTYPES] + [
+    (fn, _norm_rows, {"triton.generated": 1}, dtype) for fn in (_normed, _residual, _rms) for dtype in DTYPES]
 #: the program of separate kernels a region replaces, where torch's eager one differs: the softmax
 #: kernel it replaces (ops.softmax) gives NaN at a row's +inf and 0 beside it, where torch's is NaN
-UNFUSED = {_softmax: lambda x, bias, s: OPS["softmax"].impl(x * s + bias, -1)}
+UNFUSED = {_softmax: lambda x, bias, s: OPS["softmax"].impl(x * s + bias, -1),
+           _normed: lambda x, w, b, r: (ops.layer_norm((x * 0.5).float(), w.float(), b.float(), 1e-5) + r).to(x.dtype)}
+UNFUSED[_residual] = lambda x, w, b, r: (lambda h: (ops.layer_norm(h.float(), w.float(), b.float(), 1e-5) + h)
+                                         .to(x.dtype))(x * 0.5 + r)
+#: a layer norm is not torch's algorithm (its variance is of deviations, in blocks): one ulp more
+ULPS = {_normed: 2, _residual: 2}
 
 
 @pytest.mark.parametrize("fn, args, kernels, dtype",
@@ -258,7 +294,7 @@ def test_an_elementwise_region_is_one_generated_kernel_exact_at_the_extremes(fn,
     assert f.report.kernels == kernels and "[VALIDATION] passed" in str(f.report), f.report
     expected = UNFUSED.get(fn, fn)(*args)
     ulp = {torch.float32: 1e-5, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}[dtype]
-    torch.testing.assert_close(out, expected, rtol=ulp, atol=0, equal_nan=True)
+    torch.testing.assert_close(out, expected, rtol=ulp * ULPS.get(fn, 1), atol=0, equal_nan=True)
     assert torch.equal(out.signbit()[out == 0], expected.signbit()[expected == 0])
 
 
@@ -287,32 +323,36 @@ def _operands(op, dtype):
 def test_fused_ops_bind_their_triton_kernel_and_keep_the_definition_at_the_extremes(op, dtype, monkeypatch):
     """Under the switch cross entropy, softmax and layer norm run Triton's kernels, whose values at
     +-inf, NaN, +-0 and the dtype's max are the op's definition (float64, then rounded). A half
-    softmax computes in float32 between two casts: the three are one generated kernel."""
+    softmax or layer norm computes in float32 between two casts: the three are one generated kernel."""
     monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
     (fn, definition), x, rest = FUSED[op], _extreme_rows(dtype), _operands(op, dtype)
     f = saturate_and_extract(fn, profile_db=False, profile_budget=0)
     with torch.no_grad():
         f(torch.randn(6, 4, dtype=dtype), *rest)
         out = f(x, *rest)
-    kernel = "triton.generated" if op == "softmax" and dtype != torch.float32 else f"triton.{op}"
+    kernel = "triton.generated" if op != "cross_entropy" and dtype != torch.float32 else f"triton.{op}"
     assert kernel in str(f.report) and "[VALIDATION] passed" in str(f.report), str(f.report)
     expected = definition(x.double(), *(r.double() if r.is_floating_point() else r for r in rest))
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=tol, atol=tol, equal_nan=True)
 
 
+class _Spy:
+    """A kernel noting the (BLOCK, num_warps) each launch passes in ``seen``, as the TF32 test notes precision."""
+
+    def __init__(self, kernel, seen: list):
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.seen.append((kwargs["BLOCK"], kwargs["num_warps"]))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
 def _launches(monkeypatch, module, name):
-    """The (BLOCK, num_warps) each launch of ``module.name`` passes, as the TF32 test notes precision."""
-    kernel, seen = getattr(module, name), []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append((kwargs["BLOCK"], kwargs["num_warps"]))
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(module, name, Spy())
+    seen = []
+    monkeypatch.setattr(module, name, _Spy(getattr(module, name), seen))
     return seen
 
 
@@ -339,3 +379,30 @@ def test_a_plan_launches_the_configuration_its_database_row_records(recorded, tm
         torch.testing.assert_close(f(x), torch.softmax(x, -1))
     assert "triton.softmax" in str(f.report), f.report
     assert seen and set(seen) == ({(256, 2)} if recorded else {(512, 4)})
+
+
+def test_a_region_launches_the_configuration_its_database_row_records(tmp_path, monkeypatch):
+    """As a hand kernel does: with no row, a region's generated kernel launches its default (blocks of
+    1024 for 1200 elements, four warps); with a row of another configuration at a near shape (as
+    ``binding.region_chosen`` records one where it times the region), the plan built launches that."""
+    from egraph_opt.kernels.triton import generated
+    from egraph_opt.profiling.profile_db import ProfileDB, Record
+    from egraph_opt.profiling.profiler import device_name
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    load, seen, names = generated._load, [], []
+    monkeypatch.setattr(generated, "_load", lambda program: names.append(f"generated_{program.digest[:12]}")
+                        or _Spy(load(program), seen))
+    x, b = torch.randn(4, 300), torch.randn(300)
+    for row in (False, True):
+        if row:
+            with ProfileDB(tmp_path / "p.sqlite") as db:
+                db.add(Record(kernel=names[-1], backend="triton", device=device_name("cpu"), dtype="float32",
+                              shapes=((4, 310), (310,)), attrs={}, runs=5, median_s=1e-6, spread_s=0.0,
+                              config=generated.GeneratedKernel.configs[1]))
+        seen.clear()
+        f = saturate_and_extract(lambda x, b: torch.tanh(x * 2.0 + b), profile_db=tmp_path / "p.sqlite",
+                                 profile_budget=0)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x, b), torch.tanh(x * 2.0 + b))
+        assert f.report.kernels == {"triton.generated": 1}, f.report
+        assert seen and set(seen) == ({(256, 2)} if row else {(1024, 4)})

@@ -100,9 +100,10 @@ def main() -> None:
 
 
 def _generated(R) -> None:
-    """The generated kernels a plan binds for its regions: every template of codegen in one chain
-    over an input and a broadcast (37,) one, alone and under each root reduction and a softmax (the
-    cache in a directory of its own)."""
+    """The generated kernels a plan binds for its regions: every elementwise template of codegen in one
+    chain over an input and a broadcast (37,) one, alone, under each root reduction, and into each row
+    op (softmax, layer and rms norm), alone, with an op after it and under a mean; each configuration of
+    the kernels with a row op (the cache in a directory of its own)."""
     import os
     import tempfile
     from egraph_opt.kernels.triton import codegen, generate_elementwise
@@ -112,15 +113,20 @@ def _generated(R) -> None:
     x, y = Term.input("x", (3, 37)), Term.input("y", (37,))
     chain = x
     attrs_of = {"gelu": [("none",), ("tanh",)], "cast": [("float16",), ("bfloat16",)]}
-    for op, attrs in [(op, attrs) for op in codegen.TEMPLATES for attrs in attrs_of.get(op, [()])]:
+    for op, attrs in [(op, attrs) for op in codegen.TEMPLATES if op not in codegen.STATS
+                      for attrs in attrs_of.get(op, [()])]:
         chain = Term("add", (chain, Term(op, (chain, y)[:OPS[op].arity], attrs)))
     rows = [Term(r, (chain,), (-1, keep)) for r in codegen.REDUCTIONS for keep in (False, True)]
-    for root in [chain, Term("softmax", (chain,), (-1,))] + rows:
-        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+    norms = [Term("softmax", (chain,), (-1,)), Term("layer_norm", (chain, y, y), (1e-5,)),
+             Term("rms_norm", (chain, y), (1e-6,)), Term("layer_norm", (chain, Term.const(1.0), Term.const(0.0)), (1e-5,))]
+    after = [Term("mul", (Term("add", (n, x)), y)) for n in norms] + [Term("mean", (n,), (-1, True)) for n in norms]
+    for root in [chain, *norms, *after] + rows:
+        for dtype, config in [(d, None) for d in (torch.float16, torch.bfloat16, torch.float32)] + [
+                (torch.float16, c) for c in generate_elementwise(root).configs[1:] if root in after]:
             try:
-                generate_elementwise(root)(x=R(3, 37).to(dtype), y=R(37).to(dtype))
+                generate_elementwise(root)(x=R(3, 37).to(dtype), y=R(37).to(dtype), config=config)
             except Exception as e:  # noqa: BLE001 - the kernel failed to generate, not to compile
-                failures.append(f"generated {root.op}: {type(e).__name__}: {e}")
+                failures.append(f"generated {root.op} {config}: {type(e).__name__}: {e}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from ..kernels import triton as triton_kernels
 from ..kernels.binding import Estimator, bind, default_estimate, region_chosen
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import TORCH
-from ..kernels.triton.codegen import ROW_OPS, TEMPLATES, span
+from ..kernels.triton.codegen import REDUCTIONS, STATS, TEMPLATES, span
 from ..lang.program import OpaqueRef, Program, leaves
 from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
@@ -168,28 +168,33 @@ class _Build:
 
     def _fuse(self, roots: list[Term], meta: dict) -> None:
         """A generated kernel for each maximal region of two or more ops (codegen's templates, on
-        float operands that broadcast to the op's shape (``codegen.span``) or constants, under at most
-        one root sum, mean, max or softmax over the last axis; an operand joins its user's region where
-        only that user reads it), where it replaces its ops' kernels (``binding.region_chosen``). Each
-        op of a half dtype rounds to it there, as its torch kernel does."""
+        float operands that broadcast to the op's shape (``codegen.span``) or constants, with at most one
+        softmax or norm over the last axis, under at most one root sum, mean or max over it; an operand
+        joins its users' region where only they read it), where it replaces its ops' kernels
+        (``binding.region_chosen``, which gives its tuned configuration). Each op of a half dtype rounds
+        to it there, as its torch kernel does."""
         floats = (torch.float16, torch.bfloat16, torch.float32)
 
         def fusible(t: Term) -> bool:  # a 0-d tensor of another dtype stays out of torch's type promotion
             shape, dtype = meta[id(t)]
-            return t.op in TEMPLATES and len(shape) > 0 and dtype in floats and all(
+            rows = t.op not in STATS or meta[id(t.args[0])][0][-1:] == shape[-1:] != (1,) and \
+                (t.op != "softmax" or t.attrs[0] == -1)  # a row op's rows are the region's, of the last axis
+            return t.op in TEMPLATES and len(shape) > 0 and dtype in floats and rows and all(
                 a.op == "const" or meta[id(a)][1] in floats and span(meta[id(a)][0], shape) is not None
                 and (len(meta[id(a)][0]) > 0 or meta[id(a)][1] == dtype) for a in t.args)
-        row = lambda t: t.op in ROW_OPS and t.attrs[0] == -1  # noqa: E731 - a root walking rows
+        row = lambda t: t.op in REDUCTIONS and t.attrs[0] == -1  # noqa: E731 - a root reducing rows
         order, inside = postorder(roots), set()
         uses = Counter(i for t in order for i in {id(a) for a in t.args}) + Counter(map(id, roots))  # users
         for t in reversed(order):  # users before their operands
             if id(t) in inside or not (fusible(t) or row(t)):
                 continue
-            ops = [t]
-            for u in ops:  # grows while it is walked: each op after its user
-                ops += [a for i, a in enumerate(u.args)  # x * x: one operand; a row op under a root cast
-                        if uses[id(a)] == 1 and (fusible(a) or u is t and t.op == "cast" and row(a))
-                        and all(a is not b for b in u.args[:i])]
+            ops, reached = [t], Counter()  # users walked of each operand
+            for u in ops:  # grows while it is walked: each op after its users
+                reached.update({id(a) for a in u.args})
+                ops += [a for i, a in enumerate(u.args)  # x * x: one operand; a reduction under a root cast
+                        if reached[id(a)] == uses[id(a)] and (fusible(a) or u is t and t.op == "cast" and row(a))
+                        and all(a is not b for b in u.args[:i]) and not (a.op in STATS and any(
+                            o.op in STATS for o in ops + list(u.args[:i])))]  # one softmax or norm
             if len(ops) < 2:
                 continue
             inside.update(map(id, ops))
@@ -201,12 +206,14 @@ class _Build:
                         made[id(a)] = Term.input(f"x{len(outside)}", meta[id(a)][0], dtype_name(meta[id(a)][1]))
                         outside[made[id(a)].attrs[0]] = a
                 made[id(u)] = Term(u.op, tuple(made.get(id(a), a) for a in u.args), u.attrs)
-                if u.op not in ("cast", *ROW_OPS) and (meta[id(u)][1] != torch.float32 or u is top):
+                if u.op not in ("cast", *REDUCTIONS) and (meta[id(u)][1] != torch.float32 or u is top):
                     made[id(u)] = Term("cast", (made[id(u)],), (dtype_name(meta[id(u)][1]),))  # rounds as torch
             kernel = triton_kernels.generate_elementwise(made[id(t)])
             operands = [outside[name] for name in kernel.program.inputs]
-            if region_chosen(kernel, [meta[id(a)] for a in operands], self.device):
-                self.regions[id(t)] = kernel, [("t", id(a)) for a in operands]
+            chosen, config = region_chosen(kernel, [meta[id(a)] for a in operands], self.device,
+                                           getattr(self.estimate, "latency", None))
+            if chosen:
+                self.regions[id(t)] = kernel, [("t", id(a)) for a in operands], config
                 self.inside.update(id(u) for u in ops[1:])
 
     def on(self, key, target: str):
@@ -246,8 +253,8 @@ class _Build:
         """A scalar folded now, or a kernel: at a region's root, the region's generated kernel."""
         operands = [("t", id(a)) for a in item.args]
         if id(item) in self.regions:
-            impl, operands = self.regions[id(item)]
-            name, backend, attrs, config = "triton.generated", "triton", (), None
+            impl, operands, config = self.regions[id(item)]
+            name, backend, attrs = "triton.generated", "triton", ()
         elif not any(isinstance(self.value[k], fx.Node) for k in operands):
             return evaluate([item], {}, kernels=TORCH)[0]
         else:

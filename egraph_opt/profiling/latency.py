@@ -259,8 +259,9 @@ class MeasuredLatency:
                 if est.source != "measured" and timeable(op, shapes) and \
                         self.spent_s + PROFILE_CALLS * est.seconds < budget and not self._busy():
                     start = time.perf_counter()
-                    (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device,
-                                               self.db, repeats=5, progress=False, kernel=kernel)
+                    (record,) = profile_shapes([Case(op, dtype, shapes, named)], self.device, self.db, repeats=5,
+                                               progress=False, kernel=kernel,  # tuning, compiles too, in the budget
+                                               budget_s=budget - self.spent_s - PROFILE_CALLS * est.seconds)
                     self.spent_s += time.perf_counter() - start
                     self.profiled += 1
                     if not interference(record, work(op, shapes, named)):  # else: out of the fits too

@@ -171,13 +171,14 @@ EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:
-    """The work of `kernel` (an op name of SPECS, or a move) on inputs of these shapes."""
-    if kernel not in PRICED:
+    """The work of `kernel` (an op name of SPECS, a move, or a region's generated kernel: the elements
+    it reads and writes, as a move) on inputs of these shapes."""
+    if kernel not in PRICED and not kernel.startswith("generated_"):
         raise ValueError(f"no work formula for kernel {kernel!r}; known: {', '.join(sorted(PRICED))}")
     missing = [name for name in attr_names(kernel) if name not in attrs]
     if missing:
         raise ValueError(f"kernel {kernel!r} needs attributes {missing}, got {dict(attrs)}")
-    return PRICED[kernel].work(tuple(tuple(s) for s in shapes), attrs)
+    return PRICED.get(kernel, PRICED[MOVE]).work(tuple(tuple(s) for s in shapes), attrs)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -284,19 +285,24 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
     return [float(np.median(t)) for t in times]
 
 
-def fastest(impl: Callable, args: Sequence, device: torch.device) -> dict | None:
+def fastest(impl: Callable, args: Sequence, device: torch.device, budget_s: float = math.inf) -> dict | None:
     """The configuration ``impl`` (a Triton wrapper: ``impl.configs``, the default first) runs fastest in
-    on ``args``, those that run here timed side by side for at most 0.2 s; interpreted (no CUDA), only on
+    on ``args``: the default, then each other that runs here while ``budget_s`` lasts (its first launch
+    compiles it), timed side by side in what is left of it, at most 0.2 s; interpreted (no CUDA), only on
     inputs of at most 4096 elements, else the default. None: it has none."""
     configs = getattr(impl, "configs", None) or [None]
     if configs[0] is None or device.type != "cuda" and sum(t.numel() for t in args if hasattr(t, "numel")) > 4096:
         return configs[0]
-    runs = []
-    for config in configs:
+    runs, deadline = [], math.inf
+    for i, config in enumerate(configs):
+        deadline = time.perf_counter() + budget_s if i == 1 else deadline  # from the default's run: it runs anyway
+        if time.perf_counter() >= deadline:
+            break  # the budget is spent: the best so far
         with contextlib.suppress(Exception):  # noqa: BLE001 - one beyond this device's resources (shared memory)
             impl(*args, config=config)
             runs.append(functools.partial(impl, config=config))
-    seconds = time_side_by_side(runs, args, device, 0.2) if len(runs) > 1 else None
+    left = min(deadline - time.perf_counter(), 0.2)
+    seconds = time_side_by_side(runs, args, device, left) if len(runs) > 1 and left > 0 else None
     return runs[int(np.argmin(seconds))].keywords["config"] if seconds else configs[0]
 
 
@@ -322,11 +328,12 @@ def _progress(items: list, desc: str) -> Iterable:
 
 
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
-                   repeats: int = 15, progress: bool = True, kernel=None, kernels: dict = {}
-                   ) -> list[Record]:
+                   repeats: int = 15, progress: bool = True, kernel=None, kernels: dict = {},
+                   budget_s: float = math.inf) -> list[Record]:
     """Time each case and record it: the op's torch implementation (backend "torch": its ``kernels``
     entry, else its reference), or ``kernel`` (a registry kernel: its own rows, its inputs moved into
-    its memory before timing). Only ops of SPECS: the latency model reads no other measurement."""
+    its memory before timing, tuned within ``budget_s``). Only ops of SPECS: the latency model reads no
+    other measurement."""
     cases = list(cases)
     unknown = sorted({c.op for c in cases if c.op not in (SPECS if kernel is None else PRICED)})
     if unknown:
@@ -345,7 +352,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
             (kernel.impl, kernel.db_backend)
         if kernel is not None and kernel.takes is not None:
             tensors = [kernel.takes(t) for t in tensors]
-        config = fastest(impl, [*tensors, *attrs], device)  # a Triton kernel's: recorded, for plans to run
+        config = fastest(impl, [*tensors, *attrs], device, budget_s)  # a Triton kernel's: recorded, for plans to run
         timing = time_kernel(functools.partial(impl, config=config) if config else impl, [*tensors, *attrs],
                              device, repeats=repeats)
         records.append(Record(kernel=case.op, backend=backend, device=where, dtype=case.dtype,

@@ -1,5 +1,6 @@
-"""Triton source text for a term DAG of elementwise ops, with at most one last-axis reduction or
-softmax at the root. Pure text: no Triton needed to generate (or refuse) a kernel, only to run it.
+"""Triton source text for a term DAG of elementwise ops, with at most one last-axis row op (softmax, a
+norm: anywhere) and a last-axis reduction at the root. Pure text: no Triton needed to generate (or
+refuse) a kernel, only to run it.
 
 Each op is one line of the template table below, formatted with its operands' SSA names and its
 attributes. Structurally equal subterms are emitted once; inputs become pointer arguments and
@@ -44,6 +45,9 @@ TEMPLATES: dict[str, str] = {
     "erf":     "tl.math.erf({0})",
     "gelu":    "m.gelu({0}, {approximate!r})",
     "cast":    "{0}.to(tl.{dtype}).to(tl.float32)",  # rounds where the op's kernel rounds its output
+    "softmax": "m.softmax_of({0}, mx, s)",  # the row ops, from their statistics (STATS)
+    "layer_norm": "({0} * scale - mean) * rstd * {1} + {2}",
+    "rms_norm": "{0} * rstd * {1}",
 }
 
 # root reduction -> (identity of the combine, combine of acc with a block v, finish of acc)
@@ -53,10 +57,22 @@ REDUCTIONS: dict[str, tuple[str, str, str]] = {
     "max":  ('float("-inf")', "tl.maximum(acc, {v}, propagate_nan=tl.PropagateNan.ALL)",
              "m.max_keep_nan(acc)"),
 }
-ROW_OPS = (*REDUCTIONS, "softmax")  # a region's root whose kernel walks the rows of the last axis
+# row op (over the last axis, anywhere in a region; one a region) -> the walks over its row that its
+# template's statistics take, each (before, step with a block of its operand {0}, after); eps is a scalar
+STATS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "softmax": (('mx, s = float("-inf"), 0.0', 'mx, s = m.logsumexp_step(mx, s, tl.where(mask, {0}, float("-inf")))',
+                 ""),),
+    "layer_norm": (("acc = tl.zeros([BLOCK], tl.float32)\nlow, top = acc, acc",  # the mean, then the variance
+                    "acc, low, top = m.moments_step(acc, low, top, tl.where(mask, {0}, 0.0))",
+                    "mean, scale = m.scaled_mean(acc, low, top, n_cols)"),
+                   ("acc = tl.zeros([BLOCK], tl.float32)", "d = tl.where(mask, {0} * scale - mean, 0.0)\nacc += d * d",
+                    "rstd = m.scaled_rstd(acc, n_cols, {eps}, scale)")),
+    "rms_norm": (("acc = tl.zeros([BLOCK], tl.float32)", "acc += tl.where(mask, {0} * {0}, 0.0)",
+                  "rstd = tl.rsqrt(tl.sum(acc, 0) / n_cols + {eps})"),),  # mean(x^2) in float32, as ops.rms_norm
+}
 GELU_APPROXIMATIONS = ("none", "tanh")
 
-_unknown = (set(TEMPLATES) | set(ROW_OPS)) - set(OPS)
+_unknown = (set(TEMPLATES) | set(REDUCTIONS)) - set(OPS)
 if _unknown:
     raise RuntimeError(f"codegen tables name ops missing from the op table: {sorted(_unknown)}")
 
@@ -82,24 +98,10 @@ BLOCKS = '''    for start in tl.range(0, n_cols, BLOCK):  # the row's blocks, ea
         offs = row * n_cols + cols
 '''
 
-ROW_REDUCTION = '''@triton.jit
+ROW = '''@triton.jit
 def kernel(out_ptr, {args}n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    acc = tl.full([BLOCK], {identity}, tl.float32)
-{blocks}
-        acc = {combine}
-    tl.store(out_ptr + row, ({finish}).to(out_ptr.dtype.element_ty))
-'''
-
-ROW_SOFTMAX = '''@triton.jit
-def kernel(out_ptr, {args}n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    mx, s = float("-inf"), 0.0
-{blocks}
-        mx, s = m.logsumexp_step(mx, s, tl.where(mask, {result}, float("-inf")))
-{blocks}
-        tl.store(out_ptr + offs, m.softmax_of({result}, mx, s).to(out_ptr.dtype.element_ty), mask=mask)
-'''
+{walks}'''
 
 
 @dataclass(frozen=True)
@@ -109,9 +111,9 @@ class KernelSource:
     source: str
     inputs: tuple[str, ...]  # input names, in the order of the kernel's pointer arguments
     consts: tuple[float, ...]  # constant values, in the order of the kernel's scalar arguments
-    reduction: str | None  # the root reduction or softmax, if any
+    reduction: str | None  # the root reduction, else the row op, if any
     keepdim: bool
-    dtype: str | None  # the result's dtype where a root cast (over the row op too) gives it, else the inputs' promoted
+    dtype: str | None  # the result's dtype where a root cast (over a reduction too) gives it, else the inputs' promoted
     broadcast: tuple[int, ...]  # the inputs read through ``span``: their (div, mod) follow the scalars
 
     @property
@@ -136,22 +138,43 @@ def span(shape: tuple, out: tuple) -> tuple[int, int] | None:
 
 def _line(t: Term, operands: list[str]) -> str:
     if t.op not in TEMPLATES:
-        raise _refuse(t.op, "a row op is generated only at the root" if t.op in ROW_OPS else
-                      f"supported are {sorted(TEMPLATES)} and a root {sorted(ROW_OPS)}")
+        raise _refuse(t.op, "a reduction is generated only at the root" if t.op in REDUCTIONS else
+                      f"supported are {sorted(TEMPLATES)} and a root {sorted(REDUCTIONS)}")
     attrs = {name: value for (name, _), value in zip(OPS[t.op].attrs, t.attrs)}
     if t.op == "gelu" and attrs["approximate"] not in GELU_APPROXIMATIONS:
         raise _refuse(t.op, f"approximate must be one of {GELU_APPROXIMATIONS}")
+    if attrs.get("axis", -1) != -1:
+        raise _refuse(t.op, f"only a row op over the last axis (-1) is generated, not {attrs['axis']}")
     return TEMPLATES[t.op].format(*operands, **attrs)
+
+
+def _walk(before: str, body: list[str], step: str, after: str = "") -> str:
+    """Source walking a row's blocks: ``before``, ``body`` and ``step`` on each block, then ``after``."""
+    before, after = (textwrap.indent(text + "\n" * bool(text), " " * 4) for text in (before, after))
+    return before + BLOCKS + textwrap.indent("\n".join([*body, step, ""]), " " * 8) + after
+
+
+def _stored(reduction: str | None, lines: list[str], result: str) -> str:
+    """The walk computing the region's ``lines`` on each block and storing its ``result``, or its reduction."""
+    if reduction is None:
+        return _walk("", lines, f"tl.store(out_ptr + offs, {result}.to(out_ptr.dtype.element_ty), mask=mask)")
+    identity, combine, finish = REDUCTIONS[reduction]
+    return _walk(f"acc = tl.full([BLOCK], {identity}, tl.float32)", lines,
+                 f"acc = {combine.format(v=f'tl.where(mask, {result}, {identity})')}",
+                 f"tl.store(out_ptr + row, ({finish}).to(out_ptr.dtype.element_ty))")
 
 
 def lower(root: Term) -> KernelSource:
     """The kernel source for ``root``; ValueError naming the op if any op cannot be generated."""
-    outer, root = (root.attrs[0], root.args[0]) if root.op == "cast" and root.args[0].op in ROW_OPS else (None, root)
-    reduction, (axis, keepdim) = (root.op, (*root.attrs, False)[:2]) if root.op in ROW_OPS else (None, (-1, False))
+    outer, root = (root.attrs[0], root.args[0]) if root.op == "cast" and root.args[0].op in REDUCTIONS else (None, root)
+    reduction, (axis, keepdim) = (root.op, root.attrs) if root.op in REDUCTIONS else (None, (-1, False))
     if reduction:
         if axis != -1:
             raise _refuse(reduction, f"only a reduction over the last axis (-1) is generated, not {axis}")
         root = root.args[0]
+    rows = [t for t in postorder([root]) if t.op in STATS]
+    if len(rows) > 1:
+        raise _refuse(rows[1].op, f"a region holds one row op, not also {rows[0].op}")
     leaves = [parse_shape(t.attrs[1]) for t in postorder([root]) if t.op == "input"]
     region = tuple(torch.broadcast_shapes(*leaves))  # the shape computed: the others broadcast to it
     inputs, consts, lines, broadcast = [], [], [], []  # input names, constant values, source lines
@@ -175,17 +198,17 @@ def lower(root: Term) -> KernelSource:
         name_of[id(t)] = by_key[key]
     if not inputs:
         raise ValueError("generate_elementwise needs a term with at least one input")
+    walks, result = [], name_of[id(root)]
+    for t in rows:  # its statistics first, each walk computing its operand's lines anew
+        operand, eps = name_of[id(t.args[0])], f"c{len(consts)}"
+        consts += t.attrs[:1] if t.op != "softmax" else []
+        pre = {name_of[id(u)] for u in postorder([t.args[0]])}
+        walks += [_walk(before, [ln for ln in lines if ln.split(" = ")[0] in pre], step.format(operand),
+                        after.format(eps=eps)) for before, step, after in STATS[t.op]]
     args = "".join([f"in{i}_ptr, " for i in range(len(inputs))] + [f"c{i}, " for i in range(len(consts))]
                    + [f"in{i}_div, in{i}_mod, " for i in broadcast])
-    body, result = "\n".join(lines), name_of[id(root)]
-    blocks = BLOCKS + textwrap.indent(body, " " * 8)
-    if reduction is None:
-        kernel = ELEMENTWISE.format(args=args, body=textwrap.indent(body, " " * 4), result=result)
-    elif reduction == "softmax":
-        kernel = ROW_SOFTMAX.format(args=args, blocks=blocks, result=result)
-    else:
-        identity, combine, finish = REDUCTIONS[reduction]
-        kernel = ROW_REDUCTION.format(args=args, blocks=blocks, identity=identity, finish=finish,
-                                      combine=combine.format(v=f"tl.where(mask, {result}, {identity})"))
+    kernel = ROW.format(args=args, walks="".join(walks + [_stored(reduction, lines, result)])) if reduction or rows else \
+        ELEMENTWISE.format(args=args, body=textwrap.indent("\n".join(lines), " " * 4), result=result)
     dtype = outer or (root.attrs[0] if root.op == "cast" else None)
-    return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction, keepdim, dtype, tuple(broadcast))
+    return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction or (rows[0].op if rows else None), keepdim,
+                        dtype, tuple(broadcast))

@@ -24,7 +24,8 @@ from egraph_opt.lang.term import Term, evaluate
 
 from ..torch_ops import TORCH
 from .codegen import REDUCTIONS, KernelSource, lower, span
-from .layout import row_block
+from .layout import ROW_CONFIGS, row_block
+from .runtime import tuned
 
 CACHE_ENV = "EGRAPH_OPT_CACHE"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -81,17 +82,21 @@ def _load(program: KernelSource) -> object:
 
 class GeneratedKernel:
     """A Triton kernel computing ``term`` (elementwise ops over inputs that broadcast, optionally
-    under one root sum/max/mean or softmax over axis -1); ValueError names any op it cannot generate.
-    ``kernel`` is shared by every structurally equal term. Where autograd records, the ops' torch
-    kernels run (``separate``: a generated kernel has no backward)."""
+    with one softmax or norm over axis -1, under one root sum/max/mean over it); ValueError names any op
+    it cannot generate. ``kernel`` is shared by every structurally equal term. Where autograd records,
+    the ops' torch kernels run (``separate``: a generated kernel has no backward). ``configs``: as a
+    hand kernel's (``runtime.implements``), the block its rows (or elements) are read in, and warps."""
+
+    configs = [c.all_kwargs() for c in ROW_CONFIGS]
 
     def __init__(self, term: Term):
         self.term, self.program = term, lower(term)
         self.kernel = _load(self.program)
         self.__name__ = self.__qualname__ = f"generated_{self.program.digest[:12]}"  # a plan's node
 
-    def __call__(self, *tensors: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
-        """With the inputs by name, or (as a plan calls it) their values in ``program.inputs``' order."""
+    def __call__(self, *tensors: torch.Tensor, config: dict | None = None, **inputs: torch.Tensor) -> torch.Tensor:
+        """With the inputs by name, or (as a plan calls it) their values in ``program.inputs``' order;
+        ``config``: one of ``configs`` (None: the first)."""
         names, reduction = self.program.inputs, self.program.reduction
         inputs = dict(zip(names, tensors)) if tensors else inputs
         if set(inputs) != set(names):
@@ -110,12 +115,13 @@ class GeneratedKernel:
             raise ValueError(f"{reduction} over axis -1 needs an input of rank >= 1")
         dtypes = [getattr(torch, self.program.dtype)] if self.program.dtype else [t.dtype for t in tensors]
         n = shape[-1] if reduction else shape.numel()  # a row's length, or every element
-        grid = shape[:-1].numel() if reduction else triton.cdiv(n, row_block(n))  # a program per row, or block
+        launch = tuned(config, ROW_CONFIGS, row_block, BLOCK=n)
+        grid = shape[:-1].numel() if reduction else triton.cdiv(n, launch["BLOCK"])  # a program per row, or block
         shape = shape[:-1] + ((1,) if self.program.keepdim else ()) if reduction in REDUCTIONS else shape
         out = torch.empty(shape, dtype=functools.reduce(torch.promote_types, dtypes), device=tensors[0].device)
         if out.numel():
             divmods = [x for i in self.program.broadcast for x in spans[i]]  # after the scalars, as lower puts them
-            self.kernel[(grid,)](out, *tensors, *self.program.consts, *divmods, n, BLOCK=row_block(n))
+            self.kernel[(grid,)](out, *tensors, *self.program.consts, *divmods, n, **launch)
         return out
 
     def separate(self, *tensors: torch.Tensor) -> torch.Tensor:

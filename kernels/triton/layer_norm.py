@@ -1,67 +1,35 @@
-"""Layer norm over the last dim, with optional affine weight and bias (``F.layer_norm``).
-
-One program per row, three passes over the row in blocks: the mean, then the variance as the
-mean of squared deviations (not E[x^2] - E[x]^2, which cancels catastrophically), then the
-normalized, scaled output. Statistics are accumulated per lane in float32 and reduced once. A row past
-2^32 in magnitude is normalized scaled by a power of two: its squares (or sum) could overflow float32.
+"""Layer norm over the last dim, with optional affine weight and bias (``F.layer_norm``): the
+generated kernel of the op alone, so a region's layer norm and this one are one code (codegen's
+``STATS``, steps in ``mathlib``). One program per row, three passes over the row in blocks: the
+mean, then the variance as the mean of squared deviations (not E[x^2] - E[x]^2, which cancels
+catastrophically), then the normalized, scaled output, in float32. A row past 2^32 in magnitude is
+normalized scaled by a power of two: its squares (or sum) could overflow float32.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
-import triton
-import triton.language as tl
 
-from .layout import ROW_CONFIGS, row_block
-from .runtime import implements, tuned
+from egraph_opt.lang.term import Term, dtype_name
 
-LARGE, SMALLEST_NORMAL = tl.constexpr(2.0 ** 32), tl.constexpr(1.1754943508222875e-38)
-DOWN, UP = tl.constexpr(2.0 ** -64), tl.constexpr(2.0 ** 64)  # the sum at 2^-64: where x's overflows
+from .generated import generate_elementwise
+from .layout import ROW_CONFIGS
+from .runtime import implements
 
 
-@triton.jit
-def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, eps, HAS_WEIGHT: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * n
-    acc = tl.zeros([BLOCK], tl.float32)
-    low, top = acc, acc
-    for start in tl.range(0, n, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + cols, mask=cols < n, other=0.0).to(tl.float32)
-        acc, low, top = acc + x, low + x * DOWN, tl.maximum(top, tl.abs(x))
-    top = tl.max(top, 0)
-    scale = tl.where(top > LARGE, tl.exp2(-tl.ceil(tl.log2(top))), 1.0)
-    total = tl.sum(acc, 0)
-    mean = tl.where(tl.abs(total) < float("inf"), total * scale, tl.sum(low, 0) * (UP * scale)) / n
-    acc = tl.zeros([BLOCK], tl.float32)
-    for start in tl.range(0, n, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n
-        d = tl.where(mask, tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) * scale - mean, 0.0)
-        acc += d * d
-    eps = tl.maximum(eps * scale * scale, tl.where(eps > 0, SMALLEST_NORMAL, 0.0))  # not underflowed to 0
-    rstd = 1.0 / tl.sqrt_rn(tl.sum(acc, 0) / n + eps)
-    for start in tl.range(0, n, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n
-        y = (tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) * scale - mean) * rstd
-        if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+@functools.cache
+def _kernel(dtype: str, eps: float, weight: bool, bias: bool):
+    """The kernel for x of ``dtype`` (its result's too), a (C,) weight and bias where given, else 1 and 0."""
+    affine = [Term.input(name, (2,), dtype) if given else Term.const(none)
+              for name, given, none in (("w", weight, 1.0), ("b", bias, 0.0))]
+    return generate_elementwise(Term("cast", (Term("layer_norm", (Term.input("x", (2, 2), dtype), *affine),
+                                                   (eps,)),), (dtype,)))
 
 
 @implements("layer_norm", limits=lambda use: None if len(use.shapes) == 3 and all(use.shapes)
             else "affine parameters must be tensors", configs=ROW_CONFIGS)
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float, *, config: dict | None = None) -> torch.Tensor:
-    n = x.shape[-1]
-    rows = x.contiguous().reshape(-1, n)
-    out = torch.empty_like(rows)
-    if rows.shape[0]:
-        w, b = (x if t is None else t.contiguous() for t in (weight, bias))  # None: never read, x its pointer
-        _layer_norm_kernel[(rows.shape[0],)](rows, w, b, out, n, float(eps), HAS_WEIGHT=weight is not None,
-                                             HAS_BIAS=bias is not None,
-                                             **tuned(config, ROW_CONFIGS, row_block, BLOCK=n))
-    return out.reshape(x.shape)
+    kernel = _kernel(dtype_name(x.dtype), float(eps), weight is not None, bias is not None)
+    return kernel(*(t for t in (x, weight, bias) if t is not None), config=config)

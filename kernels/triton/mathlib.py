@@ -8,6 +8,9 @@ NaN, as torch does (``tl.maximum`` would drop it). All take and return float32 b
 import triton
 import triton.language as tl
 
+LARGE, SMALLEST_NORMAL = tl.constexpr(2.0 ** 32), tl.constexpr(1.1754943508222875e-38)
+DOWN, UP = tl.constexpr(2.0 ** -64), tl.constexpr(2.0 ** 64)  # the sum at 2^-64: where x's overflows
+
 @triton.jit
 def log1p(x):
     u = 1.0 + x
@@ -91,3 +94,28 @@ def logsumexp_step(mx, s, x):
 def softmax_of(x, mx, s):
     """Softmax at ``x`` in a row of max ``mx`` and sum ``s``; a max of +inf: NaN at +inf, else 0 (ops.softmax)."""
     return tl.where(mx == float("inf"), tl.where(x == float("inf"), float("nan"), 0.0), tl.exp(x - mx) / s)
+
+
+@triton.jit
+def moments_step(acc, low, top, x):
+    """A row's lanes' running sums ``acc``, the same at 2^-64 ``low`` and largest |x| ``top`` with one
+    more block ``x`` (0 off the row): what ``scaled_mean`` reads."""
+    return acc + x, low + x * DOWN, tl.maximum(top, tl.abs(x))
+
+
+@triton.jit
+def scaled_mean(acc, low, top, n):
+    """(mean of x * scale, scale) of a row of ``n``: a row past 2^32 in magnitude is scaled by a power
+    of two, as its squares (or sum) could overflow float32."""
+    top = tl.max(top, 0)
+    scale = tl.where(top > LARGE, tl.exp2(-tl.ceil(tl.log2(top))), 1.0)
+    total = tl.sum(acc, 0)
+    return tl.where(tl.abs(total) < float("inf"), total * scale, tl.sum(low, 0) * (UP * scale)) / n, scale
+
+
+@triton.jit
+def scaled_rstd(acc, n, eps, scale):
+    """1 / std of a row of ``n`` from its lanes' sums of squared deviations of x * scale, with ``eps``
+    scaled alike (never underflowing to 0)."""
+    eps = tl.maximum(eps * scale * scale, tl.where(eps > 0, SMALLEST_NORMAL, 0.0))
+    return 1.0 / tl.sqrt_rn(tl.sum(acc, 0) / n + eps)

@@ -126,7 +126,7 @@ def rounding_error(root: Term, env: dict[str, torch.Tensor],
                                         (g.abs() * local[i].reshape(-1)).nan_to_num(math.inf)).sum(1)
                 total += shares[i]
     value = flat[pick]
-    return RoundingError(_result_bits(value, total, out_dtype, exact),
+    return RoundingError(_result_bits(value, total, out_dtype, _overflowed(exact, out.shape, pick)),
                          {i: float(_to_bits(value, s, out_dtype).nan_to_num(0).max()) for i, s in shares.items()})
 
 
@@ -139,14 +139,29 @@ def _to_bits(value: torch.Tensor, error: torch.Tensor, dtype: torch.dtype) -> to
     return torch.where(error.isfinite(), torch.log2(1 + apart), math.inf).clamp(max=word)
 
 
-def _result_bits(value: torch.Tensor, total: torch.Tensor, dtype: torch.dtype, exact: dict) -> torch.Tensor:
+def _overflowed(exact: dict, shape: torch.Size, pick: torch.Tensor) -> torch.Tensor | bool:
+    """Per picked output element, whether a float64 value at that element is infinite (a branch
+    where() did not take there, overflowing elsewhere, does not count); True for every element where
+    an infinite value does not map onto the output's elements (a reduction's operand)."""
+    hit = torch.zeros(len(pick), dtype=torch.bool)
+    for v in exact.values():
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and bool((inf := v.detach().isinf()).any()):
+            try:
+                hit |= inf.broadcast_to(shape).reshape(-1)[pick]
+            except RuntimeError:
+                return True
+    return hit
+
+
+def _result_bits(value: torch.Tensor, total: torch.Tensor, dtype: torch.dtype,
+                 overflowed: torch.Tensor | bool) -> torch.Tensor:
     """Bits of each output element from its first-order error ``total``."""
     bits = torch.where(value.abs() > FINITE_MAX[str(dtype).removeprefix("torch.")], 0.0,
                        _to_bits(value, total, dtype))
-    overflowed = any(isinstance(v, torch.Tensor) and bool(v.detach().isinf().any()) for v in exact.values())
     # NaN where float64 itself overflowed inside (inf / inf): the dtype, narrower, overflows there
     # too and no digit survives; NaN otherwise: undefined (sqrt of a negative), no error to count
-    return torch.where(value.isnan(), float(torch.finfo(dtype).bits) if overflowed else math.nan, bits)
+    return torch.where(value.isnan() & overflowed, float(torch.finfo(dtype).bits),
+                       torch.where(value.isnan(), math.nan, bits))
 
 
 def elementwise(roots: list[Term]) -> bool:
@@ -172,7 +187,9 @@ def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor |
         for i, g in zip(local, grads):
             if g is not None:  # NaN derivative: a branch where() did not take (see rounding_error)
                 total += torch.where((g == 0) | g.isnan(), 0.0, (g.abs() * local[i]).nan_to_num(math.inf))
-    return _result_bits(out.detach().reshape(-1), total.reshape(-1), out_dtype, exact).reshape(out.shape)
+    every = torch.arange(out.numel())
+    return _result_bits(out.detach().reshape(-1), total.reshape(-1), out_dtype,
+                        _overflowed(exact, out.shape, every)).reshape(out.shape)
 
 
 @dataclass

@@ -185,16 +185,19 @@ def test_an_overflow_at_other_elements_leaves_an_undefined_one_undefined():
             assert bits[1:].isnan().all() and (bits[0, :8] == 32).all(), term
 
 
-def test_the_quadratic_numerator_is_taken_over_a_wide_range_of_b():
-    """-b + sqrt(b^2 - q), b in [-1e8, 1e8]: where b > 0 and |q| << b^2 every digit cancels; the
-    stability objective takes the numerator's where() form, accurate there."""
+@pytest.mark.parametrize("objective,ranges", [("stability", {"b": (-1e8, 1e8), "q": (1e-3, 1e3)}),
+                                                ("balanced", None)])
+def test_the_quadratic_numerator_is_accurate_where_it_cancels(objective, ranges):
+    """-b + sqrt(b^2 - q): where b > 0 and |q| << b^2 every digit cancels. Over b in [-1e8, 1e8]
+    the stability objective takes a numerator's where() form; with no ranges declared so does the
+    default objective (the unscaled form, about 4x the time: the bound is raised so that no
+    machine's latencies decide the test)."""
     def numerator(b, q):
         return -b + torch.sqrt(b * b - q)
     b, q = torch.tensor([1e6, 3e4, -2e5, 7.0]), torch.tensor([3.0, 0.5, 10.0, 2.0])
-    opt = saturate_and_extract(numerator, objective="stability",
-                               input_ranges={"b": (-1e8, 1e8), "q": (1e-3, 1e3)})
+    opt = saturate_and_extract(numerator, objective=objective, input_ranges=ranges, max_slowdown=8)
     out = opt(b, q)
-    assert any(name == "quadratic-numerator-plus" for name, _, _ in opt.report.rewrites), opt.report
+    assert any(name.startswith("quadratic-numerator-plus") for name, _, _ in opt.report.rewrites), opt.report
     b64, q64 = b.double(), q.double()
     root = torch.sqrt(b64 * b64 - q64)
     exact = torch.where(b64 > 0, -q64 / (b64 + root), -b64 + root)  # float64, no cancellation

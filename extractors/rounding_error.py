@@ -125,7 +125,7 @@ def rounding_error(root: Term, env: dict[str, torch.Tensor],
                                         (g.abs() * local[i].reshape(-1)).nan_to_num(math.inf)).sum(1)
                 total += shares[i]
     value = flat[pick]
-    return RoundingError(_result_bits(value, total, out_dtype, exact),
+    return RoundingError(_result_bits(value, total, out_dtype, _overflowed(root, exact, out.shape, pick)),
                          {i: float(_to_bits(value, s, out_dtype).nan_to_num(0).max()) for i, s in shares.items()})
 
 
@@ -138,14 +138,40 @@ def _to_bits(value: torch.Tensor, error: torch.Tensor, dtype: torch.dtype) -> to
     return torch.where(error.isfinite(), torch.log2(1 + apart), math.inf).clamp(max=word)
 
 
-def _result_bits(value: torch.Tensor, total: torch.Tensor, dtype: torch.dtype, exact: dict) -> torch.Tensor:
+def _overflowed(root: Term, exact: dict, shape: torch.Size, pick: torch.Tensor) -> torch.Tensor | bool:
+    """Per picked output element, whether float64 overflowed there: an op's value is infinite where
+    its operands are finite (an infinite constant, or an overflow at another element, or in a branch
+    where() did not take there, does not count); True for every element where such a value does not
+    map onto the output's elements (a reduction's operand)."""
+    hit = torch.zeros(len(pick), dtype=torch.bool)
+    for t in postorder([root]):
+        v = exact.get(id(t))
+        if not t.args or not isinstance(v, torch.Tensor) or not v.is_floating_point() or not (
+                event := v.detach().isinf()).any():
+            continue
+        for a in (exact[id(a)] for a in t.args):
+            finite = a.detach().isfinite() if isinstance(a, torch.Tensor) else torch.tensor(math.isfinite(a))
+            try:
+                event = event & (finite if torch.broadcast_shapes(finite.shape, event.shape) == event.shape
+                                 else finite.all())
+            except RuntimeError:  # a reduction's operand
+                event = event & finite.all()
+        try:
+            hit |= event.broadcast_to(shape).reshape(-1)[pick]
+        except RuntimeError:
+            return bool(event.any())
+    return hit
+
+
+def _result_bits(value: torch.Tensor, total: torch.Tensor, dtype: torch.dtype,
+                 overflowed: torch.Tensor | bool) -> torch.Tensor:
     """Bits of each output element from its first-order error ``total``."""
     bits = torch.where(value.abs() > FINITE_MAX[str(dtype).removeprefix("torch.")], 0.0,
                        _to_bits(value, total, dtype))
-    overflowed = any(isinstance(v, torch.Tensor) and bool(v.detach().isinf().any()) for v in exact.values())
     # NaN where float64 itself overflowed inside (inf / inf): the dtype, narrower, overflows there
     # too and no digit survives; NaN otherwise: undefined (sqrt of a negative), no error to count
-    return torch.where(value.isnan(), float(torch.finfo(dtype).bits) if overflowed else math.nan, bits)
+    return torch.where(value.isnan() & overflowed, float(torch.finfo(dtype).bits),
+                       torch.where(value.isnan(), math.nan, bits))
 
 
 def elementwise(roots: list[Term]) -> bool:
@@ -171,7 +197,9 @@ def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor |
         for i, g in zip(local, grads):
             if g is not None:  # NaN derivative: a branch where() did not take (see rounding_error)
                 total += torch.where((g == 0) | g.isnan(), 0.0, (g.abs() * local[i]).nan_to_num(math.inf))
-    return _result_bits(out.detach().reshape(-1), total.reshape(-1), out_dtype, exact).reshape(out.shape)
+    every = torch.arange(out.numel())
+    return _result_bits(out.detach().reshape(-1), total.reshape(-1), out_dtype,
+                        _overflowed(root, exact, out.shape, every)).reshape(out.shape)
 
 
 @dataclass

@@ -109,6 +109,28 @@ RULES += rules(_E, [
                               "-b - sqrt(b^2 - q) cancels for b < 0 where |q| << b^2"),
 ])
 
+#: the same numerators unscaled, a third of the ops (the default objective can afford them), where the
+#: ranges bound |b| by 1e19: q / (-b -+ sqrt(b^2 - q)) where b^2 is finite, the sum as it was where b^2
+#: overflows (|b| > 255 in float16), as the left side overflows: inf - b^2 is NaN there, which no
+#: comparison holds. Unbounded, the scaled forms: the error estimate, in float64, cannot see float32
+#: take the other branch where b^2 overflows.
+_UNSCALED = when("(<= (hi ?b) 1e19)", "(>= (lo ?b) -1e19)")
+#: The sum is spelled apart from the left side (the same value, zeros' signs too): a where() over its
+#: own e-class is no program an extraction of one e-node per class can take
+_SQUARE = "(mul ?b ?b)"
+RULES += rules(_E, [
+    ("quadratic-numerator-plus-unscaled", f"(add (neg ?b) {_DISC})",
+                              f"(where (less (const 0.0) (minimum (minimum ?b (add ?q {_SQUARE})) (sub (const inf) {_SQUARE}))) "
+                              f"(add (div ?q (sub (neg ?b) {_DISC})) (const 0.0)) (sub {_DISC} ?b))", _UNSCALED,
+                              "-b + sqrt(b^2 - q) cancels for b > 0 where |q| << b^2"),
+]) + rules(Family.ALGEBRA, [
+    ("quadratic-numerator-minus-unscaled", f"(sub (neg ?b) {_DISC})",
+                              f"(where (less (maximum (maximum ?b (neg (add ?q {_SQUARE}))) (sub {_SQUARE} (const inf))) (const 0.0)) "
+                              f"(add (div ?q (add (neg ?b) {_DISC})) (const 0.0)) (add (neg ?b) (neg {_DISC})))", _UNSCALED,
+                              "-b - sqrt(b^2 - q) cancels for b < 0 where |q| << b^2 (algebra: as "
+                              "quadratic-minus, no purpose probe draws b < 0 beside a small q)"),
+])
+
 #: forms to meet: no cancellation the purpose probes can show (acosh's overflow is at x >> 1,
 #: where the probes draw both signs; a half angle's other direction cancels only near pi)
 RULES += rules(Family.ALGEBRA, [

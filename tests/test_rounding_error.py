@@ -3,11 +3,11 @@ ranks every naive form above its stable form, and sees overflow, underflow and e
 import pytest
 import torch
 
-from egraph_opt import capture, optimize, pretty
+from egraph_opt import capture, optimize, pretty, saturate_and_extract
 
 from egraph_opt.drivers import analyzer
 from egraph_opt.extractors import Objective
-from egraph_opt.extractors.rounding_error import ordinal, program_error, rounding_error
+from egraph_opt.extractors.rounding_error import elementwise_bits, ordinal, program_error, rounding_error
 from egraph_opt.lang.program import Program, leaves
 from egraph_opt.analysis.sampling import sample_inputs
 from egraph_opt.lang.term import Term, evaluate
@@ -168,3 +168,38 @@ def test_where_float64_itself_overflows_no_digit_survives():
     assert (rounding_error(PAIRS[2][1], env).bits == 32).all()
     negative = {"x": -torch.ones(4, 16), "y": torch.zeros(4, 16)}
     assert rounding_error(op("log", X), negative).bits.isnan().all()
+
+
+def test_an_overflow_at_other_elements_leaves_an_undefined_one_undefined():
+    """sqrt(x) where x < 0 is undefined whatever another element does: an inf at another element
+    (or in a branch where() did not take there) does not make it every bit lost. Before, one
+    infinite value anywhere made every NaN count 32 bits, so the quadratic numerator's where() form
+    read 24 bits worse than it is, and the stability objective kept the form that cancels."""
+    x = torch.full((4, 16), -1.0)
+    x[0, :8] = 1000.0
+    env = {"x": x, "y": torch.zeros(4, 16)}
+    same = op("div", op("exp", X), op("exp", X))  # inf / inf in float64 at x = 1000: NaN
+    for compute in (lambda t: rounding_error(t, env).bits.reshape(4, 16), lambda t: elementwise_bits(t, env)):
+        for term in (op("mul", op("sqrt", X), same), op("where", op("less", X, ONE), op("sqrt", X), same)):
+            bits = compute(term)
+            assert bits[1:].isnan().all() and (bits[0, :8] == 32).all(), term
+
+
+@pytest.mark.parametrize("objective,ranges", [("stability", {"b": (-1e8, 1e8), "q": (1e-3, 1e3)}),
+                                                ("balanced", {"b": (-1e8, 1e8), "q": (-1e3, 1e3)})])
+def test_the_quadratic_numerator_is_accurate_where_it_cancels(objective, ranges):
+    """-b + sqrt(b^2 - q): where b > 0 and |q| << b^2 every digit cancels. Over b in [-1e8, 1e8]
+    the stability objective takes a numerator's where() form, and so does the default objective
+    (the unscaled form, about 4x the time: the bound is raised so that no machine's latencies
+    decide the test)."""
+    def numerator(b, q):
+        return -b + torch.sqrt(b * b - q)
+    b, q = torch.tensor([1e6, 3e4, -2e5, 7.0]), torch.tensor([3.0, 0.5, 10.0, 2.0])
+    opt = saturate_and_extract(numerator, objective=objective, input_ranges=ranges, max_slowdown=8)
+    out = opt(b, q)
+    assert any(name.startswith("quadratic-numerator-plus") for name, _, _ in opt.report.rewrites), opt.report
+    b64, q64 = b.double(), q.double()
+    root = torch.sqrt(b64 * b64 - q64)
+    exact = torch.where(b64 > 0, -q64 / (b64 + root), -b64 + root)  # float64, no cancellation
+    torch.testing.assert_close(out.double(), exact, rtol=4 * 2 ** -23, atol=0)
+    assert not torch.allclose(numerator(b, q).double(), exact, rtol=1e-3, atol=0)

@@ -272,3 +272,26 @@ def test_the_never_slower_check_times_a_decode_step_on_a_kept_cache_as_generate_
             assert first["cache"].layers[0].keys.shape[-2] == cached + 1  # one step appended, once
             torch.testing.assert_close(first["logits"], again["logits"])
             torch.testing.assert_close(planned["logits"], first["logits"])
+
+
+def test_a_step_that_falls_back_after_timing_finds_the_callers_cache_as_eager_left_it(monkeypatch):
+    """Timing runs a plan on private copies of the caller's cache; where the plan writes its tensors
+    is decided on the caller's own. A prefill's plan once decided on a copy the original had
+    initialized, so it wrote into the caller's uninitialized layers; the original, run when the
+    next step fell back, took that cache for empty and the tokens differed from eager's."""
+    import transformers as tf
+    import egraph_opt.drivers.api as api
+    slower = iter([False, True])  # the prefill's plan is kept, the first decode step's falls back
+    monkeypatch.setattr(api.OptimizedFunction, "_slower_for_nothing", lambda self, *a: next(slower, False))
+    torch.manual_seed(0)
+    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    ids = torch.randint(1, 100, (1, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = m.generate(ids, max_new_tokens=4, do_sample=False)
+        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=1)
+        torch.testing.assert_close(m.generate(ids, max_new_tokens=4, do_sample=False), ref)
+        cache = tf.DynamicCache(config=m.config)
+        with torch.no_grad():
+            m.forward(input_ids=ids, cache=cache, use_cache=True)
+    assert cache.get_seq_length() == 6 and cache.layers[0].keys.shape[-2] == 6

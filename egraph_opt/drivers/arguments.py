@@ -81,10 +81,14 @@ class BoundCall:
 
     def as_called(self, fn: Callable, into: Into, returned: tuple) -> tuple[Callable, Callable]:
         """``fn`` and a plan's ``into`` as functions of this call's tensors that pass ``trees``' objects
-        as a caller does: kept (private ones, their own tensors put back before each call), not rebuilt."""
+        as a caller does: kept (private ones, given back their tensors and plain state before each
+        call: a cache the original initializes lazily would grow), not rebuilt. They write through
+        an ``Into`` of their own: a plan's decides where to write on the caller's first object."""
         objects = {name: tree_unflatten([t.detach().clone() for t in self.tensors[start:start + n]], spec)
                    for name, (spec, start, n) in self.trees.items()}
-        kept = [(obj, path, v) for obj in objects.values() for path, v in _held(obj) if isinstance(v, torch.Tensor)]
+        kept = [(obj, path, v) for obj in objects.values() for path, v in _held(obj)
+                if isinstance(v, (torch.Tensor, *_SIMPLE))]
+        into = Into(into.forward, into.returns)
 
         def restored(tensors: tuple) -> dict:
             for obj, path, held in kept:

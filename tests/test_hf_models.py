@@ -4,6 +4,7 @@ its norms, gelu / SwiGLU / GeGLU / quick gelu, rotary embedding); called with de
 it returns what the model returns (its ModelOutput, the KV cache included). Tiny configs (width 32,
 one or two layers, T=8 or 16), priced by static estimates and never timed: whether a fusion pays is
 bench/hf_models.py's question."""
+import functools
 import sys
 import warnings
 from pathlib import Path
@@ -286,11 +287,12 @@ def test_a_step_that_falls_back_after_timing_finds_the_callers_cache_as_eager_le
     torch.manual_seed(0)
     m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
     ids = torch.randint(1, 100, (1, 6))
+    generate = functools.partial(m.generate, ids, max_new_tokens=4, do_sample=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = m.generate(ids, max_new_tokens=4, do_sample=False)
+        ref = generate()
         m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=1)
-        torch.testing.assert_close(m.generate(ids, max_new_tokens=4, do_sample=False), ref)
+        torch.testing.assert_close(generate(), ref)
         cache = tf.DynamicCache(config=m.config)
         with torch.no_grad():
             m.forward(input_ids=ids, cache=cache, use_cache=True)

@@ -39,7 +39,7 @@ class FoldedConstant:
         at = {n: i for i, n in enumerate(reads + [n for n in nodes if n not in reads])}
         # the steps as (kind, target, operands with each node's value as its position): the nodes
         # are erased from the plan's graph; an fx module per value would cost codegen per plan
-        self.steps = [(n.op, n.target, fx.node.map_arg((n.args, n.kwargs), lambda a: _Slot(at[a])))
+        self.steps = [(n.op, n.target, fx.node.map_arg((n.args, n.kwargs), lambda a: Slot(at[a])))
                       for n in nodes if n not in reads]
         self.__name__ = self.__qualname__ = f"folded_constant_{index}"
         self._cached: tuple = (None, None, None)  # key, value, its version: one read, thread-safe
@@ -62,13 +62,13 @@ class FoldedConstant:
     def run(self, tensors: tuple):
         values = list(tensors)
         for kind, target, operands in self.steps:
-            args, kwargs = map_aggregate(operands, lambda a: values[a] if isinstance(a, _Slot) else a)
+            args, kwargs = map_aggregate(operands, lambda a: values[a] if isinstance(a, Slot) else a)
             values.append(getattr(args[0], target)(*args[1:], **kwargs) if kind == "call_method"
                           else target(*args, **kwargs))
         return values[-1]
 
 
-class _Slot(int):
+class Slot(int):
     """A folded step's operand: the value at this position."""
 
 

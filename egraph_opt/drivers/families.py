@@ -11,7 +11,9 @@ Why the rules that made the samples hold at ``n``: a rule's size guards are equa
 two sizes are equal at all. Interval guards read no size except through a reduction's count: a
 family covers sizes from 2 (a size 1 broadcasts, and traces specialize it) up to ``REACH`` times its
 larger sample, where its timing verdict is taken to hold; beyond, a size is traced and becomes a
-sample."""
+sample. Each size is still validated before its plan runs: the original may branch on a size (a
+sliding window, a mask made only past some length) and a kernel's limits may read one (a head dim),
+and two samples show neither; a size that fails is traced, as one off the samples' lines is."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..backends.torch_backend import FoldedConstant, Slot
 from ..lang.ops import parse_shape, shape_attr
 from ..lang.program import Program
 from ..lang.term import Term
@@ -45,6 +50,8 @@ class Sample:
     root: torch.nn.Module | None = None  # the traced module that owns its parameters
     returns: Any = None  # the TreeSpec of its outputs
     estimate: Any = None  # what the backend bound its kernels by
+    module: fx.GraphModule | None = None  # built from ``optimized``
+    shared: Any = None  # the family's module made from the last two samples' (``shared``), or why not
 
 
 def split(key: tuple) -> tuple[tuple, tuple[int, ...]]:
@@ -149,3 +156,60 @@ def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any
     if a is b or a == b or (type(a) is float and math.isnan(a) and math.isnan(b)):
         return a
     raise Apart(f"{a!r} against {b!r}")
+
+
+def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple[fx.GraphModule, list]:
+    """One module for every size of a family: ``a``'s graph (built at size ``span[0]``) taking first,
+    as inputs, each integer or shape that differs in ``b``'s (built at ``span[1]``); those pairs, whose
+    values at a size ``at`` gives. A folded constant that reads a size (a mask made from ``arange(n)``)
+    is computed on each call, as the original computes it. ``Apart`` where the graphs differ in
+    anything else, which each size then builds for itself: a kernel or Triton configuration chosen by
+    latency, a region's generated kernel (it holds its shapes)."""
+    graph, env, holes = fx.Graph(), {}, {}
+    xs, ys = list(a.graph.nodes), list(b.graph.nodes)
+    match = dict(zip(ys, xs))
+
+    def hole(u, v):
+        if type(u) not in (int, str) or u == v:
+            return at(u, v, (*span, span[0]))  # equal, else Apart
+        at(u, v, (*span, span[0]))  # on a line, else Apart
+        if (u, v) not in holes:
+            with graph.inserting_before(env[xs[0]]):
+                holes[u, v] = graph.placeholder(f"size_{len(holes)}")
+        return holes[u, v]
+
+    def copy(x: tuple, y: tuple, left, right, name=None) -> fx.Node:  # (op, target, operands) of each
+        (xs_, spec), (ys_, other) = tree_flatten(x[2]), tree_flatten(y[2])
+        if x[:2] != y[:2] or spec != other:
+            raise Apart(f"{x[1]} against {y[1]}")
+        args, kwargs = tree_unflatten([hole(left(u), right(v)) for u, v in zip(xs_, ys_)], spec)
+        return graph.create_node(*x[:2], args, kwargs, name)
+    for x, y in zip(xs, ys) if len(xs) == len(ys) else ():
+        target = y.target
+        if isinstance(x.target, FoldedConstant) and isinstance(y.target, FoldedConstant):
+            if _same(x.target.steps, y.target.steps):
+                target = x.target
+            elif len(x.target.steps) == len(y.target.steps):
+                values = [env[r] for r in x.args]  # its steps, each a node
+                for p, q in zip(x.target.steps, y.target.steps):
+                    slot = lambda u: values[u] if type(u) is Slot else u  # noqa: E731
+                    values.append(copy(p, q, slot, slot))
+                env[x] = values[-1]
+                continue
+        if x.op in ("get_attr", "call_module"):
+            at(getattr(a, x.target), getattr(b, y.target), (*span, span[0]))
+        env[x] = copy((x.op, x.target, (x.args, x.kwargs)), (y.op, target, (y.args, y.kwargs)),
+                      lambda u: env[u] if isinstance(u, fx.Node) else u,
+                      lambda v: env[match[v]] if isinstance(v, fx.Node) else v, x.name)
+    if len(env) != len(ys):
+        raise Apart("the graphs built at the two sizes differ in length")
+    module = fx.GraphModule(a, graph)
+    module.kernels = a.kernels
+    return module, list(holes)
+
+
+def _same(x, y) -> bool:
+    try:
+        return bool(x == y)
+    except RuntimeError:  # tensors of several values: taken as different
+        return False

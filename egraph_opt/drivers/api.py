@@ -491,7 +491,7 @@ class OptimizedFunction:
             if second.shared is None:
                 try:
                     second.shared = shared(first.module, second.module, span[:2])
-                except Apart as e:
+                except (Apart, ValueError) as e:  # ValueError: graphs of different lengths
                     second.shared = str(e)
             if isinstance(second.shared, str):
                 module = build_module(at(first.optimized, second.optimized, span), first.root,
@@ -499,9 +499,8 @@ class OptimizedFunction:
                 was.sizes += f"; built for this size, the samples' modules differ: {second.shared[:200]}"
             else:
                 family, holes = second.shared
-                module = types.SimpleNamespace(kernels=family.kernels, forward=functools.partial(
+                module = types.SimpleNamespace(kernels=first.module.kernels, forward=functools.partial(
                     family.forward, *(at(u, v, span) for u, v in holes)))
-                was.sizes += "; runs the family's one module"
             run, was.kernels = runner(module, first.returns), module.kernels
             if self.validate:
                 was.validation = self._validated(call, run, lambda: at(first.program, second.program, span))

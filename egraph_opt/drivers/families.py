@@ -178,8 +178,8 @@ def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple
 
     def copy(x: tuple, y: tuple, name=None) -> fx.Node:  # (op, target, operands in the new graph) of each
         (us, spec), (vs, other) = tree_flatten(x[2]), tree_flatten(y[2])
-        if x[:2] != y[:2] or spec != other:
-            raise Apart(f"{x[1]} against {y[1]}")
+        if x[:2] != y[:2] or spec != other or x[2][1].get("config") != y[2][1].get("config"):  # tuned, no size
+            raise Apart(f"{getattr(x[1], '__name__', x[1])} against {getattr(y[1], '__name__', y[1])}")
         return graph.create_node(*x[:2], *tree_unflatten([hole(u, v) for u, v in zip(us, vs)], spec), name)
     for x, y in zip(a.graph.nodes, b.graph.nodes, strict=True):  # else ValueError
         if isinstance(x.target, FoldedConstant) and isinstance(y.target, FoldedConstant):

@@ -191,7 +191,7 @@ def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple
             continue
         if x.op in ("get_attr", "call_module"):
             at(getattr(a, x.target), getattr(b, y.target), (*span, span[0]))
-        env[x] = copy((x.op, x.target, map_arg((x.args, x.kwargs), env.get)),
+        env[x] = copy((x.op, x.target, map_arg((x.args, x.kwargs), env.__getitem__)),
                       (y.op, y.target, map_arg((y.args, y.kwargs), lambda m: env[match[m]])), x.name)
     fold_constants(graph, a.pure)  # those that read no size
     return fx.GraphModule(a, graph), list(holes)

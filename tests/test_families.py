@@ -149,3 +149,119 @@ def test_a_size_made_from_its_family_binds_triton_kernels_and_reads_nothing_on_t
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     assert len(traced) == 2 and f.report.sizes and f.report.validation.passed, f.report
     assert any(k.startswith("triton.") for k in f.report.kernels) and reads.reads == [], f.report
+
+
+def _builds(monkeypatch) -> list:
+    """The sizes each module is built for (``build_module``): the samples', and sizes built alone."""
+    seen, build = [], api.build_module
+    monkeypatch.setattr(api, "build_module", lambda program, *a, **k: seen.append(
+        tuple(t.attrs[1] for t in program.inputs)) or build(program, *a, **k))
+    return seen
+
+
+def heads(x, keep):
+    """Attention over ``n`` tokens whose sizes are views, a reshape by ``n * c`` and a causal mask
+    made from ``n`` (a constant of no input: folded, and read per call by the family's module)."""
+    b, n, c = x.shape
+    q = x.view(b, n, 2, c // 2).transpose(1, 2)
+    causal = torch.ones(n, n, dtype=torch.bool).tril() & keep
+    s = (q @ q.transpose(-1, -2) / 4.0).masked_fill(~causal, float("-inf"))
+    return (s.softmax(-1) @ q).transpose(1, 2).reshape(b, n * c)
+
+
+def test_a_decode_loop_builds_one_module_per_family_equal_to_eager_at_every_size(monkeypatch):
+    """Sizes 5 and 6 are traced and built; 7..48 (to 8 x 6) run one module made from theirs, each
+    validated and equal to eager; 49 is past the family's reach: traced and built on its own."""
+    traced, built = _traces(monkeypatch), _builds(monkeypatch)
+    f = saturate_and_extract(heads, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in [*range(5, 49), 49]:
+            torch.manual_seed(n)
+            x, keep = torch.randn(2, n, 16), torch.rand(2, 1, 1, n) > 0.3
+            keep[..., 0] = True
+            torch.testing.assert_close(f(x, keep), heads(x, keep), rtol=1e-5, atol=1e-6)
+            assert f.report.optimized and "sdpa_masked" in f.report.ops_after, f.report
+            assert n in (5, 6, 49) or f.report.validation.passed and f.report.sizes.startswith(
+                f"n = 2..48, n the size at x.shape[1], keep.shape[3]: made at n = {n} from the plans traced at n = 5 "
+                "and 6") and "built for this size" not in f.report.sizes, f.report.sizes
+    assert [shapes[0][1] for shapes in traced] == [5, 6, 49] and len(built) == 3, (traced, built)
+
+
+def windowed(q, k):
+    """Scores scaled down past a window of 12 keys: a branch on a size, which a trace specializes."""
+    s = q @ k.transpose(-1, -2)
+    if k.shape[1] > 12:
+        s = s * 0.5
+    return s.softmax(-1).log()
+
+
+def test_a_size_where_the_original_branches_fails_validation_and_is_traced(monkeypatch):
+    """Why each size made from a family is validated: two samples do not show where the original
+    takes another branch, so a plan run unchecked there would be wrong. The samples 8 and 20 then
+    straddle the branch (21 is traced too); 21 and 22 do not."""
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(windowed, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (7, 8, 10, 20, 21, 22):
+            q, k = torch.randn(2, 1, 16), torch.randn(2, n, 16)
+            torch.testing.assert_close(f(q, k), windowed(q, k))
+            assert f.report.optimized and "log_softmax" in f.report.ops_after, f.report
+    assert [shapes[1][1] for shapes in traced] == [7, 8, 20, 21], traced
+    assert "made at n = 22 from the plans traced at n = 20 and 21" in f.report.sizes, f.report.sizes
+
+
+def test_samples_bound_to_different_kernels_make_each_size_build_its_own(monkeypatch):
+    """A kernel chosen by latency at one sample and not the other (forced: another attention kernel
+    at n = 8) leaves no module both can share: each size is built, validated, and equals eager."""
+    import dataclasses
+    from egraph_opt.backends import torch_backend
+    bind = torch_backend.bind
+
+    def by_size(use, *rest):
+        kernel = bind(use, *rest)
+        if use.op == "sdpa" and use.shapes[1][-2] == 8:
+            return dataclasses.replace(kernel, impl=lambda *a, **k: kernel.impl(*a, **k))
+        return kernel
+    monkeypatch.setattr(torch_backend, "bind", by_size)
+    traced, built = _traces(monkeypatch), _builds(monkeypatch)
+    f = saturate_and_extract(decode, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (7, 8, 9, 12):
+            out, ref = _call(f, n)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert len(traced) == 2 and len(built) == 4 and f.report.validation.passed, (traced, built)
+    assert "built for this size, the samples' modules differ: sdpa against <lambda>" in f.report.sizes, f.report.sizes
+
+
+@pytest.mark.parametrize("what", ["region", "configuration"])
+def test_a_kernel_fixed_by_a_size_at_build_makes_each_size_build_its_own(what, monkeypatch):
+    """The GPU path under the interpreter: a region's generated kernel holds its shapes, and a tuned
+    Triton configuration is looked up by shape (forced here to differ between the samples): neither
+    is a size a call can pass, so each size is built for itself."""
+    from egraph_opt.kernels import binding
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if what == "configuration":
+        def tuned(latency):
+            estimate = binding.measured_estimate(latency)
+            estimate.config = lambda kernel, use: getattr(kernel.impl, "configs", [None] * 4)[use.shapes[1][-2] % 4] \
+                if use.op == "sdpa" else None
+            return estimate
+        monkeypatch.setattr(api, "measured_estimate", tuned)
+    built = _builds(monkeypatch)
+    f = saturate_and_extract(decode if what == "configuration" else lambda x: torch.tanh(x * 2.0 + 1.0) * 0.5,
+                             profile_db=False, profile_budget=0)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        for n in (7, 8, 9, 12):
+            if what == "configuration":
+                out, ref = _call(f, n)
+            else:
+                x = torch.randn(3, n)
+                out, ref = f(x), torch.tanh(x * 2.0 + 1.0) * 0.5
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert len(built) == 4 and "built for this size" in f.report.sizes and f.report.validation.passed, f.report
+    assert any(k.startswith("triton.") for k in f.report.kernels), f.report.kernels

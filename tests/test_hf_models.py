@@ -149,12 +149,14 @@ def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized
 
 
 def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from_their_size_family(monkeypatch):
-    """The prefill and two decode steps are traced and optimized; each later decode step's plan is
-    made from the two (its cache length on their line), validated, and gives eager's tokens."""
+    """The prefill and two decode steps are traced, optimized and built; each later decode step's plan
+    runs one module made from the two (its cache length on their line, the mask made from it read
+    per call), validated, and gives eager's tokens."""
     import transformers as tf
     import egraph_opt.drivers.api as api
-    traced, capture = [], api.capture
+    traced, capture, built, build = [], api.capture, [], api.build_module
     monkeypatch.setattr(api, "capture", lambda fn, args: traced.append(1) or capture(fn, args))
+    monkeypatch.setattr(api, "build_module", lambda *a, **k: built.append(1) or build(*a, **k))
     torch.manual_seed(0)
     m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
     ids = torch.randint(1, 100, (1, 6))
@@ -165,6 +167,7 @@ def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from
         torch.testing.assert_close(m.generate(ids, max_new_tokens=10, do_sample=False), ref)
     made = [p.report for p in m.forward.plans.values() if p.report.sizes]
     assert len(traced) == 3 and len(made) == 7 and all(r.optimized for r in made), made
+    assert len(built) == 3 and not any("built for this size" in r.sizes for r in made), made
     assert "cache_0.shape[2]" in made[-1].sizes
     # a decode step writes its new tensors into the caller's cache layers, as eager's update does,
     # rebuilding no cache (its constructor copies every layer)

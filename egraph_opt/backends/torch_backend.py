@@ -39,7 +39,7 @@ class FoldedConstant:
         at = {n: i for i, n in enumerate(reads + [n for n in nodes if n not in reads])}
         # the steps as (kind, target, operands with each node's value as its position): the nodes
         # are erased from the plan's graph; an fx module per value would cost codegen per plan
-        self.steps = [(n.op, n.target, fx.node.map_arg((n.args, n.kwargs), lambda a: _Slot(at[a])))
+        self.steps = [(n.op, n.target, fx.node.map_arg((n.args, n.kwargs), lambda a: Slot(at[a])))
                       for n in nodes if n not in reads]
         self.__name__ = self.__qualname__ = f"folded_constant_{index}"
         self._cached: tuple = (None, None, None)  # key, value, its version: one read, thread-safe
@@ -62,13 +62,13 @@ class FoldedConstant:
     def run(self, tensors: tuple):
         values = list(tensors)
         for kind, target, operands in self.steps:
-            args, kwargs = map_aggregate(operands, lambda a: values[a] if isinstance(a, _Slot) else a)
+            args, kwargs = map_aggregate(operands, lambda a: values[a] if isinstance(a, Slot) else a)
             values.append(getattr(args[0], target)(*args[1:], **kwargs) if kind == "call_method"
                           else target(*args, **kwargs))
         return values[-1]
 
 
-class _Slot(int):
+class Slot(int):
     """A folded step's operand: the value at this position."""
 
 
@@ -79,7 +79,7 @@ def _pure(node: fx.Node, owner, kernels: set) -> bool:
         not any(node in written(u, owner) for u in node.users)
 
 
-def _fold_constants(graph: fx.Graph, kernels: set) -> int:
+def fold_constants(graph: fx.Graph, kernels: set) -> int:
     """Each value of parameters, buffers and literals alone a call uses: one FoldedConstant; how many."""
     fixed, order = {}, {n: i for i, n in enumerate(graph.nodes)}
     for node in graph.nodes:
@@ -138,12 +138,13 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
             build.value[("o", item)] = build.graph.create_node(call.kind, call.target, args, kwargs, name=item)
     graph = build.graph
     graph.output(map_aggregate(program.outputs, build.arg))
-    folded = _fold_constants(graph, {n.target for n in build.named} | {m.impl for m in MOVES.values()})
+    pure = {n.target for n in build.named} | {m.impl for m in MOVES.values()}
+    folded = fold_constants(graph, pure)
     # each attribute under a name of its own: one read per call, not one per module on its path
     module = fx.GraphModule({n.target: build.reads[n.target] if n.target in build.reads else _held(owner, n.target)
                              for n in graph.nodes if n.op in ("get_attr", "call_module")}, graph)
     module.graph.lint()
-    module.kernels = ({"folded": folded} if folded else {}) | dict(sorted(Counter(
+    module.pure, module.kernels = pure, ({"folded": folded} if folded else {}) | dict(sorted(Counter(
         build.named[n] for n in graph.nodes if n in build.named).items()))
     return module
 

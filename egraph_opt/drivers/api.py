@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
 from .arguments import Binder, BoundCall, Into, Layout
-from .families import REACH, Apart, Families, Sample, at
+from .families import REACH, Apart, Families, Sample, at, shared
 from ..frontends.capture import SideEffect, cache_pytrees, capture, returned
 from ..egraph.engine import EGraph, InvariantError
 from .plan_key import StateKey, Watch
@@ -470,7 +470,8 @@ class OptimizedFunction:
     def _from_family(self, call: BoundCall, report: Report, key: tuple) -> Plan | None:
         """The plan of a size of a family (``families.py``) made from its two samples, validated;
         None where the family has none or the plan fails validation (then it is optimized). Where
-        a sample fell back (measured slower, say), so does the size."""
+        a sample fell back (measured slower, say), so does the size. It runs the family's one module,
+        else (``families.shared`` says why not) one built for its size."""
         found = self._families.find(key)
         if found is None:
             return None
@@ -487,8 +488,19 @@ class OptimizedFunction:
         if first.returns != second.returns:
             return None
         try:  # a size not on the samples' lines fails to build or to run: it is optimized
-            module = build_module(at(first.optimized, second.optimized, span), first.root,
-                                  device=call.tensors[0].device.type, estimate=first.estimate)
+            if second.shared is None:
+                try:
+                    second.shared = shared(first.module, second.module, span[:2])
+                except (Apart, ValueError) as e:  # ValueError: graphs of different lengths
+                    second.shared = str(e)
+            if isinstance(second.shared, str):
+                module = build_module(at(first.optimized, second.optimized, span), first.root,
+                                      device=call.tensors[0].device.type, estimate=first.estimate)
+                was.sizes += f"; built for this size, the samples' modules differ: {second.shared[:200]}"
+            else:
+                family, holes = second.shared
+                module = types.SimpleNamespace(kernels=first.module.kernels, forward=functools.partial(
+                    family.forward, *(at(u, v, span) for u, v in holes)))
             run, was.kernels = runner(module, first.returns), module.kernels
             if self.validate:
                 was.validation = self._validated(call, run, lambda: at(first.program, second.program, span))
@@ -535,7 +547,7 @@ class OptimizedFunction:
         made.estimate = measured_estimate(latency)
         module = build_module(flat, traced, device=device, meta=result.program.meta(), estimate=made.estimate)
         run = runner(module, returns)
-        made.program, made.optimized, made.root, made.returns = program, flat, traced, returns
+        made.program, made.optimized, made.root, made.returns, made.module = program, flat, traced, returns, module
         self._describe(report, program, result, module, latency, priced)
         if not self.keep_egraph:  # only the latest optimization's e-graph is kept (they are large)
             for older in self._plans.values():

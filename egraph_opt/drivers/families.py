@@ -3,15 +3,17 @@ length of a decode step, a prompt's length, a batch) share one structure, as ``t
 automatic dynamic shapes find a size that changed and trace it symbolically. Here ``n`` is found
 from two plans traced and optimized at two sizes: where every integer that differs between their
 programs is affine in ``n`` with a whole slope (``B * H * n``, ``n + 1``), a third size is made
-from them, not traced or saturated again, then built and validated like any plan. Two plans that
-both fell back make the family's later sizes fall back at once, with the reason they gave.
+from them, not traced, saturated or built again: it runs one module made from the samples' two
+(``shared``), its sizes taken on their lines as inputs. Two plans that both fell back make the
+family's later sizes fall back at once, with the reason they gave.
 
 Why the rules that made the samples hold at ``n``: a rule's size guards are equalities of sizes
 (``last-dim``, ``axis-size``, ``d = 2h``), here affine in ``n``, and two affine functions equal at
 two sizes are equal at all. Interval guards read no size except through a reduction's count: a
 family covers sizes from 2 (a size 1 broadcasts, and traces specialize it) up to ``REACH`` times its
 larger sample, where its timing verdict is taken to hold; beyond, a size is traced and becomes a
-sample."""
+sample. Each size is validated before it runs: the original may branch on a size (a sliding window),
+a kernel's limits may read one (a head dim), and two samples show neither."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import fx
+from torch.fx.node import map_aggregate, map_arg
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..backends.torch_backend import FoldedConstant, Slot, fold_constants
 from ..lang.ops import parse_shape, shape_attr
 from ..lang.program import Program
 from ..lang.term import Term
@@ -45,6 +51,8 @@ class Sample:
     root: torch.nn.Module | None = None  # the traced module that owns its parameters
     returns: Any = None  # the TreeSpec of its outputs
     estimate: Any = None  # what the backend bound its kernels by
+    module: fx.GraphModule | None = None  # built from ``optimized``
+    shared: Any = None  # the family's module made from the last two samples' (``shared``), or why not
 
 
 def split(key: tuple) -> tuple[tuple, tuple[int, ...]]:
@@ -149,3 +157,42 @@ def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any
     if a is b or a == b or (type(a) is float and math.isnan(a) and math.isnan(b)):
         return a
     raise Apart(f"{a!r} against {b!r}")
+
+
+def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple[fx.GraphModule, list]:
+    """One module for every size of a family: ``a``'s graph (built at size ``span[0]``) taking first,
+    as inputs, each integer or shape that differs in ``b``'s (built at ``span[1]``), and those pairs
+    (``at`` gives their values at a size). Its constants are folded again: one that reads a size (a
+    mask from ``arange(n)``) is computed on each call, as the original does. ``Apart`` where the
+    graphs differ in anything else (a kernel or Triton configuration chosen by latency, a region's
+    generated kernel, which holds its shapes): then each size is built for itself."""
+    graph, env, holes = fx.Graph(owning_module=a), {}, {}
+    match, first = dict(zip(b.graph.nodes, a.graph.nodes)), next(iter(a.graph.nodes))
+
+    def hole(u, v):
+        same = at(u, v, (*span, span[0]))  # equal or on a line, else Apart
+        if type(u) in (int, str) and u != v and (u, v) not in holes:
+            with graph.inserting_before(env[first]):
+                holes[u, v] = graph.placeholder(f"size_{len(holes)}")
+        return holes[u, v] if type(u) in (int, str) and u != v else same
+
+    def copy(x: tuple, y: tuple, name=None) -> fx.Node:  # (op, target, operands in the new graph) of each
+        (us, spec), (vs, other) = tree_flatten(x[2]), tree_flatten(y[2])
+        if x[:2] != y[:2] or spec != other or x[2][1].get("config") != y[2][1].get("config"):  # tuned, no size
+            raise Apart(f"{getattr(x[1], '__name__', x[1])} against {getattr(y[1], '__name__', y[1])}")
+        return graph.create_node(*x[:2], *tree_unflatten([hole(u, v) for u, v in zip(us, vs)], spec), name)
+    for x, y in zip(a.graph.nodes, b.graph.nodes, strict=True):  # else ValueError
+        if isinstance(x.target, FoldedConstant) and isinstance(y.target, FoldedConstant):
+            values = [env[r] for r in x.args]  # its steps, each a node: folded again below
+            slot = lambda u: values[u] if type(u) is Slot else u  # noqa: E731
+            for p, q in zip(x.target.steps, y.target.steps, strict=True):
+                values.append(copy((*p[:2], map_aggregate(p[2], slot)), (*q[:2], map_aggregate(q[2], slot))))
+            env[x] = values[-1]
+            continue
+        if x.op in ("get_attr", "call_module"):
+            at(getattr(a, x.target), getattr(b, y.target), (*span, span[0]))
+        env[x] = copy((x.op, x.target, map_arg((x.args, x.kwargs), env.__getitem__)),
+                      (y.op, y.target, map_arg((y.args, y.kwargs), lambda m: env[match[m]])), x.name)
+    fold_constants(graph, a.pure)  # those that read no size
+    return fx.GraphModule(a, graph), list(holes)
+

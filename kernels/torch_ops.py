@@ -172,6 +172,22 @@ def linear_add(x, weight, bias, residual):
     return linear(x, weight, bias) + residual
 
 
+def linear_scaled(x, weight, bias, scale):
+    """linear(x, W, b) * scale for scale = +-2^k (the rule's guard), as one GEMM with alpha = beta = scale:
+    scaling by 2^k commutes with each rounding of the sums, so the two differ only where a scaled partial
+    sum overflows (an inf or NaN) or, for k < 0, where an output lies under the dtype's smallest normal
+    (rounded once there, twice by the definition); there the definition runs, with ``linear``'s care.
+    On the device path only k >= 0 fuses: its overflow is the summation order's accident there, as linear's."""
+    host = not device_path(x)
+    if (host or abs(scale) >= 1) and x.is_floating_point() and weight.dim() == 2 and torch.is_tensor(bias) \
+            and x.numel() and weight.numel():
+        out = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight.t(), beta=scale, alpha=scale)
+        if not host or all_finite(out) and (abs(scale) >= 1 or bool(
+                torch.linalg.vector_norm(out, -math.inf) >= torch.finfo(out.dtype).tiny)):
+            return out.reshape(*x.shape[:-1], weight.shape[0])
+    return linear(x, weight, bias) * scale
+
+
 def linear_act(x, weight, bias, activation):
     op, attrs = ops.ACTIVATIONS[activation]
     return TORCH.get(op, OPS[op].impl)(linear(x, weight, bias), *attrs)
@@ -421,6 +437,7 @@ def cross_entropy(x, target, reduction, ignore_index):
 
 TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_norm": layer_norm,
          "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "linear_add": linear_add,
+         "linear_scaled": linear_scaled,
          "sdpa": sdpa, "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
          "sdpa_floored": sdpa_floored,
          "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary, "cross_entropy": cross_entropy}

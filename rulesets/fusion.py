@@ -8,6 +8,7 @@ import functools
 import math
 
 from . import Exactness, Family, Rule, rules, when
+from .algebra import POWER_OF_TWO, in_float32
 
 _F = Family.FUSION
 _SCORES = "(matmul ?q (transpose ?k -2 -1))"
@@ -103,6 +104,10 @@ RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for na
     ("linear-gelu-tanh-fuse",     '(gelu (linear ?x ?w ?b) "tanh")',                   '(linear_act ?x ?w ?b "gelu_tanh")'),
     ("linear-residual-fuse",      "(add (linear ?x ?w ?b) ?r)",                        "(linear_add ?x ?w ?b ?r)"),
     ("linear-residual-fuse-first", "(add ?r (linear ?x ?w ?b))",                       "(linear_add ?x ?w ?b ?r)"),
+    ("linear-scale-fuse",         "(mul (linear ?x ?w ?b) (const ?c))",                "(linear_scaled ?x ?w ?b ?c)",
+                                  when(POWER_OF_TWO, *in_float32("?c")), {"sample": (*_LINEAR_SAMPLE, ("c", 0.5))},
+                                  "x W^T + b times 2^k: a GEMM's alpha and beta (x / 2^k too, "
+                                  "as x * 2^-k); another scale would round otherwise than the program"),
 ], sample=_LINEAR_SAMPLE) + rules(_F, [
     ("linear-fuse",               "(add (matmul ?x (transpose ?w -2 -1)) ?b)",         "(linear ?x ?w ?b)",
                                   when("(= (rank ?w) 2)", "(= (rank ?b) 1)"), {"sample": _LINEAR_SAMPLE}),

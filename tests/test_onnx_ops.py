@@ -104,6 +104,7 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     "linear_act": [((x, _leaf("lin_w"), _leaf("lin_b")), (a,)) for a in ("relu", "gelu", "gelu_tanh")],
     "linear_add": [((x, _leaf("lin_w"), _leaf("lin_b"), r), ())
                    for r in (_leaf("lin_b"), Term("linear", (x, _leaf("lin_w"), _leaf("lin_b"))))],
+    "linear_scaled": [((x, _leaf("lin_w"), _leaf("lin_b")), (s,)) for s in (0.5, -4.0)],
     "conv2d": [((img, _leaf("cw"), _leaf("cb")), ("2,1", "1,0", "1,1", 1)),
                ((img, _leaf("cw"), c(0.0)), _CONV), ((img, _leaf("cw"), c(0.5)), _CONV),
                ((img, _leaf("gw"), c(0.0)), ("1,1", "0,0", "2,2", 3))],

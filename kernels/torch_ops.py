@@ -298,26 +298,29 @@ def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | Non
 EXP_UNDERFLOW = -104.0
 
 
-def sdpa_filled(q, k, v, keep, scale, fill):
-    """softmax(where(keep, q k^T * scale, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min)
-    where ``keep`` is False. Where every score s has fill - s below EXP_UNDERFLOW, a masked key
-    weighs exactly 0 in a row that keeps one, so torch's kernel runs with ``keep`` as its boolean
-    mask; a row that keeps none is the softmax of a constant row: the mean of v. Elsewhere (scores
-    too large, a NaN, an infinite fill) the definition runs."""
-    definition = functools.partial(ops.sdpa_filled, q, k, v, keep, scale, fill)
-    if not math.isfinite(fill):
+def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
+    """softmax(where(keep, q k^T * scale + bias, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min)
+    where ``keep`` is False, and MPT's over scores with a bias (alibi). Where every score s + b has
+    fill - (s + b) below EXP_UNDERFLOW, a masked key weighs exactly 0 in a row that keeps one, so torch's
+    kernel runs with ``keep`` as its mask (or the bias, -inf where not kept); a row that keeps none is the
+    softmax of a constant row: the mean of v. Elsewhere (scores or bias too large, a NaN, an infinite
+    fill, a bias of another dtype) the definition runs."""
+    definition, biased = functools.partial(ops.sdpa_filled, q, k, v, keep, scale, fill, bias), torch.is_tensor(bias)
+    if not math.isfinite(fill) or biased and bias.dtype != q.dtype:
         return definition()
-    slow = _scores_overflow(q, k, scale) | _not_below(_score_bound(q, k, scale), -fill + EXP_UNDERFLOW)
+    bound = _score_bound(q, k, scale) + (_abs_max(bias) if biased else 0.0)
+    slow = _scores_overflow(q, k, scale) | _not_below(bound, -fill + EXP_UNDERFLOW)
+    mask = torch.where(keep, bias, -math.inf) if biased else keep
     if device_path(q) and not isinstance(slow, bool):  # the definition selected where needed,
         out = torch.where(~keep.any(-1, keepdim=True), ops.grouped(q, v.mean(-2, keepdim=True)),
-                          _torch_sdpa(q, k, v, attn_mask=keep, scale=scale))  # on every call
+                          _torch_sdpa(q, k, v, attn_mask=mask, scale=scale))  # on every call
         return torch.where(slow, definition(), out)
     if slow:
         return definition()
     causal, dead = _mask_facts(keep, q.shape[-2], k.shape[-2])
-    if causal:
+    if causal and not biased:
         return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
-    out = _torch_sdpa(q, k, v, attn_mask=keep, scale=scale)
+    out = _torch_sdpa(q, k, v, attn_mask=mask, scale=scale)
     return out if dead is None else torch.where(dead, ops.grouped(q, v.mean(-2, keepdim=True)), out)
 
 
@@ -439,5 +442,6 @@ TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_no
          "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "linear_add": linear_add,
          "linear_scaled": linear_scaled,
          "sdpa": sdpa, "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
-         "sdpa_floored": sdpa_floored,
+         "sdpa_floored": sdpa_floored, "sdpa_filled_biased": lambda q, k, v, keep, bias, scale, fill: sdpa_filled(
+             q, k, v, keep, scale, fill, bias),
          "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary, "cross_entropy": cross_entropy}

@@ -163,6 +163,10 @@ FUSED = [  # ops only rewrites create, against their definitions
        Term("matmul", (Term("softmax", (Term("where", (Term.input("keep"), Term("mul", (Term("matmul", (
            Q, Term("transpose", (K,), (-2, -1)))), Term.const(0.4))), Term.const(fill))),), (-1,)), V)))
       for fill in (-3.4028234663852886e38, -1e4, 2.0)),
+    *((Term("sdpa_filled_biased", (Q, K, V, Term.input("keep"), bias), (0.4, fill)),  # MPT's alibi, then the fill
+       Term("matmul", (Term("softmax", (Term("where", (Term.input("keep"), Term("add", (Term("mul", (Term("matmul", (
+           Q, Term("transpose", (K,), (-2, -1)))), Term.const(0.4))), bias)), Term.const(fill))),), (-1,)), V)))
+      for fill in (-3.4028234663852886e38, 2.0) for bias in (Term.input("mask"), Term("matmul", (B, Term("transpose", (B,), (-2, -1)))))),
     *((Term("sdpa_guarded", (Q, K, V, bias), (0.4,)),  # a row every key masks: 0
        Term("matmul", (Term("where", (Term("isnan", (w,)), Term.const(0.0), w)), V)))
       for bias in (Term.input("mask"), Term("matmul", (B, Term("transpose", (B,), (-2, -1)))))

@@ -279,9 +279,10 @@ def sdpa_masked(q, k, v, bias, scale):
     return _attention(q, k, v, scale, bias.to(q.dtype))
 
 
-def sdpa_filled(q, k, v, keep, scale, fill):
-    """softmax(where(keep, q k^T * scale, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min)."""
-    return softmax(torch.where(keep, q @ grouped(q, k).transpose(-2, -1) * scale, fill), -1) @ grouped(q, v)
+def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
+    """softmax(where(keep, q k^T * scale + bias, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min);
+    MPT's and BLOOM's over scores with a bias (alibi) added (sdpa_filled_biased)."""
+    return softmax(torch.where(keep, q @ grouped(q, k).transpose(-2, -1) * scale + bias, fill), -1) @ grouped(q, v)
 
 
 def sdpa_guarded(q, k, v, bias, scale):
@@ -537,6 +538,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
         # boolean operand: no float32 copy of it; torch's kernel accumulates in float32 itself
         onnx="definition", definition="(matmul (softmax (where ?x3 (mul (matmul ?x0 (transpose ?x1 "
         "-2 -1)) (const ?scale)) (const ?fill)) -1) ?x2)"),
+    _op("sdpa_filled_biased", 5, "scale:f64 fill:f64", lambda q, k, v, keep, bias, scale, fill: sdpa_filled(
+        q, k, v, keep, scale, fill, bias), _FUSED, shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0),
+        **_SMOOTH, passes=22, precision="keep", onnx="definition", definition="(matmul (softmax (where ?x3 (add (mul "
+        "(matmul ?x0 (transpose ?x1 -2 -1)) (const ?scale)) ?x4) (const ?fill)) -1) ?x2)"),
     _op("sdpa_floored", 4, "scale:f64 floor:f64", lambda q, k, v, bias, scale, floor: softmax((q @ grouped(
         q, k).transpose(-2, -1) * scale + bias.to(q.dtype)).clamp(floor), -1) @ grouped(q, v), _FUSED,
         shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=21,  # OPT's clamp

@@ -173,19 +173,17 @@ def linear_add(x, weight, bias, residual):
 
 
 def linear_scaled(x, weight, bias, scale):
-    """linear(x, W, b) * scale for scale = +-2^k (the rule's guard), as one GEMM with alpha = beta = scale:
-    scaling by 2^k commutes with each rounding of the sums, so the two differ only where a scaled partial
-    sum overflows (an inf or NaN) or, for k < 0, where an output lies under the dtype's smallest normal
-    (rounded once there, twice by the definition); there the definition runs, with ``linear``'s care.
-    On the device path only k >= 0 fuses: its overflow is the summation order's accident there, as linear's."""
-    host = not device_path(x)
-    if (host or abs(scale) >= 1) and x.is_floating_point() and weight.dim() == 2 and torch.is_tensor(bias) \
-            and x.numel() and weight.numel():
+    """linear(x, W, b) * scale for scale = +-2^k (the rule's guard). For k >= 0, one GEMM with alpha = beta =
+    scale: scaling by 2^k commutes with each rounding of the sums, so the two differ only where a scaled partial
+    sum overflows (an inf or NaN: there the definition runs, with ``linear``'s care; on the device path that is
+    the summation order's accident, as linear's). For k < 0 the scaled sums round otherwise under the smallest
+    normal, and finding such results costs a pass more than the scale: linear's output is scaled in place."""
+    if abs(scale) >= 1 and x.is_floating_point() and weight.dim() == 2 and torch.is_tensor(bias) and x.numel() \
+            and weight.numel():
         out = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight.t(), beta=scale, alpha=scale)
-        if not host or all_finite(out) and (abs(scale) >= 1 or bool(
-                torch.linalg.vector_norm(out, -math.inf) >= torch.finfo(out.dtype).tiny)):
+        if device_path(x) or all_finite(out):
             return out.reshape(*x.shape[:-1], weight.shape[0])
-    return linear(x, weight, bias) * scale
+    return linear(x, weight, bias).mul_(scale)
 
 
 def linear_act(x, weight, bias, activation):

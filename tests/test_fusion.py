@@ -130,8 +130,8 @@ def test_a_residual_stays_an_add_where_the_linear_is_used_elsewhere():
 
 
 def test_a_linear_scaled_by_a_power_of_two_is_one_gemm_equal_at_the_extremes():
-    """(x @ W + b) * 0.5, / 4, * 2^100 and F.linear(...) * -2: one GEMM (alpha = beta = the scale) that
-    equals the original with rows of x at +-inf, NaN, +-0, +-max, subnormals and results past the max;
+    """(x @ W + b) * 0.5, / 4, * 2^100 and F.linear(...) * -2: one call (a GEMM with alpha = beta = the scale
+    from 1 up; below, its output scaled in place) that equals the original with rows of x at +-inf, NaN, +-0, +-max, subnormals and results past the max;
     a scale of 0.3 rounds otherwise than the program: it stays a product."""
     w, b = torch.randn(32, 16), torch.randn(16)
     top, tiny = torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny

@@ -235,6 +235,8 @@ def _torch_sdpa(q, k, v, attn_mask=None, **options):
         mask = attn_mask if attn_mask is None or attn_mask.dim() < 3 else attn_mask.unsqueeze(1)
         return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask,
                                               **options)[:, 0]
+    if attn_mask is not None and 2 < attn_mask.dim() < q.dim():  # (H, T, S): fast 4-D, 3-D the math fallback
+        attn_mask = attn_mask[(None,) * (q.dim() - attn_mask.dim())]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa, **options)
 
 

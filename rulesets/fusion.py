@@ -82,7 +82,7 @@ _ATTENTIONS = [
     ("attention-fuse-where-filled-biased", "(matmul (softmax (where ?m (add {s} ?b) (const ?f)) -1) ?v)",
      "(sdpa_filled_biased ?q ?k ?v ?m ?b {c} ?f)", "where(causal, w + alibi, finfo.min)"),
     ("attention-fuse-fill-masked-biased", "(matmul (softmax (where ?m (const ?f) (add {s} ?b)) -1) ?v)",
-     "(sdpa_filled_biased ?q ?k ?v (logical_not ?m) ?b {c} ?f)", "MPT, BLOOM: masked_fill(mask, finfo.min) after alibi"),
+     "(sdpa_filled_biased ?q ?k ?v (logical_not ?m) ?b {c} ?f)", "MPT: masked_fill(mask, finfo.min) after alibi"),
     ("attention-fuse-floored", "(matmul (softmax (maximum (add {s} ?m) (const ?f)) -1) ?v)",
      "(sdpa_floored ?q ?k ?v ?m {c} ?f)", "OPT: torch.max(w + mask, finfo.min)"),
     ("attention-fuse-guarded", f"(matmul {_GUARD.format(s='(add {s} ?m)')} ?v)", "(sdpa_guarded ?q ?k ?v ?m {c})",

@@ -281,7 +281,7 @@ def sdpa_masked(q, k, v, bias, scale):
 
 def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
     """softmax(where(keep, q k^T * scale + bias, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min);
-    MPT's and BLOOM's over scores with a bias (alibi) added (sdpa_filled_biased)."""
+    MPT's over scores with a bias (alibi) added (sdpa_filled_biased)."""
     return softmax(torch.where(keep, q @ grouped(q, k).transpose(-2, -1) * scale + bias, fill), -1) @ grouped(q, v)
 
 

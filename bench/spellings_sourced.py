@@ -352,5 +352,6 @@ SOURCED = [
              lambda t: (phi_upcast, (*_half_qkv(t), torch.zeros(1, 1, t, t, dtype=torch.float16).masked_fill(
                  _causal_bool(t), torch.finfo(torch.float16).min))), _MASKED),
     Spelling("mpt-alibi-masked-fill", "attention", HF + "mpt/modeling_mpt.py: MptAttention",
-             lambda t: (mpt_attention, (*_qkv(t), _alibi(t).view(B, H, 1, t)[0], _causal_bool(t))), _MASKED),
+             lambda t: (mpt_attention, (*_qkv(t), _alibi(t).view(B, H, 1, t)[0], _causal_bool(t))),
+             (*_MASKED, "sdpa_filled_biased")),
 ]

@@ -172,6 +172,20 @@ def linear_add(x, weight, bias, residual):
     return linear(x, weight, bias) + residual
 
 
+def linear_scaled(x, weight, bias, scale):
+    """linear(x, W, b) * scale for scale = +-2^k (the rule's guard). For k >= 0, one GEMM with alpha = beta =
+    scale: scaling by 2^k commutes with each rounding of the sums, so the two differ only where a scaled partial
+    sum overflows (an inf or NaN: there the definition runs, with ``linear``'s care; on the device path that is
+    the summation order's accident, as linear's). For k < 0 the scaled sums round otherwise under the smallest
+    normal, and finding such results costs a pass more than the scale: linear's output is scaled in place."""
+    if abs(scale) >= 1 and x.is_floating_point() and weight.dim() == 2 and torch.is_tensor(bias) and x.numel() \
+            and weight.numel():
+        out = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight.t(), beta=scale, alpha=scale)
+        if device_path(x) or all_finite(out):
+            return out.reshape(*x.shape[:-1], weight.shape[0])
+    return linear(x, weight, bias).mul_(scale)
+
+
 def linear_act(x, weight, bias, activation):
     op, attrs = ops.ACTIVATIONS[activation]
     return TORCH.get(op, OPS[op].impl)(linear(x, weight, bias), *attrs)
@@ -221,6 +235,8 @@ def _torch_sdpa(q, k, v, attn_mask=None, **options):
         mask = attn_mask if attn_mask is None or attn_mask.dim() < 3 else attn_mask.unsqueeze(1)
         return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask,
                                               **options)[:, 0]
+    if attn_mask is not None and 2 < attn_mask.dim() < q.dim():  # (H, T, S): fast 4-D, 3-D the math fallback
+        attn_mask = attn_mask[(None,) * (q.dim() - attn_mask.dim())]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa, **options)
 
 
@@ -282,26 +298,29 @@ def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | Non
 EXP_UNDERFLOW = -104.0
 
 
-def sdpa_filled(q, k, v, keep, scale, fill):
-    """softmax(where(keep, q k^T * scale, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min)
-    where ``keep`` is False. Where every score s has fill - s below EXP_UNDERFLOW, a masked key
-    weighs exactly 0 in a row that keeps one, so torch's kernel runs with ``keep`` as its boolean
-    mask; a row that keeps none is the softmax of a constant row: the mean of v. Elsewhere (scores
-    too large, a NaN, an infinite fill) the definition runs."""
-    definition = functools.partial(ops.sdpa_filled, q, k, v, keep, scale, fill)
-    if not math.isfinite(fill):
+def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
+    """softmax(where(keep, q k^T * scale + bias, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min)
+    where ``keep`` is False, and MPT's over scores with a bias (alibi). Where every score s + b has
+    fill - (s + b) below EXP_UNDERFLOW, a masked key weighs exactly 0 in a row that keeps one, so torch's
+    kernel runs with ``keep`` as its mask (or the bias, -inf where not kept); a row that keeps none is the
+    softmax of a constant row: the mean of v. Elsewhere (scores or bias too large, a NaN, an infinite
+    fill, a bias of another dtype) the definition runs."""
+    definition, biased = functools.partial(ops.sdpa_filled, q, k, v, keep, scale, fill, bias), torch.is_tensor(bias)
+    if not math.isfinite(fill) or biased and bias.dtype != q.dtype:
         return definition()
-    slow = _scores_overflow(q, k, scale) | _not_below(_score_bound(q, k, scale), -fill + EXP_UNDERFLOW)
+    bound = _score_bound(q, k, scale) + (_abs_max(bias) if biased else 0.0)
+    slow = _scores_overflow(q, k, scale) | _not_below(bound, -fill + EXP_UNDERFLOW)
+    mask = torch.where(keep, bias, -math.inf) if biased else keep
     if device_path(q) and not isinstance(slow, bool):  # the definition selected where needed,
         out = torch.where(~keep.any(-1, keepdim=True), ops.grouped(q, v.mean(-2, keepdim=True)),
-                          _torch_sdpa(q, k, v, attn_mask=keep, scale=scale))  # on every call
+                          _torch_sdpa(q, k, v, attn_mask=mask, scale=scale))  # on every call
         return torch.where(slow, definition(), out)
     if slow:
         return definition()
     causal, dead = _mask_facts(keep, q.shape[-2], k.shape[-2])
-    if causal:
+    if causal and not biased:
         return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
-    out = _torch_sdpa(q, k, v, attn_mask=keep, scale=scale)
+    out = _torch_sdpa(q, k, v, attn_mask=mask, scale=scale)
     return out if dead is None else torch.where(dead, ops.grouped(q, v.mean(-2, keepdim=True)), out)
 
 
@@ -421,6 +440,8 @@ def cross_entropy(x, target, reduction, ignore_index):
 
 TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_norm": layer_norm,
          "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "linear_add": linear_add,
+         "linear_scaled": linear_scaled,
          "sdpa": sdpa, "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
-         "sdpa_floored": sdpa_floored,
+         "sdpa_floored": sdpa_floored, "sdpa_filled_biased": lambda q, k, v, keep, bias, scale, fill: sdpa_filled(
+             q, k, v, keep, scale, fill, bias),
          "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary, "cross_entropy": cross_entropy}

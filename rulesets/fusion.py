@@ -8,6 +8,7 @@ import functools
 import math
 
 from . import Exactness, Family, Rule, rules, when
+from .algebra import POWER_OF_TWO, in_float32
 
 _F = Family.FUSION
 _SCORES = "(matmul ?q (transpose ?k -2 -1))"
@@ -78,6 +79,10 @@ _ATTENTIONS = [
     ("attention-fuse-fill-masked", "(matmul (softmax (where ?m (const ?f) {s}) -1) ?v)",
      "(sdpa_filled ?q ?k ?v (logical_not ?m) {c} ?f)",
      "masked_fill(mask == 0, -1e9) (the Annotated Transformer), (mask, finfo.min)"),
+    ("attention-fuse-where-filled-biased", "(matmul (softmax (where ?m (add {s} ?b) (const ?f)) -1) ?v)",
+     "(sdpa_filled_biased ?q ?k ?v ?m ?b {c} ?f)", "where(causal, w + alibi, finfo.min)"),
+    ("attention-fuse-fill-masked-biased", "(matmul (softmax (where ?m (const ?f) (add {s} ?b)) -1) ?v)",
+     "(sdpa_filled_biased ?q ?k ?v (logical_not ?m) ?b {c} ?f)", "MPT: masked_fill(mask, finfo.min) after alibi"),
     ("attention-fuse-floored", "(matmul (softmax (maximum (add {s} ?m) (const ?f)) -1) ?v)",
      "(sdpa_floored ?q ?k ?v ?m {c} ?f)", "OPT: torch.max(w + mask, finfo.min)"),
     ("attention-fuse-guarded", f"(matmul {_GUARD.format(s='(add {s} ?m)')} ?v)", "(sdpa_guarded ?q ?k ?v ?m {c})",
@@ -103,6 +108,10 @@ RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for na
     ("linear-gelu-tanh-fuse",     '(gelu (linear ?x ?w ?b) "tanh")',                   '(linear_act ?x ?w ?b "gelu_tanh")'),
     ("linear-residual-fuse",      "(add (linear ?x ?w ?b) ?r)",                        "(linear_add ?x ?w ?b ?r)"),
     ("linear-residual-fuse-first", "(add ?r (linear ?x ?w ?b))",                       "(linear_add ?x ?w ?b ?r)"),
+    ("linear-scale-fuse",         "(mul (linear ?x ?w ?b) (const ?c))",                "(linear_scaled ?x ?w ?b ?c)",
+                                  when(POWER_OF_TWO, *in_float32("?c")), {"sample": (*_LINEAR_SAMPLE, ("c", 0.5))},
+                                  "x W^T + b times 2^k: a GEMM's alpha and beta (x / 2^k too, "
+                                  "as x * 2^-k); another scale would round otherwise than the program"),
 ], sample=_LINEAR_SAMPLE) + rules(_F, [
     ("linear-fuse",               "(add (matmul ?x (transpose ?w -2 -1)) ?b)",         "(linear ?x ?w ?b)",
                                   when("(= (rank ?w) 2)", "(= (rank ?b) 1)"), {"sample": _LINEAR_SAMPLE}),

@@ -129,6 +129,32 @@ def test_a_residual_stays_an_add_where_the_linear_is_used_elsewhere():
     assert after.get("linear") == 1 and after.get("add") == 1 and "linear_add" not in after, after
 
 
+def test_a_linear_scaled_by_a_power_of_two_is_one_gemm_equal_at_the_extremes():
+    """(x @ W + b) * 0.5, / 4, * 2^100 and F.linear(...) * -2: one call (a GEMM with alpha = beta = the scale
+    from 1 up; below, its output scaled in place) that equals the original with rows of x at +-inf, NaN, +-0, +-max, subnormals and results past the max;
+    a scale of 0.3 rounds otherwise than the program: it stays a product."""
+    w, b = torch.randn(32, 16), torch.randn(16)
+    top, tiny = torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny
+    x = torch.randn(12, 32)
+    for i, v in enumerate([math.inf, -math.inf, math.nan, 0.0, -0.0, top, -top, tiny * 1e-3, tiny, 1e36, 1e-37]):
+        x[i] = v
+    x[-1, ::2] = top
+    kept = torch.tensor([i not in (5, 6, 11) for i in range(12)])
+    for scale, fn in ((0.5, lambda x: (x @ w + b) * 0.5), (0.25, lambda x: (x @ w + b) / 4),
+                      (2.0 ** 100, lambda x: (x @ w + b) * 2.0 ** 100), (-2.0, lambda x: F.linear(x, w.T, b) * -2.0)):
+        f = saturate_and_extract(fn)
+        with torch.no_grad():
+            r = torch.randn(12, 32)
+            torch.testing.assert_close(f(r), fn(r))  # the first call: traced and validated
+            for v in (x, x * 1e-30):  # and subnormal results
+                careful = (v.double() @ w.double() + b.double()).float() * scale  # x W + b rounded once, scaled
+                torch.testing.assert_close(f(v), careful, rtol=1e-4, atol=1e-5, equal_nan=True)
+                torch.testing.assert_close(f(v)[kept], fn(v)[kept], equal_nan=True)  # the original but
+                # where its terms add up past the max (there float32's sum is an order's accident)
+        assert f.report.kernels.get("torch.linear_scaled") == 1 and "mul" not in f.report.ops_after, f.report.kernels
+    assert ops_after(lambda x: (x @ w + b) * 0.3, x).get("mul") == 1
+
+
 class Dense(nn.Module):
     """A linear layer as minGPT-style code and JAX ports write it: W stored (in, out), x @ W + b."""
 

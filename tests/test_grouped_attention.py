@@ -20,7 +20,7 @@ from egraph_opt.lang.ops import OPS
 from egraph_opt.lang.term import Term, shapes
 from egraph_opt.rulesets import catalogue
 
-ATTENTION = ["sdpa", "sdpa_masked", "sdpa_filled", "sdpa_guarded", "sdpa_floored"]
+ATTENTION = ["sdpa", "sdpa_masked", "sdpa_filled", "sdpa_guarded", "sdpa_floored", "sdpa_filled_biased"]
 
 
 def repeat_kv(x, groups: int):
@@ -62,7 +62,8 @@ def _masks(op: str) -> list[tuple]:
     bias = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
     return {"sdpa": [(0.25, False), (0.25, True)], "sdpa_masked": [(bias, 0.25)],
             "sdpa_filled": [(keep, 0.25, -1e9)], "sdpa_guarded": [(bias, 0.25)],
-            "sdpa_floored": [(bias, 0.25, -3.4028234663852886e38), (bias, 0.25, -1.0)]}[op]
+            "sdpa_floored": [(bias, 0.25, -3.4028234663852886e38), (bias, 0.25, -1.0)],
+            "sdpa_filled_biased": [(keep, torch.arange(5.0) * -0.5, 0.25, -3.4028234663852886e38)]}[op]
 
 
 @pytest.mark.parametrize("op", ATTENTION)

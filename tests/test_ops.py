@@ -163,6 +163,10 @@ FUSED = [  # ops only rewrites create, against their definitions
        Term("matmul", (Term("softmax", (Term("where", (Term.input("keep"), Term("mul", (Term("matmul", (
            Q, Term("transpose", (K,), (-2, -1)))), Term.const(0.4))), Term.const(fill))),), (-1,)), V)))
       for fill in (-3.4028234663852886e38, -1e4, 2.0)),
+    *((Term("sdpa_filled_biased", (Q, K, V, Term.input("keep"), bias), (0.4, fill)),  # MPT's alibi, then the fill
+       Term("matmul", (Term("softmax", (Term("where", (Term.input("keep"), Term("add", (Term("mul", (Term("matmul", (
+           Q, Term("transpose", (K,), (-2, -1)))), Term.const(0.4))), bias)), Term.const(fill))),), (-1,)), V)))
+      for fill in (-3.4028234663852886e38, 2.0) for bias in (Term.input("mask"), Term("matmul", (B, Term("transpose", (B,), (-2, -1)))))),
     *((Term("sdpa_guarded", (Q, K, V, bias), (0.4,)),  # a row every key masks: 0
        Term("matmul", (Term("where", (Term("isnan", (w,)), Term.const(0.0), w)), V)))
       for bias in (Term.input("mask"), Term("matmul", (B, Term("transpose", (B,), (-2, -1)))))
@@ -182,6 +186,7 @@ FUSED = [  # ops only rewrites create, against their definitions
       for sin in (V, Term.input("w6"))),  # a sin table smaller than x takes the sign itself
     *((Term("linear_add", (Q, W, BIAS, r)), Term("add", (Term("linear", (Q, W, BIAS)), r)))
       for r in (Term("linear", (Q, W, BIAS)), BIAS)),  # a residual of the output's shape, or broadcast
+    (Term("linear_scaled", (Q, W, BIAS), (0.25,)), Term("mul", (Term("linear", (Q, W, BIAS)), Term.const(0.25)))),
     (Term("layer_norm", (Q, Term.const(1.0), Term.const(0.0)), (1e-5,)),
      Term("layer_norm", (Q, Term.input("ones", (6,), "float64"), Term.input("zeros", (6,), "float64")),
           (1e-5,))),
@@ -319,6 +324,25 @@ def test_linear_add_gives_the_definition_at_the_residuals_extremes_and_at_overfl
         torch.testing.assert_close(TORCH["linear_add"](x, w, b, r), want, equal_nan=True)
     recorded = TORCH["linear_add"](x.clone().requires_grad_(), w, b, r)
     torch.testing.assert_close(recorded.detach(), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_linear_scaled_is_its_definition_bit_for_bit_at_the_extremes(dtype):
+    """One GEMM scaled by 2^k (alpha = beta): linear(x, W, b) * 2^k bit for bit on the host, at +-inf, NaN,
+    +-0, +-max, at overflow and where results fall under the smallest normal; on the device path (no host
+    read) the same where x is moderate."""
+    from egraph_opt.kernels.torch_ops import forcing_device_path
+    g, fi = torch.Generator().manual_seed(3), torch.finfo(dtype)
+    x, w, b = (torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in ((3, 11, 5), (8, 5), (8,)))
+    x[0, :7, 0] = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0, fi.max, -fi.max], dtype=dtype)
+    small = (x[1] * fi.tiny * 2 ** 18, w, b * fi.tiny * 2 ** 18)  # results under the smallest normal at 2^-20
+    for scale in (0.5, 2.0 ** -20, 4.0, 2.0 ** 60, -2.0):
+        for args in ((x, w, b), small):
+            torch.testing.assert_close(TORCH["linear_scaled"](*args, scale), TORCH["linear"](*args) * scale,
+                                       rtol=0, atol=0, equal_nan=True)
+        want = TORCH["linear"](x, w, b) * scale
+        with forcing_device_path():
+            torch.testing.assert_close(TORCH["linear_scaled"](x[2], w, b, scale), want[2], equal_nan=True)
 
 
 def _attention_definition(q, k, v, bias, scale):

@@ -9,6 +9,7 @@ as a limit: two orders of huge finite values, NaN where they disagree):
 - where it is not finite, the right side equals it or lies toward the truth;
 - zeros and infinities keep their signs.
 """
+import dataclasses
 import itertools
 import math
 
@@ -23,6 +24,7 @@ from egraph_opt.lang import term
 from egraph_opt.extractors.rounding_error import ELEMENTWISE
 from egraph_opt.lang.ops import OPS
 from egraph_opt.lang.term import Term, postorder
+from egraph_opt.rulesets.algebra import POWER_OF_TWO
 
 from exact_reals import MP, MP_DIGITS, mp_value
 from test_rule_soundness import (RULES, SCALAR_RULES, _SIGNS, _index_vars, _sexp, _uses, _value, all_sides,
@@ -401,6 +403,22 @@ def test_rule_holds_at_the_edges_of_floating_point(rule, dtype):
     scalar = rule in SCALAR_RULES
     failures = scalar_failures(rule, dtype) if scalar else tensor_failures(rule, dtype)
     assert not failures, "\n".join(failures[:5])
+
+
+#: a tensor rule guarded to scale by a power of two (a GEMM's alpha and beta): the scales at float32's ends
+SCALED = [r for r in RULES if r not in SCALAR_RULES and POWER_OF_TWO in map(str, r.when)]
+
+
+@pytest.mark.parametrize("scale", [2.0 ** -126, 2.0 ** -100, -0.5, 8.0, 2.0 ** 100, -(2.0 ** 127)])
+@pytest.mark.parametrize("rule", SCALED, ids=lambda r: r.name)
+def test_a_power_of_two_scale_holds_at_its_extremes(rule, scale):
+    rule = dataclasses.replace(rule, sample=tuple((v, scale if v == "c" else x) for v, x in rule.sample))
+    failures = tensor_failures(rule, torch.float32)
+    assert not failures, "\n".join(failures[:5])
+
+
+def test_the_linear_scale_is_among_the_scaled_rules():
+    assert "linear-scale-fuse" in {r.name for r in SCALED}
 
 
 def _scalar(v: float) -> torch.Tensor:

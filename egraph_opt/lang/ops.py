@@ -279,9 +279,10 @@ def sdpa_masked(q, k, v, bias, scale):
     return _attention(q, k, v, scale, bias.to(q.dtype))
 
 
-def sdpa_filled(q, k, v, keep, scale, fill):
-    """softmax(where(keep, q k^T * scale, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min)."""
-    return softmax(torch.where(keep, q @ grouped(q, k).transpose(-2, -1) * scale, fill), -1) @ grouped(q, v)
+def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
+    """softmax(where(keep, q k^T * scale + bias, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min);
+    MPT's over scores with a bias (alibi) added (sdpa_filled_biased)."""
+    return softmax(torch.where(keep, q @ grouped(q, k).transpose(-2, -1) * scale + bias, fill), -1) @ grouped(q, v)
 
 
 def sdpa_guarded(q, k, v, bias, scale):
@@ -525,6 +526,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("linear_add", 4, "", lambda x, w, b, r: F.linear(x, w, b) + r, _FUSED, shape_rule="meta",
         range_rule="linear", curvature="bilinear", growth=1, passes=18, sample=(*_MATMUL_SAMPLE, ("x3", (3, 4))),
         work="linear", onnx="definition", definition="(add (linear ?x0 ?x1 ?x2) ?x3)", layout="fresh"),
+    _op("linear_scaled", 3, "scale:f64", lambda x, w, b, scale: F.linear(x, w, b) * scale, _FUSED,
+        shape_rule="linear", range_rule="top", curvature="bilinear", growth=1, passes=17,
+        sample=(*_MATMUL_SAMPLE, ("scale", 0.5)), work="linear", onnx="definition",
+        definition="(mul (linear ?x0 ?x1 ?x2) (const ?scale))", layout="fresh"),
     _op("sdpa_masked", 4, "scale:f64", sdpa_masked, _FUSED, shape_rule="sdpa", range_rule="values-of-v",
         curvature=(1.0, 1.0), **_SMOOTH, passes=21,
         sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention"),
@@ -533,6 +538,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
         # boolean operand: no float32 copy of it; torch's kernel accumulates in float32 itself
         onnx="definition", definition="(matmul (softmax (where ?x3 (mul (matmul ?x0 (transpose ?x1 "
         "-2 -1)) (const ?scale)) (const ?fill)) -1) ?x2)"),
+    _op("sdpa_filled_biased", 5, "scale:f64 fill:f64", lambda q, k, v, keep, bias, scale, fill: sdpa_filled(
+        q, k, v, keep, scale, fill, bias), _FUSED, shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0),
+        **_SMOOTH, passes=22, precision="keep", onnx="definition", definition="(matmul (softmax (where ?x3 (add (mul "
+        "(matmul ?x0 (transpose ?x1 -2 -1)) (const ?scale)) ?x4) (const ?fill)) -1) ?x2)"),
     _op("sdpa_floored", 4, "scale:f64 floor:f64", lambda q, k, v, bias, scale, floor: softmax((q @ grouped(
         q, k).transpose(-2, -1) * scale + bias.to(q.dtype)).clamp(floor), -1) @ grouped(q, v), _FUSED,
         shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=21,  # OPT's clamp

@@ -209,8 +209,7 @@ def _validate(path: str, src, original: onnx.ModelProto, optimized: onnx.ModelPr
     verdicts = [judge(b, a) for a, b in zip(expected, got)]
     if not all(ok for ok, *_ in verdicts) and not all(
             np.isfinite(a).all() for a in expected if a.dtype.kind == "f"):  # it overflowed:
-        refs = imported_reference(src.program, feeds, expected)  # float64 judges, where faithful
-        if refs is not None:
+        if (refs := imported_reference(src.program, feeds, expected)) is not None:  # float64 judges, where faithful
             verdicts = [judge(b, a, r) for a, b, r in zip(expected, got, refs)]
     record["max_error"] = max((err for _, err, _, _ in verdicts), default=0.0)
     for name, (ok, _, _, why) in zip(src.output_names, verdicts):

@@ -115,8 +115,7 @@ def all_gather(x, axis: int, n: int):
 
 
 def all_reduce(x, n: int):
-    d = _device(n)
-    if d:
+    if d := _device(n):
         return d.all_reduce(x)
     first, *rest = _parts(x, n)
     return sum(rest, first)

@@ -171,8 +171,7 @@ class LatencyModel:
         if group is None:
             note = f"no measurements of {kernel} ({backend}, {dtype}) on {device}: roofline default"
             return Estimate(default, "default", DEFAULT_UNCERTAINTY, note)
-        measured = group.exact.get(shape_key(input_shapes, attrs))
-        if measured is not None:
+        if (measured := group.exact.get(shape_key(input_shapes, attrs))) is not None:
             return Estimate(measured.median_s, "measured", measured.spread_s / measured.median_s, config=measured.config)
         query = _features(w, itemsize)
         note = group.extrapolation(query)

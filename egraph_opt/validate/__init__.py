@@ -257,8 +257,7 @@ def imported_reference(program: Program, feeds: dict, expected: list) -> list[np
     if not all(judge(torch.as_tensor(o), e)[0] for o, e in zip(own, expected)):
         return None
     if any(r.is_floating_point() and not r.isfinite().all() for r in refs):
-        wide = wide_reference(program, inputs)
-        if wide is not None:
+        if (wide := wide_reference(program, inputs)) is not None:
             refs = [_widened(r, w) for r, w in zip(refs, wide)]
     return [r.numpy() for r in refs]
 

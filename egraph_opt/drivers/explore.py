@@ -402,8 +402,7 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
     value needs and the inputs to declare; a line in ``bounded`` where the e-graph is too large."""
     if not {t.attrs[0] for t in result.source.inputs} - set(input_ranges):
         return []  # every input declared
-    enodes = max((s.enodes for s in result.saturation), default=0)
-    if enodes > HINTS_UP_TO:
+    if (enodes := max((s.enodes for s in result.saturation), default=0)) > HINTS_UP_TO:
         if bounded is not None:
             bounded.append(f"range hints: not looked for: {enodes:,} e-nodes (bound {HINTS_UP_TO:,})")
         return []

@@ -280,8 +280,7 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
     scale = float(ref[both | rescued].abs().max()) or 1.0 if (both | rescued).any() else 1.0
     err = float((cand - ref)[both | rescued].abs().max()) / scale if (both | rescued).any() else 0.0
     err_orig = float((orig - ref)[both].abs().max()) / scale if both.any() else 0.0
-    odd = ~orig_finite & ~rescued & ~_same(cand, orig) & ~_same(cand, ref)
-    if odd.any():
+    if (odd := ~orig_finite & ~rescued & ~_same(cand, orig) & ~_same(cand, ref)).any():
         return err, err_orig, (f"{int(odd.sum())} element(s) where the original is not finite "
                                "differ from both it and the float64 reference")
     return err, err_orig, ""

@@ -1,8 +1,7 @@
 """The profiler: times kernels and records the medians in the profiling database.
 
 `SPECS` (from the work kind each op declares) gives each costed op's example shapes for a size and
-its work (FLOPs, elements moved); the latency model reads the same table, so they agree.
-"""
+its work (FLOPs, elements moved); the latency model reads the same table, so they agree."""
 from __future__ import annotations
 
 import contextlib

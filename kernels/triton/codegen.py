@@ -6,8 +6,7 @@ Each op is one line of the template table below, formatted with its operands' SS
 attributes. Structurally equal subterms are emitted once; inputs become pointer arguments and
 constants scalar arguments in order of first use, so the source (hence the compiled kernel) depends
 on the term's structure only: ``x * 2`` and ``y * 3`` share one kernel. Everything is in float32;
-a cast rounds to its dtype. An input of a shape that broadcasts is read through ``span``.
-"""
+a cast rounds to its dtype. An input of a shape that broadcasts is read through ``span``."""
 from __future__ import annotations
 
 import hashlib

@@ -4,8 +4,7 @@
 cache directory under its hash (atomically: processes may race), and what runs is that text itself,
 compiled under the file's name and given to linecache, which Triton reads: never the file as found,
 nor bytecode an importer would take from ``__pycache__`` (a planted .pyc with the .py's timestamp
-and size). The cache directory is used only where it and all in it are the user's alone to write.
-"""
+and size). The cache directory is used only where it and all in it are the user's alone to write."""
 from __future__ import annotations
 
 import functools

@@ -2,8 +2,7 @@
 the activation in registers, so the pre-activation never goes to memory.
 
 ``weight`` is in ``nn.Linear`` layout (out, in) and is read transposed through its strides.
-Products accumulate in float32; float32 operands multiply in TF32 only where torch's own matmuls may.
-"""
+Products accumulate in float32; float32 operands multiply in TF32 only where torch's own matmuls may."""
 from __future__ import annotations
 
 import torch

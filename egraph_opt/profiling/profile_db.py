@@ -316,7 +316,7 @@ class ProfileDB:
         """(added, skipped): the records of another machine's export not already here, each under the
         machine key it was measured with (read as measurements only on that machine)."""
         path = Path(path).expanduser()
-        if reason := "missing" if not path.is_file() else _foreign_reason(path)[0]:
+        if reason := ("missing" if not path.is_file() else _foreign_reason(path)[0]):
             raise ProfileDBError(f"cannot import {path}: {reason}, not an egraph-opt profile database")
         with ProfileDB(path) as other:
             records = other.since()[0]

@@ -288,8 +288,7 @@ def sources(program, latency: MeasuredLatency | None) -> tuple[float, dict[str, 
     facts = Facts.of_program(program.roots(), program.meta())
     total, where = 0.0, Counter()
     for t in [t for t in postorder(program.roots()) if t.args]:
-        found = latency(facts.of(t)) if latency else None
-        if found:
+        if latency and (found := latency(facts.of(t))):
             total += found[0] * UNIT_S
             where[found[1]] += 1
         else:

@@ -138,7 +138,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
         for k in np.flatnonzero(series) if t.op != "input" else ():  # where the split's value proves it
             b = _bound(candidates[k], program, ranges, t, x, x).numpy()
             usable[k] = np.where(np.isfinite(b) & (b <= limit), usable[k], UNPROVED)
-        if found := _segments(x.numpy(), usable, series):  # a subterm costs its ops: it must save a regime's
+        if found := _segments(x.numpy(), usable, series):  # a subterm's ops cost what one more regime does
             options.append((found[0] + (0.0 if t.op == "input" else SPLIT_BITS * len(x)), *found, t))
     for _, total, segments, variable in sorted(options, key=lambda o: o[0]):  # the least error first
         if total / bits.shape[1] > single - gain or len(segments) == 1 and not series[segments[0][0]]:

@@ -167,8 +167,8 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
         def submit() -> None:
             for path, target in waiting:
                 if not options["force"] and (earlier := earlier_output(path, target, options)) is not None:
-                    done({"model": path, "output": target, "seconds": 0.0, **earlier})  # kept, or in the way
-                    continue
+                    done({"model": path, "output": target, "seconds": 0.0, **earlier})
+                    continue  # kept (an earlier run's), or a file in the way
                 if shared_fs:  # the workers' working directory need not be this one
                     where, files = (os.path.abspath(path), os.path.abspath(target)), None
                 else:

@@ -50,8 +50,7 @@ def _masked(scores, mask_ptr, offs_m, offs_n, L, S, fill, mask_l, mask_s, CAUSAL
                        mask=inside, other=0.0).to(tl.float32)
         scores = tl.where(bias == float("-inf"), float("-inf"), scores + bias)
     if MASK == 2:
-        keep = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s,
-                       mask=inside, other=0)
+        keep = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s, mask=inside, other=0)
         scores = tl.where(keep != 0, scores, fill)
     visible = offs_n[None, :] < S
     if CAUSAL:

@@ -49,8 +49,7 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """``act(F.linear(x, weight, bias))`` for ``activation`` in :data:`ACTIVATIONS` ('gelu' is the
     exact erf form, 'gelu_tanh' the tanh approximation)."""
     if activation not in ACTIVATIONS:
-        raise ValueError(f"linear_act: unknown activation {activation!r}; expected one of "
-                         f"{ACTIVATIONS}")
+        raise ValueError(f"linear_act: unknown activation {activation!r}; expected one of {ACTIVATIONS}")
     N, K = weight.shape
     x2 = x.contiguous().reshape(-1, K)
     M = x2.shape[0]

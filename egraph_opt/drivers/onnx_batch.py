@@ -405,12 +405,11 @@ def _checked_inputs(args: argparse.Namespace) -> list[str]:
     if not paths:
         raise Failure(f"no models found in {' '.join(args.inputs)}")
     args.profile_db = args.profile_db or str(default_path())
-    try:  # the user's own file there: each model would only warn and price by static estimates
+    try:
         ProfileDB(args.profile_db).close()
-    except ForeignFileError as e:
-        raise Failure(str(e)) from None
-    except UNUSABLE:  # locked, another schema, unreadable: each model warns, as before
-        return paths
+    except UNUSABLE as e:  # locked, another schema, unreadable: each model warns, as before
+        if isinstance(e, ForeignFileError):  # the user's own file: each model would only warn
+            raise Failure(str(e)) from None  # and price by static estimates
     return paths
 
 

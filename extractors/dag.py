@@ -174,8 +174,7 @@ def extract(classes: dict[str, list[ENode]], roots: list[str],
         size = sum(len(nodes) for nodes in classes.values())
         for window in ([WINDOW, None] if size > EXACT_UP_TO else [None]):
             choice = choose(classes, cost, window)
-            missing = [r for r in roots if r not in choice]
-            if missing:
+            if missing := [r for r in roots if r not in choice]:
                 raise ExtractionError(f"e-class {missing[0]} has no finite program")
             try:
                 built = terms_of(refine(choice, roots, classes, cost), roots)

@@ -78,8 +78,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
                 if switched is None:
                     continue
                 kept = {c: n for c, n in trial.items() if c in switched and n != default[c]}
-                key = frozenset(kept.items())
-                if key not in seen:
+                if (key := frozenset(kept.items())) not in seen:
                     seen.add(key)
                     heapq.heappush(queue, (sum(price(c, n) for c, n in switched.items()), len(seen), kept))
 

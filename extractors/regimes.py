@@ -138,14 +138,12 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
         for k in np.flatnonzero(series) if t.op != "input" else ():  # where the split's value proves it
             b = _bound(candidates[k], program, ranges, t, x, x).numpy()
             usable[k] = np.where(np.isfinite(b) & (b <= limit), usable[k], UNPROVED)
-        found = _segments(x.numpy(), usable, series)
-        if found:  # a subterm costs its ops: it must save what one more regime would
+        if found := _segments(x.numpy(), usable, series):  # a subterm's ops cost what one more regime does
             options.append((found[0] + (0.0 if t.op == "input" else SPLIT_BITS * len(x)), *found, t))
     for _, total, segments, variable in sorted(options, key=lambda o: o[0]):  # the least error first
         if total / bits.shape[1] > single - gain or len(segments) == 1 and not series[segments[0][0]]:
             return None  # too little gained, or one exact program: the re-ranking's
-        regimes = _regimes(program, candidates, ranges, variable, segments, limit)
-        if regimes:
+        if regimes := _regimes(program, candidates, ranges, variable, segments, limit):
             return Piecewise(variable, regimes, total / bits.shape[1])
     return None
 

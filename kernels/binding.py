@@ -4,8 +4,7 @@ A candidate's cost is its latency in the profiling database (rows of its own bac
 moves its operands need from the backends that produced them. The torch kernel covers every op (a
 static estimate where nothing is measured); another backend, or a region's generated kernel, is
 chosen only by its measurements, never by a preference (but under the test switch, where Triton
-runs wherever it accepts a node). Extraction prices a node the same way (``Pricing``).
-"""
+runs wherever it accepts a node). Extraction prices a node the same way (``Pricing``)."""
 from __future__ import annotations
 
 import contextlib

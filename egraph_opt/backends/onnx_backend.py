@@ -402,8 +402,7 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
         else:
             em.copy_opaque(item)
     for term, name in zip(outputs, src.output_names):
-        value = em.value(term, None)
-        if value != name:
+        if (value := em.value(term, None)) != name:
             em.nodes.append(helper.make_node("Identity", [value], [name], name=em.fresh("output")))
     _unfused_residuals(em.nodes)
     while True:  # the nodes an output reads, through others (an operand an emitter wrote and then did without,

@@ -363,8 +363,7 @@ def _rotary(em, t):
     """RotaryEmbedding (opset 23) where its caches can be cut from the stored cos and sin (one onnxruntime
     kernel instead of the spelled form's several passes); else x cos + rotate_half(x) sin, the halves cut at
     x's last size // 2: a constant where the shape is static, else Shape(x)[-1] // 2 (any opset, any size)."""
-    caches = _rotary_caches(em, t)
-    if caches is not None:
+    if (caches := _rotary_caches(em, t)) is not None:
         return em.node("RotaryEmbedding", [em.value(t.args[0]), em.tensor(caches[0], "cos_cache"),
                                            em.tensor(caches[1], "sin_cache")], "rotary")
     shape = em.static_shape(t.args[0])

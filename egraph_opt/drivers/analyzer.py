@@ -75,7 +75,6 @@ def curvature(fn, *example_args, input_ranges: dict[str, Interval] | None = None
     for term, value in zip(program.inputs, example_args):
         name = term.attrs[0]
         if name not in ranges and value.is_floating_point() and value.numel():
-            finite = value[torch.isfinite(value)].double()
-            if finite.numel():
+            if (finite := value[torch.isfinite(value)].double()).numel():
                 ranges[name] = (float(finite.min()), float(finite.max()))
     return analyze_program(program, ranges)

@@ -47,8 +47,7 @@ def _profile(args) -> int:
         return _profile_collectives(args)
     from ..kernels.torch_ops import TORCH
     torch.set_num_threads(args.threads)
-    unknown = set(args.ops or ()) - set(SPECS)
-    if unknown:
+    if unknown := set(args.ops or ()) - set(SPECS):
         print(f"egraph-opt profile: no shape grid for {sorted(unknown)}; known: {sorted(SPECS)}",
               file=sys.stderr)
         return 2
@@ -68,8 +67,7 @@ def _profile(args) -> int:
             print(f"{added} timings imported into {db.path} ({skipped} already there); rows keep the "
                   "machine they were measured on and count as measurements only there")
             return 0
-        busy = machine_busy()
-        if busy:  # asked for: timed all the same, with a word on what the rows will hold
+        if busy := machine_busy():  # asked for: timed all the same, with a word on what the rows will hold
             print(f"egraph-opt profile: warning: {busy}; the timings recorded now may be other "
                   "processes' interference, not this machine's speed", file=sys.stderr)
         if args.program:

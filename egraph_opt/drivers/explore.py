@@ -313,8 +313,7 @@ class Explorer:
                 free = self.undeclared(bound.values())
                 rows.append(["guard", f"at e-class {cid}: " + "; ".join(why for _, why in failed) +
                              (f" (no declared range for {', '.join(free)}: pass input_ranges)" if free else "")])
-        fired = next((cid for cid, _, failed in found if not failed), None)
-        if fired:
+        if fired := next((cid for cid, _, failed in found if not failed), None):
             pick = self.chosen.get(fired)
             rows.append(["fired", f"the pattern matches e-class {fired} with its guard holding; the "
                          f"extractor chose {_node_text(pick) if pick else 'no member of it'} "
@@ -403,8 +402,7 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
     value needs and the inputs to declare; a line in ``bounded`` where the e-graph is too large."""
     if not {t.attrs[0] for t in result.source.inputs} - set(input_ranges):
         return []  # every input declared
-    enodes = max((s.enodes for s in result.saturation), default=0)
-    if enodes > HINTS_UP_TO:
+    if (enodes := max((s.enodes for s in result.saturation), default=0)) > HINTS_UP_TO:
         if bounded is not None:
             bounded.append(f"range hints: not looked for: {enodes:,} e-nodes (bound {HINTS_UP_TO:,})")
         return []
@@ -420,8 +418,7 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
             needs = [_bounds(fact, bound, text) for fact, _ in failed]
             if not failed or None in needs:  # it fired here, or a range cannot prove what failed
                 continue
-            free = ex.undeclared(map(bound.get, Guard(fact for fact, _ in failed).variables()))
-            if free:
+            if free := ex.undeclared(map(bound.get, Guard(fact for fact, _ in failed).variables())):
                 hints.append(f"{rule.name} matched {text(cid) or cid}; its guard needs "
                              f"{_intervals(needs)}, not proved: {', '.join(free)} "
                              f"{'has' if len(free) == 1 else 'have'} no declared range. Pass input_ranges="

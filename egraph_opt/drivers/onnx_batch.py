@@ -89,8 +89,7 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
 def session(model: onnx.ModelProto | str):
     import onnxruntime as ort
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
     source = model if isinstance(model, str) else model.SerializeToString()
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
@@ -209,8 +208,7 @@ def _validate(path: str, src, original: onnx.ModelProto, optimized: onnx.ModelPr
     verdicts = [judge(b, a) for a, b in zip(expected, got)]
     if not all(ok for ok, *_ in verdicts) and not all(
             np.isfinite(a).all() for a in expected if a.dtype.kind == "f"):  # it overflowed:
-        refs = imported_reference(src.program, feeds, expected)  # float64 judges, where faithful
-        if refs is not None:
+        if (refs := imported_reference(src.program, feeds, expected)) is not None:  # float64 judges, where faithful
             verdicts = [judge(b, a, r) for a, b, r in zip(expected, got, refs)]
     record["max_error"] = max((err for _, err, _, _ in verdicts), default=0.0)
     for name, (ok, _, _, why) in zip(src.output_names, verdicts):
@@ -407,12 +405,11 @@ def _checked_inputs(args: argparse.Namespace) -> list[str]:
     if not paths:
         raise Failure(f"no models found in {' '.join(args.inputs)}")
     args.profile_db = args.profile_db or str(default_path())
-    try:  # the user's own file there: each model would only warn and price by static estimates
+    try:
         ProfileDB(args.profile_db).close()
-    except ForeignFileError as e:
-        raise Failure(str(e)) from None
-    except UNUSABLE:  # locked, another schema, unreadable: each model warns, as before
-        return paths
+    except UNUSABLE as e:  # locked, another schema, unreadable: each model warns, as before
+        if isinstance(e, ForeignFileError):  # the user's own file: each model would only warn
+            raise Failure(str(e)) from None  # and price by static estimates
     return paths
 
 

@@ -6,12 +6,10 @@ own (``ProfileFile``), whose new rows the driver merges into the user's at the e
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import logging
 import os
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -89,41 +87,18 @@ def _work(process: Callable, path: str, target: str, options: dict, files: dict[
     plugin = worker.plugins.get(_named("profile", options))  # never the driver's path: not this machine's
     options = dict(options, profile_db=plugin.path if plugin is not None else None)
     stopped = _Stopped(_named("stop", options))
-    with _collected_here():
-        if files is None:
-            return process(path, target, options, stopped), None
-        with tempfile.TemporaryDirectory(prefix="egraph-opt-", dir=worker.local_directory) as folder:
-            for name, data in files.items():
-                Path(folder, "in", name).parent.mkdir(parents=True, exist_ok=True)
-                Path(folder, "in", name).write_bytes(data)
-            os.mkdir(os.path.join(folder, "out"))
-            record = process(os.path.join(folder, "in", os.path.basename(path)),
-                             os.path.join(folder, "out", os.path.basename(target)),
-                             dict(options, force=True, run=""), stopped)
-            outputs = {name: Path(folder, "out", name).read_bytes()
-                       for name in os.listdir(os.path.join(folder, "out"))}
-        return record, outputs if record["status"] == "optimized" else None
-
-
-_running = [0]
-_running_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _collected_here():
-    """No cyclic garbage collection while a model runs, then one here: egglog's e-graphs must be
-    freed in the thread that made them, not in the worker's event loop (pyo3 leaks them there)."""
-    with _running_lock:
-        _running[0] += 1
-        gc.disable()
-    try:
-        yield
-    finally:
-        with _running_lock:
-            _running[0] -= 1
-            if not _running[0]:
-                gc.enable()
-        gc.collect(1)  # what the model allocated: young, as no collection ran meanwhile
+    if files is None:
+        return process(path, target, options, stopped), None
+    with tempfile.TemporaryDirectory(prefix="egraph-opt-", dir=worker.local_directory) as folder:
+        for name, data in files.items():
+            Path(folder, "in", name).parent.mkdir(parents=True, exist_ok=True)
+            Path(folder, "in", name).write_bytes(data)
+        os.mkdir(os.path.join(folder, "out"))
+        record = process(os.path.join(folder, "in", os.path.basename(path)),
+                         os.path.join(folder, "out", os.path.basename(target)),
+                         dict(options, force=True, run=""), stopped)
+        outputs = {name: Path(folder, "out", name).read_bytes() for name in os.listdir(os.path.join(folder, "out"))}
+    return record, outputs if record["status"] == "optimized" else None
 
 
 def _files(path: str) -> dict[str, bytes]:
@@ -191,10 +166,9 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
 
         def submit() -> None:
             for path, target in waiting:
-                earlier = None if options["force"] else earlier_output(path, target, options)
-                if earlier is not None:  # kept (an earlier run's), or a file in the way
+                if not options["force"] and (earlier := earlier_output(path, target, options)) is not None:
                     done({"model": path, "output": target, "seconds": 0.0, **earlier})
-                    continue
+                    continue  # kept (an earlier run's), or a file in the way
                 if shared_fs:  # the workers' working directory need not be this one
                     where, files = (os.path.abspath(path), os.path.abspath(target)), None
                 else:

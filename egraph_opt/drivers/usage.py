@@ -36,8 +36,7 @@ def require(extra: str, what: str) -> None:
 
 def find_dot() -> str | None:
     """``$EGRAPH_OPT_DOT`` (None: no program), else ``dot`` or ``graphviz-pure`` on PATH or beside Python."""
-    chosen = os.environ.get("EGRAPH_OPT_DOT")
-    if chosen is not None:
+    if (chosen := os.environ.get("EGRAPH_OPT_DOT")) is not None:
         return chosen if shutil.which(chosen) else None
     beside = Path(sys.executable).parent / "graphviz-pure"
     return shutil.which("dot") or shutil.which("graphviz-pure") or (str(beside) if beside.exists() else None)

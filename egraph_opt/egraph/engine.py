@@ -191,14 +191,12 @@ class EGraph:
         self._declare_ranges()
 
     def _declare_ranges(self) -> None:
-        ready = [text for ops, text in self._ranges_waiting if ops <= self._ops]
-        if ready:
+        if ready := [text for ops, text in self._ranges_waiting if ops <= self._ops]:
             self._ranges_waiting = [(ops, text) for ops, text in self._ranges_waiting if not ops <= self._ops]
             self._run("\n".join(ready))
 
     def __del__(self):
-        number = getattr(self, "_number", None)
-        if number is not None:
+        if (number := getattr(self, "_number", None)) is not None:
             _OWNER.drop(number)
 
     def _call(self, method: str, *args):

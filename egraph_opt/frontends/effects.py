@@ -51,8 +51,7 @@ def written(node: fx.Node, gm: fx.GraphModule) -> list:
             or kwargs.get("inplace") is True:
         written.append(args[0])
     if node.target is torch.nn.functional.batch_norm:
-        training = kwargs.get("training", args[5] if len(args) > 5 else False)
-        if training:
+        if kwargs.get("training", args[5] if len(args) > 5 else False):
             written += [a for a in (kwargs.get("running_mean", args[1] if len(args) > 1 else None),)
                         if a is not None]
     return written

@@ -48,8 +48,7 @@ def _linear(c, x, weight, bias=None):
 def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if dropout_p or (attn_mask is not None and is_causal):  # grouped heads: the op's own (ops.groups)
         raise Unsupported("attention with dropout, or both a mask and causality")
-    if scale is None:
-        scale = 1.0 / math.sqrt(c.info(q).shape[-1])
+    scale = 1.0 / math.sqrt(c.info(q).shape[-1]) if scale is None else scale
     if attn_mask is None:
         return Term("sdpa", (q, k, v), (float(scale), bool(is_causal)))
     if c.info(attn_mask).dtype == torch.bool:  # True attends: an additive bias of 0 / -inf

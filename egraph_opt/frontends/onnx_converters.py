@@ -74,8 +74,7 @@ class Importer:
 
     def operand(self, name: str, other: str) -> Term:
         """An elementwise operand: a numeric size-one constant that broadcasts away is a const."""
-        array = self.consts.get(name)
-        if array is not None and array.size == 1 and array.dtype.kind in "fiu" \
+        if (array := self.consts.get(name)) is not None and array.size == 1 and array.dtype.kind in "fiu" \
                 and array.ndim <= self.rank(other):
             return forms.constant(array.reshape(()), self.dtype(other))
         return self.term(name)
@@ -214,8 +213,7 @@ def _slice(im: Importer, node):
         size = dims[int(axis) % rank]
         if step <= 0 or not isinstance(size, int):
             raise Unsupported("Slice with a non-positive step or a dynamic axis")
-        bounds = slice(int(start), int(end), int(step)).indices(size)
-        if bounds != (0, size, 1):
+        if (bounds := slice(int(start), int(end), int(step)).indices(size)) != (0, size, 1):
             out = Term("slice", (out,), (int(axis) % rank - rank, *bounds))
     return out
 

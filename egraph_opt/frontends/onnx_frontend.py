@@ -250,8 +250,7 @@ def _convert(im: Importer, nodes: list[onnx.NodeProto], static: bool):
                 im.consts[node.output[0]] = _constant_node(node)
                 folded += 1
                 continue
-        values = _fold(im, node)
-        if values is not None:
+        if (values := _fold(im, node)) is not None:
             im.consts.update(zip(node.output, values))
             folded += 1
             continue

@@ -4,8 +4,8 @@ A sharded program is one program that every device runs on its own part of each 
 the mesh is simulated: a value that differs between devices is a ``Local`` holding every device's part, and an
 op over Locals runs once per device (``lang/term.py`` ``evaluate``). So the float64 reference of a sharded
 program is the program itself, evaluated with every device's data; a rewrite into sharded form is proven by
-the same generated tests as every other rule. On a real device (``sharding/run.py`` sets ``current``) the same
-ops split and communicate through torch.distributed instead.
+the same generated tests as every other rule. On a real device (``sharding/run.py`` enters ``on_device``) the
+same ops split and communicate through torch.distributed instead.
 
 - ``shard(x, axis, n)``: device r holds ``x.tensor_split(n, axis)[r]`` (x is the same on all);
 - ``all_gather(x, axis, n)``: every device holds the parts concatenated along ``axis``;
@@ -59,11 +59,7 @@ class Device:
     all_reduce: Callable[[torch.Tensor], torch.Tensor]
 
 
-_current: list[Device] = []
-
-
-def current() -> Device | None:
-    return _current[-1] if _current else None
+_current: list[Device] = []  # the devices ``on_device`` entered, innermost last
 
 
 @contextlib.contextmanager
@@ -94,7 +90,7 @@ def _parts(x, n: int) -> tuple:
 
 
 def _device(n: int) -> Device | None:
-    d = current()
+    d = _current[-1] if _current else None
     if d is not None and d.size != n:
         raise MeshError(f"the program is sharded over {n} devices, this mesh has {d.size}")
     return d
@@ -115,8 +111,7 @@ def all_gather(x, axis: int, n: int):
 
 
 def all_reduce(x, n: int):
-    d = _device(n)
-    if d:
+    if d := _device(n):
         return d.all_reduce(x)
     first, *rest = _parts(x, n)
     return sum(rest, first)

@@ -232,8 +232,7 @@ def skeleton(p: Pattern) -> tuple[Term, dict[int, str]]:
         attrs = tuple(a.value if isinstance(a, Lit) else ATTR_SORTS[sort]()
                       for a, (_, sort) in zip(q.attrs, spec.attrs))
         term = Term(q.op, tuple(build(a) for a in q.args), attrs)
-        labels = [_attr_text(a) if isinstance(a, (Var, Prim)) else None for a in q.attrs]
-        if any(labels):
+        if any(labels := [_attr_text(a) if isinstance(a, (Var, Prim)) else None for a in q.attrs]):
             shown = [lab if lab else literal(v) for lab, v in zip(labels, attrs)]
             names[id(term)] = f"{q.op}({', '.join([pretty(a, names) for a in term.args] + shown)})"
         return term

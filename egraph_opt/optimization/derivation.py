@@ -223,8 +223,7 @@ class _Replay:
                                                            (new, old, after, term)), move.back, part=part)
                     sides[side][k] = after, (steps + [step] if side == 0 else [step] + steps)
                     grown.append(after)
-                    found = self._meet(sides, side, k, path)
-                    if found is not None:
+                    if (found := self._meet(sides, side, k, path)) is not None:
                         return found
                 if self.budget <= 0:
                     return None
@@ -239,8 +238,7 @@ class _Replay:
             if (other.op, other.attrs) == (term.op, term.attrs)]
         for f, b in pairs:
             (fterm, fsteps), (bterm, bsteps) = sides[0][f], sides[1][b]
-            middle = [] if f == b else self._operands(fterm, bterm, path)
-            if middle is not None:
+            if (middle := [] if f == b else self._operands(fterm, bterm, path)) is not None:
                 return fsteps + middle + bsteps
         return None
 
@@ -293,8 +291,7 @@ def _joined(per_root: list[list[Step]]) -> list[Step]:
         for q in queues:
             while q and not q[0].part:
                 steps.append(q.pop(0))
-        heads = [q for q in queues if q]
-        if heads:
+        if heads := [q for q in queues if q]:
             first = heads[0][0]
             parts = [q.pop(0) for q in heads if (q[0].rule.name, q[0].reversed, q[0].part[1]) ==
                      (first.rule.name, first.reversed, first.part[1])]

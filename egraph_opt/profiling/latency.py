@@ -171,8 +171,7 @@ class LatencyModel:
         if group is None:
             note = f"no measurements of {kernel} ({backend}, {dtype}) on {device}: roofline default"
             return Estimate(default, "default", DEFAULT_UNCERTAINTY, note)
-        measured = group.exact.get(shape_key(input_shapes, attrs))
-        if measured is not None:
+        if (measured := group.exact.get(shape_key(input_shapes, attrs))) is not None:
             return Estimate(measured.median_s, "measured", measured.spread_s / measured.median_s, config=measured.config)
         query = _features(w, itemsize)
         note = group.extrapolation(query)
@@ -289,8 +288,7 @@ def sources(program, latency: MeasuredLatency | None) -> tuple[float, dict[str, 
     facts = Facts.of_program(program.roots(), program.meta())
     total, where = 0.0, Counter()
     for t in [t for t in postorder(program.roots()) if t.args]:
-        found = latency(facts.of(t)) if latency else None
-        if found:
+        if latency and (found := latency(facts.of(t))):
             total += found[0] * UNIT_S
             where[found[1]] += 1
         else:

@@ -259,8 +259,7 @@ class ProfileDB:
                 if statement.strip():
                     conn.execute(statement)
             return
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA_VERSION:
+        if (version := conn.execute("PRAGMA user_version").fetchone()[0]) != SCHEMA_VERSION:
             age = "an older" if version < SCHEMA_VERSION else "a newer"
             raise SchemaVersionError(
                 f"profile database {self.path} has schema version {version}, written by {age} "
@@ -317,8 +316,7 @@ class ProfileDB:
         """(added, skipped): the records of another machine's export not already here, each under the
         machine key it was measured with (read as measurements only on that machine)."""
         path = Path(path).expanduser()
-        reason = "missing" if not path.is_file() else _foreign_reason(path)[0]
-        if reason:
+        if reason := ("missing" if not path.is_file() else _foreign_reason(path)[0]):
             raise ProfileDBError(f"cannot import {path}: {reason}, not an egraph-opt profile database")
         with ProfileDB(path) as other:
             records = other.since()[0]

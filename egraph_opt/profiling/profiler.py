@@ -1,8 +1,7 @@
 """The profiler: times kernels and records the medians in the profiling database.
 
 `SPECS` (from the work kind each op declares) gives each costed op's example shapes for a size and
-its work (FLOPs, elements moved); the latency model reads the same table, so they agree.
-"""
+its work (FLOPs, elements moved); the latency model reads the same table, so they agree."""
 from __future__ import annotations
 
 import contextlib
@@ -175,8 +174,7 @@ def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, objec
     it reads and writes, as a move) on inputs of these shapes."""
     if kernel not in PRICED and not kernel.startswith("generated_"):
         raise ValueError(f"no work formula for kernel {kernel!r}; known: {', '.join(sorted(PRICED))}")
-    missing = [name for name in attr_names(kernel) if name not in attrs]
-    if missing:
+    if missing := [name for name in attr_names(kernel) if name not in attrs]:
         raise ValueError(f"kernel {kernel!r} needs attributes {missing}, got {dict(attrs)}")
     return PRICED.get(kernel, PRICED[MOVE]).work(tuple(tuple(s) for s in shapes), attrs)
 
@@ -335,10 +333,8 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
     its memory before timing, tuned within ``budget_s``). Only ops of SPECS: the latency model reads no
     other measurement."""
     cases = list(cases)
-    unknown = sorted({c.op for c in cases if c.op not in (SPECS if kernel is None else PRICED)})
-    if unknown:
-        raise ValueError(f"cannot profile {unknown}: no cost spec; "
-                         f"costed ops: {', '.join(sorted(SPECS))}")
+    if unknown := sorted({c.op for c in cases if c.op not in (SPECS if kernel is None else PRICED)}):
+        raise ValueError(f"cannot profile {unknown}: no cost spec; costed ops: {', '.join(sorted(SPECS))}")
     for name in {c.dtype for c in cases}:
         torch_dtype(name)  # a typo fails now, not after an hour of profiling
     device, where = torch.device(device), device_name(device)
@@ -365,11 +361,9 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
 def grid(ops: Iterable[str], dtypes: Iterable[str], sizes: Iterable[int]) -> list[Case]:
     """The profiling grid: every op of `ops` at the example shapes of every size, in every dtype."""
     ops, dtypes, sizes = list(ops), list(dtypes), list(sizes)
-    unknown = [op for op in ops if op not in SPECS]
-    if unknown:
+    if unknown := [op for op in ops if op not in SPECS]:
         raise ValueError(f"no profiling grid for {unknown}; profilable ops: {', '.join(sorted(SPECS))}")
-    bad = [n for n in sizes if not isinstance(n, int) or n < 1]
-    if bad:
+    if bad := [n for n in sizes if not isinstance(n, int) or n < 1]:
         raise ValueError(f"sizes must be positive ints, got {bad}")
     return [Case(op, dtype, SPECS[op].shapes(n), {a: EXAMPLE_ATTRS[a] for a in attr_names(op)})
             for op in ops for dtype in dtypes for n in sizes]

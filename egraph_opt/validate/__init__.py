@@ -257,8 +257,7 @@ def imported_reference(program: Program, feeds: dict, expected: list) -> list[np
     if not all(judge(torch.as_tensor(o), e)[0] for o, e in zip(own, expected)):
         return None
     if any(r.is_floating_point() and not r.isfinite().all() for r in refs):
-        wide = wide_reference(program, inputs)
-        if wide is not None:
+        if (wide := wide_reference(program, inputs)) is not None:
             refs = [_widened(r, w) for r, w in zip(refs, wide)]
     return [r.numpy() for r in refs]
 
@@ -281,8 +280,7 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
     scale = float(ref[both | rescued].abs().max()) or 1.0 if (both | rescued).any() else 1.0
     err = float((cand - ref)[both | rescued].abs().max()) / scale if (both | rescued).any() else 0.0
     err_orig = float((orig - ref)[both].abs().max()) / scale if both.any() else 0.0
-    odd = ~orig_finite & ~rescued & ~_same(cand, orig) & ~_same(cand, ref)
-    if odd.any():
+    if (odd := ~orig_finite & ~rescued & ~_same(cand, orig) & ~_same(cand, ref)).any():
         return err, err_orig, (f"{int(odd.sum())} element(s) where the original is not finite "
                                "differ from both it and the float64 reference")
     return err, err_orig, ""

@@ -2,16 +2,14 @@
 an optional mask read tile by tile: an additive bias (``sdpa_masked``: -inf masks a key outright)
 or a boolean keep-mask whose dropped keys score ``fill`` (``sdpa_filled``).
 
-A program owns BLOCK_M queries of one batch entry and walks the keys in tiles of BLOCK_N,
-keeping per query a running max, a running sum of exponentials and an unnormalized output that
-are rescaled when the max grows: the (L, S) score matrix is never formed. Head dims are padded to
-powers of two with masked loads. The causal mask is torch's (top-left aligned: query i sees keys
-j <= i); a causal program stops at its last visible key tile. Scores are float32, their
-exponentials exp2 of (s - max) log2(e); float32 products in TF32 only where torch's matmuls may. The extremes
-are the definition's, in the kernel rather than by a guard on the host: a row whose every key is
-masked by -inf is 0/0 = NaN, a +inf or NaN score makes its row NaN, a finite ``fill`` everywhere
-averages v, and a tile of masked keys before the first visible one adds nothing.
-"""
+A program owns BLOCK_M queries of one batch entry and walks the keys in tiles of BLOCK_N, keeping per query a
+running max, a running sum of exponentials and an unnormalized output that are rescaled when the max grows:
+the (L, S) score matrix is never formed. Head dims are padded to powers of two with masked loads. The causal
+mask is torch's (top-left aligned: query i sees keys j <= i); a causal program stops at its last visible key
+tile. Scores are float32, their exponentials exp2 of (s - max) log2(e); float32 products in TF32 only where
+torch's matmuls may. The extremes are the definition's, in the kernel rather than by a guard on the host: a
+row whose every key is masked by -inf is 0/0 = NaN, a +inf or NaN score makes its row NaN, a finite ``fill``
+everywhere averages v, and a tile of masked keys before the first visible one adds nothing."""
 from __future__ import annotations
 
 import math
@@ -52,8 +50,7 @@ def _masked(scores, mask_ptr, offs_m, offs_n, L, S, fill, mask_l, mask_s, CAUSAL
                        mask=inside, other=0.0).to(tl.float32)
         scores = tl.where(bias == float("-inf"), float("-inf"), scores + bias)
     if MASK == 2:
-        keep = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s,
-                       mask=inside, other=0)
+        keep = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s, mask=inside, other=0)
         scores = tl.where(keep != 0, scores, fill)
     visible = offs_n[None, :] < S
     if CAUSAL:

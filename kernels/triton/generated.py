@@ -4,8 +4,7 @@
 cache directory under its hash (atomically: processes may race), and what runs is that text itself,
 compiled under the file's name and given to linecache, which Triton reads: never the file as found,
 nor bytecode an importer would take from ``__pycache__`` (a planted .pyc with the .py's timestamp
-and size). The cache directory is used only where it and all in it are the user's alone to write.
-"""
+and size). The cache directory is used only where it and all in it are the user's alone to write."""
 from __future__ import annotations
 
 import functools
@@ -34,12 +33,6 @@ _kernels: dict[Path, object] = {}  # generated file -> its @triton.jit kernel
 _checked: set[Path] = set()  # cache directories found private in this process
 
 
-def cache_dir() -> Path:
-    """``$EGRAPH_OPT_CACHE/triton``, else ``egraph_opt/triton`` under the user's cache dir."""
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "egraph_opt"
-    return Path(os.environ.get(CACHE_ENV) or home) / "triton"
-
-
 def _private(directory: Path) -> None:
     """Create the directory for this user only; refuse one where another user could plant code:
     it, and everything in it (``__pycache__`` included), must be the user's and writable by nobody
@@ -63,7 +56,8 @@ def _private(directory: Path) -> None:
 def _load(program: KernelSource) -> object:
     """``program``'s kernel: its text written under its hash, then run as that file's module;
     linecache holds the text (an entry without mtime is never reloaded) for ``@triton.jit``."""
-    directory = cache_dir()
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "egraph_opt"
+    directory = Path(os.environ.get(CACHE_ENV) or home) / "triton"
     path, source = directory / f"k_{program.digest}.py", program.source
     if path not in _kernels:
         _private(directory)

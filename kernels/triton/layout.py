@@ -1,6 +1,5 @@
 """Block and tile sizes the kernels launch with (a row kernel reads its rows in blocks, a matmul
-in tiles), whether ``tl.dot``'s operands are widened first, and how it multiplies float32.
-"""
+in tiles), whether ``tl.dot``'s operands are widened first, and how it multiplies float32."""
 from __future__ import annotations
 
 import os

@@ -2,8 +2,7 @@
 the activation in registers, so the pre-activation never goes to memory.
 
 ``weight`` is in ``nn.Linear`` layout (out, in) and is read transposed through its strides.
-Products accumulate in float32; float32 operands multiply in TF32 only where torch's own matmuls may.
-"""
+Products accumulate in float32; float32 operands multiply in TF32 only where torch's own matmuls may."""
 from __future__ import annotations
 
 import torch
@@ -50,8 +49,7 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """``act(F.linear(x, weight, bias))`` for ``activation`` in :data:`ACTIVATIONS` ('gelu' is the
     exact erf form, 'gelu_tanh' the tanh approximation)."""
     if activation not in ACTIVATIONS:
-        raise ValueError(f"linear_act: unknown activation {activation!r}; expected one of "
-                         f"{ACTIVATIONS}")
+        raise ValueError(f"linear_act: unknown activation {activation!r}; expected one of {ACTIVATIONS}")
     N, K = weight.shape
     x2 = x.contiguous().reshape(-1, K)
     M = x2.shape[0]

@@ -2,8 +2,7 @@
 
 Importing the package must never fail on a machine without Triton (CPU CI, macOS): the kernel
 modules are only imported when ``triton`` is, and the names they would export become stubs that
-raise a clear error when called.
-"""
+raise a clear error when called."""
 from __future__ import annotations
 
 import functools

@@ -2,8 +2,7 @@
 
 Pass 1 walks the row in blocks keeping a running max ``m`` and a running sum ``s`` of
 ``exp(x - m)`` (rescaled when ``m`` grows), so rows of any length cost one block of registers
-and never overflow. Pass 2 (skipped for logsumexp) writes ``exp(x - m) / s`` or ``x - m - log s``.
-"""
+and never overflow. Pass 2 (skipped for logsumexp) writes ``exp(x - m) / s`` or ``x - m - log s``."""
 from __future__ import annotations
 
 import torch

@@ -137,10 +137,9 @@ class Layout(NamedTuple):
 def _node(spec: TreeSpec) -> tuple | None:
     """``spec`` as ``_leaves`` reads it: None for a leaf, else its type, flatten function, context,
     number of children and their nodes (None where all are leaves: a cache's list of layers)."""
-    if spec.type is None:
-        return None
     nodes = tuple(map(_node, spec.children()))
-    return spec.type, SUPPORTED_NODES[spec.type].flatten_fn, spec.context, len(nodes), nodes if any(nodes) else None
+    return None if spec.type is None else \
+        (spec.type, SUPPORTED_NODES[spec.type].flatten_fn, spec.context, len(nodes), nodes if any(nodes) else None)
 
 
 def _leaves(value: Any, node: tuple | None, flat: list) -> bool:
@@ -150,9 +149,7 @@ def _leaves(value: Any, node: tuple | None, flat: list) -> bool:
         flat.append(value)
         return True
     kind, flatten, context, n, nodes = node
-    if type(value) is not kind:
-        return False
-    children, found = flatten(value)
+    children, found = flatten(value) if type(value) is kind else ((), _NEVER)
     if found != context or len(children) != n:
         return False
     if nodes is None:

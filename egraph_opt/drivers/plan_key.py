@@ -19,7 +19,6 @@ import dis
 import functools
 import inspect
 import logging
-import operator
 import sys
 import threading
 import types
@@ -314,7 +313,7 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
     holds (a module rebound since ``seen``, an object slot holding another object, a hook registered
     or removed, a class attribute read now shadowed by an instance's); else the values it reads."""
     env: dict[str, Any] = {"_rebindings": _rebindings, "_grad": _grad_enabled, "_dtype": _default_dtype,
-                           "_Handle": RemovableHandle, "_version": dict_version, "_is": operator.is_}
+                           "_Handle": RemovableHandle, "_version": dict_version}
 
     def bind(value: Any) -> str:
         env[f"v{len(env)}"] = value
@@ -324,29 +323,24 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
         holder, name, attribute = slot
         return f"{bind(holder)}.{name}" if attribute else f"{bind(holder)}[{name!r}]"
 
-    def each(slots: list[Slot]) -> str:  # their values, read in one C loop
-        return f"map(getattr, {bind([h for h, _, _ in slots])}, {bind([n for _, n, _ in slots])})"
-
-    loose = [(o, v) for o, v in objects if o[2]]  # cells, defaults, class attributes: no version
     same = [f"_rebindings[0] == {seen}", f"_Handle.next_id == {RemovableHandle.next_id}",
-            f"all(map(_is, {each([o for o, _ in loose])}, {bind([v for _, v in loose])}))",
-            *(f"len({bind(d)}) == {len(d)}" for d in hooks),
-            *(f"{read(o)} is {bind(v)}" for o, v in objects if not o[2] and type(o[0]) is not dict)]
+            *(f"{read(o)} is {bind(v)}" for o, v in objects if type(o[0]) is not dict),
+            *(f"len({bind(d)}) == {len(d)}" for d in hooks)]
     held = [s for s in scalars if type(s[0]) is dict]  # read again only once one of their dicts changed
-    kept = [*(f"{read(o)} is {bind(v)}" for o, v in objects if type(o[0]) is dict),  # checked so too (globals)
-            *(f"{n!r} not in {bind(d)}" for d, n in shadows)]  # an instance's dict gaining the name
-    env["_dicts"] = list({id(d): d for d in [s[0] for s in held] + [o[0] for o, _ in objects] +
-                          [d for d, _ in shadows] if type(d) is dict}.values())
-    env["_held"] = [(None, ())]  # their versions and the values of ``held``, replaced as one
-    parts = [str(identities), bind(slots), "_grad()", "_dtype()", "held[1]", f"*{each([s for s in scalars if s[2]])}",
-             *(read(s) for s in scalars if not s[2] and type(s[0]) is not dict), *(f"{read(o)}._version" for o in versioned),
+    kept = [*(f"{read(o)} is {bind(v)}" for o, v in objects if type(o[0]) is dict),  # checked so too (globals),
+            *(f"{n!r} not in {bind(d)}" for d, n in shadows)]  # and an instance's dict gaining a name
+    versions = [f"_version({bind(d)})" for d in {id(d): d for d in [s[0] for s in held] + [o[0] for o, _ in objects]
+                                                 + [d for d, _ in shadows] if type(d) is dict}.values()]
+    env["_held"] = [None] * len(versions) + [()]  # their versions, then their values
+    parts = [str(identities), bind(slots), "_grad()", "_dtype()", "_held[-1]",
+             *(read(s) for s in scalars if type(s[0]) is not dict), *(f"{read(o)}._version" for o in versioned),
              *(f"tuple([id(v) for v in {bind(c)}{'.values()' if isinstance(c, dict) else ''}])"
                for c in containers),
              *(f"tuple({read(c)}{'.items()' if isinstance(_read(c), dict) else ''})" for c in contents)]
     exec(f"def key():\n    if not ({' and '.join(same)}):\n        return None\n"
-         f"    now, held = [*map(_version, _dicts)], _held[0]\n    if now != held[0]:\n"
+         f"    if not ({' and '.join(f'{v} == _held[{i}]' for i, v in enumerate(versions)) or 'True'}):\n"
          f"        if not ({' and '.join(kept) or 'True'}):\n            return None\n"
-         f"        held = _held[0] = now, ({''.join(read(s) + ', ' for s in held)})\n"
+         f"        _held[:] = [{''.join(v + ', ' for v in versions)}({''.join(read(s) + ', ' for s in held)})]\n"
          f"    return ({', '.join(parts)},)", env)
     return env["key"]
 

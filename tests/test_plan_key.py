@@ -143,14 +143,16 @@ class _Gain(nn.Module):
 
 
 class _Reads(nn.Module):
-    """Reads a config's number, a submodule's attribute and training flag, and a parameter."""
+    """Reads a config's number, a submodule's attribute and training flag, a parameter and a class
+    attribute (which an instance's attribute may shadow)."""
+    OFFSET = 0.5
 
     def __init__(self):
         super().__init__()
         self.cfg, self.inner, self.weight = _Config(), _Gain(), nn.Parameter(torch.randn(4))
 
     def forward(self, x):
-        return torch.exp(self.inner(x) * self.cfg.scale) * self.weight
+        return torch.exp(self.inner(x) * self.cfg.scale) * self.weight + self.OFFSET
 
 
 def _change(m: _Reads, what: str) -> None:
@@ -160,11 +162,13 @@ def _change(m: _Reads, what: str) -> None:
         m.inner.gain = 0.25
     elif what == "training":
         m.inner.train()
+    elif what == "shadowed":  # the class's number is read no more: checked once the instance's dict changed
+        m.OFFSET = 2.0
     else:
         m.weight = nn.Parameter(torch.randn(4))
 
 
-@pytest.mark.parametrize("what", ["config", "submodule", "training", "parameter"])
+@pytest.mark.parametrize("what", ["config", "submodule", "training", "shadowed", "parameter"])
 def test_state_changed_after_many_calls_gets_a_plan_of_its_own(what):
     """The key reads what a dict holds again only once the dict changed (its version): state set
     after many calls of one plan still keys a plan of its own, and an equal number does not."""
@@ -204,3 +208,15 @@ def test_a_global_a_forward_reads_keys_the_plan(nested, monkeypatch):
         monkeypatch.setattr(f"{__name__}.SHIFT", 5.0)
         torch.testing.assert_close(g(x), m(x))
     assert len(g.plans) == 2
+
+
+def test_a_call_laid_out_otherwise_than_the_last_runs_a_plan_of_its_own_shapes():
+    """A call laid out otherwise than the last first tries the plan of the call that followed that
+    one last (a generation's prefill after its last decode step); that plan's own checks decide, so
+    a call of other shapes or constants gets a plan of its own."""
+    g = saturate_and_extract(lambda x, scale=1.0: torch.exp(x) * scale, profile_budget=0)
+    a, b, c = torch.randn(4), torch.randn(2, 3), torch.randn(5)
+    for x, kwargs in [(a, {}), (b, {"scale": 2.0}), (a, {}), (b, {"scale": 2.0}), (a, {}),
+                      (c, {"scale": 2.0}), (a, {}), (b, {"scale": 3.0})]:
+        torch.testing.assert_close(g(x, **kwargs), torch.exp(x) * kwargs.get("scale", 1.0))
+    assert len(g.plans) == 4

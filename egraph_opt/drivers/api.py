@@ -224,6 +224,7 @@ class Plan:
     again: Callable = _missed  # its fast path (``_fast``)
     guard: tuple = (lambda *tensors: False, None)  # the C++ check of its first call's tensors, and its state
     next: Callable = lambda: None  # a weak reference to the plan its fast path found by key last (a decode step's)
+    after: Callable = lambda: None  # one to the fast path of the plan of the call that last followed its (laid out otherwise)
     key: tuple = ()  # its key in the plan cache
     returned: tuple = ()  # arguments rebuilt from their leaves that the original returns as themselves
     into: Into | None = None  # what a call returns where ``returned`` names any
@@ -355,6 +356,8 @@ class OptimizedFunction:
 
     def __call__(self, *args, **kwargs):
         out = self._again(args, kwargs)  # laid out as the last call: C++ checks of the tensors, the state
+        if out is _MISS and self._last is not None:  # else as the call that followed it last (a prefill's decode)
+            out = (self._last.after() or _missed)(args, kwargs)
         if out is not _MISS:
             return out
         call = self._bind(args, kwargs)
@@ -371,6 +374,8 @@ class OptimizedFunction:
                 return plan.out
         with contextlib.suppress(KeyError):  # another thread dropped it meanwhile
             self._plans.move_to_end(plan.key)
+        if self._last is not None and self._last is not plan:
+            self._last.after = weakref.ref(plan.again)
         self._remember(plan)
         return self._ran(plan, call.tensors, call.arguments, args, kwargs)
 
@@ -433,8 +438,7 @@ class OptimizedFunction:
                     plans.move_to_end(found.key)
             except (KeyError, ValueError, TypeError):  # a global deleted, a key None or unhashable: the slow path
                 return _MISS
-            if found is not plan:
-                self._remember(found)
+            self._remember(found)
             if found.run is None:
                 return fn(*args, **kwargs)
             return self._ran(found, tensors, layout.trees(args, kwargs) if found.returned else {}, args, kwargs)

@@ -45,7 +45,7 @@ class BoundCall:
     def layout(self, args: tuple, kwargs: dict) -> Layout | None:
         """How ``args`` and ``kwargs``, the values this call was bound from, make its key; None where
         it is refused or its values do not give its tensors one by one (a tensor in a tuple)."""
-        trees = {id(self.arguments[name]): (spec, name) for name, (spec, _, _) in self.trees.items()}
+        trees = {id(self.arguments[name]): (spec, name, _node(spec)) for name, (spec, _, _) in self.trees.items()}
         slots = tuple(None if isinstance(v, torch.Tensor) else trees.get(id(v)) or  # an immutable
                       (v if type(v) in _SIMPLE else _NEVER, _constant_key(v))  # constant is itself
                       for v in (*args, *kwargs.values()))
@@ -110,7 +110,7 @@ class Layout(NamedTuple):
     without binding. The fast path's check of a call, derived from one bound call."""
     arity: int
     keywords: tuple
-    slots: tuple  # per value: None (a tensor), (its TreeSpec, argument name), (the constant where immutable, its key)
+    slots: tuple  # per value: None (a tensor), (its TreeSpec, argument name, its _node), (the constant where immutable, its key)
     constants: tuple | None  # the key's constants (None: a call of tensors alone, keyed by them)
     order: tuple | None  # where each tensor the Binder gives is in the call (None: where it stands)
 
@@ -123,7 +123,7 @@ class Layout(NamedTuple):
             if slot is None:
                 flat.append(value)
             elif type(slot[0]) is TreeSpec:
-                if not _leaves(value, slot[0], flat):
+                if not _leaves(value, slot[2], flat):
                     return None
             elif value is not slot[0] and _constant_key(value) != slot[1]:
                 return None
@@ -138,15 +138,28 @@ class Layout(NamedTuple):
                 if slot and type(slot[0]) is TreeSpec}
 
 
-def _leaves(value: Any, spec: TreeSpec, flat: list) -> bool:
-    """``value``'s leaves onto ``flat`` where its tree is ``spec``, node types by identity (false where
-    it is not): ``tree_flatten`` without building a spec to compare."""
-    if spec.type is None:
+def _node(spec: TreeSpec) -> tuple | None:
+    """``spec`` as ``_leaves`` reads it: None for a leaf, else its type, flatten function, context,
+    number of children and their nodes (None where all are leaves: a cache's list of layers)."""
+    nodes = tuple(map(_node, spec.children()))
+    return None if spec.type is None else \
+        (spec.type, SUPPORTED_NODES[spec.type].flatten_fn, spec.context, len(nodes), nodes if any(nodes) else None)
+
+
+def _leaves(value: Any, node: tuple | None, flat: list) -> bool:
+    """``value``'s leaves onto ``flat`` where its tree is ``node``'s, node types by identity (false
+    where it is not): ``tree_flatten`` without building a spec to compare."""
+    if node is None:
         flat.append(value)
         return True
-    children, context = SUPPORTED_NODES[spec.type].flatten_fn(value) if type(value) is spec.type else ((), _NEVER)
-    return context == spec.context and len(children) == spec.num_children and \
-        all(_leaves(child, inner, flat) for child, inner in zip(children, spec.children()))
+    kind, flatten, context, n, nodes = node
+    children, found = flatten(value) if type(value) is kind else ((), _NEVER)
+    if found != context or len(children) != n:
+        return False
+    if nodes is None:
+        flat.extend(children)
+        return True
+    return all(_leaves(child, inner, flat) for child, inner in zip(children, nodes))
 
 
 def _key(tensors, constants: tuple | None) -> tuple | None:

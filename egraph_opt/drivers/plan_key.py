@@ -325,11 +325,13 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
 
     same = [f"_rebindings[0] == {seen}", f"_Handle.next_id == {RemovableHandle.next_id}",
             *(f"{read(o)} is {bind(v)}" for o, v in objects if type(o[0]) is not dict),
-            *(f"len({bind(d)}) == {len(d)}" for d in hooks), *(f"{n!r} not in {bind(d)}" for d, n in shadows)]
+            *(f"len({bind(d)}) == {len(d)}" for d in hooks),
+            *(f"{n!r} not in {bind(d)}" for d, n in shadows if type(d) is not dict)]  # no version: every call
     held = [s for s in scalars if type(s[0]) is dict]  # read again only once one of their dicts changed
-    kept = [f"{read(o)} is {bind(v)}" for o, v in objects if type(o[0]) is dict]  # checked so too (globals)
-    versions = [f"_version({bind(d)})" for d in {id(s[0]): s[0] for s in held + [o for o, _ in objects]
-                                                 if type(s[0]) is dict}.values()]
+    kept = [*(f"{read(o)} is {bind(v)}" for o, v in objects if type(o[0]) is dict),  # checked so too (globals),
+            *(f"{n!r} not in {bind(d)}" for d, n in shadows if type(d) is dict)]  # and an instance's gaining a name
+    versions = [f"_version({bind(d)})" for d in {id(d): d for d in [s[0] for s in held] + [o[0] for o, _ in objects]
+                                                 + [d for d, _ in shadows] if type(d) is dict}.values()]
     env["_held"] = [None] * len(versions) + [()]  # their versions, then their values
     parts = [str(identities), bind(slots), "_grad()", "_dtype()", "_held[-1]",
              *(read(s) for s in scalars if type(s[0]) is not dict), *(f"{read(o)}._version" for o in versioned),

@@ -115,7 +115,9 @@ GUARDED += [
      (quadratic("add"), {"x": (0.01, 2.0), "y": (-1.0, 100.0)})),
     ("quadratic-minus", (quadratic("sub"), {"x": (0.01, 2.0), "y": (-100.0, -1.0)}),
      (quadratic("sub"), {"x": (0.01, 2.0), "y": (-1000.0, -1.0)})),  # b^2 may overflow float16
-]
+] + [(f"quadratic-numerator-{sign}-unscaled", (quadratic(op_), {"x": (0.01, 2.0), "y": (-1e19, 1e19)}),
+      (quadratic(op_), {"x": (0.01, 2.0), "y": (-1e19, 2e19)}))  # |b| past 1e19: b^2 may overflow float32
+     for sign, op_ in (("plus", "add"), ("minus", "sub"))]
 
 
 def test_every_guarded_rule_of_the_family_has_a_must_not_fire_case():

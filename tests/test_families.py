@@ -8,6 +8,7 @@ import torch
 
 import egraph_opt.drivers.api as api
 from egraph_opt import saturate_and_extract
+from egraph_opt.backends.torch_backend import FoldedConstant
 from egraph_opt.drivers.explore import ExploreError, explore
 from egraph_opt.drivers.families import Apart, Variable, at, split
 from egraph_opt.lang.term import Term
@@ -161,7 +162,7 @@ def _builds(monkeypatch) -> list:
 
 def heads(x, keep):
     """Attention over ``n`` tokens whose sizes are views, a reshape by ``n * c`` and a causal mask
-    made from ``n`` (a constant of no input: folded, and read per call by the family's module)."""
+    made from ``n`` (a constant of no input: folded, once per size by the family's module)."""
     b, n, c = x.shape
     q = x.view(b, n, 2, c // 2).transpose(1, 2)
     causal = torch.ones(n, n, dtype=torch.bool).tril() & keep
@@ -186,6 +187,12 @@ def test_a_decode_loop_builds_one_module_per_family_equal_to_eager_at_every_size
                 f"n = 2..48, n the size at x.shape[1], keep.shape[3]: made at n = {n} from the plans traced at n = 5 "
                 "and 6") and "built for this size" not in f.report.sizes, f.report.sizes
     assert [shapes[0][1] for shapes in traced] == [5, 6, 49] and len(built) == 3, (traced, built)
+    runs, run, calls, call = [], FoldedConstant.run, [], FoldedConstant.__call__
+    monkeypatch.setattr(FoldedConstant, "run", lambda self, reads: runs.append(1) or run(self, reads))
+    monkeypatch.setattr(FoldedConstant, "__call__", lambda self, *reads: calls.append(reads) or call(self, *reads))
+    for n in range(7, 49):  # again: the mask each size reads was computed at its first call, and kept
+        f(torch.randn(2, n, 16), torch.ones(2, 1, 1, n, dtype=torch.bool))
+    assert not runs and len({r for reads in calls for r in reads if isinstance(r, str)}) == 42  # its shape
 
 
 def windowed(q, k):

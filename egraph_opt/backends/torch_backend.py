@@ -30,10 +30,11 @@ from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
 
 class FoldedConstant:
-    """A value computed from parameters, buffers and literals alone (QKV weights concatenated,
-    a causal mask built from ``arange``): computed once per version of the tensors it reads.
-    Where autograd needs it (grad enabled and a tensor requires grad) it is computed on every
-    call, so training is unchanged; so it is for inference tensors, which keep no version."""
+    """A value computed from parameters, buffers, literals and a size family's sizes alone (QKV
+    weights concatenated, a causal mask built from ``arange(n)``): computed once per version of the
+    tensors it reads and per size (a few dozen kept). Where autograd needs it (grad enabled and a
+    tensor requires grad) it is computed on every call, so training is unchanged; so it is for
+    inference tensors, which keep no version."""
 
     def __init__(self, nodes: list[fx.Node], reads: list[fx.Node], index: int):
         at = {n: i for i, n in enumerate(reads + [n for n in nodes if n not in reads])}
@@ -42,21 +43,24 @@ class FoldedConstant:
         self.steps = [(n.op, n.target, fx.node.map_arg((n.args, n.kwargs), lambda a: Slot(at[a])))
                       for n in nodes if n not in reads]
         self.__name__ = self.__qualname__ = f"folded_constant_{index}"
-        self._cached: tuple = (None, None, None)  # key, value, its version: one read, thread-safe
+        self._cached: dict = {}  # key -> (value, its version)
 
-    def __call__(self, *tensors: torch.Tensor):
+    def __call__(self, *reads):
+        tensors = [t for t in reads if isinstance(t, torch.Tensor)]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) or \
                 any(t.is_inference() for t in tensors):  # inference tensors keep no version
-            return self.run(tensors)
-        key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
-        seen, value, version = self._cached
-        if key == seen and getattr(value, "_version", None) == version:  # nobody wrote the value
+            return self.run(reads)
+        key = tuple((t.data_ptr(), t._version, t.device) if isinstance(t, torch.Tensor) else t for t in reads)
+        value, version = self._cached.get(key, (None, None))
+        if value is not None and getattr(value, "_version", None) == version:  # nobody wrote the value
             return value
         # a normal tensor even in inference mode: its version shows writes, and kernels may
         # cache facts about it by its version (sdpa_masked's mask)
         with torch.inference_mode(False):
-            value = self.run(tensors)
-        self._cached = key, value, getattr(value, "_version", None)
+            value = self.run(reads)
+        if len(self._cached) >= 64:
+            self._cached.clear()
+        self._cached[key] = value, getattr(value, "_version", None)
         return value
 
     def run(self, tensors: tuple):
@@ -79,22 +83,24 @@ def _pure(node: fx.Node, owner, kernels: set) -> bool:
         not any(node in written(u, owner) for u in node.users)
 
 
-def fold_constants(graph: fx.Graph, kernels: set) -> int:
-    """Each value of parameters, buffers and literals alone a call uses: one FoldedConstant; how many."""
+def fold_constants(graph: fx.Graph, kernels: set, sizes: tuple = ()) -> int:
+    """Each value of parameters, buffers, literals and ``sizes`` (a size family's inputs) alone a
+    call uses: one FoldedConstant; how many."""
     fixed, order = {}, {n: i for i, n in enumerate(graph.nodes)}
     for node in graph.nodes:
-        fixed[node] = node.op == "get_attr" or _pure(node, graph.owning_module, kernels) and \
+        fixed[node] = node.op == "get_attr" or node in sizes or _pure(node, graph.owning_module, kernels) and \
             all(fixed[a] for a in node.all_input_nodes)
-    edges = [n for n in graph.nodes if fixed[n] and n.op != "get_attr" and not all(fixed[u] for u in n.users)]
+    edges = [n for n in graph.nodes if fixed[n] and n.op not in ("get_attr", "placeholder")
+             and not all(fixed[u] for u in n.users)]
     for index, node in enumerate(edges):
         nodes = sorted(topological([node], lambda n: n.all_input_nodes, id), key=order.__getitem__)
-        reads = [a for a in nodes if a.op == "get_attr"]
+        reads = [a for a in nodes if a.op == "get_attr" or a in sizes]
         folded = FoldedConstant(nodes, reads, index)
         with graph.inserting_before(node):
             node.replace_all_uses_with(graph.call_function(folded, tuple(reads)),
                                        delete_user_cb=lambda user: not fixed.get(user, False))
     for node in reversed(list(fixed)):  # what only folded constants read (fx keeps a detach_)
-        if fixed[node] and not node.users:
+        if fixed[node] and not node.users and node.op != "placeholder":
             graph.erase_node(node)
     return len(edges)
 

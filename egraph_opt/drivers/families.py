@@ -162,8 +162,8 @@ def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any
 def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple[fx.GraphModule, list]:
     """One module for every size of a family: ``a``'s graph (built at size ``span[0]``) taking first,
     as inputs, each integer or shape that differs in ``b``'s (built at ``span[1]``), and those pairs
-    (``at`` gives their values at a size). Its constants are folded again: one that reads a size (a
-    mask from ``arange(n)``) is computed on each call, as the original does. ``Apart`` where the
+    (``at`` gives their values at a size). Its constants are folded again, one that reads a size (a
+    mask from ``arange(n)``) computed once per size. ``Apart`` where the
     graphs differ in anything else (a kernel or Triton configuration chosen by latency, a region's
     generated kernel, which holds its shapes): then each size is built for itself."""
     graph, env, holes = fx.Graph(owning_module=a), {}, {}
@@ -193,6 +193,6 @@ def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple
             at(getattr(a, x.target), getattr(b, y.target), (*span, span[0]))
         env[x] = copy((x.op, x.target, map_arg((x.args, x.kwargs), env.__getitem__)),
                       (y.op, y.target, map_arg((y.args, y.kwargs), lambda m: env[match[m]])), x.name)
-    fold_constants(graph, a.pure)  # those that read no size
+    fold_constants(graph, a.pure, tuple(holes.values()))  # each kept per size
     return fx.GraphModule(a, graph), list(holes)
 

@@ -368,7 +368,19 @@ def made_wrong(term: Term, ranges: dict | None, env: dict, objective: Objective 
         explained = within(after, torch.as_tensor(toward), WRONG)
         if not wrong_where_right(before, after, truth, explained if ignore is None else ignore | explained):
             why = ZERO_LIMIT + why
+    if why.startswith(LIMIT) and any(bool(v.isinf().any()) for v in env32.values() if v.is_floating_point()):
+        far = {k: v.double().nan_to_num(math.nan, 1e300, -1e300) if v.is_floating_point() else v
+               for k, v in env32.items()}
+        (toward,) = evaluate([low], far, reference=True)  # each infinite input moved to +-1e300
+        explained = within(after, torch.as_tensor(toward), WRONG)
+        if not wrong_where_right(before, after, truth, explained if ignore is None else ignore | explained):
+            why = INF_LIMIT + why
     return f"{why}; optimized: {pretty(optimized)}" if why else ""
+
+
+#: a finding whose every element is the truth at the infinite inputs moved to +-1e300: a NaN
+#: input at another element does not make sigmoid(inf) = 1 a wrong answer; counted apart
+INF_LIMIT = "an infinite input's limit replaced an indeterminate form: "
 
 
 #: a finding whose every element is the truth at the zero inputs moved off zero toward their
@@ -524,7 +536,7 @@ def check(seed: int) -> tuple[str, str, str] | None:
         why = made_wrong(term, ranges, env, objective)
         if why:
             nan_free = not any(v.isnan().any() for v in env.values())
-            limit = why.startswith(LIMIT) and nan_free or why.startswith(ZERO_LIMIT)
+            limit = why.startswith(LIMIT) and nan_free or why.startswith((ZERO_LIMIT, INF_LIMIT))
             return ("limit" if limit else "wrong"), title, why
         if kind != "normal":
             return None

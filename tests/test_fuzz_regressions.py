@@ -236,6 +236,14 @@ def test_the_yardstick(truth, original, optimized, verdict):
     assert (verdict in found) if verdict else found == ""
 
 
+def test_an_infinite_inputs_limit_is_counted_apart_beside_a_nan_input():
+    """Seed 3000407: exp(log y) / (1 + exp(log y)) -> sigmoid(log y) is 1 at y = +inf, where the
+    original and its truth are inf / inf; another element of y is NaN, which made the whole program
+    "made wrong". The element is the truth at y = 1e300: the limit, counted apart."""
+    kind, _, why = fuzz.check(3000407)
+    assert kind == "limit" and why.startswith(fuzz.INF_LIMIT), why
+
+
 def test_a_signed_zeros_limit_is_counted_apart():
     """log(1 + x) -> log1p(x) at x = -0 gives -0, the sign log(1 + x) has at every x < 0, where
     float64's log(1 + -0) is +0; atan2 shows the sign (pi against -pi). The fuzzer counts that

@@ -32,7 +32,7 @@ from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 class FoldedConstant:
     """A value computed from parameters, buffers, literals and a size family's sizes alone (QKV
     weights concatenated, a causal mask built from ``arange(n)``): computed once per version of the
-    tensors it reads and per size (a few dozen kept). Where autograd needs it (grad enabled and a
+    tensors it reads, per size (a few dozen sizes kept). Where autograd needs it (grad enabled and a
     tensor requires grad) it is computed on every call, so training is unchanged; so it is for
     inference tensors, which keep no version."""
 
@@ -43,16 +43,17 @@ class FoldedConstant:
         self.steps = [(n.op, n.target, fx.node.map_arg((n.args, n.kwargs), lambda a: Slot(at[a])))
                       for n in nodes if n not in reads]
         self.__name__ = self.__qualname__ = f"folded_constant_{index}"
-        self._cached: dict = {}  # key -> (value, its version)
+        self._cached: dict = {}  # sizes -> (what identifies the tensors read, the value, its version)
 
     def __call__(self, *reads):
         tensors = [t for t in reads if isinstance(t, torch.Tensor)]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) or \
                 any(t.is_inference() for t in tensors):  # inference tensors keep no version
             return self.run(reads)
-        key = tuple((t.data_ptr(), t._version, t.device) if isinstance(t, torch.Tensor) else t for t in reads)
-        value, version = self._cached.get(key, (None, None))
-        if value is not None and getattr(value, "_version", None) == version:  # nobody wrote the value
+        key, sizes = tuple((t.data_ptr(), t._version, t.device) for t in tensors), tuple(
+            r for r in reads if not isinstance(r, torch.Tensor))
+        seen, value, version = self._cached.get(sizes, (None, None, None))
+        if key == seen and getattr(value, "_version", None) == version:  # nobody wrote the value
             return value
         # a normal tensor even in inference mode: its version shows writes, and kernels may
         # cache facts about it by its version (sdpa_masked's mask)
@@ -60,7 +61,7 @@ class FoldedConstant:
             value = self.run(reads)
         if len(self._cached) >= 64:
             self._cached.clear()
-        self._cached[key] = value, getattr(value, "_version", None)
+        self._cached[sizes] = key, value, getattr(value, "_version", None)  # one per size: no stale weights kept
         return value
 
     def run(self, tensors: tuple):

@@ -97,9 +97,8 @@ class CostModel:
         return KAPPA_WEIGHT * kappa_part + time_part
 
 
-def program_cost(roots: list[Term], model: CostModel, declared: dict | None = None,
-                 leaf_meta: dict | None = None, meta: dict | None = None,
-                 ranges: dict | None = None) -> dict[str, int]:
+def program_cost(roots: list[Term], model: CostModel, declared: dict | None = None, leaf_meta: dict | None = None,
+                 meta: dict | None = None, ranges: dict | None = None) -> dict[str, int]:
     """Total cost of a program as a DAG (each distinct term paid once), with its parts.
     ``meta`` and ``ranges`` (by term id) save recomputing them when the caller has them."""
     meta = meta if meta is not None else shapes(roots, leaf_meta)

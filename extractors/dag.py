@@ -165,8 +165,7 @@ def _reachable(choice: dict[str, ENode], roots: list[str]) -> list[str]:
     return order
 
 
-def extract(classes: dict[str, list[ENode]], roots: list[str],
-            cost: Callable[[str, ENode], int]) -> list[Term]:
+def extract(classes: dict[str, list[ENode]], roots: list[str], cost: Callable[[str, ENode], int]) -> list[Term]:
     """Best Term for each root e-class; the Terms share every common e-class."""
     collecting = gc.isenabled()
     gc.disable()  # extraction allocates millions of small objects and frees none of them

@@ -171,8 +171,7 @@ def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variab
              segments: list[tuple[int, float]], limit: float) -> tuple[Regime, ...] | None:
     """The regimes of a segmentation over ``variable``; None where a series in one is past its
     radius or ``limit``, or a guarded rule's form is not proved on its regime."""
-    lo, hi = ranges.get(variable.attrs[0], (-math.inf, math.inf)) if variable.op == "input" \
-        else (-math.inf, math.inf)
+    lo, hi = ranges.get(variable.attrs[0], (-math.inf, math.inf)) if variable.op == "input" else (-math.inf, math.inf)
     regimes = []
     for k, (c, t) in enumerate(segments):
         start = lo if k == 0 else segments[k - 1][1]
@@ -231,8 +230,7 @@ def _bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo, hi)
     return c.truncation(torch.maximum(a, b))
 
 
-def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]
-              ) -> tuple[float, list[tuple[int, float]]] | None:
+def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]) -> tuple[float, list[tuple[int, float]]] | None:
     """(total bits, [(candidate, threshold after it)...]) of the best segmentation of the points
     sorted by ``x``; the last segment's threshold is +inf. A threshold lies midway between the two
     sample points, or next to the one of a ``series`` candidate (it holds only where sampled)."""

@@ -98,8 +98,7 @@ def _jacobian_rows(out: torch.Tensor, nodes: list[torch.Tensor], pick: torch.Ten
         return [None if r[0] is None else torch.stack(r) for r in zip(*rows)]
 
 
-def rounding_error(root: Term, env: dict[str, torch.Tensor],
-                   gen: torch.Generator | None = None) -> RoundingError:
+def rounding_error(root: Term, env: dict[str, torch.Tensor], gen: torch.Generator | None = None) -> RoundingError:
     """First-order error of ``root`` at ``env`` (inputs in the program's dtypes), bits per output element."""
     with torch.enable_grad():
         exact, dtype, local = _local_errors(root, env)
@@ -166,8 +165,7 @@ def _overflowed(root: Term, exact: dict, shape: torch.Size, pick: torch.Tensor) 
 def _result_bits(value: torch.Tensor, total: torch.Tensor, dtype: torch.dtype,
                  overflowed: torch.Tensor | bool) -> torch.Tensor:
     """Bits of each output element from its first-order error ``total``."""
-    bits = torch.where(value.abs() > FINITE_MAX[str(dtype).removeprefix("torch.")], 0.0,
-                       _to_bits(value, total, dtype))
+    bits = torch.where(value.abs() > FINITE_MAX[str(dtype).removeprefix("torch.")], 0.0, _to_bits(value, total, dtype))
     # NaN where float64 itself overflowed inside (inf / inf): the dtype, narrower, overflows there
     # too and no digit survives; NaN otherwise: undefined (sqrt of a negative), no error to count
     return torch.where(value.isnan() & overflowed, float(torch.finfo(dtype).bits),

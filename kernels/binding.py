@@ -69,8 +69,7 @@ class Pricing:
         use = self._use(n)
         ready = [k for k in kernels_for(n.op) if usable(k, self.device) and not k.refuses(use)]
         return min([(own[0] + round(conversion_seconds(use, "torch", k.backend, self.estimate) / UNIT_S),
-                     own[1]) for k in ready if (own := _measured(self.latency, k, n, len(ready) > 1))],
-                   default=None)
+                     own[1]) for k in ready if (own := _measured(self.latency, k, n, len(ready) > 1))], default=None)
 
     def paths(self, n: NodeFacts) -> list[Path]:
         return paths(self._use(n), ("torch",), self.estimate)
@@ -85,8 +84,7 @@ def _measured(latency, kernel: Kernel, n: NodeFacts, choice: bool = True):
     return found
 
 
-def conversion_seconds(use: Use, source: str, target: str,
-                       estimate: Estimator = default_estimate) -> float:
+def conversion_seconds(use: Use, source: str, target: str, estimate: Estimator = default_estimate) -> float:
     """Seconds moving ``use``'s operands from ``source``'s memory to ``target``'s, by the move kernel."""
     if not copies(source, target):
         return 0.0
@@ -141,8 +139,7 @@ class Path(NamedTuple):
     refused: str | None = None
 
 
-def paths(use: Use, operand_backends: tuple[str, ...] = (),
-          estimate: Estimator = default_estimate) -> list[Path]:
+def paths(use: Use, operand_backends: tuple[str, ...] = (), estimate: Estimator = default_estimate) -> list[Path]:
     """Every kernel of the registry for ``use``'s op, the cheapest first."""
     found = []
     for kernel in kernels_for(use.op):
@@ -155,8 +152,7 @@ def paths(use: Use, operand_backends: tuple[str, ...] = (),
     return sorted(found, key=lambda p: (p.seconds == math.inf, not _preferred(p.kernel, use), p.seconds))
 
 
-def bind(use: Use, operand_backends: tuple[str, ...] = (),
-         estimate: Estimator = default_estimate) -> Kernel:
+def bind(use: Use, operand_backends: tuple[str, ...] = (), estimate: Estimator = default_estimate) -> Kernel:
     """The cheapest kernel accepting ``use``, conversions from ``operand_backends`` included; ties: torch."""
     found = paths(use, operand_backends, estimate)
     if not found or found[0].seconds == math.inf:

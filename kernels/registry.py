@@ -175,8 +175,7 @@ def _move(source: str, target: str) -> Kernel:
 
 
 #: (source, target) backend -> the kernel moving a value between them (rows of its own), every pair
-MOVES = {(source, target): _move(source, target) for source in MEMORY for target in MEMORY
-         if source != target}
+MOVES = {(source, target): _move(source, target) for source in MEMORY for target in MEMORY if source != target}
 
 #: op -> the names of its kernels in REGISTRY (asked per e-node: no scan of REGISTRY each time)
 _NAMES = {op: [name for name, k in REGISTRY.items() if k.op == op] for op in OPS}

@@ -113,8 +113,7 @@ def rules(family: Family, table, exactness: Exactness = Exactness.EXACT, **commo
     """Rules from rows ``(name, lhs, rhs, *extras)``, each extra known by its type: a string is
     the why, a ``when(...)`` the guard, an ``Exactness`` the row's own, a dict further fields
     (``sample``...). ``common`` fields apply to every tuple row; rows may also be Rule objects."""
-    return [row if isinstance(row, Rule) else _row(family, {"exactness": exactness, **common}, *row)
-            for row in table]
+    return [row if isinstance(row, Rule) else _row(family, {"exactness": exactness, **common}, *row) for row in table]
 
 
 def _row(family: Family, fields: dict, name: str, lhs: str, rhs: str, *extras) -> Rule:
@@ -132,19 +131,16 @@ def reverse(rule: Rule, family: Family, guard: Guard = Guard(), **fixed) -> Rule
             text = re.sub(rf"\?{name}\b", pat.literal(value), text)
         return text
 
-    return Rule(f"{rule.name}-rev", pin(rule.rhs), pin(rule.lhs), family, rule.exactness,
-                when=guard, why=f"reverse of {rule.name}",
-                sample=tuple((v, x) for v, x in rule.sample if v not in fixed))
+    return Rule(f"{rule.name}-rev", pin(rule.rhs), pin(rule.lhs), family, rule.exactness, when=guard,
+                why=f"reverse of {rule.name}", sample=tuple((v, x) for v, x in rule.sample if v not in fixed))
 
 
 def catalogue() -> dict[str, Rule]:
     """All rules by name, across families; names are unique."""
-    from . import (algebra, cancellation, canonical, decomposition, functions, fusion, precision,
-                   sharding, stability)
+    from . import (algebra, cancellation, canonical, decomposition, functions, fusion, precision, sharding, stability)
 
     table: dict[str, Rule] = {}
-    for module in (stability, cancellation, functions, algebra, canonical, fusion, precision,
-                   decomposition, sharding):
+    for module in (stability, cancellation, functions, algebra, canonical, fusion, precision, decomposition, sharding):
         for r in module.RULES:
             if r.name in table:
                 raise RuleError(f"duplicate rule name {r.name!r}")

@@ -32,9 +32,8 @@ class Facts:
     """NodeFacts of the nodes of one program or e-graph, by key (term or e-class id); each argument maps keys
     to one fact (``dtypes`` default: meta's; ``scalars``, ``exact``, ``constant``: key sets)."""
 
-    def __init__(self, meta: dict, strides: dict | None = None, scalars: Iterable = (),
-                 ranges: dict | None = None, dtypes: dict | None = None,
-                 exact: Iterable = (), constant: Iterable = ()):
+    def __init__(self, meta: dict, strides: dict | None = None, scalars: Iterable = (), ranges: dict | None = None,
+                 dtypes: dict | None = None, exact: Iterable = (), constant: Iterable = ()):
         self.meta, self.strides, self.scalars = meta, strides or {}, set(scalars)
         self.ranges, self.dtypes = ranges or {}, dtypes
         self.exact, self.constant = set(exact), set(constant)

@@ -247,9 +247,8 @@ def intervals(roots: list[Term], declared: dict[str, Interval] | None = None,
     return [table[id(r)] for r in roots]
 
 
-def analyze(roots: list[Term], declared: dict[str, Interval] | None = None,
-            leaf_meta: dict[str, tuple] | None = None, meta: dict | None = None
-            ) -> dict[int, Interval]:
+def analyze(roots: list[Term], declared: dict[str, Interval] | None = None, leaf_meta: dict[str, tuple] | None = None,
+            meta: dict | None = None) -> dict[int, Interval]:
     """Interval of every term reachable from ``roots``, by term id. ``declared``: inputs' ranges (else
     their dtype's finite values); ``meta``: the terms' shapes, when already known."""
     declared = declared or {}

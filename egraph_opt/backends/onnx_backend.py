@@ -37,8 +37,7 @@ def _uses(roots: list[Term], order: list[Term]) -> Counter:
 
 def _swapped(t: Term) -> Term | None:
     """The operand of a swap of axes 1 and 2 of a rank-4 value (heads and sequence), else None."""
-    if t.op == "permute" and t.attrs[0] == "0,2,1,3" or \
-            t.op == "transpose" and sorted(t.attrs) in ([1, 2], [-3, -2]):
+    if t.op == "permute" and t.attrs[0] == "0,2,1,3" or t.op == "transpose" and sorted(t.attrs) in ([1, 2], [-3, -2]):
         return t.args[0]
     return None
 
@@ -86,8 +85,7 @@ def attention_over_heads(em, attention: Term, xq: tuple, xk: tuple, xv: tuple, h
               for x, c in (xq, xk, xv)] + [full_rows(em, a, xq[0], xk[0]) for a in attention.args[3:]]
     out = em.node("Attention", inputs, "attention", scale=scale, is_causal=int(causal),
                   q_num_heads=heads, kv_num_heads=heads)
-    return out if reshape_to is None else em.node("Reshape", [out, em.ints(parse_shape(reshape_to))],
-                                                  "reshape")
+    return out if reshape_to is None else em.node("Reshape", [out, em.ints(parse_shape(reshape_to))], "reshape")
 
 
 def _product(t: Term, shapes: dict) -> tuple[Term, Callable[[Term], Term]] | None:
@@ -207,14 +205,14 @@ class Emitter:
         self._consts, self._source, self._folded = {}, {}, {}  # memos of tensor, source and fold_params
         self._static: bool | None = None
         self.producer = {out: key for key, call in program.opaque.items() for out in call.target.output}
+        roots, shapes = program.roots(), program.meta()
         #: attention between a split into heads and a merge, written as one Attention (opset 23)
-        self.heads = heads_merged(program.roots(), program.meta()) if self.opset >= 23 else {}
+        self.heads = heads_merged(roots, shapes) if self.opset >= 23 else {}
         #: a MatMul between a flattening and its undoing, written over the unflattened operand
-        roots = program.roots()
-        self.unflattened = matmuls_unflattened(roots, program.meta(), self.heads) \
-            if roots and self.static_shape(roots[0]) is not None else {}
+        static = roots and self.static_shape(roots[0]) is not None
+        self.unflattened = matmuls_unflattened(roots, shapes, self.heads) if static else {}
         #: a Split of a product by stored weights, written as a product per part
-        self.split = products_split(program, program.meta(), self.unflattened) if roots else {}
+        self.split = products_split(program, shapes, self.unflattened) if roots else {}
 
     def fresh(self, hint: str) -> str:
         name = unique(f"eo_{hint}", self.taken)
@@ -347,8 +345,7 @@ class Emitter:
                 node.input[i] = self.value(arg)
         for name, term in call.kwargs.get("captured", ()):
             if self.value(term) != name:  # a subgraph reads this outer name: keep it defined
-                self.nodes.append(helper.make_node("Identity", [self.value(term)], [name],
-                                                   name=self.fresh("captured")))
+                self.nodes.append(helper.make_node("Identity", [self.value(term)], [name], name=self.fresh("captured")))
         self.nodes.append(node)
 
 
@@ -367,8 +364,7 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
             return [x for x, _ in xs] + list(attention.args[3:])
         if id(item) in em.unflattened:
             return em.unflattened[id(item)][1]
-        return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer \
-            else list(item.args)
+        return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer else list(item.args)
 
     return topological(roots, deps, lambda item: id(item) if isinstance(item, Term) else item)
 
@@ -379,10 +375,8 @@ def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
     slower than the two nodes it replaces (bench/onnx_zoo.py's last section prints both)."""
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in nodes:
-        for i, x in enumerate(n.input):
+        for i, x in [*enumerate(n.input), *((-1, x) for x in subgraph_reads(n))]:
             readers.setdefault(x, []).append((n, i))
-        for x in subgraph_reads(n):
-            readers.setdefault(x, []).append((n, -1))
     for n in nodes:
         users = readers.get(n.output[0], []) if n.op_type == "Add" and not n.domain else []
         if users and all(u.op_type == "LayerNormalization" and i == 0 for u, i in users):

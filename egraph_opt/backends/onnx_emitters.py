@@ -204,8 +204,7 @@ def _gelu(em, t, approximate):
     if approximate == "tanh":  # torch's export of GPT-2's gelu: what onnxruntime fuses as FastGelu
         cube = Term("mul", (Term("pow", (x, c(3.0))), c(0.044715)))
         inner = Term("mul", (Term("add", (x, cube)), c(math.sqrt(2 / math.pi))))
-        return emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))),
-                                           Term("add", (Term("tanh", (inner,)), c(1.0))))))
+        return emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))), Term("add", (Term("tanh", (inner,)), c(1.0))))))
     # torch's own export of gelu: the spelling onnxruntime's Gelu fusion recognizes
     gate = Term("erf", (Term("div", (x, c(math.sqrt(2)))),))
     return emit_tree(em, Term("mul", (Term("mul", (x, c(0.5))), Term("add", (c(1.0), gate)))))
@@ -281,17 +280,15 @@ def _conv2d(em, t, stride, padding, dilation, groups):
 
 def _max_pool2d(em, t, kernel, stride, padding, dilation):
     pads = list(parse_shape(padding))
-    return em.node("MaxPool", [em.value(t.args[0])], "max_pool",
-                   kernel_shape=list(parse_shape(kernel)), strides=list(parse_shape(stride)),
-                   pads=pads + pads, dilations=list(parse_shape(dilation)))
+    return em.node("MaxPool", [em.value(t.args[0])], "max_pool", kernel_shape=list(parse_shape(kernel)),
+                   strides=list(parse_shape(stride)), pads=pads + pads, dilations=list(parse_shape(dilation)))
 
 
 def _batch_norm(em, t, eps):
     x, mean, var, weight, bias = t.args
     if any(a.op == "const" for a in (mean, var, weight, bias)):
         raise OnnxExportError("batch_norm with scalar statistics has no BatchNormalization form")
-    return em.node("BatchNormalization", [em.value(a) for a in (x, weight, bias, mean, var)],
-                   "batch_norm", epsilon=eps)
+    return em.node("BatchNormalization", [em.value(a) for a in (x, weight, bias, mean, var)], "batch_norm", epsilon=eps)
 
 
 def _concat(em, t, axis):
@@ -325,8 +322,7 @@ def _atan2(em, t):
     base = n("Atan", n("Div", yv, xv))
     left = n("Or", n("Less", xv, zero), n("And", n("Equal", xv, zero), n(
         "Equal", n("Div", em.scalar(1.0, dtype), xv), em.scalar(-math.inf, dtype))))
-    y_neg = n("Or", n("Less", yv, zero),
-              n("Equal", n("Div", em.scalar(1.0, dtype), yv), em.scalar(-math.inf, dtype)))
+    y_neg = n("Or", n("Less", yv, zero), n("Equal", n("Div", em.scalar(1.0, dtype), yv), em.scalar(-math.inf, dtype)))
     shift = n("Where", y_neg, n("Neg", pi), pi)
     both_zero = n("And", n("Equal", xv, zero), n("Equal", yv, zero))
     at_zero = n("Where", left, shift, n("Mul", yv, zero))
@@ -375,8 +371,7 @@ def _rotary(em, t):
     first = em.node("Slice", [x, em.ints([0], "zero"), half, last], "rotary")
     second = em.node("Slice", [x, half, em.ints([2 ** 62]), last], "rotary")
     rotated = em.node("Concat", [em.node("Neg", [second], "rotary"), first], "rotary", axis=-1)
-    return em.node("Add", [em.node("Mul", [x, cos], "rotary"), em.node("Mul", [rotated, sin], "rotary")],
-                   "rotary")
+    return em.node("Add", [em.node("Mul", [x, cos], "rotary"), em.node("Mul", [rotated, sin], "rotary")], "rotary")
 
 
 #: each ONNX form an op declares (``Op.onnx``) -> the function that writes it: an operator (one

@@ -60,11 +60,10 @@ def analyze_program(program: Program, ranges: dict[str, Interval] | None = None)
     for t in [t for t in postorder(roots) if t.args]:
         operands, out = [intervals[id(a)] for a in t.args], intervals[id(t)]
         dtype = dtype_name(shapes[id(t)][1])
-        nodes.append(NodeCurvature(
-            text=pretty(t), op=t.op, shape=shapes[id(t)][0], dtype=dtype, range=out,
-            kappa=kappa(t.op, t.attrs, operands), lipschitz=lipschitz(t.op, t.attrs, operands),
-            rounding=rounding(dtype, out), cost=kappa_cost(t.op, t.attrs, operands, out, dtype),
-            error_bits=error.by_node.get(id(t), 0.0) if error else 0.0))
+        nodes.append(NodeCurvature(text=pretty(t), op=t.op, shape=shapes[id(t)][0], dtype=dtype, range=out,
+                                   kappa=kappa(t.op, t.attrs, operands), lipschitz=lipschitz(t.op, t.attrs, operands),
+                                   rounding=rounding(dtype, out), cost=kappa_cost(t.op, t.attrs, operands, out, dtype),
+                                   error_bits=error.by_node.get(id(t), 0.0) if error else 0.0))
     return CurvatureReport(nodes, error)
 
 

@@ -48,8 +48,7 @@ def _profile(args) -> int:
     from ..kernels.torch_ops import TORCH
     torch.set_num_threads(args.threads)
     if unknown := set(args.ops or ()) - set(SPECS):
-        print(f"egraph-opt profile: no shape grid for {sorted(unknown)}; known: {sorted(SPECS)}",
-              file=sys.stderr)
+        print(f"egraph-opt profile: no shape grid for {sorted(unknown)}; known: {sorted(SPECS)}", file=sys.stderr)
         return 2
     with ProfileDB(args.db) as db:
         if args.export_to:

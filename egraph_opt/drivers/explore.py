@@ -64,8 +64,7 @@ BATCH_EGRAPH_NODES = 150
 def model_pictures(result) -> dict[str, str]:
     """A batch model's pictures as markup, made where it was optimized: programs, and a small e-graph."""
     from .pictures import egraph_picture, picture, program_picture
-    pictures = {"programs before and after": picture(program_picture(result.source.roots(),
-                                                                     result.program.roots()))}
+    pictures = {"programs before and after": picture(program_picture(result.source.roots(), result.program.roots()))}
     try:
         pictures["the e-graph"] = picture(egraph_picture(explore(result), max_nodes=BATCH_EGRAPH_NODES))
     except ExploreError as e:
@@ -126,8 +125,7 @@ class Explorer:
     """The saturated e-graph of one optimization, with the costs the extractor saw; ``fallback``:
     why the program it found does not run (the original does), "" where it runs."""
 
-    def __init__(self, result: Optimized, input_ranges: dict, rules=None, name: str = "program",
-                 fallback: str = ""):
+    def __init__(self, result: Optimized, input_ranges: dict, rules=None, name: str = "program", fallback: str = ""):
         if result.source is None or result.cost is None:
             raise ExploreError("this optimize() result carries no e-graph to explore")
         self.result, self.ranges, self.name, self.fallback = result, dict(input_ranges), name, fallback
@@ -152,8 +150,7 @@ class Explorer:
 
     @functools.cached_property
     def _input_nodes(self) -> set:
-        return {ENode(t.op, tuple(self.loaded[id(a)] for a in t.args), t.attrs)
-                for t in postorder(self.source.roots())}
+        return {ENode(t.op, tuple(self.loaded[id(a)] for a in t.args), t.attrs) for t in postorder(self.source.roots())}
 
     def summary(self) -> Table:
         """The program found beside the input, priced alike; the title says whether it runs, or why not."""
@@ -177,12 +174,10 @@ class Explorer:
         """The extractor's price of one e-node, and its parts."""
         f = self.facts(cid, node)
         model = self.result.model
-        found = model.latency_of(f) \
-            if model.latency_of and f.shapes is not None and f.op not in LEAVES else None
+        found = model.latency_of(f) if model.latency_of and f.shapes is not None and f.op not in LEAVES else None
         source = "-" if not node.children else (found[1] if found else "static")
-        return {"cost": model(f), "curvature": model.curvature(f),
-                "latency_us": model.latency(f) * UNIT_S * 1e6, "source": source,
-                "error": model.error(f) if node.children else 0.0}
+        return {"cost": model(f), "curvature": model.curvature(f), "latency_us": model.latency(f) * UNIT_S * 1e6,
+                "source": source, "error": model.error(f) if node.children else 0.0}
 
     def _id(self, cid) -> str:
         cid = f"Tensor-{cid}" if isinstance(cid, int) else str(cid)
@@ -203,8 +198,7 @@ class Explorer:
             lo, hi = self.snap.ranges.get(cid, (-float("inf"), float("inf")))
             pick = self.chosen.get(cid)
             rows.append([cid, ", ".join(n.op for n in nodes), list(shape) if shape != "?" else "?",
-                         str(dtype).removeprefix("torch."), f"[{lo:.3g}, {hi:.3g}]",
-                         _node_text(pick) if pick else "-",
+                         str(dtype).removeprefix("torch."), f"[{lo:.3g}, {hi:.3g}]", _node_text(pick) if pick else "-",
                          self.cost_of(cid, pick)["cost"] if pick else "-"])
             items.append(cid)
         return Table(f"e-classes of {self.name}" + (" (changed by rewrites)" if changed else ""),
@@ -218,9 +212,8 @@ class Explorer:
         rows = []
         for node in self.snap.classes[cid]:
             c = self.cost_of(cid, node)
-            rows.append(["*" if self.chosen.get(cid) == node else "", _node_text(node), c["cost"],
-                         c["curvature"], f"{c['error']:.3g}", round(c["latency_us"], 2), c["source"],
-                         self.produced_by(cid, node)])
+            rows.append(["*" if self.chosen.get(cid) == node else "", _node_text(node), c["cost"], c["curvature"],
+                         f"{c['error']:.3g}", round(c["latency_us"], 2), c["source"], self.produced_by(cid, node)])
         return Table(f"e-class {cid} ({', '.join(n.op for n in self.snap.classes[cid])})",
                      ["chosen", "member", "cost", "curvature dB", "est. rel. error", "latency us",
                       "latency from", "produced by"], rows,

@@ -174,14 +174,11 @@ def _optimize(src, original: onnx.ModelProto, options: dict, latency, record: di
     except Exception as e:  # noqa: BLE001 - any optimizer failure fails this model only
         raise ModelFailure(f"optimizer: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     optimized = export(src, result.program)
-    record.update(
-        nodes_before=len(original.graph.node), nodes_after=len(optimized.graph.node),
-        rewrites={r.name: n for r, n in result.applied},
-        derivation=[str(step) for step in result.derivation.steps],
-        ops_before=result.ops_before, ops_after=result.ops_after,
-        curvature_before=result.cost_before.get("curvature"),
-        curvature_after=result.cost_after.get("curvature"), folded=src.folded,
-        opaque=len(src.program.opaque))
+    record.update(nodes_before=len(original.graph.node), nodes_after=len(optimized.graph.node),
+                  rewrites={r.name: n for r, n in result.applied},
+                  derivation=[str(step) for step in result.derivation.steps], ops_before=result.ops_before,
+                  ops_after=result.ops_after, curvature_before=result.cost_before.get("curvature"),
+                  curvature_after=result.cost_after.get("curvature"), folded=src.folded, opaque=len(src.program.opaque))
     if latency is not None:  # what the cost saw: kernels timed now, and why timing stopped early
         record["kernels_profiled"] = latency.profiled
         if latency.busy:
@@ -242,13 +239,12 @@ def summary(records: list[dict]) -> str:
     for r in records:
         ok = r["status"] == "optimized"
         before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
-        rows.append((
-            os.path.basename(r["model"]), status(r),
-            f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
-            str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
-            f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
-            f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
-            f"{after / before:.2f}" if ok and before and after else "-"))
+        rows.append((os.path.basename(r["model"]), status(r),
+                     f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
+                     str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
+                     f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
+                     f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
+                     f"{after / before:.2f}" if ok and before and after else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     kept = sum(r["status"] == "kept" for r in records)
@@ -335,8 +331,7 @@ def _dispatch(args: argparse.Namespace, targets: dict[str, str], options: dict, 
             try:
                 done(future.result())
             except Exception as e:  # noqa: BLE001 - a worker that died fails its model only
-                done({"model": futures[future], "status": "failed",
-                      "reason": f"worker died: {type(e).__name__}: {e}"})
+                done({"model": futures[future], "status": "failed", "reason": f"worker died: {type(e).__name__}: {e}"})
     except KeyboardInterrupt:
         for worker in pool._processes.values():  # Python 3.14: pool.terminate_workers()
             worker.terminate()
@@ -431,8 +426,7 @@ def _targets(paths: list[str], out: str, records: list[dict]) -> dict[str, str]:
 def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     """Register ``onnx`` on the CLI's subparsers; the parsed namespace's ``run`` executes it."""
     newest = onnx.defs.onnx_opset_version()
-    parser = subparsers.add_parser("onnx", help="optimize ONNX models in batch",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser("onnx", help="optimize ONNX models in batch", description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="+", metavar="IN", help="model files, directories, globs")
     parser.add_argument("--out", required=True, help="directory for the optimized models")
     parser.add_argument("-j", "--jobs", type=at_least(1), default=1, help="parallel worker processes")

@@ -221,6 +221,5 @@ def _merge(client, options: dict) -> None:
         with ProfileDB(options["profile_db"]) as db:
             db.add_many(rows)
     except UNUSABLE as e:  # the batch's outputs and report matter more than these timings
-        warnings.warn(f"{len(rows)} latencies measured by the workers not merged: {e}",
-                      ProfileDBWarning, stacklevel=2)
+        warnings.warn(f"{len(rows)} latencies measured by the workers not merged: {e}", ProfileDBWarning, stacklevel=2)
     client.unregister_worker_plugin(_named("profile", options))

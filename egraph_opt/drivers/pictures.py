@@ -118,8 +118,7 @@ def render(source: str, fallback: str) -> SVG | TextPicture:
         return TextPicture("Graphviz dot not found (pip install graphviz-pure, or set "
                            f"EGRAPH_OPT_DOT): a text rendering instead\n{fallback}")
     try:
-        done = subprocess.run([dot, "-Tsvg"], input=source, capture_output=True, text=True,
-                              timeout=DOT_SECONDS)
+        done = subprocess.run([dot, "-Tsvg"], input=source, capture_output=True, text=True, timeout=DOT_SECONDS)
     except subprocess.TimeoutExpired:
         return TextPicture(f"dot took over {DOT_SECONDS} s: a text rendering instead\n{fallback}")
     if done.returncode != 0:
@@ -367,8 +366,7 @@ def batch_page(records: list[dict], summary: str, interrupted: bool, status) -> 
                 f"<li>{html.escape(s)}</li>" for s in r["derivation"]) + "</ol>"
         if r.get("ops_before"):
             section += picture(_ops_figure(r["ops_before"], r["ops_after"]))
-        section += "".join(f"<h4>{html.escape(title)}</h4>{markup}"
-                           for title, markup in r.get("pictures", {}).items())
+        section += "".join(f"<h4>{html.escape(title)}</h4>{markup}" for title, markup in r.get("pictures", {}).items())
         body += f"<section><h2>{html.escape(r['model'])}: {html.escape(status(r))}</h2>{section}</section>"
     return page("egraph-opt onnx batch", body)
 
@@ -377,8 +375,7 @@ def _ops_figure(before: dict, after: dict):
     ops = sorted(set(before) | set(after))
     fig, ax = _figure(6.4, 0.3 * len(ops) + 1.2)
     for j, (counts, label) in enumerate([(before, "before"), (after, "after")]):
-        ax.barh([i + (j - 0.5) * 0.4 for i in range(len(ops))], [counts.get(o, 0) for o in ops], 0.4,
-                label=label)
+        ax.barh([i + (j - 0.5) * 0.4 for i in range(len(ops))], [counts.get(o, 0) for o in ops], 0.4, label=label)
     ax.set_yticks(range(len(ops)), ops, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ops")

@@ -120,8 +120,7 @@ def made_from(path: str, options: dict) -> str:
     for name in [os.path.basename(path), *external_files(path, onnx.load(path, load_external_data=False))]:
         with open(os.path.join(os.path.dirname(path), name), "rb") as f:
             digest.update(hashlib.file_digest(f, "sha256").digest())
-    return json.dumps({"sha256": digest.hexdigest(), **{k: options.get(k) for k in _SAME_OUTPUT}},
-                      sort_keys=True)
+    return json.dumps({"sha256": digest.hexdigest(), **{k: options.get(k) for k in _SAME_OUTPUT}}, sort_keys=True)
 
 
 def stamp(model: onnx.ModelProto, source: str) -> None:

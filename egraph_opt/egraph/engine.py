@@ -51,8 +51,7 @@ def _ops_of(rule) -> tuple[frozenset, frozenset]:
         return found
 
     pairs = rule.pairs()
-    return (frozenset().union(*(ops(lhs) for lhs, _ in pairs)),
-            frozenset().union(*(ops(rhs) for _, rhs in pairs)))
+    return (frozenset().union(*(ops(lhs) for lhs, _ in pairs)), frozenset().union(*(ops(rhs) for _, rhs in pairs)))
 
 
 @functools.lru_cache(maxsize=None)

@@ -52,8 +52,7 @@ def written(node: fx.Node, gm: fx.GraphModule) -> list:
         written.append(args[0])
     if node.target is torch.nn.functional.batch_norm:
         if kwargs.get("training", args[5] if len(args) > 5 else False):
-            written += [a for a in (kwargs.get("running_mean", args[1] if len(args) > 1 else None),)
-                        if a is not None]
+            written += [a for a in (kwargs.get("running_mean", args[1] if len(args) > 1 else None),) if a is not None]
     return written
 
 

@@ -14,8 +14,7 @@ from ..lang.term import Term
 
 
 @lowers(F.embedding)
-def _embedding(c, ids, weight, padding_idx=None, max_norm=None, norm_type=2.0,
-               scale_grad_by_freq=False, sparse=False):
+def _embedding(c, ids, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
     if max_norm is not None:
         raise Unsupported("embedding with max_norm renormalizes the weight")
     flat = Term("reshape", (ids,), (shape_attr((math.prod(c.info(ids).shape),)),))
@@ -107,8 +106,7 @@ def _max_pool2d(c, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 
 
 @lowers(F.batch_norm)
-def _batch_norm(c, x, running_mean, running_var, weight=None, bias=None, training=False,
-                momentum=0.1, eps=1e-5):
+def _batch_norm(c, x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     if training or weight is None or bias is None or running_mean is None:
         raise Unsupported("batch norm in training mode or without affine parameters")
     return Term("batch_norm", (x, running_mean, running_var, weight, bias), (float(eps),))

@@ -117,8 +117,7 @@ def _floating(im: Importer, name: str) -> bool:
 
 def _binary(op: str, floating_only: bool = False):
     def convert(im: Importer, node):
-        if floating_only and not _floating(im, node.output[0] if node.output[0] in im.types
-                                           else node.input[0]):
+        if floating_only and not _floating(im, node.output[0] if node.output[0] in im.types else node.input[0]):
             raise Unsupported(f"{node.op_type} on integers")
         names = list(node.input)
         out = im.operand(names[0], names[1] if len(names) > 1 else names[0])
@@ -157,8 +156,7 @@ def _gemm(im: Importer, node):
     trans_b = _attr(node, "transB", 0)
     if _attr(node, "transA", 0):
         a = Term("transpose", (a,), (-2, -1))
-    if trans_b and alpha == 1.0 and beta == 1.0 and has_c and \
-            im.shape(node.input[2]) == im.shape(node.input[1])[:1]:
+    if trans_b and alpha == 1.0 and beta == 1.0 and has_c and im.shape(node.input[2]) == im.shape(node.input[1])[:1]:
         return Term("linear", (a, b, im.term(node.input[2])))
     if trans_b:
         b = Term("transpose", (b,), (-2, -1))
@@ -227,8 +225,7 @@ def _cast(im: Importer, node):
 
 
 def _softmax(op: str):
-    return lambda im, node: Term(op, (im.term(node.input[0]),),
-                                 (im.axis(node.input[0], _attr(node, "axis", -1)),))
+    return lambda im, node: Term(op, (im.term(node.input[0]),), (im.axis(node.input[0], _attr(node, "axis", -1)),))
 
 
 def _norm(op: str):
@@ -275,8 +272,7 @@ def _conv(im: Importer, node):
 def _max_pool(im: Importer, node):
     """2-D MaxPool with floor rounding, explicit symmetric pads and no Indices output."""
     pads = _window_pads(im, node)
-    if _attr(node, "ceil_mode", 0) or _attr(node, "storage_order", 0) or \
-            (len(node.output) > 1 and node.output[1]):
+    if _attr(node, "ceil_mode", 0) or _attr(node, "storage_order", 0) or (len(node.output) > 1 and node.output[1]):
         raise Unsupported("MaxPool with ceil_mode, storage_order or its Indices output")
     return Term("max_pool2d", (im.term(node.input[0]),), (
         shape_attr(_attr(node, "kernel_shape")), shape_attr(_attr(node, "strides", [1, 1])),

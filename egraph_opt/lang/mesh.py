@@ -46,8 +46,7 @@ class Local:
         these are (parts may differ in size: a split of 5 rows over 2 devices is 3 and 2)."""
         parts = [torch.as_tensor(p) for p in self.parts]
         dtype = parts[0].dtype if parts[0].is_floating_point() else torch.float64
-        return torch.cat([torch.cat([torch.tensor(p.shape, dtype=dtype), p.flatten().to(dtype)])
-                          for p in parts])
+        return torch.cat([torch.cat([torch.tensor(p.shape, dtype=dtype), p.flatten().to(dtype)]) for p in parts])
 
 
 @dataclass(frozen=True)

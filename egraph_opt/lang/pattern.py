@@ -206,8 +206,7 @@ def instantiate(p: Pattern, bindings: dict):
         return p.value
     if isinstance(p, Prim):
         return ARITHMETIC[p.fn](*(instantiate(a, bindings) for a in p.args))
-    return Term(p.op, tuple(instantiate(a, bindings) for a in p.args),
-                tuple(instantiate(a, bindings) for a in p.attrs))
+    return Term(p.op, tuple(instantiate(a, bindings) for a in p.args), tuple(instantiate(a, bindings) for a in p.attrs))
 
 
 def defined(t: Term) -> Term:

@@ -119,8 +119,7 @@ def pretty(root: Term, names: dict[int, str] | None = None, width: int | None = 
             inner = text[id(t.args[0])]
             text[id(t)] = ("-" + (inner[0] if inner[1] >= 9 else f"({inner[0]})"), 8)
         else:
-            parts = [text[id(a)][0] for a in t.args] + [repr(v) if isinstance(v, str) else str(v)
-                                                        for v in t.attrs]
+            parts = [text[id(a)][0] for a in t.args] + [repr(v) if isinstance(v, str) else str(v) for v in t.attrs]
             text[id(t)] = (f"{t.op}({', '.join(parts)})", 9)
     shown = text[id(root)][0]
     return shown if width is None or len(shown) <= width else shown[:width - 3] + "..."
@@ -248,6 +247,5 @@ def shapes(roots: list[Term], leaf_meta: dict[str, tuple] | None = None
     """Shape and dtype of every term (``infer``); ``leaf_meta`` gives opaque leaves' (shape, dtype)."""
     out: dict[int, tuple] = {}
     for t in postorder(roots):
-        out[id(t)] = infer(t.op, t.attrs, [a.attrs[0] if a.op == "const" else out[id(a)] for a in t.args],
-                           leaf_meta)
+        out[id(t)] = infer(t.op, t.attrs, [a.attrs[0] if a.op == "const" else out[id(a)] for a in t.args], leaf_meta)
     return out

@@ -126,8 +126,7 @@ class _Replay:
     applied forwards to the input's side and backwards to the output's."""
 
     def __init__(self, snap: Snapshot, loaded: dict[int, str], rules: list[Rule]):
-        self.node_class = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items()
-                           for n in nodes}
+        self.node_class = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}
         self.loaded, self.dtypes = loaded, snap.dtypes
         self.all_rules = list(rules)
         moves = []

@@ -51,11 +51,9 @@ class Optimized:
     source: Program | None = None  # the input program (its terms are the e-graph's anchors)
 
 
-def optimize(program: Program, *, rules: list[Rule] | None = None,
-             objective: Objective = Objective.BALANCED, limits: Limits = Limits(),
-             schedule: list[Phase] | None = None, input_ranges: dict | None = None,
-             model: CostModel | None = None, templates: bool = True,
-             ranges: RangeMemo | None = None) -> Optimized:
+def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Objective = Objective.BALANCED,
+             limits: Limits = Limits(), schedule: list[Phase] | None = None, input_ranges: dict | None = None,
+             model: CostModel | None = None, templates: bool = True, ranges: RangeMemo | None = None) -> Optimized:
     """Optimize a program. ``schedule`` runs its phases in order; without one, ``rules`` (default:
     every rule not unsafe) run as one phase under ``limits``. ``input_ranges``: besides facts of the
     ops, the only source for rule conditions. ``model`` (default: static latencies) prices nodes.
@@ -116,9 +114,8 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
     return ([regimes.term] if regimes else best), regimes, reranked is not None
 
 
-def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict,
-                 model: CostModel, input_ranges: dict | None, ranges: RangeMemo, keep: bool
-                 ) -> tuple[Program, list[Term], dict, dict]:
+def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict, model: CostModel,
+                 input_ranges: dict | None, ranges: RangeMemo, keep: bool) -> tuple[Program, list[Term], dict, dict]:
     """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved
     (a term's e-class's, from every equivalent form: a quotient known to be a sigmoid is in [0, 1];
     met with an extracted term's own), as the extractor saw them: greedy extraction is not
@@ -147,9 +144,8 @@ RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 ACCURATE_BY = 8.0
 
 
-def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
-            root_classes: list[str], cost: Callable, input_ranges: dict | None,
-            model: CostModel, priced: Callable) -> list[Term] | None:
+def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot, root_classes: list[str],
+            cost: Callable, input_ranges: dict | None, model: CostModel, priced: Callable) -> list[Term] | None:
     """Of the cheapest programs and the input, by first-order error sampled over the declared ranges (or the
     inputs' bit patterns), which sees what per-node costs cannot (a cancellation of coinciding operands, an
     error a later op attenuates): under stability the least error (cost order breaks ties), under balanced one
@@ -161,8 +157,7 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
     if model.objective is Objective.BALANCED and not elementwise(roots) and \
             not all(t.attrs[0] in (input_ranges or {}) for t in program.inputs):
         return None
-    if not sampled_small(program) and \
-            sum(math.prod(shape) for shape, _ in program.meta().values()) > RERANK_ELEMENTS:
+    if not sampled_small(program) and sum(math.prod(shape) for shape, _ in program.meta().values()) > RERANK_ELEMENTS:
         return None  # the input's values: an elementwise program is sampled small whatever its size
     found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
     candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]
@@ -213,13 +208,11 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     for r in parts:
         for rule, n in r.applied:
             applied[rule.name] = (rule, applied.get(rule.name, (rule, 0))[1] + n)
-    derivation = Derivation([s for r in parts for s in r.derivation.steps],
-                            all(r.derivation.complete for r in parts),
+    derivation = Derivation([s for r in parts for s in r.derivation.steps], all(r.derivation.complete for r in parts),
                             "; ".join(r.derivation.unexplained for r in parts if r.derivation.unexplained))
     return Optimized(program=final, egraph=main.egraph, saturation=[s for r in parts for s in r.saturation],
-                     applied=list(applied.values()), cost_before=before, cost_after=after,
-                     ops_before=op_counts(roots), ops_after=op_counts(best), model=model,
-                     seconds={"total": time.perf_counter() - start},
+                     applied=list(applied.values()), cost_before=before, cost_after=after, ops_before=op_counts(roots),
+                     ops_after=op_counts(best), model=model, seconds={"total": time.perf_counter() - start},
                      cost=main.cost, root_classes=main.root_classes, derivation=derivation, source=main.source)
 
 
@@ -238,8 +231,7 @@ class RangeMemo:
         """Interval of every term of ``roots`` by term id; ``meta``: their shapes and dtypes."""
         ids, out = {}, {}
         for t in postorder(roots):
-            key = (t.op, tuple(ids[id(a)] for a in t.args), t.attrs, len({id(a) for a in t.args}),
-                   meta[id(t)])
+            key = (t.op, tuple(ids[id(a)] for a in t.args), t.attrs, len({id(a) for a in t.args}), meta[id(t)])
             if key not in self._ids:
                 self._ids[key] = len(self._intervals)
                 self._intervals.append(
@@ -278,8 +270,7 @@ def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: d
     return meta, fill(snap.classes, {c: known[i] for i, c in class_of.items()}, strides_of)
 
 
-def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None
-                ) -> Callable[[str, object], NodeFacts]:
+def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None) -> Callable[[str, object], NodeFacts]:
     """``facts(class id, e-node)``: what the cost model knows of an e-node, from the snapshot's
     analyses: intervals, dtypes, exactness, constness, shapes and layouts (``strides`` by class)
     of its operand classes."""

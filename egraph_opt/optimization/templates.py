@@ -58,8 +58,7 @@ def _signature(inst: Instance, parents: dict[int, list[Term]], roots: set[int]) 
                     inst.args.append(a)
                 operands.append(("arg", args[id(a)]))
         keys.append((t.op, t.attrs, tuple(operands)))
-    inst.outputs = [t for t in inst.terms
-                    if id(t) in roots or any(id(p) not in inside for p in parents[id(t)])]
+    inst.outputs = [t for t in inst.terms if id(t) in roots or any(id(p) not in inside for p in parents[id(t)])]
     inst.signature = (tuple(keys), tuple(inside[id(t)] for t in inst.outputs))
 
 

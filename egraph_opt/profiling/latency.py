@@ -148,19 +148,16 @@ class LatencyModel:
         self.db = db
         self._groups: dict[tuple[str, str, str, str], _Group | None] = {}
 
-    def _group(self, kernel: str, backend: str, device: str, dtype: str, itemsize: int,
-               layout) -> _Group | None:
+    def _group(self, kernel: str, backend: str, device: str, dtype: str, itemsize: int, layout) -> _Group | None:
         """The rows of one kernel whose operands had ``layout``: across layouts a fit averages unlike runs."""
         key = (kernel, backend, device, dtype, str(layout))
         if key not in self._groups:
-            rows = [(r, _work_of(kernel, r)) for r in self.db.records(*key[:4])
-                    if r.attrs.get("layout") == layout]
+            rows = [(r, _work_of(kernel, r)) for r in self.db.records(*key[:4]) if r.attrs.get("layout") == layout]
             rows = [(r, w) for r, w in rows if w is not None and not interference(r, w)]
             self._groups[key] = _Group(device, itemsize, rows) if rows else None
         return self._groups[key]
 
-    def predict(self, kernel: str, backend: str, device: str, dtype: str,
-                input_shapes: Sequence[Sequence[int]],
+    def predict(self, kernel: str, backend: str, device: str, dtype: str, input_shapes: Sequence[Sequence[int]],
                 attrs: Mapping[str, object] | None = None) -> Estimate:
         """Seconds per call of `kernel` on inputs of these shapes, attributes and dtype."""
         attrs = dict(attrs or {})

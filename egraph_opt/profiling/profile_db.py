@@ -295,8 +295,7 @@ class ProfileDB:
 
     def since(self, row_id: int = 0) -> tuple[list[Record], int]:
         """Records after row ``row_id``, oldest first, and the last row's id: to copy them as recorded."""
-        rows = self._conn.execute(f"SELECT id, {_COLUMNS} FROM {_TABLE} WHERE id > ? ORDER BY id",
-                                  (row_id,)).fetchall()
+        rows = self._conn.execute(f"SELECT id, {_COLUMNS} FROM {_TABLE} WHERE id > ? ORDER BY id", (row_id,)).fetchall()
         return [_from_row(row[1:]) for row in rows], rows[-1][0] if rows else row_id
 
     def export(self, path: str | os.PathLike) -> int:

@@ -266,8 +266,7 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
         for r in range(min(rounds, int(budget_s / per_round) - 1)):
             order = [(r + k) % len(fns) for k in range(len(fns))]
             if cuda:
-                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                          for _ in fns]
+                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
                 for i in order:
                     events[i][0].record()
                     fns[i](*args)
@@ -325,9 +324,8 @@ def _progress(items: list, desc: str) -> Iterable:
         yield from tqdm(items, desc=desc, unit="kernel")
 
 
-def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *,
-                   repeats: int = 15, progress: bool = True, kernel=None, kernels: dict = {},
-                   budget_s: float = math.inf) -> list[Record]:
+def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *, repeats: int = 15,
+                   progress: bool = True, kernel=None, kernels: dict = {}, budget_s: float = math.inf) -> list[Record]:
     """Time each case and record it: the op's torch implementation (backend "torch": its ``kernels``
     entry, else its reference), or ``kernel`` (a registry kernel: its own rows, its inputs moved into
     its memory before timing, tuned within ``budget_s``). Only ops of SPECS: the latency model reads no
@@ -369,9 +367,7 @@ def grid(ops: Iterable[str], dtypes: Iterable[str], sizes: Iterable[int]) -> lis
             for op in ops for dtype in dtypes for n in sizes]
 
 
-def profile_ops(ops: Iterable[str], dtypes: Iterable[str], device: str | torch.device,
-                db: ProfileDB, sizes: Iterable[int], repeats: int = 15,
-                progress: bool = True, kernels: dict = {}) -> list[Record]:
+def profile_ops(ops: Iterable[str], dtypes: Iterable[str], device: str | torch.device, db: ProfileDB,
+                sizes: Iterable[int], repeats: int = 15, progress: bool = True, kernels: dict = {}) -> list[Record]:
     """Profile the grid of `ops` x `dtypes` x `sizes` on `device` into `db` (the CLI's entry)."""
-    return profile_shapes(grid(ops, dtypes, sizes), device, db, repeats=repeats, progress=progress,
-                          kernels=kernels)
+    return profile_shapes(grid(ops, dtypes, sizes), device, db, repeats=repeats, progress=progress, kernels=kernels)

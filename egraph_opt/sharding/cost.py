@@ -91,8 +91,7 @@ class MeshCost:
         self.links = self.links or measured_links()
         self.model = CostModel(Objective.LATENCY, latency_of=self.latency)
         self.facts = Facts(self.meta, scalars=class_constants(self.classes))
-        self.placed = {c for c, nodes in self.classes.items()
-                       if any(n.op in ("input", "param") for n in nodes)}
+        self.placed = {c for c, nodes in self.classes.items() if any(n.op in ("input", "param") for n in nodes)}
 
     def __call__(self, cid: str, node) -> int:
         if OPS[node.op].is_leaf:
@@ -103,8 +102,7 @@ class MeshCost:
             full, axis = self.meta[node.children[0]][0], node.attrs[0]
             if len(full) < -axis or full[axis] % self.n:
                 return INFEASIBLE  # parts of unequal size: gloo's collectives need equal ones
-            return 0 if node.children[0] in self.placed else self._units(
-                nbytes(self.meta[cid]) * COPY_S_PER_BYTE)
+            return 0 if node.children[0] in self.placed else self._units(nbytes(self.meta[cid]) * COPY_S_PER_BYTE)
         if node.op in COLLECTIVES:
             moved = self.meta[cid] if node.op == "all_gather" else self.meta[node.children[0]]
             return self._units(self.links[node.op].seconds(nbytes(moved), self.n))

@@ -72,14 +72,11 @@ def search(program: Program, n: int, *, limits: Limits, latency: MeasuredLatency
     snap, class_of, (root,) = session.snap, session.class_of, session.root_classes
     known = {class_of[i]: m for i, m in meta.items() if i in class_of}
     cost = MeshCost(n=n, meta=class_meta(snap.classes, known), classes=snap.classes, latency=latency, links=links)
-    choice = {class_of[id(t)]: ENode(t.op, tuple(class_of[id(a)] for a in t.args), t.attrs)
-              for t in postorder(roots)}
+    choice = {class_of[id(t)]: ENode(t.op, tuple(class_of[id(a)] for a in t.args), t.attrs) for t in postorder(roots)}
     original = _candidate(choice, root, cost)
     found = Search(program=program, n=n, classes=snap.classes, root_class=root, cost=cost,
-                   saturation=session.saturation[0], memory_limit=memory_limit, best=original,
-                   original=original)
-    fitting = [c for c in [original, *found.candidates(SEARCH)]
-               if memory_limit is None or c.memory <= memory_limit]
+                   saturation=session.saturation[0], memory_limit=memory_limit, best=original, original=original)
+    fitting = [c for c in [original, *found.candidates(SEARCH)] if memory_limit is None or c.memory <= memory_limit]
     if not fitting:
         raise ShardingError(f"no sharding over {n} devices fits {memory_limit} bytes per device among "
                             f"the {SEARCH} fastest; unsharded it needs {original.memory}")

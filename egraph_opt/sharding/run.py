@@ -49,8 +49,7 @@ def backend_for(env: dict) -> str:
     return "nccl" if any(isinstance(v, torch.Tensor) and v.is_cuda for v in env.values()) else "gloo"
 
 
-def _device(rank: int, n: int, port: int, backend: str, threads: int | None, work, args: tuple,
-            path: str) -> None:
+def _device(rank: int, n: int, port: int, backend: str, threads: int | None, work, args: tuple, path: str) -> None:
     """One process of the mesh: joins the group, runs ``work(n, *args)``, and device 0 keeps its
     result at ``path`` (a file: a pipe would block this process until the caller reads it)."""
     if threads:
@@ -134,8 +133,7 @@ COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576)
 
 def _collectives(n: int, sizes, repeats: int) -> list[tuple]:
     device = device_of_this_process(n)
-    calls = {"all_gather": lambda x: device.all_gather(x, 0),
-             "all_reduce": device.all_reduce,
+    calls = {"all_gather": lambda x: device.all_gather(x, 0), "all_reduce": device.all_reduce,
              "reduce_scatter": lambda x: mesh.reduce_scatter(x, 0, n)}
     found = []
     with mesh.on_device(device):

@@ -58,8 +58,7 @@ def _flattened(tree) -> tuple[list, object]:
     its ``==``, which tensors refuse)."""
     def opened(x):
         if _dataclass(x):
-            return type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass)
-                             for f in fields(x)}
+            return type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass) for f in fields(x)}
         return x
     return tree_flatten(tree_map(opened, tree, is_leaf=_dataclass))
 

@@ -36,8 +36,7 @@ _N = (("n", MESH),)
 def _whole(*texts: str) -> tuple[str, ...]:
     """A value is split only where every device holds it whole: ``(whole ?v)`` for each ``?v``
     a shard takes (splitting a part again, or gathering it, would mix devices' parts)."""
-    found = dict.fromkeys(v for t in texts for v in re.findall(r"\(shard \?(\w+)", t))
-    return tuple(f"(whole ?{v})" for v in found)
+    return tuple(f"(whole ?{v})" for v in dict.fromkeys(v for t in texts for v in re.findall(r"\(shard \?(\w+)", t)))
 
 
 def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why="", binds=()) -> Rule:

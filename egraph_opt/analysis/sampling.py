@@ -41,8 +41,7 @@ def ordinal(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def from_ordinal(k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The numbers of ``dtype`` at positions ``k`` (the inverse of ``ordinal``)."""
     bits = torch.finfo(dtype).bits
-    word = torch.where(k < 0, (-k) | -2 ** (bits - 1), k).to({16: torch.int16, 32: torch.int32}[bits])
-    return word.view(dtype)
+    return torch.where(k < 0, (-k) | -2 ** (bits - 1), k).to({16: torch.int16, 32: torch.int32}[bits]).view(dtype)
 
 
 def float32_between(lo: float, hi: float, shape, gen: torch.Generator,

@@ -250,8 +250,7 @@ def _causal_bias(em, q, k) -> str:
     if qs is None or ks is None:
         raise OnnxExportError(f"causal attention over dynamic lengths needs the Attention operator "
                               f"(opset 23), the model has opset {em.opset}")
-    mask = np.triu(np.full((qs[-2], ks[-2]), -np.inf, np.dtype(em.dtype(q) or "float32")), 1)
-    return em.tensor(mask, "causal_mask")
+    return em.tensor(np.triu(np.full((qs[-2], ks[-2]), -np.inf, np.dtype(em.dtype(q) or "float32")), 1), "causal_mask")
 
 
 def _linear(em, t):
@@ -378,9 +377,8 @@ def _rotary(em, t):
 #: node, or more around it at an older opset) or a decomposition into operators
 EMIT = {
     **dict.fromkeys(SIMPLE, _simple), "Mul": _mul, "Where": _where, **dict.fromkeys(AXES_INPUT_SINCE, _reduce),
-    "Gelu": _gelu, "Transpose": _transpose,
-    "LayerNormalization": _norm, "RMSNormalization": _norm, "Attention": _sdpa, "Gemm": _linear, "Conv": _conv2d,
-    "MaxPool": _max_pool2d, "BatchNormalization": _batch_norm, "Concat": _concat,
+    "Gelu": _gelu, "Transpose": _transpose, "LayerNormalization": _norm, "RMSNormalization": _norm, "Attention": _sdpa,
+    "Gemm": _linear, "Conv": _conv2d, "MaxPool": _max_pool2d, "BatchNormalization": _batch_norm, "Concat": _concat,
     **{op: lambda em, t, shape, _op=op: em.node(_op, [em.value(t.args[0]), em.ints(parse_shape(shape))],
                                                   _op.lower()) for op in ("Reshape", "Expand")},
     "Slice": lambda em, t, axis, start, end, step: em.node(
@@ -388,8 +386,7 @@ EMIT = {
                   em.ints([step])], "slice"),
     "Cast": lambda em, t, dtype: em.node("Cast", [em.value(t.args[0])], "cast", to=ELEM_TYPES[dtype]),
     # decompositions: ONNX has no operator for these
-    "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p,
-    "kahan-expm1": _expm1, "linear-activation": _linear_act, "definition": _definition,
-    "stable-logaddexp": _logaddexp, "quadrant-atan": _atan2, "signed-cube-root": _cbrt,
-    "rotate-half": _rotary,
+    "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p, "kahan-expm1": _expm1,
+    "linear-activation": _linear_act, "definition": _definition, "stable-logaddexp": _logaddexp,
+    "quadrant-atan": _atan2, "signed-cube-root": _cbrt, "rotate-half": _rotary,
 }

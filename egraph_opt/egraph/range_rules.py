@@ -178,8 +178,7 @@ def _op_fact_rules():
 
 
 def rules() -> list[str]:
-    out = [*_ARITHMETIC, *_dtype_and_rank_rules(), *_op_fact_rules()]
-    return [r[:-1] + f" :ruleset {RULESET})" for r in out]
+    return [r[:-1] + f" :ruleset {RULESET})" for r in [*_ARITHMETIC, *_dtype_and_rank_rules(), *_op_fact_rules()]]
 
 
 def tripwires() -> list[str]:

@@ -43,8 +43,7 @@ def written(node: fx.Node, gm: fx.GraphModule) -> list:
     if node.op not in ("call_function", "call_method"):
         return []
     if isinstance(node.target, torch._ops.OpOverload):
-        schema = node.target._schema
-        return [a for a, s in zip(args, schema.arguments) if s.alias_info and s.alias_info.is_write]
+        return [a for a, s in zip(args, node.target._schema.arguments) if s.alias_info and s.alias_info.is_write]
     written = [kwargs["out"]] if kwargs.get("out") is not None else []
     if node.target in _AUGMENTED or name in _AUGMENTED_METHODS \
             or (name.endswith("_") and not name.startswith("_") and node.target not in _OPERATORS) \

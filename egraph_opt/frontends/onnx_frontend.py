@@ -117,8 +117,7 @@ def nodes_in_order(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
         for d in mine:
             users.setdefault(d, []).append(i)
         waiting.append(len(mine))
-    ready = [i for i, w in enumerate(waiting) if w == 0]
-    heapq.heapify(ready)
+    ready = [i for i, w in enumerate(waiting) if w == 0]  # ascending: already a heap
     order = []
     while ready:  # smallest index first: a sorted graph keeps its order
         i = heapq.heappop(ready)
@@ -206,8 +205,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
         dims = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape)
         im.terms[info.name] = Term.input(info.name, dims, DTYPES.get(vt.elem_type, "float32"))
         inputs.append(im.terms[info.name])
-    static = all(static_type(im.types.get(i.name)) for i in graph.input)
-    folded, opaque, opaque_types = _convert(im, nodes, static)
+    folded, opaque, opaque_types = _convert(im, nodes, all(static_type(im.types.get(i.name)) for i in graph.input))
     outputs = tuple(im.term(o.name) for o in graph.output)
     program = GraphProgram(tuple(inputs), outputs, opaque,
                            {n: t for n, t in im.params.items() if n in im.terms}, value_meta=opaque_types)

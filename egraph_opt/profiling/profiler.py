@@ -164,9 +164,8 @@ def attr_names(kernel: str) -> list[str]:
     return [name for name, _ in OPS[kernel].attrs] if kernel in OPS else []
 
 # Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
-EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none",
-                 "eps": 1e-5, "scale": 0.125, "causal": False, "beta": 1.702,
-                 "activation": "gelu_tanh", "reduction": "mean", "ignore_index": -100}
+EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none", "eps": 1e-5, "scale": 0.125,
+                 "causal": False, "beta": 1.702, "activation": "gelu_tanh", "reduction": "mean", "ignore_index": -100}
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:

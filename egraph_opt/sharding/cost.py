@@ -58,8 +58,7 @@ def measured_links(db=None) -> dict[str, Link]:
     if not path.exists():
         return dict(DEFAULT_LINKS)
     try:
-        found = json.loads(path.read_text())
-        return {**DEFAULT_LINKS, **{k: Link(**v) for k, v in found.items() if k in COLLECTIVES}}
+        return {**DEFAULT_LINKS, **{k: Link(**v) for k, v in json.loads(path.read_text()).items() if k in COLLECTIVES}}
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: not a collectives file written by egraph-opt profile ({e})") from None
 

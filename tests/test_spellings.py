@@ -18,14 +18,6 @@ from spellings import FAMILIES, SUITE  # noqa: E402
 T = 8
 #: spelling -> the piece that would make it fuse (a frontend lowering or a canonicalization)
 NOT_YET: dict[str, str] = {
-    "gpt-neox-baddbmm": "where(causal, s, finfo.min) + mask: the bias added after the fill (a masked key scores "
-                        "finfo.min + mask, -inf where a padding mask adds finfo.min again), which sdpa_filled_biased "
-                        "(the fill over biased scores) is not; and the scores by bmm over flattened heads, scaled, "
-                        "+ 0.0 (baddbmm's beta * zeros, which turns -0 into +0), then viewed back to (B, H, T, T)",
-    "bloom-baddbmm-alibi": "masked_fill(finfo.min) over biased scores is sdpa_filled_biased's, but the scores are "
-                           "(alibi * beta + q k^T * alpha) over flattened heads, viewed to (B, H, T, T), then "
-                           "* layer_number: no rule takes the view (over a sum with a broadcast alibi) or the "
-                           "scale out of that sum",
     "phi-upcast-float16": "q, k cast before their product: the float32-softmax fusion over such scores fails the "
                           "extremes test in float16 (k = 65504: scores ~5e4, which torch's float32 kernel rounds "
                           "otherwise, 0.5% off where the left side is within float16's 0.4%)",

@@ -443,9 +443,9 @@ def _split_heads(c, x: Term, shape: tuple) -> Term | None:
     info = c.info_of.get(id(x))
     if x.op not in ("add", "mul") or info is None or len(info.shape) != 3 or info.shape[1:] != shape[-2:]:
         return None
-    dims = [() if a.op == "const" else tuple(getattr(c.info_of.get(id(a)), "shape", (0,))) for a in x.args]
-    split = [_split_heads(c, a, shape) if d == tuple(info.shape) else None for a, d in zip(x.args, dims)]
-    if all(s is None for s in split) or any(len(d) == 3 and d[0] not in (1, info.shape[0]) for d in dims):
+    dims = [() if a.op == "const" else getattr(c.info_of.get(id(a)), "shape", None) for a in x.args]
+    split = [_split_heads(c, a, shape) if d == info.shape else None for a, d in zip(x.args, dims)]
+    if all(s is None for s in split) or any(d is None or len(d) == 3 and d[0] not in (1, info.shape[0]) for d in dims):
         return None
     return Term(x.op, tuple(s if s is not None else a if len(d) < 3 or d[0] == 1 else Term(
         "reshape", (a,), (shape_attr(shape[:-2] + d[1:]),)) for a, s, d in zip(x.args, split, dims)), x.attrs)

@@ -329,7 +329,7 @@ def sdpa_filled_then_biased(q, k, v, keep, bias, scale, fill):
     fill + bias), which adds the scores s to fill + bias at a key not kept. Where every |s| is under a quarter
     of the ulp of each finite fill + bias (finfo.min's is 2^103), s + it rounds to it (an infinite one stays);
     elsewhere (a fill of the scores' size, a bias of another dtype, half-precision scores, which torch's
-    kernel adds to the mask in float32) the definition runs."""
+    kernel may add to the mask in float32, unrounded) the definition runs."""
     definition = functools.partial(OPS["sdpa_filled_then_biased"].impl, q, k, v, keep, bias, scale, fill)
     if q.dtype not in (torch.float32, torch.float64) or not torch.is_tensor(bias) or bias.dtype != q.dtype:
         return definition()

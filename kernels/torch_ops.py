@@ -324,6 +324,23 @@ def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
     return out if dead is None else torch.where(dead, ops.grouped(q, v.mean(-2, keepdim=True)), out)
 
 
+def sdpa_filled_then_biased(q, k, v, keep, bias, scale, fill):
+    """softmax(where(keep, q k^T * scale, fill) + bias) v: torch's kernel over the mask where(keep, bias,
+    fill + bias), which adds the scores s to fill + bias at a key not kept. Where every |s| is under a quarter
+    of the ulp of each finite fill + bias (finfo.min's is 2^103), s + it rounds to it (an infinite one stays);
+    elsewhere (a fill of the scores' size, a bias of another dtype, half-precision scores, which torch's
+    kernel may add to the mask in float32, unrounded) the definition runs."""
+    definition = functools.partial(OPS["sdpa_filled_then_biased"].impl, q, k, v, keep, bias, scale, fill)
+    if q.dtype not in (torch.float32, torch.float64) or not torch.is_tensor(bias) or bias.dtype != q.dtype:
+        return definition()
+    filled = torch.tensor(fill, dtype=q.dtype, device=q.device) + bias  # small: a bias broadcast over rows
+    mask, size = torch.where(keep, bias, filled), torch.where(filled.isfinite(), filled.abs(), math.inf).amin()
+    slow = _not_below(_score_bound(q, k, scale), size.double() * torch.finfo(q.dtype).eps / 16)  # a tensor: selected
+    live = not device_path(q) and bool((bias.isfinite() & filled.isfinite()).any(-1).all())  # no -inf row
+    fast = functools.partial(_torch_sdpa if live else sdpa_masked, q, k, v, mask, scale=scale)
+    return torch.where(slow, definition(), fast()) if torch.is_tensor(slow) else definition() if slow else fast()
+
+
 def sdpa_floored(q, k, v, bias, scale, floor):
     """softmax(max(q k^T * scale + bias, floor)) v. Where every score s is under a quarter of floor's
     ulp (toward 0; no floor that q's dtype lacks), s + floor rounds to floor and s + b to at least that
@@ -443,5 +460,5 @@ TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_no
          "linear_scaled": linear_scaled,
          "sdpa": sdpa, "sdpa_masked": sdpa_masked, "sdpa_filled": sdpa_filled, "sdpa_guarded": sdpa_guarded,
          "sdpa_floored": sdpa_floored, "sdpa_filled_biased": lambda q, k, v, keep, bias, scale, fill: sdpa_filled(
-             q, k, v, keep, scale, fill, bias),
+             q, k, v, keep, scale, fill, bias), "sdpa_filled_then_biased": sdpa_filled_then_biased,
          "conv2d": conv2d, "swish": swish, "geglu": geglu, "rotary": rotary, "cross_entropy": cross_entropy}

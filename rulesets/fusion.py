@@ -83,6 +83,8 @@ _ATTENTIONS = [
      "(sdpa_filled_biased ?q ?k ?v ?m ?b {c} ?f)", "where(causal, w + alibi, finfo.min)"),
     ("attention-fuse-fill-masked-biased", "(matmul (softmax (where ?m (const ?f) (add {s} ?b)) -1) ?v)",
      "(sdpa_filled_biased ?q ?k ?v (logical_not ?m) ?b {c} ?f)", "MPT: masked_fill(mask, finfo.min) after alibi"),
+    ("attention-fuse-where-filled-then-biased", "(matmul (softmax (add (where ?m {s} (const ?f)) ?b) -1) ?v)",
+     "(sdpa_filled_then_biased ?q ?k ?v ?m ?b {c} ?f)", "GPT-NeoX: where(causal, w, finfo.min) + mask"),
     ("attention-fuse-floored", "(matmul (softmax (maximum (add {s} ?m) (const ?f)) -1) ?v)",
      "(sdpa_floored ?q ?k ?v ?m {c} ?f)", "OPT: torch.max(w + mask, finfo.min)"),
     ("attention-fuse-guarded", f"(matmul {_GUARD.format(s='(add {s} ?m)')} ?v)", "(sdpa_guarded ?q ?k ?v ?m {c})",
@@ -99,6 +101,13 @@ RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for na
     ("attention-fuse-scaled-biased", f"(matmul (softmax (add (mul (add {_SCORES} ?a) (const ?c)) ?m) -1) ?v)",
                                   "(sdpa_masked ?q ?k ?v (add (mul ?a (const ?c)) ?m) ?c)", Exactness.REASSOC,
                                   "Falcon: (q k^T + alibi) * scale + mask, the scale distributed over the sum"),
+    ("attention-fuse-where-filled-then-biased-baddbmm", f"(matmul (softmax (add (where ?m (add {_SCALED} (const 0.0)) "
+                                  "(const ?f)) ?b) -1) ?v)", "(sdpa_filled_then_biased ?q ?k ?v ?m ?b ?c ?f)",
+                                  "baddbmm into zeros: + 0 turns a -0 score +0, which the softmax cannot tell"),
+    ("attention-fuse-fill-masked-rescaled", f"(matmul (softmax (where ?m (const ?f) (mul (add ?b {_SCALED}) "
+                                  "(const ?l))) -1) ?v)", "(sdpa_filled_biased ?q ?k ?v (logical_not ?m) (mul ?b "
+                                  "(const ?l)) (* ?c ?l) ?f)", Exactness.REASSOC, when(*in_float32("(* ?c ?l)")),
+                                  "BLOOM: baddbmm(alibi, q, k^T, beta, alpha) * layer_number, masked_fill(finfo.min)"),
     ("silu-fuse",                 "(mul ?x (sigmoid ?x))",                             "(silu ?x)"),
     ("silu-fuse-sigmoid-first",   "(mul (sigmoid ?x) ?x)",                             "(silu ?x)",
                                   "SwiGLU's gate as written: sigmoid(a) * a"),

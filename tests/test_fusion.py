@@ -77,6 +77,36 @@ def test_gpt2_where_mask_fuses_and_keeps_its_fully_masked_rows():
     assert f.report.ops_after == {"sdpa_filled": 1}
 
 
+@pytest.mark.parametrize("heads", [(2, 4), (4, 2)])
+def test_baddbmm_over_flattened_heads_viewed_back_fuses_only_where_the_view_restores_them(heads):
+    """baddbmm(alibi, q, k^T) over (B * H, T, D) merges, viewed to ``heads``: where that is (B, H), the
+    view passes the scale and the (B * H, 1, T) bias (viewed alike) to the product over heads, which fuses;
+    viewed otherwise, the rows are other heads' and the program stays as written."""
+    alibi = torch.randn(8, 1, 8)
+
+    def bloom_like(q, k, v, alibi):
+        s = torch.baddbmm(alibi, q.reshape(8, 8, 16), k.reshape(8, 8, 16).transpose(1, 2), beta=0.5, alpha=0.25)
+        return torch.softmax(s.view(*heads, 8, 8), -1) @ v.reshape(*heads, 8, 16)
+
+    report = optimized_report(bloom_like, Q, K, V, alibi)
+    assert ("softmax" not in report.ops_after) == (heads == (2, 4)), report.ops_after
+
+
+def test_gpt_neox_mask_added_after_the_fill_fuses_and_keeps_left_padded_rows():
+    """GPT-NeoX: where(causal, s, finfo.min) + mask; a left-padded query whose only causal key is
+    padding scores finfo.min + s there and finfo.min on the later keys: each weighs alike, as written."""
+    keep = torch.ones(8, 8, dtype=torch.bool).tril()
+    mask = torch.zeros(2, 1, 1, 8)
+    mask[1, ..., :2] = torch.finfo(torch.float32).min
+
+    def neox(q, k, v, keep, mask):
+        w = torch.where(keep, q @ k.transpose(-1, -2) * 0.25, torch.finfo(torch.float32).min)
+        return torch.softmax(w + mask, -1) @ v
+
+    report = optimized_report(neox, Q, K, V, keep, mask)
+    assert report.ops_after == {"sdpa_filled_then_biased": 1}, report.ops_after
+
+
 def test_attention_is_not_fused_when_its_weights_are_also_used():
     def weights_too(q, k, v):
         w = torch.softmax(q @ k.transpose(-2, -1) / 4.0, -1)

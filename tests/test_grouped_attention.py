@@ -20,7 +20,8 @@ from egraph_opt.lang.ops import OPS
 from egraph_opt.lang.term import Term, shapes
 from egraph_opt.rulesets import catalogue
 
-ATTENTION = ["sdpa", "sdpa_masked", "sdpa_filled", "sdpa_guarded", "sdpa_floored", "sdpa_filled_biased"]
+ATTENTION = ["sdpa", "sdpa_masked", "sdpa_filled", "sdpa_guarded", "sdpa_floored", "sdpa_filled_biased",
+             "sdpa_filled_then_biased"]
 
 
 def repeat_kv(x, groups: int):
@@ -60,10 +61,12 @@ def _masks(op: str) -> list[tuple]:
     keep = torch.rand(1, 1, 3, 5, generator=torch.Generator().manual_seed(1)) < 0.7
     keep[..., 0], keep[..., 1, :] = True, False
     bias = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+    padding = torch.tensor([-3.4028234663852886e38, 0.0, 0.0, -3.4028234663852886e38, 0.0])  # GPT-NeoX's mask
     return {"sdpa": [(0.25, False), (0.25, True)], "sdpa_masked": [(bias, 0.25)],
             "sdpa_filled": [(keep, 0.25, -1e9)], "sdpa_guarded": [(bias, 0.25)],
             "sdpa_floored": [(bias, 0.25, -3.4028234663852886e38), (bias, 0.25, -1.0)],
-            "sdpa_filled_biased": [(keep, torch.arange(5.0) * -0.5, 0.25, -3.4028234663852886e38)]}[op]
+            "sdpa_filled_biased": [(keep, torch.arange(5.0) * -0.5, 0.25, -3.4028234663852886e38)],
+            "sdpa_filled_then_biased": [(keep, padding, 0.25, -3.4028234663852886e38), (keep, padding, 0.25, -1e4)]}[op]
 
 
 @pytest.mark.parametrize("op", ATTENTION)

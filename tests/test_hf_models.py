@@ -30,7 +30,7 @@ FUSES = {
     "gpt2": {"gelu", "layer_norm", "sdpa_masked"},
     "gpt_neox": {"layer_norm", "linear_act", "rotary", "sdpa_masked"},
     "opt": _ENCODER, "bert": _ENCODER, "roberta": _ENCODER, "distilbert": _ENCODER, "vit": _ENCODER,
-    "bloom": {"layer_norm", "linear_act"},  # ALiBi and the mask added one after the other
+    "bloom": {"layer_norm", "linear_act", "sdpa_masked"},  # baddbmm onto ALiBi over flattened heads, viewed back
     "falcon": {"gelu", "layer_norm", "rotary", "sdpa_masked"},
     "t5_encoder": {"rms_norm", "sdpa_masked"},
     "clip_text": {"layer_norm", "sdpa_masked", "swish"},

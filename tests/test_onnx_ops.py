@@ -99,6 +99,7 @@ SAMPLES: dict[str, list[tuple[tuple, tuple]]] = {
     "sdpa_guarded": [((q, k, v, _leaf("mask")), (0.35,)), ((q, k, v, _leaf("dead")), (0.35,))],
     "sdpa_filled": [((q, k, v, _leaf("keep")), (0.35, -3.4028234663852886e38))],
     "sdpa_filled_biased": [((q, k, v, _leaf("keep"), _leaf("mask")), (0.35, -3.4028234663852886e38))],
+    "sdpa_filled_then_biased": [((q, k, v, _leaf("keep"), _leaf("mask")), (0.35, -3.4028234663852886e38))],
     "sdpa_floored": [((q, k, v, _leaf("mask")), (0.35, -3.4028234663852886e38)),
                      ((q, k, v, _leaf("dead")), (0.35, -1.0))],
     "linear": [((x, _leaf("lin_w"), _leaf("lin_b")), ())],

@@ -167,6 +167,12 @@ FUSED = [  # ops only rewrites create, against their definitions
        Term("matmul", (Term("softmax", (Term("where", (Term.input("keep"), Term("add", (Term("mul", (Term("matmul", (
            Q, Term("transpose", (K,), (-2, -1)))), Term.const(0.4))), bias)), Term.const(fill))),), (-1,)), V)))
       for fill in (-3.4028234663852886e38, 2.0) for bias in (Term.input("mask"), Term("matmul", (B, Term("transpose", (B,), (-2, -1)))))),
+    *((Term("sdpa_filled_then_biased", (Q, K, V, Term.input("keep"), bias), (0.4, fill)),  # GPT-NeoX: the fill,
+       Term("matmul", (Term("softmax", (Term("add", (Term("where", (Term.input("keep"), Term("mul", (Term(  # then
+           "matmul", (Q, Term("transpose", (K,), (-2, -1)))), Term.const(0.4))), Term.const(fill))), bias)),),  # the
+                                        (-1,)), V)))  # padding mask: a key at -inf, or sums that reach
+      for fill in (-3.4028234663852886e38, -1e4, 2.0)  # float64's max, or a bias of the scores' size
+      for bias in (Term.input("pad"), Term.input("huge"), Term("matmul", (B, Term("transpose", (B,), (-2, -1)))))),
     *((Term("sdpa_guarded", (Q, K, V, bias), (0.4,)),  # a row every key masks: 0
        Term("matmul", (Term("where", (Term("isnan", (w,)), Term.const(0.0), w)), V)))
       for bias in (Term.input("mask"), Term("matmul", (B, Term("transpose", (B,), (-2, -1)))))
@@ -203,7 +209,9 @@ def test_fused_ops_equal_their_definitions(fused, definition):
                keep=torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool),
                mask=torch.tensor([[0, -math.inf] * 2, [-math.inf] * 4, [0.0] * 4, [-math.inf, 0] * 2],
                                  dtype=torch.float64),
-               ones=torch.ones(6, dtype=torch.float64), zeros=torch.zeros(6, dtype=torch.float64))
+               ones=torch.ones(6, dtype=torch.float64), zeros=torch.zeros(6, dtype=torch.float64),
+               huge=torch.tensor([0.0, -1.7976931348623157e308, 0.0, 1e300], dtype=torch.float64),
+               pad=torch.tensor([0.0, -math.inf, 0.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(*evaluate([fused, definition], env), rtol=1e-12, atol=1e-12)
 
 

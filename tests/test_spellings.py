@@ -18,17 +18,14 @@ from spellings import FAMILIES, SUITE  # noqa: E402
 T = 8
 #: spelling -> the piece that would make it fuse (a frontend lowering or a canonicalization)
 NOT_YET: dict[str, str] = {
-    "gpt-neox-baddbmm": "where(causal, s, finfo.min) + mask: the bias added after the fill (a masked key scores "
-                        "finfo.min + mask, -inf where a padding mask adds finfo.min again), which sdpa_filled_biased "
-                        "(the fill over biased scores) is not; and the scores by bmm over flattened heads, scaled, "
-                        "+ 0.0 (baddbmm's beta * zeros, which turns -0 into +0), then viewed back to (B, H, T, T)",
-    "bloom-baddbmm-alibi": "masked_fill(finfo.min) over biased scores is sdpa_filled_biased's, but the scores are "
-                           "(alibi * beta + q k^T * alpha) over flattened heads, viewed to (B, H, T, T), then "
-                           "* layer_number: no rule takes the view (over a sum with a broadcast alibi) or the "
-                           "scale out of that sum",
-    "phi-upcast-float16": "q, k cast before their product: the float32-softmax fusion over such scores fails the "
-                          "extremes test in float16 (k = 65504: scores ~5e4, which torch's float32 kernel rounds "
-                          "otherwise, 0.5% off where the left side is within float16's 0.4%)",
+    "phi-upcast-float16": "cast(softmax(q.float() @ k.float()^T * c + mask), float16) @ v as "
+                          "cast(sdpa_masked(q, k, v, mask in float32), float16) fails the extremes test: where the "
+                          "mask is +-65504 on every key of a row (float16's finfo.min across a left-padded query's), "
+                          "float32 scores lie on a 2^-8 grid that torch's kernel rounds otherwise (q -0.85, k 0.53, "
+                          "v -0.23, c -1.35: left 0.055939, right 0.056244, truth 0.055710, 0.96% off where the left "
+                          "side is 0.41%; k = 65504: 2.2% against 1.4%). A guard on the mask's magnitude runs the "
+                          "definition under every causal mask (its -65504s): no gain; one per row that keeps no key "
+                          "needs an op of its own",
 }
 
 

@@ -431,16 +431,34 @@ def _heads(c, t: Term):
         return (Term("transpose", (flat.args[0],), (-2, -1)) if swap else flat.args[0]), inner[:-2]
 
 
+def _split_heads(c, x: Term, shape: tuple) -> Term | None:
+    """``x`` of (B * H, ...) viewed as ``shape`` (B, H, ...), where x is a bmm of heads flattened, maybe
+    scaled and biased elementwise (baddbmm: GPT-NeoX's zeros, BLOOM's alibi): the product over heads and
+    the same steps, each operand of B * H rows viewed alike, a broadcast one kept. None elsewhere."""
+    if x.op == "matmul":
+        parts = [_heads(c, t) for t in x.args]
+        if None not in parts and parts[0][1] == parts[1][1] == shape[:-2] and c.info(x).shape[-2:] == shape[-2:]:
+            return Term("matmul", (parts[0][0], parts[1][0]))
+        return None
+    info = c.info_of.get(id(x))
+    if x.op not in ("add", "mul") or info is None or len(info.shape) != 3 or info.shape[1:] != shape[-2:]:
+        return None
+    dims = [() if a.op == "const" else getattr(c.info_of.get(id(a)), "shape", None) for a in x.args]
+    split = [_split_heads(c, a, shape) if d == info.shape else None for a, d in zip(x.args, dims)]
+    if all(s is None for s in split) or any(d is None or len(d) == 3 and d[0] not in (1, info.shape[0]) for d in dims):
+        return None
+    return Term(x.op, tuple(s if s is not None else a if len(d) < 3 or d[0] == 1 else Term(
+        "reshape", (a,), (shape_attr(shape[:-2] + d[1:]),)) for a, s, d in zip(x.args, split, dims)), x.attrs)
+
+
 @lowers(torch.reshape, "reshape", "view", torch.flatten, "flatten", torch.unsqueeze, "unsqueeze",
         torch.squeeze, "squeeze", "view_as", "reshape_as", "_unsafe_view")
 def _reshape(c, x, *args, **kwargs):
     """A view of a view is one view; a bmm of heads flattened (B*H, T, D), viewed back to the heads,
     is the batched matmul over them (BART, Whisper, CLIP): attention meets fusion in one layout."""
     shape = tuple(c.out.shape)
-    parts = [_heads(c, t) for t in x.args] if x.op == "matmul" else ()
-    if parts and None not in parts and parts[0][1] == parts[1][1] \
-            and parts[0][1] + tuple(c.info(x).shape[-2:]) == shape:
-        return Term("matmul", (parts[0][0], parts[1][0]))
+    if (split := _split_heads(c, x, shape)) is not None:
+        return split
     x = x.args[0] if x.op == "reshape" and id(x.args[0]) in c.info_of else x
     return x if tuple(c.info(x).shape) == shape else Term("reshape", (x,), (c.out_shape(),))
 

@@ -542,6 +542,11 @@ OPS: dict[str, Op] = {op.name: op for op in [
         q, k, v, keep, scale, fill, bias), _FUSED, shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0),
         **_SMOOTH, passes=22, precision="keep", onnx="definition", definition="(matmul (softmax (where ?x3 (add (mul "
         "(matmul ?x0 (transpose ?x1 -2 -1)) (const ?scale)) ?x4) (const ?fill)) -1) ?x2)"),
+    _op("sdpa_filled_then_biased", 5, "scale:f64 fill:f64", lambda q, k, v, keep, bias, scale, fill: softmax(
+        torch.where(keep, q @ grouped(q, k).transpose(-2, -1) * scale, fill) + bias, -1) @ grouped(q, v), _FUSED,
+        shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=22, precision="keep",
+        onnx="definition", definition="(matmul (softmax (add (where ?x3 (mul (matmul ?x0 (transpose ?x1 -2 -1)) "
+        "(const ?scale)) (const ?fill)) ?x4) -1) ?x2)"),  # GPT-NeoX: the mask added after the fill
     _op("sdpa_floored", 4, "scale:f64 floor:f64", lambda q, k, v, bias, scale, floor: softmax((q @ grouped(
         q, k).transpose(-2, -1) * scale + bias.to(q.dtype)).clamp(floor), -1) @ grouped(q, v), _FUSED,
         shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=21,  # OPT's clamp

@@ -148,17 +148,21 @@ def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized
     assert out["cache"] is cache and cache.layers[0].keys.shape[-2] == 6
 
 
-def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from_their_size_family(monkeypatch):
+@pytest.mark.parametrize("head", ["LlamaForCausalLM", "GPT2LMHeadModel"])
+def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from_their_size_family(head, monkeypatch):
     """The prefill and two decode steps are traced, optimized and built; each later decode step's plan
     runs one module made from the two (its cache length on their line, the mask made from it read
-    per call), validated, and gives eager's tokens."""
+    per call), validated, and gives eager's tokens. GPT-2 splits one projection into keys and
+    values: its first decode step's cache is laid out as the later ones' (a plan of their family)."""
     import transformers as tf
     import egraph_opt.drivers.api as api
     traced, capture, built, build = [], api.capture, [], api.build_module
     monkeypatch.setattr(api, "capture", lambda fn, args: traced.append(1) or capture(fn, args))
     monkeypatch.setattr(api, "build_module", lambda *a, **k: built.append(1) or build(*a, **k))
     torch.manual_seed(0)
-    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    config = tf.LlamaConfig(**_DECODER) if head.startswith("Llama") else \
+        tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100)
+    m = getattr(tf, head)(config).eval()
     ids = torch.randint(1, 100, (1, 6))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -220,3 +220,16 @@ def test_a_call_laid_out_otherwise_than_the_last_runs_a_plan_of_its_own_shapes()
                       (c, {"scale": 2.0}), (a, {}), (b, {"scale": 3.0})]:
         torch.testing.assert_close(g(x, **kwargs), torch.exp(x) * kwargs.get("scale", 1.0))
     assert len(g.plans) == 4
+
+
+def test_a_walk_made_again_keys_the_same_state_with_the_same_objects():
+    """Every new plan walks the program again (``settle``), and a plan keeps the state key it was
+    made with: a decode step's plans, one per size, were each made at another walk. An equal state
+    must come back as the same objects, so the fast path compares it by identity, not value by
+    value (a Hugging Face model's state holds a few hundred)."""
+    m = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Dropout(0.1)).eval()
+    state = plan_key.StateKey(m)
+    first = state.key()
+    state.settle(state.snapshot())
+    again = state.key()
+    assert again == first and all(a is b for a, b in zip(again, first)), (first, again)

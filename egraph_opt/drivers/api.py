@@ -361,9 +361,8 @@ class OptimizedFunction:
         if out is not _MISS:
             return out
         call = self._bind(args, kwargs)
-        state = self._state.key()
-        key = call.key + state + _autocast()
         try:
+            key = call.key + self._state.key() + _autocast()
             plan = self._plans.get(key)
         except TypeError:  # a number the trace read now holds an unhashable value: no plan is keyed by it
             return self.fn(*args, **kwargs)

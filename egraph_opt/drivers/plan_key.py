@@ -179,7 +179,7 @@ def _plain(o: Any) -> bool:
         o, (torch.nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType, functools.partial))
 
 
-_TOKENS: dict[tuple, int] = {}  # a small int per set of parameter identities ever seen
+_TOKENS: dict[tuple, int] = {}  # an int per walk ever made (parameter and object identities, slots, hooks)
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,10 +243,10 @@ class StateKey:
         hooks = [d for m in subs for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
                                            m._backward_pre_hooks) if d] + [d for d in _GLOBAL_HOOKS if d]
         # the key of the reads as walked now: None (or KeyError, ValueError) once they changed layout
-        self.current = _generated_key(
-            _rebindings[0], _TOKENS.setdefault(identities, len(_TOKENS)),  # hashed once, not per call
-            (ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks)),
-            zip(objects, self._values), scalars, versioned, self.containers, contents, hooks, reads.shadows)
+        walked = (identities, ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks))
+        self.current = _generated_key(  # the walk as one int: hashed once, not per call
+            _rebindings[0], _TOKENS.setdefault(walked, len(_TOKENS)), zip(objects, self._values),
+            scalars, versioned, self.containers, contents, hooks, reads.shadows)
 
     def hold(self, graph: torch.nn.Module) -> None:
         """The tensors ``graph`` holds (and the bases of its views): a plan reads them when it runs,
@@ -306,14 +306,21 @@ def _read(slot: Slot) -> Any:
     return getattr(holder, name) if attribute else holder[name]
 
 
-def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: list[Slot],
+@functools.lru_cache(maxsize=64)
+def _first_equal(values: tuple) -> tuple:
+    """The tuple equal to ``values`` met first (a TypeError where one is unhashable): the state part
+    of a plan's key then compares by identity, not item by item, however often it is walked again."""
+    return values
+
+
+def _generated_key(seen: int, walked: int, objects, scalars: list[Slot],
                    versioned: list[Slot], containers: list, contents: list, hooks: list[dict],
                    shadows: list[tuple[dict, str]]) -> Callable[[], tuple | None]:
     """``key()`` as one expression (as torch.compile's guards are): None where the walk no longer
     holds (a module rebound since ``seen``, an object slot holding another object, a hook registered
     or removed, a class attribute read now shadowed by an instance's); else the values it reads."""
     env: dict[str, Any] = {"_rebindings": _rebindings, "_grad": _grad_enabled, "_dtype": _default_dtype,
-                           "_Handle": RemovableHandle, "_version": dict_version}
+                           "_Handle": RemovableHandle, "_version": dict_version, "_first": _first_equal}
 
     def bind(value: Any) -> str:
         env[f"v{len(env)}"] = value
@@ -333,7 +340,7 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
     versions = [f"_version({bind(d)})" for d in {id(d): d for d in [s[0] for s in held] + [o[0] for o, _ in objects]
                                                  + [d for d, _ in shadows] if type(d) is dict}.values()]
     env["_held"] = [None] * len(versions) + [()]  # their versions, then their values
-    parts = [str(identities), bind(slots), "_grad()", "_dtype()", "_held[-1]",
+    parts = [str(walked), "_grad()", "_dtype()", "_held[-1]",
              *(read(s) for s in scalars if type(s[0]) is not dict), *(f"{read(o)}._version" for o in versioned),
              *(f"tuple([id(v) for v in {bind(c)}{'.values()' if isinstance(c, dict) else ''}])"
                for c in containers),
@@ -341,7 +348,7 @@ def _generated_key(seen: int, identities: int, slots: tuple, objects, scalars: l
     exec(f"def key():\n    if not ({' and '.join(same)}):\n        return None\n"
          f"    if not ({' and '.join(f'{v} == _held[{i}]' for i, v in enumerate(versions)) or 'True'}):\n"
          f"        if not ({' and '.join(kept) or 'True'}):\n            return None\n"
-         f"        _held[:] = [{''.join(v + ', ' for v in versions)}({''.join(read(s) + ', ' for s in held)})]\n"
+         f"        _held[:] = [{''.join(v + ', ' for v in versions)}_first(({''.join(read(s) + ', ' for s in held)}))]\n"
          f"    return ({', '.join(parts)},)", env)
     return env["key"]
 

@@ -233,3 +233,19 @@ def test_a_walk_made_again_keys_the_same_state_with_the_same_objects():
     state.settle(state.snapshot())
     again = state.key()
     assert again == first and all(a is b for a, b in zip(again, first)), (first, again)
+
+
+def test_walks_made_anew_on_every_call_are_remembered_boundedly_and_never_share_a_key(monkeypatch):
+    """A hook registered anew on every call makes every call walk anew: the walks remembered are
+    bounded, and a walk forgotten and made again never gets the int of another (which would key
+    another state's plan)."""
+    monkeypatch.setattr(plan_key, "WALKS", 4)
+    m = nn.Sequential(nn.Linear(4, 4)).eval()
+    state, keys = plan_key.StateKey(m), []
+    for _ in range(10):
+        handle = m.register_forward_hook(lambda *a: None)
+        state.settle(state.snapshot())
+        keys.append(state.key())
+        handle.remove()
+    assert len(plan_key._TOKENS) <= 4
+    assert len({k[0] for k in keys}) == 10, keys

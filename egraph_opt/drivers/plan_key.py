@@ -18,6 +18,7 @@ import contextlib
 import dis
 import functools
 import inspect
+import itertools
 import logging
 import sys
 import threading
@@ -179,7 +180,18 @@ def _plain(o: Any) -> bool:
         o, (torch.nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType, functools.partial))
 
 
-_TOKENS: dict[tuple, int] = {}  # an int per walk ever made (parameter and object identities, slots, hooks)
+WALKS = 4096  # the walks remembered: a hook registered anew on every call walks anew
+_TOKENS: dict[tuple, int] = {}  # an int per walk (parameter and object identities, slots, hooks)
+_NEXT = itertools.count()  # never one int for two walks, even after one was forgotten (then a plan is missed)
+
+
+def _token(walked: tuple) -> int:
+    token = _TOKENS.get(walked)
+    if token is None:
+        while len(_TOKENS) >= WALKS:
+            del _TOKENS[next(iter(_TOKENS))]
+        token = _TOKENS[walked] = next(_NEXT)
+    return token
 
 
 @functools.lru_cache(maxsize=None)
@@ -245,7 +257,7 @@ class StateKey:
         # the key of the reads as walked now: None (or KeyError, ValueError) once they changed layout
         walked = (identities, ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks))
         self.current = _generated_key(  # the walk as one int: hashed once, not per call
-            _rebindings[0], _TOKENS.setdefault(walked, len(_TOKENS)), zip(objects, self._values),
+            _rebindings[0], _token(walked), zip(objects, self._values),
             scalars, versioned, self.containers, contents, hooks, reads.shadows)
 
     def hold(self, graph: torch.nn.Module) -> None:

@@ -285,6 +285,32 @@ def test_folded_weights_follow_parameter_updates_and_carry_gradients():
     assert model.q.weight.grad is not None and model.v.bias.grad is not None
 
 
+class _NormedMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(32, 48, bias=False), nn.Linear(48, 16, bias=False)
+
+    def forward(self, x):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # a fused norm: a plan of its own
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_a_bias_free_projection_runs_as_atens_linear_on_the_parameter_itself():
+    """x @ W.T of a bias-free nn.Linear (LLaMA's projections): F.linear on the parameter, aten's linear
+    being that very matmul, with no transpose folded or run per call; eager's outputs and gradients."""
+    model, x = _NormedMLP(), torch.randn(2, 8, 32)
+    f = saturate_and_extract(model, profile_db=False, profile_budget=0)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), model(x), rtol=1e-6, atol=1e-6)
+    assert f.report.optimized and "folded" not in f.report.kernels, f.report.kernels
+    f(x).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for got, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(got, p.grad)
+
+
 def test_folded_weights_work_under_inference_mode():
     with torch.inference_mode():
         model = SelfAttentionProjections().eval()  # parameters are inference tensors here

@@ -13,6 +13,7 @@ import operator
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import fx
 from torch.fx.node import map_aggregate
 
@@ -91,8 +92,8 @@ def fold_constants(graph: fx.Graph, kernels: set, sizes: tuple = ()) -> int:
     for node in graph.nodes:
         fixed[node] = node.op == "get_attr" or node in sizes or _pure(node, graph.owning_module, kernels) and \
             all(fixed[a] for a in node.all_input_nodes)
-    edges = [n for n in graph.nodes if fixed[n] and n.op not in ("get_attr", "placeholder")
-             and not all(fixed[u] for u in n.users)]
+    edges = [n for n in graph.nodes if fixed[n] and n.op not in ("get_attr", "placeholder") and not all(
+        fixed[u] for u in n.users) and not (n.target is torch.transpose and n.args[0].op == "get_attr")]  # a view
     for index, node in enumerate(edges):
         nodes = sorted(topological([node], lambda n: n.all_input_nodes, id), key=order.__getitem__)
         reads = [a for a in nodes if a.op == "get_attr" or a in sizes]
@@ -145,6 +146,11 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
             build.value[("o", item)] = build.graph.create_node(call.kind, call.target, args, kwargs, name=item)
     graph = build.graph
     graph.output(map_aggregate(program.outputs, build.arg))
+    for node in graph.nodes:  # x @ w.T, w held of rank 2: aten's linear runs that matmul, and no transpose
+        w = node.args[1] if node.target is operator.matmul else None
+        if getattr(w, "target", None) is torch.transpose and w.args[0].op == "get_attr" and \
+                getattr(build.reads[w.args[0].target], "ndim", 0) == 2 and w.args[1] % 2 != w.args[2] % 2:
+            node.target, node.args = F.linear, (node.args[0], w.args[0])
     pure = {n.target for n in build.named} | {m.impl for m in MOVES.values()}
     folded = fold_constants(graph, pure)
     # each attribute under a name of its own: one read per call, not one per module on its path

@@ -157,8 +157,18 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
     module = fx.GraphModule({n.target: build.reads[n.target] if n.target in build.reads else _held(owner, n.target)
                              for n in graph.nodes if n.op in ("get_attr", "call_module")}, graph)
     module.graph.lint()
+    plain_attributes(module)
     module.pure, module.kernels = pure, ({"folded": folded} if folded else {}) | dict(sorted(Counter(
         build.named[n] for n in graph.nodes if n in build.named).items()))
+    return module
+
+
+def plain_attributes(module: fx.GraphModule) -> fx.GraphModule:
+    """Its tensors as plain attributes: the generated code reads each on every call, and a registered
+    parameter or buffer is found by Module.__getattr__, ten times as slow. No one else reads this module."""
+    for table in (module._parameters, module._buffers):
+        module.__dict__.update(table)
+        table.clear()
     return module
 
 

@@ -27,7 +27,7 @@ from torch import fx
 from torch.fx.node import map_aggregate, map_arg
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..backends.torch_backend import FoldedConstant, Slot, fold_constants
+from ..backends.torch_backend import FoldedConstant, Slot, fold_constants, plain_attributes
 from ..lang.ops import parse_shape, shape_attr
 from ..lang.program import Program
 from ..lang.term import Term
@@ -194,5 +194,5 @@ def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple
         env[x] = copy((x.op, x.target, map_arg((x.args, x.kwargs), env.__getitem__)),
                       (y.op, y.target, map_arg((y.args, y.kwargs), lambda m: env[match[m]])), x.name)
     fold_constants(graph, a.pure, tuple(holes.values()))  # each kept per size
-    return fx.GraphModule(a, graph), list(holes)
+    return plain_attributes(fx.GraphModule(a, graph)), list(holes)
 

@@ -363,7 +363,7 @@ def made_wrong(term: Term, ranges: dict | None, env: dict, objective: Objective 
         wide = long_double_truth(low, env32)
         if wide is not None and not wrong_where_right(before, after, torch.as_tensor(wide[0]), ignore):
             return ""
-    if why and any(bool((v == 0).any()) for v in env32.values() if v.is_floating_point()):
+    if why and any(bool((v.abs() < 1e-12).any()) for v in env32.values() if v.is_floating_point()):
         (toward,) = evaluate([low], nudged_zeros(env32), reference=True)
         explained = within(after, torch.as_tensor(toward), WRONG)
         if not wrong_where_right(before, after, truth, explained if ignore is None else ignore | explained):
@@ -383,20 +383,21 @@ def made_wrong(term: Term, ranges: dict | None, env: dict, objective: Objective 
 INF_LIMIT = "an infinite input's limit replaced an indeterminate form: "
 
 
-#: a finding whose every element is the truth at the zero inputs moved off zero toward their
-#: signs: log1p(-0) is -0 where log(1 + -0) is +0, the sign log(1 + x) has at every x < 0 (the
+#: a finding whose every element is the truth at the zero (or subnormal) inputs moved off zero toward
+#: their signs: log1p(-0) is -0 where log(1 + -0) is +0, the sign log(1 + x) has at every x < 0 (the
 #: rules' extremes test admits that sign, tests/test_rule_extremes.py limit_sign); counted apart
 ZERO_LIMIT = "a signed zero's limit replaced its float64 value: "
 
 
 def nudged_zeros(env: dict) -> dict:
-    """The inputs in float64, each zero moved off zero toward its sign by 1e-12 (1 + 1e-12 is
-    not 1 in float64: a smaller step would vanish where a zero meets a one)."""
+    """The inputs in float64, each zero or tinier value (a subnormal) moved to 1e-12 with its sign
+    (1 + 1e-12 is not 1 in float64: a smaller step vanishes where it meets a one, as -1e-44 does in
+    log(1 + y), whose float64 value 0 is not the sign the real log has there)."""
     def nudge(v):
         if not v.is_floating_point():
             return v
         v = v.double()
-        return torch.where(v == 0, torch.where(v.signbit(), -1e-12, 1e-12), v)
+        return torch.where(v.abs() < 1e-12, torch.where(v.signbit(), -1e-12, 1e-12), v)
     return {k: nudge(v) for k, v in env.items()}
 
 

@@ -261,3 +261,17 @@ def test_the_elements_an_overflow_reached_are_no_truth():
     env = {"x": torch.tensor([[800.0, 1.0, 2.0], [0.0, 1.0, 2.0]], dtype=torch.float64)}
     assert fuzz.overflowed(term, env).tolist() == [[True, True, True], [False, False, False]]
     assert fuzz.overflowed(term, {"x": env["x"][1:]}) is None
+
+
+def test_a_subnormal_inputs_sign_that_float64_absorbs_is_counted_apart():
+    """Seed 4000367: sqrt(log(1 + y)) -> sqrt(log1p(y)) is NaN at y = -1.1e-44, where log(1 + y) is
+    negative (the real function is undefined there) and float64's truth rounds 1 + y to 1 (0, then
+    2 from the maximum around it): the truth with y moved to -1e-12 agrees with the optimized."""
+    kind, _, why = fuzz.check(4000367)
+    assert kind == "limit" and why.startswith(fuzz.ZERO_LIMIT), why
+
+
+def test_regimes_are_not_sought_over_a_templates_outputs():
+    """Seed 4000165: a repeated constant subterm became a template, whose outputs are leaves of the
+    outer program that no sample draws; regime inference under `stability` raised KeyError."""
+    assert fuzz.check(4000165) is None

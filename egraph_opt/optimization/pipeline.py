@@ -303,7 +303,8 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
     the input, the ``guarded`` rules that match but whose guard the declared ranges do not prove (each on a
     regime where it is proved) and the root's series (each within ``limit``, a relative truncation bound, on
     its regime); None where one program is as good by ``gain`` mean bits."""
-    if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > MAX_NODES:
+    if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > MAX_NODES or \
+            any(t.op == "opaque" for t in postorder(roots)):  # a template's outputs: leaves no sample draws
         return None
     terms = [best[0]] + [a.term for a in alternatives(snap.classes, root_classes[0], cost,
                                                       limit=ALTERNATIVES)] + [roots[0]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import json
 import math
 import os
@@ -116,6 +117,7 @@ class _Owner:
         self._start = threading.Lock()
         self.live: dict[int, bindings.EGraph] = {}  # touched on the owner thread only
         self._made = 0
+        self._crowd = 4
 
     def call(self, fn, *args):
         """``fn(*args)`` on the owner thread; its result or exception here."""
@@ -144,6 +146,14 @@ class _Owner:
                 done.set()
 
     def make(self) -> int:
+        """A new e-graph's number. Their memory is egglog's, which the cycle collector does not count:
+        a dropped decorated function in a reference cycle (a model whose forward it wraps) keeps its
+        e-graph, hundreds of MB, until a full collection that object counts may not call for long.
+        So one runs whenever twice as many e-graphs live as after the last (4 at least)."""
+        if len(self.live) >= self._crowd:
+            gc.collect()
+            self._crowd = max(4, 2 * self.call(len, self.live))  # after the drops it queued
+
         def made() -> int:
             self._made += 1
             self.live[self._made] = bindings.EGraph()

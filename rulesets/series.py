@@ -7,11 +7,11 @@ inference (``extractors/regimes.py``) takes it where |u| is small, counting its 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import itertools
 import math
 import operator
-import signal
 import threading
 from dataclasses import dataclass, replace
 
@@ -92,28 +92,47 @@ def to_sympy(root: Term, variable: Term):
 def expand(root: Term, variable: Term, at_infinity: bool, cap: float = math.inf) -> Series | None:
     """The series of ``root`` in ``variable`` around 0 or infinity (u = 1/variable) of least degree within
     ``TARGET`` on the largest octave of |u| it can be, up to ``cap``; None where there is none or sympy runs
-    past ``SECONDS`` (or cannot be stopped: off the main thread, or under another timer)."""
+    past ``SECONDS``."""
     found = to_sympy(root, variable)  # by structure, for the cache (a Term's identity is its own)
     with contextlib.suppress(TimeoutError):  # a time out is not kept in the cache: another call may have the time
-        if found and threading.current_thread() is threading.main_thread() and not signal.getitimer(0)[0]:
+        if found:
             return _expand(*found, at_infinity, min(max(cap, 2.0 ** OCTAVES[0]), 2.0 ** OCTAVES[-1]))
     return None
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """TimeoutError in this thread after ``seconds``, on any thread and beside a caller's own timer (an
+    alarm signal is the main thread's, one at a time): a timer thread raises it asynchronously, again
+    every quarter of ``seconds`` until the body ends (one raised in a GC callback is lost)."""
+    me, done = ctypes.c_ulong(threading.get_ident()), threading.Event()
+
+    def fire(wait: float = seconds):
+        while not done.wait(wait):
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(me, ctypes.py_object(TimeoutError))
+            wait = seconds / 4
+    timer = threading.Thread(target=fire, daemon=True)
+    timer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        timer.join()
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(me, None)  # one raised as the body ended: dropped
 
 
 @functools.lru_cache(maxsize=256)
 def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
     import sympy
     (x,), u = f.free_symbols or (None,), sympy.Symbol("u", real=True)  # none (x - x): subs fails, no series
-    handler = signal.signal(signal.SIGALRM, _stop)
-    signal.setitimer(signal.ITIMER_REAL, SECONDS, SECONDS / 4)  # again: one raised in a GC callback is lost
     try:
-        s = sympy.expand(sympy.series(f.subs(x, 1 / u if at_infinity else u), u, 0, ORDER).removeO())
-        pairs = [t.as_coeff_exponent(u) for t in sympy.Add.make_args(s)]
+        with _deadline(SECONDS):
+            s = sympy.expand(sympy.series(f.subs(x, 1 / u if at_infinity else u), u, 0, ORDER).removeO())
+            pairs = [t.as_coeff_exponent(u) for t in sympy.Add.make_args(s)]
     except Exception as e:  # noqa: BLE001 - a pole, a branch, no expansion: no series (the time: raised)
-        return None if not isinstance(e, TimeoutError) else _stop()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, handler)
+        if isinstance(e, TimeoutError):
+            raise
+        return None
     if s == 0 or f.has(sympy.zoo, sympy.nan) or not all(c.is_real and c.is_number and p.is_integer for c, p in pairs):
         return None
     shift = int(min(p for _, p in pairs))
@@ -125,10 +144,6 @@ def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
             return None  # 0 ** y is 1 at y = 0, where sympy's 0 ** y - y has the series -y
     full = Series(lhs, at_infinity, step == 2, shift, terms, cap, ())
     return _truncate(g, full, sympy.lambdify(x, f, ["math", "mpmath"]))
-
-
-def _stop(*_):
-    raise TimeoutError
 
 
 def _truncate(f, full: Series, rough) -> Series | None:

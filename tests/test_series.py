@@ -139,8 +139,33 @@ def test_a_time_out_is_not_kept_in_the_cache(monkeypatch):
     """sympy's time ran out (a loaded machine): no series now, but the next call may derive it."""
     import egraph_opt.rulesets.series as S
     S._expand.cache_clear()
-    series = sympy.series
-    monkeypatch.setattr(sympy, "series", lambda *a, **k: S._stop())  # the alarm, as it would fire
+    monkeypatch.setattr(S, "SECONDS", 1e-3)  # sympy takes longer
     assert _series("(sub (sinh ?x) ?x)", False) is None
-    monkeypatch.setattr(sympy, "series", series)
+    monkeypatch.setattr(S, "SECONDS", 2.0)
     assert _series("(sub (sinh ?x) ?x)", False) is not None
+
+
+@pytest.mark.parametrize("seconds", [2.0, 1e-3])
+def test_series_are_derived_and_timed_out_off_the_main_thread_too(monkeypatch, seconds):
+    """A Dask worker's or a server's thread gets the series the main thread gets (the alarm signal
+    that once stopped sympy is the main thread's only); past its time sympy stops there too, and
+    nothing of the deadline is left to fire on the thread afterwards."""
+    import threading
+    import time
+    import egraph_opt.rulesets.series as S
+    S._expand.cache_clear()
+    monkeypatch.setattr(S, "SECONDS", seconds)
+    out = {}
+
+    def work():
+        start = time.perf_counter()
+        out["series"] = _series("(sub (sinh ?x) ?x)", False)
+        out["seconds"] = time.perf_counter() - start
+        time.sleep(4 * seconds)
+        out["after"] = sum(range(10 ** 5))  # a TimeoutError left pending would end the thread here
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(60)
+    assert out.get("after") == sum(range(10 ** 5))
+    assert (out["series"] is not None) == (seconds == 2.0)
+    assert out["seconds"] < 1.0 or seconds == 2.0

@@ -215,8 +215,7 @@ def _scores_overflow(q, k, scale: float) -> torch.Tensor | bool:
     precision scores in it). The fused kernel then returns 0 where the softmax of its definition
     is NaN (and the float64 truth finite), so the definition runs instead. A 0-d bool tensor on
     q's device (False where nothing is bounded): the host path reads it, the device path selects."""
-    return _not_below(_score_bound(q, k, scale),
-                      torch.finfo(torch.promote_types(q.dtype, torch.float32)).max)
+    return _not_below(_score_bound(q, k, scale), torch.finfo(torch.promote_types(q.dtype, torch.float32)).max)
 
 
 def _not_below(bound: torch.Tensor | float, limit: float) -> torch.Tensor | bool:
@@ -233,8 +232,7 @@ def _torch_sdpa(q, k, v, attn_mask=None, **options):
     gqa = ops.groups(q, k) * ops.groups(q, v) > 1
     if q.dim() == k.dim() == v.dim() == 3 and not gqa:
         mask = attn_mask if attn_mask is None or attn_mask.dim() < 3 else attn_mask.unsqueeze(1)
-        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask,
-                                              **options)[:, 0]
+        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask, **options)[:, 0]
     if attn_mask is not None and 2 < attn_mask.dim() < q.dim():  # (H, T, S): fast 4-D, 3-D the math fallback
         attn_mask = attn_mask[(None,) * (q.dim() - attn_mask.dim())]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa, **options)

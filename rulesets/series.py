@@ -12,8 +12,10 @@ import functools
 import itertools
 import math
 import operator
+import sys
 import threading
 from dataclasses import dataclass, replace
+from traceback import walk_stack
 
 import mpmath
 import torch
@@ -100,25 +102,28 @@ def expand(root: Term, variable: Term, at_infinity: bool, cap: float = math.inf)
     return None
 
 
-@contextlib.contextmanager
-def _deadline(seconds: float):
-    """TimeoutError in this thread after ``seconds``, on any thread and beside a caller's own timer (an
-    alarm signal is the main thread's, one at a time): a timer thread raises it asynchronously, again
-    every quarter of ``seconds`` until the body ends (one raised in a GC callback is lost)."""
-    me, done = ctypes.c_ulong(threading.get_ident()), threading.Event()
+class _Deadline:
+    """TimeoutError in this thread after ``seconds`` on any thread, beside a caller's own timer (an alarm
+    signal is the main thread's, one at a time): raised asynchronously by a timer thread, again every quarter
+    of ``seconds`` (one raised in a GC callback is lost), only while the entering frame is on the stack."""
 
-    def fire(wait: float = seconds):
-        while not done.wait(wait):
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(me, ctypes.py_object(TimeoutError))
-            wait = seconds / 4
-    timer = threading.Thread(target=fire, daemon=True)
-    timer.start()
-    try:
-        yield
-    finally:
-        done.set()
-        timer.join()
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(me, None)  # one raised as the body ended: dropped
+    def __init__(self, seconds: float):
+        self.seconds, self.done = seconds, threading.Event()
+
+    def __enter__(self):
+        me, body = threading.get_ident(), sys._getframe(1)
+
+        def fire(wait: float = self.seconds):
+            while not self.done.wait(wait) and any(f is body for f, _ in walk_stack(sys._current_frames().get(me))):
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me), ctypes.py_object(TimeoutError))
+                wait = self.seconds / 4
+        self.timer = threading.Thread(target=fire, daemon=True)
+        self.timer.start()
+
+    def __exit__(self, *_):
+        self.done.set()
+        self.timer.join()
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)  # one in flight
 
 
 @functools.lru_cache(maxsize=256)
@@ -126,7 +131,7 @@ def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
     import sympy
     (x,), u = f.free_symbols or (None,), sympy.Symbol("u", real=True)  # none (x - x): subs fails, no series
     try:
-        with _deadline(SECONDS):
+        with _Deadline(SECONDS):
             s = sympy.expand(sympy.series(f.subs(x, 1 / u if at_infinity else u), u, 0, ORDER).removeO())
             pairs = [t.as_coeff_exponent(u) for t in sympy.Add.make_args(s)]
     except Exception as e:  # noqa: BLE001 - a pole, a branch, no expansion: no series (the time: raised)

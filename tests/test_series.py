@@ -169,3 +169,24 @@ def test_series_are_derived_and_timed_out_off_the_main_thread_too(monkeypatch, s
     assert out.get("after") == sum(range(10 ** 5))
     assert (out["series"] is not None) == (seconds == 2.0)
     assert out["seconds"] < 1.0 or seconds == 2.0
+
+
+def test_a_deadline_whose_exit_never_ran_stops_once_its_frame_is_gone():
+    """An exception may land in the deadline's ``__exit__`` before it stops the timer: the timer
+    then stops by itself once the frame that entered returned, so nothing fires into later code."""
+    import threading
+    import time
+    import egraph_opt.rulesets.series as S
+    out = {}
+
+    def enter():
+        S._Deadline(0.05).__enter__()  # and returns: as if __exit__ had been cut short
+
+    def work():
+        enter()
+        time.sleep(0.5)
+        out["after"] = True  # a TimeoutError fired meanwhile is raised here
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(10)
+    assert out.get("after")

@@ -351,8 +351,7 @@ class OptimizedFunction:
 
     @property
     def _name(self) -> str:
-        return getattr(self.fn, "__qualname__", None) or getattr(self.fn, "__name__", None) or \
-            type(self.fn).__name__
+        return getattr(self.fn, "__qualname__", None) or getattr(self.fn, "__name__", None) or type(self.fn).__name__
 
     def __call__(self, *args, **kwargs):
         out = self._again(args, kwargs)  # laid out as the last call: C++ checks of the tensors, the state
@@ -542,10 +541,8 @@ class OptimizedFunction:
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
             self.profile_db, device, budget_s=self.profile_budget)
         priced = Pricing(latency, device) if latency else None  # by the kernel that will run
-        model = CostModel(self.objective, latency_of=priced, tolerance=self.tolerance,
-                          max_slowdown=self.max_slowdown)
-        result = optimize(program, rules=self.rules, model=model, limits=self.limits,
-                          input_ranges=self.input_ranges)
+        model = CostModel(self.objective, latency_of=priced, tolerance=self.tolerance, max_slowdown=self.max_slowdown)
+        result = optimize(program, rules=self.rules, model=model, limits=self.limits, input_ranges=self.input_ranges)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
         made.estimate = measured_estimate(latency)
         module = build_module(flat, traced, device=device, meta=result.program.meta(), estimate=made.estimate)

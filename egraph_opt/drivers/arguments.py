@@ -246,8 +246,7 @@ def specialize(fn: Callable, names: list[str], rebuild: Callable) -> Callable:
         return module
     scope["fn"] = fn
     exec(f"def specialized({params}):\n    return rebuild(fn, ({params},))", scope)
-    scope["specialized"].__qualname__ = getattr(fn, "__qualname__", None) or getattr(
-        fn, "__name__", type(fn).__name__)
+    scope["specialized"].__qualname__ = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", type(fn).__name__)
     return scope["specialized"]
 
 

@@ -147,8 +147,7 @@ def _record(gm: fx.GraphModule, example_args: tuple) -> None:
         raise CaptureError(f"running the traced program on the example inputs failed: {e}") from e
 
 
-_SHAPE_QUERIES = {("call_method", "size"), ("call_method", "dim"), ("call_method", "numel"),
-                  ("call_function", getattr)}
+_SHAPE_QUERIES = {("call_method", "size"), ("call_method", "dim"), ("call_method", "numel"), ("call_function", getattr)}
 
 
 def _is_static(node: fx.Node, static: set[str]) -> bool:
@@ -217,8 +216,7 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
             tensor = params[node.target] = operator.attrgetter(node.target)(gm)
             if not isinstance(tensor, torch.Tensor):
                 raise CaptureError(f"attribute {node.target!r} is a {type(tensor).__name__}, not a tensor")
-            values[node.name] = Term("param", (), (node.target, shape_attr(tensor.shape),
-                                                   dtype_name(tensor.dtype)))
+            values[node.name] = Term("param", (), (node.target, shape_attr(tensor.shape), dtype_name(tensor.dtype)))
             info_of[id(values[node.name])] = TensorInfo(tuple(tensor.shape), tensor.dtype)
         elif node.op == "output":
             output = map_aggregate(node.args[0], lambda a: values[a.name] if isinstance(a, fx.Node) else a)
@@ -241,8 +239,7 @@ def _lowered(node: fx.Node, values: dict, info_of: dict, gm: fx.GraphModule, par
     """The node's Term; where the Term language has none, an opaque call of the node (a Term
     leaf for a tensor, else an ``OpaqueRef``)."""
     info = node.meta.get("egraph_opt")
-    args, kwargs = map_aggregate((node.args, node.kwargs),
-                                 lambda a: values[a.name] if isinstance(a, fx.Node) else a)
+    args, kwargs = map_aggregate((node.args, node.kwargs), lambda a: values[a.name] if isinstance(a, fx.Node) else a)
     term = lowering.lower(node, args, kwargs, info_of, gm, params)
     if isinstance(term, Term):
         return term

@@ -40,8 +40,7 @@ RangeRule = Literal[
     "minimum", "mul", "neg", "operand", "pow", "rms_norm", "rotary", "rsqrt", "select", "silu",
     "softplus", "sqrt", "sub", "sum", "swish", "tan", "top", "values", "values-of-v", "var"]
 #: a curvature formula over operand ranges (extractors/curvature.py)
-Curvature = Literal["bilinear", "div", "exp", "layer_norm", "log", "log1p", "pow", "rsqrt", "sqrt",
-                    "swish"]
+Curvature = Literal["bilinear", "div", "exp", "layer_norm", "log", "log1p", "pow", "rsqrt", "sqrt", "swish"]
 Sign = Literal["positive", "nonneg", "any"]  # an e-graph fact (egraph/range_rules.py)
 #: how it amplifies its operands' rounding error (curvature.py): "exp" by |x|, "log" by 1/|log u|,
 #: "cancels" (a +- b), "sum" (of both signs), "shifted-exp" (exp(x - max(x)) inside),
@@ -144,8 +143,7 @@ def _of_tensors(fn: Callable) -> Callable:
     return lambda a, b: fn(_tensor(a, b), _tensor(b, a))
 
 
-maximum, minimum, atan2, logaddexp = map(_of_tensors, (torch.maximum, torch.minimum, torch.atan2,
-                                                        torch.logaddexp))
+maximum, minimum, atan2, logaddexp = map(_of_tensors, (torch.maximum, torch.minimum, torch.atan2, torch.logaddexp))
 fmod, remainder = map(_of_tensors, (torch.fmod, torch.remainder))  # the sign of a (C's), of b (Python's)
 
 
@@ -312,8 +310,7 @@ def rotary(x, cos, sin):
 def cross_entropy(x, target, reduction, ignore_index):
     """nll_loss(log_softmax(x, 1)), whose log_softmax keeps the naive quotient's value at +inf
     (+inf off the +inf logit, where torch's F.cross_entropy is NaN)."""
-    return F.nll_loss(log_softmax(x, 1 if x.dim() > 1 else 0), target, reduction=reduction,
-                      ignore_index=ignore_index)
+    return F.nll_loss(log_softmax(x, 1 if x.dim() > 1 else 0), target, reduction=reduction, ignore_index=ignore_index)
 
 
 def sigmoid(v: float) -> float:
@@ -606,8 +603,7 @@ BINARY_ELEMENTWISE = ops_where(lambda op: op.shape_rule == "broadcast" and op.ar
 #: two operands broadcast to the result's shape and promote to its dtype (rms_norm and geglu too)
 BINARY_BROADCASTING = ops_where(lambda op: op.shape_rule == "broadcast" and op.arity == 2)
 #: exp(x) and its like: one operand, element to element (softmax works along an axis)
-UNARY_ELEMENTWISE = ops_where(lambda op: op.shape_rule == "same" and op.arity == 1 and
-                           "axis" not in dict(op.attrs))
+UNARY_ELEMENTWISE = ops_where(lambda op: op.shape_rule == "same" and op.arity == 1 and "axis" not in dict(op.attrs))
 COMPARISONS = ops_where(lambda op: op.shape_rule == "compare")  # a bool mask
 #: along one axis, which is dropped or kept as 1 (sum, max, mean, var, logsumexp, ...)
 REDUCTIONS = ops_where(lambda op: op.shape_rule == "reduce")

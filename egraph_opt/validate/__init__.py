@@ -229,8 +229,7 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
     cand, orig = map(torch.as_tensor, (cand, orig))
     ref = orig if ref is None else torch.as_tensor(ref)
     if cand.shape != orig.shape or cand.dtype != orig.dtype:
-        return False, math.inf, 0.0, (f"{tuple(cand.shape)} {cand.dtype} vs "
-                                      f"{tuple(orig.shape)} {orig.dtype}")
+        return False, math.inf, 0.0, (f"{tuple(cand.shape)} {cand.dtype} vs {tuple(orig.shape)} {orig.dtype}")
     err, err_orig, why = _error(cand, orig, ref)
     allowed = max(TOLERANCE.get(cand.dtype, TOLERANCE.get(cand.real.dtype, 0.0)), 4 * err_orig, excused)
     if not why and err > allowed:
@@ -345,8 +344,7 @@ class _Reference:
 
 
 def _none(why: str) -> _Reference:
-    return _Reference(None, bounded=f"no float64 reference: {why}; every element is judged against "
-                                    "the original")
+    return _Reference(None, bounded=f"no float64 reference: {why}; every element is judged against the original")
 
 
 def _bounded_reference(original: Callable, args: tuple, origs: list, seconds: float, budget_s: float,

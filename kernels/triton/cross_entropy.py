@@ -27,8 +27,7 @@ def _cross_entropy_kernel(x_ptr, target_ptr, loss_ptr, n, ignore_index, BLOCK: t
     in_range = (target >= 0) & (target < n)
     m, s = row_logsumexp(x_row, n, BLOCK)
     x_t = tl.load(x_row + tl.where(in_range, target, 0)).to(tl.float32)
-    loss = tl.where(m == float("inf"), tl.where(x_t == float("inf"), float("nan"), float("inf")),
-                    m + tl.log(s) - x_t)
+    loss = tl.where(m == float("inf"), tl.where(x_t == float("inf"), float("nan"), float("inf")), m + tl.log(s) - x_t)
     loss = tl.where(in_range, loss, float("nan"))
     tl.store(loss_ptr + row, tl.where(target == ignore_index, 0.0, loss))
 

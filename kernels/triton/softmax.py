@@ -44,8 +44,7 @@ def _softmax_kernel(x_ptr, out_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
             if MODE == 0:
                 y = softmax_of(x, m, s)
             else:  # a row whose max is +inf: NaN at +inf, -inf elsewhere (ops.log_softmax)
-                y = tl.where(m == float("inf"), tl.where(x == float("inf"), float("nan"), float("-inf")),
-                             x - lse)
+                y = tl.where(m == float("inf"), tl.where(x == float("inf"), float("nan"), float("-inf")), x - lse)
             tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

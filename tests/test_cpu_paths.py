@@ -10,13 +10,23 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize("capability", ["default", "avx2"])
-def test_rewritten_kernels_hold_on_every_cpu_vector_path(capability):
+def _passes(capability: str, files: list[str], selection: str) -> None:
     # oneDNN (the fused linear epilogues) picks its own vector path: capped alike
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "ONEDNN_MAX_CPU_ISA": "AVX2" if capability == "avx2" else "ALL"}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                          os.path.join(HERE, "test_kernels.py"), os.path.join(HERE, "test_ops.py"),
-                          "-k", "at_the_edges or linear_add or linear_at_overflow"],
+                          *(os.path.join(HERE, f) for f in files), "-k", selection],
                          env=env, cwd=os.path.dirname(HERE), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and "failed" not in run.stdout
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_rewritten_kernels_hold_on_every_cpu_vector_path(capability):
+    _passes(capability, ["test_kernels.py", "test_ops.py"], "at_the_edges or linear_add or linear_at_overflow")
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_rules_moving_an_op_across_a_rounding_hold_on_every_cpu_vector_path(capability):
+    """float32 sinh and cosh overflow past half the max on AVX2's vector path only (e^|x| first): the
+    rules that move an op across a cast are checked at the extremes on each path, on any CPU."""
+    _passes(capability, ["test_rule_extremes.py"], "before-rounding")

@@ -134,9 +134,9 @@ def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
         with _Deadline(SECONDS):
             s = sympy.expand(sympy.series(f.subs(x, 1 / u if at_infinity else u), u, 0, ORDER).removeO())
             pairs = [t.as_coeff_exponent(u) for t in sympy.Add.make_args(s)]
-    except Exception as e:  # noqa: BLE001 - a pole, a branch, no expansion: no series (the time: raised)
-        if isinstance(e, TimeoutError):
-            raise
+    except TimeoutError:  # not kept in the cache: another call may have the time
+        raise
+    except Exception:  # noqa: BLE001 - a pole, a branch, no expansion: no series
         return None
     if s == 0 or f.has(sympy.zoo, sympy.nan) or not all(c.is_real and c.is_number and p.is_integer for c, p in pairs):
         return None

@@ -144,7 +144,7 @@ def _dtype_and_rank_rules():
     for op in BINARY_BROADCASTING:  # (rotary's three operands leave its rank and dtype unrecorded:
         # a guard or precision rule then does not fire on it). The dtype promotes: both operands',
         # or a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
-        yield (f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) ((set (rank e) (max n m))))")
+        yield f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) ((set (rank e) (max n m))))"
         name, attrs = OPS[op].egg_name, " ".join("?_" + n for n, _ in OPS[op].attrs)
         for args, known in (("?a ?b", "(= d (dtype-of ?a)) (= d (dtype-of ?b))"),
                             ("?a (Const ?c)", "(= d (dtype-of ?a))"), ("(Const ?c) ?b", "(= d (dtype-of ?b))")):

@@ -406,3 +406,21 @@ def test_a_region_launches_the_configuration_its_database_row_records(tmp_path, 
             torch.testing.assert_close(f(x, b), torch.tanh(x * 2.0 + b))
         assert f.report.kernels == {"triton.generated": 1}, f.report
         assert seen and set(seen) == ({(256, 2)} if row else {(1024, 4)})
+
+
+@pytest.mark.parametrize("max_slowdown", [4.0, 10_000.0])
+def test_a_far_more_accurate_plan_slower_than_max_slowdown_falls_back_saying_so(max_slowdown, monkeypatch):
+    """Interpreted, the rationalized sqrt difference (30 bits more accurate at worst) runs tens of times
+    slower than torch's kernels: beyond the default max_slowdown the original runs, and the report names
+    that bound (not stability, which it gains); within a wide one the plan is kept."""
+    monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
+    x = torch.rand(1000) * 1e7
+    f = saturate_and_extract(lambda x: torch.sqrt(x + 1) - torch.sqrt(x), max_slowdown=max_slowdown, profile_budget=5.0)
+    with torch.no_grad():
+        f(x)
+    measured = f.report.measured
+    assert measured and measured[1] > 20 * measured[0], f.report
+    if max_slowdown == 4.0:
+        assert "by more than max_slowdown=4, the most accuracy may cost" in f.report.fallback, f.report
+    else:
+        assert not f.report.fallback and "triton.generated" in str(f.report), f.report

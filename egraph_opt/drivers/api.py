@@ -602,8 +602,10 @@ class OptimizedFunction:
             report.measured = time_side_by_side([target, run], args, device, left)
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
-                return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against "
-                                               f"{before * 1e6:.1f} us) and is no more stable", result)
+                beyond = self.objective is Objective.BALANCED and after > before * self.max_slowdown
+                return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against {before * 1e6:.1f} us) "
+                                       + (f"by more than max_slowdown={self.max_slowdown:g}, the most accuracy may cost"
+                                          if beyond else "and is no more stable"), result)
         if self.profile_budget > 0 and not report.measured:  # the never-slower check did not run
             report.bounded.append(f"timing: not timed side by side within the {max(left, 0):.2f} s left of "
                                   f"the profile budget (one call of the original took {original_s:.3f} s): "

@@ -342,6 +342,14 @@ def test_mathlib_is_accurate_near_zero_and_at_extremes(op):
 
 
 
+def test_a_generated_power_of_a_constant_base():
+    """2 ** y and (-1) ** y: the base a number, not a block (found by a random region: an AttributeError)."""
+    y = torch.tensor([[-3.0, -0.5, 0.0, 0.5, 1.0, 2.0, 10.0, 200.0, float("inf"), float("nan")]])
+    for base in (2.0, -1.0):
+        out = K.generate_elementwise(Term("pow", (Term.const(base), Term.input("y", y.shape))))(y=y)
+        torch.testing.assert_close(out, torch.pow(base, y), equal_nan=True, rtol=2 ** -23, atol=0)
+
+
 @pytest.mark.parametrize("exponent", [1 / 3, 0.5, 2.5, -1.7, 3.0, 7.0, -2.0])
 def test_a_generated_power_rounds_once_at_every_magnitude(exponent):
     """a ** b from exp(b log a) in float32 errs by |b log a| ulps (30 at 1e5 ** (1/3), enough to fail
@@ -462,6 +470,8 @@ X = Term.input("x", (2, 3))
     (Term("sum", (X,), (0, False)), "'sum'.*last axis"),
     (Term("gelu", (X,), ("erf",)), "'gelu'.*approximate"),
     (Term("add", (Term.const(1.0), Term.const(2.0))), "at least one input"),
+    (Term("mul", (X, Term("softmax", (Term.input("y", (2, 1)),), (-1,)))), "'softmax'.*broadcast operand"),
+    (Term("add", (X, Term("softmax", (Term.const(1.0),), (-1,)))), "'softmax'.*broadcast operand"),
 ])
 def test_generator_refuses_with_a_clear_message(term, message):
     with pytest.raises(ValueError, match=message):

@@ -175,6 +175,8 @@ def lower(root: Term) -> KernelSource:
         raise _refuse(rows[1].op, f"a region holds one row op, not also {rows[0].op}")
     leaves = [parse_shape(t.attrs[1]) for t in postorder([root]) if t.op == "input"]
     region = tuple(torch.broadcast_shapes(*leaves))  # the shape computed: the others broadcast to it
+    if rows and all(parse_shape(u.attrs[1]) != region for u in postorder(rows[0].args) if u.op == "input"):
+        raise _refuse(rows[0].op, f"a row op over a broadcast operand (not of the region's shape {list(region)})")
     inputs, consts, lines, broadcast = [], [], [], []  # input names, constant values, source lines
     name_of, by_key = {}, {}  # term id, structural key -> SSA name: equal subterms are emitted once
     for t in postorder([root]):

@@ -41,9 +41,10 @@ def power(a, b):
     odd = integral & (tl.floor(b * 0.5) * 2.0 != b)
     # |a| for integral b; otherwise a itself, whose log is NaN when a < 0. Nested wheres, not &:
     # a and b may be a block and a scalar, which the interpreter cannot combine with &.
-    r = tl.exp(b * tl.log(tl.where(integral, tl.abs(a), a).to(tl.float64))).to(a.dtype)
+    r = tl.exp(b * tl.log(tl.where(integral, tl.abs(a), a).to(tl.float64))).to((a + b).dtype)  # a or b: a number
     r = tl.where(odd, tl.where(a < 0.0, -r, r), r)
-    return tl.where(b == 0.0, 1.0, tl.where(a == 1.0, 1.0, r))
+    unit = tl.where(a == 1.0, 1.0, tl.where(tl.abs(b) == float("inf"), 1.0, r))  # 1 ** b, (-1) ** +-inf: C's pow
+    return tl.where(b == 0.0, 1.0, tl.where(tl.abs(a) == 1.0, unit, r))
 
 
 @triton.jit

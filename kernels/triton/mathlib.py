@@ -3,7 +3,7 @@
 Triton has no portable log1p, expm1, tanh or pow (they live in CUDA's libdevice, which the CPU
 interpreter cannot run), so they are built from exp and log with Kahan's compensation tricks:
 accurate to a few ulps at every magnitude, on the GPU and in the interpreter alike. ReLU keeps
-NaN, as torch does (``tl.maximum`` would drop it). All take and return float32 blocks (``power``: any float)."""
+NaN, as torch does (``tl.maximum`` would drop it). All take and return float32 blocks."""
 import triton
 import triton.language as tl
 
@@ -41,8 +41,8 @@ def power(a, b):
     odd = integral & (tl.floor(b * 0.5) * 2.0 != b)
     # |a| for integral b; otherwise a itself, whose log is NaN when a < 0. Nested wheres, not &:
     # a and b may be a block and a scalar, which the interpreter cannot combine with &.
-    r = tl.exp(b * tl.log(tl.where(integral, tl.abs(a), a).to(tl.float64))).to((a + b).dtype)  # a or b: a number
-    r = tl.where(odd, tl.where(a < 0.0, -r, r), r)
+    r = tl.exp(b * tl.log(tl.where(integral, tl.abs(a), a).to(tl.float64))).to(tl.float32)
+    r = tl.where(odd, tl.where(a < 0.0, -r, tl.where(1.0 / tl.where(a == 0.0, a, 1.0) < 0.0, -r, r)), r)  # (-0) ** -1: -inf
     unit = tl.where(a == 1.0, 1.0, tl.where(tl.abs(b) == float("inf"), 1.0, r))  # 1 ** b, (-1) ** +-inf: C's pow
     return tl.where(b == 0.0, 1.0, tl.where(tl.abs(a) == 1.0, unit, r))
 

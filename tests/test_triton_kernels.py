@@ -23,7 +23,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from egraph_opt.lang import ops  # noqa: E402
 from egraph_opt.kernels import triton as K  # noqa: E402
 from egraph_opt.kernels.triton import codegen  # noqa: E402
-from egraph_opt.lang.term import Term, evaluate  # noqa: E402
+from egraph_opt.lang.term import Term, evaluate, postorder  # noqa: E402
 
 if not isinstance(_tl_sum, InterpretedFunction):  # triton.language itself was decorated natively
     pytest.fail("triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot "
@@ -527,37 +527,46 @@ def test_every_triton_kernel_compiles_for_a_hopper_gpu(tmp_path):
     assert launches >= 40, done.stdout
 
 
-def _random_region(seed: int):
-    """The fuzzer's program of ``seed`` in float32 and its inputs (extremes mixed in for some seeds)."""
+def _random_region(seed: int, dtype: str):
+    """The fuzzer's program of ``seed`` in ``dtype``, each op rounding to it (a cast) as the backend's regions do,
+    and its inputs (extremes mixed in for some seeds)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
     import fuzz
-    term, ranges, kind = fuzz.drawn(seed)
-    env = {k: v.float() for k, v in fuzz.inputs(term, ranges, seed, kind).items()}
-    return fuzz.from_sexpr(fuzz.sexpr(term), fuzz.input_shapes(term), "float32"), term, env
+    wide, ranges, kind = fuzz.drawn(seed)
+    env = {k: v.to(getattr(torch, dtype)) for k, v in fuzz.inputs(wide, ranges, seed, kind).items()}
+    made = {}
+    for t in postorder([fuzz.from_sexpr(fuzz.sexpr(wide), fuzz.input_shapes(wide), dtype)]):
+        u = Term(t.op, tuple(made[id(a)] for a in t.args), t.attrs) if t.args else t
+        made[id(t)] = Term("cast", (u,), (dtype,)) if t.args and dtype != "float32" else u
+    return made[id(t)], wide, env
 
 
-@pytest.mark.parametrize("seeds", [range(0, 150), range(150, 300)], ids=["0-149", "150-299"])
-def test_random_regions_compute_what_torch_kernels_do(seeds):
+#: (seeds, dtype, ulps allowed beyond 4x torch's error): float16 regions round each op as torch's kernels do
+RANDOM_REGIONS = [(range(0, 150), "float32", 64), (range(150, 300), "float32", 64), (range(0, 150), "float16", 8)]
+
+
+@pytest.mark.parametrize("seeds, dtype, ulps", RANDOM_REGIONS, ids=["float32-0", "float32-150", "float16-0"])
+def test_random_regions_compute_what_torch_kernels_do(seeds, dtype, ulps):
     """Differential: the fuzzer's random programs that the generator takes (about one in four) compute
-    what torch's float32 kernels do, non-finite where they are, else within 4x their error against float64 and
-    the change an ulp of input makes (cos(exp(x)^2)), plus 64 ulps of the larger of the value and 1 (mathlib's
+    what torch's kernels do, non-finite where they are, else within 4x their error against float64 and
+    the change an ulp of input makes (cos(exp(x)^2)), plus ``ulps`` of the larger of the value and 1 (mathlib's
     expm1, a few ulps, then exp of 15). It found a power of a number that raised, (-1) ** inf = NaN, (-0) ** -1
     = +inf, and a softmax of a broadcast (3, 1) value over 4."""
-    generated = 0
+    generated, eps = 0, torch.finfo(getattr(torch, dtype)).eps
     for seed in seeds:
-        term, wide, env = _random_region(seed)
+        term, wide, env = _random_region(seed, dtype)
         try:
             kernel = K.generate_elementwise(term)
         except ValueError:  # an op without a template, a reduction inside, no input
             continue
         out, (ref,) = kernel(**env).double(), evaluate([term], env)
         truth, = evaluate([wide], {k: v.double() for k, v in env.items()})
-        nudged, = evaluate([wide], {k: v.double() * (1 + 2.0 ** -22) for k, v in env.items()})  # conditioning
+        nudged, = evaluate([wide], {k: v.double() * (1 + 2 * eps) for k, v in env.items()})  # conditioning
         ref, generated = ref.double(), generated + 1
         assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf() & (out > 0), ref.isinf() & (ref > 0)) \
             and torch.equal(out.isinf() & (out < 0), ref.isinf() & (ref < 0)), (seed, fuzz_text(term))
         close = (out - truth).abs() <= 4 * ((ref - truth).abs() + (nudged - truth).abs().nan_to_num(0.0)) + \
-            2.0 ** -17 * truth.abs().clamp_min(1)  # (-3.0 + an ulp) ** y is NaN: no conditioning read
+            ulps * eps * truth.abs().clamp_min(1)  # (-3.0 + an ulp) ** y is NaN: no conditioning read
         assert close[ref.isfinite() & truth.isfinite()].all(), (seed, fuzz_text(term))
     assert generated >= 30  # the test tries what it says
 

@@ -23,7 +23,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from egraph_opt.lang import ops  # noqa: E402
 from egraph_opt.kernels import triton as K  # noqa: E402
 from egraph_opt.kernels.triton import codegen  # noqa: E402
-from egraph_opt.lang.term import Term, evaluate, postorder  # noqa: E402
+from egraph_opt.lang.term import Term, evaluate, postorder, pretty  # noqa: E402
 
 if not isinstance(_tl_sum, InterpretedFunction):  # triton.language itself was decorated natively
     pytest.fail("triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot "
@@ -564,13 +564,8 @@ def test_random_regions_compute_what_torch_kernels_do(seeds, dtype, ulps):
         nudged, = evaluate([wide], {k: v.double() * (1 + 2 * eps) for k, v in env.items()})  # conditioning
         ref, generated = ref.double(), generated + 1
         assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf() & (out > 0), ref.isinf() & (ref > 0)) \
-            and torch.equal(out.isinf() & (out < 0), ref.isinf() & (ref < 0)), (seed, fuzz_text(term))
+            and torch.equal(out.isinf() & (out < 0), ref.isinf() & (ref < 0)), (seed, pretty(term))
         close = (out - truth).abs() <= 4 * ((ref - truth).abs() + (nudged - truth).abs().nan_to_num(0.0)) + \
             ulps * eps * truth.abs().clamp_min(1)  # (-3.0 + an ulp) ** y is NaN: no conditioning read
-        assert close[ref.isfinite() & truth.isfinite()].all(), (seed, fuzz_text(term))
+        assert close[ref.isfinite() & truth.isfinite()].all(), (seed, pretty(term))
     assert generated >= 30  # the test tries what it says
-
-
-def fuzz_text(term: Term) -> str:
-    import fuzz
-    return fuzz.sexpr(term)

@@ -109,3 +109,41 @@ def test_e_graphs_dropped_in_reference_cycles_are_freed_as_new_ones_crowd_in():
         gc.enable()
     assert live <= before + 5, live
     assert kept._number in engine._OWNER.live  # what is referenced stays
+
+
+class _Gelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.linear(x)) + 1
+
+
+def test_captures_on_two_threads_leave_module_calls_working():
+    """fx patches ``nn.Module.__call__`` for the whole process while it traces: two traces at once
+    left every later module call going to a stale tracer ("module is not installed as a
+    submodule"), and each plan of a module made after fell back (5 tests of a CI run)."""
+    from egraph_opt.frontends.capture import capture
+    programs = [[], []]
+
+    def work(i):
+        module = _Gelu()
+        for _ in range(30):
+            programs[i].append(capture(module, (torch.randn(2, 4),))[0])
+    _together(work, 2)
+    assert [len(p) for p in programs] == [30, 30]
+    module, x = _Gelu(), torch.randn(3, 4)
+    torch.testing.assert_close(module(x), torch.nn.functional.gelu(x @ module.linear.weight.T + module.linear.bias) + 1)
+
+
+def test_a_decorated_function_called_in_anothers_trace_is_inlined_quietly(recwarn):
+    """The trace sees through it (it fell back, with a warning, on its Proxy argument); called for
+    real (the outer's validation runs the original), it optimizes as usual."""
+    inner = saturate_and_extract(_softplus, profile_budget=0)
+    outer = saturate_and_extract(lambda x: inner(x) * 2, profile_budget=0)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(outer(x), _softplus(x) * 2)
+    assert outer.report.optimized and "softplus" in str(outer.report)
+    assert all(plan.run is not None for plan in inner.plans.values())  # none for a Proxy argument
+    assert not [w for w in recwarn if "egraph-opt" in str(w.message)]

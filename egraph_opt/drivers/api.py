@@ -21,7 +21,7 @@ from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unfl
 
 from .arguments import Binder, BoundCall, Into, Layout
 from .families import REACH, Apart, Families, Sample, at, shared
-from ..frontends.capture import SideEffect, cache_pytrees, capture, returned
+from ..frontends.capture import SideEffect, cache_pytrees, capture, capturing, returned
 from ..egraph.engine import EGraph, InvariantError
 from .plan_key import StateKey, Watch
 from ..extractors import CostModel, Objective
@@ -359,6 +359,8 @@ class OptimizedFunction:
             out = (self._last.after() or _missed)(args, kwargs)
         if out is not _MISS:
             return out
+        if capturing():  # called in another program's trace (it holds the capture): inlined there
+            return self.fn(*args, **kwargs)
         call = self._bind(args, kwargs)
         try:
             key = call.key + self._state.key() + _autocast()

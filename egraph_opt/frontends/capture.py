@@ -12,6 +12,7 @@ import io
 import logging
 import operator
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -157,8 +158,7 @@ def _is_static(node: fx.Node, static: set[str]) -> bool:
         return False
     if (node.op, node.target) in _SHAPE_QUERIES:
         return True
-    inputs = node.all_input_nodes
-    return node.op == "call_function" and bool(inputs) and all(i.name in static for i in inputs)
+    return node.op == "call_function" and bool(node.all_input_nodes) and all(i.name in static for i in node.all_input_nodes)
 
 
 def _unshared(args: tuple) -> tuple:
@@ -182,22 +182,31 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
     name = getattr(fn, '__qualname__', type(fn).__name__)
     draws = Draws(lambda op: SideEffect(f"{name} draws random numbers ({op}): every run the optimizer "
                                         "made would draw them from the caller's generator"))
-    with draws:
-        gm = trace(fn, example_args)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(example_args):
-        raise CaptureError(f"{len(example_args)} arguments given, the traced program takes "
-                           f"{len(placeholders)}")
-    effects, in_place = mutations(gm)
-    if effects:
-        raise SideEffect(f"{name} mutates {', '.join(effects)}")
-    with draws:
-        _record(gm, example_args)
-    program = _program(gm, in_place)
-    for key, tensor in program.params.items():  # constants computed while lowering: the plan reads them there
-        if key.startswith(lowering.CONSTANT):
-            setattr(gm, key, tensor)
-    return program, gm
+    with _CAPTURING:
+        with draws:
+            gm = trace(fn, example_args)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(example_args):
+            raise CaptureError(f"{len(example_args)} arguments given, the traced program takes "
+                               f"{len(placeholders)}")
+        effects, in_place = mutations(gm)
+        if effects:
+            raise SideEffect(f"{name} mutates {', '.join(effects)}")
+        with draws:
+            _record(gm, example_args)
+        program = _program(gm, in_place)
+        for key, tensor in program.params.items():  # constants computed while lowering: the plan reads them there
+            if key.startswith(lowering.CONSTANT):
+                setattr(gm, key, tensor)
+        return program, gm
+
+
+_CAPTURING = threading.RLock()  # fx patches nn.Module.__call__ process-wide: two traces at once broke it for good
+
+
+def capturing() -> bool:
+    """Whether this thread is tracing: a decorated function called in the trace is inlined."""
+    return _CAPTURING._is_owned()
 
 
 def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
@@ -271,11 +280,10 @@ def _new_terms(term: Term, seen: set[int]) -> list[Term]:
     found, stack = [], [term]
     while stack:
         t = stack.pop()
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        found.append(t)
-        stack.extend(t.args)
+        if id(t) not in seen:
+            seen.add(id(t))
+            found.append(t)
+            stack.extend(t.args)
     return found
 
 

@@ -156,6 +156,5 @@ def bind(use: Use, operand_backends: tuple[str, ...] = (), estimate: Estimator =
     """The cheapest kernel accepting ``use``, conversions from ``operand_backends`` included; ties: torch."""
     found = paths(use, operand_backends, estimate)
     if not found or found[0].seconds == math.inf:
-        raise LookupError(f"no kernel accepts {use.op} on {use.device} {use.dtypes}: "
-                          f"{[p.refused for p in found]}")
+        raise LookupError(f"no kernel accepts {use.op} on {use.device} {use.dtypes}: {[p.refused for p in found]}")
     return found[0].kernel

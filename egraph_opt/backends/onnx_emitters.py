@@ -125,8 +125,7 @@ def _var(em, t, axis, keep, correction):
     if correction:
         shape = em.static_shape(x)
         if shape is None:
-            raise OnnxExportError("var with a correction over a dynamic shape: its axis size is "
-                                  "unknown at export")
+            raise OnnxExportError("var with a correction over a dynamic shape: its axis size is unknown at export")
         n = shape[axis]
         out = Term("mul", (out, Term.const(n / (n - correction) if n > correction else math.nan)))
     return emit_tree(em, out)

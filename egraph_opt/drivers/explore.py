@@ -75,8 +75,7 @@ def model_pictures(result) -> dict[str, str]:
 def _of_function(fn) -> Explorer:
     name, plan = fn._name, fn._last
     if plan is None:
-        raise ExploreError(f"{name} has never been called: call it once on example inputs, then "
-                           "explore it")
+        raise ExploreError(f"{name} has never been called: call it once on example inputs, then explore it")
     if plan.optimized is None and plan.run is None and not plan.report.ops_before:
         raise ExploreError(f"{name} fell back to the original program before an e-graph was built, "
                            f"so there is nothing to explore: {plan.report.fallback}")
@@ -94,8 +93,7 @@ def _of_function(fn) -> Explorer:
 def _refuse_opaque(program: Program, name: str) -> None:
     if not op_counts(program.roots()):
         calls = ", ".join(c.describe() for c in program.opaque.values()) or "no op at all"
-        raise ExploreError(f"{name} is entirely opaque to the Term language ({calls}): there is no "
-                           "e-graph to explore")
+        raise ExploreError(f"{name} is entirely opaque to the Term language ({calls}): there is no e-graph to explore")
 
 
 @dataclass

@@ -77,8 +77,7 @@ def external_files(path: str, model: onnx.ModelProto) -> list[str]:
             raise OnnxImportError(f"{path}: tensor {tensor.name!r} points to external data "
                                   f"{location!r} outside the model's directory")
         if not os.path.isfile(target):
-            raise OnnxImportError(f"{path}: tensor {tensor.name!r}: external data file "
-                                  f"{location!r} not found")
+            raise OnnxImportError(f"{path}: tensor {tensor.name!r}: external data file {location!r} not found")
         files.append(location)
     return list(dict.fromkeys(files))
 
@@ -200,8 +199,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     for info in graph.input:
         vt = im.types.get(info.name)
         if vt is None or vt.shape is None:
-            raise OnnxImportError(f"{where}: graph input {info.name!r} has no tensor shape "
-                                  "(its rank is needed)")
+            raise OnnxImportError(f"{where}: graph input {info.name!r} has no tensor shape (its rank is needed)")
         dims = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape)
         im.terms[info.name] = Term.input(info.name, dims, DTYPES.get(vt.elem_type, "float32"))
         inputs.append(im.terms[info.name])

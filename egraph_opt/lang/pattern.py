@@ -105,8 +105,7 @@ def _pattern(tree: list | str, text: str) -> Pattern:
     if spec is None:
         raise PatternError(f"unknown op {head!r} in {text!r}")
     if len(rest) != spec.arity + len(spec.attrs):
-        raise PatternError(f"{head} takes {spec.arity} operands and {len(spec.attrs)} attributes "
-                           f"in {text!r}")
+        raise PatternError(f"{head} takes {spec.arity} operands and {len(spec.attrs)} attributes in {text!r}")
     return Node(head, rest[:spec.arity], rest[spec.arity:])
 
 

@@ -26,8 +26,7 @@ def device_of_this_process(n: int) -> mesh.Device:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Shard
     if dist.get_world_size() != n:
-        raise mesh.MeshError(f"the plan is sharded over {n} devices; this process group has "
-                             f"{dist.get_world_size()}")
+        raise mesh.MeshError(f"the plan is sharded over {n} devices; this process group has {dist.get_world_size()}")
     grid = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (n,))
 
     def all_gather(x: torch.Tensor, axis: int) -> torch.Tensor:

@@ -43,8 +43,7 @@ def available(device: str = "cuda") -> bool:
 @functools.cache
 def _native() -> bool:
     if not HAVE_TRITON:
-        _log.warning("triton is not installed: the Triton kernels are unavailable "
-                     "(pip install 'egraph-opt[triton]')")
+        _log.warning("triton is not installed: the Triton kernels are unavailable (pip install 'egraph-opt[triton]')")
         return False
     import torch
     return torch.cuda.is_available()

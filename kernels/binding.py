@@ -31,9 +31,7 @@ def default_estimate(kernel: Kernel, use: Use) -> float:
     elements = sum(math.prod(s) for s in use.shapes) or 1
     if kernel.op == MOVE:
         return 2e-6 + 4 * elements / 1e10
-    if kernel.db_backend != "torch" and not _preferred(kernel, use):
-        return math.inf
-    return 5e-6 + 4 * elements / 2e10
+    return math.inf if kernel.db_backend != "torch" and not _preferred(kernel, use) else 5e-6 + 4 * elements / 2e10
 
 
 def measured_estimate(latency) -> Estimator:
@@ -79,9 +77,7 @@ def _measured(latency, kernel: Kernel, n: NodeFacts, choice: bool = True):
     """(units, source) of ``kernel`` from the database, or None: not known there (and, but for
     the op's own torch kernel, only the kernel's own measured or interpolated rows count)."""
     found = latency(n, kernel, choice) if latency is not None else None
-    if found and kernel.db_backend != "torch" and found[1] not in ("measured", "interpolated"):
-        return None
-    return found
+    return None if found and kernel.db_backend != "torch" and found[1] not in ("measured", "interpolated") else found
 
 
 def conversion_seconds(use: Use, source: str, target: str, estimate: Estimator = default_estimate) -> float:

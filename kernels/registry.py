@@ -88,9 +88,7 @@ def _gelu_tanh_into(y):
     sigmoid underflows); y = -inf gives -inf * 0 = NaN, as the definition does. Where autograd
     records, the passes are out of place (it keeps the sigmoid's output for the backward)."""
     u = torch.addcmul(torch.full((), _TWO_C, dtype=y.dtype, device=y.device), y, y, value=_TWO_C * _K)
-    if torch.is_grad_enabled() and y.requires_grad:
-        return y * torch.sigmoid(u * y)
-    return u.mul_(y).sigmoid_().mul_(y)
+    return y * torch.sigmoid(u * y) if torch.is_grad_enabled() and y.requires_grad else u.mul_(y).sigmoid_().mul_(y)
 
 
 def linear_gelu_tanh_epilogue(x, weight, bias, activation):

@@ -397,9 +397,7 @@ def sdpa(q, k, v, scale, causal):
 def swish(x, beta):
     """x * sigmoid(beta x) (Swish; CLIP's quick gelu is beta = 1.702, silu beta = 1), as spelled;
     in place on beta x where autograd keeps no temporaries (one buffer, not three)."""
-    if torch.is_grad_enabled() and x.requires_grad:
-        return ops.swish(x, beta)
-    return (x * beta).sigmoid_().mul_(x)
+    return ops.swish(x, beta) if torch.is_grad_enabled() and x.requires_grad else (x * beta).sigmoid_().mul_(x)
 
 
 def geglu(a, b, approximate):
@@ -416,8 +414,7 @@ def geglu(a, b, approximate):
 def _half_signs(half: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """-1 over the first half of the last axis, +1 over the second: rotate_half's signs."""
     with torch.inference_mode(False):  # usable outside inference mode too
-        ones = torch.ones(half, dtype=dtype, device=device)
-        return torch.cat((-ones, ones))
+        return torch.tensor([-1, 1], dtype=dtype, device=device).repeat_interleave(half)
 
 
 def rotary(x, cos, sin):
@@ -448,9 +445,8 @@ def cross_entropy(x, target, reduction, ignore_index):
     if x.device.type != "meta" and device_path(x):  # torch's kernel is this composition: no check
         return ops.cross_entropy(x, target, reduction, ignore_index)
     out = F.cross_entropy(x, target, reduction=reduction, ignore_index=ignore_index)
-    if x.device.type == "meta" or not bool(out.isnan().any()):
-        return out
-    return ops.cross_entropy(x, target, reduction, ignore_index)
+    return out if x.device.type == "meta" or not bool(out.isnan().any()) else ops.cross_entropy(
+        x, target, reduction, ignore_index)
 
 
 TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_norm": layer_norm,

@@ -316,9 +316,7 @@ def _tree(value: Any) -> tuple[list | None, Any]:
         return None, None
     cache_pytrees()
     leaves, spec = tree_flatten(value)
-    if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves):
-        return None, None
-    return leaves, spec
+    return (None, None) if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
 
 
 def _tensor_key(tensors) -> tuple | None:

@@ -200,9 +200,7 @@ def names_read(cls: type) -> frozenset[str]:
     and the methods and properties it names, transitively (``self.training``, ``self.eps``): only
     those attributes' values can change what a traced program means (not torch's Module base's, nor
     those of methods a forward never runs, such as a Hugging Face model's ``generate``)."""
-    members = {}
-    for klass in reversed(_classes(cls)):
-        members.update(vars(klass))
+    members = {k: v for klass in reversed(_classes(cls)) for k, v in vars(klass).items()}  # a subclass's win
     names, todo = set(), ["forward"]
     while todo:
         member = members.get(todo.pop())

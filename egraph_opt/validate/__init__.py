@@ -149,9 +149,7 @@ def wide_reference(program: Program, args: tuple) -> list | None:
         return None
     values: dict[int, object] = {id(t): a.detach().double().cpu().numpy().astype(WIDE)
                                  for t, a in zip(program.inputs, args)}
-    if not _evaluate_wide(outputs, values, []):
-        return None
-    return [np.asarray(values[id(o)]).astype(np.float64) for o in outputs]
+    return [np.asarray(values[id(o)]).astype(np.float64) for o in outputs] if _evaluate_wide(outputs, values, []) else None
 
 
 def _evaluate_wide(roots: list[Term], values: dict[int, object], expanded: list[Term]) -> bool:

@@ -69,8 +69,7 @@ class Rule:
             self.when.check(set(lhs_vars))
         except ValueError as e:  # a fact that is none, or asks what no analysis answers
             raise RuleError(f"{self.name}: guard {e}") from None
-        missing = set(rhs_vars) - set(lhs_vars)
-        if missing:
+        if missing := set(rhs_vars) - set(lhs_vars):
             raise RuleError(f"{self.name}: right side uses unbound {sorted(missing)}")
         for v, sort in rhs_vars.items():
             if lhs_vars[v] != sort:

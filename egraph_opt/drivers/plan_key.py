@@ -281,12 +281,10 @@ class StateKey:
         original would make a key of its own, and an optimization with it)."""
         slots, contents = before
         for slot, value in slots:
-            try:
-                same = _read(slot) is value
-            except (KeyError, ValueError):
-                same = False
-            if not same:
-                self._written.add((id(slot[0]), slot[1]))
+            with contextlib.suppress(KeyError, ValueError):  # a slot deleted: rebound
+                if _read(slot) is value:
+                    continue
+            self._written.add((id(slot[0]), slot[1]))
         for slot, whole in contents:  # each also an object slot: rebound or deleted, it is written already
             if (id(slot[0]), slot[1]) not in self._written and _whole(_read(slot)) != whole:
                 self._written.add((id(slot[0]), slot[1]))

@@ -1,9 +1,8 @@
-"""The kernel registry: every kernel says what it computes (a reference pattern, ``(softmax ?x ?a)``,
-which the tests evaluate in float64 against it), where it runs and what it accepts. Moving a value
-between backends (torch <-> numpy) is a kernel too (``MOVES``, reference ``(move ?x0)``: the value
-unchanged), measured like the others, so a plan pays what its conversions take. Torch and Triton
-kernels share one memory (Triton kernels take torch tensors on their device): the move between them
-is the identity and costs nothing; only a move between memories copies."""
+"""The kernel registry: every kernel says what it computes (a reference pattern, ``(softmax ?x ?a)``, which the tests
+evaluate in float64 against it), where it runs and what it accepts. Moving a value between backends (torch <-> numpy)
+is a kernel too (``MOVES``, reference ``(move ?x0)``: the value unchanged), measured like the others, so a plan pays
+what its conversions take. Torch and Triton kernels share one memory (Triton kernels take torch tensors on their
+device): the move between them is the identity and costs nothing; only a move between memories copies."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,7 @@
-"""The torch kernel of each op whose reference (``lang/ops.py``) has a faster path: the same
-values, with guards that skip a pass where no extreme value needs it, caches of facts asked once
-(a kernel's repairs, a mask's causality), in-place arithmetic where autograd keeps no temporaries,
-and torch's fused kernels with the definition where they would be wrong. ``TORCH`` maps each op
-to it; the registry's torch kernels and every run of a plan use it."""
+"""The torch kernel of each op whose reference (``lang/ops.py``) has a faster path: the same values, with guards that
+skip a pass where no extreme value needs it, caches of facts asked once (a kernel's repairs, a mask's causality),
+in-place arithmetic where autograd keeps no temporaries, and torch's fused kernels with the definition where they
+would be wrong. ``TORCH`` maps each op to it; the registry's torch kernels and every run of a plan use it."""
 from __future__ import annotations
 
 import contextlib
@@ -40,11 +39,10 @@ def forcing_device_path():
 
 
 def gelu(x, approximate):
-    """x * Phi(x), repaired where torch's kernel for this device and dtype is off (asked once,
-    ``_gelu_repairs``): some (AVX2 CPUs') return +0 at -0 and where Phi(x) underflows, so the
-    sign of x is put back; some (the erf form on AVX-512 CPUs) compute x (1 + erf) first, NaN at
-    +inf and +inf above max / 2, so where the output's maximum is not finite, x > 8 (Phi(x) = 1
-    in every dtype) is x."""
+    """x * Phi(x), repaired where torch's kernel for this device and dtype is off (asked once, ``_gelu_repairs``):
+    some (AVX2 CPUs') return +0 at -0 and where Phi(x) underflows, so the sign of x is put back; some (the erf form on
+    AVX-512 CPUs) compute x (1 + erf) first, NaN at +inf and +inf above max / 2, so where the output's maximum is not
+    finite, x > 8 (Phi(x) = 1 in every dtype) is x."""
     out = F.gelu(x, approximate=approximate)
     if x.device.type == "meta" or not out.numel():
         return out
@@ -58,9 +56,8 @@ def gelu(x, approximate):
 
 @functools.cache
 def _gelu_repairs(device: str, dtype: torch.dtype, approximate: str) -> tuple[bool, bool]:
-    """Whether torch's gelu kernel for this device and dtype loses the sign of x where the result
-    is 0, and whether it gets +inf or the dtype's max wrong; on vectors that take the vectorized
-    path and its scalar tail."""
+    """Whether torch's gelu kernel for this device and dtype loses the sign of x where the result is 0, and whether it
+    gets +inf or the dtype's max wrong; on vectors that take the vectorized path and its scalar tail."""
     big = torch.finfo(dtype).max
     negative = torch.tensor([-0.0, -100.0, -big] * 33, dtype=dtype, device=device)
     top = torch.tensor([math.inf, big] * 33, dtype=dtype, device=device)
@@ -69,9 +66,8 @@ def _gelu_repairs(device: str, dtype: torch.dtype, approximate: str) -> tuple[bo
 
 
 def _skipping_posinf(fast, reference):
-    """``reference`` (its values where a row holds +inf), or ``fast`` where a host read of the
-    rows' maxima finds none (the usual case: no more passes); on a GPU the read would stall the
-    stream, so the reference runs on every call."""
+    """``reference`` (its values where a row holds +inf), or ``fast`` where a host read of the rows' maxima finds none
+    (the usual case: no more passes); on a GPU the read would stall the stream, so the reference runs on every call."""
     def kernel(x, axis):
         if not device_path(x) and x.is_floating_point() and x.numel() and \
                 not bool((torch.amax(x, dim=axis) == torch.inf).any()):
@@ -85,11 +81,10 @@ log_softmax = _skipping_posinf(torch.log_softmax, ops.log_softmax)
 
 
 def _normalized(x, weight, bias, eps):
-    """F.layer_norm over the last axis. In float32 a row whose variance overflows (|x| beyond
-    ~sqrt(max / n)) gives 0 or NaN where the normalized row is finite: torch's kernel returns each
-    row's 1/std with it, 0 or NaN exactly there, so one pass over the rows (not over x) finds them,
-    and they are recomputed in float64. Narrower dtypes accumulate in float32, which cannot
-    overflow on their values."""
+    """F.layer_norm over the last axis. In float32 a row whose variance overflows (|x| beyond ~sqrt(max / n)) gives 0
+    or NaN where the normalized row is finite: torch's kernel returns each row's 1/std with it, 0 or NaN exactly
+    there, so one pass over the rows (not over x) finds them, and they are recomputed in float64. Narrower dtypes
+    accumulate in float32, which cannot overflow on their values."""
     out, _, rstd = torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)
     if x.device.type == "meta" or x.dtype != torch.float32 or not x.numel():
         return out
@@ -137,20 +132,18 @@ def rms_norm(x, weight, eps):
 
 
 def all_finite(x: torch.Tensor) -> bool:
-    """Whether ``x`` (narrower than float64) holds no inf or NaN, from one pass and one number: its
-    sum accumulated in float32 is inf or NaN where an element is, and otherwise only where finite
-    values add up past float32's max, which answers "no" for a rare "yes" (callers then take their
-    careful path, never a wrong one); no mask of x's size is made and reduced, and a float32 sum
-    costs a fifth of a float64 one."""
+    """Whether ``x`` (narrower than float64) holds no inf or NaN, from one pass and one number: its sum accumulated in
+    float32 is inf or NaN where an element is, and otherwise only where finite values add up past float32's max, which
+    answers "no" for a rare "yes" (callers then take their careful path, never a wrong one); no mask of x's size is
+    made and reduced, and a float32 sum costs a fifth of a float64 one."""
     return math.isfinite(x.sum(dtype=torch.float32).item())
 
 
 def linear(x, weight, bias):
-    """x W^T + b. Where finite products add up past the dtype's max, the library's summation order
-    (its blocking differs by CPU: AVX2, AVX-512, AVX-512 BF16) makes the sum +inf, -inf or NaN, an
-    accident an activation turns into a wrong finite value (relu(+inf) for 0): such outputs are
-    summed again in float64, where no sum of float32 products overflows, and rounded once. On CPU
-    only, where the check stalls no stream."""
+    """x W^T + b. Where finite products add up past the dtype's max, the library's summation order (its blocking
+    differs by CPU: AVX2, AVX-512, AVX-512 BF16) makes the sum +inf, -inf or NaN, an accident an activation turns into
+    a wrong finite value (relu(+inf) for 0): such outputs are summed again in float64, where no sum of float32
+    products overflows, and rounded once. On CPU only, where the check stalls no stream."""
     out = F.linear(x, weight, bias)
     if not device_path(out) and out.dtype != torch.float64 and not all_finite(out):
         wide = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
@@ -202,9 +195,8 @@ def _abs_max(x) -> torch.Tensor | float:
 
 
 def _score_bound(q, k, scale: float) -> torch.Tensor | float:
-    """A bound on |q k^T * scale| from two maxima: O(T D) beside attention's O(T^2 D); NaN or inf
-    where q or k holds one. A 0-d float64 tensor on the device path, else a float; 0.0 where
-    nothing is bounded."""
+    """A bound on |q k^T * scale| from two maxima: O(T D) beside attention's O(T^2 D); NaN or inf where q or k holds
+    one. A 0-d float64 tensor on the device path, else a float; 0.0 where nothing is bounded."""
     if q.device.type == "meta" or not q.is_floating_point() or not q.numel() or not k.numel():
         return 0.0
     return _abs_max(q) * _abs_max(k) * q.shape[-1] * abs(scale)
@@ -267,11 +259,10 @@ _MASK_FACTS: dict[int, tuple] = {}
 
 
 def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | None]:
-    """(is the mask causal: a key above its query masked, every other kept, for every batch and
-    head; the rows whose every key is masked, None where none is). ``mask`` is an additive bias
-    (-inf masks, and a causal one is 0 elsewhere) or a boolean keep-mask. Read once per version
-    of the mask: a mask buffer, or the bias folded from it, is the same tensor on every call. An
-    inference tensor keeps no version counter, so it is read on every call."""
+    """(is the mask causal: a key above its query masked, every other kept, for every batch and head; the rows whose
+    every key is masked, None where none is). ``mask`` is an additive bias (-inf masks, and a causal one is 0
+    elsewhere) or a boolean keep-mask. Read once per version of the mask: a mask buffer, or the bias folded from it,
+    is the same tensor on every call. An inference tensor keeps no version counter, so it is read on every call."""
     key = None if mask.is_inference() else \
         (mask.data_ptr(), mask._version, mask.shape, mask.stride(), mask.dtype, mask.device, queries, keys)
     seen = _MASK_FACTS.get(id(mask))
@@ -297,12 +288,11 @@ EXP_UNDERFLOW = -104.0
 
 
 def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
-    """softmax(where(keep, q k^T * scale + bias, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min)
-    where ``keep`` is False, and MPT's over scores with a bias (alibi). Where every score s + b has
-    fill - (s + b) below EXP_UNDERFLOW, a masked key weighs exactly 0 in a row that keeps one, so torch's
-    kernel runs with ``keep`` as its mask (or the bias, -inf where not kept); a row that keeps none is the
-    softmax of a constant row: the mean of v. Elsewhere (scores or bias too large, a NaN, an infinite
-    fill, a bias of another dtype) the definition runs."""
+    """softmax(where(keep, q k^T * scale + bias, fill)) v: GPT-2's mask, a finite ``fill`` (finfo.min) where ``keep``
+    is False, and MPT's over scores with a bias (alibi). Where every score s + b has fill - (s + b) below
+    EXP_UNDERFLOW, a masked key weighs exactly 0 in a row that keeps one, so torch's kernel runs with ``keep`` as its
+    mask (or the bias, -inf where not kept); a row that keeps none is the softmax of a constant row: the mean of v.
+    Elsewhere (scores or bias too large, a NaN, an infinite fill, a bias of another dtype) the definition runs."""
     definition, biased = functools.partial(ops.sdpa_filled, q, k, v, keep, scale, fill, bias), torch.is_tensor(bias)
     if not math.isfinite(fill) or biased and bias.dtype != q.dtype:
         return definition()
@@ -352,11 +342,10 @@ def sdpa_floored(q, k, v, bias, scale, floor):
 
 
 def sdpa_guarded(q, k, v, bias, scale):
-    """softmax(q k^T * scale + bias) v with the dynamo exporter's guard on the weights: each NaN
-    weight is 0. A row whose largest score is not finite (every key masked by -inf, an overflow to
-    +inf, a NaN) has weights 0 and gives 0 v; elsewhere the guard leaves softmax as it is. Where
-    no score can overflow and v is finite, torch's kernel (which gives 0 for a row every -inf
-    masks) is that; elsewhere the definition runs."""
+    """softmax(q k^T * scale + bias) v with the dynamo exporter's guard on the weights: each NaN weight is 0. A row
+    whose largest score is not finite (every key masked by -inf, an overflow to +inf, a NaN) has weights 0 and gives 0
+    v; elsewhere the guard leaves softmax as it is. Where no score can overflow and v is finite, torch's kernel (which
+    gives 0 for a row every -inf masks) is that; elsewhere the definition runs."""
     bias = bias.to(q.dtype)
     definition = functools.partial(ops.sdpa_guarded, q, k, v, bias, scale)
     if q.device.type == "meta":

@@ -35,11 +35,10 @@ _BN_PARAMS = "(param ?mn ?ms ?md) (param ?vn ?vs ?vd) (param ?gn ?gs ?gd) (param
 
 
 def _softmax_float32(dtype: str, masked: bool) -> Rule:
-    """A half-precision attention whose softmax runs in float32 (``softmax(s.float()).to(q.dtype)``,
-    ``type_as``, ``softmax(dtype=float32)``; transformers' eager attention adds its mask first):
-    sdpa on float32 copies, rounded once. Its precision is the casts around it; the left side's
-    rounded scores (which overflow where sdpa's float32 ones do not) and rounded weights are where
-    it errs, and the right side only improves on them."""
+    """A half-precision attention whose softmax runs in float32 (``softmax(s.float()).to(q.dtype)``, ``type_as``,
+    ``softmax(dtype=float32)``; transformers' eager attention adds its mask first): sdpa on float32 copies, rounded
+    once. Its precision is the casts around it; the left side's rounded scores (which overflow where sdpa's float32
+    ones do not) and rounded weights are where it errs, and the right side only improves on them."""
     wide = " ".join(f'(cast ?{v} "float32")' for v in "qkv")
     scores, fused = (f"(add {_SCALED} ?m)", f'(sdpa_masked {wide} (cast ?m "float32") ?c)') if masked \
         else (_SCALED, f"(sdpa {wide} ?c false)")

@@ -1,9 +1,8 @@
-"""Truncated Taylor series in Horner form of a program's own function, as Herbie takes them: around
-0 and around infinity (in u = 1/x), each ``x^shift`` times a power series in u or u^2, its
-coefficients sympy's, exact; its degree the least whose relative truncation error, measured at 60
-digits on a dense grid of |u| <= its radius (the largest octave it can be), is at most ``TARGET``.
-A series is close to its function only near its point, so it never joins an e-class: regime
-inference (``extractors/regimes.py``) takes it where |u| is small, counting its truncation bound."""
+"""Truncated Taylor series in Horner form of a program's own function, as Herbie takes them: around 0 and around
+infinity (in u = 1/x), each ``x^shift`` times a power series in u or u^2, its coefficients sympy's, exact; its degree
+the least whose relative truncation error, measured at 60 digits on a dense grid of |u| <= its radius (the largest
+octave it can be), is at most ``TARGET``. A series is close to its function only near its point, so it never joins an
+e-class: regime inference (``extractors/regimes.py``) takes it where |u| is small, counting its truncation bound."""
 from __future__ import annotations
 
 import contextlib
@@ -92,9 +91,8 @@ def to_sympy(root: Term, variable: Term):
 
 
 def expand(root: Term, variable: Term, at_infinity: bool, cap: float = math.inf) -> Series | None:
-    """The series of ``root`` in ``variable`` around 0 or infinity (u = 1/variable) of least degree within
-    ``TARGET`` on the largest octave of |u| it can be, up to ``cap``; None where there is none or sympy runs
-    past ``SECONDS``."""
+    """The series of ``root`` in ``variable`` around 0 or infinity (u = 1/variable) of least degree within ``TARGET``
+    on the largest octave of |u| it can be, up to ``cap``; None where there is none or sympy runs past ``SECONDS``."""
     found = to_sympy(root, variable)  # by structure, for the cache (a Term's identity is its own)
     with contextlib.suppress(TimeoutError):  # a time out is not kept in the cache: another call may have the time
         if found:

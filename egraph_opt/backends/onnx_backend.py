@@ -105,12 +105,11 @@ def _product(t: Term, shapes: dict) -> tuple[Term, Callable[[Term], Term]] | Non
 
 
 def matmuls_unflattened(roots: list[Term], shapes: dict, heads: dict) -> dict[int, tuple[Term, list[Term]]]:
-    """reshape(p(reshape(x, (M, K))), L + (N,)), p a product by a matrix (plus a bias, ``_product``),
-    M the product of L and x of shape L + (K,): the flattening exporters write around a 2-D Gemm,
-    which MatMul does not need (it broadcasts over the leading axes: the same products in the same
-    order), written as p(x): outer reshape id -> (p(x), the program's terms it reads). The
-    flattening may also be the merge of an attention's heads (``heads``) whose Attention writes
-    L + (K,) and that nothing else reads: its reshape goes (the entry in ``heads`` is changed so)."""
+    """reshape(p(reshape(x, (M, K))), L + (N,)), p a product by a matrix (plus a bias, ``_product``), M the product of L
+    and x of shape L + (K,): the flattening exporters write around a 2-D Gemm, which MatMul does not need (it broadcasts
+    over the leading axes: the same products in the same order), written as p(x): outer reshape id -> (p(x), the
+    program's terms it reads). The flattening may also be the merge of an attention's heads (``heads``) whose Attention
+    writes L + (K,) and that nothing else reads: its reshape goes (the entry in ``heads`` is changed so)."""
     order = postorder(roots)
     uses = _uses(roots, order)
     found = {}

@@ -160,11 +160,10 @@ def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any
 
 
 def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple[fx.GraphModule, list]:
-    """One module for every size of a family: ``a``'s graph (built at size ``span[0]``) taking first,
-    as inputs, each integer or shape that differs in ``b``'s (built at ``span[1]``), and those pairs
-    (``at`` gives their values at a size). Its constants are folded again, one that reads a size (a
-    mask from ``arange(n)``) computed once per size. ``Apart`` where the
-    graphs differ in anything else (a kernel or Triton configuration chosen by latency, a region's
+    """One module for every size of a family: ``a``'s graph (built at size ``span[0]``) taking first, as inputs, each
+    integer or shape that differs in ``b``'s (built at ``span[1]``), and those pairs (``at`` gives their values at a
+    size). Its constants are folded again, one that reads a size (a mask from ``arange(n)``) computed once per size.
+    ``Apart`` where the graphs differ in anything else (a kernel or Triton configuration chosen by latency, a region's
     generated kernel, which holds its shapes): then each size is built for itself."""
     graph, env, holes = fx.Graph(owning_module=a), {}, {}
     match, first = dict(zip(b.graph.nodes, a.graph.nodes)), next(iter(a.graph.nodes))

@@ -173,9 +173,8 @@ def _numbers(value: Any) -> bool:
 
 
 def _plain(o: Any) -> bool:
-    """An object whose attributes code reads as numbers (``cfg.scale``, ``math.pi``): not an
-    nn.Module (read on its own), a tensor, a class or a function (whose attributes are not what a
-    program computes with)."""
+    """An object whose attributes code reads as numbers (``cfg.scale``, ``math.pi``): not an nn.Module (read on its
+    own), a tensor, a class or a function (whose attributes are not what a program computes with)."""
     return isinstance(getattr(o, "__dict__", None), dict) and not isinstance(
         o, (torch.nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType, functools.partial))
 
@@ -291,10 +290,9 @@ class StateKey:
         self._refresh()
 
     def key(self) -> tuple:
-        """Flat (a fixed number of values per identities token; each container's identities a
-        tuple of their own, so no two fillings of the containers share a key). A scalar set to
-        something else enters as that value (a caller's plan lookup refuses an unhashable one); a
-        deleted one leaves the key with another slots layout."""
+        """Flat (a fixed number of values per identities token; each container's identities a tuple of their own, so
+        no two fillings of the containers share a key). A scalar set to something else enters as that value (a
+        caller's plan lookup refuses an unhashable one); a deleted one leaves the key with another slots layout."""
         try:
             key = self.current()
         except (KeyError, ValueError):  # a global or attribute deleted, a cell emptied

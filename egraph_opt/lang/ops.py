@@ -223,10 +223,9 @@ def layer_norm(x, weight, bias, eps):
 
 
 def rms_norm(x, weight, eps):
-    """x * rsqrt(mean(x^2) + eps) * weight over the last axis (an affine-free spelling carries the
-    scalar const 1.0 as weight), in the dtype of that product (shape kind "broadcast"). The mean of
-    squares is a vector_norm accumulated in float32 at least: no x^2 tensor; squaring the norm
-    overflows exactly where x^2's sum does."""
+    """x * rsqrt(mean(x^2) + eps) * weight over the last axis (an affine-free spelling carries the scalar const 1.0 as
+    weight), in the dtype of that product (shape kind "broadcast"). The mean of squares is a vector_norm accumulated
+    in float32 at least: no x^2 tensor; squaring the norm overflows exactly where x^2's sum does."""
     wide = torch.promote_types(x.dtype, torch.float32)
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=wide)
     out = x * torch.rsqrt(norm.square() / max(x.shape[-1], 1) + eps)

@@ -179,11 +179,10 @@ SCALAR = ((), torch.float64)  # a const: a Python number, which never promotes a
 
 
 def infer(op: str, attrs: tuple, operands: Sequence, leaf_meta: dict | None = None) -> tuple:
-    """(shape, dtype) of ``op`` over ``operands``, each a tensor's (shape, dtype) or a Python
-    number (a const): the one inference of terms and e-classes alike. By the shape kind the op
-    table declares, else (kind "meta" or a case no rule covers) by running the op on meta tensors.
-    Sizes are only compared, multiplied and broadcast, so symbolic ones could flow through.
-    ``leaf_meta``: opaque leaves' (shape, dtype). Raises what the op raises on what it refuses."""
+    """(shape, dtype) of ``op`` over ``operands``, each a tensor's (shape, dtype) or a Python number (a const): the one
+    inference of terms and e-classes alike. By the shape kind the op table declares, else (kind "meta" or a case no rule
+    covers) by running the op on meta tensors. Sizes are only compared, multiplied and broadcast, so symbolic ones could
+    flow through. ``leaf_meta``: opaque leaves' (shape, dtype). Raises what the op raises on what it refuses."""
     if op == "const":
         return SCALAR
     if op in ("input", "param"):

@@ -175,10 +175,9 @@ _OUR_TABLE_SQL = f"CREATE TABLE {_TABLE} (".encode()  # in the schema on page 1 
 
 
 def _set_aside(path: Path, reason: str) -> None:
-    """Keep a corrupt database of ours (and its WAL side files) aside, where what is left may still
-    be read: copied, then emptied in place through SQLite under its locks (renamed while another
-    process holds it open, its closing would delete the fresh database's WAL: SQLite's "how to
-    corrupt"); a file SQLite cannot write through is renamed."""
+    """Keep a corrupt database of ours (and its WAL side files) aside, where what is left may still be read: copied,
+    then emptied in place through SQLite under its locks (renamed while another process holds it open, its closing would
+    delete the fresh database's WAL: SQLite's "how to corrupt"); a file SQLite cannot write through is renamed."""
     aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     sides = [(path.with_name(path.name + suffix), aside.with_name(aside.name + suffix))
              for suffix in ("", "-wal", "-shm")]

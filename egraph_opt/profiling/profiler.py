@@ -325,10 +325,9 @@ def _progress(items: list, desc: str) -> Iterable:
 
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *, repeats: int = 15,
                    progress: bool = True, kernel=None, kernels: dict = {}, budget_s: float = math.inf) -> list[Record]:
-    """Time each case and record it: the op's torch implementation (backend "torch": its ``kernels``
-    entry, else its reference), or ``kernel`` (a registry kernel: its own rows, its inputs moved into
-    its memory before timing, tuned within ``budget_s``). Only ops of SPECS: the latency model reads no
-    other measurement."""
+    """Time each case and record it: the op's torch implementation (backend "torch": its ``kernels`` entry, else its
+    reference), or ``kernel`` (a registry kernel: its own rows, its inputs moved into its memory before timing, tuned
+    within ``budget_s``). Only ops of SPECS: the latency model reads no other measurement."""
     cases = list(cases)
     if unknown := sorted({c.op for c in cases if c.op not in (SPECS if kernel is None else PRICED)}):
         raise ValueError(f"cannot profile {unknown}: no cost spec; costed ops: {', '.join(sorted(SPECS))}")

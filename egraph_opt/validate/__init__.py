@@ -153,11 +153,10 @@ def wide_reference(program: Program, args: tuple) -> list | None:
 
 
 def _evaluate_wide(roots: list[Term], values: dict[int, object], expanded: list[Term]) -> bool:
-    """Fill ``values`` (by term id) for ``roots`` in long double; an op with no numpy form is evaluated in
-    float64 where its values are bounded, else as the definition in primitives it declares (hypot as
-    sqrt(x^2 + y^2): long double's range cannot overflow on float64 values), each kept in ``expanded`` while
-    ``values`` holds its id. False where none holds. (A numpy form is also a numpy kernel: numpy's float32
-    arctan, bound by cost, rounded worse.)"""
+    """Fill ``values`` (by term id) for ``roots`` in long double; an op with no numpy form is evaluated in float64
+    where its values are bounded, else as the definition in primitives it declares (hypot as sqrt(x^2 + y^2): long
+    double's range cannot overflow on float64 values), each kept in ``expanded`` while ``values`` holds its id. False
+    where none holds. (A numpy form is also a numpy kernel: numpy's float32 arctan, bound by cost, rounded worse.)"""
     for t in postorder(roots):
         spec = OPS[t.op]
         if id(t) in values:

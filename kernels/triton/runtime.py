@@ -1,8 +1,4 @@
-"""Whether Triton can run here, and what a wrapper does when it cannot.
-
-Importing the package must never fail on a machine without Triton (CPU CI, macOS): the kernel
-modules are only imported when ``triton`` is, and the names they would export become stubs that
-raise a clear error when called."""
+"""Whether Triton can run here, and the stub each kernel becomes where it cannot (the package docstring says why)."""
 from __future__ import annotations
 
 import functools

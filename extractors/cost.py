@@ -41,13 +41,30 @@ class Objective(enum.Enum):
         raise ValueError(f"{value!r} is not an objective; use one of {', '.join(o.value for o in cls)}")
 
 
+#: balanced: a program this many bits more accurate (sampled, worst or mean; a piecewise one: mean, its series'
+#: truncation counted) than the fastest may take max_slowdown times its time: a catastrophic error is not a trade
+#: for microseconds
+ACCURATE_BY = 8.0
+
+
+#: bits of a sampled first-order error that are its noise where overflow dominates it (one node for two, a fused
+#: linear + gelu, moves it by a bit or two): fewer buy no time
+NOISE_BITS = 2.0
+
+
+def buys(gain: float, max_slowdown: float) -> float:
+    """The time, as a multiple of the fastest's, that ``gain`` bits of accuracy buy: ACCURATE_BY of them all of
+    ``max_slowdown``, fewer its power (4x: 4 bits buy 2x, 2 bits 1.41x), fewer than NOISE_BITS nothing."""
+    return max_slowdown ** (min(gain, ACCURATE_BY) / ACCURATE_BY) if gain >= NOISE_BITS else 1.0
+
+
 @dataclass(frozen=True)
 class CostModel:
     objective: Objective = Objective.BALANCED
     latency_of: Callable | None = None  # (NodeFacts) -> (units, source) | None
     tolerance: float | None = None  # for Objective.TOLERANCE: largest estimated relative error
-    #: for Objective.BALANCED: the most time a far more accurate program may take, as a multiple of
-    #: the fastest (pipeline.ACCURATE_BY says how much more accurate)
+    #: for Objective.BALANCED: the most time a far more accurate program (``ACCURATE_BY``) may take, as a
+    #: multiple of the fastest's
     max_slowdown: float = 4.0
 
     def __post_init__(self):
@@ -58,10 +75,10 @@ class CostModel:
         if not self.max_slowdown >= 1:
             raise ValueError(f"max_slowdown must be a factor >= 1, not {self.max_slowdown!r}")
 
-    def affordable(self, latency: float, fastest: float) -> bool:
-        """Balanced: whether a far more accurate program (one program or a piecewise one) may
-        take ``latency``, the fastest taking ``fastest`` (latency units)."""
-        return latency <= self.max_slowdown * max(fastest, 1)
+    def affordable(self, latency: float, fastest: float, gain: float = math.inf) -> bool:
+        """Balanced: whether a program (one or piecewise) ``gain`` bits more accurate may take ``latency``,
+        the fastest taking ``fastest`` (latency units): ``buys``."""
+        return latency <= buys(gain, self.max_slowdown) * max(fastest, 1)
 
     def curvature(self, n: NodeFacts) -> int:
         if n.op in LEAVES or n.constant:

@@ -20,6 +20,7 @@ from egraph_opt.lang.program import Program
 from egraph_opt.analysis.sampling import ordinal, sample_inputs
 from egraph_opt.lang.term import Term, postorder
 
+from .cost import ACCURATE_BY
 from .curvature import FINITE_MAX
 
 LOW = (torch.float32, torch.float16, torch.bfloat16)  # the dtypes whose error is counted
@@ -71,17 +72,31 @@ def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict,
         if dtype[id(t)] in LOW and exact[id(t)].requires_grad:
             error = (rounded.double() - reference - _dropped(t.op, wide)).abs()
             local[id(t)] = torch.where(error.isnan() & ~reference.isnan(), math.inf, error)
+        elif dtype[id(t)] is torch.float64 and OPS[t.op].rounding == "rounds" and exact[id(t)].requires_grad:
+            local[id(t)] = _dropped(t.op, wide).abs() if t.op in ("add", "sub", "mul") else \
+                _float64_error(t, wide, reference)
     return exact, dtype, local
 
 
+def _float64_error(t: Term, wide: list, reference: torch.Tensor) -> torch.Tensor:
+    """A float64 op's own error, which no float64 reference shows: half an ulp, but none where the op in float32
+    is exact there too (1 / -1, tanh at 1e30: their neighbours' errors times a large derivative are no error)."""
+    single = OPS[t.op].impl(*(a.float() if isinstance(a, torch.Tensor) else a for a in wide), *t.attrs).double()
+    return torch.fmin(reference.detach().abs() * 2.0 ** -53, (single - reference.detach()).abs() * 2.0 ** -29)
+
+
 def _dropped(op: str, operands: list):
-    """What float64 drops of a sum of two float32 operands (Knuth's TwoSum): 1 + 1e-20 is 1 there
-    too, and the float32 sum's error would read 0; 0 for any other op, or where not finite."""
-    if op not in ("add", "sub"):
+    """What float64 drops of a sum or product (Knuth's TwoSum, Dekker's TwoProduct): 1 + 1e-20 is 1 there too, and
+    a float32 sum's error would read 0, a float64 node's none; 0 for any other op, or where not finite."""
+    if op not in ("add", "sub", "mul"):
         return 0.0
-    a, b = operands[0], operands[1] if op == "add" else -operands[1]
-    s = a + b
-    e = torch.as_tensor((a - (s - (s - a))) + (b - (s - a)), dtype=torch.float64)
+    a, b = (torch.as_tensor(v, dtype=torch.float64) for v in operands)
+    if op == "mul":
+        (ah, al), (bh, bl) = ((c - (c - v), v - (c - (c - v))) for v in (a, b) for c in [134217729.0 * v])
+        e = ((ah * bh - a * b) + ah * bl + al * bh) + al * bl
+    else:
+        b = b if op == "add" else -b
+        e = (a - ((s := a + b) - (s - a))) + (b - (s - a))
     return torch.where(e.isfinite(), e, 0.0)
 
 
@@ -261,19 +276,25 @@ def least_error(candidates: list[Program], ranges: dict | None = None, *, points
     return min(scores)[2]
 
 
-def far_more_accurate(candidates: list[Program], latencies: list[float], bits: float,
-                      affordable: Callable[[float, float], bool], ranges: dict | None = None, *,
-                      points: int = 4) -> int | None:
-    """Index of the most accurate candidate whose sampled error, worst or mean, is ``bits`` below
-    the first's (a cancellation or overflow gone) and whose latency is ``affordable`` beside the
-    first's; None where none is (most programs: the first's error is below ``bits``)."""
+def bits_gained(before: ProgramError, after: ProgramError | None) -> float:
+    """The bits ``after`` is more accurate: worst's or mean's, where neither is worse or one is by ACCURATE_BY (a
+    cancellation or overflow gone); else none."""
+    gains = (before.worst - after.worst, before.mean - after.mean) if after is not None else (0.0, 0.0)
+    return max(gains) if max(gains) >= ACCURATE_BY or min(gains) >= 0 else 0.0
+
+
+def far_more_accurate(candidates: list[Program], latencies: list[float], affordable: Callable[..., bool],
+                      ranges: dict | None = None, *, points: int = 4) -> int | None:
+    """Index of the most accurate candidate whose sampled error is some bits below the first's, worst or mean, at
+    a latency ``affordable`` for them beside the first's (``cost.buys``; under ACCURATE_BY bits, below and no worse
+    in either); None where none is (most programs: an error below a bit)."""
     first = program_error(candidates[0], ranges, points=points)
-    if first is None or max(first.worst, first.mean) < bits:
+    if first is None or max(first.worst, first.mean) < 1:
         return None
     found = []
     for i, (candidate, latency) in enumerate(zip(candidates, latencies)):
         if i and affordable(latency, latencies[0]):
             error = program_error(candidate, ranges, points=points)
-            if error is not None and (error.mean <= first.mean - bits or error.worst <= first.worst - bits):
+            if (gain := bits_gained(first, error)) >= 1 and affordable(latency, latencies[0], gain):
                 found.append((round(error.worst), round(error.mean), latency, i))
     return min(found)[3] if found else None

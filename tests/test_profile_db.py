@@ -11,7 +11,8 @@ import warnings
 import pytest
 import torch
 
-from egraph_opt import saturate_and_extract
+from egraph_opt import capture, optimize, saturate_and_extract
+from egraph_opt.extractors import Objective
 from egraph_opt.drivers.api import for_accuracy
 from egraph_opt.extractors.curvature import KAPPA_TIE_BREAK
 from egraph_opt.analysis.facts import NodeFacts
@@ -591,3 +592,15 @@ def test_tuning_tries_configurations_only_while_the_profile_budget_lasts(budget,
                                          db, repeats=1, progress=False, kernel=kernel, budget_s=budget)
     configs = impl.configs if budget else impl.configs[:1]
     assert row.config == configs[-1] and {str(c) for c in tried} == {str(c) for c in configs}
+
+
+@pytest.mark.parametrize("gain, slowdown, kept", [(5.0, 2.3, True), (5.0, 2.5, False), (8.0, 3.9, True),
+                                                  (1.5, 1.2, False), (2.0, 1.4, True)])
+def test_measured_bits_buy_time_at_the_rate_extraction_uses(gain, slowdown, kept):
+    """Balanced keeps a plan measured slower where its sampled bits buy that time (``cost.buys``, as when it
+    was chosen): 8 bits all of max_slowdown (4x), 5 bits 4 ** (5 / 8) = 2.38x, under 2 (an estimate's noise) none."""
+    from egraph_opt.drivers.api import slower_for_nothing
+    from egraph_opt.extractors.rounding_error import ProgramError
+    result = optimize(capture(lambda x: x * 2.0, (torch.randn(4),))[0], objective=Objective.BALANCED)
+    error = (ProgramError(worst=20.0, mean=12.0, by_node={}), ProgramError(worst=20.0 - gain, mean=12.0, by_node={}))
+    assert slower_for_nothing(Objective.BALANCED, result, 1e-5, slowdown * 1e-5, error, 4.0) is not kept

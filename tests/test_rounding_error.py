@@ -6,8 +6,8 @@ import torch
 from egraph_opt import capture, optimize, pretty, saturate_and_extract
 
 from egraph_opt.drivers import analyzer
-from egraph_opt.extractors import Objective
-from egraph_opt.extractors.rounding_error import elementwise_bits, ordinal, program_error, rounding_error
+from egraph_opt.extractors import CostModel, Objective
+from egraph_opt.extractors.rounding_error import elementwise_bits, far_more_accurate, ordinal, program_error, rounding_error
 from egraph_opt.lang.program import Program, leaves
 from egraph_opt.analysis.sampling import sample_inputs
 from egraph_opt.lang.term import Term, evaluate
@@ -203,3 +203,48 @@ def test_the_quadratic_numerator_is_accurate_where_it_cancels(objective, ranges)
     exact = torch.where(b64 > 0, -q64 / (b64 + root), -b64 + root)  # float64, no cancellation
     torch.testing.assert_close(out.double(), exact, rtol=4 * 2 ** -23, atol=0)
     assert not torch.allclose(numerator(b, q).double(), exact, rtol=1e-3, atol=0)
+
+
+def _wide(term):
+    """``term`` of X computed in float64 from float32 X, rounded once."""
+    x64 = op("cast", X, attrs=("float64",))
+    made = {id(X): x64}
+    def walk(t):
+        if id(t) not in made:
+            made[id(t)] = op(t.op, *(walk(a) for a in t.args), attrs=t.attrs) if t.args else t
+        return made[id(t)]
+    return op("cast", walk(term), attrs=("float32",))
+
+
+def test_a_difference_float64_cancels_counts_float64s_own_rounding():
+    """(x + 1) - x computed in float64 from a float32 x ~ 1e20: float64 drops the 1 as float32 would;
+    its reference cannot show that, so a float64 sum's own rounding (TwoSum's) is counted."""
+    env = {"x": torch.full((4, 16), 3e20)}
+    assert rounding_error(_wide(op("sub", op("add", X, ONE), X)), env).bits.min() >= 24
+    assert rounding_error(_wide(op("mul", X, Term.const(3.0))), env).bits.max() <= 1  # float64's is no bit of float32's
+
+
+def test_a_float64_op_exact_in_float32_there_is_exact():
+    """1/tanh(x) - 1/tanh(x)^3, times x^3, at x = 1e20: tanh is 1, the difference 0 in every precision (its
+    truth, 2e^-2x x^3, underflows). Half a float64 ulp on tanh times the derivative (~x^3) read 32 bits where
+    the float64 program is exact; where float32 computes an op exactly, float64 does too."""
+    t = op("tanh", X)
+    term = op("mul", op("sub", op("div", ONE, t), op("div", ONE, op("mul", t, op("mul", t, t)))),
+              op("mul", X, op("mul", X, X)))
+    env = {"x": torch.tensor([1e20, -3e25, 40.0])}
+    assert rounding_error(_wide(term), env).bits.max() <= 1
+
+
+@pytest.mark.parametrize("latency, bits, taken", [(220, 8.0, True), (260, 8.0, False), (260, 6.0, True),
+                                                  (90, 8.0, True)])
+def test_fewer_bits_buy_less_time(latency, bits, taken):
+    """(x + 1) - x over [1, 100] is 5 bits off at worst, exact in float64: a gain ``g`` under ``bits`` buys the
+    time whose ``bits / g``-th power is affordable (4x: 5 of 8 bits buy 2.4x), a gain of ``bits`` all of it."""
+    naive = op("sub", op("add", X, ONE), X)
+    ranges = {"x": (1.0, 100.0)}
+    programs = [Program((X,), t) for t in (naive, _wide(naive))]
+    first, wide = (program_error(p, ranges, points=4) for p in programs)
+    assert 4.8 < first.worst - wide.worst < 5.3 and wide.mean <= first.mean  # what the bits buy: 2.3x to 2.5x
+    model = CostModel(max_slowdown=4.0)
+    chosen = far_more_accurate(programs, [100, latency], lambda a, b, g=99: model.affordable(a, b, g * 8 / bits), ranges)
+    assert chosen == (1 if taken else None)

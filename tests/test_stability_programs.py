@@ -183,3 +183,27 @@ def test_a_large_elementwise_program_is_sampled_small_and_still_made_accurate():
         warnings.simplefilter("error", UserWarning)
         f(torch.rand(100_000) * 10 + 1)
     assert [name for name, _, _ in f.report.rewrites] == ["sqrt-difference"]
+
+
+def _rms(x, y, z):
+    return torch.sqrt((x * x + y * y + z * z) / 3.0)
+
+
+@pytest.mark.parametrize("objective", ["balanced", "stability"])
+def test_a_small_float32_program_no_float32_form_fixes_is_computed_in_float64(objective):
+    """sqrt((x^2 + y^2 + z^2) / 3) over every float32 (x^2 overflows from 2e19, underflows below 1e-23): no
+    float32 form found is accurate, the program in float64 is, rounded once to float32, and the report says
+    so; half inputs, a matmul beside it and the latency objective are never widened."""
+    x = torch.tensor([1e30, 3e-30, 1.0, -2e20])
+    f = saturate_and_extract(_rms, objective=objective, profile_budget=0)
+    exact = torch.sqrt((x.double() ** 2 * 3) / 3.0).float()
+    torch.testing.assert_close(f(x, x, x), exact, rtol=2 ** -23, atol=0)
+    assert not torch.isfinite(_rms(x, x, x)).all() and ("float64" in [n for n, _, _ in f.report.rewrites])
+    assert "[REWRITE] float64: computed in float64 from its float32 inputs, rounded once" in str(f.report)
+    w = torch.randn(4, 4)
+    for g, args in [(saturate_and_extract(_rms, objective=objective), (x.half(),) * 3),
+                    (saturate_and_extract(_rms, objective="latency"), (x,) * 3),
+                    (saturate_and_extract(lambda a: torch.sqrt(a @ w * (a @ w) + 1.0), objective=objective),
+                     (torch.randn(3, 4),))]:
+        g(*args)
+        assert g.report.optimized and all(n != "float64" for n, _, _ in g.report.rewrites), g.report

@@ -25,9 +25,9 @@ from ..frontends.capture import SideEffect, cache_pytrees, capture, capturing, r
 from ..egraph.engine import EGraph, InvariantError
 from .plan_key import StateKey, Watch
 from ..extractors import CostModel, Objective
-from ..extractors.cost import KAPPA_WEIGHT
+from ..extractors.cost import KAPPA_WEIGHT, buys
 from ..extractors.curvature import KAPPA_TIE_BREAK
-from ..extractors.rounding_error import program_error
+from ..extractors.rounding_error import bits_gained, program_error
 from ..profiling.latency import UNIT_S, MeasuredLatency, default_budget, sources
 from ..profiling.profiler import time_side_by_side
 from ..egraph.session import Limits
@@ -65,10 +65,6 @@ def _missed(args: tuple, kwargs: dict):
 MAX_PLANS = 256
 #: a program measured this much slower than the original is slower beyond noise
 SLOWER_BY = 1.05
-#: a sampled error this much of the original's (or more) is no steadier: one node for two (a
-#: fused linear + gelu) moves a first-order estimate by a bit or two where overflow dominates it,
-#: while a real fix (log1p) removes most of the error
-ERROR_KEPT = 0.75
 
 #: the families whose rules are there for accuracy
 ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
@@ -196,7 +192,7 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
     to it: unless it buys stability the objective asked for (stability and tolerance always; latency
     never; balanced where steadier by a decibel per microsecond lost: a rule for accuracy applied and
     a better-conditioned worst node or a lower conditioning cost by other ops, beyond the nodes'
-    tie-break; or a sampled ``error`` (before, after) down a bit and a quarter, within ``max_slowdown``)."""
+    tie-break; or a sampled ``error`` (before, after) down by bits that buy the time (``cost.buys``), as at extraction)."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     if objective is Objective.BALANCED and optimized_s > original_s * max_slowdown:
@@ -209,9 +205,8 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
         gained > KAPPA_TIE_BREAK * max(fewer, 0) and set(result.ops_after) != set(result.ops_before)) \
         and (objective is not Objective.BALANCED or gained * KAPPA_WEIGHT * UNIT_S >= optimized_s - original_s)
     if error:
-        then, now = error
-        steadier = steadier or any(b <= a - 1 and b <= ERROR_KEPT * a for a, b in
-                                   ((then.worst, now.worst), (then.mean, now.mean)))
+        gain = bits_gained(*error)
+        steadier = steadier or gain >= 1 and optimized_s <= original_s * buys(gain, max_slowdown)
     return objective is Objective.LATENCY or not steadier
 
 
@@ -582,7 +577,8 @@ class OptimizedFunction:
         if not small:
             report.bounded.append(f"error estimate: not made: {len(terms)} terms (bound {ESTIMATED_UP_TO}) "
                                   f"holding {values:,} values (bound {ESTIMATED_ELEMENTS:,})")
-        report.rewrites = [(r.name, r.describe(), n) for r, n in result.applied]
+        report.rewrites = [(r.name, r.describe(), n) for r, n in result.applied] + [("float64", "computed in float64 "
+                           "from its float32 inputs, rounded once: no float32 form found is accurate", 1)] * result.widened
         report.derivation = result.derivation
         report.ranges = range_hints(result, self.input_ranges, self.rules, report.bounded)
         report.ops_before, report.ops_after = result.ops_before, result.ops_after

@@ -18,11 +18,11 @@ from .ematch import ematch
 from ..egraph.engine import EGraph, Saturation, Snapshot
 from ..egraph.session import Limits, Phase, Session, fill, saturate
 from ..extractors import CostModel, NodeFacts, Objective, extract, program_cost
-from ..extractors.cost import LEXICOGRAPHIC
+from ..extractors.cost import ACCURATE_BY, LEXICOGRAPHIC
 from ..extractors.curvature import rounding_free
 from ..extractors.enumerate import alternatives
 from ..extractors.regimes import MIN_GAIN, Candidate, Piecewise, infer_regimes
-from ..extractors.rounding_error import elementwise, far_more_accurate, least_error, sampled_small
+from ..extractors.rounding_error import elementwise, far_more_accurate, least_error, program_error, sampled_small
 from ..lang import pattern as pat
 from ..lang.program import Program
 from ..analysis.facts import Facts, class_constants
@@ -49,6 +49,7 @@ class Optimized:
     root_classes: list[str] = field(default_factory=list)  # e-class of each root, in roots() order
     derivation: Derivation = field(default_factory=Derivation)  # the steps ``applied`` is read from
     source: Program | None = None  # the input program (its terms are the e-graph's anchors)
+    widened: bool = False  # computed in float64 from its float32 inputs, rounded once (``_widest``); derivation: float32's
 
 
 def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Objective = Objective.BALANCED,
@@ -73,19 +74,20 @@ def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Ob
                                                     model.latency_of is not None))
     cost = lambda cid, node: model(facts(cid, node))  # noqa: E731 - the extractor's price of an e-node
     best, regimes, reranked = _extract(program, session, cost, rules, input_ranges, model)
-    optimized, best, before, after = _never_worse(program, best, session.snap, session.class_of,
-                                                  model, input_ranges, ranges, keep=reranked or bool(regimes))
+    widest = _widest(program, best, input_ranges, model)
+    optimized, kept, before, after = _never_worse(program, widest or best, session.snap, session.class_of, model,
+                                                  input_ranges, ranges, keep=reranked or bool(regimes or widest))
     seconds = {**session.seconds, "extract": time.perf_counter() - start}
     matches = sum((Counter(s.matches) for s in session.saturation), Counter())
     matched = list({r.name: r for r in rules if matches.get(r.name)}.values())
     derivation = derive_piecewise(regimes, roots, matched, session.snap, session.class_of) if regimes \
-        else derive(roots, best, matched, session.snap, session.class_of)
+        else derive(roots, roots if optimized is program else best, matched, session.snap, session.class_of)
     # a series or a guarded rule matched once, as a regime (never in saturation)
     applied = [(r, matches[r.name] or 1) for r in derivation.rules()]
     return Optimized(program=optimized, egraph=session.egraph, saturation=session.saturation,
                      applied=applied, cost_before=before, cost_after=after, ops_before=op_counts(roots),
-                     ops_after=op_counts(best), model=model, seconds=seconds, cost=cost,
-                     root_classes=session.root_classes, derivation=derivation, source=program)
+                     ops_after=op_counts(kept), model=model, seconds=seconds, cost=cost,
+                     root_classes=session.root_classes, derivation=derivation, source=program, widened=bool(widest))
 
 
 def _extract(program: Program, session: Session, cost: Callable, rules: list[Rule],
@@ -114,6 +116,28 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
     return ([regimes.term] if regimes else best), regimes, reranked is not None
 
 
+def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, model: CostModel) -> list[Term] | None:
+    """``chosen`` computed in float64 from its float32 inputs, rounded once, for a small elementwise program
+    (Herbie's; in a model a precision is the user's, autocast's) where no float32 form found is accurate: under
+    balanced far more accurate and affordable, under stability off by a bit, more accurate and no worse."""
+    if model.objective not in (Objective.STABILITY, Objective.BALANCED) or len(chosen) != 1 or program.opaque or \
+            program.params or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
+            any(t.attrs[2] != "float32" for t in program.inputs):
+        return None
+    made = {}
+    for t in postorder(chosen):
+        made[id(t)] = Term("cast", (t,), ("float64",)) if t.op == "input" else \
+            Term(t.op, tuple(made[id(a)] for a in t.args), t.attrs) if t.args else t
+    widest = [Term("cast", (made[id(chosen[0])],), ("float32",))]
+    pair = [program.with_roots({id(program.roots()[0]): t[0]}) for t in (chosen, widest)]
+    if model.objective is Objective.BALANCED:
+        priced = lambda terms: program_cost(terms, model, input_ranges, program.leaf_meta())["latency"]  # noqa: E731
+        return widest if far_more_accurate(pair, [priced(t) for t in (chosen, widest)], model.affordable,
+                                           input_ranges) else None
+    old, new = (program_error(p, input_ranges, points=4) for p in pair)
+    return widest if old and new and old.mean > 1 and new.worst <= old.worst and new.mean <= old.mean - MIN_GAIN else None
+
+
 def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict, model: CostModel,
                  input_ranges: dict | None, ranges: RangeMemo, keep: bool) -> tuple[Program, list[Term], dict, dict]:
     """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved
@@ -138,10 +162,6 @@ def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: d
 #: the stability and balanced objectives re-rank this many of the cheapest programs of a root, for programs of
 #: at most RERANK_NODES terms and RERANK_ELEMENTS numbers (each estimate runs in float64 with derivatives)
 RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
-#: balanced: a program this many bits more accurate (sampled, worst or mean; a piecewise one: mean,
-#: its series' truncation counted) than the cheapest wins, within the model's max_slowdown: a
-#: catastrophic error is not a trade for microseconds
-ACCURATE_BY = 8.0
 
 
 def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot, root_classes: list[str],
@@ -166,7 +186,7 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
         chosen = least_error(programs, input_ranges)
     else:
         latencies = [priced(c)["latency"] for c in candidates]
-        chosen = far_more_accurate(programs, latencies, ACCURATE_BY, model.affordable, input_ranges)
+        chosen = far_more_accurate(programs, latencies, model.affordable, input_ranges)
     return None if chosen is None else candidates[chosen]
 
 
@@ -203,17 +223,15 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     after = program_cost(best, model, input_ranges, leaf_meta, final.meta(), ranges(best, final.meta()))
     if after["cost"] > before["cost"]:
         final, best, after = program, roots, before
-    applied: dict[str, tuple] = {}
     parts = results + [main]
-    for r in parts:
-        for rule, n in r.applied:
-            applied[rule.name] = (rule, applied.get(rule.name, (rule, 0))[1] + n)
+    applied = sum((Counter({rule: n}) for r in parts for rule, n in r.applied), Counter())  # each rule's matches
     derivation = Derivation([s for r in parts for s in r.derivation.steps], all(r.derivation.complete for r in parts),
                             "; ".join(r.derivation.unexplained for r in parts if r.derivation.unexplained))
     return Optimized(program=final, egraph=main.egraph, saturation=[s for r in parts for s in r.saturation],
-                     applied=list(applied.values()), cost_before=before, cost_after=after, ops_before=op_counts(roots),
+                     applied=list(applied.items()), cost_before=before, cost_after=after, ops_before=op_counts(roots),
                      ops_after=op_counts(best), model=model, seconds={"total": time.perf_counter() - start},
-                     cost=main.cost, root_classes=main.root_classes, derivation=derivation, source=main.source)
+                     cost=main.cost, root_classes=main.root_classes, derivation=derivation, source=main.source,
+                     widened=any(r.widened for r in parts))
 
 
 class RangeMemo:
@@ -292,9 +310,6 @@ def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) 
 # of each regime's form, as the report shows it. A guarded rule's form equals the root where its
 # guard holds (proved over its regime), a series is close to it where its bound (counted) says so.
 
-#: the cheapest programs of the root e-class tried as branches, and the largest tried
-ALTERNATIVES, MAX_NODES = 8, 64
-
 
 def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
               root_classes: list[str], cost: Callable, input_ranges: dict | None,
@@ -303,11 +318,10 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
     the input, the ``guarded`` rules that match but whose guard the declared ranges do not prove (each on a
     regime where it is proved) and the root's series (each within ``limit``, a relative truncation bound, on
     its regime); None where one program is as good by ``gain`` mean bits."""
-    if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > MAX_NODES or \
+    if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES or \
             any(t.op == "opaque" for t in postorder(roots)):  # a template's outputs: leaves no sample draws
         return None
-    terms = [best[0]] + [a.term for a in alternatives(snap.classes, root_classes[0], cost,
-                                                      limit=ALTERNATIVES)] + [roots[0]]
+    terms = [best[0]] + [a.term for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)] + [roots[0]]
     candidates = [Candidate(t) for t in terms]
     for rule in [r for r in guarded if r.when.over_intervals]:
         for binding in _matches(rule, snap, root_classes[0], cost):
@@ -315,7 +329,7 @@ def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snaps
             candidates.append(Candidate(rhs, rule, guard=rule.when, binding=binding, lhs=lhs))
     ids, seen, distinct = pat.structural_ids([c.term for c in candidates]), set(), []
     for c in candidates:  # once per structure, if not too large
-        if ids[id(c.term)] not in seen and len(postorder([c.term])) <= MAX_NODES:
+        if ids[id(c.term)] not in seen and len(postorder([c.term])) <= RERANK_NODES:
             seen.add(ids[id(c.term)])
             distinct.append(c)
     return infer_regimes(program.with_roots({id(roots[0]): distinct[0].term}), distinct, input_ranges,

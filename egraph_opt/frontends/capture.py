@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -240,7 +241,8 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
             if isinstance(term, Term):
                 scope = _repeated_scope(node)  # over this node's terms, intermediates included
                 scopes.update((id(t), scope) for t in _new_terms(term, seen) if scope and t.args)
-    return Program(tuple(inputs), output, opaque, params, scopes).pruned()
+    doubles = {float(np.float32(a)): a for n in gm.graph.nodes for a in leaves((n.args, n.kwargs)) if type(a) is float}
+    return Program(tuple(inputs), output, opaque, params, scopes, doubles=doubles).pruned()
 
 
 def _lowered(node: fx.Node, values: dict, info_of: dict, gm: fx.GraphModule, params: dict,

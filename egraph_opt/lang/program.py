@@ -53,6 +53,8 @@ class Program:
     scopes: dict[int, str] = field(default_factory=dict, compare=False)
     #: (shape, dtype) of opaque leaves that stand for something other than a call (templates)
     leaf_shapes: dict[str, tuple] = field(default_factory=dict, compare=False)
+    #: a constant rounded to float32 (``forms.constant``) -> the Python float written: float64 computes with it
+    doubles: dict[float, float] = field(default_factory=dict, compare=False)
     #: shape and dtype of every term, by id, filled once by ``meta()``; a derived program
     #: (``replace``, ``with_roots``) starts empty
     _meta: dict[int, tuple] = field(default_factory=dict, init=False, compare=False, repr=False)

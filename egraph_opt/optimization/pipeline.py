@@ -127,7 +127,8 @@ def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, mod
     made = {}
     for t in postorder(chosen):
         made[id(t)] = Term("cast", (t,), ("float64",)) if t.op == "input" else \
-            Term(t.op, tuple(made[id(a)] for a in t.args), t.attrs) if t.args else t
+            Term(t.op, tuple(made[id(a)] for a in t.args), t.attrs) if t.args else \
+            Term.const(program.doubles.get(t.attrs[0], t.attrs[0])) if t.op == "const" else t  # as written
     widest = [Term("cast", (made[id(chosen[0])],), ("float32",))]
     pair = [program.with_roots({id(program.roots()[0]): t[0]}) for t in (chosen, widest)]
     if model.objective is Objective.BALANCED:

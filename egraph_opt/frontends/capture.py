@@ -241,7 +241,8 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
             if isinstance(term, Term):
                 scope = _repeated_scope(node)  # over this node's terms, intermediates included
                 scopes.update((id(t), scope) for t in _new_terms(term, seen) if scope and t.args)
-    doubles = {float(np.float32(a)): a for n in gm.graph.nodes for a in leaves((n.args, n.kwargs)) if type(a) is float}
+    written = [a for n in gm.graph.nodes for a in leaves((n.args, n.kwargs)) if type(a) is float and abs(a) < 3e38]
+    doubles = {float(np.float32(a)): a for a in written}  # (no float32 overflow: numpy warns)
     return Program(tuple(inputs), output, opaque, params, scopes, doubles=doubles).pruned()
 
 

@@ -124,12 +124,9 @@ def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, mod
             program.params or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
             any(t.attrs[2] != "float32" for t in program.inputs):
         return None
-    made = {}
-    for t in postorder(chosen):
-        made[id(t)] = Term("cast", (t,), ("float64",)) if t.op == "input" else \
-            Term(t.op, tuple(made[id(a)] for a in t.args), t.attrs) if t.args else \
-            Term.const(program.doubles.get(t.attrs[0], t.attrs[0])) if t.op == "const" else t  # as written
-    widest = [Term("cast", (made[id(chosen[0])],), ("float32",))]
+    leaves = {id(t): Term("cast", (t,), ("float64",)) if t.op == "input" else  # constants as written
+              Term.const(program.doubles.get(t.attrs[0], t.attrs[0])) for t in postorder(chosen) if t.op in ("input", "const")}
+    widest = [Term("cast", tuple(tmpl.substitute(chosen, leaves)), ("float32",))]
     pair = [program.with_roots({id(program.roots()[0]): t[0]}) for t in (chosen, widest)]
     if model.objective is Objective.BALANCED:
         priced = lambda terms: program_cost(terms, model, input_ranges, program.leaf_meta())["latency"]  # noqa: E731

@@ -179,8 +179,9 @@ def _overflowed(root: Term, exact: dict, shape: torch.Size, pick: torch.Tensor) 
 
 def _result_bits(value: torch.Tensor, total: torch.Tensor, dtype: torch.dtype,
                  overflowed: torch.Tensor | bool) -> torch.Tensor:
-    """Bits of each output element from its first-order error ``total``."""
-    bits = torch.where(value.abs() > FINITE_MAX[str(dtype).removeprefix("torch.")], 0.0, _to_bits(value, total, dtype))
+    """Bits of each output element from its first-order error ``total``; undefined (NaN, as Herbie samples) where the
+    exact value is beyond the dtype: every form rounds it to inf, and counting it as 0 bits would dilute the mean."""
+    bits = torch.where(value.abs() > FINITE_MAX[str(dtype).removeprefix("torch.")], math.nan, _to_bits(value, total, dtype))
     # NaN where float64 itself overflowed inside (inf / inf): the dtype, narrower, overflows there
     # too and no digit survives; NaN otherwise: undefined (sqrt of a negative), no error to count
     return torch.where(value.isnan() & overflowed, float(torch.finfo(dtype).bits),

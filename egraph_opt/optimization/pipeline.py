@@ -121,7 +121,7 @@ def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, mod
     (Herbie's; in a model a precision is the user's, autocast's) where no float32 form found is accurate: under
     balanced far more accurate and affordable, under stability off by a bit, more accurate and no worse."""
     if model.objective not in (Objective.STABILITY, Objective.BALANCED) or len(chosen) != 1 or program.opaque or \
-            program.params or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
+            any(t.op == "param" for t in postorder(chosen)) or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
             any(t.attrs[2] != "float32" for t in program.inputs):
         return None
     leaves = {id(t): Term("cast", (t,), ("float64",)) if t.op == "input" else  # constants as written

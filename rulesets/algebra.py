@@ -96,3 +96,9 @@ RULES += rules(_A, [
     ("log-power-any-sign",    "(log (mul ?x ?x))",               "(mul (log ?x) (const 2.0))",
                               {"counterexample": (("x", -3.0),)}, "needs x > 0: see log-product"),
 ], Exactness.UNSAFE)
+
+#: f(x) = copysign(f(|x|), x) for an odd f that is >= 0 (or NaN) on [0, inf] and keeps -0 (f(-0) = -0): a
+#: function of |x| given x's sign bit, as libm's and Rust's odd functions are spelled, is the function itself
+RULES += rules(_A, [(f"{f}-odd", f"(copysign ({f} (abs ?x)) ?x)", f"({f} ?x)",
+                     f"{f} is odd and not negative on [0, inf]: copysign({f}(|x|), x) is {f}(x), -0 too")
+                    for f in ("asinh", "sinh", "tanh", "atan", "erf", "cbrt")])

@@ -46,6 +46,8 @@ RULES = rules(_E, [
     ("asinh-fuse",            "(log (add ?x (sqrt (add (mul ?x ?x) (const 1.0)))))", "(asinh ?x)", NEVER_INF,
                               "x + sqrt(x^2 + 1) cancels for x << 0 and overflows for x >> 0; "
                               "finite: log(-inf + inf) is NaN where asinh(-inf) is -inf"),
+    ("asinh-fuse-abs",        "(log (add (abs ?x) (sqrt (add (mul ?x ?x) (const 1.0)))))", "(asinh (abs ?x))", NEVER_INF,
+                              "asinh-fuse at |x| (x^2 = |x|^2), as libm and Rust spell asinh before copysign"),
     ("atanh-fuse",            "(log (div (add ?x (const 1.0)) (sub (const 1.0) ?x)))",
                               "(mul (atanh ?x) (const 2.0))",
                               "(1 + x)/(1 - x) rounds to 1 for tiny x: log gives 0, not 2x"),

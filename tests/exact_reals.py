@@ -26,7 +26,8 @@ MP = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: 
       "gelu": _mp_gelu, "maximum": max, "minimum": min, "cast": lambda a, _: a,
       "logaddexp": lambda a, b: mpmath.log(mpmath.exp(a) + mpmath.exp(b)), "tan": mpmath.tan,
       "atan": mpmath.atan, "atan2": mpmath.atan2, "hypot": mpmath.hypot, "asinh": mpmath.asinh,
-      "acosh": mpmath.acosh, "atanh": mpmath.atanh, "cbrt": lambda a: mpmath.sign(a) * mpmath.cbrt(abs(a))}
+      "acosh": mpmath.acosh, "atanh": mpmath.atanh, "cbrt": lambda a: mpmath.sign(a) * mpmath.cbrt(abs(a)),
+      "sinh": mpmath.sinh, "copysign": lambda a, b: abs(a) if b >= 0 else -abs(a)}
 MP_DIGITS = 120  # digits of the exact truth: 1 - cos x at the least float32 subnormal needs ~100
 
 

@@ -53,6 +53,7 @@ CASES = [
     ("log2",         lambda x: torch.log2(x),                                  (P(5),)),
     ("log10",        lambda x: torch.log10(x),                                 (P(5),)),
     ("fmod",         lambda x, y: torch.fmod(x * 4, y) + torch.fmod(x, 0.25),  (R(5), P(5))),
+    ("copysign",     lambda x, y: torch.copysign(x, y) + (x * 4).copysign(y - 0.5),  (R(5), R(5))),
     ("remainder",    lambda x, y: (x * 4) % y + torch.remainder(x, 0.25),      (R(5), P(5))),
     ("exp",          lambda x: torch.exp(x) + x.exp(),                         (R(3),)),
     ("log",          lambda x: torch.log(x),                                   (P(3),)),

@@ -11,6 +11,7 @@ import operator
 
 import pytest
 import sympy
+from sympy.calculus.util import minimum
 import torch
 
 from egraph_opt.kernels.torch_ops import TORCH
@@ -209,7 +210,8 @@ SYMPY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": o
          "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)), "erf": sympy.erf, "tan": sympy.tan,
          "atan": sympy.atan, "hypot": lambda x, y: sympy.sqrt(x * x + y * y),
          "asinh": lambda x: sympy.log(x + sympy.sqrt(x * x + 1)),  # by their real logarithms
-         "atanh": lambda x: (sympy.log(1 + x) - sympy.log(1 - x)) / 2}
+         "atanh": lambda x: (sympy.log(1 + x) - sympy.log(1 - x)) / 2, "sinh": sympy.sinh,
+         "cbrt": lambda x: sympy.sign(x) * sympy.cbrt(sympy.Abs(x)), "copysign": lambda x, y: sympy.Abs(x) * sympy.sign(y)}
 
 
 def to_sympy(p, symbols):
@@ -233,6 +235,9 @@ SCALAR_RULES = [r for r in RULES if scalar(r.lhs_pattern) and scalar(r.rhs_patte
                 and r.exactness is not Exactness.APPROX]  # approximations: tests/test_series.py
 
 
+POSITIVE = sympy.Interval.Lopen(0, sympy.oo)
+
+
 def test_scalar_rules_are_found():
     assert {"log-exp-cancel", "log1p-from-log", "div-const-to-mul"} <= {r.name for r in SCALAR_RULES}
 
@@ -244,7 +249,17 @@ def test_scalar_rules_are_identities_over_the_reals(rule):
     # a log's argument over one denominator first: log(1 + c/x) expands as log(x + c) - log(x)
     difference = (lhs - rhs).replace(lambda e: isinstance(e, sympy.log),
                                      lambda e: sympy.log(sympy.together(e.args[0])))
-    assert sympy.simplify(sympy.expand_log(difference, force=True).rewrite(sympy.exp)) == 0
+    # a sign or an absolute value: proved on each sign of each variable (x = p and x = -p, p > 0)
+    signed = difference.has(sympy.sign, sympy.Abs)
+    positive = {v: sympy.Symbol(v.name, positive=True) for v in symbols.values()}
+    for signs in itertools.product((1, -1), repeat=len(positive)) if signed else [None]:
+        case = difference.subs({v: s * p for (v, p), s in zip(positive.items(), signs)}) if signs else difference
+        if signs and len(positive) == 1:  # |e| is e where e's least value over p > 0 is >= 0 (asinh's log)
+            (p,) = positive.values()
+            case = case.replace(lambda e: isinstance(e, sympy.Abs) and minimum(e.args[0], p, POSITIVE) >= 0,
+                                lambda e: e.args[0])
+        case = sympy.expand_log(case, force=True).rewrite(sympy.exp)  # or exp of it, 1: asinh(-p) + asinh(p)
+        assert sympy.simplify(case) == 0 or signs and sympy.simplify(sympy.exp(case)) == 1, signs
 
 
 PROBES = {  # extreme inputs, as f(position of the variable, value)

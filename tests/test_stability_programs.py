@@ -31,6 +31,10 @@ def naive_log1p(x):
     return torch.log(1 + x)
 
 
+def naive_signed_asinh(x):  # libm's and Rust's spelling: the odd function from its value at |x|
+    return torch.copysign(torch.log(x.abs() + torch.sqrt(x * x + 1)), x)
+
+
 def truth_attention(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
 
@@ -42,6 +46,7 @@ CASES = [
     (naive_log_softmax,  lambda x: torch.log_softmax(x, -1),       [(4, 16)],       lambda x: x * 100),
     (naive_attention,    truth_attention,                          [(2, 8, 16)] * 3, lambda x: x * 8),
     (naive_log1p,        torch.log1p,                              [(64,)],         lambda x: x.abs() * 1e-5),
+    (naive_signed_asinh, torch.asinh,                              [(64,)],         lambda x: x * 1e-5),
 ]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
 

@@ -191,6 +191,8 @@ TRANSFER: dict[str, Callable] = {
     "select": lambda t, a, s: hull(a[1], a[2]),
     "hull": lambda t, a, s: hull(a[0], a[1]),
     "abs": lambda t, a, s: (gap(a[0]), mag(a[0])),
+    "copysign": lambda t, a, s: (gap(a[0]), mag(a[0])) if a[1][0] > 0 else (-mag(a[0]), -gap(a[0])) if a[1][1] < 0
+    else (-mag(a[0]), mag(a[0])),  # b in [0, hi] may be -0.0: its sign bit is no interval's
     "log": lambda t, a, s: _log(a[0]),
     "log1p": lambda t, a, s: _log(a[0], 1.0),
     "sqrt": lambda t, a, s: TOP if a[0][1] < 0 else iv(math.sqrt(max(a[0][0], 0.0)), math.sqrt(a[0][1])),

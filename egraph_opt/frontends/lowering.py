@@ -188,7 +188,7 @@ for _name, _targets in {
     "pow": (operator.pow, torch.pow, "pow"), "maximum": (torch.maximum, "maximum"),
     "minimum": (torch.minimum, "minimum"), "logaddexp": (torch.logaddexp, "logaddexp"),
     "atan2": (torch.atan2, torch.arctan2, "atan2", "arctan2"), "hypot": (torch.hypot, "hypot"),
-    "fmod": (torch.fmod, "fmod"), "remainder": (operator.mod, torch.remainder, "remainder"),
+    "fmod": (torch.fmod, "fmod"), "copysign": (torch.copysign, "copysign"), "remainder": (operator.mod, torch.remainder, "remainder"),
 }.items():
     lowers(*_targets)(_binary(_name))
 

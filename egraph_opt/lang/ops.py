@@ -35,7 +35,7 @@ ShapeRule = Literal["same", "first", "broadcast", "compare", "reduce", "cast", "
 #: how its interval follows from its operands' (analysis/ranges.py), unless an increasing float
 #: function gives it as the interval's image
 RangeRule = Literal[
-    "abs", "add", "bounds", "div", "geglu", "gelu", "hull", "hypot", "layer_norm", "linear",
+    "abs", "add", "bounds", "copysign", "div", "geglu", "gelu", "hull", "hypot", "layer_norm", "linear",
     "linear_act", "log", "log1p", "log_softmax", "logaddexp", "logsumexp", "matmul", "maximum",
     "minimum", "mul", "neg", "operand", "pow", "rms_norm", "rotary", "rsqrt", "select", "silu",
     "softplus", "sqrt", "sub", "sum", "swish", "tan", "top", "values", "values-of-v", "var"]
@@ -143,7 +143,8 @@ def _of_tensors(fn: Callable) -> Callable:
     return lambda a, b: fn(_tensor(a, b), _tensor(b, a))
 
 
-maximum, minimum, atan2, logaddexp = map(_of_tensors, (torch.maximum, torch.minimum, torch.atan2, torch.logaddexp))
+maximum, minimum, atan2, logaddexp, copysign = map(_of_tensors, (torch.maximum, torch.minimum, torch.atan2,
+                                                                 torch.logaddexp, torch.copysign))
 fmod, remainder = map(_of_tensors, (torch.fmod, torch.remainder))  # the sign of a (C's), of b (Python's)
 
 
@@ -396,6 +397,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
         onnx="definition", definition="(div (const 1.0) (sqrt ?x0))"),
     _op("abs",     1, "", torch.abs,    _UNARY, range_rule="abs",     **_EXACT, sign="nonneg", flops=1,
         onnx="Abs", numpy="abs"),
+    # |a| with b's sign bit (-0.0's and NaN's too): libm's and Rust's odd functions are spelled with it
+    _op("copysign", 2, "", copysign,    _BINARY, range_rule="copysign", **_EXACT, flops=1, precision="keep",
+        onnx="none"),
     _op("sin",     1, "", torch.sin,    _UNARY, range_rule="bounds",  curvature=(1.0, 1.0), **_SMOOTH,
         bounds=(-1.0, 1.0), onnx="Sin", numpy="sin"),
     _op("cos",     1, "", torch.cos,    _UNARY, range_rule="bounds",  curvature=(1.0, 1.0), **_SMOOTH,

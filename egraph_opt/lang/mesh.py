@@ -41,13 +41,6 @@ class Local:
     def dtype(self) -> torch.dtype:
         return self.parts[0].dtype
 
-    def flat(self) -> torch.Tensor:
-        """Every device's shape then its part's elements, in one vector: two Locals are equal iff
-        these are (parts may differ in size: a split of 5 rows over 2 devices is 3 and 2)."""
-        parts = [torch.as_tensor(p) for p in self.parts]
-        dtype = parts[0].dtype if parts[0].is_floating_point() else torch.float64
-        return torch.cat([torch.cat([torch.tensor(p.shape, dtype=dtype), p.flatten().to(dtype)]) for p in parts])
-
 
 @dataclass(frozen=True)
 class Device:

@@ -16,13 +16,10 @@ import torch
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper, shape_inference
 
-from .onnx_converters import (CONVERTERS, DTYPES, ELEM_TYPES, Importer, Unsupported, ValueType, opset_of)
+from .onnx_converters import CONVERTERS, DTYPES, Importer, Unsupported, ValueType, opset_of
 from .onnx_layouts import attr
 from ..lang.program import OpaqueCall, Program
 from ..lang.term import Term
-
-__all__ = ["DTYPES", "ELEM_TYPES", "GraphProgram", "OnnxImportError", "OnnxProgram", "ValueType",
-           "import_model", "load", "opset_of", "read"]
 
 MIN_OPSET = 13
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
@@ -322,8 +319,3 @@ def unique(name: str, taken) -> str:
     while out in taken:
         out, k = f"{name}_{k}", k + 1
     return out
-
-
-def read(path: str | os.PathLike) -> OnnxProgram:
-    """Load and import a model file: every problem with it is an ``OnnxImportError``."""
-    return import_model(load(path), os.fspath(path))

@@ -25,7 +25,7 @@ from . import range_rules
 from ..lang.mesh import through_reshape
 from ..lang.ops import OPS, BY_EGG_NAME, ATTR_SORTS
 from ..lang.pattern import Node, literal
-from ..lang.term import Term, postorder
+from ..lang.term import Term, postorder, topological
 
 SORT = "Tensor"
 _CHUNK = 64
@@ -43,13 +43,8 @@ def _ruleset(phase: str) -> str:
 def _ops_of(rule) -> tuple[frozenset, frozenset]:
     """(ops a rule's left sides name, ops its right sides make)."""
     def ops(p) -> set[str]:
-        found, stack = set(), [p]
-        while stack:
-            q = stack.pop()
-            if isinstance(q, Node):
-                found.add(q.op)
-                stack.extend(q.args)
-        return found
+        return {q.op for q in topological([p], lambda q: q.args if isinstance(q, Node) else (), id)
+                if isinstance(q, Node)}
 
     pairs = rule.pairs()
     return (frozenset().union(*(ops(lhs) for lhs, _ in pairs)), frozenset().union(*(ops(rhs) for _, rhs in pairs)))

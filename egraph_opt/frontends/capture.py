@@ -28,7 +28,7 @@ from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_
 from .effects import Draws, functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
-from ..lang.term import Term, dtype_name
+from ..lang.term import Term, dtype_name, topological
 
 
 class CaptureError(TypeError):
@@ -238,9 +238,12 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
             values[node.name] = info
         else:
             term = values[node.name] = _lowered(node, values, info_of, gm, params, opaque, in_place)
-            if isinstance(term, Term):
-                scope = _repeated_scope(node)  # over this node's terms, intermediates included
-                scopes.update((id(t), scope) for t in _new_terms(term, seen) if scope and t.args)
+            if isinstance(term, Term):  # its scope, over the terms no earlier node made (intermediates too)
+                new = [t for t in topological([term], lambda t: () if id(t) in seen else t.args, id)
+                       if id(t) not in seen]
+                seen.update(map(id, new))
+                if scope := _repeated_scope(node):
+                    scopes.update((id(t), scope) for t in new if t.args)
     written = [a for n in gm.graph.nodes for a in leaves((n.args, n.kwargs)) if type(a) is float and abs(a) < 3e38]
     doubles = {float(np.float32(a)): a for a in written}  # (no float32 overflow: numpy warns)
     return Program(tuple(inputs), output, opaque, params, scopes, doubles=doubles).pruned()
@@ -276,18 +279,6 @@ def returned(outputs: Any) -> Any:
     if type(outputs) is immutable_list:
         return [returned(v) for v in outputs]
     return tuple(map(returned, outputs)) if type(outputs) is tuple else outputs
-
-
-def _new_terms(term: Term, seen: set[int]) -> list[Term]:
-    """Terms reachable from ``term`` that no earlier node created; marks them seen."""
-    found, stack = [], [term]
-    while stack:
-        t = stack.pop()
-        if id(t) not in seen:
-            seen.add(id(t))
-            found.append(t)
-            stack.extend(t.args)
-    return found
 
 
 def _repeated_scope(node: fx.Node) -> str | None:

@@ -43,7 +43,6 @@ RULES = rules(_E, [
                               "partial sums of values of both signs cancel: 1e8 + 1 - 1e8 = 0"),
     # -- elementary functions near their cancellation points ----------------------------------
     ("log1p-from-log",        "(log (add ?x (const 1.0)))",                     "(log1p ?x)"),
-    ("log1p-from-log-right",  "(log (add ?x (const 1.0)))",                     "(log1p ?x)"),
     ("expm1-from-exp",        "(sub (exp ?x) (const 1.0))",                     "(expm1 ?x)"),
     ("one-minus-exp",         "(sub (const 1.0) (exp ?x))",                     "(neg (expm1 ?x))"),
     ("exp-difference",        "(sub (exp ?a) (exp ?b))",                        "(mul (exp ?b) (expm1 (sub ?a ?b)))",

@@ -1,6 +1,5 @@
-"""Curvature: per-op conditioning over value ranges: kappa (kappa_exp = e^(2 hi), kappa_log =
-1/lo^2, kappa_div = 1/|d|^3, linear ops 0), L (largest |derivative|), Delta (unit roundoff times
-the result's largest magnitude).
+"""Curvature: per-op conditioning over value ranges: kappa (kappa_exp = e^(2 hi), kappa_log = 1/lo^2, kappa_div =
+1/|d|^3, linear ops 0), L (largest |derivative|), Delta (unit roundoff times the result's largest magnitude).
 
 ``kappa_cost`` is led by the float32 error that follows: decibels of the condition numbers that amplify an
 operand's rounding error (exp: |x|, log: 1/|log u|), and the all-digits class where no digit survives

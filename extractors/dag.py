@@ -1,5 +1,5 @@
-"""DAG-aware greedy extraction over the serialized e-graph (egglog's own is tree-costed and
-saturates on deep residual graphs; docs/DESIGN.md).
+"""DAG-aware greedy extraction over the serialized e-graph (egglog's own is tree-costed and saturates on deep
+residual graphs; docs/DESIGN.md).
 
 Each e-class keeps its cheapest e-node with the cost of every e-class the choice depends on, so a shared
 subterm is paid once; relaxation from the leaves up ends, costs being integers. Above ``EXACT_UP_TO`` e-nodes,

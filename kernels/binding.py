@@ -1,10 +1,9 @@
 """Binding: each node of an extracted program to the cheapest kernel that accepts it.
 
-A candidate's cost is its latency in the profiling database (rows of its own backend) plus the
-moves its operands need from the backends that produced them. The torch kernel covers every op (a
-static estimate where nothing is measured); another backend, or a region's generated kernel, is
-chosen only by its measurements, never by a preference (but under the test switch, where Triton
-runs wherever it accepts a node). Extraction prices a node the same way (``Pricing``)."""
+A candidate's cost is its latency in the profiling database (rows of its own backend) plus the moves its operands need
+from the backends that produced them. The torch kernel covers every op (a static estimate where nothing is measured);
+another backend, or a region's generated kernel, is chosen only by its measurements, never by a preference (but under
+the test switch, where Triton runs wherever it accepts a node). Extraction prices a node the same way (``Pricing``)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,8 +1,9 @@
 """The rule catalogue: every rewrite is one named declaration of a family module.
 
-A rule is data (name, lhs, rhs, family, exactness, condition, why). Tags are closed enums, so a typo
-fails at import instead of silently dropping a rule. egglog rewrites carry our names (``:name``),
-so run reports say which rule matched.
+A rule is data (name, lhs, rhs, family, exactness, condition, why). Tags are closed enums, so a typo fails at import
+instead of silently dropping a rule. egglog rewrites carry our names (``:name``), so run reports say which rule matched.
+A stability rule's purpose is checked in the tests: at an extreme, offset or nearly-equal input in float32 its right
+side is accurate where its left side overflows, underflows or cancels.
 """
 from __future__ import annotations
 

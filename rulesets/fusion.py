@@ -1,9 +1,8 @@
 """Fusion rewrites: chains of primitive ops into the fused ops kernels implement.
 
-Canonical forms (algebra: constants on the right, division by a constant as a product) let one
-rule catch every spelling: scale by multiply or divide, K transposed either way, max shift
-explicit or not, masks as ``masked_fill`` or as an additive bias.
-"""
+Canonical forms (algebra: constants on the right, division by a constant as a product) let one rule catch every
+spelling: scale by multiply or divide, K transposed either way, max shift explicit or not, masks as ``masked_fill`` or
+as an additive bias."""
 import functools
 import math
 

@@ -1,11 +1,9 @@
 """ONNX backend: a Program back into a ModelProto; each op is written by ``onnx_emitters.EMIT``.
 
-Subterms of parameters alone are folded into initializers, as onnxruntime would at load, so a
-folding rule (conv + batch norm) leaves no run-time arithmetic. Opaque nodes are copied with their
-operands renamed; the interface, opsets and stored parameters come from the import's side tables.
-
-Patterns over several terms are written as fewer nodes, for onnxruntime to run (``heads_merged``,
-``matmuls_unflattened``, ``products_split``): each finds its cases before emission."""
+Subterms of parameters alone are folded into initializers, as onnxruntime would at load, so a folding rule (conv +
+batch norm) leaves no run-time arithmetic. Opaque nodes are copied with their operands renamed; the interface, opsets
+and stored parameters come from the import's side tables. Patterns over several terms are written as fewer nodes
+(``heads_merged``, ``matmuls_unflattened``, ``products_split``: each finds its cases before emission)."""
 from __future__ import annotations
 
 import math

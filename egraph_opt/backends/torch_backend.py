@@ -1,12 +1,10 @@
 """Backend: a Program back into an executable torch.fx.GraphModule.
 
-Each Term becomes a call of the kernel it is bound to (``kernels.binding``: Triton on CUDA where it
-runs, torch otherwise), with conversion kernels where a value changes memory (torch and Triton share
-one); on the Triton path a region of elementwise ops (and the row reduction or softmax they feed) is
-one generated kernel where it measures faster. Opaque calls are copied as they were, scalar constants
-folded, and every value is emitted once, after what it uses. What no input reaches (a mask built
-from ``arange``, weights concatenated) is computed once per version of what it reads.
-"""
+Each Term becomes a call of the kernel it is bound to (``kernels.binding``), with conversion kernels where a value
+changes memory; on the Triton path a region of elementwise ops (and the row reduction or softmax they feed) is one
+generated kernel where it measures faster. Opaque calls are copied as they were, scalar constants folded, and every
+value is emitted once, after what it uses. What no input reaches (a mask built from ``arange``, weights concatenated)
+is computed once per version of what it reads."""
 from __future__ import annotations
 
 import operator

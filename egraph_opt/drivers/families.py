@@ -1,19 +1,16 @@
-"""Size families: the plans of one program at sizes that differ in one variable ``n`` (the cache
-length of a decode step, a prompt's length, a batch) share one structure, as ``torch.compile``'s
-automatic dynamic shapes find a size that changed and trace it symbolically. Here ``n`` is found
-from two plans traced and optimized at two sizes: where every integer that differs between their
-programs is affine in ``n`` with a whole slope (``B * H * n``, ``n + 1``), a third size is made
-from them, not traced, saturated or built again: it runs one module made from the samples' two
-(``shared``), its sizes taken on their lines as inputs. Two plans that both fell back make the
-family's later sizes fall back at once, with the reason they gave.
+"""Size families: the plans of one program at sizes that differ in one variable ``n`` (the cache length of a decode
+step, a prompt's length, a batch) share one structure, as ``torch.compile``'s automatic dynamic shapes find. Here ``n``
+is found from two plans traced and optimized at two sizes: where every integer that differs between their programs is
+affine in ``n`` with a whole slope (``B * H * n``, ``n + 1``), a third size is made from them, not traced, saturated or
+built again: it runs one module made from the samples' two (``shared``), its sizes taken on their lines as inputs. Two
+plans that both fell back make the family's later sizes fall back at once, with the reason they gave.
 
-Why the rules that made the samples hold at ``n``: a rule's size guards are equalities of sizes
-(``last-dim``, ``axis-size``, ``d = 2h``), here affine in ``n``, and two affine functions equal at
-two sizes are equal at all. Interval guards read no size except through a reduction's count: a
-family covers sizes from 2 (a size 1 broadcasts, and traces specialize it) up to ``REACH`` times its
-larger sample, where its timing verdict is taken to hold; beyond, a size is traced and becomes a
-sample. Each size is validated before it runs: the original may branch on a size (a sliding window),
-a kernel's limits may read one (a head dim), and two samples show neither."""
+Why the rules that made the samples hold at ``n``: a rule's size guards are equalities of sizes (``last-dim``,
+``axis-size``, ``d = 2h``), here affine in ``n``, and two affine functions equal at two sizes are equal at all.
+Interval guards read no size except through a reduction's count: a family covers sizes from 2 (a size 1 broadcasts,
+and traces specialize it) up to ``REACH`` times its larger sample, where its timing verdict is taken to hold; beyond, a
+size is traced and becomes a sample. Each size is validated before it runs: the original may branch on a size (a
+sliding window), a kernel's limits may read one (a head dim), and two samples show neither."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,15 +1,13 @@
-"""The plan key besides the inputs' signature: grad mode, the default dtype and what the program's
-code reads (``holders``, ``_generated_key``). Tensors' values do not enter it: parameters range over
-their dtype in every analysis, and folded constants are recomputed when a tensor's version changes
-(``torch_backend``); which tensor objects are the parameters does (``m.weight = nn.Parameter(...)``
-leaves the traced graph holding the old one).
+"""The plan key besides the inputs' signature: grad mode, the default dtype and what the program's code reads
+(``holders``, ``_generated_key``). Tensors' values do not enter it: parameters range over their dtype in every
+analysis, and folded constants are recomputed when a tensor's version changes (``torch_backend``); which tensor
+objects are the parameters does (``m.weight = nn.Parameter(...)`` leaves the traced graph holding the old one).
 
-What the optimizer's own runs of a program (tracing, validation, timing) write of Python state
-(``self.calls += 1``, a global, ``self.seen.append(...)``, a print or a log record) is the other
-side: the plan runs tensor code alone, so eager's effects would be lost, and a trace runs the code
-once on tracer objects, which would be left in that state. A ``Watch`` records the state reachable
-from the program before it is optimized, and afterwards names what changed and puts it back, so
-the original, run untouched, does what eager does.
+What the optimizer's own runs of a program (tracing, validation, timing) write of Python state (``self.calls += 1``,
+a global, ``self.seen.append(...)``, a print or a log record) is the other side: the plan runs tensor code alone, so
+eager's effects would be lost, and a trace leaves tracer objects behind. A ``Watch`` records the state reachable from
+the program before it is optimized, then names what changed and puts it back: the original, run untouched, does what
+eager does.
 """
 from __future__ import annotations
 

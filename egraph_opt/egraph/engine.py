@@ -1,10 +1,9 @@
-"""The one module that talks to egglog.
+"""The one module that talks to egglog, through its low-level bindings and program text generated from the op table.
 
-We drive egglog's low-level bindings with program text generated from the op table, because the measured costs
-decide it (docs/DESIGN.md): terms are loaded as small chunks of ``(union (Ref k) (Op (Ref i) ...))`` commands
-(one large program parses in quadratic memory), each term node once, so shared subexpressions stay shared and
-every node keeps an anchor ``Ref k`` that names its e-class after saturation. The serialized e-graph (private
-API, wrapped here only) is parsed into plain Python classes for our own extractor."""
+Terms are loaded as small chunks of ``(union (Ref k) (Op (Ref i) ...))`` commands (one large program parses in
+quadratic memory: docs/DESIGN.md), each term node once, so shared subexpressions stay shared and every node keeps an
+anchor ``Ref k`` that names its e-class after saturation. The serialized e-graph (private API, wrapped here only) is
+parsed into plain Python classes for our own extractor."""
 from __future__ import annotations
 
 import atexit

@@ -1,19 +1,18 @@
 """A value spread over a mesh of n devices, and the four ops that place or move it.
 
-A sharded program is one program that every device runs on its own part of each value (SPMD). In one process
-the mesh is simulated: a value that differs between devices is a ``Local`` holding every device's part, and an
-op over Locals runs once per device (``lang/term.py`` ``evaluate``). So the float64 reference of a sharded
-program is the program itself, evaluated with every device's data; a rewrite into sharded form is proven by
-the same generated tests as every other rule. On a real device (``sharding/run.py`` enters ``on_device``) the
-same ops split and communicate through torch.distributed instead.
+A sharded program is one program that every device runs on its own part of each value (SPMD). In one process the
+mesh is simulated: a value that differs between devices is a ``Local`` holding every device's part, and an op over
+Locals runs once per device (``term.evaluate``). So a sharded program is its own float64 reference, and a rewrite into
+sharded form is proven by the same generated tests as every other rule. On a real device (``sharding/run.py`` enters
+``on_device``) the same ops split and communicate through torch.distributed instead.
 
 - ``shard(x, axis, n)``: device r holds ``x.tensor_split(n, axis)[r]`` (x is the same on all);
 - ``all_gather(x, axis, n)``: every device holds the parts concatenated along ``axis``;
 - ``all_reduce(x, n)``: every device holds the sum of the parts (partial sums become the total);
 - ``reduce_scatter(x, axis, n)``: device r holds part r of that sum.
 
-A replicated value (a plain tensor) is the same on every device: gathering it concatenates n
-copies, all-reducing it multiplies it by n, exactly as the collectives do on real devices."""
+A replicated value (a plain tensor) is the same on every device: gathering it concatenates n copies, all-reducing it
+multiplies it by n, exactly as the collectives do on real devices."""
 from __future__ import annotations
 
 import contextlib

@@ -1,14 +1,12 @@
 """Repeated blocks (seed 004): the N identical blocks of a transformer are optimized once.
 
-Hash-consing does not merge chained blocks (their inputs differ): the terms of each instance of a
-repeated block get a signature with incoming values as numbered arguments and parameters named
-relative to the block. Equal signatures share one template, optimized once over the hull of every
-instance's argument intervals (its conditions hold for all of them).
+Hash-consing does not merge chained blocks (their inputs differ): the terms of each instance of a repeated block get a
+signature with incoming values as numbered arguments and parameters named relative to the block. Equal signatures
+share one template, optimized once over the hull of every instance's argument intervals (its conditions hold for all).
 
-Instances are the items of a module container (``h.0``, ``h.1``...) where the capture recorded
-them, and otherwise are found by structure: a plain function looping over lists of weights, an
-unrolled loop or an exported graph repeats a run of ops whose operands sit at the same distances
-back (parameters abstracted to their shapes), so the program order is periodic there."""
+Instances are the items of a module container (``h.0``, ``h.1``...) where the capture recorded them, and otherwise are
+found by structure: a plain function looping over lists of weights, an unrolled loop or an exported graph repeats a
+run of ops whose operands sit at the same distances back (parameters abstracted to their shapes)."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict

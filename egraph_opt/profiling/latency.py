@@ -1,10 +1,10 @@
 """Latency of a kernel at any shape: measured where the database has it, else interpolated.
 
-Per (kernel, backend, device, dtype), ``log t = a + b*log(bytes) + c*log(flops)`` is fitted
-*locally* around each query (weighted least squares over the nearest measured shapes: one global
-line cannot follow a kernel from launch-bound through cache to DRAM- or compute-bound), to the
-residual over a roofline default, so one measurement calibrates the default; a ridge pulls slopes
-toward the roofline's where data is thin. Uncertainty: the fit's leave-one-out error.
+Per (kernel, backend, device, dtype), ``log t = a + b*log(bytes) + c*log(flops)`` is fitted *locally* around each
+query (weighted least squares over the nearest measured shapes: one global line cannot follow a kernel from
+launch-bound through cache to DRAM- or compute-bound), to the residual over a roofline default, so one measurement
+calibrates the default; a ridge pulls slopes toward the roofline's where data is thin. Uncertainty: the fit's
+leave-one-out error.
 
 >>> import tempfile, pathlib
 >>> from egraph_opt.profiling.profile_db import ProfileDB
@@ -12,9 +12,8 @@ toward the roofline's where data is thin. Uncertainty: the fit's leave-one-out e
 >>> model.predict("exp", "torch", "cpu: any", "float32", [(1024, 1024)], {}).source
 'default'
 
-``MeasuredLatency`` prices one node for the cost model, in integer tenths of a microsecond
-(extraction stays exact). The database is a cache: one that cannot be used costs one warning and
-the static estimates, never a failed compile."""
+``MeasuredLatency`` prices one node for the cost model, in integer tenths of a microsecond (extraction stays exact).
+The database is a cache: one that cannot be used costs one warning and the static estimates, never a failed compile."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,7 @@
-"""Measured kernel latencies, one SQLite file shared by every process (WAL mode, one transaction
-per write, so two profilers can write at once). Records are appended; a lookup takes the newest.
-The path is the user's: a file there that is not ours is a `ForeignFileError`, left untouched; a
-corrupt database of ours is set aside with a warning, never overwritten. Callers that only cache
-latencies catch `UNUSABLE`.
+"""Measured kernel latencies, one SQLite file shared by every process (WAL mode, one transaction per write, so two
+profilers can write at once). Records are appended; a lookup takes the newest. The path is the user's: a file there
+that is not ours is a `ForeignFileError`, left untouched; a corrupt database of ours is set aside with a warning,
+never overwritten. Callers that only cache latencies catch `UNUSABLE`.
 
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:

@@ -1,10 +1,9 @@
 """Validation: the optimized program must agree with the original before it is returned.
 
-Both run on fresh random inputs of the call's signature, each on its own clones, judged (``judge``)
-against the original evaluated in float64: rounding differs between equivalent programs, a wrong
-rule's error does not stay within the dtype's tolerance or 4x the original's own. Where float64
-overflows too, the long double reference stands in (``wide_reference``); the references' work is
-bounded (``_bounded_reference``), and ``Validation.bounded`` says how."""
+Both run on fresh random inputs of the call's signature, each on its own clones, judged (``judge``) against the
+original evaluated in float64: rounding differs between equivalent programs, a wrong rule's error does not stay within
+the dtype's tolerance or 4x the original's own. Where float64 overflows too, the long double reference stands in
+(``wide_reference``); the references' work is bounded (``_bounded_reference``), and ``Validation.bounded`` says how."""
 from __future__ import annotations
 
 import math

@@ -1,10 +1,9 @@
 """``generate_elementwise``: compile a term to a Triton kernel, once per structure and process.
 
-``@triton.jit`` reads its function's source from a file: the generated text is written to the
-cache directory under its hash (atomically: processes may race), and what runs is that text itself,
-compiled under the file's name and given to linecache, which Triton reads: never the file as found,
-nor bytecode an importer would take from ``__pycache__`` (a planted .pyc with the .py's timestamp
-and size). The cache directory is used only where it and all in it are the user's alone to write."""
+``@triton.jit`` reads its function's source from a file: the generated text is written to the cache directory under
+its hash (atomically: processes may race), and what runs is that text itself, compiled under the file's name and given
+to linecache, which Triton reads: never the file as found, nor bytecode an importer would take from ``__pycache__`` (a
+planted .pyc with the .py's timestamp and size). The cache directory is used only where it is the user's alone."""
 from __future__ import annotations
 
 import functools

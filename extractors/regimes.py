@@ -94,11 +94,10 @@ class Piecewise:
 def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
                   seed: int = 0, limit: float = math.inf, gain: float = MIN_GAIN,
                   more: Callable[[], list[Candidate]] = list) -> Piecewise | None:
-    """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
-    without regimes) and ``more()`` (made only where ``best`` errs by ``gain`` mean bits), when it
-    beats that one by ``gain`` mean bits and each series in it keeps its truncation over its
-    regime within ``limit`` (a tolerance); else None (one regime: a series over the whole range).
-    The program's inputs must share one shape (elementwise: drawn as ``POINTS`` values each)."""
+    """The piecewise program of ``candidates`` (``best``: the single program chosen without regimes) and ``more()``
+    (made only where ``best`` errs by ``gain`` mean bits), when it beats that one by ``gain`` mean bits and each series
+    in it keeps its truncation over its regime within ``limit``; else None. The program's inputs must share one shape
+    (elementwise: drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
     shapes = {t.attrs[1] for t in program.inputs}
     if not any(t.attrs[2] in FLOATS for t in program.inputs) or len(shapes) != 1 or program.params:
@@ -175,10 +174,9 @@ def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variab
 
 
 def _bits(c: Candidate, env: dict, nan: torch.Tensor | bool = False) -> torch.Tensor | None:
-    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added (inf past its
-    radius, and where it is defined but the program is not, ``nan``: sympy's series are complex, exp(log x) is
-    x; never taken there); None where they cannot be estimated (an op without a float64 kernel or a
-    derivative). A guarded rule's form counts ``WORD`` bits where its guard fails at the point."""
+    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added (inf past its radius,
+    and where it is defined but the program is not, ``nan``: sympy's series are complex, exp(log x) is x); None where
+    they cannot be estimated. A guarded rule's form counts ``WORD`` bits where its guard fails at the point."""
     try:
         found = elementwise_bits(c.term, env)
         found = found if found is None else torch.where(
@@ -199,11 +197,10 @@ def _bits(c: Candidate, env: dict, nan: torch.Tensor | bool = False) -> torch.Te
 
 
 def _bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo, hi) -> torch.Tensor:
-    """A series' truncation bound where the split ``variable`` lies in [lo, hi] (numbers, or arrays:
-    a bound per point); for a guarded rule's form 0 where its guard is proved there, else inf; 0 for
-    an exact candidate. Split on an input, range analysis narrows its declared range; split on a
-    subterm, only what the candidate binds that is that subterm is narrowed, the rest ranges over
-    the whole declared range (a guard must follow from the split condition or hold throughout)."""
+    """A series' truncation bound where the split ``variable`` lies in [lo, hi] (numbers, or arrays: a bound per point);
+    for a guarded rule's form 0 where its guard is proved there, else inf; 0 for an exact candidate. Split on a subterm,
+    only what the candidate binds that is that subterm is narrowed, the rest ranges over the whole declared range (a
+    guard must follow from the split condition or hold throughout)."""
     if c.truncation is None and not c.guard:
         return torch.tensor(0.0)
     terms = [t for t in c.binding.values() if isinstance(t, Term)] if c.guard else [c.within]

@@ -140,10 +140,9 @@ class _Owner:
                 done.set()
 
     def make(self) -> int:
-        """A new e-graph's number. Their memory is egglog's, which the cycle collector does not count:
-        a dropped decorated function in a reference cycle (a model whose forward it wraps) keeps its
-        e-graph, hundreds of MB, until a full collection that object counts may not call for long.
-        So one runs whenever twice as many e-graphs live as after the last (4 at least)."""
+        """A new e-graph's number. Their memory is egglog's, which the cycle collector does not count: a dropped
+        decorated function in a reference cycle keeps its e-graph, hundreds of MB, until a full collection that object
+        counts may not call for long. So one runs whenever twice as many e-graphs live as after the last (4 or more)."""
         if len(self.live) >= self._crowd:
             gc.collect()
             self._crowd = max(4, 2 * self.call(len, self.live))  # after the drops it queued

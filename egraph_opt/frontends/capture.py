@@ -57,9 +57,8 @@ class _AsModule(torch.nn.Module):
 
 
 def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
-    """Symbolic fx tracing; where Python control flow reads shapes (Hugging Face models do),
-    torch.export on the example inputs, which specializes shapes as we do per signature and
-    still refuses control flow on tensor values."""
+    """Symbolic fx tracing; where Python control flow reads shapes (Hugging Face models do), torch.export on the example
+    inputs, which specializes shapes as we do per signature and still refuses control flow on tensor values."""
     root = fn if isinstance(fn, torch.nn.Module) else None
     where = getattr(fn, "__qualname__", type(fn).__name__)
     errors = []
@@ -130,9 +129,8 @@ class _Recorder(fx.Interpreter):
 
 
 def _record(gm: fx.GraphModule, example_args: tuple) -> None:
-    """Each node's shape or value, from a run on fake tensors (shapes alone: a large input costs no
-    arithmetic); where fake tensors cannot follow (a value read from a tensor, an op without a meta
-    kernel), from a run on clones of the example inputs (an opaque call must not touch the caller's)."""
+    """Each node's shape or value, from a run on fake tensors (a large input costs no arithmetic); where fake tensors
+    cannot follow (a value read from a tensor, an op without a meta kernel), on clones of the example inputs."""
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             _Recorder(gm).run(*(mode.from_tensor(a) for a in example_args))
@@ -163,9 +161,8 @@ def _is_static(node: fx.Node, static: set[str]) -> bool:
 
 
 def _unshared(args: tuple) -> tuple:
-    """``args`` with each one sharing memory with an earlier one cloned: torch.export makes one
-    fake tensor of one real tensor, so a tensor passed twice (``model(ids, labels=ids)``) would be
-    one input read through either name, and a call with two tensors would read the wrong one."""
+    """``args`` with each one sharing memory with an earlier one cloned: torch.export makes one fake tensor of one real
+    tensor, so a tensor passed twice (``model(ids, labels=ids)``) would be one input, wrong for a call with two."""
     seen, out = set(), []
     for a in args:
         shared = a.numel() and a.untyped_storage().data_ptr() in seen

@@ -237,9 +237,8 @@ class MeasuredLatency:
             return None
 
     def __call__(self, n: NodeFacts, kernel=None, choice: bool = True, tuned: bool = False):
-        """Units and source of ``n``'s op's torch kernel, or of ``kernel`` (its own rows: ``db_backend``),
-        on operands of its shapes and layouts. A node's only kernel (no ``choice``) is timed in the first
-        half of the budget: the rest is for nodes where binding chooses (unmeasured, it takes torch's).
+        """Units and source of ``n``'s op's torch kernel, or of ``kernel`` (its own rows: ``db_backend``). A node's only
+        kernel (no ``choice``) is timed in the first half of the budget: the rest is for nodes where binding chooses.
         ``tuned``: instead, the configuration ``kernel`` ran fastest in at the measured shape nearest ``n``'s."""
         op, attrs, shapes, dtype, layouts = n.op, n.attrs, n.shapes, n.dtype, n.layouts
         if op not in PRICED or self.db is None:

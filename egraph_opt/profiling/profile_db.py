@@ -141,10 +141,9 @@ def _identity(r: Record) -> tuple:
 
 
 def _foreign_reason(path: Path) -> tuple[str | None, bool]:
-    """Why the file at `path` is not a usable profile database (None: absent, empty, usable), and
-    whether it is ours all the same (a corrupt database of ours may be set aside; another file never
-    is). Read through SQLite where it can be: opening and closing the file itself would drop the
-    POSIX locks this process's connections hold on it (SQLite's "how to corrupt", 2.2)."""
+    """Why the file at `path` is not a usable profile database (None: absent, empty, usable), and whether it is ours
+    all the same (only a corrupt database of ours may be set aside). Read through SQLite where it can be: opening and
+    closing the file itself would drop the POSIX locks this process's connections hold on it ("how to corrupt", 2.2)."""
     if not path.exists() or path.stat().st_size == 0:
         return None, True
     conn = sqlite3.connect(path, timeout=_TIMEOUT_S)

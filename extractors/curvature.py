@@ -98,10 +98,9 @@ def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
 
 
 def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
-    """A subtraction (or addition of opposite signs) whose operands may be arbitrarily close while one of
-    them carries rounding error: the relative error of the result is unbounded. So is a sum of exact values
-    of both signs: its rounded partial sums may cancel (1e8 + 1 - 1e8 = 0), unless it carries their rounding
-    errors along (``compensated_sum``); a sum of rounded values keeps their errors either way."""
+    """A subtraction (or addition of opposite signs) whose operands may be arbitrarily close while one carries rounding
+    error: the result's relative error is unbounded. So is a sum of exact values of both signs: its rounded partial
+    sums may cancel (1e8 + 1 - 1e8 = 0), unless it carries their rounding errors along (``compensated_sum``)."""
     error = OPS[op].error
     if error == "sum":
         return exact[0] and operands[0][0] < 0 < operands[0][1]
@@ -137,9 +136,8 @@ def _amplified(factor: float, dtype: str) -> int:
 
 
 def _cancellation(op: str, operands: list[Interval], result: Interval | None, dtype: str) -> int:
-    """a +- b amplifies its operands' rounding errors by (|a| + |b|) / |a +- b|: past 1 / unit
-    roundoff where the result can be 0, else bounded by the result's distance from 0, which its
-    e-class's interval proves from every equivalent form (1/x - 1/(x + 1) is 1/(x (x + 1)))."""
+    """a +- b amplifies its operands' rounding errors by (|a| + |b|) / |a +- b|: past 1 / unit roundoff where the result
+    can be 0, else bounded by its distance from 0, which its e-class's interval proves from every equivalent form."""
     apart = gap(result) if op in ("add", "sub") and result is not None else 0.0
     return ALL_DIGITS if apart == 0 else _amplified((mag(operands[0]) + mag(operands[1])) / apart, dtype)
 

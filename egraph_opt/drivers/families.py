@@ -114,9 +114,8 @@ class Families:
 
 
 def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any:
-    """The value at size ``n[2]`` of what is ``a`` at size ``n[0]`` and ``b`` at ``n[1]``: equal
-    parts kept, integers that differ taken on their line (whose slope must be whole), Terms
-    rebuilt with their sharing; ``Apart`` where anything else differs."""
+    """The value at size ``n[2]`` of what is ``a`` at size ``n[0]`` and ``b`` at ``n[1]``: equal parts kept, integers
+    that differ on their line (of whole slope), Terms rebuilt with their sharing; ``Apart`` where else they differ."""
     memo = {} if memo is None else memo
     if type(a) is not type(b):
         raise Apart(f"{type(a).__name__} against {type(b).__name__}")
@@ -159,9 +158,8 @@ def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any
 def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple[fx.GraphModule, list]:
     """One module for every size of a family: ``a``'s graph (built at size ``span[0]``) taking first, as inputs, each
     integer or shape that differs in ``b``'s (built at ``span[1]``), and those pairs (``at`` gives their values at a
-    size). Its constants are folded again, one that reads a size (a mask from ``arange(n)``) computed once per size.
-    ``Apart`` where the graphs differ in anything else (a kernel or Triton configuration chosen by latency, a region's
-    generated kernel, which holds its shapes): then each size is built for itself."""
+    size); a constant that reads a size (a mask from ``arange(n)``) is computed once per size. ``Apart`` where graphs
+    differ in anything else (a kernel or configuration chosen by latency, a region's kernel, which holds its shapes)."""
     graph, env, holes = fx.Graph(owning_module=a), {}, {}
     match, first = dict(zip(b.graph.nodes, a.graph.nodes)), next(iter(a.graph.nodes))
 

@@ -55,9 +55,8 @@ def written(node: fx.Node, gm: fx.GraphModule) -> list:
 
 
 def torchs_own(node: fx.Node) -> bool:
-    """Whether ``node`` calls torch's own code (an aten overload, a torch, operator or builtin
-    function, a tensor method), whose value follows from its operands: never a user's function
-    kept opaque (``fx.wrap``), which may have effects of its own."""
+    """Whether ``node`` calls torch's own code (an aten overload, a torch, operator or builtin function, a tensor
+    method), whose value follows from its operands: never a user's function kept opaque (``fx.wrap``)."""
     if node.op == "call_method":
         return hasattr(torch.Tensor, node.target)
     return node.op == "call_function" and (isinstance(node.target, torch._ops.OpOverload) or str(
@@ -109,9 +108,8 @@ def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
 
 
 class Draws(TorchDispatchMode):
-    """Raises ``refuse(op)`` before an op that draws from a random generator runs (train-mode dropout,
-    ``torch.rand``): each run the optimizer makes (trace, validation, timing) would advance the caller's
-    generator, which eager advances once per call, and two runs never agree. A thread's own mode."""
+    """Raises ``refuse(op)`` before an op that draws from a random generator runs (train-mode dropout, ``torch.rand``):
+    each run the optimizer makes would advance the caller's generator, and two runs never agree. A thread's own mode."""
 
     def __init__(self, refuse):
         super().__init__()

@@ -113,11 +113,10 @@ def reduce_scatter(x, axis: int, n: int):
 
 
 def through_reshape(before: tuple, after: tuple) -> dict[int, tuple[int, str]]:
-    """The axes a reshape from ``before`` to ``after`` keeps whole: for each axis ``a`` of the result (counted from
-    the end), the operand's axis ``b`` it is and the reshape a device's part takes (``after`` with ``a`` left to the
-    part's size: -1), so that a split of the result along ``a`` is the reshape of the operand split along ``b``.
-    Row-major: both read as (P, d, S) with the same P before the axis and the same d on it (then the same S after),
-    which a split along d leaves alone. Nothing for an empty shape elsewhere (-1 would be ambiguous)."""
+    """The axes a reshape from ``before`` to ``after`` keeps whole: for each axis ``a`` of the result (counted from the
+    end), the operand's axis ``b`` it is and the reshape a device's part takes (``after`` with ``a`` as -1), so a split
+    of the result along ``a`` is the reshape of the operand split along ``b``. Row-major: both read as (P, d, S) with
+    the same P and d, which a split along d leaves alone. Nothing for an empty shape elsewhere (-1 is ambiguous)."""
     if math.prod(before) != math.prod(after):
         return {}
     prefix, kept = {}, {}

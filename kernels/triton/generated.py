@@ -74,11 +74,9 @@ def _load(program: KernelSource) -> object:
 
 
 class GeneratedKernel:
-    """A Triton kernel computing ``term`` (elementwise ops over inputs that broadcast, optionally
-    with one softmax or norm over axis -1, under one root sum/max/mean over it); ValueError names any op
-    it cannot generate. ``kernel`` is shared by every structurally equal term. Where autograd records,
-    the ops' torch kernels run (``separate``: a generated kernel has no backward). ``configs``: as a
-    hand kernel's (``runtime.implements``), the block its rows (or elements) are read in, and warps."""
+    """A Triton kernel computing ``term`` (codegen's regions); ValueError names any op it cannot generate. ``kernel`` is
+    shared by every structurally equal term. Where autograd records, the ops' torch kernels run (``separate``: a
+    generated kernel has no backward). ``configs``: as a hand kernel's (``runtime.implements``)."""
 
     configs = [c.all_kwargs() for c in ROW_CONFIGS]
 

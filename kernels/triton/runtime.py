@@ -61,10 +61,9 @@ TRITON_KERNELS: dict[str, tuple[Callable, Callable | None, tuple[str, ...]]] = {
 
 
 def implements(op: str, limits: Callable | None = None, dtypes: tuple[str, ...] = (), configs: list = ()):
-    """Declares the decorated wrapper as the Triton kernel for ``op`` (same signature as the op's
-    implementation in ``egraph_opt.lang.ops``, and a keyword ``config``), within ``limits``, taking
-    ``dtypes`` too; ``configs`` (``triton.Config``, the default first) are what the profiler times it in,
-    as ``wrapper.configs`` (the dicts the database records)."""
+    """Declares the decorated wrapper as the Triton kernel for ``op`` (the op's implementation's signature, and a
+    keyword ``config``), within ``limits``, taking ``dtypes`` too; ``configs`` (``triton.Config``, the default first)
+    are what the profiler times it in, as ``wrapper.configs`` (the dicts the database records)."""
     def declare(wrapper):
         TRITON_KERNELS[op] = (wrapper, limits, dtypes)
         wrapper.configs = [c.all_kwargs() for c in configs]

@@ -120,9 +120,8 @@ def overflows(result: Interval, dtype: str) -> bool:
     return limit is not None and mag(result) >= limit
 
 
-#: bounded kappa enters the cost in decibels up to this much: it breaks ties between forms of equal
-#: error terms and never outweighs one. Curvature is a second-order effect: bench/curvature_vs_error
-#: measured no float32 error where it grows and nothing else does (exp over [-50, 50]).
+#: bounded kappa enters the cost in decibels up to this much: it breaks ties between forms of equal error terms and
+#: never outweighs one (bench/curvature_vs_error: no float32 error where only it grows, exp over [-50, 50])
 KAPPA_TIE_BREAK = 3
 #: |x| past which exp(x) is 0 or inf in the dtype (log of the smallest subnormal): there no digit
 #: of exp(x) depends on the error x carries, so exp's condition number |x| stops there
@@ -144,9 +143,8 @@ def _cancellation(op: str, operands: list[Interval], result: Interval | None, dt
 
 def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval | None = None,
                dtype: str = "float32", exact: tuple[bool, ...] = ()) -> int:
-    """Integer extraction cost of conditioning: a tie-breaking few decibels of kappa where the ranges bound
-    it, the growth class (times 1000) where they leave it unbounded, plus decibels of error amplification,
-    the all-digits class for a cancellation and the exponential class for an overflow consumed."""
+    """Integer extraction cost of conditioning: a tie-breaking few decibels of kappa where the ranges bound it, the
+    growth class (x1000) where they do not, plus decibels of amplified error, cancellations and consumed overflows."""
     k = kappa(op, attrs, operands)
     k = math.inf if math.isnan(k) else k  # inf * 0 over an unbounded range: no bound known
     cost = 0 if k == 0 else (1000 * OPS[op].growth if math.isinf(k)

@@ -34,9 +34,8 @@ def default_estimate(kernel: Kernel, use: Use) -> float:
 
 
 def measured_estimate(latency) -> Estimator:
-    """Seconds of a kernel from ``latency`` (a MeasuredLatency), by its backend's rows; where none
-    is known, torch's kernel and moves take their defaults, other backends none.
-    ``.config(kernel, use)``: its tuned configuration; ``.latency``: ``latency`` (a region's rows)."""
+    """Seconds of a kernel from ``latency`` (a MeasuredLatency), by its backend's rows, else torch's and moves' defaults
+    (other backends none). ``.config(kernel, use)``: its tuned configuration; ``.latency``: ``latency``."""
     def node(use: Use) -> NodeFacts:
         return NodeFacts(op=use.op, attrs=use.attrs, shapes=use.shapes, layouts=use.layouts,
                          dtype=use.dtypes[0] if use.dtypes else "float32")

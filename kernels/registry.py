@@ -69,10 +69,9 @@ def from_numpy(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
-# --- torch kernels that compute an op by another formula: the same function, fewer passes or
-# cheaper primitives. Each is one declaration in ``REWRITTEN_KERNELS``, with database rows of its
-# own: binding chooses it only where it is measured faster than the op's own kernel (never by
-# preference). tests/test_kernels.py checks each against its reference term, at the extremes too.
+# --- torch kernels that compute an op by another formula: the same function, fewer passes or cheaper primitives.
+# Each is one declaration in ``REWRITTEN_KERNELS``, with database rows of its own: binding chooses it only where it
+# is measured faster than the op's own kernel. tests/test_kernels.py checks each against its reference term.
 
 #: tanh-gelu's constants: 0.5 x (1 + tanh(c (x + k x^3))) = x sigmoid(2c x (1 + k x^2))
 _TWO_C = 2.0 * math.sqrt(2.0 / math.pi)

@@ -110,9 +110,8 @@ class Rule:
 
 
 def rules(family: Family, table, exactness: Exactness = Exactness.EXACT, **common) -> list[Rule]:
-    """Rules from rows ``(name, lhs, rhs, *extras)``, each extra known by its type: a string is
-    the why, a ``when(...)`` the guard, an ``Exactness`` the row's own, a dict further fields
-    (``sample``...). ``common`` fields apply to every tuple row; rows may also be Rule objects."""
+    """Rules from rows ``(name, lhs, rhs, *extras)``, each extra known by its type: a string is the why, a ``when(...)``
+    the guard, an ``Exactness`` the row's own, a dict further fields; ``common`` fields apply to every tuple row."""
     return [row if isinstance(row, Rule) else _row(family, {"exactness": exactness, **common}, *row) for row in table]
 
 

@@ -85,9 +85,8 @@ def _rows(lo: float, hi: float, rows: int, width: int, gen: torch.Generator) -> 
 
 def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[str, Interval],
                   gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """One point per input, of its shape and float dtype, inside its declared range (rows of each
-    kind in turn over the last axis, both ends at the start); an input without a declared range is
-    drawn uniformly over the bit patterns of its dtype's finite numbers."""
+    """One point per input, of its shape and float dtype, inside its declared range (rows of each kind in turn over the
+    last axis, both ends at the start); an undeclared input uniformly over its dtype's finite bit patterns."""
     env, first_of_shape = {}, {}
     for name, (shape, dtype) in inputs.items():
         if not math.prod(shape):  # a size-0 axis: an empty tensor, nothing to draw

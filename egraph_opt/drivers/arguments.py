@@ -1,6 +1,6 @@
-"""A call's arguments: tensors are the program's inputs; every other argument (a flag, a size) is
-a constant of the trace and part of the plan's key, as torch.compile specializes on them. A call
-of anything but positional tensors is traced through a function of the tensors alone (``specialize``)."""
+"""A call's arguments: tensors are the program's inputs; every other argument (a flag, a size) is a constant of the
+trace and part of the plan's key, as torch.compile specializes on them. A call of anything but positional tensors is
+traced through a function of the tensors alone (``specialize``)."""
 from __future__ import annotations
 
 import inspect

@@ -1,6 +1,5 @@
-"""``explore(obj)``: why the optimizer chose a program, what else it could have chosen, and how much better
-the choice is, read from the saturated e-graph. Every method returns a ``Table``; costs are the extractor's
-own (``pipeline.enode_facts`` priced by the run's ``CostModel``), so what is shown is what was compared."""
+"""``explore(obj)``: why the optimizer chose a program, what else it could have chosen, and how much better the choice
+is, read from the saturated e-graph. Every method returns a ``Table``; costs are what the extractor compared."""
 from __future__ import annotations
 
 import functools

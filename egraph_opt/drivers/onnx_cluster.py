@@ -1,8 +1,7 @@
 """``egraph-opt onnx IN... --out DIR --cluster ADDRESS``: the batch on Dask distributed workers.
 
-The work per model is ``onnx_batch.process``, as in-process: the cluster only carries it, so
-records, report and exit status are the same. Workers price kernels from latency databases of their
-own (``ProfileFile``), whose new rows the driver merges into the user's at the end."""
+The work per model is ``onnx_batch.process``, as in-process: the cluster only carries it, so records, report and exit
+status are the same. Workers price kernels from databases of their own (``ProfileFile``), merged into the user's."""
 from __future__ import annotations
 
 import contextlib

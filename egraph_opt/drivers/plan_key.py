@@ -57,9 +57,8 @@ def _scalar(value: Any) -> bool:
     return type(value) in _SCALARS or type(value) is tuple and all(type(v) in _SCALARS for v in value)
 
 
-#: where a value is read: ``holder[name]`` (a scope, an attribute dict, a defaults tuple) or, with
-#: ``attribute`` set, ``holder.name`` (a closure cell's contents, a function's defaults, a class's
-#: attribute)
+#: where a value is read: ``holder[name]`` (a scope, an attribute dict, a defaults tuple) or, with ``attribute`` set,
+#: ``holder.name`` (a closure cell's contents, a function's defaults, a class's attribute)
 Slot = tuple[Any, Any, bool]
 
 

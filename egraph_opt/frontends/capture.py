@@ -1,9 +1,8 @@
 """Capture: torch functions and modules into Programs of Terms, via torch.fx.
 
-Tracing is symbolic (data-dependent control flow is refused, never baked in), then specialized to
-the example inputs' shapes: shape queries (``x.shape[-1] ** 0.5``) fold into constants. Calls the
-Term language does not express become opaque calls, carried through untouched.
-"""
+Tracing is symbolic (data-dependent control flow is refused, never baked in), then specialized to the example inputs'
+shapes: shape queries (``x.shape[-1] ** 0.5``) fold into constants. Calls the Term language does not express become
+opaque calls, carried through untouched."""
 from __future__ import annotations
 
 import contextlib

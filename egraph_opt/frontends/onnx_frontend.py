@@ -1,8 +1,7 @@
-"""ONNX frontend: a ModelProto into a Program of Terms, the language the torch path lowers to.
-
-Subgraphs of constants (shape arithmetic, masks) are folded when every input is known (static input shapes).
-Nodes the Term language cannot express exactly stay opaque and are copied verbatim by the backend; what Terms
-do not keep (symbolic dims, tensor protos, opsets, names) lives in the side tables of ``OnnxProgram``."""
+"""ONNX frontend: a ModelProto into a Program of Terms, the language the torch path lowers to. Subgraphs of constants
+(shape arithmetic, masks) are folded when every input is known. Nodes the Term language cannot express exactly stay
+opaque and are copied verbatim by the backend; what Terms do not keep (symbolic dims, tensor protos, opsets, names)
+lives in the side tables of ``OnnxProgram``."""
 from __future__ import annotations
 
 import contextlib

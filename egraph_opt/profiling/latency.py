@@ -41,9 +41,8 @@ class Roofline(NamedTuple):
     flops_per_s: float
 
 
-# Order-of-magnitude constants by device type (the part of the device name before ':'):
-# cpu: a few microseconds of dispatch, ~20 GB/s of memory bandwidth and ~100 GFLOP/s for a few
-# cores; cuda: ~5 us launch, ~1 TB/s of HBM and ~30 TFLOP/s (fp32/tf32 on a datacenter GPU).
+# Order-of-magnitude constants by device type (the device name before ':'): cpu: a few microseconds of dispatch,
+# ~20 GB/s of memory bandwidth, ~100 GFLOP/s; cuda: ~5 us launch, ~1 TB/s of HBM, ~30 TFLOP/s (a datacenter GPU).
 ROOFLINES = {"cpu": Roofline(5e-6, 2e10, 1e11), "cuda": Roofline(5e-6, 1e12, 3e13)}
 DEFAULT_UNCERTAINTY = 3.0  # a roofline guess can be several times off: relative error up to ~300%
 EXTRAPOLATION_FACTOR = 2.0  # flag a query whose bytes or FLOPs lie this far beyond the measured range

@@ -129,10 +129,9 @@ class OpSpec:
     inputs: Callable = _positive
 
 
-#: how to profile and price each work kind an op declares (``Op.work``); the per-element kinds
-#: take its FLOPs per element (``Op.flops``): 1 for arithmetic, 10 for a transcendental (a
-#: polynomial of ~10 terms), 12 for softmax-like ops (max, subtract, exp, sum, divide). Ops of kind
-#: "static" are not profiled: costs count their passes over memory.
+#: how to profile and price each work kind an op declares (``Op.work``); the per-element kinds take its FLOPs per
+#: element (``Op.flops``): 1 for arithmetic, 10 for a transcendental (a polynomial of ~10 terms), 12 for softmax-like
+#: ops. Ops of kind "static" are not profiled: costs count their passes over memory.
 WORK_KINDS: dict[str, Callable] = {
     "pointwise": lambda op: OpSpec(_square(op.arity), _pointwise(op.flops)),
     "select": lambda op: OpSpec(_square(op.arity), _pointwise(op.flops), _where_inputs),

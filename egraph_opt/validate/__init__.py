@@ -44,9 +44,8 @@ FLOAT64_COST = 2.0
 #: the long double reference (numpy without BLAS: ~0.35 GFLOP/s) runs on programs of at most this
 #: many values over all their terms
 WIDE_ELEMENTS = 1 << 21
-#: where only the sampled rows have a reference, the others' distance from the original may be
-#: this many times the original's error on the sample: within 4x of the reference by the triangle
-#: inequality, where the original errs there as it does on the sample
+#: where only the sampled rows have a reference, the others' distance from the original may be this many times the
+#: original's error on the sample: within 4x of the reference (triangle inequality) where it errs there as on the sample
 EXCUSED = 3.0
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}

@@ -33,9 +33,8 @@ _checked: set[Path] = set()  # cache directories found private in this process
 
 
 def _private(directory: Path) -> None:
-    """Create the directory for this user only; refuse one where another user could plant code:
-    it, and everything in it (``__pycache__`` included), must be the user's and writable by nobody
-    else. Checked once per process and directory."""
+    """Create the directory for this user only; refuse one where another user could plant code: it and all in it
+    (``__pycache__`` included) must be the user's, writable by nobody else. Checked once per process and directory."""
     if directory in _checked:
         return
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -15,9 +15,8 @@ try:
 except ImportError:
     HAVE_TRITON = False
 
-#: the test switch: Triton kernels take CPU tensors, interpreted (``TRITON_INTERPRET=1``), and binding
-#: prefers them wherever one accepts a node, so CI runs every plan path with Triton kernels without
-#: a GPU (interpreter timings mean nothing, so they do not decide)
+#: the test switch: Triton kernels take CPU tensors, interpreted (``TRITON_INTERPRET=1``), and binding prefers them
+#: wherever one accepts a node, so CI runs every plan path with Triton kernels (interpreter timings mean nothing)
 ON_CPU = "EGRAPH_OPT_TRITON_ON_CPU"
 
 
@@ -54,9 +53,8 @@ def unavailable(name: str):
     return stub
 
 
-#: op -> (wrapper, limits, dtypes): the Triton kernels the modules of this package declare, which
-#: the registry discovers. ``limits(use)`` is a reason to refuse a use (a ``registry.Use``), or
-#: None; ``dtypes``, the operand dtypes it takes besides half and single floats (class indices).
+#: op -> (wrapper, limits, dtypes): the Triton kernels this package's modules declare, for the registry. ``limits(use)``
+#: is a reason to refuse a ``registry.Use``, or None; ``dtypes``, operand dtypes besides half and single floats.
 TRITON_KERNELS: dict[str, tuple[Callable, Callable | None, tuple[str, ...]]] = {}
 
 

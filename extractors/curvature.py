@@ -1,6 +1,5 @@
-"""Curvature: per-op conditioning over value ranges: kappa (kappa_exp = e^(2 hi), kappa_log =
-1/lo^2, kappa_div = 1/|d|^3, linear ops 0), L (largest |derivative|), Delta (unit roundoff times
-the result's largest magnitude).
+"""Curvature: per-op conditioning over value ranges: kappa (kappa_exp = e^(2 hi), kappa_log = 1/lo^2, kappa_div =
+1/|d|^3, linear ops 0), L (largest |derivative|), Delta (unit roundoff times the result's largest magnitude).
 
 ``kappa_cost`` is led by the float32 error that follows: decibels of the condition numbers that amplify an
 operand's rounding error (exp: |x|, log: 1/|log u|), and the all-digits class where no digit survives
@@ -99,10 +98,9 @@ def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
 
 
 def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
-    """A subtraction (or addition of opposite signs) whose operands may be arbitrarily close while one of
-    them carries rounding error: the relative error of the result is unbounded. So is a sum of exact values
-    of both signs: its rounded partial sums may cancel (1e8 + 1 - 1e8 = 0), unless it carries their rounding
-    errors along (``compensated_sum``); a sum of rounded values keeps their errors either way."""
+    """A subtraction (or addition of opposite signs) whose operands may be arbitrarily close while one carries rounding
+    error: the result's relative error is unbounded. So is a sum of exact values of both signs: its rounded partial
+    sums may cancel (1e8 + 1 - 1e8 = 0), unless it carries their rounding errors along (``compensated_sum``)."""
     error = OPS[op].error
     if error == "sum":
         return exact[0] and operands[0][0] < 0 < operands[0][1]
@@ -122,9 +120,8 @@ def overflows(result: Interval, dtype: str) -> bool:
     return limit is not None and mag(result) >= limit
 
 
-#: bounded kappa enters the cost in decibels up to this much: it breaks ties between forms of equal
-#: error terms and never outweighs one. Curvature is a second-order effect: bench/curvature_vs_error
-#: measured no float32 error where it grows and nothing else does (exp over [-50, 50]).
+#: bounded kappa enters the cost in decibels up to this much: it breaks ties between forms of equal error terms and
+#: never outweighs one (bench/curvature_vs_error: no float32 error where only it grows, exp over [-50, 50])
 KAPPA_TIE_BREAK = 3
 #: |x| past which exp(x) is 0 or inf in the dtype (log of the smallest subnormal): there no digit
 #: of exp(x) depends on the error x carries, so exp's condition number |x| stops there
@@ -138,18 +135,16 @@ def _amplified(factor: float, dtype: str) -> int:
 
 
 def _cancellation(op: str, operands: list[Interval], result: Interval | None, dtype: str) -> int:
-    """a +- b amplifies its operands' rounding errors by (|a| + |b|) / |a +- b|: past 1 / unit
-    roundoff where the result can be 0, else bounded by the result's distance from 0, which its
-    e-class's interval proves from every equivalent form (1/x - 1/(x + 1) is 1/(x (x + 1)))."""
+    """a +- b amplifies its operands' rounding errors by (|a| + |b|) / |a +- b|: past 1 / unit roundoff where the result
+    can be 0, else bounded by its distance from 0, which its e-class's interval proves from every equivalent form."""
     apart = gap(result) if op in ("add", "sub") and result is not None else 0.0
     return ALL_DIGITS if apart == 0 else _amplified((mag(operands[0]) + mag(operands[1])) / apart, dtype)
 
 
 def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval | None = None,
                dtype: str = "float32", exact: tuple[bool, ...] = ()) -> int:
-    """Integer extraction cost of conditioning: a tie-breaking few decibels of kappa where the ranges bound
-    it, the growth class (times 1000) where they leave it unbounded, plus decibels of error amplification,
-    the all-digits class for a cancellation and the exponential class for an overflow consumed."""
+    """Integer extraction cost of conditioning: a tie-breaking few decibels of kappa where the ranges bound it, the
+    growth class (x1000) where they do not, plus decibels of amplified error, cancellations and consumed overflows."""
     k = kappa(op, attrs, operands)
     k = math.inf if math.isnan(k) else k  # inf * 0 over an unbounded range: no bound known
     cost = 0 if k == 0 else (1000 * OPS[op].growth if math.isinf(k)

@@ -1,5 +1,5 @@
-"""DAG-aware greedy extraction over the serialized e-graph (egglog's own is tree-costed and
-saturates on deep residual graphs; docs/DESIGN.md).
+"""DAG-aware greedy extraction over the serialized e-graph (egglog's own is tree-costed and saturates on deep
+residual graphs; docs/DESIGN.md).
 
 Each e-class keeps its cheapest e-node with the cost of every e-class the choice depends on, so a shared
 subterm is paid once; relaxation from the leaves up ends, costs being integers. Above ``EXACT_UP_TO`` e-nodes,
@@ -32,9 +32,9 @@ def _users(classes: dict[str, list[ENode]]) -> tuple[list, dict[str, list[int]],
 
 
 def _knuth(classes: dict[str, list[ENode]], price: Callable, join: Callable) -> dict[str, tuple[int, ENode]]:
-    """Each class's least value and the e-node giving it, settled in Knuth's order (a generalization of
-    Dijkstra's): a class only after every operand of its e-node, so the choice is acyclic by construction.
-    An e-node's value is ``price(class, node, j)``, ``j`` its operands' values folded by ``join`` from 0."""
+    """Each class's least value and the e-node giving it, settled in Knuth's order (Dijkstra's, generalized): a class
+    only after every operand of its e-node, so the choice is acyclic. An e-node's value is ``price(class, node, j)``,
+    ``j`` its operands' values folded by ``join`` from 0."""
     nodes, users, waiting = _users(classes)
     joined = [0] * len(nodes)
     heap = [(price(cid, n, 0), i) for i, (cid, n) in enumerate(nodes) if not n.children]
@@ -93,9 +93,8 @@ def choose(classes: dict[str, list[ENode]], cost: Callable[[str, ENode], int],
 
 def refine(choice: dict[str, ENode], roots: list[str], classes: dict[str, list[ENode]],
            cost: Callable[[str, ENode], int]) -> dict[str, ENode]:
-    """Improve a greedy choice where sharing decides: switch a class to an alternative e-node
-    whose operands the program computes anyway (attention weights that are also returned make the
-    unfused matmul cheaper than a fused kernel). Exact DAG deltas by reference counting."""
+    """Improve a greedy choice where sharing decides: switch a class to an alternative e-node whose operands the program
+    computes anyway (attention weights also returned make the unfused matmul cheaper than a fused kernel)."""
     choice = dict(choice)
     refs: dict[str, int] = defaultdict(int, Counter(roots) + Counter(
         c for cid in _reachable(choice, roots) for c in choice[cid].children))
@@ -133,9 +132,8 @@ def _share_new(choice, roots, classes, cost, refs) -> None:
 
 
 def _switched(members, choice: dict[str, ENode], refs: dict[str, int], cost, apply: bool = False) -> int:
-    """Cost change of switching each class of ``members`` to its alternative e-node (exact DAG
-    delta, by the reference counts ``refs``: a class starts or stops being paid as its count
-    leaves or reaches 0); ``apply``: the switch is made, in ``choice`` and ``refs``."""
+    """Exact DAG cost change of switching each class of ``members`` to its alternative e-node, by the reference counts
+    ``refs`` (a class is paid while its count is above 0); ``apply``: the switch is made, in ``choice`` and ``refs``."""
     delta, counts = 0, {}
     for cid, alt in members:
         delta += cost(cid, alt) - cost(cid, choice[cid])

@@ -1,28 +1,19 @@
 """Regime inference, as Herbie's (``src/core/regimes.rkt``): where no single program of the root
 e-class is accurate over the whole declared range, a piecewise one ``where(x < t, f1, f2)`` is.
 
-Every candidate's first-order error (``rounding_error.elementwise_bits``) is taken at the same points, drawn
-over the floats of the declared ranges. For each term that can split, each input and, as Herbie's, each
-subterm of the candidates of the output's shape (``x - y``: its sign may decide which form is accurate where
-no input's range does), the points are sorted by its value (NaN as +inf: ``where`` takes the last regime there
-too) and a dynamic program finds the segmentation into at most ``MAX_REGIMES`` runs, each given its most
-accurate candidate, of least total error plus ``SPLIT_BITS`` per extra regime and point (and per point for a
-subterm: it costs its ops); a threshold goes between the two sample points where the chosen candidate changes.
-The branches are members of one e-class (proven equal), so the join is exact, and ``where`` only selects: a
-branch that overflows outside its regime is never taken there.
+Every candidate's first-order error (``rounding_error.elementwise_bits``) is taken at the same points, drawn over the
+floats of the declared ranges. For each term that can split (each input and, as Herbie's, each subterm of the output's
+shape: the sign of ``x - y`` may decide where no input's range does), a dynamic program over the points sorted by its
+value (NaN as +inf, where ``where`` takes the last regime) finds at most ``MAX_REGIMES`` runs of least total error plus
+``SPLIT_BITS`` per extra regime and point (and per point for a subterm: it costs its ops). The branches are members of
+one e-class (proven equal), so the join is exact: ``where`` only selects, and a branch that overflows outside its
+regime is never taken there.
 
-A candidate may hold only on an interval (a truncated series): it brings its relative truncation
-bound as a function of the magnitude of one term (``within``); that bound is added to its error at
-each point, and once the regimes are chosen it is taken again over the regime's interval (range
-analysis of ``within`` with the split input narrowed to the regime), which must be finite.
-
-Likewise a guarded rule's right side whose guard the declared ranges do not prove (the conjugate
-of the quadratic formula holds for b > 0 only): it counts as wrong (``WORD`` bits) at each point
-where its guard fails there, and is taken on a regime only where range analysis, with the split
-input narrowed to the regime, proves its guard. Split on a subterm, range analysis cannot narrow an
-input: the guard's facts about the terms it binds that are the split term are decided over the
-regime's interval, the others over the whole declared range (and at each point over its split
-value, before the dynamic program). The least-error segmentation whose every regime is proved wins."""
+A truncated series holds only on an interval: its relative truncation bound in the magnitude of ``within`` is added
+to its error at each point and taken again over its regime's interval, which must be finite. A guarded rule's right
+side whose guard the declared ranges do not prove (the quadratic formula's conjugate holds for b > 0 only) counts
+``WORD`` bits where the guard fails at a point, and is taken on a regime only where range analysis proves it there
+(split on a subterm: the facts about the split term over the regime, the others over the whole declared range)."""
 from __future__ import annotations
 
 import math
@@ -103,11 +94,10 @@ class Piecewise:
 def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
                   seed: int = 0, limit: float = math.inf, gain: float = MIN_GAIN,
                   more: Callable[[], list[Candidate]] = list) -> Piecewise | None:
-    """The piecewise program of ``candidates`` (``best``: the index of the single program chosen
-    without regimes) and ``more()`` (made only where ``best`` errs by ``gain`` mean bits), when it
-    beats that one by ``gain`` mean bits and each series in it keeps its truncation over its
-    regime within ``limit`` (a tolerance); else None (one regime: a series over the whole range).
-    The program's inputs must share one shape (elementwise: drawn as ``POINTS`` values each)."""
+    """The piecewise program of ``candidates`` (``best``: the single program chosen without regimes) and ``more()``
+    (made only where ``best`` errs by ``gain`` mean bits), when it beats that one by ``gain`` mean bits and each series
+    in it keeps its truncation over its regime within ``limit``; else None. The program's inputs must share one shape
+    (elementwise: drawn as ``POINTS`` values each)."""
     ranges = ranges or {}
     shapes = {t.attrs[1] for t in program.inputs}
     if not any(t.attrs[2] in FLOATS for t in program.inputs) or len(shapes) != 1 or program.params:
@@ -184,10 +174,9 @@ def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variab
 
 
 def _bits(c: Candidate, env: dict, nan: torch.Tensor | bool = False) -> torch.Tensor | None:
-    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added (inf past its
-    radius, and where it is defined but the program is not, ``nan``: sympy's series are complex, exp(log x) is
-    x; never taken there); None where they cannot be estimated (an op without a float64 kernel or a
-    derivative). A guarded rule's form counts ``WORD`` bits where its guard fails at the point."""
+    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added (inf past its radius,
+    and where it is defined but the program is not, ``nan``: sympy's series are complex, exp(log x) is x); None where
+    they cannot be estimated. A guarded rule's form counts ``WORD`` bits where its guard fails at the point."""
     try:
         found = elementwise_bits(c.term, env)
         found = found if found is None else torch.where(
@@ -208,11 +197,10 @@ def _bits(c: Candidate, env: dict, nan: torch.Tensor | bool = False) -> torch.Te
 
 
 def _bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo, hi) -> torch.Tensor:
-    """A series' truncation bound where the split ``variable`` lies in [lo, hi] (numbers, or arrays:
-    a bound per point); for a guarded rule's form 0 where its guard is proved there, else inf; 0 for
-    an exact candidate. Split on an input, range analysis narrows its declared range; split on a
-    subterm, only what the candidate binds that is that subterm is narrowed, the rest ranges over
-    the whole declared range (a guard must follow from the split condition or hold throughout)."""
+    """A series' truncation bound where the split ``variable`` lies in [lo, hi] (numbers, or arrays: a bound per point);
+    for a guarded rule's form 0 where its guard is proved there, else inf; 0 for an exact candidate. Split on a subterm,
+    only what the candidate binds that is that subterm is narrowed, the rest ranges over the whole declared range (a
+    guard must follow from the split condition or hold throughout)."""
     if c.truncation is None and not c.guard:
         return torch.tensor(0.0)
     terms = [t for t in c.binding.values() if isinstance(t, Term)] if c.guard else [c.within]

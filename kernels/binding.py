@@ -1,10 +1,9 @@
 """Binding: each node of an extracted program to the cheapest kernel that accepts it.
 
-A candidate's cost is its latency in the profiling database (rows of its own backend) plus the
-moves its operands need from the backends that produced them. The torch kernel covers every op (a
-static estimate where nothing is measured); another backend, or a region's generated kernel, is
-chosen only by its measurements, never by a preference (but under the test switch, where Triton
-runs wherever it accepts a node). Extraction prices a node the same way (``Pricing``)."""
+A candidate's cost is its latency in the profiling database (rows of its own backend) plus the moves its operands need
+from the backends that produced them. The torch kernel covers every op (a static estimate where nothing is measured);
+another backend, or a region's generated kernel, is chosen only by its measurements, never by a preference (but under
+the test switch, where Triton runs wherever it accepts a node). Extraction prices a node the same way (``Pricing``)."""
 from __future__ import annotations
 
 import contextlib
@@ -35,9 +34,8 @@ def default_estimate(kernel: Kernel, use: Use) -> float:
 
 
 def measured_estimate(latency) -> Estimator:
-    """Seconds of a kernel from ``latency`` (a MeasuredLatency), by its backend's rows; where none
-    is known, torch's kernel and moves take their defaults, other backends none.
-    ``.config(kernel, use)``: its tuned configuration; ``.latency``: ``latency`` (a region's rows)."""
+    """Seconds of a kernel from ``latency`` (a MeasuredLatency), by its backend's rows, else torch's and moves' defaults
+    (other backends none). ``.config(kernel, use)``: its tuned configuration; ``.latency``: ``latency``."""
     def node(use: Use) -> NodeFacts:
         return NodeFacts(op=use.op, attrs=use.attrs, shapes=use.shapes, layouts=use.layouts,
                          dtype=use.dtypes[0] if use.dtypes else "float32")
@@ -52,9 +50,8 @@ def measured_estimate(latency) -> Estimator:
 
 
 class Pricing:
-    """Given a node's NodeFacts: (units, source) of the kernel binding chooses for it on ``device``, its
-    operands in torch memory (the cheapest usable candidate, moves into its backend included), for the cost
-    model; ``paths(node)`` every kernel binding weighs for it, with seconds or why not, for the explorer."""
+    """(units, source) of the kernel binding chooses for a node's NodeFacts on ``device``, operands in torch memory
+    (moves into its backend included), for the cost model; ``paths(node)``: every kernel weighed, for the explorer."""
 
     def __init__(self, latency, device: str):
         self.latency, self.device, self.estimate = latency, device, measured_estimate(latency)
@@ -96,11 +93,10 @@ _region_faster: dict[tuple, bool] = {}
 
 
 def region_chosen(kernel, operands: list[tuple], device: str, latency=None) -> tuple[bool, dict | None]:
-    """Whether a region's generated kernel replaces its ops' separate kernels, and the configuration it
-    runs in. Chosen where it measures faster beside them, once per structure, dtypes and size bucket, within
-    the profiling budget (at most 0.1 s, and as much to tune it; none: never); never by preference, but
-    under the test switch (``_preferred``). Its configuration: the fastest at the nearest shape in
-    ``latency``'s database (a row each time it is timed, as the profiler's of a hand kernel), else the default."""
+    """Whether a region's generated kernel replaces its ops' separate kernels, and the configuration it runs in. Chosen
+    where it measures faster beside them, once per structure, dtypes and size bucket, within the profiling budget (at
+    most 0.1 s, and as much to tune it), never by preference but under the test switch (``_preferred``). Its
+    configuration: the fastest at the nearest shape in ``latency``'s database (a row each time it is timed)."""
     shapes, dtype = [shape for shape, _ in operands], dtype_name(operands[0][1])  # operands: (shape, dtype)
     key = (kernel.__name__, *(d for _, d in operands), device, max(map(math.prod, shapes)).bit_length())
     group = (kernel.__name__, "triton", latency.where, dtype) if latency is not None and latency.db else None

@@ -1,8 +1,7 @@
 """The kernel registry: every kernel says what it computes (a reference pattern, ``(softmax ?x ?a)``, which the tests
 evaluate in float64 against it), where it runs and what it accepts. Moving a value between backends (torch <-> numpy)
-is a kernel too (``MOVES``, reference ``(move ?x0)``: the value unchanged), measured like the others, so a plan pays
-what its conversions take. Torch and Triton kernels share one memory (Triton kernels take torch tensors on their
-device): the move between them is the identity and costs nothing; only a move between memories copies."""
+is a kernel too (``MOVES``, reference ``(move ?x0)``), measured like the others, so a plan pays what its conversions
+take. Torch and Triton kernels share one memory: the move between them is the identity and costs nothing."""
 from __future__ import annotations
 
 import math
@@ -70,10 +69,9 @@ def from_numpy(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
-# --- torch kernels that compute an op by another formula: the same function, fewer passes or
-# cheaper primitives. Each is one declaration in ``REWRITTEN_KERNELS``, with database rows of its
-# own: binding chooses it only where it is measured faster than the op's own kernel (never by
-# preference). tests/test_kernels.py checks each against its reference term, at the extremes too.
+# --- torch kernels that compute an op by another formula: the same function, fewer passes or cheaper primitives.
+# Each is one declaration in ``REWRITTEN_KERNELS``, with database rows of its own: binding chooses it only where it
+# is measured faster than the op's own kernel. tests/test_kernels.py checks each against its reference term.
 
 #: tanh-gelu's constants: 0.5 x (1 + tanh(c (x + k x^3))) = x sigmoid(2c x (1 + k x^2))
 _TWO_C = 2.0 * math.sqrt(2.0 / math.pi)
@@ -81,11 +79,10 @@ _K = 0.044715
 
 
 def _gelu_tanh_into(y):
-    """tanh-gelu of ``y`` as y * sigmoid(y (2c + 2ck y^2)), in one fresh buffer and three passes
-    besides the sigmoid: sigmoid costs a third of tanh on CPU, and 1 + tanh(z) = 2 sigmoid(2z)
-    has no cancellation where tanh(z) nears -1. The sign of y survives (-0, and y * +0 where the
-    sigmoid underflows); y = -inf gives -inf * 0 = NaN, as the definition does. Where autograd
-    records, the passes are out of place (it keeps the sigmoid's output for the backward)."""
+    """tanh-gelu of ``y`` as y * sigmoid(y (2c + 2ck y^2)), in one fresh buffer and three passes besides the sigmoid:
+    sigmoid costs a third of tanh on CPU, and 1 + tanh(z) = 2 sigmoid(2z) has no cancellation where tanh(z) nears -1.
+    The sign of y survives (-0, and y * +0 where the sigmoid underflows); y = -inf gives NaN, as the definition does.
+    Where autograd records, the passes are out of place (it keeps the sigmoid's output for the backward)."""
     u = torch.addcmul(torch.full((), _TWO_C, dtype=y.dtype, device=y.device), y, y, value=_TWO_C * _K)
     return y * torch.sigmoid(u * y) if torch.is_grad_enabled() and y.requires_grad else u.mul_(y).sigmoid_().mul_(y)
 

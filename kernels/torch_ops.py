@@ -21,10 +21,9 @@ _FORCED_DEVICE_PATH = contextvars.ContextVar("forced_device_path", default=False
 
 
 def device_path(x: torch.Tensor) -> bool:
-    """Whether a guard on ``x``'s values stays on its device (computed there and selected with
-    ``torch.where``, never read on the host): on CUDA a read (``float()``, ``bool()``, ``.item()``)
-    stalls the stream, and four cost more than an attention; on CPU a read costs nothing and a
-    check that skips a pass is cheaper. Tests take it on CPU with ``forcing_device_path``."""
+    """Whether a guard on ``x``'s values stays on its device (computed there, selected with ``torch.where``): on CUDA a
+    host read (``float()``, ``bool()``, ``.item()``) stalls the stream, and four cost more than an attention; on CPU a
+    read costs nothing and a check that skips a pass is cheaper. Tests force it with ``forcing_device_path``."""
     return x.device.type != "cpu" or _FORCED_DEVICE_PATH.get()
 
 
@@ -132,18 +131,16 @@ def rms_norm(x, weight, eps):
 
 
 def all_finite(x: torch.Tensor) -> bool:
-    """Whether ``x`` (narrower than float64) holds no inf or NaN, from one pass and one number: its sum accumulated in
-    float32 is inf or NaN where an element is, and otherwise only where finite values add up past float32's max, which
-    answers "no" for a rare "yes" (callers then take their careful path, never a wrong one); no mask of x's size is
-    made and reduced, and a float32 sum costs a fifth of a float64 one."""
+    """Whether ``x`` (narrower than float64) holds no inf or NaN, from one pass and one number (cheaper than a mask, or
+    a float64 sum): its float32 sum is inf or NaN where an element is, and otherwise only where finite values add up
+    past float32's max, a rare "no" for a "yes" (callers then take their careful path, never a wrong one)."""
     return math.isfinite(x.sum(dtype=torch.float32).item())
 
 
 def linear(x, weight, bias):
     """x W^T + b. Where finite products add up past the dtype's max, the library's summation order (its blocking
-    differs by CPU: AVX2, AVX-512, AVX-512 BF16) makes the sum +inf, -inf or NaN, an accident an activation turns into
-    a wrong finite value (relu(+inf) for 0): such outputs are summed again in float64, where no sum of float32
-    products overflows, and rounded once. On CPU only, where the check stalls no stream."""
+    differs by CPU: AVX2, AVX-512, AVX-512 BF16) makes the sum +inf, -inf or NaN, which an activation turns into a
+    wrong finite value (relu(+inf) for 0): those outputs are summed again in float64 and rounded once. CPU only."""
     out = F.linear(x, weight, bias)
     if not device_path(out) and out.dtype != torch.float64 and not all_finite(out):
         wide = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
@@ -166,11 +163,10 @@ def linear_add(x, weight, bias, residual):
 
 
 def linear_scaled(x, weight, bias, scale):
-    """linear(x, W, b) * scale for scale = +-2^k (the rule's guard). For k >= 0, one GEMM with alpha = beta =
-    scale: scaling by 2^k commutes with each rounding of the sums, so the two differ only where a scaled partial
-    sum overflows (an inf or NaN: there the definition runs, with ``linear``'s care; on the device path that is
-    the summation order's accident, as linear's). For k < 0 the scaled sums round otherwise under the smallest
-    normal, and finding such results costs a pass more than the scale: linear's output is scaled in place."""
+    """linear(x, W, b) * scale for scale = +-2^k (the rule's guard). For k >= 0, one GEMM with alpha = beta = scale:
+    scaling by 2^k commutes with each rounding of the sums, so the two differ only where a scaled partial sum
+    overflows (there the definition runs, with ``linear``'s care). For k < 0 the scaled sums round otherwise under
+    the smallest normal, and finding those costs a pass more than the scale: linear's output is scaled in place."""
     if abs(scale) >= 1 and x.is_floating_point() and weight.dim() == 2 and torch.is_tensor(bias) and x.numel() \
             and weight.numel():
         out = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight.t(), beta=scale, alpha=scale)
@@ -203,10 +199,9 @@ def _score_bound(q, k, scale: float) -> torch.Tensor | float:
 
 
 def _scores_overflow(q, k, scale: float) -> torch.Tensor | bool:
-    """Whether q k^T * scale can overflow (in float32 at least: torch's kernel computes half
-    precision scores in it). The fused kernel then returns 0 where the softmax of its definition
-    is NaN (and the float64 truth finite), so the definition runs instead. A 0-d bool tensor on
-    q's device (False where nothing is bounded): the host path reads it, the device path selects."""
+    """Whether q k^T * scale can overflow (in float32 at least: torch's kernel computes half precision scores in it),
+    where the fused kernel returns 0 and the definition's softmax NaN: the definition runs instead. A 0-d bool tensor
+    on q's device (False where nothing is bounded): the host path reads it, the device path selects."""
     return _not_below(_score_bound(q, k, scale), torch.finfo(torch.promote_types(q.dtype, torch.float32)).max)
 
 
@@ -216,9 +211,8 @@ def _not_below(bound: torch.Tensor | float, limit: float) -> torch.Tensor | bool
 
 
 def _torch_sdpa(q, k, v, attn_mask=None, **options):
-    """torch's kernel (enable_gqa: k and v of fewer heads, ``ops.groups``); 3-D operands (one head,
-    or heads folded into the batch) as 4-D ones of one head (the CPU flash kernel takes only 4-D
-    ones; 3-D ones run the slower math fallback), 2-D operands (one attention) as a batch of one."""
+    """torch's kernel (enable_gqa: k and v of fewer heads, ``ops.groups``); 3-D operands as 4-D ones of one head (the
+    CPU flash kernel takes only 4-D ones: 3-D ones run the slower math fallback), 2-D ones as a batch of one."""
     if q.dim() == k.dim() == v.dim() == 2:
         return _torch_sdpa(q[None], k[None], v[None], attn_mask, **options)[0]
     gqa = ops.groups(q, k) * ops.groups(q, v) > 1
@@ -231,10 +225,9 @@ def _torch_sdpa(q, k, v, attn_mask=None, **options):
 
 
 def sdpa_masked(q, k, v, bias, scale):
-    """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked). A row whose every
-    key is masked is NaN, as that softmax is (torch's kernel returns 0 there). Only an overflowed or
-    NaN score can tell a -inf bias from masked_fill, and those take the definition. A bias that is
-    exactly the causal one runs as ``is_causal``: torch's kernel then skips the masked blocks."""
+    """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked). A row whose every key is masked is
+    NaN, as that softmax is (torch's kernel returns 0 there). Only an overflowed or NaN score can tell a -inf bias from
+    masked_fill, and those take the definition. The causal bias runs as ``is_causal``, skipping the masked blocks."""
     if device_path(q):  # the guards on the device: the rows every key masks are NaN, and where the
         # scores can overflow the definition is selected (computed on every call: knowing it is not
         # needed would take a host read, as a causal flag would)
@@ -260,9 +253,8 @@ _MASK_FACTS: dict[int, tuple] = {}
 
 def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | None]:
     """(is the mask causal: a key above its query masked, every other kept, for every batch and head; the rows whose
-    every key is masked, None where none is). ``mask`` is an additive bias (-inf masks, and a causal one is 0
-    elsewhere) or a boolean keep-mask. Read once per version of the mask: a mask buffer, or the bias folded from it,
-    is the same tensor on every call. An inference tensor keeps no version counter, so it is read on every call."""
+    every key is masked, None where none is), of an additive bias (-inf masks) or a boolean keep-mask. Read once per
+    version: a mask buffer, or the bias folded from it, is the same tensor each call (an inference one: read each)."""
     key = None if mask.is_inference() else \
         (mask.data_ptr(), mask._version, mask.shape, mask.stride(), mask.dtype, mask.device, queries, keys)
     seen = _MASK_FACTS.get(id(mask))
@@ -342,10 +334,9 @@ def sdpa_floored(q, k, v, bias, scale, floor):
 
 
 def sdpa_guarded(q, k, v, bias, scale):
-    """softmax(q k^T * scale + bias) v with the dynamo exporter's guard on the weights: each NaN weight is 0. A row
-    whose largest score is not finite (every key masked by -inf, an overflow to +inf, a NaN) has weights 0 and gives 0
-    v; elsewhere the guard leaves softmax as it is. Where no score can overflow and v is finite, torch's kernel (which
-    gives 0 for a row every -inf masks) is that; elsewhere the definition runs."""
+    """softmax(q k^T * scale + bias) v with the dynamo exporter's guard on the weights: each NaN weight is 0, so a row
+    whose largest score is not finite (every key masked by -inf, an overflow to +inf, a NaN) gives 0. Where no score
+    can overflow and v is finite, torch's kernel (0 for a row every -inf masks) is that; elsewhere the definition."""
     bias = bias.to(q.dtype)
     definition = functools.partial(ops.sdpa_guarded, q, k, v, bias, scale)
     if q.device.type == "meta":
@@ -359,10 +350,9 @@ def sdpa_guarded(q, k, v, bias, scale):
 
 
 def conv2d(x, weight, bias, stride, padding, dilation, groups):
-    """A non-finite weight meets the zero padding (NaN * 0 is NaN): oneDNN's float32 kernel skips
-    padded positions, where the half-precision and float64 kernels multiply them, so such a weight
-    gets explicit padding (a weight is small: the check is cheap). On the device path, where the
-    check would be a read on the host, every padded conv2d gets it: exact for a finite one too."""
+    """A non-finite weight meets the zero padding (NaN * 0 is NaN): oneDNN's float32 kernel skips padded positions,
+    where the half-precision and float64 kernels multiply them, so such a weight gets explicit padding (a weight is
+    small: the check is cheap). On the device path every padded conv2d gets it: exact for a finite one too."""
     pad = parse_shape(padding)
     if any(pad) and weight.device.type != "meta" and (device_path(weight) or not all_finite(weight)):
         x, padding = F.pad(x, tuple(p for p in reversed(pad) for _ in range(2))), ",".join("0" * len(pad))
@@ -370,9 +360,8 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
 
 
 def sdpa(q, k, v, scale, causal):
-    """Torch's kernel, and the definition for each attention (each leading index: batch, head)
-    whose scores can overflow; decided per attention, so one head's result never depends on
-    another's values (attention split by heads computes each head alone)."""
+    """Torch's kernel, and the definition for each attention (each leading index: batch, head) whose scores can
+    overflow: one head's result never depends on another's values (attention split by heads computes each alone)."""
     out = _torch_sdpa(q, k, v, is_causal=causal, scale=scale)
     if q.device.type == "meta" or not q.numel() or not k.numel() or \
             not device_path(q) and not _scores_overflow(q, k, scale):
@@ -407,9 +396,8 @@ def _half_signs(half: int, dtype: torch.dtype, device: torch.device) -> torch.Te
 
 
 def rotary(x, cos, sin):
-    """The reference's products exactly as roll(x) * (sin * signs), the signs on the smaller of
-    sin and x; where autograd keeps none of its temporaries and ``sin`` neither widens nor
-    broadcasts x, the products and sum run in place on the roll."""
+    """The reference's products exactly as roll(x) * (sin * signs), the signs on the smaller of sin and x; where
+    autograd keeps no temporaries and ``sin`` neither widens nor broadcasts x, they run in place on the roll."""
     half = x.shape[-1] // 2
     tensors = [t for t in (x, cos, sin) if isinstance(t, torch.Tensor)]
     if isinstance(sin, torch.Tensor) and x.shape[-1] == 2 * half and \

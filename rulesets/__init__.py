@@ -1,8 +1,9 @@
 """The rule catalogue: every rewrite is one named declaration of a family module.
 
-A rule is data (name, lhs, rhs, family, exactness, condition, why). Tags are closed enums, so a typo
-fails at import instead of silently dropping a rule. egglog rewrites carry our names (``:name``),
-so run reports say which rule matched.
+A rule is data (name, lhs, rhs, family, exactness, condition, why). Tags are closed enums, so a typo fails at import
+instead of silently dropping a rule. egglog rewrites carry our names (``:name``), so run reports say which rule matched.
+A stability rule's purpose is checked in the tests: at an extreme, offset or nearly-equal input in float32 its right
+side is accurate where its left side overflows, underflows or cancels.
 """
 from __future__ import annotations
 
@@ -109,9 +110,8 @@ class Rule:
 
 
 def rules(family: Family, table, exactness: Exactness = Exactness.EXACT, **common) -> list[Rule]:
-    """Rules from rows ``(name, lhs, rhs, *extras)``, each extra known by its type: a string is
-    the why, a ``when(...)`` the guard, an ``Exactness`` the row's own, a dict further fields
-    (``sample``...). ``common`` fields apply to every tuple row; rows may also be Rule objects."""
+    """Rules from rows ``(name, lhs, rhs, *extras)``, each extra known by its type: a string is the why, a ``when(...)``
+    the guard, an ``Exactness`` the row's own, a dict further fields; ``common`` fields apply to every tuple row."""
     return [row if isinstance(row, Rule) else _row(family, {"exactness": exactness, **common}, *row) for row in table]
 
 

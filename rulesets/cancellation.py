@@ -1,9 +1,6 @@
 """Cancellation: general rewrites of a difference of two nearly equal values into a form with no
 subtraction of rounded operands (Herbie's conjugates, sum-to-product, log algebra), and the
-bounded simplification that lets the rewritten terms meet and cancel exactly.
-
-Each stability rule's purpose is checked in the tests: at an offset or tiny input in float32 its
-right side is accurate where its left side cancels."""
+bounded simplification that lets the rewritten terms meet and cancel exactly."""
 from . import Exactness, Family, rules, when
 from .algebra import NEVER_INF_XY as _FINITE, NEVER_POSITIVE_INF as _BELOW
 

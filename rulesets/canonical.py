@@ -1,10 +1,9 @@
 """Canonical forms before fusion (issue 17 item 1): a scale moved to the one place fusion rules match it.
 
-Not here, because the extremes test shows them wrong: ``(q / c) @ k^T -> (q @ k^T) / c`` (c > 1: the product
-overflows where q / c did not; float32 at |q k| ~ 2e38), which needs ranges proved on q and k; and softmax
-between casts to float32 and back as a half-precision sdpa (at k = float16's max the left side is NaN, and in
-bfloat16 sdpa's scores round worse than the left side's): that attention fuses as sdpa of float32 copies
-instead, its precision recorded by the casts around it (fusion.py, attention-fuse-softmax-float32-*)."""
+Not here, because the extremes test shows them wrong: ``(q / c) @ k^T -> (q @ k^T) / c`` (c > 1: the product overflows
+where q / c did not), which needs ranges proved on q and k; and softmax between casts to float32 and back as a
+half-precision sdpa (at k = float16's max the left side is NaN; in bfloat16 sdpa's scores round worse): that attention
+fuses as sdpa of float32 copies instead (fusion.py, attention-fuse-softmax-float32-*)."""
 from . import Family, rules
 from .fusion import _SCALED, _SCORES
 

@@ -1,7 +1,6 @@
-"""Decompositions (seed 004): fused ops expanded into primitives, so the extractor may choose a
-decomposed path when it is cheaper. Stable forms only: softmax expands into its max-shifted form,
-tanh into sigmoid, never into a form that overflows where the op does not. Most are the ``-rev``
-of a fusion; none contains the op it defines (checked in the tests)."""
+"""Decompositions (seed 004): fused ops expanded into primitives, so the extractor may choose a decomposed path when
+it is cheaper. Stable forms only: softmax expands into its max-shifted form, tanh into sigmoid, never into a form that
+overflows where the op does not. Most are the ``-rev`` of a fusion; none contains the op it defines (tested)."""
 import math
 
 from . import Family, Rule, reverse, rules, when

@@ -1,8 +1,5 @@
 """Elementary functions by their definitions: a naive spelling that overflows or cancels into the
-op (or the expm1 / log1p composition) that computes the same value without doing so.
-
-Each stability rule's purpose is checked in the tests: at a huge, tiny or nearly-equal input in
-float32 its right side is accurate where its left side is not."""
+op (or the expm1 / log1p composition) that computes the same value without doing so."""
 from . import Family, rules, when
 from .algebra import F32_MAX, NEVER_INF, NEVER_INF_XY as _FINITE
 

@@ -1,9 +1,8 @@
 """Fusion rewrites: chains of primitive ops into the fused ops kernels implement.
 
-Canonical forms (algebra: constants on the right, division by a constant as a product) let one
-rule catch every spelling: scale by multiply or divide, K transposed either way, max shift
-explicit or not, masks as ``masked_fill`` or as an additive bias.
-"""
+Canonical forms (algebra: constants on the right, division by a constant as a product) let one rule catch every
+spelling: scale by multiply or divide, K transposed either way, max shift explicit or not, masks as ``masked_fill`` or
+as an additive bias."""
 import functools
 import math
 
@@ -37,8 +36,7 @@ _BN_PARAMS = "(param ?mn ?ms ?md) (param ?vn ?vs ?vd) (param ?gn ?gs ?gd) (param
 def _softmax_float32(dtype: str, masked: bool) -> Rule:
     """A half-precision attention whose softmax runs in float32 (``softmax(s.float()).to(q.dtype)``, ``type_as``,
     ``softmax(dtype=float32)``; transformers' eager attention adds its mask first): sdpa on float32 copies, rounded
-    once. Its precision is the casts around it; the left side's rounded scores (which overflow where sdpa's float32
-    ones do not) and rounded weights are where it errs, and the right side only improves on them."""
+    once: the left side errs in its rounded scores (which overflow where sdpa's do not) and weights, the right less."""
     wide = " ".join(f'(cast ?{v} "float32")' for v in "qkv")
     scores, fused = (f"(add {_SCALED} ?m)", f'(sdpa_masked {wide} (cast ?m "float32") ?c)') if masked \
         else (_SCALED, f"(sdpa {wide} ?c false)")
@@ -241,9 +239,8 @@ RULES += rules(_F, [
 
 
 def _repeat_kv_into(op: str, rest: str) -> Rule:
-    """Attention over k and v whose heads transformers' repeat_kv (or repeat_interleave) repeated
-    to q's: x (B, Hkv, T, D) viewed as (B, Hkv, 1, T, D), expanded to (B, Hkv, G, T, D), merged to
-    (B, Hkv G, T, D). The attention takes x itself (``ops.groups``): no copy of a KV cache."""
+    """Attention over k and v whose heads transformers' repeat_kv (or repeat_interleave) repeated to q's: x (B, Hkv, T,
+    D) viewed as (B, Hkv, 1, T, D), expanded, merged to (B, Hkv G, T, D). It takes x itself: no copy of a KV cache."""
     guard, one = [], '"1"'
     joined = lambda *sizes: functools.reduce(lambda a, b: f'(+ (+ {a} ",") {b})', sizes)  # noqa: E731 - "B,H,T,D"
     for x in "kv":  # each shape attribute spelled from x's sizes, and G from q's heads

@@ -1,9 +1,9 @@
 """A rule's guard as data: facts over the analyses of what its left side binds, parsed once.
 
-One operator table and one evaluator serve every reader: the egglog text a rule lowers to
-(``str``), why a rule did not fire (``optimization/ematch.py``, over a snapshot's analyses) and
-regimes (``extractors/regimes.py``, over intervals or sampled values, floats or tensors: a plan
-may select on the device). The caller answers the analyses (``ask``); a guard computes with them.
+One operator table and one evaluator serve every reader: the egglog text a rule lowers to (``str``), why a rule did
+not fire (``optimization/ematch.py``, over a snapshot's analyses) and regimes (``extractors/regimes.py``, over
+intervals or sampled values, floats or tensors: a plan may select on the device). The caller answers the analyses
+(``ask``); a guard computes with them.
 
 >>> g = when("(positive ?x)", "(<= (hi ?x) 255.0)")
 >>> str(g + g.rename({"x": "y"}))

@@ -1,17 +1,15 @@
 """Precision mixing: half-precision programs compute in float32 and round once.
 
-Casts are exact over the reals (the float64 reference evaluates them as identities), so each rule is
-an identity; the extractor prefers the right sides because every half-precision rounding costs ~11
-bits (float16) or ~8 (bfloat16), and a half-precision accumulator loses ~log2(n) more over n terms.
-Three moves, each read from what the op table declares (``Op.precision``):
+Casts are exact over the reals (the float64 reference evaluates them as identities), so each rule is an identity; the
+extractor prefers the right sides because every half-precision rounding costs ~11 bits (float16) or ~8 (bfloat16), and
+a half-precision accumulator loses ~log2(n) more over n terms. Three moves, read from the op table (``Op.precision``):
 
 - accumulate: a reduction or product over half-precision operands runs on float32 copies;
 - hoist: an elementwise or layout op of a rounded value runs on the unrounded one, rounding after;
 - round trip: widening a value just narrowed from float32 gives the float32 value back.
 
-Together they carry a float32 chain across layers (linear -> relu -> linear ...), so the program
-rounds once at its output instead of after every op. Conditions read the e-graph's ``dtype-of``
-analysis, recorded for every value whose dtype is set by a cast or a non-float32 leaf."""
+Together they carry a float32 chain across layers (linear -> relu -> linear ...), so the program rounds once at its
+output instead of after every op. Conditions read the e-graph's ``dtype-of`` (set by casts and non-float32 leaves)."""
 from egraph_opt.lang.ops import OPS
 
 from . import Family, rules, when

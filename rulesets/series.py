@@ -101,9 +101,9 @@ def expand(root: Term, variable: Term, at_infinity: bool, cap: float = math.inf)
 
 
 class _Deadline:
-    """TimeoutError in this thread after ``seconds`` on any thread, beside a caller's own timer (an alarm
-    signal is the main thread's, one at a time): raised asynchronously by a timer thread, again every quarter
-    of ``seconds`` (one raised in a GC callback is lost), only while the entering frame is on the stack."""
+    """TimeoutError in this thread after ``seconds`` on any thread (an alarm signal is the main thread's, one at a
+    time): raised by a timer thread, again every quarter of ``seconds`` (one raised in a GC callback is lost), only
+    while the entering frame is on the stack."""
 
     def __init__(self, seconds: float):
         self.seconds, self.done = seconds, threading.Event()

@@ -1,22 +1,19 @@
 """Sharding: where each value of a program lives on a mesh of n devices (Tapestry's rewrites).
 
-Placements are explicit terms (``lang/mesh.py``): ``(shard x a n)`` is x split along axis a, one
-part per device; ``(all_gather s a n)``, ``(all_reduce p n)`` and ``(reduce_scatter p a n)`` are
-the communication. Every other op in a sharded program runs on each device's parts.
+Placements are explicit terms (``lang/mesh.py``): ``(shard x a n)`` is x split along axis a, one part per device;
+``(all_gather s a n)``, ``(all_reduce p n)`` and ``(reduce_scatter p a n)`` are the communication. Every other op in a
+sharded program runs on each device's parts.
 
-- introductions (for one mesh size): an op equals its sharded result gathered back, or the sum of
-  its partial products (a matmul split along its reduction axis, with one all-reduce);
-- propagation, rooted at ``shard``: a shard of an op's result is the op over shards of its
-  operands (rows of a matmul, its columns, heads of attention, rows of a layer norm, elementwise
-  ops, reductions and softmax along another axis); a replicated operand that the split axis does
-  not reach (a bias) stays whole; two operands that both span the split axis at one size (a
-  residual add) are split together;
-- resharding: a gather then a shard along the same axis cancel; a shard of an all-reduce is a
-  reduce-scatter.
+- introductions (for one mesh size): an op equals its sharded result gathered back, or the sum of its partial
+  products (a matmul split along its reduction axis, with one all-reduce);
+- propagation, rooted at ``shard``: a shard of an op's result is the op over shards of its operands (rows of a matmul,
+  its columns, heads of attention, rows of a layer norm, elementwise ops, reductions and softmax along another axis);
+  a replicated operand the split axis does not reach (a bias) stays whole; two operands that both span the split axis
+  at one size (a residual add) are split together;
+- resharding: a gather then a shard along the same axis cancel; a shard of an all-reduce is a reduce-scatter.
 
-The search over them is global: the sharding stage extracts the cheapest program under its cost
-(``egraph_opt/sharding/cost.py``). Proofs are the catalogue's generated tests: both sides, evaluated
-in one process with every device's part (``lang/mesh.py``), agree."""
+The search over them is global: the sharding stage extracts the cheapest program under its cost (``sharding/cost.py``).
+Proofs are the catalogue's generated tests: both sides, evaluated in one process with every device's part, agree."""
 from __future__ import annotations
 
 import re

@@ -23,7 +23,7 @@ from egraph_opt.backends.onnx_backend import export
 from egraph_opt.drivers import cli
 from egraph_opt.drivers.onnx_batch import random_feeds, session
 from egraph_opt.validate import judge
-from egraph_opt.frontends.onnx_frontend import OnnxImportError, import_model, read
+from egraph_opt.frontends.onnx_frontend import OnnxImportError, import_model, load
 from egraph_opt.optimization.pipeline import optimize
 
 transformers = pytest.importorskip("transformers")
@@ -348,7 +348,7 @@ def test_malformed_models_fail_with_one_line(tmp_path, kind, message):
     folder.mkdir()
     path = _malformed(kind, folder)
     with pytest.raises(OnnxImportError) as error:
-        read(path)
+        import_model(load(path), path)
     assert message in str(error.value) and path in str(error.value)
     assert "\n" not in str(error.value)
 

@@ -176,7 +176,15 @@ def on_devices(*values):
     n = {len(v.parts) for v in values if isinstance(v, Local)}
     if not n:
         return values
-    return [(v if isinstance(v, Local) else Local((v,) * max(n))).flat() for v in values]
+    return [_flat(v if isinstance(v, Local) else Local((v,) * max(n))) for v in values]
+
+
+def _flat(value: Local) -> torch.Tensor:
+    """Every device's shape then its part's elements, in one vector: two Locals are equal iff
+    these are (parts may differ in size: a split of 5 rows over 2 devices is 3 and 2)."""
+    parts = [torch.as_tensor(p) for p in value.parts]
+    dtype = parts[0].dtype if parts[0].is_floating_point() else torch.float64
+    return torch.cat([torch.cat([torch.tensor(p.shape, dtype=dtype), p.flatten().to(dtype)]) for p in parts])
 
 
 def sides(rule, values):

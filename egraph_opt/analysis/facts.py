@@ -1,6 +1,5 @@
-"""One node's facts, gathered in one place for every stage that prices or runs it: the cost
-model, pricing, the latency estimate and the backend's kernel binding. Keys are term ids for a
-program and e-class ids for an e-graph, so both are read the same way."""
+"""One node's facts, gathered in one place for every stage that prices or runs it: the cost model, pricing, the latency
+estimate and the backend's kernel binding. Keys are term ids or e-class ids: both are read the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass

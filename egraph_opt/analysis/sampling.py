@@ -1,16 +1,14 @@
 """Points of the declared input ranges where rounding errors live, for estimating error over a range.
 
-Uniform sampling by value almost never draws the values near zero where expm1 and log1p matter,
-nor two inputs close enough for a difference of their functions to cancel. So, as Herbie samples,
-values are drawn uniformly over the *floating-point numbers* of a range (every binade alike), and
-rows of other kinds are mixed in: uniform by value, coincident with the same row of the first
-input of the same shape (y within a few ulps to a few digits of x), and near-constant (where a
-reduction's spread cancels), half of them at an end of the range. Both ends are always drawn.
+Uniform sampling by value almost never draws the values near zero where expm1 and log1p matter, nor two inputs close
+enough for a difference of their functions to cancel. So, as Herbie samples, values are drawn uniformly over the
+*floating-point numbers* of a range (every binade alike), and rows of other kinds are mixed in: uniform by value,
+coincident with the same row of the first input of the same shape (y within a few ulps to a few digits of x), and
+near-constant (where a reduction's spread cancels), half of them at an end of the range. Both ends are always drawn.
 
-Ranges are the declared ones: the points estimate a cost over the ranges that soundness uses too,
-never over values seen in example inputs. An undeclared input is drawn as Herbie draws every input:
-uniformly over the bit patterns of its dtype's finite numbers, and nothing else (no ends, no rows
-of other kinds), so a form accurate on more of the dtype's numbers is estimated better.
+Ranges are the declared ones (those soundness uses), never values seen in example inputs. An undeclared input is drawn
+as Herbie draws every input: uniformly over the bit patterns of its dtype's finite numbers, and nothing else, so a
+form accurate on more of the dtype's numbers is estimated better.
 
 >>> gen = torch.Generator().manual_seed(0)
 >>> x = float32_between(1e-6, 1e3, (10000,), gen)
@@ -87,9 +85,8 @@ def _rows(lo: float, hi: float, rows: int, width: int, gen: torch.Generator) -> 
 
 def sample_inputs(inputs: dict[str, tuple[tuple[int, ...], str]], ranges: dict[str, Interval],
                   gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """One point per input, of its shape and float dtype, inside its declared range (rows of each
-    kind in turn over the last axis, both ends at the start); an input without a declared range is
-    drawn uniformly over the bit patterns of its dtype's finite numbers."""
+    """One point per input, of its shape and float dtype, inside its declared range (rows of each kind in turn over the
+    last axis, both ends at the start); an undeclared input uniformly over its dtype's finite bit patterns."""
     env, first_of_shape = {}, {}
     for name, (shape, dtype) in inputs.items():
         if not math.prod(shape):  # a size-0 axis: an empty tensor, nothing to draw

@@ -1,11 +1,9 @@
 """ONNX backend: a Program back into a ModelProto; each op is written by ``onnx_emitters.EMIT``.
 
-Subterms of parameters alone are folded into initializers, as onnxruntime would at load, so a
-folding rule (conv + batch norm) leaves no run-time arithmetic. Opaque nodes are copied with their
-operands renamed; the interface, opsets and stored parameters come from the import's side tables.
-
-Patterns over several terms are written as fewer nodes, for onnxruntime to run (``heads_merged``,
-``matmuls_unflattened``, ``products_split``): each finds its cases before emission."""
+Subterms of parameters alone are folded into initializers, as onnxruntime would at load, so a folding rule (conv +
+batch norm) leaves no run-time arithmetic. Opaque nodes are copied with their operands renamed; the interface, opsets
+and stored parameters come from the import's side tables. Patterns over several terms are written as fewer nodes
+(``heads_merged``, ``matmuls_unflattened``, ``products_split``: each finds its cases before emission)."""
 from __future__ import annotations
 
 import math
@@ -106,10 +104,9 @@ def _product(t: Term, shapes: dict) -> tuple[Term, Callable[[Term], Term]] | Non
 
 def matmuls_unflattened(roots: list[Term], shapes: dict, heads: dict) -> dict[int, tuple[Term, list[Term]]]:
     """reshape(p(reshape(x, (M, K))), L + (N,)), p a product by a matrix (plus a bias, ``_product``), M the product of L
-    and x of shape L + (K,): the flattening exporters write around a 2-D Gemm, which MatMul does not need (it broadcasts
-    over the leading axes: the same products in the same order), written as p(x): outer reshape id -> (p(x), the
-    program's terms it reads). The flattening may also be the merge of an attention's heads (``heads``) whose Attention
-    writes L + (K,) and that nothing else reads: its reshape goes (the entry in ``heads`` is changed so)."""
+    and x of shape L + (K,): the flattening exporters write around a 2-D Gemm, which MatMul does not need (it
+    broadcasts: the same products in the same order), as p(x): outer reshape id -> (p(x), the program's terms it
+    reads). It may be the merge of an attention's heads (``heads``) nothing else reads: its reshape goes (there too)."""
     order = postorder(roots)
     uses = _uses(roots, order)
     found = {}
@@ -141,9 +138,8 @@ def matmuls_unflattened(roots: list[Term], shapes: dict, heads: dict) -> dict[in
 
 
 def products_split(program, shapes: dict, unflattened: dict) -> dict[str, tuple[Term, Term, Term | None, list[int]]]:
-    """Split (ONNX, opaque) along the last axis of x @ w (+ b), w a stored matrix and b a stored vector
-    (maybe unflattened), that nothing else reads: one product per part, by w's (and b's) column block, makes
-    the same numbers without the copy Split makes: opaque key -> (x, w, b or None, the parts' sizes)."""
+    """Split (ONNX, opaque) along the last axis of x @ w (+ b), w a stored matrix and b a stored vector, that nothing
+    else reads: a product per part, by w's (and b's) column block, without Split's copy: key -> (x, w, b, sizes)."""
     roots = program.roots()
     uses = _uses(roots, postorder(roots))
     found = {}
@@ -369,9 +365,8 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
 
 
 def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
-    """An Add that only LayerNormalization reads is written as Sum, the same single addition:
-    onnxruntime's CPU provider fuses Add (not Sum) + LayerNormalization into SkipLayerNormalization,
-    slower than the two nodes it replaces (bench/onnx_zoo.py's last section prints both)."""
+    """An Add that only LayerNormalization reads is written as Sum, the same single addition: onnxruntime's CPU provider
+    fuses Add + LayerNormalization into SkipLayerNormalization, slower than the two (bench/onnx_zoo.py prints both)."""
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in nodes:
         for i, x in [*enumerate(n.input), *((-1, x) for x in subgraph_reads(n))]:

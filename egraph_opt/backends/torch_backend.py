@@ -1,12 +1,10 @@
 """Backend: a Program back into an executable torch.fx.GraphModule.
 
-Each Term becomes a call of the kernel it is bound to (``kernels.binding``: Triton on CUDA where it
-runs, torch otherwise), with conversion kernels where a value changes memory (torch and Triton share
-one); on the Triton path a region of elementwise ops (and the row reduction or softmax they feed) is
-one generated kernel where it measures faster. Opaque calls are copied as they were, scalar constants
-folded, and every value is emitted once, after what it uses. What no input reaches (a mask built
-from ``arange``, weights concatenated) is computed once per version of what it reads.
-"""
+Each Term becomes a call of the kernel it is bound to (``kernels.binding``), with conversion kernels where a value
+changes memory; on the Triton path a region of elementwise ops (and the row reduction or softmax they feed) is one
+generated kernel where it measures faster. Opaque calls are copied as they were, scalar constants folded, and every
+value is emitted once, after what it uses. What no input reaches (a mask built from ``arange``, weights concatenated)
+is computed once per version of what it reads."""
 from __future__ import annotations
 
 import operator
@@ -32,9 +30,8 @@ from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
 class FoldedConstant:
     """A value computed from parameters, buffers, literals and a size family's sizes alone (QKV weights concatenated,
-    a causal mask built from ``arange(n)``): computed once per version of the tensors it reads, per size (a few dozen
-    sizes kept). Where autograd needs it (grad enabled and a tensor requires grad) it is computed on every call, so
-    training is unchanged; so it is for inference tensors, which keep no version."""
+    a causal mask built from ``arange(n)``): computed once per version of the tensors it reads, per size. Where autograd
+    needs it it is computed on every call, so training is unchanged; so it is for inference tensors (no version)."""
 
     def __init__(self, nodes: list[fx.Node], reads: list[fx.Node], index: int):
         at = {n: i for i, n in enumerate(reads + [n for n in nodes if n not in reads])}
@@ -191,10 +188,9 @@ class _Build:
 
     def _fuse(self, roots: list[Term], meta: dict) -> None:
         """A generated kernel for each maximal region of two or more ops (codegen's templates, on float operands that
-        broadcast to the op's shape (``codegen.span``) or constants, with at most one softmax or norm over the last
-        axis, under at most one root sum, mean or max over it; an operand joins its users' region where only they read
-        it), where it replaces its ops' kernels (``binding.region_chosen``, which gives its tuned configuration). Each
-        op of a half dtype rounds to it there, as its torch kernel does."""
+        broadcast (``codegen.span``) or constants, with at most one softmax or norm over the last axis, under at most
+        one root sum, mean or max; an operand joins its users' region where only they read it), where it replaces its
+        ops' kernels (``binding.region_chosen``). Each op of a half dtype rounds to it there, as its torch kernel."""
         floats = (torch.float16, torch.bfloat16, torch.float32)
 
         def fusible(t: Term) -> bool:  # a 0-d tensor of another dtype stays out of torch's type promotion

@@ -1,6 +1,5 @@
-"""The curvature analyzer: every node with its range, kappa, L, Delta and the bits of output error
-its rounding causes; the program's first-order error, worst and mean. Ranges not declared come
-from the example inputs' minimum and maximum: an estimate for people, never a soundness argument."""
+"""The curvature analyzer: each node's range, kappa, L, Delta and the bits of output error its rounding causes; the
+program's first-order error. Ranges not declared come from the example inputs: an estimate, never a soundness proof."""
 from __future__ import annotations
 
 from dataclasses import dataclass

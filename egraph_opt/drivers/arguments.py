@@ -1,6 +1,6 @@
-"""A call's arguments: tensors are the program's inputs; every other argument (a flag, a size) is
-a constant of the trace and part of the plan's key, as torch.compile specializes on them. A call
-of anything but positional tensors is traced through a function of the tensors alone (``specialize``)."""
+"""A call's arguments: tensors are the program's inputs; every other argument (a flag, a size) is a constant of the
+trace and part of the plan's key, as torch.compile specializes on them. A call of anything but positional tensors is
+traced through a function of the tensors alone (``specialize``)."""
 from __future__ import annotations
 
 import inspect
@@ -80,10 +80,9 @@ class BoundCall:
         return out
 
     def as_called(self, fn: Callable, into: Into, returned: tuple) -> tuple[Callable, Callable]:
-        """``fn`` and a plan's ``into`` as functions of this call's tensors that pass ``trees``' objects
-        as a caller does: kept (private ones, given back their tensors and plain state before each
-        call: a cache the original initializes lazily would grow), not rebuilt. They write through
-        an ``Into`` of their own: a plan's decides where to write on the caller's first object."""
+        """``fn`` and a plan's ``into`` as functions of this call's tensors that pass ``trees``' objects as a caller
+        does: kept (private ones, given back their tensors and plain state before each call: a cache the original
+        initializes lazily would grow), not rebuilt; writing through an ``Into`` of their own, not the plan's."""
         objects = {name: tree_unflatten([t.detach().clone() for t in self.tensors[start:start + n]], spec)
                    for name, (spec, start, n) in self.trees.items()}
         kept = [(obj, path, v) for obj in objects.values() for path, v in _held(obj)
@@ -105,9 +104,8 @@ _NEVER = object()  # no value is it
 
 
 class Layout(NamedTuple):
-    """A call's values (positional, then keyword) laid out as the Binder bound them: a call laid
-    out alike, its constants' keys and its objects' tree specs the same, has the key ``key(tensors)``
-    without binding. The fast path's check of a call, derived from one bound call."""
+    """A call's values (positional, then keyword) laid out as the Binder bound them: a call laid out alike (the same
+    constants' keys and tree specs) has the key ``key(tensors)`` without binding: the fast path's check of a call."""
     arity: int
     keywords: tuple
     slots: tuple  # per value: None (a tensor), (its TreeSpec, argument name, its _node), (the constant where immutable, its key)
@@ -169,10 +167,9 @@ def _key(tensors, constants: tuple | None) -> tuple | None:
 
 
 class Into:
-    """Where the original updates an argument and returns it (a KV cache): the plan's new tensors are
-    written where the caller's object holds its own, and the object returned. Where the first call
-    finds that this leaves other state unlike a rebuilt object's, each call rebuilds one and the
-    caller takes its state (a cache's constructor copies every layer)."""
+    """Where the original updates an argument and returns it (a KV cache): the plan's new tensors are written where the
+    caller's object holds its own, and the object returned. Where the first call finds that this leaves other state
+    unlike a rebuilt object's, each call rebuilds one and the caller takes its state."""
 
     def __init__(self, forward: Callable, returns: TreeSpec):
         self.forward, self.returns = forward, returns
@@ -320,9 +317,8 @@ def _tree(value: Any) -> tuple[list | None, Any]:
 
 
 def _tensor_key(tensors) -> tuple | None:
-    """Shape, dtype, device, grad and layout of each tensor: what a plan is specialized to (one
-    flat tuple: fewer objects to build and hash per call); None if one is not a tensor. A tensor
-    the capture cannot take (``unusual``) is keyed by its kind (it has no strides, or no shape)."""
+    """Shape, dtype, device, grad and layout of each tensor: what a plan is specialized to (one flat tuple: fewer
+    objects to build and hash per call); None if one is not a tensor. One the capture cannot take: by its kind."""
     key: list = []
     for t in tensors:
         if not isinstance(t, torch.Tensor):

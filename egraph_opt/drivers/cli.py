@@ -1,6 +1,6 @@
-"""Command line: ``rules`` (the catalogue), ``kernels`` (the registry), ``profile`` (timings into
-the latency database), ``onnx`` (batch-optimize ONNX exports). Every error is one line on stderr
-(exit status 2: a bad argument, 1: a failure, 130: Ctrl-C); ``--debug`` shows the traceback."""
+"""Command line: ``rules`` (the catalogue), ``kernels`` (the registry), ``profile`` (timings into the latency database),
+``onnx`` (batch-optimize ONNX exports). Every error is one line on stderr (exit status 2: a bad argument, 1: a
+failure, 130: Ctrl-C); ``--debug`` shows the traceback."""
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,5 @@
-"""``explore(obj)``: why the optimizer chose a program, what else it could have chosen, and how much better
-the choice is, read from the saturated e-graph. Every method returns a ``Table``; costs are the extractor's
-own (``pipeline.enode_facts`` priced by the run's ``CostModel``), so what is shown is what was compared."""
+"""``explore(obj)``: why the optimizer chose a program, what else it could have chosen, and how much better the choice
+is, read from the saturated e-graph. Every method returns a ``Table``; costs are what the extractor compared."""
 from __future__ import annotations
 
 import functools
@@ -387,10 +386,9 @@ HINTS_UP_TO = 20_000
 
 
 def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = None) -> list[str]:
-    """Where declaring input ranges would let a fix happen (undeclared inputs range over every finite
-    value, so ``sqrt(x + 1) - sqrt(x)`` silently keeps its cancellation): per guarded rule that matched
-    and failed only on range facts of values of undeclared inputs, the rule, where, the range each
-    value needs and the inputs to declare; a line in ``bounded`` where the e-graph is too large."""
+    """Where declaring input ranges would let a fix happen (undeclared inputs range over every finite value, so
+    ``sqrt(x + 1) - sqrt(x)`` silently keeps its cancellation): per guarded rule that failed only on range facts of
+    undeclared inputs' values, the rule, where, the ranges needed; a line in ``bounded`` past ``HINTS_UP_TO``."""
     if not {t.attrs[0] for t in result.source.inputs} - set(input_ranges):
         return []  # every input declared
     if (enodes := max((s.enodes for s in result.saturation), default=0)) > HINTS_UP_TO:

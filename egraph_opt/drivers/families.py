@@ -1,19 +1,16 @@
-"""Size families: the plans of one program at sizes that differ in one variable ``n`` (the cache
-length of a decode step, a prompt's length, a batch) share one structure, as ``torch.compile``'s
-automatic dynamic shapes find a size that changed and trace it symbolically. Here ``n`` is found
-from two plans traced and optimized at two sizes: where every integer that differs between their
-programs is affine in ``n`` with a whole slope (``B * H * n``, ``n + 1``), a third size is made
-from them, not traced, saturated or built again: it runs one module made from the samples' two
-(``shared``), its sizes taken on their lines as inputs. Two plans that both fell back make the
-family's later sizes fall back at once, with the reason they gave.
+"""Size families: the plans of one program at sizes that differ in one variable ``n`` (the cache length of a decode
+step, a prompt's length, a batch) share one structure, as ``torch.compile``'s automatic dynamic shapes find. Here ``n``
+is found from two plans traced and optimized at two sizes: where every integer that differs between their programs is
+affine in ``n`` with a whole slope (``B * H * n``, ``n + 1``), a third size is made from them, not traced, saturated or
+built again: it runs one module made from the samples' two (``shared``), its sizes taken on their lines as inputs. Two
+plans that both fell back make the family's later sizes fall back at once, with the reason they gave.
 
-Why the rules that made the samples hold at ``n``: a rule's size guards are equalities of sizes
-(``last-dim``, ``axis-size``, ``d = 2h``), here affine in ``n``, and two affine functions equal at
-two sizes are equal at all. Interval guards read no size except through a reduction's count: a
-family covers sizes from 2 (a size 1 broadcasts, and traces specialize it) up to ``REACH`` times its
-larger sample, where its timing verdict is taken to hold; beyond, a size is traced and becomes a
-sample. Each size is validated before it runs: the original may branch on a size (a sliding window),
-a kernel's limits may read one (a head dim), and two samples show neither."""
+Why the rules that made the samples hold at ``n``: a rule's size guards are equalities of sizes (``last-dim``,
+``axis-size``, ``d = 2h``), here affine in ``n``, and two affine functions equal at two sizes are equal at all.
+Interval guards read no size except through a reduction's count: a family covers sizes from 2 (a size 1 broadcasts,
+and traces specialize it) up to ``REACH`` times its larger sample, where its timing verdict is taken to hold; beyond, a
+size is traced and becomes a sample. Each size is validated before it runs: the original may branch on a size (a
+sliding window), a kernel's limits may read one (a head dim), and two samples show neither."""
 from __future__ import annotations
 
 import dataclasses
@@ -117,9 +114,8 @@ class Families:
 
 
 def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any:
-    """The value at size ``n[2]`` of what is ``a`` at size ``n[0]`` and ``b`` at ``n[1]``: equal
-    parts kept, integers that differ taken on their line (whose slope must be whole), Terms
-    rebuilt with their sharing; ``Apart`` where anything else differs."""
+    """The value at size ``n[2]`` of what is ``a`` at size ``n[0]`` and ``b`` at ``n[1]``: equal parts kept, integers
+    that differ on their line (of whole slope), Terms rebuilt with their sharing; ``Apart`` where else they differ."""
     memo = {} if memo is None else memo
     if type(a) is not type(b):
         raise Apart(f"{type(a).__name__} against {type(b).__name__}")
@@ -162,9 +158,8 @@ def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any
 def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple[fx.GraphModule, list]:
     """One module for every size of a family: ``a``'s graph (built at size ``span[0]``) taking first, as inputs, each
     integer or shape that differs in ``b``'s (built at ``span[1]``), and those pairs (``at`` gives their values at a
-    size). Its constants are folded again, one that reads a size (a mask from ``arange(n)``) computed once per size.
-    ``Apart`` where the graphs differ in anything else (a kernel or Triton configuration chosen by latency, a region's
-    generated kernel, which holds its shapes): then each size is built for itself."""
+    size); a constant that reads a size (a mask from ``arange(n)``) is computed once per size. ``Apart`` where graphs
+    differ in anything else (a kernel or configuration chosen by latency, a region's kernel, which holds its shapes)."""
     graph, env, holes = fx.Graph(owning_module=a), {}, {}
     match, first = dict(zip(b.graph.nodes, a.graph.nodes)), next(iter(a.graph.nodes))
 

@@ -1,8 +1,8 @@
 """``egraph-opt onnx IN... --out DIR``: optimize ONNX models in batch, each validated before written.
 
-A model is written (atomically) only once onnx.checker and onnxruntime on random inputs pass, and
-as it was where onnxruntime runs it slower for no stability (``api.slower_for_nothing``); a failing
-one is reported with its reason while the others go on, and sets the exit status."""
+A model is written (atomically) only once onnx.checker and onnxruntime on random inputs pass, and as it was where
+onnxruntime runs it slower for no stability (``api.slower_for_nothing``); a failing one is reported with its reason
+while the others go on, and sets the exit status."""
 from __future__ import annotations
 
 import argparse
@@ -295,9 +295,8 @@ def _writable_dir(path: str, what: str) -> None:
 
 
 def _worker_start(driver: int) -> None:
-    """A worker ignores SIGINT (a terminal sends it to all: the driver stops them on Ctrl-C) and
-    dies with its driver: one killed (``kill -9``) cannot stop them, and they would go on writing
-    outputs nobody reports, then wait on its pipe forever."""
+    """A worker ignores SIGINT (the driver stops them on Ctrl-C) and dies with its driver: one killed (``kill -9``)
+    cannot stop them, and they would go on writing outputs nobody reports, then wait on its pipe forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux") and \
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0:  # PR_SET_PDEATHSIG

@@ -1,8 +1,7 @@
 """``egraph-opt onnx IN... --out DIR --cluster ADDRESS``: the batch on Dask distributed workers.
 
-The work per model is ``onnx_batch.process``, as in-process: the cluster only carries it, so
-records, report and exit status are the same. Workers price kernels from latency databases of their
-own (``ProfileFile``), whose new rows the driver merges into the user's at the end."""
+The work per model is ``onnx_batch.process``, as in-process: the cluster only carries it, so records, report and exit
+status are the same. Workers price kernels from databases of their own (``ProfileFile``), merged into the user's."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +24,7 @@ from .usage import Failure, ModelFailure
 
 try:
     from distributed import WorkerPlugin
-except ImportError:  # the cluster extra is not installed: on_cluster says so
+except ImportError:  # the cluster extra is not installed: the CLI says so (usage.require)
     WorkerPlugin = object
 
 RETRIES = 2  # tries after the first, for a model whose worker died (local:N)
@@ -154,10 +153,7 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
                done: Callable[[dict], None], shared_fs: bool = True) -> None:
     """``process`` every model of ``targets`` on the cluster at ``address``, ``done`` called with each record.
     Ctrl-C stops the run's models (queued, running), merges the latencies measured, then propagates."""
-    try:
-        from distributed import Event, as_completed
-    except ImportError:
-        raise Failure("--cluster needs Dask distributed: pip install 'egraph-opt[cluster]'") from None
+    from distributed import Event, as_completed  # installed: the CLI requires the cluster extra first
     with contextlib.ExitStack() as stack:
         client = _connect(address, stack)
         options = dict(_share_database(client, options), same_is_ours=True)  # targets checked absent first

@@ -1,10 +1,9 @@
-"""Tables and pictures of an optimization: the e-graph and program graphs through Graphviz (SVG),
-and matplotlib figures of precision, per-node error, rewrite impact and the latency model.
+"""Tables and pictures of an optimization: the e-graph and program graphs through Graphviz (SVG), and matplotlib
+figures of precision, per-node error, rewrite impact and the latency model.
 
-Without a Graphviz ``dot`` (``usage.find_dot``), a drawing is a ``TextPicture`` whose first line
-says so; a graph over ``max_nodes`` is never laid out but summarized. Reports a person can share
-are one self-contained HTML page each (pictures inline as SVG or base64 PNG, no file beside it):
-an optimized function's report, an Explorer, or an ONNX batch."""
+Without a Graphviz ``dot`` (``usage.find_dot``), a drawing is a ``TextPicture`` whose first line says so; a graph over
+``max_nodes`` is never laid out but summarized. Reports a person can share are one self-contained HTML page each
+(pictures inline as SVG or base64 PNG): an optimized function's report, an Explorer, or an ONNX batch."""
 from __future__ import annotations
 
 import base64

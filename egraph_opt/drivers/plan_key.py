@@ -1,15 +1,13 @@
-"""The plan key besides the inputs' signature: grad mode, the default dtype and what the program's
-code reads (``holders``, ``_generated_key``). Tensors' values do not enter it: parameters range over
-their dtype in every analysis, and folded constants are recomputed when a tensor's version changes
-(``torch_backend``); which tensor objects are the parameters does (``m.weight = nn.Parameter(...)``
-leaves the traced graph holding the old one).
+"""The plan key besides the inputs' signature: grad mode, the default dtype and what the program's code reads
+(``holders``, ``_generated_key``). Tensors' values do not enter it: parameters range over their dtype in every
+analysis, and folded constants are recomputed when a tensor's version changes (``torch_backend``); which tensor
+objects are the parameters does (``m.weight = nn.Parameter(...)`` leaves the traced graph holding the old one).
 
-What the optimizer's own runs of a program (tracing, validation, timing) write of Python state
-(``self.calls += 1``, a global, ``self.seen.append(...)``, a print or a log record) is the other
-side: the plan runs tensor code alone, so eager's effects would be lost, and a trace runs the code
-once on tracer objects, which would be left in that state. A ``Watch`` records the state reachable
-from the program before it is optimized, and afterwards names what changed and puts it back, so
-the original, run untouched, does what eager does.
+What the optimizer's own runs of a program (tracing, validation, timing) write of Python state (``self.calls += 1``,
+a global, ``self.seen.append(...)``, a print or a log record) is the other side: the plan runs tensor code alone, so
+eager's effects would be lost, and a trace leaves tracer objects behind. A ``Watch`` records the state reachable from
+the program before it is optimized, then names what changed and puts it back: the original, run untouched, does what
+eager does.
 """
 from __future__ import annotations
 
@@ -59,9 +57,8 @@ def _scalar(value: Any) -> bool:
     return type(value) in _SCALARS or type(value) is tuple and all(type(v) in _SCALARS for v in value)
 
 
-#: where a value is read: ``holder[name]`` (a scope, an attribute dict, a defaults tuple) or, with
-#: ``attribute`` set, ``holder.name`` (a closure cell's contents, a function's defaults, a class's
-#: attribute)
+#: where a value is read: ``holder[name]`` (a scope, an attribute dict, a defaults tuple) or, with ``attribute`` set,
+#: ``holder.name`` (a closure cell's contents, a function's defaults, a class's attribute)
 Slot = tuple[Any, Any, bool]
 
 
@@ -76,9 +73,8 @@ class Reads(NamedTuple):
 
 
 def holders(fn: Callable) -> Reads:
-    """What ``fn`` reads state from: itself, the object of a bound method, what its closure,
-    defaults and globals name, and so on through the Python functions those are (a helper's own
-    globals: a trace bakes in the scalars and tensors it reads, and calls what the names hold)."""
+    """What ``fn`` reads state from: itself, the object of a bound method, what its closure, defaults and globals name,
+    and so on through the Python functions those are (a trace bakes in the scalars and tensors a helper reads)."""
     found: list = [fn, getattr(fn, "__self__", None), getattr(fn, "func", None)]
     reads = Reads([], [], [], [], [], [])
     seen, read = set(), set()  # read: every name the code reads, a global's or an attribute's (cfg.scale)
@@ -121,10 +117,9 @@ def holders(fn: Callable) -> Reads:
 
 
 def _attributes(roots: list, names: set[str] | frozenset[str], reads: Reads) -> None:
-    """Into ``reads``, the attributes code reads by ``names`` off ``roots`` (a module, a config, a
-    class) and the plain objects they hold: scalars, objects by identity (a Python module's tensors
-    only), small lists and dicts by contents. One its class holds is read off the class, and
-    ``reads.shadows`` gets the instance's dict and the name (set on the instance later, it wins)."""
+    """Into ``reads``, the attributes code reads by ``names`` off ``roots`` (a module, a config, a class) and the plain
+    objects they hold: scalars, objects by identity (a Python module's tensors only), small lists and dicts by contents.
+    One its class holds is read off the class, and ``reads.shadows`` gets the instance's dict and the name."""
     todo, seen = list(roots), set()
     while todo:
         o = todo.pop()
@@ -195,10 +190,9 @@ def _token(walked: tuple) -> int:
 
 @functools.lru_cache(maxsize=None)
 def names_read(cls: type) -> frozenset[str]:
-    """The attribute and global names the code a module class's forward runs reads: its forward
-    and the methods and properties it names, transitively (``self.training``, ``self.eps``): only
-    those attributes' values can change what a traced program means (not torch's Module base's, nor
-    those of methods a forward never runs, such as a Hugging Face model's ``generate``)."""
+    """The attribute and global names the code a module class's forward runs reads: its forward and the methods and
+    properties it names, transitively (``self.training``, ``self.eps``): only those attributes' values can change what
+    a traced program means (not those of methods a forward never runs, such as a Hugging Face model's ``generate``)."""
     members = {k: v for klass in reversed(_classes(cls)) for k, v in vars(klass).items()}  # a subclass's win
     names, todo = set(), ["forward"]
     while todo:
@@ -214,9 +208,8 @@ def names_read(cls: type) -> frozenset[str]:
 
 
 class StateKey:
-    """``key()``: the part of a plan's key that the program's modules and closures determine.
-    It runs on every call, as one generated expression (as torch.compile's guards are): the
-    loops over modules and slots run only when something was rebound."""
+    """``key()``: the part of a plan's key that the program's modules and closures determine. It runs on every call,
+    as one generated expression (as torch.compile's guards): the walks run only when something was rebound."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
@@ -274,10 +267,9 @@ class StateKey:
         return [(slot, _read(slot)) for slot in self._slots], [(c, _whole(_read(c))) for c in self._read_whole]
 
     def settle(self, before: tuple[list[tuple[Slot, Any]], list[tuple[Any, tuple]]]) -> None:
-        """Slots that running the program (its trace, or the original) rebound since ``before``, and
-        lists or dicts of numbers it wrote (a forward that stores ``self.last = ...`` or counts its
-        calls) are its outputs, not what it computes from: they leave the key (else each call of the
-        original would make a key of its own, and an optimization with it)."""
+        """Slots that running the program (its trace, or the original) rebound since ``before``, and lists or dicts of
+        numbers it wrote (``self.last = ...``, a call counter) are its outputs, not what it computes from: they leave
+        the key (else each call of the original would make a key, and an optimization, of its own)."""
         slots, contents = before
         for slot, value in slots:
             with contextlib.suppress(KeyError, ValueError):  # a slot deleted: rebound
@@ -322,9 +314,8 @@ def _first_equal(values: tuple) -> tuple:
 def _generated_key(seen: int, walked: int, objects, scalars: list[Slot],
                    versioned: list[Slot], containers: list, contents: list, hooks: list[dict],
                    shadows: list[tuple[dict, str]]) -> Callable[[], tuple | None]:
-    """``key()`` as one expression (as torch.compile's guards are): None where the walk no longer
-    holds (a module rebound since ``seen``, an object slot holding another object, a hook registered
-    or removed, a class attribute read now shadowed by an instance's); else the values it reads."""
+    """``key()`` as one expression: None where the walk no longer holds (a module rebound since ``seen``, an object slot
+    holding another object, a hook registered or removed, a class attribute now shadowed); else the values it reads."""
     env: dict[str, Any] = {"_rebindings": _rebindings, "_grad": _grad_enabled, "_dtype": _default_dtype,
                            "_Handle": RemovableHandle, "_version": dict_version, "_first": _first_equal}
 
@@ -416,9 +407,8 @@ class Watch:
                 for n, h, s in self._saved if _differs(h, s)] + self.effects
 
     def logs_once(self, rerun: Callable[[], Any]) -> bool:
-        """Whether the only effects so far are log records that running the program again does
-        not log (``logger.warning_once``, a deprecation notice): then they reach their handlers
-        now, as eager's first call's would, and a plan loses nothing of eager's effects."""
+        """Whether the only effects so far are log records that running the program again does not log
+        (``logger.warning_once``): then they reach their handlers now, as eager's first call's would."""
         if not self.records or len(self.changes()) != len(self.effects) or \
                 any(not e.startswith("logs") for e in self.effects):
             return False
@@ -437,9 +427,8 @@ def _watches() -> list[Watch]:
 
 
 def _walk(fn: Callable):
-    """(name, holder, copy) of every container the program can reach: modules' and objects'
-    attribute dicts, the classes of the program's own code, closure cells, the globals its code
-    names (of any function reached), lists, dicts and sets."""
+    """(name, holder, copy) of every container the program can reach: modules' and objects' attribute dicts, the
+    classes of its own code, closure cells, the globals any function reached names, lists, dicts and sets."""
     names: set[str] = set()
     todo, seen = [("self" if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", "fn"), fn)], set()
     while todo and len(seen) < LIMIT:

@@ -35,10 +35,9 @@ def shard(fn, *example_args, mesh: int = 2, memory: int | None = None, links: di
           profile_db=None, profile_budget: float | None = None, limits: Limits = Limits()) -> ShardedPlan:
     """Capture ``fn`` at ``example_args`` and choose how to split it over ``mesh`` devices.
 
-    ``memory``: bytes each device holds at most (a constraint); ``links``: the alpha-beta model
-    per collective (default: what ``egraph-opt profile --collectives`` measured); ``profile_db``:
-    the latency database (``False``: static estimates); ``profile_budget``: seconds to time
-    unmeasured ops at the shapes one device sees before pricing them (default 2; 0: none)."""
+    ``memory``: bytes each device holds at most (a constraint); ``links``: the alpha-beta model per collective (default:
+    what ``egraph-opt profile --collectives`` measured); ``profile_db``: the latency database (``False``: static
+    estimates); ``profile_budget``: seconds to time unmeasured ops at one device's shapes (default 2; 0: none)."""
     if not isinstance(mesh, int) or mesh < 1:
         raise ShardingError(f"mesh is a number of devices (1 or more), not {mesh!r}")
     program, _ = capture(fn, example_args)

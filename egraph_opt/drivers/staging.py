@@ -29,10 +29,9 @@ _PREFIX = ".egraph-opt-"
 
 def claim(stage: Callable[[str], None], target: str, names: list[str], overwrite: bool = False,
           run: str = "", same_is_ours: bool = False) -> None:
-    """``stage(folder)`` writes the files ``names`` (data first, model last) into a folder beside
-    ``target``, then each is linked beside it: of two runs one fails, and no model appears without
-    its data (``overwrite`` removes the old ones first). ``same_is_ours``: files there with the same
-    bytes count as claimed (a cluster reruns a model whose worker died holding its result)."""
+    """``stage(folder)`` writes the files ``names`` (data first, model last) into a folder beside ``target``, then each
+    is linked beside it: of two runs one fails, and no model appears without its data. ``same_is_ours``: files there
+    with the same bytes count as claimed (a cluster reruns a model whose worker died holding its result)."""
     directory = os.path.dirname(target)
     folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{run}-" if run else _PREFIX, dir=directory or ".")
     held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -87,9 +86,8 @@ def write_files(files: dict[str, bytes], target: str, overwrite: bool = False, r
 
 
 def remove_staging(directory: str, run: str = "", before: float | None = None) -> None:
-    """Remove the staging folders in ``directory`` (of ``run``; of any run where "") that no live process
-    holds, made before ``before`` where given: those of killed processes. Where one had linked in only part
-    of its unit (the data, not the model), that part is taken back: a rerun writes the whole unit."""
+    """Remove the staging folders in ``directory`` (of ``run``, or any) that no live process holds (made before
+    ``before``): killed processes'. A unit one had linked in only part of is taken back: a rerun writes it whole."""
     pattern = f"{_PREFIX}{run}-*" if run else f"{_PREFIX}*"
     for folder in glob.glob(os.path.join(glob.escape(directory), pattern)):
         try:

@@ -1,10 +1,9 @@
-"""The one module that talks to egglog.
+"""The one module that talks to egglog, through its low-level bindings and program text generated from the op table.
 
-We drive egglog's low-level bindings with program text generated from the op table, because the measured costs
-decide it (docs/DESIGN.md): terms are loaded as small chunks of ``(union (Ref k) (Op (Ref i) ...))`` commands
-(one large program parses in quadratic memory), each term node once, so shared subexpressions stay shared and
-every node keeps an anchor ``Ref k`` that names its e-class after saturation. The serialized e-graph (private
-API, wrapped here only) is parsed into plain Python classes for our own extractor."""
+Terms are loaded as small chunks of ``(union (Ref k) (Op (Ref i) ...))`` commands (one large program parses in
+quadratic memory: docs/DESIGN.md), each term node once, so shared subexpressions stay shared and every node keeps an
+anchor ``Ref k`` that names its e-class after saturation. The serialized e-graph (private API, wrapped here only) is
+parsed into plain Python classes for our own extractor."""
 from __future__ import annotations
 
 import atexit
@@ -25,7 +24,7 @@ from . import range_rules
 from ..lang.mesh import through_reshape
 from ..lang.ops import OPS, BY_EGG_NAME, ATTR_SORTS
 from ..lang.pattern import Node, literal
-from ..lang.term import Term, postorder
+from ..lang.term import Term, postorder, topological
 
 SORT = "Tensor"
 _CHUNK = 64
@@ -43,13 +42,8 @@ def _ruleset(phase: str) -> str:
 def _ops_of(rule) -> tuple[frozenset, frozenset]:
     """(ops a rule's left sides name, ops its right sides make)."""
     def ops(p) -> set[str]:
-        found, stack = set(), [p]
-        while stack:
-            q = stack.pop()
-            if isinstance(q, Node):
-                found.add(q.op)
-                stack.extend(q.args)
-        return found
+        return {q.op for q in topological([p], lambda q: q.args if isinstance(q, Node) else (), id)
+                if isinstance(q, Node)}
 
     pairs = rule.pairs()
     return (frozenset().union(*(ops(lhs) for lhs, _ in pairs)), frozenset().union(*(ops(rhs) for _, rhs in pairs)))
@@ -146,10 +140,9 @@ class _Owner:
                 done.set()
 
     def make(self) -> int:
-        """A new e-graph's number. Their memory is egglog's, which the cycle collector does not count:
-        a dropped decorated function in a reference cycle (a model whose forward it wraps) keeps its
-        e-graph, hundreds of MB, until a full collection that object counts may not call for long.
-        So one runs whenever twice as many e-graphs live as after the last (4 at least)."""
+        """A new e-graph's number. Their memory is egglog's, which the cycle collector does not count: a dropped
+        decorated function in a reference cycle keeps its e-graph, hundreds of MB, until a full collection that object
+        counts may not call for long. So one runs whenever twice as many e-graphs live as after the last (4 or more)."""
         if len(self.live) >= self._crowd:
             gc.collect()
             self._crowd = max(4, 2 * self.call(len, self.live))  # after the drops it queued

@@ -1,6 +1,5 @@
-"""One e-graph session, as the pipeline, enumeration and sharding all run it: terms loaded, a
-schedule of phases saturated under limits, the e-graph snapshotted, and a choice of e-nodes read
-back as terms. Plus the one fix point over a snapshot's e-classes."""
+"""One e-graph session, as the pipeline, enumeration and sharding all run it: terms loaded, a schedule of phases
+saturated under limits, the e-graph snapshotted, a choice of e-nodes read back as terms; and one fix point over it."""
 from __future__ import annotations
 
 import time

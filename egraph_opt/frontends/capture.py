@@ -1,9 +1,8 @@
 """Capture: torch functions and modules into Programs of Terms, via torch.fx.
 
-Tracing is symbolic (data-dependent control flow is refused, never baked in), then specialized to
-the example inputs' shapes: shape queries (``x.shape[-1] ** 0.5``) fold into constants. Calls the
-Term language does not express become opaque calls, carried through untouched.
-"""
+Tracing is symbolic (data-dependent control flow is refused, never baked in), then specialized to the example inputs'
+shapes: shape queries (``x.shape[-1] ** 0.5``) fold into constants. Calls the Term language does not express become
+opaque calls, carried through untouched."""
 from __future__ import annotations
 
 import contextlib
@@ -28,7 +27,7 @@ from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_
 from .effects import Draws, functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
-from ..lang.term import Term, dtype_name
+from ..lang.term import Term, dtype_name, topological
 
 
 class CaptureError(TypeError):
@@ -57,9 +56,8 @@ class _AsModule(torch.nn.Module):
 
 
 def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
-    """Symbolic fx tracing; where Python control flow reads shapes (Hugging Face models do),
-    torch.export on the example inputs, which specializes shapes as we do per signature and
-    still refuses control flow on tensor values."""
+    """Symbolic fx tracing; where Python control flow reads shapes (Hugging Face models do), torch.export on the example
+    inputs, which specializes shapes as we do per signature and still refuses control flow on tensor values."""
     root = fn if isinstance(fn, torch.nn.Module) else None
     where = getattr(fn, "__qualname__", type(fn).__name__)
     errors = []
@@ -130,9 +128,8 @@ class _Recorder(fx.Interpreter):
 
 
 def _record(gm: fx.GraphModule, example_args: tuple) -> None:
-    """Each node's shape or value, from a run on fake tensors (shapes alone: a large input costs no
-    arithmetic); where fake tensors cannot follow (a value read from a tensor, an op without a meta
-    kernel), from a run on clones of the example inputs (an opaque call must not touch the caller's)."""
+    """Each node's shape or value, from a run on fake tensors (a large input costs no arithmetic); where fake tensors
+    cannot follow (a value read from a tensor, an op without a meta kernel), on clones of the example inputs."""
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             _Recorder(gm).run(*(mode.from_tensor(a) for a in example_args))
@@ -163,9 +160,8 @@ def _is_static(node: fx.Node, static: set[str]) -> bool:
 
 
 def _unshared(args: tuple) -> tuple:
-    """``args`` with each one sharing memory with an earlier one cloned: torch.export makes one
-    fake tensor of one real tensor, so a tensor passed twice (``model(ids, labels=ids)``) would be
-    one input read through either name, and a call with two tensors would read the wrong one."""
+    """``args`` with each one sharing memory with an earlier one cloned: torch.export makes one fake tensor of one real
+    tensor, so a tensor passed twice (``model(ids, labels=ids)``) would be one input, wrong for a call with two."""
     seen, out = set(), []
     for a in args:
         shared = a.numel() and a.untyped_storage().data_ptr() in seen
@@ -238,9 +234,12 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
             values[node.name] = info
         else:
             term = values[node.name] = _lowered(node, values, info_of, gm, params, opaque, in_place)
-            if isinstance(term, Term):
-                scope = _repeated_scope(node)  # over this node's terms, intermediates included
-                scopes.update((id(t), scope) for t in _new_terms(term, seen) if scope and t.args)
+            if isinstance(term, Term):  # its scope, over the terms no earlier node made (intermediates too)
+                new = [t for t in topological([term], lambda t: () if id(t) in seen else t.args, id)
+                       if id(t) not in seen]
+                seen.update(map(id, new))
+                if scope := _repeated_scope(node):
+                    scopes.update((id(t), scope) for t in new if t.args)
     written = [a for n in gm.graph.nodes for a in leaves((n.args, n.kwargs)) if type(a) is float and abs(a) < 3e38]
     doubles = {float(np.float32(a)): a for a in written}  # (no float32 overflow: numpy warns)
     return Program(tuple(inputs), output, opaque, params, scopes, doubles=doubles).pruned()
@@ -276,18 +275,6 @@ def returned(outputs: Any) -> Any:
     if type(outputs) is immutable_list:
         return [returned(v) for v in outputs]
     return tuple(map(returned, outputs)) if type(outputs) is tuple else outputs
-
-
-def _new_terms(term: Term, seen: set[int]) -> list[Term]:
-    """Terms reachable from ``term`` that no earlier node created; marks them seen."""
-    found, stack = [], [term]
-    while stack:
-        t = stack.pop()
-        if id(t) not in seen:
-            seen.add(id(t))
-            found.append(t)
-            stack.extend(t.args)
-    return found
 
 
 def _repeated_scope(node: fx.Node) -> str | None:

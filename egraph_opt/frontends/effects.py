@@ -1,7 +1,7 @@
 """Side effects in a traced program, which the Term language (pure values) cannot express: an in-place op on an
-argument, parameter or buffer (``x[0] = 0``, train-mode batch norm's running statistics), or on an intermediate read
-again afterwards (fx names the value before the mutation). Such programs run untouched; an in-place op whose operand
-is never read again (``nn.ReLU(inplace=True)`` after a conv) is pure, optimized like its functional twin."""
+argument, parameter or buffer (``x[0] = 0``, train-mode batch norm's statistics), or on an intermediate read again
+(fx names the value before the mutation): such programs run untouched. An in-place op whose operand is never read
+again (``nn.ReLU(inplace=True)``) is pure."""
 from __future__ import annotations
 
 import operator
@@ -55,9 +55,8 @@ def written(node: fx.Node, gm: fx.GraphModule) -> list:
 
 
 def torchs_own(node: fx.Node) -> bool:
-    """Whether ``node`` calls torch's own code (an aten overload, a torch, operator or builtin
-    function, a tensor method), whose value follows from its operands: never a user's function
-    kept opaque (``fx.wrap``), which may have effects of its own."""
+    """Whether ``node`` calls torch's own code (an aten overload, a torch, operator or builtin function, a tensor
+    method), whose value follows from its operands: never a user's function kept opaque (``fx.wrap``)."""
     if node.op == "call_method":
         return hasattr(torch.Tensor, node.target)
     return node.op == "call_function" and (isinstance(node.target, torch._ops.OpOverload) or str(
@@ -109,9 +108,8 @@ def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
 
 
 class Draws(TorchDispatchMode):
-    """Raises ``refuse(op)`` before an op that draws from a random generator runs (train-mode dropout,
-    ``torch.rand``): each run the optimizer makes (trace, validation, timing) would advance the caller's
-    generator, which eager advances once per call, and two runs never agree. A thread's own mode."""
+    """Raises ``refuse(op)`` before an op that draws from a random generator runs (train-mode dropout, ``torch.rand``):
+    each run the optimizer makes would advance the caller's generator, and two runs never agree. A thread's own mode."""
 
     def __init__(self, refuse):
         super().__init__()

@@ -1,6 +1,5 @@
-"""Lowering of ATen overloads, for programs traced by torch.export (models whose Python control
-flow reads shapes), where an overload's arguments differ from those of the torch spelling of its
-name (``lowering.lowering_of``): adapters to that spelling's lowering."""
+"""Lowering of ATen overloads (programs traced by torch.export) whose arguments differ from those of the torch spelling
+of their name (``lowering.lowering_of``): adapters to that spelling's lowering."""
 from __future__ import annotations
 
 import torch

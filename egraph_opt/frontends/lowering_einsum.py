@@ -1,6 +1,5 @@
-"""Lowering of two-operand einsums that are one batched matmul ('bhid,bhjd->bhij' is q @ k^T,
-'bhij,bhjd->bhid' is w @ v): each operand permuted to (batch, free, contracted) and
-(batch, contracted, free), a matmul, and the result permuted to the output's order."""
+"""Lowering of two-operand einsums that are one batched matmul ('bhid,bhjd->bhij' is q @ k^T, 'bhij,bhjd->bhid' is
+w @ v): operands permuted to (batch, free, contracted) and (batch, contracted, free), a matmul, the result permuted."""
 from __future__ import annotations
 
 import re

@@ -1,6 +1,5 @@
-"""Lowering of torch.nn.functional's composite ops and of leaf modules: the fused ops of the Term
-language that users reach through nn (embedding, layer norm, linear, attention, conv, pooling,
-batch norm). Registered into ``lowering``'s tables when imported."""
+"""Lowering of torch.nn.functional's composite ops and of leaf modules: the fused ops of the Term language that users
+reach through nn (embedding, layer norm, linear, attention, conv, pooling, batch norm), registered when imported."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,6 @@
-"""ONNX operators into Terms: one converter per op type (``Unsupported``: the node stays opaque).
-
-Initializers become ``param`` terms, so rules that need constant parameters (conv and batch-norm
-folding) fire on models exported without constant folding."""
+"""ONNX operators into Terms: one converter per op type (``Unsupported``: the node stays opaque). Initializers become
+``param`` terms, so rules that need constant parameters (conv and batch-norm folding) fire on models exported without
+constant folding."""
 from __future__ import annotations
 
 import functools

@@ -1,8 +1,7 @@
-"""ONNX frontend: a ModelProto into a Program of Terms, the language the torch path lowers to.
-
-Subgraphs of constants (shape arithmetic, masks) are folded when every input is known (static input shapes).
-Nodes the Term language cannot express exactly stay opaque and are copied verbatim by the backend; what Terms
-do not keep (symbolic dims, tensor protos, opsets, names) lives in the side tables of ``OnnxProgram``."""
+"""ONNX frontend: a ModelProto into a Program of Terms, the language the torch path lowers to. Subgraphs of constants
+(shape arithmetic, masks) are folded when every input is known. Nodes the Term language cannot express exactly stay
+opaque and are copied verbatim by the backend; what Terms do not keep (symbolic dims, tensor protos, opsets, names)
+lives in the side tables of ``OnnxProgram``."""
 from __future__ import annotations
 
 import contextlib
@@ -16,13 +15,10 @@ import torch
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper, shape_inference
 
-from .onnx_converters import (CONVERTERS, DTYPES, ELEM_TYPES, Importer, Unsupported, ValueType, opset_of)
+from .onnx_converters import CONVERTERS, DTYPES, Importer, Unsupported, ValueType, opset_of
 from .onnx_layouts import attr
 from ..lang.program import OpaqueCall, Program
 from ..lang.term import Term
-
-__all__ = ["DTYPES", "ELEM_TYPES", "GraphProgram", "OnnxImportError", "OnnxProgram", "ValueType",
-           "import_model", "load", "opset_of", "read"]
 
 MIN_OPSET = 13
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
@@ -290,9 +286,8 @@ def static_type(vt: ValueType | None) -> bool:
 
 
 def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
-    """Output types that shape inference over the whole graph left with unknown sizes (past a
-    shape computed at run time, which the import has folded since), inferred again over this node
-    alone from its operands' static types and constant values: converters that need a static
+    """Output types that shape inference over the whole graph left with unknown sizes (past a shape computed at run
+    time, which the import has folded since), inferred again over this node alone: converters that need a static
     shape (Reshape, Expand) then convert it, and an opaque node's users see its true shape."""
     if all(static_type(im.types.get(o)) for o in node.output if o):
         return
@@ -322,8 +317,3 @@ def unique(name: str, taken) -> str:
     while out in taken:
         out, k = f"{name}_{k}", k + 1
     return out
-
-
-def read(path: str | os.PathLike) -> OnnxProgram:
-    """Load and import a model file: every problem with it is an ``OnnxImportError``."""
-    return import_model(load(path), os.fspath(path))

@@ -1,7 +1,6 @@
-"""Layouts exporters write around batched products, read back as the products over heads they
-are: (B * H, T, D) reshapes around a 3-D MatMul (torch's bmm and baddbmm, the dynamo exporter's
-K^T) become the 4-D product and transposes, so that one attention rule matches every spelling.
-Each is an exact identity of row-major reshapes, proved from the static shapes."""
+"""Layouts exporters write around batched products, read back as the products over heads they are: (B * H, T, D)
+reshapes around a 3-D MatMul (torch's bmm and baddbmm, the dynamo exporter's K^T) become the 4-D product and
+transposes, so one attention rule matches every spelling. Each is an exact identity of row-major reshapes."""
 from __future__ import annotations
 
 import contextlib
@@ -29,10 +28,9 @@ def standard(node, op_type: str) -> bool:
 
 
 def swapped_in_bulk(im, name: str, out: tuple) -> Term | None:
-    """x (..., T, D) with its leading dims merged, its last two swapped, then split to (..., D, T):
-    that is x with its last two swapped (the dynamo exporter's K^T over heads), its leading dims
-    reshaped where the split differs from them (K repeated for grouped-query heads, (B, Hkv, G, T, D)
-    merged and split as (B, Hkv * G, D, T): as K viewed as (B, Hkv * G, T, D), swapped)."""
+    """x (..., T, D) with its leading dims merged, its last two swapped, then split to (..., D, T): x with its last two
+    swapped (the dynamo exporter's K^T over heads), its leading dims reshaped where the split differs (K repeated for
+    grouped-query heads, (B, Hkv, G, T, D) merged and split as (B, Hkv * G, D, T))."""
     swap = im.producers.get(name)
     merge = standard(swap, "Transpose") and im.producers.get(swap.input[0])
     if not standard(merge, "Reshape") or list(attr(swap, "perm", [])) != [0, 2, 1]:
@@ -63,9 +61,8 @@ def _heads(im, name: str) -> tuple[Term, tuple] | None:
 
 
 def bmm_split(im, name: str, out: tuple) -> Term | None:
-    """A 3-D product of (B * H, ...) merges of 4-D operands, maybe scaled and biased elementwise by
-    constants (baddbmm: BLOOM's alibi), split back to (B, H, M, N): the 4-D product, the same elementwise
-    steps after it, each constant of (B * H, ...) or (1, ...) rows viewed as (B, H, ...) or (1, 1, ...)."""
+    """A 3-D product of (B * H, ...) merges of 4-D operands, maybe scaled and biased elementwise by constants (baddbmm:
+    BLOOM's alibi), split back to (B, H, M, N): the 4-D product, then the same steps over the constants' rows as 4-D."""
     steps = []  # (op, constant name, whether it comes first), from the split down to the product
     node = im.producers.get(name)
     while node is not None and not standard(node, "MatMul"):

@@ -1,19 +1,18 @@
 """A value spread over a mesh of n devices, and the four ops that place or move it.
 
-A sharded program is one program that every device runs on its own part of each value (SPMD). In one process
-the mesh is simulated: a value that differs between devices is a ``Local`` holding every device's part, and an
-op over Locals runs once per device (``lang/term.py`` ``evaluate``). So the float64 reference of a sharded
-program is the program itself, evaluated with every device's data; a rewrite into sharded form is proven by
-the same generated tests as every other rule. On a real device (``sharding/run.py`` enters ``on_device``) the
-same ops split and communicate through torch.distributed instead.
+A sharded program is one program that every device runs on its own part of each value (SPMD). In one process the
+mesh is simulated: a value that differs between devices is a ``Local`` holding every device's part, and an op over
+Locals runs once per device (``term.evaluate``). So a sharded program is its own float64 reference, and a rewrite into
+sharded form is proven by the same generated tests as every other rule. On a real device (``sharding/run.py`` enters
+``on_device``) the same ops split and communicate through torch.distributed instead.
 
 - ``shard(x, axis, n)``: device r holds ``x.tensor_split(n, axis)[r]`` (x is the same on all);
 - ``all_gather(x, axis, n)``: every device holds the parts concatenated along ``axis``;
 - ``all_reduce(x, n)``: every device holds the sum of the parts (partial sums become the total);
 - ``reduce_scatter(x, axis, n)``: device r holds part r of that sum.
 
-A replicated value (a plain tensor) is the same on every device: gathering it concatenates n
-copies, all-reducing it multiplies it by n, exactly as the collectives do on real devices."""
+A replicated value (a plain tensor) is the same on every device: gathering it concatenates n copies, all-reducing it
+multiplies it by n, exactly as the collectives do on real devices."""
 from __future__ import annotations
 
 import contextlib
@@ -40,13 +39,6 @@ class Local:
     @property
     def dtype(self) -> torch.dtype:
         return self.parts[0].dtype
-
-    def flat(self) -> torch.Tensor:
-        """Every device's shape then its part's elements, in one vector: two Locals are equal iff
-        these are (parts may differ in size: a split of 5 rows over 2 devices is 3 and 2)."""
-        parts = [torch.as_tensor(p) for p in self.parts]
-        dtype = parts[0].dtype if parts[0].is_floating_point() else torch.float64
-        return torch.cat([torch.cat([torch.tensor(p.shape, dtype=dtype), p.flatten().to(dtype)]) for p in parts])
 
 
 @dataclass(frozen=True)
@@ -121,11 +113,10 @@ def reduce_scatter(x, axis: int, n: int):
 
 
 def through_reshape(before: tuple, after: tuple) -> dict[int, tuple[int, str]]:
-    """The axes a reshape from ``before`` to ``after`` keeps whole: for each axis ``a`` of the result (counted from
-    the end), the operand's axis ``b`` it is and the reshape a device's part takes (``after`` with ``a`` left to the
-    part's size: -1), so that a split of the result along ``a`` is the reshape of the operand split along ``b``.
-    Row-major: both read as (P, d, S) with the same P before the axis and the same d on it (then the same S after),
-    which a split along d leaves alone. Nothing for an empty shape elsewhere (-1 would be ambiguous)."""
+    """The axes a reshape from ``before`` to ``after`` keeps whole: for each axis ``a`` of the result (counted from the
+    end), the operand's axis ``b`` it is and the reshape a device's part takes (``after`` with ``a`` as -1), so a split
+    of the result along ``a`` is the reshape of the operand split along ``b``. Row-major: both read as (P, d, S) with
+    the same P and d, which a split along d leaves alone. Nothing for an empty shape elsewhere (-1 is ambiguous)."""
     if math.prod(before) != math.prod(after):
         return {}
     prefix, kept = {}, {}

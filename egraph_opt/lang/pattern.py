@@ -1,8 +1,8 @@
 """Patterns: the s-expression language rules are written in, Herbie and egg style.
 
-``(div (exp ?x) (sum (exp ?x) ?a true))``: ops with operands first and attributes after; ``?x`` is
-a variable; an attribute may be a primitive expression such as ``(/ 1.0 ?c)``. One pattern is
-emitted as egglog text, matched against Terms and instantiated into Terms.
+``(div (exp ?x) (sum (exp ?x) ?a true))``: ops with operands first and attributes after; ``?x`` is a variable; an
+attribute may be a primitive expression such as ``(/ 1.0 ?c)``. One pattern is emitted as egglog text, matched
+against Terms and instantiated into Terms.
 
 >>> p = parse("(log (sum (exp ?x) ?a ?k))")
 >>> sorted(variables(p).items())

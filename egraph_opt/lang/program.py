@@ -1,8 +1,7 @@
 """A captured program: Terms for what the Term language expresses, opaque calls for the rest.
 
-Opaque calls (an op we do not know, a multi-output call) are carried through untouched: their
-tensor results enter Terms as ``opaque`` leaves, and the Terms they consume are roots of the
-e-graph beside the program outputs, so everything around them is still optimized."""
+Opaque calls (an op we do not know, a multi-output call) are carried through untouched: their tensor results enter
+Terms as ``opaque`` leaves, and the Terms they consume are roots beside the outputs, so all around them is optimized."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

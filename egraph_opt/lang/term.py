@@ -127,9 +127,8 @@ def pretty(root: Term, names: dict[int, str] | None = None, width: int | None = 
 
 def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool = False,
              record: dict[int, object] | None = None, kernels: dict = {}) -> list[torch.Tensor]:
-    """Run terms by the ops' reference implementations, or their ``kernels`` where given (torch's:
-    ``kernels.torch_ops.TORCH``); ``env`` binds input, param and opaque names. ``reference``: floats in
-    float64, float casts identities: the exact stand-in rules and optimized programs are checked against."""
+    """Run terms by the ops' reference implementations, or their ``kernels`` where given (``torch_ops.TORCH``); ``env``
+    binds input, param and opaque names. ``reference``: in float64, casts as identities (rules and plans' yardstick)."""
     values: dict[int, object] = {} if record is None else record
     folding = _folding_dtype(env, reference)
     for t in postorder(roots):
@@ -180,9 +179,8 @@ SCALAR = ((), torch.float64)  # a const: a Python number, which never promotes a
 
 def infer(op: str, attrs: tuple, operands: Sequence, leaf_meta: dict | None = None) -> tuple:
     """(shape, dtype) of ``op`` over ``operands``, each a tensor's (shape, dtype) or a Python number (a const): the one
-    inference of terms and e-classes alike. By the shape kind the op table declares, else (kind "meta" or a case no rule
-    covers) by running the op on meta tensors. Sizes are only compared, multiplied and broadcast, so symbolic ones could
-    flow through. ``leaf_meta``: opaque leaves' (shape, dtype). Raises what the op raises on what it refuses."""
+    inference of terms and e-classes alike, by the shape kind the op table declares, else by running the op on meta
+    tensors. ``leaf_meta``: opaque leaves' (shape, dtype). Raises what the op raises on what it refuses."""
     if op == "const":
         return SCALAR
     if op in ("input", "param"):

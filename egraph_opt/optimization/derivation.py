@@ -1,13 +1,11 @@
-"""How the input program became the extracted one, Herbie-style: a list of steps, each one rule
-applied at one location (or, for a rule of several roots, at each of its roots at once), replayed on
-Terms and checked against the saturated e-graph.
+"""How the input program became the extracted one, Herbie-style: steps, each one rule at one location (a rule of
+several roots: at each of its roots at once), replayed on Terms and checked against the saturated e-graph.
 
-egglog 13.2 keeps no proofs, so the steps are found again: where the two programs differ, rules are applied
-forwards to the input side and backwards to the output side until the two meet, and a step is kept only if the
-e-graph holds its result in the same e-class as what it rewrote and the rule's dtype guards hold of the term's
-dtypes. Every step is therefore an equality the e-graph proved, and the replay ends exactly at the extracted
-program or says where it stopped. The report's ``[REWRITE]`` lines are read from these steps, so a rule shows
-there if and only if the output uses what it rewrote.
+egglog 13.2 keeps no proofs, so the steps are found again: where the two programs differ, rules are applied forwards
+to the input side and backwards to the output side until the two meet, and a step is kept only if the e-graph holds
+its result in the e-class of what it rewrote and the rule's dtype guards hold. Every step is an equality the e-graph
+proved, and the replay ends exactly at the extracted program or says where it stopped. The report's ``[REWRITE]``
+lines are read from these steps: a rule shows there if and only if the output uses what it rewrote.
 
 >>> from egraph_opt.optimization.pipeline import optimize
 >>> from egraph_opt.lang.program import Program

@@ -16,6 +16,7 @@ from typing import Iterator
 from ..lang import pattern as pat
 from ..lang.mesh import through_reshape
 from ..lang.ops import parse_shape
+from ..lang.term import topological
 from ..rulesets.guards import Fact, Guard
 
 
@@ -108,14 +109,6 @@ class Guards:
 
 def inputs_under(classes: dict, cid: str) -> set[str]:
     """Names of the inputs some e-node of ``cid`` reaches (the first e-node of every class)."""
-    names, seen, stack = set(), set(), [cid]
-    while stack:
-        c = stack.pop()
-        if c in seen or c not in classes:
-            continue
-        seen.add(c)
-        node = classes[c][0]
-        if node.op == "input":
-            names.add(node.attrs[0])
-        stack.extend(node.children)
-    return names
+    first = [classes[c][0] for c in topological([cid], lambda c: classes[c][0].children if c in classes else (), str)
+             if c in classes]
+    return {n.attrs[0] for n in first if n.op == "input"}

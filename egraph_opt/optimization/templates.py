@@ -1,14 +1,12 @@
 """Repeated blocks (seed 004): the N identical blocks of a transformer are optimized once.
 
-Hash-consing does not merge chained blocks (their inputs differ): the terms of each instance of a
-repeated block get a signature with incoming values as numbered arguments and parameters named
-relative to the block. Equal signatures share one template, optimized once over the hull of every
-instance's argument intervals (its conditions hold for all of them).
+Hash-consing does not merge chained blocks (their inputs differ): the terms of each instance of a repeated block get a
+signature with incoming values as numbered arguments and parameters named relative to the block. Equal signatures
+share one template, optimized once over the hull of every instance's argument intervals (its conditions hold for all).
 
-Instances are the items of a module container (``h.0``, ``h.1``...) where the capture recorded
-them, and otherwise are found by structure: a plain function looping over lists of weights, an
-unrolled loop or an exported graph repeats a run of ops whose operands sit at the same distances
-back (parameters abstracted to their shapes), so the program order is periodic there."""
+Instances are the items of a module container (``h.0``, ``h.1``...) where the capture recorded them, and otherwise are
+found by structure: a plain function looping over lists of weights, an unrolled loop or an exported graph repeats a
+run of ops whose operands sit at the same distances back (parameters abstracted to their shapes)."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -90,9 +88,8 @@ def find(program: Program) -> list[list[Instance]]:
 
 
 def _periodic_scopes(ops: list[Term]) -> dict[int, str]:
-    """Blocks of the longest periodic runs of ``ops`` (in program order): op k of a run of period
-    P is in block k // P. Two ops match when they have the same op and attributes and their
-    operands are the same constants, leaves of the same shape, or ops the same distance back."""
+    """Blocks of the longest periodic runs of ``ops``: op k of a run of period P is in block k // P. Two ops match with
+    the same op and attributes and operands the same constants, leaves of one shape, or ops the same distance back."""
     at = {id(t): i for i, t in enumerate(ops)}
     keys: list = []
     for i, t in enumerate(ops):
@@ -117,11 +114,10 @@ def _periodic_scopes(ops: list[Term]) -> dict[int, str]:
 
 def _with_first_block(ops: list[Term], at: dict, keys: list, start: int, period: int,
                       blocks: int) -> tuple[int, int, int]:
-    """The run moved back to take one more block, where one fits: the first block reads the program's input
-    where the others read the previous block, so its first ops break the match. Seen from inside a block
-    (what it reads from outside is alike), the blocks must be equal. Where none fits, the same blocks moved
-    back as far as they stay equal: a block then begins where the first one's reads from outside do (a
-    layer's norm, not its middle: a boundary inside a norm leaves it unfused on both sides)."""
+    """The run moved back to take one more block, where one fits: the first block reads the program's input where the
+    others read the previous block, so its first ops break the match; seen from inside a block, the blocks must be
+    equal. Where none fits, the same blocks moved back as far as they stay equal: a block then begins where the first
+    one's reads from outside do (a layer's norm: a boundary inside a norm leaves it unfused on both sides)."""
     def seen_from(first: int, i: int) -> tuple:
         t = ops[i]
         operands = tuple(("outside",) if (id(a) in at and at[id(a)] < first) or a.op == "input"
@@ -144,10 +140,9 @@ def _with_first_block(ops: list[Term], at: dict, keys: list, start: int, period:
 
 
 def _longest_periodic_run(keys: list) -> tuple[int, int, int] | None:
-    """(start, period, blocks) of the periodic run matching most ops (the shorter period on a
-    tie): ops that equal the op ``period`` later, at least ``MIN_OPS`` in a row. A run shorter
-    than its period is one block short of two: the first block's reads from outside may take it
-    there. Candidate periods are the commonest gaps between repeats of one key."""
+    """(start, period, blocks) of the periodic run matching most ops (the shorter period on a tie): ops that equal the
+    op ``period`` later, at least ``MIN_OPS`` in a row (a run shorter than its period is one block short of two: the
+    first block's reads from outside). Candidate periods are the commonest gaps between repeats of one key."""
     last, gaps = {}, Counter()
     for i, key in enumerate(keys):
         if key in last and i - last[key] >= MIN_OPS:

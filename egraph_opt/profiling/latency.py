@@ -1,10 +1,10 @@
 """Latency of a kernel at any shape: measured where the database has it, else interpolated.
 
-Per (kernel, backend, device, dtype), ``log t = a + b*log(bytes) + c*log(flops)`` is fitted
-*locally* around each query (weighted least squares over the nearest measured shapes: one global
-line cannot follow a kernel from launch-bound through cache to DRAM- or compute-bound), to the
-residual over a roofline default, so one measurement calibrates the default; a ridge pulls slopes
-toward the roofline's where data is thin. Uncertainty: the fit's leave-one-out error.
+Per (kernel, backend, device, dtype), ``log t = a + b*log(bytes) + c*log(flops)`` is fitted *locally* around each
+query (weighted least squares over the nearest measured shapes: one global line cannot follow a kernel from
+launch-bound through cache to DRAM- or compute-bound), to the residual over a roofline default, so one measurement
+calibrates the default; a ridge pulls slopes toward the roofline's where data is thin. Uncertainty: the fit's
+leave-one-out error.
 
 >>> import tempfile, pathlib
 >>> from egraph_opt.profiling.profile_db import ProfileDB
@@ -12,9 +12,8 @@ toward the roofline's where data is thin. Uncertainty: the fit's leave-one-out e
 >>> model.predict("exp", "torch", "cpu: any", "float32", [(1024, 1024)], {}).source
 'default'
 
-``MeasuredLatency`` prices one node for the cost model, in integer tenths of a microsecond
-(extraction stays exact). The database is a cache: one that cannot be used costs one warning and
-the static estimates, never a failed compile."""
+``MeasuredLatency`` prices one node for the cost model, in integer tenths of a microsecond (extraction stays exact).
+The database is a cache: one that cannot be used costs one warning and the static estimates, never a failed compile."""
 from __future__ import annotations
 
 import math
@@ -42,9 +41,8 @@ class Roofline(NamedTuple):
     flops_per_s: float
 
 
-# Order-of-magnitude constants by device type (the part of the device name before ':'):
-# cpu: a few microseconds of dispatch, ~20 GB/s of memory bandwidth and ~100 GFLOP/s for a few
-# cores; cuda: ~5 us launch, ~1 TB/s of HBM and ~30 TFLOP/s (fp32/tf32 on a datacenter GPU).
+# Order-of-magnitude constants by device type (the device name before ':'): cpu: a few microseconds of dispatch,
+# ~20 GB/s of memory bandwidth, ~100 GFLOP/s; cuda: ~5 us launch, ~1 TB/s of HBM, ~30 TFLOP/s (a datacenter GPU).
 ROOFLINES = {"cpu": Roofline(5e-6, 2e10, 1e11), "cuda": Roofline(5e-6, 1e12, 3e13)}
 DEFAULT_UNCERTAINTY = 3.0  # a roofline guess can be several times off: relative error up to ~300%
 EXTRAPOLATION_FACTOR = 2.0  # flag a query whose bytes or FLOPs lie this far beyond the measured range
@@ -238,9 +236,8 @@ class MeasuredLatency:
             return None
 
     def __call__(self, n: NodeFacts, kernel=None, choice: bool = True, tuned: bool = False):
-        """Units and source of ``n``'s op's torch kernel, or of ``kernel`` (its own rows: ``db_backend``),
-        on operands of its shapes and layouts. A node's only kernel (no ``choice``) is timed in the first
-        half of the budget: the rest is for nodes where binding chooses (unmeasured, it takes torch's).
+        """Units and source of ``n``'s op's torch kernel, or of ``kernel`` (its own rows: ``db_backend``). A node's only
+        kernel (no ``choice``) is timed in the first half of the budget: the rest is for nodes where binding chooses.
         ``tuned``: instead, the configuration ``kernel`` ran fastest in at the measured shape nearest ``n``'s."""
         op, attrs, shapes, dtype, layouts = n.op, n.attrs, n.shapes, n.dtype, n.layouts
         if op not in PRICED or self.db is None:

@@ -1,8 +1,7 @@
-"""Measured kernel latencies, one SQLite file shared by every process (WAL mode, one transaction
-per write, so two profilers can write at once). Records are appended; a lookup takes the newest.
-The path is the user's: a file there that is not ours is a `ForeignFileError`, left untouched; a
-corrupt database of ours is set aside with a warning, never overwritten. Callers that only cache
-latencies catch `UNUSABLE`.
+"""Measured kernel latencies, one SQLite file shared by every process (WAL mode, one transaction per write, so two
+profilers can write at once). Records are appended; a lookup takes the newest. The path is the user's: a file there
+that is not ours is a `ForeignFileError`, left untouched; a corrupt database of ours is set aside with a warning,
+never overwritten. Callers that only cache latencies catch `UNUSABLE`.
 
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:
@@ -142,10 +141,9 @@ def _identity(r: Record) -> tuple:
 
 
 def _foreign_reason(path: Path) -> tuple[str | None, bool]:
-    """Why the file at `path` is not a usable profile database (None: absent, empty, usable), and
-    whether it is ours all the same (a corrupt database of ours may be set aside; another file never
-    is). Read through SQLite where it can be: opening and closing the file itself would drop the
-    POSIX locks this process's connections hold on it (SQLite's "how to corrupt", 2.2)."""
+    """Why the file at `path` is not a usable profile database (None: absent, empty, usable), and whether it is ours
+    all the same (only a corrupt database of ours may be set aside). Read through SQLite where it can be: opening and
+    closing the file itself would drop the POSIX locks this process's connections hold on it ("how to corrupt", 2.2)."""
     if not path.exists() or path.stat().st_size == 0:
         return None, True
     conn = sqlite3.connect(path, timeout=_TIMEOUT_S)

@@ -129,10 +129,9 @@ class OpSpec:
     inputs: Callable = _positive
 
 
-#: how to profile and price each work kind an op declares (``Op.work``); the per-element kinds
-#: take its FLOPs per element (``Op.flops``): 1 for arithmetic, 10 for a transcendental (a
-#: polynomial of ~10 terms), 12 for softmax-like ops (max, subtract, exp, sum, divide). Ops of kind
-#: "static" are not profiled: costs count their passes over memory.
+#: how to profile and price each work kind an op declares (``Op.work``); the per-element kinds take its FLOPs per
+#: element (``Op.flops``): 1 for arithmetic, 10 for a transcendental (a polynomial of ~10 terms), 12 for softmax-like
+#: ops. Ops of kind "static" are not profiled: costs count their passes over memory.
 WORK_KINDS: dict[str, Callable] = {
     "pointwise": lambda op: OpSpec(_square(op.arity), _pointwise(op.flops)),
     "select": lambda op: OpSpec(_square(op.arity), _pointwise(op.flops), _where_inputs),
@@ -186,9 +185,8 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def device_name(device: str | torch.device) -> str:
-    """'<type>: <model>, ..., torch <version>', the machine key of measurements: rows under another
-    key (another CPU, thread count, GPU or torch build) are never read as this machine's. On a
-    CPU the intra-op thread count is part of it: it changes latencies as much as the model does."""
+    """'<type>: <model>, ..., torch <version>', the machine key of measurements: rows under another key (another CPU,
+    thread count, GPU or torch build) are never read as this machine's. The CPU thread count changes latencies too."""
     device = torch.device(device)
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}, torch {torch.__version__}"
@@ -200,9 +198,8 @@ def device_name(device: str | torch.device) -> str:
 
 
 def machine_busy() -> str | None:
-    """Why a kernel timed now would not show this machine's speed, or None: other processes hold
-    its cores (a 1-minute load average above the core count), and a multithreaded kernel then
-    waits for the scheduler at each of its barriers, timing the scheduler, not the kernel."""
+    """Why a kernel timed now would not show this machine's speed, or None: other processes hold its cores (a 1-minute
+    load average above the core count), and a multithreaded kernel then times the scheduler at each of its barriers."""
     with contextlib.suppress(AttributeError, OSError):  # no load average on this platform: nothing to tell
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
         return f"load average {load:.1f} on {cores} cores" if load > cores else None
@@ -217,9 +214,8 @@ class Timing(NamedTuple):
 
 def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, repeats: int = 15,
                 warmup: int = 3, min_sample_s: float = 1e-3) -> Timing:
-    """Seconds per call of fn(*args): median and interquartile range over `repeats` samples, each
-    of enough calls to last `min_sample_s` (the clock and Python's overhead must not dominate) and
-    ending, on CUDA, with a synchronize (kernels are timed, not their launch)."""
+    """Seconds per call of fn(*args): median and interquartile range over `repeats` samples, each of enough calls to
+    last `min_sample_s` (the clock and Python's overhead must not dominate), ending on CUDA with a synchronize."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
@@ -282,10 +278,9 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
 
 
 def fastest(impl: Callable, args: Sequence, device: torch.device, budget_s: float = math.inf) -> dict | None:
-    """The configuration ``impl`` (a Triton wrapper: ``impl.configs``, the default first) runs fastest in
-    on ``args``: the default, then each other that runs here while ``budget_s`` lasts (its first launch
-    compiles it), timed side by side in what is left of it, at most 0.2 s; interpreted (no CUDA), only on
-    inputs of at most 4096 elements, else the default. None: it has none."""
+    """The configuration ``impl`` (a Triton wrapper: ``impl.configs``, the default first) runs fastest in on ``args``:
+    the default, then each other that runs here while ``budget_s`` lasts (its first launch compiles it), timed side by
+    side in what is left of it, at most 0.2 s; interpreted (no CUDA), only on inputs of at most 4096 elements."""
     configs = getattr(impl, "configs", None) or [None]
     if configs[0] is None or device.type != "cuda" and sum(t.numel() for t in args if hasattr(t, "numel")) > 4096:
         return configs[0]

@@ -1,9 +1,9 @@
 """What a sharded program costs on one device of the mesh, in the latency database's units.
 
-Every device runs the same program on its own parts at the same time, so a program's time is the
-sum over its ops of one device's time for each: compute from the latency database at the shapes
-one device sees, communication by an alpha-beta model per collective (``Link``), and a copy to
-split a value every device computed. Memory per device is a constraint, not a price (``memory``)."""
+Every device runs the same program on its own parts at the same time, so a program's time is the sum over its ops of
+one device's time for each: compute from the latency database at the shapes one device sees, communication by an
+alpha-beta model per collective (``Link``), and a copy to split a value every device computed. Memory per device is a
+constraint, not a price (``memory``)."""
 from __future__ import annotations
 
 import json
@@ -28,9 +28,8 @@ INFEASIBLE = 10 ** 15  # an uneven split, or an op whose shapes are unknown: nev
 
 @dataclass(frozen=True)
 class Link:
-    """Seconds of one collective moving ``bytes`` (a device's result) over 2 devices:
-    ``alpha_s + bytes * beta_s``; over n devices a ring takes n - 1 steps of 1/n of the bytes,
-    twice for an all-reduce, so the fit at 2 scales by (n - 1) steps and 2 (n - 1) / n bytes."""
+    """Seconds of one collective moving ``bytes`` (a device's result) over 2 devices: ``alpha_s + bytes * beta_s``; over
+    n a ring takes n - 1 steps of 1/n of the bytes, twice for an all-reduce: (n - 1) steps and 2 (n - 1) / n bytes."""
     alpha_s: float
     beta_s: float  # seconds per byte
 

@@ -1,6 +1,5 @@
-"""The sharding search: a program's e-graph saturated with the sharding rules for a mesh of n
-devices, and the cheapest program in it under the mesh cost (``cost.py``), extracted globally
-(DAG-aware, every e-class at once: not op by op), within the memory each device has."""
+"""The sharding search: a program's e-graph saturated with the sharding rules for a mesh of n devices, and the
+cheapest program in it under the mesh cost (``cost.py``), extracted globally, within the memory each device has."""
 from __future__ import annotations
 
 from collections import Counter

@@ -1,6 +1,5 @@
-"""Running a sharded program on real devices: one process per device over torch.distributed
-(gloo on CPU, NCCL on CUDA). Each process evaluates the same Terms with ``lang/mesh.py`` acting as
-its device: a shard keeps its own part, a collective calls torch.distributed."""
+"""Running a sharded program on real devices: one process per device over torch.distributed (gloo on CPU, NCCL on
+CUDA), each evaluating the same Terms with ``lang/mesh.py`` acting as its device."""
 from __future__ import annotations
 
 import atexit

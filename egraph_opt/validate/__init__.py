@@ -1,10 +1,9 @@
 """Validation: the optimized program must agree with the original before it is returned.
 
-Both run on fresh random inputs of the call's signature, each on its own clones, judged (``judge``)
-against the original evaluated in float64: rounding differs between equivalent programs, a wrong
-rule's error does not stay within the dtype's tolerance or 4x the original's own. Where float64
-overflows too, the long double reference stands in (``wide_reference``); the references' work is
-bounded (``_bounded_reference``), and ``Validation.bounded`` says how."""
+Both run on fresh random inputs of the call's signature, each on its own clones, judged (``judge``) against the
+original evaluated in float64: rounding differs between equivalent programs, a wrong rule's error does not stay within
+the dtype's tolerance or 4x the original's own. Where float64 overflows too, the long double reference stands in
+(``wide_reference``); the references' work is bounded (``_bounded_reference``), and ``Validation.bounded`` says how."""
 from __future__ import annotations
 
 import math
@@ -45,9 +44,8 @@ FLOAT64_COST = 2.0
 #: the long double reference (numpy without BLAS: ~0.35 GFLOP/s) runs on programs of at most this
 #: many values over all their terms
 WIDE_ELEMENTS = 1 << 21
-#: where only the sampled rows have a reference, the others' distance from the original may be
-#: this many times the original's error on the sample: within 4x of the reference by the triangle
-#: inequality, where the original errs there as it does on the sample
+#: where only the sampled rows have a reference, the others' distance from the original may be this many times the
+#: original's error on the sample: within 4x of the reference (triangle inequality) where it errs there as on the sample
 EXCUSED = 3.0
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -153,10 +151,9 @@ def wide_reference(program: Program, args: tuple) -> list | None:
 
 
 def _evaluate_wide(roots: list[Term], values: dict[int, object], expanded: list[Term]) -> bool:
-    """Fill ``values`` (by term id) for ``roots`` in long double; an op with no numpy form is evaluated in float64
-    where its values are bounded, else as the definition in primitives it declares (hypot as sqrt(x^2 + y^2): long
-    double's range cannot overflow on float64 values), each kept in ``expanded`` while ``values`` holds its id. False
-    where none holds. (A numpy form is also a numpy kernel: numpy's float32 arctan, bound by cost, rounded worse.)"""
+    """Fill ``values`` (by term id) for ``roots`` in long double; an op with no numpy form is evaluated in float64 where
+    its values are bounded, else as the definition in primitives it declares (hypot as sqrt(x^2 + y^2): long double's
+    range cannot overflow on float64 values), kept in ``expanded`` while ``values`` holds its id. False: none holds."""
     for t in postorder(roots):
         spec = OPS[t.op]
         if id(t) in values:
@@ -216,10 +213,9 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, float, str]:
-    """The acceptance rule, for torch and ONNX (numpy) outputs alike: (accepted, candidate's error, original's
-    error, why refused). Without a float64 ``ref`` (``imported_reference`` gives an ONNX model one where it
-    overflows), the original is the reference; ``excused``: an error allowed beyond the dtype's tolerance
-    (the original's own, measured elsewhere)."""
+    """The acceptance rule, for torch and ONNX (numpy) outputs alike: (accepted, candidate's error, original's error,
+    why refused). Without a float64 ``ref``, the original is the reference; ``excused``: an error allowed beyond the
+    dtype's tolerance (the original's own, measured elsewhere)."""
     if isinstance(cand, np.ndarray) and cand.dtype.kind not in "biufc":  # strings, objects
         same = cand.shape == orig.shape and np.array_equal(cand, orig)
         return same, 0.0 if same else math.inf, 0.0, "" if same else "outputs differ"
@@ -236,9 +232,9 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
 
 def imported_reference(program: Program, feeds: dict, expected: list) -> list[np.ndarray] | None:
     """The float64 reference, for ``judge``, of an imported model that runs in its own precision (ONNX under
-    onnxruntime: ``expected`` its outputs on ``feeds``), so that a stability fix is accepted as fixed: its
-    terms in float64 (long double where that overflows), where they reproduce ``expected`` (else a wrong
-    import would vouch for a wrong candidate); else None."""
+    onnxruntime: ``expected`` its outputs on ``feeds``), so that a stability fix is accepted as fixed: its terms in
+    float64 (long double where that overflows), where they reproduce ``expected`` (else a wrong import would vouch
+    for a wrong candidate)."""
     outputs = leaves(program.outputs)
     if program.opaque or not all(isinstance(o, Term) for o in outputs):
         return None
@@ -258,10 +254,9 @@ def imported_reference(program: Program, feeds: dict, expected: list) -> list[np
 
 
 def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, str]:
-    """(candidate's error, original's error, why refused or ""), relative to the float64 reference's largest
-    finite magnitude, where the original and the reference are finite (an infinite error of the original
-    never excuses one). Where the original is finite the candidate must be; where it is not, the candidate
-    must match it or the (finite) reference."""
+    """(candidate's error, original's error, why refused or ""), relative to the float64 reference's largest finite
+    magnitude, where the original and the reference are finite (an infinite error of the original never excuses one).
+    Where the original is finite the candidate must be; elsewhere it must match it or the (finite) reference."""
     if cand.is_complex():
         cand, orig, ref = (torch.view_as_real(t.resolve_conj()) for t in (cand, orig, ref.to(cand.dtype)))
     if not cand.is_floating_point():
@@ -283,10 +278,10 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
 
 def compare(original: Callable, candidate: Callable, args: tuple, wide: list | Callable | None = None,
             budget_s: float | None = None) -> Validation:
-    """Run both on their own clones of ``args`` (they draw no random numbers: capture refuses a program that
-    does, and forking the process's generator would rewind other threads' draws) and ``judge`` them against
-    the float64 reference bounded by ``budget_s`` (``REFERENCE_SECONDS``); ``wide`` (``wide_reference``, or a
-    function giving it) stands in where it overflows. The original's run shows what it writes into."""
+    """Run both on their own clones of ``args`` (they draw no random numbers: capture refuses a program that does, and
+    forking the process's generator would rewind other threads' draws) and ``judge`` them against the float64
+    reference bounded by ``budget_s``; ``wide`` (``wide_reference``, or a function giving it) stands in where it
+    overflows. The original's run shows what it writes into."""
     budget_s = REFERENCE_SECONDS if budget_s is None else budget_s
     on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
     sync = torch.cuda.synchronize if on_cuda else lambda: None  # queued kernels count
@@ -346,10 +341,9 @@ def _none(why: str) -> _Reference:
 
 def _bounded_reference(original: Callable, args: tuple, origs: list, seconds: float, budget_s: float,
                        sync: Callable) -> _Reference:
-    """The float64 reference of every row where ``FLOAT64_COST`` times the original's ``seconds`` fits
-    ``budget_s``; else of the batch's first rows, as many as fit, where every output and some input are
-    batched alike and the original on those rows alone agrees with its rows of the whole; else none. A
-    deadline holds the runs to ``budget_s`` whatever the estimate."""
+    """The float64 reference of every row where ``FLOAT64_COST`` times the original's ``seconds`` fits ``budget_s``;
+    else of the batch's first rows, as many as fit, where every output and some input are batched alike and the
+    original on those rows alone agrees with its rows of the whole; else none. A deadline holds the runs to it."""
     estimate = FLOAT64_COST * seconds
     batch = _batch(args, origs)
     rows = None if estimate <= budget_s else max(1, int(batch * budget_s / estimate)) if batch else 0

@@ -1,6 +1,6 @@
-"""Scaled dot-product attention, FlashAttention style: ``softmax(q k^T * scale) v`` in tiles, with
-an optional mask read tile by tile: an additive bias (``sdpa_masked``: -inf masks a key outright)
-or a boolean keep-mask whose dropped keys score ``fill`` (``sdpa_filled``).
+"""Scaled dot-product attention, FlashAttention style: ``softmax(q k^T * scale) v`` in tiles, with an optional mask
+read tile by tile: an additive bias (``sdpa_masked``: -inf masks a key outright) or a boolean keep-mask whose dropped
+keys score ``fill`` (``sdpa_filled``).
 
 A program owns BLOCK_M queries of one batch entry and walks the keys in tiles of BLOCK_N, keeping per query a
 running max, a running sum of exponentials and an unnormalized output that are rescaled when the max grows:

@@ -1,12 +1,10 @@
-"""Triton source text for a term DAG of elementwise ops, with at most one last-axis row op (softmax, a
-norm: anywhere) and a last-axis reduction at the root. Pure text: no Triton needed to generate (or
-refuse) a kernel, only to run it.
+"""Triton source text for a term DAG of elementwise ops, with at most one last-axis row op (softmax, a norm: anywhere)
+and a last-axis reduction at the root. Pure text: no Triton needed to generate (or refuse) a kernel, only to run it.
 
-Each op is one line of the template table below, formatted with its operands' SSA names and its
-attributes. Structurally equal subterms are emitted once; inputs become pointer arguments and
-constants scalar arguments in order of first use, so the source (hence the compiled kernel) depends
-on the term's structure only: ``x * 2`` and ``y * 3`` share one kernel. Everything is in float32;
-a cast rounds to its dtype. An input of a shape that broadcasts is read through ``span``."""
+Each op is one line of the template table below, formatted with its operands' SSA names and its attributes.
+Structurally equal subterms are emitted once; inputs become pointer arguments and constants scalar arguments in order
+of first use, so the source (hence the compiled kernel) depends on the term's structure only: ``x * 2`` and ``y * 3``
+share one kernel. Everything is in float32; a cast rounds to its dtype. A broadcast input is read through ``span``."""
 from __future__ import annotations
 
 import hashlib

@@ -1,11 +1,9 @@
-"""Cross entropy of logits against class indices (the ``cross_entropy`` op): log_softmax and NLL
-fused, then the op's reduction over rows.
-
-Each program computes its row's ``logsumexp(x) - x[target]`` with the online pass of the softmax kernel, so
-the (rows, classes) log-probabilities are never written. Rows whose target is ``ignore_index`` lose 0 and
-count in no mean; a target outside the classes makes that row's loss NaN instead of reading out of bounds
-(torch raises; a kernel cannot, cheaply). A row whose max is +inf loses what the op's naive composition gives:
-NaN where the target's logit is +inf, +inf elsewhere."""
+"""Cross entropy of logits against class indices (the ``cross_entropy`` op): log_softmax and NLL fused, then the op's
+reduction over rows. Each program computes its row's ``logsumexp(x) - x[target]`` with the softmax kernel's online
+pass, so the (rows, classes) log-probabilities are never written. Rows whose target is ``ignore_index`` lose 0 and
+count in no mean; a target outside the classes makes that row's loss NaN instead of reading out of bounds (torch
+raises; a kernel cannot, cheaply). A row whose max is +inf loses what the op's naive composition gives: NaN where the
+target's logit is +inf, +inf elsewhere."""
 from __future__ import annotations
 
 import torch

@@ -1,10 +1,9 @@
 """``generate_elementwise``: compile a term to a Triton kernel, once per structure and process.
 
-``@triton.jit`` reads its function's source from a file: the generated text is written to the
-cache directory under its hash (atomically: processes may race), and what runs is that text itself,
-compiled under the file's name and given to linecache, which Triton reads: never the file as found,
-nor bytecode an importer would take from ``__pycache__`` (a planted .pyc with the .py's timestamp
-and size). The cache directory is used only where it and all in it are the user's alone to write."""
+``@triton.jit`` reads its function's source from a file: the generated text is written to the cache directory under
+its hash (atomically: processes may race), and what runs is that text itself, compiled under the file's name and given
+to linecache, which Triton reads: never the file as found, nor bytecode an importer would take from ``__pycache__`` (a
+planted .pyc with the .py's timestamp and size). The cache directory is used only where it is the user's alone."""
 from __future__ import annotations
 
 import functools
@@ -34,9 +33,8 @@ _checked: set[Path] = set()  # cache directories found private in this process
 
 
 def _private(directory: Path) -> None:
-    """Create the directory for this user only; refuse one where another user could plant code:
-    it, and everything in it (``__pycache__`` included), must be the user's and writable by nobody
-    else. Checked once per process and directory."""
+    """Create the directory for this user only; refuse one where another user could plant code: it and all in it
+    (``__pycache__`` included) must be the user's, writable by nobody else. Checked once per process and directory."""
     if directory in _checked:
         return
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -75,11 +73,9 @@ def _load(program: KernelSource) -> object:
 
 
 class GeneratedKernel:
-    """A Triton kernel computing ``term`` (elementwise ops over inputs that broadcast, optionally
-    with one softmax or norm over axis -1, under one root sum/max/mean over it); ValueError names any op
-    it cannot generate. ``kernel`` is shared by every structurally equal term. Where autograd records,
-    the ops' torch kernels run (``separate``: a generated kernel has no backward). ``configs``: as a
-    hand kernel's (``runtime.implements``), the block its rows (or elements) are read in, and warps."""
+    """A Triton kernel computing ``term`` (codegen's regions); ValueError names any op it cannot generate. ``kernel`` is
+    shared by every structurally equal term. Where autograd records, the ops' torch kernels run (``separate``: a
+    generated kernel has no backward). ``configs``: as a hand kernel's (``runtime.implements``)."""
 
     configs = [c.all_kwargs() for c in ROW_CONFIGS]
 

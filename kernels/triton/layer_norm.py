@@ -1,8 +1,7 @@
 """Layer norm over the last dim, with optional affine weight and bias (``F.layer_norm``): the generated kernel of the
-op alone, so a region's layer norm and this one are one code (codegen's ``STATS``, steps in ``mathlib``). One program
-per row, three passes over the row in blocks: the mean, then the variance as the mean of squared deviations (not
-E[x^2] - E[x]^2, which cancels catastrophically), then the normalized, scaled output, in float32. A row past 2^32 in
-magnitude is normalized scaled by a power of two: its squares (or sum) could overflow float32."""
+op alone, so a region's layer norm and this one are one code (codegen's ``STATS``, steps in ``mathlib``): per row, the
+mean, then the variance as the mean of squared deviations (E[x^2] - E[x]^2 cancels), then the output, in float32; a
+row past 2^32 in magnitude scaled by a power of two (its squares could overflow float32)."""
 from __future__ import annotations
 
 import functools

@@ -1,8 +1,7 @@
-"""``activation(x @ weight.T + bias)``: a tiled matmul whose epilogue adds the bias and applies
-the activation in registers, so the pre-activation never goes to memory.
-
-``weight`` is in ``nn.Linear`` layout (out, in) and is read transposed through its strides.
-Products accumulate in float32; float32 operands multiply in TF32 only where torch's own matmuls may."""
+"""``activation(x @ weight.T + bias)``: a tiled matmul whose epilogue adds the bias and applies the activation in
+registers, so the pre-activation never goes to memory. ``weight`` is in ``nn.Linear`` layout (out, in), read
+transposed through its strides. Products accumulate in float32; float32 operands multiply in TF32 only where torch's
+own matmuls may."""
 from __future__ import annotations
 
 import torch

@@ -1,9 +1,8 @@
 """Device functions that ``triton.language`` lacks or gets wrong for us, shared by the kernels.
 
-Triton has no portable log1p, expm1, tanh or pow (they live in CUDA's libdevice, which the CPU
-interpreter cannot run), so they are built from exp and log with Kahan's compensation tricks:
-accurate to a few ulps at every magnitude, on the GPU and in the interpreter alike. ReLU keeps
-NaN, as torch does (``tl.maximum`` would drop it). All take and return float32 blocks."""
+Triton has no portable log1p, expm1, tanh or pow (they live in CUDA's libdevice, which the CPU interpreter cannot
+run), so they are built from exp and log with Kahan's compensation tricks: accurate to a few ulps at every magnitude,
+on the GPU and in the interpreter alike. ReLU keeps NaN, as torch does. All take and return float32 blocks."""
 import triton
 import triton.language as tl
 

@@ -15,9 +15,8 @@ try:
 except ImportError:
     HAVE_TRITON = False
 
-#: the test switch: Triton kernels take CPU tensors, interpreted (``TRITON_INTERPRET=1``), and binding
-#: prefers them wherever one accepts a node, so CI runs every plan path with Triton kernels without
-#: a GPU (interpreter timings mean nothing, so they do not decide)
+#: the test switch: Triton kernels take CPU tensors, interpreted (``TRITON_INTERPRET=1``), and binding prefers them
+#: wherever one accepts a node, so CI runs every plan path with Triton kernels (interpreter timings mean nothing)
 ON_CPU = "EGRAPH_OPT_TRITON_ON_CPU"
 
 
@@ -54,17 +53,15 @@ def unavailable(name: str):
     return stub
 
 
-#: op -> (wrapper, limits, dtypes): the Triton kernels the modules of this package declare, which
-#: the registry discovers. ``limits(use)`` is a reason to refuse a use (a ``registry.Use``), or
-#: None; ``dtypes``, the operand dtypes it takes besides half and single floats (class indices).
+#: op -> (wrapper, limits, dtypes): the Triton kernels this package's modules declare, for the registry. ``limits(use)``
+#: is a reason to refuse a ``registry.Use``, or None; ``dtypes``, operand dtypes besides half and single floats.
 TRITON_KERNELS: dict[str, tuple[Callable, Callable | None, tuple[str, ...]]] = {}
 
 
 def implements(op: str, limits: Callable | None = None, dtypes: tuple[str, ...] = (), configs: list = ()):
-    """Declares the decorated wrapper as the Triton kernel for ``op`` (same signature as the op's
-    implementation in ``egraph_opt.lang.ops``, and a keyword ``config``), within ``limits``, taking
-    ``dtypes`` too; ``configs`` (``triton.Config``, the default first) are what the profiler times it in,
-    as ``wrapper.configs`` (the dicts the database records)."""
+    """Declares the decorated wrapper as the Triton kernel for ``op`` (the op's implementation's signature, and a
+    keyword ``config``), within ``limits``, taking ``dtypes`` too; ``configs`` (``triton.Config``, the default first)
+    are what the profiler times it in, as ``wrapper.configs`` (the dicts the database records)."""
     def declare(wrapper):
         TRITON_KERNELS[op] = (wrapper, limits, dtypes)
         wrapper.configs = [c.all_kwargs() for c in configs]

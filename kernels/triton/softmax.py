@@ -1,8 +1,6 @@
-"""Row-wise softmax, log_softmax and logsumexp: one kernel, an online max/sum over blocks.
-
-Pass 1 walks the row in blocks keeping a running max ``m`` and a running sum ``s`` of
-``exp(x - m)`` (rescaled when ``m`` grows), so rows of any length cost one block of registers
-and never overflow. Pass 2 (skipped for logsumexp) writes ``exp(x - m) / s`` or ``x - m - log s``."""
+"""Row-wise softmax, log_softmax and logsumexp: one kernel, an online max/sum over blocks. Pass 1 walks the row in
+blocks keeping a running max ``m`` and a running sum ``s`` of ``exp(x - m)`` (rescaled when ``m`` grows), so rows of
+any length cost one block of registers and never overflow. Pass 2 (not for logsumexp) writes the result."""
 from __future__ import annotations
 
 import torch

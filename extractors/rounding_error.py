@@ -236,8 +236,12 @@ def sampled_small(program: Program) -> bool:
         and elementwise(program.roots())
 
 
+#: points an estimate samples: one number for every use (extraction's choice, the report's check of it, explore)
+POINTS = 4
+
+
 @torch.inference_mode(False)  # derivatives: a caller's inference mode would record no graph
-def program_error(program: Program, ranges: dict | None = None, *, points: int = 8,
+def program_error(program: Program, ranges: dict | None = None, *, points: int = POINTS,
                   seed: int = 0) -> ProgramError | None:
     """The program's first-order error at ``points`` drawn from ``ranges`` (else every finite value
     of an input's dtype). None with opaque calls, non-float inputs, or no half or single output."""
@@ -265,12 +269,12 @@ def program_error(program: Program, ranges: dict | None = None, *, points: int =
     return ProgramError(float(defined.max()), float(defined.mean()), by_node) if defined.numel() else None
 
 
-def least_error(candidates: list[Program], ranges: dict | None = None, *, points: int = 4) -> int | None:
+def least_error(candidates: list[Program], ranges: dict | None = None) -> int | None:
     """Index of the candidate of least first-order error at the same points (worst, then mean, in
     whole bits: finer is sampling noise), the first of equals; None when one is not estimable."""
     scores = []
     for i, candidate in enumerate(candidates):
-        found = program_error(candidate, ranges, points=points)
+        found = program_error(candidate, ranges)
         if found is None:
             return None
         scores.append((round(found.worst), round(found.mean), i))
@@ -285,17 +289,17 @@ def bits_gained(before: ProgramError, after: ProgramError | None) -> float:
 
 
 def far_more_accurate(candidates: list[Program], latencies: list[float], affordable: Callable[..., bool],
-                      ranges: dict | None = None, *, points: int = 4) -> int | None:
+                      ranges: dict | None = None) -> int | None:
     """Index of the most accurate candidate whose sampled error is some bits below the first's, worst or mean, at
     a latency ``affordable`` for them beside the first's (``cost.buys``; under ACCURATE_BY bits, below and no worse
     in either); None where none is (most programs: an error below a bit)."""
-    first = program_error(candidates[0], ranges, points=points)
+    first = program_error(candidates[0], ranges)
     if first is None or max(first.worst, first.mean) < 1:
         return None
     found = []
     for i, (candidate, latency) in enumerate(zip(candidates, latencies)):
         if i and affordable(latency, latencies[0]):
-            error = program_error(candidate, ranges, points=points)
+            error = program_error(candidate, ranges)
             if (gain := bits_gained(first, error)) >= 1 and affordable(latency, latencies[0], gain):
                 found.append((round(error.worst), round(error.mean), latency, i))
     return min(found)[3] if found else None

@@ -246,7 +246,7 @@ def test_fewer_bits_buy_less_time(latency, bits, taken):
     naive = op("sub", op("add", X, ONE), X)
     ranges = {"x": (1.0, 100.0)}
     programs = [Program((X,), t) for t in (naive, _wide(naive))]
-    first, wide = (program_error(p, ranges, points=4) for p in programs)
+    first, wide = (program_error(p, ranges) for p in programs)
     assert 4.8 < first.worst - wide.worst < 5.3 and wide.mean <= first.mean  # what the bits buy: 2.3x to 2.5x
     model = CostModel(max_slowdown=4.0)
     chosen = far_more_accurate(programs, [100, latency], lambda a, b, g=99: model.affordable(a, b, g * 8 / bits), ranges)

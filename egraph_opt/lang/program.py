@@ -76,7 +76,8 @@ class Program:
         return {**self.leaf_shapes, **{n: c.meta for n, c in self.opaque.items() if c.meta is not None}}
 
     def pruned(self) -> Program:
-        """The program without opaque calls that no output needs."""
+        """The program without opaque calls or parameters that no output needs (a captured constant that lowering
+        folded to a number: a program that reads no parameter is one of numbers, sampled and widened as one)."""
         needed, seen = set(), set()  # seen: terms walked once for all calls (a walk per call is quadratic)
         stack = leaves(self.outputs)
         while stack:
@@ -86,13 +87,16 @@ class Program:
                     continue
                 seen.add(id(item))
                 stack.extend(item.args)
+            if isinstance(item, Term) and item.op == "param":
+                needed.add(("param", item.attrs[0]))
             name = item.name if isinstance(item, OpaqueRef) else \
                 item.attrs[0] if isinstance(item, Term) and item.op == "opaque" else None
             if name is not None and name not in needed and name in self.opaque:
                 needed.add(name)
                 call = self.opaque[name]
                 stack.extend(leaves((call.args, call.kwargs)))
-        return replace(self, opaque={n: c for n, c in self.opaque.items() if n in needed})
+        return replace(self, opaque={n: c for n, c in self.opaque.items() if n in needed},
+                       params={n: p for n, p in self.params.items() if ("param", n) in needed})
 
     def with_roots(self, new: dict[int, Term]) -> Program:
         """The same program with each root term (by id) replaced by its optimized term."""

@@ -121,7 +121,7 @@ def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, mod
     (Herbie's; in a model a precision is the user's, autocast's) where no float32 form found is accurate: under
     balanced far more accurate and affordable, under stability off by a bit, more accurate and no worse."""
     if model.objective not in (Objective.STABILITY, Objective.BALANCED) or len(chosen) != 1 or program.opaque or \
-            any(t.op == "param" for t in postorder(chosen)) or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
+            program.params or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
             any(t.attrs[2] != "float32" for t in program.inputs):
         return None
     leaves = {id(t): Term("cast", (t,), ("float64",)) if t.op == "input" else  # constants as written
@@ -132,7 +132,7 @@ def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, mod
         priced = lambda terms: program_cost(terms, model, input_ranges, program.leaf_meta())["latency"]  # noqa: E731
         return widest if far_more_accurate(pair, [priced(t) for t in (chosen, widest)], model.affordable,
                                            input_ranges) else None
-    old, new = (program_error(p, input_ranges, points=4) for p in pair)
+    old, new = (program_error(p, input_ranges) for p in pair)
     return widest if old and new and old.mean > 1 and new.worst <= old.worst and new.mean <= old.mean - MIN_GAIN else None
 
 

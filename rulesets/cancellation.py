@@ -116,4 +116,6 @@ RULES += rules(_E, [
 RULES += rules(_A, [
     ("add-sub-cancel",        "(sub (add ?x ?y) ?x)",                          "(add ?y (mul (abs ?x) (const 0.0)))"),
     ("sub-sub-cancel",        "(sub (sub ?x ?y) ?x)",                          "(sub (mul (abs ?x) (const 0.0)) ?y)"),
+    # a blend of 1 and w is 1 plus a change: w - 1 meets expm1 (w = e^z) and the sum log1p (truncated exponentials)
+    ("blend-with-one",        "(add (sub (const 1.0) ?y) (mul ?y ?w))",         "(add (const 1.0) (mul ?y (sub ?w (const 1.0))))"),
 ], Exactness.REASSOC)

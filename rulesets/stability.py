@@ -24,6 +24,13 @@ RULES = rules(_E, [
     ("sigmoid-from-exp-ratio-finite", "(div (exp ?x) (add (exp ?x) (const 1.0)))", "(sigmoid ?x)", BELOW_MAX,
                               "x declared below float32's max (an undeclared input ranges up to it and may "
                               "be +inf): no NaN to keep"),
+    # two classes' softmax (a pairwise preference, a gate): e^a / (e^a + e^b) = sigmoid(a - b)
+    ("sigmoid-of-difference", "(div (exp ?a) (add (exp ?a) (exp ?b)))",
+                              "(add (sigmoid (sub ?a ?b)) (mul (relu ?a) (const 0.0)))",
+                              "e^a / (e^a + e^b) is inf/inf or 0/0 where the exps overflow or underflow; "
+                              "+ relu(a) * 0 keeps its NaN at a = +inf, as sigmoid-from-exp-ratio"),
+    ("sigmoid-of-difference-finite", "(div (exp ?a) (add (exp ?a) (exp ?b)))", "(sigmoid (sub ?a ?b))",
+                              BELOW_MAX.rename({"x": "a"}), "a declared below float32's max: no NaN to keep"),
     ("softplus-fuse",         "(log1p (exp ?x))",                               "(softplus ?x)"),
     ("log-sigmoid-stable",    "(log (sigmoid ?x))",                             "(sub (const 0.0) (softplus (neg ?x)))",
                               "0 - s, not -s: +0 where softplus underflows, as log(1) is"),

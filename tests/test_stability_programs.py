@@ -35,6 +35,14 @@ def naive_signed_asinh(x):  # libm's and Rust's spelling: the odd function from 
     return torch.copysign(torch.log(x.abs() + torch.sqrt(x * x + 1)), x)
 
 
+def naive_pair_softmax(a, b):  # two classes' softmax, a pairwise preference
+    return torch.exp(a) / (torch.exp(a) + torch.exp(b))
+
+
+def naive_truncated_exp_log(y, z):  # log of a blend of 1 and e^z (a truncated exponential's inverse)
+    return torch.log((1 - y) + y * torch.exp(z))
+
+
 def truth_attention(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
 
@@ -47,6 +55,8 @@ CASES = [
     (naive_attention,    truth_attention,                          [(2, 8, 16)] * 3, lambda x: x * 8),
     (naive_log1p,        torch.log1p,                              [(64,)],         lambda x: x.abs() * 1e-5),
     (naive_signed_asinh, torch.asinh,                              [(64,)],         lambda x: x * 1e-5),
+    (naive_pair_softmax, lambda a, b: torch.sigmoid(a - b),        [(64,)] * 2,     lambda x: x * 100),
+    (naive_truncated_exp_log, lambda y, z: torch.log1p(y * torch.expm1(z)), [(64,)] * 2, lambda x: x.abs() * 1e-2),
 ]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
 

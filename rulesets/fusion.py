@@ -161,35 +161,36 @@ RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for na
 ])
 
 
-def _horizontal(count: int) -> Rule:
-    """``count`` linears of one input with constant weights: one linear of the concatenated
-    weights, sliced (QKV projections). Ordered tuples all fire: each order is one alternative."""
+def _horizontal(count: int, biased: bool = True) -> Rule:
+    """``count`` linears (``biased``) or matmuls by transposed weights (LLaMA's bias-free projections) of one input
+    with constant weights: one of the concatenated weights, sliced (QKV, gate and up). Ordered tuples all fire: each
+    order is one alternative."""
     ws = [f"(param ?w{i} ?ws{i} ?wd{i})" for i in range(1, count + 1)]
     bs = [f"(param ?b{i} ?bs{i} ?bd{i})" for i in range(1, count + 1)]
     weights, biases = ws[0], bs[0]
     for w, b in zip(ws[1:], bs[1:]):
         weights, biases = f"(concat {weights} {w} -2)", f"(concat {biases} {b} -1)"
-    fused = f"(linear ?x {weights} {biases})"
+    of = (lambda w, b: f"(linear ?x {w} {b})") if biased else (lambda w, b: f"(matmul ?x (transpose {w} -2 -1))")
     starts, end = ["0"], "?n1"
     for i in range(2, count + 1):
         starts.append(end)
         end = f"(+ {end} ?n{i})"
     ends = starts[1:] + [end]
-    roots = [(f"(linear ?x {w} {b})", f"(slice {fused} -1 {start} {stop} 1)")
+    roots = [(of(w, b), f"(slice {of(weights, biases)} -1 {start} {stop} 1)")
              for w, b, start, stop in zip(ws, bs, starts, ends)]
     names = ["__lhs"] + [f"__lhs{i}" for i in range(2, count + 1)]
     distinct = tuple(f"(!= ?w{i} ?w{j})" for i in range(1, count + 1) for j in range(i + 1, count + 1))
     sizes = tuple(f"(= ?n{i} (last-dim {n}))" for i, n in enumerate(names, 1))
     sample = (("x", (2, 3, 4)), *((f"ws{i}", f"{i + 2},4") for i in range(1, count + 1)),
-              *((f"bs{i}", f"{i + 2}") for i in range(1, count + 1)),
+              *((f"bs{i}", f"{i + 2}") for i in range(1, count + 1) if biased),
               *((f"n{i}", i + 2) for i in range(1, count + 1)))
-    return Rule(f"linear-horizontal-fuse-{count}", roots[0][0], roots[0][1], _F,
+    return Rule(f"{'linear' if biased else 'matmul'}-horizontal-fuse-{count}", roots[0][0], roots[0][1], _F,
                 when=distinct + sizes, more=tuple(roots[1:]), sample=sample,
                 binds=tuple(f"n{i}" for i in range(1, count + 1)),
                 why=f"{count} projections of one input: one matmul, then slices")
 
 
-RULES += [_horizontal(2), _horizontal(3)]
+RULES += [_horizontal(n, biased) for n in (2, 3) for biased in (True, False)]
 # unscaled, the extremes test finds float16 k = 65504 (scores ~2e5, every key tied) where torch's
 # kernel rounds each score on its own and misses the tie by 2%: not declared
 # masked in float16 not declared: at float16's max (scores of ~1e5) the float32 kernel's weights

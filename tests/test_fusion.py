@@ -267,6 +267,21 @@ def test_projections_of_one_input_become_one_matmul_sliced():
     assert any(name.startswith("linear-horizontal-fuse") for name, _, _ in report.rewrites)
 
 
+class BiasFreeProjections(nn.Module):  # LLaMA's: q, k, v and the MLP's gate and up without biases
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(32, n, bias=False) for n in (32, 32, 16))
+
+    def forward(self, x):
+        return torch.softmax(self.q(x) @ self.k(x).transpose(-2, -1) / 32 ** 0.5, -1) @ self.v(x)
+
+
+def test_bias_free_projections_of_one_input_become_one_matmul_sliced():
+    report = optimized_report(BiasFreeProjections().eval(), torch.randn(2, 8, 32))
+    assert report.ops_after.get("slice") == 3, report.ops_after
+    assert any(name.startswith("matmul-horizontal-fuse") for name, _, _ in report.rewrites)
+
+
 def test_projections_of_different_inputs_stay_apart():
     report = optimized_report(Projections().eval(), torch.randn(2, 8, 32), torch.randn(2, 8, 32))
     assert report.ops_after.get("linear") == 2  # q and k fused; v reads another input

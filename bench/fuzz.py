@@ -54,7 +54,7 @@ CONSTS = [0.0, 0.5, 1.0, 2.0, 3.0, -1.0]  # 0 and 1 make the identity rules (add
 RANGES = [(-3.0, 3.0), (0.1, 10.0), (-1e-3, 1e-3), (1.0, 50.0), (-50.0, -1.0), (0.0, 1.0)]
 UNARY = ["exp", "log", "neg", "tanh", "sigmoid", "abs", "sqrt", "log1p", "expm1", "relu", "sin", "cos",
          "tan", "atan", "asinh", "acosh", "atanh", "cbrt", "silu"]
-BINARY = ["add", "sub", "mul", "div", "maximum", "pow", "atan2", "hypot"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "pow", "atan2", "hypot", "copysign"]
 
 
 def op(name: str, *args: Term, attrs: tuple = ()) -> Term:
@@ -79,6 +79,8 @@ SHAPED = {  # spellings the rules look for, so random programs exercise them
     "one_minus_cos": lambda t: op("sub", ONE, op("cos", t)),
     "sigmoid_ratio": lambda t: op("div", op("exp", t), op("add", ONE, op("exp", t))),
     "square": lambda t: op("mul", t, t),
+    "signed_asinh": lambda t: op("copysign", op("log", op("add", op("abs", t), op("sqrt", op("add", op("mul", t, t), ONE)))), t),
+    "odd_of_abs": lambda t: op("copysign", op("tanh", op("abs", t)), t),
     "scaled": lambda t: op("div", t, Term.const(3.0)),
     "variance_one_pass": lambda t: op("sub", op("mean", op("mul", t, t), attrs=(-1, True)),
                                       op("mul", *[op("mean", t, attrs=(-1, True))] * 2)),
@@ -96,6 +98,8 @@ PAIRED = {
     "sqrt_difference": lambda a, b: op("sub", op("sqrt", a), op("sqrt", b)),
     "tan_difference": lambda a, b: op("sub", op("tan", a), op("tan", b)),
     "atan_difference": lambda a, b: op("sub", op("atan", a), op("atan", b)),
+    "pair_softmax": lambda a, b: op("div", op("exp", a), op("add", op("exp", a), op("exp", b))),
+    "blend_with_one": lambda a, b: op("add", op("sub", ONE, a), op("mul", a, op("exp", b))),
     "hypot_naive": lambda a, b: op("sqrt", op("add", op("mul", a, a), op("mul", b, b))),
 }
 

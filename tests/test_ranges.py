@@ -18,7 +18,7 @@ X = Term.input("x", (5, 5), "float64")
 Y = Term.input("y", (5, 5), "float64")
 UNARY = ["exp", "neg", "tanh", "sigmoid", "abs", "relu", "sqrt", "log", "log1p", "expm1", "erf",
          "softplus", "sin", "cos", "gelu_none", "tan", "atan", "asinh", "acosh", "atanh", "cbrt"]
-BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "logaddexp", "atan2", "hypot"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "logaddexp", "atan2", "hypot", "copysign"]
 REDUCE = ["sum", "mean", "max", "softmax", "log_softmax", "logsumexp", "var"]
 
 

@@ -93,6 +93,8 @@ GUARDED += [
      (quotient(X, op("add", op("mul", X, X), c(-1.0))), None)),
     ("asinh-fuse", (op("log", op("add", X, op("sqrt", op("add", op("mul", X, X), c(1.0))))), None),
      (op("log", op("add", E, op("sqrt", op("add", op("mul", E, E), c(1.0))))), None)),
+    ("asinh-fuse-abs", (op("log", op("add", op("abs", X), op("sqrt", op("add", op("mul", X, X), c(1.0))))), None),
+     (op("log", op("add", op("abs", E), op("sqrt", op("add", op("mul", E, E), c(1.0))))), None)),
     ("pow-shift-minus-one", (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-0.5, 1.0)}),
      (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-1.0, 1.0)})),
     ("pow-minus-one", (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.5, 2.0)}),

@@ -1,6 +1,8 @@
 import pytest
 
-from egraph_opt.lang.term import Term, TermError, evaluate, postorder, pretty, op_counts
+from hypothesis import given, strategies as st
+
+from egraph_opt.lang.term import Term, TermError, evaluate, postorder, pretty, op_counts, topological
 
 
 def test_deep_chains_walk_without_recursion():
@@ -18,6 +20,22 @@ def test_shared_subterms_are_visited_once():
     t = Term("div", (e, Term("sum", (e,), (-1, True))))
     assert [u.op for u in postorder([t])] == ["input", "exp", "sum", "div"]
     assert op_counts([t]) == {"div": 1, "exp": 1, "sum": 1}
+
+
+@given(st.lists(st.lists(st.integers(0, 11), max_size=4), min_size=12, max_size=12), st.booleans())
+def test_a_walk_orders_a_dag_and_ends_on_a_cycle(edges, acyclic):
+    """Each item once, after the items it uses; an e-graph's classes may reach themselves (a cycle),
+    where the walk must still end (a cycle once grew a test worker to 19 GB)."""
+    deps = [[d for d in ds if d > i or not acyclic] for i, ds in enumerate(edges)]
+    order = topological([0, 5], deps.__getitem__, int)
+    assert len(order) == len(set(order))
+    at = {item: i for i, item in enumerate(order)}
+    reached = {0, 5}
+    for item in order:
+        reached.update(deps[item])
+    assert set(order) == reached
+    if acyclic:
+        assert all(at[d] < at[i] for i in order for d in deps[i])
 
 
 def test_pretty_infix_respects_precedence():

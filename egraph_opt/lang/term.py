@@ -66,20 +66,19 @@ class Term:
 
 
 def topological(roots: Iterable, deps: Callable[[Any], Sequence], key: Callable[[Any], Any]) -> list:
-    """Items reachable from ``roots``, each after those ``deps`` says it uses; iterative (deep programs)."""
-    order, done = [], set()
+    """Items reachable from ``roots``, each after those ``deps`` says it uses; iterative (deep programs). A cycle
+    (an e-graph's classes) is cut where it closes: each item is entered once."""
+    order, entered = [], set()
     for root in roots:
         stack = [(root, False)]
         while stack:
             item, ready = stack.pop()
-            if key(item) in done:
-                continue
             if ready:
-                done.add(key(item))
                 order.append(item)
-                continue
-            stack.append((item, True))
-            stack.extend((d, False) for d in reversed(deps(item)) if key(d) not in done)
+            elif key(item) not in entered:
+                entered.add(key(item))
+                stack.append((item, True))
+                stack.extend((d, False) for d in reversed(deps(item)) if key(d) not in entered)
     return order
 
 

@@ -240,7 +240,9 @@ def test_an_infinite_inputs_limit_is_counted_apart_beside_a_nan_input():
     """Seed 3000407: exp(log y) / (1 + exp(log y)) -> sigmoid(log y) is 1 at y = +inf, where the
     original and its truth are inf / inf; another element of y is NaN, which made the whole program
     "made wrong". The element is the truth at y = 1e300: the limit, counted apart."""
-    kind, _, why = fuzz.check(3000407)
+    term = fuzz.from_sexpr("(mul (div (exp (log ?y)) (add (const 1.0) (exp (log ?y))))"
+                           " (div (exp (log ?y)) (add (const 1.0) (exp (log ?y)))))", {"y": (3, 4)})
+    kind, _, why = fuzz.finding(term, None, "extreme", 3000407, fuzz.Objective.STABILITY)
     assert kind == "limit" and why.startswith(fuzz.INF_LIMIT), why
 
 
@@ -267,11 +269,17 @@ def test_a_subnormal_inputs_sign_that_float64_absorbs_is_counted_apart():
     """Seed 4000367: sqrt(log(1 + y)) -> sqrt(log1p(y)) is NaN at y = -1.1e-44, where log(1 + y) is
     negative (the real function is undefined there) and float64's truth rounds 1 + y to 1 (0, then
     2 from the maximum around it): the truth with y moved to -1e-12 agrees with the optimized."""
-    kind, _, why = fuzz.check(4000367)
+    term = fuzz.from_sexpr("(maximum (const 2.0) (sub (sqrt (log (add (const 1.0) ?y)))"
+                           " (sqrt (sqrt (add (mul ?x ?x) (mul ?x ?x))))))", {"y": (1, 4), "x": (3, 4)})
+    kind, _, why = fuzz.finding(term, None, "extreme", 4000367, fuzz.Objective.STABILITY)
     assert kind == "limit" and why.startswith(fuzz.ZERO_LIMIT), why
 
 
 def test_regimes_are_not_sought_over_a_templates_outputs():
     """Seed 4000165: a repeated constant subterm became a template, whose outputs are leaves of the
     outer program that no sample draws; regime inference under `stability` raised KeyError."""
-    assert fuzz.check(4000165) is None
+    e = "(sub (exp (const -1.0)) (const 1.0))"
+    c = f"(sqrt (add (mul (const 2.0) (const 2.0)) (mul {e} {e})))"
+    y = "(log (add (const 1.0) (atan ?y)))"
+    term = fuzz.from_sexpr(f"(sub (mul {y} {y}) (mul {c} {c}))", {"y": (3, 4)})
+    assert fuzz.finding(term, None, "normal", 4000165, fuzz.Objective.STABILITY) is None

@@ -237,8 +237,8 @@ def test_a_branch_on_a_subterms_sign_makes_the_quadratic_formula_accurate():
     torch.testing.assert_close(out, truth.float(), rtol=4 * 2 ** -23, atol=0, equal_nan=True)
     naive = _root_of_difference(a, x, y, c)
     assert abs(naive[0] - truth[0]) / abs(truth[0]) > 2 ** -14  # the naive form cancels: 10 bits lost
-    before, after = opt.report.error
-    assert after.worst <= before.worst - 8 and after.mean < before.mean
+    before, after = opt.report.error  # the estimate, at its 4 x 256 sampled points, sees it too
+    assert after.worst <= 1.5 and before.worst >= 6 and after.mean < before.mean
 
 
 def test_a_guarded_rule_is_not_taken_where_no_split_implies_its_guard():

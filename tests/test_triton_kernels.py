@@ -401,6 +401,21 @@ def test_generated_binary_op_with_constant(op, exponent):
     check(K.generate_elementwise(term)(x=x), ref, torch.float32, f"generated {op} {exponent}")
 
 
+def test_a_generated_copysign_takes_the_sign_bit_of_zeros_infinities_and_a_scalar():
+    """|a| with b's sign bit, as torch.copysign: -0.0 is negative, inf keeps its magnitude, a NaN magnitude stays NaN;
+    a constant sign operand (a scalar argument, not a block) too."""
+    a = torch.tensor([1.5, -2.0, 0.0, -0.0, math.inf, -math.inf, math.nan, 3.0])
+    b = torch.tensor([-0.0, 0.0, -1.0, 2.0, -math.inf, math.inf, -1.0, -1e-45])
+    x, y = Term.input("a", a.shape), Term.input("b", b.shape)
+
+    def same(u, v):  # values, NaN where NaN, and the sign of each number (of zeros too)
+        signs = (u.signbit() | u.isnan(), v.signbit() | v.isnan())
+        return torch.equal(u.nan_to_num(7.0), v.nan_to_num(7.0)) and torch.equal(*signs)
+    assert same(K.generate_elementwise(Term("copysign", (x, y)))(a=a, b=b), torch.copysign(a, b))
+    for c in (-0.0, 0.0, -3.0):
+        assert same(K.generate_elementwise(Term("copysign", (x, Term.const(c))))(a=a), torch.copysign(a, torch.tensor(c)))
+
+
 def test_a_generated_cast_rounds_as_torch_does_at_the_extremes():
     """A cast rounds to nearest even: ties, the overflow to inf past max, subnormals, -0.0 and NaN
     give torch's bits, and a broadcast (C,) operand reads a[j] at every row."""

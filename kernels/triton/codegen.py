@@ -34,6 +34,7 @@ TEMPLATES: dict[str, str] = {
     "sqrt":    "tl.sqrt_rn({0})",
     "rsqrt":   "tl.rsqrt({0})",
     "abs":     "tl.abs({0})",
+    "copysign": "m.copysign({0}, {1})",
     "sin":     "tl.sin({0})",
     "cos":     "tl.cos({0})",
     "tanh":    "m.tanh({0})",

@@ -47,6 +47,13 @@ def power(a, b):
 
 
 @triton.jit
+def copysign(a, b):
+    mag = tl.abs(a)
+    bits = tl.where(mag == mag, b, b).to(tl.int32, bitcast=True)  # b (maybe a scalar argument) as a block
+    return tl.where(bits < 0, -mag, mag)  # b's sign bit: -0.0's and NaN's too
+
+
+@triton.jit
 def relu(x):
     return tl.where(x < 0.0, 0.0, x)
 

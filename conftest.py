@@ -9,6 +9,11 @@ os.environ.setdefault("EGRAPH_OPT_PROFILE_BUDGET", "0")
 # never the user's latency database: one per test session, empty (roofline defaults)
 os.environ.setdefault("EGRAPH_OPT_PROFILE_DB",
                       os.path.join(tempfile.mkdtemp(prefix="egraph-opt-tests-"), "profile.sqlite"))
+# xdist's workers share the cores: each takes its share for torch's intra-op threads (this process's
+# and the subprocesses' it starts). Two workers of two threads on two cores wait at every parallel
+# op's barrier for a core the other holds: a 10 us conv2d took 16 ms, the suite several times longer
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 
 def pytest_configure(config):

@@ -21,6 +21,8 @@ fi
 cmd="${1:-test}"; shift || true
 case "$cmd" in
     demo) exec "$py" -m egraph_opt.drivers.demo "$@" ;;
-    test) exec "$py" -m pytest -n "${TEST_WORKERS:-auto}" "$@" ;;  # one worker per core
+    # one worker per core, each given a contiguous half of the suite and stealing from the other's
+    # tail when it runs dry: a file's module fixtures and caches are mostly built once, not per worker
+    test) exec "$py" -m pytest -n "${TEST_WORKERS:-auto}" --dist worksteal "$@" ;;
     *) echo "usage: bash scripts/dev.sh demo|test [args]" >&2; exit 2 ;;
 esac

@@ -110,23 +110,36 @@ def user(wheel, tmp_path_factory):
 
 
 IMPORT_ALL = """
-import importlib, json, pkgutil, egraph_opt
+import contextlib, importlib, io, json, pkgutil, sys
+from egraph_opt.drivers.cli import main
+ran = []
+for argv in json.loads(sys.argv[1]):  # as the console script runs each: its main's status and output
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as e:  # argparse's --help
+            status = e.code
+    ran.append([status, out.getvalue(), err.getvalue()])
+import egraph_opt
 failed = {}
 for m in pkgutil.walk_packages(egraph_opt.__path__, "egraph_opt."):
     try:
         importlib.import_module(m.name)
     except ModuleNotFoundError as e:
         failed[m.name] = e.name
-print(json.dumps([egraph_opt.__file__, failed]))
+print(json.dumps([egraph_opt.__file__, failed, ran]))
 """
 
 
-def _imports(user) -> dict:
-    done = user(user.python, "-c", IMPORT_ALL)
+def _imports(user, *commands: list[str]) -> tuple[dict, list[subprocess.CompletedProcess]]:
+    """The installed modules that fail to import (name -> the module missing), and ``commands`` of
+    ``egraph-opt`` run before them in the same process (a process per --help spent seconds importing torch)."""
+    done = user(user.python, "-c", IMPORT_ALL, json.dumps(commands))
     assert done.returncode == 0, done.stderr
-    where, failed = json.loads(done.stdout.splitlines()[-1])
+    where, failed, ran = json.loads(done.stdout.splitlines()[-1])
     assert where.startswith(str(user.site)), where  # the wheel's modules, not the source tree's
-    return failed
+    return failed, [subprocess.CompletedProcess(c, *r) for c, r in zip(commands, ran)]
 
 
 def _readme_examples() -> list[str]:
@@ -136,12 +149,11 @@ def _readme_examples() -> list[str]:
 
 def test_a_user_install_works_whole(user):
     # the core dependencies alone: what fails to import is what an extra brings, and says so
-    failed = _imports(user)
+    failed, helps = _imports(user, *([command, "--help"] for command in ("rules", "kernels", "profile")))
     assert all(name.split(".")[0] in OPTIONAL for name in failed.values()), failed
     assert "egraph_opt.sharding" not in failed and "egraph_opt.drivers.explore" not in failed
     assert user("egraph-opt", "--version").stdout.startswith("egraph-opt 0.")
-    for command in ("rules", "kernels", "profile"):
-        shown = user("egraph-opt", command, "--help")
+    for shown in helps:
         assert shown.returncode == 0 and "usage: egraph-opt" in shown.stdout, shown.stderr
     onnx.save(tiny_model(), str(user.home / "m.onnx"))
     refused = user("egraph-opt", "onnx", "m.onnx", "--out", "o")
@@ -160,9 +172,10 @@ def test_a_user_install_works_whole(user):
     (user.site / "zz-every-extra.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     dot = pathlib.Path(sys.executable).parent / "graphviz-pure"  # a program graphviz-pure installs
     (pathlib.Path(user.python).parent / dot.name).symlink_to(dot)
-    assert _imports(user) == {}
-    for command in ("rules", "kernels", "profile", "onnx"):
-        assert user("egraph-opt", command, "--help").returncode == 0
+    failed, helps = _imports(user, *([command, "--help"] for command in ("rules", "kernels", "profile", "onnx")))
+    assert failed == {}
+    for shown in helps:
+        assert shown.returncode == 0
     done = user("egraph-opt", "onnx", "m.onnx", "--out", "o", "--report", "r.html", "--latency-runs", "0")
     assert done.returncode == 0 and (user.home / "r.html").exists(), done.stderr
     assert len(_readme_examples()) >= 2

@@ -319,6 +319,7 @@ def test_stability_rules_show_their_purpose(rule):
             errors.append(err if torch.isfinite(out).all() else float("inf"))
         if errors[0] > 1e-3 and errors[1] < 1e-4:
             shown.append(name)
+            break  # one probe shows it: the rest (each point exact at 60 digits) would only repeat it
     assert shown, f"{rule.name} is not more accurate than its left side at any probe"
 
 

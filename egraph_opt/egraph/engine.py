@@ -195,7 +195,7 @@ class EGraph:
     def _declare_ranges(self) -> None:
         if ready := [text for ops, text in self._ranges_waiting if ops <= self._ops]:
             self._ranges_waiting = [(ops, text) for ops, text in self._ranges_waiting if not ops <= self._ops]
-            self._run("\n".join(ready))
+            self._load(ready)
 
     def __del__(self):
         if (number := getattr(self, "_number", None)) is not None:
@@ -273,8 +273,8 @@ class EGraph:
         self._waiting[phase] = waiting
         if not self._axes_asked and any(range_rules.AXIS_FACTS & r.when.heads() for r in ready):
             self._load_axis_facts()
-        if ready:
-            self._run("\n".join(r.egglog(_ruleset(phase)) for r in ready))
+        if ready:  # in chunks, as terms are: egglog parses and runs one long program in superlinear time
+            self._load([r.egglog(_ruleset(phase)) for r in ready])
         self._declare_ranges()
 
     def size(self) -> int:

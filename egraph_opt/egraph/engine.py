@@ -27,7 +27,7 @@ from ..lang.pattern import Node, literal
 from ..lang.term import Term, postorder, topological
 
 SORT = "Tensor"
-_CHUNK = 64
+_CHUNK = 16
 RELATIONS = ("positive", "nonneg", "nonzero")  # the snapshot's sign facts, which guards read
 _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
 

@@ -273,8 +273,7 @@ class EGraph:
         self._waiting[phase] = waiting
         if not self._axes_asked and any(range_rules.AXIS_FACTS & r.when.heads() for r in ready):
             self._load_axis_facts()
-        if ready:  # in chunks, as terms are: egglog parses and runs one long program in superlinear time
-            self._load([r.egglog(_ruleset(phase)) for r in ready])
+        self._load([r.egglog(_ruleset(phase)) for r in ready])  # in chunks: a long program costs superlinear time
         self._declare_ranges()
 
     def size(self) -> int:

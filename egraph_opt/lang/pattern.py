@@ -10,6 +10,7 @@ against Terms and instantiated into Terms.
 """
 from __future__ import annotations
 
+import functools
 import json
 import operator
 import re
@@ -87,9 +88,9 @@ def sexp(text: str) -> list | str:
     return stack[0][0]
 
 
+@functools.lru_cache(maxsize=None)  # a rule's patterns are read at every match and test point (immutable)
 def parse(text: str) -> Pattern:
-    pattern = _pattern(sexp(text), text)
-    variables(pattern)  # sort check
+    variables(pattern := _pattern(sexp(text), text))  # sort check
     return pattern
 
 

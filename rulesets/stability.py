@@ -36,6 +36,8 @@ RULES = rules(_E, [
                               "0 - s, not -s: +0 where softplus underflows, as log(1) is"),
     ("log-one-minus-sigmoid", "(log (sub (const 1.0) (sigmoid ?x)))",           "(sub (const 0.0) (softplus ?x))",
                               "BCE's second term: 1 - sigmoid(x) rounds to 0 for large x"),
+    ("one-minus-sigmoid",     "(sub (const 1.0) (sigmoid ?x))",                 "(sigmoid (neg ?x))",
+                              "a gate's complement (GRU's 1 - z, a probability's 1 - p) rounds to 0 for large x"),
     ("tanh-from-exp",         "(div (sub (exp ?x) (exp (neg ?x))) (add (exp ?x) (exp (neg ?x))))",
                               "(tanh ?x)"),
     ("logaddexp-fuse",        "(log (add (exp ?a) (exp ?b)))",                  "(logaddexp ?a ?b)"),

@@ -277,6 +277,7 @@ PROBES = {  # extreme inputs, as f(position of the variable, value)
     "cancelling": lambda i, x: x + 1e8 * _alternating(x),
     "close": lambda i, x: 1.0 + x.abs() * 1e-6,  # every variable within 3e-6 of 1, of each other
     "top": lambda i, x: x / x.abs().max() * torch.finfo(torch.float32).max,  # reaching float32's max
+    "tail": lambda i, x: x + (30 if i == 0 else 0),  # e^-30 is normal in float32, where 1 - (1 - e^-30) is 0
 }
 
 

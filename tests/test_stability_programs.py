@@ -43,6 +43,10 @@ def naive_truncated_exp_log(y, z):  # log of a blend of 1 and e^z (a truncated e
     return torch.log((1 - y) + y * torch.exp(z))
 
 
+def naive_gate_complement(x):  # GRU's 1 - z, a probability's complement
+    return 1 - torch.sigmoid(x)
+
+
 def truth_attention(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
 
@@ -57,6 +61,7 @@ CASES = [
     (naive_signed_asinh, torch.asinh,                              [(64,)],         lambda x: x * 1e-5),
     (naive_pair_softmax, lambda a, b: torch.sigmoid(a - b),        [(64,)] * 2,     lambda x: x * 100),
     (naive_truncated_exp_log, lambda y, z: torch.log1p(y * torch.expm1(z)), [(64,)] * 2, lambda x: x.abs() * 1e-2),
+    (naive_gate_complement, lambda x: torch.sigmoid(-x),           [(64,)],         lambda x: x.abs() + 12),
 ]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
 

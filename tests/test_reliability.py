@@ -379,7 +379,7 @@ def test_keyword_only_parameters_and_none_defaults():
         y = torch.log(1 + x) * scale
         return y if mask is None else y.masked_fill(mask, 0.0)
 
-    g = saturate_and_extract(f)
+    g = saturate_and_extract(f, objective="stability")  # log1p whatever latencies other tests recorded
     x = torch.rand(4)
     torch.testing.assert_close(g(x, scale=torch.tensor(2.0)), f(x, scale=torch.tensor(2.0)))
     assert g.report.optimized and "log1p" in g.report.ops_after

@@ -9,6 +9,7 @@ import contextvars
 import functools
 import math
 import weakref
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,58 @@ def device_path(x: torch.Tensor) -> bool:
     host read (``float()``, ``bool()``, ``.item()``) stalls the stream, and four cost more than an attention; on CPU a
     read costs nothing and a check that skips a pass is cheaper. Tests force it with ``forcing_device_path``."""
     return x.device.type != "cpu" or _FORCED_DEVICE_PATH.get()
+
+
+class _Assumed:
+    """What the host path's guards of one run of a plan assumed instead of reading (``speculating``): that
+    ``tensors`` hold no inf or NaN, nor ``reciprocals`` a 0, and that M^2 < ``square`` for the largest magnitude M
+    among them all (a bound on each product of maxima, the scores' guard). Read after the run, in one pass."""
+
+    __slots__ = ("tensors", "reciprocals", "square")
+
+    def __init__(self):
+        self.tensors, self.reciprocals, self.square = [], [], math.inf
+
+    def held(self) -> bool:
+        flat = [t.reshape(-1) for t in self.tensors]
+        if self.reciprocals:
+            flat += [t.reshape(-1) for t in torch._foreach_reciprocal(self.reciprocals)]
+        if not flat:
+            return True
+        low, high = torch.stack(torch.aminmax(torch.cat(flat))).tolist()  # NaN where one is
+        return math.isfinite(low) and math.isfinite(high) and max(-low, high) ** 2 < self.square
+
+
+#: the assumptions of the plan running in this thread (``speculating``), or None: each guard reads now
+_ASSUMED: contextvars.ContextVar[_Assumed | None] = contextvars.ContextVar("assumed", default=None)
+
+
+def _assumes(*tensors: torch.Tensor, reciprocal: bool = False) -> _Assumed | None:
+    """Where a plan speculates: records that ``tensors`` (floating, on the host path) hold no inf or NaN (nor 0,
+    with ``reciprocal``), to be read with the rest after the run; None where the guard must read now."""
+    assumed = _ASSUMED.get()
+    if assumed is not None:
+        for t in tensors:
+            if t.numel():
+                assumed.tensors.append(t.detach())
+                if reciprocal:
+                    assumed.reciprocals.append(t.detach())
+    return assumed
+
+
+def speculating(forward: Callable) -> Callable:
+    """``forward`` (a plan's run: pure, refusing random draws and writes to what its caller sees) run with each
+    host-path guard assuming its fast case, then every assumption read at once (on CPU a small reduction and a host
+    read cost microseconds each, as much as the op they guard); where one fails, run again with each guard reading
+    its own, which gives the careful result where it is needed."""
+    def run(*args):
+        token = _ASSUMED.set(assumed := _Assumed())
+        try:
+            out = forward(*args)
+        finally:
+            _ASSUMED.reset(token)
+        return out if assumed.held() else forward(*args)
+    return run
 
 
 @contextlib.contextmanager
@@ -88,6 +141,8 @@ def _normalized(x, weight, bias, eps):
     if x.device.type == "meta" or x.dtype != torch.float32 or not x.numel():
         return out
     if not device_path(x):  # on the device, the where below runs on every call
+        if _assumes(rstd, reciprocal=True):
+            return out
         low, high = (float(r) for r in torch.aminmax(rstd))
         if 0 < low and high < math.inf:  # False where one is NaN
             return out
@@ -133,7 +188,10 @@ def rms_norm(x, weight, eps):
 def all_finite(x: torch.Tensor) -> bool:
     """Whether ``x`` (narrower than float64) holds no inf or NaN, from one pass and one number (cheaper than a mask, or
     a float64 sum): its float32 sum is inf or NaN where an element is, and otherwise only where finite values add up
-    past float32's max, a rare "no" for a "yes" (callers then take their careful path, never a wrong one)."""
+    past float32's max, a rare "no" for a "yes" (callers then take their careful path, never a wrong one). Where the
+    plan speculates, assumed (True) and read after the run."""
+    if x.is_floating_point() and _assumes(x):
+        return True
     return math.isfinite(x.sum(dtype=torch.float32).item())
 
 
@@ -201,8 +259,15 @@ def _score_bound(q, k, scale: float) -> torch.Tensor | float:
 def _scores_overflow(q, k, scale: float) -> torch.Tensor | bool:
     """Whether q k^T * scale can overflow (in float32 at least: torch's kernel computes half precision scores in it),
     where the fused kernel returns 0 and the definition's softmax NaN: the definition runs instead. A 0-d bool tensor
-    on q's device (False where nothing is bounded): the host path reads it, the device path selects."""
-    return _not_below(_score_bound(q, k, scale), torch.finfo(torch.promote_types(q.dtype, torch.float32)).max)
+    on q's device (False where nothing is bounded): the host path reads it (or assumes False where the plan
+    speculates: q and k finite, their largest magnitude M with M^2 * D * |scale| under the limit), the device path
+    selects."""
+    limit, span = torch.finfo(torch.promote_types(q.dtype, torch.float32)).max, q.shape[-1] * abs(scale)
+    if not device_path(q) and q.is_floating_point() and k.is_floating_point() and (assumed := _assumes(q, k)):
+        if span:
+            assumed.square = min(assumed.square, limit / span)
+        return False
+    return _not_below(_score_bound(q, k, scale), limit)
 
 
 def _not_below(bound: torch.Tensor | float, limit: float) -> torch.Tensor | bool:

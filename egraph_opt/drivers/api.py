@@ -39,6 +39,7 @@ from ..lang.program import Program
 from ..lang.term import postorder
 from ..backends.torch_backend import build_module
 from ..kernels.binding import Pricing, measured_estimate
+from ..kernels.torch_ops import speculating
 from ..validate import Validation, compare, random_inputs, run_counting_writes, wide_reference
 
 #: programs of at most ``ESTIMATED_UP_TO`` terms (the explorer's bound too), and this many elements
@@ -260,13 +261,13 @@ def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
     """The built module's generated code, called directly (Module.__call__ and fx's wrapper cost
     microseconds, and no hook can be on a module only this plan holds), its flat outputs as the
     original returned them (a Hugging Face ``ModelOutput`` stays one; one tensor: no unflatten)."""
-    forward = module.forward
+    forward = speculating(module.forward)
     return (lambda *args: forward(*args)[0]) if returns.is_leaf() else \
         (lambda *args: tree_unflatten(forward(*args), returns))
 
 
 def _into(call: BoundCall, module: torch.fx.GraphModule, returns: TreeSpec) -> Into | None:
-    return Into(module.forward, returns) if call.returned and returns.num_children else None
+    return Into(speculating(module.forward), returns) if call.returned and returns.num_children else None
 
 
 def _autocast() -> tuple:

@@ -1,0 +1,111 @@
+"""A plan's run on CPU assumes its guards' fast cases (a linear's sum did not overflow, a layer norm's variance
+neither, attention's scores cannot) and reads them all at once after it; where one fails it runs again, each guard
+reading its own. The result is the careful run's, bit for bit, wherever a guard would have taken its careful path."""
+import math
+import os
+import sys
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import egraph_opt.kernels.torch_ops as ops
+from egraph_opt.kernels.torch_ops import TORCH, speculating
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+from gpu import HostReads  # noqa: E402 - counts reads of tensor values into Python
+
+B, T, H, D = 2, 5, 2, 4
+C = H * D
+#: a plan's mask is a constant whose facts (causal) are read once per version: here before any test counts reads
+CAUSAL = torch.zeros(T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+ops._mask_facts(CAUSAL, T, T)
+EXTREMES = [math.inf, -math.inf, math.nan, 3e38, -3e38, 1e19, -1e19, 1e-45, -0.0, 0.0]
+
+
+def block(x, w1, b1, w2, b2, g, beta):
+    """A transformer block's guarded kernels: layer norm, the QKV linear, causal attention, a gelu'd linear and
+    the residual add with a linear (linear_add), as a plan calls them."""
+    h = TORCH["layer_norm"](x, g, beta, 1e-5)
+    q, k, v = TORCH["linear"](h, w1, b1).reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+    o = TORCH["sdpa_masked"](q, k, v, CAUSAL, D ** -0.5).transpose(1, 2).reshape(B, T, C)
+    return TORCH["linear_add"](TORCH["linear_act"](o, w2, b2, "gelu"), w2, b2, x)
+
+
+def inputs(seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(B, T, C), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,)]
+    return [torch.randn(s, generator=gen) for s in shapes]
+
+
+def counted(fn, runs: list):
+    """``fn``, appending each run's count of host reads made while it runs (not after: the speculation's own)."""
+    def run(*args):
+        with HostReads() as reads:
+            out = fn(*args)
+        runs.append(len(reads.reads))
+        return out
+    return run
+
+
+def test_moderate_inputs_run_once_and_read_nothing_while_running():
+    args, runs = inputs(0), []
+    with torch.no_grad():
+        want = block(*args)  # a first call asks a few facts of the machine's kernels once
+        got = speculating(counted(block, runs))(*args)
+        assert runs == [0]
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2 ** 16), where=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 10 ** 6),
+                                                               st.sampled_from(EXTREMES)), min_size=1, max_size=3))
+def test_a_failed_assumption_runs_again_and_gives_the_careful_result(seed, where):
+    """Extremes at random places of the input, the weights or the norms' parameters: the speculating run equals
+    the guards' own (NaN where NaN), and where the fast run's values could differ it ran twice."""
+    args = inputs(seed)
+    for which, index, value in where:
+        args[which].view(-1)[index % args[which].numel()] = value
+    runs = []
+    with torch.no_grad():
+        got = speculating(counted(block, runs))(*args)
+        want = block(*args)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert runs[0] == 0 and len(runs) in (1, 2) and (len(runs) == 1 or runs[1] > 0)
+    if not all(a.isfinite().all() for a in args):  # a linear, norm or attention guard sees it
+        assert len(runs) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.lists(st.sampled_from(EXTREMES + [1.0, -2.5, 7e3]), max_size=70), min_size=1, max_size=5),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
+       reciprocal=st.booleans())
+def test_assumptions_hold_only_where_every_guard_would_pass(values, dtype, reciprocal):
+    """The joint read accepts nothing that ``all_finite`` or a layer norm's 1/std check would not, one by one: no inf
+    or NaN (in any lane of a vectorized pass or its tail), no 0 among reciprocals; and it accepts the rest, but for a
+    1/std so small its reciprocal overflows (no variance of the dtype gives one: it reads as overflowed)."""
+    tensors = [torch.tensor(v, dtype=torch.float64).to(dtype) for v in values]
+    assumed = ops._Assumed()
+    token = ops._ASSUMED.set(assumed)
+    try:
+        for t in tensors:
+            assert ops._assumes(t, reciprocal=reciprocal) is assumed
+    finally:
+        ops._ASSUMED.reset(token)
+    one_by_one = all(bool(t.isfinite().all()) and not (reciprocal and bool((t == 0).any())) for t in tensors)
+    tiny = reciprocal and any(bool(((t != 0) & (t.double().abs() < 1 / torch.finfo(dtype).max)).any()) for t in tensors)
+    assert assumed.held() == (one_by_one and not tiny)
+
+
+def test_the_scores_bound_is_assumed_and_read_after():
+    """A q and k whose scores overflow float32 (|q| |k| D scale past its max) make the joint read fail, as the
+    guard's own read does; below the bound they pass."""
+    for big, over in ((1e18, False), (1e19, True)):
+        q, k = torch.full((1, 2, 3, 4), big), torch.full((1, 2, 3, 4), big)
+        assumed = ops._Assumed()
+        token = ops._ASSUMED.set(assumed)
+        try:
+            assert ops._scores_overflow(q, k, 1.0) is False
+        finally:
+            ops._ASSUMED.reset(token)
+        assert ops._scores_overflow(q, k, 1.0) is over and assumed.held() is not over

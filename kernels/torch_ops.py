@@ -30,21 +30,24 @@ def device_path(x: torch.Tensor) -> bool:
 
 class _Assumed:
     """What the host path's guards of one run of a plan assumed instead of reading (``speculating``): that
-    ``tensors`` hold no inf or NaN, nor ``reciprocals`` a 0, and that M^2 < ``square`` for the largest magnitude M
-    among them all (a bound on each product of maxima, the scores' guard). Read after the run, in one pass."""
+    ``tensors`` hold no inf or NaN, nor ``reciprocals`` a 0 or NaN, and that M^2 < ``square`` for the largest
+    magnitude M among them all (a bound on each product of maxima, the scores' guard). Read after the run, in one
+    pass. A view of a tensor recorded whole (attention's q, a slice of the QKV linear) is not recorded again; the
+    tensors are held, so no id in ``whole`` is reused while the run lasts."""
 
-    __slots__ = ("tensors", "reciprocals", "square")
+    __slots__ = ("tensors", "reciprocals", "square", "whole")
 
     def __init__(self):
-        self.tensors, self.reciprocals, self.square = [], [], math.inf
+        self.tensors, self.reciprocals, self.square, self.whole = [], [], math.inf, set()
 
     def held(self) -> bool:
-        flat = [t.reshape(-1) for t in self.tensors]
-        if self.reciprocals:
-            flat += [t.reshape(-1) for t in torch._foreach_reciprocal(self.reciprocals)]
-        if not flat:
-            return True
-        low, high = torch.stack(torch.aminmax(torch.cat(flat))).tolist()  # NaN where one is
+        with torch.no_grad():
+            flat = [t.reshape(-1) for t in self.tensors]
+            if self.reciprocals:
+                flat += [t.reshape(-1) for t in torch._foreach_reciprocal(self.reciprocals)]
+            if not flat:
+                return True
+            low, high = torch.stack(torch.aminmax(torch.cat(flat))).tolist()  # NaN where one is
         return math.isfinite(low) and math.isfinite(high) and max(-low, high) ** 2 < self.square
 
 
@@ -53,15 +56,16 @@ _ASSUMED: contextvars.ContextVar[_Assumed | None] = contextvars.ContextVar("assu
 
 
 def _assumes(*tensors: torch.Tensor, reciprocal: bool = False) -> _Assumed | None:
-    """Where a plan speculates: records that ``tensors`` (floating, on the host path) hold no inf or NaN (nor 0,
-    with ``reciprocal``), to be read with the rest after the run; None where the guard must read now."""
+    """Where a plan speculates: records that ``tensors`` (floating, on the host path) hold no inf or NaN (with
+    ``reciprocal``: no 0 or NaN), to be read with the rest after the run; None where the guard must read now."""
     assumed = _ASSUMED.get()
     if assumed is not None:
         for t in tensors:
-            if t.numel():
-                assumed.tensors.append(t.detach())
-                if reciprocal:
-                    assumed.reciprocals.append(t.detach())
+            if reciprocal and t.numel():
+                assumed.reciprocals.append(t)
+            elif not reciprocal and t.numel() and id(t._base) not in assumed.whole:
+                assumed.tensors.append(t)
+                assumed.whole.add(id(t))
     return assumed
 
 
@@ -141,7 +145,7 @@ def _normalized(x, weight, bias, eps):
     if x.device.type == "meta" or x.dtype != torch.float32 or not x.numel():
         return out
     if not device_path(x):  # on the device, the where below runs on every call
-        if _assumes(rstd, reciprocal=True):
+        if _assumes(rstd, reciprocal=True) and (eps > 0 or _assumes(rstd)):  # eps > 0: a finite 1/std
             return out
         low, high = (float(r) for r in torch.aminmax(rstd))
         if 0 < low and high < math.inf:  # False where one is NaN

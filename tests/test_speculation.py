@@ -81,8 +81,8 @@ def test_a_failed_assumption_runs_again_and_gives_the_careful_result(seed, where
        dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
        reciprocal=st.booleans())
 def test_assumptions_hold_only_where_every_guard_would_pass(values, dtype, reciprocal):
-    """The joint read accepts nothing that ``all_finite`` or a layer norm's 1/std check would not, one by one: no inf
-    or NaN (in any lane of a vectorized pass or its tail), no 0 among reciprocals; and it accepts the rest, but for a
+    """The joint read accepts nothing that ``all_finite`` or a layer norm's 1/std check (with eps > 0: no 0, no
+    NaN) would not, one by one, in any lane of a vectorized pass or its tail; and it accepts the rest, but for a
     1/std so small its reciprocal overflows (no variance of the dtype gives one: it reads as overflowed)."""
     tensors = [torch.tensor(v, dtype=torch.float64).to(dtype) for v in values]
     assumed = ops._Assumed()
@@ -92,7 +92,8 @@ def test_assumptions_hold_only_where_every_guard_would_pass(values, dtype, recip
             assert ops._assumes(t, reciprocal=reciprocal) is assumed
     finally:
         ops._ASSUMED.reset(token)
-    one_by_one = all(bool(t.isfinite().all()) and not (reciprocal and bool((t == 0).any())) for t in tensors)
+    one_by_one = all(not bool(t.isnan().any()) and bool((t != 0).all() if reciprocal else t.isfinite().all())
+                     for t in tensors)
     tiny = reciprocal and any(bool(((t != 0) & (t.double().abs() < 1 / torch.finfo(dtype).max)).any()) for t in tensors)
     assert assumed.held() == (one_by_one and not tiny)
 

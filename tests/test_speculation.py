@@ -110,3 +110,15 @@ def test_the_scores_bound_is_assumed_and_read_after():
         finally:
             ops._ASSUMED.reset(token)
         assert ops._scores_overflow(q, k, 1.0) is over and assumed.held() is not over
+
+
+def test_a_plan_meeting_few_guards_reads_each_after_its_first_run():
+    """A joint read costs a few ops whatever it reads: a run that met fewer than SPECULATE_FROM guards tells its plan
+    to read each guard's own from then on (no read while the first run runs; the linear's own read after)."""
+    x, w, b = inputs(1)[:3]
+    runs = []
+    plan = speculating(counted(lambda x: TORCH["linear"](x, w, b), runs))
+    with torch.no_grad():
+        first, second = plan(x), plan(x)
+    assert ops.SPECULATE_FROM > 1 and runs == [0, 1]
+    torch.testing.assert_close(first, second, rtol=0, atol=0)

@@ -59,15 +59,21 @@ def _assumes(*tensors: torch.Tensor, reciprocal: bool = False) -> _Assumed | Non
     """Where a plan speculates: records that ``tensors`` (floating, on the host path) hold no inf or NaN (with
     ``reciprocal``: no 0 or NaN), to be read with the rest after the run; None where the guard must read now."""
     assumed = _ASSUMED.get()
-    if assumed is not None:
-        assumed.guards += 1
-        for t in tensors:
-            if reciprocal and t.numel():
-                assumed.reciprocals.append(t)
-            elif not reciprocal and t.numel() and id(t._base) not in assumed.whole:
-                assumed.tensors.append(t)
-                assumed.whole.add(id(t))
+    if assumed is None or any(t.numel() > SPECULATE_UP_TO for t in tensors):
+        return None
+    assumed.guards += 1
+    for t in tensors:
+        if reciprocal and t.numel():
+            assumed.reciprocals.append(t)
+        elif not reciprocal and t.numel() and id(t._base) not in assumed.whole:
+            assumed.tensors.append(t)
+            assumed.whole.add(id(t))
     return assumed
+
+
+#: a guard on a tensor of more elements reads at once: its read costs little beside its op, and a run holding every
+#: such tensor to its end would hold a whole prefill's activations
+SPECULATE_UP_TO = 1 << 16
 
 
 def speculating(forward: Callable) -> Callable:

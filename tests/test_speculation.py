@@ -122,3 +122,14 @@ def test_a_plan_meeting_few_guards_reads_each_after_its_first_run():
         first, second = plan(x), plan(x)
     assert ops.SPECULATE_FROM > 1 and runs == [0, 1]
     torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
+def test_a_guard_on_a_large_tensor_reads_at_once():
+    """A run holds what it assumed to its end: a tensor over SPECULATE_UP_TO elements (a prefill's activations) is
+    read by its guard at once, not held."""
+    gen = torch.Generator().manual_seed(2)
+    x, w = torch.randn(ops.SPECULATE_UP_TO // 8 + 1, 16, generator=gen), torch.randn(8, 16, generator=gen)
+    runs = []
+    with torch.no_grad():
+        speculating(counted(lambda x: TORCH["linear"](x, w, None), runs))(x)
+    assert runs == [1]

@@ -48,7 +48,8 @@ class _Assumed:
             if not flat:
                 return True
             low, high = torch.stack(torch.aminmax(torch.cat(flat))).tolist()  # NaN where one is
-        return math.isfinite(low) and math.isfinite(high) and max(-low, high) ** 2 < self.square
+        top = max(-low, high)  # squared only under a scores' bound: a float64 plan's 1e200 is finite, its square not
+        return math.isfinite(low) and math.isfinite(high) and (self.square == math.inf or top * top < self.square)
 
 
 #: the assumptions of the plan running in this thread (``speculating``), or None: each guard reads now

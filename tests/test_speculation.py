@@ -77,7 +77,8 @@ def test_a_failed_assumption_runs_again_and_gives_the_careful_result(seed, where
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.lists(st.lists(st.sampled_from(EXTREMES + [1.0, -2.5, 7e3]), max_size=70), min_size=1, max_size=5),
+@given(values=st.lists(st.lists(st.sampled_from(EXTREMES + [1.0, -2.5, 7e3, 1e300, -1e300]), max_size=70), min_size=1,
+                         max_size=5),
        dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
        reciprocal=st.booleans())
 def test_assumptions_hold_only_where_every_guard_would_pass(values, dtype, reciprocal):

@@ -527,12 +527,13 @@ def test_package_imports_without_triton_and_explains():
     assert done.stderr.count("triton is not installed") == 1
 
 
-def test_every_triton_kernel_compiles_for_a_hopper_gpu(tmp_path):
+@pytest.mark.parametrize("shard", ["0/2", "1/2"])  # two halves, which two test workers compile side by side
+def test_every_triton_kernel_compiles_for_a_hopper_gpu(tmp_path, shard):
     """The interpreter runs what the compiler refuses (a kernel reading a global float fell back on
     an H200 with a CompilationError): every launch of every registry kernel, in float16, bfloat16
     and float32, compiles for sm_90 here, without a GPU (tests/triton_compiles.py)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    env["TRITON_CACHE_DIR"], env["TRITON_COMPILES_SHARD"] = str(tmp_path), shard
     script = os.path.join(os.path.dirname(__file__), "triton_compiles.py")
     done = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=600)
@@ -540,6 +541,7 @@ def test_every_triton_kernel_compiles_for_a_hopper_gpu(tmp_path):
     assert "FAILED" not in done.stdout, done.stdout
     launches = int(done.stdout.split(" launches compiled")[0].split()[-1])
     assert launches >= 40, done.stdout
+    assert int(done.stdout.split(" in shard")[0].split("(")[-1]) > launches // 4, done.stdout  # a share, not none
 
 
 def _random_region(seed: int, dtype: str):

@@ -3,8 +3,11 @@ configurations too, with its warps and stages), and generated
 kernels of every codegen template, on CPU tensors in each dtype, with every launch compiled for an
 NVIDIA Hopper GPU (sm_90) instead of run, and prints one line per failure. The interpreter accepts
 what the compiler refuses (a global that is no constexpr, a dot's precision for half operands):
-only compiling shows it, and no GPU is needed."""
+only compiling shows it, and no GPU is needed. With TRITON_COMPILES_SHARD=i/n it makes every launch but compiles
+only every n-th, from the i-th on (each process makes them in the same order), so that n processes
+compile the whole set side by side."""
 import math
+import os
 import sys
 
 import torch
@@ -16,6 +19,8 @@ from triton.runtime.jit import JITFunction
 TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
          torch.int64: "i64", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
 compiled, failures = set(), []
+SHARD, SHARDS = map(int, os.environ.get("TRITON_COMPILES_SHARD", "0/1").split("/"))
+here = []  # the launches this shard compiled
 
 
 def _type(value) -> str:
@@ -43,6 +48,9 @@ def compile_instead(self, *args, grid, warmup, **kwargs):
            tuple(map(str, constexprs.items())), tuple(options.items()))
     if key not in compiled:
         compiled.add(key)
+        if len(compiled) % SHARDS != SHARD:  # every shard makes the launches in one order: round robin
+            return
+        here.append(key)
         try:
             triton.compile(ASTSource(self, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
         except Exception as e:  # noqa: BLE001 - reported, one line each
@@ -94,7 +102,7 @@ def main() -> None:
                     failures.append(f"{kernel.name} {config}: {e}")
     _generated(R)
     assert OPS  # the op table imported: the kernels' ops exist
-    print(f"{len(compiled)} launches compiled for sm_90")
+    print(f"{len(compiled)} launches compiled for sm_90 ({len(here)} in shard {SHARD}/{SHARDS})")
     for line in failures:
         print("FAILED", line)
 

@@ -21,12 +21,9 @@ def _passes(capability: str, files: list[str], selection: str) -> None:
 
 
 @pytest.mark.parametrize("capability", ["default", "avx2"])
-def test_rewritten_kernels_hold_on_every_cpu_vector_path(capability):
-    _passes(capability, ["test_kernels.py", "test_ops.py"], "at_the_edges or linear_add or linear_at_overflow")
-
-
-@pytest.mark.parametrize("capability", ["default", "avx2"])
-def test_rules_moving_an_op_across_a_rounding_hold_on_every_cpu_vector_path(capability):
-    """float32 sinh and cosh overflow past half the max on AVX2's vector path only (e^|x| first): the
-    rules that move an op across a cast are checked at the extremes on each path, on any CPU."""
-    _passes(capability, ["test_rule_extremes.py"], "before-rounding")
+def test_rewritten_kernels_and_rules_hold_on_every_cpu_vector_path(capability):
+    """The rewritten kernels at the edges, and the rules that move an op across a cast at the extremes
+    (float32 sinh and cosh overflow past half the max on AVX2's vector path only, e^|x| first): one
+    process per path, on any CPU."""
+    _passes(capability, ["test_kernels.py", "test_ops.py", "test_rule_extremes.py"],
+            "match_their_reference_term_at_the_edges or linear_add or linear_at_overflow or before-rounding")

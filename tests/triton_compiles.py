@@ -110,8 +110,9 @@ def main() -> None:
 def _generated(R) -> None:
     """The generated kernels a plan binds for its regions: every elementwise template of codegen in one
     chain over an input and a broadcast (37,) one, alone, under each root reduction, and into each row
-    op (softmax, layer and rms norm), alone, with an op after it and under a mean; each configuration of
-    the kernels with a row op (the cache in a directory of its own)."""
+    op (softmax, layer and rms norm), alone, with an op after it and under a mean (those in one dtype each, in turn:
+    the chain and the row ops meet every dtype alone); each configuration of a row op with an op after it (the
+    cache in a directory of its own)."""
     import os
     import tempfile
     from egraph_opt.kernels.triton import codegen, generate_elementwise
@@ -128,9 +129,12 @@ def _generated(R) -> None:
     norms = [Term("softmax", (chain,), (-1,)), Term("layer_norm", (chain, y, y), (1e-5,)),
              Term("rms_norm", (chain, y), (1e-6,)), Term("layer_norm", (chain, Term.const(1.0), Term.const(0.0)), (1e-5,))]
     after = [Term("mul", (Term("add", (n, x)), y)) for n in norms] + [Term("mean", (n,), (-1, True)) for n in norms]
-    for root in [chain, *norms, *after] + rows:
-        for dtype, config in [(d, None) for d in (torch.float16, torch.bfloat16, torch.float32)] + [
-                (torch.float16, c) for c in generate_elementwise(root).configs[1:] if root in after]:
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    for i, root in enumerate([chain, *norms, *after] + rows):  # every template and row op in each dtype; what
+        # they feed (an op after, a mean, a reduction) in one dtype each, in turn; configurations after each norm
+        each = dtypes if i <= len(norms) else dtypes[i % 3:i % 3 + 1]
+        for dtype, config in [(d, None) for d in each] + [
+                (torch.float16, c) for c in generate_elementwise(root).configs[1:] if root in after[:len(norms)]]:
             try:
                 generate_elementwise(root)(x=R(3, 37).to(dtype), y=R(37).to(dtype), config=config)
             except Exception as e:  # noqa: BLE001 - the kernel failed to generate, not to compile

@@ -110,9 +110,9 @@ def main() -> None:
 def _generated(R) -> None:
     """The generated kernels a plan binds for its regions: every elementwise template of codegen in one
     chain over an input and a broadcast (37,) one, alone, under each root reduction, and into each row
-    op (softmax, layer and rms norm), alone, with an op after it and under a mean (those in one dtype each, in turn:
-    the chain and the row ops meet every dtype alone); each configuration of a row op with an op after it (the
-    cache in a directory of its own)."""
+    op (softmax, layer and rms norm), alone; each row op after a short chain, with an op after it and under a mean
+    (those and the reductions in one dtype each, in turn: the chain and the row ops meet every dtype alone); each
+    configuration of a row op with an op after it (the cache in a directory of its own)."""
     import os
     import tempfile
     from egraph_opt.kernels.triton import codegen, generate_elementwise
@@ -126,9 +126,11 @@ def _generated(R) -> None:
                       for attrs in attrs_of.get(op, [()])]:
         chain = Term("add", (chain, Term(op, (chain, y)[:OPS[op].arity], attrs)))
     rows = [Term(r, (chain,), (-1, keep)) for r in codegen.REDUCTIONS for keep in (False, True)]
-    norms = [Term("softmax", (chain,), (-1,)), Term("layer_norm", (chain, y, y), (1e-5,)),
-             Term("rms_norm", (chain, y), (1e-6,)), Term("layer_norm", (chain, Term.const(1.0), Term.const(0.0)), (1e-5,))]
-    after = [Term("mul", (Term("add", (n, x)), y)) for n in norms] + [Term("mean", (n,), (-1, True)) for n in norms]
+    def row_ops(v):
+        return [Term("softmax", (v,), (-1,)), Term("layer_norm", (v, y, y), (1e-5,)), Term("rms_norm", (v, y), (1e-6,)),
+                Term("layer_norm", (v, Term.const(1.0), Term.const(0.0)), (1e-5,))]
+    norms, fed = row_ops(chain), row_ops(Term("mul", (x, y)))  # what follows a row op: after a short chain
+    after = [Term("mul", (Term("add", (n, x)), y)) for n in fed] + [Term("mean", (n,), (-1, True)) for n in fed]
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
     for i, root in enumerate([chain, *norms, *after] + rows):  # every template and row op in each dtype; what
         # they feed (an op after, a mean, a reduction) in one dtype each, in turn; configurations after each norm

@@ -148,6 +148,24 @@ def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized
     assert out["cache"] is cache and cache.layers[0].keys.shape[-2] == 6
 
 
+def test_a_repeated_piece_reading_constants_is_estimated_with_their_values():
+    """GPT-J (no architecture of the suite): each layer's masking repeats, reading lifted constants (its causal
+    mask, index tables) that are the template's parameters; the template's error estimate samples them with the
+    first instance's values (it read them from an environment without them: every plan fell back on a KeyError)."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = tf.GPTJForCausalLM(tf.GPTJConfig(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=64,
+                                         rotary_dim=4)).eval()
+    ids = torch.randint(1, 100, (1, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = m.generate(ids, max_new_tokens=2, do_sample=False)
+        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
+        torch.testing.assert_close(m.generate(ids, max_new_tokens=2, do_sample=False), ref)
+    reports = [p.report for p in m.forward.plans.values()]
+    assert len(reports) == 2 and all(r.optimized and not r.fallback for r in reports), [r.fallback for r in reports]
+
+
 @pytest.mark.parametrize("head", ["LlamaForCausalLM", "GPT2LMHeadModel"])
 def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from_their_size_family(head, monkeypatch):
     """The prefill and two decode steps are traced, optimized and built; each later decode step's plan

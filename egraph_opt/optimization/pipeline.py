@@ -197,7 +197,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     intervals = ranges(roots, meta)
     results, template_roots = [], []
     for group in groups:
-        body, arg_leaves = tmpl.template_program(group[0], meta)
+        body, arg_leaves = tmpl.template_program(group[0], meta, program.params)
         hulls = {leaf.attrs[0]: hull(*[intervals[id(inst.args[i])] for inst in group])
                  for i, leaf in enumerate(arg_leaves)}
         result = optimize(body, schedule=schedule, input_ranges=hulls, model=model, templates=False)

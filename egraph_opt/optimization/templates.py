@@ -178,13 +178,15 @@ def substitute(roots: list[Term], mapping: dict[int, Term], made: dict | None = 
     return [new[id(r)] for r in roots]
 
 
-def template_program(first: Instance, meta: dict) -> tuple[Program, list[Term]]:
-    """The first instance over abstract leaves: ``arg{i}`` inputs and relative-name params."""
+def template_program(first: Instance, meta: dict, params: dict) -> tuple[Program, list[Term]]:
+    """The first instance over abstract leaves: ``arg{i}`` inputs and relative-name params, valued as the first's
+    (``params``: the program's, by name) where an estimate samples the template's error."""
     arg_leaves = [Term.input(f"arg{i}", meta[id(a)][0], str(meta[id(a)][1]).removeprefix("torch."))
                   for i, a in enumerate(first.args)]
     mapping = {id(a): leaf for a, leaf in zip(first.args, arg_leaves)}
     mapping.update({id(p): Term("param", (), (rel, *p.attrs[1:])) for rel, p in first.params.items()})
-    return Program(tuple(arg_leaves), tuple(substitute(first.outputs, mapping))), arg_leaves
+    values = {rel: params[p.attrs[0]] for rel, p in first.params.items() if p.attrs[0] in params}
+    return Program(tuple(arg_leaves), tuple(substitute(first.outputs, mapping)), params=values), arg_leaves
 
 
 def instantiate(template_roots: list[Term], inst: Instance, args: list[Term], made: dict) -> list[Term]:

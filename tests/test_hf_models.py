@@ -148,6 +148,15 @@ def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized
     assert out["cache"] is cache and cache.layers[0].keys.shape[-2] == 6
 
 
+def _generates_as_eager(m, ids, new: int) -> None:
+    """``m.forward`` decorated (static estimates): a greedy generation gives eager's tokens."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = m.generate(ids, max_new_tokens=new, do_sample=False)
+        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
+        torch.testing.assert_close(m.generate(ids, max_new_tokens=new, do_sample=False), ref)
+
+
 def test_a_repeated_piece_reading_constants_is_estimated_with_their_values():
     """GPT-J (no architecture of the suite): each layer's masking repeats, reading lifted constants (its causal
     mask, index tables) that are the template's parameters; the template's error estimate samples them with the
@@ -156,12 +165,7 @@ def test_a_repeated_piece_reading_constants_is_estimated_with_their_values():
     torch.manual_seed(0)
     m = tf.GPTJForCausalLM(tf.GPTJConfig(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=64,
                                          rotary_dim=4)).eval()
-    ids = torch.randint(1, 100, (1, 6))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ref = m.generate(ids, max_new_tokens=2, do_sample=False)
-        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
-        torch.testing.assert_close(m.generate(ids, max_new_tokens=2, do_sample=False), ref)
+    _generates_as_eager(m, torch.randint(1, 100, (1, 6)), 2)
     reports = [p.report for p in m.forward.plans.values()]
     assert len(reports) == 2 and all(r.optimized and not r.fallback for r in reports), [r.fallback for r in reports]
 
@@ -182,11 +186,7 @@ def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from
         tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100)
     m = getattr(tf, head)(config).eval()
     ids = torch.randint(1, 100, (1, 6))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ref = m.generate(ids, max_new_tokens=10, do_sample=False)
-        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
-        torch.testing.assert_close(m.generate(ids, max_new_tokens=10, do_sample=False), ref)
+    _generates_as_eager(m, ids, 10)
     made = [p.report for p in m.forward.plans.values() if p.report.sizes]
     assert len(traced) == 3 and len(made) == 7 and all(r.optimized for r in made), made
     assert len(built) == 3 and not any("built for this size" in r.sizes for r in made), made

@@ -659,3 +659,22 @@ def test_a_pytree_argument_updated_but_not_returned_runs_the_original():
     theirs = _Pair(mine.a.clone(), mine.b.clone())
     torch.testing.assert_close((g(x, mine), mine.a), (_keeps_it(x, theirs), theirs.a))
     assert "updates argument 'pair'" in g.report.fallback
+
+
+def test_complex_values_stay_opaque_and_the_real_rest_is_optimized():
+    """A rotary embedding as complex products (LLaMA's reference code): a complex table sliced, a product
+    over C. The rules hold over the reals (sqrt(x^2) = |x| is not so over C): every op with a complex operand
+    or result stays a call of its own, and the norm and softmax around it still fuse (a complex slice once
+    made the whole program fall back: no kernel took complex64)."""
+    table = torch.polar(torch.ones(16, 4), torch.outer(torch.arange(16.0), torch.rand(4)))
+
+    def f(x, w):
+        rotated = torch.view_as_real(torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * table[:x.shape[1]])
+        y = rotated.flatten(2) * torch.rsqrt(rotated.flatten(2).pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        return torch.exp(y) / torch.exp(y).sum(-1, keepdim=True)
+
+    x, w = torch.randn(2, 12, 8), torch.randn(8)
+    g = saturate_and_extract(f, profile_db=False, profile_budget=0)
+    torch.testing.assert_close(g(x, w), f(x, w))
+    assert g.report.optimized and not g.report.fallback, g.report.fallback
+    assert {"rms_norm", "softmax"} <= set(g.report.ops_after), g.report.ops_after

@@ -105,7 +105,7 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         args = (module, node.target, *args)
     else:
         fn = lowering_of(node.target) if node.op in ("call_function", "call_method") else None
-    if _empty(node, args, kwargs, ctx):
+    if _unlowered(node, args, kwargs, ctx):
         return None
     calls = FALLBACKS if node.op in ("call_function", "call_method") else []
     folded = calls and any(known(a, CONSTANT) for a in leaves((args, kwargs)))  # a call of a folded constant: first
@@ -130,15 +130,18 @@ def known(t, kinds=(CONSTANT, "_tensor_constant", "lifted_tensor")) -> bool:
     return isinstance(t, Term) and t.op == "param" and t.attrs[0].rsplit(".", 1)[-1].startswith(kinds)
 
 
-def _empty(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
+def _unlowered(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
     """A size-0 axis in an operand or the first result (embedding_bag's max_indices stay with the call):
     nothing to optimize, and the ranges of the rules, proved over values, say nothing of a reduction
-    over no values (logsumexp of none is -inf): such calls stay opaque."""
+    over no values (logsumexp of none is -inf). A complex operand or result (a rotary embedding as
+    complex products): the op table and its rules are over the reals (sqrt(x^2) = |x| is not so over C).
+    Such calls stay opaque."""
     found = [c.info_of.get(id(a)) for a in leaves((args, kwargs)) if isinstance(a, Term)]
     if lowering_of(node.target) is _cat:  # its lowering drops the 1-D empty operands torch.cat skips
         found = [info for info in found if tuple(getattr(info, "shape", ())) != (0,)]
     found += leaves(c.out[:1] if isinstance(c.out, tuple) else c.out)
-    return any(0 in getattr(info, "shape", (1,)) for info in found)
+    return any(0 in getattr(info, "shape", (1,)) or getattr(info, "dtype", torch.float32).is_complex
+               for info in found)
 
 
 def _operand(c: Ctx, x, other) -> Term:

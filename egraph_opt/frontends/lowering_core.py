@@ -8,6 +8,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import fx
 from torch._decomp import decomposition_table
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -21,8 +22,14 @@ from ..lang.term import Term
 
 _FOLD_LIMIT = 1 << 24  # elements: a constant larger than this stays a call
 _DENSE_LIMIT = 1 << 22  # elements of the weights of an op that adds up elements: larger stays a call
-#: calls whose lowering does more work than they do (cumsum's sums over an n x n mask)
-COSTLIER = {torch.cumsum, "cumsum", torch.ops.aten.cumsum.default}
+#: calls whose lowering does more work than they do: cumsum's sums over an n x n mask; as a model's code spells them,
+#: group and instance norm's moments in separate passes (5-11x and 3x the call on CPU), roll's gather (5x), an
+#: adaptive pool's means one axis at a time (2x): beside an attention a plan fuses, they made it slower than eager
+#: (their core overloads, met inside other decompositions, still lower)
+_aten = torch.ops.aten
+COSTLIER = {torch.cumsum, "cumsum", _aten.cumsum.default, F.group_norm, torch.group_norm, _aten.group_norm.default,
+            F.instance_norm, torch.instance_norm, _aten.instance_norm.default, torch.roll, "roll", F.adaptive_avg_pool2d,
+            _aten.adaptive_avg_pool2d.default}
 
 
 def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:

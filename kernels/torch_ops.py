@@ -514,6 +514,12 @@ def cross_entropy(x, target, reduction, ignore_index):
         x, target, reduction, ignore_index)
 
 
+#: torch's own call of an op, where the wrapper above adds a repair or a guard: a term that is the user's own call
+#: (``Program.own``) runs it, as the original does (the wrapper keeps the op table's definition where a rewrite made
+#: the op from other spellings)
+PLAIN = {"gelu": lambda x, approximate: F.gelu(x, approximate=approximate), "softmax": torch.softmax,
+         "log_softmax": torch.log_softmax, "linear": F.linear,
+         "layer_norm": lambda x, weight, bias, eps: F.layer_norm(x, x.shape[-1:], weight, bias, eps)}
 TORCH = {"softmax": softmax, "log_softmax": log_softmax, "gelu": gelu, "layer_norm": layer_norm,
          "rms_norm": rms_norm, "linear": linear, "linear_act": linear_act, "linear_add": linear_add,
          "linear_scaled": linear_scaled,

@@ -22,10 +22,10 @@ from ..frontends.effects import torchs_own, written
 from ..kernels import triton as triton_kernels
 from ..kernels.binding import Estimator, bind, default_estimate, region_chosen
 from ..kernels.registry import MOVES, Use, copies
-from ..kernels.torch_ops import TORCH
+from ..kernels.torch_ops import PLAIN, TORCH
 from ..kernels.triton.codegen import REDUCTIONS, STATS, TEMPLATES, span
 from ..lang.program import OpaqueRef, Program, leaves
-from ..lang.term import Term, dtype_name, evaluate, postorder, topological
+from ..lang.term import Term, dtype_name, evaluate, fingerprints, postorder, topological
 
 
 class FoldedConstant:
@@ -183,6 +183,8 @@ class _Build:
         self.reads: dict[str, object] = {}  # the attributes read, by the names the graph reads them
         self.regions: dict[int, tuple] = {}  # region root id -> its generated kernel, its operands' keys
         self.inside: set[int] = set()  # the regions' other ops: their kernels compute them
+        found = fingerprints(program.roots()) if program.own else {}
+        self.own = {i for i, f in found.items() if f in program.own}  # the user's own calls, kept as called
         if triton_kernels.available(device):
             self._fuse(program.roots(), meta)
 
@@ -281,6 +283,8 @@ class _Build:
                       layouts=n.layouts)
             kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
             impl, name, backend, attrs = kernel.impl, kernel.name, kernel.backend, item.attrs
+            if id(item) in self.own and name == f"torch.{n.op}" and n.op in PLAIN:
+                impl = PLAIN[n.op]
             config = getattr(self.estimate, "config", lambda *_: None)(kernel, use)  # tuned: no tuning at a call
         self.backend[key] = backend
         node = self.graph.call_function(impl, tuple(self.on(k, backend) for k in operands) + tuple(attrs),

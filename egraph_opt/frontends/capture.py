@@ -12,7 +12,7 @@ import logging
 import operator
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -27,7 +27,7 @@ from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_
 from .effects import Draws, functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
-from ..lang.term import Term, dtype_name, topological
+from ..lang.term import Term, dtype_name, fingerprints, topological
 
 
 class CaptureError(TypeError):
@@ -210,7 +210,7 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
     """The graph's nodes lowered in order; values that follow from shapes alone fold away."""
     values: dict[str, Any] = {}  # node name -> Term | OpaqueRef | static Python value
     info_of: dict[int, TensorInfo] = {}  # term id -> shape and dtype
-    inputs, opaque, params, scopes, seen, static = [], {}, {}, {}, set(), set()
+    inputs, opaque, params, scopes, seen, static, own = [], {}, {}, {}, set(), set(), []
     output = None
     for node in gm.graph.nodes:
         info = node.meta.get("egraph_opt")
@@ -233,7 +233,7 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
             static.add(node.name)
             values[node.name] = info
         else:
-            term = values[node.name] = _lowered(node, values, info_of, gm, params, opaque, in_place)
+            term = values[node.name] = _lowered(node, values, info_of, gm, params, opaque, in_place, own)
             if isinstance(term, Term):  # its scope, over the terms no earlier node made (intermediates too)
                 new = [t for t in topological([term], lambda t: () if id(t) in seen else t.args, id)
                        if id(t) not in seen]
@@ -242,16 +242,18 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
                     scopes.update((id(t), scope) for t in new if t.args)
     written = [a for n in gm.graph.nodes for a in leaves((n.args, n.kwargs)) if type(a) is float and abs(a) < 3e38]
     doubles = {float(np.float32(a)): a for a in written}  # (no float32 overflow: numpy warns)
-    return Program(tuple(inputs), output, opaque, params, scopes, doubles=doubles).pruned()
+    program = Program(tuple(inputs), output, opaque, params, scopes, doubles=doubles).pruned()
+    found = fingerprints(program.roots())
+    return replace(program, own=frozenset(found[id(t)] for t in own if id(t) in found))
 
 
 def _lowered(node: fx.Node, values: dict, info_of: dict, gm: fx.GraphModule, params: dict,
-             opaque: dict, in_place: set[str]):
+             opaque: dict, in_place: set[str], own: list):
     """The node's Term; where the Term language has none, an opaque call of the node (a Term
     leaf for a tensor, else an ``OpaqueRef``)."""
     info = node.meta.get("egraph_opt")
     args, kwargs = map_aggregate((node.args, node.kwargs), lambda a: values[a.name] if isinstance(a, fx.Node) else a)
-    term = lowering.lower(node, args, kwargs, info_of, gm, params)
+    term = lowering.lower(node, args, kwargs, info_of, gm, params, own)
     if isinstance(term, Term):
         return term
     shape_dtype = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None

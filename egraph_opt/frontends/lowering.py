@@ -95,9 +95,10 @@ def lowering_of(target) -> Callable | None:
 
 
 def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
-          root: torch.nn.Module | None = None, params: dict | None = None):
+          root: torch.nn.Module | None = None, params: dict | None = None, own: list | None = None):
     """The Term (or Parts) for one fx node, or None when it stays opaque. Leaf modules (``root``'s
-    submodules) lower by their type; the parameters they read are added to ``params``."""
+    submodules) lower by their type; the parameters they read are added to ``params``. A Term that is the call
+    itself, one op over the call's own operands and the module's parameters, joins ``own``."""
     ctx = Ctx(info_of, node.meta.get("egraph_opt"), params if params is not None else {})
     if node.op == "call_module":
         module = root.get_submodule(node.target)
@@ -114,6 +115,11 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
     except (Unsupported, TypeError, KeyError, ValueError):  # an argument the lowering does not take
         result = None
+    operands = {id(a) for a in leaves((args, kwargs)) if isinstance(a, Term)}
+    if own is not None and isinstance(result, Term) and fn is not None and not folded and all(
+            id(a) in operands or a.op == "param" and not known(a, CONSTANT) and node.op == "call_module"
+            for a in result.args):
+        own.append(result)
     for fallback in calls:
         result = result or fallback(node, args, kwargs, ctx)
     if isinstance(result, Term):  # assigned: an id may be a dead Term's (a refused decomposition's)

@@ -54,6 +54,8 @@ class Program:
     leaf_shapes: dict[str, tuple] = field(default_factory=dict, compare=False)
     #: a constant rounded to float32 (``forms.constant``) -> the Python float written: float64 computes with it
     doubles: dict[float, float] = field(default_factory=dict, compare=False)
+    #: fingerprints of the terms that are the user's own calls (``lowering.lower``): kept, their kernel is torch's plain one
+    own: frozenset = field(default_factory=frozenset, compare=False)
     #: shape and dtype of every term, by id, filled once by ``meta()``; a derived program
     #: (``replace``, ``with_roots``) starts empty
     _meta: dict[int, tuple] = field(default_factory=dict, init=False, compare=False, repr=False)

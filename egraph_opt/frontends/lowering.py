@@ -146,7 +146,7 @@ def _unlowered(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
     if lowering_of(node.target) is _cat:  # its lowering drops the 1-D empty operands torch.cat skips
         found = [info for info in found if tuple(getattr(info, "shape", ())) != (0,)]
     found += leaves(c.out[:1] if isinstance(c.out, tuple) else c.out)
-    return any(0 in getattr(info, "shape", (1,)) or getattr(info, "dtype", torch.float32).is_complex
+    return any(0 in getattr(info, "shape", (1,)) or getattr(getattr(info, "dtype", None), "is_complex", False) is True
                for info in found)
 
 

@@ -25,7 +25,8 @@ from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import PLAIN, TORCH
 from ..kernels.triton.codegen import REDUCTIONS, STATS, TEMPLATES, span
 from ..lang.program import OpaqueRef, Program, leaves
-from ..lang.term import Term, dtype_name, evaluate, fingerprints, postorder, topological
+from ..lang.pattern import structural_ids
+from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
 
 class FoldedConstant:
@@ -183,8 +184,9 @@ class _Build:
         self.reads: dict[str, object] = {}  # the attributes read, by the names the graph reads them
         self.regions: dict[int, tuple] = {}  # region root id -> its generated kernel, its operands' keys
         self.inside: set[int] = set()  # the regions' other ops: their kernels compute them
-        found = fingerprints(program.roots()) if program.own else {}
-        self.own = {i for i, f in found.items() if f in program.own}  # the user's own calls, kept as called
+        ids = structural_ids([*program.roots(), *program.own]) if program.own else {}
+        mine = {ids[id(t)] for t in program.own}
+        self.own = {i for i, n in ids.items() if n in mine}  # the user's own calls, kept as called
         if triton_kernels.available(device):
             self._fuse(program.roots(), meta)
 

@@ -12,7 +12,7 @@ import logging
 import operator
 import sys
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -27,7 +27,7 @@ from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_
 from .effects import Draws, functional, mutations
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueCall, OpaqueRef, Program, leaves
-from ..lang.term import Term, dtype_name, fingerprints, topological
+from ..lang.term import Term, dtype_name, topological
 
 
 class CaptureError(TypeError):
@@ -242,9 +242,7 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
                     scopes.update((id(t), scope) for t in new if t.args)
     written = [a for n in gm.graph.nodes for a in leaves((n.args, n.kwargs)) if type(a) is float and abs(a) < 3e38]
     doubles = {float(np.float32(a)): a for a in written}  # (no float32 overflow: numpy warns)
-    program = Program(tuple(inputs), output, opaque, params, scopes, doubles=doubles).pruned()
-    found = fingerprints(program.roots())
-    return replace(program, own=frozenset(found[id(t)] for t in own if id(t) in found))
+    return Program(tuple(inputs), output, opaque, params, scopes, doubles=doubles, own=tuple(own)).pruned()
 
 
 def _lowered(node: fx.Node, values: dict, info_of: dict, gm: fx.GraphModule, params: dict,

@@ -115,11 +115,11 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
     except (Unsupported, TypeError, KeyError, ValueError):  # an argument the lowering does not take
         result = None
-    operands = {id(a) for a in leaves((args, kwargs)) if isinstance(a, Term)}
-    if own is not None and isinstance(result, Term) and fn is not None and not folded and all(
-            id(a) in operands or a.op == "param" and not known(a, CONSTANT) and node.op == "call_module"
-            for a in result.args):
-        own.append(result)
+    if own is not None and isinstance(result, Term) and fn is not None and not folded:
+        operands = {id(a) for a in leaves((args, kwargs)) if isinstance(a, Term)}
+        if all(id(a) in operands or a.op == "param" and not known(a, CONSTANT) and node.op == "call_module"
+               for a in result.args):
+            own.append(result)
     for fallback in calls:
         result = result or fallback(node, args, kwargs, ctx)
     if isinstance(result, Term):  # assigned: an id may be a dead Term's (a refused decomposition's)

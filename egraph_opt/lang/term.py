@@ -87,15 +87,6 @@ def postorder(roots: Iterable[Term]) -> list[Term]:
     return topological(roots, lambda t: t.args, id)
 
 
-def fingerprints(roots: Iterable[Term]) -> dict[int, int]:
-    """Each term's hash of its structure (op, attributes, operands' fingerprints), by id: equal for a term of another
-    program built alike (a captured term the optimized program kept)."""
-    found: dict[int, int] = {}
-    for t in postorder(roots):
-        found[id(t)] = hash((t.op, t.attrs, tuple(found[id(a)] for a in t.args)))
-    return found
-
-
 def op_counts(roots: Iterable[Term]) -> dict[str, int]:
     return dict(sorted(Counter(t.op for t in postorder(roots) if not OPS[t.op].is_leaf).items()))
 

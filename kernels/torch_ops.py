@@ -42,12 +42,12 @@ class _Assumed:
 
     def held(self) -> bool:
         with torch.no_grad():
-            flat = [t.reshape(-1) for t in self.tensors]
-            if self.reciprocals:
-                flat += [t.reshape(-1) for t in torch._foreach_reciprocal(self.reciprocals)]
-            if not flat:
+            tensors = self.tensors + (list(torch._foreach_reciprocal(self.reciprocals)) if self.reciprocals else [])
+            if not tensors:
                 return True
-            low, high = torch.stack(torch.aminmax(torch.cat(flat))).tolist()  # NaN where one is
+            ends = [torch.aminmax(t) for t in tensors]  # each read where it lies: a copy into one would cost a pass
+            low, high = torch.stack([low for low, _ in ends]).min(), torch.stack([high for _, high in ends]).max()
+            low, high = torch.stack((low, high)).tolist()  # NaN where one is
         top = max(-low, high)  # squared only under a scores' bound: a float64 plan's 1e200 is finite, its square not
         return math.isfinite(low) and math.isfinite(high) and (self.square == math.inf or top * top < self.square)
 
@@ -68,8 +68,16 @@ def _assumes(*tensors: torch.Tensor, reciprocal: bool = False) -> _Assumed | Non
             assumed.reciprocals.append(t)
         elif not reciprocal and t.numel() and id(t._base) not in assumed.whole:
             assumed.tensors.append(t)
-            assumed.whole.add(id(t))
+            assumed.whole.add(id(t if _views_part(t) else t._base))
     return assumed
+
+
+def _views_part(t: torch.Tensor) -> bool:
+    """Whether ``t`` is no view, or one of part of its base (or of its elements in another order): a view of every
+    element in place (F.linear's 3-D output of its 2-D product) stands for its base, whose other views are read."""
+    base = t._base
+    return base is None or not (t.numel() == base.numel() and t.is_contiguous() and base.is_contiguous() and
+                                t.storage_offset() == base.storage_offset())
 
 
 #: a guard on a tensor of more elements reads at once: its read costs little beside its op, and a run holding every

@@ -13,6 +13,7 @@ from egraph_opt import capture, saturate_and_extract
 from egraph_opt.backends.torch_backend import build_module
 from egraph_opt.kernels.torch_ops import PLAIN, TORCH
 from egraph_opt.lang.term import Term
+from egraph_opt.optimization.pipeline import optimize
 
 W, B, G = (torch.randn(s, generator=torch.Generator().manual_seed(1)) for s in ((8, 8), (8,), (8,)))
 
@@ -38,6 +39,42 @@ def test_the_users_own_calls_bind_torchs_plain_kernel_and_a_rewrites_op_its_care
     made = program.with_roots({id(program.roots()[0]): Term("gelu", (program.inputs[0],), ("none",))})
     targets = {n.target for n in build_module(made, traced).graph.nodes}
     assert TORCH["gelu"] in targets and PLAIN["gelu"] not in targets
+
+
+def upstream(x):
+    """The user's calls over a value a rewrite made (log(1 + x) -> log1p): equal to the one they were called on."""
+    return F.gelu(F.layer_norm(F.linear(torch.log(1 + x), W, B), (8,), G, B, 1e-5))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.up, self.act, self.down = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.GELU(), \
+            torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.down(self.act(self.norm(self.up(torch.log(1 + x.abs())))))
+
+
+def test_the_users_calls_over_values_a_rewrite_made_bind_torchs_plain_kernel_in_templates_too():
+    """Own-ness is per e-class: the call's op over operands equal to its own, wherever rewrites upstream made them;
+    repeated blocks (one template, instantiated three times) carry it to every instance."""
+    program, traced = capture(upstream, (torch.rand(4, 8),))
+    result = optimize(program)
+    targets = {n.target for n in build_module(result.program, traced).graph.nodes}
+    assert result.ops_after.get("log1p") and {PLAIN[op] for op in ("linear", "gelu", "layer_norm")} <= targets
+    assert not {TORCH[op] for op in ("linear", "gelu", "layer_norm")} & targets
+    model = torch.nn.Sequential(Block(), Block(), Block())
+    program, _ = capture(model, (torch.rand(4, 8),))
+    result = optimize(program)
+    assert any("template of" in s.phase for s in result.saturation) and result.ops_after.get("log1p") == 3
+    targets = [n.target for n in build_module(result.program, model).graph.nodes]
+    assert [targets.count(PLAIN[op]) for op in ("gelu", "layer_norm")] == [3, 3]
+    assert TORCH["gelu"] not in targets and TORCH["layer_norm"] not in targets
+    with torch.no_grad():
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(saturate_and_extract(model, profile_db=False, profile_budget=0)(x), model(x))
+
 
 @functools.cache
 def _optimized():

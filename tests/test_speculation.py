@@ -134,3 +134,20 @@ def test_a_guard_on_a_large_tensor_reads_at_once():
     with torch.no_grad():
         speculating(counted(lambda x: TORCH["linear"](x, w, None), runs))(x)
     assert runs == [1]
+
+
+def test_a_view_stands_for_its_base_only_where_it_holds_every_element():
+    """A view recorded whole (F.linear's 3-D output of its 2-D product) stands for its base: a later view of the base
+    (attention's q, k) is not read again. A view of part of it (a slice) or of its elements out of order stands for
+    nothing more: a NaN in the rest of the base is read by the later view's record."""
+    base = torch.zeros(4, 6)
+    base[3, 5] = math.nan
+    for first, whole in ((base.view(2, 12), True), (base[:2], False), (base.t(), False)):
+        assumed = ops._Assumed()
+        token = ops._ASSUMED.set(assumed)
+        try:
+            ops._assumes(first)
+            ops._assumes(base[3:])
+        finally:
+            ops._ASSUMED.reset(token)
+        assert len(assumed.tensors) == (1 if whole else 2) and not assumed.held()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -116,6 +116,20 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
     return ([regimes.term] if regimes else best), regimes, reranked is not None
 
 
+def own_calls(program: Program, kept: list[Term], snap: Snapshot, class_of: dict) -> tuple:
+    """The terms of ``kept`` that are one of the user's own calls (``Program.own``) over equal values: its op and
+    attributes over operands in the e-classes of the call's. The original computes that op, by torch's plain kernel,
+    of these values: so may the plan, wherever rewrites around it (an attention fused upstream) made the operands."""
+    if not program.own:
+        return ()
+    ids = pat.structural_ids([*program.roots(), *program.own])
+    by_structure = {ids[i]: c for i, c in class_of.items() if i in ids}
+    calls = {(t.op, t.attrs, classes) for t in program.own
+             if None not in (classes := tuple(by_structure.get(ids[id(a)]) for a in t.args))}
+    found = term_classes(snap, class_of, kept)
+    return tuple(t for t in postorder(kept) if t.args and (t.op, t.attrs, tuple(found[id(a)] for a in t.args)) in calls)
+
+
 def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, model: CostModel) -> list[Term] | None:
     """``chosen`` computed in float64 from its float32 inputs, rounded once, for a small elementwise program
     (Herbie's; in a model a precision is the user's, autocast's) where no float32 form found is accurate: under
@@ -143,7 +157,8 @@ def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: d
     met with an extracted term's own), as the extractor saw them: greedy extraction is not
     optimal, so a costlier extraction gives the input back (unless ``keep``: chosen by error)."""
     roots, leaf_meta = program.roots(), program.leaf_meta()
-    optimized = program.with_roots({id(old): new for old, new in zip(roots, best)})
+    optimized = replace(program.with_roots({id(old): new for old, new in zip(roots, best)}),
+                        own=own_calls(program, best, snap, class_of))
     own = ranges(best, optimized.meta())
     proved = {i: snap.ranges.get(cid, TOP) for i, cid in class_of.items()}
     for i, cid in term_classes(snap, class_of, best).items():
@@ -197,7 +212,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
     intervals = ranges(roots, meta)
     results, template_roots = [], []
     for group in groups:
-        body, arg_leaves = tmpl.template_program(group[0], meta, program.params)
+        body, arg_leaves = tmpl.template_program(group[0], meta, program.params, program.own)
         hulls = {leaf.attrs[0]: hull(*[intervals[id(inst.args[i])] for inst in group])
                  for i, leaf in enumerate(arg_leaves)}
         result = optimize(body, schedule=schedule, input_ranges=hulls, model=model, templates=False)
@@ -207,7 +222,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
         template_roots.append(list(result.program.outputs))
     main = optimize(tmpl.outer_program(program, groups, meta), schedule=schedule, input_ranges=input_ranges,
                     model=model, templates=False, ranges=ranges)
-    final = tmpl.resolve(main.program, groups, template_roots)
+    final = tmpl.resolve(main.program, groups, template_roots, [r.program.own for r in results])
     # each template computed in float32 rounds its output to the half dtype, and the next widens it again:
     # only a pass over the joined program drops those round trips and carries one float32 chain through
     precision = tuple(r for phase in schedule for r in phase.rules if r.family is Family.PRECISION)

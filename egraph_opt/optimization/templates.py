@@ -178,15 +178,20 @@ def substitute(roots: list[Term], mapping: dict[int, Term], made: dict | None = 
     return [new[id(r)] for r in roots]
 
 
-def template_program(first: Instance, meta: dict, params: dict) -> tuple[Program, list[Term]]:
+def template_program(first: Instance, meta: dict, params: dict, own: tuple = ()) -> tuple[Program, list[Term]]:
     """The first instance over abstract leaves: ``arg{i}`` inputs and relative-name params, valued as the first's
-    (``params``: the program's, by name) where an estimate samples the template's error."""
+    (``params``: the program's, by name) where an estimate samples the template's error; with the user's own calls
+    (``own``: the program's) that lie in it."""
     arg_leaves = [Term.input(f"arg{i}", meta[id(a)][0], str(meta[id(a)][1]).removeprefix("torch."))
                   for i, a in enumerate(first.args)]
     mapping = {id(a): leaf for a, leaf in zip(first.args, arg_leaves)}
     mapping.update({id(p): Term("param", (), (rel, *p.attrs[1:])) for rel, p in first.params.items()})
     values = {rel: params[p.attrs[0]] for rel, p in first.params.items() if p.attrs[0] in params}
-    return Program(tuple(arg_leaves), tuple(substitute(first.outputs, mapping)), params=values), arg_leaves
+    inside = {id(t) for t in first.terms}
+    made: dict = {}
+    outputs = tuple(substitute(first.outputs, mapping, made))
+    return Program(tuple(arg_leaves), outputs, params=values,
+                   own=tuple(substitute([t for t in own if id(t) in inside], mapping, made))), arg_leaves
 
 
 def instantiate(template_roots: list[Term], inst: Instance, args: list[Term], made: dict) -> list[Term]:
@@ -219,10 +224,12 @@ def _rewrite(program: Program, rewrite) -> Program:
     return program.with_roots({id(old): t for old, t in zip(found, rewrite(found))})
 
 
-def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[Term]]) -> Program:
+def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[Term]], owns: list[tuple]) -> Program:
     """Instantiate every instance into the optimized outer program (its second outputs: the
-    instances' arguments), earlier ones first (a later one's arguments may be their outputs)."""
+    instances' arguments), earlier ones first (a later one's arguments may be their outputs);
+    ``owns``: each template's own calls (``Program.own``), instantiated with it."""
     env: dict[str, Term] = {}
+    own: list[Term] = []
 
     def fill(terms: list[Term]) -> list[Term]:
         return substitute(terms, {id(t): env[t.attrs[0]] for t in postorder(terms)
@@ -230,16 +237,17 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
 
     made: dict = {}
     arg_iter = iter(outer.outputs[1])
-    pending = [(inst, tmpl, [next(arg_iter) for _ in inst.args])
-               for group, tmpl in zip(groups, templates) for inst in group]
+    pending = [(inst, tmpl, [next(arg_iter) for _ in inst.args], mine)
+               for group, tmpl, mine in zip(groups, templates, owns) for inst in group]
     while pending:  # an instance is ready when the instances its arguments read are done
         ready = [p for p in pending if all(t.attrs[0] in env for t in postorder(p[2])
                                            if t.op == "opaque" and t.attrs[0].startswith(PREFIX))]
         if not ready:
             raise RuntimeError("templates depend on each other in a cycle")
-        for inst, tmpl, args in ready:
-            env.update((f"{PREFIX}{inst.scope}:{k}", out)
-                       for k, out in enumerate(instantiate(tmpl, inst, fill(args), made)))
+        for inst, tmpl, args, mine in ready:
+            made_here = instantiate([*tmpl, *mine], inst, fill(args), made)
+            env.update((f"{PREFIX}{inst.scope}:{k}", out) for k, out in enumerate(made_here[:len(tmpl)]))
+            own += made_here[len(tmpl):]
         done = {id(p[0]) for p in ready}
         pending = [p for p in pending if id(p[0]) not in done]
-    return _rewrite(replace(outer, outputs=outer.outputs[0]), fill)
+    return replace(_rewrite(replace(outer, outputs=outer.outputs[0]), fill), own=(*fill(list(outer.own)), *own))

@@ -170,6 +170,18 @@ def test_a_repeated_piece_reading_constants_is_estimated_with_their_values():
     assert len(reports) == 2 and all(r.optimized and not r.fallback for r in reports), [r.fallback for r in reports]
 
 
+def test_a_model_building_its_tables_by_slice_writes_is_optimized():
+    """BEiT (no architecture of the suite) builds its relative position index on every call by writes into slices of
+    tensors it made (``relative_coords[:, :, 0] += ...``); traced in torch.export's functional form, it is pure, and
+    its attention fuses (it ran untouched: "mutates 'contiguous', read again after add_")."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = tf.BeitModel(tf.BeitConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   image_size=16, patch_size=4, use_relative_position_bias=True)).eval()
+    report = optimized_equals_eager(m, (torch.randn(2, 3, 16, 16),))
+    assert "sdpa_masked" in report.ops_after, report.ops_after
+
+
 @pytest.mark.parametrize("head", ["LlamaForCausalLM", "GPT2LMHeadModel"])
 def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from_their_size_family(head, monkeypatch):
     """The prefill and two decode steps are traced, optimized and built; each later decode step's plan

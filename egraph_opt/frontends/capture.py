@@ -55,13 +55,14 @@ class _AsModule(torch.nn.Module):
         return self.fn(*args)
 
 
-def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
+def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphModule:
     """Symbolic fx tracing; where Python control flow reads shapes (Hugging Face models do), torch.export on the example
-    inputs, which specializes shapes as we do per signature and still refuses control flow on tensor values."""
+    inputs, which specializes shapes as we do per signature and still refuses control flow on tensor values.
+    ``functional``: torch.export's functional form alone (in-place writes as functional ops: a select_scatter)."""
     root = fn if isinstance(fn, torch.nn.Module) else None
     where = getattr(fn, "__qualname__", type(fn).__name__)
     errors = []
-    for tracer in (_TraceAll(), fx.Tracer()):
+    for tracer in () if functional else (_TraceAll(), fx.Tracer()):
         try:
             graph = tracer.trace(fn)
             return fx.GraphModule(tracer.root if root is None else root, graph)
@@ -72,7 +73,7 @@ def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
     if example_args:
         module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
         try:
-            return _export(module, tuple(example_args))
+            return _export(module, tuple(example_args), functional)
         except SideEffect:
             raise
         except Exception as e:  # noqa: BLE001 - export raises many types too
@@ -81,7 +82,7 @@ def trace(fn, example_args: tuple = ()) -> fx.GraphModule:
                        "flow that does not depend on tensor values)")
 
 
-def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
+def _export(module: torch.nn.Module, args: tuple, functional: bool = False) -> fx.GraphModule:
     """torch.export, whose failure prints the partial graph to stderr (twice) and logs a warning
     about it: the reason is in our error instead. What a successful export writes is passed on."""
     cache_pytrees()
@@ -92,6 +93,8 @@ def _export(module: torch.nn.Module, args: tuple) -> fx.GraphModule:
     try:
         with contextlib.redirect_stderr(written):
             exported = torch.export.export(module, _unshared(args), strict=False)
+            if functional:
+                exported = exported.run_decompositions({})
     finally:
         logger.setLevel(level)
     sys.stderr.write(written.getvalue())
@@ -186,7 +189,11 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         if len(placeholders) != len(example_args):
             raise CaptureError(f"{len(example_args)} arguments given, the traced program takes "
                                f"{len(placeholders)}")
-        effects, in_place = mutations(gm)
+        effects, in_place, computed = mutations(gm)
+        if effects and computed:  # writes into its own values: torch.export's functional form writes none
+            with draws:
+                gm = trace(fn, example_args, functional=True)
+            effects, in_place, _ = mutations(gm)
         if effects:
             raise SideEffect(f"{name} mutates {', '.join(effects)}")
         with draws:

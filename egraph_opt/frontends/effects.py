@@ -84,11 +84,12 @@ def _base(node) -> tuple[object, bool]:
     return node, crossed
 
 
-def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
-    """What the program mutates, as the user would name it (empty: pure), and the in-place nodes pure only if
-    lowered to a Term: as opaque calls they would write into a value the e-graph may share."""
+def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str], bool]:
+    """What the program mutates, as the user would name it (empty: pure), the in-place nodes pure only if lowered to
+    a Term (as opaque calls they would write into a value the e-graph may share), and whether every mutation is of a
+    value the program computed (BEiT's index tables built by slice writes): functionalized, such a program is pure."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    found, in_place = [], set()
+    found, in_place, computed = [], set(), 0
     for node in gm.graph.nodes:
         for target in written(node, gm):
             in_place.add(node.name)
@@ -104,7 +105,8 @@ def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str]]:
                 found.append(f"{base.target!r} ({_name(node) or node.target})")
             elif crossed or any(order[u] > order[node] for u in base.users if u is not node):
                 found.append(f"{base.name!r}, read again after {_name(node) or node.target}")
-    return found, in_place
+                computed += 1
+    return found, in_place, computed == len(found)
 
 
 class Draws(TorchDispatchMode):

@@ -67,17 +67,11 @@ def _assumes(*tensors: torch.Tensor, reciprocal: bool = False) -> _Assumed | Non
         if reciprocal and t.numel():
             assumed.reciprocals.append(t)
         elif not reciprocal and t.numel() and id(t._base) not in assumed.whole:
-            assumed.tensors.append(t)
-            assumed.whole.add(id(t if _views_part(t) else t._base))
+            assumed.tensors.append(t)  # a view of every element in place (F.linear's 3-D output of its 2-D
+            base = t._base  # product) stands for its base, whose other views (q, k sliced from it) are not read again
+            assumed.whole.add(id(base if base is not None and t.numel() == base.numel() and t.is_contiguous() and
+                                 base.is_contiguous() and t.storage_offset() == base.storage_offset() else t))
     return assumed
-
-
-def _views_part(t: torch.Tensor) -> bool:
-    """Whether ``t`` is no view, or one of part of its base (or of its elements in another order): a view of every
-    element in place (F.linear's 3-D output of its 2-D product) stands for its base, whose other views are read."""
-    base = t._base
-    return base is None or not (t.numel() == base.numel() and t.is_contiguous() and base.is_contiguous() and
-                                t.storage_offset() == base.storage_offset())
 
 
 #: a guard on a tensor of more elements reads at once: its read costs little beside its op, and a run holding every

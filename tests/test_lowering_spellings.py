@@ -227,3 +227,17 @@ def test_pure_in_place_ops_lower_as_their_twins_or_run_as_them():
     f = saturate_and_extract(fn, profile_db=False, profile_budget=0)
     torch.testing.assert_close(f(x, w), fn(x, w))
     assert f.report.optimized, f.report.fallback
+
+
+@pytest.mark.parametrize("shape,reps", [((1, 2, 3, 4), (1, 2, 1, 1)), ((4,), (2, 3)), ((2, 5), (3, 1, 2)),
+                                        ((2, 3), (1, 1)), ((1, 2), (2, 2, 1, 3))])
+@pytest.mark.parametrize("through_export", [False, True])
+def test_repeat_lowers_to_concats_that_a_size_family_extends(shape, reps, through_export):
+    """``x.repeat(...)`` (JetMoE's keys and values repeated per expert) as concats: copies with shape attributes,
+    not a gather at a constant index as long as the output (whose size then differs between two decode steps, so
+    no size family formed and every step of a generation was traced again)."""
+    x = torch.tensor([math.inf, -math.inf, math.nan, -0.0, 0.0, 1e-45, 3.4e38, -2.5] * 8)[:math.prod(shape)].reshape(shape)
+    fn = (lambda x: x.repeat(*reps)) if not through_export else exported(lambda x: torch.ops.aten.repeat(x, reps))
+    program = captured_equals_torch(fn, x)
+    ops = {t.op for t in postorder(program.roots())}
+    assert "index_select" not in ops and not program.params and ("concat" in ops or reps == (1,) * len(reps))

@@ -528,6 +528,19 @@ def _cat(c, tensors, dim=0):
     return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), tensors)
 
 
+@lowers("repeat", torch.ops.aten.repeat.default)
+def _repeat(c, x, *repeats):
+    """``x.repeat(r0, r1, ...)``: copies side by side along each axis, as concats (shapes a size family extends; the
+    affine lowering's gather reads a constant index that grows with the size)."""
+    reps = tuple(repeats[0] if len(repeats) == 1 and not isinstance(repeats[0], int) else repeats)
+    if not all(reps) or len(reps) < c.rank(x):
+        raise Unsupported("a repeat with a zero count, or fewer counts than axes")
+    y = Term("reshape", (x,), (shape_attr((1,) * (len(reps) - c.rank(x)) + tuple(c.info(x).shape)),))
+    for axis, count in enumerate(reps):
+        y = functools.reduce(lambda a, b: Term("concat", (a, b), (axis - len(reps),)), [y] * count)
+    return y
+
+
 @lowers(torch.split, "split", torch.split_with_sizes)
 def _split(c, x, split_size_or_sections, dim=0):
     """Pieces along one axis, as slices: QKV projections split from one matmul stay Terms."""

@@ -54,8 +54,7 @@ class Program:
     leaf_shapes: dict[str, tuple] = field(default_factory=dict, compare=False)
     #: a constant rounded to float32 (``forms.constant``) -> the Python float written: float64 computes with it
     doubles: dict[float, float] = field(default_factory=dict, compare=False)
-    #: the captured terms that are the user's own calls (``lowering.lower``): a term structurally equal to one, kept by
-    #: the optimizer, runs torch's plain kernel
+    #: the user's own calls (``lowering.lower``; in an optimized program ``pipeline.own_calls``): torch's plain kernel
     own: tuple = field(default=(), compare=False)
     #: shape and dtype of every term, by id, filled once by ``meta()``; a derived program
     #: (``replace``, ``with_roots``) starts empty

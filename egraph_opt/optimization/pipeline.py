@@ -120,14 +120,12 @@ def own_calls(program: Program, kept: list[Term], snap: Snapshot, class_of: dict
     """The terms of ``kept`` that are one of the user's own calls (``Program.own``) over equal values: its op and
     attributes over operands in the e-classes of the call's. The original computes that op, by torch's plain kernel,
     of these values: so may the plan, wherever rewrites around it (an attention fused upstream) made the operands."""
-    if not program.own:
-        return ()
-    ids = pat.structural_ids([*program.roots(), *program.own])
+    ids = pat.structural_ids([*program.roots(), *program.own]) if program.own else {}
     by_structure = {ids[i]: c for i, c in class_of.items() if i in ids}
     calls = {(t.op, t.attrs, classes) for t in program.own
              if None not in (classes := tuple(by_structure.get(ids[id(a)]) for a in t.args))}
-    found = term_classes(snap, class_of, kept)
-    return tuple(t for t in postorder(kept) if t.args and (t.op, t.attrs, tuple(found[id(a)] for a in t.args)) in calls)
+    found = term_classes(snap, class_of, kept) if calls else {}
+    return tuple(t for t in postorder(kept) if calls and (t.op, t.attrs, tuple(found[id(a)] for a in t.args)) in calls)
 
 
 def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, model: CostModel) -> list[Term] | None:

@@ -188,10 +188,8 @@ def template_program(first: Instance, meta: dict, params: dict, own: tuple = ())
     mapping.update({id(p): Term("param", (), (rel, *p.attrs[1:])) for rel, p in first.params.items()})
     values = {rel: params[p.attrs[0]] for rel, p in first.params.items() if p.attrs[0] in params}
     inside = {id(t) for t in first.terms}
-    made: dict = {}
-    outputs = tuple(substitute(first.outputs, mapping, made))
-    return Program(tuple(arg_leaves), outputs, params=values,
-                   own=tuple(substitute([t for t in own if id(t) in inside], mapping, made))), arg_leaves
+    return Program(tuple(arg_leaves), tuple(substitute(first.outputs, mapping)), params=values,
+                   own=tuple(substitute([t for t in own if id(t) in inside], mapping))), arg_leaves
 
 
 def instantiate(template_roots: list[Term], inst: Instance, args: list[Term], made: dict) -> list[Term]:

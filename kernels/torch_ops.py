@@ -45,9 +45,8 @@ class _Assumed:
             tensors = self.tensors + (list(torch._foreach_reciprocal(self.reciprocals)) if self.reciprocals else [])
             if not tensors:
                 return True
-            ends = [torch.aminmax(t) for t in tensors]  # each read where it lies: a copy into one would cost a pass
-            low, high = torch.stack([low for low, _ in ends]).min(), torch.stack([high for _, high in ends]).max()
-            low, high = torch.stack((low, high)).tolist()  # NaN where one is
+            lows, highs = zip(*(torch.aminmax(t) for t in tensors))  # each read where it lies (a copy costs a pass)
+            low, high = torch.stack([torch.stack(lows).min(), torch.stack(highs).max()]).tolist()  # NaN where one is
         top = max(-low, high)  # squared only under a scores' bound: a float64 plan's 1e200 is finite, its square not
         return math.isfinite(low) and math.isfinite(high) and (self.square == math.inf or top * top < self.square)
 
@@ -215,9 +214,7 @@ def all_finite(x: torch.Tensor) -> bool:
     a float64 sum): its float32 sum is inf or NaN where an element is, and otherwise only where finite values add up
     past float32's max, a rare "no" for a "yes" (callers then take their careful path, never a wrong one). Where the
     plan speculates, assumed (True) and read after the run."""
-    if x.is_floating_point() and _assumes(x):
-        return True
-    return math.isfinite(x.sum(dtype=torch.float32).item())
+    return bool(x.is_floating_point() and _assumes(x)) or math.isfinite(x.sum(dtype=torch.float32).item())
 
 
 def linear(x, weight, bias):

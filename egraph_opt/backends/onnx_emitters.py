@@ -381,8 +381,7 @@ EMIT = {
     **{op: lambda em, t, shape, _op=op: em.node(_op, [em.value(t.args[0]), em.ints(parse_shape(shape))],
                                                   _op.lower()) for op in ("Reshape", "Expand")},
     "Slice": lambda em, t, axis, start, end, step: em.node(
-        "Slice", [em.value(t.args[0]), em.ints([start]), em.ints([end]), em.ints([axis]),
-                  em.ints([step])], "slice"),
+        "Slice", [em.value(t.args[0]), em.ints([start]), em.ints([end]), em.ints([axis]), em.ints([step])], "slice"),
     "Cast": lambda em, t, dtype: em.node("Cast", [em.value(t.args[0])], "cast", to=ELEM_TYPES[dtype]),
     # decompositions: ONNX has no operator for these
     "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p, "kahan-expm1": _expm1,

@@ -679,9 +679,7 @@ class OptimizedModule(torch.nn.Module):
     def __getattr__(self, name: str):
         if name in _OWN:
             return self.__dict__[name]
-        if name in _PLANS:
-            return getattr(self.__dict__["forward"], name)
-        return getattr(self.__dict__["_orig_mod"], name)
+        return getattr(self.__dict__["forward" if name in _PLANS else "_orig_mod"], name)
 
     def __setattr__(self, name: str, value) -> None:
         setattr(self._orig_mod, name, value)

@@ -41,8 +41,7 @@ def _bump(module: torch.nn.Module, *_: Any) -> None:
         _rebindings[0] += 1
 
 
-for _register in (_module.register_module_parameter_registration_hook,
-                  _module.register_module_buffer_registration_hook,
+for _register in (_module.register_module_parameter_registration_hook, _module.register_module_buffer_registration_hook,
                   _module.register_module_module_registration_hook):
     _register(_bump)
 

@@ -192,8 +192,7 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         effects, in_place, computed = mutations(gm)
         if effects and computed:  # writes into its own values: torch.export's functional form writes none
             with draws:
-                gm = trace(fn, example_args, functional=True)
-            effects, in_place, _ = mutations(gm)
+                effects, in_place, _ = mutations(gm := trace(fn, example_args, functional=True))
         if effects:
             raise SideEffect(f"{name} mutates {', '.join(effects)}")
         with draws:

@@ -166,8 +166,7 @@ def _operand(c: Ctx, x, other) -> Term:
             x = value.flatten()[0].item()  # one number, which broadcasting does not widen
     if isinstance(x, Term):
         return x
-    if isinstance(x, (int, float)) and not isinstance(x, bool) and isinstance(other, Term) \
-            and c.floating(other):
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and isinstance(other, Term) and c.floating(other):
         if math.isnan(x):  # legal, but the rules are identities of numbers: the call stays opaque
             raise Unsupported("a NaN constant")
         return forms.constant(x, str(c.info(other).dtype).removeprefix("torch."))
@@ -539,6 +538,20 @@ def _repeat(c, x, *repeats):
     for axis, count in enumerate(reps):
         y = functools.reduce(lambda a, b: Term("concat", (a, b), (axis - len(reps),)), [y] * count)
     return y
+
+
+@lowers(F.pad, torch._C._nn.pad, torch.constant_pad_nd)
+def _pad(c, x, pad, mode="constant", value=None):
+    """A constant pad: along each padded axis, x between blocks of the value (a number expanded: sizes a size family
+    extends), not the affine lowering's gather at a constant index as large as the output (MobileNetV2's 52)."""
+    mode, value = ("constant", mode) if not isinstance(mode, str) else (mode, value)  # constant_pad_nd(x, pad, value)
+    if mode != "constant" or any(n < 0 for n in pad):
+        raise Unsupported("a pad that is no constant one, or crops")
+    fill, shape = c.constant(torch.tensor(0.0 if value is None else value, dtype=c.info(x).dtype)), list(c.info(x).shape)
+    for axis, n, first in ((len(shape) - 1 - i // 2, n, i % 2 == 0) for i, n in enumerate(pad) if n):
+        block = Term("expand", (fill,), (shape_attr(shape[:axis] + [n] + shape[axis + 1:]),))
+        x, shape[axis] = Term("concat", (block, x) if first else (x, block), (axis - len(shape),)), shape[axis] + n
+    return x
 
 
 @lowers(torch.split, "split", torch.split_with_sizes)

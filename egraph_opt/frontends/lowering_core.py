@@ -117,6 +117,9 @@ def _weights(run, n: int) -> tuple:
     b = run(torch.zeros(n, dtype=torch.float64))
     if b.dtype != torch.float64:
         raise Unsupported("a result of another dtype")
+    u, v = torch.randn(2, n, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    if not torch.allclose(run(u + 2 * v) - b, run(u) + 2 * run(v) - 3 * b, rtol=1e-9, atol=1e-9):  # before the dense
+        raise Unsupported("not affine")  # weighing below (n runs): a batch norm over its statistics, a clamp
     at, rows = run(torch.arange(1.0, n + 1, dtype=torch.float64)) - b, torch.arange(len(b))  # 0: reads none
     index = torch.where(at > 0, (at - 1).clamp(0, n - 1), n + 1 + rows).long()[:, None]
     weight = torch.ones(index.shape, dtype=torch.float64)

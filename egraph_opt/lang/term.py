@@ -233,9 +233,7 @@ def _by_kind(op: str, attrs: tuple, operands: list[tuple], tensor: list[bool]) -
         return tuple(torch.broadcast_shapes(a[:-2], b[:-2])) + (a[-2], b[-1]), dtype
     if kind == "linear" and len(b) == 2 and a and a[-1] == b[1]:
         return a[:-1] + (b[0],), dtype
-    if kind == "sdpa" and len(a) >= 2:
-        return a[:-1] + (operands[2][0][-1],), dtype
-    return None
+    return (a[:-1] + (operands[2][0][-1],), dtype) if kind == "sdpa" and len(a) >= 2 else None
 
 
 def shapes(roots: list[Term], leaf_meta: dict[str, tuple] | None = None

@@ -52,8 +52,7 @@ TEMPLATES: dict[str, str] = {
 REDUCTIONS: dict[str, tuple[str, str, str]] = {
     "sum":  ("0.0", "acc + {v}", "tl.sum(acc, 0)"),
     "mean": ("0.0", "acc + {v}", "tl.sum(acc, 0) / n_cols"),
-    "max":  ('float("-inf")', "tl.maximum(acc, {v}, propagate_nan=tl.PropagateNan.ALL)",
-             "m.max_keep_nan(acc)"),
+    "max":  ('float("-inf")', "tl.maximum(acc, {v}, propagate_nan=tl.PropagateNan.ALL)", "m.max_keep_nan(acc)"),
 }
 # row op (over the last axis, anywhere in a region; one a region) -> the walks over its row that its
 # template's statistics take, each (before, step with a block of its operand {0}, after); eps is a scalar

@@ -40,8 +40,7 @@ def _private(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     inside = [Path(folder, n) for folder, names, files in os.walk(directory) for n in names + files]
     for path, info in [(directory, directory.stat()), *((p, p.lstat()) for p in inside)]:
-        why = ("owned by another user" if info.st_uid != os.getuid() else
-               None if stat.S_ISLNK(info.st_mode) else
+        why = ("owned by another user" if info.st_uid != os.getuid() else None if stat.S_ISLNK(info.st_mode) else
                "world-writable" if info.st_mode & stat.S_IWOTH else
                "group-writable" if info.st_mode & stat.S_IWGRP else None)
         if why:
@@ -59,8 +58,7 @@ def _load(program: KernelSource) -> object:
     path, source = directory / f"k_{program.digest}.py", program.source
     if path not in _kernels:
         _private(directory)
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp",
-                                         delete=False) as f:
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp", delete=False) as f:
             f.write(source)
         os.replace(f.name, path)
         module = types.ModuleType(f"egraph_opt_generated_{program.digest}")

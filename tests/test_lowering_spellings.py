@@ -271,3 +271,32 @@ def test_the_affine_lowering_refuses_a_map_that_is_not_linear_before_weighing_it
     with pytest.raises(lowering_core.Unsupported, match="not affine"):
         lowering_core._weights(clamp, 64)
     assert len(runs) <= 4
+
+
+class _ExportedConvBlock(torch.nn.Module):
+    """conv, batch norm, ReLU6, as a Hugging Face CNN's forward reaches torch.export (fx cannot unpack a shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8)
+        with torch.no_grad():
+            self.norm.running_mean.uniform_(-1, 1), self.norm.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        _, *_ = x.size()
+        return torch.nn.functional.relu6(self.norm(self.conv(x)))
+
+
+def test_an_exported_batch_norm_is_one_op_the_convolution_folds_and_relu6_a_clamp():
+    """ATen's batch_norm lowers to the batch_norm op (it was decomposed op by op, one trace per shape, and never
+    folded into its convolution: HF ResNet 1.05x -> 1.19x, MobileNetV2 1.0x -> 1.24x), hardtanh to a clamp."""
+    from egraph_opt import optimize, saturate_and_extract
+    model = _ExportedConvBlock().eval()
+    x = torch.randn(2, 3, 8, 8)
+    program, _ = capture(model, (x,))
+    ops = {t.op for t in postorder(program.roots())}
+    assert "batch_norm" in ops and {"maximum", "minimum"} <= ops and not program.opaque, (ops, program.opaque)
+    result = optimize(program)
+    assert "conv-batch-norm-fold" in {rule.name for rule, _ in result.applied} and "batch_norm" not in result.ops_after
+    with torch.no_grad():
+        torch.testing.assert_close(saturate_and_extract(model, profile_db=False, profile_budget=0)(x), model(x))

@@ -254,6 +254,7 @@ lowers(operator.lt, torch.lt, "lt", torch.less, "less")(_binary("less"))
 lowers(operator.gt, torch.gt, "gt", torch.greater, "greater")(  # a > b is b < a, NaN too
     lambda c, a, b: Term("less", (_operand(c, b, a), _operand(c, a, b))))
 lowers(torch.where)(lambda c, cond, a, b: Term("where", (cond, _operand(c, a, b), _operand(c, b, a))))
+lowers(F.hardtanh, torch._C._nn.hardtanh)(lambda c, x, lo=-1.0, hi=1.0, inplace=False: _clamp(c, x, lo, hi))  # ReLU6
 
 
 def is_zero(x: Term) -> Term:

@@ -62,6 +62,7 @@ lowers(aten.native_dropout.default)(  # (x, its mask of ones) outside training o
     lambda c, x, p, train: low.Parts((low._dropout(True)(c, x, p, bool(train)), None)))
 
 
+lowers(torch.batch_norm)(lambda c, x, w, b, m, v, t, mo, eps, *_: nn_low._batch_norm(c, x, m, v, w, b, t, mo, eps))
 lowers(aten._native_batch_norm_legit_no_training.default)(lambda c, x, w, b, mean, var, momentum, eps: low.Parts(
     (nn_low._batch_norm(c, x, mean, var, w, b, False, momentum, eps), None, None)))  # its statistics stay a call
 

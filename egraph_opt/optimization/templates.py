@@ -180,8 +180,7 @@ def substitute(roots: list[Term], mapping: dict[int, Term], made: dict | None = 
 
 def template_program(first: Instance, meta: dict, params: dict, own: tuple = ()) -> tuple[Program, list[Term]]:
     """The first instance over abstract leaves: ``arg{i}`` inputs and relative-name params, valued as the first's
-    (``params``: the program's, by name) where an estimate samples the template's error; with the user's own calls
-    (``own``: the program's) that lie in it."""
+    (``params``: the program's, by name) where an estimate samples the template's error; the ``own`` calls in it."""
     arg_leaves = [Term.input(f"arg{i}", meta[id(a)][0], str(meta[id(a)][1]).removeprefix("torch."))
                   for i, a in enumerate(first.args)]
     mapping = {id(a): leaf for a, leaf in zip(first.args, arg_leaves)}
@@ -223,15 +222,14 @@ def _rewrite(program: Program, rewrite) -> Program:
 
 
 def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[Term]], owns: list[tuple]) -> Program:
-    """Instantiate every instance into the optimized outer program (its second outputs: the
-    instances' arguments), earlier ones first (a later one's arguments may be their outputs);
-    ``owns``: each template's own calls (``Program.own``), instantiated with it."""
+    """Instantiate every instance (and its template's ``owns``) into the optimized outer program (its second outputs:
+    the instances' arguments), earlier ones first (a later one's arguments may be their outputs)."""
     env: dict[str, Term] = {}
     own: list[Term] = []
 
     def fill(terms: list[Term]) -> list[Term]:
-        return substitute(terms, {id(t): env[t.attrs[0]] for t in postorder(terms)
-                                  if t.op == "opaque" and t.attrs[0] in env})
+        return substitute(terms, {id(t): env[t.attrs[0]] for t in postorder(terms)  # built once for all calls
+                                  if t.op == "opaque" and t.attrs[0] in env}, made)
 
     made: dict = {}
     arg_iter = iter(outer.outputs[1])

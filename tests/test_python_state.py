@@ -328,3 +328,32 @@ def test_an_attribute_is_not_taken_for_the_global_of_its_name():
     f = saturate_and_extract(module)
     torch.testing.assert_close(f(x), module(x))
     assert f.report.optimized, f.report.fallback
+
+
+class _InstallsAHook(nn.Module):
+    """Registers a forward hook on a submodule on its first call and keeps it (transformers' output capture does so
+    for ``output_attentions``): an OrderedDict of torch's, which the optimizer's runs write and put back."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.seen = nn.Linear(4, 4), []
+
+    def forward(self, x):
+        if not self.inner._forward_hooks:
+            self.inner.register_forward_hook(lambda module, args, out: self.seen.append(tuple(out.shape)))
+        return torch.exp(self.inner(x))
+
+
+def test_a_hook_the_program_installs_is_put_back_with_its_ordered_dict_intact():
+    """Putting the hooks' OrderedDict back by dict's own methods broke its links: the next call's iteration over the
+    hooks raised KeyError (a BERT called with ``output_attentions=True`` crashed). The call runs as eager, hook and
+    all, and so does every call after it."""
+    model = _InstallsAHook()
+    twin = _InstallsAHook()
+    twin.load_state_dict(model.state_dict())
+    g = saturate_and_extract(model)
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), twin(x))
+    assert model.seen == twin.seen == [(2, 4)] * 3 and len(list(model.inner._forward_hooks.items())) == 1
+    assert g.report.fallback

@@ -543,8 +543,9 @@ def _restore(holder: Any, saved: Any) -> None:
             holder.cell_contents = saved
     elif isinstance(holder, types.FunctionType):
         holder.__defaults__, holder.__kwdefaults__ = saved
-    elif isinstance(holder, (dict, type)):  # a dict subclass's own methods may do more than store
-        put, drop = (setattr, delattr) if isinstance(holder, type) else (dict.__setitem__, dict.__delitem__)
+    elif isinstance(holder, (dict, type)):  # a dict subclass's own methods may do more than store: its builtin base's
+        base = next(c for c in type(holder).__mro__ if c.__module__ in ("builtins", "collections"))  # (an OrderedDict's
+        put, drop = (setattr, delattr) if isinstance(holder, type) else (base.__setitem__, base.__delitem__)  # links)
         for k in _changed_keys(_copy(holder), saved, _scope(holder)):
             put(holder, k, saved[k]) if k in saved else drop(holder, k)
     elif isinstance(holder, set):

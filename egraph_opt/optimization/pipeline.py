@@ -117,9 +117,8 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
 
 
 def own_calls(program: Program, kept: list[Term], snap: Snapshot, class_of: dict) -> tuple:
-    """The terms of ``kept`` that are one of the user's own calls (``Program.own``) over equal values: its op and
-    attributes over operands in the e-classes of the call's. The original computes that op, by torch's plain kernel,
-    of these values: so may the plan, wherever rewrites around it (an attention fused upstream) made the operands."""
+    """The terms of ``kept`` that are a user's own call (``Program.own``): its op and attributes over operands in the
+    e-classes of its operands, equal values wherever rewrites (an attention fused upstream) made them."""
     ids = pat.structural_ids([*program.roots(), *program.own]) if program.own else {}
     by_structure = {ids[i]: c for i, c in class_of.items() if i in ids}
     calls = {(t.op, t.attrs, classes) for t in program.own

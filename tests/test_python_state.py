@@ -357,3 +357,17 @@ def test_a_hook_the_program_installs_is_put_back_with_its_ordered_dict_intact():
         torch.testing.assert_close(g(x), twin(x))
     assert model.seen == twin.seen == [(2, 4)] * 3 and len(list(model.inner._forward_hooks.items())) == 1
     assert g.report.fallback
+
+
+def test_a_call_under_autocast_leaves_no_fake_weights_in_its_cache():
+    """Autocast caches each weight's cast for the rest of its region: the trace's fake-tensor run filled that cache
+    with fake tensors, and every later call in the region, the original's too, returned fake tensors (a Llama under
+    ``torch.autocast("cpu", torch.bfloat16)``). The cache is cleared after the trace."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).eval()
+    g = saturate_and_extract(model)
+    x = torch.randn(4, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(3):
+            got, want = g(x), model(x)
+            assert type(got) is type(want) is torch.Tensor and got.dtype == want.dtype == torch.bfloat16
+            torch.testing.assert_close(got, want)

@@ -57,8 +57,7 @@ class _AsModule(torch.nn.Module):
 
 def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphModule:
     """Symbolic fx tracing; where Python control flow reads shapes (Hugging Face models do), torch.export on the example
-    inputs, which specializes shapes as we do per signature and still refuses control flow on tensor values.
-    ``functional``: torch.export's functional form alone (in-place writes as functional ops: a select_scatter)."""
+    inputs (shapes specialized per signature, control flow on values refused); ``functional``: its functional form."""
     root = fn if isinstance(fn, torch.nn.Module) else None
     where = getattr(fn, "__qualname__", type(fn).__name__)
     errors = []

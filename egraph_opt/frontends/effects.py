@@ -85,9 +85,8 @@ def _base(node) -> tuple[object, bool]:
 
 
 def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str], bool]:
-    """What the program mutates, as the user would name it (empty: pure), the in-place nodes pure only if lowered to
-    a Term (as opaque calls they would write into a value the e-graph may share), and whether every mutation is of a
-    value the program computed (BEiT's index tables built by slice writes): functionalized, such a program is pure."""
+    """What the program mutates, as the user would name it (empty: pure), the in-place nodes pure only if lowered to a
+    Term (opaque, they would write into a shared value), and whether each mutation is of a value it computed."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     found, in_place, computed = [], set(), 0
     for node in gm.graph.nodes:

@@ -68,3 +68,27 @@ def test_a_decorated_method_warns_of_nothing():
     assert [str(w.message) for w in caught] == []
     torch.testing.assert_close(out, torch.log_softmax(m.proj(x) / 2, -1))
     assert m.forward.report.optimized
+
+
+def test_a_copy_or_a_pickle_of_the_wrapper_is_the_originals_decorated_anew():
+    """``copy.deepcopy`` (an EMA model) and ``torch.save`` of the whole wrapper raised from deep inside (a sqlite
+    connection, a weak dictionary): each is now the original's copy, decorated with the same options, its plans made
+    again on its first call, its weights its own."""
+    import copy
+    import io
+    torch.manual_seed(0)
+    head = Head().eval()
+    fast = saturate_and_extract(head, profile_budget=0, objective="stability")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        fast(x)
+        buffer = io.BytesIO()
+        torch.save(fast, buffer)
+        buffer.seek(0)
+        for twin in (copy.deepcopy(fast), torch.load(buffer, weights_only=False)):
+            assert isinstance(twin, type(fast)) and twin.forward._options == fast.forward._options and not twin.plans
+            torch.testing.assert_close(twin(x), fast(x))
+            assert twin.report.optimized and twin.report.signature == fast.report.signature
+            twin.proj.weight.mul_(2)
+            assert not torch.equal(twin.proj.weight, head.proj.weight)
+            torch.testing.assert_close(twin(x), twin.fn(x))

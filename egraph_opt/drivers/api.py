@@ -673,14 +673,9 @@ class OptimizedModule(torch.nn.Module):
             own[table] = module.__dict__[table]
         del own["training"]  # read through __getattr__: the original's flag is the one its code reads
 
-    @property
-    def fn(self) -> torch.nn.Module:
-        """The original module, as ``fn`` is on a decorated function (pictures run it beside the plan)."""
-        return self._orig_mod
-
     def __getattr__(self, name: str):
-        if name in _OWN:
-            return self.__dict__[name]
+        if name in _OWN or name == "fn":  # fn: the original, as on a decorated function (pictures run it beside a plan)
+            return self.__dict__["_orig_mod" if name == "fn" else name]
         return getattr(self.__dict__["forward" if name in _PLANS else "_orig_mod"], name)
 
     def __setattr__(self, name: str, value) -> None:
@@ -708,6 +703,9 @@ class OptimizedModule(torch.nn.Module):
 
     def __repr__(self) -> str:
         return f"OptimizedModule({self._orig_mod!r})"
+
+    def __reduce__(self):  # a copy or pickle (deepcopy, torch.save): the original's, decorated anew (plans are a cache)
+        return functools.partial(saturate_and_extract, **self.forward._options), (self._orig_mod,)
 
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(dir(self._orig_mod)) | set(_PLANS))

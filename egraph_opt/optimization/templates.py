@@ -241,9 +241,8 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
         if not ready:
             raise RuntimeError("templates depend on each other in a cycle")
         for inst, tmpl, args, mine in ready:
-            made_here = instantiate([*tmpl, *mine], inst, fill(args), made)
+            own += (made_here := instantiate([*tmpl, *mine], inst, fill(args), made))[len(tmpl):]
             env.update((f"{PREFIX}{inst.scope}:{k}", out) for k, out in enumerate(made_here[:len(tmpl)]))
-            own += made_here[len(tmpl):]
         done = {id(p[0]) for p in ready}
         pending = [p for p in pending if id(p[0]) not in done]
     return replace(_rewrite(replace(outer, outputs=outer.outputs[0]), fill), own=(*fill(list(outer.own)), *own))

@@ -92,3 +92,20 @@ def test_a_copy_or_a_pickle_of_the_wrapper_is_the_originals_decorated_anew():
             twin.proj.weight.mul_(2)
             assert not torch.equal(twin.proj.weight, head.proj.weight)
             torch.testing.assert_close(twin(x), twin.fn(x))
+
+
+def test_parameters_swapped_in_by_functional_call_are_the_ones_a_call_computes_with():
+    """torch.func.functional_call puts tensors into a module's parameter and buffer tables directly (no registration
+    hook): the key held those tables' identities only as walked (and its generated check consumed a zip once, so no
+    table check ran), and a plan with a batch norm folded into its convolution computed with the old weights."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+    fast = saturate_and_extract(m, profile_budget=0)
+    x = torch.randn(2, 3, 8, 8)
+    swapped = {k: v * 1.5 for k, v in m.state_dict().items()}
+    with torch.no_grad():
+        fast(x), fast(x)
+        assert fast.report.optimized
+        torch.testing.assert_close(torch.func.functional_call(fast, swapped, (x,)),
+                                   torch.func.functional_call(m, swapped, (x,)))
+        torch.testing.assert_close(fast(x), m(x))

@@ -240,13 +240,15 @@ class StateKey:
         # a tensor the trace only computed from (W * 2 at trace time) is baked in: its writes count
         versioned = [o for o, v in zip(objects, self._values) if isinstance(v, torch.Tensor)
                      and not v.is_inference() and id(v) not in self._held]
+        tables = [(t, n, False) for m in subs for t in (m._parameters, m._buffers) for n in t]  # put in directly (by
+        objects, self._values = objects + tables, self._values + [_read(o) for o in tables]  # torch.func.functional_call)
         # hooks run inside a trace: registered anywhere (a new handle id), or removed from one here
         hooks = [d for m in subs for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
                                            m._backward_pre_hooks) if d] + [d for d in _GLOBAL_HOOKS if d]
         # the key of the reads as walked now: None (or KeyError, ValueError) once they changed layout
         walked = (identities, ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks))
         self.current = _generated_key(  # the walk as one int: hashed once, not per call
-            _rebindings[0], _token(walked), zip(objects, self._values),
+            _rebindings[0], _token(walked), list(zip(objects, self._values)),
             scalars, versioned, self.containers, contents, hooks, reads.shadows)
 
     def hold(self, graph: torch.nn.Module) -> None:

@@ -392,7 +392,6 @@ class OptimizedFunction:
         layout = call.layout(args, kwargs)  # before the original runs: it may update an argument (a KV cache)
         cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
         plan = self._compile(call, call.key + self._state.key() + _autocast())
-        torch.clear_autocast_cache()  # a trace's casts of the weights (fake tensors) would serve the caller's next call
         ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
         self._state.settle(before)  # shows, as the trace's writes do
         state = self._state.key()  # the trace showed which tensors it holds (their writes count not)
@@ -526,7 +525,6 @@ class OptimizedFunction:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
-        torch.clear_autocast_cache()  # and validation's
         if watch.changes() and not watch.logs_once(lambda: target(*(a.clone() for a in args))):
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
         self._state.hold(traced)

@@ -181,7 +181,8 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
     name = getattr(fn, '__qualname__', type(fn).__name__)
     draws = Draws(lambda op: SideEffect(f"{name} draws random numbers ({op}): every run the optimizer "
                                         "made would draw them from the caller's generator"))
-    with _CAPTURING:
+    with _CAPTURING, contextlib.ExitStack() as done:  # autocast caches each weight's cast for the rest of its region:
+        done.callback(torch.clear_autocast_cache)  # the trace's fake ones would serve the caller's next calls
         with draws:
             gm = trace(fn, example_args)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

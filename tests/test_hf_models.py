@@ -4,6 +4,7 @@ its norms, gelu / SwiGLU / GeGLU / quick gelu, rotary embedding); called with de
 it returns what the model returns (its ModelOutput, the KV cache included). Tiny configs (width 32,
 one or two layers, T=8 or 16), priced by static estimates and never timed: whether a fusion pays is
 bench/hf_models.py's question."""
+import copy
 import functools
 import sys
 import warnings
@@ -115,6 +116,13 @@ def test_a_causal_lm_called_positionally_returns_its_logits_and_cache_optimized(
     f = saturate_and_extract(m, profile_db=False, profile_budget=0)
     out = _same_as_eager(f, m, (torch.randint(0, 100, (2, 8)),), {})
     assert len(out.past_key_values.layers) == 2
+    # a decode step given the cache by its former name, which **kwargs takes: an argument of its own, not a dict
+    step, cache = out.logits[:, -1:].argmax(-1), out.past_key_values
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref, got = m(step, past_key_values=copy.deepcopy(cache)), f(step, past_key_values=cache)
+    assert f.report.optimized, f.report.fallback
+    torch.testing.assert_close(got.logits, ref.logits, rtol=1e-4, atol=1e-4)
 
 
 _DECODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

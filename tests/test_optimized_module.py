@@ -2,6 +2,7 @@
 moves, parameters, checkpoints and attributes are the original's; calls run its plans."""
 import warnings
 
+import pytest
 import torch
 
 import egraph_opt
@@ -70,15 +71,20 @@ def test_a_decorated_method_warns_of_nothing():
     assert m.forward.report.optimized
 
 
-def test_a_copy_or_a_pickle_of_the_wrapper_is_the_originals_decorated_anew():
-    """``copy.deepcopy`` (an EMA model) and ``torch.save`` of the whole wrapper raised from deep inside (a sqlite
-    connection, a weak dictionary): each is now the original's copy, decorated with the same options, its plans made
-    again on its first call, its weights its own."""
+@pytest.mark.parametrize("decorated", ["the module", "its forward"])
+def test_a_copy_or_a_pickle_of_the_wrapper_is_the_originals_decorated_anew(decorated):
+    """``copy.deepcopy`` (an EMA model) and ``torch.save`` of the whole wrapper, or of a module whose forward is
+    decorated, raised from deep inside (a sqlite connection, a weak dictionary; a copied forward walked its half-made
+    module): each is now the original's copy, decorated with the same options, its plans made again on its first
+    call, its weights its own."""
     import copy
     import io
     torch.manual_seed(0)
     head = Head().eval()
-    fast = saturate_and_extract(head, profile_budget=0, objective="stability")
+    options = dict(profile_budget=0, objective="stability")
+    if decorated == "its forward":
+        head.forward = saturate_and_extract(head.forward, **options)
+    fast = head if decorated == "its forward" else saturate_and_extract(head, **options)
     x = torch.randn(4, 8)
     with torch.no_grad():
         fast(x)
@@ -86,12 +92,14 @@ def test_a_copy_or_a_pickle_of_the_wrapper_is_the_originals_decorated_anew():
         torch.save(fast, buffer)
         buffer.seek(0)
         for twin in (copy.deepcopy(fast), torch.load(buffer, weights_only=False)):
-            assert isinstance(twin, type(fast)) and twin.forward._options == fast.forward._options and not twin.plans
+            plans = twin.forward
+            assert isinstance(twin, type(fast)) and plans._options == fast.forward._options and not plans.plans
             torch.testing.assert_close(twin(x), fast(x))
-            assert twin.report.optimized and twin.report.signature == fast.report.signature
+            assert plans.report.optimized and plans.report.signature == fast.forward.report.signature
             twin.proj.weight.mul_(2)
             assert not torch.equal(twin.proj.weight, head.proj.weight)
-            torch.testing.assert_close(twin(x), twin.fn(x))
+            torch.testing.assert_close(twin(x), plans.fn(x))
+            assert decorated == "the module" or plans.fn.__self__ is twin
 
 
 def test_parameters_swapped_in_by_functional_call_are_the_ones_a_call_computes_with():

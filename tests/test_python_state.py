@@ -359,6 +359,38 @@ def test_a_hook_the_program_installs_is_put_back_with_its_ordered_dict_intact():
     assert g.report.fallback
 
 
+def _sequential():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8), nn.Softmax(-1)).eval()
+
+
+@pytest.mark.parametrize("where", ["on the module", "on the wrapper", "global"])
+def test_hooks_around_the_whole_call_run_as_eager_and_no_more(where):
+    """The plan is the module's forward: hooks around the call were skipped (a hook that cleans the output,
+    ``nan_to_num``, was lost with no validation to notice on finite inputs), a global hook fired once more for the
+    wrapper and 15 more times in the optimizer's runs. Such a call runs untouched, firing what eager fires."""
+    model, twin, seen = _sequential(), _sequential(), []
+    g = saturate_and_extract(model)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        g(x)
+        assert g.report.optimized
+        hook = lambda module, args, out: (seen.append(type(module).__name__), out.nan_to_num(posinf=0.0))[1]  # noqa: E731
+        handles = [nn.modules.module.register_module_forward_hook(hook)] if where == "global" else \
+            [m.register_forward_hook(hook) for m in ((model, twin) if where == "on the module" else (g, twin))]
+        try:
+            x[0, 0] = float("inf")
+            for _ in range(2):
+                got = g(x)
+            count, _ = len(seen), twin(x)
+            torch.testing.assert_close(got, twin(x))
+        finally:
+            for handle in handles:
+                handle.remove()
+    assert count == (10 if where == "global" else 2) and seen[:count] == seen[count:]
+    assert "run around the call" in g.report.fallback and torch.isfinite(got).all()
+
+
 def test_a_call_under_autocast_leaves_no_fake_weights_in_its_cache():
     """Autocast caches each weight's cast for the rest of its region: the trace's fake-tensor run filled that cache
     with fake tensors, and every later call in the region, the original's too, returned fake tensors (a Llama under

@@ -23,7 +23,7 @@ from .arguments import Binder, BoundCall, Into, Layout
 from .families import REACH, Apart, Families, Sample, at, shared
 from ..frontends.capture import SideEffect, cache_pytrees, capture, capturing, returned
 from ..egraph.engine import EGraph, InvariantError
-from .plan_key import StateKey, Watch
+from .plan_key import StateKey, Watch, around
 from ..extractors import CostModel, Objective
 from ..extractors.cost import KAPPA_WEIGHT, buys
 from ..extractors.curvature import KAPPA_TIE_BREAK
@@ -327,6 +327,9 @@ class OptimizedFunction:
             functools.update_wrapper(self, fn)
         self._bind = Binder(self._signature, self._name)
 
+    def __reduce__(self):  # a copy or pickle (deepcopy, torch.save): the original's, decorated anew (plans are a cache)
+        return functools.partial(saturate_and_extract, **self._options), (self.fn,)
+
     def __get__(self, instance: Any, owner: type | None = None):
         """A decorated method (``@saturate_and_extract def forward(self, x)``): each instance gets
         an optimized method of its own, so its modules and attributes key its plans."""
@@ -522,6 +525,8 @@ class OptimizedFunction:
         return Plan(None, report, found.egraph if found else None, found)
 
     def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample) -> Plan:
+        if hooks := around(self.fn):
+            raise SideEffect(f"{', '.join(hooks)} run around the call: a plan of its forward would skip them")
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
@@ -666,10 +671,14 @@ class OptimizedModule(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, optimized: OptimizedFunction):
         super().__init__()
         own = self.__dict__
-        own["_orig_mod"], own["forward"] = module, optimized  # its plans: called straight from Module.__call__
-        for table in ("_parameters", "_buffers", "_modules"):  # one table: one set of names
+        own["_orig_mod"], own["forward"] = module, optimized  # its plans
+        for table in [k for k, v in own.items() if isinstance(v, dict)]:  # one table: one set of names, of hooks
             own[table] = module.__dict__[table]
         del own["training"]  # read through __getattr__: the original's flag is the one its code reads
+
+    def __call__(self, *args, **kwargs):
+        """The plans, around which no hook of the wrapper's runs: the original's run where it runs (eager's count)."""
+        return self.__dict__["forward"](*args, **kwargs)
 
     def __getattr__(self, name: str):
         if name in _OWN or name == "fn":  # fn: the original, as on a decorated function (pictures run it beside a plan)
@@ -702,7 +711,7 @@ class OptimizedModule(torch.nn.Module):
     def __repr__(self) -> str:
         return f"OptimizedModule({self._orig_mod!r})"
 
-    def __reduce__(self):  # a copy or pickle (deepcopy, torch.save): the original's, decorated anew (plans are a cache)
+    def __reduce__(self):  # a copy or pickle: the original's, decorated anew
         return functools.partial(saturate_and_extract, **self.forward._options), (self._orig_mod,)
 
     def __dir__(self):

@@ -259,6 +259,7 @@ class Binder:
         # (F.gelu(x) leaves ``approximate`` the function's own); any number without a signature
         positional = [p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params] + [False]
         self._most = positional.index(False) if signature else math.inf
+        self._var = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
         self._least = max((i + 1 for i, p in enumerate(params) if p.default is p.empty and
                            p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)), default=0)
 
@@ -273,7 +274,12 @@ class Binder:
             return BoundCall((), [], ("refused", len(args), tuple(kwargs)),
                              refused=f"{self.name} has no signature to bind keyword or non-tensor arguments to")
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            bound, signature = self.signature.bind(*args, **kwargs), self.signature
+            if self._var and bound.arguments.get(self._var):  # what **kwargs took: arguments of their own
+                signature = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != self._var]
+                                              + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY)
+                                                 for k in bound.arguments[self._var]])
+                bound = signature.bind(*args, **kwargs)
         except TypeError as e:
             raise TypeError(f"{self.name}: {e}") from None
         # the arguments as given: defaults stay the function's own (a decorated forward, as Hugging
@@ -298,11 +304,11 @@ class Binder:
                 refused = (f"argument {name!r} is a {type(value).__name__}: egraph-opt specializes "
                            "on tensors and plain constants")
             constants.append((name, key if key is not None else id(value)))
-        kinds = {p.kind for p in self.signature.parameters.values()}
-        direct = not constants and len(tensors) == len(self.signature.parameters) and \
+        kinds = {p.kind for p in signature.parameters.values()}
+        direct = not constants and len(tensors) == len(signature.parameters) and \
             kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY}
         return BoundCall(tuple(tensors), names, _key(tensors, tuple(constants)),
-                         arguments=dict(bound.arguments), refused=refused, signature=self.signature,
+                         arguments=dict(bound.arguments), refused=refused, signature=signature,
                          direct=direct, trees=trees)
 
 

@@ -47,6 +47,14 @@ for _register in (_module.register_module_parameter_registration_hook, _module.r
 
 _GLOBAL_HOOKS = (_module._global_forward_hooks, _module._global_forward_pre_hooks,
                  _module._global_backward_hooks, _module._global_backward_pre_hooks)
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def around(fn: Callable) -> list[str]:
+    """Hooks that run around the whole call, which a plan (the traced forward) would skip: the module's own, and
+    global module hooks (torch's FlopCounterMode registers some), which run around every module call."""
+    own = [f"{type(fn).__name__}.{h[1:]}" for h in _HOOKS if getattr(fn, h, None) and isinstance(fn, torch.nn.Module)]
+    return own + ["global module hooks"] * any(_GLOBAL_HOOKS)
 
 #: values a trace bakes into the program as constants (a tuple of them too)
 _SCALARS = (bool, int, float, complex, str, type(None))
@@ -215,7 +223,7 @@ class StateKey:
         self._held: set[int] = set()  # tensors a plan's graph holds itself: it sees their writes
         self._pinned: dict[tuple, list] = {}  # the objects a plan's key names by identity
         self._written: set[tuple[int, Any]] = set()  # slots the program's own run rebinds
-        self._refresh()
+        self.current: Callable[[], tuple | None] = lambda: None  # walked at the first key (a copy's fn is half-made)
 
     def _refresh(self) -> None:
         """Walk ``fn`` again (an object slot holds something else now: a rebound global, cell,
@@ -243,8 +251,7 @@ class StateKey:
         tables = [(t, n, False) for m in subs for t in (m._parameters, m._buffers) for n in t]  # put in directly (by
         objects, self._values = objects + tables, self._values + [_read(o) for o in tables]  # torch.func.functional_call)
         # hooks run inside a trace: registered anywhere (a new handle id), or removed from one here
-        hooks = [d for m in subs for d in (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
-                                           m._backward_pre_hooks) if d] + [d for d in _GLOBAL_HOOKS if d]
+        hooks = [d for m in subs for d in map(vars(m).get, _HOOKS) if d] + [d for d in _GLOBAL_HOOKS if d]
         # the key of the reads as walked now: None (or KeyError, ValueError) once they changed layout
         walked = (identities, ids, tuple((id(h), n) for h, n, _ in scalars), tuple(tuple(d) for d in hooks))
         self.current = _generated_key(  # the walk as one int: hashed once, not per call

@@ -315,6 +315,8 @@ def sdpa_masked(q, k, v, bias, scale):
     """softmax(q k^T * scale + bias) v, with an additive bias (-inf where masked). A row whose every key is masked is
     NaN, as that softmax is (torch's kernel returns 0 there). Only an overflowed or NaN score can tell a -inf bias from
     masked_fill, and those take the definition. The causal bias runs as ``is_causal``, skipping the masked blocks."""
+    bias = torch.as_tensor(bias, device=q.device)  # a constant one may be a number: as the (T, S) mask torch takes
+    bias = bias.expand(q.shape[-2], k.shape[-2]) if bias.dim() < 2 else bias
     if device_path(q):  # the guards on the device: the rows every key masks are NaN, and where the
         # scores can overflow the definition is selected (computed on every call: knowing it is not
         # needed would take a host read, as a causal flag would)

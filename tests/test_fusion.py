@@ -63,6 +63,32 @@ def test_masked_attention_becomes_masked_sdpa():
     assert "sdpa_masked" in f.report.ops_after and "softmax" not in f.report.ops_after
 
 
+class _CachedBias(nn.Module):
+    """LeViT's attention: a bias gathered from a table (zeros as initialized) once, then a constant of the trace."""
+
+    def __init__(self):
+        super().__init__()
+        self.table, self.cache = nn.Parameter(torch.zeros(4, 9)), {}
+        self.register_buffer("index", torch.randint(0, 9, (6, 6)), persistent=False)
+
+    def forward(self, q, k, v):
+        if "bias" not in self.cache:
+            self.cache["bias"] = self.table[:, self.index]
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.125 + self.cache["bias"], -1) @ v
+
+
+def test_an_attention_bias_folded_to_a_number_binds_and_runs():
+    """A constant bias of one value is a number in the program: the masked kernels took only tensors (AttributeError:
+    'float' object has no attribute 'to', so the program fell back)."""
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    m = _CachedBias().eval()
+    f = saturate_and_extract(m, profile_budget=0)
+    with torch.no_grad():
+        for _ in range(2):  # the first call fills the cache, so it runs the original
+            torch.testing.assert_close(f(q, k, v), m(q, k, v), rtol=1e-5, atol=1e-5)
+    assert f.report.optimized and "sdpa_masked" in f.report.ops_after, f.report.fallback
+
+
 def test_gpt2_where_mask_fuses_and_keeps_its_fully_masked_rows():
     """GPT-2's where(causal, w, finfo.min): a row that keeps no key averages v (not NaN)."""
     keep = torch.ones(8, 8, dtype=torch.bool).tril()

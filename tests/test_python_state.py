@@ -356,7 +356,43 @@ def test_a_hook_the_program_installs_is_put_back_with_its_ordered_dict_intact():
     for _ in range(3):
         torch.testing.assert_close(g(x), twin(x))
     assert model.seen == twin.seen == [(2, 4)] * 3 and len(list(model.inner._forward_hooks.items())) == 1
-    assert g.report.fallback
+    assert all(plan.run is None for plan in g.plans.values())  # the original runs: the hook's effect is eager's
+
+
+class _FillsACache(nn.Module):
+    """LeViT's attention: its bias table gathered once per device, on the first call in eval, then read."""
+
+    def __init__(self):
+        super().__init__()
+        self.table, self.cache, self.proj = nn.Parameter(torch.randn(4)), {}, nn.Linear(4, 4)
+
+    def forward(self, x):
+        if str(x.device) not in self.cache:
+            self.cache[str(x.device)] = self.table * 2
+        return torch.log(1 + torch.exp(self.proj(x) + self.cache[str(x.device)]))
+
+
+class _StoresItsLength(nn.Module):
+    """Funnel's attention structure: the sequence length stored on every call, the same for one shape."""
+
+    def forward(self, x):
+        self.length = x.size(1)
+        return torch.log(1 + torch.exp(x * self.length))
+
+
+@pytest.mark.parametrize("module", [_FillsACache, _StoresItsLength])
+def test_state_a_real_run_leaves_as_it_found_is_traced_again_and_optimized(module):
+    """The first call's trace writes (a cache entry, a length: tracers) and a real run does too, so the original ran,
+    and its plan stayed untouched for good. From the state a real run leaves, traced again at once, a run writes
+    nothing new: the program is optimized, and the state is eager's."""
+    torch.manual_seed(0)
+    m, x = module().eval(), torch.randn(2, 4)
+    g = saturate_and_extract(m, profile_budget=0)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(g(x), m(x))
+    assert g.report.optimized, g.report.fallback
+    assert list(getattr(m, "cache", {"cpu": 0})) == ["cpu"] and getattr(m, "length", 4) == 4
 
 
 def _sequential():

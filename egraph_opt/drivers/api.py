@@ -231,8 +231,11 @@ class _Ran:
     out: Any  # what the original returned, run in place of a plan
 
 
+_CHANGES = "changes Python state"
+
+
 def _changes(name: str, changes: list[str]) -> str:
-    return f"{name} changes Python state ({', '.join(changes[:3])}{', ...' if len(changes) > 3 else ''}), " \
+    return f"{name} {_CHANGES} ({', '.join(changes[:3])}{', ...' if len(changes) > 3 else ''}), " \
         "which a plan would not do on every call"
 
 
@@ -397,6 +400,8 @@ class OptimizedFunction:
         plan = self._compile(call, call.key + self._state.key() + _autocast())
         ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
         self._state.settle(before)  # shows, as the trace's writes do
+        if ran and _CHANGES in plan.report.fallback:  # a first run's writes (a cache it fills) may be done now
+            plan = self._compile(call, call.key + self._state.key() + _autocast())
         state = self._state.key()  # the trace showed which tensors it holds (their writes count not)
         plan.key = call.key + state + _autocast()
         plan = self._plans.setdefault(plan.key, plan)
@@ -530,7 +535,7 @@ class OptimizedFunction:
         target = call.traceable(self.fn)
         args = call.tensors
         program, traced = capture(target, args)
-        if watch.changes() and not watch.logs_once(lambda: target(*(a.clone() for a in args))):
+        if watch.changes() and not watch.settles(lambda: target(*(a.clone() for a in args))):
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
         self._state.hold(traced)
         if not self.validate:  # else validation's run of the original shows it

@@ -274,7 +274,7 @@ def sdpa(q, k, v, scale, causal):
 
 def sdpa_masked(q, k, v, bias, scale):
     """softmax(q k^T * scale + bias) v, an additive bias (-inf where masked; a bool one adds 1)."""
-    return _attention(q, k, v, scale, bias.to(q.dtype))
+    return _attention(q, k, v, scale, torch.as_tensor(bias, device=q.device).to(q.dtype))  # a number too: a constant
 
 
 def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):

@@ -152,15 +152,12 @@ def _switched(members, choice: dict[str, ENode], refs: dict[str, int], cost, app
 
 
 def _reachable(choice: dict[str, ENode], roots: list[str]) -> list[str]:
-    seen, order, stack = set(), [], list(roots)
+    order, stack = {}, list(roots)  # a dict: the classes in the order first reached
     while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
-        seen.add(cid)
-        order.append(cid)
-        stack.extend(choice[cid].children)
-    return order
+        if (cid := stack.pop()) not in order:
+            order[cid] = None
+            stack.extend(choice[cid].children)
+    return list(order)
 
 
 def extract(classes: dict[str, list[ENode]], roots: list[str], cost: Callable[[str, ENode], int]) -> list[Term]:

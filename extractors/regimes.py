@@ -80,14 +80,10 @@ class Piecewise:
     def describe(self) -> list[str]:
         """One line per regime: its interval of the split term, the form taken there."""
         name = pretty(self.variable)
-        lines = []
-        for r in self.regimes:
-            c = r.candidate
-            series = (f"  [series {c.rule.name}, truncation <= {r.truncation:.2g}]"
-                      if c.truncation is not None else
-                      f"  [{c.rule.name}, its guard proved here]" if c.guard else "")
-            lines.append(f"{name} in [{r.lo:.6g}, {r.hi:.6g}): {pretty(c.term)}{series}")
-        return lines
+        return [f"{name} in [{r.lo:.6g}, {r.hi:.6g}): {pretty(c.term)}"
+                + (f"  [series {c.rule.name}, truncation <= {r.truncation:.2g}]" if c.truncation is not None else
+                   f"  [{c.rule.name}, its guard proved here]" if c.guard else "")
+                for r in self.regimes for c in [r.candidate]]
 
 
 @torch.inference_mode(False)  # its error estimates take derivatives
@@ -239,10 +235,9 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]) -> tuple[floa
         back.append(step.argmin(0))
         cost.append(step.min(0))
     s = int(np.argmin([c[-1] + SPLIT_BITS * n * k for k, c in enumerate(cost)]))
-    bounds, j = [m - 1], m - 1
+    bounds = [m - 1]
     for level in range(s, 0, -1):
-        j = back[level][j]
-        bounds.append(j)
+        bounds.append(back[level][bounds[-1]])
     bounds = [0] + bounds[::-1]
     picks = [int(arg[a, b]) for a, b in zip(bounds, bounds[1:])]
     segments, cuts = [], [0]

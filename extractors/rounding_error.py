@@ -36,6 +36,7 @@ class RoundingError:
     by_node: dict[int, float]
 
 
+@torch.enable_grad()  # derivatives are taken from the inputs
 def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:
     """Every node's exact value (float64, differentiable from the inputs), the dtype the program computes it
     in, and its local error there: the op in that dtype on operands exact in theirs, against it in float64."""
@@ -115,8 +116,7 @@ def _jacobian_rows(out: torch.Tensor, nodes: list[torch.Tensor], pick: torch.Ten
 
 def rounding_error(root: Term, env: dict[str, torch.Tensor], gen: torch.Generator | None = None) -> RoundingError:
     """First-order error of ``root`` at ``env`` (inputs in the program's dtypes), bits per output element."""
-    with torch.enable_grad():
-        exact, dtype, local = _local_errors(root, env)
+    exact, dtype, local = _local_errors(root, env)
     out, out_dtype = exact[id(root)], dtype[id(root)]
     if out_dtype not in LOW or not isinstance(out, torch.Tensor):
         raise ValueError(f"rounding error is defined for half and single precision outputs, not {out_dtype}")
@@ -199,8 +199,7 @@ def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor |
     i == j, so one backward pass gives each element's derivatives. None for any other program."""
     if not elementwise([root]):
         return None
-    with torch.enable_grad():
-        exact, dtype, local = _local_errors(root, env)
+    exact, dtype, local = _local_errors(root, env)
     out, out_dtype = exact[id(root)], dtype[id(root)]
     if out_dtype not in LOW or not isinstance(out, torch.Tensor) or not out.numel() or any(
             isinstance(v, torch.Tensor) and v.requires_grad and v.shape != out.shape for v in exact.values()):

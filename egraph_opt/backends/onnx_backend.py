@@ -173,15 +173,13 @@ def split_product(em, key: str, x: Term, w: Term, bias: Term | None, sizes: list
     """Each output of the Split as x @ w[:, block] (+ b[block]), under its own name."""
     weight, b = em.program.params[w.attrs[0]].numpy(), None if bias is None else \
         em.program.params[bias.attrs[0]].numpy()
-    start = 0
-    for out, size in zip(em.program.opaque[key].target.output, sizes):
+    for out, start, size in zip(em.program.opaque[key].target.output, np.cumsum([0, *sizes]), sizes):
         block = slice(start, start + size)
         product = em.node("MatMul", [em.value(x), em.tensor(np.ascontiguousarray(weight[:, block]), "weight")],
                           "matmul")
         if b is not None:
             product = em.node("Add", [product, em.tensor(np.ascontiguousarray(b[block]), "bias")], "add")
         em.nodes[-1].output[0] = out
-        start += size
 
 
 class Emitter:
@@ -406,10 +404,8 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
         [t for name, t in em.initializers.items() if name in read]  # folded ones' sources
     new_graph = helper.make_graph(em.nodes, graph.name, list(graph.input), list(graph.output), initializers,
                                   doc_string=graph.doc_string)
-    model = helper.make_model(new_graph, opset_imports=list(src.model.opset_import),
-                              producer_name="egraph-opt", ir_version=src.model.ir_version)
-    model.functions.extend(src.model.functions)
+    model = helper.make_model(new_graph, opset_imports=list(src.model.opset_import), functions=src.model.functions,
+                              producer_name="egraph-opt", ir_version=src.model.ir_version, domain=src.model.domain,
+                              model_version=src.model.model_version, doc_string=src.model.doc_string)
     model.metadata_props.extend(src.model.metadata_props)
-    model.domain, model.model_version = src.model.domain, src.model.model_version
-    model.doc_string = src.model.doc_string
     return model

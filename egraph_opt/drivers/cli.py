@@ -135,14 +135,13 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     session = reopened(optimize(program, templates=False).egraph, program.roots())  # every kernel it could use
     of_class = class_meta(session.snap.classes, {c: program.meta()[i] for i, c in session.class_of.items()})
     cases = {}
-    for nodes in session.snap.classes.values():
-        for n in nodes:
-            if n.op in SPECS and all(c in of_class for c in n.children):
-                operands = tuple(of_class[c][0] for c in n.children if of_class[c] != SCALAR)
-                if not timeable(n.op, operands):  # an operand is a constant: the call is not the one timed
-                    continue
-                attrs = {k: v for (k, _), v in zip(OPS[n.op].attrs, n.attrs)}
-                cases[n.op, operands, n.attrs] = Case(op=n.op, dtype=dtype, shapes=operands, attrs=attrs)
+    for n in (n for nodes in session.snap.classes.values() for n in nodes):
+        if n.op in SPECS and all(c in of_class for c in n.children):
+            operands = tuple(of_class[c][0] for c in n.children if of_class[c] != SCALAR)
+            if not timeable(n.op, operands):  # an operand is a constant: the call is not the one timed
+                continue
+            attrs = {k: v for (k, _), v in zip(OPS[n.op].attrs, n.attrs)}
+            cases[n.op, operands, n.attrs] = Case(op=n.op, dtype=dtype, shapes=operands, attrs=attrs)
     return list(cases.values())
 
 

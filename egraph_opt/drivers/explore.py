@@ -199,21 +199,17 @@ class Explorer:
                          self.cost_of(cid, pick)["cost"] if pick else "-"])
             items.append(cid)
         return Table(f"e-classes of {self.name}" + (" (changed by rewrites)" if changed else ""),
-                     ["id", "members", "shape", "dtype", "range", "chosen", "cost"], rows,
-                     note=f"{len(rows)} of {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes",
-                     items=items)
+                     ["id", "members", "shape", "dtype", "range", "chosen", "cost"], rows, items=items,
+                     note=f"{len(rows)} of {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes")
 
     def eclass(self, cid) -> Table:
         """The members of one e-class, each with its cost parts and the rule that produced it."""
         cid = self._id(cid)
-        rows = []
-        for node in self.snap.classes[cid]:
-            c = self.cost_of(cid, node)
-            rows.append(["*" if self.chosen.get(cid) == node else "", _node_text(node), c["cost"], c["curvature"],
-                         f"{c['error']:.3g}", round(c["latency_us"], 2), c["source"], self.produced_by(cid, node)])
-        return Table(f"e-class {cid} ({', '.join(n.op for n in self.snap.classes[cid])})",
-                     ["chosen", "member", "cost", "curvature dB", "est. rel. error", "latency us",
-                      "latency from", "produced by"], rows,
+        rows = [["*" if self.chosen.get(cid) == node else "", _node_text(node), c["cost"], c["curvature"],
+                 f"{c['error']:.3g}", round(c["latency_us"], 2), c["source"], self.produced_by(cid, node)]
+                for node in self.snap.classes[cid] for c in [self.cost_of(cid, node)]]
+        return Table(f"e-class {cid} ({', '.join(n.op for n in self.snap.classes[cid])})", ["chosen", "member", "cost",
+                     "curvature dB", "est. rel. error", "latency us", "latency from", "produced by"], rows,
                      note="* marks the member the extracted program takes", items=list(self.snap.classes[cid]))
 
     def produced_by(self, cid: str, node) -> str:
@@ -313,11 +309,9 @@ class Explorer:
 
     def failures(self, rule) -> list[tuple[str, dict, list]]:
         """Each match of ``rule``'s left side: e-class, binding, and each failing guard fact with why."""
-        guards, found = ematch.Guards(self.snap, self.meta), []
-        for cid, bound in ematch.matches(rule.pairs()[0][0], self.snap.classes):
-            checked = [(fact, *guards.check(fact, bound)) for fact in rule.when]
-            found.append((cid, bound, [(fact, why) for fact, ok, why in checked if not ok]))
-        return found
+        guards = ematch.Guards(self.snap, self.meta)
+        return [(cid, bound, [(fact, why) for fact in rule.when for ok, why in [guards.check(fact, bound)] if not ok])
+                for cid, bound in ematch.matches(rule.pairs()[0][0], self.snap.classes)]
 
     def undeclared(self, classes) -> list[str]:
         """The inputs under ``classes`` (e-class ids among other values) with no declared range."""
@@ -344,14 +338,13 @@ class Explorer:
 
     def impact(self) -> Table:
         """Per rule of the derivation: steps, and error (bits) and latency (us) each one gained."""
-        gained: dict[str, list] = {}
+        gained: dict[str, tuple] = {}
         if not self.result.derivation.start:
             return Table(f"rewrite impact on {self.name}", ["rule"], [], note="not priced for templates")
         for step, a, b in self.derivation():
-            g = gained.setdefault(step.name, [0, 0.0, 0.0])
-            g[0] += 1
-            g[1] += (a.error_bits or 0) - (b.error_bits or 0)
-            g[2] += a.latency_us - b.latency_us
+            n, e, t = gained.get(step.name, (0, 0.0, 0.0))
+            gained[step.name] = (n + 1, e + ((a.error_bits or 0) - (b.error_bits or 0)),
+                                 t + (a.latency_us - b.latency_us))
         rows = [[name, n, round(e, 2), round(t, 2)] for name, (n, e, t) in gained.items()]
         return Table(f"rewrite impact on {self.name}", ["rule", "steps", "error bits gained",
                                                         "latency us gained"], rows, items=rows)
@@ -408,10 +401,9 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
             if not failed or None in needs:  # it fired here, or a range cannot prove what failed
                 continue
             if free := ex.undeclared(map(bound.get, Guard(fact for fact, _ in failed).variables())):
-                hints.append(f"{rule.name} matched {text(cid) or cid}; its guard needs "
-                             f"{_intervals(needs)}, not proved: {', '.join(free)} "
-                             f"{'has' if len(free) == 1 else 'have'} no declared range. Pass input_ranges="
-                             f"{{{', '.join(f'{n!r}: (lo, hi)' for n in free)}}} within which these hold")
+                hints.append(f"{rule.name} matched {text(cid) or cid}; its guard needs {_intervals(needs)}, not "
+                             f"proved: {', '.join(free)} {'has' if len(free) == 1 else 'have'} no declared range. Pass "
+                             f"input_ranges={{{', '.join(f'{n!r}: (lo, hi)' for n in free)}}} within which these hold")
                 break
     return hints
 
@@ -438,11 +430,10 @@ def _bounds(fact: Fact, bound: dict, text: Callable) -> dict | None:
 def _intervals(needs: list[dict]) -> str:
     """The bounds of each value joined into one interval: ``x in (0, 3.403e+38]``."""
     joined: dict[str, list] = {}
-    for need in needs:
-        for name, (lower, upper) in need.items():
-            have = joined.setdefault(name, [None, None])
-            have[0] = max(filter(None, [have[0], lower]), default=None)
-            have[1] = min(filter(None, [have[1], upper]), default=None, key=lambda b: (b[0], not b[1]))
+    for name, (lower, upper) in (item for need in needs for item in need.items()):
+        have = joined.setdefault(name, [None, None])
+        have[0] = max(filter(None, [have[0], lower]), default=None)
+        have[1] = min(filter(None, [have[1], upper]), default=None, key=lambda b: (b[0], not b[1]))
     return ", ".join(f"{name} in {'[' if lo and not lo[1] else '('}{_end(lo, '-inf')}, "
                      f"{_end(hi, 'inf')}{']' if hi and not hi[1] else ')'}" for name, (lo, hi) in joined.items())
 

@@ -57,8 +57,7 @@ def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
             seen.add(name)
             for node in users.get(name, []):
                 if node.op_type == "Gather" and node.input[1] == name and node.input[0] in tables:
-                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                    size = tables[node.input[0]][axis]
+                    size = tables[node.input[0]][next((a.i for a in node.attribute if a.name == "axis"), 0)]
                     bounds[inp.name] = min(bounds.get(inp.name, size), size)
                 elif node.op_type in _PASS_THROUGH and node.input[0] == name:
                     frontier += [o for o in node.output if o not in seen]
@@ -77,12 +76,9 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
             raise ModelFailure(f"input {info.name!r} has no tensor shape to draw inputs for")
         shape = [d if isinstance(d, int) else _SYMBOLIC_DIM for d in vt.shape]
         np_type = onnx.helper.tensor_dtype_to_np_dtype(vt.elem_type)
-        if np_type.kind == "f":
-            feeds[info.name] = rng.standard_normal(shape).astype(np_type)
-        elif np_type.kind == "b":
-            feeds[info.name] = rng.random(shape) < 0.5
-        else:
-            feeds[info.name] = rng.integers(0, vocab.get(info.name, 2), shape).astype(np_type)
+        feeds[info.name] = rng.standard_normal(shape).astype(np_type) if np_type.kind == "f" else \
+            rng.random(shape) < 0.5 if np_type.kind == "b" else \
+            rng.integers(0, vocab.get(info.name, 2), shape).astype(np_type)
     return feeds
 
 
@@ -432,9 +428,8 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
     parser.add_argument("--report", help="write a report of every model here: one HTML page for .html, else JSON")
     parser.add_argument("--objective", default="balanced", choices=[o.value for o in Objective])
-    parser.add_argument("--latency-runs", type=at_least(0), default=20,
-                        help="onnxruntime runs per model for the latency columns; a model measured "
-                        "slower is written as it was (0: no runs, no such check)")
+    parser.add_argument("--latency-runs", type=at_least(0), default=20, help="onnxruntime runs per model for the "
+                        "latency columns; a model measured slower is written as it was (0: no runs, no such check)")
     parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the random validation inputs")
     opset = argument(lambda text: int(text) if text.isdigit() and 13 <= int(text) <= newest else None,
                      f": an opset from 13 to {newest}")
@@ -449,9 +444,8 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--cluster", metavar="ADDRESS", type=_cluster_address,
                         help="run on Dask distributed: a scheduler address (tcp://host:8786), or "
                         "local:N for a cluster of N worker processes started for this run")
-    parser.add_argument("--no-shared-fs", action="store_true", help="with --cluster: send each "
-                        "model's bytes to the workers and write their results here (workers do not "
-                        "see this machine's files)")
+    parser.add_argument("--no-shared-fs", action="store_true", help="with --cluster: send each model's bytes to "
+                        "the workers and write their results here (workers do not see this machine's files)")
     parser.set_defaults(run=run)
     return parser
 

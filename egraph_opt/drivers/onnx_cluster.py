@@ -122,9 +122,8 @@ def _outcome(future, path: str, target: str, options: dict) -> dict:
     except Exception as e:  # noqa: BLE001 - a model that no worker could run
         return {"model": path, "output": target, "status": "failed",
                 "reason": f"worker failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-    reason = record["reason"]  # with the paths as the user gave them, not as the worker saw them
-    for seen, given in ((record["model"], path), (record["output"], target)):
-        reason = reason.replace(seen, given)
+    # with the paths as the user gave them, not as the worker saw them
+    reason = record["reason"].replace(record["model"], path).replace(record["output"], target)
     record = {**record, "model": path, "output": target, "reason": reason}
     if files is not None:  # --no-shared-fs: the output is written here, by the same claim
         try:
@@ -170,8 +169,7 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
                 else:
                     where, files = (path, target), _files(path)
                 future = client.submit(_work, process, *where, options, files, pure=False,
-                                       key=f"egraph-opt-{options['run']}-{next(count)}-"
-                                           f"{os.path.basename(path)}")
+                                       key=f"egraph-opt-{options['run']}-{next(count)}-{os.path.basename(path)}")
                 running[future] = path
                 finished.add(future)
                 return

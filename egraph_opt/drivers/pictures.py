@@ -142,7 +142,6 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
     classes = ex.snap.classes
     keep = set(classes) if around is None else _neighbourhood(classes, ex._id(around), radius)
     nodes = sum(len(classes[c]) for c in keep)
-    text = str(ex.classes())
     if nodes > max_nodes:
         biggest = sorted(keep, key=lambda c: -len(classes[c]))[:10]
         rows = [[c, len(classes[c]), ", ".join(sorted({n.op for n in classes[c]}))] for c in biggest]
@@ -163,15 +162,13 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
             edges += [f"{_q(f'{cid}_{i}')} -> {_q(child + '_0')} [lhead={_q('cluster_' + child)}];"
                       for child in node.children if child in keep]
         lines.append("}")
-    return render("\n".join(lines + edges + ["}"]), text)
+    return render("\n".join(lines + edges + ["}"]), str(ex.classes()))
 
 
 def _neighbourhood(classes: dict, start: str, radius: int) -> set[str]:
     parents: dict[str, set[str]] = {}
-    for cid, nodes in classes.items():
-        for n in nodes:
-            for c in n.children:
-                parents.setdefault(c, set()).add(cid)
+    for cid, c in ((cid, c) for cid, nodes in classes.items() for n in nodes for c in n.children):
+        parents.setdefault(c, set()).add(cid)
     seen, frontier = {start}, {start}
     for _ in range(radius):
         frontier = {x for c in frontier for x in parents.get(c, set()) |

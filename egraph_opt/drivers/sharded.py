@@ -97,9 +97,8 @@ class ShardedPlan:
         rows = [[i, round(c.seconds * 1e6, 1), round(c.comm_seconds * 1e6, 1), round(c.memory / 2**20, 2),
                  "yes" if limit is None or c.memory <= limit else "no", _counts(c.collectives()),
                  clip(pretty(c.roots[0]), 110)] for i, c in enumerate(items)]
-        return Table(f"shardings of {self.name} over {self.mesh} devices",
-                     ["#", "predicted us", "communication us", "MiB per device", "fits",
-                      "collectives", "program"], rows, note=f"chosen: {pretty(self.terms[0])}",
+        return Table(f"shardings of {self.name} over {self.mesh} devices", ["#", "predicted us", "communication us",
+                     "MiB per device", "fits", "collectives", "program"], rows, note=f"chosen: {pretty(self.terms[0])}",
                      items=items)
 
     # ---- running it

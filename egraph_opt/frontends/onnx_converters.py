@@ -243,8 +243,8 @@ def _norm(op: str):
     return convert
 
 
-def _window_pads(im: Importer, node) -> list[int]:
-    """Pads per spatial dim of a 2-D window op (Conv, MaxPool) on floats: explicit, symmetric."""
+def _window(im: Importer, node) -> tuple[str, str, str]:
+    """Strides, pads (explicit, symmetric: one per spatial dim) and dilations of a 2-D window op (Conv, MaxPool)."""
     if im.rank(node.input[0]) != 4 or not _floating(im, node.input[0]):
         raise Unsupported(f"{node.op_type} over other than 2 spatial dims, or on integers")
     auto_pad = _attr(node, "auto_pad", "NOTSET")
@@ -252,30 +252,26 @@ def _window_pads(im: Importer, node) -> list[int]:
         [0, 0, 0, 0] if auto_pad == "VALID" else None
     if pads is None or pads[:2] != pads[2:]:
         raise Unsupported(f"{node.op_type} with SAME padding or asymmetric pads")
-    return pads[:2]
+    return tuple(map(shape_attr, (_attr(node, "strides", [1, 1]), pads[:2], _attr(node, "dilations", [1, 1]))))
 
 
 def _conv(im: Importer, node):
     """2-D Conv with explicit symmetric pads; a missing bias is the const 0."""
     x, w = node.input[0], node.input[1]
-    pads = _window_pads(im, node)
+    window = _window(im, node)
     kernel = im.static(w)[2:]
     if list(_attr(node, "kernel_shape", kernel)) != list(kernel):
         raise Unsupported("Conv whose kernel_shape disagrees with its weight")
     b = im.term(node.input[2]) if len(node.input) > 2 and node.input[2] else Term.const(0.0)
-    return Term("conv2d", (im.term(x), im.term(w), b), (
-        shape_attr(_attr(node, "strides", [1, 1])), shape_attr(pads),
-        shape_attr(_attr(node, "dilations", [1, 1])), int(_attr(node, "group", 1))))
+    return Term("conv2d", (im.term(x), im.term(w), b), (*window, int(_attr(node, "group", 1))))
 
 
 def _max_pool(im: Importer, node):
     """2-D MaxPool with floor rounding, explicit symmetric pads and no Indices output."""
-    pads = _window_pads(im, node)
+    window = _window(im, node)
     if _attr(node, "ceil_mode", 0) or _attr(node, "storage_order", 0) or (len(node.output) > 1 and node.output[1]):
         raise Unsupported("MaxPool with ceil_mode, storage_order or its Indices output")
-    return Term("max_pool2d", (im.term(node.input[0]),), (
-        shape_attr(_attr(node, "kernel_shape")), shape_attr(_attr(node, "strides", [1, 1])),
-        shape_attr(pads), shape_attr(_attr(node, "dilations", [1, 1]))))
+    return Term("max_pool2d", (im.term(node.input[0]),), (shape_attr(_attr(node, "kernel_shape")), *window))
 
 
 def _batch_norm(im: Importer, node):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import os
 from dataclasses import dataclass, field
 
@@ -305,15 +306,10 @@ def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
         inferred = shape_inference.infer_shapes(one, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is a help, as over the whole graph
         return
-    for info in inferred.value_info:
-        vt = _value_type(info)
-        if info.name in node.output and static_type(vt):
-            im.types[info.name] = vt
+    im.types.update((info.name, vt) for info in inferred.value_info
+                    if info.name in node.output and static_type(vt := _value_type(info)))
 
 
 def unique(name: str, taken) -> str:
     """``name``, else the first of ``name_1``, ``name_2``... not in ``taken``."""
-    out, k = name, 1
-    while out in taken:
-        out, k = f"{name}_{k}", k + 1
-    return out
+    return next(n for n in itertools.chain([name], (f"{name}_{k}" for k in itertools.count(1))) if n not in taken)

@@ -130,10 +130,9 @@ class Record:
 def _from_row(row) -> Record:
     kernel, backend, device, dtype, key, runs, median_s, spread_s, versions, recorded_at, config = row
     params = json.loads(key)
-    return Record(kernel=kernel, backend=backend, device=device, dtype=dtype,
-                  shapes=tuple(tuple(s) for s in params["shapes"]), attrs=params["attrs"], runs=runs,
-                  median_s=median_s, spread_s=spread_s, versions=json.loads(versions),
-                  recorded_at=recorded_at, config=json.loads(config) if config else None)
+    return Record(kernel=kernel, backend=backend, device=device, dtype=dtype, attrs=params["attrs"], runs=runs,
+                  shapes=tuple(tuple(s) for s in params["shapes"]), median_s=median_s, spread_s=spread_s,
+                  versions=json.loads(versions), recorded_at=recorded_at, config=json.loads(config) if config else None)
 
 
 def _identity(r: Record) -> tuple:
@@ -252,17 +251,15 @@ class ProfileDB:
     def _check_schema(self) -> None:
         conn = self._conn
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (_TABLE,)).fetchone():
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(statement)
             return
         if (version := conn.execute("PRAGMA user_version").fetchone()[0]) != SCHEMA_VERSION:
             age = "an older" if version < SCHEMA_VERSION else "a newer"
-            raise SchemaVersionError(
-                f"profile database {self.path} has schema version {version}, written by {age} "
-                f"egraph-opt; this one reads version {SCHEMA_VERSION} only. Measurements are cheap "
-                f"to redo: move the file away (or set {ENV_VAR} to another path) and run "
-                f"`egraph-opt profile` again.")
+            raise SchemaVersionError(f"profile database {self.path} has schema version {version}, written by {age} "
+                                     f"egraph-opt; this one reads version {SCHEMA_VERSION} only. Measurements are "
+                                     f"cheap to redo: move the file away (or set {ENV_VAR} to another path) and run "
+                                     "`egraph-opt profile` again.")
         if "config" not in {row[1] for row in conn.execute(f"PRAGMA table_info({_TABLE})")}:
             conn.execute(f"ALTER TABLE {_TABLE} ADD COLUMN config TEXT")  # a file of before: its rows ran the default
 
@@ -279,9 +276,8 @@ class ProfileDB:
 
     def records(self, kernel: str, backend: str, device: str, dtype: str) -> list[Record]:
         """The newest record of each shape of one kernel on one device and dtype."""
-        rows = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM {_TABLE} WHERE kernel=? AND backend=? AND device=? AND dtype=? "
-            "ORDER BY id", (kernel, backend, device, dtype))
+        rows = self._conn.execute(f"SELECT {_COLUMNS} FROM {_TABLE} WHERE kernel=? AND backend=? AND device=? AND "
+                                  "dtype=? ORDER BY id", (kernel, backend, device, dtype))
         return [_from_row(row) for row in {row[4]: row for row in rows}.values()]  # the newest of each
 
     def lookup(self, kernel: str, backend: str, device: str, dtype: str,

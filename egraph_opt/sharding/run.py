@@ -136,8 +136,7 @@ def _collectives(n: int, sizes, repeats: int) -> list[tuple]:
     found = []
     with mesh.on_device(device):
         for (name, call), size in ((c, s) for c in calls.items() for s in sizes):
-            x = torch.randn(size)
-            times = _slowest(repeats + 2, call, x)  # two warm-ups
+            times = _slowest(repeats + 2, call, torch.randn(size))  # two warm-ups
             moved = size * 4 * (n if name == "all_gather" else 1)  # the cost model's bytes
             found.append((name, moved, min(times[2:])))  # the machine is shared: the quickest
             # run is the link's own time, the rest other processes' interference

@@ -400,7 +400,8 @@ class OptimizedFunction:
         plan = self._compile(call, call.key + self._state.key() + _autocast())
         ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
         self._state.settle(before)  # shows, as the trace's writes do
-        if ran and _CHANGES in plan.report.fallback:  # a first run's writes (a cache it fills) may be done now
+        why = plan.report.fallback  # a first run's writes of state (a cache it fills) may be done now; prints are not
+        if ran and _CHANGES in why and ("sets " in why or "writes " in why):
             plan = self._compile(call, call.key + self._state.key() + _autocast())
         state = self._state.key()  # the trace showed which tensors it holds (their writes count not)
         plan.key = call.key + state + _autocast()

@@ -456,6 +456,7 @@ def test_a_fusion_measured_slower_is_no_steadier_for_the_curvature_its_fused_op_
     assert "sdpa_masked" in result.ops_after and result.cost_after["worst"] < result.cost_before["worst"]
     assert not for_accuracy(result)
     assert f._slower_for_nothing(result, 1e-5, 2e-5) and not f._slower_for_nothing(result, 1e-5, 1.01e-5)
+    assert f._slower_for_nothing(result, 1e-5, 1.04e-5)  # 4% slower is beyond noise (a diffusers block 6% slower was kept)
     naive = saturate_and_extract(lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True), profile_budget=0)
     naive(torch.randn(4, 32))
     kept = naive.plans[next(iter(naive.plans))].optimized

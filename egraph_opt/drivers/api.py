@@ -64,8 +64,8 @@ def _missed(args: tuple, kwargs: dict):
 #: plans one decorated program keeps at most (input signatures and states together): beyond it,
 #: the least recently used plan is dropped
 MAX_PLANS = 256
-#: a program measured this much slower than the original is slower beyond noise
-SLOWER_BY = 1.05
+#: a program measured this much slower than the original is slower beyond noise (medians of interleaved calls)
+SLOWER_BY = 1.02
 
 #: the families whose rules are there for accuracy
 ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})

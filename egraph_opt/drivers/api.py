@@ -543,9 +543,9 @@ class OptimizedFunction:
             with torch.no_grad():
                 _, written, original_s = run_counting_writes(target, args)
             self._refuse_writes(written, call.names)
-        returns = getattr(traced, "_out_spec", None)  # torch.export's outputs stay flat leaves
-        if returns is None:  # ModelOutput, a cache and other registered containers
-            returns = tree_structure(returned(program.outputs))
+        # torch.export's outputs stay flat leaves; fx's tracer keeps the type of a ModelOutput (fx makes it a dict)
+        returns = getattr(traced, "_out_spec", None) or traced.meta.get("returns") or \
+            tree_structure(returned(program.outputs))
         device = args[0].device.type if args else "cpu"
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
             self.profile_db, device, budget_s=self.profile_budget)

@@ -21,7 +21,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
-from torch.utils._pytree import tree_unflatten
+from torch.utils._pytree import tree_structure, tree_unflatten
 
 from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_nn  # noqa: F401 - they register
 from .effects import Draws, functional, mutations
@@ -39,11 +39,25 @@ class SideEffect(CaptureError):
     untouched, since the Term language holds values only."""
 
 
-class _TraceAll(fx.Tracer):
-    """Trace into torch.nn modules too, so one functional spelling per op needs lowering."""
+class _Tracer(fx.Tracer):
+    """fx's tracer, which keeps the type of what the program returns in ``meta["returns"]`` (a pytree spec): fx makes a
+    returned dict subclass, a Hugging Face ``ModelOutput``, a dict. ``into``: into torch.nn modules too, so one
+    functional spelling per op needs lowering."""
+
+    def __init__(self, into: bool):
+        super().__init__()
+        self.into, self.depth, self.last = into, 0, None
 
     def is_leaf_module(self, m, qualname):
-        return isinstance(m, tuple(lowering.MODULES))
+        return isinstance(m, tuple(lowering.MODULES)) if self.into else super().is_leaf_module(m, qualname)
+
+    def create_arg(self, a):
+        self.last = a if self.depth == 0 else self.last  # the outermost value made an argument: the output's, last
+        self.depth += 1
+        try:
+            return super().create_arg(a)
+        finally:
+            self.depth -= 1
 
 
 class _AsModule(torch.nn.Module):
@@ -61,10 +75,13 @@ def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphMod
     root = fn if isinstance(fn, torch.nn.Module) else None
     where = getattr(fn, "__qualname__", type(fn).__name__)
     errors = []
-    for tracer in () if functional else (_TraceAll(), fx.Tracer()):
+    for tracer in () if functional else (_Tracer(True), _Tracer(False)):
         try:
             graph = tracer.trace(fn)
-            return fx.GraphModule(tracer.root if root is None else root, graph)
+            traced = fx.GraphModule(tracer.root if root is None else root, graph)
+            if isinstance(tracer.last, dict) and type(tracer.last) not in (dict, immutable_dict):
+                traced.meta["returns"] = tree_structure(tracer.last)
+            return traced
         except SideEffect:
             raise
         except Exception as e:  # noqa: BLE001 - fx raises many types; reported together below

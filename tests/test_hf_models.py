@@ -190,6 +190,17 @@ def test_a_model_building_its_tables_by_slice_writes_is_optimized():
     assert "sdpa_masked" in report.ops_after, report.ops_after
 
 
+def test_repeated_runs_found_between_a_models_repeated_layers_never_straddle_them():
+    """MobileNetV1's even layers are repeated modules; its odd ones repeat as a run of ops found among the rest, and
+    a block of that run took ops from both sides of a module's: each fed the other ("templates depend on each other in
+    a cycle", the program ran untouched; XLM called with a mask too). Such a run is not a template."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = tf.MobileNetV1Model(tf.MobileNetV1Config(image_size=32, depth_multiplier=0.25)).eval()
+    report = optimized_equals_eager(m, (torch.randn(2, 3, 32, 32),))
+    assert any("template of" in line for line in report.saturation), report.saturation
+
+
 @pytest.mark.parametrize("head", ["LlamaForCausalLM", "GPT2LMHeadModel"])
 def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from_their_size_family(head, monkeypatch):
     """The prefill and two decode steps are traced, optimized and built; each later decode step's plan

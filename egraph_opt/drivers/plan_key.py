@@ -56,6 +56,7 @@ def around(fn: Callable) -> list[str]:
     own = [f"{type(fn).__name__}.{h[1:]}" for h in _HOOKS if getattr(fn, h, None) and isinstance(fn, torch.nn.Module)]
     return own + ["global module hooks"] * any(_GLOBAL_HOOKS)
 
+
 #: values a trace bakes into the program as constants (a tuple of them too)
 _SCALARS = (bool, int, float, complex, str, type(None))
 
@@ -419,10 +420,9 @@ class Watch:
                 for n, h, s in self._saved if _differs(h, s)] + self.effects
 
     def settles(self, rerun: Callable[[], Any]) -> bool:
-        """Whether what changed so far is the trace's alone: put back, a real run from the state before changes nothing
-        (a cache an earlier call filled, a length written alike on every call: the trace wrote tracers). Its log records
-        are then ones a run does not log again (``logger.warning_once``): they reach their handlers now, as eager's
-        first call's would."""
+        """Whether what changed is the trace's alone: put back, a real run from the state before changes nothing (a cache
+        filled before, a length written alike each call: the trace wrote tracers). Its log records (then ones a run does
+        not log again, ``logger.warning_once``) reach their handlers now, as eager's first call's would."""
         self.put_back()
         with Watch(self.fn) as again:
             rerun()

@@ -51,22 +51,10 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m, qualname):
         return isinstance(m, tuple(lowering.MODULES)) if self.into else super().is_leaf_module(m, qualname)
 
-    def create_arg(self, a):
-        self.last = a if self.depth == 0 else self.last  # the outermost value made an argument: the output's, last
-        self.depth += 1
-        try:
-            return super().create_arg(a)
-        finally:
-            self.depth -= 1
-
-
-class _AsModule(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
+    def create_arg(self, a):  # the outermost value made an argument, the output's last (a failed trace is dropped)
+        self.last, self.depth = a if self.depth == 0 else self.last, self.depth + 1
+        made, self.depth = super().create_arg(a), self.depth - 1
+        return made
 
 
 def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphModule:
@@ -87,7 +75,8 @@ def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphMod
         except Exception as e:  # noqa: BLE001 - fx raises many types; reported together below
             errors.append(f"{type(e).__name__}: {e}")
     if example_args:
-        module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
+        module = fn if isinstance(fn, torch.nn.Module) else \
+            type("AsModule", (torch.nn.Module,), {"forward": lambda self, *args: fn(*args)})()  # export takes modules
         try:
             return _export(module, tuple(example_args), functional)
         except SideEffect:

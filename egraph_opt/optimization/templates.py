@@ -9,6 +9,7 @@ found by structure: a plain function looping over lists of weights, an unrolled 
 run of ops whose operands sit at the same distances back (parameters abstracted to their shapes)."""
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 
@@ -84,7 +85,12 @@ def find(program: Program) -> list[list[Instance]]:
                 and sum(bool(t.args) for t in g[0].terms) >= MIN_OPS]
     found = grouped(program.scopes)
     taken = {id(t) for g in found for inst in g for t in inst.terms}
-    return found + grouped(_periodic_scopes([t for t in order if t.args and id(t) not in taken]))
+    ops = [t for t in order if t.args]
+    at, marks = {id(t): i for i, t in enumerate(ops)}, [i for i, t in enumerate(ops) if id(t) in taken]
+
+    def apart(inst: Instance) -> bool:  # a block found among the other ops straddling a module's: a cycle through it
+        return bisect.bisect(marks, at[id(inst.terms[0])]) == bisect.bisect(marks, at[id(inst.terms[-1])])
+    return found + [g for g in grouped(_periodic_scopes([t for t in ops if id(t) not in taken])) if all(map(apart, g))]
 
 
 def _periodic_scopes(ops: list[Term]) -> dict[int, str]:

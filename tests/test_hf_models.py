@@ -190,6 +190,23 @@ def test_a_model_building_its_tables_by_slice_writes_is_optimized():
     assert "sdpa_masked" in report.ops_after, report.ops_after
 
 
+def test_an_encoder_decoder_called_directly_and_generating_runs_optimized_plans():
+    """T5 returns an ``EncoderDecoderCache`` (no pytree transformers registers: torch.export refused the output) and
+    ``generate()`` passes ``encoder_outputs``, a ModelOutput (refused as no tensor): both ran untouched. The cache is
+    a tree of its two caches, a ModelOutput argument one of its tensors."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = tf.T5ForConditionalGeneration(tf.T5Config(d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8, vocab_size=100,
+                                                  decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)).eval()
+    ids = torch.randint(2, 100, (1, 8))
+    out = _same_as_eager(saturate_and_extract(m, profile_db=False, profile_budget=0), m, (ids,),
+                         {"decoder_input_ids": ids[:, :3]})
+    assert type(out.past_key_values).__name__ == "EncoderDecoderCache"
+    _generates_as_eager(m, ids, 3)
+    plans = list(m.forward.plans.values())
+    assert len(plans) >= 2 and all(p.report.optimized for p in plans), [p.report.fallback for p in plans]
+
+
 def test_repeated_runs_found_between_a_models_repeated_layers_never_straddle_them():
     """MobileNetV1's even layers are repeated modules; its odd ones repeat as a run of ops found among the rest, and
     a block of that run took ops from both sides of a module's: each fed the other ("templates depend on each other in

@@ -107,13 +107,17 @@ def _export(module: torch.nn.Module, args: tuple, functional: bool = False) -> f
 
 
 def cache_pytrees() -> None:
-    """A Hugging Face model takes and returns its KV cache (``DynamicCache``): transformers' own
-    pytree registration of it (made for torch.export) lets it be an input and an output of a plan."""
+    """A Hugging Face model takes and returns its KV cache: transformers registers ``DynamicCache`` as a pytree (for
+    torch.export), not an encoder-decoder's ``EncoderDecoderCache`` (T5): its two caches, its flags made from them."""
     if not _REGISTERED and "transformers" in sys.modules:
-        with contextlib.suppress(ImportError):
+        _REGISTERED.append(True)
+        with contextlib.suppress(ImportError, ValueError):  # ValueError: registered already (by the user)
+            from transformers.cache_utils import EncoderDecoderCache
             from transformers.integrations.executorch import register_dynamic_cache_export_support
             register_dynamic_cache_export_support()
-            _REGISTERED.append(True)
+            torch.utils._pytree.register_pytree_node(
+                EncoderDecoderCache, lambda c: ([c.self_attention_cache, c.cross_attention_cache], None),
+                lambda caches, _: EncoderDecoderCache(*caches), serialized_type_name="transformers.EncoderDecoderCache")
 
 
 _REGISTERED: list = []

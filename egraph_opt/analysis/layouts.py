@@ -77,7 +77,7 @@ def _run(op: str, attrs: tuple, operands: tuple) -> Strides | None:
             for f in operands for shape, strides, dtype in [f or (None,) * 3]]
     if OPS[op].layout != "view":
         args = [a.zero_() if isinstance(a, torch.Tensor) else a for a in args]
-    with warnings.catch_warnings(), torch.no_grad(), contextlib.suppress(RuntimeError, TypeError, ValueError, AttributeError):
+    with warnings.catch_warnings(), torch.no_grad(), contextlib.suppress(RuntimeError, TypeError, ValueError):
         warnings.simplefilter("ignore")
         return tuple(OPS[op].impl(*args, *attrs).stride())
     return None

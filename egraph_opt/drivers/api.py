@@ -717,8 +717,8 @@ class OptimizedModule(torch.nn.Module):
     def __repr__(self) -> str:
         return f"OptimizedModule({self._orig_mod!r})"
 
-    def __reduce__(self):  # a copy or pickle: the original's, decorated anew
-        return functools.partial(saturate_and_extract, **self.forward._options), (self._orig_mod,)
+    def __reduce__(self):  # a copy or pickle: its plans', the original decorated anew (a wrapper again)
+        return self.forward.__reduce__()
 
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(dir(self._orig_mod)) | set(_PLANS))

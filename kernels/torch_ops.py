@@ -125,7 +125,7 @@ def gelu(x, approximate):
     sign, top = _gelu_repairs(x.device.type, x.dtype, approximate)
     if sign:
         out.copysign_(x)  # in place: its own output
-    if top and (device_path(x) or not math.isfinite(out.amax().item())):  # NaN too
+    if top and (device_path(x) or not (_assumes(out) or math.isfinite(out.amax().item()))):  # NaN too
         out = torch.where(x > 8, x, out)
     return out
 

@@ -96,18 +96,19 @@ def test_plans_made_on_alternating_threads_drop_their_egraphs_quietly(monkeypatc
 def test_e_graphs_dropped_in_reference_cycles_are_freed_as_new_ones_crowd_in():
     """egglog holds an e-graph's memory where the cycle collector does not count it (a decorated
     forward of a model is a cycle): with no collection due by object counts, making e-graphs
-    still frees the unreachable ones (the suite's workers grew to 14 GB without it)."""
+    still frees the unreachable ones (the suite's workers grew to 14 GB without it): at most twice as many live as
+    are reachable, however many were made (enough that earlier tests' threshold is passed)."""
     before, kept = _live(), engine.EGraph()
     gc.disable()
     try:
-        for _ in range(12):
+        for _ in range(engine._OWNER._crowd + 4 * (before + 4)):
             e = engine.EGraph()
             e.me = e  # unreachable after the next line but for a collection
             del e
         live = engine._OWNER.call(lambda: len(engine._OWNER.live))
     finally:
         gc.enable()
-    assert live <= before + 5, live
+    assert live <= max(4, 2 * (before + 1)), live
     assert kept._number in engine._OWNER.live  # what is referenced stays
 
 

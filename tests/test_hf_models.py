@@ -207,6 +207,31 @@ def test_an_encoder_decoder_called_directly_and_generating_runs_optimized_plans(
     assert len(plans) >= 2 and all(p.report.optimized for p in plans), [p.report.fallback for p in plans]
 
 
+@pytest.mark.parametrize("name", ["bart", "mixtral"])
+def test_a_model_whose_functional_export_loses_its_constants_is_optimized(name):
+    """BART's forward makes its decoder inputs by writes into a tensor it made (and a ``torch.tensor(2)``), Mixtral's
+    router divides in place: both are traced in export's functional form, whose retrace lost the constants a submodule
+    made (SpecViolationError: "lifted_tensor_0 is not in the constants dictionary"), and both ran untouched. Their
+    export is functionalized below autograd instead: linear layers as ``addmm`` of ``t``, attention as the CPU
+    kernel's op; each lowers as before (a ``t`` was a gather of every weight per call)."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = (tf.BartForConditionalGeneration(tf.BartConfig(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)) if name == "bart" else
+         tf.MixtralForCausalLM(tf.MixtralConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                                num_experts_per_tok=2))).eval()
+    ids = torch.randint(3, 100, (1, 8))
+    f = saturate_and_extract(m, profile_db=False, profile_budget=0)
+    _same_as_eager(f, m, (ids,), {})
+    assert "index_select" not in f.report.ops_after or f.report.ops_after["index_select"] <= 4, f.report.ops_after
+    assert any(op.startswith("sdpa") for op in f.report.ops_after), f.report.ops_after
+    _generates_as_eager(m, ids, 3)
+    plans = list(m.forward.plans.values())
+    assert plans and all(p.report.optimized for p in plans), [p.report.fallback for p in plans]
+
+
 def test_repeated_runs_found_between_a_models_repeated_layers_never_straddle_them():
     """MobileNetV1's even layers are repeated modules; its odd ones repeat as a run of ops found among the rest, and
     a block of that run took ops from both sides of a module's: each fed the other ("templates depend on each other in

@@ -18,10 +18,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch import fx
+from torch._export.verifier import SpecViolationError
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
-from torch.utils._pytree import tree_structure, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_structure, tree_unflatten
 
 from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_nn  # noqa: F401 - they register
 from .effects import Draws, functional, mutations
@@ -99,11 +101,23 @@ def _export(module: torch.nn.Module, args: tuple, functional: bool = False) -> f
         with contextlib.redirect_stderr(written):
             exported = torch.export.export(module, _unshared(args), strict=False)
             if functional:
-                exported = exported.run_decompositions({})
+                try:
+                    exported = exported.run_decompositions({})
+                except SpecViolationError:  # its retrace loses a submodule's lifted constants (torch.tensor(2) in
+                    return _functionalized(exported.module(), args)  # BART's forward): functionalize it ourselves
     finally:
         logger.setLevel(level)
     sys.stderr.write(written.getvalue())
     return exported.module()
+
+
+def _functionalized(module: fx.GraphModule, args: tuple) -> fx.GraphModule:
+    """``module`` (an export, writes and all) traced into pure ops: its module stack is lost (no repeated blocks)."""
+    spec = []
+    traced = make_fx(torch.func.functionalize(lambda *xs: spec.append(tree_flatten(module(*xs))) or spec[0][0],
+                                              remove="mutations"))(*args)
+    traced._out_spec = spec[0][1]
+    return traced
 
 
 def cache_pytrees() -> None:

@@ -421,8 +421,8 @@ lowers(operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm"
     lambda c, a, b: Term("matmul", (c.tensor(a), c.tensor(b))))
 
 
-@lowers(torch.transpose, "transpose")
-def _transpose(c, x, dim0, dim1):
+@lowers(torch.transpose, "transpose", torch.t, "t")
+def _transpose(c, x, dim0=0, dim1=-1):  # t: of a 0-D or 1-D tensor, itself
     a, b = sorted((c.axis(x, dim0), c.axis(x, dim1)))
     return x if a == b else Term("transpose", (x,), (a, b))
 

@@ -62,6 +62,9 @@ lowers(aten.native_dropout.default)(  # (x, its mask of ones) outside training o
     lambda c, x, p, train: low.Parts((low._dropout(True)(c, x, p, bool(train)), None)))
 
 
+lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)(  # F.sdpa on CPU below autograd (make_fx)
+    lambda c, q, k, v, p=0.0, causal=False, **kw: low.Parts((nn_low._sdpa(c, q, k, v, dropout_p=p, is_causal=causal,
+                                                                          **kw), None)))
 lowers(torch.batch_norm)(lambda c, x, w, b, m, v, t, mo, eps, *_: nn_low._batch_norm(c, x, m, v, w, b, t, mo, eps))
 lowers(aten._native_batch_norm_legit_no_training.default)(lambda c, x, w, b, mean, var, momentum, eps: low.Parts(
     (nn_low._batch_norm(c, x, mean, var, w, b, False, momentum, eps), None, None)))  # its statistics stay a call

@@ -54,7 +54,7 @@ def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
     # torch's kernel gives 0 for a query whose every key is masked (a left-padded row), as
     # _safe_softmax does; sdpa_masked, the spelled softmax's NaN there
     return safe_rows(Term("max", (attn_mask,), (-1, True)), Term("sdpa_masked", (q, k, v, attn_mask), (float(scale),)),
-                     str(c.out.dtype).removeprefix("torch."))
+                     str(c.info(q).dtype).removeprefix("torch."))  # the output's
 
 
 #: torch's reduction names; ATen's overloads number them

@@ -36,8 +36,9 @@ _watched: weakref.WeakSet = weakref.WeakSet()  # those modules (a forward that s
 # builds a new one per call, registering into it: no key reads that one)
 
 
-def _bump(module: torch.nn.Module, *_: Any) -> None:
-    if module in _watched:
+def _bump(module: torch.nn.Module, name: str, value: Any) -> None:
+    if module in _watched and not any(table.get(name, _bump) is value for table in (  # not the object already there:
+            module._parameters, module._buffers, module._modules)):  # CTRL's x = x.to(dtype) on every call
         _rebindings[0] += 1
 
 

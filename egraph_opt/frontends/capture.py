@@ -66,8 +66,11 @@ def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphMod
     where = getattr(fn, "__qualname__", type(fn).__name__)
     errors = []
     for tracer in () if functional else (_Tracer(True), _Tracer(False)):
+        buffers = [(m._buffers, dict(m._buffers)) for m in (root.modules() if root is not None else ())]
         try:
             graph = tracer.trace(fn)
+            if any(isinstance(b, fx.Proxy) for table, _ in buffers for b in table.values()):
+                raise CaptureError("a buffer assigned a traced value (self.pe = self.pe.to(x.dtype))")
             traced = fx.GraphModule(tracer.root if root is None else root, graph)
             if isinstance(tracer.last, dict) and type(tracer.last) not in (dict, immutable_dict):
                 traced.meta["returns"] = tree_structure(tracer.last)
@@ -76,6 +79,9 @@ def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphMod
             raise
         except Exception as e:  # noqa: BLE001 - fx raises many types; reported together below
             errors.append(f"{type(e).__name__}: {e}")
+        finally:  # what the trace assigned is put back: torch.export traces the same code next
+            for table, before in buffers:
+                table.update((k, v) for k, v in before.items() if table.get(k) is not v)
     if example_args:
         module = fn if isinstance(fn, torch.nn.Module) else \
             type("AsModule", (torch.nn.Module,), {"forward": lambda self, *args: fn(*args)})()  # export takes modules

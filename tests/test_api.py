@@ -264,6 +264,19 @@ def test_non_tensor_arguments_are_constants_of_the_plan_and_missing_ones_clear_e
         f(x)
 
 
+def test_a_tuple_of_tensors_is_an_argument_of_tensors_and_a_tuple_of_numbers_a_constant():
+    """XLNet's ``generate()`` passes its memory as a tuple of tensors, one per layer: refused as no tensor, every decode
+    step ran untouched. Its tensors are inputs of the plan (new values reuse it); numbers stay constants."""
+    f = saturate_and_extract(lambda x, mems, scale: torch.log(1 + torch.exp(x + mems[0] * mems[1])) * scale[0],
+                             profile_budget=0)
+    x, a, b = torch.randn(3), torch.randn(3), torch.randn(3)
+    for mems in ((a, b), (b, a), (a, a)):
+        torch.testing.assert_close(f(x, mems, (2.0,)), torch.log(1 + torch.exp(x + mems[0] * mems[1])) * 2)
+    assert len(f.plans) == 1 and f.report.optimized, f.report.fallback
+    f(x, (a, b), (3.0,))
+    assert len(f.plans) == 2
+
+
 def test_declared_input_ranges_drive_validation_inputs():
     f = saturate_and_extract(lambda x: torch.log(1 + x), input_ranges={"x": (0.0, 1e-3)})
     x = torch.rand(16) * 1e-3

@@ -315,11 +315,11 @@ class Binder:
 def _tree(value: Any) -> tuple[list | None, Any]:
     """The tensor leaves and spec of an object registered as a pytree that is no plain container
     (a cache class); (None, None) for anything else."""
-    if value is None or isinstance(value, (torch.Tensor, *_SIMPLE)) or type(value) in (tuple, list, dict):
-        return None, None  # a container's subclass registered as one (a ModelOutput: encoder_outputs) is a tree
-    cache_pytrees()
+    if value is None or isinstance(value, (torch.Tensor, *_SIMPLE)) or type(value) in (list, dict):
+        return None, None  # a container's subclass registered as one (a ModelOutput: encoder_outputs) is a tree, and
+    cache_pytrees()  # a tuple of tensors (XLNet's mems), which the program cannot write into
     leaves, spec = tree_flatten(value)
-    return (None, None) if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
+    return (None, None) if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
 
 
 def _tensor_key(tensors) -> tuple | None:

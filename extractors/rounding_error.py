@@ -153,10 +153,9 @@ def _to_bits(value: torch.Tensor, error: torch.Tensor, dtype: torch.dtype) -> to
 
 
 def _overflowed(root: Term, exact: dict, shape: torch.Size, pick: torch.Tensor) -> torch.Tensor | bool:
-    """Per picked output element, whether float64 overflowed there: an op's value is infinite where
-    its operands are finite (an infinite constant, or an overflow at another element, or in a branch
-    where() did not take there, does not count); True for every element where such a value does not
-    map onto the output's elements (a reduction's operand)."""
+    """Per picked output element, whether float64 overflowed there: an op's value is infinite where its operands are
+    finite (not an infinite constant, another element's overflow, an untaken where() branch); True everywhere where such
+    a value does not map onto the output's elements (a reduction's operand)."""
     hit = torch.zeros(len(pick), dtype=torch.bool)
     for t in postorder([root]):
         v = exact.get(id(t))
@@ -194,9 +193,8 @@ def elementwise(roots: list[Term]) -> bool:
 
 
 def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """Bits of error of every output element of an elementwise program, at once: where every
-    value it computes from the inputs has the output's shape, d out[i] / d v[j] vanishes off
-    i == j, so one backward pass gives each element's derivatives. None for any other program."""
+    """Bits of error of every output element of an elementwise program at once: every value has the output's shape, so d
+    out[i] / d v[j] vanishes off i == j and one backward pass gives them all. None for other programs."""
     if not elementwise([root]):
         return None
     exact, dtype, local = _local_errors(root, env)
@@ -289,9 +287,8 @@ def bits_gained(before: ProgramError, after: ProgramError | None) -> float:
 
 def far_more_accurate(candidates: list[Program], latencies: list[float], affordable: Callable[..., bool],
                       ranges: dict | None = None) -> int | None:
-    """Index of the most accurate candidate whose sampled error is some bits below the first's, worst or mean, at
-    a latency ``affordable`` for them beside the first's (``cost.buys``; under ACCURATE_BY bits, below and no worse
-    in either); None where none is (most programs: an error below a bit)."""
+    """Index of the most accurate candidate whose sampled error is bits below the first's, worst or mean, at a latency
+    ``affordable`` (``cost.buys``; under ACCURATE_BY bits, no worse in either); None where none is."""
     first = program_error(candidates[0], ranges)
     if first is None or max(first.worst, first.mean) < 1:
         return None

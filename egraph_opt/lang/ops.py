@@ -1,10 +1,9 @@
 """The op table: every op of the Term language, declared once.
 
-An op has tensor operands (``arity``), attributes typed by egglog primitive sorts, a plain torch
-reference implementation (on float64 tensors, the reference evaluator; a kernel's faster path
-lives with the kernels, kernels/torch_ops.py), and facts whose kinds are the ``VOCABULARY``;
-composite ops (softmax, attention, ...) are checked in the tests against their definitions in
-primitive ops. The egglog datatype is generated from this table.
+An op has tensor operands (``arity``), attributes typed by egglog primitive sorts, a plain torch reference
+implementation (on float64 tensors, the reference evaluator; a kernel's faster path lives with the kernels,
+kernels/torch_ops.py), and facts whose kinds are the ``VOCABULARY``; composite ops (softmax, attention, ...) are checked
+in the tests against their definitions in primitive ops. The egglog datatype is generated from this table.
 """
 from __future__ import annotations
 

@@ -200,9 +200,8 @@ class _Replay:
         return steps
 
     def _search(self, have: Term, want: Term, path: tuple) -> list[Step] | None:
-        """Breadth first from both ends: ``have`` rewritten forwards, ``want`` backwards, every
-        term held by the e-graph in their e-class, until one term is on both sides, or a term of
-        each has the same top op and their operands solve."""
+        """Breadth first from both ends: ``have`` rewritten forwards, ``want`` backwards, each term one the e-graph
+        holds in their e-class, until a term is on both sides, or two share their top op and their operands solve."""
         sides: tuple[dict, dict] = ({self.key(have): (have, [])}, {self.key(want): (want, [])})
         frontiers, depths = [[have], [want]], [0, 0]
         while open_ := [(len(f), s) for s, (d, f) in enumerate(zip(depths, frontiers)) if f and d < DEPTH]:

@@ -55,10 +55,9 @@ class Optimized:
 def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Objective = Objective.BALANCED,
              limits: Limits = Limits(), schedule: list[Phase] | None = None, input_ranges: dict | None = None,
              model: CostModel | None = None, templates: bool = True, ranges: RangeMemo | None = None) -> Optimized:
-    """Optimize a program. ``schedule`` runs its phases in order; without one, ``rules`` (default:
-    every rule not unsafe) run as one phase under ``limits``. ``input_ranges``: besides facts of the
-    ops, the only source for rule conditions. ``model`` (default: static latencies) prices nodes.
-    ``templates``: optimize repeated blocks once each. ``ranges``: an enclosing call's analysis."""
+    """Optimize a program: ``schedule``'s phases in order, else ``rules`` (default: all but unsafe) as one phase under
+    ``limits``. ``input_ranges``: with the ops' facts, the only source for rule conditions; ``model`` prices nodes;
+    ``templates``: repeated blocks once each; ``ranges``: an enclosing call's analysis."""
     if schedule is None:
         schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
     model = model or CostModel(objective)
@@ -128,9 +127,8 @@ def own_calls(program: Program, kept: list[Term], snap: Snapshot, class_of: dict
 
 
 def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, model: CostModel) -> list[Term] | None:
-    """``chosen`` computed in float64 from its float32 inputs, rounded once, for a small elementwise program
-    (Herbie's; in a model a precision is the user's, autocast's) where no float32 form found is accurate: under
-    balanced far more accurate and affordable, under stability off by a bit, more accurate and no worse."""
+    """``chosen`` in float64 from its float32 inputs, rounded once, for a small elementwise program (Herbie's) where no
+    float32 form is accurate: under balanced far more accurate and affordable, under stability no worse anywhere."""
     if model.objective not in (Objective.STABILITY, Objective.BALANCED) or len(chosen) != 1 or program.opaque or \
             program.params or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
             any(t.attrs[2] != "float32" for t in program.inputs):
@@ -149,9 +147,8 @@ def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, mod
 
 def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict, model: CostModel,
                  input_ranges: dict | None, ranges: RangeMemo, keep: bool) -> tuple[Program, list[Term], dict, dict]:
-    """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved
-    (a term's e-class's, from every equivalent form: a quotient known to be a sigmoid is in [0, 1];
-    met with an extracted term's own), as the extractor saw them: greedy extraction is not
+    """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved (an e-class's, from
+    every equivalent form, met with an extracted term's own), as the extractor saw them: greedy extraction is not
     optimal, so a costlier extraction gives the input back (unless ``keep``: chosen by error)."""
     roots, leaf_meta = program.roots(), program.leaf_meta()
     optimized = replace(program.with_roots({id(old): new for old, new in zip(roots, best)}),
@@ -176,10 +173,9 @@ RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 
 def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot, root_classes: list[str],
             cost: Callable, input_ranges: dict | None, model: CostModel, priced: Callable) -> list[Term] | None:
-    """Of the cheapest programs and the input, by first-order error sampled over the declared ranges (or the
-    inputs' bit patterns), which sees what per-node costs cannot (a cancellation of coinciding operands, an
-    error a later op attenuates): under stability the least error (cost order breaks ties), under balanced one
-    far more accurate within ``max_slowdown``. None: none chosen, or not estimable."""
+    """Of the cheapest programs and the input, by first-order error sampled over the declared ranges (or the inputs' bit
+    patterns), which sees what per-node costs cannot (a cancellation, an error a later op attenuates): under stability
+    the least error, under balanced one far more accurate within ``max_slowdown``. None: none chosen."""
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
         return None
     # sampled errors tell programs apart where elementwise (Herbie's domain) or every input is
@@ -245,11 +241,10 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
 
 
 class RangeMemo:
-    """The range analysis of one optimize call: every distinct term structure met (input, outer,
-    extracted and joined programs) gets its interval once, by one transfer step from its operands'
-    (``analyze``'s leaf rule for leaves), and later programs reuse it. Sound: a structure's
-    interval depends only on the declared ranges (fixed per call) and the shapes (in the key). The
-    number of distinct operand objects is too: ``x * x`` is bounded tighter than ``x * y``."""
+    """The range analysis of one optimize call: every distinct term structure met (input, outer, extracted and joined
+    programs) gets its interval once, by one transfer step from its operands', and later programs reuse it. Sound: it
+    depends only on the declared ranges (fixed per call), the shapes and the number of distinct operands (in the key:
+    ``x * x`` is bounded tighter than ``x * y``)."""
 
     def __init__(self, declared: dict | None):
         self.declared = declared
@@ -299,9 +294,8 @@ def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: d
 
 
 def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None) -> Callable[[str, object], NodeFacts]:
-    """``facts(class id, e-node)``: what the cost model knows of an e-node, from the snapshot's
-    analyses: intervals, dtypes, exactness, constness, shapes and layouts (``strides`` by class)
-    of its operand classes."""
+    """``facts(class id, e-node)``: what the cost model knows of an e-node from the snapshot's analyses: its operand
+    classes' intervals, dtypes, exactness, constness, shapes and layouts."""
     exact = closed_classes(snap.classes, lambda n: rounding_free(
         n.op, n.attrs, tuple(snap.dtypes.get(c, "float32") for c in n.children)))
     constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
@@ -324,10 +318,9 @@ def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) 
 def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
               root_classes: list[str], cost: Callable, input_ranges: dict | None,
               limit: float = math.inf, guarded: list[Rule] = (), gain: float = MIN_GAIN) -> Piecewise | None:
-    """The piecewise program regime inference finds over the best program, the root e-class's cheapest others,
-    the input, the ``guarded`` rules that match but whose guard the declared ranges do not prove (each on a
-    regime where it is proved) and the root's series (each within ``limit``, a relative truncation bound, on
-    its regime); None where one program is as good by ``gain`` mean bits."""
+    """The piecewise program regime inference finds over the best program, the root's cheapest others, the input, the
+    ``guarded`` rules that match unproved (each on a regime where proved) and the root's series (each within ``limit``,
+    a relative truncation bound); None where one program is as good by ``gain`` mean bits."""
     if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES or \
             any(t.op == "opaque" for t in postorder(roots)):  # a template's outputs: leaves no sample draws
         return None

@@ -44,8 +44,7 @@ FLOATS = ("float32", "float16", "bfloat16")  # the dtypes a regime may split on
 
 @dataclass(frozen=True)
 class Candidate:
-    """A program of the root e-class; a series also its truncation bound: ``truncation(r)`` is
-    its relative error where |within| <= r (inf past the radius it holds on)."""
+    """A program of the root e-class; a series' ``truncation(r)``: its relative error where |within| <= r (inf past)."""
     term: Term
     rule: object = None  # the series or guarded rule it came from, if any
     within: Term | None = None
@@ -153,8 +152,7 @@ def _branch_terms(program: Program, candidates: list[Candidate], env: dict) -> l
 
 def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variable: Term,
              segments: list[tuple[int, float]], limit: float) -> tuple[Regime, ...] | None:
-    """The regimes of a segmentation over ``variable``; None where a series in one is past its
-    radius or ``limit``, or a guarded rule's form is not proved on its regime."""
+    """A segmentation's regimes over ``variable``; None where a series passes its radius or ``limit``, a guard fails."""
     lo, hi = ranges.get(variable.attrs[0], (-math.inf, math.inf)) if variable.op == "input" else (-math.inf, math.inf)
     regimes = []
     for k, (c, t) in enumerate(segments):

@@ -279,8 +279,7 @@ def least_error(candidates: list[Program], ranges: dict | None = None) -> int | 
 
 
 def bits_gained(before: ProgramError, after: ProgramError | None) -> float:
-    """The bits ``after`` is more accurate: worst's or mean's, where neither is worse or one is by ACCURATE_BY (a
-    cancellation or overflow gone); else none."""
+    """The bits ``after`` is more accurate, worst's or mean's, where neither is worse or by ACCURATE_BY; else none."""
     gains = (before.worst - after.worst, before.mean - after.mean) if after is not None else (0.0, 0.0)
     return max(gains) if max(gains) >= ACCURATE_BY or min(gains) >= 0 else 0.0
 

@@ -306,8 +306,7 @@ def _logaddexp(em, t):
 
 
 def _atan2(em, t):
-    """ONNX has no atan2: atan(y / x), moved by +-pi to the left half-plane (x < 0, or x = -0
-    with y = 0), with +-pi/2 on the y axis and the sign of y's zero kept."""
+    """ONNX has no atan2: atan(y / x), +-pi in the left half-plane (x < 0 or -0), +-pi/2 on the y axis, signed zeros."""
     y, x = t.args
     dtype = em.dtype(y) if y.op != "const" else em.dtype(x)
     yv, xv = em.value(y, x), em.value(x, y)

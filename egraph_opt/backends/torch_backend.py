@@ -82,8 +82,7 @@ def _pure(node: fx.Node, owner, kernels: set) -> bool:
 
 
 def fold_constants(graph: fx.Graph, kernels: set, sizes: tuple = ()) -> int:
-    """Each value of parameters, buffers, literals and ``sizes`` (a size family's inputs) alone a
-    call uses: one FoldedConstant; how many."""
+    """Each value a call uses of parameters, buffers, literals and ``sizes`` alone: one FoldedConstant; how many."""
     fixed, order = {}, {n: i for i, n in enumerate(graph.nodes)}
     for node in graph.nodes:
         fixed[node] = node.op == "get_attr" or node in sizes or _pure(node, graph.owning_module, kernels) and \

@@ -444,8 +444,7 @@ class OptimizedFunction:
         return again
 
     def _compile(self, call: BoundCall, key: tuple) -> Plan:
-        """The plan made from its size family (its effects, as its program, are its samples': no
-        ``Watch``), else the one traced and optimized under a ``Watch``."""
+        """The plan made from its size family (effects: its samples', no ``Watch``), else traced under a ``Watch``."""
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"
                               f"{'[nested]' if t.is_nested else list(t.shape)}"
                               for n, t in zip(call.names, call.tensors))
@@ -512,8 +511,7 @@ class OptimizedFunction:
             Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
 
     def _validated(self, call: BoundCall, run: Callable, program: Callable[[], Program]):
-        """``run`` against the original on fresh inputs; ``program()``, the captured program, gives
-        the long double reference where float64 overflows."""
+        """``run`` against the original on fresh inputs; ``program()`` gives the long double reference past float64."""
         fresh = random_inputs(call.tensors, call.names, self.input_ranges)
         return compare(call.traceable(self.fn), run, fresh, lambda: wide_reference(program(), fresh))
 
@@ -597,8 +595,7 @@ class OptimizedFunction:
         report.error = tuple(errors) if errors and all(errors) else None
 
     def _never_slower(self, plan: Plan, target, run, args, device: str, latency, original_s: float) -> Plan:
-        """The plan, unless timing ``run`` beside the original (``target``) within the profile
-        budget finds it slower and no more stable: then the original."""
+        """The plan, unless timed beside the original (``target``) it is slower and no steadier: then the original."""
         report, result = plan.report, plan.optimized
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget

@@ -248,8 +248,7 @@ def specialize(fn: Callable, names: list[str], rebuild: Callable) -> Callable:
 
 
 class Binder:
-    """Binds calls of one function: the fast path (tensors alone, positionally, as declared)
-    costs a few attribute reads; everything else goes through ``inspect``."""
+    """Binds calls of one function: tensors alone, positionally, cost a few attribute reads; the rest ``inspect``."""
 
     def __init__(self, signature: inspect.Signature | None, name: str):
         self.signature, self.name = signature, name
@@ -313,8 +312,7 @@ class Binder:
 
 
 def _tree(value: Any) -> tuple[list | None, Any]:
-    """The tensor leaves and spec of an object registered as a pytree that is no plain container
-    (a cache class); (None, None) for anything else."""
+    """The tensor leaves and spec of a registered pytree that is no plain container (a cache); else (None, None)."""
     if value is None or isinstance(value, (torch.Tensor, *_SIMPLE)) or type(value) in (tuple, list, dict):
         return None, None  # a container's subclass registered as one (a ModelOutput: encoder_outputs) is a tree
     cache_pytrees()
@@ -337,8 +335,7 @@ def _tensor_key(tensors) -> tuple | None:
 
 
 def unusual(t: torch.Tensor) -> str:
-    """Why the capture cannot take tensor ``t`` ("" where it can): its tracing and the Term
-    language hold dense tensors of one shape."""
+    """Why the capture cannot take tensor ``t`` ("" where it can): tracing and Terms hold dense tensors."""
     if type(t) not in _DENSE:
         return f"a {type(t).__name__} (a tensor subclass)"
     if t.is_nested:

@@ -119,8 +119,7 @@ class PricedProgram:
 
 
 class Explorer:
-    """The saturated e-graph of one optimization, with the costs the extractor saw; ``fallback``:
-    why the program it found does not run (the original does), "" where it runs."""
+    """One optimization's saturated e-graph and costs; ``fallback``: why the found program does not run, or ""."""
 
     def __init__(self, result: Optimized, input_ranges: dict, rules=None, name: str = "program", fallback: str = ""):
         if result.source is None or result.cost is None:

@@ -139,8 +139,7 @@ def _weights(run, n: int) -> tuple:
 
 
 def _reads(run, n: int, index, weight, b) -> bool:
-    """Whether ``run`` is that weighted gather at random operands, and at ones holding inf, -inf
-    and NaN (``nan_to_num`` is the identity on finite values only)."""
+    """Whether ``run`` is that gather at random operands and at inf, -inf, NaN (``nan_to_num``: identity on finites)."""
     v = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     special = v.clone()
     special[0::6], special[2::6], special[4::6] = math.inf, -math.inf, math.nan

@@ -120,8 +120,7 @@ class _Move:
 
 
 class _Replay:
-    """Terms interned by structure, each mapped to its e-class of the snapshot; the rules as moves,
-    applied forwards to the input's side and backwards to the output's."""
+    """Terms interned by structure, each in its snapshot e-class; rules as moves: forwards on input, back on output."""
 
     def __init__(self, snap: Snapshot, loaded: dict[int, str], rules: list[Rule]):
         self.node_class = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}

@@ -91,8 +91,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Ob
 
 def _extract(program: Program, session: Session, cost: Callable, rules: list[Rule],
              input_ranges: dict | None, model: CostModel) -> tuple[list[Term], list | None, bool]:
-    """(roots, regimes, re-ranked): the extracted roots, re-ranked by estimated error (``_rerank``),
-    or the first of the regimes a split into regimes found (else None)."""
+    """(roots, regimes, re-ranked): the extracted roots, re-ranked by error (``_rerank``), or regimes' first."""
     roots, snap, root_classes = program.roots(), session.snap, session.root_classes
     best = extract(snap.classes, root_classes, cost)
     priced = lambda terms: program_cost(terms, model, input_ranges, program.leaf_meta())  # noqa: E731
@@ -198,8 +197,7 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
 
 def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
                         input_ranges: dict | None, model: CostModel, ranges: RangeMemo) -> Optimized:
-    """One optimization per template (over the hull of its instances' argument intervals), one
-    for the rest of the program, then every instance instantiated into it."""
+    """One optimization per template (over its instances' argument hull), one for the rest, then instances put in."""
     start = time.perf_counter()
     roots, leaf_meta, meta = program.roots(), program.leaf_meta(), program.meta()
     intervals = ranges(roots, meta)
@@ -376,8 +374,7 @@ def _matches(rule: Rule, snap: Snapshot, root: str, cost: Callable, limit: int =
 
 def derive_piecewise(found: Piecewise, roots: list[Term], rules: list[Rule], snap: Snapshot,
                      loaded: dict[int, str]) -> Derivation:
-    """One derivation per regime (from the input to its form; a series' form by its rule's step
-    from the member it matched), under a label that says the regime."""
+    """One derivation per regime, from the input to its form (a series' by its rule's step), labelled by regime."""
     branches = []
     for label, regime in zip(found.describe(), found.regimes):
         term, series = regime.candidate.term, regime.candidate.rule  # a series or a guarded rule

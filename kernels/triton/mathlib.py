@@ -122,7 +122,6 @@ def scaled_mean(acc, low, top, n):
 
 @triton.jit
 def scaled_rstd(acc, n, eps, scale):
-    """1 / std of a row of ``n`` from its lanes' sums of squared deviations of x * scale, with ``eps``
-    scaled alike (never underflowing to 0)."""
+    """1 / std of a row of ``n`` from its lanes' squared deviations of x * scale, ``eps`` scaled alike (no 0)."""
     eps = tl.maximum(eps * scale * scale, tl.where(eps > 0, SMALLEST_NORMAL, 0.0))
     return 1.0 / tl.sqrt_rn(tl.sum(acc, 0) / n + eps)

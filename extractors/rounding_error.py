@@ -30,8 +30,7 @@ JACOBIAN_ELEMENTS = 2 ** 23  # fewer rows where the rows taken would hold more n
 
 @dataclass
 class RoundingError:
-    """Bits of error per output element (NaN where the result is undefined), and each rounding
-    node's share: the most bits its local error alone causes in an output element."""
+    """Bits of error per output element (NaN: undefined), and each rounding node's share: the most it alone causes."""
     bits: torch.Tensor
     by_node: dict[int, float]
 

@@ -331,8 +331,7 @@ class OptimizedFunction:
         return functools.partial(saturate_and_extract, **self._options), (self.fn,)
 
     def __get__(self, instance: Any, owner: type | None = None):
-        """A decorated method (``@saturate_and_extract def forward(self, x)``): each instance gets
-        an optimized method of its own, so its modules and attributes key its plans."""
+        """A decorated method: each instance gets an optimized method, so its modules and attributes key its plans."""
         if instance is None:
             return self
         try:
@@ -627,8 +626,7 @@ class OptimizedFunction:
 
     @property
     def egraph(self) -> EGraph | None:
-        """The saturated e-graph behind the plan that ran last (without ``keep_egraph``, None after
-        a re-run of an older plan: only the latest optimization's is kept)."""
+        """The saturated e-graph of the plan that ran last (only the latest's is kept without ``keep_egraph``)."""
         return self._last.egraph if self._last else None
 
     @property

@@ -30,8 +30,7 @@ def _constant_key(value: Any):
 
 @dataclass(slots=True, eq=False)
 class BoundCall:
-    """The tensors of one call, the plan key they and the other arguments make, and how to call
-    the function again with other tensors. ``refused``: why the call runs untouched."""
+    """One call's tensors, the plan key they and the others make, how to call again; ``refused``: why untouched."""
     tensors: tuple
     names: list[str]
     key: tuple
@@ -145,8 +144,7 @@ def _node(spec: TreeSpec) -> tuple | None:
 
 
 def _leaves(value: Any, node: tuple | None, flat: list) -> bool:
-    """``value``'s leaves onto ``flat`` where its tree is ``node``'s, node types by identity (false
-    where it is not): ``tree_flatten`` without building a spec to compare."""
+    """``value``'s leaves onto ``flat`` if its tree is ``node``'s (types by identity): ``tree_flatten`` with no spec."""
     if node is None:
         flat.append(value)
         return True

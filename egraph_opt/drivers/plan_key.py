@@ -387,8 +387,7 @@ def _library(module: str | None) -> bool:
 
 
 class Watch:
-    """``with Watch(fn) as w:`` ... ``w.changes()``: what the runs inside changed (``"sets
-    self.calls"``, ``"prints"``); leaving the block puts every changed value back."""
+    """``with Watch(fn) as w:`` ... ``w.changes()``: what the runs inside changed; leaving the block puts it back."""
 
     def __init__(self, fn: Callable):
         self.fn, self.effects, self.records = fn, [], []  # records: (logger, record) held back

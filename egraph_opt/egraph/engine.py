@@ -33,8 +33,7 @@ _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and
 
 
 def _ruleset(phase: str) -> str:
-    """egglog's name of a phase's ruleset: apart from every variable name (a rule declared after
-    a ruleset ``r`` may not bind ``r``, and range rules wait to be declared)."""
+    """egglog's name of a phase's ruleset, apart from every variable name (a later rule may not bind ``r``)."""
     return f"phase-{phase}"
 
 

@@ -112,8 +112,7 @@ def moments_step(acc, low, top, x):
 
 @triton.jit
 def scaled_mean(acc, low, top, n):
-    """(mean of x * scale, scale) of a row of ``n``: a row past 2^32 in magnitude is scaled by a power
-    of two, as its squares (or sum) could overflow float32."""
+    """(mean of x * scale, scale) of a row of ``n``: rows past 2^32 are scaled by a power of two (squares overflow)."""
     top = tl.max(top, 0)
     scale = tl.where(top > LARGE, tl.exp2(-tl.ceil(tl.log2(top))), 1.0)
     total = tl.sum(acc, 0)

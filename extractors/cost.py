@@ -76,8 +76,7 @@ class CostModel:
             raise ValueError(f"max_slowdown must be a factor >= 1, not {self.max_slowdown!r}")
 
     def affordable(self, latency: float, fastest: float, gain: float = math.inf) -> bool:
-        """Balanced: whether a program (one or piecewise) ``gain`` bits more accurate may take ``latency``,
-        the fastest taking ``fastest`` (latency units): ``buys``."""
+        """Balanced: may a program ``gain`` bits more accurate take ``latency``, the fastest ``fastest`` (``buys``)."""
         return latency <= buys(gain, self.max_slowdown) * max(fastest, 1)
 
     def curvature(self, n: NodeFacts) -> int:
@@ -116,8 +115,7 @@ class CostModel:
 
 def program_cost(roots: list[Term], model: CostModel, declared: dict | None = None, leaf_meta: dict | None = None,
                  meta: dict | None = None, ranges: dict | None = None) -> dict[str, int]:
-    """Total cost of a program as a DAG (each distinct term paid once), with its parts.
-    ``meta`` and ``ranges`` (by term id) save recomputing them when the caller has them."""
+    """Total cost of a program as a DAG (each term paid once), with parts; ``meta``, ``ranges``: the caller's."""
     meta = meta if meta is not None else shapes(roots, leaf_meta)
     ranges = ranges if ranges is not None else analyze(roots, declared, leaf_meta, meta)
     facts = Facts.of_program(roots, meta, model.latency_of is not None, ranges=ranges)

@@ -98,9 +98,8 @@ def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
 
 
 def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
-    """A subtraction (or addition of opposite signs) whose operands may be arbitrarily close while one carries rounding
-    error: the result's relative error is unbounded. So is a sum of exact values of both signs: its rounded partial
-    sums may cancel (1e8 + 1 - 1e8 = 0), unless it carries their rounding errors along (``compensated_sum``)."""
+    """A subtraction (or addition of opposite signs) of possibly close operands, one carrying rounding error: unbounded
+    relative error. So is a sum of exact values of both signs (1e8 + 1 - 1e8 = 0), unless compensated."""
     error = OPS[op].error
     if error == "sum":
         return exact[0] and operands[0][0] < 0 < operands[0][1]

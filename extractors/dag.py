@@ -32,9 +32,8 @@ def _users(classes: dict[str, list[ENode]]) -> tuple[list, dict[str, list[int]],
 
 
 def _knuth(classes: dict[str, list[ENode]], price: Callable, join: Callable) -> dict[str, tuple[int, ENode]]:
-    """Each class's least value and the e-node giving it, settled in Knuth's order (Dijkstra's, generalized): a class
-    only after every operand of its e-node, so the choice is acyclic. An e-node's value is ``price(class, node, j)``,
-    ``j`` its operands' values folded by ``join`` from 0."""
+    """Each class's least value and its e-node, settled in Knuth's order (a class after every operand of its e-node:
+    acyclic). An e-node's value: ``price(class, node, j)``, ``j`` its operands' folded by ``join`` from 0."""
     nodes, users, waiting = _users(classes)
     joined = [0] * len(nodes)
     heap = [(price(cid, n, 0), i) for i, (cid, n) in enumerate(nodes) if not n.children]

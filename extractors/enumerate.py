@@ -46,8 +46,7 @@ class Alternative:
 
 def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
                  limit: int | None = None) -> Iterator[Alternative]:
-    """Distinct programs of e-class ``root``, by increasing DAG cost as the module docstring
-    states, at most ``limit`` of them; ``cost(class, node)`` as for ``extract``."""
+    """Distinct programs of e-class ``root`` by increasing DAG cost, at most ``limit``; ``cost`` as for ``extract``."""
     price = functools.cache(cost)  # the search prices the same e-nodes for every candidate
     default = choose(classes, price)
     if root not in default:

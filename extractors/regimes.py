@@ -44,8 +44,7 @@ FLOATS = ("float32", "float16", "bfloat16")  # the dtypes a regime may split on
 
 @dataclass(frozen=True)
 class Candidate:
-    """A program of the root e-class; a series also its truncation bound: ``truncation(r)`` is
-    its relative error where |within| <= r (inf past the radius it holds on)."""
+    """A program of the root e-class; a series' ``truncation(r)``: its relative error where |within| <= r (inf past)."""
     term: Term
     rule: object = None  # the series or guarded rule it came from, if any
     within: Term | None = None
@@ -90,10 +89,9 @@ class Piecewise:
 def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | None, *, best: int = 0,
                   seed: int = 0, limit: float = math.inf, gain: float = MIN_GAIN,
                   more: Callable[[], list[Candidate]] = list) -> Piecewise | None:
-    """The piecewise program of ``candidates`` (``best``: the single program chosen without regimes) and ``more()``
-    (made only where ``best`` errs by ``gain`` mean bits), when it beats that one by ``gain`` mean bits and each series
-    in it keeps its truncation over its regime within ``limit``; else None. The program's inputs must share one shape
-    (elementwise: drawn as ``POINTS`` values each)."""
+    """The piecewise program of ``candidates`` (``best``: the one chosen without regimes) and ``more()`` (made only
+    where ``best`` errs by ``gain`` mean bits), when it beats ``best`` by ``gain`` mean bits with each series'
+    truncation within ``limit`` over its regime; else None. Inputs share one shape (``POINTS`` values each)."""
     ranges = ranges or {}
     shapes = {t.attrs[1] for t in program.inputs}
     if not any(t.attrs[2] in FLOATS for t in program.inputs) or len(shapes) != 1 or program.params:
@@ -135,9 +133,8 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
 
 
 def _branch_terms(program: Program, candidates: list[Candidate], env: dict) -> list[tuple[Term, torch.Tensor]]:
-    """What a regime may split on, with its values at the points (float64): each float input, then,
-    as Herbie's regimes, each other subterm of the candidates that is a float value of the
-    output's shape, once per structure (not a candidate itself: that would compute every branch)."""
+    """What a regime may split on, with its values at the points (float64): each float input, then (Herbie's) each other
+    subterm of the candidates that is a float of the output's shape, once per structure, not a candidate."""
     out = [(t, env[t.attrs[0]].double()) for t in program.inputs if t.attrs[2] in FLOATS]
     ids = pat.structural_ids([c.term for c in candidates])
     seen, terms = {ids[id(c.term)] for c in candidates}, []
@@ -155,8 +152,7 @@ def _branch_terms(program: Program, candidates: list[Candidate], env: dict) -> l
 
 def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variable: Term,
              segments: list[tuple[int, float]], limit: float) -> tuple[Regime, ...] | None:
-    """The regimes of a segmentation over ``variable``; None where a series in one is past its
-    radius or ``limit``, or a guarded rule's form is not proved on its regime."""
+    """A segmentation's regimes over ``variable``; None where a series passes its radius or ``limit``, a guard fails."""
     lo, hi = ranges.get(variable.attrs[0], (-math.inf, math.inf)) if variable.op == "input" else (-math.inf, math.inf)
     regimes = []
     for k, (c, t) in enumerate(segments):
@@ -170,9 +166,8 @@ def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variab
 
 
 def _bits(c: Candidate, env: dict, nan: torch.Tensor | bool = False) -> torch.Tensor | None:
-    """Bits of error of a candidate at every element, its truncation (as ulps of float32) added (inf past its radius,
-    and where it is defined but the program is not, ``nan``: sympy's series are complex, exp(log x) is x); None where
-    they cannot be estimated. A guarded rule's form counts ``WORD`` bits where its guard fails at the point."""
+    """Bits of error of a candidate per element, plus its truncation in float32 ulps (inf past its radius, ``nan`` where
+    the program is undefined); None where not estimable. A guarded form counts ``WORD`` bits where its guard fails."""
     try:
         found = elementwise_bits(c.term, env)
         found = found if found is None else torch.where(
@@ -193,10 +188,9 @@ def _bits(c: Candidate, env: dict, nan: torch.Tensor | bool = False) -> torch.Te
 
 
 def _bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo, hi) -> torch.Tensor:
-    """A series' truncation bound where the split ``variable`` lies in [lo, hi] (numbers, or arrays: a bound per point);
-    for a guarded rule's form 0 where its guard is proved there, else inf; 0 for an exact candidate. Split on a subterm,
-    only what the candidate binds that is that subterm is narrowed, the rest ranges over the whole declared range (a
-    guard must follow from the split condition or hold throughout)."""
+    """A series' truncation bound where the split ``variable`` lies in [lo, hi] (numbers, or arrays: per point); for a
+    guarded rule's form 0 where its guard is proved there, else inf; 0 for an exact candidate. Split on a subterm, only
+    what binds that subterm is narrowed: the rest ranges over the whole declared range."""
     if c.truncation is None and not c.guard:
         return torch.tensor(0.0)
     terms = [t for t in c.binding.values() if isinstance(t, Term)] if c.guard else [c.within]
@@ -215,9 +209,8 @@ def _bound(c: Candidate, program: Program, ranges: dict, variable: Term, lo, hi)
 
 
 def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]) -> tuple[float, list[tuple[int, float]]] | None:
-    """(total bits, [(candidate, threshold after it)...]) of the best segmentation of the points
-    sorted by ``x``; the last segment's threshold is +inf. A threshold lies midway between the two
-    sample points, or next to the one of a ``series`` candidate (it holds only where sampled)."""
+    """(total bits, [(candidate, threshold after it)...]) of the best segmentation of the points by ``x`` (last
+    threshold +inf): midway between two points, or next to a ``series``' (it holds only where sampled)."""
     order = np.argsort(x, kind="stable")
     x, bits = x[order], bits[:, order]
     n = len(x)

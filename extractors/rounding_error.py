@@ -30,8 +30,7 @@ JACOBIAN_ELEMENTS = 2 ** 23  # fewer rows where the rows taken would hold more n
 
 @dataclass
 class RoundingError:
-    """Bits of error per output element (NaN where the result is undefined), and each rounding
-    node's share: the most bits its local error alone causes in an output element."""
+    """Bits of error per output element (NaN: undefined), and each rounding node's share: the most it alone causes."""
     bits: torch.Tensor
     by_node: dict[int, float]
 
@@ -153,10 +152,9 @@ def _to_bits(value: torch.Tensor, error: torch.Tensor, dtype: torch.dtype) -> to
 
 
 def _overflowed(root: Term, exact: dict, shape: torch.Size, pick: torch.Tensor) -> torch.Tensor | bool:
-    """Per picked output element, whether float64 overflowed there: an op's value is infinite where
-    its operands are finite (an infinite constant, or an overflow at another element, or in a branch
-    where() did not take there, does not count); True for every element where such a value does not
-    map onto the output's elements (a reduction's operand)."""
+    """Per picked output element, whether float64 overflowed there: an op's value is infinite where its operands are
+    finite (not an infinite constant, another element's overflow, an untaken where() branch); True everywhere where such
+    a value does not map onto the output's elements (a reduction's operand)."""
     hit = torch.zeros(len(pick), dtype=torch.bool)
     for t in postorder([root]):
         v = exact.get(id(t))
@@ -194,9 +192,8 @@ def elementwise(roots: list[Term]) -> bool:
 
 
 def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """Bits of error of every output element of an elementwise program, at once: where every
-    value it computes from the inputs has the output's shape, d out[i] / d v[j] vanishes off
-    i == j, so one backward pass gives each element's derivatives. None for any other program."""
+    """Bits of error of every output element of an elementwise program at once: every value has the output's shape, so d
+    out[i] / d v[j] vanishes off i == j and one backward pass gives them all. None for other programs."""
     if not elementwise([root]):
         return None
     exact, dtype, local = _local_errors(root, env)
@@ -281,17 +278,15 @@ def least_error(candidates: list[Program], ranges: dict | None = None) -> int | 
 
 
 def bits_gained(before: ProgramError, after: ProgramError | None) -> float:
-    """The bits ``after`` is more accurate: worst's or mean's, where neither is worse or one is by ACCURATE_BY (a
-    cancellation or overflow gone); else none."""
+    """The bits ``after`` is more accurate, worst's or mean's, where neither is worse or by ACCURATE_BY; else none."""
     gains = (before.worst - after.worst, before.mean - after.mean) if after is not None else (0.0, 0.0)
     return max(gains) if max(gains) >= ACCURATE_BY or min(gains) >= 0 else 0.0
 
 
 def far_more_accurate(candidates: list[Program], latencies: list[float], affordable: Callable[..., bool],
                       ranges: dict | None = None) -> int | None:
-    """Index of the most accurate candidate whose sampled error is some bits below the first's, worst or mean, at
-    a latency ``affordable`` for them beside the first's (``cost.buys``; under ACCURATE_BY bits, below and no worse
-    in either); None where none is (most programs: an error below a bit)."""
+    """Index of the most accurate candidate whose sampled error is bits below the first's, worst or mean, at a latency
+    ``affordable`` (``cost.buys``; under ACCURATE_BY bits, no worse in either); None where none is."""
     first = program_error(candidates[0], ranges)
     if first is None or max(first.worst, first.mean) < 1:
         return None

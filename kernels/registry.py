@@ -88,8 +88,7 @@ def _gelu_tanh_into(y):
 
 
 def linear_gelu_tanh_epilogue(x, weight, bias, activation):
-    """One cuBLASLt GEMM whose epilogue adds the bias and applies tanh-gelu (CUDA's ``use_gelu``;
-    on CPU it is erf-gelu). Not relu: a max epilogue may turn NaN into 0."""
+    """A cuBLASLt GEMM adding bias and tanh-gelu (``use_gelu``; erf on CPU). Not relu: a max may turn NaN into 0."""
     out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 

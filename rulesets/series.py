@@ -150,8 +150,7 @@ def _expand(f, lhs: str, at_infinity: bool, cap: float) -> Series | None:
 
 
 def _truncate(f, full: Series, rough) -> Series | None:
-    """``full`` (its radius: the cap) cut as ``expand`` says, its error measured against ``f`` (``rough``: in
-    float64, where it is finite)."""
+    """``full`` (its radius: the cap) cut as ``expand`` says, its error against ``f`` (``rough``: float64, finite)."""
     with mpmath.workdps(60):
         points = [s * mpmath.mpf(2) ** j * (17 + i) / 32 for j in OCTAVES for i in range(16) for s in (1, -1)]
         coefficients = [mpmath.mpf(str(c.evalf(70))) for c in full.terms]

@@ -161,8 +161,7 @@ def _layer_norm(t, a, s):
 
 
 def _rms_norm(t, a, s):
-    """|x_i| / sqrt(mean(x^2) + eps) <= sqrt(n) for eps >= 0 (rounding's 1e-6 allowed), then the
-    weight; a negative eps may divide by ~0."""
+    """|x_i| / sqrt(mean(x^2) + eps) <= sqrt(n) for eps >= 0 (rounding: 1e-6), then weight; eps < 0 divides by ~0."""
     if t.attrs[0] < 0:
         return TOP
     r = math.sqrt(max(s[0][-1], 1)) * (1 + 1e-6) if s[0] else 1 + 1e-6

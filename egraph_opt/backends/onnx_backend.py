@@ -274,8 +274,7 @@ class Emitter:
         return self._source[id(t)]
 
     def fold_params(self, t: Term) -> str | None:
-        """An initializer holding ``t`` when it reads parameters and constants only and is no larger
-        than the parameters it reads; None when it must be computed at run time."""
+        """An initializer of ``t`` if it reads parameters and constants only and is no larger than they; else None."""
         if id(t) in self._folded:
             return self._folded[id(t)]
         self._folded[id(t)] = None

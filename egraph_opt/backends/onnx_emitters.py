@@ -143,9 +143,8 @@ def _log1p(em, t):
 
 
 def _expm1(em, t):
-    """ONNX has no expm1, and exp(x) - 1 loses every digit of a tiny x. Kahan's form:
-    (u - 1) * x / log(u), u = exp(x) rounded; x where u rounds to 1, -1 where u - 1 does, u where
-    u - 1 == u (large x, where x / log(u) may be inf / inf)."""
+    """ONNX has no expm1, and exp(x) - 1 loses every digit of a tiny x. Kahan's form: (u - 1) * x / log(u), u = exp(x)
+    rounded; x where u rounds to 1, -1 where u - 1 does, u where u - 1 == u (large x: inf / inf)."""
     x, dtype = em.value(t.args[0]), em.dtype(t.args[0])
     one, minus_one = em.scalar(1.0, dtype), em.scalar(-1.0, dtype)
     u = em.node("Exp", [x], "expm1")
@@ -210,10 +209,9 @@ def _gelu(em, t, approximate):
 
 
 def _sdpa(em, t, scale, causal=False):
-    """sdpa (q, k, v; scale, causal), sdpa_masked and sdpa_guarded (q, k, v, bias; scale): Attention at opset
-    23 (rank-4 operands, or rank 3 as one head; onnxruntime gives 0 for a row every key masks, as sdpa_guarded
-    does, but NaN for a row whose scores overflow, where the guard gives 0: only there does Attention differ
-    from it), else softmax(q k^T * scale + bias) v, or the definition an op declares (the guard)."""
+    """sdpa (q, k, v; scale, causal), sdpa_masked and sdpa_guarded (q, k, v, bias; scale): Attention at opset 23 (rank
+    4, or rank 3 as one head; it differs from sdpa_guarded only on rows whose scores overflow: NaN, not 0), else
+    softmax(q k^T * scale + bias) v, or the definition an op declares (the guard)."""
     standard = em.opset >= 23 and em.rank(t.args[0]) in (3, 4)
     t = t if standard and em.rank(t.args[0]) == 4 else _repeated_kv(em, t)  # Attention reads fewer heads
     q, k, v, *bias = t.args
@@ -308,8 +306,7 @@ def _logaddexp(em, t):
 
 
 def _atan2(em, t):
-    """ONNX has no atan2: atan(y / x), moved by +-pi to the left half-plane (x < 0, or x = -0
-    with y = 0), with +-pi/2 on the y axis and the sign of y's zero kept."""
+    """ONNX has no atan2: atan(y / x), +-pi in the left half-plane (x < 0 or -0), +-pi/2 on the y axis, signed zeros."""
     y, x = t.args
     dtype = em.dtype(y) if y.op != "const" else em.dtype(x)
     yv, xv = em.value(y, x), em.value(x, y)
@@ -335,9 +332,8 @@ def _cbrt(em, t):
 
 
 def _rotary_caches(em, t) -> tuple[np.ndarray, np.ndarray] | None:
-    """RotaryEmbedding's (B, S, D/2) cos and sin caches where x is (B, H, S, D) and cos, sin are
-    stored tensors over (S, D), one per batch or shared, alike over heads, their two halves equal
-    (transformers' cat(freqs, freqs)): only then is x cos + rotate_half(x) sin that operator."""
+    """RotaryEmbedding's (B, S, D/2) cos and sin caches where x is (B, H, S, D) and cos, sin are stored (S, D) tensors,
+    per batch or shared, alike over heads, with equal halves (cat(freqs, freqs)): only then is it that operator."""
     shape = em.static_shape(t.args[0])
     if em.opset < 23 or shape is None or len(shape) != 4 or any(a.op != "param" for a in t.args[1:]):
         return None
@@ -354,9 +350,8 @@ def _rotary_caches(em, t) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _rotary(em, t):
-    """RotaryEmbedding (opset 23) where its caches can be cut from the stored cos and sin (one onnxruntime
-    kernel instead of the spelled form's several passes); else x cos + rotate_half(x) sin, the halves cut at
-    x's last size // 2: a constant where the shape is static, else Shape(x)[-1] // 2 (any opset, any size)."""
+    """RotaryEmbedding (opset 23) where its caches can be cut from the stored cos and sin (one onnxruntime kernel, not
+    several passes); else x cos + rotate_half(x) sin, halved at x's static or Shape(x)[-1] // 2 last size."""
     if (caches := _rotary_caches(em, t)) is not None:
         return em.node("RotaryEmbedding", [em.value(t.args[0]), em.tensor(caches[0], "cos_cache"),
                                            em.tensor(caches[1], "sin_cache")], "rotary")

@@ -30,9 +30,8 @@ from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
 
 class FoldedConstant:
-    """A value computed from parameters, buffers, literals and a size family's sizes alone (QKV weights concatenated,
-    a causal mask built from ``arange(n)``): computed once per version of the tensors it reads, per size. Where autograd
-    needs it it is computed on every call, so training is unchanged; so it is for inference tensors (no version)."""
+    """A value of parameters, buffers, literals and a family's sizes alone (QKV weights concatenated, a causal mask):
+    computed once per version of what it reads, per size; each call where autograd needs it or for inference tensors."""
 
     def __init__(self, nodes: list[fx.Node], reads: list[fx.Node], index: int):
         at = {n: i for i, n in enumerate(reads + [n for n in nodes if n not in reads])}
@@ -83,8 +82,7 @@ def _pure(node: fx.Node, owner, kernels: set) -> bool:
 
 
 def fold_constants(graph: fx.Graph, kernels: set, sizes: tuple = ()) -> int:
-    """Each value of parameters, buffers, literals and ``sizes`` (a size family's inputs) alone a
-    call uses: one FoldedConstant; how many."""
+    """Each value a call uses of parameters, buffers, literals and ``sizes`` alone: one FoldedConstant; how many."""
     fixed, order = {}, {n: i for i, n in enumerate(graph.nodes)}
     for node in graph.nodes:
         fixed[node] = node.op == "get_attr" or node in sizes or _pure(node, graph.owning_module, kernels) and \

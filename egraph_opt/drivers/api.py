@@ -175,10 +175,9 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def for_accuracy(result: Optimized) -> bool:
-    """Whether a static conditioning gain of ``result`` can be one: its derivation applies a rule
-    made for accuracy (where it is not known in full: such a rule matched at all). A fusion alone
-    buys none, though its fused op declares less curvature than the ops it stands for: a slower
-    fused plan must not pass for a steadier one."""
+    """Whether a static conditioning gain of ``result`` can be one: its derivation applies a rule made for accuracy
+    (where not known in full: one matched). A fusion alone buys none: a slower fused plan must not pass for a steadier
+    one."""
     derivation = result.derivation
     if derivation is not None and derivation.complete:
         return any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)
@@ -261,9 +260,8 @@ def unchanged(before: Program, after: Program) -> bool:
 
 
 def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
-    """The built module's generated code, called directly (Module.__call__ and fx's wrapper cost
-    microseconds, and no hook can be on a module only this plan holds), its flat outputs as the
-    original returned them (a Hugging Face ``ModelOutput`` stays one; one tensor: no unflatten)."""
+    """The built module's generated code called directly (Module.__call__ and fx's wrapper cost microseconds; no hook is
+    on a module only this plan holds), its outputs as the original returned them (a ``ModelOutput`` stays one)."""
     forward = speculating(module.forward)
     return (lambda *args: forward(*args)[0]) if returns.is_leaf() else \
         (lambda *args: tree_unflatten(forward(*args), returns))
@@ -283,9 +281,8 @@ def _autocast() -> tuple:
 
 
 class OptimizedFunction:
-    """``fn``, run as its optimized program per input signature; untouched (the report says why)
-    where that cannot be sound (it mutates its arguments or module state, cannot be traced, takes
-    values the Term language does not hold) or where the optimized form fails validation."""
+    """``fn``, run as its optimized program per input signature; untouched (the report says why) where that cannot be
+    sound (it mutates arguments or state, cannot be traced, takes values Terms lack) or fails validation."""
 
     def __init__(self, fn: Callable, *, objective="balanced", tolerance: float | None = None,
                  input_ranges=None, rulesets=None, validate: bool = True,
@@ -334,8 +331,7 @@ class OptimizedFunction:
         return functools.partial(saturate_and_extract, **self._options), (self.fn,)
 
     def __get__(self, instance: Any, owner: type | None = None):
-        """A decorated method (``@saturate_and_extract def forward(self, x)``): each instance gets
-        an optimized method of its own, so its modules and attributes key its plans."""
+        """A decorated method: each instance gets an optimized method, so its modules and attributes key its plans."""
         if instance is None:
             return self
         try:
@@ -390,10 +386,9 @@ class OptimizedFunction:
         return plan.run(*tensors)
 
     def _first(self, call: BoundCall, args: tuple, kwargs: dict):
-        """Optimize for ``call`` and keep the plan (dropping the least recently used beyond
-        ``MAX_PLANS``); where the original runs instead, its result (``_Ran``). The optimizer's
-        runs of the program leave no Python state behind, and a program that changes any falls
-        back (its plan would not)."""
+        """Optimize for ``call`` and keep the plan (within ``MAX_PLANS``, least recently used out); where the original
+        runs instead, its result (``_Ran``). The optimizer's runs leave no Python state: a program that changes any
+        falls back."""
         before = self._state.snapshot()
         layout = call.layout(args, kwargs)  # before the original runs: it may update an argument (a KV cache)
         cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
@@ -421,10 +416,8 @@ class OptimizedFunction:
         self._last, self._again = plan, plan.again
 
     def _fast(self, plan: Plan, layout: Layout) -> Callable[[tuple, dict], Any]:
-        """For a call laid out as ``plan``'s first (``Layout``: no binding), the plan found for such a
-        call last (``plan`` itself, or a decode step's next) where its C++ check finds the same kinds
-        of tensors and the state is the same; else ``plan``, checked so; else the plan its key finds.
-        A closure over what it checks."""
+        """For a call laid out as ``plan``'s first (no binding), the plan such a call found last where its C++ check
+        finds the same tensors and state; else ``plan``, checked so; else its key's. A closure over what it checks."""
         check, fn, laid, plans, keyed = plan.guard[0], self.fn, layout.tensors, self._plans, self._state
         alone = (layout.arity, layout.keywords) if layout.order is None and not any(layout.slots) else None
 
@@ -450,8 +443,7 @@ class OptimizedFunction:
         return again
 
     def _compile(self, call: BoundCall, key: tuple) -> Plan:
-        """The plan made from its size family (its effects, as its program, are its samples': no
-        ``Watch``), else the one traced and optimized under a ``Watch``."""
+        """The plan made from its size family (effects: its samples', no ``Watch``), else traced under a ``Watch``."""
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"
                               f"{'[nested]' if t.is_nested else list(t.shape)}"
                               for n, t in zip(call.names, call.tensors))
@@ -477,10 +469,9 @@ class OptimizedFunction:
         return plan
 
     def _from_family(self, call: BoundCall, report: Report, key: tuple) -> Plan | None:
-        """The plan of a size of a family (``families.py``) made from its two samples, validated;
-        None where the family has none or the plan fails validation (then it is optimized). Where
-        a sample fell back (measured slower, say), so does the size. It runs the family's one module,
-        else (``families.shared`` says why not) one built for its size."""
+        """The plan of a size of a family (``families.py``) made from its two samples, validated; None where there is
+        none or it fails validation (then it is optimized). Where a sample fell back, so does the size. It runs the
+        family's one module, else one built for its size."""
         found = self._families.find(key)
         if found is None:
             return None
@@ -519,8 +510,7 @@ class OptimizedFunction:
             Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
 
     def _validated(self, call: BoundCall, run: Callable, program: Callable[[], Program]):
-        """``run`` against the original on fresh inputs; ``program()``, the captured program, gives
-        the long double reference where float64 overflows."""
+        """``run`` against the original on fresh inputs; ``program()`` gives the long double reference past float64."""
         fresh = random_inputs(call.tensors, call.names, self.input_ranges)
         return compare(call.traceable(self.fn), run, fresh, lambda: wide_reference(program(), fresh))
 
@@ -604,8 +594,7 @@ class OptimizedFunction:
         report.error = tuple(errors) if errors and all(errors) else None
 
     def _never_slower(self, plan: Plan, target, run, args, device: str, latency, original_s: float) -> Plan:
-        """The plan, unless timing ``run`` beside the original (``target``) within the profile
-        budget finds it slower and no more stable: then the original."""
+        """The plan, unless timed beside the original (``target``) it is slower and no steadier: then the original."""
         report, result = plan.report, plan.optimized
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
@@ -637,8 +626,7 @@ class OptimizedFunction:
 
     @property
     def egraph(self) -> EGraph | None:
-        """The saturated e-graph behind the plan that ran last (without ``keep_egraph``, None after
-        a re-run of an older plan: only the latest optimization's is kept)."""
+        """The saturated e-graph of the plan that ran last (only the latest's is kept without ``keep_egraph``)."""
         return self._last.egraph if self._last else None
 
     @property
@@ -647,14 +635,13 @@ class OptimizedFunction:
 
 
 def saturate_and_extract(fn: Callable | None = None, **options: Any):
-    """Optimize ``fn`` (a function of tensors or an nn.Module) by equality saturation; bare or with
-    options: ``objective`` ("balanced", "stability", "latency", or "tolerance" with ``tolerance=`` a
-    relative error), ``input_ranges`` ({name: (lo, hi)}), ``rulesets`` (family or rule names),
-    ``validate`` (default True), ``limits``, ``profile_db`` (a path; None: the default; False: static
-    latencies), ``profile_budget`` (seconds per optimize to time kernels the database lacks: default 2, or
-    $EGRAPH_OPT_PROFILE_BUDGET; 0: none), ``keep_egraph`` (every plan's), ``max_slowdown`` (balanced: the most time, as a multiple of
-    the fastest program's, that a far more accurate one may take; default 4). A module comes back as
-    an nn.Module (``OptimizedModule``), as torch.compile's does."""
+    """Optimize ``fn`` (a function of tensors or an nn.Module) by equality saturation; bare or with options:
+    ``objective`` ("balanced", "stability", "latency", or "tolerance" with ``tolerance=`` a relative error),
+    ``input_ranges`` ({name: (lo, hi)}), ``rulesets`` (family or rule names), ``validate`` (default True), ``limits``,
+    ``profile_db`` (a path; None: the default; False: static latencies), ``profile_budget`` (seconds per optimize to
+    time kernels the database lacks: default 2, or $EGRAPH_OPT_PROFILE_BUDGET; 0: none), ``keep_egraph`` (every plan's),
+    ``max_slowdown`` (balanced: the most time, as a multiple of the fastest program's, that a far more accurate one may
+    take; default 4). A module comes back as an nn.Module (``OptimizedModule``), as torch.compile's does."""
     if fn is None:
         return lambda f: saturate_and_extract(f, **options)
     if isinstance(fn, torch.nn.Module):
@@ -667,12 +654,10 @@ _PLANS = ("report", "egraph", "plans")  # the OptimizedFunction's, as on a decor
 
 
 class OptimizedModule(torch.nn.Module):
-    """``saturate_and_extract(module)``: ``module`` run through its optimized plans, an nn.Module
-    again, as torch.compile's ``OptimizedModule`` is, so code that trains, moves, saves or inspects a
-    model keeps working on the optimized one: ``.report``, ``.egraph``, ``.plans`` as on a decorated
-    function, the rest (``.eval()``, ``.to()``, attributes...) the original's. It shares the
-    original's parameter, buffer and submodule tables, so every name is the original's: a checkpoint
-    of either loads into the other."""
+    """``saturate_and_extract(module)``: ``module`` run through its optimized plans, an nn.Module again, as
+    torch.compile's ``OptimizedModule`` is, so code that trains, moves, saves or inspects a model keeps working:
+    ``.report``, ``.egraph``, ``.plans`` as on a decorated function, the rest the original's. It shares the original's
+    parameter, buffer and submodule tables: a checkpoint of either loads into the other."""
 
     def __init__(self, module: torch.nn.Module, optimized: OptimizedFunction):
         super().__init__()

@@ -30,8 +30,7 @@ def _constant_key(value: Any):
 
 @dataclass(slots=True, eq=False)
 class BoundCall:
-    """The tensors of one call, the plan key they and the other arguments make, and how to call
-    the function again with other tensors. ``refused``: why the call runs untouched."""
+    """One call's tensors, the plan key they and the others make, how to call again; ``refused``: why untouched."""
     tensors: tuple
     names: list[str]
     key: tuple
@@ -145,8 +144,7 @@ def _node(spec: TreeSpec) -> tuple | None:
 
 
 def _leaves(value: Any, node: tuple | None, flat: list) -> bool:
-    """``value``'s leaves onto ``flat`` where its tree is ``node``'s, node types by identity (false
-    where it is not): ``tree_flatten`` without building a spec to compare."""
+    """``value``'s leaves onto ``flat`` if its tree is ``node``'s (types by identity): ``tree_flatten`` with no spec."""
     if node is None:
         flat.append(value)
         return True
@@ -248,8 +246,7 @@ def specialize(fn: Callable, names: list[str], rebuild: Callable) -> Callable:
 
 
 class Binder:
-    """Binds calls of one function: the fast path (tensors alone, positionally, as declared)
-    costs a few attribute reads; everything else goes through ``inspect``."""
+    """Binds calls of one function: tensors alone, positionally, cost a few attribute reads; the rest ``inspect``."""
 
     def __init__(self, signature: inspect.Signature | None, name: str):
         self.signature, self.name = signature, name
@@ -313,8 +310,7 @@ class Binder:
 
 
 def _tree(value: Any) -> tuple[list | None, Any]:
-    """The tensor leaves and spec of an object registered as a pytree that is no plain container
-    (a cache class); (None, None) for anything else."""
+    """The tensor leaves and spec of a registered pytree that is no list or dict (a cache, a tuple of tensors)."""
     if value is None or isinstance(value, (torch.Tensor, *_SIMPLE)) or type(value) in (list, dict):
         return None, None  # a container's subclass registered as one (a ModelOutput: encoder_outputs) is a tree, and
     cache_pytrees()  # a tuple of tensors (XLNet's mems), which the program cannot write into
@@ -337,8 +333,7 @@ def _tensor_key(tensors) -> tuple | None:
 
 
 def unusual(t: torch.Tensor) -> str:
-    """Why the capture cannot take tensor ``t`` ("" where it can): its tracing and the Term
-    language hold dense tensors of one shape."""
+    """Why the capture cannot take tensor ``t`` ("" where it can): tracing and Terms hold dense tensors."""
     if type(t) not in _DENSE:
         return f"a {type(t).__name__} (a tensor subclass)"
     if t.is_nested:

@@ -119,8 +119,7 @@ class PricedProgram:
 
 
 class Explorer:
-    """The saturated e-graph of one optimization, with the costs the extractor saw; ``fallback``:
-    why the program it found does not run (the original does), "" where it runs."""
+    """One optimization's saturated e-graph and costs; ``fallback``: why the found program does not run, or ""."""
 
     def __init__(self, result: Optimized, input_ranges: dict, rules=None, name: str = "program", fallback: str = ""):
         if result.source is None or result.cost is None:
@@ -379,9 +378,8 @@ HINTS_UP_TO = 20_000
 
 
 def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = None) -> list[str]:
-    """Where declaring input ranges would let a fix happen (undeclared inputs range over every finite value, so
-    ``sqrt(x + 1) - sqrt(x)`` silently keeps its cancellation): per guarded rule that failed only on range facts of
-    undeclared inputs' values, the rule, where, the ranges needed; a line in ``bounded`` past ``HINTS_UP_TO``."""
+    """Where declaring input ranges lets a fix happen (undeclared, ``sqrt(x + 1) - sqrt(x)`` keeps its cancellation):
+    per guarded rule failing only on undeclared inputs' ranges, where and what ranges; past ``HINTS_UP_TO``, a note."""
     if not {t.attrs[0] for t in result.source.inputs} - set(input_ranges):
         return []  # every input declared
     if (enodes := max((s.enodes for s in result.saturation), default=0)) > HINTS_UP_TO:

@@ -66,8 +66,7 @@ def split(key: tuple) -> tuple[tuple, tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class Variable:
-    """Where the family's size ``n`` is in a call's sizes: ``at``, each of them ``n`` plus its
-    offset in ``a`` (a sample's sizes)."""
+    """Where the family's size ``n`` is in a call's sizes: ``at``, each ``n`` plus its offset in ``a``."""
     at: tuple[int, ...]
     a: tuple[int, ...]
 

@@ -194,8 +194,7 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
 
 
 def _share_database(client, options: dict) -> dict:
-    """Each worker prices by a copy of the user's database (a plugin seeds it); the options,
-    without a database where it is unusable."""
+    """Each worker prices by a plugin-seeded copy of the user's database; the options, without an unusable one."""
     if options.get("profile_db"):
         try:
             with ProfileDB(options["profile_db"]) as db:

@@ -273,8 +273,7 @@ def impact_figure(ex):
 
 
 def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", sizes=None):
-    """Measured latencies of ``op``'s kernel in the profiling database ``db`` and the model's
-    interpolation across its example shapes (``profiler.SPECS[op].shapes(n)``)."""
+    """``op``'s measured latencies in ``db`` and the model's interpolation over ``profiler.SPECS[op].shapes(n)``."""
     from ..profiling.latency import LatencyModel
     from ..profiling.profiler import EXAMPLE_ATTRS, SPECS, device_name, work
     where = device_name(device)

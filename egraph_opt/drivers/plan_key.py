@@ -169,8 +169,7 @@ def _user_class(o: Any) -> bool:
 
 
 def _numbers(value: Any) -> bool:
-    """A list or dict small enough to read whole on every call, of scalars only (``CFG["scale"]``:
-    written in place, its identity stays)."""
+    """A small list or dict of scalars, read whole each call (``CFG["scale"]``: written in place, same identity)."""
     if type(value) is list and len(value) <= 64:
         return all(map(_scalar, value))
     return type(value) is dict and len(value) <= 64 and all(map(_scalar, (*value, *value.values())))
@@ -262,16 +261,14 @@ class StateKey:
             scalars, versioned, self.containers, contents, hooks, reads.shadows)
 
     def hold(self, graph: torch.nn.Module) -> None:
-        """The tensors ``graph`` holds (and the bases of its views): a plan reads them when it runs,
-        so a write to one needs no plan of its own."""
+        """The tensors ``graph`` holds (and their views' bases): a plan reads them, so a write needs no plan itself."""
         tensors = [t for t in (*graph.parameters(), *graph.buffers(), *vars(graph).values())
                    if isinstance(t, torch.Tensor)]
         self._held.update(id(t) for t in tensors + [t._base for t in tensors if t._base is not None])
         self._read_identities()
 
     def pin(self) -> None:
-        """Keep the objects the current key names by identity alive (a plan is keyed by it: no
-        other object may take one of their ids)."""
+        """Keep the objects the current key names by identity alive: no other object may take one of their ids."""
         self._pinned.setdefault(tuple(map(id, self._values)), self._values)
 
     def snapshot(self) -> tuple[list[tuple[Slot, Any]], list[tuple[Any, tuple]]]:
@@ -391,8 +388,7 @@ def _library(module: str | None) -> bool:
 
 
 class Watch:
-    """``with Watch(fn) as w:`` ... ``w.changes()``: what the runs inside changed (``"sets
-    self.calls"``, ``"prints"``); leaving the block puts every changed value back."""
+    """``with Watch(fn) as w:`` ... ``w.changes()``: what the runs inside changed; leaving the block puts it back."""
 
     def __init__(self, fn: Callable):
         self.fn, self.effects, self.records = fn, [], []  # records: (logger, record) held back
@@ -523,8 +519,7 @@ def _changed_keys(now: dict, saved: dict, partial: bool) -> list:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """The same object, or equal plain values (torch.export rebinds a LayerNorm's
-    ``normalized_shape`` to an equal tuple)."""
+    """The same object, or equal plain values (torch.export rebinds ``normalized_shape`` to an equal tuple)."""
     return a is b or _plain_value(a) and _plain_value(b) and type(a) is type(b) and a == b
 
 

@@ -127,8 +127,7 @@ class ShardedPlan:
         return self._outputs(runner.run_local(self.terms, self._env(args), self.mesh))
 
     def measure(self, *args, repeats: int = 10, sharded: bool = True, threads: int | None = None) -> float:
-        """Median seconds of one run on ``mesh`` processes (``sharded=False``: the unsharded
-        program on one process) of ``threads`` threads each, the slowest device counted."""
+        """Median seconds of a run on ``mesh`` processes (``sharded=False``: unsharded, one) of ``threads`` threads."""
         terms = self.terms if sharded else self.search.original.roots
         return runner.spawn(terms, self._env(args), self.mesh if sharded else 1, repeats, threads)[1]
 

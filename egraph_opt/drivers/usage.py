@@ -25,8 +25,7 @@ EXTRAS = {"onnx": ("onnx", "onnxruntime", "onnxscript", "tqdm"), "triton": ("tri
 
 
 def require(extra: str, what: str) -> None:
-    """Refuse ``what`` in one line naming the extra to install, before any work is done. The
-    report extra also brings Graphviz's dot (graphviz-pure), a program, not a module."""
+    """Refuse ``what`` in one line naming the extra to install, before any work (report's dot: graphviz-pure)."""
     missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
     if extra == "report":
         missing += [] if find_dot() else ["Graphviz dot"]

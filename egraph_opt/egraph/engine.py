@@ -33,8 +33,7 @@ _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and
 
 
 def _ruleset(phase: str) -> str:
-    """egglog's name of a phase's ruleset: apart from every variable name (a rule declared after
-    a ruleset ``r`` may not bind ``r``, and range rules wait to be declared)."""
+    """egglog's name of a phase's ruleset, apart from every variable name (a later rule may not bind ``r``)."""
     return f"phase-{phase}"
 
 
@@ -176,8 +175,7 @@ class EGraph:
     """An egglog e-graph over Terms (held on ``_Owner``'s thread: any thread may use and drop it)."""
 
     def __init__(self, tripwires: bool | None = None):
-        """``tripwires`` (default: the EGRAPH_OPT_TRIPWIRES environment variable, on in tests)
-        checks after every iteration that no unsound merge happened."""
+        """``tripwires`` (default: $EGRAPH_OPT_TRIPWIRES; on in tests) checks each iteration for unsound merges."""
         self._number = _OWNER.make()
         self.tripwires = os.environ.get("EGRAPH_OPT_TRIPWIRES") == "1" if tripwires is None else tripwires
         self._run(declarations() + range_rules.DECLARATIONS)

@@ -33,9 +33,8 @@ COSTLIER = {torch.cumsum, "cumsum", _aten.cumsum.default, F.group_norm, torch.gr
 
 
 def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
-    """A call of constants the trace closed over, a number, or positions in a decomposition: computed
-    here, once per signature. Other tensors made of sizes alone (``arange(T)``, a causal mask) stay
-    calls the built plan computes once, their sizes integers that size families can instantiate."""
+    """A call of constants the trace closed over, a number, or positions in a decomposition: computed here, once per
+    signature. Other tensors of sizes alone (``arange(T)``) stay calls the plan computes once, for size families."""
     operands = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
     if "empty" in str(getattr(node.target, "__name__", node.target)) or not hasattr(c.out, "shape") \
             or math.prod(c.out.shape) > _FOLD_LIMIT or not all(known(a) for a in operands):  # empty: no value
@@ -67,9 +66,8 @@ def _call(node: fx.Node, args, kwargs):
 
 
 def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | None:
-    """An ATen op whose (first) result is ``W v + b`` of its floating operands v, W and b fixed by
-    shapes and constants (``_weights`` finds them): one gather from the operands (and b) at a
-    constant index, weighted and summed where W reads several elements."""
+    """An ATen op whose (first) result is ``W v + b`` of its floating operands v, W and b fixed by shapes and constants
+    (``_weights``): one gather of the operands (and b) at a constant index, weighted and summed."""
     data = [a for a in leaves((args, kwargs)) if isinstance(a, Term) and not known(a)]  # v: their elements
     out = c.out[0] if isinstance(c.out, tuple) else c.out
     if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable \
@@ -111,9 +109,8 @@ def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | 
 
 
 def _weights(run, n: int) -> tuple:
-    """(index, weight, b): output j of ``run`` (affine in v, n elements) is the sum over k of weight[j, k]
-    times element index[j, k] of v, -0.0, b. b is run(0); positions are run all at once (a move: each
-    output reads at most one) or one at a time; random operands check it, or it raises."""
+    """(index, weight, b): output j of ``run`` (affine in v, n elements) is sum_k weight[j, k] v[index[j, k]] (-0.0), +
+    b; b is run(0); positions run at once (a move) or one at a time; random operands check it."""
     b = run(torch.zeros(n, dtype=torch.float64))
     if b.dtype != torch.float64:
         raise Unsupported("a result of another dtype")
@@ -142,8 +139,7 @@ def _weights(run, n: int) -> tuple:
 
 
 def _reads(run, n: int, index, weight, b) -> bool:
-    """Whether ``run`` is that weighted gather at random operands, and at ones holding inf, -inf
-    and NaN (``nan_to_num`` is the identity on finite values only)."""
+    """Whether ``run`` is that gather at random operands and at inf, -inf, NaN (``nan_to_num``: identity on finites)."""
     v = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     special = v.clone()
     special[0::6], special[2::6], special[4::6] = math.inf, -math.inf, math.nan

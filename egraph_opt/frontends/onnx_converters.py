@@ -228,8 +228,7 @@ def _softmax(op: str):
 
 
 def _norm(op: str):
-    """LayerNormalization and RMSNormalization over the last axis, with a rank-1 scale (and bias: a missing one
-    is the scalar const 0 of an affine-free layer_norm)."""
+    """LayerNormalization, RMSNormalization over the last axis, rank-1 scale (and bias; missing: the scalar const 0)."""
     def convert(im: Importer, node):
         if im.axis(node.input[0], _attr(node, "axis", -1)) != -1:
             raise Unsupported(f"{node.op_type} over several axes")

@@ -287,9 +287,8 @@ def static_type(vt: ValueType | None) -> bool:
 
 
 def _exact_types(im: Importer, node: onnx.NodeProto) -> None:
-    """Output types that shape inference over the whole graph left with unknown sizes (past a shape computed at run
-    time, which the import has folded since), inferred again over this node alone: converters that need a static
-    shape (Reshape, Expand) then convert it, and an opaque node's users see its true shape."""
+    """Output types that whole-graph shape inference left unknown (past a run-time shape, folded since), inferred over
+    this node alone: then Reshape and Expand convert, and an opaque node's users see its shape."""
     if all(static_type(im.types.get(o)) for o in node.output if o):
         return
     inputs, values = [], []

@@ -46,8 +46,7 @@ def swapped_in_bulk(im, name: str, out: tuple) -> Term | None:
 
 
 def _heads(im, name: str) -> tuple[Term, tuple] | None:
-    """(x, (B, H)) when ``name`` is x (B, H, T, D) merged to (B * H, T, D), or x (B, H, T, D)
-    merged and its last two swapped (then the term is x^T)."""
+    """(x, (B, H)) when ``name`` is x (B, H, T, D) merged to (B * H, T, D), or that with its last two swapped (x^T)."""
     node = im.producers.get(name)
     swapped = standard(node, "Transpose") and list(attr(node, "perm", [])) == [0, 2, 1]
     merge = im.producers.get(node.input[0]) if swapped else node

@@ -1,10 +1,9 @@
 """The op table: every op of the Term language, declared once.
 
-An op has tensor operands (``arity``), attributes typed by egglog primitive sorts, a plain torch
-reference implementation (on float64 tensors, the reference evaluator; a kernel's faster path
-lives with the kernels, kernels/torch_ops.py), and facts whose kinds are the ``VOCABULARY``;
-composite ops (softmax, attention, ...) are checked in the tests against their definitions in
-primitive ops. The egglog datatype is generated from this table.
+An op has tensor operands (``arity``), attributes typed by egglog primitive sorts, a plain torch reference
+implementation (on float64 tensors, the reference evaluator; a kernel's faster path lives with the kernels,
+kernels/torch_ops.py), and facts whose kinds are the ``VOCABULARY``; composite ops (softmax, attention, ...) are checked
+in the tests against their definitions in primitive ops. The egglog datatype is generated from this table.
 """
 from __future__ import annotations
 
@@ -175,8 +174,7 @@ def gelu(x, approximate):
 
 
 def hypot(a, b):
-    """sqrt(a^2 + b^2) without overflow or underflow; NaN where an operand is NaN, as the
-    definition is (IEEE's hypot(inf, NaN) is inf)."""
+    """sqrt(a^2 + b^2) without overflow or underflow; NaN where an operand is (IEEE's hypot(inf, NaN) is inf)."""
     a, b = _tensor(a, b), _tensor(b, a)
     return torch.where(a.isnan() | b.isnan(), a + b, torch.hypot(a, b))
 
@@ -301,8 +299,7 @@ def swish(x, beta):
 
 
 def rotary(x, cos, sin):
-    """x cos + rotate_half(x) sin, rotate_half(x) = cat(-x2, x1) over the halves of the last axis
-    (transformers' Llama and GPT-NeoX)."""
+    """x cos + rotate_half(x) sin, rotate_half(x) = cat(-x2, x1) of the last axis' halves (Llama, GPT-NeoX)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
@@ -319,8 +316,7 @@ def sigmoid(v: float) -> float:
 
 
 def _op(name, arity, attrs, impl, family: dict, **facts) -> Op:
-    """An op from its family's facts, overridden or completed by its own; a lambda named for it (fx
-    names a call of one from its source, read on every build)."""
+    """An op from its family's facts, completed by its own; a lambda named for it (fx names a call from its source)."""
     if getattr(impl, "__name__", None) == "<lambda>":
         impl.__name__ = impl.__qualname__ = name
     pairs = tuple(tuple(a.split(":")) for a in attrs.split()) if attrs else ()

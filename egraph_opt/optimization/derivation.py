@@ -120,8 +120,7 @@ class _Move:
 
 
 class _Replay:
-    """Terms interned by structure, each mapped to its e-class of the snapshot; the rules as moves,
-    applied forwards to the input's side and backwards to the output's."""
+    """Terms interned by structure, each in its snapshot e-class; rules as moves: forwards on input, back on output."""
 
     def __init__(self, snap: Snapshot, loaded: dict[int, str], rules: list[Rule]):
         self.node_class = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}
@@ -200,9 +199,8 @@ class _Replay:
         return steps
 
     def _search(self, have: Term, want: Term, path: tuple) -> list[Step] | None:
-        """Breadth first from both ends: ``have`` rewritten forwards, ``want`` backwards, every
-        term held by the e-graph in their e-class, until one term is on both sides, or a term of
-        each has the same top op and their operands solve."""
+        """Breadth first from both ends: ``have`` rewritten forwards, ``want`` backwards, each term one the e-graph
+        holds in their e-class, until a term is on both sides, or two share their top op and their operands solve."""
         sides: tuple[dict, dict] = ({self.key(have): (have, [])}, {self.key(want): (want, [])})
         frontiers, depths = [[have], [want]], [0, 0]
         while open_ := [(len(f), s) for s, (d, f) in enumerate(zip(depths, frontiers)) if f and d < DEPTH]:

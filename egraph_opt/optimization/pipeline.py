@@ -55,10 +55,9 @@ class Optimized:
 def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Objective = Objective.BALANCED,
              limits: Limits = Limits(), schedule: list[Phase] | None = None, input_ranges: dict | None = None,
              model: CostModel | None = None, templates: bool = True, ranges: RangeMemo | None = None) -> Optimized:
-    """Optimize a program. ``schedule`` runs its phases in order; without one, ``rules`` (default:
-    every rule not unsafe) run as one phase under ``limits``. ``input_ranges``: besides facts of the
-    ops, the only source for rule conditions. ``model`` (default: static latencies) prices nodes.
-    ``templates``: optimize repeated blocks once each. ``ranges``: an enclosing call's analysis."""
+    """Optimize a program: ``schedule``'s phases in order, else ``rules`` (default: all but unsafe) as one phase under
+    ``limits``. ``input_ranges``: with the ops' facts, the only source for rule conditions; ``model`` prices nodes;
+    ``templates``: repeated blocks once each; ``ranges``: an enclosing call's analysis."""
     if schedule is None:
         schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
     model = model or CostModel(objective)
@@ -92,8 +91,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Ob
 
 def _extract(program: Program, session: Session, cost: Callable, rules: list[Rule],
              input_ranges: dict | None, model: CostModel) -> tuple[list[Term], list | None, bool]:
-    """(roots, regimes, re-ranked): the extracted roots, re-ranked by estimated error (``_rerank``),
-    or the first of the regimes a split into regimes found (else None)."""
+    """(roots, regimes, re-ranked): the extracted roots, re-ranked by error (``_rerank``), or regimes' first."""
     roots, snap, root_classes = program.roots(), session.snap, session.root_classes
     best = extract(snap.classes, root_classes, cost)
     priced = lambda terms: program_cost(terms, model, input_ranges, program.leaf_meta())  # noqa: E731
@@ -128,9 +126,8 @@ def own_calls(program: Program, kept: list[Term], snap: Snapshot, class_of: dict
 
 
 def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, model: CostModel) -> list[Term] | None:
-    """``chosen`` computed in float64 from its float32 inputs, rounded once, for a small elementwise program
-    (Herbie's; in a model a precision is the user's, autocast's) where no float32 form found is accurate: under
-    balanced far more accurate and affordable, under stability off by a bit, more accurate and no worse."""
+    """``chosen`` in float64 from its float32 inputs, rounded once, for a small elementwise program (Herbie's) where no
+    float32 form is accurate: under balanced far more accurate and affordable, under stability no worse anywhere."""
     if model.objective not in (Objective.STABILITY, Objective.BALANCED) or len(chosen) != 1 or program.opaque or \
             program.params or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
             any(t.attrs[2] != "float32" for t in program.inputs):
@@ -149,9 +146,8 @@ def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, mod
 
 def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict, model: CostModel,
                  input_ranges: dict | None, ranges: RangeMemo, keep: bool) -> tuple[Program, list[Term], dict, dict]:
-    """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved
-    (a term's e-class's, from every equivalent form: a quotient known to be a sigmoid is in [0, 1];
-    met with an extracted term's own), as the extractor saw them: greedy extraction is not
+    """(program, roots, cost before, cost after), both priced with the ranges the e-graph proved (an e-class's, from
+    every equivalent form, met with an extracted term's own), as the extractor saw them: greedy extraction is not
     optimal, so a costlier extraction gives the input back (unless ``keep``: chosen by error)."""
     roots, leaf_meta = program.roots(), program.leaf_meta()
     optimized = replace(program.with_roots({id(old): new for old, new in zip(roots, best)}),
@@ -176,10 +172,9 @@ RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 
 def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot, root_classes: list[str],
             cost: Callable, input_ranges: dict | None, model: CostModel, priced: Callable) -> list[Term] | None:
-    """Of the cheapest programs and the input, by first-order error sampled over the declared ranges (or the
-    inputs' bit patterns), which sees what per-node costs cannot (a cancellation of coinciding operands, an
-    error a later op attenuates): under stability the least error (cost order breaks ties), under balanced one
-    far more accurate within ``max_slowdown``. None: none chosen, or not estimable."""
+    """Of the cheapest programs and the input, by first-order error sampled over the declared ranges (or the inputs' bit
+    patterns), which sees what per-node costs cannot (a cancellation, an error a later op attenuates): under stability
+    the least error, under balanced one far more accurate within ``max_slowdown``. None: none chosen."""
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
         return None
     # sampled errors tell programs apart where elementwise (Herbie's domain) or every input is
@@ -202,8 +197,7 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
 
 def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
                         input_ranges: dict | None, model: CostModel, ranges: RangeMemo) -> Optimized:
-    """One optimization per template (over the hull of its instances' argument intervals), one
-    for the rest of the program, then every instance instantiated into it."""
+    """One optimization per template (over its instances' argument hull), one for the rest, then instances put in."""
     start = time.perf_counter()
     roots, leaf_meta, meta = program.roots(), program.leaf_meta(), program.meta()
     intervals = ranges(roots, meta)
@@ -245,11 +239,10 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
 
 
 class RangeMemo:
-    """The range analysis of one optimize call: every distinct term structure met (input, outer,
-    extracted and joined programs) gets its interval once, by one transfer step from its operands'
-    (``analyze``'s leaf rule for leaves), and later programs reuse it. Sound: a structure's
-    interval depends only on the declared ranges (fixed per call) and the shapes (in the key). The
-    number of distinct operand objects is too: ``x * x`` is bounded tighter than ``x * y``."""
+    """The range analysis of one optimize call: every distinct term structure met (input, outer, extracted and joined
+    programs) gets its interval once, by one transfer step from its operands', and later programs reuse it. Sound: it
+    depends only on the declared ranges (fixed per call), the shapes and the number of distinct operands (in the key:
+    ``x * x`` is bounded tighter than ``x * y``)."""
 
     def __init__(self, declared: dict | None):
         self.declared = declared
@@ -299,9 +292,8 @@ def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: d
 
 
 def enode_facts(snap: Snapshot, meta: dict, strides: dict | None = None) -> Callable[[str, object], NodeFacts]:
-    """``facts(class id, e-node)``: what the cost model knows of an e-node, from the snapshot's
-    analyses: intervals, dtypes, exactness, constness, shapes and layouts (``strides`` by class)
-    of its operand classes."""
+    """``facts(class id, e-node)``: what the cost model knows of an e-node from the snapshot's analyses: its operand
+    classes' intervals, dtypes, exactness, constness, shapes and layouts."""
     exact = closed_classes(snap.classes, lambda n: rounding_free(
         n.op, n.attrs, tuple(snap.dtypes.get(c, "float32") for c in n.children)))
     constant = closed_classes(snap.classes, lambda n: n.op in ("param", "const"), leaves_only=True)
@@ -324,10 +316,9 @@ def closed_classes(classes: dict, allowed: Callable, leaves_only: bool = False) 
 def piecewise(program: Program, roots: list[Term], best: list[Term], snap: Snapshot,
               root_classes: list[str], cost: Callable, input_ranges: dict | None,
               limit: float = math.inf, guarded: list[Rule] = (), gain: float = MIN_GAIN) -> Piecewise | None:
-    """The piecewise program regime inference finds over the best program, the root e-class's cheapest others,
-    the input, the ``guarded`` rules that match but whose guard the declared ranges do not prove (each on a
-    regime where it is proved) and the root's series (each within ``limit``, a relative truncation bound, on
-    its regime); None where one program is as good by ``gain`` mean bits."""
+    """The piecewise program regime inference finds over the best program, the root's cheapest others, the input, the
+    ``guarded`` rules that match unproved (each on a regime where proved) and the root's series (each within ``limit``,
+    a relative truncation bound); None where one program is as good by ``gain`` mean bits."""
     if len(roots) != 1 or len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES or \
             any(t.op == "opaque" for t in postorder(roots)):  # a template's outputs: leaves no sample draws
         return None
@@ -383,8 +374,7 @@ def _matches(rule: Rule, snap: Snapshot, root: str, cost: Callable, limit: int =
 
 def derive_piecewise(found: Piecewise, roots: list[Term], rules: list[Rule], snap: Snapshot,
                      loaded: dict[int, str]) -> Derivation:
-    """One derivation per regime (from the input to its form; a series' form by its rule's step
-    from the member it matched), under a label that says the regime."""
+    """One derivation per regime, from the input to its form (a series' by its rule's step), labelled by regime."""
     branches = []
     for label, regime in zip(found.describe(), found.regimes):
         term, series = regime.candidate.term, regime.candidate.rule  # a series or a guarded rule

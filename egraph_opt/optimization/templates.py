@@ -120,10 +120,9 @@ def _periodic_scopes(ops: list[Term]) -> dict[int, str]:
 
 def _with_first_block(ops: list[Term], at: dict, keys: list, start: int, period: int,
                       blocks: int) -> tuple[int, int, int]:
-    """The run moved back to take one more block, where one fits: the first block reads the program's input where the
-    others read the previous block, so its first ops break the match; seen from inside a block, the blocks must be
-    equal. Where none fits, the same blocks moved back as far as they stay equal: a block then begins where the first
-    one's reads from outside do (a layer's norm: a boundary inside a norm leaves it unfused on both sides)."""
+    """The run moved back one more block where one fits (the first block reads the input, not a previous block, so its
+    first ops break the match); else as far as the blocks stay equal: a block then begins where the first one's outside
+    reads do (a norm)."""
     def seen_from(first: int, i: int) -> tuple:
         t = ops[i]
         operands = tuple(("outside",) if (id(a) in at and at[id(a)] < first) or a.op == "input"

@@ -1,10 +1,9 @@
 """Latency of a kernel at any shape: measured where the database has it, else interpolated.
 
-Per (kernel, backend, device, dtype), ``log t = a + b*log(bytes) + c*log(flops)`` is fitted *locally* around each
-query (weighted least squares over the nearest measured shapes: one global line cannot follow a kernel from
-launch-bound through cache to DRAM- or compute-bound), to the residual over a roofline default, so one measurement
-calibrates the default; a ridge pulls slopes toward the roofline's where data is thin. Uncertainty: the fit's
-leave-one-out error.
+Per (kernel, backend, device, dtype), ``log t = a + b*log(bytes) + c*log(flops)`` is fitted *locally* around each query
+(weighted least squares over the nearest measured shapes: one global line cannot follow a kernel from launch-bound
+through cache to DRAM- or compute-bound), to the residual over a roofline default, so one measurement calibrates the
+default; a ridge pulls slopes toward the roofline's where data is thin. Uncertainty: the fit's leave-one-out error.
 
 >>> import tempfile, pathlib
 >>> from egraph_opt.profiling.profile_db import ProfileDB
@@ -12,8 +11,8 @@ leave-one-out error.
 >>> model.predict("exp", "torch", "cpu: any", "float32", [(1024, 1024)], {}).source
 'default'
 
-``MeasuredLatency`` prices one node for the cost model, in integer tenths of a microsecond (extraction stays exact).
-The database is a cache: one that cannot be used costs one warning and the static estimates, never a failed compile."""
+``MeasuredLatency`` prices one node for the cost model, in integer tenths of a microsecond (extraction stays exact). The
+database is a cache: one that cannot be used costs one warning and the static estimates, never a failed compile."""
 from __future__ import annotations
 
 import math
@@ -99,8 +98,7 @@ def _local_fit(z: np.ndarray, y: np.ndarray, query: np.ndarray) -> float:
 
 
 def _work_of(kernel: str, record: Record) -> Work | None:
-    """The work of a recorded call, or None for a row that no work formula reads (written by
-    another version, or by hand): a row of the cache is never a reason to fail."""
+    """The work of a recorded call, or None for a row no work formula reads: a cache row is never a reason to fail."""
     try:
         return work(kernel, record.shapes, record.attrs)
     except (TypeError, ValueError, KeyError, IndexError, RuntimeError):
@@ -236,9 +234,8 @@ class MeasuredLatency:
             return None
 
     def __call__(self, n: NodeFacts, kernel=None, choice: bool = True, tuned: bool = False):
-        """Units and source of ``n``'s op's torch kernel, or of ``kernel`` (its own rows: ``db_backend``). A node's only
-        kernel (no ``choice``) is timed in the first half of the budget: the rest is for nodes where binding chooses.
-        ``tuned``: instead, the configuration ``kernel`` ran fastest in at the measured shape nearest ``n``'s."""
+        """Units and source of ``n``'s op's torch kernel, or of ``kernel`` (its own rows). A node's only kernel is timed
+        in the budget's first half, the rest left for choices; ``tuned``: ``kernel``'s fastest configuration nearby."""
         op, attrs, shapes, dtype, layouts = n.op, n.attrs, n.shapes, n.dtype, n.layouts
         if op not in PRICED or self.db is None:
             return None
@@ -277,8 +274,7 @@ def without_database(error: Exception) -> None:
 
 
 def sources(program, latency: MeasuredLatency | None) -> tuple[float, dict[str, int]]:
-    """Estimated seconds of a program (ops the database knows) and where the estimates come from:
-    measured, interpolated, default (roofline), or static (no work formula for the op)."""
+    """A program's estimated seconds (ops the database knows) and whether measured, interpolated, default or static."""
     facts = Facts.of_program(program.roots(), program.meta())
     total, where = 0.0, Counter()
     for t in [t for t in postorder(program.roots()) if t.args]:

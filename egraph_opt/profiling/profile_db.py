@@ -140,9 +140,8 @@ def _identity(r: Record) -> tuple:
 
 
 def _foreign_reason(path: Path) -> tuple[str | None, bool]:
-    """Why the file at `path` is not a usable profile database (None: absent, empty, usable), and whether it is ours
-    all the same (only a corrupt database of ours may be set aside). Read through SQLite where it can be: opening and
-    closing the file itself would drop the POSIX locks this process's connections hold on it ("how to corrupt", 2.2)."""
+    """Why the file at `path` is no usable profile database (None: absent, empty, usable), and whether it is ours anyway
+    (only ours is set aside). Read through SQLite: opening the file would drop this process's POSIX locks."""
     if not path.exists() or path.stat().st_size == 0:
         return None, True
     conn = sqlite3.connect(path, timeout=_TIMEOUT_S)
@@ -225,8 +224,7 @@ class ProfileDB:
             raise
 
     def _enable_wal(self) -> None:
-        """Switch to WAL (persistent: once per file). SQLite reports a switch racing another
-        process's as busy at once, without its busy handler, so wait here instead."""
+        """Switch to WAL (persistent: once per file), waiting here: SQLite reports a racing switch busy at once."""
         deadline = time.monotonic() + _TIMEOUT_S
         while True:
             try:
@@ -292,8 +290,7 @@ class ProfileDB:
         return [_from_row(row[1:]) for row in rows], rows[-1][0] if rows else row_id
 
     def export(self, path: str | os.PathLike) -> int:
-        """Every record into a new, self-contained database file at ``path``; how many. (The CLI
-        writes it aside and links it in, so no file is overwritten or left half-written.)"""
+        """Every record into a new self-contained database at ``path``; how many (the CLI links it in: no overwrite)."""
         path = Path(path).expanduser()
         if path.exists():
             raise ProfileDBError(f"{path} exists: export writes a new file")
@@ -305,8 +302,7 @@ class ProfileDB:
         return len(records)
 
     def import_file(self, path: str | os.PathLike) -> tuple[int, int]:
-        """(added, skipped): the records of another machine's export not already here, each under the
-        machine key it was measured with (read as measurements only on that machine)."""
+        """(added, skipped): another machine's exported records not here, under its machine key (read only there)."""
         path = Path(path).expanduser()
         if reason := ("missing" if not path.is_file() else _foreign_reason(path)[0]):
             raise ProfileDBError(f"cannot import {path}: {reason}, not an egraph-opt profile database")

@@ -89,8 +89,7 @@ def _square(count: int):
 
 
 def _generator(device) -> torch.Generator:
-    """Profiling's own random numbers, never the process's (other threads and the user's program draw
-    from it), on the device: a large input drawn on the host would spend the budget, not the kernel."""
+    """Profiling's own random numbers, on the device: not the process's (other threads draw), not the host's (slow)."""
     return torch.Generator(device).manual_seed(0)
 
 
@@ -168,8 +167,7 @@ EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:
-    """The work of `kernel` (an op name of SPECS, a move, or a region's generated kernel: the elements
-    it reads and writes, as a move) on inputs of these shapes."""
+    """The work of `kernel` (an op of SPECS, a move, a region's kernel: elements read and written) at these shapes."""
     if kernel not in PRICED and not kernel.startswith("generated_"):
         raise ValueError(f"no work formula for kernel {kernel!r}; known: {', '.join(sorted(PRICED))}")
     if missing := [name for name in attr_names(kernel) if name not in attrs]:
@@ -243,9 +241,8 @@ def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, rep
 
 def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | torch.device,
                       budget_s: float, rounds: int = 61) -> list[float] | None:
-    """Median seconds per call of each of ``fns`` on ``args``, calls interleaved (order rotating each round)
-    so load and drift fall on all alike; as many rounds as fit ``budget_s`` (at most ``rounds``), None when
-    three do not (noise). On CUDA a call's time is the device's, between two events, read once a round."""
+    """Median seconds per call of each of ``fns`` on ``args``, interleaved (order rotating) so load and drift fall on
+    all alike; rounds while ``budget_s`` lasts (at most ``rounds``), None under three (noise). On CUDA: device time."""
     cuda = torch.device(device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: list[list[float]] = [[] for _ in fns]
@@ -278,9 +275,8 @@ def time_side_by_side(fns: Sequence[Callable], args: Sequence, device: str | tor
 
 
 def fastest(impl: Callable, args: Sequence, device: torch.device, budget_s: float = math.inf) -> dict | None:
-    """The configuration ``impl`` (a Triton wrapper: ``impl.configs``, the default first) runs fastest in on ``args``:
-    the default, then each other that runs here while ``budget_s`` lasts (its first launch compiles it), timed side by
-    side in what is left of it, at most 0.2 s; interpreted (no CUDA), only on inputs of at most 4096 elements."""
+    """The configuration ``impl`` (a Triton wrapper) runs fastest in on ``args``: the default, then each other that runs
+    while ``budget_s`` lasts (it compiles), side by side in the rest (at most 0.2 s; interpreted: 4096 elements)."""
     configs = getattr(impl, "configs", None) or [None]
     if configs[0] is None or device.type != "cuda" and sum(t.numel() for t in args if hasattr(t, "numel")) > 4096:
         return configs[0]
@@ -298,8 +294,7 @@ def fastest(impl: Callable, args: Sequence, device: torch.device, budget_s: floa
 
 
 class Case(NamedTuple):
-    """One kernel call to profile: an op of ops.py at given input shapes, attributes and dtype;
-    ``attrs["layout"]``, where present, the operands' memory layouts (analysis/layouts.py)."""
+    """One kernel call to profile: an op at input shapes, attributes and dtype; ``attrs["layout"]``: operand layouts."""
     op: str
     dtype: str
     shapes: Shapes
@@ -320,9 +315,8 @@ def _progress(items: list, desc: str) -> Iterable:
 
 def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: ProfileDB, *, repeats: int = 15,
                    progress: bool = True, kernel=None, kernels: dict = {}, budget_s: float = math.inf) -> list[Record]:
-    """Time each case and record it: the op's torch implementation (backend "torch": its ``kernels`` entry, else its
-    reference), or ``kernel`` (a registry kernel: its own rows, its inputs moved into its memory before timing, tuned
-    within ``budget_s``). Only ops of SPECS: the latency model reads no other measurement."""
+    """Time and record each case: the op's torch implementation, or ``kernel`` (a registry kernel: its own rows, inputs
+    moved into its memory first, tuned within ``budget_s``). Only ops of SPECS: the latency model reads no other."""
     cases = list(cases)
     if unknown := sorted({c.op for c in cases if c.op not in (SPECS if kernel is None else PRICED)}):
         raise ValueError(f"cannot profile {unknown}: no cost spec; costed ops: {', '.join(sorted(SPECS))}")

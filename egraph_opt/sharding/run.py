@@ -118,8 +118,7 @@ def run_local(roots: list[Term], env: dict, n: int) -> list:
 
 
 def _leave() -> None:
-    """No rank tears its connections down while another still uses them: gloo aborts (SIGABRT)
-    a peer whose pair closes under it, as a torchrun script's ranks ending apart did."""
+    """No rank tears down connections another still uses: gloo aborts (SIGABRT) a peer whose pair closes under it."""
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

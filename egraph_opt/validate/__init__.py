@@ -52,8 +52,7 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torc
 
 
 def _flattened(tree) -> tuple[list, object]:
-    """pytree's leaves and structure, a dataclass's fields included (pytree holds one whole, compared by
-    its ``==``, which tensors refuse)."""
+    """pytree's leaves and structure, dataclass fields opened (pytree compares one whole by ``==``: tensors refuse)."""
     def opened(x):
         if _dataclass(x):
             return type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass) for f in fields(x)}
@@ -66,8 +65,7 @@ def _dataclass(x) -> bool:
 
 
 def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0) -> tuple:
-    """Inputs like ``examples`` (shape, dtype, device), drawn from declared ranges when given and
-    otherwise around the examples' own scale; integer inputs are drawn among the examples' values."""
+    """Inputs like ``examples``: from declared ranges, else around the examples' scale; integers among their values."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for name, x in zip(names, examples):
@@ -95,8 +93,7 @@ def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0
 
 
 def _reference(fn: Callable, args: tuple):
-    """The original in float64 where it can run so, else in its own precision; a module on float64 copies
-    of its parameters and buffers (no copy of the module itself)."""
+    """The original in float64 (a module on float64 copies of its state) where it runs so, else in its own precision."""
     wide = tuple(a.double() if a.is_floating_point() else a.clone() for a in args)
     try:
         if not isinstance(fn, torch.nn.Module):
@@ -115,8 +112,7 @@ class _OutOfTime(Exception):
 
 
 class _Deadline(TorchFunctionMode):
-    """Stops the program it runs at the first torch call past ``end`` (on CUDA, synchronizing every
-    64 calls: queued kernels count)."""
+    """Stops its program at the first torch call past ``end`` (on CUDA, syncing every 64 calls: queued work counts)."""
 
     def __init__(self, end: float, sync: Callable):
         super().__init__()
@@ -137,9 +133,8 @@ _OPERATORS = {operator.add, operator.sub, operator.mul, operator.truediv, operat
 
 
 def wide_reference(program: Program, args: tuple) -> list | None:
-    """The original program's outputs (flattened) in long double, as float64 arrays: finite where float64
-    overflows only in between. None where it cannot be had: no wider type, an opaque call, a parameter, an
-    op with no numpy form (``Op.numpy``, or an arithmetic operator), over ``WIDE_ELEMENTS`` values."""
+    """The original program's outputs in long double, as float64 arrays: finite where float64 overflows only in between.
+    None without a wider type, for an opaque call, a parameter, an op with no numpy form, over ``WIDE_ELEMENTS``."""
     outputs = leaves(program.outputs)
     if WIDE is None or program.opaque or not all(isinstance(o, Term) for o in outputs) or \
             not all(a.is_floating_point() for a in args) or \
@@ -187,8 +182,7 @@ def _clones(args: tuple) -> tuple:
 
 
 def run_counting_writes(fn: Callable, args: tuple, sync: Callable = lambda: None) -> tuple:
-    """``fn`` run once on clones that count their writes (``_version``): its output, the indices of the
-    arguments it wrote into, and its seconds."""
+    """``fn`` run once on clones that count writes (``_version``): its output, the arguments it wrote, its seconds."""
     with torch.inference_mode(False):  # inference tensors count no versions
         clones = _clones(args)
     versions = [c._version for c in clones]
@@ -214,8 +208,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, float, str]:
     """The acceptance rule, for torch and ONNX (numpy) outputs alike: (accepted, candidate's error, original's error,
-    why refused). Without a float64 ``ref``, the original is the reference; ``excused``: an error allowed beyond the
-    dtype's tolerance (the original's own, measured elsewhere)."""
+    why refused). Without a float64 ``ref`` the original is the reference; ``excused``: an error allowed besides."""
     if isinstance(cand, np.ndarray) and cand.dtype.kind not in "biufc":  # strings, objects
         same = cand.shape == orig.shape and np.array_equal(cand, orig)
         return same, 0.0 if same else math.inf, 0.0, "" if same else "outputs differ"
@@ -231,10 +224,8 @@ def judge(cand, orig, ref=None, excused: float = 0.0) -> tuple[bool, float, floa
 
 
 def imported_reference(program: Program, feeds: dict, expected: list) -> list[np.ndarray] | None:
-    """The float64 reference, for ``judge``, of an imported model that runs in its own precision (ONNX under
-    onnxruntime: ``expected`` its outputs on ``feeds``), so that a stability fix is accepted as fixed: its terms in
-    float64 (long double where that overflows), where they reproduce ``expected`` (else a wrong import would vouch
-    for a wrong candidate)."""
+    """The float64 reference of an imported model (``expected``: its outputs on ``feeds``), so a stability fix is
+    accepted: its terms in float64 (long double where it overflows), if they reproduce ``expected``."""
     outputs = leaves(program.outputs)
     if program.opaque or not all(isinstance(o, Term) for o in outputs):
         return None
@@ -278,10 +269,9 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
 
 def compare(original: Callable, candidate: Callable, args: tuple, wide: list | Callable | None = None,
             budget_s: float | None = None) -> Validation:
-    """Run both on their own clones of ``args`` (they draw no random numbers: capture refuses a program that does, and
-    forking the process's generator would rewind other threads' draws) and ``judge`` them against the float64
-    reference bounded by ``budget_s``; ``wide`` (``wide_reference``, or a function giving it) stands in where it
-    overflows. The original's run shows what it writes into."""
+    """Run both on their own clones of ``args`` (capture refuses random draws: forking the generator would rewind other
+    threads') and ``judge`` them against the float64 reference bounded by ``budget_s``; ``wide`` (``wide_reference``, or
+    a function giving it) stands in where it overflows."""
     budget_s = REFERENCE_SECONDS if budget_s is None else budget_s
     on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
     sync = torch.cuda.synchronize if on_cuda else lambda: None  # queued kernels count
@@ -299,8 +289,7 @@ def compare(original: Callable, candidate: Callable, args: tuple, wide: list | C
 
 
 def _judged(origs: list, cands: list, reference, wide, seconds: float) -> Validation:
-    """``judge`` on each output, against the float64 reference (widened where it overflowed), or the original
-    where there is none; a sampled reference judges its rows, the original the rest."""
+    """``judge`` on each output against the (widened) float64 reference, else the original (unsampled rows)."""
     refs, rows, alone, bounded = reference.refs, reference.rows, reference.alone, reference.bounded
     if refs is not None and wide is not None and any(
             isinstance(r, torch.Tensor) and r.is_floating_point() and not r.isfinite().all() for r in refs):
@@ -375,8 +364,7 @@ def _batched(a, batch: int) -> bool:
 
 
 def _batch(args: tuple, origs: list) -> int:
-    """The rows the reference can be split by: every tensor output's first dimension, where it is one size
-    above 1 and some argument's first dimension has it too; else 0."""
+    """The rows the reference can be split by: the outputs' one first dimension (> 1) an argument shares; else 0."""
     sizes = {o.shape[0] if o.dim() else 0 for o in origs if isinstance(o, torch.Tensor)}
     batch = sizes.pop() if len(sizes) == 1 else 0
     return batch if batch > 1 and any(_batched(a, batch) for a in args) else 0

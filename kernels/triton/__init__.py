@@ -1,10 +1,9 @@
 """Triton kernels, each checked against its reference term.
 
-A kernel module declares the op it implements, and its limits, with :func:`runtime.implements`;
-importing the package imports every module, so a new kernel is one file the registry finds in
-:data:`TRITON_KERNELS`. A wrapper takes the arguments of the op's implementation in
-``egraph_opt.lang.ops``, so a plan can bind a node to it. Without Triton the package still imports
-(CPU CI): it declares no kernels, and its names are stubs that raise RuntimeError when called."""
+A kernel module declares the op it implements, and its limits, with :func:`runtime.implements`; importing the package
+imports every module, so a new kernel is one file the registry finds in :data:`TRITON_KERNELS`. A wrapper takes the
+arguments of the op's implementation in ``egraph_opt.lang.ops``, so a plan can bind a node to it. Without Triton the
+package still imports (CPU CI): it declares no kernels, and its names are stubs that raise RuntimeError when called."""
 import importlib
 import pkgutil
 

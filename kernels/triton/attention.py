@@ -41,8 +41,7 @@ NO_MASK, BIAS, KEEP = 0, 1, 2
 
 @triton.jit
 def _masked(scores, mask_ptr, offs_m, offs_n, L, S, fill, mask_l, mask_s, CAUSAL: tl.constexpr, MASK: tl.constexpr):
-    """Scores with the bias added or the kept mask applied, -inf where a key is out of range or
-    (causal) in the future."""
+    """Scores with the bias added or the kept mask applied, -inf where a key is out of range or (causal) future."""
     inside = (offs_m[:, None] < L) & (offs_n[None, :] < S)
     if MASK == 1:
         bias = tl.load(mask_ptr + offs_m[:, None] * mask_l + offs_n[None, :] * mask_s,

@@ -83,8 +83,7 @@ class GeneratedKernel:
         self.__name__ = self.__qualname__ = f"generated_{self.program.digest[:12]}"  # a plan's node
 
     def __call__(self, *tensors: torch.Tensor, config: dict | None = None, **inputs: torch.Tensor) -> torch.Tensor:
-        """With the inputs by name, or (as a plan calls it) their values in ``program.inputs``' order;
-        ``config``: one of ``configs`` (None: the first)."""
+        """Inputs by name, or their values in ``program.inputs``' order; ``config``: of ``configs`` (None: first)."""
         names, reduction = self.program.inputs, self.program.reduction
         inputs = dict(zip(names, tensors)) if tensors else inputs
         if set(inputs) != set(names):

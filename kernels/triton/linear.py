@@ -45,8 +45,7 @@ def _linear_act_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.const
 @implements("linear_act", configs=CONFIGS)
 def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                activation: str, *, config: dict | None = None) -> torch.Tensor:
-    """``act(F.linear(x, weight, bias))`` for ``activation`` in :data:`ACTIVATIONS` ('gelu' is the
-    exact erf form, 'gelu_tanh' the tanh approximation)."""
+    """``act(F.linear(x, weight, bias))``, ``activation`` of :data:`ACTIVATIONS` ('gelu': erf; 'gelu_tanh': tanh)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear_act: unknown activation {activation!r}; expected one of {ACTIVATIONS}")
     N, K = weight.shape

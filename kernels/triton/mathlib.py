@@ -112,8 +112,7 @@ def moments_step(acc, low, top, x):
 
 @triton.jit
 def scaled_mean(acc, low, top, n):
-    """(mean of x * scale, scale) of a row of ``n``: a row past 2^32 in magnitude is scaled by a power
-    of two, as its squares (or sum) could overflow float32."""
+    """(mean of x * scale, scale) of a row of ``n``: rows past 2^32 are scaled by a power of two (squares overflow)."""
     top = tl.max(top, 0)
     scale = tl.where(top > LARGE, tl.exp2(-tl.ceil(tl.log2(top))), 1.0)
     total = tl.sum(acc, 0)
@@ -122,7 +121,6 @@ def scaled_mean(acc, low, top, n):
 
 @triton.jit
 def scaled_rstd(acc, n, eps, scale):
-    """1 / std of a row of ``n`` from its lanes' sums of squared deviations of x * scale, with ``eps``
-    scaled alike (never underflowing to 0)."""
+    """1 / std of a row of ``n`` from its lanes' squared deviations of x * scale, ``eps`` scaled alike (no 0)."""
     eps = tl.maximum(eps * scale * scale, tl.where(eps > 0, SMALLEST_NORMAL, 0.0))
     return 1.0 / tl.sqrt_rn(tl.sum(acc, 0) / n + eps)

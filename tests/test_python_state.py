@@ -370,6 +370,30 @@ def test_a_hook_the_program_installs_is_put_back_with_its_ordered_dict_intact():
     assert all(plan.run is None for plan in g.plans.values())  # the original runs: the hook's effect is eager's
 
 
+class _Instantiating(collections.OrderedDict):
+    """transformers' ``ACT2FN``: a table of classes whose lookup makes an instance (``ACT2FN["silu"]`` is a new module)."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(key)()
+
+
+ACTIVATIONS = _Instantiating(silu=nn.SiLU)
+
+
+def _mixes(x):  # a helper reading the table, as Mamba's reference kernel does; data-dependent: the trace fails
+    return ACTIVATIONS["silu"](x) if bool(x.sum() > -1e30) else x
+
+
+def test_a_table_whose_lookup_makes_objects_is_watched_and_put_back_as_stored():
+    """Copying such a table for the watch looked each item up, so the copy held instances, and putting it back stored
+    them in the table: every later lookup called a module with no input, in this process, eager's too (Mamba)."""
+    g = saturate_and_extract(_mixes)
+    x = torch.randn(3)
+    torch.testing.assert_close(g(x), nn.functional.silu(x))
+    assert dict.get(ACTIVATIONS, "silu") is nn.SiLU
+    torch.testing.assert_close(_mixes(x), nn.functional.silu(x))
+
+
 class _FillsACache(nn.Module):
     """LeViT's attention: its bias table gathered once per device, on the first call in eval, then read."""
 

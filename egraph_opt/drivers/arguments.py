@@ -315,7 +315,7 @@ def _tree(value: Any) -> tuple[list | None, Any]:
         return None, None  # a container's subclass registered as one (a ModelOutput: encoder_outputs) is a tree, and
     cache_pytrees()  # a tuple of tensors (XLNet's mems), which the program cannot write into
     leaves, spec = tree_flatten(value)
-    return (None, None) if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
+    return (None, None) if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
 
 
 def _tensor_key(tensors) -> tuple | None:

@@ -476,7 +476,8 @@ def _walk(fn: Callable):
                      if not k.startswith("__") or k == "__call__"]
         elif isinstance(o, (list, dict, set)):
             yield name, o, _copy(o)
-            items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ((None, v) for v in o)
+            items = dict.items(o) if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else \
+                ((None, v) for v in o)
             todo += [(f"{name}[{k!r}]" if k is not None else f"an item of {name}", v) for k, v in items]
         elif isinstance(getattr(o, "__dict__", None), dict) and (
                 isinstance(o, torch.nn.Module) or not _library(getattr(type(o), "__module__", None))):
@@ -493,7 +494,8 @@ def _copy(o: Any) -> Any:
             return _EMPTY
     if isinstance(o, types.FunctionType):
         return o.__defaults__, o.__kwdefaults__
-    return dict(vars(o)) if isinstance(o, type) else dict(o) if isinstance(o, dict) else list(o)
+    # a dict's stored values, not what a subclass's __getitem__ makes of them (transformers' ACT2FN makes instances)
+    return dict(vars(o)) if isinstance(o, type) else dict(dict.items(o)) if isinstance(o, dict) else list(o)
 
 
 def _differs(holder: Any, saved: Any) -> bool:

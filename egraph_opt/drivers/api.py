@@ -192,7 +192,7 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
     to it: unless it buys stability the objective asked for (stability and tolerance always; latency
     never; balanced where steadier by a decibel per microsecond lost: a rule for accuracy applied and
     a better-conditioned worst node or a lower conditioning cost by other ops, beyond the nodes'
-    tie-break; or a sampled ``error`` (before, after) down by bits that buy the time (``cost.buys``), as at extraction)."""
+    tie-break, from rules known (RWKV's unreplayed 0.72x was kept); or a sampled ``error`` (before, after) down by bits that buy the time (``cost.buys``), as at extraction)."""
     if optimized_s <= original_s * slower_by or objective in (Objective.STABILITY, Objective.TOLERANCE):
         return False
     if objective is Objective.BALANCED and optimized_s > original_s * max_slowdown:
@@ -200,8 +200,9 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
     before, after = result.cost_before, result.cost_after
     fewer = sum(result.ops_before.values()) - sum(result.ops_after.values())
     gained = before.get("curvature", 0) - after.get("curvature", 0)  # decibels
+    known = result.derivation is not None and result.derivation.complete  # which rules bought the total's gain
     steadier = for_accuracy(result) and (
-        after.get("worst", 0) < before.get("worst", 0) or
+        after.get("worst", 0) < before.get("worst", 0) or known and
         gained > KAPPA_TIE_BREAK * max(fewer, 0) and set(result.ops_after) != set(result.ops_before)) \
         and (objective is not Objective.BALANCED or gained * KAPPA_WEIGHT * UNIT_S >= optimized_s - original_s)
     if error:

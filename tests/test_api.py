@@ -277,6 +277,33 @@ def test_a_tuple_of_tensors_is_an_argument_of_tensors_and_a_tuple_of_numbers_a_c
     assert len(f.plans) == 2
 
 
+class _Box:
+    """A pytree whose registered flatten refuses some of its objects, as transformers' refuses a DynamicCache of
+    Mamba's layers."""
+
+    def __init__(self, t: torch.Tensor, odd: bool = False):
+        self.t, self.odd = t, odd
+
+
+def _flatten_box(box: _Box):
+    if box.odd:
+        raise RuntimeError("this flatten takes no odd box")
+    return [box.t], None
+
+
+torch.utils._pytree.register_pytree_node(_Box, _flatten_box, lambda leaves, _: _Box(leaves[0]))
+
+
+def test_an_argument_its_pytree_refuses_to_flatten_runs_the_original_with_the_reason():
+    """The flatten's RuntimeError reached the caller: Mamba's ``generate()`` through a decorated forward raised."""
+    f = saturate_and_extract(lambda x, box: torch.log(1 + torch.exp(x * box.t)), profile_budget=0)
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x, _Box(x)), torch.log(1 + torch.exp(x * x)))
+    assert f.report.optimized
+    with pytest.warns(UserWarning, match="argument 'box' is a _Box"):
+        torch.testing.assert_close(f(x, _Box(x, odd=True)), torch.log(1 + torch.exp(x * x)))
+
+
 def test_declared_input_ranges_drive_validation_inputs():
     f = saturate_and_extract(lambda x: torch.log(1 + x), input_ranges={"x": (0.0, 1e-3)})
     x = torch.rand(16) * 1e-3

@@ -314,7 +314,10 @@ def _tree(value: Any) -> tuple[list | None, Any]:
     if value is None or isinstance(value, (torch.Tensor, *_SIMPLE)) or type(value) in (list, dict):
         return None, None  # a container's subclass registered as one (a ModelOutput: encoder_outputs) is a tree, and
     cache_pytrees()  # a tuple of tensors (XLNet's mems), which the program cannot write into
-    leaves, spec = tree_flatten(value)
+    try:
+        leaves, spec = tree_flatten(value)
+    except Exception:  # noqa: BLE001 - a registered flatten refusing this one (a cache of Mamba's layers): no tree
+        return None, None
     return (None, None) if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
 
 

@@ -435,7 +435,7 @@ class OptimizedFunction:
                         return _MISS
                     plan.next = weakref.ref(found)  # its key's constants are this layout's
                     plans.move_to_end(found.key)
-            except Exception:  # noqa: BLE001 - a global gone, a key None or unhashable, a flatten refusing: the slow path
+            except Exception:  # noqa: BLE001 - a global gone, a key None or unhashable, a flatten refused: slow path
                 return _MISS
             self._remember(found)
             if found.run is None:

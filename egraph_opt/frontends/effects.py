@@ -79,7 +79,8 @@ def functional(target):
 def _base(node) -> tuple[object, bool]:
     """The value a written operand aliases (through views), and whether a view was crossed."""
     crossed = False
-    while isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and _name(node) in _VIEWS:
+    while isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and (
+            _name(node) in _VIEWS or getattr(node.target, "is_view", False)):  # an ATen view by its schema (slice)
         node, crossed = node.args[0], True
     return node, crossed
 

@@ -2,10 +2,13 @@
 of their name (``lowering.lowering_of``): adapters to that spelling's lowering."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import lowering as low, lowering_nn as nn_low
 from .lowering import Unsupported, lowers
+from ..lang.ops import shape_attr
 from ..lang.term import Term
 
 aten = torch.ops.aten
@@ -56,6 +59,37 @@ def _slice(c, x, dim=0, start=None, end=None, step=1):
     axis, size = c.axis(x, dim), c.info(x).shape[dim]
     start, end, step = slice(start, end, step).indices(size)
     return x if (start, end, step) == (0, size, 1) else Term("slice", (x,), (axis, start, end, step))
+
+
+def _spliced(c, base, src, axis: int, start: int, stop: int, step: int = 1):
+    """``base`` with ``src`` in place of its [start, stop) along ``axis``: concats of its other slices (as one gather,
+    the general form, it copied every element through an index: RWKV's time loop writes a step at a time)."""
+    size = c.info(base).shape[axis]
+    if step != 1 or stop <= start:
+        raise Unsupported("a strided or empty scatter")
+    parts = [Term("slice", (base,), (axis, 0, start, 1))] * (start > 0) + [src] + \
+        [Term("slice", (base,), (axis, stop, size, 1))] * (stop < size)
+    return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), parts)
+
+
+lowers(aten.slice_scatter.default, torch.slice_scatter)(lambda c, base, src, dim=0, start=None, end=None, step=1:
+                                                        _spliced(c, base, src, c.axis(base, dim), *slice(
+                                                            start, end, step).indices(c.info(base).shape[dim])))
+
+
+@lowers(aten.copy.default)
+def _copy(c, into, src, non_blocking=False):
+    """``into`` holding ``src``'s values (``into.copy_(src)`` functionalized): ``src`` where shape and dtype agree."""
+    if tuple(c.info(src).shape) != tuple(c.info(into).shape) or c.info(src).dtype != c.info(into).dtype:
+        raise Unsupported("a copy that broadcasts or casts")
+    return src
+
+
+@lowers(aten.select_scatter.default, torch.select_scatter)
+def _select_scatter(c, base, src, dim, index):
+    axis, shape = c.axis(base, dim), list(c.info(base).shape)
+    index, shape[axis] = index % shape[axis], 1
+    return _spliced(c, base, Term("reshape", (src,), (shape_attr(tuple(shape)),)), axis, index, index + 1)
 
 
 lowers(aten.native_dropout.default)(  # (x, its mask of ones) outside training or with p = 0: the mask stays a call

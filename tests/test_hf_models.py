@@ -232,6 +232,24 @@ def test_a_model_whose_functional_export_loses_its_constants_is_optimized(name):
     assert plans and all(p.report.optimized for p in plans), [p.report.fallback for p in plans]
 
 
+def test_a_model_refusing_resampled_ids_is_validated_on_the_callers_own():
+    """LLaVA raises unless its ids hold one image token per image feature: validation's ids, drawn among the caller's,
+    held another count, the original raised, and the call ran untouched ("Image features and image tokens do not
+    match"). Validated on fresh pixels beside the caller's ids, it is optimized."""
+    import transformers as tf
+    torch.manual_seed(0)
+    vision = tf.CLIPVisionConfig(image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                 intermediate_size=64)
+    text = tf.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                          num_key_value_heads=2)
+    m = tf.LlavaForConditionalGeneration(tf.LlavaConfig(vision_config=vision, text_config=text, image_token_index=99,
+                                                        vision_feature_layer=-1)).eval()
+    ids = torch.randint(1, 99, (1, 12))
+    ids[0, 2:6] = 99  # one per patch: (16 / 8) ** 2
+    _same_as_eager(saturate_and_extract(m, profile_db=False, profile_budget=0), m, (),
+                   {"input_ids": ids, "pixel_values": torch.randn(1, 3, 16, 16)})
+
+
 def test_repeated_runs_found_between_a_models_repeated_layers_never_straddle_them():
     """MobileNetV1's even layers are repeated modules; its odd ones repeat as a run of ops found among the rest, and
     a block of that run took ops from both sides of a module's: each fed the other ("templates depend on each other in

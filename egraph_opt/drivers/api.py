@@ -512,9 +512,20 @@ class OptimizedFunction:
             Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
 
     def _validated(self, call: BoundCall, run: Callable, program: Callable[[], Program]):
-        """``run`` against the original on fresh inputs; ``program()`` gives the long double reference past float64."""
-        fresh = random_inputs(call.tensors, call.names, self.input_ranges)
-        return compare(call.traceable(self.fn), run, fresh, lambda: wide_reference(program(), fresh))
+        """``run`` against the original on fresh inputs; ``program()`` gives the long double reference past float64.
+        Where the original itself refuses them (LLaVA counts the image tokens among its ids), fresh floats beside the
+        caller's own integers and booleans."""
+        original, fresh = call.traceable(self.fn), random_inputs(call.tensors, call.names, self.input_ranges)
+        try:
+            return compare(original, run, fresh, lambda: wide_reference(program(), fresh))
+        except Exception:  # noqa: BLE001 - the original's error, or the plan's (then raised as it is)
+            try:
+                with torch.no_grad():
+                    original(*(a.clone() for a in fresh))
+            except Exception:  # noqa: BLE001 - its own: inputs it does not take
+                fresh = tuple(f if f.is_floating_point() or f.is_complex() else a for f, a in zip(fresh, call.tensors))
+                return compare(original, run, fresh, lambda: wide_reference(program(), fresh))
+            raise
 
     def _untouched(self, report: Report, why: str, found: Optimized | None = None) -> Plan:
         """The original runs; ``found``, the optimization it was preferred to, stays explorable."""

@@ -179,6 +179,12 @@ MADE_WRONG = [
     # makes the power NaN: the elements an overflow reached are no truth, finite or not
     pytest.param(24001600, "extreme", None, {"x": (3, 4)},
                  "(tanh (pow (log (div (exp ?x) (sum (exp ?x) -1 true))) ?x))"),
+    # found by ``python bench/fuzz.py --n 1000 --seed 3131`` (the yardstick): at y near 3e38 float64 and long
+    # double both make (1 + y) - y zero, a truth of sigmoid(0) = 0.5, where the real value is sigmoid(1), which
+    # the optimized 1 - y * expm1(log(y / y)) gives: the real value (mpmath) is asked last
+    pytest.param(3131000685, "extreme", None, {"y": (3, 4)},
+                 "(sigmoid (add (sub (const 1.0) (mul ?y (const -1.0))) (mul (mul ?y (const -1.0)) (exp (log "
+                 "(div ?y ?y))))))"),
 ]
 
 
@@ -265,14 +271,14 @@ def test_the_elements_an_overflow_reached_are_no_truth():
     assert fuzz.overflowed(term, {"x": env["x"][1:]}) is None
 
 
-def test_a_subnormal_inputs_sign_that_float64_absorbs_is_counted_apart():
+def test_a_subnormal_inputs_sign_that_float64_absorbs_is_no_finding():
     """Seed 4000367: sqrt(log(1 + y)) -> sqrt(log1p(y)) is NaN at y = -1.1e-44, where log(1 + y) is
     negative (the real function is undefined there) and float64's truth rounds 1 + y to 1 (0, then
-    2 from the maximum around it): the truth with y moved to -1e-12 agrees with the optimized."""
+    2 from the maximum around it). It was counted apart as a signed zero's limit; the real value
+    (mpmath), asked last, is the optimized NaN: no finding."""
     term = fuzz.from_sexpr("(maximum (const 2.0) (sub (sqrt (log (add (const 1.0) ?y)))"
                            " (sqrt (sqrt (add (mul ?x ?x) (mul ?x ?x))))))", {"y": (1, 4), "x": (3, 4)})
-    kind, _, why = fuzz.finding(term, None, "extreme", 4000367, fuzz.Objective.STABILITY)
-    assert kind == "limit" and why.startswith(fuzz.ZERO_LIMIT), why
+    assert fuzz.finding(term, None, "extreme", 4000367, fuzz.Objective.STABILITY) is None
 
 
 def test_an_element_whose_digits_are_its_inputs_last_bits_is_no_finding():

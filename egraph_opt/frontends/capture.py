@@ -106,15 +106,14 @@ def _export(module: torch.nn.Module, args: tuple, functional: bool = False) -> f
     try:
         with contextlib.redirect_stderr(written):
             exported = torch.export.export(module, _unshared(args), strict=False)
-            if functional:
-                try:
-                    exported = exported.run_decompositions({})
-                except SpecViolationError:  # its retrace loses a submodule's lifted constants (torch.tensor(2) in
-                    return _functionalized(exported.module(), args)  # BART's forward): functionalize it ourselves
+            try:
+                exported = exported.run_decompositions({}) if functional else exported
+            except SpecViolationError:  # its retrace loses a submodule's lifted constants (torch.tensor(2) in
+                functional = None  # BART's forward): functionalized here instead
     finally:
         logger.setLevel(level)
     sys.stderr.write(written.getvalue())
-    return exported.module()
+    return exported.module() if functional is not None else _functionalized(exported.module(), args)
 
 
 def _functionalized(module: fx.GraphModule, args: tuple) -> fx.GraphModule:

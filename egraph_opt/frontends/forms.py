@@ -1,6 +1,7 @@
 """The normal forms both frontends write (torch lowering, ONNX import): rules meet one spelling."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -18,6 +19,11 @@ def axis(dim: int, rank: int) -> int:
     if not -rank <= dim < max(rank, 1):
         raise Unsupported(f"axis {dim} out of range for rank {rank}")
     return dim - rank if dim >= 0 else dim
+
+
+def concat(terms, axis: int) -> Term:
+    """Operands joined along ``axis`` (canonical) as binary concats, left to right: torch's cat and ONNX's Concat."""
+    return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), terms)
 
 
 def reduce(op: str, x: Term, axes, rank: int, keepdim: bool) -> Term:

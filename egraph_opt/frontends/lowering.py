@@ -525,7 +525,7 @@ def _cat(c, tensors, dim=0):
         raise Unsupported("cat of a 1-D empty tensor that sets the result's dtype")
     tensors = kept
     axis = c.axis(tensors[0], dim)
-    return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), tensors)
+    return forms.concat(tensors, axis)
 
 
 @lowers("repeat", torch.ops.aten.repeat.default)
@@ -537,7 +537,7 @@ def _repeat(c, x, *repeats):
         raise Unsupported("a repeat with a zero count, or fewer counts than axes")
     y = Term("reshape", (x,), (shape_attr((1,) * (len(reps) - c.rank(x)) + tuple(c.info(x).shape)),))
     for axis, count in enumerate(reps):
-        y = functools.reduce(lambda a, b: Term("concat", (a, b), (axis - len(reps),)), [y] * count)
+        y = forms.concat([y] * count, axis - len(reps))
     return y
 
 

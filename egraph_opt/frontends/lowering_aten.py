@@ -2,11 +2,9 @@
 of their name (``lowering.lowering_of``): adapters to that spelling's lowering."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from . import lowering as low, lowering_nn as nn_low
+from . import forms, lowering as low, lowering_nn as nn_low
 from .lowering import Unsupported, lowers
 from ..lang.ops import shape_attr
 from ..lang.term import Term
@@ -69,7 +67,7 @@ def _spliced(c, base, src, axis: int, start: int, stop: int, step: int = 1):
         raise Unsupported("a strided or empty scatter")
     parts = [Term("slice", (base,), (axis, 0, start, 1))] * (start > 0) + [src] + \
         [Term("slice", (base,), (axis, stop, size, 1))] * (stop < size)
-    return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), parts)
+    return forms.concat(parts, axis)
 
 
 lowers(aten.slice_scatter.default, torch.slice_scatter)(lambda c, base, src, dim=0, start=None, end=None, step=1:

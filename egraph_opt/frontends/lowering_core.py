@@ -14,6 +14,7 @@ from torch._decomp import decomposition_table
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.node import map_aggregate
 
+from . import forms
 from .effects import functional, torchs_own
 from .lowering import FALLBACKS, Ctx, Parts, Unsupported, known, lower, lowering_of
 from ..lang.ops import shape_attr
@@ -93,7 +94,7 @@ def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | 
     flat = [Term("reshape", (a,), (str(n),)) for a, n in zip(data, sizes)]
     if bool((index >= sum(sizes)).any()):  # -0.0, which adds nothing, then b
         flat.append(c.constant(torch.cat([torch.tensor([-0.0], dtype=torch.float64), b]).to(out.dtype)))
-    pool = functools.reduce(lambda x, y: Term("concat", (x, y), (-1,)), flat)
+    pool = forms.concat(flat, -1)
     picked = Term("index_select", (pool, c.constant(index.reshape(-1))), (-1,))
     if index.shape[1] == 1 and bool((weight == 1).all()):  # a move: each element one operand's
         result = Term("reshape", (picked,), (shape_attr(out.shape),))

@@ -3,7 +3,6 @@
 constant folding."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -196,7 +195,7 @@ def _gather(op: str):
 def _concat(im: Importer, node):
     names = [x for x in node.input if x]
     axis = im.axis(names[0], _attr(node, "axis"))
-    return functools.reduce(lambda a, b: Term("concat", (a, b), (axis,)), map(im.term, names))
+    return forms.concat(map(im.term, names), axis)
 
 
 def _slice(im: Importer, node):

@@ -13,7 +13,7 @@ import torch
 
 from egraph_opt.lang.ops import OPS
 
-from .torch_ops import TORCH
+from .torch_ops import TORCH, all_finite
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 ALL_DTYPES = FLOATS | frozenset({"int32", "int64", "bool", "uint8", "int8", "int16"})
@@ -93,6 +93,24 @@ def linear_gelu_tanh_epilogue(x, weight, bias, activation):
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def linear_onednn(x, weight, bias):
+    """x W^T + b by oneDNN's matmul, the bias added in its epilogue: torch's addmm first copies the bias into every
+    output row, a pass over the output (a tenth of a (512, 1024) GEMM on 2 cores), where oneDNN's call costs ~10 us
+    more: the database says where it pays. It has no backward: where autograd records, or the sum is not finite
+    (summation order), ``linear``."""
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)):
+        out = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        if all_finite(out):
+            return out
+    return TORCH["linear"](x, weight, bias)
+
+
+def _onednn(use: Use) -> str | None:
+    x, weight, bias = use.shapes
+    return None if torch.backends.mkldnn.is_available() and len(weight) == 2 and weight[1] and bias == weight[:1] \
+        and set(use.dtypes) == {"float32"} else "oneDNN's linear takes float32, a 2-D weight of K > 0 and its bias"
+
+
 def _epilogue(use: Use) -> str | None:
     _, weight, bias = use.shapes if len(use.shapes) == 3 else ((), (), None)
     return _only("activation", "gelu_tanh")(use) or (None if len(weight) == 2 and bias == weight[:1] else
@@ -120,6 +138,7 @@ REWRITTEN_KERNELS = [
              lambda x, w, b, activation: _gelu_tanh_into(TORCH["linear"](x, w, b)), _only("activation", "gelu_tanh")),
     Declared("torch.linear_gelu_tanh_epilogue", "(linear_act ?x0 ?x1 ?x2 ?activation)",
              linear_gelu_tanh_epilogue, _epilogue, FLOATS, frozenset({"cuda"})),
+    Declared("torch.linear_onednn", "(linear ?x0 ?x1 ?x2)", linear_onednn, _onednn, frozenset({"float32"}), HOST),
 ]
 
 

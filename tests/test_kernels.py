@@ -189,8 +189,9 @@ REWRITTEN = [k for k in REGISTRY.values() if k.backend == "torch" and k.db_backe
 EDGES = [-math.inf, math.inf, math.nan, -0.0, 0.0, -1e-30, -9.0, -30.0, -100.0, -1e20, 1e20, 7e12]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("kernel", REWRITTEN, ids=lambda k: k.name)
+@pytest.mark.parametrize("kernel, dtype", [(k, d) for k in REWRITTEN for d in (torch.float32, torch.float64)
+                                           if str(d).removeprefix("torch.") in k.dtypes],
+                         ids=lambda p: getattr(p, "name", str(p)))
 def test_rewritten_kernels_match_their_reference_term_at_the_edges_too(kernel, dtype):
     """A torch kernel computing an op by another formula equals the op's definition (float64
     truth) within rounding, with the definition's NaNs and the signs of its zeros. (Where tanh(z)
@@ -215,10 +216,15 @@ def test_rewritten_kernels_match_their_reference_term_at_the_edges_too(kernel, d
     assert (error / truth.abs())[bulk].max() <= (1e-5 if dtype == torch.float32 else 1e-12)
 
 
-def test_rewritten_gelu_differentiates_as_the_definition():
-    x = R(64, 32, dtype=torch.float64, requires_grad=True)
-    w, b = R(16, 32, dtype=torch.float64, requires_grad=True), R(16, dtype=torch.float64)
-    for kernel, args, wrt in (("gelu", (x, "tanh"), [x]), ("linear_act", (x, w, b, "gelu_tanh"), [x, w])):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rewritten_kernels_differentiate_as_the_definition(dtype):
+    """Each rewritten kernel's gradients are its op's (float64: the formulas agree to rounding). oneDNN's linear has no
+    backward, and autograd would pass no gradient through it silently: where autograd records, torch's runs."""
+    x = R(64, 32, dtype=dtype, requires_grad=True)
+    w, b = R(16, 32, dtype=dtype, requires_grad=True), R(16, dtype=dtype)
+    cases = [("linear", (x, w, b), [x, w])] + [("gelu", (x, "tanh"), [x]), ("linear_act", (x, w, b, "gelu_tanh"), [x, w])] \
+        * (dtype == torch.float64)
+    for kernel, args, wrt in cases:
         own, rewritten = REGISTRY[f"torch.{kernel}"].impl, next(k.impl for k in REWRITTEN if k.op == kernel)
         grads = [torch.autograd.grad(f(*args).square().sum(), wrt) for f in (own, rewritten)]
         for got, expected in zip(grads[1], grads[0]):
@@ -269,6 +275,12 @@ def test_rewritten_kernels_refuse_what_they_do_not_compute():
     assert "float16" in gelu.refuses(_use("gelu", "float16", "cpu", ((4, 8),), ("tanh",)))
     linear = REGISTRY["torch.linear_gelu_tanh_sigmoid"]
     assert linear.refuses(_use("linear_act", "float32", "cpu", ((4, 8), (3, 8), (3,)), ("relu",)))
+    onednn = REGISTRY["torch.linear_onednn"]  # float32 on the host, a 2-D weight of K > 0 and a bias per output
+    assert onednn.refuses(_use("linear", "float32", "cpu", ((2, 4, 8), (3, 8), (3,)), ())) is None
+    for dtype, device, shapes in (("float64", "cpu", ((4, 8), (3, 8), (3,))), ("float32", "cuda", ((4, 8), (3, 8), (3,))),
+                                  ("float32", "cpu", ((4, 8), (3, 8), ())), ("float32", "cpu", ((4, 0), (3, 0), (3,))),
+                                  ("float32", "cpu", ((4, 8), (2, 3, 8), (3,)))):
+        assert onednn.refuses(_use("linear", dtype, device, shapes, ())), (dtype, device, shapes)
 
 
 def test_a_rewritten_kernel_is_chosen_only_where_measured_faster(tmp_path):

@@ -109,7 +109,8 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
     if _unlowered(node, args, kwargs, ctx):
         return None
     calls = FALLBACKS if node.op in ("call_function", "call_method") else []
-    folded = calls and any(known(a, CONSTANT) for a in leaves((args, kwargs)))  # a call of a folded constant: first
+    terms = [a for a in leaves((args, kwargs)) if isinstance(a, Term)]  # a call of constants (DeBERTa's sqrt(d)): first
+    folded = calls and (any(known(a, CONSTANT) for a in terms) or terms and all(map(constant, terms)))
     result = calls[0](node, args, kwargs, ctx) if folded else None
     try:
         result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
@@ -134,6 +135,11 @@ FALLBACKS: list[Callable] = []  # (node, args, kwargs, ctx) -> Term, Parts or No
 def known(t, kinds=(CONSTANT, "_tensor_constant", "lifted_tensor")) -> bool:
     """A constant of the signature: folded here (``CONSTANT``), or a tensor the trace (a submodule) closed over."""
     return isinstance(t, Term) and t.op == "param" and t.attrs[0].rsplit(".", 1)[-1].startswith(kinds)
+
+
+def constant(t) -> bool:
+    """A value fixed at capture: a ``known`` tensor or a number."""
+    return known(t) or isinstance(t, Term) and t.op == "const"
 
 
 def _unlowered(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
@@ -432,7 +438,10 @@ lowers(torch.permute, "permute")(lambda c, x, *dims: forms.permute(  # dims, or 
 
 
 def _heads(c, t: Term):
-    """(x, its leading axes) where ``t`` is x (rank > 3) with those flattened into one, or its K^T."""
+    """(x, its leading axes) where ``t`` is x (rank > 3) with those flattened into one, or its K^T, or either scaled by
+    a number (DeBERTa's ``k^T / sqrt(d)``)."""
+    if t.op in ("mul", "div") and t.args[-1].op == "const" and (inner := _heads(c, t.args[0])):
+        return Term(t.op, (inner[0], t.args[1]), t.attrs), inner[1]
     swap = t.op == "transpose" and t.attrs == (-2, -1)
     flat = t.args[0] if swap else t
     inner = tuple(getattr(c.info_of.get(id(flat.args[0])), "shape", ())) if flat.op == "reshape" else ()

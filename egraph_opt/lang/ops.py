@@ -343,6 +343,7 @@ _FUSED = dict(_ANY, rounding="rounds", precision="accumulate", work="static", la
 _MESH = dict(_ANY, shape_rule="meta", curvature=LINEAR, growth=0, precision="keep", work="static",
              onnx="none", mesh="parts")
 _SMOOTH = dict(growth=1)  # bounded curvature
+_ATTENTION = dict(_FUSED, shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, work="sdpa")
 _STEEP = dict(curvature=(math.inf, math.inf), growth=2)  # unbounded curvature
 _EXPS = dict(curvature="exp", growth=3, error="exp")  # exponential growth
 _LOGS = dict(curvature="log", growth=2, error="log")
@@ -493,10 +494,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
         curvature="layer_norm", growth=2, passes=4, precision="keep",  # accumulates in float32 itself
         sample=(("x0", (3, 5)), ("x1", (5,)), ("eps", 1e-6)), work="rms_norm",
         onnx="RMSNormalization"),
-    _op("sdpa", 3, "scale:f64 causal:bool", sdpa, _FUSED, shape_rule="sdpa", range_rule="values-of-v",
-        curvature=(1.0, 1.0), **_SMOOTH, passes=20,
-        sample=(*_ATTENTION_SAMPLE, ("scale", 0.5), ("causal", False)), work="sdpa",
-        onnx="Attention"),
+    _op("sdpa", 3, "scale:f64 causal:bool", sdpa, _ATTENTION, passes=20,
+        sample=(*_ATTENTION_SAMPLE, ("scale", 0.5), ("causal", False)), onnx="Attention"),
     _op("geglu", 2, "approximate:String", lambda a, b, approximate: gelu(a, approximate) * b, _FUSED,
         shape_rule="broadcast", range_rule="geglu", curvature="bilinear", growth=1, passes=3, precision="keep",
         onnx="definition",
@@ -526,30 +525,27 @@ OPS: dict[str, Op] = {op.name: op for op in [
         shape_rule="linear", range_rule="top", curvature="bilinear", growth=1, passes=17,
         sample=(*_MATMUL_SAMPLE, ("scale", 0.5)), work="linear", onnx="definition",
         definition="(mul (linear ?x0 ?x1 ?x2) (const ?scale))", layout="fresh"),
-    _op("sdpa_masked", 4, "scale:f64", sdpa_masked, _FUSED, shape_rule="sdpa", range_rule="values-of-v",
-        curvature=(1.0, 1.0), **_SMOOTH, passes=21,
+    _op("sdpa_masked", 4, "scale:f64", sdpa_masked, _ATTENTION, passes=21,
         sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention"),
-    _op("sdpa_filled", 4, "scale:f64 fill:f64", sdpa_filled, _FUSED, shape_rule="sdpa",
-        range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=21, precision="keep",  # a
+    _op("sdpa_filled", 4, "scale:f64 fill:f64", sdpa_filled, _ATTENTION, passes=21, precision="keep",  # a
         # boolean operand: no float32 copy of it; torch's kernel accumulates in float32 itself
         onnx="definition", definition="(matmul (softmax (where ?x3 (mul (matmul ?x0 (transpose ?x1 "
         "-2 -1)) (const ?scale)) (const ?fill)) -1) ?x2)"),
     _op("sdpa_filled_biased", 5, "scale:f64 fill:f64", lambda q, k, v, keep, bias, scale, fill: sdpa_filled(
-        q, k, v, keep, scale, fill, bias), _FUSED, shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0),
-        **_SMOOTH, passes=22, precision="keep", onnx="definition", definition="(matmul (softmax (where ?x3 (add (mul "
-        "(matmul ?x0 (transpose ?x1 -2 -1)) (const ?scale)) ?x4) (const ?fill)) -1) ?x2)"),
+        q, k, v, keep, scale, fill, bias), _ATTENTION, passes=22, precision="keep", onnx="definition",
+        definition="(matmul (softmax (where ?x3 (add (mul (matmul ?x0 (transpose ?x1 -2 -1)) (const ?scale)) ?x4) "
+        "(const ?fill)) -1) ?x2)"),
     _op("sdpa_filled_then_biased", 5, "scale:f64 fill:f64", lambda q, k, v, keep, bias, scale, fill: softmax(
-        torch.where(keep, q @ grouped(q, k).transpose(-2, -1) * scale, fill) + bias, -1) @ grouped(q, v), _FUSED,
-        shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=22, precision="keep",
+        torch.where(keep, q @ grouped(q, k).transpose(-2, -1) * scale, fill) + bias, -1) @ grouped(q, v), _ATTENTION,
+        passes=22, precision="keep",
         onnx="definition", definition="(matmul (softmax (add (where ?x3 (mul (matmul ?x0 (transpose ?x1 -2 -1)) "
         "(const ?scale)) (const ?fill)) ?x4) -1) ?x2)"),  # GPT-NeoX: the mask added after the fill
     _op("sdpa_floored", 4, "scale:f64 floor:f64", lambda q, k, v, bias, scale, floor: softmax((q @ grouped(
-        q, k).transpose(-2, -1) * scale + bias.to(q.dtype)).clamp(floor), -1) @ grouped(q, v), _FUSED,
-        shape_rule="sdpa", range_rule="values-of-v", curvature=(1.0, 1.0), **_SMOOTH, passes=21,  # OPT's clamp
+        q, k).transpose(-2, -1) * scale + bias.to(q.dtype)).clamp(floor), -1) @ grouped(q, v), _ATTENTION,
+        passes=21,  # OPT's clamp
         onnx="definition", definition="(matmul (softmax (maximum (add (mul (matmul ?x0 (transpose ?x1 -2 -1)) "
         "(const ?scale)) ?x3) (const ?floor)) -1) ?x2)"),
-    _op("sdpa_guarded", 4, "scale:f64", sdpa_guarded, _FUSED, shape_rule="sdpa", range_rule="values-of-v",
-        curvature=(1.0, 1.0), **_SMOOTH, passes=21,
+    _op("sdpa_guarded", 4, "scale:f64", sdpa_guarded, _ATTENTION, passes=21,
         sample=(*_ATTENTION_SAMPLE, ("x3", (4, 5)), ("scale", 0.5)), onnx="Attention",
         definition=f"(matmul (where (isnan {_GUARDED}) (const 0.0) {_GUARDED}) ?x2)"),
     _op("conv2d", 3, _WINDOW + " groups:i64", conv2d, _FUSED, shape_rule="meta", range_rule="linear",

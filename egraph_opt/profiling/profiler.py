@@ -76,12 +76,24 @@ def _norm(flops_per_element: float):
 
 def _sdpa(shapes, attrs):
     """Flash-style attention: scores are never written; a causal mask halves the work."""
-    q, k, v = shapes
+    q, k, v = shapes[:3]
     kv = [s[:-3] + (1,) if min(len(s), len(q)) > 2 and s[-3] < q[-3] else s[:-2] for s in (k, v)]  # grouped
     batch = math.prod(torch.broadcast_shapes(q[:-2], *kv))
     (length, e), (s, ev) = q[-2:], v[-2:]
-    pairs = batch * length * s * (0.5 if attrs["causal"] else 1.0)
+    pairs = batch * length * s * (0.5 if attrs.get("causal") else 1.0)
     return Work(pairs * (2 * e + 2 * ev + 12), sum(map(math.prod, shapes)) + batch * length * ev)
+
+
+def _attention(op) -> OpSpec:
+    """q, k and v of (1, 8, n, 64), each further operand (n, n): a condition keeping every key where the op's definition
+    selects by it, else an additive bias of zeros (a causal mask would halve the kernel's work, not the definition's)."""
+    conditions = {i for i in range(3, op.arity) if f"(where ?x{i} " in (op.definition or "")}
+
+    def inputs(shapes, dtype, device):
+        return _positive(shapes[:3], dtype, device) + [torch.ones(s, dtype=torch.bool, device=device) if i in conditions
+                                                       else torch.zeros(s, dtype=dtype, device=device)
+                                                       for i, s in enumerate(shapes[3:], 3)]
+    return OpSpec(lambda n: ((1, 8, n, 64),) * 3 + ((n, n),) * (op.arity - 3), _sdpa, inputs)
 
 
 def _square(count: int):
@@ -140,7 +152,7 @@ WORK_KINDS: dict[str, Callable] = {
     "linear": lambda op: OpSpec(lambda n: ((n, n), (n, n), (n,), (n, n))[:op.arity], _linear),
     "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _norm(8.0)),
     "rms_norm": lambda op: OpSpec(lambda n: ((n, n), (n,)), _norm(4.0)),
-    "sdpa": lambda op: OpSpec(lambda n: ((1, 8, n, 64),) * 3, _sdpa),
+    "sdpa": _attention,
     "loss": lambda op: OpSpec(lambda n: ((n, n), (n,)), _loss(op.flops), _loss_inputs),
 }
 SPECS: dict[str, OpSpec] = {name: WORK_KINDS[op.work](op) for name, op in OPS.items()
@@ -163,7 +175,8 @@ def attr_names(kernel: str) -> list[str]:
 
 # Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
 EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none", "eps": 1e-5, "scale": 0.125,
-                 "causal": False, "beta": 1.702, "activation": "gelu_tanh", "reduction": "mean", "ignore_index": -100}
+                 "causal": False, "fill": -1e30, "floor": -1e30, "beta": 1.702, "activation": "gelu_tanh",
+                 "reduction": "mean", "ignore_index": -100}
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:

@@ -16,7 +16,7 @@ from torch.fx.node import map_aggregate
 
 from . import forms
 from .effects import functional, torchs_own
-from .lowering import FALLBACKS, Ctx, Parts, Unsupported, constant, known, lower, lowering_of
+from .lowering import CONSTANT, FALLBACKS, Ctx, Parts, Unsupported, constant, known, lower, lowering_of
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueRef, leaves
 from ..lang.term import Term
@@ -51,7 +51,8 @@ def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
     if not (operands or _DECOMPOSING) and out.dim():  # a number, made a tensor of sizes (torch.full(s.shape, v))
         number = out.flatten()[0].clone()
         return Term("expand", (c.constant(number),), (shape_attr(out.shape),)) if bool((out == number).all()) else None
-    if out.dim() == 0 and out.dtype.is_floating_point and float(out.float()) == out.item():
+    if out.dim() == 0 and out.dtype.is_floating_point and float(out.float()) == out.item() and \
+            all(known(a, CONSTANT) for a in operands):  # of the trace's tensors: one (y[:, 0] = 5.0 writes it)
         return Term.const(out.item())  # a number float32 holds (GPT-2's torch.full([], scale)): as rules know it
     return c.constant(out)
 

@@ -1,11 +1,10 @@
 """Curvature: per-op conditioning over value ranges: kappa (kappa_exp = e^(2 hi), kappa_log = 1/lo^2, kappa_div =
 1/|d|^3, linear ops 0), L (largest |derivative|), Delta (unit roundoff times the result's largest magnitude).
 
-``kappa_cost`` is led by the float32 error that follows: decibels of the condition numbers that amplify an
-operand's rounding error (exp: |x|, log: 1/|log u|), and the all-digits class where no digit survives
-(cancellation, amplification past 1 / unit roundoff, an infinity consumed). Bounded kappa only breaks ties
-(bench/curvature_vs_error: it predicts no error by itself); unbounded, it is ordered by growth class
-(exponential > singular > bounded > linear), so a stable form still ranks below its naive form."""
+``kappa_cost`` is led by the float32 error that follows: decibels of the condition numbers that amplify an operand's
+rounding error (exp: |x|, log: 1/|log u|), and the all-digits class where no digit survives (cancellation,
+amplification past 1 / unit roundoff, an infinity consumed). Bounded kappa only breaks ties; unbounded, it is ordered
+by growth class (exponential > singular > bounded > linear), so a stable form still ranks below its naive form."""
 from __future__ import annotations
 
 import math
@@ -176,7 +175,8 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
         cost += ALL_DIGITS  # the log inside (of sum(exp(x - max(x))) >= 1) near 1, as a bare log's:
         # log_softmax(x) at the dominant x is -log(1 + tiny) = 0 in float32, not -tiny
     rounded = [o for i, o in enumerate(operands) if not (i < len(exact) and exact[i])]
-    if result is not None and any(overflows(o, dtype) for o in rounded) and not overflows(result, dtype):
+    if result is not None and any(overflows(o, dtype) for o in rounded) and not overflows(result, dtype) and \
+            error != "shifted-exp":  # a softmax's scores: its fused attention's hide them, with the same values
         cost += 3000  # an infinity from rounding is consumed into a finite value (inf / inf, log of
         # inf): NaN or a wrong number. An exact one (a -inf attention mask) is meant. An overflow
         # that reaches the output unchanged costs nothing here: every equivalent program

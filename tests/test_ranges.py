@@ -144,6 +144,10 @@ def test_overflow_is_charged_where_an_infinity_turns_finite():
     assert kappa_cost("exp", (), [(0.0, 100.0)], big) < 3000
     top = 3.4028234663852886e38  # a range clipped at float32's largest value proves nothing finite
     assert kappa_cost("mul", (), [big, (-1.0, 1.0)], (-top, top)) < 3000
+    # a softmax over scores that may overflow (unbounded weights): its fused attention's definition computes the same
+    # scores, unseen, so charging the softmax alone made every masked attention fuse, where measured slower too
+    assert kappa_cost("softmax", (-1,), [(-top, top)], (0.0, 1.0)) < 3000
+    assert kappa_cost("log", (), [(0.0, top)], (-104.0, 88.8), exact=(False,)) >= 3000  # log of a consumed inf still
 
 
 @pytest.mark.parametrize("hi, fused", [(40.0, False), (100.0, True)])

@@ -278,7 +278,7 @@ def _score_bound(q, k, scale: float) -> torch.Tensor | float:
     return _abs_max(q) * _abs_max(k) * q.shape[-1] * abs(scale)
 
 
-def _scores_overflow(q, k, scale: float) -> torch.Tensor | bool:
+def _scores_overflow(q, k, scale: float, bound=None) -> torch.Tensor | bool:
     """Whether q k^T * scale can overflow (in float32 at least: torch's kernel computes half precision scores in it),
     where the fused kernel returns 0 and the definition's softmax NaN: the definition runs instead. A 0-d bool tensor
     on q's device (False where nothing is bounded): the host path reads it (or assumes False where the plan
@@ -289,7 +289,7 @@ def _scores_overflow(q, k, scale: float) -> torch.Tensor | bool:
         if span:
             assumed.square = min(assumed.square, limit / span)
         return False
-    return _not_below(_score_bound(q, k, scale), limit)
+    return _not_below(_score_bound(q, k, scale) if bound is None else bound, limit)  # ``bound``: the caller's read
 
 
 def _not_below(bound: torch.Tensor | float, limit: float) -> torch.Tensor | bool:
@@ -377,8 +377,8 @@ def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
     definition, biased = functools.partial(ops.sdpa_filled, q, k, v, keep, scale, fill, bias), torch.is_tensor(bias)
     if not math.isfinite(fill) or biased and bias.dtype != q.dtype:
         return definition()
-    bound = _score_bound(q, k, scale) + (_abs_max(bias) if biased else 0.0)
-    slow = _scores_overflow(q, k, scale) | _not_below(bound, -fill + EXP_UNDERFLOW)
+    bound = (scores := _score_bound(q, k, scale)) + (_abs_max(bias) if biased else 0.0)
+    slow = _scores_overflow(q, k, scale, scores) | _not_below(bound, -fill + EXP_UNDERFLOW)
     mask = torch.where(keep, bias, -math.inf) if biased else keep
     if device_path(q) and not isinstance(slow, bool):  # the definition selected where needed,
         out = torch.where(~keep.any(-1, keepdim=True), ops.grouped(q, v.mean(-2, keepdim=True)),

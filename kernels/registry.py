@@ -94,10 +94,9 @@ def linear_gelu_tanh_epilogue(x, weight, bias, activation):
 
 
 def linear_onednn(x, weight, bias):
-    """x W^T + b by oneDNN's matmul, the bias added in its epilogue: torch's addmm first copies the bias into every
-    output row, a pass over the output (a tenth of a (512, 1024) GEMM on 2 cores), where oneDNN's call costs ~10 us
-    more: the database says where it pays. It has no backward: where autograd records, or the sum is not finite
-    (summation order), ``linear``."""
+    """x W^T + b by oneDNN, the bias in its epilogue: addmm first copies it into every output row (a tenth of a
+    (512, 1024) GEMM on 2 cores), where oneDNN's call costs ~10 us more: the database says where it pays. No backward:
+    where autograd records, or the sum is not finite (summation order), ``linear``."""
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)):
         out = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         if all_finite(out):

@@ -280,10 +280,9 @@ def _score_bound(q, k, scale: float) -> torch.Tensor | float:
 
 def _scores_overflow(q, k, scale: float, bound=None) -> torch.Tensor | bool:
     """Whether q k^T * scale can overflow (in float32 at least: torch's kernel computes half precision scores in it),
-    where the fused kernel returns 0 and the definition's softmax NaN: the definition runs instead. A 0-d bool tensor
-    on q's device (False where nothing is bounded): the host path reads it (or assumes False where the plan
-    speculates: q and k finite, their largest magnitude M with M^2 * D * |scale| under the limit), the device path
-    selects."""
+    where the fused kernel returns 0 and the definition's softmax NaN: the definition runs instead. A 0-d bool tensor on
+    q's device (False where nothing is bounded): the host path reads it (or assumes False where the plan speculates: q
+    and k finite, their largest magnitude M with M^2 * D * |scale| under the limit), the device path selects."""
     limit, span = torch.finfo(torch.promote_types(q.dtype, torch.float32)).max, q.shape[-1] * abs(scale)
     if not device_path(q) and q.is_floating_point() and k.is_floating_point() and (assumed := _assumes(q, k)):
         if span:

@@ -347,3 +347,47 @@ def test_the_report_times_each_phase_of_the_optimization():
     f(torch.randn(4, 8))
     assert "extract" in f.report.seconds and len(f.report.seconds) > 2, f.report.seconds
     assert "extract" in str(f.report)
+
+
+class _NoGradForward(torch.nn.Module):
+    """A forward decorated ``@torch.no_grad()``; below, one whose ``with torch.no_grad():`` block reads a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 8)
+        self.register_buffer("steps", torch.arange(8.0))
+
+    @torch.no_grad()
+    def forward(self, x):
+        y = self.layer(x)
+        return torch.exp(y) / torch.exp(y).sum(-1, keepdim=True)
+
+
+class _NoGradBlock(_NoGradForward):
+    def forward(self, x):
+        with torch.no_grad():
+            scale = torch.exp(-self.steps)  # transformers' rotary cos and sin: of buffers, no grad either way
+        y = self.layer(x) * scale
+        return torch.exp(y) / torch.exp(y).sum(-1, keepdim=True)
+
+
+def test_autograd_turned_off_inside_the_program_stays_off():
+    """Values a program computes under torch.no_grad() from parameters need no grad, and gradients do not flow through
+    them: a plan made with autograd on would record it there, so the original runs, saying why. Called under no_grad
+    the plan runs as ever, and a no_grad block over buffers (what needs no grad anyway) changes nothing."""
+    torch.manual_seed(0)
+    model, x = _NoGradForward(), torch.randn(4, 8)
+    f = saturate_and_extract(model)
+    out = f(x)
+    assert not out.requires_grad and "under torch.no_grad()" in f.report.fallback, f.report.fallback
+    torch.testing.assert_close(out, model(x))
+    with torch.no_grad():
+        g = saturate_and_extract(_NoGradForward())
+        g(x)
+    assert g.report.optimized and "softmax" in g.report.ops_after, g.report
+    model = _NoGradBlock()
+    h = saturate_and_extract(model)
+    y = h(x)
+    assert h.report.optimized and y.requires_grad, h.report
+    y.sum().backward()
+    assert model.layer.weight.grad is not None

@@ -53,6 +53,10 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m, qualname):
         return isinstance(m, tuple(lowering.MODULES)) if self.into else super().is_leaf_module(m, qualname)
 
+    def create_node(self, *args, **kwargs):  # the grad mode it is traced in (torch.no_grad() on forward, or inside)
+        (node := super().create_node(*args, **kwargs)).meta["grad"] = torch.is_grad_enabled()
+        return node
+
     def create_arg(self, a):  # the outermost value made an argument, the output's last (a failed trace is dropped)
         self.last, self.depth = a if self.depth == 0 else self.last, self.depth + 1
         made, self.depth = super().create_arg(a), self.depth - 1
@@ -153,6 +157,9 @@ class _Recorder(fx.Interpreter):
 
     def run_node(self, n):
         result = super().run_node(n)
+        if n.meta.get("grad") is False and n.op.startswith("call") and \
+                any(getattr(v, "requires_grad", False) for v in leaves(result)):  # a plan would record autograd there
+            raise SideEffect(f"{n.name} is computed under torch.no_grad() from values that need grad, with autograd on")
         n.meta["egraph_opt"] = map_aggregate(
             result, lambda v: TensorInfo(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v)
         return result

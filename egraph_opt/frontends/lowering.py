@@ -110,7 +110,8 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
         return None
     calls = FALLBACKS if node.op in ("call_function", "call_method") else []
     terms = [a for a in leaves((args, kwargs)) if isinstance(a, Term)]  # a call of constants (DeBERTa's sqrt(d)): first
-    folded = calls and (any(known(a, CONSTANT) for a in terms) or terms and all(map(constant, terms)))
+    folded = calls and (any(known(a, CONSTANT) for a in terms) or
+                        terms and all(known(a) or a.op == "const" for a in terms))
     result = calls[0](node, args, kwargs, ctx) if folded else None
     try:
         result = result or (fn(ctx, *args, **kwargs) if fn is not None else None)
@@ -137,17 +138,11 @@ def known(t, kinds=(CONSTANT, "_tensor_constant", "lifted_tensor")) -> bool:
     return isinstance(t, Term) and t.op == "param" and t.attrs[0].rsplit(".", 1)[-1].startswith(kinds)
 
 
-def constant(t) -> bool:
-    """A value fixed at capture: a ``known`` tensor or a number."""
-    return known(t) or isinstance(t, Term) and t.op == "const"
-
-
 def _unlowered(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> bool:
-    """A size-0 axis in an operand or the first result (embedding_bag's max_indices stay with the call):
-    nothing to optimize, and the ranges of the rules, proved over values, say nothing of a reduction
-    over no values (logsumexp of none is -inf). A complex operand or result (a rotary embedding as
-    complex products): the op table and its rules are over the reals (sqrt(x^2) = |x| is not so over C).
-    Such calls stay opaque."""
+    """A size-0 axis in an operand or the first result (embedding_bag's max_indices stay with the call): nothing to
+    optimize, and the ranges of the rules, proved over values, say nothing of a reduction over no values (logsumexp of
+    none is -inf). A complex operand or result (a rotary embedding as complex products): the op table and its rules are
+    over the reals (sqrt(x^2) = |x| is not so over C). Such calls stay opaque."""
     found = [c.info_of.get(id(a)) for a in leaves((args, kwargs)) if isinstance(a, Term)]
     if lowering_of(node.target) is _cat:  # its lowering drops the 1-D empty operands torch.cat skips
         found = [info for info in found if tuple(getattr(info, "shape", ())) != (0,)]

@@ -16,7 +16,7 @@ from torch.fx.node import map_aggregate
 
 from . import forms
 from .effects import functional, torchs_own
-from .lowering import CONSTANT, FALLBACKS, Ctx, Parts, Unsupported, constant, known, lower, lowering_of
+from .lowering import CONSTANT, FALLBACKS, Ctx, Parts, Unsupported, known, lower, lowering_of
 from ..lang.ops import shape_attr
 from ..lang.program import OpaqueRef, leaves
 from ..lang.term import Term
@@ -38,8 +38,8 @@ def _fold(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None:
     signature. Other tensors of sizes alone (``arange(T)``) stay calls the plan computes once, for size families."""
     operands = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
     if "empty" in str(getattr(node.target, "__name__", node.target)) or not hasattr(c.out, "shape") \
-            or math.prod(c.out.shape) > _FOLD_LIMIT or not all(known(a) or constant(a) and id(a) in c.info_of
-                                                               for a in operands):
+            or math.prod(c.out.shape) > _FOLD_LIMIT or not all(known(a) or getattr(a, "op", "") == "const" and
+                                                               id(a) in c.info_of for a in operands):
         return None  # empty: no value
     value = map_aggregate((args, kwargs), lambda a: a if not isinstance(a, Term) else c.params[a.attrs[0]]
                           if a.op == "param" else torch.tensor(a.attrs[0], dtype=c.info(a).dtype))

@@ -85,8 +85,7 @@ def _sdpa(shapes, attrs):
 
 
 def _attention(op) -> OpSpec:
-    """q, k and v of (1, 8, n, 64), each further operand (n, n): a condition keeping every key where the op's
-    definition selects by it, else an additive bias of zeros (a causal mask would halve the kernel's work)."""
+    """q, k and v of (1, 8, n, 64), then (n, n) masks: True where the op's definition selects by them, else zeros."""
     conditions = {i for i in range(3, op.arity) if f"(where ?x{i} " in (op.definition or "")}
 
     def inputs(shapes, dtype, device):

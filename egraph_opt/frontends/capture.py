@@ -157,7 +157,7 @@ class _Recorder(fx.Interpreter):
 
     def run_node(self, n):
         result = super().run_node(n)
-        if n.meta.get("grad") is False and n.op.startswith("call") and \
+        if n.meta.get("grad") is False and torch.is_grad_enabled() and n.op.startswith("call") and \
                 any(getattr(v, "requires_grad", False) for v in leaves(result)):  # a plan would record autograd there
             raise SideEffect(f"{n.name} is computed under torch.no_grad() from values that need grad, with autograd on")
         n.meta["egraph_opt"] = map_aggregate(

@@ -79,6 +79,8 @@ RULES += rules(_A, [
                               when("(!= ?c 0.0)", *in_float32("(/ 1.0 ?c)")),
                               "x/c as x*(1/c) with 1/c rounded: only for products of matrices (scores), "
                               "where fused attention scales so; div-const-to-mul is exact, for powers of two"),
+    ("recip-mul-to-div",      "(mul (div (const 1.0) ?x) ?y)",   "(div ?y ?x)", "rounded once, no overflow of 1/x"),
+    ("mul-recip-to-div",      "(mul ?y (div (const 1.0) ?x))",   "(div ?y ?x)", "rounded once, no overflow of 1/x"),
 ], Exactness.REASSOC) + rules(_A, [
     ("mul-const-fold",        "(mul (mul ?x (const ?a)) (const ?b))", "(mul ?x (const (* ?a ?b)))",
                               "x * 1e30 * 1e30 is not x * inf (0, not NaN, at x = 0)"),

@@ -243,3 +243,13 @@ def test_float64_computes_with_the_constants_as_written():
     torch.testing.assert_close(f(y, k).double(), exact, rtol=2 ** -23, atol=0)
     assert [n for n, _, _ in f.report.rewrites] == ["float64"]
     assert ((_phi(y, k).double() - exact) / exact).abs().max() > 0.1
+
+
+def test_a_reciprocal_times_a_value_rounds_once():
+    """(1/x) y as y/x: one rounding, and no 1/x overflowing at a subnormal x. FPBench's "sqrt sqr",
+    x/x - (1/x) sqrt(x x), is then 0 or 2 exactly where the naive form gives +-inf."""
+    optimized = saturate_and_extract(lambda x: x / x - (1 / x) * torch.sqrt(x * x))
+    optimized(torch.randn(64, generator=torch.Generator().manual_seed(0)))
+    assert {"recip-mul-to-div", "mul-recip-to-div"} & {name for name, _, _ in optimized.report.rewrites}
+    x = torch.tensor([1e-39, -1e-39, 3.0, -7.0, 1e30, -1e30])
+    assert torch.equal(optimized(x), torch.tensor([0.0, 2.0, 0.0, 2.0, 0.0, 2.0]))

@@ -107,9 +107,8 @@ class Families:
         if len(pair) < 2 or (variable := Variable.of(pair[0].sizes, pair[1].sizes)) is None:
             return None
         n = variable.n(sizes)
-        if n is None or not 2 <= n <= REACH * max(s.sizes[variable.at[0]] for s in pair):
-            return None
-        return (*pair, variable, n)
+        return None if n is None or not 2 <= n <= REACH * max(s.sizes[variable.at[0]] for s in pair) else \
+            (*pair, variable, n)
 
 
 def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any:

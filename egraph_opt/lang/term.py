@@ -208,9 +208,8 @@ def _by_kind(op: str, attrs: tuple, operands: list[tuple], tensor: list[bool]) -
     if kind in ("broadcast", "where"):  # where: the dtype of its values, not its condition's
         values = [m[1] for m, t in list(zip(operands, tensor))[kind == "where":] if t]
         dtype = functools.reduce(torch.promote_types, values) if values else None
-        if dtype is None or op == "div" and not dtype.is_floating_point:
-            return None
-        return tuple(torch.broadcast_shapes(*sizes)), dtype
+        return None if dtype is None or op == "div" and not dtype.is_floating_point else \
+            (tuple(torch.broadcast_shapes(*sizes)), dtype)
     if kind == "reduce":
         (shape, dtype), (axis, keepdim) = operands[0], attrs[:2]
         if not shape or not -len(shape) <= axis < 0:

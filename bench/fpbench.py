@@ -286,6 +286,24 @@ class _Translator:
         return f"({', '.join(steps + [code])})[-1]", const
 
 
+class _RealMP:
+    """mpmath's functions over the reals only: a complex value (sqrt, log, pow or acos outside their
+    domain) is undefined, as it is in floating point and in Herbie's ground truth, not carried on
+    until fabs or a comparison makes a real of it."""
+
+    def __getattr__(self, name: str):
+        attr = getattr(mpmath.mp, name)
+        if name in ("mpf", "pi", "e") or not callable(attr):
+            return attr
+
+        def real(*args):
+            v = attr(*args)
+            if isinstance(v, mpmath.mpc):
+                raise ValueError(f"{name} is complex here")
+            return v
+        return real
+
+
 def translate(problem: Problem, backend: int, expr=None):
     """A Python function of the problem's parameters computing ``expr`` (default: the body) with
     torch ops (``TORCH``) or mpmath (``MP``); its source text is ``fn.source``."""
@@ -293,7 +311,7 @@ def translate(problem: Problem, backend: int, expr=None):
     code, _ = _Translator(backend)(problem.body if expr is None else expr, dict(zip(problem.params, params)))
     fname = identifier(problem.name)
     src = f"def {fname}({', '.join(params)}):\n    return {code}\n"
-    namespace = {"T": torch, "M": math, "mp": mpmath.mp}
+    namespace = {"T": torch, "M": math, "mp": _RealMP()}
     exec(compile(src, f"<fpcore {problem.name}>", "exec"), namespace)
     fn = namespace[fname]
     fn.source = src

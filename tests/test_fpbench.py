@@ -85,6 +85,9 @@ def test_truth_rounds_once_to_nearest_even_float32():
     assert fb.exact(sqrt2, (F32(2.0),)) == float(F32(math.sqrt(2)))
     assert fb.exact(sqrt2, (F32(-1.0),)) is None  # complex: no truth, the point is skipped
     assert fb.exact(fb.translate(_one("(FPCore (x) (/ 1 x))"), fb.MP), (F32(0.0),)) is None
+    # a complex intermediate is undefined too, though fabs would make a real of it (Proj's init-u0)
+    assert fb.exact(fb.translate(_one("(FPCore (x) (fabs (sqrt (- x 1))))"), fb.MP), (F32(0.5),)) is None
+    assert fb.exact(fb.translate(_one("(FPCore (x) (fabs (sqrt (- x 1))))"), fb.MP), (F32(5.0),)) == 2.0
 
 
 def test_sampling_covers_bit_patterns_inside_the_box():

@@ -301,7 +301,8 @@ def _torch_sdpa(q, k, v, attn_mask=None, **options):
     CPU flash kernel takes only 4-D ones: 3-D ones run the slower math fallback), 2-D ones as a batch of one."""
     if q.dim() == k.dim() == v.dim() == 2:
         return _torch_sdpa(q[None], k[None], v[None], attn_mask, **options)[0]
-    gqa = ops.groups(q, k) * ops.groups(q, v) > 1
+    gqa = ops.groups(q, k) * ops.groups(q, v) > 1 or q.dim() == k.dim() == v.dim() == 4 and \
+        1 == k.shape[1] == v.shape[1] < q.shape[1]  # one k, v head (MQA): broadcast, torch's math path is 3x slower
     if q.dim() == k.dim() == v.dim() == 3 and not gqa:
         mask = attn_mask if attn_mask is None or attn_mask.dim() < 3 else attn_mask.unsqueeze(1)
         return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask, **options)[:, 0]

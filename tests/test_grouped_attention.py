@@ -87,6 +87,22 @@ def test_the_kernels_read_fewer_kv_heads_as_the_repeated_ones_at_the_extremes(op
         torch.testing.assert_close(got.double(), truth, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.parametrize("op", ATTENTION)
+def test_one_kv_head_runs_torchs_fused_kernel_and_gives_the_broadcast_definition(op):
+    """Multi-query attention (GPTBigCode, Falcon, Gemma 2B: one k and v head) broadcasts that head; torch's kernel
+    takes it as grouped (enable_gqa), where a broadcast head runs its math path (GPTBigCode's plan measured slower
+    than eager for it), at the extremes as the definition."""
+    for (i, (q, k, v)), rest in itertools.product(enumerate(_points()), _masks(op)):
+        k, v = k[:, 1:], v[:, 1:]  # the head holding the extremes
+        with torch.profiler.profile() as profile:
+            got = TORCH[op](q, k, v, *rest)
+        wide = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in rest]
+        truth = OPS[op].impl(q.double(), k.expand(1, 4, 5, 8).double(), v.expand(1, 4, 5, 8).double(), *wide)
+        torch.testing.assert_close(got.double(), truth, rtol=1e-4, atol=1e-5, equal_nan=True)
+        if i == 0:  # finite: no guard takes the definition
+            assert "aten::_scaled_dot_product_attention_math" not in {e.key for e in profile.key_averages()}
+
+
 def _run(fn, *args):
     f = saturate_and_extract(fn, profile_db=False, profile_budget=0)
     torch.testing.assert_close(f(*args), fn(*args))

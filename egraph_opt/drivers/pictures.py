@@ -130,9 +130,8 @@ def _q(text: str) -> str:
 
 
 def _label(node) -> str:
-    if node.op in ("input", "param", "opaque"):
-        return node.attrs[0]
-    return f"{node.attrs[0]:g}" if node.op == "const" else node.op
+    return node.attrs[0] if node.op in ("input", "param", "opaque") else f"{node.attrs[0]:g}" if node.op == "const" \
+        else node.op
 
 
 # --- the e-graph ---

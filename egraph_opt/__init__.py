@@ -11,8 +11,7 @@ _PUBLIC = {
     "capture": "frontends.capture", "CaptureError": "frontends.capture",
     "optimize": "optimization.pipeline", "Limits": "egraph.session", "Phase": "egraph.session",
     "shard": "drivers.sharded", "ShardedPlan": "drivers.sharded", "ShardingError": "drivers.sharded",
-    "Term": "lang.term", "evaluate": "lang.term", "pretty": "lang.term",
-}
+    "Term": "lang.term", "evaluate": "lang.term", "pretty": "lang.term"}
 __all__ = list(_PUBLIC)
 
 

@@ -137,8 +137,7 @@ REWRITTEN_KERNELS = [
              lambda x, w, b, activation: _gelu_tanh_into(TORCH["linear"](x, w, b)), _only("activation", "gelu_tanh")),
     Declared("torch.linear_gelu_tanh_epilogue", "(linear_act ?x0 ?x1 ?x2 ?activation)",
              linear_gelu_tanh_epilogue, _epilogue, FLOATS, frozenset({"cuda"})),
-    Declared("torch.linear_onednn", "(linear ?x0 ?x1 ?x2)", linear_onednn, _onednn, frozenset({"float32"}), HOST),
-]
+    Declared("torch.linear_onednn", "(linear ?x0 ?x1 ?x2)", linear_onednn, _onednn, frozenset({"float32"}), HOST)]
 
 
 def _numpy_unary(fn: Callable) -> Callable:

@@ -65,8 +65,7 @@ RULES = rules(_A, [
     ("sigmoid-from-exp",      "(div (const 1.0) (add (exp (neg ?x)) (const 1.0)))", "(sigmoid ?x)"),
     ("variance-fuse",         "(mean (mul (sub ?x (mean ?x ?a true)) (sub ?x (mean ?x ?a true))) ?a ?k)",
                               "(var ?x ?a ?k 0)"),
-    ("div-sqrt-to-rsqrt",     "(div ?x (sqrt ?y))",              "(mul ?x (rsqrt ?y))"),
-])
+    ("div-sqrt-to-rsqrt",     "(div ?x (sqrt ?y))",              "(mul ?x (rsqrt ?y))")])
 
 RULES += rules(_A, [  # (q * c) @ k^T is attention scaled first; c > 0 keeps zeros' signs
     ("matmul-scale-left-out", "(matmul (mul ?a (const ?c)) ?b)", "(mul (matmul ?a ?b) (const ?c))"),

@@ -75,8 +75,7 @@ RULES = rules(_E, [
     ("exp-neg-difference-mirror", "(sub (exp (neg ?x)) (exp ?x))",
                               "(add (sub (expm1 (neg ?x)) (expm1 ?x)) (const 0.0))", "-2 sinh x"),
     ("expm1-log1p-cancel",    "(expm1 (log1p ?x))",                            "?x", when("(>= (lo ?x) -1.0)"),
-                              "x >= -1: log1p is defined"),
-])
+                              "x >= -1: log1p is defined")])
 
 #: sum-to-product, |x|, |y| <= 1e4: (x + y)/2 keeps the argument's digits (at y = 3e38 it moves by
 #: ulps of 1e38 radians); they remove the cancellation where x ~ y (the purpose probe "close")
@@ -108,8 +107,7 @@ RULES += rules(_E, [
                               _FINITE + when("(> (min (min (* (lo ?x) (lo ?y)) (* (lo ?x) (hi ?y))) "
                                              "(min (* (hi ?x) (lo ?y)) (* (hi ?x) (hi ?y)))) -1.0)"),
                               "atan x - atan y = atan2(x - y, 1 + x y) where x y > -1 (the ranges' least "
-                              "product), both scaled by 1 / (1 + |x|) so x y cannot overflow; finite: no inf * 0"),
-])
+                              "product), both scaled by 1 / (1 + |x|) so x y cannot overflow; finite: no inf * 0")])
 
 #: the bounded simplification that lets rewritten terms meet: (x + e) - x is e exactly over the
 #: reals; |x| * 0 keeps the shape x broadcasts to, the NaN of an infinite x, and +0 where e = -0

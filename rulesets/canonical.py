@@ -16,5 +16,4 @@ RULES = rules(_C, [
     ("transpose-mul-in",      "(mul (transpose ?x ?i ?j) (const ?c))", "(transpose (mul ?x (const ?c)) ?i ?j)",
                               "k^T scaled after its transpose (the dynamo exporter's sqrt(scale) on k)"),
     *((f"bias-after-scores{suffix}", f"(add ?m {s})", f"(add {s} ?m)", "a mask or bias written before the "
-       "scores (mask + q k^T c): + commutes exactly") for suffix, s in (("", _SCALED), ("-unscaled", _SCORES))),
-])
+       "scores (mask + q k^T c): + commutes exactly") for suffix, s in (("", _SCALED), ("-unscaled", _SCORES)))])

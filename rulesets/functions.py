@@ -66,8 +66,7 @@ RULES = rules(_E, [
                               NEVER_INF_Y, "pow-shift-minus-one where the ranges do not prove x > -1 (x = i/n): "
                               "where() takes it at the elements where -1 < x < float32's max, the power "
                               "elsewhere (its base pinned to 1 where not taken: a term of its own, which the "
-                              "left side does not match again); y finite: expm1(inf * 0)"),
-])
+                              "left side does not match again); y finite: expm1(inf * 0)")])
 
 #: the quadratic formula's two roots, each in the form whose numerator adds magnitudes: with q = 4ac,
 #: (-b +- sqrt(b^2 - q)) / 2a = q / (-b -+ sqrt(b^2 - q)) / 2a (q over it first: at most sqrt|q|). |b| <= 255 and |q| <= 6e4: b^2 and
@@ -85,8 +84,7 @@ RULES += rules(_E, [
                               f"(div (div ?q (add (neg ?b) {_DISC})) (mul ?a (const 2.0)))",
                               when("(negative ?b)", "(>= (lo ?b) -255.0)") + _QUAD,
                               "-b - sqrt(b^2 - 4ac) cancels for b < 0 where 4ac is small (algebra: no "
-                              "purpose probe draws b < 0 beside a small 4ac)"),
-])
+                              "purpose probe draws b < 0 beside a small 4ac)")])
 
 #: the numerators -b +- sqrt(b^2 - q) of the two roots, for any b and q: where the two terms cancel (b and the
 #: root of one sign, q > -b^2), the conjugate q / (-b -+ sqrt(b^2 - q)) as (q/b) / (-1 -+ sqrt(b^2 - q)/b),
@@ -105,8 +103,7 @@ RULES += rules(_E, [
     ("quadratic-numerator-minus", f"(sub (neg ?b) {_DISC})",
                               f"(where (less (maximum ?b (neg (add ?q (mul ?b ?b)))) (const 0.0)) "
                               f"(add (div (div ?q ?b) (sub (div {_ROOT} ?b) (const 1.0))) (const 0.0)) (sub (neg ?b) {_ROOT}))",
-                              "-b - sqrt(b^2 - q) cancels for b < 0 where |q| << b^2"),
-])
+                              "-b - sqrt(b^2 - q) cancels for b < 0 where |q| << b^2")])
 
 #: the same numerators unscaled, a third of the ops (the default objective can afford them), where the
 #: ranges bound |b| by 1e19: q / (-b -+ sqrt(b^2 - q)) where b^2 is finite, the sum as it was where b^2
@@ -127,8 +124,7 @@ RULES += rules(_E, [
                               f"(where (less (maximum (maximum ?b (neg (add ?q {_SQUARE}))) (sub {_SQUARE} (const inf))) (const 0.0)) "
                               f"(add (div ?q (add (neg ?b) {_DISC})) (const 0.0)) (add (neg ?b) (neg {_DISC})))", _UNSCALED,
                               "-b - sqrt(b^2 - q) cancels for b < 0 where |q| << b^2 (algebra: as "
-                              "quadratic-minus, no purpose probe draws b < 0 beside a small q)"),
-])
+                              "quadratic-minus, no purpose probe draws b < 0 beside a small q)")])
 
 #: forms to meet: no cancellation the purpose probes can show (acosh's overflow is at x >> 1,
 #: where the probes draw both signs; a half angle's other direction cancels only near pi)
@@ -139,5 +135,4 @@ RULES += rules(Family.ALGEBRA, [
                               "x^2 - 1 overflows for large x (in float32 near 1 it is nearly exact: "
                               "x^2 of 1 + k 2^-23 rounds off only k^2 2^-46)"),
     ("tan-half-angle-sin",    "(div (sin ?x) (add (cos ?x) (const 1.0)))",      "(tan (mul ?x (const 0.5)))",
-                              "sin x / (1 + cos x) = tan(x/2): 1 + cos x cancels near pi"),
-])
+                              "sin x / (1 + cos x) = tan(x/2): 1 + cos x cancels near pi")])

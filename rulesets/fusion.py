@@ -17,8 +17,7 @@ _MASK_BIAS = "(where ?m (const -inf) (const 0.0))"  # masked_fill(m, -inf) as th
 _GUARD = "(where (isnan (softmax {s} -1)) (const 0.0) (softmax {s} -1))"
 _NORMALIZED = {  # (x - mean) / sqrt(var + eps), as divided and as multiplied by rsqrt
     "div": "(div (sub ?x (mean ?x -1 true)) (sqrt (add (var ?x -1 true 0) (const ?eps))))",
-    "rsqrt": "(mul (sub ?x (mean ?x -1 true)) (rsqrt (add (var ?x -1 true 0) (const ?eps))))",
-}
+    "rsqrt": "(mul (sub ?x (mean ?x -1 true)) (rsqrt (add (var ?x -1 true 0) (const ?eps))))"}
 _AFFINE = when("(= (rank ?w) 1)", "(= (rank ?b) 1)", "(= (last-dim ?w) (last-dim ?x))",
                "(= (last-dim ?b) (last-dim ?x))")
 _LN_SAMPLE = (("w", (5,)), ("b", (5,)))
@@ -85,8 +84,7 @@ _ATTENTIONS = [
     ("attention-fuse-floored", "(matmul (softmax (maximum (add {s} ?m) (const ?f)) -1) ?v)",
      "(sdpa_floored ?q ?k ?v ?m {c} ?f)", "OPT: torch.max(w + mask, finfo.min)"),
     ("attention-fuse-guarded", f"(matmul {_GUARD.format(s='(add {s} ?m)')} ?v)", "(sdpa_guarded ?q ?k ?v ?m {c})",
-     "GPT-2, BERT as the dynamo exporter writes them; unscaled, the scale on q and k (sqrt of it on each)"),
-]
+     "GPT-2, BERT as the dynamo exporter writes them; unscaled, the scale on q and k (sqrt of it on each)")]
 
 RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for name, lhs, rhs, why in _ATTENTIONS
                    for suffix, s, c in (("", _SCALED, "?c"), ("-unscaled", _SCORES, "1.0"))] + [
@@ -157,8 +155,7 @@ RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for na
       for d in ("float16", "bfloat16")),
     *((f"rms-norm-weight{at}", lhs, "(rms_norm ?x ?w ?eps)", _WEIGHT, {"sample": (("w", (5,)),)}, why)
       for at, lhs, why in (("", f"(mul {_RMS_PLAIN} ?w)", ""),
-                           ("-first", f"(mul ?w {_RMS_PLAIN})", "LLaMA: weight * normalized"))),
-])
+                           ("-first", f"(mul ?w {_RMS_PLAIN})", "LLaMA: weight * normalized")))])
 
 
 def _horizontal(count: int, biased: bool = True) -> Rule:
@@ -219,8 +216,7 @@ _LOSS = '(cross_entropy (slice ?x -2 0 ?n 1) ?t "{}" -100)'
 _PICKED_FORMS = {  # reduction -> (its spelling, the right side around the loss)
     "none": (f"(neg {_GATHERED})", "(reshape {} ?s)"),
     "mean": (f"(neg (mean (mean {_GATHERED} -1 false) -1 false))", "{}"),
-    "sum": (f"(neg (sum (sum {_GATHERED} -1 false) -1 false))", "{}"),
-}
+    "sum": (f"(neg (sum (sum {_GATHERED} -1 false) -1 false))", "{}")}
 _T_COLUMN = when("(= (rank ?t) 1)", "(= ?n (last-dim ?t))", '(= ?s (+ (to-string ?n) ",1"))')
 
 RULES += rules(_F, [
@@ -235,8 +231,7 @@ RULES += rules(_F, [
     *((f"cross-entropy-from-gather-{reduction}", lhs, rhs.format(_LOSS.format(reduction)), _T_COLUMN,
        {"binds": ("n",), "sample": (("x", (5, 6)), ("t", (4,)), ("n", 4), ("s", "4,1"))},
        "the picked log-probabilities of t[:, None]: cross-entropy, no target ignored")
-      for reduction, (lhs, rhs) in _PICKED_FORMS.items()),
-])
+      for reduction, (lhs, rhs) in _PICKED_FORMS.items())])
 
 
 def _repeat_kv_into(op: str, rest: str) -> Rule:

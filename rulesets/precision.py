@@ -53,5 +53,4 @@ RULES = rules(Family.PRECISION, [
       for op in _HOISTED for dtype in HALF),
     *(_hoist_binary(op, dtype, side) for op in _HOISTED_BINARY for dtype in HALF for side in (0, 1)),
     *((f"round-trip-float32-{dtype}", f'(cast (cast ?x "{dtype}") "float32")', "?x", _FLOAT32,
-       f"widening a value narrowed to {dtype} gives the float32 value back") for dtype in HALF),
-])
+       f"widening a value narrowed to {dtype} gives the float32 value back") for dtype in HALF)])

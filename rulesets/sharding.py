@@ -68,8 +68,7 @@ def _elementwise() -> list[Rule]:
             _rule(f"shard-into-{name}-both", f"(shard ({op} ?x ?y) ?a ?n)",
                   f"({op} (shard ?x ?a ?n) (shard ?y ?a ?n))", when=(_SAME_SPAN,),
                   sample=(("y", (1, 5)),), why="a residual add: both span the split axis alike (neither "
-                  "is broadcast along it), so part r of one meets part r of the other"),
-        ]
+                  "is broadcast along it), so part r of one meets part r of the other")]
     return out
 
 
@@ -86,8 +85,7 @@ def _along_other_axes() -> list[Rule]:
                   f"({op} (shard ?x ?a ?n) ?r false{rest})", when=("(> ?a ?r)", "(< ?r 0)")),
             _rule(f"shard-into-{name}-before", f"(shard ({op} ?x ?r false{rest}) ?a ?n)",
                   f"({op} (shard ?x (- ?a 1) ?n) ?r false{rest})", when=("(<= ?a ?r)", "(< ?r 0)"),
-                  why="axes from the reduced one's place leftward count one further from the end in ?x"),
-        ]
+                  why="axes from the reduced one's place leftward count one further from the end in ?x")]
     for op in ("softmax", "log_softmax"):
         out.append(_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x ?r) ?a ?n)",
                          f"({op} (shard ?x ?a ?n) ?r)", when=("(!= ?a ?r)", "(< ?r 0)")))
@@ -132,8 +130,7 @@ RULES = _elementwise() + _along_other_axes() + [
     _rule("gather-of-shard", "(all_gather (shard ?x ?a ?n) ?a ?n)", "?x"),
     _rule("shard-of-gather", "(shard (all_gather ?s ?a ?n) ?a ?n)", "?s",
           why="the parts gathered are the parts a split gives back"),
-    _rule("reduce-scatter", "(shard (all_reduce ?p ?n) ?a ?n)", "(reduce_scatter ?p ?a ?n)"),
-]
+    _rule("reduce-scatter", "(shard (all_reduce ?p ?n) ?a ?n)", "(reduce_scatter ?p ?a ?n)")]
 
 
 def introductions(n: int) -> list[Rule]:
@@ -168,8 +165,7 @@ def introductions(n: int) -> list[Rule]:
              f"(all_reduce (matmul (shard ?x -1 {n}) (shard ?y -2 {n})) {n})", _S, Exactness.REASSOC,
              when=whole("(matmul ?x ?y)") + ("(> (rank ?y) 1)",)),
         Rule("sum-partial-sums", "(sum ?x ?r ?k)", f"(all_reduce (sum (shard ?x ?r {n}) ?r ?k) {n})",
-             _S, Exactness.REASSOC, when=whole("(sum ?x ?r ?k)") + ("(< ?r 0)",)),
-    ]
+             _S, Exactness.REASSOC, when=whole("(sum ?x ?r ?k)") + ("(< ?r 0)",))]
 
 
 RULES += introductions(MESH)

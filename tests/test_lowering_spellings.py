@@ -300,3 +300,26 @@ def test_an_exported_batch_norm_is_one_op_the_convolution_folds_and_relu6_a_clam
     assert "conv-batch-norm-fold" in {rule.name for rule, _ in result.applied} and "batch_norm" not in result.ops_after
     with torch.no_grad():
         torch.testing.assert_close(saturate_and_extract(model, profile_db=False, profile_budget=0)(x), model(x))
+
+
+@pytest.mark.parametrize("fn, ops", [
+    (lambda x, w: x @ w.T, {"transpose"}),  # Falcon's linear; x.T reverses every axis
+    (lambda x, w: x @ w.mT + x.T.sum(), {"transpose"}),
+    (lambda x, w: x[..., [-2], :] + x[..., [0, 2, 4], :].sum(-2, keepdim=True) * w, {"slice"}),  # Falcon's MQA
+    (lambda x, w: x[:, [3, 0, 3]] * w, {"index_select"}),  # not evenly stepped: one gather on its axis
+], ids=["T", "mT", "progressions", "gather"])
+@pytest.mark.parametrize("through", [lambda f: f, exported], ids=["fx", "export"])
+def test_transposes_and_constant_index_lists_lower_to_views(fn, ops, through):
+    """``x.T``, ``x.mT`` and an axis indexed by a constant list lower to transposes, slices or one gather along that
+    axis: they were a gather of the whole tensor by a constant table (a copy, and under autograd an index_add of the
+    whole tensor: Falcon's training step ran at 0.85x eager, now 1.13x)."""
+    x, w = torch.randn(4, 5, 6, 6, requires_grad=True), torch.randn(6, 6, requires_grad=True)
+    program = captured_equals_torch(through(fn), x, w, exact=False)
+    found = {t.op for t in postorder(program.roots())}
+    assert ops <= found and ("index_select" in ops or "index_select" not in found), found
+    assert all(program.params[t.args[1].attrs[0]].numel() <= 3 for t in postorder(program.roots())
+               if t.op == "index_select")  # along one axis, not a table of every element
+    from egraph_opt import saturate_and_extract
+    out = saturate_and_extract(through(fn), profile_db=False, profile_budget=0)(x, w)
+    grads = torch.autograd.grad(out.sum(), (x, w))
+    torch.testing.assert_close(grads, torch.autograd.grad(fn(x, w).sum(), (x, w)))

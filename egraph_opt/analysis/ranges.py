@@ -225,8 +225,7 @@ TRANSFER: dict[str, Callable] = {
     "tan": lambda t, a, s: iv(math.tan(a[0][0]), math.tan(a[0][1]))  # increasing between its poles
     if -math.pi / 2 < a[0][0] and a[0][1] < math.pi / 2 else TOP,
     "hypot": lambda t, a, s: iv(math.hypot(gap(a[0]), gap(a[1])), math.hypot(mag(a[0]), mag(a[1]))),
-    "rms_norm": _rms_norm,
-}
+    "rms_norm": _rms_norm}
 
 
 def transfer(t: Term, a: list[Interval], s: list[tuple[int, ...]]) -> Interval:

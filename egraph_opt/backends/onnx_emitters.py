@@ -381,5 +381,4 @@ EMIT = {
     # decompositions: ONNX has no operator for these
     "mean-of-squares": _var, "float64-sum": _compensated_sum, "kahan-log1p": _log1p, "kahan-expm1": _expm1,
     "linear-activation": _linear_act, "definition": _definition, "stable-logaddexp": _logaddexp,
-    "quadrant-atan": _atan2, "signed-cube-root": _cbrt, "rotate-half": _rotary,
-}
+    "quadrant-atan": _atan2, "signed-cube-root": _cbrt, "rotate-half": _rotary}

@@ -127,8 +127,7 @@ _ARITHMETIC = [
     "(rule ((= e (Mul a b)) (nonneg a) (nonneg b)) ((nonneg e)))",
     "(rule ((= e (Mul a a))) ((nonneg e)))",
     "(rule ((= e (Mul a b)) (nonzero a) (nonzero b)) ((nonzero e)))",
-    "(rule ((= e (Div a b)) (positive a) (positive b)) ((positive e)))",
-]
+    "(rule ((= e (Div a b)) (positive a) (positive b)) ((positive e)))"]
 
 
 def _dtype_and_rank_rules():
@@ -186,5 +185,4 @@ def tripwires() -> list[str]:
         ("((= (Input n s d) (Input m t f)) (!= n m))", "tripwire: two different inputs merged"),
         ("((= (Input n s d) (Input m t f)) (!= d f))", "tripwire: two dtypes merged"),
         ("((= x (lo e)) (= y (hi e)) (> x (+ y (+ 1e-9 (* 1e-9 (abs y))))))",
-         "tripwire: empty range (an unsound merge)"),
-    ]]
+         "tripwire: empty range (an unsound merge)")]]

@@ -430,6 +430,8 @@ def _transpose(c, x, dim0=0, dim1=-1):  # t: of a 0-D or 1-D tensor, itself
 
 lowers(torch.permute, "permute")(lambda c, x, *dims: forms.permute(  # dims, or one list of them
     x, dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims, c.rank(x)))
+lowers("numpy_T")(lambda c, x: forms.permute(x, range(c.rank(x))[::-1], c.rank(x)))  # x.T (Falcon's x @ w.T)
+lowers("mT")(lambda c, x: _transpose(c, x, -2, -1))
 
 
 def _heads(c, t: Term):

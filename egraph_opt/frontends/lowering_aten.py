@@ -39,6 +39,20 @@ def _select(c, x, dim, index):
     return Term("reshape", (_slice(c, x, dim, at, at + 1),), (c.out_shape(),))
 
 
+@lowers(aten.index.Tensor)
+def _index(c, x, indices):
+    """``x[..., [i, j], :]``: one axis indexed by constant integers (Falcon's MQA heads), a slice where they step evenly
+    (a view: under autograd nothing scattered back), else one gather on that axis, not a table of every element."""
+    (at,) = [i for i, t in enumerate(indices) if t is not None]  # one axis, else (ValueError) _affine's gather
+    index = c.params[indices[at].attrs[0]] if low.known(indices[at]) else torch.zeros(0)
+    if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64) or not index.numel():
+        return None
+    i = (index % c.info(x).shape[at]).tolist()
+    step = i[1] - i[0] if len(i) > 1 else 1
+    return _slice(c, x, at, i[0], i[-1] + 1, step) if step > 0 and i == list(range(i[0], i[-1] + 1, step)) else \
+        Term("index_select", (x, c.constant(torch.tensor(i))), (c.axis(x, at),))
+
+
 lowers(aten.embedding.default)(lambda c, weight, ids, *options: nn_low._embedding(c, ids, weight))
 
 

@@ -319,5 +319,4 @@ CONVERTERS = {
     "Slice": _slice, "Cast": _cast, "Softmax": _softmax("softmax"),
     "LogSoftmax": _softmax("log_softmax"), "LayerNormalization": _norm("layer_norm"),
     "RMSNormalization": _norm("rms_norm"), "Conv": _conv, "MaxPool": _max_pool, "BatchNormalization": _batch_norm,
-    "NegativeLogLikelihoodLoss": _class_loss("nll_loss"), "SoftmaxCrossEntropyLoss": _class_loss("cross_entropy"),
-}
+    "NegativeLogLikelihoodLoss": _class_loss("nll_loss"), "SoftmaxCrossEntropyLoss": _class_loss("cross_entropy")}

@@ -581,8 +581,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     _op("log2",    1, "", torch.log2,   _UNARY, range_rule=math.log2, **_LOGS, onnx="none"),
     _op("log10",   1, "", torch.log10,  _UNARY, range_rule=math.log10, **_LOGS, onnx="none"),
     _op("fmod",    2, "", fmod,         _BINARY, range_rule="top",    **_STEEP, precision="keep", onnx="none"),
-    _op("remainder", 2, "", remainder,  _BINARY, range_rule="top",    **_STEEP, precision="keep", onnx="none"),
-]}
+    _op("remainder", 2, "", remainder,  _BINARY, range_rule="top",    **_STEEP, precision="keep", onnx="none")]}
 
 BY_EGG_NAME = {op.egg_name: op for op in OPS.values()}
 

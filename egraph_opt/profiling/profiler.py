@@ -152,8 +152,7 @@ WORK_KINDS: dict[str, Callable] = {
     "layer_norm": lambda op: OpSpec(lambda n: ((n, n), (n,), (n,)), _norm(8.0)),
     "rms_norm": lambda op: OpSpec(lambda n: ((n, n), (n,)), _norm(4.0)),
     "sdpa": _attention,
-    "loss": lambda op: OpSpec(lambda n: ((n, n), (n,)), _loss(op.flops), _loss_inputs),
-}
+    "loss": lambda op: OpSpec(lambda n: ((n, n), (n,)), _loss(op.flops), _loss_inputs)}
 SPECS: dict[str, OpSpec] = {name: WORK_KINDS[op.work](op) for name, op in OPS.items()
                             if not op.is_leaf and op.work != "static"}
 #: moving a value between backends' memory (the kernels of ``kernels.registry.MOVES``): no op of

@@ -42,8 +42,7 @@ class Link:
 DEFAULT_LINKS = {
     "all_gather": Link(alpha_s=394e-6, beta_s=0.93e-9),
     "all_reduce": Link(alpha_s=418e-6, beta_s=1.14e-9),
-    "reduce_scatter": Link(alpha_s=441e-6, beta_s=1.79e-9),
-}
+    "reduce_scatter": Link(alpha_s=441e-6, beta_s=1.79e-9)}
 
 
 def links_path(db=None) -> Path:

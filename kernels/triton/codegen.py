@@ -45,15 +45,13 @@ TEMPLATES: dict[str, str] = {
     "cast":    "{0}.to(tl.{dtype}).to(tl.float32)",  # rounds where the op's kernel rounds its output
     "softmax": "m.softmax_of({0}, mx, s)",  # the row ops, from their statistics (STATS)
     "layer_norm": "({0} * scale - mean) * rstd * {1} + {2}",
-    "rms_norm": "{0} * rstd * {1}",
-}
+    "rms_norm": "{0} * rstd * {1}"}
 
 # root reduction -> (identity of the combine, combine of acc with a block v, finish of acc)
 REDUCTIONS: dict[str, tuple[str, str, str]] = {
     "sum":  ("0.0", "acc + {v}", "tl.sum(acc, 0)"),
     "mean": ("0.0", "acc + {v}", "tl.sum(acc, 0) / n_cols"),
-    "max":  ('float("-inf")', "tl.maximum(acc, {v}, propagate_nan=tl.PropagateNan.ALL)", "m.max_keep_nan(acc)"),
-}
+    "max":  ('float("-inf")', "tl.maximum(acc, {v}, propagate_nan=tl.PropagateNan.ALL)", "m.max_keep_nan(acc)")}
 # row op (over the last axis, anywhere in a region; one a region) -> the walks over its row that its
 # template's statistics take, each (before, step with a block of its operand {0}, after); eps is a scalar
 STATS: dict[str, tuple[tuple[str, str, str], ...]] = {

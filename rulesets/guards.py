@@ -74,9 +74,8 @@ class Fact:
 
 def _text(a) -> str:
     """An operand as egglog spells it: a root of several rewritten together (``__lhs2``) bare."""
-    if isinstance(a, Var):
-        return a.name if a.name.startswith("__lhs") else f"?{a.name}"
-    return json.dumps(a) if type(a) is str else str(a)
+    return (a.name if a.name.startswith("__lhs") else f"?{a.name}") if isinstance(a, Var) else \
+        json.dumps(a) if type(a) is str else str(a)
 
 
 class Guard(tuple):

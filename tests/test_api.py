@@ -391,3 +391,37 @@ def test_autograd_turned_off_inside_the_program_stays_off():
     assert h.report.optimized and y.requires_grad, h.report
     y.sum().backward()
     assert model.layer.weight.grad is not None
+
+
+class _Softmaxed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.layer(x)
+        return torch.exp(y) / torch.exp(y).sum(-1, keepdim=True)
+
+
+def test_a_plan_made_under_autograd_is_timed_with_its_backward_writing_no_grad():
+    """Where autograd records, a training step is the forward and its backward: the never-slower check times both
+    (Falcon's plan, whose gathers were slower only in their backward, was kept at 0.85x a training step), through
+    torch.autograd.grad, so no parameter's or input's .grad is written by the check; the caller's backward then
+    gives eager's gradients."""
+    torch.manual_seed(0)
+    model, x = _Softmaxed(), torch.randn(4, 8, requires_grad=True)
+    f = saturate_and_extract(model, profile_budget=1.0)  # the suite's default: no timing
+    out = f(x)
+    assert f.report.backward and f.report.measured, f.report  # kept or not: timed so
+    assert "each with its backward" in str(f.report)
+    assert x.grad is None and all(p.grad is None for p in model.parameters())
+    out.sum().backward()
+    grads = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+    x.grad = None
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    torch.testing.assert_close(grads, [x.grad] + [p.grad for p in model.parameters()])
+    with torch.no_grad():
+        g = saturate_and_extract(_Softmaxed(), profile_budget=1.0)
+        g(x)
+    assert g.report.measured and not g.report.backward and "each with its backward" not in str(g.report)

@@ -292,9 +292,8 @@ class Emitter:
 
     def value(self, t: Term, like: Term | None = None) -> str:
         """The value name of an emitted term; constants take the element type of ``like``."""
-        if t.op == "const":
-            return self.scalar(t.attrs[0], self.dtype(like) if like is not None else None)
-        return self.names[id(t)]
+        return self.scalar(t.attrs[0], self.dtype(like) if like is not None else None) if t.op == "const" else \
+            self.names[id(t)]
 
     def emit(self, t: Term, out: str | None):
         spec = OPS[t.op]

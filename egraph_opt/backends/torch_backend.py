@@ -256,9 +256,8 @@ class _Build:
             return self.graph.get_attr(flat)
 
     def arg(self, x):
-        if isinstance(x, Term):
-            return self.on(("t", id(x)), "torch")
-        return self.value[("o", x.name)] if isinstance(x, OpaqueRef) else x
+        return self.on(("t", id(x)), "torch") if isinstance(x, Term) else \
+            self.value[("o", x.name)] if isinstance(x, OpaqueRef) else x
 
     def term(self, item: Term) -> None:
         key = ("t", id(item))

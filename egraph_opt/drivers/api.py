@@ -89,6 +89,7 @@ class Report:
     error: tuple | None = None  # first-order rounding error (ProgramError) before and after
     validation: Validation | None = None
     measured: list | None = None  # seconds of the original and the optimized, timed side by side
+    backward: bool = False  # timed with the backward of what needs a gradient (autograd recorded)
     fallback: str = ""  # why the original program is running instead, if it is
     bounded: list[str] = field(default_factory=list)  # work that ran on a sample or not at all, and why
     derivation: Derivation | None = None  # the steps the [REWRITE] lines are read from
@@ -160,7 +161,7 @@ class Report:
             return []
         before, after = self.measured
         lines = [f"[MEASURED] original {before * 1e6:.1f} us, optimized {after * 1e6:.1f} us "
-                 f"({before / after:.2f}x), interleaved on the example inputs"]
+                 f"({before / after:.2f}x), interleaved on the example inputs{', each with its backward' * self.backward}"]
         then, now = self.error or (None, None)
         if then and after > before and not self.fallback and now.worst <= then.worst and now.mean <= then.mean \
                 and (now.worst, now.mean) != (then.worst, then.mean):  # kept for its accuracy
@@ -262,6 +263,23 @@ def unchanged(before: Program, after: Program) -> bool:
     return [ids[id(t)] for t in before.roots()] == [ids[id(t)] for t in after.roots()]
 
 
+def _and_backward(fn: Callable) -> Callable:
+    """``fn`` and its outputs' gradients w.r.t. the leaves they reach (found once): a training step, no .grad written."""
+    leaves: list = []
+
+    def step(*args):
+        outs = [o for o in tree_leaves(fn(*args)) if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+        todo, seen = [o.grad_fn for o in outs] if outs and not leaves else [], set()
+        while todo:  # autograd's graph, to the leaves it accumulates into
+            if (node := todo.pop()) is not None and node not in seen:
+                seen.add(node)
+                todo += [f for f, _ in node.next_functions]
+        leaves.extend(node.variable for node in seen if hasattr(node, "variable"))
+        if outs and leaves:
+            torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
+    return step
+
+
 def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
     """The built module's generated code called directly (Module.__call__ and fx's wrapper cost microseconds; no hook is
     on a module only this plan holds), its outputs as the original returned them (a ``ModelOutput`` stays one)."""
@@ -277,10 +295,8 @@ def _into(call: BoundCall, module: torch.fx.GraphModule, returns: TreeSpec) -> I
 def _autocast() -> tuple:
     """Autocast's state (ops run in a lower precision): a plan made under it is made for it. Not
     in a plan's ``state``: the fast path's tensor check sees autocast (a dispatch key)."""
-    if not torch._C._is_any_autocast_enabled():
-        return ()
     return tuple((device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
-                 if torch.is_autocast_enabled(device))
+                 if torch.is_autocast_enabled(device)) if torch._C._is_any_autocast_enabled() else ()
 
 
 class OptimizedFunction:
@@ -612,7 +628,9 @@ class OptimizedFunction:
         report, result = plan.report, plan.optimized
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
-            report.measured = time_side_by_side([target, run], args, device, left)
+            report.backward = torch.is_grad_enabled()  # a training step: its backward may be what is slower
+            report.measured = time_side_by_side([_and_backward(f) if report.backward else f for f in (target, run)],
+                                                args, device, left)
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 beyond = self.objective is Objective.BALANCED and after > before * self.max_slowdown

@@ -72,8 +72,7 @@ def _near(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 def _rows(lo: float, hi: float, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
     """``rows`` x ``width`` values, row r of kind ROW_KINDS[r % 4] (coincident rows are drawn
     float-uniform here; ``sample_inputs`` moves them next to their partner's)."""
-    kind = torch.arange(rows) % len(ROW_KINDS)
-    by_float = float32_between(lo, hi, (rows, width), gen)
+    kind, by_float = torch.arange(rows) % len(ROW_KINDS), float32_between(lo, hi, (rows, width), gen)
     by_value = (lo + (hi - lo) * torch.rand(rows, width, generator=gen, dtype=torch.float64)).float()
     constant = float32_between(lo, hi, (rows, 1), gen)
     at_end = torch.tensor([lo, hi], dtype=torch.float32)[torch.randint(2, (rows, 1), generator=gen)]

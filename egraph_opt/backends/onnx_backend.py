@@ -60,8 +60,7 @@ def heads_merged(roots: list[Term], shapes: dict) -> dict[int, tuple]:
     """Attention on operands split into heads whose only use merges them back, at opset 23 one Attention over
     the unsplit values: merged term id -> (attention, x of q, k, v, H, reshape target or None)."""
     order = postorder(roots)
-    uses = _uses(roots, order)
-    found = {}
+    uses, found = _uses(roots, order), {}
     for t in order:
         attention = _swapped(t.args[0]) if t.op == "reshape" else None
         if attention is None or OPS[attention.op].onnx != "Attention" or \
@@ -108,8 +107,7 @@ def matmuls_unflattened(roots: list[Term], shapes: dict, heads: dict) -> dict[in
     broadcasts: the same products in the same order), as p(x): outer reshape id -> (p(x), the program's terms it
     reads). It may be the merge of an attention's heads (``heads``) nothing else reads: its reshape goes (there too)."""
     order = postorder(roots)
-    uses = _uses(roots, order)
-    found = {}
+    uses, found = _uses(roots, order), {}
     for t in order:
         product = _product(t.args[0], shapes) if t.op == "reshape" and uses[id(t.args[0])] == 1 else None
         flat = product[0] if product else None
@@ -141,8 +139,7 @@ def products_split(program, shapes: dict, unflattened: dict) -> dict[str, tuple[
     """Split (ONNX, opaque) along the last axis of x @ w (+ b), w a stored matrix and b a stored vector, that nothing
     else reads: a product per part, by w's (and b's) column block, without Split's copy: key -> (x, w, b, sizes)."""
     roots = program.roots()
-    uses = _uses(roots, postorder(roots))
-    found = {}
+    uses, found = _uses(roots, postorder(roots)), {}
     for key, call in program.opaque.items():
         node, outer = call.target, call.args[0] if call.args else None
         if not standard(node, "Split") or not isinstance(outer, Term) or uses[id(outer)] != 1:
@@ -328,8 +325,7 @@ class Emitter:
     def copy_opaque(self, key: str):
         if key in self.split:
             return split_product(self, key, *self.split[key])
-        call = self.program.opaque[key]
-        node = onnx.NodeProto()
+        call, node = self.program.opaque[key], onnx.NodeProto()
         node.CopyFrom(call.target)
         for i, arg in enumerate(call.args):
             if arg is not None:
@@ -376,8 +372,7 @@ def _unfused_residuals(nodes: list[onnx.NodeProto]) -> None:
 def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
     """The ModelProto of ``program`` (default: the imported one) with ``src``'s interface."""
     program = program or src.program
-    em = Emitter(src, program)
-    outputs = list(leaves(program.outputs))
+    em, outputs = Emitter(src, program), list(leaves(program.outputs))
     claimed = {id(term): name for term, name in reversed(list(zip(outputs, src.output_names)))
                if not OPS[term.op].is_leaf}  # results are computed into output names (the first one's)
     for item in _schedule(em, outputs):

@@ -110,8 +110,7 @@ def _mul(em, t):
 
 
 def _reduce(em, t, axis, keep):
-    op = OPS[t.op].onnx
-    x = em.value(t.args[0])
+    op, x = OPS[t.op].onnx, em.value(t.args[0])
     if em.opset >= AXES_INPUT_SINCE[op]:
         return em.node(op, [x, em.ints([axis], "axes")], t.op, keepdims=int(keep))
     return em.node(op, [x], t.op, axes=[axis], keepdims=int(keep))
@@ -134,8 +133,7 @@ def _var(em, t, axis, keep, correction):
 def _log1p(em, t):
     """ONNX has no log1p, and log(1 + x) loses every digit of a tiny x (why the rewrite made log1p). Kahan's
     form, exact to a few ulps: log(u) * x / (u - 1), u = 1 + x rounded; x itself where u rounds to 1."""
-    x = em.value(t.args[0])
-    one = em.scalar(1.0, em.dtype(t.args[0]))
+    x, one = em.value(t.args[0]), em.scalar(1.0, em.dtype(t.args[0]))
     u = em.node("Add", [x, one], "log1p")
     u_minus_1 = em.node("Sub", [u, one], "log1p")
     ratio = em.node("Mul", [em.node("Log", [u], "log1p"), em.node("Div", [x, u_minus_1], "log1p")], "log1p")
@@ -318,8 +316,7 @@ def _atan2(em, t):
     left = n("Or", n("Less", xv, zero), n("And", n("Equal", xv, zero), n(
         "Equal", n("Div", em.scalar(1.0, dtype), xv), em.scalar(-math.inf, dtype))))
     y_neg = n("Or", n("Less", yv, zero), n("Equal", n("Div", em.scalar(1.0, dtype), yv), em.scalar(-math.inf, dtype)))
-    shift = n("Where", y_neg, n("Neg", pi), pi)
-    both_zero = n("And", n("Equal", xv, zero), n("Equal", yv, zero))
+    shift, both_zero = n("Where", y_neg, n("Neg", pi), pi), n("And", n("Equal", xv, zero), n("Equal", yv, zero))
     at_zero = n("Where", left, shift, n("Mul", yv, zero))
     return n("Where", both_zero, at_zero, n("Where", left, n("Add", base, shift), base))
 

@@ -53,8 +53,7 @@ class CurvatureReport:
 
 def analyze_program(program: Program, ranges: dict[str, Interval] | None = None) -> CurvatureReport:
     roots, shapes = program.roots(), program.meta()
-    intervals = analyze(roots, ranges, program.leaf_meta(), shapes)
-    error = program_error(program, ranges)
+    intervals, error = analyze(roots, ranges, program.leaf_meta(), shapes), program_error(program, ranges)
     nodes = []
     for t in [t for t in postorder(roots) if t.args]:
         operands, out = [intervals[id(a)] for a in t.args], intervals[id(t)]

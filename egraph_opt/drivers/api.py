@@ -474,8 +474,7 @@ class OptimizedFunction:
             plan = self._from_family(call, report, key)
             if plan is None:
                 with Watch(self.fn) as watch:
-                    plan = self._optimize(call, report, watch, made)
-                    changed = watch.changes()
+                    plan, changed = self._optimize(call, report, watch, made), watch.changes()
                 if changed and plan.run is not None:
                     plan = self._untouched(plan.report, _changes(self._name, changed), plan.optimized)
         except InvariantError:  # a tripwire: a bug of ours that tests must see
@@ -553,8 +552,7 @@ class OptimizedFunction:
     def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample) -> Plan:
         if hooks := around(self.fn):
             raise SideEffect(f"{', '.join(hooks)} run around the call: a plan of its forward would skip them")
-        target = call.traceable(self.fn)
-        args = call.tensors
+        target, args = call.traceable(self.fn), call.tensors
         program, traced = capture(target, args)
         if watch.changes() and not watch.settles(lambda: target(*(a.clone() for a in args))):
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it

@@ -35,8 +35,7 @@ def main() -> int:
             scores = qs.double() @ ks.double().transpose(-2, -1) / math.sqrt(shape[-1])
             reference = torch.softmax(scores, -1) @ v.double()
             naive, optimized = naive_attention(qs, ks, v), attention(qs, ks, v)
-            bad = (~torch.isfinite(naive)).float().mean().item()
-            err = relative_error(optimized, reference)
+            bad, err = (~torch.isfinite(naive)).float().mean().item(), relative_error(optimized, reference)
             naive_err = relative_error(naive, reference) if bad == 0 else math.inf
             failures += not (err < (1e-2 if dtype == torch.float16 else 1e-4))
             print(f"{str(dtype):>14} max |score| {float(scores.abs().max()):6.0f}: "

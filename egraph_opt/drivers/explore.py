@@ -168,8 +168,7 @@ class Explorer:
 
     def cost_of(self, cid: str, node) -> dict:
         """The extractor's price of one e-node, and its parts."""
-        f = self.facts(cid, node)
-        model = self.result.model
+        f, model = self.facts(cid, node), self.result.model
         found = model.latency_of(f) if model.latency_of and f.shapes is not None and f.op not in LEAVES else None
         source = "-" if not node.children else (found[1] if found else "static")
         return {"cost": model(f), "curvature": model.curvature(f), "latency_us": model.latency(f) * UNIT_S * 1e6,

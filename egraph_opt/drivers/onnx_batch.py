@@ -66,10 +66,8 @@ def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs respecting dtypes: floats normal, ids within vocabularies, other ints 0/1."""
-    rng = np.random.default_rng(seed)
-    initializers = {t.name for t in model.graph.initializer}
-    vocab = vocabularies(model)
-    feeds = {}
+    rng, initializers = np.random.default_rng(seed), {t.name for t in model.graph.initializer}
+    vocab, feeds = vocabularies(model), {}
     for info in [i for i in model.graph.input if i.name not in initializers]:
         vt: ValueType | None = _value_type(info)
         if vt is None or vt.shape is None:
@@ -120,8 +118,7 @@ def upgraded(model: onnx.ModelProto, opset: int | None) -> onnx.ModelProto:
 def process(path: str, target: str, options: dict, stopped: Callable[[], bool] | None = None) -> dict:
     """One model optimized: its report record (status, reason, numbers). The same work in-process, in a -j
     worker and on a cluster; ``stopped`` (a cluster's), asked between steps, ends it unwritten."""
-    record = {"model": path, "output": target, "status": "failed", "reason": ""}
-    start = time.perf_counter()
+    record, start = {"model": path, "output": target, "status": "failed", "reason": ""}, time.perf_counter()
     latency = None
     try:
         earlier = None if options["force"] or options.get("same_is_ours") else earlier_output(path, target, options)
@@ -336,8 +333,7 @@ def _dispatch(args: argparse.Namespace, targets: dict[str, str], options: dict, 
 
 
 def run(args: argparse.Namespace) -> int:
-    started = time.time()
-    paths = _checked_inputs(args)
+    started, paths = time.time(), _checked_inputs(args)
     remove_staging(args.out, before=started)  # folders of killed runs: no live process holds them
     records: list[dict] = []
     targets = _targets(paths, args.out, records)

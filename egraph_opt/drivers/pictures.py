@@ -180,8 +180,7 @@ def _neighbourhood(classes: dict, start: str, radius: int) -> set[str]:
 
 def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_NODES) -> SVG | TextPicture:
     """The input and the output program side by side; nodes one side only has are filled (red: new, grey: gone)."""
-    numbers = pat.structural_ids(before + after)
-    sides = {"before": before, "after": after}
+    numbers, sides = pat.structural_ids(before + after), {"before": before, "after": after}
     keys = {side: {numbers[id(t)]: t for t in postorder(roots)} for side, roots in sides.items()}
     fallback = "\n".join(f"{side}: " + "; ".join(pretty(r) for r in roots) for side, roots in sides.items())
     if sum(len(k) for k in keys.values()) > max_nodes:
@@ -275,10 +274,8 @@ def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", siz
     """``op``'s measured latencies in ``db`` and the model's interpolation over ``profiler.SPECS[op].shapes(n)``."""
     from ..profiling.latency import LatencyModel
     from ..profiling.profiler import EXAMPLE_ATTRS, SPECS, device_name, work
-    where = device_name(device)
-    attrs = {a: EXAMPLE_ATTRS[a] for a, _ in OPS[op].attrs}
-    records = db.records(op, "torch", where, dtype)
-    model = LatencyModel(db)
+    where, attrs = device_name(device), {a: EXAMPLE_ATTRS[a] for a, _ in OPS[op].attrs}
+    records, model = db.records(op, "torch", where, dtype), LatencyModel(db)
     sizes = sizes or [round(2 ** (k / 2)) for k in range(6, 25)]
     curve = [(work(op, SPECS[op].shapes(n), attrs).elements,
               model.predict(op, "torch", where, dtype, SPECS[op].shapes(n), attrs)) for n in sizes]

@@ -430,6 +430,25 @@ def _transpose(c, x, dim0=0, dim1=-1):  # t: of a 0-D or 1-D tensor, itself
 
 lowers(torch.permute, "permute")(lambda c, x, *dims: forms.permute(  # dims, or one list of them
     x, dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims, c.rank(x)))
+@lowers(torch.stack, "stack")
+def _stack(c, tensors, dim=0):
+    """Along a new axis: each operand reshaped to hold it, one concat (GLM's interleaved rotate_half was a gather)."""
+    shape = list(c.out.shape)
+    axis, shape[dim % len(shape)] = dim % len(shape) - len(shape), 1
+    return forms.concat([Term("reshape", (c.tensor(t),), (shape_attr(shape),)) for t in tensors], axis)
+
+
+@lowers(torch.repeat_interleave, "repeat_interleave")
+def _repeat_interleave(c, x, repeats, dim=None, *, output_size=None):
+    """Each element ``repeats`` times in a row along ``dim``: an axis of 1 expanded after it, merged (not a gather)."""
+    if not isinstance(repeats, int) or dim is None:
+        raise Unsupported("repeat_interleave by a tensor of counts, or of the flattened tensor")
+    shape = list(c.info(x).shape)
+    at = dim % len(shape) + 1
+    one = Term("reshape", (c.tensor(x),), (shape_attr(shape[:at] + [1] + shape[at:]),))
+    return Term("reshape", (Term("expand", (one,), (shape_attr(shape[:at] + [repeats] + shape[at:]),)),), (c.out_shape(),))
+
+
 lowers("numpy_T")(lambda c, x: forms.permute(x, range(c.rank(x))[::-1], c.rank(x)))  # x.T (Falcon's x @ w.T)
 lowers("mT")(lambda c, x: _transpose(c, x, -2, -1))
 

@@ -434,14 +434,15 @@ def test_a_program_measured_slower_than_the_original_runs_only_for_stability(tmp
     fused = {**{op: n for op, n in result.ops_before.items() if op not in ("exp", "sum", "div")}, "fused_op": 1}
     allowance = KAPPA_TIE_BREAK * (sum(result.ops_before.values()) - sum(fused.values()))
     assert allowance > 0
-    for drop, steadier in ((allowance, False), (allowance + 1, True)):
-        # a fused op in place of exp, sum and div: their tie-breaking kappa alone is no steadier
+    for drop in (allowance, allowance + 1, 100 * allowance):
+        # a lower conditioning total with the worst node as it was buys no time unsampled (Qwen2-MoE's compensated
+        # routing sums, 19,000 decibels, kept a 0.88x training step; RWKV's unreplayed total a 0.72x plan)
         folded = type(result)(**{**result.__dict__, "ops_after": fused, "cost_after": {
             **result.cost_before, "curvature": result.cost_before["curvature"] - drop}})
-        assert balanced._slower_for_nothing(folded, *slower) is not steadier  # unsampled: the estimate decides
+        assert balanced._slower_for_nothing(folded, *slower)
         assert balanced._slower_for_nothing(folded, *slower, (before_error, before_error))  # sampled: no bit gained
-    unknown = type(result)(**{**folded.__dict__, "derivation": None})  # which rules bought it: not replayed (RWKV's
-    assert balanced._slower_for_nothing(unknown, *slower)  # plan, a 0.72x kept for a total it cannot point to)
+        assert not saturate_and_extract(naive, objective="stability", profile_budget=0)._slower_for_nothing(
+            folded, *slower)  # what stability asks for
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "grad", "inference_mode"])

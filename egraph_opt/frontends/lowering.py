@@ -441,8 +441,8 @@ def _stack(c, tensors, dim=0):
 @lowers(torch.repeat_interleave, "repeat_interleave")
 def _repeat_interleave(c, x, repeats, dim=None, *, output_size=None):
     """Each element ``repeats`` times in a row along ``dim``: an axis of 1 expanded after it, merged (not a gather)."""
-    if not isinstance(repeats, int) or dim is None:
-        raise Unsupported("repeat_interleave by a tensor of counts, or of the flattened tensor")
+    if not isinstance(repeats, int) or dim is None or not c.rank(x):
+        raise Unsupported("repeat_interleave by a tensor of counts, or of a flattened or 0-d tensor")
     shape = list(c.info(x).shape)
     at = dim % len(shape) + 1
     one = Term("reshape", (c.tensor(x),), (shape_attr(shape[:at] + [1] + shape[at:]),))

@@ -160,7 +160,8 @@ class Report:
             return []
         before, after = self.measured
         lines = [f"[MEASURED] original {before * 1e6:.1f} us, optimized {after * 1e6:.1f} us "
-                 f"({before / after:.2f}x), interleaved on the example inputs{', each with its backward' * self.backward}"]
+                 f"({before / after:.2f}x), interleaved on the example inputs"
+                 + ", each with its backward" * self.backward]
         then, now = self.error or (None, None)
         if then and after > before and not self.fallback and now.worst <= then.worst and now.mean <= then.mean \
                 and (now.worst, now.mean) != (then.worst, then.mean):  # kept for its accuracy

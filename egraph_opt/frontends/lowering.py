@@ -430,6 +430,8 @@ def _transpose(c, x, dim0=0, dim1=-1):  # t: of a 0-D or 1-D tensor, itself
 
 lowers(torch.permute, "permute")(lambda c, x, *dims: forms.permute(  # dims, or one list of them
     x, dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims, c.rank(x)))
+
+
 @lowers(torch.stack, "stack")
 def _stack(c, tensors, dim=0):
     """Along a new axis: each operand reshaped to hold it, one concat (GLM's interleaved rotate_half was a gather)."""
@@ -446,7 +448,8 @@ def _repeat_interleave(c, x, repeats, dim=None, *, output_size=None):
     shape = list(c.info(x).shape)
     at = dim % len(shape) + 1
     one = Term("reshape", (c.tensor(x),), (shape_attr(shape[:at] + [1] + shape[at:]),))
-    return Term("reshape", (Term("expand", (one,), (shape_attr(shape[:at] + [repeats] + shape[at:]),)),), (c.out_shape(),))
+    wide = Term("expand", (one,), (shape_attr(shape[:at] + [repeats] + shape[at:]),))
+    return Term("reshape", (wide,), (c.out_shape(),))
 
 
 lowers("numpy_T")(lambda c, x: forms.permute(x, range(c.rank(x))[::-1], c.rank(x)))  # x.T (Falcon's x @ w.T)

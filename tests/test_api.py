@@ -425,3 +425,6 @@ def test_a_plan_made_under_autograd_is_timed_with_its_backward_writing_no_grad()
         g = saturate_and_extract(_Softmaxed(), profile_budget=1.0)
         g(x)
     assert g.report.measured and not g.report.backward and "each with its backward" not in str(g.report)
+    h = saturate_and_extract(lambda y: torch.exp(y) / torch.exp(y).sum(-1, keepdim=True), profile_budget=1.0)
+    h(torch.randn(4, 8))  # autograd on, but nothing needs a gradient: the forward alone is timed, and said so
+    assert h.report.measured and not h.report.backward

@@ -272,6 +272,7 @@ def _and_backward(fn: Callable) -> Callable:
         leaves.extend(node.variable for node in seen if hasattr(node, "variable"))
         if outs and leaves:
             torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
+    step.leaves = leaves
     return step
 
 
@@ -621,9 +622,9 @@ class OptimizedFunction:
         report, result = plan.report, plan.optimized
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
-            report.backward = torch.is_grad_enabled()  # a training step: its backward may be what is slower
-            report.measured = time_side_by_side([_and_backward(f) if report.backward else f for f in (target, run)],
-                                                args, device, left)
+            timed = [_and_backward(f) for f in (target, run)] if torch.is_grad_enabled() else [target, run]
+            report.measured = time_side_by_side(timed, args, device, left)
+            report.backward = any(getattr(f, "leaves", None) for f in timed)  # where outputs needed a gradient
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 beyond = self.objective is Objective.BALANCED and after > before * self.max_slowdown

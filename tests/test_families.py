@@ -195,6 +195,33 @@ def test_a_decode_loop_builds_one_module_per_family_equal_to_eager_at_every_size
     assert not runs and len({r for reads in calls for r in reads if isinstance(r, str)}) == 42  # its shape
 
 
+
+def attends_to_past(q, k, v):
+    """A decode step's attention over a mask its sizes make, as transformers' ``sdpa_mask`` does: the mask, its rows'
+    maxima and their exponentials (torch's 0 for a row with no key) are three folded values of the size; a softplus
+    spelled out after it makes the plan change something."""
+    n, t = k.shape[-2], q.shape[-2]
+    keep = torch.arange(n)[None, :] <= torch.arange(t)[:, None] + (n - t)
+    return torch.log(1 + torch.exp(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)))
+
+
+def test_values_folded_from_one_mask_make_it_once_per_size(monkeypatch):
+    """Each later folded value reads the mask an earlier one made, not making it again: at a new size of a
+    generation (each decode step's), its arange runs once, not once per value that reads it."""
+    f = saturate_and_extract(attends_to_past, profile_db=False, profile_budget=0)
+    made = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (5, 6, 9):
+            if n == 9:
+                run = FoldedConstant.run
+                monkeypatch.setattr(FoldedConstant, "run", lambda self, reads: made.extend(
+                    str(step[1]) for step in self.steps) or run(self, reads))
+            q, k, v = torch.randn(2, 1, 8), torch.randn(2, n, 8), torch.randn(2, n, 8)
+            torch.testing.assert_close(f(q, k, v), attends_to_past(q, k, v), rtol=1e-5, atol=1e-6)
+    assert f.report.sizes.startswith("n = 2..48") and f.report.validation.passed, f.report
+    assert sum("arange" in step for step in made) == 1, made  # arange(n) (arange(t), t = 1, is a constant)
+
 def windowed(q, k):
     """Scores scaled down past a window of 12 keys: a branch on a size, which a trace specializes."""
     s = q @ k.transpose(-1, -2)

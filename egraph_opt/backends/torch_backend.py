@@ -89,13 +89,14 @@ def fold_constants(graph: fx.Graph, kernels: set, sizes: tuple = ()) -> int:
             all(fixed[a] for a in node.all_input_nodes)
     edges = [n for n in graph.nodes if fixed[n] and n.op not in ("get_attr", "placeholder") and not all(
         fixed[u] for u in n.users) and not (n.target is torch.transpose and n.args[0].op == "get_attr")]  # a view
+    done: dict = {}  # an earlier edge -> its call: read, not computed again (a mask, then its rows' maxima)
     for index, node in enumerate(edges):
-        nodes = sorted(topological([node], lambda n: n.all_input_nodes, id), key=order.__getitem__)
-        reads = [a for a in nodes if a.op == "get_attr" or a in sizes]
-        folded = FoldedConstant(nodes, reads, index)
+        nodes = sorted(topological([node], lambda n: () if n in done else n.all_input_nodes, id), key=order.__getitem__)
+        reads = [a for a in topological([node], lambda n: n.all_input_nodes, id) if a in sizes and a not in nodes] + \
+            [a for a in nodes if a.op == "get_attr" or a in sizes or a in done]  # an edge's sizes: cached per size too
         with graph.inserting_before(node):
-            node.replace_all_uses_with(graph.call_function(folded, tuple(reads)),
-                                       delete_user_cb=lambda user: not fixed.get(user, False))
+            done[node] = graph.call_function(FoldedConstant(nodes, reads, index), tuple(done.get(a, a) for a in reads))
+            node.replace_all_uses_with(done[node], delete_user_cb=lambda user: not fixed.get(user, False))
     for node in reversed(list(fixed)):  # what only folded constants read (fx keeps a detach_)
         if fixed[node] and not node.users and node.op != "placeholder":
             graph.erase_node(node)

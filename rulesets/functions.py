@@ -105,11 +105,10 @@ RULES += rules(_E, [
                               f"(add (div (div ?q ?b) (sub (div {_ROOT} ?b) (const 1.0))) (const 0.0)) (sub (neg ?b) {_ROOT}))",
                               "-b - sqrt(b^2 - q) cancels for b < 0 where |q| << b^2")])
 
-#: the same numerators unscaled, a third of the ops (the default objective can afford them), where the
-#: ranges bound |b| by 1e19: q / (-b -+ sqrt(b^2 - q)) where b^2 is finite, the sum as it was where b^2
-#: overflows (|b| > 255 in float16), as the left side overflows: inf - b^2 is NaN there, which no
-#: comparison holds. Unbounded, the scaled forms: the error estimate, in float64, cannot see float32
-#: take the other branch where b^2 overflows.
+#: the same numerators unscaled, a third of the ops (the default objective can afford them), where the ranges bound |b|
+#: by 1e19: q / (-b -+ sqrt(b^2 - q)) where b^2 is finite, the sum as it was where b^2 overflows (|b| > 255 in float16),
+#: as the left side overflows: inf - b^2 is NaN there, which no comparison holds. Unbounded, the scaled forms: the error
+#: estimate, in float64, cannot see float32 take the other branch where b^2 overflows.
 _UNSCALED = when("(<= (hi ?b) 1e19)", "(>= (lo ?b) -1e19)")
 #: The sum is spelled apart from the left side (the same value, zeros' signs too): a where() over its
 #: own e-class is no program an extraction of one e-node per class can take

@@ -208,9 +208,8 @@ def _rotary(x_first: bool, rotated_first: bool) -> Rule:
                 sample=(("x", (2, 3, 4, 6)), ("c", (4, 6)), ("s", (4, 6)), ("h", 3), ("d", 6)))
 
 
-#: -log(softmax(x)).gather(-1, t[:, None]) of (N, C) logits and N class indices t: per sample, the
-#: cross-entropy of the first len(t) rows (gather reads no further), never an ignored target (a
-#: negative index fails); then reduced, or not
+#: -log(softmax(x)).gather(-1, t[:, None]) of (N, C) logits and N class indices t: per sample, the cross-entropy of the
+#: first len(t) rows (gather reads no further), never an ignored target (a negative index fails); then reduced, or not
 _GATHERED = "(gather (log_softmax ?x -1) (reshape ?t ?s) -1)"
 _LOSS = '(cross_entropy (slice ?x -2 0 ?n 1) ?t "{}" -100)'
 _PICKED_FORMS = {  # reduction -> (its spelling, the right side around the loss)

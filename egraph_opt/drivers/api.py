@@ -1,7 +1,6 @@
-"""``saturate_and_extract``: the first call per input signature (shapes, dtypes, devices) traces,
-optimizes, validates and caches a plan; later calls run it. A plan that fails validation is
-replaced by the original program, and the report says why.
-"""
+"""``saturate_and_extract``: the first call per input signature (shapes, dtypes, devices) traces, optimizes, validates
+and caches a plan; later calls run it. A plan that fails validation is replaced by the original, and the report says
+why."""
 from __future__ import annotations
 
 import contextlib
@@ -41,9 +40,8 @@ from ..kernels.binding import Pricing, measured_estimate
 from ..kernels.torch_ops import speculating
 from ..validate import Validation, compare, random_inputs, run_counting_writes, wide_reference
 
-#: programs of at most ``ESTIMATED_UP_TO`` terms (the explorer's bound too), and this many elements
-#: over all their values, get a first-order error estimate in their report (float64 runs with
-#: derivatives at 8 points)
+#: programs of at most ``ESTIMATED_UP_TO`` terms (the explorer's bound too), and this many elements over all their
+#: values, get a first-order error estimate in their report (float64 runs with derivatives at 8 points)
 ESTIMATED_ELEMENTS = 1 << 22
 
 try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype, device, grad,

@@ -24,9 +24,8 @@ UNBOUNDED = (-math.inf, math.inf)
 #: curvature of an op that is linear (or piecewise linear) in each operand: (sup |f''|, sup |f'|)
 LINEAR = (0.0, 1.0)
 
-# The vocabulary of the op table: the values each kind-valued fact may take. The stage named
-# dispatches on it with a case for each (a test checks those tables against these); a row
-# declaring any other value fails at import.
+# The vocabulary of the op table: the values each kind-valued fact may take. The stage named dispatches on it with a
+# case for each (a test checks those tables against these); a row declaring any other value fails at import.
 #: how its result's shape and dtype follow from its operands' (lang/term.py): "first" as the
 #: first operand; "compare" a bool of the broadcast operands; "meta" by running it on meta tensors
 ShapeRule = Literal["same", "first", "broadcast", "compare", "reduce", "cast", "transpose", "reshape",
@@ -41,11 +40,10 @@ RangeRule = Literal[
 #: a curvature formula over operand ranges (extractors/curvature.py)
 Curvature = Literal["bilinear", "div", "exp", "layer_norm", "log", "log1p", "pow", "rsqrt", "sqrt", "swish"]
 Sign = Literal["positive", "nonneg", "any"]  # an e-graph fact (egraph/range_rules.py)
-#: how it amplifies its operands' rounding error (curvature.py): "exp" by |x|, "log" by 1/|log u|,
-#: "cancels" (a +- b), "sum" (of both signs), "shifted-exp" (exp(x - max(x)) inside),
-#: "log-sum-exp" (and the log of its sum, near 1 where one term dominates: logaddexp is not one,
-#: it adds log1p(exp(-|a - b|))), "rotation" (x cos + rotate_half(x) sin: a sum of two rounded
-#: products, as cancels)
+#: how it amplifies its operands' rounding error (curvature.py): "exp" by |x|, "log" by 1/|log u|, "cancels" (a +- b),
+#: "sum" (of both signs), "shifted-exp" (exp(x - max(x)) inside), "log-sum-exp" (and the log of its sum, near 1 where
+#: one term dominates: logaddexp is not one, it adds log1p(exp(-|a - b|))), "rotation" (x cos + rotate_half(x) sin: a
+#: sum of two rounded products, as cancels)
 Error = Literal["none", "exp", "log", "cancels", "sum", "shifted-exp", "log-sum-exp", "rotation"]
 Rounding = Literal["exact", "rounds", "widening"]  # exact from exact operands; widening: a cast
 #: in half precision: "accumulate" (many terms: do it in float32), "hoist" (compute before
@@ -54,9 +52,8 @@ Precision = Literal["accumulate", "hoist", "keep"]
 #: profiling kind (profiling/profiler.py); "static": priced by passes
 Work = Literal["static", "pointwise", "select", "reduce", "along", "loss", "matmul", "linear",
                "layer_norm", "rms_norm", "sdpa"]
-#: its result's memory layout (analysis/layouts.py): "fresh" (always contiguous), "view" (strides
-#: follow from the operand's), "runs" (contiguous from contiguous operands, else as its kernel
-#: chooses: found by running it)
+#: its result's memory layout (analysis/layouts.py): "fresh" (always contiguous), "view" (strides follow from the
+#: operand's), "runs" (contiguous from contiguous operands, else as its kernel chooses: found by running it)
 Layout = Literal["fresh", "view", "runs"]
 #: an op over a mesh (lang/mesh.py) that sees every device's part: "parts" (each device then holds
 #: its own part) or "whole" (each holds the same whole value)

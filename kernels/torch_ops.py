@@ -45,11 +45,10 @@ class _Assumed:
             tensors = self.tensors + (list(torch._foreach_reciprocal(self.reciprocals)) if self.reciprocals else [])
             if not tensors:
                 return True
-            if sum(t.numel() for t in tensors) <= 1 << 14:  # a decode step's: one copy and one pass cost less
-                low, high = torch.stack(torch.aminmax(torch.cat([t.reshape(-1) for t in tensors]))).tolist()
-            else:  # each read where it lies (a copy costs a pass); NaN where one is
-                lows, highs = zip(*(torch.aminmax(t) for t in tensors))
-                low, high = torch.stack([torch.stack(lows).min(), torch.stack(highs).max()]).tolist()
+            small = [t.reshape(-1) for t in tensors if t.numel() <= 1 << 12]  # a decode step's: one copy, one pass
+            tensors = [t for t in tensors if t.numel() > 1 << 12] + ([torch.cat(small)] if small else [])
+            lows, highs = zip(*(torch.aminmax(t) for t in tensors))  # the others each where it lies (a copy: a pass)
+            low, high = torch.stack([torch.stack(lows).min(), torch.stack(highs).max()]).tolist()  # NaN where one is
         top = max(-low, high)  # squared only under a scores' bound: a float64 plan's 1e200 is finite, its square not
         return math.isfinite(low) and math.isfinite(high) and (self.square == math.inf or top * top < self.square)
 

@@ -37,6 +37,24 @@ def test_first_call_per_signature_optimizes_later_calls_reuse_the_plan(compiles)
     assert len(f.plans) == 3
 
 
+
+def test_the_decorated_function_has_the_originals_signature_read_without_unwrapping():
+    """``generate()`` reads its forward's signature (4 times a call): the decorated forward (a function, a bound
+    method, a decorated method) answers with the original's, kept, not unwrapped again (22 us) each time."""
+    import inspect
+
+    class Head(nn.Module):
+        @saturate_and_extract
+        def scores(self, x, mask=None, *, scale: float = 1.0):
+            return x * scale
+
+    head, model = Head(), nn.Linear(3, 2)
+    for original, decorated in ((naive_softmax, saturate_and_extract(naive_softmax)),
+                                (model.forward, saturate_and_extract(model.forward)),
+                                (Head.scores.fn.__get__(head), head.scores)):
+        assert inspect.signature(decorated) == inspect.signature(original)
+        assert decorated.__signature__ is inspect.signature(decorated), "unwrapped again"
+
 def test_a_call_unlike_the_last_one_never_runs_the_last_plan(compiles):
     """The last plan runs after one exact check of the tensors; anything else (another shape in
     turn, a tensor resized or transposed in place since) finds its own plan."""

@@ -338,6 +338,7 @@ class OptimizedFunction:
                              f"{getattr(target, '__qualname__', target)}")
         if not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn)
+            self.__signature__ = self._signature  # inspect.signature unwraps it in 22 us: generate() asks 4 times
         self._bind = Binder(self._signature, self._name)
 
     def __reduce__(self):  # a copy or pickle (deepcopy, torch.save): the original's, decorated anew (plans are a cache)

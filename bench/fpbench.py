@@ -350,13 +350,14 @@ def round_f32(v) -> float:
 
 
 def f32_inward(q: Fraction, up: bool) -> float:
-    """The float32 nearest ``q`` on its inner side (up for a lower bound, down for an upper)."""
-    f = np.float32(float(q))
+    """The float32 nearest ``q`` on its inner side (up for a lower bound, down for an upper); a bound past float32's
+    range (xlohi's 1e308) is its largest finite value."""
+    f = np.float32(float(max(-F32_MAX, min(F32_MAX, q))))
     if up and Fraction(float(f)) < q:
         f = np.nextafter(f, np.float32(np.inf))
     if not up and Fraction(float(f)) > q:
         f = np.nextafter(f, np.float32(-np.inf))
-    return float(f)
+    return max(-F32_MAX, min(F32_MAX, float(f)))  # no point then holds the precondition: the problem is unscored
 
 
 def box_of(problem: Problem) -> tuple[dict, str]:

@@ -114,6 +114,11 @@ def test_box_comes_from_the_precondition():
     t03 = _problem("test03_nonlin2")  # (< 0 x 1)
     inputs, _ = fb.points(t03, fb.box_of(t03)[0], 64, np.random.default_rng(1))
     assert (inputs["x"] > 0).all() and (inputs["y"] < -0.1).all()
+    # bounds past float32's range (lo < -1e308) stay finite: no point holds such a precondition, none is kept
+    xlohi = _problem("xlohi (overflows)")
+    box, _ = fb.box_of(xlohi)
+    assert all(math.isfinite(b) for bounds in box.values() for b in bounds), box
+    assert len(fb.points(xlohi, box, 8, np.random.default_rng(1), rounds=2)[1]) == 0
 
 
 def test_one_problem_end_to_end():

@@ -92,8 +92,8 @@ def fold_constants(graph: fx.Graph, kernels: set, sizes: tuple = ()) -> int:
     done: dict = {}  # an earlier edge -> its call: read, not computed again (a mask, then its rows' maxima)
     for index, node in enumerate(edges):
         nodes = sorted(topological([node], lambda n: () if n in done else n.all_input_nodes, id), key=order.__getitem__)
-        reads = [a for a in topological([node], lambda n: n.all_input_nodes, id) if a in sizes and a not in nodes] + \
-            [a for a in nodes if a.op == "get_attr" or a in sizes or a in done]  # an edge's sizes: cached per size too
+        own = [a for a in nodes if a.op == "get_attr" or a in sizes or a in done]  # and the sizes an earlier edge
+        reads = list(dict.fromkeys([s for a in own if a in done for s in done[a].args if s in sizes] + own))  # read
         with graph.inserting_before(node):
             done[node] = graph.call_function(FoldedConstant(nodes, reads, index), tuple(done.get(a, a) for a in reads))
             node.replace_all_uses_with(done[node], delete_user_cb=lambda user: not fixed.get(user, False))

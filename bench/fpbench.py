@@ -375,12 +375,13 @@ def box_of(problem: Problem) -> tuple[dict, str]:
             clauses += c[1:]
             continue
         chain = c[1:] if c[0] in ("<", "<=") else c[:0:-1]
+        strict = Fraction(1, 2 ** 1100) * (c[0] in ("<", ">"))  # below float64's least: 0 < x is the least float32
         for a, b in zip(chain, chain[1:]):  # a <= b
             if number(a) is not None and isinstance(b, str) and b in lo:
-                lo[b] = max(lo[b], number(a))
+                lo[b] = max(lo[b], number(a) + strict)
                 bounded.append((b, False))
             if isinstance(a, str) and a in hi and number(b) is not None:
-                hi[a] = min(hi[a], number(b))
+                hi[a] = min(hi[a], number(b) - strict)
                 bounded.append((a, True))
     box = {p: (f32_inward(lo[p], True), f32_inward(hi[p], False)) for p in problem.params}
     full = {(p, u) for p in problem.params for u in (False, True)}

@@ -104,8 +104,9 @@ def test_box_comes_from_the_precondition():
     box, tag = fb.box_of(_problem("delta4"))  # (<= 4 x1 3969/625): 6.3504 rounded down to float32
     assert tag == "pre" and box["x1"][0] == 4.0 and Fraction(box["x1"][1]) <= Fraction(3969, 625)
     assert np.nextafter(F32(box["x1"][1]), F32(7)) > 3969 / 625
-    box, tag = fb.box_of(_problem("Kahan p9 Example"))  # (and (< 0 x 1) (< y 1))
-    assert tag == "partial" and box["x"] == (0.0, 1.0) and box["y"] == (fb.DEFAULT_BOX[0], 1.0)
+    box, tag = fb.box_of(_problem("Kahan p9 Example"))  # (and (< 0 x 1) (< y 1)): strict, the floats inside
+    below_one, least = float(np.nextafter(F32(1), F32(0))), float(np.nextafter(F32(0), F32(1)))
+    assert tag == "partial" and box["x"] == (least, below_one) and box["y"] == (fb.DEFAULT_BOX[0], below_one)
     assert fb.box_of(_problem("Hyperbolic sine")) == ({"x": fb.DEFAULT_BOX}, "default")
     # strict and non-box parts of the precondition filter the sampled points
     floudas = _problem("floudas")  # (and (<= 0 x1 2) (<= 0 x2 3) (<= (+ x1 x2) 2))

@@ -71,6 +71,8 @@ RULES = rules(_E, [
     ("exp-product",           "(mul (exp ?a) (exp ?b))",                        "(exp (add ?a ?b))",
                               "e^a e^b is inf * 0 when a = -b is large"),
     ("exp-quotient",          "(div (exp ?a) (exp ?b))",                        "(exp (sub ?a ?b))"),
+    ("div-by-square",         "(div ?x (mul ?y ?y))",                           "(div (div ?x ?y) ?y)",
+                              "y*y overflows or underflows where x/y/y does not; x/y then does only if the result does"),
     ("log-product",           "(log (mul ?a ?b))",                              "(add (log ?a) (log ?b))",
                               _POS, "a*b overflows where log a + log b does not"),
     ("log-power",             "(log (pow ?a (const ?p)))",                      "(mul (log ?a) (const ?p))",

@@ -253,3 +253,17 @@ def test_a_reciprocal_times_a_value_rounds_once():
     assert {"recip-mul-to-div", "mul-recip-to-div"} & {name for name, _, _ in optimized.report.rewrites}
     x = torch.tensor([1e-39, -1e-39, 3.0, -7.0, 1e30, -1e30])
     assert torch.equal(optimized(x), torch.tensor([0.0, 2.0, 0.0, 2.0, 0.0, 2.0]))
+
+
+def test_inverse_square_divides_twice():
+    """x / (y * y) (Coulomb's force) overflows y * y at |y| > 2^64 where x / y / y is finite: the default objective,
+    with no range declared, divides twice (without the rule only the float64 form is accurate)."""
+    optimized = saturate_and_extract(lambda x, y: x / (y * y))
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(64, generator=gen) + 1, torch.rand(64, generator=gen) + 1
+    optimized(x, y)  # traced on moderate inputs
+    x, y = x * 1e20, y * 1e20
+    truth = x.double() / y.double() ** 2
+    assert (x / (y * y) == 0).all() and truth.min() > 0  # y * y overflowed everywhere
+    torch.testing.assert_close(optimized(x, y).double(), truth, rtol=1e-6, atol=0)
+    assert "cast" not in optimized.report.ops_after  # in float32, not float64 (casts that cost more than a division)

@@ -48,6 +48,7 @@ RULES = rules(_A, [
     ("sub-to-neg",            "(sub (const 0.0) ?x)",            "(neg ?x)", when("(nonzero ?x)"),
                               "0 - (+0) is +0 but -(+0) is -0: only for an x that is never 0"),
     ("pow-two",               "(pow ?x (const 2.0))",            "(mul ?x ?x)"),
+    ("square-minus-one",      "(sub (mul ?x ?x) (const 1.0))",   "(add (mul (add ?x (const 1.0)) (sub ?x (const 1.0))) (const 0.0))"),
     ("pow-half",              "(pow ?x (const 0.5))",            "(sqrt ?x)"),
     ("rsqrt-fuse",            "(div (const 1.0) (sqrt ?x))",     "(rsqrt ?x)"),
     ("sqrt-square-abs",       "(sqrt (mul ?x ?x))",              "(abs ?x)"),

@@ -65,6 +65,7 @@ RULES = rules(_E, [
                               "(div (const 1.0) (mul ?x (add ?x (const 1.0))))"),
     ("difference-of-squares", "(sub (mul ?a ?a) (mul ?b ?b))",                  "(add (mul (add ?a ?b) (sub ?a ?b)) (const 0.0))",
                               "+ 0: a zero is +0 as on the left (at a = b = -1 the product is -0)"),
+    ("shift-cancel",          "(sub (add ?x (const ?c)) (const ?c))",  "(add ?x (const 0.0))", "x + 1 drops x < 2^-24"),
     # -- exponent and logarithm algebra against overflow --------------------------------------
     ("log-exp-cancel",        "(log (exp ?x))",                                 "?x"),
     ("log1p-expm1-cancel",    "(log1p (expm1 ?x))",                             "?x"),
@@ -72,7 +73,7 @@ RULES = rules(_E, [
                               "e^a e^b is inf * 0 when a = -b is large"),
     ("exp-quotient",          "(div (exp ?a) (exp ?b))",                        "(exp (sub ?a ?b))"),
     ("div-by-square",         "(div ?x (mul ?y ?y))",                           "(div (div ?x ?y) ?y)",
-                              "y*y overflows or underflows where x/y/y does not; x/y then does only if the result does"),
+                              "y*y overflows or underflows where x/y/y does not, x/y only where the result does"),
     ("log-product",           "(log (mul ?a ?b))",                              "(add (log ?a) (log ?b))",
                               _POS, "a*b overflows where log a + log b does not"),
     ("log-power",             "(log (pow ?a (const ?p)))",                      "(mul (log ?a) (const ?p))",

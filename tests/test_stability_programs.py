@@ -47,6 +47,10 @@ def naive_gate_complement(x):  # GRU's 1 - z, a probability's complement
     return 1 - torch.sigmoid(x)
 
 
+def naive_expanded_square(x):  # (x + 1)^2 - 1: x + 1 drops the digits of a small x
+    return (x + 1) * (x + 1) - 1
+
+
 def truth_attention(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
 
@@ -62,6 +66,7 @@ CASES = [
     (naive_pair_softmax, lambda a, b: torch.sigmoid(a - b),        [(64,)] * 2,     lambda x: x * 100),
     (naive_truncated_exp_log, lambda y, z: torch.log1p(y * torch.expm1(z)), [(64,)] * 2, lambda x: x.abs() * 1e-2),
     (naive_gate_complement, lambda x: torch.sigmoid(-x),           [(64,)],         lambda x: x.abs() + 12),
+    (naive_expanded_square, lambda x: x * (x + 2),                 [(64,)],         lambda x: x * 1e-5),
 ]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
 

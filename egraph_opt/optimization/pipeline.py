@@ -24,6 +24,7 @@ from ..extractors.enumerate import alternatives
 from ..extractors.regimes import MIN_GAIN, Candidate, Piecewise, infer_regimes
 from ..extractors.rounding_error import elementwise, far_more_accurate, least_error, program_error, sampled_small
 from ..lang import pattern as pat
+from ..lang.ops import OPS
 from ..lang.program import Program
 from ..analysis.facts import Facts, class_constants
 from ..analysis.layouts import result_strides, term_strides
@@ -132,14 +133,16 @@ def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, mod
             program.params or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
             any(t.attrs[2] != "float32" for t in program.inputs):
         return None
-    leaves = {id(t): Term("cast", (t,), ("float64",)) if t.op == "input" else  # constants as written
+    needs = {id(a) for t in postorder(chosen) for i, a in enumerate(t.args) if a.op == "input" and not (  # a cast: those
+        OPS[t.op].shape_rule == "broadcast" and len(t.args) == 2 and t.args[1 - i].op != "const"  # no float64 operand
+        and (i or t.args[1].op != "input"))}  # promotes, as torch does (a kernel fewer each)
+    leaves = {id(t): (Term("cast", (t,), ("float64",)) if id(t) in needs else t) if t.op == "input" else  # constants
               Term.const(program.doubles.get(t.attrs[0], t.attrs[0])) for t in postorder(chosen) if t.op in ("input", "const")}
     widest = [Term("cast", tuple(tmpl.substitute(chosen, leaves)), ("float32",))]
     pair = [program.with_roots({id(program.roots()[0]): t[0]}) for t in (chosen, widest)]
     if model.objective is Objective.BALANCED:
-        priced = lambda terms: program_cost(terms, model, input_ranges, program.leaf_meta())["latency"]  # noqa: E731
-        return widest if far_more_accurate(pair, [priced(t) for t in (chosen, widest)], model.affordable,
-                                           input_ranges) else None
+        latency = [program_cost(t, model, input_ranges, program.leaf_meta())["latency"] for t in (chosen, widest)]
+        return widest if far_more_accurate(pair, latency, model.affordable, input_ranges) else None
     old, new = (program_error(p, input_ranges) for p in pair)
     return widest if old and new and old.mean > 1 and new.worst <= old.worst and new.mean <= old.mean - MIN_GAIN else None
 
@@ -165,8 +168,8 @@ def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: d
     return optimized, best, before, after
 
 
-#: the stability and balanced objectives re-rank this many of the cheapest programs of a root, for programs of
-#: at most RERANK_NODES terms and RERANK_ELEMENTS numbers (each estimate runs in float64 with derivatives)
+#: stability and balanced re-rank the RERANK cheapest programs of a root of at most RERANK_NODES terms and
+#: RERANK_ELEMENTS numbers (each estimate runs in float64 with derivatives)
 RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 
 
@@ -187,11 +190,8 @@ def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapsho
     found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
     candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]
     programs = [program.with_roots({id(roots[0]): c[0]}) for c in candidates]
-    if model.objective is Objective.STABILITY:
-        chosen = least_error(programs, input_ranges)
-    else:
-        latencies = [priced(c)["latency"] for c in candidates]
-        chosen = far_more_accurate(programs, latencies, model.affordable, input_ranges)
+    chosen = least_error(programs, input_ranges) if model.objective is Objective.STABILITY else far_more_accurate(
+        programs, [priced(c)["latency"] for c in candidates], model.affordable, input_ranges)
     return None if chosen is None else candidates[chosen]
 
 

@@ -62,8 +62,7 @@ RULES = rules(_A, [
     ("log-gather-commute",    "(log (gather ?p ?i ?a))",         "(gather (log ?p) ?i ?a)",
                               "gathering commutes with elementwise ops"),
     # fusions of forms that are already stable into the op that names them
-    ("log-sum-exp-from-shifted", f"(add (max ?x ?a true) (log (sum (exp {SHIFTED}) ?a true)))",
-                              "(logsumexp ?x ?a true)"),
+    ("log-sum-exp-from-shifted", f"(add (max ?x ?a true) (log (sum (exp {SHIFTED}) ?a true)))", "(logsumexp ?x ?a true)"),
     ("sigmoid-from-exp",      "(div (const 1.0) (add (exp (neg ?x)) (const 1.0)))", "(sigmoid ?x)"),
     ("variance-fuse",         "(mean (mul (sub ?x (mean ?x ?a true)) (sub ?x (mean ?x ?a true))) ?a ?k)",
                               "(var ?x ?a ?k 0)"),

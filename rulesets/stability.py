@@ -1,6 +1,6 @@
 """Stability rewrites: naive numerics into forms that stay finite and accurate at extreme inputs."""
 from . import Family, rules, when
-from .algebra import BELOW_MAX, F32_MAX, F32_TINY, SHIFTED as _SHIFTED
+from .algebra import BELOW_MAX, F32_MAX, F32_TINY, NEVER_INF, SHIFTED as _SHIFTED
 
 _E = Family.STABILITY
 _POS = when("(positive ?a)", "(positive ?b)")
@@ -38,8 +38,7 @@ RULES = rules(_E, [
                               "BCE's second term: 1 - sigmoid(x) rounds to 0 for large x"),
     ("one-minus-sigmoid",     "(sub (const 1.0) (sigmoid ?x))",                 "(sigmoid (neg ?x))",
                               "a gate's complement (GRU's 1 - z, a probability's 1 - p) rounds to 0 for large x"),
-    ("tanh-from-exp",         "(div (sub (exp ?x) (exp (neg ?x))) (add (exp ?x) (exp (neg ?x))))",
-                              "(tanh ?x)"),
+    ("tanh-from-exp",         "(div (sub (exp ?x) (exp (neg ?x))) (add (exp ?x) (exp (neg ?x))))", "(tanh ?x)"),
     ("logaddexp-fuse",        "(log (add (exp ?a) (exp ?b)))",                  "(logaddexp ?a ?b)"),
     ("nll-log-softmax",       "(log (gather (softmax ?x ?a) ?i ?a))",
                               "(gather (log_softmax ?x ?a) ?i ?a)", "-log(softmax(x))[y]: cross-entropy"),
@@ -72,6 +71,8 @@ RULES = rules(_E, [
     ("exp-product",           "(mul (exp ?a) (exp ?b))",                        "(exp (add ?a ?b))",
                               "e^a e^b is inf * 0 when a = -b is large"),
     ("exp-quotient",          "(div (exp ?a) (exp ?b))",                        "(exp (sub ?a ?b))"),
+    ("div-common-factor",     "(div ?x (mul ?y ?x))",                           "(div (const 1.0) ?y)", NEVER_INF + when(
+                              "(nonzero ?x)"), "x/(y x) = 1/y for a finite x != 0: y x overflows or underflows alone"),
     ("div-by-square",         "(div ?x (mul ?y ?y))",                           "(div (div ?x ?y) ?y)",
                               "y*y overflows or underflows where x/y/y does not, x/y only where the result does"),
     ("log-product",           "(log (mul ?a ?b))",                              "(add (log ?a) (log ?b))",

@@ -71,8 +71,8 @@ RULES = rules(_E, [
     ("exp-product",           "(mul (exp ?a) (exp ?b))",                        "(exp (add ?a ?b))",
                               "e^a e^b is inf * 0 when a = -b is large"),
     ("exp-quotient",          "(div (exp ?a) (exp ?b))",                        "(exp (sub ?a ?b))"),
-    ("div-common-factor",     "(div ?x (mul ?y ?x))",                           "(div (const 1.0) ?y)", NEVER_INF + when(
-                              "(nonzero ?x)"), "x/(y x) = 1/y for a finite x != 0: y x overflows or underflows alone"),
+    *((f"div-common-factor{s}", f"(div ?x (mul {a}))", "(div (const 1.0) ?y)", NEVER_INF + when("(nonzero ?x)"),
+       "x/(y x) = 1/y for a finite x != 0: y x over- or underflows alone") for s, a in (("", "?y ?x"), ("-left", "?x ?y"))),
     ("div-by-square",         "(div ?x (mul ?y ?y))",                           "(div (div ?x ?y) ?y)",
                               "y*y overflows or underflows where x/y/y does not, x/y only where the result does"),
     ("log-product",           "(log (mul ?a ?b))",                              "(add (log ?a) (log ?b))",

@@ -98,6 +98,23 @@ def test_a_family_that_fell_back_twice_falls_back_at_once_saying_why(monkeypatch
     assert f.report.fallback.startswith("so did its size family: ") and "prints" in f.report.fallback
 
 
+def test_one_plan_runs_the_original_at_each_size_of_a_family_that_fell_back(monkeypatch, capsys):
+    """A decode step's new cache length costs a C++ check, not a plan of its own (a key, a walk of the state: 5 ms a
+    step of a fallen-back Llama's generate()); a size past the family's reach, or of another shape, is traced."""
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(prints, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (5, 6, *range(7, 49), 7, 30):  # 48 = REACH x 6
+            x = torch.randn(n)
+            torch.testing.assert_close(f(x), x.exp() + 1.0)
+        assert len(f.plans) == 3 and len(traced) == 2 and f.report.fallback.startswith("so did its size family: ")
+        for shape in ((49,), (2, 7), (1,)):  # past its reach; another rank; a size 1 (which broadcasts)
+            x = torch.randn(shape)
+            torch.testing.assert_close(f(x), x.exp() + 1.0)
+    assert len(traced) == 5 and capsys.readouterr().out.count("called") == 49
+
+
 def test_instantiation_keeps_equal_parts_and_refuses_what_a_size_does_not_explain():
     x8, x9 = Term.input("x", (2, 8)), Term.input("x", (2, 9))
     a, b = Term("reshape", (x8,), ("16",)), Term("reshape", (x9,), ("18",))

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
+# torch.compile's own check that tensors have a type, dispatch keys, dtype, device, grad, sizes and strides: one C++
+# call, cheaper than the Python key after a kernel has run (which evicts the interpreter's data from the caches)
+from torch._C._dynamo.guards import TensorGuards as _Exact
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
 from .arguments import Binder, BoundCall, Into, Layout
@@ -44,14 +47,8 @@ from ..validate import Validation, compare, random_inputs, run_counting_writes, 
 #: values, get a first-order error estimate in their report (float64 runs with derivatives at 8 points)
 ESTIMATED_ELEMENTS = 1 << 22
 
-try:  # torch.compile's own check that tensors have a type, dispatch keys, dtype, device, grad,
-    # sizes and strides: one C++ call, cheaper than the Python key after a kernel has run (which
-    # evicts the interpreter's data from the caches); stricter than the key
-    from torch._C._dynamo.guards import TensorGuards as _Exact
-except ImportError:  # pragma: no cover - a torch without it: every call builds the key
-    _Exact = None
-
 _MISS = object()  # what ``_again`` returns for a call it finds no plan for without binding
+_FAMILY = object()  # a plan's guard that checks its size family's sizes (``Variable.check``)
 
 
 def _missed(args: tuple, kwargs: dict):
@@ -110,8 +107,7 @@ class Report:
             return "\n".join(lines + [f"[FALLBACK] running the original program: {self.fallback}"])
         lines += [f"[REWRITE] {name}: {what}  ({n} matches)" for name, what, n in self.rewrites]
         unexplained = self.derivation is not None and not self.derivation.complete
-        if not self.rewrites and not unexplained:
-            lines.append("[REWRITE] none: no rule improved the program")
+        lines += ["[REWRITE] none: no rule improved the program"] * (not self.rewrites and not unexplained)
         if unexplained:  # the e-graph proved the output equal; the replay did not find every step
             lines.append(f"[REWRITE] steps not replayed up to: {self.derivation.unexplained}")
         if self.derivation is not None:  # a piecewise program: each regime and its form
@@ -131,24 +127,17 @@ class Report:
             before, after = self.error
             lines.append(f"[ERROR] first-order estimate over the input ranges: worst {before.worst:.1f} -> "
                          f"{after.worst:.1f} bits, mean {before.mean:.2f} -> {after.mean:.2f} bits")
-        if self.kernels:
-            lines.append(f"[KERNELS] {_counts(self.kernels)}")
+        lines += [f"[KERNELS] {_counts(self.kernels)}"] * bool(self.kernels)
         lines += [f"[OPAQUE] {o}" for o in self.opaque]
         lines += [f"[SATURATION] {s}" for s in self.saturation]
-        if self.seconds:
-            lines.append("[TIME] " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items()))
+        lines += ["[TIME] " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items())] * bool(self.seconds)
         lines += self._measured()
-        v = self.validation
-        if v is not None:
-            verdict = "passed" if v.passed else "FAILED"
-            lines.append(f"[VALIDATION] {verdict}: max error {v.max_error:.3g} "
+        if (v := self.validation) is not None:
+            lines.append(f"[VALIDATION] {'passed' if v.passed else 'FAILED'}: max error {v.max_error:.3g} "
                          f"(original {v.original_error:.3g}){' - ' + v.detail if v.detail else ''}")
         lines += [f"[BOUNDED] {b}" for b in self.bounded]
-        if self.sizes:
-            lines.append(f"[SIZES] {self.sizes}")
-        if self.fallback:
-            lines.append(f"[FALLBACK] running the original program: {self.fallback}")
-        return "\n".join(lines)
+        lines += [f"[SIZES] {self.sizes}"] * bool(self.sizes)
+        return "\n".join(lines + [f"[FALLBACK] running the original program: {self.fallback}"] * bool(self.fallback))
 
     __repr__ = __str__
 
@@ -418,8 +407,9 @@ class OptimizedFunction:
         while len(self._plans) > MAX_PLANS:
             self._plans.popitem(last=False)
         self._state.pin()
-        if _Exact is not None and layout is not None:
-            plan.guard = _Exact(*call.tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check, state
+        if layout is not None:
+            plan.guard = plan.guard[0] if plan.guard[1] is _FAMILY else \
+                _Exact(*call.tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check, state
             plan.again = self._fast(plan, layout)
         if ran:
             self._remember(plan)
@@ -495,9 +485,11 @@ class OptimizedFunction:
                       sizes=f"n = 2..{REACH * max(span[:2])}, n the size at {variable.where(call.names, call.tensors)}: "
                             f"made at n = {n} from the plans traced at n = {span[0]} and {span[1]}",
                       measured=None, validation=None)
-        if like.plan.run is None:
-            return self._untouched(was, f"so did its size family: {was.fallback}") if was.fallback \
+        if like.plan.run is None:  # one plan, checked for the family's every size
+            plan = self._untouched(was, f"so did its size family: {was.fallback}") if was.fallback \
                 else Plan(None, was, None)
+            plan.guard = variable.check(call.tensors, REACH * max(span[:2])), _FAMILY
+            return plan
         if first.returns != second.returns:
             return None
         try:  # a size not on the samples' lines fails to build or to run: it is optimized

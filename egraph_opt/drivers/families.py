@@ -17,10 +17,11 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import fx
+from torch._C._dynamo.guards import TensorGuards
 from torch.fx.node import map_aggregate, map_arg
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -78,6 +79,16 @@ class Variable:
     def where(self, names: list[str], tensors: tuple) -> str:
         places = [f"{name}.shape[{d}]" for name, t in zip(names, tensors) for d in range(t.dim())]
         return ", ".join(places[i] for i in self.at if i < len(places))
+
+    def check(self, tensors: tuple, most: int) -> Callable[..., bool]:
+        """torch.compile's C++ check of ``tensors`` with ``n`` (and the strides of tensors holding it) free in 2..``most``:
+        one plan that runs the original serves the family's every size, not a plan each (a decode step's)."""
+        dims = [(i, d) for i, t in enumerate(tensors) for d in range(t.dim())]
+        free, (i, d) = {dims[k] for k in self.at}, dims[self.at[0]]
+        check = TensorGuards(*tensors, dynamic_dims_sizes=[[None if (j, e) in free else s for e, s in enumerate(
+            t.shape)] for j, t in enumerate(tensors)], dynamic_dims_strides=[[None] * t.dim() if j in {f[0] for f in free}
+            else list(t.stride()) for j, t in enumerate(tensors)]).check
+        return lambda *now: check(*now) and 2 <= now[i].shape[d] <= most
 
     def n(self, sizes: tuple) -> int | None:
         """The variable's value at ``sizes``, or None if they are not of this family."""

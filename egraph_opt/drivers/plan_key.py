@@ -445,13 +445,14 @@ def _walk(fn: Callable):
         if id(o) in seen or isinstance(o, (torch.Tensor, str, bytes, int, float, complex, bool, type(None))):
             continue
         seen.add(id(o))
+        if isinstance(o, (types.FunctionType, types.ModuleType, type)) and \
+                _library(o.__name__ if isinstance(o, types.ModuleType) else o.__module__):
+            continue
         if isinstance(o, types.MethodType):
             todo += [(name, o.__func__), (name.rsplit(".", 1)[0] if "." in name else "self", o.__self__)]
         elif isinstance(o, functools.partial):
             todo += [(name, o.func), *((f"{name} argument", a) for a in (*o.args, *o.keywords.values()))]
         elif isinstance(o, types.FunctionType):
-            if _library(o.__module__):
-                continue
             for code in codes(o.__code__):
                 names.update(code.co_names)
             for var, cell in zip(o.__code__.co_freevars, o.__closure__ or ()):
@@ -463,14 +464,10 @@ def _walk(fn: Callable):
             yield "global", o.__globals__, scope
             todo += [(f"global {k}", v) for k, v in scope.items()]
         elif isinstance(o, types.ModuleType):
-            if _library(o.__name__):
-                continue
             attributes = {k: v for k, v in vars(o).items() if k in names}
             yield f"{o.__name__}.__dict__", vars(o), attributes
             todo += [(f"{o.__name__}.{k}", v) for k, v in attributes.items()]
         elif isinstance(o, type):
-            if _library(o.__module__):
-                continue
             yield o.__qualname__, o, dict(vars(o))
             todo += [(f"{o.__qualname__}.{k}", v) for k, v in vars(o).items()
                      if not k.startswith("__") or k == "__call__"]

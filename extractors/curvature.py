@@ -15,8 +15,7 @@ from egraph_opt.analysis.ranges import Interval, gap, mag
 from egraph_opt.lang.ops import OPS
 
 _FINFO = {d: torch.finfo(getattr(torch, d)) for d in ("float64", "float32", "float16", "bfloat16")}
-UNIT_ROUNDOFF = {d: f.eps / 2 for d, f in _FINFO.items()}
-FINITE_MAX = {d: f.max for d, f in _FINFO.items()}
+UNIT_ROUNDOFF, FINITE_MAX = {d: f.eps / 2 for d, f in _FINFO.items()}, {d: f.max for d, f in _FINFO.items()}
 
 
 def _exp(v: float) -> float:

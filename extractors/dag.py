@@ -17,8 +17,7 @@ from egraph_opt.egraph.engine import ENode
 from egraph_opt.egraph.session import ExtractionError, terms_of
 from egraph_opt.lang.term import Term
 
-WINDOW = 6
-EXACT_UP_TO = 20_000
+WINDOW, EXACT_UP_TO = 6, 20_000
 
 
 def _users(classes: dict[str, list[ENode]]) -> tuple[list, dict[str, list[int]], list[int]]:

@@ -56,8 +56,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
     if start is None:  # relaxation closed a cycle (see dag.py): Knuth's order cannot
         default = settled_in_order(classes, price)
         start = _program(root, {}, default)
-    queue = [(sum(price(c, n) for c, n in start.items()), 0, {})]
-    seen = {frozenset()}
+    queue, seen = [(sum(price(c, n) for c, n in start.items()), 0, {})], {frozenset()}
     terms, yielded = {}, set()  # terms: one Term per structure, across alternatives
     while queue and (limit is None or len(yielded) < limit):
         total, _, overrides = heapq.heappop(queue)

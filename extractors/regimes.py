@@ -92,8 +92,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
     """The piecewise program of ``candidates`` (``best``: the one chosen without regimes) and ``more()`` (made only
     where ``best`` errs by ``gain`` mean bits), when it beats ``best`` by ``gain`` mean bits with each series'
     truncation within ``limit`` over its regime; else None. Inputs share one shape (``POINTS`` values each)."""
-    ranges = ranges or {}
-    shapes = {t.attrs[1] for t in program.inputs}
+    ranges, shapes = ranges or {}, {t.attrs[1] for t in program.inputs}
     if not any(t.attrs[2] in FLOATS for t in program.inputs) or len(shapes) != 1 or program.params:
         return None
     gen = torch.Generator().manual_seed(seed)
@@ -156,8 +155,7 @@ def _regimes(program: Program, candidates: list[Candidate], ranges: dict, variab
     lo, hi = ranges.get(variable.attrs[0], (-math.inf, math.inf)) if variable.op == "input" else (-math.inf, math.inf)
     regimes = []
     for k, (c, t) in enumerate(segments):
-        start = lo if k == 0 else segments[k - 1][1]
-        end = hi if k == len(segments) - 1 else t
+        start, end = lo if k == 0 else segments[k - 1][1], hi if k == len(segments) - 1 else t
         bound = float(_bound(candidates[c], program, ranges, variable, start, end))
         if not (math.isfinite(bound) and bound <= limit):  # past its radius or the tolerance: none
             return None

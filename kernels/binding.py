@@ -81,8 +81,7 @@ def conversion_seconds(use: Use, source: str, target: str, estimate: Estimator =
     """Seconds moving ``use``'s operands from ``source``'s memory to ``target``'s, by the move kernel."""
     if not copies(source, target):
         return 0.0
-    move = MOVES[source, target]
-    layouts = use.layouts or (None,) * len(use.shapes)
+    move, layouts = MOVES[source, target], use.layouts or (None,) * len(use.shapes)
     return sum(estimate(move, Use(op=MOVE, attrs=(), shapes=(shape,), dtypes=(dtype,), device=use.device,
                                   layouts=(key,) if key else ()))
                for shape, dtype, key in zip(use.shapes, use.dtypes, layouts))

@@ -74,8 +74,7 @@ def from_numpy(x: np.ndarray) -> torch.Tensor:
 # is measured faster than the op's own kernel. tests/test_kernels.py checks each against its reference term.
 
 #: tanh-gelu's constants: 0.5 x (1 + tanh(c (x + k x^3))) = x sigmoid(2c x (1 + k x^2))
-_TWO_C = 2.0 * math.sqrt(2.0 / math.pi)
-_K = 0.044715
+_TWO_C, _K = 2.0 * math.sqrt(2.0 / math.pi), 0.044715
 
 
 def _gelu_tanh_into(y):

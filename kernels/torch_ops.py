@@ -490,8 +490,7 @@ def _half_signs(half: int, dtype: torch.dtype, device: torch.device) -> torch.Te
 def rotary(x, cos, sin):
     """The reference's products exactly as roll(x) * (sin * signs), the signs on the smaller of sin and x; where
     autograd keeps no temporaries and ``sin`` neither widens nor broadcasts x, they run in place on the roll."""
-    half = x.shape[-1] // 2
-    tensors = [t for t in (x, cos, sin) if isinstance(t, torch.Tensor)]
+    half, tensors = x.shape[-1] // 2, [t for t in (x, cos, sin) if isinstance(t, torch.Tensor)]
     if isinstance(sin, torch.Tensor) and x.shape[-1] == 2 * half and \
             not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
             torch.promote_types(x.dtype, sin.dtype) == x.dtype and sin.dim() <= x.dim() and \

@@ -43,10 +43,11 @@ def test_a_decode_step_is_traced_at_two_cache_lengths_and_made_at_the_others(mon
             out, ref = _call(f, n)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     assert [shapes[1][1] for shapes in traced] == [7, 8], traced
-    assert watched == [decode, decode]  # a made size runs no trace: its effects are its samples'
-    made = [p.report for p in f.plans.values() if p.report.sizes]
-    assert len(made) == 4 and all(r.optimized and r.validation.passed for r in made)
+    assert watched == [decode] * 3  # two traces, one export with n a symbol: a made size runs none
+    made = [p.report for p in f.plans.values() if p.report.sizes]  # 9 made: its plan serves 12, 31 and 56
+    assert len(made) == 1 and all(r.optimized and r.validation.passed for r in made)
     assert "n the size at k.shape[1], v.shape[1]" in made[-1].sizes and "n = 2..64" in made[-1].sizes
+    assert "it serves them all (torch.export: one graph in n)" in made[-1].sizes
     assert "[SIZES]" in str(made[-1]) and made[-1].kernels == f.plans[next(iter(f.plans))].report.kernels
     with pytest.raises(ExploreError, match="made from its size family, not saturated"):
         explore(f)
@@ -113,6 +114,27 @@ def test_one_plan_runs_the_original_at_each_size_of_a_family_that_fell_back(monk
             x = torch.randn(shape)
             torch.testing.assert_close(f(x), x.exp() + 1.0)
     assert len(traced) == 5 and capsys.readouterr().out.count("called") == 49
+
+
+def windowed(q, k):
+    """Attention over the last 12 keys once there are more: a branch on the family's size (a sliding window)."""
+    k = k[:, -12:] if k.shape[1] > 12 else k
+    return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ k
+
+
+def test_one_plan_serves_a_family_only_where_the_original_takes_no_other_branch(monkeypatch):
+    """torch.export, taking n as a symbol, bounds the sizes the made plan serves by the branch (n <= 12); past it each
+    size is made and validated, the window's are not the samples': traced anew (each equal to eager)."""
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(windowed, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in range(7, 21):
+            torch.manual_seed(n)
+            q, k = torch.randn(2, 1, 8), torch.randn(2, n, 8)
+            torch.testing.assert_close(f(q, k), windowed(q, k), rtol=1e-5, atol=1e-6)
+    assert [shapes[1][1] for shapes in traced][:3] == [7, 8, 13], traced
+    assert "serves them all" in next(p for p in f.plans.values() if p.report.sizes).report.sizes
 
 
 def test_instantiation_keeps_equal_parts_and_refuses_what_a_size_does_not_explain():
@@ -188,8 +210,9 @@ def heads(x, keep):
 
 
 def test_a_decode_loop_builds_one_module_per_family_equal_to_eager_at_every_size(monkeypatch):
-    """Sizes 5 and 6 are traced and built; 7..48 (to 8 x 6) run one module made from theirs, each
-    validated and equal to eager; 49 is past the family's reach: traced and built on its own."""
+    """Sizes 5 and 6 are traced and built; 7..48 (to 8 x 6) run one module made from theirs, made and
+    validated at 7, one plan for all (torch.export finds one graph in n), equal to eager at each; 49 is
+    past the family's reach: traced and built on its own."""
     traced, built = _traces(monkeypatch), _builds(monkeypatch)
     f = saturate_and_extract(heads, profile_db=False, profile_budget=0)
     with warnings.catch_warnings():
@@ -201,8 +224,9 @@ def test_a_decode_loop_builds_one_module_per_family_equal_to_eager_at_every_size
             torch.testing.assert_close(f(x, keep), heads(x, keep), rtol=1e-5, atol=1e-6)
             assert f.report.optimized and "sdpa_masked" in f.report.ops_after, f.report
             assert n in (5, 6, 49) or f.report.validation.passed and f.report.sizes.startswith(
-                f"n = 2..48, n the size at x.shape[1], keep.shape[3]: made at n = {n} from the plans traced at n = 5 "
-                "and 6") and "built for this size" not in f.report.sizes, f.report.sizes
+                "n = 2..48, n the size at x.shape[1], keep.shape[3]: made at n = 7 from the plans traced at n = 5 "
+                "and 6; it serves them all") and "built for this size" not in f.report.sizes, f.report.sizes
+    assert len(f.plans) == 4
     assert [shapes[0][1] for shapes in traced] == [5, 6, 49] and len(built) == 3, (traced, built)
     runs, run, calls, call = [], FoldedConstant.run, [], FoldedConstant.__call__
     monkeypatch.setattr(FoldedConstant, "run", lambda self, reads: runs.append(1) or run(self, reads))

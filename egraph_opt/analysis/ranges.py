@@ -251,8 +251,7 @@ def analyze(roots: list[Term], declared: dict[str, Interval] | None = None, leaf
             meta: dict | None = None) -> dict[int, Interval]:
     """Interval of every term reachable from ``roots``, by term id. ``declared``: inputs' ranges (else
     their dtype's finite values); ``meta``: the terms' shapes, when already known."""
-    declared = declared or {}
-    meta = meta if meta is not None else shapes(roots, leaf_meta)
+    declared, meta = declared or {}, meta if meta is not None else shapes(roots, leaf_meta)
     out: dict[int, Interval] = {}
     for t in postorder(roots):
         if t.op in ("input", "param", "opaque"):

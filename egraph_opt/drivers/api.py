@@ -23,7 +23,7 @@ from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unfl
 
 from .arguments import Binder, BoundCall, Into, Layout
 from .families import REACH, Apart, Families, Sample, at, shared
-from ..frontends.capture import SideEffect, cache_pytrees, capture, capturing, returned
+from ..frontends.capture import SideEffect, cache_pytrees, capture, capturing, free_sizes, returned
 from ..egraph.engine import EGraph, InvariantError
 from .plan_key import StateKey, Watch, around
 from ..extractors import CostModel, Objective
@@ -305,17 +305,14 @@ class OptimizedFunction:
         self.profile_budget = default_budget() if profile_budget is None else float(profile_budget)
         if not self.profile_budget >= 0:
             raise ValueError(f"profile_budget must be seconds >= 0, not {profile_budget!r}")
-        self.input_ranges = _check_ranges(input_ranges)
-        self.rules = select(rulesets)
-        self.validate = validate
-        self.limits = limits
+        self.input_ranges, self.rules = _check_ranges(input_ranges), select(rulesets)
+        self.validate, self.limits = validate, limits
         self.keep_egraph = keep_egraph  # every plan keeps its e-graph (notebooks); else the last one
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
         self._compiling = threading.RLock()  # one first call at a time: others wait for its plan
         self._last: Plan | None = None
         self._again: Callable[[tuple, dict], Any] = _missed  # the last plan, if a call is its again
-        self._state = StateKey(fn)
-        self._families = Families()
+        self._state, self._families = StateKey(fn), Families()
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         try:
             self._signature: inspect.Signature | None = inspect.signature(target)
@@ -502,17 +499,31 @@ class OptimizedFunction:
                 module = build_module(at(first.optimized, second.optimized, span), first.root,
                                       device=call.tensors[0].device.type, estimate=first.estimate)
                 was.sizes += f"; built for this size, the samples' modules differ: {second.shared[:200]}"
-            else:
-                family, holes = second.shared
-                module = types.SimpleNamespace(kernels=first.module.kernels, forward=functools.partial(
-                    family.forward, *(at(u, v, span) for u, v in holes)))
+            else:  # its sizes at the size of each call
+                (family, holes), (i, d) = second.shared, variable.free(call.tensors)[0]
+                sizes = functools.lru_cache(64)(lambda n: [at(u, v, (*span[:2], n)) for u, v in holes])
+                module = types.SimpleNamespace(kernels=first.module.kernels,
+                                               forward=lambda *t: family.forward(*sizes(t[i].shape[d]), *t))
             run, was.kernels = runner(module, first.returns), module.kernels
             if self.validate:
                 was.validation = self._validated(call, run, lambda: at(first.program, second.program, span))
         except (Apart, RuntimeError, ValueError, IndexError):
             return None
-        return None if was.validation and not was.validation.passed else \
-            Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
+        if was.validation and not was.validation.passed:
+            return None
+        plan = Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
+        if not isinstance(second.shared, str) and (check := variable.check(call.tensors, REACH * max(span[:2]),
+                                                                           self._free(second, call, variable))):
+            plan.guard, was.sizes = (check, _FAMILY), f"{was.sizes}; it serves them all (torch.export: one graph in n)"
+        return plan
+
+    def _free(self, sample: Sample, call: BoundCall, variable) -> tuple[int, int]:
+        """The sizes torch.export finds the original one graph over with ``variable`` a symbol (once a family)."""
+        if sample.free is None:
+            with Watch(self.fn) as watch:  # what its run writes is put back: then none
+                sample.free = free_sizes(call.traceable(self.fn), call.tensors, set(variable.free(call.tensors)))
+            sample.free = (0, 0) if watch.changes() else sample.free
+        return sample.free
 
     def _validated(self, call: BoundCall, run: Callable, program: Callable[[], Program]):
         """``run`` against the original on fresh inputs; ``program()`` gives the long double reference past float64.

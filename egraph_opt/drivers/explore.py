@@ -270,8 +270,7 @@ class Explorer:
         name: why that rule is not in the result (pattern never matched, guard not proved...)."""
         if isinstance(x, str):
             return self._why_not_rule(x)
-        other = x if isinstance(x, PricedProgram) else self._candidate(-1, x)
-        mine = self.extracted
+        other, mine = x if isinstance(x, PricedProgram) else self._candidate(-1, x), self.extracted
         held = term_classes(self.snap, self.loaded, [other.term])[id(other.term)] == self.root_classes[0]
         verdict = (f"the extracted program costs {other.cost - mine.cost} less" if other.cost > mine.cost
                    else "it costs the same: the extractor keeps the first of equals" if other.cost == mine.cost

@@ -9,8 +9,10 @@ Why the rules that made the samples hold at ``n``: a rule's size guards are equa
 ``axis-size``, ``d = 2h``), here affine in ``n``, and two affine functions equal at two sizes are equal at all.
 Interval guards read no size except through a reduction's count: a family covers sizes from 2 (a size 1 broadcasts,
 and traces specialize it) up to ``REACH`` times its larger sample, where its timing verdict is taken to hold; beyond, a
-size is traced and becomes a sample. Each size is validated before it runs: the original may branch on a size (a
-sliding window), a kernel's limits may read one (a head dim), and two samples show neither."""
+size is traced and becomes a sample. A made size is validated before it runs: the original may branch on a size (a
+sliding window), a kernel's limits may read one (a head dim), and two samples show neither. Where torch.export, given
+``n`` as a symbol, finds the original one graph whose sizes are affine in it (no branch reads ``n`` in a range), the
+first made size's plan serves each size of that range, checked per call as torch.compile's guards check theirs."""
 from __future__ import annotations
 
 import dataclasses
@@ -51,6 +53,7 @@ class Sample:
     estimate: Any = None  # what the backend bound its kernels by
     module: fx.GraphModule | None = None  # built from ``optimized``
     shared: Any = None  # the family's module made from the last two samples' (``shared``), or why not
+    free: tuple | None = None  # the sizes torch.export finds one graph over (``free_sizes``), found once
 
 
 def split(key: tuple) -> tuple[tuple, tuple[int, ...]]:
@@ -77,18 +80,25 @@ class Variable:
         return Variable(at, a) if at and len({b[i] - a[i] for i in at}) == 1 else None
 
     def where(self, names: list[str], tensors: tuple) -> str:
-        places = [f"{name}.shape[{d}]" for name, t in zip(names, tensors) for d in range(t.dim())]
-        return ", ".join(places[i] for i in self.at if i < len(places))
+        return ", ".join(f"{names[i]}.shape[{d}]" for i, d in self.free(tensors))
 
-    def check(self, tensors: tuple, most: int) -> Callable[..., bool]:
-        """torch.compile's C++ check of ``tensors`` with ``n`` (and the strides of tensors holding it) free in 2..``most``:
-        one plan that runs the original serves the family's every size, not a plan each (a decode step's)."""
-        dims = [(i, d) for i, t in enumerate(tensors) for d in range(t.dim())]
-        free, (i, d) = {dims[k] for k in self.at}, dims[self.at[0]]
+    def free(self, tensors: tuple) -> list[tuple[int, int]]:
+        """(tensor, dimension) of each size ``n`` is at."""
+        return [[(i, d) for i, t in enumerate(tensors) for d in range(t.dim())][k] for k in self.at]
+
+    def check(self, tensors: tuple, most: int, sizes: tuple[int, int] = (2, 1 << 62)) -> Callable[..., bool] | None:
+        """torch.compile's C++ check of ``tensors`` with ``n`` (and strides where it is, their contiguity checked) free in
+        2..``most``, each of its sizes ``n`` plus its offset within ``sizes``: one plan for each size (None: not this)."""
+        free, (i, d) = self.free(tensors), self.free(tensors)[0]
+        held, steps = [j for j in {j for j, _ in free} if tensors[j].is_contiguous()], [
+            (j, e, self.a[k] - self.a[self.at[0]]) for (j, e), k in zip(free, self.at)]
+        low, most = max(2, sizes[0] - min(o for *_, o in steps)), min(most, sizes[1] - max(o for *_, o in steps))
         check = TensorGuards(*tensors, dynamic_dims_sizes=[[None if (j, e) in free else s for e, s in enumerate(
             t.shape)] for j, t in enumerate(tensors)], dynamic_dims_strides=[[None] * t.dim() if j in {f[0] for f in free}
             else list(t.stride()) for j, t in enumerate(tensors)]).check
-        return lambda *now: check(*now) and 2 <= now[i].shape[d] <= most
+        return None if not low <= tensors[i].shape[d] <= most else lambda *now: check(*now) and low <= (
+            n := now[i].shape[d]) <= most and all(now[j].shape[e] == n + o for j, e, o in steps) and all(
+            now[j].is_contiguous() for j in held)
 
     def n(self, sizes: tuple) -> int | None:
         """The variable's value at ``sizes``, or None if they are not of this family."""

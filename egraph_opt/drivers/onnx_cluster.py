@@ -73,8 +73,7 @@ class _Stopped:
     def __call__(self) -> bool:
         if not self.stop and time.monotonic() >= self.next:
             from distributed import Event
-            self.next = time.monotonic() + _STOP_EVERY_S
-            self.stop = Event(self.name).is_set()
+            self.next, self.stop = time.monotonic() + _STOP_EVERY_S, Event(self.name).is_set()
         return self.stop
 
 

@@ -317,8 +317,7 @@ def picture(item) -> str:
 
 def write_report(report, path) -> str:
     """The report's text, its derivation and its costs as tables, and the programs drawn."""
-    parts = [f"<pre>{html.escape(str(report))}</pre>"]
-    d = report.derivation
+    parts, d = [f"<pre>{html.escape(str(report))}</pre>"], report.derivation
     if d is not None:
         rows = [[i + 1, s.name, s.location, str(s).split(": ", 1)[1]] for i, s in enumerate(d.steps)]
         rows += [[f"regime {k + 1}, {i + 1}", s.name, s.location, str(s).split(": ", 1)[1]]

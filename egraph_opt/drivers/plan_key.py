@@ -397,8 +397,7 @@ class Watch:
     def __enter__(self) -> Watch:
         self._saved = list(_walk(self.fn))
         # a watched thread's prints and log records are held back as effects; other threads' pass
-        builtins.print = _print
-        logging.Logger.handle = _handle
+        builtins.print, logging.Logger.handle = _print, _handle
         _watches().append(self)
         return self
 
@@ -563,8 +562,7 @@ def _restore(holder: Any, saved: Any) -> None:
         holder[:] = saved
 
 
-_ORIGINAL_PRINT = builtins.print
-_ORIGINAL_HANDLE = logging.Logger.handle
+_ORIGINAL_PRINT, _ORIGINAL_HANDLE = builtins.print, logging.Logger.handle
 
 
 def _print(*args, **kwargs):

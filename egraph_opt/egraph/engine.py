@@ -109,8 +109,7 @@ class _Owner:
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
         self.live: dict[int, bindings.EGraph] = {}  # touched on the owner thread only
-        self._made = 0
-        self._crowd = 4
+        self._made, self._crowd = 0, 4
 
     def call(self, fn, *args):
         """``fn(*args)`` on the owner thread; its result or exception here."""
@@ -282,8 +281,7 @@ class EGraph:
 
     def saturate(self, phase: str, *, max_iterations: int, max_enodes: int, max_seconds: float) -> Saturation:
         """Run one ruleset iteration by iteration until it saturates or a limit is reached."""
-        report = Saturation(phase)
-        start = time.perf_counter()
+        report, start = Saturation(phase), time.perf_counter()
         self._analyze()
         for _ in range(max_iterations):
             run_report = self._run(f"(run {_ruleset(phase)} 1)")[-1].report
@@ -302,8 +300,7 @@ class EGraph:
                 break
         else:  # every iteration ran, none saturated
             report.stop = f"iteration limit ({max_iterations})"
-        report.seconds = time.perf_counter() - start
-        report.enodes = self.size()
+        report.seconds, report.enodes = time.perf_counter() - start, self.size()
         return report
 
     def _analyze(self) -> None:
@@ -366,8 +363,7 @@ def _axis_facts(ref: int, key: tuple, t: Term, meta: dict) -> list[str]:
 
 
 def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:
-    facts = []
-    name = str(dtype).removeprefix("torch.")
+    facts, name = [], str(dtype).removeprefix("torch.")
     if name != "float32":
         facts.append(f"(set (dtype-of (Ref {ref})) {literal(name)})")
     if shape:

@@ -49,11 +49,9 @@ def saturate(roots: list[Term], schedule: list[Phase], intervals: dict | None = 
              meta: dict | None = None) -> Session:
     """Load ``roots`` (with their intervals and (shape, dtype) by term id, where known), run the
     phases of ``schedule`` in order, each under its limits, and snapshot the e-graph."""
-    start = time.perf_counter()
-    egraph = EGraph()
+    start, egraph = time.perf_counter(), EGraph()
     egraph.add(roots, intervals, meta)
-    built = time.perf_counter()
-    saturation = []
+    built, saturation = time.perf_counter(), []
     for phase in schedule:
         egraph.add_rules(phase.name, phase.rules)
         saturation.append(egraph.saturate(phase.name, **vars(phase.limits)))  # its bounds by name
@@ -98,8 +96,7 @@ def terms_of(choice: dict[str, ENode], roots: list[str], shared: dict | None = N
 def fill(classes: dict[str, list[ENode]], known: dict, value_of: Callable) -> dict:
     """A value for every e-class it can give one: ``known`` classes keep theirs; any other, ``value_of(class,
     e-node, operand values)`` of its first e-node with valued operands (None: not from it), to a fix point."""
-    out = dict(known)
-    changed = True
+    out, changed = dict(known), True
     while changed:
         changed = False
         for cid, nodes in classes.items():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+import sympy
 import torch
 from torch import fx
 from torch._export.verifier import SpecViolationError
@@ -66,8 +67,7 @@ class _Tracer(fx.Tracer):
 def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphModule:
     """Symbolic fx tracing; where Python control flow reads shapes (Hugging Face models do), torch.export on the example
     inputs (shapes specialized per signature, control flow on values refused); ``functional``: its functional form."""
-    root = fn if isinstance(fn, torch.nn.Module) else None
-    where = getattr(fn, "__qualname__", type(fn).__name__)
+    root, where = fn if isinstance(fn, torch.nn.Module) else None, getattr(fn, "__qualname__", type(fn).__name__)
     errors = []
     for tracer in () if functional else (_Tracer(True), _Tracer(False)):
         buffers = [(m._buffers, dict(m._buffers)) for m in (root.modules() if root is not None else ())]
@@ -87,8 +87,7 @@ def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphMod
             for table, before in buffers:
                 table.update((k, v) for k, v in before.items() if table.get(k) is not v)
     if example_args:
-        module = fn if isinstance(fn, torch.nn.Module) else \
-            type("AsModule", (torch.nn.Module,), {"forward": lambda self, *args: fn(*args)})()  # export takes modules
+        module = fn if isinstance(fn, torch.nn.Module) else _as_module(fn)  # export takes modules
         try:
             return _export(module, tuple(example_args), functional)
         except SideEffect:
@@ -99,17 +98,23 @@ def trace(fn, example_args: tuple = (), functional: bool = False) -> fx.GraphMod
                        "flow that does not depend on tensor values)")
 
 
-def _export(module: torch.nn.Module, args: tuple, functional: bool = False) -> fx.GraphModule:
+def _as_module(fn: Callable) -> torch.nn.Module:
+    return type("AsModule", (torch.nn.Module,), {"forward": lambda self, *args: fn(*args)})()
+
+
+def _export(module: torch.nn.Module, args: tuple, functional: bool = False, shapes: tuple | None = None):
     """torch.export, whose failure prints the partial graph to stderr (twice) and logs a warning
-    about it: the reason is in our error instead. What a successful export writes is passed on."""
+    about it: the reason is in our error instead. What a successful export writes is passed on.
+    With ``shapes`` (the sizes it takes as symbols): the ExportedProgram."""
     cache_pytrees()
-    written = io.StringIO()
-    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    written, logger = io.StringIO(), logging.getLogger("torch.fx.experimental.symbolic_shapes")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stderr(written):
-            exported = torch.export.export(module, _unshared(args), strict=False)
+            exported = torch.export.export(module, _unshared(args), dynamic_shapes=shapes, strict=False)
+            if shapes is not None:
+                return exported
             try:
                 exported = exported.run_decompositions({}) if functional else exported
             except SpecViolationError:  # its retrace loses a submodule's lifted constants (torch.tensor(2) in
@@ -118,6 +123,23 @@ def _export(module: torch.nn.Module, args: tuple, functional: bool = False) -> f
         logger.setLevel(level)
     sys.stderr.write(written.getvalue())
     return exported.module() if functional is not None else _functionalized(exported.module(), args)
+
+
+def free_sizes(fn: Callable, tensors: tuple, free: set[tuple[int, int]]) -> tuple[int, int]:
+    """The sizes at ``free`` ((tensor, dim) pairs) over which torch.export finds ``fn`` one graph, each of its sizes affine
+    in them (no branch reads them: a sliding window's bounds the range); (0, 0) where none is or it cannot export."""
+    try:
+        with torch.no_grad():
+            exported = _export(_as_module(fn), tuple(tensors), shapes=(tuple(
+                {d: torch.export.Dim.AUTO for j, d in free if j == i} for i in range(len(tensors))),))
+        vals, inputs = {n.name: n.meta.get("val") for n in exported.graph.nodes}, exported.graph_signature.user_inputs
+        symbols = {vals[inputs[i]].shape[d].node.expr for i, d in free}  # an int (specialized): AttributeError
+        ranges = [exported.range_constraints[s] for s in symbols]  # a size no polynomial: PolynomialError
+        return (0, 0) if any(sympy.Poly(s.node.expr, *symbols).total_degree() > 1 for v in vals.values() for t in
+                             tree_flatten(v)[0] if isinstance(t, torch.Tensor) for s in t.shape if isinstance(
+            s, torch.SymInt)) else (int(max(r.lower for r in ranges)), int(min(sys.maxsize, *(r.upper for r in ranges))))
+    except Exception:  # noqa: BLE001 - export raises many types
+        return 0, 0
 
 
 def _functionalized(module: fx.GraphModule, args: tuple) -> fx.GraphModule:

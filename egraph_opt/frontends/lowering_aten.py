@@ -59,8 +59,7 @@ lowers(aten.embedding.default)(lambda c, weight, ids, *options: nn_low._embeddin
 @lowers(aten._safe_softmax.default)
 def _safe_softmax(c, x, dim, dtype=None):
     """softmax, but 0 across a row that is all -inf (torch.export's spelling inside attention)."""
-    axis = c.axis(x, dim)
-    x = low._cast(c, x, dtype) if dtype is not None else x
+    axis, x = c.axis(x, dim), low._cast(c, x, dtype) if dtype is not None else x
     return low.safe_rows(Term("max", (x,), (axis, True)), Term("softmax", (x,), (axis,)),
                          str(c.out.dtype).removeprefix("torch."))
 

@@ -21,8 +21,7 @@ def matmul_axes(equation: str) -> tuple[str, str, str, str, str]:
     if parts is None or any(len(set(s)) != len(s) for s in parts.groups()):
         raise Unsupported(f"einsum {equation!r}: not two operands with an explicit output, each letter once")
     a, b, out = parts.groups()
-    batch = "".join(x for x in out if x in a and x in b)
-    contracted = "".join(x for x in a if x in b and x not in out)
+    batch, contracted = "".join(x for x in out if x in a and x in b), "".join(x for x in a if x in b and x not in out)
     free_a, free_b = ("".join(x for x in s if x not in t) for s, t in ((a, b), (b, a)))
     if not len(contracted) == len(free_a) == len(free_b) == 1 or sorted(out) != sorted(batch + free_a + free_b):
         raise Unsupported(f"einsum {equation!r}: not one contracted and one free axis per operand")

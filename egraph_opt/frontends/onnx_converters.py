@@ -131,8 +131,7 @@ def _unary(op: str):
 
 def _reduce(op: str):
     def convert(im: Importer, node):
-        x = node.input[0]
-        keep = bool(_attr(node, "keepdims", 1))
+        x, keep = node.input[0], bool(_attr(node, "keepdims", 1))
         if im.opset >= AXES_INPUT_SINCE[node.op_type]:
             axes = list(im.const(node.input[1])) if len(node.input) > 1 and node.input[1] else []
         else:
@@ -150,8 +149,7 @@ def _gemm(im: Importer, node):
     """Gemm with transB, unit scales and a bias of shape (N,) is ``linear``, as torch lowers it."""
     a, b = im.term(node.input[0]), im.term(node.input[1])
     alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
-    has_c = len(node.input) > 2 and node.input[2]
-    trans_b = _attr(node, "transB", 0)
+    has_c, trans_b = len(node.input) > 2 and node.input[2], _attr(node, "transB", 0)
     if _attr(node, "transA", 0):
         a = Term("transpose", (a,), (-2, -1))
     if trans_b and alpha == 1.0 and beta == 1.0 and has_c and im.shape(node.input[2]) == im.shape(node.input[1])[:1]:
@@ -256,8 +254,7 @@ def _window(im: Importer, node) -> tuple[str, str, str]:
 def _conv(im: Importer, node):
     """2-D Conv with explicit symmetric pads; a missing bias is the const 0."""
     x, w = node.input[0], node.input[1]
-    window = _window(im, node)
-    kernel = im.static(w)[2:]
+    window, kernel = _window(im, node), im.static(w)[2:]
     if list(_attr(node, "kernel_shape", kernel)) != list(kernel):
         raise Unsupported("Conv whose kernel_shape disagrees with its weight")
     b = im.term(node.input[2]) if len(node.input) > 2 and node.input[2] else Term.const(0.0)

@@ -63,8 +63,7 @@ class OnnxProgram:
 
 def external_files(path: str, model: onnx.ModelProto) -> list[str]:
     """External data files of ``model``, relative to ``path``'s folder; one outside or missing is refused."""
-    base = os.path.dirname(os.path.abspath(path))
-    files = []
+    base, files = os.path.dirname(os.path.abspath(path)), []
     for tensor in external_data_helper._get_all_tensors(model):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
@@ -191,8 +190,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
                               "convert it with onnx.version_converter first")
     graph = model.graph
     nodes = nodes_in_order(graph, where)
-    im = _importer(model, where, nodes)
-    inputs = []
+    im, inputs = _importer(model, where, nodes), []
     for info in graph.input:
         vt = im.types.get(info.name)
         if vt is None or vt.shape is None:

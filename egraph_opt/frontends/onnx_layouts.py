@@ -39,8 +39,7 @@ def swapped_in_bulk(im, name: str, out: tuple) -> Term | None:
         dims, merged = im.static(merge.input[0]), im.static(merge.output[0])
         if len(dims) >= 3 and len(out) >= 3 and merged[1:] == dims[-2:] and out[-2:] == dims[-2:][::-1] \
                 and math.prod(out[:-2]) == merged[0]:
-            x = im.term(merge.input[0])
-            lead = out[:-2] + dims[-2:]
+            x, lead = im.term(merge.input[0]), out[:-2] + dims[-2:]
             return Term("transpose", (x if lead == dims else Term("reshape", (x,), (shape_attr(lead),)),), (-2, -1))
     return None
 

@@ -320,8 +320,7 @@ def _op(name, arity, attrs, impl, family: dict, **facts) -> Op:
     return Op(name, arity, pairs, impl, **{**family, **facts})
 
 
-_AXIS = "axis:i64"
-_REDUCE = "axis:i64 keepdim:bool"
+_AXIS, _REDUCE = "axis:i64", "axis:i64 keepdim:bool"
 _WINDOW = "stride:String padding:String dilation:String"  # per spatial dim, as shape_attr strings
 
 # facts shared by a family of ops; a row completes them and may override them

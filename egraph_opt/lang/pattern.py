@@ -167,8 +167,7 @@ def structural_ids(roots) -> dict[int, int]:
 
 def match(p: Pattern, term: Term, canon: dict[int, int], bound: dict | None = None) -> dict | None:
     """Bindings under which ``p`` equals ``term`` (structurally), or None."""
-    bound = dict(bound or {})
-    stack = [(p, term)]
+    bound, stack = dict(bound or {}), [(p, term)]
     while stack:
         q, value = stack.pop()
         if isinstance(q, Var):

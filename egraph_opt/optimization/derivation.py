@@ -125,8 +125,7 @@ class _Replay:
     def __init__(self, snap: Snapshot, loaded: dict[int, str], rules: list[Rule]):
         self.node_class = {(n.op, n.children, n.attrs): cid for cid, nodes in snap.classes.items() for n in nodes}
         self.loaded, self.dtypes = loaded, snap.dtypes
-        self.all_rules = list(rules)
-        moves = []
+        self.all_rules, moves = list(rules), []
         for r in rules:
             facts, several = tuple(r.when.dtypes()), len(r.pairs()) > 1
             for i, (lhs, rhs) in enumerate(r.pairs()):
@@ -297,8 +296,7 @@ def _joined(per_root: list[list[Step]]) -> list[Step]:
 def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snapshot,
            loaded: dict[int, str]) -> Derivation:
     """Steps from ``before`` to ``after`` over the saturated snapshot; ``loaded``: input terms' e-classes."""
-    replay = _Replay(snap, loaded, rules)
-    derivation = Derivation(start=list(before), end=list(after))
+    replay, derivation = _Replay(snap, loaded, rules), Derivation(start=list(before), end=list(after))
     per_root, unexplained = [], []
     for i, (b, a) in enumerate(zip(before, after)):
         steps = replay.solve(b, a, (i,))

@@ -61,15 +61,13 @@ def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Ob
     ``templates``: repeated blocks once each; ``ranges``: an enclosing call's analysis."""
     if schedule is None:
         schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
-    model = model or CostModel(objective)
-    ranges = ranges or RangeMemo(input_ranges)
+    model, ranges = model or CostModel(objective), ranges or RangeMemo(input_ranges)
     groups = tmpl.find(program) if templates else []
     if groups:
         return _optimize_templated(program, groups, schedule, input_ranges, model, ranges)
     rules = [r for phase in schedule for r in phase.rules]
     roots, term_meta = program.roots(), program.meta()
-    session = saturate(roots, schedule, ranges(roots, term_meta), term_meta)
-    start = time.perf_counter()
+    session, start = saturate(roots, schedule, ranges(roots, term_meta), term_meta), time.perf_counter()
     facts = enode_facts(session.snap, *class_shapes(session.snap, roots, term_meta, session.class_of,
                                                     model.latency_of is not None))
     cost = lambda cid, node: model(facts(cid, node))  # noqa: E731 - the extractor's price of an e-node
@@ -222,8 +220,7 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
                           input_ranges=input_ranges, model=model, templates=False, ranges=ranges)
         final = joined.program
         results.append(joined)
-    best = final.roots()
-    before = program_cost(roots, model, input_ranges, leaf_meta, meta, intervals)
+    best, before = final.roots(), program_cost(roots, model, input_ranges, leaf_meta, meta, intervals)
     after = program_cost(best, model, input_ranges, leaf_meta, final.meta(), ranges(best, final.meta()))
     if after["cost"] > before["cost"]:
         final, best, after = program, roots, before
@@ -282,8 +279,7 @@ def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: d
     meta = class_meta(snap.classes, {c: term_meta[i] for i, c in class_of.items()})
     if not layouts:
         return meta, None
-    known = term_strides(roots, term_meta)
-    consts = class_constants(snap.classes)
+    known, consts = term_strides(roots, term_meta), class_constants(snap.classes)
 
     def strides_of(cid, node, operands):
         return result_strides(node.op, node.attrs, [None if c in consts else meta[c] for c in node.children],

@@ -156,8 +156,7 @@ class LatencyModel:
     def predict(self, kernel: str, backend: str, device: str, dtype: str, input_shapes: Sequence[Sequence[int]],
                 attrs: Mapping[str, object] | None = None) -> Estimate:
         """Seconds per call of `kernel` on inputs of these shapes, attributes and dtype."""
-        attrs = dict(attrs or {})
-        itemsize = torch_dtype(dtype).itemsize
+        attrs, itemsize = dict(attrs or {}), torch_dtype(dtype).itemsize
         w = work(kernel, input_shapes, attrs)
         default = roofline_seconds(w, itemsize, device)
         group = self._group(kernel, backend, device, dtype, itemsize, attrs.get("layout"))
@@ -176,8 +175,7 @@ class LatencyModel:
 UNIT_S = 1e-7  # one cost unit of latency
 
 #: seconds one optimize call may spend timing kernels the database has not measured
-DEFAULT_BUDGET_S = 2.0
-BUDGET_VAR = "EGRAPH_OPT_PROFILE_BUDGET"
+DEFAULT_BUDGET_S, BUDGET_VAR = 2.0, "EGRAPH_OPT_PROFILE_BUDGET"
 
 
 def budget_seconds(text: str) -> float | None:
@@ -216,8 +214,7 @@ class MeasuredLatency:
     _cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.model = LatencyModel(self.db)
-        self.where = device_name(self.device)
+        self.model, self.where = LatencyModel(self.db), device_name(self.device)
 
     def _busy(self) -> bool:
         """A busy machine's timings would be kept as this machine's: time nothing more."""

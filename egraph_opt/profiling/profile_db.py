@@ -26,8 +26,7 @@ from typing import Iterable, Mapping, Sequence
 
 SCHEMA_VERSION = 1  # only what older code cannot read changes it: a column (config) is added in place
 APPLICATION_ID = 0x45474F50  # "EGOP", in the header of every database we create (PRAGMA application_id)
-ENV_VAR = "EGRAPH_OPT_PROFILE_DB"
-_TABLE = "measurements"
+ENV_VAR, _TABLE = "EGRAPH_OPT_PROFILE_DB", "measurements"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _TIMEOUT_S = 60  # how long a process waits for another's write lock
 _CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)

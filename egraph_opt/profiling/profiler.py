@@ -48,8 +48,7 @@ def _along_axis(flops_per_element: float, reduces: bool):
 
 def _batch_matmul(a, b) -> tuple[int, int, int, int]:
     """(batch, m, k, n) of `a @ b`, with matmul's 1-D promotion and batch broadcasting."""
-    a = (1, *a) if len(a) == 1 else tuple(a)
-    b = (*b, 1) if len(b) == 1 else tuple(b)
+    a, b = (1, *a) if len(a) == 1 else tuple(a), (*b, 1) if len(b) == 1 else tuple(b)
     if a[-1] != b[-2]:
         raise ValueError(f"matmul of shapes {a} and {b}: inner dimensions {a[-1]} != {b[-2]}")
     return math.prod(torch.broadcast_shapes(a[:-2], b[:-2])), a[-2], a[-1], b[-1]

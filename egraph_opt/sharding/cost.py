@@ -113,8 +113,7 @@ class MeshCost:
 def memory(terms, meta_of) -> int:
     """Bytes one device holds: the inputs and weights it reads (only its part where it reads only
     a part) and the largest value it computes. ``meta_of(term)``: (a device's shape, dtype)."""
-    order = postorder(terms)
-    leaves = ("input", "param")
+    order, leaves = postorder(terms), ("input", "param")
     whole = {a.attrs[0] for t in order if t.op != "shard" for a in t.args if a.op in leaves}
     held, largest = {}, 0
     for t in order:

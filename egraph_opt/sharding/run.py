@@ -92,8 +92,7 @@ def _program(n: int, roots, env: dict, repeats: int) -> tuple[list, list[float]]
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
         env = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in env.items()}
-    outputs = run_here(roots, env, n)
-    times = _slowest(repeats, run_here, roots, env, n)
+    outputs, times = run_here(roots, env, n), _slowest(repeats, run_here, roots, env, n)
     return [o.cpu() if isinstance(o, torch.Tensor) else o for o in outputs], times
 
 

@@ -66,8 +66,7 @@ def _dataclass(x) -> bool:
 
 def random_inputs(examples: tuple, names: list[str], ranges: dict, seed: int = 0) -> tuple:
     """Inputs like ``examples``: from declared ranges, else around the examples' scale; integers among their values."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
+    gen, out = torch.Generator().manual_seed(seed), []
     for name, x in zip(names, examples):
         if x.is_complex():
             out.append(torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device))
@@ -185,8 +184,7 @@ def run_counting_writes(fn: Callable, args: tuple, sync: Callable = lambda: None
     """``fn`` run once on clones that count writes (``_version``): its output, the arguments it wrote, its seconds."""
     with torch.inference_mode(False):  # inference tensors count no versions
         clones = _clones(args)
-    versions = [c._version for c in clones]
-    start = time.perf_counter()
+    versions, start = [c._version for c in clones], time.perf_counter()
     out = fn(*clones)
     sync()
     seconds = time.perf_counter() - start
@@ -333,8 +331,7 @@ def _bounded_reference(original: Callable, args: tuple, origs: list, seconds: fl
     """The float64 reference of every row where ``FLOAT64_COST`` times the original's ``seconds`` fits ``budget_s``;
     else of the batch's first rows, as many as fit, where every output and some input are batched alike and the
     original on those rows alone agrees with its rows of the whole; else none. A deadline holds the runs to it."""
-    estimate = FLOAT64_COST * seconds
-    batch = _batch(args, origs)
+    estimate, batch = FLOAT64_COST * seconds, _batch(args, origs)
     rows = None if estimate <= budget_s else max(1, int(batch * budget_s / estimate)) if batch else 0
     if rows == 0:
         return _none(f"it would take about {estimate:.1f} s, over its {budget_s:g} s bound, and the "

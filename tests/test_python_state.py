@@ -298,17 +298,18 @@ def _same_structure(a, b) -> bool:
 # -- the plan cache ----------------------------------------------------------------------------------
 def test_past_max_plans_the_least_recently_used_plan_is_dropped(monkeypatch):
     """Shapes after the limit are optimized too (they ran untouched forever), and a plan used
-    recently outlives one used before it."""
+    recently outlives one used before it. Each of another rank: no size family serves another."""
     monkeypatch.setattr(api, "MAX_PLANS", 2)
     g = saturate_and_extract(_softplus, profile_budget=0)
     rows = lambda: sorted(int(p.report.signature.split("[")[1].split(",")[0]) for p in g.plans.values())  # noqa: E731
+    shape = {2: (2, 4), 3: (3, 4, 1), 5: (5, 4, 1, 1)}
     for n in (2, 3):
-        g(torch.randn(n, 4))
-    g(torch.randn(2, 4))  # 2 is now more recent than 3
-    x = torch.randn(5, 4)
+        g(torch.randn(shape[n]))
+    g(torch.randn(shape[2]))  # 2 is now more recent than 3
+    x = torch.randn(shape[5])
     torch.testing.assert_close(g(x), _softplus(x))
     assert g.report.optimized and rows() == [2, 5]
-    g(torch.randn(3, 4))  # optimized again
+    g(torch.randn(shape[3]))  # optimized again
     assert g.report.optimized and rows() == [3, 5]
 
 

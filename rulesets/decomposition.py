@@ -18,10 +18,8 @@ RULES.append(reverse(_OF["log-sum-exp-from-shifted"], Family.DECOMPOSITION,
                      guard=NEVER_INF))  # the shifted form is NaN on a row of +-inf
 RULES += rules(Family.DECOMPOSITION, [  # the shifted forms are NaN across a row holding +inf
     # name                    lhs                          rhs
-    ("softmax-decompose",     "(softmax ?x ?a)",
-                              f"(div (exp {_SHIFTED}) (sum (exp {_SHIFTED}) ?a true))"),
-    ("log-softmax-decompose", "(log_softmax ?x ?a)",
-                              f"(sub {_SHIFTED} (log (sum (exp {_SHIFTED}) ?a true)))"),
+    ("softmax-decompose",     "(softmax ?x ?a)", f"(div (exp {_SHIFTED}) (sum (exp {_SHIFTED}) ?a true))"),
+    ("log-softmax-decompose", "(log_softmax ?x ?a)", f"(sub {_SHIFTED} (log (sum (exp {_SHIFTED}) ?a true)))"),
 ], when=BELOW_MAX) + rules(Family.DECOMPOSITION, [
     ("tanh-as-sigmoid",       "(tanh ?x)",
                               "(sub (mul (sigmoid (mul ?x (const 2.0))) (const 2.0)) (const 1.0))",

@@ -165,6 +165,29 @@ def _generates_as_eager(m, ids, new: int) -> None:
         torch.testing.assert_close(m.generate(ids, max_new_tokens=new, do_sample=False), ref)
 
 
+@pytest.mark.parametrize("head", ["Gemma2ForCausalLM", "MistralForCausalLM"])
+def test_a_sliding_window_cache_runs_the_original_with_eagers_tokens_past_its_window(head):
+    """A sliding window layer counts the tokens it has seen (``cumulative_length``) beyond the keys it keeps; its
+    pytree carries the keys alone, so a cache rebuilt from them counted afresh: a plan traced on one computed its masks
+    from the kept keys' length, and past the window Gemma 2's logits were 4e-2 off eager's, its tokens others. Such a
+    cache is refused by name (the original runs, one plan for a size family's steps), the tokens eager's."""
+    import transformers as tf
+    torch.manual_seed(0)
+    config = getattr(tf, head.replace("ForCausalLM", "Config"))(**_DECODER, sliding_window=6, head_dim=8)
+    m = getattr(tf, head)(config).eval()
+    ids = torch.randint(1, 100, (2, 5))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        refs = [m.generate(i, attention_mask=k, max_new_tokens=16, do_sample=False) for i, k in ((ids, mask), (ids, None))]
+        m.forward = f = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
+        for (i, k), ref in zip(((ids, mask), (ids, None)), refs):
+            torch.testing.assert_close(m.generate(i, attention_mask=k, max_new_tokens=16, do_sample=False), ref)
+    assert "DynamicSlidingWindowLayer" in f.report.fallback and "pytree" in f.report.fallback, f.report.fallback
+    assert len(f.plans) < 16, len(f.plans)
+
+
 def test_a_repeated_piece_reading_constants_is_estimated_with_their_values():
     """GPT-J (no architecture of the suite): each layer's masking repeats, reading lifted constants (its causal
     mask, index tables) that are the template's parameters; the template's error estimate samples them with the

@@ -40,8 +40,7 @@ class Facts:
     def __call__(self, op: str, attrs: tuple, args, key) -> NodeFacts:
         tensors = [a for a in args if a not in self.scalars]
         shapes = tuple(self.meta[a][0] for a in tensors) if all(a in self.meta for a in tensors) else None
-        return NodeFacts(
-            op, attrs, operands=tuple(self.ranges.get(a, TOP) for a in args),
+        return NodeFacts(op, attrs, operands=tuple(self.ranges.get(a, TOP) for a in args),
             dtypes=tuple(map(self.dtype, args)), exact=tuple(a in self.exact for a in args),
             result=self.ranges.get(key, TOP), dtype=self.dtype(key),
             constant=bool(args) and all(a in self.constant for a in args), shapes=shapes,

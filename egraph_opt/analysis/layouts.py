@@ -33,9 +33,9 @@ def contiguous(shape) -> Strides:
 
 
 def layout_key(shape, strides: Strides | None) -> str | None:
-    """None for a contiguous (or unknown) value; else each dimension's rank in memory, outermost (0) first,
-    "b" where broadcast (stride 0), or "strided" for the dense order with gaps (a stepped slice)."""
-    if strides is None or all(s == c for d, s, c in zip(shape, strides, contiguous(shape)) if d > 1):
+    """None for a contiguous, empty (any strides are its layout) or unknown value; else each dimension's rank in
+    memory, outermost (0) first, "b" where broadcast (stride 0), or "strided" for the dense order with gaps."""
+    if strides is None or 0 in shape or all(s == c for d, s, c in zip(shape, strides, contiguous(shape)) if d > 1):
         return None
     dense = [d for d in range(len(shape)) if strides[d] or shape[d] <= 1]
     order = sorted(dense, key=lambda d: (-strides[d], d))

@@ -449,12 +449,12 @@ class OptimizedFunction:
                               f"{'[nested]' if t.is_nested else list(t.shape)}"
                               for n, t in zip(call.names, call.tensors))
         report = Report(signature=f"{self._name}({signature})")
-        if call.refused:
-            return self._untouched(report, call.refused)
         made = Sample((), None)
         try:
-            plan = self._from_family(call, report, key)
-            if plan is None:
+            plan = self._from_family(call, report, key)  # a refused call's family: its one plan, which runs the original
+            if call.refused and (plan is None or plan.run is not None):
+                plan = self._untouched(report, call.refused)
+            elif plan is None:
                 with Watch(self.fn) as watch:
                     plan, changed = self._optimize(call, report, watch, made), watch.changes()
                 if changed and plan.run is not None:

@@ -42,14 +42,15 @@ class BoundCall:
     returned: list[str] = field(default_factory=list)  # those of ``trees`` the program returns as themselves
 
     def layout(self, args: tuple, kwargs: dict) -> Layout | None:
-        """How ``args`` and ``kwargs``, the values this call was bound from, make its key; None where
-        it is refused or its values do not give its tensors one by one (a tensor in a tuple)."""
+        """How ``args`` and ``kwargs``, the values this call was bound from, make its key; None where its
+        values do not give its tensors one by one (a tensor in a tuple), or one is no dense tensor (which
+        torch.compile's check refuses). A refused call's takes calls its refusal holds for too."""
         trees = {id(self.arguments[name]): (spec, name, _node(spec)) for name, (spec, _, _) in self.trees.items()}
         slots = tuple(None if isinstance(v, torch.Tensor) else trees.get(id(v)) or  # an immutable
                       (v if type(v) in _SIMPLE else _NEVER, _constant_key(v))  # constant is itself
                       for v in (*args, *kwargs.values()))
         layout = Layout(len(args), tuple(kwargs), slots, self.key[1] if self.signature else None, None)
-        flat = None if self.refused else layout.tensors(args, kwargs)
+        flat = None if any(map(unusual, self.tensors)) else layout.tensors(args, kwargs)
         if flat is None or list(map(id, flat)) == list(map(id, self.tensors)):
             return None if flat is None else layout
         where = {id(t): i for i, t in enumerate(flat)}  # bound in another order than passed (keywords)
@@ -288,7 +289,8 @@ class Binder:
                 trees[name] = (spec, len(tensors), len(leaves))
                 tensors += leaves
                 names += [f"{name}_{i}" for i in range(len(leaves))]
-                refused = refused or next((f"argument {name!r} holds {why}" for t in leaves if (why := unusual(t))), "")
+                refused = refused or next((f"argument {name!r} holds {why}" for t in leaves if (why := unusual(t))),
+                                          "") or _dropped(name, value)
                 constants.append((name, ("tree", repr(spec))))
                 continue
             if isinstance(value, torch.Tensor):
@@ -319,6 +321,21 @@ def _tree(value: Any) -> tuple[list | None, Any]:
     except Exception:  # noqa: BLE001 - a registered flatten refusing this one (a cache of Mamba's layers): no tree
         return None, None
     return (None, None) if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
+
+
+def _dropped(name: str, value: Any) -> str:
+    """Why ``value``'s pytree cannot stand for it: an object of the tree holds a number (a sliding window cache layer's
+    ``cumulative_length``), which a pytree carries not, so a cache rebuilt from its leaves counts from their lengths."""
+    todo, seen = [value], set()
+    while todo:
+        if id(o := todo.pop()) in seen or not isinstance(o, (list, tuple)) and not hasattr(o, "__dict__"):
+            continue
+        seen.add(id(o))
+        for k, v in enumerate(o) if isinstance(o, (list, tuple)) else vars(o).items():
+            if type(v) in (int, float):
+                return f"argument {name!r} holds {type(o).__name__}.{k} = {v}: a number, which its pytree may not carry"
+            todo += [v] * (isinstance(v, (list, tuple)) or type(v).__module__ == type(value).__module__)
+    return ""
 
 
 def _tensor_key(tensors) -> tuple | None:

@@ -87,8 +87,8 @@ class Variable:
         return [[(i, d) for i, t in enumerate(tensors) for d in range(t.dim())][k] for k in self.at]
 
     def check(self, tensors: tuple, most: int, sizes: tuple[int, int] = (2, 1 << 62)) -> Callable[..., bool] | None:
-        """torch.compile's C++ check of ``tensors`` with ``n`` (and strides where it is, their contiguity checked) free in
-        2..``most``, each of its sizes ``n`` plus its offset within ``sizes``: one plan for each size (None: not this)."""
+        """torch.compile's C++ check of ``tensors``, ``n`` free in 2..``most`` and ``sizes`` (its places' strides too, but
+        contiguity), each of its places ``n`` plus an offset: one plan for each size (None: not for this call's)."""
         free, (i, d) = self.free(tensors), self.free(tensors)[0]
         held, steps = [j for j in {j for j, _ in free} if tensors[j].is_contiguous()], [
             (j, e, self.a[k] - self.a[self.at[0]]) for (j, e), k in zip(free, self.at)]

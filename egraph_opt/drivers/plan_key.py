@@ -347,8 +347,7 @@ def _generated_key(seen: int, walked: int, objects, scalars: list[Slot],
     env["_held"] = [None] * len(versions) + [()]  # their versions, then their values
     parts = [str(walked), "_grad()", "_dtype()", "_held[-1]",
              *(read(s) for s in scalars if type(s[0]) is not dict), *(f"{read(o)}._version" for o in versioned),
-             *(f"tuple([id(v) for v in {bind(c)}{'.values()' if isinstance(c, dict) else ''}])"
-               for c in containers),
+             *(f"tuple([id(v) for v in {bind(c)}{'.values()' if isinstance(c, dict) else ''}])" for c in containers),
              *(f"tuple({read(c)}{'.items()' if isinstance(_read(c), dict) else ''})" for c in contents)]
     exec(f"def key():\n    if not ({' and '.join(same)}):\n        return None\n"
          f"    if not ({' and '.join(f'{v} == _held[{i}]' for i, v in enumerate(versions)) or 'True'}):\n"

@@ -245,8 +245,7 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
             gm = trace(fn, example_args)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(example_args):
-            raise CaptureError(f"{len(example_args)} arguments given, the traced program takes "
-                               f"{len(placeholders)}")
+            raise CaptureError(f"{len(example_args)} arguments given, the traced program takes {len(placeholders)}")
         effects, in_place, computed = mutations(gm)
         if effects and computed:  # writes into its own values: torch.export's functional form writes none
             with draws:
@@ -321,8 +320,7 @@ def _lowered(node: fx.Node, values: dict, info_of: dict, gm: fx.GraphModule, par
     shape_dtype = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None
     target = functional(node.target) if node.name in in_place else node.target
     if target is None:  # as an opaque call it would write into a value the e-graph shares
-        raise SideEffect(f"{node.name} runs in place ({node.target}) and has no pure "
-                         "form in the Term language")
+        raise SideEffect(f"{node.name} runs in place ({node.target}) and has no pure form in the Term language")
     opaque[node.name] = OpaqueCall(node.name, node.op, target, args, kwargs, shape_dtype)
     if not isinstance(info, TensorInfo):
         return OpaqueRef(node.name, term)

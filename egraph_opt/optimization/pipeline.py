@@ -252,8 +252,7 @@ class RangeMemo:
             key = (t.op, tuple(ids[id(a)] for a in t.args), t.attrs, len({id(a) for a in t.args}), meta[id(t)])
             if key not in self._ids:
                 self._ids[key] = len(self._intervals)
-                self._intervals.append(
-                    transfer(t, [out[id(a)] for a in t.args], [meta[id(a)][0] for a in t.args])
+                self._intervals.append(transfer(t, [out[id(a)] for a in t.args], [meta[id(a)][0] for a in t.args])
                     if t.args or t.op == "const" else analyze([t], self.declared, None, meta)[id(t)])
             ids[id(t)] = self._ids[key]
             out[id(t)] = self._intervals[ids[id(t)]]

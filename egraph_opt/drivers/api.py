@@ -121,8 +121,7 @@ class Report:
             before, after, where, (timed, seconds, busy) = self.latency
             lines.append(f"[LATENCY] estimated {before * 1e6:.1f} us -> {after * 1e6:.1f} us "
                          f"({', '.join(f'{k} {v}' for k, v in where.items())}; "
-                         f"{timed} kernels profiled now in {seconds:.2f} s"
-                         f"{f'; no more: {busy}' if busy else ''})")
+                         f"{timed} kernels profiled now in {seconds:.2f} s{f'; no more: {busy}' if busy else ''})")
         if self.error:
             before, after = self.error
             lines.append(f"[ERROR] first-order estimate over the input ranges: worst {before.worst:.1f} -> "

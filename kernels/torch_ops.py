@@ -339,7 +339,7 @@ def sdpa_masked(q, k, v, bias, scale):
 
 
 #: id(bias) -> (weak reference, what identifies its values, its facts); a few masks per program and size (a
-#: generation's decode steps: one per size)
+#: generation's decode steps: one per size, a long generation's thousands)
 _MASK_FACTS: dict[int, tuple] = {}
 
 
@@ -360,7 +360,7 @@ def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | Non
     dead = None if causal else ~keep.any(-1, keepdim=True)
     facts = causal, (dead if dead is not None and bool(dead.any()) else None)
     if key is not None:
-        if len(_MASK_FACTS) >= 256:
+        if len(_MASK_FACTS) >= 4096:
             _MASK_FACTS.clear()
         _MASK_FACTS[id(mask)] = (weakref.ref(mask), key, facts)
     return facts

@@ -116,6 +116,24 @@ def test_one_plan_runs_the_original_at_each_size_of_a_family_that_fell_back(monk
     assert len(traced) == 5 and capsys.readouterr().out.count("called") == 49
 
 
+def test_a_long_decode_loop_keeps_each_sizes_folded_mask(monkeypatch):
+    """A generation of hundreds of tokens meets hundreds of sizes: each keeps its folded causal mask (and its mask
+    facts), so the next generation computes none (cleared at 64 sizes, a 300-token generation recomputed every
+    mask on every pass: 0.96x eager; 1.12x kept). The samples' sizes are the family plan's too: computed once more."""
+    f = saturate_and_extract(heads, profile_db=False, profile_budget=0)
+    runs, run = [], FoldedConstant.run
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for second in (False, True):  # the samples, then 100 sizes, twice
+            if second:
+                monkeypatch.setattr(FoldedConstant, "run", lambda self, reads: runs.append(n) or run(self, reads))
+            for n in range(20, 122):
+                x, keep = torch.randn(2, n, 16), torch.ones(2, 1, 1, n, dtype=torch.bool)
+                out = f(x, keep)
+        torch.testing.assert_close(out, heads(x, keep), rtol=1e-5, atol=1e-6)
+    assert "it serves them all" in f.report.sizes and set(runs) <= {20, 21}, runs
+
+
 def windowed(q, k):
     """Attention over the last 12 keys once there are more: a branch on the family's size (a sliding window)."""
     k = k[:, -12:] if k.shape[1] > 12 else k

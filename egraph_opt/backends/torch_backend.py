@@ -56,8 +56,8 @@ class FoldedConstant:
         # cache facts about it by its version (sdpa_masked's mask)
         with torch.inference_mode(False):
             value = self.run(reads)
-        if len(self._cached) >= 64:
-            self._cached.clear()
+        if len(self._cached) >= 4096 or sum(getattr(v[1], "nbytes", 0) for v in self._cached.values()) > 1 << 26:
+            self._cached.clear()  # a long generation's sizes, each its mask (cleared, not cycled through: 64 MiB)
         self._cached[sizes] = key, value, getattr(value, "_version", None)  # one per size: no stale weights kept
         return value
 

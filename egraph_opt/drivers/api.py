@@ -500,7 +500,7 @@ class OptimizedFunction:
                 was.sizes += f"; built for this size, the samples' modules differ: {second.shared[:200]}"
             else:  # its sizes at the size of each call
                 (family, holes), (i, d) = second.shared, variable.free(call.tensors)[0]
-                sizes = functools.lru_cache(64)(lambda n: [at(u, v, (*span[:2], n)) for u, v in holes])
+                sizes = functools.lru_cache(4096)(lambda n: [at(u, v, (*span[:2], n)) for u, v in holes])
                 module = types.SimpleNamespace(kernels=first.module.kernels,
                                                forward=lambda *t: family.forward(*sizes(t[i].shape[d]), *t))
             run, was.kernels = runner(module, first.returns), module.kernels

@@ -155,6 +155,26 @@ def test_one_plan_serves_a_family_only_where_the_original_takes_no_other_branch(
     assert "serves them all" in next(p for p in f.plans.values() if p.report.sizes).report.sizes
 
 
+def skips_seven(x):
+    """A branch on one size, which no range of sizes states: torch.export keeps it as a guard ``n != 7``."""
+    e = (x * (2.0 if x.shape[0] != 7 else 3.0)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def test_a_guard_on_one_size_bounds_the_sizes_one_plan_serves(monkeypatch):
+    """The made plan at n = 8 serves 8 and above, not 7 (its guard ``n != 7`` splits the sizes there): 7 is made and
+    validated for itself, fails, and is traced (equal to eager at every size; served by n = 8's plan, it was not)."""
+    traced = _traces(monkeypatch)
+    f = saturate_and_extract(skips_seven, profile_db=False, profile_budget=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (5, 6, 8, 9, 7, 10, 3):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(f(x), skips_seven(x))
+            assert f.report.optimized and f.report.kernels.get("torch.softmax") == 1, f.report
+    assert [shapes[0][0] for shapes in traced][:3] == [5, 6, 7], traced  # 7 a sample now: 10 and 3 of (6, 7)'s
+
+
 def test_instantiation_keeps_equal_parts_and_refuses_what_a_size_does_not_explain():
     x8, x9 = Term.input("x", (2, 8)), Term.input("x", (2, 9))
     a, b = Term("reshape", (x8,), ("16",)), Term("reshape", (x9,), ("18",))

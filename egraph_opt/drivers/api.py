@@ -520,7 +520,7 @@ class OptimizedFunction:
         """The sizes torch.export finds the original one graph over with ``variable`` a symbol (once a family)."""
         if sample.free is None:
             with Watch(self.fn) as watch:  # what its run writes is put back: then none
-                sample.free = free_sizes(call.traceable(self.fn), call.tensors, set(variable.free(call.tensors)))
+                sample.free = free_sizes(call.traceable(self.fn), call.tensors, variable.free(call.tensors))
             sample.free = (0, 0) if watch.changes() else sample.free
         return sample.free
 

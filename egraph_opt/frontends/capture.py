@@ -125,21 +125,31 @@ def _export(module: torch.nn.Module, args: tuple, functional: bool = False, shap
     return exported.module() if functional is not None else _functionalized(exported.module(), args)
 
 
-def free_sizes(fn: Callable, tensors: tuple, free: set[tuple[int, int]]) -> tuple[int, int]:
-    """The sizes at ``free`` ((tensor, dim) pairs) over which torch.export finds ``fn`` one graph, each of its sizes affine
-    in them (no branch reads them: a sliding window's bounds the range); (0, 0) where none is or it cannot export."""
+def free_sizes(fn: Callable, tensors: tuple, free: list[tuple[int, int]]) -> tuple[int, int]:
+    """The sizes ``n`` at ``free[0]`` ((tensor, dim); the others ``n`` plus their offsets now) over which torch.export
+    finds ``fn`` one graph, each of its sizes affine in them: its guards on them (a sliding window's ``n <= w``, a
+    branch's ``n != 7``) bound the range holding this call's; (0, 0) where none does or it cannot export."""
     try:
         with torch.no_grad():
             exported = _export(_as_module(fn), tuple(tensors), shapes=(tuple(
                 {d: torch.export.Dim.AUTO for j, d in free if j == i} for i in range(len(tensors))),))
         vals, inputs = {n.name: n.meta.get("val") for n in exported.graph.nodes}, exported.graph_signature.user_inputs
-        symbols = {vals[inputs[i]].shape[d].node.expr for i, d in free}  # an int (specialized): AttributeError
-        ranges = [exported.range_constraints[s] for s in symbols]  # a size no polynomial: PolynomialError
-        return (0, 0) if any(sympy.Poly(s.node.expr, *symbols).total_degree() > 1 for v in vals.values() for t in
-                             tree_flatten(v)[0] if isinstance(t, torch.Tensor) for s in t.shape if isinstance(
-            s, torch.SymInt)) else (int(max(r.lower for r in ranges)), int(min(sys.maxsize, *(r.upper for r in ranges))))
+        places = [vals[inputs[i]].shape[d].node for i, d in free]  # an int (specialized): AttributeError
+        n, base, env = sympy.Symbol("n", integer=True, positive=True), tensors[free[0][0]].shape[free[0][1]], \
+            places[0].shape_env
+        on, region = {p.expr: n + tensors[i].shape[d] - base for p, (i, d) in zip(places, free)}, sympy.Interval(2, sys.maxsize)
+        for guard in [env.simplify(g.expr) for g in env.guards] + [s >= exported.range_constraints[s].lower for s in on]:
+            region = sympy.solveset(sympy.simplify(guard.subs(on)), n, sympy.Reals).intersect(region)  # Ne: a Union
+            region = next((p for p in region.args if p.contains(base)), region) if region.is_Union else region
+        sizes = [env.simplify(s.node.expr) for v in vals.values() for t in tree_flatten(v)[0] if isinstance(
+            t, torch.Tensor) for s in t.shape if isinstance(s, torch.SymInt)]  # a size no polynomial: PolynomialError
+        if isinstance(region, sympy.Interval) and region.contains(base) and all(
+                s.free_symbols <= on.keys() and sympy.Poly(s, *on).total_degree() <= 1 for s in sizes):
+            return (int(sympy.floor(region.inf) + 1 if region.left_open else sympy.ceiling(region.inf)),
+                    int(sympy.ceiling(region.sup) - 1 if region.right_open else sympy.floor(region.sup)))
     except Exception:  # noqa: BLE001 - export raises many types
-        return 0, 0
+        pass
+    return 0, 0
 
 
 def _functionalized(module: fx.GraphModule, args: tuple) -> fx.GraphModule:

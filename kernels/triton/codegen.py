@@ -19,33 +19,16 @@ from egraph_opt.lang.term import Term, postorder
 
 # op -> Triton expression; {0}, {1} are the operands, {name} an attribute. ``m`` is mathlib.
 TEMPLATES: dict[str, str] = {
-    "add":     "{0} + {1}",
-    "sub":     "{0} - {1}",
-    "mul":     "{0} * {1}",
-    "div":     "{0} / {1}",
-    "pow":     "m.power({0}, {1})",
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}", "pow": "m.power({0}, {1})",
     "maximum": "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
     "minimum": "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    "neg":     "-{0}",
-    "exp":     "tl.exp({0})",
-    "log":     "tl.log({0})",
-    "log1p":   "m.log1p({0})",
-    "expm1":   "m.expm1({0})",
-    "sqrt":    "tl.sqrt_rn({0})",
-    "rsqrt":   "tl.rsqrt({0})",
-    "abs":     "tl.abs({0})",
-    "copysign": "m.copysign({0}, {1})",
-    "sin":     "tl.sin({0})",
-    "cos":     "tl.cos({0})",
-    "tanh":    "m.tanh({0})",
-    "sigmoid": "tl.sigmoid({0})",
-    "relu":    "m.relu({0})",
-    "erf":     "tl.math.erf({0})",
-    "gelu":    "m.gelu({0}, {approximate!r})",
+    "neg": "-{0}", "exp": "tl.exp({0})", "log": "tl.log({0})", "log1p": "m.log1p({0})", "expm1": "m.expm1({0})",
+    "sqrt": "tl.sqrt_rn({0})", "rsqrt": "tl.rsqrt({0})", "abs": "tl.abs({0})", "copysign": "m.copysign({0}, {1})",
+    "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tanh": "m.tanh({0})", "sigmoid": "tl.sigmoid({0})",
+    "relu": "m.relu({0})", "erf": "tl.math.erf({0})", "gelu": "m.gelu({0}, {approximate!r})",
     "cast":    "{0}.to(tl.{dtype}).to(tl.float32)",  # rounds where the op's kernel rounds its output
     "softmax": "m.softmax_of({0}, mx, s)",  # the row ops, from their statistics (STATS)
-    "layer_norm": "({0} * scale - mean) * rstd * {1} + {2}",
-    "rms_norm": "{0} * rstd * {1}"}
+    "layer_norm": "({0} * scale - mean) * rstd * {1} + {2}", "rms_norm": "{0} * rstd * {1}"}
 
 # root reduction -> (identity of the combine, combine of acc with a block v, finish of acc)
 REDUCTIONS: dict[str, tuple[str, str, str]] = {

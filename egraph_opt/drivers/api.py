@@ -511,9 +511,10 @@ class OptimizedFunction:
         if was.validation and not was.validation.passed:
             return None
         plan = Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
-        if not isinstance(second.shared, str) and (check := variable.check(call.tensors, REACH * max(span[:2]),
-                                                                           self._free(second, call, variable))):
-            plan.guard, was.sizes = (check, _FAMILY), f"{was.sizes}; it serves them all (torch.export: one graph in n)"
+        free, most = (0, 0) if isinstance(second.shared, str) else self._free(second, call, variable), REACH * max(span[:2])
+        if check := variable.check(call.tensors, most, free):  # its bounds: the export's guards' (a window's n <= w)
+            plan.guard, was.sizes = (check, _FAMILY), f"{was.sizes}; it serves them all, n = {max(2, free[0])}.." \
+                f"{min(most, free[1])} (torch.export: one graph in n)"
         return plan
 
     def _free(self, sample: Sample, call: BoundCall, variable) -> tuple[int, int]:

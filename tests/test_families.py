@@ -171,7 +171,7 @@ def test_a_guard_on_one_size_bounds_the_sizes_one_plan_serves(monkeypatch):
         for n in (5, 6, 8, 9, 7, 10, 3):
             x = torch.randn(n, 4)
             torch.testing.assert_close(f(x), skips_seven(x))
-            assert f.report.optimized and f.report.kernels.get("torch.softmax") == 1, f.report
+            assert f.report.optimized and f.report.ops_after.get("softmax") == 1, f.report  # a fused plan, any device
     assert [shapes[0][0] for shapes in traced][:3] == [5, 6, 7], traced  # 7 a sample now: 10 and 3 of (6, 7)'s
 
 

@@ -89,8 +89,8 @@ class Variable:
     def check(self, tensors: tuple, most: int, sizes: tuple[int, int] = (2, 1 << 62)) -> Callable[..., bool] | None:
         """torch.compile's C++ check of ``tensors``, ``n`` free in 2..``most`` and ``sizes`` (its places' strides too, but
         contiguity), each of its other places ``n`` plus an offset: one plan for each size (None: not for this call's)."""
-        free, (i, d) = self.free(tensors), self.free(tensors)[0]
-        held, steps = [j for j in {j for j, _ in free} if tensors[j].is_contiguous()], [
+        free = self.free(tensors)
+        (i, d), held, steps = free[0], [j for j in {j for j, _ in free} if tensors[j].is_contiguous()], [
             (j, e, self.a[k] - self.a[self.at[0]]) for (j, e), k in zip(free, self.at)]
         low, most = max(2, sizes[0]), min(most, sizes[1])
         check = TensorGuards(*tensors, dynamic_dims_sizes=[[None if (j, e) in free else s for e, s in enumerate(

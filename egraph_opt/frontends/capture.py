@@ -143,13 +143,13 @@ def free_sizes(fn: Callable, tensors: tuple, free: list[tuple[int, int]]) -> tup
             region = next((p for p in region.args if p.contains(base)), region) if region.is_Union else region
         sizes = [env.simplify(s.node.expr) for v in vals.values() for t in tree_flatten(v)[0] if isinstance(
             t, torch.Tensor) for s in t.shape if isinstance(s, torch.SymInt)]  # a size no polynomial: PolynomialError
-        if isinstance(region, sympy.Interval) and region.contains(base) and all(
+        if not isinstance(region, sympy.Interval) or not region.contains(base) or not all(
                 s.free_symbols <= on.keys() and sympy.Poly(s, *on).total_degree() <= 1 for s in sizes):
-            return (int(sympy.floor(region.inf) + 1 if region.left_open else sympy.ceiling(region.inf)),
-                    int(sympy.ceiling(region.sup) - 1 if region.right_open else sympy.floor(region.sup)))
+            return 0, 0
+        return (int(sympy.floor(region.inf) + 1 if region.left_open else sympy.ceiling(region.inf)),
+                int(sympy.ceiling(region.sup) - 1 if region.right_open else sympy.floor(region.sup)))
     except Exception:  # noqa: BLE001 - export raises many types
-        pass
-    return 0, 0
+        return 0, 0
 
 
 def _functionalized(module: fx.GraphModule, args: tuple) -> fx.GraphModule:

@@ -17,7 +17,10 @@ def test_the_gpu_benchmark_runs_interpreted_on_cpu(tmp_path):
     text = out.read_text()
     assert "# bench/gpu.py on CPU (Triton interpreted)" in text
     program = next(line for line in text.splitlines() if line.startswith("| naive_softmax float16"))
-    assert "triton.generated x1" in program and "failed" not in program  # softmax between its casts
+    # softmax between its casts is one fused Triton kernel; which one (the generated or the library softmax)
+    # is chosen by timing interpreted kernels, so either is right here
+    bound = [cell.strip() for cell in program.split("|") if cell.strip().startswith("triton.")]
+    assert bound in (["triton.generated x1"], ["triton.softmax x1"]) and "failed" not in program, program
     section = text.split("## Triton kernels against torch's")[1]
     kernels = [line for line in section.splitlines() if line.startswith("| ") and "float" in line]
     assert len(kernels) >= 9 * 3, text  # every kernel case in three dtypes

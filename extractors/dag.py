@@ -34,8 +34,7 @@ def _knuth(classes: dict[str, list[ENode]], price: Callable, join: Callable) -> 
     """Each class's least value and its e-node, settled in Knuth's order (a class after every operand of its e-node:
     acyclic). An e-node's value: ``price(class, node, j)``, ``j`` its operands' folded by ``join`` from 0."""
     nodes, users, waiting = _users(classes)
-    joined = [0] * len(nodes)
-    heap = [(price(cid, n, 0), i) for i, (cid, n) in enumerate(nodes) if not n.children]
+    joined, heap = [0] * len(nodes), [(price(cid, n, 0), i) for i, (cid, n) in enumerate(nodes) if not n.children]
     heapq.heapify(heap)
     settled: dict[str, tuple[int, ENode]] = {}
     while heap:

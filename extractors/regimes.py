@@ -211,8 +211,7 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]) -> tuple[floa
     threshold +inf): midway between two points, or next to a ``series``' (it holds only where sampled)."""
     order = np.argsort(x, kind="stable")
     x, bits = x[order], bits[:, order]
-    n = len(x)
-    cum = np.concatenate([np.zeros((bits.shape[0], 1)), np.cumsum(bits, 1)], 1)
+    n, cum = len(x), np.concatenate([np.zeros((bits.shape[0], 1)), np.cumsum(bits, 1)], 1)
     cuts = np.unique(np.searchsorted(x, x[np.linspace(0, n - 1, BUCKETS + 1).astype(int)[1:-1]]))
     edges = np.concatenate([[0], cuts[(cuts > 0) & (cuts < n)], [n]])  # between distinct values
     m = len(edges)

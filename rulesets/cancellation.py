@@ -5,8 +5,7 @@ from . import Exactness, Family, rules, when
 from .algebra import NEVER_INF_XY as _FINITE, NEVER_POSITIVE_INF as _BELOW
 
 _E, _A = Family.STABILITY, Family.ALGEBRA
-_HALF = "(const 0.5)"
-_POS = when("(positive ?x)", "(positive ?y)")
+_HALF, _POS = "(const 0.5)", when("(positive ?x)", "(positive ?y)")
 _BELOW_Y = _BELOW.rename({"x": "y"})
 _BELOW_INF = _BELOW + _BELOW_Y
 _SHIFT = when("(> ?c 0.0)", "(positive ?x)", "(> (* (lo ?x) 60000.0) ?c)")

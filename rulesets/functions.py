@@ -3,8 +3,7 @@ op (or the expm1 / log1p composition) that computes the same value without doing
 from . import Family, rules, when
 from .algebra import F32_MAX, NEVER_INF, NEVER_INF_XY as _FINITE
 
-_E = Family.STABILITY
-NEVER_INF_Y = NEVER_INF.rename({"x": "y"})
+_E, NEVER_INF_Y = Family.STABILITY, NEVER_INF.rename({"x": "y"})
 
 #: -1 < x < float32's max, at each element (NaN: false): 1 + x > 0 and finite, log1p(x) defined
 _BASE_POSITIVE = f"(less (const -1.0) (minimum ?x (sub (const {F32_MAX}) ?x)))"

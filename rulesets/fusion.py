@@ -9,8 +9,7 @@ import math
 from . import Exactness, Family, Rule, rules, when
 from .algebra import POWER_OF_TWO, in_float32
 
-_F = Family.FUSION
-_SCORES = "(matmul ?q (transpose ?k -2 -1))"
+_F, _SCORES = Family.FUSION, "(matmul ?q (transpose ?k -2 -1))"
 _SCALED = f"(mul {_SCORES} (const ?c))"
 _MASK_BIAS = "(where ?m (const -inf) (const 0.0))"  # masked_fill(m, -inf) as the bias that masks
 #: the dynamo exporter's softmax guard (torch's _safe_softmax in ONNX): each NaN weight is 0

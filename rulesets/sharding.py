@@ -26,8 +26,7 @@ from . import Exactness, Family, Rule
 _S = Family.SHARDING
 MESH = 2  # the mesh size the catalogue's introductions are declared (and proven) for
 #: shapes the proofs sample: a linear's (x, weight, bias), and a bias-like operand (rank 1)
-_LINEAR = (("x", (4, 6)), ("w", (8, 6)), ("b", (8,)))
-_N = (("n", MESH),)
+_LINEAR, _N = (("x", (4, 6)), ("w", (8, 6)), ("b", (8,))), (("n", MESH),)
 
 
 def _whole(*texts: str) -> tuple[str, ...]:

@@ -2,8 +2,7 @@
 from . import Family, rules, when
 from .algebra import BELOW_MAX, F32_MAX, F32_TINY, NEVER_INF, SHIFTED as _SHIFTED
 
-_E = Family.STABILITY
-_POS = when("(positive ?a)", "(positive ?b)")
+_E, _POS = Family.STABILITY, when("(positive ?a)", "(positive ?b)")
 
 RULES = rules(_E, [
     # -- fusions into stable composite ops ------------------------------------------------------

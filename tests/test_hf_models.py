@@ -166,26 +166,38 @@ def _generates_as_eager(m, ids, new: int) -> None:
 
 
 @pytest.mark.parametrize("head", ["Gemma2ForCausalLM", "MistralForCausalLM"])
-def test_a_sliding_window_cache_runs_the_original_with_eagers_tokens_past_its_window(head):
+def test_a_sliding_window_cache_is_optimized_until_its_window_fills_then_runs_the_original(head):
     """A sliding window layer counts the tokens it has seen (``cumulative_length``) beyond the keys it keeps; its
-    pytree carries the keys alone, so a cache rebuilt from them counted afresh: a plan traced on one computed its masks
-    from the kept keys' length, and past the window Gemma 2's logits were 4e-2 off eager's, its tokens others. Such a
-    cache is refused by name (the original runs, one plan for a size family's steps), the tokens eager's."""
+    pytree carries the keys alone, so a cache rebuilt from them counts their length: a plan traced on one computed its
+    masks from it, and past the window Gemma 2's logits were 4e-2 off eager's, its tokens others. While the count is
+    the keys' length (before and after the call), plans run; from the step that fills the window, the original, its
+    refusal named (one plan for a size family's steps). Tokens, logits and the cache as eager's, prompts shorter and
+    longer than the window."""
     import transformers as tf
     torch.manual_seed(0)
-    config = getattr(tf, head.replace("ForCausalLM", "Config"))(**_DECODER, sliding_window=6, head_dim=8)
+    config = getattr(tf, head.replace("ForCausalLM", "Config"))(**_DECODER, sliding_window=9, head_dim=8)
     m = getattr(tf, head)(config).eval()
     ids = torch.randint(1, 100, (2, 5))
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
+    calls = ((ids, mask), (ids, None), (torch.randint(1, 100, (1, 11)), None))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        refs = [m.generate(i, attention_mask=k, max_new_tokens=16, do_sample=False) for i, k in ((ids, mask), (ids, None))]
+        kw = dict(max_new_tokens=10, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        refs = [m.generate(i, attention_mask=k, **kw) for i, k in calls]
         m.forward = f = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
-        for (i, k), ref in zip(((ids, mask), (ids, None)), refs):
-            torch.testing.assert_close(m.generate(i, attention_mask=k, max_new_tokens=16, do_sample=False), ref)
-    assert "DynamicSlidingWindowLayer" in f.report.fallback and "pytree" in f.report.fallback, f.report.fallback
-    assert len(f.plans) < 16, len(f.plans)
+        for (i, k), ref in zip(calls, refs):
+            out = m.generate(i, attention_mask=k, **kw)
+            torch.testing.assert_close((out.sequences, out.logits), (ref.sequences, ref.logits))
+            # the cache left as eager leaves it: its count of tokens seen (a plan's cache counted its keys)
+            assert out.past_key_values.get_seq_length() == ref.past_key_values.get_seq_length()
+    reports = {p.report.signature: p.report for p in f.plans.values()}
+    decoded = [r for s, r in reports.items() if "input_ids: int64[2, 1]" in s]
+    assert sum(not r.fallback for r in decoded) >= 4, [r.fallback for r in decoded]  # cache lengths 5 to 7 and more
+    after = [r.fallback for r in decoded if r.fallback]
+    assert any("DynamicSlidingWindowLayer.cumulative_length = 9" in w and "after the call" in w for w in after), after
+    assert any("cumulative_length = 10, which its pytree carries not (rebuilt from its tensors: 8)" in w for w in after)
+    assert len(f.plans) < 24, len(f.plans)
 
 
 def test_a_repeated_piece_reading_constants_is_estimated_with_their_values():

@@ -392,7 +392,10 @@ class OptimizedFunction:
         layout = call.layout(args, kwargs)  # before the original runs: it may update an argument (a KV cache)
         cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
         plan = self._compile(call, call.key + self._state.key() + _autocast())
-        ran = (self.fn(*args, **kwargs),) if plan.run is None else ()  # what it writes of its own state
+        numbered = plan.into is not None and any(name in call.numbered for name in plan.returned)
+        ran = (self.fn(*args, **kwargs),) if plan.run is None or numbered else ()  # what it writes of its own state
+        if numbered and (why := call.uncarried(plan.returned)):  # the original's numbers: not the plan's to give
+            plan = self._untouched(replace(plan.report), f"{why}, after the call")
         self._state.settle(before)  # shows, as the trace's writes do
         why = plan.report.fallback  # a first run's writes of state (a cache it fills) may be done now; prints are not
         if ran and _CHANGES in why and ("sets " in why or "writes " in why):
@@ -447,8 +450,7 @@ class OptimizedFunction:
         signature = ", ".join(f"{n}: {str(t.dtype).removeprefix('torch.')}"
                               f"{'[nested]' if t.is_nested else list(t.shape)}"
                               for n, t in zip(call.names, call.tensors))
-        report = Report(signature=f"{self._name}({signature})")
-        made = Sample((), None)
+        report, made = Report(signature=f"{self._name}({signature})"), Sample((), None)
         try:
             plan = self._from_family(call, report, key)  # a refused call's family: its one plan, which runs the original
             if call.refused and (plan is None or plan.run is not None):

@@ -39,13 +39,14 @@ class BoundCall:
     signature: inspect.Signature | None = None
     direct: bool = True
     trees: dict = field(default_factory=dict)  # argument -> (its TreeSpec, where its leaves start, how many)
+    numbered: dict = field(default_factory=dict)  # tree -> where its objects hold numbers, whether carried, a memo
     returned: list[str] = field(default_factory=list)  # those of ``trees`` the program returns as themselves
 
     def layout(self, args: tuple, kwargs: dict) -> Layout | None:
         """How ``args`` and ``kwargs``, the values this call was bound from, make its key; None where its
         values do not give its tensors one by one (a tensor in a tuple), or one is no dense tensor (which
         torch.compile's check refuses). A refused call's takes calls its refusal holds for too."""
-        trees = {id(self.arguments[name]): (spec, name, _node(spec)) for name, (spec, _, _) in self.trees.items()}
+        trees = {id(self.arguments[n]): (s, n, _node(s), self.numbered.get(n)) for n, (s, _, _) in self.trees.items()}
         slots = tuple(None if isinstance(v, torch.Tensor) else trees.get(id(v)) or  # an immutable
                       (v if type(v) in _SIMPLE else _NEVER, _constant_key(v))  # constant is itself
                       for v in (*args, *kwargs.values()))
@@ -56,6 +57,11 @@ class BoundCall:
         where = {id(t): i for i, t in enumerate(flat)}  # bound in another order than passed (keywords)
         order = tuple(where.get(id(t), -1) for t in self.tensors)
         return layout._replace(order=order) if sorted(order) == list(range(len(flat))) else None
+
+    def uncarried(self, returned: tuple) -> str:
+        """Why a tree the original updated and returned (run on this call) now holds a number its pytree carries not."""
+        return next((why for n in returned if n in self.numbered and (why := _carried(
+            n, self.arguments[n], tree_unflatten(*tree_flatten(self.arguments[n]))))), "")
 
     def traceable(self, fn: Callable) -> Callable:
         """``fn`` as a function of ``self.tensors`` alone (``fn`` itself when it is one)."""
@@ -108,7 +114,7 @@ class Layout(NamedTuple):
     constants' keys and tree specs) has the key ``key(tensors)`` without binding: the fast path's check of a call."""
     arity: int
     keywords: tuple
-    slots: tuple  # per value: None (a tensor), (its TreeSpec, argument name, its _node), (the constant where immutable, its key)
+    slots: tuple  # per value: None (a tensor), (its TreeSpec, name, _node, numbers), (the constant where immutable, its key)
     constants: tuple | None  # the key's constants (None: a call of tensors alone, keyed by them)
     order: tuple | None  # where each tensor the Binder gives is in the call (None: where it stands)
 
@@ -121,7 +127,7 @@ class Layout(NamedTuple):
             if slot is None:
                 flat.append(value)
             elif type(slot[0]) is TreeSpec:
-                if not _leaves(value, slot[2], flat):
+                if not _leaves(value, slot[2], flat) or slot[3] and not _carries(value, flat, slot[0], *slot[3]):
                     return None
             elif value is not slot[0] and _constant_key(value) != slot[1]:
                 return None
@@ -219,12 +225,15 @@ def _plain(obj: Any) -> dict:
     return {path: v for path, v in _held(obj) if isinstance(v, _SIMPLE)}
 
 
+def _at(obj: Any, path: tuple) -> Any:
+    for key in path:
+        obj = obj[key] if isinstance(obj, (list, dict)) else getattr(obj, key)
+    return obj
+
+
 def _write(obj: Any, paths: list, leaves: list) -> None:
     for path, leaf in zip(paths, leaves):
-        holder = obj
-        for key in path[:-1]:
-            holder = holder[key] if isinstance(holder, (list, dict)) else getattr(holder, key)
-        if isinstance(holder, (list, dict)):
+        if isinstance(holder := _at(obj, path[:-1]), (list, dict)):
             holder[path[-1]] = leaf
         else:
             setattr(holder, path[-1], leaf)
@@ -282,16 +291,18 @@ class Binder:
             raise TypeError(f"{self.name}: {e}") from None
         # the arguments as given: defaults stay the function's own (a decorated forward, as Hugging
         # Face models have, may fill one itself and refuse it passed twice)
-        tensors, names, constants, refused, trees = [], [], [], "", {}
+        tensors, names, constants, refused, trees, numbered = [], [], [], "", {}, {}
         for name, value in bound.arguments.items():
             leaves, spec = _tree(value)
             if leaves is not None:  # its leaves are inputs; it is rebuilt from them
                 trees[name] = (spec, len(tensors), len(leaves))
                 tensors += leaves
                 names += [f"{name}_{i}" for i in range(len(leaves))]
-                refused = refused or next((f"argument {name!r} holds {why}" for t in leaves if (why := unusual(t))),
-                                          "") or _dropped(name, value)
-                constants.append((name, ("tree", repr(spec))))
+                refused = refused or next((f"argument {name!r} holds {why}" for t in leaves if (why := unusual(t))), "")
+                if numbers := _numbers(value):  # numbers its tree carries not: the original runs, its key says so
+                    why = _carried(name, value, tree_unflatten(leaves, spec))
+                    numbered[name], refused = (tuple(numbers), not why, {}), refused or why
+                constants.append((name, ("tree", repr(spec), numbered.get(name, (0, True))[1])))
                 continue
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
@@ -308,7 +319,7 @@ class Binder:
             kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY}
         return BoundCall(tuple(tensors), names, _key(tensors, tuple(constants)),
                          arguments=dict(bound.arguments), refused=refused, signature=signature,
-                         direct=direct, trees=trees)
+                         direct=direct, trees=trees, numbered=numbered)
 
 
 def _tree(value: Any) -> tuple[list | None, Any]:
@@ -323,19 +334,26 @@ def _tree(value: Any) -> tuple[list | None, Any]:
     return (None, None) if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
 
 
-def _dropped(name: str, value: Any) -> str:
-    """Why ``value``'s pytree cannot stand for it: an object of the tree holds a number (a sliding window cache layer's
-    ``cumulative_length``), which a pytree carries not, so a cache rebuilt from its leaves counts from their lengths."""
-    todo, seen = [value], set()
-    while todo:
-        if id(o := todo.pop()) in seen or not isinstance(o, (list, tuple)) and not hasattr(o, "__dict__"):
-            continue
-        seen.add(id(o))
-        for k, v in enumerate(o) if isinstance(o, (list, tuple)) else vars(o).items():
-            if type(v) in (int, float):
-                return f"argument {name!r} holds {type(o).__name__}.{k} = {v}: a number, which its pytree may not carry"
-            todo += [v] * (isinstance(v, (list, tuple)) or type(v).__module__ == type(value).__module__)
-    return ""
+def _numbers(obj: Any) -> dict:
+    return {path: v for path, v in _held(obj) if type(v) in (int, float)}
+
+
+def _carried(name: str, obj: Any, rebuilt: Any) -> str:
+    """Why ``obj``'s pytree cannot stand for it: a number it holds that ``rebuilt``, made from its leaves, holds not (a
+    sliding window cache layer counts the tokens it has seen in ``cumulative_length``, a rebuilt one its kept keys)."""
+    theirs = _numbers(rebuilt)
+    path, v = next(((p, v) for p, v in _numbers(obj).items() if theirs.get(p, _NEVER) != v), (None, 0))
+    return path and f"argument {name!r} holds {type(_at(obj, path[:-1])).__name__}.{path[-1]} = {v}, which its " \
+        f"pytree carries not (rebuilt from its tensors: {theirs.get(path)})" or ""
+
+
+def _carries(obj: Any, flat: list, spec: TreeSpec, paths: tuple, carried: bool, memo: dict) -> bool:
+    """Whether ``obj``'s numbers at ``paths`` are (``carried``) those of one rebuilt from its leaves (the last of
+    ``flat``): theirs follow from the leaves' shapes, kept per shapes (a rebuild costs 70 us; a window's sizes are few)."""
+    leaves = flat[len(flat) - spec.num_leaves:]
+    if (shapes := tuple(t.shape for t in leaves)) not in memo:
+        memo[shapes] = tuple(map(_numbers(tree_unflatten(leaves, spec)).get, paths))
+    return (tuple(_at(obj, p) for p in paths) == memo[shapes]) == carried
 
 
 def _tensor_key(tensors) -> tuple | None:

@@ -187,8 +187,7 @@ def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_
         return TextPicture(f"programs too large to draw (max_nodes={max_nodes})\n{fallback}")
     lines = ["digraph programs {", "rankdir=BT; node [shape=box, style=rounded, fontsize=10];"]
     for side in sides:
-        other = keys["after" if side == "before" else "before"]
-        color = CHANGED if side == "after" else REMOVED
+        other, color = keys["after" if side == "before" else "before"], CHANGED if side == "after" else REMOVED
         lines.append(f"subgraph cluster_{side} {{ label={_q(side)};")
         for k, term in sorted(keys[side].items()):
             fill = f', style="rounded,filled", fillcolor="{color}"' if k not in other else ""

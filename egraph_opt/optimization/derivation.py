@@ -305,8 +305,7 @@ def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snaps
             continue
         per_root.append(steps)
     if unexplained:  # named up to 3 (a chain of roots, each printed, would print each one's past)
-        derivation.complete = False
-        more = [f"{len(unexplained) - 3} more outputs"] if len(unexplained) > 3 else []
+        derivation.complete, more = False, [f"{len(unexplained) - 3} more outputs"] if len(unexplained) > 3 else []
         derivation.unexplained = "; ".join([f"output {i}: {pretty(a, width=70)}" for i, a in unexplained[:3]] + more)
         # the rules that produced the e-nodes the input does not have (``ematch.producer``)
         node = lambda t: ENode(t.op, tuple(replay.eclass(a) for a in t.args), t.attrs)  # noqa: E731

@@ -153,8 +153,7 @@ def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: d
     roots, leaf_meta = program.roots(), program.leaf_meta()
     optimized = replace(program.with_roots({id(old): new for old, new in zip(roots, best)}),
                         own=own_calls(program, best, snap, class_of))
-    own = ranges(best, optimized.meta())
-    proved = {i: snap.ranges.get(cid, TOP) for i, cid in class_of.items()}
+    own, proved = ranges(best, optimized.meta()), {i: snap.ranges.get(cid, TOP) for i, cid in class_of.items()}
     for i, cid in term_classes(snap, class_of, best).items():
         lo, hi = snap.ranges.get(cid, TOP) if cid else TOP
         lo, hi = max(lo, own[i][0]), min(hi, own[i][1])

@@ -84,8 +84,7 @@ def find(program: Program) -> list[list[Instance]]:
         return [g for g in groups.values() if len(g) > 1 and g[0].outputs
                 and sum(bool(t.args) for t in g[0].terms) >= MIN_OPS]
     found = grouped(program.scopes)
-    taken = {id(t) for g in found for inst in g for t in inst.terms}
-    ops = [t for t in order if t.args]
+    taken, ops = {id(t) for g in found for inst in g for t in inst.terms}, [t for t in order if t.args]
     at, marks = {id(t): i for i, t in enumerate(ops)}, [i for i, t in enumerate(ops) if id(t) in taken]
 
     def apart(inst: Instance) -> bool:  # a block found among the other ops straddling a module's: a cycle through it

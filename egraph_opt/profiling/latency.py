@@ -91,8 +91,7 @@ def _local_fit(z: np.ndarray, y: np.ndarray, query: np.ndarray) -> float:
     """Weighted least squares of y on [1, z - query] around `query`; returns the intercept."""
     d = np.linalg.norm(z - query, axis=1)
     h = max(np.sort(d)[min(NEIGHBOURS, len(d)) - 1], 1e-3)
-    w = np.exp(-0.5 * (d / h) ** 2)
-    x = np.hstack([np.ones((len(d), 1)), z - query])
+    w, x = np.exp(-0.5 * (d / h) ** 2), np.hstack([np.ones((len(d), 1)), z - query])
     gram = (x.T * w) @ x + RIDGE * w.sum() * np.diag([0.0] + [1.0] * z.shape[1])
     return float(np.linalg.solve(gram, (x.T * w) @ y)[0])
 
@@ -166,8 +165,7 @@ class LatencyModel:
         if (measured := group.exact.get(shape_key(input_shapes, attrs))) is not None:
             return Estimate(measured.median_s, "measured", measured.spread_s / measured.median_s, config=measured.config)
         query = _features(w, itemsize)
-        note = group.extrapolation(query)
-        seconds = default * math.exp(_local_fit(group.z, group.y, query))
+        note, seconds = group.extrapolation(query), default * math.exp(_local_fit(group.z, group.y, query))
         nearest = list(group.exact.values())[int(np.argmin(np.linalg.norm(group.z - query, axis=1)))]  # one a shape
         return Estimate(seconds, "interpolated", group.uncertainty, note, bool(note), nearest.config)
 

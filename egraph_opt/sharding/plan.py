@@ -87,8 +87,7 @@ def _candidate(choice: dict[str, ENode], root: str, cost: MeshCost) -> Candidate
     """The program a choice of e-nodes spells, priced node by node (each e-class once)."""
     built = terms_of(choice, [root])
     units = {cid: cost(cid, choice[cid]) for cid in built}
-    comm = sum(u for cid, u in units.items() if choice[cid].op in COLLECTIVES)
-    term_meta = shapes([built[root]])
+    comm, term_meta = sum(u for cid, u in units.items() if choice[cid].op in COLLECTIVES), shapes([built[root]])
     return Candidate(roots=[built[root]], class_of={id(t): cid for cid, t in built.items()}, units=units,
                      seconds=sum(units.values()) * UNIT_S, comm_seconds=comm * UNIT_S,
                      memory=memory([built[root]], lambda t: term_meta[id(t)]))

@@ -224,8 +224,7 @@ def _segments(x: np.ndarray, bits: np.ndarray, series: list[bool]) -> tuple[floa
         step = cost[-1][:, None] + seg
         back.append(step.argmin(0))
         cost.append(step.min(0))
-    s = int(np.argmin([c[-1] + SPLIT_BITS * n * k for k, c in enumerate(cost)]))
-    bounds = [m - 1]
+    s, bounds = int(np.argmin([c[-1] + SPLIT_BITS * n * k for k, c in enumerate(cost)])), [m - 1]
     for level in range(s, 0, -1):
         bounds.append(back[level][bounds[-1]])
     bounds = [0] + bounds[::-1]

@@ -7,8 +7,7 @@ from .algebra import NEVER_INF_XY as _FINITE, NEVER_POSITIVE_INF as _BELOW
 _E, _A = Family.STABILITY, Family.ALGEBRA
 _HALF, _POS = "(const 0.5)", when("(positive ?x)", "(positive ?y)")
 _BELOW_Y = _BELOW.rename({"x": "y"})
-_BELOW_INF = _BELOW + _BELOW_Y
-_SHIFT = when("(> ?c 0.0)", "(positive ?x)", "(> (* (lo ?x) 60000.0) ?c)")
+_BELOW_INF, _SHIFT = _BELOW + _BELOW_Y, when("(> ?c 0.0)", "(positive ?x)", "(> (* (lo ?x) 60000.0) ?c)")
 #: +0, or -0 where the left side is -0 (x = -0, y = +0: x - y of zeros): 0x - 0y
 _ZERO_SIGN = "(sub (mul ?x (const 0.0)) (mul ?y (const 0.0)))"
 _R = "(div (const 1.0) (add (abs ?x) (const 1.0)))"  # 1 / (1 + |x|): scales x y below overflow

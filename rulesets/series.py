@@ -58,8 +58,7 @@ class Series:
     def rule(self) -> Rule:
         """Horner form in u times ?x^shift (around infinity u^shift = ?x^-shift)."""
         base = INVERSE if self.at_infinity else "?x"
-        u = f"(mul {base} {base})" if self.square else base
-        horner = f"(const {float(self.terms[-1])!r})"
+        u, horner = f"(mul {base} {base})" if self.square else base, f"(const {float(self.terms[-1])!r})"
         for c in reversed(self.terms[:-1]):
             horner = f"(add (const {float(c)!r}) (mul {u} {horner}))"
         power = -self.shift if self.at_infinity else self.shift

@@ -334,6 +334,27 @@ def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from
             assert out["cache"] is cache and cache.layers == held and cache.layers[1].keys.shape[-2] == n
 
 
+def test_a_generation_over_a_new_prompt_length_makes_no_plan_once_its_families_have_serving_plans():
+    """As a chat runs it: each generate() with a prompt of another length. Once the prefill's and the decode step's size
+    families each have a plan serving their sizes, a new prompt's prefill and first decode step (found by the slow
+    path: the call before was laid out otherwise) run those plans, with eager's tokens; they were made and validated
+    anew, two plans a generation (0.58x eager's time for 32 tokens)."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    prompts = [torch.randint(1, 100, (1, t)) for t in (4, 6, 8, 11, 13, 7)]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        refs = [m.generate(ids, max_new_tokens=6, do_sample=False) for ids in prompts]
+        m.forward = f = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
+        plans = []
+        for ids, ref in zip(prompts, refs):
+            torch.testing.assert_close(m.generate(ids, max_new_tokens=6, do_sample=False), ref)
+            plans.append({id(p) for p in f.plans.values()})
+    assert plans[-1] == plans[2] and len(plans[2]) <= 6, [len(p) for p in plans]
+    assert all(p.report.validation is None or p.report.validation.passed for p in f.plans.values())
+
+
 def test_a_generation_whose_plans_fell_back_binds_only_calls_laid_out_anew(monkeypatch):
     """Each decode step passes its cache and keywords laid out as the step before: the plan its
     tensors' key finds runs (the original, where the plans fell back) without binding. The prefill

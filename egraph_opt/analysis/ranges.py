@@ -149,8 +149,7 @@ def _linear(t, a, s):
 
 
 def _matmul(t, a, s):
-    k = s[0][-1] if s[0] else 1
-    p = _mul(a[0], a[1])
+    k, p = s[0][-1] if s[0] else 1, _mul(a[0], a[1])
     return iv(k * p[0], k * p[1])
 
 

@@ -168,8 +168,7 @@ def for_accuracy(result: Optimized) -> bool:
     derivation = result.derivation
     if derivation is not None and derivation.complete:
         return any(step.rule.family in ACCURATE_FAMILIES for step in derivation.steps)
-    known = catalogue()
-    matched = {name for s in result.saturation for name, n in s.matches.items() if n}
+    known, matched = catalogue(), {name for s in result.saturation for name, n in s.matches.items() if n}
     return any(name not in known or known[name].family in ACCURATE_FAMILIES for name in matched)
 
 
@@ -366,7 +365,7 @@ class OptimizedFunction:
             return self.fn(*args, **kwargs)
         if plan is None:
             with self._compiling:
-                plan = self._plans.get(key) or self._first(call, args, kwargs)
+                plan = self._plans.get(key) or self._serving(call, key) or self._first(call, args, kwargs)
             if isinstance(plan, _Ran):
                 return plan.out
         with contextlib.suppress(KeyError):  # another thread dropped it meanwhile
@@ -383,6 +382,14 @@ class OptimizedFunction:
         if plan.into is not None:  # an argument the original updates and returns (a KV cache)
             return plan.into(tensors, [arguments[name] for name in plan.returned])
         return plan.run(*tensors)
+
+    def _serving(self, call: BoundCall, key: tuple) -> Plan | None:
+        """The plan serving ``key``'s size family where its guard takes this call, kept under ``key`` too: a new
+        prompt's length found by the slow path is not made and validated again (two plans a generation: 0.58x eager)."""
+        plan = (found := self._families.find(key)) and found[1].serving
+        if plan and plan.guard[0] and plan.guard[0](*call.tensors):
+            self._plans[key] = plan
+            return plan
 
     def _first(self, call: BoundCall, args: tuple, kwargs: dict):
         """Optimize for ``call`` and keep the plan (within ``MAX_PLANS``, least recently used out); where the original
@@ -486,7 +493,7 @@ class OptimizedFunction:
         if like.plan.run is None:  # one plan, checked for the family's every size
             plan = self._untouched(was, f"so did its size family: {was.fallback}") if was.fallback \
                 else Plan(None, was, None)
-            plan.guard = variable.check(call.tensors, REACH * max(span[:2])), _FAMILY
+            plan.guard, second.serving = (variable.check(call.tensors, REACH * max(span[:2])), _FAMILY), plan
             return plan
         if first.returns != second.returns:
             return None
@@ -515,7 +522,7 @@ class OptimizedFunction:
         plan = Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
         free, most = (0, 0) if isinstance(second.shared, str) else self._free(second, call, variable), REACH * max(span[:2])
         if check := variable.check(call.tensors, most, free):  # its bounds: the export's guards' (a window's n <= w)
-            plan.guard, was.sizes = (check, _FAMILY), f"{was.sizes}; it serves them all, n = {max(2, free[0])}.." \
+            plan.guard, second.serving, was.sizes = (check, _FAMILY), plan, f"{was.sizes}; it serves them all, n = {max(2, free[0])}.." \
                 f"{min(most, free[1])} (torch.export: one graph in n)"
         return plan
 

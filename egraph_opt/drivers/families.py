@@ -54,6 +54,7 @@ class Sample:
     module: fx.GraphModule | None = None  # built from ``optimized``
     shared: Any = None  # the family's module made from the last two samples' (``shared``), or why not
     free: tuple | None = None  # the sizes torch.export finds one graph over (``free_sizes``), found once
+    serving: Any = None  # the plan made from it that serves the family's sizes (its guard checks them)
 
 
 def split(key: tuple) -> tuple[tuple, tuple[int, ...]]:

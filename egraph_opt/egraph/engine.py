@@ -26,8 +26,7 @@ from ..lang.ops import OPS, BY_EGG_NAME, ATTR_SORTS
 from ..lang.pattern import Node, literal
 from ..lang.term import Term, postorder, topological
 
-SORT = "Tensor"
-_CHUNK = 16
+SORT, _CHUNK = "Tensor", 16
 RELATIONS = ("positive", "nonneg", "nonzero")  # the snapshot's sign facts, which guards read
 _UNBOUNDED = 1e300  # the range analysis' clamp: a bound at it says nothing, and is not loaded
 

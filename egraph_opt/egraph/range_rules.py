@@ -15,9 +15,7 @@ import re
 
 from ..lang.ops import BINARY_BROADCASTING, OPS, REDUCTIONS, SAME_SHAPE, UNBOUNDED, ops_where
 
-BIG = "1e300"
-RULESET = "ranges"
-TRIPWIRES = "tripwires"
+BIG, RULESET, TRIPWIRES = "1e300", "ranges", "tripwires"
 
 DECLARATIONS = f"""
 (function lo (Tensor) f64 :merge (max old new))

@@ -40,7 +40,7 @@ class FoldedConstant:
         self.steps = [(n.op, n.target, fx.node.map_arg((n.args, n.kwargs), lambda a: Slot(at[a])))
                       for n in nodes if n not in reads]
         self.__name__ = self.__qualname__ = f"folded_constant_{index}"
-        self._cached: dict = {}  # sizes -> (what identifies the tensors read, the value, its version)
+        self._cached, self._bytes = {}, 0  # sizes -> (what identifies the tensors read, the value, its version); their bytes
 
     def __call__(self, *reads):
         tensors = [t for t in reads if isinstance(t, torch.Tensor)]
@@ -56,9 +56,10 @@ class FoldedConstant:
         # cache facts about it by its version (sdpa_masked's mask)
         with torch.inference_mode(False):
             value = self.run(reads)
-        if len(self._cached) >= 4096 or sum(getattr(v[1], "nbytes", 0) for v in self._cached.values()) > 1 << 26:
-            self._cached.clear()  # a long generation's sizes, each its mask (cleared, not cycled through: 64 MiB)
+        if len(self._cached) >= 4096 or self._bytes > 1 << 26:  # a long generation's sizes, each its mask (cleared,
+            self._cached, self._bytes = {}, 0  # not cycled through: 64 MiB; counted as made, not summed per size)
         self._cached[sizes] = key, value, getattr(value, "_version", None)  # one per size: no stale weights kept
+        self._bytes += getattr(value, "nbytes", 0)
         return value
 
     def run(self, tensors: tuple):

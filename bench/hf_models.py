@@ -193,10 +193,35 @@ def _ratios(times: dict) -> str:
                      for k, v in times.items())
 
 
+def _generations(name: str, row: str, lm: nn.Module, forwards: dict, a: argparse.Namespace, length) -> None:
+    """``generate()`` of ``a.new`` greedy tokens through each forward, interleaved; the i-th generation of each
+    variant on a prompt of ``length(i)`` tokens (the first pays for optimizing, compiling: timed apart)."""
+    tokens, runs, first = {}, {}, {}
+    for label, forward in forwards.items():
+        def generate(forward=forward, count=iter(range(1 << 30))):
+            lm.forward, ids = forward, torch.randint(1, V, (1, length(next(count))), generator=torch.Generator().manual_seed(0))
+            out = lm.generate(ids, max_new_tokens=a.new, do_sample=False, min_new_tokens=a.new)
+            lm.forward = forwards["eager"]
+            return out
+        runs[label] = generate
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for label, run in runs.items():
+            start = time.perf_counter()
+            tokens[label] = run()
+            first[label] = time.perf_counter() - start
+        times = interleaved(runs, (), max(a.repeats // 10, 2))
+    same = all(torch.equal(t, tokens["eager"]) for t in tokens.values())
+    rates = "  ".join(f"{k} {a.new / statistics.median(v):7.1f} tok/s" for k, v in times.items())
+    print(f"{name:<16} {row:<9} {rates}  tokens {'= eager' if same else 'DIFFER'}  first: "
+          + "  ".join(f"{k} {v:.2f} s" for k, v in first.items()), flush=True)
+
+
 def user_paths(name: str, a: argparse.Namespace) -> None:
     """The three ways users run a model, each eager / decorated / torch.compile (--compile),
     interleaved: the model as instantiated called with default arguments; ``generate()`` of
-    ``--new`` greedy tokens with a decorated forward (tokens per second); one training step
+    ``--new`` greedy tokens with a decorated forward (tokens per second), on one prompt and on a
+    prompt of a new length each generation (``chat``); one training step
     (``model(ids, labels=ids).loss.backward()`` and an SGD step)."""
     made = instantiate(name, c=a.width, layers=a.layers)
     args = inputs(name, made.config, a.length)
@@ -211,30 +236,12 @@ def user_paths(name: str, a: argparse.Namespace) -> None:
     lm = causal_lm(name, a.width, a.layers)
     if lm is None:
         return
-    ids = torch.randint(1, V, (1, 8))
     forwards = {"eager": lm.forward, "ours": saturate_and_extract(lm.forward)}
     if a.compile:
         forwards["compile"] = torch.compile(lm.forward)
-    tokens, runs = {}, {}
-    for label, forward in forwards.items():
-        def generate(forward=forward):
-            lm.forward = forward
-            out = lm.generate(ids, max_new_tokens=a.new, do_sample=False, min_new_tokens=a.new)
-            lm.forward = forwards["eager"]
-            return out
-        runs[label] = generate
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        first = {}
-        for label, run in runs.items():  # the first generation pays for optimizing (compiling)
-            start = time.perf_counter()
-            tokens[label] = run()
-            first[label] = time.perf_counter() - start
-        times = interleaved(runs, (), max(a.repeats // 10, 2))
-    same = all(torch.equal(t, tokens["eager"]) for t in tokens.values())
-    rates = "  ".join(f"{k} {a.new / statistics.median(v):7.1f} tok/s" for k, v in times.items())
-    print(f"{name:<16} generate  {rates}  tokens {'= eager' if same else 'DIFFER'}  first: "
-          + "  ".join(f"{k} {v:.2f} s" for k, v in first.items()), flush=True)
+    _generations(name, "generate", lm, forwards, a, lambda i: 8)
+    # as a chat runs it: each generation's prompt of a length none before had (its first decode step's cache too)
+    _generations(name, "chat", lm, forwards, a, lambda i: 9 + i)
     train = lm.train()
     steps = {"eager": train, "ours": saturate_and_extract(train)}
     if a.compile:

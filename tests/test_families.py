@@ -134,7 +134,7 @@ def test_a_long_decode_loop_keeps_each_sizes_folded_mask(monkeypatch):
     assert "it serves them all" in f.report.sizes and set(runs) <= {20, 21}, runs
 
 
-def windowed(q, k):
+def last_twelve(q, k):
     """Attention over the last 12 keys once there are more: a branch on the family's size (a sliding window)."""
     k = k[:, -12:] if k.shape[1] > 12 else k
     return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ k
@@ -144,13 +144,13 @@ def test_one_plan_serves_a_family_only_where_the_original_takes_no_other_branch(
     """torch.export, taking n as a symbol, bounds the sizes the made plan serves by the branch (n <= 12); past it each
     size is made and validated, the window's are not the samples': traced anew (each equal to eager)."""
     traced = _traces(monkeypatch)
-    f = saturate_and_extract(windowed, profile_db=False, profile_budget=0)
+    f = saturate_and_extract(last_twelve, profile_db=False, profile_budget=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for n in range(7, 21):
             torch.manual_seed(n)
             q, k = torch.randn(2, 1, 8), torch.randn(2, n, 8)
-            torch.testing.assert_close(f(q, k), windowed(q, k), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(f(q, k), last_twelve(q, k), rtol=1e-5, atol=1e-6)
     assert [shapes[1][1] for shapes in traced][:3] == [7, 8, 13], traced
     assert "serves them all, n = 2..12 " in next(p for p in f.plans.values() if p.report.sizes).report.sizes
 
@@ -173,6 +173,23 @@ def test_a_guard_on_one_size_bounds_the_sizes_one_plan_serves(monkeypatch):
             torch.testing.assert_close(f(x), skips_seven(x))
             assert f.report.optimized and f.report.ops_after.get("softmax") == 1, f.report  # a fused plan, any device
     assert [shapes[0][0] for shapes in traced][:3] == [5, 6, 7], traced  # 7 a sample now: 10 and 3 of (6, 7)'s
+
+
+def max_guarded(x, m):
+    """Mistral's mask sizes as torch.export records them: a guard holding ``torch.sym_max`` (``Max`` in the ShapeEnv)."""
+    if x.shape[0] - m.shape[0] + torch.sym_max(0, x.shape[0] - 10) + 1 <= 0:
+        return x * 2
+    return x * 3
+
+
+def test_the_sizes_one_graph_serves_read_guards_holding_a_max():
+    """torch's own ``Max`` in a guard made sympy's solver recurse without end: no range was found, and a decode step
+    under a sliding window's mask (Mistral's, Gemma 2's) was made and validated at every cache length. Now its range
+    is the guard's, n <= 10 (the other branch past it), from any size inside."""
+    from egraph_opt.frontends.capture import free_sizes
+    for n in (3, 7, 10):
+        assert free_sizes(max_guarded, (torch.randn(n, 4), torch.randn(n + 1, 4)), [(0, 0), (1, 0)]) == (2, 10)
+    assert free_sizes(max_guarded, (torch.randn(12, 4), torch.randn(13, 4)), [(0, 0), (1, 0)])[1] > 12  # the other branch's
 
 
 def test_instantiation_keeps_equal_parts_and_refuses_what_a_size_does_not_explain():

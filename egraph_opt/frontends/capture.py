@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
+from torch.utils._sympy.functions import Max, Min
 from torch.utils._pytree import tree_flatten, tree_structure, tree_unflatten
 
 from . import lowering, lowering_aten, lowering_core, lowering_einsum, lowering_nn  # noqa: F401 - they register
@@ -139,7 +140,8 @@ def free_sizes(fn: Callable, tensors: tuple, free: list[tuple[int, int]]) -> tup
             places[0].shape_env
         on, region = {p.expr: n + tensors[i].shape[d] - base for p, (i, d) in zip(places, free)}, sympy.Interval(2, sys.maxsize)
         for guard in [env.simplify(g.expr) for g in env.guards] + [s >= exported.range_constraints[s].lower for s in on]:
-            region = sympy.solveset(sympy.simplify(guard.subs(on)), n, sympy.Reals).intersect(region)  # Ne: a Union
+            guard = guard.subs(on).replace(Max, sympy.Max).replace(Min, sympy.Min)  # torch's own: sympy's solvers recurse
+            region = sympy.solveset(sympy.simplify(guard), n, sympy.Reals).intersect(region)  # Ne: a Union
             region = next((p for p in region.args if p.contains(base)), region) if region.is_Union else region
         sizes = [env.simplify(s.node.expr) for v in vals.values() for t in tree_flatten(v)[0] if isinstance(
             t, torch.Tensor) for s in t.shape if isinstance(s, torch.SymInt)]  # a size no polynomial: PolynomialError

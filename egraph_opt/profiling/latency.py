@@ -109,8 +109,7 @@ class _Group:
 
     def __init__(self, device: str, itemsize: int, rows: list[tuple[Record, Work]]):
         records, works = [r for r, _ in rows], [w for _, w in rows]
-        self.exact = {r.shape_key: r for r in records}
-        self.z = np.array([_features(w, itemsize) for w in works])
+        self.exact, self.z = {r.shape_key: r for r in records}, np.array([_features(w, itemsize) for w in works])
         self.y = np.log([r.median_s / roofline_seconds(w, itemsize, device) for r, w in zip(records, works)])
         self.lo, self.hi = self.z.min(axis=0), self.z.max(axis=0)
         self.uncertainty = self._leave_one_out()

@@ -180,7 +180,7 @@ def test_a_sliding_window_cache_is_optimized_until_its_window_fills_then_runs_th
     ids = torch.randint(1, 100, (2, 5))
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
-    calls = ((ids, mask), (ids, None), (torch.randint(1, 100, (1, 11)), None))
+    calls = ((ids, mask), (ids, None), (ids, None), (torch.randint(1, 100, (1, 11)), None))  # again: plans run
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kw = dict(max_new_tokens=10, do_sample=False, output_logits=True, return_dict_in_generate=True)
@@ -197,6 +197,11 @@ def test_a_sliding_window_cache_is_optimized_until_its_window_fills_then_runs_th
     after = [r.fallback for r in decoded if r.fallback]
     assert any("DynamicSlidingWindowLayer.cumulative_length = 9" in w and "after the call" in w for w in after), after
     assert any("cumulative_length = 10, which its pytree carries not (rebuilt from its tensors: 8)" in w for w in after)
+    # a decode step's plan (run again: a size's first call runs the original, checking the count after it) writes its
+    # tensors and the count into the caller's layers: no cache rebuilt a call (90 us)
+    wheres = [w for p in f.plans.values() if p.into and not p.report.fallback and "cache_0" in p.report.signature
+              for w in p.into.paths.values()]
+    assert wheres and all(w and any(path[-1] == "cumulative_length" for path in w[1]) for w in wheres), wheres
     assert len(f.plans) < 24, len(f.plans)
 
 
@@ -322,7 +327,7 @@ def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from
     # a decode step writes its new tensors into the caller's cache layers, as eager's update does,
     # rebuilding no cache (its constructor copies every layer)
     step = next(p for p in m.forward.plans.values() if p.report.sizes)
-    layers = step.into.paths[next(iter(step.into.paths))]
+    layers = step.into.paths[next(iter(step.into.paths))][0]
     assert layers and all(path[0] == "layers" and path[-1] in ("keys", "values") for path in layers)
     cache = tf.DynamicCache(config=m.config)
     with torch.no_grad(), warnings.catch_warnings():

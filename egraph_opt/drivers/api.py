@@ -384,9 +384,8 @@ class OptimizedFunction:
         return plan.run(*tensors)
 
     def _serving(self, call: BoundCall, key: tuple) -> Plan | None:
-        """The plan serving ``key``'s size family where its guard takes this call (not kept under ``key``: the fast path
-        finds it next): a new prompt's length met by the slow path is not made and validated again (two plans a
-        generation made so: 0.58x eager's time)."""
+        """The plan serving ``key``'s size family where its guard takes this call (the fast path finds it next): a new
+        prompt's length met by the slow path is not made and validated again (two plans a generation: 0.58x eager)."""
         plan = (found := self._families.find(key)) and found[1].serving
         return plan if plan and plan.guard[0] and plan.guard[0](*call.tensors) else None
 
@@ -398,9 +397,8 @@ class OptimizedFunction:
         layout = call.layout(args, kwargs)  # before the original runs: it may update an argument (a KV cache)
         cache_pytrees()  # its import sets transformers' lazy attributes: not the program's effect
         plan = self._compile(call, call.key + self._state.key() + _autocast())
-        numbered = plan.into is not None and any(name in call.numbered for name in plan.returned)
-        ran = (self.fn(*args, **kwargs),) if plan.run is None or numbered else ()  # what it writes of its own state
-        if numbered and (why := call.uncarried(plan.returned)):  # the original's numbers: not the plan's to give
+        ran = (self.fn(*args, **kwargs),) if plan.run is None or call.numbered and plan.into else ()  # what it writes
+        if ran and plan.run is not None and (why := call.uncarried(plan.returned)):  # numbers not the plan's to give
             plan = self._untouched(replace(plan.report), f"{why}, after the call")
         self._state.settle(before)  # shows, as the trace's writes do
         why = plan.report.fallback  # a first run's writes of state (a cache it fills) may be done now; prints are not

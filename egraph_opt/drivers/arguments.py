@@ -127,8 +127,9 @@ class Layout(NamedTuple):
             if slot is None:
                 flat.append(value)
             elif type(slot[0]) is TreeSpec:
-                if not _leaves(value, slot[2], flat) or slot[3] and not _carries(value, flat, slot[0], *slot[3]):
-                    return None
+                if not _leaves(value, slot[2], flat) or slot[3] and ([_at(value, p) for p in slot[3][0]] == _rebuilt(
+                        flat[len(flat) - slot[0].num_leaves:], slot[0], slot[3][0], slot[3][2])) != slot[3][1]:
+                    return None  # its numbers are (or are not: refused) those of one rebuilt from its leaves, no longer
             elif value is not slot[0] and _constant_key(value) != slot[1]:
                 return None
         return flat if self.order is None else [flat[i] for i in self.order]
@@ -179,7 +180,7 @@ class Into:
     def __init__(self, forward: Callable, returns: TreeSpec):
         self.forward, self.returns = forward, returns
         self.outer = TreeSpec(returns.type, returns.context, [treespec_leaf()] * returns.num_children)
-        self.paths: dict[int, list | bool] = {}  # child -> where its leaves are held, or False
+        self.paths: dict[int, tuple | bool] = {}  # child -> where its leaves (and numbers) are held, or False
 
     def __call__(self, tensors: tuple, callers: list) -> Any:
         flat, parts, start = self.forward(*tensors), [], 0
@@ -190,20 +191,25 @@ class Into:
         return tree_unflatten(parts, self.outer)
 
     def _into(self, index: int, caller: Any, leaves: list, spec: TreeSpec) -> Any:
-        if index not in self.paths:  # the first call: where the caller holds its tensors
+        if index not in self.paths:  # the first call: where the caller holds its tensors; numbers a rebuilt one holds
             held = {id(v): path for path, v in _held(caller) if isinstance(v, torch.Tensor)}
-            paths = [held.get(id(t)) for t in tree_flatten(caller)[0]]
+            where = [held.get(id(t)) for t in tree_flatten(caller)[0]], list(_numbers(tree_unflatten(leaves, spec))), {}
             try:  # written there, the caller must equal one rebuilt from them
-                same = all(paths) and len(set(paths)) == len(leaves) and _write(caller, paths, leaves) is None \
-                    and _plain(caller) == _plain(tree_unflatten(leaves, spec))
+                same = all(where[0]) and len(set(where[0])) == len(leaves) and _put(caller, leaves, spec, *where) \
+                    is None and _plain(caller) == _plain(tree_unflatten(leaves, spec))
             except (TypeError, AttributeError):  # held in a tuple or a read-only attribute
                 same = False
-            self.paths[index] = same and paths
+            self.paths[index] = same and where
         if self.paths[index]:
-            _write(caller, self.paths[index], leaves)
+            _put(caller, leaves, spec, *self.paths[index])
         else:
             vars(caller).update(vars(tree_unflatten(leaves, spec)))
         return caller
+
+
+def _put(caller: Any, leaves: list, spec: TreeSpec, paths: list, numbers: list, memo: dict) -> None:
+    """``leaves`` where ``caller`` holds its own, with the numbers one rebuilt from them holds (a rebuild a call: 90 us)."""
+    _write(caller, paths + numbers, [*leaves, *(_rebuilt(leaves, spec, numbers, memo) if numbers else ())])
 
 
 def _held(obj: Any):
@@ -347,13 +353,11 @@ def _carried(name: str, obj: Any, rebuilt: Any) -> str:
         f"pytree carries not (rebuilt from its tensors: {theirs.get(path)})" or ""
 
 
-def _carries(obj: Any, flat: list, spec: TreeSpec, paths: tuple, carried: bool, memo: dict) -> bool:
-    """Whether ``obj``'s numbers at ``paths`` are (``carried``) those of one rebuilt from its leaves (the last of
-    ``flat``): theirs follow from the leaves' shapes, kept per shapes (a rebuild costs 70 us; a window's sizes are few)."""
-    leaves = flat[len(flat) - spec.num_leaves:]
+def _rebuilt(leaves: list, spec: TreeSpec, paths: list, memo: dict) -> list:
+    """The numbers at ``paths`` of an object rebuilt from ``leaves``: of their shapes, so rebuilt once per shapes (70 us)."""
     if (shapes := tuple(t.shape for t in leaves)) not in memo:
-        memo[shapes] = tuple(map(_numbers(tree_unflatten(leaves, spec)).get, paths))
-    return (tuple(_at(obj, p) for p in paths) == memo[shapes]) == carried
+        memo[shapes] = list(map(_numbers(tree_unflatten(list(leaves), spec)).get, paths))
+    return memo[shapes]
 
 
 def _tensor_key(tensors) -> tuple | None:

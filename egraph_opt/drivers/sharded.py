@@ -82,8 +82,7 @@ class ShardedPlan:
         best, s = self.search.best, self.search
         lines = [f"[SHARDING] {self.name} over {self.mesh} devices: {s.saturation.enodes} e-nodes, "
                  f"{s.saturation.iterations} iterations ({s.saturation.stop})",
-                 str(self.placements()),
-                 f"[PREDICTED] 1 device {s.original.seconds * 1e6:.1f} us; {self.mesh} devices "
+                 str(self.placements()), f"[PREDICTED] 1 device {s.original.seconds * 1e6:.1f} us; {self.mesh} devices "
                  f"{best.seconds * 1e6:.1f} us per device, of which communication "
                  f"{best.comm_seconds * 1e6:.1f} us ({_counts(best.collectives())})",
                  f"[MEMORY] per device {best.memory / 2**20:.2f} MiB (unsharded "

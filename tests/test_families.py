@@ -134,6 +134,20 @@ def test_a_long_decode_loop_keeps_each_sizes_folded_mask(monkeypatch):
     assert "it serves them all" in f.report.sizes and set(runs) <= {20, 21}, runs
 
 
+def test_folded_values_are_kept_per_size_up_to_their_memory_bound():
+    """A size's folded value (a generation's mask) is made once, kept until the kept ones pass 64 MiB, then all are
+    dropped and made again as met: counted as made (summing every kept value per new size was quadratic)."""
+    from torch import fx
+    graph = fx.Graph()
+    n = graph.placeholder("n")
+    folded = FoldedConstant([n, graph.call_function(torch.ones, (n, 1 << 20))], [n], 0)  # 4 MiB a unit of n
+    made, run = [], folded.run
+    folded.run = lambda reads: made.append(reads[0]) or run(reads)
+    for size in (1, 2, 3, 4, 1, 2, 3, 4, 8, 9, 1, 9):  # 40 MiB kept; 72 MiB with 8: dropped before 9 is kept
+        assert folded(size).shape == (size, 1 << 20)
+    assert made == [1, 2, 3, 4, 8, 9, 1], made
+
+
 def last_twelve(q, k):
     """Attention over the last 12 keys once there are more: a branch on the family's size (a sliding window)."""
     k = k[:, -12:] if k.shape[1] > 12 else k

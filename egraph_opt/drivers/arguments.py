@@ -193,10 +193,10 @@ class Into:
     def _into(self, index: int, caller: Any, leaves: list, spec: TreeSpec) -> Any:
         if index not in self.paths:  # the first call: where the caller holds its tensors; numbers a rebuilt one holds
             held = {id(v): path for path, v in _held(caller) if isinstance(v, torch.Tensor)}
-            where = [held.get(id(t)) for t in tree_flatten(caller)[0]], list(_numbers(tree_unflatten(leaves, spec))), {}
+            where = [held.get(id(t)) for t in tree_flatten(caller)[0]], list(_numbers(rebuilt := tree_unflatten(leaves, spec))), {}
             try:  # written there, the caller must equal one rebuilt from them
                 same = all(where[0]) and len(set(where[0])) == len(leaves) and _put(caller, leaves, spec, *where) \
-                    is None and _plain(caller) == _plain(tree_unflatten(leaves, spec))
+                    is None and _plain(caller) == _plain(rebuilt)
             except (TypeError, AttributeError):  # held in a tuple or a read-only attribute
                 same = False
             self.paths[index] = same and where

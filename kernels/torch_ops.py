@@ -433,8 +433,7 @@ def sdpa_guarded(q, k, v, bias, scale):
     definition = functools.partial(ops.sdpa_guarded, q, k, v, bias, scale)
     if q.device.type == "meta":
         return definition()
-    fast = ~(bias.isnan().any() | (bias == math.inf).any()) & v.isfinite().all()
-    over = _scores_overflow(q, k, scale)
+    fast, over = ~(bias.isnan().any() | (bias == math.inf).any()) & v.isfinite().all(), _scores_overflow(q, k, scale)
     fast = fast & (~over if isinstance(over, torch.Tensor) else not over)
     if device_path(q):  # the definition selected where needed, computed on every call
         return torch.where(fast, _torch_sdpa(q, k, v, attn_mask=bias, scale=scale), definition())

@@ -55,10 +55,11 @@ class Optimized:
 
 def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Objective = Objective.BALANCED,
              limits: Limits = Limits(), schedule: list[Phase] | None = None, input_ranges: dict | None = None,
-             model: CostModel | None = None, templates: bool = True, ranges: RangeMemo | None = None) -> Optimized:
+             model: CostModel | None = None, templates: bool = True, ranges: RangeMemo | None = None,
+             widen: bool = True) -> Optimized:
     """Optimize a program: ``schedule``'s phases in order, else ``rules`` (default: all but unsafe) as one phase under
     ``limits``. ``input_ranges``: with the ops' facts, the only source for rule conditions; ``model`` prices nodes;
-    ``templates``: repeated blocks once each; ``ranges``: an enclosing call's analysis."""
+    ``templates``: repeated blocks once each; ``ranges``: an enclosing call's analysis; ``widen``: a whole program."""
     if schedule is None:
         schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
     model, ranges = model or CostModel(objective), ranges or RangeMemo(input_ranges)
@@ -72,7 +73,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Ob
                                                     model.latency_of is not None))
     cost = lambda cid, node: model(facts(cid, node))  # noqa: E731 - the extractor's price of an e-node
     best, regimes, reranked = _extract(program, session, cost, rules, input_ranges, model)
-    widest = _widest(program, best, input_ranges, model)
+    widest = widen and _widest(program, best, input_ranges, model)
     optimized, kept, before, after = _never_worse(program, widest or best, session.snap, session.class_of, model,
                                                   input_ranges, ranges, keep=reranked or bool(regimes or widest))
     seconds = {**session.seconds, "extract": time.perf_counter() - start}
@@ -203,7 +204,9 @@ def _optimize_templated(program: Program, groups: list, schedule: list[Phase],
         body, arg_leaves = tmpl.template_program(group[0], meta, program.params, program.own)
         hulls = {leaf.attrs[0]: hull(*[intervals[id(inst.args[i])] for inst in group])
                  for i, leaf in enumerate(arg_leaves)}
-        result = optimize(body, schedule=schedule, input_ranges=hulls, model=model, templates=False)
+        # widened, one instance's value would differ from the same value computed in float32 elsewhere (an
+        # exact cancellation of E[t^2] - E[t]^2 lost): only a whole program is widened
+        result = optimize(body, schedule=schedule, input_ranges=hulls, model=model, templates=False, widen=False)
         for s in result.saturation:
             s.phase = f"{s.phase} [template of {group[0].scope} x{len(group)}]"
         results.append(result)

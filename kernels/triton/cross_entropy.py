@@ -45,8 +45,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "
     dim 0 for a single unbatched row), as torch lays them out; losses summed in float32."""
     class_dim = 1 if logits.dim() > 1 else 0
     n = logits.shape[class_dim]
-    rows = logits.movedim(class_dim, -1).contiguous().reshape(-1, n)
-    flat_target = target.contiguous().reshape(-1)
+    rows, flat_target = logits.movedim(class_dim, -1).contiguous().reshape(-1, n), target.contiguous().reshape(-1)
     losses = torch.empty(rows.shape[0], dtype=torch.float32, device=logits.device)
     if rows.shape[0]:
         _cross_entropy_kernel[(rows.shape[0],)](rows, flat_target, losses, n, int(ignore_index),

@@ -8,7 +8,7 @@ plan runs (its runner, or the original where the plan changes nothing) called di
 call, medians; the difference is the bind + key + lookup (goal: <= 5 us). The same for a plan that
 fell back (a branch on a value cannot be traced: the original runs), against the original called
 directly: what the never-slower check's fallback costs. Models (small ones, and those of
-``hf_models.py`` at width 64, 2 layers, T=32, as users instantiate them, called positionally and by
+``hf_models.py`` at width 64 (``--width``), 2 layers, T=32, as users instantiate them, called positionally and by
 keyword with an attention mask): eager against the decorated model whose plan fell back (its
 capture made to fail: the original runs after the key check) and against its unchanged plan (no
 rules: a plan that changes nothing runs the original), interleaved call by call: the median of the
@@ -151,7 +151,7 @@ def model_overhead(name: str, model, args: tuple, kwargs: dict, calls: int, vari
     print(f"{name:<26} eager {statistics.median(eager) * 1e3:7.3f} ms   {'   '.join(cells)}", flush=True)
 
 
-def models(only: list[str] | None, t: int):
+def models(only: list[str] | None, t: int, width: int = 64):
     """(name, model, args, kwargs): the small models, then the Hugging Face ones, positionally and
     by keyword with an attention mask where they take ids."""
     yield "mlp C=64", _MLP().eval(), (torch.randn(8, 64),), {}
@@ -160,7 +160,7 @@ def models(only: list[str] | None, t: int):
     from hf_models import MODELS, inputs, instantiate
 
     for name in only or MODELS:
-        m = instantiate(name, c=64, layers=2)
+        m = instantiate(name, c=width, layers=2)
         args = inputs(name, m.config, t, padded=True)
         yield name, m, args[:1], {}
         if len(args) == 2:
@@ -188,15 +188,16 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=32)
     parser.add_argument("--new", type=int, default=64, help="tokens each generate() row makes (0: no such rows)")
     parser.add_argument("--skip-key", action="store_true", help="models only")
+    parser.add_argument("--width", type=int, default=64, help="the Hugging Face models' hidden size (issue 31: 256)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     print(f"per call against eager, medians of {args.model_calls} interleaved calls, 1 thread")
-    for name, model, margs, kwargs in models(args.only, args.length):
+    for name, model, margs, kwargs in models(args.only, args.length, args.width):
         model_overhead(name, model, margs, kwargs, args.model_calls)
     from hf_models import MODELS, causal_lm
     for name in (args.only or MODELS) if args.new else ():  # eager's plans fell back or unchanged
-        lm = causal_lm(name, 64, 2)
+        lm = causal_lm(name, args.width, 2)
         if lm is not None:
             eager, variants = _generating(lm, args.new)
             model_overhead(f"{name} generate", eager, (), {}, max(args.model_calls // 10, 4), variants)

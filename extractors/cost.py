@@ -19,8 +19,7 @@ from .curvature import UNIT_ROUNDOFF, kappa, kappa_cost, rounding_free
 
 PASS_UNITS = 10  # one pass ~ 1 us in latency units
 LEAVES = {"input", "param", "const", "opaque"}
-CONSTANT_LEAVES = {"param", "const"}
-HALF = {"float16", "bfloat16"}
+CONSTANT_LEAVES, HALF = {"param", "const"}, {"float16", "bfloat16"}
 HALF_ACCUMULATION = 20  # decibels charged for a half-precision accumulator
 #: decibels charged for rounding a result to a half-precision dtype: its unit roundoff over
 #: float32's (2^13 for float16), so a program that rounds once beats one that rounds at every op

@@ -331,9 +331,9 @@ def sdpa_masked(q, k, v, bias, scale):
         return ops.sdpa_masked(q, k, v, bias, scale)
     if bias.dtype == torch.bool:  # added: True is 1.0, not "keep"
         bias = bias.to(q.dtype)
-    causal, dead = _mask_facts(bias, q.shape[-2], k.shape[-2])
-    if causal:
-        return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
+    causal, dead, none = _mask_facts(bias, q.shape[-2], k.shape[-2])
+    if causal or none:
+        return _torch_sdpa(q, k, v, is_causal=causal, scale=scale)
     out = _torch_sdpa(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
     return out if dead is None else out.masked_fill(dead, float("nan"))
 
@@ -343,10 +343,10 @@ def sdpa_masked(q, k, v, bias, scale):
 _MASK_FACTS: dict[int, tuple] = {}
 
 
-def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | None]:
-    """(is the mask causal: a key above its query masked, every other kept, for every batch and head; the rows whose
-    every key is masked, None where none is), of an additive bias (-inf masks) or a boolean keep-mask. Read once per
-    version: a mask buffer, or the bias folded from it, is the same tensor each call (an inference one: read each)."""
+def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | None, bool]:
+    """(causal: a key above its query masked, every other kept, for every batch and head; the rows whose every key is
+    masked, None where none is; none: all kept, 0 added: an encoder's mask of ones) of a -inf bias or a keep-mask. Read
+    once per version: a mask buffer, or a bias folded from it, is the same tensor each call (inference ones: each)."""
     key = None if mask.is_inference() else \
         (mask.data_ptr(), mask._version, mask.shape, mask.stride(), mask.dtype, mask.device, queries, keys)
     seen = _MASK_FACTS.get(id(mask))
@@ -357,8 +357,9 @@ def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | Non
     causal = square and torch.equal(keep.reshape(queries, keys), torch.ones(
         queries, keys, dtype=torch.bool, device=mask.device).tril()) and \
         (mask.dtype == torch.bool or not bool(mask.reshape(queries, keys).tril().any()))
-    dead = None if causal else ~keep.any(-1, keepdim=True)
-    facts = causal, (dead if dead is not None and bool(dead.any()) else None)
+    dead = None if causal else ~keep.any(-1, keepdim=True)  # a NaN bias is no 0 added
+    none = not causal and bool(keep.all()) and (mask.dtype == torch.bool or not bool(mask.any()))
+    facts = causal, (dead if dead is not None and bool(dead.any()) else None), none
     if key is not None:
         if len(_MASK_FACTS) >= 4096:
             _MASK_FACTS.clear()
@@ -389,9 +390,9 @@ def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
         return torch.where(slow, definition(), out)
     if slow:
         return definition()
-    causal, dead = _mask_facts(keep, q.shape[-2], k.shape[-2])
-    if causal and not biased:
-        return _torch_sdpa(q, k, v, is_causal=True, scale=scale)
+    causal, dead, none = _mask_facts(keep, q.shape[-2], k.shape[-2])
+    if (causal or none) and not biased:
+        return _torch_sdpa(q, k, v, is_causal=causal, scale=scale)
     out = _torch_sdpa(q, k, v, attn_mask=mask, scale=scale)
     return out if dead is None else torch.where(dead, ops.grouped(q, v.mean(-2, keepdim=True)), out)
 

@@ -380,6 +380,25 @@ def test_sdpa_filled_reads_its_keep_mask_once_per_version(queries, keys):
 
 
 @pytest.mark.parametrize("queries,keys", [(6, 6), (4, 6), (6, 4)])
+def test_a_mask_that_keeps_every_key_and_adds_zero_runs_as_no_mask(queries, keys):
+    """An encoder's all-ones padding mask, as a zero bias (a -0.0 in it too) or a keep-mask of True: torch's kernel
+    runs without one (the facts say none); a NaN or a masked key written into it is seen, and the definition's."""
+    from egraph_opt.kernels.torch_ops import _MASK_FACTS, sdpa_filled, sdpa_masked
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64) for n in (queries, keys, keys))
+    bias, keep = torch.zeros(2, 1, queries, keys, dtype=torch.float64), torch.ones(queries, keys, dtype=torch.bool)
+    bias[0, 0, 0, 0] = -0.0
+    for write, none in ((None, True), (math.nan, False), (-math.inf, False)):
+        if write is not None:
+            bias[1, 0, -1, 0], keep[-1, 0] = write, False
+        torch.testing.assert_close(sdpa_masked(q, k, v, bias, 0.3), _attention_definition(q, k, v, bias, 0.3),
+                                   rtol=1e-12, atol=1e-12, equal_nan=True)
+        torch.testing.assert_close(sdpa_filled(q, k, v, keep, 0.3, -1e300),
+                                   _filled_definition(q, k, v, keep, 0.3, -1e300), rtol=1e-12, atol=1e-12)
+        assert _MASK_FACTS[id(bias)][2][2] is none and _MASK_FACTS[id(keep)][2][2] is none
+
+
+@pytest.mark.parametrize("queries,keys", [(6, 6), (4, 6), (6, 4)])
 def test_sdpa_masked_reads_its_mask_once_per_version(queries, keys):
     """A causal bias runs as is_causal, a dead row is NaN; both are read once per version of the
     bias (a mask buffer is the same tensor every call), and an in-place write is seen."""

@@ -112,6 +112,7 @@ def test_switching_eval_to_train_gets_a_plan_of_its_own():
     lambda m: setattr(m[1], "running_mean", torch.randn(4)),
     lambda m: m.load_state_dict(_conv_bn().state_dict(), assign=True),
     lambda m: m[0].weight.data.mul_(-1),  # in place: the same tensor, a new version
+    lambda m: setattr(m[0].weight, "data", torch.randn(4, 3, 3, 3)),  # the same tensor and version, other storage
 ])
 def test_rebound_or_reloaded_weights_are_used(rebind):
     g, mine, twin = _twins(_conv_bn)

@@ -43,18 +43,18 @@ class FoldedConstant:
         self._cached, self._bytes = {}, 0  # sizes -> (what identifies the tensors read, the value, its version); their bytes
 
     def __call__(self, *reads):
-        tensors = [t for t in reads if isinstance(t, torch.Tensor)]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) or \
-                any(t.is_inference() for t in tensors):  # inference tensors keep no version
-            return self.run(reads)
-        key, sizes = tuple((t.data_ptr(), t._version, t.device) for t in tensors), tuple(
-            r for r in reads if not isinstance(r, torch.Tensor))
-        seen, value, version = self._cached.get(sizes, (None, None, None))
+        key, sizes, grad = [], [], torch.is_grad_enabled()  # one pass: every call of a plan reads each constant
+        for r in reads:
+            if not isinstance(r, torch.Tensor):
+                sizes.append(r)
+            elif grad and r.requires_grad or r.is_inference():  # inference tensors keep no version
+                return self.run(reads)
+            else:
+                key += (r.data_ptr(), r._version, r.device)
+        seen, value, version = self._cached.get(sizes := tuple(sizes), (None, None, None))
         if key == seen and getattr(value, "_version", None) == version:  # nobody wrote the value
             return value
-        # a normal tensor even in inference mode: its version shows writes, and kernels may
-        # cache facts about it by its version (sdpa_masked's mask)
-        with torch.inference_mode(False):
+        with torch.inference_mode(False):  # a normal tensor: its version shows writes (sdpa_masked's facts by it)
             value = self.run(reads)
         if len(self._cached) >= 4096 or self._bytes > 1 << 26:  # a long generation's sizes, each its mask (cleared,
             self._cached, self._bytes = {}, 0  # not cycled through: 64 MiB; counted as made, not summed per size)

@@ -352,13 +352,13 @@ def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | Non
     seen = _MASK_FACTS.get(id(mask))
     if key is not None and seen is not None and seen[0]() is mask and seen[1] == key:
         return seen[2]
-    keep = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+    none = bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any())  # one pass (a NaN is no 0 added)
+    keep = mask if mask.dtype == torch.bool or none else ~torch.isneginf(mask)  # (none: not read)
     square = mask.shape[-2:] == (queries, keys) and all(n == 1 for n in mask.shape[:-2])
-    causal = square and torch.equal(keep.reshape(queries, keys), torch.ones(
+    causal = not none and square and torch.equal(keep.reshape(queries, keys), torch.ones(
         queries, keys, dtype=torch.bool, device=mask.device).tril()) and \
         (mask.dtype == torch.bool or not bool(mask.reshape(queries, keys).tril().any()))
-    dead = None if causal else ~keep.any(-1, keepdim=True)  # a NaN bias is no 0 added
-    none = not causal and bool(keep.all()) and (mask.dtype == torch.bool or not bool(mask.any()))
+    dead = None if causal or none else ~keep.any(-1, keepdim=True)
     facts = causal, (dead if dead is not None and bool(dead.any()) else None), none
     if key is not None:
         if len(_MASK_FACTS) >= 4096:

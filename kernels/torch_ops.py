@@ -331,8 +331,8 @@ def sdpa_masked(q, k, v, bias, scale):
         return ops.sdpa_masked(q, k, v, bias, scale)
     if bias.dtype == torch.bool:  # added: True is 1.0, not "keep"
         bias = bias.to(q.dtype)
-    causal, dead, none = _mask_facts(bias, q.shape[-2], k.shape[-2])
-    if causal or none:
+    causal, dead, none = _mask_facts(bias, q.shape[-2], k.shape[-2])  # none: where it broadcasts to no more rows
+    if causal or none and torch.broadcast_shapes(bias.shape[:-2], q.shape[:-2]) == q.shape[:-2]:
         return _torch_sdpa(q, k, v, is_causal=causal, scale=scale)
     out = _torch_sdpa(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
     return out if dead is None else out.masked_fill(dead, float("nan"))
@@ -391,7 +391,7 @@ def sdpa_filled(q, k, v, keep, scale, fill, bias=0.0):
     if slow:
         return definition()
     causal, dead, none = _mask_facts(keep, q.shape[-2], k.shape[-2])
-    if (causal or none) and not biased:
+    if (causal or none and torch.broadcast_shapes(keep.shape[:-2], q.shape[:-2]) == q.shape[:-2]) and not biased:
         return _torch_sdpa(q, k, v, is_causal=causal, scale=scale)
     out = _torch_sdpa(q, k, v, attn_mask=mask, scale=scale)
     return out if dead is None else torch.where(dead, ops.grouped(q, v.mean(-2, keepdim=True)), out)

@@ -396,6 +396,10 @@ def test_a_mask_that_keeps_every_key_and_adds_zero_runs_as_no_mask(queries, keys
         torch.testing.assert_close(sdpa_filled(q, k, v, keep, 0.3, -1e300),
                                    _filled_definition(q, k, v, keep, 0.3, -1e300), rtol=1e-12, atol=1e-12)
         assert _MASK_FACTS[id(bias)][2][2] is none and _MASK_FACTS[id(keep)][2][2] is none
+    wider = torch.zeros(3, 1, queries, keys, dtype=torch.float64)  # more rows than q's batch: the definition's shape
+    for run, mask in ((sdpa_masked, wider), (lambda *a: sdpa_filled(*a, -1e300), wider == 0)):
+        with pytest.raises(RuntimeError, match="broadcast"):  # torch's kernel refuses it as before: no plan keeps it
+            run(q[:1], k[:1], v[:1], mask, 0.3)
 
 
 @pytest.mark.parametrize("queries,keys", [(6, 6), (4, 6), (6, 4)])

@@ -25,8 +25,7 @@ HALF_ACCUMULATION = 20  # decibels charged for a half-precision accumulator
 #: float32's (2^13 for float16), so a program that rounds once beats one that rounds at every op
 HALF_ROUNDING = {d: round(10 * math.log10(UNIT_ROUNDOFF[d] / UNIT_ROUNDOFF["float32"])) for d in HALF}
 LEXICOGRAPHIC = 10 ** 12  # weight of the first criterion of stability and latency objectives
-#: balanced: a decibel of conditioning costs this many latency units (a microsecond)
-KAPPA_WEIGHT = 10
+KAPPA_WEIGHT = 10  #: balanced: a decibel of conditioning costs this many latency units (a microsecond)
 
 
 class Objective(enum.Enum):

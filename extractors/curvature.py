@@ -88,8 +88,7 @@ WIDENING = {("float16", "float32"), ("bfloat16", "float32"), ("float16", "float6
 
 def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
     """Exact operands give an exact result: an op that never rounds, or a cast that widens or keeps the dtype."""
-    kind = OPS[op].rounding
-    if kind == "widening":
+    if (kind := OPS[op].rounding) == "widening":
         source = operand_dtypes[0] if operand_dtypes else None
         return source == attrs[0] or (source, attrs[0]) in WIDENING
     return kind == "exact"
@@ -98,8 +97,7 @@ def rounding_free(op: str, attrs: tuple, operand_dtypes: tuple) -> bool:
 def cancels(op: str, operands: list[Interval], exact: tuple[bool, ...]) -> bool:
     """A subtraction (or addition of opposite signs) of possibly close operands, one carrying rounding error: unbounded
     relative error. So is a sum of exact values of both signs (1e8 + 1 - 1e8 = 0), unless compensated."""
-    error = OPS[op].error
-    if error == "sum":
+    if (error := OPS[op].error) == "sum":
         return exact[0] and operands[0][0] < 0 < operands[0][1]
     if error != "cancels" or all(exact[:2]):
         return False
@@ -148,8 +146,7 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
                              else min(KAPPA_TIE_BREAK, max(1, round(10 * math.log10(1 + k)))))
     if exact and cancels(op, operands, exact):
         cost += _cancellation(op, operands, result, dtype)
-    error = OPS[op].error
-    if error == "rotation" or op == "linear_add" and result is not None:  # its spelled form's add
+    if (error := OPS[op].error) == "rotation" or op == "linear_add" and result is not None:  # its spelled form's add
         m = mag(operands[0])  # of rounded products, or of the rounded x W^T + b (the result less r) and r
         terms = [(-m * mag(o), m * mag(o)) for o in operands[1:3]] if error == "rotation" else \
             [(result[0] - operands[3][1], result[1] - operands[3][0]), operands[3]]
@@ -165,8 +162,7 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     if error == "log" and exact and not exact[0] and operands[0][0] > 0:
         lo, hi = operands[0]  # log's condition number is 1 / |log u|: near u = 1 the rounding
         # error of a computed argument (1 + x rounded) becomes the whole result (why log1p exists)
-        worst = math.inf if lo <= 1 <= hi else max(1 / abs(math.log(u)) for u in (lo, hi))
-        cost += _amplified(worst, dtype)
+        cost += _amplified(math.inf if lo <= 1 <= hi else max(1 / abs(math.log(u)) for u in (lo, hi)), dtype)
     if error == "log" and exact and not exact[0] and operands[0][0] <= 0 < operands[0][1]:
         cost += 3000  # a computed value that may have underflowed to 0 (a softmax, a sigmoid, a
         # sum of exps): log makes -inf of it, where log_softmax, logsumexp or softplus stay finite
@@ -176,8 +172,7 @@ def kappa_cost(op: str, attrs: tuple, operands: list[Interval], result: Interval
     rounded = [o for i, o in enumerate(operands) if not (i < len(exact) and exact[i])]
     if result is not None and any(overflows(o, dtype) for o in rounded) and not overflows(result, dtype) and \
             error != "shifted-exp":  # a softmax's scores: its fused attention's hide them, with the same values
-        cost += 3000  # an infinity from rounding is consumed into a finite value (inf / inf, log of
-        # inf): NaN or a wrong number. An exact one (a -inf attention mask) is meant. An overflow
-        # that reaches the output unchanged costs nothing here: every equivalent program
-        # overflows there too (the result's range is its e-class's)
+        cost += 3000  # an infinity from rounding is consumed into a finite value (inf / inf, log of inf): NaN or a
+        # wrong number. An exact one (a -inf attention mask) is meant. An overflow that reaches the output unchanged
+        # costs nothing here: every equivalent program overflows there too (the result's range is its e-class's)
     return cost

@@ -162,8 +162,7 @@ def extract(classes: dict[str, list[ENode]], roots: list[str], cost: Callable[[s
     collecting = gc.isenabled()
     gc.disable()  # extraction allocates millions of small objects and frees none of them
     try:
-        size = sum(len(nodes) for nodes in classes.values())
-        for window in ([WINDOW, None] if size > EXACT_UP_TO else [None]):
+        for window in ([WINDOW, None] if sum(len(nodes) for nodes in classes.values()) > EXACT_UP_TO else [None]):
             choice = choose(classes, cost, window)
             if missing := [r for r in roots if r not in choice]:
                 raise ExtractionError(f"e-class {missing[0]} has no finite program")

@@ -52,8 +52,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
     if root not in default:
         raise ExtractionError(f"e-class {root} has no finite program")
     default = refine(default, [root], classes, price)
-    start = _program(root, {}, default)
-    if start is None:  # relaxation closed a cycle (see dag.py): Knuth's order cannot
+    if (start := _program(root, {}, default)) is None:  # relaxation closed a cycle (see dag.py): Knuth's order cannot
         default = settled_in_order(classes, price)
         start = _program(root, {}, default)
     queue, seen = [(sum(price(c, n) for c, n in start.items()), 0, {})], {frozenset()}
@@ -72,8 +71,7 @@ def alternatives(classes: dict[str, list[ENode]], root: str, cost: Cost, *,
         for cid, chosen in choice.items():
             for node in (n for n in classes[cid] if n != chosen):
                 trial = {**overrides, cid: node}
-                switched = _program(root, trial, default)
-                if switched is None:
+                if (switched := _program(root, trial, default)) is None:
                     continue
                 kept = {c: n for c, n in trial.items() if c in switched and n != default[c]}
                 if (key := frozenset(kept.items())) not in seen:

@@ -105,8 +105,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
     past = (torch.as_tensor(exact).abs() > torch.finfo(program.meta()[id(root)][1]).max).expand(first.shape)
     if not float(first[~past].nan_to_num(WORD).mean()) >= gain:  # nothing to gain
         return None
-    candidates = candidates + more()
-    nan = torch.as_tensor(evaluate([root], env, reference=True)[0]).isnan()
+    candidates, nan = candidates + more(), torch.as_tensor(evaluate([root], env, reference=True)[0]).isnan()
     columns = [first if i == best else _bits(c, env, nan) for i, c in enumerate(candidates)]
     kept = [i for i, c in enumerate(columns) if c is not None]
     bits = torch.stack([columns[i] for i in kept]).double()

@@ -207,9 +207,8 @@ def elementwise_bits(root: Term, env: dict[str, torch.Tensor]) -> torch.Tensor |
         for i, g in zip(local, grads):
             if g is not None:  # NaN derivative: a branch where() did not take (see rounding_error)
                 total += torch.where((g == 0) | g.isnan(), 0.0, (g.abs() * local[i]).nan_to_num(math.inf))
-    every = torch.arange(out.numel())
     return _result_bits(out.detach().reshape(-1), total.reshape(-1), out_dtype,
-                        _overflowed(root, exact, out.shape, every)).reshape(out.shape)
+                        _overflowed(root, exact, out.shape, torch.arange(out.numel()))).reshape(out.shape)
 
 
 @dataclass
@@ -270,8 +269,7 @@ def least_error(candidates: list[Program], ranges: dict | None = None) -> int | 
     whole bits: finer is sampling noise), the first of equals; None when one is not estimable."""
     scores = []
     for i, candidate in enumerate(candidates):
-        found = program_error(candidate, ranges)
-        if found is None:
+        if (found := program_error(candidate, ranges)) is None:
             return None
         scores.append((round(found.worst), round(found.mean), i))
     return min(scores)[2]
@@ -287,8 +285,7 @@ def far_more_accurate(candidates: list[Program], latencies: list[float], afforda
                       ranges: dict | None = None) -> int | None:
     """Index of the most accurate candidate whose sampled error is bits below the first's, worst or mean, at a latency
     ``affordable`` (``cost.buys``; under ACCURATE_BY bits, no worse in either); None where none is."""
-    first = program_error(candidates[0], ranges)
-    if first is None or max(first.worst, first.mean) < 1:
+    if (first := program_error(candidates[0], ranges)) is None or max(first.worst, first.mean) < 1:
         return None
     found = []
     for i, (candidate, latency) in enumerate(zip(candidates, latencies)):

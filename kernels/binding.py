@@ -21,8 +21,7 @@ from egraph_opt.profiling.latency import UNIT_S, default_budget
 from egraph_opt.profiling.profile_db import UNUSABLE, Record
 from egraph_opt.profiling.profiler import MOVE, fastest, time_side_by_side
 
-#: estimate(kernel, use) -> seconds (inf: not a candidate)
-Estimator = Callable[[Kernel, Use], float]
+Estimator = Callable[[Kernel, Use], float]  #: estimate(kernel, use) -> seconds (inf: not a candidate)
 
 
 def default_estimate(kernel: Kernel, use: Use) -> float:
@@ -145,7 +144,6 @@ def paths(use: Use, operand_backends: tuple[str, ...] = (), estimate: Estimator 
 
 def bind(use: Use, operand_backends: tuple[str, ...] = (), estimate: Estimator = default_estimate) -> Kernel:
     """The cheapest kernel accepting ``use``, conversions from ``operand_backends`` included; ties: torch."""
-    found = paths(use, operand_backends, estimate)
-    if not found or found[0].seconds == math.inf:
+    if not (found := paths(use, operand_backends, estimate)) or found[0].seconds == math.inf:
         raise LookupError(f"no kernel accepts {use.op} on {use.device} {use.dtypes}: {[p.refused for p in found]}")
     return found[0].kernel

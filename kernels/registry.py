@@ -97,8 +97,7 @@ def linear_onednn(x, weight, bias):
     (512, 1024) GEMM on 2 cores), where oneDNN's call costs ~10 us more: the database says where it pays. No backward:
     where autograd records, or the sum is not finite (summation order), ``linear``."""
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)):
-        out = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        if all_finite(out):
+        if all_finite(out := torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")):
             return out
     return TORCH["linear"](x, weight, bias)
 
@@ -170,8 +169,7 @@ REGISTRY: dict[str, Kernel] = {k.name: k for k in [
     *(Kernel(name=f"numpy.{op}", reference=OPS[op].reference, backend="numpy", devices=HOST,
              dtypes=frozenset({"float32", "float64"}), impl=fn, takes=to_numpy) for op, fn in _NUMPY_UNARY.items()),
     *_triton_kernels()]}
-#: backend -> the memory its kernels read and write
-MEMORY = {"torch": "torch", "triton": "torch", "numpy": "numpy"}
+MEMORY = {"torch": "torch", "triton": "torch", "numpy": "numpy"}  #: backend -> the memory its kernels read and write
 
 
 def same(x):

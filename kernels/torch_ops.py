@@ -60,8 +60,7 @@ _ASSUMED: contextvars.ContextVar[_Assumed | None] = contextvars.ContextVar("assu
 def _assumes(*tensors: torch.Tensor, reciprocal: bool = False) -> _Assumed | None:
     """Where a plan speculates: records that ``tensors`` (floating, on the host path) hold no inf or NaN (with
     ``reciprocal``: no 0 or NaN), to be read with the rest after the run; None where the guard must read now."""
-    assumed = _ASSUMED.get()
-    if assumed is None or any(t.numel() > SPECULATE_UP_TO for t in tensors):
+    if (assumed := _ASSUMED.get()) is None or any(t.numel() > SPECULATE_UP_TO for t in tensors):
         return None
     assumed.guards += 1
     for t in tensors:
@@ -223,8 +222,7 @@ def linear(x, weight, bias):
     """x W^T + b. Where finite products add up past the dtype's max, the library's summation order (its blocking
     differs by CPU: AVX2, AVX-512, AVX-512 BF16) makes the sum +inf, -inf or NaN, which an activation turns into a
     wrong finite value (relu(+inf) for 0): those outputs are summed again in float64 and rounded once. CPU only."""
-    out = F.linear(x, weight, bias)
-    if not device_path(out) and out.dtype != torch.float64 and not all_finite(out):
+    if not device_path(out := F.linear(x, weight, bias)) and out.dtype != torch.float64 and not all_finite(out):
         wide = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
         out = torch.where(out.isfinite(), out, wide.to(out.dtype))
     return out
@@ -238,8 +236,7 @@ def linear_add(x, weight, bias, residual):
             and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tensors) \
             and residual.shape == (*x.shape[:-1], weight.shape[0]) \
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
-        out = torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
-        if all_finite(out):
+        if all_finite(out := torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")):
             return out
     return linear(x, weight, bias) + residual
 

@@ -171,9 +171,8 @@ def _horizontal(count: int, biased: bool = True) -> Rule:
     for i in range(2, count + 1):
         starts.append(end)
         end = f"(+ {end} ?n{i})"
-    ends = starts[1:] + [end]
     roots = [(of(w, b), f"(slice {of(weights, biases)} -1 {start} {stop} 1)")
-             for w, b, start, stop in zip(ws, bs, starts, ends)]
+             for w, b, start, stop in zip(ws, bs, starts, starts[1:] + [end])]
     names = ["__lhs"] + [f"__lhs{i}" for i in range(2, count + 1)]
     distinct = tuple(f"(!= ?w{i} ?w{j})" for i in range(1, count + 1) for j in range(i + 1, count + 1))
     sizes = tuple(f"(= ?n{i} (last-dim {n}))" for i, n in enumerate(names, 1))

@@ -51,8 +51,7 @@ def _elementwise() -> list[Rule]:
                  f"({op} (shard ?x ?a ?n){OPS[op].attr_vars})",
                  sample=[(k, v) for k, v in OPS[op].sample if k in dict(OPS[op].attrs)])
            for op in UNARY_ELEMENTWISE]
-    for op in BINARY_ELEMENTWISE:  # one operand sharded, the other whole (a constant, or one the
-        # axis misses), or both
+    for op in BINARY_ELEMENTWISE:  # one operand sharded, the other whole (a constant, or one the axis misses), or both
         name = op.replace("_", "-")
         out += [
             _rule(f"shard-into-{name}-left", f"(shard ({op} ?x ?y) ?a ?n)", f"({op} (shard ?x ?a ?n) ?y)",

@@ -36,8 +36,7 @@ def iv(lo: float, hi: float) -> Interval:
 
 
 def dtype_range(dtype: str) -> Interval:
-    t = getattr(torch, dtype)
-    if t == torch.bool:
+    if (t := getattr(torch, dtype)) == torch.bool:
         return 0.0, 1.0
     if t.is_complex:  # not ordered: no interval bounds it (an opaque fft's result)
         return TOP
@@ -64,8 +63,7 @@ def _div(a: Interval, b: Interval) -> Interval:
 def _pow(a: Interval, b: Interval) -> Interval:
     if b[0] != b[1]:
         return TOP if a[0] <= 0 else iv(0.0, BIG)
-    p = b[0]
-    if p == 0:
+    if (p := b[0]) == 0:
         return 1.0, 1.0
     if p == int(p):
         ends = [_safe(lambda v: v ** p, v, BIG) for v in a]
@@ -231,8 +229,7 @@ def transfer(t: Term, a: list[Interval], s: list[tuple[int, ...]]) -> Interval:
     """``t``'s interval from operand intervals ``a`` and shapes ``s``, by its op's range kind."""
     if t.op == "const":  # a NaN constant (x + math.nan) is legal: no value to bound, so unbounded
         return TOP if math.isnan(t.attrs[0]) else iv(t.attrs[0], t.attrs[0])
-    kind = OPS[t.op].range_rule
-    if callable(kind):
+    if callable(kind := OPS[t.op].range_rule):
         return iv(_safe(kind, a[0][0], -BIG), _safe(kind, a[0][1], BIG))
     if kind not in TRANSFER:
         raise KeyError(f"no range transfer for op {t.op!r} (kind {kind!r})")

@@ -126,8 +126,7 @@ def matmuls_unflattened(roots: list[Term], shapes: dict, heads: dict) -> dict[in
         new = product[1](x)
         reads, stack = [], [new]
         while stack:  # the program's terms it reads: x, the weight, the bias
-            u = stack.pop()
-            if id(u) in uses or u is x:
+            if id(u := stack.pop()) in uses or u is x:
                 reads.append(u)
             else:
                 stack += u.args
@@ -387,8 +386,7 @@ def export(src: OnnxProgram, program: Program | None = None) -> onnx.ModelProto:
     while True:  # the nodes an output reads, through others (an operand an emitter wrote and then did without,
         # the Not of a Where whose branches it swapped, is dropped), and the names they and outputs read
         read = {x for n in em.nodes for x in list(n.input) + subgraph_reads(n)} | set(src.output_names)
-        kept = [n for n in em.nodes if any(o in read for o in n.output if o)]
-        if len(kept) == len(em.nodes):
+        if len(kept := [n for n in em.nodes if any(o in read for o in n.output if o)]) == len(em.nodes):
             break
         em.nodes[:] = kept
     graph = src.model.graph

@@ -122,8 +122,7 @@ def _var(em, t, axis, keep, correction):
     centered = Term("sub", (x, Term("mean", (x,), (axis, True))))
     out = Term("mean", (Term("mul", (centered, centered)),), (axis, keep))
     if correction:
-        shape = em.static_shape(x)
-        if shape is None:
+        if (shape := em.static_shape(x)) is None:
             raise OnnxExportError("var with a correction over a dynamic shape: its axis size is unknown at export")
         n = shape[axis]
         out = Term("mul", (out, Term.const(n / (n - correction) if n > correction else math.nan)))
@@ -164,8 +163,7 @@ def _transpose(em, t, *attrs):
     """A swap of two axes (dim0, dim1), or a permutation (one shape_attr string)."""
     if len(attrs) == 1:
         return em.node("Transpose", [em.value(t.args[0])], t.op, perm=list(parse_shape(attrs[0])))
-    rank = em.rank(t.args[0])
-    if rank is None:
+    if (rank := em.rank(t.args[0])) is None:
         raise OnnxExportError("transpose of a value of unknown rank")
     perm = list(range(rank))
     perm[attrs[0]], perm[attrs[1]] = perm[attrs[1]], perm[attrs[0]]
@@ -263,8 +261,7 @@ def _linear_act(em, t, activation):
 def _conv2d(em, t, stride, padding, dilation, groups):
     """Conv; a scalar bias is added after it (none when it is 0)."""
     x, w, b = t.args
-    pads = list(parse_shape(padding))
-    inputs = [em.value(x), em.value(w)] + ([] if b.op == "const" else [em.value(b)])
+    pads, inputs = list(parse_shape(padding)), [em.value(x), em.value(w)] + ([] if b.op == "const" else [em.value(b)])
     out = em.node("Conv", inputs, "conv", strides=list(parse_shape(stride)), pads=pads + pads,
                   dilations=list(parse_shape(dilation)), group=groups)
     if b.op == "const" and b.attrs[0] != 0.0:

@@ -70,8 +70,7 @@ def curvature(fn, *example_args, input_ranges: dict[str, Interval] | None = None
     program, _ = capture(fn, example_args)
     ranges = dict(input_ranges or {})
     for term, value in zip(program.inputs, example_args):
-        name = term.attrs[0]
-        if name not in ranges and value.is_floating_point() and value.numel():
+        if (name := term.attrs[0]) not in ranges and value.is_floating_point() and value.numel():
             if (finite := value[torch.isfinite(value)].double()).numel():
                 ranges[name] = (float(finite.min()), float(finite.max()))
     return analyze_program(program, ranges)

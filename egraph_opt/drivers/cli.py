@@ -133,8 +133,7 @@ def program_cases(spec: str, shapes: list[tuple[int, ...]], dtype: str) -> list:
     fn = getattr(fn, "fn", fn)  # a decorated function: profile the original
     program, _ = capture(fn, tuple(torch.randn(s, dtype=getattr(torch, dtype)) for s in shapes))
     session = reopened(optimize(program, templates=False).egraph, program.roots())  # every kernel it could use
-    of_class = class_meta(session.snap.classes, {c: program.meta()[i] for i, c in session.class_of.items()})
-    cases = {}
+    of_class, cases = class_meta(session.snap.classes, {c: program.meta()[i] for i, c in session.class_of.items()}), {}
     for n in (n for nodes in session.snap.classes.values() for n in nodes):
         if n.op in SPECS and all(c in of_class for c in n.children):
             operands = tuple(of_class[c][0] for c in n.children if of_class[c] != SCALAR)

@@ -28,8 +28,7 @@ from ..rulesets import catalogue, select
 from ..rulesets.guards import Fact, Guard, parse  # noqa: F401 - parse: the doctest
 from .pictures import Table, clip
 
-#: programs of at most this many terms get a first-order error estimate (8 float64 runs each)
-ESTIMATED_UP_TO = 256
+ESTIMATED_UP_TO = 256  #: programs of at most this many terms get a first-order error estimate (8 float64 runs each)
 
 
 class ExploreError(ValueError):
@@ -56,8 +55,7 @@ def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
                        f"or an .onnx path, not {type(obj).__name__}")
 
 
-#: a batch page draws a model's e-graph up to this many e-nodes, and summarizes a larger one
-BATCH_EGRAPH_NODES = 150
+BATCH_EGRAPH_NODES = 150  #: a batch page draws a model's e-graph up to this many e-nodes, and summarizes a larger one
 
 
 def model_pictures(result) -> dict[str, str]:
@@ -247,8 +245,7 @@ class Explorer:
     def kernels(self) -> Table:
         """Every kernel binding weighs for each fused or computed node of the extracted program
         (Triton's where it runs): its latency with the moves into its backend, or why not."""
-        paths_of = getattr(self.result.model.latency_of, "paths", None)
-        if paths_of is None:
+        if (paths_of := getattr(self.result.model.latency_of, "paths", None)) is None:
             raise ValueError(f"{self.name} was priced without a latency database (profile_db=False): "
                              "no kernel was weighed")
         rows, items = [], []
@@ -280,8 +277,7 @@ class Explorer:
                      _side_by_side(mine, other), note=note)
 
     def _why_not_rule(self, name: str) -> Table:
-        rule = catalogue().get(name)
-        if rule is None:
+        if (rule := catalogue().get(name)) is None:
             raise KeyError(f"no rule {name!r}; `egraph-opt rules` lists them")
         rows = []
         if not any(r.name == name for r in self.rules):
@@ -371,8 +367,7 @@ def _bits(value) -> str:
 #: the facts a declared range can prove: (relation or bound) of one e-class
 _RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}
 _BOUND = {"<=": ("hi", False), "<": ("hi", True), ">=": ("lo", False), ">": ("lo", True)}
-#: hints are looked for in e-graphs up to this many e-nodes (each guarded rule is matched anew)
-HINTS_UP_TO = 20_000
+HINTS_UP_TO = 20_000  #: hints are looked for in e-graphs up to this many e-nodes (each guarded rule is matched anew)
 
 
 def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = None) -> list[str]:

@@ -239,20 +239,18 @@ def summary(records: list[dict]) -> str:
                      f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
                      f"{after / before:.2f}" if ok and before and after else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     kept = sum(r["status"] == "kept" for r in records)
     failed = sum(r["status"] not in ("optimized", "kept") for r in records)
     stopped = sorted({r["profiling_stopped"] for r in records if r.get("profiling_stopped")})
     notes = [f"kernel timing stopped early on {sum('profiling_stopped' in r for r in records)} "
              f"models ({'; '.join(stopped)}): their costs are estimates"] if stopped else []
     counts = f"{len(records) - failed - kept} optimized, {f'{kept} kept, ' if kept else ''}{failed} failed"
-    return "\n".join(lines + [counts] + notes)
+    return "\n".join(["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows] + [counts] + notes)
 
 
 def write_report(path: str, records: list[dict], interrupted: bool) -> None:
     """JSON, or one HTML page with a section per model for a path ending in .html."""
-    folder = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
+    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp", delete=False) as f:
         if html(path):
             from .pictures import batch_page
             f.write(batch_page(records, summary(records), interrupted, status))
@@ -270,8 +268,7 @@ def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     for pattern in patterns:
         if os.path.isdir(pattern):
             pattern = os.path.join(glob.escape(pattern), "**", "*.onnx")
-        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
-        for m in matches:
+        for m in (sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]):
             (skipped if os.path.realpath(m).startswith(out_real + os.sep) else found).append(m)
     return list(dict.fromkeys(found)), skipped
 
@@ -403,8 +400,7 @@ def _targets(paths: list[str], out: str, records: list[dict]) -> dict[str, str]:
     """Each model's output path; a model whose file name another already takes fails (in ``records``)."""
     targets: dict[str, str] = {}
     for p in paths:
-        target = os.path.join(out, os.path.basename(p))
-        if target in targets.values():
+        if (target := os.path.join(out, os.path.basename(p))) in targets.values():
             first = next(q for q, t in targets.items() if t == target)
             records.append({"model": p, "output": target, "status": "failed",
                             "reason": f"{first} is also written to {target} (the same file name)"})

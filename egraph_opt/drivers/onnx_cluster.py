@@ -57,8 +57,7 @@ def _named(what: str, options: dict) -> str:
 
 def _new_rows(name: str, dask_worker=None) -> list:
     """The rows a worker measured itself (run on each worker at the end)."""
-    plugin = dask_worker.plugins.get(name)
-    if plugin is None or not plugin.path:
+    if (plugin := dask_worker.plugins.get(name)) is None or not plugin.path:
         return []
     with ProfileDB(plugin.path) as db:
         return db.since(plugin.seeded)[0]

@@ -112,8 +112,7 @@ class TextPicture(SVG):
 
 def render(source: str, fallback: str) -> SVG | TextPicture:
     """``source`` (DOT) laid out as SVG; ``fallback`` text when no ``dot`` runs in time."""
-    dot = find_dot()
-    if dot is None:
+    if (dot := find_dot()) is None:
         return TextPicture("Graphviz dot not found (pip install graphviz-pure, or set "
                            f"EGRAPH_OPT_DOT): a text rendering instead\n{fallback}")
     try:
@@ -140,8 +139,7 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
     """An Explorer's e-graph, or the e-classes within ``radius`` of ``around``: chosen e-nodes filled."""
     classes = ex.snap.classes
     keep = set(classes) if around is None else _neighbourhood(classes, ex._id(around), radius)
-    nodes = sum(len(classes[c]) for c in keep)
-    if nodes > max_nodes:
+    if (nodes := sum(len(classes[c]) for c in keep)) > max_nodes:
         biggest = sorted(keep, key=lambda c: -len(classes[c]))[:10]
         rows = [[c, len(classes[c]), ", ".join(sorted({n.op for n in classes[c]}))] for c in biggest]
         summary = Table(f"{len(keep)} e-classes, {nodes} e-nodes: too many to draw (max_nodes="
@@ -152,9 +150,8 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
     edges = []  # after every cluster: an edge inside one would draw its ends there
     for cid in sorted(keep):
         lo, hi = ex.snap.ranges.get(cid, (-float("inf"), float("inf")))
-        root = cid in ex.root_classes
         lines.append(f"subgraph {_q('cluster_' + cid)} {{ label={_q(f'{cid} [{lo:.3g}, {hi:.3g}]')}; "
-                     f"style={'bold' if root else 'dashed'}; fontsize=9;")
+                     f"style={'bold' if cid in ex.root_classes else 'dashed'}; fontsize=9;")
         for i, node in enumerate(classes[cid]):
             fill = f', style="rounded,filled", fillcolor="{CHOSEN}"' if ex.chosen.get(cid) == node else ""
             lines.append(f"{_q(f'{cid}_{i}')} [label={_q(_label(node))}{fill}];")
@@ -258,11 +255,10 @@ def impact_figure(ex):
     """Per rule of the derivation: error (bits) and latency (us) it gained."""
     rows = ex.impact().rows
     fig, axes = _figure(8, 0.4 * max(len(rows), 2) + 1.2, columns=2)
-    names = [r[0] for r in rows]
     for i, (ax, column, title) in enumerate(zip(axes, (2, 3), ("error bits gained", "latency us gained"))):
         values = [r[column] for r in rows]
         ax.barh(range(len(rows)), values, color=["#43a047" if v >= 0 else "#e53935" for v in values])
-        ax.set_yticks(range(len(rows)), names if i == 0 else [""] * len(rows), fontsize=8)
+        ax.set_yticks(range(len(rows)), [r[0] for r in rows] if i == 0 else [""] * len(rows), fontsize=8)
         ax.invert_yaxis()
         ax.axvline(0, color="black", linewidth=0.5)
         ax.set_title(title)
@@ -337,8 +333,7 @@ def write_report(report, path) -> str:
 def write_explorer(ex, path, alternatives: int = 5) -> str:
     """Everything the Explorer shows, on one page."""
     parts = [ex.derivation(), ex.impact(), ex.alternatives(alternatives), ex.classes(changed=True)]
-    body = "".join(t._repr_html_() for t in parts)
-    body += "<h4>rewrite impact</h4>" + picture(impact_figure(ex))
+    body = "".join(t._repr_html_() for t in parts) + "<h4>rewrite impact</h4>" + picture(impact_figure(ex))
     body += "<h4>the e-graph</h4>" + picture(egraph_picture(ex))
     Path(path).write_text(page(f"egraph-opt explorer: {ex.name}", body), encoding="utf-8")
     return str(path)

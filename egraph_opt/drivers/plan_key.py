@@ -108,8 +108,7 @@ def holders(fn: Callable) -> Reads:
             with contextlib.suppress(ValueError):  # a cell not assigned yet
                 slot(cell, "cell_contents", True)
         for where in ("__defaults__", "__kwdefaults__"):  # reassignable, as a tuple or dict
-            defaults = getattr(inner, where, None)
-            if defaults is not None:
+            if (defaults := getattr(inner, where, None)) is not None:
                 reads.objects.append((inner, where, True))
                 reads.objects.extend((defaults, i, False) for i, v in
                             (defaults.items() if isinstance(defaults, dict) else enumerate(defaults))
@@ -131,8 +130,7 @@ def _attributes(roots: list, names: set[str] | frozenset[str], reads: Reads) -> 
     One its class holds is read off the class, and ``reads.shadows`` gets the instance's dict and the name."""
     todo, seen = list(roots), set()
     while todo:
-        o = todo.pop()
-        if id(o) in seen:
+        if id(o := todo.pop()) in seen:
             continue
         seen.add(id(o))
         attributes = {} if isinstance(o, type) else vars(o)
@@ -146,8 +144,7 @@ def _attributes(roots: list, names: set[str] | frozenset[str], reads: Reads) -> 
                     if not isinstance(o, type):
                         reads.shadows.append((attributes, n))
         for slot in found:
-            value = _read(slot)
-            if _scalar(value):
+            if _scalar(value := _read(slot)):
                 reads.scalars.append(slot)
             elif isinstance(value, torch.Tensor) or not isinstance(o, types.ModuleType):  # cfg.w, cfg.act
                 reads.objects.append(slot)
@@ -159,8 +156,7 @@ def _attributes(roots: list, names: set[str] | frozenset[str], reads: Reads) -> 
 
 def _classes(o: Any) -> list[type]:
     """The classes an attribute of ``o`` may come from, before torch's Module and object."""
-    mro = o.__mro__ if isinstance(o, type) else type(o).__mro__
-    return [k for k in mro if k not in (torch.nn.Module, object)]
+    return [k for k in (o.__mro__ if isinstance(o, type) else type(o).__mro__) if k not in (torch.nn.Module, object)]
 
 
 def _user_class(o: Any) -> bool:
@@ -188,8 +184,7 @@ _NEXT = itertools.count()  # never one int for two walks, even after one was for
 
 
 def _token(walked: tuple) -> int:
-    token = _TOKENS.get(walked)
-    if token is None:
+    if (token := _TOKENS.get(walked)) is None:
         while len(_TOKENS) >= WALKS:
             del _TOKENS[next(iter(_TOKENS))]
         token = _TOKENS[walked] = next(_NEXT)
@@ -357,8 +352,7 @@ def _generated_key(seen: int, walked: int, objects, scalars: list[Slot],
     return env["key"]
 
 
-#: objects walked at most from one program (a Hugging Face model reaches a few thousand)
-LIMIT = 50_000
+LIMIT = 50_000  #: objects walked at most from one program (a Hugging Face model reaches a few thousand)
 _EMPTY = object()  # an empty closure cell
 _local = threading.local()  # the watches of this thread (prints and log records of other threads pass)
 
@@ -565,16 +559,14 @@ _ORIGINAL_PRINT, _ORIGINAL_HANDLE = builtins.print, logging.Logger.handle
 
 
 def _print(*args, **kwargs):
-    watches = getattr(_local, "watches", None)
-    if not watches:
+    if not (watches := getattr(_local, "watches", None)):
         return _ORIGINAL_PRINT(*args, **kwargs)
     if "prints" not in watches[-1].effects:
         watches[-1].effects.append("prints")
 
 
 def _handle(self, record):
-    watches = getattr(_local, "watches", None)
-    if not watches or record.name.startswith(("torch", "egraph_opt")):
+    if not (watches := getattr(_local, "watches", None)) or record.name.startswith(("torch", "egraph_opt")):
         return _ORIGINAL_HANDLE(self, record)
     what = f"logs to {record.name!r}"
     watches[-1].records.append((self, record))

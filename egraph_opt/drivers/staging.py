@@ -88,8 +88,7 @@ def write_files(files: dict[str, bytes], target: str, overwrite: bool = False, r
 def remove_staging(directory: str, run: str = "", before: float | None = None) -> None:
     """Remove the staging folders in ``directory`` (of ``run``, or any) that no live process holds (made before
     ``before``): killed processes'. A unit one had linked in only part of is taken back: a rerun writes it whole."""
-    pattern = f"{_PREFIX}{run}-*" if run else f"{_PREFIX}*"
-    for folder in glob.glob(os.path.join(glob.escape(directory), pattern)):
+    for folder in glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}{run}-*" if run else f"{_PREFIX}*")):
         try:
             if before is not None and os.lstat(folder).st_mtime >= before:
                 continue

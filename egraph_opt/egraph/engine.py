@@ -217,8 +217,7 @@ class EGraph:
         lines = []
         for t in [t for t in postorder(roots) if id(t) not in self._ref_of_term]:
             key = (t.op, tuple(self._ref_of_term[id(a)] for a in t.args), t.attrs)
-            ref = self._refs.get(key)
-            if ref is None:
+            if (ref := self._refs.get(key)) is None:
                 ref = self._refs[key] = len(self._refs)
                 parts = [OPS[t.op].egg_name, *(f"(Ref {r})" for r in key[1]), *map(literal, t.attrs)]
                 lines.append(f"(union (Ref {ref}) ({' '.join(parts)}))")

@@ -70,8 +70,7 @@ def reached(roots: list[str], node_of: Callable[[str], ENode | None]) -> dict[st
             on_path.discard(cid)
             order[cid] = node
         elif cid not in order:
-            node = node_of(cid)
-            if node is None or cid in on_path:
+            if (node := node_of(cid)) is None or cid in on_path:
                 raise ExtractionError(f"extracted choice is cyclic at e-class {cid}" if node else
                                       f"extracted choice has no e-node for e-class {cid}")
             on_path.add(cid)

@@ -102,8 +102,7 @@ def lower(node: fx.Node, args: tuple, kwargs: dict, info_of: dict[int, Any],
     ctx = Ctx(info_of, node.meta.get("egraph_opt"), params if params is not None else {})
     if node.op == "call_module":
         module = root.get_submodule(node.target)
-        fn = next((f for t, f in MODULES.items() if isinstance(module, t)), None)
-        args = (module, node.target, *args)
+        fn, args = next((f for t, f in MODULES.items() if isinstance(module, t)), None), (module, node.target, *args)
     else:
         fn = lowering_of(node.target) if node.op in ("call_function", "call_method") else None
     if _unlowered(node, args, kwargs, ctx):
@@ -551,9 +550,7 @@ def _cat(c, tensors, dim=0):
     kept = [t for t in tensors if tuple(c.info(t).shape) != (0,)]
     if len(kept) < len(tensors) and not (kept and all(c.info(t).dtype == c.out.dtype for t in kept)):
         raise Unsupported("cat of a 1-D empty tensor that sets the result's dtype")
-    tensors = kept
-    axis = c.axis(tensors[0], dim)
-    return forms.concat(tensors, axis)
+    return forms.concat(kept, c.axis(kept[0], dim))
 
 
 @lowers("repeat", torch.ops.aten.repeat.default)

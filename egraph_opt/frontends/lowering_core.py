@@ -97,8 +97,7 @@ def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | 
     flat = [Term("reshape", (a,), (str(n),)) for a, n in zip(data, sizes)]
     if bool((index >= sum(sizes)).any()):  # -0.0, which adds nothing, then b
         flat.append(c.constant(torch.cat([torch.tensor([-0.0], dtype=torch.float64), b]).to(out.dtype)))
-    pool = forms.concat(flat, -1)
-    picked = Term("index_select", (pool, c.constant(index.reshape(-1))), (-1,))
+    picked = Term("index_select", (forms.concat(flat, -1), c.constant(index.reshape(-1))), (-1,))
     if index.shape[1] == 1 and bool((weight == 1).all()):  # a move: each element one operand's
         result = Term("reshape", (picked,), (shape_attr(out.shape),))
     else:
@@ -167,10 +166,9 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
     """A call traced by torch's own decompositions and lowered op by op (None where one stays a call):
     a torch function (``F.pad``) into the Core ATen opset, a core overload (``aten.elu``) by its own."""
     terms = [a for a in leaves((args, kwargs)) if isinstance(a, (Term, OpaqueRef))]
-    overload = isinstance(node.target, torch._ops.OpOverload)
     if not torchs_own(node) or not (hasattr(c.out, "shape") or isinstance(c.out, (tuple, list))) or node.target in _DECOMPOSING | COSTLIER \
             or any(not isinstance(t, Term) for t in terms) or _no_input(terms) \
-            or overload and not (node.target in decomposition_table
+            or isinstance(node.target, torch._ops.OpOverload) and not (node.target in decomposition_table
                                  or node.target.has_kernel_for_dispatch_key(_COMPOSITE)):
         return None
 

@@ -57,8 +57,7 @@ def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
                      str(c.info(q).dtype).removeprefix("torch."))  # the output's
 
 
-#: torch's reduction names; ATen's overloads number them
-REDUCTIONS = ("none", "mean", "sum")
+REDUCTIONS = ("none", "mean", "sum")  #: torch's reduction names; ATen's overloads number them
 
 
 def _class_loss(op: str):
@@ -88,8 +87,7 @@ def _pair(v) -> str:
 def _conv2d(c, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if isinstance(padding, str):
         raise Unsupported("padding by name")
-    b = c.tensor(bias) if bias is not None else Term.const(0.0)
-    return Term("conv2d", (c.tensor(x), c.tensor(weight), b),
+    return Term("conv2d", (c.tensor(x), c.tensor(weight), c.tensor(bias) if bias is not None else Term.const(0.0)),
                 (_pair(stride), _pair(padding), _pair(dilation), int(groups)))
 
 

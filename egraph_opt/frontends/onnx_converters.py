@@ -62,8 +62,7 @@ class Importer:
             raise Unsupported(f"{name!r} is not a tensor of the Term language")
         array = self.consts[name]
         self.protos[name] = proto = self.protos.get(name) or numpy_helper.from_array(array, name)
-        dtype = DTYPES.get(proto.data_type)
-        if dtype is None:
+        if (dtype := DTYPES.get(proto.data_type)) is None:
             raise Unsupported(f"constant {name!r} has an element type the Term language lacks")
         if array.dtype.kind in "fiub":
             self.params[name] = torch.from_numpy(np.ascontiguousarray(array).copy())
@@ -85,8 +84,7 @@ class Importer:
     def shape(self, name: str) -> tuple:
         if name in self.consts:
             return tuple(self.consts[name].shape)
-        t = self.types.get(name)
-        if t is None or t.shape is None:
+        if (t := self.types.get(name)) is None or t.shape is None:
             raise Unsupported(f"rank of {name!r} unknown")
         return t.shape
 
@@ -192,8 +190,7 @@ def _gather(op: str):
 
 def _concat(im: Importer, node):
     names = [x for x in node.input if x]
-    axis = im.axis(names[0], _attr(node, "axis"))
-    return forms.concat(map(im.term, names), axis)
+    return forms.concat(map(im.term, names), im.axis(names[0], _attr(node, "axis")))
 
 
 def _slice(im: Importer, node):
@@ -201,8 +198,7 @@ def _slice(im: Importer, node):
     starts, ends = im.const(node.input[1]), im.const(node.input[2])
     rank, dims = im.rank(x), im.shape(x)
     axes = im.const(node.input[3]) if len(node.input) > 3 and node.input[3] else range(len(starts))
-    steps = im.const(node.input[4]) if len(node.input) > 4 and node.input[4] else [1] * len(starts)
-    out = im.term(x)
+    steps, out = im.const(node.input[4]) if len(node.input) > 4 and node.input[4] else [1] * len(starts), im.term(x)
     for start, end, axis, step in zip(starts, ends, axes, steps):
         size = dims[int(axis) % rank]
         if step <= 0 or not isinstance(size, int):
@@ -213,8 +209,7 @@ def _slice(im: Importer, node):
 
 
 def _cast(im: Importer, node):
-    dtype = DTYPES.get(_attr(node, "to"))
-    if dtype is None:
+    if (dtype := DTYPES.get(_attr(node, "to"))) is None:
         raise Unsupported("Cast to a type the Term language lacks")
     x = im.term(node.input[0])
     return x if im.dtype(node.input[0]) == dtype else Term("cast", (x,), (dtype,))

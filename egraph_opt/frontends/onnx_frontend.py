@@ -192,15 +192,13 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     nodes = nodes_in_order(graph, where)
     im, inputs = _importer(model, where, nodes), []
     for info in graph.input:
-        vt = im.types.get(info.name)
-        if vt is None or vt.shape is None:
+        if (vt := im.types.get(info.name)) is None or vt.shape is None:
             raise OnnxImportError(f"{where}: graph input {info.name!r} has no tensor shape (its rank is needed)")
         dims = tuple(d if isinstance(d, int) else SYMBOLIC_SIZE for d in vt.shape)
         im.terms[info.name] = Term.input(info.name, dims, DTYPES.get(vt.elem_type, "float32"))
         inputs.append(im.terms[info.name])
     folded, opaque, opaque_types = _convert(im, nodes, all(static_type(im.types.get(i.name)) for i in graph.input))
-    outputs = tuple(im.term(o.name) for o in graph.output)
-    program = GraphProgram(tuple(inputs), outputs, opaque,
+    program = GraphProgram(tuple(inputs), tuple(im.term(o.name) for o in graph.output), opaque,
                            {n: t for n, t in im.params.items() if n in im.terms}, value_meta=opaque_types)
     tensors = {n: im.protos[n] for n, t in im.terms.items() if t.op == "param"}
     for o in graph.output:

@@ -65,8 +65,7 @@ def on_device(device: Device):
 
 def each(impl: Callable, args: list, attrs: tuple) -> Local:
     """An ordinary op over sharded operands: once per device, on that device's parts."""
-    n = {len(a.parts) for a in args if isinstance(a, Local)}
-    if len(n) != 1:
+    if len(n := {len(a.parts) for a in args if isinstance(a, Local)}) != 1:
         raise MeshError(f"operands spread over meshes of different sizes {sorted(n)}")
     return Local(tuple(impl(*[a.parts[r] if isinstance(a, Local) else a for a in args], *attrs)
                        for r in range(n.pop())))
@@ -123,7 +122,6 @@ def through_reshape(before: tuple, after: tuple) -> dict[int, tuple[int, str]]:
     for j, d in enumerate(before):
         prefix.setdefault((math.prod(before[:j]), d), j - len(before))
     for i, d in enumerate(after):
-        b = prefix.get((math.prod(after[:i]), d))
-        if b is not None and math.prod(after[:i] + after[i + 1:]) > 0:
+        if (b := prefix.get((math.prod(after[:i]), d))) is not None and math.prod(after[:i] + after[i + 1:]) > 0:
             kept[i - len(after)] = b, ",".join("-1" if k == i else str(e) for k, e in enumerate(after))
     return kept

@@ -21,8 +21,7 @@ from . import mesh
 ATTR_SORTS = {"i64": int, "f64": float, "String": str, "bool": bool}
 
 UNBOUNDED = (-math.inf, math.inf)
-#: curvature of an op that is linear (or piecewise linear) in each operand: (sup |f''|, sup |f'|)
-LINEAR = (0.0, 1.0)
+LINEAR = (0.0, 1.0)  #: curvature of an op that is linear (or piecewise linear) in each operand: (sup |f''|, sup |f'|)
 
 # The vocabulary of the op table: the values each kind-valued fact may take. The stage named dispatches on it with a
 # case for each (a test checks those tables against these); a row declaring any other value fails at import.
@@ -95,8 +94,7 @@ class Op:
 
     def __post_init__(self):
         for fact, kinds in VOCABULARY.items():
-            value = getattr(self, fact)
-            if isinstance(value, (str, int)) and value not in get_args(kinds):
+            if isinstance(value := getattr(self, fact), (str, int)) and value not in get_args(kinds):
                 raise ValueError(f"op {self.name!r}: {fact} = {value!r} is not one of {get_args(kinds)}")
 
     @property
@@ -222,8 +220,7 @@ def rms_norm(x, weight, eps):
     """x * rsqrt(mean(x^2) + eps) * weight over the last axis (an affine-free spelling carries the scalar const 1.0 as
     weight), in the dtype of that product (shape kind "broadcast"). The mean of squares is a vector_norm accumulated
     in float32 at least: no x^2 tensor; squaring the norm overflows exactly where x^2's sum does."""
-    wide = torch.promote_types(x.dtype, torch.float32)
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=wide)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
     out = x * torch.rsqrt(norm.square() / max(x.shape[-1], 1) + eps)
     out = out if isinstance(weight, float) and weight == 1.0 else out * weight
     dtype = x.dtype if isinstance(weight, float) else torch.promote_types(x.dtype, weight.dtype)

@@ -102,8 +102,7 @@ def _pattern(tree: list | str, text: str) -> Pattern:
     head, rest = tree[0], tuple(_pattern(t, text) for t in tree[1:])
     if head in ARITHMETIC:
         return Prim(head, rest)
-    spec = OPS.get(head)
-    if spec is None:
+    if (spec := OPS.get(head)) is None:
         raise PatternError(f"unknown op {head!r} in {text!r}")
     if len(rest) != spec.arity + len(spec.attrs):
         raise PatternError(f"{head} takes {spec.arity} operands and {len(spec.attrs)} attributes in {text!r}")
@@ -226,9 +225,8 @@ def skeleton(p: Pattern) -> tuple[Term, dict[int, str]]:
                 cache[q.name] = Term("opaque", (), (q.name,))
                 names[id(cache[q.name])] = q.name
             return cache[q.name]
-        spec = OPS[q.op]
         attrs = tuple(a.value if isinstance(a, Lit) else ATTR_SORTS[sort]()
-                      for a, (_, sort) in zip(q.attrs, spec.attrs))
+                      for a, (_, sort) in zip(q.attrs, OPS[q.op].attrs))
         term = Term(q.op, tuple(build(a) for a in q.args), attrs)
         if any(labels := [_attr_text(a) if isinstance(a, (Var, Prim)) else None for a in q.attrs]):
             shown = [lab if lab else literal(v) for lab, v in zip(labels, attrs)]

@@ -34,8 +34,7 @@ class Term:
     attrs: tuple = ()
 
     def __post_init__(self):
-        spec = OPS.get(self.op)
-        if spec is None:
+        if (spec := OPS.get(self.op)) is None:
             raise TermError(f"unknown op {self.op!r}")
         if len(self.args) != spec.arity or len(self.attrs) != len(spec.attrs):
             raise TermError(f"{self.op} takes {spec.arity} operands and attributes "
@@ -111,8 +110,7 @@ def pretty(root: Term, names: dict[int, str] | None = None, width: int | None = 
         elif spec.infix:
             prec = _INFIX_PRECEDENCE[spec.infix]
             left, right = (text[id(a)] for a in t.args)
-            lhs = left[0] if left[1] >= prec else f"({left[0]})"
-            rhs = right[0] if right[1] > prec else f"({right[0]})"
+            lhs, rhs = left[0] if left[1] >= prec else f"({left[0]})", right[0] if right[1] > prec else f"({right[0]})"
             text[id(t)] = (f"{lhs} {spec.infix} {rhs}", prec)
         elif t.op == "neg":
             inner = text[id(t.args[0])]
@@ -135,8 +133,7 @@ def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool
         if t.op == "const":
             values[id(t)] = t.attrs[0]
         elif spec.is_leaf:
-            name = t.attrs[0]
-            if name not in env:
+            if (name := t.attrs[0]) not in env:
                 raise KeyError(f"no value bound for {t.op} {name!r}")
             value = env[name]
             if reference and isinstance(value, torch.Tensor) and value.is_floating_point():
@@ -189,8 +186,7 @@ def infer(op: str, attrs: tuple, operands: Sequence, leaf_meta: dict | None = No
             raise KeyError(f"no shape known for opaque {attrs[0]!r}")
         return tuple(leaf_meta[attrs[0]][0]), leaf_meta[attrs[0]][1]
     tensor = [isinstance(m, tuple) for m in operands]
-    found = _by_kind(op, attrs, [m if t else SCALAR for m, t in zip(operands, tensor)], tensor)
-    if found is not None:
+    if (found := _by_kind(op, attrs, [m if t else SCALAR for m, t in zip(operands, tensor)], tensor)) is not None:
         return found
     args = [torch.empty(m[0], dtype=m[1], device="meta") if t else m for m, t in zip(operands, tensor)]
     value = OPS[op].impl(*args, *attrs) if any(tensor) else 0.0

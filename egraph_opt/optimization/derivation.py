@@ -25,14 +25,11 @@ from .ematch import producer
 from ..lang.term import Term, postorder, pretty, topological
 from ..rulesets import Rule
 
-#: rewrites tried, and steps repeated where a shared subterm recurs, in all before the replay gives up
-BUDGET = 5_000
+BUDGET = 5_000  #: rewrites tried, and steps repeated where a shared subterm recurs, in all before the replay gives up
 #: steps lifted one level up (a new root each, ``_lift``) that cost the budget as one rewrite tried
 LIFTS_PER_REWRITE = 4
-#: how deep under a differing subterm a rewrite may apply (the deepest fusion pattern is ~6 ops)
-REACH = 6
-#: rewrites in a row from each side of one differing subterm before the two sides must meet
-DEPTH = 6
+REACH = 6  #: how deep under a differing subterm a rewrite may apply (the deepest fusion pattern is ~6 ops)
+DEPTH = 6  #: rewrites in a row from each side of one differing subterm before the two sides must meet
 
 
 @dataclass(frozen=True)
@@ -189,8 +186,7 @@ class _Replay:
     def _operands(self, have: Term, want: Term, path: tuple) -> list[Step] | None:
         steps: list[Step] = []
         for i, (a, b) in enumerate(zip(have.args, want.args)):
-            sub = self.solve(a, b, path + (i,))
-            if sub is None:
+            if (sub := self.solve(a, b, path + (i,))) is None:
                 return None
             self.budget -= len(sub) / LIFTS_PER_REWRITE  # each step rebuilt one level up
             steps += [_lift(s, have, i) for s in sub]
@@ -210,8 +206,7 @@ class _Replay:
                 steps = sides[side][self.key(term)][1]
                 for where, move, old, new, part in self._rewrites(term, side):
                     after = _replace(term, where, new)
-                    k = self.key(after)
-                    if k in sides[side]:
+                    if (k := self.key(after)) in sides[side]:
                         continue
                     step = Step(move.rule, path + where, *((old, new, term, after) if side == 0 else
                                                            (new, old, after, term)), move.back, part=part)
@@ -299,8 +294,7 @@ def derive(before: list[Term], after: list[Term], rules: list[Rule], snap: Snaps
     replay, derivation = _Replay(snap, loaded, rules), Derivation(start=list(before), end=list(after))
     per_root, unexplained = [], []
     for i, (b, a) in enumerate(zip(before, after)):
-        steps = replay.solve(b, a, (i,))
-        if steps is None:
+        if (steps := replay.solve(b, a, (i,))) is None:
             unexplained.append((i, a))
             continue
         per_root.append(steps)

@@ -99,8 +99,7 @@ class Guards:
                 raise LookupError(f"e-class {cid} of shape {shape} has no axis {rest[0]:g}")
             return float(shape[int(rest[0])])
         if head in ("reshape-axis", "reshape-part"):
-            kept = through_reshape(shape, parse_shape(rest[0])).get(int(rest[1]))
-            if kept is None:
+            if (kept := through_reshape(shape, parse_shape(rest[0])).get(int(rest[1]))) is None:
                 raise LookupError(f"a reshape to {rest[0]} does not keep axis {rest[1]:g} whole")
             return float(kept[0]) if head == "reshape-axis" else kept[1]
         return float(len(shape) if head == "rank" else shape[-1])

@@ -20,8 +20,7 @@ PREFIX = "tmpl:"
 #: smaller instances (a lone Linear or ReLU) are saturated in place: a template would save little
 #: and would cut rewrites that cross its boundary (a float32 chain across layers)
 MIN_OPS = 8
-#: repeated regions found by structure per program (an encoder and a decoder stack: two)
-MAX_REGIONS = 4
+MAX_REGIONS = 4  #: repeated regions found by structure per program (an encoder and a decoder stack: two)
 
 
 @dataclass
@@ -105,8 +104,7 @@ def _periodic_scopes(ops: list[Term]) -> dict[int, str]:
         keys.append((t.op, t.attrs, operands))
     scopes: dict[int, str] = {}
     for region in range(MAX_REGIONS):
-        best = _longest_periodic_run(keys)
-        if best is None:
+        if (best := _longest_periodic_run(keys)) is None:
             break
         start, period, blocks = _with_first_block(ops, at, keys, *best)
         if blocks < 2:

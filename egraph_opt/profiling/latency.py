@@ -64,8 +64,7 @@ class Estimate:
 
 def roofline_seconds(w: Work, itemsize: int, device: str) -> float:
     """The default latency of work `w` on `device` (a device name such as 'cpu: <model>')."""
-    kind = device.split(":", 1)[0].strip()
-    if kind not in ROOFLINES:
+    if (kind := device.split(":", 1)[0].strip()) not in ROOFLINES:
         raise ValueError(f"device {device!r}: no roofline constants for device type {kind!r}; "
                          f"known: {', '.join(ROOFLINES)}")
     roof = ROOFLINES[kind]
@@ -116,8 +115,7 @@ class _Group:
 
     def _leave_one_out(self) -> float:
         """exp(RMS log error) - 1 of predicting each measurement from the others."""
-        n = len(self.y)
-        if n < 2:
+        if (n := len(self.y)) < 2:
             return DEFAULT_UNCERTAINTY
         keep = ~np.eye(n, dtype=bool)
         errors = [self.y[i] - _local_fit(self.z[keep[i]], self.y[keep[i]], self.z[i]) for i in range(n)]
@@ -127,8 +125,7 @@ class _Group:
         """A note when `query` lies far outside the measured range of a feature, else ''."""
         below, above = self.lo - query, query - self.hi
         i = int(np.argmax(np.maximum(below, above)))
-        excess = max(below[i], above[i])
-        if excess <= math.log(EXTRAPOLATION_FACTOR):
+        if (excess := max(below[i], above[i])) <= math.log(EXTRAPOLATION_FACTOR):
             return ""
         side = "below the smallest" if below[i] > above[i] else "above the largest"
         return (f"extrapolated: {_FEATURES[i]} {math.exp(excess):.1f}x {side} measured "
@@ -157,8 +154,7 @@ class LatencyModel:
         attrs, itemsize = dict(attrs or {}), torch_dtype(dtype).itemsize
         w = work(kernel, input_shapes, attrs)
         default = roofline_seconds(w, itemsize, device)
-        group = self._group(kernel, backend, device, dtype, itemsize, attrs.get("layout"))
-        if group is None:
+        if (group := self._group(kernel, backend, device, dtype, itemsize, attrs.get("layout"))) is None:
             note = f"no measurements of {kernel} ({backend}, {dtype}) on {device}: roofline default"
             return Estimate(default, "default", DEFAULT_UNCERTAINTY, note)
         if (measured := group.exact.get(shape_key(input_shapes, attrs))) is not None:

@@ -186,8 +186,7 @@ def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, objec
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
+    if not isinstance(dtype := getattr(torch, name, None), torch.dtype):
         raise ValueError(f"unknown dtype {name!r}: expected a torch dtype name such as 'float32'")
     return dtype
 
@@ -241,8 +240,7 @@ def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, rep
         sync()
         number, elapsed = 1, sample(1)
         while elapsed < min_sample_s:
-            wanted = math.ceil(number * 1.2 * min_sample_s / max(elapsed, 1e-9))
-            number = min(number * 10, max(2 * number, wanted))
+            number = min(number * 10, max(2 * number, math.ceil(number * 1.2 * min_sample_s / max(elapsed, 1e-9))))
             elapsed = sample(number)
         times = [sample(number) / number for _ in range(repeats)]
     q1, median, q3 = np.percentile(times, [25, 50, 75])

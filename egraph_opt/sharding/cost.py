@@ -132,8 +132,7 @@ def fit_links(timings: list[tuple], n: int = 2) -> dict[str, Link]:
     relative error (a small message's time matters as a large one's), scaled to ``Link``'s 2-device form."""
     out = {}
     for name in COLLECTIVES:
-        rows = [(b, s) for c, b, s in timings if c == name and s > 0]
-        if len(rows) < 2:
+        if len(rows := [(b, s) for c, b, s in timings if c == name and s > 0]) < 2:
             continue
         terms = np.array([(1 / s, b / s) for b, s in rows])  # (alpha + beta b) / s should be 1
         alpha, beta = map(float, np.linalg.lstsq(terms, np.ones(len(rows)), rcond=None)[0])

@@ -62,11 +62,9 @@ def search(program: Program, n: int, *, limits: Limits, latency: MeasuredLatency
     if program.opaque:
         calls = ", ".join(c.describe() for c in program.opaque.values())
         raise ShardingError(f"cannot shard calls the Term language does not express: {calls}")
-    roots = program.roots()
-    if len(roots) != 1:
+    if len(roots := program.roots()) != 1:
         raise ShardingError(f"sharding takes a program of one output tensor, this one has {len(roots)}")
-    meta = program.meta()
-    phase = Phase(name="sharding", rules=tuple(rules.for_mesh(n)) if n > 1 else (), limits=limits)
+    meta, phase = program.meta(), Phase(name="sharding", rules=tuple(rules.for_mesh(n)) if n > 1 else (), limits=limits)
     session = saturate(roots, [phase], meta=meta)
     snap, class_of, (root,) = session.snap, session.class_of, session.root_classes
     known = {class_of[i]: m for i, m in meta.items() if i in class_of}

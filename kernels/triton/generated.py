@@ -115,5 +115,4 @@ class GeneratedKernel:
         return evaluate([self.term], dict(zip(self.program.inputs, tensors)), kernels=TORCH)[0]
 
 
-#: compile a term to a Triton kernel, once per structure
-generate_elementwise = GeneratedKernel
+generate_elementwise = GeneratedKernel  #: compile a term to a Triton kernel, once per structure

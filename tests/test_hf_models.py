@@ -129,31 +129,67 @@ _DECODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_
                 intermediate_size=64, vocab_size=100)
 
 
+def _llama_generating(new: int, **options):
+    """A tiny Llama, its prompt, and its generation of ``new`` tokens, greedy or sampled from a seeded stream."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    ids = torch.randint(1, 100, (1, 6))
+
+    def generate(sampled: bool):
+        torch.manual_seed(1)
+        return m.generate(ids, max_new_tokens=new, **dict(do_sample=True, top_k=0) if sampled else dict(do_sample=False), **options)
+    return m, ids, generate
+
+
 def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized_plans():
     """``model.forward = saturate_and_extract(model.forward)``: the KV cache is an input and an
     output of the prefill's and each decode step's plans; the caller's cache is updated and
     returned as itself, as eager does; sampling draws from the caller's seeded stream."""
     import transformers as tf
-    torch.manual_seed(0)
-    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
-    ids = torch.randint(1, 100, (1, 6))
-    runs = [dict(do_sample=False), dict(do_sample=True, top_k=0)]
-
-    def generate(options):
-        torch.manual_seed(1)
-        return m.generate(ids, max_new_tokens=2, **options)
+    m, ids, generate = _llama_generating(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        refs = [generate(options) for options in runs]
+        refs = [generate(sampled) for sampled in (False, True)]
         m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=0)
-        for options, ref in zip(runs, refs):
-            torch.testing.assert_close(generate(options), ref)
+        for sampled, ref in enumerate(refs):
+            torch.testing.assert_close(generate(sampled), ref)
     plans = list(m.forward.plans.values())
     assert len(plans) == 2 and all(p.report.optimized and p.returned == ("cache",) for p in plans)
     cache = tf.DynamicCache(config=m.config)
     with torch.no_grad():
         out = m.forward(input_ids=ids, cache=cache, use_cache=True)
     assert out["cache"] is cache and cache.layers[0].keys.shape[-2] == 6
+
+
+@pytest.mark.parametrize("budget", [0, 2.0])  # 2 s: each plan timed beside the original, on copies of the cache
+def test_a_static_cache_is_written_in_place_by_optimized_plans(budget):
+    """``StaticCache`` updates its preallocated tensors in place (``index_copy_``, its length ``add_``): the plans write
+    back into the caller's own tensors (their addresses stay, as compiled code needs), after all else they compute;
+    the never-slower check times both on copies, put back before each run (an original timed on the caller's would
+    have run past the cache's end). Greedy and sampled generations give eager's tokens."""
+    import transformers as tf
+    m, ids, generate = _llama_generating(4, cache_implementation="static")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        refs = [generate(sampled) for sampled in (False, True)]
+        f = saturate_and_extract(m, profile_db=False, profile_budget=budget)
+        mine, theirs = (tf.StaticCache(config=m.config, max_cache_len=12) for _ in range(2))
+        with torch.no_grad():
+            got, ref = f(ids, past_key_values=mine), m(ids, past_key_values=theirs)
+            held = [layer.keys for layer in mine.layers]
+            for n in range(4):
+                step = ref.logits[:, -1:].argmax(-1)
+                got, ref = (g(step, past_key_values=c, position_ids=torch.tensor([[6 + n]]))
+                            for g, c in ((f, mine), (m, theirs)))
+                torch.testing.assert_close(got.logits, ref.logits, rtol=1e-4, atol=1e-4)
+        assert got.past_key_values is mine and [layer.keys for layer in mine.layers] == held
+        torch.testing.assert_close(tree_leaves(mine), tree_leaves(theirs), rtol=1e-4, atol=1e-4)
+        assert all(p.report.optimized or budget and "measured slower" in p.report.fallback  # not an IndexError
+                   for p in f.plans.values()), [p.report.fallback for p in f.plans.values()]
+        m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=budget)
+        for sampled, ref in enumerate(refs):
+            torch.testing.assert_close(generate(sampled), ref)
 
 
 def _generates_as_eager(m, ids, new: int) -> None:

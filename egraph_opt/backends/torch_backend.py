@@ -24,7 +24,7 @@ from ..kernels.binding import Estimator, bind, default_estimate, region_chosen
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import PLAIN, TORCH
 from ..kernels.triton.codegen import REDUCTIONS, STATS, TEMPLATES, span
-from ..lang.program import OpaqueRef, Program, leaves
+from ..lang.program import WRITE, OpaqueRef, Program, leaves
 from ..lang.pattern import structural_ids
 from ..lang.term import Term, dtype_name, evaluate, postorder, topological
 
@@ -115,8 +115,12 @@ def _schedule(program: Program) -> list:
 
     key = lambda item: ("t", id(item)) if isinstance(item, Term) else ("o", item)  # noqa: E731
     roots = [x if not isinstance(x, OpaqueRef) else x.name for x in leaves(program.outputs)
-             if isinstance(x, (Term, OpaqueRef))]
-    return topological(roots, deps, key)
+             if isinstance(x, (Term, OpaqueRef))] + [n for n, c in program.opaque.items() if c.target is WRITE]
+    order, late = topological(roots, deps, key), set()  # inputs written back last, then what reads them written
+    for item in order:
+        if not isinstance(item, Term) and program.opaque[item].target is WRITE or any(key(d) in late for d in deps(item)):
+            late.add(key(item))
+    return sorted(order, key=lambda item: key(item) in late)  # stable: each part keeps its order
 
 
 def _held(owner: torch.nn.Module, name: str):

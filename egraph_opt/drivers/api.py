@@ -511,7 +511,8 @@ class OptimizedFunction:
                                                forward=lambda *t: family.forward(*sizes(t[i].shape[d]), *t))
             run, was.kernels = runner(module, first.returns), module.kernels
             if self.validate:
-                was.validation = self._validated(call, run, lambda: at(first.program, second.program, span))
+                was.validation = self._validated(call, run, lambda: at(first.program, second.program, span),
+                                                 first.program.written())
         except (Apart, RuntimeError, ValueError, IndexError):
             return None
         if was.validation and not was.validation.passed:
@@ -531,20 +532,20 @@ class OptimizedFunction:
             sample.free = (0, 0) if watch.changes() else sample.free
         return sample.free
 
-    def _validated(self, call: BoundCall, run: Callable, program: Callable[[], Program]):
-        """``run`` against the original on fresh inputs; ``program()`` gives the long double reference past float64.
-        Where the original itself refuses them (LLaVA counts the image tokens among its ids), fresh floats beside the
-        caller's own integers and booleans."""
+    def _validated(self, call: BoundCall, run: Callable, program: Callable[[], Program], writes: tuple = ()):
+        """``run`` against the original on fresh inputs (``writes``: the arguments both write back); ``program()`` gives
+        the long double reference past float64. Where the original itself refuses them (LLaVA counts the image tokens
+        among its ids; a StaticCache its length), fresh floats beside the caller's own integers and booleans."""
         original, fresh = call.traceable(self.fn), random_inputs(call.tensors, call.names, self.input_ranges)
         try:
-            return compare(original, run, fresh, lambda: wide_reference(program(), fresh))
+            return compare(original, run, fresh, lambda: wide_reference(program(), fresh), writes=writes)
         except Exception:  # noqa: BLE001 - the original's error, or the plan's (then raised as it is)
             try:
                 with torch.no_grad():
                     original(*(a.clone() for a in fresh))
             except Exception:  # noqa: BLE001 - its own: inputs it does not take
                 fresh = tuple(f if f.is_floating_point() or f.is_complex() else a for f, a in zip(fresh, call.tensors))
-                return compare(original, run, fresh, lambda: wide_reference(program(), fresh))
+                return compare(original, run, fresh, lambda: wide_reference(program(), fresh), writes=writes)
             raise
 
     def _untouched(self, report: Report, why: str, found: Optimized | None = None) -> Plan:
@@ -564,7 +565,7 @@ class OptimizedFunction:
         if not self.validate:  # else validation's run of the original shows it
             with torch.no_grad():
                 _, written, original_s = run_counting_writes(target, args)
-            self._refuse_writes(written, call.names)
+            self._refuse_writes([i for i in written if i not in program.written()], call.names)
         # torch.export's outputs stay flat leaves; fx's tracer keeps the type of a ModelOutput (fx makes it a dict)
         returns = getattr(traced, "_out_spec", None) or traced.meta.get("returns") or \
             tree_structure(returned(program.outputs))
@@ -584,7 +585,7 @@ class OptimizedFunction:
             for older in self._plans.values():
                 older.egraph = older.optimized = None
         if self.validate:
-            report.validation = self._validated(call, run, lambda: program)
+            report.validation = self._validated(call, run, lambda: program, program.written())
             self._refuse_writes(report.validation.written, call.names)
             original_s = report.validation.original_s
             if report.validation.bounded:
@@ -597,7 +598,11 @@ class OptimizedFunction:
             return Plan(None, report, result.egraph, result)
         plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned),
                     into=_into(call, module, returns))
-        timed = call.as_called(self.fn, plan.into, plan.returned) if plan.into else (target, plan.run)
+        writes = program.written()
+        timed = call.as_called(self.fn, plan.into, plan.returned, writes) if plan.into else (target, plan.run)
+        if writes:  # each timed run from the caller's values, on copies of them
+            args, saved = tuple(a.clone() for a in args), [args[i].clone() for i in writes]
+            timed = [lambda *a, f=f: [a[i].copy_(v) for i, v in zip(writes, saved)] and f(*a) for f in timed]
         return self._never_slower(plan, *timed, args, device, latency, original_s)  # as the caller calls
 
     def _describe(self, report: Report, program, result: Optimized, module, latency, priced) -> None:

@@ -85,19 +85,20 @@ class BoundCall:
                 raise SideEffect(f"the program updates argument {name!r} without returning it")
         return out
 
-    def as_called(self, fn: Callable, into: Into, returned: tuple) -> tuple[Callable, Callable]:
+    def as_called(self, fn: Callable, into: Into, returned: tuple, writes: tuple = ()) -> tuple[Callable, Callable]:
         """``fn`` and a plan's ``into`` as functions of this call's tensors that pass ``trees``' objects as a caller
         does: kept (private ones, given back their tensors and plain state before each call: a cache the original
-        initializes lazily would grow), not rebuilt; writing through an ``Into`` of their own, not the plan's."""
+        initializes lazily would grow; their values too where the plan ``writes`` back), not rebuilt; writing through
+        an ``Into`` of their own, not the plan's."""
         objects = {name: tree_unflatten([t.detach().clone() for t in self.tensors[start:start + n]], spec)
                    for name, (spec, start, n) in self.trees.items()}
-        kept = [(obj, path, v) for obj in objects.values() for path, v in _held(obj)
-                if isinstance(v, (torch.Tensor, *_SIMPLE))]
+        kept = [(obj, path, v, v.clone() if writes and isinstance(v, torch.Tensor) else None) for obj in
+                objects.values() for path, v in _held(obj) if isinstance(v, (torch.Tensor, *_SIMPLE))]
         into = Into(into.forward, into.returns)
 
         def restored(tensors: tuple) -> dict:
-            for obj, path, held in kept:
-                _write(obj, [path], [held])
+            for obj, path, held, saved in kept:
+                _write(obj, [path], [held if saved is None else held.copy_(saved)])
             return {**self.arguments, **{n: t for n, t in zip(self.names, tensors) if n in self.arguments}, **objects}
 
         def original(*tensors):

@@ -165,16 +165,37 @@ def _functionalized(module: fx.GraphModule, args: tuple) -> fx.GraphModule:
 
 def cache_pytrees() -> None:
     """A Hugging Face model takes and returns its KV cache: transformers registers ``DynamicCache`` as a pytree (for
-    torch.export), not an encoder-decoder's ``EncoderDecoderCache`` (T5): its two caches, its flags made from them."""
+    torch.export), not an encoder-decoder's ``EncoderDecoderCache`` (T5): its two caches, its flags made from them;
+    nor ``StaticCache``: its layers' tensors (the buffers it updates in place, its length), the rest their context."""
     if not _REGISTERED and "transformers" in sys.modules:
         _REGISTERED.append(True)
         with contextlib.suppress(ImportError, ValueError):  # ValueError: registered already (by the user)
-            from transformers.cache_utils import EncoderDecoderCache
+            from transformers.cache_utils import EncoderDecoderCache, StaticCache
             from transformers.integrations.executorch import register_dynamic_cache_export_support
             register_dynamic_cache_export_support()
             torch.utils._pytree.register_pytree_node(
                 EncoderDecoderCache, lambda c: ([c.self_attention_cache, c.cross_attention_cache], None),
                 lambda caches, _: EncoderDecoderCache(*caches), serialized_type_name="transformers.EncoderDecoderCache")
+            torch.utils._pytree.register_pytree_node(StaticCache, _static_flatten, _static_unflatten,
+                                                     serialized_type_name="transformers.StaticCache")
+
+
+def _static_flatten(cache) -> tuple[list, tuple]:
+    parts = [(layer, tuple(sorted(k for k, v in vars(layer).items() if isinstance(v, torch.Tensor))))
+             for layer in cache.layers]
+    return [getattr(layer, k) for layer, names in parts for k in names], (tuple(
+        (type(layer), names, tuple((k, v) for k, v in vars(layer).items() if k not in names)) for layer, names in parts),
+        tuple((k, v) for k, v in vars(cache).items() if k != "layers"))
+
+
+def _static_unflatten(tensors: list, context: tuple):
+    from transformers.cache_utils import StaticCache
+    (layers, plain), tensors, cache = context, iter(tensors), object.__new__(StaticCache)
+    vars(cache).update(plain, layers=[])
+    for kind, names, rest in layers:
+        cache.layers.append(layer := object.__new__(kind))
+        vars(layer).update(rest, **{k: next(tensors) for k in names})
+    return cache
 
 
 _REGISTERED: list = []
@@ -258,15 +279,16 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(example_args):
             raise CaptureError(f"{len(example_args)} arguments given, the traced program takes {len(placeholders)}")
-        effects, in_place, computed = mutations(gm)
-        if effects and computed:  # writes into its own values: torch.export's functional form writes none
-            with draws:
-                effects, in_place, _ = mutations(gm := trace(fn, example_args, functional=True))
+        effects, in_place, functional, writes = mutations(gm)
+        if effects and functional:  # writes into its own values or arguments: torch.export's functional form writes
+            with draws:  # none, or writes arguments back at its end
+                again = mutations(pure := trace(fn, example_args, functional=True))
+            (effects, in_place, _, writes), gm = (again, pure) if not again[0] else ((effects, in_place, 0, writes), gm)
         if effects:
             raise SideEffect(f"{name} mutates {', '.join(effects)}")
         with draws:
             _record(gm, example_args)
-        program = _program(gm, in_place)
+        program = _program(gm, in_place, writes)
         for key, tensor in program.params.items():  # constants computed while lowering: the plan reads them there
             if key.startswith(lowering.CONSTANT):
                 setattr(gm, key, tensor)
@@ -281,7 +303,7 @@ def capturing() -> bool:
     return _CAPTURING._is_owned()
 
 
-def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
+def _program(gm: fx.GraphModule, in_place: set[str], writes: set[str] = frozenset()) -> Program:
     """The graph's nodes lowered in order; values that follow from shapes alone fold away."""
     values: dict[str, Any] = {}  # node name -> Term | OpaqueRef | static Python value
     info_of: dict[int, TensorInfo] = {}  # term id -> shape and dtype
@@ -308,7 +330,7 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
             static.add(node.name)
             values[node.name] = info
         else:
-            term = values[node.name] = _lowered(node, values, info_of, gm, params, opaque, in_place, own)
+            term = values[node.name] = _lowered(node, values, info_of, gm, params, opaque, in_place, own, writes)
             if isinstance(term, Term):  # its scope, over the terms no earlier node made (intermediates too)
                 new = [t for t in topological([term], lambda t: () if id(t) in seen else t.args, id)
                        if id(t) not in seen]
@@ -321,12 +343,12 @@ def _program(gm: fx.GraphModule, in_place: set[str]) -> Program:
 
 
 def _lowered(node: fx.Node, values: dict, info_of: dict, gm: fx.GraphModule, params: dict,
-             opaque: dict, in_place: set[str], own: list):
-    """The node's Term; where the Term language has none, an opaque call of the node (a Term
-    leaf for a tensor, else an ``OpaqueRef``)."""
+             opaque: dict, in_place: set[str], own: list, writes: set[str]):
+    """The node's Term; where the Term language has none, or it writes an argument back, an opaque call of the node (a
+    Term leaf for a tensor, else an ``OpaqueRef``)."""
     info = node.meta.get("egraph_opt")
     args, kwargs = map_aggregate((node.args, node.kwargs), lambda a: values[a.name] if isinstance(a, fx.Node) else a)
-    term = lowering.lower(node, args, kwargs, info_of, gm, params, own)
+    term = None if node.name in writes else lowering.lower(node, args, kwargs, info_of, gm, params, own)
     if isinstance(term, Term):
         return term
     shape_dtype = (info.shape, info.dtype) if isinstance(info, TensorInfo) else None

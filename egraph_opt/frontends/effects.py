@@ -85,11 +85,13 @@ def _base(node) -> tuple[object, bool]:
     return node, crossed
 
 
-def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str], bool]:
+def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str], bool, set[str]]:
     """What the program mutates, as the user would name it (empty: pure), the in-place nodes pure only if lowered to a
-    Term (opaque, they would write into a shared value), and whether each mutation is of a value it computed."""
+    Term (opaque, they would write into a shared value), whether each mutation is of a value it computed or of an
+    argument (torch.export's functional form writes none), and its write-backs: a ``copy_`` into an argument read no more
+    after (the functional form ends so: a StaticCache's update), which the plan makes last, as it does."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    found, in_place, computed = [], set(), 0
+    found, in_place, functional, writes = [], set(), 0, set()
     for node in gm.graph.nodes:
         for target in written(node, gm):
             in_place.add(node.name)
@@ -99,14 +101,20 @@ def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str], bool]:
             base, crossed = _base(target)
             if not isinstance(base, fx.Node):
                 continue
+            if base.op == "placeholder" and not crossed and node.target is torch.ops.aten.copy_.default and \
+                    all(order[u] < order[node] for u in base.users if u is not node):
+                writes.add(node.name)
+                in_place.discard(node.name)
+                continue
             if base.op == "placeholder":
                 found.append(f"argument {base.name!r} ({_name(node) or node.target})")
+                functional += 1
             elif base.op == "get_attr":
                 found.append(f"{base.target!r} ({_name(node) or node.target})")
             elif crossed or any(order[u] > order[node] for u in base.users if u is not node):
                 found.append(f"{base.name!r}, read again after {_name(node) or node.target}")
-                computed += 1
-    return found, in_place, computed == len(found)
+                functional += 1
+    return found, in_place, functional == len(found), writes
 
 
 class Draws(TorchDispatchMode):

@@ -36,6 +36,9 @@ class OpaqueCall:
         return f"{self.name} = {self.kind} {target}"
 
 
+WRITE = torch.ops.aten.copy_.default  # an input written back (``effects.mutations``): an opaque call of the program
+
+
 def leaves(tree) -> list:
     found: list = []
     map_aggregate(tree, lambda leaf: found.append(leaf))
@@ -60,6 +63,11 @@ class Program:
     #: (``replace``, ``with_roots``) starts empty
     _meta: dict[int, tuple] = field(default_factory=dict, init=False, compare=False, repr=False)
 
+    def written(self) -> tuple[int, ...]:
+        """The inputs, by position, the program writes back into (``WRITE`` calls, made after all else)."""
+        into = {c.args[0].attrs[0] for c in self.opaque.values() if c.target is WRITE}
+        return tuple(i for i, t in enumerate(self.inputs) if t.attrs[0] in into)
+
     def roots(self) -> list[Term]:
         """Terms the rest of the program needs: outputs and operands of opaque calls."""
         found = [x for x in leaves(self.outputs) if isinstance(x, Term)]
@@ -78,10 +86,10 @@ class Program:
         return {**self.leaf_shapes, **{n: c.meta for n, c in self.opaque.items() if c.meta is not None}}
 
     def pruned(self) -> Program:
-        """The program without opaque calls or parameters that no output needs (a captured constant that lowering
+        """The program without opaque calls or parameters that no output (or write-back) needs (a captured constant that lowering
         folded to a number: a program that reads no parameter is one of numbers, sampled and widened as one)."""
         needed, seen = set(), set()  # seen: terms walked once for all calls (a walk per call is quadratic)
-        stack = leaves(self.outputs)
+        stack = leaves(self.outputs) + [OpaqueRef(n) for n, c in self.opaque.items() if c.target is WRITE]
         while stack:
             item = stack.pop()
             if isinstance(item, Term):

@@ -266,16 +266,18 @@ def _error(cand: torch.Tensor, orig: torch.Tensor, ref: torch.Tensor) -> tuple[f
 
 
 def compare(original: Callable, candidate: Callable, args: tuple, wide: list | Callable | None = None,
-            budget_s: float | None = None) -> Validation:
+            budget_s: float | None = None, writes: tuple[int, ...] = ()) -> Validation:
     """Run both on their own clones of ``args`` (capture refuses random draws: forking the generator would rewind other
     threads') and ``judge`` them against the float64 reference bounded by ``budget_s``; ``wide`` (``wide_reference``, or
-    a function giving it) stands in where it overflows."""
+    a function giving it) stands in where it overflows. ``writes``: the arguments both write back, judged as outputs."""
     budget_s = REFERENCE_SECONDS if budget_s is None else budget_s
     on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
     sync = torch.cuda.synchronize if on_cuda else lambda: None  # queued kernels count
+    if writes:
+        original, candidate = ((lambda *a, f=f: (f(*a), [a[i] for i in writes])) for f in (original, candidate))
     with torch.no_grad():
         orig_tree, written, seconds = run_counting_writes(original, args, sync)
-        if written:
+        if written := tuple(i for i in written if i not in writes):
             return Validation(False, max_error=math.inf, detail="the original writes into its arguments",
                               written=written, original_s=seconds)
         (origs, spec_o), (cands, spec_c) = map(_flattened, (orig_tree, candidate(*_clones(args))))

@@ -138,7 +138,8 @@ def _llama_generating(new: int, **options):
 
     def generate(sampled: bool):
         torch.manual_seed(1)
-        return m.generate(ids, max_new_tokens=new, **dict(do_sample=True, top_k=0) if sampled else dict(do_sample=False), **options)
+        drawn = dict(do_sample=True, top_k=0) if sampled else dict(do_sample=False)
+        return m.generate(ids, max_new_tokens=new, **drawn, **options)
     return m, ids, generate
 
 

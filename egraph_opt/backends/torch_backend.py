@@ -118,7 +118,7 @@ def _schedule(program: Program) -> list:
              if isinstance(x, (Term, OpaqueRef))] + [n for n, c in program.opaque.items() if c.target is WRITE]
     order, late = topological(roots, deps, key), set()  # inputs written back last, then what reads them written
     for item in order:
-        if not isinstance(item, Term) and program.opaque[item].target is WRITE or any(key(d) in late for d in deps(item)):
+        if any(key(d) in late for d in deps(item)) or type(item) is str and program.opaque[item].target is WRITE:
             late.add(key(item))
     return sorted(order, key=lambda item: key(item) in late)  # stable: each part keeps its order
 

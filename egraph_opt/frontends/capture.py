@@ -183,9 +183,10 @@ def cache_pytrees() -> None:
 def _static_flatten(cache) -> tuple[list, tuple]:
     parts = [(layer, tuple(sorted(k for k, v in vars(layer).items() if isinstance(v, torch.Tensor))))
              for layer in cache.layers]
-    return [getattr(layer, k) for layer, names in parts for k in names], (tuple(
-        (type(layer), names, tuple((k, v) for k, v in vars(layer).items() if k not in names)) for layer, names in parts),
-        tuple((k, v) for k, v in vars(cache).items() if k != "layers"))
+    layers = tuple((type(layer), names, tuple((k, v) for k, v in vars(layer).items() if k not in names))
+                   for layer, names in parts)
+    return [getattr(layer, k) for layer, names in parts for k in names], (layers, tuple(
+        (k, v) for k, v in vars(cache).items() if k != "layers"))
 
 
 def _static_unflatten(tensors: list, context: tuple):

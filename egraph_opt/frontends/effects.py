@@ -88,8 +88,8 @@ def _base(node) -> tuple[object, bool]:
 def mutations(gm: fx.GraphModule) -> tuple[list[str], set[str], bool, set[str]]:
     """What the program mutates, as the user would name it (empty: pure), the in-place nodes pure only if lowered to a
     Term (opaque, they would write into a shared value), whether each mutation is of a value it computed or of an
-    argument (torch.export's functional form writes none), and its write-backs: a ``copy_`` into an argument read no more
-    after (the functional form ends so: a StaticCache's update), which the plan makes last, as it does."""
+    argument (torch.export's functional form writes none), and its write-backs: a ``copy_`` into an argument read
+    no more after (the functional form ends so: a StaticCache's update), which the plan makes last, as it does."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     found, in_place, functional, writes = [], set(), 0, set()
     for node in gm.graph.nodes:

@@ -86,8 +86,8 @@ class Program:
         return {**self.leaf_shapes, **{n: c.meta for n, c in self.opaque.items() if c.meta is not None}}
 
     def pruned(self) -> Program:
-        """The program without opaque calls or parameters that no output (or write-back) needs (a captured constant that lowering
-        folded to a number: a program that reads no parameter is one of numbers, sampled and widened as one)."""
+        """The program without opaque calls or parameters no output or write-back needs (a captured constant that
+        lowering folded to a number: a program that reads no parameter is one of numbers, sampled and widened as one)."""
         needed, seen = set(), set()  # seen: terms walked once for all calls (a walk per call is quadratic)
         stack = leaves(self.outputs) + [OpaqueRef(n) for n, c in self.opaque.items() if c.target is WRITE]
         while stack:

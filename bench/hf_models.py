@@ -193,14 +193,15 @@ def _ratios(times: dict) -> str:
                      for k, v in times.items())
 
 
-def _generations(name: str, row: str, lm: nn.Module, forwards: dict, a: argparse.Namespace, length) -> None:
+def _generations(name: str, row: str, lm: nn.Module, forwards: dict, a: argparse.Namespace, length,
+                 **options) -> None:
     """``generate()`` of ``a.new`` greedy tokens through each forward, interleaved; the i-th generation of each
     variant on a prompt of ``length(i)`` tokens (the first pays for optimizing, compiling: timed apart)."""
     tokens, runs, first = {}, {}, {}
     for label, forward in forwards.items():
         def generate(forward=forward, count=iter(range(1 << 30))):
             lm.forward, ids = forward, torch.randint(1, V, (1, length(next(count))), generator=torch.Generator().manual_seed(0))
-            out = lm.generate(ids, max_new_tokens=a.new, do_sample=False, min_new_tokens=a.new)
+            out = lm.generate(ids, max_new_tokens=a.new, do_sample=False, min_new_tokens=a.new, **options)
             lm.forward = forwards["eager"]
             return out
         runs[label] = generate
@@ -220,8 +221,8 @@ def _generations(name: str, row: str, lm: nn.Module, forwards: dict, a: argparse
 def user_paths(name: str, a: argparse.Namespace) -> None:
     """The three ways users run a model, each eager / decorated / torch.compile (--compile),
     interleaved: the model as instantiated called with default arguments; ``generate()`` of
-    ``--new`` greedy tokens with a decorated forward (tokens per second), on one prompt and on a
-    prompt of a new length each generation (``chat``); one training step
+    ``--new`` greedy tokens with a decorated forward (tokens per second), on one prompt, on a
+    prompt of a new length each generation (``chat``) and with a static cache; one training step
     (``model(ids, labels=ids).loss.backward()`` and an SGD step)."""
     made = instantiate(name, c=a.width, layers=a.layers)
     args = inputs(name, made.config, a.length)
@@ -242,6 +243,8 @@ def user_paths(name: str, a: argparse.Namespace) -> None:
     _generations(name, "generate", lm, forwards, a, lambda i: 8)
     # as a chat runs it: each generation's prompt of a length none before had (its first decode step's cache too)
     _generations(name, "chat", lm, forwards, a, lambda i: 9 + i)
+    # with a StaticCache (torch.compile's way: one shape for every step, its buffers written in place)
+    _generations(name, "static", lm, forwards, a, lambda i: 8, cache_implementation="static")
     train = lm.train()
     steps = {"eager": train, "ours": saturate_and_extract(train)}
     if a.compile:

@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -293,6 +295,30 @@ def test_a_tuple_of_tensors_is_an_argument_of_tensors_and_a_tuple_of_numbers_a_c
     assert len(f.plans) == 1 and f.report.optimized, f.report.fallback
     f(x, (a, b), (3.0,))
     assert len(f.plans) == 2
+
+
+def test_a_dict_or_list_of_tensors_is_an_argument_of_tensors_and_one_the_program_writes_into_runs_the_original():
+    """With a StaticCache, ``generate()`` passes Qwen2's and Mistral's masks as a dict of them ({"full_attention": ...}):
+    each decode step ran untouched ("argument 'attention_mask' is a dict"). A dict or list the program writes into
+    (an item set or appended) stays the original's: a plan would not write it."""
+    f = saturate_and_extract(lambda x, m: torch.log(1 + torch.exp(x + m["a"] * m["b"][0])), profile_budget=0)
+    x, a, b = torch.randn(3), torch.randn(3), torch.randn(3)
+    for m in ({"a": a, "b": [b]}, {"a": b, "b": [a]}):
+        torch.testing.assert_close(f(x, m), torch.log(1 + torch.exp(x + m["a"] * m["b"][0])))
+    assert len(f.plans) == 1 and f.report.optimized, f.report.fallback
+
+    def writes(x, m):
+        m["seen"] = x * 2
+        m["b"].append(x)
+        return torch.log(1 + torch.exp(x))
+    g = saturate_and_extract(writes, profile_budget=0)
+    for _ in range(2):
+        m = {"a": a, "b": [b]}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(g(x, m), torch.log(1 + torch.exp(x)))
+        assert list(m) == ["a", "b", "seen"] and len(m["b"]) == 2
+    assert "updates argument 'm'" in g.report.fallback, g.report.fallback
 
 
 class _Box:

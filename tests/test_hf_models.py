@@ -129,11 +129,11 @@ _DECODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_
                 intermediate_size=64, vocab_size=100)
 
 
-def _llama_generating(new: int, **options):
-    """A tiny Llama, its prompt, and its generation of ``new`` tokens, greedy or sampled from a seeded stream."""
+def _generating(new: int, head: str = "Llama", **options):
+    """A tiny causal LM, its prompt, and its generation of ``new`` tokens, greedy or sampled from a seeded stream."""
     import transformers as tf
     torch.manual_seed(0)
-    m = tf.LlamaForCausalLM(tf.LlamaConfig(**_DECODER)).eval()
+    m = getattr(tf, f"{head}ForCausalLM")(getattr(tf, f"{head}Config")(**_DECODER)).eval()
     ids = torch.randint(1, 100, (1, 6))
 
     def generate(sampled: bool):
@@ -148,7 +148,7 @@ def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized
     output of the prefill's and each decode step's plans; the caller's cache is updated and
     returned as itself, as eager does; sampling draws from the caller's seeded stream."""
     import transformers as tf
-    m, ids, generate = _llama_generating(2)
+    m, ids, generate = _generating(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         refs = [generate(sampled) for sampled in (False, True)]
@@ -163,14 +163,14 @@ def test_generate_through_a_decorated_forward_gives_eagers_tokens_from_optimized
     assert out["cache"] is cache and cache.layers[0].keys.shape[-2] == 6
 
 
-@pytest.mark.parametrize("budget", [0, 2.0])  # 2 s: each plan timed beside the original, on copies of the cache
-def test_a_static_cache_is_written_in_place_by_optimized_plans(budget):
+@pytest.mark.parametrize("head,budget", [("Llama", 0), ("Llama", 2.0), ("Qwen2", 0)])  # 2 s: each plan timed beside
+def test_a_static_cache_is_written_in_place_by_optimized_plans(head, budget):  # the original, on copies of the cache
     """``StaticCache`` updates its preallocated tensors in place (``index_copy_``, its length ``add_``): the plans write
     back into the caller's own tensors (their addresses stay, as compiled code needs), after all else they compute;
     the never-slower check times both on copies, put back before each run (an original timed on the caller's would
-    have run past the cache's end). Greedy and sampled generations give eager's tokens."""
+    have run past the cache's end). Greedy and sampled generations give eager's tokens; Qwen2's masks come as a dict."""
     import transformers as tf
-    m, ids, generate = _llama_generating(4, cache_implementation="static")
+    m, ids, generate = _generating(4, head, cache_implementation="static")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         refs = [generate(sampled) for sampled in (False, True)]
@@ -191,6 +191,7 @@ def test_a_static_cache_is_written_in_place_by_optimized_plans(budget):
         m.forward = saturate_and_extract(m.forward, profile_db=False, profile_budget=budget)
         for sampled, ref in enumerate(refs):
             torch.testing.assert_close(generate(sampled), ref)
+    assert budget or all(p.report.optimized for p in m.forward.plans.values()), m.forward.report.fallback
 
 
 def _generates_as_eager(m, ids, new: int) -> None:

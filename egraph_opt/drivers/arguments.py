@@ -330,10 +330,11 @@ class Binder:
 
 
 def _tree(value: Any) -> tuple[list | None, Any]:
-    """The tensor leaves and spec of a registered pytree that is no list or dict (a cache, a tuple of tensors)."""
-    if value is None or isinstance(value, (torch.Tensor, *_SIMPLE)) or type(value) in (list, dict):
-        return None, None  # a container's subclass registered as one (a ModelOutput: encoder_outputs) is a tree, and
-    cache_pytrees()  # a tuple of tensors (XLNet's mems), which the program cannot write into
+    """The tensor leaves and spec of a registered pytree (a cache, a tuple of tensors, a ModelOutput, a dict of masks):
+    a program that writes into a list or dict it is given is refused where it is traced (``BoundCall.rebuild``)."""
+    if value is None or isinstance(value, (torch.Tensor, *_SIMPLE)):
+        return None, None
+    cache_pytrees()
     try:
         leaves, spec = tree_flatten(value)
     except Exception:  # noqa: BLE001 - a registered flatten refusing this one (a cache of Mamba's layers): no tree

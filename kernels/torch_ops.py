@@ -79,12 +79,15 @@ def _assumes(*tensors: torch.Tensor, reciprocal: bool = False) -> _Assumed | Non
 SPECULATE_UP_TO = 1 << 16
 
 
-def speculating(forward: Callable) -> Callable:
-    """``forward`` (a plan's run: pure, refusing random draws and writes to what its caller sees) run with each
-    host-path guard assuming its fast case, then every assumption read at once (on CPU a small reduction and a host
-    read cost microseconds each, as much as the op they guard); where one fails, run again with each guard reading
-    its own, which gives the careful result where it is needed. A plan whose run met fewer than ``SPECULATE_FROM``
-    guards reads each (the joint read's few ops cost more: a Qwen2 decode step, four guards, ran 3% slower)."""
+def speculating(forward: Callable, writes: bool = False) -> Callable:
+    """``forward`` (a plan's run: refusing random draws) run with each host-path guard assuming its fast case, then
+    every assumption read at once (on CPU a small reduction and a host read cost microseconds each, as much as the op
+    they guard); where one fails, run again with each guard reading its own, which gives the careful result where it
+    is needed. A plan whose run met fewer than ``SPECULATE_FROM`` guards reads each (the joint read's few ops cost more:
+    a Qwen2 decode step, four guards, ran 3% slower); one that ``writes`` its arguments back too (run again, it would
+    read what it wrote)."""
+    if writes:
+        return forward
     met = [SPECULATE_FROM]  # guards the last speculating run met
 
     def run(*args):

@@ -91,6 +91,26 @@ def test_a_program_writing_its_argument_and_a_value_of_its_own_is_optimized_and_
     assert g.report.optimized and "log1p" in g.report.ops_after, g.report
 
 
+def test_a_plan_writing_its_argument_back_runs_once_where_its_guards_assumed_wrong():
+    """A plan of many guarded attentions speculates (each guard assumes finite scores, read at once after); where the
+    scores overflow it ran again, and wrote the caller's counter twice."""
+    def f(q, k, v, n):
+        s = q.new_zeros(())
+        for i in range(9):
+            s = s + (torch.softmax((q * (i + 1)) @ k.transpose(-1, -2) / 4.0, -1) @ v).sum()
+        n.add_(1)
+        return s
+
+    g = saturate_and_extract(f, profile_budget=0)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 4, 8, 16).unbind()
+    for scale in (1.0, 1.0, 1e19, 1.0):  # 1e19: every score overflows
+        n, m = torch.zeros(()), torch.zeros(())
+        torch.testing.assert_close(g(q * scale, k * scale, v, n), f(q * scale, k * scale, v, m), equal_nan=True)
+        assert n == m == 1
+    assert g.report.optimized and g.report.kernels.get("torch.sdpa") == 9, g.report
+
+
 def test_a_program_updating_a_buffer_of_its_own_runs_untouched():
     """What no write-back expresses stays the original's: a buffer the program updates (state, not an argument)."""
     m = nn.Module()

@@ -24,6 +24,7 @@ from ..kernels.binding import Estimator, bind, default_estimate, region_chosen
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import PLAIN, TORCH
 from ..kernels.triton.codegen import REDUCTIONS, STATS, TEMPLATES, span
+from ..lang.ops import shape_attr
 from ..lang.program import WRITE, OpaqueRef, Program, leaves
 from ..lang.pattern import structural_ids
 from ..lang.term import Term, dtype_name, evaluate, postorder, topological
@@ -123,6 +124,22 @@ def _schedule(program: Program) -> list:
     return sorted(order, key=lambda item: key(item) in late)  # stable: each part keeps its order
 
 
+def _in_place(graph: fx.Graph, program: Program) -> None:
+    """A write-back ``copy_(x, f(x, ...))`` where nothing else reads x, f an ATen op keeping x's shape and dtype: f in
+    place (``index_copy_``), as the original wrote it: a StaticCache's step writes its row, not its cache twice."""
+    inputs = {t.attrs[0]: t.attrs[1:] for t in program.inputs}
+    for node in [n for n in graph.nodes if n.target is WRITE]:
+        x, made = node.args
+        call = program.opaque.get(made.name) if isinstance(made.target, torch._ops.OpOverload) else None
+        twin = call and getattr(getattr(torch.ops.aten, made.target._schema.name.split("::")[-1] + "_", None),
+                                made.target._overloadname, None)
+        if twin and made.args[0] is x and set(x.users) == {made, node} and call.meta and \
+                (shape_attr(call.meta[0]), dtype_name(call.meta[1])) == inputs.get(x.name):
+            made.target = twin
+            node.replace_all_uses_with(made)
+            graph.erase_node(node)
+
+
 def _held(owner: torch.nn.Module, name: str):
     for part in name.split("."):
         owner = getattr(owner, part)
@@ -147,6 +164,7 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
             build.value[("o", item)] = build.graph.create_node(call.kind, call.target, args, kwargs, name=item)
     graph = build.graph
     graph.output(map_aggregate(program.outputs, build.arg))
+    _in_place(graph, program)
     for node in graph.nodes:  # x @ w.T, w held of rank 2: aten's linear runs that matmul, and no transpose
         w = node.args[1] if node.target is operator.matmul else None
         if getattr(w, "target", None) is torch.transpose and w.args[0].op == "get_attr" and \
@@ -159,7 +177,8 @@ def build_module(program: Program, root: torch.nn.Module | None = None, device: 
                              for n in graph.nodes if n.op in ("get_attr", "call_module")}, graph)
     module.graph.lint()
     plain_attributes(module)
-    module.pure, module.kernels = pure, ({"folded": folded} if folded else {}) | dict(sorted(Counter(
+    module.pure, module.writes = pure, bool(program.written())  # its arguments written back: run once, never twice
+    module.kernels = ({"folded": folded} if folded else {}) | dict(sorted(Counter(
         build.named[n] for n in graph.nodes if n in build.named).items()))
     return module
 

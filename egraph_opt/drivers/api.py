@@ -264,13 +264,13 @@ def _and_backward(fn: Callable) -> Callable:
 def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
     """The built module's generated code called directly (Module.__call__ and fx's wrapper cost microseconds; no hook is
     on a module only this plan holds), its outputs as the original returned them (a ``ModelOutput`` stays one)."""
-    forward = speculating(module.forward)
+    forward = speculating(module.forward, module.writes)
     return (lambda *args: forward(*args)[0]) if returns.is_leaf() else \
         (lambda *args: tree_unflatten(forward(*args), returns))
 
 
 def _into(call: BoundCall, module: torch.fx.GraphModule, returns: TreeSpec) -> Into | None:
-    return Into(speculating(module.forward), returns) if call.returned and returns.num_children else None
+    return Into(speculating(module.forward, module.writes), returns) if call.returned and returns.num_children else None
 
 
 def _autocast() -> tuple:
@@ -507,7 +507,7 @@ class OptimizedFunction:
             else:  # its sizes at the size of each call
                 (family, holes), (i, d) = second.shared, variable.free(call.tensors)[0]
                 sizes = functools.lru_cache(4096)(lambda n: [at(u, v, (*span[:2], n)) for u, v in holes])
-                module = types.SimpleNamespace(kernels=first.module.kernels,
+                module = types.SimpleNamespace(kernels=first.module.kernels, writes=first.module.writes,
                                                forward=lambda *t: family.forward(*sizes(t[i].shape[d]), *t))
             run, was.kernels = runner(module, first.returns), module.kernels
             if self.validate:

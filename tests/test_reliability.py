@@ -91,6 +91,23 @@ def test_a_program_writing_its_argument_and_a_value_of_its_own_is_optimized_and_
     assert g.report.optimized and "log1p" in g.report.ops_after, g.report
 
 
+def test_a_call_whose_written_argument_shares_memory_with_another_runs_the_original():
+    """``f(a, a)``: the original's read of y sees its write of x; the plan, traced with them apart, would read the old
+    values. A call where a written argument shares memory with another runs the original; apart, the plan."""
+    def f(x, y):
+        x.add_(1)
+        return torch.log(1 + y.abs())
+
+    g = saturate_and_extract(f)
+    for aliased in (False, True, False, True):
+        a, b = torch.randn(4), torch.randn(4)
+        mine = a.clone()
+        b, theirs = (a, mine) if aliased else (b, b.clone())
+        torch.testing.assert_close(g(a, b), f(mine, theirs))
+        torch.testing.assert_close(a, mine)
+    assert g.report.optimized and "log1p" in g.report.ops_after, g.report
+
+
 def test_a_plan_writing_its_argument_back_runs_once_where_its_guards_assumed_wrong():
     """A plan of many guarded attentions speculates (each guard assumes finite scores, read at once after); where the
     scores overflow it ran again, and wrote the caller's counter twice."""

@@ -207,6 +207,7 @@ class Plan:
     key: tuple = ()  # its key in the plan cache
     returned: tuple = ()  # arguments rebuilt from their leaves that the original returns as themselves
     into: Into | None = None  # what a call returns where ``returned`` names any
+    writes: tuple = ()  # the arguments it writes back: a call where one shares memory with another runs the original
 
 
 @dataclass
@@ -271,6 +272,13 @@ def runner(module: torch.fx.GraphModule, returns: TreeSpec) -> Callable:
 
 def _into(call: BoundCall, module: torch.fx.GraphModule, returns: TreeSpec) -> Into | None:
     return Into(speculating(module.forward, module.writes), returns) if call.returned and returns.num_children else None
+
+
+def _shared(tensors: tuple, writes: tuple) -> bool:
+    """Whether an argument a plan writes shares memory with another (``f(x, x)``): the plan reads the other's old values
+    (traced apart), the original its new ones."""
+    memory = [t.untyped_storage().data_ptr() for t in tensors]
+    return any(memory[i] and memory.count(memory[i]) > 1 for i in writes)
 
 
 def _autocast() -> tuple:
@@ -377,7 +385,7 @@ class OptimizedFunction:
 
     def _ran(self, plan: Plan, tensors, arguments: dict, args: tuple, kwargs: dict):
         """What ``plan`` returns for a call of ``tensors`` (``arguments``: the call's by name)."""
-        if plan.run is None:
+        if plan.run is None or plan.writes and _shared(tensors, plan.writes):
             return self.fn(*args, **kwargs)
         if plan.into is not None:  # an argument the original updates and returns (a KV cache)
             return plan.into(tensors, [arguments[name] for name in plan.returned])
@@ -517,7 +525,8 @@ class OptimizedFunction:
             return None
         if was.validation and not was.validation.passed:
             return None
-        plan = Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns))
+        plan = Plan(run, was, None, returned=tuple(call.returned), into=_into(call, module, first.returns),
+                    writes=first.program.written())
         free, most = (0, 0) if isinstance(second.shared, str) else self._free(second, call, variable), REACH * max(span[:2])
         if check := variable.check(call.tensors, most, free):  # its bounds: the export's guards' (a window's n <= w)
             plan.guard, second.serving, was.sizes = (check, _FAMILY), plan, f"{was.sizes}; it serves them all, n = {max(2, free[0])}.." \
@@ -596,9 +605,9 @@ class OptimizedFunction:
         if unchanged(program, result.program) and not any(k.startswith("triton.") for k in module.kernels):
             report.kernels = {}  # it binds none
             return Plan(None, report, result.egraph, result)
-        plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned),
-                    into=_into(call, module, returns))
         writes = program.written()
+        plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned),
+                    into=_into(call, module, returns), writes=writes)
         timed = call.as_called(self.fn, plan.into, plan.returned, writes) if plan.into else (target, plan.run)
         if writes:  # each timed run from the caller's values, on copies of them
             args, saved = tuple(a.clone() for a in args), [args[i].clone() for i in writes]

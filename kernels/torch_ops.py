@@ -338,6 +338,13 @@ def sdpa_masked(q, k, v, bias, scale):
     return out if dead is None else out.masked_fill(dead, float("nan"))
 
 
+@functools.lru_cache(maxsize=8)
+def _causal(queries: int, keys: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch's causal mask (``is_causal``: aligned top left), as a keep-mask or a bias (0 kept, -inf above; -0.0 = 0)."""
+    return torch.ones(queries, keys, dtype=dtype, device=device).tril() if dtype == torch.bool else \
+        torch.full((queries, keys), -math.inf, dtype=dtype, device=device).triu(1)
+
+
 #: id(bias) -> (weak reference, what identifies its values, its facts); a few masks per program and size (a
 #: generation's decode steps: one per size, a long generation's thousands)
 _MASK_FACTS: dict[int, tuple] = {}
@@ -352,12 +359,11 @@ def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | Non
     seen = _MASK_FACTS.get(id(mask))
     if key is not None and seen is not None and seen[0]() is mask and seen[1] == key:
         return seen[2]
-    none = bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any())  # one pass (a NaN is no 0 added)
-    keep = mask if mask.dtype == torch.bool or none else ~torch.isneginf(mask)  # (none: not read)
     square = mask.shape[-2:] == (queries, keys) and all(n == 1 for n in mask.shape[:-2])
-    causal = not none and square and torch.equal(keep.reshape(queries, keys), torch.ones(
-        queries, keys, dtype=torch.bool, device=mask.device).tril()) and \
-        (mask.dtype == torch.bool or not bool(mask.reshape(queries, keys).tril().any()))
+    causal = square and queries > 1 and torch.equal(mask.reshape(queries, keys), _causal(queries, keys, mask.dtype,
+                                                                                          mask.device))
+    none = not causal and (bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any()))  # a NaN adds one
+    keep = mask if mask.dtype == torch.bool or none or causal else ~torch.isneginf(mask)  # (none, causal: not read)
     dead = None if causal or none else ~keep.any(-1, keepdim=True)
     facts = causal, (dead if dead is not None and bool(dead.any()) else None), none
     if key is not None:

@@ -321,6 +321,22 @@ def test_a_dict_or_list_of_tensors_is_an_argument_of_tensors_and_one_the_program
     assert "updates argument 'm'" in g.report.fallback, g.report.fallback
 
 
+def test_a_constant_that_changes_every_call_traces_a_bounded_number_of_plans_then_runs_the_original():
+    """A sliding window StaticCache counts its tokens in a Python int (control flow reads it): each decode step's key
+    was new, and each traced its own plan. As torch.compile's recompile limit: at most RETRACES per shapes."""
+    f = saturate_and_extract(lambda x, n: torch.log(1 + torch.exp(x)) * n, profile_budget=0)
+    x = torch.randn(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in range(api.RETRACES + 3):
+            torch.testing.assert_close(f(x, n), torch.log(1 + torch.exp(x)) * n)
+    assert sum(p.report.optimized for p in f.plans.values()) == api.RETRACES
+    assert "recompile limit" in f.report.fallback, f.report.fallback
+    y = torch.randn(4)  # other shapes: traced anew
+    torch.testing.assert_close(f(y, 1), torch.log(1 + torch.exp(y)))
+    assert f.report.optimized
+
+
 class _Box:
     """A pytree whose registered flatten refuses some of its objects, as transformers' refuses a DynamicCache of
     Mamba's layers."""

@@ -11,7 +11,7 @@ import threading
 import types
 import warnings
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -21,7 +21,7 @@ import torch
 from torch._C._dynamo.guards import TensorGuards as _Exact
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_structure, tree_unflatten
 
-from .arguments import Binder, BoundCall, Into, Layout
+from .arguments import Binder, BoundCall, Into, Layout, _tensor_key
 from .families import REACH, Apart, Families, Sample, at, shared
 from ..frontends.capture import SideEffect, cache_pytrees, capture, capturing, free_sizes, returned
 from ..egraph.engine import EGraph, InvariantError
@@ -58,6 +58,9 @@ def _missed(args: tuple, kwargs: dict):
 #: plans one decorated program keeps at most (input signatures and states together): beyond it,
 #: the least recently used plan is dropped
 MAX_PLANS = 256
+#: plans traced for tensors of one set of shapes at most, each for other constants (torch.compile's recompile limit):
+#: a number that changes every call (a sliding window StaticCache's count of tokens) would trace every call
+RETRACES = 8
 #: a program measured this much slower than the original is slower beyond noise (medians of interleaved calls)
 SLOWER_BY = 1.02
 
@@ -318,7 +321,7 @@ class OptimizedFunction:
         self._compiling = threading.RLock()  # one first call at a time: others wait for its plan
         self._last: Plan | None = None
         self._again: Callable[[tuple, dict], Any] = _missed  # the last plan, if a call is its again
-        self._state, self._families = StateKey(fn), Families()
+        self._state, self._families, self._traced = StateKey(fn), Families(), Counter()
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         try:
             self._signature: inspect.Signature | None = inspect.signature(target)
@@ -467,7 +470,11 @@ class OptimizedFunction:
             plan = self._from_family(call, report, key)  # a refused call's family: its one plan, which runs the original
             if call.refused and (plan is None or plan.run is not None):
                 plan = self._untouched(report, call.refused)
+            elif plan is None and self._traced[shapes := _tensor_key(call.tensors)] >= RETRACES:
+                plan = self._untouched(report, f"{RETRACES} plans were traced for tensors of these shapes, each for other "
+                                       "constants (torch.compile's recompile limit): one changes every call")
             elif plan is None:
+                self._traced[shapes] += 1
                 with Watch(self.fn) as watch:
                     plan, changed = self._optimize(call, report, watch, made), watch.changes()
                 if changed and plan.run is not None:

@@ -492,8 +492,7 @@ class OptimizedFunction:
         """The plan of a size of a family (``families.py``) made from its two samples, validated; None where there is
         none or it fails validation (then it is optimized). Where a sample fell back, so does the size. It runs the
         family's one module, else one built for its size."""
-        found = self._families.find(key)
-        if found is None:
+        if (found := self._families.find(key)) is None:
             return None
         first, second, variable, n = found
         span = (first.sizes[variable.at[0]], second.sizes[variable.at[0]], n)

@@ -282,9 +282,9 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
             raise CaptureError(f"{len(example_args)} arguments given, the traced program takes {len(placeholders)}")
         effects, in_place, functional, writes = mutations(gm)
         if effects and functional:  # writes into its own values or arguments: torch.export's functional form writes
-            with draws:  # none, or writes arguments back at its end
-                again = mutations(pure := trace(fn, example_args, functional=True))
-            (effects, in_place, _, writes), gm = (again, pure) if not again[0] else ((effects, in_place, 0, writes), gm)
+            with draws, contextlib.suppress(CaptureError):  # none, or writes arguments back at its end; where it
+                again = mutations(pure := trace(fn, example_args, functional=True))  # cannot trace, the writes are why
+                (effects, in_place, _, writes), gm = (again, pure) if not again[0] else ((effects, in_place, 0, writes), gm)
         if effects:
             raise SideEffect(f"{name} mutates {', '.join(effects)}")
         with draws:

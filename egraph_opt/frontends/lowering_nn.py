@@ -49,10 +49,12 @@ def _sdpa(c, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
     scale = 1.0 / math.sqrt(c.info(q).shape[-1]) if scale is None else scale
     if attn_mask is None:
         return Term("sdpa", (q, k, v), (float(scale), bool(is_causal)))
-    if c.info(attn_mask).dtype == torch.bool:  # True attends: an additive bias of 0 / -inf
-        attn_mask = Term("where", (attn_mask, Term.const(0.0), Term.const(float("-inf"))))
-    # torch's kernel gives 0 for a query whose every key is masked (a left-padded row), as
-    # _safe_softmax does; sdpa_masked, the spelled softmax's NaN there
+    # torch's kernel gives 0 for a query whose every key is masked (a left-padded row), as _safe_softmax does;
+    # sdpa_masked, the spelled softmax's NaN there. True attends: a bias of 0 / -inf, whose row maximum is below 0
+    if c.info(attn_mask).dtype == torch.bool:  # where no key is kept
+        bias = Term("where", (attn_mask, Term.const(0.0), Term.const(float("-inf"))))
+        dead = Term("less", (Term("max", (bias,), (-1, True)), Term.const(0.0)))
+        return Term("where", (dead, Term.const(0.0), Term("sdpa_masked", (q, k, v, bias), (float(scale),))))
     return safe_rows(Term("max", (attn_mask,), (-1, True)), Term("sdpa_masked", (q, k, v, attn_mask), (float(scale),)),
                      str(c.info(q).dtype).removeprefix("torch."))  # the output's
 

@@ -574,13 +574,14 @@ class OptimizedFunction:
             raise SideEffect(f"{', '.join(hooks)} run around the call: a plan of its forward would skip them")
         target, args = call.traceable(self.fn), call.tensors
         program, traced = capture(target, args)
+        writes = program.written()  # the arguments it writes back: validated, timed and guarded as such
         if watch.changes() and not watch.settles(lambda: target(*(a.clone() for a in args))):
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
         self._state.hold(traced)
         if not self.validate:  # else validation's run of the original shows it
             with torch.no_grad():
                 _, written, original_s = run_counting_writes(target, args)
-            self._refuse_writes([i for i in written if i not in program.written()], call.names)
+            self._refuse_writes([i for i in written if i not in writes], call.names)
         # torch.export's outputs stay flat leaves; fx's tracer keeps the type of a ModelOutput (fx makes it a dict)
         returns = getattr(traced, "_out_spec", None) or traced.meta.get("returns") or \
             tree_structure(returned(program.outputs))
@@ -600,7 +601,7 @@ class OptimizedFunction:
             for older in self._plans.values():
                 older.egraph = older.optimized = None
         if self.validate:
-            report.validation = self._validated(call, run, lambda: program, program.written())
+            report.validation = self._validated(call, run, lambda: program, writes)
             self._refuse_writes(report.validation.written, call.names)
             original_s = report.validation.original_s
             if report.validation.bounded:
@@ -611,7 +612,6 @@ class OptimizedFunction:
         if unchanged(program, result.program) and not any(k.startswith("triton.") for k in module.kernels):
             report.kernels = {}  # it binds none
             return Plan(None, report, result.egraph, result)
-        writes = program.written()
         plan = Plan(run, report, result.egraph, result, returned=tuple(call.returned),
                     into=_into(call, module, returns), writes=writes)
         timed = call.as_called(self.fn, plan.into, plan.returned, writes) if plan.into else (target, plan.run)

@@ -71,24 +71,44 @@ def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict,
         dtype[id(t)] = rounded.dtype if rounded.is_floating_point() else None
         if dtype[id(t)] in LOW and exact[id(t)].requires_grad:
             error = (rounded.double() - reference - _dropped(t.op, wide)).abs()
+            error = error + _flat(t, wide, reference) if (error == 0).any() and t.op not in _DROPS else error
             local[id(t)] = torch.where(error.isnan() & ~reference.isnan(), math.inf, error)
         elif dtype[id(t)] is torch.float64 and OPS[t.op].rounding == "rounds" and exact[id(t)].requires_grad:
-            local[id(t)] = _dropped(t.op, wide).abs() if t.op in ("add", "sub", "mul") else \
+            local[id(t)] = _dropped(t.op, wide).abs() if t.op in _DROPS else \
                 _float64_error(t, wide, reference)
     return exact, dtype, local
 
 
 def _float64_error(t: Term, wide: list, reference: torch.Tensor) -> torch.Tensor:
     """A float64 op's own error, which no float64 reference shows: half an ulp, but none where the op in float32
-    is exact there too (1 / -1, tanh at 1e30: their neighbours' errors times a large derivative are no error)."""
+    is exact there too (1 / -1, tanh at 1e30: their neighbours' errors times a large derivative are no error), but
+    where it is flat (``_flat``)."""
     single = OPS[t.op].impl(*(a.float() if isinstance(a, torch.Tensor) else a for a in wide), *t.attrs).double()
-    return torch.fmin(reference.detach().abs() * 2.0 ** -53, (single - reference.detach()).abs() * 2.0 ** -29)
+    return torch.fmin(reference.detach().abs() * 2.0 ** -53,
+                      torch.fmax((single - reference.detach()).abs() * 2.0 ** -29, _flat(t, wide, reference)))
+
+
+def _flat(t: Term, wide: list, reference: torch.Tensor) -> torch.Tensor:
+    """How far the op's value is from its float64 one where it is flat there, moving less than half an ulp as its
+    operands double: by that move (exp(1e-38) is 1 in float64, and 1e-38 from it); 0 elsewhere."""
+    moved = torch.zeros(())
+    for i, a in enumerate(wide):  # sum |a_i df/da_i|, in forward mode: a broadcast operand's terms stay apart
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            try:
+                moved = moved + torch.func.jvp(lambda v: OPS[t.op].impl(*wide[:i], v, *wide[i + 1:], *t.attrs),
+                                               (a.detach(),), (a.detach(),))[1].abs()
+            except RuntimeError:  # no forward derivative: as exact as float64 finds it
+                pass
+    return torch.where(moved < reference.detach().abs() * 2.0 ** -53, moved, 0.0)
+
+
+_DROPS = ("add", "sub", "mul")  # the ops whose float64 error ``_dropped`` finds exactly
 
 
 def _dropped(op: str, operands: list):
     """What float64 drops of a sum or product (Knuth's TwoSum, Dekker's TwoProduct): 1 + 1e-20 is 1 there too, and
     a float32 sum's error would read 0, a float64 node's none; 0 for any other op, or where not finite."""
-    if op not in ("add", "sub", "mul"):
+    if op not in _DROPS:
         return 0.0
     a, b = (torch.as_tensor(v, dtype=torch.float64) for v in operands)
     if op == "mul":

@@ -17,7 +17,7 @@ from egraph_opt.lang.term import Term
 def _traces(monkeypatch) -> list:
     """The sizes of each call that is traced (captured): the calls not made from a family."""
     seen, capture = [], api.capture
-    monkeypatch.setattr(api, "capture", lambda fn, args: seen.append(tuple(a.shape for a in args)) or capture(fn, args))
+    monkeypatch.setattr(api, "capture", lambda fn, args, *f: seen.append(tuple(a.shape for a in args)) or capture(fn, args, *f))
     return seen
 
 

@@ -214,7 +214,7 @@ def test_optimized_is_not_made_wrong(seed, kind, ranges, shapes, text, objective
 # seed, the stateful program it draws (kept verbatim: the test checks the seed still draws it)
 STATEFUL = [
     # x += y on an argument: fx's Proxy has no __iadd__, so the trace records x + y; running the
-    # original once on clones shows the write (the program then runs untouched)
+    # original once on clones shows the write (then traced again in torch.export's functional form)
     pytest.param(39, {"template": "augmented", "body": "log1p-abs", "c": -1.0, "calls": [False, False],
                       "class": "extreme"}),
     # relu(softmax_naive(v) - 2) * y at a row [inf, 1.75, inf, 3.4e38]: 0 where the original is NaN,

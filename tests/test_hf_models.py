@@ -349,7 +349,7 @@ def test_a_generation_is_traced_three_times_and_its_other_decode_steps_made_from
     import transformers as tf
     import egraph_opt.drivers.api as api
     traced, capture, built, build = [], api.capture, [], api.build_module
-    monkeypatch.setattr(api, "capture", lambda fn, args: traced.append(1) or capture(fn, args))
+    monkeypatch.setattr(api, "capture", lambda fn, args, *f: traced.append(1) or capture(fn, args, *f))
     monkeypatch.setattr(api, "build_module", lambda *a, **k: built.append(1) or build(*a, **k))
     torch.manual_seed(0)
     config = tf.LlamaConfig(**_DECODER) if head.startswith("Llama") else \
@@ -410,7 +410,7 @@ def test_a_generation_whose_plans_fell_back_binds_only_calls_laid_out_anew(monke
     import egraph_opt.drivers.api as api
     from egraph_opt.frontends.capture import CaptureError
 
-    def fails(fn, args):
+    def fails(fn, args, *functional):
         raise CaptureError("made to fail")
     monkeypatch.setattr(api, "capture", fails)
     torch.manual_seed(0)

@@ -569,11 +569,11 @@ class OptimizedFunction:
         warnings.warn(f"egraph-opt: {report.signature} runs untouched: {why}", stacklevel=3)
         return Plan(None, report, found.egraph if found else None, found)
 
-    def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample) -> Plan:
+    def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample, functional: bool = False) -> Plan:
         if hooks := around(self.fn):
             raise SideEffect(f"{', '.join(hooks)} run around the call: a plan of its forward would skip them")
         target, args = call.traceable(self.fn), call.tensors
-        program, traced = capture(target, args)
+        program, traced = capture(target, args, functional)
         writes = program.written()  # the arguments it writes back: validated, timed and guarded as such
         if watch.changes() and not watch.settles(lambda: target(*(a.clone() for a in args))):
             raise SideEffect(_changes(self._name, watch.changes()))  # a trace left it: no plan keeps it
@@ -581,7 +581,8 @@ class OptimizedFunction:
         if not self.validate:  # else validation's run of the original shows it
             with torch.no_grad():
                 _, written, original_s = run_counting_writes(target, args)
-            self._refuse_writes([i for i in written if i not in writes], call.names)
+            if self._unseen_writes([i for i in written if i not in writes], call.names, functional):
+                return self._optimize(call, report, watch, made, functional=True)
         # torch.export's outputs stay flat leaves; fx's tracer keeps the type of a ModelOutput (fx makes it a dict)
         returns = getattr(traced, "_out_spec", None) or traced.meta.get("returns") or \
             tree_structure(returned(program.outputs))
@@ -602,7 +603,8 @@ class OptimizedFunction:
                 older.egraph = older.optimized = None
         if self.validate:
             report.validation = self._validated(call, run, lambda: program, writes)
-            self._refuse_writes(report.validation.written, call.names)
+            if self._unseen_writes(report.validation.written, call.names, functional):
+                return self._optimize(call, report, watch, made, functional=True)
             original_s = report.validation.original_s
             if report.validation.bounded:
                 report.bounded.append(f"validation: {report.validation.bounded}")
@@ -665,9 +667,12 @@ class OptimizedFunction:
                                   "the plan's speed is unchecked")
         return plan
 
-    def _refuse_writes(self, written: tuple[int, ...], names: list[str]) -> None:
-        if written:  # fx traces ``x += y`` as ``x + y``: only running the original shows it
+    def _unseen_writes(self, written: tuple[int, ...], names: list[str], functional: bool) -> bool:
+        """Whether to trace again in torch.export's functional form, which sees the arguments the original wrote where
+        the trace did not (fx traces ``x += y`` as ``x + y``); refused where that form missed them too."""
+        if written and functional:
             raise SideEffect(f"{self._name} mutates {', '.join(f'argument {names[i]!r}' for i in written)}")
+        return bool(written)
 
     def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
                             error: tuple | None = None) -> bool:

@@ -264,8 +264,9 @@ def _unshared(args: tuple) -> tuple:
     return tuple(out)
 
 
-def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]:
-    """Trace ``fn`` and lower it on ``example_args``: one Program per input signature."""
+def capture(fn: Callable, example_args: tuple, functional: bool = False) -> tuple[Program, fx.GraphModule]:
+    """Trace ``fn`` and lower it on ``example_args``: one Program per input signature; ``functional``: torch.export's
+    functional form at once (fx traces ``x += y`` as ``x + y``, which only a run of the original shows)."""
     for name, arg in zip(_parameter_names(fn, len(example_args)), example_args):
         if not isinstance(arg, torch.Tensor):
             raise CaptureError(f"argument {name!r} is a {type(arg).__name__}; egraph-opt optimizes "
@@ -276,7 +277,7 @@ def capture(fn: Callable, example_args: tuple) -> tuple[Program, fx.GraphModule]
     with _CAPTURING, contextlib.ExitStack() as done:  # autocast caches each weight's cast for the rest of its region:
         done.callback(torch.clear_autocast_cache)  # the trace's fake ones would serve the caller's next calls
         with draws:
-            gm = trace(fn, example_args)
+            gm = trace(fn, example_args, functional)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(example_args):
             raise CaptureError(f"{len(example_args)} arguments given, the traced program takes {len(placeholders)}")

@@ -71,7 +71,8 @@ def _local_errors(root: Term, env: dict[str, torch.Tensor]) -> tuple[dict, dict,
         dtype[id(t)] = rounded.dtype if rounded.is_floating_point() else None
         if dtype[id(t)] in LOW and exact[id(t)].requires_grad:
             error = (rounded.double() - reference - _dropped(t.op, wide)).abs()
-            error = error + _flat(t, wide, reference) if (error == 0).any() and t.op not in _DROPS else error
+            if t.op not in _DROPS and ((error == 0) & (reference != 0)).any():
+                error = error + _flat(t, wide, reference)
             local[id(t)] = torch.where(error.isnan() & ~reference.isnan(), math.inf, error)
         elif dtype[id(t)] is torch.float64 and OPS[t.op].rounding == "rounds" and exact[id(t)].requires_grad:
             local[id(t)] = _dropped(t.op, wide).abs() if t.op in _DROPS else \

@@ -238,6 +238,16 @@ def test_a_float64_op_exact_in_float32_there_is_exact():
     assert rounding_error(_wide(term), env).bits.max() <= 1
 
 
+def test_a_value_float64_rounds_flat_is_off_by_its_move():
+    """exp(x) - 1 at x = 1e-30: exp is 1 in float32 and float64 alike, yet 1e-30 from it, and the difference, 0, loses
+    every digit (expm1 keeps them). Taken as exact, exp read 0 bits there, and the stability objective chose
+    1 + d (exp(-x) - 1) over d expm1(-x), 1 off at x = 1.2e-38 (fuzz seed 3902000045)."""
+    env = {"x": torch.full((4, 16), 1e-30)}
+    assert rounding_error(op("sub", op("exp", X), ONE), env).bits.min() >= 24
+    assert rounding_error(_wide(op("sub", op("exp", X), ONE)), env).bits.min() >= 24  # float64's exp is flat too
+    assert rounding_error(op("expm1", X), env).bits.max() <= 1
+
+
 @pytest.mark.parametrize("latency, bits, taken", [(220, 8.0, True), (260, 8.0, False), (260, 6.0, True),
                                                   (90, 8.0, True)])
 def test_fewer_bits_buy_less_time(latency, bits, taken):

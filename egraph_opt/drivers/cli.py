@@ -85,9 +85,8 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
     from ..kernels.binding import usable
     from ..kernels.registry import MOVES, copies, kernels_for
     records, backends = [], set()
-    for kernel in (k for op in ops for k in kernels_for(op)):
-        if kernel.db_backend == "torch" or not usable(kernel, args.device) or args.device not in kernel.devices:
-            continue
+    for kernel in (k for op in ops for k in kernels_for(op)
+                   if k.db_backend != "torch" and usable(k, args.device) and args.device in k.devices):
         cases = [c for c in grid([kernel.op], args.dtype, args.sizes) if c.dtype in kernel.dtypes]
         records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=kernel)
         backends.add(kernel.backend)  # its memory: the moves into it and out
@@ -240,4 +239,3 @@ def _run(args: argparse.Namespace, prog: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

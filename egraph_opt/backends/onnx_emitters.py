@@ -143,8 +143,7 @@ def _expm1(em, t):
     """ONNX has no expm1, and exp(x) - 1 loses every digit of a tiny x. Kahan's form: (u - 1) * x / log(u), u = exp(x)
     rounded; x where u rounds to 1, -1 where u - 1 does, u where u - 1 == u (large x: inf / inf)."""
     x, dtype = em.value(t.args[0]), em.dtype(t.args[0])
-    one, minus_one = em.scalar(1.0, dtype), em.scalar(-1.0, dtype)
-    u = em.node("Exp", [x], "expm1")
+    one, minus_one, u = em.scalar(1.0, dtype), em.scalar(-1.0, dtype), em.node("Exp", [x], "expm1")
     u_minus_1 = em.node("Sub", [u, one], "expm1")
     r = em.node("Mul", [u_minus_1, em.node("Div", [x, em.node("Log", [u], "expm1")], "expm1")], "expm1")
     r = em.node("Where", [em.node("Equal", [u, one], "expm1"), x, r], "expm1")
@@ -248,9 +247,8 @@ def _causal_bias(em, q, k) -> str:
 
 def _linear(em, t):
     x, w, b = t.args
-    if em.rank(x) == 2:
-        return em.node("Gemm", _args(em, t), "linear", transB=1)
-    return emit_tree(em, Term("add", (Term("matmul", (x, Term("transpose", (w,), (-2, -1)))), b)))
+    return em.node("Gemm", _args(em, t), "linear", transB=1) if em.rank(x) == 2 else \
+        emit_tree(em, Term("add", (Term("matmul", (x, Term("transpose", (w,), (-2, -1)))), b)))
 
 
 def _linear_act(em, t, activation):
@@ -303,13 +301,11 @@ def _logaddexp(em, t):
 def _atan2(em, t):
     """ONNX has no atan2: atan(y / x), +-pi in the left half-plane (x < 0 or -0), +-pi/2 on the y axis, signed zeros."""
     y, x = t.args
-    dtype = em.dtype(y) if y.op != "const" else em.dtype(x)
-    yv, xv = em.value(y, x), em.value(x, y)
+    dtype, yv, xv = em.dtype(y) if y.op != "const" else em.dtype(x), em.value(y, x), em.value(x, y)
 
     def n(op: str, *inputs: str) -> str:
         return em.node(op, list(inputs), "atan2")
-    zero, pi = em.scalar(0.0, dtype), em.scalar(math.pi, dtype)
-    base = n("Atan", n("Div", yv, xv))
+    zero, pi, base = em.scalar(0.0, dtype), em.scalar(math.pi, dtype), n("Atan", n("Div", yv, xv))
     left = n("Or", n("Less", xv, zero), n("And", n("Equal", xv, zero), n(
         "Equal", n("Div", em.scalar(1.0, dtype), xv), em.scalar(-math.inf, dtype))))
     y_neg = n("Or", n("Less", yv, zero), n("Equal", n("Div", em.scalar(1.0, dtype), yv), em.scalar(-math.inf, dtype)))

@@ -101,8 +101,7 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
 def nodes_in_order(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
     """Nodes with producers first; a cycle or an undefined input is an error naming the node."""
     known = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    users, waiting = {}, []
+    producer, users, waiting = {out: i for i, n in enumerate(graph.node) for out in n.output if out}, {}, []
     for i, node in enumerate(graph.node):
         for name in node.input:
             if name and name not in known and name not in producer:
@@ -112,8 +111,7 @@ def nodes_in_order(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
         for d in mine:
             users.setdefault(d, []).append(i)
         waiting.append(len(mine))
-    ready = [i for i, w in enumerate(waiting) if w == 0]  # ascending: already a heap
-    order = []
+    ready, order = [i for i, w in enumerate(waiting) if w == 0], []  # ready ascending: already a heap
     while ready:  # smallest index first: a sorted graph keeps its order
         i = heapq.heappop(ready)
         order.append(i)
@@ -188,8 +186,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     if opset_of(model) < MIN_OPSET:
         raise OnnxImportError(f"{where}: opset {opset_of(model)} is older than {MIN_OPSET}; "
                               "convert it with onnx.version_converter first")
-    graph = model.graph
-    nodes = nodes_in_order(graph, where)
+    graph, nodes = model.graph, nodes_in_order(model.graph, where)
     im, inputs = _importer(model, where, nodes), []
     for info in graph.input:
         if (vt := im.types.get(info.name)) is None or vt.shape is None:
@@ -274,8 +271,7 @@ def _convert_node(im: Importer, node: onnx.NodeProto, shapeless: set[str]) -> No
     results = results if isinstance(results, tuple) else (results,)
     if any(out in im.used for out in node.output[len(results):]):
         raise Unsupported("an extra output is used")
-    for out, term in zip(node.output, results):
-        im.terms[out] = term
+    im.terms.update(zip(node.output, results))
 
 
 def static_type(vt: ValueType | None) -> bool:

@@ -132,7 +132,6 @@ class Explorer:
         self._priced: dict[tuple, PricedProgram] = {}
 
     # --- what the extractor chose ---
-
     @functools.cached_property
     def chosen(self) -> dict:
         """The e-node the extracted program takes in each e-class it computes."""
@@ -179,7 +178,6 @@ class Explorer:
         return cid
 
     # --- the tables ---
-
     def classes(self, changed: bool = False) -> Table:
         """One row per e-class; ``changed``: only classes rewrites added to or created."""
         rows, items = [], []
@@ -188,8 +186,7 @@ class Explorer:
             if changed and len(nodes) == 1 and cid in self.loaded.values():
                 continue
             shape, dtype = self.meta.get(cid, ("?", "?"))
-            lo, hi = self.snap.ranges.get(cid, (-float("inf"), float("inf")))
-            pick = self.chosen.get(cid)
+            (lo, hi), pick = self.snap.ranges.get(cid, (-float("inf"), float("inf"))), self.chosen.get(cid)
             rows.append([cid, ", ".join(n.op for n in nodes), list(shape) if shape != "?" else "?",
                          str(dtype).removeprefix("torch."), f"[{lo:.3g}, {hi:.3g}]", _node_text(pick) if pick else "-",
                          self.cost_of(cid, pick)["cost"] if pick else "-"])
@@ -272,16 +269,14 @@ class Explorer:
         verdict = (f"the extracted program costs {other.cost - mine.cost} less" if other.cost > mine.cost
                    else "it costs the same: the extractor keeps the first of equals" if other.cost == mine.cost
                    else "it costs less: the extractor's DAG choice is greedy, not optimal")
-        note = verdict + ("" if held else "; it is not in the e-graph: no rule derives it")
-        return Table(f"why not this program of {self.name}", ["", "extracted", "candidate"],
-                     _side_by_side(mine, other), note=note)
+        return Table(f"why not this program of {self.name}", ["", "extracted", "candidate"], _side_by_side(mine, other),
+                     note=verdict + ("" if held else "; it is not in the e-graph: no rule derives it"))
 
     def _why_not_rule(self, name: str) -> Table:
         if (rule := catalogue().get(name)) is None:
             raise KeyError(f"no rule {name!r}; `egraph-opt rules` lists them")
-        rows = []
-        if not any(r.name == name for r in self.rules):
-            rows.append(["ruleset", f"{name} was not among the rules of this run"])
+        rows = [] if any(r.name == name for r in self.rules) else \
+            [["ruleset", f"{name} was not among the rules of this run"]]
         lhs, found = rule.pairs()[0][0], self.failures(rule)
         if not found:
             present = any(n.op == lhs.op for nodes in self.snap.classes.values() for n in nodes)

@@ -119,9 +119,8 @@ def render(source: str, fallback: str) -> SVG | TextPicture:
         done = subprocess.run([dot, "-Tsvg"], input=source, capture_output=True, text=True, timeout=DOT_SECONDS)
     except subprocess.TimeoutExpired:
         return TextPicture(f"dot took over {DOT_SECONDS} s: a text rendering instead\n{fallback}")
-    if done.returncode != 0:
-        return TextPicture(f"dot failed ({done.stderr.strip()[:200]}): a text rendering instead\n{fallback}")
-    return SVG(done.stdout)
+    return SVG(done.stdout) if done.returncode == 0 else \
+        TextPicture(f"dot failed ({done.stderr.strip()[:200]}): a text rendering instead\n{fallback}")
 
 
 def _q(text: str) -> str:
@@ -134,7 +133,6 @@ def _label(node) -> str:
 
 
 # --- the e-graph ---
-
 def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES) -> SVG | TextPicture:
     """An Explorer's e-graph, or the e-classes within ``radius`` of ``around``: chosen e-nodes filled."""
     classes = ex.snap.classes
@@ -142,10 +140,9 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
     if (nodes := sum(len(classes[c]) for c in keep)) > max_nodes:
         biggest = sorted(keep, key=lambda c: -len(classes[c]))[:10]
         rows = [[c, len(classes[c]), ", ".join(sorted({n.op for n in classes[c]}))] for c in biggest]
-        summary = Table(f"{len(keep)} e-classes, {nodes} e-nodes: too many to draw (max_nodes="
-                        f"{max_nodes}); egraph_picture(ex, around=<id>) draws one neighbourhood",
-                        ["e-class", "e-nodes", "ops"], rows, note="the largest e-classes")
-        return TextPicture(str(summary))
+        return TextPicture(str(Table(f"{len(keep)} e-classes, {nodes} e-nodes: too many to draw (max_nodes="
+                                     f"{max_nodes}); egraph_picture(ex, around=<id>) draws one neighbourhood",
+                                     ["e-class", "e-nodes", "ops"], rows, note="the largest e-classes")))
     lines = ["digraph egraph {", "compound=true; rankdir=TB; node [shape=box, style=rounded, fontsize=10];"]
     edges = []  # after every cluster: an edge inside one would draw its ends there
     for cid in sorted(keep):
@@ -174,7 +171,6 @@ def _neighbourhood(classes: dict, start: str, radius: int) -> set[str]:
 
 
 # --- programs before and after ---
-
 def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_NODES) -> SVG | TextPicture:
     """The input and the output program side by side; nodes one side only has are filled (red: new, grey: gone)."""
     numbers, sides = pat.structural_ids(before + after), {"before": before, "after": after}
@@ -195,7 +191,6 @@ def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_
 
 
 # --- matplotlib figures ---
-
 def _figure(width: float = 6.4, height: float = 3.6, columns: int = 1):
     """A figure and its axes: one, or a row of ``columns``."""
     require("report", "drawing figures")
@@ -206,8 +201,7 @@ def _figure(width: float = 6.4, height: float = 3.6, columns: int = 1):
 
 def relative_error(value: torch.Tensor, truth: torch.Tensor) -> float:
     """||value - truth|| / ||truth|| in float64; inf where the value is not finite."""
-    value = value.double()
-    if not torch.isfinite(value).all():
+    if not torch.isfinite(value := value.double()).all():
         return float("inf")
     return float(torch.linalg.vector_norm(value - truth) / torch.linalg.vector_norm(truth).clamp_min(1e-300))
 
@@ -222,8 +216,7 @@ def precision_errors(fn, args, dtypes=("float32", "bfloat16", "float16")) -> Tab
 
 def precision_figure(fn, args, dtypes=("float32", "bfloat16", "float16")):
     """Bars of ``precision_errors``: how each precision degrades, original vs optimized."""
-    table = precision_errors(fn, args, dtypes)
-    fig, ax = _figure()
+    table, (fig, ax) = precision_errors(fn, args, dtypes), _figure()
     top = max((v for row in table.rows for v in row[1:] if v != float("inf") and v > 0), default=1.0) * 10
     for j, (label, color) in enumerate([("original", "#90a4ae"), ("optimized", "#1e88e5")]):
         values = [row[1 + j] for row in table.rows]
@@ -288,7 +281,6 @@ def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", siz
 
 
 # --- pages ---
-
 _STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px}
 th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow-x:auto}section{margin-bottom:3em}"""

@@ -77,8 +77,7 @@ def _sdpa(shapes, attrs):
     """Flash-style attention: scores are never written; a causal mask halves the work."""
     q, k, v = shapes[:3]
     kv = [s[:-3] + (1,) if min(len(s), len(q)) > 2 and s[-3] < q[-3] else s[:-2] for s in (k, v)]  # grouped
-    batch = math.prod(torch.broadcast_shapes(q[:-2], *kv))
-    (length, e), (s, ev) = q[-2:], v[-2:]
+    batch, (length, e), (s, ev) = math.prod(torch.broadcast_shapes(q[:-2], *kv)), q[-2:], v[-2:]
     pairs = batch * length * s * (0.5 if attrs.get("causal") else 1.0)
     return Work(pairs * (2 * e + 2 * ev + 12), sum(map(math.prod, shapes)) + batch * length * ev)
 
@@ -124,8 +123,7 @@ def _loss(flops_per_element: float):
 
 def _loss_inputs(shapes, dtype, device):
     """Logits and class indices (every row's target one of its classes)."""
-    logits, target = shapes
-    gen = _generator(device)
+    (logits, target), gen = shapes, _generator(device)
     return [torch.randn(logits, generator=gen, dtype=dtype, device=device),
             torch.randint(0, max(logits[1], 1), target, generator=gen, device=device)]
 
@@ -233,7 +231,6 @@ def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, rep
             fn(*args)
         sync()
         return time.perf_counter() - start
-
     with torch.inference_mode():
         for _ in range(warmup):
             fn(*args)
@@ -330,8 +327,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         raise ValueError(f"cannot profile {unknown}: no cost spec; costed ops: {', '.join(sorted(SPECS))}")
     for name in {c.dtype for c in cases}:
         torch_dtype(name)  # a typo fails now, not after an hour of profiling
-    device, where = torch.device(device), device_name(device)
-    records = []
+    device, where, records = torch.device(device), device_name(device), []
     for case in _progress(cases, f"profiling on {where}") if progress else cases:
         tensors = PRICED[case.op].inputs(case.shapes, torch_dtype(case.dtype), device)
         layouts = case.attrs.get("layout") or [None] * len(tensors)  # as the kernel will see them

@@ -33,7 +33,6 @@ def device_of_this_process(n: int) -> mesh.Device:
 
     def all_reduce(x: torch.Tensor) -> torch.Tensor:
         return DTensor.from_local(x.contiguous(), grid, [Partial()], run_check=False).full_tensor()
-
     return mesh.Device(dist.get_rank(), n, all_gather, all_reduce)
 
 

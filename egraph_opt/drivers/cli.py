@@ -178,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                          help="profile every kernel this program's e-graph could use, at its shapes")
     profile.add_argument("--collectives", action="store_true", help="time gloo's all-gather, all-reduce "
                          "and reduce-scatter over 2 processes: the sharding cost's link model")
-    profile.add_argument("--shapes", type=lambda s: [tuple(_ints(at_least(1), item, "x"))
-                                                     for item in s.split(",") if item], default=[],
-                         help="example input shapes for --for, e.g. 2x8x16,2x8x16")
+    profile.add_argument("--shapes", default=[], help="example input shapes for --for, e.g. 2x8x16,2x8x16",
+                         type=lambda s: [tuple(_ints(at_least(1), item, "x")) for item in s.split(",") if item])
     moves = profile.add_mutually_exclusive_group()
     moves.add_argument("--export", dest="export_to", metavar="FILE",
                        help="write every timing of the database to a new file, to move it")

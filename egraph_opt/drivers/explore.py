@@ -29,6 +29,11 @@ from ..rulesets.guards import Fact, Guard, parse  # noqa: F401 - parse: the doct
 from .pictures import Table, clip
 
 ESTIMATED_UP_TO = 256  #: programs of at most this many terms get a first-order error estimate (8 float64 runs each)
+BATCH_EGRAPH_NODES = 150  #: a batch page draws a model's e-graph up to this many e-nodes, and summarizes a larger one
+HINTS_UP_TO = 20_000  #: hints are looked for in e-graphs up to this many e-nodes (each guarded rule is matched anew)
+#: the facts a declared range can prove: (relation or bound) of one e-class
+_RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}
+_BOUND = {"<=": ("hi", False), "<": ("hi", True), ">=": ("lo", False), ">": ("lo", True)}
 
 
 class ExploreError(ValueError):
@@ -53,9 +58,6 @@ def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
         return Explorer(optimize(program), {}, name=obj)
     raise ExploreError(f"explore takes an optimized function, an optimize() result, a sharded plan "
                        f"or an .onnx path, not {type(obj).__name__}")
-
-
-BATCH_EGRAPH_NODES = 150  #: a batch page draws a model's e-graph up to this many e-nodes, and summarizes a larger one
 
 
 def model_pictures(result) -> dict[str, str]:
@@ -357,12 +359,6 @@ def _side_by_side(a: PricedProgram, b: PricedProgram) -> list[list]:
 
 def _bits(value) -> str:
     return "-" if value is None else f"{value:.1f}"
-
-
-#: the facts a declared range can prove: (relation or bound) of one e-class
-_RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}
-_BOUND = {"<=": ("hi", False), "<": ("hi", True), ">=": ("lo", False), ">": ("lo", True)}
-HINTS_UP_TO = 20_000  #: hints are looked for in e-graphs up to this many e-nodes (each guarded rule is matched anew)
 
 
 def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = None) -> list[str]:

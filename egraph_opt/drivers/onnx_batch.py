@@ -46,9 +46,8 @@ def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
     """Exclusive bound of each integer input indexing (through casts, reshapes) a Gather's constant table."""
     tables = {t.name: list(t.dims) for t in model.graph.initializer}
     users: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            users.setdefault(name, []).append(node)
+    for name, node in ((name, node) for node in model.graph.node for name in node.input):
+        users.setdefault(name, []).append(node)
     bounds = {}
     for inp in model.graph.input:
         frontier, seen = [inp.name], set()
@@ -261,8 +260,7 @@ def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     those skipped: found under ``out_dir``, where the .onnx files are outputs (an earlier run's)."""
     found, skipped, out_real = [], [], os.path.realpath(out_dir)
     for pattern in patterns:
-        if os.path.isdir(pattern):
-            pattern = os.path.join(glob.escape(pattern), "**", "*.onnx")
+        pattern = os.path.join(glob.escape(pattern), "**", "*.onnx") if os.path.isdir(pattern) else pattern
         for m in (sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]):
             (skipped if os.path.realpath(m).startswith(out_real + os.sep) else found).append(m)
     return list(dict.fromkeys(found)), skipped

@@ -222,9 +222,8 @@ def precision_figure(fn, args, dtypes=("float32", "bfloat16", "float16")):
         values = [row[1 + j] for row in table.rows]
         xs = [i + (j - 0.5) * 0.38 for i in range(len(values))]
         ax.bar(xs, [min(v, top) if v > 0 else 1e-18 for v in values], 0.38, label=label, color=color)
-        for x, v in zip(xs, values):
-            if v == float("inf"):
-                ax.annotate("not finite", (x, top), ha="center", va="bottom", fontsize=8)
+        for x in (x for x, v in zip(xs, values) if v == float("inf")):
+            ax.annotate("not finite", (x, top), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(table.rows)), [row[0] for row in table.rows])
     ax.set(yscale="log", ylabel="relative error vs float64",
            title=f"precision degradation: {getattr(fn, '__name__', 'program')}")

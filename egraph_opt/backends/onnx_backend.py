@@ -165,14 +165,12 @@ def products_split(program, shapes: dict, unflattened: dict) -> dict[str, tuple[
 
 def split_product(em, key: str, x: Term, w: Term, bias: Term | None, sizes: list[int]) -> None:
     """Each output of the Split as x @ w[:, block] (+ b[block]), under its own name."""
-    weight, b = em.program.params[w.attrs[0]].numpy(), None if bias is None else \
-        em.program.params[bias.attrs[0]].numpy()
+    weight, b = (None if v is None else em.program.params[v.attrs[0]].numpy() for v in (w, bias))
     for out, start, size in zip(em.program.opaque[key].target.output, np.cumsum([0, *sizes]), sizes):
         block = slice(start, start + size)
-        product = em.node("MatMul", [em.value(x), em.tensor(np.ascontiguousarray(weight[:, block]), "weight")],
-                          "matmul")
+        matmul = em.node("MatMul", [em.value(x), em.tensor(np.ascontiguousarray(weight[:, block]), "weight")], "matmul")
         if b is not None:
-            product = em.node("Add", [product, em.tensor(np.ascontiguousarray(b[block]), "bias")], "add")
+            em.node("Add", [matmul, em.tensor(np.ascontiguousarray(b[block]), "bias")], "add")
         em.nodes[-1].output[0] = out
 
 

@@ -214,9 +214,8 @@ def _sdpa(em, t, scale, causal=False):
         return _definition(em, t, scale)
     bias = [full_rows(em, b, q, k) if standard else em.value(b) for b in bias]
     if standard:
-        heads = {"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}
-        return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention",
-                       scale=scale, is_causal=int(causal), **heads)
+        return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention", scale=scale,
+                       is_causal=int(causal), **({"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}))
     bias += [_causal_bias(em, q, k)] if causal else []
     scores = Term("matmul", (q, Term("transpose", (k,), (-2, -1))))
     scores = emit_tree(em, scores if scale == 1.0 else Term("mul", (scores, Term.const(scale))))
@@ -262,9 +261,7 @@ def _conv2d(em, t, stride, padding, dilation, groups):
     pads, inputs = list(parse_shape(padding)), [em.value(x), em.value(w)] + ([] if b.op == "const" else [em.value(b)])
     out = em.node("Conv", inputs, "conv", strides=list(parse_shape(stride)), pads=pads + pads,
                   dilations=list(parse_shape(dilation)), group=groups)
-    if b.op == "const" and b.attrs[0] != 0.0:
-        out = em.node("Add", [out, em.value(b, x)], "conv_bias")
-    return out
+    return em.node("Add", [out, em.value(b, x)], "conv_bias") if b.op == "const" and b.attrs[0] != 0.0 else out
 
 
 def _max_pool2d(em, t, kernel, stride, padding, dilation):

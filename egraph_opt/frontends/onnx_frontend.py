@@ -25,15 +25,13 @@ MIN_OPSET = 13
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
                      "Multinomial", "Bernoulli", "Dropout"}
 _FOLD_LIMIT = 1 << 16  # elements: larger constant results stay computed at run time
+#: the size a symbolic dim takes inside the Term language (shape analysis, costs); never 1, so no
+#: broadcasting or size-one rule can specialize on it; export restores the symbolic dims
+SYMBOLIC_SIZE = 2
 
 
 class OnnxImportError(ValueError):
     """A model that cannot be read: the message names what is wrong and where, on one line."""
-
-
-#: the size a symbolic dim takes inside the Term language (shape analysis, costs); never 1, so no
-#: broadcasting or size-one rule can specialize on it; export restores the symbolic dims
-SYMBOLIC_SIZE = 2
 
 
 @dataclass(frozen=True)
@@ -198,8 +196,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     program = GraphProgram(tuple(inputs), tuple(im.term(o.name) for o in graph.output), opaque,
                            {n: t for n, t in im.params.items() if n in im.terms}, value_meta=opaque_types)
     tensors = {n: im.protos[n] for n, t in im.terms.items() if t.op == "param"}
-    for o in graph.output:
-        im.types[o.name] = _value_type(o) or im.types.get(o.name)
+    im.types.update((o.name, _value_type(o) or im.types.get(o.name)) for o in graph.output)
     return OnnxProgram(program=program, model=model, types=im.types, tensors=tensors,
                        output_names=tuple(o.name for o in graph.output), source=where, folded=folded)
 
@@ -220,8 +217,7 @@ def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -
             im.consts[tensor.name], im.protos[tensor.name] = numpy_helper.to_array(tensor), tensor
         elif getattr(im.types.get(tensor.name), "shape", None) is None:  # its default's, if undeclared
             im.types[tensor.name] = ValueType(tensor.data_type, tuple(tensor.dims))
-    for node in nodes:
-        im.used.update(node.input, subgraph_reads(node))
+    im.used.update(x for node in nodes for x in [*node.input, *subgraph_reads(node)])
     im.used.update(o.name for o in graph.output)
     return im
 

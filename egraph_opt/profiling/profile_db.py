@@ -50,6 +50,7 @@ PRAGMA user_version = {SCHEMA_VERSION};
 PRAGMA application_id = {APPLICATION_ID};
 """
 _COLUMNS = "kernel, backend, device, dtype, shape_key, runs, median_s, spread_s, versions, recorded_at, config"
+_OUR_TABLE_SQL = f"CREATE TABLE {_TABLE} (".encode()  # in the schema on page 1 of a database of ours
 
 
 class ProfileDBWarning(UserWarning):
@@ -161,9 +162,6 @@ def _foreign_reason(path: Path) -> tuple[str | None, bool]:
         return f"corrupt SQLite file ({' '.join(check.split())})", ours
     return (f"an SQLite database without egraph-opt's tables (has: {', '.join(sorted(tables))})", False) \
         if tables and _TABLE not in tables else (None, True)
-
-
-_OUR_TABLE_SQL = f"CREATE TABLE {_TABLE} (".encode()  # in the schema on page 1 of a database of ours
 
 
 def _set_aside(path: Path, reason: str) -> None:

@@ -157,6 +157,10 @@ SPECS: dict[str, OpSpec] = {name: WORK_KINDS[op.work](op) for name, op in OPS.it
 MOVE = "move"
 #: every kind of kernel the latency model prices: the ops of SPECS and the moves
 PRICED: dict[str, OpSpec] = {**SPECS, MOVE: OpSpec(_square(1), _pointwise(0.0))}
+# Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
+EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none", "eps": 1e-5, "scale": 0.125,
+                 "causal": False, "fill": -1e30, "floor": -1e30, "beta": 1.702, "activation": "gelu_tanh",
+                 "reduction": "mean", "ignore_index": -100}
 
 
 def timeable(op: str, shapes) -> bool:
@@ -167,11 +171,6 @@ def timeable(op: str, shapes) -> bool:
 def attr_names(kernel: str) -> list[str]:
     """The attributes a kernel of PRICED takes, in order (a move takes none)."""
     return [name for name, _ in OPS[kernel].attrs] if kernel in OPS else []
-
-# Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
-EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none", "eps": 1e-5, "scale": 0.125,
-                 "causal": False, "fill": -1e30, "floor": -1e30, "beta": 1.702, "activation": "gelu_tanh",
-                 "reduction": "mean", "ignore_index": -100}
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:
@@ -335,8 +334,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         attrs = [case.attrs[name] for name in attr_names(case.op)]
         impl, backend = (kernels.get(case.op, OPS[case.op].impl), "torch") if kernel is None else \
             (kernel.impl, kernel.db_backend)
-        if kernel is not None and kernel.takes is not None:
-            tensors = [kernel.takes(t) for t in tensors]
+        tensors = [kernel.takes(t) for t in tensors] if kernel is not None and kernel.takes is not None else tensors
         config = fastest(impl, [*tensors, *attrs], device, budget_s)  # a Triton kernel's: recorded, for plans to run
         timing = time_kernel(functools.partial(impl, config=config) if config else impl, [*tensors, *attrs],
                              device, repeats=repeats)

@@ -27,6 +27,9 @@ _S = Family.SHARDING
 MESH = 2  # the mesh size the catalogue's introductions are declared (and proven) for
 #: shapes the proofs sample: a linear's (x, weight, bias), and a bias-like operand (rank 1)
 _LINEAR, _N = (("x", (4, 6)), ("w", (8, 6)), ("b", (8,))), (("n", MESH),)
+#: two operands both hold the split axis, at one static size (a size-1 or missing axis would
+#: broadcast: each device would need the whole of that operand, not its part)
+_SAME_SPAN = "(= (axis-size ?x ?a) (axis-size ?y ?a))"
 
 
 def _whole(*texts: str) -> tuple[str, ...]:
@@ -38,11 +41,6 @@ def _whole(*texts: str) -> tuple[str, ...]:
 def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why="", binds=()) -> Rule:
     return Rule(name, lhs, rhs, _S, exactness, when=_whole(lhs, rhs) + tuple(when),
                 sample=_N + tuple(sample), why=why, binds=binds)
-
-
-#: two operands both hold the split axis, at one static size (a size-1 or missing axis would
-#: broadcast: each device would need the whole of that operand, not its part)
-_SAME_SPAN = "(= (axis-size ?x ?a) (axis-size ?y ?a))"
 
 
 def _elementwise() -> list[Rule]:
@@ -84,10 +82,9 @@ def _along_other_axes() -> list[Rule]:
             _rule(f"shard-into-{name}-before", f"(shard ({op} ?x ?r false{rest}) ?a ?n)",
                   f"({op} (shard ?x (- ?a 1) ?n) ?r false{rest})", when=("(<= ?a ?r)", "(< ?r 0)"),
                   why="axes from the reduced one's place leftward count one further from the end in ?x")]
-    for op in ("softmax", "log_softmax"):
-        out.append(_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x ?r) ?a ?n)",
-                         f"({op} (shard ?x ?a ?n) ?r)", when=("(!= ?a ?r)", "(< ?r 0)")))
-    return out
+    return out + [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x ?r) ?a ?n)",
+                        f"({op} (shard ?x ?a ?n) ?r)", when=("(!= ?a ?r)", "(< ?r 0)"))
+                  for op in ("softmax", "log_softmax")]
 
 
 RULES = _elementwise() + _along_other_axes() + [

@@ -115,8 +115,7 @@ class ShardedPlan:
 
     def run(self, *args) -> Any:
         """Run on ``mesh`` torch.distributed processes (gloo or NCCL); device 0's result, the original's."""
-        values, _ = runner.spawn(self.terms, self._env(args), self.mesh)
-        return self._outputs(values)
+        return self._outputs(runner.spawn(self.terms, self._env(args), self.mesh)[0])
 
     def run_local(self, *args) -> Any:
         """Under torchrun: this process's device runs its part; returns the (whole) result."""
@@ -138,12 +137,10 @@ def _placements(best: Candidate, classes: dict) -> dict[int, str]:
     summed = {id(t.args[0]) for t in postorder(best.roots) if t.op in ("all_reduce", "reduce_scatter")}
     out: dict[int, str] = {}
     for t in postorder(best.roots):
-        if t.op == "shard" or t.op == "reduce_scatter":
-            out[id(t)] = f"split {t.attrs[0]}"
-        elif (spec := OPS[t.op]).is_leaf or spec.mesh == "whole" or all(out[id(a)] == "whole" for a in t.args):
-            out[id(t)] = "whole"
-        else:
-            out[id(t)] = "partial sums" if id(t) in summed else split.get(best.class_of[id(t)], "per device")
+        spec = OPS[t.op]
+        out[id(t)] = f"split {t.attrs[0]}" if t.op in ("shard", "reduce_scatter") else \
+            "whole" if spec.is_leaf or spec.mesh == "whole" or all(out[id(a)] == "whole" for a in t.args) else \
+            "partial sums" if id(t) in summed else split.get(best.class_of[id(t)], "per device")
     return out
 
 

@@ -56,8 +56,7 @@ def _device(rank: int, n: int, port: int, backend: str, threads: int | None, wor
         found = work(n, *args)
         if rank == 0:
             torch.save(found, path)
-        dist.barrier()  # no process tears its connections down while another still uses them:
-        # gloo aborts (SIGABRT) a peer whose pair closes under it
+        dist.barrier()  # no process closes a pair another still uses: gloo aborts (SIGABRT) that peer
     finally:
         dist.destroy_process_group()
     sys.stdout.flush()

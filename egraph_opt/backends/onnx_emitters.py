@@ -15,17 +15,16 @@ from ..lang import pattern
 from ..lang.ops import ACTIVATIONS, OPS, parse_shape, shape_attr
 from ..lang.term import Term, topological
 
-
-class OnnxExportError(ValueError):
-    """A term that has no ONNX form at this opset: names the op and why."""
-
-
 #: ONNX operators that are one node over the op's operands: every operator an op declares
 #: (``Op.onnx``) that ``EMIT`` gives no writer of its own; the losses' semantics are torch's
 SIMPLE = {op.onnx for op in OPS.values() if op.onnx and op.onnx[:1].isupper()}
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare
 #: ``onnx="none"``: the mesh ops, which a single ONNX model cannot express): export refuses them
 NO_ONNX_FORM: frozenset[str] = frozenset(name for name, op in OPS.items() if op.onnx == "none")
+
+
+class OnnxExportError(ValueError):
+    """A term that has no ONNX form at this opset: names the op and why."""
 
 
 def _args(em, t: Term) -> list[str]:

@@ -24,6 +24,9 @@ from .usage import find_dot, require
 DOT_SECONDS = 20  # a layout that takes longer is abandoned for the summary
 MAX_NODES = 300
 CHOSEN, CHANGED, REMOVED = "#ffd54f", "#ef9a9a", "#e0e0e0"
+_STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px}
+th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow-x:auto}section{margin-bottom:3em}"""
 
 
 @dataclass
@@ -280,11 +283,6 @@ def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", siz
 
 
 # --- pages ---
-_STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px}
-th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow-x:auto}section{margin-bottom:3em}"""
-
-
 def page(title: str, body: str) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")

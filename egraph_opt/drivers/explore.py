@@ -182,7 +182,7 @@ class Explorer:
     # --- the tables ---
     def classes(self, changed: bool = False) -> Table:
         """One row per e-class; ``changed``: only classes rewrites added to or created."""
-        rows, items = [], []
+        rows = []
         for cid in sorted(self.snap.classes, key=_number):
             nodes = self.snap.classes[cid]
             if changed and len(nodes) == 1 and cid in self.loaded.values():
@@ -192,9 +192,8 @@ class Explorer:
             rows.append([cid, ", ".join(n.op for n in nodes), list(shape) if shape != "?" else "?",
                          str(dtype).removeprefix("torch."), f"[{lo:.3g}, {hi:.3g}]", _node_text(pick) if pick else "-",
                          self.cost_of(cid, pick)["cost"] if pick else "-"])
-            items.append(cid)
         return Table(f"e-classes of {self.name}" + (" (changed by rewrites)" if changed else ""),
-                     ["id", "members", "shape", "dtype", "range", "chosen", "cost"], rows, items=items,
+                     ["id", "members", "shape", "dtype", "range", "chosen", "cost"], rows, items=[r[0] for r in rows],
                      note=f"{len(rows)} of {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes")
 
     def eclass(self, cid) -> Table:

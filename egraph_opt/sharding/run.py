@@ -18,6 +18,9 @@ from ..lang import mesh
 from ..kernels.torch_ops import TORCH
 from ..lang.term import Term, evaluate
 
+#: bytes per collective that ``profile_collectives`` times: 4 KB to 4 MB of float32
+COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576)
+
 
 def device_of_this_process(n: int) -> mesh.Device:
     """This process's place in the initialized default process group; collectives are DTensor redistributions:
@@ -119,10 +122,6 @@ def _leave() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-#: bytes per collective that ``profile_collectives`` times: 4 KB to 4 MB of float32
-COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576)
 
 
 def _collectives(n: int, sizes, repeats: int) -> list[tuple]:

@@ -27,6 +27,9 @@ _S = Family.SHARDING
 MESH = 2  # the mesh size the catalogue's introductions are declared (and proven) for
 #: shapes the proofs sample: a linear's (x, weight, bias), and a bias-like operand (rank 1)
 _LINEAR, _N = (("x", (4, 6)), ("w", (8, 6)), ("b", (8,))), (("n", MESH),)
+#: two operands both hold the split axis, at one static size (a size-1 or missing axis would
+#: broadcast: each device would need the whole of that operand, not its part)
+_SAME_SPAN = "(= (axis-size ?x ?a) (axis-size ?y ?a))"
 
 
 def _whole(*texts: str) -> tuple[str, ...]:
@@ -38,11 +41,6 @@ def _whole(*texts: str) -> tuple[str, ...]:
 def _rule(name, lhs, rhs, *, when=(), sample=(), exactness=Exactness.EXACT, why="", binds=()) -> Rule:
     return Rule(name, lhs, rhs, _S, exactness, when=_whole(lhs, rhs) + tuple(when),
                 sample=_N + tuple(sample), why=why, binds=binds)
-
-
-#: two operands both hold the split axis, at one static size (a size-1 or missing axis would
-#: broadcast: each device would need the whole of that operand, not its part)
-_SAME_SPAN = "(= (axis-size ?x ?a) (axis-size ?y ?a))"
 
 
 def _elementwise() -> list[Rule]:
@@ -84,10 +82,9 @@ def _along_other_axes() -> list[Rule]:
             _rule(f"shard-into-{name}-before", f"(shard ({op} ?x ?r false{rest}) ?a ?n)",
                   f"({op} (shard ?x (- ?a 1) ?n) ?r false{rest})", when=("(<= ?a ?r)", "(< ?r 0)"),
                   why="axes from the reduced one's place leftward count one further from the end in ?x")]
-    for op in ("softmax", "log_softmax"):
-        out.append(_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x ?r) ?a ?n)",
-                         f"({op} (shard ?x ?a ?n) ?r)", when=("(!= ?a ?r)", "(< ?r 0)")))
-    return out
+    return out + [_rule(f"shard-into-{op.replace('_', '-')}", f"(shard ({op} ?x ?r) ?a ?n)",
+                        f"({op} (shard ?x ?a ?n) ?r)", when=("(!= ?a ?r)", "(< ?r 0)"))
+                  for op in ("softmax", "log_softmax")]
 
 
 RULES = _elementwise() + _along_other_axes() + [
@@ -109,9 +106,8 @@ RULES = _elementwise() + _along_other_axes() + [
     _rule("shard-into-layer-norm-rows", "(shard (layer_norm ?x ?w ?b ?e) ?a ?n)",
           "(layer_norm (shard ?x ?a ?n) ?w ?b ?e)", when=("(< ?a -1)",),
           sample=(("x", (4, 6)), ("w", (6,)), ("b", (6,))), why="normalized over the last axis only"),
-    _rule("shard-into-transpose", "(shard (transpose ?x ?i ?j) ?a ?n)",
-          "(transpose (shard ?x ?a ?n) ?i ?j)", when=("(!= ?a ?i)", "(!= ?a ?j)", "(< ?i 0)", "(< ?j 0)"),
-          sample=(("i", -3), ("j", -2))),
+    _rule("shard-into-transpose", "(shard (transpose ?x ?i ?j) ?a ?n)", "(transpose (shard ?x ?a ?n) ?i ?j)",
+          when=("(!= ?a ?i)", "(!= ?a ?j)", "(< ?i 0)", "(< ?j 0)"), sample=(("i", -3), ("j", -2))),
     _rule("shard-into-transpose-first", "(shard (transpose ?x ?a ?j) ?a ?n)",
           "(transpose (shard ?x ?j ?n) ?a ?j)", when=("(< ?j 0)",), sample=(("j", -1),)),
     _rule("shard-into-transpose-second", "(shard (transpose ?x ?i ?a) ?a ?n)",
@@ -135,13 +131,11 @@ def introductions(n: int) -> list[Rule]:
     """Where sharding starts on ``n`` devices: an op is its sharded result gathered back (rows, columns,
     heads; an elementwise op along any axis its operands both span), or its partial products all-reduced."""
     def whole(lhs: str) -> tuple[str, ...]:  # the op's result is whole: so are its operands
-        tensors = [v for v, sort in pat.variables(pat.parse(lhs)).items() if sort == pat.TENSOR]
-        return tuple(f"(whole ?{v})" for v in tensors)
+        return tuple(f"(whole ?{v})" for v, sort in pat.variables(pat.parse(lhs)).items() if sort == pat.TENSOR)
 
     def gathered(name, op, axis, when=(), sample=()):
         return Rule(f"{name}-gathered", op, f"(all_gather (shard {op} {axis} {n}) {axis} {n})", _S,
                     when=whole(op) + when, sample=sample)
-
     spans = [Rule(f"{op.replace('_', '-')}-gathered", f"({op} ?x ?y)",
                   f"(all_gather (shard ({op} ?x ?y) ?a {n}) ?a {n})", _S, when=whole(f"({op} ?x ?y)")
                   + (_SAME_SPAN,), binds=("a",), sample=(("y", (1, 5)),),
@@ -158,9 +152,8 @@ def introductions(n: int) -> list[Rule]:
              f"(add (all_reduce (matmul (shard ?x -1 {n}) (transpose (shard ?w -1 {n}) -2 -1)) {n}) ?b)",
              _S, Exactness.REASSOC, when=whole("(linear ?x ?w ?b)"), sample=_LINEAR,
              why="row parallel: each device multiplies its slice of the reduction axis; one all-reduce"),
-        Rule("matmul-partial-sums", "(matmul ?x ?y)",
-             f"(all_reduce (matmul (shard ?x -1 {n}) (shard ?y -2 {n})) {n})", _S, Exactness.REASSOC,
-             when=whole("(matmul ?x ?y)") + ("(> (rank ?y) 1)",)),
+        Rule("matmul-partial-sums", "(matmul ?x ?y)", f"(all_reduce (matmul (shard ?x -1 {n}) (shard ?y -2 {n})) {n})",
+             _S, Exactness.REASSOC, when=whole("(matmul ?x ?y)") + ("(> (rank ?y) 1)",)),
         Rule("sum-partial-sums", "(sum ?x ?r ?k)", f"(all_reduce (sum (shard ?x ?r {n}) ?r ?k) {n})",
              _S, Exactness.REASSOC, when=whole("(sum ?x ?r ?k)") + ("(< ?r 0)",))]
 

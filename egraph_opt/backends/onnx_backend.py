@@ -35,9 +35,8 @@ def _uses(roots: list[Term], order: list[Term]) -> Counter:
 
 def _swapped(t: Term) -> Term | None:
     """The operand of a swap of axes 1 and 2 of a rank-4 value (heads and sequence), else None."""
-    if t.op == "permute" and t.attrs[0] == "0,2,1,3" or t.op == "transpose" and sorted(t.attrs) in ([1, 2], [-3, -2]):
-        return t.args[0]
-    return None
+    swap = t.op == "transpose" and sorted(t.attrs) in ([1, 2], [-3, -2])
+    return t.args[0] if swap or t.op == "permute" and t.attrs[0] == "0,2,1,3" else None
 
 
 def _heads_of(t: Term, shapes: dict) -> tuple[tuple[Term, Term | None], int] | None:
@@ -49,8 +48,7 @@ def _heads_of(t: Term, shapes: dict) -> tuple[tuple[Term, Term | None], int] | N
         view, scale = view.args[0], view.args[1]  # scaled between the view and the swap
     if view is None or view.op != "reshape":
         return None
-    x, split = view.args[0], parse_shape(view.attrs[0])
-    whole = shapes[id(x)][0]
+    x, split, whole = view.args[0], parse_shape(view.attrs[0]), shapes[id(view.args[0])][0]
     if len(split) != 4 or len(whole) != 3 or split[:2] != whole[:2] or split[2] * split[3] != whole[2]:
         return None
     return (x, scale), split[2]
@@ -167,14 +165,12 @@ def products_split(program, shapes: dict, unflattened: dict) -> dict[str, tuple[
 
 def split_product(em, key: str, x: Term, w: Term, bias: Term | None, sizes: list[int]) -> None:
     """Each output of the Split as x @ w[:, block] (+ b[block]), under its own name."""
-    weight, b = em.program.params[w.attrs[0]].numpy(), None if bias is None else \
-        em.program.params[bias.attrs[0]].numpy()
+    weight, b = (None if v is None else em.program.params[v.attrs[0]].numpy() for v in (w, bias))
     for out, start, size in zip(em.program.opaque[key].target.output, np.cumsum([0, *sizes]), sizes):
         block = slice(start, start + size)
-        product = em.node("MatMul", [em.value(x), em.tensor(np.ascontiguousarray(weight[:, block]), "weight")],
-                          "matmul")
+        matmul = em.node("MatMul", [em.value(x), em.tensor(np.ascontiguousarray(weight[:, block]), "weight")], "matmul")
         if b is not None:
-            product = em.node("Add", [product, em.tensor(np.ascontiguousarray(b[block]), "bias")], "add")
+            em.node("Add", [matmul, em.tensor(np.ascontiguousarray(b[block]), "bias")], "add")
         em.nodes[-1].output[0] = out
 
 
@@ -182,8 +178,7 @@ class Emitter:
     """Builds one graph: Terms to value names, each value emitted once, after what it uses."""
 
     def __init__(self, src: OnnxProgram, program: Program):
-        self.src, self.program, self.opset = src, program, src.opset
-        graph = src.model.graph
+        self.src, self.program, self.opset, graph = src, program, src.opset, src.model.graph
         self.taken = {v.name for v in list(graph.input) + list(graph.output)}
         self.taken |= {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
         self.nodes, self.initializers = [], {}  # NodeProtos; name -> TensorProto
@@ -211,9 +206,8 @@ class Emitter:
     def tensor(self, array: np.ndarray, hint: str) -> str:
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self._consts:
-            name = self.fresh(hint)
+            self._consts[key] = name = self.fresh(hint)
             self.initializers[name] = numpy_helper.from_array(array, name)
-            self._consts[key] = name
         return self._consts[key]
 
     def ints(self, values, hint: str = "shape") -> str:
@@ -247,8 +241,7 @@ class Emitter:
         return dtype_name(found[1]) if found else None
 
     def rank(self, t: Term) -> int | None:
-        found = self._meta(t)
-        return None if found is None else len(found[0])
+        return None if (found := self._meta(t)) is None else len(found[0])
 
     def static_shape(self, t: Term) -> tuple[int, ...] | None:
         """``t``'s shape if the model has no symbolic dims (stand-in sizes give wrong shapes), else None."""
@@ -257,8 +250,7 @@ class Emitter:
             names = [i.name for i in self.src.model.graph.input] + \
                 [n for n in self.leaf_meta if n in used]  # not a template's stale leaves
             self._static = all(static_type(self.src.types.get(n)) for n in names)
-        found = self._meta(t) if self._static else None
-        return None if found is None else found[0]
+        return found[0] if self._static and (found := self._meta(t)) is not None else None
 
     def source(self, t: Term) -> str:
         """What a term depends on: "const" (scalars), "param" (and parameters) or "run" (inputs, opaque)."""
@@ -304,15 +296,11 @@ class Emitter:
         if self.source(t) == "const":
             self.names[id(t)] = self.value(Term.const(evaluate([t], {}, kernels=TORCH)[0]), None)
             return
-        emit = None if t.op in NO_ONNX_FORM else EMIT.get(spec.onnx)
-        if emit is None:
+        if (emit := None if t.op in NO_ONNX_FORM else EMIT.get(spec.onnx)) is None:
             raise OnnxExportError(f"op {t.op!r} has no ONNX form")
-        if id(t) in self.heads:
-            name = attention_over_heads(self, *self.heads[id(t)])
-        elif id(t) in self.unflattened:
-            name = emit_tree(self, self.unflattened[id(t)][0])
-        else:
-            name = self.fold_params(t) or emit(self, t, *t.attrs)
+        name = attention_over_heads(self, *self.heads[id(t)]) if id(t) in self.heads else \
+            emit_tree(self, self.unflattened[id(t)][0]) if id(t) in self.unflattened else \
+            self.fold_params(t) or emit(self, t, *t.attrs)
         if out is not None and name != out:  # a graph output: its last node writes it directly
             if self.nodes and self.nodes[-1].output[0] == name:
                 self.nodes[-1].output[0] = out
@@ -351,7 +339,6 @@ def _schedule(em: Emitter, roots: list[Term]) -> list:
         if id(item) in em.unflattened:
             return em.unflattened[id(item)][1]
         return [em.producer[item.attrs[0]]] if item.op == "opaque" and item.attrs[0] in em.producer else list(item.args)
-
     return topological(roots, deps, lambda item: id(item) if isinstance(item, Term) else item)
 
 

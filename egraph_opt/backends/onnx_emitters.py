@@ -15,17 +15,16 @@ from ..lang import pattern
 from ..lang.ops import ACTIVATIONS, OPS, parse_shape, shape_attr
 from ..lang.term import Term, topological
 
-
-class OnnxExportError(ValueError):
-    """A term that has no ONNX form at this opset: names the op and why."""
-
-
 #: ONNX operators that are one node over the op's operands: every operator an op declares
 #: (``Op.onnx``) that ``EMIT`` gives no writer of its own; the losses' semantics are torch's
 SIMPLE = {op.onnx for op in OPS.values() if op.onnx and op.onnx[:1].isupper()}
 #: ops of the Term language that ONNX has no operator or decomposition for (they declare
 #: ``onnx="none"``: the mesh ops, which a single ONNX model cannot express): export refuses them
 NO_ONNX_FORM: frozenset[str] = frozenset(name for name, op in OPS.items() if op.onnx == "none")
+
+
+class OnnxExportError(ValueError):
+    """A term that has no ONNX form at this opset: names the op and why."""
 
 
 def _args(em, t: Term) -> list[str]:
@@ -143,8 +142,7 @@ def _expm1(em, t):
     """ONNX has no expm1, and exp(x) - 1 loses every digit of a tiny x. Kahan's form: (u - 1) * x / log(u), u = exp(x)
     rounded; x where u rounds to 1, -1 where u - 1 does, u where u - 1 == u (large x: inf / inf)."""
     x, dtype = em.value(t.args[0]), em.dtype(t.args[0])
-    one, minus_one = em.scalar(1.0, dtype), em.scalar(-1.0, dtype)
-    u = em.node("Exp", [x], "expm1")
+    one, minus_one, u = em.scalar(1.0, dtype), em.scalar(-1.0, dtype), em.node("Exp", [x], "expm1")
     u_minus_1 = em.node("Sub", [u, one], "expm1")
     r = em.node("Mul", [u_minus_1, em.node("Div", [x, em.node("Log", [u], "expm1")], "expm1")], "expm1")
     r = em.node("Where", [em.node("Equal", [u, one], "expm1"), x, r], "expm1")
@@ -215,9 +213,8 @@ def _sdpa(em, t, scale, causal=False):
         return _definition(em, t, scale)
     bias = [full_rows(em, b, q, k) if standard else em.value(b) for b in bias]
     if standard:
-        heads = {"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}
-        return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention",
-                       scale=scale, is_causal=int(causal), **heads)
+        return em.node("Attention", [em.value(q), em.value(k), em.value(v)] + bias, "attention", scale=scale,
+                       is_causal=int(causal), **({"q_num_heads": 1, "kv_num_heads": 1} if em.rank(q) == 3 else {}))
     bias += [_causal_bias(em, q, k)] if causal else []
     scores = Term("matmul", (q, Term("transpose", (k,), (-2, -1))))
     scores = emit_tree(em, scores if scale == 1.0 else Term("mul", (scores, Term.const(scale))))
@@ -248,9 +245,8 @@ def _causal_bias(em, q, k) -> str:
 
 def _linear(em, t):
     x, w, b = t.args
-    if em.rank(x) == 2:
-        return em.node("Gemm", _args(em, t), "linear", transB=1)
-    return emit_tree(em, Term("add", (Term("matmul", (x, Term("transpose", (w,), (-2, -1)))), b)))
+    return em.node("Gemm", _args(em, t), "linear", transB=1) if em.rank(x) == 2 else \
+        emit_tree(em, Term("add", (Term("matmul", (x, Term("transpose", (w,), (-2, -1)))), b)))
 
 
 def _linear_act(em, t, activation):
@@ -264,9 +260,7 @@ def _conv2d(em, t, stride, padding, dilation, groups):
     pads, inputs = list(parse_shape(padding)), [em.value(x), em.value(w)] + ([] if b.op == "const" else [em.value(b)])
     out = em.node("Conv", inputs, "conv", strides=list(parse_shape(stride)), pads=pads + pads,
                   dilations=list(parse_shape(dilation)), group=groups)
-    if b.op == "const" and b.attrs[0] != 0.0:
-        out = em.node("Add", [out, em.value(b, x)], "conv_bias")
-    return out
+    return em.node("Add", [out, em.value(b, x)], "conv_bias") if b.op == "const" and b.attrs[0] != 0.0 else out
 
 
 def _max_pool2d(em, t, kernel, stride, padding, dilation):
@@ -303,13 +297,11 @@ def _logaddexp(em, t):
 def _atan2(em, t):
     """ONNX has no atan2: atan(y / x), +-pi in the left half-plane (x < 0 or -0), +-pi/2 on the y axis, signed zeros."""
     y, x = t.args
-    dtype = em.dtype(y) if y.op != "const" else em.dtype(x)
-    yv, xv = em.value(y, x), em.value(x, y)
+    dtype, yv, xv = em.dtype(y) if y.op != "const" else em.dtype(x), em.value(y, x), em.value(x, y)
 
     def n(op: str, *inputs: str) -> str:
         return em.node(op, list(inputs), "atan2")
-    zero, pi = em.scalar(0.0, dtype), em.scalar(math.pi, dtype)
-    base = n("Atan", n("Div", yv, xv))
+    zero, pi, base = em.scalar(0.0, dtype), em.scalar(math.pi, dtype), n("Atan", n("Div", yv, xv))
     left = n("Or", n("Less", xv, zero), n("And", n("Equal", xv, zero), n(
         "Equal", n("Div", em.scalar(1.0, dtype), xv), em.scalar(-math.inf, dtype))))
     y_neg = n("Or", n("Less", yv, zero), n("Equal", n("Div", em.scalar(1.0, dtype), yv), em.scalar(-math.inf, dtype)))

@@ -42,9 +42,8 @@ class CurvatureReport:
     def table(self, width: int = 44) -> str:
         rows = [[clip(n.text, width), f"[{n.range[0]:.3g}, {n.range[1]:.3g}]", f"{n.kappa:.3g}",
                  f"{n.lipschitz:.3g}", f"{n.rounding:.3g}", f"{n.error_bits:.1f}"] for n in self.nodes]
-        error = "" if self.error is None else (f"\nestimated error: worst {self.error.worst:.1f} bits, mean "
-                                               f"{self.error.mean:.2f} bits (first order, at points sampled "
-                                               "from the ranges)")
+        error = "" if self.error is None else f"\nestimated error: worst {self.error.worst:.1f} bits, mean " \
+            f"{self.error.mean:.2f} bits (first order, at points sampled from the ranges)"
         return str(Table("curvature per node", ["node", "range", "kappa", "L", "Delta", "err bits"], rows,
                          note=f"total kappa {self.total:.4g}{error}"))
 
@@ -53,11 +52,9 @@ class CurvatureReport:
 
 def analyze_program(program: Program, ranges: dict[str, Interval] | None = None) -> CurvatureReport:
     roots, shapes = program.roots(), program.meta()
-    intervals, error = analyze(roots, ranges, program.leaf_meta(), shapes), program_error(program, ranges)
-    nodes = []
+    intervals, error, nodes = analyze(roots, ranges, program.leaf_meta(), shapes), program_error(program, ranges), []
     for t in [t for t in postorder(roots) if t.args]:
-        operands, out = [intervals[id(a)] for a in t.args], intervals[id(t)]
-        dtype = dtype_name(shapes[id(t)][1])
+        operands, out, dtype = [intervals[id(a)] for a in t.args], intervals[id(t)], dtype_name(shapes[id(t)][1])
         nodes.append(NodeCurvature(text=pretty(t), op=t.op, shape=shapes[id(t)][0], dtype=dtype, range=out,
                                    kappa=kappa(t.op, t.attrs, operands), lipschitz=lipschitz(t.op, t.attrs, operands),
                                    rounding=rounding(dtype, out), cost=kappa_cost(t.op, t.attrs, operands, out, dtype),
@@ -67,8 +64,7 @@ def analyze_program(program: Program, ranges: dict[str, Interval] | None = None)
 
 def curvature(fn, *example_args, input_ranges: dict[str, Interval] | None = None) -> CurvatureReport:
     """Annotate ``fn`` traced on ``example_args`` with range, kappa, L and Delta per node."""
-    program, _ = capture(fn, example_args)
-    ranges = dict(input_ranges or {})
+    program, ranges = capture(fn, example_args)[0], dict(input_ranges or {})
     for term, value in zip(program.inputs, example_args):
         if (name := term.attrs[0]) not in ranges and value.is_floating_point() and value.numel():
             if (finite := value[torch.isfinite(value)].double()).numel():

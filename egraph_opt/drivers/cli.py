@@ -85,9 +85,8 @@ def _profile_other_backends(ops: list[str], args, db) -> list:
     from ..kernels.binding import usable
     from ..kernels.registry import MOVES, copies, kernels_for
     records, backends = [], set()
-    for kernel in (k for op in ops for k in kernels_for(op)):
-        if kernel.db_backend == "torch" or not usable(kernel, args.device) or args.device not in kernel.devices:
-            continue
+    for kernel in (k for op in ops for k in kernels_for(op)
+                   if k.db_backend != "torch" and usable(k, args.device) and args.device in k.devices):
         cases = [c for c in grid([kernel.op], args.dtype, args.sizes) if c.dtype in kernel.dtypes]
         records += profile_shapes(cases, args.device, db, repeats=args.repeats, kernel=kernel)
         backends.add(kernel.backend)  # its memory: the moves into it and out
@@ -179,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                          help="profile every kernel this program's e-graph could use, at its shapes")
     profile.add_argument("--collectives", action="store_true", help="time gloo's all-gather, all-reduce "
                          "and reduce-scatter over 2 processes: the sharding cost's link model")
-    profile.add_argument("--shapes", type=lambda s: [tuple(_ints(at_least(1), item, "x"))
-                                                     for item in s.split(",") if item], default=[],
-                         help="example input shapes for --for, e.g. 2x8x16,2x8x16")
+    profile.add_argument("--shapes", default=[], help="example input shapes for --for, e.g. 2x8x16,2x8x16",
+                         type=lambda s: [tuple(_ints(at_least(1), item, "x")) for item in s.split(",") if item])
     moves = profile.add_mutually_exclusive_group()
     moves.add_argument("--export", dest="export_to", metavar="FILE",
                        help="write every timing of the database to a new file, to move it")
@@ -240,4 +238,3 @@ def _run(args: argparse.Namespace, prog: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -29,6 +29,11 @@ from ..rulesets.guards import Fact, Guard, parse  # noqa: F401 - parse: the doct
 from .pictures import Table, clip
 
 ESTIMATED_UP_TO = 256  #: programs of at most this many terms get a first-order error estimate (8 float64 runs each)
+BATCH_EGRAPH_NODES = 150  #: a batch page draws a model's e-graph up to this many e-nodes, and summarizes a larger one
+HINTS_UP_TO = 20_000  #: hints are looked for in e-graphs up to this many e-nodes (each guarded rule is matched anew)
+#: the facts a declared range can prove: (relation or bound) of one e-class
+_RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}
+_BOUND = {"<=": ("hi", False), "<": ("hi", True), ">=": ("lo", False), ">": ("lo", True)}
 
 
 class ExploreError(ValueError):
@@ -53,9 +58,6 @@ def explore(obj, *, input_ranges: dict | None = None) -> Explorer:
         return Explorer(optimize(program), {}, name=obj)
     raise ExploreError(f"explore takes an optimized function, an optimize() result, a sharded plan "
                        f"or an .onnx path, not {type(obj).__name__}")
-
-
-BATCH_EGRAPH_NODES = 150  #: a batch page draws a model's e-graph up to this many e-nodes, and summarizes a larger one
 
 
 def model_pictures(result) -> dict[str, str]:
@@ -132,7 +134,6 @@ class Explorer:
         self._priced: dict[tuple, PricedProgram] = {}
 
     # --- what the extractor chose ---
-
     @functools.cached_property
     def chosen(self) -> dict:
         """The e-node the extracted program takes in each e-class it computes."""
@@ -179,23 +180,20 @@ class Explorer:
         return cid
 
     # --- the tables ---
-
     def classes(self, changed: bool = False) -> Table:
         """One row per e-class; ``changed``: only classes rewrites added to or created."""
-        rows, items = [], []
+        rows = []
         for cid in sorted(self.snap.classes, key=_number):
             nodes = self.snap.classes[cid]
             if changed and len(nodes) == 1 and cid in self.loaded.values():
                 continue
             shape, dtype = self.meta.get(cid, ("?", "?"))
-            lo, hi = self.snap.ranges.get(cid, (-float("inf"), float("inf")))
-            pick = self.chosen.get(cid)
+            (lo, hi), pick = self.snap.ranges.get(cid, (-float("inf"), float("inf"))), self.chosen.get(cid)
             rows.append([cid, ", ".join(n.op for n in nodes), list(shape) if shape != "?" else "?",
                          str(dtype).removeprefix("torch."), f"[{lo:.3g}, {hi:.3g}]", _node_text(pick) if pick else "-",
                          self.cost_of(cid, pick)["cost"] if pick else "-"])
-            items.append(cid)
         return Table(f"e-classes of {self.name}" + (" (changed by rewrites)" if changed else ""),
-                     ["id", "members", "shape", "dtype", "range", "chosen", "cost"], rows, items=items,
+                     ["id", "members", "shape", "dtype", "range", "chosen", "cost"], rows, items=[r[0] for r in rows],
                      note=f"{len(rows)} of {len(self.snap.classes)} e-classes, {self.snap.num_enodes} e-nodes")
 
     def eclass(self, cid) -> Table:
@@ -272,16 +270,14 @@ class Explorer:
         verdict = (f"the extracted program costs {other.cost - mine.cost} less" if other.cost > mine.cost
                    else "it costs the same: the extractor keeps the first of equals" if other.cost == mine.cost
                    else "it costs less: the extractor's DAG choice is greedy, not optimal")
-        note = verdict + ("" if held else "; it is not in the e-graph: no rule derives it")
-        return Table(f"why not this program of {self.name}", ["", "extracted", "candidate"],
-                     _side_by_side(mine, other), note=note)
+        return Table(f"why not this program of {self.name}", ["", "extracted", "candidate"], _side_by_side(mine, other),
+                     note=verdict + ("" if held else "; it is not in the e-graph: no rule derives it"))
 
     def _why_not_rule(self, name: str) -> Table:
         if (rule := catalogue().get(name)) is None:
             raise KeyError(f"no rule {name!r}; `egraph-opt rules` lists them")
-        rows = []
-        if not any(r.name == name for r in self.rules):
-            rows.append(["ruleset", f"{name} was not among the rules of this run"])
+        rows = [] if any(r.name == name for r in self.rules) else \
+            [["ruleset", f"{name} was not among the rules of this run"]]
         lhs, found = rule.pairs()[0][0], self.failures(rule)
         if not found:
             present = any(n.op == lhs.op for nodes in self.snap.classes.values() for n in nodes)
@@ -362,12 +358,6 @@ def _side_by_side(a: PricedProgram, b: PricedProgram) -> list[list]:
 
 def _bits(value) -> str:
     return "-" if value is None else f"{value:.1f}"
-
-
-#: the facts a declared range can prove: (relation or bound) of one e-class
-_RELATION = {"positive": (0.0, True), "nonneg": (0.0, False)}
-_BOUND = {"<=": ("hi", False), "<": ("hi", True), ">=": ("lo", False), ">": ("lo", True)}
-HINTS_UP_TO = 20_000  #: hints are looked for in e-graphs up to this many e-nodes (each guarded rule is matched anew)
 
 
 def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = None) -> list[str]:

@@ -33,7 +33,7 @@ from ..profiling.latency import MeasuredLatency, budget_seconds, default_budget
 from ..profiling.profile_db import UNUSABLE, ForeignFileError, ProfileDB, default_path
 from ..backends.onnx_backend import OnnxExportError, export
 from ..frontends.onnx_converters import opset_of
-from ..frontends.onnx_frontend import OnnxImportError, ValueType, _value_type, import_model, load
+from ..frontends.onnx_frontend import OnnxImportError, _value_type, import_model, load
 from ..optimization.pipeline import optimize
 from ..validate import imported_reference, judge
 
@@ -46,9 +46,8 @@ def vocabularies(model: onnx.ModelProto) -> dict[str, int]:
     """Exclusive bound of each integer input indexing (through casts, reshapes) a Gather's constant table."""
     tables = {t.name: list(t.dims) for t in model.graph.initializer}
     users: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            users.setdefault(name, []).append(node)
+    for name, node in ((name, node) for node in model.graph.node for name in node.input):
+        users.setdefault(name, []).append(node)
     bounds = {}
     for inp in model.graph.input:
         frontier, seen = [inp.name], set()
@@ -69,8 +68,7 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
     rng, initializers = np.random.default_rng(seed), {t.name for t in model.graph.initializer}
     vocab, feeds = vocabularies(model), {}
     for info in [i for i in model.graph.input if i.name not in initializers]:
-        vt: ValueType | None = _value_type(info)
-        if vt is None or vt.shape is None:
+        if (vt := _value_type(info)) is None or vt.shape is None:
             raise ModelFailure(f"input {info.name!r} has no tensor shape to draw inputs for")
         shape = [d if isinstance(d, int) else _SYMBOLIC_DIM for d in vt.shape]
         np_type = onnx.helper.tensor_dtype_to_np_dtype(vt.elem_type)
@@ -124,8 +122,7 @@ def process(path: str, target: str, options: dict, stopped: Callable[[], bool] |
         earlier = None if options["force"] or options.get("same_is_ours") else earlier_output(path, target, options)
         if earlier is not None:  # kept (an earlier run's), or a file in the way
             return {**record, **earlier, "seconds": round(time.perf_counter() - start, 3)}
-        original = load(path)
-        stored = onnx.load(path, load_external_data=False)  # where its tensors are kept
+        original, stored = load(path), onnx.load(path, load_external_data=False)  # stored: where its tensors are kept
         src = import_model(upgraded(original, options.get("opset")), path)
         latency = MeasuredLatency.from_database(  # misses timed into it while the model's budget lasts
             options["profile_db"], budget_s=options.get("profile_budget", 0.0))
@@ -227,18 +224,16 @@ def status(r: dict) -> str:
 
 
 def summary(records: list[dict]) -> str:
-    head = ("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after", "after/before")
-    rows = [head]
+    rows = [("model", "status", "nodes", "rewrites", "curvature", "ORT ms before", "after", "after/before")]
     for r in records:
-        ok = r["status"] == "optimized"
-        before, after = r.get("latency_ms_before"), r.get("latency_ms_after")
+        ok, before, after = r["status"] == "optimized", r.get("latency_ms_before"), r.get("latency_ms_after")
         rows.append((os.path.basename(r["model"]), status(r),
                      f"{r['nodes_before']} -> {r['nodes_after']}" if "nodes_before" in r else "-",
                      str(sum(r["rewrites"].values())) if "rewrites" in r else "-",
                      f"{r['curvature_before']} -> {r['curvature_after']}" if "curvature_before" in r else "-",
                      f"{before:.3f}" if ok and before else "-", f"{after:.3f}" if ok and after else "-",
                      f"{after / before:.2f}" if ok and before and after else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     kept = sum(r["status"] == "kept" for r in records)
     failed = sum(r["status"] not in ("optimized", "kept") for r in records)
     stopped = sorted({r["profiling_stopped"] for r in records if r.get("profiling_stopped")})
@@ -263,11 +258,9 @@ def write_report(path: str, records: list[dict], interrupted: bool) -> None:
 def collect(patterns: list[str], out_dir: str) -> tuple[list[str], list[str]]:
     """Model paths from files, directories (their .onnx files, recursively) and glob patterns, and
     those skipped: found under ``out_dir``, where the .onnx files are outputs (an earlier run's)."""
-    found, skipped = [], []
-    out_real = os.path.realpath(out_dir)
+    found, skipped, out_real = [], [], os.path.realpath(out_dir)
     for pattern in patterns:
-        if os.path.isdir(pattern):
-            pattern = os.path.join(glob.escape(pattern), "**", "*.onnx")
+        pattern = os.path.join(glob.escape(pattern), "**", "*.onnx") if os.path.isdir(pattern) else pattern
         for m in (sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]):
             (skipped if os.path.realpath(m).startswith(out_real + os.sep) else found).append(m)
     return list(dict.fromkeys(found)), skipped
@@ -346,7 +339,6 @@ def run(args: argparse.Namespace) -> int:
         finished.add(record["model"])
         bar.write(line(record))
         bar.update()
-
     interrupted = False
     try:
         _dispatch(args, targets, options, done)
@@ -429,10 +421,9 @@ def add_onnx_command(subparsers) -> argparse.ArgumentParser:
                         "its fused operators (Attention at 23) can be used; default: keep each model's")
     parser.add_argument("--profile-db", help="price kernels by the latencies measured in this "
                         "database (default: the user's, $EGRAPH_OPT_PROFILE_DB or the cache folder's)")
-    parser.add_argument("--profile-budget", metavar="SECONDS",
-                        type=argument(budget_seconds, ": a number of seconds >= 0"), help="per model, time "
-                        "the kernels the database has not measured for up to this long and record them "
-                        "(default: $EGRAPH_OPT_PROFILE_BUDGET or 2; 0: none)")
+    parser.add_argument("--profile-budget", metavar="SECONDS", help="per model, time the kernels the database has not "
+                        "measured for up to this long and record them (default: $EGRAPH_OPT_PROFILE_BUDGET or 2; "
+                        "0: none)", type=argument(budget_seconds, ": a number of seconds >= 0"))
     parser.add_argument("--cluster", metavar="ADDRESS", type=_cluster_address,
                         help="run on Dask distributed: a scheduler address (tcp://host:8786), or "
                         "local:N for a cluster of N worker processes started for this run")

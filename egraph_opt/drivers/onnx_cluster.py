@@ -154,24 +154,20 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
     with contextlib.ExitStack() as stack:
         client = _connect(address, stack)
         options = dict(_share_database(client, options), same_is_ours=True)  # targets checked absent first
-        waiting, running, count = iter(targets.items()), {}, itertools.count()
-        finished = as_completed()
+        waiting, running, count, finished = iter(targets.items()), {}, itertools.count(), as_completed()
 
         def submit() -> None:
             for path, target in waiting:
                 if not options["force"] and (earlier := earlier_output(path, target, options)) is not None:
                     done({"model": path, "output": target, "seconds": 0.0, **earlier})
                     continue  # kept (an earlier run's), or a file in the way
-                if shared_fs:  # the workers' working directory need not be this one
-                    where, files = (os.path.abspath(path), os.path.abspath(target)), None
-                else:
-                    where, files = (path, target), _files(path)
+                where, files = ((os.path.abspath(path), os.path.abspath(target)), None) if shared_fs else \
+                    ((path, target), _files(path))  # shared: the workers' working directory need not be this one
                 future = client.submit(_work, process, *where, options, files, pure=False,
                                        key=f"egraph-opt-{options['run']}-{next(count)}-{os.path.basename(path)}")
                 running[future] = path
                 finished.add(future)
                 return
-
         try:
             for _ in range(max(2, PER_WORKER * sum(client.nthreads().values()))):
                 submit()

@@ -24,6 +24,9 @@ from .usage import find_dot, require
 DOT_SECONDS = 20  # a layout that takes longer is abandoned for the summary
 MAX_NODES = 300
 CHOSEN, CHANGED, REMOVED = "#ffd54f", "#ef9a9a", "#e0e0e0"
+_STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px}
+th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow-x:auto}section{margin-bottom:3em}"""
 
 
 @dataclass
@@ -119,9 +122,8 @@ def render(source: str, fallback: str) -> SVG | TextPicture:
         done = subprocess.run([dot, "-Tsvg"], input=source, capture_output=True, text=True, timeout=DOT_SECONDS)
     except subprocess.TimeoutExpired:
         return TextPicture(f"dot took over {DOT_SECONDS} s: a text rendering instead\n{fallback}")
-    if done.returncode != 0:
-        return TextPicture(f"dot failed ({done.stderr.strip()[:200]}): a text rendering instead\n{fallback}")
-    return SVG(done.stdout)
+    return SVG(done.stdout) if done.returncode == 0 else \
+        TextPicture(f"dot failed ({done.stderr.strip()[:200]}): a text rendering instead\n{fallback}")
 
 
 def _q(text: str) -> str:
@@ -134,7 +136,6 @@ def _label(node) -> str:
 
 
 # --- the e-graph ---
-
 def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES) -> SVG | TextPicture:
     """An Explorer's e-graph, or the e-classes within ``radius`` of ``around``: chosen e-nodes filled."""
     classes = ex.snap.classes
@@ -142,10 +143,9 @@ def egraph_picture(ex, around=None, radius: int = 2, max_nodes: int = MAX_NODES)
     if (nodes := sum(len(classes[c]) for c in keep)) > max_nodes:
         biggest = sorted(keep, key=lambda c: -len(classes[c]))[:10]
         rows = [[c, len(classes[c]), ", ".join(sorted({n.op for n in classes[c]}))] for c in biggest]
-        summary = Table(f"{len(keep)} e-classes, {nodes} e-nodes: too many to draw (max_nodes="
-                        f"{max_nodes}); egraph_picture(ex, around=<id>) draws one neighbourhood",
-                        ["e-class", "e-nodes", "ops"], rows, note="the largest e-classes")
-        return TextPicture(str(summary))
+        return TextPicture(str(Table(f"{len(keep)} e-classes, {nodes} e-nodes: too many to draw (max_nodes="
+                                     f"{max_nodes}); egraph_picture(ex, around=<id>) draws one neighbourhood",
+                                     ["e-class", "e-nodes", "ops"], rows, note="the largest e-classes")))
     lines = ["digraph egraph {", "compound=true; rankdir=TB; node [shape=box, style=rounded, fontsize=10];"]
     edges = []  # after every cluster: an edge inside one would draw its ends there
     for cid in sorted(keep):
@@ -174,7 +174,6 @@ def _neighbourhood(classes: dict, start: str, radius: int) -> set[str]:
 
 
 # --- programs before and after ---
-
 def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_NODES) -> SVG | TextPicture:
     """The input and the output program side by side; nodes one side only has are filled (red: new, grey: gone)."""
     numbers, sides = pat.structural_ids(before + after), {"before": before, "after": after}
@@ -195,7 +194,6 @@ def program_picture(before: list[Term], after: list[Term], max_nodes: int = MAX_
 
 
 # --- matplotlib figures ---
-
 def _figure(width: float = 6.4, height: float = 3.6, columns: int = 1):
     """A figure and its axes: one, or a row of ``columns``."""
     require("report", "drawing figures")
@@ -206,8 +204,7 @@ def _figure(width: float = 6.4, height: float = 3.6, columns: int = 1):
 
 def relative_error(value: torch.Tensor, truth: torch.Tensor) -> float:
     """||value - truth|| / ||truth|| in float64; inf where the value is not finite."""
-    value = value.double()
-    if not torch.isfinite(value).all():
+    if not torch.isfinite(value := value.double()).all():
         return float("inf")
     return float(torch.linalg.vector_norm(value - truth) / torch.linalg.vector_norm(truth).clamp_min(1e-300))
 
@@ -222,16 +219,14 @@ def precision_errors(fn, args, dtypes=("float32", "bfloat16", "float16")) -> Tab
 
 def precision_figure(fn, args, dtypes=("float32", "bfloat16", "float16")):
     """Bars of ``precision_errors``: how each precision degrades, original vs optimized."""
-    table = precision_errors(fn, args, dtypes)
-    fig, ax = _figure()
+    table, (fig, ax) = precision_errors(fn, args, dtypes), _figure()
     top = max((v for row in table.rows for v in row[1:] if v != float("inf") and v > 0), default=1.0) * 10
     for j, (label, color) in enumerate([("original", "#90a4ae"), ("optimized", "#1e88e5")]):
         values = [row[1 + j] for row in table.rows]
         xs = [i + (j - 0.5) * 0.38 for i in range(len(values))]
         ax.bar(xs, [min(v, top) if v > 0 else 1e-18 for v in values], 0.38, label=label, color=color)
-        for x, v in zip(xs, values):
-            if v == float("inf"):
-                ax.annotate("not finite", (x, top), ha="center", va="bottom", fontsize=8)
+        for x in (x for x, v in zip(xs, values) if v == float("inf")):
+            ax.annotate("not finite", (x, top), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(table.rows)), [row[0] for row in table.rows])
     ax.set(yscale="log", ylabel="relative error vs float64",
            title=f"precision degradation: {getattr(fn, '__name__', 'program')}")
@@ -288,12 +283,6 @@ def latency_figure(db, op: str, dtype: str = "float32", device: str = "cpu", siz
 
 
 # --- pages ---
-
-_STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px}
-th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow-x:auto}section{margin-bottom:3em}"""
-
-
 def page(title: str, body: str) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")

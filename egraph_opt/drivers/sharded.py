@@ -43,9 +43,8 @@ def shard(fn, *example_args, mesh: int = 2, memory: int | None = None, links: di
     program, _ = capture(fn, example_args)
     budget = default_budget() if profile_budget is None else profile_budget
     latency = None if profile_db is False else MeasuredLatency.from_database(profile_db, budget_s=budget)
-    found = search(program, mesh, limits=limits, latency=latency, links=links or measured_links(profile_db),
-                   memory_limit=memory)
-    return ShardedPlan(found, getattr(fn, "__name__", type(fn).__name__))
+    return ShardedPlan(search(program, mesh, limits=limits, latency=latency, links=links or measured_links(profile_db),
+                              memory_limit=memory), getattr(fn, "__name__", type(fn).__name__))
 
 
 class ShardedPlan:
@@ -80,15 +79,13 @@ class ShardedPlan:
     @property
     def report(self) -> str:
         best, s = self.search.best, self.search
-        lines = [f"[SHARDING] {self.name} over {self.mesh} devices: {s.saturation.enodes} e-nodes, "
-                 f"{s.saturation.iterations} iterations ({s.saturation.stop})",
-                 str(self.placements()), f"[PREDICTED] 1 device {s.original.seconds * 1e6:.1f} us; {self.mesh} devices "
-                 f"{best.seconds * 1e6:.1f} us per device, of which communication "
-                 f"{best.comm_seconds * 1e6:.1f} us ({_counts(best.collectives())})",
-                 f"[MEMORY] per device {best.memory / 2**20:.2f} MiB (unsharded "
-                 f"{s.original.memory / 2**20:.2f} MiB"
-                 + (f", limit {s.memory_limit / 2**20:.2f} MiB)" if s.memory_limit else ")")]
-        return "\n".join(lines)
+        return "\n".join([
+            f"[SHARDING] {self.name} over {self.mesh} devices: {s.saturation.enodes} e-nodes, "
+            f"{s.saturation.iterations} iterations ({s.saturation.stop})", str(self.placements()),
+            f"[PREDICTED] 1 device {s.original.seconds * 1e6:.1f} us; {self.mesh} devices {best.seconds * 1e6:.1f} us "
+            f"per device, of which communication {best.comm_seconds * 1e6:.1f} us ({_counts(best.collectives())})",
+            f"[MEMORY] per device {best.memory / 2**20:.2f} MiB (unsharded {s.original.memory / 2**20:.2f} MiB"
+            + (f", limit {s.memory_limit / 2**20:.2f} MiB)" if s.memory_limit else ")")])
 
     def alternatives(self, k: int = 8) -> Table:
         """The ``k`` cheapest shardings the search compares, with their predicted costs."""
@@ -118,8 +115,7 @@ class ShardedPlan:
 
     def run(self, *args) -> Any:
         """Run on ``mesh`` torch.distributed processes (gloo or NCCL); device 0's result, the original's."""
-        values, _ = runner.spawn(self.terms, self._env(args), self.mesh)
-        return self._outputs(values)
+        return self._outputs(runner.spawn(self.terms, self._env(args), self.mesh)[0])
 
     def run_local(self, *args) -> Any:
         """Under torchrun: this process's device runs its part; returns the (whole) result."""
@@ -142,12 +138,9 @@ def _placements(best: Candidate, classes: dict) -> dict[int, str]:
     out: dict[int, str] = {}
     for t in postorder(best.roots):
         spec = OPS[t.op]
-        if t.op == "shard" or t.op == "reduce_scatter":
-            out[id(t)] = f"split {t.attrs[0]}"
-        elif spec.is_leaf or spec.mesh == "whole" or all(out[id(a)] == "whole" for a in t.args):
-            out[id(t)] = "whole"
-        else:
-            out[id(t)] = "partial sums" if id(t) in summed else split.get(best.class_of[id(t)], "per device")
+        out[id(t)] = f"split {t.attrs[0]}" if t.op in ("shard", "reduce_scatter") else \
+            "whole" if spec.is_leaf or spec.mesh == "whole" or all(out[id(a)] == "whole" for a in t.args) else \
+            "partial sums" if id(t) in summed else split.get(best.class_of[id(t)], "per device")
     return out
 
 

@@ -17,11 +17,10 @@ from ..lang.ops import OPS, shape_attr
 from ..lang.term import Term
 
 #: ONNX element types the Term language names, as torch dtype names
-DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
-          onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16",
-          onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
-          onnx.TensorProto.INT16: "int16", onnx.TensorProto.INT8: "int8",
-          onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool"}
+DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.FLOAT16: "float16",
+          onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
+          onnx.TensorProto.INT16: "int16", onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8",
+          onnx.TensorProto.BOOL: "bool"}
 ELEM_TYPES = {name: code for code, name in DTYPES.items()}
 #: reductions: the opset from which their axes are an input rather than an attribute
 AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceLogSumExp": 18}
@@ -100,8 +99,7 @@ class Importer:
     def dtype(self, name: str) -> str:
         if name in self.consts:
             return DTYPES.get(onnx.helper.np_dtype_to_tensor_dtype(self.consts[name].dtype), "")
-        t = self.types.get(name)
-        return DTYPES.get(t.elem_type, "") if t else ""
+        return DTYPES.get(t.elem_type, "") if (t := self.types.get(name)) else ""
 
     def axis(self, name: str, dim: int) -> int:
         return forms.axis(dim, self.rank(name))
@@ -130,10 +128,8 @@ def _unary(op: str):
 def _reduce(op: str):
     def convert(im: Importer, node):
         x, keep = node.input[0], bool(_attr(node, "keepdims", 1))
-        if im.opset >= AXES_INPUT_SINCE[node.op_type]:
-            axes = list(im.const(node.input[1])) if len(node.input) > 1 and node.input[1] else []
-        else:
-            axes = list(_attr(node, "axes", []))
+        axes = list(_attr(node, "axes", [])) if im.opset < AXES_INPUT_SINCE[node.op_type] else \
+            list(im.const(node.input[1])) if len(node.input) > 1 and node.input[1] else []
         if op == "logsumexp" and len(axes) != 1:
             raise Unsupported("ReduceLogSumExp over other than one axis")
         if not axes and _attr(node, "noop_with_empty_axes", 0):
@@ -148,13 +144,10 @@ def _gemm(im: Importer, node):
     a, b = im.term(node.input[0]), im.term(node.input[1])
     alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
     has_c, trans_b = len(node.input) > 2 and node.input[2], _attr(node, "transB", 0)
-    if _attr(node, "transA", 0):
-        a = Term("transpose", (a,), (-2, -1))
+    a = Term("transpose", (a,), (-2, -1)) if _attr(node, "transA", 0) else a
     if trans_b and alpha == 1.0 and beta == 1.0 and has_c and im.shape(node.input[2]) == im.shape(node.input[1])[:1]:
         return Term("linear", (a, b, im.term(node.input[2])))
-    if trans_b:
-        b = Term("transpose", (b,), (-2, -1))
-    out = Term("matmul", (a, b))
+    out = Term("matmul", (a, Term("transpose", (b,), (-2, -1)) if trans_b else b))
     out = out if alpha == 1.0 else Term("mul", (out, Term.const(alpha)))
     if not has_c:
         return out
@@ -194,8 +187,7 @@ def _concat(im: Importer, node):
 
 
 def _slice(im: Importer, node):
-    x = node.input[0]
-    starts, ends = im.const(node.input[1]), im.const(node.input[2])
+    x, starts, ends = node.input[0], im.const(node.input[1]), im.const(node.input[2])
     rank, dims = im.rank(x), im.shape(x)
     axes = im.const(node.input[3]) if len(node.input) > 3 and node.input[3] else range(len(starts))
     steps, out = im.const(node.input[4]) if len(node.input) > 4 and node.input[4] else [1] * len(starts), im.term(x)
@@ -292,20 +284,17 @@ def _class_loss(op: str):
 
 CONVERTERS = {
     "Add": _binary("add"), "Sum": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"),
-    "Div": _binary("div", floating_only=True), "Pow": _binary("pow", floating_only=True),
-    "Max": _binary("maximum"), "Min": _binary("minimum"),
-    "Where": lambda im, n: Term("where", (im.term(n.input[0]), im.operand(n.input[1], n.input[2]),
-                                          im.operand(n.input[2], n.input[1]))),
+    "Div": _binary("div", floating_only=True), "Pow": _binary("pow", floating_only=True), "Max": _binary("maximum"),
+    "Min": _binary("minimum"), "Where": lambda im, n: Term(
+        "where", (im.term(n.input[0]), im.operand(n.input[1], n.input[2]), im.operand(n.input[2], n.input[1]))),
     # the ops that declare one ONNX operator of one input and no attributes as their own
     **{op.onnx: _unary(op.name) for op in OPS.values() if op.arity == 1 and not op.attrs and op.onnx[:1].isupper()},
     "Reciprocal": lambda im, n: Term("div", (Term.const(1.0), im.term(n.input[0]))),
     "Gelu": lambda im, n: Term("gelu", (im.term(n.input[0]),), (_attr(n, "approximate", "none"),)),
-    "Identity": lambda im, n: im.term(n.input[0]), "Dropout": _dropout,
-    "ReduceSum": _reduce("sum"), "ReduceMean": _reduce("mean"),
-    "ReduceMax": _reduce("max"), "ReduceLogSumExp": _reduce("logsumexp"),
-    "MatMul": lambda im, n: Term("matmul", (im.term(n.input[0]), im.term(n.input[1]))),
-    "Gemm": _gemm, "Transpose": _transpose,
-    **dict.fromkeys(("Reshape", "Flatten", "Squeeze", "Unsqueeze"), _to_shape("reshape")),
+    "Identity": lambda im, n: im.term(n.input[0]), "Dropout": _dropout, "ReduceSum": _reduce("sum"),
+    "ReduceMean": _reduce("mean"), "ReduceMax": _reduce("max"), "ReduceLogSumExp": _reduce("logsumexp"),
+    "MatMul": lambda im, n: Term("matmul", (im.term(n.input[0]), im.term(n.input[1]))), "Gemm": _gemm,
+    "Transpose": _transpose, **dict.fromkeys(("Reshape", "Flatten", "Squeeze", "Unsqueeze"), _to_shape("reshape")),
     "Expand": _to_shape("expand"), "Gather": _gather("index_select"),
     "GatherElements": _gather("gather"), "Concat": _concat,
     "Slice": _slice, "Cast": _cast, "Softmax": _softmax("softmax"),

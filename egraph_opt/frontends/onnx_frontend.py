@@ -25,15 +25,13 @@ MIN_OPSET = 13
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
                      "Multinomial", "Bernoulli", "Dropout"}
 _FOLD_LIMIT = 1 << 16  # elements: larger constant results stay computed at run time
+#: the size a symbolic dim takes inside the Term language (shape analysis, costs); never 1, so no
+#: broadcasting or size-one rule can specialize on it; export restores the symbolic dims
+SYMBOLIC_SIZE = 2
 
 
 class OnnxImportError(ValueError):
     """A model that cannot be read: the message names what is wrong and where, on one line."""
-
-
-#: the size a symbolic dim takes inside the Term language (shape analysis, costs); never 1, so no
-#: broadcasting or size-one rule can specialize on it; export restores the symbolic dims
-SYMBOLIC_SIZE = 2
 
 
 @dataclass(frozen=True)
@@ -101,8 +99,7 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
 def nodes_in_order(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
     """Nodes with producers first; a cycle or an undefined input is an error naming the node."""
     known = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    users, waiting = {}, []
+    producer, users, waiting = {out: i for i, n in enumerate(graph.node) for out in n.output if out}, {}, []
     for i, node in enumerate(graph.node):
         for name in node.input:
             if name and name not in known and name not in producer:
@@ -112,8 +109,7 @@ def nodes_in_order(graph: onnx.GraphProto, where: str) -> list[onnx.NodeProto]:
         for d in mine:
             users.setdefault(d, []).append(i)
         waiting.append(len(mine))
-    ready = [i for i, w in enumerate(waiting) if w == 0]  # ascending: already a heap
-    order = []
+    ready, order = [i for i, w in enumerate(waiting) if w == 0], []  # ready ascending: already a heap
     while ready:  # smallest index first: a sorted graph keeps its order
         i = heapq.heappop(ready)
         order.append(i)
@@ -188,8 +184,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     if opset_of(model) < MIN_OPSET:
         raise OnnxImportError(f"{where}: opset {opset_of(model)} is older than {MIN_OPSET}; "
                               "convert it with onnx.version_converter first")
-    graph = model.graph
-    nodes = nodes_in_order(graph, where)
+    graph, nodes = model.graph, nodes_in_order(model.graph, where)
     im, inputs = _importer(model, where, nodes), []
     for info in graph.input:
         if (vt := im.types.get(info.name)) is None or vt.shape is None:
@@ -201,8 +196,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>") -> OnnxProgram:
     program = GraphProgram(tuple(inputs), tuple(im.term(o.name) for o in graph.output), opaque,
                            {n: t for n, t in im.params.items() if n in im.terms}, value_meta=opaque_types)
     tensors = {n: im.protos[n] for n, t in im.terms.items() if t.op == "param"}
-    for o in graph.output:
-        im.types[o.name] = _value_type(o) or im.types.get(o.name)
+    im.types.update((o.name, _value_type(o) or im.types.get(o.name)) for o in graph.output)
     return OnnxProgram(program=program, model=model, types=im.types, tensors=tensors,
                        output_names=tuple(o.name for o in graph.output), source=where, folded=folded)
 
@@ -223,8 +217,7 @@ def _importer(model: onnx.ModelProto, where: str, nodes: list[onnx.NodeProto]) -
             im.consts[tensor.name], im.protos[tensor.name] = numpy_helper.to_array(tensor), tensor
         elif getattr(im.types.get(tensor.name), "shape", None) is None:  # its default's, if undeclared
             im.types[tensor.name] = ValueType(tensor.data_type, tuple(tensor.dims))
-    for node in nodes:
-        im.used.update(node.input, subgraph_reads(node))
+    im.used.update(x for node in nodes for x in [*node.input, *subgraph_reads(node)])
     im.used.update(o.name for o in graph.output)
     return im
 
@@ -274,8 +267,7 @@ def _convert_node(im: Importer, node: onnx.NodeProto, shapeless: set[str]) -> No
     results = results if isinstance(results, tuple) else (results,)
     if any(out in im.used for out in node.output[len(results):]):
         raise Unsupported("an extra output is used")
-    for out, term in zip(node.output, results):
-        im.terms[out] = term
+    im.terms.update(zip(node.output, results))
 
 
 def static_type(vt: ValueType | None) -> bool:

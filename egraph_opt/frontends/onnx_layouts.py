@@ -74,8 +74,7 @@ def bmm_split(im, name: str, out: tuple) -> Term | None:
         return None
     with contextlib.suppress(Unsupported):
         a, b = _heads(im, node.input[0]), _heads(im, node.input[1])
-        scores = im.static(node.output[0])
-        if a is None or b is None or a[1] != b[1] or out != a[1] + scores[1:]:
+        if a is None or b is None or a[1] != b[1] or out != a[1] + im.static(node.output[0])[1:]:
             return None
         t = Term("matmul", (a[0], b[0]))
         for op, c, first in reversed(steps):

@@ -96,8 +96,7 @@ def shard(x, axis: int, n: int):
 
 
 def all_gather(x, axis: int, n: int):
-    d = _device(n)
-    return d.all_gather(x, axis) if d else torch.cat(list(_parts(x, n)), axis)
+    return d.all_gather(x, axis) if (d := _device(n)) else torch.cat(list(_parts(x, n)), axis)
 
 
 def all_reduce(x, n: int):

@@ -50,6 +50,7 @@ PRAGMA user_version = {SCHEMA_VERSION};
 PRAGMA application_id = {APPLICATION_ID};
 """
 _COLUMNS = "kernel, backend, device, dtype, shape_key, runs, median_s, spread_s, versions, recorded_at, config"
+_OUR_TABLE_SQL = f"CREATE TABLE {_TABLE} (".encode()  # in the schema on page 1 of a database of ours
 
 
 class ProfileDBWarning(UserWarning):
@@ -143,30 +144,24 @@ def _foreign_reason(path: Path) -> tuple[str | None, bool]:
     (only ours is set aside). Read through SQLite: opening the file would drop this process's POSIX locks."""
     if not path.exists() or path.stat().st_size == 0:
         return None, True
-    conn = sqlite3.connect(path, timeout=_TIMEOUT_S)
-    try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        ours = _TABLE in tables or conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
-        check = conn.execute("PRAGMA quick_check(1)").fetchone()[0]  # a bad page fails later reads
-    except sqlite3.DatabaseError as e:
-        if e.sqlite_errorcode not in _CORRUPT_CODES:
-            raise  # locked, busy, unreadable: a problem of access, not of the file
-        with open(path, "rb") as f:  # SQLite's header and first page (read only once SQLite refused
-            head = f.read(1 << 16)  # the file: no connection here then holds locks a close could drop)
-        if not head.startswith(_SQLITE_HEADER):
-            return "not an SQLite database", False
-        ours = int.from_bytes(head[68:72], "big") == APPLICATION_ID or _OUR_TABLE_SQL in head
-        return f"corrupt SQLite file ({e})", ours
-    finally:
-        conn.close()
+    with contextlib.closing(sqlite3.connect(path, timeout=_TIMEOUT_S)) as conn:
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            ours = _TABLE in tables or conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+            check = conn.execute("PRAGMA quick_check(1)").fetchone()[0]  # a bad page fails later reads
+        except sqlite3.DatabaseError as e:
+            if e.sqlite_errorcode not in _CORRUPT_CODES:
+                raise  # locked, busy, unreadable: a problem of access, not of the file
+            with open(path, "rb") as f:  # SQLite's header and first page (read only once SQLite refused
+                head = f.read(1 << 16)  # the file: no connection here then holds locks a close could drop)
+            if not head.startswith(_SQLITE_HEADER):
+                return "not an SQLite database", False
+            ours = int.from_bytes(head[68:72], "big") == APPLICATION_ID or _OUR_TABLE_SQL in head
+            return f"corrupt SQLite file ({e})", ours
     if check != "ok":
         return f"corrupt SQLite file ({' '.join(check.split())})", ours
-    if tables and _TABLE not in tables:
-        return f"an SQLite database without egraph-opt's tables (has: {', '.join(sorted(tables))})", False
-    return None, True
-
-
-_OUR_TABLE_SQL = f"CREATE TABLE {_TABLE} (".encode()  # in the schema on page 1 of a database of ours
+    return (f"an SQLite database without egraph-opt's tables (has: {', '.join(sorted(tables))})", False) \
+        if tables and _TABLE not in tables else (None, True)
 
 
 def _set_aside(path: Path, reason: str) -> None:
@@ -290,8 +285,7 @@ class ProfileDB:
 
     def export(self, path: str | os.PathLike) -> int:
         """Every record into a new self-contained database at ``path``; how many (the CLI links it in: no overwrite)."""
-        path = Path(path).expanduser()
-        if path.exists():
+        if (path := Path(path).expanduser()).exists():
             raise ProfileDBError(f"{path} exists: export writes a new file")
         records = self.since()[0]
         with ProfileDB(path) as out:
@@ -324,4 +318,3 @@ class ProfileDB:
 
     def __exit__(self, *exc) -> None:
         self.close()
-

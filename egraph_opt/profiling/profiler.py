@@ -77,8 +77,7 @@ def _sdpa(shapes, attrs):
     """Flash-style attention: scores are never written; a causal mask halves the work."""
     q, k, v = shapes[:3]
     kv = [s[:-3] + (1,) if min(len(s), len(q)) > 2 and s[-3] < q[-3] else s[:-2] for s in (k, v)]  # grouped
-    batch = math.prod(torch.broadcast_shapes(q[:-2], *kv))
-    (length, e), (s, ev) = q[-2:], v[-2:]
+    batch, (length, e), (s, ev) = math.prod(torch.broadcast_shapes(q[:-2], *kv)), q[-2:], v[-2:]
     pairs = batch * length * s * (0.5 if attrs.get("causal") else 1.0)
     return Work(pairs * (2 * e + 2 * ev + 12), sum(map(math.prod, shapes)) + batch * length * ev)
 
@@ -124,8 +123,7 @@ def _loss(flops_per_element: float):
 
 def _loss_inputs(shapes, dtype, device):
     """Logits and class indices (every row's target one of its classes)."""
-    logits, target = shapes
-    gen = _generator(device)
+    (logits, target), gen = shapes, _generator(device)
     return [torch.randn(logits, generator=gen, dtype=dtype, device=device),
             torch.randint(0, max(logits[1], 1), target, generator=gen, device=device)]
 
@@ -159,6 +157,10 @@ SPECS: dict[str, OpSpec] = {name: WORK_KINDS[op.work](op) for name, op in OPS.it
 MOVE = "move"
 #: every kind of kernel the latency model prices: the ops of SPECS and the moves
 PRICED: dict[str, OpSpec] = {**SPECS, MOVE: OpSpec(_square(1), _pointwise(0.0))}
+# Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
+EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none", "eps": 1e-5, "scale": 0.125,
+                 "causal": False, "fill": -1e30, "floor": -1e30, "beta": 1.702, "activation": "gelu_tanh",
+                 "reduction": "mean", "ignore_index": -100}
 
 
 def timeable(op: str, shapes) -> bool:
@@ -169,11 +171,6 @@ def timeable(op: str, shapes) -> bool:
 def attr_names(kernel: str) -> list[str]:
     """The attributes a kernel of PRICED takes, in order (a move takes none)."""
     return [name for name, _ in OPS[kernel].attrs] if kernel in OPS else []
-
-# Attribute values used when profiling (sdpa's scale is 1/sqrt(64) for its head size of 64).
-EXAMPLE_ATTRS = {"axis": -1, "keepdim": False, "correction": 1, "approximate": "none", "eps": 1e-5, "scale": 0.125,
-                 "causal": False, "fill": -1e30, "floor": -1e30, "beta": 1.702, "activation": "gelu_tanh",
-                 "reduction": "mean", "ignore_index": -100}
 
 
 def work(kernel: str, shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> Work:
@@ -233,7 +230,6 @@ def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, rep
             fn(*args)
         sync()
         return time.perf_counter() - start
-
     with torch.inference_mode():
         for _ in range(warmup):
             fn(*args)
@@ -330,8 +326,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         raise ValueError(f"cannot profile {unknown}: no cost spec; costed ops: {', '.join(sorted(SPECS))}")
     for name in {c.dtype for c in cases}:
         torch_dtype(name)  # a typo fails now, not after an hour of profiling
-    device, where = torch.device(device), device_name(device)
-    records = []
+    device, where, records = torch.device(device), device_name(device), []
     for case in _progress(cases, f"profiling on {where}") if progress else cases:
         tensors = PRICED[case.op].inputs(case.shapes, torch_dtype(case.dtype), device)
         layouts = case.attrs.get("layout") or [None] * len(tensors)  # as the kernel will see them
@@ -339,8 +334,7 @@ def profile_shapes(cases: Iterable[Case], device: str | torch.device, db: Profil
         attrs = [case.attrs[name] for name in attr_names(case.op)]
         impl, backend = (kernels.get(case.op, OPS[case.op].impl), "torch") if kernel is None else \
             (kernel.impl, kernel.db_backend)
-        if kernel is not None and kernel.takes is not None:
-            tensors = [kernel.takes(t) for t in tensors]
+        tensors = [kernel.takes(t) for t in tensors] if kernel is not None and kernel.takes is not None else tensors
         config = fastest(impl, [*tensors, *attrs], device, budget_s)  # a Triton kernel's: recorded, for plans to run
         timing = time_kernel(functools.partial(impl, config=config) if config else impl, [*tensors, *attrs],
                              device, repeats=repeats)

@@ -39,10 +39,9 @@ class Link:
 
 #: gloo over loopback, 2 processes, as ``egraph-opt profile --collectives`` fits them (reduce_scatter
 #: runs as an all-reduce kept in part: gloo has none on CPU)
-DEFAULT_LINKS = {
-    "all_gather": Link(alpha_s=394e-6, beta_s=0.93e-9),
-    "all_reduce": Link(alpha_s=418e-6, beta_s=1.14e-9),
-    "reduce_scatter": Link(alpha_s=441e-6, beta_s=1.79e-9)}
+DEFAULT_LINKS = {"all_gather": Link(alpha_s=394e-6, beta_s=0.93e-9),
+                 "all_reduce": Link(alpha_s=418e-6, beta_s=1.14e-9),
+                 "reduce_scatter": Link(alpha_s=441e-6, beta_s=1.79e-9)}
 
 
 def links_path(db=None) -> Path:
@@ -52,8 +51,7 @@ def links_path(db=None) -> Path:
 
 def measured_links(db=None) -> dict[str, Link]:
     """The links ``egraph-opt profile --collectives`` wrote beside ``db``, else the defaults."""
-    path = links_path(db)
-    if not path.exists():
+    if not (path := links_path(db)).exists():
         return dict(DEFAULT_LINKS)
     try:
         return {**DEFAULT_LINKS, **{k: Link(**v) for k, v in json.loads(path.read_text()).items() if k in COLLECTIVES}}
@@ -71,8 +69,7 @@ def save_links(links: dict[str, Link], db=None) -> Path:
 
 
 def nbytes(meta: tuple) -> int:
-    shape, dtype = meta
-    return math.prod(shape) * dtype.itemsize
+    return math.prod(meta[0]) * meta[1].itemsize  # meta: (shape, dtype)
 
 
 @dataclass
@@ -85,8 +82,7 @@ class MeshCost:
     links: dict | None = None
 
     def __post_init__(self):
-        self.links = self.links or measured_links()
-        self.model = CostModel(Objective.LATENCY, latency_of=self.latency)
+        self.links, self.model = self.links or measured_links(), CostModel(Objective.LATENCY, latency_of=self.latency)
         self.facts = Facts(self.meta, scalars=class_constants(self.classes))
         self.placed = {c for c, nodes in self.classes.items() if any(n.op in ("input", "param") for n in nodes)}
 
@@ -114,8 +110,7 @@ def memory(terms, meta_of) -> int:
     """Bytes one device holds: the inputs and weights it reads (only its part where it reads only
     a part) and the largest value it computes. ``meta_of(term)``: (a device's shape, dtype)."""
     order, leaves = postorder(terms), ("input", "param")
-    whole = {a.attrs[0] for t in order if t.op != "shard" for a in t.args if a.op in leaves}
-    held, largest = {}, 0
+    whole, held, largest = {a.attrs[0] for t in order if t.op != "shard" for a in t.args if a.op in leaves}, {}, 0
     for t in order:
         if t.op in leaves and t.attrs[0] in whole:
             held[t.attrs[0]] = nbytes((parse_shape(t.attrs[1]), meta_of(t)[1]))

@@ -18,6 +18,9 @@ from ..lang import mesh
 from ..kernels.torch_ops import TORCH
 from ..lang.term import Term, evaluate
 
+#: bytes per collective that ``profile_collectives`` times: 4 KB to 4 MB of float32
+COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576)
+
 
 def device_of_this_process(n: int) -> mesh.Device:
     """This process's place in the initialized default process group; collectives are DTensor redistributions:
@@ -33,7 +36,6 @@ def device_of_this_process(n: int) -> mesh.Device:
 
     def all_reduce(x: torch.Tensor) -> torch.Tensor:
         return DTensor.from_local(x.contiguous(), grid, [Partial()], run_check=False).full_tensor()
-
     return mesh.Device(dist.get_rank(), n, all_gather, all_reduce)
 
 
@@ -57,8 +59,7 @@ def _device(rank: int, n: int, port: int, backend: str, threads: int | None, wor
         found = work(n, *args)
         if rank == 0:
             torch.save(found, path)
-        dist.barrier()  # no process tears its connections down while another still uses them:
-        # gloo aborts (SIGABRT) a peer whose pair closes under it
+        dist.barrier()  # no process closes a pair another still uses: gloo aborts (SIGABRT) that peer
     finally:
         dist.destroy_process_group()
     sys.stdout.flush()
@@ -121,10 +122,6 @@ def _leave() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-#: bytes per collective that ``profile_collectives`` times: 4 KB to 4 MB of float32
-COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576)
 
 
 def _collectives(n: int, sizes, repeats: int) -> list[tuple]:

@@ -382,8 +382,13 @@ def test_cli_batch_parallel_force_and_report(zoo, tmp_path, capsys):
     assert records["truncated.onnx"]["status"] == "failed"
     assert "truncated or corrupt" in records["truncated.onnx"]["reason"]
     good = records["attention.onnx"]
-    assert good["status"] == "optimized" and good["nodes_after"] < good["nodes_before"]
-    assert good["latency_ms_before"] > 0 and good["curvature_after"] < good["curvature_before"]
+    assert good["status"] == "optimized" and good["latency_ms_before"] > 0
+    assert good["curvature_after"] < good["curvature_before"]
+    written = len(onnx.load(str(out / "attention.onnx")).graph.node)
+    if "kept_original" in good:  # onnxruntime timed the fused model slower on this machine (CI's did): written as it was
+        assert "as long" in good["kept_original"] and written == good["nodes_after"] == good["nodes_before"]
+    else:
+        assert written == good["nodes_after"] < good["nodes_before"]
     assert "3 optimized, 1 failed" in text
 
     before = (out / "mlp.onnx").stat().st_mtime_ns

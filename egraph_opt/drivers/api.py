@@ -587,10 +587,7 @@ class OptimizedFunction:
         returns = getattr(traced, "_out_spec", None) or traced.meta.get("returns") or \
             tree_structure(returned(program.outputs))
         device = args[0].device.type if args else "cpu"
-        latency = None if self.profile_db is False else MeasuredLatency.from_database(
-            self.profile_db, device, budget_s=self.profile_budget)
-        priced = Pricing(latency, device) if latency else None  # by the kernel that will run
-        model = CostModel(self.objective, latency_of=priced, tolerance=self.tolerance, max_slowdown=self.max_slowdown)
+        latency, priced, model = self._cost_model(device)
         result = optimize(program, rules=self.rules, model=model, limits=self.limits, input_ranges=self.input_ranges)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
         made.estimate = measured_estimate(latency)
@@ -621,6 +618,14 @@ class OptimizedFunction:
             args, saved = tuple(a.clone() for a in args), [args[i].clone() for i in writes]
             timed = [lambda *a, f=f: [a[i].copy_(v) for i, v in zip(writes, saved)] and f(*a) for f in timed]
         return self._never_slower(plan, *timed, args, device, latency, original_s)  # as the caller calls
+
+    def _cost_model(self, device: str):
+        """The latency database on ``device``, its pricing by the kernel that will run, and the cost model."""
+        latency = None if self.profile_db is False else MeasuredLatency.from_database(
+            self.profile_db, device, budget_s=self.profile_budget)
+        priced = Pricing(latency, device) if latency else None
+        return latency, priced, CostModel(self.objective, latency_of=priced, tolerance=self.tolerance,
+                                          max_slowdown=self.max_slowdown)
 
     def _describe(self, report: Report, program, result: Optimized, module, latency, priced) -> None:
         """What the optimization did, its estimated error and latency, into ``report``."""

@@ -42,6 +42,9 @@ def mp_value(term: Term, point: dict):
             continue
         else:
             args = [values[id(a)] for a in t.args]
+            if t.op == "pow" and (args[0] == 1 or args[1] == 0):  # IEEE's pow(1, y) and pow(x, 0): 1, NaN or not
+                values[id(t)] = mpmath.mpf(1)
+                continue
             if any(mpmath.isnan(a) for a in args):
                 values[id(t)] = mpmath.nan
                 continue

@@ -10,7 +10,7 @@ import egraph_opt.drivers.api as api
 from egraph_opt import saturate_and_extract
 from egraph_opt.backends.torch_backend import FoldedConstant
 from egraph_opt.drivers.explore import ExploreError, explore
-from egraph_opt.drivers.families import Apart, Variable, at, split
+from egraph_opt.drivers.families import Apart, Families, Sample, Variable, at, split
 from egraph_opt.lang.term import Term
 
 
@@ -220,6 +220,22 @@ def test_instantiation_keeps_equal_parts_and_refuses_what_a_size_does_not_explai
     variable = Variable.of(sizes, (2, 9, 9))
     assert shape == ((("rank", 2), torch.float32), ("rank", 1)) and variable.n((2, 30, 30)) == 30
     assert variable.n((3, 30, 30)) is None and variable.n((2, 30, 31)) is None
+
+
+def test_a_sample_extracted_otherwise_than_its_neighbours_pairs_not_the_size_after_it():
+    """Extraction may price a near tie apart at two sizes (Llama's prefill: rotary fused at 8 and 10 tokens, not at 9):
+    10 pairs with 8, so 11 is made from them, not traced again; a size that agrees with none pairs with the newest."""
+    def sample(n: int, op: str) -> tuple:
+        x = Term.input("x", (2, n))
+        return ((torch.Size([2, n]), torch.float32),), Sample((), None, optimized=Term(op, (x,), ()))
+    families = Families()
+    for n, op in ((8, "exp"), (9, "expm1"), (10, "exp")):
+        families.record(*sample(n, op))
+    first, second, variable, n = families.find(sample(11, "exp")[0])
+    assert (first.sizes, second.sizes, n) == ((2, 8), (2, 10), 11) and at(first.optimized, second.optimized, (
+        8, 10, 11)).args[0].attrs[1] == "2,11"
+    families.record(*sample(12, "log"))
+    assert [s.sizes for s in families.find(sample(13, "log")[0])[:2]] == [(2, 10), (2, 12)]
 
 
 def test_where_a_sample_measured_slower_the_familys_other_sizes_fall_back(monkeypatch):

@@ -33,6 +33,7 @@ from ..lang.program import Program
 from ..lang.term import Term
 
 REACH = 8
+SAMPLES = 4  # kept per family, the two newest that agree last (``record``)
 FAMILIES = 64  # kept per decorated program (a family per state, say, for a module rebound often)
 _SIZES = re.compile(r"-?\d+(,-?\d+)*")
 
@@ -116,21 +117,35 @@ class Families:
         self._samples: dict[tuple, list[Sample]] = {}
 
     def record(self, key: tuple, sample: Sample) -> None:
+        """``sample`` last, after the newest earlier one it agrees with: extraction may price a near tie apart at two
+        sizes (a prompt's rotary fused at 8 tokens, not at 9, then at 10 again), and then 10 pairs with 8."""
         shape, sample.sizes = split(key)
-        kept = [s for s in self._samples.pop(shape, []) if s.sizes != sample.sizes]  # re-entered last
-        self._samples[shape] = (kept + [sample])[-2:]
+        kept = sorted((s for s in self._samples.pop(shape, []) if s.sizes != sample.sizes),  # re-entered last
+                      key=lambda s: _agree(s, sample))  # stable: the newest that agrees next to it
+        self._samples[shape] = (kept + [sample])[-SAMPLES:]
         while len(self._samples) > FAMILIES:  # the family sampled least recently goes
             del self._samples[next(iter(self._samples))]
 
     def find(self, key: tuple) -> tuple[Sample, Sample, Variable, int] | None:
         """The two samples a call of ``key`` can be made from, the variable and its value now."""
         shape, sizes = split(key)
-        pair = self._samples.get(shape, [])
+        pair = self._samples.get(shape, [])[-2:]
         if len(pair) < 2 or (variable := Variable.of(pair[0].sizes, pair[1].sizes)) is None:
             return None
         n = variable.n(sizes)
         return None if n is None or not 2 <= n <= REACH * max(s.sizes[variable.at[0]] for s in pair) else \
             (*pair, variable, n)
+
+
+def _agree(a: Sample, b: Sample) -> bool:
+    """Whether ``b``'s optimized program is ``a``'s at its size (on their lines), or both fell back."""
+    if (variable := Variable.of(a.sizes, b.sizes)) is None:
+        return False
+    try:
+        at(a.optimized, b.optimized, (a.sizes[variable.at[0]], *[b.sizes[variable.at[0]]] * 2))
+    except Apart:
+        return False
+    return True
 
 
 def at(a: Any, b: Any, n: tuple[int, int, int], memo: dict | None = None) -> Any:

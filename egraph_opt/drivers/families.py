@@ -33,7 +33,7 @@ from ..lang.program import Program
 from ..lang.term import Term
 
 REACH = 8
-SAMPLES = 4  # kept per family, the two newest that agree last (``record``)
+SAMPLES = 3  # kept per family (each holds its module), the newest two that agree last (``record``)
 FAMILIES = 64  # kept per decorated program (a family per state, say, for a module rebound often)
 _SIZES = re.compile(r"-?\d+(,-?\d+)*")
 

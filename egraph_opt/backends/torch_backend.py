@@ -313,5 +313,5 @@ class _Build:
         self.backend[key] = backend
         node = self.graph.call_function(impl, tuple(self.on(k, backend) for k in operands) + tuple(attrs),
                                         {"config": config} if config else {})
-        self.named[node] = name
+        self.named[node], node.meta["op"] = name, item.op if name != "triton.generated" else None
         return node

@@ -372,20 +372,24 @@ def test_a_size_where_the_original_branches_fails_validation_and_is_traced(monke
     assert "made at n = 22 from the plans traced at n = 20 and 21" in f.report.sizes, f.report.sizes
 
 
-def test_samples_binding_one_op_to_different_kernels_share_the_first_samples(monkeypatch):
+@pytest.mark.parametrize("refused", [False, True])
+def test_samples_binding_one_op_to_different_kernels_share_the_first_samples(refused, monkeypatch):
     """A kernel chosen by latency at one sample and not the other (forced: another attention kernel at n = 8; GPT-2's
     oneDNN linear at 8 tokens, not at 9, by a near tie): each is the op, so the family's one module binds the first
-    sample's and serves every size, validated and equal to eager (each size built and validated its own before)."""
+    sample's and serves every size, validated and equal to eager (each size built and validated its own before).
+    Where the first sample's kernel refuses the other's operands (forced), each size is built for itself."""
     import dataclasses
     from egraph_opt.backends import torch_backend
-    bind = torch_backend.bind
+    bind, kernels_for, refusing = torch_backend.bind, torch_backend.kernels_for, [False]
 
     def by_size(use, *rest):
         kernel = bind(use, *rest)
+        refusing[0] = refused and use.op == "sdpa" and use.shapes[1][-2] == 8
         if use.op == "sdpa" and use.shapes[1][-2] == 8:
             return dataclasses.replace(kernel, impl=lambda *a, **k: kernel.impl(*a, **k))
         return kernel
     monkeypatch.setattr(torch_backend, "bind", by_size)
+    monkeypatch.setattr(torch_backend, "kernels_for", lambda op: [] if refusing[0] else kernels_for(op))
     traced, built = _traces(monkeypatch), _builds(monkeypatch)
     f = saturate_and_extract(decode, profile_db=False, profile_budget=0)
     with warnings.catch_warnings():
@@ -393,8 +397,9 @@ def test_samples_binding_one_op_to_different_kernels_share_the_first_samples(mon
         for n in (7, 8, 9, 12):
             out, ref = _call(f, n)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
-    assert len(traced) == 2 and len(built) == 2 and f.report.validation.passed, (traced, built)
-    assert "built for this size" not in f.report.sizes and "it serves them all" in f.report.sizes, f.report.sizes
+    assert len(traced) == 2 and len(built) == 2 + 2 * refused and f.report.validation.passed, (traced, built)
+    assert ("built for this size, the samples' modules differ: sdpa against <lambda>" in f.report.sizes) == refused
+    assert ("it serves them all" in f.report.sizes) != refused, f.report.sizes
 
 
 @pytest.mark.parametrize("what", ["region", "configuration"])

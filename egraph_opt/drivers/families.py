@@ -118,7 +118,8 @@ class Families:
 
     def record(self, key: tuple, sample: Sample) -> None:
         """``sample`` last, after the newest earlier one it agrees with: extraction may price a near tie apart at two
-        sizes (a prompt's rotary fused at 8 tokens, not at 9, then at 10 again), and then 10 pairs with 8."""
+        sizes (Llama's prefill attends over grouped keys at 8 and 10 tokens, over keys repeated to every head at 9),
+        and then 10 pairs with 8."""
         shape, sample.sizes = split(key)
         kept = sorted((s for s in self._samples.pop(shape, []) if s.sizes != sample.sizes),  # re-entered last
                       key=lambda s: _agree(s, sample))  # stable: the newest that agrees next to it

@@ -223,8 +223,9 @@ def test_instantiation_keeps_equal_parts_and_refuses_what_a_size_does_not_explai
 
 
 def test_a_sample_extracted_otherwise_than_its_neighbours_pairs_not_the_size_after_it():
-    """Extraction may price a near tie apart at two sizes (Llama's prefill: grouped keys at 8 and 10 tokens, repeated at 9):
-    10 pairs with 8, so 11 is made from them, not traced again; a size that agrees with none pairs with the newest."""
+    """Extraction may price a near tie apart at two sizes (Llama's prefill: grouped keys at 8 and 10 tokens, repeated
+    at 9): 10 pairs with 8, so 11 is made from them, not traced again; a size that agrees with none pairs with the
+    newest."""
     def sample(n: int, op: str) -> tuple:
         x = Term.input("x", (2, n))
         return ((torch.Size([2, n]), torch.float32),), Sample((), None, optimized=Term(op, (x,), ()))

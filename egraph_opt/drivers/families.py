@@ -196,8 +196,8 @@ def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple
     integer or shape that differs in ``b``'s (built at ``span[1]``), and those pairs (``at`` gives their values at a
     size); a constant that reads a size (a mask from ``arange(n)``) is computed once per size. Where the samples bound
     one op to different kernels (chosen by latency at each), ``a``'s serves where it takes ``b``'s operands too (each
-    is the op: every new prompt length built its own module, GPT-2's oneDNN linear at 8 tokens, not at 9). ``Apart`` where graphs differ in anything else
-    (a tuned configuration, a region's kernel, which holds its shapes)."""
+    is the op: every new prompt length built its own module, GPT-2's oneDNN linear at 8 tokens, not at 9). ``Apart``
+    where graphs differ in anything else (a tuned configuration, a region's kernel, which holds its shapes)."""
     graph, env, holes = fx.Graph(owning_module=a), {}, {}
     match, first = dict(zip(b.graph.nodes, a.graph.nodes)), next(iter(a.graph.nodes))
 
@@ -225,8 +225,8 @@ def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple
             at(getattr(a, x.target), getattr(b, y.target), (*span, span[0]))
         mine, theirs = x.meta.get("kernel"), y.meta.get("kernel")  # (name, the kernels that took the node's operands)
         bound = mine and theirs and mine[0] in theirs[1]  # b's node bound otherwise, by latency: a's kernel serves
-        env[x] = copy((x.op, x.target, map_arg((x.args, x.kwargs), env.__getitem__)),
-                      (y.op, x.target if bound else y.target, map_arg((y.args, y.kwargs), lambda m: env[match[m]])), x.name)
+        env[x] = copy((x.op, x.target, map_arg((x.args, x.kwargs), env.__getitem__)), (
+            y.op, x.target if bound else y.target, map_arg((y.args, y.kwargs), lambda m: env[match[m]])), x.name)
     fold_constants(graph, a.pure, tuple(holes.values()))  # each kept per size
     return plain_attributes(fx.GraphModule(a, graph)), list(holes)
 

@@ -174,6 +174,26 @@ def test_a_row_timed_while_other_processes_held_the_cores_is_never_used(tmp_path
     assert source == ("default" if latency.interference(fresh, work("exp", [(8, 64)], {})) else "measured")
 
 
+def test_a_row_far_slower_than_its_neighbours_predict_is_interpolated_where_enough_rows_tell(tmp_path):
+    """Noise only slows: a row 2.4x what the shapes around it predict timed a loaded moment (Llama's grouped attention
+    at 9 tokens 55 us beside 23 us at 8 and 10, which made its plan repeat the keys to every head there); its shape is
+    interpolated from the rest. A row 1.2x off stays measured, and a group of few rows keeps every row."""
+    def rows(db, dims, slow):
+        db.add_many(Record(kernel="matmul", backend="torch", device=DEVICE, dtype="float32", shapes=((m, 32), (32, 32)),
+                           attrs={}, runs=5, median_s=law([(m, 32), (32, 32)]) * slow.get(m, 1.0), spread_s=0.0)
+                    for m in dims)
+    with ProfileDB(tmp_path / "p.sqlite") as db:
+        rows(db, range(8, 136, 8), {72: 2.4, 40: 1.2})
+        model = LatencyModel(db)
+        loaded, kept = predict(model, [(72, 32), (32, 32)]), predict(model, [(40, 32), (32, 32)])
+    assert loaded.source == "interpolated" and abs(loaded.seconds / law([(72, 32), (32, 32)]) - 1) < 0.1, loaded
+    assert kept.source == "measured" and kept.seconds == law([(40, 32), (32, 32)]) * 1.2
+    with ProfileDB(tmp_path / "few.sqlite") as db:
+        rows(db, range(8, 72, 8), {40: 2.4})
+        few = predict(LatencyModel(db), [(40, 32), (32, 32)])
+    assert few.source == "measured" and few.seconds == law([(40, 32), (32, 32)]) * 2.4
+
+
 def test_attention_under_a_mask_is_timed_as_the_kernel_a_plan_binds(tmp_path, monkeypatch):
     """Every attention op (a bias, a fill, both) is timed, a condition operand as booleans, not priced by its passes
     over memory: so priced, sdpa_filled's guards and torch's kernel at T <= 128 looked cheaper than the products and

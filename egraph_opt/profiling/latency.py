@@ -74,6 +74,9 @@ def roofline_seconds(w: Work, itemsize: int, device: str) -> float:
 #: a row this many times its roofline default timed the scheduler, not the kernel (other processes
 #: held the cores): such rows are never used
 IMPLAUSIBLE = 200.0
+#: a row this many times what the rows around it predict timed a loaded moment too (Llama's grouped attention at 9
+#: tokens 55 us, at 8 and 10 tokens 23 us: repeating its keys to every head, 9 us more, was priced cheaper there)
+OUTLIER = 1.5
 
 
 def interference(record: Record, w: Work) -> float | None:
@@ -104,22 +107,23 @@ def _work_of(kernel: str, record: Record) -> Work | None:
 
 
 class _Group:
-    """The measurements of one (kernel, backend, device, dtype), as features and residuals."""
+    """The measurements of one (kernel, backend, device, dtype), as features and residuals. Where the group holds
+    enough rows to tell, one ``OUTLIER`` times what its neighbours predict timed a loaded moment (noise only slows):
+    left out, so its shape is interpolated, and timed again where a budget allows."""
 
     def __init__(self, device: str, itemsize: int, rows: list[tuple[Record, Work]]):
-        records, works = [r for r, _ in rows], [w for _, w in rows]
-        self.exact, self.z = {r.shape_key: r for r in records}, np.array([_features(w, itemsize) for w in works])
-        self.y = np.log([r.median_s / roofline_seconds(w, itemsize, device) for r, w in zip(records, works)])
-        self.lo, self.hi = self.z.min(axis=0), self.z.max(axis=0)
-        self.uncertainty = self._leave_one_out()
+        self.z = np.array([_features(w, itemsize) for _, w in rows])
+        self.y = np.log([r.median_s / roofline_seconds(w, itemsize, device) for r, w in rows])
+        if len(rows) > 2 * NEIGHBOURS and (slow := self._errors() > math.log(OUTLIER)).any() and not slow.all():
+            rows, self.z, self.y = [row for row, out in zip(rows, slow) if not out], self.z[~slow], self.y[~slow]
+        self.exact, self.lo, self.hi = {r.shape_key: r for r, _ in rows}, self.z.min(axis=0), self.z.max(axis=0)
+        self.uncertainty = float(math.expm1(math.sqrt(np.mean(np.square(self._errors()))))) if len(rows) > 1 \
+            else DEFAULT_UNCERTAINTY  # of predicting each measurement from the others
 
-    def _leave_one_out(self) -> float:
-        """exp(RMS log error) - 1 of predicting each measurement from the others."""
-        if (n := len(self.y)) < 2:
-            return DEFAULT_UNCERTAINTY
-        keep = ~np.eye(n, dtype=bool)
-        errors = [self.y[i] - _local_fit(self.z[keep[i]], self.y[keep[i]], self.z[i]) for i in range(n)]
-        return float(math.expm1(math.sqrt(np.mean(np.square(errors)))))
+    def _errors(self) -> np.ndarray:
+        """Each row's log error predicted from the others."""
+        keep = ~np.eye(n := len(self.y), dtype=bool)
+        return np.array([self.y[i] - _local_fit(self.z[keep[i]], self.y[keep[i]], self.z[i]) for i in range(n)])
 
     def extrapolation(self, query: np.ndarray) -> str:
         """A note when `query` lies far outside the measured range of a feature, else ''."""

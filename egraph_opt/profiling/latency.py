@@ -114,15 +114,17 @@ class _Group:
     def __init__(self, device: str, itemsize: int, rows: list[tuple[Record, Work]]):
         self.z = np.array([_features(w, itemsize) for _, w in rows])
         self.y = np.log([r.median_s / roofline_seconds(w, itemsize, device) for r, w in rows])
-        if len(rows) > 2 * NEIGHBOURS and (slow := self._errors() > math.log(OUTLIER)).any() and not slow.all():
+        errors = self._errors()
+        if len(rows) > 2 * NEIGHBOURS and (slow := errors > math.log(OUTLIER)).any() and not slow.all():
             rows, self.z, self.y = [row for row, out in zip(rows, slow) if not out], self.z[~slow], self.y[~slow]
+            errors = self._errors()  # of the rows kept
         self.exact, self.lo, self.hi = {r.shape_key: r for r, _ in rows}, self.z.min(axis=0), self.z.max(axis=0)
-        self.uncertainty = float(math.expm1(math.sqrt(np.mean(np.square(self._errors()))))) if len(rows) > 1 \
+        self.uncertainty = float(math.expm1(math.sqrt(np.mean(np.square(errors))))) if len(rows) > 1 \
             else DEFAULT_UNCERTAINTY  # of predicting each measurement from the others
 
     def _errors(self) -> np.ndarray:
-        """Each row's log error predicted from the others."""
-        keep = ~np.eye(n := len(self.y), dtype=bool)
+        """Each row's log error predicted from the others (none for a single row)."""
+        keep = ~np.eye(n := len(self.y) if len(self.y) > 1 else 0, dtype=bool)
         return np.array([self.y[i] - _local_fit(self.z[keep[i]], self.y[keep[i]], self.z[i]) for i in range(n)])
 
     def extrapolation(self, query: np.ndarray) -> str:

@@ -59,6 +59,12 @@ RULES = rules(_E, [
                               "NaN; + 0: +0 at y = 0, as 1 - 1 is"),
     ("pow-minus-one",         "(sub (pow ?x ?y) (const 1.0))",                  "(add (expm1 (mul ?y (log ?x))) (const 0.0))",
                               when("(positive ?x)") + _FINITE, "x^y - 1 = expm1(y log x) for x > 0"),
+    ("one-minus-pow",         "(sub (const 1.0) (pow ?x ?y))",                  "(sub (const 0.0) (expm1 (mul ?y (log ?x))))",
+                              when("(positive ?x)") + _FINITE, "1 - x^y = -expm1(y log x) for x > 0 (1 - (1 - p)^n, a "
+                              "success probability: log(1 - p) meets log1p); 0 - : +0 at x^y = 1, as 1 - 1 is"),
+    ("one-minus-pow-at-zero", "(sub (const 1.0) (pow ?x ?y))",                  "(sub (const 0.0) (expm1 (mul ?y (log ?x))))",
+                              when("(nonneg ?x)", "(positive ?y)") + _FINITE, "one-minus-pow where x may be 0: for y "
+                              "> 0, y log 0 = -inf and -expm1(-inf) = 1 = 1 - 0^y (0^0 = 1 is why y > 0)"),
     ("pow-shift-minus-one-where", "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
                               f"(where {_BASE_POSITIVE} (add (expm1 (mul ?y (log1p ?x))) (const 0.0)) "
                               f"(sub (pow (where {_BASE_POSITIVE} (const 1.0) (add ?x (const 1.0))) ?y) (const 1.0)))",

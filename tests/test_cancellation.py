@@ -99,6 +99,10 @@ GUARDED += [
      (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-1.0, 1.0)})),
     ("pow-minus-one", (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.5, 2.0)}),
      (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.0, 2.0)})),
+    ("one-minus-pow", (op("sub", c(1.0), op("pow", X, Y)), {"x": (0.5, 2.0)}),
+     (op("sub", c(1.0), op("pow", X, Y)), {"x": (-1.0, 2.0)})),
+    ("one-minus-pow-at-zero", (op("sub", c(1.0), op("pow", X, Y)), {"x": (0.0, 2.0), "y": (0.25, 3.0)}),
+     (op("sub", c(1.0), op("pow", X, Y)), {"x": (0.0, 2.0), "y": (0.0, 3.0)})),  # 0^0 = 1: -expm1(0 * -inf) is NaN
     ("pow-shift-minus-one-where", (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-4.0, 1.0)}),
      (op("sub", op("pow", op("add", X, c(1.0)), op("mul", Y, c(1e30))), c(1.0)),
       {"x": (-4.0, 1.0), "y": (-1e10, 1e10)})),  # y * 1e30 may overflow: expm1(inf * log1p(0))

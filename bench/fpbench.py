@@ -12,7 +12,8 @@ skips are counted by reason.
 Method, as Herbie's: the box is the precondition's bounds (rounded inward to float32), or all
 finite float32 where it gives none ("default box" in the table); points are uniform over the
 float32 bit patterns in the box, and kept where the whole precondition holds and the exact result
-is a finite float32 (computed at 256, then 512, ... bits until its float32 rounding settles).
+is a finite float32 (computed at 256, then 512, ... bits until its float32 rounding settles, and
+confirmed by mpmath's interval arithmetic where it has the program's functions: Herbie's Rival does so).
 Error is log2(1 + the number of float32 values between result and truth): 0 when equal, 1 when
 adjacent, 32 for a NaN. The optimized program is ``saturate_and_extract(fn, objective=..., input_ranges=box)``
 as a user would call it, once per objective on the same points (``--objective``: comma-separated;
@@ -304,14 +305,15 @@ class _RealMP:
         return real
 
 
-def translate(problem: Problem, backend: int, expr=None):
+def translate(problem: Problem, backend: int, expr=None, intervals: bool = False):
     """A Python function of the problem's parameters computing ``expr`` (default: the body) with
-    torch ops (``TORCH``) or mpmath (``MP``); its source text is ``fn.source``."""
+    torch ops (``TORCH``) or mpmath (``MP``; ``intervals``: mpmath's interval arithmetic, whose
+    functions it lacks raise AttributeError when called); its source text is ``fn.source``."""
     params = [identifier(p) for p in problem.params]
     code, _ = _Translator(backend)(problem.body if expr is None else expr, dict(zip(problem.params, params)))
     fname = identifier(problem.name)
     src = f"def {fname}({', '.join(params)}):\n    return {code}\n"
-    namespace = {"T": torch, "M": math, "mp": _RealMP()}
+    namespace = {"T": torch, "M": math, "mp": mpmath.iv if intervals else _RealMP()}
     exec(compile(src, f"<fpcore {problem.name}>", "exec"), namespace)
     fn = namespace[fname]
     fn.source = src
@@ -397,9 +399,10 @@ def sample_box(box: dict, n: int, rng: np.random.Generator) -> dict:
     return out
 
 
-def exact(fn, point: tuple):
+def exact(fn, point: tuple, bounds=None):
     """fn at the exact inputs, rounded to float32 once its rounding settles across PRECISIONS;
-    None where it is undefined, complex, not a finite float32, or does not settle."""
+    None where it is undefined, complex, not a finite float32, or does not settle, or where
+    ``bounds`` (fn in interval arithmetic) shows the settled value uncertain."""
     previous = None
     for prec in PRECISIONS:
         with mpmath.workprec(prec):
@@ -411,15 +414,34 @@ def exact(fn, point: tuple):
                 return None
             r = round_f32(v)
         if r == previous:
-            return r if math.isfinite(r) else None
+            return r if math.isfinite(r) and (bounds is None or _certain(bounds, point, prec, v, r)) else None
         previous = r
     return None
+
+
+def _certain(bounds, point: tuple, prec: int, v, r: float) -> bool:
+    """Whether interval arithmetic at ``prec`` bits holds ``v`` and rounds to ``r`` at both ends, where it can tell: a
+    value that settles at every fixed precision can still be wrong (Kahan's Monster: exp(z) - 1 with z below 2^-prec
+    is 0 at every precision, and its exact z is 0, for which the program returns 1), as Herbie's Rival sees. Where the
+    interval form has no function of the program, or no real interval, the settled value stands."""
+    saved, mpmath.iv.prec = mpmath.iv.prec, prec
+    try:
+        got = bounds(*(mpmath.iv.mpf(float(x)) for x in point))
+        if not isinstance(got, type(mpmath.iv.mpf(0))):
+            return True
+        with mpmath.workprec(prec):
+            lo, hi = (mpmath.mpf(e) for e in got._mpi_)
+    except (AttributeError, ArithmeticError, ValueError, TypeError):
+        return True
+    finally:
+        mpmath.iv.prec = saved
+    return mpmath.isfinite(lo) and mpmath.isfinite(hi) and lo <= v <= hi and round_f32(lo) == round_f32(hi) == r
 
 
 def points(problem: Problem, box: dict, n: int, rng: np.random.Generator, rounds: int = 20):
     """(inputs {param: float32 array}, truth float32 array): up to n sampled points where the
     precondition holds and the truth is a finite float32."""
-    truth_fn = translate(problem, MP)
+    truth_fn, bounds = translate(problem, MP), translate(problem, MP, intervals=True)
     pre_fn = translate(problem, MP, problem.pre) if problem.pre is not None else None
     kept: list[tuple] = []
     for _ in range(rounds):
@@ -427,7 +449,7 @@ def points(problem: Problem, box: dict, n: int, rng: np.random.Generator, rounds
         for point in zip(*batch.values()):
             if pre_fn is not None and not _holds(pre_fn, point):
                 continue
-            t = exact(truth_fn, point)
+            t = exact(truth_fn, point, bounds)
             if t is not None:
                 kept.append((point, t))
             if len(kept) == n:

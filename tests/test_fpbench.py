@@ -90,6 +90,22 @@ def test_truth_rounds_once_to_nearest_even_float32():
     assert fb.exact(fb.translate(_one("(FPCore (x) (fabs (sqrt (- x 1))))"), fb.MP), (F32(5.0),)) == 2.0
 
 
+def test_a_truth_that_settles_wrong_at_every_precision_is_no_truth():
+    """Kahan's Monster: q = |y - sqrt(y^2 + 1)| - 1/(y + sqrt(y^2 + 1)) is exactly 0, and the program returns 1 there;
+    at any fixed precision q is a rounding residue z below 2^-prec, exp(z) - 1 is 0, and 0 settles. Interval
+    arithmetic at the same precision shows the value uncertain: the point is skipped, not scored against 0."""
+    monster = _one("(FPCore (y) (let ((q (- (fabs (- y (sqrt (+ (* y y) 1)))) (/ 1 (+ y (sqrt (+ (* y y) 1)))))))"
+                   " (let ((z (* q q))) (if (== z 0) 1 (/ (- (exp z) 1) z)))))")
+    truth, bounds = fb.translate(monster, fb.MP), fb.translate(monster, fb.MP, intervals=True)
+    assert fb.exact(truth, (F32(3.0),)) == 0.0  # what fixed precision settles to
+    assert fb.exact(truth, (F32(3.0),), bounds) is None
+    sqrt2 = _one("(FPCore (x) (hypot x x))")  # a function interval arithmetic lacks: the settled value stands
+    assert fb.exact(fb.translate(sqrt2, fb.MP), (F32(1.0),), fb.translate(sqrt2, fb.MP, intervals=True)) == \
+        float(F32(math.sqrt(2)))
+    cube = _one("(FPCore (x) (- (* x x x) 1))")
+    assert fb.exact(fb.translate(cube, fb.MP), (F32(1.5),), fb.translate(cube, fb.MP, intervals=True)) == 2.375
+
+
 def test_sampling_covers_bit_patterns_inside_the_box():
     rng = np.random.default_rng(0)
     x = fb.sample_box({"x": (0.0, 1.0)}, 4000, rng)["x"]

@@ -1,5 +1,7 @@
 """The cancellation family (issue 16 item 2): start => goal on programs, a must-not-fire test for
 every guard, and a growth bound for the phase with every rule in play."""
+import math
+
 import mpmath
 import pytest
 import torch
@@ -99,6 +101,8 @@ GUARDED += [
      (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-1.0, 1.0)})),
     ("pow-minus-one", (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.5, 2.0)}),
      (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.0, 2.0)})),
+    ("hypot-plus-negative", (op("add", op("hypot", X, Y), X), SMALL), (op("add", op("hypot", E, Y), E), None)),
+    ("hypot-minus", (op("sub", op("hypot", X, Y), X), SMALL), (op("sub", op("hypot", X, E), X), None)),
     ("one-minus-pow", (op("sub", c(1.0), op("pow", X, Y)), {"x": (0.5, 2.0)}),
      (op("sub", c(1.0), op("pow", X, Y)), {"x": (-1.0, 2.0)})),
     ("one-minus-pow-at-zero", (op("sub", c(1.0), op("pow", X, Y)), {"x": (0.0, 2.0), "y": (0.25, 3.0)}),
@@ -155,6 +159,21 @@ def test_a_difference_of_square_roots_cancels_in_its_numerator():
     result = optimize(Program((X, Y), term), objective=Objective.STABILITY, input_ranges=ranges)
     before, after = program_error(Program((X, Y), term), ranges), program_error(result.program, ranges)
     assert after.worst <= before.worst - 8, pretty(result.program.roots()[0])
+
+
+def test_a_complex_square_roots_real_part_takes_the_conjugate_where_it_cancels():
+    """0.5 sqrt(2 (|z| + re)) (Herbie's complex square root): for re < 0 and |im| << |re| the sum cancels, and
+    im^2 / (|z| - re) adds magnitudes; the float32 program, not widened, is accurate at re = -1e4, im = 1e-2."""
+    term = op("mul", op("sqrt", op("mul", op("add", op("sqrt", op("add", op("mul", X, X), op("mul", Y, Y))), X),
+                                   c(2.0))), c(0.5))
+    ranges = {"x": (-1e4, 1e4), "y": (-1e4, 1e4)}
+    result = optimize(Program((X, Y), term), objective=Objective.STABILITY, input_ranges=ranges, widen=False)
+    x, y = torch.full((4, 16), -1e4), torch.full((4, 16), 1e-2)
+    (got,) = evaluate(result.program.roots(), {"x": x, "y": y})
+    truth = 0.5 * math.sqrt(2 * 1e-4 / (math.hypot(1e4, 1e-2) + 1e4))  # |z| + re = im^2 / (|z| - re)
+    (naive,) = evaluate([term], {"x": x, "y": y})
+    assert float(naive[0, 0]) == 0.0  # |z| + re rounds to 0 in float32
+    assert float(got[0, 0]) == pytest.approx(truth, rel=1e-5), pretty(result.program.roots()[0])
 
 
 def test_the_phase_with_every_rule_stays_bounded():

@@ -156,3 +156,14 @@ RULES += rules(Family.ALGEBRA, [
                               "x^2 of 1 + k 2^-23 rounds off only k^2 2^-46)"),
     ("tan-half-angle-sin",    "(div (sin ?x) (add (cos ?x) (const 1.0)))",      "(tan (mul ?x (const 0.5)))",
                               "sin x / (1 + cos x) = tan(x/2): 1 + cos x cancels near pi")])
+
+#: x -+ sqrt(x^2 - q) is a quadratic's numerator -b -+ sqrt(b^2 - q) at b = -x, exactly ((-x)(-x) is x x): spelled so,
+#: the quadratic-numerator rules meet it (Henrywood and Agarwal's x + sqrt(x^2 - M^2), ENA's x - sqrt(x^2 - eps))
+_AT = "(sqrt (sub (mul ?x ?x) ?q))", "(neg (neg ?x))", "(sqrt (sub (mul (neg ?x) (neg ?x)) ?q))"
+RULES += rules(Family.ALGEBRA, [
+    ("root-beside-its-square", f"(add ?x {_AT[0]})",                          f"(add {_AT[1]} {_AT[2]})",
+                              "x + sqrt(x^2 - q) as -b + sqrt(b^2 - q), b = -x"),
+    ("root-beside-its-square-first", f"(add {_AT[0]} ?x)",                    f"(add {_AT[1]} {_AT[2]})",
+                              "sqrt(x^2 - q) + x, as root-beside-its-square"),
+    ("root-less-beside-its-square", f"(sub ?x {_AT[0]})",                     f"(sub {_AT[1]} {_AT[2]})",
+                              "x - sqrt(x^2 - q) as -b - sqrt(b^2 - q), b = -x")])

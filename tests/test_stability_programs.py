@@ -234,6 +234,29 @@ def test_a_small_float32_program_no_float32_form_fixes_is_computed_in_float64(ob
         assert g.report.optimized and all(n != "float64" for n, _, _ in g.report.rewrites), g.report
 
 
+def _root_beside_its_square(a, b, m):  # Henrywood and Agarwal's x + sqrt(x^2 - M^2), x a product
+    x = a * b
+    return x + torch.sqrt(x * x - m * m)
+
+
+def test_the_default_computes_in_float64_the_form_that_does_not_cancel():
+    """x + sqrt(x^2 - m^2), x = ab, over every float32: x^2 overflows float32 (float64 keeps it) and for x < 0 the sum
+    cancels (float64 too: the conjugate m^2 / (x - sqrt(x^2 - m^2)) does not). Neither alone is accurate; the default
+    objective takes the conjugate's form in float64, far more accurate within max_slowdown (6x here: the empty test
+    database prices every op at the roofline's 5 us, the scaled conjugate's 25 ops past 4x; timed, it is 3.2x). In
+    float32 alone the conjugate's few bits buy less than its time: chosen before float64 was weighed, it was not."""
+    f = saturate_and_extract(_root_beside_its_square, profile_budget=0, max_slowdown=6.0)
+    a, b = torch.tensor([-1e20, -3.0, 2.0, -1e10]), torch.tensor([1e5, 1e3, 5.0, 1e12])
+    m = torch.tensor([1.0, 0.5, 3.0, 2.0])
+    x, mm = a.double() * b.double(), m.double() ** 2
+    exact = torch.where(x < 0, mm / (x - torch.sqrt(x * x - mm)), x + torch.sqrt(x * x - mm)).float()
+    torch.testing.assert_close(f(a, b, m), exact, rtol=2 ** -22, atol=0)
+    rewrites = [n for n, _, _ in f.report.rewrites]
+    assert "float64" in rewrites and "root-beside-its-square" in rewrites, f.report
+    naive = _root_beside_its_square(a, b, m)
+    assert not torch.isfinite(naive[0]) and abs(float(naive[1] / exact[1]) - 1) > 0.5
+
+
 def _phi(y, k):
     return 2.0 * (torch.atan(torch.exp(y / k)) - math.pi / 4.0)
 

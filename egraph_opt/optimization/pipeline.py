@@ -72,8 +72,9 @@ def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Ob
     facts = enode_facts(session.snap, *class_shapes(session.snap, roots, term_meta, session.class_of,
                                                     model.latency_of is not None))
     cost = lambda cid, node: model(facts(cid, node))  # noqa: E731 - the extractor's price of an e-node
-    best, regimes, reranked = _extract(program, session, cost, rules, input_ranges, model)
-    widest = widen and _widest(program, best, input_ranges, model)
+    best, regimes, reranked, accurate = _extract(program, session, cost, rules, input_ranges, model)
+    widest = widen and _widest(program, best, input_ranges, model, accurate)
+    best, widest = widest or (best, None)  # the float32 form widened: its derivation
     optimized, kept, before, after = _never_worse(program, widest or best, session.snap, session.class_of, model,
                                                   input_ranges, ranges, keep=reranked or bool(regimes or widest))
     seconds = {**session.seconds, "extract": time.perf_counter() - start}
@@ -90,13 +91,14 @@ def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Ob
 
 
 def _extract(program: Program, session: Session, cost: Callable, rules: list[Rule],
-             input_ranges: dict | None, model: CostModel) -> tuple[list[Term], list | None, bool]:
-    """(roots, regimes, re-ranked): the extracted roots, re-ranked by error (``_rerank``), or regimes' first."""
+             input_ranges: dict | None, model: CostModel) -> tuple[list[Term], list | None, bool, list[Term] | None]:
+    """(roots, regimes, re-ranked, the most accurate re-ranked): the extracted roots, re-ranked by error (``_rerank``),
+    or regimes' first."""
     roots, snap, root_classes = program.roots(), session.snap, session.root_classes
     best = extract(snap.classes, root_classes, cost)
     priced = lambda terms: program_cost(terms, model, input_ranges, program.leaf_meta())  # noqa: E731
-    reranked = _rerank(program, roots, best, snap, root_classes, cost, input_ranges, model, priced) \
-        if model.objective in (Objective.STABILITY, Objective.BALANCED) else None
+    reranked, accurate = _rerank(program, roots, best, snap, root_classes, cost, input_ranges, model, priced) \
+        if model.objective in (Objective.STABILITY, Objective.BALANCED) else (None, None)
     fastest, best = best, reranked or best
     # regimes (and series) under stability, under a tolerance the best single program breaks (its
     # series within it), under balanced where far more accurate (the mean of its sampled error, a
@@ -111,7 +113,7 @@ def _extract(program: Program, session: Session, cost: Callable, rules: list[Rul
     if balanced and regimes and len(regimes.regimes) > 1 and \
             not model.affordable(*(priced(t)["latency"] for t in ([regimes.term], fastest))):
         regimes = None
-    return ([regimes.term] if regimes else best), regimes, reranked is not None
+    return ([regimes.term] if regimes else best), regimes, reranked is not None, accurate
 
 
 def own_calls(program: Program, kept: list[Term], snap: Snapshot, class_of: dict) -> tuple:
@@ -125,25 +127,37 @@ def own_calls(program: Program, kept: list[Term], snap: Snapshot, class_of: dict
     return tuple(t for t in postorder(kept) if calls and (t.op, t.attrs, tuple(found[id(a)] for a in t.args)) in calls)
 
 
-def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, model: CostModel) -> list[Term] | None:
-    """``chosen`` in float64 from its float32 inputs, rounded once, for a small elementwise program (Herbie's) where no
-    float32 form is accurate: under balanced far more accurate and affordable, under stability no worse anywhere."""
+def _widest(program: Program, chosen: list[Term], input_ranges: dict | None, model: CostModel,
+            accurate: list[Term] | None = None) -> tuple[list[Term], list[Term]] | None:
+    """(a float32 form, it in float64 from its float32 inputs, rounded once), for a small elementwise program (Herbie's)
+    where no float32 form is accurate: ``chosen`` under stability, no worse anywhere; under balanced ``chosen`` or the
+    ``accurate`` form re-ranking saw (float64 keeps what float32 overflows, the form what float64 cancels: Henrywood and
+    Agarwal's x + sqrt(x^2 - M^2) needs both), the more accurate that is far more so and affordable."""
     if model.objective not in (Objective.STABILITY, Objective.BALANCED) or len(chosen) != 1 or program.opaque or \
             program.params or not elementwise(chosen) or len(postorder(chosen)) > RERANK_NODES or \
             any(t.attrs[2] != "float32" for t in program.inputs):
         return None
+    forms = [chosen] + ([accurate] if accurate is not None and accurate[0] is not chosen[0]
+                        and model.objective is Objective.BALANCED else [])
+    wide = [_in_float64(program, form) for form in forms]
+    programs = [program.with_roots({id(program.roots()[0]): t[0]}) for t in [chosen, *wide]]
+    if model.objective is Objective.BALANCED:
+        latency = [program_cost(t, model, input_ranges, program.leaf_meta())["latency"] for t in [chosen, *wide]]
+        found = far_more_accurate(programs, latency, model.affordable, input_ranges)
+        return (forms[found - 1], wide[found - 1]) if found else None
+    old, new = (program_error(p, input_ranges) for p in programs)
+    return (chosen, wide[0]) if old and new and old.mean > 1 and new.worst <= old.worst and \
+        new.mean <= old.mean - MIN_GAIN else None
+
+
+def _in_float64(program: Program, chosen: list[Term]) -> list[Term]:
+    """``chosen`` computed in float64 from its float32 inputs and rounded once to float32."""
     needs = {id(a) for t in postorder(chosen) for i, a in enumerate(t.args) if a.op == "input" and not (  # a cast: those
         OPS[t.op].shape_rule == "broadcast" and len(t.args) == 2 and t.args[1 - i].op != "const"  # no float64 operand
         and (i or t.args[1].op != "input"))}  # promotes, as torch does (a kernel fewer each)
     leaves = {id(t): (Term("cast", (t,), ("float64",)) if id(t) in needs else t) if t.op == "input" else  # constants
               Term.const(program.doubles.get(t.attrs[0], t.attrs[0])) for t in postorder(chosen) if t.op in ("input", "const")}
-    widest = [Term("cast", tuple(tmpl.substitute(chosen, leaves)), ("float32",))]
-    pair = [program.with_roots({id(program.roots()[0]): t[0]}) for t in (chosen, widest)]
-    if model.objective is Objective.BALANCED:
-        latency = [program_cost(t, model, input_ranges, program.leaf_meta())["latency"] for t in (chosen, widest)]
-        return widest if far_more_accurate(pair, latency, model.affordable, input_ranges) else None
-    old, new = (program_error(p, input_ranges) for p in pair)
-    return widest if old and new and old.mean > 1 and new.worst <= old.worst and new.mean <= old.mean - MIN_GAIN else None
+    return [Term("cast", tuple(tmpl.substitute(chosen, leaves)), ("float32",))]
 
 
 def _never_worse(program: Program, best: list[Term], snap: Snapshot, class_of: dict, model: CostModel,
@@ -172,25 +186,28 @@ RERANK, RERANK_NODES, RERANK_ELEMENTS = 8, 64, 2 ** 14
 
 
 def _rerank(program: Program, roots: list[Term], best: list[Term], snap: Snapshot, root_classes: list[str],
-            cost: Callable, input_ranges: dict | None, model: CostModel, priced: Callable) -> list[Term] | None:
+            cost: Callable, input_ranges: dict | None, model: CostModel,
+            priced: Callable) -> tuple[list[Term] | None, list[Term] | None]:
     """Of the cheapest programs and the input, by first-order error sampled over the declared ranges (or the inputs' bit
     patterns), which sees what per-node costs cannot (a cancellation, an error a later op attenuates): under stability
-    the least error, under balanced one far more accurate within ``max_slowdown``. None: none chosen."""
+    the least error, under balanced one far more accurate within ``max_slowdown`` (None: none chosen); and the least
+    error's (float64 may make it affordable)."""
     if len(root_classes) != 1 or program.opaque or len(postorder(best)) > RERANK_NODES:
-        return None
+        return None, None
     # sampled errors tell programs apart where elementwise (Herbie's domain) or every input is
     # declared: drawn over all bit patterns, a matmul's operands overflow it almost everywhere
     if model.objective is Objective.BALANCED and not elementwise(roots) and \
             not all(t.attrs[0] in (input_ranges or {}) for t in program.inputs):
-        return None
+        return None, None
     if not sampled_small(program) and sum(math.prod(shape) for shape, _ in program.meta().values()) > RERANK_ELEMENTS:
-        return None  # the input's values: an elementwise program is sampled small whatever its size
+        return None, None  # the input's values: an elementwise program is sampled small whatever its size
     found = [[a.term] for a in alternatives(snap.classes, root_classes[0], cost, limit=RERANK)]
     candidates = [best] + [c for c in found if len(postorder(c)) <= RERANK_NODES] + [roots]
     programs = [program.with_roots({id(roots[0]): c[0]}) for c in candidates]
     chosen = least_error(programs, input_ranges) if model.objective is Objective.STABILITY else far_more_accurate(
         programs, [priced(c)["latency"] for c in candidates], model.affordable, input_ranges)
-    return None if chosen is None else candidates[chosen]
+    accurate = least_error(programs, input_ranges) if model.objective is Objective.BALANCED else chosen
+    return (None if chosen is None else candidates[chosen]), (None if accurate is None else candidates[accurate])
 
 
 def _optimize_templated(program: Program, groups: list, schedule: list[Phase],

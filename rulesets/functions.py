@@ -17,7 +17,8 @@ _SQUARES_M = f"(add (mul (div ?y {_YZ}) (div ?y {_YZ})) (mul (div ?z {_YZ}) (div
 _QUOTIENTS_BOUNDED = (f"(less (maximum (sub (maximum (abs ?u) (abs ?v)) (mul {_YZ} (const 64.0))) "
                       f"(sub (mul {_YZ} (const 0.0)) (const 1.0))) (const 0.0))")
 
-_YH, _XH = "(div ?y (hypot ?x ?y))", "(div ?x (hypot ?x ?y))"  # each at most 1 in magnitude (h > 0 where used)
+_H = "(hypot ?x ?y)"
+_YH, _XH = f"(div ?y {_H})", f"(div ?x {_H})"  # each at most 1 in magnitude (h > 0 where used)
 
 RULES = rules(_E, [
     # name                    lhs                                               rhs
@@ -40,20 +41,16 @@ RULES = rules(_E, [
     ("quotient-by-square-plus", "(div ?x (add (mul ?x ?x) (const ?c)))",
                               "(div (const 1.0) (add ?x (div (const ?c) ?x)))", when("(> ?c 0.0)"),
                               "x / (x^2 + c) = 1 / (x + c/x): x^2 overflows (x/inf = 0) from |x| = 2e19"),
-    # -- a root of a sum of squares less or plus one of them: the conjugate where they cancel -------
-    ("hypot-plus-negative",   "(add (hypot ?x ?y) ?x)",
-                              f"(where (less (maximum ?x (sub (hypot ?x ?y) (const inf))) (const 0.0)) (mul (div {_YH} (sub (const 1.0) {_XH})) ?y) "
-                              "(add (hypot ?x ?y) (maximum ?x (const 0.0))))", _FINITE,
-                              "h + x = y^2 / (h - x), h = hypot(x, y), for x < 0, where the sum cancels (|y| << |x|: "
-                              "a complex square root's real part, a half angle's tangent); as (y/h) / (1 - x/h) y: "
-                              "y/h <= 1 and 1 - x/h in [1, 2], so nothing overflows where h - x would. Elsewhere, and where h "
-                              "overflows (h - inf is NaN there, which no comparison holds), the sum as it was (x >= 0 "
-                              "or h = inf there: max(x, 0) stands for x, a term the left side does not match again); "
-                              "finite: at x = -inf the sum is NaN"),
-    ("hypot-minus",           "(sub (hypot ?x ?y) ?x)",
-                              f"(where (less (const 0.0) (minimum ?x (sub (const inf) (hypot ?x ?y)))) (mul (div {_YH} (add (const 1.0) {_XH})) ?y) "
-                              "(sub (hypot ?x ?y) (minimum ?x (const 0.0))))", _FINITE,
-                              "h - x = y^2 / (h + x), for x > 0, as hypot-plus-negative"),
+    # -- a root of a sum of squares plus or less one of them: h -+ x = y^2 / (h +- x), h = hypot(x, y), as
+    # (y/h) / (1 +- x/h) y (y/h <= 1, 1 +- x/h in [1, 2]: no overflow) where they cancel (|y| << |x|: a complex square root's real part, a half
+    # angle's tangent); elsewhere, and where h overflows (inf - inf is NaN: no comparison holds), the sum as it was, x
+    # spelled max(x, 0) (min) there: a term the left side does not match again. Finite: at x = -inf the sum is NaN
+    ("hypot-plus-negative",   "(add (hypot ?x ?y) ?x)", f"(where (less (maximum ?x (sub {_H} (const inf))) (const 0.0)) "
+                              f"(mul (div {_YH} (sub (const 1.0) {_XH})) ?y) (add {_H} (maximum ?x (const 0.0))))", _FINITE,
+                              "h + x cancels for x < 0, |y| << |x|"),
+    ("hypot-minus",           "(sub (hypot ?x ?y) ?x)", f"(where (less (const 0.0) (minimum ?x (sub (const inf) {_H}))) "
+                              f"(mul (div {_YH} (add (const 1.0) {_XH})) ?y) (sub {_H} (minimum ?x (const 0.0))))", _FINITE,
+                              "h - x cancels for x > 0, |y| << x"),
     # -- inverse hyperbolic functions by their logarithms ---------------------------------------
     ("asinh-fuse",            "(log (add ?x (sqrt (add (mul ?x ?x) (const 1.0)))))", "(asinh ?x)", NEVER_INF,
                               "x + sqrt(x^2 + 1) cancels for x << 0 and overflows for x >> 0; "

@@ -43,14 +43,14 @@ RULES = rules(_E, [
                               "x / (x^2 + c) = 1 / (x + c/x): x^2 overflows (x/inf = 0) from |x| = 2e19"),
     # -- a root of a sum of squares plus or less one of them: h -+ x = y^2 / (h +- x), h = hypot(x, y), as
     # (y/h) / (1 +- x/h) y (y/h <= 1, 1 +- x/h in [1, 2]: no overflow) where they cancel (|y| << |x|: a complex
-    # square root's real part, a half angle's tangent); elsewhere, and where h overflows (inf - inf is NaN: no
-    # comparison holds), the sum as it was, x spelled max(x, 0) (min) there: a term the left side does not match
-    # again. Finite: at x = -inf the sum is NaN
+    # square root's real part, a half angle's tangent); elsewhere, and where h is not finite (h - inf is NaN: no
+    # comparison holds), the sum as it was, spelled x - (-h) (-x + h): equal in every bit, infinities and NaN too,
+    # a term the left side does not match again
     ("hypot-plus-negative",   "(add (hypot ?x ?y) ?x)", f"(where (less (maximum ?x (sub {_H} (const inf))) (const 0.0)) "
-                              f"(mul (div {_YH} (sub (const 1.0) {_XH})) ?y) (add {_H} (maximum ?x (const 0.0))))", _FINITE,
+                              f"(mul (div {_YH} (sub (const 1.0) {_XH})) ?y) (sub ?x (neg {_H})))",
                               "h + x cancels for x < 0, |y| << |x|"),
     ("hypot-minus",           "(sub (hypot ?x ?y) ?x)", f"(where (less (const 0.0) (minimum ?x (sub (const inf) {_H}))) "
-                              f"(mul (div {_YH} (add (const 1.0) {_XH})) ?y) (sub {_H} (minimum ?x (const 0.0))))", _FINITE,
+                              f"(mul (div {_YH} (add (const 1.0) {_XH})) ?y) (add (neg ?x) {_H}))",
                               "h - x cancels for x > 0, |y| << x"),
     # -- inverse hyperbolic functions by their logarithms ---------------------------------------
     ("asinh-fuse",            "(log (add ?x (sqrt (add (mul ?x ?x) (const 1.0)))))", "(asinh ?x)", NEVER_INF,

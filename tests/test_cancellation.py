@@ -101,8 +101,6 @@ GUARDED += [
      (op("sub", op("pow", op("add", X, c(1.0)), Y), c(1.0)), {"x": (-1.0, 1.0)})),
     ("pow-minus-one", (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.5, 2.0)}),
      (op("sub", op("pow", X, Y), c(1.0)), {"x": (0.0, 2.0)})),
-    ("hypot-plus-negative", (op("add", op("hypot", X, Y), X), SMALL), (op("add", op("hypot", E, Y), E), None)),
-    ("hypot-minus", (op("sub", op("hypot", X, Y), X), SMALL), (op("sub", op("hypot", X, E), X), None)),
     ("one-minus-pow", (op("sub", c(1.0), op("pow", X, Y)), {"x": (0.5, 2.0)}),
      (op("sub", c(1.0), op("pow", X, Y)), {"x": (-1.0, 2.0)})),
     ("one-minus-pow-at-zero", (op("sub", c(1.0), op("pow", X, Y)), {"x": (0.0, 2.0), "y": (0.25, 3.0)}),

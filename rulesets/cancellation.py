@@ -11,7 +11,7 @@ _BELOW_INF, _SHIFT = _BELOW + _BELOW_Y, when("(> ?c 0.0)", "(positive ?x)", "(> 
 #: +0, or -0 where the left side is -0 (x = -0, y = +0: x - y of zeros): 0x - 0y
 _ZERO_SIGN = "(sub (mul ?x (const 0.0)) (mul ?y (const 0.0)))"
 _R = "(div (const 1.0) (add (abs ?x) (const 1.0)))"  # 1 / (1 + |x|): scales x y below overflow
-_LEAST = 1.401298464324817e-45  # float32's least subnormal: a real value at least it rounds to no 0
+_LEAST = 2.0 ** -24  # float16's least subnormal, the dtypes' largest: a real value at least it rounds to no 0 in any
 
 RULES = rules(_E, [
     # -- conjugates: sqrt(a) - sqrt(b) = (a - b) / (sqrt a + sqrt b) ---------------------------
@@ -22,8 +22,9 @@ RULES = rules(_E, [
     ("sqrt-difference-general", "(sub (sqrt ?x) (sqrt ?y))",
                               "(div (sub ?x ?y) (add (sqrt ?x) (sqrt ?y)))",
                               when("(positive ?y)", f"(>= (lo ?y) {_LEAST!r})") + _FINITE,
-                              "y at least float32's least subnormal: no 0/0 (positive over the reals is not enough: "
-                              "sigmoid(x) rounds to 0 below x = -104); both finite: no inf/inf"),
+                              "y at least float16's least subnormal: no 0/0 (positive over the reals is not enough: "
+                              "sigmoid(x) rounds to 0 below x = -104 in float32, -18 in float16); both finite: "
+                              "no inf/inf"),
     ("sqrt-minus-one",        "(sub (sqrt (add ?x (const 1.0))) (const 1.0))",
                               "(div ?x (add (sqrt (add ?x (const 1.0))) (const 1.0)))", _BELOW,
                               "sqrt(1 + x) - 1 for small x; x below +inf (inf / inf)"),
@@ -57,7 +58,7 @@ RULES = rules(_E, [
     ("cbrt-difference",       "(sub (cbrt ?x) (cbrt ?y))",
                               "(div (sub ?x ?y) (add (add (mul (cbrt ?x) (cbrt ?x)) (mul (cbrt ?x) (cbrt ?y))) "
                               "(mul (cbrt ?y) (cbrt ?y))))", _POS + _BELOW_INF + when(f"(>= (lo ?y) {_LEAST!r})"),
-                              "x, y > 0 (y at least float32's least subnormal: not both rounded to 0): the denominator "
+                              "x, y > 0 (y at least float16's least subnormal: not both rounded to 0): the denominator "
                               "is positive and x - y cannot overflow; finite: no inf/inf"),
     ("cos-minus-one",         "(sub (cos ?x) (const 1.0))",
                               f"(add (mul (const -2.0) (mul (sin (mul ?x {_HALF})) (sin (mul ?x {_HALF})))) (const 0.0))",

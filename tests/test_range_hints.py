@@ -20,7 +20,7 @@ def test_an_undeclared_input_that_blocks_a_guard_is_named_with_the_range_it_need
     report = _report(cancelling, x)
     hints = [line for line in str(report).splitlines() if line.startswith("[RANGES]")]
     assert hints == ["[RANGES] sqrt-difference-general matched sqrt(x + 1.0) - sqrt(x); its guard needs "
-                     "x in [1.401e-45, inf), x + 1.0 in [-3.403e+38, 3.403e+38], not proved: x has no declared "
+                     "x in [5.96e-08, inf), x + 1.0 in [-3.403e+38, 3.403e+38], not proved: x has no declared "
                      "range. Pass input_ranges={'x': (lo, hi)} within which these hold"]
     declared = _report(cancelling, x, input_ranges={"x": (1, 1e6)})  # as the line says
     assert declared.ranges == [] and declared.rewrites and declared.error[1].worst < declared.error[0].worst

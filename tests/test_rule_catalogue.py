@@ -88,6 +88,9 @@ def test_a_conjugate_needs_an_operand_no_rounding_makes_zero(name, root):
     assert "div" not in _classes_after([rule], difference(Term("sigmoid", (x,))), ranged=True)
     one_more = Term("add", (Term.const(1.0), Term("sigmoid", (x,))))
     assert "div" in _classes_after([rule], difference(one_more), ranged=True)
+    # b in [1e-40, 1e-10] is no 0 in float32 but rounds to 0 in float16 (its least subnormal is 6e-8): no conjugate
+    tiny = Term("add", (Term("mul", (Term("sigmoid", (x,)), Term.const(1e-10))), Term.const(1e-40)))
+    assert "div" not in _classes_after([rule], difference(tiny), ranged=True)
 
 
 def test_guarded_division_rule_does_not_fire_on_zero():

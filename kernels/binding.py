@@ -61,9 +61,9 @@ class Pricing:
 
     def __call__(self, n: NodeFacts):
         use = self._use(n)
-        ready = [k for k in kernels_for(n.op) if usable(k, self.device) and not k.refuses(use)]
+        found = ready(use)
         return min([(own[0] + round(conversion_seconds(use, "torch", k.backend, self.estimate) / UNIT_S),
-                     own[1]) for k in ready if (own := _measured(self.latency, k, n, len(ready) > 1))], default=None)
+                     own[1]) for k in found if (own := _measured(self.latency, k, n, len(found) > 1))], default=None)
 
     def paths(self, n: NodeFacts) -> list[Path]:
         return paths(self._use(n), ("torch",), self.estimate)
@@ -115,6 +115,11 @@ def region_chosen(kernel, operands: list[tuple], device: str, latency=None) -> t
 
 def usable(kernel: Kernel, device: str) -> bool:
     return kernel.backend != "triton" or triton_kernels.available(device)
+
+
+def ready(use: Use) -> list[Kernel]:
+    """The registry's kernels that run ``use`` here: usable on its device and not refusing it."""
+    return [k for k in kernels_for(use.op) if usable(k, use.device) and not k.refuses(use)]
 
 
 def _preferred(kernel: Kernel, use: Use) -> bool:

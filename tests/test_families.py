@@ -381,7 +381,7 @@ def test_samples_binding_one_op_to_different_kernels_share_the_first_samples(ref
     Where the first sample's kernel refuses the other's operands (forced), each size is built for itself."""
     import dataclasses
     from egraph_opt.backends import torch_backend
-    bind, kernels_for, refusing = torch_backend.bind, torch_backend.kernels_for, [False]
+    bind, ready, refusing = torch_backend.bind, torch_backend.ready, [False]
 
     def by_size(use, *rest):
         kernel = bind(use, *rest)
@@ -390,7 +390,7 @@ def test_samples_binding_one_op_to_different_kernels_share_the_first_samples(ref
             return dataclasses.replace(kernel, impl=lambda *a, **k: kernel.impl(*a, **k))
         return kernel
     monkeypatch.setattr(torch_backend, "bind", by_size)
-    monkeypatch.setattr(torch_backend, "kernels_for", lambda op: [] if refusing[0] else kernels_for(op))
+    monkeypatch.setattr(torch_backend, "ready", lambda use: [] if refusing[0] else ready(use))
     traced, built = _traces(monkeypatch), _builds(monkeypatch)
     f = saturate_and_extract(decode, profile_db=False, profile_budget=0)
     with warnings.catch_warnings():

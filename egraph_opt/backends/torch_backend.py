@@ -20,8 +20,8 @@ from collections import Counter
 from ..analysis.facts import Facts
 from ..frontends.effects import torchs_own, written
 from ..kernels import triton as triton_kernels
-from ..kernels.binding import Estimator, bind, default_estimate, region_chosen, usable
-from ..kernels.registry import MOVES, Use, copies, kernels_for
+from ..kernels.binding import Estimator, bind, default_estimate, ready, region_chosen
+from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import PLAIN, TORCH
 from ..kernels.triton.codegen import REDUCTIONS, STATS, TEMPLATES, span
 from ..lang.ops import shape_attr
@@ -307,7 +307,7 @@ class _Build:
                       layouts=n.layouts)
             kernel = bind(use, tuple(self.backend.get(k, "torch") for k in operands), self.estimate)
             impl, name, backend, attrs = kernel.impl, kernel.name, kernel.backend, item.attrs
-            accepts = frozenset(k.name for k in kernels_for(n.op) if usable(k, self.device) and not k.refuses(use))
+            accepts = frozenset(k.name for k in ready(use))
             if id(item) in self.own and name == f"torch.{n.op}" and n.op in PLAIN:
                 impl = PLAIN[n.op]
             config = getattr(self.estimate, "config", lambda *_: None)(kernel, use)  # tuned: no tuning at a call

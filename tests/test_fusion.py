@@ -12,9 +12,9 @@ from egraph_opt.rulesets import Family, catalogue
 from kernels.torch_ops import TORCH
 
 
-def optimized_report(fn, *args, tol=1e-5):
+def optimized_report(fn, *args, tol=1e-5, **options):
     """Optimize ``fn``, check it still computes what ``fn`` does on ``args``, return the report."""
-    f = saturate_and_extract(fn)
+    f = saturate_and_extract(fn, **options)
     with torch.no_grad():
         torch.testing.assert_close(f(*args), fn(*args), rtol=tol, atol=tol)
     return f.report
@@ -167,7 +167,8 @@ class NaiveBlock(nn.Module):
 
 
 def test_naive_block_fuses_layer_norm_attention_gelu_and_residuals():
-    report = optimized_report(NaiveBlock().eval(), torch.randn(2, 16, 32), tol=1e-4)
+    # static estimates: the kernel a residual binds must not read the rows other tests leave in the session's database
+    report = optimized_report(NaiveBlock().eval(), torch.randn(2, 16, 32), tol=1e-4, profile_db=False)
     after = report.ops_after
     assert after.get("layer_norm") == 2 and after.get("sdpa_masked") == 1
     assert after.get("linear_act") == 1 and "tanh" not in after and "var" not in after

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 from egraph_opt import capture, optimize, saturate_and_extract
+from egraph_opt.lang.term import postorder
 from egraph_opt.optimization import templates
 from test_fusion import NaiveBlock
 
@@ -173,3 +174,41 @@ def test_what_lies_between_instances_is_built_once_where_an_instance_and_the_out
     x = torch.randn(2, 16, 32)
     with torch.no_grad():
         torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+class Positioned(nn.Module):
+    """A block that computes a positional term from the stack's input (as some models recompute their rotary tables
+    in every layer)."""
+    def __init__(self):
+        super().__init__()
+        self.block = NaiveBlock(32)
+
+    def forward(self, x, pos):
+        return self.block(x + torch.sin(pos * 3.0))
+
+
+class PositionedStack(Stack):
+    def __init__(self, n: int):
+        super().__init__(0)
+        self.h = nn.ModuleList([Positioned() for _ in range(n)])
+
+    def forward(self, x, pos):
+        for block in self.h:
+            x = block(x, pos)
+        return x
+
+
+def test_a_value_every_block_computes_is_one_term_read_by_one_template():
+    """Copies of one value in two templates would be optimized apart and could round apart; as one term (the e-graph
+    holds them so), it is computed outside the blocks, which still share one template."""
+    model, args = PositionedStack(3).eval(), (torch.randn(1, 16, 32), torch.randn(16, 32))
+    program, _ = capture(model, args)
+    sines = lambda p: sum(t.op == "sin" for t in postorder(p.roots()))  # noqa: E731
+    one = templates.shared(program)
+    assert sines(program) == 3 and sines(one) == 1
+    (group,) = templates.find(one)
+    assert len(group) == 3 and all(any(a.op == "sin" for a in inst.args) for inst in group)
+    f = saturate_and_extract(model)
+    with torch.no_grad():
+        torch.testing.assert_close(f(*args), model(*args), rtol=1e-4, atol=1e-4)
+    assert f.report.validation.passed and any("template of h.0 x3" in line for line in f.report.saturation)

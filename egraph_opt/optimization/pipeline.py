@@ -63,9 +63,8 @@ def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Ob
     if schedule is None:
         schedule = [Phase("saturate", tuple(select() if rules is None else rules), limits)]
     model, ranges = model or CostModel(objective), ranges or RangeMemo(input_ranges)
-    groups = tmpl.find(program) if templates else []
-    if groups:
-        return _optimize_templated(program, groups, schedule, input_ranges, model, ranges)
+    if templates and (groups := tmpl.find(shared := tmpl.shared(program))):
+        return _optimize_templated(shared, groups, schedule, input_ranges, model, ranges)
     rules = [r for phase in schedule for r in phase.rules]
     roots, term_meta = program.roots(), program.meta()
     session, start = saturate(roots, schedule, ranges(roots, term_meta), term_meta), time.perf_counter()

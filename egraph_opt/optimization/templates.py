@@ -60,6 +60,20 @@ def _signature(inst: Instance, parents: dict[int, list[Term]], roots: set[int]) 
     inst.signature = (tuple(keys), tuple(inside[id(t)] for t in inst.outputs))
 
 
+def shared(program: Program) -> Program:
+    """The program with structurally equal terms one object, as the e-graph holds them: two copies of a value in two
+    templates (or in one and the rest) would be optimized apart and round apart (E[t^2] - E[t]^2 beside var: an exact
+    0 lost). A term keeps the scope all its copies share."""
+    one, new, scopes = {}, {}, defaultdict(set)
+    for t in postorder([*program.roots(), *program.own]):
+        args = tuple(new[id(a)] for a in t.args)  # attrs as text: -0.0 is not 0.0
+        new[id(t)] = one.setdefault((t.op, str(t.attrs), tuple(map(id, args))), t if all(
+            x is y for x, y in zip(args, t.args)) else Term.trusted(t.op, args, t.attrs))
+        scopes[id(new[id(t)])].add(program.scopes.get(id(t)))
+    return replace(program.with_roots({id(t): new[id(t)] for t in program.roots()}), own=tuple(
+        new[id(t)] for t in program.own), scopes={i: s.pop() for i, s in scopes.items() if len(s) == 1 and None not in s})
+
+
 def find(program: Program) -> list[list[Instance]]:
     """Groups of two or more instances of at least ``MIN_OPS`` ops with equal signatures, in
     program order: module items first, then runs found by structure among the other terms."""

@@ -1,6 +1,8 @@
 """Elementary functions by their definitions: a naive spelling that overflows or cancels into the
 op (or the expm1 / log1p composition) that computes the same value without doing so."""
-from . import Family, rules, when
+import math
+
+from . import Exactness, Family, rules, when
 from .algebra import F32_MAX, NEVER_INF, NEVER_INF_XY as _FINITE
 
 _E, NEVER_INF_Y = Family.STABILITY, NEVER_INF.rename({"x": "y"})
@@ -17,6 +19,9 @@ _SQUARES_M = f"(add (mul (div ?y {_YZ}) (div ?y {_YZ})) (mul (div ?z {_YZ}) (div
 _QUOTIENTS_BOUNDED = (f"(less (maximum (sub (maximum (abs ?u) (abs ?v)) (mul {_YZ} (const 64.0))) "
                       f"(sub (mul {_YZ} (const 0.0)) (const 1.0))) (const 0.0))")
 
+_GD = "(add (atan (sinh ?x)) (const 0.0))"  # the Gudermannian, whose difference forms cancel near x = 0
+_PI = lambda n: (Exactness.APPROX, when(f"(< (abs (- ?c {math.pi / n!r})) 2e-7)"),  # noqa: E731 - ?c is pi/n as
+                 {"sample": (("c", math.pi / n),)})  # float32 (or float64) stores it: a rule's extras
 _H = "(hypot ?x ?y)"
 _YH, _XH = f"(div ?y {_H})", f"(div ?x {_H})"  # each at most 1 in magnitude (h > 0 where used)
 
@@ -79,6 +84,12 @@ RULES = rules(_E, [
     ("one-minus-pow-at-zero", "(sub (const 1.0) (pow ?x ?y))",                  "(sub (const 0.0) (expm1 (mul ?y (log ?x))))",
                               when("(nonneg ?x)", "(positive ?y)") + _FINITE, "one-minus-pow where x may be 0: for y "
                               "> 0, y log 0 = -inf and -expm1(-inf) = 1 = 1 - 0^y (0^0 = 1 is why y > 0)"),
+    # pi/4 and pi/2 as float32 stores them; + 0: +0 at x = -0, as pi/2 - pi/2 is
+    ("log-tan-half-angle",    "(log (tan (add (mul ?x (const 0.5)) (const ?c))))", "(add (asinh (tan ?x)) (mul (const 0.0) "
+                              "(log (cos ?x))))", *_PI(4), "log tan(pi/4 + x/2), Mercator's, is 1 + x's log: asinh(tan x) "
+                              "where cos x > 0, NaN elsewhere as the left side (0 log cos x)"),
+    ("gudermannian",          "(sub (mul (atan (exp ?x)) (const 2.0)) (const ?c))", _GD, *_PI(2), "2 atan(e^x) - pi/2"),
+    ("gudermannian-quarter",  "(mul (sub (atan (exp ?x)) (const ?c)) (const 2.0))", _GD, *_PI(4), "2 (atan(e^x) - pi/4)"),
     ("pow-shift-minus-one-where", "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
                               f"(where {_BASE_POSITIVE} (add (expm1 (mul ?y (log1p ?x))) (const 0.0)) "
                               f"(sub (pow (where {_BASE_POSITIVE} (const 1.0) (add ?x (const 1.0))) ?y) (const 1.0)))",

@@ -128,6 +128,21 @@ GUARDED += [
      for sign, op_ in (("plus", "add"), ("minus", "sub"))]
 
 
+def mercator(x: Term, quarter: float = math.pi / 4) -> Term:
+    """log tan(pi/4 + x/2) as captured, pi/4 as float32 stores it."""
+    return op("log", op("tan", op("add", op("mul", x, c(0.5)), c(float(torch.tensor(quarter))))))
+
+
+def gudermannian(x: Term, half: float = math.pi / 2) -> Term:
+    return op("sub", op("mul", op("atan", op("exp", x)), c(2.0)), c(float(torch.tensor(half))))
+
+
+GUARDED += [("log-tan-half-angle", (mercator(X), None), (mercator(X, 0.8), None)),
+            ("gudermannian", (gudermannian(X), None), (gudermannian(X, 1.6), None)),
+            ("gudermannian-quarter", (op("mul", op("sub", op("atan", op("exp", X)), c(math.pi / 4)), c(2.0)), None),
+             (op("mul", op("sub", op("atan", op("exp", X)), c(0.7)), c(2.0)), None))]
+
+
 def test_every_guarded_rule_of_the_family_has_a_must_not_fire_case():
     from egraph_opt.rulesets import cancellation, functions
     assert {r.name for r in cancellation.RULES + functions.RULES if r.when} <= {g[0] for g in GUARDED}
@@ -172,6 +187,24 @@ def test_a_complex_square_roots_real_part_takes_the_conjugate_where_it_cancels()
     (naive,) = evaluate([term], {"x": x, "y": y})
     assert float(naive[0, 0]) == 0.0  # |z| + re rounds to 0 in float32
     assert float(got[0, 0]) == pytest.approx(truth, rel=1e-5), pretty(result.program.roots()[0])
+
+
+@pytest.mark.parametrize("build, truth", [(mercator, lambda x: mpmath.asinh(mpmath.tan(x))),
+                                          (gudermannian, lambda x: mpmath.atan(mpmath.sinh(x)))])
+def test_the_mercator_projections_half_angle_forms_keep_a_small_or_large_angle(build, truth):
+    """The float32 program (not widened) where tan(pi/4 + x/2) rounds x away beside pi/4 (x = 1e-9) or pi/4 beside x
+    (1e10), and 2 atan(e^x) cancels against pi/2: accurate, and NaN where the original's logarithm is (cos x < 0)."""
+    term = build(X)
+    result = optimize(Program((X,), term), input_ranges={"x": (-1e30, 1e30)}, widen=False)
+    x = torch.tensor([1e-9, -3e-6, 0.3, 1.5, 1e10]).repeat(4, 4)[:, :16]
+    (got,) = evaluate(result.program.roots(), {"x": x})
+    want = torch.tensor([float(truth(mpmath.mpf(float(v)))) for v in x[0]])
+    torch.testing.assert_close(got[0], want, rtol=1e-5, atol=0, msg=pretty(result.program.roots()[0]))
+    if build is mercator:
+        (naive,) = evaluate([term], {"x": x})
+        assert float(naive[0, 0]) == 0.0  # 1e-9 lost beside pi/4: log(1)
+        (nan,) = evaluate(result.program.roots(), {"x": torch.full((4, 16), 3.0)})
+        assert nan.isnan().all()  # tan(pi/4 + 1.5) < 0
 
 
 def test_the_phase_with_every_rule_stays_bounded():

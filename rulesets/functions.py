@@ -90,13 +90,20 @@ RULES = rules(_E, [
                               "where cos x > 0, NaN elsewhere as the left side (0 log cos x)"),
     ("gudermannian",          "(sub (mul (atan (exp ?x)) (const 2.0)) (const ?c))", _GD, *_PI(2), "2 atan(e^x) - pi/2"),
     ("gudermannian-quarter",  "(mul (sub (atan (exp ?x)) (const ?c)) (const 2.0))", _GD, *_PI(4), "2 (atan(e^x) - pi/4)"),
+    ("acos-one-minus",        "(acos (sub (const 1.0) ?x))",                     "(add (mul (asin (sqrt (mul ?x (const 0.5)))) "
+                              "(const 2.0)) (const 0.0))", when("(nonneg ?x)"), "1 - x cancels near 0 (NaN past 2 either "
+                              "way; x >= 0: 1 - x rounds to 1 at x = -1e-38); + 0: +0 at x = -0"),
+    ("half-pi-minus-acos",    "(sub (const ?c) (acos ?x))",                      "(add (asin ?x) (const 0.0))", *_PI(2),
+                              "pi/2 - acos x cancels near 0"),
     ("pow-shift-minus-one-where", "(sub (pow (add ?x (const 1.0)) ?y) (const 1.0))",
                               f"(where {_BASE_POSITIVE} (add (expm1 (mul ?y (log1p ?x))) (const 0.0)) "
                               f"(sub (pow (where {_BASE_POSITIVE} (const 1.0) (add ?x (const 1.0))) ?y) (const 1.0)))",
                               NEVER_INF_Y, "pow-shift-minus-one where the ranges do not prove x > -1 (x = i/n): "
                               "where() takes it at the elements where -1 < x < float32's max, the power "
                               "elsewhere (its base pinned to 1 where not taken: a term of its own, which the "
-                              "left side does not match again); y finite: expm1(inf * 0)")])
+                              "left side does not match again); y finite: expm1(inf * 0)")]) + rules(Family.ALGEBRA, [
+    ("acos-half-angle",       "(mul (asin (sqrt (mul (sub (const 1.0) ?x) (const 0.5)))) (const 2.0))", "(acos ?x)",
+                              "cos x = 1 - 2 sin^2(x/2): acos x, which half-pi-minus-acos meets, and asin is steep near 1")])
 
 #: the quadratic formula's two roots, each in the form whose numerator adds magnitudes: with q = 4ac,
 #: (-b +- sqrt(b^2 - q)) / 2a = q / (-b -+ sqrt(b^2 - q)) / 2a (q over it first: at most sqrt|q|). |b| <= 255 and |q| <= 6e4: b^2 and

@@ -140,7 +140,11 @@ def gudermannian(x: Term, half: float = math.pi / 2) -> Term:
 GUARDED += [("log-tan-half-angle", (mercator(X), None), (mercator(X, 0.8), None)),
             ("gudermannian", (gudermannian(X), None), (gudermannian(X, 1.6), None)),
             ("gudermannian-quarter", (op("mul", op("sub", op("atan", op("exp", X)), c(math.pi / 4)), c(2.0)), None),
-             (op("mul", op("sub", op("atan", op("exp", X)), c(0.7)), c(2.0)), None))]
+             (op("mul", op("sub", op("atan", op("exp", X)), c(0.7)), c(2.0)), None)),
+            ("acos-one-minus", (op("acos", op("sub", c(1.0), X)), {"x": (0.0, 2.0)}),
+             (op("acos", op("sub", c(1.0), X)), {"x": (-1.0, 2.0)})),
+            ("half-pi-minus-acos", (op("sub", c(math.pi / 2), op("acos", X)), None),
+             (op("sub", c(1.5), op("acos", X)), None))]
 
 
 def test_every_guarded_rule_of_the_family_has_a_must_not_fire_case():
@@ -187,6 +191,19 @@ def test_a_complex_square_roots_real_part_takes_the_conjugate_where_it_cancels()
     (naive,) = evaluate([term], {"x": x, "y": y})
     assert float(naive[0, 0]) == 0.0  # |z| + re rounds to 0 in float32
     assert float(got[0, 0]) == pytest.approx(truth, rel=1e-5), pretty(result.program.roots()[0])
+
+
+def test_an_angle_from_one_minus_a_small_cosine_keeps_its_digits():
+    """acos(1 - x) at x = 1e-9: 1 - x rounds to 1 and the angle to 0 (Herbie's bug 323); as 2 asin(sqrt(x/2)) it is
+    sqrt(2x). And pi/2 - 2 asin(sqrt((1 - x)/2)), asin x spelled through half angles, is asin x at x = 1e-7."""
+    x = torch.tensor([1e-9, 1e-4, 0.3, 1.9]).repeat(4, 4)
+    for term, truth in ((op("acos", op("sub", c(1.0), X)), lambda v: mpmath.acos(1 - v)),
+                        (op("sub", c(math.pi / 2), op("mul", op("asin", op("sqrt", op("mul", op("sub", c(1.0), X),
+                                                                                       c(0.5)))), c(2.0))), mpmath.asin)):
+        result = optimize(Program((X,), term), input_ranges={"x": (0.0, 1.0)}, widen=False)
+        (got,) = evaluate(result.program.roots(), {"x": x * (0.1 if term.op == "sub" else 1.0)})
+        want = torch.tensor([float(truth(mpmath.mpf(float(v)))) for v in x[0] * (0.1 if term.op == "sub" else 1.0)])
+        torch.testing.assert_close(got[0], want, rtol=1e-5, atol=0, msg=pretty(result.program.roots()[0]))
 
 
 @pytest.mark.parametrize("build, truth", [(mercator, lambda x: mpmath.asinh(mpmath.tan(x))),

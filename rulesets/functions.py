@@ -90,6 +90,10 @@ RULES = rules(_E, [
                               "where cos x > 0, NaN elsewhere as the left side (0 log cos x)"),
     ("gudermannian",          "(sub (mul (atan (exp ?x)) (const 2.0)) (const ?c))", _GD, *_PI(2), "2 atan(e^x) - pi/2"),
     ("gudermannian-quarter",  "(mul (sub (atan (exp ?x)) (const ?c)) (const 2.0))", _GD, *_PI(4), "2 (atan(e^x) - pi/4)"),
+    ("log-coth",              "(log (div (add (exp ?x) (exp (neg ?x))) (sub (exp ?x) (exp (neg ?x)))))",
+                              "(log1p (div (const 2.0) (add (expm1 (mul ?x (const 2.0))) (const 0.0))))", NEVER_INF,
+                              "log coth x = log(1 + 2 / (e^2x - 1)): the ratio nears 1 and its log cancels (inf / inf past "
+                              "x = 89); x finite: NaN at +inf, as the left side; + 0: at x = -0"),
     ("acos-one-minus",        "(acos (sub (const 1.0) ?x))",                     "(add (mul (asin (sqrt (mul ?x (const 0.5)))) "
                               "(const 2.0)) (const 0.0))", when("(nonneg ?x)"), "1 - x cancels near 0 (NaN past 2 either "
                               "way; x >= 0: 1 - x rounds to 1 at x = -1e-38); + 0: +0 at x = -0"),

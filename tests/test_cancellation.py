@@ -137,10 +137,16 @@ def gudermannian(x: Term, half: float = math.pi / 2) -> Term:
     return op("sub", op("mul", op("atan", op("exp", x)), c(2.0)), c(float(torch.tensor(half))))
 
 
+def log_coth(x: Term) -> Term:
+    return op("log", op("div", op("add", op("exp", x), op("exp", op("neg", x))),
+                     op("sub", op("exp", x), op("exp", op("neg", x)))))
+
+
 GUARDED += [("log-tan-half-angle", (mercator(X), None), (mercator(X, 0.8), None)),
             ("gudermannian", (gudermannian(X), None), (gudermannian(X, 1.6), None)),
             ("gudermannian-quarter", (op("mul", op("sub", op("atan", op("exp", X)), c(math.pi / 4)), c(2.0)), None),
              (op("mul", op("sub", op("atan", op("exp", X)), c(0.7)), c(2.0)), None)),
+            ("log-coth", (log_coth(X), {"x": (-10.0, 10.0)}), (log_coth(op("exp", X)), None)),  # e^x may be inf
             ("acos-one-minus", (op("acos", op("sub", c(1.0), X)), {"x": (0.0, 2.0)}),
              (op("acos", op("sub", c(1.0), X)), {"x": (-1.0, 2.0)})),
             ("half-pi-minus-acos", (op("sub", c(math.pi / 2), op("acos", X)), None),

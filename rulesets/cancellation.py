@@ -19,6 +19,10 @@ RULES = rules(_E, [
     ("sqrt-shift-difference", "(sub (sqrt (add ?x (const ?c))) (sqrt ?x))",
                               "(div (const ?c) (add (sqrt (add ?x (const ?c))) (sqrt ?x)))", when("(!= ?c 0.0)"),
                               "x + c and x are never both 0 for c != 0: the denominator vanishes nowhere"),
+    ("sqrt-opposite-difference", "(sub (sqrt (add ?x (const ?c))) (sqrt (sub (const ?c) ?x)))", "(add (div (mul ?x "
+                              "(const 2.0)) (add (sqrt (add ?x (const ?c))) (sqrt (sub (const ?c) ?x)))) (const 0.0))",
+                              when(f"(>= ?c {_LEAST!r})", "(< ?c 16384.0)"), "c + x and c - x are 0 together nowhere "
+                              "(x = -c makes c - x 2c, no overflow even in float16; c no 0 in any dtype); + 0: at x = -0"),
     ("sqrt-difference-general", "(sub (sqrt ?x) (sqrt ?y))",
                               "(div (sub ?x ?y) (add (sqrt ?x) (sqrt ?y)))",
                               when("(positive ?y)", f"(>= (lo ?y) {_LEAST!r})") + _FINITE,

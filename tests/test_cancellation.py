@@ -44,6 +44,8 @@ def reciprocals(shift):
 GUARDED = [
     ("sqrt-shift-difference", (SQRT_SHIFT, None),
      (op("sub", op("sqrt", op("add", X, c(0.0))), op("sqrt", X)), None)),
+    ("sqrt-opposite-difference", (op("sub", op("sqrt", op("add", X, c(1.0))), op("sqrt", op("sub", c(1.0), X))), None),
+     (op("sub", op("sqrt", op("add", X, c(0.0))), op("sqrt", op("sub", c(0.0), X))), None)),
     ("sqrt-difference-general", (SQRTS, {"x": (1.0, 1e6), "y": (1.0, 1e6)}),
      (SQRTS, {"x": (1.0, 1e6), "y": (0.0, 1e6)})),
     ("sqrt-minus-one", (op("sub", op("sqrt", op("add", X, c(1.0))), c(1.0)), {"x": (-1.0, 1.0)}),

@@ -88,6 +88,8 @@ RULES = rules(_E, [
     ("log-tan-half-angle",    "(log (tan (add (mul ?x (const 0.5)) (const ?c))))", "(add (asinh (tan ?x)) (mul (const 0.0) "
                               "(log (cos ?x))))", *_PI(4), "log tan(pi/4 + x/2), Mercator's, is 1 + x's log: asinh(tan x) "
                               "where cos x > 0, NaN elsewhere as the left side (0 log cos x)"),
+    ("log-tan-half-angle-minus", "(log (tan (sub (const ?c) (mul ?x (const 0.5)))))", "(sub (mul (const 0.0) (log "
+                              "(cos ?x))) (asinh (tan ?x)))", *_PI(4), "log tan(pi/4 - x/2) = -log tan(pi/4 + x/2)"),
     ("gudermannian",          "(sub (mul (atan (exp ?x)) (const 2.0)) (const ?c))", _GD, *_PI(2), "2 atan(e^x) - pi/2"),
     ("gudermannian-quarter",  "(mul (sub (atan (exp ?x)) (const ?c)) (const 2.0))", _GD, *_PI(4), "2 (atan(e^x) - pi/4)"),
     ("log-coth",              "(log (div (add (exp ?x) (exp (neg ?x))) (sub (exp ?x) (exp (neg ?x)))))",

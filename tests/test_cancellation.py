@@ -145,6 +145,8 @@ def log_coth(x: Term) -> Term:
 
 
 GUARDED += [("log-tan-half-angle", (mercator(X), None), (mercator(X, 0.8), None)),
+            ("log-tan-half-angle-minus", (op("log", op("tan", op("sub", c(math.pi / 4), op("mul", X, c(0.5))))), None),
+             (op("log", op("tan", op("sub", c(1.0), op("mul", X, c(0.5))))), None)),
             ("gudermannian", (gudermannian(X), None), (gudermannian(X, 1.6), None)),
             ("gudermannian-quarter", (op("mul", op("sub", op("atan", op("exp", X)), c(math.pi / 4)), c(2.0)), None),
              (op("mul", op("sub", op("atan", op("exp", X)), c(0.7)), c(2.0)), None)),

@@ -97,8 +97,7 @@ def infer_regimes(program: Program, candidates: list[Candidate], ranges: dict | 
         return None
     gen = torch.Generator().manual_seed(seed)
     env = sample_inputs({t.attrs[0]: ((POINTS,), t.attrs[2]) for t in program.inputs}, ranges, gen)
-    first = _bits(candidates[best], env)  # the e-graph's: defined where the program is
-    if first is None:
+    if (first := _bits(candidates[best], env)) is None:  # the e-graph's: defined where the program is
         return None
     (exact,), (root,) = evaluate([candidates[best].term], env, reference=True), program.roots()
     # as Herbie, points only where the value is one of the dtype's (every form errs 0 bits past it)

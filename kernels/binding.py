@@ -27,9 +27,8 @@ Estimator = Callable[[Kernel, Use], float]  #: estimate(kernel, use) -> seconds 
 def default_estimate(kernel: Kernel, use: Use) -> float:
     """Nothing measured: torch's kernel by its memory traffic, a move by an overhead and a pass; no other."""
     elements = sum(math.prod(s) for s in use.shapes) or 1
-    if kernel.op == MOVE:
-        return 2e-6 + 4 * elements / 1e10
-    return math.inf if kernel.db_backend != "torch" and not _preferred(kernel, use) else 5e-6 + 4 * elements / 2e10
+    return 2e-6 + 4 * elements / 1e10 if kernel.op == MOVE else \
+        math.inf if kernel.db_backend != "torch" and not _preferred(kernel, use) else 5e-6 + 4 * elements / 2e10
 
 
 def measured_estimate(latency) -> Estimator:

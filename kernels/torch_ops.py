@@ -149,10 +149,8 @@ def _skipping_posinf(fast, reference):
     """``reference`` (its values where a row holds +inf), or ``fast`` where a host read of the rows' maxima finds none
     (the usual case: no more passes); on a GPU the read would stall the stream, so the reference runs on every call."""
     def kernel(x, axis):
-        if not device_path(x) and x.is_floating_point() and x.numel() and \
-                not bool((torch.amax(x, dim=axis) == torch.inf).any()):
-            return fast(x, axis)
-        return reference(x, axis)
+        return fast(x, axis) if not device_path(x) and x.is_floating_point() and x.numel() and \
+            not bool((torch.amax(x, dim=axis) == torch.inf).any()) else reference(x, axis)
     return kernel
 
 
@@ -181,9 +179,8 @@ def _normalized(x, weight, bias, eps):
 
 def layer_norm(x, weight, bias, eps):
     """Over the last axis; an affine-free spelling carries scalar consts as weight and bias."""
-    if not isinstance(weight, float) and not isinstance(bias, float):  # tensors (or None)
-        return _normalized(x, weight, bias, eps)
-    return _normalized(x, None, None, eps) * weight + bias
+    return _normalized(x, weight, bias, eps) if not isinstance(weight, float) and not isinstance(bias, float) \
+        else _normalized(x, None, None, eps) * weight + bias  # tensors (or None), else numbers
 
 
 @functools.lru_cache(maxsize=64)
@@ -275,9 +272,8 @@ def _abs_max(x) -> torch.Tensor | float:
 def _score_bound(q, k, scale: float) -> torch.Tensor | float:
     """A bound on |q k^T * scale| from two maxima: O(T D) beside attention's O(T^2 D); NaN or inf where q or k holds
     one. A 0-d float64 tensor on the device path, else a float; 0.0 where nothing is bounded."""
-    if q.device.type == "meta" or not q.is_floating_point() or not q.numel() or not k.numel():
-        return 0.0
-    return _abs_max(q) * _abs_max(k) * q.shape[-1] * abs(scale)
+    return 0.0 if q.device.type == "meta" or not q.is_floating_point() or not q.numel() or not k.numel() else \
+        _abs_max(q) * _abs_max(k) * q.shape[-1] * abs(scale)
 
 
 def _scores_overflow(q, k, scale: float, bound=None) -> torch.Tensor | bool:
@@ -329,8 +325,7 @@ def sdpa_masked(q, k, v, bias, scale):
         return out if over is False else torch.where(over, ops.sdpa_masked(q, k, v, bias, scale), out)
     if _scores_overflow(q, k, scale):
         return ops.sdpa_masked(q, k, v, bias, scale)
-    if bias.dtype == torch.bool:  # added: True is 1.0, not "keep"
-        bias = bias.to(q.dtype)
+    bias = bias.to(q.dtype) if bias.dtype == torch.bool else bias  # added: True is 1.0, not "keep"
     causal, dead, none = _mask_facts(bias, q.shape[-2], k.shape[-2])  # none: where it broadcasts to no more rows
     if causal or none and _into(bias.shape[:-2], q.shape[:-2]):
         return _torch_sdpa(q, k, v, is_causal=causal, scale=scale)
@@ -485,10 +480,8 @@ def geglu(a, b, approximate):
     """gelu(a) * b: GeGLU's gate (Shazeer 2020), gelu's signed zeros kept; the product in place
     on gelu's output where autograd keeps it not and b is its like (the chunk's other half)."""
     out = gelu(a, approximate)
-    if isinstance(b, torch.Tensor) and b.shape == out.shape and b.dtype == out.dtype and \
-            not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-        return out.mul_(b)
-    return out * b
+    return out.mul_(b) if isinstance(b, torch.Tensor) and b.shape == out.shape and b.dtype == out.dtype and \
+        not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)) else out * b
 
 
 @functools.lru_cache(maxsize=64)
@@ -506,10 +499,7 @@ def rotary(x, cos, sin):
             not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and \
             torch.promote_types(x.dtype, sin.dtype) == x.dtype and _into(sin.shape, x.shape):
         rotated, signs = torch.roll(x, half, -1), _half_signs(half, sin.dtype, sin.device)
-        if sin.numel() < x.numel():
-            rotated.mul_(sin * signs)
-        else:
-            rotated.mul_(signs).mul_(sin)
+        rotated.mul_(sin * signs) if sin.numel() < x.numel() else rotated.mul_(signs).mul_(sin)
         return (x * cos).add_(rotated)
     if isinstance(sin, torch.Tensor) and sin.shape[-1:] == x.shape[-1:] and sin.numel() < x.numel() \
             and x.shape[-1] == 2 * half:

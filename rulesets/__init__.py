@@ -62,8 +62,7 @@ class Rule:
         pairs = self.pairs()
         if not all(isinstance(lhs, pat.Node) for lhs, _ in pairs):
             raise RuleError(f"{self.name}: left side must be an op, not {self.lhs!r}")
-        lhs_vars = {v: s for lhs, _ in pairs for v, s in pat.variables(lhs).items()}
-        lhs_vars.update(self.bound())
+        lhs_vars = {v: s for lhs, _ in pairs for v, s in pat.variables(lhs).items()} | self.bound()
         rhs_vars = {v: s for _, rhs in pairs for v, s in pat.variables(rhs).items()}
         try:
             object.__setattr__(self, "when", when(*self.when))
@@ -156,8 +155,7 @@ def select(spec=None) -> list[Rule]:
     if spec is None:
         return [r for r in everything.values()
                 if r.exactness is not Exactness.UNSAFE and r.family is not Family.SHARDING]
-    chosen: list[Rule] = []
-    families = {f.value: f for f in Family}
+    chosen, families = [], {f.value: f for f in Family}
     for item in ([spec] if isinstance(spec, (str, Rule)) else spec):
         if isinstance(item, Rule):
             chosen.append(item)

@@ -142,9 +142,8 @@ def parse(text: str) -> Fact:
 
 def _fact(tree, text: str):
     if isinstance(tree, str):
-        if tree.startswith("?") or tree.startswith("__lhs"):
-            return Var(tree.removeprefix("?"))
-        return json.loads(tree) if tree.startswith('"') else Num(tree)
+        return Var(tree.removeprefix("?")) if tree.startswith(("?", "__lhs")) else \
+            json.loads(tree) if tree.startswith('"') else Num(tree)
     if not tree or not isinstance(tree[0], str):
         raise ValueError(f"{text!r} has an empty or headless fact")
     if tree[0] not in ANALYSES and tree[0] not in OPERATORS:

@@ -63,9 +63,8 @@ def result_strides(op: str, attrs: tuple, operands: list, strides: list, shape) 
     (shape, dtype) or None (a constant), with their ``strides``; a leaf's are contiguous."""
     found = [(tuple(m[0]), tuple(s), m[1]) if m else None for m, s in zip(operands, strides)]
     kind = OPS[op].layout if operands else None
-    if kind == "view" or kind == "runs" and any(f and layout_key(f[0], f[1]) for f in found):
-        return _run(op, attrs, tuple(found)) or contiguous(shape)
-    return contiguous(shape)
+    return (kind == "view" or kind == "runs" and any(f and layout_key(f[0], f[1]) for f in found)) and \
+        _run(op, attrs, tuple(found)) or contiguous(shape)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -49,9 +49,8 @@ def _heads_of(t: Term, shapes: dict) -> tuple[tuple[Term, Term | None], int] | N
     if view is None or view.op != "reshape":
         return None
     x, split, whole = view.args[0], parse_shape(view.attrs[0]), shapes[id(view.args[0])][0]
-    if len(split) != 4 or len(whole) != 3 or split[:2] != whole[:2] or split[2] * split[3] != whole[2]:
-        return None
-    return (x, scale), split[2]
+    return None if len(split) != 4 or len(whole) != 3 or split[:2] != whole[:2] or split[2] * split[3] != whole[2] \
+        else ((x, scale), split[2])
 
 
 def heads_merged(roots: list[Term], shapes: dict) -> dict[int, tuple]:

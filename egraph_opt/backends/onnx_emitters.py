@@ -110,9 +110,8 @@ def _mul(em, t):
 
 def _reduce(em, t, axis, keep):
     op, x = OPS[t.op].onnx, em.value(t.args[0])
-    if em.opset >= AXES_INPUT_SINCE[op]:
-        return em.node(op, [x, em.ints([axis], "axes")], t.op, keepdims=int(keep))
-    return em.node(op, [x], t.op, axes=[axis], keepdims=int(keep))
+    return em.node(op, [x, em.ints([axis], "axes")], t.op, keepdims=int(keep)) if em.opset >= AXES_INPUT_SINCE[op] \
+        else em.node(op, [x], t.op, axes=[axis], keepdims=int(keep))
 
 
 def _var(em, t, axis, keep, correction):
@@ -229,9 +228,8 @@ def full_rows(em, bias, q, k) -> str:
     if bias.op == "const":
         return em.value(bias, q)
     shape, qs, ks = em.static_shape(bias), em.static_shape(q), em.static_shape(k)
-    if shape is None or qs is None or ks is None or len(shape) >= 2 and shape[-2] == qs[-2]:
-        return em.value(bias)
-    return em.node("Expand", [em.value(bias), em.ints(list(shape[:-2]) + [qs[-2], ks[-2]])], "mask")
+    return em.value(bias) if shape is None or qs is None or ks is None or len(shape) >= 2 and shape[-2] == qs[-2] \
+        else em.node("Expand", [em.value(bias), em.ints(list(shape[:-2]) + [qs[-2], ks[-2]])], "mask")
 
 
 def _causal_bias(em, q, k) -> str:

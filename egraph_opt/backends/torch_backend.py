@@ -141,9 +141,7 @@ def _in_place(graph: fx.Graph, program: Program) -> None:
 
 
 def _held(owner: torch.nn.Module, name: str):
-    for part in name.split("."):
-        owner = getattr(owner, part)
-    return owner
+    return operator.attrgetter(name)(owner)  # a dotted name: attribute by attribute
 
 
 def build_module(program: Program, root: torch.nn.Module | None = None, device: str = "cpu",

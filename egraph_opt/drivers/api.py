@@ -327,8 +327,7 @@ class OptimizedFunction:
             self._signature: inspect.Signature | None = inspect.signature(target)
         except (TypeError, ValueError):  # a builtin such as torch.exp: positional tensors only
             self._signature = None
-        unknown = set(self.input_ranges) - set(self._signature.parameters if self._signature else ())
-        if unknown:
+        if unknown := set(self.input_ranges) - set(self._signature.parameters if self._signature else ()):
             raise ValueError(f"input_ranges names {sorted(unknown)}, which are not parameters of "
                              f"{getattr(target, '__qualname__', target)}")
         if not isinstance(fn, torch.nn.Module):
@@ -349,9 +348,7 @@ class OptimizedFunction:
             if id(instance) not in self._held:
                 self._held[id(instance)] = (self._method(instance), instance)
             return self._held[id(instance)][0]
-        if bound is None:
-            bound = self._bound[instance] = self._method(instance)
-        return bound
+        return bound if bound is not None else self._bound.setdefault(instance, self._method(instance))
 
     def _method(self, instance: Any) -> OptimizedFunction:
         return OptimizedFunction(types.MethodType(self.fn, instance), **self._options)
@@ -390,9 +387,8 @@ class OptimizedFunction:
         """What ``plan`` returns for a call of ``tensors`` (``arguments``: the call's by name)."""
         if plan.run is None or plan.writes and _shared(tensors, plan.writes):
             return self.fn(*args, **kwargs)
-        if plan.into is not None:  # an argument the original updates and returns (a KV cache)
-            return plan.into(tensors, [arguments[name] for name in plan.returned])
-        return plan.run(*tensors)
+        return plan.run(*tensors) if plan.into is None else \
+            plan.into(tensors, [arguments[name] for name in plan.returned])  # a KV cache it updates and returns
 
     def _serving(self, call: BoundCall, key: tuple) -> Plan | None:
         """The plan serving ``key``'s size family where its guard takes this call (the fast path finds it next): a new
@@ -436,7 +432,7 @@ class OptimizedFunction:
     def _fast(self, plan: Plan, layout: Layout) -> Callable[[tuple, dict], Any]:
         """For a call laid out as ``plan``'s first (no binding), the plan such a call found last where its C++ check
         finds the same tensors and state; else ``plan``, checked so; else its key's. A closure over what it checks."""
-        check, fn, laid, plans, keyed = plan.guard[0], self.fn, layout.tensors, self._plans, self._state
+        check, laid, plans, keyed = plan.guard[0], layout.tensors, self._plans, self._state
         alone = (layout.arity, layout.keywords) if layout.order is None and not any(layout.slots) else None
 
         def again(args: tuple, kwargs: dict):
@@ -455,9 +451,7 @@ class OptimizedFunction:
             except Exception:  # noqa: BLE001 - a global gone, a key None or unhashable, a flatten refused: slow path
                 return _MISS
             self._remember(found)
-            if found.run is None:
-                return fn(*args, **kwargs)
-            return self._ran(found, tensors, layout.trees(args, kwargs) if found.returned else {}, args, kwargs)
+            return self._ran(found, tensors, layout.trees(args, kwargs) if found.returned and found.run else {}, args, kwargs)
         return again
 
     def _compile(self, call: BoundCall, key: tuple) -> Plan:
@@ -708,9 +702,8 @@ def saturate_and_extract(fn: Callable | None = None, **options: Any):
     take; default 4). A module comes back as an nn.Module (``OptimizedModule``), as torch.compile's does."""
     if fn is None:
         return lambda f: saturate_and_extract(f, **options)
-    if isinstance(fn, torch.nn.Module):
-        return OptimizedModule(fn, OptimizedFunction(fn, **options))
-    return OptimizedFunction(fn, **options)
+    optimized = OptimizedFunction(fn, **options)
+    return OptimizedModule(fn, optimized) if isinstance(fn, torch.nn.Module) else optimized
 
 
 _OWN = ("_orig_mod", "forward")  # the wrapper's own attributes; every other one is the original's

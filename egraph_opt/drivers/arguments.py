@@ -382,6 +382,5 @@ def unusual(t: torch.Tensor) -> str:
         return f"a {type(t).__name__} (a tensor subclass)"
     if t.is_nested:
         return "a nested tensor"
-    if t.layout is not torch.strided:
-        return f"a {str(t.layout).removeprefix('torch.')} tensor"
-    return "a quantized tensor" if t.is_quantized else ""
+    return f"a {str(t.layout).removeprefix('torch.')} tensor" if t.layout is not torch.strided else \
+        "a quantized tensor" if t.is_quantized else ""

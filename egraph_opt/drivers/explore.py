@@ -283,11 +283,10 @@ class Explorer:
             present = any(n.op == lhs.op for nodes in self.snap.classes.values() for n in nodes)
             rows.append(["pattern", f"{pat.show(lhs)} matches nowhere in the e-graph" +
                          ("" if present else f" (no {lhs.op} node at all)")])
-        for cid, bound, failed in found:
-            if failed:
-                free = self.undeclared(bound.values())
-                rows.append(["guard", f"at e-class {cid}: " + "; ".join(why for _, why in failed) +
-                             (f" (no declared range for {', '.join(free)}: pass input_ranges)" if free else "")])
+        for cid, bound, failed in [m for m in found if m[2]]:  # the matches whose guard failed
+            free = self.undeclared(bound.values())
+            rows.append(["guard", f"at e-class {cid}: " + "; ".join(why for _, why in failed) +
+                         (f" (no declared range for {', '.join(free)}: pass input_ranges)" if free else "")])
         if fired := next((cid for cid, _, failed in found if not failed), None):
             pick = self.chosen.get(fired)
             rows.append(["fired", f"the pattern matches e-class {fired} with its guard holding; the "

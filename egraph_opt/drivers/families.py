@@ -104,10 +104,8 @@ class Variable:
 
     def n(self, sizes: tuple) -> int | None:
         """The variable's value at ``sizes``, or None if they are not of this family."""
-        if len(sizes) != len(self.a) or len({sizes[i] - self.a[i] for i in self.at}) != 1 or \
-                any(s != x for i, (s, x) in enumerate(zip(sizes, self.a)) if i not in self.at):
-            return None
-        return sizes[self.at[0]]
+        return None if len(sizes) != len(self.a) or len({sizes[i] - self.a[i] for i in self.at}) != 1 or any(
+            s != x for i, (s, x) in enumerate(zip(sizes, self.a)) if i not in self.at) else sizes[self.at[0]]
 
 
 class Families:

@@ -166,9 +166,8 @@ def _user_class(o: Any) -> bool:
 
 def _numbers(value: Any) -> bool:
     """A small list or dict of scalars, read whole each call (``CFG["scale"]``: written in place, same identity)."""
-    if type(value) is list and len(value) <= 64:
-        return all(map(_scalar, value))
-    return type(value) is dict and len(value) <= 64 and all(map(_scalar, (*value, *value.values())))
+    return type(value) is list and len(value) <= 64 and all(map(_scalar, value)) or \
+        type(value) is dict and len(value) <= 64 and all(map(_scalar, (*value, *value.values())))
 
 
 def _plain(o: Any) -> bool:
@@ -288,14 +287,11 @@ class StateKey:
         """Flat (a fixed number of values per identities token; each container's identities a tuple of their own, so
         no two fillings of the containers share a key). A scalar set to something else enters as that value (a
         caller's plan lookup refuses an unhashable one); a deleted one leaves the key with another slots layout."""
-        try:
-            key = self.current()
-        except (KeyError, ValueError):  # a global or attribute deleted, a cell emptied
-            key = None
-        if key is None:  # walked again: what is deleted is no longer read
-            self._refresh()
-            key = self.current()
-        return key
+        with contextlib.suppress(KeyError, ValueError):  # a global or attribute deleted, a cell emptied
+            if (key := self.current()) is not None:
+                return key
+        self._refresh()  # walked again: what is deleted is no longer read
+        return self.current()
 
 
 def _whole(numbers: list | dict) -> tuple:
@@ -515,10 +511,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _plain_value(x: Any) -> bool:
-    if isinstance(x, (tuple, list)):
-        return all(map(_plain_value, x))
-    if isinstance(x, dict):
-        return all(map(_plain_value, (*x, *x.values())))
+    if isinstance(x, (tuple, list, dict)):
+        return all(map(_plain_value, (*x, *x.values()) if isinstance(x, dict) else x))
     return type(x) in (bool, int, float, complex, str, bytes, type(None))
 
 
@@ -537,10 +531,7 @@ def _what(name: str, holder: Any, saved: Any) -> str:
 
 def _restore(holder: Any, saved: Any) -> None:
     if isinstance(holder, types.CellType):
-        if saved is _EMPTY:
-            del holder.cell_contents
-        else:
-            holder.cell_contents = saved
+        delattr(holder, "cell_contents") if saved is _EMPTY else setattr(holder, "cell_contents", saved)
     elif isinstance(holder, types.FunctionType):
         holder.__defaults__, holder.__kwdefaults__ = saved
     elif isinstance(holder, (dict, type)):  # a dict subclass's own methods may do more than store: its builtin base's

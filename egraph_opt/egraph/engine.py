@@ -374,6 +374,5 @@ def _shape_facts(ref: int, t: Term, shape: tuple, dtype) -> list[str]:
 
 
 def _primitive(text: str, sort: str):
-    if sort == "String":
-        return json.loads(text)
-    return text == "true" if sort == "bool" else ATTR_SORTS[sort](float(text) if sort == "f64" else int(text))
+    return json.loads(text) if sort == "String" else text == "true" if sort == "bool" else \
+        ATTR_SORTS[sort](float(text) if sort == "f64" else int(text))

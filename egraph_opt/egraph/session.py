@@ -86,9 +86,7 @@ def terms_of(choice: dict[str, ENode], roots: list[str], shared: dict | None = N
     for cid, node in reached(roots, choice.get).items():
         args = tuple(built[c] for c in node.children)
         term = Term.trusted(node.op, args, node.attrs)
-        if shared is not None:
-            term = shared.setdefault((node.op, tuple(map(id, args)), node.attrs), term)
-        built[cid] = term
+        built[cid] = term if shared is None else shared.setdefault((node.op, tuple(map(id, args)), node.attrs), term)
     return built
 
 

@@ -368,11 +368,9 @@ def _lowered(node: fx.Node, values: dict, info_of: dict, gm: fx.GraphModule, par
 def returned(outputs: Any) -> Any:
     """``outputs`` as the program returns them: fx holds a returned dict or list as its
     immutable_dict or immutable_list, which the caller must not get."""
-    if type(outputs) is immutable_dict:
-        return {k: returned(v) for k, v in outputs.items()}
-    if type(outputs) is immutable_list:
-        return [returned(v) for v in outputs]
-    return tuple(map(returned, outputs)) if type(outputs) is tuple else outputs
+    return {k: returned(v) for k, v in outputs.items()} if type(outputs) is immutable_dict else \
+        [returned(v) for v in outputs] if type(outputs) is immutable_list else \
+        tuple(map(returned, outputs)) if type(outputs) is tuple else outputs
 
 
 def _repeated_scope(node: fx.Node) -> str | None:

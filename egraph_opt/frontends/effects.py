@@ -48,9 +48,8 @@ def written(node: fx.Node, gm: fx.GraphModule) -> list:
             or (name.endswith("_") and not name.startswith("_") and node.target not in _OPERATORS) \
             or kwargs.get("inplace") is True:
         written.append(args[0])
-    if node.target is torch.nn.functional.batch_norm:
-        if kwargs.get("training", args[5] if len(args) > 5 else False):
-            written += [a for a in (kwargs.get("running_mean", args[1] if len(args) > 1 else None),) if a is not None]
+    if node.target is torch.nn.functional.batch_norm and kwargs.get("training", args[5] if len(args) > 5 else False):
+        written += [a for a in (kwargs.get("running_mean", args[1] if len(args) > 1 else None),) if a is not None]
     return written
 
 
@@ -70,10 +69,8 @@ def functional(target):
         name = target._schema.name.split("::")[-1]
         packet = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
         return getattr(packet, target._overloadname, None) if packet is not None else None
-    if isinstance(target, str) and target.endswith("_") and not target.startswith("_") \
-            and hasattr(torch.Tensor, target[:-1]):
-        return target[:-1]
-    return None
+    return target[:-1] if isinstance(target, str) and target.endswith("_") and not target.startswith("_") \
+        and hasattr(torch.Tensor, target[:-1]) else None
 
 
 def _base(node) -> tuple[object, bool]:

@@ -40,9 +40,8 @@ def permute(x: Term, perm, rank: int) -> Term:
     perm = tuple(int(d) % rank for d in perm)
     if perm == tuple(range(rank)):
         return x
-    if rank >= 2 and perm == tuple(range(rank - 2)) + (rank - 1, rank - 2):
-        return Term("transpose", (x,), (-2, -1))
-    return Term("permute", (x,), (shape_attr(perm),))
+    return Term("transpose", (x,), (-2, -1)) if rank >= 2 and perm == tuple(range(rank - 2)) + (rank - 1, rank - 2) \
+        else Term("permute", (x,), (shape_attr(perm),))
 
 
 #: dtypes whose kernels take a Python scalar operand in float32 (half precision's opmath included)

@@ -280,9 +280,8 @@ lowers(operator.ge, torch.ge, "ge")(lambda c, a, b: Term("logical_not", (_below_
 
 @lowers(operator.eq, torch.eq, "eq")
 def _eq(c, x, other):
-    if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 0:
-        return is_zero(c.tensor(x))  # the form the rules know
-    return Term("logical_not", (_below_or_nan(c, x, other, True),))
+    return is_zero(c.tensor(x)) if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 0 \
+        else Term("logical_not", (_below_or_nan(c, x, other, True),))  # x == 0: the form the rules know
 
 
 lowers("masked_fill")(lambda c, x, mask, value: Term("where", (mask, _operand(c, value, x), x)))
@@ -444,8 +443,7 @@ def _repeat_interleave(c, x, repeats, dim=None, *, output_size=None):
     """Each element ``repeats`` times in a row along ``dim``: an axis of 1 expanded after it, merged (not a gather)."""
     if not isinstance(repeats, int) or dim is None or not c.rank(x):
         raise Unsupported("repeat_interleave by a tensor of counts, or of a flattened or 0-d tensor")
-    shape = list(c.info(x).shape)
-    at = dim % len(shape) + 1
+    shape, at = list(c.info(x).shape), dim % c.rank(x) + 1
     one = Term("reshape", (c.tensor(x),), (shape_attr(shape[:at] + [1] + shape[at:]),))
     wide = Term("expand", (one,), (shape_attr(shape[:at] + [repeats] + shape[at:]),))
     return Term("reshape", (wide,), (c.out_shape(),))
@@ -473,9 +471,8 @@ def _split_heads(c, x: Term, shape: tuple) -> Term | None:
     the same steps, each operand of B * H rows viewed alike, a broadcast one kept. None elsewhere."""
     if x.op == "matmul":
         parts = [_heads(c, t) for t in x.args]
-        if None not in parts and parts[0][1] == parts[1][1] == shape[:-2] and c.info(x).shape[-2:] == shape[-2:]:
-            return Term("matmul", (parts[0][0], parts[1][0]))
-        return None
+        return Term("matmul", (parts[0][0], parts[1][0])) if None not in parts and \
+            parts[0][1] == parts[1][1] == shape[:-2] and c.info(x).shape[-2:] == shape[-2:] else None
     info = c.info_of.get(id(x))
     if x.op not in ("add", "mul") or info is None or len(info.shape) != 3 or info.shape[1:] != shape[-2:]:
         return None
@@ -584,8 +581,7 @@ def _pad(c, x, pad, mode="constant", value=None):
 def _split(c, x, split_size_or_sections, dim=0):
     """Pieces along one axis, as slices: QKV projections split from one matmul stay Terms."""
     size, sizes = c.info(x).shape[dim], split_size_or_sections  # valid: the traced run split by them
-    if isinstance(sizes, int):
-        sizes = [min(sizes, size - start) for start in range(0, size, sizes)]
+    sizes = [min(sizes, size - start) for start in range(0, size, sizes)] if isinstance(sizes, int) else sizes
     axis, starts = c.axis(x, dim), [sum(sizes[:i]) for i in range(len(sizes))]
     return Parts(tuple(Term("slice", (x,), (axis, a, a + n, 1)) for a, n in zip(starts, sizes)))
 

@@ -237,9 +237,8 @@ def skeleton(p: Pattern) -> tuple[Term, dict[int, str]]:
 
 
 def _attr_text(a) -> str:
-    if isinstance(a, Var):
-        return a.name
-    return f" {a.fn} ".join(_attr_text(x) for x in a.args) if isinstance(a, Prim) else literal(a.value)
+    return a.name if isinstance(a, Var) else f" {a.fn} ".join(map(_attr_text, a.args)) if isinstance(a, Prim) \
+        else literal(a.value)
 
 
 def show(p: Pattern) -> str:

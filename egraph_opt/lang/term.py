@@ -136,9 +136,8 @@ def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool
             if (name := t.attrs[0]) not in env:
                 raise KeyError(f"no value bound for {t.op} {name!r}")
             value = env[name]
-            if reference and isinstance(value, torch.Tensor) and value.is_floating_point():
-                value = value.double()
-            values[id(t)] = value
+            values[id(t)] = value.double() if reference and isinstance(value, torch.Tensor) and \
+                value.is_floating_point() else value
         elif reference and t.op == "cast" and t.attrs[0].startswith(("float", "bfloat")):
             values[id(t)] = values[id(t.args[0])]
         else:
@@ -146,8 +145,7 @@ def evaluate(roots: list[Term], env: dict[str, torch.Tensor], *, reference: bool
             if not spec.mesh and any(isinstance(a, Local) for a in args):  # once per device
                 values[id(t)] = each(impl, args, t.attrs)
             elif not any(isinstance(a, (torch.Tensor, Local)) for a in args):  # folding of scalars
-                args = [torch.tensor(a, dtype=folding) for a in args]
-                values[id(t)] = impl(*args, *t.attrs).item()
+                values[id(t)] = impl(*(torch.tensor(a, dtype=folding) for a in args), *t.attrs).item()
             else:
                 values[id(t)] = impl(*args, *t.attrs)
     return [values[id(r)] for r in roots]
@@ -208,9 +206,8 @@ def _by_kind(op: str, attrs: tuple, operands: list[tuple], tensor: list[bool]) -
             (tuple(torch.broadcast_shapes(*sizes)), dtype)
     if kind == "reduce":
         (shape, dtype), (axis, keepdim) = operands[0], attrs[:2]
-        if not shape or not -len(shape) <= axis < 0:
-            return None
-        return shape[:axis] + ((1,) if keepdim else ()) + shape[len(shape) + axis + 1:], dtype
+        return None if not shape or not -len(shape) <= axis < 0 else \
+            (shape[:axis] + ((1,) if keepdim else ()) + shape[len(shape) + axis + 1:], dtype)
     if kind == "cast":
         return operands[0][0], getattr(torch, attrs[0])
     if kind == "transpose" and len(operands[0][0]) >= 2 and attrs == (-2, -1):

@@ -49,9 +49,8 @@ class Step:
 
     @property
     def location(self) -> str:
-        if self.together:
-            return ", ".join(f"{_where(s.path)} of output {s.path[0]}" for s in (self, *self.together))
-        return _where(self.path)
+        return ", ".join(f"{_where(s.path)} of output {s.path[0]}" for s in (self, *self.together)) if self.together \
+            else _where(self.path)
 
     @property
     def name(self) -> str:

@@ -54,9 +54,8 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torc
 def _flattened(tree) -> tuple[list, object]:
     """pytree's leaves and structure, dataclass fields opened (pytree compares one whole by ``==``: tensors refuse)."""
     def opened(x):
-        if _dataclass(x):
-            return type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass) for f in fields(x)}
-        return x
+        return (type(x), {f.name: tree_map(opened, getattr(x, f.name), is_leaf=_dataclass) for f in fields(x)}) \
+            if _dataclass(x) else x
     return tree_flatten(tree_map(opened, tree, is_leaf=_dataclass))
 
 

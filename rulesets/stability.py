@@ -56,6 +56,8 @@ RULES = rules(_E, [
     ("one-minus-cos",         "(sub (const 1.0) (cos ?x))",
                               "(mul (const 2.0) (mul (sin (mul ?x (const 0.5))) (sin (mul ?x (const 0.5)))))",
                               "1 - cos x = 2 sin^2(x/2)"),
+    *((f"one-minus-{f}-squared", f"(sub (const 1.0) (mul ({f} ?x) ({f} ?x)))", f"(mul ({g} ?x) ({g} ?x))",
+       f"1 - {f}^2 x = {g}^2 x: {f} x rounds to +-1 near {at}") for f, g, at in (("cos", "sin", "0"), ("sin", "cos", "pi/2"))),
     ("sqrt-difference",       "(sub (sqrt (add ?x (const 1.0))) (sqrt ?x))",
                               "(div (const 1.0) (add (sqrt (add ?x (const 1.0))) (sqrt ?x)))",
                               "rationalized: no cancellation for large x"),

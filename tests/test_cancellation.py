@@ -216,6 +216,18 @@ def test_an_angle_from_one_minus_a_small_cosine_keeps_its_digits():
         torch.testing.assert_close(got[0], want, rtol=1e-5, atol=0, msg=pretty(result.program.roots()[0]))
 
 
+@pytest.mark.parametrize("f, g, at", [("cos", mpmath.sin, 0.0), ("sin", mpmath.cos, math.pi / 2)])
+def test_one_minus_a_squared_cosine_or_sine_keeps_the_small_angle(f, g, at):
+    """1 - cos^2 x at x = 1e-5 is 0 in float32 (cos x rounds to 1), as 1 - sin^2 x at x = pi/2 + 1e-6 (FPBench's
+    spherical-inv-latitude-angle, 13.2 -> 9.1 bits): as sin^2 x, cos^2 x they keep the angle's digits."""
+    term = op("sub", c(1.0), op("mul", op(f, X), op(f, X)))
+    result = optimize(Program((X,), term), input_ranges={"x": (-10.0, 10.0)}, widen=False)
+    x = (torch.tensor([1e-5, -3e-6, 2e-4, 0.5]) + at).repeat(4, 4)
+    (got,) = evaluate(result.program.roots(), {"x": x})
+    want = torch.tensor([float(g(mpmath.mpf(float(v))) ** 2) for v in x[0]])
+    torch.testing.assert_close(got[0], want, rtol=1e-5, atol=0, msg=pretty(result.program.roots()[0]))
+
+
 @pytest.mark.parametrize("build, truth", [(mercator, lambda x: mpmath.asinh(mpmath.tan(x))),
                                           (gudermannian, lambda x: mpmath.atan(mpmath.sinh(x)))])
 def test_the_mercator_projections_half_angle_forms_keep_a_small_or_large_angle(build, truth):

@@ -90,6 +90,10 @@ RULES = rules(_E, [
                               "where cos x > 0, NaN elsewhere as the left side (0 log cos x)"),
     ("log-tan-half-angle-minus", "(log (tan (sub (const ?c) (mul ?x (const 0.5)))))", "(sub (mul (const 0.0) (log "
                               "(cos ?x))) (asinh (tan ?x)))", *_PI(4), "log tan(pi/4 - x/2) = -log tan(pi/4 + x/2)"),
+    ("tan-quarter-turn",      "(tan (add (mul ?x (const 0.5)) (const ?c)))", "(where (less (sin ?x) (const 0.0)) (div (cos "
+                              "?x) (sub (const 1.0) (sin ?x))) (div (add (const 1.0) (sin ?x)) (cos ?x)))", *_PI(4),
+                              "tan(pi/4 + x/2) = (1 + sin x) / cos x = cos x / (1 - sin x), the one whose sum adds like "
+                              "signs: x/2 + pi/4 rounds x away near 0 and pi/4 away past 2^25"),
     ("gudermannian",          "(sub (mul (atan (exp ?x)) (const 2.0)) (const ?c))", _GD, *_PI(2), "2 atan(e^x) - pi/2"),
     ("gudermannian-quarter",  "(mul (sub (atan (exp ?x)) (const ?c)) (const 2.0))", _GD, *_PI(4), "2 (atan(e^x) - pi/4)"),
     ("log-coth",              "(log (div (add (exp ?x) (exp (neg ?x))) (sub (exp ?x) (exp (neg ?x)))))",

@@ -147,6 +147,7 @@ def log_coth(x: Term) -> Term:
 GUARDED += [("log-tan-half-angle", (mercator(X), None), (mercator(X, 0.8), None)),
             ("log-tan-half-angle-minus", (op("log", op("tan", op("sub", c(math.pi / 4), op("mul", X, c(0.5))))), None),
              (op("log", op("tan", op("sub", c(1.0), op("mul", X, c(0.5))))), None)),
+            ("tan-quarter-turn", (mercator(X).args[0], None), (mercator(X, 0.8).args[0], None)),
             ("gudermannian", (gudermannian(X), None), (gudermannian(X, 1.6), None)),
             ("gudermannian-quarter", (op("mul", op("sub", op("atan", op("exp", X)), c(math.pi / 4)), c(2.0)), None),
              (op("mul", op("sub", op("atan", op("exp", X)), c(0.7)), c(2.0)), None)),
@@ -244,6 +245,18 @@ def test_the_mercator_projections_half_angle_forms_keep_a_small_or_large_angle(b
         assert float(naive[0, 0]) == 0.0  # 1e-9 lost beside pi/4: log(1)
         (nan,) = evaluate(result.program.roots(), {"x": torch.full((4, 16), 3.0)})
         assert nan.isnan().all()  # tan(pi/4 + 1.5) < 0
+
+
+def test_a_tangent_a_quarter_turn_on_keeps_a_right_angle_and_a_large_one():
+    """tan(pi/4 + x/2) near x = -pi/2 is tan of a sum cancelling to 1e-8 (its rounding the whole value), and past
+    x = 2^25 pi/4 is lost beside x/2 (FPBench's setup-k 16.1 -> 9.3 bits, forward-rho 7.5 -> 1.9): as (1 + sin x)
+    / cos x or cos x / (1 - sin x), whichever adds like signs, it keeps both."""
+    term = mercator(X).args[0]
+    result = optimize(Program((X,), term), input_ranges={"x": (-1e30, 1e30)}, widen=False)
+    x = torch.tensor([-1.5707963, -1.5707, 0.3, 1.5707, 1e10, -3e12]).repeat(4, 3)[:, :16]
+    (got,) = evaluate(result.program.roots(), {"x": x})
+    want = torch.tensor([float(mpmath.tan(mpmath.mpf(float(v)) / 2 + mpmath.pi / 4)) for v in x[0]])
+    torch.testing.assert_close(got[0], want, rtol=1e-5, atol=0, msg=pretty(result.program.roots()[0]))
 
 
 def test_the_phase_with_every_rule_stays_bounded():

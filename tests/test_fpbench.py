@@ -142,6 +142,8 @@ def test_one_problem_end_to_end():
     r = fb.run_problem(_problem("sqrt_add"), 32, 0)
     assert r.n == 32 and r.box == "pre"
     assert r.naive.mean() < 3 and r.optimized.mean() < 3  # 1/(sqrt(x+1)+sqrt(x)): well conditioned
+    assert r.wide.mean() < 0.5  # the naive program in float64 rounds once: at most one float32 apart
+    assert any(line.startswith("the naive program in float64") for line in fb.summary([r]))
 
 
 @pytest.mark.parametrize("op, xs, want", [

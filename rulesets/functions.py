@@ -66,6 +66,12 @@ RULES = rules(_E, [
     ("atanh-fuse",            "(log (div (add ?x (const 1.0)) (sub (const 1.0) ?x)))",
                               "(mul (atanh ?x) (const 2.0))",
                               "(1 + x)/(1 - x) rounds to 1 for tiny x: log gives 0, not 2x"),
+    ("atanh-fuse-reciprocal", "(log (div (sub (const 1.0) ?x) (add ?x (const 1.0))))",
+                              "(add (mul (atanh ?x) (const -2.0)) (const 0.0))", "atanh-fuse's reciprocal (Proj's forward-v); "
+                              "+ 0: +0 at x = 0, as log 1 is"),
+    ("log-abs-sinh",          "(log (abs (sinh ?x)))", "(add (sub (abs ?x) (const 0.6931471805599453)) (log (neg (expm1 (mul "
+                              "(abs ?x) (const -2.0))))))", Exactness.APPROX, "log |sinh x| = |x| - log 2 + log(1 - e^-2|x|): "
+                              "sinh overflows past |x| = 89 (710 in float64) where the logarithm is |x| - log 2"),
     ("tanh-from-logistic",    "(sub (div (const 2.0) (add (exp (mul ?x (const -2.0))) (const 1.0))) (const 1.0))",
                               "(tanh ?x)", "2 sigmoid(2x) - 1 cancels for small x"),
     # -- half angles -------------------------------------------------------------------------------

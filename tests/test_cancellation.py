@@ -259,6 +259,20 @@ def test_a_tangent_a_quarter_turn_on_keeps_a_right_angle_and_a_large_one():
     torch.testing.assert_close(got[0], want, rtol=1e-5, atol=0, msg=pretty(result.program.roots()[0]))
 
 
+@pytest.mark.parametrize("term, truth", [
+    (op("log", op("div", op("sub", c(1.0), X), op("add", X, c(1.0)))), lambda v: mpmath.log((1 - v) / (1 + v))),
+    (op("log", op("abs", op("sinh", X))), lambda v: mpmath.log(abs(mpmath.sinh(v))))])
+def test_a_log_ratio_near_one_and_the_log_of_a_large_sinh_keep_their_digits(term, truth):
+    """log((1 - x) / (1 + x)) at x = 1e-9 is log 1 = 0 in float32 (Proj's forward-v 19.2 -> 0.08 bits), where -2 atanh x
+    is -2e-9; log |sinh x| past |x| = 89 is log inf, where |x| - log 2 + log(1 - e^-2|x|) is finite."""
+    x = torch.tensor([1e-9, -3e-5, 0.5, -0.9, 200.0, -1000.0, 3e5, 1e-3]).repeat(4, 2)
+    x = x if term.args[0].op == "abs" else x.clamp(-0.99, 0.99)
+    result = optimize(Program((X,), term), input_ranges={"x": (-1e6, 1e6)}, widen=False)
+    (got,) = evaluate(result.program.roots(), {"x": x})
+    want = torch.tensor([float(truth(mpmath.mpf(float(v)))) for v in x[0]])
+    torch.testing.assert_close(got[0], want, rtol=1e-5, atol=0, msg=pretty(result.program.roots()[0]))
+
+
 def test_the_phase_with_every_rule_stays_bounded():
     """One scalar expression with several cancellations, every rule of the catalogue in play:
     saturation stops (saturated or at its limits) under a bounded number of e-nodes."""

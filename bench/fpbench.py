@@ -584,8 +584,9 @@ def summary(results: list[Result]) -> list[str]:
     opt_mean = statistics.fmean(r.optimized.mean() for r in improvable) if improvable else math.nan
     seconds = [r.seconds for r in results]
     # where float64 alone leaves 8 bits, the rounding is the inputs' (a huge argument's reduction, a 0/0 of underflows)
-    floor = [r for r in improvable if r.wide is not None and r.wide.mean() > 8]
-    wide_mean = statistics.fmean(r.wide.mean() for r in improvable if r.wide is not None) if improvable else math.nan
+    wide = [r for r in improvable if r.wide is not None]
+    floor = [r for r in wide if r.wide.mean() > 8]
+    wide_mean = statistics.fmean(r.wide.mean() for r in wide) if wide else math.nan
     share = won / max(len(improvable), 1)
     met = improvable and share >= 0.85 and not worse and opt_mean <= 2
     return [
@@ -598,7 +599,8 @@ def summary(results: list[Result]) -> list[str]:
         f"worse (mean bits up at all): {len(worse)}; by >= 1 bit: {sum(g <= -1 for _, g in worse)}"
         + "".join(f"\n    {name}: {g:+.2f}" for name, g in sorted(worse, key=lambda w: w[1])),
         f"the naive program in float64, rounded once: mean {wide_mean:.2f} over the improvable; above 8 bits in "
-        f"{len(floor)}, which hold {sum(r.optimized.mean() for r in floor) / max(len(improvable), 1):.2f} bits of the optimized mean",
+        f"{len(floor)}, which hold {sum(r.optimized.mean() for r in floor) / max(len(improvable), 1):.2f} bits of the "
+        "optimized mean",
         f"ran untouched (fallback): {sum(bool(r.note) for r in results)}",
         f"optimize time per problem: median {statistics.median(seconds) if seconds else math.nan:.2f} s, "
         f"max {max(seconds, default=math.nan):.2f} s",

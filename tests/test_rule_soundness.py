@@ -6,8 +6,8 @@
 - purpose: each stability rule, at some extreme input in float32, keeps accuracy where its left side
   loses it.
 """
-import math
 import itertools
+import math
 import operator
 
 import pytest
@@ -278,8 +278,8 @@ PROBES = {  # extreme inputs, as f(position of the variable, value)
     "cancelling": lambda i, x: x + 1e8 * _alternating(x),
     "close": lambda i, x: 1.0 + x.abs() * 1e-6,  # every variable within 3e-6 of 1, of each other
     "top": lambda i, x: x / x.abs().max() * torch.finfo(torch.float32).max,  # reaching float32's max
-    "tail": lambda i, x: x + (30 if i == 0 else 0),
-    "quarter turn": lambda i, x: x * 1e-6 + math.pi / 2,  # sin rounds to 1 (1 - sin^2 x is 0, cos^2 x is not)  # e^-30 is normal in float32, where 1 - (1 - e^-30) is 0
+    "tail": lambda i, x: x + (30 if i == 0 else 0),  # e^-30 is normal in float32, where 1 - (1 - e^-30) is 0
+    "quarter turn": lambda i, x: x * 1e-6 + math.pi / 2,  # sin rounds to 1 (1 - sin^2 x is 0, cos^2 x is not)
     # the first operand dominating the rest with one sign (hypot(x, y) -+ x cancels for +-x >> |y|)
     "dominant": lambda i, x: x.abs() * 1e4 + 1 if i == 0 else x,
     "dominant negative": lambda i, x: -x.abs() * 1e4 - 1 if i == 0 else x,

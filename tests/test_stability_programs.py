@@ -321,3 +321,16 @@ def test_a_common_factor_divides_out_where_it_is_proved_nonzero():
     g = saturate_and_extract(lambda x, y: x / (y * x), input_ranges={"x": (0.0, 1e30), "y": (1.0, 1e30)})
     zero = torch.zeros(64)
     assert g(zero, y).isnan().all() and all(n != "div-common-factor" for n, _, _ in g.report.rewrites)
+
+
+def test_a_large_sinh_under_a_logarithm_is_validated_against_long_double():
+    """log |sinh x| past |x| = 89 is inf in float32 and finite as |x| - log 2 + log(-expm1(-2|x|)); validation's
+    long double reference takes sinh through numpy (sinh declares its numpy form), where float64 overflows past 710:
+    the plan is kept, not refused as 'differs from the original's inf'."""
+    f = saturate_and_extract(lambda x: torch.log(torch.abs(torch.sinh(x))), input_ranges={"x": (-1e4, 1e4)})
+    x = torch.tensor([0.5, -3.0, 100.0, -800.0, 5000.0])
+    got = f(x)
+    assert f.report.fallback == "" and "log-abs-sinh" in {n for n, _, _ in f.report.rewrites}, f.report
+    want = torch.tensor([math.log(math.sinh(0.5)), math.log(math.sinh(3.0)), 100 - math.log(2), 800 - math.log(2),
+                         5000 - math.log(2)])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)

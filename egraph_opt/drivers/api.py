@@ -451,7 +451,8 @@ class OptimizedFunction:
             except Exception:  # noqa: BLE001 - a global gone, a key None or unhashable, a flatten refused: slow path
                 return _MISS
             self._remember(found)
-            return self._ran(found, tensors, layout.trees(args, kwargs) if found.returned and found.run else {}, args, kwargs)
+            trees = layout.trees(args, kwargs) if found.returned and found.run else {}  # a fallback rebuilds none
+            return self._ran(found, tensors, trees, args, kwargs)
         return again
 
     def _compile(self, call: BoundCall, key: tuple) -> Plan:

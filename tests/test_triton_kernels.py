@@ -379,7 +379,8 @@ def _unary(op):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", [op for op in codegen.TEMPLATES if ops.OPS[op].arity == 1 and op not in ("cast", *codegen.STATS)])
+@pytest.mark.parametrize("op", [op for op in codegen.TEMPLATES if ops.OPS[op].arity == 1 and op not in ("cast", *codegen.STATS,
+                                                                                              *ops.COMPARISONS)])
 def test_generated_unary_op(op, dtype):
     x = DOMAINS.get(op, lambda shape: torch.randn(*shape, dtype=torch.float64) * 2)((3, 1025))
     x = x.to(dtype)
@@ -414,6 +415,25 @@ def test_a_generated_copysign_takes_the_sign_bit_of_zeros_infinities_and_a_scala
     assert same(K.generate_elementwise(Term("copysign", (x, y)))(a=a, b=b), torch.copysign(a, b))
     for c in (-0.0, 0.0, -3.0):
         assert same(K.generate_elementwise(Term("copysign", (x, Term.const(c))))(a=a), torch.copysign(a, torch.tensor(c)))
+
+
+def test_generated_masks_compare_and_select_as_torch_at_the_extremes():
+    """A mask (a comparison, isnan, logical_not, of floats or of a bool input) is 1.0 or 0.0 inside a kernel and a bool
+    at its root; where() selects by it: NaN compares false, -0.0 keeps its sign, inf compares as a number."""
+    x = torch.tensor([[0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, 1e-45, 3.4e38, -2.0]])
+    y = torch.tensor([[0.0, 0.0, 2.0, -2.0, math.inf, 0.0, 1.0, 0.0, math.inf, math.nan]])
+    env = {"x": x, "y": y, "m": x > 0}
+    X, Y, M = Term.input("x", x.shape), Term.input("y", y.shape), Term.input("m", x.shape, "bool")
+    for term in [Term("less", (X, Y)), Term("less", (X, Term.const(0.5))), Term("isnan", (X,)),
+                 Term("logical_not", (X,)), Term("logical_not", (M,)), Term("where", (Term("less", (X, Y)), X, Y)),
+                 Term("where", (M, Term("neg", (X,)), Term.const(-0.0))),
+                 Term("where", (Term("logical_not", (Term("isnan", (Y,)),)), Term("mul", (M, X)), X))]:
+        kernel = K.generate_elementwise(term)
+        out, (ref,) = kernel(*(env[n] for n in kernel.program.inputs)), evaluate([term], env)
+        assert out.dtype == ref.dtype, pretty(term)
+        out, ref = out.double(), ref.double()  # a mask's 1.0 or 0.0
+        assert torch.equal(out.nan_to_num(7.0), ref.nan_to_num(7.0)) and torch.equal(out.signbit(), ref.signbit()), \
+            pretty(term)
 
 
 def test_a_generated_cast_rounds_as_torch_does_at_the_extremes():

@@ -248,6 +248,21 @@ def _norm_rows(x, a, b, r):
     return torch.where(torch.eye(len(x), dtype=torch.bool), x, ordinary), ordinary.flip(0), ordinary * 0.5, r
 
 
+def _piecewise(x, a, b, r):
+    """A where() over a comparison: one generated kernel (a mask is 1.0 or 0.0 there); a half one compares in its own
+    dtype, as torch does (a constant rounded to it): its comparison stays torch's, read as a bool."""
+    return torch.where(x < a, torch.tanh(x) * r, x * 0.5 + b)
+
+
+def _masked(x, m, b, r):
+    """A bool mask the caller gives, selecting and multiplying: one generated kernel."""
+    return torch.where(m, torch.tanh(x) * r, x * 0.5 + b) + m * b
+
+
+def _mask(x, a, b, r):
+    return x, x < a, b, r
+
+
 def _same(*t):
     return t
 
@@ -256,7 +271,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 REGIONS = [(fn, args, kernels, dtype) for dtype in DTYPES for fn, args, kernels in [
     (_region, _same, {"triton.generated": 1}),
     (_split, _same, {"torch.atan": 1, "triton.generated": 2}),
-    (_biased, _broadcast, {"triton.generated": 1})]] + [
+    (_biased, _broadcast, {"triton.generated": 1}), (_masked, _mask, {"triton.generated": 1}),
+    (_piecewise, _same, {"triton.generated": 1} if dtype == torch.float32 else {"torch.less": 1, "triton.generated": 1})]] + [
     (_casts, _same, {"triton.generated": 1}, dtype) for dtype in DTYPES[1:]] + [
     # in half precision the mean is rewritten to accumulate in float32: its cast back follows the root
     (_loss, _same, {"triton.generated": 1}, torch.float32),

@@ -109,7 +109,7 @@ def main() -> None:
 
 def _generated(R) -> None:
     """The generated kernels a plan binds for its regions: every elementwise template of codegen in one
-    chain over an input and a broadcast (37,) one, alone, under each root reduction, and into each row
+    chain over an input and a broadcast (37,) one (and a bool one, where's condition), alone, under each root reduction, and into each row
     op (softmax, layer and rms norm), alone; each row op after a short chain, with an op after it and under a mean
     (those and the reductions in one dtype each, in turn: the chain and the row ops meet every dtype alone); each
     configuration of a row op with an op after it (the cache in a directory of its own)."""
@@ -124,7 +124,8 @@ def _generated(R) -> None:
     attrs_of = {"gelu": [("none",), ("tanh",)], "cast": [("float16",), ("bfloat16",)]}
     for op, attrs in [(op, attrs) for op in codegen.TEMPLATES if op not in codegen.STATS
                       for attrs in attrs_of.get(op, [()])]:
-        chain = Term("add", (chain, Term(op, (chain, y)[:OPS[op].arity], attrs)))
+        operands = (Term.input("m", (3, 37), "bool"), chain, y) if op == "where" else (chain, y)[:OPS[op].arity]
+        chain = Term("add", (chain, Term(op, operands, attrs)))  # a mask (1.0 or 0.0) added too
     rows = [Term(r, (chain,), (-1, keep)) for r in codegen.REDUCTIONS for keep in (False, True)]
     def row_ops(v):
         return [Term("softmax", (v,), (-1,)), Term("layer_norm", (v, y, y), (1e-5,)), Term("rms_norm", (v, y), (1e-6,)),
@@ -138,7 +139,8 @@ def _generated(R) -> None:
         for dtype, config in [(d, None) for d in each] + [
                 (torch.float16, c) for c in generate_elementwise(root).configs[1:] if root in after[:len(norms)]]:
             try:
-                generate_elementwise(root)(x=R(3, 37).to(dtype), y=R(37).to(dtype), config=config)
+                given = {"x": R(3, 37).to(dtype), "y": R(37).to(dtype), "m": R(3, 37) > 0}  # a bool where's condition
+                generate_elementwise(root)(**{n: given[n] for n in generate_elementwise(root).program.inputs}, config=config)
             except Exception as e:  # noqa: BLE001 - the kernel failed to generate, not to compile
                 failures.append(f"generated {root.op} {config}: {type(e).__name__}: {e}")
 

@@ -24,7 +24,7 @@ from ..kernels.binding import Estimator, bind, default_estimate, ready, region_c
 from ..kernels.registry import MOVES, Use, copies
 from ..kernels.torch_ops import PLAIN, TORCH
 from ..kernels.triton.codegen import REDUCTIONS, STATS, TEMPLATES, span
-from ..lang.ops import shape_attr
+from ..lang.ops import COMPARISONS, shape_attr
 from ..lang.program import WRITE, OpaqueRef, Program, leaves
 from ..lang.pattern import structural_ids
 from ..lang.term import Term, dtype_name, evaluate, postorder, topological
@@ -212,24 +212,26 @@ class _Build:
             self._fuse(program.roots(), meta)
 
     def _fuse(self, roots: list[Term], meta: dict) -> None:
-        """A generated kernel for each maximal region of two or more ops (codegen's templates, on float operands that
-        broadcast (``codegen.span``) or constants, with at most one softmax or norm over the last axis, under at most
-        one root sum, mean or max; an operand joins its users' region where only they read it), where it replaces its
-        ops' kernels (``binding.region_chosen``). Each op of a half dtype rounds to it there, as its torch kernel."""
-        floats = (torch.float16, torch.bfloat16, torch.float32)
+        """A generated kernel for each maximal region of two or more ops (codegen's templates, on float or bool operands
+        that broadcast (``codegen.span``) or constants, a mask of float32 values inside but never its root, at most one
+        softmax or norm over the last axis, under at most one root sum, mean or max; an operand joins its users' region
+        where only they read it) where it replaces their kernels (``binding.region_chosen``), rounding as torch's do."""
+        floats, mask = (torch.float16, torch.bfloat16, torch.float32), torch.bool
 
-        def fusible(t: Term) -> bool:  # a 0-d tensor of another dtype stays out of torch's type promotion
-            shape, dtype = meta[id(t)]
+        def fusible(t: Term) -> bool:  # a 0-d tensor of another dtype stays out of torch's type promotion; a mask
+            shape, dtype = meta[id(t)]  # (1.0 or 0.0: a bool promoted) compares in its operands' dtype, a constant
             rows = t.op not in STATS or meta[id(t.args[0])][0][-1:] == shape[-1:] != (1,) and \
                 (t.op != "softmax" or t.attrs[0] == -1)  # a row op's rows are the region's, of the last axis
-            return t.op in TEMPLATES and len(shape) > 0 and dtype in floats and rows and all(
-                a.op == "const" or meta[id(a)][1] in floats and span(meta[id(a)][0], shape) is not None
-                and (len(meta[id(a)][0]) > 0 or meta[id(a)][1] == dtype) for a in t.args)
+            compares = t.op == "logical_not" or {meta[id(a)][1] for a in t.args if a.op != "const"} == {torch.float32}
+            return t.op in TEMPLATES and len(shape) > 0 and (dtype in floats or t.op in COMPARISONS and compares) \
+                and rows and all(a.op == "const" or meta[id(a)][1] in (*floats, mask)  # rounded to it: float32's alone
+                                 and span(meta[id(a)][0], shape) is not None
+                                 and (len(meta[id(a)][0]) > 0 or meta[id(a)][1] == dtype) for a in t.args)
         row = lambda t: t.op in REDUCTIONS and t.attrs[0] == -1  # noqa: E731 - a root reducing rows
         order, inside = postorder(roots), set()
         uses = Counter(i for t in order for i in {id(a) for a in t.args}) + Counter(map(id, roots))  # users
         for t in reversed(order):  # users before their operands
-            if id(t) in inside or not (fusible(t) or row(t)):
+            if id(t) in inside or meta[id(t)][1] is mask or not (fusible(t) or row(t)):  # a mask is computed inside
                 continue
             ops, reached = [t], Counter()  # users walked of each operand
             for u in ops:  # grows while it is walked: each op after its users
@@ -249,7 +251,8 @@ class _Build:
                         made[id(a)] = Term.input(f"x{len(outside)}", meta[id(a)][0], dtype_name(meta[id(a)][1]))
                         outside[made[id(a)].attrs[0]] = a
                 made[id(u)] = Term(u.op, tuple(made.get(id(a), a) for a in u.args), u.attrs)
-                if u.op not in ("cast", *REDUCTIONS) and (meta[id(u)][1] != torch.float32 or u is top):
+                rounds = meta[id(u)][1] in floats and (meta[id(u)][1] != torch.float32 or u is top)  # a mask never
+                if u.op not in ("cast", *REDUCTIONS) and rounds:
                     made[id(u)] = Term("cast", (made[id(u)],), (dtype_name(meta[id(u)][1]),))  # rounds as torch
             kernel = triton_kernels.generate_elementwise(made[id(t)])
             operands = [outside[name] for name in kernel.program.inputs]

@@ -4,7 +4,7 @@ and a last-axis reduction at the root. Pure text: no Triton needed to generate (
 Each op is one line of the template table below, formatted with its operands' SSA names and its attributes.
 Structurally equal subterms are emitted once; inputs become pointer arguments and constants scalar arguments in order
 of first use, so the source (hence the compiled kernel) depends on the term's structure only: ``x * 2`` and ``y * 3``
-share one kernel. Everything is in float32; a cast rounds to its dtype. A broadcast input is read through ``span``."""
+share one kernel. All is float32 (a mask: 1.0 or 0.0); a cast rounds to its dtype; ``span`` reads a broadcast input."""
 from __future__ import annotations
 
 import hashlib
@@ -26,6 +26,8 @@ TEMPLATES: dict[str, str] = {
     "sqrt": "tl.sqrt_rn({0})", "rsqrt": "tl.rsqrt({0})", "abs": "tl.abs({0})", "copysign": "m.copysign({0}, {1})",
     "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tanh": "m.tanh({0})", "sigmoid": "tl.sigmoid({0})",
     "relu": "m.relu({0})", "erf": "tl.math.erf({0})", "gelu": "m.gelu({0}, {approximate!r})",
+    "where": "tl.where({0} != 0.0, {1}, {2})", "less": "tl.where({0} < {1}, 1.0, 0.0)",  # a mask is 1.0 or 0.0
+    "isnan": "tl.where({0} != {0}, 1.0, 0.0)", "logical_not": "tl.where({0} == 0.0, 1.0, 0.0)",
     "cast":    "{0}.to(tl.{dtype}).to(tl.float32)",  # rounds where the op's kernel rounds its output
     "softmax": "m.softmax_of({0}, mx, s)",  # the row ops, from their statistics (STATS)
     "layer_norm": "({0} * scale - mean) * rstd * {1} + {2}", "rms_norm": "{0} * rstd * {1}"}
@@ -188,6 +190,6 @@ def lower(root: Term) -> KernelSource:
                    + [f"in{i}_div, in{i}_mod, " for i in broadcast])
     kernel = ROW.format(args=args, walks="".join(walks + [_stored(reduction, lines, result)])) if reduction or rows else \
         ELEMENTWISE.format(args=args, body=textwrap.indent("\n".join(lines), " " * 4), result=result)
-    dtype = outer or (root.attrs[0] if root.op == "cast" else None)
+    dtype = outer or (root.attrs[0] if root.op == "cast" else "bool" if OPS[root.op].shape_rule == "compare" else None)
     return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction or (rows[0].op if rows else None), keepdim,
                         dtype, tuple(broadcast))

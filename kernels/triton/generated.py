@@ -25,7 +25,7 @@ from .codegen import REDUCTIONS, KernelSource, lower, span
 from .layout import ROW_CONFIGS, row_block
 from .runtime import tuned
 
-CACHE_ENV, DTYPES = "EGRAPH_OPT_CACHE", (torch.float16, torch.bfloat16, torch.float32)
+CACHE_ENV, DTYPES = "EGRAPH_OPT_CACHE", (torch.float16, torch.bfloat16, torch.float32, torch.bool)  # a mask: 1.0, 0.0
 
 _kernels: dict[Path, object] = {}  # generated file -> its @triton.jit kernel
 _checked: set[Path] = set()  # cache directories found private in this process

@@ -121,7 +121,7 @@ def _generated(R) -> None:
     os.environ["EGRAPH_OPT_CACHE"] = tempfile.mkdtemp()
     x, y = Term.input("x", (3, 37)), Term.input("y", (37,))
     chain = x
-    attrs_of = {"gelu": [("none",), ("tanh",)], "cast": [("float16",), ("bfloat16",)]}
+    attrs_of = {"gelu": [("none",), ("tanh",)], "cast": [("float16",), ("bfloat16",)], "swish": [(1.702,)]}
     for op, attrs in [(op, attrs) for op in codegen.TEMPLATES if op not in codegen.STATS
                       for attrs in attrs_of.get(op, [()])]:
         operands = (Term.input("m", (3, 37), "bool"), chain, y) if op == "where" else (chain, y)[:OPS[op].arity]

@@ -26,6 +26,11 @@ TEMPLATES: dict[str, str] = {
     "sqrt": "tl.sqrt_rn({0})", "rsqrt": "tl.rsqrt({0})", "abs": "tl.abs({0})", "copysign": "m.copysign({0}, {1})",
     "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tanh": "m.tanh({0})", "sigmoid": "tl.sigmoid({0})",
     "relu": "m.relu({0})", "erf": "tl.math.erf({0})", "gelu": "m.gelu({0}, {approximate!r})",
+    "silu": "{0} * tl.sigmoid({0})", "swish": "{0} * tl.sigmoid({0} * {beta!r})", "softplus": "m.logaddexp({0}, 0.0)",
+    "logaddexp": "m.logaddexp({0}, {1})", "hypot": "m.hypot({0}, {1})", "tan": "tl.sin({0}) / tl.cos({0})",
+    "sinh": "m.sinh({0})", "cosh": "m.cosh({0})", "asinh": "m.asinh({0})", "acosh": "m.acosh({0})", "atanh": "m.atanh({0})",
+    "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "trunc": "tl.where({0} < 0.0, tl.ceil({0}), tl.floor({0}))",
+    "log2": "tl.log2({0})", "log10": "tl.log2({0}) * 0.30102999566398120",
     "where": "tl.where({0} != 0.0, {1}, {2})", "less": "tl.where({0} < {1}, 1.0, 0.0)",  # a mask is 1.0 or 0.0
     "isnan": "tl.where({0} != {0}, 1.0, 0.0)", "logical_not": "tl.where({0} == 0.0, 1.0, 0.0)",
     "cast":    "{0}.to(tl.{dtype}).to(tl.float32)",  # rounds where the op's kernel rounds its output
@@ -124,6 +129,8 @@ def _line(t: Term, operands: list[str]) -> str:
         raise _refuse(t.op, f"approximate must be one of {GELU_APPROXIMATIONS}")
     if attrs.get("axis", -1) != -1:
         raise _refuse(t.op, f"only a row op over the last axis (-1) is generated, not {attrs['axis']}")
+    if any(isinstance(v, float) and not math.isfinite(v) for v in attrs.values()):  # its text is not a number
+        raise _refuse(t.op, f"a non-finite attribute {attrs}")
     return TEMPLATES[t.op].format(*operands, **attrs)
 
 

@@ -1,7 +1,7 @@
 """Device functions that ``triton.language`` lacks or gets wrong for us, shared by the kernels.
 
-Triton has no portable log1p, expm1, tanh or pow (they live in CUDA's libdevice, which the CPU interpreter cannot
-run), so they are built from exp and log with Kahan's compensation tricks: accurate to a few ulps at every magnitude,
+Triton has no portable log1p, expm1, tanh, pow, hypot or the hyperbolic functions (they live in CUDA's libdevice, which
+the CPU interpreter cannot run), so they are built from exp and log with Kahan's compensation tricks: accurate to a few ulps at every magnitude,
 on the GPU and in the interpreter alike. ReLU keeps NaN, as torch does. All take and return float32 blocks."""
 import triton
 import triton.language as tl
@@ -38,9 +38,9 @@ def power(a, b):
     rounded once: in a's own precision, b log a errs by |b log a| ulps (30 at 1e5 ** 0.3), which exp keeps."""
     integral = b == tl.floor(b)
     odd = integral & (tl.floor(b * 0.5) * 2.0 != b)
-    # |a| for integral b; otherwise a itself, whose log is NaN when a < 0. Nested wheres, not &:
+    # |a| for integral b (and -inf: C's pow); otherwise a itself, whose log is NaN when a < 0. Nested wheres, not &:
     # a and b may be a block and a scalar, which the interpreter cannot combine with &.
-    r = tl.exp(b * tl.log(tl.where(integral, tl.abs(a), a).to(tl.float64))).to(tl.float32)
+    r = tl.exp(b * tl.log(tl.where(integral, tl.abs(a), tl.where(a == float("-inf"), -a, a)).to(tl.float64))).to(tl.float32)
     r = tl.where(odd, tl.where(a < 0.0, -r, tl.where(1.0 / tl.where(a == 0.0, a, 1.0) < 0.0, -r, r)), r)  # (-0) ** -1: -inf
     unit = tl.where(a == 1.0, 1.0, tl.where(tl.abs(b) == float("inf"), 1.0, r))  # 1 ** b, (-1) ** +-inf: C's pow
     return tl.where(b == 0.0, 1.0, tl.where(tl.abs(a) == 1.0, unit, r))
@@ -51,6 +51,56 @@ def copysign(a, b):
     mag = tl.abs(a)
     bits = tl.where(mag == mag, b, b).to(tl.int32, bitcast=True)  # b (maybe a scalar argument) as a block
     return tl.where(bits < 0, -mag, mag)  # b's sign bit: -0.0's and NaN's too
+
+
+@triton.jit
+def logaddexp(a, b):
+    """log(e^a + e^b) as the larger plus log1p(e^-|a - b|): no overflow; the larger where it is infinite."""
+    big = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    return tl.where(tl.abs(big) == float("inf"), big, big + log1p(tl.exp(tl.where(a == b, 0.0, -tl.abs(a - b)))))
+
+
+@triton.jit
+def hypot(a, b):
+    """sqrt(a^2 + b^2) scaled by the larger magnitude: no overflow or underflow; NaN where an operand is (ops.hypot)."""
+    big, small = tl.maximum(tl.abs(a), tl.abs(b), propagate_nan=tl.PropagateNan.ALL), tl.minimum(tl.abs(a), tl.abs(b))
+    r = small / tl.where(big == 0.0, 1.0, big)
+    return tl.where(big == float("inf"), big, big * tl.sqrt_rn(1.0 + r * r))
+
+
+@triton.jit
+def sinh(x):
+    """Odd: from expm1 below |x| = 20 (no cancellation near 0), else (e^(|x|/2) / 2) e^(|x|/2): finite to float32's max."""
+    a = tl.abs(x)
+    e, t = expm1(a), tl.exp(0.5 * a)
+    return copysign(tl.where(a > 20.0, (0.5 * t) * t, 0.5 * (e + e / (e + 1.0))), x)
+
+
+@triton.jit
+def cosh(x):
+    a = tl.abs(x)
+    e, t = tl.exp(a), tl.exp(0.5 * a)
+    return tl.where(a > 20.0, (0.5 * t) * t, 0.5 * (e + 1.0 / e))
+
+
+@triton.jit
+def asinh(x):
+    """Odd: log1p(|x| + x^2 / (1 + sqrt(1 + x^2))) (exact near 0), past 2^28 log |x| + log 2 (before x^2 overflows)."""
+    a = tl.abs(x)
+    r = tl.where(a > 2.0 ** 28, tl.log(a) + 0.6931471805599453, log1p(a + a * a / (1.0 + tl.sqrt_rn(1.0 + a * a))))
+    return copysign(r, x)
+
+
+@triton.jit
+def acosh(x):
+    t = x - 1.0  # exact near 1
+    return tl.where(x > 2.0 ** 28, tl.log(x) + 0.6931471805599453, log1p(t + tl.sqrt_rn(t * (x + 1.0))))
+
+
+@triton.jit
+def atanh(x):
+    a = tl.abs(x)
+    return copysign(0.5 * log1p(2.0 * a / (1.0 - a)), x)  # odd; log1p: exact near 0
 
 
 @triton.jit

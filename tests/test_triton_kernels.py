@@ -325,21 +325,26 @@ def test_every_configuration_of_a_generated_kernel_computes_what_its_default_doe
 
 # ---- mathlib: the functions Triton lacks, accurate at every magnitude ---------------------
 
-@pytest.mark.parametrize("op", ["expm1", "log1p", "tanh", "sinh", "asinh", "atanh"])
+@pytest.mark.parametrize("op", ["expm1", "log1p", "tanh", "sinh", "asinh", "atanh", "atan", "asin", "cbrt"])
 def test_mathlib_is_accurate_near_zero_and_at_extremes(op):
     tiny = torch.logspace(-30, 0, 40)
     x = torch.cat([tiny, -tiny, torch.tensor([0.0, -0.0, 10.0, 60.0, 100.0, 1e30, float("inf")])])
     if op == "log1p":
         x = x[x > -1]
     out = K.generate_elementwise(Term(op, (Term.input("x", x.shape),)))(x=x)
-    ref = getattr(torch, op)(x.double())
-    assert torch.equal(out.isinf(), getattr(torch, op)(x).isinf())  # overflows where torch does
+    ref = ops.OPS[op].impl(x.double())
+    assert torch.equal(out.isinf(), ops.OPS[op].impl(x).isinf())  # overflows where torch does
     assert torch.equal(out[x == 0].signbit(), x[x == 0].signbit())  # f(+-0) = +-0
     finite = ref.abs() < torch.finfo(torch.float32).max
     rel = ((out.double() - ref).abs() / ref.abs())[finite].nan_to_num(0.0)  # 0 / 0 at x = 0
     print(f"{op}: max relative error {rel.max().item():.3g}")
     assert (rel < 1e-6).all()  # a few float32 ulps
 
+
+def test_a_generated_round_takes_ties_to_even_and_keeps_the_sign_of_zero():
+    x = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, -0.3, 0.49999997, 2.0 ** 23 + 1, -(2.0 ** 24), 7.5, math.inf, math.nan])
+    out = K.generate_elementwise(Term("round", (Term.input("x", x.shape),)))(x=x)
+    assert torch.equal(out.nan_to_num(7.0), torch.round(x).nan_to_num(7.0)) and torch.equal(out.signbit(), torch.round(x).signbit())
 
 
 def test_a_generated_power_of_a_constant_base():
@@ -374,6 +379,7 @@ DOMAINS = {"log": _positive, "sqrt": _positive, "rsqrt": _positive, "log2": _pos
            "log1p": lambda shape: torch.rand(*shape, dtype=torch.float64) * 3 - 0.9,
            "acosh": lambda shape: 1 + torch.rand(*shape, dtype=torch.float64).square() * 30,
            "atanh": lambda shape: torch.rand(*shape, dtype=torch.float64) * 1.98 - 0.99}
+DOMAINS["asin"] = DOMAINS["acos"] = DOMAINS["atanh"]
 
 
 def _unary(op):

@@ -160,8 +160,8 @@ def _region(x, a, b, r):
 
 
 def _split(x, a, b, r):
-    """atan has no template: the chains below and above it are two generated kernels."""
-    return torch.exp(torch.atan(x * a + b) * 2.0 - r)
+    """atan2 has no template: the chains below and above it are two generated kernels."""
+    return torch.exp(torch.atan2(x * a + b, r) * 2.0 - r)
 
 
 def _loss(x, a, b, r):
@@ -176,9 +176,9 @@ def _shared(x, a, b, r):
 
 
 def _shared_outside(x, a, b, r):
-    """x * a + b is read by an op outside the region too (atan has no template): its own kernel."""
+    """x * a + b is read by an op outside the region too (atan2 has no template): its own kernel."""
     h = x * a + b
-    return torch.tanh(h) * r + torch.atan(h)
+    return torch.tanh(h) * r + torch.atan2(h, r)
 
 
 def _biased(x, bias, row, s):
@@ -270,14 +270,14 @@ def _same(*t):
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 REGIONS = [(fn, args, kernels, dtype) for dtype in DTYPES for fn, args, kernels in [
     (_region, _same, {"triton.generated": 1}),
-    (_split, _same, {"torch.atan": 1, "triton.generated": 2}),
+    (_split, _same, {"torch.atan2": 1, "triton.generated": 2}),
     (_biased, _broadcast, {"triton.generated": 1}), (_masked, _mask, {"triton.generated": 1}),
     (_piecewise, _same, {"triton.generated": 1} if dtype == torch.float32 else {"torch.less": 1, "triton.generated": 1})]] + [
     (_casts, _same, {"triton.generated": 1}, dtype) for dtype in DTYPES[1:]] + [
     # in half precision the mean is rewritten to accumulate in float32: its cast back follows the root
     (_loss, _same, {"triton.generated": 1}, torch.float32),
     (_shared, _same, {"triton.generated": 1}, torch.float32),
-    (_shared_outside, _same, {"torch.atan": 1, "triton.generated": 2}, torch.float32),
+    (_shared_outside, _same, {"torch.atan2": 1, "triton.generated": 2}, torch.float32),
     (_variance, _broadcast, {"triton.generated": 1}, torch.float32),
     (_gapped, _gap, {"torch.mul": 1, "triton.generated": 1}, torch.float32)] + [
     (_softmax, _softmax_rows, {"triton.generated": 1}, dtype) for dtype in DTYPES] + [
@@ -304,7 +304,7 @@ def test_an_elementwise_region_is_one_generated_kernel_exact_at_the_extremes(fn,
     monkeypatch.setenv("EGRAPH_OPT_TRITON_ON_CPU", "1")
     args = args(*_extreme_grid(dtype))
     # static estimates: the interpreter's timings mean nothing, and rows other tests timed on a busy machine once
-    # priced _split's float64 form no slower; no float64 for accuracy at the extremes (atan's chains) either
+    # priced _split's float64 form no slower; no float64 for accuracy at the extremes (atan2's chains) either
     f = saturate_and_extract(fn, profile_db=False, profile_budget=0, max_slowdown=1.0)
     with torch.no_grad():
         f(*(torch.randn(t.shape).to(t.dtype) for t in args))

@@ -30,7 +30,10 @@ TEMPLATES: dict[str, str] = {
     "logaddexp": "m.logaddexp({0}, {1})", "hypot": "m.hypot({0}, {1})", "tan": "tl.sin({0}) / tl.cos({0})",
     "sinh": "m.sinh({0})", "cosh": "m.cosh({0})", "asinh": "m.asinh({0})", "acosh": "m.acosh({0})", "atanh": "m.atanh({0})",
     "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "trunc": "tl.where({0} < 0.0, tl.ceil({0}), tl.floor({0}))",
-    "log2": "tl.log2({0})", "log10": "tl.log2({0}) * 0.30102999566398120",
+    "log2": "tl.log2({0})", "log10": "tl.log2({0}) * 0.30102999566398120", "atan": "m.atan({0})",
+    "asin": "m.atan({0} / tl.sqrt_rn((1.0 - {0}) * (1.0 + {0})))", "acos": "2.0 * m.atan(tl.sqrt_rn((1.0 - {0}) / (1.0 + {0})))",
+    "cbrt": "m.copysign(tl.exp(tl.log(tl.abs({0}).to(tl.float64)) / 3.0).to(tl.float32), {0})",  # rounds once
+    "round": "m.round_half_even({0})",
     "where": "tl.where({0} != 0.0, {1}, {2})", "less": "tl.where({0} < {1}, 1.0, 0.0)",  # a mask is 1.0 or 0.0
     "isnan": "tl.where({0} != {0}, 1.0, 0.0)", "logical_not": "tl.where({0} == 0.0, 1.0, 0.0)",
     "cast":    "{0}.to(tl.{dtype}).to(tl.float32)",  # rounds where the op's kernel rounds its output

@@ -1,8 +1,8 @@
 """Device functions that ``triton.language`` lacks or gets wrong for us, shared by the kernels.
 
-Triton has no portable log1p, expm1, tanh, pow, hypot or the hyperbolic functions (they live in CUDA's libdevice, which
-the CPU interpreter cannot run), so they are built from exp and log with Kahan's compensation tricks: accurate to a few ulps at every magnitude,
-on the GPU and in the interpreter alike. ReLU keeps NaN, as torch does. All take and return float32 blocks."""
+Triton has no portable log1p, expm1, tanh, pow, hypot, atan or the hyperbolic functions (they live in CUDA's libdevice,
+which the CPU interpreter cannot run), so they are built from exp and log with Kahan's compensation tricks: accurate to
+a few ulps at every magnitude, on the GPU and in the interpreter alike. ReLU keeps NaN, as torch does. All take and return float32 blocks."""
 import triton
 import triton.language as tl
 
@@ -101,6 +101,26 @@ def acosh(x):
 def atanh(x):
     a = tl.abs(x)
     return copysign(0.5 * log1p(2.0 * a / (1.0 - a)), x)  # odd; log1p: exact near 0
+
+
+@triton.jit
+def atan(x):
+    """Odd: |x| reduced to r in [0, tan(pi/8)] (-1 / |x| past tan(3pi/8), (|x| - 1) / (|x| + 1) past tan(pi/8)), then
+    r + r^3 P(r^2), P fitted minimax to atan there (relative error 2e-8 before rounding), plus pi/2 or pi/4."""
+    a = tl.abs(x)
+    far, mid = a > 2.414213562373095, a > 0.4142135623730950
+    r = tl.where(far, -1.0 / a, tl.where(mid, (a - 1.0) / (a + 1.0), a))
+    z = r * r
+    p = (((0.08053730626070953 * z - 0.13877681424726754) * z + 0.1997771030768632) * z - 0.33332949147858415) * z * r
+    return copysign(tl.where(far, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0)) + (p + r), x)
+
+
+@triton.jit
+def round_half_even(x):
+    f = tl.floor(x)
+    d = x - f  # exact below 2^23, where x has a fraction
+    up = (d > 0.5) | ((d == 0.5) & (f - 2.0 * tl.floor(0.5 * f) == 1.0))
+    return copysign(tl.where(tl.abs(x) < 8388608.0, f + tl.where(up, 1.0, 0.0), x), x)  # -0.3: -0.0
 
 
 @triton.jit

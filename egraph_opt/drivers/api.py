@@ -564,7 +564,8 @@ class OptimizedFunction:
         warnings.warn(f"egraph-opt: {report.signature} runs untouched: {why}", stacklevel=3)
         return Plan(None, report, found.egraph if found else None, found)
 
-    def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample, functional: bool = False) -> Plan:
+    def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample, functional: bool = False,
+                  fastest: bool = False) -> Plan:
         if hooks := around(self.fn):
             raise SideEffect(f"{', '.join(hooks)} run around the call: a plan of its forward would skip them")
         target, args = call.traceable(self.fn), call.tensors
@@ -577,12 +578,12 @@ class OptimizedFunction:
             with torch.no_grad():
                 _, written, original_s = run_counting_writes(target, args)
             if self._unseen_writes([i for i in written if i not in writes], call.names, functional):
-                return self._optimize(call, report, watch, made, functional=True)
+                return self._optimize(call, report, watch, made, True, fastest)
         # torch.export's outputs stay flat leaves; fx's tracer keeps the type of a ModelOutput (fx makes it a dict)
         returns = getattr(traced, "_out_spec", None) or traced.meta.get("returns") or \
             tree_structure(returned(program.outputs))
         device = args[0].device.type if args else "cpu"
-        latency, priced, model = self._cost_model(device)
+        latency, priced, model = self._cost_model(device, Objective.LATENCY if fastest else self.objective)
         result = optimize(program, rules=self.rules, model=model, limits=self.limits, input_ranges=self.input_ranges)
         flat = replace(result.program, outputs=tree_leaves(result.program.outputs))
         made.estimate = measured_estimate(latency)
@@ -596,7 +597,7 @@ class OptimizedFunction:
         if self.validate:
             report.validation = self._validated(call, run, lambda: program, writes)
             if self._unseen_writes(report.validation.written, call.names, functional):
-                return self._optimize(call, report, watch, made, functional=True)
+                return self._optimize(call, report, watch, made, True, fastest)
             original_s = report.validation.original_s
             if report.validation.bounded:
                 report.bounded.append(f"validation: {report.validation.bounded}")
@@ -612,14 +613,15 @@ class OptimizedFunction:
         if writes:  # each timed run from the caller's values, on copies of them
             args, saved = tuple(a.clone() for a in args), [args[i].clone() for i in writes]
             timed = [lambda *a, f=f: [a[i].copy_(v) for i, v in zip(writes, saved)] and f(*a) for f in timed]
-        return self._never_slower(plan, *timed, args, device, latency, original_s)  # as the caller calls
+        kept = self._never_slower(plan, *timed, args, device, latency, original_s, fastest)  # as the caller calls
+        return kept or self._optimize(call, report, watch, made, functional, fastest=True)
 
-    def _cost_model(self, device: str):
+    def _cost_model(self, device: str, objective: Objective):
         """The latency database on ``device``, its pricing by the kernel that will run, and the cost model."""
         latency = None if self.profile_db is False else MeasuredLatency.from_database(
             self.profile_db, device, budget_s=self.profile_budget)
         priced = Pricing(latency, device) if latency else None
-        return latency, priced, CostModel(self.objective, latency_of=priced, tolerance=self.tolerance,
+        return latency, priced, CostModel(objective, latency_of=priced, tolerance=self.tolerance,
                                           max_slowdown=self.max_slowdown)
 
     def _describe(self, report: Report, program, result: Optimized, module, latency, priced) -> None:
@@ -647,8 +649,10 @@ class OptimizedFunction:
                           (latency.profiled, latency.spent_s, latency.busy) if latency else (0, 0.0, None))
         report.error = tuple(errors) if errors and all(errors) else None
 
-    def _never_slower(self, plan: Plan, target, run, args, device: str, latency, original_s: float) -> Plan:
-        """The plan, unless timed beside the original (``target``) it is slower and no steadier: then the original."""
+    def _never_slower(self, plan: Plan, target, run, args, device: str, latency, original_s: float,
+                      fastest: bool) -> Plan | None:
+        """The plan, unless timed beside the original (``target``) it is slower and no steadier: then the original; or,
+        where balanced extraction chose time for accuracy the sample could not show (None), the fastest form found."""
         report, result = plan.report, plan.optimized
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
@@ -658,6 +662,10 @@ class OptimizedFunction:
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 beyond = self.objective is Objective.BALANCED and after > before * self.max_slowdown
+                if self.objective is Objective.BALANCED and not fastest and for_accuracy(result):
+                    report.bounded[:] = [f"balanced: its form for accuracy measured slower ({after * 1e6:.1f} us "
+                                         f"against {before * 1e6:.1f} us) with no gain shown: the fastest form instead"]
+                    return None
                 return self._untouched(report, f"it measured slower ({after * 1e6:.1f} us against {before * 1e6:.1f} us) "
                                        + (f"by more than max_slowdown={self.max_slowdown:g}, the most accuracy may cost"
                                           if beyond else "and is no more stable"), result)

@@ -564,8 +564,7 @@ class OptimizedFunction:
         warnings.warn(f"egraph-opt: {report.signature} runs untouched: {why}", stacklevel=3)
         return Plan(None, report, found.egraph if found else None, found)
 
-    def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample, functional: bool = False,
-                  fastest: bool = False) -> Plan:
+    def _optimize(self, call: BoundCall, report: Report, watch: Watch, made: Sample, functional=False, fastest=False):
         if hooks := around(self.fn):
             raise SideEffect(f"{', '.join(hooks)} run around the call: a plan of its forward would skip them")
         target, args = call.traceable(self.fn), call.tensors
@@ -662,7 +661,7 @@ class OptimizedFunction:
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 beyond = self.objective is Objective.BALANCED and after > before * self.max_slowdown
-                if self.objective is Objective.BALANCED and not fastest and for_accuracy(result):
+                if self.objective is Objective.BALANCED and not (fastest or beyond) and for_accuracy(result):
                     report.bounded[:] = [f"balanced: its form for accuracy measured slower ({after * 1e6:.1f} us "
                                          f"against {before * 1e6:.1f} us) with no gain shown: the fastest form instead"]
                     return None

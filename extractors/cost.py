@@ -1,8 +1,7 @@
-"""Integer costs per node (integers keep extraction exact): conditioning from the operand ranges
-(``curvature.py``) and latency from the profiling database (``latency_of``) or else a static count
-of passes over memory, both in tenths of a microsecond. ``stability`` minimizes conditioning, ties
-broken by latency; ``latency`` the reverse; ``balanced`` adds them (a decibel weighs a
-microsecond); ``tolerance``: the fastest program whose per-node estimated error stays in a bound."""
+"""Integer costs per node (integers keep extraction exact): conditioning from the operand ranges (``curvature.py``) and
+latency from the profiling database (``latency_of``) or else a static count of passes over memory, both in tenths of a
+microsecond. ``stability`` minimizes conditioning, ties broken by latency; ``latency`` the reverse; ``balanced`` adds
+them (a decibel weighs a microsecond); ``tolerance``: the fastest program within a bound on per-node estimated error."""
 from __future__ import annotations
 
 import enum
@@ -39,11 +38,9 @@ class Objective(enum.Enum):
         raise ValueError(f"{value!r} is not an objective; use one of {', '.join(o.value for o in cls)}")
 
 
-#: balanced: a program this many bits more accurate (sampled, worst or mean; a piecewise one: mean, its series'
-#: truncation counted) than the fastest may take max_slowdown times its time: a catastrophic error is not a trade
-#: for microseconds
+#: balanced: a program this many bits more accurate (sampled, worst or mean; piecewise: mean, its series' truncation
+#: counted) than the fastest may take max_slowdown times its time: a catastrophic error is no trade for microseconds
 ACCURATE_BY = 8.0
-
 
 #: bits of a sampled first-order error that are its noise where overflow dominates it (one node for two, a fused
 #: linear + gelu, moves it by a bit or two): fewer buy no time
@@ -61,8 +58,7 @@ class CostModel:
     objective: Objective = Objective.BALANCED
     latency_of: Callable | None = None  # (NodeFacts) -> (units, source) | None
     tolerance: float | None = None  # for Objective.TOLERANCE: largest estimated relative error
-    #: for Objective.BALANCED: the most time a far more accurate program (``ACCURATE_BY``) may take, as a
-    #: multiple of the fastest's
+    #: for Objective.BALANCED: how many times the fastest's time a far more accurate program (``ACCURATE_BY``) may take
     max_slowdown: float = 4.0
 
     def __post_init__(self):

@@ -1,5 +1,4 @@
-"""DAG-aware greedy extraction over the serialized e-graph (egglog's own is tree-costed and saturates on deep
-residual graphs; docs/DESIGN.md).
+"""DAG-aware greedy extraction over the e-graph (egglog's own is tree-costed and saturates on deep residual graphs).
 
 Each e-class keeps its cheapest e-node with the cost of every e-class the choice depends on, so a shared
 subterm is paid once; relaxation from the leaves up ends, costs being integers. Above ``EXACT_UP_TO`` e-nodes,
@@ -117,7 +116,6 @@ def _share_new(choice, roots, classes, cost, refs) -> None:
             new = [c for c in alt.children if refs[c] == 0]
             if alt != choice[cid] and len(set(new)) == 1 and all(c in choice for c in alt.children):
                 groups[new[0]].append((cid, alt))
-
     for shared, members in groups.items():
         members = [(cid, alt) for cid, alt in members if refs[cid] > 0 and refs[shared] == 0]
         if not members or _switched(members, choice, refs, cost) >= 0:

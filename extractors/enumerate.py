@@ -4,11 +4,9 @@ switches (one reached class takes another e-node; classes newly reached take the
 to a cyclic or unfinished program is not taken). Candidates are queued once each by exact DAG cost, so the
 search ends on cyclic e-graphs too (there can be exponentially many programs: pass ``limit``).
 
-Order: each program yielded is the cheapest candidate generated so far. Where no program computes a class twice and
-the e-graph is acyclic, that is the exact k-best order; with sharing, a switch that frees a shared operand can cost
-less than its origin and is yielded at once (the cost steps down). On a cyclic e-graph a program is missed only if
-every way to it passes a cyclic choice.
-
+Order: each program yielded is the cheapest candidate so far. On an acyclic e-graph without sharing, that is the exact
+k-best order; with sharing, a switch that frees a shared operand can cost less than its origin and is yielded at once
+(the cost steps down). On a cyclic e-graph a program is missed only if every way to it passes a cyclic choice.
 >>> from egraph_opt.egraph.engine import ENode
 >>> from egraph_opt.lang.term import pretty
 >>> classes = {"x": [ENode("input", (), ("x", "3", "float32"))], "2": [ENode("const", (), (2.0,))],

@@ -1,13 +1,12 @@
 """Regime inference, as Herbie's (``src/core/regimes.rkt``): where no single program of the root
 e-class is accurate over the whole declared range, a piecewise one ``where(x < t, f1, f2)`` is.
 
-Every candidate's first-order error (``rounding_error.elementwise_bits``) is taken at the same points, drawn over the
-floats of the declared ranges. For each term that can split (each input and, as Herbie's, each subterm of the output's
-shape: the sign of ``x - y`` may decide where no input's range does), a dynamic program over the points sorted by its
-value (NaN as +inf, where ``where`` takes the last regime) finds at most ``MAX_REGIMES`` runs of least total error plus
-``SPLIT_BITS`` per extra regime and point (and per point for a subterm: it costs its ops). The branches are members of
-one e-class (proven equal), so the join is exact: ``where`` only selects, and a branch that overflows outside its
-regime is never taken there.
+Every candidate's first-order error (``rounding_error.elementwise_bits``) is taken at the same points, floats of the
+declared ranges. For each term that can split (each input and, as Herbie's, each subterm of the output's shape: the sign
+of ``x - y`` may decide where no input's range does), a dynamic program over the points sorted by its value (NaN as
++inf, where ``where`` takes the last regime) finds at most ``MAX_REGIMES`` runs of least total error plus ``SPLIT_BITS``
+per extra regime and point (and per point for a subterm: it costs its ops). The branches are members of one e-class
+(proven equal), so the join is exact: ``where`` only selects, and a branch overflowing off its regime is never taken.
 
 A truncated series holds only on an interval: its relative truncation bound in the magnitude of ``within`` is added
 to its error at each point and taken again over its regime's interval, which must be finite. A guarded rule's right

@@ -1,9 +1,8 @@
-"""First-order rounding error of a whole program: what per-node costs cannot see, how an error
-travels (a cancellation only where two operands coincide, an error tanh attenuates or exp
-multiplies). Each node, given operands exact in its dtype, commits a local error Delta (Herbie's:
-the op in the dtype against float64; an overflow commits an infinite one), and the output moves by
-|d out / d v| Delta (Higham, *Accuracy and Stability*, 2.2, 3.1). Derivatives are reverse-mode in
-float64, as ADAPT (SC 2018) takes them, at points sampled from the declared ranges.
+"""First-order rounding error of a whole program: what per-node costs cannot see, how an error travels (a cancellation
+only where two operands coincide, an error tanh attenuates or exp multiplies). Each node, given operands exact in its
+dtype, commits a local error Delta (Herbie's: the op in the dtype against float64; an overflow commits an infinite one),
+and the output moves by |d out / d v| Delta (Higham, *Accuracy and Stability*, 2.2, 3.1). Derivatives are reverse-mode
+in float64, as ADAPT (SC 2018) takes them, at points sampled from the declared ranges.
 
 Error is in bits, as Herbie counts it: log2(1 + the floats between the result and the result moved
 by its error) per output element; every bit of the word where inf or NaN replaces a finite value."""

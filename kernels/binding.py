@@ -37,7 +37,6 @@ def measured_estimate(latency) -> Estimator:
     def node(use: Use) -> NodeFacts:
         return NodeFacts(op=use.op, attrs=use.attrs, shapes=use.shapes, layouts=use.layouts,
                          dtype=use.dtypes[0] if use.dtypes else "float32")
-
     def estimate(kernel: Kernel, use: Use) -> float:
         found = _measured(latency, kernel, node(use))
         return found[0] * UNIT_S if found else default_estimate(kernel, use)

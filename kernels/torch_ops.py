@@ -82,14 +82,12 @@ SPECULATE_UP_TO = 1 << 16
 def speculating(forward: Callable, writes: bool = False) -> Callable:
     """``forward`` (a plan's run: refusing random draws) run with each host-path guard assuming its fast case, then
     every assumption read at once (on CPU a small reduction and a host read cost microseconds each, as much as the op
-    they guard); where one fails, run again with each guard reading its own, which gives the careful result where it
-    is needed. A plan whose run met fewer than ``SPECULATE_FROM`` guards reads each (the joint read's few ops cost more:
-    a Qwen2 decode step, four guards, ran 3% slower); one that ``writes`` its arguments back too (run again, it would
-    read what it wrote)."""
+    they guard); where one fails, run again with each guard reading its own: the careful result where needed. A plan
+    whose run met fewer than ``SPECULATE_FROM`` guards reads each (a joint read's few ops cost more: a Qwen2 decode
+    step, four guards, ran 3% slower); one that ``writes`` its arguments back too (a rerun would read what it wrote)."""
     if writes:
         return forward
     met = [SPECULATE_FROM]  # guards the last speculating run met
-
     def run(*args):
         if met[0] < SPECULATE_FROM:
             return forward(*args)
@@ -185,8 +183,7 @@ def layer_norm(x, weight, bias, eps):
 
 @functools.lru_cache(maxsize=64)
 def _scalar(value: float, dtype: torch.dtype) -> torch.Tensor:
-    """``value`` as a 0-dim CPU tensor, which any device's op takes: a Python number is wrapped in
-    a new tensor on each call. Never written to."""
+    """``value`` as a 0-dim CPU tensor any device's op takes (a number is wrapped per call); never written to."""
     with torch.inference_mode(False):  # usable outside inference mode too
         return torch.tensor(value, dtype=dtype)
 
@@ -373,8 +370,7 @@ def _mask_facts(mask, queries: int, keys: int) -> tuple[bool, torch.Tensor | Non
     return facts
 
 
-#: exp(x) is 0 in float32 (and every narrower dtype) below this: a key whose score lies this far
-#: under its row's maximum has weight exactly 0
+#: exp(x) is 0 in float32 (and narrower dtypes) below this: a key scoring this far under its row's max weighs exactly 0
 EXP_UNDERFLOW = -104.0
 
 
@@ -508,8 +504,7 @@ def rotary(x, cos, sin):
 
 
 def cross_entropy(x, target, reduction, ignore_index):
-    """torch's own kernel (F.cross_entropy); where that is NaN (a row holding NaN or +inf, or no
-    target kept), the reference."""
+    """torch's own kernel (F.cross_entropy); where NaN (a row holding NaN or +inf, or no target kept), the reference."""
     if x.device.type != "meta" and device_path(x):  # torch's kernel is this composition: no check
         return ops.cross_entropy(x, target, reduction, ignore_index)
     out = F.cross_entropy(x, target, reduction=reduction, ignore_index=ignore_index)

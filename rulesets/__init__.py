@@ -3,8 +3,7 @@
 A rule is data (name, lhs, rhs, family, exactness, condition, why). Tags are closed enums, so a typo fails at import
 instead of silently dropping a rule. egglog rewrites carry our names (``:name``), so run reports say which rule matched.
 A stability rule's purpose is checked in the tests: at an extreme, offset or nearly-equal input in float32 its right
-side is accurate where its left side overflows, underflows or cancels.
-"""
+side is accurate where its left side overflows, underflows or cancels."""
 from __future__ import annotations
 
 import enum
@@ -128,7 +127,6 @@ def reverse(rule: Rule, family: Family, guard: Guard = Guard(), **fixed) -> Rule
         for name, value in fixed.items():
             text = re.sub(rf"\?{name}\b", pat.literal(value), text)
         return text
-
     return Rule(f"{rule.name}-rev", pin(rule.rhs), pin(rule.lhs), family, rule.exactness, when=guard,
                 why=f"reverse of {rule.name}", sample=tuple((v, x) for v, x in rule.sample if v not in fixed))
 
@@ -136,7 +134,6 @@ def reverse(rule: Rule, family: Family, guard: Guard = Guard(), **fixed) -> Rule
 def catalogue() -> dict[str, Rule]:
     """All rules by name, across families; names are unique."""
     from . import (algebra, cancellation, canonical, decomposition, functions, fusion, precision, sharding, stability)
-
     table: dict[str, Rule] = {}
     for module in (stability, cancellation, functions, algebra, canonical, fusion, precision, decomposition, sharding):
         for r in module.RULES:

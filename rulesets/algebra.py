@@ -10,9 +10,8 @@ F32_MAX, F32_TINY = "3.4028234663852886e38", "1.1754943508222875e-38"
 NEVER_POSITIVE_INF = when(f"(<= (hi ?x) {F32_MAX})")  # ?x's range is float32's: it does not overflow
 NEVER_INF = NEVER_POSITIVE_INF + when(f"(>= (lo ?x) -{F32_MAX})")
 NEVER_INF_XY = NEVER_INF + NEVER_INF.rename({"x": "y"})  # ?x, ?y declared finite
-#: ?x is never +inf, an input included (its range reaches float32's max and it may hold +inf): for
-#: forms shifted by a row's max, which a +inf turns NaN across the row where the softmax op keeps
-#: the naive quotient's 0 at the row's finite entries
+#: ?x is never +inf, an input included (its range reaches float32's max: it may hold +inf): for forms shifted by a row's
+#: max, which a +inf turns NaN across the row where softmax keeps the naive quotient's 0 at the row's finite entries
 BELOW_MAX = when(f"(< (hi ?x) {F32_MAX})")
 
 #: ?c is +-2^k: (1 + 2^-52) |c| - |c| is exactly 2^-52 |c| only where |c|'s significand is 1

@@ -1,8 +1,7 @@
 """Fusion rewrites: chains of primitive ops into the fused ops kernels implement.
 
 Canonical forms (algebra: constants on the right, division by a constant as a product) let one rule catch every
-spelling: scale by multiply or divide, K transposed either way, max shift explicit or not, masks as ``masked_fill`` or
-as an additive bias."""
+spelling: scale by multiply or divide, K transposed either way, max shift explicit or not, masks filled or added."""
 import functools
 import math
 
@@ -62,8 +61,7 @@ def _gelu(name: str, inner: str, why: str, erf_c: float = 0.0) -> list[Rule]:
 
 _KX2 = "(mul (mul ?x (const ?k)) ?x)"  # 0.044715 * x * x as traced
 
-#: each attention as (name, lhs over scores {s}, rhs over scale {c}, why): a rule for the scaled
-#: scores and one for the unscaled (scale 1.0)
+#: each attention as (name, lhs over scores {s}, rhs over scale {c}, why): a rule scaled and one unscaled (scale 1.0)
 _ATTENTIONS = [
     ("attention-fuse", "(matmul (softmax {s} -1) ?v)", "(sdpa ?q ?k ?v {c} false)", ""),
     ("attention-fuse-masked", "(matmul (softmax (add {s} ?m) -1) ?v)", "(sdpa_masked ?q ?k ?v ?m {c})", ""),
@@ -158,9 +156,8 @@ RULES = rules(_F, [(name + suffix, lhs.format(s=s), rhs.format(c=c), why) for na
 
 
 def _horizontal(count: int, biased: bool = True) -> Rule:
-    """``count`` linears (``biased``) or matmuls by transposed weights (LLaMA's bias-free projections) of one input
-    with constant weights: one of the concatenated weights, sliced (QKV, gate and up). Ordered tuples all fire: each
-    order is one alternative."""
+    """``count`` linears (``biased``) or matmuls by transposed weights (LLaMA's bias-free projections) of one input with
+    constant weights: one of the concatenated weights, sliced (QKV, gate and up); each order is an alternative."""
     ws = [f"(param ?w{i} ?ws{i} ?wd{i})" for i in range(1, count + 1)]
     bs = [f"(param ?b{i} ?bs{i} ?bd{i})" for i in range(1, count + 1)]
     weights, biases = ws[0], bs[0]

@@ -1,10 +1,8 @@
 """A rule's guard as data: facts over the analyses of what its left side binds, parsed once.
 
-One operator table and one evaluator serve every reader: the egglog text a rule lowers to (``str``), why a rule did
-not fire (``optimization/ematch.py``, over a snapshot's analyses) and regimes (``extractors/regimes.py``, over
-intervals or sampled values, floats or tensors: a plan may select on the device). The caller answers the analyses
-(``ask``); a guard computes with them.
-
+One operator table and one evaluator serve every reader: the egglog text a rule lowers to (``str``), why a rule did not
+fire (``ematch.py``, over a snapshot's analyses) and regimes (``regimes.py``, over intervals or sampled values, floats
+or tensors: a plan may select on the device). The caller answers the analyses (``ask``); a guard computes with them.
 >>> g = when("(positive ?x)", "(<= (hi ?x) 255.0)")
 >>> str(g + g.rename({"x": "y"}))
 '(positive ?x) (<= (hi ?x) 255.0) (positive ?y) (<= (hi ?y) 255.0)'
@@ -23,8 +21,7 @@ from egraph_opt.egraph.range_rules import ANALYSES
 from egraph_opt.lang import pattern as pat
 from egraph_opt.lang.pattern import Var
 
-#: what a guard computes with: egglog's primitives (``+`` also joins Strings: a shape attribute
-#: built from sizes), as Python computes them
+#: a guard's operators: egglog's primitives (``+`` also joins Strings: a shape attribute built from sizes), in Python
 OPERATORS = {**pat.ARITHMETIC, "=": operator.eq, "!=": operator.ne, "<": operator.lt,
              ">": operator.gt, "<=": operator.le, ">=": operator.ge, "abs": abs, "min": min,
              "max": max, "to-string": lambda n: str(int(n))}

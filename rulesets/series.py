@@ -109,7 +109,6 @@ class _Deadline:
 
     def __enter__(self):
         me, body = threading.get_ident(), sys._getframe(1)
-
         def fire(wait: float = self.seconds):
             while not self.done.wait(wait) and any(f is body for f, _ in walk_stack(sys._current_frames().get(me))):
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me), ctypes.py_object(TimeoutError))

@@ -132,7 +132,6 @@ def introductions(n: int) -> list[Rule]:
     heads; an elementwise op along any axis its operands both span), or its partial products all-reduced."""
     def whole(lhs: str) -> tuple[str, ...]:  # the op's result is whole: so are its operands
         return tuple(f"(whole ?{v})" for v, sort in pat.variables(pat.parse(lhs)).items() if sort == pat.TENSOR)
-
     def gathered(name, op, axis, when=(), sample=()):
         return Rule(f"{name}-gathered", op, f"(all_gather (shard {op} {axis} {n}) {axis} {n})", _S,
                     when=whole(op) + when, sample=sample)

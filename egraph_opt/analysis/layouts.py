@@ -5,7 +5,6 @@ over contiguous ones), so the profiling database keys rows by layout too. Stride
 fact: a "fresh" result is contiguous; a "view"'s strides are torch's own (``_run``); an op that "runs" (elementwise
 ops, softmax, attention: their kernels choose an order from their operands') gives a contiguous result of contiguous
 operands, and else is run once on zeros of its operands' strides (rare: an operand that is a view or made of one).
-
 >>> layout_key((2, 3, 4), (12, 1, 3)), layout_key((2, 3), (0, 1)), layout_key((2, 3), (3, 1))
 ('0,2,1', 'b,0', None)
 """

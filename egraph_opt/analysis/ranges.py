@@ -1,10 +1,8 @@
 """Value-range analysis: a sound interval for every term.
 
-Inputs range over their declared interval, otherwise over every finite value of their dtype.
-Bounds are clamped to +-BIG so that no analysis ever sees inf or NaN (inf - inf would poison every
-class downstream). Reductions and matmuls use the sizes from shape inference: over a size-0 axis a
-reduction is its identity (sum 0, logsumexp -inf) or NaN (mean, var: unbounded).
-
+Inputs range over their declared interval, else over their dtype's finite values. Bounds are clamped to +-BIG so no
+analysis sees inf or NaN (inf - inf would poison every class downstream). Reductions and matmuls use the sizes from
+shape inference: over a size-0 axis a reduction is its identity (sum 0, logsumexp -inf) or NaN (mean, var: unbounded).
 >>> x = Term.input("x", (4,))
 >>> iv = intervals([Term("exp", (x,))], {"x": (0.0, 1.0)})
 >>> [round(v, 3) for v in iv[-1]]

@@ -9,7 +9,6 @@ near-constant (where a reduction's spread cancels), half of them at an end of th
 Ranges are the declared ones (those soundness uses), never values seen in example inputs. An undeclared input is drawn
 as Herbie draws every input: uniformly over the bit patterns of its dtype's finite numbers, and nothing else, so a
 form accurate on more of the dtype's numbers is estimated better.
-
 >>> gen = torch.Generator().manual_seed(0)
 >>> x = float32_between(1e-6, 1e3, (10000,), gen)
 >>> bool(((x >= 1e-6) & (x <= 1e3)).all()), bool((x < 1e-3).float().mean() > 0.3)
@@ -53,7 +52,6 @@ def float32_between(lo: float, hi: float, shape, gen: torch.Generator,
 def bit_patterns(dtype: str, shape, gen: torch.Generator) -> torch.Tensor:
     """An undeclared input of ``dtype``: uniform over the bit patterns of its finite numbers
     (Herbie's sampling: as many points in [1, 2) as in [2^-100, 2^-99]).
-
     >>> v = bit_patterns("float16", (4000,), torch.Generator().manual_seed(0))
     >>> bool(v.isfinite().all()), bool(((v.abs() > 1) & (v.abs() < 2)).float().mean() < 0.1)
     (True, True)

@@ -87,7 +87,6 @@ def _where(em, t):
 def stored_reciprocal(c: float, dtype: str | None) -> float | None:
     """d when c == 1/d for a d that ``dtype`` stores while c itself it does not: c is what
     canonicalizing ``x / d`` into ``x * (1/d)`` made, not a constant the model held.
-
     >>> sqrt2 = float(np.float32(math.sqrt(2)))  # as the model stores it
     >>> stored_reciprocal(1 / sqrt2, "float32") == sqrt2
     True
@@ -296,7 +295,6 @@ def _atan2(em, t):
     """ONNX has no atan2: atan(y / x), +-pi in the left half-plane (x < 0 or -0), +-pi/2 on the y axis, signed zeros."""
     y, x = t.args
     dtype, yv, xv = em.dtype(y) if y.op != "const" else em.dtype(x), em.value(y, x), em.value(x, y)
-
     def n(op: str, *inputs: str) -> str:
         return em.node(op, list(inputs), "atan2")
     zero, pi, base = em.scalar(0.0, dtype), em.scalar(math.pi, dtype), n("Atan", n("Div", yv, xv))

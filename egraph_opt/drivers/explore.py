@@ -370,7 +370,6 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
         return []
     ex = Explorer(result, input_ranges, rules)
     terms = {ex.loaded[id(t)]: t for t in postorder(ex.source.roots())}
-
     @functools.cache
     def text(cid) -> str | None:  # when first asked for: all up front walked a deep program quadratically
         return pretty(terms[cid], width=60) if cid in terms else None
@@ -391,7 +390,6 @@ def range_hints(result, input_ranges: dict, rules, bounded: list[str] | None = N
 def _bounds(fact: Fact, bound: dict, text: Callable) -> dict | None:
     """``{value text: [lower, upper]}`` (each ``(number, strict)`` or None) that ``fact`` asks of
     a value; None where it is no such bound (a dtype, a rank, a constant's sign).
-
     >>> _bounds(parse("(<= (hi ?x) 10.0)"), {"x": "c"}, {"c": "x + 1"}.get)
     {'x + 1': [None, (10.0, False)]}
     """

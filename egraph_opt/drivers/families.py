@@ -61,7 +61,6 @@ class Sample:
 def split(key: tuple) -> tuple[tuple, tuple[int, ...]]:
     """``key`` with each ``torch.Size`` in it replaced by its rank, and the sizes in order."""
     sizes: list[int] = []
-
     def walk(x):
         if isinstance(x, torch.Size):
             sizes.extend(x)
@@ -116,8 +115,7 @@ class Families:
 
     def record(self, key: tuple, sample: Sample) -> None:
         """``sample`` last, after the newest earlier one it agrees with: extraction may price a near tie apart at two
-        sizes (Llama's prefill attends over grouped keys at 8 and 10 tokens, over keys repeated to every head at 9),
-        and then 10 pairs with 8."""
+        sizes (Llama's prefill: grouped keys at 8 and 10 tokens, repeated to every head at 9), so 10 pairs with 8."""
         shape, sample.sizes = split(key)
         kept = sorted((s for s in self._samples.pop(shape, []) if s.sizes != sample.sizes),  # re-entered last
                       key=lambda s: _agree(s, sample))  # stable: the newest that agrees next to it
@@ -198,14 +196,12 @@ def shared(a: fx.GraphModule, b: fx.GraphModule, span: tuple[int, int]) -> tuple
     where graphs differ in anything else (a tuned configuration, a region's kernel, which holds its shapes)."""
     graph, env, holes = fx.Graph(owning_module=a), {}, {}
     match, first = dict(zip(b.graph.nodes, a.graph.nodes)), next(iter(a.graph.nodes))
-
     def hole(u, v):
         same = at(u, v, (*span, span[0]))  # equal or on a line, else Apart
         if type(u) in (int, str) and u != v and (u, v) not in holes:
             with graph.inserting_before(env[first]):
                 holes[u, v] = graph.placeholder(f"size_{len(holes)}")
         return holes[u, v] if type(u) in (int, str) and u != v else same
-
     def copy(x: tuple, y: tuple, name=None) -> fx.Node:  # (op, target, operands in the new graph) of each
         (us, spec), (vs, other) = tree_flatten(x[2]), tree_flatten(y[2])
         if x[:2] != y[:2] or spec != other or x[2][1].get("config") != y[2][1].get("config"):  # tuned, no size

@@ -333,7 +333,6 @@ def run(args: argparse.Namespace) -> int:
                "profile_budget": default_budget() if args.profile_budget is None else args.profile_budget}
     bar = tqdm(total=len(targets), unit="model", file=sys.stderr, disable=not sys.stderr.isatty())
     finished: set[str] = set()
-
     def done(record):
         records.append(record)
         finished.add(record["model"])

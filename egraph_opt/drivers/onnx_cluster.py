@@ -155,7 +155,6 @@ def on_cluster(process: Callable, address: str, targets: dict[str, str], options
         client = _connect(address, stack)
         options = dict(_share_database(client, options), same_is_ours=True)  # targets checked absent first
         waiting, running, count, finished = iter(targets.items()), {}, itertools.count(), as_completed()
-
         def submit() -> None:
             for path, target in waiting:
                 if not options["force"] and (earlier := earlier_output(path, target, options)) is not None:

@@ -31,9 +31,7 @@ th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow-x:auto}sectio
 
 @dataclass
 class Table:
-    """A table that reads well in both places people look at results: an HTML table in Jupyter
-    (``_repr_html_``) and aligned columns in a terminal (``str``).
-
+    """A table of results for Jupyter (an HTML table, ``_repr_html_``) and a terminal (aligned columns, ``str``).
     >>> print(Table("costs", ["program", "cost"], [["naive", 12], ["fused", 3]]))
     costs
     program  cost

@@ -3,12 +3,10 @@
 analysis, and folded constants are recomputed when a tensor's version changes (``torch_backend``); which tensor
 objects are the parameters does (``m.weight = nn.Parameter(...)`` leaves the traced graph holding the old one).
 
-What the optimizer's own runs of a program (tracing, validation, timing) write of Python state (``self.calls += 1``,
-a global, ``self.seen.append(...)``, a print or a log record) is the other side: the plan runs tensor code alone, so
-eager's effects would be lost, and a trace leaves tracer objects behind. A ``Watch`` records the state reachable from
-the program before it is optimized, then names what changed and puts it back: the original, run untouched, does what
-eager does.
-"""
+What the optimizer's own runs of a program (tracing, validation, timing) write of Python state (``self.calls += 1``, a
+global, ``self.seen.append(...)``, a print, a log record) is the other side: the plan runs tensor code alone, so eager's
+effects would be lost, and a trace leaves tracers behind. A ``Watch`` first records the state reachable from the
+program, then names what changed and puts it back: the original, run untouched, does what eager does."""
 from __future__ import annotations
 
 import builtins
@@ -87,7 +85,6 @@ def holders(fn: Callable) -> Reads:
     found: list = [fn, getattr(fn, "__self__", None), getattr(fn, "func", None)]
     reads = Reads([], [], [], [], [], [])
     seen, read = set(), set()  # read: every name the code reads, a global's or an attribute's (cfg.scale)
-
     def slot(holder: Any, name: Any, attribute: bool = False) -> None:
         value = _read((holder, name, attribute))
         (reads.scalars if _scalar(value) else reads.objects).append((holder, name, attribute))
@@ -317,15 +314,12 @@ def _generated_key(seen: int, walked: int, objects, scalars: list[Slot],
     holding another object, a hook registered or removed, a class attribute now shadowed); else the values it reads."""
     env: dict[str, Any] = {"_rebindings": _rebindings, "_grad": _grad_enabled, "_dtype": _default_dtype,
                            "_Handle": RemovableHandle, "_version": dict_version, "_first": _first_equal}
-
     def bind(value: Any) -> str:
         env[f"v{len(env)}"] = value
         return f"v{len(env) - 1}"
-
     def read(slot: Slot) -> str:
         holder, name, attribute = slot
         return f"{bind(holder)}.{name}" if attribute else f"{bind(holder)}[{name!r}]"
-
     same = [f"_rebindings[0] == {seen}", f"_Handle.next_id == {RemovableHandle.next_id}",
             *(f"{read(o)} is {bind(v)}" for o, v in objects if type(o[0]) is not dict),
             *(f"len({bind(d)}) == {len(d)}" for d in hooks),

@@ -2,7 +2,6 @@
 
 A large batch through a small layer, over a fast link, priced by roofline defaults (an empty
 database): data parallel, the rows split and gathered once.
-
 >>> import tempfile, torch
 >>> from egraph_opt.sharding.cost import Link
 >>> fast = {c: Link(1e-6, 1e-12) for c in ("all_gather", "all_reduce", "reduce_scatter")}

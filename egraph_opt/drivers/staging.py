@@ -23,7 +23,6 @@ from .usage import ModelFailure, new_file_mode
 
 _MADE_FROM = "egraph-opt:made-from"  # an output's metadata: its model's digest and the run's options
 _SAME_OUTPUT = ("objective", "opset", "seed", "latency_runs")  # the options that change what is written
-
 _PREFIX = ".egraph-opt-"
 
 
@@ -66,7 +65,6 @@ def write_atomic(model: onnx.ModelProto, target: str, external: bool, overwrite:
                  run: str = "", same_is_ours: bool = False) -> None:
     """Write ``model`` to ``target`` (its tensors to ``target.data`` when ``external``) by ``claim``."""
     base = os.path.basename(target)
-
     def save(folder: str) -> None:
         onnx.save_model(model, os.path.join(folder, base), save_as_external_data=external,
                         all_tensors_to_one_file=True, location=base + ".data", size_threshold=1024)

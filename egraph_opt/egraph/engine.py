@@ -42,7 +42,6 @@ def _ops_of(rule) -> tuple[frozenset, frozenset]:
     def ops(p) -> set[str]:
         return {q.op for q in topological([p], lambda q: q.args if isinstance(q, Node) else (), id)
                 if isinstance(q, Node)}
-
     pairs = rule.pairs()
     return (frozenset().union(*(ops(lhs) for lhs, _ in pairs)), frozenset().union(*(ops(rhs) for _, rhs in pairs)))
 
@@ -143,7 +142,6 @@ class _Owner:
         if len(self.live) >= self._crowd:
             gc.collect()
             self._crowd = max(4, 2 * self.call(len, self.live))  # after the drops it queued
-
         def made() -> int:
             self._made += 1
             self.live[self._made] = bindings.EGraph()

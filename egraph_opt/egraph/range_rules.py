@@ -1,13 +1,12 @@
 """Range analysis inside the e-graph, as egglog rules.
 
-Every term loaded from a program gets its interval from the Python analysis (``ranges.py``, which knows shapes
-and has exp/log). These rules derive intervals for the nodes rewrites create, and the facts guards read
-(``positive``, ``nonneg``, ``nonzero``), from bounds and from facts of the ops. The other analyses record what
-rules ask of a value: ``dtype-of`` (a value not float32), ``last-dim``, ``rank`` and ``axis-size`` (fusions'
-shape contracts; sharding splits two operands together only where both span the axis alike), a reshape's
-``reshape-axis`` and ``reshape-part`` (``lang/mesh.py`` ``through_reshape``), ``whole`` (every device of a
-mesh holds the value) and ``nonempty`` (no size-0 axis: only then does a reduction's bound follow from its
-operand's). ``lo`` merges by max and ``hi`` by min: two sound intervals of one e-class intersect. Tripwires
+Every term loaded from a program gets its interval from the Python analysis (``ranges.py``, which knows shapes and has
+exp/log). These rules derive intervals for the nodes rewrites create, and the facts guards read (``positive``,
+``nonneg``, ``nonzero``), from bounds and the ops' facts. Other analyses record what rules ask of a value: ``dtype-of``
+(a value not float32), ``last-dim``, ``rank`` and ``axis-size`` (fusions' shape contracts; sharding splits two operands
+together only where both span the axis alike), a reshape's ``reshape-axis`` and ``reshape-part`` (``through_reshape``),
+``whole`` (every device holds the value) and ``nonempty`` (no size-0 axis: only then does a reduction's bound follow
+from its operand's). ``lo`` merges by max and ``hi`` by min: two sound intervals of one e-class intersect. Tripwires
 panic on merges only an unsound rule makes: two different constants or inputs, an empty interval."""
 from __future__ import annotations
 

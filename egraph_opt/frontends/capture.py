@@ -39,8 +39,7 @@ class CaptureError(TypeError):
 
 
 class SideEffect(CaptureError):
-    """The program mutates what its caller sees (an argument, a parameter or buffer): it runs
-    untouched, since the Term language holds values only."""
+    """The program mutates what its caller sees (argument, parameter or buffer): it runs untouched (Terms are pure)."""
 
 
 class _Tracer(fx.Tracer):
@@ -104,9 +103,8 @@ def _as_module(fn: Callable) -> torch.nn.Module:
 
 
 def _export(module: torch.nn.Module, args: tuple, functional: bool = False, shapes: tuple | None = None):
-    """torch.export, whose failure prints the partial graph to stderr (twice) and logs a warning
-    about it: the reason is in our error instead. What a successful export writes is passed on.
-    With ``shapes`` (the sizes it takes as symbols): the ExportedProgram."""
+    """torch.export, whose failure prints the partial graph to stderr (twice) and logs a warning: our error says why.
+    What a successful one writes is passed on. With ``shapes`` (sizes taken as symbols): the ExportedProgram."""
     cache_pytrees()
     written, logger = io.StringIO(), logging.getLogger("torch.fx.experimental.symbolic_shapes")
     level = logger.level

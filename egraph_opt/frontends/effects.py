@@ -1,7 +1,6 @@
-"""Side effects in a traced program, which the Term language (pure values) cannot express: an in-place op on an
-argument, parameter or buffer (``x[0] = 0``, train-mode batch norm's statistics), or on an intermediate read again
-(fx names the value before the mutation): such programs run untouched. An in-place op whose operand is never read
-again (``nn.ReLU(inplace=True)``) is pure."""
+"""Side effects in a traced program, which Terms (pure values) cannot express: an in-place op on an argument, parameter
+or buffer (``x[0] = 0``, train-mode batch norm's statistics), or on an intermediate read again (fx names the value
+before the mutation): these run untouched. One whose operand is never read again (``nn.ReLU(inplace=True)``) is pure."""
 from __future__ import annotations
 
 import operator

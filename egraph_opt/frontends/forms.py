@@ -52,7 +52,6 @@ def constant(value: float, dtype: str) -> Term:
     """A scalar operand of a ``dtype`` tensor as the kernel computes with it: a Python int, a
     float64 or float32 number, or a 0-d tensor of any of them all give one const. torch rounds a
     scalar beside a float32 or half tensor to float32 (kept where that overflows: no new inf).
-
     >>> constant(0.1, "float32").attrs == constant(np.float32(0.1), "float32").attrs
     True
     """
@@ -64,12 +63,10 @@ def constant(value: float, dtype: str) -> Term:
 
 
 def binary(op: str, a: Term, b: Term) -> Term:
-    """``a op b`` with constants in one place and one sign (each an exact identity in IEEE arithmetic, signed
-    zeros and NaN included): a constant on the right of ``+`` and ``*``; a constant added or subtracted is
-    never negative (``x + (-2)`` is ``x - 2``, ``x - (-0.0)`` is ``x + 0.0``); division by a power of two is
-    multiplication by its exact reciprocal (``x / 4`` is ``x * 0.25``). Division by any other constant stays a
-    division: ``x * (1/c)`` rounds twice and is another program.
-
+    """``a op b`` with constants in one place and one sign (each an exact identity in IEEE arithmetic, signed zeros and
+    NaN too): a constant on the right of ``+`` and ``*``; a constant added or subtracted is never negative (``x + (-2)``
+    is ``x - 2``, ``x - (-0.0)`` is ``x + 0.0``); division by a power of two is multiplication by its exact reciprocal
+    (``x / 4`` is ``x * 0.25``); by any other it stays (``x * (1/c)`` rounds twice: another program).
     >>> x = Term.input("x", (3,))
     >>> [pretty(binary(*e)) for e in (("sub", x, Term.const(-2.0)), ("div", x, Term.const(4.0)))]
     ['x + 2.0', 'x * 0.25']

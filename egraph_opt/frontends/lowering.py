@@ -1,8 +1,7 @@
 """Lowering: one table from torch's spellings (functions, Tensor methods) to Terms.
 
-Each entry is a function with the torch signature it lowers; anything it cannot express exactly
-raises ``Unsupported`` and the node stays an opaque call, which is always sound.
-"""
+Each entry is a function with the torch signature it lowers; anything it cannot express exactly raises ``Unsupported``
+and the node stays an opaque call, which is always sound."""
 from __future__ import annotations
 
 import functools
@@ -72,8 +71,7 @@ MODULES: dict[type, Callable] = {}  # leaf module types (their forward is not tr
 
 
 def lowers(*targets, table: dict = TABLE):
-    """Register a lowering for functions (objects) and Tensor methods (names as strings), or in
-    ``MODULES`` for leaf modules of these types."""
+    """Register a lowering for functions (objects) and Tensor methods (names), or in ``MODULES`` for leaf modules."""
     def register(fn):
         table.update(dict.fromkeys(targets, fn))
         return fn
@@ -207,7 +205,6 @@ for _name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "abs", "sin", "co
                          getattr(operator, _name, None)) if t is not None))(
         lambda c, x, *, _op=_name, inplace=False: Term(_op, (c.tensor(x),)))
 
-
 lowers(operator.invert, torch.bitwise_not, "bitwise_not")(  # ~mask of a boolean mask; of integers, bits (opaque)
     lambda c, x: Term("logical_not", (x,)) if c.info(x).dtype == torch.bool else None)
 
@@ -225,7 +222,6 @@ for _name, _op, _operator in (("and", "minimum", operator.and_), ("or", "maximum
                               ("xor", "xor", operator.xor)):
     lowers(getattr(torch, f"bitwise_{_name}"), getattr(torch, f"logical_{_name}"), f"bitwise_{_name}",
            f"logical_{_name}", _operator, f"__{_name}__")(_bits(_op))
-
 
 lowers(torch.reciprocal, "reciprocal")(lambda c, x: Term("div", (Term.const(1.0), x)) if c.floating(x) else None)
 
@@ -258,8 +254,7 @@ lowers(F.hardtanh, torch._C._nn.hardtanh)(lambda c, x, lo=-1.0, hi=1.0, inplace=
 
 
 def is_zero(x: Term) -> Term:
-    """``x == 0`` as a bool tensor, without a comparison op: cast(x, bool) is ``x != 0`` (NaN and
-    -0.0 included), and a where on it negates it."""
+    """``x == 0`` as a bool, without a comparison op: a where negating cast(x, bool), ``x != 0`` (NaN, -0.0 too)."""
     nonzero = Term("cast", (x,), ("bool",))
     return Term("cast", (Term("where", (nonzero, Term.const(0.0), Term.const(1.0))),), ("bool",))
 
@@ -311,7 +306,6 @@ for _name in ("sum", "mean", "prod"):
     lowers(getattr(torch, _name), _name)(lambda c, x, dim=None, keepdim=False, *, dtype=None, _op=_name:
                                          _reduce(_op, c, x, dim, keepdim, dtype))
 
-
 lowers(torch.any, "any")(lambda c, x, dim=None, keepdim=False: _cast(c, x, torch.bool) if dim in ([], ())
                          else _reduce("max", c, x, dim, keepdim, torch.bool))  # any(x, dim=[]) reduces none
 
@@ -328,7 +322,6 @@ def _arg(op: str):
 
 for _name in ("argmax", "argmin"):
     lowers(getattr(torch, _name), _name)(_arg(_name))
-
 
 lowers(torch.amax, "amax")(_amax := lambda c, x, dim=(), keepdim=False:  # no dim: every axis
                            _reduce("max", c, x, None if dim == () else dim, keepdim))
@@ -499,7 +492,6 @@ def _reshape(c, x, *args, **kwargs):
 lowers("expand", "expand_as")(lambda c, x, *args, **kwargs: x if tuple(c.info(x).shape) == tuple(c.out.shape)
                               else Term("expand", (x,), (c.out_shape(),)))  # to the traced shape
 
-
 lowers("contiguous", "clone", torch.clone, "detach", torch.detach, "alias", "lift_fresh_copy")(
     lambda c, x, *args, memory_format=None: c.tensor(x))
 
@@ -532,7 +524,6 @@ def _to(c, x, *args, **kwargs):
 
 
 lowers("type_as")(lambda c, x, other: _cast(c, x, c.info(other).dtype))
-
 
 for _method, _dtype in {"float": torch.float32, "half": torch.float16, "double": torch.float64,
                         "bfloat16": torch.bfloat16}.items():

@@ -106,7 +106,6 @@ def _select_scatter(c, base, src, dim, index):
 lowers(aten.native_dropout.default)(  # (x, its mask of ones) outside training or with p = 0: the mask stays a call
     lambda c, x, p, train: low.Parts((low._dropout(True)(c, x, p, bool(train)), None)))
 
-
 lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)(  # F.sdpa on CPU below autograd (make_fx)
     lambda c, q, k, v, p=0.0, causal=False, **kw: low.Parts((nn_low._sdpa(c, q, k, v, dropout_p=p, is_causal=causal,
                                                                           **kw), None)))

@@ -79,10 +79,8 @@ def _affine(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | Parts | 
             or {c.info(a).dtype for a in data} != {getattr(out, "dtype", None)} or not out.dtype.is_floating_point:
         return None
     sizes, results, c.out = [math.prod(c.info(a).shape) for a in data], c.out, out
-
     def run(v):  # the op on the float64 elements v: its first result, flat
         parts = iter(v.split(sizes))
-
         def value(t):  # constants in float64 too
             p = c.params[t.attrs[0]] if known(t) else next(parts).reshape(c.info(t).shape)
             return p.double() if p.is_floating_point() else p
@@ -171,7 +169,6 @@ def _decomposed(node: fx.Node, args: tuple, kwargs: dict, c: Ctx) -> Term | None
             or isinstance(node.target, torch._ops.OpOverload) and not (node.target in decomposition_table
                                  or node.target.has_kernel_for_dispatch_key(_COMPOSITE)):
         return None
-
     def call(*tensors):
         it = iter(tensors)
         return _call(node, *map_aggregate((args, kwargs), lambda v: next(it) if isinstance(v, Term) else v))

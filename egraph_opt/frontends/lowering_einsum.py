@@ -13,7 +13,6 @@ from ..lang.term import Term
 
 def matmul_axes(equation: str) -> tuple[str, str, str, str, str]:
     """(a, b, out, batch, contracted) letters of a matmul einsum; refuses any other.
-
     >>> matmul_axes("bhid,bhjd->bhij")
     ('bhid', 'bhjd', 'bhij', 'bh', 'd')
     """

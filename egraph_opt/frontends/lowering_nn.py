@@ -95,8 +95,7 @@ def _conv2d(c, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 @lowers(F.max_pool2d, F._max_pool2d, torch.max_pool2d)
 def _max_pool2d(c, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    """fx records F.max_pool2d's dispatch wrapper itself; the default stride (the kernel) is None
-    there and [] in torch's and ATen's spellings."""
+    """fx records F.max_pool2d's wrapper: its default stride (the kernel) is None, [] in torch's and ATen's forms."""
     if ceil_mode or return_indices:
         raise Unsupported("max_pool2d with ceil_mode or return_indices")
     return Term("max_pool2d", (c.tensor(x),), (_pair(kernel_size), _pair(stride or kernel_size),

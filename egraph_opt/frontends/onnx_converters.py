@@ -1,6 +1,5 @@
-"""ONNX operators into Terms: one converter per op type (``Unsupported``: the node stays opaque). Initializers become
-``param`` terms, so rules that need constant parameters (conv and batch-norm folding) fire on models exported without
-constant folding."""
+"""ONNX operators into Terms: one converter per op type (``Unsupported``: the node stays opaque). Initializers are
+``param`` terms, so conv and batch-norm folding fire on models exported without constant folding."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

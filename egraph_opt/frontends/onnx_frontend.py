@@ -1,7 +1,6 @@
-"""ONNX frontend: a ModelProto into a Program of Terms, the language the torch path lowers to. Subgraphs of constants
-(shape arithmetic, masks) are folded when every input is known. Nodes the Term language cannot express exactly stay
-opaque and are copied verbatim by the backend; what Terms do not keep (symbolic dims, tensor protos, opsets, names)
-lives in the side tables of ``OnnxProgram``."""
+"""ONNX frontend: a ModelProto into a Program of Terms (the torch path's language). Constant subgraphs (shape
+arithmetic, masks) fold when every input is known. Nodes no Term expresses exactly stay opaque, copied verbatim by
+the backend; what Terms drop (symbolic dims, tensor protos, opsets, names) lives in ``OnnxProgram``'s side tables."""
 from __future__ import annotations
 
 import contextlib

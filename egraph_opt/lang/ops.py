@@ -3,8 +3,7 @@
 An op has tensor operands (``arity``), attributes typed by egglog primitive sorts, a plain torch reference
 implementation (on float64 tensors, the reference evaluator; a kernel's faster path lives with the kernels,
 kernels/torch_ops.py), and facts whose kinds are the ``VOCABULARY``; composite ops (softmax, attention, ...) are checked
-in the tests against their definitions in primitive ops. The egglog datatype is generated from this table.
-"""
+in the tests against their definitions in primitive ops. The egglog datatype is generated from this table."""
 from __future__ import annotations
 
 import functools
@@ -29,8 +28,7 @@ LINEAR = (0.0, 1.0)  #: curvature of an op that is linear (or piecewise linear) 
 #: first operand; "compare" a bool of the broadcast operands; "meta" by running it on meta tensors
 ShapeRule = Literal["same", "first", "broadcast", "compare", "reduce", "cast", "transpose", "reshape",
                     "where", "matmul", "linear", "sdpa", "meta"]
-#: how its interval follows from its operands' (analysis/ranges.py), unless an increasing float
-#: function gives it as the interval's image
+#: how its interval follows from its operands' (analysis/ranges.py), unless it is an increasing float function's image
 RangeRule = Literal[
     "abs", "add", "bounds", "copysign", "div", "geglu", "gelu", "hull", "hypot", "layer_norm", "linear",
     "linear_act", "log", "log1p", "log_softmax", "logaddexp", "logsumexp", "matmul", "maximum",
@@ -45,8 +43,7 @@ Sign = Literal["positive", "nonneg", "any"]  # an e-graph fact (egraph/range_rul
 #: sum of two rounded products, as cancels)
 Error = Literal["none", "exp", "log", "cancels", "sum", "shifted-exp", "log-sum-exp", "rotation"]
 Rounding = Literal["exact", "rounds", "widening"]  # exact from exact operands; widening: a cast
-#: in half precision: "accumulate" (many terms: do it in float32), "hoist" (compute before
-#: rounding), "keep" (rulesets/precision.py)
+#: half precision (rulesets/precision.py): "accumulate" (many terms: float32), "hoist" (compute before rounding), "keep"
 Precision = Literal["accumulate", "hoist", "keep"]
 #: profiling kind (profiling/profiler.py); "static": priced by passes
 Work = Literal["static", "pointwise", "select", "reduce", "along", "loss", "matmul", "linear",
@@ -54,8 +51,7 @@ Work = Literal["static", "pointwise", "select", "reduce", "along", "loss", "matm
 #: its result's memory layout (analysis/layouts.py): "fresh" (always contiguous), "view" (strides follow from the
 #: operand's), "runs" (contiguous from contiguous operands, else as its kernel chooses: found by running it)
 Layout = Literal["fresh", "view", "runs"]
-#: an op over a mesh (lang/mesh.py) that sees every device's part: "parts" (each device then holds
-#: its own part) or "whole" (each holds the same whole value)
+#: a mesh op (lang/mesh.py) seeing every device's part: "parts" (each device holds its own) or "whole" (all the same)
 MeshRole = Literal["parts", "whole"]
 Growth = Literal[0, 1, 2, 3]  # class of kappa over unbounded ranges: 0 linear .. 3 exponential
 VOCABULARY = {"shape_rule": ShapeRule, "range_rule": RangeRule, "curvature": Curvature, "sign": Sign,
@@ -489,8 +485,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
         definition="(mul (gelu ?x0 ?approximate) ?x1)"),
     _op("rotary", 3, "", rotary, _FUSED, shape_rule="broadcast", range_rule="rotary", curvature="bilinear",
         growth=1, error="rotation", passes=5, precision="keep", onnx="rotate-half"),
-    # losses over class indices (class axis 1); targets equal to ignore_index count for nothing (a
-    # "mean" over none is NaN)
+    # losses over class indices (class axis 1); targets equal to ignore_index count for nothing ("mean" over none: NaN)
     _op("nll_loss", 2, "reduction:String ignore_index:i64", lambda x, target, reduction, ignore_index:
         F.nll_loss(x, target, reduction=reduction, ignore_index=ignore_index), _FUSED, shape_rule="meta",
         range_rule="top", curvature=LINEAR, growth=0, error="sum", passes=1, precision="keep",

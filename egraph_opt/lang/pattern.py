@@ -3,7 +3,6 @@
 ``(div (exp ?x) (sum (exp ?x) ?a true))``: ops with operands first and attributes after; ``?x`` is a variable; an
 attribute may be a primitive expression such as ``(/ 1.0 ?c)``. One pattern is emitted as egglog text, matched
 against Terms and instantiated into Terms.
-
 >>> p = parse("(log (sum (exp ?x) ?a ?k))")
 >>> sorted(variables(p).items())
 [('a', 'i64'), ('k', 'bool'), ('x', 'Tensor')]
@@ -112,11 +111,9 @@ def _pattern(tree: list | str, text: str) -> Pattern:
 def variables(p: Pattern) -> dict[str, str]:
     """Each variable's sort: ``Tensor`` for operands, the egglog sort for attributes."""
     sorts: dict[str, str] = {}
-
     def note(v: Var, sort: str):
         if sorts.setdefault(v.name, sort) != sort:
             raise PatternError(f"variable ?{v.name} used as {sorts[v.name]} and as {sort}")
-
     stack = [(p, TENSOR)]
     while stack:
         q, sort = stack.pop()
@@ -218,7 +215,6 @@ def skeleton(p: Pattern) -> tuple[Term, dict[int, str]]:
     """A Term standing for a pattern: variables become named opaque leaves, attribute variables
     their sort's zero; the second result maps term ids to the text a printer should show."""
     names, cache = {}, {}
-
     def build(q):
         if isinstance(q, Var):
             if q.name not in cache:
@@ -232,7 +228,6 @@ def skeleton(p: Pattern) -> tuple[Term, dict[int, str]]:
             shown = [lab if lab else literal(v) for lab, v in zip(labels, attrs)]
             names[id(term)] = f"{q.op}({', '.join([pretty(a, names) for a in term.args] + shown)})"
         return term
-
     return build(p), names
 
 

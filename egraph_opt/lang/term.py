@@ -1,6 +1,5 @@
 """Terms: immutable DAG nodes of the op table, walked iteratively (models are deeper than Python's
 recursion limit), printed in infix, and evaluated by the ops' torch implementations.
-
 >>> x = Term.input("x", (2, 3))
 >>> t = Term("div", (Term("exp", (x,)), Term("sum", (Term("exp", (x,)),), (-1, True))))
 >>> pretty(t)
@@ -155,7 +154,6 @@ def _folding_dtype(env: dict, reference: bool) -> torch.dtype:
     """Scalars fold in the program's dtype, as its kernels compute them: float32 for a float32 or
     half-precision program (torch's scalar arithmetic type for both), so 1e30 * 1e30 overflows
     here as it does there; float64 in the reference and for float64 or scalar-only programs.
-
     >>> x = Term.input("x", ())
     >>> evaluate([Term("mul", (Term.const(1e30), Term.const(1e30)))], {"x": torch.ones(())})
     [inf]

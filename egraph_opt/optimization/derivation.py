@@ -6,7 +6,6 @@ to the input side and backwards to the output side until the two meet, and a ste
 its result in the e-class of what it rewrote and the rule's dtype guards hold. Every step is an equality the e-graph
 proved, and the replay ends exactly at the extracted program or says where it stopped. The report's ``[REWRITE]``
 lines are read from these steps: a rule shows there if and only if the output uses what it rewrote.
-
 >>> from egraph_opt.optimization.pipeline import optimize
 >>> from egraph_opt.lang.program import Program
 >>> x = Term.input("x", (4,))

@@ -1,6 +1,5 @@
 """Patterns matched against a saturated e-graph's snapshot, and rule guards evaluated there: to say which rule produced
 an e-node, and why a rule never fired (its pattern matched nowhere, or its guard failed, and on what).
-
 >>> from egraph_opt.egraph.engine import ENode
 >>> classes = {"x": [ENode("input", (), ("x", "3", "float32"))], "e": [ENode("exp", ("x",), ())],
 ...            "l": [ENode("log", ("e",), ())]}

@@ -91,8 +91,7 @@ def optimize(program: Program, *, rules: list[Rule] | None = None, objective: Ob
 
 def _extract(program: Program, session: Session, cost: Callable, rules: list[Rule],
              input_ranges: dict | None, model: CostModel) -> tuple[list[Term], list | None, bool, list[Term] | None]:
-    """(roots, regimes, re-ranked, the most accurate re-ranked): the extracted roots, re-ranked by error (``_rerank``),
-    or regimes' first."""
+    """(roots, regimes, re-ranked, most accurate re-ranked): the roots, re-ranked by error, or regimes' first."""
     roots, snap, root_classes = program.roots(), session.snap, session.root_classes
     best = extract(snap.classes, root_classes, cost)
     priced = lambda terms: program_cost(terms, model, input_ranges, program.leaf_meta())  # noqa: E731
@@ -280,7 +279,6 @@ class RangeMemo:
 def class_meta(classes: dict, known: dict) -> dict:
     """(shape, dtype) of every e-class: by the first e-node ``infer`` takes, as for terms."""
     values = class_constants(classes)
-
     def meta_of(cid, node, operands):
         try:
             return infer(node.op, node.attrs, [values.get(c, m) for c, m in zip(node.children, operands)])
@@ -297,7 +295,6 @@ def class_shapes(snap: Snapshot, roots: list[Term], term_meta: dict, class_of: d
     if not layouts:
         return meta, None
     known, consts = term_strides(roots, term_meta), class_constants(snap.classes)
-
     def strides_of(cid, node, operands):
         return result_strides(node.op, node.attrs, [None if c in consts else meta[c] for c in node.children],
                               operands, meta[cid][0]) if cid in meta else None

@@ -84,7 +84,6 @@ def find(program: Program) -> list[list[Instance]]:
         for a in t.args:
             parents[id(a)].append(t)
     root_ids = {id(r) for r in roots}
-
     def grouped(scopes: dict[int, str]) -> list[list[Instance]]:
         instances: dict[str, Instance] = {}
         for t in order:
@@ -99,7 +98,6 @@ def find(program: Program) -> list[list[Instance]]:
     found = grouped(program.scopes)
     taken, ops = {id(t) for g in found for inst in g for t in inst.terms}, [t for t in order if t.args]
     at, marks = {id(t): i for i, t in enumerate(ops)}, [i for i, t in enumerate(ops) if id(t) in taken]
-
     def apart(inst: Instance) -> bool:  # a block found among the other ops straddling a module's: a cycle through it
         return bisect.bisect(marks, at[id(inst.terms[0])]) == bisect.bisect(marks, at[id(inst.terms[-1])])
     return found + [g for g in grouped(_periodic_scopes([t for t in ops if id(t) not in taken])) if all(map(apart, g))]
@@ -131,16 +129,14 @@ def _periodic_scopes(ops: list[Term]) -> dict[int, str]:
 
 def _with_first_block(ops: list[Term], at: dict, keys: list, start: int, period: int,
                       blocks: int) -> tuple[int, int, int]:
-    """The run moved back one more block where one fits (the first block reads the input, not a previous block, so its
-    first ops break the match); else as far as the blocks stay equal: a block then begins where the first one's outside
-    reads do (a norm)."""
+    """The run moved back a block if one fits (the first block reads the input, not a previous one: its first ops break
+    the match); else as far as blocks stay equal: a block begins where the first one's outside reads do (a norm)."""
     def seen_from(first: int, i: int) -> tuple:
         t = ops[i]
         operands = tuple(("outside",) if (id(a) in at and at[id(a)] < first) or a.op == "input"
                          else ("op", i - at[id(a)]) if id(a) in at else keys[i][2][n]
                          for n, a in enumerate(t.args))
         return t.op, t.attrs, operands
-
     def equal(first: int, count: int) -> bool:
         return first + period * count <= len(ops) and all(
             isinstance(keys[i], tuple) and keys[i][0] != "taken" for i in range(first, first + period * count)) \
@@ -242,11 +238,9 @@ def resolve(outer: Program, groups: list[list[Instance]], templates: list[list[T
     the instances' arguments), earlier ones first (a later one's arguments may be their outputs)."""
     env: dict[str, Term] = {}
     own: list[Term] = []
-
     def fill(terms: list[Term]) -> list[Term]:
         return substitute(terms, {id(t): env[t.attrs[0]] for t in postorder(terms)  # built once for all calls
                                   if t.op == "opaque" and t.attrs[0] in env}, made)
-
     made: dict = {}
     arg_iter = iter(outer.outputs[1])
     pending = [(inst, tmpl, [next(arg_iter) for _ in inst.args], mine)

@@ -4,7 +4,6 @@ Per (kernel, backend, device, dtype), ``log t = a + b*log(bytes) + c*log(flops)`
 (weighted least squares over the nearest measured shapes: one global line cannot follow a kernel from launch-bound
 through cache to DRAM- or compute-bound), to the residual over a roofline default, so one measurement calibrates the
 default; a ridge pulls slopes toward the roofline's where data is thin. Uncertainty: the fit's leave-one-out error.
-
 >>> import tempfile, pathlib
 >>> from egraph_opt.profiling.profile_db import ProfileDB
 >>> model = LatencyModel(ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite"))
@@ -71,8 +70,7 @@ def roofline_seconds(w: Work, itemsize: int, device: str) -> float:
     return roof.overhead_s + max(w.elements * itemsize / roof.bytes_per_s, w.flops / roof.flops_per_s)
 
 
-#: a row this many times its roofline default timed the scheduler, not the kernel (other processes
-#: held the cores): such rows are never used
+#: a row this many times its roofline default timed the scheduler (other processes held the cores): never used
 IMPLAUSIBLE = 200.0
 #: a row this many times what the rows around it predict timed a loaded moment too (Llama's grouped attention at 9
 #: tokens 55 us, at 8 and 10 tokens 23 us: repeating its keys to every head, 9 us more, was priced cheaper there)

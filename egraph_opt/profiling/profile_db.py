@@ -2,7 +2,6 @@
 profilers can write at once). Records are appended; a lookup takes the newest. The path is the user's: a file there
 that is not ours is a `ForeignFileError`, left untouched; a corrupt database of ours is set aside with a warning,
 never overwritten. Callers that only cache latencies catch `UNUSABLE`.
-
 >>> import tempfile, pathlib
 >>> with ProfileDB(pathlib.Path(tempfile.mkdtemp()) / "p.sqlite") as db:
 ...     db.add(Record(kernel="exp", backend="torch", device="cpu: test", dtype="float32",
@@ -92,7 +91,6 @@ def library_versions() -> dict[str, str]:
 
 def shape_key(shapes: Sequence[Sequence[int]], attrs: Mapping[str, object]) -> str:
     """Canonical JSON of input shapes and attributes: equal shapes give equal keys.
-
     >>> shape_key([(2, 3), [3]], {"keepdim": False, "axis": -1})
     '{"attrs":{"axis":-1,"keepdim":false},"shapes":[[2,3],[3]]}'
     """

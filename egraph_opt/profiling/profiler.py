@@ -85,7 +85,6 @@ def _sdpa(shapes, attrs):
 def _attention(op) -> OpSpec:
     """q, k and v of (1, 8, n, 64), then (n, n) masks: True where the op's definition selects by them, else zeros."""
     conditions = {i for i in range(3, op.arity) if f"(where ?x{i} " in (op.definition or "")}
-
     def inputs(shapes, dtype, device):
         return _positive(shapes[:3], dtype, device) + [torch.ones(s, dtype=torch.bool, device=device) if i in conditions
                                                        else torch.zeros(s, dtype=dtype, device=device)
@@ -223,7 +222,6 @@ def time_kernel(fn: Callable, args: Sequence, device: str | torch.device, *, rep
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-
     def sample(number: int) -> float:
         start = time.perf_counter()
         for _ in range(number):

@@ -1,9 +1,8 @@
 """What a sharded program costs on one device of the mesh, in the latency database's units.
 
-Every device runs the same program on its own parts at the same time, so a program's time is the sum over its ops of
-one device's time for each: compute from the latency database at the shapes one device sees, communication by an
-alpha-beta model per collective (``Link``), and a copy to split a value every device computed. Memory per device is a
-constraint, not a price (``memory``)."""
+Every device runs the same program on its own parts at once, so a program's time sums one device's time for each op:
+compute from the database at one device's shapes, communication by an alpha-beta model (``Link``) per collective, and a
+copy to split a value every device computed. Memory per device (``memory``) is a constraint, not a price."""
 from __future__ import annotations
 
 import json

@@ -30,10 +30,8 @@ def device_of_this_process(n: int) -> mesh.Device:
     if dist.get_world_size() != n:
         raise mesh.MeshError(f"the plan is sharded over {n} devices; this process group has {dist.get_world_size()}")
     grid = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (n,))
-
     def all_gather(x: torch.Tensor, axis: int) -> torch.Tensor:
         return DTensor.from_local(x.contiguous(), grid, [Shard(axis % x.dim())], run_check=False).full_tensor()
-
     def all_reduce(x: torch.Tensor) -> torch.Tensor:
         return DTensor.from_local(x.contiguous(), grid, [Partial()], run_check=False).full_tensor()
     return mesh.Device(dist.get_rank(), n, all_gather, all_reduce)

@@ -651,7 +651,7 @@ class OptimizedFunction:
     def _never_slower(self, plan: Plan, target, run, args, device: str, latency, original_s: float,
                       fastest: bool) -> Plan | None:
         """The plan, unless timed beside the original (``target``) it is slower and no steadier: then the original; or,
-        where balanced extraction chose time for accuracy the sample could not show (None), the fastest form found."""
+        where balanced extraction chose time for accuracy in a program too large to sample (None), the fastest form."""
         report, result = plan.report, plan.optimized
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
@@ -661,7 +661,8 @@ class OptimizedFunction:
             if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 beyond = self.objective is Objective.BALANCED and after > before * self.max_slowdown
-                if self.objective is Objective.BALANCED and not (fastest or beyond) and for_accuracy(result):
+                if self.objective is Objective.BALANCED and not (fastest or beyond or report.error) and \
+                        for_accuracy(result):  # sampled, a program showed its error: the original is the safe one
                     report.bounded[:] = [f"balanced: its form for accuracy measured slower ({after * 1e6:.1f} us "
                                          f"against {before * 1e6:.1f} us) with no gain shown: the fastest form instead"]
                     return None

@@ -218,13 +218,13 @@ class _Build:
         where only they read it) where it replaces their kernels (``binding.region_chosen``), rounding as torch's do."""
         floats, mask = (torch.float16, torch.bfloat16, torch.float32), torch.bool
 
-        def fusible(t: Term) -> bool:  # a 0-d tensor of another dtype stays out of torch's type promotion; a mask
-            shape, dtype = meta[id(t)]  # (1.0 or 0.0: a bool promoted) compares in its operands' dtype, a constant
+        def fusible(t: Term) -> bool:  # a 0-d tensor of another dtype stays out of torch's type promotion
+            shape, dtype = meta[id(t)]  # torch compares in the operands' dtype (a constant rounded to it): float32's alone
             rows = t.op not in STATS or meta[id(t.args[0])][0][-1:] == shape[-1:] != (1,) and \
                 (t.op != "softmax" or t.attrs[0] == -1)  # a row op's rows are the region's, of the last axis
             compares = t.op == "logical_not" or {meta[id(a)][1] for a in t.args if a.op != "const"} == {torch.float32}
             return t.op in TEMPLATES and len(shape) > 0 and (dtype in floats or t.op in COMPARISONS and compares) \
-                and rows and all(a.op == "const" or meta[id(a)][1] in (*floats, mask)  # rounded to it: float32's alone
+                and rows and all(a.op == "const" or meta[id(a)][1] in (*floats, mask)  # a bool read as 1.0 or 0.0
                                  and span(meta[id(a)][0], shape) is not None
                                  and (len(meta[id(a)][0]) > 0 or meta[id(a)][1] == dtype) for a in t.args)
         row = lambda t: t.op in REDUCTIONS and t.attrs[0] == -1  # noqa: E731 - a root reducing rows

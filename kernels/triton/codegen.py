@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from egraph_opt.lang.ops import OPS, parse_shape
+from egraph_opt.lang.ops import COMPARISONS, OPS, parse_shape
 from egraph_opt.lang.term import Term, postorder
 
 # op -> Triton expression; {0}, {1} are the operands, {name} an attribute. ``m`` is mathlib.
@@ -200,6 +200,6 @@ def lower(root: Term) -> KernelSource:
                    + [f"in{i}_div, in{i}_mod, " for i in broadcast])
     kernel = ROW.format(args=args, walks="".join(walks + [_stored(reduction, lines, result)])) if reduction or rows else \
         ELEMENTWISE.format(args=args, body=textwrap.indent("\n".join(lines), " " * 4), result=result)
-    dtype = outer or (root.attrs[0] if root.op == "cast" else "bool" if OPS[root.op].shape_rule == "compare" else None)
+    dtype = outer or (root.attrs[0] if root.op == "cast" else "bool" if root.op in COMPARISONS else None)
     return KernelSource(HEADER + kernel, tuple(inputs), tuple(consts), reduction or (rows[0].op if rows else None), keepdim,
                         dtype, tuple(broadcast))

@@ -2,7 +2,8 @@
 
 Triton has no portable log1p, expm1, tanh, pow, hypot, atan or the hyperbolic functions (they live in CUDA's libdevice,
 which the CPU interpreter cannot run), so they are built from exp and log with Kahan's compensation tricks: accurate to
-a few ulps at every magnitude, on the GPU and in the interpreter alike. ReLU keeps NaN, as torch does. All take and return float32 blocks."""
+a few ulps at every magnitude, on the GPU and in the interpreter alike. ReLU keeps NaN, as torch does. All take and
+return float32 blocks."""
 import triton
 import triton.language as tl
 

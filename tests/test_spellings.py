@@ -17,16 +17,7 @@ from spellings import FAMILIES, SUITE  # noqa: E402
 
 T = 8
 #: spelling -> the piece that would make it fuse (a frontend lowering or a canonicalization)
-NOT_YET: dict[str, str] = {
-    "phi-upcast-float16": "cast(softmax(q.float() @ k.float()^T * c + mask), float16) @ v as "
-                          "cast(sdpa_masked(q, k, v, mask in float32), float16) fails the extremes test: where the "
-                          "mask is +-65504 on every key of a row (float16's finfo.min across a left-padded query's), "
-                          "float32 scores lie on a 2^-8 grid that torch's kernel rounds otherwise (q -0.85, k 0.53, "
-                          "v -0.23, c -1.35: left 0.055939, right 0.056244, truth 0.055710, 0.96% off where the left "
-                          "side is 0.41%; k = 65504: 2.2% against 1.4%). A guard on the mask's magnitude runs the "
-                          "definition under every causal mask (its -65504s): no gain; one per row that keeps no key "
-                          "needs an op of its own",
-}
+NOT_YET: dict[str, str] = {}
 
 
 @functools.cache
@@ -66,3 +57,26 @@ def test_spelling_fuses(name):
     assert any(op in report.ops_after for op in fused), f"none of {fused} in {report.ops_after}"
     if SUITE[name].family == "attention":
         assert "softmax" not in report.ops_after, report.ops_after
+
+
+@pytest.mark.parametrize("rows", ["causal", "left-padded queries", "every key masked"])
+def test_phis_float32_scores_fuse_no_less_accurate_where_the_mask_is_float16s_min(rows):
+    """PhiAttention: q, k upcast, a float16 mask (-65504) added to the float32 scores, the weights rounded to float16
+    before @ v. The plan computes them in float32 (the mask promotes the sum, so the rounding round-trips away) and
+    fuses masked sdpa, rounding once: no less accurate than the original against float64, also where a row's every
+    key holds -65504 (scores on float32's 2^-8 grid there, which both sides round alike)."""
+    from spellings_sourced import phi_upcast
+    gen, t = torch.Generator().manual_seed(5), 8
+    q, k, v = (torch.randn(2, 4, t, 16, generator=gen).half() for _ in range(3))
+    causal = torch.zeros(1, 1, t, t, dtype=torch.float16).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1),
+                                                                      torch.finfo(torch.float16).min)
+    f = saturate_and_extract(phi_upcast, profile_db=False, profile_budget=0)
+    mask = {"causal": causal, "left-padded queries": causal.clone().index_fill_(2, torch.tensor([0, 3]), -65504),
+            "every key masked": torch.full_like(causal, -65504)}[rows]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = f(q, k, v, mask)
+    assert "sdpa_masked" in f.report.ops_after and not f.report.fallback, f.report
+    truth = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4 + mask.double(), -1) @ v.double()
+    left, right = ((x.double() - truth).abs() for x in (phi_upcast(q, k, v, mask), out))
+    assert right.mean() <= 1.1 * left.mean() and right.max() <= left.max() + 2 ** -10, (left, right)

@@ -10,7 +10,10 @@ from its operand's). ``lo`` merges by max and ``hi`` by min: two sound intervals
 panic on merges only an unsound rule makes: two different constants or inputs, an empty interval."""
 from __future__ import annotations
 
+import itertools
 import re
+
+import torch
 
 from ..lang.ops import BINARY_BROADCASTING, OPS, REDUCTIONS, SAME_SHAPE, UNBOUNDED, ops_where
 
@@ -31,13 +34,17 @@ DECLARATIONS = f"""
 (function reshape-part (Tensor String i64) String :merge old)
 (relation nonempty (Tensor))
 (relation whole (Tensor))
+(function promoted (String String) String :merge old)
 (ruleset {RULESET})
 (ruleset {TRIPWIRES})
-"""
+""" + "\n".join(f'(set (promoted "{a}" "{b}") "{str(torch.promote_types(*(getattr(torch, d) for d in (a, b))))[6:]}")'
+                for a, b in [*itertools.product(("float32", "float16", "bfloat16"), repeat=2), ("float64",) * 2])
+# as torch promotes two tensors; a float64 one beside another dtype is left unrecorded: a Python number's constant is
+# float64 and takes its partner's dtype (the rules below)
 #: analyses loaded per axis (``engine.py`` loads them once a rule asks)
 AXIS_FACTS = frozenset({"axis-size", "reshape-axis", "reshape-part"})
 #: what rule guards may ask of an e-class: the analyses declared above
-ANALYSES = frozenset(re.findall(r"\((?:function|relation) ([\w-]+)", DECLARATIONS))
+ANALYSES = frozenset(re.findall(r"\((?:function|relation) ([\w-]+) \(Tensor", DECLARATIONS))
 
 
 def _c(expr: str) -> str:
@@ -139,10 +146,11 @@ def _dtype_and_rank_rules():
         yield f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a)){agree}) ((set (dtype-of e) d)))"
     for op in BINARY_BROADCASTING:  # (rotary's three operands leave its rank and dtype unrecorded:
         # a guard or precision rule then does not fire on it). The dtype promotes: both operands',
-        # or a scalar const's partner's (float16 * float32 is float32, which dtype-of leaves unrecorded)
+        # as torch promotes both operands' (float16 * float32 is float32: a half-precision mask added to float32
+        # scores), or a scalar const's partner's
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) ((set (rank e) (max n m))))"
         name, attrs = OPS[op].egg_name, " ".join("?_" + n for n, _ in OPS[op].attrs)
-        for args, known in (("?a ?b", "(= d (dtype-of ?a)) (= d (dtype-of ?b))"),
+        for args, known in (("?a ?b", "(= d (promoted (dtype-of ?a) (dtype-of ?b)))"),
                             ("?a (Const ?c)", "(= d (dtype-of ?a))"), ("(Const ?c) ?b", "(= d (dtype-of ?b))")):
             yield f"(rule ((= e ({name} {args} {attrs})) {known}) ((set (dtype-of e) d)))"
 

@@ -37,7 +37,7 @@ DECLARATIONS = f"""
 (function promoted (String String) String :merge old)
 (ruleset {RULESET})
 (ruleset {TRIPWIRES})
-""" + "\n".join(f'(set (promoted "{a}" "{b}") "{str(torch.promote_types(*(getattr(torch, d) for d in (a, b))))[6:]}")'
+""" + "\n".join(f'(set (promoted "{a}" "{b}") "{str(torch.promote_types(getattr(torch, a), getattr(torch, b)))[6:]}")'
                 for a, b in [*itertools.product(("float32", "float16", "bfloat16"), repeat=2), ("float64",) * 2])
 # as torch promotes two tensors; a float64 one beside another dtype is left unrecorded: a Python number's constant is
 # float64 and takes its partner's dtype (the rules below)
@@ -145,9 +145,8 @@ def _dtype_and_rank_rules():
         agree = " (= d (dtype-of ?d))" if op == "linear_add" else ""  # its residual promotes: where x's agrees
         yield f"(rule ((= e {_operand_pattern(op)}) (= d (dtype-of ?a)){agree}) ((set (dtype-of e) d)))"
     for op in BINARY_BROADCASTING:  # (rotary's three operands leave its rank and dtype unrecorded:
-        # a guard or precision rule then does not fire on it). The dtype promotes: both operands',
-        # as torch promotes both operands' (float16 * float32 is float32: a half-precision mask added to float32
-        # scores), or a scalar const's partner's
+        # a guard or precision rule then does not fire on it). The dtype promotes as torch's does (float16 + float32
+        # is float32: a half-precision mask added to float32 scores), or is a scalar const's partner's
         yield f"(rule ((= e {_operand_pattern(op)}) (= n (rank ?a)) (= m (rank ?b))) ((set (rank e) (max n m))))"
         name, attrs = OPS[op].egg_name, " ".join("?_" + n for n, _ in OPS[op].attrs)
         for args, known in (("?a ?b", "(= d (promoted (dtype-of ?a) (dtype-of ?b)))"),

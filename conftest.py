@@ -1,7 +1,14 @@
 """Environment of every test, doctests in the packages included."""
 import gc
 import os
+import sys
 import tempfile
+
+# The clone's root is no import location: ``python -m pytest`` puts it first on sys.path, and there its
+# ``kernels`` folder (installed as ``egraph_opt.kernels``) hides Hugging Face's ``kernels`` package, which
+# transformers 5.25 imports (every model import failed). Our folders are reached as ``egraph_opt.*`` only
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != ROOT]
 
 os.environ.setdefault("EGRAPH_OPT_TRIPWIRES", "1")  # invariant tripwires on in every test
 os.environ.setdefault("TRITON_INTERPRET", "1")  # no GPU here: Triton kernels run interpreted

@@ -18,14 +18,15 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))  # bench/ and tests/, never the root (its kernels/ hides
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]  # Hugging Face's, which transformers imports)
 
 import onnx  # noqa: E402
 
 from egraph_opt.drivers.onnx_batch import process  # noqa: E402
 from egraph_opt.profiling.latency import default_budget  # noqa: E402
-from bench.onnx_zoo import driver_options  # noqa: E402
-from tests.test_onnx_hf import MODELS, export_model  # noqa: E402
+from onnx_zoo import driver_options  # noqa: E402
+from test_onnx_hf import MODELS, export_model  # noqa: E402
 
 FUSED = ("Attention", "LayerNormalization", "RMSNormalization", "SkipLayerNormalization", "Gelu",
          "RotaryEmbedding", "Softmax")

@@ -25,13 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))  # bench/ and tests/, never the root (its kernels/ hides
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]  # Hugging Face's, which transformers imports)
 
 import onnx  # noqa: E402
 
 from egraph_opt.drivers.onnx_batch import latencies, process, random_feeds, session  # noqa: E402
 from egraph_opt.profiling.latency import default_budget  # noqa: E402
-from tests.test_onnx import build_dynamo_zoo, build_zoo  # noqa: E402
+from test_onnx import build_dynamo_zoo, build_zoo  # noqa: E402
 
 HEADER = (f"{'model':<12} {'nodes':>11} {'wall ms original':>17} {'optimized':>10} {'ratio':>6} "
           f"{'CPU ms original':>16} {'optimized':>10} {'ratio':>6}  rewrites")

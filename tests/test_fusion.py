@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from egraph_opt import capture, optimize, saturate_and_extract
 from egraph_opt.rulesets import Family, catalogue
-from kernels.torch_ops import TORCH
+from egraph_opt.kernels.torch_ops import TORCH
 
 
 def optimized_report(fn, *args, tol=1e-5, **options):

@@ -2,6 +2,7 @@
 imports them by (a package listed by hand once went missing: ``egraph_opt.sharding``), and works
 whole once installed: in a fresh virtual environment, outside the repository, with the core
 dependencies alone (this machine's torch: nothing is downloaded), then each extra added."""
+import importlib.util
 import json
 import os
 import pathlib
@@ -52,6 +53,16 @@ def test_the_wheel_holds_every_module_of_the_source_tree(wheel):
     assert source - shipped == set()
     assert "egraph_opt/sharding/__init__.py" in shipped and "egraph_opt/kernels/triton/__init__.py" in shipped
     assert shipped - source == set()  # nothing else: no tests, no benchmarks
+
+
+def test_no_folder_of_the_clone_hides_an_installed_package_of_its_name():
+    """``python -m pytest`` puts the clone's root on sys.path, where ``kernels/`` (ours, installed as
+    ``egraph_opt.kernels``) hid Hugging Face's ``kernels``, which transformers 5.25 imports: every model failed to
+    import. The root conftest takes the root off the path; a bare name finds what is installed, or nothing."""
+    for folder in set(FOLDERS) - {"egraph_opt"}:
+        spec = importlib.util.find_spec(folder)
+        assert spec is None or pathlib.Path(spec.origin).resolve().parent != ROOT / folder, \
+            f"import {folder} finds the clone's folder {spec.origin}"
 
 
 def _closure(requirements: list[str]) -> set:

@@ -32,6 +32,18 @@ def test_demo_shows_naive_nan_and_optimized_accuracy(capsys):
     assert "optimized program matches float64 everywhere" in out
 
 
+def test_the_demo_holds_where_every_plan_times_slower_than_its_original(capsys, monkeypatch):
+    """The README's first command: its claim does not rest on a timing (a fresh clone's first call once timed the
+    float32 plan slower, fell back, and the naive attention overflowed)."""
+    from egraph_opt.drivers import api
+    judge = api.slower_for_nothing
+    monkeypatch.setenv("EGRAPH_OPT_PROFILE_BUDGET", "1")  # the never-slower check runs
+    monkeypatch.setattr(api, "slower_for_nothing", lambda objective, result, original_s, optimized_s, *a, **k:
+                        judge(objective, result, original_s, original_s * 10, *a, **k))
+    assert demo.main() == 0
+    assert "optimized program matches float64 everywhere" in capsys.readouterr().out
+
+
 def test_profile_for_a_program_times_every_kernel_its_egraph_could_use(tmp_path, monkeypatch):
     """A module of the folder the command runs in, as ``python -m`` finds it; a call with a constant
     operand (``x + 1.0``) is not the call the profiler times, and is left out."""

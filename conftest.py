@@ -4,11 +4,12 @@ import os
 import sys
 import tempfile
 
-# The clone's root is no import location: ``python -m pytest`` puts it first on sys.path, and there its
-# ``kernels`` folder (installed as ``egraph_opt.kernels``) hides Hugging Face's ``kernels`` package, which
-# transformers 5.25 imports (every model import failed). Our folders are reached as ``egraph_opt.*`` only
+# The clone's root comes after what is installed: ``python -m pytest`` puts it first on sys.path, where its
+# ``kernels`` folder (installed as ``egraph_opt.kernels``) hid Hugging Face's ``kernels`` package, which
+# transformers 5.25 imports (every model import failed). Its ``tests`` and ``bench`` stay importable
 ROOT = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != ROOT]
+_root = [p for p in sys.path if os.path.abspath(p or os.curdir) == ROOT]
+sys.path[:] = [p for p in sys.path if p not in _root] + [ROOT] * bool(_root)
 
 os.environ.setdefault("EGRAPH_OPT_TRIPWIRES", "1")  # invariant tripwires on in every test
 os.environ.setdefault("TRITON_INTERPRET", "1")  # no GPU here: Triton kernels run interpreted

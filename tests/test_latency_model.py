@@ -199,7 +199,7 @@ def test_attention_under_a_mask_is_timed_as_the_kernel_a_plan_binds(tmp_path, mo
     over memory: so priced, sdpa_filled's guards and torch's kernel at T <= 128 looked cheaper than the products and
     softmax they replace, which run 25-60% faster there (DeBERTa's fused plan ran 15% slower than its unfused one)."""
     from egraph_opt.profiling import latency as L
-    from kernels.registry import REGISTRY
+    from egraph_opt.kernels.registry import REGISTRY
 
     monkeypatch.setattr(L, "machine_busy", lambda: None)
     with ProfileDB(tmp_path / "p.sqlite") as db:

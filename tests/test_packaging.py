@@ -2,6 +2,7 @@
 imports them by (a package listed by hand once went missing: ``egraph_opt.sharding``), and works
 whole once installed: in a fresh virtual environment, outside the repository, with the core
 dependencies alone (this machine's torch: nothing is downloaded), then each extra added."""
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -56,13 +57,15 @@ def test_the_wheel_holds_every_module_of_the_source_tree(wheel):
 
 
 def test_no_folder_of_the_clone_hides_an_installed_package_of_its_name():
-    """``python -m pytest`` puts the clone's root on sys.path, where ``kernels/`` (ours, installed as
+    """``python -m pytest`` puts the clone's root first on sys.path, where ``kernels/`` (ours, installed as
     ``egraph_opt.kernels``) hid Hugging Face's ``kernels``, which transformers 5.25 imports: every model failed to
-    import. The root conftest takes the root off the path; a bare name finds what is installed, or nothing."""
+    import. The root conftest puts the root last; a bare name finds what is installed where something is."""
+    elsewhere = [p for p in sys.path if pathlib.Path(p or os.curdir).resolve() != ROOT]
     for folder in set(FOLDERS) - {"egraph_opt"}:
         spec = importlib.util.find_spec(folder)
-        assert spec is None or pathlib.Path(spec.origin).resolve().parent != ROOT / folder, \
-            f"import {folder} finds the clone's folder {spec.origin}"
+        ours = spec is not None and pathlib.Path(spec.origin).resolve().parent == ROOT / folder
+        assert not ours or importlib.machinery.PathFinder.find_spec(folder, elsewhere) is None, \
+            f"import {folder} finds the clone's folder {spec.origin}, not the package installed"
 
 
 def _closure(requirements: list[str]) -> set:

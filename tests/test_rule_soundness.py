@@ -280,9 +280,11 @@ PROBES = {  # extreme inputs, as f(position of the variable, value)
     "top": lambda i, x: x / x.abs().max() * torch.finfo(torch.float32).max,  # reaching float32's max
     "tail": lambda i, x: x + (30 if i == 0 else 0),  # e^-30 is normal in float32, where 1 - (1 - e^-30) is 0
     "quarter turn": lambda i, x: x * 1e-6 + math.pi / 2,  # sin rounds to 1 (1 - sin^2 x is 0, cos^2 x is not)
-    # the first operand dominating the rest with one sign (hypot(x, y) -+ x cancels for +-x >> |y|)
-    "dominant": lambda i, x: x.abs() * 1e4 + 1 if i == 0 else x,
-    "dominant negative": lambda i, x: -x.abs() * 1e4 - 1 if i == 0 else x,
+    # one operand dominating the rest with one sign (hypot(x, y) -+ x cancels for +-x >> |y|; -b + sqrt(b^2 - q)
+    # for b >> |q|), each operand in turn: a draw's values alone need not land where the rule cancels (the quadratic
+    # rules' draws showed their purpose on AMD's CPUs, not on an AVX-512 Xeon's)
+    **{f"dominant {k}": lambda i, x, k=k: x.abs() * 1e4 + 1 if i == k else x for k in range(3)},
+    **{f"dominant negative {k}": lambda i, x, k=k: -x.abs() * 1e4 - 1 if i == k else x for k in range(3)},
 }
 
 

@@ -310,6 +310,12 @@ def bits_gained(before: ProgramError, after: ProgramError | None) -> float:
     return gain if gain >= ACCURATE_BY or min(mean, worst) >= 0 else 0.0
 
 
+def lost_alike(before: ProgramError, after: ProgramError | None) -> bool:
+    """Whether both programs lose all but a bit on average at the sampled points: the samples fall where neither works
+    (an attention's bit patterns overflow its q @ k in either form), so they cannot tell the two apart."""
+    return after is not None and min(before.mean, after.mean) >= min(before.width, after.width) - 1
+
+
 def far_more_accurate(candidates: list[Program], latencies: list[float], affordable: Callable[..., bool],
                       ranges: dict | None = None) -> int | None:
     """Index of the most accurate candidate whose sampled error is bits below the first's, worst or mean, at a latency

@@ -33,13 +33,14 @@ def test_demo_shows_naive_nan_and_optimized_accuracy(capsys):
 
 
 def test_the_demo_holds_where_every_plan_times_slower_than_its_original(capsys, monkeypatch):
-    """The README's first command: its claim does not rest on a timing (a fresh clone's first call once timed the
-    float32 plan slower, fell back, and the naive attention overflowed)."""
+    """The README's first command, under the default objective: its claim does not rest on a timing (a fresh clone's
+    first call once timed the float32 plan slower, fell back, and the naive attention overflowed). Its sampled error
+    cannot tell the forms apart (bit patterns overflow q @ k in both); conditioning keeps the stable form."""
     from egraph_opt.drivers import api
     judge = api.slower_for_nothing
     monkeypatch.setenv("EGRAPH_OPT_PROFILE_BUDGET", "1")  # the never-slower check runs
     monkeypatch.setattr(api, "slower_for_nothing", lambda objective, result, original_s, optimized_s, *a, **k:
-                        judge(objective, result, original_s, original_s * 10, *a, **k))
+                        judge(objective, result, original_s, original_s * 2, *a, **k))
     assert demo.main() == 0
     assert "optimized program matches float64 everywhere" in capsys.readouterr().out
 

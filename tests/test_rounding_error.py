@@ -277,3 +277,14 @@ def test_bits_at_worst_buy_time_beside_a_bit_on_average_or_a_non_finite_result_m
     f = saturate_and_extract(torch.nn.functional.gelu, profile_budget=0)  # no range: every float32 sampled
     torch.testing.assert_close(f(x), torch.nn.functional.gelu(x), rtol=1e-6, atol=1e-7)
     assert f.report.ops_after == {"gelu": 1}, f.report  # not computed in float64
+
+
+def test_samples_where_both_forms_lose_every_bit_tell_them_not_apart():
+    """An attention's bit patterns overflow q @ k in the naive and the fused form alike (32 bits at nearly every point):
+    such a sample is no verdict, and conditioning decides (the demo's float32 plan, timed slower under noise, fell
+    back to the naive softmax, which overflows at scores of 90)."""
+    from egraph_opt.extractors.rounding_error import ProgramError, lost_alike
+    naive, fused = ProgramError(32.0, 32.0, {}), ProgramError(32.0, 31.54, {})
+    assert lost_alike(naive, fused) and not lost_alike(naive, ProgramError(32.0, 29.0, {}))
+    assert not lost_alike(ProgramError(2.0, 0.5, {}), ProgramError(1.0, 0.2, {})) and not lost_alike(naive, None)
+    assert lost_alike(ProgramError(16.0, 15.5, {}, 16), ProgramError(16.0, 16.0, {}, 16))  # float16's every bit

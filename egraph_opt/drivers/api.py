@@ -28,7 +28,7 @@ from ..egraph.engine import EGraph, InvariantError
 from .plan_key import StateKey, Watch, around
 from ..extractors import CostModel, Objective
 from ..extractors.cost import KAPPA_WEIGHT, buys
-from ..extractors.rounding_error import bits_gained, program_error
+from ..extractors.rounding_error import bits_gained, lost_alike, program_error
 from ..profiling.latency import UNIT_S, MeasuredLatency, default_budget, sources
 from ..profiling.profiler import time_side_by_side
 from ..egraph.session import Limits
@@ -653,15 +653,16 @@ class OptimizedFunction:
         """The plan, unless timed beside the original (``target``) it is slower and no steadier: then the original; or,
         where balanced extraction chose time for accuracy in a program too large to sample (None), the fastest form."""
         report, result = plan.report, plan.optimized
+        error = None if report.error is None or lost_alike(*report.error) else report.error  # else conditioning decides
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
             timed = [_and_backward(f) for f in (target, run)] if torch.is_grad_enabled() else [target, run]
             report.measured = time_side_by_side(timed, args, device, left)
             report.backward = any(getattr(f, "leaves", None) for f in timed)  # where outputs needed a gradient
-            if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
+            if report.measured and self._slower_for_nothing(result, *report.measured, error):
                 before, after = report.measured
                 beyond = self.objective is Objective.BALANCED and after > before * self.max_slowdown
-                if self.objective is Objective.BALANCED and not (fastest or beyond or report.error) and \
+                if self.objective is Objective.BALANCED and not (fastest or beyond or error) and \
                         for_accuracy(result):  # sampled, a program showed its error: the original is the safe one
                     report.bounded[:] = [f"balanced: its form for accuracy measured slower ({after * 1e6:.1f} us "
                                          f"against {before * 1e6:.1f} us) with no gain shown: the fastest form instead"]

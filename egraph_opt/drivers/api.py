@@ -128,7 +128,8 @@ class Report:
         if self.error:
             before, after = self.error
             lines.append(f"[ERROR] first-order estimate over the input ranges: worst {before.worst:.1f} -> "
-                         f"{after.worst:.1f} bits, mean {before.mean:.2f} -> {after.mean:.2f} bits")
+                         f"{after.worst:.1f} bits, mean {before.mean:.2f} -> {after.mean:.2f} bits"
+                         + " (where neither form works: no verdict; declare input_ranges)" * lost_alike(before, after))
         lines += [f"[KERNELS] {_counts(self.kernels)}"] * bool(self.kernels)
         lines += [f"[OPAQUE] {o}" for o in self.opaque]
         lines += [f"[SATURATION] {s}" for s in self.saturation]

@@ -311,8 +311,7 @@ def bits_gained(before: ProgramError, after: ProgramError | None) -> float:
 
 
 def lost_alike(before: ProgramError, after: ProgramError | None) -> bool:
-    """Whether both programs lose all but a bit on average at the sampled points: the samples fall where neither works
-    (an attention's bit patterns overflow its q @ k in either form), so they cannot tell the two apart."""
+    """Whether both lose all but a bit on average: samples where neither works (q @ k overflows) tell them not apart."""
     return after is not None and min(before.mean, after.mean) >= min(before.width, after.width) - 1
 
 

@@ -321,6 +321,20 @@ def test_a_dict_or_list_of_tensors_is_an_argument_of_tensors_and_one_the_program
     assert "updates argument 'm'" in g.report.fallback, g.report.fallback
 
 
+def test_none_inside_an_argument_tree_is_a_constant_of_its_plan_not_a_refusal():
+    """LLaVA's ``generate()`` passes its pre-encoded image (a ModelOutput holding a list with None in it) in a dict:
+    torch's pytree takes None for a leaf, and the prefill ran untouched ("argument 'mm_encoder_outputs' is a dict").
+    None stays in the tree's structure; a call with a tensor where None was is keyed apart."""
+    def program(x, m):
+        return torch.log(1 + torch.exp(x + m["a"][0])) * (2 if m["a"][1] is None else m["a"][1])
+    f, x = saturate_and_extract(program, profile_budget=0), torch.randn(3)
+    for m in ({"a": [torch.randn(3), None], "b": None}, {"a": [torch.randn(3), None], "b": None},
+              {"a": [torch.randn(3), torch.randn(3)], "b": None}):
+        torch.testing.assert_close(f(x, m), program(x, m))
+        assert f.report.optimized, f.report.fallback
+    assert len(f.plans) == 2 and [p.report.ops_after.get("softplus") for p in f.plans.values()] == [1, 1]
+
+
 def test_a_constant_that_changes_every_call_traces_a_bounded_number_of_plans_then_runs_the_original():
     """A sliding window StaticCache counts its tokens in a Python int (control flow reads it): each decode step's key
     was new, and each traced its own plan. As torch.compile's recompile limit: at most RETRACES per shapes."""

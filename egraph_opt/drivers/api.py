@@ -51,10 +51,6 @@ _MISS = object()  # what ``_again`` returns for a call it finds no plan for with
 _FAMILY = object()  # a plan's guard that checks its size family's sizes (``Variable.check``)
 
 
-def _missed(args: tuple, kwargs: dict):
-    return _MISS
-
-
 #: plans one decorated program keeps at most (input signatures and states together): beyond it,
 #: the least recently used plan is dropped
 MAX_PLANS = 256
@@ -189,8 +185,8 @@ def slower_for_nothing(objective: Objective, result: Optimized, original_s: floa
         return True
     if objective is Objective.LATENCY:
         return True
-    if error:  # a sampled error decides: it measures what the static estimate predicts (PatchTST's compensated sums:
-        gain = bits_gained(*error)  # 4,000 decibels, no bit gained, kept at 0.89x)
+    if error and not lost_alike(*error):  # a sampled error decides where it tells the forms apart: it measures what
+        gain = bits_gained(*error)  # the static estimate predicts (PatchTST's compensated sums: 4,000 dB, 0 bits, 0.89x)
         return not (gain >= 1 and optimized_s <= original_s * buys(gain, max_slowdown))
     before, after = result.cost_before, result.cost_after
     gained = before.get("curvature", 0) - after.get("curvature", 0)  # decibels
@@ -204,7 +200,7 @@ class Plan:
     report: Report
     egraph: EGraph | None
     optimized: Optimized | None = None  # what ``explore`` reads; dropped with the e-graph
-    again: Callable = _missed  # its fast path (``_fast``)
+    again: Callable = lambda args, kwargs: _MISS  # its fast path (``_fast``)
     guard: tuple = (lambda *tensors: False, None)  # the C++ check of its first call's tensors, and its state
     next: Callable = lambda: None  # a weak reference to the plan its fast path found by key last (a decode step's)
     after: Callable = lambda: None  # one to the fast path of the plan of the call that last followed its (laid out otherwise)
@@ -321,7 +317,7 @@ class OptimizedFunction:
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
         self._compiling = threading.RLock()  # one first call at a time: others wait for its plan
         self._last: Plan | None = None
-        self._again: Callable[[tuple, dict], Any] = _missed  # the last plan, if a call is its again
+        self._again: Callable[[tuple, dict], Any] = Plan.again  # the last plan, if a call is its again
         self._state, self._families, self._traced = StateKey(fn), Families(), Counter()
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         try:
@@ -360,8 +356,8 @@ class OptimizedFunction:
 
     def __call__(self, *args, **kwargs):
         out = self._again(args, kwargs)  # laid out as the last call: C++ checks of the tensors, the state
-        if out is _MISS and self._last is not None:  # else as the call that followed it last (a prefill's decode)
-            out = (self._last.after() or _missed)(args, kwargs)
+        if out is _MISS and self._last is not None and (after := self._last.after()):  # else as the call that followed
+            out = after(args, kwargs)  # it last (a prefill's decode)
         if out is not _MISS:
             return out
         if capturing():  # called in another program's trace (it holds the capture): inlined there
@@ -654,16 +650,15 @@ class OptimizedFunction:
         """The plan, unless timed beside the original (``target``) it is slower and no steadier: then the original; or,
         where balanced extraction chose time for accuracy in a program too large to sample (None), the fastest form."""
         report, result = plan.report, plan.optimized
-        error = None if report.error is None or lost_alike(*report.error) else report.error  # else conditioning decides
         left = self.profile_budget - (latency.spent_s if latency else 0.0)
         if left > 0 and 4 * original_s <= left:  # else its warm-up alone would overrun the budget
             timed = [_and_backward(f) for f in (target, run)] if torch.is_grad_enabled() else [target, run]
             report.measured = time_side_by_side(timed, args, device, left)
             report.backward = any(getattr(f, "leaves", None) for f in timed)  # where outputs needed a gradient
-            if report.measured and self._slower_for_nothing(result, *report.measured, error):
+            if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
                 before, after = report.measured
                 beyond = self.objective is Objective.BALANCED and after > before * self.max_slowdown
-                if self.objective is Objective.BALANCED and not (fastest or beyond or error) and \
+                if self.objective is Objective.BALANCED and not (fastest or beyond or report.error) and \
                         for_accuracy(result):  # sampled, a program showed its error: the original is the safe one
                     report.bounded[:] = [f"balanced: its form for accuracy measured slower ({after * 1e6:.1f} us "
                                          f"against {before * 1e6:.1f} us) with no gain shown: the fastest form instead"]
@@ -684,8 +679,7 @@ class OptimizedFunction:
             raise SideEffect(f"{self._name} mutates {', '.join(f'argument {names[i]!r}' for i in written)}")
         return bool(written)
 
-    def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float,
-                            error: tuple | None = None) -> bool:
+    def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float, error=None) -> bool:
         return slower_for_nothing(self.objective, result, original_s, optimized_s, error, self.max_slowdown)
 
     @property

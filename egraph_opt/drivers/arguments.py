@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 import torch
-from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, tree_flatten, tree_unflatten, treespec_leaf
+from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, register_pytree_node, tree_flatten, tree_unflatten, treespec_leaf
 
 from ..frontends.capture import SideEffect, cache_pytrees
 
@@ -80,7 +80,7 @@ class BoundCall:
         items = out.values() if isinstance(out, dict) else out if isinstance(out, tuple) else [out]
         self.returned = [name for name in self.trees if any(v is arguments[name] for v in items)]
         for name, (_, start, n) in self.trees.items():
-            if name not in self.returned and list(map(id, tree_flatten(arguments[name])[0])) != \
+            if name not in self.returned and [id(t) for t in tree_flatten(arguments[name])[0] if t is not None] != \
                     list(map(id, tensors[start:start + n])):
                 raise SideEffect(f"the program updates argument {name!r} without returning it")
         return out
@@ -108,6 +108,10 @@ class BoundCall:
 
 
 _NEVER = object()  # no value is it
+# None in an argument's tree: torch's pytree takes it for a leaf, and a plan's inputs are tensors; a node of no children
+# instead, rebuilt as None (a multimodal generate()'s pre-encoded image output holds some)
+_Absent = type("_Absent", (), {})
+register_pytree_node(_Absent, lambda _: ([], None), lambda _, __: None, serialized_type_name="egraph_opt.Absent")
 
 
 class Layout(NamedTuple):
@@ -158,7 +162,7 @@ def _leaves(value: Any, node: tuple | None, flat: list) -> bool:
         flat.append(value)
         return True
     kind, flatten, context, n, nodes = node
-    children, found = flatten(value) if type(value) is kind else ((), _NEVER)
+    children, found = flatten(value) if type(value) is kind or kind is _Absent and value is None else ((), _NEVER)
     if found != context or len(children) != n:
         return False
     if nodes is None:
@@ -339,6 +343,8 @@ def _tree(value: Any) -> tuple[list | None, Any]:
         leaves, spec = tree_flatten(value)
     except Exception:  # noqa: BLE001 - a registered flatten refusing this one (a cache of Mamba's layers): no tree
         return None, None
+    if any(leaf is None for leaf in leaves):  # each None an _Absent: a node of the spec, no input
+        leaves, spec = tree_flatten(tree_unflatten([_Absent() if leaf is None else leaf for leaf in leaves], spec))
     return (None, None) if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
 
 

@@ -40,8 +40,7 @@ def main() -> int:
             failures += not (err < (1e-2 if dtype == torch.float16 else 1e-4))
             print(f"{str(dtype):>14} max |score| {float(scores.abs().max()):6.0f}: "
                   f"naive non-finite {bad:6.1%}, error {naive_err:.2e} | "
-                  f"optimized non-finite {(~torch.isfinite(optimized)).float().mean().item():.1%}, "
-                  f"error {err:.2e}")
+                  f"optimized non-finite {(~torch.isfinite(optimized)).float().mean().item():.1%}, error {err:.2e}")
         print()
     print("optimized program matches float64 everywhere" if not failures
           else f"{failures} optimized runs exceeded tolerance")

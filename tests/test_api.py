@@ -378,6 +378,29 @@ def test_an_argument_its_pytree_refuses_to_flatten_runs_the_original_with_the_re
         torch.testing.assert_close(f(x, _Box(x, odd=True)), torch.log(1 + torch.exp(x * x)))
 
 
+class _Strict(_Box):
+    """A pytree whose unflatten takes tensors only: None's stand-in in its place is refused."""
+
+
+def _strict_unflatten(leaves, _):
+    if not isinstance(leaves[0], torch.Tensor):
+        raise TypeError("a _Strict holds a tensor")
+    return _Strict(leaves[0])
+
+
+torch.utils._pytree.register_pytree_node(_Strict, lambda box: ([box.t], None), _strict_unflatten)
+
+
+def test_a_tree_holding_none_that_its_unflatten_refuses_to_rebuild_runs_the_original_with_the_reason():
+    """None's stand-in rebuilds the argument once: where its type's unflatten refuses that, no traceback reaches the
+    caller; the argument is a constant the plan cannot key, and the original runs."""
+    f = saturate_and_extract(lambda x, box: torch.log(1 + torch.exp(x)) * (2 if box.t is None else box.t),
+                             profile_budget=0)
+    x = torch.randn(3)
+    with pytest.warns(UserWarning, match="argument 'box' is a _Strict"):
+        torch.testing.assert_close(f(x, _Strict(None)), torch.log(1 + torch.exp(x)) * 2)
+
+
 def test_declared_input_ranges_drive_validation_inputs():
     f = saturate_and_extract(lambda x: torch.log(1 + x), input_ranges={"x": (0.0, 1e-3)})
     x = torch.rand(16) * 1e-3

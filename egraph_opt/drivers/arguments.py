@@ -341,10 +341,10 @@ def _tree(value: Any) -> tuple[list | None, Any]:
     cache_pytrees()
     try:
         leaves, spec = tree_flatten(value)
-    except Exception:  # noqa: BLE001 - a registered flatten refusing this one (a cache of Mamba's layers): no tree
-        return None, None
-    if any(leaf is None for leaf in leaves):  # each None an _Absent: a node of the spec, no input
-        leaves, spec = tree_flatten(tree_unflatten([_Absent() if leaf is None else leaf for leaf in leaves], spec))
+        if any(leaf is None for leaf in leaves):  # each None an _Absent: a node of the spec, no input
+            leaves, spec = tree_flatten(tree_unflatten([_Absent() if leaf is None else leaf for leaf in leaves], spec))
+    except Exception:  # noqa: BLE001 - a registered flatten refusing this one (a cache of Mamba's layers), or an
+        return None, None  # unflatten refusing a None's stand-in: no tree
     return (None, None) if spec.is_leaf() or not all(isinstance(t, torch.Tensor) for t in leaves) else (leaves, spec)
 
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+with warnings.catch_warnings(action="ignore", category=DeprecationWarning):  # forward mode's first use imports it, and
+    import torch._decomp.decompositions_for_jvp  # noqa: F401 - it calls torch.jit.script: under -W error, a fallback
 
 from egraph_opt.lang.ops import ELEMENTWISE, OPS, parse_shape
 from egraph_opt.lang.program import Program

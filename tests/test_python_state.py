@@ -9,6 +9,8 @@ import dataclasses
 import functools
 import logging
 import re
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -66,6 +68,38 @@ class _Counted:
         return _softplus(x)
 
 
+TOTAL = torch.zeros(())
+
+
+def _global_tensor(x):
+    TOTAL.add_(x.shape[0])
+    return _softplus(x)
+
+
+class _Buffered(nn.Module):
+    """Counts its calls in a buffer (``self.count += 1``: a trace runs it on the real tensor, and no graph shows it)
+    and sums its inputs into a tensor attribute, in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+        self.total = torch.zeros(3)
+
+    def forward(self, x):
+        self.count += 1
+        self.total.add_(x.sum(0))
+        return _softplus(x)
+
+
+class _CountsInABuffer(_Buffered):
+    """The count alone: the plan's graph is pure, so only the count's version shows the write (it ran 65 times in the
+    first call, then never)."""
+
+    def forward(self, x):
+        self.count += 1
+        return _softplus(x)
+
+
 class _Stateful(nn.Module):
     """The issue's module: counts, records shapes and statistics, keeps its last output."""
 
@@ -90,9 +124,10 @@ class _StatefulMethod(_Stateful):
 def _state(program) -> tuple:
     """Everything a program of this file writes, as plain values (a tracer would show here)."""
     m = getattr(program, "__self__", program)
-    module = (m.calls, list(m.seen), dict(m.stats), m.last) if isinstance(m, _Stateful) else ()
+    module = (m.calls, list(m.seen), dict(m.stats), m.last) if isinstance(m, _Stateful) else \
+        (m.count.clone(), m.total.clone()) if isinstance(m, _Buffered) else ()
     cells = tuple(c.cell_contents for c in getattr(program, "__closure__", None) or ())
-    return COUNT, list(SEEN), _Counted.total, module, cells
+    return COUNT, list(SEEN), _Counted.total, module, cells, TOTAL.clone()
 
 
 def _same(a, b) -> bool:
@@ -113,6 +148,9 @@ PROGRAMS = {
     "closure counter": _closure,
     "class attribute": _Counted,
     "module attributes and containers": _Stateful,
+    "a buffer and a tensor attribute written in place": _Buffered,
+    "a buffer counter": _CountsInABuffer,
+    "a global tensor written in place": lambda: _global_tensor,
 }
 
 
@@ -120,6 +158,7 @@ def _reset():
     global COUNT
     COUNT, _Counted.total = 0, 0
     SEEN.clear()
+    TOTAL.zero_()
 
 
 class _nothing:
@@ -142,14 +181,14 @@ def test_python_state_after_n_calls_is_eagers(kind, capsys, caplog):
         caplog.clear()
         program = PROGRAMS[kind]()
         call = saturate_and_extract(program, profile_budget=0) if decorate else program
-        with pytest.warns(UserWarning, match="changes Python state") if decorate else _nothing():
+        with pytest.warns(UserWarning, match="changes Python state|mutates") if decorate else _nothing():
             outs = [call(x) for _ in range(CALLS)]
         runs.append((outs, _state(program), capsys.readouterr().out, [r.getMessage() for r in caplog.records if r.name == "user.program"]))
     (eager_outs, *eager), (outs, *got) = runs
     for a, b in zip(outs, eager_outs):
         torch.testing.assert_close(a, b)
     assert _same(tuple(got), tuple(eager)), (got, eager)
-    assert "changes Python state" in call.report.fallback and "\n" not in call.report.fallback
+    assert re.search("changes Python state|mutates", call.report.fallback) and "\n" not in call.report.fallback
 
 
 @functools.lru_cache(None)
@@ -475,3 +514,15 @@ def test_a_call_under_autocast_leaves_no_fake_weights_in_its_cache():
             got, want = g(x), model(x)
             assert type(got) is type(want) is torch.Tensor and got.dtype == want.dtype == torch.bfloat16
             torch.testing.assert_close(got, want)
+
+
+def test_a_caller_running_with_deprecations_as_errors_gets_its_plan(tmp_path):
+    """``python -W error::DeprecationWarning`` (pytest's ``filterwarnings = error`` too): the optimizer's first use of
+    forward mode imported torch's jvp decompositions, which call the deprecated ``torch.jit.script``, and every first
+    plan fell back with that warning as its reason. A fresh process: within this one the import happened long ago."""
+    code = ("import torch; from egraph_opt import saturate_and_extract\n"
+            "f = saturate_and_extract(lambda x: torch.log(1 + torch.exp(x)), profile_budget=0)\n"
+            "f(torch.randn(8, 3)); print(repr(f.report.fallback))")
+    done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "''", done.stdout + done.stderr[-2000:]

@@ -51,8 +51,7 @@ _MISS = object()  # what ``_again`` returns for a call it finds no plan for with
 _FAMILY = object()  # a plan's guard that checks its size family's sizes (``Variable.check``)
 
 
-#: plans one decorated program keeps at most (input signatures and states together): beyond it,
-#: the least recently used plan is dropped
+#: plans one decorated program keeps at most (input signatures and states together; the least recently used goes)
 MAX_PLANS = 256
 #: plans traced for tensors of one set of shapes at most, each for other constants (torch.compile's recompile limit):
 #: a number that changes every call (a sliding window StaticCache's count of tokens) would trace every call
@@ -60,8 +59,7 @@ RETRACES = 8
 #: a program measured this much slower than the original is slower beyond noise (medians of interleaved calls)
 SLOWER_BY = 1.02
 
-#: the families whose rules are there for accuracy
-ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})
+ACCURATE_FAMILIES = frozenset({Family.STABILITY, Family.SERIES})  #: the families whose rules are there for accuracy
 
 
 @dataclass
@@ -296,24 +294,18 @@ class OptimizedFunction:
                  input_ranges=None, rulesets=None, validate: bool = True,
                  limits: Limits = Limits(), profile_db=None, profile_budget: float | None = None,
                  keep_egraph: bool = False, max_slowdown: float = 4.0):
+        self._options = {k: v for k, v in locals().items() if k not in ("self", "fn")}  # every keyword, as given
         self.fn = fn
-        self._options = {"objective": objective, "tolerance": tolerance, "input_ranges": input_ranges,
-                         "rulesets": rulesets, "validate": validate, "limits": limits,
-                         "profile_db": profile_db, "profile_budget": profile_budget, "keep_egraph": keep_egraph,
-                         "max_slowdown": max_slowdown}
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # instance -> its method
         self._held: dict[int, tuple] = {}  # the same, for instances that cannot be weakly referred to
-        self.objective = Objective(objective)
-        self.tolerance, self.max_slowdown = tolerance, max_slowdown
+        self.objective, self.tolerance, self.max_slowdown = Objective(objective), tolerance, max_slowdown
         CostModel(self.objective, tolerance=tolerance, max_slowdown=max_slowdown)  # refuses bad ones now
         self.profile_db = profile_db  # path, None for the default database, False for none
-        # seconds per optimize to time kernels the database lacks (None: the default, 0: none)
         self.profile_budget = default_budget() if profile_budget is None else float(profile_budget)
         if not self.profile_budget >= 0:
             raise ValueError(f"profile_budget must be seconds >= 0, not {profile_budget!r}")
         self.input_ranges, self.rules = _check_ranges(input_ranges), select(rulesets)
-        self.validate, self.limits = validate, limits
-        self.keep_egraph = keep_egraph  # every plan keeps its e-graph (notebooks); else the last one
+        self.validate, self.limits, self.keep_egraph = validate, limits, keep_egraph  # keep_egraph: every plan's, else the last's
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
         self._compiling = threading.RLock()  # one first call at a time: others wait for its plan
         self._last: Plan | None = None

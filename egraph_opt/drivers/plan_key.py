@@ -3,10 +3,10 @@
 analysis, and folded constants are recomputed when a tensor's version changes (``torch_backend``); which tensor
 objects are the parameters does (``m.weight = nn.Parameter(...)`` leaves the traced graph holding the old one).
 
-What the optimizer's own runs of a program (tracing, validation, timing) write of Python state (``self.calls += 1``, a
-global, ``self.seen.append(...)``, a print, a log record) is the other side: the plan runs tensor code alone, so eager's
-effects would be lost, and a trace leaves tracers behind. A ``Watch`` first records the state reachable from the
-program, then names what changed and puts it back: the original, run untouched, does what eager does."""
+What the optimizer's own runs of a program (tracing, validation, timing) write of state (``self.calls += 1``, a global,
+``self.seen.append(...)``, a buffer written in place, a print, a log record) is the other side: the plan runs tensor code
+alone, so eager's effects would be lost, and a trace leaves tracers behind. A ``Watch`` first records the state reachable
+from the program, then names what changed and puts it back: the original, run untouched, does what eager does."""
 from __future__ import annotations
 
 import builtins
@@ -375,12 +375,10 @@ class Watch:
 
     def __init__(self, fn: Callable):
         self.fn, self.effects, self.records = fn, [], []  # records: (logger, record) held back
-        self._saved: list[tuple[str, Any, Any]] = []  # (name, holder, copy of its contents)
 
     def __enter__(self) -> Watch:
-        self._saved = list(_walk(self.fn))
-        # a watched thread's prints and log records are held back as effects; other threads' pass
-        builtins.print, logging.Logger.handle = _print, _handle
+        self._saved: list[tuple[str, Any, Any]] = list(_walk(self.fn))  # (name, holder, copy of its contents)
+        builtins.print, logging.Logger.handle = _print, _handle  # a watched thread's prints and logs are held back
         _watches().append(self)
         return self
 
@@ -395,7 +393,7 @@ class Watch:
 
     def changes(self) -> list[str]:
         """What changed so far: state written (by name), then prints and log records."""
-        return [f"{'writes' if isinstance(h, (list, set)) else 'sets'} {_what(n, h, s)}"
+        return [f"{'writes' if isinstance(h, (list, set, torch.Tensor)) else 'sets'} {_what(n, h, s)}"
                 for n, h, s in self._saved if _differs(h, s)] + self.effects
 
     def settles(self, rerun: Callable[[], Any]) -> bool:
@@ -424,9 +422,13 @@ def _walk(fn: Callable):
     todo, seen = [("self" if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", "fn"), fn)], set()
     while todo and len(seen) < LIMIT:
         name, o = todo.pop()
-        if id(o) in seen or isinstance(o, (torch.Tensor, str, bytes, int, float, complex, bool, type(None))):
+        if id(o) in seen or isinstance(o, (str, bytes, int, float, complex, bool, type(None))):
             continue
         seen.add(id(o))
+        if isinstance(o, torch.Tensor):  # written in place (``self.count += 1``: no graph shows it), its version moves
+            if not o.is_inference():  # a parameter's contents are not copied (too large: a forward rarely writes one)
+                yield name, o, (o._version, None if isinstance(o, torch.nn.Parameter) else o.detach().clone())
+            continue
         if isinstance(o, (types.FunctionType, types.ModuleType, type)) and \
                 _library(o.__name__ if isinstance(o, types.ModuleType) else o.__module__):
             continue
@@ -478,6 +480,8 @@ def _copy(o: Any) -> Any:
 
 
 def _differs(holder: Any, saved: Any) -> bool:
+    if isinstance(holder, torch.Tensor):
+        return holder._version != saved[0]
     if isinstance(holder, types.CellType):
         return not _same(_copy(holder), saved)
     if isinstance(holder, types.FunctionType):
@@ -513,7 +517,7 @@ def _plain_value(x: Any) -> bool:
 def _what(name: str, holder: Any, saved: Any) -> str:
     """``self.calls``, ``global counter``, ``Counter.n``, ``self.seen``, ``self.cache (keys 'a')``."""
     if not isinstance(holder, (dict, type)):
-        return name
+        return f"{name} in place" if isinstance(holder, torch.Tensor) else name
     keys = _changed_keys(_copy(holder), saved, _scope(holder))[:3]
     if _scope(holder):
         return ", ".join(f"global {k}" for k in keys)
@@ -524,7 +528,10 @@ def _what(name: str, holder: Any, saved: Any) -> str:
 
 
 def _restore(holder: Any, saved: Any) -> None:
-    if isinstance(holder, types.CellType):
+    if isinstance(holder, torch.Tensor):
+        with torch.no_grad():  # a parameter's write is named, not undone
+            saved[1] is None or holder.resize_(saved[1].shape).copy_(saved[1])
+    elif isinstance(holder, types.CellType):
         delattr(holder, "cell_contents") if saved is _EMPTY else setattr(holder, "cell_contents", saved)
     elif isinstance(holder, types.FunctionType):
         holder.__defaults__, holder.__kwdefaults__ = saved

@@ -100,6 +100,14 @@ class _CountsInABuffer(_Buffered):
         return _softplus(x)
 
 
+class _CountsThroughData(_Buffered):
+    """``self.count.data += 1``: ``.data`` has a version counter of its own, so the buffer's does not move."""
+
+    def forward(self, x):
+        self.count.data += 1
+        return _softplus(x)
+
+
 class _Stateful(nn.Module):
     """The issue's module: counts, records shapes and statistics, keeps its last output."""
 
@@ -150,6 +158,7 @@ PROGRAMS = {
     "module attributes and containers": _Stateful,
     "a buffer and a tensor attribute written in place": _Buffered,
     "a buffer counter": _CountsInABuffer,
+    "a buffer counter written through .data": _CountsThroughData,
     "a global tensor written in place": lambda: _global_tensor,
 }
 
@@ -526,3 +535,25 @@ def test_a_caller_running_with_deprecations_as_errors_gets_its_plan(tmp_path):
     done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "''", done.stdout + done.stderr[-2000:]
+
+
+class _ReadsNaNs(nn.Module):
+    """A buffer holding NaN and -0.0 that the forward reads and never writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.tensor([float("nan"), -0.0, 1.0]))
+
+    def forward(self, x):
+        return _softplus(x) * self.table.nan_to_num()
+
+
+def test_a_buffer_holding_nan_that_no_call_writes_is_not_taken_for_written():
+    m = _ReadsNaNs()
+    f = saturate_and_extract(m, profile_budget=0)
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback
+        torch.testing.assert_close(f(x), m(x))
+    assert f.report.optimized and not f.report.fallback
+    assert torch.equal(m.table.isnan(), torch.tensor([True, False, False])) and m.table[1].item() == 0.0

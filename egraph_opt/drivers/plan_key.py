@@ -417,7 +417,7 @@ def _watches() -> list[Watch]:
 
 def _walk(fn: Callable):
     """(name, holder, copy) of every container the program can reach: modules' and objects' attribute dicts, the
-    classes of its own code, closure cells, the globals any function reached names, lists, dicts and sets."""
+    classes of its own code, closure cells, the globals any function reached names, lists, dicts, sets and tensors."""
     names: set[str] = set()
     todo, seen = [("self" if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", "fn"), fn)], set()
     while todo and len(seen) < LIMIT:
@@ -425,14 +425,13 @@ def _walk(fn: Callable):
         if id(o) in seen or isinstance(o, (str, bytes, int, float, complex, bool, type(None))):
             continue
         seen.add(id(o))
-        if isinstance(o, torch.Tensor):  # written in place (``self.count += 1``: no graph shows it), its version moves
-            if not o.is_inference():  # a parameter's contents are not copied (too large: a forward rarely writes one)
-                yield name, o, (o._version, None if isinstance(o, torch.nn.Parameter) else o.detach().clone())
-            continue
         if isinstance(o, (types.FunctionType, types.ModuleType, type)) and \
                 _library(o.__name__ if isinstance(o, types.ModuleType) else o.__module__):
             continue
-        if isinstance(o, types.MethodType):
+        if isinstance(o, torch.Tensor):  # written in place (``self.count += 1``: no graph shows it): its version and,
+            yield from () if o.is_inference() else [(name, o, (o._version, None if isinstance(  # but for a parameter
+                o, torch.nn.Parameter) else o.detach().clone()))]  # (too large, rarely written), a copy to put back
+        elif isinstance(o, types.MethodType):
             todo += [(name, o.__func__), (name.rsplit(".", 1)[0] if "." in name else "self", o.__self__)]
         elif isinstance(o, functools.partial):
             todo += [(name, o.func), *((f"{name} argument", a) for a in (*o.args, *o.keywords.values()))]
@@ -459,7 +458,8 @@ def _walk(fn: Callable):
             yield name, o, _copy(o)
             items = dict.items(o) if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else \
                 ((None, v) for v in o)
-            todo += [(f"{name}[{k!r}]" if k is not None else f"an item of {name}", v) for k, v in items]
+            todo += [(f"{name.rsplit('.', 1)[0]}.{k}" if name.endswith(("._buffers", "._parameters")) else  # self.count
+                      f"{name}[{k!r}]" if k is not None else f"an item of {name}", v) for k, v in items]
         elif isinstance(getattr(o, "__dict__", None), dict) and (
                 isinstance(o, torch.nn.Module) or not _library(getattr(type(o), "__module__", None))):
             yield f"{name}.__dict__", vars(o), dict(vars(o))
@@ -481,25 +481,23 @@ def _copy(o: Any) -> Any:
 
 def _differs(holder: Any, saved: Any) -> bool:
     if isinstance(holder, torch.Tensor):
-        return holder._version != saved[0]
+        return holder._version != saved[0] or saved[1] is not None and (  # a write through ``.data`` moves no version
+            holder.dtype != saved[1].dtype or holder.shape != saved[1].shape or not torch.equal(holder, saved[1]) and
+            not (holder.is_floating_point() and torch.allclose(holder, saved[1], 0, 0, equal_nan=True)))
     if isinstance(holder, types.CellType):
         return not _same(_copy(holder), saved)
     if isinstance(holder, types.FunctionType):
         return any(a is not b for a, b in zip(_copy(holder), saved))
     if isinstance(holder, (dict, type)):
-        return bool(_changed_keys(_copy(holder), saved, _scope(holder)))
+        return bool(_changed_keys(holder, saved))
     if isinstance(holder, set):
         return {id(v) for v in holder} != {id(v) for v in saved}
     return len(holder) != len(saved) or not all(map(_same, holder, saved))
 
 
-def _scope(holder: Any) -> bool:
-    """A scope of which only some names are watched (a module's globals)."""
-    return isinstance(holder, dict) and "__builtins__" in holder
-
-
-def _changed_keys(now: dict, saved: dict, partial: bool) -> list:
-    keys = saved.keys() if partial else saved.keys() | now.keys()
+def _changed_keys(holder: Any, saved: dict) -> list:
+    now = _copy(holder)  # of a scope (a module's globals), only some names are watched
+    keys = saved.keys() if isinstance(holder, dict) and "__builtins__" in holder else saved.keys() | now.keys()
     return sorted((k for k in keys if not _same(now.get(k, _EMPTY), saved.get(k, _EMPTY))), key=str)
 
 
@@ -518,8 +516,8 @@ def _what(name: str, holder: Any, saved: Any) -> str:
     """``self.calls``, ``global counter``, ``Counter.n``, ``self.seen``, ``self.cache (keys 'a')``."""
     if not isinstance(holder, (dict, type)):
         return f"{name} in place" if isinstance(holder, torch.Tensor) else name
-    keys = _changed_keys(_copy(holder), saved, _scope(holder))[:3]
-    if _scope(holder):
+    keys = _changed_keys(holder, saved)[:3]
+    if isinstance(holder, dict) and "__builtins__" in holder:
         return ", ".join(f"global {k}" for k in keys)
     if isinstance(holder, type) or name.endswith(".__dict__"):
         where = holder.__qualname__ if isinstance(holder, type) else name.removesuffix(".__dict__")
@@ -538,7 +536,7 @@ def _restore(holder: Any, saved: Any) -> None:
     elif isinstance(holder, (dict, type)):  # a dict subclass's own methods may do more than store: its builtin base's
         base = next(c for c in type(holder).__mro__ if c.__module__ in ("builtins", "collections"))  # (an OrderedDict's
         put, drop = (setattr, delattr) if isinstance(holder, type) else (base.__setitem__, base.__delitem__)  # links)
-        for k in _changed_keys(_copy(holder), saved, _scope(holder)):
+        for k in _changed_keys(holder, saved):
             put(holder, k, saved[k]) if k in saved else drop(holder, k)
     elif isinstance(holder, set):
         holder.clear()

@@ -557,3 +557,31 @@ def test_a_buffer_holding_nan_that_no_call_writes_is_not_taken_for_written():
         torch.testing.assert_close(f(x), m(x))
     assert f.report.optimized and not f.report.fallback
     assert torch.equal(m.table.isnan(), torch.tensor([True, False, False])) and m.table[1].item() == 0.0
+
+
+class _WritesItsCache(nn.Module):
+    """Meta's reference Llama keeps its KV cache in buffers and writes a step's keys into them in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(4, 3))
+
+    def forward(self, x, start: int = 1):
+        self.cache[start:start + x.shape[0]] = x
+        return _softplus(self.cache[:start + x.shape[0]])
+
+
+def test_a_tensor_past_the_copy_limit_is_watched_by_version_and_not_copied(monkeypatch):
+    """A buffer larger than ``COPIED`` (a KV cache of gigabytes) is not copied by the Watch; its write is still
+    found, and the original runs: eager's outputs and cache."""
+    from egraph_opt.drivers import plan_key
+    monkeypatch.setattr(plan_key, "COPIED", 16)  # bytes: the 48-byte cache is past it, as a real one would be
+    m, eager = _WritesItsCache(), _WritesItsCache()
+    with plan_key.Watch(m) as watch:
+        assert [saved for _, held, saved in watch._saved if held is m.cache] == [(m.cache._version, None)]
+    f = saturate_and_extract(m, profile_budget=0)
+    x = torch.randn(2, 3)
+    with pytest.warns(UserWarning, match="cache"):
+        torch.testing.assert_close(f(x), eager(x))
+    torch.testing.assert_close(m.cache, eager.cache)
+    assert "cache" in f.report.fallback

@@ -343,6 +343,7 @@ def _generated_key(seen: int, walked: int, objects, scalars: list[Slot],
 
 
 LIMIT = 50_000  #: objects walked at most from one program (a Hugging Face model reaches a few thousand)
+COPIED = 1 << 26  #: bytes of a tensor the program reaches that a Watch copies at most (a write past it is named only)
 _EMPTY = object()  # an empty closure cell
 _local = threading.local()  # the watches of this thread (prints and log records of other threads pass)
 
@@ -429,8 +430,8 @@ def _walk(fn: Callable):
                 _library(o.__name__ if isinstance(o, types.ModuleType) else o.__module__):
             continue
         if isinstance(o, torch.Tensor):  # written in place (``self.count += 1``: no graph shows it): its version and,
-            yield from () if o.is_inference() else [(name, o, (o._version, None if isinstance(  # but for a parameter
-                o, torch.nn.Parameter) else o.detach().clone()))]  # (too large, rarely written), a copy to put back
+            yield from () if o.is_inference() else [(name, o, (o._version, None if isinstance(o, torch.nn.Parameter)
+                or o.nbytes > COPIED else o.detach().clone()))]  # but for a parameter or a KV cache, a copy to put back
         elif isinstance(o, types.MethodType):
             todo += [(name, o.__func__), (name.rsplit(".", 1)[0] if "." in name else "self", o.__self__)]
         elif isinstance(o, functools.partial):

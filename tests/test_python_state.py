@@ -8,11 +8,13 @@ import collections
 import dataclasses
 import functools
 import logging
+import random
 import re
 import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -108,6 +110,15 @@ class _CountsThroughData(_Buffered):
         return _softplus(x)
 
 
+def _python_random(x):
+    """A branch on Python's generator (LayerDrop as older code writes it): a trace took one draw for a constant."""
+    return _softplus(x) * 2 if random.random() < 0.5 else _softplus(x)
+
+
+def _numpy_random(x):
+    return _softplus(x) * float(np.random.rand())
+
+
 class _Stateful(nn.Module):
     """The issue's module: counts, records shapes and statistics, keeps its last output."""
 
@@ -135,7 +146,8 @@ def _state(program) -> tuple:
     module = (m.calls, list(m.seen), dict(m.stats), m.last) if isinstance(m, _Stateful) else \
         (m.count.clone(), m.total.clone()) if isinstance(m, _Buffered) else ()
     cells = tuple(c.cell_contents for c in getattr(program, "__closure__", None) or ())
-    return COUNT, list(SEEN), _Counted.total, module, cells, TOTAL.clone()
+    return COUNT, list(SEEN), _Counted.total, module, cells, TOTAL.clone(), random.getstate(), \
+        np.random.get_state()[1].tolist() + [np.random.get_state()[2]]
 
 
 def _same(a, b) -> bool:
@@ -160,6 +172,8 @@ PROGRAMS = {
     "a buffer counter": _CountsInABuffer,
     "a buffer counter written through .data": _CountsThroughData,
     "a global tensor written in place": lambda: _global_tensor,
+    "a draw from Python's random": lambda: _python_random,
+    "a draw from NumPy's random": lambda: _numpy_random,
 }
 
 
@@ -168,6 +182,8 @@ def _reset():
     COUNT, _Counted.total = 0, 0
     SEEN.clear()
     TOTAL.zero_()
+    random.seed(0)
+    np.random.seed(0)
 
 
 class _nothing:

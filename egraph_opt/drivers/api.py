@@ -647,7 +647,8 @@ class OptimizedFunction:
             timed = [_and_backward(f) for f in (target, run)] if torch.is_grad_enabled() else [target, run]
             report.measured = time_side_by_side(timed, args, device, left)
             report.backward = any(getattr(f, "leaves", None) for f in timed)  # where outputs needed a gradient
-            if report.measured and self._slower_for_nothing(result, *report.measured, report.error):
+            if report.measured and slower_for_nothing(self.objective, result, *report.measured, report.error,
+                                                      self.max_slowdown):
                 before, after = report.measured
                 beyond = self.objective is Objective.BALANCED and after > before * self.max_slowdown
                 if self.objective is Objective.BALANCED and not (fastest or beyond or report.error) and \
@@ -670,9 +671,6 @@ class OptimizedFunction:
         if written and functional:
             raise SideEffect(f"{self._name} mutates {', '.join(f'argument {names[i]!r}' for i in written)}")
         return bool(written)
-
-    def _slower_for_nothing(self, result: Optimized, original_s: float, optimized_s: float, error=None) -> bool:
-        return slower_for_nothing(self.objective, result, original_s, optimized_s, error, self.max_slowdown)
 
     @property
     def report(self) -> Report | None:

@@ -16,6 +16,8 @@ import functools
 import inspect
 import itertools
 import logging
+import pickle
+import random
 import sys
 import threading
 import types
@@ -378,13 +380,14 @@ class Watch:
         self.fn, self.effects, self.records = fn, [], []  # records: (logger, record) held back
 
     def __enter__(self) -> Watch:
-        self._saved: list[tuple[str, Any, Any]] = list(_walk(self.fn))  # (name, holder, copy of its contents)
+        self._saved = list(_walk(self.fn)) + [(m.__name__, m, (getattr(m, "getstate", None) or m.get_state)()) for m in (
+            random, sys.modules.get("numpy.random")) if m]  # (name, holder, contents); a draw from either: a constant
         builtins.print, logging.Logger.handle = _print, _handle  # a watched thread's prints and logs are held back
-        _watches().append(self)
+        _local.__dict__.setdefault("watches", []).append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        _watches().remove(self)
+        _local.watches.remove(self)
         self.put_back()
 
     def put_back(self) -> None:
@@ -394,8 +397,8 @@ class Watch:
 
     def changes(self) -> list[str]:
         """What changed so far: state written (by name), then prints and log records."""
-        return [f"{'writes' if isinstance(h, (list, set, torch.Tensor)) else 'sets'} {_what(n, h, s)}"
-                for n, h, s in self._saved if _differs(h, s)] + self.effects
+        return [f"{('sets', 'writes', 'draws from')[isinstance(h, (list, set, torch.Tensor)) + 2 * isinstance(h, types.ModuleType)]} "
+                f"{_what(n, h, s)}" for n, h, s in self._saved if _differs(h, s)] + self.effects
 
     def settles(self, rerun: Callable[[], Any]) -> bool:
         """Whether what changed is the trace's alone: put back, a real run from the state before changes nothing (a cache
@@ -410,10 +413,6 @@ class Watch:
             _ORIGINAL_HANDLE(logger, record)
         self.effects, self.records = [], []
         return True
-
-
-def _watches() -> list[Watch]:
-    return _local.__dict__.setdefault("watches", [])
 
 
 def _walk(fn: Callable):
@@ -481,6 +480,8 @@ def _copy(o: Any) -> Any:
 
 
 def _differs(holder: Any, saved: Any) -> bool:
+    if isinstance(holder, types.ModuleType):  # random, numpy.random: their global generator's state
+        return pickle.dumps((getattr(holder, "getstate", None) or holder.get_state)()) != pickle.dumps(saved)
     if isinstance(holder, torch.Tensor):
         return holder._version != saved[0] or saved[1] is not None and (  # a write through ``.data`` moves no version
             holder.dtype != saved[1].dtype or holder.shape != saved[1].shape or not torch.equal(holder, saved[1]) and
@@ -527,7 +528,9 @@ def _what(name: str, holder: Any, saved: Any) -> str:
 
 
 def _restore(holder: Any, saved: Any) -> None:
-    if isinstance(holder, torch.Tensor):
+    if isinstance(holder, types.ModuleType):
+        (getattr(holder, "setstate", None) or holder.set_state)(saved)
+    elif isinstance(holder, torch.Tensor):
         with torch.no_grad():  # a parameter's write is named, not undone
             saved[1] is None or holder.resize_(saved[1].shape).copy_(saved[1])
     elif isinstance(holder, types.CellType):

@@ -601,3 +601,15 @@ def test_a_tensor_past_the_copy_limit_is_watched_by_version_and_not_copied(monke
         torch.testing.assert_close(f(x), eager(x))
     torch.testing.assert_close(m.cache, eager.cache)
     assert "cache" in f.report.fallback
+
+
+def test_a_first_draw_from_numpy_in_a_fresh_process_runs_the_original(tmp_path):
+    """numpy imports ``numpy.random`` on its first use, which may be the trace's: the Watch imports it first, so the
+    draw is seen (it was baked in: every call gave the first call's factor)."""
+    code = ("import sys, warnings, numpy as np, torch; from egraph_opt import saturate_and_extract\n"
+            "assert 'numpy.random' not in sys.modules\nwarnings.simplefilter('ignore')\n"
+            "f = saturate_and_extract(lambda x: torch.log(1 + torch.exp(x)) * float(np.random.rand()), profile_budget=0)\n"
+            "x = torch.zeros(2); print(len({f(x)[0].item() for _ in range(4)}), f.report.fallback)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.startswith("4 ") and "draws from numpy.random" in done.stdout, \
+        done.stdout + done.stderr[-2000:]

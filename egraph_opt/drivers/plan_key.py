@@ -381,7 +381,7 @@ class Watch:
 
     def __enter__(self) -> Watch:
         self._saved = list(_walk(self.fn)) + [(m.__name__, m, (getattr(m, "getstate", None) or m.get_state)()) for m in (
-            random, sys.modules.get("numpy.random")) if m]  # (name, holder, contents); a draw from either: a constant
+            random, "numpy" in sys.modules and __import__("numpy.random").random) if m]  # a draw: a trace's constant
         builtins.print, logging.Logger.handle = _print, _handle  # a watched thread's prints and logs are held back
         _local.__dict__.setdefault("watches", []).append(self)
         return self

@@ -380,7 +380,7 @@ class Watch:
         self.fn, self.effects, self.records = fn, [], []  # records: (logger, record) held back
 
     def __enter__(self) -> Watch:
-        self._saved = list(_walk(self.fn)) + [(m.__name__, m, (getattr(m, "getstate", None) or m.get_state)()) for m in (
+        self._saved = list(_walk(self.fn)) + [(m.__name__, m, (get := getattr(m, "getstate", None) or m.get_state, get())) for m in (
             random, "numpy" in sys.modules and __import__("numpy.random").random) if m]  # a draw: a trace's constant
         builtins.print, logging.Logger.handle = _print, _handle  # a watched thread's prints and logs are held back
         _local.__dict__.setdefault("watches", []).append(self)
@@ -481,7 +481,7 @@ def _copy(o: Any) -> Any:
 
 def _differs(holder: Any, saved: Any) -> bool:
     if isinstance(holder, types.ModuleType):  # random, numpy.random: their global generator's state
-        return pickle.dumps((getattr(holder, "getstate", None) or holder.get_state)()) != pickle.dumps(saved)
+        return pickle.dumps(saved[0]()) != pickle.dumps(saved[1])  # saved: its getter, and the state it gave
     if isinstance(holder, torch.Tensor):
         return holder._version != saved[0] or saved[1] is not None and (  # a write through ``.data`` moves no version
             holder.dtype != saved[1].dtype or holder.shape != saved[1].shape or not torch.equal(holder, saved[1]) and
@@ -529,7 +529,7 @@ def _what(name: str, holder: Any, saved: Any) -> str:
 
 def _restore(holder: Any, saved: Any) -> None:
     if isinstance(holder, types.ModuleType):
-        (getattr(holder, "setstate", None) or holder.set_state)(saved)
+        (getattr(holder, "setstate", None) or holder.set_state)(saved[1])
     elif isinstance(holder, torch.Tensor):
         with torch.no_grad():  # a parameter's write is named, not undone
             saved[1] is None or holder.resize_(saved[1].shape).copy_(saved[1])
